@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs what building and testing minibatchd needs on a fresh Debian/Ubuntu machine:
+# a Rust toolchain (rustup, or Debian's cargo as a fallback) and Python 3 with venv for the
+# client tests. Idempotent: does nothing that is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v python3 >/dev/null || need_apt+=(python3)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+command -v cc >/dev/null || need_apt+=(build-essential)
+command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null; then
+  if curl -sSf https://sh.rustup.rs -o /tmp/rustup-init.sh; then
+    sh /tmp/rustup-init.sh -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get install -y -qq cargo rustc
+  fi
+fi
+
+# Python environment for the client tests (NumPy), kept inside the project.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if [ -f clients/python/requirements-test.txt ]; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check -r clients/python/requirements-test.txt
+fi

@@ -1,0 +1,585 @@
+//! Configuration: a TOML file plus `MINIBATCHD__SECTION__KEY` environment overrides, layered by
+//! the `config` crate, then validated into the runtime structs below.
+//!
+//! Validation walks the merged tree itself instead of relying on serde's first-error-wins
+//! behaviour: every unknown key, wrong type and out-of-range value is reported at once, each with
+//! its key path (`datasets.train.streams.features.dim`). The runtime structs ([`Config`],
+//! [`DatasetConfig`], …) are only built from a tree that passed, so code downstream can rely on
+//! their invariants (a stream's `dim` ≥ 1, at most one `defines_mb_size` stream, …).
+//!
+//! Relative paths in the file (`files`, `socket`, `state_dir`) are resolved against the directory
+//! of the config file, so a config can travel with its data.
+
+pub(crate) mod walk;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use walk::{Node, Walker};
+
+use crate::sampling::Window;
+
+/// Default of `datasets.*.chunk_size_bytes`: CNTK's `chunkSizeInBytes` default (32 MiB).
+pub const DEFAULT_CHUNK_SIZE_BYTES: u64 = 32 * 1024 * 1024;
+/// Default of `datasets.*.sampling.window_chunks`: CNTK V2's `DEFAULT_RANDOMIZATION_WINDOW_IN_CHUNKS`.
+pub const DEFAULT_WINDOW_CHUNKS: usize = 128;
+/// Largest sparse `dim`: CNTK's sparse index type is a signed 32-bit integer.
+pub const MAX_SPARSE_DIM: u64 = i32::MAX as u64;
+/// Largest dense `dim`: a dense sample is materialised per sample, so an absurd `dim` from a
+/// config typo must not turn into an absurd allocation.
+pub const MAX_DENSE_DIM: u64 = 1 << 24;
+
+/// One validation problem, with the key path it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigIssue {
+    /// Dotted key path, e.g. `datasets.train.streams.features.dim`.
+    pub path: String,
+    /// What is wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigIssue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+/// Loading or validating the configuration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read or is not valid TOML.
+    #[error("cannot load config {path}: {message}")]
+    Load {
+        /// The config file.
+        path: PathBuf,
+        /// The loader's message.
+        message: String,
+    },
+    /// The file parsed, but its content is invalid; every problem found is listed.
+    #[error("invalid config {path}: {} problem(s):\n{}", issues.len(), format_issues(issues))]
+    Invalid {
+        /// The config file.
+        path: PathBuf,
+        /// Every problem, in key order.
+        issues: Vec<ConfigIssue>,
+    },
+}
+
+fn format_issues(issues: &[ConfigIssue]) -> String {
+    issues.iter().map(|i| format!("  - {i}")).collect::<Vec<_>>().join("\n")
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The config file it was loaded from.
+    pub path: PathBuf,
+    /// `[daemon]`.
+    pub daemon: DaemonConfig,
+    /// `[datasets.NAME]`, by name.
+    pub datasets: BTreeMap<String, DatasetConfig>,
+}
+
+/// `[daemon]`: process-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Control socket path.
+    pub socket: PathBuf,
+    /// `host:port` of the metrics endpoint; port 0 picks a free port.
+    pub metrics_listen: String,
+    /// Directory for daemon checkpoints and index caches.
+    pub state_dir: PathBuf,
+    /// Budget for parsed chunks plus shared-memory rings, in bytes.
+    pub memory_limit_bytes: u64,
+    /// Capacity of the bounded channel between chunk reader and parser pool, in chunks.
+    pub read_queue_chunks: usize,
+    /// Capacity of each bounded channel that carries parsed chunks, in chunks.
+    pub parsed_queue_chunks: usize,
+    /// Parser threads; 0 means one per core.
+    pub parser_threads: usize,
+    /// Default number of ring slots per session.
+    pub ring_slots: usize,
+    /// Default size of one ring slot, in bytes.
+    pub slot_size_bytes: u64,
+    /// How long a disconnected session stays resumable, in seconds.
+    pub session_linger_secs: u64,
+}
+
+/// Text formats. A closed set: every `match` on it is exhaustive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatKind {
+    /// CNTK Text Format.
+    Ctf,
+    /// deepx `libsvm` (and svmlight variants).
+    Libsvm,
+    /// deepx `libsvm_ex`.
+    LibsvmEx,
+    /// deepx `uch`.
+    Uch,
+}
+
+impl FormatKind {
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ctf" => Some(Self::Ctf),
+            "libsvm" => Some(Self::Libsvm),
+            "libsvm_ex" => Some(Self::LibsvmEx),
+            "uch" => Some(Self::Uch),
+            _ => None,
+        }
+    }
+}
+
+/// Element type of the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit floats (CNTK V2 always uses these).
+    Float32,
+    /// 64-bit floats.
+    Float64,
+}
+
+/// Storage of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFormat {
+    /// `dim` values per sample.
+    Dense,
+    /// `index:value` entries per sample.
+    Sparse,
+}
+
+/// `[datasets.NAME.streams.STREAM]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// The table key: the name the stream has in minibatches.
+    pub name: String,
+    /// The token after `|` in the data (defaults to the name).
+    pub alias: String,
+    /// Sample dimension.
+    pub dim: usize,
+    /// Dense or sparse.
+    pub format: StreamFormat,
+    /// Whether this stream alone defines a sequence's nominal length (CNTK `definesMBSize`).
+    pub defines_mb_size: bool,
+}
+
+/// One CTF source: files read in order, with their streams. A dataset has one, or several joined
+/// by sequence key (CNTK's bundler), the first driving chunking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    /// Paths or glob patterns, resolved against the config file's directory.
+    pub files: Vec<PathBuf>,
+    /// CNTK `skipSequenceIds`: every line is its own sequence.
+    pub skip_sequence_ids: bool,
+    /// Streams, in the order they appear in the config.
+    pub streams: Vec<StreamConfig>,
+}
+
+/// `[datasets.NAME.sampling]`: defaults that a session may override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingDefaults {
+    /// Randomize (CNTK `BlockRandomizer`) or not (`NoRandomizer`).
+    pub randomize: bool,
+    /// The randomization window.
+    pub window: Window,
+    /// `randomization_seed`.
+    pub seed: u64,
+}
+
+/// `[datasets.NAME]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatasetConfig {
+    /// The table key.
+    pub name: String,
+    /// The text format.
+    pub format: FormatKind,
+    /// The sources; `sources[0]` drives chunking. For a plain dataset, one source built from the
+    /// dataset's own `files` and `streams`.
+    pub sources: Vec<SourceConfig>,
+    /// CNTK `chunkSizeInBytes`.
+    pub chunk_size_bytes: u64,
+    /// CNTK `maxErrors`: the number of tolerated errors.
+    pub max_errors: u64,
+    /// Cache the index pass in `state_dir`.
+    pub cache_index: bool,
+    /// Element type.
+    pub precision: Precision,
+    /// Sampling defaults.
+    pub sampling: SamplingDefaults,
+    /// deepx options (`label_size`, …); `None` for CTF.
+    pub deepx: Option<DeepxOptions>,
+}
+
+/// deepx instance-reader options (`reference/deepx-instance-formats.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeepxOptions {
+    /// Labels per instance.
+    pub label_size: usize,
+    /// Whether instances carry a weight per label.
+    pub w: bool,
+    /// Whether instances carry a uuid string.
+    pub uuid: bool,
+    /// `libsvm_ex`/`uch`: number of feature groups.
+    pub x_size: Option<usize>,
+    /// `uch`: number of history items.
+    pub x_hist_item_size: Option<usize>,
+}
+
+impl DatasetConfig {
+    /// All streams of all sources, in order (primary source first).
+    pub fn streams(&self) -> impl Iterator<Item = &StreamConfig> {
+        self.sources.iter().flat_map(|s| s.streams.iter())
+    }
+}
+
+impl Config {
+    /// Loads `path` and applies `MINIBATCHD__SECTION__KEY` environment overrides.
+    ///
+    /// # Errors
+    /// [`ConfigError::Load`] if the file is unreadable or not TOML; [`ConfigError::Invalid`] with
+    /// every problem found otherwise.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let layered = ::config::Config::builder()
+            .add_source(::config::File::from(path).format(::config::FileFormat::Toml))
+            .add_source(
+                ::config::Environment::with_prefix("MINIBATCHD")
+                    .prefix_separator("__")
+                    .separator("__")
+                    .try_parsing(true),
+            )
+            .build()
+            .map_err(|e| ConfigError::Load { path: path.to_owned(), message: e.to_string() })?;
+        let tree: serde_json::Value = layered
+            .try_deserialize()
+            .map_err(|e| ConfigError::Load { path: path.to_owned(), message: e.to_string() })?;
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::from_tree(path, &base, &tree)
+    }
+
+    /// Parses a TOML string (tests, tools). Relative paths resolve against `base_dir`.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self, ConfigError> {
+        let pseudo = base_dir.join("<inline>");
+        let tree: serde_json::Value = toml_to_json(text)
+            .map_err(|message| ConfigError::Load { path: pseudo.clone(), message })?;
+        Self::from_tree(&pseudo, base_dir, &tree)
+    }
+
+    fn from_tree(path: &Path, base: &Path, tree: &serde_json::Value) -> Result<Self, ConfigError> {
+        let mut w = Walker::new(base);
+        let root = Node::root(tree);
+        let parsed = parse_root(&mut w, &root);
+        match (w.into_issues(), parsed) {
+            (issues, Some((daemon, datasets))) if issues.is_empty() => {
+                Ok(Self { path: path.to_owned(), daemon, datasets })
+            }
+            (mut issues, _) => {
+                if issues.is_empty() {
+                    issues.push(ConfigIssue { path: String::new(), message: "invalid".into() });
+                }
+                Err(ConfigError::Invalid { path: path.to_owned(), issues })
+            }
+        }
+    }
+
+    /// The dataset called `name`.
+    ///
+    /// # Errors
+    /// A message listing the configured datasets when there is none of that name.
+    pub fn dataset(&self, name: &str) -> Result<&DatasetConfig, String> {
+        self.datasets.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.datasets.keys().map(String::as_str).collect();
+            format!("no dataset '{name}' in the config (configured: {})", known.join(", "))
+        })
+    }
+}
+
+fn toml_to_json(text: &str) -> Result<serde_json::Value, String> {
+    let built = ::config::Config::builder()
+        .add_source(::config::File::from_str(text, ::config::FileFormat::Toml))
+        .build()
+        .map_err(|e| e.to_string())?;
+    built.try_deserialize().map_err(|e| e.to_string())
+}
+
+fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap<String, DatasetConfig>)> {
+    let mut t = w.table(root)?;
+    let daemon = match t.take("daemon") {
+        Some(n) => parse_daemon(w, &n),
+        None => parse_daemon(w, &Node::empty_table(root, "daemon")),
+    };
+    let mut datasets = BTreeMap::new();
+    match t.take("datasets") {
+        Some(n) => {
+            if let Some(mut dt) = w.table(&n) {
+                for (name, node) in dt.drain() {
+                    if let Some(d) = parse_dataset(w, &name, &node) {
+                        datasets.insert(name, d);
+                    }
+                }
+                w.finish(dt);
+            }
+        }
+        None => w.issue(root.path(), "no [datasets.NAME] table: at least one dataset is required"),
+    }
+    w.finish(t);
+    Some((daemon?, datasets))
+}
+
+fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
+    let mut t = w.table(node)?;
+    let d = DaemonConfig {
+        socket: t.path(w, "socket").unwrap_or_else(|| PathBuf::from("/run/minibatchd/minibatchd.sock")),
+        metrics_listen: t.string(w, "metrics_listen").unwrap_or_else(|| "127.0.0.1:9464".into()),
+        state_dir: t.path(w, "state_dir").unwrap_or_else(|| PathBuf::from("/var/lib/minibatchd")),
+        memory_limit_bytes: t.uint(w, "memory_limit_bytes", 1 << 20, u64::MAX).unwrap_or(8 << 30),
+        read_queue_chunks: t.usize(w, "read_queue_chunks", 1, 1 << 16).unwrap_or(4),
+        parsed_queue_chunks: t.usize(w, "parsed_queue_chunks", 1, 1 << 16).unwrap_or(4),
+        parser_threads: t.usize(w, "parser_threads", 0, 1024).unwrap_or(0),
+        ring_slots: t.usize(w, "ring_slots", 2, 1024).unwrap_or(4),
+        slot_size_bytes: t.uint(w, "slot_size_bytes", 4096, 1 << 40).unwrap_or(16 << 20),
+        session_linger_secs: t.uint(w, "session_linger_secs", 0, 7 * 86_400).unwrap_or(600),
+    };
+    if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
+        w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected host:port, e.g. 127.0.0.1:9464 ({e})"));
+    }
+    w.finish(t);
+    Some(d)
+}
+
+fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetConfig> {
+    let mut t = w.table(node)?;
+    let format = match t.string(w, "format") {
+        Some(s) => FormatKind::parse(&s).or_else(|| {
+            w.issue(&t.key_path("format"), &format!("unknown format '{s}': expected ctf, libsvm, libsvm_ex or uch"));
+            None
+        }),
+        None => {
+            w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex or uch");
+            None
+        }
+    };
+    let chunk_size_bytes = t.uint(w, "chunk_size_bytes", 1, u64::from(u32::MAX)).unwrap_or(DEFAULT_CHUNK_SIZE_BYTES);
+    let max_errors = t.uint(w, "max_errors", 0, u64::MAX).unwrap_or(0);
+    let cache_index = t.boolean(w, "cache_index").unwrap_or(true);
+    let precision = match t.string(w, "precision").as_deref() {
+        None | Some("float32" | "float") => Precision::Float32,
+        Some("float64" | "double") => Precision::Float64,
+        Some(other) => {
+            w.issue(&t.key_path("precision"), &format!("unknown precision '{other}': expected float32 or float64"));
+            Precision::Float32
+        }
+    };
+    let sampling = match t.take("sampling") {
+        Some(n) => parse_sampling(w, &n),
+        None => Some(SamplingDefaults { randomize: true, window: Window::Chunks(DEFAULT_WINDOW_CHUNKS), seed: 0 }),
+    };
+    // An unknown format is validated as CTF, so its other problems are reported too.
+    let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
+    let sources = parse_sources(w, &mut t, is_ctf);
+    let deepx = match format {
+        Some(f) if !is_ctf => crate::format::deepx_config::parse(w, &mut t, f),
+        _ => None,
+    };
+    w.finish(t);
+    let sources = sources?;
+    check_streams(w, node.path(), &sources);
+    Some(DatasetConfig {
+        name: name.to_owned(),
+        format: format?,
+        sources,
+        chunk_size_bytes,
+        max_errors,
+        cache_index,
+        precision,
+        sampling: sampling?,
+        deepx,
+    })
+}
+
+/// A dataset is either `files` + `streams` (one source) or `[[datasets.NAME.sources]]` tables,
+/// each with `files`, `streams` and optionally `skip_sequence_ids`.
+fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Option<Vec<SourceConfig>> {
+    let top_skip = t.boolean(w, "skip_sequence_ids");
+    let files = t.take("files");
+    let streams = t.take("streams");
+    let sources = t.take("sources");
+    match (files, sources) {
+        (Some(_), Some(s)) => {
+            w.issue(s.path(), "give either `files` (one source) or `sources` (several), not both");
+            None
+        }
+        (None, None) => {
+            w.issue(&t.key_path("files"), "missing: a list of paths or globs");
+            None
+        }
+        (Some(files), None) => {
+            let files = w.path_list(&files)?;
+            let streams = match streams {
+                Some(s) => parse_streams(w, &s, is_ctf)?,
+                None if is_ctf => {
+                    w.issue(&t.key_path("streams"), "missing: a CTF dataset needs at least one stream");
+                    return None;
+                }
+                None => Vec::new(),
+            };
+            Some(vec![SourceConfig { files, skip_sequence_ids: top_skip.unwrap_or(false), streams }])
+        }
+        (None, Some(list)) => {
+            if let Some(s) = streams {
+                w.issue(s.path(), "with `sources`, streams belong to each source");
+            }
+            if !is_ctf {
+                w.issue(list.path(), "`sources` (joining by sequence key) exists for the ctf format only");
+            }
+            let items = w.array(&list)?;
+            if items.is_empty() {
+                w.issue(list.path(), "expected at least one source");
+            }
+            let mut out = Vec::new();
+            for item in &items {
+                let mut st = w.table(item)?;
+                let files = st.take("files").and_then(|f| w.path_list(&f));
+                if files.is_none() && !st.had("files") {
+                    w.issue(&st.key_path("files"), "missing: a list of paths or globs");
+                }
+                let skip = st.boolean(w, "skip_sequence_ids").or(top_skip).unwrap_or(false);
+                let streams = match st.take("streams") {
+                    Some(s) => parse_streams(w, &s, true),
+                    None => {
+                        w.issue(&st.key_path("streams"), "missing: each source needs at least one stream");
+                        None
+                    }
+                };
+                w.finish(st);
+                if let (Some(files), Some(streams)) = (files, streams) {
+                    out.push(SourceConfig { files, skip_sequence_ids: skip, streams });
+                }
+            }
+            (out.len() == items.len()).then_some(out)
+        }
+    }
+}
+
+fn parse_streams(w: &mut Walker, node: &Node<'_>, is_ctf: bool) -> Option<Vec<StreamConfig>> {
+    let mut t = w.table(node)?;
+    let mut out = Vec::new();
+    let mut ok = true;
+    for (name, n) in t.drain() {
+        if !is_ctf {
+            w.issue(n.path(), "streams are fixed by the deepx formats; configure them with label_size, w, uuid, x_size");
+            ok = false;
+            continue;
+        }
+        match parse_stream(w, &name, &n) {
+            Some(s) => out.push(s),
+            None => ok = false,
+        }
+    }
+    w.finish(t);
+    if out.is_empty() && ok && is_ctf {
+        w.issue(node.path(), "expected at least one stream");
+        return None;
+    }
+    ok.then_some(out)
+}
+
+fn parse_stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<StreamConfig> {
+    let mut t = w.table(node)?;
+    let alias = t.string(w, "alias").unwrap_or_else(|| name.to_owned());
+    if alias.is_empty() {
+        w.issue(&t.key_path("alias"), "must not be empty");
+    } else if alias.bytes().any(|b| b <= b' ' || b >= 0x80 || b == b'|') || alias.starts_with('#') {
+        w.issue(
+            &t.key_path("alias"),
+            &format!("'{alias}' can never match: an alias is printable ASCII without spaces or '|' and does not start with '#'"),
+        );
+    }
+    let format = match t.string(w, "format").map(|s| s.to_ascii_lowercase()).as_deref() {
+        Some("dense") => Some(StreamFormat::Dense),
+        Some("sparse") => Some(StreamFormat::Sparse),
+        Some(other) => {
+            w.issue(&t.key_path("format"), &format!("unknown stream format '{other}': expected dense or sparse"));
+            None
+        }
+        None => {
+            w.issue(&t.key_path("format"), "missing: expected dense or sparse");
+            None
+        }
+    };
+    let max_dim = if format == Some(StreamFormat::Sparse) { MAX_SPARSE_DIM } else { MAX_DENSE_DIM };
+    let dim = t.uint(w, "dim", 1, max_dim);
+    if dim.is_none() && !t.had("dim") {
+        w.issue(&t.key_path("dim"), "missing: the sample dimension");
+    }
+    let defines_mb_size = t.boolean(w, "defines_mb_size").unwrap_or(false);
+    w.finish(t);
+    Some(StreamConfig {
+        name: name.to_owned(),
+        alias,
+        dim: usize::try_from(dim?).ok()?,
+        format: format?,
+        defines_mb_size,
+    })
+}
+
+fn check_streams(w: &mut Walker, path: &str, sources: &[SourceConfig]) {
+    let mut names = BTreeMap::new();
+    let mut defining = Vec::new();
+    for (si, src) in sources.iter().enumerate() {
+        let mut aliases = BTreeMap::new();
+        for s in &src.streams {
+            if let Some(prev) = aliases.insert(s.alias.as_str(), s.name.as_str()) {
+                w.issue(
+                    &format!("{path}.streams.{}.alias", s.name),
+                    &format!("alias '{}' is already mapped to stream '{prev}'", s.alias),
+                );
+            }
+            if names.insert(s.name.as_str(), si).is_some() {
+                w.issue(&format!("{path}.streams.{}", s.name), "a stream of this name exists in another source");
+            }
+            if s.defines_mb_size {
+                defining.push(s.name.as_str());
+            }
+        }
+    }
+    if defining.len() > 1 {
+        w.issue(
+            path,
+            &format!(
+                "only a single stream is allowed to define the minibatch size, but {} found: {}",
+                defining.len(),
+                defining.join(", ")
+            ),
+        );
+    }
+}
+
+fn parse_sampling(w: &mut Walker, node: &Node<'_>) -> Option<SamplingDefaults> {
+    let mut t = w.table(node)?;
+    let randomize = t.boolean(w, "randomize").unwrap_or(true);
+    let chunks = t.usize(w, "window_chunks", 0, usize::MAX);
+    let samples = t.uint(w, "window_samples", 0, u64::MAX);
+    let seed = t.uint(w, "seed", 0, u64::MAX).unwrap_or(0);
+    let window = match (chunks, samples) {
+        (Some(_), Some(_)) => {
+            w.issue(node.path(), "set window_chunks or window_samples, not both");
+            Window::Chunks(DEFAULT_WINDOW_CHUNKS)
+        }
+        (_, Some(s)) => Window::Samples(s),
+        (Some(c), None) => Window::Chunks(c),
+        (None, None) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+    };
+    w.finish(t);
+    Some(SamplingDefaults { randomize, window, seed })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::from_toml_str(text, Path::new("/cfg"))
+}
+
+const GOOD: &str = r#"
+[daemon]
+socket = "run/mbd.sock"
+state_dir = "/var/lib/minibatchd"
+
+[datasets.train]
+format = "ctf"
+files = ["data/train.ctf"]
+chunk_size_bytes = 1024
+max_errors = 3
+
+[datasets.train.streams.features]
+alias = "F"
+dim = 4
+format = "dense"
+
+[datasets.train.streams.labels]
+alias = "L"
+dim = 10
+format = "sparse"
+defines_mb_size = true
+
+[datasets.train.sampling]
+window_samples = 100
+seed = 7
+"#;
+
+#[test]
+fn a_good_config_resolves_relative_paths_and_defaults() {
+    let c = parse(GOOD).expect("valid");
+    let d = c.dataset("train").expect("train");
+    assert_eq!(c.daemon.socket, PathBuf::from("/cfg/run/mbd.sock"));
+    assert_eq!(d.sources[0].files, vec![PathBuf::from("/cfg/data/train.ctf")]);
+    assert_eq!(d.chunk_size_bytes, 1024);
+    assert_eq!(d.sampling.window, Window::Samples(100));
+    assert_eq!(d.sampling.seed, 7);
+    assert!(d.sampling.randomize);
+    assert_eq!(d.streams().filter(|s| s.defines_mb_size).count(), 1);
+}
+
+#[test]
+fn every_error_is_reported_with_its_key_path() {
+    let text = r#"
+[daemon]
+socket = 5
+bogus = 1
+[datasets.train]
+format = "ctff"
+files = ["x"]
+max_errors = -1
+[datasets.train.streams.f]
+dim = 0
+format = "dense"
+colour = "red"
+[datasets.train.streams.g]
+alias = "f"
+dim = 3
+format = "thick"
+[datasets.train.sampling]
+window_chunks = 1
+window_samples = 2
+"#;
+    let Err(ConfigError::Invalid { issues, .. }) = parse(text) else { panic!("expected invalid") };
+    let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+    for expected in [
+        "daemon.bogus",
+        "daemon.socket",
+        "datasets.train.format",
+        "datasets.train.max_errors",
+        "datasets.train.sampling",
+        "datasets.train.streams.f.colour",
+        "datasets.train.streams.f.dim",
+        "datasets.train.streams.g.format",
+    ] {
+        assert!(paths.contains(&expected), "{expected} missing from {paths:?}");
+    }
+}
+
+#[test]
+fn two_defining_streams_and_duplicate_aliases_are_errors() {
+    let text = r#"
+[datasets.d]
+format = "ctf"
+files = ["x"]
+[datasets.d.streams.a]
+alias = "x"
+dim = 1
+format = "dense"
+defines_mb_size = true
+[datasets.d.streams.b]
+alias = "x"
+dim = 1
+format = "dense"
+defines_mb_size = true
+"#;
+    let e = parse(text).expect_err("invalid").to_string();
+    assert!(e.contains("only a single stream is allowed to define the minibatch size"), "{e}");
+    assert!(e.contains("already mapped"), "{e}");
+}
+
+#[test]
+fn sparse_dim_is_bounded_by_int32() {
+    let text = r#"
+[datasets.d]
+format = "ctf"
+files = ["x"]
+[datasets.d.streams.s]
+dim = 3000000000
+format = "sparse"
+"#;
+    assert!(parse(text).expect_err("invalid").to_string().contains("streams.s.dim"));
+}
+
+#[test]
+fn several_sources_are_an_array_of_tables() {
+    let text = r#"
+[datasets.d]
+format = "ctf"
+[[datasets.d.sources]]
+files = ["a.ctf"]
+[datasets.d.sources.streams.x]
+dim = 2
+format = "dense"
+[[datasets.d.sources]]
+files = ["b.ctf"]
+skip_sequence_ids = true
+[datasets.d.sources.streams.y]
+dim = 3
+format = "sparse"
+"#;
+    let c = parse(text).expect("valid");
+    let d = c.dataset("d").expect("d");
+    assert_eq!(d.sources.len(), 2);
+    assert!(d.sources[1].skip_sequence_ids);
+    assert_eq!(d.streams().map(|s| s.name.as_str()).collect::<Vec<_>>(), vec!["x", "y"]);
+}
+
+#[test]
+fn env_overrides_apply_on_top_of_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("c.toml");
+    std::fs::write(&p, GOOD).expect("write");
+    // A variable name unique to this test, so parallel tests are not affected.
+    std::env::set_var("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "11");
+    let c = Config::load(&p);
+    std::env::remove_var("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS");
+    assert_eq!(c.expect("valid").dataset("train").expect("train").max_errors, 11);
+}

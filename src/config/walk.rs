@@ -1,0 +1,254 @@
+//! A small walker over the merged config tree that records every problem with its key path
+//! instead of stopping at the first. Tables track which keys were read; whatever is left when a
+//! table is finished is an unknown key.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::ConfigIssue;
+
+/// Collects issues while the tree is read.
+pub(crate) struct Walker {
+    base: PathBuf,
+    issues: Vec<ConfigIssue>,
+}
+
+/// A value in the tree, with its path.
+pub(crate) struct Node<'a> {
+    path: String,
+    value: NodeValue<'a>,
+}
+
+enum NodeValue<'a> {
+    Borrowed(&'a Value),
+    Owned(Value),
+    EmptyTable,
+}
+
+/// A table being read: keys not taken by the time [`Walker::finish`] runs are reported.
+pub(crate) struct Table<'a> {
+    path: String,
+    rest: Map<String, Value>,
+    taken: Vec<String>,
+    _marker: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Node<'a> {
+    pub(crate) fn root(value: &'a Value) -> Self {
+        Self { path: String::new(), value: NodeValue::Borrowed(value) }
+    }
+
+    pub(crate) fn empty_table(parent: &Node<'_>, key: &str) -> Node<'static> {
+        Node { path: join(&parent.path, key), value: NodeValue::EmptyTable }
+    }
+
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn value(&self) -> Option<&Value> {
+        match &self.value {
+            NodeValue::Borrowed(v) => Some(v),
+            NodeValue::Owned(v) => Some(v),
+            NodeValue::EmptyTable => None,
+        }
+    }
+}
+
+fn join(parent: &str, key: &str) -> String {
+    if parent.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{parent}.{key}")
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "nothing",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "a table",
+    }
+}
+
+impl Walker {
+    pub(crate) fn new(base: &Path) -> Self {
+        Self { base: base.to_owned(), issues: Vec::new() }
+    }
+
+    pub(crate) fn into_issues(mut self) -> Vec<ConfigIssue> {
+        self.issues.sort_by(|a, b| a.path.cmp(&b.path));
+        self.issues
+    }
+
+    pub(crate) fn issue(&mut self, path: &str, message: &str) {
+        self.issues.push(ConfigIssue { path: path.to_owned(), message: message.to_owned() });
+    }
+
+    pub(crate) fn table<'a>(&mut self, node: &Node<'a>) -> Option<Table<'a>> {
+        let rest = match node.value() {
+            None => Map::new(),
+            Some(Value::Object(m)) => m.clone(),
+            Some(other) => {
+                self.issue(&node.path, &format!("expected a table, found {}", type_name(other)));
+                return None;
+            }
+        };
+        Some(Table { path: node.path.clone(), rest, taken: Vec::new(), _marker: std::marker::PhantomData })
+    }
+
+    pub(crate) fn array<'a>(&mut self, node: &Node<'a>) -> Option<Vec<Node<'a>>> {
+        match node.value() {
+            Some(Value::Array(items)) => Some(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Node { path: format!("{}[{i}]", node.path), value: NodeValue::Owned(v.clone()) })
+                    .collect(),
+            ),
+            Some(other) => {
+                self.issue(&node.path, &format!("expected an array, found {}", type_name(other)));
+                None
+            }
+            None => Some(Vec::new()),
+        }
+    }
+
+    /// A list of paths (a single string is accepted as a one-element list), resolved against the
+    /// config file's directory.
+    pub(crate) fn path_list(&mut self, node: &Node<'_>) -> Option<Vec<PathBuf>> {
+        let strings: Vec<String> = match node.value() {
+            Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Array(items)) => {
+                let mut out = Vec::new();
+                for (i, v) in items.iter().enumerate() {
+                    match v {
+                        Value::String(s) => out.push(s.clone()),
+                        other => {
+                            self.issue(&format!("{}[{i}]", node.path), &format!("expected a path, found {}", type_name(other)));
+                            return None;
+                        }
+                    }
+                }
+                out
+            }
+            Some(other) => {
+                self.issue(&node.path, &format!("expected a list of paths, found {}", type_name(other)));
+                return None;
+            }
+            None => Vec::new(),
+        };
+        if strings.is_empty() {
+            self.issue(&node.path, "expected at least one path");
+            return None;
+        }
+        Some(strings.iter().map(|s| self.resolve(s)).collect())
+    }
+
+    fn resolve(&self, s: &str) -> PathBuf {
+        let p = Path::new(s);
+        if p.is_absolute() {
+            p.to_owned()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    /// Reports the keys of `t` that nobody took.
+    pub(crate) fn finish(&mut self, t: Table<'_>) {
+        for (k, _) in t.rest {
+            self.issue(&join(&t.path, &k), "unknown key");
+        }
+    }
+}
+
+impl<'a> Table<'a> {
+    pub(crate) fn key_path(&self, key: &str) -> String {
+        join(&self.path, key)
+    }
+
+    /// Whether `key` was present (and taken).
+    pub(crate) fn had(&self, key: &str) -> bool {
+        self.taken.iter().any(|k| k == key)
+    }
+
+    pub(crate) fn take(&mut self, key: &str) -> Option<Node<'a>> {
+        let v = self.rest.remove(key)?;
+        self.taken.push(key.to_owned());
+        Some(Node { path: join(&self.path, key), value: NodeValue::Owned(v) })
+    }
+
+    /// Every remaining entry, in key order.
+    pub(crate) fn drain(&mut self) -> Vec<(String, Node<'a>)> {
+        let keys: Vec<String> = self.rest.keys().cloned().collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let n = self.take(&k)?;
+                Some((k, n))
+            })
+            .collect()
+    }
+
+    pub(crate) fn string(&mut self, w: &mut Walker, key: &str) -> Option<String> {
+        let n = self.take(key)?;
+        match n.value() {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                w.issue(&n.path, &format!("expected a string, found {}", type_name(other)));
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub(crate) fn path(&mut self, w: &mut Walker, key: &str) -> Option<PathBuf> {
+        self.string(w, key).map(|s| w.resolve(&s))
+    }
+
+    pub(crate) fn boolean(&mut self, w: &mut Walker, key: &str) -> Option<bool> {
+        let n = self.take(key)?;
+        match n.value() {
+            Some(Value::Bool(b)) => Some(*b),
+            Some(Value::String(s)) if s == "true" || s == "false" => Some(s == "true"),
+            Some(other) => {
+                w.issue(&n.path, &format!("expected true or false, found {}", type_name(other)));
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// An unsigned integer in `min..=max`.
+    pub(crate) fn uint(&mut self, w: &mut Walker, key: &str, min: u64, max: u64) -> Option<u64> {
+        let n = self.take(key)?;
+        let v = match n.value() {
+            Some(Value::Number(num)) => num.as_u64().or_else(|| {
+                w.issue(&n.path, &format!("expected a non-negative integer, found {num}"));
+                None
+            })?,
+            Some(Value::String(s)) => s.parse::<u64>().ok().or_else(|| {
+                w.issue(&n.path, &format!("expected a non-negative integer, found '{s}'"));
+                None
+            })?,
+            Some(other) => {
+                w.issue(&n.path, &format!("expected a non-negative integer, found {}", type_name(other)));
+                return None;
+            }
+            None => return None,
+        };
+        if v < min || v > max {
+            w.issue(&n.path, &format!("{v} is out of range: expected {min}..={max}"));
+            return None;
+        }
+        Some(v)
+    }
+
+    pub(crate) fn usize(&mut self, w: &mut Walker, key: &str, min: usize, max: usize) -> Option<usize> {
+        let v = self.uint(w, key, min as u64, max as u64)?;
+        usize::try_from(v).ok()
+    }
+}

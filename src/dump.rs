@@ -1,0 +1,239 @@
+//! `minibatchd dump`: run a session in-process and print each minibatch as one JSON object per
+//! line (DESIGN.md §7). The Python client's `Minibatch.to_dump()` returns the same object, so the
+//! daemon's output can be compared with this one for equality.
+//!
+//! Numbers print with the shortest representation that round-trips the stored precision (f32 or
+//! f64). Non-finite values (`1e400` parses to infinity in CNTK's grammar) print as `Infinity`,
+//! `-Infinity` and `NaN`, which Python's `json` module reads back.
+//!
+//! Only the chunks a plan references are parsed, and each is dropped as soon as the sampler
+//! retires it, so memory stays bounded by the randomization window, not the dataset.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+
+use crate::dataset::Dataset;
+use crate::format::chunk::{Indices, ParsedChunk, Values};
+use crate::format::errors::DataError;
+use crate::minibatch::{assemble, MbData, MbStream, Minibatch};
+use crate::sampling::{Sampler, SamplingOptions};
+
+/// What `dump` (or a session) asks for besides the sampling options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpOptions {
+    /// Sampling: randomization, window, seed, epoch limit, workers.
+    pub sampling: SamplingOptions,
+    /// Minibatch sizes in samples, cycled: minibatch `i` uses entry `i % len`.
+    pub minibatch_sizes: Vec<usize>,
+    /// Stop after this many minibatches.
+    pub num_minibatches: Option<u64>,
+    /// Start at this checkpoint position.
+    pub restore: Option<u64>,
+    /// CNTK frame mode: every sequence must have one sample.
+    pub frame_mode: bool,
+}
+
+/// Why `dump` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DumpError {
+    /// Reading data failed.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The sampling options are invalid.
+    #[error(transparent)]
+    Sampling(#[from] crate::sampling::SamplingError),
+    /// Writing the output failed.
+    #[error("writing output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+/// Chunks loaded on demand from a dataset, dropped when retired.
+pub struct ChunkCache<'a> {
+    dataset: &'a Dataset,
+    loaded: HashMap<u32, Arc<ParsedChunk>>,
+    /// Most chunks held at once (for tests and benchmarks of the memory bound).
+    pub peak_chunks: usize,
+    /// Most parsed bytes held at once.
+    pub peak_bytes: usize,
+    held_bytes: usize,
+}
+
+impl<'a> ChunkCache<'a> {
+    /// An empty cache over `dataset`.
+    #[must_use]
+    pub fn new(dataset: &'a Dataset) -> Self {
+        Self { dataset, loaded: HashMap::new(), peak_chunks: 0, peak_bytes: 0, held_bytes: 0 }
+    }
+
+    /// Drops a chunk the sampler retired.
+    pub fn retire(&mut self, chunk: u32) {
+        if let Some(c) = self.loaded.remove(&chunk) {
+            self.held_bytes -= c.size_bytes();
+        }
+    }
+}
+
+impl crate::minibatch::ChunkSource for ChunkCache<'_> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+        if let Some(c) = self.loaded.get(&chunk) {
+            return Ok(c.clone());
+        }
+        let (parsed, fresh) = self.dataset.load_chunk(chunk as usize)?;
+        for e in &fresh {
+            tracing::warn!("{e}");
+        }
+        let parsed = Arc::new(parsed);
+        self.held_bytes += parsed.size_bytes();
+        self.loaded.insert(chunk, parsed.clone());
+        self.peak_chunks = self.peak_chunks.max(self.loaded.len());
+        self.peak_bytes = self.peak_bytes.max(self.held_bytes);
+        Ok(parsed)
+    }
+}
+
+/// Runs the session described by `options` over `dataset`, calling `each` per minibatch.
+///
+/// Returns the number of minibatches produced and the chunk cache's statistics.
+///
+/// # Errors
+/// Invalid options, data errors, or the first error `each` returns.
+pub fn for_each_minibatch(
+    dataset: &Dataset,
+    options: &DumpOptions,
+    each: &mut dyn FnMut(&Minibatch) -> Result<(), DumpError>,
+) -> Result<(u64, usize, usize), DumpError> {
+    let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
+    if let Some(p) = options.restore {
+        sampler.restore(p)?;
+    }
+    let dims: Vec<usize> = dataset.config().streams().map(|s| s.dim).collect();
+    let mut cache = ChunkCache::new(dataset);
+    let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
+    let mut count = 0u64;
+    while options.num_minibatches.is_none_or(|n| count < n) {
+        let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
+        let Some(plan) = sampler.next_minibatch(size) else { break };
+        let mb = assemble(count, &plan, dataset.timeline(), &dims, options.frame_mode, &mut cache)?;
+        each(&mb)?;
+        for &c in &plan.retire {
+            cache.retire(c);
+        }
+        count += 1;
+    }
+    Ok((count, cache.peak_chunks, cache.peak_bytes))
+}
+
+/// Writes every minibatch of the session to `out` as JSON lines.
+///
+/// # Errors
+/// As [`for_each_minibatch`].
+pub fn dump(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
+    let names = dataset.stream_names().to_vec();
+    let mut line = String::new();
+    let (n, _, _) = for_each_minibatch(dataset, options, &mut |mb| {
+        line.clear();
+        write_json(&mut line, mb, &names);
+        line.push('\n');
+        out.write_all(line.as_bytes())?;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(n)
+}
+
+/// Appends the DESIGN.md §7 JSON object of `mb` (without a newline) to `out`.
+pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        out,
+        "{{\"minibatch\": {}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"streams\": {{",
+        mb.index, mb.sweep, mb.end_of_sweep, mb.position
+    );
+    for (i, (name, s)) in names.iter().zip(&mb.streams).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        write_str(out, name);
+        let _ = write!(out, ": {{\"num_samples\": {}, \"num_sequences\": {}, \"sequences\": [", s.num_samples(), s.num_sequences());
+        write_sequences(out, s);
+        out.push_str("]}");
+    }
+    out.push_str("}}");
+}
+
+fn write_sequences(out: &mut String, s: &MbStream) {
+    for q in 0..s.num_sequences() {
+        if q > 0 {
+            out.push_str(", ");
+        }
+        out.push('[');
+        let (a, b) = (s.sequence_offsets[q] as usize, s.sequence_offsets[q + 1] as usize);
+        for j in a..b {
+            if j > a {
+                out.push_str(", ");
+            }
+            match &s.data {
+                MbData::Dense { dim, values } => {
+                    out.push('[');
+                    write_values(out, values, j * dim..(j + 1) * dim);
+                    out.push(']');
+                }
+                MbData::Sparse { sample_offsets, indices, values, .. } => {
+                    let (e0, e1) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
+                    out.push_str("{\"indices\": [");
+                    write_indices(out, indices, e0..e1);
+                    out.push_str("], \"values\": [");
+                    write_values(out, values, e0..e1);
+                    out.push_str("]}");
+                }
+                MbData::Strings { offsets, bytes } => {
+                    let text = String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]);
+                    write_str(out, &text);
+                }
+            }
+        }
+        out.push(']');
+    }
+}
+
+fn write_indices(out: &mut String, indices: &Indices, range: std::ops::Range<usize>) {
+    use std::fmt::Write as _;
+    for (k, i) in range.enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        let _ = match indices {
+            Indices::I32(v) => write!(out, "{}", v[i]),
+            Indices::U64(v) => write!(out, "{}", v[i]),
+        };
+    }
+}
+
+fn write_values(out: &mut String, values: &Values, range: std::ops::Range<usize>) {
+    let mut buf = ryu::Buffer::new();
+    for (k, i) in range.enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        match values {
+            Values::F32(v) if v[i].is_finite() => out.push_str(buf.format_finite(v[i])),
+            Values::F64(v) if v[i].is_finite() => out.push_str(buf.format_finite(v[i])),
+            _ => out.push_str(non_finite(values.get_f64(i))),
+        }
+    }
+}
+
+fn non_finite(x: f64) -> &'static str {
+    if x.is_nan() {
+        "NaN"
+    } else if x > 0.0 {
+        "Infinity"
+    } else {
+        "-Infinity"
+    }
+}
+
+fn write_str(out: &mut String, s: &str) {
+    out.push_str(&serde_json::Value::String(s.to_owned()).to_string());
+}

@@ -1,0 +1,151 @@
+//! The parsed, columnar form of one chunk, shared (`Arc`) by every session that reads it.
+//!
+//! Per stream, flat buffers — no allocation per sample or per sequence:
+//! * `seq_offsets[i]..seq_offsets[i + 1]` are the samples of the chunk's `i`-th sequence;
+//! * dense: sample `j` is `values[j * dim .. (j + 1) * dim]`;
+//! * sparse: sample `j` has entries `sample_offsets[j] .. sample_offsets[j + 1]` of `indices` and
+//!   `values`, in file order, duplicates kept;
+//! * strings (deepx uuids): sample `j` is `bytes[str_offsets[j] .. str_offsets[j + 1]]`.
+//!
+//! Streams of one sequence may have different sample counts (seq2seq, CNTK §1.11.4).
+
+/// Element values of a stream, in the dataset's precision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    /// `precision = "float32"`.
+    F32(Vec<f32>),
+    /// `precision = "float64"`.
+    F64(Vec<f64>),
+}
+
+impl Values {
+    /// Number of values.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len() * 4,
+            Self::F64(v) => v.len() * 8,
+        }
+    }
+
+    /// Value `i` widened to `f64` (exact for both precisions).
+    #[must_use]
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Self::F32(v) => f64::from(v[i]),
+            Self::F64(v) => v[i],
+        }
+    }
+}
+
+/// Sparse indices: CTF uses int32 (CNTK's `IndexType`), deepx keeps u64 feature ids as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Indices {
+    /// CTF.
+    I32(Vec<i32>),
+    /// deepx feature ids.
+    U64(Vec<u64>),
+}
+
+impl Indices {
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::I32(v) => v.len() * 4,
+            Self::U64(v) => v.len() * 8,
+        }
+    }
+}
+
+/// The data of one stream within a chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamValues {
+    /// Dense samples of `dim` values.
+    Dense {
+        /// Values per sample.
+        dim: usize,
+        /// `num_samples * dim` values.
+        values: Values,
+    },
+    /// Sparse samples (CSR per sample).
+    Sparse {
+        /// Entry offsets, one more than samples.
+        sample_offsets: Vec<usize>,
+        /// Column indices, file order.
+        indices: Indices,
+        /// Entry values.
+        values: Values,
+    },
+    /// One string per sample (deepx uuids).
+    Strings {
+        /// Byte offsets, one more than samples.
+        offsets: Vec<usize>,
+        /// Concatenated UTF-8 bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+/// One stream of a parsed chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamData {
+    /// Sample offsets of each sequence; one more than sequences.
+    pub seq_offsets: Vec<usize>,
+    /// The samples.
+    pub data: StreamValues,
+}
+
+impl StreamData {
+    /// Number of samples of sequence `i` of the chunk.
+    #[must_use]
+    pub fn sequence_len(&self, i: usize) -> usize {
+        self.seq_offsets[i + 1] - self.seq_offsets[i]
+    }
+
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        let payload = match &self.data {
+            StreamValues::Dense { values, .. } => values.size_bytes(),
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                sample_offsets.len() * 8 + indices.size_bytes() + values.size_bytes()
+            }
+            StreamValues::Strings { offsets, bytes } => offsets.len() * 8 + bytes.len(),
+        };
+        payload + self.seq_offsets.len() * 8
+    }
+}
+
+/// A parsed chunk: sequences in chunk order, streams in dataset order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedChunk {
+    /// The chunk's index in the dataset.
+    pub chunk: usize,
+    /// Number of sequences.
+    pub num_sequences: usize,
+    /// One entry per configured stream.
+    pub streams: Vec<StreamData>,
+}
+
+impl ParsedChunk {
+    /// Bytes held by the buffers (for the memory budget).
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        self.streams.iter().map(StreamData::size_bytes).sum::<usize>() + std::mem::size_of::<Self>()
+    }
+}

@@ -1,0 +1,316 @@
+//! The CTF index pass (CNTK's `TextInputIndexBuilder`, reference §1.3, §1.4).
+//!
+//! One sequential scan per file finds sequence boundaries, keys and nominal lengths; it parses
+//! nothing but sequence ids. Decisions, all CNTK's unless marked:
+//! * a UTF-16 BOM is fatal, a UTF-8 BOM is skipped; an empty or whitespace-only file is fatal;
+//!   leading whitespace (newlines included) is skipped;
+//! * the mode is decided once, from the first non-blank byte: `|` (or `skip_sequence_ids`) →
+//!   line mode (every line a sequence, key = 0-based line number); a digit → id mode (consecutive
+//!   lines with the same leading id, or with none, form one sequence); anything else is fatal;
+//! * with a `defines_mb_size` stream, only lines containing `|alias` count towards the nominal
+//!   length, and a line (line mode) or sequence (id mode) without one is dropped;
+//! * **deviation**: blank (whitespace-only) lines are ignored everywhere — no sequence, no part of
+//!   a nominal length. CNTK makes them sequences (line mode, then fatal) or counts them (id mode,
+//!   then 2 errors). The decoder skips them too, so both passes agree.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use memchr::memmem;
+
+use crate::format::errors::{DataError, Location};
+use crate::format::index::{FileIndex, SequenceDesc};
+
+/// Size of the read buffer of the index pass.
+const BLOCK_BYTES: usize = 4 << 20;
+
+/// What shapes the index of a CTF file (and so keys its cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtfIndexOptions {
+    /// Line mode regardless of ids.
+    pub skip_sequence_ids: bool,
+    /// Alias of the `defines_mb_size` stream, if any.
+    pub main_alias: Option<String>,
+}
+
+impl CtfIndexOptions {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("ctf;skip_ids={};main={}", u8::from(self.skip_sequence_ids), self.main_alias.as_deref().unwrap_or("_"))
+    }
+}
+
+/// Whitespace as C's `isspace`: what makes a line blank.
+#[inline]
+pub(crate) fn is_blank_byte(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | 0x0b | 0x0c)
+}
+
+#[inline]
+fn is_blank(line: &[u8]) -> bool {
+    line.iter().all(|&b| is_blank_byte(b))
+}
+
+/// Finds `|alias` followed by whitespace, `|`, a control or non-ASCII byte, or the line end.
+struct MainStreamFinder {
+    finder: memmem::Finder<'static>,
+}
+
+impl MainStreamFinder {
+    fn new(alias: &str) -> Self {
+        let mut pat = Vec::with_capacity(alias.len() + 1);
+        pat.push(b'|');
+        pat.extend_from_slice(alias.as_bytes());
+        Self { finder: memmem::Finder::new(&pat).into_owned() }
+    }
+
+    fn contains(&self, line: &[u8]) -> bool {
+        let n = self.finder.needle().len();
+        self.finder.find_iter(line).any(|at| match line.get(at + n) {
+            None => true,
+            Some(&c) => c.is_ascii_whitespace() || c == 0x0b || c == b'|' || c < b' ' || c >= 0x80,
+        })
+    }
+}
+
+/// Reads `path` and indexes it. `progress` receives the number of bytes scanned so far.
+///
+/// # Errors
+/// I/O errors and CNTK's fatal index errors, with file, line and byte offset.
+pub fn index_file(path: &Path, options: &CtfIndexOptions, progress: &mut dyn FnMut(u64)) -> Result<FileIndex, DataError> {
+    let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
+    let shared: Arc<Path> = Arc::from(path);
+    let mut indexer = Indexer::new(shared.clone(), options, size);
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    // `carry` holds the unfinished last line of the previous block.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut consumed: u64 = 0;
+    loop {
+        let n = read_full(&mut file, &mut buf).map_err(|e| DataError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        let block = &buf[..n];
+        let mut start = 0;
+        if !carry.is_empty() {
+            match memchr::memchr(b'\n', block) {
+                Some(nl) => {
+                    carry.extend_from_slice(&block[..=nl]);
+                    let line = std::mem::take(&mut carry);
+                    indexer.line(&line, consumed)?;
+                    consumed += line.len() as u64;
+                    start = nl + 1;
+                }
+                None => {
+                    carry.extend_from_slice(block);
+                    progress(consumed + carry.len() as u64);
+                    continue;
+                }
+            }
+        }
+        let mut pos = start;
+        while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
+            let line = &block[pos..=pos + nl];
+            indexer.line(line, consumed)?;
+            consumed += line.len() as u64;
+            pos += nl + 1;
+        }
+        carry.extend_from_slice(&block[pos..]);
+        progress(consumed + carry.len() as u64);
+    }
+    if !carry.is_empty() {
+        indexer.line(&carry, consumed)?;
+    }
+    indexer.finish()
+}
+
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Still skipping the BOM and leading whitespace.
+    Start,
+    Lines,
+    Ids,
+}
+
+/// Open sequence in id mode.
+struct Open {
+    key: u64,
+    offset: u64,
+    line: u64,
+    samples: u64,
+}
+
+struct Indexer {
+    path: Arc<Path>,
+    size: u64,
+    skip_ids: bool,
+    main: Option<MainStreamFinder>,
+    mode: Mode,
+    line_no: u64,
+    sequences: Vec<SequenceDesc>,
+    open: Option<Open>,
+}
+
+impl Indexer {
+    fn new(path: Arc<Path>, options: &CtfIndexOptions, size: u64) -> Self {
+        Self {
+            path,
+            size,
+            skip_ids: options.skip_sequence_ids,
+            main: options.main_alias.as_deref().map(MainStreamFinder::new),
+            mode: Mode::Start,
+            line_no: 0,
+            sequences: Vec::new(),
+            open: None,
+        }
+    }
+
+    fn at(&self, offset: u64) -> Location {
+        Location { file: self.path.clone(), line: self.line_no + 1, offset }
+    }
+
+    fn fatal(&self, offset: u64, message: impl Into<String>) -> DataError {
+        DataError::Fatal { at: self.at(offset), message: message.into() }
+    }
+
+    /// One line, `\n` included when present; `offset` is its first byte in the file.
+    fn line(&mut self, mut line: &[u8], mut offset: u64) -> Result<(), DataError> {
+        if self.mode == Mode::Start {
+            if offset == 0 {
+                if line.starts_with(&[0xFF, 0xFE]) {
+                    return Err(self.fatal(0, "found a UTF-16 BOM at the beginning of the input file; UTF-16 encoding is not supported"));
+                }
+                if line.starts_with(&[0xEF, 0xBB, 0xBF]) {
+                    line = &line[3..];
+                    offset += 3;
+                }
+            }
+            let skip = line.iter().take_while(|&&b| b.is_ascii_whitespace() || b == 0x0b).count();
+            if skip == line.len() {
+                self.line_no += u64::from(line.last() == Some(&b'\n'));
+                return Ok(());
+            }
+            line = &line[skip..];
+            offset += skip as u64;
+            let first = line[0];
+            self.mode = if self.skip_ids || first == b'|' {
+                Mode::Lines
+            } else if first.is_ascii_digit() {
+                Mode::Ids
+            } else {
+                return Err(self.fatal(
+                    offset,
+                    format!("expected a sequence id (a decimal number) at the start of the first line, found {}", show_byte(first)),
+                ));
+            };
+        }
+        let next = offset + line.len() as u64;
+        let content = line.strip_suffix(b"\n").unwrap_or(line);
+        let result = match self.mode {
+            Mode::Lines => self.line_mode(content, offset, next),
+            Mode::Ids => self.id_mode(content, offset),
+            Mode::Start => Ok(()),
+        };
+        self.line_no += u64::from(content.len() < line.len());
+        result
+    }
+
+    fn counts(&self, content: &[u8]) -> bool {
+        !is_blank(content) && self.main.as_ref().is_none_or(|m| m.contains(content))
+    }
+
+    fn line_mode(&mut self, content: &[u8], offset: u64, next: u64) -> Result<(), DataError> {
+        if !self.counts(content) {
+            return Ok(());
+        }
+        let size = self.seq_size(offset, next)?;
+        self.sequences.push(SequenceDesc { key: self.line_no, offset, line: self.line_no, size, samples: 1 });
+        Ok(())
+    }
+
+    fn id_mode(&mut self, content: &[u8], offset: u64) -> Result<(), DataError> {
+        let digits = content.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 {
+            let mut id: u64 = 0;
+            for &b in &content[..digits] {
+                id = id
+                    .checked_mul(10)
+                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
+                    .ok_or_else(|| self.fatal(offset, "overflow while reading a numeric sequence id (more than 64 bits)"))?;
+            }
+            if self.open.as_ref().is_none_or(|o| o.key != id) {
+                self.close(offset)?;
+                self.open = Some(Open { key: id, offset, line: self.line_no, samples: 0 });
+            }
+        }
+        if self.counts(content) {
+            if let Some(o) = self.open.as_mut() {
+                o.samples += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn seq_size(&self, offset: u64, end: u64) -> Result<u32, DataError> {
+        u32::try_from(end - offset)
+            .map_err(|_| self.fatal(offset, format!("a sequence of {} bytes exceeds the limit of 4 GiB", end - offset)))
+    }
+
+    /// Ends the open id-mode sequence at `end`; a sequence without counted lines is dropped.
+    fn close(&mut self, end: u64) -> Result<(), DataError> {
+        let Some(o) = self.open.take() else { return Ok(()) };
+        if o.samples == 0 {
+            return Ok(());
+        }
+        let size = u32::try_from(end - o.offset).map_err(|_| DataError::Fatal {
+            at: Location { file: self.path.clone(), line: o.line + 1, offset: o.offset },
+            message: format!("a sequence of {} bytes exceeds the limit of 4 GiB", end - o.offset),
+        })?;
+        let samples = u32::try_from(o.samples).map_err(|_| DataError::Fatal {
+            at: Location { file: self.path.clone(), line: o.line + 1, offset: o.offset },
+            message: "a sequence of more than 2^32-1 samples".into(),
+        })?;
+        self.sequences.push(SequenceDesc { key: o.key, offset: o.offset, line: o.line, size, samples });
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<FileIndex, DataError> {
+        if self.mode == Mode::Start {
+            return Err(DataError::Fatal {
+                at: Location { file: self.path.clone(), line: 1, offset: 0 },
+                message: "input file is empty (no data after whitespace)".into(),
+            });
+        }
+        self.close(self.size)?;
+        Ok(FileIndex { path: self.path, size: self.size, sequences: self.sequences })
+    }
+}
+
+/// A byte for messages: printable ASCII as itself, anything else as hex.
+pub(crate) fn show_byte(b: u8) -> String {
+    if b.is_ascii_graphic() {
+        format!("'{}'", b as char)
+    } else {
+        format!("byte 0x{b:02x}")
+    }
+}
+
+#[cfg(test)]
+mod tests;

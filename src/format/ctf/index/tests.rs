@@ -1,0 +1,119 @@
+use super::*;
+
+fn index(text: &[u8], skip_ids: bool, main: Option<&str>) -> Result<FileIndex, DataError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("t.ctf");
+    std::fs::write(&p, text).expect("write");
+    let opts = CtfIndexOptions { skip_sequence_ids: skip_ids, main_alias: main.map(str::to_owned) };
+    index_file(&p, &opts, &mut |_| {})
+}
+
+fn shape(text: &str, skip_ids: bool, main: Option<&str>) -> Vec<(u64, u32)> {
+    index(text.as_bytes(), skip_ids, main).expect("index").sequences.iter().map(|s| (s.key, s.samples)).collect()
+}
+
+fn fatal(text: &[u8]) -> String {
+    index(text, false, None).expect_err("fatal").to_string()
+}
+
+#[test]
+fn first_line_without_id_means_line_mode_and_later_ids_are_ignored() {
+    assert_eq!(shape("|a 1\n5 |a 2\n5 |a 3\n", false, None), vec![(0, 1), (1, 1), (2, 1)]);
+}
+
+#[test]
+fn id_mode_groups_consecutive_equal_ids_and_idless_lines_continue() {
+    assert_eq!(shape("0 |a 1\n0 |a 2\n|a 3\n1 |a 4\n0 |a 5\n", false, None), vec![(0, 3), (1, 1), (0, 1)]);
+}
+
+#[test]
+fn skip_sequence_ids_forces_line_mode() {
+    assert_eq!(shape("0 |a 1\n0 |a 2\n", true, None), vec![(0, 1), (1, 1)]);
+}
+
+#[test]
+fn byte_ranges_cover_the_sequence_up_to_the_next() {
+    let idx = index(b"0 |a 1\n|a 2\n1 |a 3", false, None).expect("index");
+    let r: Vec<(u64, u32)> = idx.sequences.iter().map(|s| (s.offset, s.size)).collect();
+    assert_eq!(r, vec![(0, 12), (12, 6)]);
+}
+
+#[test]
+fn boms_and_leading_whitespace() {
+    assert_eq!(shape("\u{feff}|a 1\n", false, None), vec![(0, 1)]);
+    assert!(fatal(b"\xff\xfe|\x00a").contains("UTF-16"));
+    // Leading blank lines are skipped; line-mode keys still count them.
+    assert_eq!(shape("\n\n  |a 1\n|a 2\n", false, None), vec![(2, 1), (3, 1)]);
+}
+
+#[test]
+fn empty_and_whitespace_only_files_are_fatal() {
+    assert!(fatal(b"").contains("empty"));
+    assert!(fatal(b" \n\t\r\n").contains("empty"));
+}
+
+#[test]
+fn a_non_digit_first_id_is_fatal_with_its_location() {
+    let e = fatal(b"\nabc |a 1\n");
+    assert!(e.contains("expected a sequence id"), "{e}");
+    assert!(e.contains(":2: byte offset 1"), "{e}");
+}
+
+#[test]
+fn id_overflow_is_fatal() {
+    assert!(fatal(b"18446744073709551616 |a 1\n").contains("overflow"));
+    assert_eq!(shape("18446744073709551615 |a 1\n", false, None), vec![(u64::MAX, 1)]);
+}
+
+#[test]
+fn id_with_trailing_letters_keeps_the_digits() {
+    assert_eq!(shape("12abc |a 1\n", false, None), vec![(12, 1)]);
+}
+
+#[test]
+fn blank_lines_are_ignored_everywhere() {
+    // Deviation from CNTK: no sequence in line mode, no sample in id mode.
+    assert_eq!(shape("|a 1\n\n  \t\r\n|a 2\n\n", false, None), vec![(0, 1), (3, 1)]);
+    assert_eq!(shape("0 |a 1\n\n|a 2\n \n", false, None), vec![(0, 2)]);
+}
+
+#[test]
+fn a_line_with_only_an_id_still_counts() {
+    assert_eq!(shape("0 |a 1\n0\n", false, None), vec![(0, 2)]);
+}
+
+#[test]
+fn defines_mb_size_in_line_mode_drops_lines_without_the_main_stream() {
+    assert_eq!(shape("|a 1 |b 1\n|a 2\n|b 3\n", false, Some("b")), vec![(0, 1), (2, 1)]);
+}
+
+#[test]
+fn defines_mb_size_in_id_mode_counts_main_lines_and_drops_sequences_without_it() {
+    assert_eq!(shape("0 |a 1 |b 1\n0 |a 2\n0 |a 3 |b 2\n1 |a 4\n2 |b 5\n", false, Some("b")), vec![(0, 2), (2, 1)]);
+}
+
+#[test]
+fn main_stream_must_be_a_whole_token() {
+    assert_eq!(shape("|a 1 |bb 1\n|b\n|b|a 2\n|b\t3\n|b\r\n", false, Some("b")), vec![(1, 1), (2, 1), (3, 1), (4, 1)]);
+    // Inside a comment it still counts (CNTK does not know about comments here).
+    assert_eq!(shape("|a 1 |# x |b 2\n", false, Some("b")), vec![(0, 1)]);
+}
+
+#[test]
+fn a_missing_trailing_newline_ends_the_last_sequence_at_eof() {
+    let idx = index(b"|a 1\n|a 2", false, None).expect("index");
+    assert_eq!(idx.sequences.last().map(|s| (s.offset, s.size)), Some((5, 4)));
+}
+
+#[test]
+fn lines_spanning_read_blocks_are_joined() {
+    let mut text = Vec::new();
+    let long = "1 ".repeat(BLOCK_BYTES / 2 + 7);
+    for i in 0..5 {
+        text.extend_from_slice(format!("{i} |a {long}\n").as_bytes());
+    }
+    let idx = index(&text, false, None).expect("index");
+    assert_eq!(idx.sequences.iter().map(|s| s.key).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    let total: u64 = idx.sequences.iter().map(|s| u64::from(s.size)).sum();
+    assert_eq!(total, text.len() as u64);
+}

@@ -1,0 +1,10 @@
+//! CNTK Text Format: the index pass ([`index`]), CNTK's number grammar ([`number`]) and the parse
+//! pass ([`decode`]). Knows nothing of actors, sessions or sampling: it turns bytes into
+//! [`FileIndex`](crate::format::index::FileIndex)es and columnar stream buffers.
+
+pub mod decode;
+pub mod index;
+pub mod number;
+
+pub use decode::{CtfDecoder, Element, SeqContext, StreamBuf};
+pub use index::{index_file, CtfIndexOptions};

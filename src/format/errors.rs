@@ -1,0 +1,219 @@
+//! Data errors: where they are, what kind, and the `max_errors` budget.
+//!
+//! CNTK distinguishes *errors*, each of which costs one unit of `maxErrors`, from *fatal* errors
+//! that stop reading regardless (`reference/cntk-ctf-semantics.md` §1.12). Decoders report the
+//! former as [`Malformed`] values and return the latter as [`DataError`]. The [`ErrorBudget`]
+//! charges each malformed *place* once — keyed by file, byte offset and kind — so re-parsing an
+//! evicted chunk does not spend the budget again (CNTK re-counts; that is documented as a bug).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// A place in an input file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The file.
+    pub file: Arc<Path>,
+    /// 1-based line number.
+    pub line: u64,
+    /// 0-based byte offset from the start of the file.
+    pub offset: u64,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: byte offset {}", self.file.display(), self.line, self.offset)
+    }
+}
+
+/// What kind of malformed input was found; also the `kind` label of the parse-error metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// Row content that does not start with `|`.
+    UnexpectedCharacter,
+    /// `|` followed by a delimiter, another `|` or a non-printable byte.
+    InvalidName,
+    /// The sequence's bytes end inside an input name.
+    DanglingName,
+    /// A value that is not a number in CNTK's grammar.
+    BadNumber,
+    /// A dense sample with more than `dim` values.
+    DenseTooLong,
+    /// A malformed sparse entry (`idx:value`).
+    BadSparseEntry,
+    /// A sparse index ≥ `dim`.
+    SparseIndexOutOfRange,
+    /// A row from which no sample could be read.
+    EmptyRow,
+    /// A length-defining stream has more samples than the sequence's nominal length.
+    SequenceTooLong,
+    /// No length-defining stream reaches the sequence's nominal length.
+    SequenceTooShort,
+    /// A malformed line of a deepx/libsvm file.
+    BadLine,
+}
+
+impl ErrorKind {
+    /// Stable snake-case name (metric label, logs).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnexpectedCharacter => "unexpected_character",
+            Self::InvalidName => "invalid_name",
+            Self::DanglingName => "dangling_name",
+            Self::BadNumber => "bad_number",
+            Self::DenseTooLong => "dense_too_long",
+            Self::BadSparseEntry => "bad_sparse_entry",
+            Self::SparseIndexOutOfRange => "sparse_index_out_of_range",
+            Self::EmptyRow => "empty_row",
+            Self::SequenceTooLong => "sequence_too_long",
+            Self::SequenceTooShort => "sequence_too_short",
+            Self::BadLine => "bad_line",
+        }
+    }
+}
+
+/// One malformed place: costs one unit of `max_errors`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    /// The kind.
+    pub kind: ErrorKind,
+    /// Where it was detected.
+    pub at: Location,
+    /// What was expected and what was found.
+    pub message: String,
+}
+
+impl fmt::Display for Malformed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.at, self.message)
+    }
+}
+
+/// Reading data failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An I/O error on a data file.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Input that stops reading regardless of `max_errors` (CNTK's fatal errors).
+    #[error("{at}: {message}")]
+    Fatal {
+        /// Where.
+        at: Location,
+        /// What was expected and what was found.
+        message: String,
+    },
+    /// The error budget is spent: `last` is the error that exceeded it.
+    #[error("{last}\nreached the maximum number of allowed errors ({max_errors}) while reading the input file ({})", last.at.file.display())]
+    TooManyErrors {
+        /// The error that exceeded the budget.
+        last: Malformed,
+        /// The configured `max_errors`.
+        max_errors: u64,
+    },
+    /// A dataset-level problem (no file matches a glob, a resume against other data, …).
+    #[error("{0}")]
+    Dataset(String),
+}
+
+impl DataError {
+    /// An I/O error on `path`.
+    pub fn io(path: &Path, source: std::io::Error) -> Self {
+        Self::Io { path: path.to_owned(), source }
+    }
+}
+
+/// The `max_errors` budget of one dataset, shared by every reader of it.
+///
+/// Each distinct malformed place (file, byte offset, kind) is charged once, however often the
+/// chunk holding it is parsed.
+#[derive(Debug)]
+pub struct ErrorBudget {
+    max_errors: u64,
+    seen: Mutex<HashSet<(Arc<Path>, u64, ErrorKind)>>,
+}
+
+impl ErrorBudget {
+    /// A budget that tolerates exactly `max_errors` errors.
+    #[must_use]
+    pub fn new(max_errors: u64) -> Self {
+        Self { max_errors, seen: Mutex::new(HashSet::new()) }
+    }
+
+    /// Errors charged so far.
+    #[must_use]
+    pub fn spent(&self) -> u64 {
+        self.seen.lock().map(|s| s.len() as u64).unwrap_or(u64::MAX)
+    }
+
+    /// Charges the errors found while parsing one chunk, in file order. Returns the newly
+    /// charged ones (callers log and count them).
+    ///
+    /// # Errors
+    /// [`DataError::TooManyErrors`] with the first error beyond the budget.
+    pub fn charge(&self, errors: &[Malformed]) -> Result<Vec<Malformed>, DataError> {
+        if errors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut seen = match self.seen.lock() {
+            Ok(g) => g,
+            // A panic elsewhere while holding the lock leaves a valid set; keep using it.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let mut fresh = Vec::new();
+        for e in errors {
+            if seen.insert((e.at.file.clone(), e.at.offset, e.kind)) {
+                if seen.len() as u64 > self.max_errors {
+                    return Err(DataError::TooManyErrors { last: e.clone(), max_errors: self.max_errors });
+                }
+                fresh.push(e.clone());
+            }
+        }
+        Ok(fresh)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(offset: u64) -> Malformed {
+        Malformed {
+            kind: ErrorKind::BadNumber,
+            at: Location { file: Arc::from(Path::new("f.ctf")), line: 1, offset },
+            message: "x".into(),
+        }
+    }
+
+    #[test]
+    fn max_errors_tolerates_exactly_n() {
+        let b = ErrorBudget::new(2);
+        assert_eq!(b.charge(&[err(1), err(2)]).map(|v| v.len()).ok(), Some(2));
+        assert!(matches!(b.charge(&[err(3)]), Err(DataError::TooManyErrors { max_errors: 2, .. })));
+    }
+
+    #[test]
+    fn reparsing_the_same_place_costs_nothing() {
+        let b = ErrorBudget::new(1);
+        assert_eq!(b.charge(&[err(7)]).map(|v| v.len()).ok(), Some(1));
+        assert_eq!(b.charge(&[err(7)]).map(|v| v.len()).ok(), Some(0));
+        assert_eq!(b.spent(), 1);
+    }
+
+    #[test]
+    fn zero_budget_fails_on_first_error_with_its_location() {
+        let b = ErrorBudget::new(0);
+        let e = b.charge(&[err(42)]).expect_err("budget 0");
+        let text = e.to_string();
+        assert!(text.contains("f.ctf:1: byte offset 42"), "{text}");
+        assert!(text.contains("maximum number of allowed errors"), "{text}");
+    }
+}

@@ -1,0 +1,128 @@
+//! The index: where each sequence is, how long it is nominally, and how sequences group into
+//! chunks — the output of the first pass over the data (CNTK's `Index`, `IndexBuilder`).
+//!
+//! Format-specific indexers produce one [`FileIndex`] per file; [`build_chunks`] groups the
+//! sequences of all files into chunks with CNTK's rule (§1.14): a new chunk starts when the
+//! current chunk's byte span is 0 or when `span + sequence size > chunk_size_bytes`. Chunks never
+//! cross files. Everything scheduling-related uses the nominal lengths recorded here.
+
+use std::path::Path;
+use std::sync::Arc;
+
+/// One sequence as the index pass found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceDesc {
+    /// The sequence key: the numeric id, or the 0-based line number in line mode.
+    pub key: u64,
+    /// Byte offset of its first byte in the file.
+    pub offset: u64,
+    /// 0-based line number of its first line.
+    pub line: u64,
+    /// Size in bytes (up to the next sequence's first byte).
+    pub size: u32,
+    /// Nominal length in samples (≥ 1).
+    pub samples: u32,
+}
+
+/// The index of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileIndex {
+    /// The file.
+    pub path: Arc<Path>,
+    /// Its size in bytes when indexed.
+    pub size: u64,
+    /// Sequences in file order.
+    pub sequences: Vec<SequenceDesc>,
+}
+
+/// A chunk: consecutive sequences of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkDesc {
+    /// Index of the file in the source's file list.
+    pub file: usize,
+    /// First byte (the first sequence's offset).
+    pub start: u64,
+    /// One past the last byte of the last sequence.
+    pub end: u64,
+    /// Index of the first sequence within the file's sequence list.
+    pub first_seq: usize,
+    /// Number of sequences.
+    pub num_seqs: usize,
+    /// Sum of nominal lengths.
+    pub num_samples: u64,
+}
+
+/// Groups the sequences of `files` into chunks with CNTK's rule; chunks never cross files.
+#[must_use]
+pub fn build_chunks(files: &[FileIndex], chunk_size_bytes: u64) -> Vec<ChunkDesc> {
+    let mut chunks: Vec<ChunkDesc> = Vec::new();
+    for (fi, file) in files.iter().enumerate() {
+        let mut open = false;
+        for (si, s) in file.sequences.iter().enumerate() {
+            let start_new = match chunks.last() {
+                Some(c) if open => {
+                    let span = c.end - c.start;
+                    span == 0 || span + u64::from(s.size) > chunk_size_bytes
+                }
+                _ => true,
+            };
+            if start_new {
+                chunks.push(ChunkDesc { file: fi, start: s.offset, end: s.offset, first_seq: si, num_seqs: 0, num_samples: 0 });
+                open = true;
+            }
+            let c = chunks.last_mut().expect("a chunk was pushed above");
+            c.num_seqs += 1;
+            c.num_samples += u64::from(s.samples);
+            c.end = s.offset + u64::from(s.size);
+        }
+    }
+    chunks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(sizes: &[(u64, u32)]) -> FileIndex {
+        FileIndex {
+            path: Arc::from(Path::new("x")),
+            size: 0,
+            sequences: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &(offset, size))| SequenceDesc { key: i as u64, offset, line: i as u64, size, samples: 1 })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn chunk_boundaries_follow_cntk_rule() {
+        // sizes 4,4,4 at 0,4,8 with chunk size 8 -> [0,1] [2]
+        let f = file(&[(0, 4), (4, 4), (8, 4)]);
+        let c = build_chunks(&[f], 8);
+        assert_eq!(c.iter().map(|c| c.num_seqs).collect::<Vec<_>>(), vec![2, 1]);
+    }
+
+    #[test]
+    fn a_sequence_larger_than_the_chunk_size_gets_its_own_chunk() {
+        let f = file(&[(0, 2), (2, 100), (102, 2)]);
+        let c = build_chunks(&[f], 10);
+        assert_eq!(c.iter().map(|c| c.num_seqs).collect::<Vec<_>>(), vec![1, 1, 1]);
+    }
+
+    #[test]
+    fn gaps_count_in_the_span() {
+        // A dropped line between the first two sequences widens the span once the second is
+        // added: 0..3, gap, 10..13 is a span of 13, so a third sequence of 3 needs 16.
+        let f = file(&[(0, 3), (10, 3), (13, 3)]);
+        assert_eq!(build_chunks(&[f.clone()], 15).len(), 2);
+        assert_eq!(build_chunks(&[f], 16).len(), 1);
+    }
+
+    #[test]
+    fn chunks_never_cross_files() {
+        let c = build_chunks(&[file(&[(0, 1)]), file(&[(0, 1)])], 1 << 20);
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[1].file, c[1].first_seq), (1, 0));
+    }
+}

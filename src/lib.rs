@@ -1,0 +1,43 @@
+//! # minibatchd
+//!
+//! A node-local daemon that turns training data stored as text — CNTK Text Format (CTF) and
+//! deepx's instance formats — into randomized minibatches with CNTK `MinibatchSource`
+//! semantics, and hands them to trainer processes through shared memory.
+//!
+//! ## Architecture (read this first)
+//!
+//! The data path has three pure layers and a thin actor shell around them:
+//!
+//! ```text
+//!  files ─► format::*  (index pass → FileIndex; decode → ParsedChunk, columnar)
+//!             │
+//!  dataset::Dataset    (files + index cache + source join → chunks and a sampling::Timeline)
+//!             │
+//!  sampling::Sampler   (BlockRandomizer / NoRandomizer + minibatch scheduler → MinibatchPlan)
+//!             │
+//!  minibatch::assemble (plan + parsed chunks → Minibatch) ─► dump (JSON lines) | daemon (shm)
+//! ```
+//!
+//! * [`format`] knows bytes: CNTK's index pass, its number grammar and parser, error accounting
+//!   (each malformed place charged once against `max_errors`) and the on-disk index cache.
+//! * [`sampling`] knows only nominal lengths and chunk boundaries. The order of sequences is a
+//!   function of (data, chunking, window, seed, sweep) — never of the minibatch size — and a
+//!   checkpoint is a position on that timeline.
+//! * [`dataset`] ties a configured dataset to both: it resolves files, indexes them (through the
+//!   cache), joins several sources by sequence key and loads chunks.
+//! * [`dump`] is the in-process consumer behind `minibatchd dump`.
+//!
+//! Everything in those modules is synchronous and deterministic, tested without a running actor
+//! system. See `ARCHITECTURE.md` for the daemon's stages and `docs/differences.md` for every
+//! place where minibatchd deliberately differs from CNTK or deepx.
+
+pub mod config;
+pub mod dataset;
+pub mod dump;
+pub mod format;
+pub mod minibatch;
+pub mod persist;
+pub mod sampling;
+
+pub use config::Config;
+pub use dataset::Dataset;

@@ -1,0 +1,231 @@
+//! The `minibatchd` binary: CLI → config → command; errors → exit codes.
+//!
+//! Exit status: 0 on success, 1 on a data or config error (the message names file, line and byte
+//! offset), 2 on usage errors (clap's own exit code).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+
+use minibatchd::config::Config;
+use minibatchd::dataset::{Dataset, IndexProgress};
+use minibatchd::dump::{dump, DumpOptions};
+use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+
+#[derive(Parser)]
+#[command(name = "minibatchd", version, about = "Serves randomized minibatches of text training data with CNTK MinibatchSource semantics")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Load and validate the config, reporting every error; exit 0 if valid, 1 otherwise.
+    Validate {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print the minibatches a session with these options would receive, as JSON lines.
+    Dump(DumpArgs),
+    /// Build (and cache) the chunk index of a dataset.
+    Index {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The dataset.
+        #[arg(long)]
+        dataset: String,
+    },
+}
+
+#[derive(Args)]
+struct DumpArgs {
+    /// The config file.
+    #[arg(long)]
+    config: PathBuf,
+    /// The dataset.
+    #[arg(long)]
+    dataset: String,
+    /// Minibatch size in samples (CNTK's definition).
+    #[arg(long, conflicts_with = "minibatch_sizes")]
+    minibatch_size: Option<usize>,
+    /// Minibatch sizes, cycled: minibatch i uses entry i mod len.
+    #[arg(long, value_delimiter = ',')]
+    minibatch_sizes: Option<Vec<usize>>,
+    /// Epoch size in samples (overshoots to the end of the last started sequence).
+    #[arg(long, conflicts_with_all = ["max_sweeps", "full_sweep"])]
+    max_samples: Option<u64>,
+    /// Epoch size in sweeps.
+    #[arg(long, conflicts_with = "full_sweep")]
+    max_sweeps: Option<u64>,
+    /// Exactly one sweep.
+    #[arg(long)]
+    full_sweep: bool,
+    /// Randomize (default: the dataset's [sampling] setting).
+    #[arg(long, action = clap::ArgAction::Set)]
+    randomize: Option<bool>,
+    /// Randomization window in chunks.
+    #[arg(long, conflicts_with = "window_samples")]
+    window_chunks: Option<usize>,
+    /// Randomization window in samples.
+    #[arg(long)]
+    window_samples: Option<u64>,
+    /// Randomization seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Frame mode: every sequence must have exactly one sample.
+    #[arg(long)]
+    frame_mode: bool,
+    /// Number of data-parallel workers.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// This worker's rank.
+    #[arg(long, default_value_t = 0)]
+    rank: usize,
+    /// Start at this checkpoint position.
+    #[arg(long)]
+    restore: Option<u64>,
+    /// Stop after this many minibatches.
+    #[arg(long)]
+    num_minibatches: Option<u64>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(matches!(cli.command, Command::Run { .. }));
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("minibatchd: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(daemon: bool) {
+    let default = if daemon { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MINIBATCHD_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Validate { config } => {
+            let c = Config::load(&config)?;
+            for d in c.datasets.values() {
+                for s in &d.sources {
+                    minibatchd::dataset::resolve_files(&s.files).with_context(|| format!("datasets.{}.files", d.name))?;
+                }
+            }
+            println!("{}: valid ({} dataset(s))", config.display(), c.datasets.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Index { config, dataset } => {
+            let c = Config::load(&config)?;
+            let d = open_dataset(&c, &dataset, std::io::stderr().is_terminal())?;
+            let t = d.timeline();
+            println!(
+                "{}: {} sequences, {} samples, {} chunks",
+                dataset,
+                t.num_sequences(),
+                t.seq_len.iter().map(|&l| u64::from(l)).sum::<u64>(),
+                t.num_chunks()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dump(args) => {
+            let c = Config::load(&args.config)?;
+            let d = open_dataset(&c, &args.dataset, false)?;
+            let options = match dump_options(&args, d.config()) {
+                Ok(o) => o,
+                Err(e) => {
+                    // Usage errors, like clap's own, exit with 2.
+                    eprintln!("minibatchd: usage error: {e:#}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+            dump(&d, &options, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { config } => {
+            let _ = Config::load(&config)?;
+            bail!("the daemon (`run`) is not implemented in this build yet; use `minibatchd dump`")
+        }
+    }
+}
+
+fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
+    let cfg = c.dataset(name).map_err(anyhow::Error::msg)?;
+    let bar = progress_bar.then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("indexing {bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let mut report = |p: IndexProgress| {
+        if let Some(b) = &bar {
+            b.set_length(p.bytes_total);
+            b.set_position(p.bytes_done);
+        }
+    };
+    let d = Dataset::open(cfg, &state_dir(c), &mut report)?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(d)
+}
+
+fn state_dir(c: &Config) -> PathBuf {
+    c.daemon.state_dir.clone()
+}
+
+fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::Result<DumpOptions> {
+    let window = match (a.window_chunks, a.window_samples) {
+        (Some(c), _) => Window::Chunks(c),
+        (None, Some(s)) => Window::Samples(s),
+        (None, None) => d.sampling.window.clone(),
+    };
+    let limit = match (a.max_samples, a.max_sweeps, a.full_sweep) {
+        (Some(n), _, _) => EpochLimit::Samples(n),
+        (_, Some(k), _) => EpochLimit::Sweeps(k),
+        (_, _, true) => EpochLimit::FullSweep,
+        _ => EpochLimit::Infinite,
+    };
+    let sizes = match (&a.minibatch_sizes, a.minibatch_size) {
+        (Some(v), _) => v.clone(),
+        (None, Some(n)) => vec![n],
+        (None, None) => bail!("give --minibatch-size N or --minibatch-sizes N,M,..."),
+    };
+    if sizes.is_empty() || sizes.contains(&0) {
+        bail!("minibatch sizes must be at least 1");
+    }
+    Ok(DumpOptions {
+        sampling: SamplingOptions {
+            randomize: a.randomize.unwrap_or(d.sampling.randomize),
+            window,
+            seed: a.seed.unwrap_or(d.sampling.seed),
+            limit,
+            num_workers: a.workers,
+            rank: a.rank,
+        },
+        minibatch_sizes: sizes,
+        num_minibatches: a.num_minibatches,
+        restore: a.restore,
+        frame_mode: a.frame_mode,
+    })
+}

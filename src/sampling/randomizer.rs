@@ -1,0 +1,409 @@
+//! The order of one sweep: CNTK's block randomizer (chunk shuffle, randomization windows, windowed
+//! sequence shuffle) and the identity order of its `NoRandomizer`.
+//!
+//! A sweep's order is a pure function of (timeline, window, seed, sweep index)
+//! (`reference/cntk-ctf-semantics.md` §2.2–§2.5, `ChunkRandomizer.cpp`, `SequenceRandomizer.cpp`):
+//!
+//! 1. the chunks are shuffled with CNTK's naive swap loop by an `mt19937_64` seeded with
+//!    `seed + sweep` (truncated to 32 bits, as CNTK passes it through an `unsigned int`);
+//! 2. every randomized chunk `k` gets a window `[b, e)` of randomized chunk positions, counted in
+//!    chunks or in samples;
+//! 3. sequence positions are shuffled in increasing order by a second `mt19937_64` seeded with
+//!    `seed + sweep` (full 64 bits): position `t` swaps with a random position `j` of its window
+//!    provided each sequence may live in the other's chunk window.
+//!
+//! CNTK performs step 3 lazily, a few chunks ahead of the reader; the result equals this eager
+//! pass because no swap ever reaches a chunk that has not been paged in, so every position is
+//! drawn against the same array contents with the same random stream.
+//!
+//! Fed by: [`super::scheduler`] (one call per sweep). Feeds: the per-sweep plans of the scheduler.
+
+use super::mt64::Mt19937_64;
+use super::{SamplingOptions, SeqRef, Timeline, Window};
+
+/// A half-open interval `[begin, end)` of randomized chunk positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkWindow {
+    /// First randomized chunk position in the window.
+    pub begin: u32,
+    /// One past the last randomized chunk position in the window.
+    pub end: u32,
+}
+
+impl ChunkWindow {
+    /// Whether randomized chunk position `k` lies in the window.
+    #[must_use]
+    pub fn contains(self, k: u32) -> bool {
+        self.begin <= k && k < self.end
+    }
+
+    /// Number of chunks in the window.
+    #[must_use]
+    pub fn len(self) -> usize {
+        (self.end - self.begin) as usize
+    }
+
+    /// Whether the window holds no chunk (never the case for a computed window).
+    #[must_use]
+    pub fn is_empty(self) -> bool {
+        self.end <= self.begin
+    }
+}
+
+/// One randomized sweep: the chunk permutation, the windows and the resulting sequence order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RandomizedSweep {
+    /// `chunk_order[k]` is the original chunk at randomized position `k`.
+    pub chunk_order: Vec<u32>,
+    /// Randomization window of each randomized chunk position.
+    pub windows: Vec<ChunkWindow>,
+    /// The sweep's sequences in delivery order (all workers).
+    pub sequences: Vec<SeqRef>,
+}
+
+/// Whether `options` select CNTK's block randomizer. A window of 0 (in chunks or in samples)
+/// means "no randomization" in CNTK's V2 API (`MinibatchSourceConfig` maps both windows being 0
+/// to `randomize = false`), so it selects the `NoRandomizer` order like `randomize = false`.
+#[must_use]
+pub fn uses_block_randomizer(options: &SamplingOptions) -> bool {
+    let window_is_zero = match options.window {
+        Window::Chunks(w) => w == 0,
+        Window::Samples(w) => w == 0,
+    };
+    options.randomize && !window_is_zero
+}
+
+/// The sequences of sweep `sweep` in delivery order, all workers together: the block-randomized
+/// order when [`uses_block_randomizer`], else file order. The timeline must be valid (as checked
+/// by [`super::Sampler::new`]).
+#[must_use]
+pub fn sweep_order(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> Vec<SeqRef> {
+    if uses_block_randomizer(options) {
+        randomize_sweep(timeline, options.window, options.seed, sweep).sequences
+    } else {
+        file_order(timeline)
+    }
+}
+
+/// All sequences in file order with their original chunk (the `NoRandomizer` order).
+#[must_use]
+pub fn file_order(timeline: &Timeline) -> Vec<SeqRef> {
+    let mut order = Vec::with_capacity(timeline.num_sequences());
+    for chunk in 0..timeline.num_chunks() {
+        let chunk_id = to_u32(chunk);
+        for seq in timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1] {
+            order.push(SeqRef {
+                seq: to_u32(seq),
+                chunk: chunk_id,
+            });
+        }
+    }
+    order
+}
+
+/// Block-randomizes sweep `sweep` with seed offset `seed` (both RNGs use `seed + sweep`).
+#[must_use]
+pub fn randomize_sweep(
+    timeline: &Timeline,
+    window: Window,
+    seed: u64,
+    sweep: u64,
+) -> RandomizedSweep {
+    let sweep_seed = seed.wrapping_add(sweep);
+    let chunk_order = shuffle_chunks(timeline.num_chunks(), sweep_seed);
+    let windows = match window {
+        Window::Chunks(w) => windows_in_chunks(chunk_order.len(), w),
+        Window::Samples(w) => {
+            let samples: Vec<u64> = chunk_order
+                .iter()
+                .map(|&c| chunk_samples(timeline, c))
+                .collect();
+            windows_in_samples(&samples, w)
+        }
+    };
+    let mut rng = Mt19937_64::new(sweep_seed);
+    let sequences = shuffle_sequences(timeline, &chunk_order, &windows, &mut rng);
+    RandomizedSweep {
+        chunk_order,
+        windows,
+        sequences,
+    }
+}
+
+/// CNTK's `ChunkRandomizer::Randomize`: the naive shuffle of `0..num_chunks`. `sweep_seed` is
+/// truncated to 32 bits because CNTK's `Randomize` takes an `unsigned int`.
+#[must_use]
+pub fn shuffle_chunks(num_chunks: usize, sweep_seed: u64) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..num_chunks).map(to_u32).collect();
+    let mut rng = Mt19937_64::new(sweep_seed & u64::from(u32::MAX));
+    rng.naive_shuffle(&mut order);
+    order
+}
+
+/// `RandomizeUsingWindowInChunks`: a window of `W = max(window, 1)` chunks centred on each
+/// position (`window / 2` to the left), shifted to fit inside `0..num_chunks`.
+#[must_use]
+pub fn windows_in_chunks(num_chunks: usize, window: usize) -> Vec<ChunkWindow> {
+    let width = window.max(1);
+    let half = window / 2;
+    (0..num_chunks)
+        .map(|k| {
+            let mut begin = k.saturating_sub(half);
+            let mut end = begin.saturating_add(width);
+            if end > num_chunks {
+                end = num_chunks;
+                begin = num_chunks.saturating_sub(width);
+            }
+            ChunkWindow {
+                begin: to_u32(begin),
+                end: to_u32(end),
+            }
+        })
+        .collect()
+}
+
+/// `RandomizeUsingWindowInSamples`: starting from the previous chunk's window, move the start
+/// right while the chunk start is more than `window / 2` samples past it, then extend the end
+/// while the next chunk ends less than `window / 2` samples after this chunk's start.
+/// `chunk_samples` are the sample counts in randomized order.
+#[must_use]
+pub fn windows_in_samples(chunk_samples: &[u64], window: u64) -> Vec<ChunkWindow> {
+    let n = chunk_samples.len();
+    let half = window / 2;
+    let mut starts = Vec::with_capacity(n + 1);
+    starts.push(0u64);
+    for &s in chunk_samples {
+        starts.push(starts[starts.len() - 1] + s);
+    }
+    let mut windows = Vec::with_capacity(n);
+    let (mut begin, mut end) = (0usize, 1usize);
+    for k in 0..n {
+        while starts[k] - starts[begin] > half {
+            begin += 1;
+        }
+        begin = begin.min(k);
+        end = end.max(k + 1);
+        while end < n && starts[end + 1] - starts[k] < half {
+            end += 1;
+        }
+        windows.push(ChunkWindow {
+            begin: to_u32(begin),
+            end: to_u32(end),
+        });
+    }
+    windows
+}
+
+/// A sequence on the sweep timeline: its id and the randomized chunk position it came from.
+#[derive(Clone, Copy)]
+struct Slot {
+    seq: u32,
+    origin: u32,
+}
+
+/// `SequenceRandomizer`'s windowed shuffle, as one eager pass over all positions.
+fn shuffle_sequences(
+    timeline: &Timeline,
+    chunk_order: &[u32],
+    windows: &[ChunkWindow],
+    rng: &mut Mt19937_64,
+) -> Vec<SeqRef> {
+    let total = timeline.num_sequences();
+    let mut slots = Vec::with_capacity(total);
+    let mut position_chunk = Vec::with_capacity(total);
+    let mut chunk_first_position = Vec::with_capacity(chunk_order.len() + 1);
+    for (k, &chunk) in chunk_order.iter().enumerate() {
+        chunk_first_position.push(slots.len());
+        let chunk = chunk as usize;
+        for seq in timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1] {
+            slots.push(Slot {
+                seq: to_u32(seq),
+                origin: to_u32(k),
+            });
+            position_chunk.push(to_u32(k));
+        }
+    }
+    chunk_first_position.push(slots.len());
+
+    for t in 0..slots.len() {
+        let window = windows[position_chunk[t] as usize];
+        let first = chunk_first_position[window.begin as usize];
+        let last = chunk_first_position[window.end as usize];
+        loop {
+            let j = rng.rand_range(first, last);
+            let j_window = windows[position_chunk[j] as usize];
+            // Each sequence must stay within the window of the chunk it lands in. j == t is
+            // always valid, so the loop ends.
+            if window.contains(slots[j].origin) && j_window.contains(slots[t].origin) {
+                slots.swap(t, j);
+                break;
+            }
+        }
+    }
+    slots
+        .into_iter()
+        .map(|s| SeqRef {
+            seq: s.seq,
+            chunk: chunk_order[s.origin as usize],
+        })
+        .collect()
+}
+
+/// Nominal samples in original chunk `chunk`.
+fn chunk_samples(timeline: &Timeline, chunk: u32) -> u64 {
+    let chunk = chunk as usize;
+    timeline.seq_len[timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1]]
+        .iter()
+        .map(|&l| u64::from(l))
+        .sum()
+}
+
+/// Narrows an index that [`super::Sampler::new`] has checked to fit in `u32`.
+fn to_u32(index: usize) -> u32 {
+    u32::try_from(index).expect("sequence and chunk counts are validated to fit in u32")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
+    fn mock(chunks: usize, per_chunk: usize, len: u32) -> Timeline {
+        Timeline {
+            seq_len: vec![len; chunks * per_chunk],
+            chunk_start: (0..=chunks).map(|c| c * per_chunk).collect(),
+        }
+    }
+
+    fn ids(order: &[SeqRef]) -> Vec<u32> {
+        order.iter().map(|r| r.seq).collect()
+    }
+
+    fn randomized(window: Window, seed: u64) -> SamplingOptions {
+        SamplingOptions {
+            randomize: true,
+            window,
+            seed,
+            limit: super::super::EpochLimit::Infinite,
+            num_workers: 1,
+            rank: 0,
+        }
+    }
+
+    // ReaderLibTests.cpp TestRandomization_FirstEpoch / BlockRandomizerOneEpochLegacyRandomization:
+    // 5 chunks x 2 one-sample sequences, window SIZE_MAX samples.
+    #[test]
+    fn golden_whole_window_seed_0() {
+        let t = mock(5, 2, 1);
+        let order = sweep_order(&t, &randomized(Window::Samples(u64::MAX), 0), 0);
+        assert_eq!(ids(&order), [6, 3, 1, 5, 9, 0, 4, 2, 7, 8]);
+    }
+
+    // ReaderLibTests.cpp TestRandomization_SecondEpoch (sweep 1 of seed 0).
+    #[test]
+    fn golden_whole_window_sweep_1() {
+        let t = mock(5, 2, 1);
+        let order = sweep_order(&t, &randomized(Window::Samples(u64::MAX), 0), 1);
+        assert_eq!(ids(&order), [3, 0, 8, 4, 7, 5, 2, 9, 1, 6]);
+        let seed_1 = sweep_order(&t, &randomized(Window::Samples(u64::MAX), 1), 0);
+        assert_eq!(order, seed_1);
+    }
+
+    // ReaderLibTests.cpp BlockRandomizerOneEpochWithChunks1: window of 4 samples.
+    #[test]
+    fn golden_window_4_samples() {
+        let t = mock(5, 2, 1);
+        let order = sweep_order(&t, &randomized(Window::Samples(4), 0), 0);
+        assert_eq!(ids(&order), [8, 9, 1, 0, 6, 7, 2, 3, 4, 5]);
+    }
+
+    // ReaderLibTests.cpp BlockRandomizerOneEpochWithChunks2: 10 chunks x 2, window of 18 samples.
+    #[test]
+    fn golden_window_18_samples() {
+        let t = mock(10, 2, 1);
+        let order = sweep_order(&t, &randomized(Window::Samples(18), 0), 0);
+        assert_eq!(
+            ids(&order),
+            [18, 19, 7, 14, 6, 9, 8, 15, 5, 2, 10, 13, 16, 17, 1, 4, 3, 12, 11, 0]
+        );
+    }
+
+    // ReaderLibTests.cpp TestChunkBasedRandomization: a window of k*100 samples over 100-sample
+    // chunks lies inside the window of k chunks, which always spans min(n, max(k, 1)) chunks.
+    #[test]
+    fn chunk_windows_contain_equivalent_sample_windows() {
+        let n = 10;
+        for k in 0..=20usize {
+            let in_chunks = windows_in_chunks(n, k);
+            let in_samples = windows_in_samples(&[100; 10], k as u64 * 100);
+            for (c, s) in in_chunks.iter().zip(&in_samples) {
+                assert_eq!(c.len(), n.min(k.max(1)));
+                assert!(
+                    s.begin >= c.begin && s.end <= c.end,
+                    "k={k}: {s:?} not in {c:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn chunk_windows_match_cntk_formula() {
+        let w = windows_in_chunks(6, 3);
+        let pairs: Vec<(u32, u32)> = w.iter().map(|w| (w.begin, w.end)).collect();
+        assert_eq!(pairs, [(0, 3), (0, 3), (1, 4), (2, 5), (3, 6), (3, 6)]);
+        let zero = windows_in_chunks(3, 0);
+        assert!(zero
+            .iter()
+            .enumerate()
+            .all(|(k, w)| (w.begin, w.end) == (k as u32, k as u32 + 1)));
+        let huge = windows_in_chunks(3, usize::MAX);
+        assert!(huge.iter().all(|w| (w.begin, w.end) == (0, 3)));
+    }
+
+    #[test]
+    fn every_sequence_respects_its_window() {
+        let t = Timeline {
+            seq_len: (0..40).map(|i| 1 + i % 5).collect(),
+            chunk_start: vec![0, 3, 9, 10, 18, 25, 31, 40],
+        };
+        for seed in 0..5 {
+            let sweep = randomize_sweep(&t, Window::Chunks(2), seed, 3);
+            let position: Vec<usize> = {
+                let mut p = vec![0; t.num_chunks()];
+                for (k, &c) in sweep.chunk_order.iter().enumerate() {
+                    p[c as usize] = k;
+                }
+                p
+            };
+            let mut at = 0;
+            for (k, &c) in sweep.chunk_order.iter().enumerate() {
+                let count = t.chunk_start[c as usize + 1] - t.chunk_start[c as usize];
+                for r in &sweep.sequences[at..at + count] {
+                    assert!(sweep.windows[k].contains(position[r.chunk as usize] as u32));
+                }
+                at += count;
+            }
+            let mut seqs = ids(&sweep.sequences);
+            seqs.sort_unstable();
+            assert_eq!(seqs, (0..40).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn chunk_seed_is_truncated_to_32_bits() {
+        assert_eq!(shuffle_chunks(7, 3), shuffle_chunks(7, 3 + (1 << 32)));
+    }
+
+    #[test]
+    fn zero_window_means_file_order() {
+        let t = mock(4, 3, 2);
+        for window in [Window::Chunks(0), Window::Samples(0)] {
+            let options = randomized(window, 9);
+            assert!(!uses_block_randomizer(&options));
+            assert_eq!(
+                ids(&sweep_order(&t, &options, 2)),
+                (0..12).collect::<Vec<_>>()
+            );
+        }
+    }
+}

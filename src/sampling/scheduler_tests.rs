@@ -1,0 +1,607 @@
+//! Unit tests of the scheduler: CNTK's edge cases (`reference/cntk-ctf-semantics.md` §6, 39–48),
+//! golden vectors through the full scheduler, restore and option validation.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::sampling::plan::SweepPlan;
+use crate::sampling::randomizer::{randomize_sweep, sweep_order};
+
+/// A timeline from sequence lengths and chunk sizes (in sequences).
+fn timeline(lens: &[u32], chunk_sizes: &[usize]) -> Arc<Timeline> {
+    let mut chunk_start = vec![0];
+    for size in chunk_sizes {
+        chunk_start.push(chunk_start[chunk_start.len() - 1] + size);
+    }
+    assert_eq!(chunk_start[chunk_start.len() - 1], lens.len());
+    Arc::new(Timeline {
+        seq_len: lens.to_vec(),
+        chunk_start,
+    })
+}
+
+/// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
+fn mock(chunks: usize, per_chunk: usize, len: u32) -> Arc<Timeline> {
+    timeline(&vec![len; chunks * per_chunk], &vec![per_chunk; chunks])
+}
+
+fn options(randomize: bool, window: Window, seed: u64, limit: EpochLimit) -> SamplingOptions {
+    SamplingOptions {
+        randomize,
+        window,
+        seed,
+        limit,
+        num_workers: 1,
+        rank: 0,
+    }
+}
+
+fn sequential(limit: EpochLimit) -> SamplingOptions {
+    options(false, Window::Chunks(128), 0, limit)
+}
+
+fn whole_window(seed: u64, limit: EpochLimit) -> SamplingOptions {
+    options(true, Window::Samples(u64::MAX), seed, limit)
+}
+
+fn ids(plan: &MinibatchPlan) -> Vec<u32> {
+    plan.sequences.iter().map(|r| r.seq).collect()
+}
+
+/// Every minibatch of the epoch, `minibatch_size` each.
+fn drain(sampler: &mut Sampler, minibatch_size: usize) -> Vec<MinibatchPlan> {
+    std::iter::from_fn(|| sampler.next_minibatch(minibatch_size)).collect()
+}
+
+fn all_ids(plans: &[MinibatchPlan]) -> Vec<u32> {
+    plans.iter().flat_map(ids).collect()
+}
+
+fn sampler(timeline: &Arc<Timeline>, options: SamplingOptions) -> Sampler {
+    Sampler::new(Arc::clone(timeline), options).expect("valid options")
+}
+
+// ReaderLibTests.cpp TestRandomization_TwoSweeps(_AllowToCrossSweepBoundary): two sweeps of the
+// 5x2 mock in every minibatch size, one worker.
+#[test]
+fn golden_two_sweeps_in_any_minibatch_size() {
+    let t = mock(5, 2, 1);
+    let expected = [6, 3, 1, 5, 9, 0, 4, 2, 7, 8, 3, 0, 8, 4, 7, 5, 2, 9, 1, 6];
+    for mb in 1..=21 {
+        let mut s = sampler(&t, whole_window(0, EpochLimit::Samples(20)));
+        let plans = drain(&mut s, mb);
+        assert_eq!(all_ids(&plans), expected, "mb {mb}");
+        let mut read = 0u64;
+        for plan in &plans {
+            let n = plan.sequences.len() as u64;
+            assert_eq!(n, (mb as u64).min(20 - read), "mb {mb}");
+            assert_eq!(plan.end_of_sweep, read / 10 != (read + n) / 10, "mb {mb}");
+            read += n;
+            assert_eq!(plan.position, read);
+        }
+        assert!(s.next_minibatch(mb).is_none());
+        assert!(s.next_minibatch(1).is_none());
+    }
+}
+
+// ReaderLibTests.cpp TestRandomization_TwoSweeps_WithSequences: longer sequences keep the order;
+// no minibatch exceeds max(mb, sequence length).
+#[test]
+fn golden_two_sweeps_with_long_sequences() {
+    let expected = [6, 3, 1, 5, 9, 0, 4, 2, 7, 8, 3, 0, 8, 4, 7, 5, 2, 9, 1, 6];
+    for len in 2..=10u32 {
+        let t = mock(5, 2, len);
+        for mb in [1, len as usize - 1, len as usize, 7, 25] {
+            let mut s = sampler(&t, whole_window(0, EpochLimit::Sweeps(2)));
+            let plans = drain(&mut s, mb);
+            assert_eq!(all_ids(&plans), expected, "len {len} mb {mb}");
+            for plan in &plans {
+                let samples = plan.sequences.len() * len as usize;
+                assert!(samples <= mb.max(len as usize), "len {len} mb {mb}");
+            }
+        }
+    }
+}
+
+#[test]
+fn no_randomizer_reads_file_order_forever() {
+    let t = mock(5, 2, 1);
+    let mut s = sampler(&t, sequential(EpochLimit::Samples(25)));
+    let expected: Vec<u32> = (0..25).map(|i| i % 10).collect();
+    assert_eq!(all_ids(&drain(&mut s, 3)), expected);
+}
+
+// §6.39 and io_tests test_text_format: a sequence longer than the minibatch comes alone.
+#[test]
+fn sequence_longer_than_minibatch_is_returned_alone() {
+    let t = timeline(&[5, 1, 1], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::FullSweep));
+    let plans = drain(&mut s, 2);
+    let batches: Vec<Vec<u32>> = plans.iter().map(ids).collect();
+    assert_eq!(batches, [vec![0], vec![1, 2]]);
+}
+
+// §6.40: greedy fill without skipping.
+#[test]
+fn greedy_fill_does_not_skip() {
+    let t = timeline(&[2, 3, 1], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::FullSweep));
+    let batches: Vec<Vec<u32>> = drain(&mut s, 4).iter().map(ids).collect();
+    assert_eq!(batches, [vec![0], vec![1, 2]]);
+}
+
+// §6.41 and §3.2: max_samples=4 with sequences of length 3 delivers 6 samples.
+#[test]
+fn max_samples_overshoots_to_the_end_of_the_last_started_sequence() {
+    let t = timeline(&[3, 3, 3], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::Samples(4)));
+    let plan = s.next_minibatch(100).expect("one minibatch");
+    assert_eq!(ids(&plan), [0, 1]);
+    assert_eq!(plan.position, 6);
+    assert!(s.next_minibatch(100).is_none());
+    let mut s = sampler(&t, sequential(EpochLimit::Samples(4)));
+    let positions: Vec<u64> = drain(&mut s, 3).iter().map(|p| p.position).collect();
+    assert_eq!(positions, [3, 6]);
+}
+
+// ReaderLibTests.cpp CheckNoDegenerateMinibatches: 3-sample sequences, epoch 100, minibatch 90
+// gives minibatches of 90 and 12 samples, for both randomizers.
+#[test]
+fn no_degenerate_minibatch_at_the_epoch_end() {
+    let t = mock(1, 50, 3);
+    for opts in [
+        sequential(EpochLimit::Samples(100)),
+        whole_window(0, EpochLimit::Samples(100)),
+    ] {
+        let mut s = sampler(&t, opts);
+        let sizes: Vec<usize> = drain(&mut s, 90)
+            .iter()
+            .map(|p| p.sequences.len() * 3)
+            .collect();
+        assert_eq!(sizes, [90, 12]);
+    }
+}
+
+// §6.42: a minibatch crosses the sweep end and continues in the re-randomized next sweep.
+#[test]
+fn minibatch_crosses_the_sweep_end() {
+    let t = mock(5, 2, 1);
+    let mut s = sampler(&t, whole_window(0, EpochLimit::Infinite));
+    let plans: Vec<MinibatchPlan> = (0..4).filter_map(|_| s.next_minibatch(4)).collect();
+    assert_eq!(ids(&plans[2]), [7, 8, 3, 0]);
+    assert_eq!(
+        (plans[2].sweep, plans[2].end_of_sweep, plans[2].position),
+        (0, true, 12)
+    );
+    assert_eq!((plans[3].sweep, plans[3].end_of_sweep), (1, false));
+    assert!(plans[..2].iter().all(|p| !p.end_of_sweep));
+}
+
+// io_tests test_large_minibatch: one minibatch of 1000 samples spans about 143 sweeps.
+#[test]
+fn one_minibatch_spans_many_sweeps() {
+    let t = timeline(&[1; 7], &[3, 4]);
+    let mut s = sampler(&t, whole_window(3, EpochLimit::Infinite));
+    let plan = s.next_minibatch(1000).expect("data");
+    assert_eq!(plan.sequences.len(), 1000);
+    assert_eq!((plan.position, plan.end_of_sweep), (1000, true));
+    let mut expected = Vec::new();
+    for sweep in 0..143 {
+        expected.extend(sweep_order(
+            &t,
+            &whole_window(3, EpochLimit::Infinite),
+            sweep,
+        ));
+    }
+    expected.truncate(1000);
+    assert_eq!(plan.sequences, expected);
+}
+
+// After a sweep boundary the walk goes on only while the next sequence fits.
+#[test]
+fn continuation_into_the_next_sweep_stops_at_a_sequence_that_does_not_fit() {
+    let t = timeline(&[2, 3], &[1, 1]);
+    let mut s = sampler(
+        &t,
+        options(true, Window::Chunks(1), 0, EpochLimit::Infinite),
+    );
+    // The whole first sweep (5 samples) fits; neither sequence of the next sweep fits in 1 more.
+    let first = s.next_minibatch(6).expect("data");
+    assert_eq!(
+        (first.sequences.len(), first.position, first.end_of_sweep),
+        (2, 5, true)
+    );
+    // Exactly full at the sweep end: the minibatch ends there.
+    let mut s = sampler(
+        &t,
+        options(true, Window::Chunks(1), 0, EpochLimit::Infinite),
+    );
+    assert_eq!(s.next_minibatch(5).expect("data").position, 5);
+}
+
+// §6.43: FULL_DATA_SWEEP, max_sweeps and max_samples end the epoch, then None forever.
+#[test]
+fn epoch_limits() {
+    let t = timeline(&[1, 2, 3, 4], &[2, 2]);
+    let cases = [
+        (EpochLimit::FullSweep, 10),
+        (EpochLimit::Sweeps(3), 30),
+        (EpochLimit::Sweeps(0), 0),
+        (EpochLimit::Samples(0), 0),
+        (EpochLimit::Samples(9), 10),
+    ];
+    for (limit, end) in cases {
+        for randomize in [false, true] {
+            let mut s = sampler(&t, options(randomize, Window::Chunks(2), 5, limit));
+            let plans = drain(&mut s, 3);
+            assert_eq!(plans.last().map_or(0, |p| p.position), end, "{limit:?}");
+            assert_eq!(s.position(), end);
+            assert!(s.next_minibatch(3).is_none() && s.next_minibatch(100).is_none());
+        }
+    }
+}
+
+// §6.44 and io_tests test_random_seed: sweep k of seed s is sweep 0 of seed s + k.
+#[test]
+fn sweep_k_of_seed_s_is_sweep_0_of_seed_s_plus_k() {
+    let t = timeline(&[1, 2, 3, 1, 2, 3, 1, 2], &[2, 3, 1, 2]);
+    for window in [Window::Chunks(2), Window::Samples(6)] {
+        let mut s = sampler(&t, options(true, window, 7, EpochLimit::Sweeps(3)));
+        let all: Vec<SeqRef> = drain(&mut s, 4)
+            .into_iter()
+            .flat_map(|p| p.sequences)
+            .collect();
+        for k in 0..3 {
+            let fresh = sweep_order(&t, &options(true, window, 7 + k, EpochLimit::FullSweep), 0);
+            assert_eq!(all[k as usize * 8..(k as usize + 1) * 8], fresh[..]);
+        }
+    }
+}
+
+// §6.45: changing the minibatch size mid-stream keeps the order.
+#[test]
+fn changing_the_minibatch_size_keeps_the_order() {
+    let t = timeline(&[1, 3, 2, 2, 1, 4, 1, 1, 2], &[3, 2, 4]);
+    let opts = options(true, Window::Chunks(2), 11, EpochLimit::Sweeps(3));
+    let reference = all_ids(&drain(&mut sampler(&t, opts.clone()), 1));
+    let mut s = sampler(&t, opts);
+    let mut got = Vec::new();
+    for mb in [1, 5, 2, 8, 3].iter().cycle() {
+        match s.next_minibatch(*mb) {
+            Some(plan) => got.extend(ids(&plan)),
+            None => break,
+        }
+    }
+    assert_eq!(got, reference);
+}
+
+// §6.46: restore (same sampler or a fresh one) reproduces the order, including a rewind within
+// the current sweep with a non-zero seed (where CNTK's Seek bug would re-seed wrongly).
+#[test]
+fn restore_reproduces_the_uninterrupted_run() {
+    let t = timeline(&[1, 1, 2, 1, 1, 1, 2, 1, 1, 1], &[2, 2, 2, 2, 2]);
+    let opts = options(true, Window::Chunks(2), 5, EpochLimit::Sweeps(3));
+    let reference = drain(&mut sampler(&t, opts.clone()), 3);
+    for (i, plan) in reference.iter().enumerate() {
+        let mut fresh = sampler(&t, opts.clone());
+        fresh.restore(plan.position).expect("restore");
+        assert_eq!(
+            drain(&mut fresh, 3),
+            reference[i + 1..],
+            "fresh restore after {i}"
+        );
+    }
+    let mut s = sampler(&t, opts);
+    let _ = drain(&mut s, 3);
+    s.restore(reference[0].position).expect("rewind");
+    assert_eq!(drain(&mut s, 3), reference[1..]);
+}
+
+#[test]
+fn restore_in_the_middle_of_a_sequence_moves_to_the_next_start() {
+    let t = timeline(&[3, 3, 3], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::Infinite));
+    s.restore(4).expect("restore");
+    assert_eq!(s.position(), 6);
+    s.restore(8).expect("restore");
+    assert_eq!(
+        s.position(),
+        9,
+        "past the last start: the next sweep starts"
+    );
+    assert_eq!(ids(&s.next_minibatch(3).expect("data")), [0]);
+    s.restore(21).expect("restore");
+    assert_eq!(
+        (s.position(), ids(&s.next_minibatch(3).expect("data"))),
+        (21, vec![1])
+    );
+}
+
+/// Reference ownership of the block randomizer: rank of the randomized chunk position.
+fn block_owner(t: &Timeline, opts: &SamplingOptions, sweep: u64, chunk: u32) -> usize {
+    let sweep_data = randomize_sweep(t, opts.window, opts.seed, sweep);
+    let k = sweep_data
+        .chunk_order
+        .iter()
+        .position(|&c| c == chunk)
+        .expect("chunk present");
+    k % opts.num_workers
+}
+
+// §6.47: with randomization, chunks go round-robin by randomized position; all ranks together
+// cover the sweep exactly once; per-rank positions diverge.
+#[test]
+fn workers_with_randomization_split_by_randomized_chunk() {
+    let t = timeline(&[1, 2, 1, 3, 1, 1, 2, 2, 1, 1, 1], &[2, 3, 1, 2, 3]);
+    let base = options(true, Window::Chunks(3), 2, EpochLimit::FullSweep);
+    let mut union = Vec::new();
+    let mut last_positions = Vec::new();
+    for rank in 0..3 {
+        let opts = SamplingOptions {
+            num_workers: 3,
+            rank,
+            ..base.clone()
+        };
+        let plans = drain(&mut sampler(&t, opts.clone()), 4);
+        for r in plans.iter().flat_map(|p| &p.sequences) {
+            assert_eq!(block_owner(&t, &opts, 0, r.chunk), rank);
+            union.push(r.seq);
+        }
+        last_positions.push(plans.iter().map(|p| p.position).collect::<Vec<_>>());
+    }
+    union.sort_unstable();
+    assert_eq!(union, (0..11).collect::<Vec<_>>());
+    assert!(last_positions.windows(2).any(|w| w[0] != w[1]));
+}
+
+// §2.6: a rank without chunks gets nothing; its position is the epoch end.
+#[test]
+fn rank_beyond_the_chunk_count_is_at_the_epoch_end() {
+    let t = mock(2, 2, 1);
+    let opts = SamplingOptions {
+        num_workers: 3,
+        rank: 2,
+        ..whole_window(0, EpochLimit::Sweeps(2))
+    };
+    let mut s = sampler(&t, opts);
+    assert_eq!(s.position(), 8);
+    assert!(s.next_minibatch(4).is_none());
+    s.restore(1).expect("restore");
+    assert_eq!(s.position(), 8);
+}
+
+// §6.48: without randomization, sequences go round-robin by global position and the local
+// minibatch size is mb/W (+1 for rank < mb % W).
+#[test]
+fn workers_without_randomization_split_by_sequence() {
+    let t = mock(3, 3, 1);
+    for rank in 0..2 {
+        let opts = SamplingOptions {
+            num_workers: 2,
+            rank,
+            ..sequential(EpochLimit::Sweeps(2))
+        };
+        let plans = drain(&mut sampler(&t, opts), 5);
+        let expected: Vec<u32> = (0..18)
+            .filter(|g| g % 2 == rank as u32)
+            .map(|g| g % 9)
+            .collect();
+        assert_eq!(all_ids(&plans), expected);
+        let local = if rank == 0 { 3 } else { 2 };
+        assert!(plans.iter().all(|p| p.sequences.len() <= local));
+        assert_eq!(plans[0].sequences.len(), local);
+    }
+}
+
+// The deliberate difference: the global sequence position counts from the timeline start, so a
+// restore into sweep 1 with #sequences % W != 0 matches the uninterrupted run.
+#[test]
+fn no_randomizer_restore_matches_uninterrupted_split() {
+    let t = mock(1, 3, 1);
+    let opts = SamplingOptions {
+        num_workers: 2,
+        rank: 1,
+        ..sequential(EpochLimit::Sweeps(3))
+    };
+    let reference = drain(&mut sampler(&t, opts.clone()), 2);
+    let restart = reference
+        .iter()
+        .find(|p| p.position > 3)
+        .expect("a minibatch in sweep 1");
+    let mut s = sampler(&t, opts);
+    s.restore(restart.position).expect("restore");
+    let tail: Vec<_> = reference
+        .iter()
+        .skip_while(|p| p.position <= restart.position)
+        .cloned()
+        .collect();
+    assert_eq!(drain(&mut s, 2), tail);
+}
+
+#[test]
+fn local_minibatch_size_is_at_least_one() {
+    let t = mock(4, 1, 1);
+    for mb in [0, 1] {
+        let opts = SamplingOptions {
+            num_workers: 4,
+            rank: 3,
+            ..sequential(EpochLimit::FullSweep)
+        };
+        let plans = drain(&mut sampler(&t, opts), mb);
+        assert_eq!(all_ids(&plans), [3]);
+    }
+}
+
+// §3.4: a minibatch that is empty for this worker (after a restore past all its sequences of the
+// sweep) is still returned, without the sweep-end flag.
+#[test]
+fn empty_minibatch_for_this_worker_is_returned_without_sweep_end() {
+    let t = mock(6, 2, 3);
+    let base = SamplingOptions {
+        num_workers: 2,
+        rank: 0,
+        ..whole_window(0, EpochLimit::Infinite)
+    };
+    let plan = SweepPlan::build(&t, &base, 0);
+    let last_local = (0..plan.len())
+        .rev()
+        .find(|&i| plan.is_local(i))
+        .expect("rank 0 has data");
+    let after = last_local + 1;
+    assert!(
+        after < plan.len(),
+        "the sweep must end with another rank's sequence"
+    );
+    let mut s = sampler(&t, base);
+    s.restore(after as u64 * 3).expect("restore");
+    let empty = s.next_minibatch(2).expect("epoch goes on");
+    assert!(empty.sequences.is_empty() && !empty.end_of_sweep);
+    assert_eq!(empty.sweep, 0);
+    assert!(empty.position >= s.sweep_size());
+    assert_eq!(s.next_minibatch(2).expect("data").sequences.len(), 1);
+}
+
+#[test]
+fn retire_marks_the_last_use_of_each_chunk() {
+    let t = mock(3, 3, 1);
+    let mut s = sampler(&t, sequential(EpochLimit::FullSweep));
+    let retires: Vec<Vec<u32>> = drain(&mut s, 2).into_iter().map(|p| p.retire).collect();
+    assert_eq!(retires, [vec![], vec![0], vec![1], vec![], vec![2]]);
+}
+
+#[test]
+fn upcoming_chunks_follow_first_need() {
+    let t = mock(3, 2, 1);
+    let mut s = sampler(&t, sequential(EpochLimit::Sweeps(2)));
+    assert_eq!(s.upcoming_chunks(2), [0, 1]);
+    assert_eq!(s.upcoming_chunks(0), Vec::<u32>::new());
+    let _ = s.next_minibatch(5);
+    assert_eq!(s.upcoming_chunks(5), [2, 0, 1]);
+    let _ = drain(&mut s, 5);
+    assert!(s.upcoming_chunks(5).is_empty());
+}
+
+#[test]
+fn invalid_options_and_timelines_are_rejected() {
+    let t = mock(2, 2, 1);
+    let ok = sequential(EpochLimit::FullSweep);
+    let err = |t: Arc<Timeline>, o: SamplingOptions| Sampler::new(t, o).expect_err("invalid");
+    assert!(matches!(
+        err(
+            t.clone(),
+            SamplingOptions {
+                num_workers: 0,
+                ..ok.clone()
+            }
+        ),
+        SamplingError::NoWorkers
+    ));
+    assert!(matches!(
+        err(
+            t.clone(),
+            SamplingOptions {
+                num_workers: 2,
+                rank: 2,
+                ..ok.clone()
+            }
+        ),
+        SamplingError::RankOutOfRange {
+            rank: 2,
+            num_workers: 2
+        }
+    ));
+    let empty = Arc::new(Timeline {
+        seq_len: vec![],
+        chunk_start: vec![0],
+    });
+    assert!(matches!(
+        err(empty, ok.clone()),
+        SamplingError::EmptyTimeline
+    ));
+    let bad_end = Arc::new(Timeline {
+        seq_len: vec![1, 1],
+        chunk_start: vec![0, 1],
+    });
+    assert!(matches!(
+        err(bad_end, ok.clone()),
+        SamplingError::MalformedChunks { .. }
+    ));
+    let empty_chunk = Arc::new(Timeline {
+        seq_len: vec![1, 1],
+        chunk_start: vec![0, 0, 2],
+    });
+    assert!(matches!(
+        err(empty_chunk, ok.clone()),
+        SamplingError::EmptyChunk { chunk: 0 }
+    ));
+    assert!(matches!(
+        err(timeline(&[1, 0], &[2]), ok.clone()),
+        SamplingError::ZeroLengthSequence { seq: 1 }
+    ));
+    for limit in [
+        EpochLimit::Sweeps(u64::MAX / 3),
+        EpochLimit::Samples(u64::MAX),
+    ] {
+        let e = err(
+            t.clone(),
+            SamplingOptions {
+                limit,
+                ..ok.clone()
+            },
+        );
+        assert!(matches!(e, SamplingError::EpochTooLarge { .. }), "{e}");
+    }
+    assert!(Sampler::new(
+        t,
+        SamplingOptions {
+            limit: EpochLimit::Samples(MAX_EPOCH_SAMPLES),
+            ..ok
+        }
+    )
+    .is_ok());
+}
+
+/// Randomized chunk positions of sweep `sweep` (original chunk at each position).
+fn chunk_order(t: &Timeline, opts: &SamplingOptions, sweep: u64) -> Vec<u32> {
+    randomize_sweep(t, opts.window, opts.seed, sweep).chunk_order
+}
+
+// Within a sweep, once the local size is reached the walk still passes over other workers'
+// sequences up to the next local one (CNTK's callback only stops at a local sequence that does
+// not fit), so the checkpoint position lies after them.
+#[test]
+fn full_minibatch_passes_over_other_workers_sequences() {
+    let t = mock(3, 1, 1);
+    let opts = SamplingOptions {
+        num_workers: 2,
+        rank: 0,
+        ..options(true, Window::Chunks(3), 0, EpochLimit::Infinite)
+    };
+    // Rank 0 owns randomized positions 0 and 2 of every sweep.
+    let plan = sampler(&t, opts.clone()).next_minibatch(2).expect("data");
+    assert_eq!(
+        plan.sequences,
+        [SeqRef {
+            seq: chunk_order(&t, &opts, 0)[0],
+            chunk: chunk_order(&t, &opts, 0)[0]
+        }]
+    );
+    assert_eq!(plan.position, 2);
+}
+
+// At the sweep end the block randomizer continues only while the local size is not reached
+// (`localSampleCount > numLocalSamplesLoaded` in `BlockRandomizer::GetNextSequences`).
+#[test]
+fn exactly_full_at_the_sweep_end_does_not_cross() {
+    let t = mock(2, 1, 1);
+    let opts = SamplingOptions {
+        num_workers: 2,
+        rank: 1,
+        ..options(true, Window::Chunks(2), 0, EpochLimit::Infinite)
+    };
+    let plan = sampler(&t, opts).next_minibatch(2).expect("data");
+    assert_eq!(
+        (plan.sequences.len(), plan.position, plan.end_of_sweep),
+        (1, 2, true)
+    );
+}
