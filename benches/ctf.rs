@@ -1,1 +1,121 @@
-fn main() {}
+//! Index and decode throughput of the CTF engine on seeded generated data, in bytes/s per core
+//! (single-threaded). Three shapes: dense rows of 128 floats with a sparse one-hot label
+//! (line mode), sparse one-hot rows only, and variable-length id-mode sequences.
+//!
+//! `cargo bench --bench ctf`; figures and the machine are recorded in docs/benchmarks.md.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use minibatchd::config::{StreamConfig, StreamFormat};
+use minibatchd::format::ctf::{index_file, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
+use minibatchd::format::FileIndex;
+
+/// xorshift64*: a tiny seeded generator so the data is identical on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn dense_rows(bytes: usize) -> String {
+    let mut r = Rng(7);
+    let mut s = String::with_capacity(bytes + 2048);
+    while s.len() < bytes {
+        s.push_str("|features");
+        for _ in 0..128 {
+            s.push_str(&format!(" {:.6}", r.unit() * 2.0 - 1.0));
+        }
+        s.push_str(&format!(" |labels {}:1\n", r.next() % 10));
+    }
+    s
+}
+
+fn sparse_rows(bytes: usize) -> String {
+    let mut r = Rng(11);
+    let mut s = String::with_capacity(bytes + 64);
+    while s.len() < bytes {
+        s.push_str(&format!("|labels {}:1\n", r.next() % 1000));
+    }
+    s
+}
+
+fn sequences(bytes: usize) -> String {
+    let mut r = Rng(13);
+    let mut s = String::with_capacity(bytes + 4096);
+    let mut id = 0u64;
+    while s.len() < bytes {
+        let len = 1 + r.next() % 20;
+        for i in 0..len {
+            s.push_str(&format!("{id} |features"));
+            for _ in 0..16 {
+                s.push_str(&format!(" {:.4}", r.unit()));
+            }
+            if i == 0 {
+                s.push_str(&format!(" |labels {}:1", r.next() % 10));
+            }
+            s.push('\n');
+        }
+        id += 1;
+    }
+    s
+}
+
+fn streams(dense_dim: usize, with_dense: bool) -> Vec<StreamConfig> {
+    let mut v = Vec::new();
+    if with_dense {
+        v.push(StreamConfig { name: "features".into(), alias: "features".into(), dim: dense_dim, format: StreamFormat::Dense, defines_mb_size: false });
+    }
+    v.push(StreamConfig { name: "labels".into(), alias: "labels".into(), dim: 1000, format: StreamFormat::Sparse, defines_mb_size: false });
+    v
+}
+
+fn index(dir: &Path, name: &str, text: &str) -> FileIndex {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: None }, &mut |_| {}).expect("index")
+}
+
+fn decode_all(dec: &CtfDecoder, text: &[u8], idx: &FileIndex, n: usize) -> usize {
+    let mut bufs: Vec<StreamBuf<f32>> = (0..n).map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    let file: Arc<Path> = idx.path.clone();
+    for seq in &idx.sequences {
+        let b = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        dec.decode_sequence(b, &SeqContext { file: &file, seq }, &mut bufs, &mut errors).expect("decode");
+    }
+    assert!(errors.is_empty());
+    bufs[0].values.len()
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let size = 32 << 20;
+    let cases = [
+        ("dense128_plus_label", dense_rows(size), streams(128, true), 2),
+        ("sparse_one_hot", sparse_rows(size / 4), streams(0, false), 1),
+        ("variable_sequences", sequences(size), streams(16, true), 2),
+    ];
+    let mut g = c.benchmark_group("ctf");
+    g.sample_size(10);
+    for (name, text, cfg, n) in &cases {
+        let idx = index(dir.path(), name, text);
+        g.throughput(Throughput::Bytes(text.len() as u64));
+        g.bench_with_input(BenchmarkId::new("index", name), text, |b, _| b.iter(|| index(dir.path(), name, text).sequences.len()));
+        let dec = CtfDecoder::new(cfg);
+        g.bench_with_input(BenchmarkId::new("decode", name), text, |b, t| b.iter(|| decode_all(&dec, t.as_bytes(), &idx, *n)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

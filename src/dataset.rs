@@ -165,6 +165,14 @@ impl Dataset {
         &self.chunks
     }
 
+    /// The file and byte range `start..end` of chunk `chunk` in the primary source (for
+    /// readahead by the daemon's reader stage).
+    #[must_use]
+    pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
+        let c = self.chunks.get(chunk)?;
+        Some((self.sources.first()?.files.get(c.file)?, c.start, c.end))
+    }
+
     /// Stream names, in the order of [`ParsedChunk::streams`].
     #[must_use]
     pub fn stream_names(&self) -> &[String] {
@@ -213,6 +221,15 @@ impl Dataset {
         Ok((parsed, fresh))
     }
 
+    /// CNTK charges each error as it occurs, so an error that exhausts the budget is reported
+    /// before a fatal condition later in the same sequence: charge what was found first.
+    fn fatal_after(&self, fatal: DataError, errors: &[Malformed]) -> DataError {
+        match self.budget.charge(errors) {
+            Ok(_) => fatal,
+            Err(too_many) => too_many,
+        }
+    }
+
     fn decode_chunk<T: Element + IntoValues>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
@@ -229,7 +246,9 @@ impl Dataset {
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
                     let from = usize::try_from(seq.offset - desc.start).map_err(|_| DataError::Dataset("offset".into()))?;
                     let slice = &bytes[from..from + seq.size as usize];
-                    src.decoder.decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)?;
+                    src.decoder
+                        .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .map_err(|e| self.fatal_after(e, &errors))?;
                 }
             } else {
                 for g in seqs.clone() {
@@ -237,7 +256,9 @@ impl Dataset {
                     let path = &src.files[loc.file as usize];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
                     let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size))?;
-                    src.decoder.decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)?;
+                    src.decoder
+                        .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .map_err(|e| self.fatal_after(e, &errors))?;
                 }
             }
             let cfg: &SourceConfig = &self.config.sources[si];

@@ -198,7 +198,7 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
     let window = match (a.window_chunks, a.window_samples) {
         (Some(c), _) => Window::Chunks(c),
         (None, Some(s)) => Window::Samples(s),
-        (None, None) => d.sampling.window.clone(),
+        (None, None) => d.sampling.window,
     };
     let limit = match (a.max_samples, a.max_sweeps, a.full_sweep) {
         (Some(n), _, _) => EpochLimit::Samples(n),

@@ -152,3 +152,13 @@ fn env_overrides_apply_on_top_of_the_file() {
     std::env::remove_var("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS");
     assert_eq!(c.expect("valid").dataset("train").expect("train").max_errors, 11);
 }
+
+/// Regression: config 0.14 lower-cased every key while merging, so a stream named `A` became
+/// `a` and its default alias no longer matched `|A` in the data.
+#[test]
+fn stream_names_keep_their_case() {
+    let text = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.d.streams.Features]\ndim = 1\nformat = \"dense\"\n";
+    let c = parse(text).expect("valid");
+    let s = c.dataset("d").expect("d").streams().next().expect("a stream").clone();
+    assert_eq!((s.name.as_str(), s.alias.as_str()), ("Features", "Features"));
+}

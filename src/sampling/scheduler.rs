@@ -251,7 +251,7 @@ impl Sampler {
         validate_options(&options)?;
         let sweep_size = validate_timeline(&timeline)?;
         let epoch_end = epoch_end(options.limit, sweep_size)?;
-        let current = SweepPlan::build(&timeline, &options, 0);
+        let current = SweepPlan::build(&timeline, &options, 0, sweep_size, epoch_end);
         let block = uses_block_randomizer(&options);
         let mut sampler = Self {
             timeline,
@@ -340,7 +340,7 @@ impl Sampler {
             .current
             .seek(&self.timeline, position % self.sweep_size);
         self.index = index;
-        self.position = sweep * self.sweep_size + start;
+        self.position = (sweep * self.sweep_size).saturating_add(start);
         self.park_if_without_data();
         Ok(())
     }
@@ -355,33 +355,26 @@ impl Sampler {
             return upcoming;
         }
         let mut seen = HashSet::new();
-        let mut position = self.position;
-        let mut scan = |plan: &SweepPlan, from: usize| -> bool {
-            for i in from..plan.len() {
-                if position >= self.epoch_end {
-                    return true;
-                }
-                let r = plan.order[i];
-                if plan.is_local(i) && seen.insert(r.chunk) {
-                    upcoming.push(r.chunk);
-                    if upcoming.len() == max {
-                        return true;
-                    }
-                }
-                position += u64::from(self.timeline.seq_len[r.seq as usize]);
-            }
-            false
-        };
-        if !scan(&self.current, self.index) {
-            let next_sweep = self.current.sweep + 1;
-            let next = self
-                .next
-                .get_or_init(|| SweepPlan::build(&self.timeline, &self.options, next_sweep));
+        self.current
+            .upcoming_into(self.index, max, &mut upcoming, &mut seen);
+        let next_sweep = self.current.sweep + 1;
+        if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
+            let next = self.next.get_or_init(|| self.build_plan(next_sweep));
             if next.sweep == next_sweep {
-                scan(next, 0);
+                next.upcoming_into(0, max, &mut upcoming, &mut seen);
             }
         }
         upcoming
+    }
+
+    fn build_plan(&self, sweep: u64) -> SweepPlan {
+        SweepPlan::build(
+            &self.timeline,
+            &self.options,
+            sweep,
+            self.sweep_size,
+            self.epoch_end,
+        )
     }
 
     fn local_limit(&self, minibatch_size: usize) -> u64 {
@@ -429,7 +422,7 @@ impl Sampler {
         }
         self.current = match self.next.take() {
             Some(plan) if plan.sweep == sweep => plan,
-            _ => SweepPlan::build(&self.timeline, &self.options, sweep),
+            _ => self.build_plan(sweep),
         };
     }
 

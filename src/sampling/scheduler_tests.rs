@@ -310,6 +310,8 @@ fn restore_in_the_middle_of_a_sequence_moves_to_the_next_start() {
         "past the last start: the next sweep starts"
     );
     assert_eq!(ids(&s.next_minibatch(3).expect("data")), [0]);
+    s.restore(u64::MAX).expect("restore");
+    assert!(s.next_minibatch(3).is_none() && s.upcoming_chunks(3).is_empty());
     s.restore(21).expect("restore");
     assert_eq!(
         (s.position(), ids(&s.next_minibatch(3).expect("data"))),
@@ -442,7 +444,7 @@ fn empty_minibatch_for_this_worker_is_returned_without_sweep_end() {
         rank: 0,
         ..whole_window(0, EpochLimit::Infinite)
     };
-    let plan = SweepPlan::build(&t, &base, 0);
+    let plan = SweepPlan::build(&t, &base, 0, 36, MAX_EPOCH_SAMPLES);
     let last_local = (0..plan.len())
         .rev()
         .find(|&i| plan.is_local(i))

@@ -158,7 +158,6 @@ impl CtfDecoder {
         out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) -> Result<(), DataError> {
-        let start_samples: Vec<usize> = out.iter().map(|b| b.samples).collect();
         let mut p = 0;
         let n = bytes.len();
         while p < n {
@@ -195,7 +194,7 @@ impl CtfDecoder {
             }
             p += 1; // the '\n' (or past the end)
         }
-        self.finish_sequence(bytes, ctx, out, &start_samples, errors)
+        self.finish_sequence(bytes, ctx, out, errors)
     }
 
     fn finish_sequence<T: Element>(
@@ -203,11 +202,11 @@ impl CtfDecoder {
         bytes: &[u8],
         ctx: &SeqContext<'_>,
         out: &mut [StreamBuf<T>],
-        start_samples: &[usize],
         errors: &mut Vec<Malformed>,
     ) -> Result<(), DataError> {
-        let counts: Vec<usize> = out.iter().zip(start_samples).map(|(b, s)| b.samples - s).collect();
-        if let Some(empty) = counts.iter().position(|&c| c == 0) {
+        // Samples of this sequence: everything since the previous sequence's end offset.
+        let count = |b: &StreamBuf<T>| b.samples - b.seq_offsets.last().copied().unwrap_or(0);
+        if let Some(empty) = out.iter().position(|b| count(b) == 0) {
             let s = &self.streams[empty];
             return Err(DataError::Fatal {
                 at: self.location(ctx, bytes, 0),
@@ -221,15 +220,17 @@ impl CtfDecoder {
             });
         }
         let expected = ctx.seq.samples as usize;
-        let defining: Vec<usize> = match self.main {
-            Some(m) => vec![m],
-            None => (0..self.streams.len()).collect(),
-        };
-        let longest = defining.iter().map(|&i| counts[i]).max().unwrap_or(0);
-        if let Some(&over) = defining.iter().find(|&&i| counts[i] > expected) {
+        // Length-defining streams: the defines_mb_size stream if any, else all.
+        let defining = |i: &usize| self.main.is_none_or(|m| m == *i);
+        let over = (0..out.len()).filter(defining).find(|&i| count(&out[i]) > expected);
+        let longest = (0..out.len()).filter(defining).map(|i| count(&out[i])).max().unwrap_or(0);
+        if let Some(over) = over {
             let msg = format!(
                 "stream '{}' has {} samples in sequence {}, more than its {} line(s) (the same input twice on one line?)",
-                self.streams[over].name, counts[over], ctx.seq.key, expected
+                self.streams[over].name,
+                count(&out[over]),
+                ctx.seq.key,
+                expected
             );
             errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooLong, msg));
         } else if longest < expected {
