@@ -1,0 +1,168 @@
+//! Dataset-level integration tests: the index cache as the binary uses it, several sources joined
+//! by sequence key (CNTK's bundler), and memory bounded by the randomization window.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use minibatchd::config::Config;
+use minibatchd::dataset::Dataset;
+use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_minibatchd"));
+    c.env("MINIBATCHD_LOG", "info");
+    c
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+fn dump_text(config: &Path, extra: &[&str]) -> (String, String, i32) {
+    let out = bin()
+        .args(["dump", "--config"])
+        .arg(config)
+        .args(["--dataset", "d", "--minibatch-size", "2", "--full-sweep"])
+        .args(extra)
+        .output()
+        .expect("run");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code().unwrap_or(-1))
+}
+
+fn cache_files(state: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(state.join("index")).map(|r| r.map(|e| e.expect("entry").path()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn index_cache_is_built_used_and_never_trusted_when_stale_or_corrupt() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = write(dir.path(), "data.ctf", "|a 1\n|a 2\n|a 3\n");
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
+         [datasets.d.sampling]\nrandomize = false\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let state = dir.path().join("state");
+    let out = bin().args(["index", "--config"]).arg(&cfg).args(["--dataset", "d"]).output().expect("index");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
+    let caches = cache_files(&state);
+    assert_eq!(caches.len(), 1, "one cache file: {caches:?}");
+
+    // Used: a cache hit logs nothing about rebuilding, and the output is right.
+    let (first, stderr, code) = dump_text(&cfg, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("stale"), "{stderr}");
+
+    // Stale: the data changed (size and mtime) -> rebuilt, new data read.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&data, "|a 1\n|a 2\n|a 3\n|a 4\n").expect("rewrite");
+    let (second, stderr, code) = dump_text(&cfg, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("stale"), "a stale cache is reported: {stderr}");
+    assert_ne!(first, second);
+    assert!(second.contains("[[4.0]]"), "{second}");
+
+    // Corrupt: flipped bytes -> rebuilt, output unchanged.
+    let cache = &cache_files(&state)[0];
+    let mut bytes = std::fs::read(cache).expect("read cache");
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x5a;
+    std::fs::write(cache, &bytes).expect("corrupt");
+    let (third, stderr, code) = dump_text(&cfg, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("stale"), "{stderr}");
+    assert_eq!(second, third);
+}
+
+fn open(dir: &Path, toml: &str) -> Dataset {
+    let cfg = Config::from_toml_str(toml, dir).expect("config");
+    Dataset::open(cfg.dataset("d").expect("d"), &dir.join("state"), &mut |_| {}).expect("open")
+}
+
+fn sequential(limit: EpochLimit) -> DumpOptions {
+    DumpOptions {
+        sampling: SamplingOptions { randomize: false, window: Window::Chunks(1), seed: 0, limit, num_workers: 1, rank: 0 },
+        minibatch_sizes: vec![100],
+        num_minibatches: None,
+        restore: None,
+        frame_mode: false,
+    }
+}
+
+/// Collects (stream, per-sequence sample counts) for a whole run.
+fn lengths(ds: &Dataset, opts: &DumpOptions) -> Vec<Vec<Vec<i64>>> {
+    let mut out = Vec::new();
+    for_each_minibatch(ds, opts, &mut |mb| {
+        out.push(mb.streams.iter().map(|s| s.sequence_offsets.windows(2).map(|w| w[1] - w[0]).collect()).collect());
+        Ok(())
+    })
+    .expect("dump");
+    out
+}
+
+const BUNDLE: &str = "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\ncache_index = false\n\
+    [[datasets.d.sources]]\nfiles = [\"f.ctf\"]\n[datasets.d.sources.streams.f]\ndim = 1\nformat = \"dense\"\n\
+    [[datasets.d.sources]]\nfiles = [\"l.ctf\"]\n[datasets.d.sources.streams.l]\ndim = 3\nformat = \"sparse\"\nDEFINES\n";
+
+#[test]
+fn sources_join_by_key_and_missing_keys_drop_the_sequence() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Features: sequences 0 (2 lines), 1 (1 line), 2 (3 lines); labels: 2 (1 line), 0 (3 lines).
+    write(dir.path(), "f.ctf", "0 |f 1\n0 |f 2\n1 |f 3\n2 |f 4\n2 |f 5\n2 |f 6\n");
+    write(dir.path(), "l.ctf", "2 |l 2:1\n0 |l 0:1\n0 |l 1:1\n0 |l 2:1\n");
+    let ds = open(dir.path(), &BUNDLE.replace("DEFINES", ""));
+    // Sequence 1 has no labels: dropped. Lengths are the max over the sources: 3 and 3.
+    assert_eq!(ds.timeline().seq_len, vec![3, 3]);
+    let got = lengths(&ds, &sequential(EpochLimit::FullSweep));
+    assert_eq!(got, vec![vec![vec![2, 3], vec![3, 1]]]);
+}
+
+#[test]
+fn the_defines_mb_size_source_sets_the_length() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "f.ctf", "0 |f 1\n0 |f 2\n1 |f 3\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1\n1 |l 1:1\n1 |l 2:1\n");
+    let ds = open(dir.path(), &BUNDLE.replace("DEFINES", "defines_mb_size = true"));
+    assert_eq!(ds.timeline().seq_len, vec![1, 2]);
+}
+
+#[test]
+fn dump_holds_only_the_window_not_the_dataset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    for i in 0..2000 {
+        text.push_str(&format!("|a {i} {i} {i} {i}\n"));
+    }
+    write(dir.path(), "big.ctf", &text);
+    // ~20 bytes a line, 200-byte chunks: about 200 chunks.
+    let ds = open(
+        dir.path(),
+        "[datasets.d]\nformat = \"ctf\"\nfiles = [\"big.ctf\"]\ncache_index = false\nchunk_size_bytes = 200\n\
+         [datasets.d.streams.a]\ndim = 4\nformat = \"dense\"\n",
+    );
+    let chunks = ds.timeline().num_chunks();
+    assert!(chunks > 150, "{chunks} chunks");
+    for window in [1usize, 4, 16] {
+        let opts = DumpOptions {
+            sampling: SamplingOptions { randomize: true, window: Window::Chunks(window), seed: 3, limit: EpochLimit::Sweeps(2), num_workers: 1, rank: 0 },
+            minibatch_sizes: vec![7],
+            num_minibatches: None,
+            restore: None,
+            frame_mode: false,
+        };
+        let mut samples = 0u64;
+        let (_, peak_chunks, _) = for_each_minibatch(&ds, &opts, &mut |mb| {
+            samples += mb.streams[0].num_samples() as u64;
+            Ok(())
+        })
+        .expect("dump");
+        assert_eq!(samples, 4000);
+        // A sweep boundary can overlap the tail of one window with the head of the next.
+        assert!(peak_chunks <= 2 * window + 2, "window {window}: held {peak_chunks} of {chunks} chunks");
+    }
+}
