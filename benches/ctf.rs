@@ -4,6 +4,8 @@
 //!
 //! `cargo bench --bench ctf`; figures and the machine are recorded in docs/benchmarks.md.
 
+#![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
+
 use std::path::Path;
 use std::sync::Arc;
 

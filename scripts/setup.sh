@@ -10,6 +10,7 @@ command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
+[ -x /usr/bin/time ] || need_apt+=(time)   # benchmark scripts report max RSS with it
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The one command that runs every test: sets up what is missing, then runs the Rust unit,
-# integration, conformance and property tests and the Python client tests.
-set -euo pipefail
+# integration, conformance and property tests, the daemon tests with the real binary and the
+# Python client (driven from tests/daemon.rs), and checks that the benchmarks compile.
+# Its last line totals every test run: "summary: N passed, M failed".
+set -uo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh || exit 1
 export PATH="$HOME/.cargo/bin:$PATH"
 if [ -d ../shared/conformance ]; then
   echo "conformance data: ../shared/conformance (CNTK and deepx conformance tests will run)"
@@ -11,4 +13,15 @@ else
   echo "conformance data: ../shared/conformance not found — conformance tests will be SKIPPED"
 fi
 export MINIBATCHD_PYTHON="$PWD/.venv/bin/python"
-cargo test --all-targets --locked 2>&1
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+echo "== checking that the benchmarks build"
+cargo bench --locked --no-run -q 2>&1 | tail -5
+bench_status=${PIPESTATUS[0]}
+passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) n += $i } END { print n + 0 }' "$log")
+failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^failed/) n += $i } END { print n + 0 }' "$log")
+[ "$bench_status" -eq 0 ] || { echo "benchmarks do not build"; failed=$((failed + 1)); status=1; }
+echo "summary: ${passed:-0} passed, ${failed:-0} failed"
+exit "$status"

@@ -9,6 +9,12 @@
 //! of it whose key is missing from another source is dropped; the nominal length of a joined
 //! sequence is the `defines_mb_size` source's length if one source has such a stream, else the
 //! maximum over the sources. Chunks left empty by dropped sequences are dropped.
+//!
+//! deepx datasets (`libsvm`, `libsvm_ex`, `uch`) have one source whose every line is a sequence
+//! of one sample, chunked by the same CNTK rule; their streams are deepx's tensors
+//! ([`crate::format::deepx::schema`]). Their inputs may be gzip files, decompressed once into
+//! `state_dir` ([`crate::format::inflate`]); [`Dataset::streams`] describes the streams of every
+//! format.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -16,10 +22,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::config::{DatasetConfig, FormatKind, Precision, SourceConfig};
+use crate::config::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
 use crate::format::cache::{self, FileStamp, Miss};
-use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamValues, Values};
-use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
+use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
+use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
+use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
+use crate::format::inflate;
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
 use crate::sampling::Timeline;
@@ -40,10 +48,19 @@ struct SeqLoc {
     seq: u32,
 }
 
+/// The parser of a source: a closed set of formats.
+enum SourceDecoder {
+    Ctf(CtfDecoder),
+    Deepx(DeepxDecoder),
+}
+
 struct OpenSource {
+    /// The files as configured (named in errors, part of the identity).
     files: Vec<Arc<Path>>,
+    /// Where each file's bytes are read: the file itself, or its decompressed copy.
+    data: Vec<Arc<Path>>,
     indexes: Vec<FileIndex>,
-    decoder: CtfDecoder,
+    decoder: SourceDecoder,
     /// First stream of this source in the dataset's stream order.
     first_stream: usize,
 }
@@ -59,6 +76,7 @@ pub struct Dataset {
     locs: Vec<SeqLoc>,
     timeline: Arc<Timeline>,
     budget: ErrorBudget,
+    streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
 }
 
@@ -72,10 +90,12 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
-/// Expands the configured paths (globs allowed) into files, in order.
+/// Expands the configured paths into files, in order: a glob expands to the regular files it
+/// matches, sorted; a directory to every regular file below it (recursively, names starting with
+/// `.` skipped, as deepx does), sorted by path; a file is itself.
 ///
 /// # Errors
-/// A pattern that matches nothing, or a path that does not exist.
+/// A pattern or directory that yields no file, or a path that does not exist.
 pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     let mut out = Vec::new();
     for p in patterns {
@@ -93,11 +113,36 @@ pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
             out.extend(matched);
         } else if p.is_file() {
             out.push(p.clone());
+        } else if p.is_dir() {
+            let mut found = Vec::new();
+            list_dir(p, &mut found)?;
+            found.sort();
+            if found.is_empty() {
+                return Err(DataError::Dataset(format!("{}: the directory holds no file", p.display())));
+            }
+            out.extend(found);
         } else {
             return Err(DataError::Dataset(format!("{}: no such file", p.display())));
         }
     }
     Ok(out)
+}
+
+/// Regular files below `dir`, recursively, skipping names that start with `.`.
+fn list_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+        let entry = entry.map_err(|e| DataError::io(dir, e))?;
+        if entry.file_name().as_encoded_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            list_dir(&path, out)?;
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+    Ok(())
 }
 
 impl Dataset {
@@ -107,9 +152,13 @@ impl Dataset {
     /// # Errors
     /// Missing files, I/O errors and fatal index errors.
     pub fn open(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
-        if config.format != FormatKind::Ctf {
-            return Err(DataError::Dataset(format!("dataset '{}': format {:?} is not implemented yet", config.name, config.format)));
+        match config.format {
+            FormatKind::Ctf => Self::open_ctf(config, state_dir, progress),
+            FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => Self::open_deepx(config, state_dir, progress),
         }
+    }
+
+    fn open_ctf(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
         let resolved: Vec<Vec<PathBuf>> = config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
@@ -126,14 +175,73 @@ impl Dataset {
             for f in files {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-                let idx = index_with_cache(&f, &options, config.cache_index, state_dir, &mut report)?;
+                let shared: Arc<Path> = Arc::from(f.as_path());
+                let idx = index_with_cache(&shared, &f, &options.fingerprint(), config.cache_index, state_dir, &mut report, &mut |p| {
+                    ctf::index_file(&f, &options, p)
+                })?;
                 done += idx.size;
                 paths.push(idx.path.clone());
                 indexes.push(idx);
             }
-            sources.push(OpenSource { files: paths, indexes, decoder: CtfDecoder::new(&src.streams), first_stream });
+            sources.push(OpenSource {
+                files: paths.clone(),
+                data: paths,
+                indexes,
+                decoder: SourceDecoder::Ctf(CtfDecoder::new(&src.streams)),
+                first_stream,
+            });
             first_stream += src.streams.len();
         }
+        let streams = config
+            .streams()
+            .map(|s| StreamSpec {
+                name: s.name.clone(),
+                kind: match s.format {
+                    StreamFormat::Dense => StreamKind::Dense,
+                    StreamFormat::Sparse => StreamKind::SparseI32,
+                },
+                dim: s.dim,
+            })
+            .collect();
+        Self::assemble(config, sources, main_source, streams)
+    }
+
+    /// A deepx dataset: one source, every line a sequence of one sample.
+    fn open_deepx(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+        let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
+        let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
+        let files = resolve_files(patterns)?;
+        let data: Vec<PathBuf> = files.iter().map(|f| inflate::readable_path(f, state_dir)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 = data.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let options = LineIndexOptions { comments: schema.comments };
+        let fingerprint = options.fingerprint();
+        let mut done = 0u64;
+        let mut indexes = Vec::new();
+        for (f, d) in files.iter().zip(&data) {
+            let name: Arc<Path> = Arc::from(f.as_path());
+            let base = done;
+            let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+            let idx = index_with_cache(&name, d, &fingerprint, config.cache_index, state_dir, &mut report, &mut |p| {
+                let file = File::open(d).map_err(|e| DataError::io(f, e))?;
+                let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
+                deepx::index_reader(std::io::BufReader::with_capacity(1 << 16, file), name.clone(), size, options, p)
+            })?;
+            done += idx.size;
+            indexes.push(idx);
+        }
+        let streams = schema.specs();
+        let source = OpenSource {
+            files: files.iter().map(|f| Arc::from(f.as_path())).collect(),
+            data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            indexes,
+            decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
+            first_stream: 0,
+        };
+        Self::assemble(config, vec![source], None, streams)
+    }
+
+    /// Chunks, joins and builds the timeline of opened sources.
+    fn assemble(config: &DatasetConfig, sources: Vec<OpenSource>, main_source: Option<usize>, streams: Vec<StreamSpec>) -> Result<Self, DataError> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
         Ok(Self {
@@ -143,7 +251,8 @@ impl Dataset {
             locs,
             timeline: Arc::new(timeline),
             budget: ErrorBudget::new(config.max_errors),
-            stream_names: config.streams().map(|s| s.name.clone()).collect(),
+            stream_names: streams.iter().map(|s| s.name.clone()).collect(),
+            streams,
         })
     }
 
@@ -166,17 +275,26 @@ impl Dataset {
     }
 
     /// The file and byte range `start..end` of chunk `chunk` in the primary source (for
-    /// readahead by the daemon's reader stage).
+    /// readahead by the daemon's reader stage); for a gzip input, its decompressed copy.
     #[must_use]
     pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
         let c = self.chunks.get(chunk)?;
-        Some((self.sources.first()?.files.get(c.file)?, c.start, c.end))
+        Some((self.sources.first()?.data.get(c.file)?, c.start, c.end))
     }
 
     /// Stream names, in the order of [`ParsedChunk::streams`].
     #[must_use]
     pub fn stream_names(&self) -> &[String] {
         &self.stream_names
+    }
+
+    /// Every stream's name, storage and dimension, in the order of [`ParsedChunk::streams`]: the
+    /// configured streams of a CTF dataset, deepx's tensors of a deepx one. Consumers that need a
+    /// stream's kind or `dim` use this rather than `config().streams()`, which lists CTF streams
+    /// only.
+    #[must_use]
+    pub fn streams(&self) -> &[StreamSpec] {
+        &self.streams
     }
 
     /// The error budget (shared by every reader of this dataset).
@@ -230,13 +348,30 @@ impl Dataset {
         }
     }
 
-    fn decode_chunk<T: Element + IntoValues>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
+    fn decode_chunk<T: DeepxElement + IntoValues>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
         let mut errors = Vec::new();
         let mut streams = Vec::new();
         for (si, src) in self.sources.iter().enumerate() {
-            let mut bufs: Vec<StreamBuf<T>> = (0..src.decoder.num_streams()).map(|_| StreamBuf::new()).collect();
+            let decoder = match &src.decoder {
+                SourceDecoder::Ctf(d) => d,
+                SourceDecoder::Deepx(d) => {
+                    // A deepx dataset has a single source.
+                    let bytes = read_range(&src.data[desc.file], desc.start, desc.end)?;
+                    let mut bufs = d.buffers_for::<T>(bytes.len(), seqs.len());
+                    for g in seqs.clone() {
+                        let loc = self.locs[g * self.sources.len() + si];
+                        let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                        let from = usize::try_from(seq.offset - desc.start).map_err(|_| DataError::Dataset("offset".into()))?;
+                        let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
+                        d.decode_line(&bytes[from..from + seq.size as usize], &ctx, &mut bufs, &mut errors);
+                    }
+                    streams.extend(d.into_streams(bufs));
+                    continue;
+                }
+            };
+            let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
             if si == 0 {
                 // The primary source: one read for the whole chunk.
                 let path = &src.files[desc.file];
@@ -246,7 +381,7 @@ impl Dataset {
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
                     let from = usize::try_from(seq.offset - desc.start).map_err(|_| DataError::Dataset("offset".into()))?;
                     let slice = &bytes[from..from + seq.size as usize];
-                    src.decoder
+                    decoder
                         .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .map_err(|e| self.fatal_after(e, &errors))?;
                 }
@@ -256,7 +391,7 @@ impl Dataset {
                     let path = &src.files[loc.file as usize];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
                     let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size))?;
-                    src.decoder
+                    decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .map_err(|e| self.fatal_after(e, &errors))?;
                 }
@@ -264,7 +399,7 @@ impl Dataset {
             let cfg: &SourceConfig = &self.config.sources[si];
             debug_assert_eq!(streams.len(), src.first_stream);
             for (buf, sc) in bufs.into_iter().zip(&cfg.streams) {
-                streams.push(into_stream_data(buf, sc.dim, sc.format == crate::config::StreamFormat::Sparse));
+                streams.push(into_stream_data(buf, sc.dim, sc.format == StreamFormat::Sparse));
             }
         }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, errors))
@@ -310,30 +445,33 @@ fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {
     Ok(buf)
 }
 
+/// The index of the file `name` whose bytes are at `data` (the same file, or a gzip input's
+/// decompressed copy): from the cache when it is valid for `data` as it is now and for
+/// `fingerprint`, else built by `build` (and cached).
 fn index_with_cache(
-    path: &Path,
-    options: &CtfIndexOptions,
+    name: &Arc<Path>,
+    data: &Path,
+    fingerprint: &str,
     use_cache: bool,
     state_dir: &Path,
     progress: &mut dyn FnMut(u64),
+    build: &mut dyn FnMut(&mut dyn FnMut(u64)) -> Result<FileIndex, DataError>,
 ) -> Result<FileIndex, DataError> {
-    let stamp = FileStamp::of(path).map_err(|e| DataError::io(path, e))?;
-    let shared: Arc<Path> = Arc::from(path);
-    let fingerprint = options.fingerprint();
+    let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if use_cache {
-        match cache::load(state_dir, &stamp, &fingerprint, &shared) {
+        match cache::load(state_dir, &stamp, fingerprint, name) {
             Ok(idx) => {
                 progress(stamp.size);
                 return Ok(idx);
             }
             Err(Miss::Absent) => {}
-            Err(Miss::Stale(why)) => tracing::info!(file = %path.display(), why, "index cache is stale; rebuilding"),
+            Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
         }
     }
-    let idx = ctf::index_file(path, options, progress)?;
+    let idx = build(progress)?;
     if use_cache {
-        if let Err(e) = cache::store(state_dir, &stamp, &fingerprint, &idx) {
-            tracing::warn!(file = %path.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
+        if let Err(e) = cache::store(state_dir, &stamp, fingerprint, &idx) {
+            tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }
     }
     Ok(idx)

@@ -107,7 +107,7 @@ pub fn for_each_minibatch(
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }
-    let dims: Vec<usize> = dataset.config().streams().map(|s| s.dim).collect();
+    let dims: Vec<usize> = dataset.streams().iter().map(|s| s.dim).collect();
     let mut cache = ChunkCache::new(dataset);
     let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;

@@ -28,16 +28,30 @@
 //! * [`dump`] is the in-process consumer behind `minibatchd dump`.
 //!
 //! Everything in those modules is synchronous and deterministic, tested without a running actor
-//! system. See `ARCHITECTURE.md` for the daemon's stages and `docs/differences.md` for every
+//! system.
+//!
+//! The daemon (`minibatchd run`) is a shell around them:
+//! * [`pipeline`] — the supervised actix stages (chunk reader, parser pool, chunk cache, delivery,
+//!   session manager) joined by bounded flume channels; sessions, slot bookkeeping and the cache
+//!   are plain structs inside it;
+//! * [`shm`] — the memfd ring and its slot layout (all `unsafe` code of the crate);
+//! * [`protocol`] — the control messages on the Unix socket;
+//! * [`client`] — a blocking Rust client (the Python one is in `clients/python`).
+//!
+//! `docs/daemon.md` describes the protocol, the slot layout, session state and memory. See `ARCHITECTURE.md` for the daemon's stages and `docs/differences.md` for every
 //! place where minibatchd deliberately differs from CNTK or deepx.
 
+pub mod client;
 pub mod config;
 pub mod dataset;
 pub mod dump;
 pub mod format;
 pub mod minibatch;
 pub mod persist;
+pub mod pipeline;
+pub mod protocol;
 pub mod sampling;
+pub mod shm;
 
 pub use config::Config;
 pub use dataset::Dataset;

@@ -161,8 +161,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {
-            let _ = Config::load(&config)?;
-            bail!("the daemon (`run`) is not implemented in this build yet; use `minibatchd dump`")
+            let c = Config::load(&config)?;
+            minibatchd::pipeline::run(c)?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -141,6 +141,16 @@ pub fn assemble(
     let mut streams: Vec<Option<MbStream>> = vec![None; stream_dims.len()];
     for r in &plan.sequences {
         let chunk = chunks.chunk(r.chunk)?;
+        if chunk.streams.len() != stream_dims.len() {
+            // A caller that took the dims from `config().streams()` (CTF streams only) for a deepx
+            // dataset: refuse instead of indexing out of bounds. Use `Dataset::streams()`.
+            return Err(DataError::Dataset(format!(
+                "chunk {} has {} streams but {} stream dimensions were given",
+                r.chunk,
+                chunk.streams.len(),
+                stream_dims.len()
+            )));
+        }
         let local = r.seq as usize - timeline.chunk_start[r.chunk as usize];
         for (si, sd) in chunk.streams.iter().enumerate() {
             let out = streams[si].get_or_insert_with(|| new_stream(&sd.data, stream_dims[si]));

@@ -215,19 +215,46 @@ pub struct DatasetConfig {
     pub deepx: Option<DeepxOptions>,
 }
 
-/// deepx instance-reader options (`reference/deepx-instance-formats.md`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+/// deepx instance-reader options (`reference/deepx-instance-formats.md`), validated by
+/// `format::deepx_config` (deepx's rules and limits).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeepxOptions {
-    /// Labels per instance.
+    /// Labels per instance (`1..=32`): `__instY` (and `__instW`) have this many values per sample.
     pub label_size: usize,
-    /// Whether instances carry a weight per label.
+    /// Whether the `__instW` stream (a weight per label) is produced.
     pub w: bool,
-    /// Whether instances carry a uuid string.
+    /// Whether the `__instUUID` stream (a string per instance) is produced.
     pub uuid: bool,
-    /// `libsvm_ex`/`uch`: number of feature groups.
+    /// `libsvm_ex`: number of feature groups `__instX0…` (`1..=128`).
     pub x_size: Option<usize>,
-    /// `uch`: number of history items.
+    /// `uch`: number of history slots `__instXhist0…` (`1..=128`).
     pub x_hist_item_size: Option<usize>,
+    /// deepx's `batch` (instances per batch), when given: the dataset's suggested minibatch size
+    /// in samples (one instance = one sample). The size a session asks for always wins.
+    pub batch: Option<usize>,
+    /// `libsvm` only, svmlight: `#` at the start of a token starts a comment up to the line end.
+    pub comments: bool,
+    /// `libsvm` only, svmlight: an optional `qid:N` token after the labels, kept in `__instQID`.
+    pub qid: bool,
+    /// `libsvm` only: feature ids in the file are 0-based as written (0, the default and deepx's
+    /// behaviour) or 1-based (1: LIBSVM/SVMlight; the stored id is the written id − 1).
+    pub feature_index_base: u8,
+}
+
+impl Default for DeepxOptions {
+    fn default() -> Self {
+        Self {
+            label_size: 1,
+            w: false,
+            uuid: false,
+            x_size: None,
+            x_hist_item_size: None,
+            batch: None,
+            comments: false,
+            qid: false,
+            feature_index_base: 0,
+        }
+    }
 }
 
 impl DatasetConfig {
@@ -474,7 +501,7 @@ fn parse_streams(w: &mut Walker, node: &Node<'_>, is_ctf: bool) -> Option<Vec<St
     let mut ok = true;
     for (name, n) in t.drain() {
         if !is_ctf {
-            w.issue(n.path(), "streams are fixed by the deepx formats; configure them with label_size, w, uuid, x_size");
+            w.issue(n.path(), "streams are fixed by the deepx formats; configure them with label_size, w, uuid, x_size, x_hist_item_size");
             ok = false;
             continue;
         }

@@ -162,3 +162,66 @@ fn stream_names_keep_their_case() {
     let s = c.dataset("d").expect("d").streams().next().expect("a stream").clone();
     assert_eq!((s.name.as_str(), s.alias.as_str()), ("Features", "Features"));
 }
+
+fn deepx(format: &str, extra: &str) -> Result<DeepxOptions, String> {
+    let text = format!("[datasets.d]\nformat = \"{format}\"\nfiles = [\"x\"]\n{extra}\n");
+    parse(&text).map(|c| c.dataset("d").expect("d").deepx.clone().expect("deepx options")).map_err(|e| e.to_string())
+}
+
+#[test]
+fn deepx_keys_and_the_instance_reader_config_string() {
+    let o = deepx("libsvm", "label_size = 2\nw = true\ninstance_reader_config = \"batch=32;uuid=1;;\"").expect("valid");
+    assert_eq!((o.label_size, o.w, o.uuid, o.batch), (2, true, true, Some(32)));
+    // deepx's splitting: empty parts are dropped, so `batch==7` is batch 7; aliases.
+    let o = deepx("uch", "instance_reader_config = \"batch_size==7;has_w=5;history_item_size=20\"").expect("valid");
+    assert_eq!((o.batch, o.w, o.x_hist_item_size), (Some(7), true, Some(20)));
+    let o = deepx("libsvm_ex", "x_size = 3\nw = 1").expect("valid");
+    assert_eq!((o.x_size, o.w, o.label_size), (Some(3), true, 1));
+}
+
+#[test]
+fn deepx_validation_follows_deepx_rules() {
+    let e = deepx("libsvm_ex", "").expect_err("x_size required");
+    assert!(e.contains("datasets.d.x_size: missing"), "{e}");
+    let e = deepx("uch", "").expect_err("x_hist_item_size required");
+    assert!(e.contains("datasets.d.x_hist_item_size: missing"), "{e}");
+    let e = deepx("libsvm", "x_size = 2\nlabel_size = 33").expect_err("limits");
+    assert!(e.contains("datasets.d.x_size: exists for format libsvm_ex only"), "{e}");
+    assert!(e.contains("datasets.d.label_size: 33 is out of range: expected 1..=32"), "{e}");
+    assert!(deepx("libsvm_ex", "x_size = 129").expect_err("x_size").contains("expected 1..=128"));
+    for (bad, needle) in [
+        ("batch=", "is not key=value"),
+        ("batch=3=2", "is not key=value"),
+        ("batch=0", "expected 1..="),
+        ("batch=32abc", "must be an integer"),
+        (" batch=32", "unexpected key ' batch'"),
+        ("x_size=2", "unexpected key 'x_size'"),
+        ("label_size=40", "expected 1..=32"),
+    ] {
+        let e = deepx("libsvm", &format!("instance_reader_config = \"{bad}\"")).expect_err(bad);
+        assert!(e.contains("datasets.d.instance_reader_config") && e.contains(needle), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn deepx_key_given_twice_must_agree() {
+    let e = deepx("libsvm", "label_size = 2\ninstance_reader_config = \"label_size=3\"").expect_err("conflict");
+    assert!(e.contains("datasets.d.label_size") && e.contains("instance_reader_config"), "{e}");
+    assert!(deepx("libsvm", "label_size = 2\ninstance_reader_config = \"label_size=2\"").is_ok());
+}
+
+#[test]
+fn svmlight_options_belong_to_libsvm() {
+    let o = deepx("libsvm", "comments = true\nqid = true\nfeature_index_base = 1").expect("valid");
+    assert!(o.comments && o.qid && o.feature_index_base == 1);
+    let e = deepx("uch", "x_hist_item_size = 2\ncomments = true\nfeature_index_base = 1").expect_err("libsvm only");
+    assert!(e.contains("datasets.d.comments: exists for format libsvm only"), "{e}");
+    assert!(e.contains("datasets.d.feature_index_base: exists for format libsvm only"), "{e}");
+    assert!(deepx("libsvm", "feature_index_base = 2").expect_err("0 or 1").contains("expected 0..=1"));
+}
+
+#[test]
+fn deepx_datasets_take_no_streams_or_sources() {
+    let e = deepx("libsvm", "[datasets.d.streams.f]\ndim = 1\nformat = \"dense\"").expect_err("streams");
+    assert!(e.contains("streams are fixed by the deepx formats"), "{e}");
+}

@@ -47,6 +47,11 @@ impl<'a> Node<'a> {
         &self.path
     }
 
+    /// The raw value (`None` for a table that was absent), for readers with their own rules.
+    pub(crate) fn json(&self) -> Option<&Value> {
+        self.value()
+    }
+
     fn value(&self) -> Option<&Value> {
         match &self.value {
             NodeValue::Borrowed(v) => Some(v),

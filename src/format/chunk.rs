@@ -149,3 +149,40 @@ impl ParsedChunk {
         self.streams.iter().map(StreamData::size_bytes).sum::<usize>() + std::mem::size_of::<Self>()
     }
 }
+
+/// How a stream's samples are stored, as consumers (dump, the daemon's schema) see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `dim` values per sample.
+    Dense,
+    /// CSR per sample with int32 indices below `dim` (CTF).
+    SparseI32,
+    /// CSR per sample with u64 feature ids as written (deepx); `dim` is 0: ids are unbounded.
+    SparseU64,
+    /// One byte string per sample (deepx uuids).
+    Strings,
+}
+
+impl StreamKind {
+    /// `dense`, `sparse` or `strings`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dense => "dense",
+            Self::SparseI32 | Self::SparseU64 => "sparse",
+            Self::Strings => "strings",
+        }
+    }
+}
+
+/// Name, storage and dimension of one stream of a dataset, in [`ParsedChunk::streams`] order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// The name in minibatches (the config's stream name, or a deepx tensor name).
+    pub name: String,
+    /// How samples are stored.
+    pub kind: StreamKind,
+    /// Values per dense sample; the index bound of a CTF sparse stream; 0 for deepx ids and
+    /// strings.
+    pub dim: usize,
+}

@@ -5,15 +5,19 @@
 //! * [`cache`]: the on-disk index cache (versioned, atomic, validated against the data file);
 //! * [`chunk`]: the columnar parsed chunk that sessions share;
 //! * [`errors`]: locations, malformed-input kinds and the `max_errors` budget;
-//! * [`ctf`]: CNTK Text Format.
+//! * [`ctf`]: CNTK Text Format;
+//! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
+//! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`.
 
 pub mod cache;
 pub mod chunk;
 pub mod ctf;
+pub mod deepx;
 pub(crate) mod deepx_config;
 pub mod errors;
 pub mod index;
+pub mod inflate;
 
-pub use chunk::{Indices, ParsedChunk, StreamData, StreamValues, Values};
+pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};
 pub use index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};

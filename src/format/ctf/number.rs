@@ -40,60 +40,6 @@ fn digit(b: u8) -> Option<f64> {
     b.is_ascii_digit().then(|| f64::from(b - b'0'))
 }
 
-/// Accumulates the digits at `bytes[pos..]` onto `start` as CNTK does (`number * 10 + d` in
-/// `f64`), returning the value and the offset after the last digit.
-///
-/// The first 15 digits accumulate in a `u64`: every intermediate value is an integer below
-/// 2^53, which `f64` represents exactly, so the result is bit-identical to CNTK's `f64` chain —
-/// without its floating-point latency on every digit. Longer runs continue in `f64` exactly as
-/// CNTK does.
-#[inline]
-fn digits(bytes: &[u8], mut pos: usize, start: f64) -> (f64, usize) {
-    const EXACT_DIGITS: usize = 15;
-    // `start` is a single digit (or 0) here, so it is exact as an integer too.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let mut int = start as u64;
-    let mut n = 0;
-    while n < EXACT_DIGITS {
-        match bytes.get(pos) {
-            Some(&b) if b.is_ascii_digit() => {
-                int = int * 10 + u64::from(b - b'0');
-                pos += 1;
-                n += 1;
-            }
-            _ => {
-                #[allow(clippy::cast_precision_loss)]
-                return (int as f64, pos);
-            }
-        }
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let mut number = int as f64;
-    while let Some(d) = bytes.get(pos).copied().and_then(digit) {
-        number = number * 10.0 + d;
-        pos += 1;
-    }
-    (number, pos)
-}
-
-/// CNTK's `divider` after `k` fraction digits: `10.0` multiplied by ten `k - 1` times in `f64`.
-/// Exact (and so equal to a table lookup) up to 10^22; beyond, replayed step by step.
-#[inline]
-fn power_of_ten(k: usize) -> f64 {
-    const EXACT: [f64; 23] = [
-        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
-        1e21, 1e22,
-    ];
-    if let Some(&p) = EXACT.get(k) {
-        return p;
-    }
-    let mut d = EXACT[22];
-    for _ in 22..k {
-        d *= 10.0;
-    }
-    d
-}
-
 /// Parses a CNTK real number at `bytes[pos..]`; `bytes` ends where the sequence ends.
 ///
 /// Returns the value and the offset of the first byte not consumed.
@@ -119,8 +65,11 @@ pub fn parse_real(bytes: &[u8], mut pos: usize) -> Result<(f64, usize), (NumberE
         None => return Err((NumberError::Truncated, pos)),
     }
     let sign = |x: f64| if negative { -x } else { x };
-    let (number, np) = digits(bytes, pos, 0.0);
-    pos = np;
+    let mut number = 0.0f64;
+    while let Some(d) = at(pos).and_then(digit) {
+        number = number * 10.0 + d;
+        pos += 1;
+    }
     let coefficient = match at(pos) {
         Some(b'.') => {
             pos += 1;
@@ -129,9 +78,14 @@ pub fn parse_real(bytes: &[u8], mut pos: usize) -> Result<(f64, usize), (NumberE
                 return Ok((sign(number), pos));
             };
             let coefficient = number;
-            let (frac, end) = digits(bytes, pos + 1, first);
-            let divider = power_of_ten(end - pos);
-            pos = end;
+            let mut frac = first;
+            let mut divider = 10.0f64;
+            pos += 1;
+            while let Some(d) = at(pos).and_then(digit) {
+                frac = frac * 10.0 + d;
+                divider *= 10.0;
+                pos += 1;
+            }
             let c = coefficient + frac / divider;
             if !matches!(at(pos), Some(b'e' | b'E')) {
                 return Ok((sign(c), pos));
@@ -158,8 +112,11 @@ pub fn parse_real(bytes: &[u8], mut pos: usize) -> Result<(f64, usize), (NumberE
         Some(_) => return Err((NumberError::AfterExponent, pos)),
         None => return Err((NumberError::Truncated, pos)),
     }
-    let (exponent, np) = digits(bytes, pos, 0.0);
-    pos = np;
+    let mut exponent = 0.0f64;
+    while let Some(d) = at(pos).and_then(digit) {
+        exponent = exponent * 10.0 + d;
+        pos += 1;
+    }
     let exponent = if exp_negative { -exponent } else { exponent };
     Ok((coefficient * 10f64.powf(exponent), pos))
 }

@@ -1,0 +1,53 @@
+//! Decode throughput of the deepx `libsvm` format on seeded Criteo-like lines (a label and 39
+//! features: 13 numeric `id:value` with ids 1..=13, 26 hashed categorical `id:1`), in bytes/s,
+//! single-threaded; plus the line index pass. The same generator feeds
+//! `scripts/bench_libsvm.sh` (through `examples/deepx_parse_rate.rs`).
+//!
+//! `cargo bench --bench deepx`; figures and the machine are recorded in docs/benchmarks.md.
+
+#![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use minibatchd::config::{DeepxOptions, FormatKind};
+use minibatchd::format::deepx::{index_reader, DeepxDecoder, LineContext, LineIndexOptions, Schema};
+use minibatchd::format::FileIndex;
+
+#[path = "../examples/criteo_gen.rs"]
+mod criteo_gen;
+
+/// The line index of `text`.
+fn index(text: &[u8]) -> FileIndex {
+    index_reader(text, Arc::from(Path::new("criteo")), text.len() as u64, LineIndexOptions { comments: false }, &mut |_| {}).expect("index")
+}
+
+/// Decodes every line of `text` into one set of buffers (a chunk of the whole text).
+fn decode_all<T: minibatchd::format::deepx::DeepxElement>(dec: &DeepxDecoder, text: &[u8], idx: &FileIndex) -> usize {
+    let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len());
+    let mut errors = Vec::new();
+    for seq in &idx.sequences {
+        let b = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        dec.decode_line(b, &LineContext { file: &idx.path, line: seq.line, offset: seq.offset }, &mut bufs, &mut errors);
+    }
+    assert!(errors.is_empty(), "{:?}", errors.first());
+    bufs.x[0].ids.len()
+}
+
+/// The benchmark group.
+fn bench(c: &mut Criterion) {
+    let text = criteo_gen::generate(32 << 20, 42);
+    let idx = index(&text);
+    let dec = DeepxDecoder::new(Schema::new(FormatKind::Libsvm, &DeepxOptions::default()));
+    let mut g = c.benchmark_group("deepx");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_with_input(BenchmarkId::new("index", "criteo_libsvm"), &text, |b, t| b.iter(|| index(t).sequences.len()));
+    g.bench_with_input(BenchmarkId::new("decode_f32", "criteo_libsvm"), &text, |b, t| b.iter(|| decode_all::<f32>(&dec, t, &idx)));
+    g.bench_with_input(BenchmarkId::new("decode_f64", "criteo_libsvm"), &text, |b, t| b.iter(|| decode_all::<f64>(&dec, t, &idx)));
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

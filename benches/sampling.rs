@@ -1,0 +1,56 @@
+//! Sampling overhead: the cost of scheduling one sample (randomizing a sweep and walking it in
+//! minibatches), to set beside the cost of parsing it (benches/ctf.rs). Timelines are generated
+//! with a seeded generator: 1M one-sample sequences in 500 chunks, and 200k variable-length
+//! sequences (1..20 samples).
+
+#![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Timeline, Window};
+
+fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let seq_len = (0..seqs)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if variable { 1 + (x % 20) as u32 } else { 1 }
+        })
+        .collect();
+    let per = seqs / chunks;
+    let mut chunk_start: Vec<usize> = (0..chunks).map(|c| c * per).collect();
+    chunk_start.push(seqs);
+    Timeline { seq_len, chunk_start }
+}
+
+fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize) -> u64 {
+    let opts = SamplingOptions { randomize, window, seed: 1, limit: EpochLimit::FullSweep, num_workers: 1, rank: 0 };
+    let mut s = Sampler::new(t.clone(), opts).expect("sampler");
+    let mut n = 0u64;
+    while let Some(p) = s.next_minibatch(mb) {
+        n += p.sequences.len() as u64;
+    }
+    n
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group("sampling");
+    g.sample_size(10);
+    for (name, t) in [("1M_frames_500_chunks", timeline(1_000_000, 500, false)), ("200k_sequences_100_chunks", timeline(200_000, 100, true))] {
+        let t = Arc::new(t);
+        let samples: u64 = t.seq_len.iter().map(|&l| u64::from(l)).sum();
+        g.throughput(Throughput::Elements(samples));
+        for (label, randomize, window) in
+            [("sequential", false, Window::Chunks(1)), ("window_128_chunks", true, Window::Chunks(128)), ("window_4_chunks", true, Window::Chunks(4))]
+        {
+            g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| b.iter(|| sweep(t, randomize, window, 256)));
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

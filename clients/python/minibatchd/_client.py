@@ -1,0 +1,517 @@
+"""Implementation of the minibatchd client: framing, sessions, leases and slot decoding."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import mmap
+import os
+import socket
+import struct
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+LAYOUT_VERSION = 1
+DEFAULT_SOCKET = "/run/minibatchd/minibatchd.sock"
+MAX_MESSAGE_BYTES = 64 * 1024
+
+_LEN = struct.Struct("<I")
+# Ring header (layout.rs RingHeader): magic, layout_version, byte_order, daemon_id, session_id,
+# slot_count, slot_size, slots_offset, total_bytes — native byte order.
+_RING = struct.Struct("=8sIIQQQQQQ")
+# Slot header: magic, num_tensors, generation, minibatch, used_bytes.
+_SLOT = struct.Struct("=4sIQQQ")
+_ENTRY = "IIII4QQQ"  # name_offset, name_len, dtype, ndim, shape[4], offset, nbytes
+_DTYPES = {
+    1: np.dtype("=f4"),
+    2: np.dtype("=f8"),
+    3: np.dtype("=i4"),
+    4: np.dtype("=i8"),
+    5: np.dtype("=u8"),
+    6: np.dtype("u1"),
+}
+_TABLES: Dict[int, struct.Struct] = {}
+
+
+class MinibatchdError(Exception):
+    """An ``error`` reply from the daemon (``code`` is the protocol's error code) or a client-side
+    failure (``code`` starts with ``client_``)."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+def torchrun_env() -> Tuple[int, int]:
+    """``(rank, world_size)`` from torchrun's environment (``RANK``, ``WORLD_SIZE``); ``(0, 1)``
+    when they are not set."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _Conn:
+    """A framed connection: 4-byte little-endian length + JSON."""
+
+    def __init__(self, path: str, timeout: Optional[float]):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.buf = bytearray()
+        self.fds: List[int] = []
+
+    def send(self, frames: List[dict]) -> None:
+        out = bytearray()
+        for obj in frames:
+            body = json.dumps(obj, separators=(",", ":")).encode()
+            out += _LEN.pack(len(body))
+            out += body
+        self.sock.sendall(out)
+
+    def _fill(self, with_fds: bool) -> None:
+        if with_fds:
+            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 4)
+            self.fds.extend(fds)
+        else:
+            data = self.sock.recv(1 << 16)
+        if not data:
+            raise MinibatchdError("client_disconnected", "the daemon closed the connection")
+        self.buf += data
+
+    def has_frame(self) -> bool:
+        buf = self.buf
+        return len(buf) >= 4 and len(buf) >= 4 + _LEN.unpack_from(buf, 0)[0]
+
+    def recv(self, with_fds: bool = False) -> dict:
+        while True:
+            if len(self.buf) >= 4:
+                (n,) = _LEN.unpack_from(self.buf, 0)
+                if n > MAX_MESSAGE_BYTES:
+                    raise MinibatchdError("client_protocol", f"frame of {n} bytes from the daemon")
+                if len(self.buf) >= 4 + n:
+                    body = bytes(self.buf[4 : 4 + n])
+                    del self.buf[: 4 + n]
+                    return json.loads(body)
+            self._fill(with_fds)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds.clear()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _check(msg: dict, expected: str) -> dict:
+    t = msg.get("type")
+    if t == "error":
+        raise MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+    if t != expected:
+        raise MinibatchdError("client_protocol", f"expected {expected!r}, got {t!r}")
+    return msg
+
+
+def _hello(conn: _Conn) -> dict:
+    conn.send([{"type": "hello", "version": PROTOCOL_VERSION, "client": "minibatchd-python/0.1"}])
+    return _check(conn.recv(), "hello")
+
+
+def connect(path: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
+    """Connects to the daemon at ``path`` (default: ``$MINIBATCHD_SOCKET``, else
+    ``/run/minibatchd/minibatchd.sock``) and checks the protocol version."""
+    path = path or os.environ.get("MINIBATCHD_SOCKET") or DEFAULT_SOCKET
+    return Client(path, timeout)
+
+
+class Client:
+    """A daemon endpoint. Each ``open`` makes its own connection (one session per connection)."""
+
+    def __init__(self, path: str, timeout: Optional[float] = None):
+        self.path = path
+        self.timeout = timeout
+        conn = _Conn(path, timeout)
+        try:
+            info = _hello(conn)
+        finally:
+            conn.close()
+        self.daemon_id: str = info["daemon_id"]
+        self.server: str = info.get("server", "")
+
+    def open(self, dataset: str, *, use_torchrun_env: bool = False, **options: Any) -> "Source":
+        """Opens a session on ``dataset``. Options (DESIGN §6): ``minibatch_size`` (required),
+        ``max_samples`` | ``max_sweeps`` | ``full_sweep``, ``randomize``, ``window_chunks`` |
+        ``window_samples``, ``seed``, ``frame_mode``, ``num_workers``, ``rank``, ``resume`` (a
+        ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name).
+        ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE``."""
+        if use_torchrun_env:
+            rank, world = torchrun_env()
+            options.setdefault("rank", rank)
+            options.setdefault("num_workers", world)
+        options = {k: v for k, v in options.items() if v is not None}
+        return Source(self.path, self.timeout, dataset, options)
+
+
+class _Releaser:
+    """Queues a slot's release when its owner array dies (weakref callback) or on demand.
+    Runs in whatever thread drops the last view, so it only appends to a deque; the source sends
+    the queued releases with its next request."""
+
+    __slots__ = ("pending", "live", "refs")
+
+    def __init__(self) -> None:
+        self.pending: collections.deque = collections.deque()
+        self.live: set = set()
+        self.refs: Dict[int, Tuple[Any, Tuple[int, int]]] = {}
+
+    def track(self, owner: np.ndarray, key: Tuple[int, int]) -> Any:
+        ref = weakref.ref(owner, self)
+        self.refs[id(ref)] = (ref, key)
+        self.live.add(key)
+        return ref
+
+    def __call__(self, ref: Any) -> None:
+        entry = self.refs.pop(id(ref), None)
+        if entry is not None:
+            self.live.discard(entry[1])
+            self.pending.append(entry[1])
+
+
+class Source:
+    """An open session: iterate for ``Minibatch`` objects; ``state()`` for a checkpoint."""
+
+    def __init__(self, path: str, timeout: Optional[float], dataset: str, options: dict):
+        self.dataset = dataset
+        self._conn = _Conn(path, timeout)
+        self._releaser = _Releaser()
+        self._pending = self._releaser.pending
+        self._live = self._releaser.live
+        self._queued: collections.deque = collections.deque()
+        self._ended = False
+        self._failed: Optional[MinibatchdError] = None
+        self._mm: Optional[mmap.mmap] = None
+        try:
+            _hello(self._conn)
+            self._conn.send([{"type": "open", "dataset": dataset, "options": options}])
+            opened = _check(self._conn.recv(with_fds=True), "opened")
+            if not self._conn.fds:
+                raise MinibatchdError("client_protocol", "opened without a shared-memory descriptor")
+            fd = self._conn.fds.pop(0)
+            ring = opened["ring"]
+            try:
+                self._mm = mmap.mmap(fd, ring["size_bytes"], mmap.MAP_SHARED, mmap.PROT_READ)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self._conn.close()
+            raise
+        self.session: str = opened["session"]
+        self.streams: List[dict] = opened["streams"]
+        self.sweep_size: int = opened["sweep_size"]
+        self._start_state: dict = opened["state"]
+        self._taken: int = opened["state"]["minibatches"]
+        self._last_state: dict = dict(opened["state"])
+        self._check_ring(ring)
+        self._slot_count = ring["slot_count"]
+        self._slot_size = ring["slot_size"]
+        self._slots_offset = ring["slots_offset"]
+        self._view = memoryview(self._mm)
+
+    def _check_ring(self, ring: dict) -> None:
+        magic, version, order, _daemon, _sid, count, size, offset, total = _RING.unpack_from(self._mm, 0)
+        if magic != b"MBDRING\0":
+            raise MinibatchdError("client_layout", "the shared memory is not a minibatchd ring")
+        if order != 1:
+            raise MinibatchdError("client_layout", "ring written with another byte order")
+        if version != LAYOUT_VERSION:
+            raise MinibatchdError("client_layout", f"ring layout version {version}; this client reads {LAYOUT_VERSION}")
+        if (count, size, offset) != (ring["slot_count"], ring["slot_size"], ring["slots_offset"]):
+            raise MinibatchdError("client_layout", "ring header disagrees with the opened message")
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _flush(self, extra: Optional[List[dict]] = None) -> None:
+        frames = []
+        while self._pending:
+            slot, gen = self._pending.popleft()
+            frames.append({"type": "release", "slot": slot, "generation": gen, "taken": self._taken})
+        if extra:
+            frames.extend(extra)
+        if frames:
+            self._conn.send(frames)
+
+    def _next_message(self) -> dict:
+        if self._queued:
+            return self._queued.popleft()
+        return self._conn.recv()
+
+    def _await_reply(self, expected: str) -> dict:
+        while True:
+            msg = self._conn.recv()
+            t = msg.get("type")
+            if t == expected:
+                return msg
+            if t == "error":
+                raise MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+            self._queued.append(msg)
+
+    # -- iteration -----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator["Minibatch"]:
+        return self
+
+    def __next__(self) -> "Minibatch":
+        if self._ended or self._mm is None:
+            raise StopIteration
+        if self._failed is not None:
+            raise self._failed
+        ready = bool(self._queued) or self._conn.has_frame()
+        # Releases are batched: sent before this client would wait for the daemon, or once half
+        # the ring waits to be given back — never one syscall per minibatch on a backlog.
+        if not ready or len(self._pending) * 2 >= self._slot_count:
+            self._flush()
+        if not ready and len(self._live) >= self._slot_count:
+            gc.collect()
+            self._flush()
+            if len(self._live) >= self._slot_count:
+                raise MinibatchdError(
+                    "client_all_slots_held",
+                    f"all {self._slot_count} ring slots are held by live minibatches; drop or release() some, "
+                    "or open the session with a larger prefetch",
+                )
+        msg = self._next_message()
+        t = msg.get("type")
+        if t == "ready":
+            mb = self._minibatch(msg)
+            self._taken = mb.index + 1
+            self._last_state.update(position=mb.position, minibatches=self._taken)
+            return mb
+        if t == "end":
+            self._ended = True
+            self._last_state = msg["state"]
+            raise StopIteration
+        if t == "error":
+            # The session cannot go on (its producer stopped): every later next() says so too;
+            # state() and close() still work.
+            self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+            raise self._failed
+        raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
+
+    def _minibatch(self, msg: dict) -> "Minibatch":
+        slot, gen = msg["slot"], msg["generation"]
+        base = self._slots_offset + slot * self._slot_size
+        # The owner's base is a memoryview (not an ndarray), so NumPy's base collapsing stops at
+        # the owner: every view derived from it keeps it alive, and its finalizer runs only when
+        # the last view is gone.
+        owner = np.frombuffer(self._view[base : base + self._slot_size], dtype=np.uint8)
+        magic, n, sgen, index, _used = _SLOT.unpack_from(self._mm, base)
+        if magic != b"MBSL" or sgen != gen:
+            raise MinibatchdError("client_layout", f"slot {slot} does not hold generation {gen}")
+        table = _TABLES.get(n)
+        if table is None:
+            table = _TABLES[n] = struct.Struct("=" + _ENTRY * n)
+        fields = table.unpack_from(self._mm, base + 64)
+        tensors = []
+        for i in range(n):
+            _no, _nl, dt, ndim, s0, s1, s2, s3, off, nbytes = fields[i * 10 : i * 10 + 10]
+            shape = (s0, s1, s2, s3)[:ndim]
+            tensors.append(owner[off : off + nbytes].view(_DTYPES[dt]).reshape(shape))
+        ref = self._releaser.track(owner, (slot, gen))
+        return Minibatch(self, owner, ref, msg["minibatch"], tensors)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """The session's state: the position after the last minibatch this iterator returned
+        (prefetched ones never count). Pass it as ``resume=`` to continue exactly after it."""
+        if self._ended or self._mm is None:
+            return dict(self._last_state)
+        self._flush([{"type": "state", "taken": self._taken}])
+        return self._await_reply("state")["state"]
+
+    def close(self) -> dict:
+        """Ends the session (it stays resumable by name for the daemon's linger time) and
+        returns the final state."""
+        if self._mm is None:
+            return dict(self._last_state)
+        try:
+            self._flush([{"type": "close", "taken": self._taken}])
+            final = self._await_reply("closed")["state"]
+        except (MinibatchdError, OSError):
+            final = dict(self._last_state)
+        self._conn.close()
+        self._mm = None  # arrays still alive keep the mapping itself alive
+        self._last_state = final
+        return final
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._mm is not None:
+                self._conn.close()
+        except Exception:
+            pass
+
+
+class Stream:
+    """One stream of a minibatch. Arrays are read-only views on shared memory."""
+
+    def __init__(self, info: dict, arrays: List[np.ndarray]):
+        self.name: str = info["name"]
+        self.kind: str = info["kind"]
+        self.dim: int = info["dim"]
+        self.sequence_offsets: np.ndarray = arrays[0]
+        self.sample_offsets: Optional[np.ndarray] = None
+        self.indices: Optional[np.ndarray] = None
+        self.offsets: Optional[np.ndarray] = None
+        if self.kind == "sparse":
+            self.sample_offsets = arrays[1]
+            self.indices = arrays[2]
+            self.values: np.ndarray = arrays[3]
+        elif self.kind == "strings":
+            # One byte string per sample: bytes[offsets[j]:offsets[j + 1]] (deepx uuids).
+            self.offsets = arrays[1]
+            self.values = arrays[2]
+        else:
+            self.values = arrays[1]
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.sequence_offsets) - 1
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sequence_offsets[-1]) if len(self.sequence_offsets) else 0
+
+    def strings(self) -> List[str]:
+        """The samples of a `strings` stream, decoded as UTF-8 (invalid bytes replaced)."""
+        raw, offs = self.values.tobytes(), self.offsets.tolist()
+        return [raw[offs[j] : offs[j + 1]].decode("utf-8", errors="replace") for j in range(len(offs) - 1)]
+
+    def dense(self) -> np.ndarray:
+        """``[num_samples, dim]`` values (a copy for sparse streams, the view for dense ones)."""
+        if self.kind != "sparse":
+            return self.values
+        out = np.zeros((self.num_samples, self.dim), dtype=self.values.dtype)
+        rows = np.repeat(np.arange(self.num_samples), np.diff(self.sample_offsets))
+        np.add.at(out, (rows, self.indices), self.values)
+        return out
+
+    def padded(self, pad_value: float = 0.0) -> Tuple[np.ndarray, np.ndarray]:
+        """``(data [num_sequences, max_len, dim], mask [num_sequences, max_len])``: sequences
+        padded to the longest; ``mask`` is True on real samples. A copy."""
+        lens = np.diff(self.sequence_offsets)
+        n, longest = len(lens), int(lens.max()) if len(lens) else 0
+        values = self.dense()
+        data = np.full((n, longest, self.dim), pad_value, dtype=values.dtype)
+        mask = np.arange(longest)[None, :] < lens[:, None]
+        data[mask] = values
+        return data, mask
+
+    def _dump_values(self, v: np.ndarray) -> list:
+        if v.dtype == np.float32:
+            # The shortest decimal that round-trips float32 (as `dump` prints), read as a double.
+            return [float(str(x)) for x in v]
+        return v.tolist()
+
+    def to_dump(self) -> dict:
+        """This stream as in a ``minibatchd dump`` line."""
+        seqs = []
+        so = self.sequence_offsets.tolist()
+        if self.kind == "strings":
+            texts = self.strings()
+            for q in range(len(so) - 1):
+                seqs.append(texts[so[q] : so[q + 1]])
+        elif self.kind == "sparse":
+            offs = self.sample_offsets.tolist()
+            idx = self.indices.tolist()
+            vals = self._dump_values(self.values)
+            for q in range(len(so) - 1):
+                seqs.append([{"indices": idx[offs[j] : offs[j + 1]], "values": vals[offs[j] : offs[j + 1]]} for j in range(so[q], so[q + 1])])
+        else:
+            vals = self._dump_values(self.values.reshape(-1))
+            d = self.dim
+            for q in range(len(so) - 1):
+                seqs.append([vals[j * d : (j + 1) * d] for j in range(so[q], so[q + 1])])
+        return {"num_samples": self.num_samples, "num_sequences": self.num_sequences, "sequences": seqs}
+
+    def torch(self) -> Dict[str, Any]:
+        """The stream's arrays as torch tensors sharing memory with the slot (read-only data:
+        do not write to them)."""
+        import warnings
+
+        import torch
+
+        out = {}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
+            for key in ("sequence_offsets", "sample_offsets", "indices", "offsets", "values"):
+                arr = getattr(self, key)
+                if arr is not None:
+                    out[key] = torch.from_numpy(arr)
+        return out
+
+
+class Minibatch:
+    """One minibatch: ``mb[name]`` is a ``Stream``. Holds a lease on its slot until every view is
+    gone or ``release()`` is called."""
+
+    def __init__(self, source: Source, owner: np.ndarray, ref: Any, meta: dict, tensors: List[np.ndarray]):
+        self._owner = owner
+        self._release = (source._releaser, ref)
+        self.index: int = meta["index"]
+        self.sweep: int = meta["sweep"]
+        self.end_of_sweep: bool = meta["end_of_sweep"]
+        self.position: int = meta["position"]
+        self.streams: Dict[str, Stream] = {}
+        k = 0
+        for info in source.streams:
+            count = {"sparse": 4, "strings": 3}.get(info["kind"], 2)
+            self.streams[info["name"]] = Stream(info, tensors[k : k + count])
+            k += count
+
+    def __getitem__(self, name: str) -> Stream:
+        return self.streams[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.streams
+
+    def keys(self):
+        return self.streams.keys()
+
+    @property
+    def num_samples(self) -> Dict[str, int]:
+        return {n: s.num_samples for n, s in self.streams.items()}
+
+    def release(self) -> None:
+        """Gives the slot back now. Arrays obtained from this minibatch must not be used after."""
+        releaser, ref = self._release
+        releaser(ref)
+        self.streams = {}
+        self._owner = None
+
+    def to_dump(self) -> dict:
+        """The same object ``json.loads`` gives for this minibatch's ``minibatchd dump`` line."""
+        return {
+            "minibatch": self.index,
+            "sweep": self.sweep,
+            "end_of_sweep": self.end_of_sweep,
+            "position": self.position,
+            "streams": {n: s.to_dump() for n, s in self.streams.items()},
+        }
+
+    def to_torch(self) -> Dict[str, Dict[str, Any]]:
+        """Every stream's arrays as torch tensors (zero-copy; see ``Stream.torch``)."""
+        return {n: s.torch() for n, s in self.streams.items()}

@@ -1,0 +1,107 @@
+"""Fixtures: a real `minibatchd run` daemon on a temp dir with generated CTF data.
+
+The binary comes from $MINIBATCHD_BIN (set by the Rust test that drives this suite), else
+target/debug/minibatchd of this checkout."""
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = os.environ.get("MINIBATCHD_BIN") or str(ROOT / "target" / "debug" / "minibatchd")
+DEADLINE = 60.0
+
+
+def write_data(path: Path) -> None:
+    """120 sequences of 1..=4 samples; features dense dim 3 (first value = sequence id), labels
+    sparse dim 6 on each sequence's first line."""
+    lines = []
+    for i in range(120):
+        for j in range(1 + i % 4):
+            line = f"{i} |F {i} {j}.25 -{j}e-2"
+            if j == 0:
+                line += f" |L {i % 6}:1 {(i + 3) % 6}:0.5"
+            lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+class Daemon:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        data = tmp / "data.ctf"
+        write_data(data)
+        self.socket = str(tmp / "mbd.sock")
+        self.config = tmp / "minibatchd.toml"
+        self.config.write_text(
+            f"""[daemon]
+socket = "{self.socket}"
+metrics_listen = "127.0.0.1:0"
+state_dir = "{tmp}/state"
+memory_limit_bytes = 268435456
+ring_slots = 4
+slot_size_bytes = 65536
+
+[datasets.train]
+format = "ctf"
+files = ["{data}"]
+chunk_size_bytes = 256
+
+[datasets.train.streams.features]
+alias = "F"
+dim = 3
+format = "dense"
+
+[datasets.train.streams.labels]
+alias = "L"
+dim = 6
+format = "sparse"
+
+[datasets.train.sampling]
+randomize = true
+window_chunks = 3
+seed = 0
+"""
+        )
+        env = dict(os.environ, MINIBATCHD_LOG="warn")
+        self.proc = subprocess.Popen([BIN, "run", "--config", str(self.config)], env=env, stdin=subprocess.DEVNULL)
+        start = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the daemon exited at start")
+            try:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(self.socket)
+                s.close()
+                break
+            except OSError:
+                if time.monotonic() - start > DEADLINE:
+                    raise RuntimeError("the daemon did not open its socket")
+                time.sleep(0.02)
+
+    def dump(self, *args: str) -> list:
+        import json
+
+        out = subprocess.run([BIN, "dump", "--config", str(self.config), "--dataset", "train", *args], capture_output=True, text=True, timeout=DEADLINE)
+        assert out.returncode == 0, out.stderr
+        return [json.loads(line) for line in out.stdout.splitlines()]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=DEADLINE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = Daemon(tmp_path)
+    yield d
+    d.stop()

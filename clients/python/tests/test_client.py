@@ -1,0 +1,154 @@
+"""The Python client against a real daemon."""
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import minibatchd
+
+
+def test_connect_reads_the_socket_from_the_environment(daemon, monkeypatch):
+    monkeypatch.setenv("MINIBATCHD_SOCKET", daemon.socket)
+    client = minibatchd.connect()
+    assert len(client.daemon_id) == 16
+
+
+@pytest.mark.parametrize(
+    "options,args",
+    [
+        (dict(minibatch_size=7, max_sweeps=2, seed=5), ["--minibatch-size", "7", "--max-sweeps", "2", "--seed", "5"]),
+        (dict(minibatch_size=4, full_sweep=True, randomize=False), ["--minibatch-size", "4", "--full-sweep", "--randomize", "false"]),
+        (dict(minibatch_size=9, max_samples=150, window_samples=30, num_workers=2, rank=1), ["--minibatch-size", "9", "--max-samples", "150", "--window-samples", "30", "--workers", "2", "--rank", "1"]),
+    ],
+)
+def test_to_dump_equals_the_dump_command(daemon, options, args):
+    source = minibatchd.connect(daemon.socket).open("train", **options)
+    got = [mb.to_dump() for mb in source]
+    assert got == daemon.dump(*args)
+    assert len(got) > 1
+
+
+def test_arrays_are_zero_copy_views_with_the_slot_layout(daemon):
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=8, full_sweep=True)
+    mb = next(source)
+    f, l = mb["features"], mb["labels"]
+    assert f.values.dtype == np.float32 and f.values.shape == (f.num_samples, 3)
+    assert not f.values.flags.owndata and not f.values.flags.writeable
+    assert f.values.ctypes.data % 64 == 0 and l.indices.ctypes.data % 64 == 0
+    assert f.sequence_offsets.dtype == np.int64 and f.sequence_offsets[0] == 0
+    assert l.indices.dtype == np.int32 and l.sample_offsets.dtype == np.int64
+    assert l.sample_offsets[-1] == len(l.values) == len(l.indices)
+    # The first value of a sequence's first sample is its id: the sequence offsets line up.
+    ids = f.values[f.sequence_offsets[:-1], 0]
+    assert len(set(ids.tolist())) == f.num_sequences
+    source.close()
+
+
+def test_a_slot_is_released_when_the_last_view_dies(daemon):
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=4, full_sweep=True, prefetch=2)
+    mb = next(source)
+    values = mb["features"].values
+    key = next(iter(source._live))
+    del mb
+    gc.collect()
+    assert key in source._live, "a live view keeps the lease"
+    del values
+    gc.collect()
+    assert key not in source._live, "the last view gone releases the slot"
+    # With 2 slots, holding 2 minibatches would block forever: the client says so instead.
+    a, b = next(source), next(source)
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        next(source)
+    assert e.value.code == "client_all_slots_held"
+    a.release()
+    c = next(source)
+    assert c.index == b.index + 1
+    del b, c
+    assert sum(1 for _ in source) > 0
+
+
+def test_state_and_resume_continue_exactly(daemon):
+    options = dict(minibatch_size=5, max_sweeps=2, seed=3)
+    want = daemon.dump("--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3")
+    client = minibatchd.connect(daemon.socket)
+    for cut in (0, 1, 17):
+        source = client.open("train", **options)
+        got = []
+        while len(got) < cut:
+            got.append(next(source).to_dump())
+        state = source.state()
+        assert state["minibatches"] == cut
+        assert state["position"] == (got[-1]["position"] if got else 0)
+        del source  # no close: prefetched minibatches are dropped, not counted
+        source = client.open("train", resume=state, **options)
+        got.extend(mb.to_dump() for mb in source)
+        assert got == want, f"cut after {cut}"
+        assert source.state()["position"] == want[-1]["position"]
+
+
+def test_resume_against_other_options_is_refused(daemon):
+    client = minibatchd.connect(daemon.socket)
+    source = client.open("train", minibatch_size=5, seed=3)
+    next(source)
+    state = source.close()
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        client.open("train", minibatch_size=5, seed=4, resume=state)
+    assert e.value.code == "resume_mismatch"
+
+
+def test_errors_carry_codes(daemon):
+    client = minibatchd.connect(daemon.socket)
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        client.open("nope", minibatch_size=1)
+    assert e.value.code == "unknown_dataset"
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        client.open("train", minibatch_size=1, rank=3, num_workers=2)
+    assert e.value.code == "invalid_options"
+
+
+def test_padded_and_dense(daemon):
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=12, full_sweep=True, randomize=False)
+    mb = next(source)
+    f, l = mb["features"], mb["labels"]
+    data, mask = f.padded(pad_value=-1.0)
+    lens = np.diff(f.sequence_offsets)
+    assert data.shape == (f.num_sequences, lens.max(), 3)
+    assert mask.sum() == f.num_samples
+    for q in range(f.num_sequences):
+        a, b = f.sequence_offsets[q], f.sequence_offsets[q + 1]
+        np.testing.assert_array_equal(data[q, : b - a], f.values[a:b])
+        assert (data[q, b - a :] == -1.0).all()
+    dense = l.dense()
+    assert dense.shape == (l.num_samples, 6)
+    row = l.sample_offsets
+    for j in range(l.num_samples):
+        for k in range(row[j], row[j + 1]):
+            assert dense[j, l.indices[k]] == l.values[k]
+
+
+def test_rank_and_world_size_from_torchrun_env(daemon, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert minibatchd.torchrun_env() == (1, 3)
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True)
+    got = [mb.to_dump() for mb in source]
+    assert got == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3", "--rank", "1")
+
+
+def test_torch_adapter(daemon, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from minibatchd.torch import MinibatchIterableDataset
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, full_sweep=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    items = list(loader)
+    want = daemon.dump("--minibatch-size", "8", "--full-sweep")
+    assert len(items) == len(want)
+    first = items[0]["features"]["values"]
+    assert first.dtype == torch.float32 and first.shape[1] == 3
+    want_first = [v for seq in want[0]["streams"]["features"]["sequences"] for sample in seq for v in sample]
+    np.testing.assert_array_equal(first.numpy(), np.array(want_first, dtype=np.float32).reshape(-1, 3))

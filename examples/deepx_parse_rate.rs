@@ -1,0 +1,106 @@
+//! Parse rate of minibatchd on a libsvm file, with N parser threads, as the daemon's parser pool
+//! does it: the dataset is opened (index pass, cached in a state directory), then every chunk is
+//! loaded (`Dataset::load_chunk`: read + decode into columnar buffers) by N threads taking chunks
+//! in turn. Used by `scripts/bench_libsvm.sh`.
+//!
+//! ```text
+//! deepx_parse_rate generate PATH BYTES        # seeded Criteo-like lines (examples/criteo_gen.rs)
+//! deepx_parse_rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use minibatchd::config::Config;
+use minibatchd::dataset::Dataset;
+use minibatchd::format::StreamValues;
+
+mod criteo_gen;
+
+fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut r = criteo_gen::Rng(42);
+    let mut line = Vec::with_capacity(1024);
+    let mut written = 0u64;
+    while written < bytes {
+        line.clear();
+        criteo_gen::line(&mut r, &mut line);
+        out.write_all(&line)?;
+        written += line.len() as u64;
+    }
+    out.flush()
+}
+
+fn parse(path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<(), String> {
+    let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    let text = format!(
+        "[datasets.d]\nformat = \"libsvm\"\nfiles = [{:?}]\nchunk_size_bytes = {chunk_bytes}\n",
+        path.display().to_string()
+    );
+    let config = Config::from_toml_str(&text, state).map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    let ds = Dataset::open(config.dataset("d")?, state, &mut |_| {}).map_err(|e| e.to_string())?;
+    let index_s = t0.elapsed().as_secs_f64();
+    let chunks = ds.chunks().len();
+    let next = AtomicUsize::new(0);
+    let nnz = AtomicUsize::new(0);
+    let t1 = Instant::now();
+    let failed = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c >= chunks {
+                            return Ok(());
+                        }
+                        let (parsed, _) = ds.load_chunk(c).map_err(|e| e.to_string())?;
+                        if let StreamValues::Sparse { values, .. } = &parsed.streams[0].data {
+                            nnz.fetch_add(values.len(), Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err("a worker panicked".into()))).find(Result::is_err)
+    });
+    if let Some(Err(e)) = failed {
+        return Err(e);
+    }
+    let parse_s = t1.elapsed().as_secs_f64();
+    let mb = size as f64 / 1e6;
+    println!(
+        "minibatchd libsvm: {mb:.0} MB, {} lines, {} nonzeros, {chunks} chunks, {threads} thread(s): index {index_s:.2} s ({:.0} MB/s), parse {parse_s:.2} s ({:.0} MB/s)",
+        ds.timeline().num_sequences(),
+        nnz.load(Ordering::Relaxed),
+        mb / index_s,
+        mb / parse_s
+    );
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let result = match args.get(1).map(String::as_str) {
+        Some("generate") if args.len() == 4 => match args[3].parse::<u64>() {
+            Ok(bytes) => generate(Path::new(&args[2]), bytes).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("BYTES: {e}")),
+        },
+        Some("parse") if args.len() >= 3 => {
+            let threads = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
+            let chunk = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(32 << 20);
+            let state = args.get(5).map_or_else(|| std::env::temp_dir().join("minibatchd-bench-state"), PathBuf::from);
+            parse(Path::new(&args[2]), threads, chunk, &state)
+        }
+        _ => Err("usage: deepx_parse_rate generate PATH BYTES | parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
+    };
+    if let Err(e) = result {
+        eprintln!("deepx_parse_rate: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,302 @@
+//! A blocking Rust client for the daemon: the same protocol and ring as the Python client
+//! (`clients/python`), for Rust trainers, tools and the integration tests.
+//!
+//! ```no_run
+//! use minibatchd::client::Client;
+//! use minibatchd::protocol::SessionOptions;
+//! let client = Client::connect("/run/minibatchd/minibatchd.sock")?;
+//! let options = SessionOptions { minibatch_size: Some(256), full_sweep: true, ..Default::default() };
+//! let mut session = client.open("train", &options)?;
+//! while let Some(mb) = session.next_minibatch()? {
+//!     let view = session.tensors(&mb)?;      // zero-copy tensors of the slot
+//!     println!("minibatch {} has {} tensors", mb.meta.index, view.len());
+//!     session.release(mb);                   // the slot goes back with the next request
+//! }
+//! # Ok::<(), minibatchd::client::ClientError>(())
+//! ```
+//! A [`Delivered`] minibatch holds its slot until [`Session::release`]; release is sent with the
+//! next request (batched). [`Session::next_owned`] copies a minibatch out and releases at once.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use crate::minibatch::Minibatch;
+use crate::protocol::{self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions, SessionState, StreamInfo, PROTOCOL_VERSION};
+use crate::shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
+use crate::shm::{ReadOnlyMapping, ShmError};
+
+/// Client failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Socket I/O.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// Framing or decoding.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// An `error` reply.
+    #[error("daemon error {code:?}: {message}")]
+    Daemon {
+        /// Its code.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// An unexpected reply.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Mapping the ring.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// Reading a slot.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+/// A connection that has said hello.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    frames: FrameBuffer,
+    /// The daemon's per-start id.
+    pub daemon_id: String,
+}
+
+fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage, ClientError> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(body) = frames.next_frame()? {
+            return Ok(protocol::decode(&body)?);
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        frames.push(&buf[..n]);
+    }
+}
+
+fn daemon_error(m: ServerMessage) -> ClientError {
+    match m {
+        ServerMessage::Error { code, message } => ClientError::Daemon { code, message },
+        other => ClientError::Protocol(format!("unexpected reply {other:?}")),
+    }
+}
+
+impl Client {
+    /// Connects to the socket at `path` and checks the protocol version.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let mut stream = UnixStream::connect(path)?;
+        protocol::write_frame(&mut stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: Some("minibatchd-rust".into()) })?;
+        let mut frames = FrameBuffer::default();
+        match read_message(&mut stream, &mut frames)? {
+            ServerMessage::Hello { daemon_id, .. } => Ok(Self { stream, frames, daemon_id }),
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// Opens a session on `dataset` (this connection then carries it).
+    ///
+    /// # Errors
+    /// [`ClientError`], e.g. [`ClientError::Daemon`] with `invalid_options`.
+    pub fn open(mut self, dataset: &str, options: &SessionOptions) -> Result<Session, ClientError> {
+        protocol::write_frame(&mut self.stream, &ClientMessage::Open { dataset: dataset.into(), options: options.clone() })?;
+        // The memfd arrives with the first bytes of `opened`.
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut fd = None;
+        let opened = loop {
+            if let Some(body) = self.frames.next_frame()? {
+                break protocol::decode::<ServerMessage>(&body)?;
+            }
+            let (n, got) = crate::shm::fdpass::recv_with_fd(self.stream.as_fd(), &mut buf)?;
+            if n == 0 {
+                return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            fd = fd.or(got);
+            self.frames.push(&buf[..n]);
+        };
+        let ServerMessage::Opened { session, ring, streams, state, .. } = opened else { return Err(daemon_error(opened)) };
+        let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
+        let mapping = ReadOnlyMapping::map(fd, ring.size_bytes)?;
+        let header = RingHeader::read(mapping.bytes())?;
+        if header.slot_count != ring.slot_count || header.slot_size != ring.slot_size {
+            return Err(ClientError::Protocol("ring header disagrees with the opened message".into()));
+        }
+        Ok(Session { stream: self.stream, frames: self.frames, name: session, mapping, header, streams, taken: state.minibatches, pending: Vec::new(), queued: VecDeque::new(), end: None })
+    }
+}
+
+/// A minibatch announced to this client; holds its slot until released.
+#[derive(Debug)]
+#[must_use = "release the minibatch to give its slot back"]
+pub struct Delivered {
+    /// Slot index.
+    pub slot: u64,
+    /// Slot generation.
+    pub generation: u64,
+    /// Metadata.
+    pub meta: MinibatchMeta,
+}
+
+/// An open session.
+pub struct Session {
+    stream: UnixStream,
+    frames: FrameBuffer,
+    /// The session name (resumable by it).
+    pub name: String,
+    mapping: ReadOnlyMapping,
+    header: RingHeader,
+    /// Streams in tensor order.
+    pub streams: Vec<StreamInfo>,
+    taken: u64,
+    pending: Vec<(u64, u64)>,
+    queued: VecDeque<ServerMessage>,
+    end: Option<SessionState>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("name", &self.name).field("taken", &self.taken).finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    fn flush(&mut self, extra: Option<ClientMessage>) -> Result<(), ClientError> {
+        let mut out = Vec::new();
+        for (slot, generation) in self.pending.drain(..) {
+            out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken) }));
+        }
+        if let Some(m) = extra {
+            out.extend(protocol::encode(&m));
+        }
+        if !out.is_empty() {
+            self.stream.write_all(&out)?;
+        }
+        Ok(())
+    }
+
+    /// The next minibatch, `None` at the end of the epoch.
+    ///
+    /// # Errors
+    /// [`ClientError`] (an `error` from the daemon included).
+    pub fn next_minibatch(&mut self) -> Result<Option<Delivered>, ClientError> {
+        if self.end.is_some() {
+            return Ok(None);
+        }
+        self.flush(None)?;
+        let msg = match self.queued.pop_front() {
+            Some(m) => m,
+            None => read_message(&mut self.stream, &mut self.frames)?,
+        };
+        match msg {
+            ServerMessage::Ready { slot, generation, minibatch } => {
+                self.taken = minibatch.index.saturating_add(1);
+                Ok(Some(Delivered { slot, generation, meta: minibatch }))
+            }
+            ServerMessage::End { state } => {
+                self.end = Some(state);
+                Ok(None)
+            }
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// The slot's tensors (zero-copy views on the ring), in table order.
+    ///
+    /// # Errors
+    /// [`LayoutError`] for a corrupt or stale slot.
+    pub fn tensors(&self, mb: &Delivered) -> Result<Vec<TensorView<'_>>, ClientError> {
+        let bytes = &self.mapping.bytes()[self.header.slot_range(mb.slot)];
+        let (h, table) = layout::decode_slot(bytes)?;
+        if h.generation != mb.generation {
+            return Err(LayoutError::Corrupt("stale slot generation").into());
+        }
+        Ok(table
+            .iter()
+            .map(|(e, _)| {
+                let name_at = e.name_offset as usize;
+                TensorView {
+                    name: std::str::from_utf8(&bytes[name_at..name_at + e.name_len as usize]).unwrap_or(""),
+                    dtype: DType::from_code(e.dtype).unwrap_or(DType::U8),
+                    shape: e.shape[..(e.ndim as usize).min(e.shape.len())].to_vec(),
+                    data: &bytes[e.offset as usize..(e.offset + e.nbytes) as usize],
+                }
+            })
+            .collect())
+    }
+
+    /// Copies `mb` out into an owned [`Minibatch`] (the delivery layout of `crate::minibatch`).
+    ///
+    /// # Errors
+    /// [`LayoutError`].
+    pub fn copy(&self, mb: &Delivered) -> Result<Minibatch, ClientError> {
+        let dims: Vec<usize> = self.streams.iter().map(|s| usize::try_from(s.dim).unwrap_or(usize::MAX)).collect();
+        let mut out = crate::shm::ring::decode_minibatch(self.mapping.bytes(), mb.slot, mb.generation, &dims)?;
+        out.sweep = mb.meta.sweep;
+        out.end_of_sweep = mb.meta.end_of_sweep;
+        out.position = mb.meta.position;
+        Ok(out)
+    }
+
+    /// Gives `mb`'s slot back (sent with the next request).
+    pub fn release(&mut self, mb: Delivered) {
+        self.pending.push((mb.slot, mb.generation));
+    }
+
+    /// The next minibatch as an owned copy, its slot released.
+    ///
+    /// # Errors
+    /// As [`Session::next_minibatch`].
+    pub fn next_owned(&mut self) -> Result<Option<Minibatch>, ClientError> {
+        let Some(d) = self.next_minibatch()? else { return Ok(None) };
+        let mb = self.copy(&d);
+        self.release(d);
+        mb.map(Some)
+    }
+
+    fn await_reply(&mut self, want: fn(&ServerMessage) -> bool) -> Result<ServerMessage, ClientError> {
+        loop {
+            let m = read_message(&mut self.stream, &mut self.frames)?;
+            if want(&m) {
+                return Ok(m);
+            }
+            if let ServerMessage::Error { .. } = m {
+                return Err(daemon_error(m));
+            }
+            self.queued.push_back(m);
+        }
+    }
+
+    /// The session's state after the last minibatch returned by [`Session::next_minibatch`].
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn state(&mut self) -> Result<SessionState, ClientError> {
+        if let Some(s) = &self.end {
+            return Ok(s.clone());
+        }
+        self.flush(Some(ClientMessage::State { taken: Some(self.taken) }))?;
+        match self.await_reply(|m| matches!(m, ServerMessage::State { .. }))? {
+            ServerMessage::State { state } => Ok(state),
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// Closes the session; returns its final state.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn close(mut self) -> Result<SessionState, ClientError> {
+        self.flush(Some(ClientMessage::Close { taken: Some(self.taken) }))?;
+        match self.await_reply(|m| matches!(m, ServerMessage::Closed { .. }))? {
+            ServerMessage::Closed { state } => Ok(state),
+            other => Err(daemon_error(other)),
+        }
+    }
+}

@@ -1,0 +1,476 @@
+//! The parse pass of the deepx formats: one line → one instance, appended to columnar buffers.
+//!
+//! [`DeepxDecoder::decode_line`] parses the bytes of one line (as the index pass found it) and
+//! appends one sample to every stream, or — when the line is malformed — no sample at all and one
+//! [`Malformed`] (kind [`ErrorKind::BadLine`], charged against `max_errors` by the caller) naming
+//! the file, line, byte offset and the offending token. Either way the line closes one sequence,
+//! so a chunk's sequences stay aligned with the index: a malformed line is a sequence of 0 samples.
+//!
+//! The grammar is deepx's (`reference/deepx-instance-formats.md` §1, §3), minus its bugs:
+//! * `WS` is space or tab; one `\r` before the line end is dropped (CRLF files); trailing blanks
+//!   add nothing (deepx adds a spurious feature 0);
+//! * labels: `label_size` reals, each optionally `:weight`; label in `[-1e4, 1e4]`, weight in
+//!   `(0, 1e4]`, range checks on the narrowed value as deepx does;
+//! * right after the labels, optionally `uuid:STR` (up to the next blank, `:` and `|` included)
+//!   and, with `qid = true`, `qid:N`, in either order;
+//! * features: `id[:value]`, `id` a `u64` written in decimal, `|value| ≤ 100`, value 1 when
+//!   absent; file order and duplicates kept;
+//! * `libsvm`: 0..n features; `libsvm_ex`: exactly `x_size` non-empty groups separated by `|`
+//!   (blanks allowed around it; one trailing `|` tolerated); `uch`: user `|` candidate, then 0..n
+//!   history items, the first `x_hist_item_size` kept and the rest checked but ignored;
+//! * every token must end at a blank, the line end, or (`libsvm_ex`, `uch`) a `|`: deepx's
+//!   accidental separators (`3:0.5,4:1`, `2:3:4`, `1:0.5x`) are errors here.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::number::{parse_id, parse_real, IdError};
+use super::schema::{Layout, Schema};
+use crate::format::chunk::{Indices, StreamData, StreamValues, Values};
+use crate::format::ctf::Element;
+use crate::format::errors::{ErrorKind, Location, Malformed};
+
+/// deepx's `MAX_INSTANCE_LABEL`.
+const MAX_LABEL: f64 = 10_000.0;
+/// deepx's `MAX_INSTANCE_WEIGHT`.
+const MAX_WEIGHT: f64 = 10_000.0;
+/// deepx's `MAX_FEATURE_VALUE`.
+const MAX_FEATURE_VALUE: f64 = 100.0;
+
+/// An element type of the deepx streams: narrowed from `f64`, widened back for range checks.
+pub trait DeepxElement: Element + Into<f64> {
+    /// Wraps a vector into [`Values`].
+    fn wrap(v: Vec<Self>) -> Values;
+}
+
+impl DeepxElement for f32 {
+    fn wrap(v: Vec<Self>) -> Values {
+        Values::F32(v)
+    }
+}
+
+impl DeepxElement for f64 {
+    fn wrap(v: Vec<Self>) -> Values {
+        Values::F64(v)
+    }
+}
+
+/// One sparse stream (a deepx CSR tensor) of the chunk being parsed.
+#[derive(Debug, Clone, Default)]
+pub struct SparseBuf<T> {
+    /// Entry offsets per sample; starts with 0.
+    pub sample_offsets: Vec<usize>,
+    /// Feature ids, file order.
+    pub ids: Vec<u64>,
+    /// Feature values.
+    pub values: Vec<T>,
+}
+
+impl<T> SparseBuf<T> {
+    fn new() -> Self {
+        Self { sample_offsets: vec![0], ids: Vec::new(), values: Vec::new() }
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        self.values.truncate(len);
+    }
+}
+
+/// Growing buffers of every stream of a chunk being parsed.
+#[derive(Debug, Clone)]
+pub struct DeepxBufs<T> {
+    /// The CSR tensors, in schema order (`__instX`; `__instX0…`; `__instXuser`, `__instXcand`,
+    /// `__instXhist0…`).
+    pub x: Vec<SparseBuf<T>>,
+    /// `__instY`: `label_size` values per sample.
+    pub y: Vec<T>,
+    /// `__instW` (when configured): `label_size` values per sample.
+    pub w: Vec<T>,
+    /// `__instUUID` (when configured): byte offsets per sample, starting with 0.
+    pub uuid_offsets: Vec<usize>,
+    /// `__instUUID` bytes.
+    pub uuid_bytes: Vec<u8>,
+    /// `__instXhist_size` (uch): one value per sample.
+    pub hist_size: Vec<T>,
+    /// `__instQID` (svmlight `qid`): one value per sample.
+    pub qid: Vec<T>,
+    /// Sample offsets per sequence (0 or 1 sample each); starts with 0.
+    pub seq_offsets: Vec<usize>,
+    /// Samples so far.
+    pub samples: usize,
+    /// History items beyond `x_hist_item_size`: parsed for syntax, then dropped.
+    surplus: SparseBuf<T>,
+}
+
+/// Where a line's bytes come from, for error locations.
+#[derive(Debug, Clone, Copy)]
+pub struct LineContext<'a> {
+    /// The file as configured (a `.gz` file, not its decompressed copy).
+    pub file: &'a Arc<Path>,
+    /// 0-based line number.
+    pub line: u64,
+    /// Byte offset of the line's first byte (in the decompressed data for `.gz`).
+    pub offset: u64,
+}
+
+/// A parse failure: where in the line, and what.
+struct Bad {
+    at: usize,
+    message: String,
+}
+
+type Parse<T> = Result<T, Bad>;
+
+fn bad(at: usize, message: String) -> Bad {
+    Bad { at, message }
+}
+
+/// What sits at `s[at]`, for messages.
+fn found(s: &[u8], at: usize) -> String {
+    match s.get(at) {
+        None => "the end of the line".into(),
+        Some(&b) if b.is_ascii_graphic() => format!("'{}'", b as char),
+        Some(&b) => format!("byte 0x{b:02x}"),
+    }
+}
+
+/// The token at `s[from..]` up to the next blank or `|`, for messages.
+fn token(s: &[u8], from: usize) -> String {
+    let end = s[from.min(s.len())..].iter().position(|&b| b == b' ' || b == b'\t' || b == b'|').map_or(s.len(), |i| from + i);
+    String::from_utf8_lossy(&s[from.min(end)..end]).into_owned()
+}
+
+#[inline]
+fn skip_ws(s: &[u8], mut p: usize) -> usize {
+    while p < s.len() && (s[p] == b' ' || s[p] == b'\t') {
+        p += 1;
+    }
+    p
+}
+
+/// Parses the lines of one dataset's files (every deepx format, svmlight options included).
+#[derive(Debug, Clone)]
+pub struct DeepxDecoder {
+    schema: Schema,
+}
+
+impl DeepxDecoder {
+    /// A decoder producing `schema`'s streams.
+    #[must_use]
+    pub fn new(schema: Schema) -> Self {
+        Self { schema }
+    }
+
+    /// The streams it produces.
+    #[must_use]
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Empty buffers for one chunk.
+    #[must_use]
+    pub fn buffers<T>(&self) -> DeepxBufs<T> {
+        self.buffers_for(0, 0)
+    }
+
+    /// Empty buffers for a chunk of `bytes` bytes and `lines` lines, with room for a typical
+    /// chunk (a feature takes about 8 bytes or more), so that they rarely grow by copying.
+    #[must_use]
+    pub fn buffers_for<T>(&self, bytes: usize, lines: usize) -> DeepxBufs<T> {
+        let groups = self.schema.num_sparse();
+        let entries = bytes / 8 / groups;
+        let sparse = || {
+            let mut b = SparseBuf::new();
+            b.ids.reserve(entries);
+            b.values.reserve(entries);
+            b.sample_offsets.reserve(lines);
+            b
+        };
+        DeepxBufs {
+            x: (0..groups).map(|_| sparse()).collect(),
+            y: Vec::with_capacity(lines * self.schema.label_size),
+            w: Vec::new(),
+            uuid_offsets: vec![0],
+            uuid_bytes: Vec::new(),
+            hist_size: Vec::new(),
+            qid: Vec::new(),
+            seq_offsets: vec![0],
+            samples: 0,
+            surplus: SparseBuf::new(),
+        }
+    }
+
+    /// Parses one line (`bytes` as the index pass delimited it, its `\n` included or not) into
+    /// `out` as one sequence. A malformed line becomes a sequence of 0 samples and one entry in
+    /// `errors`.
+    pub fn decode_line<T: DeepxElement>(&self, bytes: &[u8], ctx: &LineContext<'_>, out: &mut DeepxBufs<T>, errors: &mut Vec<Malformed>) {
+        let mut line = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+        line = line.strip_suffix(b"\r").unwrap_or(line);
+        if self.schema.comments {
+            line = strip_comment(line);
+        }
+        match self.parse(line, out) {
+            Ok(()) => {
+                for x in &mut out.x {
+                    x.sample_offsets.push(x.ids.len());
+                }
+                if self.schema.uuid {
+                    out.uuid_offsets.push(out.uuid_bytes.len());
+                }
+                out.samples += 1;
+            }
+            Err(Bad { at, message }) => {
+                rollback(out, self.schema.label_size);
+                errors.push(Malformed {
+                    kind: ErrorKind::BadLine,
+                    at: Location { file: ctx.file.clone(), line: ctx.line + 1, offset: ctx.offset + at as u64 },
+                    message,
+                });
+            }
+        }
+        out.surplus.truncate(0);
+        out.seq_offsets.push(out.samples);
+    }
+
+    fn parse<T: DeepxElement>(&self, s: &[u8], out: &mut DeepxBufs<T>) -> Parse<()> {
+        let mut p = self.labels(s, skip_ws(s, 0), out)?;
+        p = self.specials(s, p, out)?;
+        let n = s.len();
+        match self.schema.layout {
+            Layout::Libsvm => {
+                if p < n {
+                    self.series(s, p, &mut out.x[0], false)?;
+                }
+            }
+            Layout::LibsvmEx { groups } => {
+                for g in 0..groups {
+                    if p >= n || s[p] == b'|' {
+                        let what = if g == 0 { "missing" } else { "empty" };
+                        return Err(bad(p, format!("{what} feature group {g}: libsvm_ex with x_size = {groups} needs {groups} non-empty groups separated by '|', found {}", found(s, p))));
+                    }
+                    let q = self.series(s, p, &mut out.x[g], true)?;
+                    if g + 1 < groups {
+                        if q >= n {
+                            return Err(bad(q, format!("the line has {} feature group(s), but x_size = {groups}", g + 1)));
+                        }
+                        p = skip_ws(s, q + 1);
+                    } else if q < n {
+                        let r = skip_ws(s, q + 1);
+                        if r < n {
+                            return Err(bad(r, format!("more than x_size = {groups} feature groups (deepx ignores the rest silently)")));
+                        }
+                    }
+                }
+            }
+            Layout::Uch { hist } => {
+                if p >= n || s[p] == b'|' {
+                    return Err(bad(p, format!("missing user features: uch needs 'user | candidate [| history…]', found {}", found(s, p))));
+                }
+                let q = self.series(s, p, &mut out.x[0], true)?;
+                p = if q < n { skip_ws(s, q + 1) } else { q };
+                if q >= n || p >= n || s[p] == b'|' {
+                    return Err(bad(p, format!("missing candidate features after the user features, found {}", found(s, p))));
+                }
+                let mut q = self.series(s, p, &mut out.x[1], true)?;
+                let mut items = 0usize;
+                while q < n {
+                    p = skip_ws(s, q + 1);
+                    if p >= n {
+                        break; // a trailing '|' ends the history
+                    }
+                    if s[p] == b'|' {
+                        return Err(bad(p, format!("history item {items} is empty")));
+                    }
+                    let buf = if items < hist { &mut out.x[2 + items] } else { &mut out.surplus };
+                    q = self.series(s, p, buf, true)?;
+                    items += 1;
+                }
+                #[allow(clippy::cast_precision_loss)] // at most 128
+                out.hist_size.push(T::from_f64(items.min(hist) as f64));
+            }
+        }
+        Ok(())
+    }
+
+    /// `label_size` labels with optional weights; returns the offset of the next token.
+    fn labels<T: DeepxElement>(&self, s: &[u8], mut p: usize, out: &mut DeepxBufs<T>) -> Parse<usize> {
+        let k = self.schema.label_size;
+        for i in 0..k {
+            if p >= s.len() {
+                return Err(bad(p, format!("missing label {} of label_size = {k}", i + 1)));
+            }
+            let (label, q) = parse_real(s, p).map_err(|(e, at)| bad(at, format!("invalid label: expected {}, found {}", e.expected(), found(s, at))))?;
+            let label = T::from_f64(label);
+            if !(label.into().abs() <= MAX_LABEL) {
+                return Err(bad(p, format!("label {} is out of range [-10000, 10000]", token(s, p))));
+            }
+            let (weight, q) = if s.get(q) == Some(&b':') {
+                let (wv, r) = parse_real(s, q + 1)
+                    .map_err(|(e, at)| bad(at, format!("invalid weight after '{}': expected {}, found {}", token(s, p), e.expected(), found(s, at))))?;
+                let wv = T::from_f64(wv);
+                if !(wv.into() > 0.0 && wv.into() <= MAX_WEIGHT) {
+                    return Err(bad(q + 1, format!("weight {} is out of range (0, 10000]", token(s, q + 1))));
+                }
+                (wv, r)
+            } else {
+                (T::from_f64(1.0), q)
+            };
+            if q < s.len() && s[q] != b' ' && s[q] != b'\t' {
+                return Err(bad(q, format!("unexpected {} after label '{}'", found(s, q), String::from_utf8_lossy(&s[p..q]))));
+            }
+            out.y.push(label);
+            if self.schema.w {
+                out.w.push(weight);
+            }
+            p = skip_ws(s, q);
+        }
+        Ok(p)
+    }
+
+    /// `uuid:STR` and (svmlight) `qid:N`, each at most once, right after the labels.
+    fn specials<T: DeepxElement>(&self, s: &[u8], mut p: usize, out: &mut DeepxBufs<T>) -> Parse<usize> {
+        let (mut uuid, mut qid) = (false, false);
+        loop {
+            let rest = &s[p..];
+            if !uuid && rest.starts_with(b"uuid:") {
+                let start = p + 5;
+                let end = s[start..].iter().position(|&b| b == b' ' || b == b'\t').map_or(s.len(), |i| start + i);
+                if end == start {
+                    return Err(bad(start, "empty uuid after 'uuid:'".into()));
+                }
+                if self.schema.uuid {
+                    out.uuid_bytes.extend_from_slice(&s[start..end]);
+                }
+                uuid = true;
+                p = skip_ws(s, end);
+            } else if self.schema.qid && !qid && rest.starts_with(b"qid:") {
+                let (v, q) = parse_id(s, p + 4).map_err(|(e, at)| match e {
+                    IdError::NoDigits => bad(at, format!("invalid qid: expected decimal digits, found {}", found(s, at))),
+                    IdError::Overflow => bad(at, format!("qid {} overflows 64 bits", token(s, at))),
+                })?;
+                if q < s.len() && s[q] != b' ' && s[q] != b'\t' {
+                    return Err(bad(q, format!("unexpected {} after qid", found(s, q))));
+                }
+                #[allow(clippy::cast_precision_loss)]
+                let t = T::from_f64(v as f64);
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                if t.into() as u64 != v || v > (1 << 53) {
+                    return Err(bad(p + 4, format!("qid {v} cannot be stored exactly in the dataset's precision (2^24 for float32, 2^53 for float64)")));
+                }
+                out.qid.push(t);
+                qid = true;
+                p = skip_ws(s, q);
+            } else {
+                break;
+            }
+        }
+        if self.schema.qid && !qid {
+            return Err(bad(p, format!("missing 'qid:N' after the labels (qid = true), found {}", found(s, p))));
+        }
+        Ok(p)
+    }
+
+    /// Features from `s[p]` (not blank) up to the line end or, with `pipe`, a `|`; returns the
+    /// offset of that `|` or the line length.
+    #[inline]
+    fn series<T: DeepxElement>(&self, s: &[u8], mut p: usize, buf: &mut SparseBuf<T>, pipe: bool) -> Parse<usize> {
+        let n = s.len();
+        let one_based = self.schema.one_based;
+        loop {
+            let (mut id, q) = parse_id(s, p).map_err(|(e, at)| match e {
+                IdError::NoDigits => bad(at, format!("invalid feature id: expected decimal digits, found {}", found(s, at))),
+                IdError::Overflow => bad(at, format!("feature id {} overflows 64 bits", token(s, at))),
+            })?;
+            if one_based {
+                id = id.checked_sub(1).ok_or_else(|| bad(p, "feature id 0 in a file with 1-based ids (feature_index_base = 1)".into()))?;
+            }
+            let (value, q) = if q < n && s[q] == b':' {
+                let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| bad(at, format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at))))?;
+                let v = T::from_f64(v);
+                if !(v.into().abs() <= MAX_FEATURE_VALUE) {
+                    return Err(bad(q + 1, format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1))));
+                }
+                (v, r)
+            } else {
+                (T::from_f64(1.0), q)
+            };
+            buf.ids.push(id);
+            buf.values.push(value);
+            if q >= n {
+                return Ok(n);
+            }
+            match s[q] {
+                b' ' | b'\t' => {}
+                b'|' if pipe => return Ok(q),
+                b'|' => return Err(bad(q, "unexpected '|' after a feature: libsvm has one feature group (see libsvm_ex)".into())),
+                _ => return Err(bad(q, format!("unexpected {} after feature '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])))),
+            }
+            p = skip_ws(s, q);
+            if p >= n {
+                return Ok(n);
+            }
+            if pipe && s[p] == b'|' {
+                return Ok(p);
+            }
+        }
+    }
+
+    /// Turns the buffers of a chunk into streams, in schema order.
+    #[must_use]
+    pub fn into_streams<T: DeepxElement>(&self, bufs: DeepxBufs<T>) -> Vec<StreamData> {
+        let seq = bufs.seq_offsets;
+        let label_size = self.schema.label_size;
+        let mut out: Vec<StreamData> = bufs
+            .x
+            .into_iter()
+            .map(|x| StreamData {
+                seq_offsets: seq.clone(),
+                data: StreamValues::Sparse { sample_offsets: x.sample_offsets, indices: Indices::U64(x.ids), values: T::wrap(x.values) },
+            })
+            .collect();
+        let dense = |dim: usize, values: Vec<T>| StreamData { seq_offsets: seq.clone(), data: StreamValues::Dense { dim, values: T::wrap(values) } };
+        if matches!(self.schema.layout, Layout::Uch { .. }) {
+            out.push(dense(1, bufs.hist_size));
+        }
+        out.push(dense(label_size, bufs.y));
+        if self.schema.w {
+            out.push(dense(label_size, bufs.w));
+        }
+        if self.schema.uuid {
+            out.push(StreamData { seq_offsets: seq.clone(), data: StreamValues::Strings { offsets: bufs.uuid_offsets, bytes: bufs.uuid_bytes } });
+        }
+        if self.schema.qid {
+            out.push(dense(1, bufs.qid));
+        }
+        out
+    }
+}
+
+/// Drops what a malformed line appended: every buffer goes back to its committed length, which
+/// the per-sample offsets and the sample count record (no bookkeeping per line).
+fn rollback<T>(out: &mut DeepxBufs<T>, label_size: usize) {
+    for x in &mut out.x {
+        let committed = x.sample_offsets.last().copied().unwrap_or(0);
+        x.truncate(committed);
+    }
+    let rows = out.samples;
+    out.y.truncate(rows * label_size);
+    out.w.truncate(rows * label_size);
+    out.uuid_bytes.truncate(out.uuid_offsets.last().copied().unwrap_or(0));
+    out.hist_size.truncate(rows);
+    out.qid.truncate(rows);
+}
+
+/// svmlight comments: a `#` at the start of a token ends the line's data.
+fn strip_comment(line: &[u8]) -> &[u8] {
+    for at in memchr::memchr_iter(b'#', line) {
+        if at == 0 || line[at - 1] == b' ' || line[at - 1] == b'\t' {
+            return &line[..at];
+        }
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! The index pass of the deepx formats: every non-blank line is a sequence of nominal length 1.
+//!
+//! One sequential scan finds line boundaries; nothing is parsed. A sequence's key and `line`
+//! are its 0-based line number, its bytes run from the line's first byte to the next line's
+//! first byte (the `\n` included), so blank lines between sequences are gaps that CNTK's chunk
+//! rule counts in a chunk's span, as for CTF.
+//!
+//! * A line is blank when it holds only spaces, tabs and `\r`; blank lines are no sequences.
+//! * With svmlight comments on, a line whose first non-blank byte is `#` is no sequence either.
+//! * A UTF-8 byte-order mark at the start of the file is skipped (deepx rejects that line).
+//! * A last line without `\n` is a sequence (deepx drops it).
+//! * An empty file has no sequence and is not an error (deepx reads nothing from it); a dataset
+//!   without any sequence is refused by [`Dataset::open`](crate::dataset::Dataset::open).
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::errors::{DataError, Location};
+use crate::format::index::{FileIndex, SequenceDesc};
+
+/// Size of the read buffer of the index pass.
+const BLOCK_BYTES: usize = 4 << 20;
+
+/// What shapes the index of a deepx file (and so keys its cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineIndexOptions {
+    /// Lines starting with `#` (after blanks) are comments, not sequences.
+    pub comments: bool,
+}
+
+impl LineIndexOptions {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("deepx-lines;v1;comments={}", u8::from(self.comments))
+    }
+}
+
+/// Whether `b` is blank for the deepx formats: space, tab, or the `\r` of a CRLF line end.
+#[inline]
+pub(crate) fn is_blank_byte(b: u8) -> bool {
+    b == b' ' || b == b'\t' || b == b'\r'
+}
+
+/// Indexes the bytes `reader` yields: `size` is their total (for the sequence size check), `path`
+/// names them in errors and in the result.
+///
+/// # Errors
+/// I/O errors, and a line of 4 GiB or more (fatal: a sequence's size is a `u32`).
+pub fn index_reader(
+    mut reader: impl Read,
+    path: Arc<Path>,
+    size: u64,
+    options: LineIndexOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new() };
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    // The unfinished last line of the previous block.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut consumed: u64 = 0;
+    loop {
+        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&ix.path, e))?;
+        if n == 0 {
+            break;
+        }
+        let block = &buf[..n];
+        let mut pos = 0;
+        if !carry.is_empty() {
+            match memchr::memchr(b'\n', block) {
+                Some(nl) => {
+                    carry.extend_from_slice(&block[..=nl]);
+                    ix.line(&carry, consumed)?;
+                    consumed += carry.len() as u64;
+                    carry.clear();
+                    pos = nl + 1;
+                }
+                None => {
+                    carry.extend_from_slice(block);
+                    progress(consumed + carry.len() as u64);
+                    continue;
+                }
+            }
+        }
+        while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
+            ix.line(&block[pos..=pos + nl], consumed)?;
+            consumed += nl as u64 + 1;
+            pos += nl + 1;
+        }
+        carry.extend_from_slice(&block[pos..]);
+        progress(consumed + carry.len() as u64);
+    }
+    if !carry.is_empty() {
+        ix.line(&carry, consumed)?;
+        consumed += carry.len() as u64;
+    }
+    Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences: ix.sequences })
+}
+
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+struct LineIndexer {
+    path: Arc<Path>,
+    options: LineIndexOptions,
+    line_no: u64,
+    sequences: Vec<SequenceDesc>,
+}
+
+impl LineIndexer {
+    /// One line (its `\n` included when present) starting at file offset `offset`.
+    fn line(&mut self, line: &[u8], offset: u64) -> Result<(), DataError> {
+        let line_no = self.line_no;
+        self.line_no += 1;
+        let (mut start, mut offset) = (0usize, offset);
+        if offset == 0 && line.starts_with(&[0xEF, 0xBB, 0xBF]) {
+            start = 3;
+            offset = 3;
+        }
+        let first = line[start..].iter().position(|&b| !is_blank_byte(b)).map(|i| line[start + i]);
+        match first {
+            None | Some(b'\n') => return Ok(()),
+            Some(b'#') if self.options.comments => return Ok(()),
+            Some(_) => {}
+        }
+        let size = u32::try_from(line.len() - start).map_err(|_| DataError::Fatal {
+            at: Location { file: self.path.clone(), line: line_no + 1, offset },
+            message: format!("a line of {} bytes exceeds the limit of 4 GiB", line.len() - start),
+        })?;
+        self.sequences.push(SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(text: &[u8], comments: bool) -> Vec<(u64, u64, u32)> {
+        let idx = index_reader(text, Arc::from(Path::new("t")), text.len() as u64, LineIndexOptions { comments }, &mut |_| {})
+            .expect("index");
+        idx.sequences.iter().map(|s| (s.line, s.offset, s.size)).collect()
+    }
+
+    #[test]
+    fn every_non_blank_line_is_a_sequence() {
+        assert_eq!(index(b"1 2\n\n \t\r\n0 3\n", false), vec![(0, 0, 4), (3, 9, 4)]);
+    }
+
+    #[test]
+    fn a_last_line_without_newline_is_kept() {
+        assert_eq!(index(b"1 2\n0 3", false), vec![(0, 0, 4), (1, 4, 3)]);
+    }
+
+    #[test]
+    fn crlf_blank_lines_and_a_bom_are_skipped() {
+        assert_eq!(index(b"\xEF\xBB\xBF1 2\r\n\r\n0\r\n", false), vec![(0, 3, 5), (2, 10, 3)]);
+    }
+
+    #[test]
+    fn comment_lines_are_sequences_only_without_the_option() {
+        assert_eq!(index(b"# c\n1\n  # d\n", true), vec![(1, 4, 2)]);
+        assert_eq!(index(b"# c\n1\n", false).len(), 2);
+    }
+
+    #[test]
+    fn an_empty_input_has_no_sequence() {
+        assert!(index(b"", false).is_empty());
+    }
+
+    #[test]
+    fn lines_across_block_boundaries_are_whole() {
+        let mut text = Vec::new();
+        let long = "7 ".repeat(BLOCK_BYTES / 3);
+        for _ in 0..3 {
+            text.extend_from_slice(long.as_bytes());
+            text.push(b'\n');
+        }
+        let seqs = index(&text, false);
+        assert_eq!(seqs.len(), 3);
+        assert!(seqs.iter().all(|s| s.2 as usize == long.len() + 1));
+    }
+}

@@ -1,0 +1,278 @@
+//! Numbers of the deepx formats: a strict grammar with deepx's arithmetic.
+//!
+//! * **Feature ids** are unsigned decimal `u64`s: digits only, no sign, no hex; a value that does
+//!   not fit in 64 bits is an error (deepx wraps it modulo 2^64).
+//! * **Reals** (labels, weights, feature values) follow the grammar
+//!   `[+-]? ( digits ( '.' digits* )? | '.' digits ) ( [eE] [+-]? digits )?`. deepx's
+//!   `fast_strtod` also takes `-`, `+`, `.` (as 0), `1.2.3` (as 1.23) and `1e` (as 1); here they
+//!   are errors. For every number both accept, the value is bit-identical to deepx's: the
+//!   mantissa digits accumulate as `b = b * 10 + c - '0'` in `f64`, the exponent is the explicit
+//!   one minus the number of fraction digits, and the result is `b * POW10[e]` with the `f64`
+//!   nearest to `10^e` (deepx's table covers `1e-323..=1e308`); the caller narrows it to the
+//!   element type. Exponents outside deepx's table (undefined behaviour there) are evaluated by
+//!   Rust's correctly rounded parser instead.
+//!
+//! Parsers take the whole line and a start offset and return the offset after the number, so the
+//! caller decides what may follow it. Nothing here allocates.
+
+use super::pow10::POW10;
+
+/// Smallest exponent of deepx's `POW10` table.
+const MIN_EXP: i64 = -323;
+/// Largest exponent of deepx's `POW10` table.
+const MAX_EXP: i64 = 308;
+/// Mantissas up to this value accumulate exactly in a `u64`: `b * 10 + 57 < 2^53`, so every
+/// step of deepx's `f64` chain is exact too.
+const EXACT_MANTISSA: u64 = ((1 << 53) - 57) / 10;
+
+/// Why a feature id could not be read; the offset of the offending byte is returned beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdError {
+    /// The first byte is not a decimal digit.
+    NoDigits,
+    /// More than 64 bits.
+    Overflow,
+}
+
+/// Reads the unsigned decimal at `bytes[p..]`.
+///
+/// # Errors
+/// [`IdError`] with the offset of the number's first byte.
+#[inline]
+pub fn parse_id(bytes: &[u8], p: usize) -> Result<(u64, usize), (IdError, usize)> {
+    let mut q = p;
+    let mut v: u64 = 0;
+    // Up to 19 digits cannot overflow a u64.
+    while q < bytes.len() && q - p < 19 {
+        let d = bytes[q].wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v * 10 + u64::from(d);
+        q += 1;
+    }
+    if q == p {
+        return Err((IdError::NoDigits, p));
+    }
+    while let Some(&b) = bytes.get(q) {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
+            break;
+        }
+        v = v.checked_mul(10).and_then(|v| v.checked_add(u64::from(d))).ok_or((IdError::Overflow, p))?;
+        q += 1;
+    }
+    Ok((v, q))
+}
+
+/// Why a real number could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RealError {
+    /// No mantissa digit (`-`, `.`, `+`, a letter, the end of the line).
+    NoDigits,
+    /// `e`/`E` (and a sign) not followed by a digit.
+    BadExponent,
+}
+
+impl RealError {
+    /// What was expected, for messages.
+    #[must_use]
+    pub fn expected(self) -> &'static str {
+        match self {
+            Self::NoDigits => "a number (digits, with an optional sign, '.' and exponent)",
+            Self::BadExponent => "digits after the exponent symbol",
+        }
+    }
+}
+
+#[inline]
+fn digit(b: Option<&u8>) -> Option<u8> {
+    let d = b?.wrapping_sub(b'0');
+    (d <= 9).then_some(d)
+}
+
+/// Accumulates a run of digits onto the mantissa `(int, float)`: `int` while exact, then deepx's
+/// `f64` chain. Returns the new offset and the number of digits read.
+#[inline]
+fn mantissa_digits(bytes: &[u8], mut q: usize, int: &mut u64, float: &mut Option<f64>) -> (usize, i64) {
+    let start = q;
+    if float.is_none() {
+        while let Some(d) = digit(bytes.get(q)) {
+            if *int > EXACT_MANTISSA {
+                break;
+            }
+            *int = *int * 10 + u64::from(d);
+            q += 1;
+        }
+    }
+    while let Some(d) = digit(bytes.get(q)) {
+        #[allow(clippy::cast_precision_loss)] // int ≤ 2^53 here: exact
+        let b = float.unwrap_or(*int as f64);
+        // deepx: `b = b * 10 + *s - '0'`, evaluated left to right in double.
+        *float = Some((b * 10.0 + f64::from(d + b'0')) - f64::from(b'0'));
+        q += 1;
+    }
+    #[allow(clippy::cast_possible_wrap)] // a line is far shorter than 2^63 bytes
+    (q, (q - start) as i64)
+}
+
+/// Reads the real number at `bytes[p..]` with deepx's arithmetic, as `f64`.
+///
+/// # Errors
+/// [`RealError`] with the offset of the offending byte.
+#[inline]
+pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
+    // Fast path: `-?digits(.digits)?` with at most 15 digits and no exponent — almost every value
+    // in practice. The mantissa is exact, so `int * POW10[-frac]` is deepx's result bit for bit.
+    let neg = bytes.get(p) == Some(&b'-');
+    let mut q = p + usize::from(neg);
+    let mut int = 0u64;
+    let mut ndigits = 0u32;
+    let mut frac = 0u32;
+    let mut dot = false;
+    while let Some(&c) = bytes.get(q) {
+        let d = c.wrapping_sub(b'0');
+        if d <= 9 {
+            int = int.wrapping_mul(10).wrapping_add(u64::from(d));
+            ndigits += 1;
+            frac += u32::from(dot);
+        } else if c == b'.' && !dot {
+            dot = true;
+        } else {
+            break;
+        }
+        q += 1;
+    }
+    if ndigits > 0 && ndigits <= 15 && !matches!(bytes.get(q), Some(b'e' | b'E')) {
+        #[allow(clippy::cast_precision_loss)] // < 10^15: exact
+        let b = int as f64;
+        let v = b * POW10[(-MIN_EXP) as usize - frac as usize];
+        return Ok((if neg { -v } else { v }, q));
+    }
+    parse_real_slow(bytes, p)
+}
+
+/// Every other form: long mantissas, exponents, and errors.
+fn parse_real_slow(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
+    let mut q = p;
+    let negative = match bytes.get(q) {
+        Some(b'-') => {
+            q += 1;
+            true
+        }
+        Some(b'+') => {
+            q += 1;
+            false
+        }
+        _ => false,
+    };
+    let mut int = 0u64;
+    let mut float = None;
+    let (after_int, int_digits) = mantissa_digits(bytes, q, &mut int, &mut float);
+    q = after_int;
+    let mut frac_digits = 0;
+    if bytes.get(q) == Some(&b'.') {
+        let (after_frac, n) = mantissa_digits(bytes, q + 1, &mut int, &mut float);
+        q = after_frac;
+        frac_digits = n;
+    }
+    if int_digits + frac_digits == 0 {
+        return Err((RealError::NoDigits, p));
+    }
+    let mut exp: i64 = 0;
+    if matches!(bytes.get(q), Some(b'e' | b'E')) {
+        let mut r = q + 1;
+        let exp_negative = match bytes.get(r) {
+            Some(b'-') => {
+                r += 1;
+                true
+            }
+            Some(b'+') => {
+                r += 1;
+                false
+            }
+            _ => false,
+        };
+        if digit(bytes.get(r)).is_none() {
+            return Err((RealError::BadExponent, r));
+        }
+        while let Some(d) = digit(bytes.get(r)) {
+            // Saturate: anything beyond ±10^6 is far outside every range check anyway.
+            exp = (exp * 10 + i64::from(d)).min(1_000_000);
+            r += 1;
+        }
+        if exp_negative {
+            exp = -exp;
+        }
+        q = r;
+    }
+    #[allow(clippy::cast_precision_loss)] // int ≤ 2^53 when float is None: exact
+    let b = float.unwrap_or(int as f64);
+    let b = if negative { -b } else { b };
+    let e = exp - frac_digits;
+    let value = if (MIN_EXP..=MAX_EXP).contains(&e) {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // in the table's range
+        let k = (e - MIN_EXP) as usize;
+        b * POW10[k]
+    } else {
+        // Outside deepx's table: correctly rounded (0, a subnormal or infinity). The token is
+        // ASCII by construction.
+        std::str::from_utf8(&bytes[p..q]).ok().and_then(|s| s.parse::<f64>().ok()).unwrap_or(f64::NAN)
+    };
+    Ok((value, q))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real(s: &str) -> Result<(f64, usize), (RealError, usize)> {
+        parse_real(s.as_bytes(), 0)
+    }
+
+    #[test]
+    fn reals_follow_deepx_arithmetic() {
+        // deepx: 708333 * 1e-6 in double, then (float); the reference prints 0.708333015.
+        #[allow(clippy::cast_possible_truncation)]
+        let f = real("0.708333").expect("number").0 as f32;
+        assert_eq!(format!("{f:.9}"), "0.708333015");
+        assert_eq!(real("1e2"), Ok((100.0, 3)));
+        assert_eq!(real("1E-2").map(|r| r.0), Ok(1.0 * 1e-2));
+        assert_eq!(real("+1"), Ok((1.0, 2)));
+        assert_eq!(real("1."), Ok((1.0, 2)));
+        assert_eq!(real(".5"), Ok((5.0 * 1e-1, 2)));
+        assert!(real("-0").expect("number").0.is_sign_negative());
+        // Long mantissas continue in f64 exactly as deepx does.
+        let (v, end) = real("12345678901234567890").expect("number");
+        assert_eq!(end, 20);
+        assert!((v - 1.234_567_890_123_456_8e19).abs() < 1e4);
+    }
+
+    #[test]
+    fn deepx_lenient_forms_are_rejected_or_stop_early() {
+        assert_eq!(real("-"), Err((RealError::NoDigits, 0)));
+        assert_eq!(real("."), Err((RealError::NoDigits, 0)));
+        assert_eq!(real("+"), Err((RealError::NoDigits, 0)));
+        assert_eq!(real("nan"), Err((RealError::NoDigits, 0)));
+        assert_eq!(real("1e"), Err((RealError::BadExponent, 2)));
+        assert_eq!(real("1e+"), Err((RealError::BadExponent, 3)));
+        // `1.2.3` stops after `1.2`: the caller rejects the second '.'.
+        assert_eq!(real("1.2.3").map(|r| r.1), Ok(3));
+    }
+
+    #[test]
+    fn exponents_outside_the_table_are_correctly_rounded() {
+        assert_eq!(real("1e400").map(|r| r.0), Ok(f64::INFINITY));
+        assert_eq!(real("1e-400").map(|r| r.0), Ok(0.0));
+        assert_eq!(real("0e999999999999999999999").map(|r| r.0), Ok(0.0));
+    }
+
+    #[test]
+    fn ids_are_u64_with_an_overflow_error() {
+        assert_eq!(parse_id(b"18446744073709551615", 0), Ok((u64::MAX, 20)));
+        assert_eq!(parse_id(b"18446744073709551616", 0), Err((IdError::Overflow, 0)));
+        assert_eq!(parse_id(b"000000000000000000000000007:1", 0), Ok((7, 27)));
+        assert_eq!(parse_id(b"-3", 0), Err((IdError::NoDigits, 0)));
+        assert_eq!(parse_id(b"x 12", 2), Ok((12, 4)));
+    }
+}

@@ -1,0 +1,403 @@
+//! The chunk cache: parsed chunks shared (`Arc`) by every session on the node, so a chunk is
+//! parsed once while any session's window needs it.
+//!
+//! [`CacheCore`] is the plain logic: entries `Loading | Ready | Failed`, byte accounting against a
+//! budget (`memory_limit_bytes` minus the rings), least-recently-used eviction of chunks no
+//! session holds. A chunk a session holds (an `Arc` outside the cache, from first use until the
+//! sampler retires it) is never evicted; prefetch stops at the budget; a demand load is admitted
+//! even over budget when nothing is evictable (otherwise the session could never progress) and is
+//! counted in [`CacheStats::over_budget_loads`].
+//!
+//! [`SharedCache`] wraps it for threads: session producers look chunks up and block until the
+//! cache stage inserts them; misses become [`ChunkRequest`]s on the bounded request channel.
+//! The cache is keyed by (dataset, chunk): one logical cache per dataset sharing one budget.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::format::chunk::ParsedChunk;
+
+/// A chunk of a dataset: (dataset index in the hub, chunk index).
+pub type ChunkKey = (u32, u32);
+
+/// A request to read and parse a chunk (session → reader → parser pool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRequest {
+    /// Which chunk.
+    pub key: ChunkKey,
+}
+
+/// A parsed chunk or why it failed (parser pool → cache stage).
+#[derive(Debug)]
+pub struct ParsedMsg {
+    /// Which chunk.
+    pub key: ChunkKey,
+    /// The chunk, or the error message.
+    pub result: Result<Arc<ParsedChunk>, String>,
+}
+
+/// How long a producer waits on a loading chunk before it asks again (a request can be lost when
+/// a stage restarts; a duplicate parse is harmless).
+pub const REQUEST_RETRY: Duration = Duration::from_secs(10);
+/// How often a blocked producer wakes to check whether it should stop.
+const WAIT_TICK: Duration = Duration::from_millis(50);
+
+#[derive(Debug)]
+enum Entry {
+    Loading { since: Instant },
+    Ready { chunk: Arc<ParsedChunk>, bytes: u64, used: u64 },
+    Failed(String),
+}
+
+/// Counters for logs and metrics (issue 5 exports them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups answered from the cache.
+    pub hits: u64,
+    /// Lookups that had to load.
+    pub misses: u64,
+    /// Chunks evicted.
+    pub evictions: u64,
+    /// Demand loads admitted over the budget.
+    pub over_budget_loads: u64,
+    /// Parsed bytes held now.
+    pub bytes: u64,
+    /// Chunks held now.
+    pub chunks: u64,
+}
+
+/// What a lookup found.
+#[derive(Debug, Clone)]
+pub enum Lookup {
+    /// The chunk.
+    Hit(Arc<ParsedChunk>),
+    /// Being loaded since then.
+    Pending(Instant),
+    /// Not there: the caller must request it (the entry is now `Loading`).
+    Miss,
+    /// Loading failed.
+    Failed(String),
+}
+
+/// The cache's logic.
+#[derive(Debug, Default)]
+pub struct CacheCore {
+    entries: HashMap<ChunkKey, Entry>,
+    budget: u64,
+    tick: u64,
+    stats: CacheStats,
+}
+
+impl CacheCore {
+    /// An empty cache with `budget` bytes.
+    #[must_use]
+    pub fn new(budget: u64) -> Self {
+        Self { budget, ..Self::default() }
+    }
+
+    /// Changes the budget (rings come and go) and evicts down to it.
+    pub fn set_budget(&mut self, budget: u64) {
+        self.budget = budget;
+        self.evict();
+    }
+
+    /// Looks `key` up for a session that needs it now; a miss marks it `Loading`.
+    pub fn lookup(&mut self, key: ChunkKey, now: Instant) -> Lookup {
+        self.tick += 1;
+        match self.entries.get_mut(&key) {
+            Some(Entry::Ready { chunk, used, .. }) => {
+                *used = self.tick;
+                self.stats.hits += 1;
+                Lookup::Hit(chunk.clone())
+            }
+            Some(Entry::Loading { since }) => Lookup::Pending(*since),
+            Some(Entry::Failed(m)) => Lookup::Failed(m.clone()),
+            None => {
+                self.stats.misses += 1;
+                self.evict();
+                if self.stats.bytes >= self.budget {
+                    self.stats.over_budget_loads += 1;
+                }
+                self.entries.insert(key, Entry::Loading { since: now });
+                Lookup::Miss
+            }
+        }
+    }
+
+    /// Marks `key` for a prefetch if it is absent and the budget has room; `true` if the caller
+    /// should request it.
+    pub fn begin_prefetch(&mut self, key: ChunkKey, now: Instant) -> bool {
+        if self.entries.contains_key(&key) {
+            return false;
+        }
+        self.evict();
+        if self.stats.bytes >= self.budget {
+            return false;
+        }
+        self.entries.insert(key, Entry::Loading { since: now });
+        true
+    }
+
+    /// Forgets a `Loading` mark whose request could not be sent.
+    pub fn abort(&mut self, key: ChunkKey) {
+        if matches!(self.entries.get(&key), Some(Entry::Loading { .. })) {
+            self.entries.remove(&key);
+        }
+    }
+
+    /// Marks a pending chunk as requested again at `now`.
+    pub fn retried(&mut self, key: ChunkKey, now: Instant) {
+        if let Some(Entry::Loading { since }) = self.entries.get_mut(&key) {
+            *since = now;
+        }
+    }
+
+    /// The cache stage delivers a parsed chunk (or its failure).
+    pub fn insert(&mut self, key: ChunkKey, result: Result<Arc<ParsedChunk>, String>) {
+        self.tick += 1;
+        let entry = match result {
+            Ok(chunk) => {
+                if let Some(Entry::Ready { .. }) = self.entries.get(&key) {
+                    return; // a duplicate parse (retry): keep the first
+                }
+                let bytes = chunk.size_bytes() as u64;
+                self.stats.bytes += bytes;
+                self.stats.chunks += 1;
+                Entry::Ready { chunk, bytes, used: self.tick }
+            }
+            Err(m) => Entry::Failed(m),
+        };
+        if let Some(Entry::Ready { bytes, .. }) = self.entries.insert(key, entry) {
+            self.stats.bytes -= bytes;
+            self.stats.chunks -= 1;
+        }
+        self.evict();
+    }
+
+    /// Evicts least recently used chunks that no session holds until under budget.
+    fn evict(&mut self) {
+        while self.stats.bytes > self.budget {
+            let victim = self
+                .entries
+                .iter()
+                .filter_map(|(k, e)| match e {
+                    Entry::Ready { chunk, used, .. } if Arc::strong_count(chunk) == 1 => Some((*used, *k)),
+                    _ => None,
+                })
+                .min();
+            let Some((_, key)) = victim else { return };
+            if let Some(Entry::Ready { bytes, .. }) = self.entries.remove(&key) {
+                self.stats.bytes -= bytes;
+                self.stats.chunks -= 1;
+                self.stats.evictions += 1;
+            }
+        }
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+}
+
+/// Why a producer could not get a chunk.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// The session is stopping.
+    #[error("stopped")]
+    Stopped,
+    /// Loading the chunk failed.
+    #[error("{0}")]
+    Failed(String),
+    /// The pipeline's request channel is gone (the daemon is stopping).
+    #[error("the reader stage is gone")]
+    Disconnected,
+}
+
+/// The cache shared by the producer threads and the cache stage.
+#[derive(Debug)]
+pub struct SharedCache {
+    core: Mutex<CacheCore>,
+    arrived: Condvar,
+    requests: flume::Sender<ChunkRequest>,
+}
+
+impl SharedCache {
+    /// A cache with `budget` bytes that sends its misses to `requests`.
+    #[must_use]
+    pub fn new(budget: u64, requests: flume::Sender<ChunkRequest>) -> Self {
+        Self { core: Mutex::new(CacheCore::new(budget)), arrived: Condvar::new(), requests }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CacheCore> {
+        // A panic while holding the lock cannot leave the core inconsistent in a way that matters
+        // more than stopping the daemon would; keep serving.
+        self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Inserts a parsed chunk and wakes the producers waiting for it.
+    pub fn insert(&self, msg: ParsedMsg) {
+        self.lock().insert(msg.key, msg.result);
+        self.arrived.notify_all();
+    }
+
+    /// Sets the byte budget.
+    pub fn set_budget(&self, budget: u64) {
+        self.lock().set_budget(budget);
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn stats(&self) -> CacheStats {
+        self.lock().stats()
+    }
+
+    /// Asks for `keys` to be loaded ahead of need, as far as the budget and the request channel
+    /// allow (never blocks).
+    pub fn prefetch(&self, keys: impl IntoIterator<Item = ChunkKey>) {
+        for key in keys {
+            if !self.lock().begin_prefetch(key, Instant::now()) {
+                continue;
+            }
+            if self.requests.try_send(ChunkRequest { key }).is_err() {
+                self.lock().abort(key);
+                return;
+            }
+        }
+    }
+
+    fn send(&self, key: ChunkKey, stop: &AtomicBool) -> Result<(), FetchError> {
+        let mut req = ChunkRequest { key };
+        loop {
+            match self.requests.send_timeout(req, WAIT_TICK) {
+                Ok(()) => return Ok(()),
+                Err(flume::SendTimeoutError::Timeout(r)) => req = r,
+                Err(flume::SendTimeoutError::Disconnected(_)) => {
+                    self.lock().abort(key);
+                    return Err(FetchError::Disconnected);
+                }
+            }
+            if stop.load(Ordering::Relaxed) {
+                self.lock().abort(key);
+                return Err(FetchError::Stopped);
+            }
+        }
+    }
+
+    /// The chunk `key`, loading it if needed; blocks until it is parsed, it fails, or `stop` is
+    /// set.
+    ///
+    /// # Errors
+    /// [`FetchError`].
+    pub fn get(&self, key: ChunkKey, stop: &AtomicBool) -> Result<Arc<ParsedChunk>, FetchError> {
+        let mut core = self.lock();
+        loop {
+            let now = Instant::now();
+            match core.lookup(key, now) {
+                Lookup::Hit(c) => return Ok(c),
+                Lookup::Failed(m) => return Err(FetchError::Failed(m)),
+                Lookup::Miss => {
+                    drop(core);
+                    self.send(key, stop)?;
+                    core = self.lock();
+                }
+                Lookup::Pending(since) if now.duration_since(since) > REQUEST_RETRY => {
+                    core.retried(key, now);
+                    drop(core);
+                    tracing::warn!(dataset = key.0, chunk = key.1, "chunk still loading; requesting it again");
+                    self.send(key, stop)?;
+                    core = self.lock();
+                }
+                Lookup::Pending(_) => {
+                    if stop.load(Ordering::Relaxed) {
+                        return Err(FetchError::Stopped);
+                    }
+                    core = self.arrived.wait_timeout(core, WAIT_TICK).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(n: usize) -> Arc<ParsedChunk> {
+        use crate::format::chunk::{StreamData, StreamValues, Values};
+        Arc::new(ParsedChunk {
+            chunk: 0,
+            num_sequences: 1,
+            streams: vec![StreamData { seq_offsets: vec![0, 1], data: StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) } }],
+        })
+    }
+
+    #[test]
+    fn a_chunk_is_loaded_once_and_shared() {
+        let mut c = CacheCore::new(1 << 20);
+        let t = Instant::now();
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Pending(_)), "a second session waits, no second load");
+        c.insert((0, 1), Ok(chunk(4)));
+        let a = match c.lookup((0, 1), t) {
+            Lookup::Hit(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let b = match c.lookup((0, 1), t) {
+            Lookup::Hit(b) => b,
+            other => panic!("{other:?}"),
+        };
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(c.stats().misses, 1);
+        assert_eq!(c.stats().hits, 2);
+    }
+
+    #[test]
+    fn eviction_spares_held_chunks_and_prefetch_respects_the_budget() {
+        let size = chunk(1000).size_bytes() as u64;
+        let mut c = CacheCore::new(2 * size);
+        let t = Instant::now();
+        for k in 0..2 {
+            assert!(c.begin_prefetch((0, k), t));
+            c.insert((0, k), Ok(chunk(1000)));
+        }
+        assert!(!c.begin_prefetch((0, 2), t), "budget full");
+        let held = match c.lookup((0, 0), t) {
+            Lookup::Hit(h) => h,
+            other => panic!("{other:?}"),
+        };
+        assert!(matches!(c.lookup((0, 2), t), Lookup::Miss), "demand loads are admitted");
+        c.insert((0, 2), Ok(chunk(1000)));
+        assert_eq!(c.stats().chunks, 2, "chunk 1 (not held) was evicted");
+        assert!(matches!(c.lookup((0, 0), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        drop(held);
+        c.set_budget(0);
+        assert_eq!(c.stats().bytes, 0, "nothing held: everything evictable");
+    }
+
+    #[test]
+    fn failures_are_reported_to_every_waiter() {
+        let (tx, rx) = flume::bounded(4);
+        let cache = Arc::new(SharedCache::new(1 << 20, tx));
+        let stop = AtomicBool::new(false);
+        let c2 = cache.clone();
+        let waiter = std::thread::spawn(move || c2.get((1, 2), &AtomicBool::new(false)));
+        let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
+        assert_eq!(req.key, (1, 2));
+        cache.insert(ParsedMsg { key: (1, 2), result: Err("bad data".into()) });
+        assert_eq!(waiter.join().expect("joined"), Err(FetchError::Failed("bad data".into())));
+        assert_eq!(cache.get((1, 2), &stop), Err(FetchError::Failed("bad data".into())));
+    }
+
+    #[test]
+    fn a_stopped_waiter_returns() {
+        let (tx, _rx) = flume::bounded(4);
+        let cache = SharedCache::new(1 << 20, tx);
+        let stop = AtomicBool::new(true);
+        assert_eq!(cache.get((0, 0), &stop), Err(FetchError::Stopped));
+    }
+}

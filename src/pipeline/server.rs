@@ -1,0 +1,123 @@
+//! Stage 5': the session manager — owns the control socket (mode 0660, peer credentials logged),
+//! accepts clients and runs one connection task per client ([`super::connection`]).
+//!
+//! Binding: a stale socket file (nobody accepts on it) is replaced; a live one (another daemon)
+//! is an error. Stopping closes the socket, removes its file and tells every connection to end
+//! (`error{shutting_down}`), which reclaims their slots and stops their producers.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::connection::{self, ConnShared};
+use super::stages::{Delivery, StopStage};
+use super::supervisor::{Stage, StageStopped};
+use super::Shared;
+
+/// Socket file permissions: owner and group may connect.
+pub const SOCKET_MODE: u32 = 0o660;
+
+/// The session manager actor.
+pub struct SessionManager {
+    shared: Arc<Shared>,
+    delivery: Addr<Delivery>,
+    supervisor: Recipient<StageStopped>,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    bound: Option<PathBuf>,
+}
+
+impl SessionManager {
+    /// A session manager that starts producers through `delivery`.
+    #[must_use]
+    pub fn new(shared: Arc<Shared>, delivery: Addr<Delivery>, supervisor: Recipient<StageStopped>) -> Self {
+        Self { shared, delivery, supervisor, shutdown: tokio::sync::watch::channel(false).0, bound: None }
+    }
+}
+
+/// Binds the control socket at `path`, replacing a stale socket file.
+///
+/// # Errors
+/// I/O errors, or a live daemon already listening there.
+pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() {
+            std::fs::create_dir_all(dir)?;
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists and is not a socket", path.display())));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("another daemon is listening on {}", path.display())));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+impl Actor for SessionManager {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let path = self.shared.config.daemon.socket.clone();
+        let listener = match bind(&path).and_then(tokio::net::UnixListener::from_std) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(socket = %path.display(), error = %e, "cannot open the control socket");
+                ctx.stop();
+                return;
+            }
+        };
+        tracing::info!(socket = %path.display(), "listening");
+        self.bound = Some(path);
+        let (tx, _) = tokio::sync::watch::channel(false);
+        self.shutdown = tx;
+        let conn = Arc::new(ConnShared { shared: self.shared.clone(), delivery: self.delivery.clone() });
+        let shutdown = self.shutdown.subscribe();
+        ctx.spawn(
+            async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, _)) => {
+                            actix_rt::spawn(connection::serve(stream, conn.clone(), shutdown.clone()));
+                        }
+                        Err(e) => {
+                            // EMFILE and friends: back off briefly instead of spinning.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        let _ = self.shutdown.send(true);
+        if let Some(path) = self.bound.take() {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(socket = %path.display(), error = %e, "cannot remove the control socket");
+            }
+        }
+        self.supervisor.do_send(StageStopped(Stage::Sessions));
+    }
+}
+
+impl Handler<StopStage> for SessionManager {
+    type Result = ();
+    fn handle(&mut self, _: StopStage, ctx: &mut Self::Context) {
+        let _ = self.shutdown.send(true);
+        if let Some(path) = self.bound.take() {
+            let _ = std::fs::remove_file(&path);
+        }
+        ctx.stop();
+    }
+}

@@ -1,0 +1,503 @@
+//! Sessions as plain, synchronous logic (no actors, no sockets), unit-tested here:
+//! * [`resolve_options`]: `open` options + dataset defaults → sampling options, with every
+//!   violation reported as one message;
+//! * [`options_hash`]: what a resume must match besides the data;
+//! * [`SlotTable`]: who owns each ring slot, generations, stale releases;
+//! * [`Progress`]: which announced minibatches the client has taken, hence the session position;
+//! * [`Registry`]: session names, lingering (resumable) sessions and the memory reserved by rings.
+//!
+//! **State semantics.** A minibatch is *taken* once the client library has handed it to its user.
+//! The client reports the count with `release`/`state`/`close` (`taken`); releasing a slot also
+//! implies its minibatch was taken. The session's position is the checkpoint position after the
+//! last minibatch taken — prefetched minibatches never count — so `resume` with that state (or a
+//! reconnect by session name within `session_linger_secs`) continues with exactly the first
+//! minibatch not taken.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::config::DatasetConfig;
+use crate::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
+use crate::sampling::{EpochLimit, SamplingOptions, Window};
+
+/// Most slots a session may ask for.
+pub const MAX_RING_SLOTS: u64 = 1024;
+/// Largest slot a session may ask for (1 TiB, as the config's bound).
+pub const MAX_SLOT_SIZE_BYTES: u64 = 1 << 40;
+/// Longest session name.
+pub const MAX_SESSION_NAME: usize = 128;
+
+/// `open` options resolved against the dataset's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedOptions {
+    /// Sampling options for the [`crate::sampling::Sampler`].
+    pub sampling: SamplingOptions,
+    /// Global minibatch size in samples.
+    pub minibatch_size: usize,
+    /// CNTK frame mode.
+    pub frame_mode: bool,
+    /// Ring slots.
+    pub slots: u64,
+    /// Requested bytes per slot (before raising it to fit dense minibatches).
+    pub slot_size_bytes: u64,
+    /// Session name, if given.
+    pub session: Option<String>,
+}
+
+/// Resolves `o` for dataset `d`; `default_slots` and `default_slot_size` come from `[daemon]`.
+///
+/// # Errors
+/// A message naming every invalid option.
+pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64, default_slot_size: u64) -> Result<ResolvedOptions, String> {
+    let mut problems = Vec::new();
+    let minibatch_size = match o.minibatch_size {
+        Some(n) if n >= 1 && n <= i32::MAX as u64 => n as usize,
+        Some(n) => {
+            problems.push(format!("minibatch_size {n} is out of range 1..=2147483647"));
+            1
+        }
+        None => {
+            problems.push("minibatch_size is required".to_owned());
+            1
+        }
+    };
+    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep].iter().filter(|&&b| b).count();
+    if limits > 1 {
+        problems.push("give at most one of max_samples, max_sweeps, full_sweep".to_owned());
+    }
+    let limit = match (o.max_samples, o.max_sweeps, o.full_sweep) {
+        (Some(n), _, _) => EpochLimit::Samples(n),
+        (_, Some(k), _) => EpochLimit::Sweeps(k),
+        (_, _, true) => EpochLimit::FullSweep,
+        _ => EpochLimit::Infinite,
+    };
+    let window = match (o.window_chunks, o.window_samples) {
+        (Some(_), Some(_)) => {
+            problems.push("give window_chunks or window_samples, not both".to_owned());
+            d.sampling.window
+        }
+        (Some(c), None) => Window::Chunks(usize::try_from(c).unwrap_or(usize::MAX)),
+        (None, Some(s)) => Window::Samples(s),
+        (None, None) => d.sampling.window,
+    };
+    let num_workers = o.num_workers.unwrap_or(1);
+    let rank = o.rank.unwrap_or(0);
+    if num_workers == 0 || num_workers > 1 << 20 {
+        problems.push(format!("num_workers {num_workers} is out of range 1..=1048576"));
+    } else if rank >= num_workers {
+        problems.push(format!("rank {rank} is out of range for {num_workers} worker(s)"));
+    }
+    let slots = o.prefetch.unwrap_or(default_slots);
+    if !(2..=MAX_RING_SLOTS).contains(&slots) {
+        problems.push(format!("prefetch {slots} is out of range 2..={MAX_RING_SLOTS} (ring slots)"));
+    }
+    let slot_size_bytes = o.slot_size_bytes.unwrap_or(default_slot_size);
+    if !(4096..=MAX_SLOT_SIZE_BYTES).contains(&slot_size_bytes) {
+        problems.push(format!("slot_size_bytes {slot_size_bytes} is out of range 4096..={MAX_SLOT_SIZE_BYTES}"));
+    }
+    if let Some(name) = &o.session {
+        if name.is_empty() || name.len() > MAX_SESSION_NAME || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b)) {
+            problems.push(format!("session name must be 1..={MAX_SESSION_NAME} characters of [A-Za-z0-9-_.:@]"));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    Ok(ResolvedOptions {
+        sampling: SamplingOptions {
+            randomize: o.randomize.unwrap_or(d.sampling.randomize),
+            window,
+            seed: o.seed.unwrap_or(d.sampling.seed),
+            limit,
+            num_workers: num_workers as usize,
+            rank: rank as usize,
+        },
+        minibatch_size,
+        frame_mode: o.frame_mode,
+        slots,
+        slot_size_bytes,
+        session: o.session.clone(),
+    })
+}
+
+/// Hash of the options that shape the global order and the epoch: randomize, window, seed,
+/// epoch limit. (Minibatch size, workers and rank may change across a resume, as in CNTK.)
+#[must_use]
+pub fn options_hash(s: &SamplingOptions) -> u64 {
+    let mut h = crate::dataset::Fnv::new();
+    h.u64(u64::from(s.randomize));
+    match s.window {
+        Window::Chunks(c) => {
+            h.u64(1);
+            h.u64(c as u64);
+        }
+        Window::Samples(n) => {
+            h.u64(2);
+            h.u64(n);
+        }
+    }
+    h.u64(s.seed);
+    match s.limit {
+        EpochLimit::Infinite => h.u64(10),
+        EpochLimit::FullSweep => h.u64(11),
+        EpochLimit::Sweeps(k) => {
+            h.u64(12);
+            h.u64(k);
+        }
+        EpochLimit::Samples(n) => {
+            h.u64(13);
+            h.u64(n);
+        }
+    }
+    h.finish()
+}
+
+/// Checks a `resume` state against the session being opened.
+///
+/// # Errors
+/// A message saying what differs.
+pub fn check_resume(state: &SessionState, dataset: &str, identity: u64, options: u64) -> Result<(), String> {
+    if state.version != STATE_VERSION {
+        return Err(format!("state version {} is not supported (expected {STATE_VERSION})", state.version));
+    }
+    if state.dataset != dataset {
+        return Err(format!("the state belongs to dataset '{}', not '{dataset}'", state.dataset));
+    }
+    if state.data_identity != hex64(identity) {
+        return Err(format!("the state was saved on other data (identity {} vs {})", state.data_identity, hex64(identity)));
+    }
+    if state.options_hash != hex64(options) {
+        return Err("the state was saved with other sampling options (randomize, window, seed or epoch limit)".to_owned());
+    }
+    Ok(())
+}
+
+/// Who holds a ring slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotOwner {
+    /// The producer may write it (free, or being filled).
+    Producer,
+    /// Announced to the client with this generation; it holds it until `release`.
+    Client {
+        /// Generation announced.
+        generation: u64,
+        /// Index of the minibatch in it.
+        minibatch: u64,
+    },
+}
+
+/// Ring slot bookkeeping of one session: generations and ownership.
+#[derive(Debug, Clone)]
+pub struct SlotTable {
+    owner: Vec<SlotOwner>,
+    generation: Vec<u64>,
+}
+
+/// What a `release` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The slot goes back to the producer; it held minibatch `minibatch`.
+    Freed {
+        /// The minibatch index that was in the slot.
+        minibatch: u64,
+    },
+    /// Unknown slot, a slot not held by the client, or an old generation: ignored.
+    Stale,
+}
+
+impl SlotTable {
+    /// `n` slots, all the producer's, generation 0.
+    #[must_use]
+    pub fn new(n: usize) -> Self {
+        Self { owner: vec![SlotOwner::Producer; n], generation: vec![0; n] }
+    }
+
+    /// The generation the producer should write into `slot` next (the current one + 1).
+    #[must_use]
+    pub fn next_generation(&self, slot: usize) -> u64 {
+        self.generation[slot] + 1
+    }
+
+    /// The producer filled `slot` with `generation`: it now belongs to the client.
+    pub fn announce(&mut self, slot: usize, generation: u64, minibatch: u64) {
+        self.generation[slot] = generation;
+        self.owner[slot] = SlotOwner::Client { generation, minibatch };
+    }
+
+    /// The client gives `slot` back.
+    pub fn release(&mut self, slot: u64, generation: u64) -> Release {
+        let Ok(i) = usize::try_from(slot) else { return Release::Stale };
+        match self.owner.get(i) {
+            Some(&SlotOwner::Client { generation: g, minibatch }) if g == generation => {
+                self.owner[i] = SlotOwner::Producer;
+                Release::Freed { minibatch }
+            }
+            _ => Release::Stale,
+        }
+    }
+
+    /// Slots the client holds.
+    #[must_use]
+    pub fn leased(&self) -> usize {
+        self.owner.iter().filter(|o| matches!(o, SlotOwner::Client { .. })).count()
+    }
+}
+
+/// The minibatches announced to the client and how many it has taken.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    announced: VecDeque<MinibatchMeta>,
+    taken: u64,
+    position: u64,
+}
+
+impl Progress {
+    /// Progress of a session that starts at `start`.
+    #[must_use]
+    pub fn new(start: &SessionState) -> Self {
+        Self { announced: VecDeque::new(), taken: start.minibatches, position: start.position }
+    }
+
+    /// A `ready` went out.
+    pub fn announced(&mut self, meta: MinibatchMeta) {
+        self.announced.push_back(meta);
+    }
+
+    /// The client reports `taken` minibatches taken in total. Counts beyond what was announced
+    /// are clamped; smaller counts than already known are ignored.
+    pub fn taken(&mut self, taken: u64) {
+        while self.taken < taken {
+            let Some(m) = self.announced.pop_front() else { break };
+            self.taken = m.index.saturating_add(1);
+            self.position = m.position;
+        }
+    }
+
+    /// Minibatches taken so far.
+    #[must_use]
+    pub fn taken_count(&self) -> u64 {
+        self.taken
+    }
+
+    /// Checkpoint position after the last minibatch taken.
+    #[must_use]
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+}
+
+/// A disconnected session kept for resuming by name.
+#[derive(Debug, Clone)]
+struct Lingering {
+    state: SessionState,
+    expires: Instant,
+}
+
+/// How an `open` with a session name starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// A new session.
+    Fresh,
+    /// A lingering session of that name continues from this state.
+    Resume(SessionState),
+}
+
+/// Registry errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RegistryError {
+    /// The name is connected elsewhere.
+    #[error("session '{0}' is connected on another socket")]
+    Busy(String),
+    /// The ring does not fit.
+    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free")]
+    Memory {
+        /// Bytes asked.
+        needed: u64,
+        /// Bytes left.
+        available: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Session names, lingering sessions and ring memory, shared by all connections.
+#[derive(Debug)]
+pub struct Registry {
+    active: HashMap<String, u64>,
+    lingering: HashMap<String, Lingering>,
+    linger: Duration,
+    limit: u64,
+    /// Share of the limit kept for parsed chunks: rings may not take it.
+    cache_floor: u64,
+    rings: u64,
+    next_id: u64,
+}
+
+impl Registry {
+    /// A registry with `memory_limit_bytes = limit`, of which `cache_floor` stays for chunks.
+    #[must_use]
+    pub fn new(limit: u64, cache_floor: u64, linger: Duration) -> Self {
+        Self { active: HashMap::new(), lingering: HashMap::new(), linger, limit, cache_floor: cache_floor.min(limit), rings: 0, next_id: 1 }
+    }
+
+    /// A fresh session id.
+    pub fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Claims `name` for a new connection at `now`: busy if connected, a resume if lingering
+    /// (the entry is consumed), fresh otherwise.
+    ///
+    /// # Errors
+    /// [`RegistryError::Busy`].
+    pub fn claim(&mut self, name: &str, id: u64, now: Instant) -> Result<Claim, RegistryError> {
+        self.expire(now);
+        if self.active.contains_key(name) {
+            return Err(RegistryError::Busy(name.to_owned()));
+        }
+        self.active.insert(name.to_owned(), id);
+        Ok(match self.lingering.remove(name) {
+            Some(l) => Claim::Resume(l.state),
+            None => Claim::Fresh,
+        })
+    }
+
+    /// The connection of `name` ended with `state`: keep it resumable for the linger time.
+    pub fn park(&mut self, name: &str, state: SessionState, now: Instant) {
+        self.active.remove(name);
+        if !self.linger.is_zero() {
+            self.lingering.insert(name.to_owned(), Lingering { state, expires: now + self.linger });
+        }
+    }
+
+    /// Drops lingering sessions whose time is up.
+    pub fn expire(&mut self, now: Instant) {
+        self.lingering.retain(|_, l| l.expires > now);
+    }
+
+    /// Number of connected and lingering sessions.
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize) {
+        (self.active.len(), self.lingering.len())
+    }
+
+    /// Reserves `bytes` of ring memory.
+    ///
+    /// # Errors
+    /// [`RegistryError::Memory`] when the rings would eat into the chunk cache's floor.
+    pub fn reserve(&mut self, bytes: u64) -> Result<(), RegistryError> {
+        let available = self.limit - self.cache_floor - self.rings.min(self.limit - self.cache_floor);
+        if bytes > available {
+            return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit });
+        }
+        self.rings += bytes;
+        Ok(())
+    }
+
+    /// Gives back ring memory.
+    pub fn unreserve(&mut self, bytes: u64) {
+        self.rings = self.rings.saturating_sub(bytes);
+    }
+
+    /// Bytes the chunk cache may hold now: the limit minus the rings.
+    #[must_use]
+    pub fn cache_budget(&self) -> u64 {
+        self.limit.saturating_sub(self.rings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dataset() -> DatasetConfig {
+        let text = "[datasets.t]\nformat = \"ctf\"\nfiles = [\"x.ctf\"]\n[datasets.t.streams.f]\ndim = 2\nformat = \"dense\"\n";
+        crate::config::Config::from_toml_str(text, std::path::Path::new("/tmp")).expect("config").datasets["t"].clone()
+    }
+
+    #[test]
+    fn options_resolve_with_dataset_defaults_and_report_every_problem() {
+        let d = dataset();
+        let o = SessionOptions { minibatch_size: Some(8), max_sweeps: Some(2), seed: Some(3), ..SessionOptions::default() };
+        let r = resolve_options(&o, &d, 4, 1 << 20).expect("valid");
+        assert_eq!(r.sampling.limit, EpochLimit::Sweeps(2));
+        assert_eq!(r.sampling.window, d.sampling.window);
+        assert_eq!((r.slots, r.sampling.seed, r.sampling.num_workers), (4, 3, 1));
+        let bad = SessionOptions { max_sweeps: Some(1), full_sweep: true, rank: Some(2), num_workers: Some(2), prefetch: Some(1), ..SessionOptions::default() };
+        let e = resolve_options(&bad, &d, 4, 1 << 20).expect_err("invalid");
+        for part in ["minibatch_size is required", "at most one", "rank 2", "prefetch 1"] {
+            assert!(e.contains(part), "{e}");
+        }
+    }
+
+    #[test]
+    fn options_hash_ignores_minibatch_size_and_rank_but_not_seed() {
+        let d = dataset();
+        let a = resolve_options(&SessionOptions { minibatch_size: Some(8), ..SessionOptions::default() }, &d, 4, 4096).expect("a");
+        let b = resolve_options(&SessionOptions { minibatch_size: Some(3), num_workers: Some(2), rank: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("b");
+        let c = resolve_options(&SessionOptions { minibatch_size: Some(8), seed: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("c");
+        assert_eq!(options_hash(&a.sampling), options_hash(&b.sampling));
+        assert_ne!(options_hash(&a.sampling), options_hash(&c.sampling));
+    }
+
+    #[test]
+    fn resume_checks_dataset_identity_and_options() {
+        let s = SessionState { version: 1, dataset: "t".into(), position: 5, minibatches: 1, data_identity: hex64(7), options_hash: hex64(9) };
+        assert!(check_resume(&s, "t", 7, 9).is_ok());
+        assert!(check_resume(&s, "u", 7, 9).expect_err("dataset").contains("dataset"));
+        assert!(check_resume(&s, "t", 8, 9).expect_err("data").contains("other data"));
+        assert!(check_resume(&s, "t", 7, 1).expect_err("options").contains("options"));
+    }
+
+    #[test]
+    fn slot_generations_make_stale_releases_harmless() {
+        let mut t = SlotTable::new(2);
+        let g = t.next_generation(0);
+        assert_eq!(g, 1);
+        t.announce(0, g, 0);
+        assert_eq!(t.leased(), 1);
+        assert_eq!(t.release(0, 0), Release::Stale);
+        assert_eq!(t.release(1, 1), Release::Stale, "never announced");
+        assert_eq!(t.release(9, 1), Release::Stale, "out of range");
+        assert_eq!(t.release(0, 1), Release::Freed { minibatch: 0 });
+        assert_eq!(t.release(0, 1), Release::Stale, "double release");
+        assert_eq!(t.next_generation(0), 2);
+        assert_eq!(t.leased(), 0);
+    }
+
+    #[test]
+    fn position_counts_only_taken_minibatches() {
+        let start = SessionState { version: 1, dataset: "t".into(), position: 10, minibatches: 2, data_identity: String::new(), options_hash: String::new() };
+        let mut p = Progress::new(&start);
+        for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
+            p.announced(MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: pos });
+        }
+        assert_eq!((p.taken_count(), p.position()), (2, 10), "prefetched minibatches do not count");
+        p.taken(3);
+        assert_eq!((p.taken_count(), p.position()), (3, 18));
+        p.taken(1);
+        assert_eq!(p.taken_count(), 3, "a smaller count changes nothing");
+        p.taken(99);
+        assert_eq!((p.taken_count(), p.position()), (5, 30), "clamped to what was announced");
+    }
+
+    #[test]
+    fn registry_lingers_claims_and_budgets_memory() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(10));
+        assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
+        assert_eq!(r.claim("a", 2, t0), Err(RegistryError::Busy("a".into())));
+        let st = SessionState { version: 1, dataset: "t".into(), position: 4, minibatches: 1, data_identity: String::new(), options_hash: String::new() };
+        r.park("a", st.clone(), t0);
+        assert_eq!(r.claim("a", 3, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone())));
+        r.park("a", st, t0);
+        assert_eq!(r.claim("a", 4, t0 + Duration::from_secs(11)), Ok(Claim::Fresh), "expired");
+        assert!(r.reserve(700).is_ok());
+        assert!(matches!(r.reserve(200), Err(RegistryError::Memory { available: 100, .. })));
+        assert_eq!(r.cache_budget(), 300);
+        r.unreserve(700);
+        assert!(r.reserve(800).is_ok());
+    }
+}

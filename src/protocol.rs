@@ -1,0 +1,440 @@
+//! The control protocol between a trainer (client) and the daemon (DESIGN.md §5), version
+//! [`PROTOCOL_VERSION`].
+//!
+//! **Framing.** A Unix stream socket carries frames: a 4-byte little-endian length, then that many
+//! bytes of UTF-8 JSON, one object with a `"type"` tag. A frame longer than
+//! [`MAX_MESSAGE_BYTES`] is refused: the daemon replies `error{code: "message_too_large"}` and
+//! closes the connection (it cannot find the next frame boundary without reading the body). A
+//! frame that is not a valid message gets `error{code: "bad_message"}` and the connection goes
+//! on. The daemon never panics on client input.
+//!
+//! **Conversation.**
+//! ```text
+//! client                                   daemon
+//! hello{version}                      →
+//!                                     ←    hello{version, daemon_id}   | error{version_mismatch} + close
+//! open{dataset, options}              →
+//!                                     ←    opened{session, ring, streams, state} + memfd (SCM_RIGHTS)
+//!                                     ←    ready{slot, generation, minibatch}   (as slots fill)
+//! release{slot, generation, taken}    →    (slot free again; a stale generation is ignored)
+//! state{taken}                        →
+//!                                     ←    state{state}
+//!                                     ←    end{state}                  (the epoch is over)
+//! close{taken}                        →
+//!                                     ←    closed{state}
+//! ```
+//! `taken` is the number of minibatches the client library has handed to its user in this
+//! session (counted from the session's start, resumed ones included). It defines the session's
+//! position: the checkpoint position after the last minibatch taken (see [`SessionState`]).
+//! Prefetched minibatches — announced with `ready` but not yet taken — never count.
+
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// The protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest frame body accepted, in bytes (either direction).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Version of the [`SessionState`] token.
+pub const STATE_VERSION: u32 = 1;
+
+/// Error codes of `error` replies (stable strings: clients match on them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The frame is not a valid message (JSON, type or fields).
+    BadMessage,
+    /// The frame is larger than [`MAX_MESSAGE_BYTES`]; the connection is closed.
+    MessageTooLarge,
+    /// The client speaks another protocol version; the connection is closed.
+    VersionMismatch,
+    /// The first message was not `hello`.
+    HelloRequired,
+    /// The message is not valid in the connection's state (e.g. `release` before `open`).
+    UnexpectedMessage,
+    /// No dataset of that name is configured (or it failed to open).
+    UnknownDataset,
+    /// Invalid session options.
+    InvalidOptions,
+    /// The `resume` state belongs to other data or other sampling options.
+    ResumeMismatch,
+    /// A session of that name is connected elsewhere.
+    SessionBusy,
+    /// Not enough memory under `memory_limit_bytes` for the session's ring.
+    ResourceExhausted,
+    /// A minibatch does not fit in a slot; reopen with a larger `slot_size_bytes`.
+    MinibatchTooLarge,
+    /// Reading or parsing the data failed.
+    DataError,
+    /// The daemon is stopping.
+    ShuttingDown,
+    /// An internal failure (a bug or a system error); the message says which.
+    Internal,
+}
+
+/// A session's resumable state: what `state()` returns and `resume` takes.
+///
+/// `position` is the global checkpoint position after the last minibatch *taken* (handed to the
+/// user); `minibatches` counts the minibatches taken since the session started (so a resumed
+/// session numbers its minibatches on). The hashes identify the data and the sampling options
+/// that shape the order (randomize, window, seed, epoch limit), so a resume against anything
+/// else is refused. The minibatch size, worker count and rank may change across a resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionState {
+    /// [`STATE_VERSION`].
+    pub version: u32,
+    /// The dataset name.
+    pub dataset: String,
+    /// Checkpoint position after the last minibatch taken.
+    pub position: u64,
+    /// Minibatches taken so far.
+    pub minibatches: u64,
+    /// The dataset's identity hash, 16 hex digits.
+    pub data_identity: String,
+    /// The hash of the order-shaping options, 16 hex digits.
+    pub options_hash: String,
+}
+
+/// Session options of `open` (DESIGN.md §6). Unknown fields are refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionOptions {
+    /// Global minibatch size in samples (required).
+    pub minibatch_size: Option<u64>,
+    /// Epoch size in samples.
+    pub max_samples: Option<u64>,
+    /// Epoch size in sweeps.
+    pub max_sweeps: Option<u64>,
+    /// Exactly one sweep.
+    #[serde(default)]
+    pub full_sweep: bool,
+    /// Randomize (default: the dataset's setting).
+    pub randomize: Option<bool>,
+    /// Randomization window in chunks.
+    pub window_chunks: Option<u64>,
+    /// Randomization window in samples.
+    pub window_samples: Option<u64>,
+    /// Randomization seed.
+    pub seed: Option<u64>,
+    /// CNTK frame mode.
+    #[serde(default)]
+    pub frame_mode: bool,
+    /// Data-parallel workers (default 1).
+    pub num_workers: Option<u64>,
+    /// This worker's rank (default 0).
+    pub rank: Option<u64>,
+    /// Continue from a saved state.
+    pub resume: Option<SessionState>,
+    /// Ring slots (default: `daemon.ring_slots`); at least 2.
+    pub prefetch: Option<u64>,
+    /// Bytes per slot (default: `daemon.slot_size_bytes`, raised to fit dense minibatches).
+    pub slot_size_bytes: Option<u64>,
+    /// A name under which a disconnected session stays resumable for `session_linger_secs`.
+    pub session: Option<String>,
+}
+
+/// Messages from the client.
+// `Open` is much larger than the others; a message is parsed once per frame, so boxing it would
+// buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ClientMessage {
+    /// First message: the client's protocol version.
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the client.
+        version: u32,
+        /// Free-form client name, for logs.
+        #[serde(default)]
+        client: Option<String>,
+    },
+    /// Opens a session.
+    Open {
+        /// A configured dataset.
+        dataset: String,
+        /// Options.
+        #[serde(default)]
+        options: SessionOptions,
+    },
+    /// Gives a slot back.
+    Release {
+        /// Slot index.
+        slot: u64,
+        /// The generation of the `ready` that announced it.
+        generation: u64,
+        /// Minibatches taken so far.
+        #[serde(default)]
+        taken: Option<u64>,
+    },
+    /// Asks for the session's state.
+    State {
+        /// Minibatches taken so far.
+        #[serde(default)]
+        taken: Option<u64>,
+    },
+    /// Ends the session (it stays resumable by name like a disconnect).
+    Close {
+        /// Minibatches taken so far.
+        #[serde(default)]
+        taken: Option<u64>,
+    },
+}
+
+/// The ring a session's minibatches arrive in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingInfo {
+    /// Bytes to map.
+    pub size_bytes: u64,
+    /// Slots.
+    pub slot_count: u64,
+    /// Bytes per slot.
+    pub slot_size: u64,
+    /// Offset of slot 0.
+    pub slots_offset: u64,
+    /// Layout version of the ring.
+    pub layout_version: u32,
+}
+
+/// One stream of the session's minibatches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Stream name (tensor names start with `name/`).
+    pub name: String,
+    /// `dense`, `sparse` or `strings` (deepx uuids).
+    pub kind: String,
+    /// Sample dimension.
+    pub dim: u64,
+    /// dtype of `values`.
+    pub dtype: String,
+}
+
+/// What the client needs of a minibatch besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MinibatchMeta {
+    /// Index in the session (continues across resumes).
+    pub index: u64,
+    /// Sweep at the start of the minibatch.
+    pub sweep: u64,
+    /// Whether it ends at or crosses a sweep end.
+    pub end_of_sweep: bool,
+    /// Checkpoint position after it.
+    pub position: u64,
+}
+
+/// Messages from the daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerMessage {
+    /// Reply to `hello`.
+    Hello {
+        /// [`PROTOCOL_VERSION`].
+        version: u32,
+        /// Id of this daemon start, 16 hex digits (also in every ring header).
+        daemon_id: String,
+        /// `minibatchd/VERSION`.
+        server: String,
+    },
+    /// Reply to `open`; the ring's memfd is attached.
+    Opened {
+        /// The session's name (given or generated).
+        session: String,
+        /// The ring.
+        ring: RingInfo,
+        /// Streams in tensor order.
+        streams: Vec<StreamInfo>,
+        /// The state at the session's start.
+        state: SessionState,
+        /// Nominal samples per sweep.
+        sweep_size: u64,
+    },
+    /// A slot holds the next minibatch.
+    Ready {
+        /// Slot index.
+        slot: u64,
+        /// Its generation (echo it in `release`).
+        generation: u64,
+        /// Minibatch metadata.
+        minibatch: MinibatchMeta,
+    },
+    /// The epoch is over; no more `ready` will come.
+    End {
+        /// The state after the last minibatch produced.
+        state: SessionState,
+    },
+    /// Reply to `state`.
+    State {
+        /// The state.
+        state: SessionState,
+    },
+    /// Reply to `close`.
+    Closed {
+        /// The final state.
+        state: SessionState,
+    },
+    /// Something went wrong.
+    Error {
+        /// Machine-readable code.
+        code: ErrorCode,
+        /// Human-readable explanation.
+        message: String,
+    },
+}
+
+impl ServerMessage {
+    /// An `error` reply.
+    #[must_use]
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::Error { code, message: message.into() }
+    }
+}
+
+/// A framing or decoding failure.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// A frame longer than the limit.
+    #[error("frame of {0} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes")]
+    TooLarge(usize),
+    /// The body is not a valid message.
+    #[error("invalid message: {0}")]
+    Invalid(String),
+    /// The connection failed or closed.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Serialises `msg` as one frame (length prefix included).
+#[must_use]
+pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
+    let body = serde_json::to_vec(msg).unwrap_or_else(|e| format!("{{\"type\":\"error\",\"code\":\"internal\",\"message\":\"{e}\"}}").into_bytes());
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Parses a frame body.
+///
+/// # Errors
+/// [`FrameError::Invalid`] with serde's explanation.
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(body).map_err(|e| FrameError::Invalid(e.to_string()))
+}
+
+/// Push decoder for frames: feed bytes as they arrive, take whole bodies out.
+#[derive(Debug, Default)]
+pub struct FrameBuffer {
+    buf: Vec<u8>,
+}
+
+impl FrameBuffer {
+    /// Appends received bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame body, if one has arrived.
+    ///
+    /// # Errors
+    /// [`FrameError::TooLarge`] as soon as a length prefix over the limit is seen.
+    pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, FrameError> {
+        if self.buf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        if len > MAX_MESSAGE_BYTES {
+            return Err(FrameError::TooLarge(len));
+        }
+        if self.buf.len() < 4 + len {
+            return Ok(None);
+        }
+        let body = self.buf[4..4 + len].to_vec();
+        self.buf.drain(..4 + len);
+        Ok(Some(body))
+    }
+}
+
+/// Blocking: reads one frame body from `r`.
+///
+/// # Errors
+/// I/O errors (`UnexpectedEof` when the peer closed) and [`FrameError::TooLarge`].
+pub fn read_frame(r: &mut impl Read) -> Result<Vec<u8>, FrameError> {
+    let mut len = [0u8; 4];
+    r.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// Blocking: writes `msg` as one frame.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), FrameError> {
+    w.write_all(&encode(msg))?;
+    Ok(())
+}
+
+/// 16 lowercase hex digits.
+#[must_use]
+pub fn hex64(v: u64) -> String {
+    format!("{v:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_through_frames() {
+        let m = ClientMessage::Open {
+            dataset: "train".into(),
+            options: SessionOptions { minibatch_size: Some(8), max_sweeps: Some(2), ..SessionOptions::default() },
+        };
+        let mut fb = FrameBuffer::default();
+        let bytes = encode(&m);
+        fb.push(&bytes[..3]);
+        assert!(fb.next_frame().expect("ok").is_none());
+        fb.push(&bytes[3..]);
+        let body = fb.next_frame().expect("ok").expect("a frame");
+        assert_eq!(decode::<ClientMessage>(&body).expect("valid"), m);
+        assert!(fb.next_frame().expect("ok").is_none());
+    }
+
+    #[test]
+    fn wire_names_are_stable() {
+        let hello: ClientMessage = decode(br#"{"type":"hello","version":1}"#).expect("hello");
+        assert_eq!(hello, ClientMessage::Hello { version: 1, client: None });
+        let e = String::from_utf8(encode(&ServerMessage::error(ErrorCode::VersionMismatch, "x"))[4..].to_vec()).expect("utf8");
+        assert_eq!(e, r#"{"type":"error","code":"version_mismatch","message":"x"}"#);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic_the_decoder(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600), cut in 0usize..600) {
+            let mut fb = FrameBuffer::default();
+            fb.push(&bytes[..cut.min(bytes.len())]);
+            fb.push(&bytes[cut.min(bytes.len())..]);
+            while let Ok(Some(body)) = fb.next_frame() {
+                let _ = decode::<ClientMessage>(&body);
+            }
+            let _ = decode::<ClientMessage>(&bytes);
+        }
+    }
+
+    #[test]
+    fn oversized_garbage_and_unknown_fields_are_errors_not_panics() {
+        let mut fb = FrameBuffer::default();
+        fb.push(&u32::MAX.to_le_bytes());
+        assert!(matches!(fb.next_frame(), Err(FrameError::TooLarge(_))));
+        assert!(decode::<ClientMessage>(b"\xff\x00garbage").is_err());
+        assert!(decode::<ClientMessage>(br#"{"type":"open","dataset":"t","options":{"minibatch_sizes":3}}"#).is_err());
+        assert!(decode::<ClientMessage>(br#"{"type":"launch"}"#).is_err());
+        assert!(decode::<ClientMessage>(br#"[1,2,3]"#).is_err());
+    }
+}

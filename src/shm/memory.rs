@@ -1,0 +1,245 @@
+//! Where a ring's bytes live. [`SlotMemory`] is the one concept; [`MemfdMemory`] is the real
+//! backend (a sealed `memfd` mapped shared), [`LocalMemory`] the process-local one for unit
+//! tests. [`ReadOnlyMapping`] is the client's side: a received memfd mapped read-only after its
+//! seals are checked.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::mm::{MapFlags, ProtFlags};
+
+/// Creating or mapping shared memory failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// A system call failed.
+    #[error("{call}: {source}")]
+    Sys {
+        /// Which call.
+        call: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The memfd is not sealed against resizing, so a mapping could fault.
+    #[error("the shared-memory file is not sealed against shrinking (seals {0:#x})")]
+    NotSealed(u32),
+    /// The memfd is smaller than the ring it should hold.
+    #[error("the shared-memory file has {actual} bytes, expected at least {expected}")]
+    TooSmall {
+        /// Bytes found.
+        actual: u64,
+        /// Bytes expected.
+        expected: u64,
+    },
+    /// A size that does not fit the address space.
+    #[error("size {0} does not fit in memory")]
+    Size(u64),
+}
+
+fn sys(call: &'static str) -> impl FnOnce(rustix::io::Errno) -> ShmError {
+    move |e| ShmError::Sys { call, source: e.into() }
+}
+
+/// The bytes of a ring. Implementations guarantee `bytes().len()` never changes.
+pub trait SlotMemory: Send {
+    /// All bytes, read-only.
+    fn bytes(&self) -> &[u8];
+    /// All bytes, writable (the writer's side).
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+/// A 64-byte aligned block, so that heap-backed rings align tensors as memfd ones do.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Block([u8; 64]);
+
+/// Process-local ring memory (tests): a zeroed, 64-byte aligned heap buffer.
+pub struct LocalMemory {
+    blocks: Vec<Block>,
+    len: usize,
+}
+
+impl LocalMemory {
+    /// `len` zero bytes.
+    #[must_use]
+    pub fn new(len: usize) -> Self {
+        Self { blocks: vec![Block([0; 64]); len.div_ceil(64)], len }
+    }
+}
+
+impl SlotMemory for LocalMemory {
+    fn bytes(&self) -> &[u8] {
+        let all: &[[u8; 64]] = Block::as_arrays(&self.blocks);
+        &all.as_flattened()[..self.len]
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let all: &mut [[u8; 64]] = Block::as_arrays_mut(&mut self.blocks);
+        &mut all.as_flattened_mut()[..len]
+    }
+}
+
+impl Block {
+    fn as_arrays(b: &[Block]) -> &[[u8; 64]] {
+        // SAFETY: `Block` is `repr(C)` around `[u8; 64]` with size 64 (alignment only adds no
+        // padding because the size is already a multiple of 64), so the layouts are identical;
+        // the length and lifetime are those of `b`.
+        unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<[u8; 64]>(), b.len()) }
+    }
+    fn as_arrays_mut(b: &mut [Block]) -> &mut [[u8; 64]] {
+        // SAFETY: as in `as_arrays`; the exclusive borrow of `b` is carried over.
+        unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr().cast::<[u8; 64]>(), b.len()) }
+    }
+}
+
+/// A shared mapping of `len` bytes, unmapped on drop.
+struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; moving it to another thread moves the
+// ownership. Shared references only read it (see `ReadOnlyMapping`).
+unsafe impl Send for Mapping {}
+// SAFETY: `&Mapping` only gives out `&[u8]`.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self, ShmError> {
+        let prot = if writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
+        // SAFETY: a fresh mapping chosen by the kernel (null hint) overlaps no existing Rust
+        // object; `fd` is a sealed memfd of at least `len` bytes (checked by both callers), so
+        // every byte of the mapping is backed and cannot be truncated away.
+        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }.map_err(sys("mmap"))?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(ShmError::Size(len as u64))?;
+        Ok(Self { ptr, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is a live mapping owned by `self` (unmapped only in `drop`).
+        // Another process may write slots that this one does not currently own; the protocol
+        // (ready/release over the socket) orders those writes before this side reads a slot.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; the mapping is writable (only `MemfdMemory` creates writable
+        // mappings) and `&mut self` makes this the only reference from this process.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what `mmap` returned; no reference into the mapping
+        // outlives `self` (all accessors borrow `self`).
+        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {
+            tracing::warn!(error = %e, "munmap failed");
+        }
+    }
+}
+
+/// Ring memory in a sealed memfd, mapped shared and writable: the daemon's side.
+pub struct MemfdMemory {
+    fd: OwnedFd,
+    map: Mapping,
+}
+
+impl MemfdMemory {
+    /// Creates a memfd named `name` of `len` bytes, seals it against shrinking, growing and
+    /// further sealing, and maps it.
+    ///
+    /// # Errors
+    /// [`ShmError::Sys`] if a system call fails (e.g. out of memory for the tmpfs).
+    pub fn create(name: &str, len: u64) -> Result<Self, ShmError> {
+        let size = usize::try_from(len).map_err(|_| ShmError::Size(len))?;
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(sys("memfd_create"))?;
+        rustix::fs::ftruncate(&fd, len).map_err(sys("ftruncate"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(sys("fcntl(F_ADD_SEALS)"))?;
+        let map = Mapping::map(fd.as_fd(), size, true)?;
+        Ok(Self { fd, map })
+    }
+
+    /// The memfd, to pass to the client.
+    #[must_use]
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl SlotMemory for MemfdMemory {
+    fn bytes(&self) -> &[u8] {
+        self.map.bytes()
+    }
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.map.bytes_mut()
+    }
+}
+
+/// A received ring memfd mapped read-only: the client's side.
+pub struct ReadOnlyMapping {
+    _fd: OwnedFd,
+    map: Mapping,
+}
+
+impl ReadOnlyMapping {
+    /// Checks that `fd` is sealed against shrinking and holds at least `len` bytes, then maps it.
+    ///
+    /// # Errors
+    /// [`ShmError::NotSealed`], [`ShmError::TooSmall`] or a failed system call.
+    pub fn map(fd: OwnedFd, len: u64) -> Result<Self, ShmError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(sys("fcntl(F_GET_SEALS)"))?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(ShmError::NotSealed(seals.bits()));
+        }
+        let actual = rustix::fs::fstat(&fd).map_err(sys("fstat"))?.st_size;
+        let actual = u64::try_from(actual).unwrap_or(0);
+        if actual < len {
+            return Err(ShmError::TooSmall { actual, expected: len });
+        }
+        let size = usize::try_from(len).map_err(|_| ShmError::Size(len))?;
+        let map = Mapping::map(fd.as_fd(), size, false)?;
+        Ok(Self { _fd: fd, map })
+    }
+
+    /// The mapped bytes.
+    #[must_use]
+    pub fn bytes(&self) -> &[u8] {
+        self.map.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memfd_is_sealed_and_shared_between_mappings() {
+        let mut m = MemfdMemory::create("minibatchd-test", 8192).expect("memfd");
+        m.bytes_mut()[100] = 42;
+        let dup = m.fd().try_clone_to_owned().expect("dup");
+        assert!(rustix::fs::ftruncate(&dup, 4096).is_err(), "shrinking must be refused");
+        assert!(rustix::fs::ftruncate(&dup, 1 << 20).is_err(), "growing must be refused");
+        let ro = ReadOnlyMapping::map(dup, 8192).expect("map");
+        assert_eq!(ro.bytes()[100], 42);
+        m.bytes_mut()[101] = 7;
+        assert_eq!(ro.bytes()[101], 7);
+    }
+
+    #[test]
+    fn unsealed_or_short_files_are_refused() {
+        let fd = rustix::fs::memfd_create("plain", MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&fd, 4096).expect("size");
+        assert!(matches!(ReadOnlyMapping::map(fd, 4096), Err(ShmError::NotSealed(_))));
+        let m = MemfdMemory::create("short", 4096).expect("memfd");
+        let dup = m.fd().try_clone_to_owned().expect("dup");
+        assert!(matches!(ReadOnlyMapping::map(dup, 8192), Err(ShmError::TooSmall { .. })));
+    }
+
+    #[test]
+    fn local_memory_is_aligned() {
+        let mut m = LocalMemory::new(1000);
+        assert_eq!(m.bytes().len(), 1000);
+        assert_eq!(m.bytes_mut().as_ptr().align_offset(64), 0);
+    }
+}

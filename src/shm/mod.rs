@@ -1,0 +1,85 @@
+//! Shared-memory delivery: the ring of slots that carries minibatches from the daemon to a
+//! trainer process (DESIGN.md §5). **All `unsafe` code of the crate lives in this module**, each
+//! block with a `// SAFETY:` comment.
+//!
+//! * [`layout`] — what the bytes mean: the `#[repr(C)]` ring header (magic, layout version,
+//!   per-daemon-start id, slot geometry), the slot header and the tensor table (name, dtype, shape,
+//!   offset), data 64-byte aligned. Pure, safe encoding and decoding over byte slices.
+//! * [`memory`] — where the bytes live: a [`SlotMemory`] is either a sealed `memfd` mapping
+//!   ([`memory::MemfdMemory`], the real backend) or a heap buffer ([`memory::LocalMemory`], the
+//!   process-local backend for unit tests); one conformance suite runs on both.
+//! * [`ring`] — a [`ring::Ring`]: header written once, minibatches encoded into slots.
+//! * [`fdpass`] — passing the memfd to the client over the control socket (`SCM_RIGHTS`).
+//!
+//! Invariants: the ring never changes size once created (the memfd is sealed with
+//! `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`, so a client's mapping can never fault with
+//! `SIGBUS`); the daemon writes a slot only while the client does not own it (the control
+//! socket's `ready`/`release` messages order the accesses, DESIGN.md §5); nothing in shared memory
+//! holds a pointer.
+//!
+//! Fed by: the delivery stage (`crate::pipeline`), which encodes assembled minibatches. Feeds: the
+//! clients ([`crate::client`], `clients/python`) which decode slots in place.
+
+pub mod fdpass;
+pub mod layout;
+pub mod memory;
+pub mod ring;
+
+pub use layout::{DType, LayoutError, RingHeader, SlotHeader, TensorEntry, LAYOUT_VERSION, RING_MAGIC};
+pub use memory::{LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
+pub use ring::{Ring, RingGeometry};
+
+/// Plain data that may be viewed as bytes and read back from suitably aligned bytes: every bit
+/// pattern is a valid value and the type has no padding.
+///
+/// # Safety
+/// Implement only for primitive numeric types without padding bytes or invalid bit patterns.
+pub unsafe trait Pod: Copy + 'static {}
+
+// SAFETY: primitive numbers: no padding, every bit pattern valid.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for i32 {}
+// SAFETY: as above.
+unsafe impl Pod for i64 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+// SAFETY: as above.
+unsafe impl Pod for f32 {}
+// SAFETY: as above.
+unsafe impl Pod for f64 {}
+
+/// The bytes of a slice of plain numbers (native endianness, which the layout declares).
+#[must_use]
+pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
+    // SAFETY: `T: Pod` has no padding, so every byte of the slice is initialised; the length is
+    // the slice's size in bytes; `u8` has alignment 1; the lifetime is tied to `values`.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+}
+
+/// Views `bytes` as a slice of `T`, if it is aligned for `T` and a whole number of `T`s long.
+#[must_use]
+pub fn cast_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() - bytes.len() / size * size != 0 || bytes.as_ptr().align_offset(std::mem::align_of::<T>()) != 0 {
+        return None;
+    }
+    // SAFETY: alignment and length were checked just above; `T: Pod` accepts every bit pattern;
+    // the lifetime is tied to `bytes`.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cast_round_trips_and_refuses_misalignment() {
+        let v: Vec<f32> = vec![1.0, -2.5, f32::INFINITY];
+        let b = as_bytes(&v);
+        assert_eq!(b.len(), 12);
+        assert_eq!(cast_slice::<f32>(b), Some(&v[..]));
+        assert!(cast_slice::<f32>(&b[1..5]).is_none(), "misaligned");
+        assert!(cast_slice::<f32>(&b[..5]).is_none());
+    }
+}

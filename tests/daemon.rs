@@ -1,0 +1,531 @@
+//! The daemon end to end: the real binary, a real socket, the Rust client (and the Python client
+//! in `python_client_suite`). Every test starts its own daemon on a temp dir and stops it (SIGTERM,
+//! then SIGKILL after a deadline) when the guard drops; every wait has a deadline.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use minibatchd::client::{Client, ClientError};
+use minibatchd::minibatch::{MbData, Minibatch};
+use minibatchd::protocol::{ErrorCode, SessionOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// 150 sequences of 1..=3 samples: `features` (dense, dim 3; the first value of every sample is
+/// the sequence id) and `labels` (sparse, dim 5, on each sequence's first line).
+fn write_data(dir: &Path) -> PathBuf {
+    let mut text = String::new();
+    for id in 0..150u32 {
+        let len = 1 + id % 3;
+        for j in 0..len {
+            text.push_str(&format!("{id} |F {id} {}.5 -{j}e-3", j + 1));
+            if j == 0 {
+                text.push_str(&format!(" |L {}:1 {}:0.25", id % 5, (id + 2) % 5));
+            }
+            text.push('\n');
+        }
+    }
+    let p = dir.join("data.ctf");
+    std::fs::write(&p, text).expect("write data");
+    // A wide sparse dataset: 20 one-line sequences of 2000 entries each.
+    let mut wide = String::new();
+    for id in 0..20u32 {
+        wide.push_str(&format!("{id} |W"));
+        for k in 0..2000u32 {
+            wide.push_str(&format!(" {}:{}", (k * 7 + id) % 5000, k % 9));
+        }
+        wide.push('\n');
+    }
+    std::fs::write(dir.join("wide.ctf"), wide).expect("write wide data");
+    p
+}
+
+fn write_config(dir: &Path, memory_limit: u64) -> PathBuf {
+    let data = write_data(dir);
+    let cfg = format!(
+        r#"[daemon]
+socket = "{dir}/mbd.sock"
+metrics_listen = "127.0.0.1:0"
+state_dir = "{dir}/state"
+memory_limit_bytes = {memory_limit}
+ring_slots = 3
+slot_size_bytes = 65536
+session_linger_secs = 60
+
+[datasets.train]
+format = "ctf"
+files = ["{data}"]
+chunk_size_bytes = 300
+
+[datasets.train.streams.features]
+alias = "F"
+dim = 3
+format = "dense"
+
+[datasets.train.streams.labels]
+alias = "L"
+dim = 5
+format = "sparse"
+
+[datasets.train.sampling]
+randomize = true
+window_chunks = 4
+seed = 0
+
+[datasets.wide]
+format = "ctf"
+files = ["{dir}/wide.ctf"]
+
+[datasets.wide.streams.words]
+alias = "W"
+dim = 5000
+format = "sparse"
+"#,
+        dir = dir.display(),
+        data = data.display()
+    );
+    let p = dir.join("minibatchd.toml");
+    std::fs::write(&p, cfg).expect("write config");
+    p
+}
+
+struct Daemon {
+    child: Child,
+    /// Holds the socket, config, data and state; removed on drop.
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start() -> Self {
+        Self::start_with_limit(1 << 30)
+    }
+
+    fn start_with_limit(memory_limit: u64) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = write_config(dir.path(), memory_limit);
+        let socket = dir.path().join("mbd.sock");
+        let child = Command::new(BIN)
+            .args(["run", "--config"])
+            .arg(&config)
+            .env("MINIBATCHD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn daemon");
+        let d = Self { child, _dir: dir, config, socket };
+        let start = Instant::now();
+        let mut d = d;
+        while UnixStream::connect(&d.socket).is_err() {
+            assert!(d.is_running(), "the daemon exited at start");
+            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect")
+    }
+
+    /// `minibatchd dump` lines of `train` with `args`.
+    fn dump(&self, args: &[&str]) -> Vec<String> {
+        self.dump_of("train", args)
+    }
+
+    fn dump_of(&self, dataset: &str, args: &[&str]) -> Vec<String> {
+        let out = Command::new(BIN).args(["dump", "--config"]).arg(&self.config).args(["--dataset", dataset]).args(args).output().expect("dump");
+        assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// SIGTERM, then wait (SIGKILL after the deadline). Returns whether it exited cleanly.
+    fn stop(&mut self) -> bool {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.success();
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.is_running() {
+            self.stop();
+        }
+    }
+}
+
+fn names() -> Vec<String> {
+    vec!["features".into(), "labels".into()]
+}
+
+fn json(mb: &Minibatch) -> String {
+    let mut s = String::new();
+    minibatchd::dump::write_json(&mut s, mb, &names());
+    s
+}
+
+fn options(minibatch_size: u64) -> SessionOptions {
+    SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
+}
+
+/// Every minibatch of a session, as dump JSON lines.
+fn drain(session: &mut minibatchd::client::Session, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        match session.next_owned().expect("next") {
+            Some(mb) => out.push(json(&mb)),
+            None => break,
+        }
+    }
+    out
+}
+
+/// Sequence ids of a minibatch (first feature value of each sequence's first sample).
+fn sequence_ids(mb: &Minibatch) -> Vec<u32> {
+    let s = &mb.streams[0];
+    let MbData::Dense { values, .. } = &s.data else { panic!("dense features") };
+    s.sequence_offsets[..s.sequence_offsets.len() - 1].iter().map(|&o| values.get_f64(o as usize * 3) as u32).collect()
+}
+
+#[test]
+fn a_session_delivers_exactly_what_dump_prints() {
+    let d = Daemon::start();
+    let cases: [(SessionOptions, Vec<&str>); 3] = [
+        (SessionOptions { max_sweeps: Some(2), seed: Some(5), ..options(7) }, vec!["--minibatch-size", "7", "--max-sweeps", "2", "--seed", "5"]),
+        (SessionOptions { full_sweep: true, randomize: Some(false), ..options(4) }, vec!["--minibatch-size", "4", "--full-sweep", "--randomize", "false"]),
+        (SessionOptions { max_samples: Some(100), window_samples: Some(40), num_workers: Some(2), rank: Some(1), ..options(9) }, vec!["--minibatch-size", "9", "--max-samples", "100", "--window-samples", "40", "--workers", "2", "--rank", "1"]),
+    ];
+    for (opts, args) in cases {
+        let mut s = d.client().open("train", &opts).expect("open");
+        let got = drain(&mut s, 10_000);
+        let want = d.dump(&args);
+        assert!(!want.is_empty());
+        assert_eq!(got, want, "options {opts:?}");
+        s.close().expect("close");
+    }
+}
+
+#[test]
+fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
+    let d = Daemon::start();
+    let socket = d.socket.clone();
+    let workers = 3u64;
+    let handles: Vec<_> = (0..workers)
+        .map(|rank| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let opts = SessionOptions { full_sweep: true, num_workers: Some(workers), rank: Some(rank), seed: Some(1), ..options(6) };
+                let mut s = Client::connect(&socket).expect("connect").open("train", &opts).expect("open");
+                let mut ids = Vec::new();
+                let mut lines = Vec::new();
+                while let Some(mb) = s.next_owned().expect("next") {
+                    ids.extend(sequence_ids(&mb));
+                    lines.push(json(&mb));
+                }
+                (ids, lines)
+            })
+        })
+        .collect();
+    let mut all = BTreeSet::new();
+    let mut total = 0;
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (ids, lines) = h.join().expect("rank thread");
+        let r = rank.to_string();
+        assert_eq!(lines, d.dump(&["--minibatch-size", "6", "--full-sweep", "--seed", "1", "--workers", "3", "--rank", &r]), "rank {rank}");
+        assert!(!ids.is_empty(), "rank {rank} got no data");
+        total += ids.len();
+        all.extend(ids);
+    }
+    assert_eq!(total, all.len(), "a sequence went to two ranks");
+    assert_eq!(all, (0..150).collect::<BTreeSet<u32>>(), "the sweep is covered");
+}
+
+#[test]
+fn resuming_with_a_saved_state_continues_exactly() {
+    let d = Daemon::start();
+    let opts = SessionOptions { max_sweeps: Some(2), seed: Some(3), ..options(5) };
+    let want = d.dump(&["--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3"]);
+    for cut in [0usize, 1, 13, 40] {
+        let mut s = d.client().open("train", &opts).expect("open");
+        let mut got = drain(&mut s, cut);
+        let state = s.state().expect("state");
+        assert_eq!(state.minibatches, cut as u64);
+        drop(s); // no close: a dead connection, prefetched minibatches in flight
+        let resume = SessionOptions { resume: Some(state), ..opts.clone() };
+        let mut s = d.client().open("train", &resume).expect("resume");
+        got.extend(drain(&mut s, 10_000));
+        assert_eq!(got, want, "cut after {cut}");
+    }
+    // The minibatch size may change across a resume; other sampling options may not.
+    let mut s = d.client().open("train", &opts).expect("open");
+    drain(&mut s, 3);
+    let state = s.close().expect("close");
+    let other_seed = SessionOptions { resume: Some(state), seed: Some(4), ..opts };
+    match d.client().open("train", &other_seed) {
+        Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, .. }) => {}
+        other => panic!("expected resume_mismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_named_session_is_resumable_after_its_connection_dies() {
+    let d = Daemon::start();
+    let opts = SessionOptions { full_sweep: true, session: Some("trainer-0".into()), ..options(8) };
+    let want = d.dump(&["--minibatch-size", "8", "--full-sweep"]);
+    let mut s = d.client().open("train", &opts).expect("open");
+    let mut got = drain(&mut s, 4);
+    match d.client().open("train", &opts) {
+        Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) => {}
+        other => panic!("expected session_busy, got {other:?}"),
+    }
+    s.state().expect("report what was taken");
+    drop(s);
+    let start = Instant::now();
+    let mut s = loop {
+        match d.client().open("train", &opts) {
+            Ok(s) => break s,
+            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("reopen: {e}"),
+        }
+    };
+    got.extend(drain(&mut s, 10_000));
+    assert_eq!(got, want);
+}
+
+#[test]
+fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
+    let d = Daemon::start();
+    let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };
+    let mut s = d.client().open("wide", &small).expect("open");
+    match s.next_minibatch() {
+        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message }) => assert!(message.contains("slot_size_bytes"), "{message}"),
+        other => panic!("expected minibatch_too_large, got {other:?}"),
+    }
+    let state = s.state().expect("the session still answers");
+    assert_eq!((state.position, state.minibatches), (0, 0), "nothing was taken");
+    drop(s);
+    let big = SessionOptions { slot_size_bytes: Some(1 << 20), resume: Some(state), ..small };
+    let mut s = d.client().open("wide", &big).expect("reopen");
+    let got: Vec<String> = std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| {
+        let mut line = String::new();
+        minibatchd::dump::write_json(&mut line, &mb, &["words".to_owned()]);
+        line
+    }).collect();
+    assert_eq!(got, d.dump_of("wide", &["--minibatch-size", "4", "--full-sweep"]));
+}
+
+fn raw(socket: &Path) -> UnixStream {
+    let s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    s
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut v = (body.len() as u32).to_le_bytes().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+fn reply(s: &mut UnixStream) -> Option<serde_json::Value> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+fn code(v: &Option<serde_json::Value>) -> String {
+    v.as_ref().and_then(|v| v["code"].as_str()).unwrap_or("<none>").to_owned()
+}
+
+#[test]
+fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
+    let mut d = Daemon::start();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&d.socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "socket mode {mode:o}");
+    // Garbage in a valid frame: an error reply, and the connection goes on.
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(b"\xff\xfe not json")).expect("write");
+    assert_eq!(code(&reply(&mut s)), "bad_message");
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+    s.write_all(&frame(br#"{"type":"release","slot":0,"generation":1}"#)).expect("write");
+    assert_eq!(code(&reply(&mut s)), "unexpected_message");
+    s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":0}}"#)).expect("write");
+    assert_eq!(code(&reply(&mut s)), "invalid_options");
+    s.write_all(&frame(br#"{"type":"open","dataset":"nope","options":{"minibatch_size":1}}"#)).expect("write");
+    assert_eq!(code(&reply(&mut s)), "unknown_dataset");
+    // Oversized: an error reply and a disconnect.
+    let mut s = raw(&d.socket);
+    s.write_all(&u32::MAX.to_le_bytes()).expect("write");
+    assert_eq!(code(&reply(&mut s)), "message_too_large");
+    assert!(reply(&mut s).is_none(), "the connection is closed");
+    // Wrong version: an error reply and a disconnect.
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(br#"{"type":"hello","version":2}"#)).expect("write");
+    assert_eq!(code(&reply(&mut s)), "version_mismatch");
+    assert!(reply(&mut s).is_none());
+    // No hello first.
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(br#"{"type":"state"}"#)).expect("write");
+    assert_eq!(code(&reply(&mut s)), "hello_required");
+    // Random bytes, a truncated frame, then a hang-up.
+    let mut s = raw(&d.socket);
+    s.write_all(&[7, 0, 0, 0, b'{', b'"']).expect("write");
+    drop(s);
+    // Still serving.
+    let mut session = d.client().open("train", &SessionOptions { full_sweep: true, ..options(50) }).expect("open after abuse");
+    assert!(!drain(&mut session, 10_000).is_empty());
+    assert!(d.is_running());
+    // SIGTERM stops it cleanly and removes the socket.
+    assert!(d.stop(), "clean exit on SIGTERM");
+    assert!(!d.socket.exists(), "socket removed");
+}
+
+#[test]
+fn ring_memory_is_reserved_and_given_back() {
+    // Rings of 3 × 128 KiB: one fits next to the chunk cache's floor (a quarter of 1 MiB).
+    let d = Daemon::start_with_limit(1 << 20);
+    let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
+    let mut first = d.client().open("train", &opts).expect("first");
+    match d.client().open("train", &opts) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) => {}
+        other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+    drain(&mut first, 2);
+    drop(first);
+    let start = Instant::now();
+    loop {
+        match d.client().open("train", &opts) {
+            Ok(_) => break,
+            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("reopen: {e}"),
+        }
+    }
+}
+
+/// The interpreter for the Python client tests, if it has NumPy (else the reason).
+fn python() -> Result<String, String> {
+    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py).args(["-c", "import numpy"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if ok {
+        Ok(py)
+    } else {
+        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
+    }
+}
+
+fn client_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python")
+}
+
+#[test]
+fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
+    let py = match python() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("SKIPPED a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on: {why}");
+            return;
+        }
+    };
+    // Room for two rings of 3 × 128 KiB only: the victim's and the survivor's.
+    let d = Daemon::start_with_limit(3 << 19);
+    let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(3) };
+    let mut survivor = d.client().open("train", &opts).expect("survivor");
+    let mut survived = drain(&mut survivor, 5);
+    let script = format!(
+        "import sys, time, minibatchd\n\
+         s = minibatchd.connect({sock:?}).open('train', minibatch_size=3, full_sweep=True, prefetch=3, slot_size_bytes=131072, session='victim')\n\
+         held = [next(s)]\n\
+         for _ in range(4): next(s)\n\
+         print('READY', flush=True)\n\
+         time.sleep(120)\n",
+        sock = d.socket.display().to_string()
+    );
+    let mut victim = Command::new(&py).args(["-c", &script]).env("PYTHONPATH", client_dir()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python");
+    let mut line = String::new();
+    BufReader::new(victim.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
+    assert_eq!(line.trim(), "READY", "the victim did not start");
+    // Both rings are in use: a third session does not fit.
+    assert!(matches!(d.client().open("train", &opts), Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. })));
+    victim.kill().expect("SIGKILL");
+    victim.wait().expect("reap");
+    // The victim's ring comes back at once; meanwhile the survivor goes on.
+    survived.extend(drain(&mut survivor, 3));
+    let start = Instant::now();
+    let mut third = loop {
+        match d.client().open("train", &opts) {
+            Ok(s) => break s,
+            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("open after the kill: {e}"),
+        }
+    };
+    assert!(!drain(&mut third, 2).is_empty());
+    drop(third);
+    survived.extend(drain(&mut survivor, 10_000));
+    assert_eq!(survived, d.dump(&["--minibatch-size", "3", "--full-sweep"]), "the survivor was not disturbed");
+    // The victim's session is resumable by name, after the minibatches it had taken.
+    let start = Instant::now();
+    let mut again = loop {
+        match d.client().open("train", &SessionOptions { session: Some("victim".into()), ..opts.clone() }) {
+            Ok(s) => break s,
+            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("resume the victim: {e}"),
+        }
+    };
+    let state = again.state().expect("state");
+    assert!(state.minibatches >= 1 && state.minibatches <= 5, "{state:?}");
+    let mb = again.next_owned().expect("next").expect("a minibatch");
+    assert_eq!(mb.index, state.minibatches);
+}
+
+#[test]
+fn python_client_suite() {
+    let py = match python() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("SKIPPED python_client_suite: {why}");
+            return;
+        }
+    };
+    let has_pytest = Command::new(&py).args(["-c", "import pytest"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !has_pytest {
+        println!("SKIPPED python_client_suite: {py} cannot import pytest (run scripts/setup.sh)");
+        return;
+    }
+    let out = Command::new(&py)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+        .current_dir(client_dir())
+        .env("MINIBATCHD_BIN", BIN)
+        .env("PYTHONPATH", client_dir())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run pytest");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{text}");
+    assert!(out.status.success(), "the Python client tests failed:\n{text}");
+}

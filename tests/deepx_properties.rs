@@ -1,0 +1,249 @@
+//! Property tests of the deepx formats: generated instances survive render → parse unchanged,
+//! whatever the format, chunk size, blanks (several, tabs, trailing), line ends (LF, CRLF, none
+//! at EOF), blank lines and gzip (one or several members); and no input makes the decoder panic.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use minibatchd::config::{Config, DeepxOptions, FormatKind};
+use minibatchd::dataset::Dataset;
+use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd::format::deepx::{DeepxDecoder, LineContext, Schema};
+use minibatchd::format::{Indices, Values};
+use minibatchd::minibatch::MbData;
+use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use proptest::prelude::*;
+
+/// A generated instance: label, weight, uuid, feature groups (one for libsvm).
+#[derive(Debug, Clone, PartialEq)]
+struct Inst {
+    label: f32,
+    weight: f32,
+    uuid: String,
+    groups: Vec<Vec<(u64, f32)>>,
+}
+
+#[derive(Debug, Clone)]
+struct Style {
+    sep: &'static str,
+    crlf: bool,
+    trailing: &'static str,
+    final_newline: bool,
+    blank_every: usize,
+    chunk_size: u64,
+    gzip_members: usize,
+}
+
+/// Values that print exactly and are in deepx's ranges.
+fn value(max: i32) -> impl Strategy<Value = f32> {
+    (-4 * max..=4 * max).prop_map(|q| q as f32 / 4.0)
+}
+
+fn id() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..100, any::<u64>()]
+}
+
+fn group() -> impl Strategy<Value = Vec<(u64, f32)>> {
+    prop::collection::vec((id(), value(100)), 1..5)
+}
+
+/// `groups`: the number of groups (libsvm: 1, and it may be empty; uch: 2 + history).
+fn inst(format: FormatKind) -> impl Strategy<Value = Inst> {
+    let groups = match format {
+        FormatKind::Libsvm => prop::collection::vec((id(), value(100)), 0..5).prop_map(|g| vec![g]).boxed(),
+        FormatKind::LibsvmEx => prop::collection::vec(group(), 3).boxed(),
+        _ => prop::collection::vec(group(), 2..6).boxed(),
+    };
+    (value(10_000), 1i32..=400, prop::sample::select(vec!["", "u1", "a:b|c", "0"]), groups).prop_map(|(label, w, uuid, groups)| Inst {
+        label,
+        weight: w as f32 / 4.0,
+        uuid: uuid.to_owned(),
+        groups,
+    })
+}
+
+fn style() -> impl Strategy<Value = Style> {
+    (
+        prop::sample::select(vec![" ", "\t", "  ", " \t "]),
+        any::<bool>(),
+        prop::sample::select(vec!["", " ", "\t ", "   "]),
+        any::<bool>(),
+        0usize..4,
+        1u64..300,
+        0usize..3,
+    )
+        .prop_map(|(sep, crlf, trailing, final_newline, blank_every, chunk_size, gzip_members)| Style {
+            sep,
+            crlf,
+            trailing,
+            final_newline,
+            blank_every,
+            chunk_size,
+            gzip_members,
+        })
+}
+
+fn render(insts: &[Inst], s: &Style) -> String {
+    let nl = if s.crlf { "\r\n" } else { "\n" };
+    let mut out = String::new();
+    for (i, x) in insts.iter().enumerate() {
+        out.push_str(&format!("{}:{}", x.label, x.weight));
+        if !x.uuid.is_empty() {
+            out.push_str(&format!("{}uuid:{}", s.sep, x.uuid));
+        }
+        for (g, entries) in x.groups.iter().enumerate() {
+            out.push_str(s.sep);
+            if g > 0 {
+                out.push('|');
+                out.push_str(if g % 2 == 0 { s.sep } else { "" });
+            }
+            let feats: Vec<String> =
+                entries.iter().map(|&(id, v)| if v == 1.0 && id % 2 == 0 { format!("{id}") } else { format!("{id}:{v}") }).collect();
+            out.push_str(&feats.join(s.sep));
+        }
+        out.push_str(s.trailing);
+        if i + 1 < insts.len() || s.final_newline {
+            out.push_str(nl);
+        }
+        if s.blank_every > 0 && i % s.blank_every == 0 && i + 1 < insts.len() {
+            out.push_str(s.trailing);
+            out.push_str(nl);
+        }
+    }
+    out
+}
+
+fn gzip(text: &[u8], members: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let step = text.len() / members + 1;
+    for part in text.chunks(step) {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(part).expect("compress");
+        out.extend(e.finish().expect("finish"));
+    }
+    out
+}
+
+fn f32s(v: &Values) -> &[f32] {
+    match v {
+        Values::F32(v) => v,
+        Values::F64(_) => panic!("float32 expected"),
+    }
+}
+
+fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec<Inst> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = render(insts, s);
+    let path = dir.path().join("data");
+    if s.gzip_members > 0 {
+        std::fs::write(&path, gzip(text.as_bytes(), s.gzip_members)).expect("write");
+    } else {
+        std::fs::write(&path, &text).expect("write");
+    }
+    let (name, extra) = match format {
+        FormatKind::Libsvm => ("libsvm", String::new()),
+        FormatKind::LibsvmEx => ("libsvm_ex", "x_size = 3".to_owned()),
+        _ => ("uch", format!("x_hist_item_size = {slots}")),
+    };
+    let cfg = format!(
+        "[datasets.d]\nformat = \"{name}\"\nfiles = [\"data\"]\nchunk_size_bytes = {}\nw = true\nuuid = true\n{extra}\n",
+        s.chunk_size
+    );
+    let c = Config::from_toml_str(&cfg, dir.path()).expect("config");
+    let ds = Dataset::open(c.dataset("d").expect("d"), dir.path(), &mut |_| {}).expect("open");
+    let opts = DumpOptions {
+        sampling: SamplingOptions { randomize: false, window: Window::Chunks(1), seed: 0, limit: EpochLimit::FullSweep, num_workers: 1, rank: 0 },
+        minibatch_sizes: vec![3],
+        num_minibatches: None,
+        restore: None,
+        frame_mode: true,
+    };
+    let names = ds.stream_names().to_vec();
+    let mut out = Vec::new();
+    for_each_minibatch(&ds, &opts, &mut |mb| {
+        let n = mb.streams[0].num_samples();
+        let mut got = vec![Inst { label: 0.0, weight: 0.0, uuid: String::new(), groups: Vec::new() }; n];
+        for (name, st) in names.iter().zip(&mb.streams) {
+            for (j, g) in got.iter_mut().enumerate() {
+                match (&st.data, name.as_str()) {
+                    (MbData::Sparse { sample_offsets, indices: Indices::U64(ids), values, .. }, _) => {
+                        let (a, b) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
+                        g.groups.push((a..b).map(|e| (ids[e], f32s(values)[e])).collect());
+                    }
+                    (MbData::Dense { values, .. }, "__instY") => g.label = f32s(values)[j],
+                    (MbData::Dense { values, .. }, "__instW") => g.weight = f32s(values)[j],
+                    (MbData::Strings { offsets, bytes }, _) => {
+                        g.uuid = String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]).into_owned();
+                    }
+                    _ => {}
+                }
+            }
+        }
+        out.extend(got);
+        Ok(())
+    })
+    .expect("sweep");
+    out
+}
+
+/// What `uch` keeps of an instance: user, candidate, `slots` history slots (empty when absent).
+fn uch_view(x: &Inst, slots: usize) -> Inst {
+    let mut groups = x.groups[..2].to_vec();
+    for h in 0..slots {
+        groups.push(x.groups.get(2 + h).cloned().unwrap_or_default());
+    }
+    Inst { groups, ..x.clone() }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn libsvm_instances_round_trip(insts in prop::collection::vec(inst(FormatKind::Libsvm), 1..12), s in style()) {
+        prop_assert_eq!(read_back(FormatKind::Libsvm, 0, &insts, &s), insts);
+    }
+
+    #[test]
+    fn libsvm_ex_instances_round_trip(insts in prop::collection::vec(inst(FormatKind::LibsvmEx), 1..12), s in style()) {
+        prop_assert_eq!(read_back(FormatKind::LibsvmEx, 0, &insts, &s), insts);
+    }
+
+    #[test]
+    fn uch_instances_round_trip(insts in prop::collection::vec(inst(FormatKind::Uch), 1..12), s in style(), slots in 1usize..4) {
+        let expected: Vec<Inst> = insts.iter().map(|x| uch_view(x, slots)).collect();
+        prop_assert_eq!(read_back(FormatKind::Uch, slots, &insts, &s), expected);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Any bytes: the decoder never panics, and a line is either one sample or one error.
+    #[test]
+    fn hostile_lines_never_panic(
+        line in prop::collection::vec(prop::sample::select(b"0123456789 \t:|.-+eE#uuid:qx\r\xff".to_vec()), 0..40),
+        format in prop::sample::select(vec![FormatKind::Libsvm, FormatKind::LibsvmEx, FormatKind::Uch]),
+        svmlight in any::<bool>(),
+    ) {
+        let o = DeepxOptions {
+            label_size: 2,
+            w: true,
+            uuid: true,
+            x_size: Some(2),
+            x_hist_item_size: Some(2),
+            comments: svmlight,
+            qid: svmlight,
+            feature_index_base: u8::from(svmlight),
+            ..DeepxOptions::default()
+        };
+        let d = DeepxDecoder::new(Schema::new(format, &o));
+        let mut b = d.buffers::<f64>();
+        let mut errors = Vec::new();
+        let file: Arc<Path> = Arc::from(Path::new("h"));
+        d.decode_line(&line, &LineContext { file: &file, line: 0, offset: 0 }, &mut b, &mut errors);
+        prop_assert_eq!(b.samples + errors.len(), 1);
+        prop_assert_eq!(b.y.len(), 2 * b.samples);
+        prop_assert!(b.x.iter().all(|x| x.sample_offsets.len() == b.samples + 1 && x.ids.len() == x.values.len()));
+    }
+}
