@@ -15,7 +15,7 @@ use minibatchd::config::{DeepxOptions, FormatKind};
 use minibatchd::format::deepx::{index_reader, DeepxDecoder, LineContext, LineIndexOptions, Schema};
 use minibatchd::format::FileIndex;
 
-#[path = "../examples/criteo_gen.rs"]
+#[path = "../examples/support/criteo_gen.rs"]
 mod criteo_gen;
 
 /// The line index of `text`.

@@ -4,7 +4,7 @@
 //! in turn. Used by `scripts/bench_libsvm.sh`.
 //!
 //! ```text
-//! deepx_parse_rate generate PATH BYTES        # seeded Criteo-like lines (examples/criteo_gen.rs)
+//! deepx_parse_rate generate PATH BYTES        # seeded Criteo-like lines (examples/support/criteo_gen.rs)
 //! deepx_parse_rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
 //! ```
 
@@ -16,6 +16,7 @@ use minibatchd::config::Config;
 use minibatchd::dataset::Dataset;
 use minibatchd::format::StreamValues;
 
+#[path = "support/criteo_gen.rs"]
 mod criteo_gen;
 
 fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
@@ -37,6 +38,7 @@ fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
 }
 
 fn parse(path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<(), String> {
+    let path = &std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     let text = format!(
         "[datasets.d]\nformat = \"libsvm\"\nfiles = [{:?}]\nchunk_size_bytes = {chunk_bytes}\n",

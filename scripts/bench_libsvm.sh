@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # libsvm parse rate: minibatchd versus xgboost's libsvm parser (dmlc-core), at equal threads, on a
-# generated Criteo-like file (a label and 39 features per line; examples/criteo_gen.rs).
+# generated Criteo-like file (a label and 39 features per line; examples/support/criteo_gen.rs).
 #
 #   scripts/bench_libsvm.sh                 # 1 GiB, 2 threads
 #   SIZE=268435456 THREADS=1 scripts/bench_libsvm.sh

@@ -37,6 +37,12 @@ const MAX_WEIGHT: f64 = 10_000.0;
 /// deepx's `MAX_FEATURE_VALUE`.
 const MAX_FEATURE_VALUE: f64 = 100.0;
 
+/// `|v| <= max`; false for NaN.
+#[inline]
+fn within(v: f64, max: f64) -> bool {
+    v.abs() <= max
+}
+
 /// An element type of the deepx streams: narrowed from `f64`, widened back for range checks.
 pub trait DeepxElement: Element + Into<f64> {
     /// Wraps a vector into [`Values`].
@@ -302,7 +308,7 @@ impl DeepxDecoder {
             }
             let (label, q) = parse_real(s, p).map_err(|(e, at)| bad(at, format!("invalid label: expected {}, found {}", e.expected(), found(s, at))))?;
             let label = T::from_f64(label);
-            if !(label.into().abs() <= MAX_LABEL) {
+            if !within(label.into(), MAX_LABEL) {
                 return Err(bad(p, format!("label {} is out of range [-10000, 10000]", token(s, p))));
             }
             let (weight, q) = if s.get(q) == Some(&b':') {
@@ -388,7 +394,7 @@ impl DeepxDecoder {
             let (value, q) = if q < n && s[q] == b':' {
                 let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| bad(at, format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at))))?;
                 let v = T::from_f64(v);
-                if !(v.into().abs() <= MAX_FEATURE_VALUE) {
+                if !within(v.into(), MAX_FEATURE_VALUE) {
                     return Err(bad(q + 1, format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1))));
                 }
                 (v, r)

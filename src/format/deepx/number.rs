@@ -34,35 +34,96 @@ pub enum IdError {
     Overflow,
 }
 
-/// Reads the unsigned decimal at `bytes[p..]`.
-///
-/// # Errors
-/// [`IdError`] with the offset of the number's first byte.
+/// The 8 bytes at `bytes[q..q + 8]` as a little-endian word, if there are 8.
 #[inline]
-pub fn parse_id(bytes: &[u8], p: usize) -> Result<(u64, usize), (IdError, usize)> {
-    let mut q = p;
-    let mut v: u64 = 0;
-    // Up to 19 digits cannot overflow a u64.
-    while q < bytes.len() && q - p < 19 {
-        let d = bytes[q].wrapping_sub(b'0');
-        if d > 9 {
-            break;
-        }
-        v = v * 10 + u64::from(d);
-        q += 1;
+fn load8(bytes: &[u8], q: usize) -> Option<u64> {
+    let b: [u8; 8] = bytes.get(q..q + 8)?.try_into().ok()?;
+    Some(u64::from_le_bytes(b))
+}
+
+/// The number of leading ASCII digits of the little-endian word `w` (0..=8) and their value.
+///
+/// SWAR: a byte is a digit iff its high nibble is 3 both as is and after adding 6. Carries and
+/// borrows between bytes only run from a non-digit byte towards later bytes, which are past the
+/// first non-digit and shifted out before the digits are combined.
+#[inline]
+fn swar_digits(w: u64) -> (u64, usize) {
+    const HI: u64 = 0xF0F0_F0F0_F0F0_F0F0;
+    const THREES: u64 = 0x3030_3030_3030_3030;
+    let bad = ((w & HI) ^ THREES) | ((w.wrapping_add(0x0606_0606_0606_0606) & HI) ^ THREES);
+    let n = (bad.trailing_zeros() / 8) as usize;
+    if n == 0 {
+        return (0, 0);
     }
-    if q == p {
-        return Err((IdError::NoDigits, p));
+    // The n digits in the top n bytes, zeros (leading zeros) below.
+    let d = w.wrapping_sub(THREES) << (8 * (8 - n));
+    // Combine 8 digit bytes (first digit in the lowest byte) into their value (Lemire).
+    let d = d.wrapping_mul(10).wrapping_add(d >> 8);
+    let v = ((d & 0x0000_00FF_0000_00FF).wrapping_mul(100 + (1_000_000 << 32))
+        + ((d >> 16) & 0x0000_00FF_0000_00FF).wrapping_mul(1 + (10_000 << 32)))
+        >> 32;
+    (v, n)
+}
+
+/// All leading digits at `bytes[q..]`: their value (meaningful up to 19 digits; wraps beyond)
+/// and their count.
+#[inline]
+fn digit_run(bytes: &[u8], mut q: usize) -> (u64, usize) {
+    let start = q;
+    let mut v = 0u64;
+    while let Some(w) = load8(bytes, q) {
+        let (x, n) = swar_digits(w);
+        v = v.wrapping_mul(POW10_U64[n]).wrapping_add(x);
+        q += n;
+        if n < 8 {
+            return (v, q - start);
+        }
     }
     while let Some(&b) = bytes.get(q) {
         let d = b.wrapping_sub(b'0');
         if d > 9 {
             break;
         }
-        v = v.checked_mul(10).and_then(|v| v.checked_add(u64::from(d))).ok_or((IdError::Overflow, p))?;
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
         q += 1;
     }
-    Ok((v, q))
+    (v, q - start)
+}
+
+/// `10^n` for `n` in `0..=19`.
+const POW10_U64: [u64; 20] = {
+    let mut t = [1u64; 20];
+    let mut i = 1;
+    while i < 20 {
+        t[i] = t[i - 1] * 10;
+        i += 1;
+    }
+    t
+};
+
+/// Reads the unsigned decimal at `bytes[p..]`.
+///
+/// # Errors
+/// [`IdError`] with the offset of the number's first byte.
+#[inline(always)]
+pub fn parse_id(bytes: &[u8], p: usize) -> Result<(u64, usize), (IdError, usize)> {
+    let (v, n) = digit_run(bytes, p);
+    match n {
+        0 => Err((IdError::NoDigits, p)),
+        1..=19 => Ok((v, p + n)),
+        _ => parse_long_id(bytes, p, n),
+    }
+}
+
+/// More than 19 digits (leading zeros allowed): checked, digit by digit.
+#[cold]
+#[inline(never)]
+fn parse_long_id(bytes: &[u8], p: usize, n: usize) -> Result<(u64, usize), (IdError, usize)> {
+    let mut v: u64 = 0;
+    for &b in &bytes[p..p + n] {
+        v = v.checked_mul(10).and_then(|v| v.checked_add(u64::from(b - b'0'))).ok_or((IdError::Overflow, p))?;
+    }
+    Ok((v, p + n))
 }
 
 /// Why a real number could not be read.
@@ -120,39 +181,36 @@ fn mantissa_digits(bytes: &[u8], mut q: usize, int: &mut u64, float: &mut Option
 ///
 /// # Errors
 /// [`RealError`] with the offset of the offending byte.
-#[inline]
+#[inline(always)]
 pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
     // Fast path: `-?digits(.digits)?` with at most 15 digits and no exponent — almost every value
     // in practice. The mantissa is exact, so `int * POW10[-frac]` is deepx's result bit for bit.
     let neg = bytes.get(p) == Some(&b'-');
     let mut q = p + usize::from(neg);
-    let mut int = 0u64;
-    let mut ndigits = 0u32;
-    let mut frac = 0u32;
-    let mut dot = false;
-    while let Some(&c) = bytes.get(q) {
-        let d = c.wrapping_sub(b'0');
-        if d <= 9 {
-            int = int.wrapping_mul(10).wrapping_add(u64::from(d));
-            ndigits += 1;
-            frac += u32::from(dot);
-        } else if c == b'.' && !dot {
-            dot = true;
-        } else {
-            break;
+    let (int, ni) = digit_run(bytes, q);
+    q += ni;
+    let (mut mantissa, mut digits, mut frac) = (int, ni, 0usize);
+    if bytes.get(q) == Some(&b'.') {
+        let (f, nf) = digit_run(bytes, q + 1);
+        q += 1 + nf;
+        digits += nf;
+        frac = nf;
+        if digits <= 15 {
+            mantissa = int * POW10_U64[nf] + f;
         }
-        q += 1;
     }
-    if ndigits > 0 && ndigits <= 15 && !matches!(bytes.get(q), Some(b'e' | b'E')) {
-        #[allow(clippy::cast_precision_loss)] // < 10^15: exact
-        let b = int as f64;
-        let v = b * POW10[(-MIN_EXP) as usize - frac as usize];
+    if digits > 0 && digits <= 15 && !matches!(bytes.get(q), Some(b'e' | b'E')) {
+        // < 10^15, so the signed conversion (one instruction) is exact.
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
+        let v = mantissa as i64 as f64 * POW10[MIN_EXP.unsigned_abs() as usize - frac];
         return Ok((if neg { -v } else { v }, q));
     }
     parse_real_slow(bytes, p)
 }
 
 /// Every other form: long mantissas, exponents, and errors.
+#[cold]
+#[inline(never)]
 fn parse_real_slow(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
     let mut q = p;
     let negative = match bytes.get(q) {
@@ -265,6 +323,29 @@ mod tests {
         assert_eq!(real("1e400").map(|r| r.0), Ok(f64::INFINITY));
         assert_eq!(real("1e-400").map(|r| r.0), Ok(0.0));
         assert_eq!(real("0e999999999999999999999").map(|r| r.0), Ok(0.0));
+    }
+
+    #[test]
+    fn swar_digit_runs_match_a_scalar_reading() {
+        for text in ["", "x", "7", "12345678", "123456789", "00000000000000000001", "9:1", "1234567.5", "12|3", "99999999999999999999"] {
+            for pad in ["", "        ", "0123456789 "] {
+                let s = format!("{text}{pad}");
+                let n = s.bytes().take_while(u8::is_ascii_digit).count();
+                let scalar = s.bytes().take(n).fold(0u64, |v, b| v.wrapping_mul(10).wrapping_add(u64::from(b - b'0')));
+                assert_eq!(digit_run(s.as_bytes(), 0), (scalar, n), "{s:?}");
+            }
+        }
+        // Every byte value after a digit prefix of every length.
+        for len in 0..9 {
+            for b in 0..=255u8 {
+                let mut s = "12345678".as_bytes()[..len].to_vec();
+                s.push(b);
+                s.extend_from_slice(b"00000000");
+                let n = s.iter().take_while(|c| c.is_ascii_digit()).count();
+                let scalar = s[..n].iter().fold(0u64, |v, c| v.wrapping_mul(10).wrapping_add(u64::from(c - b'0')));
+                assert_eq!(digit_run(&s, 0), (scalar, n), "{s:?}");
+            }
+        }
     }
 
     #[test]
