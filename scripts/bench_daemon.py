@@ -12,6 +12,7 @@ waits excluded) and the daemon's RSS. Uses .venv/bin/python for the consumer if 
 """
 
 import argparse
+import shutil
 import json
 import os
 import signal
@@ -77,6 +78,9 @@ def main() -> None:
     data = work / "bench.ctf"
     if not data.exists() or abs(data.stat().st_size - a.size_bytes) > a.size_bytes // 10:
         subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(a.size_bytes), "128", "10"], check=True)
+    # A fresh state dir: a checkpoint from an earlier run (another file size) would restore
+    # sessions that no longer match the data.
+    shutil.rmtree(work / "state", ignore_errors=True)
     sock = str(work / "mbd.sock")
     cfg = work / "bench.toml"
     cfg.write_text(
