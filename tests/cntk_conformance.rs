@@ -11,7 +11,6 @@
 //! each stream is packed into CNTK's MBLayout and printed with `%g`, then compared token for token.
 
 #[path = "conformance/legacy_dump.rs"]
-#[allow(dead_code)]
 mod legacy_dump;
 
 use std::path::{Path, PathBuf};

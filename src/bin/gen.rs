@@ -76,7 +76,7 @@ fn run(args: &[String]) -> Result<(), String> {
             }
             "libsvm" => {
                 let features = arg(args, 3, 39)?;
-                line.extend_from_slice(if r.next() % 4 == 0 { b"1" } else { b"0" });
+                line.extend_from_slice(if r.next().is_multiple_of(4) { b"1" } else { b"0" });
                 for f in 0..features {
                     // Criteo-like: 13 numeric features with small ids, 26 hashed categoricals.
                     let id = if f < 13 { f + 1 } else { r.next() % 1_000_000_007 };

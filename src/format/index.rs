@@ -115,7 +115,7 @@ mod tests {
         // A dropped line between the first two sequences widens the span once the second is
         // added: 0..3, gap, 10..13 is a span of 13, so a third sequence of 3 needs 16.
         let f = file(&[(0, 3), (10, 3), (13, 3)]);
-        assert_eq!(build_chunks(&[f.clone()], 15).len(), 2);
+        assert_eq!(build_chunks(std::slice::from_ref(&f), 15).len(), 2);
         assert_eq!(build_chunks(&[f], 16).len(), 1);
     }
 

@@ -222,7 +222,7 @@ impl BigUint {
             }
         }
         if words != 0 {
-            self.limbs.splice(0..0, std::iter::repeat(0).take(words));
+            self.limbs.splice(0..0, std::iter::repeat_n(0, words));
         }
     }
 
@@ -344,7 +344,7 @@ pub fn dump_stream<'a, F, V>(
 /// differs from both `str::split_whitespace` (Unicode spaces) and `split_ascii_whitespace`
 /// (which does not treat `\v` as a separator).
 pub fn tokens(s: &str) -> Vec<&str> {
-    s.split(|c: char| matches!(c, ' ' | '\t' | '\n' | '\u{0b}' | '\u{0c}' | '\r'))
+    s.split([' ', '\t', '\n', '\u{0b}', '\u{0c}', '\r'])
         .filter(|t| !t.is_empty())
         .collect()
 }

@@ -53,7 +53,7 @@ fn is_value_delim(b: u8) -> bool {
 /// `isNonPrintable` on a signed char: control bytes and every byte ≥ 0x80.
 #[inline]
 fn is_non_printable(b: u8) -> bool {
-    b < b' ' || b >= 0x80
+    !(b' '..0x80).contains(&b)
 }
 
 /// `isColumnDelimiter`: a value delimiter or a non-printable byte other than `\n`.

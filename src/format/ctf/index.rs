@@ -71,7 +71,7 @@ impl MainStreamFinder {
         let n = self.finder.needle().len();
         self.finder.find_iter(line).any(|at| match line.get(at + n) {
             None => true,
-            Some(&c) => c.is_ascii_whitespace() || c == 0x0b || c == b'|' || c < b' ' || c >= 0x80,
+            Some(&c) => c.is_ascii_whitespace() || c == 0x0b || c == b'|' || !(b' '..0x80).contains(&c),
         })
     }
 }
