@@ -225,3 +225,21 @@ fn deepx_datasets_take_no_streams_or_sources() {
     let e = deepx("libsvm", "[datasets.d.streams.f]\ndim = 1\nformat = \"dense\"").expect_err("streams");
     assert!(e.contains("streams are fixed by the deepx formats"), "{e}");
 }
+
+/// `conf/minibatchd.toml` documents every key with its default: it must stay a valid config, and
+/// the commented-out several-sources example in it must be valid once uncommented.
+#[test]
+fn the_documented_reference_config_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/minibatchd.toml");
+    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.dataset("train").is_ok());
+    let text = std::fs::read_to_string(&path).expect("read");
+    let example = text.split_once("# [datasets.joined]").map(|(_, rest)| format!("# [datasets.joined]{rest}"));
+    if let Some(example) = example {
+        // The example runs up to the next blank line.
+        let uncommented: String =
+            example.lines().take_while(|l| !l.trim().is_empty()).map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let c = Config::from_toml_str(&uncommented, Path::new("/")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.dataset("joined").expect("joined").sources.len(), 2);
+    }
+}
