@@ -16,15 +16,22 @@
 //! ```
 //! A [`Delivered`] minibatch holds its slot until [`Session::release`]; release is sent with the
 //! next request (batched). [`Session::next_owned`] copies a minibatch out and releases at once.
+//!
+//! The session reports the time it spent waiting for the daemon (`wait_ns`, when the daemon
+//! lists the `consumer_wait` feature) for the input-bound metric. When the daemon stops
+//! (`error{shutting_down}`), the session reports what it took (`close{taken}`) before returning
+//! the error, so the daemon's checkpoint holds its exact position; [`Session::state`] then
+//! returns that final state without the daemon.
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use crate::minibatch::Minibatch;
-use crate::protocol::{self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions, SessionState, StreamInfo, PROTOCOL_VERSION};
+use crate::protocol::{self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION};
 use crate::shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
 use crate::shm::{ReadOnlyMapping, ShmError};
 
@@ -56,6 +63,9 @@ pub enum ClientError {
     Layout(#[from] LayoutError),
 }
 
+/// How long a session waits for the daemon's `closed` after reporting its final position.
+const FINAL_REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A connection that has said hello.
 #[derive(Debug)]
 pub struct Client {
@@ -63,6 +73,7 @@ pub struct Client {
     frames: FrameBuffer,
     /// The daemon's per-start id.
     pub daemon_id: String,
+    report_wait: bool,
 }
 
 fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage, ClientError> {
@@ -96,7 +107,7 @@ impl Client {
         protocol::write_frame(&mut stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: Some("minibatchd-rust".into()) })?;
         let mut frames = FrameBuffer::default();
         match read_message(&mut stream, &mut frames)? {
-            ServerMessage::Hello { daemon_id, .. } => Ok(Self { stream, frames, daemon_id }),
+            ServerMessage::Hello { daemon_id, features, .. } => Ok(Self { stream, frames, daemon_id, report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT) }),
             other => Err(daemon_error(other)),
         }
     }
@@ -128,7 +139,23 @@ impl Client {
         if header.slot_count != ring.slot_count || header.slot_size != ring.slot_size {
             return Err(ClientError::Protocol("ring header disagrees with the opened message".into()));
         }
-        Ok(Session { stream: self.stream, frames: self.frames, name: session, mapping, header, streams, taken: state.minibatches, pending: Vec::new(), queued: VecDeque::new(), end: None })
+        Ok(Session {
+            stream: self.stream,
+            frames: self.frames,
+            name: session,
+            mapping,
+            header,
+            streams,
+            taken: state.minibatches,
+            last: state,
+            pending: Vec::new(),
+            queued: VecDeque::new(),
+            end: None,
+            report_wait: self.report_wait,
+            waited: Duration::ZERO,
+            stopped: false,
+            final_state: None,
+        })
     }
 }
 
@@ -155,9 +182,17 @@ pub struct Session {
     /// Streams in tensor order.
     pub streams: Vec<StreamInfo>,
     taken: u64,
+    /// The state after the last minibatch returned, as this client knows it.
+    last: SessionState,
     pending: Vec<(u64, u64)>,
     queued: VecDeque<ServerMessage>,
     end: Option<SessionState>,
+    report_wait: bool,
+    waited: Duration,
+    /// The daemon stopped (`error{shutting_down}`).
+    stopped: bool,
+    /// The final state it confirmed.
+    final_state: Option<SessionState>,
 }
 
 impl std::fmt::Debug for Session {
@@ -167,10 +202,15 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
+    fn wait_ns(&self) -> Option<u64> {
+        self.report_wait.then(|| u64::try_from(self.waited.as_nanos()).unwrap_or(u64::MAX))
+    }
+
     fn flush(&mut self, extra: Option<ClientMessage>) -> Result<(), ClientError> {
         let mut out = Vec::new();
+        let wait_ns = self.wait_ns();
         for (slot, generation) in self.pending.drain(..) {
-            out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken) }));
+            out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken), wait_ns }));
         }
         if let Some(m) = extra {
             out.extend(protocol::encode(&m));
@@ -189,21 +229,53 @@ impl Session {
         if self.end.is_some() {
             return Ok(None);
         }
-        self.flush(None)?;
+        if self.stopped {
+            return Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message: "the daemon stopped; state() holds the final position".into() });
+        }
+        if let Err(e) = self.flush(None) {
+            // The daemon may have ended the session and closed the socket: its reason is still
+            // readable, and more useful than a broken pipe.
+            return Err(match self.queued.pop_front().map_or_else(|| read_message(&mut self.stream, &mut self.frames), Ok) {
+                Ok(m @ ServerMessage::Error { .. }) => daemon_error(m),
+                _ => e,
+            });
+        }
         let msg = match self.queued.pop_front() {
             Some(m) => m,
-            None => read_message(&mut self.stream, &mut self.frames)?,
+            None => {
+                let started = Instant::now();
+                let m = read_message(&mut self.stream, &mut self.frames);
+                self.waited += started.elapsed();
+                m?
+            }
         };
         match msg {
             ServerMessage::Ready { slot, generation, minibatch } => {
                 self.taken = minibatch.index.saturating_add(1);
+                self.last.position = minibatch.position;
+                self.last.minibatches = self.taken;
                 Ok(Some(Delivered { slot, generation, meta: minibatch }))
             }
             ServerMessage::End { state } => {
                 self.end = Some(state);
                 Ok(None)
             }
+            ServerMessage::Error { code: ErrorCode::ShuttingDown, message } => {
+                self.report_final();
+                Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message })
+            }
             other => Err(daemon_error(other)),
+        }
+    }
+
+    /// The daemon is stopping: report what was taken so its checkpoint is exact, and keep the
+    /// final state it confirms (best effort: on any failure the last known position stays).
+    fn report_final(&mut self) {
+        let _ = self.stream.set_read_timeout(Some(FINAL_REPORT_TIMEOUT));
+        let close = ClientMessage::Close { taken: Some(self.taken), wait_ns: self.wait_ns() };
+        self.stopped = true;
+        if let Ok(Some(ServerMessage::Closed { state })) = self.flush(Some(close)).map(|()| self.await_reply(|m| matches!(m, ServerMessage::Closed { .. })).ok()) {
+            self.final_state = Some(state);
         }
     }
 
@@ -278,10 +350,15 @@ impl Session {
     /// # Errors
     /// [`ClientError`].
     pub fn state(&mut self) -> Result<SessionState, ClientError> {
-        if let Some(s) = &self.end {
+        if let Some(s) = self.end.as_ref().or(self.final_state.as_ref()) {
             return Ok(s.clone());
         }
-        self.flush(Some(ClientMessage::State { taken: Some(self.taken) }))?;
+        if self.stopped {
+            // The daemon went before confirming: what this client knows is exact.
+            return Ok(self.last.clone());
+        }
+        let wait_ns = self.wait_ns();
+        self.flush(Some(ClientMessage::State { taken: Some(self.taken), wait_ns }))?;
         match self.await_reply(|m| matches!(m, ServerMessage::State { .. }))? {
             ServerMessage::State { state } => Ok(state),
             other => Err(daemon_error(other)),
@@ -293,7 +370,11 @@ impl Session {
     /// # Errors
     /// [`ClientError`].
     pub fn close(mut self) -> Result<SessionState, ClientError> {
-        self.flush(Some(ClientMessage::Close { taken: Some(self.taken) }))?;
+        if self.stopped {
+            return Ok(self.final_state.take().unwrap_or_else(|| self.last.clone()));
+        }
+        let wait_ns = self.wait_ns();
+        self.flush(Some(ClientMessage::Close { taken: Some(self.taken), wait_ns }))?;
         match self.await_reply(|m| matches!(m, ServerMessage::Closed { .. }))? {
             ServerMessage::Closed { state } => Ok(state),
             other => Err(daemon_error(other)),

@@ -36,7 +36,8 @@
 //!   are plain structs inside it;
 //! * [`shm`] — the memfd ring and its slot layout (all `unsafe` code of the crate);
 //! * [`protocol`] — the control messages on the Unix socket;
-//! * [`client`] — a blocking Rust client (the Python one is in `clients/python`).
+//! * [`client`] — a blocking Rust client (the Python one is in `clients/python`);
+//! * [`metrics`] — every Prometheus metric, in one registry, and the `/metrics` endpoint.
 //!
 //! `docs/daemon.md` describes the protocol, the slot layout, session state and memory. See `ARCHITECTURE.md` for the daemon's stages and `docs/differences.md` for every
 //! place where minibatchd deliberately differs from CNTK or deepx.
@@ -46,6 +47,7 @@ pub mod config;
 pub mod dataset;
 pub mod dump;
 pub mod format;
+pub mod metrics;
 pub mod minibatch;
 pub mod persist;
 pub mod pipeline;

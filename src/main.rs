@@ -7,7 +7,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
 use minibatchd::config::Config;
@@ -122,12 +122,8 @@ fn init_logging(daemon: bool) {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { config } => {
-            let c = Config::load(&config)?;
-            for d in c.datasets.values() {
-                for s in &d.sources {
-                    minibatchd::dataset::resolve_files(&s.files).with_context(|| format!("datasets.{}.files", d.name))?;
-                }
-            }
+            // The same check a SIGHUP reload makes before applying a file.
+            let c = minibatchd::pipeline::reload::validate(&config)?;
             println!("{}: valid ({} dataset(s))", config.display(), c.datasets.len());
             Ok(ExitCode::SUCCESS)
         }

@@ -27,6 +27,17 @@
 //! session (counted from the session's start, resumed ones included). It defines the session's
 //! position: the checkpoint position after the last minibatch taken (see [`SessionState`]).
 //! Prefetched minibatches — announced with `ready` but not yet taken — never count.
+//!
+//! **Additions within version 1** (optional fields; old peers ignore or never see them):
+//! * `hello.features` (daemon → client): the optional fields this daemon accepts;
+//!   [`FEATURE_CONSUMER_WAIT`] means `wait_ns` below.
+//! * `wait_ns` in `release`, `state` and `close`: the total time, in nanoseconds, the client has
+//!   spent waiting for the daemon in this connection (cumulative, so a lost or batched report
+//!   loses nothing). It feeds `minibatchd_session_consumer_wait_seconds_total`, whose rate is the
+//!   trainer's input-bound fraction.
+//! * Shutdown: on SIGTERM the daemon stops producing and sends `error{shutting_down}` after the
+//!   last `ready`; a client answers with `close{taken}` (the clients of this crate and
+//!   `clients/python` do) so the daemon checkpoints its exact position, then `closed{state}`.
 
 use std::io::{Read, Write};
 
@@ -38,6 +49,10 @@ pub const PROTOCOL_VERSION: u32 = 1;
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Version of the [`SessionState`] token.
 pub const STATE_VERSION: u32 = 1;
+/// Feature (in the daemon's `hello.features`): the daemon accepts `wait_ns` in `release`,
+/// `state` and `close`. A client sends `wait_ns` only to a daemon that lists it, so new clients
+/// keep working with older daemons (whose messages refuse unknown fields).
+pub const FEATURE_CONSUMER_WAIT: &str = "consumer_wait";
 
 /// Error codes of `error` replies (stable strings: clients match on them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,18 +182,30 @@ pub enum ClientMessage {
         /// Minibatches taken so far.
         #[serde(default)]
         taken: Option<u64>,
+        /// Nanoseconds spent waiting for the daemon in this connection, in total
+        /// ([`FEATURE_CONSUMER_WAIT`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ns: Option<u64>,
     },
     /// Asks for the session's state.
     State {
         /// Minibatches taken so far.
         #[serde(default)]
         taken: Option<u64>,
+        /// Nanoseconds spent waiting for the daemon in this connection, in total
+        /// ([`FEATURE_CONSUMER_WAIT`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ns: Option<u64>,
     },
     /// Ends the session (it stays resumable by name like a disconnect).
     Close {
         /// Minibatches taken so far.
         #[serde(default)]
         taken: Option<u64>,
+        /// Nanoseconds spent waiting for the daemon in this connection, in total
+        /// ([`FEATURE_CONSUMER_WAIT`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ns: Option<u64>,
     },
 }
 
@@ -235,6 +262,9 @@ pub enum ServerMessage {
         daemon_id: String,
         /// `minibatchd/VERSION`.
         server: String,
+        /// Optional protocol fields this daemon accepts (e.g. [`FEATURE_CONSUMER_WAIT`]).
+        #[serde(default)]
+        features: Vec<String>,
     },
     /// Reply to `open`; the ring's memfd is attached.
     Opened {
@@ -412,6 +442,13 @@ mod tests {
         assert_eq!(hello, ClientMessage::Hello { version: 1, client: None });
         let e = String::from_utf8(encode(&ServerMessage::error(ErrorCode::VersionMismatch, "x"))[4..].to_vec()).expect("utf8");
         assert_eq!(e, r#"{"type":"error","code":"version_mismatch","message":"x"}"#);
+        // Optional fields are left out when absent, so old daemons still accept new clients.
+        let release = String::from_utf8(encode(&ClientMessage::Release { slot: 1, generation: 2, taken: Some(3), wait_ns: None })[4..].to_vec()).expect("utf8");
+        assert_eq!(release, r#"{"type":"release","slot":1,"generation":2,"taken":3}"#);
+        let with_wait: ClientMessage = decode(br#"{"type":"state","taken":1,"wait_ns":5}"#).expect("state");
+        assert_eq!(with_wait, ClientMessage::State { taken: Some(1), wait_ns: Some(5) });
+        let old_hello: ServerMessage = decode(br#"{"type":"hello","version":1,"daemon_id":"0","server":"x"}"#).expect("hello without features");
+        assert!(matches!(old_hello, ServerMessage::Hello { features, .. } if features.is_empty()));
     }
 
     proptest::proptest! {

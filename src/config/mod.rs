@@ -108,6 +108,14 @@ pub struct DaemonConfig {
     pub slot_size_bytes: u64,
     /// How long a disconnected session stays resumable, in seconds.
     pub session_linger_secs: u64,
+    /// On SIGTERM/SIGINT, how long connected clients get to report their last position before
+    /// the checkpoint is written, in seconds.
+    pub shutdown_grace_secs: u64,
+    /// Interval between periodic daemon checkpoints, in seconds.
+    pub checkpoint_interval_secs: u64,
+    /// Host memory (`MemAvailable`) to leave free: below it the chunk cache shrinks, then new
+    /// sessions are refused; 0 disables the guard. In bytes.
+    pub host_memory_reserve_bytes: u64,
 }
 
 /// Text formats. A closed set: every `match` on it is exhaustive.
@@ -373,6 +381,9 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
         ring_slots: t.usize(w, "ring_slots", 2, 1024).unwrap_or(4),
         slot_size_bytes: t.uint(w, "slot_size_bytes", 4096, 1 << 40).unwrap_or(16 << 20),
         session_linger_secs: t.uint(w, "session_linger_secs", 0, 7 * 86_400).unwrap_or(600),
+        shutdown_grace_secs: t.uint(w, "shutdown_grace_secs", 0, 600).unwrap_or(5),
+        checkpoint_interval_secs: t.uint(w, "checkpoint_interval_secs", 1, 86_400).unwrap_or(30),
+        host_memory_reserve_bytes: t.uint(w, "host_memory_reserve_bytes", 0, u64::MAX).unwrap_or(256 << 20),
     };
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
         w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected host:port, e.g. 127.0.0.1:9464 ({e})"));

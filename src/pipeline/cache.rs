@@ -46,12 +46,16 @@ const WAIT_TICK: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 enum Entry {
-    Loading { since: Instant },
-    Ready { chunk: Arc<ParsedChunk>, bytes: u64, used: u64 },
+    /// Requested at `since`; `demanded` once a session waits for it (not just a prefetch).
+    Loading { since: Instant, demanded: bool },
+    /// Parsed. `pinned_until`: a session waits for it — it may not be evicted before that
+    /// session takes it (first hit) or the pin expires, or a budget below one chunk would
+    /// evict every chunk on arrival and the waiting session would never progress.
+    Ready { chunk: Arc<ParsedChunk>, bytes: u64, used: u64, pinned_until: Option<Instant> },
     Failed(String),
 }
 
-/// Counters for logs and metrics (issue 5 exports them).
+/// Counters for logs and metrics (`minibatchd_cache_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Lookups answered from the cache.
@@ -107,12 +111,16 @@ impl CacheCore {
     pub fn lookup(&mut self, key: ChunkKey, now: Instant) -> Lookup {
         self.tick += 1;
         match self.entries.get_mut(&key) {
-            Some(Entry::Ready { chunk, used, .. }) => {
+            Some(Entry::Ready { chunk, used, pinned_until, .. }) => {
                 *used = self.tick;
+                *pinned_until = None;
                 self.stats.hits += 1;
                 Lookup::Hit(chunk.clone())
             }
-            Some(Entry::Loading { since }) => Lookup::Pending(*since),
+            Some(Entry::Loading { since, demanded }) => {
+                *demanded = true;
+                Lookup::Pending(*since)
+            }
             Some(Entry::Failed(m)) => Lookup::Failed(m.clone()),
             None => {
                 self.stats.misses += 1;
@@ -120,7 +128,7 @@ impl CacheCore {
                 if self.stats.bytes >= self.budget {
                     self.stats.over_budget_loads += 1;
                 }
-                self.entries.insert(key, Entry::Loading { since: now });
+                self.entries.insert(key, Entry::Loading { since: now, demanded: true });
                 Lookup::Miss
             }
         }
@@ -136,7 +144,7 @@ impl CacheCore {
         if self.stats.bytes >= self.budget {
             return false;
         }
-        self.entries.insert(key, Entry::Loading { since: now });
+        self.entries.insert(key, Entry::Loading { since: now, demanded: false });
         true
     }
 
@@ -149,7 +157,7 @@ impl CacheCore {
 
     /// Marks a pending chunk as requested again at `now`.
     pub fn retried(&mut self, key: ChunkKey, now: Instant) {
-        if let Some(Entry::Loading { since }) = self.entries.get_mut(&key) {
+        if let Some(Entry::Loading { since, .. }) = self.entries.get_mut(&key) {
             *since = now;
         }
     }
@@ -159,13 +167,16 @@ impl CacheCore {
         self.tick += 1;
         let entry = match result {
             Ok(chunk) => {
-                if let Some(Entry::Ready { .. }) = self.entries.get(&key) {
-                    return; // a duplicate parse (retry): keep the first
-                }
+                let demanded = match self.entries.get(&key) {
+                    Some(Entry::Ready { .. }) => return, // a duplicate parse (retry): keep the first
+                    Some(Entry::Loading { demanded, .. }) => *demanded,
+                    _ => false,
+                };
                 let bytes = chunk.size_bytes() as u64;
                 self.stats.bytes += bytes;
                 self.stats.chunks += 1;
-                Entry::Ready { chunk, bytes, used: self.tick }
+                let pinned_until = demanded.then(|| Instant::now() + REQUEST_RETRY);
+                Entry::Ready { chunk, bytes, used: self.tick, pinned_until }
             }
             Err(m) => Entry::Failed(m),
         };
@@ -176,14 +187,16 @@ impl CacheCore {
         self.evict();
     }
 
-    /// Evicts least recently used chunks that no session holds until under budget.
+    /// Evicts least recently used chunks that no session holds (and none waits for) until under
+    /// budget.
     fn evict(&mut self) {
+        let now = Instant::now();
         while self.stats.bytes > self.budget {
             let victim = self
                 .entries
                 .iter()
                 .filter_map(|(k, e)| match e {
-                    Entry::Ready { chunk, used, .. } if Arc::strong_count(chunk) == 1 => Some((*used, *k)),
+                    Entry::Ready { chunk, used, pinned_until, .. } if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) => Some((*used, *k)),
                     _ => None,
                 })
                 .min();
@@ -200,6 +213,25 @@ impl CacheCore {
     #[must_use]
     pub fn stats(&self) -> CacheStats {
         self.stats
+    }
+
+    /// The byte budget in force.
+    #[must_use]
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Parsed bytes that no session holds or waits for (what eviction could free now).
+    #[must_use]
+    pub fn evictable_bytes(&self) -> u64 {
+        let now = Instant::now();
+        self.entries
+            .values()
+            .map(|e| match e {
+                Entry::Ready { chunk, bytes, pinned_until, .. } if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) => *bytes,
+                _ => 0,
+            })
+            .sum()
     }
 }
 
@@ -253,6 +285,13 @@ impl SharedCache {
     #[must_use]
     pub fn stats(&self) -> CacheStats {
         self.lock().stats()
+    }
+
+    /// The counters, the budget in force and the evictable bytes, under one lock.
+    #[must_use]
+    pub fn snapshot(&self) -> (CacheStats, u64, u64) {
+        let core = self.lock();
+        (core.stats(), core.budget(), core.evictable_bytes())
     }
 
     /// Asks for `keys` to be loaded ahead of need, as far as the budget and the request channel
@@ -372,11 +411,41 @@ mod tests {
         assert!(matches!(c.lookup((0, 2), t), Lookup::Miss), "demand loads are admitted");
         c.insert((0, 2), Ok(chunk(1000)));
         assert_eq!(c.stats().chunks, 2, "chunk 1 (not held) was evicted");
+        assert!(matches!(c.lookup((0, 2), t), Lookup::Hit(_)), "its waiter takes it");
         assert!(matches!(c.lookup((0, 0), t), Lookup::Hit(_)));
         assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        assert_eq!(c.evictable_bytes(), c.stats().bytes - size, "the held chunk is not evictable");
         drop(held);
+        assert_eq!(c.evictable_bytes(), c.stats().bytes);
         c.set_budget(0);
         assert_eq!(c.stats().bytes, 0, "nothing held: everything evictable");
+    }
+
+    #[test]
+    fn a_demanded_chunk_survives_a_zero_budget_until_its_session_takes_it() {
+        // Regression: with a budget below one chunk, a demand load was evicted on arrival and the
+        // waiting session asked for it again forever.
+        let mut c = CacheCore::new(0);
+        let t = Instant::now();
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        c.insert((0, 1), Ok(chunk(10)));
+        assert_eq!(c.stats().chunks, 1, "pinned for its waiter");
+        let held = match c.lookup((0, 1), t) {
+            Lookup::Hit(h) => h,
+            other => panic!("{other:?}"),
+        };
+        drop(held);
+        c.set_budget(0);
+        assert_eq!(c.stats().chunks, 0, "taken once, then evictable");
+        // A prefetch that a session starts waiting for is pinned too; a plain prefetch is not.
+        c.set_budget(1 << 20);
+        assert!(c.begin_prefetch((0, 2), t) && c.begin_prefetch((0, 3), t));
+        assert!(matches!(c.lookup((0, 2), t), Lookup::Pending(_)));
+        c.set_budget(0);
+        c.insert((0, 2), Ok(chunk(10)));
+        c.insert((0, 3), Ok(chunk(10)));
+        assert!(matches!(c.lookup((0, 2), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup((0, 3), t), Lookup::Miss), "the unwatched prefetch was evicted");
     }
 
     #[test]

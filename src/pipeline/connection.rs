@@ -8,6 +8,18 @@
 //! for any reason, the session's producer is stopped at once (its slots are reclaimed with the
 //! ring) and the session is parked in the registry, resumable by name for
 //! `session_linger_secs` at the position after the last minibatch taken.
+//!
+//! **Shutdown.** When the daemon stops, a serving connection stops its producer, sends
+//! `error{shutting_down}` (after any `ready` already sent: those minibatches stay valid in the
+//! client's mapping) and keeps reading for `shutdown_grace_secs`, so the client can report what
+//! it took (`close{taken}`, answered with `closed{state}`). The session is then parked with that
+//! position, which the shutdown checkpoint saves.
+//!
+//! **Reload.** When a configuration reload removes the session's dataset, the session ends with
+//! `error{unknown_dataset}` (parked, resumable by name should the dataset return).
+//!
+//! Metrics, per message: the consumer wait the client reports (`wait_ns`, cumulative), ring slots
+//! by state; the acknowledged state goes to the registry, whence the checkpoints take it.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,10 +31,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
-use crate::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, PROTOCOL_VERSION, STATE_VERSION};
+use crate::metrics::{SessionMetrics, SlotState};
+use crate::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION, STATE_VERSION};
 use crate::sampling::Sampler;
 use crate::shm::{MemfdMemory, Ring, RingGeometry, LAYOUT_VERSION};
 
+use super::checkpoint::SavedSession;
 use super::hub::DatasetRuntime;
 use super::producer::{FreeSlot, Producer, ProducerEvent};
 use super::session::{check_resume, options_hash, resolve_options, Claim, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES};
@@ -54,6 +68,14 @@ struct Active {
     stop: Arc<AtomicBool>,
     ring_bytes: u64,
     producing: bool,
+    metrics: SessionMetrics,
+    slot_count: usize,
+    /// Slot counts last added to the gauges (free, filled, leased).
+    published: [i64; 3],
+    /// The client's last cumulative `wait_ns`.
+    reported_wait_ns: u64,
+    /// `taken` last written to the registry.
+    recorded_taken: u64,
 }
 
 impl Active {
@@ -72,6 +94,41 @@ impl Active {
         if let Some(n) = taken {
             self.progress.taken(n);
         }
+    }
+
+    /// A client report: consumer wait (cumulative nanoseconds).
+    fn waited(&mut self, wait_ns: Option<u64>) {
+        if let Some(w) = wait_ns {
+            if w > self.reported_wait_ns {
+                self.metrics.consumer_wait_seconds.inc_by((w - self.reported_wait_ns) as f64 / 1e9);
+                self.reported_wait_ns = w;
+            }
+        }
+    }
+
+    /// Writes the acknowledged state to the registry when it moved (checkpoints read it there).
+    fn record(&mut self, shared: &Shared) {
+        let taken = self.progress.taken_count();
+        if taken != self.recorded_taken {
+            self.recorded_taken = taken;
+            shared.registry().update_state(&self.name, &self.state());
+        }
+    }
+
+    /// Moves the slot gauges to the ring's current state (by deltas: sessions of the same
+    /// dataset and rank share the series). With `gone`, takes this session's share out.
+    fn publish_slots(&mut self, gone: bool) {
+        let leased = self.slots.leased();
+        let filled = if self.producing { self.events.len().min(self.slot_count - leased) } else { 0 };
+        let free = self.slot_count - leased - filled;
+        let now = if gone { [0; 3] } else { [free, filled, leased].map(|n| i64::try_from(n).unwrap_or(i64::MAX)) };
+        for (i, state) in [SlotState::Free, SlotState::Filled, SlotState::Leased].into_iter().enumerate() {
+            let delta = now[i] - self.published[i];
+            if delta != 0 {
+                self.metrics.slots(state).add(delta);
+            }
+        }
+        self.published = now;
     }
 }
 
@@ -118,12 +175,14 @@ async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd
 
 /// Serves one client until it goes, errs fatally, or the daemon stops.
 pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let _alive = conn.shared.connections.enter();
     let peer = peer_label(&stream);
     tracing::info!(peer = %peer, "client connected");
     let (mut rd, mut wr) = stream.into_split();
     let mut frames = FrameBuffer::default();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let mut phase = Phase::Hello;
+    let mut reloads = conn.shared.hub_changes();
     'conn: loop {
         let events = match &phase {
             Phase::Serving(a) if a.producing => Some(a.events.clone()),
@@ -136,20 +195,8 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     Ok(n) => n,
                 };
                 frames.push(&buf[..n]);
-                loop {
-                    let body = match frames.next_frame() {
-                        Ok(Some(body)) => body,
-                        Ok(None) => break,
-                        Err(e) => {
-                            tracing::warn!(peer = %peer, error = %e, "closing connection");
-                            let _ = send(&mut wr, &ServerMessage::error(ErrorCode::MessageTooLarge, e.to_string())).await;
-                            break 'conn;
-                        }
-                    };
-                    match on_frame(&body, &mut phase, &conn, &mut wr, &peer).await {
-                        Ok(Flow::Continue) => {}
-                        Ok(Flow::Close) | Err(_) => break 'conn,
-                    }
+                if !on_frames(&mut frames, &mut phase, &conn, &mut wr, &peer).await {
+                    break 'conn;
                 }
             }
             event = async {
@@ -163,8 +210,21 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     break 'conn;
                 }
             }
+            changed = reloads.changed() => {
+                if changed.is_err() {
+                    continue;
+                }
+                if let Phase::Serving(a) = &phase {
+                    if !conn.shared.hub().contains(&a.runtime.name) {
+                        let m = format!("dataset '{}' was removed by a configuration reload; the session is kept resumable by name", a.runtime.name);
+                        tracing::info!(peer = %peer, session = %a.name, "{m}");
+                        let _ = send(&mut wr, &ServerMessage::error(ErrorCode::UnknownDataset, m)).await;
+                        break 'conn;
+                    }
+                }
+            }
             _ = shutdown.changed() => {
-                let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
+                drain(&mut phase, &mut rd, &mut wr, &mut frames, &mut buf, &conn, &peer).await;
                 break 'conn;
             }
         }
@@ -176,16 +236,70 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
     }
 }
 
+/// Handles every whole frame in `frames`; `false` when the connection must close.
+async fn on_frames(frames: &mut FrameBuffer, phase: &mut Phase, conn: &ConnShared, wr: &mut OwnedWriteHalf, peer: &str) -> bool {
+    loop {
+        let body = match frames.next_frame() {
+            Ok(Some(body)) => body,
+            Ok(None) => return true,
+            Err(e) => {
+                tracing::warn!(peer = %peer, error = %e, "closing connection");
+                let _ = send(wr, &ServerMessage::error(ErrorCode::MessageTooLarge, e.to_string())).await;
+                return false;
+            }
+        };
+        match on_frame(&body, phase, conn, wr, peer).await {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Close) | Err(_) => return false,
+        }
+    }
+}
+
+/// The daemon is stopping: stop producing, tell the client, and give it `shutdown_grace_secs`
+/// to report its last position (`close{taken}`) before the session is parked.
+async fn drain(phase: &mut Phase, rd: &mut tokio::net::unix::OwnedReadHalf, wr: &mut OwnedWriteHalf, frames: &mut FrameBuffer, buf: &mut [u8], conn: &ConnShared, peer: &str) {
+    let Phase::Serving(a) = phase else {
+        let _ = send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
+        return;
+    };
+    a.stop.store(true, Ordering::Relaxed);
+    a.producing = false;
+    let message = "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position";
+    if send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, message)).await.is_err() {
+        return;
+    }
+    if a.progress.unacknowledged() == 0 {
+        return; // every minibatch announced is reported taken: the position is exact already
+    }
+    let grace = std::time::Duration::from_secs(conn.shared.config().daemon.shutdown_grace_secs);
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        let n = match tokio::time::timeout_at(deadline, rd.read(buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return, // the client went
+            Err(_) => {
+                tracing::info!(peer, "the client did not report its position within shutdown_grace_secs");
+                return;
+            }
+        };
+        frames.push(&buf[..n]);
+        if !on_frames(frames, phase, conn, wr, peer).await {
+            return;
+        }
+    }
+}
+
 /// Stops the producer (reclaiming every slot with the ring), parks the session for resuming and
 /// gives its ring memory back.
-fn finish(active: Active, shared: &Shared, peer: &str) {
+fn finish(mut active: Active, shared: &Shared, peer: &str) {
     active.stop.store(true, Ordering::Relaxed);
+    active.publish_slots(true);
     let state = active.state();
     tracing::info!(peer, session = %active.name, position = state.position, minibatches = state.minibatches, leased = active.slots.leased(), "session ended; slots reclaimed");
     let mut reg = shared.registry();
     reg.park(&active.name, state, Instant::now());
     reg.unreserve(active.ring_bytes);
-    shared.cache.set_budget(reg.cache_budget());
+    shared.rebudget(&reg);
 }
 
 async fn on_event(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
@@ -193,6 +307,7 @@ async fn on_event(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedWr
         Some(ProducerEvent::Filled { slot, generation, meta }) => {
             a.slots.announce(usize::try_from(slot).unwrap_or(usize::MAX), generation, meta.index);
             a.progress.announced(meta);
+            a.publish_slots(false);
             send(wr, &ServerMessage::Ready { slot, generation, minibatch: meta }).await
         }
         Some(ProducerEvent::End { position, minibatches }) => {
@@ -233,7 +348,12 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
             }
             tracing::debug!(peer, client = client.as_deref().unwrap_or("?"), "hello");
             *phase = Phase::Open;
-            let reply = ServerMessage::Hello { version: PROTOCOL_VERSION, daemon_id: hex64(conn.shared.daemon_id), server: format!("minibatchd/{}", env!("CARGO_PKG_VERSION")) };
+            let reply = ServerMessage::Hello {
+                version: PROTOCOL_VERSION,
+                daemon_id: hex64(conn.shared.daemon_id),
+                server: format!("minibatchd/{}", env!("CARGO_PKG_VERSION")),
+                features: vec![FEATURE_CONSUMER_WAIT.to_owned()],
+            };
             send(wr, &reply).await?;
         }
         (_, Phase::Hello) => {
@@ -241,31 +361,44 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
             return Ok(Flow::Close);
         }
         (ClientMessage::Open { dataset, options }, Phase::Open) => match open(&dataset, &options, conn).await {
-            Ok((active, opened, fd)) => {
+            Ok((mut active, opened, fd)) => {
                 tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
+                conn.shared.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
+                active.publish_slots(false);
                 *phase = Phase::Serving(Box::new(active));
                 send_with_fd(wr, &opened, &fd).await?;
             }
-            Err((code, message)) => send(wr, &ServerMessage::error(code, message)).await?,
+            Err((code, message)) => {
+                let label = serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                conn.shared.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
+                send(wr, &ServerMessage::error(code, message)).await?;
+            }
         },
-        (ClientMessage::Release { slot, generation, taken }, Phase::Serving(a)) => {
+        (ClientMessage::Release { slot, generation, taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
+            a.waited(wait_ns);
             match a.slots.release(slot, generation) {
                 Release::Freed { minibatch } => {
                     a.progress.taken(minibatch.saturating_add(1));
                     let i = usize::try_from(slot).unwrap_or(usize::MAX);
                     // Capacity = slot count, so this never finds the channel full.
                     let _ = a.free.try_send(FreeSlot { slot, generation: a.slots.next_generation(i) });
+                    a.publish_slots(false);
                 }
                 Release::Stale => tracing::debug!(session = %a.name, slot, generation, "stale release ignored"),
             }
+            a.record(&conn.shared);
         }
-        (ClientMessage::State { taken }, Phase::Serving(a)) => {
+        (ClientMessage::State { taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
+            a.waited(wait_ns);
+            a.record(&conn.shared);
             send(wr, &ServerMessage::State { state: a.state() }).await?;
         }
-        (ClientMessage::Close { taken }, Phase::Serving(a)) => {
+        (ClientMessage::Close { taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
+            a.waited(wait_ns);
+            a.record(&conn.shared);
             send(wr, &ServerMessage::Closed { state: a.state() }).await?;
             return Ok(Flow::Close);
         }
@@ -285,8 +418,9 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
 /// Opens a session: options, resume, name claim, memory, ring, producer.
 async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Result<(Active, ServerMessage, OwnedFd), Reply> {
     let shared = &conn.shared;
-    let rt = shared.hub.get(dataset).map_err(|e| (ErrorCode::UnknownDataset, e))?;
-    let d = &shared.config.daemon;
+    let rt = shared.hub().get(dataset).map_err(|e| (ErrorCode::UnknownDataset, e))?;
+    let config = shared.config();
+    let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes).map_err(|e| (ErrorCode::InvalidOptions, e))?;
     let ohash = options_hash(&resolved.sampling);
     if let Some(s) = &options.resume {
@@ -303,7 +437,9 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
     let (id, name, start, lingered) = {
         let mut reg = shared.registry();
         let id = reg.next_id();
-        let name = resolved.session.clone().unwrap_or_else(|| format!("{dataset}-{id}"));
+        // A generated name carries the daemon start, so it never matches a session restored
+        // from an earlier start's checkpoint.
+        let name = resolved.session.clone().unwrap_or_else(|| format!("{dataset}-{:08x}-{id}", shared.daemon_id >> 32));
         let claim = reg.claim(&name, id, Instant::now()).map_err(|e| (ErrorCode::SessionBusy, e.to_string()))?;
         let lingered = match claim {
             Claim::Resume(s) => Some(s),
@@ -324,14 +460,26 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
             reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
             return Err((ErrorCode::ResourceExhausted, e.to_string()));
         }
-        shared.cache.set_budget(reg.cache_budget());
+        if shared.host.refuse.load(Ordering::Relaxed) {
+            reg.unreserve(ring_bytes);
+            reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
+            let short = shared.host.shortfall.load(Ordering::Relaxed);
+            let m = format!(
+                "the host is short of memory: available memory is {short} bytes below daemon.host_memory_reserve_bytes ({}) even after the chunk cache was shrunk; new sessions are refused until memory is freed",
+                d.host_memory_reserve_bytes
+            );
+            return Err((ErrorCode::ResourceExhausted, m));
+        }
+        shared.rebudget(&reg);
+        let recorded = SessionOptions { resume: None, session: Some(name.clone()), ..options.clone() };
+        reg.record(SavedSession { name: name.clone(), options: recorded, state: start.clone() });
         (id, name, start, lingered)
     };
     let undo = |reply: Reply| {
         let mut reg = shared.registry();
         reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
         reg.unreserve(ring_bytes);
-        shared.cache.set_budget(reg.cache_budget());
+        shared.rebudget(&reg);
         reply
     };
     sampler.restore(start.position).map_err(|e| undo((ErrorCode::InvalidOptions, e.to_string())))?;
@@ -347,7 +495,8 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
         let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(s as usize) });
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let producer = Producer::new(rt.clone(), shared.cache.clone(), sampler, ring, resolved.minibatch_size, resolved.frame_mode, start.minibatches);
+    let metrics = shared.metrics.session(dataset, resolved.sampling.rank as u64);
+    let producer = Producer::new(rt.clone(), shared.cache.clone(), sampler, ring, resolved.minibatch_size, resolved.frame_mode, start.minibatches, metrics.clone());
     let started = conn.delivery.send(StartProducer { name: name.clone(), producer, free: free_rx, events: events_tx, stop: stop.clone() }).await;
     match started {
         Ok(Ok(())) => {}
@@ -372,6 +521,11 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
         stop,
         ring_bytes,
         producing: true,
+        metrics,
+        slot_count: resolved.slots as usize,
+        published: [0; 3],
+        reported_wait_ns: 0,
+        recorded_taken: start.minibatches,
     };
     Ok((active, opened, fd))
 }

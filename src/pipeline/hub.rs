@@ -1,12 +1,21 @@
-//! The datasets the daemon serves, opened (indexed) once at start and shared by every stage:
-//! the reader and parsers look chunks up here, sessions their timeline and stream schema.
+//! The datasets the daemon serves, opened (indexed) at start and again by a configuration reload,
+//! shared by every stage: the reader and parsers look chunks up here, sessions their timeline and
+//! stream schema.
+//!
+//! A hub is immutable; a reload builds a new one with [`Hub::reopen`] and the daemon swaps it in.
+//! A dataset whose configuration is unchanged keeps its runtime (same `Arc`: its sessions and
+//! cached chunks are untouched); an added or changed one is opened anew under a fresh hub index.
+//! Indices are never reused: the new hub keeps weak references to every runtime of the old one,
+//! so a session still reading a replaced or removed version finds its chunks until it ends, and
+//! the version is freed with its last session.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use crate::config::{Config, Precision};
+use crate::config::{Config, DatasetConfig, Precision};
 use crate::dataset::Dataset;
+use crate::metrics::{DatasetMetrics, Metrics};
 use crate::protocol::StreamInfo;
 
 /// An opened dataset and what sessions need to know about it.
@@ -30,10 +39,12 @@ pub struct DatasetRuntime {
     pub max_seq_len: u64,
     /// Bytes per value.
     pub value_bytes: u64,
+    /// Reader and parser counters of this dataset.
+    pub metrics: DatasetMetrics,
 }
 
 impl DatasetRuntime {
-    fn new(index: u32, dataset: Dataset) -> Self {
+    fn new(index: u32, dataset: Dataset, metrics: DatasetMetrics) -> Self {
         let (dtype, value_bytes) = match dataset.config().precision {
             Precision::Float32 => ("float32", 4),
             Precision::Float64 => ("float64", 8),
@@ -54,6 +65,7 @@ impl DatasetRuntime {
             max_seq_len: dataset.timeline().seq_len.iter().copied().max().map_or(1, u64::from),
             value_bytes,
             dataset,
+            metrics,
         }
     }
 
@@ -74,36 +86,137 @@ impl DatasetRuntime {
     }
 }
 
+/// What a reload did to the datasets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HubChanges {
+    /// Newly configured datasets (opened, or failed: see `failed`).
+    pub added: Vec<String>,
+    /// Datasets no longer configured.
+    pub removed: Vec<String>,
+    /// Datasets whose configuration changed and that opened anew.
+    pub changed: Vec<String>,
+    /// Changed datasets whose new version failed to open: the old version goes on serving.
+    pub kept_old: Vec<String>,
+    /// Datasets that failed to open (name, reason).
+    pub failed: Vec<(String, String)>,
+}
+
+/// How the datasets of two configurations relate (plain logic for a reload).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DatasetDiff {
+    /// Only in the new configuration.
+    pub added: Vec<String>,
+    /// Only in the old one.
+    pub removed: Vec<String>,
+    /// In both, configured differently.
+    pub changed: Vec<String>,
+    /// In both, configured the same.
+    pub unchanged: Vec<String>,
+}
+
+/// Compares the dataset tables of two configurations.
+#[must_use]
+pub fn diff(old: &BTreeMap<String, DatasetConfig>, new: &BTreeMap<String, DatasetConfig>) -> DatasetDiff {
+    let mut d = DatasetDiff::default();
+    for (name, cfg) in new {
+        match old.get(name) {
+            None => d.added.push(name.clone()),
+            Some(o) if o == cfg => d.unchanged.push(name.clone()),
+            Some(_) => d.changed.push(name.clone()),
+        }
+    }
+    d.removed = old.keys().filter(|k| !new.contains_key(*k)).cloned().collect();
+    d
+}
+
 /// All configured datasets by name; the ones that failed to open keep their error.
 #[derive(Debug, Default)]
 pub struct Hub {
     by_name: BTreeMap<String, Result<Arc<DatasetRuntime>, String>>,
-    by_index: Vec<Arc<DatasetRuntime>>,
+    by_index: Vec<Weak<DatasetRuntime>>,
+    /// The configurations the datasets were opened with (failed ones included).
+    configs: BTreeMap<String, DatasetConfig>,
 }
 
 impl Hub {
     /// Opens every dataset of `config` (indexing through the cache in `state_dir`). A dataset
     /// that fails is logged and refused to clients; the others are served.
     #[must_use]
-    pub fn open(config: &Config) -> Self {
+    pub fn open(config: &Config, metrics: &Metrics) -> Self {
         let mut hub = Self::default();
         for (name, d) in &config.datasets {
-            let state_dir: &Path = &config.daemon.state_dir;
-            match Dataset::open(d, state_dir, &mut |_| {}) {
-                Ok(ds) => {
-                    let index = u32::try_from(hub.by_index.len()).unwrap_or(u32::MAX);
-                    let rt = Arc::new(DatasetRuntime::new(index, ds));
-                    tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), "dataset ready");
-                    hub.by_index.push(rt.clone());
-                    hub.by_name.insert(name.clone(), Ok(rt));
-                }
-                Err(e) => {
-                    tracing::error!(dataset = %name, error = %e, "cannot open dataset; sessions on it will be refused");
-                    hub.by_name.insert(name.clone(), Err(e.to_string()));
-                }
+            if let Err(e) = hub.open_one(name, d, &config.daemon.state_dir, metrics) {
+                tracing::error!(dataset = %name, error = %e, "cannot open dataset; sessions on it will be refused");
             }
         }
         hub
+    }
+
+    fn open_one(&mut self, name: &str, d: &DatasetConfig, state_dir: &Path, metrics: &Metrics) -> Result<Arc<DatasetRuntime>, String> {
+        self.configs.insert(name.to_owned(), d.clone());
+        match Dataset::open(d, state_dir, &mut |_| {}) {
+            Ok(ds) => {
+                let index = u32::try_from(self.by_index.len()).unwrap_or(u32::MAX);
+                let rt = Arc::new(DatasetRuntime::new(index, ds, metrics.dataset(name)));
+                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), "dataset ready");
+                self.by_index.push(Arc::downgrade(&rt));
+                self.by_name.insert(name.to_owned(), Ok(rt.clone()));
+                Ok(rt)
+            }
+            Err(e) => {
+                self.by_name.insert(name.to_owned(), Err(e.to_string()));
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// The hub for `config` after a reload: unchanged datasets carried over, added and changed
+    /// ones opened (a changed one that fails keeps its old version), removed ones dropped (their
+    /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
+    /// again. Blocking: indexing happens here.
+    #[must_use]
+    pub fn reopen(&self, config: &Config, metrics: &Metrics) -> (Self, HubChanges) {
+        let mut hub = Self { by_name: BTreeMap::new(), by_index: self.by_index.clone(), configs: BTreeMap::new() };
+        let d = diff(&self.configs, &config.datasets);
+        let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };
+        let state_dir = &config.daemon.state_dir;
+        // `diff` took every name from `config.datasets`, so each lookup finds its entry.
+        let configured = |names: Vec<String>| names.into_iter().filter_map(|n| config.datasets.get(&n).map(|c| (n, c)));
+        for (name, cfg) in configured(d.unchanged) {
+            match self.by_name.get(&name) {
+                Some(Ok(rt)) => {
+                    hub.by_name.insert(name.clone(), Ok(rt.clone()));
+                    hub.configs.insert(name, cfg.clone());
+                }
+                _ => {
+                    if let Err(e) = hub.open_one(&name, cfg, state_dir, metrics) {
+                        changes.failed.push((name, e));
+                    }
+                }
+            }
+        }
+        for (name, cfg) in configured(d.added) {
+            changes.added.push(name.clone());
+            if let Err(e) = hub.open_one(&name, cfg, state_dir, metrics) {
+                changes.failed.push((name, e));
+            }
+        }
+        for (name, cfg) in configured(d.changed) {
+            match hub.open_one(&name, cfg, state_dir, metrics) {
+                Ok(_) => changes.changed.push(name),
+                Err(e) => {
+                    if let Some(Ok(old)) = self.by_name.get(&name) {
+                        hub.by_name.insert(name.clone(), Ok(old.clone()));
+                        if let Some(c) = self.configs.get(&name) {
+                            hub.configs.insert(name.clone(), c.clone());
+                        }
+                        changes.kept_old.push(name.clone());
+                    }
+                    changes.failed.push((name, e));
+                }
+            }
+        }
+        (hub, changes)
     }
 
     /// The dataset `name`.
@@ -118,9 +231,77 @@ impl Hub {
         }
     }
 
-    /// The dataset with hub index `index`.
+    /// Whether a dataset called `name` is configured (opened or not).
     #[must_use]
-    pub fn by_index(&self, index: u32) -> Option<&Arc<DatasetRuntime>> {
-        self.by_index.get(index as usize)
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The runtime with hub index `index`, if it is still alive (current, or kept by a session).
+    #[must_use]
+    pub fn by_index(&self, index: u32) -> Option<Arc<DatasetRuntime>> {
+        self.by_index.get(index as usize).and_then(Weak::upgrade)
+    }
+
+    /// Datasets (ready, failed).
+    #[must_use]
+    pub fn counts(&self) -> (usize, usize) {
+        let ready = self.by_name.values().filter(|r| r.is_ok()).count();
+        (ready, self.by_name.len() - ready)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(dir: &Path, datasets: &[(&str, &str, u64)]) -> Config {
+        let mut text = format!("[daemon]\nstate_dir = \"{}/state\"\n", dir.display());
+        for (name, file, chunk) in datasets {
+            text.push_str(&format!("[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{file}\"]\nchunk_size_bytes = {chunk}\n[datasets.{name}.streams.f]\ndim = 1\nformat = \"dense\"\n"));
+        }
+        Config::from_toml_str(&text, dir).expect("config")
+    }
+
+    #[test]
+    fn a_reload_keeps_unchanged_datasets_and_never_reuses_an_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for f in ["a.ctf", "b.ctf", "c.ctf"] {
+            std::fs::write(dir.path().join(f), "|f 1\n|f 2\n|f 3\n").expect("write");
+        }
+        let metrics = Metrics::new().expect("metrics");
+        let hub = Hub::open(&config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 100), ("gone", "missing.ctf", 100)]), &metrics);
+        assert_eq!(hub.counts(), (2, 1));
+        let a = hub.get("a").expect("a");
+        let b = hub.get("b").expect("b");
+        std::fs::write(dir.path().join("missing.ctf"), "|f 4\n").expect("write");
+        let new = config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)]);
+        let (hub2, changes) = hub.reopen(&new, &metrics);
+        assert_eq!(changes.added, vec!["c".to_owned()]);
+        assert_eq!(changes.changed, vec!["b".to_owned()]);
+        assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
+        assert!(Arc::ptr_eq(&a, &hub2.get("a").expect("a")), "unchanged: the same runtime");
+        let b2 = hub2.get("b").expect("b");
+        assert!(!Arc::ptr_eq(&b, &b2) && b2.index > b.index, "changed: a new runtime and index");
+        assert!(hub2.get("gone").is_ok(), "a failed dataset is tried again");
+        assert!(Arc::ptr_eq(&hub2.by_index(b.index).expect("the old version is alive while held"), &b));
+        let only_a = config(dir.path(), &[("a", "a.ctf", 100)]);
+        let (hub3, changes) = hub2.reopen(&only_a, &metrics);
+        assert_eq!(changes.removed.len(), 3);
+        assert!(!hub3.contains("b") && hub3.get("b").is_err());
+        drop((hub, hub2, b));
+        assert!(hub3.by_index(b2.index).is_some(), "held by a session");
+        let idx = b2.index;
+        drop(b2);
+        assert!(hub3.by_index(idx).is_none(), "freed with its last holder");
+    }
+
+    #[test]
+    fn diff_classifies_datasets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = config(dir.path(), &[("a", "a.ctf", 1), ("b", "b.ctf", 1)]);
+        let new = config(dir.path(), &[("b", "b.ctf", 2), ("c", "c.ctf", 1)]);
+        let d = diff(&old.datasets, &new.datasets);
+        assert_eq!((d.added, d.removed, d.changed, d.unchanged.len()), (vec!["c".to_owned()], vec!["a".to_owned()], vec!["b".to_owned()], 0));
     }
 }

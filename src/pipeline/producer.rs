@@ -9,13 +9,19 @@
 //!
 //! The producer runs ahead of the client by at most the ring's slot count; its sampler position is
 //! *not* the session's position (that counts only minibatches taken, see `session`).
+//!
+//! Metrics, per minibatch: minibatches and nominal samples delivered, the sweep, time blocked on
+//! a free slot (the client is slower), time waiting for chunks (the pipeline is slower) and the
+//! delivery stage's busy time (sampling, assembling, writing the slot).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
+use crate::metrics::SessionMetrics;
 use crate::minibatch::{assemble, ChunkSource};
 use crate::protocol::{ErrorCode, MinibatchMeta};
 use crate::sampling::Sampler;
@@ -28,7 +34,7 @@ use super::hub::DatasetRuntime;
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
 /// How often a producer waiting for a free slot checks whether it should stop.
-const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// A slot the producer may fill, with the generation to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +104,13 @@ struct SessionChunks<'a> {
     held: HashMap<u32, Arc<ParsedChunk>>,
     cache: &'a SharedCache,
     stop: &'a AtomicBool,
+    /// Time spent in the cache (waiting for chunks to be read and parsed).
+    waited: Duration,
+    /// Chunks this minibatch (then the next ones) needs, in order of first need. Offered to the
+    /// pipeline again before every wait: the request queue is short, so a one-shot prefetch of
+    /// a minibatch spread over many chunks would leave the parser pool idle but for the chunk
+    /// being waited for.
+    wanted: Vec<u32>,
 }
 
 impl ChunkSource for SessionChunks<'_> {
@@ -105,7 +118,12 @@ impl ChunkSource for SessionChunks<'_> {
         if let Some(c) = self.held.get(&chunk) {
             return Ok(c.clone());
         }
-        match self.cache.get((self.dataset, chunk), self.stop) {
+        let started = Instant::now();
+        let (ds, held) = (self.dataset, &self.held);
+        self.cache.prefetch(self.wanted.iter().filter(|&&c| c != chunk && !held.contains_key(&c)).map(|&c| (ds, c)));
+        let got = self.cache.get((self.dataset, chunk), self.stop);
+        self.waited += started.elapsed();
+        match got {
             Ok(c) => {
                 self.held.insert(chunk, c.clone());
                 Ok(c)
@@ -126,6 +144,7 @@ pub struct Producer {
     frame_mode: bool,
     next_index: u64,
     held: HashMap<u32, Arc<ParsedChunk>>,
+    metrics: SessionMetrics,
 }
 
 impl std::fmt::Debug for Producer {
@@ -135,10 +154,12 @@ impl std::fmt::Debug for Producer {
 }
 
 impl Producer {
-    /// A producer that continues `sampler` (already restored) with minibatch `next_index`.
+    /// A producer that continues `sampler` (already restored) with minibatch `next_index`,
+    /// counting into `metrics`.
     #[must_use]
-    pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64) -> Self {
-        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, held: HashMap::new() }
+    #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
+    pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64, metrics: SessionMetrics) -> Self {
+        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, held: HashMap::new(), metrics }
     }
 
     /// Fills `slot` with the next minibatch; `Ok(None)` at the end of the epoch.
@@ -146,17 +167,23 @@ impl Producer {
     /// # Errors
     /// [`ProduceError`]; the session cannot go on after one.
     pub fn produce(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<MinibatchMeta>, ProduceError> {
+        let started = Instant::now();
         let Some(plan) = self.sampler.next_minibatch(self.minibatch_size) else { return Ok(None) };
         let ds = self.runtime.index;
         // Ask for every chunk of this minibatch first (parsed in parallel by the pool), then for
         // the ones coming next.
-        let mut now: Vec<u32> = plan.sequences.iter().map(|r| r.chunk).filter(|c| !self.held.contains_key(c)).collect();
-        now.dedup();
-        self.cache.prefetch(now.iter().map(|&c| (ds, c)));
-        self.cache.prefetch(self.sampler.upcoming_chunks(PREFETCH_CHUNKS).into_iter().filter(|c| !self.held.contains_key(c)).map(|c| (ds, c)));
-        let mut source = SessionChunks { dataset: ds, held: std::mem::take(&mut self.held), cache: &self.cache, stop };
+        let mut wanted: Vec<u32> = Vec::new();
+        for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks(PREFETCH_CHUNKS)) {
+            if !self.held.contains_key(&c) && !wanted.contains(&c) {
+                wanted.push(c);
+            }
+        }
+        self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
+        let mut source = SessionChunks { dataset: ds, held: std::mem::take(&mut self.held), cache: &self.cache, stop, waited: Duration::ZERO, wanted };
         let built = assemble(self.next_index, &plan, self.runtime.dataset.timeline(), &self.runtime.dims, self.frame_mode, &mut source);
         self.held = source.held;
+        let waited = source.waited;
+        self.metrics.chunk_wait_seconds.inc_by(waited.as_secs_f64());
         if stop.load(Ordering::Relaxed) {
             return Err(ProduceError::Stopped);
         }
@@ -166,6 +193,12 @@ impl Producer {
         }
         self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names)?;
         self.next_index = self.next_index.saturating_add(1);
+        let seq_len = &self.runtime.dataset.timeline().seq_len;
+        let samples: u64 = plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
+        self.metrics.minibatches.inc();
+        self.metrics.samples.inc_by(samples);
+        self.metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
+        self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(waited).as_secs_f64());
         Ok(Some(MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position }))
     }
 
@@ -176,11 +209,16 @@ impl Producer {
             if stop.load(Ordering::Relaxed) {
                 return;
             }
+            let waiting = Instant::now();
             let slot = match free.recv_timeout(STOP_POLL) {
                 Ok(slot) => slot,
-                Err(flume::RecvTimeoutError::Timeout) => continue,
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
+                    continue;
+                }
                 Err(flume::RecvTimeoutError::Disconnected) => return,
             };
+            self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
             let event = match self.produce(slot, stop) {
                 Ok(Some(meta)) => ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta },
                 Ok(None) => ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index },

@@ -2,8 +2,9 @@
 //! accepts clients and runs one connection task per client ([`super::connection`]).
 //!
 //! Binding: a stale socket file (nobody accepts on it) is replaced; a live one (another daemon)
-//! is an error. Stopping closes the socket, removes its file and tells every connection to end
-//! (`error{shutting_down}`), which reclaims their slots and stops their producers.
+//! is an error. Stopping closes the socket, removes its file and tells every connection to end:
+//! each stops its producer, sends `error{shutting_down}` and gives its client
+//! `shutdown_grace_secs` to report its last position (`close{taken}`) before it parks the session.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -66,7 +67,7 @@ impl Actor for SessionManager {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let path = self.shared.config.daemon.socket.clone();
+        let path = self.shared.config().daemon.socket.clone();
         let listener = match bind(&path).and_then(tokio::net::UnixListener::from_std) {
             Ok(l) => l,
             Err(e) => {
@@ -77,6 +78,7 @@ impl Actor for SessionManager {
         };
         tracing::info!(socket = %path.display(), "listening");
         self.bound = Some(path);
+        super::supervisor::set_stage_up(&self.shared, Stage::Sessions, true);
         let (tx, _) = tokio::sync::watch::channel(false);
         self.shutdown = tx;
         let conn = Arc::new(ConnShared { shared: self.shared.clone(), delivery: self.delivery.clone() });

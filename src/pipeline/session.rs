@@ -4,7 +4,8 @@
 //! * [`options_hash`]: what a resume must match besides the data;
 //! * [`SlotTable`]: who owns each ring slot, generations, stale releases;
 //! * [`Progress`]: which announced minibatches the client has taken, hence the session position;
-//! * [`Registry`]: session names, lingering (resumable) sessions and the memory reserved by rings.
+//! * [`Registry`]: session names, lingering (resumable) sessions and the memory reserved by rings;
+//!   what the daemon checkpoint saves and restores.
 //!
 //! **State semantics.** A minibatch is *taken* once the client library has handed it to its user.
 //! The client reports the count with `release`/`state`/`close` (`taken`); releasing a slot also
@@ -18,6 +19,8 @@ use std::time::{Duration, Instant};
 
 use crate::config::DatasetConfig;
 use crate::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
+
+use super::checkpoint::SavedSession;
 use crate::sampling::{EpochLimit, SamplingOptions, Window};
 
 /// Most slots a session may ask for.
@@ -273,6 +276,12 @@ impl Progress {
         }
     }
 
+    /// Minibatches announced whose taking the client has not reported (yet).
+    #[must_use]
+    pub fn unacknowledged(&self) -> usize {
+        self.announced.len()
+    }
+
     /// Minibatches taken so far.
     #[must_use]
     pub fn taken_count(&self) -> u64 {
@@ -289,8 +298,15 @@ impl Progress {
 /// A disconnected session kept for resuming by name.
 #[derive(Debug, Clone)]
 struct Lingering {
-    state: SessionState,
+    saved: SavedSession,
     expires: Instant,
+}
+
+/// A connected session: its id and, once opened, what a checkpoint saves of it.
+#[derive(Debug, Clone)]
+struct ActiveEntry {
+    id: u64,
+    saved: Option<SavedSession>,
 }
 
 /// How an `open` with a session name starts.
@@ -309,7 +325,7 @@ pub enum RegistryError {
     #[error("session '{0}' is connected on another socket")]
     Busy(String),
     /// The ring does not fit.
-    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free")]
+    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache)")]
     Memory {
         /// Bytes asked.
         needed: u64,
@@ -320,10 +336,11 @@ pub enum RegistryError {
     },
 }
 
-/// Session names, lingering sessions and ring memory, shared by all connections.
+/// Session names, lingering sessions and ring memory, shared by all connections; what the daemon
+/// checkpoint saves ([`Registry::snapshot`]) and restores ([`Registry::restore`]).
 #[derive(Debug)]
 pub struct Registry {
-    active: HashMap<String, u64>,
+    active: HashMap<String, ActiveEntry>,
     lingering: HashMap<String, Lingering>,
     linger: Duration,
     limit: u64,
@@ -338,6 +355,14 @@ impl Registry {
     #[must_use]
     pub fn new(limit: u64, cache_floor: u64, linger: Duration) -> Self {
         Self { active: HashMap::new(), lingering: HashMap::new(), linger, limit, cache_floor: cache_floor.min(limit), rings: 0, next_id: 1 }
+    }
+
+    /// Applies new limits (a configuration reload). Rings already reserved stay; a lower limit
+    /// only refuses new rings until enough have gone.
+    pub fn set_limits(&mut self, limit: u64, cache_floor: u64, linger: Duration) {
+        self.limit = limit;
+        self.cache_floor = cache_floor.min(limit);
+        self.linger = linger;
     }
 
     /// A fresh session id.
@@ -357,24 +382,70 @@ impl Registry {
         if self.active.contains_key(name) {
             return Err(RegistryError::Busy(name.to_owned()));
         }
-        self.active.insert(name.to_owned(), id);
-        Ok(match self.lingering.remove(name) {
-            Some(l) => Claim::Resume(l.state),
+        let lingered = self.lingering.remove(name).map(|l| l.saved);
+        let claim = match &lingered {
+            Some(s) => Claim::Resume(s.state.clone()),
             None => Claim::Fresh,
-        })
+        };
+        self.active.insert(name.to_owned(), ActiveEntry { id, saved: lingered });
+        Ok(claim)
+    }
+
+    /// Records what a checkpoint saves of the connected session `name` (at open).
+    pub fn record(&mut self, saved: SavedSession) {
+        if let Some(e) = self.active.get_mut(&saved.name) {
+            e.saved = Some(saved);
+        }
+    }
+
+    /// The connected session `name` acknowledged minibatches: its state is now `state`.
+    pub fn update_state(&mut self, name: &str, state: &SessionState) {
+        if let Some(saved) = self.active.get_mut(name).and_then(|e| e.saved.as_mut()) {
+            saved.state.clone_from(state);
+        }
     }
 
     /// The connection of `name` ended with `state`: keep it resumable for the linger time.
     pub fn park(&mut self, name: &str, state: SessionState, now: Instant) {
-        self.active.remove(name);
+        let entry = self.active.remove(name);
+        if let Some(e) = &entry {
+            tracing::debug!(session = name, id = e.id, position = state.position, "session parked");
+        }
         if !self.linger.is_zero() {
-            self.lingering.insert(name.to_owned(), Lingering { state, expires: now + self.linger });
+            let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
+            let saved = SavedSession { name: name.to_owned(), options, state };
+            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger });
         }
     }
 
     /// Drops lingering sessions whose time is up.
     pub fn expire(&mut self, now: Instant) {
         self.lingering.retain(|_, l| l.expires > now);
+    }
+
+    /// Every connected (opened) and lingering session, by name, for a checkpoint.
+    pub fn snapshot(&mut self, now: Instant) -> Vec<SavedSession> {
+        self.expire(now);
+        let mut out: Vec<SavedSession> = self.active.values().filter_map(|e| e.saved.clone()).chain(self.lingering.values().map(|l| l.saved.clone())).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Makes checkpointed sessions lingering (resumable by name for the linger time from `now`);
+    /// a name already in use is left alone. Returns how many were restored.
+    pub fn restore(&mut self, sessions: Vec<SavedSession>, now: Instant) -> usize {
+        if self.linger.is_zero() {
+            return 0;
+        }
+        let mut n = 0;
+        for saved in sessions {
+            if self.active.contains_key(&saved.name) || self.lingering.contains_key(&saved.name) {
+                continue;
+            }
+            self.lingering.insert(saved.name.clone(), Lingering { saved, expires: now + self.linger });
+            n += 1;
+        }
+        n
     }
 
     /// Number of connected and lingering sessions.
@@ -388,7 +459,8 @@ impl Registry {
     /// # Errors
     /// [`RegistryError::Memory`] when the rings would eat into the chunk cache's floor.
     pub fn reserve(&mut self, bytes: u64) -> Result<(), RegistryError> {
-        let available = self.limit - self.cache_floor - self.rings.min(self.limit - self.cache_floor);
+        let for_rings = self.limit - self.cache_floor;
+        let available = for_rings - self.rings.min(for_rings);
         if bytes > available {
             return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit });
         }
@@ -405,6 +477,18 @@ impl Registry {
     #[must_use]
     pub fn cache_budget(&self) -> u64 {
         self.limit.saturating_sub(self.rings)
+    }
+
+    /// Bytes reserved by rings.
+    #[must_use]
+    pub fn rings_bytes(&self) -> u64 {
+        self.rings
+    }
+
+    /// `memory_limit_bytes`.
+    #[must_use]
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 }
 
@@ -499,5 +583,28 @@ mod tests {
         assert_eq!(r.cache_budget(), 300);
         r.unreserve(700);
         assert!(r.reserve(800).is_ok());
+    }
+
+    #[test]
+    fn the_registry_snapshots_connected_and_lingering_sessions_and_restores_them() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(10));
+        let st = |p| SessionState { version: 1, dataset: "t".into(), position: p, minibatches: p / 4, data_identity: "i".into(), options_hash: "o".into() };
+        let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
+        assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
+        r.record(SavedSession { name: "a".into(), options: opts.clone(), state: st(0) });
+        r.update_state("a", &st(8));
+        assert_eq!(r.claim("b", 2, t0), Ok(Claim::Fresh));
+        r.park("b", st(4), t0);
+        let snap = r.snapshot(t0);
+        assert_eq!(snap.iter().map(|s| (s.name.as_str(), s.state.position)).collect::<Vec<_>>(), vec![("a", 8), ("b", 4)]);
+        assert_eq!(snap[0].options, opts, "options are kept");
+        let mut fresh = Registry::new(1000, 200, Duration::from_secs(10));
+        assert_eq!(fresh.restore(snap.clone(), t0), 2);
+        assert_eq!(fresh.counts(), (0, 2));
+        assert_eq!(fresh.claim("a", 1, t0), Ok(Claim::Resume(st(8))));
+        fresh.park("a", st(12), t0);
+        assert_eq!(fresh.snapshot(t0).iter().find(|s| s.name == "a").map(|s| s.options.clone()), Some(opts), "options survive a re-park");
+        assert_eq!(Registry::new(1000, 200, Duration::ZERO).restore(snap, t0), 0, "no lingering: nothing to restore");
     }
 }

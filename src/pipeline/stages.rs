@@ -9,6 +9,9 @@
 //! so a restarted stage picks up where the stopped one left off. A stage that hits a fault it
 //! cannot handle logs it and stops itself (never panics); the supervisor restarts it.
 //!
+//! Metrics, per chunk: busy seconds per stage; bytes read, chunks parsed, chunk failures and
+//! parse errors by kind per dataset (`crate::metrics`).
+//!
 //! The reader does not copy the bytes: `Dataset::load_chunk` reads and decodes in one call, so
 //! the reader's job is I/O scheduling — it starts kernel readahead (`posix_fadvise(WILLNEED)`)
 //! for the chunk's byte range, so a parser thread finds the bytes in the page cache.
@@ -16,9 +19,11 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+
+use crate::format::errors::DataError;
 
 use super::cache::{ChunkRequest, ParsedMsg};
 use super::producer::{FreeSlot, Producer, ProducerEvent};
@@ -37,17 +42,19 @@ pub struct StopStage;
 pub struct ChunkReader {
     shared: Arc<Shared>,
     supervisor: Recipient<StageStopped>,
+    busy: prometheus::Counter,
 }
 
 impl ChunkReader {
     /// A reader over the shared channels.
     #[must_use]
     pub fn new(shared: Arc<Shared>, supervisor: Recipient<StageStopped>) -> Self {
-        Self { shared, supervisor }
+        let busy = shared.metrics.stage_busy(Stage::Reader.name());
+        Self { shared, supervisor, busy }
     }
 
     fn readahead(&self, req: ChunkRequest) {
-        let Some(rt) = self.shared.hub.by_index(req.key.0) else { return };
+        let Some(rt) = self.shared.runtime(req.key.0) else { return };
         if let Some((path, start, end)) = rt.dataset.chunk_byte_range(req.key.1 as usize) {
             // Advisory only: a failure just means the parser reads from disk itself.
             if let Ok(f) = std::fs::File::open(path) {
@@ -72,7 +79,9 @@ impl Actor for ChunkReader {
 
 impl StreamHandler<ChunkRequest> for ChunkReader {
     fn handle(&mut self, req: ChunkRequest, ctx: &mut Self::Context) {
+        let started = Instant::now();
         self.readahead(req);
+        self.busy.inc_by(started.elapsed().as_secs_f64());
         let tx = self.shared.channels.to_parse.0.clone();
         // `wait` holds further requests until the parser queue takes this one: back-pressure.
         ctx.wait(
@@ -103,6 +112,7 @@ struct ParserWorker {
     shared: Arc<Shared>,
     stop: Arc<AtomicBool>,
     pool: Addr<ParserPool>,
+    busy: prometheus::Counter,
 }
 
 impl Actor for ParserWorker {
@@ -111,15 +121,24 @@ impl Actor for ParserWorker {
 
 impl ParserWorker {
     fn parse(&self, req: ChunkRequest) -> ParsedMsg {
-        let Some(rt) = self.shared.hub.by_index(req.key.0) else {
-            return ParsedMsg { key: req.key, result: Err(format!("no dataset with index {}", req.key.0)) };
+        let Some(rt) = self.shared.runtime(req.key.0) else {
+            return ParsedMsg { key: req.key, result: Err(format!("no dataset with index {} (removed by a reload)", req.key.0)) };
         };
+        let started = Instant::now();
         // A decoder bug must not take a parser thread (and so the daemon) down: the chunk fails.
         let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| rt.dataset.load_chunk(req.key.1 as usize)));
+        let m = &rt.metrics;
         let result = match loaded {
             Ok(Ok((chunk, fresh))) => {
-                for m in fresh.iter().take(10) {
-                    tracing::warn!(dataset = %rt.name, "{m}");
+                m.chunks_parsed.inc();
+                if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.1 as usize) {
+                    m.read_bytes.inc_by(end.saturating_sub(start));
+                }
+                for e in &fresh {
+                    m.parse_error(e.kind).inc();
+                }
+                for e in fresh.iter().take(10) {
+                    tracing::warn!(dataset = %rt.name, "{e}");
                 }
                 if fresh.len() > 10 {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
@@ -127,11 +146,19 @@ impl ParserWorker {
                 Ok(Arc::new(chunk))
             }
             Ok(Err(e)) => {
+                m.chunk_failures.inc();
+                if let DataError::TooManyErrors { last, .. } = &e {
+                    m.parse_error(last.kind).inc();
+                }
                 tracing::error!(dataset = %rt.name, chunk = req.key.1, error = %e, "chunk failed");
                 Err(e.to_string())
             }
-            Err(_) => Err(format!("internal error while parsing chunk {} of '{}'", req.key.1, rt.name)),
+            Err(_) => {
+                m.chunk_failures.inc();
+                Err(format!("internal error while parsing chunk {} of '{}'", req.key.1, rt.name))
+            }
         };
+        self.busy.inc_by(started.elapsed().as_secs_f64());
         ParsedMsg { key: req.key, result }
     }
 }
@@ -185,7 +212,8 @@ impl Actor for ParserPool {
     fn started(&mut self, ctx: &mut Self::Context) {
         let threads = self.shared.parser_threads;
         let (shared, stop, pool) = (self.shared.clone(), self.stop.clone(), ctx.address());
-        let workers = SyncArbiter::start(threads, move || ParserWorker { shared: shared.clone(), stop: stop.clone(), pool: pool.clone() });
+        let busy = shared.metrics.stage_busy(Stage::Parsers.name());
+        let workers = SyncArbiter::start(threads, move || ParserWorker { shared: shared.clone(), stop: stop.clone(), pool: pool.clone(), busy: busy.clone() });
         for _ in 0..threads {
             workers.do_send(RunParser);
         }
@@ -212,13 +240,15 @@ impl Handler<StopStage> for ParserPool {
 pub struct CacheStage {
     shared: Arc<Shared>,
     supervisor: Recipient<StageStopped>,
+    busy: prometheus::Counter,
 }
 
 impl CacheStage {
     /// The cache stage.
     #[must_use]
     pub fn new(shared: Arc<Shared>, supervisor: Recipient<StageStopped>) -> Self {
-        Self { shared, supervisor }
+        let busy = shared.metrics.stage_busy(Stage::Cache.name());
+        Self { shared, supervisor, busy }
     }
 }
 
@@ -236,7 +266,9 @@ impl Actor for CacheStage {
 
 impl StreamHandler<ParsedMsg> for CacheStage {
     fn handle(&mut self, msg: ParsedMsg, _: &mut Self::Context) {
+        let started = Instant::now();
         self.shared.cache.insert(msg);
+        self.busy.inc_by(started.elapsed().as_secs_f64());
     }
 }
 

@@ -37,6 +37,12 @@ impl Stage {
     /// All stages in start order.
     pub const ORDER: [Stage; 5] = [Stage::Reader, Stage::Parsers, Stage::Cache, Stage::Delivery, Stage::Sessions];
 
+    /// Position in [`Stage::ORDER`] (and in `metrics::STAGES`).
+    #[must_use]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// Stable name (logs, metric labels).
     #[must_use]
     pub fn name(self) -> &'static str {
@@ -97,6 +103,15 @@ impl RestartPolicy {
     }
 }
 
+/// Slack beyond `shutdown_grace_secs` for connections to finish their last replies.
+const GRACE_MARGIN: Duration = Duration::from_secs(2);
+
+/// Records whether `stage` runs (health and `minibatchd_stage_up`).
+pub fn set_stage_up(shared: &Shared, stage: Stage, up: bool) {
+    shared.health.set_stage_up(stage.index(), up);
+    shared.metrics.stage_up.with_label_values(&[stage.name()]).set(i64::from(up));
+}
+
 /// A stage's actor stopped.
 #[derive(Debug, Clone, Copy, Message)]
 #[rtype(result = "()")]
@@ -143,9 +158,17 @@ impl Supervisor {
         Self { shared, addrs: Addrs::default(), policies: Stage::ORDER.iter().map(|&s| (s, RestartPolicy::default())).collect(), shutting_down: false, fatal: Some(fatal) }
     }
 
+    fn set_up(&self, stage: Stage, up: bool) {
+        set_stage_up(&self.shared, stage, up);
+    }
+
     fn start_stage(&mut self, stage: Stage, ctx: &mut Context<Self>) {
         let me = ctx.address().recipient::<StageStopped>();
         let shared = self.shared.clone();
+        // The session manager reports itself up once its socket is bound.
+        if stage != Stage::Sessions {
+            self.set_up(stage, true);
+        }
         match stage {
             Stage::Reader => self.addrs.reader = Some(ChunkReader::new(shared, me).start()),
             Stage::Parsers => self.addrs.parsers = Some(ParserPool::new(shared, me).start()),
@@ -176,12 +199,14 @@ impl Actor for Supervisor {
 impl Handler<StageStopped> for Supervisor {
     type Result = ();
     fn handle(&mut self, StageStopped(stage): StageStopped, ctx: &mut Self::Context) {
+        self.set_up(stage, false);
         if self.shutting_down {
             return;
         }
         let policy = self.policies.entry(stage).or_default();
         match policy.on_stop(Instant::now()) {
             Decision::Restart(delay) => {
+                self.shared.metrics.stage_restarts.with_label_values(&[stage.name()]).inc();
                 tracing::warn!(stage = stage.name(), restarts = policy.total, delay_ms = delay.as_millis() as u64, "stage stopped; restarting");
                 ctx.run_later(delay, move |act, ctx| {
                     if !act.shutting_down {
@@ -229,11 +254,18 @@ impl Handler<Shutdown> for Supervisor {
         let cache = self.addrs.cache.take();
         let parsers = self.addrs.parsers.take();
         let reader = self.addrs.reader.take();
+        let shared = self.shared.clone();
         Box::pin(
             async move {
                 // Reverse start order; each stage has finished its stop work when it replies.
                 if let Some(a) = sessions {
                     let _ = a.send(StopStage).await;
+                }
+                // The socket is closed; connected clients get their grace period to report their
+                // last position (the connections end by themselves when it is over).
+                let grace = Duration::from_secs(shared.config().daemon.shutdown_grace_secs) + GRACE_MARGIN;
+                if tokio::time::timeout(grace, shared.connections.wait_idle()).await.is_err() {
+                    tracing::warn!(connections = shared.connections.count(), "connections still open after the grace period");
                 }
                 if let Some(a) = delivery {
                     let _ = a.send(StopStage).await;
@@ -280,9 +312,11 @@ mod tests {
             dir.path().display()
         );
         let config = crate::config::Config::from_toml_str(&text, dir.path()).expect("config");
-        let hub = super::super::hub::Hub::open(&config);
-        let shared = Arc::new(Shared::new(config, hub));
+        let metrics = crate::metrics::Metrics::new().expect("metrics");
+        let hub = super::super::hub::Hub::open(&config, &metrics);
+        let shared = Arc::new(Shared::new(config, hub, metrics));
         let socket = dir.path().join("s.sock");
+        let shared_probe = shared.clone();
         actix::System::new().block_on(async move {
             let (tx, _rx) = tokio::sync::oneshot::channel();
             let sup = Supervisor::new(shared, tx).start();
@@ -297,7 +331,8 @@ mod tests {
             loop {
                 let counts = sup.send(RestartCounts).await.expect("counts");
                 let restarted = |s: Stage| counts.iter().any(|&(st, n)| st == s && n == 1);
-                if restarted(Stage::Reader) && restarted(Stage::Sessions) && socket.exists() {
+                if restarted(Stage::Reader) && restarted(Stage::Sessions) && socket.exists() && shared_probe.health.stage_up(Stage::Sessions.index()) {
+                    assert!(shared_probe.metrics.render().contains("minibatchd_stage_restarts_total{stage=\"reader\"} 1"));
                     assert!(counts.iter().all(|&(st, n)| n == 0 || st == Stage::Reader || st == Stage::Sessions), "{counts:?}");
                     break;
                 }
@@ -306,6 +341,10 @@ mod tests {
             }
             sup.send(Shutdown).await.expect("shutdown");
             assert!(!socket.exists(), "the socket is removed at shutdown");
+            while (0..5).any(|i| shared_probe.health.stage_up(i)) {
+                assert!(Instant::now() < deadline, "a stage still reports up after shutdown");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         });
     }
 

@@ -9,6 +9,7 @@ import mmap
 import os
 import socket
 import struct
+import time
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -18,6 +19,10 @@ PROTOCOL_VERSION = 1
 LAYOUT_VERSION = 1
 DEFAULT_SOCKET = "/run/minibatchd/minibatchd.sock"
 MAX_MESSAGE_BYTES = 64 * 1024
+# hello.features: the daemon accepts ``wait_ns`` (consumer wait, for the input-bound metric).
+FEATURE_CONSUMER_WAIT = "consumer_wait"
+# How long to wait for the daemon's ``closed`` when reporting the final position at its shutdown.
+FINAL_REPORT_TIMEOUT = 10.0
 
 _LEN = struct.Struct("<I")
 # Ring header (layout.rs RingHeader): magic, layout_version, byte_order, daemon_id, session_id,
@@ -189,6 +194,14 @@ class Source:
 
     def __init__(self, path: str, timeout: Optional[float], dataset: str, options: dict):
         self.dataset = dataset
+        self._path = path
+        self._timeout = timeout
+        self._options = {k: v for k, v in options.items() if k != "resume"}
+        # Time spent waiting for the daemon in __next__ (reported as wait_ns: the input-bound
+        # fraction), and whether the daemon stopped (error shutting_down) after we reported.
+        self._wait_ns = 0
+        self._report_wait = False
+        self._stopped = False
         self._conn = _Conn(path, timeout)
         self._releaser = _Releaser()
         self._pending = self._releaser.pending
@@ -198,7 +211,8 @@ class Source:
         self._failed: Optional[MinibatchdError] = None
         self._mm: Optional[mmap.mmap] = None
         try:
-            _hello(self._conn)
+            hello = _hello(self._conn)
+            self._report_wait = FEATURE_CONSUMER_WAIT in (hello.get("features") or [])
             self._conn.send([{"type": "open", "dataset": dataset, "options": options}])
             opened = _check(self._conn.recv(with_fds=True), "opened")
             if not self._conn.fds:
@@ -213,6 +227,7 @@ class Source:
             self._conn.close()
             raise
         self.session: str = opened["session"]
+        self._options.setdefault("session", self.session)
         self.streams: List[dict] = opened["streams"]
         self.sweep_size: int = opened["sweep_size"]
         self._start_state: dict = opened["state"]
@@ -237,13 +252,21 @@ class Source:
 
     # -- messages ------------------------------------------------------------------------------
 
+    def _report(self, msg: dict) -> dict:
+        """Adds what every client report carries: ``taken`` and, if the daemon accepts it, the
+        cumulative consumer wait."""
+        msg["taken"] = self._taken
+        if self._report_wait:
+            msg["wait_ns"] = self._wait_ns
+        return msg
+
     def _flush(self, extra: Optional[List[dict]] = None) -> None:
         frames = []
         while self._pending:
             slot, gen = self._pending.popleft()
-            frames.append({"type": "release", "slot": slot, "generation": gen, "taken": self._taken})
+            frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
         if extra:
-            frames.extend(extra)
+            frames.extend(self._report(m) for m in extra)
         if frames:
             self._conn.send(frames)
 
@@ -276,7 +299,16 @@ class Source:
         # Releases are batched: sent before this client would wait for the daemon, or once half
         # the ring waits to be given back — never one syscall per minibatch on a backlog.
         if not ready or len(self._pending) * 2 >= self._slot_count:
-            self._flush()
+            try:
+                self._flush()
+            except OSError:
+                # The daemon ended the session and closed the socket: its reason is still
+                # readable, and more useful than a broken pipe.
+                msg = self._next_message()
+                if msg.get("type") == "error":
+                    self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+                    raise self._failed
+                raise
         if not ready and len(self._live) >= self._slot_count:
             gc.collect()
             self._flush()
@@ -286,7 +318,12 @@ class Source:
                     f"all {self._slot_count} ring slots are held by live minibatches; drop or release() some, "
                     "or open the session with a larger prefetch",
                 )
-        msg = self._next_message()
+        if ready:
+            msg = self._next_message()
+        else:
+            waiting = time.perf_counter_ns()
+            msg = self._next_message()
+            self._wait_ns += time.perf_counter_ns() - waiting
         t = msg.get("type")
         if t == "ready":
             mb = self._minibatch(msg)
@@ -301,6 +338,8 @@ class Source:
             # The session cannot go on (its producer stopped): every later next() says so too;
             # state() and close() still work.
             self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+            if self._failed.code == "shutting_down":
+                self._report_final()
             raise self._failed
         raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
 
@@ -326,23 +365,60 @@ class Source:
         ref = self._releaser.track(owner, (slot, gen))
         return Minibatch(self, owner, ref, msg["minibatch"], tensors)
 
+    def _report_final(self) -> None:
+        """The daemon is stopping: tell it what was taken (``close``), so its checkpoint holds this
+        session's exact position, and keep the state it confirms. Best effort."""
+        self._stopped = True
+        try:
+            self._conn.sock.settimeout(FINAL_REPORT_TIMEOUT)
+            self._flush([{"type": "close"}])
+            self._last_state = self._await_reply("closed")["state"]
+        except (MinibatchdError, OSError, ValueError):
+            pass
+
+    def reconnect(self, path: Optional[str] = None, timeout: float = 60.0) -> "Source":
+        """Opens this session again — typically after the daemon restarted — with the same
+        options and session name, continuing exactly after the last minibatch this iterator
+        returned (``resume=`` its state, which the client keeps itself). Waits up to ``timeout``
+        seconds for the daemon to accept it. This source is closed."""
+        state = dict(self._last_state)
+        self.close()
+        options = dict(self._options, resume=state)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return Source(path or self._path, self._timeout, self.dataset, options)
+            except (OSError, MinibatchdError) as e:
+                retry = isinstance(e, OSError) or e.code in ("client_disconnected", "shutting_down", "session_busy")
+                if not retry or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     # -- state ---------------------------------------------------------------------------------
 
     def state(self) -> dict:
         """The session's state: the position after the last minibatch this iterator returned
         (prefetched ones never count). Pass it as ``resume=`` to continue exactly after it."""
-        if self._ended or self._mm is None:
+        if self._ended or self._stopped or self._mm is None:
             return dict(self._last_state)
-        self._flush([{"type": "state", "taken": self._taken}])
-        return self._await_reply("state")["state"]
+        self._flush([{"type": "state"}])
+        try:
+            return self._await_reply("state")["state"]
+        except MinibatchdError as e:
+            if e.code != "shutting_down":
+                raise
+            self._report_final()
+            return dict(self._last_state)
 
     def close(self) -> dict:
         """Ends the session (it stays resumable by name for the daemon's linger time) and
         returns the final state."""
-        if self._mm is None:
+        if self._mm is None or self._stopped:
+            self._conn.close()
+            self._mm = None
             return dict(self._last_state)
         try:
-            self._flush([{"type": "close", "taken": self._taken}])
+            self._flush([{"type": "close"}])
             final = self._await_reply("closed")["state"]
         except (MinibatchdError, OSError):
             final = dict(self._last_state)
@@ -394,6 +470,30 @@ class Stream:
     @property
     def num_samples(self) -> int:
         return int(self.sequence_offsets[-1]) if len(self.sequence_offsets) else 0
+
+    def csr_arrays(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(values, indices, indptr)`` of a sparse stream: one CSR row per sample, entries in
+        file order (duplicates kept). Views on shared memory; deepx feature ids are uint64."""
+        if self.kind != "sparse":
+            raise TypeError(f"stream {self.name!r} is {self.kind}, not sparse")
+        return self.values, self.indices, self.sample_offsets
+
+    def csr(self, num_features: Optional[int] = None):
+        """The stream as a ``scipy.sparse.csr_matrix`` ``[num_samples, num_features]`` (a copy:
+        scipy sums duplicates lazily and wants signed indices). ``num_features`` defaults to the
+        stream's ``dim``, or for deepx streams (dim 0: ids are unbounded) to the largest id + 1.
+        Needs scipy, which the client does not require."""
+        try:
+            import scipy.sparse
+        except ImportError as e:  # scipy is optional
+            raise ImportError("Stream.csr() needs scipy; csr_arrays() gives the same data as NumPy arrays") from e
+        values, indices, indptr = self.csr_arrays()
+        largest = int(indices.max()) if len(indices) else -1
+        if largest >= 2**63 - 1:
+            raise ValueError(f"feature id {largest} does not fit scipy's int64 indices; hash the ids or use csr_arrays()")
+        if num_features is None:
+            num_features = self.dim or (int(indices.max()) + 1 if len(indices) else 0)
+        return scipy.sparse.csr_matrix((np.array(values), indices.astype(np.int64), indptr.astype(np.int64)), shape=(self.num_samples, num_features))
 
     def strings(self) -> List[str]:
         """The samples of a `strings` stream, decoded as UTF-8 (invalid bytes replaced)."""

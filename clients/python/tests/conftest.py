@@ -45,6 +45,8 @@ state_dir = "{tmp}/state"
 memory_limit_bytes = 268435456
 ring_slots = 4
 slot_size_bytes = 65536
+# Sessions a test leaves open would hold the daemon's stop for the default 5 s.
+shutdown_grace_secs = 1
 
 [datasets.train]
 format = "ctf"
@@ -67,6 +69,10 @@ window_chunks = 3
 seed = 0
 """
         )
+        self._start()
+
+    def _start(self) -> None:
+        """Starts the daemon on `self.config` and waits for its socket."""
         env = dict(os.environ, MINIBATCHD_LOG="warn")
         self.proc = subprocess.Popen([BIN, "run", "--config", str(self.config)], env=env, stdin=subprocess.DEVNULL)
         start = time.monotonic()

@@ -1,0 +1,454 @@
+//! Every metric of the daemon, defined in this one place (DESIGN.md §9), in one
+//! [`prometheus::Registry`] served at `/metrics` by [`http`].
+//!
+//! Naming: prefix `minibatchd_`, base units (`_bytes`, `_seconds`), counters end in `_total`.
+//! Labels are bounded: `dataset` (configured names), `stage` ([`STAGES`]), `rank` (a session's
+//! worker rank), `kind` ([`ERROR_KINDS`]), `state`/`part`/`result`/`code` (small fixed sets).
+//! Never a file name, a session name or a sample id.
+//!
+//! Emission: the data plane counts per chunk (reader, parsers, cache stage) and per minibatch
+//! (producers, connections) through handles resolved once (a [`DatasetMetrics`] per dataset, a
+//! [`SessionMetrics`] per session), never per sample. Gauges that mirror state owned elsewhere
+//! (queue depths, cache size, session counts, checkpoint age) are set by the daemon's refresh
+//! just before each scrape; process and host memory by the housekeeping thread.
+//!
+//! Series that dashboards and alert rules query are created before they have a value (every
+//! dataset × error kind, every stage, every `state`/`result`), so a query never names a metric
+//! that is missing from the scrape.
+
+pub mod http;
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use prometheus::core::Collector;
+use prometheus::{Counter, CounterVec, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+use crate::format::errors::ErrorKind;
+
+/// Stage label values, in the pipeline's start order (`pipeline::supervisor::Stage::name`).
+pub const STAGES: [&str; 5] = ["reader", "parsers", "cache", "delivery", "sessions"];
+
+/// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
+pub const REFUSAL_CODES: [&str; 7] = ["unknown_dataset", "invalid_options", "resume_mismatch", "session_busy", "resource_exhausted", "shutting_down", "internal"];
+
+/// Every parse-error kind, in [`kind_slot`] order.
+pub const ERROR_KINDS: [ErrorKind; 11] = [
+    ErrorKind::UnexpectedCharacter,
+    ErrorKind::InvalidName,
+    ErrorKind::DanglingName,
+    ErrorKind::BadNumber,
+    ErrorKind::DenseTooLong,
+    ErrorKind::BadSparseEntry,
+    ErrorKind::SparseIndexOutOfRange,
+    ErrorKind::EmptyRow,
+    ErrorKind::SequenceTooLong,
+    ErrorKind::SequenceTooShort,
+    ErrorKind::BadLine,
+];
+
+/// Position of `k` in [`ERROR_KINDS`]. The match is exhaustive on purpose: a new kind does not
+/// compile until it has a slot (and so a pre-created series).
+#[must_use]
+pub const fn kind_slot(k: ErrorKind) -> usize {
+    match k {
+        ErrorKind::UnexpectedCharacter => 0,
+        ErrorKind::InvalidName => 1,
+        ErrorKind::DanglingName => 2,
+        ErrorKind::BadNumber => 3,
+        ErrorKind::DenseTooLong => 4,
+        ErrorKind::BadSparseEntry => 5,
+        ErrorKind::SparseIndexOutOfRange => 6,
+        ErrorKind::EmptyRow => 7,
+        ErrorKind::SequenceTooLong => 8,
+        ErrorKind::SequenceTooShort => 9,
+        ErrorKind::BadLine => 10,
+    }
+}
+
+/// States of a ring slot, as the `state` label of `minibatchd_session_ring_slots`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    /// The producer's: free, or being filled.
+    Free,
+    /// Filled, its `ready` not sent yet.
+    Filled,
+    /// Announced to the client, not yet released.
+    Leased,
+}
+
+impl SlotState {
+    /// Label value.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Free => "free",
+            Self::Filled => "filled",
+            Self::Leased => "leased",
+        }
+    }
+}
+
+/// The registry and every metric handle.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// `minibatchd_read_bytes_total{dataset}`: bytes of data files read for parsed chunks.
+    pub read_bytes: IntCounterVec,
+    /// `minibatchd_chunks_parsed_total{dataset}`.
+    pub chunks_parsed: IntCounterVec,
+    /// `minibatchd_chunk_failures_total{dataset}`: chunks that failed (I/O, fatal data error,
+    /// error budget spent).
+    pub chunk_failures: IntCounterVec,
+    /// `minibatchd_parse_errors_total{dataset,kind}`: malformed places charged to `max_errors`.
+    pub parse_errors: IntCounterVec,
+    /// `minibatchd_stage_queue_depth{stage}`: items waiting in the stage's input queue.
+    pub stage_queue_depth: IntGaugeVec,
+    /// `minibatchd_stage_queue_capacity{stage}`.
+    pub stage_queue_capacity: IntGaugeVec,
+    /// `minibatchd_stage_busy_seconds_total{stage}`: time spent working (summed over threads).
+    pub stage_busy_seconds: CounterVec,
+    /// `minibatchd_stage_restarts_total{stage}`.
+    pub stage_restarts: IntCounterVec,
+    /// `minibatchd_stage_up{stage}`: 1 while the stage runs.
+    pub stage_up: IntGaugeVec,
+    /// `minibatchd_cache_bytes`: parsed bytes in the chunk cache.
+    pub cache_bytes: IntGauge,
+    /// `minibatchd_cache_chunks`.
+    pub cache_chunks: IntGauge,
+    /// `minibatchd_cache_budget_bytes`: what the cache may hold now.
+    pub cache_budget_bytes: IntGauge,
+    /// `minibatchd_cache_hits_total`.
+    pub cache_hits: IntCounter,
+    /// `minibatchd_cache_misses_total`.
+    pub cache_misses: IntCounter,
+    /// `minibatchd_cache_evictions_total`.
+    pub cache_evictions: IntCounter,
+    /// `minibatchd_cache_over_budget_loads_total`.
+    pub cache_over_budget_loads: IntCounter,
+    /// `minibatchd_session_minibatches_total{dataset,rank}`: minibatches delivered (announced).
+    pub session_minibatches: IntCounterVec,
+    /// `minibatchd_session_samples_total{dataset,rank}`: nominal samples delivered.
+    pub session_samples: IntCounterVec,
+    /// `minibatchd_session_consumer_wait_seconds_total{dataset,rank}`: time clients report
+    /// having waited for minibatches; its rate is the input-bound fraction.
+    pub session_consumer_wait_seconds: CounterVec,
+    /// `minibatchd_session_producer_blocked_seconds_total{dataset,rank}`: producers waiting for a
+    /// free slot (the client is the bottleneck).
+    pub session_producer_blocked_seconds: CounterVec,
+    /// `minibatchd_session_chunk_wait_seconds_total{dataset,rank}`: producers waiting for chunks
+    /// to be read and parsed (the pipeline is the bottleneck).
+    pub session_chunk_wait_seconds: CounterVec,
+    /// `minibatchd_session_ring_slots{dataset,rank,state}`.
+    pub session_ring_slots: IntGaugeVec,
+    /// `minibatchd_session_sweep{dataset,rank}`: sweep of the last minibatch delivered.
+    pub session_sweep: IntGaugeVec,
+    /// `minibatchd_sessions{state}`: `connected` and `lingering` sessions.
+    pub sessions: IntGaugeVec,
+    /// `minibatchd_sessions_opened_total{dataset}`.
+    pub sessions_opened: IntCounterVec,
+    /// `minibatchd_sessions_refused_total{code}`: `open`s refused, by protocol error code.
+    pub sessions_refused: IntCounterVec,
+    /// `minibatchd_datasets{state}`: `ready` and `failed` datasets.
+    pub datasets: IntGaugeVec,
+    /// `minibatchd_process_resident_memory_bytes` (sysinfo).
+    pub process_resident_memory_bytes: IntGauge,
+    /// `minibatchd_process_virtual_memory_bytes` (sysinfo).
+    pub process_virtual_memory_bytes: IntGauge,
+    /// `minibatchd_host_memory_total_bytes` (sysinfo).
+    pub host_memory_total_bytes: IntGauge,
+    /// `minibatchd_host_memory_available_bytes` (sysinfo).
+    pub host_memory_available_bytes: IntGauge,
+    /// `minibatchd_host_memory_shortfall_bytes`: how far available memory is below
+    /// `host_memory_reserve_bytes` (0 when it is not).
+    pub host_memory_shortfall_bytes: IntGauge,
+    /// `minibatchd_memory_limit_bytes`: `memory_limit_bytes`.
+    pub memory_limit_bytes: IntGauge,
+    /// `minibatchd_memory_used_bytes{part}`: `cache` and `rings`, both under the limit.
+    pub memory_used_bytes: IntGaugeVec,
+    /// `minibatchd_checkpoint_age_seconds`: since the last checkpoint written.
+    pub checkpoint_age_seconds: Gauge,
+    /// `minibatchd_checkpoint_writes_total{result}`.
+    pub checkpoint_writes: IntCounterVec,
+    /// `minibatchd_config_reloads_total{result}`.
+    pub config_reloads: IntCounterVec,
+    /// `minibatchd_config_last_reload_successful`.
+    pub config_last_reload_successful: IntGauge,
+    /// `minibatchd_build_info{version,protocol_version,layout_version}`: always 1.
+    pub build_info: IntGaugeVec,
+    /// `minibatchd_start_time_seconds`: Unix time of the daemon's start.
+    pub start_time_seconds: Gauge,
+    last_checkpoint: Mutex<Option<Instant>>,
+}
+
+/// Per-dataset counters of the reader and parser stages (resolved once per dataset).
+#[derive(Debug, Clone)]
+pub struct DatasetMetrics {
+    /// Bytes read.
+    pub read_bytes: IntCounter,
+    /// Chunks parsed.
+    pub chunks_parsed: IntCounter,
+    /// Chunks that failed.
+    pub chunk_failures: IntCounter,
+    parse_errors: Vec<IntCounter>,
+}
+
+impl DatasetMetrics {
+    /// The parse-error counter of `kind`.
+    #[must_use]
+    pub fn parse_error(&self, kind: ErrorKind) -> &IntCounter {
+        &self.parse_errors[kind_slot(kind)]
+    }
+}
+
+/// Per-session handles (resolved once at `open`). Several sessions with the same dataset and rank
+/// share series: counters add up and slot gauges are moved by deltas, so they add up too.
+#[derive(Debug, Clone)]
+pub struct SessionMetrics {
+    /// Minibatches delivered.
+    pub minibatches: IntCounter,
+    /// Nominal samples delivered.
+    pub samples: IntCounter,
+    /// Consumer wait reported by the client.
+    pub consumer_wait_seconds: Counter,
+    /// Producer waiting for a free slot.
+    pub producer_blocked_seconds: Counter,
+    /// Producer waiting for chunks.
+    pub chunk_wait_seconds: Counter,
+    /// Delivery stage busy time (shared by every session).
+    pub delivery_busy_seconds: Counter,
+    /// Sweep of the last minibatch.
+    pub sweep: IntGauge,
+    slots: [IntGauge; 3],
+}
+
+impl SessionMetrics {
+    /// The ring-slot gauge of `state`.
+    #[must_use]
+    pub fn slots(&self, state: SlotState) -> &IntGauge {
+        &self.slots[state as usize]
+    }
+}
+
+fn reg<T: Collector + Clone + 'static>(r: &Registry, c: T) -> prometheus::Result<T> {
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
+    reg(r, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn seconds_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<CounterVec> {
+    reg(r, CounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
+    reg(r, IntGaugeVec::new(Opts::new(name, help), labels)?)
+}
+
+fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    reg(r, IntGauge::new(name, help)?)
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    reg(r, IntCounter::new(name, help)?)
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    ///
+    /// # Errors
+    /// Only on an invalid or duplicate definition (a bug, caught by the unit tests).
+    pub fn new() -> prometheus::Result<Self> {
+        let r = Registry::new();
+        let m = Self {
+            read_bytes: counter_vec(&r, "minibatchd_read_bytes_total", "Bytes of data files read for parsed chunks.", &["dataset"])?,
+            chunks_parsed: counter_vec(&r, "minibatchd_chunks_parsed_total", "Chunks parsed by the parser pool.", &["dataset"])?,
+            chunk_failures: counter_vec(&r, "minibatchd_chunk_failures_total", "Chunks that could not be loaded (I/O, fatal data error, max_errors spent).", &["dataset"])?,
+            parse_errors: counter_vec(&r, "minibatchd_parse_errors_total", "Malformed places charged to max_errors, by kind.", &["dataset", "kind"])?,
+            stage_queue_depth: gauge_vec(&r, "minibatchd_stage_queue_depth", "Items waiting in the stage's bounded input queue.", &["stage"])?,
+            stage_queue_capacity: gauge_vec(&r, "minibatchd_stage_queue_capacity", "Capacity of the stage's bounded input queue.", &["stage"])?,
+            stage_busy_seconds: seconds_vec(&r, "minibatchd_stage_busy_seconds_total", "Time the stage spent working, summed over its threads.", &["stage"])?,
+            stage_restarts: counter_vec(&r, "minibatchd_stage_restarts_total", "Restarts of the stage by the supervisor.", &["stage"])?,
+            stage_up: gauge_vec(&r, "minibatchd_stage_up", "1 while the stage runs.", &["stage"])?,
+            cache_bytes: gauge(&r, "minibatchd_cache_bytes", "Parsed bytes held by the chunk cache.")?,
+            cache_chunks: gauge(&r, "minibatchd_cache_chunks", "Parsed chunks held by the chunk cache.")?,
+            cache_budget_bytes: gauge(&r, "minibatchd_cache_budget_bytes", "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).")?,
+            cache_hits: counter(&r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
+            cache_misses: counter(&r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,
+            cache_evictions: counter(&r, "minibatchd_cache_evictions_total", "Chunks evicted from the cache.")?,
+            cache_over_budget_loads: counter(&r, "minibatchd_cache_over_budget_loads_total", "Demand loads admitted over the cache budget.")?,
+            session_minibatches: counter_vec(&r, "minibatchd_session_minibatches_total", "Minibatches delivered to sessions.", &["dataset", "rank"])?,
+            session_samples: counter_vec(&r, "minibatchd_session_samples_total", "Nominal samples delivered to sessions.", &["dataset", "rank"])?,
+            session_consumer_wait_seconds: seconds_vec(&r, "minibatchd_session_consumer_wait_seconds_total", "Time clients report having waited for minibatches (rate = input-bound fraction).", &["dataset", "rank"])?,
+            session_producer_blocked_seconds: seconds_vec(&r, "minibatchd_session_producer_blocked_seconds_total", "Time session producers waited for a free ring slot.", &["dataset", "rank"])?,
+            session_chunk_wait_seconds: seconds_vec(&r, "minibatchd_session_chunk_wait_seconds_total", "Time session producers waited for chunks to be read and parsed.", &["dataset", "rank"])?,
+            session_ring_slots: gauge_vec(&r, "minibatchd_session_ring_slots", "Ring slots of open sessions, by state.", &["dataset", "rank", "state"])?,
+            session_sweep: gauge_vec(&r, "minibatchd_session_sweep", "Sweep of the last minibatch delivered.", &["dataset", "rank"])?,
+            sessions: gauge_vec(&r, "minibatchd_sessions", "Sessions: connected, and lingering (resumable by name).", &["state"])?,
+            sessions_opened: counter_vec(&r, "minibatchd_sessions_opened_total", "Sessions opened.", &["dataset"])?,
+            sessions_refused: counter_vec(&r, "minibatchd_sessions_refused_total", "Session opens refused, by error code.", &["code"])?,
+            datasets: gauge_vec(&r, "minibatchd_datasets", "Configured datasets: ready, or failed to open.", &["state"])?,
+            process_resident_memory_bytes: gauge(&r, "minibatchd_process_resident_memory_bytes", "Resident memory of the daemon process.")?,
+            process_virtual_memory_bytes: gauge(&r, "minibatchd_process_virtual_memory_bytes", "Virtual memory of the daemon process.")?,
+            host_memory_total_bytes: gauge(&r, "minibatchd_host_memory_total_bytes", "Total memory of the host.")?,
+            host_memory_available_bytes: gauge(&r, "minibatchd_host_memory_available_bytes", "Memory available on the host (MemAvailable).")?,
+            host_memory_shortfall_bytes: gauge(&r, "minibatchd_host_memory_shortfall_bytes", "How far available host memory is below host_memory_reserve_bytes.")?,
+            memory_limit_bytes: gauge(&r, "minibatchd_memory_limit_bytes", "memory_limit_bytes: budget of the chunk cache plus the rings.")?,
+            memory_used_bytes: gauge_vec(&r, "minibatchd_memory_used_bytes", "Memory used under memory_limit_bytes, by part (cache, rings).", &["part"])?,
+            checkpoint_age_seconds: reg(&r, Gauge::new("minibatchd_checkpoint_age_seconds", "Seconds since the last daemon checkpoint was written.")?)?,
+            checkpoint_writes: counter_vec(&r, "minibatchd_checkpoint_writes_total", "Daemon checkpoint writes, by result.", &["result"])?,
+            config_reloads: counter_vec(&r, "minibatchd_config_reloads_total", "Configuration reloads (SIGHUP), by result.", &["result"])?,
+            config_last_reload_successful: gauge(&r, "minibatchd_config_last_reload_successful", "1 if the last configuration reload was applied.")?,
+            build_info: gauge_vec(&r, "minibatchd_build_info", "Build information; always 1.", &["version", "protocol_version", "layout_version"])?,
+            start_time_seconds: reg(&r, Gauge::new("minibatchd_start_time_seconds", "Unix time at which the daemon started.")?)?,
+            last_checkpoint: Mutex::new(None),
+            registry: r,
+        };
+        for stage in STAGES {
+            for v in [&m.stage_queue_depth, &m.stage_queue_capacity, &m.stage_up] {
+                v.with_label_values(&[stage]);
+            }
+            m.stage_busy_seconds.with_label_values(&[stage]);
+            m.stage_restarts.with_label_values(&[stage]);
+        }
+        for state in ["connected", "lingering"] {
+            m.sessions.with_label_values(&[state]);
+        }
+        for state in ["ready", "failed"] {
+            m.datasets.with_label_values(&[state]);
+        }
+        for code in REFUSAL_CODES {
+            m.sessions_refused.with_label_values(&[code]);
+        }
+        for part in ["cache", "rings"] {
+            m.memory_used_bytes.with_label_values(&[part]);
+        }
+        for result in ["success", "failure"] {
+            m.checkpoint_writes.with_label_values(&[result]);
+            m.config_reloads.with_label_values(&[result]);
+        }
+        m.config_last_reload_successful.set(1);
+        let protocol = crate::protocol::PROTOCOL_VERSION.to_string();
+        let layout = crate::shm::LAYOUT_VERSION.to_string();
+        m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), protocol.as_str(), layout.as_str()]).set(1);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        m.start_time_seconds.set(now.as_secs_f64());
+        Ok(m)
+    }
+
+    /// The handles of dataset `name` (creates its series, every error kind included).
+    #[must_use]
+    pub fn dataset(&self, name: &str) -> DatasetMetrics {
+        self.sessions_opened.with_label_values(&[name]);
+        DatasetMetrics {
+            read_bytes: self.read_bytes.with_label_values(&[name]),
+            chunks_parsed: self.chunks_parsed.with_label_values(&[name]),
+            chunk_failures: self.chunk_failures.with_label_values(&[name]),
+            parse_errors: ERROR_KINDS.iter().map(|k| self.parse_errors.with_label_values(&[name, k.as_str()])).collect(),
+        }
+    }
+
+    /// The handles of a session on `dataset` with worker `rank`.
+    #[must_use]
+    pub fn session(&self, dataset: &str, rank: u64) -> SessionMetrics {
+        let rank = rank.to_string();
+        let l = [dataset, rank.as_str()];
+        let slot = |s: SlotState| self.session_ring_slots.with_label_values(&[dataset, rank.as_str(), s.as_str()]);
+        SessionMetrics {
+            minibatches: self.session_minibatches.with_label_values(&l),
+            samples: self.session_samples.with_label_values(&l),
+            consumer_wait_seconds: self.session_consumer_wait_seconds.with_label_values(&l),
+            producer_blocked_seconds: self.session_producer_blocked_seconds.with_label_values(&l),
+            chunk_wait_seconds: self.session_chunk_wait_seconds.with_label_values(&l),
+            delivery_busy_seconds: self.stage_busy("delivery"),
+            sweep: self.session_sweep.with_label_values(&l),
+            slots: [slot(SlotState::Free), slot(SlotState::Filled), slot(SlotState::Leased)],
+        }
+    }
+
+    /// The busy-seconds counter of `stage`.
+    #[must_use]
+    pub fn stage_busy(&self, stage: &str) -> Counter {
+        self.stage_busy_seconds.with_label_values(&[stage])
+    }
+
+    /// Records a checkpoint write.
+    pub fn checkpoint_written(&self, ok: bool) {
+        self.checkpoint_writes.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
+        if ok {
+            *self.last_checkpoint.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            self.checkpoint_age_seconds.set(0.0);
+        }
+    }
+
+    /// Sets the checkpoint age from the last successful write (before a scrape).
+    pub fn refresh_checkpoint_age(&self) {
+        if let Some(t) = *self.last_checkpoint.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            self.checkpoint_age_seconds.set(t.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Advances an [`IntCounter`] that mirrors a cumulative count kept elsewhere.
+    pub fn mirror(counter: &IntCounter, total: u64) {
+        let now = counter.get();
+        if total > now {
+            counter.inc_by(total - now);
+        }
+    }
+
+    /// The text exposition of every metric.
+    #[must_use]
+    pub fn render(&self) -> String {
+        prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_conventions_and_labels_stay_bounded() {
+        let m = Metrics::new().expect("metrics");
+        let d = m.dataset("train");
+        d.parse_error(ErrorKind::BadNumber).inc();
+        let s = m.session("train", 3);
+        s.minibatches.inc();
+        let families = m.registry.gather();
+        assert!(families.len() >= 35, "{}", families.len());
+        for f in &families {
+            let name = f.name();
+            assert!(name.starts_with("minibatchd_"), "{name}");
+            let is_counter = f.get_field_type() == prometheus::proto::MetricType::COUNTER;
+            assert_eq!(is_counter, name.ends_with("_total"), "{name}: counters and only counters end in _total");
+            for metric in f.get_metric() {
+                for l in metric.get_label() {
+                    assert!(["dataset", "stage", "rank", "kind", "state", "part", "result", "code", "version", "protocol_version", "layout_version"].contains(&l.name()), "{name}: label {}", l.name());
+                }
+            }
+        }
+        let text = m.render();
+        assert!(text.contains("minibatchd_parse_errors_total{dataset=\"train\",kind=\"bad_number\"} 1"), "{text}");
+        assert!(text.contains("minibatchd_parse_errors_total{dataset=\"train\",kind=\"bad_line\"} 0"), "every kind exists before its first error");
+        assert!(text.contains("minibatchd_session_minibatches_total{dataset=\"train\",rank=\"3\"} 1"));
+        assert!(text.contains("minibatchd_stage_queue_capacity{stage=\"parsers\"} 0"));
+    }
+
+    #[test]
+    fn every_error_kind_has_its_slot() {
+        for (i, k) in ERROR_KINDS.iter().enumerate() {
+            assert_eq!(kind_slot(*k), i, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn mirrored_counters_only_move_forward() {
+        let c = IntCounter::new("minibatchd_x_total", "x").expect("counter");
+        Metrics::mirror(&c, 5);
+        Metrics::mirror(&c, 3);
+        Metrics::mirror(&c, 7);
+        assert_eq!(c.get(), 7);
+    }
+}

@@ -1,0 +1,173 @@
+//! Operations glue between the running pipeline and the outside: the metric gauges that mirror
+//! pipeline state ([`refresh_metrics`], run before every scrape), `/healthz` ([`health`]), daemon
+//! checkpoints ([`write_checkpoint`]) and the housekeeping thread ([`Housekeeping`]: memory
+//! samples and the host-memory guard every [`MEMORY_SAMPLE_INTERVAL`], a checkpoint every
+//! `checkpoint_interval_secs`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::metrics::{Metrics, STAGES};
+
+use super::checkpoint::{self, Checkpoint};
+use super::memory::{HostGuard, Sampler, MEMORY_SAMPLE_INTERVAL};
+use super::{Phase, Shared};
+
+/// Sets the gauges that mirror state owned by the pipeline (queues, cache, sessions, memory
+/// budget, checkpoint age, datasets).
+pub fn refresh_metrics(shared: &Shared) {
+    let m = &shared.metrics;
+    let c = &shared.channels;
+    for (stage, len, cap) in [
+        ("reader", c.requests.1.len(), c.requests.1.capacity()),
+        ("parsers", c.to_parse.1.len(), c.to_parse.1.capacity()),
+        ("cache", c.parsed.1.len(), c.parsed.1.capacity()),
+    ] {
+        m.stage_queue_depth.with_label_values(&[stage]).set(i64::try_from(len).unwrap_or(i64::MAX));
+        m.stage_queue_capacity.with_label_values(&[stage]).set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
+    }
+    let (stats, budget, _) = shared.cache.snapshot();
+    m.cache_bytes.set(to_i64(stats.bytes));
+    m.cache_chunks.set(to_i64(stats.chunks));
+    m.cache_budget_bytes.set(to_i64(budget));
+    Metrics::mirror(&m.cache_hits, stats.hits);
+    Metrics::mirror(&m.cache_misses, stats.misses);
+    Metrics::mirror(&m.cache_evictions, stats.evictions);
+    Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
+    let (connected, lingering, rings, limit) = {
+        let mut reg = shared.registry();
+        reg.expire(Instant::now());
+        let (a, l) = reg.counts();
+        (a, l, reg.rings_bytes(), reg.limit())
+    };
+    m.sessions.with_label_values(&["connected"]).set(to_i64(connected as u64));
+    m.sessions.with_label_values(&["lingering"]).set(to_i64(lingering as u64));
+    m.memory_limit_bytes.set(to_i64(limit));
+    m.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
+    m.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
+    let (ready, failed) = shared.hub().counts();
+    m.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
+    m.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
+    m.refresh_checkpoint_age();
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// `Ok` while the daemon serves with every stage running; else why not.
+///
+/// # Errors
+/// The reason, for the `503` body.
+pub fn health(shared: &Shared) -> Result<(), String> {
+    match shared.health.phase() {
+        Phase::Starting => return Err("starting".into()),
+        Phase::Stopping => return Err("stopping".into()),
+        Phase::Serving => {}
+    }
+    let down: Vec<&str> = STAGES.iter().enumerate().filter(|(i, _)| !shared.health.stage_up(*i)).map(|(_, s)| *s).collect();
+    if down.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("stage(s) not running: {}", down.join(", ")))
+    }
+}
+
+/// Writes the daemon checkpoint (every connected and lingering session); logs and counts the
+/// outcome. Blocking (fsync).
+pub fn write_checkpoint(shared: &Shared, reason: &str) -> bool {
+    // One writer at a time: the temporary file's name is per process.
+    let _writing = shared.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let sessions = shared.registry().snapshot(Instant::now());
+    let n = sessions.len();
+    let state_dir = shared.config().daemon.state_dir.clone();
+    let result = checkpoint::write(&state_dir, &Checkpoint::new(shared.daemon_id, reason, sessions));
+    shared.metrics.checkpoint_written(result.is_ok());
+    match result {
+        Ok(()) => {
+            tracing::debug!(reason, sessions = n, "checkpoint written");
+            true
+        }
+        Err(e) => {
+            tracing::error!(reason, error = %e, path = %checkpoint::path(&state_dir).display(), "cannot write the daemon checkpoint");
+            false
+        }
+    }
+}
+
+/// Applies one memory sample: gauges, then the host guard (cache cap first, refusal only if the
+/// cache cannot cover the shortfall).
+fn sample_memory(shared: &Shared, sampler: &mut Sampler, guard: &mut HostGuard) {
+    let s = sampler.sample();
+    let m = &shared.metrics;
+    m.process_resident_memory_bytes.set(to_i64(s.process_resident));
+    m.process_virtual_memory_bytes.set(to_i64(s.process_virtual));
+    m.host_memory_total_bytes.set(to_i64(s.host_total));
+    m.host_memory_available_bytes.set(to_i64(s.host_available));
+    let reserve = shared.config().daemon.host_memory_reserve_bytes;
+    let (stats, _, evictable) = shared.cache.snapshot();
+    let limit = shared.registry().limit();
+    let v = guard.judge(s.host_available, reserve, stats.bytes, evictable, limit);
+    m.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
+    let was_short = shared.host.shortfall.swap(v.shortfall, Ordering::Relaxed) > 0;
+    if v.shortfall > 0 && !was_short {
+        tracing::warn!(available = s.host_available, reserve, shortfall = v.shortfall, cache_cap = v.cache_cap, "the host is short of memory; shrinking the chunk cache");
+    } else if v.shortfall == 0 && was_short {
+        tracing::info!(available = s.host_available, reserve, "host memory recovered");
+    }
+    shared.host.cap.store(v.cache_cap, Ordering::Relaxed);
+    shared.host.refuse.store(v.refuse, Ordering::Relaxed);
+    let reg = shared.registry();
+    shared.rebudget(&reg);
+}
+
+/// The housekeeping thread (`mbd-housekeeping`).
+#[derive(Debug)]
+pub struct Housekeeping {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Housekeeping {
+    /// Takes a first memory sample now, then starts the thread.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub fn start(shared: Arc<Shared>) -> std::io::Result<Self> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let mut sampler = Sampler::new();
+        let mut guard = HostGuard::default();
+        sample_memory(&shared, &mut sampler, &mut guard);
+        let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
+            let mut last_checkpoint = Instant::now();
+            loop {
+                match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                sample_memory(&shared, &mut sampler, &mut guard);
+                let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
+                if last_checkpoint.elapsed() >= interval {
+                    write_checkpoint(&shared, "periodic");
+                    last_checkpoint = Instant::now();
+                }
+            }
+        })?;
+        Ok(Self { stop, thread: Some(thread) })
+    }
+
+    /// Stops and joins the thread.
+    pub fn stop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Housekeeping {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

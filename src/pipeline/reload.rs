@@ -1,0 +1,203 @@
+//! Configuration reload (SIGHUP) and the validation shared with `minibatchd validate`.
+//!
+//! Order: `RELOADING=1` → read and validate the file exactly as `validate` does (a bad file is
+//! logged, counted in `minibatchd_config_reloads_total{result="failure"}` and the running
+//! configuration is kept) → open the added and changed datasets off the event loop (indexing can
+//! take a while; sessions keep being served meanwhile) → swap the configuration and the dataset
+//! hub in one step → `READY=1`.
+//!
+//! What changes: datasets are added, removed or replaced; sessions on unchanged datasets never
+//! notice. A session on a removed dataset ends with `error{unknown_dataset}` (it stays resumable
+//! by name, should the dataset come back). A session on a changed dataset finishes on the version
+//! it opened (its state names that version's identity); new sessions get the new version. A
+//! changed dataset whose new version fails to open keeps serving the old one. Of `[daemon]`,
+//! [`hot_daemon_keys`] apply at once (memory limit, defaults of new sessions, linger, grace,
+//! intervals, host reserve); the others (socket, listen address, state directory, queue
+//! capacities, parser threads) are logged as needing a restart and keep their running value.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::{Config, ConfigError, DaemonConfig};
+use crate::format::errors::DataError;
+
+use super::hub::{Hub, HubChanges};
+use super::notify::Notifier;
+use super::{Shared, CACHE_FLOOR_FRACTION};
+
+/// Why a configuration file is not acceptable.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    /// Unreadable, not TOML, or invalid (every problem listed).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A dataset's `files` match nothing (or cannot be listed).
+    #[error("datasets.{dataset}.files: {source}")]
+    Files {
+        /// The dataset.
+        dataset: String,
+        /// What went wrong.
+        source: DataError,
+    },
+}
+
+/// Loads `path` and checks it as `minibatchd validate` does: every config problem, then that
+/// every dataset's files resolve.
+///
+/// # Errors
+/// [`ValidateError`].
+pub fn validate(path: &Path) -> Result<Config, ValidateError> {
+    let c = Config::load(path)?;
+    for d in c.datasets.values() {
+        for s in &d.sources {
+            crate::dataset::resolve_files(&s.files).map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
+        }
+    }
+    Ok(c)
+}
+
+/// The `[daemon]` keys a reload applies at once.
+#[must_use]
+pub fn hot_daemon_keys() -> &'static [&'static str] {
+    &["memory_limit_bytes", "ring_slots", "slot_size_bytes", "session_linger_secs", "shutdown_grace_secs", "checkpoint_interval_secs", "host_memory_reserve_bytes"]
+}
+
+/// The `[daemon]` section in force after a reload from `old` to `new`, and the keys that changed
+/// but need a restart (they keep `old`'s value).
+#[must_use]
+pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Vec<&'static str>) {
+    let mut out = new.clone();
+    let mut restart = Vec::new();
+    macro_rules! keep {
+        ($($key:ident),*) => {$(
+            if old.$key != new.$key {
+                restart.push(stringify!($key));
+                out.$key = old.$key.clone();
+            }
+        )*};
+    }
+    keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads);
+    (out, restart)
+}
+
+/// A validated configuration with its datasets opened, ready to swap in.
+struct Prepared {
+    config: Config,
+    hub: Hub,
+    changes: HubChanges,
+    restart: Vec<&'static str>,
+}
+
+fn prepare(shared: &Shared) -> Result<Prepared, ValidateError> {
+    let old = shared.config();
+    let mut config = validate(&old.path)?;
+    let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
+    config.daemon = daemon;
+    let (hub, changes) = shared.hub().reopen(&config, &shared.metrics);
+    Ok(Prepared { config, hub, changes, restart })
+}
+
+/// Reloads the configuration file (the SIGHUP path). Never fails: a bad file leaves everything
+/// as it was.
+pub async fn reload(shared: Arc<Shared>, notifier: Arc<Notifier>) {
+    notifier.reloading();
+    let started = Instant::now();
+    tracing::info!(config = %shared.config().path.display(), "SIGHUP: reloading the configuration");
+    let s = shared.clone();
+    let outcome = tokio::task::spawn_blocking(move || prepare(&s)).await;
+    let ok = match outcome {
+        Ok(Ok(p)) => {
+            apply(&shared, p, started);
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::error!("configuration reload refused; the running configuration is kept:\n{e}");
+            false
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "configuration reload failed; the running configuration is kept");
+            false
+        }
+    };
+    shared.metrics.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
+    shared.metrics.config_last_reload_successful.set(i64::from(ok));
+    notifier.ready(&super::status_line(&shared));
+}
+
+fn apply(shared: &Shared, p: Prepared, started: Instant) {
+    for key in &p.restart {
+        tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
+    }
+    for (name, why) in &p.changes.failed {
+        tracing::error!(dataset = %name, error = %why, "cannot open dataset");
+    }
+    for name in &p.changes.kept_old {
+        tracing::warn!(dataset = %name, "the new version failed to open; the old version goes on serving");
+    }
+    let d = &p.config.daemon;
+    {
+        let mut reg = shared.registry();
+        let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
+        reg.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
+        shared.rebudget(&reg);
+    }
+    let c = &p.changes;
+    tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = started.elapsed().as_millis() as u64, "configuration reloaded");
+    shared.replace(p.config, p.hub);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn daemon(text: &str) -> DaemonConfig {
+        Config::from_toml_str(&format!("{text}\n[datasets.t]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.t.streams.f]\ndim = 1\nformat = \"dense\"\n"), Path::new("/tmp")).expect("config").daemon
+    }
+
+    #[test]
+    fn hot_keys_apply_and_the_others_wait_for_a_restart() {
+        let old = daemon("[daemon]\nsocket = \"/run/a.sock\"\nmemory_limit_bytes = 1048576\nparser_threads = 2");
+        let new = daemon("[daemon]\nsocket = \"/run/b.sock\"\nmemory_limit_bytes = 2097152\nparser_threads = 3\nsession_linger_secs = 5");
+        let (merged, restart) = merge_daemon(&old, &new);
+        assert_eq!(restart, vec!["socket", "parser_threads"]);
+        assert_eq!(merged.socket, old.socket);
+        assert_eq!(merged.parser_threads, 2);
+        assert_eq!((merged.memory_limit_bytes, merged.session_linger_secs), (2_097_152, 5));
+        let (same, none) = merge_daemon(&old, &old);
+        assert_eq!((same, none.len()), (old, 0));
+    }
+
+    #[test]
+    fn every_daemon_key_is_either_hot_or_restart_only() {
+        // No `..`: a new [daemon] key does not compile until it is sorted here (and in
+        // `merge_daemon` or `hot_daemon_keys`).
+        let DaemonConfig {
+            socket: _,
+            metrics_listen: _,
+            state_dir: _,
+            read_queue_chunks: _,
+            parsed_queue_chunks: _,
+            parser_threads: _,
+            memory_limit_bytes: _,
+            ring_slots: _,
+            slot_size_bytes: _,
+            session_linger_secs: _,
+            shutdown_grace_secs: _,
+            checkpoint_interval_secs: _,
+            host_memory_reserve_bytes: _,
+        } = daemon("");
+        assert_eq!(hot_daemon_keys().len(), 7);
+    }
+
+    #[test]
+    fn validate_reports_unresolvable_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, "[datasets.t]\nformat = \"ctf\"\nfiles = [\"nothing-*.ctf\"]\n[datasets.t.streams.f]\ndim = 1\nformat = \"dense\"\n").expect("write");
+        let e = validate(&p).expect_err("no files");
+        assert!(e.to_string().starts_with("datasets.t.files"), "{e}");
+        std::fs::write(&p, "[datasets.t]\nformat = \"ctf\"\nbogus = 1\n").expect("write");
+        assert!(matches!(validate(&p), Err(ValidateError::Config(_))));
+    }
+}

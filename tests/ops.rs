@@ -1,0 +1,786 @@
+//! Operations end to end (issue 5): the real binary, the Rust client and the Python client.
+//!
+//! * SIGTERM in the middle of a sweep → versioned checkpoint → restart → reconnect by session
+//!   name or with the saved state: the minibatches before and after equal the uninterrupted run.
+//! * SIGHUP: a broken config keeps the daemon serving; an added dataset becomes openable while
+//!   a session continues; a removed one ends its sessions.
+//! * sd_notify: READY, RELOADING, WATCHDOG, STOPPING on a socket the test owns.
+//! * `/metrics` and `/healthz`: the metrics exist, follow the naming rules and move while a
+//!   client reads; every metric the Grafana dashboard and the alert rules query is exported.
+//! * Memory: the host-memory guard shrinks the cache, then refuses new sessions.
+//! * The systemd unit passes `systemd-analyze verify` (SKIPPED where it is not installed);
+//!   `scripts/install.sh` stages every file under DESTDIR.
+//!
+//! Every daemon runs on its own temp dir and is stopped (SIGTERM, then SIGKILL after a
+//! deadline) when its guard drops; every wait has a deadline.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use minibatchd::client::{Client, ClientError, Session};
+use minibatchd::protocol::{ErrorCode, SessionOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// 150 sequences of 1..=3 samples in `train.ctf` (dense `features` dim 3 whose first value is
+/// the sequence id, sparse `labels` dim 5); 40 one-line sequences in `extra.ctf`; 20 wide
+/// sparse lines in `wide.ctf`.
+fn write_data(dir: &Path) {
+    let mut text = String::new();
+    for id in 0..150u32 {
+        for j in 0..1 + id % 3 {
+            text.push_str(&format!("{id} |F {id} {}.5 -{j}e-3", j + 1));
+            if j == 0 {
+                text.push_str(&format!(" |L {}:1 {}:0.25", id % 5, (id + 2) % 5));
+            }
+            text.push('\n');
+        }
+    }
+    std::fs::write(dir.join("train.ctf"), text).expect("write train");
+    let extra: String = (0..40u32).map(|id| format!("{id} |F {id} 0 1\n")).collect();
+    std::fs::write(dir.join("extra.ctf"), extra).expect("write extra");
+    let mut wide = String::new();
+    for id in 0..20u32 {
+        wide.push_str(&format!("{id} |W"));
+        for k in 0..50u32 {
+            wide.push_str(&format!(" {}:{}", (k * 7 + id) % 500, k % 9));
+        }
+        wide.push('\n');
+    }
+    std::fs::write(dir.join("wide.ctf"), wide).expect("write wide");
+}
+
+fn dataset_table(dir: &Path, name: &str) -> String {
+    let d = dir.display();
+    match name {
+        "train" => format!(
+            "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{d}/train.ctf\"]\nchunk_size_bytes = 300\n\
+             [datasets.train.streams.features]\nalias = \"F\"\ndim = 3\nformat = \"dense\"\n\
+             [datasets.train.streams.labels]\nalias = \"L\"\ndim = 5\nformat = \"sparse\"\n\
+             [datasets.train.sampling]\nrandomize = true\nwindow_chunks = 4\nseed = 0\n"
+        ),
+        "extra" => format!("[datasets.extra]\nformat = \"ctf\"\nfiles = [\"{d}/extra.ctf\"]\nchunk_size_bytes = 100\n[datasets.extra.streams.features]\nalias = \"F\"\ndim = 3\nformat = \"dense\"\n"),
+        "wide" => format!("[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{d}/wide.ctf\"]\nchunk_size_bytes = 400\n[datasets.wide.streams.words]\nalias = \"W\"\ndim = 500\nformat = \"sparse\"\n"),
+        other => panic!("no dataset {other}"),
+    }
+}
+
+/// Writes the config: `daemon_extra` lines go into `[daemon]`.
+fn write_config(dir: &Path, daemon_extra: &str, datasets: &[&str]) -> PathBuf {
+    let d = dir.display();
+    let mut cfg = format!(
+        "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\nmemory_limit_bytes = 1073741824\n\
+         ring_slots = 3\nslot_size_bytes = 65536\nsession_linger_secs = 600\nshutdown_grace_secs = 30\nhost_memory_reserve_bytes = 0\n{daemon_extra}\n"
+    );
+    for name in datasets {
+        cfg.push_str(&dataset_table(dir, name));
+    }
+    let p = dir.join("minibatchd.toml");
+    std::fs::write(&p, cfg).expect("write config");
+    p
+}
+
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon on `dir` (config already written) and waits for its socket.
+    fn start(dir: &Path, env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"]).arg(dir.join("minibatchd.toml")).env("MINIBATCHD_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn daemon");
+        let mut d = Self { child, dir: dir.to_owned(), socket: dir.join("mbd.sock") };
+        let start = Instant::now();
+        while UnixStream::connect(&d.socket).is_err() {
+            assert!(d.running(), "the daemon exited at start");
+            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect")
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
+        rustix::process::kill_process(pid, sig).expect("kill");
+    }
+
+    /// Waits for the daemon to exit; SIGKILL and a failure after the deadline.
+    fn wait(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("the daemon did not exit within {DEADLINE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) -> ExitStatus {
+        self.signal(rustix::process::Signal::TERM);
+        self.wait()
+    }
+
+    /// The metrics endpoint's address, from `state_dir/metrics.addr`, once it answers.
+    fn metrics_addr(&self) -> String {
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(self.dir.join("state/metrics.addr")) {
+                let addr = text.trim().to_owned();
+                if TcpStream::connect(&addr).is_ok() {
+                    return addr;
+                }
+            }
+            assert!(start.elapsed() < DEADLINE, "no metrics endpoint in state/metrics.addr");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// GET `path` on the metrics endpoint: (status line, body).
+    fn http_get(&self, path: &str) -> (String, String) {
+        let mut s = TcpStream::connect(self.metrics_addr()).expect("connect metrics");
+        s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").expect("request");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("response");
+        let (head, body) = out.split_once("\r\n\r\n").expect("a head");
+        (head.lines().next().unwrap_or("").to_owned(), body.to_owned())
+    }
+
+    fn scrape(&self) -> Metrics {
+        let (status, body) = self.http_get("/metrics");
+        assert!(status.contains("200"), "{status}");
+        Metrics::parse(&body)
+    }
+
+    /// Polls the metrics until `f` holds.
+    fn wait_metrics(&self, what: &str, f: impl Fn(&Metrics) -> bool) -> Metrics {
+        let start = Instant::now();
+        loop {
+            let m = self.scrape();
+            if f(&m) {
+                return m;
+            }
+            assert!(start.elapsed() < DEADLINE, "metrics never showed: {what}\n{}", m.text);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
+        let out = Command::new(BIN).args(["dump", "--config"]).arg(self.dir.join("minibatchd.toml")).args(["--dataset", dataset]).args(args).output().expect("dump");
+        assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal(rustix::process::Signal::TERM);
+            let start = Instant::now();
+            while self.running() && start.elapsed() < DEADLINE {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A parsed Prometheus text exposition.
+struct Metrics {
+    text: String,
+    /// (name, sorted labels) → value.
+    series: BTreeMap<(String, Vec<(String, String)>), f64>,
+    /// name → type.
+    types: BTreeMap<String, String>,
+}
+
+impl Metrics {
+    fn parse(text: &str) -> Self {
+        let mut series = BTreeMap::new();
+        let mut types = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, ty) = rest.split_once(' ').expect("TYPE line");
+                types.insert(name.to_owned(), ty.to_owned());
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let (head, value) = line.rsplit_once(' ').expect("a sample line");
+            let (name, labels) = match head.split_once('{') {
+                Some((n, l)) => {
+                    let mut labels: Vec<(String, String)> = l
+                        .trim_end_matches('}')
+                        .split("\",")
+                        .filter(|p| !p.is_empty())
+                        .map(|p| {
+                            let (k, v) = p.split_once('=').expect("label");
+                            (k.to_owned(), v.trim_matches('"').to_owned())
+                        })
+                        .collect();
+                    labels.sort();
+                    (n.to_owned(), labels)
+                }
+                None => (head.to_owned(), Vec::new()),
+            };
+            series.insert((name, labels), value.parse::<f64>().expect("a number"));
+        }
+        Self { text: text.to_owned(), series, types }
+    }
+
+    /// Sum of the series of `name` whose labels include `labels`.
+    fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.series.iter().filter(|((n, l), _)| n == name && labels.iter().all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))).map(|(_, v)| v).sum()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.types.contains_key(name)
+    }
+}
+
+fn options(minibatch_size: u64) -> SessionOptions {
+    SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
+}
+
+fn json(mb: &minibatchd::minibatch::Minibatch, names: &[&str]) -> String {
+    let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
+    let mut s = String::new();
+    minibatchd::dump::write_json(&mut s, mb, &names);
+    s
+}
+
+/// Up to `max` minibatches of `train` as dump lines (fewer at the end of the epoch).
+fn drain(s: &mut Session, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        match s.next_owned().expect("next") {
+            Some(mb) => out.push(json(&mb, &["features", "labels"])),
+            None => break,
+        }
+    }
+    out
+}
+
+/// Reads until the daemon says it is stopping (consuming what it had already announced).
+fn drain_until_shutdown(s: &mut Session, into: &mut Vec<String>) {
+    loop {
+        match s.next_owned() {
+            Ok(Some(mb)) => into.push(json(&mb, &["features", "labels"])),
+            Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, .. }) => return,
+            other => panic!("expected minibatches then shutting_down, got {other:?}"),
+        }
+    }
+}
+
+fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on: ErrorCode) -> Session {
+    let start = Instant::now();
+    loop {
+        match Client::connect(&d.socket).and_then(|c| c.open(dataset, opts)) {
+            Ok(s) => return s,
+            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("open {dataset}: {e}"),
+        }
+    }
+}
+
+fn read_checkpoint(dir: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(dir.join("state/checkpoint.json")).expect("a checkpoint");
+    serde_json::from_str(&text).expect("checkpoint JSON")
+}
+
+#[test]
+fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train"]);
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let want = d.dump("train", &["--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3"]);
+    assert!(want.len() > 40, "{}", want.len());
+    // Session a reconnects by name only (the daemon's checkpoint holds its position); session b
+    // (no name) reconnects with the state it saved.
+    let by_name = SessionOptions { max_sweeps: Some(2), seed: Some(3), session: Some("trainer-0".into()), ..options(5) };
+    let by_state = SessionOptions { session: None, ..by_name.clone() };
+    let mut a = d.client().open("train", &by_name).expect("open a");
+    let mut b = d.client().open("train", &by_state).expect("open b");
+    let mut got_a = drain(&mut a, 17);
+    let mut got_b = drain(&mut b, 9);
+    // Both have prefetched minibatches in flight when the signal arrives.
+    d.signal(rustix::process::Signal::TERM);
+    drain_until_shutdown(&mut a, &mut got_a);
+    drain_until_shutdown(&mut b, &mut got_b);
+    let saved_b = b.state().expect("the final state, confirmed by the stopping daemon");
+    assert_eq!(saved_b.minibatches, got_b.len() as u64);
+    let status = d.wait();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(!d.socket.exists(), "the socket is removed");
+    // The checkpoint: versioned, atomic (no temporary left), holding the exact position.
+    let c = read_checkpoint(tmp.path());
+    assert_eq!(c["version"], "1", "{c}");
+    assert_eq!(c["reason"], "shutdown");
+    let sessions = c["sessions"].as_array().expect("sessions");
+    let saved_a = sessions.iter().find(|s| s["name"] == "trainer-0").expect("trainer-0 is checkpointed");
+    assert_eq!(saved_a["state"]["minibatches"], got_a.len() as u64, "{saved_a}");
+    assert_eq!(saved_a["options"]["minibatch_size"], 5);
+    assert_eq!(saved_a["options"]["seed"], 3);
+    assert!(saved_a["state"]["data_identity"].as_str().is_some_and(|s| s.len() == 16));
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("state")).expect("ls").filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    drop((a, b));
+
+    let d = Daemon::start(tmp.path(), &[]);
+    let mut a = open_retrying(&d, "train", &by_name, ErrorCode::SessionBusy);
+    got_a.extend(drain(&mut a, 10_000));
+    assert_eq!(got_a.len(), want.len(), "nothing lost, nothing repeated (by name)");
+    assert_eq!(got_a, want, "by name: the same minibatches, by content");
+    let mut b = d.client().open("train", &SessionOptions { resume: Some(saved_b), ..by_state }).expect("resume b");
+    got_b.extend(drain(&mut b, 10_000));
+    assert_eq!(got_b, want, "by saved state: the same minibatches, by content");
+}
+
+/// The interpreter for the Python client, if it has NumPy (else the reason).
+fn python() -> Result<String, String> {
+    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py).args(["-c", "import numpy"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if ok {
+        Ok(py)
+    } else {
+        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
+    }
+}
+
+/// A child process killed (and reaped) if the test ends early.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn client_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python")
+}
+
+#[test]
+fn a_python_trainer_survives_a_daemon_restart_by_state_and_by_name() {
+    let py = match python() {
+        Ok(p) => p,
+        Err(why) => {
+            println!("SKIPPED a_python_trainer_survives_a_daemon_restart_by_state_and_by_name: {why}");
+            return;
+        }
+    };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train"]);
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let want: Vec<serde_json::Value> = d.dump("train", &["--minibatch-size", "4", "--full-sweep", "--seed", "7"]).iter().map(|l| serde_json::from_str(l).expect("json")).collect();
+    // One process, two sessions: `a` continues with Source.reconnect() (its own saved state),
+    // `b` is opened again by session name only (the daemon's checkpoint).
+    let script = format!(
+        r#"
+import json, sys, time, minibatchd
+sock = {sock:?}
+opts = dict(minibatch_size=4, full_sweep=True, seed=7)
+client = minibatchd.connect(sock)
+a = client.open('train', session='py-a', **opts)
+b = client.open('train', session='py-b', **opts)
+got = {{'a': [], 'b': []}}
+for _ in range(6): got['a'].append(next(a).to_dump())
+for _ in range(11): got['b'].append(next(b).to_dump())
+print('READY', flush=True)
+sys.stdin.readline()
+for name, src in (('a', a), ('b', b)):
+    try:
+        while True:
+            got[name].append(next(src).to_dump())
+    except minibatchd.MinibatchdError as e:
+        assert e.code == 'shutting_down', e
+print('REPORTED', flush=True)
+a = a.reconnect(timeout=60)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        b = minibatchd.connect(sock).open('train', session='py-b', **opts)
+        break
+    except (OSError, minibatchd.MinibatchdError):
+        if time.monotonic() > deadline: raise
+        time.sleep(0.05)
+for name, src in (('a', a), ('b', b)):
+    got[name].extend(mb.to_dump() for mb in src)
+print(json.dumps(got))
+"#,
+        sock = d.socket.display().to_string()
+    );
+    let mut child = KillOnDrop(Command::new(&py).args(["-c", &script]).env("PYTHONPATH", client_dir()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python"));
+    let child = &mut child.0;
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("read");
+    assert_eq!(line.trim(), "READY", "the trainer did not start");
+    d.signal(rustix::process::Signal::TERM);
+    child.stdin.as_mut().expect("stdin").write_all(b"GO\n").expect("go");
+    line.clear();
+    out.read_line(&mut line).expect("read");
+    assert_eq!(line.trim(), "REPORTED");
+    let status = d.wait();
+    assert!(status.success(), "exit status {status:?}");
+    let d = Daemon::start(tmp.path(), &[]);
+    line.clear();
+    out.read_line(&mut line).expect("read the result");
+    let got: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let status = child.wait().expect("python exit");
+    assert!(status.success(), "the trainer failed");
+    for name in ["a", "b"] {
+        let seen = got[name].as_array().expect("list");
+        assert_eq!(seen.len(), want.len(), "session {name}: nothing lost, nothing repeated");
+        assert_eq!(seen, &want, "session {name}: the uninterrupted run, by content");
+    }
+    // The Python client reported the time it waited for minibatches (the input-bound metric).
+    let m = d.scrape();
+    assert!(m.sum("minibatchd_session_consumer_wait_seconds_total", &[("dataset", "train"), ("rank", "0")]) > 0.0, "{}", m.text);
+}
+
+/// A datagram socket standing in for systemd's `$NOTIFY_SOCKET`, read by a thread (as systemd
+/// reads it) into a list.
+struct NotifySocket {
+    path: PathBuf,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    cursor: std::cell::Cell<usize>,
+}
+
+impl NotifySocket {
+    fn new(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let sock = UnixDatagram::bind(&path).expect("bind notify socket");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = sock.recv(&mut buf) {
+                into.lock().expect("lock").push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        });
+        Self { path, seen, cursor: std::cell::Cell::new(0) }
+    }
+
+    /// Messages (after the previous call's) up to the first with the line `what`.
+    fn expect(&self, what: &str) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            {
+                let seen = self.seen.lock().expect("lock");
+                if let Some(i) = seen[self.cursor.get()..].iter().position(|m| m.lines().any(|l| l == what)) {
+                    let from = self.cursor.get();
+                    self.cursor.set(from + i + 1);
+                    return seen[from..=from + i].to_vec();
+                }
+                assert!(start.elapsed() < DEADLINE, "no {what} from the daemon; got {:?}", &seen[self.cursor.get()..]);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let config = write_config(tmp.path(), "", &["train"]);
+    let notify = NotifySocket::new(tmp.path());
+    let env = [("NOTIFY_SOCKET", notify.path.display().to_string()), ("WATCHDOG_USEC", "200000".into())];
+    let mut d = Daemon::start(tmp.path(), &env);
+    let ready = notify.expect("READY=1");
+    assert!(ready.last().is_some_and(|m| m.contains("STATUS=serving 1 dataset(s)")), "{ready:?}");
+    notify.expect("WATCHDOG=1");
+    let want = d.dump("train", &["--minibatch-size", "6", "--full-sweep"]);
+    let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(6) }).expect("open");
+    let mut got = drain(&mut s, 5);
+    let good = std::fs::read_to_string(&config).expect("config");
+    // Not TOML; an unknown key and a bad value; a new dataset whose files match nothing.
+    let broken = [
+        format!("{good}\n[datasets.train\n"),
+        good.replace("ring_slots = 3", "ring_slots = 0\nbogus_key = 1"),
+        format!("{good}\n{}", dataset_table(tmp.path(), "extra").replace("extra.ctf", "nothing-*.ctf")),
+    ];
+    for (i, text) in broken.iter().enumerate() {
+        std::fs::write(&config, text).expect("break the config");
+        d.signal(rustix::process::Signal::HUP);
+        let seen = notify.expect("READY=1");
+        assert!(seen.iter().any(|m| m.starts_with("RELOADING=1") && m.contains("MONOTONIC_USEC=")), "{seen:?}");
+        let m = d.wait_metrics("the failed reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "failure")]) >= (i + 1) as f64);
+        assert_eq!(m.sum("minibatchd_config_last_reload_successful", &[]), 0.0);
+        assert_eq!(m.sum("minibatchd_config_reloads_total", &[("result", "success")]), 0.0);
+        got.extend(drain(&mut s, 4));
+    }
+    // Still serving with the old configuration: the session goes on, new ones open, the old
+    // ring size applies, and no dataset appeared.
+    got.extend(drain(&mut s, 10_000));
+    assert_eq!(got, want, "the session was not disturbed");
+    let again = d.client().open("train", &options(3)).expect("open after the failed reloads");
+    drop(again);
+    assert!(matches!(d.client().open("extra", &options(3)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    assert!(d.running());
+    drop(s);
+    std::fs::write(&config, &good).expect("restore the config");
+    d.signal(rustix::process::Signal::HUP);
+    d.wait_metrics("the good reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0 && m.sum("minibatchd_config_last_reload_successful", &[]) == 1.0);
+    let status = d.stop();
+    assert!(status.success(), "{status:?}");
+    notify.expect("STOPPING=1");
+}
+
+#[test]
+fn sighup_adds_and_removes_datasets_while_sessions_on_unchanged_ones_continue() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train", "wide"]);
+    let d = Daemon::start(tmp.path(), &[]);
+    let want = d.dump("train", &["--minibatch-size", "4", "--max-sweeps", "2"]);
+    let mut s = d.client().open("train", &SessionOptions { max_sweeps: Some(2), ..options(4) }).expect("open train");
+    let mut got = drain(&mut s, 7);
+    let mut on_wide = d.client().open("wide", &SessionOptions { prefetch: Some(2), session: Some("w".into()), ..options(2) }).expect("open wide");
+    assert!(on_wide.next_minibatch().expect("wide").is_some());
+    assert!(matches!(d.client().open("extra", &options(3)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    // Add `extra`, remove `wide`, leave `train` as it is; change a hot daemon key too.
+    write_config(tmp.path(), "checkpoint_interval_secs = 7", &["train", "extra"]);
+    d.signal(rustix::process::Signal::HUP);
+    let mut extra = open_retrying(&d, "extra", &SessionOptions { full_sweep: true, randomize: Some(false), ..options(8) }, ErrorCode::UnknownDataset);
+    let extra_got: Vec<String> = std::iter::from_fn(|| extra.next_owned().expect("extra")).map(|mb| json(&mb, &["features"])).collect();
+    assert_eq!(extra_got, d.dump("extra", &["--minibatch-size", "8", "--full-sweep", "--randomize", "false"]));
+    // The session on the removed dataset ends with a clear error; the one on train goes on.
+    let start = Instant::now();
+    loop {
+        match on_wide.next_minibatch() {
+            Ok(Some(mb)) => on_wide.release(mb),
+            Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, message }) => {
+                assert!(message.contains("removed by a configuration reload"), "{message}");
+                break;
+            }
+            other => panic!("expected unknown_dataset, got {other:?}"),
+        }
+        assert!(start.elapsed() < DEADLINE);
+    }
+    assert!(matches!(d.client().open("wide", &options(2)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    got.extend(drain(&mut s, 10_000));
+    assert_eq!(got, want, "the session on the unchanged dataset was not disturbed");
+    let m = d.scrape();
+    assert_eq!(m.sum("minibatchd_config_reloads_total", &[("result", "success")]), 1.0);
+    assert_eq!(m.sum("minibatchd_datasets", &[("state", "ready")]), 2.0);
+}
+
+/// Metric names in `text`: every `minibatchd_…` token.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("minibatchd_") {
+        let tail = &rest[at..];
+        let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        out.insert(tail[..end].to_owned());
+        rest = &tail[end..];
+    }
+    out
+}
+
+#[test]
+fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "checkpoint_interval_secs = 1", &["train"]);
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let (status, body) = d.http_get("/healthz");
+    assert!(status.contains("200") && body == "ok\n", "{status} {body}");
+    assert!(d.http_get("/nope").0.contains("404"));
+    let before = d.scrape();
+    let mut s = d.client().open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) }).expect("open");
+    drain(&mut s, 5);
+    s.state().expect("report the consumer wait");
+    let during = d.scrape();
+    let rank = [("dataset", "train"), ("rank", "1")];
+    // Per minibatch and per chunk counters moved.
+    for (name, labels) in [
+        ("minibatchd_session_minibatches_total", &rank[..]),
+        ("minibatchd_session_samples_total", &rank[..]),
+        ("minibatchd_session_consumer_wait_seconds_total", &rank[..]),
+        ("minibatchd_chunks_parsed_total", &rank[..1]),
+        ("minibatchd_read_bytes_total", &rank[..1]),
+        ("minibatchd_stage_busy_seconds_total", &[("stage", "parsers")][..]),
+        ("minibatchd_stage_busy_seconds_total", &[("stage", "delivery")][..]),
+        ("minibatchd_cache_hits_total", &[][..]),
+        ("minibatchd_sessions_opened_total", &rank[..1]),
+    ] {
+        assert!(during.sum(name, labels) > before.sum(name, labels), "{name}{labels:?} did not move:\n{}", during.text);
+    }
+    assert!(during.sum("minibatchd_session_minibatches_total", &rank) >= 5.0);
+    assert_eq!(during.sum("minibatchd_session_ring_slots", &rank), 3.0, "3 slots in some state");
+    assert_eq!(during.sum("minibatchd_sessions", &[("state", "connected")]), 1.0);
+    assert_eq!(during.sum("minibatchd_stage_queue_capacity", &[("stage", "parsers")]), 4.0);
+    assert!(during.sum("minibatchd_process_resident_memory_bytes", &[]) > 0.0);
+    assert!(during.sum("minibatchd_host_memory_total_bytes", &[]) > 0.0);
+    assert_eq!(during.sum("minibatchd_memory_limit_bytes", &[]), 1_073_741_824.0);
+    assert!(during.sum("minibatchd_memory_used_bytes", &[("part", "rings")]) >= 3.0 * 65536.0);
+    assert_eq!(during.sum("minibatchd_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    assert_eq!(during.sum("minibatchd_stage_up", &[]), 5.0);
+    assert_eq!(during.sum("minibatchd_parse_errors_total", &[("dataset", "train"), ("kind", "bad_number")]), 0.0, "every kind exists before its first error");
+    // Naming rules (DESIGN §9): prefix, counters and only counters end in _total, bounded labels.
+    for (name, ty) in &during.types {
+        assert!(name.starts_with("minibatchd_"), "{name}");
+        assert_eq!(ty == "counter", name.ends_with("_total"), "{name} is a {ty}");
+    }
+    let allowed = ["dataset", "stage", "rank", "kind", "state", "part", "result", "code", "version", "protocol_version", "layout_version"];
+    for (name, labels) in during.series.keys() {
+        for (k, _) in labels {
+            assert!(allowed.contains(&k.as_str()), "{name}: unexpected label {k}");
+        }
+    }
+    // The checkpoint is written periodically: its age stays small and the writes count up.
+    let m = d.wait_metrics("periodic checkpoints", |m| m.sum("minibatchd_checkpoint_writes_total", &[("result", "success")]) >= 3.0);
+    assert!(m.sum("minibatchd_checkpoint_age_seconds", &[]) < 30.0);
+    // Every metric the dashboard and the alert rules query exists in the scrape.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard = std::fs::read_to_string(root.join("conf/grafana/minibatchd.json")).expect("dashboard");
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    assert!(parsed["panels"].as_array().is_some_and(|p| p.len() > 10));
+    let rules = std::fs::read_to_string(root.join("conf/grafana/alerts.yml")).expect("alert rules");
+    for (file, text) in [("minibatchd.json", &dashboard), ("alerts.yml", &rules)] {
+        let names = metric_names(text);
+        assert!(names.len() >= 10, "{file}: {names:?}");
+        let missing: Vec<_> = names.iter().filter(|n| !m.has(n)).collect();
+        assert!(missing.is_empty(), "{file} queries metrics the daemon does not export: {missing:?}");
+    }
+    let covered: BTreeSet<String> = metric_names(&dashboard);
+    for needed in ["minibatchd_session_samples_total", "minibatchd_session_consumer_wait_seconds_total", "minibatchd_stage_queue_depth", "minibatchd_parse_errors_total", "minibatchd_session_ring_slots", "minibatchd_process_resident_memory_bytes", "minibatchd_checkpoint_age_seconds"] {
+        assert!(covered.contains(needed), "the dashboard lacks {needed}");
+    }
+    // SIGINT stops as cleanly as SIGTERM; /healthz is gone with it.
+    drop(s);
+    d.signal(rustix::process::Signal::INT);
+    assert!(d.wait().success());
+    assert!(!tmp.path().join("state/metrics.addr").exists(), "metrics.addr is removed at a clean stop");
+}
+
+#[test]
+fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    // 1 MiB limit: one ring of 3 × 128 KiB fits next to the cache's floor, a second does not.
+    let config = write_config(tmp.path(), "", &["train"]);
+    let text = std::fs::read_to_string(&config).expect("config").replace("memory_limit_bytes = 1073741824", "memory_limit_bytes = 1048576");
+    std::fs::write(&config, &text).expect("write");
+    let d = Daemon::start(tmp.path(), &[]);
+    let big = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
+    let mut first = d.client().open("train", &big).expect("first");
+    match d.client().open("train", &big) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => assert!(message.contains("memory_limit_bytes"), "{message}"),
+        other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+    let mut got = drain(&mut first, 3);
+    let before = d.wait_metrics("the cache holds chunks", |m| m.sum("minibatchd_cache_bytes", &[]) > 0.0);
+    assert!(before.sum("minibatchd_cache_budget_bytes", &[]) > 0.0);
+    // The host is "short": a reserve larger than any host's memory.
+    std::fs::write(&config, text.replace("host_memory_reserve_bytes = 0", "host_memory_reserve_bytes = 1152921504606846976")).expect("write");
+    d.signal(rustix::process::Signal::HUP);
+    let m = d.wait_metrics("the host guard", |m| m.sum("minibatchd_host_memory_shortfall_bytes", &[]) > 0.0 && m.sum("minibatchd_cache_budget_bytes", &[]) == 0.0);
+    assert!(m.sum("minibatchd_cache_bytes", &[]) <= before.sum("minibatchd_cache_bytes", &[]), "the cache shrank (or held only what the session holds)");
+    let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(4096), ..options(2) };
+    match d.client().open("train", &small) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => assert!(message.contains("host is short of memory"), "{message}"),
+        other => panic!("expected resource_exhausted for the host, got {other:?}"),
+    }
+    // The open session goes on, with the cache shrunk to what it holds.
+    got.extend(drain(&mut first, 10_000));
+    assert_eq!(got, d.dump("train", &["--minibatch-size", "4", "--full-sweep"]));
+    drop(first);
+    std::fs::write(&config, &text).expect("write");
+    d.signal(rustix::process::Signal::HUP);
+    d.wait_metrics("the host guard off", |m| m.sum("minibatchd_host_memory_shortfall_bytes", &[]) == 0.0);
+    let mut again = open_retrying(&d, "train", &small, ErrorCode::ResourceExhausted);
+    assert!(!drain(&mut again, 2).is_empty());
+    let m = d.scrape();
+    assert!(m.sum("minibatchd_sessions_refused_total", &[("code", "resource_exhausted")]) >= 2.0);
+}
+
+#[test]
+fn the_systemd_unit_verifies_and_install_stages_every_file() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unit = std::fs::read_to_string(root.join("systemd/minibatchd.service")).expect("unit");
+    let directives: Vec<&str> = unit.lines().map(str::trim).filter(|l| !l.starts_with('#') && l.contains('=')).collect();
+    for needed in ["Type=notify", "RuntimeDirectory=minibatchd", "StateDirectory=minibatchd", "RemoveIPC=no", "PrivateTmp=no", "NoNewPrivileges=yes"] {
+        assert!(directives.contains(&needed), "the unit lacks {needed}");
+    }
+    assert!(directives.iter().any(|l| l.starts_with("ExecStartPre=") && l.contains(" validate --config ")), "ExecStartPre runs validate");
+    assert!(directives.iter().any(|l| l.starts_with("ExecReload=") && l.contains("kill -HUP $MAINPID")), "ExecReload sends SIGHUP");
+    assert!(directives.iter().any(|l| l.starts_with("WatchdogSec=")));
+    for forbidden in ["RemoveIPC=yes", "PrivateTmp=yes", "PrivateIPC=yes", "ProcSubset=pid", "InaccessiblePaths=/run", "PrivateUsers=yes"] {
+        assert!(!directives.contains(&forbidden), "{forbidden} breaks shared memory or the socket");
+    }
+    // install.sh into a staging root.
+    let stage = tempfile::tempdir().expect("tempdir");
+    let out = Command::new("bash").arg(root.join("scripts/install.sh")).args(["--bin", BIN]).env("DESTDIR", stage.path()).env("PREFIX", "/opt/mbd").output().expect("install.sh");
+    assert!(out.status.success(), "install.sh: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    for f in ["opt/mbd/bin/minibatchd", "etc/systemd/system/minibatchd.service", "usr/lib/sysusers.d/minibatchd.conf", "usr/lib/tmpfiles.d/minibatchd.conf", "etc/minibatchd/minibatchd.toml", "usr/share/doc/minibatchd/grafana/alerts.yml"] {
+        assert!(stage.path().join(f).exists(), "install.sh did not install {f}");
+    }
+    let installed = std::fs::read_to_string(stage.path().join("etc/systemd/system/minibatchd.service")).expect("unit");
+    assert!(installed.contains("ExecStart=/opt/mbd/bin/minibatchd run --config") && !installed.contains("/usr/local/bin"), "ExecStart follows PREFIX");
+    // systemd-analyze verify, on a copy whose binary exists here.
+    let available = Command::new("systemd-analyze").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    if !available {
+        println!("SKIPPED systemd-analyze verify: systemd-analyze is not installed");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("minibatchd.service");
+    std::fs::write(&copy, unit.replace("/usr/local/bin/minibatchd", BIN)).expect("write unit");
+    let out = Command::new("systemd-analyze").arg("verify").arg(&copy).output().expect("systemd-analyze");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("minibatchd.service")).collect();
+    if !out.status.success() && stderr.contains("System has not been booted with systemd") {
+        println!("SKIPPED systemd-analyze verify: {stderr}");
+        return;
+    }
+    assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify:\n{stderr}");
+}
+
+#[test]
+fn the_sample_config_documents_every_daemon_key() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("conf/minibatchd.toml")).expect("sample config");
+    let cfg = minibatchd::Config::from_toml_str(&text, root).expect("the sample config is valid");
+    let d = format!("{:?}", cfg.daemon);
+    let daemon_section = text.split("\n[daemon]\n").nth(1).and_then(|s| s.split("\n[").next()).expect("[daemon]");
+    let keys: BTreeSet<&str> = daemon_section.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim())).collect();
+    for field in ["socket", "metrics_listen", "state_dir", "memory_limit_bytes", "read_queue_chunks", "parsed_queue_chunks", "parser_threads", "ring_slots", "slot_size_bytes", "session_linger_secs", "shutdown_grace_secs", "checkpoint_interval_secs", "host_memory_reserve_bytes"] {
+        assert!(d.contains(&format!("{field}:")), "DaemonConfig has no {field}");
+        assert!(keys.contains(field), "conf/minibatchd.toml does not document daemon.{field}");
+    }
+}
