@@ -361,7 +361,8 @@ class Source:
         for i in range(n):
             _no, _nl, dt, ndim, s0, s1, s2, s3, off, nbytes = fields[i * 10 : i * 10 + 10]
             shape = (s0, s1, s2, s3)[:ndim]
-            tensors.append(owner[off : off + nbytes].view(_DTYPES[dt]).reshape(shape))
+            # One constructor call per tensor (not slice + view + reshape); its base is `owner`.
+            tensors.append(np.ndarray(shape, dtype=_DTYPES[dt], buffer=owner, offset=off))
         ref = self._releaser.track(owner, (slot, gen))
         return Minibatch(self, owner, ref, msg["minibatch"], tensors)
 
