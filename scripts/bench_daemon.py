@@ -29,7 +29,9 @@ def consume(sock: str, minibatch_size: int) -> None:
     sys.path.insert(0, str(ROOT / "clients" / "python"))
     import minibatchd
 
-    source = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, full_sweep=True, randomize=True, prefetch=int(os.environ.get("BENCH_PREFETCH", "4")))
+    # The ring depth is the daemon's default (ring_slots) unless BENCH_PREFETCH sets it.
+    extra = {"prefetch": int(os.environ["BENCH_PREFETCH"])} if os.environ.get("BENCH_PREFETCH") else {}
+    source = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, full_sweep=True, randomize=True, **extra)
     samples = payload = count = 0
     first = None
     cpu0, t0 = time.process_time(), time.perf_counter()
