@@ -79,6 +79,24 @@ pub fn build_chunks(files: &[FileIndex], chunk_size_bytes: u64) -> Vec<ChunkDesc
     chunks
 }
 
+/// Fills `buf` from `reader` as far as it can (short only at the end of the input); the index
+/// passes read fixed-size blocks with it.
+///
+/// # Errors
+/// I/O errors other than `Interrupted`.
+pub(crate) fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,14 +14,13 @@
 //!   then 2 errors). The decoder skips them too, so both passes agree.
 
 use std::fs::File;
-use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
 use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{FileIndex, SequenceDesc};
+use crate::format::index::{read_full, FileIndex, SequenceDesc};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 4 << 20;
@@ -128,18 +127,6 @@ pub fn index_file(path: &Path, options: &CtfIndexOptions, progress: &mut dyn FnM
     indexer.finish()
 }
 
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{FileIndex, SequenceDesc};
+use crate::format::index::{read_full, FileIndex, SequenceDesc};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 4 << 20;
@@ -98,18 +98,6 @@ pub fn index_reader(
     Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences: ix.sequences })
 }
 
-fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
-}
 
 struct LineIndexer {
     path: Arc<Path>,
