@@ -379,7 +379,7 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
         parsed_queue_chunks: t.usize(w, "parsed_queue_chunks", 1, 1 << 16).unwrap_or(4),
         parser_threads: t.usize(w, "parser_threads", 0, 1024).unwrap_or(0),
         ring_slots: t.usize(w, "ring_slots", 2, 1024).unwrap_or(16),
-        slot_size_bytes: t.uint(w, "slot_size_bytes", 4096, 1 << 40).unwrap_or(16 << 20),
+        slot_size_bytes: t.uint(w, "slot_size_bytes", 4096, 1 << 40).unwrap_or(4 << 20),
         session_linger_secs: t.uint(w, "session_linger_secs", 0, 7 * 86_400).unwrap_or(600),
         shutdown_grace_secs: t.uint(w, "shutdown_grace_secs", 0, 600).unwrap_or(5),
         checkpoint_interval_secs: t.uint(w, "checkpoint_interval_secs", 1, 86_400).unwrap_or(30),

@@ -243,3 +243,14 @@ fn the_documented_reference_config_is_valid() {
         assert_eq!(c.dataset("joined").expect("joined").sources.len(), 2);
     }
 }
+
+/// Regression: raising the default ring depth made the example's default session need more ring
+/// memory than the example's `memory_limit_bytes` leaves for rings (three quarters; a quarter
+/// stays with the chunk cache), so `scripts/run-example.sh` was refused with `resource_exhausted`.
+#[test]
+fn the_example_configs_default_session_fits_its_memory_budget() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/example.toml");
+    let c = Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+    let ring = c.daemon.ring_slots as u64 * c.daemon.slot_size_bytes;
+    assert!(ring <= c.daemon.memory_limit_bytes / 4 * 3, "ring {ring} vs limit {}", c.daemon.memory_limit_bytes);
+}
