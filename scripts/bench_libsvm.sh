@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # libsvm parse rate: minibatchd versus xgboost's libsvm parser (dmlc-core), at equal threads, on a
-# generated Criteo-like file (a label and 39 features per line; examples/support/criteo_gen.rs).
+# generated Criteo-like file (a label and 39 features per line; benches/support/criteo_gen.rs).
 #
 #   scripts/bench_libsvm.sh                 # 1 GiB, 2 threads
 #   SIZE=268435456 THREADS=1 scripts/bench_libsvm.sh
 #
 # minibatchd: `Dataset::open` (the line index pass, cached in a state directory) and then every
-# 32 MiB chunk read and decoded into columnar buffers by THREADS threads (examples/
-# deepx_parse_rate.rs); the "parse" figure is that second phase, with the index cached from the
+# 32 MiB chunk read and decoded into columnar buffers by THREADS threads (src/bin/
+# parse_rate.rs); the "parse" figure is that second phase, with the index cached from the
 # first run. xgboost: `DMatrix("FILE?format=libsvm", nthread=THREADS)` from .venv (installed with
 # `python -m pip install xgboost` when missing; if that fails the comparison is skipped and said
 # so). The file is read once beforehand so both read from the page cache. Timings vary with the
@@ -22,8 +22,8 @@ FILE="$DIR/criteo-$SIZE.svm"
 STATE="$DIR/state"
 PY=${PYTHON:-.venv/bin/python}
 
-cargo build --release --example deepx_parse_rate
-BIN=target/release/examples/deepx_parse_rate
+cargo build --release --bin minibatchd-parse-rate
+BIN=target/release/minibatchd-parse-rate
 mkdir -p "$DIR"
 if [ ! -f "$FILE" ]; then
   echo "generating $FILE ($SIZE bytes)"

@@ -4,8 +4,8 @@
 //! in turn. Used by `scripts/bench_libsvm.sh`.
 //!
 //! ```text
-//! deepx_parse_rate generate PATH BYTES        # seeded Criteo-like lines (examples/support/criteo_gen.rs)
-//! deepx_parse_rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
+//! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)
+//! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use minibatchd::config::Config;
 use minibatchd::dataset::Dataset;
 use minibatchd::format::StreamValues;
 
-#[path = "support/criteo_gen.rs"]
+#[path = "../../benches/support/criteo_gen.rs"]
 mod criteo_gen;
 
 fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
@@ -99,7 +99,7 @@ fn main() {
             let state = args.get(5).map_or_else(|| std::env::temp_dir().join("minibatchd-bench-state"), PathBuf::from);
             parse(Path::new(&args[2]), threads, chunk, &state)
         }
-        _ => Err("usage: deepx_parse_rate generate PATH BYTES | parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
+        _ => Err("usage: minibatchd-parse-rate generate PATH BYTES | parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
     };
     if let Err(e) = result {
         eprintln!("deepx_parse_rate: {e}");

@@ -1,5 +1,5 @@
 //! Seeded generator of Criteo-like libsvm lines, shared by `benches/deepx.rs` and
-//! `examples/deepx_parse_rate.rs`: a 0/1 label, 13 numeric features `i:v` (ids 1..=13, values
+//! `src/bin/parse_rate.rs`: a 0/1 label, 13 numeric features `i:v` (ids 1..=13, values
 //! with 6 decimals in [0, 1)), and 26 categorical features `id:1` with ids hashed into
 //! [14, 2^24), as the LIBSVM site's `criteo` file.
 
