@@ -23,6 +23,12 @@ mod proptests;
 
 pub use scheduler::{EpochLimit, MinibatchPlan, Sampler, SamplingError, SamplingOptions, SeqRef, Window};
 
+/// Narrows a sequence or chunk index to the `u32` of [`SeqRef`]. `Sampler::new` rejects
+/// timelines whose counts do not fit (`SamplingError::TooManySequences`), so this cannot fail.
+pub(crate) fn to_u32(index: usize) -> u32 {
+    u32::try_from(index).expect("sequence and chunk counts are validated to fit in u32")
+}
+
 /// The shape of a dataset as the sampler sees it: sequences in file order, grouped into chunks.
 ///
 /// Sequence `i` (global, 0-based, file order) has nominal length `seq_len[i]` (≥ 1). Chunk `c`

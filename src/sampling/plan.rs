@@ -17,7 +17,7 @@
 use std::collections::HashSet;
 
 use super::randomizer::{file_order, randomize_sweep, uses_block_randomizer};
-use super::{SamplingOptions, SeqRef, Timeline};
+use super::{to_u32, SamplingOptions, SeqRef, Timeline};
 
 /// The order of one sweep with this worker's share of it, indexed by chunk.
 #[derive(Debug)]
@@ -216,7 +216,3 @@ fn index_uses(
     (use_start, uses, by_first_use)
 }
 
-/// Narrows a position that [`super::Sampler::new`] has checked to fit in `u32`.
-fn to_u32(index: usize) -> u32 {
-    u32::try_from(index).expect("sequence counts are validated to fit in u32")
-}

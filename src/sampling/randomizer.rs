@@ -19,7 +19,7 @@
 //! Fed by: [`super::scheduler`] (one call per sweep). Feeds: the per-sweep plans of the scheduler.
 
 use super::mt64::Mt19937_64;
-use super::{SamplingOptions, SeqRef, Timeline, Window};
+use super::{to_u32, SamplingOptions, SeqRef, Timeline, Window};
 
 /// A half-open interval `[begin, end)` of randomized chunk positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,10 +258,6 @@ fn chunk_samples(timeline: &Timeline, chunk: u32) -> u64 {
         .sum()
 }
 
-/// Narrows an index that [`super::Sampler::new`] has checked to fit in `u32`.
-fn to_u32(index: usize) -> u32 {
-    u32::try_from(index).expect("sequence and chunk counts are validated to fit in u32")
-}
 
 #[cfg(test)]
 mod tests {
