@@ -24,8 +24,8 @@ use std::sync::Arc;
 
 use crate::config::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
 use crate::format::cache::{self, FileStamp, Miss};
-use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
-use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
+use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
+use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
 use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
 use crate::format::inflate;
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
@@ -348,7 +348,7 @@ impl Dataset {
         }
     }
 
-    fn decode_chunk<T: DeepxElement + IntoValues>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
+    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
         let mut errors = Vec::new();
@@ -411,25 +411,7 @@ impl Dataset {
     }
 }
 
-/// Wraps a typed vector into [`Values`].
-pub trait IntoValues: Sized {
-    /// The wrapped vector.
-    fn into_values(v: Vec<Self>) -> Values;
-}
-
-impl IntoValues for f32 {
-    fn into_values(v: Vec<Self>) -> Values {
-        Values::F32(v)
-    }
-}
-
-impl IntoValues for f64 {
-    fn into_values(v: Vec<Self>) -> Values {
-        Values::F64(v)
-    }
-}
-
-fn into_stream_data<T: IntoValues>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> StreamData {
+fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> StreamData {
     let data = if sparse {
         StreamValues::Sparse {
             sample_offsets: buf.sample_offsets,

@@ -180,15 +180,11 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
             b.set_position(p.bytes_done);
         }
     };
-    let d = Dataset::open(cfg, &state_dir(c), &mut report)?;
+    let d = Dataset::open(cfg, &c.daemon.state_dir, &mut report)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     Ok(d)
-}
-
-fn state_dir(c: &Config) -> PathBuf {
-    c.daemon.state_dir.clone()
 }
 
 fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::Result<DumpOptions> {

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
 use crate::config::{StreamConfig, StreamFormat};
+use crate::format::chunk::Values;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::SequenceDesc;
 
@@ -27,6 +28,8 @@ use crate::format::index::SequenceDesc;
 pub trait Element: Copy + Default + Send + Sync + 'static {
     /// Narrows CNTK's `f64` accumulator, as `static_cast<ElemType>`.
     fn from_f64(v: f64) -> Self;
+    /// Wraps a vector of decoded values into the chunk's [`Values`].
+    fn into_values(v: Vec<Self>) -> Values;
 }
 
 impl Element for f32 {
@@ -35,12 +38,18 @@ impl Element for f32 {
     fn from_f64(v: f64) -> Self {
         v as f32
     }
+    fn into_values(v: Vec<Self>) -> Values {
+        Values::F32(v)
+    }
 }
 
 impl Element for f64 {
     #[inline]
     fn from_f64(v: f64) -> Self {
         v
+    }
+    fn into_values(v: Vec<Self>) -> Values {
+        Values::F64(v)
     }
 }
 

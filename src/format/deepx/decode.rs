@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::number::{parse_id, parse_real, IdError};
 use super::schema::{Layout, Schema};
-use crate::format::chunk::{Indices, StreamData, StreamValues, Values};
+use crate::format::chunk::{Indices, StreamData, StreamValues};
 use crate::format::ctf::Element;
 use crate::format::errors::{ErrorKind, Location, Malformed};
 
@@ -44,22 +44,11 @@ fn within(v: f64, max: f64) -> bool {
 }
 
 /// An element type of the deepx streams: narrowed from `f64`, widened back for range checks.
-pub trait DeepxElement: Element + Into<f64> {
-    /// Wraps a vector into [`Values`].
-    fn wrap(v: Vec<Self>) -> Values;
-}
+pub trait DeepxElement: Element + Into<f64> {}
 
-impl DeepxElement for f32 {
-    fn wrap(v: Vec<Self>) -> Values {
-        Values::F32(v)
-    }
-}
+impl DeepxElement for f32 {}
 
-impl DeepxElement for f64 {
-    fn wrap(v: Vec<Self>) -> Values {
-        Values::F64(v)
-    }
-}
+impl DeepxElement for f64 {}
 
 /// One sparse stream (a deepx CSR tensor) of the chunk being parsed.
 #[derive(Debug, Clone, Default)]
@@ -432,10 +421,10 @@ impl DeepxDecoder {
             .into_iter()
             .map(|x| StreamData {
                 seq_offsets: seq.clone(),
-                data: StreamValues::Sparse { sample_offsets: x.sample_offsets, indices: Indices::U64(x.ids), values: T::wrap(x.values) },
+                data: StreamValues::Sparse { sample_offsets: x.sample_offsets, indices: Indices::U64(x.ids), values: T::into_values(x.values) },
             })
             .collect();
-        let dense = |dim: usize, values: Vec<T>| StreamData { seq_offsets: seq.clone(), data: StreamValues::Dense { dim, values: T::wrap(values) } };
+        let dense = |dim: usize, values: Vec<T>| StreamData { seq_offsets: seq.clone(), data: StreamValues::Dense { dim, values: T::into_values(values) } };
         if matches!(self.schema.layout, Layout::Uch { .. }) {
             out.push(dense(1, bufs.hist_size));
         }
