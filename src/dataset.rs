@@ -297,6 +297,12 @@ impl Dataset {
         &self.streams
     }
 
+    /// What each stream of this dataset's minibatches looks like (kind, dimension, precision).
+    #[must_use]
+    pub fn stream_shapes(&self) -> Vec<crate::minibatch::StreamShape> {
+        crate::minibatch::StreamShape::of(self.streams(), self.config.precision == crate::config::Precision::Float64)
+    }
+
     /// The error budget (shared by every reader of this dataset).
     #[must_use]
     pub fn budget(&self) -> &ErrorBudget {

@@ -107,14 +107,14 @@ pub fn for_each_minibatch(
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }
-    let dims: Vec<usize> = dataset.streams().iter().map(|s| s.dim).collect();
+    let shapes = dataset.stream_shapes();
     let mut cache = ChunkCache::new(dataset);
     let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;
     while options.num_minibatches.is_none_or(|n| count < n) {
         let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
         let Some(plan) = sampler.next_minibatch(size) else { break };
-        let mb = assemble(count, &plan, dataset.timeline(), &dims, options.frame_mode, &mut cache)?;
+        let mb = assemble(count, &plan, dataset.timeline(), &shapes, options.frame_mode, &mut cache)?;
         each(&mb)?;
         for &c in &plan.retire {
             cache.retire(c);

@@ -105,7 +105,7 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
     let names: Vec<&str> = case["streams"].as_array().expect("streams").iter().map(|s| s["name"].as_str().expect("name")).collect();
     let order: Vec<usize> =
         names.iter().map(|n| ds.stream_names().iter().position(|x| x == n).expect("stream in dataset")).collect();
-    let dims: Vec<usize> = ds.config().streams().map(|s| s.dim).collect();
+    let shapes = ds.stream_shapes();
     let randomize = case["randomize"].as_bool().unwrap_or(false) && !case["window"].is_null();
     let window = match (case["window"]["chunks"].as_u64(), case["window"]["samples"].as_u64()) {
         (Some(c), _) => Window::Chunks(c as usize),
@@ -127,7 +127,7 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
         let mut cache = ChunkCache::new(ds);
         for i in 0..case["max_minibatches_per_epoch"].as_u64().unwrap_or(10) {
             let Some(plan) = sampler.next_minibatch(mb) else { break };
-            let m = assemble(i, &plan, ds.timeline(), &dims, false, &mut cache).map_err(|e| e.to_string())?;
+            let m = assemble(i, &plan, ds.timeline(), &shapes, false, &mut cache).map_err(|e| e.to_string())?;
             for &si in &order {
                 let s = &m.streams[si];
                 let lens: Vec<usize> = (0..s.num_sequences()).map(|q| (s.sequence_offsets[q + 1] - s.sequence_offsets[q]) as usize).collect();

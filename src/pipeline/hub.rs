@@ -31,6 +31,8 @@ pub struct DatasetRuntime {
     pub names: Vec<String>,
     /// Stream dimensions.
     pub dims: Vec<usize>,
+    /// Kind, dimension and precision per stream (the tensor table of every minibatch).
+    pub shapes: Vec<crate::minibatch::StreamShape>,
     /// Schema sent in `opened`.
     pub streams: Vec<StreamInfo>,
     /// [`Dataset::identity`], computed once.
@@ -60,6 +62,7 @@ impl DatasetRuntime {
             name: dataset.config().name.clone(),
             names: dataset.streams().iter().map(|s| s.name.clone()).collect(),
             dims: dataset.streams().iter().map(|s| s.dim).collect(),
+            shapes: dataset.stream_shapes(),
             streams,
             identity: dataset.identity(),
             max_seq_len: dataset.timeline().seq_len.iter().copied().max().map_or(1, u64::from),

@@ -14,7 +14,6 @@
 //! a free slot (the client is slower), time waiting for chunks (the pipeline is slower) and the
 //! delivery stage's busy time (sampling, assembling, writing the slot).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
 use crate::metrics::SessionMetrics;
-use crate::minibatch::{assemble, ChunkSource};
+use crate::minibatch::{gather, ChunkMap, ChunkSource};
 use crate::protocol::{ErrorCode, MinibatchMeta};
 use crate::sampling::Sampler;
 use crate::shm::{LayoutError, MemfdMemory, Ring};
@@ -101,7 +100,7 @@ impl ProduceError {
 /// The chunks one session holds: from first use until the sampler retires them.
 struct SessionChunks<'a> {
     dataset: u32,
-    held: HashMap<u32, Arc<ParsedChunk>>,
+    held: ChunkMap<Arc<ParsedChunk>>,
     cache: &'a SharedCache,
     stop: &'a AtomicBool,
     /// Time spent in the cache (waiting for chunks to be read and parsed).
@@ -143,7 +142,7 @@ pub struct Producer {
     minibatch_size: usize,
     frame_mode: bool,
     next_index: u64,
-    held: HashMap<u32, Arc<ParsedChunk>>,
+    held: ChunkMap<Arc<ParsedChunk>>,
     metrics: SessionMetrics,
 }
 
@@ -159,7 +158,7 @@ impl Producer {
     #[must_use]
     #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
     pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64, metrics: SessionMetrics) -> Self {
-        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, held: HashMap::new(), metrics }
+        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics }
     }
 
     /// Fills `slot` with the next minibatch; `Ok(None)` at the end of the epoch.
@@ -180,7 +179,7 @@ impl Producer {
         }
         self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
         let mut source = SessionChunks { dataset: ds, held: std::mem::take(&mut self.held), cache: &self.cache, stop, waited: Duration::ZERO, wanted };
-        let built = assemble(self.next_index, &plan, self.runtime.dataset.timeline(), &self.runtime.dims, self.frame_mode, &mut source);
+        let built = gather(self.next_index, &plan, self.runtime.dataset.timeline(), &self.runtime.shapes, self.frame_mode, &mut source);
         self.held = source.held;
         let waited = source.waited;
         self.metrics.chunk_wait_seconds.inc_by(waited.as_secs_f64());
@@ -191,7 +190,7 @@ impl Producer {
         for c in &plan.retire {
             self.held.remove(c);
         }
-        self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names)?;
+        self.ring.write_gathered(slot.slot, slot.generation, &mb, &self.runtime.names)?;
         self.next_index = self.next_index.saturating_add(1);
         let seq_len = &self.runtime.dataset.timeline().seq_len;
         let samples: u64 = plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();

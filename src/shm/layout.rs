@@ -367,13 +367,46 @@ fn align_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
+/// A tensor to be written by a fill function: everything but the data.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorMeta<'a> {
+    /// `stream/field`.
+    pub name: &'a str,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape (1 or 2 dimensions here).
+    pub shape: &'a [u64],
+    /// Bytes of data, `product(shape) * dtype.size()`.
+    pub nbytes: usize,
+}
+
+impl<'a> TensorSpec<'a> {
+    fn meta(&self) -> TensorMeta<'a> {
+        TensorMeta {
+            name: self.name,
+            dtype: self.dtype,
+            shape: self.shape,
+            nbytes: self.data.len(),
+        }
+    }
+}
+
 /// Bytes a slot needs for `tensors`.
 #[must_use]
 pub fn encoded_size(tensors: &[TensorSpec<'_>]) -> u64 {
-    let names: usize = tensors.iter().map(|t| t.name.len()).sum();
-    let mut at = align_up(SlotHeader::SIZE + TensorEntry::SIZE * tensors.len() + names, TENSOR_ALIGN);
-    for t in tensors {
-        at = align_up(at + t.data.len(), TENSOR_ALIGN);
+    encoded_size_of(&tensors.iter().map(TensorSpec::meta).collect::<Vec<_>>())
+}
+
+/// Bytes a slot needs for tensors described by `metas`.
+#[must_use]
+pub fn encoded_size_of(metas: &[TensorMeta<'_>]) -> u64 {
+    let names: usize = metas.iter().map(|t| t.name.len()).sum();
+    let mut at = align_up(
+        SlotHeader::SIZE + TensorEntry::SIZE * metas.len() + names,
+        TENSOR_ALIGN,
+    );
+    for t in metas {
+        at = align_up(at + t.nbytes, TENSOR_ALIGN);
     }
     at as u64
 }
@@ -383,36 +416,68 @@ pub fn encoded_size(tensors: &[TensorSpec<'_>]) -> u64 {
 /// # Errors
 /// [`LayoutError::TooLarge`] if they do not fit (nothing of the slot's previous content that a
 /// reader could mistake for valid data is left half-written: the header is written last).
-pub fn encode_slot(slot: &mut [u8], generation: u64, minibatch: u64, tensors: &[TensorSpec<'_>]) -> Result<u64, LayoutError> {
-    let needed = encoded_size(tensors);
+pub fn encode_slot(
+    slot: &mut [u8],
+    generation: u64,
+    minibatch: u64,
+    tensors: &[TensorSpec<'_>],
+) -> Result<u64, LayoutError> {
+    let metas: Vec<TensorMeta<'_>> = tensors.iter().map(TensorSpec::meta).collect();
+    encode_slot_with(slot, generation, minibatch, &metas, |i, out| {
+        out.copy_from_slice(tensors[i].data)
+    })
+}
+
+/// Writes the tensors described by `metas` into `slot`: header, table and names here, each
+/// tensor's data by `fill(i, bytes)`, which must fill exactly `metas[i].nbytes` bytes in place
+/// (the gather writes samples straight from the parsed chunks into shared memory).
+///
+/// # Errors
+/// As [`encode_slot`]; `fill` is not called when the tensors do not fit.
+pub fn encode_slot_with(
+    slot: &mut [u8],
+    generation: u64,
+    minibatch: u64,
+    metas: &[TensorMeta<'_>],
+    mut fill: impl FnMut(usize, &mut [u8]),
+) -> Result<u64, LayoutError> {
+    let needed = encoded_size_of(metas);
     if needed > slot.len() as u64 {
-        return Err(LayoutError::TooLarge { needed_bytes: needed, slot_size_bytes: slot.len() as u64 });
+        return Err(LayoutError::TooLarge {
+            needed_bytes: needed,
+            slot_size_bytes: slot.len() as u64,
+        });
     }
     let table = SlotHeader::SIZE;
-    let mut name_at = table + TensorEntry::SIZE * tensors.len();
-    let names: usize = tensors.iter().map(|t| t.name.len()).sum();
+    let mut name_at = table + TensorEntry::SIZE * metas.len();
+    let names: usize = metas.iter().map(|t| t.name.len()).sum();
     let mut data_at = align_up(name_at + names, TENSOR_ALIGN);
-    for (i, t) in tensors.iter().enumerate() {
+    for (i, t) in metas.iter().enumerate() {
+        if t.shape.len() > MAX_NDIM {
+            return Err(LayoutError::Corrupt("too many dimensions"));
+        }
         let mut shape = [0u64; MAX_NDIM];
         shape[..t.shape.len()].copy_from_slice(t.shape);
         let entry = TensorEntry {
             name_offset: u32::try_from(name_at).map_err(|_| LayoutError::Corrupt("name offset"))?,
-            name_len: u32::try_from(t.name.len()).map_err(|_| LayoutError::Corrupt("name length"))?,
+            name_len: u32::try_from(t.name.len())
+                .map_err(|_| LayoutError::Corrupt("name length"))?,
             dtype: t.dtype as u32,
             ndim: t.shape.len() as u32,
             shape,
             offset: data_at as u64,
-            nbytes: t.data.len() as u64,
+            nbytes: t.nbytes as u64,
         };
         entry.write(&mut slot[table + i * TensorEntry::SIZE..]);
         slot[name_at..name_at + t.name.len()].copy_from_slice(t.name.as_bytes());
         name_at += t.name.len();
-        slot[data_at..data_at + t.data.len()].copy_from_slice(t.data);
-        data_at = align_up(data_at + t.data.len(), TENSOR_ALIGN);
+        fill(i, &mut slot[data_at..data_at + t.nbytes]);
+        data_at = align_up(data_at + t.nbytes, TENSOR_ALIGN);
     }
     let header = SlotHeader {
         magic: SLOT_MAGIC,
-        num_tensors: u32::try_from(tensors.len()).map_err(|_| LayoutError::Corrupt("tensor count"))?,
+        num_tensors: u32::try_from(metas.len())
+            .map_err(|_| LayoutError::Corrupt("tensor count"))?,
         generation,
         minibatch,
         used_bytes: needed,

@@ -57,6 +57,40 @@ pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
 }
 
+/// The bytes of a mutable slice of plain numbers, to be filled in place.
+#[must_use]
+pub fn as_bytes_mut<T: Pod>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as `as_bytes`; in addition every byte pattern written through the view is a valid
+    // `T` (`T: Pod`), and the exclusive borrow of `values` is held for the view's lifetime.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(values),
+        )
+    }
+}
+
+/// Asks the CPU to start loading `bytes` into its caches (a hint: no effect on results). Used
+/// when gathering samples from random places of parsed chunks, a few sequences ahead of the copy,
+/// so the cache misses overlap instead of stalling each copy in turn.
+#[inline]
+pub fn prefetch<T>(values: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = values.as_ptr().cast::<u8>();
+        // One hint per 64-byte line, at most 16 lines (a row of 256 floats).
+        for at in (0..std::mem::size_of_val(values).min(1024)).step_by(64) {
+            // SAFETY: SSE is part of the x86_64 baseline; a prefetch never faults, reads nothing
+            // architecturally and writes nothing; `at` stays inside `values`, so the pointer
+            // arithmetic stays in bounds of one allocation.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(at).cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = values;
+}
+
 /// Views `bytes` as a slice of `T`, if it is aligned for `T` and a whole number of `T`s long.
 #[must_use]
 pub fn cast_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {

@@ -1,0 +1,114 @@
+//! The daemon producer's own cost per minibatch, without the daemon: the sampler's plan, the
+//! gather of the plan's samples out of parsed chunks (`assemble`) and the slot write, for
+//! minibatches of 256 rows of 128 floats + a sparse label, randomized over a window that covers
+//! every chunk (CNTK's default on a file smaller than 4 GiB) — the access pattern of
+//! `scripts/bench_daemon.py`'s drain phase, at 1/8 of its size.
+//!
+//! `cargo bench --bench delivery`; figures and the machine are recorded in docs/benchmarks.md.
+
+#![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
+
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use minibatchd::format::chunk::ParsedChunk;
+use minibatchd::minibatch::{gather, ChunkMap};
+use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
+use minibatchd::shm::{LocalMemory, Ring, RingGeometry};
+use minibatchd::{Config, Dataset};
+
+const MINIBATCH: usize = 256;
+const SLOTS: u64 = 16;
+
+/// xorshift64*: the data is identical on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+fn write_data(path: &std::path::Path, bytes: usize) {
+    use std::fmt::Write as _;
+    let mut r = Rng(7);
+    let mut s = String::with_capacity(bytes + 2048);
+    while s.len() < bytes {
+        s.push_str("|features");
+        for _ in 0..128 {
+            let v = (r.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            let _ = write!(s, " {v:.6}");
+        }
+        let _ = writeln!(s, " |labels {}:1", r.next() % 10);
+    }
+    std::fs::write(path, s).expect("write the bench data");
+}
+
+fn bench(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("bench.ctf");
+    write_data(&data, 128 << 20);
+    let toml = format!(
+        "[daemon]\nstate_dir = \"{0}/state\"\n\n[datasets.b]\nformat = \"ctf\"\nfiles = [\"{1}\"]\ncache_index = false\n\n\
+         [datasets.b.streams.features]\ndim = 128\nformat = \"dense\"\n\n[datasets.b.streams.labels]\ndim = 10\nformat = \"sparse\"\n",
+        dir.path().display(),
+        data.display()
+    );
+    let config = Config::from_toml_str(&toml, dir.path()).expect("config");
+    let dataset = Dataset::open(
+        config.dataset("b").expect("dataset"),
+        &dir.path().join("state"),
+        &mut |_| {},
+    )
+    .expect("open");
+    let chunks: ChunkMap<Arc<ParsedChunk>> = (0..dataset.chunks().len())
+        .map(|i| (i as u32, Arc::new(dataset.load_chunk(i).expect("chunk").0)))
+        .collect();
+    let names: Vec<String> = dataset.streams().iter().map(|s| s.name.clone()).collect();
+    let shapes = dataset.stream_shapes();
+    let options = SamplingOptions {
+        randomize: true,
+        window: Window::Chunks(128),
+        seed: 0,
+        limit: EpochLimit::Infinite,
+        num_workers: 1,
+        rank: 0,
+    };
+    let mut sampler = Sampler::new(dataset.timeline().clone(), options).expect("sampler");
+    let mut ring = Ring::new(
+        LocalMemory::new(RingGeometry::new(SLOTS, 4 << 20).total_bytes() as usize),
+        RingGeometry::new(SLOTS, 4 << 20),
+        1,
+        1,
+    )
+    .expect("ring");
+
+    let mut g = c.benchmark_group("delivery");
+    g.throughput(Throughput::Elements(MINIBATCH as u64));
+    let mut index = 0u64;
+    let mut sources = chunks;
+    g.bench_function("plan+assemble+slot_write/256x(128f+sparse)", |b| {
+        b.iter(|| {
+            let plan = sampler.next_minibatch(MINIBATCH).expect("infinite epoch");
+            let mb = gather(
+                index,
+                &plan,
+                dataset.timeline(),
+                &shapes,
+                false,
+                &mut sources,
+            )
+            .expect("gather");
+            ring.write_gathered(index % SLOTS, index + 1, &mb, &names)
+                .expect("slot write");
+            index += 1;
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
