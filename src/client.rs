@@ -74,13 +74,15 @@ pub struct Client {
     /// The daemon's per-start id.
     pub daemon_id: String,
     report_wait: bool,
+    /// The daemon speaks version 2: `release` goes out as a binary frame.
+    binary: bool,
 }
 
 fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage, ClientError> {
     let mut buf = [0u8; 16 * 1024];
     loop {
         if let Some(body) = frames.next_frame()? {
-            return Ok(protocol::decode(&body)?);
+            return Ok(protocol::decode_server(&body)?);
         }
         let n = stream.read(&mut buf)?;
         if n == 0 {
@@ -107,7 +109,9 @@ impl Client {
         protocol::write_frame(&mut stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: Some("minibatchd-rust".into()) })?;
         let mut frames = FrameBuffer::default();
         match read_message(&mut stream, &mut frames)? {
-            ServerMessage::Hello { daemon_id, features, .. } => Ok(Self { stream, frames, daemon_id, report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT) }),
+            ServerMessage::Hello { daemon_id, features, version, .. } => {
+                Ok(Self { stream, frames, daemon_id, report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT), binary: version >= 2 })
+            }
             other => Err(daemon_error(other)),
         }
     }
@@ -123,7 +127,7 @@ impl Client {
         let mut fd = None;
         let opened = loop {
             if let Some(body) = self.frames.next_frame()? {
-                break protocol::decode::<ServerMessage>(&body)?;
+                break protocol::decode_server(&body)?;
             }
             let (n, got) = crate::shm::fdpass::recv_with_fd(self.stream.as_fd(), &mut buf)?;
             if n == 0 {
@@ -152,6 +156,7 @@ impl Client {
             queued: VecDeque::new(),
             end: None,
             report_wait: self.report_wait,
+            binary: self.binary,
             waited: Duration::ZERO,
             stopped: false,
             final_state: None,
@@ -188,6 +193,7 @@ pub struct Session {
     queued: VecDeque<ServerMessage>,
     end: Option<SessionState>,
     report_wait: bool,
+    binary: bool,
     waited: Duration,
     /// The daemon stopped (`error{shutting_down}`).
     stopped: bool,
@@ -210,7 +216,11 @@ impl Session {
         let mut out = Vec::new();
         let wait_ns = self.wait_ns();
         for (slot, generation) in self.pending.drain(..) {
-            out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken), wait_ns }));
+            if self.binary {
+                out.extend(protocol::encode_release_binary(slot, generation, self.taken, wait_ns));
+            } else {
+                out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken), wait_ns }));
+            }
         }
         if let Some(m) = extra {
             out.extend(protocol::encode(&m));

@@ -28,6 +28,23 @@
 //! position: the checkpoint position after the last minibatch taken (see [`SessionState`]).
 //! Prefetched minibatches — announced with `ready` but not yet taken — never count.
 //!
+//! **Version 2: binary hot messages.** A client that says `hello{version: 2}` gets
+//! `hello{version: 2}` back, then `ready` as a binary frame, and may send `release` as one (JSON
+//! `release` stays valid). A binary frame has the same 4-byte length prefix; its body starts with
+//! a tag byte that no JSON body starts with (JSON bodies start with `{`). All integers are
+//! little-endian:
+//! ```text
+//! ready   (40 bytes): u8 tag = 0x01, u8 flags (bit 0: end_of_sweep), u16 0, u32 slot,
+//!                     u64 generation, u64 minibatch index, u64 sweep, u64 position
+//! release (32 bytes): u8 tag = 0x02, u8 flags (bit 0: wait_ns present), u16 0, u32 slot,
+//!                     u64 generation, u64 taken, u64 wait_ns
+//! ```
+//! Every other message stays JSON. The daemon still speaks version 1 (JSON only) to a client
+//! that says `hello{version: 1}`; a client that wants version 2 from an older daemon gets
+//! `version_mismatch` and may say hello again, with version 1, on a new connection. A `ready`
+//! costs a Python client a `struct` unpack instead of a JSON parse: most of its per-minibatch
+//! cost (docs/benchmarks.md).
+//!
 //! **Additions within version 1** (optional fields; old peers ignore or never see them):
 //! * `hello.features` (daemon → client): the optional fields this daemon accepts;
 //!   [`FEATURE_CONSUMER_WAIT`] means `wait_ns` below.
@@ -43,8 +60,18 @@ use std::io::{Read, Write};
 
 use serde::{Deserialize, Serialize};
 
-/// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The newest protocol version this build speaks.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The oldest protocol version this build still serves (JSON `ready`/`release`).
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+/// First body byte of a binary `ready` (version 2).
+pub const BINARY_READY: u8 = 0x01;
+/// First body byte of a binary `release` (version 2).
+pub const BINARY_RELEASE: u8 = 0x02;
+/// Body length of a binary `ready`.
+pub const BINARY_READY_BYTES: usize = 40;
+/// Body length of a binary `release`.
+pub const BINARY_RELEASE_BYTES: usize = 32;
 /// Largest frame body accepted, in bytes (either direction).
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 /// Version of the [`SessionState`] token.
@@ -385,6 +412,97 @@ impl FrameBuffer {
     }
 }
 
+/// A whole binary `ready` frame (length prefix included), version 2.
+#[must_use]
+pub fn encode_ready_binary(slot: u64, generation: u64, meta: &MinibatchMeta) -> [u8; 4 + BINARY_READY_BYTES] {
+    let mut out = [0u8; 4 + BINARY_READY_BYTES];
+    out[..4].copy_from_slice(&(BINARY_READY_BYTES as u32).to_le_bytes());
+    out[4] = BINARY_READY;
+    out[5] = u8::from(meta.end_of_sweep);
+    // Slots are counted in u32 on the wire; rings hold far fewer (the ring size is bounded).
+    out[8..12].copy_from_slice(&u32::try_from(slot).unwrap_or(u32::MAX).to_le_bytes());
+    for (i, v) in [generation, meta.index, meta.sweep, meta.position].into_iter().enumerate() {
+        out[12 + i * 8..20 + i * 8].copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// A whole binary `release` frame (length prefix included), version 2.
+#[must_use]
+pub fn encode_release_binary(slot: u64, generation: u64, taken: u64, wait_ns: Option<u64>) -> [u8; 4 + BINARY_RELEASE_BYTES] {
+    let mut out = [0u8; 4 + BINARY_RELEASE_BYTES];
+    out[..4].copy_from_slice(&(BINARY_RELEASE_BYTES as u32).to_le_bytes());
+    out[4] = BINARY_RELEASE;
+    out[5] = u8::from(wait_ns.is_some());
+    out[8..12].copy_from_slice(&u32::try_from(slot).unwrap_or(u32::MAX).to_le_bytes());
+    for (i, v) in [generation, taken, wait_ns.unwrap_or(0)].into_iter().enumerate() {
+        out[12 + i * 8..20 + i * 8].copy_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut v = [0u8; 8];
+    v.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(v)
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(v)
+}
+
+/// Decodes a client frame body: a binary `release` or a JSON message.
+///
+/// # Errors
+/// [`FrameError::Invalid`] for a binary frame of the wrong length, an unknown tag or flag, or
+/// invalid JSON.
+pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
+    match body.first() {
+        Some(&BINARY_RELEASE) => {
+            if body.len() != BINARY_RELEASE_BYTES {
+                return Err(FrameError::Invalid(format!("binary release of {} bytes, expected {BINARY_RELEASE_BYTES}", body.len())));
+            }
+            if body[1] > 1 || body[2] != 0 || body[3] != 0 {
+                return Err(FrameError::Invalid("binary release with unknown flags".into()));
+            }
+            Ok(ClientMessage::Release {
+                slot: u64::from(u32_at(body, 4)),
+                generation: u64_at(body, 8),
+                taken: Some(u64_at(body, 16)),
+                wait_ns: (body[1] == 1).then(|| u64_at(body, 24)),
+            })
+        }
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}"))),
+        _ => decode(body),
+    }
+}
+
+/// Decodes a daemon frame body: a binary `ready` or a JSON message.
+///
+/// # Errors
+/// As [`decode_client`].
+pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
+    match body.first() {
+        Some(&BINARY_READY) => {
+            if body.len() != BINARY_READY_BYTES {
+                return Err(FrameError::Invalid(format!("binary ready of {} bytes, expected {BINARY_READY_BYTES}", body.len())));
+            }
+            if body[1] > 1 || body[2] != 0 || body[3] != 0 {
+                return Err(FrameError::Invalid("binary ready with unknown flags".into()));
+            }
+            Ok(ServerMessage::Ready {
+                slot: u64::from(u32_at(body, 4)),
+                generation: u64_at(body, 8),
+                minibatch: MinibatchMeta { index: u64_at(body, 16), sweep: u64_at(body, 24), end_of_sweep: body[1] == 1, position: u64_at(body, 32) },
+            })
+        }
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}"))),
+        _ => decode(body),
+    }
+}
+
 /// Blocking: reads one frame body from `r`.
 ///
 /// # Errors
@@ -449,6 +567,31 @@ mod tests {
         assert_eq!(with_wait, ClientMessage::State { taken: Some(1), wait_ns: Some(5) });
         let old_hello: ServerMessage = decode(br#"{"type":"hello","version":1,"daemon_id":"0","server":"x"}"#).expect("hello without features");
         assert!(matches!(old_hello, ServerMessage::Hello { features, .. } if features.is_empty()));
+    }
+
+    #[test]
+    fn binary_hot_messages_round_trip_and_bad_ones_are_errors() {
+        let meta = MinibatchMeta { index: 7, sweep: 2, end_of_sweep: true, position: u64::MAX - 3 };
+        let frame = encode_ready_binary(5, 1 << 40, &meta);
+        let mut fb = FrameBuffer::default();
+        fb.push(&frame);
+        let body = fb.next_frame().expect("ok").expect("a frame");
+        assert_eq!(decode_server(&body).expect("ready"), ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta });
+        // The layout, byte for byte, as documented (and as the Python client packs it).
+        assert_eq!(&frame[..12], &[40, 0, 0, 0, 1, 1, 0, 0, 5, 0, 0, 0]);
+        let release = encode_release_binary(3, 9, 11, Some(13));
+        assert_eq!(decode_client(&release[4..]).expect("release"), ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: Some(13) });
+        let no_wait = encode_release_binary(3, 9, 11, None);
+        assert_eq!(decode_client(&no_wait[4..]).expect("release"), ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: None });
+        assert!(decode_client(&release[4..20]).is_err(), "truncated");
+        let mut flags = release;
+        flags[5] = 7;
+        assert_eq!(release[4 + 1], 1, "flags sit at body byte 1");
+        assert!(decode_client(&flags[4..]).is_err(), "unknown flags");
+        assert!(decode_client(&[0x7f, 0, 0]).is_err(), "unknown tag");
+        assert!(decode_client(&[BINARY_READY; 40]).is_err(), "a ready is not a client message");
+        // JSON still decodes, with leading whitespace too.
+        assert_eq!(decode_client(b" {\"type\":\"close\"}").expect("json"), ClientMessage::Close { taken: None, wait_ns: None });
     }
 
     proptest::proptest! {

@@ -357,6 +357,15 @@ fn reply(s: &mut UnixStream) -> Option<serde_json::Value> {
     serde_json::from_slice(&body).ok()
 }
 
+/// One frame body, whatever it holds (binary frames included).
+fn raw_frame(s: &mut UnixStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
 fn code(v: &Option<serde_json::Value>) -> String {
     v.as_ref().and_then(|v| v["code"].as_str()).unwrap_or("<none>").to_owned()
 }
@@ -385,10 +394,55 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     assert_eq!(code(&reply(&mut s)), "message_too_large");
     assert!(reply(&mut s).is_none(), "the connection is closed");
     // Wrong version: an error reply and a disconnect.
-    let mut s = raw(&d.socket);
-    s.write_all(&frame(br#"{"type":"hello","version":2}"#)).expect("write");
-    assert_eq!(code(&reply(&mut s)), "version_mismatch");
-    assert!(reply(&mut s).is_none());
+    for bad in [br#"{"type":"hello","version":3}"#.as_slice(), br#"{"type":"hello","version":0}"#] {
+        let mut s = raw(&d.socket);
+        s.write_all(&frame(bad)).expect("write");
+        assert_eq!(code(&reply(&mut s)), "version_mismatch");
+        assert!(reply(&mut s).is_none());
+    }
+    // Version 1 still gets JSON `ready`; version 2 gets the 40-byte binary one, and a malformed
+    // binary release is a bad message that leaves the session serving.
+    for version in [1u32, 2] {
+        let mut s = raw(&d.socket);
+        s.write_all(&frame(format!(r#"{{"type":"hello","version":{version}}}"#).as_bytes())).expect("write");
+        assert_eq!(reply(&mut s).expect("hello")["version"], version);
+        s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"prefetch":2}}"#)).expect("write");
+        assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+        let ready = raw_frame(&mut s).expect("a ready");
+        if version == 1 {
+            let m: serde_json::Value = serde_json::from_slice(&ready).expect("JSON ready");
+            assert_eq!(m["type"], "ready");
+        } else {
+            assert_eq!((ready.len(), ready[0]), (40, 1), "binary ready");
+            let mut bad = vec![2u8; 31];
+            bad[1] = 0;
+            s.write_all(&frame(&bad)).expect("write");
+            s.write_all(&frame(&[0x7f, 1, 2])).expect("write");
+            // Both are refused with bad_message (ready frames for the second slot may come between).
+            let mut codes = Vec::new();
+            while codes.len() < 2 {
+                let body = raw_frame(&mut s).expect("a reply");
+                if body[0] == b'{' {
+                    codes.push(serde_json::from_slice::<serde_json::Value>(&body).expect("JSON")["code"].as_str().unwrap_or("").to_owned());
+                }
+            }
+            assert_eq!(codes, ["bad_message", "bad_message"]);
+            // A well-formed binary release of the announced slot is accepted: its next ready follows.
+            let slot = u64::from(u32::from_le_bytes([ready[4], ready[5], ready[6], ready[7]]));
+            let generation = u64::from_le_bytes(ready[8..16].try_into().expect("8 bytes"));
+            s.write_all(&minibatchd::protocol::encode_release_binary(slot, generation, 1, None)).expect("write");
+            s.write_all(&frame(br#"{"type":"state"}"#)).expect("write");
+            loop {
+                let body = raw_frame(&mut s).expect("a reply");
+                if body[0] == b'{' {
+                    let m: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+                    assert_eq!(m["type"], "state", "{m}");
+                    assert_eq!(m["state"]["minibatches"], 1, "the release reported one minibatch taken: {m}");
+                    break;
+                }
+            }
+        }
+    }
     // No hello first.
     let mut s = raw(&d.socket);
     s.write_all(&frame(br#"{"type":"state"}"#)).expect("write");

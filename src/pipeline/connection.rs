@@ -32,7 +32,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
 use crate::metrics::{SessionMetrics, SlotState};
-use crate::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION, STATE_VERSION};
+use crate::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION};
 use crate::sampling::Sampler;
 use crate::shm::{MemfdMemory, Ring, RingGeometry, LAYOUT_VERSION};
 
@@ -68,6 +68,8 @@ struct Active {
     stop: Arc<AtomicBool>,
     ring_bytes: u64,
     producing: bool,
+    /// The client said hello with version 2: `ready` goes out as a binary frame.
+    binary: bool,
     metrics: SessionMetrics,
     slot_count: usize,
     /// Slot counts last added to the gauges (free, filled, leased).
@@ -135,7 +137,8 @@ impl Active {
 /// Where the conversation stands.
 enum Phase {
     Hello,
-    Open,
+    /// Hello done, with this protocol version.
+    Open(u32),
     Serving(Box<Active>),
 }
 
@@ -206,7 +209,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                 }
             } => {
                 let Phase::Serving(active) = &mut phase else { continue };
-                if on_event(event, active, &mut wr).await.is_err() {
+                if on_events(event, active, &mut wr).await.is_err() {
                     break 'conn;
                 }
             }
@@ -302,33 +305,59 @@ fn finish(mut active: Active, shared: &Shared, peer: &str) {
     shared.rebudget(&reg);
 }
 
-async fn on_event(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+/// Most `ready` messages sent in one write: the producer can fill several slots while the
+/// connection task waits for the socket, and one syscall for all of them costs less.
+const READY_BATCH: usize = 64;
+
+/// Handles `event` and whatever else the producer has queued already (up to [`READY_BATCH`]),
+/// then sends the replies in one write.
+async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+    let mut out = Vec::new();
+    let mut more = on_event(event, a, &mut out);
+    let mut batched = 1;
+    while more && batched < READY_BATCH {
+        match a.events.try_recv() {
+            Ok(event) => more = on_event(Some(event), a, &mut out),
+            Err(flume::TryRecvError::Empty) => break,
+            Err(flume::TryRecvError::Disconnected) => more = on_event(None, a, &mut out),
+        }
+        batched += 1;
+    }
+    wr.write_all(&out).await
+}
+
+/// Appends the reply to `event` to `out`; `true` while the producer goes on.
+fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> bool {
     match event {
         Some(ProducerEvent::Filled { slot, generation, meta }) => {
             a.slots.announce(usize::try_from(slot).unwrap_or(usize::MAX), generation, meta.index);
             a.progress.announced(meta);
             a.publish_slots(false);
-            send(wr, &ServerMessage::Ready { slot, generation, minibatch: meta }).await
+            if a.binary {
+                out.extend_from_slice(&protocol::encode_ready_binary(slot, generation, &meta));
+            } else {
+                out.extend_from_slice(&protocol::encode(&ServerMessage::Ready { slot, generation, minibatch: meta }));
+            }
+            return true;
         }
         Some(ProducerEvent::End { position, minibatches }) => {
-            a.producing = false;
             let state = SessionState { position, minibatches, ..a.state() };
-            send(wr, &ServerMessage::End { state }).await
+            out.extend_from_slice(&protocol::encode(&ServerMessage::End { state }));
         }
         Some(ProducerEvent::Failed { code, message }) => {
-            a.producing = false;
             tracing::warn!(session = %a.name, ?code, %message, "session failed");
-            send(wr, &ServerMessage::error(code, message)).await
+            out.extend_from_slice(&protocol::encode(&ServerMessage::error(code, message)));
         }
         None => {
-            a.producing = false;
-            send(wr, &ServerMessage::error(ErrorCode::Internal, "the session's producer stopped")).await
+            out.extend_from_slice(&protocol::encode(&ServerMessage::error(ErrorCode::Internal, "the session's producer stopped")));
         }
     }
+    a.producing = false;
+    false
 }
 
 async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut OwnedWriteHalf, peer: &str) -> std::io::Result<Flow> {
-    let msg: ClientMessage = match protocol::decode(body) {
+    let msg: ClientMessage = match protocol::decode_client(body) {
         Ok(m) => m,
         Err(FrameError::Invalid(e)) => {
             send(wr, &ServerMessage::error(ErrorCode::BadMessage, e)).await?;
@@ -341,15 +370,15 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
     };
     match (msg, &mut *phase) {
         (ClientMessage::Hello { version, client }, Phase::Hello) => {
-            if version != PROTOCOL_VERSION {
-                let m = format!("protocol version {version} is not supported; this daemon speaks version {PROTOCOL_VERSION}");
+            if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+                let m = format!("protocol version {version} is not supported; this daemon speaks versions {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}");
                 send(wr, &ServerMessage::error(ErrorCode::VersionMismatch, m)).await?;
                 return Ok(Flow::Close);
             }
-            tracing::debug!(peer, client = client.as_deref().unwrap_or("?"), "hello");
-            *phase = Phase::Open;
+            tracing::debug!(peer, client = client.as_deref().unwrap_or("?"), version, "hello");
+            *phase = Phase::Open(version);
             let reply = ServerMessage::Hello {
-                version: PROTOCOL_VERSION,
+                version,
                 daemon_id: hex64(conn.shared.daemon_id),
                 server: format!("minibatchd/{}", env!("CARGO_PKG_VERSION")),
                 features: vec![FEATURE_CONSUMER_WAIT.to_owned()],
@@ -360,8 +389,9 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
             send(wr, &ServerMessage::error(ErrorCode::HelloRequired, "the first message must be hello")).await?;
             return Ok(Flow::Close);
         }
-        (ClientMessage::Open { dataset, options }, Phase::Open) => match open(&dataset, &options, conn).await {
+        (ClientMessage::Open { dataset, options }, Phase::Open(version)) => match open(&dataset, &options, conn).await {
             Ok((mut active, opened, fd)) => {
+                active.binary = *version >= 2;
                 tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
                 conn.shared.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                 active.publish_slots(false);
@@ -521,6 +551,7 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
         stop,
         ring_bytes,
         producing: true,
+        binary: false,
         metrics,
         slot_count: resolved.slots as usize,
         published: [0; 3],

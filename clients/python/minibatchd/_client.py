@@ -15,7 +15,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+# Version 2: `ready` arrives, and `release` goes, as fixed binary frames (protocol.rs); the
+# client falls back to version 1 (JSON only) for a daemon that does not speak 2.
+PROTOCOL_VERSION = 2
 LAYOUT_VERSION = 1
 DEFAULT_SOCKET = "/run/minibatchd/minibatchd.sock"
 MAX_MESSAGE_BYTES = 64 * 1024
@@ -25,6 +27,13 @@ FEATURE_CONSUMER_WAIT = "consumer_wait"
 FINAL_REPORT_TIMEOUT = 10.0
 
 _LEN = struct.Struct("<I")
+# Binary hot messages (version 2), little-endian, after the length prefix:
+# ready: tag 0x01, flags (bit 0: end_of_sweep), 2 zero bytes, slot u32, generation, index, sweep, position.
+_READY = struct.Struct("<BBxxIQQQQ")
+_READY_TAG = 0x01
+# release: tag 0x02, flags (bit 0: wait_ns present), 2 zero bytes, slot u32, generation, taken, wait_ns.
+_RELEASE = struct.Struct("<IBBxxIQQQ")  # with its length prefix (32)
+_RELEASE_TAG = 0x02
 # Ring header (layout.rs RingHeader): magic, layout_version, byte_order, daemon_id, session_id,
 # slot_count, slot_size, slots_offset, total_bytes — native byte order.
 _RING = struct.Struct("=8sIIQQQQQQ")
@@ -90,13 +99,19 @@ class _Conn:
         buf = self.buf
         return len(buf) >= 4 and len(buf) >= 4 + _LEN.unpack_from(buf, 0)[0]
 
-    def recv(self, with_fds: bool = False) -> dict:
+    def recv(self, with_fds: bool = False) -> Any:
+        """The next message: a dict (JSON) or, for a binary ``ready``, a tuple."""
         while True:
             if len(self.buf) >= 4:
                 (n,) = _LEN.unpack_from(self.buf, 0)
                 if n > MAX_MESSAGE_BYTES:
                     raise MinibatchdError("client_protocol", f"frame of {n} bytes from the daemon")
                 if len(self.buf) >= 4 + n:
+                    if n == _READY.size and self.buf[4] == _READY_TAG:
+                        # A binary ready: a tuple (tag, flags, slot, generation, index, sweep, position).
+                        msg = _READY.unpack_from(self.buf, 4)
+                        del self.buf[: 4 + n]
+                        return msg
                     body = bytes(self.buf[4 : 4 + n])
                     del self.buf[: 4 + n]
                     return json.loads(body)
@@ -115,8 +130,13 @@ class _Conn:
             pass
 
 
+def _type(msg: Any) -> Optional[str]:
+    """A message's type: binary messages (tuples) are ``ready``."""
+    return "ready" if type(msg) is tuple else msg.get("type")
+
+
 def _check(msg: dict, expected: str) -> dict:
-    t = msg.get("type")
+    t = _type(msg)
     if t == "error":
         raise MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
     if t != expected:
@@ -124,9 +144,30 @@ def _check(msg: dict, expected: str) -> dict:
     return msg
 
 
-def _hello(conn: _Conn) -> dict:
-    conn.send([{"type": "hello", "version": PROTOCOL_VERSION, "client": "minibatchd-python/0.1"}])
+def _hello(conn: _Conn, version: int = PROTOCOL_VERSION) -> dict:
+    conn.send([{"type": "hello", "version": version, "client": "minibatchd-python/0.1"}])
     return _check(conn.recv(), "hello")
+
+
+def _handshake(path: str, timeout: Optional[float]) -> Tuple[_Conn, dict]:
+    """Connects and says hello with the newest version, then with version 1 on a new connection
+    if the daemon refuses it (a daemon older than binary ready/release)."""
+    conn = _Conn(path, timeout)
+    try:
+        return conn, _hello(conn)
+    except MinibatchdError as e:
+        conn.close()
+        if e.code != "version_mismatch":
+            raise
+    except BaseException:
+        conn.close()
+        raise
+    conn = _Conn(path, timeout)
+    try:
+        return conn, _hello(conn, 1)
+    except BaseException:
+        conn.close()
+        raise
 
 
 def connect(path: Optional[str] = None, timeout: Optional[float] = None) -> "Client":
@@ -142,11 +183,8 @@ class Client:
     def __init__(self, path: str, timeout: Optional[float] = None):
         self.path = path
         self.timeout = timeout
-        conn = _Conn(path, timeout)
-        try:
-            info = _hello(conn)
-        finally:
-            conn.close()
+        conn, info = _handshake(path, timeout)
+        conn.close()
         self.daemon_id: str = info["daemon_id"]
         self.server: str = info.get("server", "")
 
@@ -202,7 +240,6 @@ class Source:
         self._wait_ns = 0
         self._report_wait = False
         self._stopped = False
-        self._conn = _Conn(path, timeout)
         self._releaser = _Releaser()
         self._pending = self._releaser.pending
         self._live = self._releaser.live
@@ -210,8 +247,9 @@ class Source:
         self._ended = False
         self._failed: Optional[MinibatchdError] = None
         self._mm: Optional[mmap.mmap] = None
+        self._conn, hello = _handshake(path, timeout)
         try:
-            hello = _hello(self._conn)
+            self._binary = hello.get("version", 1) >= 2
             self._report_wait = FEATURE_CONSUMER_WAIT in (hello.get("features") or [])
             self._conn.send([{"type": "open", "dataset": dataset, "options": options}])
             opened = _check(self._conn.recv(with_fds=True), "opened")
@@ -229,6 +267,8 @@ class Source:
         self.session: str = opened["session"]
         self._options.setdefault("session", self.session)
         self.streams: List[dict] = opened["streams"]
+        # Tensors per stream in the slot's table, in stream order.
+        self._layout = [(info, {"sparse": 4, "strings": 3}.get(info["kind"], 2)) for info in self.streams]
         self.sweep_size: int = opened["sweep_size"]
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
@@ -237,7 +277,6 @@ class Source:
         self._slot_count = ring["slot_count"]
         self._slot_size = ring["slot_size"]
         self._slots_offset = ring["slots_offset"]
-        self._view = memoryview(self._mm)
 
     def _check_ring(self, ring: dict) -> None:
         magic, version, order, _daemon, _sid, count, size, offset, total = _RING.unpack_from(self._mm, 0)
@@ -262,6 +301,17 @@ class Source:
 
     def _flush(self, extra: Optional[List[dict]] = None) -> None:
         frames = []
+        if self._binary and self._pending:
+            out = bytearray()
+            pack, taken = _RELEASE.pack, self._taken
+            flag, wait = (1, self._wait_ns) if self._report_wait else (0, 0)
+            while self._pending:
+                slot, gen = self._pending.popleft()
+                out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
+            if not extra:
+                self._conn.sock.sendall(out)
+                return
+            self._conn.sock.sendall(out)
         while self._pending:
             slot, gen = self._pending.popleft()
             frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
@@ -278,7 +328,7 @@ class Source:
     def _await_reply(self, expected: str) -> dict:
         while True:
             msg = self._conn.recv()
-            t = msg.get("type")
+            t = _type(msg)
             if t == expected:
                 return msg
             if t == "error":
@@ -305,7 +355,7 @@ class Source:
                 # The daemon ended the session and closed the socket: its reason is still
                 # readable, and more useful than a broken pipe.
                 msg = self._next_message()
-                if msg.get("type") == "error":
+                if _type(msg) == "error":
                     self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
                     raise self._failed
                 raise
@@ -324,9 +374,15 @@ class Source:
             waiting = time.perf_counter_ns()
             msg = self._next_message()
             self._wait_ns += time.perf_counter_ns() - waiting
+        if type(msg) is tuple:
+            mb = self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
+            self._taken = mb.index + 1
+            self._last_state.update(position=mb.position, minibatches=self._taken)
+            return mb
         t = msg.get("type")
         if t == "ready":
-            mb = self._minibatch(msg)
+            meta = msg["minibatch"]
+            mb = self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
             self._taken = mb.index + 1
             self._last_state.update(position=mb.position, minibatches=self._taken)
             return mb
@@ -343,28 +399,30 @@ class Source:
             raise self._failed
         raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
 
-    def _minibatch(self, msg: dict) -> "Minibatch":
-        slot, gen = msg["slot"], msg["generation"]
+    def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int) -> "Minibatch":
         base = self._slots_offset + slot * self._slot_size
-        # The owner's base is a memoryview (not an ndarray), so NumPy's base collapsing stops at
-        # the owner: every view derived from it keeps it alive, and its finalizer runs only when
-        # the last view is gone.
-        owner = np.frombuffer(self._view[base : base + self._slot_size], dtype=np.uint8)
-        magic, n, sgen, index, _used = _SLOT.unpack_from(self._mm, base)
+        mm = self._mm
+        magic, n, sgen, _index, _used = _SLOT.unpack_from(mm, base)
         if magic != b"MBSL" or sgen != gen:
             raise MinibatchdError("client_layout", f"slot {slot} does not hold generation {gen}")
+        # The owner's base is the mapping (not an ndarray), so NumPy's base collapsing stops at the
+        # owner: every view derived from it keeps it alive, and its finalizer runs only when the
+        # last view is gone.
+        owner = np.frombuffer(mm, np.uint8, self._slot_size, base)
         table = _TABLES.get(n)
         if table is None:
             table = _TABLES[n] = struct.Struct("=" + _ENTRY * n)
-        fields = table.unpack_from(self._mm, base + 64)
+        f = table.unpack_from(mm, base + 64)
+        nd, dtypes = np.ndarray, _DTYPES
         tensors = []
-        for i in range(n):
-            _no, _nl, dt, ndim, s0, s1, s2, s3, off, nbytes = fields[i * 10 : i * 10 + 10]
-            shape = (s0, s1, s2, s3)[:ndim]
-            # One constructor call per tensor (not slice + view + reshape); its base is `owner`.
-            tensors.append(np.ndarray(shape, dtype=_DTYPES[dt], buffer=owner, offset=off))
+        for i in range(0, 10 * n, 10):
+            # name_offset, name_len, dtype, ndim, shape[4], offset, nbytes; positional arguments:
+            # NumPy's keyword parsing costs as much as the array itself.
+            ndim = f[i + 3]
+            shape = (f[i + 4],) if ndim == 1 else (f[i + 4], f[i + 5]) if ndim == 2 else f[i + 4 : i + 4 + ndim]
+            tensors.append(nd(shape, dtypes[f[i + 2]], owner, f[i + 8]))
         ref = self._releaser.track(owner, (slot, gen))
-        return Minibatch(self, owner, ref, msg["minibatch"], tensors)
+        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, tensors)
 
     def _report_final(self) -> None:
         """The daemon is stopping: tell it what was taken (``close``), so its checkpoint holds this
@@ -569,17 +627,16 @@ class Minibatch:
     """One minibatch: ``mb[name]`` is a ``Stream``. Holds a lease on its slot until every view is
     gone or ``release()`` is called."""
 
-    def __init__(self, source: Source, owner: np.ndarray, ref: Any, meta: dict, tensors: List[np.ndarray]):
+    def __init__(self, source: Source, owner: np.ndarray, ref: Any, index: int, sweep: int, end_of_sweep: bool, position: int, tensors: List[np.ndarray]):
         self._owner = owner
         self._release = (source._releaser, ref)
-        self.index: int = meta["index"]
-        self.sweep: int = meta["sweep"]
-        self.end_of_sweep: bool = meta["end_of_sweep"]
-        self.position: int = meta["position"]
+        self.index = index
+        self.sweep = sweep
+        self.end_of_sweep = end_of_sweep
+        self.position = position
         self.streams: Dict[str, Stream] = {}
         k = 0
-        for info in source.streams:
-            count = {"sparse": 4, "strings": 3}.get(info["kind"], 2)
+        for info, count in source._layout:
             self.streams[info["name"]] = Stream(info, tensors[k : k + count])
             k += count
 

@@ -30,6 +30,23 @@ def test_to_dump_equals_the_dump_command(daemon, options, args):
     assert len(got) > 1
 
 
+def test_protocol_1_fallback_reads_the_same_minibatches(daemon, monkeypatch):
+    """A daemon that refuses the client's newest version (here: a version from the future) gets
+    a second hello with version 1: JSON ready/release, the same data as version 2's binary ones."""
+    from minibatchd import _client
+
+    args = dict(minibatch_size=5, max_sweeps=2, seed=3, prefetch=3)
+    binary = minibatchd.connect(daemon.socket).open("train", **args)
+    assert binary._binary
+    expected = [mb.to_dump() for mb in binary]
+    monkeypatch.setattr(_client, "PROTOCOL_VERSION", 99)
+    monkeypatch.setattr(_client._hello, "__defaults__", (99,))
+    source = minibatchd.connect(daemon.socket).open("train", **args)
+    assert not source._binary
+    got = [mb.to_dump() for mb in source]
+    assert got == expected == daemon.dump("--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3")
+
+
 def test_arrays_are_zero_copy_views_with_the_slot_layout(daemon):
     source = minibatchd.connect(daemon.socket).open("train", minibatch_size=8, full_sweep=True)
     mb = next(source)
