@@ -380,6 +380,15 @@ impl Dataset {
                 }
             };
             let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
+            // Dense streams hold `dim` values per sample, and most sequences are one sample: reserve
+            // that much at once (no regrowth copies) and let it be backed by huge pages.
+            for (i, buf) in bufs.iter_mut().enumerate() {
+                buf.seq_offsets.reserve(seqs.len());
+                if let Some(dim) = decoder.dense_dim(i) {
+                    buf.values.reserve(seqs.len().saturating_mul(dim));
+                    crate::shm::advise_huge_pages(&buf.values);
+                }
+            }
             if si == 0 {
                 // The primary source: one read for the whole chunk.
                 let path = &src.files[desc.file];

@@ -143,6 +143,12 @@ impl CtfDecoder {
         self.streams.len()
     }
 
+    /// The values per sample of stream `index` if it is dense (`None` for sparse streams).
+    #[must_use]
+    pub fn dense_dim(&self, index: usize) -> Option<usize> {
+        self.streams.get(index).filter(|s| !s.sparse).map(|s| s.dim)
+    }
+
     /// Marks the stream at `index` as the one that defines the nominal length
     /// (`defines_mb_size`): only its count is checked against the nominal length.
     #[must_use]
