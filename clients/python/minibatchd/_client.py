@@ -49,6 +49,23 @@ _DTYPES = {
     6: np.dtype("u1"),
 }
 _TABLES: Dict[int, struct.Struct] = {}
+_ENTRY_SIZE = struct.calcsize("=" + _ENTRY)
+
+
+def _tensor_specs(raw: bytes, n: int) -> List[Tuple[tuple, np.dtype, int]]:
+    """``(shape, dtype, offset)`` of each entry of a slot's tensor table."""
+    table = _TABLES.get(n)
+    if table is None:
+        table = _TABLES[n] = struct.Struct("=" + _ENTRY * n)
+    f = table.unpack_from(raw, 0)
+    out = []
+    for i in range(0, 10 * n, 10):
+        # name_offset, name_len, dtype, ndim, shape[4], offset, nbytes
+        dtype = _DTYPES.get(f[i + 2])
+        if dtype is None:
+            raise MinibatchdError("client_layout", f"unknown dtype code {f[i + 2]} in a slot's tensor table")
+        out.append((tuple(f[i + 4 : i + 4 + f[i + 3]]), dtype, f[i + 8]))
+    return out
 
 
 class MinibatchdError(Exception):
@@ -267,8 +284,13 @@ class Source:
         self.session: str = opened["session"]
         self._options.setdefault("session", self.session)
         self.streams: List[dict] = opened["streams"]
-        # Tensors per stream in the slot's table, in stream order.
-        self._layout = [(info, {"sparse": 4, "strings": 3}.get(info["kind"], 2)) for info in self.streams]
+        # Per stream: its info, its first tensor in the slot's table and how many it has.
+        self._where: Dict[str, Tuple[dict, int, int]] = {}
+        k = 0
+        for info in self.streams:
+            count = {"sparse": 4, "strings": 3}.get(info["kind"], 2)
+            self._where[info["name"]] = (info, k, count)
+            k += count
         self.sweep_size: int = opened["sweep_size"]
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
@@ -277,6 +299,7 @@ class Source:
         self._slot_count = ring["slot_count"]
         self._slot_size = ring["slot_size"]
         self._slots_offset = ring["slots_offset"]
+        self._specs: Dict[bytes, list] = {}
 
     def _check_ring(self, ring: dict) -> None:
         magic, version, order, _daemon, _sid, count, size, offset, total = _RING.unpack_from(self._mm, 0)
@@ -409,18 +432,18 @@ class Source:
         # owner: every view derived from it keeps it alive, and its finalizer runs only when the
         # last view is gone.
         owner = np.frombuffer(mm, np.uint8, self._slot_size, base)
-        table = _TABLES.get(n)
-        if table is None:
-            table = _TABLES[n] = struct.Struct("=" + _ENTRY * n)
-        f = table.unpack_from(mm, base + 64)
-        nd, dtypes = np.ndarray, _DTYPES
-        tensors = []
-        for i in range(0, 10 * n, 10):
-            # name_offset, name_len, dtype, ndim, shape[4], offset, nbytes; positional arguments:
-            # NumPy's keyword parsing costs as much as the array itself.
-            ndim = f[i + 3]
-            shape = (f[i + 4],) if ndim == 1 else (f[i + 4], f[i + 5]) if ndim == 2 else f[i + 4 : i + 4 + ndim]
-            tensors.append(nd(shape, dtypes[f[i + 2]], owner, f[i + 8]))
+        # The table's entries as (shape, dtype, offset), parsed once per distinct table: with a
+        # fixed minibatch size most minibatches repeat the previous one's shapes exactly.
+        raw = mm[base + 64 : base + 64 + _ENTRY_SIZE * n]
+        specs = self._specs.get(raw)
+        if specs is None:
+            specs = self._specs[raw] = _tensor_specs(raw, n)
+            if len(self._specs) > 64:
+                self._specs.clear()
+                self._specs[raw] = specs
+        nd = np.ndarray
+        # Positional arguments: NumPy's keyword parsing costs as much as the array itself.
+        tensors = [nd(shape, dtype, owner, offset) for shape, dtype, offset in specs]
         ref = self._releaser.track(owner, (slot, gen))
         return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, tensors)
 
@@ -634,17 +657,30 @@ class Minibatch:
         self.sweep = sweep
         self.end_of_sweep = end_of_sweep
         self.position = position
-        self.streams: Dict[str, Stream] = {}
-        k = 0
-        for info, count in source._layout:
-            self.streams[info["name"]] = Stream(info, tensors[k : k + count])
-            k += count
+        self._tensors: Optional[List[np.ndarray]] = tensors
+        self._layout = source._where
+        self._streams: Dict[str, Stream] = {}
 
     def __getitem__(self, name: str) -> Stream:
-        return self.streams[name]
+        # Streams are built when first asked for: a trainer often reads only some of them.
+        stream = self._streams.get(name)
+        if stream is None:
+            info, k, count = self._layout[name]
+            if self._tensors is None:
+                raise KeyError(name)
+            stream = self._streams[name] = Stream(info, self._tensors[k : k + count])
+        return stream
+
+    @property
+    def streams(self) -> Dict[str, Stream]:
+        """Every stream, by name (empty after ``release()``)."""
+        if self._tensors is not None:
+            for name in self._layout:
+                self[name]
+        return self._streams
 
     def __contains__(self, name: str) -> bool:
-        return name in self.streams
+        return name in self._layout and self._tensors is not None
 
     def keys(self):
         return self.streams.keys()
@@ -657,7 +693,8 @@ class Minibatch:
         """Gives the slot back now. Arrays obtained from this minibatch must not be used after."""
         releaser, ref = self._release
         releaser(ref)
-        self.streams = {}
+        self._streams = {}
+        self._tensors = None
         self._owner = None
 
     def to_dump(self) -> dict:
