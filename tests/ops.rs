@@ -365,6 +365,38 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert_eq!(got_b, want, "by saved state: the same minibatches, by content");
 }
 
+#[test]
+fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train"]);
+    let cfg = tmp.path().join("minibatchd.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n")).expect("write config");
+    let d = Daemon::start(tmp.path(), &[]);
+    let index = Command::new(BIN).args(["index", "--config"]).arg(&cfg).args(["--dataset", "train"]).output().expect("index");
+    let chunks: f64 = String::from_utf8_lossy(&index.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1].starts_with("chunk"))
+        .and_then(|w| w[0].parse().ok())
+        .unwrap_or_else(|| panic!("chunk count in {:?}", String::from_utf8_lossy(&index.stdout)));
+    assert!(chunks > 4.0, "several chunks: {chunks}");
+    // No session yet: the preload alone fills the cache with every chunk.
+    let m = d.wait_metrics("every chunk preloaded", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
+    assert_eq!(m.sum("minibatchd_chunks_parsed_total", &[("dataset", "train")]), chunks, "each chunk parsed once");
+    let misses = m.sum("minibatchd_cache_misses_total", &[]);
+    // A session reads what dump prints, and finds every chunk parsed already.
+    let want = d.dump("train", &["--minibatch-size", "6", "--full-sweep"]);
+    let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(6) }).expect("open");
+    assert_eq!(drain(&mut s, 10_000), want);
+    let after = d.scrape();
+    assert_eq!(after.sum("minibatchd_cache_misses_total", &[]), misses, "the session loaded nothing itself");
+    assert_eq!(after.sum("minibatchd_chunks_parsed_total", &[("dataset", "train")]), chunks, "nothing parsed twice");
+    assert!(after.sum("minibatchd_cache_hits_total", &[]) >= chunks);
+}
+
 /// The interpreter for the Python client, if it has NumPy (else the reason).
 fn python() -> Result<String, String> {
     let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());

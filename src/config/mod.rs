@@ -215,6 +215,9 @@ pub struct DatasetConfig {
     pub max_errors: u64,
     /// Cache the index pass in `state_dir`.
     pub cache_index: bool,
+    /// Parse the dataset into the chunk cache as soon as the daemon has indexed it, before any
+    /// session asks (up to the cache budget), so a trainer's first sweep starts warm.
+    pub preload: bool,
     /// Element type.
     pub precision: Precision,
     /// Sampling defaults.
@@ -407,6 +410,7 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetC
     let chunk_size_bytes = t.uint(w, "chunk_size_bytes", 1, u64::from(u32::MAX)).unwrap_or(DEFAULT_CHUNK_SIZE_BYTES);
     let max_errors = t.uint(w, "max_errors", 0, u64::MAX).unwrap_or(0);
     let cache_index = t.boolean(w, "cache_index").unwrap_or(true);
+    let preload = t.boolean(w, "preload").unwrap_or(false);
     let precision = match t.string(w, "precision").as_deref() {
         None | Some("float32" | "float") => Precision::Float32,
         Some("float64" | "double") => Precision::Float64,
@@ -436,6 +440,7 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetC
         chunk_size_bytes,
         max_errors,
         cache_index,
+        preload,
         precision,
         sampling: sampling?,
         deepx,

@@ -32,6 +32,7 @@ pub mod hub;
 pub mod memory;
 pub mod notify;
 pub mod ops;
+pub mod preload;
 pub mod producer;
 pub mod reload;
 pub mod server;
@@ -272,6 +273,18 @@ impl Shared {
     }
 }
 
+/// Starts [`preload`] for each of `names` whose dataset is open and configured with `preload`.
+pub fn preload_datasets<'a>(shared: &Arc<Shared>, names: impl IntoIterator<Item = &'a String>) {
+    let hub = shared.hub();
+    for name in names {
+        if let Ok(rt) = hub.get(name) {
+            if rt.dataset.config().preload {
+                preload::spawn(shared.clone(), rt);
+            }
+        }
+    }
+}
+
 /// A per-start id: FNV of the pid and the wall clock.
 fn new_daemon_id() -> u64 {
     let mut h = crate::dataset::Fnv::new();
@@ -332,6 +345,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
     ops::write_checkpoint(&shared, "start");
+    preload_datasets(&shared, shared.config().datasets.keys());
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;

@@ -125,7 +125,7 @@ pub async fn reload(shared: Arc<Shared>, notifier: Arc<Notifier>) {
     notifier.ready(&super::status_line(&shared));
 }
 
-fn apply(shared: &Shared, p: Prepared, started: Instant) {
+fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
@@ -144,7 +144,9 @@ fn apply(shared: &Shared, p: Prepared, started: Instant) {
     }
     let c = &p.changes;
     tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = started.elapsed().as_millis() as u64, "configuration reloaded");
+    let fresh: Vec<String> = c.added.iter().chain(&c.changed).cloned().collect();
     shared.replace(p.config, p.hub);
+    super::preload_datasets(shared, &fresh);
 }
 
 #[cfg(test)]

@@ -1,0 +1,114 @@
+//! `preload = true`: parse a dataset into the chunk cache before any session asks for it.
+//!
+//! With CNTK's default window (128 chunks: 4 GiB of text) the first minibatch of a sweep needs
+//! nearly every chunk of a smaller file, so a trainer that connects to a cold daemon waits for the
+//! whole file to be parsed before its first minibatch, and the rest of the sweep waits for nothing.
+//! A daemon started ahead of its trainers (systemd, at boot) can do that parse while it is idle.
+//!
+//! One thread per preloaded dataset walks the chunks in file order through the ordinary cache
+//! path ([`SharedCache::get`]: read by the reader stage, parsed by the pool, inserted by the cache
+//! stage), keeping one more chunk requested than it waits for, so both parser threads of a 2-core
+//! node stay busy. It stops at the cache budget (never evicting what sessions hold or will need:
+//! it only loads while the cache has room for another chunk), when the daemon stops, or when a
+//! reload removes or replaces the dataset. A chunk that fails to parse is cached as failed, as
+//! a session's load would be, and reported to the session that needs it; the preload logs it
+//! and goes on. Errors are charged once per place however often a chunk is parsed
+//! (docs/differences.md), so preloading changes no error budget.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::cache::FetchError;
+use super::hub::DatasetRuntime;
+use super::{Phase, Shared};
+
+/// How often a preload blocked on a chunk checks whether it should stop.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-NAME`).
+pub fn spawn(shared: Arc<Shared>, runtime: Arc<DatasetRuntime>) {
+    let name = format!("mbd-preload-{}", runtime.name);
+    let spawned = std::thread::Builder::new().name(name.chars().take(15).collect()).spawn(move || run(&shared, &runtime));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the preload thread; the dataset is parsed on demand");
+    }
+}
+
+/// Why a preload ended early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Budget,
+    Stopping,
+    Replaced,
+}
+
+fn run(shared: &Shared, rt: &DatasetRuntime) {
+    let started = Instant::now();
+    let chunks = rt.dataset.chunks().len();
+    let stop = AtomicBool::new(false);
+    // Raised by a watcher of the daemon's phase and the dataset's presence, so a preload blocked
+    // on a chunk notices promptly.
+    let still_wanted = || {
+        if shared.health.phase() == Phase::Stopping {
+            return Err(Ended::Stopping);
+        }
+        match shared.hub().get(&rt.name) {
+            Ok(current) if current.index == rt.index => Ok(()),
+            _ => Err(Ended::Replaced),
+        }
+    };
+    let mut loaded = 0usize;
+    let mut failed = 0usize;
+    let mut ended = None;
+    std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if still_wanted().is_err() {
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+                std::thread::sleep(STOP_POLL);
+            }
+        });
+        for chunk in 0..chunks {
+            if let Err(e) = still_wanted() {
+                ended = Some(e);
+                break;
+            }
+            // Room for one more chunk of about the average size so far (the first always fits a
+            // budget that admits any chunk at all).
+            let (stats, budget, _) = shared.cache.snapshot();
+            let average = if stats.chunks == 0 { 0 } else { stats.bytes / stats.chunks };
+            if stats.bytes.saturating_add(average) > budget {
+                ended = Some(Ended::Budget);
+                break;
+            }
+            let key = (rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
+            if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks) {
+                shared.cache.prefetch([(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
+            }
+            match shared.cache.get(key, &stop) {
+                Ok(_) => loaded += 1,
+                Err(FetchError::Failed(m)) => {
+                    failed += 1;
+                    tracing::warn!(dataset = %rt.name, chunk, error = %m, "preload: chunk failed to parse; a session that needs it gets the error");
+                }
+                Err(_) => {
+                    ended = Some(still_wanted().err().unwrap_or(Ended::Stopping));
+                    break;
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        let _ = watcher.join();
+    });
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    match ended {
+        None => tracing::info!(dataset = %rt.name, chunks = loaded, failed, elapsed_ms, "preloaded into the chunk cache"),
+        Some(Ended::Budget) => {
+            tracing::info!(dataset = %rt.name, chunks = loaded, of = chunks, failed, elapsed_ms, "preload stopped at the chunk cache's budget; the rest is parsed on demand");
+        }
+        Some(why) => tracing::info!(dataset = %rt.name, chunks = loaded, of = chunks, elapsed_ms, reason = ?why, "preload stopped"),
+    }
+}
