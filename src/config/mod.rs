@@ -451,6 +451,11 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetC
 /// each with `files`, `streams` and optionally `skip_sequence_ids`.
 fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Option<Vec<SourceConfig>> {
     let top_skip = t.boolean(w, "skip_sequence_ids");
+    if top_skip.is_some() && !is_ctf {
+        // deepx formats have one instance per line and no sequence ids: accepting the key would
+        // suggest an effect it cannot have.
+        w.issue(&t.key_path("skip_sequence_ids"), "exists for format ctf only (deepx formats have no sequence ids)");
+    }
     let files = t.take("files");
     let streams = t.take("streams");
     let sources = t.take("sources");

@@ -224,6 +224,10 @@ fn svmlight_options_belong_to_libsvm() {
 fn deepx_datasets_take_no_streams_or_sources() {
     let e = deepx("libsvm", "[datasets.d.streams.f]\ndim = 1\nformat = \"dense\"").expect_err("streams");
     assert!(e.contains("streams are fixed by the deepx formats"), "{e}");
+    for value in ["true", "false"] {
+        let e = deepx("uch", &format!("x_hist_item_size = 2\nskip_sequence_ids = {value}")).expect_err("ctf only");
+        assert!(e.contains("datasets.d.skip_sequence_ids: exists for format ctf only"), "{e}");
+    }
 }
 
 /// `conf/minibatchd.toml` documents every key with its default: it must stay a valid config, and
