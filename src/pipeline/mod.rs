@@ -212,9 +212,10 @@ impl Shared {
         let to_parse = flume::bounded(d.read_queue_chunks);
         let parsed = flume::bounded(d.parsed_queue_chunks);
         let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
-        let registry = Registry::new(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
-        let cache = Arc::new(SharedCache::new(registry.cache_budget(), requests.0.clone()));
+        let mut registry = Registry::new(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
         let parser_threads = if d.parser_threads == 0 { std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) } else { d.parser_threads };
+        registry.set_buffers(read_buffer_bytes(&config, &hub, parser_threads));
+        let cache = Arc::new(SharedCache::new(registry.cache_budget(), requests.0.clone()));
         Self {
             daemon_id: new_daemon_id(),
             hub: RwLock::new(Arc::new(hub)),
@@ -271,6 +272,20 @@ impl Shared {
     pub fn rebudget(&self, reg: &Registry) {
         self.cache.set_budget(reg.cache_budget().min(self.host.cap.load(Ordering::Relaxed)));
     }
+}
+
+/// Memory the parser threads keep between chunks: each reuses one read buffer, which grows to the
+/// largest chunk it has read, so `threads` × the largest chunk of the open datasets.
+#[must_use]
+pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
+    let largest = config
+        .datasets
+        .keys()
+        .filter_map(|name| hub.get(name).ok())
+        .flat_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
+        .max()
+        .unwrap_or(0);
+    largest.saturating_mul(threads as u64)
 }
 
 /// Starts [`preload`] for each of `names` whose dataset is open and configured with `preload`.

@@ -140,6 +140,7 @@ fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
         let mut reg = shared.registry();
         let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
         reg.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
+        reg.set_buffers(super::read_buffer_bytes(&p.config, &p.hub, shared.parser_threads));
         shared.rebudget(&reg);
     }
     let c = &p.changes;

@@ -347,6 +347,8 @@ pub struct Registry {
     /// Share of the limit kept for parsed chunks: rings may not take it.
     cache_floor: u64,
     rings: u64,
+    /// Held outside the cache and the rings: each parser thread's reused read buffer.
+    buffers: u64,
     next_id: u64,
 }
 
@@ -354,7 +356,7 @@ impl Registry {
     /// A registry with `memory_limit_bytes = limit`, of which `cache_floor` stays for chunks.
     #[must_use]
     pub fn new(limit: u64, cache_floor: u64, linger: Duration) -> Self {
-        Self { active: HashMap::new(), lingering: HashMap::new(), linger, limit, cache_floor: cache_floor.min(limit), rings: 0, next_id: 1 }
+        Self { active: HashMap::new(), lingering: HashMap::new(), linger, limit, cache_floor: cache_floor.min(limit), rings: 0, buffers: 0, next_id: 1 }
     }
 
     /// Applies new limits (a configuration reload). Rings already reserved stay; a lower limit
@@ -473,10 +475,16 @@ impl Registry {
         self.rings = self.rings.saturating_sub(bytes);
     }
 
-    /// Bytes the chunk cache may hold now: the limit minus the rings.
+    /// Sets the bytes held outside the cache and the rings (the parser threads' read buffers:
+    /// threads × the largest chunk of the open datasets), which come out of the cache's budget.
+    pub fn set_buffers(&mut self, bytes: u64) {
+        self.buffers = bytes;
+    }
+
+    /// Bytes the chunk cache may hold now: the limit minus the rings and the read buffers.
     #[must_use]
     pub fn cache_budget(&self) -> u64 {
-        self.limit.saturating_sub(self.rings)
+        self.limit.saturating_sub(self.rings).saturating_sub(self.buffers)
     }
 
     /// Bytes reserved by rings.
@@ -571,6 +579,9 @@ mod tests {
     fn registry_lingers_claims_and_budgets_memory() {
         let t0 = Instant::now();
         let mut r = Registry::new(1000, 200, Duration::from_secs(10));
+        r.set_buffers(50);
+        assert_eq!(r.cache_budget(), 950, "the parser buffers come out of the cache's share");
+        r.set_buffers(0);
         assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
         assert_eq!(r.claim("a", 2, t0), Err(RegistryError::Busy("a".into())));
         let st = SessionState { version: 1, dataset: "t".into(), position: 4, minibatches: 1, data_identity: String::new(), options_hash: String::new() };
