@@ -422,6 +422,9 @@ impl Dataset {
                 streams.push(into_stream_data(buf, sc.dim, sc.format == StreamFormat::Sparse));
             }
         }
+        for s in &mut streams {
+            s.shrink_to_fit();
+        }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, errors))
     }
 }

@@ -73,6 +73,13 @@ impl Indices {
     }
 }
 
+fn shrink_values(v: &mut Values) {
+    match v {
+        Values::F32(x) => x.shrink_to_fit(),
+        Values::F64(x) => x.shrink_to_fit(),
+    }
+}
+
 /// The data of one stream within a chunk.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamValues {
@@ -111,6 +118,27 @@ pub struct StreamData {
 }
 
 impl StreamData {
+    /// Gives back what the parse over-allocated (a `Vec` grows by doubling), so the memory a
+    /// cached chunk holds is what [`StreamData::size_bytes`] reports to the cache's budget.
+    pub fn shrink_to_fit(&mut self) {
+        self.seq_offsets.shrink_to_fit();
+        match &mut self.data {
+            StreamValues::Dense { values, .. } => shrink_values(values),
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                sample_offsets.shrink_to_fit();
+                match indices {
+                    Indices::I32(x) => x.shrink_to_fit(),
+                    Indices::U64(x) => x.shrink_to_fit(),
+                }
+                shrink_values(values);
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                offsets.shrink_to_fit();
+                bytes.shrink_to_fit();
+            }
+        }
+    }
+
     /// Number of samples of sequence `i` of the chunk.
     #[must_use]
     pub fn sequence_len(&self, i: usize) -> usize {
@@ -120,6 +148,7 @@ impl StreamData {
     /// Bytes held.
     #[must_use]
     pub fn size_bytes(&self) -> usize {
+        // Counts lengths: [`StreamData::shrink_to_fit`] makes the capacities equal them.
         let payload = match &self.data {
             StreamValues::Dense { values, .. } => values.size_bytes(),
             StreamValues::Sparse { sample_offsets, indices, values } => {
