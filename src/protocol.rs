@@ -602,8 +602,22 @@ mod tests {
             fb.push(&bytes[cut.min(bytes.len())..]);
             while let Ok(Some(body)) = fb.next_frame() {
                 let _ = decode::<ClientMessage>(&body);
+                let _ = decode_client(&body);
             }
             let _ = decode::<ClientMessage>(&bytes);
+            let _ = decode_client(&bytes);
+            let _ = decode_server(&bytes);
+        }
+
+        #[test]
+        fn binary_bodies_of_any_length_and_content_never_panic(tag in proptest::sample::select(vec![BINARY_READY, BINARY_RELEASE]), rest in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let mut body = vec![tag];
+            body.extend_from_slice(&rest);
+            let client = decode_client(&body);
+            let server = decode_server(&body);
+            // Only a well-formed frame of the right length decodes; everything else is an error.
+            proptest::prop_assert!(client.is_err() || (tag == BINARY_RELEASE && body.len() == BINARY_RELEASE_BYTES));
+            proptest::prop_assert!(server.is_err() || (tag == BINARY_READY && body.len() == BINARY_READY_BYTES));
         }
     }
 
