@@ -447,14 +447,16 @@ thread_local! {
     static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The largest read buffer a parser thread keeps for its next chunk; larger ones are freed.
+pub const MAX_REUSED_READ_BUFFER: u64 = 64 << 20;
+
 /// A buffer borrowed from this thread's [`READ_BUFFER`]; returned to it on drop.
 struct ReusedBuffer(Vec<u8>);
 
 impl Drop for ReusedBuffer {
     fn drop(&mut self) {
         let buf = std::mem::take(&mut self.0);
-        // Keep at most 64 MiB per thread.
-        if buf.capacity() <= 64 << 20 {
+        if buf.capacity() as u64 <= MAX_REUSED_READ_BUFFER {
             READ_BUFFER.with(|b| *b.borrow_mut() = buf);
         }
     }

@@ -397,6 +397,37 @@ fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
     assert!(after.sum("minibatchd_cache_hits_total", &[]) >= chunks);
 }
 
+#[test]
+fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train"]);
+    let cfg = tmp.path().join("minibatchd.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n")).expect("write config");
+    let data = tmp.path().join("train.ctf");
+    let hidden = tmp.path().join("train.ctf.later");
+    std::fs::rename(&data, &hidden).expect("hide the data");
+    let d = Daemon::start(tmp.path(), &[]);
+    let m = d.wait_metrics("the dataset failed to open", |m| m.sum("minibatchd_datasets", &[("state", "failed")]) == 1.0);
+    assert_eq!(m.sum("minibatchd_cache_chunks", &[]), 0.0);
+    // The same configuration, now with its file: the reload opens the dataset, and the preload
+    // runs for it although the reload neither added nor changed it.
+    std::fs::rename(&hidden, &data).expect("restore the data");
+    d.signal(rustix::process::Signal::HUP);
+    let m = d.wait_metrics("the dataset opened", |m| m.sum("minibatchd_datasets", &[("state", "ready")]) == 1.0);
+    assert_eq!(m.sum("minibatchd_sessions", &[]), 0.0, "no session asks for anything");
+    let index = Command::new(BIN).args(["index", "--config"]).arg(&cfg).args(["--dataset", "train"]).output().expect("index");
+    let chunks: f64 = String::from_utf8_lossy(&index.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1].starts_with("chunk"))
+        .and_then(|w| w[0].parse().ok())
+        .unwrap_or_else(|| panic!("chunk count in {:?}", String::from_utf8_lossy(&index.stdout)));
+    d.wait_metrics("every chunk preloaded after the reload", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
+}
+
 /// The interpreter for the Python client, if it has NumPy (else the reason).
 fn python() -> Result<String, String> {
     let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());

@@ -201,6 +201,8 @@ pub struct Shared {
     /// Live connections.
     pub connections: Connections,
     checkpoint_lock: Mutex<()>,
+    /// Hub indices of the datasets whose preload has been started (each dataset version once).
+    preloaded: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Shared {
@@ -230,6 +232,7 @@ impl Shared {
             host: HostState::default(),
             connections: Connections::default(),
             checkpoint_lock: Mutex::new(()),
+            preloaded: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -285,15 +288,21 @@ pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
         .flat_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
         .max()
         .unwrap_or(0);
-    largest.saturating_mul(threads as u64)
+    // A thread keeps its buffer between chunks only up to `MAX_REUSED_READ_BUFFER`; a larger
+    // one is freed after each chunk, so at most that much stays held per thread.
+    largest.min(crate::dataset::MAX_REUSED_READ_BUFFER).saturating_mul(threads as u64)
 }
 
-/// Starts [`preload`] for each of `names` whose dataset is open and configured with `preload`.
-pub fn preload_datasets<'a>(shared: &Arc<Shared>, names: impl IntoIterator<Item = &'a String>) {
+/// Starts [`preload`] for each configured dataset that is open, has `preload = true`, and has not
+/// been preloaded in this version yet: at start, and after a reload for the datasets it added or
+/// changed and for those that failed to open before and open now.
+pub fn preload_datasets(shared: &Arc<Shared>) {
     let hub = shared.hub();
-    for name in names {
+    let config = shared.config();
+    let mut started = shared.preloaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for name in config.datasets.keys() {
         if let Ok(rt) = hub.get(name) {
-            if rt.dataset.config().preload {
+            if rt.dataset.config().preload && started.insert(rt.index) {
                 preload::spawn(shared.clone(), rt);
             }
         }
@@ -360,7 +369,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
     ops::write_checkpoint(&shared, "start");
-    preload_datasets(&shared, shared.config().datasets.keys());
+    preload_datasets(&shared);
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;

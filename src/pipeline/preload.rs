@@ -26,10 +26,11 @@ use super::{Phase, Shared};
 /// How often a preload blocked on a chunk checks whether it should stop.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
-/// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-NAME`).
+/// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-INDEX`: the hub
+/// index, not the dataset's name, which may hold any character, NUL included).
 pub fn spawn(shared: Arc<Shared>, runtime: Arc<DatasetRuntime>) {
-    let name = format!("mbd-preload-{}", runtime.name);
-    let spawned = std::thread::Builder::new().name(name.chars().take(15).collect()).spawn(move || run(&shared, &runtime));
+    let name = format!("mbd-preload-{}", runtime.index);
+    let spawned = std::thread::Builder::new().name(name).spawn(move || run(&shared, &runtime));
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the preload thread; the dataset is parsed on demand");
     }
@@ -85,7 +86,9 @@ fn run(shared: &Shared, rt: &DatasetRuntime) {
                 break;
             }
             let key = (rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
-            if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks) {
+            // The next chunk is requested ahead only when it fits beside this one.
+            let room_for_two = stats.bytes.saturating_add(average.saturating_mul(2)) <= budget;
+            if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
                 shared.cache.prefetch([(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
             match shared.cache.get(key, &stop) {

@@ -145,9 +145,8 @@ fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
     }
     let c = &p.changes;
     tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = started.elapsed().as_millis() as u64, "configuration reloaded");
-    let fresh: Vec<String> = c.added.iter().chain(&c.changed).cloned().collect();
     shared.replace(p.config, p.hub);
-    super::preload_datasets(shared, &fresh);
+    super::preload_datasets(shared);
 }
 
 #[cfg(test)]

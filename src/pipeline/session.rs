@@ -459,9 +459,10 @@ impl Registry {
     /// Reserves `bytes` of ring memory.
     ///
     /// # Errors
-    /// [`RegistryError::Memory`] when the rings would eat into the chunk cache's floor.
+    /// [`RegistryError::Memory`] when the rings would eat into the chunk cache's floor (what is
+    /// left of the limit after the floor and the parser threads' read buffers).
     pub fn reserve(&mut self, bytes: u64) -> Result<(), RegistryError> {
-        let for_rings = self.limit - self.cache_floor;
+        let for_rings = self.limit.saturating_sub(self.cache_floor).saturating_sub(self.buffers);
         let available = for_rings - self.rings.min(for_rings);
         if bytes > available {
             return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit });
@@ -594,6 +595,14 @@ mod tests {
         assert_eq!(r.cache_budget(), 300);
         r.unreserve(700);
         assert!(r.reserve(800).is_ok());
+        r.unreserve(800);
+        r.set_buffers(300);
+        assert!(
+            matches!(r.reserve(600), Err(RegistryError::Memory { available: 500, .. })),
+            "read buffers come out of the rings' share too, so the cache keeps its floor"
+        );
+        assert!(r.reserve(500).is_ok());
+        assert_eq!(r.cache_budget(), 200, "the floor survives buffers and rings together");
     }
 
     #[test]
