@@ -149,10 +149,19 @@ format = "sparse"
             out = subprocess.run([str(ROOT / "target/release/minibatchd"), "index", "--config", str(cfg), "--dataset", "bench"], check=True, capture_output=True, text=True).stdout.split()
             chunks = float(out[out.index("chunks") - 1]) if "chunks" in out else float(out[-2])
             addr = (work / "state" / "metrics.addr").read_text().strip()
+            # Until every chunk is cached, or the count stops growing for 10 s (the preload
+            # stopped at the memory budget): the consumer then starts on what is there.
+            last, since = -1.0, time.perf_counter()
             while True:
                 text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
                 held = [float(l.split()[-1]) for l in text.splitlines() if l.startswith("minibatchd_cache_chunks ")]
-                if held and held[0] >= chunks:
+                now = held[0] if held else 0.0
+                if now >= chunks:
+                    break
+                if now != last:
+                    last, since = now, time.perf_counter()
+                elif time.perf_counter() - since > 10:
+                    print(f"preload stalled at {now:.0f} of {chunks:.0f} chunks (memory budget?); starting the consumer", file=sys.stderr)
                     break
                 if daemon.poll() is not None:
                     sys.exit("the daemon exited")

@@ -104,9 +104,23 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError`].
+    /// Says hello with [`PROTOCOL_VERSION`] and, if the daemon answers `version_mismatch` (one
+    /// older than binary `ready`/`release`), again with version 1 on a new connection.
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        match Self::connect_with(path, PROTOCOL_VERSION) {
+            Err(ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }) if PROTOCOL_VERSION > 1 => Self::connect_with(path, 1),
+            other => other,
+        }
+    }
+
+    /// Connects and says hello with `version`.
+    ///
+    /// # Errors
+    /// [`ClientError`]; a daemon that does not speak `version` answers `version_mismatch`.
+    pub fn connect_with(path: &Path, version: u32) -> Result<Self, ClientError> {
         let mut stream = UnixStream::connect(path)?;
-        protocol::write_frame(&mut stream, &ClientMessage::Hello { version: PROTOCOL_VERSION, client: Some("minibatchd-rust".into()) })?;
+        protocol::write_frame(&mut stream, &ClientMessage::Hello { version, client: Some("minibatchd-rust".into()) })?;
         let mut frames = FrameBuffer::default();
         match read_message(&mut stream, &mut frames)? {
             ServerMessage::Hello { daemon_id, features, version, .. } => {
@@ -389,5 +403,54 @@ impl Session {
             ServerMessage::Closed { state } => Ok(state),
             other => Err(daemon_error(other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A daemon that speaks only version 1: it refuses a newer hello as a real one would.
+    fn old_daemon(listener: UnixListener) -> std::thread::JoinHandle<Vec<u32>> {
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for conn in listener.incoming().take(2) {
+                let mut conn = conn.expect("accept");
+                let body = protocol::read_frame(&mut conn).expect("hello frame");
+                let ClientMessage::Hello { version, .. } = protocol::decode_client(&body).expect("hello") else { panic!("not a hello") };
+                seen.push(version);
+                let reply = if version == 1 {
+                    ServerMessage::Hello { version: 1, daemon_id: "00000000000000aa".into(), server: "minibatchd/old".into(), features: Vec::new() }
+                } else {
+                    ServerMessage::error(ErrorCode::VersionMismatch, format!("version {version} is not supported; this daemon speaks 1"))
+                };
+                protocol::write_frame(&mut conn, &reply).expect("reply");
+            }
+            seen
+        })
+    }
+
+    #[test]
+    fn connect_falls_back_to_version_1_for_an_older_daemon() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sock");
+        let daemon = old_daemon(UnixListener::bind(&path).expect("bind"));
+        let client = Client::connect(&path).expect("connects with version 1");
+        assert!(!client.binary, "version 1: JSON release frames");
+        assert_eq!(client.daemon_id, "00000000000000aa");
+        drop(client);
+        assert_eq!(daemon.join().expect("daemon"), vec![PROTOCOL_VERSION, 1], "newest first, then 1 on a new connection");
+    }
+
+    #[test]
+    fn connect_with_reports_the_version_mismatch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sock");
+        let daemon = old_daemon(UnixListener::bind(&path).expect("bind"));
+        let err = Client::connect_with(&path, 2).expect_err("refused");
+        assert!(matches!(err, ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }), "{err:?}");
+        assert!(Client::connect_with(&path, 1).is_ok());
+        assert_eq!(daemon.join().expect("daemon"), vec![2, 1]);
     }
 }
