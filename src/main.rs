@@ -102,6 +102,8 @@ struct DumpArgs {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists: evicted chunks go back to the kernel, not into malloc's heaps.
+    minibatchd::shm::return_large_frees_to_the_kernel();
     let cli = Cli::parse();
     init_logging(matches!(cli.command, Command::Run { .. }));
     match run(cli) {

@@ -271,3 +271,62 @@ pub fn advise_huge_pages<T>(v: &Vec<T>) {
         tracing::trace!(error = %e, "MADV_HUGEPAGE declined");
     }
 }
+
+/// Heap blocks at least this large get a mapping of their own from glibc's malloc.
+pub const OWN_MAPPING_THRESHOLD: usize = 4 << 20;
+
+/// Makes the allocator give large blocks back to the kernel when they are freed.
+///
+/// Parsed chunks are tens of MiB, and the cache frees them when it evicts. glibc's malloc maps
+/// such blocks on their own at first, but after the first such free it raises its mapping
+/// threshold (up to 32 MiB) and serves later blocks from its heaps, where a freed block stays
+/// in the process: after some eviction churn the daemon's RSS was ~590 MiB with a 384 MiB
+/// `memory_limit_bytes` (cache holding 190 MB), 310 MiB with this set (docs/benchmarks.md).
+/// Fixing the threshold at [`OWN_MAPPING_THRESHOLD`] keeps the RSS near what the cache counts,
+/// so a systemd `MemoryMax` a little above the limit is safe. Returns whether the allocator took
+/// it (always false where the C library is not glibc).
+///
+/// Call it first thing in `main`, before any thread starts (glibc documents `mallopt` as unsafe
+/// to race with allocator initialisation).
+pub fn return_large_frees_to_the_kernel() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let threshold = libc::c_int::try_from(OWN_MAPPING_THRESHOLD).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `mallopt` takes two integers and changes allocator policy only; it touches no
+        // memory of ours. `M_MMAP_THRESHOLD` with a value below glibc's maximum (32 MiB) is a
+        // documented, valid setting. Called from `main` before any other thread exists.
+        let ok = unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, threshold) };
+        ok == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod malloc_tests {
+    /// Resident bytes of this process (`VmRSS` of `/proc/self/status`).
+    fn rss_bytes() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("status");
+        let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
+        kib << 10
+    }
+
+    #[test]
+    fn large_freed_blocks_leave_the_process() {
+        assert!(super::return_large_frees_to_the_kernel(), "glibc accepts the threshold");
+        // Without the fixed threshold, freeing the first block raises glibc's threshold and
+        // the later ones stay in its heap after they are freed.
+        // Blocks of a parsed chunk's size (under glibc's 32 MiB ceiling), two alive at a time
+        // so a freed one is not simply the top of the heap.
+        let mut older = vec![1u8; 16 << 20];
+        for round in 0..6 {
+            let v = vec![round as u8 + 2; 16 << 20];
+            let before = rss_bytes();
+            drop(std::hint::black_box(std::mem::replace(&mut older, v)));
+            let after = rss_bytes();
+            assert!(before.saturating_sub(after) >= 12 << 20, "round {round}: a freed 16 MiB block stayed resident: {before} -> {after}");
+        }
+    }
+}

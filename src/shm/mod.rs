@@ -26,7 +26,7 @@ pub mod memory;
 pub mod ring;
 
 pub use layout::{DType, LayoutError, RingHeader, SlotHeader, TensorEntry, LAYOUT_VERSION, RING_MAGIC};
-pub use memory::{advise_huge_pages, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
+pub use memory::{advise_huge_pages, return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
 pub use ring::{Ring, RingGeometry};
 
 /// Plain data that may be viewed as bytes and read back from suitably aligned bytes: every bit
