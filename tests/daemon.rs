@@ -56,6 +56,9 @@ memory_limit_bytes = {memory_limit}
 ring_slots = 3
 slot_size_bytes = 65536
 session_linger_secs = 60
+# Fixed, so the read buffers' share of the limit (threads × the largest chunk: `wide`'s one
+# chunk of ~270 KB) does not depend on the machine's core count.
+parser_threads = 2
 
 [datasets.train]
 format = "ctf"
@@ -462,8 +465,9 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
 
 #[test]
 fn ring_memory_is_reserved_and_given_back() {
-    // Rings of 3 × 128 KiB: one fits next to the chunk cache's floor (a quarter of 1 MiB).
-    let d = Daemon::start_with_limit(1 << 20);
+    // Rings of 3 × 128 KiB + header (397 312 bytes): of 1.5 MiB, a quarter stays with the chunk
+    // cache and 2 × ~270 KB go to the parser threads' read buffers, which leaves room for one.
+    let d = Daemon::start_with_limit(3 << 19);
     let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
     let mut first = d.client().open("train", &opts).expect("first");
     match d.client().open("train", &opts) {
@@ -506,8 +510,9 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
             return;
         }
     };
-    // Room for two rings of 3 × 128 KiB only: the victim's and the survivor's.
-    let d = Daemon::start_with_limit(3 << 19);
+    // Room for two rings of 3 × 128 KiB only, the victim's and the survivor's: of 2 MiB, a
+    // quarter stays with the cache and 2 × ~270 KB go to the read buffers.
+    let d = Daemon::start_with_limit(2 << 20);
     let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(3) };
     let mut survivor = d.client().open("train", &opts).expect("survivor");
     let mut survived = drain(&mut survivor, 5);

@@ -303,30 +303,3 @@ pub fn return_large_frees_to_the_kernel() -> bool {
         false
     }
 }
-
-#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
-mod malloc_tests {
-    /// Resident bytes of this process (`VmRSS` of `/proc/self/status`).
-    fn rss_bytes() -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").expect("status");
-        let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
-        kib << 10
-    }
-
-    #[test]
-    fn large_freed_blocks_leave_the_process() {
-        assert!(super::return_large_frees_to_the_kernel(), "glibc accepts the threshold");
-        // Without the fixed threshold, freeing the first block raises glibc's threshold and
-        // the later ones stay in its heap after they are freed.
-        // Blocks of a parsed chunk's size (under glibc's 32 MiB ceiling), two alive at a time
-        // so a freed one is not simply the top of the heap.
-        let mut older = vec![1u8; 16 << 20];
-        for round in 0..6 {
-            let v = vec![round as u8 + 2; 16 << 20];
-            let before = rss_bytes();
-            drop(std::hint::black_box(std::mem::replace(&mut older, v)));
-            let after = rss_bytes();
-            assert!(before.saturating_sub(after) >= 12 << 20, "round {round}: a freed 16 MiB block stayed resident: {before} -> {after}");
-        }
-    }
-}
