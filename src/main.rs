@@ -190,11 +190,7 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
 }
 
 fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::Result<DumpOptions> {
-    let window = match (a.window_chunks, a.window_samples) {
-        (Some(c), _) => Window::Chunks(c),
-        (None, Some(s)) => Window::Samples(s),
-        (None, None) => d.sampling.window,
-    };
+    let window = Window::from_options(a.window_chunks, a.window_samples, d.sampling.window);
     let limit = match (a.max_samples, a.max_sweeps, a.full_sweep) {
         (Some(n), _, _) => EpochLimit::Samples(n),
         (_, Some(k), _) => EpochLimit::Sweeps(k),

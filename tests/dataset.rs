@@ -166,3 +166,38 @@ fn dump_holds_only_the_window_not_the_dataset() {
         assert!(peak_chunks <= 2 * window + 2, "window {window}: held {peak_chunks} of {chunks} chunks");
     }
 }
+
+#[test]
+fn a_sample_window_of_0_means_the_chunk_window_not_file_order() {
+    // CNTK's MinibatchSource: randomization_window_in_samples = 0 is "no sample window", so
+    // the chunk window (default 128) applies; only window_chunks = 0 is file order.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text: String = (0..12).map(|i| format!("|a {i}\n")).collect();
+    write(dir.path(), "data.ctf", &text);
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\nchunk_size_bytes = 8\n\
+         [datasets.d.sampling]\nseed = 3\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let run = |extra: &[&str]| {
+        let (out, stderr, code) = dump_text(&cfg, extra);
+        assert_eq!(code, 0, "{extra:?}: {stderr}");
+        out
+    };
+    let zero_samples = run(&["--window-samples", "0"]);
+    assert_eq!(zero_samples, run(&["--window-chunks", "128"]));
+    assert_ne!(zero_samples, run(&["--window-chunks", "0"]), "file order is only window_chunks = 0");
+    // CNTK's order for seed 3 over 12 one-sample chunks (the chunk shuffle alone).
+    let order: Vec<String> = zero_samples
+        .lines()
+        .flat_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+            v["streams"]["a"]["sequences"].as_array().expect("sequences").iter().map(|s| s[0][0].to_string()).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(order.join(" "), "1.0 7.0 3.0 9.0 8.0 10.0 6.0 11.0 0.0 4.0 2.0 5.0");
+    // The same from the config file.
+    std::fs::write(&cfg, std::fs::read_to_string(&cfg).expect("read").replace("seed = 3\n", "seed = 3\nwindow_samples = 0\n")).expect("write");
+    assert_eq!(run(&[]), zero_samples);
+}

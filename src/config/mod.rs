@@ -23,7 +23,7 @@ use crate::sampling::Window;
 /// Default of `datasets.*.chunk_size_bytes`: CNTK's `chunkSizeInBytes` default (32 MiB).
 pub const DEFAULT_CHUNK_SIZE_BYTES: u64 = 32 * 1024 * 1024;
 /// Default of `datasets.*.sampling.window_chunks`: CNTK V2's `DEFAULT_RANDOMIZATION_WINDOW_IN_CHUNKS`.
-pub const DEFAULT_WINDOW_CHUNKS: usize = 128;
+pub use crate::sampling::DEFAULT_WINDOW_CHUNKS;
 /// Largest sparse `dim`: CNTK's sparse index type is a signed 32-bit integer.
 pub const MAX_SPARSE_DIM: u64 = i32::MAX as u64;
 /// Largest dense `dim`: a dense sample is materialised per sample, so an absurd `dim` from a
@@ -621,9 +621,7 @@ fn parse_sampling(w: &mut Walker, node: &Node<'_>) -> Option<SamplingDefaults> {
             w.issue(node.path(), "set window_chunks or window_samples, not both");
             Window::Chunks(DEFAULT_WINDOW_CHUNKS)
         }
-        (_, Some(s)) => Window::Samples(s),
-        (Some(c), None) => Window::Chunks(c),
-        (None, None) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+        (c, s) => Window::from_options(c, s, Window::Chunks(DEFAULT_WINDOW_CHUNKS)),
     };
     w.finish(t);
     Some(SamplingDefaults { randomize, window, seed })

@@ -79,9 +79,7 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
             problems.push("give window_chunks or window_samples, not both".to_owned());
             d.sampling.window
         }
-        (Some(c), None) => Window::Chunks(usize::try_from(c).unwrap_or(usize::MAX)),
-        (None, Some(s)) => Window::Samples(s),
-        (None, None) => d.sampling.window,
+        (c, s) => Window::from_options(c.map(|c| usize::try_from(c).unwrap_or(usize::MAX)), s, d.sampling.window),
     };
     let num_workers = o.num_workers.unwrap_or(1);
     let rank = o.rank.unwrap_or(0);
@@ -129,7 +127,7 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
 pub fn options_hash(s: &SamplingOptions) -> u64 {
     let mut h = crate::dataset::Fnv::new();
     h.u64(u64::from(s.randomize));
-    match s.window {
+    match s.window.normalized() {
         Window::Chunks(c) => {
             h.u64(1);
             h.u64(c as u64);

@@ -66,11 +66,7 @@ pub struct RandomizedSweep {
 /// to `randomize = false`), so it selects the `NoRandomizer` order like `randomize = false`.
 #[must_use]
 pub fn uses_block_randomizer(options: &SamplingOptions) -> bool {
-    let window_is_zero = match options.window {
-        Window::Chunks(w) => w == 0,
-        Window::Samples(w) => w == 0,
-    };
-    options.randomize && !window_is_zero
+    options.randomize && options.window.normalized() != Window::Chunks(0)
 }
 
 /// The sequences of sweep `sweep` in delivery order, all workers together: the block-randomized
@@ -79,7 +75,7 @@ pub fn uses_block_randomizer(options: &SamplingOptions) -> bool {
 #[must_use]
 pub fn sweep_order(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> Vec<SeqRef> {
     if uses_block_randomizer(options) {
-        randomize_sweep(timeline, options.window, options.seed, sweep).sequences
+        randomize_sweep(timeline, options.window.normalized(), options.seed, sweep).sequences
     } else {
         file_order(timeline)
     }
@@ -393,13 +389,13 @@ mod tests {
     #[test]
     fn zero_window_means_file_order() {
         let t = mock(4, 3, 2);
-        for window in [Window::Chunks(0), Window::Samples(0)] {
-            let options = randomized(window, 9);
-            assert!(!uses_block_randomizer(&options));
-            assert_eq!(
-                ids(&sweep_order(&t, &options, 2)),
-                (0..12).collect::<Vec<_>>()
-            );
-        }
+        let options = randomized(Window::Chunks(0), 9);
+        assert!(!uses_block_randomizer(&options));
+        assert_eq!(ids(&sweep_order(&t, &options, 2)), (0..12).collect::<Vec<_>>());
+        // A sample window of 0 is CNTK's "no sample window": the default chunk window applies.
+        let zero_samples = randomized(Window::Samples(0), 9);
+        assert!(uses_block_randomizer(&zero_samples));
+        assert_eq!(sweep_order(&t, &zero_samples, 2), sweep_order(&t, &randomized(Window::Chunks(crate::sampling::DEFAULT_WINDOW_CHUNKS), 9), 2));
+        assert_ne!(ids(&sweep_order(&t, &zero_samples, 2)), (0..12).collect::<Vec<_>>());
     }
 }

@@ -33,14 +33,48 @@ use super::Timeline;
 
 /// The randomization window (CNTK `randomization_window_in_chunks` / `_in_samples`).
 ///
-/// A window of 0 means "no randomization": CNTK's V2 API maps both windows being 0 to
-/// `randomize = false`, so the sampler then uses file order like `randomize = false`.
+/// A chunk window of 0 means "no randomization": CNTK's V2 API maps both windows being 0 to
+/// `randomize = false`, so the sampler then uses file order like `randomize = false`. A sample
+/// window of 0 is CNTK's "no sample window": the chunk window applies ([`Window::from_options`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Window {
     /// Window width in chunks (V2 default: 128).
     Chunks(usize),
     /// Window width in nominal samples.
     Samples(u64),
+}
+
+/// CNTK V2's `randomization_window_in_chunks` default: 4 GiB / 32 MiB.
+pub const DEFAULT_WINDOW_CHUNKS: usize = 128;
+
+impl Window {
+    /// The window CNTK's `MinibatchSource` uses for the given windows (the caller has rejected
+    /// both being set): `window_samples = N > 0` is a sample window; otherwise the chunk window
+    /// applies — `window_chunks` if given, else `default` when that is a chunk window, else
+    /// [`DEFAULT_WINDOW_CHUNKS`]. So `window_samples = 0` is not "no randomization" (only both
+    /// windows 0 is, `window_chunks = 0`), as in `MinibatchSource.cpp`.
+    #[must_use]
+    pub fn from_options(chunks: Option<usize>, samples: Option<u64>, default: Window) -> Window {
+        match (chunks, samples) {
+            (Some(c), _) => Window::Chunks(c),
+            (None, Some(n)) if n > 0 => Window::Samples(n),
+            (None, Some(_)) => match default {
+                Window::Chunks(_) => default,
+                Window::Samples(_) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+            },
+            (None, None) => default.normalized(),
+        }
+    }
+
+    /// `Samples(0)` as the chunk window CNTK would use ([`DEFAULT_WINDOW_CHUNKS`]); any other
+    /// window unchanged.
+    #[must_use]
+    pub fn normalized(self) -> Window {
+        match self {
+            Window::Samples(0) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+            w => w,
+        }
+    }
 }
 
 /// How long the (single, V2) epoch lasts.
