@@ -75,7 +75,8 @@ pub struct Dataset {
     /// `g * sources.len() + s`. Flat, so the index costs no allocation per sequence.
     locs: Vec<SeqLoc>,
     timeline: Arc<Timeline>,
-    budget: ErrorBudget,
+    /// One error budget per source: CNTK's `maxErrors` is a per-deserializer counter.
+    budgets: Vec<ErrorBudget>,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
 }
@@ -244,13 +245,14 @@ impl Dataset {
     fn assemble(config: &DatasetConfig, sources: Vec<OpenSource>, main_source: Option<usize>, streams: Vec<StreamSpec>) -> Result<Self, DataError> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
+        let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
         Ok(Self {
             config: config.clone(),
             sources,
             chunks,
             locs,
             timeline: Arc::new(timeline),
-            budget: ErrorBudget::new(config.max_errors),
+            budgets,
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
         })
@@ -303,10 +305,11 @@ impl Dataset {
         crate::minibatch::StreamShape::of(self.streams(), self.config.precision == crate::config::Precision::Float64)
     }
 
-    /// The error budget (shared by every reader of this dataset).
+    /// The error budgets, one per source (each source is one CNTK deserializer, and
+    /// `max_errors` is counted per deserializer), shared by every reader of this dataset.
     #[must_use]
-    pub fn budget(&self) -> &ErrorBudget {
-        &self.budget
+    pub fn budgets(&self) -> &[ErrorBudget] {
+        &self.budgets
     }
 
     /// A stable identity of the data and the options that shape the timeline: the files' paths,
@@ -330,36 +333,50 @@ impl Dataset {
         h.finish()
     }
 
-    /// Reads and decodes chunk `chunk`, charging its malformed places to the budget.
+    /// Reads and decodes chunk `chunk`, charging its malformed places to their source's budget.
     ///
     /// Returns the chunk and the errors charged for the first time (for logs and metrics).
     ///
     /// # Errors
-    /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once the budget is spent.
+    /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
+    /// spent.
     pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
         let (parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
-        let fresh = self.budget.charge(&errors)?;
-        Ok((parsed, fresh))
+        Ok((parsed, self.charge(&errors)?))
     }
 
-    /// CNTK charges each error as it occurs, so an error that exhausts the budget is reported
-    /// before a fatal condition later in the same sequence: charge what was found first.
-    fn fatal_after(&self, fatal: DataError, errors: &[Malformed]) -> DataError {
-        match self.budget.charge(errors) {
+    /// Charges each source's errors (`by_source[s]`, in the order they were found) to source
+    /// `s`'s budget; returns the newly charged ones.
+    fn charge(&self, by_source: &[Vec<Malformed>]) -> Result<Vec<Malformed>, DataError> {
+        let mut fresh = Vec::new();
+        for (budget, errors) in self.budgets.iter().zip(by_source) {
+            fresh.extend(budget.charge(errors)?);
+        }
+        Ok(fresh)
+    }
+
+    /// CNTK charges each error as it occurs, so an error that exhausts a budget is reported
+    /// before a fatal condition found later: charge what was found first (`by_source`: the
+    /// sources decoded so far, then the current one's errors up to the fatal condition).
+    fn fatal_after(&self, fatal: DataError, by_source: &[Vec<Malformed>], current: &[Malformed]) -> DataError {
+        let result = self.charge(by_source).and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
+        match result {
             Ok(_) => fatal,
             Err(too_many) => too_many,
         }
     }
 
-    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
+    /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
+    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>), DataError> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
-        let mut errors = Vec::new();
+        let mut by_source: Vec<Vec<Malformed>> = Vec::with_capacity(self.sources.len());
         let mut streams = Vec::new();
         for (si, src) in self.sources.iter().enumerate() {
+            let mut errors = Vec::new();
             let decoder = match &src.decoder {
                 SourceDecoder::Ctf(d) => d,
                 SourceDecoder::Deepx(d) => {
@@ -376,6 +393,7 @@ impl Dataset {
                         d.decode_line(&bytes[from..from + seq.size as usize], &ctx, &mut bufs, &mut errors);
                     }
                     streams.extend(d.into_streams(bufs));
+                    by_source.push(errors);
                     continue;
                 }
             };
@@ -403,7 +421,7 @@ impl Dataset {
                     let slice = &bytes[from..from + seq.size as usize];
                     decoder
                         .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
-                        .map_err(|e| self.fatal_after(e, &errors))?;
+                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                 }
             } else {
                 for g in seqs.clone() {
@@ -413,7 +431,7 @@ impl Dataset {
                     let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size))?;
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
-                        .map_err(|e| self.fatal_after(e, &errors))?;
+                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                 }
             }
             let cfg: &SourceConfig = &self.config.sources[si];
@@ -421,11 +439,12 @@ impl Dataset {
             for (buf, sc) in bufs.into_iter().zip(&cfg.streams) {
                 streams.push(into_stream_data(buf, sc.dim, sc.format == StreamFormat::Sparse));
             }
+            by_source.push(errors);
         }
         for s in &mut streams {
             s.shrink_to_fit();
         }
-        Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, errors))
+        Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
     }
 }
 

@@ -201,3 +201,33 @@ fn a_sample_window_of_0_means_the_chunk_window_not_file_order() {
     std::fs::write(&cfg, std::fs::read_to_string(&cfg).expect("read").replace("seed = 3\n", "seed = 3\nwindow_samples = 0\n")).expect("write");
     assert_eq!(run(&[]), zero_samples);
 }
+
+#[test]
+fn max_errors_is_a_budget_per_source() {
+    // CNTK's maxErrors is a per-deserializer counter, and each source is one deserializer.
+    // f.ctf costs 3 errors (a bad value on its own row: sample + row + short sequence), l.ctf 1
+    // (the same input twice on a line).
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "f.ctf", "0 |f 1\n0 |f x\n1 |f 3\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1 |l 1:1\n1 |l 2:1\n");
+    let with_budget = |n: u64| {
+        let toml = BUNDLE.replace("cache_index = false\n", &format!("cache_index = false\nmax_errors = {n}\n")).replace("DEFINES", "");
+        let cfg = Config::from_toml_str(&toml, dir.path()).expect("config");
+        let ds = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}).expect("open");
+        let mut samples = 0;
+        let result = for_each_minibatch(&ds, &sequential(EpochLimit::FullSweep), &mut |mb| {
+            samples += mb.streams[0].sequence_offsets.last().copied().unwrap_or(0);
+            Ok(())
+        });
+        (result.map(|_| samples).map_err(|e| e.to_string()), ds.budgets().iter().map(minibatchd::format::errors::ErrorBudget::spent).collect::<Vec<_>>())
+    };
+    let (ok, spent) = with_budget(3);
+    assert_eq!(ok, Ok(2), "each source stays within its own budget of 3 (the bad row is dropped: 1 + 1 samples of f)");
+    assert_eq!(spent, vec![3, 1]);
+    let (err, _) = with_budget(2);
+    let err = err.expect_err("f.ctf's 3 errors exceed a budget of 2");
+    assert!(err.contains("maximum number of allowed errors") && err.contains("f.ctf"), "{err}");
+    let (err, spent) = with_budget(0);
+    assert!(err.is_err());
+    assert_eq!(spent[1], 0, "l.ctf is not charged for f.ctf's errors");
+}
