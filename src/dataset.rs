@@ -102,12 +102,15 @@ pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
     for p in patterns {
         let text = p.to_string_lossy();
         if text.contains(['*', '?', '[']) {
-            let mut matched: Vec<PathBuf> = glob::glob(&text)
+            // As a shell does (and as directory listings skip them): `*` does not match a
+            // leading '.'.
+            let options = glob::MatchOptions { require_literal_leading_dot: true, ..glob::MatchOptions::new() };
+            let mut matched: Vec<PathBuf> = glob::glob_with(&text, options)
                 .map_err(|e| DataError::Dataset(format!("invalid glob '{text}': {e}")))?
                 .filter_map(Result::ok)
                 .filter(|m| m.is_file())
                 .collect();
-            matched.sort();
+            sort_by_path_bytes(&mut matched);
             if matched.is_empty() {
                 return Err(DataError::Dataset(format!("no file matches '{text}'")));
             }
@@ -117,7 +120,7 @@ pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
         } else if p.is_dir() {
             let mut found = Vec::new();
             list_dir(p, &mut found)?;
-            found.sort();
+            sort_by_path_bytes(&mut found);
             if found.is_empty() {
                 return Err(DataError::Dataset(format!("{}: the directory holds no file", p.display())));
             }
@@ -127,6 +130,12 @@ pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
         }
     }
     Ok(out)
+}
+
+/// Sorts paths as deepx's `ListRecursive` does: by the whole path's bytes (`a-b/q` < `a.txt` <
+/// `a/z`), not component by component as `Path`'s `Ord` would (`a/z` < `a-b/q`).
+fn sort_by_path_bytes(paths: &mut [PathBuf]) {
+    paths.sort_by(|a, b| a.as_os_str().as_encoded_bytes().cmp(b.as_os_str().as_encoded_bytes()));
 }
 
 /// Regular files below `dir`, recursively, skipping names that start with `.`.

@@ -231,3 +231,44 @@ fn max_errors_is_a_budget_per_source() {
     assert!(err.is_err());
     assert_eq!(spent[1], 0, "l.ctf is not charged for f.ctf's errors");
 }
+
+#[test]
+fn files_directories_and_globs() {
+    use minibatchd::dataset::resolve_files;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    for sub in ["a", "a-b", ".hidden"] {
+        std::fs::create_dir_all(data.join(sub)).expect("mkdir");
+    }
+    for f in ["a.txt", "a/z.txt", "a-b/q.txt", "b.txt", ".dot.txt", ".hidden/h.txt"] {
+        std::fs::write(data.join(f), "1 1\n").expect("write");
+    }
+    let rel = |paths: Vec<PathBuf>| paths.iter().map(|p| p.strip_prefix(&data).expect("below data").to_string_lossy().into_owned()).collect::<Vec<_>>();
+    // A directory: every regular file below it, names starting with '.' skipped, sorted by the
+    // whole path's bytes as deepx's ListRecursive sorts them ('-' < '.' < '/').
+    assert_eq!(rel(resolve_files(&[data.clone()]).expect("dir")), ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]);
+    // A glob: its matches (as in a shell, `*` skips a leading '.'), sorted the same way; a file
+    // is itself, in the order given.
+    assert_eq!(rel(resolve_files(&[data.join("*.txt")]).expect("glob")), ["a.txt", "b.txt"]);
+    assert_eq!(rel(resolve_files(&[data.join("b.txt"), data.join("a.txt")]).expect("files")), ["b.txt", "a.txt"]);
+    let missing = resolve_files(&[data.join("nope.txt")]).expect_err("missing");
+    assert!(missing.to_string().contains("no such file"), "{missing}");
+    let unmatched = resolve_files(&[data.join("*.gz")]).expect_err("no match");
+    assert!(unmatched.to_string().contains("no file matches"), "{unmatched}");
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    assert!(resolve_files(&[empty]).expect_err("empty dir").to_string().contains("holds no file"));
+}
+
+#[test]
+fn empty_dataset_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "empty.txt", "");
+    let cfg = Config::from_toml_str(
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"libsvm\"\nfiles = [\"empty.txt\"]\n",
+        dir.path(),
+    )
+    .expect("config");
+    let err = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}).err().expect("no instance at all");
+    assert!(err.to_string().contains("no sequence"), "{err}");
+}

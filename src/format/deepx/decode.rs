@@ -251,7 +251,12 @@ impl DeepxDecoder {
                         }
                         p = skip_ws(s, q + 1);
                     } else if q < n {
-                        let r = skip_ws(s, q + 1);
+                        // Empty groups after the last one (`|`, `||`, `| |`) carry nothing and
+                        // deepx accepts them; a non-empty one would be dropped, so it is an error.
+                        let mut r = skip_ws(s, q + 1);
+                        while r < n && s[r] == b'|' {
+                            r = skip_ws(s, r + 1);
+                        }
                         if r < n {
                             return Err(bad(r, format!("more than x_size = {groups} feature groups (deepx ignores the rest silently)")));
                         }

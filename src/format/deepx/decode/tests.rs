@@ -224,8 +224,11 @@ fn libsvm_ex_x_size_2() {
         "0:30 uuid:10015 1:-0.333333 2:-1 3:-0.333333 4:-0.660377 5:-0.844749 6:-1 7:-1|8:0.0229008 9:-1 10:-1 12:-1 13:-1",
         "1:-0.333332986 2:-1 3:-0.333332986 4:-0.660377026 5:-0.844748974 6:-1 7:-1 | 8:0.0229007993 9:-1 10:-1 12:-1 13:-1; Y=0; W=30; U=10015",
     );
-    // A trailing '|' (deepx accepts it too).
+    // A trailing '|' (deepx accepts it too), and empty groups after the last one.
     ok(&s, "1 1|2|", "1:1 | 2:1; Y=1; W=1; U=");
+    ok(&s, "1 1|2||", "1:1 | 2:1; Y=1; W=1; U=");
+    ok(&s, "1 1|2 |  |", "1:1 | 2:1; Y=1; W=1; U=");
+    err(&s, "1 1|2||3", "more than x_size = 2");
     err(&s, "1 1 2|", "empty feature group 1");
     err(&s, "1 1 2||3", "empty feature group 1");
     err(&s, "1 |3", "missing feature group 0");
