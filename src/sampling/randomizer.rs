@@ -105,6 +105,8 @@ pub fn randomize_sweep(
     seed: u64,
     sweep: u64,
 ) -> RandomizedSweep {
+    // A sample window of 0 is CNTK's "no sample window": the default chunk window.
+    let window = window.normalized();
     let sweep_seed = seed.wrapping_add(sweep);
     let chunk_order = shuffle_chunks(timeline.num_chunks(), sweep_seed);
     let windows = match window {
