@@ -246,7 +246,7 @@ fn files_directories_and_globs() {
     let rel = |paths: Vec<PathBuf>| paths.iter().map(|p| p.strip_prefix(&data).expect("below data").to_string_lossy().into_owned()).collect::<Vec<_>>();
     // A directory: every regular file below it, names starting with '.' skipped, sorted by the
     // whole path's bytes as deepx's ListRecursive sorts them ('-' < '.' < '/').
-    assert_eq!(rel(resolve_files(&[data.clone()]).expect("dir")), ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]);
+    assert_eq!(rel(resolve_files(std::slice::from_ref(&data)).expect("dir")), ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]);
     // A glob: its matches (as in a shell, `*` skips a leading '.'), sorted the same way; a file
     // is itself, in the order given.
     assert_eq!(rel(resolve_files(&[data.join("*.txt")]).expect("glob")), ["a.txt", "b.txt"]);
@@ -269,6 +269,6 @@ fn empty_dataset_is_an_error() {
         dir.path(),
     )
     .expect("config");
-    let err = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}).err().expect("no instance at all");
+    let Err(err) = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}) else { panic!("a dataset with no instance at all opened") };
     assert!(err.to_string().contains("no sequence"), "{err}");
 }

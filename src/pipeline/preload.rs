@@ -80,7 +80,7 @@ fn run(shared: &Shared, rt: &DatasetRuntime) {
             // Room for one more chunk of about the average size so far (the first always fits a
             // budget that admits any chunk at all).
             let (stats, budget, _) = shared.cache.snapshot();
-            let average = if stats.chunks == 0 { 0 } else { stats.bytes / stats.chunks };
+            let average = stats.bytes.checked_div(stats.chunks).unwrap_or(0);
             if stats.bytes.saturating_add(average) > budget {
                 ended = Some(Ended::Budget);
                 break;

@@ -209,40 +209,6 @@ impl ReadOnlyMapping {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn memfd_is_sealed_and_shared_between_mappings() {
-        let mut m = MemfdMemory::create("minibatchd-test", 8192).expect("memfd");
-        m.bytes_mut()[100] = 42;
-        let dup = m.fd().try_clone_to_owned().expect("dup");
-        assert!(rustix::fs::ftruncate(&dup, 4096).is_err(), "shrinking must be refused");
-        assert!(rustix::fs::ftruncate(&dup, 1 << 20).is_err(), "growing must be refused");
-        let ro = ReadOnlyMapping::map(dup, 8192).expect("map");
-        assert_eq!(ro.bytes()[100], 42);
-        m.bytes_mut()[101] = 7;
-        assert_eq!(ro.bytes()[101], 7);
-    }
-
-    #[test]
-    fn unsealed_or_short_files_are_refused() {
-        let fd = rustix::fs::memfd_create("plain", MemfdFlags::CLOEXEC).expect("memfd");
-        rustix::fs::ftruncate(&fd, 4096).expect("size");
-        assert!(matches!(ReadOnlyMapping::map(fd, 4096), Err(ShmError::NotSealed(_))));
-        let m = MemfdMemory::create("short", 4096).expect("memfd");
-        let dup = m.fd().try_clone_to_owned().expect("dup");
-        assert!(matches!(ReadOnlyMapping::map(dup, 8192), Err(ShmError::TooSmall { .. })));
-    }
-
-    #[test]
-    fn local_memory_is_aligned() {
-        let mut m = LocalMemory::new(1000);
-        assert_eq!(m.bytes().len(), 1000);
-        assert_eq!(m.bytes_mut().as_ptr().align_offset(64), 0);
-    }
-}
 
 /// Bytes of a transparent huge page on x86_64 and aarch64 (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
@@ -301,5 +267,40 @@ pub fn return_large_frees_to_the_kernel() -> bool {
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memfd_is_sealed_and_shared_between_mappings() {
+        let mut m = MemfdMemory::create("minibatchd-test", 8192).expect("memfd");
+        m.bytes_mut()[100] = 42;
+        let dup = m.fd().try_clone_to_owned().expect("dup");
+        assert!(rustix::fs::ftruncate(&dup, 4096).is_err(), "shrinking must be refused");
+        assert!(rustix::fs::ftruncate(&dup, 1 << 20).is_err(), "growing must be refused");
+        let ro = ReadOnlyMapping::map(dup, 8192).expect("map");
+        assert_eq!(ro.bytes()[100], 42);
+        m.bytes_mut()[101] = 7;
+        assert_eq!(ro.bytes()[101], 7);
+    }
+
+    #[test]
+    fn unsealed_or_short_files_are_refused() {
+        let fd = rustix::fs::memfd_create("plain", MemfdFlags::CLOEXEC).expect("memfd");
+        rustix::fs::ftruncate(&fd, 4096).expect("size");
+        assert!(matches!(ReadOnlyMapping::map(fd, 4096), Err(ShmError::NotSealed(_))));
+        let m = MemfdMemory::create("short", 4096).expect("memfd");
+        let dup = m.fd().try_clone_to_owned().expect("dup");
+        assert!(matches!(ReadOnlyMapping::map(dup, 8192), Err(ShmError::TooSmall { .. })));
+    }
+
+    #[test]
+    fn local_memory_is_aligned() {
+        let mut m = LocalMemory::new(1000);
+        assert_eq!(m.bytes().len(), 1000);
+        assert_eq!(m.bytes_mut().as_ptr().align_offset(64), 0);
     }
 }
