@@ -14,33 +14,8 @@ use minibatchd::config::{StreamConfig, StreamFormat};
 use minibatchd::format::ctf::{index_file, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
 use minibatchd::format::FileIndex;
 
-/// xorshift64*: a tiny seeded generator so the data is identical on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn dense_rows(bytes: usize) -> String {
-    let mut r = Rng(7);
-    let mut s = String::with_capacity(bytes + 2048);
-    while s.len() < bytes {
-        s.push_str("|features");
-        for _ in 0..128 {
-            s.push_str(&format!(" {:.6}", r.unit() * 2.0 - 1.0));
-        }
-        s.push_str(&format!(" |labels {}:1\n", r.next() % 10));
-    }
-    s
-}
+mod common;
+use common::{dense_rows, Rng};
 
 fn sparse_rows(bytes: usize) -> String {
     let mut r = Rng(11);

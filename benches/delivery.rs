@@ -17,34 +17,13 @@ use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
 use minibatchd::shm::{LocalMemory, Ring, RingGeometry};
 use minibatchd::{Config, Dataset};
 
+mod common;
+
 const MINIBATCH: usize = 256;
 const SLOTS: u64 = 16;
 
-/// xorshift64*: the data is identical on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 fn write_data(path: &std::path::Path, bytes: usize) {
-    use std::fmt::Write as _;
-    let mut r = Rng(7);
-    let mut s = String::with_capacity(bytes + 2048);
-    while s.len() < bytes {
-        s.push_str("|features");
-        for _ in 0..128 {
-            let v = (r.next() >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-            let _ = write!(s, " {v:.6}");
-        }
-        let _ = writeln!(s, " |labels {}:1", r.next() % 10);
-    }
-    std::fs::write(path, s).expect("write the bench data");
+    std::fs::write(path, common::dense_rows(bytes)).expect("write the bench data");
 }
 
 fn bench(c: &mut Criterion) {

@@ -365,23 +365,33 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert_eq!(got_b, want, "by saved state: the same minibatches, by content");
 }
 
-#[test]
-fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    write_data(tmp.path());
-    write_config(tmp.path(), "", &["train"]);
-    let cfg = tmp.path().join("minibatchd.toml");
+/// Writes the config of `train` with `preload = true`; returns its path.
+fn write_preload_config(dir: &Path) -> PathBuf {
+    let cfg = write_config(dir, "", &["train"]);
     let text = std::fs::read_to_string(&cfg).expect("config");
     std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n")).expect("write config");
-    let d = Daemon::start(tmp.path(), &[]);
-    let index = Command::new(BIN).args(["index", "--config"]).arg(&cfg).args(["--dataset", "train"]).output().expect("index");
-    let chunks: f64 = String::from_utf8_lossy(&index.stdout)
+    cfg
+}
+
+/// The chunk count of `dataset`, as `minibatchd index` reports it.
+fn index_chunks(cfg: &Path, dataset: &str) -> f64 {
+    let index = Command::new(BIN).args(["index", "--config"]).arg(cfg).args(["--dataset", dataset]).output().expect("index");
+    String::from_utf8_lossy(&index.stdout)
         .split_whitespace()
         .collect::<Vec<_>>()
         .windows(2)
         .find(|w| w[1].starts_with("chunk"))
         .and_then(|w| w[0].parse().ok())
-        .unwrap_or_else(|| panic!("chunk count in {:?}", String::from_utf8_lossy(&index.stdout)));
+        .unwrap_or_else(|| panic!("chunk count in {:?}", String::from_utf8_lossy(&index.stdout)))
+}
+
+#[test]
+fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_preload_config(tmp.path());
+    let d = Daemon::start(tmp.path(), &[]);
+    let chunks = index_chunks(&cfg, "train");
     assert!(chunks > 4.0, "several chunks: {chunks}");
     // No session yet: the preload alone fills the cache with every chunk.
     let m = d.wait_metrics("every chunk preloaded", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
@@ -401,10 +411,7 @@ fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
 fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     let tmp = tempfile::tempdir().expect("tempdir");
     write_data(tmp.path());
-    write_config(tmp.path(), "", &["train"]);
-    let cfg = tmp.path().join("minibatchd.toml");
-    let text = std::fs::read_to_string(&cfg).expect("config");
-    std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n")).expect("write config");
+    let cfg = write_preload_config(tmp.path());
     let data = tmp.path().join("train.ctf");
     let hidden = tmp.path().join("train.ctf.later");
     std::fs::rename(&data, &hidden).expect("hide the data");
@@ -417,14 +424,7 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     d.signal(rustix::process::Signal::HUP);
     let m = d.wait_metrics("the dataset opened", |m| m.sum("minibatchd_datasets", &[("state", "ready")]) == 1.0);
     assert_eq!(m.sum("minibatchd_sessions", &[]), 0.0, "no session asks for anything");
-    let index = Command::new(BIN).args(["index", "--config"]).arg(&cfg).args(["--dataset", "train"]).output().expect("index");
-    let chunks: f64 = String::from_utf8_lossy(&index.stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .windows(2)
-        .find(|w| w[1].starts_with("chunk"))
-        .and_then(|w| w[0].parse().ok())
-        .unwrap_or_else(|| panic!("chunk count in {:?}", String::from_utf8_lossy(&index.stdout)));
+    let chunks = index_chunks(&cfg, "train");
     d.wait_metrics("every chunk preloaded after the reload", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
 }
 

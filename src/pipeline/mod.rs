@@ -213,10 +213,9 @@ impl Shared {
         let requests = flume::bounded(d.read_queue_chunks);
         let to_parse = flume::bounded(d.read_queue_chunks);
         let parsed = flume::bounded(d.parsed_queue_chunks);
-        let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
-        let mut registry = Registry::new(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
+        let mut registry = Registry::new(0, 0, Duration::ZERO);
         let parser_threads = if d.parser_threads == 0 { std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) } else { d.parser_threads };
-        registry.set_buffers(read_buffer_bytes(&config, &hub, parser_threads));
+        apply_memory_limits(&mut registry, &config, &hub, parser_threads);
         let cache = Arc::new(SharedCache::new(registry.cache_budget(), requests.0.clone()));
         Self {
             daemon_id: new_daemon_id(),
@@ -275,6 +274,16 @@ impl Shared {
     pub fn rebudget(&self, reg: &Registry) {
         self.cache.set_budget(reg.cache_budget().min(self.host.cap.load(Ordering::Relaxed)));
     }
+}
+
+/// Sets `registry`'s memory limits from `config` (at start and on a reload): the limit, the
+/// chunk cache's floor ([`CACHE_FLOOR_FRACTION`] of it), the linger time, and the parser threads'
+/// read buffers over `hub`'s datasets.
+pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, threads: usize) {
+    let d = &config.daemon;
+    let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
+    registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
+    registry.set_buffers(read_buffer_bytes(config, hub, threads));
 }
 
 /// Memory the parser threads keep between chunks: each reuses one read buffer, which grows to the

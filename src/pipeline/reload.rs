@@ -17,14 +17,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::config::{Config, ConfigError, DaemonConfig};
 use crate::format::errors::DataError;
 
 use super::hub::{Hub, HubChanges};
 use super::notify::Notifier;
-use super::{Shared, CACHE_FLOOR_FRACTION};
+use super::Shared;
 
 /// Why a configuration file is not acceptable.
 #[derive(Debug, thiserror::Error)]
@@ -135,12 +135,9 @@ fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
     for name in &p.changes.kept_old {
         tracing::warn!(dataset = %name, "the new version failed to open; the old version goes on serving");
     }
-    let d = &p.config.daemon;
     {
         let mut reg = shared.registry();
-        let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
-        reg.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
-        reg.set_buffers(super::read_buffer_bytes(&p.config, &p.hub, shared.parser_threads));
+        super::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.parser_threads);
         shared.rebudget(&reg);
     }
     let c = &p.changes;

@@ -166,7 +166,7 @@ fn ordered_with_owner(
     let workers = options.num_workers as u64;
     let rank = options.rank as u64;
     if uses_block_randomizer(options) {
-        let randomized = randomize_sweep(timeline, options.window.normalized(), options.seed, sweep);
+        let randomized = randomize_sweep(timeline, options.window, options.seed, sweep);
         let mut position = vec![0u64; randomized.chunk_order.len()];
         for (k, &chunk) in randomized.chunk_order.iter().enumerate() {
             position[chunk as usize] = k as u64;

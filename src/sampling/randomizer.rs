@@ -75,7 +75,7 @@ pub fn uses_block_randomizer(options: &SamplingOptions) -> bool {
 #[must_use]
 pub fn sweep_order(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> Vec<SeqRef> {
     if uses_block_randomizer(options) {
-        randomize_sweep(timeline, options.window.normalized(), options.seed, sweep).sequences
+        randomize_sweep(timeline, options.window, options.seed, sweep).sequences
     } else {
         file_order(timeline)
     }
