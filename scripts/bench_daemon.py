@@ -31,6 +31,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The daemon binary; BENCH_DAEMON_BIN points at another build for A/B runs.
+DAEMON = os.environ.get("BENCH_DAEMON_BIN") or str(ROOT / "target/release/minibatchd")
 # Minibatches timed one by one for the client overhead.
 PROBE = 256
 
@@ -61,6 +63,7 @@ def consume(sock: str, minibatch_size: int, sweeps: int) -> None:
             per_sweep.append((now - at, samples - mark[0], payload - mark[1], count - mark[2]))
             mark, at = (samples, payload, count), now
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    stages = scrape_stages()
     # Client overhead without waits: let a deep ring fill up, then time each next() on ready slots
     # (the time a trainer's loop spends in the client library per minibatch).
     probe = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_samples=PROBE * minibatch_size, prefetch=PROBE + 2, slot_size_bytes=1 << 18)
@@ -79,7 +82,30 @@ def consume(sock: str, minibatch_size: int, sweeps: int) -> None:
     times.sort()
     ready_us = sum(times) / max(len(times), 1) / 1e3
     median_us = times[len(times) // 2] / 1e3 if times else 0.0
-    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": ready_us, "ready_next_median_us": median_us, "probe_waited_us": probe._wait_ns / 1e3, "per_sweep": per_sweep}))
+    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": ready_us, "ready_next_median_us": median_us, "probe_waited_us": probe._wait_ns / 1e3, "per_sweep": per_sweep, "stages": stages}))
+
+
+def scrape_stages() -> dict:
+    """Where the daemon's time went during the main loop (its metrics, before the probe)."""
+    addr_file = os.environ.get("BENCH_METRICS_ADDR_FILE")
+    if not addr_file:
+        return {}
+    addr = Path(addr_file).read_text().strip()
+    text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    wanted = {
+        "minibatchd_session_producer_blocked_seconds_total": "producer waited for a free slot",
+        "minibatchd_session_chunk_wait_seconds_total": "producer waited for parsed chunks",
+        "minibatchd_session_consumer_wait_seconds_total": "client waited for a minibatch",
+    }
+    out = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            out[wanted[name]] = out.get(wanted[name], 0.0) + float(line.split()[-1])
+        elif name == "minibatchd_stage_busy_seconds_total":
+            stage = line.split('stage="')[1].split('"')[0]
+            out[f"busy: {stage}"] = float(line.split()[-1])
+    return out
 
 
 def rss_kib(pid: int) -> dict:
@@ -138,7 +164,7 @@ format = "sparse"
 """
     )
     t0 = time.perf_counter()
-    daemon = subprocess.Popen([str(ROOT / "target/release/minibatchd"), "run", "--config", str(cfg)], env=dict(os.environ, MINIBATCHD_LOG="warn"))
+    daemon = subprocess.Popen([DAEMON, "run", "--config", str(cfg)], env=dict(os.environ, MINIBATCHD_LOG="warn"))
     try:
         while True:
             try:
@@ -153,7 +179,7 @@ format = "sparse"
         index_s = time.perf_counter() - t0
         preload_s = None
         if a.preload:
-            out = subprocess.run([str(ROOT / "target/release/minibatchd"), "index", "--config", str(cfg), "--dataset", "bench"], check=True, capture_output=True, text=True).stdout.split()
+            out = subprocess.run([DAEMON, "index", "--config", str(cfg), "--dataset", "bench"], check=True, capture_output=True, text=True).stdout.split()
             chunks = float(out[out.index("chunks") - 1]) if "chunks" in out else float(out[-2])
             addr = (work / "state" / "metrics.addr").read_text().strip()
             # Until every chunk is cached, or the count stops growing for 10 s (the preload
@@ -176,7 +202,7 @@ format = "sparse"
             preload_s = time.perf_counter() - t0 - index_s
         py = ROOT / ".venv/bin/python"
         py = str(py) if py.exists() else sys.executable
-        env = dict(os.environ, BENCH_WINDOW_CHUNKS=str(a.window_chunks or ""))
+        env = dict(os.environ, BENCH_WINDOW_CHUNKS=str(a.window_chunks or ""), BENCH_METRICS_ADDR_FILE=str(work / "state" / "metrics.addr"))
         out = subprocess.run([py, __file__, "--consume", sock, "--minibatch-size", str(a.minibatch_size), "--sweeps", str(a.sweeps)], capture_output=True, text=True, env=env)
         if out.returncode != 0:
             sys.exit(f"the consumer failed:\n{out.stderr}")
@@ -196,6 +222,8 @@ format = "sparse"
         print(f"sweep {k} ({kind}): {n / secs:,.0f} samples/s, {payload / secs / 1e6:,.1f} MB/s of minibatch payload, {data.stat().st_size / secs / 1e6:,.1f} MB/s of text ({mbs} minibatches in {secs:.2f} s)")
     print(f"all sweeps: {r['samples'] / r['wall_s']:,.0f} samples/s over {r['wall_s']:.2f} s")
     print(f"client overhead: {r['ready_next_us']:.1f} us mean, {r['ready_next_median_us']:.1f} us median per next() on a ready slot ({PROBE} timed; {r['probe_waited_us']:.0f} us of waits among them); {r['cpu_s'] / r['minibatches'] * 1e6:.1f} us consumer CPU (user+sys, blocking waits included) per minibatch")
+    if r.get("stages"):
+        print("daemon time during the sweeps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages"].items())))
     print(f"daemon RSS at end: {mem.get('VmRSS', 0) / 1024:.0f} MiB (peak {mem.get('VmHWM', 0) / 1024:.0f} MiB)")
 
 

@@ -1,11 +1,13 @@
-//! Parse rate of minibatchd on a libsvm file, with N parser threads, as the daemon's parser pool
-//! does it: the dataset is opened (index pass, cached in a state directory), then every chunk is
-//! loaded (`Dataset::load_chunk`: read + decode into columnar buffers) by N threads taking chunks
-//! in turn. Used by `scripts/bench_libsvm.sh`.
+//! Parse rate of minibatchd on a libsvm or CTF file, with N parser threads, as the daemon's parser
+//! pool does it: the dataset is opened (index pass, cached in a state directory), then every chunk
+//! is loaded (`Dataset::load_chunk`: read + decode into columnar buffers) by N threads taking
+//! chunks in turn. Used by `scripts/bench_libsvm.sh`; `ctf` reads the file of
+//! `scripts/bench_daemon.py` (128 dense floats `features` + a sparse `labels` of dim 10).
 //!
 //! ```text
 //! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)
 //! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
+//! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -37,11 +39,25 @@ fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
     out.flush()
 }
 
-fn parse(path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<(), String> {
+/// The dataset's format and, for CTF, its streams.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Libsvm,
+    Ctf,
+}
+
+fn parse(kind: Kind, path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<(), String> {
     let path = &std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    let (format, streams) = match kind {
+        Kind::Libsvm => ("libsvm", ""),
+        Kind::Ctf => (
+            "ctf",
+            "[datasets.d.streams.features]\ndim = 128\nformat = \"dense\"\n[datasets.d.streams.labels]\ndim = 10\nformat = \"sparse\"\n",
+        ),
+    };
     let text = format!(
-        "[datasets.d]\nformat = \"libsvm\"\nfiles = [{:?}]\nchunk_size_bytes = {chunk_bytes}\n",
+        "[datasets.d]\nformat = \"{format}\"\nfiles = [{:?}]\nchunk_size_bytes = {chunk_bytes}\n{streams}",
         path.display().to_string()
     );
     let config = Config::from_toml_str(&text, state).map_err(|e| e.to_string())?;
@@ -77,7 +93,7 @@ fn parse(path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<
     let parse_s = t1.elapsed().as_secs_f64();
     let mb = size as f64 / 1e6;
     println!(
-        "minibatchd libsvm: {mb:.0} MB, {} lines, {} nonzeros, {chunks} chunks, {threads} thread(s): index {index_s:.2} s ({:.0} MB/s), parse {parse_s:.2} s ({:.0} MB/s)",
+        "minibatchd {format}: {mb:.0} MB, {} lines, {} nonzeros, {chunks} chunks, {threads} thread(s): index {index_s:.2} s ({:.0} MB/s), parse {parse_s:.2} s ({:.0} MB/s)",
         ds.timeline().num_sequences(),
         nnz.load(Ordering::Relaxed),
         mb / index_s,
@@ -93,13 +109,14 @@ fn main() {
             Ok(bytes) => generate(Path::new(&args[2]), bytes).map_err(|e| e.to_string()),
             Err(e) => Err(format!("BYTES: {e}")),
         },
-        Some("parse") if args.len() >= 3 => {
+        Some(cmd @ ("parse" | "ctf")) if args.len() >= 3 => {
+            let kind = if cmd == "ctf" { Kind::Ctf } else { Kind::Libsvm };
             let threads = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
             let chunk = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(32 << 20);
             let state = args.get(5).map_or_else(|| std::env::temp_dir().join("minibatchd-bench-state"), PathBuf::from);
-            parse(Path::new(&args[2]), threads, chunk, &state)
+            parse(kind, Path::new(&args[2]), threads, chunk, &state)
         }
-        _ => Err("usage: minibatchd-parse-rate generate PATH BYTES | parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
+        _ => Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
     };
     if let Err(e) = result {
         eprintln!("deepx_parse_rate: {e}");

@@ -10,6 +10,8 @@
 //!   process-local backend for unit tests); one conformance suite runs on both.
 //! * [`ring`] — a [`ring::Ring`]: header written once, minibatches encoded into slots.
 //! * [`fdpass`] — passing the memfd to the client over the control socket (`SCM_RIGHTS`).
+//! * [`simd`] — not shared memory: the SSE2 byte classifier of the CTF dense fast path, here
+//!   because it is `unsafe` (a `#[target_feature]` call).
 //!
 //! Invariants: the ring never changes size once created (the memfd is sealed with
 //! `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL`, so a client's mapping can never fault with
@@ -24,6 +26,7 @@ pub mod fdpass;
 pub mod layout;
 pub mod memory;
 pub mod ring;
+pub mod simd;
 
 pub use layout::{DType, LayoutError, RingHeader, SlotHeader, TensorEntry, LAYOUT_VERSION, RING_MAGIC};
 pub use memory::{advise_huge_pages, return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};

@@ -326,10 +326,22 @@ type SampleError = (usize, ErrorKind, String);
 #[inline]
 fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>) -> Result<usize, SampleError> {
     let mark = buf.values.len();
+    // The sample's `dim` values, zero until read: a short sample is padded by construction.
+    buf.values.resize(mark + dim, T::default());
+    let out = &mut buf.values[mark..];
     let n = bytes.len();
     let mut count = 0usize;
+    // Past `dim` the sample is rejected anyway: keep scanning for syntax, stop storing.
+    let mut store = |v: f64| {
+        if let Some(slot) = out.get_mut(count) {
+            *slot = T::from_f64(v);
+        }
+        count += 1;
+    };
     while p < n {
-        let c = bytes[p];
+        // Plain decimals a window at a time; the byte loop below takes whatever they are not.
+        p = super::scan::dense_values(bytes, p, &mut store);
+        let Some(&c) = bytes.get(p) else { break };
         if is_value_delim(c) {
             p += 1;
             continue;
@@ -339,11 +351,7 @@ fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Stre
         }
         match parse_real(bytes, p) {
             Ok((v, np)) => {
-                // Past `dim` the sample is rejected anyway: keep scanning for syntax, stop storing.
-                if count < dim {
-                    buf.values.push(T::from_f64(v));
-                }
-                count += 1;
+                store(v);
                 p = np;
             }
             Err((e, at)) => {
@@ -357,7 +365,6 @@ fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Stre
         buf.values.truncate(mark);
         return Err((p, ErrorKind::DenseTooLong, format!("dense sample has {count} values, more than dim = {dim}")));
     }
-    buf.values.resize(mark + dim, T::default());
     buf.samples += 1;
     Ok(p)
 }

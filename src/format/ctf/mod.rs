@@ -5,6 +5,7 @@
 pub mod decode;
 pub mod index;
 pub mod number;
+mod scan;
 
 pub use decode::{CtfDecoder, Element, SeqContext, StreamBuf};
 pub use index::{index_file, CtfIndexOptions};
