@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
 use crate::metrics::SessionMetrics;
-use crate::minibatch::{gather, ChunkMap, ChunkSource};
+use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered};
 use crate::protocol::{ErrorCode, MinibatchMeta};
 use crate::sampling::Sampler;
 use crate::shm::{LayoutError, MemfdMemory, Ring};
@@ -142,7 +142,6 @@ pub struct Producer {
     minibatch_size: usize,
     frame_mode: bool,
     next_index: u64,
-    held: ChunkMap<Arc<ParsedChunk>>,
     metrics: SessionMetrics,
 }
 
@@ -152,20 +151,75 @@ impl std::fmt::Debug for Producer {
     }
 }
 
+/// A minibatch located in its chunks, to be copied into `slot` by the filler.
+struct Located {
+    slot: FreeSlot,
+    mb: Gathered,
+    meta: MinibatchMeta,
+    /// Nominal samples, for the metrics.
+    samples: u64,
+}
+
+/// What the planner hands the filler, in minibatch order.
+enum Step {
+    /// Copy a minibatch into its slot, then announce it.
+    Fill(Box<Located>),
+    /// Pass an event on once every minibatch before it is announced.
+    Event(ProducerEvent),
+}
+
+/// The half of a producer that locates minibatches: the sampler and the session's chunks.
+struct Planner {
+    runtime: Arc<DatasetRuntime>,
+    cache: Arc<SharedCache>,
+    sampler: Sampler,
+    minibatch_size: usize,
+    frame_mode: bool,
+    next_index: u64,
+    held: ChunkMap<Arc<ParsedChunk>>,
+    metrics: SessionMetrics,
+}
+
 impl Producer {
     /// A producer that continues `sampler` (already restored) with minibatch `next_index`,
     /// counting into `metrics`.
     #[must_use]
     #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
     pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64, metrics: SessionMetrics) -> Self {
-        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics }
+        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, metrics }
     }
 
-    /// Fills `slot` with the next minibatch; `Ok(None)` at the end of the epoch.
+    /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
+    /// (its end of `free` is dropped) or sets `stop`.
     ///
-    /// # Errors
-    /// [`ProduceError`]; the session cannot go on after one.
-    pub fn produce(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<MinibatchMeta>, ProduceError> {
+    /// Two stages, so that locating minibatch k + 1 (sampling, chunk lookups, waiting for chunks)
+    /// overlaps copying minibatch k into its slot: this thread plans and locates; a scoped filler
+    /// thread owns the ring, copies and announces, in order. Between them a queue of one
+    /// minibatch; the ring's free slots bound how far the pair runs ahead of the client.
+    pub fn run(self, free: &flume::Receiver<FreeSlot>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
+        let Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, metrics } = self;
+        let filler_runtime = runtime.clone();
+        let filler_metrics = metrics.clone();
+        let mut planner = Planner { runtime, cache, sampler, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics };
+        let (steps, located) = flume::bounded::<Step>(1);
+        std::thread::scope(|scope| {
+            let filler = std::thread::Builder::new()
+                .name(format!("mbd-fill-{}", filler_runtime.index))
+                .spawn_scoped(scope, move || fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop));
+            if let Err(e) = filler {
+                let _ = events.send(ProducerEvent::Failed { code: ErrorCode::Internal, message: format!("cannot start the session's filler thread: {e}") });
+                return;
+            }
+            planner.run(free, &steps, stop);
+            // The filler ends when the queue closes; the scope waits for it.
+            drop(steps);
+        });
+    }
+}
+
+impl Planner {
+    /// Locates the next minibatch for `slot`; `Ok(None)` at the end of the epoch.
+    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<Located>, ProduceError> {
         let started = Instant::now();
         let Some(plan) = self.sampler.next_minibatch(self.minibatch_size) else { return Ok(None) };
         let ds = self.runtime.index;
@@ -187,23 +241,20 @@ impl Producer {
             return Err(ProduceError::Stopped);
         }
         let mb = built?;
+        // The located minibatch holds its own chunks: the session's hold on retired ones ends.
         for c in &plan.retire {
             self.held.remove(c);
         }
-        self.ring.write_gathered(slot.slot, slot.generation, &mb, &self.runtime.names)?;
         self.next_index = self.next_index.saturating_add(1);
         let seq_len = &self.runtime.dataset.timeline().seq_len;
         let samples: u64 = plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
-        self.metrics.minibatches.inc();
-        self.metrics.samples.inc_by(samples);
-        self.metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(waited).as_secs_f64());
-        Ok(Some(MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position }))
+        let meta = MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position };
+        Ok(Some(Located { slot, mb, meta, samples }))
     }
 
-    /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
-    /// (its end of `free` is dropped) or sets `stop`.
-    pub fn run(mut self, free: &flume::Receiver<FreeSlot>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
+    /// Takes free slots and hands located minibatches (then the end, or a failure) to the filler.
+    fn run(&mut self, free: &flume::Receiver<FreeSlot>, steps: &flume::Sender<Step>, stop: &AtomicBool) {
         loop {
             if stop.load(Ordering::Relaxed) {
                 return;
@@ -218,16 +269,50 @@ impl Producer {
                 Err(flume::RecvTimeoutError::Disconnected) => return,
             };
             self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
-            let event = match self.produce(slot, stop) {
-                Ok(Some(meta)) => ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta },
-                Ok(None) => ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index },
+            let step = match self.locate(slot, stop) {
+                Ok(Some(located)) => Step::Fill(Box::new(located)),
+                Ok(None) => Step::Event(ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index }),
                 Err(ProduceError::Stopped) => return,
-                Err(e) => ProducerEvent::Failed { code: e.code(), message: e.to_string() },
+                Err(e) => Step::Event(ProducerEvent::Failed { code: e.code(), message: e.to_string() }),
             };
-            let last = !matches!(event, ProducerEvent::Filled { .. });
-            if events.send(event).is_err() || last {
+            let last = matches!(step, Step::Event(_));
+            // A failed send: the filler is gone (the connection closed, or a slot failed).
+            if steps.send(step).is_err() || last {
                 return;
             }
+        }
+    }
+}
+
+/// The filler thread: copies each located minibatch into its slot and announces it, in order.
+fn fill(mut ring: Ring<MemfdMemory>, names: &[String], metrics: &SessionMetrics, steps: &flume::Receiver<Step>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
+    for step in steps.iter() {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let event = match step {
+            Step::Fill(job) => {
+                let started = Instant::now();
+                let Located { slot, mb, meta, samples } = *job;
+                match ring.write_gathered(slot.slot, slot.generation, &mb, names) {
+                    Ok(_) => {
+                        metrics.minibatches.inc();
+                        metrics.samples.inc_by(samples);
+                        metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
+                        metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
+                        ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
+                    }
+                    Err(e) => {
+                        let e = ProduceError::from(e);
+                        ProducerEvent::Failed { code: e.code(), message: e.to_string() }
+                    }
+                }
+            }
+            Step::Event(event) => event,
+        };
+        let last = !matches!(event, ProducerEvent::Filled { .. });
+        if events.send(event).is_err() || last {
+            return;
         }
     }
 }

@@ -41,7 +41,7 @@ pub fn scalar_classes(w: &[u8; 64]) -> ByteClasses {
     let mut c = ByteClasses { delim: 0, stop: 0, digit: 0, dot: 0 };
     for (i, &b) in w.iter().enumerate() {
         c.delim |= u64::from(b == b' ' || b == b'\t') << i;
-        c.stop |= u64::from(b == b'|' || ((b < 0x20 || b >= 0x80) && b != b'\t')) << i;
+        c.stop |= u64::from(b == b'|' || (!(0x20..0x80).contains(&b) && b != b'\t')) << i;
         c.digit |= u64::from(b.is_ascii_digit()) << i;
         c.dot |= u64::from(b == b'.') << i;
     }

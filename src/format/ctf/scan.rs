@@ -58,6 +58,10 @@ fn digits8(chunk: u64, len: usize) -> u64 {
 /// The value of the `len` (1..=15) digits at `w[at..]`.
 #[inline(always)]
 fn digits(w: &[u8; W + OVERHANG], at: usize, len: usize) -> u64 {
+    if len == 1 {
+        // The usual integer part ("0.123456", "-1.5"): one byte, no SWAR.
+        return u64::from(w[at] - b'0');
+    }
     if len <= 8 {
         digits8(load8(w, at), len)
     } else {
