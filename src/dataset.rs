@@ -389,17 +389,16 @@ impl Dataset {
             let decoder = match &src.decoder {
                 SourceDecoder::Ctf(d) => d,
                 SourceDecoder::Deepx(d) => {
-                    // A deepx dataset has a single source. The read buffer is reused per thread:
-                    // a fresh 32 MiB buffer per chunk costs more in page faults than the copy.
-                    let bytes = read_range_reusing(&src.data[desc.file], desc.start, desc.end)?;
-                    let bytes = &bytes.0;
-                    let mut bufs = d.buffers_for::<T>(bytes.len(), seqs.len());
+                    // A deepx dataset has a single source, read a window at a time like CTF's
+                    // primary source (below).
+                    let chunk_bytes = usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+                    let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
+                    let mut window = ReadWindow::new(&src.data[desc.file], desc.end)?;
                     for g in seqs.clone() {
                         let loc = self.locs[g * self.sources.len() + si];
                         let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
-                        let from = usize::try_from(seq.offset - desc.start).map_err(|_| DataError::Dataset("offset".into()))?;
                         let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
-                        d.decode_line(&bytes[from..from + seq.size as usize], &ctx, &mut bufs, &mut errors);
+                        d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, &mut errors);
                     }
                     streams.extend(d.into_streams(bufs));
                     by_source.push(errors);
@@ -417,17 +416,15 @@ impl Dataset {
                 }
             }
             if si == 0 {
-                // The primary source: one read for the whole chunk.
+                // The primary source: the chunk's bytes in file order, a cache-sized window at a
+                // time, so the parser reads what was just copied from the page cache while it is
+                // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
-                // Reused per thread: a fresh 32 MiB buffer per chunk costs more in page faults
-                // than the parse saves.
-                let reused = read_range_reusing(path, desc.start, desc.end)?;
-                let bytes = &reused.0;
+                let mut window = ReadWindow::new(path, desc.end)?;
                 for g in seqs.clone() {
                     let loc = self.locs[g * self.sources.len()];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
-                    let from = usize::try_from(seq.offset - desc.start).map_err(|_| DataError::Dataset("offset".into()))?;
-                    let slice = &bytes[from..from + seq.size as usize];
+                    let slice = window.bytes(seq.offset, seq.size)?;
                     decoder
                         .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
@@ -471,11 +468,12 @@ fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> 
 }
 
 thread_local! {
-    /// Per-thread read buffer of [`read_range_reusing`].
+    /// Per-thread read buffer of [`ReadWindow`]: one window, or a whole sequence when longer.
     static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// The largest read buffer a parser thread keeps for its next chunk; larger ones are freed.
+/// The largest read buffer a parser thread keeps for its next chunk; larger ones (a sequence
+/// longer than that) are freed.
 pub const MAX_REUSED_READ_BUFFER: u64 = 64 << 20;
 
 /// A buffer borrowed from this thread's [`READ_BUFFER`]; returned to it on drop.
@@ -490,21 +488,53 @@ impl Drop for ReusedBuffer {
     }
 }
 
-/// [`read_range`] into this thread's reused buffer.
-fn read_range_reusing(path: &Path, start: u64, end: u64) -> Result<ReusedBuffer, DataError> {
-    use std::io::{Read, Seek, SeekFrom};
-    let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
-    let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
-    buf.0.clear();
-    buf.0.reserve(len);
-    let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    file.seek(SeekFrom::Start(start)).map_err(|e| DataError::io(path, e))?;
-    file.take(len as u64).read_to_end(&mut buf.0).map_err(|e| DataError::io(path, e))?;
-    if buf.0.len() != len {
-        let e = std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file is shorter than its index says (changed since it was indexed?)");
-        return Err(DataError::io(path, e));
+/// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
+/// copies is still cached when the decoder reads it.
+const READ_WINDOW: u64 = 256 << 10;
+
+/// Sequential reads of one chunk through this thread's reused buffer, a window at a time.
+struct ReadWindow<'a> {
+    path: &'a Path,
+    file: File,
+    /// Where the chunk ends: windows never read past it.
+    end: u64,
+    buf: ReusedBuffer,
+    /// File offset of `buf[0]`.
+    at: u64,
+}
+
+impl<'a> ReadWindow<'a> {
+    fn new(path: &'a Path, end: u64) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
+        buf.0.clear();
+        Ok(Self { path, file, end, buf, at: 0 })
     }
-    Ok(buf)
+
+    /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
+    /// [`READ_WINDOW`] bytes or the whole sequence) when they are not all in the current one.
+    fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8], DataError> {
+        let size = u64::from(size);
+        let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
+        if !inside {
+            let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
+            let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+            self.buf.0.resize(len, 0);
+            self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
+                let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    std::io::Error::new(e.kind(), "the file is shorter than its index says (changed since it was indexed?)")
+                } else {
+                    e
+                };
+                DataError::io(self.path, e)
+            })?;
+            self.at = offset;
+        }
+        // In range: checked above, or the window was just read from `offset` with >= `size` bytes.
+        let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
+        let to = from + usize::try_from(size).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+        self.buf.0.get(from..to).ok_or_else(|| DataError::Dataset("sequence outside its read window".into()))
+    }
 }
 
 fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {

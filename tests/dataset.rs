@@ -272,3 +272,48 @@ fn empty_dataset_is_an_error() {
     let Err(err) = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}) else { panic!("a dataset with no instance at all opened") };
     assert!(err.to_string().contains("no sequence"), "{err}");
 }
+
+#[test]
+fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_error() {
+    // Sequences of every length up to well past the 256 KiB read window (so windows end inside
+    // sequences, and a sequence longer than a window is read whole), in chunks of 1 MiB.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    let mut expected = Vec::new();
+    for k in 0..80u32 {
+        let lines = if k % 10 == 3 { 15_000 } else { 1 + (k * 7919) % 900 };
+        let mut seq = Vec::new();
+        for j in 0..lines {
+            let v = f64::from(k * 1000 + j) / 8.0;
+            text.push_str(&format!("{k} |a {v} {}\n", -v));
+            seq.push([v as f32, -v as f32]);
+        }
+        expected.push(seq);
+    }
+    let data = write(dir.path(), "big.ctf", &text);
+    let toml = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"big.ctf\"]\nchunk_size_bytes = 1048576\ncache_index = false\n\
+                [datasets.d.streams.a]\ndim = 2\nformat = \"dense\"\n";
+    let ds = open(dir.path(), toml);
+    assert!(ds.chunks().len() >= 3, "several chunks: {}", ds.chunks().len());
+    assert!(expected.iter().any(|s| s.len() * 20 > 256 << 10), "a sequence longer than a read window");
+    let mut got = Vec::new();
+    for c in 0..ds.chunks().len() {
+        let (chunk, errors) = ds.load_chunk(c).expect("load");
+        assert!(errors.is_empty());
+        let sd = &chunk.streams[0];
+        let minibatchd::format::StreamValues::Dense { values: minibatchd::format::chunk::Values::F32(v), .. } = &sd.data else {
+            panic!("dense f32")
+        };
+        for w in sd.seq_offsets.windows(2) {
+            got.push(v[w[0] * 2..w[1] * 2].chunks(2).map(|p| [p[0], p[1]]).collect::<Vec<_>>());
+        }
+    }
+    assert_eq!(got, expected);
+
+    // The file shrinks after it was indexed: loading its last chunk names the file and says why.
+    let len = std::fs::metadata(&data).expect("meta").len();
+    std::fs::OpenOptions::new().write(true).open(&data).expect("open").set_len(len / 2).expect("truncate");
+    let last = ds.chunks().len() - 1;
+    let err = ds.load_chunk(last).expect_err("a shrunk file").to_string();
+    assert!(err.contains("big.ctf") && err.contains("shorter than its index says"), "{err}");
+}

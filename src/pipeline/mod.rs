@@ -286,8 +286,9 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, 
     registry.set_buffers(read_buffer_bytes(config, hub, threads));
 }
 
-/// Memory the parser threads keep between chunks: each reuses one read buffer, which grows to the
-/// largest chunk it has read, so `threads` × the largest chunk of the open datasets.
+/// Memory the parser threads keep between chunks: each reuses one read buffer, a 256 KiB window
+/// that grows to the longest sequence it has read; counted as `threads` × the largest chunk of
+/// the open datasets, a bound that holds whatever the sequences.
 #[must_use]
 pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
     let largest = config
