@@ -108,12 +108,22 @@ def scrape_stages() -> dict:
     return out
 
 
+def daemon_cpu_s(pid: int) -> tuple:
+    """(user, system) CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def rss_kib(pid: int) -> dict:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(("VmRSS", "VmHWM")):
             k, v = line.split(":")
             out[k] = int(v.split()[0])
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages"):
+            out["AnonHugePages"] = int(line.split(":")[1].split()[0])
     return out
 
 
@@ -177,6 +187,7 @@ format = "sparse"
                     sys.exit("the daemon exited")
                 time.sleep(0.05)
         index_s = time.perf_counter() - t0
+        cpu_at_start = daemon_cpu_s(daemon.pid)
         preload_s = None
         if a.preload:
             out = subprocess.run([DAEMON, "index", "--config", str(cfg), "--dataset", "bench"], check=True, capture_output=True, text=True).stdout.split()
@@ -208,6 +219,7 @@ format = "sparse"
             sys.exit(f"the consumer failed:\n{out.stderr}")
         r = json.loads(out.stdout)
         mem = rss_kib(daemon.pid)
+        daemon_cpu = daemon_cpu_s(daemon.pid)
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
@@ -224,7 +236,8 @@ format = "sparse"
     print(f"client overhead: {r['ready_next_us']:.1f} us mean, {r['ready_next_median_us']:.1f} us median per next() on a ready slot ({PROBE} timed; {r['probe_waited_us']:.0f} us of waits among them); {r['cpu_s'] / r['minibatches'] * 1e6:.1f} us consumer CPU (user+sys, blocking waits included) per minibatch")
     if r.get("stages"):
         print("daemon time during the sweeps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages"].items())))
-    print(f"daemon RSS at end: {mem.get('VmRSS', 0) / 1024:.0f} MiB (peak {mem.get('VmHWM', 0) / 1024:.0f} MiB)")
+    print(f"daemon CPU: start and index pass {cpu_at_start[0]:.2f} s user, {cpu_at_start[1]:.2f} s system; then sweeps and probe {daemon_cpu[0] - cpu_at_start[0]:.2f} s user, {daemon_cpu[1] - cpu_at_start[1]:.2f} s system")
+    print(f"daemon RSS at end: {mem.get('VmRSS', 0) / 1024:.0f} MiB (peak {mem.get('VmHWM', 0) / 1024:.0f} MiB), {mem.get('AnonHugePages', 0) / 1024:.0f} MiB of it in transparent huge pages")
 
 
 if __name__ == "__main__":
