@@ -79,7 +79,7 @@ fn exact(v: u64) -> f64 {
 }
 
 /// A plain decimal taken apart: `±(int + frac / 10^frac_len)`.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Parts {
     int: u64,
     frac: u64,
@@ -129,20 +129,14 @@ fn plain_parts(w: &[u8; W + OVERHANG], m: &Masks, s: usize, e: usize) -> Option<
 /// Reads the plain values and delimiters of a dense sample from `bytes[p..]`, calling `emit` for
 /// each value, and returns where the byte loop must go on: at a stop byte, at the first byte of a
 /// value that is not plain, or within the last bytes of `bytes`.
-///
-/// A window's values are taken apart first and converted after, so that the integer work of the
-/// next values overlaps the `f64` division of the previous ones.
 #[inline]
 pub fn dense_values(bytes: &[u8], mut p: usize, mut emit: impl FnMut(f64)) -> usize {
-    // At most one value per two bytes of a window.
-    let mut parts = [Parts::default(); W / 2];
     while let Some(w) = bytes.get(p..p + W + OVERHANG) {
         let Ok(w) = <&[u8; W + OVERHANG]>::try_from(w) else { return p };
         let Ok(head) = <&[u8; W]>::try_from(&w[..W]) else { return p };
         let m = byte_classes(head);
         let ends = m.delim | m.stop;
         let mut q = 0usize;
-        let mut taken = 0usize;
         // Where this window's scan ended: `Ok(advance)` to go on, `Err(at)` to hand over.
         let ended = loop {
             let values = !m.delim & (!0u64 << q);
@@ -161,15 +155,9 @@ pub fn dense_values(bytes: &[u8], mut p: usize, mut emit: impl FnMut(f64)) -> us
             }
             let e = after.trailing_zeros() as usize;
             let Some(v) = plain_parts(w, &m, s, e) else { break Err(s) };
-            if let Some(slot) = parts.get_mut(taken) {
-                *slot = v;
-                taken += 1;
-            }
+            emit(v.value());
             q = e; // a delimiter or a stop byte, < 64
         };
-        for v in &parts[..taken] {
-            emit(v.value());
-        }
         match ended {
             Ok(advance) => p += advance,
             Err(at) => return p + at,
