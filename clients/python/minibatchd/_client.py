@@ -275,7 +275,10 @@ class Source:
             fd = self._conn.fds.pop(0)
             ring = opened["ring"]
             try:
-                self._mm = mmap.mmap(fd, ring["size_bytes"], mmap.MAP_SHARED, mmap.PROT_READ)
+                # MAP_POPULATE (Linux): the ring's page-table entries are made now, in one go,
+                # instead of one page fault per slot the first time the loop reads each slot.
+                flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+                self._mm = mmap.mmap(fd, ring["size_bytes"], flags, mmap.PROT_READ)
             finally:
                 os.close(fd)
         except BaseException:
@@ -441,11 +444,9 @@ class Source:
             if len(self._specs) > 64:
                 self._specs.clear()
                 self._specs[raw] = specs
-        nd = np.ndarray
-        # Positional arguments: NumPy's keyword parsing costs as much as the array itself.
-        tensors = [nd(shape, dtype, owner, offset) for shape, dtype, offset in specs]
         ref = self._releaser.track(owner, (slot, gen))
-        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, tensors)
+        # The arrays themselves are made when their stream is first asked for.
+        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs)
 
     def _report_final(self) -> None:
         """The daemon is stopping: tell it what was taken (``close``), so its checkpoint holds this
@@ -650,37 +651,42 @@ class Minibatch:
     """One minibatch: ``mb[name]`` is a ``Stream``. Holds a lease on its slot until every view is
     gone or ``release()`` is called."""
 
-    def __init__(self, source: Source, owner: np.ndarray, ref: Any, index: int, sweep: int, end_of_sweep: bool, position: int, tensors: List[np.ndarray]):
+    def __init__(self, source: Source, owner: np.ndarray, ref: Any, index: int, sweep: int, end_of_sweep: bool, position: int, specs: list):
         self._owner = owner
         self._release = (source._releaser, ref)
         self.index = index
         self.sweep = sweep
         self.end_of_sweep = end_of_sweep
         self.position = position
-        self._tensors: Optional[List[np.ndarray]] = tensors
+        # The slot's tensor table as (shape, dtype, offset); None once released.
+        self._specs: Optional[list] = specs
         self._layout = source._where
         self._streams: Dict[str, Stream] = {}
 
     def __getitem__(self, name: str) -> Stream:
-        # Streams are built when first asked for: a trainer often reads only some of them.
+        # Streams, and their arrays, are built when first asked for: a trainer often reads only
+        # some of them, and each array costs about a microsecond.
         stream = self._streams.get(name)
         if stream is None:
             info, k, count = self._layout[name]
-            if self._tensors is None:
+            if self._specs is None:
                 raise KeyError(name)
-            stream = self._streams[name] = Stream(info, self._tensors[k : k + count])
+            nd, owner = np.ndarray, self._owner
+            # Positional arguments: NumPy's keyword parsing costs as much as the array itself.
+            arrays = [nd(shape, dtype, owner, offset) for shape, dtype, offset in self._specs[k : k + count]]
+            stream = self._streams[name] = Stream(info, arrays)
         return stream
 
     @property
     def streams(self) -> Dict[str, Stream]:
         """Every stream, by name (empty after ``release()``)."""
-        if self._tensors is not None:
+        if self._specs is not None:
             for name in self._layout:
                 self[name]
         return self._streams
 
     def __contains__(self, name: str) -> bool:
-        return name in self._layout and self._tensors is not None
+        return name in self._layout and self._specs is not None
 
     def keys(self):
         return self.streams.keys()
@@ -694,7 +700,7 @@ class Minibatch:
         releaser, ref = self._release
         releaser(ref)
         self._streams = {}
-        self._tensors = None
+        self._specs = None
         self._owner = None
 
     def to_dump(self) -> dict:
