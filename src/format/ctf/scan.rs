@@ -18,17 +18,18 @@
 //! sequence — back to the byte loop at the first byte of the value it did not take, in the same
 //! state the byte loop would be in there.
 
+use crate::shm::simd::{byte_classes, ByteClasses as Masks};
+
 /// Bytes per window (one bit per byte in the masks).
 const W: usize = 64;
-/// Bytes a window reads beyond its 64: a value's eight-digit load may start at byte 63.
+/// Bytes a window reads beyond its 64: a value's eight-digit loads may start at byte 63 (and,
+/// for more than eight digits, eight bytes later, within the value).
 const OVERHANG: usize = 16;
 
 /// `10^k`, exact in `f64` for `k <= 22` (only `k <= 15` is used).
 const POW10: [f64; 16] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15];
 /// `10^k` as integers, `k <= 7`.
 const POW10_U64: [u64; 8] = [1, 10, 100, 1_000, 10_000, 100_000, 1_000_000, 10_000_000];
-
-use crate::shm::simd::{byte_classes, ByteClasses as Masks};
 
 /// The little-endian `u64` of `w[at..at + 8]`.
 #[inline(always)]
