@@ -87,18 +87,18 @@ fn exact_decimal(x: f64) -> Decimal {
     };
 
     let mut big = BigUint::from_u64(mantissa);
-    let decimal_shift; // value = big * 10^decimal_shift
-    if exp2 >= 0 {
+    // value = big * 10^decimal_shift
+    let decimal_shift = if exp2 >= 0 {
         big.shl(exp2 as u32);
-        decimal_shift = 0;
+        0
     } else {
         // m / 2^k == m * 5^k / 10^k
         let k = (-exp2) as u32;
         big.mul_pow5(k);
-        decimal_shift = exp2;
-    }
+        exp2
+    };
 
-    let mut digits = big.to_decimal_digits();
+    let mut digits = big.into_decimal_digits();
     let exp10 = digits.len() as i32 - 1 + decimal_shift;
     while digits.last() == Some(&0) {
         digits.pop();
@@ -254,7 +254,7 @@ impl BigUint {
     }
 
     /// Decimal digits, most significant first, no leading zeros (`[0]` for zero).
-    fn to_decimal_digits(mut self) -> Vec<u8> {
+    fn into_decimal_digits(mut self) -> Vec<u8> {
         let mut groups = Vec::new(); // base 10^9, least significant first
         while !self.is_zero() {
             groups.push(self.div_small(1_000_000_000));
@@ -420,7 +420,7 @@ mod tests {
         assert_eq!(format_g_f32(-1.07905e8_f32), "-1.07905e+08");
         assert_eq!(format_g_f32(0.1_f32), "0.1");
         assert_eq!(format_g_f32(16_777_217.0_f32), "1.67772e+07");
-        assert_eq!(format_g_f32(-0.138918023895589_f32), "-0.138918");
+        assert_eq!(format_g_f32(-0.138_918_02_f32), "-0.138918");
         assert_eq!(format_g(982.587022405312), "982.587");
     }
 
