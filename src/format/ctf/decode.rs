@@ -109,6 +109,9 @@ pub struct CtfDecoder {
     max_alias_len: usize,
     /// Index of the `defines_mb_size` stream, if any.
     main: Option<usize>,
+    /// Dense samples through [`super::scan`] first (off only in tests, to compare with the byte
+    /// loop alone).
+    fast_dense: bool,
 }
 
 /// Where a sequence's bytes come from, for error locations.
@@ -134,7 +137,15 @@ impl CtfDecoder {
             })
             .collect();
         let max_alias_len = streams.iter().map(|s| s.alias.len()).max().unwrap_or(0);
-        Self { streams, max_alias_len, main }
+        Self { streams, max_alias_len, main, fast_dense: true }
+    }
+
+    /// The same decoder with the dense fast path off: every value through the byte loop.
+    #[cfg(test)]
+    #[must_use]
+    pub fn without_fast_path(mut self) -> Self {
+        self.fast_dense = false;
+        self
     }
 
     /// Number of streams.
@@ -298,7 +309,7 @@ impl CtfDecoder {
         };
         let stream = &self.streams[id];
         let buf = &mut out[id];
-        let result = if stream.sparse { read_sparse(bytes, p, stream.dim, buf) } else { read_dense(bytes, p, stream.dim, buf) };
+        let result = if stream.sparse { read_sparse(bytes, p, stream.dim, buf) } else { read_dense(bytes, p, stream.dim, buf, self.fast_dense) };
         match result {
             Ok(np) => (true, np),
             Err((at, kind, msg)) => {
@@ -324,7 +335,7 @@ type SampleError = (usize, ErrorKind, String);
 
 /// `TryReadDenseSample`: values up to `|` or a non-printable byte; pads to `dim`, rejects more.
 #[inline]
-fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>) -> Result<usize, SampleError> {
+fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>, fast: bool) -> Result<usize, SampleError> {
     let mark = buf.values.len();
     // The sample's `dim` values, zero until read: a short sample is padded by construction.
     buf.values.resize(mark + dim, T::default());
@@ -340,7 +351,9 @@ fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Stre
     };
     while p < n {
         // Plain decimals a window at a time; the byte loop below takes whatever they are not.
-        p = super::scan::dense_values(bytes, p, &mut store);
+        if fast {
+            p = super::scan::dense_values(bytes, p, &mut store);
+        }
         let Some(&c) = bytes.get(p) else { break };
         if is_value_delim(c) {
             p += 1;

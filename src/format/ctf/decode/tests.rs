@@ -27,12 +27,16 @@ struct Out {
 }
 
 fn decode_all(text: &[u8], streams: &[StreamConfig]) -> Result<Out, DataError> {
+    decode_with(text, streams, true)
+}
+
+fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out, DataError> {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
     let main = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());
     let idx = index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: main }, &mut |_| {})?;
-    let dec = CtfDecoder::new(streams);
+    let dec = if fast { CtfDecoder::new(streams) } else { CtfDecoder::new(streams).without_fast_path() };
     let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for seq in &idx.sequences {
@@ -229,4 +233,75 @@ fn comment_only_row_is_an_empty_row() {
 fn float32_rounding_happens_once_from_the_f64_accumulator() {
     let o = ok("|a 0.1 1e400 -1e39\n", &[stream("a", "a", 3, false)]);
     assert_eq!(o.seqs[0][0], vec![S::D(vec![f64::from(0.1f32), f64::INFINITY, f64::NEG_INFINITY])]);
+}
+
+/// Long dense rows (where the window fast path runs) decode exactly as the byte loop alone
+/// decodes them: values bit for bit, padding, rejected samples, error kinds and messages — with
+/// plain values, exponents, glued numbers, typos, too many values, tabs, CRLF and bars mixed in.
+#[test]
+fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let streams = vec![stream("a", "a", 40, false), stream("w", "w", 130, false), stream("l", "l", 10, true)];
+    let odd = ["1e3", "-2.5E-2", "1-2", "3+4", ".5", "4.", "1.2.3", "x", "1,5", "--1", "+", "0x10", "12345678901234567", "0.12345678901234567", "1e", "\u{e9}"];
+    // Each decode writes its own temporary file: compare messages after the file name.
+    let after_path = |m: &str| m.split_once("t.ctf:").map_or_else(|| m.to_owned(), |(_, rest)| rest.to_owned());
+    let (mut total_values, mut decoded, mut with_errors) = (0usize, 0usize, 0usize);
+    for case in 0..300 {
+        let mut text = String::new();
+        for row in 0..(1 + next() % 6) {
+            // One sequence per case, a row per line: a rejected sample costs errors, not a fatal.
+            let _ = row;
+            text.push_str(&format!("{case} "));
+            for (alias, dim) in [("a", 40u64), ("w", 130)] {
+                text.push('|');
+                text.push_str(alias);
+                // Usually dim values; sometimes fewer (padded) or more (rejected).
+                let count = match next() % 10 {
+                    0 => next() % dim,
+                    1 => dim + 1 + next() % 3,
+                    _ => dim,
+                };
+                for _ in 0..count {
+                    text.push(if next() % 9 == 0 { '\t' } else { ' ' });
+                    let r = next();
+                    if r % 401 == 0 {
+                        text.push_str(odd[(r >> 8) as usize % odd.len()]);
+                    } else {
+                        let sign = ["", "-", "+"][(r >> 20) as usize % 3];
+                        let int = (r >> 24) % [1, 10, 1000, 1_000_000_000][(r >> 40) as usize % 4];
+                        let frac_len = (r >> 44) % 9;
+                        text.push_str(&format!("{sign}{int}"));
+                        if frac_len > 0 {
+                            text.push_str(&format!(".{:0width$}", (r >> 8) % 10u64.pow(frac_len as u32), width = frac_len as usize));
+                        }
+                    }
+                    total_values += 1;
+                }
+                text.push(' ');
+            }
+            text.push_str(&format!("|l {}:1", next() % 10));
+            text.push_str(if next() % 4 == 0 { "\r\n" } else { "\n" });
+        }
+        let fast = decode_with(text.as_bytes(), &streams, true);
+        let slow = decode_with(text.as_bytes(), &streams, false);
+        match (fast, slow) {
+            (Ok(f), Ok(s)) => {
+                assert_eq!(f.seqs, s.seqs, "case {case}");
+                assert_eq!(f.errors, s.errors, "case {case}");
+                assert_eq!(f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), "case {case}");
+                decoded += 1;
+                with_errors += usize::from(!f.errors.is_empty());
+            }
+            (Err(f), Err(s)) => assert_eq!(after_path(&f.to_string()), after_path(&s.to_string()), "case {case}"),
+            (f, s) => panic!("case {case}: fast {:?} vs byte loop {:?}", f.map(|o| o.errors), s.map(|o| o.errors)),
+        }
+    }
+    assert!(total_values > 100_000, "{total_values} values");
+    assert!(decoded > 200 && with_errors > 50, "{decoded} cases decoded, {with_errors} of them with errors");
 }
