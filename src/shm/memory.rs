@@ -107,10 +107,13 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self, ShmError> {
         let prot = if writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
+        // A client's read-only view is populated at once (one call, instead of a page fault per
+        // slot on the first pass through the ring, inside the trainer's loop).
+        let flags = if writable { MapFlags::SHARED } else { MapFlags::SHARED | MapFlags::POPULATE };
         // SAFETY: a fresh mapping chosen by the kernel (null hint) overlaps no existing Rust
         // object; `fd` is a sealed memfd of at least `len` bytes (checked by both callers), so
         // every byte of the mapping is backed and cannot be truncated away.
-        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, fd, 0) }.map_err(sys("mmap"))?;
+        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, flags, fd, 0) }.map_err(sys("mmap"))?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(ShmError::Size(len as u64))?;
         Ok(Self { ptr, len })
     }
