@@ -23,7 +23,7 @@ use crate::format::errors::{DataError, Location};
 use crate::format::index::{read_full, FileIndex, SequenceDesc};
 
 /// Size of the read buffer of the index pass.
-const BLOCK_BYTES: usize = 4 << 20;
+const BLOCK_BYTES: usize = 256 << 10;
 
 /// What shapes the index of a CTF file (and so keys its cache).
 #[derive(Debug, Clone, PartialEq, Eq)]
