@@ -133,21 +133,15 @@ impl ChunkSource for SessionChunks<'_> {
     }
 }
 
-/// One session's producer state.
+/// One session's producer state: the planner and the ring its filler writes.
 pub struct Producer {
-    runtime: Arc<DatasetRuntime>,
-    cache: Arc<SharedCache>,
-    sampler: Sampler,
+    planner: Planner,
     ring: Ring<MemfdMemory>,
-    minibatch_size: usize,
-    frame_mode: bool,
-    next_index: u64,
-    metrics: SessionMetrics,
 }
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").field("dataset", &self.runtime.name).field("next_index", &self.next_index).finish_non_exhaustive()
+        f.debug_struct("Producer").field("dataset", &self.planner.runtime.name).field("next_index", &self.planner.next_index).finish_non_exhaustive()
     }
 }
 
@@ -155,7 +149,6 @@ impl std::fmt::Debug for Producer {
 struct Located {
     slot: FreeSlot,
     mb: Gathered,
-    meta: MinibatchMeta,
     /// Nominal samples, for the metrics.
     samples: u64,
 }
@@ -186,7 +179,7 @@ impl Producer {
     #[must_use]
     #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
     pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64, metrics: SessionMetrics) -> Self {
-        Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, metrics }
+        Self { planner: Planner { runtime, cache, sampler, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics }, ring }
     }
 
     /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
@@ -197,10 +190,9 @@ impl Producer {
     /// thread owns the ring, copies and announces, in order. Between them a queue of one
     /// minibatch; the ring's free slots bound how far the pair runs ahead of the client.
     pub fn run(self, free: &flume::Receiver<FreeSlot>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
-        let Self { runtime, cache, sampler, ring, minibatch_size, frame_mode, next_index, metrics } = self;
-        let filler_runtime = runtime.clone();
-        let filler_metrics = metrics.clone();
-        let mut planner = Planner { runtime, cache, sampler, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics };
+        let Self { mut planner, ring } = self;
+        let filler_runtime = planner.runtime.clone();
+        let filler_metrics = planner.metrics.clone();
         let (steps, located) = flume::bounded::<Step>(1);
         std::thread::scope(|scope| {
             let filler = std::thread::Builder::new()
@@ -249,8 +241,7 @@ impl Planner {
         let seq_len = &self.runtime.dataset.timeline().seq_len;
         let samples: u64 = plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(waited).as_secs_f64());
-        let meta = MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position };
-        Ok(Some(Located { slot, mb, meta, samples }))
+        Ok(Some(Located { slot, mb, samples }))
     }
 
     /// Takes free slots and hands located minibatches (then the end, or a failure) to the filler.
@@ -293,13 +284,14 @@ fn fill(mut ring: Ring<MemfdMemory>, names: &[String], metrics: &SessionMetrics,
         let event = match step {
             Step::Fill(job) => {
                 let started = Instant::now();
-                let Located { slot, mb, meta, samples } = *job;
+                let Located { slot, mb, samples } = *job;
                 match ring.write_gathered(slot.slot, slot.generation, &mb, names) {
                     Ok(_) => {
                         metrics.minibatches.inc();
                         metrics.samples.inc_by(samples);
                         metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
                         metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
+                        let meta = MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position };
                         ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
                     }
                     Err(e) => {
