@@ -437,6 +437,13 @@ impl Sampler {
             }
             self.position += len;
             self.index += 1;
+            // CNTK's `NoRandomizer` fills `while localSampleCount > numLocalSamplesLoaded`: once
+            // the local size is reached it stops at once, without passing over the other
+            // workers' sequences that follow. The block randomizer passes over them up to the
+            // next local sequence, which then does not fit.
+            if !self.block && fill.local_samples >= fill.limit {
+                return Stop::Full;
+            }
         }
         Stop::SweepEnd
     }

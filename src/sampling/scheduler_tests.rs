@@ -395,6 +395,25 @@ fn workers_without_randomization_split_by_sequence() {
     }
 }
 
+// CNTK 2.7 (oracle): without randomization a worker stops as soon as its local share is full,
+// without passing over the other workers' sequences that follow: 4 one-sample sequences, W = 2,
+// minibatch 4 (local 2): rank 0 gets [0, 2] at position 3, rank 1 gets [1, 3] at position 4.
+#[test]
+fn no_randomizer_stops_once_the_local_share_is_full() {
+    let t = mock(1, 4, 1);
+    let expected = [(vec![0, 2], 3), (vec![1, 3], 4)];
+    for (rank, (ids_expected, position)) in expected.into_iter().enumerate() {
+        let opts = SamplingOptions {
+            num_workers: 2,
+            rank,
+            ..sequential(EpochLimit::FullSweep)
+        };
+        let plan = sampler(&t, opts).next_minibatch(4).expect("a minibatch");
+        assert_eq!(ids(&plan), ids_expected, "rank {rank}");
+        assert_eq!(plan.position, position, "rank {rank}");
+    }
+}
+
 // The deliberate difference: the global sequence position counts from the timeline start, so a
 // restore into sweep 1 with #sequences % W != 0 matches the uninterrupted run.
 #[test]
