@@ -30,6 +30,10 @@ pub struct DumpOptions {
     pub num_minibatches: Option<u64>,
     /// Start at this checkpoint position.
     pub restore: Option<u64>,
+    /// Mid-run restores: before minibatch `i` (counted from 0 over the whole run), restore the
+    /// sampler to position `p`, as a trainer that calls `restore_from_checkpoint` between two
+    /// `next_minibatch` calls. The minibatch sizes keep cycling by `i`.
+    pub restore_before: Vec<(u64, u64)>,
     /// CNTK frame mode: every sequence must have one sample.
     pub frame_mode: bool,
 }
@@ -112,6 +116,9 @@ pub fn for_each_minibatch(
     let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;
     while options.num_minibatches.is_none_or(|n| count < n) {
+        for &(_, p) in options.restore_before.iter().filter(|&&(i, _)| i == count) {
+            sampler.restore(p)?;
+        }
         let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
         let Some(plan) = sampler.next_minibatch(size) else { break };
         let mb = assemble(count, &plan, dataset.timeline(), &shapes, options.frame_mode, &mut cache)?;

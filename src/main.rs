@@ -96,6 +96,9 @@ struct DumpArgs {
     /// Start at this checkpoint position.
     #[arg(long)]
     restore: Option<u64>,
+    /// Restore to position POS before minibatch MB (counted from 0), as MB:POS; repeatable.
+    #[arg(long, value_name = "MB:POS", value_parser = parse_restore_before)]
+    restore_before: Vec<(u64, u64)>,
     /// Stop after this many minibatches.
     #[arg(long)]
     num_minibatches: Option<u64>,
@@ -217,6 +220,15 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
         minibatch_sizes: sizes,
         num_minibatches: a.num_minibatches,
         restore: a.restore,
+        restore_before: a.restore_before.clone(),
         frame_mode: a.frame_mode,
     })
+}
+
+/// Parses `--restore-before MB:POS`.
+fn parse_restore_before(s: &str) -> Result<(u64, u64), String> {
+    let (mb, pos) = s.split_once(':').ok_or_else(|| format!("expected MB:POS, found {s:?}"))?;
+    let mb = mb.trim().parse::<u64>().map_err(|e| format!("minibatch index {mb:?}: {e}"))?;
+    let pos = pos.trim().parse::<u64>().map_err(|e| format!("position {pos:?}: {e}"))?;
+    Ok((mb, pos))
 }

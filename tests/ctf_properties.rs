@@ -91,6 +91,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
         minibatch_sizes: vec![5],
         num_minibatches: None,
         restore: None,
+        restore_before: Vec::new(),
         frame_mode: false,
     };
     let mut seqs = Vec::new();
@@ -171,6 +172,7 @@ fn dump_soup(bytes: &[u8], chunk_size: u64, max_errors: u64, skip_ids: bool) -> 
         minibatch_sizes: vec![3],
         num_minibatches: None,
         restore: None,
+        restore_before: Vec::new(),
         frame_mode: false,
     };
     let mut n = 0;

@@ -90,6 +90,7 @@ fn sequential(limit: EpochLimit) -> DumpOptions {
         minibatch_sizes: vec![100],
         num_minibatches: None,
         restore: None,
+        restore_before: Vec::new(),
         frame_mode: false,
     }
 }
@@ -153,6 +154,7 @@ fn dump_holds_only_the_window_not_the_dataset() {
             minibatch_sizes: vec![7],
             num_minibatches: None,
             restore: None,
+            restore_before: Vec::new(),
             frame_mode: false,
         };
         let mut samples = 0u64;

@@ -227,6 +227,7 @@ fn options(size: usize) -> DumpOptions {
         minibatch_sizes: vec![size],
         num_minibatches: None,
         restore: None,
+        restore_before: Vec::new(),
         frame_mode: true,
     }
 }

@@ -157,6 +157,7 @@ fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec
         minibatch_sizes: vec![3],
         num_minibatches: None,
         restore: None,
+        restore_before: Vec::new(),
         frame_mode: true,
     };
     let names = ds.stream_names().to_vec();
