@@ -72,6 +72,9 @@ struct DumpArgs {
     /// Exactly one sweep.
     #[arg(long)]
     full_sweep: bool,
+    /// Exactly sweep K (0-based): a trainer's epoch K.
+    #[arg(long, value_name = "K", conflicts_with_all = ["max_samples", "max_sweeps", "full_sweep"])]
+    sweep: Option<u64>,
     /// Randomize (default: the dataset's [sampling] setting).
     #[arg(long, action = clap::ArgAction::Set)]
     randomize: Option<bool>,
@@ -194,10 +197,11 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
 
 fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::Result<DumpOptions> {
     let window = Window::from_options(a.window_chunks, a.window_samples, d.sampling.window);
-    let limit = match (a.max_samples, a.max_sweeps, a.full_sweep) {
-        (Some(n), _, _) => EpochLimit::Samples(n),
-        (_, Some(k), _) => EpochLimit::Sweeps(k),
-        (_, _, true) => EpochLimit::FullSweep,
+    let limit = match (a.max_samples, a.max_sweeps, a.full_sweep, a.sweep) {
+        (Some(n), ..) => EpochLimit::Samples(n),
+        (_, Some(k), ..) => EpochLimit::Sweeps(k),
+        (_, _, true, _) => EpochLimit::FullSweep,
+        (.., Some(k)) => EpochLimit::Sweep(k),
         _ => EpochLimit::Infinite,
     };
     let sizes = match (&a.minibatch_sizes, a.minibatch_size) {

@@ -152,6 +152,10 @@ pub struct SessionOptions {
     /// Exactly one sweep.
     #[serde(default)]
     pub full_sweep: bool,
+    /// Exactly sweep `k` (0-based), the k-th epoch of a trainer that iterates once per sweep.
+    /// Not sent when unset, so a daemon without it accepts the options of a client that has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<u64>,
     /// Randomize (default: the dataset's setting).
     pub randomize: Option<bool>,
     /// Randomization window in chunks.

@@ -463,7 +463,8 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
     let ring_bytes = geometry.total_bytes();
 
     // Claim the name and the memory; undo both on any later failure.
-    let fresh = SessionState { version: STATE_VERSION, dataset: dataset.to_owned(), position: 0, minibatches: 0, data_identity: hex64(rt.identity), options_hash: hex64(ohash) };
+    // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
+    let fresh = SessionState { version: STATE_VERSION, dataset: dataset.to_owned(), position: sampler.position(), minibatches: 0, data_identity: hex64(rt.identity), options_hash: hex64(ohash) };
     let (id, name, start, lingered) = {
         let mut reg = shared.registry();
         let id = reg.next_id();

@@ -64,14 +64,15 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
             1
         }
     };
-    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep].iter().filter(|&&b| b).count();
+    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()].iter().filter(|&&b| b).count();
     if limits > 1 {
-        problems.push("give at most one of max_samples, max_sweeps, full_sweep".to_owned());
+        problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
     }
-    let limit = match (o.max_samples, o.max_sweeps, o.full_sweep) {
-        (Some(n), _, _) => EpochLimit::Samples(n),
-        (_, Some(k), _) => EpochLimit::Sweeps(k),
-        (_, _, true) => EpochLimit::FullSweep,
+    let limit = match (o.max_samples, o.max_sweeps, o.full_sweep, o.sweep) {
+        (Some(n), ..) => EpochLimit::Samples(n),
+        (_, Some(k), ..) => EpochLimit::Sweeps(k),
+        (_, _, true, _) => EpochLimit::FullSweep,
+        (.., Some(k)) => EpochLimit::Sweep(k),
         _ => EpochLimit::Infinite,
     };
     let window = match (o.window_chunks, o.window_samples) {
@@ -148,6 +149,10 @@ pub fn options_hash(s: &SamplingOptions) -> u64 {
         EpochLimit::Samples(n) => {
             h.u64(13);
             h.u64(n);
+        }
+        EpochLimit::Sweep(k) => {
+            h.u64(14);
+            h.u64(k);
         }
     }
     h.finish()

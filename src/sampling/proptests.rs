@@ -105,6 +105,7 @@ fn epoch_end(t: &Timeline, limit: EpochLimit) -> u64 {
         EpochLimit::Sweeps(k) => k * sweep_size(t),
         EpochLimit::Samples(n) => n,
         EpochLimit::Infinite => u64::MAX / 2,
+        EpochLimit::Sweep(k) => (k + 1) * sweep_size(t),
     }
 }
 

@@ -88,6 +88,10 @@ pub enum EpochLimit {
     Sweeps(u64),
     /// `max_samples = n`: stops at the first sequence starting at or after sample `n`.
     Samples(u64),
+    /// Exactly sweep `k` (0-based): the epoch starts at the first sample of sweep `k` and ends
+    /// with it. Not a CNTK option: it is CNTK's `max_sweeps = k + 1` restored to position
+    /// `k × sweep size`, which is what a trainer's epoch `k` is.
+    Sweep(u64),
 }
 
 /// Everything that decides the sampling order and this worker's share of it.
@@ -298,6 +302,10 @@ impl Sampler {
             current,
             next: OnceLock::new(),
         };
+        if let EpochLimit::Sweep(k) = sampler.options.limit {
+            // `epoch_end` checked that (k + 1) sweeps fit, so k sweeps do too.
+            sampler.restore(k * sweep_size)?;
+        }
         sampler.park_if_without_data();
         Ok(sampler)
     }
@@ -531,6 +539,7 @@ fn epoch_end(limit: EpochLimit, sweep_size: u64) -> Result<u64, SamplingError> {
         EpochLimit::FullSweep => Some(sweep_size),
         EpochLimit::Sweeps(k) => k.checked_mul(sweep_size),
         EpochLimit::Samples(n) => Some(n),
+        EpochLimit::Sweep(k) => k.checked_add(1).and_then(|n| n.checked_mul(sweep_size)),
     };
     match samples {
         Some(samples) if samples <= MAX_EPOCH_SAMPLES => Ok(samples),

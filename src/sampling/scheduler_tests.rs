@@ -395,6 +395,39 @@ fn workers_without_randomization_split_by_sequence() {
     }
 }
 
+// `EpochLimit::Sweep(k)` is sweep k of the uninterrupted run, at every rank (a trainer's epoch k
+// is CNTK's sweep k): the sweeps one after the other give the rank's sequences of an
+// uninterrupted run, in its order; each sweep holds every sequence once over the ranks; and the
+// order does not depend on the minibatch size.
+#[test]
+fn one_sweep_is_that_sweep_of_the_uninterrupted_run() {
+    let t = timeline(&[1, 3, 2, 1, 1, 2, 4, 1, 1, 2], &[2, 3, 1, 4]);
+    for options in [whole_window(5, EpochLimit::Sweeps(4)), sequential(EpochLimit::Sweeps(4))] {
+        for workers in 1..=3 {
+            let mut per_sweep_union: Vec<Vec<u32>> = vec![Vec::new(); 4];
+            for rank in 0..workers {
+                let all = SamplingOptions { num_workers: workers, rank, ..options.clone() };
+                let uninterrupted = all_ids(&drain(&mut sampler(&t, all.clone()), 1));
+                let mut concatenated = Vec::new();
+                for (k, union) in per_sweep_union.iter_mut().enumerate() {
+                    let one = SamplingOptions { limit: EpochLimit::Sweep(k as u64), ..all.clone() };
+                    let mut s = sampler(&t, one.clone());
+                    let ids_1 = all_ids(&drain(&mut s, 1));
+                    assert_eq!(s.position(), (k as u64 + 1) * 18, "sweep {k} ends with it");
+                    assert_eq!(all_ids(&drain(&mut sampler(&t, one), 7)), ids_1, "minibatch size");
+                    union.extend(&ids_1);
+                    concatenated.extend(ids_1);
+                }
+                assert_eq!(concatenated, uninterrupted, "rank {rank} of {workers}");
+            }
+            for union in &mut per_sweep_union {
+                union.sort_unstable();
+                assert_eq!(*union, (0..10).collect::<Vec<u32>>(), "{workers} worker(s)");
+            }
+        }
+    }
+}
+
 // CNTK 2.7 (oracle): without randomization a worker stops as soon as its local share is full,
 // without passing over the other workers' sequences that follow: 4 one-sample sequences, W = 2,
 // minibatch 4 (local 2): rank 0 gets [0, 2] at position 3, rank 1 gets [1, 3] at position 4.
