@@ -152,20 +152,3 @@ def test_rank_and_world_size_from_torchrun_env(daemon, monkeypatch):
     source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True)
     got = [mb.to_dump() for mb in source]
     assert got == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3", "--rank", "1")
-
-
-def test_torch_adapter(daemon, monkeypatch):
-    torch = pytest.importorskip("torch")
-    from minibatchd.torch import MinibatchIterableDataset
-
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, full_sweep=True)
-    loader = torch.utils.data.DataLoader(ds, batch_size=None)
-    items = list(loader)
-    want = daemon.dump("--minibatch-size", "8", "--full-sweep")
-    assert len(items) == len(want)
-    first = items[0]["features"]["values"]
-    assert first.dtype == torch.float32 and first.shape[1] == 3
-    want_first = [v for seq in want[0]["streams"]["features"]["sequences"] for sample in seq for v in sample]
-    np.testing.assert_array_equal(first.numpy(), np.array(want_first, dtype=np.float32).reshape(-1, 3))

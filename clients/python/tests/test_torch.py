@@ -1,0 +1,146 @@
+"""The PyTorch adapter against a real daemon, with real torch (and torchdata's
+StatefulDataLoader): epochs continue the timeline, DataLoader workers and ranks split each sweep
+exactly once, state dicts resume mid-epoch exactly, metadata rides along, and a model trains."""
+
+import numpy as np
+import pytest
+
+from conftest import require
+
+torch = require("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from minibatchd.torch import MinibatchIterableDataset  # noqa: E402
+
+SEQUENCES = 120  # conftest.write_data: features' first value is the sequence id
+
+
+@pytest.fixture(autouse=True)
+def no_torchrun_env(monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+def ids(item):
+    """The sequence ids of a minibatch, in order."""
+    f = item["features"]
+    starts = f["sequence_offsets"][:-1] if "sequence_offsets" in f else None
+    values = f["values"]
+    if starts is None:
+        return [int(v) for v in values[:, 0]]
+    return [int(values[int(s), 0]) for s in starts]
+
+
+def dump_ids(mbs):
+    return [int(seq[0][0]) for mb in mbs for seq in mb["streams"]["features"]["sequences"]]
+
+
+def item_ids(items):
+    return [i for item in items for i in ids(item)]
+
+
+def test_a_pass_is_dump_of_that_sweep_and_passes_continue_the_timeline(daemon):
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=3)
+    loader = DataLoader(ds, batch_size=None)
+    first, second = list(loader), list(loader)
+    assert item_ids(first) == dump_ids(daemon.dump("--minibatch-size", "8", "--seed", "3", "--sweep", "0"))
+    assert item_ids(second) == dump_ids(daemon.dump("--minibatch-size", "8", "--seed", "3", "--sweep", "1"))
+    assert item_ids(first) != item_ids(second), "two epochs in the same order"
+    assert sorted(item_ids(first)) == sorted(item_ids(second)) == list(range(SEQUENCES))
+    values = first[0]["features"]["values"]
+    assert values.dtype == torch.float32 and values.shape[1] == 3
+    meta = [item["meta"] for item in second]
+    assert all(m["epoch"] == 1 and m["sweep"] == 1 for m in meta)
+    assert [m["end_of_sweep"] for m in meta] == [False] * (len(meta) - 1) + [True]
+    assert meta[-1]["position"] == 2 * daemon.dump("--minibatch-size", "100000", "--sweep", "0")[0]["position"]
+
+
+def test_set_epoch_selects_the_sweep(daemon):
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5)
+    ds.set_epoch(3)
+    got = item_ids(DataLoader(ds, batch_size=None))
+    assert got == dump_ids(daemon.dump("--minibatch-size", "5", "--sweep", "3"))
+    again = item_ids(DataLoader(ds, batch_size=None))
+    assert again == dump_ids(daemon.dump("--minibatch-size", "5", "--sweep", "4"))
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_dataloader_workers_split_each_sweep_exactly_once(daemon, workers):
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    for epoch in range(2):
+        items = list(loader)
+        got = item_ids(items)
+        assert sorted(got) == list(range(SEQUENCES)), f"epoch {epoch}"
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        # Worker w is CNTK worker w of `workers`: its minibatches are dump's for that rank.
+        for w in range(workers):
+            mine = [item for item in items if item["meta"]["worker"] == w]
+            want = daemon.dump("--minibatch-size", "8", "--seed", "1", "--sweep", str(epoch), "--workers", str(workers), "--rank", str(w))
+            assert item_ids(mine) == dump_ids(want)
+
+
+def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
+    seen = []
+    for rank in range(2):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, world_size=2, rank=rank)
+        items = list(DataLoader(ds, batch_size=None, num_workers=2))
+        assert {item["meta"]["workers"] for item in items} == {4}
+        assert {item["meta"]["worker"] for item in items} == {2 * rank, 2 * rank + 1}
+        seen += item_ids(items)
+    assert sorted(seen) == list(range(SEQUENCES))
+
+
+def test_limits_and_splits_are_the_adapters_own(daemon):
+    for bad in (dict(max_sweeps=2), dict(max_samples=10), dict(num_workers=2), dict(sweep=1)):
+        with pytest.raises(ValueError):
+            MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, **bad)
+    with pytest.raises(ValueError):
+        MinibatchIterableDataset("train", daemon.socket)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers):
+    require("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+
+    reference = loader()
+    uninterrupted = [ids(item) for _ in range(2) for item in reference]
+
+    first = loader()
+    taken, it = [], iter(first)
+    for _ in range(9):
+        taken.append(ids(next(it)))
+    saved = first.state_dict()
+    del it, first
+
+    resumed = loader()
+    resumed.load_state_dict(saved)
+    rest = [ids(item) for item in resumed]          # the rest of epoch 0
+    rest += [ids(item) for item in resumed]         # epoch 1
+    assert taken + rest == uninterrupted
+
+
+def test_a_model_trains_on_it(daemon):
+    torch.manual_seed(0)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=16, seed=0)
+    loader = DataLoader(ds, batch_size=None)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(6):
+        total, n = 0.0, 0
+        for item in loader:
+            x = item["features"]["values"][:, 1:]        # the sample's two small features
+            y = 3.0 * x[:, :1] - 2.0 * x[:, 1:] + 0.5     # a linear target of them
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total, n = total + loss.item() * len(x), n + len(x)
+        losses.append(total / n)
+    assert losses[-1] < losses[0] / 4, losses
