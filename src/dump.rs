@@ -34,6 +34,8 @@ pub struct DumpOptions {
     /// sampler to position `p`, as a trainer that calls `restore_from_checkpoint` between two
     /// `next_minibatch` calls. The minibatch sizes keep cycling by `i`.
     pub restore_before: Vec<(u64, u64)>,
+    /// Equal step counts over the workers (one minibatch size only).
+    pub equal_steps: bool,
     /// CNTK frame mode: every sequence must have one sample.
     pub frame_mode: bool,
 }
@@ -108,6 +110,9 @@ pub fn for_each_minibatch(
     each: &mut dyn FnMut(&Minibatch) -> Result<(), DumpError>,
 ) -> Result<(u64, usize, usize), DumpError> {
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
+    if options.equal_steps {
+        sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1))?;
+    }
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }

@@ -72,6 +72,10 @@ struct DumpArgs {
     /// Exactly one sweep.
     #[arg(long)]
     full_sweep: bool,
+    /// Equal step counts over the workers: every rank gets as many minibatches as the rank that
+    /// gets the fewest (the ragged tails are dropped). One minibatch size; a finite epoch.
+    #[arg(long, conflicts_with = "minibatch_sizes")]
+    equal_steps: bool,
     /// Exactly sweep K (0-based): a trainer's epoch K.
     #[arg(long, value_name = "K", conflicts_with_all = ["max_samples", "max_sweeps", "full_sweep"])]
     sweep: Option<u64>,
@@ -225,6 +229,7 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
         num_minibatches: a.num_minibatches,
         restore: a.restore,
         restore_before: a.restore_before.clone(),
+        equal_steps: a.equal_steps,
         frame_mode: a.frame_mode,
     })
 }

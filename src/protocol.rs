@@ -156,6 +156,11 @@ pub struct SessionOptions {
     /// Not sent when unset, so a daemon without it accepts the options of a client that has it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<u64>,
+    /// Equal step counts for `DistributedDataParallel`: every worker gets as many minibatches in
+    /// the epoch as the worker that gets the fewest; the others' ragged tails are dropped. Needs
+    /// a finite epoch. Not sent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub equal_steps: bool,
     /// Randomize (default: the dataset's setting).
     pub randomize: Option<bool>,
     /// Randomization window in chunks.

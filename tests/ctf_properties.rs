@@ -92,6 +92,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
         num_minibatches: None,
         restore: None,
         restore_before: Vec::new(),
+        equal_steps: false,
         frame_mode: false,
     };
     let mut seqs = Vec::new();
@@ -173,6 +174,7 @@ fn dump_soup(bytes: &[u8], chunk_size: u64, max_errors: u64, skip_ids: bool) -> 
         num_minibatches: None,
         restore: None,
         restore_before: Vec::new(),
+        equal_steps: false,
         frame_mode: false,
     };
     let mut n = 0;

@@ -91,6 +91,7 @@ fn sequential(limit: EpochLimit) -> DumpOptions {
         num_minibatches: None,
         restore: None,
         restore_before: Vec::new(),
+        equal_steps: false,
         frame_mode: false,
     }
 }
@@ -155,6 +156,7 @@ fn dump_holds_only_the_window_not_the_dataset() {
             num_minibatches: None,
             restore: None,
             restore_before: Vec::new(),
+            equal_steps: false,
             frame_mode: false,
         };
         let mut samples = 0u64;

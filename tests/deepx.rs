@@ -228,6 +228,7 @@ fn options(size: usize) -> DumpOptions {
         num_minibatches: None,
         restore: None,
         restore_before: Vec::new(),
+        equal_steps: false,
         frame_mode: true,
     }
 }

@@ -158,6 +158,7 @@ fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec
         num_minibatches: None,
         restore: None,
         restore_before: Vec::new(),
+        equal_steps: false,
         frame_mode: true,
     };
     let names = ds.stream_names().to_vec();

@@ -452,11 +452,15 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes).map_err(|e| (ErrorCode::InvalidOptions, e))?;
-    let ohash = options_hash(&resolved.sampling);
+    let ohash = options_hash(&resolved.sampling, resolved.equal_steps);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, ohash).map_err(|e| (ErrorCode::ResumeMismatch, e))?;
     }
     let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone()).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+    if resolved.equal_steps {
+        let dropped = sampler.equalize_steps(resolved.minibatch_size).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+        tracing::debug!(dataset, dropped, "equal steps: this worker's ragged tail is dropped");
+    }
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);

@@ -39,6 +39,8 @@ pub struct ResolvedOptions {
     pub minibatch_size: usize,
     /// CNTK frame mode.
     pub frame_mode: bool,
+    /// Equal step counts over the workers ([`crate::sampling::Sampler::equalize_steps`]).
+    pub equal_steps: bool,
     /// Ring slots.
     pub slots: u64,
     /// Requested bytes per slot (before raising it to fit dense minibatches).
@@ -102,6 +104,9 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
             problems.push(format!("session name must be 1..={MAX_SESSION_NAME} characters of [A-Za-z0-9-_.:@]"));
         }
     }
+    if o.equal_steps && limits == 0 {
+        problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
+    }
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }
@@ -116,6 +121,7 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
         },
         minibatch_size,
         frame_mode: o.frame_mode,
+        equal_steps: o.equal_steps,
         slots,
         slot_size_bytes,
         session: o.session.clone(),
@@ -123,9 +129,10 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
 }
 
 /// Hash of the options that shape the global order and the epoch: randomize, window, seed,
-/// epoch limit. (Minibatch size, workers and rank may change across a resume, as in CNTK.)
+/// epoch limit, and equal steps when on (so states saved without it keep their hash).
+/// (Minibatch size, workers and rank may change across a resume, as in CNTK.)
 #[must_use]
-pub fn options_hash(s: &SamplingOptions) -> u64 {
+pub fn options_hash(s: &SamplingOptions, equal_steps: bool) -> u64 {
     let mut h = crate::dataset::Fnv::new();
     h.u64(u64::from(s.randomize));
     match s.window.normalized() {
@@ -154,6 +161,9 @@ pub fn options_hash(s: &SamplingOptions) -> u64 {
             h.u64(14);
             h.u64(k);
         }
+    }
+    if equal_steps {
+        h.u64(20);
     }
     h.finish()
 }
@@ -534,8 +544,9 @@ mod tests {
         let a = resolve_options(&SessionOptions { minibatch_size: Some(8), ..SessionOptions::default() }, &d, 4, 4096).expect("a");
         let b = resolve_options(&SessionOptions { minibatch_size: Some(3), num_workers: Some(2), rank: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("b");
         let c = resolve_options(&SessionOptions { minibatch_size: Some(8), seed: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("c");
-        assert_eq!(options_hash(&a.sampling), options_hash(&b.sampling));
-        assert_ne!(options_hash(&a.sampling), options_hash(&c.sampling));
+        assert_eq!(options_hash(&a.sampling, false), options_hash(&b.sampling, false));
+        assert_ne!(options_hash(&a.sampling, false), options_hash(&a.sampling, true));
+        assert_ne!(options_hash(&a.sampling, false), options_hash(&c.sampling, false));
     }
 
     #[test]

@@ -181,6 +181,9 @@ pub enum SamplingError {
         /// Number of sequences.
         count: usize,
     },
+    /// Equal step counts were asked for an infinite epoch.
+    #[error("equal step counts need a finite epoch (max_samples, max_sweeps, full_sweep or sweep)")]
+    EqualStepsNeedAFiniteEpoch,
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
     /// overflow").
     #[error("epoch limit {limit:?} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
@@ -220,6 +223,9 @@ pub struct Sampler {
     current: SweepPlan,
     /// The following sweep, computed early only when `upcoming_chunks` looks past this one.
     next: OnceLock<SweepPlan>,
+    /// With [`Sampler::equalize_steps`]: the epoch ends for this worker at this position, after
+    /// as many minibatches as the worker with the fewest gets.
+    step_cutoff: Option<u64>,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -301,6 +307,7 @@ impl Sampler {
             index: 0,
             current,
             next: OnceLock::new(),
+            step_cutoff: None,
         };
         if let EpochLimit::Sweep(k) = sampler.options.limit {
             // `epoch_end` checked that (k + 1) sweeps fit, so k sweeps do too.
@@ -317,7 +324,7 @@ impl Sampler {
     /// `minibatch_size / W + (minibatch_size % W > rank)` samples of its own (at least 1, at most
     /// [`MAX_LOCAL_MINIBATCH_SAMPLES`]), as CNTK's `SequencePacker` with a local timeline.
     pub fn next_minibatch(&mut self, minibatch_size: usize) -> Option<MinibatchPlan> {
-        if self.position >= self.epoch_end {
+        if self.position >= self.epoch_end || self.step_cutoff.is_some_and(|c| self.position >= c) {
             return None;
         }
         let start = self.position;
@@ -353,6 +360,45 @@ impl Sampler {
             sweep: start / self.sweep_size,
             position: self.position,
         })
+    }
+
+    /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
+    /// run different numbers of steps): every worker gets as many minibatches of
+    /// `minibatch_size` in the epoch as the worker that gets the fewest; each worker's ragged
+    /// tail is dropped. Returns the number of minibatches of this worker that are dropped.
+    ///
+    /// Deterministic: the cut is a position, computed from the epoch start by walking every
+    /// worker's plans (no data is read), so a restore within the epoch keeps it.
+    ///
+    /// # Errors
+    /// [`SamplingError::EqualStepsNeedAFiniteEpoch`] for an infinite epoch.
+    pub fn equalize_steps(&mut self, minibatch_size: usize) -> Result<u64, SamplingError> {
+        if self.options.limit == EpochLimit::Infinite {
+            return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
+        }
+        let walk = |rank: usize| -> Result<Vec<u64>, SamplingError> {
+            let options = SamplingOptions { rank, ..self.options.clone() };
+            let mut s = Sampler::new(self.timeline.clone(), options)?;
+            let mut ends = Vec::new();
+            while s.next_minibatch(minibatch_size).is_some() {
+                ends.push(s.position);
+            }
+            Ok(ends)
+        };
+        let mut fewest = u64::MAX;
+        for rank in 0..self.options.num_workers {
+            fewest = fewest.min(walk(rank)?.len() as u64);
+        }
+        let mine = walk(self.options.rank)?;
+        let dropped = mine.len() as u64 - fewest;
+        // After `fewest` minibatches this worker stands at `mine[fewest - 1]`; with none at all it
+        // stops where it starts.
+        let start = Sampler::new(self.timeline.clone(), self.options.clone())?.position;
+        self.step_cutoff = Some(match usize::try_from(fewest) {
+            Ok(0) | Err(_) => start,
+            Ok(n) => mine[n - 1],
+        });
+        Ok(dropped)
     }
 
     /// The global checkpoint position: nominal samples consumed on the global timeline (all

@@ -428,6 +428,41 @@ fn one_sweep_is_that_sweep_of_the_uninterrupted_run() {
     }
 }
 
+// Equal steps: every worker gets the fewest worker's count of minibatches, each one a prefix of
+// what it gets without the cut; a restore inside the epoch keeps the cut; an infinite epoch is
+// refused.
+#[test]
+fn equal_steps_cut_every_worker_to_the_fewest() {
+    let t = timeline(&[1, 3, 2, 1, 1, 2, 4, 1, 1, 2, 5, 1], &[2, 3, 1, 4, 2]);
+    let mut ragged = 0;
+    for options in [whole_window(2, EpochLimit::Sweep(1)), sequential(EpochLimit::Sweeps(2)), options(true, Window::Chunks(2), 7, EpochLimit::FullSweep)] {
+        for workers in 2..=4 {
+            let full: Vec<Vec<MinibatchPlan>> = (0..workers)
+                .map(|rank| drain(&mut sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() }), 3))
+                .collect();
+            let fewest = full.iter().map(Vec::len).min().unwrap_or(0);
+            ragged += usize::from(full.iter().any(|f| f.len() != fewest));
+            for (rank, uncut) in full.iter().enumerate() {
+                let mut s = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });
+                let dropped = s.equalize_steps(3).expect("finite epoch");
+                let cut = drain(&mut s, 3);
+                assert_eq!(cut.len(), fewest);
+                assert_eq!(dropped as usize, uncut.len() - fewest);
+                assert_eq!(cut[..], uncut[..fewest]);
+                if fewest > 1 {
+                    let mut resumed = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });
+                    resumed.equalize_steps(3).expect("finite epoch");
+                    resumed.restore(cut[0].position).expect("restore");
+                    assert_eq!(drain(&mut resumed, 3)[..], cut[1..]);
+                }
+            }
+        }
+    }
+    assert!(ragged >= 3, "only {ragged} configurations give workers different counts");
+    let mut infinite = sampler(&t, whole_window(0, EpochLimit::Infinite));
+    assert!(matches!(infinite.equalize_steps(4), Err(SamplingError::EqualStepsNeedAFiniteEpoch)));
+}
+
 // CNTK 2.7 (oracle): without randomization a worker stops as soon as its local share is full,
 // without passing over the other workers' sequences that follow: 4 one-sample sequences, W = 2,
 // minibatch 4 (local 2): rank 0 gets [0, 2] at position 3, rank 1 gets [1, 3] at position 4.

@@ -42,11 +42,16 @@ class MinibatchIterableDataset(IterableDataset):
     and means what a pass does anyway). The epoch limit and the worker split are the dataset's
     to set: ``max_samples``, ``max_sweeps``, ``sweep``, ``num_workers`` and ``rank`` are refused.
     ``use_torchrun_env`` (default True) takes the rank and the world size from torchrun's
-    ``RANK``/``WORLD_SIZE``; ``world_size``/``rank`` set them explicitly. ``resume=`` takes a
-    ``state_dict()`` and continues from it."""
+    ``RANK``/``WORLD_SIZE``; ``world_size``/``rank`` set them explicitly. ``equal_steps``
+    (default: on when the world size is above 1) gives every rank the same number of minibatches
+    per epoch, as ``DistributedDataParallel`` needs: every worker of every rank gets as many as
+    the one that gets the fewest, and the ragged tails are dropped (at most a few minibatches a
+    worker per epoch; the same ones every run). ``resume=`` takes a ``state_dict()`` and
+    continues from it."""
 
     def __init__(self, dataset: str, socket: Optional[str] = None, *, copy: bool = True, use_torchrun_env: bool = True,
-                 world_size: Optional[int] = None, rank: Optional[int] = None, **options: Any):
+                 world_size: Optional[int] = None, rank: Optional[int] = None, equal_steps: Optional[bool] = None,
+                 **options: Any):
         super().__init__()
         for key in _LIMITS:
             if key in options:
@@ -63,6 +68,7 @@ class MinibatchIterableDataset(IterableDataset):
         self.use_torchrun_env = use_torchrun_env
         self.world_size = world_size
         self.rank = rank
+        self.equal_steps = equal_steps
         resume = options.pop("resume", None)
         self.options = options
         # Shared by the DataLoader's worker processes (passed to them when they start): the
@@ -85,8 +91,8 @@ class MinibatchIterableDataset(IterableDataset):
             self._base.value = epoch
             self._started.value = 0
 
-    def _split_of_this_worker(self) -> Tuple[int, int, int]:
-        """(global worker index, global worker count, DataLoader workers per rank)."""
+    def _split_of_this_worker(self) -> Tuple[int, int, int, int]:
+        """(global worker index, global worker count, DataLoader workers per rank, world size)."""
         if self.world_size is not None or self.rank is not None:
             rank, world = self.rank or 0, self.world_size or 1
         elif self.use_torchrun_env:
@@ -97,7 +103,7 @@ class MinibatchIterableDataset(IterableDataset):
             raise ValueError(f"rank {rank} is out of range for world size {world}")
         info = get_worker_info()
         per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        return rank * per_rank + worker, world * per_rank, per_rank
+        return rank * per_rank + worker, world * per_rank, per_rank, world
 
     def _begin_pass(self, per_rank: int, resume: Optional[dict]) -> int:
         with self._base.get_lock():
@@ -112,7 +118,7 @@ class MinibatchIterableDataset(IterableDataset):
     # -- iteration ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        worker, workers, per_rank = self._split_of_this_worker()
+        worker, workers, per_rank, world = self._split_of_this_worker()
         resume, self._resume = self._resume, None
         if resume is not None and (resume.get("worker"), resume.get("workers")) != (worker, workers):
             raise ValueError(
@@ -121,6 +127,8 @@ class MinibatchIterableDataset(IterableDataset):
         epoch = self._begin_pass(per_rank, resume)
         self._epoch, self._split = epoch, (worker, workers)
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
+        if self.equal_steps if self.equal_steps is not None else world > 1:
+            options["equal_steps"] = True
         if resume is not None and resume.get("source") is not None:
             options["resume"] = resume["source"]
         client = connect(self.socket)

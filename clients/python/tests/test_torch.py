@@ -2,6 +2,8 @@
 StatefulDataLoader): epochs continue the timeline, DataLoader workers and ranks split each sweep
 exactly once, state dicts resume mid-epoch exactly, metadata rides along, and a model trains."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,7 @@ def test_dataloader_workers_split_each_sweep_exactly_once(daemon, workers):
 def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
     seen = []
     for rank in range(2):
-        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, world_size=2, rank=rank)
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, world_size=2, rank=rank, equal_steps=False)
         items = list(DataLoader(ds, batch_size=None, num_workers=2))
         assert {item["meta"]["workers"] for item in items} == {4}
         assert {item["meta"]["worker"] for item in items} == {2 * rank, 2 * rank + 1}
@@ -144,3 +146,56 @@ def test_a_model_trains_on_it(daemon):
             total, n = total + loss.item() * len(x), n + len(x)
         losses.append(total / n)
     assert losses[-1] < losses[0] / 4, losses
+
+
+def test_equal_steps_give_every_rank_the_same_count(daemon):
+    counts, seen = [], []
+    for rank in range(3):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=10, seed=4, world_size=3, rank=rank)
+        items = list(DataLoader(ds, batch_size=None, num_workers=2))
+        counts.append(len(items))
+        seen += item_ids(items)
+        # Each worker's minibatches are dump's for its rank of 6, cut to the common count.
+        for w in range(2):
+            want = daemon.dump("--minibatch-size", "10", "--seed", "4", "--sweep", "0", "--workers", "6",
+                               "--rank", str(2 * rank + w), "--equal-steps")
+            assert item_ids([i for i in items if i["meta"]["worker"] == 2 * rank + w]) == dump_ids(want)
+    assert len(set(counts)) == 1, counts
+    assert len(seen) == len(set(seen)), "a sequence came twice"
+    uncut = [len(daemon.dump("--minibatch-size", "10", "--seed", "4", "--sweep", "0", "--workers", "6", "--rank", str(r)))
+             for r in range(6)]
+    assert len(set(uncut)) > 1, "this case should have a ragged tail to cut"
+    assert counts[0] == 2 * min(uncut)
+
+
+def test_torchrun_ddp_example_two_ranks_equal_steps(daemon, tmp_path):
+    """examples/torch_ddp.py under torchrun: two processes, gloo, DistributedDataParallel. Both
+    ranks run the same number of steps per epoch (else DDP would hang: the timeout catches it),
+    each rank's minibatches are dump's for its rank with equal steps, and the loss falls."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    log = tmp_path / "log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"), OMP_NUM_THREADS="1")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(ROOT / "examples" / "torch_ddp.py"), "--socket", daemon.socket, "--dataset", "train",
+         "--minibatch-size", "10", "--epochs", "3", "--step-log", str(log)],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    ranks = [json.loads((log / f"rank-{r}.json").read_text()) for r in range(2)]
+    for epoch in range(3):
+        counts = [sum(1 for s in r["steps"] if s["epoch"] == epoch) for r in ranks]
+        assert counts[0] == counts[1] > 0, counts
+        for r in ranks:
+            want = daemon.dump("--minibatch-size", "10", "--seed", "0", "--sweep", str(epoch), "--workers", "2",
+                               "--rank", str(r["rank"]), "--equal-steps")
+            got = [(s["position"], s["samples"]) for s in r["steps"] if s["epoch"] == epoch]
+            assert got == [(m["position"], m["streams"]["features"]["num_samples"]) for m in want]
+    losses = ranks[0]["losses"]
+    assert losses == ranks[1]["losses"] and losses[-1] < losses[0], losses
