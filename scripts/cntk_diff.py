@@ -94,7 +94,7 @@ def sample_text(rng, stream, tag):
     return " ".join(vals)
 
 
-def gen_source_text(rng, streams, lengths, id_mode, keys, crlf, errors):
+def gen_source_text(rng, streams, lengths, id_mode, keys, crlf, errors, tag_every_line=False):
     """CTF text for sequences of the given nominal lengths. Returns (text, errors injected)."""
     lines = []
     injected = 0
@@ -109,7 +109,7 @@ def gen_source_text(rng, streams, lengths, id_mode, keys, crlf, errors):
                 # fatal error); later lines carry each other stream with some probability.
                 if ln > 0 and si != full and rng.random() < 0.3:
                     continue
-                tag = keys[s] if (ln == 0 and si == 0) else None
+                tag = keys[s] if si == 0 and (ln == 0 or tag_every_line) else None
                 parts.append("|%s %s" % (st["alias"], sample_text(rng, st, tag)))
             if ln > 0 and not parts:
                 st = streams[0]
@@ -158,8 +158,13 @@ def gen_group(rng, gid):
     if several:
         split = rng.randint(1, len(streams) - 1)
         parts = [streams[:split], streams[split:]]
+        for sts in parts:
+            # Every line of a source starts with its sequence's key (a dense first stream), so a
+            # sample joined from another key shows.
+            sts[0]["sparse"] = False
+            sts[0]["dim"] = min(sts[0]["dim"], 4)
         for i, sts in enumerate(parts):
-            text, inj = gen_source_text(rng, sts, lengths, True, keys, crlf, err_rate)
+            text, inj = gen_source_text(rng, sts, lengths, True, keys, crlf, err_rate, tag_every_line=True)
             errors_total += inj
             fname = "s%d.ctf" % i
             files[fname] = text
@@ -538,8 +543,8 @@ def compare(case, ocl, dmp, upto=None):
 
 def first_misjoin(case, mbs):
     """Index of the first minibatch (canonical oracle output) in which CNTK joined sources by the
-    wrong key: every source's first stream carries its sequence's key as its first value (dense
-    streams only), so the keys of one sequence must agree across sources."""
+    wrong key: every line of every source starts with its sequence's key (the first value of the
+    source's first stream), so all samples of one sequence must carry the same key."""
     if len(case["sources"]) < 2:
         return None
     firsts = [src["streams"][0] for src in case["sources"]]
@@ -550,8 +555,8 @@ def first_misjoin(case, mbs):
             tags = set()
             for st in firsts:
                 seqs = m["streams"][st["name"]][2]
-                if qi < len(seqs) and seqs[qi]:
-                    tags.add(math.floor(float(seqs[qi][0][0])))
+                if qi < len(seqs):
+                    tags.update(math.floor(float(sample[0])) for sample in seqs[qi])
             if len(tags) > 1:
                 return i
     return None
