@@ -1,14 +1,17 @@
-"""Client for the minibatchd daemon (protocol version 1).
+"""Client for the minibatchd daemon (protocol version 2, falls back to 1 for older daemons).
 
 ``connect()`` → ``Client``; ``client.open(dataset, **options)`` → ``Source`` (iterable of
 ``Minibatch``); ``mb[stream]`` → ``Stream`` with zero-copy NumPy views on the shared-memory slot.
-See README.md and the daemon's DESIGN (§5 protocol and slot layout, §6 sessions, §8 client).
+``minibatchd.torch`` adapts sessions to PyTorch. Linux only: the ring is a memfd passed over a
+Unix socket (``SCM_RIGHTS``). See this package's README.md; the protocol and the slot layout are
+in the daemon repository's docs/daemon.md.
 """
 
 from ._client import (
     DEFAULT_SOCKET,
     PROTOCOL_VERSION,
     Client,
+    DaemonNotRunning,
     Minibatch,
     MinibatchdError,
     Source,
@@ -21,6 +24,7 @@ __all__ = [
     "DEFAULT_SOCKET",
     "PROTOCOL_VERSION",
     "Client",
+    "DaemonNotRunning",
     "Minibatch",
     "MinibatchdError",
     "Source",

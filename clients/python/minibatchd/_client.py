@@ -84,13 +84,27 @@ def torchrun_env() -> Tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+class DaemonNotRunning(MinibatchdError, ConnectionError):
+    """Nothing listens on the socket: the daemon is not running, or the client looks in the wrong
+    place. (A ``ConnectionError`` too, for code that catches those.)"""
+
+
 class _Conn:
     """A framed connection: 4-byte little-endian length + JSON."""
 
     def __init__(self, path: str, timeout: Optional[float]):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(timeout)
-        self.sock.connect(path)
+        try:
+            self.sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError) as e:
+            self.sock.close()
+            raise DaemonNotRunning(
+                "client_no_daemon",
+                f"no minibatchd daemon listens on {path} ({e.strerror}). Start one with "
+                "`minibatchd run --config FILE` (or `systemctl start minibatchd`), or point the client at "
+                "its socket: connect(path) or MINIBATCHD_SOCKET (the [daemon] socket key of its config)",
+            ) from None
         self.buf = bytearray()
         self.fds: List[int] = []
 

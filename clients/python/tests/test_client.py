@@ -152,3 +152,11 @@ def test_rank_and_world_size_from_torchrun_env(daemon, monkeypatch):
     source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True)
     got = [mb.to_dump() for mb in source]
     assert got == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3", "--rank", "1")
+
+
+def test_no_daemon_names_the_socket_and_how_to_start_one(tmp_path):
+    missing = str(tmp_path / "nothing.sock")
+    with pytest.raises(minibatchd.DaemonNotRunning) as e:
+        minibatchd.connect(missing)
+    assert missing in str(e.value) and "minibatchd run --config" in str(e.value) and "MINIBATCHD_SOCKET" in str(e.value)
+    assert isinstance(e.value, ConnectionError) and e.value.code == "client_no_daemon"
