@@ -1,0 +1,109 @@
+"""JAX: epochs of minibatches as ``jax.Array``s, with the same order, split and resume story as
+the PyTorch adapter.
+
+Each pass over a ``MinibatchIterator`` is one epoch, and epoch ``k`` is sweep ``k`` of the CNTK
+timeline (``set_epoch(k)`` picks it; later passes continue). With several JAX processes
+(``jax.process_count()`` > 1, or ``process_count=``), process ``p`` reads CNTK worker ``p``'s
+share, every process gets the same number of minibatches per epoch (``equal_steps``, on by
+default then), and over all processes each sweep comes exactly once (less the dropped ragged
+tail). Each item is ``{stream: {"values": jax.Array, "sequence_offsets": jax.Array, ...},
+"meta": {"epoch", "sweep", "end_of_sweep", "position", "index", "worker", "workers"}}``: the
+arrays are copied to the default device, so the shared-memory slot goes back at once.
+
+``state_dict()`` after a minibatch, and ``load_state_dict()`` before the next pass, resume
+mid-epoch exactly (save it with the model, e.g. with orbax or pickle).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._client import connect
+
+META = "meta"
+_REFUSED = ("max_samples", "max_sweeps", "sweep", "num_workers", "rank")
+_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
+
+
+class MinibatchIterator:
+    """Minibatches of ``dataset`` from the daemon at ``socket`` as ``jax.Array``s, one sweep per
+    pass. ``options`` are session options (``minibatch_size`` required); the epoch limit and the
+    split over processes are the iterator's own."""
+
+    def __init__(self, dataset: str, socket: Optional[str] = None, *, process_index: Optional[int] = None,
+                 process_count: Optional[int] = None, equal_steps: Optional[bool] = None, **options: Any):
+        for key in _REFUSED:
+            if key in options:
+                raise ValueError(f"{key!r} is not an option of MinibatchIterator: each pass is one sweep (set_epoch(k) picks "
+                                 "sweep k) and the split over processes is automatic (process_index=/process_count=)")
+        if "minibatch_size" not in options:
+            raise ValueError("minibatch_size is required")
+        options.pop("full_sweep", None)
+        self.dataset = dataset
+        self.socket = socket
+        self.process_index = jax.process_index() if process_index is None else process_index
+        self.process_count = jax.process_count() if process_count is None else process_count
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(f"process {self.process_index} is out of range for {self.process_count} process(es)")
+        self.equal_steps = self.process_count > 1 if equal_steps is None else equal_steps
+        self._resume: Optional[dict] = options.pop("resume", None)
+        self.options = options
+        self._epoch = 0
+        self._current: Optional[int] = None
+        self._source = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next pass delivers sweep ``epoch``."""
+        if epoch < 0:
+            raise ValueError("epoch must be >= 0")
+        self._epoch = epoch
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            if (resume.get("worker"), resume.get("workers")) != (self.process_index, self.process_count):
+                raise ValueError(f"this state belongs to process {resume.get('worker')} of {resume.get('workers')}")
+            self._epoch = int(resume["epoch"])
+        epoch, self._current = self._epoch, self._epoch
+        self._epoch += 1
+        options = dict(self.options, sweep=epoch, num_workers=self.process_count, rank=self.process_index)
+        if self.equal_steps:
+            options["equal_steps"] = True
+        if resume is not None and resume.get("source") is not None:
+            options["resume"] = resume["source"]
+        self._source = connect(self.socket).open(self.dataset, **options)
+        try:
+            for mb in self._source:
+                item: Dict[str, Any] = {}
+                for name, stream in mb.streams.items():
+                    if name == META:
+                        raise ValueError(f"a stream is named {META!r}, which the JAX adapter uses for metadata")
+                    item[name] = {key: jnp.asarray(np.asarray(arr)) for key in _ARRAYS
+                                  if (arr := getattr(stream, key)) is not None}
+                meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
+                        "index": mb.index, "worker": self.process_index, "workers": self.process_count}
+                mb.release()
+                item[META] = meta
+                yield item
+        finally:
+            self._source.close()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The position after the last minibatch yielded: the epoch and the session state (a
+        fresh epoch when no minibatch of it was taken yet)."""
+        source = None if self._source is None else self._source.state()
+        epoch = self._current if self._current is not None else self._epoch
+        if self._source is not None and getattr(self._source, "_ended", False):
+            epoch, source = epoch + 1, None  # the pass is complete: the next one starts fresh
+        return {"epoch": epoch, "source": source, "worker": self.process_index, "workers": self.process_count}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """The next pass continues from ``state``: the rest of its epoch, then the next ones."""
+        if state.get("source") is None:
+            self.set_epoch(int(state.get("epoch", 0)))
+        else:
+            self._resume = dict(state)
