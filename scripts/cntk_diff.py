@@ -629,7 +629,7 @@ def seek_free_reference(cases, d, oracle, sweep_size, sweeps):
             at += n
     workers = base["workers"]
     if workers == 1:
-        return [timeline]
+        return [timeline], timeline
     per_rank = []
     for r in range(workers):
         # One local sample per minibatch: each minibatch holds one sequence of this rank, which
@@ -659,7 +659,7 @@ def seek_free_reference(cases, d, oracle, sweep_size, sweeps):
                 g += 1
             start = m["position"]
         per_rank.append(mine)
-    return per_rank
+    return per_rank, timeline
 
 
 def epoch_end(case, sweep_size):
@@ -673,7 +673,14 @@ def epoch_end(case, sweep_size):
     return float("inf")
 
 
-def first_inconsistency(case, mbs, mine, sweep_size, ended):
+def epoch_stop(case, sweep_size, timeline):
+    """Where the block randomizer's walk stops at the epoch end: the start of the first sequence
+    that starts at or after it (every worker walks the same global timeline)."""
+    end = epoch_end(case, sweep_size)
+    return next((p for _, p, _ in timeline if p >= end), None)
+
+
+def first_inconsistency(case, mbs, mine, sweep_size, ended, timeline):
     """Index of the first minibatch of `mbs` (one rank's canonical oracle output) that does not
     hold exactly this rank's sequences of CNTK's own seek-free order between the position where
     it starts (the previous minibatch's, or the one a seek went to) and the position it reports;
@@ -702,7 +709,12 @@ def first_inconsistency(case, mbs, mine, sweep_size, ended):
             ends.add(mine[ptr - 1][1] + mine[ptr - 1][2])
         # The block randomizer also stops at a sweep end once the local size is reached there.
         at_sweep_end = block and m["position"] % sweep_size == 0
-        stop_ok = m["position"] in ends or at_sweep_end or m["position"] >= epoch_end(case, sweep_size) or ptr == len(mine)
+        if block:
+            stop = epoch_stop(case, sweep_size, timeline)
+            at_epoch_end = m["position"] == stop or stop is None and m["position"] >= epoch_end(case, sweep_size)
+        else:
+            at_epoch_end = m["position"] >= epoch_end(case, sweep_size)
+        stop_ok = m["position"] in ends or at_sweep_end or at_epoch_end or ptr == len(mine)
         if got != expected or not stop_ok:
             # The seek that preceded this minibatch is where CNTK's order went astray; the
             # minibatches since then were filled from it too (a fill stops at the first
@@ -825,7 +837,7 @@ def run_group(cases, oracle, binary, keep_dir=None):
                 diff = compare(case, co, cd, upto=len(co[0]))
                 results.append((case, "mismatch" if diff else "cntk_recounts", diff or "agrees until CNTK's re-counted errors", lines, len(co[0])))
                 continue
-            cut = first_inconsistency(case, co[0], ref[case["rank"]], sweep_size, co[1] == "empty") if ref is not None else None
+            cut = first_inconsistency(case, co[0], ref[0][case["rank"]], sweep_size, co[1] == "empty", ref[1]) if ref is not None else None
             if cut is not None:
                 diff = compare(case, co, cd, upto=cut)
                 results.append((case, "mismatch" if diff else "cntk_reseeks", diff or "agrees up to CNTK's seek at mb %d" % cut, lines, cut))
