@@ -476,6 +476,11 @@ impl Sampler {
     /// exhausted.
     fn walk_sweep(&mut self, fill: &mut Fill) -> Stop {
         let plan = &self.current;
+        // CNTK's `NoRandomizer` fills `while localSampleCount > numLocalSamplesLoaded`: once the
+        // local size is reached it stops at once, without passing over the other workers'
+        // sequences that follow. The block randomizer passes over them up to the next local
+        // sequence, which then does not fit. (With one worker both rules stop at the same place.)
+        let stop_once_full = !self.block && self.options.num_workers > 1;
         while self.index < plan.len() {
             let r = plan.order[self.index];
             let len = u64::from(self.timeline.seq_len[r.seq as usize]);
@@ -491,11 +496,7 @@ impl Sampler {
             }
             self.position += len;
             self.index += 1;
-            // CNTK's `NoRandomizer` fills `while localSampleCount > numLocalSamplesLoaded`: once
-            // the local size is reached it stops at once, without passing over the other
-            // workers' sequences that follow. The block randomizer passes over them up to the
-            // next local sequence, which then does not fit.
-            if !self.block && fill.local_samples >= fill.limit {
+            if stop_once_full && local && fill.local_samples >= fill.limit {
                 return Stop::Full;
             }
         }
