@@ -863,6 +863,8 @@ def run_group(cases, oracle, binary, keep_dir=None):
 
 
 def dataset_sweep_size(case, d, binary):
+    """Samples per sweep, from one sequential minibatch as large as the data (minibatchd's index
+    pass; the conformance tests check it against CNTK's)."""
     c = dict(case)
     c["randomize"] = False
     c["workers"], c["rank"] = 1, 0
@@ -872,20 +874,6 @@ def dataset_sweep_size(case, d, binary):
     c["num_minibatches"] = 1
     out = run_dump(binary, c, d)
     return out["minibatches"][0]["position"] if out["minibatches"] else 0
-
-
-def dataset_sequences(case, d, binary):
-    c = dict(case)
-    c["randomize"] = False
-    c["workers"], c["rank"] = 1, 0
-    c["limit"] = ["full"]
-    c["restore_at_start"], c["restore_before"] = None, []
-    c["minibatch_sizes"] = [1 << 20]
-    c["num_minibatches"] = 1
-    out = run_dump(binary, c, d)
-    if not out["minibatches"]:
-        return 0
-    return max(v["num_sequences"] for v in out["minibatches"][0]["streams"].values())
 
 
 def record_case(directory, case, status, lines, upto, max_bytes):

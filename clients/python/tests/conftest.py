@@ -40,6 +40,34 @@ def write_data(path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def daemon_section(tmp: Path, socket_path: str) -> str:
+    """The `[daemon]` table of the test daemons' configs."""
+    return f"""[daemon]
+socket = "{socket_path}"
+metrics_listen = "127.0.0.1:0"
+state_dir = "{tmp}/state"
+memory_limit_bytes = 268435456
+ring_slots = 4
+slot_size_bytes = 65536
+# Sessions a test leaves open would hold the daemon's stop for the default 5 s.
+shutdown_grace_secs = 1
+"""
+
+
+def run_example(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs examples/SCRIPT with this interpreter and the client on its path (no torchrun
+    environment), and checks that it succeeded."""
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"), JAX_PLATFORMS="cpu")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], capture_output=True, text=True,
+                         timeout=timeout, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
 class Daemon:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -48,16 +76,8 @@ class Daemon:
         self.socket = str(tmp / "mbd.sock")
         self.config = tmp / "minibatchd.toml"
         self.config.write_text(
-            f"""[daemon]
-socket = "{self.socket}"
-metrics_listen = "127.0.0.1:0"
-state_dir = "{tmp}/state"
-memory_limit_bytes = 268435456
-ring_slots = 4
-slot_size_bytes = 65536
-# Sessions a test leaves open would hold the daemon's stop for the default 5 s.
-shutdown_grace_secs = 1
-
+            daemon_section(tmp, self.socket)
+            + f"""
 [datasets.train]
 format = "ctf"
 files = ["{data}"]

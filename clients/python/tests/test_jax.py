@@ -2,13 +2,10 @@
 each sweep, state dicts resume mid-epoch exactly, and examples/jax_train.py trains and resumes."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, require
+from conftest import require, run_example
 
 jax = require("jax")
 from minibatchd.jax import MinibatchIterator  # noqa: E402
@@ -70,15 +67,10 @@ def test_state_dict_resumes_mid_epoch(daemon):
 
 
 def test_jax_example_trains_and_resumes_exactly(daemon, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"), JAX_PLATFORMS="cpu")
-
     def run(name, *extra):
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "jax_train.py"), "--socket", daemon.socket, "--dataset", "train",
-             "--minibatch-size", "9", "--epochs", "2", "--checkpoint-every", "5",
-             "--checkpoint", str(tmp_path / f"{name}.pkl"), "--step-log", str(tmp_path / f"{name}.jsonl"), *extra],
-            capture_output=True, text=True, timeout=300, env=env)
-        assert out.returncode == 0, out.stdout + out.stderr
+        run_example("jax_train.py", "--socket", daemon.socket, "--dataset", "train", "--minibatch-size", "9",
+                    "--epochs", "2", "--checkpoint-every", "5", "--checkpoint", str(tmp_path / f"{name}.pkl"),
+                    "--step-log", str(tmp_path / f"{name}.jsonl"), *extra)
         return [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
 
     whole = run("whole")

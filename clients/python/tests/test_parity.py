@@ -11,7 +11,7 @@ from pathlib import Path
 
 import minibatchd
 
-from conftest import BIN, DEADLINE, ROOT, Daemon
+from conftest import BIN, DEADLINE, ROOT, Daemon, daemon_section
 
 CORPUS = ROOT / "tests" / "parity" / "cases"
 GROUPS = 12
@@ -24,18 +24,7 @@ class CorpusDaemon(Daemon):
         self.tmp = tmp
         self.socket = str(tmp / "mbd.sock")
         self.config = tmp / "minibatchd.toml"
-        self.config.write_text(
-            f"""[daemon]
-socket = "{self.socket}"
-metrics_listen = "127.0.0.1:0"
-state_dir = "{tmp}/state"
-memory_limit_bytes = 268435456
-ring_slots = 4
-slot_size_bytes = 65536
-shutdown_grace_secs = 1
-
-{datasets}"""
-        )
+        self.config.write_text(daemon_section(tmp, self.socket) + "\n" + datasets)
         self._start()
 
 

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import require, run_example
 
 torch = require("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -206,23 +206,13 @@ def test_training_example_resumes_from_its_checkpoint_exactly(daemon, tmp_path, 
     """examples/torch_train.py stopped after 13 steps (checkpoints every 5) and started again
     sees exactly the minibatches an uninterrupted run sees after step 10."""
     import json
-    import subprocess
-    import sys
 
     require("torchdata")
-    from conftest import ROOT
-
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
 
     def run(name, *extra):
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "torch_train.py"), "--socket", daemon.socket, "--dataset", "train",
-             "--minibatch-size", "9", "--epochs", "2", "--workers", str(workers), "--checkpoint-every", "5",
-             "--checkpoint", str(tmp_path / f"{name}.pt"), "--step-log", str(tmp_path / f"{name}.jsonl"), *extra],
-            capture_output=True, text=True, timeout=300, env=env)
-        assert out.returncode == 0, out.stdout + out.stderr
+        run_example("torch_train.py", "--socket", daemon.socket, "--dataset", "train", "--minibatch-size", "9",
+                    "--epochs", "2", "--workers", str(workers), "--checkpoint-every", "5",
+                    "--checkpoint", str(tmp_path / f"{name}.pt"), "--step-log", str(tmp_path / f"{name}.jsonl"), *extra)
         return [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
 
     whole = run("whole")
