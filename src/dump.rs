@@ -17,7 +17,7 @@ use crate::dataset::Dataset;
 use crate::format::chunk::{Indices, ParsedChunk, Values};
 use crate::format::errors::DataError;
 use crate::minibatch::{assemble, MbData, MbStream, Minibatch};
-use crate::sampling::{Sampler, SamplingOptions};
+use crate::sampling::{MinibatchPlan, Sampler, SamplingOptions};
 
 /// What `dump` (or a session) asks for besides the sampling options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +109,30 @@ pub fn for_each_minibatch(
     options: &DumpOptions,
     each: &mut dyn FnMut(&Minibatch) -> Result<(), DumpError>,
 ) -> Result<(u64, usize, usize), DumpError> {
+    let shapes = dataset.stream_shapes();
+    let mut cache = ChunkCache::new(dataset);
+    let count = for_each_plan(dataset, options, &mut |index, plan| {
+        let mb = assemble(index, plan, dataset.timeline(), &shapes, options.frame_mode, &mut cache)?;
+        each(&mb)?;
+        for &c in &plan.retire {
+            cache.retire(c);
+        }
+        Ok(())
+    })?;
+    Ok((count, cache.peak_chunks, cache.peak_bytes))
+}
+
+/// Walks the session's plans (no data is read), calling `each(index, plan)` per minibatch:
+/// restores, minibatch sizes, equal steps and the minibatch limit as `options` say. Returns the
+/// number of minibatches.
+///
+/// # Errors
+/// Invalid options, or the first error `each` returns.
+pub fn for_each_plan(
+    dataset: &Dataset,
+    options: &DumpOptions,
+    each: &mut dyn FnMut(u64, &MinibatchPlan) -> Result<(), DumpError>,
+) -> Result<u64, DumpError> {
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
     if options.equal_steps {
         sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1))?;
@@ -116,8 +140,6 @@ pub fn for_each_minibatch(
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }
-    let shapes = dataset.stream_shapes();
-    let mut cache = ChunkCache::new(dataset);
     let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;
     while options.num_minibatches.is_none_or(|n| count < n) {
@@ -126,14 +148,40 @@ pub fn for_each_minibatch(
         }
         let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
         let Some(plan) = sampler.next_minibatch(size) else { break };
-        let mb = assemble(count, &plan, dataset.timeline(), &shapes, options.frame_mode, &mut cache)?;
-        each(&mb)?;
-        for &c in &plan.retire {
-            cache.retire(c);
-        }
+        each(count, &plan)?;
         count += 1;
     }
-    Ok((count, cache.peak_chunks, cache.peak_bytes))
+    Ok(count)
+}
+
+/// Writes the session's data-order ledger to `out`, one JSON object per minibatch: `minibatch`,
+/// `sweep`, `end_of_sweep`, `position`, `fingerprint` (as in `dump` and in the slot header) and
+/// `sequences`, the global file-order indices of its sequences. No data is read.
+///
+/// # Errors
+/// As [`for_each_plan`], and write errors.
+pub fn ledger(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
+    use std::fmt::Write as _;
+    let mut line = String::new();
+    let n = for_each_plan(dataset, options, &mut |index, plan| {
+        line.clear();
+        let _ = write!(
+            line,
+            "{{\"minibatch\": {index}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"fingerprint\": \"{:016x}\", \"sequences\": [",
+            plan.sweep,
+            plan.end_of_sweep,
+            plan.position,
+            plan.fingerprint()
+        );
+        for (i, r) in plan.sequences.iter().enumerate() {
+            let _ = write!(line, "{}{}", if i > 0 { ", " } else { "" }, r.seq);
+        }
+        line.push_str("]}\n");
+        out.write_all(line.as_bytes())?;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(n)
 }
 
 /// Writes every minibatch of the session to `out` as JSON lines.
@@ -159,8 +207,8 @@ pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
     use std::fmt::Write as _;
     let _ = write!(
         out,
-        "{{\"minibatch\": {}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"streams\": {{",
-        mb.index, mb.sweep, mb.end_of_sweep, mb.position
+        "{{\"minibatch\": {}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"fingerprint\": \"{:016x}\", \"streams\": {{",
+        mb.index, mb.sweep, mb.end_of_sweep, mb.position, mb.fingerprint
     );
     for (i, (name, s)) in names.iter().zip(&mb.streams).enumerate() {
         if i > 0 {

@@ -37,7 +37,7 @@ enum Command {
         config: PathBuf,
     },
     /// Print the minibatches a session with these options would receive, as JSON lines.
-    Dump(DumpArgs),
+    Dump(Box<DumpArgs>),
     /// Build (and cache) the chunk index of a dataset.
     Index {
         /// The config file.
@@ -109,6 +109,11 @@ struct DumpArgs {
     /// Stop after this many minibatches.
     #[arg(long)]
     num_minibatches: Option<u64>,
+    /// Print the data-order ledger instead of the data: per minibatch its index, sweep,
+    /// end_of_sweep, position, fingerprint and the global indices of its sequences (no data is
+    /// read).
+    #[arg(long)]
+    ledger: bool,
 }
 
 fn main() -> ExitCode {
@@ -165,7 +170,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
-            dump(&d, &options, &mut out)?;
+            if args.ledger {
+                minibatchd::dump::ledger(&d, &options, &mut out)?;
+            } else {
+                dump(&d, &options, &mut out)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {

@@ -77,6 +77,9 @@ pub struct Minibatch {
     pub end_of_sweep: bool,
     /// Checkpoint position after this minibatch.
     pub position: u64,
+    /// The data-order ledger's fingerprint ([`crate::sampling::MinibatchPlan::fingerprint`]); 0
+    /// when a slot written by an older daemon carries none.
+    pub fingerprint: u64,
     /// One entry per stream, in dataset order.
     pub streams: Vec<MbStream>,
 }
@@ -278,6 +281,8 @@ pub struct Gathered {
     pub end_of_sweep: bool,
     /// Checkpoint position after this minibatch.
     pub position: u64,
+    /// The data-order ledger's fingerprint of the plan.
+    pub fingerprint: u64,
     chunks: Vec<Arc<ParsedChunk>>,
     streams: Vec<GatheredStream>,
 }
@@ -470,6 +475,7 @@ pub fn gather(
         sweep: plan.sweep,
         end_of_sweep: plan.end_of_sweep,
         position: plan.position,
+        fingerprint: plan.fingerprint(),
         chunks: held,
         streams,
     })
@@ -695,6 +701,7 @@ impl Gathered {
             sweep: self.sweep,
             end_of_sweep: self.end_of_sweep,
             position: self.position,
+            fingerprint: self.fingerprint,
             streams,
         }
     }

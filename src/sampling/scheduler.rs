@@ -140,6 +140,22 @@ pub struct MinibatchPlan {
     pub retire: Vec<u32>,
 }
 
+impl MinibatchPlan {
+    /// The data-order ledger's fingerprint: FNV-1a (64-bit) over the sweep and the global file-order
+    /// index of each sequence, in order. It says which sequences a minibatch holds, in which order,
+    /// from which sweep; the same on every run, delivery path and client (`dump` prints it, the
+    /// daemon writes it into the slot header).
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = crate::dataset::Fnv::new();
+        h.u64(self.sweep);
+        for r in &self.sequences {
+            h.u64(u64::from(r.seq));
+        }
+        h.finish()
+    }
+}
+
 /// Invalid sampler configuration or timeline.
 #[derive(Debug, thiserror::Error)]
 pub enum SamplingError {

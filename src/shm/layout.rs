@@ -270,8 +270,12 @@ pub struct SlotHeader {
     pub minibatch: u64,
     /// Bytes of the slot in use.
     pub used_bytes: u64,
+    /// The minibatch's data-order ledger fingerprint
+    /// ([`crate::sampling::MinibatchPlan::fingerprint`]). Layout version 1 had reserved zero
+    /// bytes here, so 0 means a daemon that did not write one.
+    pub fingerprint: u64,
     /// Reserved, zero.
-    pub reserved: [u64; 4],
+    pub reserved: [u64; 3],
 }
 
 const _: () = assert!(std::mem::size_of::<SlotHeader>() == SlotHeader::SIZE);
@@ -286,7 +290,8 @@ impl SlotHeader {
         put_u64(out, 8, self.generation);
         put_u64(out, 16, self.minibatch);
         put_u64(out, 24, self.used_bytes);
-        out[32..64].fill(0);
+        put_u64(out, 32, self.fingerprint);
+        out[40..64].fill(0);
     }
 
     /// Reads the header at the start of a slot.
@@ -298,7 +303,7 @@ impl SlotHeader {
             return Err(LayoutError::BadMagic);
         }
         let f = Fields(slot);
-        Ok(Self { magic: SLOT_MAGIC, num_tensors: f.u32(4), generation: f.u64(8), minibatch: f.u64(16), used_bytes: f.u64(24), reserved: [0; 4] })
+        Ok(Self { magic: SLOT_MAGIC, num_tensors: f.u32(4), generation: f.u64(8), minibatch: f.u64(16), used_bytes: f.u64(24), fingerprint: f.u64(32), reserved: [0; 3] })
     }
 }
 
@@ -420,10 +425,11 @@ pub fn encode_slot(
     slot: &mut [u8],
     generation: u64,
     minibatch: u64,
+    fingerprint: u64,
     tensors: &[TensorSpec<'_>],
 ) -> Result<u64, LayoutError> {
     let metas: Vec<TensorMeta<'_>> = tensors.iter().map(TensorSpec::meta).collect();
-    encode_slot_with(slot, generation, minibatch, &metas, |i, out| {
+    encode_slot_with(slot, generation, minibatch, fingerprint, &metas, |i, out| {
         out.copy_from_slice(tensors[i].data)
     })
 }
@@ -438,6 +444,7 @@ pub fn encode_slot_with(
     slot: &mut [u8],
     generation: u64,
     minibatch: u64,
+    fingerprint: u64,
     metas: &[TensorMeta<'_>],
     mut fill: impl FnMut(usize, &mut [u8]),
 ) -> Result<u64, LayoutError> {
@@ -481,7 +488,8 @@ pub fn encode_slot_with(
         generation,
         minibatch,
         used_bytes: needed,
-        reserved: [0; 4],
+        fingerprint,
+        reserved: [0; 3],
     };
     header.write(slot);
     Ok(needed)
@@ -560,7 +568,7 @@ mod tests {
             TensorSpec { name: "f/sequence_offsets", dtype: DType::I64, shape: &[3], data: &offs },
             TensorSpec { name: "f/values", dtype: DType::F32, shape: &[3, 2], data: &vals },
         ];
-        let used = encode_slot(&mut slot, 4, 11, &specs).expect("fits");
+        let used = encode_slot(&mut slot, 4, 11, 0x5eed, &specs).expect("fits");
         assert_eq!(used, encoded_size(&specs));
         let (h, table) = decode_slot(&slot).expect("decodes");
         assert_eq!((h.generation, h.minibatch, h.num_tensors), (4, 11, 2));
@@ -576,7 +584,7 @@ mod tests {
         let mut slot = vec![0u8; 256];
         let data = vec![0u8; 1000];
         let specs = [TensorSpec { name: "x", dtype: DType::U8, shape: &[1000], data: &data }];
-        assert!(matches!(encode_slot(&mut slot, 1, 0, &specs), Err(LayoutError::TooLarge { slot_size_bytes: 256, .. })));
+        assert!(matches!(encode_slot(&mut slot, 1, 0, 0, &specs), Err(LayoutError::TooLarge { slot_size_bytes: 256, .. })));
         assert_eq!(SlotHeader::read(&slot), Err(LayoutError::BadMagic));
     }
 
@@ -584,7 +592,7 @@ mod tests {
     fn corrupt_tables_are_refused() {
         let mut slot = vec![0u8; 4096];
         let data = [0u8; 8];
-        encode_slot(&mut slot, 1, 0, &[TensorSpec { name: "x", dtype: DType::U8, shape: &[8], data: &data }]).expect("fits");
+        encode_slot(&mut slot, 1, 0, 0, &[TensorSpec { name: "x", dtype: DType::U8, shape: &[8], data: &data }]).expect("fits");
         let mut bad = slot.clone();
         put_u64(&mut bad, SlotHeader::SIZE + 48, 4096); // data offset at the very end
         assert!(decode_slot(&bad).is_err());

@@ -90,7 +90,7 @@ impl<M: SlotMemory> Ring<M> {
             }
         }
         let specs = specs_of(mb, &tensor_names, &shapes);
-        layout::encode_slot(&mut self.memory.bytes_mut()[range], generation, mb.index, &specs)
+        layout::encode_slot(&mut self.memory.bytes_mut()[range], generation, mb.index, mb.fingerprint, &specs)
     }
 }
 
@@ -137,6 +137,7 @@ impl<M: SlotMemory> Ring<M> {
             &mut self.memory.bytes_mut()[range],
             generation,
             mb.index,
+            mb.fingerprint,
             &metas,
             |i, out| mb.fill(&tensors[i], out),
         )
@@ -298,7 +299,7 @@ pub fn decode_minibatch(ring_bytes: &[u8], slot: u64, expected_generation: u64, 
         };
         streams.push(MbStream { sequence_offsets, data });
     }
-    Ok(Minibatch { index: sh.minibatch, sweep: 0, end_of_sweep: false, position: 0, streams })
+    Ok(Minibatch { index: sh.minibatch, sweep: 0, end_of_sweep: false, position: 0, fingerprint: sh.fingerprint, streams })
 }
 
 #[cfg(test)]
@@ -313,6 +314,7 @@ mod tests {
             sweep: 0,
             end_of_sweep: false,
             position: 0,
+            fingerprint: 0x0123_4567_89ab_cdef,
             streams: vec![
                 MbStream { sequence_offsets: vec![0, 2, 3], data: MbData::Dense { dim: 2, values: Values::F32(vec![0.5, 1.0, f32::NAN, -0.0, 3.0, 4.0]) } },
                 MbStream {

@@ -1,0 +1,68 @@
+"""The data-order ledger: prove what a training run saw, step by step.
+
+Every minibatch carries a fingerprint (``Minibatch.fingerprint``, ``item["meta"]["fingerprint"]``
+in the adapters): 16 hex digits naming which sequences it holds, in which order, from which
+sweep. A trainer records ``Minibatch.ledger_entry()`` (or the adapters' ``meta``) per step; the
+daemon's ``minibatchd dump --ledger`` prints, without a trainer, what any (config, options, rank,
+world size) must see, with the sequences behind each fingerprint. Compare the two:
+
+    want = expected("conf/minibatchd.toml", "train", minibatch_size=256, sweep=0, workers=8, rank=3)
+    step = first_divergence(recorded, want)          # None: the run saw exactly that
+    once = exactly_once([expected(..., rank=r) for r in range(8)])   # every sequence once per sweep
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter, defaultdict
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+_FLAGS = {
+    "minibatch_size": "--minibatch-size", "max_samples": "--max-samples", "max_sweeps": "--max-sweeps",
+    "sweep": "--sweep", "randomize": "--randomize", "window_chunks": "--window-chunks",
+    "window_samples": "--window-samples", "seed": "--seed", "workers": "--workers", "rank": "--rank",
+    "restore": "--restore", "num_minibatches": "--num-minibatches",
+}
+_SWITCHES = {"full_sweep": "--full-sweep", "frame_mode": "--frame-mode", "equal_steps": "--equal-steps"}
+
+
+def expected(config: str, dataset: str, *, binary: Optional[str] = None, **options: Any) -> List[Dict[str, Any]]:
+    """The ledger ``minibatchd dump --ledger`` prints for these options (``workers``/``rank`` for
+    the split; the other keys as the session options). ``binary`` defaults to
+    ``$MINIBATCHD_BIN`` or ``minibatchd`` on the PATH."""
+    args = [binary or os.environ.get("MINIBATCHD_BIN") or "minibatchd", "dump", "--config", str(config),
+            "--dataset", dataset, "--ledger"]
+    for key, value in options.items():
+        if key in _SWITCHES:
+            if value:
+                args.append(_SWITCHES[key])
+        elif key in _FLAGS:
+            args += [_FLAGS[key], str(value).lower() if isinstance(value, bool) else str(value)]
+        else:
+            raise ValueError(f"unknown ledger option {key!r}")
+    out = subprocess.run(args, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"minibatchd dump --ledger failed: {out.stderr.strip()}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def first_divergence(recorded: Sequence[Dict[str, Any]], want: Sequence[Dict[str, Any]]) -> Optional[int]:
+    """The first step at which ``recorded`` (entries with ``fingerprint``, in step order) differs
+    from ``want``, or where one of them ends before the other; ``None`` when they are equal."""
+    for step, (a, b) in enumerate(zip(recorded, want)):
+        if a["fingerprint"] != b["fingerprint"]:
+            return step
+    return None if len(recorded) == len(want) else min(len(recorded), len(want))
+
+
+def exactly_once(ledgers: Iterable[Sequence[Dict[str, Any]]]) -> Dict[int, Counter]:
+    """Per sweep, how often each sequence occurs over the given ledgers (one per rank or worker,
+    from ``expected``). Every count is 1 when the ranks together saw each sequence exactly once
+    in that sweep; a sequence that is missing does not appear."""
+    counts: Dict[int, Counter] = defaultdict(Counter)
+    for ledger in ledgers:
+        for entry in ledger:
+            counts[entry["sweep"]].update(entry["sequences"])
+    return dict(counts)
