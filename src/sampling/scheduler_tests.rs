@@ -694,3 +694,21 @@ fn exactly_full_at_the_sweep_end_does_not_cross() {
         (1, 2, true)
     );
 }
+
+// The ledger's fingerprint names the sequences, their order and the sweep, and nothing else.
+#[test]
+fn fingerprint_names_sequences_order_and_sweep() {
+    let plan = |sweep, seqs: &[u32]| MinibatchPlan {
+        sequences: seqs.iter().map(|&seq| SeqRef { seq, chunk: 0 }).collect(),
+        sweep,
+        end_of_sweep: false,
+        position: 9,
+        retire: Vec::new(),
+    };
+    let a = plan(1, &[3, 1, 4]);
+    assert_eq!(a.fingerprint(), MinibatchPlan { position: 99, end_of_sweep: true, retire: vec![0], ..a.clone() }.fingerprint());
+    assert_ne!(a.fingerprint(), plan(1, &[1, 3, 4]).fingerprint(), "order");
+    assert_ne!(a.fingerprint(), plan(2, &[3, 1, 4]).fingerprint(), "sweep");
+    assert_ne!(a.fingerprint(), plan(1, &[3, 1]).fingerprint(), "sequences");
+    assert_ne!(plan(0, &[]).fingerprint(), plan(0, &[0]).fingerprint());
+}
