@@ -64,8 +64,8 @@ def main() -> None:
             opt.step()
             total += torch.tensor([loss.item() * len(x), float(len(x))])
             meta = item["meta"]
-            steps.append({"epoch": epoch, "worker": meta["worker"], "workers": meta["workers"],
-                          "index": meta["index"], "position": meta["position"], "samples": len(x)})
+            steps.append({"epoch": epoch, "worker": meta["worker"], "workers": meta["workers"], "index": meta["index"],
+                          "position": meta["position"], "samples": len(x), "fingerprint": meta["fingerprint"]})
         dist.all_reduce(total)
         losses.append(float(total[0] / total[1]))
     if args.step_log:

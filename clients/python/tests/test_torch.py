@@ -197,6 +197,17 @@ def test_torchrun_ddp_example_two_ranks_equal_steps(daemon, tmp_path):
                                "--rank", str(r["rank"]), "--equal-steps")
             got = [(s["position"], s["samples"]) for s in r["steps"] if s["epoch"] == epoch]
             assert got == [(m["position"], m["streams"]["features"]["num_samples"]) for m in want]
+    # The ledger: each step's fingerprint is the expected one, and no sequence reached both ranks.
+    from minibatchd import ledger
+
+    for epoch in range(3):
+        want = [ledger.expected(daemon.config, "train", minibatch_size=10, seed=0, sweep=epoch, workers=2, rank=r,
+                                equal_steps=True) for r in range(2)]
+        for r, rank in enumerate(ranks):
+            got = [s for s in rank["steps"] if s["epoch"] == epoch]
+            assert ledger.first_divergence(got, want[r]) is None
+        counts = ledger.exactly_once(want)[epoch]
+        assert set(counts.values()) == {1} and len(counts) > SEQUENCES * 0.8
     losses = ranks[0]["losses"]
     assert losses == ranks[1]["losses"] and losses[-1] < losses[0], losses
 
@@ -224,3 +235,22 @@ def test_training_example_resumes_from_its_checkpoint_exactly(daemon, tmp_path, 
     # Steps 11..13 ran twice (after the checkpoint at 10): the second time, identically.
     assert [key(s) for s in resumed[13:]] == [key(s) for s in whole[10:]]
     assert after and all(abs(a["loss"] - b["loss"]) < 1e-6 for a, b in zip(resumed[16:], whole[13:]))
+
+
+def test_the_ledger_proves_what_each_worker_saw(daemon):
+    """Every item's fingerprint is the one `dump --ledger` gives for its worker; over the workers
+    each sequence comes once; a run on other options diverges at the first differing step."""
+    from minibatchd import ledger
+
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=6)
+    items = list(DataLoader(ds, batch_size=None, num_workers=2))
+    want = {w: ledger.expected(daemon.config, "train", minibatch_size=8, seed=6, sweep=0, workers=2, rank=w)
+            for w in range(2)}
+    for w in range(2):
+        recorded = [i["meta"] for i in items if i["meta"]["worker"] == w]
+        assert ledger.first_divergence(recorded, want[w]) is None
+        assert [i["meta"]["fingerprint"] for i in items if i["meta"]["worker"] == w] == [e["fingerprint"] for e in want[w]]
+    counts = ledger.exactly_once(want.values())
+    assert set(counts) == {0} and sorted(counts[0]) == list(range(SEQUENCES)) and set(counts[0].values()) == {1}
+    other = ledger.expected(daemon.config, "train", minibatch_size=8, seed=7, sweep=0, workers=2, rank=0)
+    assert ledger.first_divergence(other, want[0]) == 0
