@@ -26,12 +26,16 @@ fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
     Timeline { seq_len, chunk_start }
 }
 
-fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize) -> u64 {
+fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize, fingerprint: bool) -> u64 {
     let opts = SamplingOptions { randomize, window, seed: 1, limit: EpochLimit::FullSweep, num_workers: 1, rank: 0 };
     let mut s = Sampler::new(t.clone(), opts).expect("sampler");
     let mut n = 0u64;
     while let Some(p) = s.next_minibatch(mb) {
         n += p.sequences.len() as u64;
+        if fingerprint {
+            // The data-order ledger's cost: the daemon computes this once per minibatch.
+            n ^= criterion::black_box(p.fingerprint()) & 1;
+        }
     }
     n
 }
@@ -46,8 +50,11 @@ fn bench(c: &mut Criterion) {
         for (label, randomize, window) in
             [("sequential", false, Window::Chunks(1)), ("window_128_chunks", true, Window::Chunks(128)), ("window_4_chunks", true, Window::Chunks(4))]
         {
-            g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| b.iter(|| sweep(t, randomize, window, 256)));
+            g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| b.iter(|| sweep(t, randomize, window, 256, false)));
         }
+        g.bench_with_input(BenchmarkId::new("sequential_with_fingerprint", name), &t, |b, t| {
+            b.iter(|| sweep(t, false, Window::Chunks(1), 256, true));
+        });
     }
     g.finish();
 }

@@ -38,7 +38,7 @@ _RELEASE_TAG = 0x02
 # slot_count, slot_size, slots_offset, total_bytes — native byte order.
 _RING = struct.Struct("=8sIIQQQQQQ")
 # Slot header: magic, num_tensors, generation, minibatch, used_bytes.
-_SLOT = struct.Struct("=4sIQQQ")
+_SLOT = struct.Struct("=4sIQQQQ")  # magic, tensors, generation, index, used bytes, fingerprint
 _ENTRY = "IIII4QQQ"  # name_offset, name_len, dtype, ndim, shape[4], offset, nbytes
 _DTYPES = {
     1: np.dtype("=f4"),
@@ -442,7 +442,7 @@ class Source:
     def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int) -> "Minibatch":
         base = self._slots_offset + slot * self._slot_size
         mm = self._mm
-        magic, n, sgen, _index, _used = _SLOT.unpack_from(mm, base)
+        magic, n, sgen, _index, _used, fingerprint = _SLOT.unpack_from(mm, base)
         if magic != b"MBSL" or sgen != gen:
             raise MinibatchdError("client_layout", f"slot {slot} does not hold generation {gen}")
         # The owner's base is the mapping (not an ndarray), so NumPy's base collapsing stops at the
@@ -460,7 +460,7 @@ class Source:
                 self._specs[raw] = specs
         ref = self._releaser.track(owner, (slot, gen))
         # The arrays themselves are made when their stream is first asked for.
-        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs)
+        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
 
     def _report_final(self) -> None:
         """The daemon is stopping: tell it what was taken (``close``), so its checkpoint holds this
@@ -665,13 +665,15 @@ class Minibatch:
     """One minibatch: ``mb[name]`` is a ``Stream``. Holds a lease on its slot until every view is
     gone or ``release()`` is called."""
 
-    def __init__(self, source: Source, owner: np.ndarray, ref: Any, index: int, sweep: int, end_of_sweep: bool, position: int, specs: list):
+    def __init__(self, source: Source, owner: np.ndarray, ref: Any, index: int, sweep: int, end_of_sweep: bool, position: int,
+                 specs: list, fingerprint: int = 0):
         self._owner = owner
         self._release = (source._releaser, ref)
         self.index = index
         self.sweep = sweep
         self.end_of_sweep = end_of_sweep
         self.position = position
+        self._fingerprint = fingerprint
         # The slot's tensor table as (shape, dtype, offset); None once released.
         self._specs: Optional[list] = specs
         self._layout = source._where
@@ -717,6 +719,17 @@ class Minibatch:
         self._specs = None
         self._owner = None
 
+    @property
+    def fingerprint(self) -> str:
+        """The data-order ledger fingerprint: 16 hex digits that name which sequences this
+        minibatch holds, in which order, from which sweep (``minibatchd dump`` prints the same;
+        ``"0" * 16`` from a daemon that does not write it). Kept after ``release()``."""
+        return f"{self._fingerprint:016x}"
+
+    def ledger_entry(self) -> dict:
+        """What a trainer records per step to check its data order later (``minibatchd.ledger``)."""
+        return {"minibatch": self.index, "sweep": self.sweep, "position": self.position, "fingerprint": self.fingerprint}
+
     def to_dump(self) -> dict:
         """The same object ``json.loads`` gives for this minibatch's ``minibatchd dump`` line."""
         return {
@@ -724,6 +737,7 @@ class Minibatch:
             "sweep": self.sweep,
             "end_of_sweep": self.end_of_sweep,
             "position": self.position,
+            "fingerprint": self.fingerprint,
             "streams": {n: s.to_dump() for n, s in self.streams.items()},
         }
 

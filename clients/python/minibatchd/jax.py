@@ -85,6 +85,7 @@ class MinibatchIterator:
                     item[name] = {key: jnp.asarray(np.asarray(arr)) for key in _ARRAYS
                                   if (arr := getattr(stream, key)) is not None}
                 meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
+                        "fingerprint": mb.fingerprint,
                         "index": mb.index, "worker": self.process_index, "workers": self.process_count}
                 mb.release()
                 item[META] = meta

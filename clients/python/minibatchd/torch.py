@@ -142,7 +142,8 @@ class MinibatchIterableDataset(IterableDataset):
                     item = {s: {k: t.clone() for k, t in d.items()} for s, d in item.items()}
                     mb.release()
                 item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
-                              "position": mb.position, "index": mb.index, "worker": worker, "workers": workers}
+                              "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
+                              "worker": worker, "workers": workers}
                 yield item
         finally:
             self._source.close()
