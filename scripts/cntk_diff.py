@@ -415,6 +415,13 @@ def norm_sparse(indices, values):
     return keys, [struct.unpack("<f", struct.pack("<f", acc[k]))[0] for k in keys], [mag[k] for k in keys]
 
 
+def canon_stream(r, sparse, idx, val):
+    """A stream of one minibatch as (samples, sequences, sequences with sparse samples
+    normalized); `idx`/`val` name the sparse sample's keys on that side."""
+    seqs = [[norm_sparse(x[idx], x[val]) for x in q] if sparse else q for q in r["sequences"]]
+    return r["num_samples"], r["num_sequences"], seqs
+
+
 def canon_oracle(lines, streams):
     """Oracle lines -> (minibatches, end) with end in {"empty", "limit", "error: ...", "crash"}."""
     mbs = []
@@ -431,18 +438,8 @@ def canon_oracle(lines, streams):
         if ln.get("empty"):
             end = "empty"
             break
-        st = {}
-        eos = []
-        for s in streams:
-            r = ln["streams"][s["name"]]
-            eos.append(r["end_of_sweep"])
-            seqs = []
-            for q in r["sequences"]:
-                if s["sparse"]:
-                    seqs.append([norm_sparse(x["idx"], x["val"]) for x in q])
-                else:
-                    seqs.append(q)
-            st[s["name"]] = (r["num_samples"], r["num_sequences"], seqs)
+        st = {s["name"]: canon_stream(ln["streams"][s["name"]], s["sparse"], "idx", "val") for s in streams}
+        eos = [ln["streams"][s["name"]]["end_of_sweep"] for s in streams]
         mbs.append({"position": ln["checkpoint"]["minibatchSourcePosition"], "end_of_sweep": eos, "streams": st})
     else:
         end = "limit"
@@ -452,16 +449,7 @@ def canon_oracle(lines, streams):
 def canon_dump(out, streams):
     mbs = []
     for m in out["minibatches"]:
-        st = {}
-        for s in streams:
-            r = m["streams"][s["name"]]
-            seqs = []
-            for q in r["sequences"]:
-                if s["sparse"]:
-                    seqs.append([norm_sparse(x["indices"], x["values"]) for x in q])
-                else:
-                    seqs.append(q)
-            st[s["name"]] = (r["num_samples"], r["num_sequences"], seqs)
+        st = {s["name"]: canon_stream(m["streams"][s["name"]], s["sparse"], "indices", "values") for s in streams}
         mbs.append({"position": m["position"], "end_of_sweep": m["end_of_sweep"], "sweep": m["sweep"], "streams": st})
     end = "limit" if out["exit"] == 0 else "error: " + out["stderr"].strip().splitlines()[-1] if out["stderr"].strip() else "error"
     return mbs, end

@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._adapter import user_options
 from ._client import connect
 
 META = "meta"
-_REFUSED = ("max_samples", "max_sweeps", "sweep", "num_workers", "rank")
 _ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
 
 
@@ -36,13 +36,7 @@ class MinibatchIterator:
 
     def __init__(self, dataset: str, socket: Optional[str] = None, *, process_index: Optional[int] = None,
                  process_count: Optional[int] = None, equal_steps: Optional[bool] = None, **options: Any):
-        for key in _REFUSED:
-            if key in options:
-                raise ValueError(f"{key!r} is not an option of MinibatchIterator: each pass is one sweep (set_epoch(k) picks "
-                                 "sweep k) and the split over processes is automatic (process_index=/process_count=)")
-        if "minibatch_size" not in options:
-            raise ValueError("minibatch_size is required")
-        options.pop("full_sweep", None)
+        options = user_options(options, "MinibatchIterator", "over processes: process_index=/process_count=")
         self.dataset = dataset
         self.socket = socket
         self.process_index = jax.process_index() if process_index is None else process_index

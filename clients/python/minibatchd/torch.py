@@ -28,10 +28,10 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._adapter import user_options
 from ._client import connect, torchrun_env
 
 META = "meta"
-_LIMITS = ("max_samples", "max_sweeps", "sweep", "num_workers", "rank")
 
 
 class MinibatchIterableDataset(IterableDataset):
@@ -53,15 +53,8 @@ class MinibatchIterableDataset(IterableDataset):
                  world_size: Optional[int] = None, rank: Optional[int] = None, equal_steps: Optional[bool] = None,
                  **options: Any):
         super().__init__()
-        for key in _LIMITS:
-            if key in options:
-                raise ValueError(
-                    f"{key!r} is not an option of MinibatchIterableDataset: each pass is one sweep (set_epoch(k) "
-                    "picks sweep k) and the split over ranks and DataLoader workers is automatic "
-                    "(world_size=/rank= or torchrun's environment)")
-        if "minibatch_size" not in options:
-            raise ValueError("minibatch_size is required")
-        options.pop("full_sweep", None)
+        options = user_options(options, "MinibatchIterableDataset",
+                               "over ranks and DataLoader workers: world_size=/rank= or torchrun's environment")
         self.dataset = dataset
         self.socket = socket
         self.copy = copy
