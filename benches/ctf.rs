@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use minibatchd::config::{StreamConfig, StreamFormat};
-use minibatchd::format::ctf::{index_file, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
-use minibatchd::format::FileIndex;
+use minibatchd_engine::format::ctf::{index_file, CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
+use minibatchd_engine::format::FileIndex;
 
 mod common;
 use common::{dense_rows, Rng};

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use minibatchd::config::{DeepxOptions, FormatKind};
-use minibatchd::format::deepx::{index_reader, DeepxDecoder, LineContext, LineIndexOptions, Schema};
-use minibatchd::format::FileIndex;
+use minibatchd_engine::format::deepx::{index_reader, DeepxDecoder, LineContext, LineIndexOptions, Schema};
+use minibatchd_engine::format::FileIndex;
 
 #[path = "support/criteo_gen.rs"]
 mod criteo_gen;
@@ -24,7 +24,7 @@ fn index(text: &[u8]) -> FileIndex {
 }
 
 /// Decodes every line of `text` into one set of buffers (a chunk of the whole text).
-fn decode_all<T: minibatchd::format::deepx::DeepxElement>(dec: &DeepxDecoder, text: &[u8], idx: &FileIndex) -> usize {
+fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(dec: &DeepxDecoder, text: &[u8], idx: &FileIndex) -> usize {
     let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len());
     let mut errors = Vec::new();
     for seq in &idx.sequences {

@@ -11,11 +11,13 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use minibatchd::format::chunk::ParsedChunk;
-use minibatchd::minibatch::{gather, ChunkMap};
-use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
-use minibatchd::shm::{LocalMemory, Ring, RingGeometry};
-use minibatchd::{Config, Dataset};
+use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_engine::minibatch::{gather, ChunkMap};
+use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
+use minibatchd_shm::{Ring, RingGeometry};
+use minibatchd_sys::LocalMemory;
+use minibatchd::Config;
+use minibatchd_engine::Dataset;
 
 mod common;
 
@@ -81,7 +83,7 @@ fn bench(c: &mut Criterion) {
                 &mut sources,
             )
             .expect("gather");
-            ring.write_gathered(index % SLOTS, index + 1, &mb, &names)
+            ring.write(index % SLOTS, index + 1, &mb, &names)
                 .expect("slot write");
             index += 1;
         });

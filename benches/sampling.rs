@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Timeline, Window};
+use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Timeline, Window};
 
 fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;

@@ -13,11 +13,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
-use crate::dataset::Dataset;
-use crate::format::chunk::{Indices, ParsedChunk, Values};
-use crate::format::errors::DataError;
-use crate::minibatch::{assemble, MbData, MbStream, Minibatch};
-use crate::sampling::{MinibatchPlan, Sampler, SamplingOptions};
+use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::format::chunk::{Indices, ParsedChunk, Values};
+use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::minibatch::{assemble, MbData, MbStream, Minibatch};
+use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions};
 
 /// What `dump` (or a session) asks for besides the sampling options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub enum DumpError {
     Data(#[from] DataError),
     /// The sampling options are invalid.
     #[error(transparent)]
-    Sampling(#[from] crate::sampling::SamplingError),
+    Sampling(#[from] minibatchd_engine::sampling::SamplingError),
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
@@ -80,7 +80,7 @@ impl<'a> ChunkCache<'a> {
     }
 }
 
-impl crate::minibatch::ChunkSource for ChunkCache<'_> {
+impl minibatchd_engine::minibatch::ChunkSource for ChunkCache<'_> {
     fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
         if let Some(c) = self.loaded.get(&chunk) {
             return Ok(c.clone());

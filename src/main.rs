@@ -11,9 +11,9 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
 use minibatchd::config::Config;
-use minibatchd::dataset::{Dataset, IndexProgress};
+use minibatchd_engine::dataset::{Dataset, IndexProgress};
 use minibatchd::dump::{dump, DumpOptions};
-use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 #[derive(Parser)]
 #[command(name = "minibatchd", version, about = "Serves randomized minibatches of text training data with CNTK MinibatchSource semantics")]
@@ -118,7 +118,7 @@ struct DumpArgs {
 
 fn main() -> ExitCode {
     // Before any thread exists: evicted chunks go back to the kernel, not into malloc's heaps.
-    minibatchd::shm::return_large_frees_to_the_kernel();
+    minibatchd_sys::return_large_frees_to_the_kernel();
     let cli = Cli::parse();
     init_logging(matches!(cli.command, Command::Run { .. }));
     match run(cli) {

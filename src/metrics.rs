@@ -24,7 +24,7 @@ use std::time::Instant;
 use prometheus::core::Collector;
 use prometheus::{Counter, CounterVec, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use crate::format::errors::ErrorKind;
+use minibatchd_engine::format::errors::ErrorKind;
 
 /// Stage label values, in the pipeline's start order (`pipeline::supervisor::Stage::name`).
 pub const STAGES: [&str; 5] = ["reader", "parsers", "cache", "delivery", "sessions"];
@@ -330,8 +330,8 @@ impl Metrics {
             m.config_reloads.with_label_values(&[result]);
         }
         m.config_last_reload_successful.set(1);
-        let protocol = crate::protocol::PROTOCOL_VERSION.to_string();
-        let layout = crate::shm::LAYOUT_VERSION.to_string();
+        let protocol = minibatchd_client::protocol::PROTOCOL_VERSION.to_string();
+        let layout = minibatchd_shm::LAYOUT_VERSION.to_string();
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION"), protocol.as_str(), layout.as_str()]).set(1);
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         m.start_time_seconds.set(now.as_secs_f64());

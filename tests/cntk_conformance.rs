@@ -16,11 +16,11 @@ mod legacy_dump;
 use std::path::{Path, PathBuf};
 
 use minibatchd::config::Config;
-use minibatchd::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::ChunkCache;
-use minibatchd::format::{Indices, Values};
-use minibatchd::minibatch::{assemble, MbData, MbStream};
-use minibatchd::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
+use minibatchd_engine::format::{Indices, Values};
+use minibatchd_engine::minibatch::{assemble, MbData, MbStream};
+use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
 use serde_json::Value;
 
 fn shared_root() -> Option<PathBuf> {

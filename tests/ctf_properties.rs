@@ -5,10 +5,10 @@
 use std::path::Path;
 
 use minibatchd::config::Config;
-use minibatchd::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd::minibatch::MbData;
-use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::minibatch::MbData;
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 use proptest::prelude::*;
 
 /// A sample: 3 dense values and up to 3 sparse entries, all exactly representable.
@@ -104,7 +104,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
                 let (MbData::Dense { values, .. }, MbData::Sparse { sample_offsets, indices, values: sv, .. }) = (&d.data, &s.data) else {
                     panic!("stream kinds")
                 };
-                let (minibatchd::format::Values::F32(dv), minibatchd::format::Indices::I32(ix), minibatchd::format::Values::F32(svv)) =
+                let (minibatchd_engine::format::Values::F32(dv), minibatchd_engine::format::Indices::I32(ix), minibatchd_engine::format::Values::F32(svv)) =
                     (values, indices, sv)
                 else {
                     panic!("float32 CTF")

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use minibatchd::client::{Client, ClientError};
-use minibatchd::minibatch::{MbData, Minibatch};
-use minibatchd::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::{Client, ClientError};
+use minibatchd_engine::minibatch::{MbData, Minibatch};
+use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -195,7 +195,7 @@ fn options(minibatch_size: u64) -> SessionOptions {
 }
 
 /// Every minibatch of a session, as dump JSON lines.
-fn drain(session: &mut minibatchd::client::Session, max: usize) -> Vec<String> {
+fn drain(session: &mut minibatchd_client::Session, max: usize) -> Vec<String> {
     let mut out = Vec::new();
     while out.len() < max {
         match session.next_owned().expect("next") {
@@ -433,7 +433,7 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
             // A well-formed binary release of the announced slot is accepted: its next ready follows.
             let slot = u64::from(u32::from_le_bytes([ready[4], ready[5], ready[6], ready[7]]));
             let generation = u64::from_le_bytes(ready[8..16].try_into().expect("8 bytes"));
-            s.write_all(&minibatchd::protocol::encode_release_binary(slot, generation, 1, None)).expect("write");
+            s.write_all(&minibatchd_client::protocol::encode_release_binary(slot, generation, 1, None)).expect("write");
             s.write_all(&frame(br#"{"type":"state"}"#)).expect("write");
             loop {
                 let body = raw_frame(&mut s).expect("a reply");

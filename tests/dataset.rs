@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minibatchd::config::Config;
-use minibatchd::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 fn bin() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_minibatchd"));
@@ -223,7 +223,7 @@ fn max_errors_is_a_budget_per_source() {
             samples += mb.streams[0].sequence_offsets.last().copied().unwrap_or(0);
             Ok(())
         });
-        (result.map(|_| samples).map_err(|e| e.to_string()), ds.budgets().iter().map(minibatchd::format::errors::ErrorBudget::spent).collect::<Vec<_>>())
+        (result.map(|_| samples).map_err(|e| e.to_string()), ds.budgets().iter().map(minibatchd_engine::format::errors::ErrorBudget::spent).collect::<Vec<_>>())
     };
     let (ok, spent) = with_budget(3);
     assert_eq!(ok, Ok(2), "each source stays within its own budget of 3 (the bad row is dropped: 1 + 1 samples of f)");
@@ -238,7 +238,7 @@ fn max_errors_is_a_budget_per_source() {
 
 #[test]
 fn files_directories_and_globs() {
-    use minibatchd::dataset::resolve_files;
+    use minibatchd_engine::dataset::resolve_files;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
     for sub in ["a", "a-b", ".hidden"] {
@@ -305,7 +305,7 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
         let (chunk, errors) = ds.load_chunk(c).expect("load");
         assert!(errors.is_empty());
         let sd = &chunk.streams[0];
-        let minibatchd::format::StreamValues::Dense { values: minibatchd::format::chunk::Values::F32(v), .. } = &sd.data else {
+        let minibatchd_engine::format::StreamValues::Dense { values: minibatchd_engine::format::chunk::Values::F32(v), .. } = &sd.data else {
             panic!("dense f32")
         };
         for w in sd.seq_offsets.windows(2) {

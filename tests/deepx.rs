@@ -14,11 +14,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minibatchd::config::Config;
-use minibatchd::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{dump, for_each_minibatch, DumpOptions};
-use minibatchd::format::{Indices, StreamKind, Values};
-use minibatchd::minibatch::{MbData, Minibatch};
-use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::format::{Indices, StreamKind, Values};
+use minibatchd_engine::minibatch::{MbData, Minibatch};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures_deepx")

@@ -7,12 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use minibatchd::config::{Config, DeepxOptions, FormatKind};
-use minibatchd::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd::format::deepx::{DeepxDecoder, LineContext, Schema};
-use minibatchd::format::{Indices, Values};
-use minibatchd::minibatch::MbData;
-use minibatchd::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::format::deepx::{DeepxDecoder, LineContext, Schema};
+use minibatchd_engine::format::{Indices, Values};
+use minibatchd_engine::minibatch::MbData;
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 use proptest::prelude::*;
 
 /// A generated instance: label, weight, uuid, feature groups (one for libsvm).

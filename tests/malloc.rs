@@ -14,7 +14,7 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn large_freed_blocks_leave_the_process() {
-    assert!(minibatchd::shm::return_large_frees_to_the_kernel(), "glibc accepts the threshold");
+    assert!(minibatchd_sys::return_large_frees_to_the_kernel(), "glibc accepts the threshold");
     // Blocks of a parsed chunk's size (under glibc's 32 MiB ceiling), two alive at a time so a
     // freed one is not simply the top of the heap. Without the fixed threshold, freeing the
     // first raises glibc's threshold and the later ones stay resident after they are freed.

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use minibatchd::client::{Client, ClientError, Session};
-use minibatchd::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::{Client, ClientError, Session};
+use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -270,7 +270,7 @@ fn options(minibatch_size: u64) -> SessionOptions {
     SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
 }
 
-fn json(mb: &minibatchd::minibatch::Minibatch, names: &[&str]) -> String {
+fn json(mb: &minibatchd_engine::minibatch::Minibatch, names: &[&str]) -> String {
     let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
     let mut s = String::new();
     minibatchd::dump::write_json(&mut s, mb, &names);

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use minibatchd::config::Config;
-use minibatchd::dataset::Dataset;
-use minibatchd::format::StreamValues;
+use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::format::StreamValues;
 
 #[path = "../../benches/support/criteo_gen.rs"]
 mod criteo_gen;

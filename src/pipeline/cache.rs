@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::format::chunk::ParsedChunk;
+use minibatchd_engine::format::chunk::ParsedChunk;
 
 /// A chunk of a dataset: (dataset index in the hub, chunk index).
 pub type ChunkKey = (u32, u32);
@@ -366,7 +366,7 @@ mod tests {
     use super::*;
 
     fn chunk(n: usize) -> Arc<ParsedChunk> {
-        use crate::format::chunk::{StreamData, StreamValues, Values};
+        use minibatchd_engine::format::chunk::{StreamData, StreamValues, Values};
         Arc::new(ParsedChunk {
             chunk: 0,
             num_sequences: 1,

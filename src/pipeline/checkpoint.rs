@@ -3,7 +3,7 @@
 //!
 //! Written at start (what was restored), every `checkpoint_interval_secs`, and on SIGTERM/SIGINT
 //! after the connected clients had [`shutdown_grace_secs`](crate::config::DaemonConfig) to report
-//! their last position — always through [`crate::persist::write_atomic`] (tmp → fsync → rename →
+//! their last position — always through [`minibatchd_engine::persist::write_atomic`] (tmp → fsync → rename →
 //! fsync dir), so a reader sees the old file or the new one, never a torn one. Read once at
 //! start: its sessions become lingering sessions (resumable by name for `session_linger_secs`),
 //! so a client that reconnects with its session name after a restart continues exactly where it
@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{SessionOptions, SessionState};
+use minibatchd_client::protocol::{SessionOptions, SessionState};
 
 /// File name in `state_dir`.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
@@ -65,7 +65,7 @@ impl Checkpoint {
     #[must_use]
     pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Self::V1(CheckpointV1 { written_unix_secs: now.as_secs(), daemon_id: crate::protocol::hex64(daemon_id), reason: reason.to_owned(), sessions })
+        Self::V1(CheckpointV1 { written_unix_secs: now.as_secs(), daemon_id: minibatchd_client::protocol::hex64(daemon_id), reason: reason.to_owned(), sessions })
     }
 
     /// The sessions, whatever the version.
@@ -112,7 +112,7 @@ pub fn write(state_dir: &Path, c: &Checkpoint) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
     let mut bytes = serde_json::to_vec_pretty(c).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    crate::persist::write_atomic(&path(state_dir), &bytes)
+    minibatchd_engine::persist::write_atomic(&path(state_dir), &bytes)
 }
 
 /// Reads the checkpoint of `state_dir`; `Ok(None)` when there is none.

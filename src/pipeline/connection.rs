@@ -1,4 +1,4 @@
-//! One client connection: an async task that speaks the protocol ([`crate::protocol`]) and
+//! One client connection: an async task that speaks the protocol ([`minibatchd_client::protocol`]) and
 //! drives one session's plain state ([`SlotTable`], [`Progress`]) between the socket and the
 //! session's producer thread.
 //!
@@ -32,9 +32,10 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
 use crate::metrics::{SessionMetrics, SlotState};
-use crate::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION};
-use crate::sampling::Sampler;
-use crate::shm::{MemfdMemory, Ring, RingGeometry, LAYOUT_VERSION};
+use minibatchd_client::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION};
+use minibatchd_engine::sampling::Sampler;
+use minibatchd_shm::{Ring, RingGeometry, LAYOUT_VERSION};
+use minibatchd_sys::MemfdMemory;
 
 use super::checkpoint::SavedSession;
 use super::hub::DatasetRuntime;
@@ -166,7 +167,7 @@ async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd
         let sock: &UnixStream = wr.as_ref();
         loop {
             sock.writable().await?;
-            match sock.try_io(tokio::io::Interest::WRITABLE, || crate::shm::fdpass::send_with_fd(sock.as_fd(), &bytes, fd.as_fd())) {
+            match sock.try_io(tokio::io::Interest::WRITABLE, || minibatchd_sys::fdpass::send_with_fd(sock.as_fd(), &bytes, fd.as_fd())) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),

@@ -14,9 +14,9 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use crate::config::{Config, DatasetConfig, Precision};
-use crate::dataset::Dataset;
+use minibatchd_engine::dataset::Dataset;
 use crate::metrics::{DatasetMetrics, Metrics};
-use crate::protocol::StreamInfo;
+use minibatchd_client::protocol::StreamInfo;
 
 /// An opened dataset and what sessions need to know about it.
 #[derive(Debug)]
@@ -32,7 +32,7 @@ pub struct DatasetRuntime {
     /// Stream dimensions.
     pub dims: Vec<usize>,
     /// Kind, dimension and precision per stream (the tensor table of every minibatch).
-    pub shapes: Vec<crate::minibatch::StreamShape>,
+    pub shapes: Vec<minibatchd_engine::minibatch::StreamShape>,
     /// Schema sent in `opened`.
     pub streams: Vec<StreamInfo>,
     /// [`Dataset::identity`], computed once.

@@ -14,7 +14,7 @@
 //!   and stops them in reverse order (after the connected clients had their grace period).
 //! * [`stages`] are thin actors over the bounded flume [`Channels`]; [`cache`], [`session`] and
 //!   [`producer`] hold the logic as plain structs, unit-tested without actors.
-//! * [`connection`] speaks [`crate::protocol`]; [`server`] owns the socket.
+//! * [`connection`] speaks [`minibatchd_client::protocol`]; [`server`] owns the socket.
 //! * Operations: [`signals`] (SIGTERM/SIGINT → shutdown, SIGHUP → [`reload`]), [`checkpoint`]
 //!   (the versioned daemon checkpoint), [`notify`] (sd_notify), [`memory`] (sysinfo and the
 //!   host-memory guard), [`ops`] (metric refresh, `/healthz`, housekeeping). Metrics are defined in
@@ -300,7 +300,7 @@ pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
         .unwrap_or(0);
     // A thread keeps its buffer between chunks only up to `MAX_REUSED_READ_BUFFER`; a larger
     // one is freed after each chunk, so at most that much stays held per thread.
-    largest.min(crate::dataset::MAX_REUSED_READ_BUFFER).saturating_mul(threads as u64)
+    largest.min(minibatchd_engine::dataset::MAX_REUSED_READ_BUFFER).saturating_mul(threads as u64)
 }
 
 /// Starts [`preload`] for each configured dataset that is open, has `preload = true`, and has not
@@ -321,7 +321,7 @@ pub fn preload_datasets(shared: &Arc<Shared>) {
 
 /// A per-start id: FNV of the pid and the wall clock.
 fn new_daemon_id() -> u64 {
-    let mut h = crate::dataset::Fnv::new();
+    let mut h = minibatchd_engine::hash::Fnv1a::new();
     h.u64(u64::from(std::process::id()));
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     h.u64(now.as_secs());
@@ -357,7 +357,7 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     std::fs::create_dir_all(&d.state_dir)?;
-    crate::persist::write_atomic(&metrics_addr_path(&d.state_dir), format!("{addr}\n").as_bytes())?;
+    minibatchd_engine::persist::write_atomic(&metrics_addr_path(&d.state_dir), format!("{addr}\n").as_bytes())?;
     tracing::info!(addr = %addr, "metrics endpoint listening on http://{addr}/metrics");
     Ok(listener)
 }
@@ -383,7 +383,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
-    tracing::info!(daemon_id = %crate::protocol::hex64(shared.daemon_id), parser_threads = shared.parser_threads, "starting");
+    tracing::info!(daemon_id = %minibatchd_client::protocol::hex64(shared.daemon_id), parser_threads = shared.parser_threads, "starting");
     let system = actix::System::new();
     let result = system.block_on(serve(shared.clone(), notifier.clone(), metrics_listener, sig_rx));
     actix::System::current().stop();

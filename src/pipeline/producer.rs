@@ -18,13 +18,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::format::chunk::ParsedChunk;
-use crate::format::errors::DataError;
+use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_engine::format::errors::DataError;
 use crate::metrics::SessionMetrics;
-use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered};
-use crate::protocol::{ErrorCode, MinibatchMeta};
-use crate::sampling::Sampler;
-use crate::shm::{LayoutError, MemfdMemory, Ring};
+use minibatchd_engine::minibatch::{gather, ChunkMap, ChunkSource, Gathered};
+use minibatchd_client::protocol::{ErrorCode, MinibatchMeta};
+use minibatchd_engine::sampling::Sampler;
+use minibatchd_shm::{LayoutError, Ring};
+use minibatchd_sys::MemfdMemory;
 
 use super::cache::{FetchError, SharedCache};
 use super::hub::DatasetRuntime;
@@ -285,7 +286,7 @@ fn fill(mut ring: Ring<MemfdMemory>, names: &[String], metrics: &SessionMetrics,
             Step::Fill(job) => {
                 let started = Instant::now();
                 let Located { slot, mb, samples } = *job;
-                match ring.write_gathered(slot.slot, slot.generation, &mb, names) {
+                match ring.write(slot.slot, slot.generation, &mb, names) {
                     Ok(_) => {
                         metrics.minibatches.inc();
                         metrics.samples.inc_by(samples);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{Config, ConfigError, DaemonConfig};
-use crate::format::errors::DataError;
+use minibatchd_engine::format::errors::DataError;
 
 use super::hub::{Hub, HubChanges};
 use super::notify::Notifier;
@@ -51,7 +51,7 @@ pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
     for d in c.datasets.values() {
         for s in &d.sources {
-            crate::dataset::resolve_files(&s.files).map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
+            minibatchd_engine::dataset::resolve_files(&s.files).map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
         }
     }
     Ok(c)

@@ -18,10 +18,10 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::config::DatasetConfig;
-use crate::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
+use minibatchd_client::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
 
 use super::checkpoint::SavedSession;
-use crate::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 /// Most slots a session may ask for.
 pub const MAX_RING_SLOTS: u64 = 1024;
@@ -33,13 +33,13 @@ pub const MAX_SESSION_NAME: usize = 128;
 /// `open` options resolved against the dataset's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedOptions {
-    /// Sampling options for the [`crate::sampling::Sampler`].
+    /// Sampling options for the [`minibatchd_engine::sampling::Sampler`].
     pub sampling: SamplingOptions,
     /// Global minibatch size in samples.
     pub minibatch_size: usize,
     /// CNTK frame mode.
     pub frame_mode: bool,
-    /// Equal step counts over the workers ([`crate::sampling::Sampler::equalize_steps`]).
+    /// Equal step counts over the workers ([`minibatchd_engine::sampling::Sampler::equalize_steps`]).
     pub equal_steps: bool,
     /// Ring slots.
     pub slots: u64,
@@ -133,7 +133,7 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
 /// (Minibatch size, workers and rank may change across a resume, as in CNTK.)
 #[must_use]
 pub fn options_hash(s: &SamplingOptions, equal_steps: bool) -> u64 {
-    let mut h = crate::dataset::Fnv::new();
+    let mut h = minibatchd_engine::hash::Fnv1a::new();
     h.u64(u64::from(s.randomize));
     match s.window.normalized() {
         Window::Chunks(c) => {

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use crate::format::errors::DataError;
+use minibatchd_engine::format::errors::DataError;
 
 use super::cache::{ChunkRequest, ParsedMsg};
 use super::producer::{FreeSlot, Producer, ProducerEvent};

@@ -1,0 +1,456 @@
+//! A blocking Rust client for the daemon: the same protocol and ring as the Python client
+//! (`clients/python`), for Rust trainers, tools and the integration tests.
+//!
+//! ```no_run
+//! use minibatchd_client::Client;
+//! use minibatchd_client::protocol::SessionOptions;
+//! let client = Client::connect("/run/minibatchd/minibatchd.sock")?;
+//! let options = SessionOptions { minibatch_size: Some(256), full_sweep: true, ..Default::default() };
+//! let mut session = client.open("train", &options)?;
+//! while let Some(mb) = session.next_minibatch()? {
+//!     let view = session.tensors(&mb)?;      // zero-copy tensors of the slot
+//!     println!("minibatch {} has {} tensors", mb.meta.index, view.len());
+//!     session.release(mb);                   // the slot goes back with the next request
+//! }
+//! # Ok::<(), minibatchd_client::ClientError>(())
+//! ```
+//! A [`Delivered`] minibatch holds its slot until [`Session::release`]; release is sent with the
+//! next request (batched). [`Session::next_owned`] copies a minibatch out and releases at once.
+//!
+//! The session reports the time it spent waiting for the daemon (`wait_ns`, when the daemon
+//! lists the `consumer_wait` feature) for the input-bound metric. When the daemon stops
+//! (`error{shutting_down}`), the session reports what it took (`close{taken}`) before returning
+//! the error, so the daemon's checkpoint holds its exact position; [`Session::state`] then
+//! returns that final state without the daemon.
+
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use minibatchd_shm::Minibatch;
+use crate::protocol::{self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION};
+use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
+use minibatchd_sys::{ReadOnlyMapping, ShmError};
+
+/// Client failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Socket I/O.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// Framing or decoding.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// An `error` reply.
+    #[error("daemon error {code:?}: {message}")]
+    Daemon {
+        /// Its code.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// An unexpected reply.
+    #[error("protocol: {0}")]
+    Protocol(String),
+    /// Mapping the ring.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// Reading a slot.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+}
+
+/// How long a session waits for the daemon's `closed` after reporting its final position.
+const FINAL_REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connection that has said hello.
+#[derive(Debug)]
+pub struct Client {
+    stream: UnixStream,
+    frames: FrameBuffer,
+    /// The daemon's per-start id.
+    pub daemon_id: String,
+    report_wait: bool,
+    /// The daemon speaks version 2: `release` goes out as a binary frame.
+    binary: bool,
+}
+
+fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage, ClientError> {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(body) = frames.next_frame()? {
+            return Ok(protocol::decode_server(&body)?);
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        frames.push(&buf[..n]);
+    }
+}
+
+fn daemon_error(m: ServerMessage) -> ClientError {
+    match m {
+        ServerMessage::Error { code, message } => ClientError::Daemon { code, message },
+        other => ClientError::Protocol(format!("unexpected reply {other:?}")),
+    }
+}
+
+impl Client {
+    /// Connects to the socket at `path` and checks the protocol version.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    /// Says hello with [`PROTOCOL_VERSION`] and, if the daemon answers `version_mismatch` (one
+    /// older than binary `ready`/`release`), again with version 1 on a new connection.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let path = path.as_ref();
+        match Self::connect_with(path, PROTOCOL_VERSION) {
+            Err(ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }) if PROTOCOL_VERSION > 1 => Self::connect_with(path, 1),
+            other => other,
+        }
+    }
+
+    /// Connects and says hello with `version`.
+    ///
+    /// # Errors
+    /// [`ClientError`]; a daemon that does not speak `version` answers `version_mismatch`.
+    pub fn connect_with(path: &Path, version: u32) -> Result<Self, ClientError> {
+        let mut stream = UnixStream::connect(path)?;
+        protocol::write_frame(&mut stream, &ClientMessage::Hello { version, client: Some("minibatchd-rust".into()) })?;
+        let mut frames = FrameBuffer::default();
+        match read_message(&mut stream, &mut frames)? {
+            ServerMessage::Hello { daemon_id, features, version, .. } => {
+                Ok(Self { stream, frames, daemon_id, report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT), binary: version >= 2 })
+            }
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// Opens a session on `dataset` (this connection then carries it).
+    ///
+    /// # Errors
+    /// [`ClientError`], e.g. [`ClientError::Daemon`] with `invalid_options`.
+    pub fn open(mut self, dataset: &str, options: &SessionOptions) -> Result<Session, ClientError> {
+        protocol::write_frame(&mut self.stream, &ClientMessage::Open { dataset: dataset.into(), options: options.clone() })?;
+        // The memfd arrives with the first bytes of `opened`.
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut fd = None;
+        let opened = loop {
+            if let Some(body) = self.frames.next_frame()? {
+                break protocol::decode_server(&body)?;
+            }
+            let (n, got) = minibatchd_sys::fdpass::recv_with_fd(self.stream.as_fd(), &mut buf)?;
+            if n == 0 {
+                return Err(ClientError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+            fd = fd.or(got);
+            self.frames.push(&buf[..n]);
+        };
+        let ServerMessage::Opened { session, ring, streams, state, .. } = opened else { return Err(daemon_error(opened)) };
+        let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
+        let mapping = ReadOnlyMapping::map(fd, ring.size_bytes)?;
+        let header = RingHeader::read(mapping.bytes())?;
+        if header.slot_count != ring.slot_count || header.slot_size != ring.slot_size {
+            return Err(ClientError::Protocol("ring header disagrees with the opened message".into()));
+        }
+        Ok(Session {
+            stream: self.stream,
+            frames: self.frames,
+            name: session,
+            mapping,
+            header,
+            streams,
+            taken: state.minibatches,
+            last: state,
+            pending: Vec::new(),
+            queued: VecDeque::new(),
+            end: None,
+            report_wait: self.report_wait,
+            binary: self.binary,
+            waited: Duration::ZERO,
+            stopped: false,
+            final_state: None,
+        })
+    }
+}
+
+/// A minibatch announced to this client; holds its slot until released.
+#[derive(Debug)]
+#[must_use = "release the minibatch to give its slot back"]
+pub struct Delivered {
+    /// Slot index.
+    pub slot: u64,
+    /// Slot generation.
+    pub generation: u64,
+    /// Metadata.
+    pub meta: MinibatchMeta,
+}
+
+/// An open session.
+pub struct Session {
+    stream: UnixStream,
+    frames: FrameBuffer,
+    /// The session name (resumable by it).
+    pub name: String,
+    mapping: ReadOnlyMapping,
+    header: RingHeader,
+    /// Streams in tensor order.
+    pub streams: Vec<StreamInfo>,
+    taken: u64,
+    /// The state after the last minibatch returned, as this client knows it.
+    last: SessionState,
+    pending: Vec<(u64, u64)>,
+    queued: VecDeque<ServerMessage>,
+    end: Option<SessionState>,
+    report_wait: bool,
+    binary: bool,
+    waited: Duration,
+    /// The daemon stopped (`error{shutting_down}`).
+    stopped: bool,
+    /// The final state it confirmed.
+    final_state: Option<SessionState>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("name", &self.name).field("taken", &self.taken).finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    fn wait_ns(&self) -> Option<u64> {
+        self.report_wait.then(|| u64::try_from(self.waited.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn flush(&mut self, extra: Option<ClientMessage>) -> Result<(), ClientError> {
+        let mut out = Vec::new();
+        let wait_ns = self.wait_ns();
+        for (slot, generation) in self.pending.drain(..) {
+            if self.binary {
+                out.extend(protocol::encode_release_binary(slot, generation, self.taken, wait_ns));
+            } else {
+                out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken), wait_ns }));
+            }
+        }
+        if let Some(m) = extra {
+            out.extend(protocol::encode(&m));
+        }
+        if !out.is_empty() {
+            self.stream.write_all(&out)?;
+        }
+        Ok(())
+    }
+
+    /// The next minibatch, `None` at the end of the epoch.
+    ///
+    /// # Errors
+    /// [`ClientError`] (an `error` from the daemon included).
+    pub fn next_minibatch(&mut self) -> Result<Option<Delivered>, ClientError> {
+        if self.end.is_some() {
+            return Ok(None);
+        }
+        if self.stopped {
+            return Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message: "the daemon stopped; state() holds the final position".into() });
+        }
+        if let Err(e) = self.flush(None) {
+            // The daemon may have ended the session and closed the socket: its reason is still
+            // readable, and more useful than a broken pipe.
+            return Err(match self.queued.pop_front().map_or_else(|| read_message(&mut self.stream, &mut self.frames), Ok) {
+                Ok(m @ ServerMessage::Error { .. }) => daemon_error(m),
+                _ => e,
+            });
+        }
+        let msg = match self.queued.pop_front() {
+            Some(m) => m,
+            None => {
+                let started = Instant::now();
+                let m = read_message(&mut self.stream, &mut self.frames);
+                self.waited += started.elapsed();
+                m?
+            }
+        };
+        match msg {
+            ServerMessage::Ready { slot, generation, minibatch } => {
+                self.taken = minibatch.index.saturating_add(1);
+                self.last.position = minibatch.position;
+                self.last.minibatches = self.taken;
+                Ok(Some(Delivered { slot, generation, meta: minibatch }))
+            }
+            ServerMessage::End { state } => {
+                self.end = Some(state);
+                Ok(None)
+            }
+            ServerMessage::Error { code: ErrorCode::ShuttingDown, message } => {
+                self.report_final();
+                Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message })
+            }
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// The daemon is stopping: report what was taken so its checkpoint is exact, and keep the
+    /// final state it confirms (best effort: on any failure the last known position stays).
+    fn report_final(&mut self) {
+        let _ = self.stream.set_read_timeout(Some(FINAL_REPORT_TIMEOUT));
+        let close = ClientMessage::Close { taken: Some(self.taken), wait_ns: self.wait_ns() };
+        self.stopped = true;
+        if let Ok(Some(ServerMessage::Closed { state })) = self.flush(Some(close)).map(|()| self.await_reply(|m| matches!(m, ServerMessage::Closed { .. })).ok()) {
+            self.final_state = Some(state);
+        }
+    }
+
+    /// The slot's tensors (zero-copy views on the ring), in table order.
+    ///
+    /// # Errors
+    /// [`LayoutError`] for a corrupt or stale slot.
+    pub fn tensors(&self, mb: &Delivered) -> Result<Vec<TensorView<'_>>, ClientError> {
+        let bytes = &self.mapping.bytes()[self.header.slot_range(mb.slot)];
+        let (h, table) = layout::decode_slot(bytes)?;
+        if h.generation != mb.generation {
+            return Err(LayoutError::Corrupt("stale slot generation").into());
+        }
+        Ok(table
+            .iter()
+            .map(|(e, _)| {
+                let name_at = e.name_offset as usize;
+                TensorView {
+                    name: std::str::from_utf8(&bytes[name_at..name_at + e.name_len as usize]).unwrap_or(""),
+                    dtype: DType::from_code(e.dtype).unwrap_or(DType::U8),
+                    shape: e.shape[..(e.ndim as usize).min(e.shape.len())].to_vec(),
+                    data: &bytes[e.offset as usize..(e.offset + e.nbytes) as usize],
+                }
+            })
+            .collect())
+    }
+
+    /// Copies `mb` out into an owned [`Minibatch`] (the delivery layout of `minibatchd_shm::owned`).
+    ///
+    /// # Errors
+    /// [`LayoutError`].
+    pub fn copy(&self, mb: &Delivered) -> Result<Minibatch, ClientError> {
+        let dims: Vec<usize> = self.streams.iter().map(|s| usize::try_from(s.dim).unwrap_or(usize::MAX)).collect();
+        let mut out = minibatchd_shm::decode_minibatch(self.mapping.bytes(), mb.slot, mb.generation, &dims)?;
+        out.sweep = mb.meta.sweep;
+        out.end_of_sweep = mb.meta.end_of_sweep;
+        out.position = mb.meta.position;
+        Ok(out)
+    }
+
+    /// Gives `mb`'s slot back (sent with the next request).
+    pub fn release(&mut self, mb: Delivered) {
+        self.pending.push((mb.slot, mb.generation));
+    }
+
+    /// The next minibatch as an owned copy, its slot released.
+    ///
+    /// # Errors
+    /// As [`Session::next_minibatch`].
+    pub fn next_owned(&mut self) -> Result<Option<Minibatch>, ClientError> {
+        let Some(d) = self.next_minibatch()? else { return Ok(None) };
+        let mb = self.copy(&d);
+        self.release(d);
+        mb.map(Some)
+    }
+
+    fn await_reply(&mut self, want: fn(&ServerMessage) -> bool) -> Result<ServerMessage, ClientError> {
+        loop {
+            let m = read_message(&mut self.stream, &mut self.frames)?;
+            if want(&m) {
+                return Ok(m);
+            }
+            if let ServerMessage::Error { .. } = m {
+                return Err(daemon_error(m));
+            }
+            self.queued.push_back(m);
+        }
+    }
+
+    /// The session's state after the last minibatch returned by [`Session::next_minibatch`].
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn state(&mut self) -> Result<SessionState, ClientError> {
+        if let Some(s) = self.end.as_ref().or(self.final_state.as_ref()) {
+            return Ok(s.clone());
+        }
+        if self.stopped {
+            // The daemon went before confirming: what this client knows is exact.
+            return Ok(self.last.clone());
+        }
+        let wait_ns = self.wait_ns();
+        self.flush(Some(ClientMessage::State { taken: Some(self.taken), wait_ns }))?;
+        match self.await_reply(|m| matches!(m, ServerMessage::State { .. }))? {
+            ServerMessage::State { state } => Ok(state),
+            other => Err(daemon_error(other)),
+        }
+    }
+
+    /// Closes the session; returns its final state.
+    ///
+    /// # Errors
+    /// [`ClientError`].
+    pub fn close(mut self) -> Result<SessionState, ClientError> {
+        if self.stopped {
+            return Ok(self.final_state.take().unwrap_or_else(|| self.last.clone()));
+        }
+        let wait_ns = self.wait_ns();
+        self.flush(Some(ClientMessage::Close { taken: Some(self.taken), wait_ns }))?;
+        match self.await_reply(|m| matches!(m, ServerMessage::Closed { .. }))? {
+            ServerMessage::Closed { state } => Ok(state),
+            other => Err(daemon_error(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A daemon that speaks only version 1: it refuses a newer hello as a real one would.
+    fn old_daemon(listener: UnixListener) -> std::thread::JoinHandle<Vec<u32>> {
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            for conn in listener.incoming().take(2) {
+                let mut conn = conn.expect("accept");
+                let body = protocol::read_frame(&mut conn).expect("hello frame");
+                let ClientMessage::Hello { version, .. } = protocol::decode_client(&body).expect("hello") else { panic!("not a hello") };
+                seen.push(version);
+                let reply = if version == 1 {
+                    ServerMessage::Hello { version: 1, daemon_id: "00000000000000aa".into(), server: "minibatchd/old".into(), features: Vec::new() }
+                } else {
+                    ServerMessage::error(ErrorCode::VersionMismatch, format!("version {version} is not supported; this daemon speaks 1"))
+                };
+                protocol::write_frame(&mut conn, &reply).expect("reply");
+            }
+            seen
+        })
+    }
+
+    #[test]
+    fn connect_falls_back_to_version_1_for_an_older_daemon() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sock");
+        let daemon = old_daemon(UnixListener::bind(&path).expect("bind"));
+        let client = Client::connect(&path).expect("connects with version 1");
+        assert!(!client.binary, "version 1: JSON release frames");
+        assert_eq!(client.daemon_id, "00000000000000aa");
+        drop(client);
+        assert_eq!(daemon.join().expect("daemon"), vec![PROTOCOL_VERSION, 1], "newest first, then 1 on a new connection");
+    }
+
+    #[test]
+    fn connect_with_reports_the_version_mismatch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sock");
+        let daemon = old_daemon(UnixListener::bind(&path).expect("bind"));
+        let err = Client::connect_with(&path, 2).expect_err("refused");
+        assert!(matches!(err, ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }), "{err:?}");
+        assert!(Client::connect_with(&path, 1).is_ok());
+        assert_eq!(daemon.join().expect("daemon"), vec![2, 1]);
+    }
+}

@@ -1,0 +1,639 @@
+//! An opened dataset: files resolved, every source indexed (through the index cache), sources
+//! joined by sequence key, chunks built, and the [`Timeline`] the sampler works on.
+//!
+//! This is the seam between the formats and everything above them. The `dump` command and the
+//! daemon's reader stage both call [`Dataset::load_chunk`], which reads a chunk's bytes, decodes
+//! them into a [`ParsedChunk`] and charges the malformed places to the dataset's error budget.
+//!
+//! Several sources (CNTK's bundler, reference §3.6): the first source drives chunking; a sequence
+//! of it whose key is missing from another source is dropped; the nominal length of a joined
+//! sequence is the `defines_mb_size` source's length if one source has such a stream, else the
+//! maximum over the sources. Chunks left empty by dropped sequences are dropped.
+//!
+//! deepx datasets (`libsvm`, `libsvm_ex`, `uch`) have one source whose every line is a sequence
+//! of one sample, chunked by the same CNTK rule; their streams are deepx's tensors
+//! ([`crate::format::deepx::schema`]). Their inputs may be gzip files, decompressed once into
+//! `state_dir` ([`crate::format::inflate`]); [`Dataset::streams`] describes the streams of every
+//! format.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::options::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
+use crate::format::cache::{self, FileStamp, Miss};
+use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
+use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
+use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
+use crate::format::inflate;
+use crate::format::errors::{DataError, ErrorBudget, Malformed};
+use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
+use crate::hash::Fnv1a;
+use crate::sampling::Timeline;
+
+/// Progress of the index pass, for progress bars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexProgress {
+    /// Bytes scanned so far over all files of the dataset (cached files count as scanned).
+    pub bytes_done: u64,
+    /// Total bytes of all files.
+    pub bytes_total: u64,
+}
+
+/// A sequence of the joined dataset: where its bytes are in each source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SeqLoc {
+    file: u32,
+    seq: u32,
+}
+
+/// The parser of a source: a closed set of formats.
+enum SourceDecoder {
+    Ctf(CtfDecoder),
+    Deepx(DeepxDecoder),
+}
+
+struct OpenSource {
+    /// The files as configured (named in errors, part of the identity).
+    files: Vec<Arc<Path>>,
+    /// Where each file's bytes are read: the file itself, or its decompressed copy.
+    data: Vec<Arc<Path>>,
+    indexes: Vec<FileIndex>,
+    decoder: SourceDecoder,
+    /// First stream of this source in the dataset's stream order.
+    first_stream: usize,
+}
+
+/// An opened dataset.
+pub struct Dataset {
+    config: DatasetConfig,
+    sources: Vec<OpenSource>,
+    /// Chunks of the primary source that kept at least one sequence.
+    chunks: Vec<ChunkDesc>,
+    /// Per joined sequence (timeline order), its location in each source: entry
+    /// `g * sources.len() + s`. Flat, so the index costs no allocation per sequence.
+    locs: Vec<SeqLoc>,
+    timeline: Arc<Timeline>,
+    /// One error budget per source: CNTK's `maxErrors` is a per-deserializer counter.
+    budgets: Vec<ErrorBudget>,
+    streams: Vec<StreamSpec>,
+    stream_names: Vec<String>,
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("name", &self.config.name)
+            .field("chunks", &self.chunks.len())
+            .field("sequences", &self.timeline.num_sequences())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Expands the configured paths into files, in order: a glob expands to the regular files it
+/// matches, sorted; a directory to every regular file below it (recursively, names starting with
+/// `.` skipped, as deepx does), sorted by path; a file is itself.
+///
+/// # Errors
+/// A pattern or directory that yields no file, or a path that does not exist.
+pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+    let mut out = Vec::new();
+    for p in patterns {
+        let text = p.to_string_lossy();
+        if text.contains(['*', '?', '[']) {
+            // As a shell does (and as directory listings skip them): `*` does not match a
+            // leading '.'.
+            let options = glob::MatchOptions { require_literal_leading_dot: true, ..glob::MatchOptions::new() };
+            let mut matched: Vec<PathBuf> = glob::glob_with(&text, options)
+                .map_err(|e| DataError::Dataset(format!("invalid glob '{text}': {e}")))?
+                .filter_map(Result::ok)
+                .filter(|m| m.is_file())
+                .collect();
+            sort_by_path_bytes(&mut matched);
+            if matched.is_empty() {
+                return Err(DataError::Dataset(format!("no file matches '{text}'")));
+            }
+            out.extend(matched);
+        } else if p.is_file() {
+            out.push(p.clone());
+        } else if p.is_dir() {
+            let mut found = Vec::new();
+            list_dir(p, &mut found)?;
+            sort_by_path_bytes(&mut found);
+            if found.is_empty() {
+                return Err(DataError::Dataset(format!("{}: the directory holds no file", p.display())));
+            }
+            out.extend(found);
+        } else {
+            return Err(DataError::Dataset(format!("{}: no such file", p.display())));
+        }
+    }
+    Ok(out)
+}
+
+/// Sorts paths as deepx's `ListRecursive` does: by the whole path's bytes (`a-b/q` < `a.txt` <
+/// `a/z`), not component by component as `Path`'s `Ord` would (`a/z` < `a-b/q`).
+fn sort_by_path_bytes(paths: &mut [PathBuf]) {
+    paths.sort_by(|a, b| a.as_os_str().as_encoded_bytes().cmp(b.as_os_str().as_encoded_bytes()));
+}
+
+/// Regular files below `dir`, recursively, skipping names that start with `.`.
+fn list_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+        let entry = entry.map_err(|e| DataError::io(dir, e))?;
+        if entry.file_name().as_encoded_bytes().first() == Some(&b'.') {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_dir() {
+            list_dir(&path, out)?;
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+impl Dataset {
+    /// Opens `config`: indexes every file (using and refreshing caches in `state_dir` when
+    /// `cache_index` is set) and joins the sources.
+    ///
+    /// # Errors
+    /// Missing files, I/O errors and fatal index errors.
+    pub fn open(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+        match config.format {
+            FormatKind::Ctf => Self::open_ctf(config, state_dir, progress),
+            FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => Self::open_deepx(config, state_dir, progress),
+        }
+    }
+
+    fn open_ctf(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+        let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
+        let resolved: Vec<Vec<PathBuf>> = config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 = resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let mut done = 0u64;
+        let mut sources = Vec::new();
+        let mut first_stream = 0;
+        for (src, files) in config.sources.iter().zip(resolved) {
+            let options = CtfIndexOptions {
+                skip_sequence_ids: src.skip_sequence_ids,
+                main_alias: src.streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone()),
+            };
+            let mut indexes = Vec::new();
+            let mut paths = Vec::new();
+            for f in files {
+                let base = done;
+                let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+                let shared: Arc<Path> = Arc::from(f.as_path());
+                let idx = index_with_cache(&shared, &f, &options.fingerprint(), config.cache_index, state_dir, &mut report, &mut |p| {
+                    ctf::index_file(&f, &options, p)
+                })?;
+                done += idx.size;
+                paths.push(idx.path.clone());
+                indexes.push(idx);
+            }
+            sources.push(OpenSource {
+                files: paths.clone(),
+                data: paths,
+                indexes,
+                decoder: SourceDecoder::Ctf(CtfDecoder::new(&src.streams)),
+                first_stream,
+            });
+            first_stream += src.streams.len();
+        }
+        let streams = config
+            .streams()
+            .map(|s| StreamSpec {
+                name: s.name.clone(),
+                kind: match s.format {
+                    StreamFormat::Dense => StreamKind::Dense,
+                    StreamFormat::Sparse => StreamKind::SparseI32,
+                },
+                dim: s.dim,
+            })
+            .collect();
+        Self::assemble(config, sources, main_source, streams)
+    }
+
+    /// A deepx dataset: one source, every line a sequence of one sample.
+    fn open_deepx(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+        let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
+        let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
+        let files = resolve_files(patterns)?;
+        let data: Vec<PathBuf> = files.iter().map(|f| inflate::readable_path(f, state_dir)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 = data.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let options = LineIndexOptions { comments: schema.comments };
+        let fingerprint = options.fingerprint();
+        let mut done = 0u64;
+        let mut indexes = Vec::new();
+        for (f, d) in files.iter().zip(&data) {
+            let name: Arc<Path> = Arc::from(f.as_path());
+            let base = done;
+            let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+            let idx = index_with_cache(&name, d, &fingerprint, config.cache_index, state_dir, &mut report, &mut |p| {
+                let file = File::open(d).map_err(|e| DataError::io(f, e))?;
+                let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
+                deepx::index_reader(std::io::BufReader::with_capacity(1 << 16, file), name.clone(), size, options, p)
+            })?;
+            done += idx.size;
+            indexes.push(idx);
+        }
+        let streams = schema.specs();
+        let source = OpenSource {
+            files: files.iter().map(|f| Arc::from(f.as_path())).collect(),
+            data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            indexes,
+            decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
+            first_stream: 0,
+        };
+        Self::assemble(config, vec![source], None, streams)
+    }
+
+    /// Chunks, joins and builds the timeline of opened sources.
+    fn assemble(config: &DatasetConfig, sources: Vec<OpenSource>, main_source: Option<usize>, streams: Vec<StreamSpec>) -> Result<Self, DataError> {
+        let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
+        let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
+        let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
+        Ok(Self {
+            config: config.clone(),
+            sources,
+            chunks,
+            locs,
+            timeline: Arc::new(timeline),
+            budgets,
+            stream_names: streams.iter().map(|s| s.name.clone()).collect(),
+            streams,
+        })
+    }
+
+    /// The configuration it was opened with.
+    #[must_use]
+    pub fn config(&self) -> &DatasetConfig {
+        &self.config
+    }
+
+    /// What the sampler works on.
+    #[must_use]
+    pub fn timeline(&self) -> &Arc<Timeline> {
+        &self.timeline
+    }
+
+    /// The chunks (of the primary source).
+    #[must_use]
+    pub fn chunks(&self) -> &[ChunkDesc] {
+        &self.chunks
+    }
+
+    /// The file and byte range `start..end` of chunk `chunk` in the primary source (for
+    /// readahead by the daemon's reader stage); for a gzip input, its decompressed copy.
+    #[must_use]
+    pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
+        let c = self.chunks.get(chunk)?;
+        Some((self.sources.first()?.data.get(c.file)?, c.start, c.end))
+    }
+
+    /// Stream names, in the order of [`ParsedChunk::streams`].
+    #[must_use]
+    pub fn stream_names(&self) -> &[String] {
+        &self.stream_names
+    }
+
+    /// Every stream's name, storage and dimension, in the order of [`ParsedChunk::streams`]: the
+    /// configured streams of a CTF dataset, deepx's tensors of a deepx one. Consumers that need a
+    /// stream's kind or `dim` use this rather than `config().streams()`, which lists CTF streams
+    /// only.
+    #[must_use]
+    pub fn streams(&self) -> &[StreamSpec] {
+        &self.streams
+    }
+
+    /// What each stream of this dataset's minibatches looks like (kind, dimension, precision).
+    #[must_use]
+    pub fn stream_shapes(&self) -> Vec<crate::minibatch::StreamShape> {
+        crate::minibatch::StreamShape::of(self.streams(), self.config.precision == crate::options::Precision::Float64)
+    }
+
+    /// The error budgets, one per source (each source is one CNTK deserializer, and
+    /// `max_errors` is counted per deserializer), shared by every reader of this dataset.
+    #[must_use]
+    pub fn budgets(&self) -> &[ErrorBudget] {
+        &self.budgets
+    }
+
+    /// A stable identity of the data and the options that shape the timeline: the files' paths,
+    /// sizes and the per-sequence nominal lengths and chunking. Used to refuse a resume against
+    /// other data.
+    #[must_use]
+    pub fn identity(&self) -> u64 {
+        let mut h = Fnv1a::new();
+        for s in &self.sources {
+            for (f, idx) in s.files.iter().zip(&s.indexes) {
+                h.field(f.as_os_str().as_encoded_bytes());
+                h.u64(idx.size);
+            }
+        }
+        for &l in &self.timeline.seq_len {
+            h.u64(u64::from(l));
+        }
+        for &c in &self.timeline.chunk_start {
+            h.u64(c as u64);
+        }
+        h.finish()
+    }
+
+    /// Reads and decodes chunk `chunk`, charging its malformed places to their source's budget.
+    ///
+    /// Returns the chunk and the errors charged for the first time (for logs and metrics).
+    ///
+    /// # Errors
+    /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
+    /// spent.
+    pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
+        let (parsed, errors) = match self.config.precision {
+            Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
+            Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
+        };
+        Ok((parsed, self.charge(&errors)?))
+    }
+
+    /// Charges each source's errors (`by_source[s]`, in the order they were found) to source
+    /// `s`'s budget; returns the newly charged ones.
+    fn charge(&self, by_source: &[Vec<Malformed>]) -> Result<Vec<Malformed>, DataError> {
+        let mut fresh = Vec::new();
+        for (budget, errors) in self.budgets.iter().zip(by_source) {
+            fresh.extend(budget.charge(errors)?);
+        }
+        Ok(fresh)
+    }
+
+    /// CNTK charges each error as it occurs, so an error that exhausts a budget is reported
+    /// before a fatal condition found later: charge what was found first (`by_source`: the
+    /// sources decoded so far, then the current one's errors up to the fatal condition).
+    fn fatal_after(&self, fatal: DataError, by_source: &[Vec<Malformed>], current: &[Malformed]) -> DataError {
+        let result = self.charge(by_source).and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
+        match result {
+            Ok(_) => fatal,
+            Err(too_many) => too_many,
+        }
+    }
+
+    /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
+    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>), DataError> {
+        let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
+        let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
+        let mut by_source: Vec<Vec<Malformed>> = Vec::with_capacity(self.sources.len());
+        let mut streams = Vec::new();
+        for (si, src) in self.sources.iter().enumerate() {
+            let mut errors = Vec::new();
+            let decoder = match &src.decoder {
+                SourceDecoder::Ctf(d) => d,
+                SourceDecoder::Deepx(d) => {
+                    // A deepx dataset has a single source, read a window at a time like CTF's
+                    // primary source (below).
+                    let chunk_bytes = usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+                    let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
+                    let mut window = ReadWindow::new(&src.data[desc.file], desc.end)?;
+                    for g in seqs.clone() {
+                        let loc = self.locs[g * self.sources.len() + si];
+                        let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                        let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
+                        d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, &mut errors);
+                    }
+                    streams.extend(d.into_streams(bufs));
+                    by_source.push(errors);
+                    continue;
+                }
+            };
+            let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
+            // Dense streams hold `dim` values per sample, and most sequences are one sample: reserve
+            // that much at once (no regrowth copies) and let it be backed by huge pages.
+            for (i, buf) in bufs.iter_mut().enumerate() {
+                buf.seq_offsets.reserve(seqs.len());
+                if let Some(dim) = decoder.dense_dim(i) {
+                    buf.values.reserve(seqs.len().saturating_mul(dim));
+                    minibatchd_sys::advise_huge_pages(&buf.values);
+                }
+            }
+            if si == 0 {
+                // The primary source: the chunk's bytes in file order, a cache-sized window at a
+                // time, so the parser reads what was just copied from the page cache while it is
+                // still in the core's cache (one pass over memory instead of three).
+                let path = &src.files[desc.file];
+                let mut window = ReadWindow::new(path, desc.end)?;
+                for g in seqs.clone() {
+                    let loc = self.locs[g * self.sources.len()];
+                    let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                    let slice = window.bytes(seq.offset, seq.size)?;
+                    decoder
+                        .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                }
+            } else {
+                for g in seqs.clone() {
+                    let loc = self.locs[g * self.sources.len() + si];
+                    let path = &src.files[loc.file as usize];
+                    let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                    let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size))?;
+                    decoder
+                        .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                }
+            }
+            let cfg: &SourceConfig = &self.config.sources[si];
+            debug_assert_eq!(streams.len(), src.first_stream);
+            for (buf, sc) in bufs.into_iter().zip(&cfg.streams) {
+                streams.push(into_stream_data(buf, sc.dim, sc.format == StreamFormat::Sparse));
+            }
+            by_source.push(errors);
+        }
+        for s in &mut streams {
+            s.shrink_to_fit();
+        }
+        Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
+    }
+}
+
+fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> StreamData {
+    let data = if sparse {
+        StreamValues::Sparse {
+            sample_offsets: buf.sample_offsets,
+            indices: Indices::I32(buf.indices),
+            values: T::into_values(buf.values),
+        }
+    } else {
+        StreamValues::Dense { dim, values: T::into_values(buf.values) }
+    };
+    StreamData { seq_offsets: buf.seq_offsets, data }
+}
+
+thread_local! {
+    /// Per-thread read buffer of [`ReadWindow`]: one window, or a whole sequence when longer.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The largest read buffer a parser thread keeps for its next chunk; larger ones (a sequence
+/// longer than that) are freed.
+pub const MAX_REUSED_READ_BUFFER: u64 = 64 << 20;
+
+/// A buffer borrowed from this thread's [`READ_BUFFER`]; returned to it on drop.
+struct ReusedBuffer(Vec<u8>);
+
+impl Drop for ReusedBuffer {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.0);
+        if buf.capacity() as u64 <= MAX_REUSED_READ_BUFFER {
+            READ_BUFFER.with(|b| *b.borrow_mut() = buf);
+        }
+    }
+}
+
+/// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
+/// copies is still cached when the decoder reads it.
+const READ_WINDOW: u64 = 256 << 10;
+
+/// Sequential reads of one chunk through this thread's reused buffer, a window at a time.
+struct ReadWindow<'a> {
+    path: &'a Path,
+    file: File,
+    /// Where the chunk ends: windows never read past it.
+    end: u64,
+    buf: ReusedBuffer,
+    /// File offset of `buf[0]`.
+    at: u64,
+}
+
+impl<'a> ReadWindow<'a> {
+    fn new(path: &'a Path, end: u64) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
+        buf.0.clear();
+        Ok(Self { path, file, end, buf, at: 0 })
+    }
+
+    /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
+    /// [`READ_WINDOW`] bytes or the whole sequence) when they are not all in the current one.
+    fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8], DataError> {
+        let size = u64::from(size);
+        let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
+        if !inside {
+            let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
+            let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+            self.buf.0.resize(len, 0);
+            self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
+                let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    std::io::Error::new(e.kind(), "the file is shorter than its index says (changed since it was indexed?)")
+                } else {
+                    e
+                };
+                DataError::io(self.path, e)
+            })?;
+            self.at = offset;
+        }
+        // In range: checked above, or the window was just read from `offset` with >= `size` bytes.
+        let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
+        let to = from + usize::try_from(size).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+        self.buf.0.get(from..to).ok_or_else(|| DataError::Dataset("sequence outside its read window".into()))
+    }
+}
+
+fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;
+    Ok(buf)
+}
+
+/// Builds the index of one file, reporting progress in bytes.
+type BuildIndex<'a> = dyn FnMut(&mut dyn FnMut(u64)) -> Result<FileIndex, DataError> + 'a;
+
+/// The index of the file `name` whose bytes are at `data` (the same file, or a gzip input's
+/// decompressed copy): from the cache when it is valid for `data` as it is now and for
+/// `fingerprint`, else built by `build` (and cached).
+fn index_with_cache(
+    name: &Arc<Path>,
+    data: &Path,
+    fingerprint: &str,
+    use_cache: bool,
+    state_dir: &Path,
+    progress: &mut dyn FnMut(u64),
+    build: &mut BuildIndex<'_>,
+) -> Result<FileIndex, DataError> {
+    let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
+    if use_cache {
+        match cache::load(state_dir, &stamp, fingerprint, name) {
+            Ok(idx) => {
+                progress(stamp.size);
+                return Ok(idx);
+            }
+            Err(Miss::Absent) => {}
+            Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
+        }
+    }
+    let idx = build(progress)?;
+    if use_cache {
+        if let Err(e) = cache::store(state_dir, &stamp, fingerprint, &idx) {
+            tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
+        }
+    }
+    Ok(idx)
+}
+
+type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
+
+/// Joins the sources by key and builds the timeline over the primary chunks.
+fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Option<usize>) -> Result<Joined, DataError> {
+    // Key → location maps of the secondary sources; the first occurrence of a key wins.
+    let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
+        .iter()
+        .map(|s| {
+            let mut m = HashMap::new();
+            for (fi, idx) in s.indexes.iter().enumerate() {
+                for (qi, q) in idx.sequences.iter().enumerate() {
+                    m.entry(q.key).or_insert(SeqLoc { file: fi as u32, seq: qi as u32 });
+                }
+            }
+            m
+        })
+        .collect();
+    let mut chunks = Vec::new();
+    let mut locs = Vec::new();
+    let mut seq_len = Vec::new();
+    let mut chunk_start = vec![0usize];
+    let (mut loc, mut lens) = (Vec::new(), Vec::new());
+    for c in primary_chunks {
+        let idx = &sources[0].indexes[c.file];
+        let mut kept = 0usize;
+        let mut samples = 0u64;
+        'seqs: for qi in c.first_seq..c.first_seq + c.num_seqs {
+            let q: &SequenceDesc = &idx.sequences[qi];
+            loc.clear();
+            lens.clear();
+            loc.push(SeqLoc { file: c.file as u32, seq: qi as u32 });
+            lens.push(q.samples);
+            for (m, s) in maps.iter().zip(&sources[1..]) {
+                let Some(&l) = m.get(&q.key) else { continue 'seqs };
+                lens.push(s.indexes[l.file as usize].sequences[l.seq as usize].samples);
+                loc.push(l);
+            }
+            let len = match main_source {
+                Some(m) => lens[m],
+                None => lens.iter().copied().max().unwrap_or(0),
+            };
+            kept += 1;
+            samples += u64::from(len);
+            seq_len.push(len);
+            locs.extend_from_slice(&loc);
+        }
+        if kept > 0 {
+            chunks.push(ChunkDesc { num_seqs: kept, num_samples: samples, ..*c });
+            chunk_start.push(seq_len.len());
+        }
+    }
+    if seq_len.is_empty() {
+        return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
+    }
+    Ok((chunks, locs, Timeline { seq_len, chunk_start }))
+}

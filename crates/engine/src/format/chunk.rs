@@ -1,0 +1,155 @@
+//! The parsed, columnar form of one chunk, shared (`Arc`) by every session that reads it.
+//!
+//! Per stream, flat buffers — no allocation per sample or per sequence:
+//! * `seq_offsets[i]..seq_offsets[i + 1]` are the samples of the chunk's `i`-th sequence;
+//! * dense: sample `j` is `values[j * dim .. (j + 1) * dim]`;
+//! * sparse: sample `j` has entries `sample_offsets[j] .. sample_offsets[j + 1]` of `indices` and
+//!   `values`, in file order, duplicates kept;
+//! * strings (deepx uuids): sample `j` is `bytes[str_offsets[j] .. str_offsets[j + 1]]`.
+//!
+//! Streams of one sequence may have different sample counts (seq2seq, CNTK §1.11.4).
+
+pub use minibatchd_shm::owned::{Indices, Values};
+
+fn shrink_values(v: &mut Values) {
+    match v {
+        Values::F32(x) => x.shrink_to_fit(),
+        Values::F64(x) => x.shrink_to_fit(),
+    }
+}
+
+/// The data of one stream within a chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamValues {
+    /// Dense samples of `dim` values.
+    Dense {
+        /// Values per sample.
+        dim: usize,
+        /// `num_samples * dim` values.
+        values: Values,
+    },
+    /// Sparse samples (CSR per sample).
+    Sparse {
+        /// Entry offsets, one more than samples.
+        sample_offsets: Vec<usize>,
+        /// Column indices, file order.
+        indices: Indices,
+        /// Entry values.
+        values: Values,
+    },
+    /// One string per sample (deepx uuids).
+    Strings {
+        /// Byte offsets, one more than samples.
+        offsets: Vec<usize>,
+        /// Concatenated UTF-8 bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+/// One stream of a parsed chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamData {
+    /// Sample offsets of each sequence; one more than sequences.
+    pub seq_offsets: Vec<usize>,
+    /// The samples.
+    pub data: StreamValues,
+}
+
+impl StreamData {
+    /// Gives back what the parse over-allocated (a `Vec` grows by doubling), so the memory a
+    /// cached chunk holds is what [`StreamData::size_bytes`] reports to the cache's budget.
+    pub fn shrink_to_fit(&mut self) {
+        self.seq_offsets.shrink_to_fit();
+        match &mut self.data {
+            StreamValues::Dense { values, .. } => shrink_values(values),
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                sample_offsets.shrink_to_fit();
+                match indices {
+                    Indices::I32(x) => x.shrink_to_fit(),
+                    Indices::U64(x) => x.shrink_to_fit(),
+                }
+                shrink_values(values);
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                offsets.shrink_to_fit();
+                bytes.shrink_to_fit();
+            }
+        }
+    }
+
+    /// Number of samples of sequence `i` of the chunk.
+    #[must_use]
+    pub fn sequence_len(&self, i: usize) -> usize {
+        self.seq_offsets[i + 1] - self.seq_offsets[i]
+    }
+
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        // Counts lengths: [`StreamData::shrink_to_fit`] makes the capacities equal them.
+        let payload = match &self.data {
+            StreamValues::Dense { values, .. } => values.size_bytes(),
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                sample_offsets.len() * 8 + indices.size_bytes() + values.size_bytes()
+            }
+            StreamValues::Strings { offsets, bytes } => offsets.len() * 8 + bytes.len(),
+        };
+        payload + self.seq_offsets.len() * 8
+    }
+}
+
+/// A parsed chunk: sequences in chunk order, streams in dataset order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedChunk {
+    /// The chunk's index in the dataset.
+    pub chunk: usize,
+    /// Number of sequences.
+    pub num_sequences: usize,
+    /// One entry per configured stream.
+    pub streams: Vec<StreamData>,
+}
+
+impl ParsedChunk {
+    /// Bytes held by the buffers (for the memory budget).
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        self.streams.iter().map(StreamData::size_bytes).sum::<usize>() + std::mem::size_of::<Self>()
+    }
+}
+
+/// How a stream's samples are stored, as consumers (dump, the daemon's schema) see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `dim` values per sample.
+    Dense,
+    /// CSR per sample with int32 indices below `dim` (CTF).
+    SparseI32,
+    /// CSR per sample with u64 feature ids as written (deepx); `dim` is 0: ids are unbounded.
+    SparseU64,
+    /// One byte string per sample (deepx uuids).
+    Strings,
+}
+
+impl StreamKind {
+    /// `dense`, `sparse` or `strings`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Dense => "dense",
+            Self::SparseI32 | Self::SparseU64 => "sparse",
+            Self::Strings => "strings",
+        }
+    }
+}
+
+/// Name, storage and dimension of one stream of a dataset, in [`ParsedChunk::streams`] order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// The name in minibatches (the config's stream name, or a deepx tensor name).
+    pub name: String,
+    /// How samples are stored.
+    pub kind: StreamKind,
+    /// Values per dense sample; the index bound of a CTF sparse stream; 0 for deepx ids and
+    /// strings.
+    pub dim: usize,
+}

@@ -1,0 +1,443 @@
+//! The CTF parse pass (CNTK's `TextParser::LoadSequence` and below, reference §1.5–§1.11).
+//!
+//! [`CtfDecoder::decode_sequence`] parses the bytes of one sequence into the columnar stream
+//! buffers of a chunk. Malformed places are reported as [`Malformed`] (each costs one unit of
+//! `max_errors`, charged by the caller); CNTK's fatal conditions return [`DataError::Fatal`].
+//!
+//! Error accounting follows CNTK: a bad sample costs 1 and is discarded (the parser resumes at the
+//! next `|` or end of row); a row that yields no sample costs 1; per sequence, a length-defining
+//! stream over the nominal length costs 1, else one under it costs 1. Deviations, all documented
+//! in `docs/differences.md`:
+//! * blank (whitespace-only) rows are skipped silently (the index pass ignores them too);
+//! * the end of the sequence's bytes acts like a newline: a short dense sample at EOF without a
+//!   trailing newline is zero-padded and an over-long one rejected (CNTK reads uninitialised
+//!   memory there), a name or empty sample at EOF is complete, and a row at EOF succeeds only if
+//!   it produced a sample.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::index::show_byte;
+use super::number::{parse_index, parse_real, IndexError};
+use crate::options::{StreamConfig, StreamFormat};
+use crate::format::chunk::Values;
+use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::index::SequenceDesc;
+
+/// An element type values are stored as.
+pub trait Element: Copy + Default + Send + Sync + 'static {
+    /// Narrows CNTK's `f64` accumulator, as `static_cast<ElemType>`.
+    fn from_f64(v: f64) -> Self;
+    /// Wraps a vector of decoded values into the chunk's [`Values`].
+    fn into_values(v: Vec<Self>) -> Values;
+}
+
+impl Element for f32 {
+    #[inline]
+    #[allow(clippy::cast_possible_truncation)]
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn into_values(v: Vec<Self>) -> Values {
+        Values::F32(v)
+    }
+}
+
+impl Element for f64 {
+    #[inline]
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn into_values(v: Vec<Self>) -> Values {
+        Values::F64(v)
+    }
+}
+
+/// `isValueDelimiter`: space or tab.
+#[inline]
+fn is_value_delim(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+/// `isNonPrintable` on a signed char: control bytes and every byte ≥ 0x80.
+#[inline]
+fn is_non_printable(b: u8) -> bool {
+    !(b' '..0x80).contains(&b)
+}
+
+/// `isColumnDelimiter`: a value delimiter or a non-printable byte other than `\n`.
+#[inline]
+fn is_column_delim(b: u8) -> bool {
+    is_value_delim(b) || (is_non_printable(b) && b != b'\n')
+}
+
+/// Growing buffers of one stream for the chunk being parsed.
+#[derive(Debug, Default)]
+pub struct StreamBuf<T> {
+    /// Dense: `samples * dim`; sparse: entry values.
+    pub values: Vec<T>,
+    /// Sparse: entry indices.
+    pub indices: Vec<i32>,
+    /// Sparse: entry offsets per sample (starts with 0).
+    pub sample_offsets: Vec<usize>,
+    /// Sample offsets per sequence (starts with 0).
+    pub seq_offsets: Vec<usize>,
+    /// Samples so far.
+    pub samples: usize,
+}
+
+impl<T> StreamBuf<T> {
+    /// Empty buffers, ready for the first sequence.
+    #[must_use]
+    pub fn new() -> Self {
+        Self { values: Vec::new(), indices: Vec::new(), sample_offsets: vec![0], seq_offsets: vec![0], samples: 0 }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Stream {
+    name: String,
+    alias: Vec<u8>,
+    dim: usize,
+    sparse: bool,
+}
+
+/// Parses CTF sequences for one source's configured streams.
+#[derive(Debug, Clone)]
+pub struct CtfDecoder {
+    streams: Vec<Stream>,
+    max_alias_len: usize,
+    /// Index of the `defines_mb_size` stream, if any.
+    main: Option<usize>,
+    /// Dense samples through [`super::scan`] first (off only in tests, to compare with the byte
+    /// loop alone).
+    fast_dense: bool,
+}
+
+/// Where a sequence's bytes come from, for error locations.
+pub struct SeqContext<'a> {
+    /// The file.
+    pub file: &'a Arc<Path>,
+    /// The sequence.
+    pub seq: &'a SequenceDesc,
+}
+
+impl CtfDecoder {
+    /// A decoder for `streams`.
+    #[must_use]
+    pub fn new(streams: &[StreamConfig]) -> Self {
+        let main = streams.iter().position(|s| s.defines_mb_size);
+        let streams: Vec<Stream> = streams
+            .iter()
+            .map(|s| Stream {
+                name: s.name.clone(),
+                alias: s.alias.as_bytes().to_vec(),
+                dim: s.dim,
+                sparse: s.format == StreamFormat::Sparse,
+            })
+            .collect();
+        let max_alias_len = streams.iter().map(|s| s.alias.len()).max().unwrap_or(0);
+        Self { streams, max_alias_len, main, fast_dense: true }
+    }
+
+    /// The same decoder with the dense fast path off: every value through the byte loop.
+    #[cfg(test)]
+    #[must_use]
+    pub fn without_fast_path(mut self) -> Self {
+        self.fast_dense = false;
+        self
+    }
+
+    /// Number of streams.
+    #[must_use]
+    pub fn num_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The values per sample of stream `index` if it is dense (`None` for sparse streams).
+    #[must_use]
+    pub fn dense_dim(&self, index: usize) -> Option<usize> {
+        self.streams.get(index).filter(|s| !s.sparse).map(|s| s.dim)
+    }
+
+    /// Marks the stream at `index` as the one that defines the nominal length
+    /// (`defines_mb_size`): only its count is checked against the nominal length.
+    #[must_use]
+    pub fn with_main_stream(mut self, index: Option<usize>) -> Self {
+        self.main = index;
+        self
+    }
+
+    fn lookup(&self, name: &[u8]) -> Option<usize> {
+        self.streams.iter().position(|s| s.alias == name)
+    }
+
+    /// Parses one sequence (`bytes` = exactly its byte range) into `out` (one buffer per stream).
+    ///
+    /// # Errors
+    /// [`DataError::Fatal`] when a stream has no sample in the sequence (CNTK: "Malformed input
+    /// file. Bailing out."). Budgeted errors are appended to `errors`.
+    pub fn decode_sequence<T: Element>(
+        &self,
+        bytes: &[u8],
+        ctx: &SeqContext<'_>,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) -> Result<(), DataError> {
+        let mut p = 0;
+        let n = bytes.len();
+        while p < n {
+            let row_start = p;
+            while p < n && bytes[p].is_ascii_digit() {
+                p += 1;
+            }
+            let mut content = p > row_start;
+            let mut samples_in_row = 0usize;
+            while p < n {
+                let c = bytes[p];
+                if c == b'\n' {
+                    break;
+                }
+                if is_column_delim(c) {
+                    content |= !super::index::is_blank_byte(c);
+                    p += 1;
+                    continue;
+                }
+                content = true;
+                let (read, np) = self.read_sample(bytes, p, ctx, out, errors);
+                p = np;
+                if read {
+                    samples_in_row += 1;
+                } else {
+                    // SkipToNextInput: up to the next '|' or the end of the row.
+                    while p < n && bytes[p] != b'|' && bytes[p] != b'\n' {
+                        p += 1;
+                    }
+                }
+            }
+            if samples_in_row == 0 && content {
+                errors.push(self.malformed(ctx, bytes, row_start, ErrorKind::EmptyRow, "no sample could be read from this row".into()));
+            }
+            p += 1; // the '\n' (or past the end)
+        }
+        self.finish_sequence(bytes, ctx, out, errors)
+    }
+
+    fn finish_sequence<T: Element>(
+        &self,
+        bytes: &[u8],
+        ctx: &SeqContext<'_>,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) -> Result<(), DataError> {
+        // Samples of this sequence: everything since the previous sequence's end offset.
+        let count = |b: &StreamBuf<T>| b.samples - b.seq_offsets.last().copied().unwrap_or(0);
+        if let Some(empty) = out.iter().position(|b| count(b) == 0) {
+            let s = &self.streams[empty];
+            return Err(DataError::Fatal {
+                at: self.location(ctx, bytes, 0),
+                message: format!(
+                    "malformed input: stream '{}' (alias '{}') has no sample in sequence {}; every sequence must mention every stream at least once (an empty sample '|{}' counts)",
+                    s.name,
+                    String::from_utf8_lossy(&s.alias),
+                    ctx.seq.key,
+                    String::from_utf8_lossy(&s.alias),
+                ),
+            });
+        }
+        let expected = ctx.seq.samples as usize;
+        // Length-defining streams: the defines_mb_size stream if any, else all.
+        let defining = |i: &usize| self.main.is_none_or(|m| m == *i);
+        let over = (0..out.len()).filter(defining).find(|&i| count(&out[i]) > expected);
+        let longest = (0..out.len()).filter(defining).map(|i| count(&out[i])).max().unwrap_or(0);
+        if let Some(over) = over {
+            let msg = format!(
+                "stream '{}' has {} samples in sequence {}, more than its {} line(s) (the same input twice on one line?)",
+                self.streams[over].name,
+                count(&out[over]),
+                ctx.seq.key,
+                expected
+            );
+            errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooLong, msg));
+        } else if longest < expected {
+            let msg = format!("sequence {} has {} line(s) but at most {} sample(s) could be read", ctx.seq.key, expected, longest);
+            errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooShort, msg));
+        }
+        for b in out.iter_mut() {
+            b.seq_offsets.push(b.samples);
+        }
+        Ok(())
+    }
+
+    /// `TryReadSample` at `bytes[p]`. Returns whether a sample was read and where parsing stopped.
+    fn read_sample<T: Element>(
+        &self,
+        bytes: &[u8],
+        mut p: usize,
+        ctx: &SeqContext<'_>,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) -> (bool, usize) {
+        let n = bytes.len();
+        if bytes[p] != b'|' {
+            let msg = format!("expected '|' and an input name, found {}", show_byte(bytes[p]));
+            errors.push(self.malformed(ctx, bytes, p, ErrorKind::UnexpectedCharacter, msg));
+            return (false, p);
+        }
+        p += 1;
+        if p < n && bytes[p] == b'#' {
+            return (false, p + 1); // a comment: skipped up to the next '|' or end of row
+        }
+        let name_start = p;
+        while p < n {
+            let c = bytes[p];
+            if is_value_delim(c) || c == b'|' || is_non_printable(c) {
+                break;
+            }
+            if p - name_start == self.max_alias_len {
+                return (false, p); // longer than every alias: unknown, skipped without error
+            }
+            p += 1;
+        }
+        if p == name_start {
+            let found = bytes.get(p).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
+            errors.push(self.malformed(ctx, bytes, p, ErrorKind::InvalidName, format!("expected an input name after '|', found {found}")));
+            return (false, p);
+        }
+        let Some(id) = self.lookup(&bytes[name_start..p]) else {
+            return (false, p); // unknown input: skipped without error
+        };
+        let stream = &self.streams[id];
+        let buf = &mut out[id];
+        let result = if stream.sparse { read_sparse(bytes, p, stream.dim, buf) } else { read_dense(bytes, p, stream.dim, buf, self.fast_dense) };
+        match result {
+            Ok(np) => (true, np),
+            Err((at, kind, msg)) => {
+                let msg = format!("{msg} in input '{}' (stream '{}')", String::from_utf8_lossy(&stream.alias), stream.name);
+                errors.push(self.malformed(ctx, bytes, at, kind, msg));
+                (false, at)
+            }
+        }
+    }
+
+    fn location(&self, ctx: &SeqContext<'_>, bytes: &[u8], at: usize) -> Location {
+        let within = at.min(bytes.len());
+        let lines = memchr::memchr_iter(b'\n', &bytes[..within]).count() as u64;
+        Location { file: ctx.file.clone(), line: ctx.seq.line + lines + 1, offset: ctx.seq.offset + within as u64 }
+    }
+
+    fn malformed(&self, ctx: &SeqContext<'_>, bytes: &[u8], at: usize, kind: ErrorKind, message: String) -> Malformed {
+        Malformed { kind, at: self.location(ctx, bytes, at), message }
+    }
+}
+
+type SampleError = (usize, ErrorKind, String);
+
+/// `TryReadDenseSample`: values up to `|` or a non-printable byte; pads to `dim`, rejects more.
+#[inline]
+fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>, fast: bool) -> Result<usize, SampleError> {
+    let mark = buf.values.len();
+    // The sample's `dim` values, zero until read: a short sample is padded by construction.
+    buf.values.resize(mark + dim, T::default());
+    let out = &mut buf.values[mark..];
+    let n = bytes.len();
+    let mut count = 0usize;
+    // Past `dim` the sample is rejected anyway: keep scanning for syntax, stop storing.
+    let mut store = |v: f64| {
+        if let Some(slot) = out.get_mut(count) {
+            *slot = T::from_f64(v);
+        }
+        count += 1;
+    };
+    while p < n {
+        // Plain decimals a window at a time; the byte loop below takes whatever they are not.
+        if fast {
+            p = super::scan::dense_values(bytes, p, &mut store);
+        }
+        let Some(&c) = bytes.get(p) else { break };
+        if is_value_delim(c) {
+            p += 1;
+            continue;
+        }
+        if is_non_printable(c) || c == b'|' {
+            break;
+        }
+        match parse_real(bytes, p) {
+            Ok((v, np)) => {
+                store(v);
+                p = np;
+            }
+            Err((e, at)) => {
+                buf.values.truncate(mark);
+                let found = bytes.get(at).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
+                return Err((at, ErrorKind::BadNumber, format!("expected {}, found {found}", e.expected())));
+            }
+        }
+    }
+    if count > dim {
+        buf.values.truncate(mark);
+        return Err((p, ErrorKind::DenseTooLong, format!("dense sample has {count} values, more than dim = {dim}")));
+    }
+    buf.samples += 1;
+    Ok(p)
+}
+
+/// `TryReadSparseSample`: `index:value` entries, `index < dim`; an empty sample is valid.
+#[inline]
+fn read_sparse<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>) -> Result<usize, SampleError> {
+    let mark = buf.values.len();
+    let n = bytes.len();
+    let fail = |buf: &mut StreamBuf<T>, at: usize, kind: ErrorKind, msg: String| {
+        buf.values.truncate(mark);
+        buf.indices.truncate(mark);
+        Err((at, kind, msg))
+    };
+    while p < n {
+        let c = bytes[p];
+        if is_value_delim(c) {
+            p += 1;
+            continue;
+        }
+        if is_non_printable(c) || c == b'|' {
+            break;
+        }
+        let (index, np) = match parse_index(bytes, p) {
+            Ok(x) => x,
+            Err((IndexError::NoDigits, at)) => {
+                return fail(buf, at, ErrorKind::BadSparseEntry, format!("expected a sparse index (digits), found {}", show_byte(bytes[at])));
+            }
+            Err((IndexError::Overflow, at)) => {
+                return fail(buf, at, ErrorKind::BadSparseEntry, "sparse index overflows 64 bits".into());
+            }
+        };
+        if index >= dim as u64 {
+            return fail(buf, p, ErrorKind::SparseIndexOutOfRange, format!("sparse index {index} exceeds the maximum {}", dim - 1));
+        }
+        p = np;
+        match bytes.get(p) {
+            Some(b':') => p += 1,
+            Some(&b) => {
+                return fail(buf, p, ErrorKind::BadSparseEntry, format!("expected ':' after sparse index {index}, found {}", show_byte(b)));
+            }
+            None => return fail(buf, p, ErrorKind::BadSparseEntry, format!("expected ':' after sparse index {index}, found the end of the sequence")),
+        }
+        match parse_real(bytes, p) {
+            Ok((v, np)) => {
+                buf.values.push(T::from_f64(v));
+                #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+                buf.indices.push(index as i32); // index < dim <= i32::MAX (validated config)
+                p = np;
+            }
+            Err((e, at)) => {
+                let found = bytes.get(at).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
+                return fail(buf, at, ErrorKind::BadSparseEntry, format!("expected {} after '{index}:', found {found}", e.expected()));
+            }
+        }
+    }
+    buf.sample_offsets.push(buf.values.len());
+    buf.samples += 1;
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,307 @@
+use super::*;
+use crate::options::StreamConfig;
+use crate::format::ctf::{index_file, CtfIndexOptions};
+
+fn stream(name: &str, alias: &str, dim: usize, sparse: bool) -> StreamConfig {
+    StreamConfig {
+        name: name.into(),
+        alias: alias.into(),
+        dim,
+        format: if sparse { StreamFormat::Sparse } else { StreamFormat::Dense },
+        defines_mb_size: false,
+    }
+}
+
+/// One decoded sample: dense values, or sparse (index, value) entries.
+#[derive(Debug, Clone, PartialEq)]
+enum S {
+    D(Vec<f64>),
+    Sp(Vec<(i32, f64)>),
+}
+
+struct Out {
+    /// Per stream, per sequence, its samples.
+    seqs: Vec<Vec<Vec<S>>>,
+    errors: Vec<ErrorKind>,
+    messages: Vec<String>,
+}
+
+fn decode_all(text: &[u8], streams: &[StreamConfig]) -> Result<Out, DataError> {
+    decode_with(text, streams, true)
+}
+
+fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out, DataError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("t.ctf");
+    std::fs::write(&p, text).expect("write");
+    let main = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());
+    let idx = index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: main }, &mut |_| {})?;
+    let dec = if fast { CtfDecoder::new(streams) } else { CtfDecoder::new(streams).without_fast_path() };
+    let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    for seq in &idx.sequences {
+        let bytes = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors)?;
+    }
+    let seqs = bufs
+        .iter()
+        .zip(streams)
+        .map(|(b, s)| {
+            (0..idx.sequences.len())
+                .map(|q| {
+                    (b.seq_offsets[q]..b.seq_offsets[q + 1])
+                        .map(|j| {
+                            if s.format == StreamFormat::Sparse {
+                                let (a, z) = (b.sample_offsets[j], b.sample_offsets[j + 1]);
+                                S::Sp((a..z).map(|e| (b.indices[e], f64::from(b.values[e]))).collect())
+                            } else {
+                                S::D(b.values[j * s.dim..(j + 1) * s.dim].iter().map(|&v| f64::from(v)).collect())
+                            }
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    Ok(Out { seqs, errors: errors.iter().map(|e| e.kind).collect(), messages: errors.iter().map(ToString::to_string).collect() })
+}
+
+fn ab() -> Vec<StreamConfig> {
+    vec![stream("a", "a", 3, false), stream("b", "b", 5, true)]
+}
+
+fn ok(text: &str, streams: &[StreamConfig]) -> Out {
+    decode_all(text.as_bytes(), streams).expect("decodes")
+}
+
+#[test]
+fn dense_and_sparse_basics_with_padding_and_file_order() {
+    let o = ok("|a 1 2 3 |b 4:1 1:2 4:3\n|a 7|b\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, 2.0, 3.0])]);
+    assert_eq!(o.seqs[0][1], vec![S::D(vec![7.0, 0.0, 0.0])]);
+    assert_eq!(o.seqs[1][0], vec![S::Sp(vec![(4, 1.0), (1, 2.0), (4, 3.0)])]);
+    assert_eq!(o.seqs[1][1], vec![S::Sp(vec![])]);
+}
+
+#[test]
+fn values_may_touch_the_next_bar_and_numbers_glue() {
+    let o = ok("0|a 1-2 3|b 2:1.5\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, -2.0, 3.0])]);
+}
+
+#[test]
+fn too_many_dense_values_drop_the_sample_with_one_error() {
+    let o = ok("0 |a 1 2 3 4 |b 1:1\n0 |a 1 |b 1:1\n", &ab());
+    // The first row still has a sample (b): 1 error for the sample + 1 for the short length of a.
+    assert_eq!(o.errors, vec![ErrorKind::DenseTooLong]);
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, 0.0, 0.0])]);
+}
+
+#[test]
+fn a_bad_value_on_its_own_row_costs_three() {
+    let o = ok("0 |a 1 |b 1:1\n0 |a .5\n", &ab());
+    assert_eq!(o.errors, vec![ErrorKind::BadNumber, ErrorKind::EmptyRow, ErrorKind::SequenceTooShort]);
+}
+
+#[test]
+fn sparse_errors_drop_the_whole_sample() {
+    for bad in ["3:", "3: 1", "3 :1", "-1:1", "+1:1", "2.0:2.0", "2::2", "2;2", "1:2 4", "5:1"] {
+        let text = format!("|a 1 |b {bad} |b 0:1\n");
+        let o = ok(&text, &ab());
+        // Only the bad sample costs: it is discarded, so b has one sample on this line.
+        assert_eq!(o.errors.len(), 1, "{bad}: {:?}", o.messages);
+        assert_eq!(o.seqs[1][0], vec![S::Sp(vec![(0, 1.0)])], "{bad}");
+    }
+}
+
+#[test]
+fn sparse_index_out_of_range_is_its_own_kind() {
+    let o = ok("0 |a 1 |b 5:1\n0 |a 1 |b 4:1\n", &ab());
+    assert!(o.errors.contains(&ErrorKind::SparseIndexOutOfRange), "{:?}", o.errors);
+}
+
+#[test]
+fn comments_end_at_the_next_bar() {
+    let o = ok("|a 1 |# note |b 2:2\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    assert_eq!(o.seqs[1][0], vec![S::Sp(vec![(2, 2.0)])]);
+    // A bar inside a comment re-enters parsing: "inside" is then a bad number.
+    let o = ok("|a 1 |b 0:1 |# text |b 2:2 inside\n", &ab());
+    assert!(o.errors.contains(&ErrorKind::BadSparseEntry));
+}
+
+#[test]
+fn unknown_and_overlong_names_are_skipped_without_error() {
+    let o = ok("|a 1 |zz 9 9 |bbbbbbbb 1 |b 0:1\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    let o = ok("|ab 5 |a 1 |b 0:1\n", &ab());
+    assert!(o.errors.is_empty());
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, 0.0, 0.0])]);
+}
+
+#[test]
+fn bar_followed_by_invalid_character_costs_one() {
+    for bad in ["| a |b 0:1", "||b 0:1", "|\t|b 0:1"] {
+        let o = ok(&format!("|a 1 {bad}\n"), &ab());
+        assert_eq!(o.errors, vec![ErrorKind::InvalidName], "{bad}: {:?}", o.messages);
+    }
+}
+
+#[test]
+fn unexpected_character_before_a_name_costs_one_and_the_row_goes_on() {
+    let o = ok("0 |a 1 |b 0:1\n 0 |a 2 |b 0:1\n", &ab());
+    // id mode: " 0 |a 2" continues sequence 0; the parser sees '0' where '|' is expected.
+    assert_eq!(o.errors[0], ErrorKind::UnexpectedCharacter);
+    assert_eq!(o.seqs[0][0].len(), 2);
+}
+
+#[test]
+fn same_input_twice_on_a_line_costs_one_per_sequence_and_keeps_both() {
+    let o = ok("|a 1 |a 2 |b 0:1\n", &ab());
+    assert_eq!(o.errors, vec![ErrorKind::SequenceTooLong]);
+    assert_eq!(o.seqs[0][0].len(), 2);
+}
+
+#[test]
+fn a_stream_missing_from_a_sequence_is_fatal() {
+    let e = decode_all(b"|a 1\n", &ab()).err().expect("fatal").to_string();
+    assert!(e.contains("stream 'b'") && e.contains("no sample"), "{e}");
+}
+
+#[test]
+fn streams_of_different_lengths_in_one_sequence() {
+    let o = ok("0 |a 1 |b 0:1\n0 |a 2\n0 |a 3 |b 1:1\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    assert_eq!((o.seqs[0][0].len(), o.seqs[1][0].len()), (3, 2));
+}
+
+#[test]
+fn eof_without_newline_pads_or_rejects_like_a_newline() {
+    // Deviation: CNTK reads uninitialised memory for a short dense sample at EOF.
+    let o = ok("|a 1 |b 0:1\n|b 1:1 |a 7", &ab());
+    assert_eq!(o.seqs[0][1], vec![S::D(vec![7.0, 0.0, 0.0])]);
+    let o = ok("0 |a 1 |b 0:1\n0 |b 1:1 |a 1 2 3 4", &ab());
+    assert!(o.errors.contains(&ErrorKind::DenseTooLong));
+    for valid in ["|A 1", "|A -123", "|A 45.", "|A 6.78", "|A 9.10e-11"] {
+        let o = ok(valid, &[stream("A", "A", 1, false)]);
+        assert!(o.errors.is_empty(), "{valid}: {:?}", o.messages);
+    }
+    for invalid in ["|A -", "|A +", "|A 12.+", "|A 12.+e", "|A 1:"] {
+        let o = ok(&format!("0 |A 1\n0 {invalid}"), &[stream("A", "A", 1, false)]);
+        assert!(!o.errors.is_empty(), "{invalid} accepted");
+    }
+}
+
+#[test]
+fn crlf_and_tabs_are_delimiters_and_a_lone_cr_ends_a_dense_sample() {
+    let o = ok("|a\t1  2\r\n|a 3\r\n", &[stream("a", "a", 3, false)]);
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, 2.0, 0.0])]);
+    let o = ok("|a 1\r2\n", &[stream("a", "a", 3, false)]);
+    assert_eq!(o.errors, vec![ErrorKind::UnexpectedCharacter]);
+}
+
+#[test]
+fn messages_name_file_line_offset_and_expectation() {
+    let o = ok("0 |a 1 |b 0:1\n0 |a x |b 0:1\n", &ab());
+    let m = &o.messages[0];
+    assert!(m.contains("t.ctf:2: byte offset 19"), "{m}");
+    assert!(m.contains("expected a number") && m.contains("'x'") && m.contains("stream 'a'"), "{m}");
+}
+
+#[test]
+fn huge_sparse_dim_allocates_nothing_per_dim() {
+    let o = ok("|s 999999999:1\n", &[stream("s", "s", 1_000_000_000, true)]);
+    assert_eq!(o.seqs[0][0], vec![S::Sp(vec![(999_999_999, 1.0)])]);
+}
+
+#[test]
+fn blank_rows_inside_a_sequence_cost_nothing() {
+    let o = ok("0 |a 1 |b 0:1\n\n  \n0 |a 2 |b 0:1\n", &ab());
+    assert!(o.errors.is_empty(), "{:?}", o.messages);
+}
+
+#[test]
+fn comment_only_row_is_an_empty_row() {
+    let o = ok("0 |a 1 |b 0:1\n0 |# just a note\n", &ab());
+    assert_eq!(o.errors, vec![ErrorKind::EmptyRow, ErrorKind::SequenceTooShort]);
+}
+
+#[test]
+fn float32_rounding_happens_once_from_the_f64_accumulator() {
+    let o = ok("|a 0.1 1e400 -1e39\n", &[stream("a", "a", 3, false)]);
+    assert_eq!(o.seqs[0][0], vec![S::D(vec![f64::from(0.1f32), f64::INFINITY, f64::NEG_INFINITY])]);
+}
+
+/// Long dense rows (where the window fast path runs) decode exactly as the byte loop alone
+/// decodes them: values bit for bit, padding, rejected samples, error kinds and messages — with
+/// plain values, exponents, glued numbers, typos, too many values, tabs, CRLF and bars mixed in.
+#[test]
+fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let streams = vec![stream("a", "a", 40, false), stream("w", "w", 130, false), stream("l", "l", 10, true)];
+    let odd = ["1e3", "-2.5E-2", "1-2", "3+4", ".5", "4.", "1.2.3", "x", "1,5", "--1", "+", "0x10", "12345678901234567", "0.12345678901234567", "1e", "\u{e9}"];
+    // Each decode writes its own temporary file: compare messages after the file name.
+    let after_path = |m: &str| m.split_once("t.ctf:").map_or_else(|| m.to_owned(), |(_, rest)| rest.to_owned());
+    let (mut total_values, mut decoded, mut with_errors) = (0usize, 0usize, 0usize);
+    for case in 0..300 {
+        let mut text = String::new();
+        for row in 0..(1 + next() % 6) {
+            // One sequence per case, a row per line: a rejected sample costs errors, not a fatal.
+            let _ = row;
+            text.push_str(&format!("{case} "));
+            for (alias, dim) in [("a", 40u64), ("w", 130)] {
+                text.push('|');
+                text.push_str(alias);
+                // Usually dim values; sometimes fewer (padded) or more (rejected).
+                let count = match next() % 10 {
+                    0 => next() % dim,
+                    1 => dim + 1 + next() % 3,
+                    _ => dim,
+                };
+                for _ in 0..count {
+                    text.push(if next() % 9 == 0 { '\t' } else { ' ' });
+                    let r = next();
+                    if r % 401 == 0 {
+                        text.push_str(odd[(r >> 8) as usize % odd.len()]);
+                    } else {
+                        let sign = ["", "-", "+"][(r >> 20) as usize % 3];
+                        let int = (r >> 24) % [1, 10, 1000, 1_000_000_000][(r >> 40) as usize % 4];
+                        let frac_len = (r >> 44) % 9;
+                        text.push_str(&format!("{sign}{int}"));
+                        if frac_len > 0 {
+                            text.push_str(&format!(".{:0width$}", (r >> 8) % 10u64.pow(frac_len as u32), width = frac_len as usize));
+                        }
+                    }
+                    total_values += 1;
+                }
+                text.push(' ');
+            }
+            text.push_str(&format!("|l {}:1", next() % 10));
+            text.push_str(if next() % 4 == 0 { "\r\n" } else { "\n" });
+        }
+        let fast = decode_with(text.as_bytes(), &streams, true);
+        let slow = decode_with(text.as_bytes(), &streams, false);
+        match (fast, slow) {
+            (Ok(f), Ok(s)) => {
+                assert_eq!(f.seqs, s.seqs, "case {case}");
+                assert_eq!(f.errors, s.errors, "case {case}");
+                assert_eq!(f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), "case {case}");
+                decoded += 1;
+                with_errors += usize::from(!f.errors.is_empty());
+            }
+            (Err(f), Err(s)) => assert_eq!(after_path(&f.to_string()), after_path(&s.to_string()), "case {case}"),
+            (f, s) => panic!("case {case}: fast {:?} vs byte loop {:?}", f.map(|o| o.errors), s.map(|o| o.errors)),
+        }
+    }
+    assert!(total_values > 100_000, "{total_values} values");
+    assert!(decoded > 200 && with_errors > 50, "{decoded} cases decoded, {with_errors} of them with errors");
+}

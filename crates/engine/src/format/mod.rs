@@ -1,0 +1,22 @@
+//! Data formats: one module per format, each with an index pass and a decoder. Nothing here
+//! knows about actors, sessions or sampling.
+//!
+//! * [`index`]: sequence and chunk descriptors shared by all formats, and CNTK's chunking rule;
+//! * [`cache`]: the on-disk index cache (versioned, atomic, validated against the data file);
+//! * [`chunk`]: the columnar parsed chunk that sessions share;
+//! * [`errors`]: locations, malformed-input kinds and the `max_errors` budget;
+//! * [`ctf`]: CNTK Text Format;
+//! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
+//! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`.
+
+pub mod cache;
+pub mod chunk;
+pub mod ctf;
+pub mod deepx;
+pub mod errors;
+pub mod index;
+pub mod inflate;
+
+pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
+pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};
+pub use index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};

@@ -1,0 +1,572 @@
+//! Minibatch assembly: [`gather`] locates a [`MinibatchPlan`]'s sequences in the parsed chunks it
+//! names (every size known before a byte moves); [`Gathered::fill`] copies one tensor of the slot's
+//! tensor table ([`minibatchd_shm::table`]) — into a shared-memory slot through
+//! [`minibatchd_shm::SlotSource`] (the daemon) or into owned buffers ([`Gathered::to_minibatch`],
+//! `dump`). It is the only place that copies sample data.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::format::chunk::{Indices, ParsedChunk, StreamKind, StreamSpec, StreamValues, Values};
+use crate::format::errors::DataError;
+use crate::sampling::{MinibatchPlan, Timeline};
+
+pub use minibatchd_shm::owned::{MbData, MbStream, Minibatch};
+pub use minibatchd_shm::table::{DType, Field, SlotSource, TensorDesc};
+
+/// Source of parsed chunks for [`assemble`].
+pub trait ChunkSource {
+    /// The parsed chunk `chunk`.
+    ///
+    /// # Errors
+    /// Whatever loading it failed with.
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError>;
+}
+
+impl ChunkSource for HashMap<u32, Arc<ParsedChunk>> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+        self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
+    }
+}
+
+/// A hasher for small integer keys (chunk indices): one multiply, no per-lookup SipHash rounds.
+/// Keys come from the index, never from a client, so flooding is not a concern.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (v as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A `HashMap` keyed by chunk index.
+pub type ChunkMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+impl ChunkSource for ChunkMap<Arc<ParsedChunk>> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+        self.get(&chunk)
+            .cloned()
+            .ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
+    }
+}
+
+fn i64_of(x: usize) -> i64 {
+    i64::try_from(x).unwrap_or(i64::MAX)
+}
+
+/// Where one sequence of a stream lies: a chunk of the [`Gathered`] and its ranges there.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    /// Index into [`Gathered::chunks`].
+    chunk: usize,
+    /// Sample range in the chunk's stream.
+    s0: usize,
+    s1: usize,
+    /// Entry range (sparse entries, string bytes; dense: values) in the chunk's stream.
+    e0: usize,
+    e1: usize,
+}
+
+/// What kind of stream, with the element types a gathered stream copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Dense {
+        dim: usize,
+        f64: bool,
+    },
+    Sparse {
+        dim: usize,
+        f64: bool,
+        u64_ids: bool,
+    },
+    Strings,
+}
+
+/// One stream of a [`Gathered`] minibatch.
+#[derive(Debug, Clone)]
+struct GatheredStream {
+    shape: Shape,
+    /// Index of the stream in each chunk.
+    index: usize,
+    pieces: Vec<Piece>,
+    samples: usize,
+    entries: usize,
+}
+
+/// How many sequences ahead of the copy the gather prefetches their samples.
+const PREFETCH_AHEAD: usize = 6;
+
+/// A minibatch located but not yet copied: for every stream, where each sequence's samples lie
+/// in the parsed chunks. Every size is known before a byte moves, so the daemon writes the
+/// samples straight into a shared-memory slot ([`minibatchd_shm::Ring::write`]) and `dump`
+/// into owned buffers ([`Gathered::to_minibatch`]) — the same copying code for both.
+#[derive(Debug, Clone)]
+pub struct Gathered {
+    /// 0-based index in the session.
+    pub index: u64,
+    /// Sweep at the start of the minibatch.
+    pub sweep: u64,
+    /// Whether the minibatch ends at or crosses a sweep boundary.
+    pub end_of_sweep: bool,
+    /// Checkpoint position after this minibatch.
+    pub position: u64,
+    /// The data-order ledger's fingerprint of the plan.
+    pub fingerprint: u64,
+    chunks: Vec<Arc<ParsedChunk>>,
+    streams: Vec<GatheredStream>,
+}
+
+fn shape_of(sd: &StreamValues) -> Shape {
+    match sd {
+        StreamValues::Dense { dim, values } => Shape::Dense {
+            dim: *dim,
+            f64: matches!(values, Values::F64(_)),
+        },
+        StreamValues::Sparse {
+            indices, values, ..
+        } => Shape::Sparse {
+            dim: 0,
+            f64: matches!(values, Values::F64(_)),
+            u64_ids: matches!(indices, Indices::U64(_)),
+        },
+        StreamValues::Strings { .. } => Shape::Strings,
+    }
+}
+
+/// What one stream of every minibatch of a dataset looks like — kind, dimension, precision —
+/// whatever its data: the tensor table of a minibatch without sequences (a worker's empty share)
+/// is the same as that of a full one, so clients can rely on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamShape {
+    /// How samples are stored.
+    pub kind: StreamKind,
+    /// Values per dense sample; the sparse index bound (0 for deepx ids and strings).
+    pub dim: usize,
+    /// Values are float64 (`precision = "float64"`).
+    pub float64: bool,
+}
+
+impl StreamShape {
+    /// The shapes of `streams` in a dataset of the given precision.
+    #[must_use]
+    pub fn of(streams: &[StreamSpec], float64: bool) -> Vec<Self> {
+        streams
+            .iter()
+            .map(|s| Self {
+                kind: s.kind,
+                dim: s.dim,
+                float64,
+            })
+            .collect()
+    }
+
+    fn shape(self) -> Shape {
+        match self.kind {
+            StreamKind::Dense => Shape::Dense {
+                dim: self.dim,
+                f64: self.float64,
+            },
+            StreamKind::SparseI32 => Shape::Sparse {
+                dim: self.dim,
+                f64: self.float64,
+                u64_ids: false,
+            },
+            StreamKind::SparseU64 => Shape::Sparse {
+                dim: self.dim,
+                f64: self.float64,
+                u64_ids: true,
+            },
+            StreamKind::Strings => Shape::Strings,
+        }
+    }
+}
+
+/// Locates minibatch `index` of `plan` in the chunks it names (loading them through `chunks`).
+///
+/// `frame_mode`: CNTK's `FramePacker` — a sequence with more than one sample is fatal.
+///
+/// # Errors
+/// A chunk that cannot be loaded, or a frame-mode violation.
+pub fn gather(
+    index: u64,
+    plan: &MinibatchPlan,
+    timeline: &Timeline,
+    shapes: &[StreamShape],
+    frame_mode: bool,
+    chunks: &mut dyn ChunkSource,
+) -> Result<Gathered, DataError> {
+    let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
+    let mut local_of: ChunkMap<usize> = ChunkMap::default();
+    // Pass 1: resolve each sequence's chunk and prefetch its offsets; the sequences sit at random
+    // places of the window, so each lookup below is a cache miss — issued together, they overlap.
+    let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
+    for r in &plan.sequences {
+        let at = match local_of.get(&r.chunk) {
+            Some(&at) => at,
+            None => {
+                let chunk = chunks.chunk(r.chunk)?;
+                if chunk.streams.len() != shapes.len() {
+                    // A caller that took the streams from `config().streams()` (CTF streams only) for
+                    // a deepx dataset: refuse instead of indexing out of bounds. Use `Dataset::streams()`.
+                    return Err(DataError::Dataset(format!(
+                        "chunk {} has {} streams but {} stream shapes were given",
+                        r.chunk,
+                        chunk.streams.len(),
+                        shapes.len()
+                    )));
+                }
+                held.push(chunk);
+                local_of.insert(r.chunk, held.len() - 1);
+                held.len() - 1
+            }
+        };
+        let local = (r.seq as usize)
+            .checked_sub(timeline.chunk_start[r.chunk as usize])
+            .filter(|&l| l < held[at].num_sequences)
+            .ok_or_else(|| {
+                DataError::Dataset(format!("sequence {} is not in chunk {}", r.seq, r.chunk))
+            })?;
+        for sd in &held[at].streams {
+            minibatchd_sys::prefetch(&sd.seq_offsets[local..=local + 1]);
+        }
+        located.push((at, local));
+    }
+    let mut streams: Vec<GatheredStream> = shapes
+        .iter()
+        .enumerate()
+        .map(|(si, sh)| GatheredStream {
+            shape: sh.shape(),
+            index: si,
+            pieces: Vec::with_capacity(plan.sequences.len()),
+            samples: 0,
+            entries: 0,
+        })
+        .collect();
+    // Pass 2: sample ranges (and prefetch the entry offsets of sparse and string streams).
+    for (&(at, local), r) in located.iter().zip(&plan.sequences) {
+        for (out, sd) in streams.iter_mut().zip(&held[at].streams) {
+            if shape_of_kind(shape_of(&sd.data)) != shape_of_kind(out.shape) {
+                return Err(DataError::Dataset(format!(
+                    "stream {} of chunk {} is not stored as the dataset declares (kind or precision)",
+                    out.index, r.chunk
+                )));
+            }
+            if let (StreamValues::Dense { dim, .. }, Shape::Dense { dim: declared, .. }) =
+                (&sd.data, out.shape)
+            {
+                if *dim != declared {
+                    return Err(DataError::Dataset(format!("stream {} of chunk {} has dimension {dim}, the dataset declares {declared}", out.index, r.chunk)));
+                }
+            }
+            let (s0, s1) = (sd.seq_offsets[local], sd.seq_offsets[local + 1]);
+            if frame_mode && s1 - s0 > 1 {
+                return Err(DataError::Dataset(format!(
+                    "detected a non-frame sequence of size {} in frame mode (sequence {} of chunk {})",
+                    s1 - s0,
+                    local,
+                    r.chunk
+                )));
+            }
+            match &sd.data {
+                StreamValues::Sparse {
+                    sample_offsets: o, ..
+                }
+                | StreamValues::Strings { offsets: o, .. } => {
+                    minibatchd_sys::prefetch(&o[s0..=s1]);
+                }
+                StreamValues::Dense { .. } => {}
+            }
+            out.pieces.push(Piece {
+                chunk: at,
+                s0,
+                s1,
+                e0: 0,
+                e1: 0,
+            });
+            out.samples += s1 - s0;
+        }
+    }
+    // Pass 3: entry ranges.
+    for s in &mut streams {
+        for p in &mut s.pieces {
+            (p.e0, p.e1) = match &held[p.chunk].streams[s.index].data {
+                StreamValues::Dense { dim, .. } => (p.s0 * dim, p.s1 * dim),
+                StreamValues::Sparse {
+                    sample_offsets: o, ..
+                }
+                | StreamValues::Strings { offsets: o, .. } => (o[p.s0], o[p.s1]),
+            };
+            s.entries += p.e1 - p.e0;
+        }
+    }
+    Ok(Gathered {
+        index,
+        sweep: plan.sweep,
+        end_of_sweep: plan.end_of_sweep,
+        position: plan.position,
+        fingerprint: plan.fingerprint(),
+        chunks: held,
+        streams,
+    })
+}
+
+/// The shape a chunk's stream reports, for comparing kinds and precisions (dims aside).
+fn shape_of_kind(s: Shape) -> Shape {
+    match s {
+        Shape::Dense { f64, .. } => Shape::Dense { dim: 0, f64 },
+        Shape::Sparse { f64, u64_ids, .. } => Shape::Sparse {
+            dim: 0,
+            f64,
+            u64_ids,
+        },
+        Shape::Strings => Shape::Strings,
+    }
+}
+
+fn float_dtype(f64: bool) -> DType {
+    if f64 {
+        DType::F64
+    } else {
+        DType::F32
+    }
+}
+
+/// Writes `values` as native-endian int64s into `out`.
+fn put_i64s(out: &mut [u8], values: impl Iterator<Item = i64>) {
+    for (dst, v) in out.chunks_exact_mut(8).zip(values) {
+        dst.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
+fn value_bytes(v: &Values, range: std::ops::Range<usize>) -> &[u8] {
+    match v {
+        Values::F32(x) => minibatchd_sys::as_bytes(&x[range]),
+        Values::F64(x) => minibatchd_sys::as_bytes(&x[range]),
+    }
+}
+
+fn index_bytes(v: &Indices, range: std::ops::Range<usize>) -> &[u8] {
+    match v {
+        Indices::I32(x) => minibatchd_sys::as_bytes(&x[range]),
+        Indices::U64(x) => minibatchd_sys::as_bytes(&x[range]),
+    }
+}
+
+impl Gathered {
+    /// Number of streams.
+    #[must_use]
+    pub fn num_streams(&self) -> usize {
+        self.streams.len()
+    }
+
+    /// The tensors, in slot order: per stream `sequence_offsets` then the stream's arrays.
+    #[must_use]
+    pub fn tensors(&self) -> Vec<TensorDesc> {
+        <Self as SlotSource>::tensors(self)
+    }
+
+    /// Copies tensor `t`'s data into `out`, which is exactly `t.nbytes()` long.
+    pub fn fill(&self, t: &TensorDesc, out: &mut [u8]) {
+        <Self as SlotSource>::fill(self, t, out);
+    }
+
+    /// The minibatch in owned buffers (what `dump` prints).
+    #[must_use]
+    pub fn to_minibatch(&self) -> Minibatch {
+        fn filled<T: minibatchd_sys::Pod + Default>(g: &Gathered, t: &TensorDesc) -> Vec<T> {
+            let mut v = vec![T::default(); t.nbytes() / std::mem::size_of::<T>()];
+            g.fill(t, minibatchd_sys::as_bytes_mut(&mut v));
+            v
+        }
+        let values = |t: &TensorDesc| {
+            if t.dtype == DType::F64 {
+                Values::F64(filled(self, t))
+            } else {
+                Values::F32(filled(self, t))
+            }
+        };
+        let tensors = self.tensors();
+        let mut streams = Vec::with_capacity(self.streams.len());
+        let mut k = 0;
+        for s in &self.streams {
+            let sequence_offsets = filled::<i64>(self, &tensors[k]);
+            let data = match s.shape {
+                Shape::Dense { dim, .. } => {
+                    k += 2;
+                    MbData::Dense {
+                        dim,
+                        values: values(&tensors[k - 1]),
+                    }
+                }
+                Shape::Sparse { dim, .. } => {
+                    k += 4;
+                    let indices = if tensors[k - 2].dtype == DType::U64 {
+                        Indices::U64(filled(self, &tensors[k - 2]))
+                    } else {
+                        Indices::I32(filled(self, &tensors[k - 2]))
+                    };
+                    MbData::Sparse {
+                        dim,
+                        sample_offsets: filled(self, &tensors[k - 3]),
+                        indices,
+                        values: values(&tensors[k - 1]),
+                    }
+                }
+                Shape::Strings => {
+                    k += 3;
+                    MbData::Strings {
+                        offsets: filled(self, &tensors[k - 2]),
+                        bytes: filled(self, &tensors[k - 1]),
+                    }
+                }
+            };
+            streams.push(MbStream {
+                sequence_offsets,
+                data,
+            });
+        }
+        Minibatch {
+            index: self.index,
+            sweep: self.sweep,
+            end_of_sweep: self.end_of_sweep,
+            position: self.position,
+            fingerprint: self.fingerprint,
+            streams,
+        }
+    }
+}
+
+impl SlotSource for Gathered {
+    fn index(&self) -> u64 {
+        self.index
+    }
+
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    fn tensors(&self) -> Vec<TensorDesc> {
+        let mut out = Vec::with_capacity(self.streams.len() * 4);
+        for (si, s) in self.streams.iter().enumerate() {
+            out.push(TensorDesc::vector(si, Field::SequenceOffsets, DType::I64, s.pieces.len() + 1));
+            match s.shape {
+                Shape::Dense { dim, f64 } => {
+                    out.push(TensorDesc::matrix(si, Field::DenseValues, float_dtype(f64), s.samples, dim));
+                }
+                Shape::Sparse { f64, u64_ids, .. } => {
+                    let ids = if u64_ids { DType::U64 } else { DType::I32 };
+                    out.push(TensorDesc::vector(si, Field::SampleOffsets, DType::I64, s.samples + 1));
+                    out.push(TensorDesc::vector(si, Field::Indices, ids, s.entries));
+                    out.push(TensorDesc::vector(si, Field::SparseValues, float_dtype(f64), s.entries));
+                }
+                Shape::Strings => {
+                    out.push(TensorDesc::vector(si, Field::StringOffsets, DType::I64, s.samples + 1));
+                    out.push(TensorDesc::vector(si, Field::StringBytes, DType::U8, s.entries));
+                }
+            }
+        }
+        out
+    }
+
+    fn fill(&self, t: &TensorDesc, out: &mut [u8]) {
+        let s = &self.streams[t.stream];
+        let data = |p: &Piece| &self.chunks[p.chunk].streams[s.index].data;
+        match t.field {
+            Field::SequenceOffsets => {
+                let mut at = 0usize;
+                put_i64s(
+                    out,
+                    std::iter::once(0).chain(s.pieces.iter().map(|p| {
+                        at += p.s1 - p.s0;
+                        i64_of(at)
+                    })),
+                );
+            }
+            Field::SampleOffsets | Field::StringOffsets => {
+                let mut rows = out.chunks_exact_mut(8);
+                if let Some(first) = rows.next() {
+                    first.copy_from_slice(&0i64.to_ne_bytes());
+                }
+                let mut at = 0usize;
+                for p in &s.pieces {
+                    let offsets = match data(p) {
+                        StreamValues::Sparse { sample_offsets, .. } => sample_offsets,
+                        StreamValues::Strings { offsets, .. } => offsets,
+                        StreamValues::Dense { .. } => unreachable!("offsets of a dense stream"),
+                    };
+                    let base = i64_of(at) - i64_of(p.e0);
+                    // The offsets first: `zip` takes from its first iterator before it finds the
+                    // second exhausted, which would skip a row of the output.
+                    for (&o, dst) in offsets[p.s0 + 1..=p.s1].iter().zip(&mut rows) {
+                        dst.copy_from_slice(&(i64_of(o) + base).to_ne_bytes());
+                    }
+                    at += p.e1 - p.e0;
+                }
+            }
+            Field::DenseValues | Field::SparseValues | Field::Indices | Field::StringBytes => {
+                let src = |p: &Piece| -> &[u8] {
+                    match (t.field, data(p)) {
+                        (Field::DenseValues, StreamValues::Dense { values, .. })
+                        | (Field::SparseValues, StreamValues::Sparse { values, .. }) => {
+                            value_bytes(values, p.e0..p.e1)
+                        }
+                        (Field::Indices, StreamValues::Sparse { indices, .. }) => {
+                            index_bytes(indices, p.e0..p.e1)
+                        }
+                        (Field::StringBytes, StreamValues::Strings { bytes, .. }) => {
+                            &bytes[p.e0..p.e1]
+                        }
+                        _ => unreachable!(
+                            "a stream keeps its kind across chunks (checked in gather)"
+                        ),
+                    }
+                };
+                for p in s.pieces.iter().take(PREFETCH_AHEAD) {
+                    minibatchd_sys::prefetch(src(p));
+                }
+                let mut at = 0usize;
+                for (i, p) in s.pieces.iter().enumerate() {
+                    if let Some(ahead) = s.pieces.get(i + PREFETCH_AHEAD) {
+                        minibatchd_sys::prefetch(src(ahead));
+                    }
+                    let bytes = src(p);
+                    out[at..at + bytes.len()].copy_from_slice(bytes);
+                    at += bytes.len();
+                }
+            }
+        }
+    }
+}
+
+/// Builds minibatch `index` from `plan`, copying samples out of the chunks it names:
+/// [`gather`] then [`Gathered::to_minibatch`].
+///
+/// `frame_mode`: CNTK's `FramePacker` — a sequence with more than one sample is fatal.
+///
+/// # Errors
+/// A chunk that cannot be loaded, or a frame-mode violation.
+pub fn assemble(
+    index: u64,
+    plan: &MinibatchPlan,
+    timeline: &Timeline,
+    shapes: &[StreamShape],
+    frame_mode: bool,
+    chunks: &mut dyn ChunkSource,
+) -> Result<Minibatch, DataError> {
+    Ok(gather(index, plan, timeline, shapes, frame_mode, chunks)?.to_minibatch())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,179 @@
+//! The options that shape a dataset — formats, sources, streams, precision, error budget,
+//! sampling defaults, deepx options. The engine owns these types; the daemon's `config` module
+//! builds them from TOML and environment overrides after validating every key, so each value here
+//! already satisfies the invariants documented on it (a stream's `dim` ≥ 1, at most one
+//! `defines_mb_size` stream, deepx sizes within deepx's limits, …).
+
+use std::path::PathBuf;
+
+use crate::sampling::Window;
+
+/// Default of `datasets.*.chunk_size_bytes`: CNTK's `chunkSizeInBytes` default (32 MiB).
+pub const DEFAULT_CHUNK_SIZE_BYTES: u64 = 32 * 1024 * 1024;
+/// Default of `datasets.*.sampling.window_chunks`: CNTK V2's `DEFAULT_RANDOMIZATION_WINDOW_IN_CHUNKS`.
+pub use crate::sampling::DEFAULT_WINDOW_CHUNKS;
+/// Largest sparse `dim`: CNTK's sparse index type is a signed 32-bit integer.
+pub const MAX_SPARSE_DIM: u64 = i32::MAX as u64;
+/// Largest dense `dim`: a dense sample is materialised per sample, so an absurd `dim` from a
+/// config typo must not turn into an absurd allocation.
+pub const MAX_DENSE_DIM: u64 = 1 << 24;
+
+/// Text formats. A closed set: every `match` on it is exhaustive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatKind {
+    /// CNTK Text Format.
+    Ctf,
+    /// deepx `libsvm` (and svmlight variants).
+    Libsvm,
+    /// deepx `libsvm_ex`.
+    LibsvmEx,
+    /// deepx `uch`.
+    Uch,
+}
+
+impl FormatKind {
+    /// The format named `s` in a config (`ctf`, `libsvm`, `libsvm_ex`, `uch`).
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "ctf" => Some(Self::Ctf),
+            "libsvm" => Some(Self::Libsvm),
+            "libsvm_ex" => Some(Self::LibsvmEx),
+            "uch" => Some(Self::Uch),
+            _ => None,
+        }
+    }
+}
+
+/// Element type of the values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit floats (CNTK V2 always uses these).
+    Float32,
+    /// 64-bit floats.
+    Float64,
+}
+
+/// Storage of a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamFormat {
+    /// `dim` values per sample.
+    Dense,
+    /// `index:value` entries per sample.
+    Sparse,
+}
+
+/// `[datasets.NAME.streams.STREAM]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    /// The table key: the name the stream has in minibatches.
+    pub name: String,
+    /// The token after `|` in the data (defaults to the name).
+    pub alias: String,
+    /// Sample dimension.
+    pub dim: usize,
+    /// Dense or sparse.
+    pub format: StreamFormat,
+    /// Whether this stream alone defines a sequence's nominal length (CNTK `definesMBSize`).
+    pub defines_mb_size: bool,
+}
+
+/// One CTF source: files read in order, with their streams. A dataset has one, or several joined
+/// by sequence key (CNTK's bundler), the first driving chunking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceConfig {
+    /// Paths or glob patterns, resolved against the config file's directory.
+    pub files: Vec<PathBuf>,
+    /// CNTK `skipSequenceIds`: every line is its own sequence.
+    pub skip_sequence_ids: bool,
+    /// Streams, in the order they appear in the config.
+    pub streams: Vec<StreamConfig>,
+}
+
+/// `[datasets.NAME.sampling]`: defaults that a session may override.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingDefaults {
+    /// Randomize (CNTK `BlockRandomizer`) or not (`NoRandomizer`).
+    pub randomize: bool,
+    /// The randomization window.
+    pub window: Window,
+    /// `randomization_seed`.
+    pub seed: u64,
+}
+
+/// `[datasets.NAME]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DatasetConfig {
+    /// The table key.
+    pub name: String,
+    /// The text format.
+    pub format: FormatKind,
+    /// The sources; `sources[0]` drives chunking. For a plain dataset, one source built from the
+    /// dataset's own `files` and `streams`.
+    pub sources: Vec<SourceConfig>,
+    /// CNTK `chunkSizeInBytes`.
+    pub chunk_size_bytes: u64,
+    /// CNTK `maxErrors`: the number of tolerated errors.
+    pub max_errors: u64,
+    /// Cache the index pass in `state_dir`.
+    pub cache_index: bool,
+    /// Parse the dataset into the chunk cache as soon as the daemon has indexed it, before any
+    /// session asks (up to the cache budget), so a trainer's first sweep starts warm.
+    pub preload: bool,
+    /// Element type.
+    pub precision: Precision,
+    /// Sampling defaults.
+    pub sampling: SamplingDefaults,
+    /// deepx options (`label_size`, …); `None` for CTF.
+    pub deepx: Option<DeepxOptions>,
+}
+
+/// deepx instance-reader options (`reference/deepx-instance-formats.md`), validated by
+/// `format::deepx_config` (deepx's rules and limits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeepxOptions {
+    /// Labels per instance (`1..=32`): `__instY` (and `__instW`) have this many values per sample.
+    pub label_size: usize,
+    /// Whether the `__instW` stream (a weight per label) is produced.
+    pub w: bool,
+    /// Whether the `__instUUID` stream (a string per instance) is produced.
+    pub uuid: bool,
+    /// `libsvm_ex`: number of feature groups `__instX0…` (`1..=128`).
+    pub x_size: Option<usize>,
+    /// `uch`: number of history slots `__instXhist0…` (`1..=128`).
+    pub x_hist_item_size: Option<usize>,
+    /// deepx's `batch` (instances per batch), when given: the dataset's suggested minibatch size
+    /// in samples (one instance = one sample). The size a session asks for always wins.
+    pub batch: Option<usize>,
+    /// `libsvm` only, svmlight: `#` at the start of a token starts a comment up to the line end.
+    pub comments: bool,
+    /// `libsvm` only, svmlight: an optional `qid:N` token after the labels, kept in `__instQID`.
+    pub qid: bool,
+    /// `libsvm` only: feature ids in the file are 0-based as written (0, the default and deepx's
+    /// behaviour) or 1-based (1: LIBSVM/SVMlight; the stored id is the written id − 1).
+    pub feature_index_base: u8,
+}
+
+impl Default for DeepxOptions {
+    fn default() -> Self {
+        Self {
+            label_size: 1,
+            w: false,
+            uuid: false,
+            x_size: None,
+            x_hist_item_size: None,
+            batch: None,
+            comments: false,
+            qid: false,
+            feature_index_base: 0,
+        }
+    }
+}
+
+impl DatasetConfig {
+    /// All streams of all sources, in order (primary source first).
+    pub fn streams(&self) -> impl Iterator<Item = &StreamConfig> {
+        self.sources.iter().flat_map(|s| s.streams.iter())
+    }
+}
+

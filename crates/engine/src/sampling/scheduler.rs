@@ -1,0 +1,615 @@
+//! Minibatch scheduling on the global timeline: CNTK's `GetNextSequenceDescriptions` fill rules,
+//! sweep crossing, epoch limits, the local minibatch size and checkpoint positions
+//! (`reference/cntk-ctf-semantics.md` §3).
+//!
+//! All workers walk the same global timeline of nominal samples; a [`Sampler`] is one worker's
+//! cursor on it. Each call to [`Sampler::next_minibatch`] walks sequence by sequence:
+//! 1. a local sequence that would push the local count past the local minibatch size ends the
+//!    minibatch — unless no local sequence has been taken yet (a sequence longer than the
+//!    minibatch is returned alone); the fill is greedy and never skips;
+//! 2. a sequence whose start is at or past the epoch end ends the epoch (the last started
+//!    sequence is delivered in full, so an epoch can overshoot);
+//! 3. otherwise the sequence is taken if local, or passed over (the global position still
+//!    advances) if it belongs to another worker.
+//!
+//! With the block randomizer the walk stops at the sweep end and, as V2's
+//! `allowMinibatchesToCrossSweepBoundaries=true` does, continues in the re-randomized next sweep
+//! while the epoch is not over and the local size is not reached; after a sweep boundary the
+//! first local sequence must fit too. Without randomization the walk is one continuous pass
+//! (CNTK's `NoRandomizer` does not cut at the sweep end when crossing is allowed).
+//!
+//! The global minibatch limit of V2's local timeline is unbounded (`SIZE_MAX`), so only the local
+//! size `mb / W + (mb % W > rank)` (at least 1) limits a fill.
+//!
+//! Fed by: the caller's minibatch requests. Feeds: [`MinibatchPlan`]s to the caller, which loads
+//! the named chunks.
+
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+
+use super::plan::SweepPlan;
+use super::randomizer::uses_block_randomizer;
+use super::Timeline;
+
+/// The randomization window (CNTK `randomization_window_in_chunks` / `_in_samples`).
+///
+/// A chunk window of 0 means "no randomization": CNTK's V2 API maps both windows being 0 to
+/// `randomize = false`, so the sampler then uses file order like `randomize = false`. A sample
+/// window of 0 is CNTK's "no sample window": the chunk window applies ([`Window::from_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Window width in chunks (V2 default: 128).
+    Chunks(usize),
+    /// Window width in nominal samples.
+    Samples(u64),
+}
+
+/// CNTK V2's `randomization_window_in_chunks` default: 4 GiB / 32 MiB.
+pub const DEFAULT_WINDOW_CHUNKS: usize = 128;
+
+impl Window {
+    /// The window CNTK's `MinibatchSource` uses for the given windows (the caller has rejected
+    /// both being set): `window_samples = N > 0` is a sample window; otherwise the chunk window
+    /// applies — `window_chunks` if given, else `default` when that is a chunk window, else
+    /// [`DEFAULT_WINDOW_CHUNKS`]. So `window_samples = 0` is not "no randomization" (only both
+    /// windows 0 is, `window_chunks = 0`), as in `MinibatchSource.cpp`.
+    #[must_use]
+    pub fn from_options(chunks: Option<usize>, samples: Option<u64>, default: Window) -> Window {
+        match (chunks, samples) {
+            (Some(c), _) => Window::Chunks(c),
+            (None, Some(n)) if n > 0 => Window::Samples(n),
+            (None, Some(_)) => match default {
+                Window::Chunks(_) => default,
+                Window::Samples(_) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+            },
+            (None, None) => default.normalized(),
+        }
+    }
+
+    /// `Samples(0)` as the chunk window CNTK would use ([`DEFAULT_WINDOW_CHUNKS`]); any other
+    /// window unchanged.
+    #[must_use]
+    pub fn normalized(self) -> Window {
+        match self {
+            Window::Samples(0) => Window::Chunks(DEFAULT_WINDOW_CHUNKS),
+            w => w,
+        }
+    }
+}
+
+/// How long the (single, V2) epoch lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochLimit {
+    /// `max_samples = INFINITELY_REPEAT`: an epoch of `u64::MAX / 2` samples, as CNTK.
+    Infinite,
+    /// `max_samples = FULL_DATA_SWEEP`: one sweep.
+    FullSweep,
+    /// `max_sweeps = k`: `k * sweep_size` samples.
+    Sweeps(u64),
+    /// `max_samples = n`: stops at the first sequence starting at or after sample `n`.
+    Samples(u64),
+    /// Exactly sweep `k` (0-based): the epoch starts at the first sample of sweep `k` and ends
+    /// with it. Not a CNTK option: it is CNTK's `max_sweeps = k + 1` restored to position
+    /// `k × sweep size`, which is what a trainer's epoch `k` is.
+    Sweep(u64),
+}
+
+/// Everything that decides the sampling order and this worker's share of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingOptions {
+    /// Block-randomize (`true`) or keep file order (`false`).
+    pub randomize: bool,
+    /// Randomization window; ignored unless `randomize`.
+    pub window: Window,
+    /// CNTK `randomization_seed`: sweep `k` is randomized with seed `seed + k`.
+    pub seed: u64,
+    /// Epoch length.
+    pub limit: EpochLimit,
+    /// Number of data-parallel workers (≥ 1).
+    pub num_workers: usize,
+    /// This worker's rank (`< num_workers`).
+    pub rank: usize,
+}
+
+/// One sequence of a minibatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqRef {
+    /// Global sequence index in file order.
+    pub seq: u32,
+    /// Original (file-order) chunk index.
+    pub chunk: u32,
+}
+
+/// What one minibatch of one worker consists of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MinibatchPlan {
+    /// This worker's sequences in minibatch order. May be empty while the epoch goes on: CNTK
+    /// then returns a minibatch without data for this worker.
+    pub sequences: Vec<SeqRef>,
+    /// Sweep index of the position at which this minibatch started.
+    pub sweep: u64,
+    /// CNTK `MinibatchData.sweep_end`: the minibatch ends at, or crosses, a sweep end. Never set
+    /// on an empty minibatch (CNTK does not report it there either).
+    pub end_of_sweep: bool,
+    /// Global checkpoint position after this minibatch.
+    pub position: u64,
+    /// Original chunk ids whose last use by this worker in their sweep is in this minibatch (and
+    /// that this minibatch does not use again later, in a following sweep): the caller may drop
+    /// their parsed data once it has built this minibatch. A retired chunk can be needed again
+    /// in a later sweep.
+    pub retire: Vec<u32>,
+}
+
+impl MinibatchPlan {
+    /// The data-order ledger's fingerprint: FNV-1a (64-bit) over the sweep and the global file-order
+    /// index of each sequence, in order. It says which sequences a minibatch holds, in which order,
+    /// from which sweep; the same on every run, delivery path and client (`dump` prints it, the
+    /// daemon writes it into the slot header).
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = crate::hash::Fnv1a::new();
+        h.u64(self.sweep);
+        for r in &self.sequences {
+            h.u64(u64::from(r.seq));
+        }
+        h.finish()
+    }
+}
+
+/// Invalid sampler configuration or timeline.
+#[derive(Debug, thiserror::Error)]
+pub enum SamplingError {
+    /// `num_workers` is 0.
+    #[error("num_workers must be at least 1")]
+    NoWorkers,
+    /// `rank >= num_workers`.
+    #[error("worker rank {rank} is out of range for {num_workers} worker(s)")]
+    RankOutOfRange {
+        /// The rank given.
+        rank: usize,
+        /// The number of workers given.
+        num_workers: usize,
+    },
+    /// The timeline holds no sequence.
+    #[error("the timeline holds no sequences")]
+    EmptyTimeline,
+    /// `chunk_start` does not describe contiguous chunks covering all sequences.
+    #[error("malformed timeline: {reason}")]
+    MalformedChunks {
+        /// What is wrong with `chunk_start`.
+        reason: &'static str,
+    },
+    /// A chunk without sequences (the index pass never produces one).
+    #[error("chunk {chunk} holds no sequences")]
+    EmptyChunk {
+        /// Original chunk index.
+        chunk: usize,
+    },
+    /// A sequence of nominal length 0 (fatal in CNTK's index pass too).
+    #[error("sequence {seq} has a nominal length of 0 samples")]
+    ZeroLengthSequence {
+        /// Global sequence index.
+        seq: usize,
+    },
+    /// More sequences than `u32` ids can name.
+    #[error("the timeline holds {count} sequences; at most 4294967295 are supported")]
+    TooManySequences {
+        /// Number of sequences.
+        count: usize,
+    },
+    /// Equal step counts were asked for an infinite epoch.
+    #[error("equal step counts need a finite epoch (max_samples, max_sweeps, full_sweep or sweep)")]
+    EqualStepsNeedAFiniteEpoch,
+    /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
+    /// overflow").
+    #[error("epoch limit {limit:?} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
+    EpochTooLarge {
+        /// The limit requested.
+        limit: EpochLimit,
+        /// Samples per sweep.
+        sweep_size: u64,
+    },
+}
+
+/// Largest epoch, in samples (CNTK's `SIZE_MAX / 2`); also the size of an infinite epoch.
+pub const MAX_EPOCH_SAMPLES: u64 = u64::MAX / 2;
+
+/// Largest local minibatch size honoured; larger requests are clamped (CNTK raises "Global and
+/// local size of the minibatch cannot exceed max int" instead).
+pub const MAX_LOCAL_MINIBATCH_SAMPLES: u64 = i32::MAX as u64;
+
+/// One worker's deterministic cursor over the sampling timeline.
+///
+/// Restoring to any position that a previous minibatch reported continues exactly like the
+/// uninterrupted run. **Deliberate difference from CNTK:** CNTK's `SequenceRandomizer::Seek`
+/// re-seeds with the bare sweep index (without the seed offset) when it rewinds within the
+/// current sweep to before its earliest still-randomized chunk, which changes the replayed order
+/// when the seed is not 0. That bug is not reproduced: every sweep's order here depends only on
+/// (timeline, window, seed, sweep). For the non-randomized split see [`super::plan`].
+pub struct Sampler {
+    timeline: Arc<Timeline>,
+    options: SamplingOptions,
+    block: bool,
+    sweep_size: u64,
+    epoch_end: u64,
+    /// Global position of the next sequence (`current.sweep * sweep_size + its start`).
+    position: u64,
+    /// Index in `current.order` of the sequence starting at `position` (`== len` at sweep end).
+    index: usize,
+    current: SweepPlan,
+    /// The following sweep, computed early only when `upcoming_chunks` looks past this one.
+    next: OnceLock<SweepPlan>,
+    /// With [`Sampler::equalize_steps`]: the epoch ends for this worker at this position, after
+    /// as many minibatches as the worker with the fewest gets.
+    step_cutoff: Option<u64>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("options", &self.options)
+            .field("sweep_size", &self.sweep_size)
+            .field("epoch_end", &self.epoch_end)
+            .field("position", &self.position)
+            .field("sweep", &self.current.sweep)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a walk through one sweep stopped.
+enum Stop {
+    /// A local sequence does not fit the local minibatch size.
+    Full,
+    /// The next sequence starts at or after the epoch end.
+    EpochEnd,
+    /// The sweep has no sequence left.
+    SweepEnd,
+}
+
+/// The minibatch being filled.
+struct Fill {
+    limit: u64,
+    local_samples: u64,
+    at_least_one: bool,
+    sequences: Vec<SeqRef>,
+    last_use: Vec<bool>,
+}
+
+impl Fill {
+    /// Whether a local sequence of `len` samples ends the minibatch.
+    fn is_full_for(&self, len: u64) -> bool {
+        !self.at_least_one && self.local_samples + len > self.limit
+    }
+
+    fn take(&mut self, seq: SeqRef, len: u64, last_use: bool) {
+        self.sequences.push(seq);
+        self.last_use.push(last_use);
+        self.local_samples += len;
+        self.at_least_one = false;
+    }
+
+    /// Chunks whose final occurrence in this minibatch is a last use, in order of that occurrence.
+    fn retired_chunks(&self) -> Vec<u32> {
+        let mut seen = HashSet::new();
+        let mut retire: Vec<u32> = Vec::new();
+        for (seq, &last) in self.sequences.iter().zip(&self.last_use).rev() {
+            if seen.insert(seq.chunk) && last {
+                retire.push(seq.chunk);
+            }
+        }
+        retire.reverse();
+        retire
+    }
+}
+
+impl Sampler {
+    /// A sampler at position 0 of the epoch described by `options`.
+    ///
+    /// # Errors
+    /// [`SamplingError`] if the options are inconsistent or the timeline is malformed.
+    pub fn new(timeline: Arc<Timeline>, options: SamplingOptions) -> Result<Self, SamplingError> {
+        validate_options(&options)?;
+        let sweep_size = validate_timeline(&timeline)?;
+        let epoch_end = epoch_end(options.limit, sweep_size)?;
+        let current = SweepPlan::build(&timeline, &options, 0, sweep_size, epoch_end);
+        let block = uses_block_randomizer(&options);
+        let mut sampler = Self {
+            timeline,
+            options,
+            block,
+            sweep_size,
+            epoch_end,
+            position: 0,
+            index: 0,
+            current,
+            next: OnceLock::new(),
+            step_cutoff: None,
+        };
+        if let EpochLimit::Sweep(k) = sampler.options.limit {
+            // `epoch_end` checked that (k + 1) sweeps fit, so k sweeps do too.
+            sampler.restore(k * sweep_size)?;
+        }
+        sampler.park_if_without_data();
+        Ok(sampler)
+    }
+
+    /// The next minibatch of this worker, or `None` at the end of the epoch (and on every later
+    /// call until [`Sampler::restore`]).
+    ///
+    /// `minibatch_size` is the global size in nominal samples; this worker fills
+    /// `minibatch_size / W + (minibatch_size % W > rank)` samples of its own (at least 1, at most
+    /// [`MAX_LOCAL_MINIBATCH_SAMPLES`]), as CNTK's `SequencePacker` with a local timeline.
+    pub fn next_minibatch(&mut self, minibatch_size: usize) -> Option<MinibatchPlan> {
+        if self.position >= self.epoch_end || self.step_cutoff.is_some_and(|c| self.position >= c) {
+            return None;
+        }
+        let start = self.position;
+        let mut fill = Fill {
+            limit: self.local_limit(minibatch_size),
+            local_samples: 0,
+            at_least_one: true,
+            sequences: Vec::new(),
+            last_use: Vec::new(),
+        };
+        loop {
+            self.enter_next_sweep_if_at_end();
+            match self.walk_sweep(&mut fill) {
+                Stop::Full | Stop::EpochEnd => break,
+                Stop::SweepEnd if self.position >= self.epoch_end => break,
+                Stop::SweepEnd if self.block => {
+                    if fill.local_samples >= fill.limit {
+                        break;
+                    }
+                    fill.at_least_one = false;
+                }
+                Stop::SweepEnd => {}
+            }
+        }
+        if fill.sequences.is_empty() && self.position >= self.epoch_end {
+            return None;
+        }
+        let crossed = self.position / self.sweep_size != start / self.sweep_size;
+        Some(MinibatchPlan {
+            end_of_sweep: crossed && !fill.sequences.is_empty(),
+            retire: fill.retired_chunks(),
+            sequences: fill.sequences,
+            sweep: start / self.sweep_size,
+            position: self.position,
+        })
+    }
+
+    /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
+    /// run different numbers of steps): every worker gets as many minibatches of
+    /// `minibatch_size` in the epoch as the worker that gets the fewest; each worker's ragged
+    /// tail is dropped. Returns the number of minibatches of this worker that are dropped.
+    ///
+    /// Deterministic: the cut is a position, computed from the epoch start by walking every
+    /// worker's plans (no data is read), so a restore within the epoch keeps it.
+    ///
+    /// # Errors
+    /// [`SamplingError::EqualStepsNeedAFiniteEpoch`] for an infinite epoch.
+    pub fn equalize_steps(&mut self, minibatch_size: usize) -> Result<u64, SamplingError> {
+        if self.options.limit == EpochLimit::Infinite {
+            return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
+        }
+        let walk = |rank: usize| -> Result<Vec<u64>, SamplingError> {
+            let options = SamplingOptions { rank, ..self.options.clone() };
+            let mut s = Sampler::new(self.timeline.clone(), options)?;
+            let mut ends = Vec::new();
+            while s.next_minibatch(minibatch_size).is_some() {
+                ends.push(s.position);
+            }
+            Ok(ends)
+        };
+        let mut fewest = u64::MAX;
+        for rank in 0..self.options.num_workers {
+            fewest = fewest.min(walk(rank)?.len() as u64);
+        }
+        let mine = walk(self.options.rank)?;
+        let dropped = mine.len() as u64 - fewest;
+        // After `fewest` minibatches this worker stands at `mine[fewest - 1]`; with none at all it
+        // stops where it starts.
+        let start = Sampler::new(self.timeline.clone(), self.options.clone())?.position;
+        self.step_cutoff = Some(match usize::try_from(fewest) {
+            Ok(0) | Err(_) => start,
+            Ok(n) => mine[n - 1],
+        });
+        Ok(dropped)
+    }
+
+    /// The global checkpoint position: nominal samples consumed on the global timeline (all
+    /// workers) up to the end of the last minibatch returned (CNTK `minibatchSourcePosition`).
+    #[must_use]
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Nominal samples per sweep.
+    #[must_use]
+    pub fn sweep_size(&self) -> u64 {
+        self.sweep_size
+    }
+
+    /// CNTK `SetState`: moves to the first sequence whose start is at or after
+    /// `position % sweep_size` in that sweep's order; the position becomes
+    /// `sweep * sweep_size + that start`. The epoch keeps its end, and a worker that the block
+    /// randomizer gives no chunk (`rank >= chunks`) is moved to the epoch end, as in CNTK.
+    ///
+    /// # Errors
+    /// None at present: every position is valid (past the epoch end the sampler just ends).
+    pub fn restore(&mut self, position: u64) -> Result<(), SamplingError> {
+        let sweep = position / self.sweep_size;
+        self.switch_to_sweep(sweep);
+        let (index, start) = self
+            .current
+            .seek(&self.timeline, position % self.sweep_size);
+        self.index = index;
+        self.position = (sweep * self.sweep_size).saturating_add(start);
+        self.park_if_without_data();
+        Ok(())
+    }
+
+    /// Original chunk ids in order of first need from the current position (this worker's
+    /// sequences only, up to the epoch end), at most `max` distinct: a prefetch hint. Looks at most
+    /// to the end of the following sweep.
+    #[must_use]
+    pub fn upcoming_chunks(&self, max: usize) -> Vec<u32> {
+        let mut upcoming = Vec::new();
+        if max == 0 || self.position >= self.epoch_end {
+            return upcoming;
+        }
+        let mut seen = HashSet::new();
+        self.current
+            .upcoming_into(self.index, max, &mut upcoming, &mut seen);
+        let next_sweep = self.current.sweep + 1;
+        if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
+            let next = self.next.get_or_init(|| self.build_plan(next_sweep));
+            if next.sweep == next_sweep {
+                next.upcoming_into(0, max, &mut upcoming, &mut seen);
+            }
+        }
+        upcoming
+    }
+
+    fn build_plan(&self, sweep: u64) -> SweepPlan {
+        SweepPlan::build(
+            &self.timeline,
+            &self.options,
+            sweep,
+            self.sweep_size,
+            self.epoch_end,
+        )
+    }
+
+    fn local_limit(&self, minibatch_size: usize) -> u64 {
+        let workers = self.options.num_workers;
+        let share =
+            minibatch_size / workers + usize::from(minibatch_size % workers > self.options.rank);
+        (share as u64).clamp(1, MAX_LOCAL_MINIBATCH_SAMPLES)
+    }
+
+    /// Walks the current sweep from the cursor until the fill or the epoch ends or the sweep is
+    /// exhausted.
+    fn walk_sweep(&mut self, fill: &mut Fill) -> Stop {
+        let plan = &self.current;
+        // CNTK's `NoRandomizer` fills `while localSampleCount > numLocalSamplesLoaded`: once the
+        // local size is reached it stops at once, without passing over the other workers'
+        // sequences that follow. The block randomizer passes over them up to the next local
+        // sequence, which then does not fit. (With one worker both rules stop at the same place.)
+        let stop_once_full = !self.block && self.options.num_workers > 1;
+        while self.index < plan.len() {
+            let r = plan.order[self.index];
+            let len = u64::from(self.timeline.seq_len[r.seq as usize]);
+            let local = plan.is_local(self.index);
+            if local && fill.is_full_for(len) {
+                return Stop::Full;
+            }
+            if self.position >= self.epoch_end {
+                return Stop::EpochEnd;
+            }
+            if local {
+                fill.take(r, len, plan.is_last_use(self.index));
+            }
+            self.position += len;
+            self.index += 1;
+            if stop_once_full && local && fill.local_samples >= fill.limit {
+                return Stop::Full;
+            }
+        }
+        Stop::SweepEnd
+    }
+
+    /// Moves the cursor into the next sweep once the current one is exhausted.
+    fn enter_next_sweep_if_at_end(&mut self) {
+        if self.index >= self.current.len() {
+            self.switch_to_sweep(self.current.sweep + 1);
+            self.index = 0;
+        }
+    }
+
+    /// Makes `sweep` the current sweep, reusing the cached next sweep when it is the one.
+    fn switch_to_sweep(&mut self, sweep: u64) {
+        if self.current.sweep == sweep {
+            return;
+        }
+        self.current = match self.next.take() {
+            Some(plan) if plan.sweep == sweep => plan,
+            _ => self.build_plan(sweep),
+        };
+    }
+
+    /// CNTK's `BlockRandomizer::SetState`: a rank without any chunk goes to the epoch end.
+    fn park_if_without_data(&mut self) {
+        if self.block && self.options.rank >= self.timeline.num_chunks() {
+            self.position = self.epoch_end;
+        }
+    }
+}
+
+fn validate_options(options: &SamplingOptions) -> Result<(), SamplingError> {
+    if options.num_workers == 0 {
+        return Err(SamplingError::NoWorkers);
+    }
+    if options.rank >= options.num_workers {
+        return Err(SamplingError::RankOutOfRange {
+            rank: options.rank,
+            num_workers: options.num_workers,
+        });
+    }
+    Ok(())
+}
+
+/// Checks the timeline's shape and returns its sweep size in samples.
+fn validate_timeline(timeline: &Timeline) -> Result<u64, SamplingError> {
+    let count = timeline.num_sequences();
+    if count == 0 {
+        return Err(SamplingError::EmptyTimeline);
+    }
+    if u32::try_from(count).is_err() {
+        return Err(SamplingError::TooManySequences { count });
+    }
+    let starts = &timeline.chunk_start;
+    if starts.first() != Some(&0) {
+        return Err(SamplingError::MalformedChunks {
+            reason: "chunk_start must begin with 0",
+        });
+    }
+    if starts.last() != Some(&count) {
+        return Err(SamplingError::MalformedChunks {
+            reason: "the last chunk_start entry must equal the number of sequences",
+        });
+    }
+    for (chunk, pair) in starts.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            return Err(SamplingError::MalformedChunks {
+                reason: "chunk_start must not decrease",
+            });
+        }
+        if pair[1] == pair[0] {
+            return Err(SamplingError::EmptyChunk { chunk });
+        }
+    }
+    if let Some(seq) = timeline.seq_len.iter().position(|&l| l == 0) {
+        return Err(SamplingError::ZeroLengthSequence { seq });
+    }
+    Ok(timeline.seq_len.iter().map(|&l| u64::from(l)).sum())
+}
+
+/// The epoch end position (CNTK `StartEpoch`; the V2 epoch always starts at 0).
+fn epoch_end(limit: EpochLimit, sweep_size: u64) -> Result<u64, SamplingError> {
+    let samples = match limit {
+        EpochLimit::Infinite => Some(MAX_EPOCH_SAMPLES),
+        EpochLimit::FullSweep => Some(sweep_size),
+        EpochLimit::Sweeps(k) => k.checked_mul(sweep_size),
+        EpochLimit::Samples(n) => Some(n),
+        EpochLimit::Sweep(k) => k.checked_add(1).and_then(|n| n.checked_mul(sweep_size)),
+    };
+    match samples {
+        Some(samples) if samples <= MAX_EPOCH_SAMPLES => Ok(samples),
+        _ => Err(SamplingError::EpochTooLarge { limit, sweep_size }),
+    }
+}
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;
