@@ -50,9 +50,21 @@ fn sequences(bytes: usize) -> String {
 fn streams(dense_dim: usize, with_dense: bool) -> Vec<StreamConfig> {
     let mut v = Vec::new();
     if with_dense {
-        v.push(StreamConfig { name: "features".into(), alias: "features".into(), dim: dense_dim, format: StreamFormat::Dense, defines_mb_size: false });
+        v.push(StreamConfig {
+            name: "features".into(),
+            alias: "features".into(),
+            dim: dense_dim,
+            format: StreamFormat::Dense,
+            defines_mb_size: false,
+        });
     }
-    v.push(StreamConfig { name: "labels".into(), alias: "labels".into(), dim: 1000, format: StreamFormat::Sparse, defines_mb_size: false });
+    v.push(StreamConfig {
+        name: "labels".into(),
+        alias: "labels".into(),
+        dim: 1000,
+        format: StreamFormat::Sparse,
+        defines_mb_size: false,
+    });
     v
 }
 
@@ -87,9 +99,13 @@ fn bench(c: &mut Criterion) {
     for (name, text, cfg, n) in &cases {
         let idx = index(dir.path(), name, text);
         g.throughput(Throughput::Bytes(text.len() as u64));
-        g.bench_with_input(BenchmarkId::new("index", name), text, |b, _| b.iter(|| index(dir.path(), name, text).sequences.len()));
+        g.bench_with_input(BenchmarkId::new("index", name), text, |b, _| {
+            b.iter(|| index(dir.path(), name, text).sequences.len())
+        });
         let dec = CtfDecoder::new(cfg);
-        g.bench_with_input(BenchmarkId::new("decode", name), text, |b, t| b.iter(|| decode_all(&dec, t.as_bytes(), &idx, *n)));
+        g.bench_with_input(BenchmarkId::new("decode", name), text, |b, t| {
+            b.iter(|| decode_all(&dec, t.as_bytes(), &idx, *n))
+        });
     }
     g.finish();
 }

@@ -20,16 +20,32 @@ mod criteo_gen;
 
 /// The line index of `text`.
 fn index(text: &[u8]) -> FileIndex {
-    index_reader(text, Arc::from(Path::new("criteo")), text.len() as u64, LineIndexOptions { comments: false }, &mut |_| {}).expect("index")
+    index_reader(
+        text,
+        Arc::from(Path::new("criteo")),
+        text.len() as u64,
+        LineIndexOptions { comments: false },
+        &mut |_| {},
+    )
+    .expect("index")
 }
 
 /// Decodes every line of `text` into one set of buffers (a chunk of the whole text).
-fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(dec: &DeepxDecoder, text: &[u8], idx: &FileIndex) -> usize {
+fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(
+    dec: &DeepxDecoder,
+    text: &[u8],
+    idx: &FileIndex,
+) -> usize {
     let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len());
     let mut errors = Vec::new();
     for seq in &idx.sequences {
         let b = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
-        dec.decode_line(b, &LineContext { file: &idx.path, line: seq.line, offset: seq.offset }, &mut bufs, &mut errors);
+        dec.decode_line(
+            b,
+            &LineContext { file: &idx.path, line: seq.line, offset: seq.offset },
+            &mut bufs,
+            &mut errors,
+        );
     }
     assert!(errors.is_empty(), "{:?}", errors.first());
     bufs.x[0].ids.len()
@@ -44,8 +60,12 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Bytes(text.len() as u64));
     g.bench_with_input(BenchmarkId::new("index", "criteo_libsvm"), &text, |b, t| b.iter(|| index(t).sequences.len()));
-    g.bench_with_input(BenchmarkId::new("decode_f32", "criteo_libsvm"), &text, |b, t| b.iter(|| decode_all::<f32>(&dec, t, &idx)));
-    g.bench_with_input(BenchmarkId::new("decode_f64", "criteo_libsvm"), &text, |b, t| b.iter(|| decode_all::<f64>(&dec, t, &idx)));
+    g.bench_with_input(BenchmarkId::new("decode_f32", "criteo_libsvm"), &text, |b, t| {
+        b.iter(|| decode_all::<f32>(&dec, t, &idx))
+    });
+    g.bench_with_input(BenchmarkId::new("decode_f64", "criteo_libsvm"), &text, |b, t| {
+        b.iter(|| decode_all::<f64>(&dec, t, &idx))
+    });
     g.finish();
 }
 

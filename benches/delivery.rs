@@ -11,13 +11,13 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use minibatchd::Config;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::minibatch::{gather, ChunkMap};
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
+use minibatchd_engine::Dataset;
 use minibatchd_shm::{Ring, RingGeometry};
 use minibatchd_sys::LocalMemory;
-use minibatchd::Config;
-use minibatchd_engine::Dataset;
 
 mod common;
 
@@ -39,15 +39,10 @@ fn bench(c: &mut Criterion) {
         data.display()
     );
     let config = Config::from_toml_str(&toml, dir.path()).expect("config");
-    let dataset = Dataset::open(
-        config.dataset("b").expect("dataset"),
-        &dir.path().join("state"),
-        &mut |_| {},
-    )
-    .expect("open");
-    let chunks: ChunkMap<Arc<ParsedChunk>> = (0..dataset.chunks().len())
-        .map(|i| (i as u32, Arc::new(dataset.load_chunk(i).expect("chunk").0)))
-        .collect();
+    let dataset =
+        Dataset::open(config.dataset("b").expect("dataset"), &dir.path().join("state"), &mut |_| {}).expect("open");
+    let chunks: ChunkMap<Arc<ParsedChunk>> =
+        (0..dataset.chunks().len()).map(|i| (i as u32, Arc::new(dataset.load_chunk(i).expect("chunk").0))).collect();
     let names: Vec<String> = dataset.streams().iter().map(|s| s.name.clone()).collect();
     let shapes = dataset.stream_shapes();
     let options = SamplingOptions {
@@ -74,17 +69,8 @@ fn bench(c: &mut Criterion) {
     g.bench_function("plan+assemble+slot_write/256x(128f+sparse)", |b| {
         b.iter(|| {
             let plan = sampler.next_minibatch(MINIBATCH).expect("infinite epoch");
-            let mb = gather(
-                index,
-                &plan,
-                dataset.timeline(),
-                &shapes,
-                false,
-                &mut sources,
-            )
-            .expect("gather");
-            ring.write(index % SLOTS, index + 1, &mb, &names)
-                .expect("slot write");
+            let mb = gather(index, &plan, dataset.timeline(), &shapes, false, &mut sources).expect("gather");
+            ring.write(index % SLOTS, index + 1, &mb, &names).expect("slot write");
             index += 1;
         });
     });

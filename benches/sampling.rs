@@ -17,7 +17,11 @@ fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            if variable { 1 + (x % 20) as u32 } else { 1 }
+            if variable {
+                1 + (x % 20) as u32
+            } else {
+                1
+            }
         })
         .collect();
     let per = seqs / chunks;
@@ -43,14 +47,21 @@ fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize, fingerpr
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("sampling");
     g.sample_size(10);
-    for (name, t) in [("1M_frames_500_chunks", timeline(1_000_000, 500, false)), ("200k_sequences_100_chunks", timeline(200_000, 100, true))] {
+    for (name, t) in [
+        ("1M_frames_500_chunks", timeline(1_000_000, 500, false)),
+        ("200k_sequences_100_chunks", timeline(200_000, 100, true)),
+    ] {
         let t = Arc::new(t);
         let samples: u64 = t.seq_len.iter().map(|&l| u64::from(l)).sum();
         g.throughput(Throughput::Elements(samples));
-        for (label, randomize, window) in
-            [("sequential", false, Window::Chunks(1)), ("window_128_chunks", true, Window::Chunks(128)), ("window_4_chunks", true, Window::Chunks(4))]
-        {
-            g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| b.iter(|| sweep(t, randomize, window, 256, false)));
+        for (label, randomize, window) in [
+            ("sequential", false, Window::Chunks(1)),
+            ("window_128_chunks", true, Window::Chunks(128)),
+            ("window_4_chunks", true, Window::Chunks(4)),
+        ] {
+            g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| {
+                b.iter(|| sweep(t, randomize, window, 256, false))
+            });
         }
         g.bench_with_input(BenchmarkId::new("sequential_with_fingerprint", name), &t, |b, t| {
             b.iter(|| sweep(t, false, Window::Chunks(1), 256, true));

@@ -215,7 +215,12 @@ pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
             out.push_str(", ");
         }
         write_str(out, name);
-        let _ = write!(out, ": {{\"num_samples\": {}, \"num_sequences\": {}, \"sequences\": [", s.num_samples(), s.num_sequences());
+        let _ = write!(
+            out,
+            ": {{\"num_samples\": {}, \"num_sequences\": {}, \"sequences\": [",
+            s.num_samples(),
+            s.num_sequences()
+        );
         write_sequences(out, s);
         out.push_str("]}");
     }

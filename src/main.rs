@@ -11,12 +11,16 @@ use anyhow::bail;
 use clap::{Args, Parser, Subcommand};
 
 use minibatchd::config::Config;
-use minibatchd_engine::dataset::{Dataset, IndexProgress};
 use minibatchd::dump::{dump, DumpOptions};
+use minibatchd_engine::dataset::{Dataset, IndexProgress};
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 #[derive(Parser)]
-#[command(name = "minibatchd", version, about = "Serves randomized minibatches of text training data with CNTK MinibatchSource semantics")]
+#[command(
+    name = "minibatchd",
+    version,
+    about = "Serves randomized minibatches of text training data with CNTK MinibatchSource semantics"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -132,8 +136,14 @@ fn main() -> ExitCode {
 
 fn init_logging(daemon: bool) {
     let default = if daemon { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MINIBATCHD_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).with_target(false).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MINIBATCHD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
 }
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -30,7 +30,15 @@ use minibatchd_engine::format::errors::ErrorKind;
 pub const STAGES: [&str; 5] = ["reader", "parsers", "cache", "delivery", "sessions"];
 
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
-pub const REFUSAL_CODES: [&str; 7] = ["unknown_dataset", "invalid_options", "resume_mismatch", "session_busy", "resource_exhausted", "shutting_down", "internal"];
+pub const REFUSAL_CODES: [&str; 7] = [
+    "unknown_dataset",
+    "invalid_options",
+    "resume_mismatch",
+    "session_busy",
+    "resource_exhausted",
+    "shutting_down",
+    "internal",
+];
 
 /// Every parse-error kind, in [`kind_slot`] order.
 pub const ERROR_KINDS: [ErrorKind; 11] = [
@@ -263,46 +271,197 @@ impl Metrics {
     pub fn new() -> prometheus::Result<Self> {
         let r = Registry::new();
         let m = Self {
-            read_bytes: counter_vec(&r, "minibatchd_read_bytes_total", "Bytes of data files read for parsed chunks.", &["dataset"])?,
-            chunks_parsed: counter_vec(&r, "minibatchd_chunks_parsed_total", "Chunks parsed by the parser pool.", &["dataset"])?,
-            chunk_failures: counter_vec(&r, "minibatchd_chunk_failures_total", "Chunks that could not be loaded (I/O, fatal data error, max_errors spent).", &["dataset"])?,
-            parse_errors: counter_vec(&r, "minibatchd_parse_errors_total", "Malformed places charged to max_errors, by kind.", &["dataset", "kind"])?,
-            stage_queue_depth: gauge_vec(&r, "minibatchd_stage_queue_depth", "Items waiting in the stage's bounded input queue.", &["stage"])?,
-            stage_queue_capacity: gauge_vec(&r, "minibatchd_stage_queue_capacity", "Capacity of the stage's bounded input queue.", &["stage"])?,
-            stage_busy_seconds: seconds_vec(&r, "minibatchd_stage_busy_seconds_total", "Time the stage spent working, summed over its threads.", &["stage"])?,
-            stage_restarts: counter_vec(&r, "minibatchd_stage_restarts_total", "Restarts of the stage by the supervisor.", &["stage"])?,
+            read_bytes: counter_vec(
+                &r,
+                "minibatchd_read_bytes_total",
+                "Bytes of data files read for parsed chunks.",
+                &["dataset"],
+            )?,
+            chunks_parsed: counter_vec(
+                &r,
+                "minibatchd_chunks_parsed_total",
+                "Chunks parsed by the parser pool.",
+                &["dataset"],
+            )?,
+            chunk_failures: counter_vec(
+                &r,
+                "minibatchd_chunk_failures_total",
+                "Chunks that could not be loaded (I/O, fatal data error, max_errors spent).",
+                &["dataset"],
+            )?,
+            parse_errors: counter_vec(
+                &r,
+                "minibatchd_parse_errors_total",
+                "Malformed places charged to max_errors, by kind.",
+                &["dataset", "kind"],
+            )?,
+            stage_queue_depth: gauge_vec(
+                &r,
+                "minibatchd_stage_queue_depth",
+                "Items waiting in the stage's bounded input queue.",
+                &["stage"],
+            )?,
+            stage_queue_capacity: gauge_vec(
+                &r,
+                "minibatchd_stage_queue_capacity",
+                "Capacity of the stage's bounded input queue.",
+                &["stage"],
+            )?,
+            stage_busy_seconds: seconds_vec(
+                &r,
+                "minibatchd_stage_busy_seconds_total",
+                "Time the stage spent working, summed over its threads.",
+                &["stage"],
+            )?,
+            stage_restarts: counter_vec(
+                &r,
+                "minibatchd_stage_restarts_total",
+                "Restarts of the stage by the supervisor.",
+                &["stage"],
+            )?,
             stage_up: gauge_vec(&r, "minibatchd_stage_up", "1 while the stage runs.", &["stage"])?,
             cache_bytes: gauge(&r, "minibatchd_cache_bytes", "Parsed bytes held by the chunk cache.")?,
             cache_chunks: gauge(&r, "minibatchd_cache_chunks", "Parsed chunks held by the chunk cache.")?,
-            cache_budget_bytes: gauge(&r, "minibatchd_cache_budget_bytes", "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).")?,
+            cache_budget_bytes: gauge(
+                &r,
+                "minibatchd_cache_budget_bytes",
+                "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).",
+            )?,
             cache_hits: counter(&r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
             cache_misses: counter(&r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,
             cache_evictions: counter(&r, "minibatchd_cache_evictions_total", "Chunks evicted from the cache.")?,
-            cache_over_budget_loads: counter(&r, "minibatchd_cache_over_budget_loads_total", "Demand loads admitted over the cache budget.")?,
-            session_minibatches: counter_vec(&r, "minibatchd_session_minibatches_total", "Minibatches delivered to sessions.", &["dataset", "rank"])?,
-            session_samples: counter_vec(&r, "minibatchd_session_samples_total", "Nominal samples delivered to sessions.", &["dataset", "rank"])?,
-            session_consumer_wait_seconds: seconds_vec(&r, "minibatchd_session_consumer_wait_seconds_total", "Time clients report having waited for minibatches (rate = input-bound fraction).", &["dataset", "rank"])?,
-            session_producer_blocked_seconds: seconds_vec(&r, "minibatchd_session_producer_blocked_seconds_total", "Time session producers waited for a free ring slot.", &["dataset", "rank"])?,
-            session_chunk_wait_seconds: seconds_vec(&r, "minibatchd_session_chunk_wait_seconds_total", "Time session producers waited for chunks to be read and parsed.", &["dataset", "rank"])?,
-            session_ring_slots: gauge_vec(&r, "minibatchd_session_ring_slots", "Ring slots of open sessions, by state.", &["dataset", "rank", "state"])?,
-            session_sweep: gauge_vec(&r, "minibatchd_session_sweep", "Sweep of the last minibatch delivered.", &["dataset", "rank"])?,
-            sessions: gauge_vec(&r, "minibatchd_sessions", "Sessions: connected, and lingering (resumable by name).", &["state"])?,
+            cache_over_budget_loads: counter(
+                &r,
+                "minibatchd_cache_over_budget_loads_total",
+                "Demand loads admitted over the cache budget.",
+            )?,
+            session_minibatches: counter_vec(
+                &r,
+                "minibatchd_session_minibatches_total",
+                "Minibatches delivered to sessions.",
+                &["dataset", "rank"],
+            )?,
+            session_samples: counter_vec(
+                &r,
+                "minibatchd_session_samples_total",
+                "Nominal samples delivered to sessions.",
+                &["dataset", "rank"],
+            )?,
+            session_consumer_wait_seconds: seconds_vec(
+                &r,
+                "minibatchd_session_consumer_wait_seconds_total",
+                "Time clients report having waited for minibatches (rate = input-bound fraction).",
+                &["dataset", "rank"],
+            )?,
+            session_producer_blocked_seconds: seconds_vec(
+                &r,
+                "minibatchd_session_producer_blocked_seconds_total",
+                "Time session producers waited for a free ring slot.",
+                &["dataset", "rank"],
+            )?,
+            session_chunk_wait_seconds: seconds_vec(
+                &r,
+                "minibatchd_session_chunk_wait_seconds_total",
+                "Time session producers waited for chunks to be read and parsed.",
+                &["dataset", "rank"],
+            )?,
+            session_ring_slots: gauge_vec(
+                &r,
+                "minibatchd_session_ring_slots",
+                "Ring slots of open sessions, by state.",
+                &["dataset", "rank", "state"],
+            )?,
+            session_sweep: gauge_vec(
+                &r,
+                "minibatchd_session_sweep",
+                "Sweep of the last minibatch delivered.",
+                &["dataset", "rank"],
+            )?,
+            sessions: gauge_vec(
+                &r,
+                "minibatchd_sessions",
+                "Sessions: connected, and lingering (resumable by name).",
+                &["state"],
+            )?,
             sessions_opened: counter_vec(&r, "minibatchd_sessions_opened_total", "Sessions opened.", &["dataset"])?,
-            sessions_refused: counter_vec(&r, "minibatchd_sessions_refused_total", "Session opens refused, by error code.", &["code"])?,
-            datasets: gauge_vec(&r, "minibatchd_datasets", "Configured datasets: ready, or failed to open.", &["state"])?,
-            process_resident_memory_bytes: gauge(&r, "minibatchd_process_resident_memory_bytes", "Resident memory of the daemon process.")?,
-            process_virtual_memory_bytes: gauge(&r, "minibatchd_process_virtual_memory_bytes", "Virtual memory of the daemon process.")?,
+            sessions_refused: counter_vec(
+                &r,
+                "minibatchd_sessions_refused_total",
+                "Session opens refused, by error code.",
+                &["code"],
+            )?,
+            datasets: gauge_vec(
+                &r,
+                "minibatchd_datasets",
+                "Configured datasets: ready, or failed to open.",
+                &["state"],
+            )?,
+            process_resident_memory_bytes: gauge(
+                &r,
+                "minibatchd_process_resident_memory_bytes",
+                "Resident memory of the daemon process.",
+            )?,
+            process_virtual_memory_bytes: gauge(
+                &r,
+                "minibatchd_process_virtual_memory_bytes",
+                "Virtual memory of the daemon process.",
+            )?,
             host_memory_total_bytes: gauge(&r, "minibatchd_host_memory_total_bytes", "Total memory of the host.")?,
-            host_memory_available_bytes: gauge(&r, "minibatchd_host_memory_available_bytes", "Memory available on the host (MemAvailable).")?,
-            host_memory_shortfall_bytes: gauge(&r, "minibatchd_host_memory_shortfall_bytes", "How far available host memory is below host_memory_reserve_bytes.")?,
-            memory_limit_bytes: gauge(&r, "minibatchd_memory_limit_bytes", "memory_limit_bytes: budget of the chunk cache plus the rings.")?,
-            memory_used_bytes: gauge_vec(&r, "minibatchd_memory_used_bytes", "Memory used under memory_limit_bytes, by part (cache, rings).", &["part"])?,
-            checkpoint_age_seconds: reg(&r, Gauge::new("minibatchd_checkpoint_age_seconds", "Seconds since the last daemon checkpoint was written.")?)?,
-            checkpoint_writes: counter_vec(&r, "minibatchd_checkpoint_writes_total", "Daemon checkpoint writes, by result.", &["result"])?,
-            config_reloads: counter_vec(&r, "minibatchd_config_reloads_total", "Configuration reloads (SIGHUP), by result.", &["result"])?,
-            config_last_reload_successful: gauge(&r, "minibatchd_config_last_reload_successful", "1 if the last configuration reload was applied.")?,
-            build_info: gauge_vec(&r, "minibatchd_build_info", "Build information; always 1.", &["version", "protocol_version", "layout_version"])?,
-            start_time_seconds: reg(&r, Gauge::new("minibatchd_start_time_seconds", "Unix time at which the daemon started.")?)?,
+            host_memory_available_bytes: gauge(
+                &r,
+                "minibatchd_host_memory_available_bytes",
+                "Memory available on the host (MemAvailable).",
+            )?,
+            host_memory_shortfall_bytes: gauge(
+                &r,
+                "minibatchd_host_memory_shortfall_bytes",
+                "How far available host memory is below host_memory_reserve_bytes.",
+            )?,
+            memory_limit_bytes: gauge(
+                &r,
+                "minibatchd_memory_limit_bytes",
+                "memory_limit_bytes: budget of the chunk cache plus the rings.",
+            )?,
+            memory_used_bytes: gauge_vec(
+                &r,
+                "minibatchd_memory_used_bytes",
+                "Memory used under memory_limit_bytes, by part (cache, rings).",
+                &["part"],
+            )?,
+            checkpoint_age_seconds: reg(
+                &r,
+                Gauge::new(
+                    "minibatchd_checkpoint_age_seconds",
+                    "Seconds since the last daemon checkpoint was written.",
+                )?,
+            )?,
+            checkpoint_writes: counter_vec(
+                &r,
+                "minibatchd_checkpoint_writes_total",
+                "Daemon checkpoint writes, by result.",
+                &["result"],
+            )?,
+            config_reloads: counter_vec(
+                &r,
+                "minibatchd_config_reloads_total",
+                "Configuration reloads (SIGHUP), by result.",
+                &["result"],
+            )?,
+            config_last_reload_successful: gauge(
+                &r,
+                "minibatchd_config_last_reload_successful",
+                "1 if the last configuration reload was applied.",
+            )?,
+            build_info: gauge_vec(
+                &r,
+                "minibatchd_build_info",
+                "Build information; always 1.",
+                &["version", "protocol_version", "layout_version"],
+            )?,
+            start_time_seconds: reg(
+                &r,
+                Gauge::new("minibatchd_start_time_seconds", "Unix time at which the daemon started.")?,
+            )?,
             last_checkpoint: Mutex::new(None),
             registry: r,
         };
@@ -346,7 +505,10 @@ impl Metrics {
             read_bytes: self.read_bytes.with_label_values(&[name]),
             chunks_parsed: self.chunks_parsed.with_label_values(&[name]),
             chunk_failures: self.chunk_failures.with_label_values(&[name]),
-            parse_errors: ERROR_KINDS.iter().map(|k| self.parse_errors.with_label_values(&[name, k.as_str()])).collect(),
+            parse_errors: ERROR_KINDS
+                .iter()
+                .map(|k| self.parse_errors.with_label_values(&[name, k.as_str()]))
+                .collect(),
         }
     }
 
@@ -401,7 +563,9 @@ impl Metrics {
     /// The text exposition of every metric.
     #[must_use]
     pub fn render(&self) -> String {
-        prometheus::TextEncoder::new().encode_to_string(&self.registry.gather()).unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
+        prometheus::TextEncoder::new()
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
     }
 }
 
@@ -425,13 +589,33 @@ mod tests {
             assert_eq!(is_counter, name.ends_with("_total"), "{name}: counters and only counters end in _total");
             for metric in f.get_metric() {
                 for l in metric.get_label() {
-                    assert!(["dataset", "stage", "rank", "kind", "state", "part", "result", "code", "version", "protocol_version", "layout_version"].contains(&l.name()), "{name}: label {}", l.name());
+                    assert!(
+                        [
+                            "dataset",
+                            "stage",
+                            "rank",
+                            "kind",
+                            "state",
+                            "part",
+                            "result",
+                            "code",
+                            "version",
+                            "protocol_version",
+                            "layout_version"
+                        ]
+                        .contains(&l.name()),
+                        "{name}: label {}",
+                        l.name()
+                    );
                 }
             }
         }
         let text = m.render();
         assert!(text.contains("minibatchd_parse_errors_total{dataset=\"train\",kind=\"bad_number\"} 1"), "{text}");
-        assert!(text.contains("minibatchd_parse_errors_total{dataset=\"train\",kind=\"bad_line\"} 0"), "every kind exists before its first error");
+        assert!(
+            text.contains("minibatchd_parse_errors_total{dataset=\"train\",kind=\"bad_line\"} 0"),
+            "every kind exists before its first error"
+        );
         assert!(text.contains("minibatchd_session_minibatches_total{dataset=\"train\",rank=\"3\"} 1"));
         assert!(text.contains("minibatchd_stage_queue_capacity{stage=\"parsers\"} 0"));
     }

@@ -16,8 +16,8 @@ mod legacy_dump;
 use std::path::{Path, PathBuf};
 
 use minibatchd::config::Config;
-use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::ChunkCache;
+use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::{Indices, Values};
 use minibatchd_engine::minibatch::{assemble, MbData, MbStream};
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
@@ -51,7 +51,10 @@ fn config_for(case: &Value, data: &Path, randomize: bool) -> String {
         case["max_errors"].as_u64().unwrap_or(0),
         case["skip_sequence_ids"].as_bool().unwrap_or(false),
     );
-    s.push_str(&format!("[datasets.d.sampling]\nrandomize = {randomize}\nseed = {}\n", case["seed"].as_u64().unwrap_or(0)));
+    s.push_str(&format!(
+        "[datasets.d.sampling]\nrandomize = {randomize}\nseed = {}\n",
+        case["seed"].as_u64().unwrap_or(0)
+    ));
     if let Some(n) = case["window"]["chunks"].as_u64() {
         s.push_str(&format!("window_chunks = {n}\n"));
     } else if let Some(n) = case["window"]["samples"].as_u64() {
@@ -102,7 +105,8 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
     let double = case["precision"] == "double";
     let epoch = case["epoch_size"].as_u64().expect("epoch_size");
     let mb = case["mb_size"].as_u64().expect("mb_size") as usize;
-    let names: Vec<&str> = case["streams"].as_array().expect("streams").iter().map(|s| s["name"].as_str().expect("name")).collect();
+    let names: Vec<&str> =
+        case["streams"].as_array().expect("streams").iter().map(|s| s["name"].as_str().expect("name")).collect();
     let order: Vec<usize> =
         names.iter().map(|n| ds.stream_names().iter().position(|x| x == n).expect("stream in dataset")).collect();
     let shapes = ds.stream_shapes();
@@ -130,13 +134,20 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
             let m = assemble(i, &plan, ds.timeline(), &shapes, false, &mut cache).map_err(|e| e.to_string())?;
             for &si in &order {
                 let s = &m.streams[si];
-                let lens: Vec<usize> = (0..s.num_sequences()).map(|q| (s.sequence_offsets[q + 1] - s.sequence_offsets[q]) as usize).collect();
+                let lens: Vec<usize> = (0..s.num_sequences())
+                    .map(|q| (s.sequence_offsets[q + 1] - s.sequence_offsets[q]) as usize)
+                    .collect();
                 let samples: Vec<Vec<Vec<f64>>> =
                     (0..lens.len()).map(|q| (0..lens[q]).map(|k| dense_sample(s, q, k)).collect()).collect();
                 if double {
                     legacy_dump::dump_stream(&mut out, &lens, |q, k| samples[q][k].as_slice(), legacy_dump::format_g);
                 } else {
-                    legacy_dump::dump_stream(&mut out, &lens, |q, k| samples[q][k].as_slice(), |v: f64| legacy_dump::format_g_f32(v as f32));
+                    legacy_dump::dump_stream(
+                        &mut out,
+                        &lens,
+                        |q, k| samples[q][k].as_slice(),
+                        |v: f64| legacy_dump::format_g_f32(v as f32),
+                    );
                 }
             }
             for &c in &plan.retire {
@@ -217,7 +228,11 @@ fn cntk_error_cases() {
             assert_eq!(t, vec!["1", "2"], "{name}");
         } else {
             let e = result.err().unwrap_or_else(|| panic!("{name}: expected an error"));
-            assert!(e.contains("maximum number of allowed errors") && e.contains(data.file_name().and_then(|n| n.to_str()).unwrap_or("?")), "{name}: {e}");
+            assert!(
+                e.contains("maximum number of allowed errors")
+                    && e.contains(data.file_name().and_then(|n| n.to_str()).unwrap_or("?")),
+                "{name}: {e}"
+            );
         }
     }
 }

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use minibatchd::config::Config;
-use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::minibatch::MbData;
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 use proptest::prelude::*;
@@ -32,17 +32,17 @@ fn value() -> impl Strategy<Value = f32> {
 }
 
 fn sample() -> impl Strategy<Value = Sample> {
-    (prop::collection::vec(value(), 0..=3), prop::collection::vec((0i32..7, value()), 0..=3))
-        .prop_map(|(mut dense, sparse)| {
+    (prop::collection::vec(value(), 0..=3), prop::collection::vec((0i32..7, value()), 0..=3)).prop_map(
+        |(mut dense, sparse)| {
             dense.resize(3, 0.0); // short dense samples are zero-padded
             Sample { dense, sparse }
-        })
+        },
+    )
 }
 
 fn style() -> impl Strategy<Value = Style> {
-    (prop::sample::select(vec![" ", "\t", "  ", " \t "]), any::<bool>(), any::<bool>(), any::<bool>(), 1u64..400).prop_map(
-        |(sep, crlf, ids, final_newline, chunk_size)| Style { sep, crlf, ids, final_newline, chunk_size },
-    )
+    (prop::sample::select(vec![" ", "\t", "  ", " \t "]), any::<bool>(), any::<bool>(), any::<bool>(), 1u64..400)
+        .prop_map(|(sep, crlf, ids, final_newline, chunk_size)| Style { sep, crlf, ids, final_newline, chunk_size })
 }
 
 fn fmt(v: f32) -> String {
@@ -60,7 +60,15 @@ fn render(seqs: &[Vec<Sample>], s: &Style) -> String {
             }
             let dense: Vec<String> = smp.dense.iter().map(|&v| fmt(v)).collect();
             let sparse: Vec<String> = smp.sparse.iter().map(|&(k, v)| format!("{k}:{}", fmt(v))).collect();
-            out.push_str(&format!("|d{}{}{}|s{}{}{}", s.sep, dense.join(s.sep), s.sep, s.sep, sparse.join(s.sep), s.sep));
+            out.push_str(&format!(
+                "|d{}{}{}|s{}{}{}",
+                s.sep,
+                dense.join(s.sep),
+                s.sep,
+                s.sep,
+                sparse.join(s.sep),
+                s.sep
+            ));
             out.push_str(nl);
         }
     }
@@ -101,16 +109,24 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
         for q in 0..d.num_sequences() {
             let mut seq = Vec::new();
             for j in d.sequence_offsets[q] as usize..d.sequence_offsets[q + 1] as usize {
-                let (MbData::Dense { values, .. }, MbData::Sparse { sample_offsets, indices, values: sv, .. }) = (&d.data, &s.data) else {
+                let (MbData::Dense { values, .. }, MbData::Sparse { sample_offsets, indices, values: sv, .. }) =
+                    (&d.data, &s.data)
+                else {
                     panic!("stream kinds")
                 };
-                let (minibatchd_engine::format::Values::F32(dv), minibatchd_engine::format::Indices::I32(ix), minibatchd_engine::format::Values::F32(svv)) =
-                    (values, indices, sv)
+                let (
+                    minibatchd_engine::format::Values::F32(dv),
+                    minibatchd_engine::format::Indices::I32(ix),
+                    minibatchd_engine::format::Values::F32(svv),
+                ) = (values, indices, sv)
                 else {
                     panic!("float32 CTF")
                 };
                 let (e0, e1) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
-                seq.push(Sample { dense: dv[j * 3..j * 3 + 3].to_vec(), sparse: (e0..e1).map(|e| (ix[e], svv[e])).collect() });
+                seq.push(Sample {
+                    dense: dv[j * 3..j * 3 + 3].to_vec(),
+                    sparse: (e0..e1).map(|e| (ix[e], svv[e])).collect(),
+                });
             }
             seqs.push(seq);
         }
@@ -152,8 +168,34 @@ proptest! {
 /// Tokens that make up hostile CTF-like input.
 fn soup() -> impl Strategy<Value = Vec<u8>> {
     let token = prop::sample::select(vec![
-        &b"|d"[..], b"|s", b"|", b"||", b"|#", b" ", b"\t", b"\n", b"\r\n", b"\r", b"0", b"12", b"-", b"+", b".", b"e", b"E",
-        b":", b"3:", b"9:", b"1.5", b"1e400", b"99999999999999999999", b"abc", b"\xef\xbb\xbf", b"\xff\xfe", b"\x00", b"\xc3\xa9",
+        &b"|d"[..],
+        b"|s",
+        b"|",
+        b"||",
+        b"|#",
+        b" ",
+        b"\t",
+        b"\n",
+        b"\r\n",
+        b"\r",
+        b"0",
+        b"12",
+        b"-",
+        b"+",
+        b".",
+        b"e",
+        b"E",
+        b":",
+        b"3:",
+        b"9:",
+        b"1.5",
+        b"1e400",
+        b"99999999999999999999",
+        b"abc",
+        b"\xef\xbb\xbf",
+        b"\xff\xfe",
+        b"\x00",
+        b"\xc3\xa9",
     ]);
     prop::collection::vec(token, 0..60).prop_map(|v| v.concat())
 }
@@ -167,9 +209,17 @@ fn dump_soup(bytes: &[u8], chunk_size: u64, max_errors: u64, skip_ids: bool) -> 
          [datasets.p.streams.d]\nalias = \"d\"\ndim = 3\nformat = \"dense\"\n[datasets.p.streams.s]\ndim = 7\nformat = \"sparse\"\n"
     );
     let config = Config::from_toml_str(&cfg, dir.path()).map_err(|e| e.to_string())?;
-    let ds = Dataset::open(config.dataset("p").expect("p"), Path::new("/nonexistent"), &mut |_| {}).map_err(|e| e.to_string())?;
+    let ds = Dataset::open(config.dataset("p").expect("p"), Path::new("/nonexistent"), &mut |_| {})
+        .map_err(|e| e.to_string())?;
     let options = DumpOptions {
-        sampling: SamplingOptions { randomize: true, window: Window::Chunks(2), seed: 1, limit: EpochLimit::Sweeps(2), num_workers: 1, rank: 0 },
+        sampling: SamplingOptions {
+            randomize: true,
+            window: Window::Chunks(2),
+            seed: 1,
+            limit: EpochLimit::Sweeps(2),
+            num_workers: 1,
+            rank: 0,
+        },
         minibatch_sizes: vec![3],
         num_minibatches: None,
         restore: None,

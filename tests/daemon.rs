@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 use minibatchd_client::{Client, ClientError};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
-use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -144,7 +144,13 @@ impl Daemon {
     }
 
     fn dump_of(&self, dataset: &str, args: &[&str]) -> Vec<String> {
-        let out = Command::new(BIN).args(["dump", "--config"]).arg(&self.config).args(["--dataset", dataset]).args(args).output().expect("dump");
+        let out = Command::new(BIN)
+            .args(["dump", "--config"])
+            .arg(&self.config)
+            .args(["--dataset", dataset])
+            .args(args)
+            .output()
+            .expect("dump");
         assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
     }
@@ -217,9 +223,35 @@ fn sequence_ids(mb: &Minibatch) -> Vec<u32> {
 fn a_session_delivers_exactly_what_dump_prints() {
     let d = Daemon::start();
     let cases: [(SessionOptions, Vec<&str>); 3] = [
-        (SessionOptions { max_sweeps: Some(2), seed: Some(5), ..options(7) }, vec!["--minibatch-size", "7", "--max-sweeps", "2", "--seed", "5"]),
-        (SessionOptions { full_sweep: true, randomize: Some(false), ..options(4) }, vec!["--minibatch-size", "4", "--full-sweep", "--randomize", "false"]),
-        (SessionOptions { max_samples: Some(100), window_samples: Some(40), num_workers: Some(2), rank: Some(1), ..options(9) }, vec!["--minibatch-size", "9", "--max-samples", "100", "--window-samples", "40", "--workers", "2", "--rank", "1"]),
+        (
+            SessionOptions { max_sweeps: Some(2), seed: Some(5), ..options(7) },
+            vec!["--minibatch-size", "7", "--max-sweeps", "2", "--seed", "5"],
+        ),
+        (
+            SessionOptions { full_sweep: true, randomize: Some(false), ..options(4) },
+            vec!["--minibatch-size", "4", "--full-sweep", "--randomize", "false"],
+        ),
+        (
+            SessionOptions {
+                max_samples: Some(100),
+                window_samples: Some(40),
+                num_workers: Some(2),
+                rank: Some(1),
+                ..options(9)
+            },
+            vec![
+                "--minibatch-size",
+                "9",
+                "--max-samples",
+                "100",
+                "--window-samples",
+                "40",
+                "--workers",
+                "2",
+                "--rank",
+                "1",
+            ],
+        ),
     ];
     for (opts, args) in cases {
         let mut s = d.client().open("train", &opts).expect("open");
@@ -240,7 +272,13 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
         .map(|rank| {
             let socket = socket.clone();
             std::thread::spawn(move || {
-                let opts = SessionOptions { full_sweep: true, num_workers: Some(workers), rank: Some(rank), seed: Some(1), ..options(6) };
+                let opts = SessionOptions {
+                    full_sweep: true,
+                    num_workers: Some(workers),
+                    rank: Some(rank),
+                    seed: Some(1),
+                    ..options(6)
+                };
                 let mut s = Client::connect(&socket).expect("connect").open("train", &opts).expect("open");
                 let mut ids = Vec::new();
                 let mut lines = Vec::new();
@@ -257,7 +295,11 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
     for (rank, h) in handles.into_iter().enumerate() {
         let (ids, lines) = h.join().expect("rank thread");
         let r = rank.to_string();
-        assert_eq!(lines, d.dump(&["--minibatch-size", "6", "--full-sweep", "--seed", "1", "--workers", "3", "--rank", &r]), "rank {rank}");
+        assert_eq!(
+            lines,
+            d.dump(&["--minibatch-size", "6", "--full-sweep", "--seed", "1", "--workers", "3", "--rank", &r]),
+            "rank {rank}"
+        );
         assert!(!ids.is_empty(), "rank {rank} got no data");
         total += ids.len();
         all.extend(ids);
@@ -310,7 +352,9 @@ fn a_named_session_is_resumable_after_its_connection_dies() {
     let mut s = loop {
         match d.client().open("train", &opts) {
             Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => panic!("reopen: {e}"),
         }
     };
@@ -324,7 +368,9 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
     let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };
     let mut s = d.client().open("wide", &small).expect("open");
     match s.next_minibatch() {
-        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message }) => assert!(message.contains("slot_size_bytes"), "{message}"),
+        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message }) => {
+            assert!(message.contains("slot_size_bytes"), "{message}")
+        }
         other => panic!("expected minibatch_too_large, got {other:?}"),
     }
     let state = s.state().expect("the session still answers");
@@ -332,11 +378,13 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
     drop(s);
     let big = SessionOptions { slot_size_bytes: Some(1 << 20), resume: Some(state), ..small };
     let mut s = d.client().open("wide", &big).expect("reopen");
-    let got: Vec<String> = std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| {
-        let mut line = String::new();
-        minibatchd::dump::write_json(&mut line, &mb, &["words".to_owned()]);
-        line
-    }).collect();
+    let got: Vec<String> = std::iter::from_fn(|| s.next_owned().expect("next"))
+        .map(|mb| {
+            let mut line = String::new();
+            minibatchd::dump::write_json(&mut line, &mb, &["words".to_owned()]);
+            line
+        })
+        .collect();
     assert_eq!(got, d.dump_of("wide", &["--minibatch-size", "4", "--full-sweep"]));
 }
 
@@ -409,7 +457,8 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
         let mut s = raw(&d.socket);
         s.write_all(&frame(format!(r#"{{"type":"hello","version":{version}}}"#).as_bytes())).expect("write");
         assert_eq!(reply(&mut s).expect("hello")["version"], version);
-        s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"prefetch":2}}"#)).expect("write");
+        s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"prefetch":2}}"#))
+            .expect("write");
         assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
         let ready = raw_frame(&mut s).expect("a ready");
         if version == 1 {
@@ -426,7 +475,12 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
             while codes.len() < 2 {
                 let body = raw_frame(&mut s).expect("a reply");
                 if body[0] == b'{' {
-                    codes.push(serde_json::from_slice::<serde_json::Value>(&body).expect("JSON")["code"].as_str().unwrap_or("").to_owned());
+                    codes.push(
+                        serde_json::from_slice::<serde_json::Value>(&body).expect("JSON")["code"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_owned(),
+                    );
                 }
             }
             assert_eq!(codes, ["bad_message", "bad_message"]);
@@ -455,7 +509,8 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     s.write_all(&[7, 0, 0, 0, b'{', b'"']).expect("write");
     drop(s);
     // Still serving.
-    let mut session = d.client().open("train", &SessionOptions { full_sweep: true, ..options(50) }).expect("open after abuse");
+    let mut session =
+        d.client().open("train", &SessionOptions { full_sweep: true, ..options(50) }).expect("open after abuse");
     assert!(!drain(&mut session, 10_000).is_empty());
     assert!(d.is_running());
     // SIGTERM stops it cleanly and removes the socket.
@@ -480,7 +535,9 @@ fn ring_memory_is_reserved_and_given_back() {
     loop {
         match d.client().open("train", &opts) {
             Ok(_) => break,
-            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => panic!("reopen: {e}"),
         }
     }
@@ -489,7 +546,12 @@ fn ring_memory_is_reserved_and_given_back() {
 /// The interpreter for the Python client tests, if it has NumPy (else the reason).
 fn python() -> Result<String, String> {
     let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py).args(["-c", "import numpy"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let ok = Command::new(&py)
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if ok {
         Ok(py)
     } else {
@@ -525,12 +587,21 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
          time.sleep(120)\n",
         sock = d.socket.display().to_string()
     );
-    let mut victim = Command::new(&py).args(["-c", &script]).env("PYTHONPATH", client_dir()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python");
+    let mut victim = Command::new(&py)
+        .args(["-c", &script])
+        .env("PYTHONPATH", client_dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("python");
     let mut line = String::new();
     BufReader::new(victim.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
     assert_eq!(line.trim(), "READY", "the victim did not start");
     // Both rings are in use: a third session does not fit.
-    assert!(matches!(d.client().open("train", &opts), Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. })));
+    assert!(matches!(
+        d.client().open("train", &opts),
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. })
+    ));
     victim.kill().expect("SIGKILL");
     victim.wait().expect("reap");
     // The victim's ring comes back at once; meanwhile the survivor goes on.
@@ -539,7 +610,9 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
     let mut third = loop {
         match d.client().open("train", &opts) {
             Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => panic!("open after the kill: {e}"),
         }
     };
@@ -552,7 +625,9 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
     let mut again = loop {
         match d.client().open("train", &SessionOptions { session: Some("victim".into()), ..opts.clone() }) {
             Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(20)),
+            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => panic!("resume the victim: {e}"),
         }
     };
@@ -571,7 +646,12 @@ fn python_client_suite() {
             return;
         }
     };
-    let has_pytest = Command::new(&py).args(["-c", "import pytest"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let has_pytest = Command::new(&py)
+        .args(["-c", "import pytest"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !has_pytest {
         println!("SKIPPED python_client_suite: {py} cannot import pytest (run scripts/setup.sh)");
         return;

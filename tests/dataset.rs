@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minibatchd::config::Config;
-use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
 fn bin() -> Command {
@@ -29,7 +29,11 @@ fn dump_text(config: &Path, extra: &[&str]) -> (String, String, i32) {
         .args(extra)
         .output()
         .expect("run");
-    (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned(), out.status.code().unwrap_or(-1))
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code().unwrap_or(-1),
+    )
 }
 
 fn cache_files(state: &Path) -> Vec<PathBuf> {
@@ -86,7 +90,14 @@ fn open(dir: &Path, toml: &str) -> Dataset {
 
 fn sequential(limit: EpochLimit) -> DumpOptions {
     DumpOptions {
-        sampling: SamplingOptions { randomize: false, window: Window::Chunks(1), seed: 0, limit, num_workers: 1, rank: 0 },
+        sampling: SamplingOptions {
+            randomize: false,
+            window: Window::Chunks(1),
+            seed: 0,
+            limit,
+            num_workers: 1,
+            rank: 0,
+        },
         minibatch_sizes: vec![100],
         num_minibatches: None,
         restore: None,
@@ -151,7 +162,14 @@ fn dump_holds_only_the_window_not_the_dataset() {
     assert!(chunks > 150, "{chunks} chunks");
     for window in [1usize, 4, 16] {
         let opts = DumpOptions {
-            sampling: SamplingOptions { randomize: true, window: Window::Chunks(window), seed: 3, limit: EpochLimit::Sweeps(2), num_workers: 1, rank: 0 },
+            sampling: SamplingOptions {
+                randomize: true,
+                window: Window::Chunks(window),
+                seed: 3,
+                limit: EpochLimit::Sweeps(2),
+                num_workers: 1,
+                rank: 0,
+            },
             minibatch_sizes: vec![7],
             num_minibatches: None,
             restore: None,
@@ -197,12 +215,21 @@ fn a_sample_window_of_0_means_the_chunk_window_not_file_order() {
         .lines()
         .flat_map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).expect("json line");
-            v["streams"]["a"]["sequences"].as_array().expect("sequences").iter().map(|s| s[0][0].to_string()).collect::<Vec<_>>()
+            v["streams"]["a"]["sequences"]
+                .as_array()
+                .expect("sequences")
+                .iter()
+                .map(|s| s[0][0].to_string())
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(order.join(" "), "1.0 7.0 3.0 9.0 8.0 10.0 6.0 11.0 0.0 4.0 2.0 5.0");
     // The same from the config file.
-    std::fs::write(&cfg, std::fs::read_to_string(&cfg).expect("read").replace("seed = 3\n", "seed = 3\nwindow_samples = 0\n")).expect("write");
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg).expect("read").replace("seed = 3\n", "seed = 3\nwindow_samples = 0\n"),
+    )
+    .expect("write");
     assert_eq!(run(&[]), zero_samples);
 }
 
@@ -215,7 +242,9 @@ fn max_errors_is_a_budget_per_source() {
     write(dir.path(), "f.ctf", "0 |f 1\n0 |f x\n1 |f 3\n");
     write(dir.path(), "l.ctf", "0 |l 0:1 |l 1:1\n1 |l 2:1\n");
     let with_budget = |n: u64| {
-        let toml = BUNDLE.replace("cache_index = false\n", &format!("cache_index = false\nmax_errors = {n}\n")).replace("DEFINES", "");
+        let toml = BUNDLE
+            .replace("cache_index = false\n", &format!("cache_index = false\nmax_errors = {n}\n"))
+            .replace("DEFINES", "");
         let cfg = Config::from_toml_str(&toml, dir.path()).expect("config");
         let ds = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}).expect("open");
         let mut samples = 0;
@@ -223,7 +252,10 @@ fn max_errors_is_a_budget_per_source() {
             samples += mb.streams[0].sequence_offsets.last().copied().unwrap_or(0);
             Ok(())
         });
-        (result.map(|_| samples).map_err(|e| e.to_string()), ds.budgets().iter().map(minibatchd_engine::format::errors::ErrorBudget::spent).collect::<Vec<_>>())
+        (
+            result.map(|_| samples).map_err(|e| e.to_string()),
+            ds.budgets().iter().map(minibatchd_engine::format::errors::ErrorBudget::spent).collect::<Vec<_>>(),
+        )
     };
     let (ok, spent) = with_budget(3);
     assert_eq!(ok, Ok(2), "each source stays within its own budget of 3 (the bad row is dropped: 1 + 1 samples of f)");
@@ -247,10 +279,18 @@ fn files_directories_and_globs() {
     for f in ["a.txt", "a/z.txt", "a-b/q.txt", "b.txt", ".dot.txt", ".hidden/h.txt"] {
         std::fs::write(data.join(f), "1 1\n").expect("write");
     }
-    let rel = |paths: Vec<PathBuf>| paths.iter().map(|p| p.strip_prefix(&data).expect("below data").to_string_lossy().into_owned()).collect::<Vec<_>>();
+    let rel = |paths: Vec<PathBuf>| {
+        paths
+            .iter()
+            .map(|p| p.strip_prefix(&data).expect("below data").to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+    };
     // A directory: every regular file below it, names starting with '.' skipped, sorted by the
     // whole path's bytes as deepx's ListRecursive sorts them ('-' < '.' < '/').
-    assert_eq!(rel(resolve_files(std::slice::from_ref(&data)).expect("dir")), ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]);
+    assert_eq!(
+        rel(resolve_files(std::slice::from_ref(&data)).expect("dir")),
+        ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]
+    );
     // A glob: its matches (as in a shell, `*` skips a leading '.'), sorted the same way; a file
     // is itself, in the order given.
     assert_eq!(rel(resolve_files(&[data.join("*.txt")]).expect("glob")), ["a.txt", "b.txt"]);
@@ -273,7 +313,9 @@ fn empty_dataset_is_an_error() {
         dir.path(),
     )
     .expect("config");
-    let Err(err) = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}) else { panic!("a dataset with no instance at all opened") };
+    let Err(err) = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}) else {
+        panic!("a dataset with no instance at all opened")
+    };
     assert!(err.to_string().contains("no sequence"), "{err}");
 }
 
@@ -295,7 +337,8 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
         expected.push(seq);
     }
     let data = write(dir.path(), "big.ctf", &text);
-    let toml = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"big.ctf\"]\nchunk_size_bytes = 1048576\ncache_index = false\n\
+    let toml =
+        "[datasets.d]\nformat = \"ctf\"\nfiles = [\"big.ctf\"]\nchunk_size_bytes = 1048576\ncache_index = false\n\
                 [datasets.d.streams.a]\ndim = 2\nformat = \"dense\"\n";
     let ds = open(dir.path(), toml);
     assert!(ds.chunks().len() >= 3, "several chunks: {}", ds.chunks().len());
@@ -305,7 +348,11 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
         let (chunk, errors) = ds.load_chunk(c).expect("load");
         assert!(errors.is_empty());
         let sd = &chunk.streams[0];
-        let minibatchd_engine::format::StreamValues::Dense { values: minibatchd_engine::format::chunk::Values::F32(v), .. } = &sd.data else {
+        let minibatchd_engine::format::StreamValues::Dense {
+            values: minibatchd_engine::format::chunk::Values::F32(v),
+            ..
+        } = &sd.data
+        else {
             panic!("dense f32")
         };
         for w in sd.seq_offsets.windows(2) {

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use minibatchd::config::Config;
-use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{dump, for_each_minibatch, DumpOptions};
+use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::{Indices, StreamKind, Values};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
@@ -80,9 +80,13 @@ fn run_case(dir: &Path) -> Result<(), String> {
         if std::env::var_os("MINIBATCHD_BLESS").is_some() {
             std::fs::write(&expected_path, stdout.as_bytes()).map_err(|e| e.to_string())?;
         }
-        let expected = std::fs::read_to_string(&expected_path).map_err(|e| format!("{}: {e}", expected_path.display()))?;
+        let expected =
+            std::fs::read_to_string(&expected_path).map_err(|e| format!("{}: {e}", expected_path.display()))?;
         if expected != stdout {
-            return Err(format!("output differs from {}\n--- expected\n{expected}\n--- got\n{stdout}", expected_path.display()));
+            return Err(format!(
+                "output differs from {}\n--- expected\n{expected}\n--- got\n{stdout}",
+                expected_path.display()
+            ));
         }
     } else if !stdout.is_empty() {
         return Err(format!("a failing dump printed minibatches:\n{stdout}"));
@@ -101,7 +105,11 @@ fn golden_fixtures() {
     assert!(dirs.len() >= 19, "fixtures missing: found {}", dirs.len());
     let failures: Vec<String> = dirs
         .iter()
-        .filter_map(|d| run_case(d).err().map(|e| format!("== {}: {e}", d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())))
+        .filter_map(|d| {
+            run_case(d).err().map(|e| {
+                format!("== {}: {e}", d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+            })
+        })
         .collect();
     println!("{} deepx fixtures, {} failed", dirs.len(), failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -177,7 +185,10 @@ fn instances(mb: &Minibatch, names: &[String]) -> Vec<Instance> {
             MbData::Sparse { sample_offsets, indices: Indices::U64(ids), values, .. } => {
                 let values = f32s(values);
                 for (j, inst) in out.iter_mut().enumerate() {
-                    let (a, b) = (usize::try_from(sample_offsets[j]).expect("offset"), usize::try_from(sample_offsets[j + 1]).expect("offset"));
+                    let (a, b) = (
+                        usize::try_from(sample_offsets[j]).expect("offset"),
+                        usize::try_from(sample_offsets[j + 1]).expect("offset"),
+                    );
                     inst.x.push((a..b).map(|e| (ids[e], values[e])).collect());
                 }
             }
@@ -194,7 +205,10 @@ fn instances(mb: &Minibatch, names: &[String]) -> Vec<Instance> {
             }
             MbData::Strings { offsets, bytes } => {
                 for (j, inst) in out.iter_mut().enumerate() {
-                    let (a, b) = (usize::try_from(offsets[j]).expect("offset"), usize::try_from(offsets[j + 1]).expect("offset"));
+                    let (a, b) = (
+                        usize::try_from(offsets[j]).expect("offset"),
+                        usize::try_from(offsets[j + 1]).expect("offset"),
+                    );
                     inst.uuid = String::from_utf8(bytes[a..b].to_vec()).expect("utf-8");
                 }
             }
@@ -303,7 +317,9 @@ fn deepx_stream_test_data_plain_gzip_and_multi_member() {
     let c = open("libsvm", &[&twice], "", state.path());
     let d = open("libsvm", &[&plain, &plain], "", state.path());
     assert_eq!(c.timeline().num_sequences(), 200);
-    let strip = |s: String| s.lines().map(|l| l.split_once("\"streams\"").map(|x| x.1.to_owned()).unwrap_or_default()).collect::<Vec<_>>();
+    let strip = |s: String| {
+        s.lines().map(|l| l.split_once("\"streams\"").map(|x| x.1.to_owned()).unwrap_or_default()).collect::<Vec<_>>()
+    };
     assert_eq!(strip(dump_all(&c, 200)), strip(dump_all(&d, 200)));
 }
 
@@ -329,8 +345,14 @@ fn streams_describe_deepx_tensors() {
     );
     assert_eq!(ds.stream_names().len(), 8);
     let text = dump_all(&ds, 1);
-    assert!(text.contains("\"__instUUID\": {\"num_samples\": 1, \"num_sequences\": 1, \"sequences\": [[\"x\"]]}"), "{text}");
-    assert!(text.contains("\"__instW\": {\"num_samples\": 1, \"num_sequences\": 1, \"sequences\": [[[2.0, 1.0]]]}"), "{text}");
+    assert!(
+        text.contains("\"__instUUID\": {\"num_samples\": 1, \"num_sequences\": 1, \"sequences\": [[\"x\"]]}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"__instW\": {\"num_samples\": 1, \"num_sequences\": 1, \"sequences\": [[[2.0, 1.0]]]}"),
+        "{text}"
+    );
 }
 
 #[test]

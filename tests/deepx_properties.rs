@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use minibatchd::config::{Config, DeepxOptions, FormatKind};
-use minibatchd_engine::dataset::Dataset;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::deepx::{DeepxDecoder, LineContext, Schema};
 use minibatchd_engine::format::{Indices, Values};
 use minibatchd_engine::minibatch::MbData;
@@ -55,12 +55,8 @@ fn inst(format: FormatKind) -> impl Strategy<Value = Inst> {
         FormatKind::LibsvmEx => prop::collection::vec(group(), 3).boxed(),
         _ => prop::collection::vec(group(), 2..6).boxed(),
     };
-    (value(10_000), 1i32..=400, prop::sample::select(vec!["", "u1", "a:b|c", "0"]), groups).prop_map(|(label, w, uuid, groups)| Inst {
-        label,
-        weight: w as f32 / 4.0,
-        uuid: uuid.to_owned(),
-        groups,
-    })
+    (value(10_000), 1i32..=400, prop::sample::select(vec!["", "u1", "a:b|c", "0"]), groups)
+        .prop_map(|(label, w, uuid, groups)| Inst { label, weight: w as f32 / 4.0, uuid: uuid.to_owned(), groups })
 }
 
 fn style() -> impl Strategy<Value = Style> {
@@ -98,8 +94,10 @@ fn render(insts: &[Inst], s: &Style) -> String {
                 out.push('|');
                 out.push_str(if g % 2 == 0 { s.sep } else { "" });
             }
-            let feats: Vec<String> =
-                entries.iter().map(|&(id, v)| if v == 1.0 && id % 2 == 0 { format!("{id}") } else { format!("{id}:{v}") }).collect();
+            let feats: Vec<String> = entries
+                .iter()
+                .map(|&(id, v)| if v == 1.0 && id % 2 == 0 { format!("{id}") } else { format!("{id}:{v}") })
+                .collect();
             out.push_str(&feats.join(s.sep));
         }
         out.push_str(s.trailing);
@@ -153,7 +151,14 @@ fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec
     let c = Config::from_toml_str(&cfg, dir.path()).expect("config");
     let ds = Dataset::open(c.dataset("d").expect("d"), dir.path(), &mut |_| {}).expect("open");
     let opts = DumpOptions {
-        sampling: SamplingOptions { randomize: false, window: Window::Chunks(1), seed: 0, limit: EpochLimit::FullSweep, num_workers: 1, rank: 0 },
+        sampling: SamplingOptions {
+            randomize: false,
+            window: Window::Chunks(1),
+            seed: 0,
+            limit: EpochLimit::FullSweep,
+            num_workers: 1,
+            rank: 0,
+        },
         minibatch_sizes: vec![3],
         num_minibatches: None,
         restore: None,
@@ -176,7 +181,8 @@ fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec
                     (MbData::Dense { values, .. }, "__instY") => g.label = f32s(values)[j],
                     (MbData::Dense { values, .. }, "__instW") => g.weight = f32s(values)[j],
                     (MbData::Strings { offsets, bytes }, _) => {
-                        g.uuid = String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]).into_owned();
+                        g.uuid =
+                            String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]).into_owned();
                     }
                     _ => {}
                 }

@@ -62,9 +62,13 @@ fn run_case(dir: &Path) -> Result<(), String> {
         if std::env::var_os("MINIBATCHD_BLESS").is_some() {
             std::fs::write(&expected_path, stdout.as_bytes()).map_err(|e| e.to_string())?;
         }
-        let expected = std::fs::read_to_string(&expected_path).map_err(|e| format!("{}: {e}", expected_path.display()))?;
+        let expected =
+            std::fs::read_to_string(&expected_path).map_err(|e| format!("{}: {e}", expected_path.display()))?;
         if expected != stdout {
-            return Err(format!("output differs from {}\n--- expected\n{expected}\n--- got\n{stdout}", expected_path.display()));
+            return Err(format!(
+                "output differs from {}\n--- expected\n{expected}\n--- got\n{stdout}",
+                expected_path.display()
+            ));
         }
     } else if !stdout.is_empty() && case.stderr_contains.iter().all(|f| !f.contains("non-frame")) {
         return Err(format!("a failing dump printed minibatches:\n{stdout}"));
@@ -83,7 +87,11 @@ fn golden_fixtures() {
     assert!(dirs.len() >= 40, "fixtures missing: found {}", dirs.len());
     let failures: Vec<String> = dirs
         .iter()
-        .filter_map(|d| run_case(d).err().map(|e| format!("== {}: {e}", d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())))
+        .filter_map(|d| {
+            run_case(d).err().map(|e| {
+                format!("== {}: {e}", d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+            })
+        })
         .collect();
     println!("{} golden fixtures, {} failed", dirs.len(), failures.len());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));

@@ -8,7 +8,11 @@
 /// Resident bytes of this process (`VmRSS` of `/proc/self/status`).
 fn rss_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("status");
-    let kib: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).expect("VmRSS");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS");
     kib << 10
 }
 
@@ -24,6 +28,9 @@ fn large_freed_blocks_leave_the_process() {
         let before = rss_bytes();
         drop(std::hint::black_box(std::mem::replace(&mut older, v)));
         let after = rss_bytes();
-        assert!(before.saturating_sub(after) >= 12 << 20, "round {round}: a freed 16 MiB block stayed resident: {before} -> {after}");
+        assert!(
+            before.saturating_sub(after) >= 12 << 20,
+            "round {round}: a freed 16 MiB block stayed resident: {before} -> {after}"
+        );
     }
 }

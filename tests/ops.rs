@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use minibatchd_client::{Client, ClientError, Session};
 use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::{Client, ClientError, Session};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -96,7 +96,12 @@ impl Daemon {
     /// Starts the daemon on `dir` (config already written) and waits for its socket.
     fn start(dir: &Path, env: &[(&str, String)]) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--config"]).arg(dir.join("minibatchd.toml")).env("MINIBATCHD_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+        cmd.args(["run", "--config"])
+            .arg(dir.join("minibatchd.toml"))
+            .env("MINIBATCHD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
         cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
         for (k, v) in env {
             cmd.env(k, v);
@@ -192,7 +197,13 @@ impl Daemon {
     }
 
     fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
-        let out = Command::new(BIN).args(["dump", "--config"]).arg(self.dir.join("minibatchd.toml")).args(["--dataset", dataset]).args(args).output().expect("dump");
+        let out = Command::new(BIN)
+            .args(["dump", "--config"])
+            .arg(self.dir.join("minibatchd.toml"))
+            .args(["--dataset", dataset])
+            .args(args)
+            .output()
+            .expect("dump");
         assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
     }
@@ -258,7 +269,11 @@ impl Metrics {
 
     /// Sum of the series of `name` whose labels include `labels`.
     fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.series.iter().filter(|((n, l), _)| n == name && labels.iter().all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v))).map(|(_, v)| v).sum()
+        self.series
+            .iter()
+            .filter(|((n, l), _)| n == name && labels.iter().all(|(k, v)| l.iter().any(|(a, b)| a == k && b == v)))
+            .map(|(_, v)| v)
+            .sum()
     }
 
     fn has(&self, name: &str) -> bool {
@@ -305,7 +320,9 @@ fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on: Err
     loop {
         match Client::connect(&d.socket).and_then(|c| c.open(dataset, opts)) {
             Ok(s) => return s,
-            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => std::thread::sleep(Duration::from_millis(50)),
+            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
             Err(e) => panic!("open {dataset}: {e}"),
         }
     }
@@ -326,7 +343,8 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert!(want.len() > 40, "{}", want.len());
     // Session a reconnects by name only (the daemon's checkpoint holds its position); session b
     // (no name) reconnects with the state it saved.
-    let by_name = SessionOptions { max_sweeps: Some(2), seed: Some(3), session: Some("trainer-0".into()), ..options(5) };
+    let by_name =
+        SessionOptions { max_sweeps: Some(2), seed: Some(3), session: Some("trainer-0".into()), ..options(5) };
     let by_state = SessionOptions { session: None, ..by_name.clone() };
     let mut a = d.client().open("train", &by_name).expect("open a");
     let mut b = d.client().open("train", &by_state).expect("open b");
@@ -351,7 +369,12 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert_eq!(saved_a["options"]["minibatch_size"], 5);
     assert_eq!(saved_a["options"]["seed"], 3);
     assert!(saved_a["state"]["data_identity"].as_str().is_some_and(|s| s.len() == 16));
-    let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("state")).expect("ls").filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("state"))
+        .expect("ls")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     drop((a, b));
 
@@ -369,13 +392,15 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
 fn write_preload_config(dir: &Path) -> PathBuf {
     let cfg = write_config(dir, "", &["train"]);
     let text = std::fs::read_to_string(&cfg).expect("config");
-    std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n")).expect("write config");
+    std::fs::write(&cfg, text.replace("chunk_size_bytes = 300\n", "chunk_size_bytes = 300\npreload = true\n"))
+        .expect("write config");
     cfg
 }
 
 /// The chunk count of `dataset`, as `minibatchd index` reports it.
 fn index_chunks(cfg: &Path, dataset: &str) -> f64 {
-    let index = Command::new(BIN).args(["index", "--config"]).arg(cfg).args(["--dataset", dataset]).output().expect("index");
+    let index =
+        Command::new(BIN).args(["index", "--config"]).arg(cfg).args(["--dataset", dataset]).output().expect("index");
     String::from_utf8_lossy(&index.stdout)
         .split_whitespace()
         .collect::<Vec<_>>()
@@ -416,7 +441,8 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     let hidden = tmp.path().join("train.ctf.later");
     std::fs::rename(&data, &hidden).expect("hide the data");
     let d = Daemon::start(tmp.path(), &[]);
-    let m = d.wait_metrics("the dataset failed to open", |m| m.sum("minibatchd_datasets", &[("state", "failed")]) == 1.0);
+    let m =
+        d.wait_metrics("the dataset failed to open", |m| m.sum("minibatchd_datasets", &[("state", "failed")]) == 1.0);
     assert_eq!(m.sum("minibatchd_cache_chunks", &[]), 0.0);
     // The same configuration, now with its file: the reload opens the dataset, and the preload
     // runs for it although the reload neither added nor changed it.
@@ -431,7 +457,12 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
 /// The interpreter for the Python client, if it has NumPy (else the reason).
 fn python() -> Result<String, String> {
     let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py).args(["-c", "import numpy"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let ok = Command::new(&py)
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if ok {
         Ok(py)
     } else {
@@ -466,7 +497,11 @@ fn a_python_trainer_survives_a_daemon_restart_by_state_and_by_name() {
     write_data(tmp.path());
     write_config(tmp.path(), "", &["train"]);
     let mut d = Daemon::start(tmp.path(), &[]);
-    let want: Vec<serde_json::Value> = d.dump("train", &["--minibatch-size", "4", "--full-sweep", "--seed", "7"]).iter().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let want: Vec<serde_json::Value> = d
+        .dump("train", &["--minibatch-size", "4", "--full-sweep", "--seed", "7"])
+        .iter()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
     // One process, two sessions: `a` continues with Source.reconnect() (its own saved state),
     // `b` is opened again by session name only (the daemon's checkpoint).
     let script = format!(
@@ -504,7 +539,16 @@ print(json.dumps(got))
 "#,
         sock = d.socket.display().to_string()
     );
-    let mut child = KillOnDrop(Command::new(&py).args(["-c", &script]).env("PYTHONPATH", client_dir()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("python"));
+    let mut child = KillOnDrop(
+        Command::new(&py)
+            .args(["-c", &script])
+            .env("PYTHONPATH", client_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python"),
+    );
     let child = &mut child.0;
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
@@ -530,7 +574,11 @@ print(json.dumps(got))
     }
     // The Python client reported the time it waited for minibatches (the input-bound metric).
     let m = d.scrape();
-    assert!(m.sum("minibatchd_session_consumer_wait_seconds_total", &[("dataset", "train"), ("rank", "0")]) > 0.0, "{}", m.text);
+    assert!(
+        m.sum("minibatchd_session_consumer_wait_seconds_total", &[("dataset", "train"), ("rank", "0")]) > 0.0,
+        "{}",
+        m.text
+    );
 }
 
 /// A datagram socket standing in for systemd's `$NOTIFY_SOCKET`, read by a thread (as systemd
@@ -600,7 +648,9 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
         d.signal(rustix::process::Signal::HUP);
         let seen = notify.expect("READY=1");
         assert!(seen.iter().any(|m| m.starts_with("RELOADING=1") && m.contains("MONOTONIC_USEC=")), "{seen:?}");
-        let m = d.wait_metrics("the failed reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "failure")]) >= (i + 1) as f64);
+        let m = d.wait_metrics("the failed reload", |m| {
+            m.sum("minibatchd_config_reloads_total", &[("result", "failure")]) >= (i + 1) as f64
+        });
         assert_eq!(m.sum("minibatchd_config_last_reload_successful", &[]), 0.0);
         assert_eq!(m.sum("minibatchd_config_reloads_total", &[("result", "success")]), 0.0);
         got.extend(drain(&mut s, 4));
@@ -611,12 +661,18 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
     assert_eq!(got, want, "the session was not disturbed");
     let again = d.client().open("train", &options(3)).expect("open after the failed reloads");
     drop(again);
-    assert!(matches!(d.client().open("extra", &options(3)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    assert!(matches!(
+        d.client().open("extra", &options(3)),
+        Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })
+    ));
     assert!(d.running());
     drop(s);
     std::fs::write(&config, &good).expect("restore the config");
     d.signal(rustix::process::Signal::HUP);
-    d.wait_metrics("the good reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0 && m.sum("minibatchd_config_last_reload_successful", &[]) == 1.0);
+    d.wait_metrics("the good reload", |m| {
+        m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0
+            && m.sum("minibatchd_config_last_reload_successful", &[]) == 1.0
+    });
     let status = d.stop();
     assert!(status.success(), "{status:?}");
     notify.expect("STOPPING=1");
@@ -631,14 +687,26 @@ fn sighup_adds_and_removes_datasets_while_sessions_on_unchanged_ones_continue() 
     let want = d.dump("train", &["--minibatch-size", "4", "--max-sweeps", "2"]);
     let mut s = d.client().open("train", &SessionOptions { max_sweeps: Some(2), ..options(4) }).expect("open train");
     let mut got = drain(&mut s, 7);
-    let mut on_wide = d.client().open("wide", &SessionOptions { prefetch: Some(2), session: Some("w".into()), ..options(2) }).expect("open wide");
+    let mut on_wide = d
+        .client()
+        .open("wide", &SessionOptions { prefetch: Some(2), session: Some("w".into()), ..options(2) })
+        .expect("open wide");
     assert!(on_wide.next_minibatch().expect("wide").is_some());
-    assert!(matches!(d.client().open("extra", &options(3)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    assert!(matches!(
+        d.client().open("extra", &options(3)),
+        Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })
+    ));
     // Add `extra`, remove `wide`, leave `train` as it is; change a hot daemon key too.
     write_config(tmp.path(), "checkpoint_interval_secs = 7", &["train", "extra"]);
     d.signal(rustix::process::Signal::HUP);
-    let mut extra = open_retrying(&d, "extra", &SessionOptions { full_sweep: true, randomize: Some(false), ..options(8) }, ErrorCode::UnknownDataset);
-    let extra_got: Vec<String> = std::iter::from_fn(|| extra.next_owned().expect("extra")).map(|mb| json(&mb, &["features"])).collect();
+    let mut extra = open_retrying(
+        &d,
+        "extra",
+        &SessionOptions { full_sweep: true, randomize: Some(false), ..options(8) },
+        ErrorCode::UnknownDataset,
+    );
+    let extra_got: Vec<String> =
+        std::iter::from_fn(|| extra.next_owned().expect("extra")).map(|mb| json(&mb, &["features"])).collect();
     assert_eq!(extra_got, d.dump("extra", &["--minibatch-size", "8", "--full-sweep", "--randomize", "false"]));
     // The session on the removed dataset ends with a clear error; the one on train goes on.
     let start = Instant::now();
@@ -653,7 +721,10 @@ fn sighup_adds_and_removes_datasets_while_sessions_on_unchanged_ones_continue() 
         }
         assert!(start.elapsed() < DEADLINE);
     }
-    assert!(matches!(d.client().open("wide", &options(2)), Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })));
+    assert!(matches!(
+        d.client().open("wide", &options(2)),
+        Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })
+    ));
     got.extend(drain(&mut s, 10_000));
     assert_eq!(got, want, "the session on the unchanged dataset was not disturbed");
     let m = d.scrape();
@@ -684,7 +755,10 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     assert!(status.contains("200") && body == "ok\n", "{status} {body}");
     assert!(d.http_get("/nope").0.contains("404"));
     let before = d.scrape();
-    let mut s = d.client().open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) }).expect("open");
+    let mut s = d
+        .client()
+        .open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) })
+        .expect("open");
     drain(&mut s, 5);
     s.state().expect("report the consumer wait");
     let during = d.scrape();
@@ -713,20 +787,38 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     assert!(during.sum("minibatchd_memory_used_bytes", &[("part", "rings")]) >= 3.0 * 65536.0);
     assert_eq!(during.sum("minibatchd_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert_eq!(during.sum("minibatchd_stage_up", &[]), 5.0);
-    assert_eq!(during.sum("minibatchd_parse_errors_total", &[("dataset", "train"), ("kind", "bad_number")]), 0.0, "every kind exists before its first error");
+    assert_eq!(
+        during.sum("minibatchd_parse_errors_total", &[("dataset", "train"), ("kind", "bad_number")]),
+        0.0,
+        "every kind exists before its first error"
+    );
     // Naming rules (DESIGN §9): prefix, counters and only counters end in _total, bounded labels.
     for (name, ty) in &during.types {
         assert!(name.starts_with("minibatchd_"), "{name}");
         assert_eq!(ty == "counter", name.ends_with("_total"), "{name} is a {ty}");
     }
-    let allowed = ["dataset", "stage", "rank", "kind", "state", "part", "result", "code", "version", "protocol_version", "layout_version"];
+    let allowed = [
+        "dataset",
+        "stage",
+        "rank",
+        "kind",
+        "state",
+        "part",
+        "result",
+        "code",
+        "version",
+        "protocol_version",
+        "layout_version",
+    ];
     for (name, labels) in during.series.keys() {
         for (k, _) in labels {
             assert!(allowed.contains(&k.as_str()), "{name}: unexpected label {k}");
         }
     }
     // The checkpoint is written periodically: its age stays small and the writes count up.
-    let m = d.wait_metrics("periodic checkpoints", |m| m.sum("minibatchd_checkpoint_writes_total", &[("result", "success")]) >= 3.0);
+    let m = d.wait_metrics("periodic checkpoints", |m| {
+        m.sum("minibatchd_checkpoint_writes_total", &[("result", "success")]) >= 3.0
+    });
     assert!(m.sum("minibatchd_checkpoint_age_seconds", &[]) < 30.0);
     // Every metric the dashboard and the alert rules query exists in the scrape.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -741,7 +833,15 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
         assert!(missing.is_empty(), "{file} queries metrics the daemon does not export: {missing:?}");
     }
     let covered: BTreeSet<String> = metric_names(&dashboard);
-    for needed in ["minibatchd_session_samples_total", "minibatchd_session_consumer_wait_seconds_total", "minibatchd_stage_queue_depth", "minibatchd_parse_errors_total", "minibatchd_session_ring_slots", "minibatchd_process_resident_memory_bytes", "minibatchd_checkpoint_age_seconds"] {
+    for needed in [
+        "minibatchd_session_samples_total",
+        "minibatchd_session_consumer_wait_seconds_total",
+        "minibatchd_stage_queue_depth",
+        "minibatchd_parse_errors_total",
+        "minibatchd_session_ring_slots",
+        "minibatchd_process_resident_memory_bytes",
+        "minibatchd_checkpoint_age_seconds",
+    ] {
         assert!(covered.contains(needed), "the dashboard lacks {needed}");
     }
     // SIGINT stops as cleanly as SIGTERM; /healthz is gone with it.
@@ -757,26 +857,41 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     write_data(tmp.path());
     // 1 MiB limit: one ring of 3 × 128 KiB fits next to the cache's floor, a second does not.
     let config = write_config(tmp.path(), "", &["train"]);
-    let text = std::fs::read_to_string(&config).expect("config").replace("memory_limit_bytes = 1073741824", "memory_limit_bytes = 1048576");
+    let text = std::fs::read_to_string(&config)
+        .expect("config")
+        .replace("memory_limit_bytes = 1073741824", "memory_limit_bytes = 1048576");
     std::fs::write(&config, &text).expect("write");
     let d = Daemon::start(tmp.path(), &[]);
     let big = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
     let mut first = d.client().open("train", &big).expect("first");
     match d.client().open("train", &big) {
-        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => assert!(message.contains("memory_limit_bytes"), "{message}"),
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => {
+            assert!(message.contains("memory_limit_bytes"), "{message}")
+        }
         other => panic!("expected resource_exhausted, got {other:?}"),
     }
     let mut got = drain(&mut first, 3);
     let before = d.wait_metrics("the cache holds chunks", |m| m.sum("minibatchd_cache_bytes", &[]) > 0.0);
     assert!(before.sum("minibatchd_cache_budget_bytes", &[]) > 0.0);
     // The host is "short": a reserve larger than any host's memory.
-    std::fs::write(&config, text.replace("host_memory_reserve_bytes = 0", "host_memory_reserve_bytes = 1152921504606846976")).expect("write");
+    std::fs::write(
+        &config,
+        text.replace("host_memory_reserve_bytes = 0", "host_memory_reserve_bytes = 1152921504606846976"),
+    )
+    .expect("write");
     d.signal(rustix::process::Signal::HUP);
-    let m = d.wait_metrics("the host guard", |m| m.sum("minibatchd_host_memory_shortfall_bytes", &[]) > 0.0 && m.sum("minibatchd_cache_budget_bytes", &[]) == 0.0);
-    assert!(m.sum("minibatchd_cache_bytes", &[]) <= before.sum("minibatchd_cache_bytes", &[]), "the cache shrank (or held only what the session holds)");
+    let m = d.wait_metrics("the host guard", |m| {
+        m.sum("minibatchd_host_memory_shortfall_bytes", &[]) > 0.0 && m.sum("minibatchd_cache_budget_bytes", &[]) == 0.0
+    });
+    assert!(
+        m.sum("minibatchd_cache_bytes", &[]) <= before.sum("minibatchd_cache_bytes", &[]),
+        "the cache shrank (or held only what the session holds)"
+    );
     let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(4096), ..options(2) };
     match d.client().open("train", &small) {
-        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => assert!(message.contains("host is short of memory"), "{message}"),
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => {
+            assert!(message.contains("host is short of memory"), "{message}")
+        }
         other => panic!("expected resource_exhausted for the host, got {other:?}"),
     }
     // The open session goes on, with the cache shrunk to what it holds.
@@ -796,27 +911,74 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
 fn the_systemd_unit_verifies_and_install_stages_every_file() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let unit = std::fs::read_to_string(root.join("systemd/minibatchd.service")).expect("unit");
-    let directives: Vec<&str> = unit.lines().map(str::trim).filter(|l| !l.starts_with('#') && l.contains('=')).collect();
-    for needed in ["Type=notify", "RuntimeDirectory=minibatchd", "StateDirectory=minibatchd", "RemoveIPC=no", "PrivateTmp=no", "NoNewPrivileges=yes"] {
+    let directives: Vec<&str> =
+        unit.lines().map(str::trim).filter(|l| !l.starts_with('#') && l.contains('=')).collect();
+    for needed in [
+        "Type=notify",
+        "RuntimeDirectory=minibatchd",
+        "StateDirectory=minibatchd",
+        "RemoveIPC=no",
+        "PrivateTmp=no",
+        "NoNewPrivileges=yes",
+    ] {
         assert!(directives.contains(&needed), "the unit lacks {needed}");
     }
-    assert!(directives.iter().any(|l| l.starts_with("ExecStartPre=") && l.contains(" validate --config ")), "ExecStartPre runs validate");
-    assert!(directives.iter().any(|l| l.starts_with("ExecReload=") && l.contains("kill -HUP $MAINPID")), "ExecReload sends SIGHUP");
+    assert!(
+        directives.iter().any(|l| l.starts_with("ExecStartPre=") && l.contains(" validate --config ")),
+        "ExecStartPre runs validate"
+    );
+    assert!(
+        directives.iter().any(|l| l.starts_with("ExecReload=") && l.contains("kill -HUP $MAINPID")),
+        "ExecReload sends SIGHUP"
+    );
     assert!(directives.iter().any(|l| l.starts_with("WatchdogSec=")));
-    for forbidden in ["RemoveIPC=yes", "PrivateTmp=yes", "PrivateIPC=yes", "ProcSubset=pid", "InaccessiblePaths=/run", "PrivateUsers=yes"] {
+    for forbidden in [
+        "RemoveIPC=yes",
+        "PrivateTmp=yes",
+        "PrivateIPC=yes",
+        "ProcSubset=pid",
+        "InaccessiblePaths=/run",
+        "PrivateUsers=yes",
+    ] {
         assert!(!directives.contains(&forbidden), "{forbidden} breaks shared memory or the socket");
     }
     // install.sh into a staging root.
     let stage = tempfile::tempdir().expect("tempdir");
-    let out = Command::new("bash").arg(root.join("scripts/install.sh")).args(["--bin", BIN]).env("DESTDIR", stage.path()).env("PREFIX", "/opt/mbd").output().expect("install.sh");
-    assert!(out.status.success(), "install.sh: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    for f in ["opt/mbd/bin/minibatchd", "etc/systemd/system/minibatchd.service", "usr/lib/sysusers.d/minibatchd.conf", "usr/lib/tmpfiles.d/minibatchd.conf", "etc/minibatchd/minibatchd.toml", "usr/share/doc/minibatchd/grafana/alerts.yml"] {
+    let out = Command::new("bash")
+        .arg(root.join("scripts/install.sh"))
+        .args(["--bin", BIN])
+        .env("DESTDIR", stage.path())
+        .env("PREFIX", "/opt/mbd")
+        .output()
+        .expect("install.sh");
+    assert!(
+        out.status.success(),
+        "install.sh: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [
+        "opt/mbd/bin/minibatchd",
+        "etc/systemd/system/minibatchd.service",
+        "usr/lib/sysusers.d/minibatchd.conf",
+        "usr/lib/tmpfiles.d/minibatchd.conf",
+        "etc/minibatchd/minibatchd.toml",
+        "usr/share/doc/minibatchd/grafana/alerts.yml",
+    ] {
         assert!(stage.path().join(f).exists(), "install.sh did not install {f}");
     }
     let installed = std::fs::read_to_string(stage.path().join("etc/systemd/system/minibatchd.service")).expect("unit");
-    assert!(installed.contains("ExecStart=/opt/mbd/bin/minibatchd run --config") && !installed.contains("/usr/local/bin"), "ExecStart follows PREFIX");
+    assert!(
+        installed.contains("ExecStart=/opt/mbd/bin/minibatchd run --config") && !installed.contains("/usr/local/bin"),
+        "ExecStart follows PREFIX"
+    );
     // systemd-analyze verify, on a copy whose binary exists here.
-    let available = Command::new("systemd-analyze").arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success());
+    let available = Command::new("systemd-analyze")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     if !available {
         println!("SKIPPED systemd-analyze verify: systemd-analyze is not installed");
         return;
@@ -841,8 +1003,26 @@ fn the_sample_config_documents_every_daemon_key() {
     let cfg = minibatchd::Config::from_toml_str(&text, root).expect("the sample config is valid");
     let d = format!("{:?}", cfg.daemon);
     let daemon_section = text.split("\n[daemon]\n").nth(1).and_then(|s| s.split("\n[").next()).expect("[daemon]");
-    let keys: BTreeSet<&str> = daemon_section.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim())).collect();
-    for field in ["socket", "metrics_listen", "state_dir", "memory_limit_bytes", "read_queue_chunks", "parsed_queue_chunks", "parser_threads", "ring_slots", "slot_size_bytes", "session_linger_secs", "shutdown_grace_secs", "checkpoint_interval_secs", "host_memory_reserve_bytes"] {
+    let keys: BTreeSet<&str> = daemon_section
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(" = ").map(|(k, _)| k.trim()))
+        .collect();
+    for field in [
+        "socket",
+        "metrics_listen",
+        "state_dir",
+        "memory_limit_bytes",
+        "read_queue_chunks",
+        "parsed_queue_chunks",
+        "parser_threads",
+        "ring_slots",
+        "slot_size_bytes",
+        "session_linger_secs",
+        "shutdown_grace_secs",
+        "checkpoint_interval_secs",
+        "host_memory_reserve_bytes",
+    ] {
         assert!(d.contains(&format!("{field}:")), "DaemonConfig has no {field}");
         assert!(keys.contains(field), "conf/minibatchd.toml does not document daemon.{field}");
     }

@@ -61,7 +61,11 @@ fn f32_close(a: f64, b: f64) -> bool {
     }
     let ordered = |x: f32| {
         let bits = i64::from(x.to_bits() as i32);
-        if bits < 0 { -(bits & 0x7FFF_FFFF) } else { bits }
+        if bits < 0 {
+            -(bits & 0x7FFF_FFFF)
+        } else {
+            bits
+        }
     };
     (ordered(a) - ordered(b)).abs() <= 1
 }
@@ -104,14 +108,17 @@ fn compare_sequences(expected: &Value, ours: &Value, sparse: bool) -> Result<(),
         for (si, (es, os)) in eq.iter().zip(oq).enumerate() {
             let same = if sparse {
                 let (idx, val, mag) = normalize_sparse(os);
-                let e_idx: Vec<u64> = es[0].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
+                let e_idx: Vec<u64> =
+                    es[0].as_array().map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default();
                 let e_val: Vec<f64> = es[1].as_array().map(|a| a.iter().map(num).collect()).unwrap_or_default();
                 let e_mag: Vec<f64> = es[2].as_array().map(|a| a.iter().map(num).collect()).unwrap_or_default();
                 e_idx == idx
                     && e_val.len() == val.len()
-                    && e_val.iter().zip(&val).zip(e_mag.iter().zip(&mag)).all(|((a, b), (ma, mb))| {
-                        f32_close(*a, *b) || (a - b).abs() <= 4e-7 * ma.max(*mb)
-                    })
+                    && e_val
+                        .iter()
+                        .zip(&val)
+                        .zip(e_mag.iter().zip(&mag))
+                        .all(|((a, b), (ma, mb))| f32_close(*a, *b) || (a - b).abs() <= 4e-7 * ma.max(*mb))
             } else {
                 let (ev, ov) = (es.as_array().ok_or("sample")?, os.as_array().ok_or("sample")?);
                 ev.len() == ov.len() && ev.iter().zip(ov).all(|(a, b)| f32_close(num(a), num(b)))
@@ -235,7 +242,13 @@ fn the_recorded_cntk_answers_are_reproduced() {
             failures.push(format!("{} [{}]: {e}", f.name, f.status));
         }
     }
-    assert!(failures.is_empty(), "{} of {} parity cases differ:\n{}", failures.len(), fixtures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} parity cases differ:\n{}",
+        failures.len(),
+        fixtures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

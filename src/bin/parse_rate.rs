@@ -116,7 +116,10 @@ fn main() {
             let state = args.get(5).map_or_else(|| std::env::temp_dir().join("minibatchd-bench-state"), PathBuf::from);
             parse(kind, Path::new(&args[2]), threads, chunk, &state)
         }
-        _ => Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]".into()),
+        _ => {
+            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]"
+                .into())
+        }
     };
     if let Err(e) = result {
         eprintln!("deepx_parse_rate: {e}");

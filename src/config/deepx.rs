@@ -81,7 +81,10 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> Op
     only(w, "qid", qid.is_some(), libsvm, "libsvm");
     only(w, "feature_index_base", base.is_some(), libsvm, "libsvm");
     if format == FormatKind::LibsvmEx && x_size.is_none() {
-        w.issue(&t.key_path("x_size"), "missing: libsvm_ex needs the number of feature groups, 1..=128 (deepx: \"Please specify x_size.\")");
+        w.issue(
+            &t.key_path("x_size"),
+            "missing: libsvm_ex needs the number of feature groups, 1..=128 (deepx: \"Please specify x_size.\")",
+        );
     }
     if format == FormatKind::Uch && x_hist.is_none() {
         w.issue(
@@ -104,7 +107,13 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> Op
 }
 
 /// A table key given in both places must agree; either alone is taken as is.
-fn merge<V: PartialEq + std::fmt::Debug + Copy>(w: &mut Walker, t: &Table<'_>, key: &str, table: Option<V>, string: Option<V>) -> Option<V> {
+fn merge<V: PartialEq + std::fmt::Debug + Copy>(
+    w: &mut Walker,
+    t: &Table<'_>,
+    key: &str,
+    table: Option<V>,
+    string: Option<V>,
+) -> Option<V> {
     match (table, string) {
         (Some(a), Some(b)) if a != b => {
             w.issue(
@@ -126,7 +135,11 @@ fn flag(w: &mut Walker, t: &mut Table<'_>, key: &str) -> Option<bool> {
         Some(Value::String(s)) => match s.as_str() {
             "true" => Some(true),
             "false" => Some(false),
-            other => other.parse::<i64>().map(|v| v != 0).map_err(|_| w.issue(n.path(), &format!("expected true, false or an integer, found '{other}'"))).ok(),
+            other => other
+                .parse::<i64>()
+                .map(|v| v != 0)
+                .map_err(|_| w.issue(n.path(), &format!("expected true, false or an integer, found '{other}'")))
+                .ok(),
         },
         Some(_) => {
             w.issue(n.path(), "expected true, false or an integer");
@@ -167,7 +180,10 @@ fn parse_reader_config(w: &mut Walker, path: &str, text: &str, format: FormatKin
             "x_hist_item_size" | "hist_item_size" | "history_item_size" if format == FormatKind::Uch => {
                 out.x_hist_item_size = bounded(w, 1, max_x);
             }
-            other => w.issue(path, &format!("unexpected key '{other}' for format {format:?} (deepx: \"Unexpected config: {piece}\")")),
+            other => w.issue(
+                path,
+                &format!("unexpected key '{other}' for format {format:?} (deepx: \"Unexpected config: {piece}\")"),
+            ),
         }
     }
     out

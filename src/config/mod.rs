@@ -140,8 +140,8 @@ impl Config {
     /// As [`Config::load`].
     pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self, ConfigError> {
         let pseudo = base_dir.join("<inline>");
-        let tree: serde_json::Value = toml_to_json(text)
-            .map_err(|message| ConfigError::Load { path: pseudo.clone(), message })?;
+        let tree: serde_json::Value =
+            toml_to_json(text).map_err(|message| ConfigError::Load { path: pseudo.clone(), message })?;
         Self::from_tree(&pseudo, base_dir, &tree)
     }
 

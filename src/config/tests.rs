@@ -157,7 +157,8 @@ fn env_overrides_apply_on_top_of_the_file() {
 /// `a` and its default alias no longer matched `|A` in the data.
 #[test]
 fn stream_names_keep_their_case() {
-    let text = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.d.streams.Features]\ndim = 1\nformat = \"dense\"\n";
+    let text =
+        "[datasets.d]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.d.streams.Features]\ndim = 1\nformat = \"dense\"\n";
     let c = parse(text).expect("valid");
     let s = c.dataset("d").expect("d").streams().next().expect("a stream").clone();
     assert_eq!((s.name.as_str(), s.alias.as_str()), ("Features", "Features"));
@@ -241,8 +242,12 @@ fn the_documented_reference_config_is_valid() {
     let example = text.split_once("# [datasets.joined]").map(|(_, rest)| format!("# [datasets.joined]{rest}"));
     if let Some(example) = example {
         // The example runs up to the next blank line.
-        let uncommented: String =
-            example.lines().take_while(|l| !l.trim().is_empty()).map(|l| l.strip_prefix("# ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+        let uncommented: String = example
+            .lines()
+            .take_while(|l| !l.trim().is_empty())
+            .map(|l| l.strip_prefix("# ").unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
         let c = Config::from_toml_str(&uncommented, Path::new("/")).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.dataset("joined").expect("joined").sources.len(), 2);
     }

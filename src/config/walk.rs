@@ -134,7 +134,10 @@ impl Walker {
                     match v {
                         Value::String(s) => out.push(s.clone()),
                         other => {
-                            self.issue(&format!("{}[{i}]", node.path), &format!("expected a path, found {}", type_name(other)));
+                            self.issue(
+                                &format!("{}[{i}]", node.path),
+                                &format!("expected a path, found {}", type_name(other)),
+                            );
                             return None;
                         }
                     }

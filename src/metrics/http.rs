@@ -51,7 +51,10 @@ pub fn route(head: &[u8]) -> Route {
     let line_end = head.iter().position(|&b| b == b'\n').unwrap_or(head.len());
     let Ok(line) = std::str::from_utf8(&head[..line_end]) else { return Route::BadRequest };
     let mut parts = line.trim_end_matches('\r').split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else { return Route::BadRequest };
+    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Route::BadRequest;
+    };
     if !version.starts_with("HTTP/1.") {
         return Route::BadRequest;
     }
@@ -102,7 +105,14 @@ async fn handle(mut stream: TcpStream, render: &Render, health: &Health) -> std:
         }
         buf.extend_from_slice(&chunk[..n]);
         if buf.len() > MAX_REQUEST_BYTES {
-            return respond(&mut stream, "431 Request Header Fields Too Large", "text/plain", b"request too large\n", false).await;
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"request too large\n",
+                false,
+            )
+            .await;
         }
     }
     match route(&buf) {
@@ -112,16 +122,32 @@ async fn handle(mut stream: TcpStream, render: &Render, health: &Health) -> std:
         }
         Route::Health(head_only) => match health() {
             Ok(()) => respond(&mut stream, "200 OK", "text/plain", b"ok\n", head_only).await,
-            Err(why) => respond(&mut stream, "503 Service Unavailable", "text/plain", format!("{why}\n").as_bytes(), head_only).await,
+            Err(why) => {
+                respond(&mut stream, "503 Service Unavailable", "text/plain", format!("{why}\n").as_bytes(), head_only)
+                    .await
+            }
         },
-        Route::NotFound => respond(&mut stream, "404 Not Found", "text/plain", b"try /metrics or /healthz\n", false).await,
-        Route::MethodNotAllowed => respond(&mut stream, "405 Method Not Allowed", "text/plain", b"GET or HEAD\n", false).await,
+        Route::NotFound => {
+            respond(&mut stream, "404 Not Found", "text/plain", b"try /metrics or /healthz\n", false).await
+        }
+        Route::MethodNotAllowed => {
+            respond(&mut stream, "405 Method Not Allowed", "text/plain", b"GET or HEAD\n", false).await
+        }
         Route::BadRequest => respond(&mut stream, "400 Bad Request", "text/plain", b"bad request\n", false).await,
     }
 }
 
-async fn respond(stream: &mut TcpStream, status: &str, content_type: &str, body: &[u8], head_only: bool) -> std::io::Result<()> {
-    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &[u8],
+    head_only: bool,
+) -> std::io::Result<()> {
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
     stream.write_all(head.as_bytes()).await?;
     if !head_only {
         stream.write_all(body).await?;
@@ -154,7 +180,10 @@ mod tests {
             let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
             let h = healthy.clone();
             let render: Render = Arc::new(|| "minibatchd_up 1\n".to_owned());
-            let health: Health = Arc::new(move || if h.load(std::sync::atomic::Ordering::Relaxed) { Ok(()) } else { Err("stopping".into()) });
+            let health: Health =
+                Arc::new(
+                    move || if h.load(std::sync::atomic::Ordering::Relaxed) { Ok(()) } else { Err("stopping".into()) },
+                );
             tokio::spawn(serve(listener, render, health));
             async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
                 let mut s = TcpStream::connect(addr).await.expect("connect");

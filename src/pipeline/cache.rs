@@ -47,11 +47,19 @@ const WAIT_TICK: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 enum Entry {
     /// Requested at `since`; `demanded` once a session waits for it (not just a prefetch).
-    Loading { since: Instant, demanded: bool },
+    Loading {
+        since: Instant,
+        demanded: bool,
+    },
     /// Parsed. `pinned_until`: a session waits for it — it may not be evicted before that
     /// session takes it (first hit) or the pin expires, or a budget below one chunk would
     /// evict every chunk on arrival and the waiting session would never progress.
-    Ready { chunk: Arc<ParsedChunk>, bytes: u64, used: u64, pinned_until: Option<Instant> },
+    Ready {
+        chunk: Arc<ParsedChunk>,
+        bytes: u64,
+        used: u64,
+        pinned_until: Option<Instant>,
+    },
     Failed(String),
 }
 
@@ -196,7 +204,11 @@ impl CacheCore {
                 .entries
                 .iter()
                 .filter_map(|(k, e)| match e {
-                    Entry::Ready { chunk, used, pinned_until, .. } if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) => Some((*used, *k)),
+                    Entry::Ready { chunk, used, pinned_until, .. }
+                        if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
+                    {
+                        Some((*used, *k))
+                    }
                     _ => None,
                 })
                 .min();
@@ -228,7 +240,11 @@ impl CacheCore {
         self.entries
             .values()
             .map(|e| match e {
-                Entry::Ready { chunk, bytes, pinned_until, .. } if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) => *bytes,
+                Entry::Ready { chunk, bytes, pinned_until, .. }
+                    if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
+                {
+                    *bytes
+                }
                 _ => 0,
             })
             .sum()
@@ -354,7 +370,8 @@ impl SharedCache {
                     if stop.load(Ordering::Relaxed) {
                         return Err(FetchError::Stopped);
                     }
-                    core = self.arrived.wait_timeout(core, WAIT_TICK).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+                    core =
+                        self.arrived.wait_timeout(core, WAIT_TICK).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
                 }
             }
         }
@@ -370,7 +387,10 @@ mod tests {
         Arc::new(ParsedChunk {
             chunk: 0,
             num_sequences: 1,
-            streams: vec![StreamData { seq_offsets: vec![0, 1], data: StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) } }],
+            streams: vec![StreamData {
+                seq_offsets: vec![0, 1],
+                data: StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) },
+            }],
         })
     }
 

@@ -65,7 +65,12 @@ impl Checkpoint {
     #[must_use]
     pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Self::V1(CheckpointV1 { written_unix_secs: now.as_secs(), daemon_id: minibatchd_client::protocol::hex64(daemon_id), reason: reason.to_owned(), sessions })
+        Self::V1(CheckpointV1 {
+            written_unix_secs: now.as_secs(),
+            daemon_id: minibatchd_client::protocol::hex64(daemon_id),
+            reason: reason.to_owned(),
+            sessions,
+        })
     }
 
     /// The sessions, whatever the version.
@@ -153,8 +158,21 @@ mod tests {
     fn session() -> SavedSession {
         SavedSession {
             name: "trainer-0".into(),
-            options: SessionOptions { minibatch_size: Some(64), max_sweeps: Some(2), seed: Some(3), session: Some("trainer-0".into()), ..SessionOptions::default() },
-            state: SessionState { version: 1, dataset: "train".into(), position: 1280, minibatches: 20, data_identity: "3f0c5e2a9b1d7c44".into(), options_hash: "9a1e00c2d4b7f613".into() },
+            options: SessionOptions {
+                minibatch_size: Some(64),
+                max_sweeps: Some(2),
+                seed: Some(3),
+                session: Some("trainer-0".into()),
+                ..SessionOptions::default()
+            },
+            state: SessionState {
+                version: 1,
+                dataset: "train".into(),
+                position: 1280,
+                minibatches: 20,
+                data_identity: "3f0c5e2a9b1d7c44".into(),
+                options_hash: "9a1e00c2d4b7f613".into(),
+            },
         }
     }
 

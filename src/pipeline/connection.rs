@@ -32,7 +32,10 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
 use crate::metrics::{SessionMetrics, SlotState};
-use minibatchd_client::protocol::{self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions, SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION};
+use minibatchd_client::protocol::{
+    self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions,
+    SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION,
+};
 use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{Ring, RingGeometry, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
@@ -40,7 +43,9 @@ use minibatchd_sys::MemfdMemory;
 use super::checkpoint::SavedSession;
 use super::hub::DatasetRuntime;
 use super::producer::{FreeSlot, Producer, ProducerEvent};
-use super::session::{check_resume, options_hash, resolve_options, Claim, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES};
+use super::session::{
+    check_resume, options_hash, resolve_options, Claim, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES,
+};
 use super::stages::{Delivery, StartProducer};
 use super::Shared;
 
@@ -167,7 +172,9 @@ async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd
         let sock: &UnixStream = wr.as_ref();
         loop {
             sock.writable().await?;
-            match sock.try_io(tokio::io::Interest::WRITABLE, || minibatchd_sys::fdpass::send_with_fd(sock.as_fd(), &bytes, fd.as_fd())) {
+            match sock.try_io(tokio::io::Interest::WRITABLE, || {
+                minibatchd_sys::fdpass::send_with_fd(sock.as_fd(), &bytes, fd.as_fd())
+            }) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                 Err(e) => return Err(e),
@@ -241,7 +248,13 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
 }
 
 /// Handles every whole frame in `frames`; `false` when the connection must close.
-async fn on_frames(frames: &mut FrameBuffer, phase: &mut Phase, conn: &ConnShared, wr: &mut OwnedWriteHalf, peer: &str) -> bool {
+async fn on_frames(
+    frames: &mut FrameBuffer,
+    phase: &mut Phase,
+    conn: &ConnShared,
+    wr: &mut OwnedWriteHalf,
+    peer: &str,
+) -> bool {
     loop {
         let body = match frames.next_frame() {
             Ok(Some(body)) => body,
@@ -261,14 +274,23 @@ async fn on_frames(frames: &mut FrameBuffer, phase: &mut Phase, conn: &ConnShare
 
 /// The daemon is stopping: stop producing, tell the client, and give it `shutdown_grace_secs`
 /// to report its last position (`close{taken}`) before the session is parked.
-async fn drain(phase: &mut Phase, rd: &mut tokio::net::unix::OwnedReadHalf, wr: &mut OwnedWriteHalf, frames: &mut FrameBuffer, buf: &mut [u8], conn: &ConnShared, peer: &str) {
+async fn drain(
+    phase: &mut Phase,
+    rd: &mut tokio::net::unix::OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    frames: &mut FrameBuffer,
+    buf: &mut [u8],
+    conn: &ConnShared,
+    peer: &str,
+) {
     let Phase::Serving(a) = phase else {
         let _ = send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
         return;
     };
     a.stop.store(true, Ordering::Relaxed);
     a.producing = false;
-    let message = "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position";
+    let message =
+        "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position";
     if send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, message)).await.is_err() {
         return;
     }
@@ -350,14 +372,23 @@ fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> 
             out.extend_from_slice(&protocol::encode(&ServerMessage::error(code, message)));
         }
         None => {
-            out.extend_from_slice(&protocol::encode(&ServerMessage::error(ErrorCode::Internal, "the session's producer stopped")));
+            out.extend_from_slice(&protocol::encode(&ServerMessage::error(
+                ErrorCode::Internal,
+                "the session's producer stopped",
+            )));
         }
     }
     a.producing = false;
     false
 }
 
-async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut OwnedWriteHalf, peer: &str) -> std::io::Result<Flow> {
+async fn on_frame(
+    body: &[u8],
+    phase: &mut Phase,
+    conn: &ConnShared,
+    wr: &mut OwnedWriteHalf,
+    peer: &str,
+) -> std::io::Result<Flow> {
     let msg: ClientMessage = match protocol::decode_client(body) {
         Ok(m) => m,
         Err(FrameError::Invalid(e)) => {
@@ -390,21 +421,24 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
             send(wr, &ServerMessage::error(ErrorCode::HelloRequired, "the first message must be hello")).await?;
             return Ok(Flow::Close);
         }
-        (ClientMessage::Open { dataset, options }, Phase::Open(version)) => match open(&dataset, &options, conn).await {
-            Ok((mut active, opened, fd)) => {
-                active.binary = *version >= 2;
-                tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
-                conn.shared.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
-                active.publish_slots(false);
-                *phase = Phase::Serving(Box::new(active));
-                send_with_fd(wr, &opened, &fd).await?;
+        (ClientMessage::Open { dataset, options }, Phase::Open(version)) => {
+            match open(&dataset, &options, conn).await {
+                Ok((mut active, opened, fd)) => {
+                    active.binary = *version >= 2;
+                    tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
+                    conn.shared.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
+                    active.publish_slots(false);
+                    *phase = Phase::Serving(Box::new(active));
+                    send_with_fd(wr, &opened, &fd).await?;
+                }
+                Err((code, message)) => {
+                    let label =
+                        serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+                    conn.shared.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
+                    send(wr, &ServerMessage::error(code, message)).await?;
+                }
             }
-            Err((code, message)) => {
-                let label = serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-                conn.shared.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
-                send(wr, &ServerMessage::error(code, message)).await?;
-            }
-        },
+        }
         (ClientMessage::Release { slot, generation, taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
             a.waited(wait_ns);
@@ -447,19 +481,26 @@ async fn on_frame(body: &[u8], phase: &mut Phase, conn: &ConnShared, wr: &mut Ow
 }
 
 /// Opens a session: options, resume, name claim, memory, ring, producer.
-async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Result<(Active, ServerMessage, OwnedFd), Reply> {
+async fn open(
+    dataset: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+) -> Result<(Active, ServerMessage, OwnedFd), Reply> {
     let shared = &conn.shared;
     let rt = shared.hub().get(dataset).map_err(|e| (ErrorCode::UnknownDataset, e))?;
     let config = shared.config();
     let d = &config.daemon;
-    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes).map_err(|e| (ErrorCode::InvalidOptions, e))?;
+    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)
+        .map_err(|e| (ErrorCode::InvalidOptions, e))?;
     let ohash = options_hash(&resolved.sampling, resolved.equal_steps);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, ohash).map_err(|e| (ErrorCode::ResumeMismatch, e))?;
     }
-    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone()).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())
+        .map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
     if resolved.equal_steps {
-        let dropped = sampler.equalize_steps(resolved.minibatch_size).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+        let dropped =
+            sampler.equalize_steps(resolved.minibatch_size).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
         tracing::debug!(dataset, dropped, "equal steps: this worker's ragged tail is dropped");
     }
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
@@ -469,7 +510,14 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
 
     // Claim the name and the memory; undo both on any later failure.
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
-    let fresh = SessionState { version: STATE_VERSION, dataset: dataset.to_owned(), position: sampler.position(), minibatches: 0, data_identity: hex64(rt.identity), options_hash: hex64(ohash) };
+    let fresh = SessionState {
+        version: STATE_VERSION,
+        dataset: dataset.to_owned(),
+        position: sampler.position(),
+        minibatches: 0,
+        data_identity: hex64(rt.identity),
+        options_hash: hex64(ohash),
+    };
     let (id, name, start, lingered) = {
         let mut reg = shared.registry();
         let id = reg.next_id();
@@ -519,9 +567,11 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
         reply
     };
     sampler.restore(start.position).map_err(|e| undo((ErrorCode::InvalidOptions, e.to_string())))?;
-    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo((ErrorCode::ResourceExhausted, format!("cannot create the ring: {e}"))))?;
+    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes)
+        .map_err(|e| undo((ErrorCode::ResourceExhausted, format!("cannot create the ring: {e}"))))?;
     let fd = memory.fd().try_clone_to_owned().map_err(|e| undo((ErrorCode::Internal, format!("dup: {e}"))))?;
-    let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo((ErrorCode::Internal, e.to_string())))?;
+    let ring =
+        Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo((ErrorCode::Internal, e.to_string())))?;
     let header = *ring.header();
 
     let slots = SlotTable::new(resolved.slots as usize);
@@ -532,8 +582,20 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
     }
     let stop = Arc::new(AtomicBool::new(false));
     let metrics = shared.metrics.session(dataset, resolved.sampling.rank as u64);
-    let producer = Producer::new(rt.clone(), shared.cache.clone(), sampler, ring, resolved.minibatch_size, resolved.frame_mode, start.minibatches, metrics.clone());
-    let started = conn.delivery.send(StartProducer { name: name.clone(), producer, free: free_rx, events: events_tx, stop: stop.clone() }).await;
+    let producer = Producer::new(
+        rt.clone(),
+        shared.cache.clone(),
+        sampler,
+        ring,
+        resolved.minibatch_size,
+        resolved.frame_mode,
+        start.minibatches,
+        metrics.clone(),
+    );
+    let started = conn
+        .delivery
+        .send(StartProducer { name: name.clone(), producer, free: free_rx, events: events_tx, stop: stop.clone() })
+        .await;
     match started {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(undo((ErrorCode::Internal, e))),
@@ -541,7 +603,13 @@ async fn open(dataset: &str, options: &SessionOptions, conn: &ConnShared) -> Res
     }
     let opened = ServerMessage::Opened {
         session: name.clone(),
-        ring: RingInfo { size_bytes: header.total_bytes, slot_count: header.slot_count, slot_size: header.slot_size, slots_offset: header.slots_offset, layout_version: LAYOUT_VERSION },
+        ring: RingInfo {
+            size_bytes: header.total_bytes,
+            slot_count: header.slot_count,
+            slot_size: header.slot_size,
+            slots_offset: header.slots_offset,
+            layout_version: LAYOUT_VERSION,
+        },
         streams: rt.streams.clone(),
         state: start.clone(),
         sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),

@@ -14,9 +14,9 @@ use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use crate::config::{Config, DatasetConfig, Precision};
-use minibatchd_engine::dataset::Dataset;
 use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
+use minibatchd_engine::dataset::Dataset;
 
 /// An opened dataset and what sessions need to know about it.
 #[derive(Debug)]
@@ -55,7 +55,12 @@ impl DatasetRuntime {
         let streams = dataset
             .streams()
             .iter()
-            .map(|s| StreamInfo { name: s.name.clone(), kind: s.kind.as_str().into(), dim: s.dim as u64, dtype: dtype.into() })
+            .map(|s| StreamInfo {
+                name: s.name.clone(),
+                kind: s.kind.as_str().into(),
+                dim: s.dim as u64,
+                dtype: dtype.into(),
+            })
             .collect();
         Self {
             index,
@@ -155,7 +160,13 @@ impl Hub {
         hub
     }
 
-    fn open_one(&mut self, name: &str, d: &DatasetConfig, state_dir: &Path, metrics: &Metrics) -> Result<Arc<DatasetRuntime>, String> {
+    fn open_one(
+        &mut self,
+        name: &str,
+        d: &DatasetConfig,
+        state_dir: &Path,
+        metrics: &Metrics,
+    ) -> Result<Arc<DatasetRuntime>, String> {
         self.configs.insert(name.to_owned(), d.clone());
         match Dataset::open(d, state_dir, &mut |_| {}) {
             Ok(ds) => {
@@ -230,7 +241,10 @@ impl Hub {
         match self.by_name.get(name) {
             Some(Ok(d)) => Ok(d.clone()),
             Some(Err(e)) => Err(format!("dataset '{name}' failed to open: {e}")),
-            None => Err(format!("no dataset '{name}' is configured (configured: {})", self.by_name.keys().cloned().collect::<Vec<_>>().join(", "))),
+            None => Err(format!(
+                "no dataset '{name}' is configured (configured: {})",
+                self.by_name.keys().cloned().collect::<Vec<_>>().join(", ")
+            )),
         }
     }
 
@@ -273,12 +287,18 @@ mod tests {
             std::fs::write(dir.path().join(f), "|f 1\n|f 2\n|f 3\n").expect("write");
         }
         let metrics = Metrics::new().expect("metrics");
-        let hub = Hub::open(&config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 100), ("gone", "missing.ctf", 100)]), &metrics);
+        let hub = Hub::open(
+            &config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 100), ("gone", "missing.ctf", 100)]),
+            &metrics,
+        );
         assert_eq!(hub.counts(), (2, 1));
         let a = hub.get("a").expect("a");
         let b = hub.get("b").expect("b");
         std::fs::write(dir.path().join("missing.ctf"), "|f 4\n").expect("write");
-        let new = config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)]);
+        let new = config(
+            dir.path(),
+            &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
+        );
         let (hub2, changes) = hub.reopen(&new, &metrics);
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
@@ -305,6 +325,9 @@ mod tests {
         let old = config(dir.path(), &[("a", "a.ctf", 1), ("b", "b.ctf", 1)]);
         let new = config(dir.path(), &[("b", "b.ctf", 2), ("c", "c.ctf", 1)]);
         let d = diff(&old.datasets, &new.datasets);
-        assert_eq!((d.added, d.removed, d.changed, d.unchanged.len()), (vec!["c".to_owned()], vec!["a".to_owned()], vec!["b".to_owned()], 0));
+        assert_eq!(
+            (d.added, d.removed, d.changed, d.unchanged.len()),
+            (vec!["c".to_owned()], vec!["a".to_owned()], vec!["b".to_owned()], 0)
+        );
     }
 }

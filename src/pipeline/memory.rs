@@ -58,9 +58,17 @@ impl Sampler {
     /// Takes a sample (reads `/proc/meminfo` and this process's status).
     pub fn sample(&mut self) -> MemorySample {
         self.system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
-        let mut s = MemorySample { host_total: self.system.total_memory(), host_available: self.system.available_memory(), ..MemorySample::default() };
+        let mut s = MemorySample {
+            host_total: self.system.total_memory(),
+            host_available: self.system.available_memory(),
+            ..MemorySample::default()
+        };
         if let Some(pid) = self.pid {
-            self.system.refresh_processes_specifics(ProcessesToUpdate::Some(&[pid]), false, ProcessRefreshKind::nothing().with_memory());
+            self.system.refresh_processes_specifics(
+                ProcessesToUpdate::Some(&[pid]),
+                false,
+                ProcessRefreshKind::nothing().with_memory(),
+            );
             if let Some(p) = self.system.process(pid) {
                 s.process_resident = p.memory();
                 s.process_virtual = p.virtual_memory();
@@ -125,7 +133,10 @@ mod tests {
     fn the_cache_shrinks_before_sessions_are_refused() {
         let mut g = HostGuard::default();
         // Plenty of memory: no cap.
-        assert_eq!(g.judge(8000 * MIB, 512 * MIB, 300 * MIB, 300 * MIB, 1000 * MIB), HostVerdict { shortfall: 0, cache_cap: u64::MAX, refuse: false });
+        assert_eq!(
+            g.judge(8000 * MIB, 512 * MIB, 300 * MIB, 300 * MIB, 1000 * MIB),
+            HostVerdict { shortfall: 0, cache_cap: u64::MAX, refuse: false }
+        );
         // 100 MiB short, 300 MiB of evictable cache: the cache gives it up; nothing is refused.
         let v = g.judge(412 * MIB, 512 * MIB, 300 * MIB, 300 * MIB, 1000 * MIB);
         assert_eq!(v, HostVerdict { shortfall: 100 * MIB, cache_cap: 200 * MIB, refuse: false });

@@ -214,7 +214,11 @@ impl Shared {
         let to_parse = flume::bounded(d.read_queue_chunks);
         let parsed = flume::bounded(d.parsed_queue_chunks);
         let mut registry = Registry::new(0, 0, Duration::ZERO);
-        let parser_threads = if d.parser_threads == 0 { std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get) } else { d.parser_threads };
+        let parser_threads = if d.parser_threads == 0 {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        } else {
+            d.parser_threads
+        };
         apply_memory_limits(&mut registry, &config, &hub, parser_threads);
         let cache = Arc::new(SharedCache::new(registry.cache_budget(), requests.0.clone()));
         Self {
@@ -343,7 +347,10 @@ pub enum PipelineError {
 /// The `STATUS=` line for sd_notify.
 fn status_line(shared: &Shared) -> String {
     let (ready, failed) = shared.hub().counts();
-    format!("serving {ready} dataset(s){}", if failed > 0 { format!(", {failed} failed to open") } else { String::new() })
+    format!(
+        "serving {ready} dataset(s){}",
+        if failed > 0 { format!(", {failed} failed to open") } else { String::new() }
+    )
 }
 
 fn metrics_addr_path(state_dir: &Path) -> PathBuf {
@@ -353,7 +360,9 @@ fn metrics_addr_path(state_dir: &Path) -> PathBuf {
 /// Binds `metrics_listen` and records the actual address in `state_dir`.
 fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError> {
     let d = &config.daemon;
-    let listener = std::net::TcpListener::bind(&d.metrics_listen).map_err(|e| PipelineError::Fatal(format!("cannot listen on daemon.metrics_listen {}: {e}", d.metrics_listen)))?;
+    let listener = std::net::TcpListener::bind(&d.metrics_listen).map_err(|e| {
+        PipelineError::Fatal(format!("cannot listen on daemon.metrics_listen {}: {e}", d.metrics_listen))
+    })?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     std::fs::create_dir_all(&d.state_dir)?;
@@ -397,7 +406,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     result
 }
 
-async fn serve(shared: Arc<Shared>, notifier: Arc<notify::Notifier>, metrics_listener: std::net::TcpListener, mut signals: tokio::sync::mpsc::Receiver<signals::Signal>) -> Result<(), PipelineError> {
+async fn serve(
+    shared: Arc<Shared>,
+    notifier: Arc<notify::Notifier>,
+    metrics_listener: std::net::TcpListener,
+    mut signals: tokio::sync::mpsc::Receiver<signals::Signal>,
+) -> Result<(), PipelineError> {
     use actix::Actor;
     let listener = tokio::net::TcpListener::from_std(metrics_listener)?;
     let (s1, s2) = (shared.clone(), shared.clone());

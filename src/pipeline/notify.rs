@@ -29,7 +29,10 @@ fn address(socket: &OsString) -> std::io::Result<SocketAddr> {
             SocketAddr::from_abstract_name(&bytes[1..])
         }
         Some(b'/') => SocketAddr::from_pathname(std::path::Path::new(socket)),
-        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "NOTIFY_SOCKET is neither a path nor an abstract name")),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "NOTIFY_SOCKET is neither a path nor an abstract name",
+        )),
     }
 }
 
@@ -37,13 +40,23 @@ impl Notifier {
     /// From the environment (`NOTIFY_SOCKET`, `WATCHDOG_USEC`, `WATCHDOG_PID`).
     #[must_use]
     pub fn from_env() -> Self {
-        Self::from_vars(std::env::var_os("NOTIFY_SOCKET"), std::env::var("WATCHDOG_USEC").ok(), std::env::var("WATCHDOG_PID").ok(), std::process::id())
+        Self::from_vars(
+            std::env::var_os("NOTIFY_SOCKET"),
+            std::env::var("WATCHDOG_USEC").ok(),
+            std::env::var("WATCHDOG_PID").ok(),
+            std::process::id(),
+        )
     }
 
     /// From explicit values (tests). The watchdog applies when `watchdog_usec` is a positive
     /// number and `watchdog_pid` is absent or this `pid`.
     #[must_use]
-    pub fn from_vars(socket: Option<OsString>, watchdog_usec: Option<String>, watchdog_pid: Option<String>, pid: u32) -> Self {
+    pub fn from_vars(
+        socket: Option<OsString>,
+        watchdog_usec: Option<String>,
+        watchdog_pid: Option<String>,
+        pid: u32,
+    ) -> Self {
         // Non-blocking: a manager that does not read (a full queue) must never stall the event
         // loop; the message is dropped instead.
         let unbound = || UnixDatagram::unbound().and_then(|s| s.set_nonblocking(true).map(|()| s));
@@ -55,7 +68,10 @@ impl Notifier {
             }
         });
         let ours = watchdog_pid.as_deref().is_none_or(|p| p.trim().parse::<u32>().ok() == Some(pid));
-        let watchdog = watchdog_usec.and_then(|u| u.trim().parse::<u64>().ok()).filter(|&u| u > 0 && ours).map(|u| Duration::from_micros(u / 2).max(Duration::from_millis(10)));
+        let watchdog = watchdog_usec
+            .and_then(|u| u.trim().parse::<u64>().ok())
+            .filter(|&u| u > 0 && ours)
+            .map(|u| Duration::from_micros(u / 2).max(Duration::from_millis(10)));
         let watchdog = if target.is_some() { watchdog } else { None };
         Self { target, watchdog }
     }
@@ -92,7 +108,10 @@ impl Notifier {
     /// `RELOADING=1` (with `MONOTONIC_USEC`, as `Type=notify-reload` wants).
     pub fn reloading(&self) -> bool {
         let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-        let usec = u64::try_from(now.tv_sec).unwrap_or(0).saturating_mul(1_000_000).saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0) / 1000);
+        let usec = u64::try_from(now.tv_sec)
+            .unwrap_or(0)
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::try_from(now.tv_nsec).unwrap_or(0) / 1000);
         self.send(&format!("RELOADING=1\nSTATUS=reloading the configuration\nMONOTONIC_USEC={usec}"))
     }
 
@@ -141,7 +160,8 @@ mod tests {
     fn abstract_names_and_absence_are_handled() {
         let name = format!("@minibatchd-test-{}", std::process::id());
         use std::os::linux::net::SocketAddrExt;
-        let server = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(&name.as_bytes()[1..]).expect("addr")).expect("bind");
+        let server = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(&name.as_bytes()[1..]).expect("addr"))
+            .expect("bind");
         server.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
         let n = Notifier::from_vars(Some(name.into()), None, None, 1);
         assert!(n.stopping());

@@ -66,7 +66,8 @@ pub fn health(shared: &Shared) -> Result<(), String> {
         Phase::Stopping => return Err("stopping".into()),
         Phase::Serving => {}
     }
-    let down: Vec<&str> = STAGES.iter().enumerate().filter(|(i, _)| !shared.health.stage_up(*i)).map(|(_, s)| *s).collect();
+    let down: Vec<&str> =
+        STAGES.iter().enumerate().filter(|(i, _)| !shared.health.stage_up(*i)).map(|(_, s)| *s).collect();
     if down.is_empty() {
         Ok(())
     } else {
@@ -112,7 +113,13 @@ fn sample_memory(shared: &Shared, sampler: &mut Sampler, guard: &mut HostGuard) 
     m.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
     let was_short = shared.host.shortfall.swap(v.shortfall, Ordering::Relaxed) > 0;
     if v.shortfall > 0 && !was_short {
-        tracing::warn!(available = s.host_available, reserve, shortfall = v.shortfall, cache_cap = v.cache_cap, "the host is short of memory; shrinking the chunk cache");
+        tracing::warn!(
+            available = s.host_available,
+            reserve,
+            shortfall = v.shortfall,
+            cache_cap = v.cache_cap,
+            "the host is short of memory; shrinking the chunk cache"
+        );
     } else if v.shortfall == 0 && was_short {
         tracing::info!(available = s.host_available, reserve, "host memory recovered");
     }

@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::metrics::SessionMetrics;
+use minibatchd_client::protocol::{ErrorCode, MinibatchMeta};
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
-use crate::metrics::SessionMetrics;
 use minibatchd_engine::minibatch::{gather, ChunkMap, ChunkSource, Gathered};
-use minibatchd_client::protocol::{ErrorCode, MinibatchMeta};
 use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{LayoutError, Ring};
 use minibatchd_sys::MemfdMemory;
@@ -142,7 +142,10 @@ pub struct Producer {
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer").field("dataset", &self.planner.runtime.name).field("next_index", &self.planner.next_index).finish_non_exhaustive()
+        f.debug_struct("Producer")
+            .field("dataset", &self.planner.runtime.name)
+            .field("next_index", &self.planner.next_index)
+            .finish_non_exhaustive()
     }
 }
 
@@ -179,8 +182,29 @@ impl Producer {
     /// counting into `metrics`.
     #[must_use]
     #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
-    pub fn new(runtime: Arc<DatasetRuntime>, cache: Arc<SharedCache>, sampler: Sampler, ring: Ring<MemfdMemory>, minibatch_size: usize, frame_mode: bool, next_index: u64, metrics: SessionMetrics) -> Self {
-        Self { planner: Planner { runtime, cache, sampler, minibatch_size, frame_mode, next_index, held: ChunkMap::default(), metrics }, ring }
+    pub fn new(
+        runtime: Arc<DatasetRuntime>,
+        cache: Arc<SharedCache>,
+        sampler: Sampler,
+        ring: Ring<MemfdMemory>,
+        minibatch_size: usize,
+        frame_mode: bool,
+        next_index: u64,
+        metrics: SessionMetrics,
+    ) -> Self {
+        Self {
+            planner: Planner {
+                runtime,
+                cache,
+                sampler,
+                minibatch_size,
+                frame_mode,
+                next_index,
+                held: ChunkMap::default(),
+                metrics,
+            },
+            ring,
+        }
     }
 
     /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
@@ -198,9 +222,14 @@ impl Producer {
         std::thread::scope(|scope| {
             let filler = std::thread::Builder::new()
                 .name(format!("mbd-fill-{}", filler_runtime.index))
-                .spawn_scoped(scope, move || fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop));
+                .spawn_scoped(scope, move || {
+                    fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop)
+                });
             if let Err(e) = filler {
-                let _ = events.send(ProducerEvent::Failed { code: ErrorCode::Internal, message: format!("cannot start the session's filler thread: {e}") });
+                let _ = events.send(ProducerEvent::Failed {
+                    code: ErrorCode::Internal,
+                    message: format!("cannot start the session's filler thread: {e}"),
+                });
                 return;
             }
             planner.run(free, &steps, stop);
@@ -225,8 +254,22 @@ impl Planner {
             }
         }
         self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
-        let mut source = SessionChunks { dataset: ds, held: std::mem::take(&mut self.held), cache: &self.cache, stop, waited: Duration::ZERO, wanted };
-        let built = gather(self.next_index, &plan, self.runtime.dataset.timeline(), &self.runtime.shapes, self.frame_mode, &mut source);
+        let mut source = SessionChunks {
+            dataset: ds,
+            held: std::mem::take(&mut self.held),
+            cache: &self.cache,
+            stop,
+            waited: Duration::ZERO,
+            wanted,
+        };
+        let built = gather(
+            self.next_index,
+            &plan,
+            self.runtime.dataset.timeline(),
+            &self.runtime.shapes,
+            self.frame_mode,
+            &mut source,
+        );
         self.held = source.held;
         let waited = source.waited;
         self.metrics.chunk_wait_seconds.inc_by(waited.as_secs_f64());
@@ -240,7 +283,8 @@ impl Planner {
         }
         self.next_index = self.next_index.saturating_add(1);
         let seq_len = &self.runtime.dataset.timeline().seq_len;
-        let samples: u64 = plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
+        let samples: u64 =
+            plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(waited).as_secs_f64());
         Ok(Some(Located { slot, mb, samples }))
     }
@@ -263,7 +307,9 @@ impl Planner {
             self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
             let step = match self.locate(slot, stop) {
                 Ok(Some(located)) => Step::Fill(Box::new(located)),
-                Ok(None) => Step::Event(ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index }),
+                Ok(None) => {
+                    Step::Event(ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index })
+                }
                 Err(ProduceError::Stopped) => return,
                 Err(e) => Step::Event(ProducerEvent::Failed { code: e.code(), message: e.to_string() }),
             };
@@ -277,7 +323,14 @@ impl Planner {
 }
 
 /// The filler thread: copies each located minibatch into its slot and announces it, in order.
-fn fill(mut ring: Ring<MemfdMemory>, names: &[String], metrics: &SessionMetrics, steps: &flume::Receiver<Step>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
+fn fill(
+    mut ring: Ring<MemfdMemory>,
+    names: &[String],
+    metrics: &SessionMetrics,
+    steps: &flume::Receiver<Step>,
+    events: &flume::Sender<ProducerEvent>,
+    stop: &AtomicBool,
+) {
     for step in steps.iter() {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -292,7 +345,12 @@ fn fill(mut ring: Ring<MemfdMemory>, names: &[String], metrics: &SessionMetrics,
                         metrics.samples.inc_by(samples);
                         metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
                         metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
-                        let meta = MinibatchMeta { index: mb.index, sweep: mb.sweep, end_of_sweep: mb.end_of_sweep, position: mb.position };
+                        let meta = MinibatchMeta {
+                            index: mb.index,
+                            sweep: mb.sweep,
+                            end_of_sweep: mb.end_of_sweep,
+                            position: mb.position,
+                        };
                         ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
                     }
                     Err(e) => {

@@ -51,7 +51,8 @@ pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
     for d in c.datasets.values() {
         for s in &d.sources {
-            minibatchd_engine::dataset::resolve_files(&s.files).map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
+            minibatchd_engine::dataset::resolve_files(&s.files)
+                .map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
         }
     }
     Ok(c)
@@ -60,7 +61,15 @@ pub fn validate(path: &Path) -> Result<Config, ValidateError> {
 /// The `[daemon]` keys a reload applies at once.
 #[must_use]
 pub fn hot_daemon_keys() -> &'static [&'static str] {
-    &["memory_limit_bytes", "ring_slots", "slot_size_bytes", "session_linger_secs", "shutdown_grace_secs", "checkpoint_interval_secs", "host_memory_reserve_bytes"]
+    &[
+        "memory_limit_bytes",
+        "ring_slots",
+        "slot_size_bytes",
+        "session_linger_secs",
+        "shutdown_grace_secs",
+        "checkpoint_interval_secs",
+        "host_memory_reserve_bytes",
+    ]
 }
 
 /// The `[daemon]` section in force after a reload from `old` to `new`, and the keys that changed

@@ -50,10 +50,16 @@ pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixL
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if !meta.file_type().is_socket() {
-            return Err(std::io::Error::new(std::io::ErrorKind::AlreadyExists, format!("{} exists and is not a socket", path.display())));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
         }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("another daemon is listening on {}", path.display())));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("another daemon is listening on {}", path.display()),
+            ));
         }
         std::fs::remove_file(path)?;
     }

@@ -53,7 +53,12 @@ pub struct ResolvedOptions {
 ///
 /// # Errors
 /// A message naming every invalid option.
-pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64, default_slot_size: u64) -> Result<ResolvedOptions, String> {
+pub fn resolve_options(
+    o: &SessionOptions,
+    d: &DatasetConfig,
+    default_slots: u64,
+    default_slot_size: u64,
+) -> Result<ResolvedOptions, String> {
     let mut problems = Vec::new();
     let minibatch_size = match o.minibatch_size {
         Some(n) if n >= 1 && n <= i32::MAX as u64 => n as usize,
@@ -66,7 +71,10 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
             1
         }
     };
-    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()].iter().filter(|&&b| b).count();
+    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()]
+        .iter()
+        .filter(|&&b| b)
+        .count();
     if limits > 1 {
         problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
     }
@@ -100,7 +108,10 @@ pub fn resolve_options(o: &SessionOptions, d: &DatasetConfig, default_slots: u64
         problems.push(format!("slot_size_bytes {slot_size_bytes} is out of range 4096..={MAX_SLOT_SIZE_BYTES}"));
     }
     if let Some(name) = &o.session {
-        if name.is_empty() || name.len() > MAX_SESSION_NAME || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b)) {
+        if name.is_empty()
+            || name.len() > MAX_SESSION_NAME
+            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b))
+        {
             problems.push(format!("session name must be 1..={MAX_SESSION_NAME} characters of [A-Za-z0-9-_.:@]"));
         }
     }
@@ -180,10 +191,16 @@ pub fn check_resume(state: &SessionState, dataset: &str, identity: u64, options:
         return Err(format!("the state belongs to dataset '{}', not '{dataset}'", state.dataset));
     }
     if state.data_identity != hex64(identity) {
-        return Err(format!("the state was saved on other data (identity {} vs {})", state.data_identity, hex64(identity)));
+        return Err(format!(
+            "the state was saved on other data (identity {} vs {})",
+            state.data_identity,
+            hex64(identity)
+        ));
     }
     if state.options_hash != hex64(options) {
-        return Err("the state was saved with other sampling options (randomize, window, seed or epoch limit)".to_owned());
+        return Err(
+            "the state was saved with other sampling options (randomize, window, seed or epoch limit)".to_owned()
+        );
     }
     Ok(())
 }
@@ -369,7 +386,16 @@ impl Registry {
     /// A registry with `memory_limit_bytes = limit`, of which `cache_floor` stays for chunks.
     #[must_use]
     pub fn new(limit: u64, cache_floor: u64, linger: Duration) -> Self {
-        Self { active: HashMap::new(), lingering: HashMap::new(), linger, limit, cache_floor: cache_floor.min(limit), rings: 0, buffers: 0, next_id: 1 }
+        Self {
+            active: HashMap::new(),
+            lingering: HashMap::new(),
+            linger,
+            limit,
+            cache_floor: cache_floor.min(limit),
+            rings: 0,
+            buffers: 0,
+            next_id: 1,
+        }
     }
 
     /// Applies new limits (a configuration reload). Rings already reserved stay; a lower limit
@@ -441,7 +467,12 @@ impl Registry {
     /// Every connected (opened) and lingering session, by name, for a checkpoint.
     pub fn snapshot(&mut self, now: Instant) -> Vec<SavedSession> {
         self.expire(now);
-        let mut out: Vec<SavedSession> = self.active.values().filter_map(|e| e.saved.clone()).chain(self.lingering.values().map(|l| l.saved.clone())).collect();
+        let mut out: Vec<SavedSession> = self
+            .active
+            .values()
+            .filter_map(|e| e.saved.clone())
+            .chain(self.lingering.values().map(|l| l.saved.clone()))
+            .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
@@ -526,12 +557,20 @@ mod tests {
     #[test]
     fn options_resolve_with_dataset_defaults_and_report_every_problem() {
         let d = dataset();
-        let o = SessionOptions { minibatch_size: Some(8), max_sweeps: Some(2), seed: Some(3), ..SessionOptions::default() };
+        let o =
+            SessionOptions { minibatch_size: Some(8), max_sweeps: Some(2), seed: Some(3), ..SessionOptions::default() };
         let r = resolve_options(&o, &d, 4, 1 << 20).expect("valid");
         assert_eq!(r.sampling.limit, EpochLimit::Sweeps(2));
         assert_eq!(r.sampling.window, d.sampling.window);
         assert_eq!((r.slots, r.sampling.seed, r.sampling.num_workers), (4, 3, 1));
-        let bad = SessionOptions { max_sweeps: Some(1), full_sweep: true, rank: Some(2), num_workers: Some(2), prefetch: Some(1), ..SessionOptions::default() };
+        let bad = SessionOptions {
+            max_sweeps: Some(1),
+            full_sweep: true,
+            rank: Some(2),
+            num_workers: Some(2),
+            prefetch: Some(1),
+            ..SessionOptions::default()
+        };
         let e = resolve_options(&bad, &d, 4, 1 << 20).expect_err("invalid");
         for part in ["minibatch_size is required", "at most one", "rank 2", "prefetch 1"] {
             assert!(e.contains(part), "{e}");
@@ -541,9 +580,27 @@ mod tests {
     #[test]
     fn options_hash_ignores_minibatch_size_and_rank_but_not_seed() {
         let d = dataset();
-        let a = resolve_options(&SessionOptions { minibatch_size: Some(8), ..SessionOptions::default() }, &d, 4, 4096).expect("a");
-        let b = resolve_options(&SessionOptions { minibatch_size: Some(3), num_workers: Some(2), rank: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("b");
-        let c = resolve_options(&SessionOptions { minibatch_size: Some(8), seed: Some(1), ..SessionOptions::default() }, &d, 4, 4096).expect("c");
+        let a = resolve_options(&SessionOptions { minibatch_size: Some(8), ..SessionOptions::default() }, &d, 4, 4096)
+            .expect("a");
+        let b = resolve_options(
+            &SessionOptions {
+                minibatch_size: Some(3),
+                num_workers: Some(2),
+                rank: Some(1),
+                ..SessionOptions::default()
+            },
+            &d,
+            4,
+            4096,
+        )
+        .expect("b");
+        let c = resolve_options(
+            &SessionOptions { minibatch_size: Some(8), seed: Some(1), ..SessionOptions::default() },
+            &d,
+            4,
+            4096,
+        )
+        .expect("c");
         assert_eq!(options_hash(&a.sampling, false), options_hash(&b.sampling, false));
         assert_ne!(options_hash(&a.sampling, false), options_hash(&a.sampling, true));
         assert_ne!(options_hash(&a.sampling, false), options_hash(&c.sampling, false));
@@ -551,7 +608,14 @@ mod tests {
 
     #[test]
     fn resume_checks_dataset_identity_and_options() {
-        let s = SessionState { version: 1, dataset: "t".into(), position: 5, minibatches: 1, data_identity: hex64(7), options_hash: hex64(9) };
+        let s = SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: 5,
+            minibatches: 1,
+            data_identity: hex64(7),
+            options_hash: hex64(9),
+        };
         assert!(check_resume(&s, "t", 7, 9).is_ok());
         assert!(check_resume(&s, "u", 7, 9).expect_err("dataset").contains("dataset"));
         assert!(check_resume(&s, "t", 8, 9).expect_err("data").contains("other data"));
@@ -576,7 +640,14 @@ mod tests {
 
     #[test]
     fn position_counts_only_taken_minibatches() {
-        let start = SessionState { version: 1, dataset: "t".into(), position: 10, minibatches: 2, data_identity: String::new(), options_hash: String::new() };
+        let start = SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: 10,
+            minibatches: 2,
+            data_identity: String::new(),
+            options_hash: String::new(),
+        };
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
             p.announced(MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: pos });
@@ -599,7 +670,14 @@ mod tests {
         r.set_buffers(0);
         assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
         assert_eq!(r.claim("a", 2, t0), Err(RegistryError::Busy("a".into())));
-        let st = SessionState { version: 1, dataset: "t".into(), position: 4, minibatches: 1, data_identity: String::new(), options_hash: String::new() };
+        let st = SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: 4,
+            minibatches: 1,
+            data_identity: String::new(),
+            options_hash: String::new(),
+        };
         r.park("a", st.clone(), t0);
         assert_eq!(r.claim("a", 3, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone())));
         r.park("a", st, t0);
@@ -623,7 +701,14 @@ mod tests {
     fn the_registry_snapshots_connected_and_lingering_sessions_and_restores_them() {
         let t0 = Instant::now();
         let mut r = Registry::new(1000, 200, Duration::from_secs(10));
-        let st = |p| SessionState { version: 1, dataset: "t".into(), position: p, minibatches: p / 4, data_identity: "i".into(), options_hash: "o".into() };
+        let st = |p| SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: p,
+            minibatches: p / 4,
+            data_identity: "i".into(),
+            options_hash: "o".into(),
+        };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
         r.record(SavedSession { name: "a".into(), options: opts.clone(), state: st(0) });
@@ -631,14 +716,21 @@ mod tests {
         assert_eq!(r.claim("b", 2, t0), Ok(Claim::Fresh));
         r.park("b", st(4), t0);
         let snap = r.snapshot(t0);
-        assert_eq!(snap.iter().map(|s| (s.name.as_str(), s.state.position)).collect::<Vec<_>>(), vec![("a", 8), ("b", 4)]);
+        assert_eq!(
+            snap.iter().map(|s| (s.name.as_str(), s.state.position)).collect::<Vec<_>>(),
+            vec![("a", 8), ("b", 4)]
+        );
         assert_eq!(snap[0].options, opts, "options are kept");
         let mut fresh = Registry::new(1000, 200, Duration::from_secs(10));
         assert_eq!(fresh.restore(snap.clone(), t0), 2);
         assert_eq!(fresh.counts(), (0, 2));
         assert_eq!(fresh.claim("a", 1, t0), Ok(Claim::Resume(st(8))));
         fresh.park("a", st(12), t0);
-        assert_eq!(fresh.snapshot(t0).iter().find(|s| s.name == "a").map(|s| s.options.clone()), Some(opts), "options survive a re-park");
+        assert_eq!(
+            fresh.snapshot(t0).iter().find(|s| s.name == "a").map(|s| s.options.clone()),
+            Some(opts),
+            "options survive a re-park"
+        );
         assert_eq!(Registry::new(1000, 200, Duration::ZERO).restore(snap, t0), 0, "no lingering: nothing to restore");
     }
 }

@@ -52,7 +52,9 @@ impl Listener {
                 let Some(signal) = classify(raw) else { continue };
                 let sent = match signal {
                     // One queued reload is enough.
-                    Signal::Reload => !matches!(tx.try_send(signal), Err(tokio::sync::mpsc::error::TrySendError::Closed(_))),
+                    Signal::Reload => {
+                        !matches!(tx.try_send(signal), Err(tokio::sync::mpsc::error::TrySendError::Closed(_)))
+                    }
                     Signal::Shutdown(_) => tx.blocking_send(signal).is_ok(),
                 };
                 if !sent {

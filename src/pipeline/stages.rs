@@ -84,14 +84,12 @@ impl StreamHandler<ChunkRequest> for ChunkReader {
         self.busy.inc_by(started.elapsed().as_secs_f64());
         let tx = self.shared.channels.to_parse.0.clone();
         // `wait` holds further requests until the parser queue takes this one: back-pressure.
-        ctx.wait(
-            async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
-                if sent.is_err() {
-                    tracing::error!("the parser queue is gone; the reader stops");
-                    ctx.stop();
-                }
-            }),
-        );
+        ctx.wait(async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
+            if sent.is_err() {
+                tracing::error!("the parser queue is gone; the reader stops");
+                ctx.stop();
+            }
+        }));
     }
 }
 
@@ -122,7 +120,10 @@ impl Actor for ParserWorker {
 impl ParserWorker {
     fn parse(&self, req: ChunkRequest) -> ParsedMsg {
         let Some(rt) = self.shared.runtime(req.key.0) else {
-            return ParsedMsg { key: req.key, result: Err(format!("no dataset with index {} (removed by a reload)", req.key.0)) };
+            return ParsedMsg {
+                key: req.key,
+                result: Err(format!("no dataset with index {} (removed by a reload)", req.key.0)),
+            };
         };
         let started = Instant::now();
         // A decoder bug must not take a parser thread (and so the daemon) down: the chunk fails.
@@ -213,7 +214,12 @@ impl Actor for ParserPool {
         let threads = self.shared.parser_threads;
         let (shared, stop, pool) = (self.shared.clone(), self.stop.clone(), ctx.address());
         let busy = shared.metrics.stage_busy(Stage::Parsers.name());
-        let workers = SyncArbiter::start(threads, move || ParserWorker { shared: shared.clone(), stop: stop.clone(), pool: pool.clone(), busy: busy.clone() });
+        let workers = SyncArbiter::start(threads, move || ParserWorker {
+            shared: shared.clone(),
+            stop: stop.clone(),
+            pool: pool.clone(),
+            busy: busy.clone(),
+        });
         for _ in 0..threads {
             workers.do_send(RunParser);
         }

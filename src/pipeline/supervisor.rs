@@ -83,7 +83,14 @@ pub struct RestartPolicy {
 
 impl Default for RestartPolicy {
     fn default() -> Self {
-        Self { max_restarts: 5, window: Duration::from_secs(60), base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(5), recent: VecDeque::new(), total: 0 }
+        Self {
+            max_restarts: 5,
+            window: Duration::from_secs(60),
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            recent: VecDeque::new(),
+            total: 0,
+        }
     }
 }
 
@@ -155,7 +162,13 @@ impl Supervisor {
     /// A supervisor; `fatal` receives a message if a stage cannot be kept running.
     #[must_use]
     pub fn new(shared: Arc<Shared>, fatal: tokio::sync::oneshot::Sender<String>) -> Self {
-        Self { shared, addrs: Addrs::default(), policies: Stage::ORDER.iter().map(|&s| (s, RestartPolicy::default())).collect(), shutting_down: false, fatal: Some(fatal) }
+        Self {
+            shared,
+            addrs: Addrs::default(),
+            policies: Stage::ORDER.iter().map(|&s| (s, RestartPolicy::default())).collect(),
+            shutting_down: false,
+            fatal: Some(fatal),
+        }
     }
 
     fn set_up(&self, stage: Stage, up: bool) {
@@ -207,7 +220,12 @@ impl Handler<StageStopped> for Supervisor {
         match policy.on_stop(Instant::now()) {
             Decision::Restart(delay) => {
                 self.shared.metrics.stage_restarts.with_label_values(&[stage.name()]).inc();
-                tracing::warn!(stage = stage.name(), restarts = policy.total, delay_ms = delay.as_millis() as u64, "stage stopped; restarting");
+                tracing::warn!(
+                    stage = stage.name(),
+                    restarts = policy.total,
+                    delay_ms = delay.as_millis() as u64,
+                    "stage stopped; restarting"
+                );
                 ctx.run_later(delay, move |act, ctx| {
                     if !act.shutting_down {
                         act.start_stage(stage, ctx);
@@ -215,7 +233,12 @@ impl Handler<StageStopped> for Supervisor {
                 });
             }
             Decision::GiveUp => {
-                let msg = format!("stage '{}' stopped {} times within {:?}; giving up", stage.name(), policy.max_restarts + 1, policy.window);
+                let msg = format!(
+                    "stage '{}' stopped {} times within {:?}; giving up",
+                    stage.name(),
+                    policy.max_restarts + 1,
+                    policy.window
+                );
                 tracing::error!("{msg}");
                 if let Some(tx) = self.fatal.take() {
                     let _ = tx.send(msg);
@@ -265,7 +288,10 @@ impl Handler<Shutdown> for Supervisor {
                 // last position (the connections end by themselves when it is over).
                 let grace = Duration::from_secs(shared.config().daemon.shutdown_grace_secs) + GRACE_MARGIN;
                 if tokio::time::timeout(grace, shared.connections.wait_idle()).await.is_err() {
-                    tracing::warn!(connections = shared.connections.count(), "connections still open after the grace period");
+                    tracing::warn!(
+                        connections = shared.connections.count(),
+                        "connections still open after the grace period"
+                    );
                 }
                 if let Some(a) = delivery {
                     let _ = a.send(StopStage).await;
@@ -331,9 +357,19 @@ mod tests {
             loop {
                 let counts = sup.send(RestartCounts).await.expect("counts");
                 let restarted = |s: Stage| counts.iter().any(|&(st, n)| st == s && n == 1);
-                if restarted(Stage::Reader) && restarted(Stage::Sessions) && socket.exists() && shared_probe.health.stage_up(Stage::Sessions.index()) {
-                    assert!(shared_probe.metrics.render().contains("minibatchd_stage_restarts_total{stage=\"reader\"} 1"));
-                    assert!(counts.iter().all(|&(st, n)| n == 0 || st == Stage::Reader || st == Stage::Sessions), "{counts:?}");
+                if restarted(Stage::Reader)
+                    && restarted(Stage::Sessions)
+                    && socket.exists()
+                    && shared_probe.health.stage_up(Stage::Sessions.index())
+                {
+                    assert!(shared_probe
+                        .metrics
+                        .render()
+                        .contains("minibatchd_stage_restarts_total{stage=\"reader\"} 1"));
+                    assert!(
+                        counts.iter().all(|&(st, n)| n == 0 || st == Stage::Reader || st == Stage::Sessions),
+                        "{counts:?}"
+                    );
                     break;
                 }
                 assert!(Instant::now() < deadline, "not restarted: {counts:?}");

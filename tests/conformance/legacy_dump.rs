@@ -318,12 +318,8 @@ pub fn column_order(seq_lens: &[usize]) -> Vec<(usize, usize)> {
 ///
 /// `sample(seq, k)` returns the `dim` dense values of sample `k` of sequence `seq` (a sparse
 /// sample converted to dense: zero-filled, last duplicate index wins).
-pub fn dump_stream<'a, F, V>(
-    out: &mut String,
-    seq_lens: &[usize],
-    mut sample: F,
-    format: impl Fn(V) -> String,
-) where
+pub fn dump_stream<'a, F, V>(out: &mut String, seq_lens: &[usize], mut sample: F, format: impl Fn(V) -> String)
+where
     F: FnMut(usize, usize) -> &'a [V],
     V: Copy + 'a,
 {
@@ -344,9 +340,7 @@ pub fn dump_stream<'a, F, V>(
 /// differs from both `str::split_whitespace` (Unicode spaces) and `split_ascii_whitespace`
 /// (which does not treat `\v` as a separator).
 pub fn tokens(s: &str) -> Vec<&str> {
-    s.split([' ', '\t', '\n', '\u{0b}', '\u{0c}', '\r'])
-        .filter(|t| !t.is_empty())
-        .collect()
+    s.split([' ', '\t', '\n', '\u{0b}', '\u{0c}', '\r']).filter(|t| !t.is_empty()).collect()
 }
 
 #[cfg(test)]
@@ -453,19 +447,13 @@ mod tests {
         // Long sequence last: the width is the global max, decided before placement.
         assert_eq!(pack_layout(&[1, 1, 5]), (2, 5, vec![(0, 0), (0, 1), (1, 0)]));
         // Start of 50x20_jagged_sequences_dense.txt: lengths 5, 3, 10, 15, 12, 7.
-        assert_eq!(
-            pack_layout(&[5, 3, 10, 15, 12, 7]),
-            (4, 15, vec![(0, 0), (0, 5), (1, 0), (2, 0), (3, 0), (0, 8)])
-        );
+        assert_eq!(pack_layout(&[5, 3, 10, 15, 12, 7]), (4, 15, vec![(0, 0), (0, 5), (1, 0), (2, 0), (3, 0), (0, 8)]));
     }
 
     #[test]
     fn column_order_interleaves_rows_by_time() {
         // 3 sequences of 2: j = t*S + s
-        assert_eq!(
-            column_order(&[2, 2, 2]),
-            vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
-        );
+        assert_eq!(column_order(&[2, 2, 2]), vec![(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]);
         // ref_data_with_escape_sequences labels: lengths 2, 1, 1 -> S=2, T=2, seq 2 at (1, 1).
         assert_eq!(column_order(&[2, 1, 1]), vec![(0, 0), (1, 0), (0, 1), (2, 0)]);
     }
@@ -475,10 +463,7 @@ mod tests {
         // [3, 1]: row 1 has gaps at t = 1, 2.
         assert_eq!(column_order(&[3, 1]), vec![(0, 0), (1, 0), (0, 1), (0, 2)]);
         // [2, 3, 1]: row 0 = seq0 t0..2 + seq2 t2; row 1 = seq1 t0..3; no gaps.
-        assert_eq!(
-            column_order(&[2, 3, 1]),
-            vec![(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (1, 2)]
-        );
+        assert_eq!(column_order(&[2, 3, 1]), vec![(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (1, 2)]);
         // [4, 2, 2, 1]: row 2 has gaps at t = 1..4.
         assert_eq!(
             column_order(&[4, 2, 2, 1]),
@@ -500,10 +485,7 @@ mod tests {
 
     #[test]
     fn dump_stream_matches_output_matrix() {
-        let seqs: Vec<Vec<Vec<f32>>> = vec![
-            vec![vec![1.0, 0.0], vec![2.0, 0.5]],
-            vec![vec![-1.43867e-7, 1e6]],
-        ];
+        let seqs: Vec<Vec<Vec<f32>>> = vec![vec![vec![1.0, 0.0], vec![2.0, 0.5]], vec![vec![-1.43867e-7, 1e6]]];
         let lens: Vec<usize> = seqs.iter().map(Vec::len).collect();
         let mut out = String::new();
         dump_stream(&mut out, &lens, |s, k| seqs[s][k].as_slice(), format_g_f32);

@@ -373,7 +373,8 @@ pub enum FrameError {
 /// Serialises `msg` as one frame (length prefix included).
 #[must_use]
 pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
-    let body = serde_json::to_vec(msg).unwrap_or_else(|e| format!("{{\"type\":\"error\",\"code\":\"internal\",\"message\":\"{e}\"}}").into_bytes());
+    let body = serde_json::to_vec(msg)
+        .unwrap_or_else(|e| format!("{{\"type\":\"error\",\"code\":\"internal\",\"message\":\"{e}\"}}").into_bytes());
     let mut out = Vec::with_capacity(body.len() + 4);
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&body);
@@ -438,7 +439,12 @@ pub fn encode_ready_binary(slot: u64, generation: u64, meta: &MinibatchMeta) -> 
 
 /// A whole binary `release` frame (length prefix included), version 2.
 #[must_use]
-pub fn encode_release_binary(slot: u64, generation: u64, taken: u64, wait_ns: Option<u64>) -> [u8; 4 + BINARY_RELEASE_BYTES] {
+pub fn encode_release_binary(
+    slot: u64,
+    generation: u64,
+    taken: u64,
+    wait_ns: Option<u64>,
+) -> [u8; 4 + BINARY_RELEASE_BYTES] {
     let mut out = [0u8; 4 + BINARY_RELEASE_BYTES];
     out[..4].copy_from_slice(&(BINARY_RELEASE_BYTES as u32).to_le_bytes());
     out[4] = BINARY_RELEASE;
@@ -471,7 +477,10 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
     match body.first() {
         Some(&BINARY_RELEASE) => {
             if body.len() != BINARY_RELEASE_BYTES {
-                return Err(FrameError::Invalid(format!("binary release of {} bytes, expected {BINARY_RELEASE_BYTES}", body.len())));
+                return Err(FrameError::Invalid(format!(
+                    "binary release of {} bytes, expected {BINARY_RELEASE_BYTES}",
+                    body.len()
+                )));
             }
             if body[1] > 1 || body[2] != 0 || body[3] != 0 {
                 return Err(FrameError::Invalid("binary release with unknown flags".into()));
@@ -483,7 +492,9 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
                 wait_ns: (body[1] == 1).then(|| u64_at(body, 24)),
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}"))),
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
+            Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}")))
+        }
         _ => decode(body),
     }
 }
@@ -496,7 +507,10 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
     match body.first() {
         Some(&BINARY_READY) => {
             if body.len() != BINARY_READY_BYTES {
-                return Err(FrameError::Invalid(format!("binary ready of {} bytes, expected {BINARY_READY_BYTES}", body.len())));
+                return Err(FrameError::Invalid(format!(
+                    "binary ready of {} bytes, expected {BINARY_READY_BYTES}",
+                    body.len()
+                )));
             }
             if body[1] > 1 || body[2] != 0 || body[3] != 0 {
                 return Err(FrameError::Invalid("binary ready with unknown flags".into()));
@@ -504,10 +518,17 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
             Ok(ServerMessage::Ready {
                 slot: u64::from(u32_at(body, 4)),
                 generation: u64_at(body, 8),
-                minibatch: MinibatchMeta { index: u64_at(body, 16), sweep: u64_at(body, 24), end_of_sweep: body[1] == 1, position: u64_at(body, 32) },
+                minibatch: MinibatchMeta {
+                    index: u64_at(body, 16),
+                    sweep: u64_at(body, 24),
+                    end_of_sweep: body[1] == 1,
+                    position: u64_at(body, 32),
+                },
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}"))),
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
+            Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}")))
+        }
         _ => decode(body),
     }
 }
@@ -567,14 +588,19 @@ mod tests {
     fn wire_names_are_stable() {
         let hello: ClientMessage = decode(br#"{"type":"hello","version":1}"#).expect("hello");
         assert_eq!(hello, ClientMessage::Hello { version: 1, client: None });
-        let e = String::from_utf8(encode(&ServerMessage::error(ErrorCode::VersionMismatch, "x"))[4..].to_vec()).expect("utf8");
+        let e = String::from_utf8(encode(&ServerMessage::error(ErrorCode::VersionMismatch, "x"))[4..].to_vec())
+            .expect("utf8");
         assert_eq!(e, r#"{"type":"error","code":"version_mismatch","message":"x"}"#);
         // Optional fields are left out when absent, so old daemons still accept new clients.
-        let release = String::from_utf8(encode(&ClientMessage::Release { slot: 1, generation: 2, taken: Some(3), wait_ns: None })[4..].to_vec()).expect("utf8");
+        let release = String::from_utf8(
+            encode(&ClientMessage::Release { slot: 1, generation: 2, taken: Some(3), wait_ns: None })[4..].to_vec(),
+        )
+        .expect("utf8");
         assert_eq!(release, r#"{"type":"release","slot":1,"generation":2,"taken":3}"#);
         let with_wait: ClientMessage = decode(br#"{"type":"state","taken":1,"wait_ns":5}"#).expect("state");
         assert_eq!(with_wait, ClientMessage::State { taken: Some(1), wait_ns: Some(5) });
-        let old_hello: ServerMessage = decode(br#"{"type":"hello","version":1,"daemon_id":"0","server":"x"}"#).expect("hello without features");
+        let old_hello: ServerMessage =
+            decode(br#"{"type":"hello","version":1,"daemon_id":"0","server":"x"}"#).expect("hello without features");
         assert!(matches!(old_hello, ServerMessage::Hello { features, .. } if features.is_empty()));
     }
 
@@ -585,13 +611,22 @@ mod tests {
         let mut fb = FrameBuffer::default();
         fb.push(&frame);
         let body = fb.next_frame().expect("ok").expect("a frame");
-        assert_eq!(decode_server(&body).expect("ready"), ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta });
+        assert_eq!(
+            decode_server(&body).expect("ready"),
+            ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta }
+        );
         // The layout, byte for byte, as documented (and as the Python client packs it).
         assert_eq!(&frame[..12], &[40, 0, 0, 0, 1, 1, 0, 0, 5, 0, 0, 0]);
         let release = encode_release_binary(3, 9, 11, Some(13));
-        assert_eq!(decode_client(&release[4..]).expect("release"), ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: Some(13) });
+        assert_eq!(
+            decode_client(&release[4..]).expect("release"),
+            ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: Some(13) }
+        );
         let no_wait = encode_release_binary(3, 9, 11, None);
-        assert_eq!(decode_client(&no_wait[4..]).expect("release"), ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: None });
+        assert_eq!(
+            decode_client(&no_wait[4..]).expect("release"),
+            ClientMessage::Release { slot: 3, generation: 9, taken: Some(11), wait_ns: None }
+        );
         assert!(decode_client(&release[4..20]).is_err(), "truncated");
         let mut flags = release;
         flags[5] = 7;
@@ -600,7 +635,10 @@ mod tests {
         assert!(decode_client(&[0x7f, 0, 0]).is_err(), "unknown tag");
         assert!(decode_client(&[BINARY_READY; 40]).is_err(), "a ready is not a client message");
         // JSON still decodes, with leading whitespace too.
-        assert_eq!(decode_client(b" {\"type\":\"close\"}").expect("json"), ClientMessage::Close { taken: None, wait_ns: None });
+        assert_eq!(
+            decode_client(b" {\"type\":\"close\"}").expect("json"),
+            ClientMessage::Close { taken: None, wait_ns: None }
+        );
     }
 
     proptest::proptest! {

@@ -30,9 +30,12 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use minibatchd_shm::Minibatch;
-use crate::protocol::{self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION};
+use crate::protocol::{
+    self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions,
+    SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
+};
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
+use minibatchd_shm::Minibatch;
 use minibatchd_sys::{ReadOnlyMapping, ShmError};
 
 /// Client failures.
@@ -109,7 +112,9 @@ impl Client {
     pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
         let path = path.as_ref();
         match Self::connect_with(path, PROTOCOL_VERSION) {
-            Err(ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }) if PROTOCOL_VERSION > 1 => Self::connect_with(path, 1),
+            Err(ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }) if PROTOCOL_VERSION > 1 => {
+                Self::connect_with(path, 1)
+            }
             other => other,
         }
     }
@@ -123,9 +128,13 @@ impl Client {
         protocol::write_frame(&mut stream, &ClientMessage::Hello { version, client: Some("minibatchd-rust".into()) })?;
         let mut frames = FrameBuffer::default();
         match read_message(&mut stream, &mut frames)? {
-            ServerMessage::Hello { daemon_id, features, version, .. } => {
-                Ok(Self { stream, frames, daemon_id, report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT), binary: version >= 2 })
-            }
+            ServerMessage::Hello { daemon_id, features, version, .. } => Ok(Self {
+                stream,
+                frames,
+                daemon_id,
+                report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT),
+                binary: version >= 2,
+            }),
             other => Err(daemon_error(other)),
         }
     }
@@ -135,7 +144,10 @@ impl Client {
     /// # Errors
     /// [`ClientError`], e.g. [`ClientError::Daemon`] with `invalid_options`.
     pub fn open(mut self, dataset: &str, options: &SessionOptions) -> Result<Session, ClientError> {
-        protocol::write_frame(&mut self.stream, &ClientMessage::Open { dataset: dataset.into(), options: options.clone() })?;
+        protocol::write_frame(
+            &mut self.stream,
+            &ClientMessage::Open { dataset: dataset.into(), options: options.clone() },
+        )?;
         // The memfd arrives with the first bytes of `opened`.
         let mut buf = vec![0u8; 64 * 1024];
         let mut fd = None;
@@ -150,7 +162,9 @@ impl Client {
             fd = fd.or(got);
             self.frames.push(&buf[..n]);
         };
-        let ServerMessage::Opened { session, ring, streams, state, .. } = opened else { return Err(daemon_error(opened)) };
+        let ServerMessage::Opened { session, ring, streams, state, .. } = opened else {
+            return Err(daemon_error(opened));
+        };
         let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
         let mapping = ReadOnlyMapping::map(fd, ring.size_bytes)?;
         let header = RingHeader::read(mapping.bytes())?;
@@ -233,7 +247,12 @@ impl Session {
             if self.binary {
                 out.extend(protocol::encode_release_binary(slot, generation, self.taken, wait_ns));
             } else {
-                out.extend(protocol::encode(&ClientMessage::Release { slot, generation, taken: Some(self.taken), wait_ns }));
+                out.extend(protocol::encode(&ClientMessage::Release {
+                    slot,
+                    generation,
+                    taken: Some(self.taken),
+                    wait_ns,
+                }));
             }
         }
         if let Some(m) = extra {
@@ -254,15 +273,20 @@ impl Session {
             return Ok(None);
         }
         if self.stopped {
-            return Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message: "the daemon stopped; state() holds the final position".into() });
+            return Err(ClientError::Daemon {
+                code: ErrorCode::ShuttingDown,
+                message: "the daemon stopped; state() holds the final position".into(),
+            });
         }
         if let Err(e) = self.flush(None) {
             // The daemon may have ended the session and closed the socket: its reason is still
             // readable, and more useful than a broken pipe.
-            return Err(match self.queued.pop_front().map_or_else(|| read_message(&mut self.stream, &mut self.frames), Ok) {
-                Ok(m @ ServerMessage::Error { .. }) => daemon_error(m),
-                _ => e,
-            });
+            return Err(
+                match self.queued.pop_front().map_or_else(|| read_message(&mut self.stream, &mut self.frames), Ok) {
+                    Ok(m @ ServerMessage::Error { .. }) => daemon_error(m),
+                    _ => e,
+                },
+            );
         }
         let msg = match self.queued.pop_front() {
             Some(m) => m,
@@ -298,7 +322,9 @@ impl Session {
         let _ = self.stream.set_read_timeout(Some(FINAL_REPORT_TIMEOUT));
         let close = ClientMessage::Close { taken: Some(self.taken), wait_ns: self.wait_ns() };
         self.stopped = true;
-        if let Ok(Some(ServerMessage::Closed { state })) = self.flush(Some(close)).map(|()| self.await_reply(|m| matches!(m, ServerMessage::Closed { .. })).ok()) {
+        if let Ok(Some(ServerMessage::Closed { state })) =
+            self.flush(Some(close)).map(|()| self.await_reply(|m| matches!(m, ServerMessage::Closed { .. })).ok())
+        {
             self.final_state = Some(state);
         }
     }
@@ -418,12 +444,22 @@ mod tests {
             for conn in listener.incoming().take(2) {
                 let mut conn = conn.expect("accept");
                 let body = protocol::read_frame(&mut conn).expect("hello frame");
-                let ClientMessage::Hello { version, .. } = protocol::decode_client(&body).expect("hello") else { panic!("not a hello") };
+                let ClientMessage::Hello { version, .. } = protocol::decode_client(&body).expect("hello") else {
+                    panic!("not a hello")
+                };
                 seen.push(version);
                 let reply = if version == 1 {
-                    ServerMessage::Hello { version: 1, daemon_id: "00000000000000aa".into(), server: "minibatchd/old".into(), features: Vec::new() }
+                    ServerMessage::Hello {
+                        version: 1,
+                        daemon_id: "00000000000000aa".into(),
+                        server: "minibatchd/old".into(),
+                        features: Vec::new(),
+                    }
                 } else {
-                    ServerMessage::error(ErrorCode::VersionMismatch, format!("version {version} is not supported; this daemon speaks 1"))
+                    ServerMessage::error(
+                        ErrorCode::VersionMismatch,
+                        format!("version {version} is not supported; this daemon speaks 1"),
+                    )
                 };
                 protocol::write_frame(&mut conn, &reply).expect("reply");
             }
@@ -440,7 +476,11 @@ mod tests {
         assert!(!client.binary, "version 1: JSON release frames");
         assert_eq!(client.daemon_id, "00000000000000aa");
         drop(client);
-        assert_eq!(daemon.join().expect("daemon"), vec![PROTOCOL_VERSION, 1], "newest first, then 1 on a new connection");
+        assert_eq!(
+            daemon.join().expect("daemon"),
+            vec![PROTOCOL_VERSION, 1],
+            "newest first, then 1 on a new connection"
+        );
     }
 
     #[test]

@@ -22,15 +22,15 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::options::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
 use crate::format::cache::{self, FileStamp, Miss};
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
 use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
 use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
-use crate::format::inflate;
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
+use crate::format::inflate;
 use crate::hash::Fnv1a;
+use crate::options::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
 use crate::sampling::Timeline;
 
 /// Progress of the index pass, for progress bars.
@@ -162,17 +162,29 @@ impl Dataset {
     ///
     /// # Errors
     /// Missing files, I/O errors and fatal index errors.
-    pub fn open(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+    pub fn open(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self, DataError> {
         match config.format {
             FormatKind::Ctf => Self::open_ctf(config, state_dir, progress),
-            FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => Self::open_deepx(config, state_dir, progress),
+            FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
+                Self::open_deepx(config, state_dir, progress)
+            }
         }
     }
 
-    fn open_ctf(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+    fn open_ctf(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self, DataError> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
-        let resolved: Vec<Vec<PathBuf>> = config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
-        let bytes_total: u64 = resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let resolved: Vec<Vec<PathBuf>> =
+            config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 =
+            resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
         let mut done = 0u64;
         let mut sources = Vec::new();
         let mut first_stream = 0;
@@ -187,9 +199,15 @@ impl Dataset {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
-                let idx = index_with_cache(&shared, &f, &options.fingerprint(), config.cache_index, state_dir, &mut report, &mut |p| {
-                    ctf::index_file(&f, &options, p)
-                })?;
+                let idx = index_with_cache(
+                    &shared,
+                    &f,
+                    &options.fingerprint(),
+                    config.cache_index,
+                    state_dir,
+                    &mut report,
+                    &mut |p| ctf::index_file(&f, &options, p),
+                )?;
                 done += idx.size;
                 paths.push(idx.path.clone());
                 indexes.push(idx);
@@ -218,11 +236,16 @@ impl Dataset {
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
-    fn open_deepx(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self, DataError> {
+    fn open_deepx(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self, DataError> {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let files = resolve_files(patterns)?;
-        let data: Vec<PathBuf> = files.iter().map(|f| inflate::readable_path(f, state_dir)).collect::<Result<_, _>>()?;
+        let data: Vec<PathBuf> =
+            files.iter().map(|f| inflate::readable_path(f, state_dir)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = data.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();
@@ -252,7 +275,12 @@ impl Dataset {
     }
 
     /// Chunks, joins and builds the timeline of opened sources.
-    fn assemble(config: &DatasetConfig, sources: Vec<OpenSource>, main_source: Option<usize>, streams: Vec<StreamSpec>) -> Result<Self, DataError> {
+    fn assemble(
+        config: &DatasetConfig,
+        sources: Vec<OpenSource>,
+        main_source: Option<usize>,
+        streams: Vec<StreamSpec>,
+    ) -> Result<Self, DataError> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
         let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
@@ -372,7 +400,9 @@ impl Dataset {
     /// before a fatal condition found later: charge what was found first (`by_source`: the
     /// sources decoded so far, then the current one's errors up to the fatal condition).
     fn fatal_after(&self, fatal: DataError, by_source: &[Vec<Malformed>], current: &[Malformed]) -> DataError {
-        let result = self.charge(by_source).and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
+        let result = self
+            .charge(by_source)
+            .and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
         match result {
             Ok(_) => fatal,
             Err(too_many) => too_many,
@@ -392,13 +422,15 @@ impl Dataset {
                 SourceDecoder::Deepx(d) => {
                     // A deepx dataset has a single source, read a window at a time like CTF's
                     // primary source (below).
-                    let chunk_bytes = usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+                    let chunk_bytes = usize::try_from(desc.end - desc.start)
+                        .map_err(|_| DataError::Dataset("chunk too large".into()))?;
                     let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
                     let mut window = ReadWindow::new(&src.data[desc.file], desc.end)?;
                     for g in seqs.clone() {
                         let loc = self.locs[g * self.sources.len() + si];
                         let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
-                        let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
+                        let ctx =
+                            LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
                         d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, &mut errors);
                     }
                     streams.extend(d.into_streams(bufs));
@@ -523,7 +555,10 @@ impl<'a> ReadWindow<'a> {
             self.buf.0.resize(len, 0);
             self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
                 let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    std::io::Error::new(e.kind(), "the file is shorter than its index says (changed since it was indexed?)")
+                    std::io::Error::new(
+                        e.kind(),
+                        "the file is shorter than its index says (changed since it was indexed?)",
+                    )
                 } else {
                     e
                 };

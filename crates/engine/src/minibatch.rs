@@ -56,9 +56,7 @@ pub type ChunkMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
 
 impl ChunkSource for ChunkMap<Arc<ParsedChunk>> {
     fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
-        self.get(&chunk)
-            .cloned()
-            .ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
+        self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
     }
 }
 
@@ -82,15 +80,8 @@ struct Piece {
 /// What kind of stream, with the element types a gathered stream copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
-    Dense {
-        dim: usize,
-        f64: bool,
-    },
-    Sparse {
-        dim: usize,
-        f64: bool,
-        u64_ids: bool,
-    },
+    Dense { dim: usize, f64: bool },
+    Sparse { dim: usize, f64: bool, u64_ids: bool },
     Strings,
 }
 
@@ -130,17 +121,10 @@ pub struct Gathered {
 
 fn shape_of(sd: &StreamValues) -> Shape {
     match sd {
-        StreamValues::Dense { dim, values } => Shape::Dense {
-            dim: *dim,
-            f64: matches!(values, Values::F64(_)),
-        },
-        StreamValues::Sparse {
-            indices, values, ..
-        } => Shape::Sparse {
-            dim: 0,
-            f64: matches!(values, Values::F64(_)),
-            u64_ids: matches!(indices, Indices::U64(_)),
-        },
+        StreamValues::Dense { dim, values } => Shape::Dense { dim: *dim, f64: matches!(values, Values::F64(_)) },
+        StreamValues::Sparse { indices, values, .. } => {
+            Shape::Sparse { dim: 0, f64: matches!(values, Values::F64(_)), u64_ids: matches!(indices, Indices::U64(_)) }
+        }
         StreamValues::Strings { .. } => Shape::Strings,
     }
 }
@@ -162,32 +146,14 @@ impl StreamShape {
     /// The shapes of `streams` in a dataset of the given precision.
     #[must_use]
     pub fn of(streams: &[StreamSpec], float64: bool) -> Vec<Self> {
-        streams
-            .iter()
-            .map(|s| Self {
-                kind: s.kind,
-                dim: s.dim,
-                float64,
-            })
-            .collect()
+        streams.iter().map(|s| Self { kind: s.kind, dim: s.dim, float64 }).collect()
     }
 
     fn shape(self) -> Shape {
         match self.kind {
-            StreamKind::Dense => Shape::Dense {
-                dim: self.dim,
-                f64: self.float64,
-            },
-            StreamKind::SparseI32 => Shape::Sparse {
-                dim: self.dim,
-                f64: self.float64,
-                u64_ids: false,
-            },
-            StreamKind::SparseU64 => Shape::Sparse {
-                dim: self.dim,
-                f64: self.float64,
-                u64_ids: true,
-            },
+            StreamKind::Dense => Shape::Dense { dim: self.dim, f64: self.float64 },
+            StreamKind::SparseI32 => Shape::Sparse { dim: self.dim, f64: self.float64, u64_ids: false },
+            StreamKind::SparseU64 => Shape::Sparse { dim: self.dim, f64: self.float64, u64_ids: true },
             StreamKind::Strings => Shape::Strings,
         }
     }
@@ -235,9 +201,7 @@ pub fn gather(
         let local = (r.seq as usize)
             .checked_sub(timeline.chunk_start[r.chunk as usize])
             .filter(|&l| l < held[at].num_sequences)
-            .ok_or_else(|| {
-                DataError::Dataset(format!("sequence {} is not in chunk {}", r.seq, r.chunk))
-            })?;
+            .ok_or_else(|| DataError::Dataset(format!("sequence {} is not in chunk {}", r.seq, r.chunk)))?;
         for sd in &held[at].streams {
             minibatchd_sys::prefetch(&sd.seq_offsets[local..=local + 1]);
         }
@@ -263,11 +227,12 @@ pub fn gather(
                     out.index, r.chunk
                 )));
             }
-            if let (StreamValues::Dense { dim, .. }, Shape::Dense { dim: declared, .. }) =
-                (&sd.data, out.shape)
-            {
+            if let (StreamValues::Dense { dim, .. }, Shape::Dense { dim: declared, .. }) = (&sd.data, out.shape) {
                 if *dim != declared {
-                    return Err(DataError::Dataset(format!("stream {} of chunk {} has dimension {dim}, the dataset declares {declared}", out.index, r.chunk)));
+                    return Err(DataError::Dataset(format!(
+                        "stream {} of chunk {} has dimension {dim}, the dataset declares {declared}",
+                        out.index, r.chunk
+                    )));
                 }
             }
             let (s0, s1) = (sd.seq_offsets[local], sd.seq_offsets[local + 1]);
@@ -280,21 +245,12 @@ pub fn gather(
                 )));
             }
             match &sd.data {
-                StreamValues::Sparse {
-                    sample_offsets: o, ..
-                }
-                | StreamValues::Strings { offsets: o, .. } => {
+                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
                     minibatchd_sys::prefetch(&o[s0..=s1]);
                 }
                 StreamValues::Dense { .. } => {}
             }
-            out.pieces.push(Piece {
-                chunk: at,
-                s0,
-                s1,
-                e0: 0,
-                e1: 0,
-            });
+            out.pieces.push(Piece { chunk: at, s0, s1, e0: 0, e1: 0 });
             out.samples += s1 - s0;
         }
     }
@@ -303,10 +259,9 @@ pub fn gather(
         for p in &mut s.pieces {
             (p.e0, p.e1) = match &held[p.chunk].streams[s.index].data {
                 StreamValues::Dense { dim, .. } => (p.s0 * dim, p.s1 * dim),
-                StreamValues::Sparse {
-                    sample_offsets: o, ..
+                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
+                    (o[p.s0], o[p.s1])
                 }
-                | StreamValues::Strings { offsets: o, .. } => (o[p.s0], o[p.s1]),
             };
             s.entries += p.e1 - p.e0;
         }
@@ -326,11 +281,7 @@ pub fn gather(
 fn shape_of_kind(s: Shape) -> Shape {
     match s {
         Shape::Dense { f64, .. } => Shape::Dense { dim: 0, f64 },
-        Shape::Sparse { f64, u64_ids, .. } => Shape::Sparse {
-            dim: 0,
-            f64,
-            u64_ids,
-        },
+        Shape::Sparse { f64, u64_ids, .. } => Shape::Sparse { dim: 0, f64, u64_ids },
         Shape::Strings => Shape::Strings,
     }
 }
@@ -405,10 +356,7 @@ impl Gathered {
             let data = match s.shape {
                 Shape::Dense { dim, .. } => {
                     k += 2;
-                    MbData::Dense {
-                        dim,
-                        values: values(&tensors[k - 1]),
-                    }
+                    MbData::Dense { dim, values: values(&tensors[k - 1]) }
                 }
                 Shape::Sparse { dim, .. } => {
                     k += 4;
@@ -426,16 +374,10 @@ impl Gathered {
                 }
                 Shape::Strings => {
                     k += 3;
-                    MbData::Strings {
-                        offsets: filled(self, &tensors[k - 2]),
-                        bytes: filled(self, &tensors[k - 1]),
-                    }
+                    MbData::Strings { offsets: filled(self, &tensors[k - 2]), bytes: filled(self, &tensors[k - 1]) }
                 }
             };
-            streams.push(MbStream {
-                sequence_offsets,
-                data,
-            });
+            streams.push(MbStream { sequence_offsets, data });
         }
         Minibatch {
             index: self.index,
@@ -519,18 +461,10 @@ impl SlotSource for Gathered {
                 let src = |p: &Piece| -> &[u8] {
                     match (t.field, data(p)) {
                         (Field::DenseValues, StreamValues::Dense { values, .. })
-                        | (Field::SparseValues, StreamValues::Sparse { values, .. }) => {
-                            value_bytes(values, p.e0..p.e1)
-                        }
-                        (Field::Indices, StreamValues::Sparse { indices, .. }) => {
-                            index_bytes(indices, p.e0..p.e1)
-                        }
-                        (Field::StringBytes, StreamValues::Strings { bytes, .. }) => {
-                            &bytes[p.e0..p.e1]
-                        }
-                        _ => unreachable!(
-                            "a stream keeps its kind across chunks (checked in gather)"
-                        ),
+                        | (Field::SparseValues, StreamValues::Sparse { values, .. }) => value_bytes(values, p.e0..p.e1),
+                        (Field::Indices, StreamValues::Sparse { indices, .. }) => index_bytes(indices, p.e0..p.e1),
+                        (Field::StringBytes, StreamValues::Strings { bytes, .. }) => &bytes[p.e0..p.e1],
+                        _ => unreachable!("a stream keeps its kind across chunks (checked in gather)"),
                     }
                 };
                 for p in s.pieces.iter().take(PREFETCH_AHEAD) {

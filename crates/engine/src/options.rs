@@ -176,4 +176,3 @@ impl DatasetConfig {
         self.sources.iter().flat_map(|s| s.streams.iter())
     }
 }
-

@@ -220,7 +220,11 @@ impl RingHeader {
             total_bytes: f.u64(56),
         };
         if h.byte_order != BYTE_ORDER_MARK {
-            return Err(if h.byte_order.swap_bytes() == BYTE_ORDER_MARK { LayoutError::ByteOrder } else { LayoutError::Corrupt("byte order mark") });
+            return Err(if h.byte_order.swap_bytes() == BYTE_ORDER_MARK {
+                LayoutError::ByteOrder
+            } else {
+                LayoutError::Corrupt("byte order mark")
+            });
         }
         if h.layout_version != LAYOUT_VERSION {
             return Err(LayoutError::VersionMismatch { found: h.layout_version, expected: LAYOUT_VERSION });
@@ -303,7 +307,15 @@ impl SlotHeader {
             return Err(LayoutError::BadMagic);
         }
         let f = Fields(slot);
-        Ok(Self { magic: SLOT_MAGIC, num_tensors: f.u32(4), generation: f.u64(8), minibatch: f.u64(16), used_bytes: f.u64(24), fingerprint: f.u64(32), reserved: [0; 3] })
+        Ok(Self {
+            magic: SLOT_MAGIC,
+            num_tensors: f.u32(4),
+            generation: f.u64(8),
+            minibatch: f.u64(16),
+            used_bytes: f.u64(24),
+            fingerprint: f.u64(32),
+            reserved: [0; 3],
+        })
     }
 }
 
@@ -351,7 +363,15 @@ impl TensorEntry {
         for (k, d) in shape.iter_mut().enumerate() {
             *d = f.u64(16 + 8 * k);
         }
-        Self { name_offset: f.u32(0), name_len: f.u32(4), dtype: f.u32(8), ndim: f.u32(12), shape, offset: f.u64(48), nbytes: f.u64(56) }
+        Self {
+            name_offset: f.u32(0),
+            name_len: f.u32(4),
+            dtype: f.u32(8),
+            ndim: f.u32(12),
+            shape,
+            offset: f.u64(48),
+            nbytes: f.u64(56),
+        }
     }
 }
 
@@ -387,12 +407,7 @@ pub struct TensorMeta<'a> {
 
 impl<'a> TensorSpec<'a> {
     fn meta(&self) -> TensorMeta<'a> {
-        TensorMeta {
-            name: self.name,
-            dtype: self.dtype,
-            shape: self.shape,
-            nbytes: self.data.len(),
-        }
+        TensorMeta { name: self.name, dtype: self.dtype, shape: self.shape, nbytes: self.data.len() }
     }
 }
 
@@ -406,10 +421,7 @@ pub fn encoded_size(tensors: &[TensorSpec<'_>]) -> u64 {
 #[must_use]
 pub fn encoded_size_of(metas: &[TensorMeta<'_>]) -> u64 {
     let names: usize = metas.iter().map(|t| t.name.len()).sum();
-    let mut at = align_up(
-        SlotHeader::SIZE + TensorEntry::SIZE * metas.len() + names,
-        TENSOR_ALIGN,
-    );
+    let mut at = align_up(SlotHeader::SIZE + TensorEntry::SIZE * metas.len() + names, TENSOR_ALIGN);
     for t in metas {
         at = align_up(at + t.nbytes, TENSOR_ALIGN);
     }
@@ -429,9 +441,7 @@ pub fn encode_slot(
     tensors: &[TensorSpec<'_>],
 ) -> Result<u64, LayoutError> {
     let metas: Vec<TensorMeta<'_>> = tensors.iter().map(TensorSpec::meta).collect();
-    encode_slot_with(slot, generation, minibatch, fingerprint, &metas, |i, out| {
-        out.copy_from_slice(tensors[i].data)
-    })
+    encode_slot_with(slot, generation, minibatch, fingerprint, &metas, |i, out| out.copy_from_slice(tensors[i].data))
 }
 
 /// Writes the tensors described by `metas` into `slot`: header, table and names here, each
@@ -450,10 +460,7 @@ pub fn encode_slot_with(
 ) -> Result<u64, LayoutError> {
     let needed = encoded_size_of(metas);
     if needed > slot.len() as u64 {
-        return Err(LayoutError::TooLarge {
-            needed_bytes: needed,
-            slot_size_bytes: slot.len() as u64,
-        });
+        return Err(LayoutError::TooLarge { needed_bytes: needed, slot_size_bytes: slot.len() as u64 });
     }
     let table = SlotHeader::SIZE;
     let mut name_at = table + TensorEntry::SIZE * metas.len();
@@ -467,8 +474,7 @@ pub fn encode_slot_with(
         shape[..t.shape.len()].copy_from_slice(t.shape);
         let entry = TensorEntry {
             name_offset: u32::try_from(name_at).map_err(|_| LayoutError::Corrupt("name offset"))?,
-            name_len: u32::try_from(t.name.len())
-                .map_err(|_| LayoutError::Corrupt("name length"))?,
+            name_len: u32::try_from(t.name.len()).map_err(|_| LayoutError::Corrupt("name length"))?,
             dtype: t.dtype as u32,
             ndim: t.shape.len() as u32,
             shape,
@@ -483,8 +489,7 @@ pub fn encode_slot_with(
     }
     let header = SlotHeader {
         magic: SLOT_MAGIC,
-        num_tensors: u32::try_from(metas.len())
-            .map_err(|_| LayoutError::Corrupt("tensor count"))?,
+        num_tensors: u32::try_from(metas.len()).map_err(|_| LayoutError::Corrupt("tensor count"))?,
         generation,
         minibatch,
         used_bytes: needed,
@@ -515,7 +520,9 @@ pub struct TensorView<'a> {
 pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, Vec<(TensorEntry, String)>), LayoutError> {
     let header = SlotHeader::read(slot)?;
     let n = header.num_tensors as usize;
-    let table_end = SlotHeader::SIZE.checked_add(n.checked_mul(TensorEntry::SIZE).ok_or(LayoutError::Corrupt("table"))?).ok_or(LayoutError::Corrupt("table"))?;
+    let table_end = SlotHeader::SIZE
+        .checked_add(n.checked_mul(TensorEntry::SIZE).ok_or(LayoutError::Corrupt("table"))?)
+        .ok_or(LayoutError::Corrupt("table"))?;
     if table_end > slot.len() {
         return Err(LayoutError::Corrupt("tensor table exceeds the slot"));
     }
@@ -529,11 +536,16 @@ pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, Vec<(TensorEntry, String)
         if e.ndim == 0 || e.ndim as usize > MAX_NDIM {
             return Err(LayoutError::Corrupt("ndim"));
         }
-        let elems = e.shape[..e.ndim as usize].iter().try_fold(1u64, |a, &d| a.checked_mul(d)).ok_or(LayoutError::Corrupt("shape"))?;
+        let elems = e.shape[..e.ndim as usize]
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .ok_or(LayoutError::Corrupt("shape"))?;
         if elems.checked_mul(dtype.size() as u64) != Some(e.nbytes) {
             return Err(LayoutError::Corrupt("shape does not match nbytes"));
         }
-        if e.offset & (TENSOR_ALIGN as u64 - 1) != 0 || e.offset.checked_add(e.nbytes).is_none_or(|end| end > slot.len() as u64) {
+        if e.offset & (TENSOR_ALIGN as u64 - 1) != 0
+            || e.offset.checked_add(e.nbytes).is_none_or(|end| end > slot.len() as u64)
+        {
             return Err(LayoutError::Corrupt("tensor data outside the slot"));
         }
         out.push((e, name));
@@ -584,7 +596,10 @@ mod tests {
         let mut slot = vec![0u8; 256];
         let data = vec![0u8; 1000];
         let specs = [TensorSpec { name: "x", dtype: DType::U8, shape: &[1000], data: &data }];
-        assert!(matches!(encode_slot(&mut slot, 1, 0, 0, &specs), Err(LayoutError::TooLarge { slot_size_bytes: 256, .. })));
+        assert!(matches!(
+            encode_slot(&mut slot, 1, 0, 0, &specs),
+            Err(LayoutError::TooLarge { slot_size_bytes: 256, .. })
+        ));
         assert_eq!(SlotHeader::read(&slot), Err(LayoutError::BadMagic));
     }
 
@@ -592,7 +607,8 @@ mod tests {
     fn corrupt_tables_are_refused() {
         let mut slot = vec![0u8; 4096];
         let data = [0u8; 8];
-        encode_slot(&mut slot, 1, 0, 0, &[TensorSpec { name: "x", dtype: DType::U8, shape: &[8], data: &data }]).expect("fits");
+        encode_slot(&mut slot, 1, 0, 0, &[TensorSpec { name: "x", dtype: DType::U8, shape: &[8], data: &data }])
+            .expect("fits");
         let mut bad = slot.clone();
         put_u64(&mut bad, SlotHeader::SIZE + 48, 4096); // data offset at the very end
         assert!(decode_slot(&bad).is_err());

@@ -145,7 +145,6 @@ pub struct Minibatch {
     pub streams: Vec<MbStream>,
 }
 
-
 fn values_dtype(v: &Values) -> DType {
     match v {
         Values::F32(_) => DType::F32,
@@ -199,7 +198,8 @@ impl SlotSource for Minibatch {
         let Some(st) = self.streams.get(tensor.stream) else { return };
         let src: &[u8] = match (tensor.field, &st.data) {
             (Field::SequenceOffsets, _) => as_bytes(&st.sequence_offsets),
-            (Field::DenseValues, MbData::Dense { values, .. }) | (Field::SparseValues, MbData::Sparse { values, .. }) => values_bytes(values),
+            (Field::DenseValues, MbData::Dense { values, .. })
+            | (Field::SparseValues, MbData::Sparse { values, .. }) => values_bytes(values),
             (Field::SampleOffsets, MbData::Sparse { sample_offsets, .. }) => as_bytes(sample_offsets),
             (Field::Indices, MbData::Sparse { indices: Indices::I32(i), .. }) => as_bytes(i),
             (Field::Indices, MbData::Sparse { indices: Indices::U64(i), .. }) => as_bytes(i),
@@ -219,7 +219,12 @@ impl SlotSource for Minibatch {
 ///
 /// # Errors
 /// [`LayoutError`] for a corrupt slot, a stale generation, or tensors that do not form streams.
-pub fn decode_minibatch(ring_bytes: &[u8], slot: u64, expected_generation: u64, stream_dims: &[usize]) -> Result<Minibatch, LayoutError> {
+pub fn decode_minibatch(
+    ring_bytes: &[u8],
+    slot: u64,
+    expected_generation: u64,
+    stream_dims: &[usize],
+) -> Result<Minibatch, LayoutError> {
     let header = RingHeader::read(ring_bytes)?;
     if slot >= header.slot_count {
         return Err(LayoutError::Corrupt("slot index out of range"));
@@ -236,8 +241,12 @@ pub fn decode_minibatch(ring_bytes: &[u8], slot: u64, expected_generation: u64, 
     let i64s = |i: usize| cast_slice::<i64>(data(i)).map(<[i64]>::to_vec).ok_or(LayoutError::Corrupt("int64 tensor"));
     let values = |i: usize| -> Result<Values, LayoutError> {
         match DType::from_code(table[i].0.dtype)? {
-            DType::F32 => Ok(Values::F32(cast_slice::<f32>(data(i)).ok_or(LayoutError::Corrupt("float32 tensor"))?.to_vec())),
-            DType::F64 => Ok(Values::F64(cast_slice::<f64>(data(i)).ok_or(LayoutError::Corrupt("float64 tensor"))?.to_vec())),
+            DType::F32 => {
+                Ok(Values::F32(cast_slice::<f32>(data(i)).ok_or(LayoutError::Corrupt("float32 tensor"))?.to_vec()))
+            }
+            DType::F64 => {
+                Ok(Values::F64(cast_slice::<f64>(data(i)).ok_or(LayoutError::Corrupt("float64 tensor"))?.to_vec()))
+            }
             _ => Err(LayoutError::Corrupt("values tensor is not a float type")),
         }
     };
@@ -255,9 +264,14 @@ pub fn decode_minibatch(ring_bytes: &[u8], slot: u64, expected_generation: u64, 
                 MbData::Dense { dim, values: values(i - 1)? }
             }
             "sample_offsets" if table.len() >= i + 4 => {
-                let indices = match DType::from_code(table.get(i + 2).ok_or(LayoutError::Corrupt("indices"))?.0.dtype)? {
-                    DType::I32 => Indices::I32(cast_slice::<i32>(data(i + 2)).ok_or(LayoutError::Corrupt("indices"))?.to_vec()),
-                    DType::U64 => Indices::U64(cast_slice::<u64>(data(i + 2)).ok_or(LayoutError::Corrupt("indices"))?.to_vec()),
+                let indices = match DType::from_code(table.get(i + 2).ok_or(LayoutError::Corrupt("indices"))?.0.dtype)?
+                {
+                    DType::I32 => {
+                        Indices::I32(cast_slice::<i32>(data(i + 2)).ok_or(LayoutError::Corrupt("indices"))?.to_vec())
+                    }
+                    DType::U64 => {
+                        Indices::U64(cast_slice::<u64>(data(i + 2)).ok_or(LayoutError::Corrupt("indices"))?.to_vec())
+                    }
                     _ => return Err(LayoutError::Corrupt("indices dtype")),
                 };
                 let d = MbData::Sparse { dim, sample_offsets: i64s(i + 1)?, indices, values: values(i + 3)? };
@@ -273,6 +287,12 @@ pub fn decode_minibatch(ring_bytes: &[u8], slot: u64, expected_generation: u64, 
         };
         streams.push(MbStream { sequence_offsets, data });
     }
-    Ok(Minibatch { index: sh.minibatch, sweep: 0, end_of_sweep: false, position: 0, fingerprint: sh.fingerprint, streams })
+    Ok(Minibatch {
+        index: sh.minibatch,
+        sweep: 0,
+        end_of_sweep: false,
+        position: 0,
+        fingerprint: sh.fingerprint,
+        streams,
+    })
 }
-

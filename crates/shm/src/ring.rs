@@ -79,7 +79,13 @@ impl<M: SlotMemory> Ring<M> {
     /// # Errors
     /// [`LayoutError::TooLarge`] when the minibatch does not fit a slot (nothing is copied);
     /// `Corrupt` for a slot index out of range.
-    pub fn write(&mut self, slot: u64, generation: u64, source: &impl SlotSource, names: &[String]) -> Result<u64, LayoutError> {
+    pub fn write(
+        &mut self,
+        slot: u64,
+        generation: u64,
+        source: &impl SlotSource,
+        names: &[String],
+    ) -> Result<u64, LayoutError> {
         if slot >= self.header.slot_count {
             return Err(LayoutError::Corrupt("slot index out of range"));
         }
@@ -87,9 +93,16 @@ impl<M: SlotMemory> Ring<M> {
         let tensors = source.tensors();
         let tensor_names = tensor_names(&tensors, names);
         let metas = metas(&tensors, &tensor_names);
-        layout::encode_slot_with(&mut self.memory.bytes_mut()[range], generation, source.index(), source.fingerprint(), &metas, |i, out| {
-            source.fill(&tensors[i], out);
-        })
+        layout::encode_slot_with(
+            &mut self.memory.bytes_mut()[range],
+            generation,
+            source.index(),
+            source.fingerprint(),
+            &metas,
+            |i, out| {
+                source.fill(&tensors[i], out);
+            },
+        )
     }
 }
 
@@ -117,9 +130,9 @@ pub fn needed_bytes(source: &impl SlotSource, names: &[String]) -> u64 {
 mod tests {
     //! The conformance suite: the same checks on both backends.
     use super::*;
-    use minibatchd_sys::{LocalMemory, MemfdMemory};
-    use crate::owned::{decode_minibatch, Indices, MbData, MbStream, Minibatch, Values};
     use crate::layout::RingHeader;
+    use crate::owned::{decode_minibatch, Indices, MbData, MbStream, Minibatch, Values};
+    use minibatchd_sys::{LocalMemory, MemfdMemory};
 
     fn sample_minibatch() -> Minibatch {
         Minibatch {
@@ -129,12 +142,23 @@ mod tests {
             position: 0,
             fingerprint: 0x0123_4567_89ab_cdef,
             streams: vec![
-                MbStream { sequence_offsets: vec![0, 2, 3], data: MbData::Dense { dim: 2, values: Values::F32(vec![0.5, 1.0, f32::NAN, -0.0, 3.0, 4.0]) } },
+                MbStream {
+                    sequence_offsets: vec![0, 2, 3],
+                    data: MbData::Dense { dim: 2, values: Values::F32(vec![0.5, 1.0, f32::NAN, -0.0, 3.0, 4.0]) },
+                },
                 MbStream {
                     sequence_offsets: vec![0, 1, 2],
-                    data: MbData::Sparse { dim: 10, sample_offsets: vec![0, 2, 2], indices: Indices::I32(vec![3, 7]), values: Values::F32(vec![1.0, 2.0]) },
+                    data: MbData::Sparse {
+                        dim: 10,
+                        sample_offsets: vec![0, 2, 2],
+                        indices: Indices::I32(vec![3, 7]),
+                        values: Values::F32(vec![1.0, 2.0]),
+                    },
                 },
-                MbStream { sequence_offsets: vec![0, 1], data: MbData::Strings { offsets: vec![0, 3], bytes: b"abc".to_vec() } },
+                MbStream {
+                    sequence_offsets: vec![0, 1],
+                    data: MbData::Strings { offsets: vec![0, 3], bytes: b"abc".to_vec() },
+                },
             ],
         }
     }

@@ -18,7 +18,10 @@ pub mod fdpass;
 pub mod memory;
 pub mod simd;
 
-pub use memory::{advise_huge_pages, return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
+pub use memory::{
+    advise_huge_pages, return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError,
+    SlotMemory,
+};
 
 /// Plain data that may be viewed as bytes and read back from suitably aligned bytes: every bit
 /// pattern is a valid value and the type has no padding.
@@ -53,12 +56,7 @@ pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
 pub fn as_bytes_mut<T: Pod>(values: &mut [T]) -> &mut [u8] {
     // SAFETY: as `as_bytes`; in addition every byte pattern written through the view is a valid
     // `T` (`T: Pod`), and the exclusive borrow of `values` is held for the view's lifetime.
-    unsafe {
-        std::slice::from_raw_parts_mut(
-            values.as_mut_ptr().cast::<u8>(),
-            std::mem::size_of_val(values),
-        )
-    }
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
 }
 
 /// Asks the CPU to start loading `bytes` into its caches (a hint: no effect on results). Used

@@ -156,9 +156,11 @@ impl MemfdMemory {
     /// [`ShmError::Sys`] if a system call fails (e.g. out of memory for the tmpfs).
     pub fn create(name: &str, len: u64) -> Result<Self, ShmError> {
         let size = usize::try_from(len).map_err(|_| ShmError::Size(len))?;
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).map_err(sys("memfd_create"))?;
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .map_err(sys("memfd_create"))?;
         rustix::fs::ftruncate(&fd, len).map_err(sys("ftruncate"))?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map_err(sys("fcntl(F_ADD_SEALS)"))?;
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+            .map_err(sys("fcntl(F_ADD_SEALS)"))?;
         let map = Mapping::map(fd.as_fd(), size, true)?;
         Ok(Self { fd, map })
     }
@@ -212,7 +214,6 @@ impl ReadOnlyMapping {
     }
 }
 
-
 /// Bytes of a transparent huge page on x86_64 and aarch64 (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
@@ -235,7 +236,8 @@ pub fn advise_huge_pages<T>(v: &Vec<T>) {
     // which this process owns and keeps mapped while `v` lives. `MADV_HUGEPAGE` changes how the
     // kernel backs the range, never its contents, protection or validity, so no reference into
     // it, ours or anyone's, is affected.
-    let advised = unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, rustix::mm::Advice::LinuxHugepage) };
+    let advised =
+        unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, rustix::mm::Advice::LinuxHugepage) };
     if let Err(e) = advised {
         tracing::trace!(error = %e, "MADV_HUGEPAGE declined");
     }

@@ -52,8 +52,8 @@ pub fn scalar_classes(w: &[u8; 64]) -> ByteClasses {
 #[target_feature(enable = "sse2")]
 fn sse2_classes(w: &[u8; 64]) -> ByteClasses {
     use std::arch::x86_64::{
-        __m128i, _mm_and_si128, _mm_andnot_si128, _mm_cmpeq_epi8, _mm_cmpgt_epi8, _mm_cmplt_epi8, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
-        _mm_set_epi64x,
+        __m128i, _mm_and_si128, _mm_andnot_si128, _mm_cmpeq_epi8, _mm_cmpgt_epi8, _mm_cmplt_epi8, _mm_movemask_epi8,
+        _mm_or_si128, _mm_set1_epi8, _mm_set_epi64x,
     };
     #[target_feature(enable = "sse2")]
     #[allow(clippy::cast_possible_wrap)] // byte patterns

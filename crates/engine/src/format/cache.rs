@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use crate::hash::Fnv1a;
 use crate::format::index::{FileIndex, SequenceDesc};
+use crate::hash::Fnv1a;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
 const VERSION: u32 = 1;
@@ -162,7 +162,8 @@ fn decode(bytes: &[u8], stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) 
     let mut sequences = Vec::with_capacity(count);
     for _ in 0..count {
         let (key, offset, line, size, samples) = (r.u64(), r.u64(), r.u64(), r.u32(), r.u32());
-        let (Some(key), Some(offset), Some(line), Some(size), Some(samples)) = (key, offset, line, size, samples) else {
+        let (Some(key), Some(offset), Some(line), Some(size), Some(samples)) = (key, offset, line, size, samples)
+        else {
             return Err(bad);
         };
         if samples == 0 || size == 0 || offset.saturating_add(u64::from(size)) > stamp.size {
@@ -231,7 +232,10 @@ mod tests {
         fs::write(&data, "|a 1\n|a 2\n|a 3\n").expect("rewrite");
         let changed = FileStamp::of(&data).expect("stamp");
         // The same cache name (path + options), but the size no longer matches.
-        assert_eq!(load(dir.path(), &changed, "opts", &index.path), Err(Miss::Stale("data file changed (size or mtime)")));
+        assert_eq!(
+            load(dir.path(), &changed, "opts", &index.path),
+            Err(Miss::Stale("data file changed (size or mtime)"))
+        );
     }
 
     #[test]

@@ -67,7 +67,14 @@ pub fn build_chunks(files: &[FileIndex], chunk_size_bytes: u64) -> Vec<ChunkDesc
                 _ => true,
             };
             if start_new {
-                chunks.push(ChunkDesc { file: fi, start: s.offset, end: s.offset, first_seq: si, num_seqs: 0, num_samples: 0 });
+                chunks.push(ChunkDesc {
+                    file: fi,
+                    start: s.offset,
+                    end: s.offset,
+                    first_seq: si,
+                    num_seqs: 0,
+                    num_samples: 0,
+                });
                 open = true;
             }
             let c = chunks.last_mut().expect("a chunk was pushed above");

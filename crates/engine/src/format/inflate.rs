@@ -18,8 +18,8 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::format::cache::FileStamp;
-use crate::hash::Fnv1a;
 use crate::format::errors::DataError;
+use crate::hash::Fnv1a;
 
 /// The gzip magic bytes.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
@@ -89,7 +89,8 @@ enum Failure {
 fn inflate_into(source: &Path, stamp: &FileStamp, dir: &Path) -> Result<PathBuf, Failure> {
     let name = stamp.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into());
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
-    let stamp_hash = hash_parts(&[&stamp.size.to_le_bytes(), &stamp.mtime_secs.to_le_bytes(), &stamp.mtime_nanos.to_le_bytes()]);
+    let stamp_hash =
+        hash_parts(&[&stamp.size.to_le_bytes(), &stamp.mtime_secs.to_le_bytes(), &stamp.mtime_nanos.to_le_bytes()]);
     let prefix = format!("{name}.{path_hash:016x}.");
     let target = dir.join(format!("{prefix}{stamp_hash:016x}"));
     if target.is_file() {
@@ -132,7 +133,10 @@ fn copy_inflated(source: &Path, out: File) -> Result<(), Failure> {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                return Err(Failure::Source(DataError::Dataset(format!("{}: invalid gzip data: {e}", source.display()))));
+                return Err(Failure::Source(DataError::Dataset(format!(
+                    "{}: invalid gzip data: {e}",
+                    source.display()
+                ))));
             }
         };
         writer.write_all(&buf[..n]).map_err(Failure::Target)?;

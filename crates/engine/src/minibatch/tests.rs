@@ -12,10 +12,7 @@ use crate::format::chunk::{Indices, Values};
 fn chunks(
     f64: bool,
     u64_ids: bool,
-) -> (
-    crate::sampling::Timeline,
-    super::ChunkMap<std::sync::Arc<crate::format::chunk::ParsedChunk>>,
-) {
+) -> (crate::sampling::Timeline, super::ChunkMap<std::sync::Arc<crate::format::chunk::ParsedChunk>>) {
     use crate::format::chunk::{ParsedChunk, StreamData, StreamValues};
     let seq_lens: [&[usize]; 2] = [&[1, 3, 0, 2], &[2, 1, 1]];
     let mut map = super::ChunkMap::default();
@@ -41,9 +38,7 @@ fn chunks(
         };
         let sample_offsets: Vec<usize> = (0..=samples).map(|j| j * 2 - j / 2).collect();
         let entries = *sample_offsets.last().unwrap_or(&0);
-        let ids: Vec<u64> = (0..entries as u64)
-            .map(|i| (i * 7 + c as u64) % 10)
-            .collect();
+        let ids: Vec<u64> = (0..entries as u64).map(|i| (i * 7 + c as u64) % 10).collect();
         let indices = if u64_ids {
             Indices::U64(ids.iter().map(|&i| i << 40).collect())
         } else {
@@ -53,18 +48,11 @@ fn chunks(
         let streams = vec![
             StreamData {
                 seq_offsets: seq_offsets.clone(),
-                data: StreamValues::Dense {
-                    dim: 2,
-                    values: floats(samples * 2),
-                },
+                data: StreamValues::Dense { dim: 2, values: floats(samples * 2) },
             },
             StreamData {
                 seq_offsets: seq_offsets.clone(),
-                data: StreamValues::Sparse {
-                    sample_offsets,
-                    indices,
-                    values: floats(entries),
-                },
+                data: StreamValues::Sparse { sample_offsets, indices, values: floats(entries) },
             },
             StreamData {
                 seq_offsets,
@@ -74,43 +62,18 @@ fn chunks(
                 },
             },
         ];
-        map.insert(
-            c as u32,
-            std::sync::Arc::new(ParsedChunk {
-                chunk: c,
-                num_sequences: lens.len(),
-                streams,
-            }),
-        );
+        map.insert(c as u32, std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }));
     }
-    (
-        crate::sampling::Timeline {
-            seq_len: vec![1; 7],
-            chunk_start: vec![0, 4, 7],
-        },
-        map,
-    )
+    (crate::sampling::Timeline { seq_len: vec![1; 7], chunk_start: vec![0, 4, 7] }, map)
 }
 
 fn shapes(f64: bool, u64_ids: bool) -> Vec<super::StreamShape> {
     use crate::format::chunk::StreamKind;
-    let sparse = if u64_ids {
-        StreamKind::SparseU64
-    } else {
-        StreamKind::SparseI32
-    };
-    [
-        (StreamKind::Dense, 2),
-        (sparse, 10),
-        (StreamKind::Strings, 0),
-    ]
-    .into_iter()
-    .map(|(kind, dim)| super::StreamShape {
-        kind,
-        dim,
-        float64: f64,
-    })
-    .collect()
+    let sparse = if u64_ids { StreamKind::SparseU64 } else { StreamKind::SparseI32 };
+    [(StreamKind::Dense, 2), (sparse, 10), (StreamKind::Strings, 0)]
+        .into_iter()
+        .map(|(kind, dim)| super::StreamShape { kind, dim, float64: f64 })
+        .collect()
 }
 
 /// The minibatch built the obvious way, sample by sample (an oracle independent of
@@ -141,13 +104,8 @@ fn naive(
                 }
             };
             let data = match &sd.data {
-                StreamValues::Dense { dim, values } => MbData::Dense {
-                    dim: *dim,
-                    values: empty(values),
-                },
-                StreamValues::Sparse {
-                    indices, values, ..
-                } => MbData::Sparse {
+                StreamValues::Dense { dim, values } => MbData::Dense { dim: *dim, values: empty(values) },
+                StreamValues::Sparse { indices, values, .. } => MbData::Sparse {
                     dim: 10,
                     sample_offsets: vec![0],
                     indices: if matches!(indices, Indices::U64(_)) {
@@ -157,15 +115,9 @@ fn naive(
                     },
                     values: empty(values),
                 },
-                StreamValues::Strings { .. } => MbData::Strings {
-                    offsets: vec![0],
-                    bytes: Vec::new(),
-                },
+                StreamValues::Strings { .. } => MbData::Strings { offsets: vec![0], bytes: Vec::new() },
             };
-            MbStream {
-                sequence_offsets: vec![0],
-                data,
-            }
+            MbStream { sequence_offsets: vec![0], data }
         })
         .collect();
     for r in &plan.sequences {
@@ -181,17 +133,8 @@ fn naive(
                         }
                     }
                     (
-                        MbData::Sparse {
-                            sample_offsets,
-                            indices,
-                            values,
-                            ..
-                        },
-                        StreamValues::Sparse {
-                            sample_offsets: so,
-                            indices: si,
-                            values: sv,
-                        },
+                        MbData::Sparse { sample_offsets, indices, values, .. },
+                        StreamValues::Sparse { sample_offsets: so, indices: si, values: sv },
                     ) => {
                         for e in so[j]..so[j + 1] {
                             match (&mut *indices, si) {
@@ -203,13 +146,7 @@ fn naive(
                         }
                         sample_offsets.push(values.len() as i64);
                     }
-                    (
-                        MbData::Strings { offsets, bytes },
-                        StreamValues::Strings {
-                            offsets: so,
-                            bytes: sb,
-                        },
-                    ) => {
+                    (MbData::Strings { offsets, bytes }, StreamValues::Strings { offsets: so, bytes: sb }) => {
                         bytes.extend_from_slice(&sb[so[j]..so[j + 1]]);
                         offsets.push(bytes.len() as i64);
                     }
@@ -231,62 +168,25 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
         let (timeline, mut map) = chunks(f64, u64_ids);
         for order in orders {
             let plan = MinibatchPlan {
-                sequences: order
-                    .iter()
-                    .map(|&seq| SeqRef {
-                        seq,
-                        chunk: u32::from(seq >= 4),
-                    })
-                    .collect(),
+                sequences: order.iter().map(|&seq| SeqRef { seq, chunk: u32::from(seq >= 4) }).collect(),
                 sweep: 1,
                 end_of_sweep: true,
                 position: 9,
                 retire: Vec::new(),
             };
             let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
-            let gathered = super::gather(
-                4,
-                &plan,
-                &timeline,
-                &shapes(f64, u64_ids),
-                false,
-                &mut map,
-            )
-            .expect("gather");
+            let gathered = super::gather(4, &plan, &timeline, &shapes(f64, u64_ids), false, &mut map).expect("gather");
             let mb = gathered.to_minibatch();
             let geometry = RingGeometry::new(2, 8192);
-            let mut a = Ring::new(
-                LocalMemory::new(geometry.total_bytes() as usize),
-                geometry,
-                1,
-                1,
-            )
-            .expect("ring");
-            let mut b = Ring::new(
-                LocalMemory::new(geometry.total_bytes() as usize),
-                geometry,
-                1,
-                1,
-            )
-            .expect("ring");
+            let mut a = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
+            let mut b = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
             let used = a.write(1, 3, &mb, &names).expect("write");
-            assert_eq!(
-                b.write(1, 3, &gathered, &names)
-                    .expect("write_gathered"),
-                used
-            );
+            assert_eq!(b.write(1, 3, &gathered, &names).expect("write_gathered"), used);
             assert_eq!(a.memory().bytes(), b.memory().bytes(), "order {order:?}");
             let back = decode_minibatch(b.memory().bytes(), 1, 3, &[2, 10, 0]).expect("decode");
             assert_eq!(format!("{:?}", back.streams), format!("{:?}", mb.streams));
-            assert_eq!(
-                format!("{:?}", mb.streams),
-                format!("{:?}", naive(&plan, &timeline, &map)),
-                "order {order:?}"
-            );
-            let samples: usize = order
-                .iter()
-                .map(|&q| [1, 3, 0, 2, 2, 1, 1][q as usize])
-                .sum();
+            assert_eq!(format!("{:?}", mb.streams), format!("{:?}", naive(&plan, &timeline, &map)), "order {order:?}");
+            let samples: usize = order.iter().map(|&q| [1, 3, 0, 2, 2, 1, 1][q as usize]).sum();
             assert_eq!(mb.streams[0].num_samples(), samples);
         }
     }
@@ -297,38 +197,21 @@ fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
     use crate::sampling::{MinibatchPlan, SeqRef};
     let (timeline, mut map) = chunks(true, false);
     let plan = MinibatchPlan {
-        sequences: (0..700)
-            .map(|i| SeqRef {
-                seq: i % 7,
-                chunk: u32::from(i % 7 >= 4),
-            })
-            .collect(),
+        sequences: (0..700).map(|i| SeqRef { seq: i % 7, chunk: u32::from(i % 7 >= 4) }).collect(),
         sweep: 0,
         end_of_sweep: false,
         position: 0,
         retire: Vec::new(),
     };
-    let gathered =
-        super::gather(0, &plan, &timeline, &shapes(true, false), false, &mut map)
-            .expect("gather");
+    let gathered = super::gather(0, &plan, &timeline, &shapes(true, false), false, &mut map).expect("gather");
     let geometry = RingGeometry::new(1, 64);
     assert!(
         gathered.to_minibatch().streams[0].num_samples() * 16 > geometry.slot_size as usize,
         "the minibatch must not fit"
     );
-    let mut ring = Ring::new(
-        LocalMemory::new(geometry.total_bytes() as usize),
-        geometry,
-        1,
-        1,
-    )
-    .expect("ring");
+    let mut ring = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
     let before = ring.memory().bytes().to_vec();
     let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
-    assert!(matches!(
-        ring.write(0, 1, &gathered, &names),
-        Err(LayoutError::TooLarge { .. })
-    ));
+    assert!(matches!(ring.write(0, 1, &gathered, &names), Err(LayoutError::TooLarge { .. })));
     assert_eq!(ring.memory().bytes(), &before[..]);
 }
-

@@ -21,7 +21,9 @@ pub mod scheduler;
 #[cfg(test)]
 mod proptests;
 
-pub use scheduler::{EpochLimit, MinibatchPlan, Sampler, SamplingError, SamplingOptions, SeqRef, Window, DEFAULT_WINDOW_CHUNKS};
+pub use scheduler::{
+    EpochLimit, MinibatchPlan, Sampler, SamplingError, SamplingOptions, SeqRef, Window, DEFAULT_WINDOW_CHUNKS,
+};
 
 /// Narrows a sequence or chunk index to the `u32` of [`SeqRef`]. `Sampler::new` rejects
 /// timelines whose counts do not fit (`SamplingError::TooManySequences`), so this cannot fail.

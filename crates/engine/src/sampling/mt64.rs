@@ -30,9 +30,7 @@ pub struct Mt19937_64 {
 
 impl std::fmt::Debug for Mt19937_64 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mt19937_64")
-            .field("index", &self.index)
-            .finish_non_exhaustive()
+        f.debug_struct("Mt19937_64").field("index", &self.index).finish_non_exhaustive()
     }
 }
 
@@ -47,14 +45,9 @@ impl Mt19937_64 {
         state[0] = seed;
         for i in 1..STATE_WORDS {
             let prev = state[i - 1];
-            state[i] = INIT_MULTIPLIER
-                .wrapping_mul(prev ^ (prev >> 62))
-                .wrapping_add(i as u64);
+            state[i] = INIT_MULTIPLIER.wrapping_mul(prev ^ (prev >> 62)).wrapping_add(i as u64);
         }
-        Self {
-            state,
-            index: STATE_WORDS,
-        }
+        Self { state, index: STATE_WORDS }
     }
 
     /// The next 64-bit output (`rng()` in C++).

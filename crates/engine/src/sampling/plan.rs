@@ -50,15 +50,7 @@ impl SweepPlan {
     ) -> Self {
         let (order, local) = ordered_with_owner(timeline, options, sweep);
         let (use_start, uses, by_first_use) = index_uses(&order, &local, timeline.num_chunks());
-        let mut plan = Self {
-            sweep,
-            order,
-            local,
-            use_start,
-            uses,
-            by_first_use,
-            end_index: 0,
-        };
+        let mut plan = Self { sweep, order, local, use_start, uses, by_first_use, end_index: 0 };
         let sweep_start = sweep.saturating_mul(sweep_size);
         plan.end_index = if epoch_end <= sweep_start {
             0
@@ -101,21 +93,13 @@ impl SweepPlan {
 
     /// Appends to `out` (skipping chunks in `seen`) this worker's chunks used at positions
     /// `from..` before the epoch end, in order of their next use, until `out` holds `max`.
-    pub(crate) fn upcoming_into(
-        &self,
-        from: usize,
-        max: usize,
-        out: &mut Vec<u32>,
-        seen: &mut HashSet<u32>,
-    ) {
+    pub(crate) fn upcoming_into(&self, from: usize, max: usize, out: &mut Vec<u32>, seen: &mut HashSet<u32>) {
         let until = self.end_index;
         if from >= until {
             return;
         }
         let from_u32 = to_u32(from);
-        let split = self
-            .by_first_use
-            .partition_point(|&c| self.uses_of(c)[0] < from_u32);
+        let split = self.by_first_use.partition_point(|&c| self.uses_of(c)[0] < from_u32);
         // Chunks already in use: at most a window's worth have a use left.
         let mut started: Vec<(u32, u32)> = self.by_first_use[..split]
             .iter()
@@ -126,9 +110,7 @@ impl SweepPlan {
             })
             .collect();
         started.sort_unstable();
-        let fresh = self.by_first_use[split..]
-            .iter()
-            .map(|&c| (self.uses_of(c)[0], c));
+        let fresh = self.by_first_use[split..].iter().map(|&c| (self.uses_of(c)[0], c));
         let mut started = started.into_iter().peekable();
         let mut fresh = fresh.peekable();
         loop {
@@ -158,11 +140,7 @@ impl SweepPlan {
 }
 
 /// The sweep's order and, per position, whether it belongs to `options.rank`.
-fn ordered_with_owner(
-    timeline: &Timeline,
-    options: &SamplingOptions,
-    sweep: u64,
-) -> (Vec<SeqRef>, Vec<bool>) {
+fn ordered_with_owner(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<bool>) {
     let workers = options.num_workers as u64;
     let rank = options.rank as u64;
     if uses_block_randomizer(options) {
@@ -171,29 +149,19 @@ fn ordered_with_owner(
         for (k, &chunk) in randomized.chunk_order.iter().enumerate() {
             position[chunk as usize] = k as u64;
         }
-        let local = randomized
-            .sequences
-            .iter()
-            .map(|r| position[r.chunk as usize] % workers == rank)
-            .collect();
+        let local = randomized.sequences.iter().map(|r| position[r.chunk as usize] % workers == rank).collect();
         (randomized.sequences, local)
     } else {
         let order = file_order(timeline);
         let base = u128::from(sweep) * order.len() as u128;
-        let local = (0..order.len())
-            .map(|i| (base + i as u128) % u128::from(workers) == u128::from(rank))
-            .collect();
+        let local = (0..order.len()).map(|i| (base + i as u128) % u128::from(workers) == u128::from(rank)).collect();
         (order, local)
     }
 }
 
 /// Groups the local positions by chunk (`use_start`, `uses`) and lists the local chunks in order
 /// of first use.
-fn index_uses(
-    order: &[SeqRef],
-    local: &[bool],
-    num_chunks: usize,
-) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+fn index_uses(order: &[SeqRef], local: &[bool], num_chunks: usize) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let mut use_start = vec![0u32; num_chunks + 1];
     let mut by_first_use = Vec::new();
     for (r, _) in order.iter().zip(local).filter(|(_, &l)| l) {
@@ -215,4 +183,3 @@ fn index_uses(
     }
     (use_start, uses, by_first_use)
 }
-

@@ -37,10 +37,7 @@ fn timeline_strategy() -> impl Strategy<Value = Timeline> {
             seq_len.extend(chunk);
             chunk_start.push(seq_len.len());
         }
-        Timeline {
-            seq_len,
-            chunk_start,
-        }
+        Timeline { seq_len, chunk_start }
     })
 }
 
@@ -66,33 +63,15 @@ fn seed_strategy() -> impl Strategy<Value = u64> {
 
 fn case_strategy() -> impl Strategy<Value = Case> {
     let sizes = || prop::collection::vec(1usize..=12, 1..=5);
-    (
-        timeline_strategy(),
-        any::<bool>(),
-        window_strategy(),
-        seed_strategy(),
-        limit_strategy(),
-        1usize..=4,
-    )
-        .prop_flat_map(
-            move |(timeline, randomize, window, seed, limit, num_workers)| {
-                (0..num_workers, sizes(), sizes()).prop_map(move |(rank, sizes, other_sizes)| {
-                    Case {
-                        timeline: Arc::new(timeline.clone()),
-                        options: SamplingOptions {
-                            randomize,
-                            window,
-                            seed,
-                            limit,
-                            num_workers,
-                            rank,
-                        },
-                        sizes,
-                        other_sizes,
-                    }
-                })
-            },
-        )
+    (timeline_strategy(), any::<bool>(), window_strategy(), seed_strategy(), limit_strategy(), 1usize..=4)
+        .prop_flat_map(move |(timeline, randomize, window, seed, limit, num_workers)| {
+            (0..num_workers, sizes(), sizes()).prop_map(move |(rank, sizes, other_sizes)| Case {
+                timeline: Arc::new(timeline.clone()),
+                options: SamplingOptions { randomize, window, seed, limit, num_workers, rank },
+                sizes,
+                other_sizes,
+            })
+        })
 }
 
 fn sweep_size(t: &Timeline) -> u64 {
@@ -115,20 +94,11 @@ fn owners(t: &Timeline, o: &SamplingOptions, sweep: u64) -> Vec<usize> {
     let order = sweep_order(t, o, sweep);
     if uses_block_randomizer(o) {
         let chunk_order = randomize_sweep(t, o.window, o.seed, sweep).chunk_order;
-        let position: HashMap<u32, usize> = chunk_order
-            .iter()
-            .enumerate()
-            .map(|(k, &c)| (c, k))
-            .collect();
-        order
-            .iter()
-            .map(|r| position[&r.chunk] % o.num_workers)
-            .collect()
+        let position: HashMap<u32, usize> = chunk_order.iter().enumerate().map(|(k, &c)| (c, k)).collect();
+        order.iter().map(|r| position[&r.chunk] % o.num_workers).collect()
     } else {
         let n = order.len() as u64;
-        (0..n)
-            .map(|i| ((sweep * n + i) % o.num_workers as u64) as usize)
-            .collect()
+        (0..n).map(|i| ((sweep * n + i) % o.num_workers as u64) as usize).collect()
     }
 }
 
@@ -144,12 +114,7 @@ fn expected(t: &Timeline, o: &SamplingOptions) -> Vec<Entry> {
         let mut start = sweep * size;
         for (r, w) in order.iter().zip(owner) {
             if w == o.rank {
-                local.push(Entry {
-                    seq: *r,
-                    sweep,
-                    start,
-                    last_in_sweep: false,
-                });
+                local.push(Entry { seq: *r, sweep, start, last_in_sweep: false });
             }
             start += u64::from(t.seq_len[r.seq as usize]);
         }
@@ -165,9 +130,7 @@ fn expected(t: &Timeline, o: &SamplingOptions) -> Vec<Entry> {
 
 /// Runs to the end of the epoch with `sizes` cycled, starting at schedule index `first`.
 fn run(sampler: &mut Sampler, sizes: &[usize], first: usize) -> Vec<MinibatchPlan> {
-    (first..)
-        .map_while(|i| sampler.next_minibatch(sizes[i % sizes.len()]))
-        .collect()
+    (first..).map_while(|i| sampler.next_minibatch(sizes[i % sizes.len()])).collect()
 }
 
 fn sampler(case: &Case, options: &SamplingOptions) -> Sampler {
@@ -181,19 +144,11 @@ fn held_bound(t: &Timeline, o: &SamplingOptions) -> usize {
         return 1;
     }
     let sweeps = epoch_end(t, o.limit).div_ceil(sweep_size(t)).max(1);
-    (0..sweeps)
-        .flat_map(|s| randomize_sweep(t, o.window, o.seed, s).windows)
-        .map(|w| w.len())
-        .max()
-        .unwrap_or(1)
+    (0..sweeps).flat_map(|s| randomize_sweep(t, o.window, o.seed, s).windows).map(|w| w.len()).max().unwrap_or(1)
 }
 
 /// Checks `retire` of every plan and the bound on held chunks against the model.
-fn check_retirement(
-    plans: &[MinibatchPlan],
-    entries: &[Entry],
-    bound: usize,
-) -> Result<(), TestCaseError> {
+fn check_retirement(plans: &[MinibatchPlan], entries: &[Entry], bound: usize) -> Result<(), TestCaseError> {
     let mut at = 0;
     let mut open: HashSet<(u64, u32)> = HashSet::new();
     let mut retired: HashSet<(u64, u32)> = HashSet::new();
@@ -207,20 +162,11 @@ fn check_retirement(
             }
         }
         final_entry.reverse();
-        let expect: Vec<u32> = final_entry
-            .iter()
-            .filter(|e| e.last_in_sweep)
-            .map(|e| e.seq.chunk)
-            .collect();
+        let expect: Vec<u32> = final_entry.iter().filter(|e| e.last_in_sweep).map(|e| e.seq.chunk).collect();
         prop_assert_eq!(&plan.retire, &expect);
         for e in final_entry.iter().filter(|e| e.last_in_sweep) {
-            prop_assert!(
-                retired.insert((e.sweep, e.seq.chunk)),
-                "retired twice in a sweep"
-            );
-            let later = entries[at..]
-                .iter()
-                .any(|l| l.sweep == e.sweep && l.seq.chunk == e.seq.chunk);
+            prop_assert!(retired.insert((e.sweep, e.seq.chunk)), "retired twice in a sweep");
+            let later = entries[at..].iter().any(|l| l.sweep == e.sweep && l.seq.chunk == e.seq.chunk);
             prop_assert!(!later, "chunk {} used after its retirement", e.seq.chunk);
         }
         for e in batch {
@@ -230,12 +176,7 @@ fn check_retirement(
                 open.insert((e.sweep, e.seq.chunk));
             }
         }
-        prop_assert!(
-            open.len() <= bound,
-            "{} chunks held, bound {}",
-            open.len(),
-            bound
-        );
+        prop_assert!(open.len() <= bound, "{} chunks held, bound {}", open.len(), bound);
     }
     Ok(())
 }

@@ -88,10 +88,7 @@ pub fn file_order(timeline: &Timeline) -> Vec<SeqRef> {
     for chunk in 0..timeline.num_chunks() {
         let chunk_id = to_u32(chunk);
         for seq in timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1] {
-            order.push(SeqRef {
-                seq: to_u32(seq),
-                chunk: chunk_id,
-            });
+            order.push(SeqRef { seq: to_u32(seq), chunk: chunk_id });
         }
     }
     order
@@ -99,12 +96,7 @@ pub fn file_order(timeline: &Timeline) -> Vec<SeqRef> {
 
 /// Block-randomizes sweep `sweep` with seed offset `seed` (both RNGs use `seed + sweep`).
 #[must_use]
-pub fn randomize_sweep(
-    timeline: &Timeline,
-    window: Window,
-    seed: u64,
-    sweep: u64,
-) -> RandomizedSweep {
+pub fn randomize_sweep(timeline: &Timeline, window: Window, seed: u64, sweep: u64) -> RandomizedSweep {
     // A sample window of 0 is CNTK's "no sample window": the default chunk window.
     let window = window.normalized();
     let sweep_seed = seed.wrapping_add(sweep);
@@ -112,20 +104,13 @@ pub fn randomize_sweep(
     let windows = match window {
         Window::Chunks(w) => windows_in_chunks(chunk_order.len(), w),
         Window::Samples(w) => {
-            let samples: Vec<u64> = chunk_order
-                .iter()
-                .map(|&c| chunk_samples(timeline, c))
-                .collect();
+            let samples: Vec<u64> = chunk_order.iter().map(|&c| chunk_samples(timeline, c)).collect();
             windows_in_samples(&samples, w)
         }
     };
     let mut rng = Mt19937_64::new(sweep_seed);
     let sequences = shuffle_sequences(timeline, &chunk_order, &windows, &mut rng);
-    RandomizedSweep {
-        chunk_order,
-        windows,
-        sequences,
-    }
+    RandomizedSweep { chunk_order, windows, sequences }
 }
 
 /// CNTK's `ChunkRandomizer::Randomize`: the naive shuffle of `0..num_chunks`. `sweep_seed` is
@@ -152,10 +137,7 @@ pub fn windows_in_chunks(num_chunks: usize, window: usize) -> Vec<ChunkWindow> {
                 end = num_chunks;
                 begin = num_chunks.saturating_sub(width);
             }
-            ChunkWindow {
-                begin: to_u32(begin),
-                end: to_u32(end),
-            }
+            ChunkWindow { begin: to_u32(begin), end: to_u32(end) }
         })
         .collect()
 }
@@ -184,10 +166,7 @@ pub fn windows_in_samples(chunk_samples: &[u64], window: u64) -> Vec<ChunkWindow
         while end < n && starts[end + 1] - starts[k] < half {
             end += 1;
         }
-        windows.push(ChunkWindow {
-            begin: to_u32(begin),
-            end: to_u32(end),
-        });
+        windows.push(ChunkWindow { begin: to_u32(begin), end: to_u32(end) });
     }
     windows
 }
@@ -214,10 +193,7 @@ fn shuffle_sequences(
         chunk_first_position.push(slots.len());
         let chunk = chunk as usize;
         for seq in timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1] {
-            slots.push(Slot {
-                seq: to_u32(seq),
-                origin: to_u32(k),
-            });
+            slots.push(Slot { seq: to_u32(seq), origin: to_u32(k) });
             position_chunk.push(to_u32(k));
         }
     }
@@ -238,24 +214,14 @@ fn shuffle_sequences(
             }
         }
     }
-    slots
-        .into_iter()
-        .map(|s| SeqRef {
-            seq: s.seq,
-            chunk: chunk_order[s.origin as usize],
-        })
-        .collect()
+    slots.into_iter().map(|s| SeqRef { seq: s.seq, chunk: chunk_order[s.origin as usize] }).collect()
 }
 
 /// Nominal samples in original chunk `chunk`.
 fn chunk_samples(timeline: &Timeline, chunk: u32) -> u64 {
     let chunk = chunk as usize;
-    timeline.seq_len[timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1]]
-        .iter()
-        .map(|&l| u64::from(l))
-        .sum()
+    timeline.seq_len[timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1]].iter().map(|&l| u64::from(l)).sum()
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -263,10 +229,7 @@ mod tests {
 
     /// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
     fn mock(chunks: usize, per_chunk: usize, len: u32) -> Timeline {
-        Timeline {
-            seq_len: vec![len; chunks * per_chunk],
-            chunk_start: (0..=chunks).map(|c| c * per_chunk).collect(),
-        }
+        Timeline { seq_len: vec![len; chunks * per_chunk], chunk_start: (0..=chunks).map(|c| c * per_chunk).collect() }
     }
 
     fn ids(order: &[SeqRef]) -> Vec<u32> {
@@ -316,10 +279,7 @@ mod tests {
     fn golden_window_18_samples() {
         let t = mock(10, 2, 1);
         let order = sweep_order(&t, &randomized(Window::Samples(18), 0), 0);
-        assert_eq!(
-            ids(&order),
-            [18, 19, 7, 14, 6, 9, 8, 15, 5, 2, 10, 13, 16, 17, 1, 4, 3, 12, 11, 0]
-        );
+        assert_eq!(ids(&order), [18, 19, 7, 14, 6, 9, 8, 15, 5, 2, 10, 13, 16, 17, 1, 4, 3, 12, 11, 0]);
     }
 
     // ReaderLibTests.cpp TestChunkBasedRandomization: a window of k*100 samples over 100-sample
@@ -332,10 +292,7 @@ mod tests {
             let in_samples = windows_in_samples(&[100; 10], k as u64 * 100);
             for (c, s) in in_chunks.iter().zip(&in_samples) {
                 assert_eq!(c.len(), n.min(k.max(1)));
-                assert!(
-                    s.begin >= c.begin && s.end <= c.end,
-                    "k={k}: {s:?} not in {c:?}"
-                );
+                assert!(s.begin >= c.begin && s.end <= c.end, "k={k}: {s:?} not in {c:?}");
             }
         }
     }
@@ -346,20 +303,15 @@ mod tests {
         let pairs: Vec<(u32, u32)> = w.iter().map(|w| (w.begin, w.end)).collect();
         assert_eq!(pairs, [(0, 3), (0, 3), (1, 4), (2, 5), (3, 6), (3, 6)]);
         let zero = windows_in_chunks(3, 0);
-        assert!(zero
-            .iter()
-            .enumerate()
-            .all(|(k, w)| (w.begin, w.end) == (k as u32, k as u32 + 1)));
+        assert!(zero.iter().enumerate().all(|(k, w)| (w.begin, w.end) == (k as u32, k as u32 + 1)));
         let huge = windows_in_chunks(3, usize::MAX);
         assert!(huge.iter().all(|w| (w.begin, w.end) == (0, 3)));
     }
 
     #[test]
     fn every_sequence_respects_its_window() {
-        let t = Timeline {
-            seq_len: (0..40).map(|i| 1 + i % 5).collect(),
-            chunk_start: vec![0, 3, 9, 10, 18, 25, 31, 40],
-        };
+        let t =
+            Timeline { seq_len: (0..40).map(|i| 1 + i % 5).collect(), chunk_start: vec![0, 3, 9, 10, 18, 25, 31, 40] };
         for seed in 0..5 {
             let sweep = randomize_sweep(&t, Window::Chunks(2), seed, 3);
             let position: Vec<usize> = {
@@ -397,7 +349,10 @@ mod tests {
         // A sample window of 0 is CNTK's "no sample window": the default chunk window applies.
         let zero_samples = randomized(Window::Samples(0), 9);
         assert!(uses_block_randomizer(&zero_samples));
-        assert_eq!(sweep_order(&t, &zero_samples, 2), sweep_order(&t, &randomized(Window::Chunks(crate::sampling::DEFAULT_WINDOW_CHUNKS), 9), 2));
+        assert_eq!(
+            sweep_order(&t, &zero_samples, 2),
+            sweep_order(&t, &randomized(Window::Chunks(crate::sampling::DEFAULT_WINDOW_CHUNKS), 9), 2)
+        );
         assert_ne!(ids(&sweep_order(&t, &zero_samples, 2)), (0..12).collect::<Vec<_>>());
     }
 }

@@ -440,9 +440,7 @@ impl Sampler {
     pub fn restore(&mut self, position: u64) -> Result<(), SamplingError> {
         let sweep = position / self.sweep_size;
         self.switch_to_sweep(sweep);
-        let (index, start) = self
-            .current
-            .seek(&self.timeline, position % self.sweep_size);
+        let (index, start) = self.current.seek(&self.timeline, position % self.sweep_size);
         self.index = index;
         self.position = (sweep * self.sweep_size).saturating_add(start);
         self.park_if_without_data();
@@ -459,8 +457,7 @@ impl Sampler {
             return upcoming;
         }
         let mut seen = HashSet::new();
-        self.current
-            .upcoming_into(self.index, max, &mut upcoming, &mut seen);
+        self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
         let next_sweep = self.current.sweep + 1;
         if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
             let next = self.next.get_or_init(|| self.build_plan(next_sweep));
@@ -472,19 +469,12 @@ impl Sampler {
     }
 
     fn build_plan(&self, sweep: u64) -> SweepPlan {
-        SweepPlan::build(
-            &self.timeline,
-            &self.options,
-            sweep,
-            self.sweep_size,
-            self.epoch_end,
-        )
+        SweepPlan::build(&self.timeline, &self.options, sweep, self.sweep_size, self.epoch_end)
     }
 
     fn local_limit(&self, minibatch_size: usize) -> u64 {
         let workers = self.options.num_workers;
-        let share =
-            minibatch_size / workers + usize::from(minibatch_size % workers > self.options.rank);
+        let share = minibatch_size / workers + usize::from(minibatch_size % workers > self.options.rank);
         (share as u64).clamp(1, MAX_LOCAL_MINIBATCH_SAMPLES)
     }
 
@@ -551,10 +541,7 @@ fn validate_options(options: &SamplingOptions) -> Result<(), SamplingError> {
         return Err(SamplingError::NoWorkers);
     }
     if options.rank >= options.num_workers {
-        return Err(SamplingError::RankOutOfRange {
-            rank: options.rank,
-            num_workers: options.num_workers,
-        });
+        return Err(SamplingError::RankOutOfRange { rank: options.rank, num_workers: options.num_workers });
     }
     Ok(())
 }
@@ -570,9 +557,7 @@ fn validate_timeline(timeline: &Timeline) -> Result<u64, SamplingError> {
     }
     let starts = &timeline.chunk_start;
     if starts.first() != Some(&0) {
-        return Err(SamplingError::MalformedChunks {
-            reason: "chunk_start must begin with 0",
-        });
+        return Err(SamplingError::MalformedChunks { reason: "chunk_start must begin with 0" });
     }
     if starts.last() != Some(&count) {
         return Err(SamplingError::MalformedChunks {
@@ -581,9 +566,7 @@ fn validate_timeline(timeline: &Timeline) -> Result<u64, SamplingError> {
     }
     for (chunk, pair) in starts.windows(2).enumerate() {
         if pair[1] < pair[0] {
-            return Err(SamplingError::MalformedChunks {
-                reason: "chunk_start must not decrease",
-            });
+            return Err(SamplingError::MalformedChunks { reason: "chunk_start must not decrease" });
         }
         if pair[1] == pair[0] {
             return Err(SamplingError::EmptyChunk { chunk });

@@ -14,10 +14,7 @@ fn timeline(lens: &[u32], chunk_sizes: &[usize]) -> Arc<Timeline> {
         chunk_start.push(chunk_start[chunk_start.len() - 1] + size);
     }
     assert_eq!(chunk_start[chunk_start.len() - 1], lens.len());
-    Arc::new(Timeline {
-        seq_len: lens.to_vec(),
-        chunk_start,
-    })
+    Arc::new(Timeline { seq_len: lens.to_vec(), chunk_start })
 }
 
 /// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
@@ -26,14 +23,7 @@ fn mock(chunks: usize, per_chunk: usize, len: u32) -> Arc<Timeline> {
 }
 
 fn options(randomize: bool, window: Window, seed: u64, limit: EpochLimit) -> SamplingOptions {
-    SamplingOptions {
-        randomize,
-        window,
-        seed,
-        limit,
-        num_workers: 1,
-        rank: 0,
-    }
+    SamplingOptions { randomize, window, seed, limit, num_workers: 1, rank: 0 }
 }
 
 fn sequential(limit: EpochLimit) -> SamplingOptions {
@@ -149,15 +139,9 @@ fn max_samples_overshoots_to_the_end_of_the_last_started_sequence() {
 #[test]
 fn no_degenerate_minibatch_at_the_epoch_end() {
     let t = mock(1, 50, 3);
-    for opts in [
-        sequential(EpochLimit::Samples(100)),
-        whole_window(0, EpochLimit::Samples(100)),
-    ] {
+    for opts in [sequential(EpochLimit::Samples(100)), whole_window(0, EpochLimit::Samples(100))] {
         let mut s = sampler(&t, opts);
-        let sizes: Vec<usize> = drain(&mut s, 90)
-            .iter()
-            .map(|p| p.sequences.len() * 3)
-            .collect();
+        let sizes: Vec<usize> = drain(&mut s, 90).iter().map(|p| p.sequences.len() * 3).collect();
         assert_eq!(sizes, [90, 12]);
     }
 }
@@ -169,10 +153,7 @@ fn minibatch_crosses_the_sweep_end() {
     let mut s = sampler(&t, whole_window(0, EpochLimit::Infinite));
     let plans: Vec<MinibatchPlan> = (0..4).filter_map(|_| s.next_minibatch(4)).collect();
     assert_eq!(ids(&plans[2]), [7, 8, 3, 0]);
-    assert_eq!(
-        (plans[2].sweep, plans[2].end_of_sweep, plans[2].position),
-        (0, true, 12)
-    );
+    assert_eq!((plans[2].sweep, plans[2].end_of_sweep, plans[2].position), (0, true, 12));
     assert_eq!((plans[3].sweep, plans[3].end_of_sweep), (1, false));
     assert!(plans[..2].iter().all(|p| !p.end_of_sweep));
 }
@@ -187,11 +168,7 @@ fn one_minibatch_spans_many_sweeps() {
     assert_eq!((plan.position, plan.end_of_sweep), (1000, true));
     let mut expected = Vec::new();
     for sweep in 0..143 {
-        expected.extend(sweep_order(
-            &t,
-            &whole_window(3, EpochLimit::Infinite),
-            sweep,
-        ));
+        expected.extend(sweep_order(&t, &whole_window(3, EpochLimit::Infinite), sweep));
     }
     expected.truncate(1000);
     assert_eq!(plan.sequences, expected);
@@ -201,21 +178,12 @@ fn one_minibatch_spans_many_sweeps() {
 #[test]
 fn continuation_into_the_next_sweep_stops_at_a_sequence_that_does_not_fit() {
     let t = timeline(&[2, 3], &[1, 1]);
-    let mut s = sampler(
-        &t,
-        options(true, Window::Chunks(1), 0, EpochLimit::Infinite),
-    );
+    let mut s = sampler(&t, options(true, Window::Chunks(1), 0, EpochLimit::Infinite));
     // The whole first sweep (5 samples) fits; neither sequence of the next sweep fits in 1 more.
     let first = s.next_minibatch(6).expect("data");
-    assert_eq!(
-        (first.sequences.len(), first.position, first.end_of_sweep),
-        (2, 5, true)
-    );
+    assert_eq!((first.sequences.len(), first.position, first.end_of_sweep), (2, 5, true));
     // Exactly full at the sweep end: the minibatch ends there.
-    let mut s = sampler(
-        &t,
-        options(true, Window::Chunks(1), 0, EpochLimit::Infinite),
-    );
+    let mut s = sampler(&t, options(true, Window::Chunks(1), 0, EpochLimit::Infinite));
     assert_eq!(s.next_minibatch(5).expect("data").position, 5);
 }
 
@@ -247,10 +215,7 @@ fn sweep_k_of_seed_s_is_sweep_0_of_seed_s_plus_k() {
     let t = timeline(&[1, 2, 3, 1, 2, 3, 1, 2], &[2, 3, 1, 2]);
     for window in [Window::Chunks(2), Window::Samples(6)] {
         let mut s = sampler(&t, options(true, window, 7, EpochLimit::Sweeps(3)));
-        let all: Vec<SeqRef> = drain(&mut s, 4)
-            .into_iter()
-            .flat_map(|p| p.sequences)
-            .collect();
+        let all: Vec<SeqRef> = drain(&mut s, 4).into_iter().flat_map(|p| p.sequences).collect();
         for k in 0..3 {
             let fresh = sweep_order(&t, &options(true, window, 7 + k, EpochLimit::FullSweep), 0);
             assert_eq!(all[k as usize * 8..(k as usize + 1) * 8], fresh[..]);
@@ -285,11 +250,7 @@ fn restore_reproduces_the_uninterrupted_run() {
     for (i, plan) in reference.iter().enumerate() {
         let mut fresh = sampler(&t, opts.clone());
         fresh.restore(plan.position).expect("restore");
-        assert_eq!(
-            drain(&mut fresh, 3),
-            reference[i + 1..],
-            "fresh restore after {i}"
-        );
+        assert_eq!(drain(&mut fresh, 3), reference[i + 1..], "fresh restore after {i}");
     }
     let mut s = sampler(&t, opts);
     let _ = drain(&mut s, 3);
@@ -304,29 +265,18 @@ fn restore_in_the_middle_of_a_sequence_moves_to_the_next_start() {
     s.restore(4).expect("restore");
     assert_eq!(s.position(), 6);
     s.restore(8).expect("restore");
-    assert_eq!(
-        s.position(),
-        9,
-        "past the last start: the next sweep starts"
-    );
+    assert_eq!(s.position(), 9, "past the last start: the next sweep starts");
     assert_eq!(ids(&s.next_minibatch(3).expect("data")), [0]);
     s.restore(u64::MAX).expect("restore");
     assert!(s.next_minibatch(3).is_none() && s.upcoming_chunks(3).is_empty());
     s.restore(21).expect("restore");
-    assert_eq!(
-        (s.position(), ids(&s.next_minibatch(3).expect("data"))),
-        (21, vec![1])
-    );
+    assert_eq!((s.position(), ids(&s.next_minibatch(3).expect("data"))), (21, vec![1]));
 }
 
 /// Reference ownership of the block randomizer: rank of the randomized chunk position.
 fn block_owner(t: &Timeline, opts: &SamplingOptions, sweep: u64, chunk: u32) -> usize {
     let sweep_data = randomize_sweep(t, opts.window, opts.seed, sweep);
-    let k = sweep_data
-        .chunk_order
-        .iter()
-        .position(|&c| c == chunk)
-        .expect("chunk present");
+    let k = sweep_data.chunk_order.iter().position(|&c| c == chunk).expect("chunk present");
     k % opts.num_workers
 }
 
@@ -339,11 +289,7 @@ fn workers_with_randomization_split_by_randomized_chunk() {
     let mut union = Vec::new();
     let mut last_positions = Vec::new();
     for rank in 0..3 {
-        let opts = SamplingOptions {
-            num_workers: 3,
-            rank,
-            ..base.clone()
-        };
+        let opts = SamplingOptions { num_workers: 3, rank, ..base.clone() };
         let plans = drain(&mut sampler(&t, opts.clone()), 4);
         for r in plans.iter().flat_map(|p| &p.sequences) {
             assert_eq!(block_owner(&t, &opts, 0, r.chunk), rank);
@@ -360,11 +306,7 @@ fn workers_with_randomization_split_by_randomized_chunk() {
 #[test]
 fn rank_beyond_the_chunk_count_is_at_the_epoch_end() {
     let t = mock(2, 2, 1);
-    let opts = SamplingOptions {
-        num_workers: 3,
-        rank: 2,
-        ..whole_window(0, EpochLimit::Sweeps(2))
-    };
+    let opts = SamplingOptions { num_workers: 3, rank: 2, ..whole_window(0, EpochLimit::Sweeps(2)) };
     let mut s = sampler(&t, opts);
     assert_eq!(s.position(), 8);
     assert!(s.next_minibatch(4).is_none());
@@ -378,16 +320,9 @@ fn rank_beyond_the_chunk_count_is_at_the_epoch_end() {
 fn workers_without_randomization_split_by_sequence() {
     let t = mock(3, 3, 1);
     for rank in 0..2 {
-        let opts = SamplingOptions {
-            num_workers: 2,
-            rank,
-            ..sequential(EpochLimit::Sweeps(2))
-        };
+        let opts = SamplingOptions { num_workers: 2, rank, ..sequential(EpochLimit::Sweeps(2)) };
         let plans = drain(&mut sampler(&t, opts), 5);
-        let expected: Vec<u32> = (0..18)
-            .filter(|g| g % 2 == rank as u32)
-            .map(|g| g % 9)
-            .collect();
+        let expected: Vec<u32> = (0..18).filter(|g| g % 2 == rank as u32).map(|g| g % 9).collect();
         assert_eq!(all_ids(&plans), expected);
         let local = if rank == 0 { 3 } else { 2 };
         assert!(plans.iter().all(|p| p.sequences.len() <= local));
@@ -435,10 +370,16 @@ fn one_sweep_is_that_sweep_of_the_uninterrupted_run() {
 fn equal_steps_cut_every_worker_to_the_fewest() {
     let t = timeline(&[1, 3, 2, 1, 1, 2, 4, 1, 1, 2, 5, 1], &[2, 3, 1, 4, 2]);
     let mut ragged = 0;
-    for options in [whole_window(2, EpochLimit::Sweep(1)), sequential(EpochLimit::Sweeps(2)), options(true, Window::Chunks(2), 7, EpochLimit::FullSweep)] {
+    for options in [
+        whole_window(2, EpochLimit::Sweep(1)),
+        sequential(EpochLimit::Sweeps(2)),
+        options(true, Window::Chunks(2), 7, EpochLimit::FullSweep),
+    ] {
         for workers in 2..=4 {
             let full: Vec<Vec<MinibatchPlan>> = (0..workers)
-                .map(|rank| drain(&mut sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() }), 3))
+                .map(|rank| {
+                    drain(&mut sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() }), 3)
+                })
                 .collect();
             let fewest = full.iter().map(Vec::len).min().unwrap_or(0);
             ragged += usize::from(full.iter().any(|f| f.len() != fewest));
@@ -471,11 +412,7 @@ fn no_randomizer_stops_once_the_local_share_is_full() {
     let t = mock(1, 4, 1);
     let expected = [(vec![0, 2], 3), (vec![1, 3], 4)];
     for (rank, (ids_expected, position)) in expected.into_iter().enumerate() {
-        let opts = SamplingOptions {
-            num_workers: 2,
-            rank,
-            ..sequential(EpochLimit::FullSweep)
-        };
+        let opts = SamplingOptions { num_workers: 2, rank, ..sequential(EpochLimit::FullSweep) };
         let plan = sampler(&t, opts).next_minibatch(4).expect("a minibatch");
         assert_eq!(ids(&plan), ids_expected, "rank {rank}");
         assert_eq!(plan.position, position, "rank {rank}");
@@ -487,23 +424,12 @@ fn no_randomizer_stops_once_the_local_share_is_full() {
 #[test]
 fn no_randomizer_restore_matches_uninterrupted_split() {
     let t = mock(1, 3, 1);
-    let opts = SamplingOptions {
-        num_workers: 2,
-        rank: 1,
-        ..sequential(EpochLimit::Sweeps(3))
-    };
+    let opts = SamplingOptions { num_workers: 2, rank: 1, ..sequential(EpochLimit::Sweeps(3)) };
     let reference = drain(&mut sampler(&t, opts.clone()), 2);
-    let restart = reference
-        .iter()
-        .find(|p| p.position > 3)
-        .expect("a minibatch in sweep 1");
+    let restart = reference.iter().find(|p| p.position > 3).expect("a minibatch in sweep 1");
     let mut s = sampler(&t, opts);
     s.restore(restart.position).expect("restore");
-    let tail: Vec<_> = reference
-        .iter()
-        .skip_while(|p| p.position <= restart.position)
-        .cloned()
-        .collect();
+    let tail: Vec<_> = reference.iter().skip_while(|p| p.position <= restart.position).cloned().collect();
     assert_eq!(drain(&mut s, 2), tail);
 }
 
@@ -511,11 +437,7 @@ fn no_randomizer_restore_matches_uninterrupted_split() {
 fn local_minibatch_size_is_at_least_one() {
     let t = mock(4, 1, 1);
     for mb in [0, 1] {
-        let opts = SamplingOptions {
-            num_workers: 4,
-            rank: 3,
-            ..sequential(EpochLimit::FullSweep)
-        };
+        let opts = SamplingOptions { num_workers: 4, rank: 3, ..sequential(EpochLimit::FullSweep) };
         let plans = drain(&mut sampler(&t, opts), mb);
         assert_eq!(all_ids(&plans), [3]);
     }
@@ -526,21 +448,11 @@ fn local_minibatch_size_is_at_least_one() {
 #[test]
 fn empty_minibatch_for_this_worker_is_returned_without_sweep_end() {
     let t = mock(6, 2, 3);
-    let base = SamplingOptions {
-        num_workers: 2,
-        rank: 0,
-        ..whole_window(0, EpochLimit::Infinite)
-    };
+    let base = SamplingOptions { num_workers: 2, rank: 0, ..whole_window(0, EpochLimit::Infinite) };
     let plan = SweepPlan::build(&t, &base, 0, 36, MAX_EPOCH_SAMPLES);
-    let last_local = (0..plan.len())
-        .rev()
-        .find(|&i| plan.is_local(i))
-        .expect("rank 0 has data");
+    let last_local = (0..plan.len()).rev().find(|&i| plan.is_local(i)).expect("rank 0 has data");
     let after = last_local + 1;
-    assert!(
-        after < plan.len(),
-        "the sweep must end with another rank's sequence"
-    );
+    assert!(after < plan.len(), "the sweep must end with another rank's sequence");
     let mut s = sampler(&t, base);
     s.restore(after as u64 * 3).expect("restore");
     let empty = s.next_minibatch(2).expect("epoch goes on");
@@ -575,79 +487,23 @@ fn invalid_options_and_timelines_are_rejected() {
     let t = mock(2, 2, 1);
     let ok = sequential(EpochLimit::FullSweep);
     let err = |t: Arc<Timeline>, o: SamplingOptions| Sampler::new(t, o).expect_err("invalid");
+    assert!(matches!(err(t.clone(), SamplingOptions { num_workers: 0, ..ok.clone() }), SamplingError::NoWorkers));
     assert!(matches!(
-        err(
-            t.clone(),
-            SamplingOptions {
-                num_workers: 0,
-                ..ok.clone()
-            }
-        ),
-        SamplingError::NoWorkers
+        err(t.clone(), SamplingOptions { num_workers: 2, rank: 2, ..ok.clone() }),
+        SamplingError::RankOutOfRange { rank: 2, num_workers: 2 }
     ));
-    assert!(matches!(
-        err(
-            t.clone(),
-            SamplingOptions {
-                num_workers: 2,
-                rank: 2,
-                ..ok.clone()
-            }
-        ),
-        SamplingError::RankOutOfRange {
-            rank: 2,
-            num_workers: 2
-        }
-    ));
-    let empty = Arc::new(Timeline {
-        seq_len: vec![],
-        chunk_start: vec![0],
-    });
-    assert!(matches!(
-        err(empty, ok.clone()),
-        SamplingError::EmptyTimeline
-    ));
-    let bad_end = Arc::new(Timeline {
-        seq_len: vec![1, 1],
-        chunk_start: vec![0, 1],
-    });
-    assert!(matches!(
-        err(bad_end, ok.clone()),
-        SamplingError::MalformedChunks { .. }
-    ));
-    let empty_chunk = Arc::new(Timeline {
-        seq_len: vec![1, 1],
-        chunk_start: vec![0, 0, 2],
-    });
-    assert!(matches!(
-        err(empty_chunk, ok.clone()),
-        SamplingError::EmptyChunk { chunk: 0 }
-    ));
-    assert!(matches!(
-        err(timeline(&[1, 0], &[2]), ok.clone()),
-        SamplingError::ZeroLengthSequence { seq: 1 }
-    ));
-    for limit in [
-        EpochLimit::Sweeps(u64::MAX / 3),
-        EpochLimit::Samples(u64::MAX),
-    ] {
-        let e = err(
-            t.clone(),
-            SamplingOptions {
-                limit,
-                ..ok.clone()
-            },
-        );
+    let empty = Arc::new(Timeline { seq_len: vec![], chunk_start: vec![0] });
+    assert!(matches!(err(empty, ok.clone()), SamplingError::EmptyTimeline));
+    let bad_end = Arc::new(Timeline { seq_len: vec![1, 1], chunk_start: vec![0, 1] });
+    assert!(matches!(err(bad_end, ok.clone()), SamplingError::MalformedChunks { .. }));
+    let empty_chunk = Arc::new(Timeline { seq_len: vec![1, 1], chunk_start: vec![0, 0, 2] });
+    assert!(matches!(err(empty_chunk, ok.clone()), SamplingError::EmptyChunk { chunk: 0 }));
+    assert!(matches!(err(timeline(&[1, 0], &[2]), ok.clone()), SamplingError::ZeroLengthSequence { seq: 1 }));
+    for limit in [EpochLimit::Sweeps(u64::MAX / 3), EpochLimit::Samples(u64::MAX)] {
+        let e = err(t.clone(), SamplingOptions { limit, ..ok.clone() });
         assert!(matches!(e, SamplingError::EpochTooLarge { .. }), "{e}");
     }
-    assert!(Sampler::new(
-        t,
-        SamplingOptions {
-            limit: EpochLimit::Samples(MAX_EPOCH_SAMPLES),
-            ..ok
-        }
-    )
-    .is_ok());
+    assert!(Sampler::new(t, SamplingOptions { limit: EpochLimit::Samples(MAX_EPOCH_SAMPLES), ..ok }).is_ok());
 }
 
 /// Randomized chunk positions of sweep `sweep` (original chunk at each position).
@@ -661,20 +517,10 @@ fn chunk_order(t: &Timeline, opts: &SamplingOptions, sweep: u64) -> Vec<u32> {
 #[test]
 fn full_minibatch_passes_over_other_workers_sequences() {
     let t = mock(3, 1, 1);
-    let opts = SamplingOptions {
-        num_workers: 2,
-        rank: 0,
-        ..options(true, Window::Chunks(3), 0, EpochLimit::Infinite)
-    };
+    let opts = SamplingOptions { num_workers: 2, rank: 0, ..options(true, Window::Chunks(3), 0, EpochLimit::Infinite) };
     // Rank 0 owns randomized positions 0 and 2 of every sweep.
     let plan = sampler(&t, opts.clone()).next_minibatch(2).expect("data");
-    assert_eq!(
-        plan.sequences,
-        [SeqRef {
-            seq: chunk_order(&t, &opts, 0)[0],
-            chunk: chunk_order(&t, &opts, 0)[0]
-        }]
-    );
+    assert_eq!(plan.sequences, [SeqRef { seq: chunk_order(&t, &opts, 0)[0], chunk: chunk_order(&t, &opts, 0)[0] }]);
     assert_eq!(plan.position, 2);
 }
 
@@ -683,16 +529,9 @@ fn full_minibatch_passes_over_other_workers_sequences() {
 #[test]
 fn exactly_full_at_the_sweep_end_does_not_cross() {
     let t = mock(2, 1, 1);
-    let opts = SamplingOptions {
-        num_workers: 2,
-        rank: 1,
-        ..options(true, Window::Chunks(2), 0, EpochLimit::Infinite)
-    };
+    let opts = SamplingOptions { num_workers: 2, rank: 1, ..options(true, Window::Chunks(2), 0, EpochLimit::Infinite) };
     let plan = sampler(&t, opts).next_minibatch(2).expect("data");
-    assert_eq!(
-        (plan.sequences.len(), plan.position, plan.end_of_sweep),
-        (1, 2, true)
-    );
+    assert_eq!((plan.sequences.len(), plan.position, plan.end_of_sweep), (1, 2, true));
 }
 
 // The ledger's fingerprint names the sequences, their order and the sweep, and nothing else.
@@ -706,7 +545,10 @@ fn fingerprint_names_sequences_order_and_sweep() {
         retire: Vec::new(),
     };
     let a = plan(1, &[3, 1, 4]);
-    assert_eq!(a.fingerprint(), MinibatchPlan { position: 99, end_of_sweep: true, retire: vec![0], ..a.clone() }.fingerprint());
+    assert_eq!(
+        a.fingerprint(),
+        MinibatchPlan { position: 99, end_of_sweep: true, retire: vec![0], ..a.clone() }.fingerprint()
+    );
     assert_ne!(a.fingerprint(), plan(1, &[1, 3, 4]).fingerprint(), "order");
     assert_ne!(a.fingerprint(), plan(2, &[3, 1, 4]).fingerprint(), "sweep");
     assert_ne!(a.fingerprint(), plan(1, &[3, 1]).fingerprint(), "sequences");

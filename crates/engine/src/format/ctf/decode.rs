@@ -19,10 +19,10 @@ use std::sync::Arc;
 
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
-use crate::options::{StreamConfig, StreamFormat};
 use crate::format::chunk::Values;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::SequenceDesc;
+use crate::options::{StreamConfig, StreamFormat};
 
 /// An element type values are stored as.
 pub trait Element: Copy + Default + Send + Sync + 'static {
@@ -216,7 +216,13 @@ impl CtfDecoder {
                 }
             }
             if samples_in_row == 0 && content {
-                errors.push(self.malformed(ctx, bytes, row_start, ErrorKind::EmptyRow, "no sample could be read from this row".into()));
+                errors.push(self.malformed(
+                    ctx,
+                    bytes,
+                    row_start,
+                    ErrorKind::EmptyRow,
+                    "no sample could be read from this row".into(),
+                ));
             }
             p += 1; // the '\n' (or past the end)
         }
@@ -260,7 +266,10 @@ impl CtfDecoder {
             );
             errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooLong, msg));
         } else if longest < expected {
-            let msg = format!("sequence {} has {} line(s) but at most {} sample(s) could be read", ctx.seq.key, expected, longest);
+            let msg = format!(
+                "sequence {} has {} line(s) but at most {} sample(s) could be read",
+                ctx.seq.key, expected, longest
+            );
             errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooShort, msg));
         }
         for b in out.iter_mut() {
@@ -301,7 +310,13 @@ impl CtfDecoder {
         }
         if p == name_start {
             let found = bytes.get(p).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
-            errors.push(self.malformed(ctx, bytes, p, ErrorKind::InvalidName, format!("expected an input name after '|', found {found}")));
+            errors.push(self.malformed(
+                ctx,
+                bytes,
+                p,
+                ErrorKind::InvalidName,
+                format!("expected an input name after '|', found {found}"),
+            ));
             return (false, p);
         }
         let Some(id) = self.lookup(&bytes[name_start..p]) else {
@@ -309,11 +324,16 @@ impl CtfDecoder {
         };
         let stream = &self.streams[id];
         let buf = &mut out[id];
-        let result = if stream.sparse { read_sparse(bytes, p, stream.dim, buf) } else { read_dense(bytes, p, stream.dim, buf, self.fast_dense) };
+        let result = if stream.sparse {
+            read_sparse(bytes, p, stream.dim, buf)
+        } else {
+            read_dense(bytes, p, stream.dim, buf, self.fast_dense)
+        };
         match result {
             Ok(np) => (true, np),
             Err((at, kind, msg)) => {
-                let msg = format!("{msg} in input '{}' (stream '{}')", String::from_utf8_lossy(&stream.alias), stream.name);
+                let msg =
+                    format!("{msg} in input '{}' (stream '{}')", String::from_utf8_lossy(&stream.alias), stream.name);
                 errors.push(self.malformed(ctx, bytes, at, kind, msg));
                 (false, at)
             }
@@ -335,7 +355,13 @@ type SampleError = (usize, ErrorKind, String);
 
 /// `TryReadDenseSample`: values up to `|` or a non-printable byte; pads to `dim`, rejects more.
 #[inline]
-fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>, fast: bool) -> Result<usize, SampleError> {
+fn read_dense<T: Element>(
+    bytes: &[u8],
+    mut p: usize,
+    dim: usize,
+    buf: &mut StreamBuf<T>,
+    fast: bool,
+) -> Result<usize, SampleError> {
     let mark = buf.values.len();
     // The sample's `dim` values, zero until read: a short sample is padded by construction.
     buf.values.resize(mark + dim, T::default());
@@ -384,7 +410,12 @@ fn read_dense<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Stre
 
 /// `TryReadSparseSample`: `index:value` entries, `index < dim`; an empty sample is valid.
 #[inline]
-fn read_sparse<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut StreamBuf<T>) -> Result<usize, SampleError> {
+fn read_sparse<T: Element>(
+    bytes: &[u8],
+    mut p: usize,
+    dim: usize,
+    buf: &mut StreamBuf<T>,
+) -> Result<usize, SampleError> {
     let mark = buf.values.len();
     let n = bytes.len();
     let fail = |buf: &mut StreamBuf<T>, at: usize, kind: ErrorKind, msg: String| {
@@ -404,22 +435,44 @@ fn read_sparse<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Str
         let (index, np) = match parse_index(bytes, p) {
             Ok(x) => x,
             Err((IndexError::NoDigits, at)) => {
-                return fail(buf, at, ErrorKind::BadSparseEntry, format!("expected a sparse index (digits), found {}", show_byte(bytes[at])));
+                return fail(
+                    buf,
+                    at,
+                    ErrorKind::BadSparseEntry,
+                    format!("expected a sparse index (digits), found {}", show_byte(bytes[at])),
+                );
             }
             Err((IndexError::Overflow, at)) => {
                 return fail(buf, at, ErrorKind::BadSparseEntry, "sparse index overflows 64 bits".into());
             }
         };
         if index >= dim as u64 {
-            return fail(buf, p, ErrorKind::SparseIndexOutOfRange, format!("sparse index {index} exceeds the maximum {}", dim - 1));
+            return fail(
+                buf,
+                p,
+                ErrorKind::SparseIndexOutOfRange,
+                format!("sparse index {index} exceeds the maximum {}", dim - 1),
+            );
         }
         p = np;
         match bytes.get(p) {
             Some(b':') => p += 1,
             Some(&b) => {
-                return fail(buf, p, ErrorKind::BadSparseEntry, format!("expected ':' after sparse index {index}, found {}", show_byte(b)));
+                return fail(
+                    buf,
+                    p,
+                    ErrorKind::BadSparseEntry,
+                    format!("expected ':' after sparse index {index}, found {}", show_byte(b)),
+                );
             }
-            None => return fail(buf, p, ErrorKind::BadSparseEntry, format!("expected ':' after sparse index {index}, found the end of the sequence")),
+            None => {
+                return fail(
+                    buf,
+                    p,
+                    ErrorKind::BadSparseEntry,
+                    format!("expected ':' after sparse index {index}, found the end of the sequence"),
+                )
+            }
         }
         match parse_real(bytes, p) {
             Ok((v, np)) => {
@@ -430,7 +483,12 @@ fn read_sparse<T: Element>(bytes: &[u8], mut p: usize, dim: usize, buf: &mut Str
             }
             Err((e, at)) => {
                 let found = bytes.get(at).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
-                return fail(buf, at, ErrorKind::BadSparseEntry, format!("expected {} after '{index}:', found {found}", e.expected()));
+                return fail(
+                    buf,
+                    at,
+                    ErrorKind::BadSparseEntry,
+                    format!("expected {} after '{index}:', found {found}", e.expected()),
+                );
             }
         }
     }

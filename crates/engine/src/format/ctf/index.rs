@@ -79,7 +79,11 @@ impl MainStreamFinder {
 ///
 /// # Errors
 /// I/O errors and CNTK's fatal index errors, with file, line and byte offset.
-pub fn index_file(path: &Path, options: &CtfIndexOptions, progress: &mut dyn FnMut(u64)) -> Result<FileIndex, DataError> {
+pub fn index_file(
+    path: &Path,
+    options: &CtfIndexOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
     let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
     let shared: Arc<Path> = Arc::from(path);
@@ -126,7 +130,6 @@ pub fn index_file(path: &Path, options: &CtfIndexOptions, progress: &mut dyn FnM
     }
     indexer.finish()
 }
-
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -182,7 +185,10 @@ impl Indexer {
         if self.mode == Mode::Start {
             if offset == 0 {
                 if line.starts_with(&[0xFF, 0xFE]) {
-                    return Err(self.fatal(0, "found a UTF-16 BOM at the beginning of the input file; UTF-16 encoding is not supported"));
+                    return Err(self.fatal(
+                        0,
+                        "found a UTF-16 BOM at the beginning of the input file; UTF-16 encoding is not supported",
+                    ));
                 }
                 if line.starts_with(&[0xEF, 0xBB, 0xBF]) {
                     line = &line[3..];
@@ -204,7 +210,10 @@ impl Indexer {
             } else {
                 return Err(self.fatal(
                     offset,
-                    format!("expected a sequence id (a decimal number) at the start of the first line, found {}", show_byte(first)),
+                    format!(
+                        "expected a sequence id (a decimal number) at the start of the first line, found {}",
+                        show_byte(first)
+                    ),
                 ));
             };
         }
@@ -237,10 +246,9 @@ impl Indexer {
         if digits > 0 {
             let mut id: u64 = 0;
             for &b in &content[..digits] {
-                id = id
-                    .checked_mul(10)
-                    .and_then(|v| v.checked_add(u64::from(b - b'0')))
-                    .ok_or_else(|| self.fatal(offset, "overflow while reading a numeric sequence id (more than 64 bits)"))?;
+                id = id.checked_mul(10).and_then(|v| v.checked_add(u64::from(b - b'0'))).ok_or_else(|| {
+                    self.fatal(offset, "overflow while reading a numeric sequence id (more than 64 bits)")
+                })?;
             }
             if self.open.as_ref().is_none_or(|o| o.key != id) {
                 self.close(offset)?;

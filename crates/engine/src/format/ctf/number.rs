@@ -245,8 +245,15 @@ mod tests {
     #[test]
     fn fast_digit_accumulation_is_bit_identical_to_cntk() {
         let cases = [
-            "0.1", "123456789012345", "1234567890123456", "9007199254740993", "123456789012345678901234567890", "0.000000000000000000000001",
-            "3.14159265358979323846264338327950288", "99999999999999999999.99999999999999999999", "1.0000000000000002220446",
+            "0.1",
+            "123456789012345",
+            "1234567890123456",
+            "9007199254740993",
+            "123456789012345678901234567890",
+            "0.000000000000000000000001",
+            "3.14159265358979323846264338327950288",
+            "99999999999999999999.99999999999999999999",
+            "1.0000000000000002220446",
         ];
         for s in cases {
             let (v, _) = parse_real(s.as_bytes(), 0).expect(s);
@@ -259,7 +266,8 @@ mod tests {
             x ^= x << 17;
             let int_digits = (x % 25) as usize;
             let frac_digits = ((x >> 8) % 30) as usize;
-            let digits: String = (0..int_digits.max(1) + frac_digits).map(|i| char::from(b'0' + ((x >> (i % 60)) % 10) as u8)).collect();
+            let digits: String =
+                (0..int_digits.max(1) + frac_digits).map(|i| char::from(b'0' + ((x >> (i % 60)) % 10) as u8)).collect();
             let s = format!("{}.{}", &digits[..int_digits.max(1)], &digits[int_digits.max(1)..]);
             let (v, _) = parse_real(s.as_bytes(), 0).expect("parses");
             assert_eq!(v.to_bits(), cntk_reference(&s).to_bits(), "{s}");

@@ -243,7 +243,12 @@ mod tests {
         for lead in 0..W {
             let mut s = " ".repeat(lead);
             for k in 0..60 {
-                s.push_str(&format!("{}{}.{:06} ", if k % 3 == 0 { "-" } else { "" }, k * 37 % 1000, k * 7919 % 1_000_000));
+                s.push_str(&format!(
+                    "{}{}.{:06} ",
+                    if k % 3 == 0 { "-" } else { "" },
+                    k * 37 % 1000,
+                    k * 7919 % 1_000_000
+                ));
             }
             let end = check(&s);
             assert!(s.len() - end < W + OVERHANG + 24, "left {} bytes", s.len() - end);
@@ -273,7 +278,8 @@ mod tests {
                     let int_len = 1 + (r >> 8) % 16;
                     let frac_len = (r >> 16) % 17;
                     let sign = ["", "-", "+"][((r >> 24) % 3) as usize];
-                    let digits: String = (0..int_len + frac_len).map(|i| char::from(b'0' + ((next() >> (i % 50)) % 10) as u8)).collect();
+                    let digits: String =
+                        (0..int_len + frac_len).map(|i| char::from(b'0' + ((next() >> (i % 50)) % 10) as u8)).collect();
                     let (a, b) = digits.split_at(int_len as usize);
                     s.push_str(sign);
                     s.push_str(a);

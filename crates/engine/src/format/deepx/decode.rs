@@ -132,7 +132,8 @@ fn found(s: &[u8], at: usize) -> String {
 
 /// The token at `s[from..]` up to the next blank or `|`, for messages.
 fn token(s: &[u8], from: usize) -> String {
-    let end = s[from.min(s.len())..].iter().position(|&b| b == b' ' || b == b'\t' || b == b'|').map_or(s.len(), |i| from + i);
+    let end =
+        s[from.min(s.len())..].iter().position(|&b| b == b' ' || b == b'\t' || b == b'|').map_or(s.len(), |i| from + i);
     String::from_utf8_lossy(&s[from.min(end)..end]).into_owned()
 }
 
@@ -199,7 +200,13 @@ impl DeepxDecoder {
     /// Parses one line (`bytes` as the index pass delimited it, its `\n` included or not) into
     /// `out` as one sequence. A malformed line becomes a sequence of 0 samples and one entry in
     /// `errors`.
-    pub fn decode_line<T: DeepxElement>(&self, bytes: &[u8], ctx: &LineContext<'_>, out: &mut DeepxBufs<T>, errors: &mut Vec<Malformed>) {
+    pub fn decode_line<T: DeepxElement>(
+        &self,
+        bytes: &[u8],
+        ctx: &LineContext<'_>,
+        out: &mut DeepxBufs<T>,
+        errors: &mut Vec<Malformed>,
+    ) {
         let mut line = bytes.strip_suffix(b"\n").unwrap_or(bytes);
         line = line.strip_suffix(b"\r").unwrap_or(line);
         if self.schema.comments {
@@ -247,7 +254,10 @@ impl DeepxDecoder {
                     let q = self.series(s, p, &mut out.x[g], true)?;
                     if g + 1 < groups {
                         if q >= n {
-                            return Err(bad(q, format!("the line has {} feature group(s), but x_size = {groups}", g + 1)));
+                            return Err(bad(
+                                q,
+                                format!("the line has {} feature group(s), but x_size = {groups}", g + 1),
+                            ));
                         }
                         p = skip_ws(s, q + 1);
                     } else if q < n {
@@ -258,19 +268,31 @@ impl DeepxDecoder {
                             r = skip_ws(s, r + 1);
                         }
                         if r < n {
-                            return Err(bad(r, format!("more than x_size = {groups} feature groups (deepx ignores the rest silently)")));
+                            return Err(bad(
+                                r,
+                                format!("more than x_size = {groups} feature groups (deepx ignores the rest silently)"),
+                            ));
                         }
                     }
                 }
             }
             Layout::Uch { hist } => {
                 if p >= n || s[p] == b'|' {
-                    return Err(bad(p, format!("missing user features: uch needs 'user | candidate [| history…]', found {}", found(s, p))));
+                    return Err(bad(
+                        p,
+                        format!(
+                            "missing user features: uch needs 'user | candidate [| history…]', found {}",
+                            found(s, p)
+                        ),
+                    ));
                 }
                 let q = self.series(s, p, &mut out.x[0], true)?;
                 p = if q < n { skip_ws(s, q + 1) } else { q };
                 if q >= n || p >= n || s[p] == b'|' {
-                    return Err(bad(p, format!("missing candidate features after the user features, found {}", found(s, p))));
+                    return Err(bad(
+                        p,
+                        format!("missing candidate features after the user features, found {}", found(s, p)),
+                    ));
                 }
                 let mut q = self.series(s, p, &mut out.x[1], true)?;
                 let mut items = 0usize;
@@ -300,14 +322,25 @@ impl DeepxDecoder {
             if p >= s.len() {
                 return Err(bad(p, format!("missing label {} of label_size = {k}", i + 1)));
             }
-            let (label, q) = parse_real(s, p).map_err(|(e, at)| bad(at, format!("invalid label: expected {}, found {}", e.expected(), found(s, at))))?;
+            let (label, q) = parse_real(s, p).map_err(|(e, at)| {
+                bad(at, format!("invalid label: expected {}, found {}", e.expected(), found(s, at)))
+            })?;
             let label = T::from_f64(label);
             if !within(label.into(), MAX_LABEL) {
                 return Err(bad(p, format!("label {} is out of range [-10000, 10000]", token(s, p))));
             }
             let (weight, q) = if s.get(q) == Some(&b':') {
-                let (wv, r) = parse_real(s, q + 1)
-                    .map_err(|(e, at)| bad(at, format!("invalid weight after '{}': expected {}, found {}", token(s, p), e.expected(), found(s, at))))?;
+                let (wv, r) = parse_real(s, q + 1).map_err(|(e, at)| {
+                    bad(
+                        at,
+                        format!(
+                            "invalid weight after '{}': expected {}, found {}",
+                            token(s, p),
+                            e.expected(),
+                            found(s, at)
+                        ),
+                    )
+                })?;
                 let wv = T::from_f64(wv);
                 if !(wv.into() > 0.0 && wv.into() <= MAX_WEIGHT) {
                     return Err(bad(q + 1, format!("weight {} is out of range (0, 10000]", token(s, q + 1))));
@@ -317,7 +350,10 @@ impl DeepxDecoder {
                 (T::from_f64(1.0), q)
             };
             if q < s.len() && s[q] != b' ' && s[q] != b'\t' {
-                return Err(bad(q, format!("unexpected {} after label '{}'", found(s, q), String::from_utf8_lossy(&s[p..q]))));
+                return Err(bad(
+                    q,
+                    format!("unexpected {} after label '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])),
+                ));
             }
             out.y.push(label);
             if self.schema.w {
@@ -346,7 +382,9 @@ impl DeepxDecoder {
                 p = skip_ws(s, end);
             } else if self.schema.qid && !qid && rest.starts_with(b"qid:") {
                 let (v, q) = parse_id(s, p + 4).map_err(|(e, at)| match e {
-                    IdError::NoDigits => bad(at, format!("invalid qid: expected decimal digits, found {}", found(s, at))),
+                    IdError::NoDigits => {
+                        bad(at, format!("invalid qid: expected decimal digits, found {}", found(s, at)))
+                    }
                     IdError::Overflow => bad(at, format!("qid {} overflows 64 bits", token(s, at))),
                 })?;
                 if q < s.len() && s[q] != b' ' && s[q] != b'\t' {
@@ -379,17 +417,26 @@ impl DeepxDecoder {
         let one_based = self.schema.one_based;
         loop {
             let (mut id, q) = parse_id(s, p).map_err(|(e, at)| match e {
-                IdError::NoDigits => bad(at, format!("invalid feature id: expected decimal digits, found {}", found(s, at))),
+                IdError::NoDigits => {
+                    bad(at, format!("invalid feature id: expected decimal digits, found {}", found(s, at)))
+                }
                 IdError::Overflow => bad(at, format!("feature id {} overflows 64 bits", token(s, at))),
             })?;
             if one_based {
-                id = id.checked_sub(1).ok_or_else(|| bad(p, "feature id 0 in a file with 1-based ids (feature_index_base = 1)".into()))?;
+                id = id
+                    .checked_sub(1)
+                    .ok_or_else(|| bad(p, "feature id 0 in a file with 1-based ids (feature_index_base = 1)".into()))?;
             }
             let (value, q) = if q < n && s[q] == b':' {
-                let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| bad(at, format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at))))?;
+                let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| {
+                    bad(at, format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at)))
+                })?;
                 let v = T::from_f64(v);
                 if !within(v.into(), MAX_FEATURE_VALUE) {
-                    return Err(bad(q + 1, format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1))));
+                    return Err(bad(
+                        q + 1,
+                        format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1)),
+                    ));
                 }
                 (v, r)
             } else {
@@ -403,8 +450,18 @@ impl DeepxDecoder {
             match s[q] {
                 b' ' | b'\t' => {}
                 b'|' if pipe => return Ok(q),
-                b'|' => return Err(bad(q, "unexpected '|' after a feature: libsvm has one feature group (see libsvm_ex)".into())),
-                _ => return Err(bad(q, format!("unexpected {} after feature '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])))),
+                b'|' => {
+                    return Err(bad(
+                        q,
+                        "unexpected '|' after a feature: libsvm has one feature group (see libsvm_ex)".into(),
+                    ))
+                }
+                _ => {
+                    return Err(bad(
+                        q,
+                        format!("unexpected {} after feature '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])),
+                    ))
+                }
             }
             p = skip_ws(s, q);
             if p >= n {
@@ -426,10 +483,17 @@ impl DeepxDecoder {
             .into_iter()
             .map(|x| StreamData {
                 seq_offsets: seq.clone(),
-                data: StreamValues::Sparse { sample_offsets: x.sample_offsets, indices: Indices::U64(x.ids), values: T::into_values(x.values) },
+                data: StreamValues::Sparse {
+                    sample_offsets: x.sample_offsets,
+                    indices: Indices::U64(x.ids),
+                    values: T::into_values(x.values),
+                },
             })
             .collect();
-        let dense = |dim: usize, values: Vec<T>| StreamData { seq_offsets: seq.clone(), data: StreamValues::Dense { dim, values: T::into_values(values) } };
+        let dense = |dim: usize, values: Vec<T>| StreamData {
+            seq_offsets: seq.clone(),
+            data: StreamValues::Dense { dim, values: T::into_values(values) },
+        };
         if matches!(self.schema.layout, Layout::Uch { .. }) {
             out.push(dense(1, bufs.hist_size));
         }
@@ -438,7 +502,10 @@ impl DeepxDecoder {
             out.push(dense(label_size, bufs.w));
         }
         if self.schema.uuid {
-            out.push(StreamData { seq_offsets: seq.clone(), data: StreamValues::Strings { offsets: bufs.uuid_offsets, bytes: bufs.uuid_bytes } });
+            out.push(StreamData {
+                seq_offsets: seq.clone(),
+                data: StreamValues::Strings { offsets: bufs.uuid_offsets, bytes: bufs.uuid_bytes },
+            });
         }
         if self.schema.qid {
             out.push(dense(1, bufs.qid));

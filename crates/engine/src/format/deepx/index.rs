@@ -98,7 +98,6 @@ pub fn index_reader(
     Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences: ix.sequences })
 }
 
-
 struct LineIndexer {
     path: Arc<Path>,
     options: LineIndexOptions,
@@ -136,8 +135,14 @@ mod tests {
     use super::*;
 
     fn index(text: &[u8], comments: bool) -> Vec<(u64, u64, u32)> {
-        let idx = index_reader(text, Arc::from(Path::new("t")), text.len() as u64, LineIndexOptions { comments }, &mut |_| {})
-            .expect("index");
+        let idx = index_reader(
+            text,
+            Arc::from(Path::new("t")),
+            text.len() as u64,
+            LineIndexOptions { comments },
+            &mut |_| {},
+        )
+        .expect("index");
         idx.sequences.iter().map(|s| (s.line, s.offset, s.size)).collect()
     }
 

@@ -13,8 +13,8 @@
 //! CSR tensor is the sparse stream's `sample_offsets` (deepx's `row_offset`), `indices` (`col`)
 //! and `values`. `__instXhist_size` is rank 1 in deepx (`[batch]`): here it is `[batch, 1]`.
 
-use crate::options::{DeepxOptions, FormatKind};
 use crate::format::chunk::{StreamKind, StreamSpec};
+use crate::options::{DeepxOptions, FormatKind};
 
 /// deepx's `X_NAME`.
 pub const X_NAME: &str = "__instX";

@@ -1,6 +1,6 @@
 use super::*;
-use crate::options::StreamConfig;
 use crate::format::ctf::{index_file, CtfIndexOptions};
+use crate::options::StreamConfig;
 
 fn stream(name: &str, alias: &str, dim: usize, sparse: bool) -> StreamConfig {
     StreamConfig {
@@ -63,7 +63,11 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out,
                 .collect()
         })
         .collect();
-    Ok(Out { seqs, errors: errors.iter().map(|e| e.kind).collect(), messages: errors.iter().map(ToString::to_string).collect() })
+    Ok(Out {
+        seqs,
+        errors: errors.iter().map(|e| e.kind).collect(),
+        messages: errors.iter().map(ToString::to_string).collect(),
+    })
 }
 
 fn ab() -> Vec<StreamConfig> {
@@ -248,7 +252,24 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
         x
     };
     let streams = vec![stream("a", "a", 40, false), stream("w", "w", 130, false), stream("l", "l", 10, true)];
-    let odd = ["1e3", "-2.5E-2", "1-2", "3+4", ".5", "4.", "1.2.3", "x", "1,5", "--1", "+", "0x10", "12345678901234567", "0.12345678901234567", "1e", "\u{e9}"];
+    let odd = [
+        "1e3",
+        "-2.5E-2",
+        "1-2",
+        "3+4",
+        ".5",
+        "4.",
+        "1.2.3",
+        "x",
+        "1,5",
+        "--1",
+        "+",
+        "0x10",
+        "12345678901234567",
+        "0.12345678901234567",
+        "1e",
+        "\u{e9}",
+    ];
     // Each decode writes its own temporary file: compare messages after the file name.
     let after_path = |m: &str| m.split_once("t.ctf:").map_or_else(|| m.to_owned(), |(_, rest)| rest.to_owned());
     let (mut total_values, mut decoded, mut with_errors) = (0usize, 0usize, 0usize);
@@ -278,7 +299,11 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
                         let frac_len = (r >> 44) % 9;
                         text.push_str(&format!("{sign}{int}"));
                         if frac_len > 0 {
-                            text.push_str(&format!(".{:0width$}", (r >> 8) % 10u64.pow(frac_len as u32), width = frac_len as usize));
+                            text.push_str(&format!(
+                                ".{:0width$}",
+                                (r >> 8) % 10u64.pow(frac_len as u32),
+                                width = frac_len as usize
+                            ));
                         }
                     }
                     total_values += 1;
@@ -294,7 +319,11 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
             (Ok(f), Ok(s)) => {
                 assert_eq!(f.seqs, s.seqs, "case {case}");
                 assert_eq!(f.errors, s.errors, "case {case}");
-                assert_eq!(f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(), "case {case}");
+                assert_eq!(
+                    f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
+                    s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
+                    "case {case}"
+                );
                 decoded += 1;
                 with_errors += usize::from(!f.errors.is_empty());
             }

@@ -20,14 +20,13 @@ fn schema(format: FormatKind, label_size: usize, x: usize) -> Schema {
 /// Renders one parsed instance as `X0 | X1 | …; Y=..; W=..; U=..[; H=..]`, each group as
 /// `id:value` entries, values as f32 `Display`.
 fn render(d: &DeepxDecoder, b: &DeepxBufs<f32>, row: usize) -> String {
-    let groups: Vec<String> = b
-        .x
-        .iter()
-        .map(|x| {
-            let (a, e) = (x.sample_offsets[row], x.sample_offsets[row + 1]);
-            (a..e).map(|i| format!("{}:{}", x.ids[i], x.values[i])).collect::<Vec<_>>().join(" ")
-        })
-        .collect();
+    let groups: Vec<String> =
+        b.x.iter()
+            .map(|x| {
+                let (a, e) = (x.sample_offsets[row], x.sample_offsets[row + 1]);
+                (a..e).map(|i| format!("{}:{}", x.ids[i], x.values[i])).collect::<Vec<_>>().join(" ")
+            })
+            .collect();
     let k = d.schema().label_size;
     let list = |v: &[f32]| v[row * k..(row + 1) * k].iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
     let uuid = String::from_utf8_lossy(&b.uuid_bytes[b.uuid_offsets[row]..b.uuid_offsets[row + 1]]).into_owned();
@@ -76,7 +75,9 @@ fn decode(s: &Schema, line: &str) -> Result<String, Malformed> {
         Some(e) => {
             assert_eq!(b.samples, 0);
             assert_eq!(b.seq_offsets, vec![0, 0]);
-            assert!(b.x.iter().all(|x| x.ids.is_empty() && x.sample_offsets == vec![0]) && b.y.is_empty() && b.w.is_empty());
+            assert!(
+                b.x.iter().all(|x| x.ids.is_empty() && x.sample_offsets == vec![0]) && b.y.is_empty() && b.w.is_empty()
+            );
             Err(e)
         }
         None => Ok(render(&d, &b, 0)),
@@ -195,7 +196,11 @@ fn libsvm_label_size_2_is_positional() {
     ok(&s, "1 -1", "; Y=1,-1; W=1,1; U=");
     ok(&s, "1:0.5 -1", "; Y=1,-1; W=0.5,1; U=");
     ok(&s, "1:0.5 -1:0.5", "; Y=1,-1; W=0.5,0.5; U=");
-    ok(&s, "1 -1 uuid:abcde 10000:0.75 20000:0.5 30000:0.25", "10000:0.75 20000:0.5 30000:0.25; Y=1,-1; W=1,1; U=abcde");
+    ok(
+        &s,
+        "1 -1 uuid:abcde 10000:0.75 20000:0.5 30000:0.25",
+        "10000:0.75 20000:0.5 30000:0.25; Y=1,-1; W=1,1; U=abcde",
+    );
     ok(&s, "\t1\t10\t0:1\t1:1\t2\t3\t", "0:1 1:1 2:1 3:1; Y=1,10; W=1,1; U=");
     ok(&s, "2:2 20:20 4:2 5:2 6 7", "4:2 5:2 6:1 7:1; Y=2,20; W=2,20; U=");
     ok(&s, "3 30 uuid:10000 8:1 9:1 10 11", "8:1 9:1 10:1 11:1; Y=3,30; W=1,1; U=10000");
@@ -320,7 +325,9 @@ fn svmlight_options() {
     let mut errors = Vec::new();
     let file: Arc<Path> = Arc::from(Path::new("t"));
     let ctx = LineContext { file: &file, line: 0, offset: 0 };
-    for line in ["1 qid:3 1:0.5 4 # a comment", "-1 qid:3#x 2", "0 qid:4 uuid:u 1", "0 1", "1 qid:1 0:1", "0 qid:99999999 1"] {
+    for line in
+        ["1 qid:3 1:0.5 4 # a comment", "-1 qid:3#x 2", "0 qid:4 uuid:u 1", "0 1", "1 qid:1 0:1", "0 qid:99999999 1"]
+    {
         d.decode_line(line.as_bytes(), &ctx, &mut b, &mut errors);
     }
     let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
