@@ -376,9 +376,15 @@ pub fn encode<T: Serialize>(msg: &T) -> Vec<u8> {
     let body = serde_json::to_vec(msg)
         .unwrap_or_else(|e| format!("{{\"type\":\"error\",\"code\":\"internal\",\"message\":\"{e}\"}}").into_bytes());
     let mut out = Vec::with_capacity(body.len() + 4);
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&length_prefix(body.len()));
     out.extend_from_slice(&body);
     out
+}
+
+/// The 4-byte length prefix of a frame whose body is `len` bytes. Saturating: a body of 4 GiB or
+/// more (far over [`MAX_MESSAGE_BYTES`]) gets a prefix every reader refuses, not a wrapped one.
+fn length_prefix(len: usize) -> [u8; 4] {
+    u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes()
 }
 
 /// Parses a frame body.
@@ -426,7 +432,7 @@ impl FrameBuffer {
 #[must_use]
 pub fn encode_ready_binary(slot: u64, generation: u64, meta: &MinibatchMeta) -> [u8; 4 + BINARY_READY_BYTES] {
     let mut out = [0u8; 4 + BINARY_READY_BYTES];
-    out[..4].copy_from_slice(&(BINARY_READY_BYTES as u32).to_le_bytes());
+    out[..4].copy_from_slice(&length_prefix(BINARY_READY_BYTES));
     out[4] = BINARY_READY;
     out[5] = u8::from(meta.end_of_sweep);
     // Slots are counted in u32 on the wire; rings hold far fewer (the ring size is bounded).
@@ -446,7 +452,7 @@ pub fn encode_release_binary(
     wait_ns: Option<u64>,
 ) -> [u8; 4 + BINARY_RELEASE_BYTES] {
     let mut out = [0u8; 4 + BINARY_RELEASE_BYTES];
-    out[..4].copy_from_slice(&(BINARY_RELEASE_BYTES as u32).to_le_bytes());
+    out[..4].copy_from_slice(&length_prefix(BINARY_RELEASE_BYTES));
     out[4] = BINARY_RELEASE;
     out[5] = u8::from(wait_ns.is_some());
     out[8..12].copy_from_slice(&u32::try_from(slot).unwrap_or(u32::MAX).to_le_bytes());
@@ -676,6 +682,6 @@ mod tests {
         assert!(decode::<ClientMessage>(b"\xff\x00garbage").is_err());
         assert!(decode::<ClientMessage>(br#"{"type":"open","dataset":"t","options":{"minibatch_sizes":3}}"#).is_err());
         assert!(decode::<ClientMessage>(br#"{"type":"launch"}"#).is_err());
-        assert!(decode::<ClientMessage>(br#"[1,2,3]"#).is_err());
+        assert!(decode::<ClientMessage>(br"[1,2,3]").is_err());
     }
 }

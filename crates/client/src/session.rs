@@ -288,14 +288,13 @@ impl Session {
                 },
             );
         }
-        let msg = match self.queued.pop_front() {
-            Some(m) => m,
-            None => {
-                let started = Instant::now();
-                let m = read_message(&mut self.stream, &mut self.frames);
-                self.waited += started.elapsed();
-                m?
-            }
+        let msg = if let Some(m) = self.queued.pop_front() {
+            m
+        } else {
+            let started = Instant::now();
+            let m = read_message(&mut self.stream, &mut self.frames);
+            self.waited += started.elapsed();
+            m?
         };
         match msg {
             ServerMessage::Ready { slot, generation, minibatch } => {
@@ -347,7 +346,7 @@ impl Session {
                     name: std::str::from_utf8(&bytes[name_at..name_at + e.name_len as usize]).unwrap_or(""),
                     dtype: DType::from_code(e.dtype).unwrap_or(DType::U8),
                     shape: e.shape[..(e.ndim as usize).min(e.shape.len())].to_vec(),
-                    data: &bytes[e.offset as usize..(e.offset + e.nbytes) as usize],
+                    data: &bytes[e.data_range()],
                 }
             })
             .collect())
@@ -367,6 +366,7 @@ impl Session {
     }
 
     /// Gives `mb`'s slot back (sent with the next request).
+    #[allow(clippy::needless_pass_by_value)] // taken by value so a released minibatch cannot be read again
     pub fn release(&mut self, mb: Delivered) {
         self.pending.push((mb.slot, mb.generation));
     }

@@ -49,6 +49,17 @@ struct SeqLoc {
     seq: u32,
 }
 
+impl SeqLoc {
+    /// Sequence `seq` of file `file` of a source; an error past `u32` (a file of 2^32 or more
+    /// sequences), where a narrowing cast would silently point at another sequence.
+    fn new(file: usize, seq: usize) -> Result<Self, DataError> {
+        match (u32::try_from(file), u32::try_from(seq)) {
+            (Ok(file), Ok(seq)) => Ok(Self { file, seq }),
+            _ => Err(DataError::Dataset(format!("file {file} of a source has more than 2^32 - 1 sequences"))),
+        }
+    }
+}
+
 /// The parser of a source: a closed set of formats.
 enum SourceDecoder {
     Ctf(CtfDecoder),
@@ -627,12 +638,12 @@ fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Optio
             let mut m = HashMap::new();
             for (fi, idx) in s.indexes.iter().enumerate() {
                 for (qi, q) in idx.sequences.iter().enumerate() {
-                    m.entry(q.key).or_insert(SeqLoc { file: fi as u32, seq: qi as u32 });
+                    m.entry(q.key).or_insert(SeqLoc::new(fi, qi)?);
                 }
             }
-            m
+            Ok(m)
         })
-        .collect();
+        .collect::<Result<_, DataError>>()?;
     let mut chunks = Vec::new();
     let mut locs = Vec::new();
     let mut seq_len = Vec::new();
@@ -646,7 +657,7 @@ fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Optio
             let q: &SequenceDesc = &idx.sequences[qi];
             loc.clear();
             lens.clear();
-            loc.push(SeqLoc { file: c.file as u32, seq: qi as u32 });
+            loc.push(SeqLoc::new(c.file, qi)?);
             lens.push(q.samples);
             for (m, s) in maps.iter().zip(&sources[1..]) {
                 let Some(&l) = m.get(&q.key) else { continue 'seqs };

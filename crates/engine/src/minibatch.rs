@@ -23,13 +23,13 @@ pub trait ChunkSource {
     fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError>;
 }
 
-impl ChunkSource for HashMap<u32, Arc<ParsedChunk>> {
+impl<S: std::hash::BuildHasher> ChunkSource for HashMap<u32, Arc<ParsedChunk>, S> {
     fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
         self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
     }
 }
 
-/// A hasher for small integer keys (chunk indices): one multiply, no per-lookup SipHash rounds.
+/// A hasher for small integer keys (chunk indices): one multiply, no per-lookup `SipHash` rounds.
 /// Keys come from the index, never from a client, so flooding is not a concern.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct IdHasher(u64);
@@ -51,14 +51,8 @@ impl std::hash::Hasher for IdHasher {
     }
 }
 
-/// A `HashMap` keyed by chunk index.
+/// A `HashMap` keyed by chunk index (a [`ChunkSource`] like every such map).
 pub type ChunkMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
-
-impl ChunkSource for ChunkMap<Arc<ParsedChunk>> {
-    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
-        self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
-    }
-}
 
 fn i64_of(x: usize) -> i64 {
     i64::try_from(x).unwrap_or(i64::MAX)
@@ -179,24 +173,23 @@ pub fn gather(
     // places of the window, so each lookup below is a cache miss — issued together, they overlap.
     let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
     for r in &plan.sequences {
-        let at = match local_of.get(&r.chunk) {
-            Some(&at) => at,
-            None => {
-                let chunk = chunks.chunk(r.chunk)?;
-                if chunk.streams.len() != shapes.len() {
-                    // A caller that took the streams from `config().streams()` (CTF streams only) for
-                    // a deepx dataset: refuse instead of indexing out of bounds. Use `Dataset::streams()`.
-                    return Err(DataError::Dataset(format!(
-                        "chunk {} has {} streams but {} stream shapes were given",
-                        r.chunk,
-                        chunk.streams.len(),
-                        shapes.len()
-                    )));
-                }
-                held.push(chunk);
-                local_of.insert(r.chunk, held.len() - 1);
-                held.len() - 1
+        let at = if let Some(&at) = local_of.get(&r.chunk) {
+            at
+        } else {
+            let chunk = chunks.chunk(r.chunk)?;
+            if chunk.streams.len() != shapes.len() {
+                // A caller that took the streams from `config().streams()` (CTF streams only) for
+                // a deepx dataset: refuse instead of indexing out of bounds. Use `Dataset::streams()`.
+                return Err(DataError::Dataset(format!(
+                    "chunk {} has {} streams but {} stream shapes were given",
+                    r.chunk,
+                    chunk.streams.len(),
+                    shapes.len()
+                )));
             }
+            held.push(chunk);
+            local_of.insert(r.chunk, held.len() - 1);
+            held.len() - 1
         };
         let local = (r.seq as usize)
             .checked_sub(timeline.chunk_start[r.chunk as usize])

@@ -131,6 +131,7 @@ pub struct DatasetConfig {
 /// deepx instance-reader options (`reference/deepx-instance-formats.md`), validated by
 /// `format::deepx_config` (deepx's rules and limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // deepx's independent config flags, named as deepx names them
 pub struct DeepxOptions {
     /// Labels per instance (`1..=32`): `__instY` (and `__instW`) have this many values per sample.
     pub label_size: usize,

@@ -101,7 +101,7 @@ impl DType {
         }
     }
 
-    /// NumPy's name of the type.
+    /// The type's name in `numpy`.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -129,6 +129,12 @@ impl DType {
             other => return Err(LayoutError::UnknownDType(other)),
         })
     }
+}
+
+/// `x` as a `usize`: lossless on the 64-bit targets minibatchd runs on; elsewhere it saturates,
+/// so an offset past the address space fails a bounds check instead of wrapping to a wrong place.
+fn to_usize(x: u64) -> usize {
+    usize::try_from(x).unwrap_or(usize::MAX)
 }
 
 /// Little helper to read and write native-order fields at fixed offsets.
@@ -255,8 +261,8 @@ impl RingHeader {
     /// Byte range of slot `slot` within the ring.
     #[must_use]
     pub fn slot_range(&self, slot: u64) -> std::ops::Range<usize> {
-        let start = (self.slots_offset + slot * self.slot_size) as usize;
-        start..start + self.slot_size as usize
+        let start = self.slots_offset + slot * self.slot_size;
+        to_usize(start)..to_usize(start + self.slot_size)
     }
 }
 
@@ -344,6 +350,13 @@ const _: () = assert!(std::mem::size_of::<TensorEntry>() == TensorEntry::SIZE);
 impl TensorEntry {
     /// Encoded size in bytes.
     pub const SIZE: usize = 64;
+
+    /// Byte range of the data from the slot start (`offset..offset + nbytes`; [`decode_slot`]
+    /// checked that it lies inside the slot).
+    #[must_use]
+    pub fn data_range(&self) -> std::ops::Range<usize> {
+        to_usize(self.offset)..to_usize(self.offset + self.nbytes)
+    }
 
     fn write(&self, out: &mut [u8]) {
         put_u32(out, 0, self.name_offset);
@@ -476,7 +489,7 @@ pub fn encode_slot_with(
             name_offset: u32::try_from(name_at).map_err(|_| LayoutError::Corrupt("name offset"))?,
             name_len: u32::try_from(t.name.len()).map_err(|_| LayoutError::Corrupt("name length"))?,
             dtype: t.dtype as u32,
-            ndim: t.shape.len() as u32,
+            ndim: u32::try_from(t.shape.len()).map_err(|_| LayoutError::Corrupt("too many dimensions"))?,
             shape,
             offset: data_at as u64,
             nbytes: t.nbytes as u64,
@@ -560,7 +573,7 @@ mod tests {
     #[test]
     fn ring_header_round_trips_and_checks_version() {
         let h = RingHeader::new(7, 9, 3, 8192);
-        let mut b = vec![0u8; h.total_bytes as usize];
+        let mut b = vec![0u8; to_usize(h.total_bytes)];
         h.write(&mut b);
         assert_eq!(RingHeader::read(&b), Ok(h));
         put_u32(&mut b, 8, 2);
@@ -587,7 +600,7 @@ mod tests {
         assert_eq!(table[1].1, "f/values");
         let e = table[1].0;
         assert_eq!(e.offset % 64, 0);
-        assert_eq!(&slot[e.offset as usize..(e.offset + e.nbytes) as usize], &vals[..]);
+        assert_eq!(&slot[e.data_range()], &vals[..]);
         assert_eq!(&e.shape[..2], &[3, 2]);
     }
 

@@ -234,10 +234,7 @@ pub fn decode_minibatch(
     if sh.generation != expected_generation {
         return Err(LayoutError::Corrupt("stale slot generation"));
     }
-    let data = |i: usize| -> &[u8] {
-        let e = &table[i].0;
-        &bytes[e.offset as usize..(e.offset + e.nbytes) as usize]
-    };
+    let data = |i: usize| -> &[u8] { &bytes[table[i].0.data_range()] };
     let i64s = |i: usize| cast_slice::<i64>(data(i)).map(<[i64]>::to_vec).ok_or(LayoutError::Corrupt("int64 tensor"));
     let values = |i: usize| -> Result<Values, LayoutError> {
         match DType::from_code(table[i].0.dtype)? {
@@ -253,7 +250,7 @@ pub fn decode_minibatch(
     let mut streams = Vec::new();
     let mut i = 0;
     for &dim in stream_dims {
-        let field = |i: usize| table.get(i).map(|t| t.1.rsplit('/').next().unwrap_or("")).unwrap_or("");
+        let field = |i: usize| table.get(i).map_or("", |t| t.1.rsplit('/').next().unwrap_or(""));
         if field(i) != "sequence_offsets" {
             return Err(LayoutError::Corrupt("expected a sequence_offsets tensor"));
         }

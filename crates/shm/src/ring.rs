@@ -189,7 +189,8 @@ mod tests {
 
     #[test]
     fn local_backend_conforms() {
-        conformance(LocalMemory::new(RingGeometry::new(3, 5000).total_bytes() as usize));
+        let bytes = usize::try_from(RingGeometry::new(3, 5000).total_bytes()).expect("a small ring fits in memory");
+        conformance(LocalMemory::new(bytes));
     }
 
     #[test]

@@ -214,7 +214,7 @@ impl ReadOnlyMapping {
     }
 }
 
-/// Bytes of a transparent huge page on x86_64 and aarch64 (4 KiB base pages).
+/// Bytes of a transparent huge page on `x86_64` and `aarch64` (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
 /// Asks the kernel to back the whole 2 MiB pages inside `v`'s allocation with transparent huge
@@ -259,6 +259,7 @@ pub const OWN_MAPPING_THRESHOLD: usize = 4 << 20;
 ///
 /// Call it first thing in `main`, before any thread starts (glibc documents `mallopt` as unsafe
 /// to race with allocator initialisation).
+#[allow(clippy::must_use_candidate)] // informational: the daemon goes on the same either way, so ignoring it is fine
 pub fn return_large_frees_to_the_kernel() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -126,6 +126,7 @@ pub enum DataError {
 
 impl DataError {
     /// An I/O error on `path`.
+    #[must_use]
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         Self::Io { path: path.to_owned(), source }
     }
@@ -151,7 +152,7 @@ impl ErrorBudget {
     /// Errors charged so far.
     #[must_use]
     pub fn spent(&self) -> u64 {
-        self.seen.lock().map(|s| s.len() as u64).unwrap_or(u64::MAX)
+        self.seen.lock().map_or(u64::MAX, |s| s.len() as u64)
     }
 
     /// Charges the errors found while parsing one chunk, in file order. Returns the newly

@@ -87,7 +87,7 @@ enum Failure {
 }
 
 fn inflate_into(source: &Path, stamp: &FileStamp, dir: &Path) -> Result<PathBuf, Failure> {
-    let name = stamp.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "data".into());
+    let name = stamp.path.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
     let stamp_hash =
         hash_parts(&[&stamp.size.to_le_bytes(), &stamp.mtime_secs.to_le_bytes(), &stamp.mtime_nanos.to_le_bytes()]);

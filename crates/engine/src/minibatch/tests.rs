@@ -33,6 +33,7 @@ fn chunks(
             if f64 {
                 Values::F64(v)
             } else {
+                #[allow(clippy::cast_possible_truncation)] // the f32 copy of the f64 test values
                 Values::F32(v.iter().map(|&x| x as f32).collect())
             }
         };
@@ -42,7 +43,7 @@ fn chunks(
         let indices = if u64_ids {
             Indices::U64(ids.iter().map(|&i| i << 40).collect())
         } else {
-            Indices::I32(ids.iter().map(|&i| i as i32).collect())
+            Indices::I32(ids.iter().map(|&i| i32::try_from(i).expect("ids are below 10")).collect())
         };
         let string_offsets: Vec<usize> = (0..=samples).map(|j| j * 3).collect();
         let streams = vec![
@@ -58,13 +59,21 @@ fn chunks(
                 seq_offsets,
                 data: StreamValues::Strings {
                     offsets: string_offsets,
-                    bytes: (0..samples * 3).map(|b| b as u8).collect(),
+                    bytes: (0..samples * 3).map(|b| u8::try_from(b).expect("a few samples")).collect(),
                 },
             },
         ];
-        map.insert(c as u32, std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }));
+        map.insert(
+            u32::try_from(c).expect("two chunks"),
+            std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }),
+        );
     }
     (crate::sampling::Timeline { seq_len: vec![1; 7], chunk_start: vec![0, 4, 7] }, map)
+}
+
+/// Heap memory for a ring of `geometry`.
+fn memory_for(geometry: RingGeometry) -> LocalMemory {
+    LocalMemory::new(usize::try_from(geometry.total_bytes()).expect("a test ring fits in memory"))
 }
 
 fn shapes(f64: bool, u64_ids: bool) -> Vec<super::StreamShape> {
@@ -144,17 +153,17 @@ fn naive(
                             }
                             push_values(values, sv, e);
                         }
-                        sample_offsets.push(values.len() as i64);
+                        sample_offsets.push(i64::try_from(values.len()).expect("small"));
                     }
                     (MbData::Strings { offsets, bytes }, StreamValues::Strings { offsets: so, bytes: sb }) => {
                         bytes.extend_from_slice(&sb[so[j]..so[j + 1]]);
-                        offsets.push(bytes.len() as i64);
+                        offsets.push(i64::try_from(bytes.len()).expect("small"));
                     }
                     _ => panic!("kinds differ"),
                 }
             }
             let last = *o.sequence_offsets.last().unwrap_or(&0);
-            o.sequence_offsets.push(last + (s1 - s0) as i64);
+            o.sequence_offsets.push(last + i64::try_from(s1 - s0).expect("small"));
         }
     }
     out
@@ -178,8 +187,8 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
             let gathered = super::gather(4, &plan, &timeline, &shapes(f64, u64_ids), false, &mut map).expect("gather");
             let mb = gathered.to_minibatch();
             let geometry = RingGeometry::new(2, 8192);
-            let mut a = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
-            let mut b = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
+            let mut a = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");
+            let mut b = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");
             let used = a.write(1, 3, &mb, &names).expect("write");
             assert_eq!(b.write(1, 3, &gathered, &names).expect("write_gathered"), used);
             assert_eq!(a.memory().bytes(), b.memory().bytes(), "order {order:?}");
@@ -206,10 +215,10 @@ fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
     let gathered = super::gather(0, &plan, &timeline, &shapes(true, false), false, &mut map).expect("gather");
     let geometry = RingGeometry::new(1, 64);
     assert!(
-        gathered.to_minibatch().streams[0].num_samples() * 16 > geometry.slot_size as usize,
+        (gathered.to_minibatch().streams[0].num_samples() * 16) as u64 > geometry.slot_size,
         "the minibatch must not fit"
     );
-    let mut ring = Ring::new(LocalMemory::new(geometry.total_bytes() as usize), geometry, 1, 1).expect("ring");
+    let mut ring = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");
     let before = ring.memory().bytes().to_vec();
     let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
     assert!(matches!(ring.write(0, 1, &gathered, &names), Err(LayoutError::TooLarge { .. })));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::randomizer::{randomize_sweep, sweep_order, uses_block_randomizer};
+use super::randomizer::{randomize_sweep, sweep_order, uses_block_randomizer, ChunkWindow};
 use super::{EpochLimit, MinibatchPlan, Sampler, SamplingOptions, SeqRef, Timeline, Window};
 
 /// One of this worker's sequences on the global timeline, as the model expects it.
@@ -98,7 +98,7 @@ fn owners(t: &Timeline, o: &SamplingOptions, sweep: u64) -> Vec<usize> {
         order.iter().map(|r| position[&r.chunk] % o.num_workers).collect()
     } else {
         let n = order.len() as u64;
-        (0..n).map(|i| ((sweep * n + i) % o.num_workers as u64) as usize).collect()
+        (0..n).map(|i| usize::try_from((sweep * n + i) % o.num_workers as u64).expect("a rank")).collect()
     }
 }
 
@@ -144,7 +144,7 @@ fn held_bound(t: &Timeline, o: &SamplingOptions) -> usize {
         return 1;
     }
     let sweeps = epoch_end(t, o.limit).div_ceil(sweep_size(t)).max(1);
-    (0..sweeps).flat_map(|s| randomize_sweep(t, o.window, o.seed, s).windows).map(|w| w.len()).max().unwrap_or(1)
+    (0..sweeps).flat_map(|s| randomize_sweep(t, o.window, o.seed, s).windows).map(ChunkWindow::len).max().unwrap_or(1)
 }
 
 /// Checks `retire` of every plan and the bound on held chunks against the model.

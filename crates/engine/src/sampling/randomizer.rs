@@ -303,7 +303,7 @@ mod tests {
         let pairs: Vec<(u32, u32)> = w.iter().map(|w| (w.begin, w.end)).collect();
         assert_eq!(pairs, [(0, 3), (0, 3), (1, 4), (2, 5), (3, 6), (3, 6)]);
         let zero = windows_in_chunks(3, 0);
-        assert!(zero.iter().enumerate().all(|(k, w)| (w.begin, w.end) == (k as u32, k as u32 + 1)));
+        assert!(zero.iter().zip(0u32..).all(|(w, k)| (w.begin, w.end) == (k, k + 1)));
         let huge = windows_in_chunks(3, usize::MAX);
         assert!(huge.iter().all(|w| (w.begin, w.end) == (0, 3)));
     }
@@ -314,9 +314,9 @@ mod tests {
             Timeline { seq_len: (0..40).map(|i| 1 + i % 5).collect(), chunk_start: vec![0, 3, 9, 10, 18, 25, 31, 40] };
         for seed in 0..5 {
             let sweep = randomize_sweep(&t, Window::Chunks(2), seed, 3);
-            let position: Vec<usize> = {
+            let position: Vec<u32> = {
                 let mut p = vec![0; t.num_chunks()];
-                for (k, &c) in sweep.chunk_order.iter().enumerate() {
+                for (k, &c) in (0u32..).zip(&sweep.chunk_order) {
                     p[c as usize] = k;
                 }
                 p
@@ -325,7 +325,7 @@ mod tests {
             for (k, &c) in sweep.chunk_order.iter().enumerate() {
                 let count = t.chunk_start[c as usize + 1] - t.chunk_start[c as usize];
                 for r in &sweep.sequences[at..at + count] {
-                    assert!(sweep.windows[k].contains(position[r.chunk as usize] as u32));
+                    assert!(sweep.windows[k].contains(position[r.chunk as usize]));
                 }
                 at += count;
             }

@@ -216,9 +216,9 @@ fn sweep_k_of_seed_s_is_sweep_0_of_seed_s_plus_k() {
     for window in [Window::Chunks(2), Window::Samples(6)] {
         let mut s = sampler(&t, options(true, window, 7, EpochLimit::Sweeps(3)));
         let all: Vec<SeqRef> = drain(&mut s, 4).into_iter().flat_map(|p| p.sequences).collect();
-        for k in 0..3 {
-            let fresh = sweep_order(&t, &options(true, window, 7 + k, EpochLimit::FullSweep), 0);
-            assert_eq!(all[k as usize * 8..(k as usize + 1) * 8], fresh[..]);
+        for k in 0..3usize {
+            let fresh = sweep_order(&t, &options(true, window, 7 + k as u64, EpochLimit::FullSweep), 0);
+            assert_eq!(all[k * 8..(k + 1) * 8], fresh[..]);
         }
     }
 }
@@ -322,7 +322,7 @@ fn workers_without_randomization_split_by_sequence() {
     for rank in 0..2 {
         let opts = SamplingOptions { num_workers: 2, rank, ..sequential(EpochLimit::Sweeps(2)) };
         let plans = drain(&mut sampler(&t, opts), 5);
-        let expected: Vec<u32> = (0..18).filter(|g| g % 2 == rank as u32).map(|g| g % 9).collect();
+        let expected: Vec<u32> = (0u32..18).filter(|&g| g as usize % 2 == rank).map(|g| g % 9).collect();
         assert_eq!(all_ids(&plans), expected);
         let local = if rank == 0 { 3 } else { 2 };
         assert!(plans.iter().all(|p| p.sequences.len() <= local));
@@ -388,7 +388,7 @@ fn equal_steps_cut_every_worker_to_the_fewest() {
                 let dropped = s.equalize_steps(3).expect("finite epoch");
                 let cut = drain(&mut s, 3);
                 assert_eq!(cut.len(), fewest);
-                assert_eq!(dropped as usize, uncut.len() - fewest);
+                assert_eq!(dropped, (uncut.len() - fewest) as u64);
                 assert_eq!(cut[..], uncut[..fewest]);
                 if fewest > 1 {
                     let mut resumed = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });

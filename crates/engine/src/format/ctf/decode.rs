@@ -216,8 +216,7 @@ impl CtfDecoder {
                 }
             }
             if samples_in_row == 0 && content {
-                errors.push(self.malformed(
-                    ctx,
+                errors.push(ctx.malformed(
                     bytes,
                     row_start,
                     ErrorKind::EmptyRow,
@@ -241,7 +240,7 @@ impl CtfDecoder {
         if let Some(empty) = out.iter().position(|b| count(b) == 0) {
             let s = &self.streams[empty];
             return Err(DataError::Fatal {
-                at: self.location(ctx, bytes, 0),
+                at: ctx.location(bytes, 0),
                 message: format!(
                     "malformed input: stream '{}' (alias '{}') has no sample in sequence {}; every sequence must mention every stream at least once (an empty sample '|{}' counts)",
                     s.name,
@@ -264,13 +263,13 @@ impl CtfDecoder {
                 ctx.seq.key,
                 expected
             );
-            errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooLong, msg));
+            errors.push(ctx.malformed(bytes, 0, ErrorKind::SequenceTooLong, msg));
         } else if longest < expected {
             let msg = format!(
                 "sequence {} has {} line(s) but at most {} sample(s) could be read",
                 ctx.seq.key, expected, longest
             );
-            errors.push(self.malformed(ctx, bytes, 0, ErrorKind::SequenceTooShort, msg));
+            errors.push(ctx.malformed(bytes, 0, ErrorKind::SequenceTooShort, msg));
         }
         for b in out.iter_mut() {
             b.seq_offsets.push(b.samples);
@@ -290,7 +289,7 @@ impl CtfDecoder {
         let n = bytes.len();
         if bytes[p] != b'|' {
             let msg = format!("expected '|' and an input name, found {}", show_byte(bytes[p]));
-            errors.push(self.malformed(ctx, bytes, p, ErrorKind::UnexpectedCharacter, msg));
+            errors.push(ctx.malformed(bytes, p, ErrorKind::UnexpectedCharacter, msg));
             return (false, p);
         }
         p += 1;
@@ -310,8 +309,7 @@ impl CtfDecoder {
         }
         if p == name_start {
             let found = bytes.get(p).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
-            errors.push(self.malformed(
-                ctx,
+            errors.push(ctx.malformed(
                 bytes,
                 p,
                 ErrorKind::InvalidName,
@@ -334,20 +332,23 @@ impl CtfDecoder {
             Err((at, kind, msg)) => {
                 let msg =
                     format!("{msg} in input '{}' (stream '{}')", String::from_utf8_lossy(&stream.alias), stream.name);
-                errors.push(self.malformed(ctx, bytes, at, kind, msg));
+                errors.push(ctx.malformed(bytes, at, kind, msg));
                 (false, at)
             }
         }
     }
+}
 
-    fn location(&self, ctx: &SeqContext<'_>, bytes: &[u8], at: usize) -> Location {
+impl SeqContext<'_> {
+    /// Where byte `at` of the sequence's `bytes` is in the file.
+    fn location(&self, bytes: &[u8], at: usize) -> Location {
         let within = at.min(bytes.len());
         let lines = memchr::memchr_iter(b'\n', &bytes[..within]).count() as u64;
-        Location { file: ctx.file.clone(), line: ctx.seq.line + lines + 1, offset: ctx.seq.offset + within as u64 }
+        Location { file: self.file.clone(), line: self.seq.line + lines + 1, offset: self.seq.offset + within as u64 }
     }
 
-    fn malformed(&self, ctx: &SeqContext<'_>, bytes: &[u8], at: usize, kind: ErrorKind, message: String) -> Malformed {
-        Malformed { kind, at: self.location(ctx, bytes, at), message }
+    fn malformed(&self, bytes: &[u8], at: usize, kind: ErrorKind, message: String) -> Malformed {
+        Malformed { kind, at: self.location(bytes, at), message }
     }
 }
 

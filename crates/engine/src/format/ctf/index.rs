@@ -100,20 +100,16 @@ pub fn index_file(
         let block = &buf[..n];
         let mut start = 0;
         if !carry.is_empty() {
-            match memchr::memchr(b'\n', block) {
-                Some(nl) => {
-                    carry.extend_from_slice(&block[..=nl]);
-                    let line = std::mem::take(&mut carry);
-                    indexer.line(&line, consumed)?;
-                    consumed += line.len() as u64;
-                    start = nl + 1;
-                }
-                None => {
-                    carry.extend_from_slice(block);
-                    progress(consumed + carry.len() as u64);
-                    continue;
-                }
-            }
+            let Some(nl) = memchr::memchr(b'\n', block) else {
+                carry.extend_from_slice(block);
+                progress(consumed + carry.len() as u64);
+                continue;
+            };
+            carry.extend_from_slice(&block[..=nl]);
+            let line = std::mem::take(&mut carry);
+            indexer.line(&line, consumed)?;
+            consumed += line.len() as u64;
+            start = nl + 1;
         }
         let mut pos = start;
         while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {

@@ -18,6 +18,11 @@
 //! sequence — back to the byte loop at the first byte of the value it did not take, in the same
 //! state the byte loop would be in there.
 
+// The window helpers are `#[inline(always)]` so that `dense_values` is one loop over the window;
+// the fast path's speed-up was measured that way (scripts/bench_daemon.py). Measure again before
+// leaving inlining to rustc.
+#![allow(clippy::inline_always)]
+
 use minibatchd_sys::simd::{byte_classes, ByteClasses as Masks};
 
 /// Bytes per window (one bit per byte in the masks).
@@ -169,6 +174,8 @@ pub fn dense_values(bytes: &[u8], mut p: usize, mut emit: impl FnMut(f64)) -> us
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write;
+
     use super::super::number::parse_real;
     use super::*;
 
@@ -243,12 +250,8 @@ mod tests {
         for lead in 0..W {
             let mut s = " ".repeat(lead);
             for k in 0..60 {
-                s.push_str(&format!(
-                    "{}{}.{:06} ",
-                    if k % 3 == 0 { "-" } else { "" },
-                    k * 37 % 1000,
-                    k * 7919 % 1_000_000
-                ));
+                let _ =
+                    write!(s, "{}{}.{:06} ", if k % 3 == 0 { "-" } else { "" }, k * 37 % 1000, k * 7919 % 1_000_000);
             }
             let end = check(&s);
             assert!(s.len() - end < W + OVERHANG + 24, "left {} bytes", s.len() - end);
@@ -272,7 +275,8 @@ mod tests {
                 if r % 10 == 0 {
                     // Odd text: whatever the byte loop makes of it, the fast path hands it over.
                     for k in 0..(r >> 8) % 6 {
-                        s.push(char::from(alphabet[((r >> (12 + 4 * k)) % alphabet.len() as u64) as usize]));
+                        let pick = (r >> (12 + 4 * k)) % alphabet.len() as u64;
+                        s.push(char::from(alphabet[usize::try_from(pick).expect("below the alphabet's length")]));
                     }
                 } else {
                     let int_len = 1 + (r >> 8) % 16;
@@ -280,7 +284,7 @@ mod tests {
                     let sign = ["", "-", "+"][((r >> 24) % 3) as usize];
                     let digits: String =
                         (0..int_len + frac_len).map(|i| char::from(b'0' + ((next() >> (i % 50)) % 10) as u8)).collect();
-                    let (a, b) = digits.split_at(int_len as usize);
+                    let (a, b) = digits.split_at(usize::try_from(int_len).expect("at most 16"));
                     s.push_str(sign);
                     s.push_str(a);
                     if frac_len > 0 {

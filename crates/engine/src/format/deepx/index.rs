@@ -68,20 +68,16 @@ pub fn index_reader(
         let block = &buf[..n];
         let mut pos = 0;
         if !carry.is_empty() {
-            match memchr::memchr(b'\n', block) {
-                Some(nl) => {
-                    carry.extend_from_slice(&block[..=nl]);
-                    ix.line(&carry, consumed)?;
-                    consumed += carry.len() as u64;
-                    carry.clear();
-                    pos = nl + 1;
-                }
-                None => {
-                    carry.extend_from_slice(block);
-                    progress(consumed + carry.len() as u64);
-                    continue;
-                }
-            }
+            let Some(nl) = memchr::memchr(b'\n', block) else {
+                carry.extend_from_slice(block);
+                progress(consumed + carry.len() as u64);
+                continue;
+            };
+            carry.extend_from_slice(&block[..=nl]);
+            ix.line(&carry, consumed)?;
+            consumed += carry.len() as u64;
+            carry.clear();
+            pos = nl + 1;
         }
         while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
             ix.line(&block[pos..=pos + nl], consumed)?;

@@ -15,6 +15,11 @@
 //! Parsers take the whole line and a start offset and return the offset after the number, so the
 //! caller decides what may follow it. Nothing here allocates.
 
+// `parse_id` and `parse_real` are `#[inline(always)]` so their fast paths sit in the callers'
+// token loops (the slow paths are `#[cold]`, `#[inline(never)]`); measure with
+// scripts/bench_libsvm.sh before leaving inlining to rustc.
+#![allow(clippy::inline_always)]
+
 use super::pow10::POW10;
 
 /// Smallest exponent of deepx's `POW10` table.
@@ -200,8 +205,9 @@ pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, us
         }
     }
     if digits > 0 && digits <= 15 && !matches!(bytes.get(q), Some(b'e' | b'E')) {
-        // < 10^15, so the signed conversion (one instruction) is exact.
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap)]
+        // < 10^15, so the signed conversion (one instruction) is exact; the table index is
+        // 323 - frac.
+        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
         let v = mantissa as i64 as f64 * POW10[MIN_EXP.unsigned_abs() as usize - frac];
         return Ok((if neg { -v } else { v }, q));
     }

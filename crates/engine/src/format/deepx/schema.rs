@@ -2,7 +2,7 @@
 //!
 //! | stream | kind | dim | present |
 //! |---|---|---|---|
-//! | `__instX` (libsvm), `__instX0…` (libsvm_ex), `__instXuser`, `__instXcand`, `__instXhist0…` (uch) | sparse, u64 ids, f32/f64 values | 0 (ids unbounded) | always |
+//! | `__instX` (libsvm), `__instX0…` (`libsvm_ex`), `__instXuser`, `__instXcand`, `__instXhist0…` (uch) | sparse, u64 ids, f32/f64 values | 0 (ids unbounded) | always |
 //! | `__instXhist_size` (uch) | dense | 1 | always |
 //! | `__instY` | dense | `label_size` | always |
 //! | `__instW` | dense | `label_size` | `w` |
@@ -54,6 +54,7 @@ pub enum Layout {
 
 /// Everything that shapes the parse of a deepx dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)] // independent deepx options, one flag each (not states)
 pub struct Schema {
     /// The body grammar.
     pub layout: Layout,

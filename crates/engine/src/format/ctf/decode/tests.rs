@@ -1,3 +1,5 @@
+use std::fmt::Write;
+
 use super::*;
 use crate::format::ctf::{index_file, CtfIndexOptions};
 use crate::options::StreamConfig;
@@ -40,7 +42,8 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out,
     let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for seq in &idx.sequences {
-        let bytes = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        let start = usize::try_from(seq.offset).expect("a test file fits in memory");
+        let bytes = &text[start..start + seq.size as usize];
         dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors)?;
     }
     let seqs = bufs
@@ -275,10 +278,10 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
     let (mut total_values, mut decoded, mut with_errors) = (0usize, 0usize, 0usize);
     for case in 0..300 {
         let mut text = String::new();
-        for row in 0..(1 + next() % 6) {
+        for row in 0..=(next() % 6) {
             // One sequence per case, a row per line: a rejected sample costs errors, not a fatal.
             let _ = row;
-            text.push_str(&format!("{case} "));
+            let _ = write!(text, "{case} ");
             for (alias, dim) in [("a", 40u64), ("w", 130)] {
                 text.push('|');
                 text.push_str(alias);
@@ -297,20 +300,21 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
                         let sign = ["", "-", "+"][(r >> 20) as usize % 3];
                         let int = (r >> 24) % [1, 10, 1000, 1_000_000_000][(r >> 40) as usize % 4];
                         let frac_len = (r >> 44) % 9;
-                        text.push_str(&format!("{sign}{int}"));
+                        let _ = write!(text, "{sign}{int}");
                         if frac_len > 0 {
-                            text.push_str(&format!(
+                            let _ = write!(
+                                text,
                                 ".{:0width$}",
                                 (r >> 8) % 10u64.pow(frac_len as u32),
                                 width = frac_len as usize
-                            ));
+                            );
                         }
                     }
                     total_values += 1;
                 }
                 text.push(' ');
             }
-            text.push_str(&format!("|l {}:1", next() % 10));
+            let _ = write!(text, "|l {}:1", next() % 10);
             text.push_str(if next() % 4 == 0 { "\r\n" } else { "\n" });
         }
         let fast = decode_with(text.as_bytes(), &streams, true);

@@ -2,6 +2,8 @@
 //! deepx's parser), line by line: where deepx and minibatchd agree the tensors must be equal;
 //! where they differ on purpose (`docs/differences.md`, section deepx) the case says so.
 
+use std::fmt::Write;
+
 use super::*;
 use crate::options::{DeepxOptions, FormatKind};
 
@@ -32,7 +34,7 @@ fn render(d: &DeepxDecoder, b: &DeepxBufs<f32>, row: usize) -> String {
     let uuid = String::from_utf8_lossy(&b.uuid_bytes[b.uuid_offsets[row]..b.uuid_offsets[row + 1]]).into_owned();
     let mut s = format!("{}; Y={}; W={}; U={uuid}", groups.join(" | "), list(&b.y), list(&b.w));
     if matches!(d.schema().layout, Layout::Uch { .. }) {
-        s.push_str(&format!("; H={}", b.hist_size[row]));
+        let _ = write!(s, "; H={}", b.hist_size[row]);
     }
     s
 }
