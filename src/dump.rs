@@ -7,16 +7,17 @@
 //! `-Infinity` and `NaN`, which Python's `json` module reads back.
 //!
 //! Only the chunks a plan references are parsed, and each is dropped as soon as the sampler
-//! retires it, so memory stays bounded by the randomization window, not the dataset.
+//! retires it, so memory stays bounded by the randomization window, not the dataset: the loop is
+//! the engine's [`Feeder`], the same the daemon's producer runs.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
 use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::{Indices, ParsedChunk, Values};
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::{assemble, MbData, MbStream, Minibatch};
+use minibatchd_engine::minibatch::{MbData, MbStream, Minibatch};
 use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions};
 
 /// What `dump` (or a session) asks for besides the sampling options.
@@ -54,53 +55,11 @@ pub enum DumpError {
     Output(#[from] std::io::Error),
 }
 
-/// Chunks loaded on demand from a dataset, dropped when retired.
-pub struct ChunkCache<'a> {
-    dataset: &'a Dataset,
-    loaded: HashMap<u32, Arc<ParsedChunk>>,
-    /// Most chunks held at once (for tests and benchmarks of the memory bound).
-    pub peak_chunks: usize,
-    /// Most parsed bytes held at once.
-    pub peak_bytes: usize,
-    held_bytes: usize,
-}
-
-impl<'a> ChunkCache<'a> {
-    /// An empty cache over `dataset`.
-    #[must_use]
-    pub fn new(dataset: &'a Dataset) -> Self {
-        Self { dataset, loaded: HashMap::new(), peak_chunks: 0, peak_bytes: 0, held_bytes: 0 }
-    }
-
-    /// Drops a chunk the sampler retired.
-    pub fn retire(&mut self, chunk: u32) {
-        if let Some(c) = self.loaded.remove(&chunk) {
-            self.held_bytes -= c.size_bytes();
-        }
-    }
-}
-
-impl minibatchd_engine::minibatch::ChunkSource for ChunkCache<'_> {
-    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
-        if let Some(c) = self.loaded.get(&chunk) {
-            return Ok(c.clone());
-        }
-        let (parsed, fresh) = self.dataset.load_chunk(chunk as usize)?;
-        for e in &fresh {
-            tracing::warn!("{e}");
-        }
-        let parsed = Arc::new(parsed);
-        self.held_bytes += parsed.size_bytes();
-        self.loaded.insert(chunk, parsed.clone());
-        self.peak_chunks = self.peak_chunks.max(self.loaded.len());
-        self.peak_bytes = self.peak_bytes.max(self.held_bytes);
-        Ok(parsed)
-    }
-}
-
 /// Runs the session described by `options` over `dataset`, calling `each` per minibatch.
 ///
-/// Returns the number of minibatches produced and the chunk cache's statistics.
+/// Chunks are parsed in-process when a plan first needs them and dropped when the sampler retires
+/// them ([`Feeder`], the loop the daemon's producer runs too). Returns the number of minibatches,
+/// and the most chunks and parsed bytes held at once.
 ///
 /// # Errors
 /// Invalid options, data errors, or the first error `each` returns.
@@ -109,17 +68,24 @@ pub fn for_each_minibatch(
     options: &DumpOptions,
     each: &mut dyn FnMut(&Minibatch) -> Result<(), DumpError>,
 ) -> Result<(u64, usize, usize), DumpError> {
-    let shapes = dataset.stream_shapes();
-    let mut cache = ChunkCache::new(dataset);
-    let count = for_each_plan(dataset, options, &mut |index, plan| {
-        let mb = assemble(index, plan, dataset.timeline(), &shapes, options.frame_mode, &mut cache)?;
-        each(&mb)?;
-        for &c in &plan.retire {
-            cache.retire(c);
+    let sampler = new_sampler(dataset, options)?;
+    let mut feeder = Feeder::new(sampler, dataset.timeline().clone(), dataset.stream_shapes(), options.frame_mode, 0);
+    let mut load = |chunk: u32| -> Result<Arc<ParsedChunk>, DataError> {
+        let (parsed, fresh) = dataset.load_chunk(chunk as usize)?;
+        for e in &fresh {
+            tracing::warn!("{e}");
         }
-        Ok(())
+        Ok(Arc::new(parsed))
+    };
+    let count = walk(options, &mut |step| match step {
+        Step::Restore(position) => Ok(feeder.restore(position).map(|()| true)?),
+        Step::Next(size) => {
+            let Some(plan) = feeder.plan(size) else { return Ok(false) };
+            each(&feeder.gather(&plan, &mut load)?.to_minibatch())?;
+            Ok(true)
+        }
     })?;
-    Ok((count, cache.peak_chunks, cache.peak_bytes))
+    Ok((count, feeder.peak_chunks(), feeder.peak_bytes()))
 }
 
 /// Walks the session's plans (no data is read), calling `each(index, plan)` per minibatch:
@@ -133,6 +99,21 @@ pub fn for_each_plan(
     options: &DumpOptions,
     each: &mut dyn FnMut(u64, &MinibatchPlan) -> Result<(), DumpError>,
 ) -> Result<u64, DumpError> {
+    let mut sampler = new_sampler(dataset, options)?;
+    let mut index = 0u64;
+    walk(options, &mut |step| match step {
+        Step::Restore(position) => Ok(sampler.restore(position).map(|()| true)?),
+        Step::Next(size) => {
+            let Some(plan) = sampler.next_minibatch(size) else { return Ok(false) };
+            each(index, &plan)?;
+            index += 1;
+            Ok(true)
+        }
+    })
+}
+
+/// The session's sampler: equal steps and the starting position applied.
+fn new_sampler(dataset: &Dataset, options: &DumpOptions) -> Result<Sampler, DumpError> {
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
     if options.equal_steps {
         sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1))?;
@@ -140,15 +121,30 @@ pub fn for_each_plan(
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }
+    Ok(sampler)
+}
+
+/// One step of a dump's schedule.
+enum Step {
+    /// Restore the sampler to this position (a trainer's mid-run restore).
+    Restore(u64),
+    /// Produce the next minibatch of this size; `false` at the end of the epoch.
+    Next(usize),
+}
+
+/// The schedule of a dump: before minibatch `i`, the restores `options` asks for; then the next
+/// minibatch with the cycled size, until `step` returns `false` or the minibatch limit.
+fn walk(options: &DumpOptions, step: &mut dyn FnMut(Step) -> Result<bool, DumpError>) -> Result<u64, DumpError> {
     let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;
     while options.num_minibatches.is_none_or(|n| count < n) {
         for &(_, p) in options.restore_before.iter().filter(|&&(i, _)| i == count) {
-            sampler.restore(p)?;
+            step(Step::Restore(p))?;
         }
         let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
-        let Some(plan) = sampler.next_minibatch(size) else { break };
-        each(count, &plan)?;
+        if !step(Step::Next(size))? {
+            break;
+        }
         count += 1;
     }
     Ok(count)

@@ -18,7 +18,8 @@
 //!   the control plane (server, connections, sessions, admission) and operations (signals,
 //!   checkpoint, reload, notify, memory guard), as supervised actix actors over bounded flume
 //!   channels;
-//! * [`metrics`] — every Prometheus metric in one registry, and the `/metrics` endpoint.
+//! * [`metrics`] — every Prometheus metric in one registry, and the `/metrics` endpoint;
+//! * [`stage`] — the supervised stages, named once (supervisor, health, metric labels).
 
 #![forbid(unsafe_code)]
 
@@ -26,5 +27,6 @@ pub mod config;
 pub mod dump;
 pub mod metrics;
 pub mod pipeline;
+pub mod stage;
 
 pub use config::Config;

@@ -150,7 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { config } => {
             // The same check a SIGHUP reload makes before applying a file.
-            let c = minibatchd::pipeline::reload::validate(&config)?;
+            let c = minibatchd::pipeline::ops::reload::validate(&config)?;
             println!("{}: valid ({} dataset(s))", config.display(), c.datasets.len());
             Ok(ExitCode::SUCCESS)
         }
@@ -196,7 +196,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
-    let cfg = c.dataset(name).map_err(anyhow::Error::msg)?;
+    let cfg = c.dataset(name)?;
     let bar = progress_bar.then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(

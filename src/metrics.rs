@@ -2,7 +2,7 @@
 //! [`prometheus::Registry`] served at `/metrics` by [`http`].
 //!
 //! Naming: prefix `minibatchd_`, base units (`_bytes`, `_seconds`), counters end in `_total`.
-//! Labels are bounded: `dataset` (configured names), `stage` ([`STAGES`]), `rank` (a session's
+//! Labels are bounded: `dataset` (configured names), `stage` ([`Stage::name`]), `rank` (a session's
 //! worker rank), `kind` ([`ERROR_KINDS`]), `state`/`part`/`result`/`code` (small fixed sets).
 //! Never a file name, a session name or a sample id.
 //!
@@ -26,8 +26,7 @@ use prometheus::{Counter, CounterVec, Gauge, IntCounter, IntCounterVec, IntGauge
 
 use minibatchd_engine::format::errors::ErrorKind;
 
-/// Stage label values, in the pipeline's start order (`pipeline::supervisor::Stage::name`).
-pub const STAGES: [&str; 5] = ["reader", "parsers", "cache", "delivery", "sessions"];
+use crate::stage::Stage;
 
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
 pub const REFUSAL_CODES: [&str; 7] = [
@@ -465,7 +464,7 @@ impl Metrics {
             last_checkpoint: Mutex::new(None),
             registry: r,
         };
-        for stage in STAGES {
+        for stage in Stage::ALL.map(Stage::name) {
             for v in [&m.stage_queue_depth, &m.stage_queue_capacity, &m.stage_up] {
                 v.with_label_values(&[stage]);
             }

@@ -62,7 +62,8 @@ fn parse(kind: Kind, path: &Path, threads: usize, chunk_bytes: u64, state: &Path
     );
     let config = Config::from_toml_str(&text, state).map_err(|e| e.to_string())?;
     let t0 = Instant::now();
-    let ds = Dataset::open(config.dataset("d")?, state, &mut |_| {}).map_err(|e| e.to_string())?;
+    let ds = Dataset::open(config.dataset("d").map_err(|e| e.to_string())?, state, &mut |_| {})
+        .map_err(|e| e.to_string())?;
     let index_s = t0.elapsed().as_secs_f64();
     let chunks = ds.chunks().len();
     let next = AtomicUsize::new(0);

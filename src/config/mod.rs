@@ -60,6 +60,14 @@ pub enum ConfigError {
         /// Every problem, in key order.
         issues: Vec<ConfigIssue>,
     },
+    /// A dataset name that is not in the configuration.
+    #[error("no dataset '{name}' in the config (configured: {})", known.join(", "))]
+    UnknownDataset {
+        /// The name asked for.
+        name: String,
+        /// The configured names.
+        known: Vec<String>,
+    },
 }
 
 fn format_issues(issues: &[ConfigIssue]) -> String {
@@ -141,7 +149,7 @@ impl Config {
     pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self, ConfigError> {
         let pseudo = base_dir.join("<inline>");
         let tree: serde_json::Value =
-            toml_to_json(text).map_err(|message| ConfigError::Load { path: pseudo.clone(), message })?;
+            toml_to_json(text).map_err(|e| ConfigError::Load { path: pseudo.clone(), message: e.to_string() })?;
         Self::from_tree(&pseudo, base_dir, &tree)
     }
 
@@ -165,21 +173,20 @@ impl Config {
     /// The dataset called `name`.
     ///
     /// # Errors
-    /// A message listing the configured datasets when there is none of that name.
-    pub fn dataset(&self, name: &str) -> Result<&DatasetConfig, String> {
-        self.datasets.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.datasets.keys().map(String::as_str).collect();
-            format!("no dataset '{name}' in the config (configured: {})", known.join(", "))
+    /// [`ConfigError::UnknownDataset`], listing the configured datasets.
+    pub fn dataset(&self, name: &str) -> Result<&DatasetConfig, ConfigError> {
+        self.datasets.get(name).ok_or_else(|| ConfigError::UnknownDataset {
+            name: name.to_owned(),
+            known: self.datasets.keys().cloned().collect(),
         })
     }
 }
 
-fn toml_to_json(text: &str) -> Result<serde_json::Value, String> {
-    let built = ::config::Config::builder()
+fn toml_to_json(text: &str) -> Result<serde_json::Value, ::config::ConfigError> {
+    ::config::Config::builder()
         .add_source(::config::File::from_str(text, ::config::FileFormat::Toml))
-        .build()
-        .map_err(|e| e.to_string())?;
-    built.try_deserialize().map_err(|e| e.to_string())
+        .build()?
+        .try_deserialize()
 }
 
 fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap<String, DatasetConfig>)> {

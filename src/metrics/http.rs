@@ -20,8 +20,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Renders the metrics text (the daemon refreshes its gauges first).
 pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
-/// `Ok` when healthy, else the reason.
-pub type Health = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+/// `Ok` when healthy, else why not (the `503` body).
+pub type Health = Arc<dyn Fn() -> Result<(), NotServing> + Send + Sync>;
+
+/// Why `/healthz` answers `503`: the daemon's own explanation, as the body's one line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotServing(pub String);
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
@@ -180,10 +185,13 @@ mod tests {
             let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
             let h = healthy.clone();
             let render: Render = Arc::new(|| "minibatchd_up 1\n".to_owned());
-            let health: Health =
-                Arc::new(
-                    move || if h.load(std::sync::atomic::Ordering::Relaxed) { Ok(()) } else { Err("stopping".into()) },
-                );
+            let health: Health = Arc::new(move || {
+                if h.load(std::sync::atomic::Ordering::Relaxed) {
+                    Ok(())
+                } else {
+                    Err(NotServing("stopping".into()))
+                }
+            });
             tokio::spawn(serve(listener, render, health));
             async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
                 let mut s = TcpStream::connect(addr).await.expect("connect");

@@ -14,47 +14,14 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
-use super::server::SessionManager;
-use super::stages::{CacheStage, ChunkReader, Delivery, ParserPool, StopStage};
-use super::Shared;
-
-/// The stages, in start order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Stage {
-    /// Chunk reader.
-    Reader,
-    /// Parser pool.
-    Parsers,
-    /// Chunk cache.
-    Cache,
-    /// Delivery (producer threads).
-    Delivery,
-    /// Session manager (control socket).
-    Sessions,
-}
-
-impl Stage {
-    /// All stages in start order.
-    pub const ORDER: [Stage; 5] = [Stage::Reader, Stage::Parsers, Stage::Cache, Stage::Delivery, Stage::Sessions];
-
-    /// Position in [`Stage::ORDER`] (and in `metrics::STAGES`).
-    #[must_use]
-    pub fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Stable name (logs, metric labels).
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Reader => "reader",
-            Self::Parsers => "parsers",
-            Self::Cache => "cache",
-            Self::Delivery => "delivery",
-            Self::Sessions => "sessions",
-        }
-    }
-}
+use super::control::server::SessionManager;
+use super::control::ControlPlane;
+use super::data::cache_stage::CacheStage;
+use super::data::delivery::Delivery;
+use super::data::parsers::ParserPool;
+use super::data::reader::ChunkReader;
+use super::lifecycle::{StageStopped, StopStage};
+use crate::stage::Stage;
 
 /// What to do about a stage that stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,17 +80,6 @@ impl RestartPolicy {
 /// Slack beyond `shutdown_grace_secs` for connections to finish their last replies.
 const GRACE_MARGIN: Duration = Duration::from_secs(2);
 
-/// Records whether `stage` runs (health and `minibatchd_stage_up`).
-pub fn set_stage_up(shared: &Shared, stage: Stage, up: bool) {
-    shared.health.set_stage_up(stage.index(), up);
-    shared.metrics.stage_up.with_label_values(&[stage.name()]).set(i64::from(up));
-}
-
-/// A stage's actor stopped.
-#[derive(Debug, Clone, Copy, Message)]
-#[rtype(result = "()")]
-pub struct StageStopped(pub Stage);
-
 /// Stop every stage in reverse order; replies when done.
 #[derive(Debug, Message)]
 #[rtype(result = "()")]
@@ -151,7 +107,7 @@ struct Addrs {
 
 /// The supervisor actor.
 pub struct Supervisor {
-    shared: Arc<Shared>,
+    shared: Arc<ControlPlane>,
     addrs: Addrs,
     policies: HashMap<Stage, RestartPolicy>,
     shutting_down: bool,
@@ -161,18 +117,18 @@ pub struct Supervisor {
 impl Supervisor {
     /// A supervisor; `fatal` receives a message if a stage cannot be kept running.
     #[must_use]
-    pub fn new(shared: Arc<Shared>, fatal: tokio::sync::oneshot::Sender<String>) -> Self {
+    pub fn new(shared: Arc<ControlPlane>, fatal: tokio::sync::oneshot::Sender<String>) -> Self {
         Self {
             shared,
             addrs: Addrs::default(),
-            policies: Stage::ORDER.iter().map(|&s| (s, RestartPolicy::default())).collect(),
+            policies: Stage::ALL.iter().map(|&s| (s, RestartPolicy::default())).collect(),
             shutting_down: false,
             fatal: Some(fatal),
         }
     }
 
     fn set_up(&self, stage: Stage, up: bool) {
-        set_stage_up(&self.shared, stage, up);
+        self.shared.data.health.set_stage_up(&self.shared.data.metrics, stage, up);
     }
 
     fn start_stage(&mut self, stage: Stage, ctx: &mut Context<Self>) {
@@ -183,9 +139,9 @@ impl Supervisor {
             self.set_up(stage, true);
         }
         match stage {
-            Stage::Reader => self.addrs.reader = Some(ChunkReader::new(shared, me).start()),
-            Stage::Parsers => self.addrs.parsers = Some(ParserPool::new(shared, me).start()),
-            Stage::Cache => self.addrs.cache = Some(CacheStage::new(shared, me).start()),
+            Stage::Reader => self.addrs.reader = Some(ChunkReader::new(shared.data.clone(), me).start()),
+            Stage::Parsers => self.addrs.parsers = Some(ParserPool::new(shared.data.clone(), me).start()),
+            Stage::Cache => self.addrs.cache = Some(CacheStage::new(shared.data.clone(), me).start()),
             Stage::Delivery => self.addrs.delivery = Some(Delivery::new(me).start()),
             Stage::Sessions => {
                 let Some(delivery) = self.addrs.delivery.clone() else {
@@ -203,7 +159,7 @@ impl Actor for Supervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        for stage in Stage::ORDER {
+        for stage in Stage::ALL {
             self.start_stage(stage, ctx);
         }
     }
@@ -219,7 +175,7 @@ impl Handler<StageStopped> for Supervisor {
         let policy = self.policies.entry(stage).or_default();
         match policy.on_stop(Instant::now()) {
             Decision::Restart(delay) => {
-                self.shared.metrics.stage_restarts.with_label_values(&[stage.name()]).inc();
+                self.shared.data.metrics.stage_restarts.with_label_values(&[stage.name()]).inc();
                 tracing::warn!(
                     stage = stage.name(),
                     restarts = policy.total,
@@ -264,7 +220,7 @@ impl Handler<FailStage> for Supervisor {
 impl Handler<RestartCounts> for Supervisor {
     type Result = Vec<(Stage, u64)>;
     fn handle(&mut self, _: RestartCounts, _: &mut Self::Context) -> Self::Result {
-        Stage::ORDER.iter().map(|s| (*s, self.policies.get(s).map_or(0, |p| p.total))).collect()
+        Stage::ALL.iter().map(|s| (*s, self.policies.get(s).map_or(0, |p| p.total))).collect()
     }
 }
 
@@ -339,8 +295,8 @@ mod tests {
         );
         let config = crate::config::Config::from_toml_str(&text, dir.path()).expect("config");
         let metrics = crate::metrics::Metrics::new().expect("metrics");
-        let hub = super::super::hub::Hub::open(&config, &metrics);
-        let shared = Arc::new(Shared::new(config, hub, metrics));
+        let hub = crate::pipeline::data::hub::Hub::open(&config, &metrics);
+        let shared = Arc::new(ControlPlane::new(config, hub, metrics));
         let socket = dir.path().join("s.sock");
         let shared_probe = shared.clone();
         actix::System::new().block_on(async move {
@@ -360,9 +316,10 @@ mod tests {
                 if restarted(Stage::Reader)
                     && restarted(Stage::Sessions)
                     && socket.exists()
-                    && shared_probe.health.stage_up(Stage::Sessions.index())
+                    && shared_probe.data.health.stage_up(Stage::Sessions)
                 {
                     assert!(shared_probe
+                        .data
                         .metrics
                         .render()
                         .contains("minibatchd_stage_restarts_total{stage=\"reader\"} 1"));
@@ -377,7 +334,7 @@ mod tests {
             }
             sup.send(Shutdown).await.expect("shutdown");
             assert!(!socket.exists(), "the socket is removed at shutdown");
-            while (0..5).any(|i| shared_probe.health.stage_up(i)) {
+            while Stage::ALL.iter().any(|&s| shared_probe.data.health.stage_up(s)) {
                 assert!(Instant::now() < deadline, "a stage still reports up after shutdown");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }

@@ -345,14 +345,43 @@ pub enum ServerMessage {
         code: ErrorCode,
         /// Human-readable explanation.
         message: String,
+        /// For `data_error`: where in which file, and what kind. Absent otherwise, and from
+        /// daemons before 0.1 with this field (clients must treat it as optional).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<ErrorDetail>,
     },
+}
+
+/// Where a data error is, as the client's error reply carries it: the same file, 1-based line,
+/// byte offset and kind as the daemon's log line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// The data file, when the error is about one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// 1-based line, when the error is about one place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u64>,
+    /// 0-based byte offset from the start of the file (of the decompressed data for `.gz`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    /// Snake-case kind: an input error kind (`bad_number`, `bad_line`, …, as the
+    /// `minibatchd_parse_errors_total` label) for a spent `max_errors` budget; `fatal`, `io` or
+    /// `dataset` otherwise.
+    pub kind: String,
 }
 
 impl ServerMessage {
     /// An `error` reply.
     #[must_use]
     pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::Error { code, message: message.into() }
+        Self::Error { code, message: message.into(), detail: None }
+    }
+
+    /// An `error` reply with a data error's place and kind.
+    #[must_use]
+    pub fn error_with(code: ErrorCode, message: impl Into<String>, detail: Option<ErrorDetail>) -> Self {
+        Self::Error { code, message: message.into(), detail }
     }
 }
 

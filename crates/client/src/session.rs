@@ -31,7 +31,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    self, ClientMessage, ErrorCode, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions,
+    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions,
     SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
 };
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
@@ -54,6 +54,8 @@ pub enum ClientError {
         code: ErrorCode,
         /// Its message.
         message: String,
+        /// For a data error: file, line, byte offset and kind.
+        detail: Option<ErrorDetail>,
     },
     /// An unexpected reply.
     #[error("protocol: {0}")]
@@ -97,7 +99,7 @@ fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<Ser
 
 fn daemon_error(m: ServerMessage) -> ClientError {
     match m {
-        ServerMessage::Error { code, message } => ClientError::Daemon { code, message },
+        ServerMessage::Error { code, message, detail } => ClientError::Daemon { code, message, detail },
         other => ClientError::Protocol(format!("unexpected reply {other:?}")),
     }
 }
@@ -276,6 +278,7 @@ impl Session {
             return Err(ClientError::Daemon {
                 code: ErrorCode::ShuttingDown,
                 message: "the daemon stopped; state() holds the final position".into(),
+                detail: None,
             });
         }
         if let Err(e) = self.flush(None) {
@@ -307,9 +310,9 @@ impl Session {
                 self.end = Some(state);
                 Ok(None)
             }
-            ServerMessage::Error { code: ErrorCode::ShuttingDown, message } => {
+            ServerMessage::Error { code: ErrorCode::ShuttingDown, message, detail } => {
                 self.report_final();
-                Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message })
+                Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message, detail })
             }
             other => Err(daemon_error(other)),
         }

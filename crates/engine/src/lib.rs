@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 pub mod dataset;
+pub mod feed;
 
 pub mod format;
 pub mod hash;

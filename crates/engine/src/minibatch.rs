@@ -14,7 +14,7 @@ use crate::sampling::{MinibatchPlan, Timeline};
 pub use minibatchd_shm::owned::{MbData, MbStream, Minibatch};
 pub use minibatchd_shm::table::{DType, Field, SlotSource, TensorDesc};
 
-/// Source of parsed chunks for [`assemble`].
+/// Source of parsed chunks for [`gather`] (the session's held chunks: [`crate::feed::Feeder`]).
 pub trait ChunkSource {
     /// The parsed chunk `chunk`.
     ///
@@ -475,24 +475,6 @@ impl SlotSource for Gathered {
             }
         }
     }
-}
-
-/// Builds minibatch `index` from `plan`, copying samples out of the chunks it names:
-/// [`gather`] then [`Gathered::to_minibatch`].
-///
-/// `frame_mode`: CNTK's `FramePacker` — a sequence with more than one sample is fatal.
-///
-/// # Errors
-/// A chunk that cannot be loaded, or a frame-mode violation.
-pub fn assemble(
-    index: u64,
-    plan: &MinibatchPlan,
-    timeline: &Timeline,
-    shapes: &[StreamShape],
-    frame_mode: bool,
-    chunks: &mut dyn ChunkSource,
-) -> Result<Minibatch, DataError> {
-    Ok(gather(index, plan, timeline, shapes, frame_mode, chunks)?.to_minibatch())
 }
 
 #[cfg(test)]

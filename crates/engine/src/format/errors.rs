@@ -93,15 +93,19 @@ impl fmt::Display for Malformed {
 }
 
 /// Reading data failed.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone`, so one failed chunk load reaches every session waiting for that chunk — and each
+/// client's error reply — with its place and kind intact ([`DataError::place`],
+/// [`DataError::kind_name`]).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum DataError {
     /// An I/O error on a data file.
     #[error("{}: {source}", path.display())]
     Io {
         /// The file.
         path: PathBuf,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (shared: the error is cloned to every waiter).
+        source: Arc<std::io::Error>,
     },
     /// Input that stops reading regardless of `max_errors` (CNTK's fatal errors).
     #[error("{at}: {message}")]
@@ -128,7 +132,38 @@ impl DataError {
     /// An I/O error on `path`.
     #[must_use]
     pub fn io(path: &Path, source: std::io::Error) -> Self {
-        Self::Io { path: path.to_owned(), source }
+        Self::Io { path: path.to_owned(), source: Arc::new(source) }
+    }
+
+    /// The file, 1-based line and byte offset the error is about, when it is about one place.
+    #[must_use]
+    pub fn place(&self) -> Option<&Location> {
+        match self {
+            Self::Fatal { at, .. } => Some(at),
+            Self::TooManyErrors { last, .. } => Some(&last.at),
+            Self::Io { .. } | Self::Dataset(_) => None,
+        }
+    }
+
+    /// The file the error is about, when there is one.
+    #[must_use]
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            Self::Io { path, .. } => Some(path),
+            _ => self.place().map(|l| &*l.file),
+        }
+    }
+
+    /// A stable snake-case name of what went wrong: for a spent budget, the kind of the error
+    /// that spent it ([`ErrorKind::as_str`]); otherwise `io`, `fatal` or `dataset`.
+    #[must_use]
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Self::Io { .. } => "io",
+            Self::Fatal { .. } => "fatal",
+            Self::TooManyErrors { last, .. } => last.kind.as_str(),
+            Self::Dataset(_) => "dataset",
+        }
     }
 }
 

@@ -18,6 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_engine::format::errors::DataError;
 
 /// A chunk of a dataset: (dataset index in the hub, chunk index).
 pub type ChunkKey = (u32, u32);
@@ -34,8 +35,8 @@ pub struct ChunkRequest {
 pub struct ParsedMsg {
     /// Which chunk.
     pub key: ChunkKey,
-    /// The chunk, or the error message.
-    pub result: Result<Arc<ParsedChunk>, String>,
+    /// The chunk, or why it could not be read or parsed.
+    pub result: Result<Arc<ParsedChunk>, DataError>,
 }
 
 /// How long a producer waits on a loading chunk before it asks again (a request can be lost when
@@ -60,7 +61,7 @@ enum Entry {
         used: u64,
         pinned_until: Option<Instant>,
     },
-    Failed(String),
+    Failed(DataError),
 }
 
 /// Counters for logs and metrics (`minibatchd_cache_*`).
@@ -90,7 +91,7 @@ pub enum Lookup {
     /// Not there: the caller must request it (the entry is now `Loading`).
     Miss,
     /// Loading failed.
-    Failed(String),
+    Failed(DataError),
 }
 
 /// The cache's logic.
@@ -171,7 +172,7 @@ impl CacheCore {
     }
 
     /// The cache stage delivers a parsed chunk (or its failure).
-    pub fn insert(&mut self, key: ChunkKey, result: Result<Arc<ParsedChunk>, String>) {
+    pub fn insert(&mut self, key: ChunkKey, result: Result<Arc<ParsedChunk>, DataError>) {
         self.tick += 1;
         let entry = match result {
             Ok(chunk) => {
@@ -186,7 +187,7 @@ impl CacheCore {
                 let pinned_until = demanded.then(|| Instant::now() + REQUEST_RETRY);
                 Entry::Ready { chunk, bytes, used: self.tick, pinned_until }
             }
-            Err(m) => Entry::Failed(m),
+            Err(e) => Entry::Failed(e),
         };
         if let Some(Entry::Ready { bytes, .. }) = self.entries.insert(key, entry) {
             self.stats.bytes -= bytes;
@@ -252,14 +253,14 @@ impl CacheCore {
 }
 
 /// Why a producer could not get a chunk.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
     /// The session is stopping.
     #[error("stopped")]
     Stopped,
-    /// Loading the chunk failed.
-    #[error("{0}")]
-    Failed(String),
+    /// Loading the chunk failed: the data error, with its place and kind.
+    #[error(transparent)]
+    Failed(DataError),
     /// The pipeline's request channel is gone (the daemon is stopping).
     #[error("the reader stage is gone")]
     Disconnected,
@@ -381,6 +382,8 @@ impl SharedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minibatchd_engine::format::errors::Location;
+    use std::path::Path;
 
     fn chunk(n: usize) -> Arc<ParsedChunk> {
         use minibatchd_engine::format::chunk::{StreamData, StreamValues, Values};
@@ -469,7 +472,7 @@ mod tests {
     }
 
     #[test]
-    fn failures_are_reported_to_every_waiter() {
+    fn failures_are_reported_to_every_waiter_with_their_place_and_kind() {
         let (tx, rx) = flume::bounded(4);
         let cache = Arc::new(SharedCache::new(1 << 20, tx));
         let stop = AtomicBool::new(false);
@@ -477,9 +480,15 @@ mod tests {
         let waiter = std::thread::spawn(move || c2.get((1, 2), &AtomicBool::new(false)));
         let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
         assert_eq!(req.key, (1, 2));
-        cache.insert(ParsedMsg { key: (1, 2), result: Err("bad data".into()) });
-        assert_eq!(waiter.join().expect("joined"), Err(FetchError::Failed("bad data".into())));
-        assert_eq!(cache.get((1, 2), &stop), Err(FetchError::Failed("bad data".into())));
+        let at = Location { file: Path::new("/data/train.ctf").into(), line: 7, offset: 123 };
+        cache.insert(ParsedMsg { key: (1, 2), result: Err(DataError::Fatal { at, message: "bad data".into() }) });
+        for got in [waiter.join().expect("joined"), cache.get((1, 2), &stop)] {
+            let Err(FetchError::Failed(e)) = &got else { panic!("expected a data error, got {got:?}") };
+            let place = e.place().expect("a place");
+            assert_eq!((&*place.file, place.line, place.offset), (Path::new("/data/train.ctf"), 7, 123));
+            assert_eq!(e.kind_name(), "fatal");
+            assert_eq!(e.to_string(), "/data/train.ctf:7: byte offset 123: bad data");
+        }
     }
 
     #[test]
@@ -487,6 +496,6 @@ mod tests {
         let (tx, _rx) = flume::bounded(4);
         let cache = SharedCache::new(1 << 20, tx);
         let stop = AtomicBool::new(true);
-        assert_eq!(cache.get((0, 0), &stop), Err(FetchError::Stopped));
+        assert!(matches!(cache.get((0, 0), &stop), Err(FetchError::Stopped)));
     }
 }

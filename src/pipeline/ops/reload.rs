@@ -22,9 +22,9 @@ use std::time::Instant;
 use crate::config::{Config, ConfigError, DaemonConfig};
 use minibatchd_engine::format::errors::DataError;
 
-use super::hub::{Hub, HubChanges};
 use super::notify::Notifier;
-use super::Shared;
+use crate::pipeline::control::ControlPlane;
+use crate::pipeline::data::hub::{Hub, HubChanges};
 
 /// Why a configuration file is not acceptable.
 #[derive(Debug, thiserror::Error)]
@@ -98,18 +98,18 @@ struct Prepared {
     restart: Vec<&'static str>,
 }
 
-fn prepare(shared: &Shared) -> Result<Prepared, ValidateError> {
+fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let old = shared.config();
     let mut config = validate(&old.path)?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
-    let (hub, changes) = shared.hub().reopen(&config, &shared.metrics);
+    let (hub, changes) = shared.data.hub().reopen(&config, &shared.data.metrics);
     Ok(Prepared { config, hub, changes, restart })
 }
 
 /// Reloads the configuration file (the SIGHUP path). Never fails: a bad file leaves everything
 /// as it was.
-pub async fn reload(shared: Arc<Shared>, notifier: Arc<Notifier>) {
+pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
     notifier.reloading();
     let started = Instant::now();
     tracing::info!(config = %shared.config().path.display(), "SIGHUP: reloading the configuration");
@@ -129,12 +129,12 @@ pub async fn reload(shared: Arc<Shared>, notifier: Arc<Notifier>) {
             false
         }
     };
-    shared.metrics.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
-    shared.metrics.config_last_reload_successful.set(i64::from(ok));
+    shared.data.metrics.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
+    shared.data.metrics.config_last_reload_successful.set(i64::from(ok));
     notifier.ready(&super::status_line(&shared));
 }
 
-fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
+fn apply(shared: &Arc<ControlPlane>, p: Prepared, started: Instant) {
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
@@ -146,13 +146,13 @@ fn apply(shared: &Arc<Shared>, p: Prepared, started: Instant) {
     }
     {
         let mut reg = shared.registry();
-        super::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.parser_threads);
+        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.data.parser_threads);
         shared.rebudget(&reg);
     }
     let c = &p.changes;
     tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = started.elapsed().as_millis() as u64, "configuration reloaded");
     shared.replace(p.config, p.hub);
-    super::preload_datasets(shared);
+    crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
 }
 
 #[cfg(test)]

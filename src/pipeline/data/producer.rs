@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
-use minibatchd_client::protocol::{ErrorCode, MinibatchMeta};
-use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta};
+use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::{gather, ChunkMap, ChunkSource, Gathered};
+use minibatchd_engine::minibatch::Gathered;
 use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{LayoutError, Ring};
 use minibatchd_sys::MemfdMemory;
@@ -70,7 +70,28 @@ pub enum ProducerEvent {
         code: ErrorCode,
         /// Message.
         message: String,
+        /// A data error's file, line, byte offset and kind.
+        detail: Option<ErrorDetail>,
     },
+}
+
+impl ProducerEvent {
+    /// The failure event for `e`.
+    fn failed(e: &ProduceError) -> Self {
+        Self::Failed { code: e.code(), message: e.to_string(), detail: e.detail() }
+    }
+}
+
+/// What a client's error reply says about a data error: the place and kind the log shows.
+#[must_use]
+pub fn error_detail(e: &DataError) -> ErrorDetail {
+    let place = e.place();
+    ErrorDetail {
+        file: e.file().map(|f| f.display().to_string()),
+        line: place.map(|l| l.line),
+        offset: place.map(|l| l.offset),
+        kind: e.kind_name().to_owned(),
+    }
 }
 
 /// Why producing a minibatch failed.
@@ -96,40 +117,11 @@ impl ProduceError {
             Self::Layout(_) => ErrorCode::Internal,
         }
     }
-}
 
-/// The chunks one session holds: from first use until the sampler retires them.
-struct SessionChunks<'a> {
-    dataset: u32,
-    held: ChunkMap<Arc<ParsedChunk>>,
-    cache: &'a SharedCache,
-    stop: &'a AtomicBool,
-    /// Time spent in the cache (waiting for chunks to be read and parsed).
-    waited: Duration,
-    /// Chunks this minibatch (then the next ones) needs, in order of first need. Offered to the
-    /// pipeline again before every wait: the request queue is short, so a one-shot prefetch of
-    /// a minibatch spread over many chunks would leave the parser pool idle but for the chunk
-    /// being waited for.
-    wanted: Vec<u32>,
-}
-
-impl ChunkSource for SessionChunks<'_> {
-    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
-        if let Some(c) = self.held.get(&chunk) {
-            return Ok(c.clone());
-        }
-        let started = Instant::now();
-        let (ds, held) = (self.dataset, &self.held);
-        self.cache.prefetch(self.wanted.iter().filter(|&&c| c != chunk && !held.contains_key(&c)).map(|&c| (ds, c)));
-        let got = self.cache.get((self.dataset, chunk), self.stop);
-        self.waited += started.elapsed();
-        match got {
-            Ok(c) => {
-                self.held.insert(chunk, c.clone());
-                Ok(c)
-            }
-            Err(FetchError::Failed(m)) => Err(DataError::Dataset(m)),
-            Err(e) => Err(DataError::Dataset(format!("chunk {chunk}: {e}"))),
+    fn detail(&self) -> Option<ErrorDetail> {
+        match self {
+            Self::Data(e) => Some(error_detail(e)),
+            Self::Stopped | Self::Layout(_) => None,
         }
     }
 }
@@ -144,7 +136,7 @@ impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Producer")
             .field("dataset", &self.planner.runtime.name)
-            .field("next_index", &self.planner.next_index)
+            .field("next_index", &self.planner.feeder.next_index())
             .finish_non_exhaustive()
     }
 }
@@ -165,15 +157,13 @@ enum Step {
     Event(ProducerEvent),
 }
 
-/// The half of a producer that locates minibatches: the sampler and the session's chunks.
+/// The half of a producer that locates minibatches: the engine's [`Feeder`] (the sampler and
+/// the session's chunks) over the shared chunk cache.
 struct Planner {
     runtime: Arc<DatasetRuntime>,
     cache: Arc<SharedCache>,
-    sampler: Sampler,
+    feeder: Feeder,
     minibatch_size: usize,
-    frame_mode: bool,
-    next_index: u64,
-    held: ChunkMap<Arc<ParsedChunk>>,
     metrics: SessionMetrics,
 }
 
@@ -192,19 +182,9 @@ impl Producer {
         next_index: u64,
         metrics: SessionMetrics,
     ) -> Self {
-        Self {
-            planner: Planner {
-                runtime,
-                cache,
-                sampler,
-                minibatch_size,
-                frame_mode,
-                next_index,
-                held: ChunkMap::default(),
-                metrics,
-            },
-            ring,
-        }
+        let feeder =
+            Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
+        Self { planner: Planner { runtime, cache, feeder, minibatch_size, metrics }, ring }
     }
 
     /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
@@ -229,6 +209,7 @@ impl Producer {
                 let _ = events.send(ProducerEvent::Failed {
                     code: ErrorCode::Internal,
                     message: format!("cannot start the session's filler thread: {e}"),
+                    detail: None,
                 });
                 return;
             }
@@ -243,45 +224,33 @@ impl Planner {
     /// Locates the next minibatch for `slot`; `Ok(None)` at the end of the epoch.
     fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<Located>, ProduceError> {
         let started = Instant::now();
-        let Some(plan) = self.sampler.next_minibatch(self.minibatch_size) else { return Ok(None) };
+        let Some(plan) = self.feeder.plan(self.minibatch_size) else { return Ok(None) };
         let ds = self.runtime.index;
         // Ask for every chunk of this minibatch first (parsed in parallel by the pool), then for
-        // the ones coming next.
-        let mut wanted: Vec<u32> = Vec::new();
-        for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks(PREFETCH_CHUNKS)) {
-            if !self.held.contains_key(&c) && !wanted.contains(&c) {
-                wanted.push(c);
-            }
-        }
+        // the ones coming next. Offered again before every wait: the request queue is short, so a
+        // one-shot prefetch of a minibatch spread over many chunks would leave the parser pool
+        // idle but for the chunk being waited for.
+        let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
         self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
-        let mut source = SessionChunks {
-            dataset: ds,
-            held: std::mem::take(&mut self.held),
-            cache: &self.cache,
-            stop,
-            waited: Duration::ZERO,
-            wanted,
-        };
-        let built = gather(
-            self.next_index,
-            &plan,
-            self.runtime.dataset.timeline(),
-            &self.runtime.shapes,
-            self.frame_mode,
-            &mut source,
-        );
-        self.held = source.held;
-        let waited = source.waited;
+        let cache = &self.cache;
+        let mut loaded: Vec<u32> = Vec::new();
+        let mut waited = Duration::ZERO;
+        let built = self.feeder.gather(&plan, &mut |chunk| {
+            let t = Instant::now();
+            cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
+            let got = cache.get((ds, chunk), stop);
+            waited += t.elapsed();
+            loaded.push(chunk);
+            got.map_err(|e| match e {
+                FetchError::Failed(e) => e,
+                other => DataError::Dataset(format!("chunk {chunk}: {other}")),
+            })
+        });
         self.metrics.chunk_wait_seconds.inc_by(waited.as_secs_f64());
         if stop.load(Ordering::Relaxed) {
             return Err(ProduceError::Stopped);
         }
         let mb = built?;
-        // The located minibatch holds its own chunks: the session's hold on retired ones ends.
-        for c in &plan.retire {
-            self.held.remove(c);
-        }
-        self.next_index = self.next_index.saturating_add(1);
         let seq_len = &self.runtime.dataset.timeline().seq_len;
         let samples: u64 =
             plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
@@ -307,11 +276,12 @@ impl Planner {
             self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
             let step = match self.locate(slot, stop) {
                 Ok(Some(located)) => Step::Fill(Box::new(located)),
-                Ok(None) => {
-                    Step::Event(ProducerEvent::End { position: self.sampler.position(), minibatches: self.next_index })
-                }
+                Ok(None) => Step::Event(ProducerEvent::End {
+                    position: self.feeder.position(),
+                    minibatches: self.feeder.next_index(),
+                }),
                 Err(ProduceError::Stopped) => return,
-                Err(e) => Step::Event(ProducerEvent::Failed { code: e.code(), message: e.to_string() }),
+                Err(e) => Step::Event(ProducerEvent::failed(&e)),
             };
             let last = matches!(step, Step::Event(_));
             // A failed send: the filler is gone (the connection closed, or a slot failed).
@@ -353,10 +323,7 @@ fn fill(
                         };
                         ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
                     }
-                    Err(e) => {
-                        let e = ProduceError::from(e);
-                        ProducerEvent::Failed { code: e.code(), message: e.to_string() }
-                    }
+                    Err(e) => ProducerEvent::failed(&ProduceError::from(e)),
                 }
             }
             Step::Event(event) => event,

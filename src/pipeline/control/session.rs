@@ -17,11 +17,25 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::DatasetConfig;
 use minibatchd_client::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
 
-use super::checkpoint::SavedSession;
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+
+/// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
+/// of the checkpoint format: fields are only ever added, with defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedSession {
+    /// The session name (given by the client or generated).
+    pub name: String,
+    /// The `open` options, without `resume` (the position is in `state`).
+    pub options: SessionOptions,
+    /// Position after the last minibatch taken, the data identity and the options hash.
+    pub state: SessionState,
+}
 
 /// Most slots a session may ask for.
 pub const MAX_RING_SLOTS: u64 = 1024;
@@ -49,16 +63,21 @@ pub struct ResolvedOptions {
     pub session: Option<String>,
 }
 
+/// Every invalid `open` option, each named with what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct InvalidOptions(pub Vec<String>);
+
 /// Resolves `o` for dataset `d`; `default_slots` and `default_slot_size` come from `[daemon]`.
 ///
 /// # Errors
-/// A message naming every invalid option.
+/// [`InvalidOptions`], naming every invalid option.
 pub fn resolve_options(
     o: &SessionOptions,
     d: &DatasetConfig,
     default_slots: u64,
     default_slot_size: u64,
-) -> Result<ResolvedOptions, String> {
+) -> Result<ResolvedOptions, InvalidOptions> {
     let mut problems = Vec::new();
     let minibatch_size = match o.minibatch_size {
         Some(n) if n >= 1 && n <= i32::MAX as u64 => n as usize,
@@ -119,7 +138,7 @@ pub fn resolve_options(
         problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
     }
     if !problems.is_empty() {
-        return Err(problems.join("; "));
+        return Err(InvalidOptions(problems));
     }
     Ok(ResolvedOptions {
         sampling: SamplingOptions {
@@ -179,28 +198,49 @@ pub fn options_hash(s: &SamplingOptions, equal_steps: bool) -> u64 {
     h.finish()
 }
 
+/// Why a saved state cannot resume the session being opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    /// A state format this daemon does not read.
+    #[error("state version {0} is not supported (expected {STATE_VERSION})")]
+    Version(u32),
+    /// The state is of another dataset.
+    #[error("the state belongs to dataset '{saved}', not '{opened}'")]
+    Dataset {
+        /// The state's dataset.
+        saved: String,
+        /// The dataset being opened.
+        opened: String,
+    },
+    /// The data changed since the state was saved.
+    #[error("the state was saved on other data (identity {saved} vs {current})")]
+    Data {
+        /// The state's data identity.
+        saved: String,
+        /// The dataset's identity now.
+        current: String,
+    },
+    /// The order-shaping options differ.
+    #[error("the state was saved with other sampling options (randomize, window, seed or epoch limit)")]
+    Options,
+}
+
 /// Checks a `resume` state against the session being opened.
 ///
 /// # Errors
-/// A message saying what differs.
-pub fn check_resume(state: &SessionState, dataset: &str, identity: u64, options: u64) -> Result<(), String> {
+/// [`ResumeError`]: what differs.
+pub fn check_resume(state: &SessionState, dataset: &str, identity: u64, options: u64) -> Result<(), ResumeError> {
     if state.version != STATE_VERSION {
-        return Err(format!("state version {} is not supported (expected {STATE_VERSION})", state.version));
+        return Err(ResumeError::Version(state.version));
     }
     if state.dataset != dataset {
-        return Err(format!("the state belongs to dataset '{}', not '{dataset}'", state.dataset));
+        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: dataset.to_owned() });
     }
     if state.data_identity != hex64(identity) {
-        return Err(format!(
-            "the state was saved on other data (identity {} vs {})",
-            state.data_identity,
-            hex64(identity)
-        ));
+        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
     if state.options_hash != hex64(options) {
-        return Err(
-            "the state was saved with other sampling options (randomize, window, seed or epoch limit)".to_owned()
-        );
+        return Err(ResumeError::Options);
     }
     Ok(())
 }
@@ -572,8 +612,9 @@ mod tests {
             ..SessionOptions::default()
         };
         let e = resolve_options(&bad, &d, 4, 1 << 20).expect_err("invalid");
+        assert_eq!(e.0.len(), 4, "{e}");
         for part in ["minibatch_size is required", "at most one", "rank 2", "prefetch 1"] {
-            assert!(e.contains(part), "{e}");
+            assert!(e.to_string().contains(part), "{e}");
         }
     }
 
@@ -617,9 +658,10 @@ mod tests {
             options_hash: hex64(9),
         };
         assert!(check_resume(&s, "t", 7, 9).is_ok());
-        assert!(check_resume(&s, "u", 7, 9).expect_err("dataset").contains("dataset"));
-        assert!(check_resume(&s, "t", 8, 9).expect_err("data").contains("other data"));
-        assert!(check_resume(&s, "t", 7, 1).expect_err("options").contains("options"));
+        assert_eq!(check_resume(&s, "u", 7, 9), Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() }));
+        assert!(matches!(check_resume(&s, "t", 8, 9), Err(ResumeError::Data { .. })));
+        assert_eq!(check_resume(&s, "t", 7, 1), Err(ResumeError::Options));
+        assert!(check_resume(&s, "t", 8, 9).expect_err("data").to_string().contains("other data"));
     }
 
     #[test]

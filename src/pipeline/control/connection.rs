@@ -40,27 +40,23 @@ use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{Ring, RingGeometry, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
-use super::checkpoint::SavedSession;
-use super::hub::DatasetRuntime;
-use super::producer::{FreeSlot, Producer, ProducerEvent};
-use super::session::{
-    check_resume, options_hash, resolve_options, Claim, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES,
-};
-use super::stages::{Delivery, StartProducer};
-use super::Shared;
+use super::super::data::delivery::{Delivery, StartProducer};
+use super::super::data::hub::DatasetRuntime;
+use super::super::data::producer::{FreeSlot, Producer, ProducerEvent};
+use super::admission::{self, Refusal};
+use super::session::{check_resume, options_hash, resolve_options, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES};
+use super::ControlPlane;
 
 /// What every connection task shares.
 pub struct ConnShared {
     /// Daemon-wide state.
-    pub shared: Arc<Shared>,
+    pub shared: Arc<ControlPlane>,
     /// The delivery stage, which runs producers.
     pub delivery: Addr<Delivery>,
 }
 
 /// Bytes read from the socket at a time.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
-
-type Reply = (ErrorCode, String);
 
 /// A session open on this connection.
 struct Active {
@@ -115,7 +111,7 @@ impl Active {
     }
 
     /// Writes the acknowledged state to the registry when it moved (checkpoints read it there).
-    fn record(&mut self, shared: &Shared) {
+    fn record(&mut self, shared: &ControlPlane) {
         let taken = self.progress.taken_count();
         if taken != self.recorded_taken {
             self.recorded_taken = taken;
@@ -193,7 +189,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
     let mut frames = FrameBuffer::default();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let mut phase = Phase::Hello;
-    let mut reloads = conn.shared.hub_changes();
+    let mut reloads = conn.shared.data.hub_changes();
     'conn: loop {
         let events = match &phase {
             Phase::Serving(a) if a.producing => Some(a.events.clone()),
@@ -226,7 +222,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     continue;
                 }
                 if let Phase::Serving(a) = &phase {
-                    if !conn.shared.hub().contains(&a.runtime.name) {
+                    if !conn.shared.data.hub().contains(&a.runtime.name) {
                         let m = format!("dataset '{}' was removed by a configuration reload; the session is kept resumable by name", a.runtime.name);
                         tracing::info!(peer = %peer, session = %a.name, "{m}");
                         let _ = send(&mut wr, &ServerMessage::error(ErrorCode::UnknownDataset, m)).await;
@@ -317,7 +313,7 @@ async fn drain(
 
 /// Stops the producer (reclaiming every slot with the ring), parks the session for resuming and
 /// gives its ring memory back.
-fn finish(mut active: Active, shared: &Shared, peer: &str) {
+fn finish(mut active: Active, shared: &ControlPlane, peer: &str) {
     active.stop.store(true, Ordering::Relaxed);
     active.publish_slots(true);
     let state = active.state();
@@ -367,9 +363,19 @@ fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> 
             let state = SessionState { position, minibatches, ..a.state() };
             out.extend_from_slice(&protocol::encode(&ServerMessage::End { state }));
         }
-        Some(ProducerEvent::Failed { code, message }) => {
-            tracing::warn!(session = %a.name, ?code, %message, "session failed");
-            out.extend_from_slice(&protocol::encode(&ServerMessage::error(code, message)));
+        Some(ProducerEvent::Failed { code, message, detail }) => {
+            let d = detail.as_ref();
+            tracing::warn!(
+                session = %a.name,
+                ?code,
+                file = d.and_then(|d| d.file.as_deref()),
+                line = d.and_then(|d| d.line),
+                offset = d.and_then(|d| d.offset),
+                kind = d.map(|d| d.kind.as_str()),
+                %message,
+                "session failed"
+            );
+            out.extend_from_slice(&protocol::encode(&ServerMessage::error_with(code, message, detail)));
         }
         None => {
             out.extend_from_slice(&protocol::encode(&ServerMessage::error(
@@ -426,16 +432,18 @@ async fn on_frame(
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
                     tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
-                    conn.shared.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
+                    conn.shared.data.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
                     send_with_fd(wr, &opened, &fd).await?;
                 }
-                Err((code, message)) => {
+                Err(refusal) => {
+                    let code = refusal.code();
                     let label =
                         serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-                    conn.shared.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
-                    send(wr, &ServerMessage::error(code, message)).await?;
+                    conn.shared.data.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
+                    tracing::info!(peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
+                    send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await?;
                 }
             }
         }
@@ -485,30 +493,25 @@ async fn open(
     dataset: &str,
     options: &SessionOptions,
     conn: &ConnShared,
-) -> Result<(Active, ServerMessage, OwnedFd), Reply> {
+) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let rt = shared.hub().get(dataset).map_err(|e| (ErrorCode::UnknownDataset, e))?;
+    let rt = shared.data.hub().get(dataset)?;
     let config = shared.config();
     let d = &config.daemon;
-    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)
-        .map_err(|e| (ErrorCode::InvalidOptions, e))?;
+    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
     let ohash = options_hash(&resolved.sampling, resolved.equal_steps);
     if let Some(s) = &options.resume {
-        check_resume(s, dataset, rt.identity, ohash).map_err(|e| (ErrorCode::ResumeMismatch, e))?;
+        check_resume(s, dataset, rt.identity, ohash)?;
     }
-    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())
-        .map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
     if resolved.equal_steps {
-        let dropped =
-            sampler.equalize_steps(resolved.minibatch_size).map_err(|e| (ErrorCode::InvalidOptions, e.to_string()))?;
+        let dropped = sampler.equalize_steps(resolved.minibatch_size)?;
         tracing::debug!(dataset, dropped, "equal steps: this worker's ragged tail is dropped");
     }
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
-    let ring_bytes = geometry.total_bytes();
 
-    // Claim the name and the memory; undo both on any later failure.
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh = SessionState {
         version: STATE_VERSION,
@@ -518,60 +521,42 @@ async fn open(
         data_identity: hex64(rt.identity),
         options_hash: hex64(ohash),
     };
-    let (id, name, start, lingered) = {
-        let mut reg = shared.registry();
-        let id = reg.next_id();
-        // A generated name carries the daemon start, so it never matches a session restored
-        // from an earlier start's checkpoint.
-        let name = resolved.session.clone().unwrap_or_else(|| format!("{dataset}-{:08x}-{id}", shared.daemon_id >> 32));
-        let claim = reg.claim(&name, id, Instant::now()).map_err(|e| (ErrorCode::SessionBusy, e.to_string()))?;
-        let lingered = match claim {
-            Claim::Resume(s) => Some(s),
-            Claim::Fresh => None,
-        };
-        let start = match (&options.resume, &lingered) {
-            (Some(s), _) => s.clone(),
-            (None, Some(s)) => {
-                if let Err(e) = check_resume(s, dataset, rt.identity, ohash) {
-                    reg.park(&name, s.clone(), Instant::now());
-                    return Err((ErrorCode::ResumeMismatch, format!("session '{name}': {e}")));
-                }
-                s.clone()
-            }
-            (None, None) => fresh,
-        };
-        if let Err(e) = reg.reserve(ring_bytes) {
-            reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
-            return Err((ErrorCode::ResourceExhausted, e.to_string()));
-        }
-        if shared.host.refuse.load(Ordering::Relaxed) {
-            reg.unreserve(ring_bytes);
-            reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
-            let short = shared.host.shortfall.load(Ordering::Relaxed);
-            let m = format!(
-                "the host is short of memory: available memory is {short} bytes below daemon.host_memory_reserve_bytes ({}) even after the chunk cache was shrunk; new sessions are refused until memory is freed",
-                d.host_memory_reserve_bytes
-            );
-            return Err((ErrorCode::ResourceExhausted, m));
-        }
-        shared.rebudget(&reg);
-        let recorded = SessionOptions { resume: None, session: Some(name.clone()), ..options.clone() };
-        reg.record(SavedSession { name: name.clone(), options: recorded, state: start.clone() });
-        (id, name, start, lingered)
+    let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
+    let host_short = shared
+        .host
+        .refuse
+        .load(Ordering::Relaxed)
+        .then(|| (shared.host.shortfall.load(Ordering::Relaxed), d.host_memory_reserve_bytes));
+    let request = admission::Request {
+        dataset,
+        name: resolved.session.as_deref(),
+        resume: options.resume.as_ref(),
+        fresh,
+        fits: &fits,
+        ring_bytes: geometry.total_bytes(),
+        host_short,
+        daemon_id: shared.daemon_id,
+        options,
     };
-    let undo = |reply: Reply| {
+    let admitted = {
         let mut reg = shared.registry();
-        reg.park(&name, lingered.clone().unwrap_or_else(|| start.clone()), Instant::now());
-        reg.unreserve(ring_bytes);
+        let admitted = admission::admit(&mut reg, &request, Instant::now())?;
         shared.rebudget(&reg);
-        reply
+        admitted
     };
-    sampler.restore(start.position).map_err(|e| undo((ErrorCode::InvalidOptions, e.to_string())))?;
-    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes)
-        .map_err(|e| undo((ErrorCode::ResourceExhausted, format!("cannot create the ring: {e}"))))?;
-    let fd = memory.fd().try_clone_to_owned().map_err(|e| undo((ErrorCode::Internal, format!("dup: {e}"))))?;
-    let ring =
-        Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo((ErrorCode::Internal, e.to_string())))?;
+    // Any later failure gives the name and the memory back.
+    let undo = |refusal: Refusal| {
+        let mut reg = shared.registry();
+        admission::withdraw(&mut reg, &admitted, Instant::now());
+        shared.rebudget(&reg);
+        refusal
+    };
+    let (id, name, start, ring_bytes) =
+        (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
+    sampler.restore(start.position).map_err(|e| undo(e.into()))?;
+    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
+    let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
+    let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;
     let header = *ring.header();
 
     let slots = SlotTable::new(resolved.slots as usize);
@@ -581,10 +566,10 @@ async fn open(
         let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(s as usize) });
     }
     let stop = Arc::new(AtomicBool::new(false));
-    let metrics = shared.metrics.session(dataset, resolved.sampling.rank as u64);
+    let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
     let producer = Producer::new(
         rt.clone(),
-        shared.cache.clone(),
+        shared.data.cache.clone(),
         sampler,
         ring,
         resolved.minibatch_size,
@@ -598,8 +583,8 @@ async fn open(
         .await;
     match started {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(undo((ErrorCode::Internal, e))),
-        Err(e) => return Err(undo((ErrorCode::ShuttingDown, format!("delivery stage unavailable: {e}")))),
+        Ok(Err(e)) => return Err(undo(Refusal::Producer(e))),
+        Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     }
     let opened = ServerMessage::Opened {
         session: name.clone(),

@@ -12,17 +12,18 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::super::data::delivery::Delivery;
+use super::super::lifecycle::{StageStopped, StopStage};
 use super::connection::{self, ConnShared};
-use super::stages::{Delivery, StopStage};
-use super::supervisor::{Stage, StageStopped};
-use super::Shared;
+use super::ControlPlane;
+use crate::stage::Stage;
 
 /// Socket file permissions: owner and group may connect.
 pub const SOCKET_MODE: u32 = 0o660;
 
 /// The session manager actor.
 pub struct SessionManager {
-    shared: Arc<Shared>,
+    shared: Arc<ControlPlane>,
     delivery: Addr<Delivery>,
     supervisor: Recipient<StageStopped>,
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -32,7 +33,7 @@ pub struct SessionManager {
 impl SessionManager {
     /// A session manager that starts producers through `delivery`.
     #[must_use]
-    pub fn new(shared: Arc<Shared>, delivery: Addr<Delivery>, supervisor: Recipient<StageStopped>) -> Self {
+    pub fn new(shared: Arc<ControlPlane>, delivery: Addr<Delivery>, supervisor: Recipient<StageStopped>) -> Self {
         Self { shared, delivery, supervisor, shutdown: tokio::sync::watch::channel(false).0, bound: None }
     }
 }
@@ -84,7 +85,7 @@ impl Actor for SessionManager {
         };
         tracing::info!(socket = %path.display(), "listening");
         self.bound = Some(path);
-        super::supervisor::set_stage_up(&self.shared, Stage::Sessions, true);
+        self.shared.data.health.set_stage_up(&self.shared.data.metrics, Stage::Sessions, true);
         let (tx, _) = tokio::sync::watch::channel(false);
         self.shutdown = tx;
         let conn = Arc::new(ConnShared { shared: self.shared.clone(), delivery: self.delivery.clone() });

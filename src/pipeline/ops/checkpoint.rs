@@ -20,22 +20,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use minibatchd_client::protocol::{SessionOptions, SessionState};
+use crate::pipeline::control::session::SavedSession;
 
 /// File name in `state_dir`.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
-
-/// One session as checkpointed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SavedSession {
-    /// The session name (given by the client or generated).
-    pub name: String,
-    /// The `open` options, without `resume` (the position is in `state`).
-    pub options: SessionOptions,
-    /// Position after the last minibatch taken, the data identity and the options hash.
-    pub state: SessionState,
-}
 
 /// Version 1 of the checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +142,7 @@ pub fn restore(state_dir: &Path) -> Vec<SavedSession> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use minibatchd_client::protocol::{SessionOptions, SessionState};
 
     fn session() -> SavedSession {
         SavedSession {
@@ -190,7 +179,7 @@ mod tests {
 
     #[test]
     fn the_version_1_golden_file_still_reads() {
-        let golden = include_str!("../../tests/fixtures/checkpoint/v1.json");
+        let golden = include_str!("../../../tests/fixtures/checkpoint/v1.json");
         let c: Checkpoint = serde_json::from_str(golden).expect("version 1 must stay readable");
         let Checkpoint::V1(v1) = &c;
         assert_eq!(v1.reason, "shutdown");

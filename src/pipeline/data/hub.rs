@@ -17,6 +17,28 @@ use crate::config::{Config, DatasetConfig, Precision};
 use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
 use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::format::errors::DataError;
+
+/// Why a session cannot have a dataset.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HubError {
+    /// The dataset is configured but failed to open (its error, with place and kind).
+    #[error("dataset '{name}' failed to open: {source}")]
+    Failed {
+        /// The dataset.
+        name: String,
+        /// Why.
+        source: DataError,
+    },
+    /// No dataset of that name is configured.
+    #[error("no dataset '{name}' is configured (configured: {})", known.join(", "))]
+    Unknown {
+        /// The name asked for.
+        name: String,
+        /// The configured names.
+        known: Vec<String>,
+    },
+}
 
 /// An opened dataset and what sessions need to know about it.
 #[derive(Debug)]
@@ -95,7 +117,7 @@ impl DatasetRuntime {
 }
 
 /// What a reload did to the datasets.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct HubChanges {
     /// Newly configured datasets (opened, or failed: see `failed`).
     pub added: Vec<String>,
@@ -105,8 +127,8 @@ pub struct HubChanges {
     pub changed: Vec<String>,
     /// Changed datasets whose new version failed to open: the old version goes on serving.
     pub kept_old: Vec<String>,
-    /// Datasets that failed to open (name, reason).
-    pub failed: Vec<(String, String)>,
+    /// Datasets that failed to open (name, the data error with its place and kind).
+    pub failed: Vec<(String, DataError)>,
 }
 
 /// How the datasets of two configurations relate (plain logic for a reload).
@@ -140,7 +162,7 @@ pub fn diff(old: &BTreeMap<String, DatasetConfig>, new: &BTreeMap<String, Datase
 /// All configured datasets by name; the ones that failed to open keep their error.
 #[derive(Debug, Default)]
 pub struct Hub {
-    by_name: BTreeMap<String, Result<Arc<DatasetRuntime>, String>>,
+    by_name: BTreeMap<String, Result<Arc<DatasetRuntime>, DataError>>,
     by_index: Vec<Weak<DatasetRuntime>>,
     /// The configurations the datasets were opened with (failed ones included).
     configs: BTreeMap<String, DatasetConfig>,
@@ -166,7 +188,7 @@ impl Hub {
         d: &DatasetConfig,
         state_dir: &Path,
         metrics: &Metrics,
-    ) -> Result<Arc<DatasetRuntime>, String> {
+    ) -> Result<Arc<DatasetRuntime>, DataError> {
         self.configs.insert(name.to_owned(), d.clone());
         match Dataset::open(d, state_dir, &mut |_| {}) {
             Ok(ds) => {
@@ -178,8 +200,8 @@ impl Hub {
                 Ok(rt)
             }
             Err(e) => {
-                self.by_name.insert(name.to_owned(), Err(e.to_string()));
-                Err(e.to_string())
+                self.by_name.insert(name.to_owned(), Err(e.clone()));
+                Err(e)
             }
         }
     }
@@ -236,15 +258,12 @@ impl Hub {
     /// The dataset `name`.
     ///
     /// # Errors
-    /// A message for an unknown or failed dataset.
-    pub fn get(&self, name: &str) -> Result<Arc<DatasetRuntime>, String> {
+    /// [`HubError`] for an unknown dataset or one that failed to open.
+    pub fn get(&self, name: &str) -> Result<Arc<DatasetRuntime>, HubError> {
         match self.by_name.get(name) {
             Some(Ok(d)) => Ok(d.clone()),
-            Some(Err(e)) => Err(format!("dataset '{name}' failed to open: {e}")),
-            None => Err(format!(
-                "no dataset '{name}' is configured (configured: {})",
-                self.by_name.keys().cloned().collect::<Vec<_>>().join(", ")
-            )),
+            Some(Err(e)) => Err(HubError::Failed { name: name.to_owned(), source: e.clone() }),
+            None => Err(HubError::Unknown { name: name.to_owned(), known: self.by_name.keys().cloned().collect() }),
         }
     }
 

@@ -21,14 +21,15 @@ use std::time::{Duration, Instant};
 
 use super::cache::FetchError;
 use super::hub::DatasetRuntime;
-use super::{Phase, Shared};
+use super::DataPlane;
+use crate::pipeline::lifecycle::Phase;
 
 /// How often a preload blocked on a chunk checks whether it should stop.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-INDEX`: the hub
 /// index, not the dataset's name, which may hold any character, NUL included).
-pub fn spawn(shared: Arc<Shared>, runtime: Arc<DatasetRuntime>) {
+pub fn spawn(shared: Arc<DataPlane>, runtime: Arc<DatasetRuntime>) {
     let name = format!("mbd-preload-{}", runtime.index);
     let spawned = std::thread::Builder::new().name(name).spawn(move || run(&shared, &runtime));
     if let Err(e) = spawned {
@@ -44,7 +45,7 @@ enum Ended {
     Replaced,
 }
 
-fn run(shared: &Shared, rt: &DatasetRuntime) {
+fn run(shared: &DataPlane, rt: &DatasetRuntime) {
     let started = Instant::now();
     let chunks = rt.dataset.chunks().len();
     let stop = AtomicBool::new(false);

@@ -8,17 +8,25 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::metrics::{Metrics, STAGES};
+pub mod checkpoint;
+pub mod memory;
+pub mod notify;
+pub mod reload;
+pub mod signals;
 
-use super::checkpoint::{self, Checkpoint};
-use super::memory::{HostGuard, Sampler, MEMORY_SAMPLE_INTERVAL};
-use super::{Phase, Shared};
+use crate::metrics::Metrics;
+use crate::stage::Stage;
+
+use super::control::ControlPlane;
+use super::lifecycle::Phase;
+use checkpoint::Checkpoint;
+use memory::{HostGuard, Sampler, MEMORY_SAMPLE_INTERVAL};
 
 /// Sets the gauges that mirror state owned by the pipeline (queues, cache, sessions, memory
 /// budget, checkpoint age, datasets).
-pub fn refresh_metrics(shared: &Shared) {
-    let m = &shared.metrics;
-    let c = &shared.channels;
+pub fn refresh_metrics(shared: &ControlPlane) {
+    let m = &shared.data.metrics;
+    let c = &shared.data.channels;
     for (stage, len, cap) in [
         ("reader", c.requests.1.len(), c.requests.1.capacity()),
         ("parsers", c.to_parse.1.len(), c.to_parse.1.capacity()),
@@ -27,7 +35,7 @@ pub fn refresh_metrics(shared: &Shared) {
         m.stage_queue_depth.with_label_values(&[stage]).set(i64::try_from(len).unwrap_or(i64::MAX));
         m.stage_queue_capacity.with_label_values(&[stage]).set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
     }
-    let (stats, budget, _) = shared.cache.snapshot();
+    let (stats, budget, _) = shared.data.cache.snapshot();
     m.cache_bytes.set(to_i64(stats.bytes));
     m.cache_chunks.set(to_i64(stats.chunks));
     m.cache_budget_bytes.set(to_i64(budget));
@@ -46,45 +54,67 @@ pub fn refresh_metrics(shared: &Shared) {
     m.memory_limit_bytes.set(to_i64(limit));
     m.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
     m.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
-    let (ready, failed) = shared.hub().counts();
+    let (ready, failed) = shared.data.hub().counts();
     m.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
     m.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
     m.refresh_checkpoint_age();
+}
+
+/// The `STATUS=` line for sd_notify.
+pub fn status_line(shared: &ControlPlane) -> String {
+    let (ready, failed) = shared.data.hub().counts();
+    format!(
+        "serving {ready} dataset(s){}",
+        if failed > 0 { format!(", {failed} failed to open") } else { String::new() }
+    )
 }
 
 fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// `Ok` while the daemon serves with every stage running; else why not.
+/// Why the daemon is not serving.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unhealthy {
+    /// Stages are starting.
+    #[error("starting")]
+    Starting,
+    /// The daemon is stopping.
+    #[error("stopping")]
+    Stopping,
+    /// Serving, but these stages do not run (the supervisor is restarting them).
+    #[error("stage(s) not running: {}", .0.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))]
+    StagesDown(Vec<Stage>),
+}
+
+/// `Ok` while the daemon serves with every stage running.
 ///
 /// # Errors
-/// The reason, for the `503` body.
-pub fn health(shared: &Shared) -> Result<(), String> {
-    match shared.health.phase() {
-        Phase::Starting => return Err("starting".into()),
-        Phase::Stopping => return Err("stopping".into()),
+/// [`Unhealthy`]: why not (the `/healthz` `503` body).
+pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
+    match shared.data.health.phase() {
+        Phase::Starting => return Err(Unhealthy::Starting),
+        Phase::Stopping => return Err(Unhealthy::Stopping),
         Phase::Serving => {}
     }
-    let down: Vec<&str> =
-        STAGES.iter().enumerate().filter(|(i, _)| !shared.health.stage_up(*i)).map(|(_, s)| *s).collect();
+    let down = shared.data.health.down();
     if down.is_empty() {
         Ok(())
     } else {
-        Err(format!("stage(s) not running: {}", down.join(", ")))
+        Err(Unhealthy::StagesDown(down))
     }
 }
 
 /// Writes the daemon checkpoint (every connected and lingering session); logs and counts the
 /// outcome. Blocking (fsync).
-pub fn write_checkpoint(shared: &Shared, reason: &str) -> bool {
+pub fn write_checkpoint(shared: &ControlPlane, reason: &str) -> bool {
     // One writer at a time: the temporary file's name is per process.
     let _writing = shared.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let sessions = shared.registry().snapshot(Instant::now());
     let n = sessions.len();
     let state_dir = shared.config().daemon.state_dir.clone();
     let result = checkpoint::write(&state_dir, &Checkpoint::new(shared.daemon_id, reason, sessions));
-    shared.metrics.checkpoint_written(result.is_ok());
+    shared.data.metrics.checkpoint_written(result.is_ok());
     match result {
         Ok(()) => {
             tracing::debug!(reason, sessions = n, "checkpoint written");
@@ -99,15 +129,15 @@ pub fn write_checkpoint(shared: &Shared, reason: &str) -> bool {
 
 /// Applies one memory sample: gauges, then the host guard (cache cap first, refusal only if the
 /// cache cannot cover the shortfall).
-fn sample_memory(shared: &Shared, sampler: &mut Sampler, guard: &mut HostGuard) {
+fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostGuard) {
     let s = sampler.sample();
-    let m = &shared.metrics;
+    let m = &shared.data.metrics;
     m.process_resident_memory_bytes.set(to_i64(s.process_resident));
     m.process_virtual_memory_bytes.set(to_i64(s.process_virtual));
     m.host_memory_total_bytes.set(to_i64(s.host_total));
     m.host_memory_available_bytes.set(to_i64(s.host_available));
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
-    let (stats, _, evictable) = shared.cache.snapshot();
+    let (stats, _, evictable) = shared.data.cache.snapshot();
     let limit = shared.registry().limit();
     let v = guard.judge(s.host_available, reserve, stats.bytes, evictable, limit);
     m.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
@@ -141,7 +171,7 @@ impl Housekeeping {
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn start(shared: Arc<Shared>) -> std::io::Result<Self> {
+    pub fn start(shared: Arc<ControlPlane>) -> std::io::Result<Self> {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let mut sampler = Sampler::new();
         let mut guard = HostGuard::default();

@@ -1,0 +1,256 @@
+//! The loop every consumer of the engine runs, once: plan the next minibatch, gather its
+//! sequences from the parsed chunks (loading the ones not held), retire the chunks the sampler
+//! says are done. `minibatchd dump` drives a [`Feeder`] with chunks parsed in-process; the daemon's
+//! producer thread drives one with chunks from the shared chunk cache.
+//!
+//! Invariant: a chunk is held from the first minibatch that needs it until the plan that retires
+//! it, so a session holds about one randomization window of parsed chunks whatever the dataset
+//! size; a gathered minibatch keeps its own references, so retiring never invalidates it.
+
+use std::sync::Arc;
+
+use crate::format::chunk::ParsedChunk;
+use crate::format::errors::DataError;
+use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, StreamShape};
+use crate::sampling::{MinibatchPlan, Sampler, SamplingError, Timeline};
+
+/// Loads a chunk that is not held: parses it, or fetches it from a cache.
+pub type LoadChunk<'a> = dyn FnMut(u32) -> Result<Arc<ParsedChunk>, DataError> + 'a;
+
+/// A session's sampler and the parsed chunks it holds.
+#[derive(Debug)]
+pub struct Feeder {
+    sampler: Sampler,
+    timeline: Arc<Timeline>,
+    shapes: Vec<StreamShape>,
+    frame_mode: bool,
+    next_index: u64,
+    held: ChunkMap<Arc<ParsedChunk>>,
+    held_bytes: usize,
+    peak_chunks: usize,
+    peak_bytes: usize,
+}
+
+impl Feeder {
+    /// A feeder that continues `sampler` (already restored) with minibatch `next_index`, building
+    /// minibatches of `shapes` (CNTK's frame mode: every sequence must have one sample).
+    #[must_use]
+    pub fn new(
+        sampler: Sampler,
+        timeline: Arc<Timeline>,
+        shapes: Vec<StreamShape>,
+        frame_mode: bool,
+        next_index: u64,
+    ) -> Self {
+        Self {
+            sampler,
+            timeline,
+            shapes,
+            frame_mode,
+            next_index,
+            held: ChunkMap::default(),
+            held_bytes: 0,
+            peak_chunks: 0,
+            peak_bytes: 0,
+        }
+    }
+
+    /// The sampler.
+    #[must_use]
+    pub fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// The checkpoint position after the last planned minibatch.
+    #[must_use]
+    pub fn position(&self) -> u64 {
+        self.sampler.position()
+    }
+
+    /// Index of the next minibatch.
+    #[must_use]
+    pub fn next_index(&self) -> u64 {
+        self.next_index
+    }
+
+    /// Moves the sampler to `position` (a trainer's mid-run restore). Held chunks are dropped: the
+    /// plans that would have retired them may lie behind the new position.
+    ///
+    /// # Errors
+    /// A position the sampler cannot restore.
+    pub fn restore(&mut self, position: u64) -> Result<(), SamplingError> {
+        self.sampler.restore(position)?;
+        self.held.clear();
+        self.held_bytes = 0;
+        Ok(())
+    }
+
+    /// Plans the next minibatch of `size` samples; `None` at the end of the epoch.
+    pub fn plan(&mut self, size: usize) -> Option<MinibatchPlan> {
+        self.sampler.next_minibatch(size)
+    }
+
+    /// The chunks `plan` needs that are not held, then up to `ahead` chunks of the minibatches
+    /// after it, each once, in order of need: what to ask a parser pool for before gathering.
+    #[must_use]
+    pub fn missing(&self, plan: &MinibatchPlan, ahead: usize) -> Vec<u32> {
+        let mut wanted: Vec<u32> = Vec::new();
+        for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks(ahead)) {
+            if !self.held.contains_key(&c) && !wanted.contains(&c) {
+                wanted.push(c);
+            }
+        }
+        wanted
+    }
+
+    /// Gathers `plan` as the next minibatch, loading each chunk it needs and does not hold through
+    /// `load`, then retires the chunks the plan retires.
+    ///
+    /// # Errors
+    /// What `load` returns, or a frame-mode violation. Chunks loaded before the error stay held.
+    pub fn gather(&mut self, plan: &MinibatchPlan, load: &mut LoadChunk<'_>) -> Result<Gathered, DataError> {
+        let mut source = Held { held: &mut self.held, bytes: &mut self.held_bytes, load };
+        let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)?;
+        self.peak_chunks = self.peak_chunks.max(self.held.len());
+        self.peak_bytes = self.peak_bytes.max(self.held_bytes);
+        for c in &plan.retire {
+            if let Some(chunk) = self.held.remove(c) {
+                self.held_bytes -= chunk.size_bytes();
+            }
+        }
+        self.next_index = self.next_index.saturating_add(1);
+        Ok(gathered)
+    }
+
+    /// Most chunks held at once so far.
+    #[must_use]
+    pub fn peak_chunks(&self) -> usize {
+        self.peak_chunks
+    }
+
+    /// Most parsed bytes held at once so far.
+    #[must_use]
+    pub fn peak_bytes(&self) -> usize {
+        self.peak_bytes
+    }
+}
+
+/// The held chunks, falling back to the loader.
+struct Held<'a, 'l> {
+    held: &'a mut ChunkMap<Arc<ParsedChunk>>,
+    bytes: &'a mut usize,
+    load: &'a mut LoadChunk<'l>,
+}
+
+impl ChunkSource for Held<'_, '_> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+        if let Some(c) = self.held.get(&chunk) {
+            return Ok(c.clone());
+        }
+        let c = (self.load)(chunk)?;
+        *self.bytes += c.size_bytes();
+        self.held.insert(chunk, c.clone());
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::chunk::{StreamData, StreamKind, StreamValues, Values};
+    use crate::sampling::{EpochLimit, SamplingOptions, Window};
+
+    /// `chunks` chunks of `per` one-sample sequences, one dense stream of dim 1 whose value is the
+    /// sequence's global index.
+    fn dataset(chunks: usize, per: usize) -> (Arc<Timeline>, Vec<Arc<ParsedChunk>>) {
+        let timeline =
+            Arc::new(Timeline { seq_len: vec![1; chunks * per], chunk_start: (0..=chunks).map(|c| c * per).collect() });
+        let parsed = (0..chunks)
+            .map(|c| {
+                let values = (0..per).map(|i| (c * per + i) as f32).collect();
+                Arc::new(ParsedChunk {
+                    chunk: c,
+                    num_sequences: per,
+                    streams: vec![StreamData {
+                        seq_offsets: (0..=per).collect(),
+                        data: StreamValues::Dense { dim: 1, values: Values::F32(values) },
+                    }],
+                })
+            })
+            .collect();
+        (timeline, parsed)
+    }
+
+    fn values(g: &Gathered) -> Vec<f32> {
+        match &g.to_minibatch().streams[0].data {
+            crate::minibatch::MbData::Dense { values: Values::F32(v), .. } => v.clone(),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_sequence_once_loading_each_chunk_once_and_holding_only_the_window() {
+        let (timeline, parsed) = dataset(12, 5);
+        let options = SamplingOptions {
+            randomize: true,
+            window: Window::Chunks(3),
+            seed: 7,
+            limit: EpochLimit::FullSweep,
+            num_workers: 1,
+            rank: 0,
+        };
+        let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
+        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
+        let mut feeder = Feeder::new(sampler, timeline, shapes, false, 0);
+        let mut loads = vec![0usize; 12];
+        let mut seen = Vec::new();
+        while let Some(plan) = feeder.plan(4) {
+            let g = feeder
+                .gather(&plan, &mut |c| {
+                    loads[c as usize] += 1;
+                    Ok(parsed[c as usize].clone())
+                })
+                .expect("gather");
+            assert_eq!(g.index + 1, feeder.next_index());
+            seen.extend(values(&g));
+        }
+        seen.sort_by(f32::total_cmp);
+        assert_eq!(seen, (0..60).map(|i| i as f32).collect::<Vec<_>>(), "every sequence exactly once");
+        assert_eq!(loads, vec![1; 12], "each chunk loaded once in the sweep");
+        assert!(feeder.peak_chunks() <= 3 + 2, "held {} chunks with a window of 3", feeder.peak_chunks());
+    }
+
+    #[test]
+    fn a_load_error_reaches_the_caller_whole_and_a_restore_drops_what_was_held() {
+        let (timeline, parsed) = dataset(4, 2);
+        let sampler = Sampler::new(
+            timeline.clone(),
+            SamplingOptions {
+                randomize: false,
+                window: Window::Chunks(1),
+                seed: 0,
+                limit: EpochLimit::FullSweep,
+                num_workers: 1,
+                rank: 0,
+            },
+        )
+        .expect("sampler");
+        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
+        let mut feeder = Feeder::new(sampler, timeline, shapes, false, 0);
+        let plan = feeder.plan(3).expect("plan");
+        assert_eq!(feeder.missing(&plan, 0), vec![0, 1]);
+        let err = feeder
+            .gather(&plan, &mut |c| {
+                if c == 0 {
+                    Ok(parsed[0].clone())
+                } else {
+                    Err(DataError::Dataset(format!("chunk {c} is bad")))
+                }
+            })
+            .expect_err("chunk 1 fails");
+        assert_eq!(err.to_string(), "chunk 1 is bad");
+        assert_eq!(feeder.missing(&plan, 0), vec![1], "chunk 0 stays held");
+        feeder.restore(0).expect("restore");
+        assert_eq!(feeder.missing(&plan, 0), vec![0, 1], "a restore drops the held chunks");
+    }
+}

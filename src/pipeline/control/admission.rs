@@ -1,0 +1,324 @@
+//! Admitting a session: every decision of an `open` that touches shared state, as plain
+//! functions over the [`Registry`], unit-tested without a socket or an actor.
+//!
+//! [`admit`] claims the session's name (busy if connected elsewhere; a lingering session of that
+//! name resumes), picks the state it starts from (the client's `resume`, the lingering state —
+//! checked against the dataset and options —, or a fresh one), reserves the ring's memory and
+//! honours the host-memory guard. Either everything is taken or nothing is: a refusal leaves the
+//! registry as it found it (a lingering session goes back to lingering). [`withdraw`] undoes an
+//! admission whose later steps failed (creating the ring, starting the producer).
+//!
+//! [`Refusal`] is every reason an `open` is refused, typed, with the protocol's error code and —
+//! for a dataset that failed to open — the data error's file, line, byte offset and kind.
+
+use std::time::Instant;
+
+use minibatchd_client::protocol::{ErrorCode, ErrorDetail, SessionOptions, SessionState};
+use minibatchd_engine::sampling::SamplingError;
+use minibatchd_shm::LayoutError;
+use minibatchd_sys::ShmError;
+
+use super::session::{Claim, InvalidOptions, Registry, RegistryError, ResumeError, SavedSession};
+use crate::pipeline::data::hub::HubError;
+use crate::pipeline::data::producer::error_detail;
+
+/// Why an `open` is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// The dataset is unknown or failed to open.
+    #[error(transparent)]
+    Dataset(#[from] HubError),
+    /// Invalid options.
+    #[error(transparent)]
+    Options(#[from] InvalidOptions),
+    /// The sampler refuses the options (e.g. a position beyond the epoch).
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The client's `resume` state does not fit this dataset or these options.
+    #[error(transparent)]
+    Resume(#[from] ResumeError),
+    /// The lingering session of that name does not fit these options.
+    #[error("session '{name}': {source}")]
+    Lingering {
+        /// The session.
+        name: String,
+        /// What differs.
+        source: ResumeError,
+    },
+    /// The name is connected elsewhere, or the ring does not fit the memory limit.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The host is short of memory even after the chunk cache shrank.
+    #[error("the host is short of memory: available memory is {shortfall} bytes below daemon.host_memory_reserve_bytes ({reserve}) even after the chunk cache was shrunk; new sessions are refused until memory is freed")]
+    HostMemory {
+        /// How far below the reserve.
+        shortfall: u64,
+        /// `host_memory_reserve_bytes`.
+        reserve: u64,
+    },
+    /// The ring's shared memory could not be created.
+    #[error("cannot create the ring: {0}")]
+    Ring(#[from] ShmError),
+    /// The ring's memfd could not be duplicated for the client.
+    #[error("cannot pass the ring: {0}")]
+    Descriptor(std::io::Error),
+    /// The ring's header could not be written.
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    /// The producer thread could not be started.
+    #[error("cannot start the session's producer thread: {0}")]
+    Producer(std::io::Error),
+    /// The delivery stage is gone (the daemon is stopping).
+    #[error("delivery stage unavailable: {0}")]
+    Delivery(String),
+}
+
+impl Refusal {
+    /// The protocol's error code.
+    #[must_use]
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Dataset(_) => ErrorCode::UnknownDataset,
+            Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
+            Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
+            Self::Registry(RegistryError::Busy(_)) => ErrorCode::SessionBusy,
+            Self::Registry(RegistryError::Memory { .. }) | Self::HostMemory { .. } | Self::Ring(_) => {
+                ErrorCode::ResourceExhausted
+            }
+            Self::Descriptor(_) | Self::Layout(_) | Self::Producer(_) => ErrorCode::Internal,
+            Self::Delivery(_) => ErrorCode::ShuttingDown,
+        }
+    }
+
+    /// For a dataset that failed to open: its data error's place and kind.
+    #[must_use]
+    pub fn detail(&self) -> Option<ErrorDetail> {
+        match self {
+            Self::Dataset(HubError::Failed { source, .. }) => Some(error_detail(source)),
+            _ => None,
+        }
+    }
+}
+
+/// What an `open` asks of the registry, everything about it already resolved.
+#[derive(Clone)]
+pub struct Request<'a> {
+    /// The dataset.
+    pub dataset: &'a str,
+    /// The session name the client gave, if any.
+    pub name: Option<&'a str>,
+    /// The client's `resume` state, already checked against the dataset and options.
+    pub resume: Option<&'a SessionState>,
+    /// The state of a fresh session (position 0, or the first sample of the asked sweep).
+    pub fresh: SessionState,
+    /// Checks a lingering state against the dataset and options (`check_resume`, bound).
+    pub fits: &'a dyn Fn(&SessionState) -> Result<(), ResumeError>,
+    /// Bytes of the session's ring.
+    pub ring_bytes: u64,
+    /// The host-memory guard's verdict: `Some((shortfall, reserve))` when new sessions are refused.
+    pub host_short: Option<(u64, u64)>,
+    /// This daemon start's id (in generated names).
+    pub daemon_id: u64,
+    /// The options to record for the checkpoint (`resume` is dropped, the name is set).
+    pub options: &'a SessionOptions,
+}
+
+/// An admitted session: its name and the state it starts from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admitted {
+    /// The session id (the ring header's `session_id`).
+    pub id: u64,
+    /// The session name, given or generated.
+    pub name: String,
+    /// The state the session starts from.
+    pub start: SessionState,
+    /// The lingering state it took over, if any (restored by [`withdraw`]).
+    lingered: Option<SessionState>,
+    ring_bytes: u64,
+}
+
+impl Admitted {
+    /// Bytes of ring memory reserved for it.
+    #[must_use]
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_bytes
+    }
+}
+
+/// Admits the session of `req` at `now`: claims the name, picks the starting state, reserves the
+/// ring's memory and records the session for checkpoints.
+///
+/// # Errors
+/// [`Refusal::Registry`] (busy name, no memory), [`Refusal::Lingering`] (a lingering state that
+/// does not fit), [`Refusal::HostMemory`]. On any refusal the registry is as before.
+pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admitted, Refusal> {
+    let id = reg.next_id();
+    // A generated name carries the daemon start, so it never matches a session restored from an
+    // earlier start's checkpoint.
+    let name = req.name.map_or_else(|| format!("{}-{:08x}-{id}", req.dataset, req.daemon_id >> 32), str::to_owned);
+    let lingered = match reg.claim(&name, id, now)? {
+        Claim::Resume(s) => Some(s),
+        Claim::Fresh => None,
+    };
+    let start = match (req.resume, &lingered) {
+        (Some(s), _) => s.clone(),
+        (None, Some(s)) => {
+            if let Err(source) = (req.fits)(s) {
+                reg.park(&name, s.clone(), now);
+                return Err(Refusal::Lingering { name, source });
+            }
+            s.clone()
+        }
+        (None, None) => req.fresh.clone(),
+    };
+    let back_to = lingered.clone().unwrap_or_else(|| start.clone());
+    if let Err(e) = reg.reserve(req.ring_bytes) {
+        reg.park(&name, back_to, now);
+        return Err(e.into());
+    }
+    if let Some((shortfall, reserve)) = req.host_short {
+        reg.unreserve(req.ring_bytes);
+        reg.park(&name, back_to, now);
+        return Err(Refusal::HostMemory { shortfall, reserve });
+    }
+    let options = SessionOptions { resume: None, session: Some(name.clone()), ..req.options.clone() };
+    reg.record(SavedSession { name: name.clone(), options, state: start.clone() });
+    Ok(Admitted { id, name, start, lingered, ring_bytes: req.ring_bytes })
+}
+
+/// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
+/// session had before (the one it took over, or the one it would have started from).
+pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
+    reg.park(&a.name, a.lingered.clone().unwrap_or_else(|| a.start.clone()), now);
+    reg.unreserve(a.ring_bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use minibatchd_client::protocol::STATE_VERSION;
+
+    use super::*;
+
+    fn state(position: u64, options_hash: &str) -> SessionState {
+        SessionState {
+            version: STATE_VERSION,
+            dataset: "d".into(),
+            position,
+            minibatches: position / 10,
+            data_identity: "id".into(),
+            options_hash: options_hash.into(),
+        }
+    }
+
+    fn fits(s: &SessionState) -> Result<(), ResumeError> {
+        if s.options_hash == "opts" {
+            Ok(())
+        } else {
+            Err(ResumeError::Options)
+        }
+    }
+
+    fn request<'a>(name: Option<&'a str>, ring_bytes: u64, options: &'a SessionOptions) -> Request<'a> {
+        Request {
+            dataset: "d",
+            name,
+            resume: None,
+            fresh: state(0, "opts"),
+            fits: &fits,
+            ring_bytes,
+            host_short: None,
+            daemon_id: 0xabcd_ef01_0000_0000,
+            options,
+        }
+    }
+
+    fn registry() -> Registry {
+        // 1000 bytes, 250 of them the cache's floor: 750 for rings.
+        Registry::new(1000, 250, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn a_fresh_session_gets_a_generated_name_its_memory_and_a_checkpoint_record() {
+        let mut reg = registry();
+        let options = SessionOptions::default();
+        let a = admit(&mut reg, &request(None, 400, &options), Instant::now()).expect("admitted");
+        assert_eq!(a.name, format!("d-abcdef01-{}", a.id));
+        assert_eq!(a.start, state(0, "opts"));
+        assert_eq!(reg.rings_bytes(), 400);
+        let saved = reg.snapshot(Instant::now());
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0].options.session.as_deref(), Some(a.name.as_str()));
+    }
+
+    #[test]
+    fn a_lingering_session_resumes_by_name_and_withdraw_puts_it_back() {
+        let mut reg = registry();
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let first = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("first");
+        reg.park("s", state(70, "opts"), t0);
+        reg.unreserve(first.ring_bytes());
+        let again = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("resumed");
+        assert_eq!(again.start.position, 70);
+        withdraw(&mut reg, &again, t0);
+        assert_eq!(reg.rings_bytes(), 0);
+        assert_eq!(reg.counts(), (0, 1), "lingering again");
+        let third = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("resumed again");
+        assert_eq!(third.start.position, 70, "withdraw kept the lingering state");
+    }
+
+    #[test]
+    fn a_busy_name_is_refused_and_changes_nothing() {
+        let mut reg = registry();
+        let options = SessionOptions::default();
+        let _held = admit(&mut reg, &request(Some("s"), 100, &options), Instant::now()).expect("first");
+        let e = admit(&mut reg, &request(Some("s"), 100, &options), Instant::now()).expect_err("busy");
+        assert_eq!(e.code(), ErrorCode::SessionBusy);
+        assert_eq!(reg.rings_bytes(), 100);
+    }
+
+    #[test]
+    fn a_lingering_state_of_other_options_is_refused_and_keeps_lingering() {
+        let mut reg = registry();
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let _ = admit(&mut reg, &request(Some("s"), 0, &options), t0).expect("first");
+        reg.park("s", state(50, "other"), t0);
+        let e = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect_err("mismatch");
+        assert_eq!(e.code(), ErrorCode::ResumeMismatch);
+        assert_eq!(e.to_string(), format!("session 's': {}", ResumeError::Options));
+        assert_eq!((reg.counts(), reg.rings_bytes()), ((0, 1), 0));
+        let saved = reg.snapshot(t0);
+        assert_eq!(saved[0].state.position, 50, "the lingering state is kept as it was");
+    }
+
+    #[test]
+    fn no_memory_or_a_short_host_refuses_without_reserving() {
+        let mut reg = registry();
+        let options = SessionOptions::default();
+        let e = admit(&mut reg, &request(Some("big"), 800, &options), Instant::now()).expect_err("too big");
+        assert_eq!(e.code(), ErrorCode::ResourceExhausted);
+        assert!(matches!(e, Refusal::Registry(RegistryError::Memory { available: 750, .. })), "{e}");
+        let mut short = request(Some("s"), 100, &options);
+        short.host_short = Some((5, 1 << 20));
+        let e = admit(&mut reg, &short, Instant::now()).expect_err("host short");
+        assert!(matches!(e, Refusal::HostMemory { shortfall: 5, .. }), "{e}");
+        assert_eq!(reg.rings_bytes(), 0);
+        assert_eq!(reg.counts().0, 0, "no session stays connected");
+    }
+
+    #[test]
+    fn the_clients_resume_state_wins_over_a_lingering_one() {
+        let mut reg = registry();
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let _ = admit(&mut reg, &request(Some("s"), 0, &options), t0).expect("first");
+        reg.park("s", state(50, "opts"), t0);
+        let mine = state(90, "opts");
+        let mut req = request(Some("s"), 0, &options);
+        req.resume = Some(&mine);
+        assert_eq!(admit(&mut reg, &req, t0).expect("admitted").start.position, 90);
+    }
+}

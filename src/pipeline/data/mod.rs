@@ -1,0 +1,163 @@
+//! The data plane: chunks requested by the sessions' producers are read, parsed on the pool and
+//! kept in the shared cache, from which each producer gathers its minibatches into its ring.
+//!
+//! ```text
+//!  producer threads ──requests──► reader ──to_parse──► parsers (SyncArbiter) ──parsed──► cache stage
+//!  (misses, prefetch)   (bounded)  (readahead)  (bounded)  (Dataset::load_chunk)  (bounded)  (SharedCache)
+//!        ▲                                                                                     │
+//!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
+//! ```
+//!
+//! Plain logic: [`cache`] (the budgeted LRU and its waiters), [`hub`] (the datasets in force),
+//! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`reader`],
+//! [`parsers`], [`cache_stage`], [`delivery`] (the producer threads); [`preload`] warms the cache.
+//!
+//! [`DataPlane`] is what they share. It also carries the daemon-wide services every plane reports
+//! to — the metrics registry and the stages' health — so the data plane imports nothing of the
+//! control plane or of operations.
+
+pub mod cache;
+pub mod cache_stage;
+pub mod delivery;
+pub mod hub;
+pub mod parsers;
+pub mod preload;
+pub mod producer;
+pub mod reader;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+use super::lifecycle::Health;
+use cache::{ChunkRequest, ParsedMsg, SharedCache};
+use hub::{DatasetRuntime, Hub};
+
+/// The data-plane channels, created once and owned for the daemon's lifetime, so that a
+/// restarted stage reattaches to the same queues. Every one is bounded.
+#[derive(Debug)]
+pub struct Channels {
+    /// Producers → reader: chunk requests (`read_queue_chunks`).
+    pub requests: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
+    /// Reader → parser pool (`read_queue_chunks`).
+    pub to_parse: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
+    /// Parser pool → cache stage (`parsed_queue_chunks`).
+    pub parsed: (flume::Sender<ParsedMsg>, flume::Receiver<ParsedMsg>),
+}
+
+impl Channels {
+    /// The channels with the capacities of `[daemon]`.
+    #[must_use]
+    pub fn new(read_queue_chunks: usize, parsed_queue_chunks: usize) -> Self {
+        Self {
+            requests: flume::bounded(read_queue_chunks),
+            to_parse: flume::bounded(read_queue_chunks),
+            parsed: flume::bounded(parsed_queue_chunks),
+        }
+    }
+}
+
+/// What the data plane's stages share.
+#[derive(Debug)]
+pub struct DataPlane {
+    hub: RwLock<Arc<Hub>>,
+    hub_generation: tokio::sync::watch::Sender<u64>,
+    /// The chunk cache.
+    pub cache: Arc<SharedCache>,
+    /// Channels between the stages.
+    pub channels: Channels,
+    /// Parser threads.
+    pub parser_threads: usize,
+    /// Every metric.
+    pub metrics: Metrics,
+    /// Phase and stage liveness.
+    pub health: Health,
+    /// Hub indices of the datasets whose preload has been started (each dataset version once).
+    preloaded: Mutex<HashSet<u32>>,
+}
+
+impl DataPlane {
+    /// The data plane over the opened `hub`, its cache holding `cache_budget` bytes.
+    #[must_use]
+    pub fn new(config: &Config, hub: Hub, metrics: Metrics, parser_threads: usize, cache_budget: u64) -> Self {
+        let d = &config.daemon;
+        let channels = Channels::new(d.read_queue_chunks, d.parsed_queue_chunks);
+        let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()));
+        Self {
+            hub: RwLock::new(Arc::new(hub)),
+            hub_generation: tokio::sync::watch::channel(0).0,
+            cache,
+            channels,
+            parser_threads,
+            metrics,
+            health: Health::default(),
+            preloaded: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The datasets in force.
+    pub fn hub(&self) -> Arc<Hub> {
+        self.hub.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The runtime with hub index `index` (current, or a replaced version a session still reads).
+    #[must_use]
+    pub fn runtime(&self, index: u32) -> Option<Arc<DatasetRuntime>> {
+        self.hub().by_index(index)
+    }
+
+    /// Swaps in the datasets of a reloaded configuration and tells the connections.
+    pub fn replace_hub(&self, hub: Hub) {
+        *self.hub.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(hub);
+        self.hub_generation.send_modify(|g| *g += 1);
+    }
+
+    /// Notified after every [`DataPlane::replace_hub`].
+    #[must_use]
+    pub fn hub_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.hub_generation.subscribe()
+    }
+}
+
+/// The parser threads' parallelism: `parser_threads`, or one per core when 0.
+#[must_use]
+pub fn parser_threads(config: &Config) -> usize {
+    match config.daemon.parser_threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    }
+}
+
+/// Memory the parser threads keep between chunks: each reuses one read buffer, a 256 KiB window
+/// that grows to the longest sequence it has read; counted as `threads` × the largest chunk of
+/// the open datasets, a bound that holds whatever the sequences.
+#[must_use]
+pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
+    let largest = config
+        .datasets
+        .keys()
+        .filter_map(|name| hub.get(name).ok())
+        .flat_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
+        .max()
+        .unwrap_or(0);
+    // A thread keeps its buffer between chunks only up to `MAX_REUSED_READ_BUFFER`; a larger
+    // one is freed after each chunk, so at most that much stays held per thread.
+    largest.min(minibatchd_engine::dataset::MAX_REUSED_READ_BUFFER).saturating_mul(threads as u64)
+}
+
+/// Starts [`preload`] for each configured dataset that is open, has `preload = true`, and has not
+/// been preloaded in this version yet: at start, and after a reload for the datasets it added or
+/// changed and for those that failed to open before and open now.
+pub fn preload_datasets(data: &Arc<DataPlane>, config: &Config) {
+    let hub = data.hub();
+    let mut started = data.preloaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for name in config.datasets.keys() {
+        if let Ok(rt) = hub.get(name) {
+            if rt.dataset.config().preload && started.insert(rt.index) {
+                preload::spawn(data.clone(), rt);
+            }
+        }
+    }
+}

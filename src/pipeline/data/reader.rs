@@ -1,0 +1,79 @@
+//! Stage 1, the chunk reader: takes chunk requests from the producers (`requests`, bounded) and
+//! hands them to the parser pool (`to_parse`, bounded; a full queue holds further requests — the
+//! back-pressure). It does not copy bytes: `Dataset::load_chunk` reads and decodes in one call on a
+//! parser thread, so the reader's job is I/O scheduling — it starts kernel readahead
+//! (`posix_fadvise(WILLNEED)`) for the chunk's byte range, so the parser finds the bytes in the page
+//! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="reader"}`.
+
+use std::time::Instant;
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::cache::ChunkRequest;
+use super::DataPlane;
+use crate::pipeline::lifecycle::{StageStopped, StopStage};
+use crate::stage::Stage;
+
+/// Stage 1: schedules reads.
+pub struct ChunkReader {
+    data: Arc<DataPlane>,
+    supervisor: Recipient<StageStopped>,
+    busy: prometheus::Counter,
+}
+
+impl ChunkReader {
+    /// A reader over the shared channels.
+    #[must_use]
+    pub fn new(data: Arc<DataPlane>, supervisor: Recipient<StageStopped>) -> Self {
+        let busy = data.metrics.stage_busy(Stage::Reader.name());
+        Self { data, supervisor, busy }
+    }
+
+    fn readahead(&self, req: ChunkRequest) {
+        let Some(rt) = self.data.runtime(req.key.0) else { return };
+        if let Some((path, start, end)) = rt.dataset.chunk_byte_range(req.key.1 as usize) {
+            // Advisory only: a failure just means the parser reads from disk itself.
+            if let Ok(f) = std::fs::File::open(path) {
+                let len = std::num::NonZeroU64::new(end.saturating_sub(start));
+                let _ = rustix::fs::fadvise(&f, start, len, rustix::fs::Advice::WillNeed);
+            }
+        }
+    }
+}
+
+impl Actor for ChunkReader {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.add_stream(self.data.channels.requests.1.clone().into_stream());
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.supervisor.do_send(StageStopped(Stage::Reader));
+    }
+}
+
+impl StreamHandler<ChunkRequest> for ChunkReader {
+    fn handle(&mut self, req: ChunkRequest, ctx: &mut Self::Context) {
+        let started = Instant::now();
+        self.readahead(req);
+        self.busy.inc_by(started.elapsed().as_secs_f64());
+        let tx = self.data.channels.to_parse.0.clone();
+        // `wait` holds further requests until the parser queue takes this one: back-pressure.
+        ctx.wait(async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
+            if sent.is_err() {
+                tracing::error!("the parser queue is gone; the reader stops");
+                ctx.stop();
+            }
+        }));
+    }
+}
+
+impl Handler<StopStage> for ChunkReader {
+    type Result = ();
+    fn handle(&mut self, _: StopStage, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
+}
