@@ -70,12 +70,24 @@ def _tensor_specs(raw: bytes, n: int) -> List[Tuple[tuple, np.dtype, int]]:
 
 class MinibatchdError(Exception):
     """An ``error`` reply from the daemon (``code`` is the protocol's error code) or a client-side
-    failure (``code`` starts with ``client_``)."""
+    failure (``code`` starts with ``client_``).
 
-    def __init__(self, code: str, message: str):
+    ``detail``, for a data error (``data_error``, or ``unknown_dataset`` for a dataset that failed
+    to open): a dict with ``kind`` and, when the error is about one place, ``file``, ``line``
+    (1-based) and ``offset`` (bytes from the start of the file) — what the daemon's log says.
+    ``None`` otherwise, and from daemons that do not send it."""
+
+    def __init__(self, code: str, message: str, detail: Optional[dict] = None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.detail = detail
+
+    @classmethod
+    def from_reply(cls, msg: dict) -> "MinibatchdError":
+        """The exception for an ``error`` reply."""
+        detail = msg.get("detail")
+        return cls(msg.get("code", "unknown"), msg.get("message", ""), detail if isinstance(detail, dict) else None)
 
 
 def torchrun_env() -> Tuple[int, int]:
@@ -169,7 +181,7 @@ def _type(msg: Any) -> Optional[str]:
 def _check(msg: dict, expected: str) -> dict:
     t = _type(msg)
     if t == "error":
-        raise MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+        raise MinibatchdError.from_reply(msg)
     if t != expected:
         raise MinibatchdError("client_protocol", f"expected {expected!r}, got {t!r}")
     return msg
@@ -372,7 +384,7 @@ class Source:
             if t == expected:
                 return msg
             if t == "error":
-                raise MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+                raise MinibatchdError.from_reply(msg)
             self._queued.append(msg)
 
     # -- iteration -----------------------------------------------------------------------------
@@ -396,7 +408,7 @@ class Source:
                 # readable, and more useful than a broken pipe.
                 msg = self._next_message()
                 if _type(msg) == "error":
-                    self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+                    self._failed = MinibatchdError.from_reply(msg)
                     raise self._failed
                 raise
         if not ready and len(self._live) >= self._slot_count:
@@ -433,7 +445,7 @@ class Source:
         if t == "error":
             # The session cannot go on (its producer stopped): every later next() says so too;
             # state() and close() still work.
-            self._failed = MinibatchdError(msg.get("code", "unknown"), msg.get("message", ""))
+            self._failed = MinibatchdError.from_reply(msg)
             if self._failed.code == "shutting_down":
                 self._report_final()
             raise self._failed

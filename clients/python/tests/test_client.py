@@ -160,3 +160,44 @@ def test_no_daemon_names_the_socket_and_how_to_start_one(tmp_path):
         minibatchd.connect(missing)
     assert missing in str(e.value) and "minibatchd run --config" in str(e.value) and "MINIBATCHD_SOCKET" in str(e.value)
     assert isinstance(e.value, ConnectionError) and e.value.code == "client_no_daemon"
+
+
+def test_a_data_error_reaches_the_client_with_its_file_line_offset_and_kind(tmp_path):
+    """A malformed value with max_errors = 0: the session fails with `data_error`, and the reply
+    names the file, the 1-based line, the byte offset and the kind, as the daemon's log does."""
+    from conftest import Daemon, daemon_section
+
+    data = tmp_path / "bad.ctf"
+    good = "0 |F 1 2 3\n1 |F 4 5 6\n"
+    data.write_text(good + "2 |F 7 x8 9\n3 |F 1 1 1\n")
+    d = Daemon.__new__(Daemon)
+    d.tmp, d.socket, d.config = tmp_path, str(tmp_path / "mbd.sock"), tmp_path / "minibatchd.toml"
+    d.config.write_text(daemon_section(tmp_path, d.socket) + f"""
+[datasets.bad]
+format = "ctf"
+files = ["{data}"]
+max_errors = 0
+
+[datasets.bad.streams.features]
+alias = "F"
+dim = 3
+format = "dense"
+
+[datasets.bad.sampling]
+randomize = false
+""")
+    d._start()
+    try:
+        session = minibatchd.connect(d.socket).open("bad", minibatch_size=4, full_sweep=True)
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            for _ in session:
+                pass
+        assert e.value.code == "data_error", e.value
+        detail = e.value.detail
+        assert detail is not None, e.value
+        assert detail["file"] == str(data.resolve()) or detail["file"] == str(data), detail
+        assert detail["line"] == 3, detail
+        assert detail["offset"] == len(good) + len("2 |F 7 "), detail
+        assert detail["kind"] == "bad_number", detail
+    finally:
+        d.stop()
