@@ -223,13 +223,18 @@ pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
     out.push_str("}}");
 }
 
+/// An offset of a minibatch as an index (offsets are non-negative and index in-memory arrays).
+fn at(offset: i64) -> usize {
+    usize::try_from(offset).unwrap_or(0)
+}
+
 fn write_sequences(out: &mut String, s: &MbStream) {
     for q in 0..s.num_sequences() {
         if q > 0 {
             out.push_str(", ");
         }
         out.push('[');
-        let (a, b) = (s.sequence_offsets[q] as usize, s.sequence_offsets[q + 1] as usize);
+        let (a, b) = (at(s.sequence_offsets[q]), at(s.sequence_offsets[q + 1]));
         for j in a..b {
             if j > a {
                 out.push_str(", ");
@@ -241,7 +246,7 @@ fn write_sequences(out: &mut String, s: &MbStream) {
                     out.push(']');
                 }
                 MbData::Sparse { sample_offsets, indices, values, .. } => {
-                    let (e0, e1) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
+                    let (e0, e1) = (at(sample_offsets[j]), at(sample_offsets[j + 1]));
                     out.push_str("{\"indices\": [");
                     write_indices(out, indices, e0..e1);
                     out.push_str("], \"values\": [");
@@ -249,7 +254,7 @@ fn write_sequences(out: &mut String, s: &MbStream) {
                     out.push_str("]}");
                 }
                 MbData::Strings { offsets, bytes } => {
-                    let text = String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]);
+                    let text = String::from_utf8_lossy(&bytes[at(offsets[j])..at(offsets[j + 1])]);
                     write_str(out, &text);
                 }
             }

@@ -54,6 +54,7 @@ enum Command {
 }
 
 #[derive(Args)]
+#[allow(clippy::struct_excessive_bools)] // one field per command-line switch
 struct DumpArgs {
     /// The config file.
     #[arg(long)]
@@ -114,7 +115,7 @@ struct DumpArgs {
     #[arg(long)]
     num_minibatches: Option<u64>,
     /// Print the data-order ledger instead of the data: per minibatch its index, sweep,
-    /// end_of_sweep, position, fingerprint and the global indices of its sequences (no data is
+    /// `end_of_sweep`, position, fingerprint and the global indices of its sequences (no data is
     /// read).
     #[arg(long)]
     ledger: bool,

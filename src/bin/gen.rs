@@ -28,7 +28,7 @@ impl Rng {
         let frac = v % 1_000_000;
         out.extend_from_slice(b"0.");
         let digits = [frac / 100_000, frac / 10_000 % 10, frac / 1000 % 10, frac / 100 % 10, frac / 10 % 10, frac % 10];
-        out.extend(digits.iter().map(|&d| b'0' + d as u8));
+        out.extend(digits.iter().map(|&d| b'0' + u8::try_from(d % 10).unwrap_or(0)));
     }
 }
 

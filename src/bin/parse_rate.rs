@@ -92,6 +92,7 @@ fn parse(kind: Kind, path: &Path, threads: usize, chunk_bytes: u64, state: &Path
         return Err(e);
     }
     let parse_s = t1.elapsed().as_secs_f64();
+    #[allow(clippy::cast_precision_loss)] // a rate for humans
     let mb = size as f64 / 1e6;
     println!(
         "minibatchd {format}: {mb:.0} MB, {} lines, {} nonzeros, {chunks} chunks, {threads} thread(s): index {index_s:.2} s ({:.0} MB/s), parse {parse_s:.2} s ({:.0} MB/s)",

@@ -48,7 +48,7 @@ struct FromString {
 }
 
 /// Reads the deepx keys of a dataset table of format `format` (not `ctf`).
-pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> Option<DeepxOptions> {
+pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> DeepxOptions {
     let label_size = t.uint(w, "label_size", 1, MAX_LABEL_SIZE);
     let has_w = flag(w, t, "w");
     let has_uuid = flag(w, t, "uuid");
@@ -93,7 +93,7 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> Op
         );
     }
     let size = |v: Option<u64>| v.and_then(|v| usize::try_from(v).ok());
-    Some(DeepxOptions {
+    DeepxOptions {
         label_size: size(label_size).unwrap_or(1),
         w: has_w.unwrap_or(false),
         uuid: has_uuid.unwrap_or(false),
@@ -103,7 +103,7 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> Op
         comments: comments.unwrap_or(false),
         qid: qid.unwrap_or(false),
         feature_index_base: u8::from(base == Some(1)),
-    })
+    }
 }
 
 /// A table key given in both places must agree; either alone is taken as is.

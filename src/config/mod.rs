@@ -239,15 +239,14 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
 
 fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetConfig> {
     let mut t = w.table(node)?;
-    let format = match t.string(w, "format") {
-        Some(s) => FormatKind::parse(&s).or_else(|| {
+    let format = if let Some(s) = t.string(w, "format") {
+        FormatKind::parse(&s).or_else(|| {
             w.issue(&t.key_path("format"), &format!("unknown format '{s}': expected ctf, libsvm, libsvm_ex or uch"));
             None
-        }),
-        None => {
-            w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex or uch");
-            None
-        }
+        })
+    } else {
+        w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex or uch");
+        None
     };
     let chunk_size_bytes = t.uint(w, "chunk_size_bytes", 1, u64::from(u32::MAX)).unwrap_or(DEFAULT_CHUNK_SIZE_BYTES);
     let max_errors = t.uint(w, "max_errors", 0, u64::MAX).unwrap_or(0);
@@ -269,7 +268,7 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetC
     let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     let sources = parse_sources(w, &mut t, is_ctf);
     let deepx = match format {
-        Some(f) if !is_ctf => deepx::parse(w, &mut t, f),
+        Some(f) if !is_ctf => Some(deepx::parse(w, &mut t, f)),
         _ => None,
     };
     w.finish(t);
@@ -341,12 +340,11 @@ fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Optio
                     w.issue(&st.key_path("files"), "missing: a list of paths or globs");
                 }
                 let skip = st.boolean(w, "skip_sequence_ids").or(top_skip).unwrap_or(false);
-                let streams = match st.take("streams") {
-                    Some(s) => parse_streams(w, &s, true),
-                    None => {
-                        w.issue(&st.key_path("streams"), "missing: each source needs at least one stream");
-                        None
-                    }
+                let streams = if let Some(s) = st.take("streams") {
+                    parse_streams(w, &s, true)
+                } else {
+                    w.issue(&st.key_path("streams"), "missing: each source needs at least one stream");
+                    None
                 };
                 w.finish(st);
                 if let (Some(files), Some(streams)) = (files, streams) {

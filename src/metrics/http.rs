@@ -180,6 +180,13 @@ mod tests {
     fn serves_metrics_health_and_refuses_garbage() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         rt.block_on(async {
+            async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
+                let mut s = TcpStream::connect(addr).await.expect("connect");
+                s.write_all(req).await.expect("write");
+                let mut out = String::new();
+                s.read_to_string(&mut out).await.expect("read");
+                out
+            }
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("addr");
             let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -193,13 +200,6 @@ mod tests {
                 }
             });
             tokio::spawn(serve(listener, render, health));
-            async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
-                let mut s = TcpStream::connect(addr).await.expect("connect");
-                s.write_all(req).await.expect("write");
-                let mut out = String::new();
-                s.read_to_string(&mut out).await.expect("read");
-                out
-            }
             let m = get(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
             assert!(m.starts_with("HTTP/1.1 200 OK") && m.ends_with("minibatchd_up 1\n"), "{m}");
             assert!(get(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await.ends_with("ok\n"));

@@ -1,5 +1,5 @@
 //! Where the daemon's life stands, and the messages every stage actor answers: the phase
-//! (`/healthz`, sd_notify), which stages run, [`StopStage`] from the supervisor and
+//! (`/healthz`, `sd_notify`), which stages run, [`StopStage`] from the supervisor and
 //! [`StageStopped`] back to it. A leaf of the pipeline: the stages of every plane import it, and it
 //! imports none of them.
 

@@ -15,13 +15,13 @@
 //! * [`data`] — the data plane: reader, parser pool, chunk cache, producers ([`data::DataPlane`]).
 //! * [`control`] — the control plane: socket, connections, sessions, admission
 //!   ([`control::ControlPlane`], which holds the data plane).
-//! * [`ops`] — operations: signals, the daemon checkpoint, reload, sd_notify, the host-memory guard,
+//! * [`ops`] — operations: signals, the daemon checkpoint, reload, `sd_notify`, the host-memory guard,
 //!   metric refresh and `/healthz`.
 //! * [`supervisor`] starts the stages in [`crate::stage::Stage::ALL`] order, restarts stopped ones with backoff
 //!   and a limit, and stops them in reverse order (after the connected clients had their grace).
 //!
 //! Memory: `memory_limit_bytes` bounds the rings (reserved at `open`, refused with
-//! `resource_exhausted` when they would leave less than [`control::CACHE_FLOOR_FRACTION`] of the
+//! `resource_exhausted` when they would leave less than one [`control::CACHE_FLOOR_DIVISOR`]th of the
 //! limit to the chunk cache) plus the chunk cache (its budget is the limit minus the rings, capped
 //! further while the host is short of memory).
 
@@ -145,7 +145,7 @@ async fn serve(
                 }
                 None => break Ok(()),
             },
-            _ = async { if let Some(r) = reloading.as_mut() { let _ = r.await; } }, if reloading.is_some() => {
+            () = async { if let Some(r) = reloading.as_mut() { let _ = r.await; } }, if reloading.is_some() => {
                 reloading = reload_again.then(|| tokio::spawn(reload::reload(shared.clone(), notifier.clone())));
                 reload_again = false;
             }

@@ -179,7 +179,7 @@ impl Handler<StageStopped> for Supervisor {
                 tracing::warn!(
                     stage = stage.name(),
                     restarts = policy.total,
-                    delay_ms = delay.as_millis() as u64,
+                    delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                     "stage stopped; restarting"
                 );
                 ctx.run_later(delay, move |act, ctx| {

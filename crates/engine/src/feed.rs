@@ -109,7 +109,7 @@ impl Feeder {
     /// # Errors
     /// What `load` returns, or a frame-mode violation. Chunks loaded before the error stay held.
     pub fn gather(&mut self, plan: &MinibatchPlan, load: &mut LoadChunk<'_>) -> Result<Gathered, DataError> {
-        let mut source = Held { held: &mut self.held, bytes: &mut self.held_bytes, load };
+        let mut source = HeldOrLoaded { held: &mut self.held, bytes: &mut self.held_bytes, load };
         let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)?;
         self.peak_chunks = self.peak_chunks.max(self.held.len());
         self.peak_bytes = self.peak_bytes.max(self.held_bytes);
@@ -136,13 +136,13 @@ impl Feeder {
 }
 
 /// The held chunks, falling back to the loader.
-struct Held<'a, 'l> {
+struct HeldOrLoaded<'a, 'l> {
     held: &'a mut ChunkMap<Arc<ParsedChunk>>,
     bytes: &'a mut usize,
     load: &'a mut LoadChunk<'l>,
 }
 
-impl ChunkSource for Held<'_, '_> {
+impl ChunkSource for HeldOrLoaded<'_, '_> {
     fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
         if let Some(c) = self.held.get(&chunk) {
             return Ok(c.clone());
@@ -167,7 +167,7 @@ mod tests {
             Arc::new(Timeline { seq_len: vec![1; chunks * per], chunk_start: (0..=chunks).map(|c| c * per).collect() });
         let parsed = (0..chunks)
             .map(|c| {
-                let values = (0..per).map(|i| (c * per + i) as f32).collect();
+                let values = (0..per).map(|i| f32::from(u16::try_from(c * per + i).expect("small"))).collect();
                 Arc::new(ParsedChunk {
                     chunk: c,
                     num_sequences: per,
@@ -215,7 +215,7 @@ mod tests {
             seen.extend(values(&g));
         }
         seen.sort_by(f32::total_cmp);
-        assert_eq!(seen, (0..60).map(|i| i as f32).collect::<Vec<_>>(), "every sequence exactly once");
+        assert_eq!(seen, (0..60u16).map(f32::from).collect::<Vec<_>>(), "every sequence exactly once");
         assert_eq!(loads, vec![1; 12], "each chunk loaded once in the sweep");
         assert!(feeder.peak_chunks() <= 3 + 2, "held {} chunks with a window of 3", feeder.peak_chunks());
     }

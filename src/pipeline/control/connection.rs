@@ -37,14 +37,16 @@ use minibatchd_client::protocol::{
     SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION,
 };
 use minibatchd_engine::sampling::Sampler;
-use minibatchd_shm::{Ring, RingGeometry, LAYOUT_VERSION};
+use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
 use super::super::data::delivery::{Delivery, StartProducer};
 use super::super::data::hub::DatasetRuntime;
 use super::super::data::producer::{FreeSlot, Producer, ProducerEvent};
 use super::admission::{self, Refusal};
-use super::session::{check_resume, options_hash, resolve_options, Progress, Release, SlotTable, MAX_SLOT_SIZE_BYTES};
+use super::session::{
+    check_resume, options_hash, resolve_options, Progress, Release, ResolvedOptions, SlotTable, MAX_SLOT_SIZE_BYTES,
+};
 use super::ControlPlane;
 
 /// What every connection task shares.
@@ -104,7 +106,9 @@ impl Active {
     fn waited(&mut self, wait_ns: Option<u64>) {
         if let Some(w) = wait_ns {
             if w > self.reported_wait_ns {
-                self.metrics.consumer_wait_seconds.inc_by((w - self.reported_wait_ns) as f64 / 1e9);
+                self.metrics
+                    .consumer_wait_seconds
+                    .inc_by(std::time::Duration::from_nanos(w - self.reported_wait_ns).as_secs_f64());
                 self.reported_wait_ns = w;
             }
         }
@@ -161,7 +165,7 @@ async fn send(wr: &mut OwnedWriteHalf, msg: &ServerMessage) -> std::io::Result<(
     wr.write_all(&protocol::encode(msg)).await
 }
 
-/// Sends `msg` with `fd` attached (SCM_RIGHTS on the first bytes).
+/// Sends `msg` with `fd` attached (`SCM_RIGHTS` on the first bytes).
 async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd) -> std::io::Result<()> {
     let bytes = protocol::encode(msg);
     let sent = {
@@ -488,13 +492,35 @@ async fn on_frame(
     Ok(Flow::Continue)
 }
 
-/// Opens a session: options, resume, name claim, memory, ring, producer.
-async fn open(
-    dataset: &str,
-    options: &SessionOptions,
-    conn: &ConnShared,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
-    let shared = &conn.shared;
+/// The `opened` reply.
+fn opened_message(name: &str, header: &RingHeader, rt: &DatasetRuntime, start: &SessionState) -> ServerMessage {
+    ServerMessage::Opened {
+        session: name.to_owned(),
+        ring: RingInfo {
+            size_bytes: header.total_bytes,
+            slot_count: header.slot_count,
+            slot_size: header.slot_size,
+            slots_offset: header.slots_offset,
+            layout_version: LAYOUT_VERSION,
+        },
+        streams: rt.streams.clone(),
+        state: start.clone(),
+        sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),
+    }
+}
+
+/// An `open` resolved against its dataset, before anything shared is touched.
+struct Prepared {
+    rt: Arc<DatasetRuntime>,
+    resolved: ResolvedOptions,
+    options_hash: u64,
+    sampler: Sampler,
+    geometry: RingGeometry,
+}
+
+/// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
+/// applied) and the ring's geometry (slots raised to fit a dense minibatch).
+fn prepare(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
     let rt = shared.data.hub().get(dataset)?;
     let config = shared.config();
     let d = &config.daemon;
@@ -511,6 +537,20 @@ async fn open(
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
+    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, geometry })
+}
+
+/// Opens a session: [`prepare`], [`admission::admit`], then the ring and the producer (undoing
+/// the admission when either fails).
+async fn open(
+    dataset: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+    let shared = &conn.shared;
+    let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry } = prepare(dataset, options, shared)?;
+    let config = shared.config();
+    let d = &config.daemon;
 
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh = SessionState {
@@ -559,11 +599,13 @@ async fn open(
     let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;
     let header = *ring.header();
 
-    let slots = SlotTable::new(resolved.slots as usize);
-    let (free_tx, free_rx) = flume::bounded(resolved.slots as usize);
-    let (events_tx, events_rx) = flume::bounded(resolved.slots as usize + 2);
-    for s in 0..resolved.slots {
-        let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(s as usize) });
+    // At most MAX_RING_SLOTS (validated in resolve_options).
+    let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
+    let slots = SlotTable::new(slot_count);
+    let (free_tx, free_rx) = flume::bounded(slot_count);
+    let (events_tx, events_rx) = flume::bounded(slot_count + 2);
+    for (s, i) in (0..resolved.slots).zip(0..) {
+        let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(i) });
     }
     let stop = Arc::new(AtomicBool::new(false));
     let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
@@ -586,19 +628,7 @@ async fn open(
         Ok(Err(e)) => return Err(undo(Refusal::Producer(e))),
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     }
-    let opened = ServerMessage::Opened {
-        session: name.clone(),
-        ring: RingInfo {
-            size_bytes: header.total_bytes,
-            slot_count: header.slot_count,
-            slot_size: header.slot_size,
-            slots_offset: header.slots_offset,
-            layout_version: LAYOUT_VERSION,
-        },
-        streams: rt.streams.clone(),
-        state: start.clone(),
-        sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),
-    };
+    let opened = opened_message(&name, &header, &rt, &start);
     let active = Active {
         name,
         runtime: rt,
@@ -612,7 +642,7 @@ async fn open(
         producing: true,
         binary: false,
         metrics,
-        slot_count: resolved.slots as usize,
+        slot_count,
         published: [0; 3],
         reported_wait_ns: 0,
         recorded_taken: start.minibatches,

@@ -25,8 +25,9 @@ use super::data::hub::Hub;
 use super::data::{read_buffer_bytes, DataPlane};
 use session::Registry;
 
-/// Share of `memory_limit_bytes` that rings may never take from the chunk cache.
-pub const CACHE_FLOOR_FRACTION: f64 = 0.25;
+/// Share of `memory_limit_bytes` that rings may never take from the chunk cache: one part in
+/// this many (a quarter).
+pub const CACHE_FLOOR_DIVISOR: u64 = 4;
 
 /// The host-memory guard's current decision (set by the housekeeping thread).
 #[derive(Debug)]
@@ -144,11 +145,11 @@ impl ControlPlane {
 }
 
 /// Sets `registry`'s memory limits from `config` (at start and on a reload): the limit, the
-/// chunk cache's floor ([`CACHE_FLOOR_FRACTION`] of it), the linger time, and the parser threads'
+/// chunk cache's floor (one [`CACHE_FLOOR_DIVISOR`]th of it), the linger time, and the parser threads'
 /// read buffers over `hub`'s datasets.
 pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, threads: usize) {
     let d = &config.daemon;
-    let floor = (d.memory_limit_bytes as f64 * CACHE_FLOOR_FRACTION) as u64;
+    let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
     registry.set_buffers(read_buffer_bytes(config, hub, threads));
 }

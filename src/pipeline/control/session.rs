@@ -80,7 +80,7 @@ pub fn resolve_options(
 ) -> Result<ResolvedOptions, InvalidOptions> {
     let mut problems = Vec::new();
     let minibatch_size = match o.minibatch_size {
-        Some(n) if n >= 1 && n <= i32::MAX as u64 => n as usize,
+        Some(n) if n >= 1 && i32::try_from(n).is_ok() => usize::try_from(n).unwrap_or(1),
         Some(n) => {
             problems.push(format!("minibatch_size {n} is out of range 1..=2147483647"));
             1
@@ -146,8 +146,9 @@ pub fn resolve_options(
             window,
             seed: o.seed.unwrap_or(d.sampling.seed),
             limit,
-            num_workers: num_workers as usize,
-            rank: rank as usize,
+            // Both validated below 2^20 above (else the options are refused).
+            num_workers: usize::try_from(num_workers).unwrap_or(1),
+            rank: usize::try_from(rank).unwrap_or(0),
         },
         minibatch_size,
         frame_mode: o.frame_mode,

@@ -371,8 +371,7 @@ impl SharedCache {
                     if stop.load(Ordering::Relaxed) {
                         return Err(FetchError::Stopped);
                     }
-                    core =
-                        self.arrived.wait_timeout(core, WAIT_TICK).map(|(g, _)| g).unwrap_or_else(|e| e.into_inner().0);
+                    core = self.arrived.wait_timeout(core, WAIT_TICK).map_or_else(|e| e.into_inner().0, |(g, _)| g);
                 }
             }
         }

@@ -290,11 +290,12 @@ impl Hub {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fmt::Write as _;
 
     fn config(dir: &Path, datasets: &[(&str, &str, u64)]) -> Config {
         let mut text = format!("[daemon]\nstate_dir = \"{}/state\"\n", dir.display());
         for (name, file, chunk) in datasets {
-            text.push_str(&format!("[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{file}\"]\nchunk_size_bytes = {chunk}\n[datasets.{name}.streams.f]\ndim = 1\nformat = \"dense\"\n"));
+            let _ = write!(text, "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{file}\"]\nchunk_size_bytes = {chunk}\n[datasets.{name}.streams.f]\ndim = 1\nformat = \"dense\"\n");
         }
         Config::from_toml_str(&text, dir).expect("config")
     }

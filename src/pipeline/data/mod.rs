@@ -139,7 +139,7 @@ pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
         .datasets
         .keys()
         .filter_map(|name| hub.get(name).ok())
-        .flat_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
+        .filter_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
         .max()
         .unwrap_or(0);
     // A thread keeps its buffer between chunks only up to `MAX_REUSED_READ_BUFFER`; a larger

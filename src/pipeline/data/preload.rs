@@ -110,13 +110,13 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     match ended {
         None => {
-            tracing::info!(dataset = %rt.name, chunks = loaded, failed, elapsed_ms, "preloaded into the chunk cache")
+            tracing::info!(dataset = %rt.name, chunks = loaded, failed, elapsed_ms, "preloaded into the chunk cache");
         }
         Some(Ended::Budget) => {
             tracing::info!(dataset = %rt.name, chunks = loaded, of = chunks, failed, elapsed_ms, "preload stopped at the chunk cache's budget; the rest is parsed on demand");
         }
         Some(why) => {
-            tracing::info!(dataset = %rt.name, chunks = loaded, of = chunks, elapsed_ms, reason = ?why, "preload stopped")
+            tracing::info!(dataset = %rt.name, chunks = loaded, of = chunks, elapsed_ms, reason = ?why, "preload stopped");
         }
     }
 }

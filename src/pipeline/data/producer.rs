@@ -200,11 +200,12 @@ impl Producer {
         let filler_metrics = planner.metrics.clone();
         let (steps, located) = flume::bounded::<Step>(1);
         std::thread::scope(|scope| {
-            let filler = std::thread::Builder::new()
-                .name(format!("mbd-fill-{}", filler_runtime.index))
-                .spawn_scoped(scope, move || {
-                    fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop)
-                });
+            let filler = std::thread::Builder::new().name(format!("mbd-fill-{}", filler_runtime.index)).spawn_scoped(
+                scope,
+                move || {
+                    fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop);
+                },
+            );
             if let Err(e) = filler {
                 let _ = events.send(ProducerEvent::Failed {
                     code: ErrorCode::Internal,
@@ -234,19 +235,19 @@ impl Planner {
         self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
         let cache = &self.cache;
         let mut loaded: Vec<u32> = Vec::new();
-        let mut waited = Duration::ZERO;
+        let mut cache_wait = Duration::ZERO;
         let built = self.feeder.gather(&plan, &mut |chunk| {
-            let t = Instant::now();
+            let asked = Instant::now();
             cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
             let got = cache.get((ds, chunk), stop);
-            waited += t.elapsed();
+            cache_wait += asked.elapsed();
             loaded.push(chunk);
             got.map_err(|e| match e {
                 FetchError::Failed(e) => e,
                 other => DataError::Dataset(format!("chunk {chunk}: {other}")),
             })
         });
-        self.metrics.chunk_wait_seconds.inc_by(waited.as_secs_f64());
+        self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
         if stop.load(Ordering::Relaxed) {
             return Err(ProduceError::Stopped);
         }
@@ -254,7 +255,7 @@ impl Planner {
         let seq_len = &self.runtime.dataset.timeline().seq_len;
         let samples: u64 =
             plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
-        self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(waited).as_secs_f64());
+        self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(cache_wait).as_secs_f64());
         Ok(Some(Located { slot, mb, samples }))
     }
 
@@ -274,7 +275,7 @@ impl Planner {
                 Err(flume::RecvTimeoutError::Disconnected) => return,
             };
             self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
-            let step = match self.locate(slot, stop) {
+            let next = match self.locate(slot, stop) {
                 Ok(Some(located)) => Step::Fill(Box::new(located)),
                 Ok(None) => Step::Event(ProducerEvent::End {
                     position: self.feeder.position(),
@@ -283,9 +284,9 @@ impl Planner {
                 Err(ProduceError::Stopped) => return,
                 Err(e) => Step::Event(ProducerEvent::failed(&e)),
             };
-            let last = matches!(step, Step::Event(_));
+            let last = matches!(next, Step::Event(_));
             // A failed send: the filler is gone (the connection closed, or a slot failed).
-            if steps.send(step).is_err() || last {
+            if steps.send(next).is_err() || last {
                 return;
             }
         }
@@ -301,7 +302,7 @@ fn fill(
     events: &flume::Sender<ProducerEvent>,
     stop: &AtomicBool,
 ) {
-    for step in steps.iter() {
+    for step in steps {
         if stop.load(Ordering::Relaxed) {
             return;
         }

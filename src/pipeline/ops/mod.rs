@@ -60,7 +60,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     m.refresh_checkpoint_age();
 }
 
-/// The `STATUS=` line for sd_notify.
+/// The `STATUS=` line for `sd_notify`.
 pub fn status_line(shared: &ControlPlane) -> String {
     let (ready, failed) = shared.data.hub().counts();
     format!(

@@ -42,8 +42,8 @@ impl Notifier {
     pub fn from_env() -> Self {
         Self::from_vars(
             std::env::var_os("NOTIFY_SOCKET"),
-            std::env::var("WATCHDOG_USEC").ok(),
-            std::env::var("WATCHDOG_PID").ok(),
+            std::env::var("WATCHDOG_USEC").ok().as_deref(),
+            std::env::var("WATCHDOG_PID").ok().as_deref(),
             std::process::id(),
         )
     }
@@ -53,8 +53,8 @@ impl Notifier {
     #[must_use]
     pub fn from_vars(
         socket: Option<OsString>,
-        watchdog_usec: Option<String>,
-        watchdog_pid: Option<String>,
+        watchdog_usec: Option<&str>,
+        watchdog_pid: Option<&str>,
         pid: u32,
     ) -> Self {
         // Non-blocking: a manager that does not read (a full queue) must never stall the event
@@ -67,7 +67,7 @@ impl Notifier {
                 None
             }
         });
-        let ours = watchdog_pid.as_deref().is_none_or(|p| p.trim().parse::<u32>().ok() == Some(pid));
+        let ours = watchdog_pid.is_none_or(|p| p.trim().parse::<u32>().ok() == Some(pid));
         let watchdog = watchdog_usec
             .and_then(|u| u.trim().parse::<u64>().ok())
             .filter(|&u| u > 0 && ours)
@@ -100,12 +100,15 @@ impl Notifier {
         }
     }
 
-    /// `READY=1` with a status line.
+    /// `READY=1` with a status line. Best effort, as every message here: `false` when it could not
+    /// be sent (logged at debug; the daemon goes on either way).
+    #[allow(clippy::must_use_candidate)] // callers may ignore a best-effort notification
     pub fn ready(&self, status: &str) -> bool {
         self.send(&format!("READY=1\nSTATUS={status}\nMAINPID={}", std::process::id()))
     }
 
     /// `RELOADING=1` (with `MONOTONIC_USEC`, as `Type=notify-reload` wants).
+    #[allow(clippy::must_use_candidate)] // best effort
     pub fn reloading(&self) -> bool {
         let now = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
         let usec = u64::try_from(now.tv_sec)
@@ -116,11 +119,13 @@ impl Notifier {
     }
 
     /// `STOPPING=1`.
+    #[allow(clippy::must_use_candidate)] // best effort
     pub fn stopping(&self) -> bool {
         self.send("STOPPING=1\nSTATUS=stopping: writing the checkpoint")
     }
 
     /// `WATCHDOG=1`.
+    #[allow(clippy::must_use_candidate)] // best effort
     pub fn watchdog(&self) -> bool {
         self.send("WATCHDOG=1")
     }
@@ -136,7 +141,7 @@ mod tests {
         let path = dir.path().join("notify.sock");
         let server = UnixDatagram::bind(&path).expect("bind");
         server.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-        let n = Notifier::from_vars(Some(path.clone().into_os_string()), Some("3000000".into()), None, 7);
+        let n = Notifier::from_vars(Some(path.clone().into_os_string()), Some("3000000"), None, 7);
         assert!(n.enabled());
         assert_eq!(n.watchdog_interval(), Some(Duration::from_millis(1500)));
         assert!(n.ready("serving"));
@@ -147,7 +152,7 @@ mod tests {
         assert!(n.reloading());
         let len = server.recv(&mut buf).expect("recv");
         assert!(std::str::from_utf8(&buf[..len]).expect("utf8").contains("MONOTONIC_USEC="));
-        let other = Notifier::from_vars(Some(path.into_os_string()), Some("3000000".into()), Some("8".into()), 7);
+        let other = Notifier::from_vars(Some(path.into_os_string()), Some("3000000"), Some("8"), 7);
         assert_eq!(other.watchdog_interval(), None, "the watchdog is for another process");
         // Regression: a manager that stops reading must not block the sender.
         let started = std::time::Instant::now();
@@ -158,8 +163,8 @@ mod tests {
 
     #[test]
     fn abstract_names_and_absence_are_handled() {
-        let name = format!("@minibatchd-test-{}", std::process::id());
         use std::os::linux::net::SocketAddrExt;
+        let name = format!("@minibatchd-test-{}", std::process::id());
         let server = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(&name.as_bytes()[1..]).expect("addr"))
             .expect("bind");
         server.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
@@ -168,7 +173,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let len = server.recv(&mut buf).expect("recv");
         assert!(buf[..len].starts_with(b"STOPPING=1"));
-        let none = Notifier::from_vars(None, Some("100".into()), None, 1);
+        let none = Notifier::from_vars(None, Some("100"), None, 1);
         assert!(!none.enabled() && !none.ready("x") && none.watchdog_interval().is_none());
         assert!(!Notifier::from_vars(Some("relative".into()), None, None, 1).enabled());
     }

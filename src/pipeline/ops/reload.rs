@@ -150,7 +150,7 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared, started: Instant) {
         shared.rebudget(&reg);
     }
     let c = &p.changes;
-    tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = started.elapsed().as_millis() as u64, "configuration reloaded");
+    tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "configuration reloaded");
     shared.replace(p.config, p.hub);
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
 }

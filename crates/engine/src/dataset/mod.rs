@@ -16,22 +16,29 @@
 //! `state_dir` ([`crate::format::inflate`]); [`Dataset::streams`] describes the streams of every
 //! format.
 
-use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::cache::{self, FileStamp, Miss};
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
 use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
 use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
-use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
+use crate::format::index::{build_chunks, ChunkDesc, FileIndex};
 use crate::format::inflate;
 use crate::hash::Fnv1a;
 use crate::options::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
 use crate::sampling::Timeline;
+
+mod files;
+mod join;
+mod read;
+
+use files::index_with_cache;
+pub use files::resolve_files;
+use join::{join, SeqLoc};
+pub use read::MAX_REUSED_READ_BUFFER;
+use read::{read_range, ReadWindow};
 
 /// Progress of the index pass, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,24 +47,6 @@ pub struct IndexProgress {
     pub bytes_done: u64,
     /// Total bytes of all files.
     pub bytes_total: u64,
-}
-
-/// A sequence of the joined dataset: where its bytes are in each source.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SeqLoc {
-    file: u32,
-    seq: u32,
-}
-
-impl SeqLoc {
-    /// Sequence `seq` of file `file` of a source; an error past `u32` (a file of 2^32 or more
-    /// sequences), where a narrowing cast would silently point at another sequence.
-    fn new(file: usize, seq: usize) -> Result<Self, DataError> {
-        match (u32::try_from(file), u32::try_from(seq)) {
-            (Ok(file), Ok(seq)) => Ok(Self { file, seq }),
-            _ => Err(DataError::Dataset(format!("file {file} of a source has more than 2^32 - 1 sequences"))),
-        }
-    }
 }
 
 /// The parser of a source: a closed set of formats.
@@ -101,70 +90,6 @@ impl std::fmt::Debug for Dataset {
             .field("sequences", &self.timeline.num_sequences())
             .finish_non_exhaustive()
     }
-}
-
-/// Expands the configured paths into files, in order: a glob expands to the regular files it
-/// matches, sorted; a directory to every regular file below it (recursively, names starting with
-/// `.` skipped, as deepx does), sorted by path; a file is itself.
-///
-/// # Errors
-/// A pattern or directory that yields no file, or a path that does not exist.
-pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
-    let mut out = Vec::new();
-    for p in patterns {
-        let text = p.to_string_lossy();
-        if text.contains(['*', '?', '[']) {
-            // As a shell does (and as directory listings skip them): `*` does not match a
-            // leading '.'.
-            let options = glob::MatchOptions { require_literal_leading_dot: true, ..glob::MatchOptions::new() };
-            let mut matched: Vec<PathBuf> = glob::glob_with(&text, options)
-                .map_err(|e| DataError::Dataset(format!("invalid glob '{text}': {e}")))?
-                .filter_map(Result::ok)
-                .filter(|m| m.is_file())
-                .collect();
-            sort_by_path_bytes(&mut matched);
-            if matched.is_empty() {
-                return Err(DataError::Dataset(format!("no file matches '{text}'")));
-            }
-            out.extend(matched);
-        } else if p.is_file() {
-            out.push(p.clone());
-        } else if p.is_dir() {
-            let mut found = Vec::new();
-            list_dir(p, &mut found)?;
-            sort_by_path_bytes(&mut found);
-            if found.is_empty() {
-                return Err(DataError::Dataset(format!("{}: the directory holds no file", p.display())));
-            }
-            out.extend(found);
-        } else {
-            return Err(DataError::Dataset(format!("{}: no such file", p.display())));
-        }
-    }
-    Ok(out)
-}
-
-/// Sorts paths as deepx's `ListRecursive` does: by the whole path's bytes (`a-b/q` < `a.txt` <
-/// `a/z`), not component by component as `Path`'s `Ord` would (`a/z` < `a-b/q`).
-fn sort_by_path_bytes(paths: &mut [PathBuf]) {
-    paths.sort_by(|a, b| a.as_os_str().as_encoded_bytes().cmp(b.as_os_str().as_encoded_bytes()));
-}
-
-/// Regular files below `dir`, recursively, skipping names that start with `.`.
-fn list_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
-    for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
-        let entry = entry.map_err(|e| DataError::io(dir, e))?;
-        if entry.file_name().as_encoded_bytes().first() == Some(&b'.') {
-            continue;
-        }
-        let path = entry.path();
-        if path.is_dir() {
-            list_dir(&path, out)?;
-        } else if path.is_file() {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 impl Dataset {
@@ -509,177 +434,4 @@ fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> 
         StreamValues::Dense { dim, values: T::into_values(buf.values) }
     };
     StreamData { seq_offsets: buf.seq_offsets, data }
-}
-
-thread_local! {
-    /// Per-thread read buffer of [`ReadWindow`]: one window, or a whole sequence when longer.
-    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// The largest read buffer a parser thread keeps for its next chunk; larger ones (a sequence
-/// longer than that) are freed.
-pub const MAX_REUSED_READ_BUFFER: u64 = 64 << 20;
-
-/// A buffer borrowed from this thread's [`READ_BUFFER`]; returned to it on drop.
-struct ReusedBuffer(Vec<u8>);
-
-impl Drop for ReusedBuffer {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.0);
-        if buf.capacity() as u64 <= MAX_REUSED_READ_BUFFER {
-            READ_BUFFER.with(|b| *b.borrow_mut() = buf);
-        }
-    }
-}
-
-/// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
-/// copies is still cached when the decoder reads it.
-const READ_WINDOW: u64 = 256 << 10;
-
-/// Sequential reads of one chunk through this thread's reused buffer, a window at a time.
-struct ReadWindow<'a> {
-    path: &'a Path,
-    file: File,
-    /// Where the chunk ends: windows never read past it.
-    end: u64,
-    buf: ReusedBuffer,
-    /// File offset of `buf[0]`.
-    at: u64,
-}
-
-impl<'a> ReadWindow<'a> {
-    fn new(path: &'a Path, end: u64) -> Result<Self, DataError> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-        let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
-        buf.0.clear();
-        Ok(Self { path, file, end, buf, at: 0 })
-    }
-
-    /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
-    /// [`READ_WINDOW`] bytes or the whole sequence) when they are not all in the current one.
-    fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8], DataError> {
-        let size = u64::from(size);
-        let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
-        if !inside {
-            let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
-            let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
-            self.buf.0.resize(len, 0);
-            self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
-                let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    std::io::Error::new(
-                        e.kind(),
-                        "the file is shorter than its index says (changed since it was indexed?)",
-                    )
-                } else {
-                    e
-                };
-                DataError::io(self.path, e)
-            })?;
-            self.at = offset;
-        }
-        // In range: checked above, or the window was just read from `offset` with >= `size` bytes.
-        let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
-        let to = from + usize::try_from(size).map_err(|_| DataError::Dataset("sequence too large".into()))?;
-        self.buf.0.get(from..to).ok_or_else(|| DataError::Dataset("sequence outside its read window".into()))
-    }
-}
-
-fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
-    let mut buf = vec![0u8; len];
-    file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;
-    Ok(buf)
-}
-
-/// Builds the index of one file, reporting progress in bytes.
-type BuildIndex<'a> = dyn FnMut(&mut dyn FnMut(u64)) -> Result<FileIndex, DataError> + 'a;
-
-/// The index of the file `name` whose bytes are at `data` (the same file, or a gzip input's
-/// decompressed copy): from the cache when it is valid for `data` as it is now and for
-/// `fingerprint`, else built by `build` (and cached).
-fn index_with_cache(
-    name: &Arc<Path>,
-    data: &Path,
-    fingerprint: &str,
-    use_cache: bool,
-    state_dir: &Path,
-    progress: &mut dyn FnMut(u64),
-    build: &mut BuildIndex<'_>,
-) -> Result<FileIndex, DataError> {
-    let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
-    if use_cache {
-        match cache::load(state_dir, &stamp, fingerprint, name) {
-            Ok(idx) => {
-                progress(stamp.size);
-                return Ok(idx);
-            }
-            Err(Miss::Absent) => {}
-            Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
-        }
-    }
-    let idx = build(progress)?;
-    if use_cache {
-        if let Err(e) = cache::store(state_dir, &stamp, fingerprint, &idx) {
-            tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
-        }
-    }
-    Ok(idx)
-}
-
-type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
-
-/// Joins the sources by key and builds the timeline over the primary chunks.
-fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Option<usize>) -> Result<Joined, DataError> {
-    // Key → location maps of the secondary sources; the first occurrence of a key wins.
-    let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
-        .iter()
-        .map(|s| {
-            let mut m = HashMap::new();
-            for (fi, idx) in s.indexes.iter().enumerate() {
-                for (qi, q) in idx.sequences.iter().enumerate() {
-                    m.entry(q.key).or_insert(SeqLoc::new(fi, qi)?);
-                }
-            }
-            Ok(m)
-        })
-        .collect::<Result<_, DataError>>()?;
-    let mut chunks = Vec::new();
-    let mut locs = Vec::new();
-    let mut seq_len = Vec::new();
-    let mut chunk_start = vec![0usize];
-    let (mut loc, mut lens) = (Vec::new(), Vec::new());
-    for c in primary_chunks {
-        let idx = &sources[0].indexes[c.file];
-        let mut kept = 0usize;
-        let mut samples = 0u64;
-        'seqs: for qi in c.first_seq..c.first_seq + c.num_seqs {
-            let q: &SequenceDesc = &idx.sequences[qi];
-            loc.clear();
-            lens.clear();
-            loc.push(SeqLoc::new(c.file, qi)?);
-            lens.push(q.samples);
-            for (m, s) in maps.iter().zip(&sources[1..]) {
-                let Some(&l) = m.get(&q.key) else { continue 'seqs };
-                lens.push(s.indexes[l.file as usize].sequences[l.seq as usize].samples);
-                loc.push(l);
-            }
-            let len = match main_source {
-                Some(m) => lens[m],
-                None => lens.iter().copied().max().unwrap_or(0),
-            };
-            kept += 1;
-            samples += u64::from(len);
-            seq_len.push(len);
-            locs.extend_from_slice(&loc);
-        }
-        if kept > 0 {
-            chunks.push(ChunkDesc { num_seqs: kept, num_samples: samples, ..*c });
-            chunk_start.push(seq_len.len());
-        }
-    }
-    if seq_len.is_empty() {
-        return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
-    }
-    Ok((chunks, locs, Timeline { seq_len, chunk_start }))
 }

@@ -1,0 +1,90 @@
+//! Several sources joined by sequence key (CNTK's bundler): the first source drives chunking; a
+//! sequence of it whose key is missing from another source is dropped; the nominal length of a
+//! joined sequence is the `defines_mb_size` source's length if one source has such a stream, else
+//! the maximum over the sources. Chunks left empty by dropped sequences are dropped.
+
+use std::collections::HashMap;
+
+use super::OpenSource;
+use crate::format::errors::DataError;
+use crate::format::index::{ChunkDesc, SequenceDesc};
+use crate::sampling::Timeline;
+
+/// A sequence of the joined dataset: where its bytes are in each source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SeqLoc {
+    pub(super) file: u32,
+    pub(super) seq: u32,
+}
+
+impl SeqLoc {
+    /// Sequence `seq` of file `file` of a source; an error past `u32` (a file of 2^32 or more
+    /// sequences), where a narrowing cast would silently point at another sequence.
+    fn new(file: usize, seq: usize) -> Result<Self, DataError> {
+        match (u32::try_from(file), u32::try_from(seq)) {
+            (Ok(file), Ok(seq)) => Ok(Self { file, seq }),
+            _ => Err(DataError::Dataset(format!("file {file} of a source has more than 2^32 - 1 sequences"))),
+        }
+    }
+}
+
+pub(super) type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
+
+/// Joins the sources by key and builds the timeline over the primary chunks.
+pub(super) fn join(
+    sources: &[OpenSource],
+    primary_chunks: &[ChunkDesc],
+    main_source: Option<usize>,
+) -> Result<Joined, DataError> {
+    // Key → location maps of the secondary sources; the first occurrence of a key wins.
+    let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
+        .iter()
+        .map(|s| {
+            let mut m = HashMap::new();
+            for (fi, idx) in s.indexes.iter().enumerate() {
+                for (qi, q) in idx.sequences.iter().enumerate() {
+                    m.entry(q.key).or_insert(SeqLoc::new(fi, qi)?);
+                }
+            }
+            Ok(m)
+        })
+        .collect::<Result<_, DataError>>()?;
+    let mut chunks = Vec::new();
+    let mut locs = Vec::new();
+    let mut seq_len = Vec::new();
+    let mut chunk_start = vec![0usize];
+    let (mut loc, mut lens) = (Vec::new(), Vec::new());
+    for c in primary_chunks {
+        let idx = &sources[0].indexes[c.file];
+        let mut kept = 0usize;
+        let mut samples = 0u64;
+        'seqs: for qi in c.first_seq..c.first_seq + c.num_seqs {
+            let q: &SequenceDesc = &idx.sequences[qi];
+            loc.clear();
+            lens.clear();
+            loc.push(SeqLoc::new(c.file, qi)?);
+            lens.push(q.samples);
+            for (m, s) in maps.iter().zip(&sources[1..]) {
+                let Some(&l) = m.get(&q.key) else { continue 'seqs };
+                lens.push(s.indexes[l.file as usize].sequences[l.seq as usize].samples);
+                loc.push(l);
+            }
+            let len = match main_source {
+                Some(m) => lens[m],
+                None => lens.iter().copied().max().unwrap_or(0),
+            };
+            kept += 1;
+            samples += u64::from(len);
+            seq_len.push(len);
+            locs.extend_from_slice(&loc);
+        }
+        if kept > 0 {
+            chunks.push(ChunkDesc { num_seqs: kept, num_samples: samples, ..*c });
+            chunk_start.push(seq_len.len());
+        }
+    }
+    if seq_len.is_empty() {
+        return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
+    }
+    Ok((chunks, locs, Timeline { seq_len, chunk_start }))
+}

@@ -1,0 +1,90 @@
+//! Reading a chunk's bytes: sequential windows through a per-thread reused buffer (CTF), or one
+//! read of the whole range. A parser thread keeps its buffer between chunks up to
+//! [`MAX_REUSED_READ_BUFFER`], which the daemon counts against its memory limit.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::format::errors::DataError;
+
+thread_local! {
+    /// Per-thread read buffer of [`ReadWindow`]: one window, or a whole sequence when longer.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The largest read buffer a parser thread keeps for its next chunk; larger ones (a sequence
+/// longer than that) are freed.
+pub const MAX_REUSED_READ_BUFFER: u64 = 64 << 20;
+
+/// A buffer borrowed from this thread's [`READ_BUFFER`]; returned to it on drop.
+struct ReusedBuffer(Vec<u8>);
+
+impl Drop for ReusedBuffer {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.0);
+        if buf.capacity() as u64 <= MAX_REUSED_READ_BUFFER {
+            READ_BUFFER.with(|b| *b.borrow_mut() = buf);
+        }
+    }
+}
+
+/// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
+/// copies is still cached when the decoder reads it.
+const READ_WINDOW: u64 = 256 << 10;
+
+/// Sequential reads of one chunk through this thread's reused buffer, a window at a time.
+pub(super) struct ReadWindow<'a> {
+    path: &'a Path,
+    file: File,
+    /// Where the chunk ends: windows never read past it.
+    end: u64,
+    buf: ReusedBuffer,
+    /// File offset of `buf[0]`.
+    at: u64,
+}
+
+impl<'a> ReadWindow<'a> {
+    pub(super) fn new(path: &'a Path, end: u64) -> Result<Self, DataError> {
+        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
+        buf.0.clear();
+        Ok(Self { path, file, end, buf, at: 0 })
+    }
+
+    /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
+    /// [`READ_WINDOW`] bytes or the whole sequence) when they are not all in the current one.
+    pub(super) fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8], DataError> {
+        let size = u64::from(size);
+        let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
+        if !inside {
+            let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
+            let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+            self.buf.0.resize(len, 0);
+            self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
+                let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    std::io::Error::new(
+                        e.kind(),
+                        "the file is shorter than its index says (changed since it was indexed?)",
+                    )
+                } else {
+                    e
+                };
+                DataError::io(self.path, e)
+            })?;
+            self.at = offset;
+        }
+        // In range: checked above, or the window was just read from `offset` with >= `size` bytes.
+        let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
+        let to = from + usize::try_from(size).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+        self.buf.0.get(from..to).ok_or_else(|| DataError::Dataset("sequence outside its read window".into()))
+    }
+}
+
+pub(super) fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;
+    Ok(buf)
+}
