@@ -21,12 +21,16 @@ if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
 fi
 if ! command -v cargo >/dev/null; then
   if curl -sSf https://sh.rustup.rs -o /tmp/rustup-init.sh; then
-    sh /tmp/rustup-init.sh -y --profile minimal
+    sh /tmp/rustup-init.sh -y --profile minimal --component clippy,rustfmt
     export PATH="$HOME/.cargo/bin:$PATH"
   else
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get install -y -qq cargo rustc
+    $SUDO apt-get install -y -qq cargo rustc rustfmt rust-clippy
   fi
+fi
+# The test command checks formatting and lints (scripts/test.sh).
+if command -v rustup >/dev/null; then
+  { cargo fmt --version && cargo clippy --version; } >/dev/null 2>&1 || rustup component add clippy rustfmt
 fi
 
 # Python environment for the client tests (NumPy), kept inside the project.

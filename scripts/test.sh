@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The one command that runs every test: sets up what is missing, then runs the Rust unit,
-# integration, conformance and property tests, the daemon tests with the real binary and the
-# Python client (driven from tests/daemon.rs), and checks that the benchmarks compile.
-# Its last line totals every test run: "summary: N passed, M failed".
+# The one command that runs every test: sets up what is missing, then runs the Rust unit tests of
+# every crate of the workspace, the integration, conformance and property tests, the daemon tests
+# with the real binary and the Python client (driven from tests/daemon.rs); checks that the
+# benchmarks compile, that the tree is formatted (cargo fmt) and lint-free (cargo clippy with the
+# workspace's pedantic lints, warnings denied).
+# Its last line totals every test run, each failed check counted as one failure:
+# "summary: N passed, M failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh || exit 1
@@ -15,7 +18,7 @@ fi
 export MINIBATCHD_PYTHON="$PWD/.venv/bin/python"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo test --locked --lib --bins --tests 2>&1 | tee "$log"
+cargo test --locked --workspace --lib --bins --tests 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 echo "== checking that the benchmarks build"
 cargo bench --locked --no-run -q 2>&1 | tail -5
@@ -23,5 +26,16 @@ bench_status=${PIPESTATUS[0]}
 passed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^passed/) n += $i } END { print n + 0 }' "$log")
 failed=$(awk '/^test result:/ { for (i = 1; i < NF; i++) if ($(i + 1) ~ /^failed/) n += $i } END { print n + 0 }' "$log")
 [ "$bench_status" -eq 0 ] || { echo "benchmarks do not build"; failed=$((failed + 1)); status=1; }
+echo "== cargo fmt --check"
+if ! cargo fmt --all --check >/dev/null 2>&1; then
+  cargo fmt --all --check 2>&1 | head -40
+  echo "the tree is not formatted: run cargo fmt --all"
+  failed=$((failed + 1)); status=1
+fi
+echo "== cargo clippy (pedantic, warnings denied)"
+if ! cargo clippy --locked --workspace --all-targets -q -- -D warnings 2>&1 | tail -40; then
+  echo "clippy found warnings"
+  failed=$((failed + 1)); status=1
+fi
 echo "summary: ${passed:-0} passed, ${failed:-0} failed"
 exit "$status"
