@@ -6,6 +6,7 @@
 //! current chunk's byte span is 0 or when `span + sequence size > chunk_size_bytes`. Chunks never
 //! cross files. Everything scheduling-related uses the nominal lengths recorded here.
 
+use crate::format::errors::DataError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -103,6 +104,59 @@ pub(crate) fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std:
         }
     }
     Ok(filled)
+}
+
+/// The index passes' reading loop: calls `line(bytes, offset)` for every line `reader` yields, in
+/// order — each with its `\n`, the last one without when the input does not end with one —, with
+/// `offset` the line's byte offset in the input. Reads `block_bytes` at a time; a line longer
+/// than a block is carried over whole. Reports the bytes seen after each block. Returns the bytes
+/// read.
+///
+/// # Errors
+/// I/O errors (naming `path`) and the first error `line` returns.
+pub(crate) fn for_each_line(
+    mut reader: impl std::io::Read,
+    block_bytes: usize,
+    path: &std::path::Path,
+    progress: &mut dyn FnMut(u64),
+    mut line: impl FnMut(&[u8], u64) -> Result<(), DataError>,
+) -> Result<u64, DataError> {
+    let mut buf = vec![0u8; block_bytes];
+    // The unfinished last line of the previous block.
+    let mut carry: Vec<u8> = Vec::new();
+    let mut consumed: u64 = 0;
+    loop {
+        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        let block = &buf[..n];
+        let mut pos = 0;
+        if !carry.is_empty() {
+            let Some(nl) = memchr::memchr(b'\n', block) else {
+                carry.extend_from_slice(block);
+                progress(consumed + carry.len() as u64);
+                continue;
+            };
+            carry.extend_from_slice(&block[..=nl]);
+            line(&carry, consumed)?;
+            consumed += carry.len() as u64;
+            carry.clear();
+            pos = nl + 1;
+        }
+        while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
+            line(&block[pos..=pos + nl], consumed)?;
+            consumed += nl as u64 + 1;
+            pos += nl + 1;
+        }
+        carry.extend_from_slice(&block[pos..]);
+        progress(consumed + carry.len() as u64);
+    }
+    if !carry.is_empty() {
+        line(&carry, consumed)?;
+        consumed += carry.len() as u64;
+    }
+    Ok(consumed)
 }
 
 #[cfg(test)]

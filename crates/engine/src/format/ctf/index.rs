@@ -20,7 +20,7 @@ use std::sync::Arc;
 use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{read_full, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, FileIndex, SequenceDesc};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 256 << 10;
@@ -84,46 +84,11 @@ pub fn index_file(
     options: &CtfIndexOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
-    let mut file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
     let shared: Arc<Path> = Arc::from(path);
     let mut indexer = Indexer::new(shared.clone(), options, size);
-    let mut buf = vec![0u8; BLOCK_BYTES];
-    // `carry` holds the unfinished last line of the previous block.
-    let mut carry: Vec<u8> = Vec::new();
-    let mut consumed: u64 = 0;
-    loop {
-        let n = read_full(&mut file, &mut buf).map_err(|e| DataError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        let block = &buf[..n];
-        let mut start = 0;
-        if !carry.is_empty() {
-            let Some(nl) = memchr::memchr(b'\n', block) else {
-                carry.extend_from_slice(block);
-                progress(consumed + carry.len() as u64);
-                continue;
-            };
-            carry.extend_from_slice(&block[..=nl]);
-            let line = std::mem::take(&mut carry);
-            indexer.line(&line, consumed)?;
-            consumed += line.len() as u64;
-            start = nl + 1;
-        }
-        let mut pos = start;
-        while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
-            let line = &block[pos..=pos + nl];
-            indexer.line(line, consumed)?;
-            consumed += line.len() as u64;
-            pos += nl + 1;
-        }
-        carry.extend_from_slice(&block[pos..]);
-        progress(consumed + carry.len() as u64);
-    }
-    if !carry.is_empty() {
-        indexer.line(&carry, consumed)?;
-    }
+    for_each_line(file, BLOCK_BYTES, path, progress, |line, offset| indexer.line(line, offset))?;
     indexer.finish()
 }
 

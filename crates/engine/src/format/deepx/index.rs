@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{read_full, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, FileIndex, SequenceDesc};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 4 << 20;
@@ -49,48 +49,15 @@ pub(crate) fn is_blank_byte(b: u8) -> bool {
 /// # Errors
 /// I/O errors, and a line of 4 GiB or more (fatal: a sequence's size is a `u32`).
 pub fn index_reader(
-    mut reader: impl Read,
+    reader: impl Read,
     path: Arc<Path>,
     size: u64,
     options: LineIndexOptions,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
+    let name = path.clone();
     let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new() };
-    let mut buf = vec![0u8; BLOCK_BYTES];
-    // The unfinished last line of the previous block.
-    let mut carry: Vec<u8> = Vec::new();
-    let mut consumed: u64 = 0;
-    loop {
-        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&ix.path, e))?;
-        if n == 0 {
-            break;
-        }
-        let block = &buf[..n];
-        let mut pos = 0;
-        if !carry.is_empty() {
-            let Some(nl) = memchr::memchr(b'\n', block) else {
-                carry.extend_from_slice(block);
-                progress(consumed + carry.len() as u64);
-                continue;
-            };
-            carry.extend_from_slice(&block[..=nl]);
-            ix.line(&carry, consumed)?;
-            consumed += carry.len() as u64;
-            carry.clear();
-            pos = nl + 1;
-        }
-        while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
-            ix.line(&block[pos..=pos + nl], consumed)?;
-            consumed += nl as u64 + 1;
-            pos += nl + 1;
-        }
-        carry.extend_from_slice(&block[pos..]);
-        progress(consumed + carry.len() as u64);
-    }
-    if !carry.is_empty() {
-        ix.line(&carry, consumed)?;
-        consumed += carry.len() as u64;
-    }
+    let consumed = for_each_line(reader, BLOCK_BYTES, &name, progress, |line, offset| ix.line(line, offset))?;
     Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences: ix.sequences })
 }
 
