@@ -12,24 +12,25 @@
 
 #[path = "conformance/legacy_dump.rs"]
 mod legacy_dump;
+mod support;
 
 use std::path::{Path, PathBuf};
 
-use minibatchd::config::Config;
-use minibatchd::dump::ChunkCache;
 use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::{Indices, Values};
-use minibatchd_engine::minibatch::{assemble, MbData, MbStream};
+use minibatchd_engine::minibatch::{MbData, MbStream};
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
 use serde_json::Value;
+use support::{package_root, shared_conformance, write};
 
-fn shared_root() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/cntk/Tests/UnitTests/ReaderTests");
-    p.is_dir().then_some(p)
+/// CNTK's reader tests (data and control files) in `../shared/conformance`, if present.
+fn shared_root(what: &str) -> Option<PathBuf> {
+    shared_conformance("cntk/Tests/UnitTests/ReaderTests", what)
 }
 
 fn manifest() -> Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/cntk_cases.json");
+    let p = package_root().join("tests/conformance/cntk_cases.json");
     serde_json::from_str(&std::fs::read_to_string(p).expect("manifest")).expect("json")
 }
 
@@ -75,8 +76,7 @@ fn config_for(case: &Value, data: &Path, randomize: bool) -> String {
 
 fn open(case: &Value, data: &Path) -> Result<Dataset, String> {
     let randomize = case["randomize"].as_bool().unwrap_or(false) && !case["window"].is_null();
-    let cfg = Config::from_toml_str(&config_for(case, data, randomize), Path::new("/")).map_err(|e| e.to_string())?;
-    Dataset::open(cfg.dataset("d").expect("d"), Path::new("/nonexistent"), &mut |_| {}).map_err(|e| e.to_string())
+    support::try_open(&config_for(case, data, randomize), "d", Path::new("/"), Path::new("/nonexistent"))
 }
 
 /// The dense values of sample `k` of sequence `q` (sparse converted: zero-filled, last duplicate wins).
@@ -128,10 +128,11 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
         };
         let mut sampler = Sampler::new(ds.timeline().clone(), options).map_err(|e| e.to_string())?;
         sampler.restore(e * epoch).map_err(|e| e.to_string())?;
-        let mut cache = ChunkCache::new(ds);
-        for i in 0..case["max_minibatches_per_epoch"].as_u64().unwrap_or(10) {
-            let Some(plan) = sampler.next_minibatch(mb) else { break };
-            let m = assemble(i, &plan, ds.timeline(), &shapes, false, &mut cache).map_err(|e| e.to_string())?;
+        let mut feeder = Feeder::new(sampler, ds.timeline().clone(), shapes.clone(), false, 0);
+        let mut load = |c: u32| ds.load_chunk(c as usize).map(|(parsed, _)| std::sync::Arc::new(parsed));
+        for _ in 0..case["max_minibatches_per_epoch"].as_u64().unwrap_or(10) {
+            let Some(plan) = feeder.plan(mb) else { break };
+            let m = feeder.gather(&plan, &mut load).map_err(|e| e.to_string())?.to_minibatch();
             for &si in &order {
                 let s = &m.streams[si];
                 let lens: Vec<usize> = (0..s.num_sequences())
@@ -150,9 +151,6 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
                     );
                 }
             }
-            for &c in &plan.retire {
-                cache.retire(c);
-            }
         }
     }
     Ok(out)
@@ -169,10 +167,7 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[(
 
 #[test]
 fn cntk_dump_baselines() {
-    let Some(root) = shared_root() else {
-        println!("SKIPPED: ../shared/conformance/cntk not found; CNTK dump baselines not checked");
-        return;
-    };
+    let Some(root) = shared_root("CNTK dump baselines") else { return };
     let data_dir = root.join("Data/CNTKTextFormatReader");
     let control_dir = root.join("Control/CNTKTextFormatReader");
     let (mut passed, mut failures) = (0, Vec::new());
@@ -210,10 +205,7 @@ fn cntk_dump_baselines() {
 
 #[test]
 fn cntk_error_cases() {
-    let Some(root) = shared_root() else {
-        println!("SKIPPED: ../shared/conformance/cntk not found; CNTK error cases not checked");
-        return;
-    };
+    let Some(root) = shared_root("CNTK error cases") else { return };
     let data_dir = root.join("Data/CNTKTextFormatReader");
     for case in cases("error") {
         let name = case["name"].as_str().expect("name");
@@ -239,8 +231,11 @@ fn cntk_error_cases() {
 
 fn inline(case: &Value) -> Result<Vec<f64>, String> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join(case["inline_file_name"].as_str().unwrap_or("inline.txt"));
-    std::fs::write(&data, case["inline_data"].as_str().expect("inline_data")).expect("write");
+    let data = write(
+        dir.path(),
+        case["inline_file_name"].as_str().unwrap_or("inline.txt"),
+        case["inline_data"].as_str().expect("inline_data"),
+    );
     let mut c = case.clone();
     c["num_epochs"] = 1.into();
     c["epoch_size"] = 1.into();

@@ -2,14 +2,15 @@
 //! chunk size, the spacing (spaces, tabs, several of them), the line endings (LF or CRLF), the id
 //! style (ids or line mode), and whether the last line ends with a newline.
 
+mod support;
+
 use std::path::Path;
 
-use minibatchd::config::Config;
-use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd_engine::dataset::Dataset;
+use minibatchd::dump::for_each_minibatch;
 use minibatchd_engine::minibatch::MbData;
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, Window};
 use proptest::prelude::*;
+use support::{dump_options, in_file_order, randomized, write};
 
 /// A sample: 3 dense values and up to 3 sparse entries, all exactly representable.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,29 +81,13 @@ fn render(seqs: &[Vec<Sample>], s: &Style) -> String {
 
 fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("p.ctf"), text).expect("write");
+    write(dir.path(), "p.ctf", text);
     let cfg = format!(
         "[datasets.p]\nformat = \"ctf\"\nfiles = [\"p.ctf\"]\ncache_index = false\nchunk_size_bytes = {chunk_size}\n\
          [datasets.p.streams.d]\ndim = 3\nformat = \"dense\"\n[datasets.p.streams.s]\ndim = 7\nformat = \"sparse\"\n"
     );
-    let config = Config::from_toml_str(&cfg, dir.path()).expect("config");
-    let ds = Dataset::open(config.dataset("p").expect("p"), Path::new("/nonexistent"), &mut |_| {}).expect("open");
-    let options = DumpOptions {
-        sampling: SamplingOptions {
-            randomize: false,
-            window: Window::Chunks(1),
-            seed: 0,
-            limit: EpochLimit::FullSweep,
-            num_workers: 1,
-            rank: 0,
-        },
-        minibatch_sizes: vec![5],
-        num_minibatches: None,
-        restore: None,
-        restore_before: Vec::new(),
-        equal_steps: false,
-        frame_mode: false,
-    };
+    let ds = support::open(&cfg, "p", dir.path(), Path::new("/nonexistent"));
+    let options = dump_options(in_file_order(EpochLimit::FullSweep), 5, false);
     let mut seqs = Vec::new();
     for_each_minibatch(&ds, &options, &mut |mb| {
         let (d, s) = (&mb.streams[0], &mb.streams[1]);
@@ -202,31 +187,14 @@ fn soup() -> impl Strategy<Value = Vec<u8>> {
 
 fn dump_soup(bytes: &[u8], chunk_size: u64, max_errors: u64, skip_ids: bool) -> Result<u64, String> {
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::write(dir.path().join("p.ctf"), bytes).expect("write");
+    write(dir.path(), "p.ctf", bytes);
     let cfg = format!(
         "[datasets.p]\nformat = \"ctf\"\nfiles = [\"p.ctf\"]\ncache_index = false\nchunk_size_bytes = {chunk_size}\n\
          max_errors = {max_errors}\nskip_sequence_ids = {skip_ids}\n\
          [datasets.p.streams.d]\nalias = \"d\"\ndim = 3\nformat = \"dense\"\n[datasets.p.streams.s]\ndim = 7\nformat = \"sparse\"\n"
     );
-    let config = Config::from_toml_str(&cfg, dir.path()).map_err(|e| e.to_string())?;
-    let ds = Dataset::open(config.dataset("p").expect("p"), Path::new("/nonexistent"), &mut |_| {})
-        .map_err(|e| e.to_string())?;
-    let options = DumpOptions {
-        sampling: SamplingOptions {
-            randomize: true,
-            window: Window::Chunks(2),
-            seed: 1,
-            limit: EpochLimit::Sweeps(2),
-            num_workers: 1,
-            rank: 0,
-        },
-        minibatch_sizes: vec![3],
-        num_minibatches: None,
-        restore: None,
-        restore_before: Vec::new(),
-        equal_steps: false,
-        frame_mode: false,
-    };
+    let ds = support::try_open(&cfg, "p", dir.path(), Path::new("/nonexistent"))?;
+    let options = dump_options(randomized(Window::Chunks(2), 1, EpochLimit::Sweeps(2)), 3, false);
     let mut n = 0;
     for_each_minibatch(&ds, &options, &mut |_| {
         n += 1;

@@ -1,52 +1,30 @@
 //! The daemon end to end: the real binary, a real socket, the Rust client (and the Python client
 //! in `python_client_suite`). Every test starts its own daemon on a temp dir and stops it (SIGTERM,
-//! then SIGKILL after a deadline) when the guard drops; every wait has a deadline.
+//! then SIGKILL after a deadline) when the guard drops (`support::daemon`); every wait has a
+//! deadline.
+
+mod support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
 
 use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 use minibatchd_client::{Client, ClientError};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
+use support::daemon::{
+    client_dir, drain, json, open_retrying, options, python, train_ctf, wide_ctf, Daemon, KillOnDrop, DEADLINE,
+    TRAIN_STREAMS,
+};
+use support::{write, BIN};
 
-const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// 150 sequences of 1..=3 samples: `features` (dense, dim 3; the first value of every sample is
-/// the sequence id) and `labels` (sparse, dim 5, on each sequence's first line).
-fn write_data(dir: &Path) -> PathBuf {
-    let mut text = String::new();
-    for id in 0..150u32 {
-        let len = 1 + id % 3;
-        for j in 0..len {
-            text.push_str(&format!("{id} |F {id} {}.5 -{j}e-3", j + 1));
-            if j == 0 {
-                text.push_str(&format!(" |L {}:1 {}:0.25", id % 5, (id + 2) % 5));
-            }
-            text.push('\n');
-        }
-    }
-    let p = dir.join("data.ctf");
-    std::fs::write(&p, text).expect("write data");
-    // A wide sparse dataset: 20 one-line sequences of 2000 entries each.
-    let mut wide = String::new();
-    for id in 0..20u32 {
-        wide.push_str(&format!("{id} |W"));
-        for k in 0..2000u32 {
-            wide.push_str(&format!(" {}:{}", (k * 7 + id) % 5000, k % 9));
-        }
-        wide.push('\n');
-    }
-    std::fs::write(dir.join("wide.ctf"), wide).expect("write wide data");
-    p
-}
-
-fn write_config(dir: &Path, memory_limit: u64) -> PathBuf {
-    let data = write_data(dir);
+/// Writes the data (`train`: [`train_ctf`]; `wide`: 20 sequences of 2000 entries, dim 5000, in
+/// one chunk of ~270 KB) and the config the daemon runs with.
+fn write_config(dir: &Path, memory_limit: u64) {
+    let data = write(dir, "data.ctf", train_ctf());
+    write(dir, "wide.ctf", wide_ctf(2000, 5000));
     let cfg = format!(
         r#"[daemon]
 socket = "{dir}/mbd.sock"
@@ -92,124 +70,19 @@ format = "sparse"
         dir = dir.display(),
         data = data.display()
     );
-    let p = dir.join("minibatchd.toml");
-    std::fs::write(&p, cfg).expect("write config");
-    p
+    write(dir, "minibatchd.toml", cfg);
 }
 
-struct Daemon {
-    child: Child,
-    /// Holds the socket, config, data and state; removed on drop.
-    _dir: tempfile::TempDir,
-    config: PathBuf,
-    socket: PathBuf,
+/// A daemon on a temp dir of its own with [`write_config`]'s files.
+fn start_with_limit(memory_limit: u64) -> Daemon {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_config(dir.path(), memory_limit);
+    Daemon::start_owning(dir)
 }
 
-impl Daemon {
-    fn start() -> Self {
-        Self::start_with_limit(1 << 30)
-    }
-
-    fn start_with_limit(memory_limit: u64) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let config = write_config(dir.path(), memory_limit);
-        let socket = dir.path().join("mbd.sock");
-        let child = Command::new(BIN)
-            .args(["run", "--config"])
-            .arg(&config)
-            .env("MINIBATCHD_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn daemon");
-        let d = Self { child, _dir: dir, config, socket };
-        let start = Instant::now();
-        let mut d = d;
-        while UnixStream::connect(&d.socket).is_err() {
-            assert!(d.is_running(), "the daemon exited at start");
-            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).expect("connect")
-    }
-
-    /// `minibatchd dump` lines of `train` with `args`.
-    fn dump(&self, args: &[&str]) -> Vec<String> {
-        self.dump_of("train", args)
-    }
-
-    fn dump_of(&self, dataset: &str, args: &[&str]) -> Vec<String> {
-        let out = Command::new(BIN)
-            .args(["dump", "--config"])
-            .arg(&self.config)
-            .args(["--dataset", dataset])
-            .args(args)
-            .output()
-            .expect("dump");
-        assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
-    }
-
-    fn is_running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// SIGTERM, then wait (SIGKILL after the deadline). Returns whether it exited cleanly.
-    fn stop(&mut self) -> bool {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status.success();
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.is_running() {
-            self.stop();
-        }
-    }
-}
-
-fn names() -> Vec<String> {
-    vec!["features".into(), "labels".into()]
-}
-
-fn json(mb: &Minibatch) -> String {
-    let mut s = String::new();
-    minibatchd::dump::write_json(&mut s, mb, &names());
-    s
-}
-
-fn options(minibatch_size: u64) -> SessionOptions {
-    SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
-}
-
-/// Every minibatch of a session, as dump JSON lines.
-fn drain(session: &mut minibatchd_client::Session, max: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    while out.len() < max {
-        match session.next_owned().expect("next") {
-            Some(mb) => out.push(json(&mb)),
-            None => break,
-        }
-    }
-    out
+/// [`start_with_limit`] 1 GiB: room for every session of a test.
+fn start() -> Daemon {
+    start_with_limit(1 << 30)
 }
 
 /// Sequence ids of a minibatch (first feature value of each sequence's first sample).
@@ -221,7 +94,7 @@ fn sequence_ids(mb: &Minibatch) -> Vec<u32> {
 
 #[test]
 fn a_session_delivers_exactly_what_dump_prints() {
-    let d = Daemon::start();
+    let d = start();
     let cases: [(SessionOptions, Vec<&str>); 3] = [
         (
             SessionOptions { max_sweeps: Some(2), seed: Some(5), ..options(7) },
@@ -256,7 +129,7 @@ fn a_session_delivers_exactly_what_dump_prints() {
     for (opts, args) in cases {
         let mut s = d.client().open("train", &opts).expect("open");
         let got = drain(&mut s, 10_000);
-        let want = d.dump(&args);
+        let want = d.dump("train", &args);
         assert!(!want.is_empty());
         assert_eq!(got, want, "options {opts:?}");
         s.close().expect("close");
@@ -265,7 +138,7 @@ fn a_session_delivers_exactly_what_dump_prints() {
 
 #[test]
 fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
-    let d = Daemon::start();
+    let d = start();
     let socket = d.socket.clone();
     let workers = 3u64;
     let handles: Vec<_> = (0..workers)
@@ -284,7 +157,7 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
                 let mut lines = Vec::new();
                 while let Some(mb) = s.next_owned().expect("next") {
                     ids.extend(sequence_ids(&mb));
-                    lines.push(json(&mb));
+                    lines.push(json(&mb, TRAIN_STREAMS));
                 }
                 (ids, lines)
             })
@@ -297,7 +170,7 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
         let r = rank.to_string();
         assert_eq!(
             lines,
-            d.dump(&["--minibatch-size", "6", "--full-sweep", "--seed", "1", "--workers", "3", "--rank", &r]),
+            d.dump("train", &["--minibatch-size", "6", "--full-sweep", "--seed", "1", "--workers", "3", "--rank", &r]),
             "rank {rank}"
         );
         assert!(!ids.is_empty(), "rank {rank} got no data");
@@ -310,9 +183,9 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
 
 #[test]
 fn resuming_with_a_saved_state_continues_exactly() {
-    let d = Daemon::start();
+    let d = start();
     let opts = SessionOptions { max_sweeps: Some(2), seed: Some(3), ..options(5) };
-    let want = d.dump(&["--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3"]);
+    let want = d.dump("train", &["--minibatch-size", "5", "--max-sweeps", "2", "--seed", "3"]);
     for cut in [0usize, 1, 13, 40] {
         let mut s = d.client().open("train", &opts).expect("open");
         let mut got = drain(&mut s, cut);
@@ -337,9 +210,9 @@ fn resuming_with_a_saved_state_continues_exactly() {
 
 #[test]
 fn a_named_session_is_resumable_after_its_connection_dies() {
-    let d = Daemon::start();
+    let d = start();
     let opts = SessionOptions { full_sweep: true, session: Some("trainer-0".into()), ..options(8) };
-    let want = d.dump(&["--minibatch-size", "8", "--full-sweep"]);
+    let want = d.dump("train", &["--minibatch-size", "8", "--full-sweep"]);
     let mut s = d.client().open("train", &opts).expect("open");
     let mut got = drain(&mut s, 4);
     match d.client().open("train", &opts) {
@@ -348,27 +221,18 @@ fn a_named_session_is_resumable_after_its_connection_dies() {
     }
     s.state().expect("report what was taken");
     drop(s);
-    let start = Instant::now();
-    let mut s = loop {
-        match d.client().open("train", &opts) {
-            Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("reopen: {e}"),
-        }
-    };
+    let mut s = open_retrying(&d, "train", &opts, ErrorCode::SessionBusy);
     got.extend(drain(&mut s, 10_000));
     assert_eq!(got, want);
 }
 
 #[test]
 fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
-    let d = Daemon::start();
+    let d = start();
     let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };
     let mut s = d.client().open("wide", &small).expect("open");
     match s.next_minibatch() {
-        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message }) => {
+        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message, .. }) => {
             assert!(message.contains("slot_size_bytes"), "{message}")
         }
         other => panic!("expected minibatch_too_large, got {other:?}"),
@@ -378,14 +242,9 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
     drop(s);
     let big = SessionOptions { slot_size_bytes: Some(1 << 20), resume: Some(state), ..small };
     let mut s = d.client().open("wide", &big).expect("reopen");
-    let got: Vec<String> = std::iter::from_fn(|| s.next_owned().expect("next"))
-        .map(|mb| {
-            let mut line = String::new();
-            minibatchd::dump::write_json(&mut line, &mb, &["words".to_owned()]);
-            line
-        })
-        .collect();
-    assert_eq!(got, d.dump_of("wide", &["--minibatch-size", "4", "--full-sweep"]));
+    let got: Vec<String> =
+        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["words"])).collect();
+    assert_eq!(got, d.dump("wide", &["--minibatch-size", "4", "--full-sweep"]));
 }
 
 fn raw(socket: &Path) -> UnixStream {
@@ -423,7 +282,7 @@ fn code(v: &Option<serde_json::Value>) -> String {
 
 #[test]
 fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
-    let mut d = Daemon::start();
+    let mut d = start();
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&d.socket).expect("socket").permissions().mode() & 0o777;
     assert_eq!(mode, 0o660, "socket mode {mode:o}");
@@ -512,9 +371,9 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     let mut session =
         d.client().open("train", &SessionOptions { full_sweep: true, ..options(50) }).expect("open after abuse");
     assert!(!drain(&mut session, 10_000).is_empty());
-    assert!(d.is_running());
+    assert!(d.running());
     // SIGTERM stops it cleanly and removes the socket.
-    assert!(d.stop(), "clean exit on SIGTERM");
+    assert!(d.stop().success(), "clean exit on SIGTERM");
     assert!(!d.socket.exists(), "socket removed");
 }
 
@@ -522,7 +381,7 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
 fn ring_memory_is_reserved_and_given_back() {
     // Rings of 3 × 128 KiB + header (397 312 bytes): of 1.5 MiB, a quarter stays with the chunk
     // cache and 2 × ~270 KB go to the parser threads' read buffers, which leaves room for one.
-    let d = Daemon::start_with_limit(3 << 19);
+    let d = start_with_limit(3 << 19);
     let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
     let mut first = d.client().open("train", &opts).expect("first");
     match d.client().open("train", &opts) {
@@ -531,36 +390,7 @@ fn ring_memory_is_reserved_and_given_back() {
     }
     drain(&mut first, 2);
     drop(first);
-    let start = Instant::now();
-    loop {
-        match d.client().open("train", &opts) {
-            Ok(_) => break,
-            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("reopen: {e}"),
-        }
-    }
-}
-
-/// The interpreter for the Python client tests, if it has NumPy (else the reason).
-fn python() -> Result<String, String> {
-    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import numpy"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
-    }
-}
-
-fn client_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python")
+    open_retrying(&d, "train", &opts, ErrorCode::ResourceExhausted);
 }
 
 #[test]
@@ -574,7 +404,7 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
     };
     // Room for two rings of 3 × 128 KiB only, the victim's and the survivor's: of 2 MiB, a
     // quarter stays with the cache and 2 × ~270 KB go to the read buffers.
-    let d = Daemon::start_with_limit(2 << 20);
+    let d = start_with_limit(2 << 20);
     let opts = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(3) };
     let mut survivor = d.client().open("train", &opts).expect("survivor");
     let mut survived = drain(&mut survivor, 5);
@@ -587,13 +417,16 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
          time.sleep(120)\n",
         sock = d.socket.display().to_string()
     );
-    let mut victim = Command::new(&py)
-        .args(["-c", &script])
-        .env("PYTHONPATH", client_dir())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python");
+    let mut victim = KillOnDrop(
+        Command::new(&py)
+            .args(["-c", &script])
+            .env("PYTHONPATH", client_dir())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("python"),
+    );
+    let victim = &mut victim.0;
     let mut line = String::new();
     BufReader::new(victim.stdout.take().expect("stdout")).read_line(&mut line).expect("read");
     assert_eq!(line.trim(), "READY", "the victim did not start");
@@ -606,31 +439,14 @@ fn a_killed_python_client_gets_its_slots_reclaimed_while_others_go_on() {
     victim.wait().expect("reap");
     // The victim's ring comes back at once; meanwhile the survivor goes on.
     survived.extend(drain(&mut survivor, 3));
-    let start = Instant::now();
-    let mut third = loop {
-        match d.client().open("train", &opts) {
-            Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }) if start.elapsed() < DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("open after the kill: {e}"),
-        }
-    };
+    let mut third = open_retrying(&d, "train", &opts, ErrorCode::ResourceExhausted);
     assert!(!drain(&mut third, 2).is_empty());
     drop(third);
     survived.extend(drain(&mut survivor, 10_000));
-    assert_eq!(survived, d.dump(&["--minibatch-size", "3", "--full-sweep"]), "the survivor was not disturbed");
+    assert_eq!(survived, d.dump("train", &["--minibatch-size", "3", "--full-sweep"]), "the survivor was not disturbed");
     // The victim's session is resumable by name, after the minibatches it had taken.
-    let start = Instant::now();
-    let mut again = loop {
-        match d.client().open("train", &SessionOptions { session: Some("victim".into()), ..opts.clone() }) {
-            Ok(s) => break s,
-            Err(ClientError::Daemon { code: ErrorCode::SessionBusy, .. }) if start.elapsed() < DEADLINE => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("resume the victim: {e}"),
-        }
-    };
+    let victim_opts = SessionOptions { session: Some("victim".into()), ..opts.clone() };
+    let mut again = open_retrying(&d, "train", &victim_opts, ErrorCode::SessionBusy);
     let state = again.state().expect("state");
     assert!(state.minibatches >= 1 && state.minibatches <= 5, "{state:?}");
     let mb = again.next_owned().expect("next").expect("a minibatch");

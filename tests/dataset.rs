@@ -1,34 +1,26 @@
 //! Dataset-level integration tests: the index cache as the binary uses it, several sources joined
 //! by sequence key (CNTK's bundler), and memory bounded by the randomization window.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use minibatchd::config::Config;
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
 use minibatchd_engine::dataset::Dataset;
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, Window};
+use support::{dump_options, in_file_order, parse_dump, randomized, try_open, write};
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_minibatchd"));
+/// `minibatchd <subcommand>` of dataset `d`, logging at `info` (where a stale cache is reported).
+fn minibatchd(subcommand: &str, config: &Path) -> Command {
+    let mut c = support::command(subcommand, config, "d");
     c.env("MINIBATCHD_LOG", "info");
     c
 }
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).expect("write");
-    p
-}
-
 fn dump_text(config: &Path, extra: &[&str]) -> (String, String, i32) {
-    let out = bin()
-        .args(["dump", "--config"])
-        .arg(config)
-        .args(["--dataset", "d", "--minibatch-size", "2", "--full-sweep"])
-        .args(extra)
-        .output()
-        .expect("run");
+    let out =
+        minibatchd("dump", config).args(["--minibatch-size", "2", "--full-sweep"]).args(extra).output().expect("run");
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -51,7 +43,7 @@ fn index_cache_is_built_used_and_never_trusted_when_stale_or_corrupt() {
          [datasets.d.sampling]\nrandomize = false\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
     );
     let state = dir.path().join("state");
-    let out = bin().args(["index", "--config"]).arg(&cfg).args(["--dataset", "d"]).output().expect("index");
+    let out = minibatchd("index", &cfg).output().expect("index");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
     let caches = cache_files(&state);
@@ -83,28 +75,13 @@ fn index_cache_is_built_used_and_never_trusted_when_stale_or_corrupt() {
     assert_eq!(second, third);
 }
 
+/// Dataset `d` of `toml`, with paths below `dir` and its state in `dir/state`.
 fn open(dir: &Path, toml: &str) -> Dataset {
-    let cfg = Config::from_toml_str(toml, dir).expect("config");
-    Dataset::open(cfg.dataset("d").expect("d"), &dir.join("state"), &mut |_| {}).expect("open")
+    support::open(toml, "d", dir, &dir.join("state"))
 }
 
 fn sequential(limit: EpochLimit) -> DumpOptions {
-    DumpOptions {
-        sampling: SamplingOptions {
-            randomize: false,
-            window: Window::Chunks(1),
-            seed: 0,
-            limit,
-            num_workers: 1,
-            rank: 0,
-        },
-        minibatch_sizes: vec![100],
-        num_minibatches: None,
-        restore: None,
-        restore_before: Vec::new(),
-        equal_steps: false,
-        frame_mode: false,
-    }
+    dump_options(in_file_order(limit), 100, false)
 }
 
 /// Collects (stream, per-sequence sample counts) for a whole run.
@@ -161,22 +138,7 @@ fn dump_holds_only_the_window_not_the_dataset() {
     let chunks = ds.timeline().num_chunks();
     assert!(chunks > 150, "{chunks} chunks");
     for window in [1usize, 4, 16] {
-        let opts = DumpOptions {
-            sampling: SamplingOptions {
-                randomize: true,
-                window: Window::Chunks(window),
-                seed: 3,
-                limit: EpochLimit::Sweeps(2),
-                num_workers: 1,
-                rank: 0,
-            },
-            minibatch_sizes: vec![7],
-            num_minibatches: None,
-            restore: None,
-            restore_before: Vec::new(),
-            equal_steps: false,
-            frame_mode: false,
-        };
+        let opts = dump_options(randomized(Window::Chunks(window), 3, EpochLimit::Sweeps(2)), 7, false);
         let mut samples = 0u64;
         let (_, peak_chunks, _) = for_each_minibatch(&ds, &opts, &mut |mb| {
             samples += mb.streams[0].num_samples() as u64;
@@ -211,10 +173,10 @@ fn a_sample_window_of_0_means_the_chunk_window_not_file_order() {
     assert_eq!(zero_samples, run(&["--window-chunks", "128"]));
     assert_ne!(zero_samples, run(&["--window-chunks", "0"]), "file order is only window_chunks = 0");
     // CNTK's order for seed 3 over 12 one-sample chunks (the chunk shuffle alone).
-    let order: Vec<String> = zero_samples
-        .lines()
-        .flat_map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).expect("json line");
+    let order: Vec<String> = parse_dump(&zero_samples)
+        .expect("dump JSON")
+        .iter()
+        .flat_map(|v| {
             v["streams"]["a"]["sequences"]
                 .as_array()
                 .expect("sequences")
@@ -245,8 +207,7 @@ fn max_errors_is_a_budget_per_source() {
         let toml = BUNDLE
             .replace("cache_index = false\n", &format!("cache_index = false\nmax_errors = {n}\n"))
             .replace("DEFINES", "");
-        let cfg = Config::from_toml_str(&toml, dir.path()).expect("config");
-        let ds = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}).expect("open");
+        let ds = open(dir.path(), &toml);
         let mut samples = 0;
         let result = for_each_minibatch(&ds, &sequential(EpochLimit::FullSweep), &mut |mb| {
             samples += mb.streams[0].sequence_offsets.last().copied().unwrap_or(0);
@@ -308,15 +269,11 @@ fn files_directories_and_globs() {
 fn empty_dataset_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path(), "empty.txt", "");
-    let cfg = Config::from_toml_str(
-        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"libsvm\"\nfiles = [\"empty.txt\"]\n",
-        dir.path(),
-    )
-    .expect("config");
-    let Err(err) = Dataset::open(cfg.dataset("d").expect("d"), &dir.path().join("state"), &mut |_| {}) else {
+    let toml = "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"libsvm\"\nfiles = [\"empty.txt\"]\n";
+    let Err(err) = try_open(toml, "d", dir.path(), &dir.path().join("state")) else {
         panic!("a dataset with no instance at all opened")
     };
-    assert!(err.to_string().contains("no sequence"), "{err}");
+    assert!(err.contains("no sequence"), "{err}");
 }
 
 #[test]

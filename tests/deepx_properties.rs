@@ -2,18 +2,19 @@
 //! whatever the format, chunk size, blanks (several, tabs, trailing), line ends (LF, CRLF, none
 //! at EOF), blank lines and gzip (one or several members); and no input makes the decoder panic.
 
+mod support;
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use minibatchd::config::{Config, DeepxOptions, FormatKind};
-use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd_engine::dataset::Dataset;
+use minibatchd::config::{DeepxOptions, FormatKind};
+use minibatchd::dump::for_each_minibatch;
 use minibatchd_engine::format::deepx::{DeepxDecoder, LineContext, Schema};
-use minibatchd_engine::format::{Indices, Values};
-use minibatchd_engine::minibatch::MbData;
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::EpochLimit;
 use proptest::prelude::*;
+use support::deepx::{instances, Instance};
+use support::{dump_options, in_file_order, write};
 
 /// A generated instance: label, weight, uuid, feature groups (one for libsvm).
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +23,13 @@ struct Inst {
     weight: f32,
     uuid: String,
     groups: Vec<Vec<(u64, f32)>>,
+}
+
+/// An instance read back; its history size is not compared (`uch_view` models the slots alone).
+impl From<Instance> for Inst {
+    fn from(i: Instance) -> Self {
+        Inst { label: i.y, weight: i.w, uuid: i.uuid, groups: i.x }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -123,21 +131,13 @@ fn gzip(text: &[u8], members: usize) -> Vec<u8> {
     out
 }
 
-fn f32s(v: &Values) -> &[f32] {
-    match v {
-        Values::F32(v) => v,
-        Values::F64(_) => panic!("float32 expected"),
-    }
-}
-
 fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec<Inst> {
     let dir = tempfile::tempdir().expect("tempdir");
     let text = render(insts, s);
-    let path = dir.path().join("data");
     if s.gzip_members > 0 {
-        std::fs::write(&path, gzip(text.as_bytes(), s.gzip_members)).expect("write");
+        write(dir.path(), "data", gzip(text.as_bytes(), s.gzip_members));
     } else {
-        std::fs::write(&path, &text).expect("write");
+        write(dir.path(), "data", &text);
     }
     let (name, extra) = match format {
         FormatKind::Libsvm => ("libsvm", String::new()),
@@ -148,47 +148,12 @@ fn read_back(format: FormatKind, slots: usize, insts: &[Inst], s: &Style) -> Vec
         "[datasets.d]\nformat = \"{name}\"\nfiles = [\"data\"]\nchunk_size_bytes = {}\nw = true\nuuid = true\n{extra}\n",
         s.chunk_size
     );
-    let c = Config::from_toml_str(&cfg, dir.path()).expect("config");
-    let ds = Dataset::open(c.dataset("d").expect("d"), dir.path(), &mut |_| {}).expect("open");
-    let opts = DumpOptions {
-        sampling: SamplingOptions {
-            randomize: false,
-            window: Window::Chunks(1),
-            seed: 0,
-            limit: EpochLimit::FullSweep,
-            num_workers: 1,
-            rank: 0,
-        },
-        minibatch_sizes: vec![3],
-        num_minibatches: None,
-        restore: None,
-        restore_before: Vec::new(),
-        equal_steps: false,
-        frame_mode: true,
-    };
+    let ds = support::open(&cfg, "d", dir.path(), dir.path());
+    let opts = dump_options(in_file_order(EpochLimit::FullSweep), 3, true);
     let names = ds.stream_names().to_vec();
     let mut out = Vec::new();
     for_each_minibatch(&ds, &opts, &mut |mb| {
-        let n = mb.streams[0].num_samples();
-        let mut got = vec![Inst { label: 0.0, weight: 0.0, uuid: String::new(), groups: Vec::new() }; n];
-        for (name, st) in names.iter().zip(&mb.streams) {
-            for (j, g) in got.iter_mut().enumerate() {
-                match (&st.data, name.as_str()) {
-                    (MbData::Sparse { sample_offsets, indices: Indices::U64(ids), values, .. }, _) => {
-                        let (a, b) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
-                        g.groups.push((a..b).map(|e| (ids[e], f32s(values)[e])).collect());
-                    }
-                    (MbData::Dense { values, .. }, "__instY") => g.label = f32s(values)[j],
-                    (MbData::Dense { values, .. }, "__instW") => g.weight = f32s(values)[j],
-                    (MbData::Strings { offsets, bytes }, _) => {
-                        g.uuid =
-                            String::from_utf8_lossy(&bytes[offsets[j] as usize..offsets[j + 1] as usize]).into_owned();
-                    }
-                    _ => {}
-                }
-            }
-        }
-        out.extend(got);
+        out.extend(instances(mb, &names).into_iter().map(Inst::from));
         Ok(())
     })
     .expect("sweep");

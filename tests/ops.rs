@@ -12,48 +12,33 @@
 //!   `scripts/install.sh` stages every file under DESTDIR.
 //!
 //! Every daemon runs on its own temp dir and is stopped (SIGTERM, then SIGKILL after a
-//! deadline) when its guard drops; every wait has a deadline.
+//! deadline) when its guard drops (`support::daemon`); every wait has a deadline.
+
+mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::os::unix::net::{UnixDatagram, UnixStream};
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use minibatchd_client::protocol::{ErrorCode, SessionOptions};
-use minibatchd_client::{Client, ClientError, Session};
+use minibatchd_client::{ClientError, Session};
+use support::daemon::{
+    client_dir, drain, json, open_retrying, options, python, train_ctf, wide_ctf, Daemon, KillOnDrop, DEADLINE,
+    TRAIN_STREAMS,
+};
+use support::{command, package_root, write, BIN};
 
-const BIN: &str = env!("CARGO_BIN_EXE_minibatchd");
-const DEADLINE: Duration = Duration::from_secs(60);
-
-/// 150 sequences of 1..=3 samples in `train.ctf` (dense `features` dim 3 whose first value is
-/// the sequence id, sparse `labels` dim 5); 40 one-line sequences in `extra.ctf`; 20 wide
-/// sparse lines in `wide.ctf`.
+/// [`train_ctf`] in `train.ctf`; 40 one-line sequences in `extra.ctf`; 20 wide sparse lines
+/// (50 entries, dim 500) in `wide.ctf`.
 fn write_data(dir: &Path) {
-    let mut text = String::new();
-    for id in 0..150u32 {
-        for j in 0..1 + id % 3 {
-            text.push_str(&format!("{id} |F {id} {}.5 -{j}e-3", j + 1));
-            if j == 0 {
-                text.push_str(&format!(" |L {}:1 {}:0.25", id % 5, (id + 2) % 5));
-            }
-            text.push('\n');
-        }
-    }
-    std::fs::write(dir.join("train.ctf"), text).expect("write train");
+    write(dir, "train.ctf", train_ctf());
     let extra: String = (0..40u32).map(|id| format!("{id} |F {id} 0 1\n")).collect();
-    std::fs::write(dir.join("extra.ctf"), extra).expect("write extra");
-    let mut wide = String::new();
-    for id in 0..20u32 {
-        wide.push_str(&format!("{id} |W"));
-        for k in 0..50u32 {
-            wide.push_str(&format!(" {}:{}", (k * 7 + id) % 500, k % 9));
-        }
-        wide.push('\n');
-    }
-    std::fs::write(dir.join("wide.ctf"), wide).expect("write wide");
+    write(dir, "extra.ctf", extra);
+    write(dir, "wide.ctf", wide_ctf(50, 500));
 }
 
 fn dataset_table(dir: &Path, name: &str) -> String {
@@ -81,76 +66,11 @@ fn write_config(dir: &Path, daemon_extra: &str, datasets: &[&str]) -> PathBuf {
     for name in datasets {
         cfg.push_str(&dataset_table(dir, name));
     }
-    let p = dir.join("minibatchd.toml");
-    std::fs::write(&p, cfg).expect("write config");
-    p
+    write(dir, "minibatchd.toml", cfg)
 }
 
-struct Daemon {
-    child: Child,
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
+/// The metrics endpoint of the daemon under test (only this file scrapes it).
 impl Daemon {
-    /// Starts the daemon on `dir` (config already written) and waits for its socket.
-    fn start(dir: &Path, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["run", "--config"])
-            .arg(dir.join("minibatchd.toml"))
-            .env("MINIBATCHD_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().expect("spawn daemon");
-        let mut d = Self { child, dir: dir.to_owned(), socket: dir.join("mbd.sock") };
-        let start = Instant::now();
-        while UnixStream::connect(&d.socket).is_err() {
-            assert!(d.running(), "the daemon exited at start");
-            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        d
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(&self.socket).expect("connect")
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    fn signal(&self, sig: rustix::process::Signal) {
-        let pid = rustix::process::Pid::from_raw(self.child.id() as i32).expect("pid");
-        rustix::process::kill_process(pid, sig).expect("kill");
-    }
-
-    /// Waits for the daemon to exit; SIGKILL and a failure after the deadline.
-    fn wait(&mut self) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if start.elapsed() > DEADLINE {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                panic!("the daemon did not exit within {DEADLINE:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) -> ExitStatus {
-        self.signal(rustix::process::Signal::TERM);
-        self.wait()
-    }
-
     /// The metrics endpoint's address, from `state_dir/metrics.addr`, once it answers.
     fn metrics_addr(&self) -> String {
         let start = Instant::now();
@@ -193,32 +113,6 @@ impl Daemon {
             }
             assert!(start.elapsed() < DEADLINE, "metrics never showed: {what}\n{}", m.text);
             std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
-        let out = Command::new(BIN)
-            .args(["dump", "--config"])
-            .arg(self.dir.join("minibatchd.toml"))
-            .args(["--dataset", dataset])
-            .args(args)
-            .output()
-            .expect("dump");
-        assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if self.running() {
-            self.signal(rustix::process::Signal::TERM);
-            let start = Instant::now();
-            while self.running() && start.elapsed() < DEADLINE {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }
@@ -281,49 +175,13 @@ impl Metrics {
     }
 }
 
-fn options(minibatch_size: u64) -> SessionOptions {
-    SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
-}
-
-fn json(mb: &minibatchd_engine::minibatch::Minibatch, names: &[&str]) -> String {
-    let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
-    let mut s = String::new();
-    minibatchd::dump::write_json(&mut s, mb, &names);
-    s
-}
-
-/// Up to `max` minibatches of `train` as dump lines (fewer at the end of the epoch).
-fn drain(s: &mut Session, max: usize) -> Vec<String> {
-    let mut out = Vec::new();
-    while out.len() < max {
-        match s.next_owned().expect("next") {
-            Some(mb) => out.push(json(&mb, &["features", "labels"])),
-            None => break,
-        }
-    }
-    out
-}
-
 /// Reads until the daemon says it is stopping (consuming what it had already announced).
 fn drain_until_shutdown(s: &mut Session, into: &mut Vec<String>) {
     loop {
         match s.next_owned() {
-            Ok(Some(mb)) => into.push(json(&mb, &["features", "labels"])),
+            Ok(Some(mb)) => into.push(json(&mb, TRAIN_STREAMS)),
             Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, .. }) => return,
             other => panic!("expected minibatches then shutting_down, got {other:?}"),
-        }
-    }
-}
-
-fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on: ErrorCode) -> Session {
-    let start = Instant::now();
-    loop {
-        match Client::connect(&d.socket).and_then(|c| c.open(dataset, opts)) {
-            Ok(s) => return s,
-            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            Err(e) => panic!("open {dataset}: {e}"),
         }
     }
 }
@@ -399,8 +257,7 @@ fn write_preload_config(dir: &Path) -> PathBuf {
 
 /// The chunk count of `dataset`, as `minibatchd index` reports it.
 fn index_chunks(cfg: &Path, dataset: &str) -> f64 {
-    let index =
-        Command::new(BIN).args(["index", "--config"]).arg(cfg).args(["--dataset", dataset]).output().expect("index");
+    let index = command("index", cfg, dataset).output().expect("index");
     String::from_utf8_lossy(&index.stdout)
         .split_whitespace()
         .collect::<Vec<_>>()
@@ -452,36 +309,6 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     assert_eq!(m.sum("minibatchd_sessions", &[]), 0.0, "no session asks for anything");
     let chunks = index_chunks(&cfg, "train");
     d.wait_metrics("every chunk preloaded after the reload", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
-}
-
-/// The interpreter for the Python client, if it has NumPy (else the reason).
-fn python() -> Result<String, String> {
-    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&py)
-        .args(["-c", "import numpy"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
-    }
-}
-
-/// A child process killed (and reaped) if the test ends early.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn client_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python")
 }
 
 #[test]
@@ -713,7 +540,7 @@ fn sighup_adds_and_removes_datasets_while_sessions_on_unchanged_ones_continue() 
     loop {
         match on_wide.next_minibatch() {
             Ok(Some(mb)) => on_wide.release(mb),
-            Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, message }) => {
+            Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, message, .. }) => {
                 assert!(message.contains("removed by a configuration reload"), "{message}");
                 break;
             }
@@ -821,7 +648,7 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     });
     assert!(m.sum("minibatchd_checkpoint_age_seconds", &[]) < 30.0);
     // Every metric the dashboard and the alert rules query exists in the scrape.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package_root();
     let dashboard = std::fs::read_to_string(root.join("conf/grafana/minibatchd.json")).expect("dashboard");
     let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
     assert!(parsed["panels"].as_array().is_some_and(|p| p.len() > 10));
@@ -865,7 +692,7 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     let big = SessionOptions { full_sweep: true, prefetch: Some(3), slot_size_bytes: Some(128 << 10), ..options(4) };
     let mut first = d.client().open("train", &big).expect("first");
     match d.client().open("train", &big) {
-        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
             assert!(message.contains("memory_limit_bytes"), "{message}")
         }
         other => panic!("expected resource_exhausted, got {other:?}"),
@@ -889,7 +716,7 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     );
     let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(4096), ..options(2) };
     match d.client().open("train", &small) {
-        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message }) => {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
             assert!(message.contains("host is short of memory"), "{message}")
         }
         other => panic!("expected resource_exhausted for the host, got {other:?}"),
@@ -909,7 +736,7 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
 
 #[test]
 fn the_systemd_unit_verifies_and_install_stages_every_file() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package_root();
     let unit = std::fs::read_to_string(root.join("systemd/minibatchd.service")).expect("unit");
     let directives: Vec<&str> =
         unit.lines().map(str::trim).filter(|l| !l.starts_with('#') && l.contains('=')).collect();
@@ -998,7 +825,7 @@ fn the_systemd_unit_verifies_and_install_stages_every_file() {
 
 #[test]
 fn the_sample_config_documents_every_daemon_key() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package_root();
     let text = std::fs::read_to_string(root.join("conf/minibatchd.toml")).expect("sample config");
     let cfg = minibatchd::Config::from_toml_str(&text, root).expect("the sample config is valid");
     let d = format!("{:?}", cfg.daemon);

@@ -10,12 +10,14 @@
 //! errors, joins by a wrong key, repeats a sequence within a sweep), the fixture's `compare` says
 //! how many leading minibatches are compared: the part where CNTK is still consistent.
 
+mod support;
+
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde_json::Value;
+use support::{command, package_root, parse_dump, write};
 
 #[derive(Deserialize)]
 struct Fixture {
@@ -43,10 +45,6 @@ struct ExpectedStream {
     num_samples: u64,
     num_sequences: u64,
     sequences: Value,
-}
-
-fn corpus() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parity/cases")
 }
 
 /// Whether two numbers are the same float32 within one unit in the last place.
@@ -158,24 +156,15 @@ fn compare_minibatch(f: &Fixture, i: usize, e: &Expected, o: &Value) -> Result<(
 fn run_fixture(f: &Fixture) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     for (name, text) in &f.files {
-        std::fs::write(dir.path().join(name), text).map_err(|e| e.to_string())?;
+        write(dir.path(), name, text);
     }
-    let config = dir.path().join("config.toml");
-    std::fs::write(&config, &f.config).map_err(|e| e.to_string())?;
-    let out = Command::new(env!("CARGO_BIN_EXE_minibatchd"))
-        .arg("dump")
-        .arg("--config")
-        .arg(&config)
-        .args(["--dataset", &f.dataset])
+    let config = write(dir.path(), "config.toml", &f.config);
+    let out = command("dump", &config, &f.dataset)
         .args(&f.args)
         .env("MINIBATCHD_LOG", "error")
         .output()
         .map_err(|e| format!("cannot run minibatchd: {e}"))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut ours: Vec<Value> = Vec::new();
-    for line in stdout.lines().filter(|l| !l.trim().is_empty()) {
-        ours.push(serde_json::from_str(line).map_err(|e| format!("dump printed {line:?}: {e}"))?);
-    }
+    let mut ours = parse_dump(&String::from_utf8_lossy(&out.stdout))?;
     let mut our_end = if out.status.success() { "limit" } else { "error" };
     // CNTK returns an empty minibatch (and the recording stops) when this worker has no data
     // left; dump prints an empty minibatch and goes on.
@@ -217,7 +206,7 @@ fn run_fixture(f: &Fixture) -> Result<(), String> {
 }
 
 fn load_corpus() -> Vec<Fixture> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(corpus())
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(package_root().join("tests/parity/cases"))
         .expect("tests/parity/cases")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "json"))

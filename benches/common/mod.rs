@@ -1,20 +1,8 @@
 //! Seeded data shared by the benches, so every bench of the same shape reads the same bytes.
 
-/// xorshift64*: a tiny seeded generator so the data is identical on every run.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+#[path = "../support/rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 /// About `bytes` of CTF rows: 128 floats `-0.dddddd`…`0.dddddd` and a sparse one-hot label of
 /// dim 10 (the shape of `scripts/bench_daemon.py`'s file), in line mode.

@@ -5,18 +5,9 @@
 
 #![allow(dead_code)]
 
-/// xorshift64*: a tiny seeded generator so the data is identical on every run.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
+#[path = "rng.rs"]
+mod rng;
+pub use rng::Rng;
 
 /// Appends one line to `out`.
 pub fn line(r: &mut Rng, out: &mut Vec<u8>) {

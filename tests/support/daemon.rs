@@ -1,0 +1,227 @@
+//! The daemon under test: the real binary on a temp dir, stopped (SIGTERM, then SIGKILL after a
+//! deadline) when its guard drops; sessions read through the Rust client and compared with
+//! `minibatchd dump` as JSON lines; the Python client's interpreter; the data the daemon tests
+//! serve. Every wait has a deadline.
+
+use std::fmt::Write as _;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::{Client, ClientError, Session};
+use minibatchd_engine::minibatch::Minibatch;
+
+use super::{command, package_root, BIN};
+
+/// How long any wait on the daemon or a client may take.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The streams of [`train_ctf`]'s dataset, `train`, in the order of its config.
+pub const TRAIN_STREAMS: &[&str] = &["features", "labels"];
+
+/// 150 sequences of 1..=3 samples, ids in order: `F` (dense, dim 3; the first value of every
+/// sample is the sequence id) on every line and `L` (sparse, dim 5) on each sequence's first.
+pub fn train_ctf() -> String {
+    let mut text = String::new();
+    for id in 0..150u32 {
+        for j in 0..=id % 3 {
+            let _ = write!(text, "{id} |F {id} {}.5 -{j}e-3", j + 1);
+            if j == 0 {
+                let _ = write!(text, " |L {}:1 {}:0.25", id % 5, (id + 2) % 5);
+            }
+            text.push('\n');
+        }
+    }
+    text
+}
+
+/// 20 one-line sequences of `entries` sparse entries `W` below `dim`.
+pub fn wide_ctf(entries: u32, dim: u32) -> String {
+    let mut wide = String::new();
+    for id in 0..20u32 {
+        let _ = write!(wide, "{id} |W");
+        for k in 0..entries {
+            let _ = write!(wide, " {}:{}", (k * 7 + id) % dim, k % 9);
+        }
+        wide.push('\n');
+    }
+    wide
+}
+
+/// A running daemon: `dir` holds its config (`minibatchd.toml`, written by the test), its
+/// socket (`mbd.sock`) and its state (`state/`).
+pub struct Daemon {
+    child: Child,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    /// The temp dir the daemon owns, if any: removed after the daemon has stopped.
+    owned: Option<tempfile::TempDir>,
+}
+
+impl Daemon {
+    /// Starts the daemon on `dir` (config already written) with `env` added to its environment
+    /// (systemd's variables removed), and waits for its socket.
+    pub fn start(dir: &Path, env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["run", "--config"])
+            .arg(dir.join("minibatchd.toml"))
+            .env("MINIBATCHD_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        cmd.env_remove("NOTIFY_SOCKET").env_remove("WATCHDOG_USEC").env_remove("WATCHDOG_PID");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn daemon");
+        let mut d = Self { child, dir: dir.to_owned(), socket: dir.join("mbd.sock"), owned: None };
+        let start = Instant::now();
+        while UnixStream::connect(&d.socket).is_err() {
+            assert!(d.running(), "the daemon exited at start");
+            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// [`Daemon::start`] on `dir`, which the daemon keeps until it has stopped.
+    pub fn start_owning(dir: tempfile::TempDir) -> Self {
+        let mut d = Self::start(dir.path(), &[]);
+        d.owned = Some(dir);
+        d
+    }
+
+    /// The config file it runs with.
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("minibatchd.toml")
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect")
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    pub fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, sig).expect("kill");
+    }
+
+    /// Waits for the daemon to exit; SIGKILL and a failure after the deadline.
+    pub fn wait(&mut self) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if start.elapsed() > DEADLINE {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("the daemon did not exit within {DEADLINE:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then [`Daemon::wait`].
+    pub fn stop(&mut self) -> ExitStatus {
+        self.signal(rustix::process::Signal::TERM);
+        self.wait()
+    }
+
+    /// The lines `minibatchd dump` prints for `dataset` with `args`, on the daemon's config.
+    pub fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
+        let out = command("dump", &self.config(), dataset).args(args).output().expect("dump");
+        assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf8").lines().map(str::to_owned).collect()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.running() {
+            self.signal(rustix::process::Signal::TERM);
+            let start = Instant::now();
+            while self.running() && start.elapsed() < DEADLINE {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Session options with `minibatch_size` and the defaults.
+pub fn options(minibatch_size: u64) -> SessionOptions {
+    SessionOptions { minibatch_size: Some(minibatch_size), ..SessionOptions::default() }
+}
+
+/// A minibatch as the dump JSON line of a dataset whose streams are `names`.
+pub fn json(mb: &Minibatch, names: &[&str]) -> String {
+    let names: Vec<String> = names.iter().map(|s| (*s).to_owned()).collect();
+    let mut s = String::new();
+    minibatchd::dump::write_json(&mut s, mb, &names);
+    s
+}
+
+/// Up to `max` minibatches of a `train` session as dump lines (fewer at the end of the epoch).
+pub fn drain(s: &mut Session, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < max {
+        match s.next_owned().expect("next") {
+            Some(mb) => out.push(json(&mb, TRAIN_STREAMS)),
+            None => break,
+        }
+    }
+    out
+}
+
+/// Opens a session on a new connection, retrying while the daemon answers `retry_on` (a
+/// session still held, memory still reserved, a dataset not yet loaded) until the deadline.
+pub fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on: ErrorCode) -> Session {
+    let start = Instant::now();
+    loop {
+        match Client::connect(&d.socket).and_then(|c| c.open(dataset, opts)) {
+            Ok(s) => return s,
+            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("open {dataset}: {e}"),
+        }
+    }
+}
+
+/// The interpreter for the Python client tests, if it has `NumPy` (else the reason).
+pub fn python() -> Result<String, String> {
+    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&py)
+        .args(["-c", "import numpy"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(py)
+    } else {
+        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
+    }
+}
+
+/// The Python client's package directory (its `PYTHONPATH`).
+pub fn client_dir() -> PathBuf {
+    package_root().join("clients/python")
+}
+
+/// A child process killed (and reaped) if the test ends early.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
