@@ -1,5 +1,5 @@
 //! `minibatchd dump`: run a session in-process and print each minibatch as one JSON object per
-//! line (DESIGN.md §7). The Python client's `Minibatch.to_dump()` returns the same object, so the
+//! line (the format is `docs/dump.md`). The Python client's `Minibatch.to_dump()` returns the same object, so the
 //! daemon's output can be compared with this one for equality.
 //!
 //! Numbers print with the shortest representation that round-trips the stored precision (f32 or
@@ -198,7 +198,7 @@ pub fn dump(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> Re
     Ok(n)
 }
 
-/// Appends the DESIGN.md §7 JSON object of `mb` (without a newline) to `out`.
+/// Appends the `docs/dump.md` JSON object of `mb` (without a newline) to `out`.
 pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
     use std::fmt::Write as _;
     let _ = write!(

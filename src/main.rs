@@ -3,6 +3,8 @@
 //! Exit status: 0 on success, 1 on a data or config error (the message names file, line and byte
 //! offset), 2 on usage errors (clap's own exit code).
 
+#![forbid(unsafe_code)]
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

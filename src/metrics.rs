@@ -1,4 +1,4 @@
-//! Every metric of the daemon, defined in this one place (DESIGN.md §9), in one
+//! Every metric of the daemon, defined in this one place (listed in `docs/metrics.md`), in one
 //! [`prometheus::Registry`] served at `/metrics` by [`http`].
 //!
 //! Naming: prefix `minibatchd_`, base units (`_bytes`, `_seconds`), counters end in `_total`.
@@ -420,7 +420,7 @@ impl Metrics {
             memory_limit_bytes: gauge(
                 &r,
                 "minibatchd_memory_limit_bytes",
-                "memory_limit_bytes: budget of the chunk cache plus the rings.",
+                "memory_limit_bytes: budget of the chunk cache, the rings and the parser threads' read buffers.",
             )?,
             memory_used_bytes: gauge_vec(
                 &r,

@@ -7,6 +7,8 @@
 //! ```
 //! The same arguments always produce the same bytes.
 
+#![forbid(unsafe_code)]
+
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 

@@ -10,6 +10,8 @@
 //! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
 //! ```
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

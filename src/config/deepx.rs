@@ -1,5 +1,6 @@
 //! Configuration keys of the deepx instance formats and deepx's `instance_reader_config` string,
-//! validated with deepx's rules (`reference/deepx-instance-formats.md` §2.2).
+//! validated with deepx's rules (deepx's `InstanceReader` config parsing; `docs/config.md` lists
+//! the keys).
 //!
 //! Keys of a `libsvm`, `libsvm_ex` or `uch` dataset table:
 //!

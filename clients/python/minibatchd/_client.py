@@ -232,7 +232,7 @@ class Client:
         self.server: str = info.get("server", "")
 
     def open(self, dataset: str, *, use_torchrun_env: bool = False, **options: Any) -> "Source":
-        """Opens a session on ``dataset``. Options (DESIGN §6): ``minibatch_size`` (required),
+        """Opens a session on ``dataset``. Options (docs/daemon.md, "Session options"): ``minibatch_size`` (required),
         ``max_samples`` | ``max_sweeps`` | ``full_sweep``, ``randomize``, ``window_chunks`` |
         ``window_samples``, ``seed``, ``frame_mode``, ``num_workers``, ``rank``, ``resume`` (a
         ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name).

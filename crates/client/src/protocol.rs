@@ -1,4 +1,4 @@
-//! The control protocol between a trainer (client) and the daemon (DESIGN.md §5), version
+//! The control protocol between a trainer (client) and the daemon (`docs/daemon.md`), version
 //! [`PROTOCOL_VERSION`].
 //!
 //! **Framing.** A Unix stream socket carries frames: a 4-byte little-endian length, then that many
@@ -139,7 +139,7 @@ pub struct SessionState {
     pub options_hash: String,
 }
 
-/// Session options of `open` (DESIGN.md §6). Unknown fields are refused.
+/// Session options of `open` (`docs/daemon.md`, "Session options"). Unknown fields are refused.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionOptions {

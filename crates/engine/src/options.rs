@@ -86,7 +86,8 @@ pub struct SourceConfig {
     pub files: Vec<PathBuf>,
     /// CNTK `skipSequenceIds`: every line is its own sequence.
     pub skip_sequence_ids: bool,
-    /// Streams, in the order they appear in the config.
+    /// Streams, sorted by name (a TOML table has no order the loader keeps): the order of the
+    /// tensors in every slot, of `opened`'s `streams` and of `dump`'s objects.
     pub streams: Vec<StreamConfig>,
 }
 
@@ -128,7 +129,7 @@ pub struct DatasetConfig {
     pub deepx: Option<DeepxOptions>,
 }
 
-/// deepx instance-reader options (`reference/deepx-instance-formats.md`), validated by
+/// deepx instance-reader options (`docs/config.md`), validated by
 /// `format::deepx_config` (deepx's rules and limits).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[allow(clippy::struct_excessive_bools)] // deepx's independent config flags, named as deepx names them

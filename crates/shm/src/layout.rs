@@ -1,4 +1,4 @@
-//! The byte layout of a ring and of its slots (DESIGN.md §5). Layout version 1.
+//! The byte layout of a ring and of its slots (`docs/daemon.md`, "Shared-memory ring"). Layout version 1.
 //!
 //! ```text
 //! offset 0            RingHeader (64 bytes), zero padding up to RING_HEADER_BYTES (4096)

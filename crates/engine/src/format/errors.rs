@@ -1,7 +1,7 @@
 //! Data errors: where they are, what kind, and the `max_errors` budget.
 //!
 //! CNTK distinguishes *errors*, each of which costs one unit of `maxErrors`, from *fatal* errors
-//! that stop reading regardless (`reference/cntk-ctf-semantics.md` §1.12). Decoders report the
+//! that stop reading regardless (CNTK's `TextParser`). Decoders report the
 //! former as [`Malformed`] values and return the latter as [`DataError`]. The [`ErrorBudget`]
 //! charges each malformed *place* once — keyed by file, byte offset and kind — so re-parsing an
 //! evicted chunk does not spend the budget again (CNTK re-counts; that is documented as a bug).

@@ -1,5 +1,5 @@
 //! Sampling: which sequences make up each minibatch, in which order — CNTK `MinibatchSource`
-//! semantics, bit for bit (`reference/cntk-ctf-semantics.md` §2 and §3).
+//! semantics, bit for bit (CNTK 2.7's `BlockRandomizer`, `NoRandomizer` and packers; `docs/parity.md`).
 //!
 //! Everything here is pure and deterministic. The input is a [`Timeline`]: the nominal length of
 //! every sequence and the chunk each one belongs to, as the index pass produced them. The output

@@ -1,7 +1,7 @@
 //! One sweep as one worker walks it: the global order plus, per position, whether the sequence
 //! belongs to this worker and whether it is this worker's last use of its chunk in the sweep.
 //!
-//! Ownership follows CNTK (`reference/cntk-ctf-semantics.md` §2.6):
+//! Ownership follows CNTK 2.7's `SequenceRandomizer`:
 //! * block randomizer: a sequence belongs to rank `origin % workers`, where `origin` is the
 //!   randomized position of the chunk it came from, so whole chunks go to one worker;
 //! * no randomization: sequence round-robin by global sequence position. **Deliberate difference

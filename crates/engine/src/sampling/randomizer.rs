@@ -2,7 +2,7 @@
 //! sequence shuffle) and the identity order of its `NoRandomizer`.
 //!
 //! A sweep's order is a pure function of (timeline, window, seed, sweep index)
-//! (`reference/cntk-ctf-semantics.md` §2.2–§2.5, `ChunkRandomizer.cpp`, `SequenceRandomizer.cpp`):
+//! (CNTK 2.7's `ChunkRandomizer.cpp` and `SequenceRandomizer.cpp`):
 //!
 //! 1. the chunks are shuffled with CNTK's naive swap loop by an `mt19937_64` seeded with
 //!    `seed + sweep` (truncated to 32 bits, as CNTK passes it through an `unsigned int`);

@@ -1,6 +1,6 @@
 //! Minibatch scheduling on the global timeline: CNTK's `GetNextSequenceDescriptions` fill rules,
 //! sweep crossing, epoch limits, the local minibatch size and checkpoint positions
-//! (`reference/cntk-ctf-semantics.md` §3).
+//! (CNTK 2.7's `ReaderShim` and `Packer`; `docs/parity.md`).
 //!
 //! All workers walk the same global timeline of nominal samples; a [`Sampler`] is one worker's
 //! cursor on it. Each call to [`Sampler::next_minibatch`] walks sequence by sequence:

@@ -6,7 +6,7 @@
 //! the file, line, byte offset and the offending token. Either way the line closes one sequence,
 //! so a chunk's sequences stay aligned with the index: a malformed line is a sequence of 0 samples.
 //!
-//! The grammar is deepx's (`reference/deepx-instance-formats.md` §1, §3), minus its bugs:
+//! The grammar is deepx's (its `libsvm`, `libsvm_ex` and `uch` instance readers), minus its bugs:
 //! * `WS` is space or tab; one `\r` before the line end is dropped (CRLF files); trailing blanks
 //!   add nothing (deepx adds a spurious feature 0);
 //! * labels: `label_size` reals, each optionally `:weight`; label in `[-1e4, 1e4]`, weight in

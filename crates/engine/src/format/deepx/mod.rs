@@ -3,7 +3,7 @@
 //! ([`schema`]) and the parse pass ([`decode`]).
 //!
 //! Every line is one instance, i.e. a sequence of nominal length 1; a minibatch of N samples is a
-//! deepx batch of N instances. The behaviour matched is `reference/deepx-instance-formats.md`;
+//! deepx batch of N instances. The behaviour matched is deepx's instance readers (`docs/differences.md` lists the departures);
 //! every deliberate difference from deepx is listed in `docs/differences.md` (section "deepx").
 //! Knows nothing of actors, sessions or sampling.
 
