@@ -11,6 +11,7 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v cc >/dev/null || need_apt+=(build-essential)
 command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 [ -x /usr/bin/time ] || need_apt+=(time)   # benchmark scripts report max RSS with it
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)   # tests/ops.rs verifies the unit with it
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"

@@ -9,7 +9,7 @@
 //!                                  data::delivery: producer thread per session (Feeder + ring)
 //!                                            │ misses/prefetch          ▲ Arc<ParsedChunk>
 //!                                            ▼ (bounded)                │
-//!   data::reader ─to_parse─► data::parsers (SyncArbiter) ─parsed─► data::cache_stage ─► SharedCache
+//!   data::reader ─to_parse─► data::parsers (SyncArbiter) ─parsed─► data::chunk_cache_stage ─► SharedCache
 //! ```
 //!
 //! * [`data`] — the data plane: reader, parser pool, chunk cache, producers ([`data::DataPlane`]).

@@ -16,7 +16,7 @@ use actix::prelude::*;
 
 use super::control::server::SessionManager;
 use super::control::ControlPlane;
-use super::data::cache_stage::CacheStage;
+use super::data::chunk_cache_stage::CacheStage;
 use super::data::delivery::Delivery;
 use super::data::parsers::ParserPool;
 use super::data::reader::ChunkReader;

@@ -195,20 +195,29 @@ pub fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on:
     }
 }
 
-/// The interpreter for the Python client tests, if it has `NumPy` (else the reason).
-pub fn python() -> Result<String, String> {
-    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+/// The interpreter for the Python client tests: `$MINIBATCHD_PYTHON`, else the project's `.venv`
+/// (made by `scripts/setup.sh`), else `python3`. It must have `NumPy`: a missing test dependency
+/// fails the test with the command that installs it, never skips it.
+pub fn python() -> String {
+    let venv = package_root().join(".venv/bin/python");
+    let py = std::env::var("MINIBATCHD_PYTHON").unwrap_or_else(|_| {
+        if venv.exists() {
+            venv.display().to_string()
+        } else {
+            "python3".into()
+        }
+    });
     let ok = Command::new(&py)
         .args(["-c", "import numpy"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if ok {
-        Ok(py)
-    } else {
-        Err(format!("{py} cannot import numpy (run scripts/setup.sh, or set MINIBATCHD_PYTHON)"))
-    }
+    assert!(
+        ok,
+        "{py} cannot import numpy: run scripts/setup.sh (it installs the client's test dependencies into .venv)"
+    );
+    py
 }
 
 /// The Python client's package directory (its `PYTHONPATH`).

@@ -8,16 +8,16 @@
 //!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
 //! ```
 //!
-//! Plain logic: [`cache`] (the budgeted LRU and its waiters), [`hub`] (the datasets in force),
+//! Plain logic: [`chunk_cache`] (the budgeted LRU and its waiters), [`hub`] (the datasets in force),
 //! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`reader`],
-//! [`parsers`], [`cache_stage`], [`delivery`] (the producer threads); [`preload`] warms the cache.
+//! [`parsers`], [`chunk_cache_stage`], [`delivery`] (the producer threads); [`preload`] warms the cache.
 //!
 //! [`DataPlane`] is what they share. It also carries the daemon-wide services every plane reports
 //! to — the metrics registry and the stages' health — so the data plane imports nothing of the
 //! control plane or of operations.
 
-pub mod cache;
-pub mod cache_stage;
+pub mod chunk_cache;
+pub mod chunk_cache_stage;
 pub mod delivery;
 pub mod hub;
 pub mod parsers;
@@ -32,7 +32,7 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 
 use super::lifecycle::Health;
-use cache::{ChunkRequest, ParsedMsg, SharedCache};
+use chunk_cache::{ChunkRequest, ParsedMsg, SharedCache};
 use hub::{DatasetRuntime, Hub};
 
 /// The data-plane channels, created once and owned for the daemon's lifetime, so that a

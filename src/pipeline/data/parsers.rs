@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::cache::{ChunkRequest, ParsedMsg};
+use super::chunk_cache::{ChunkRequest, ParsedMsg};
 use super::DataPlane;
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::cache::FetchError;
+use super::chunk_cache::FetchError;
 use super::hub::DatasetRuntime;
 use super::DataPlane;
 use crate::pipeline::lifecycle::Phase;

@@ -27,7 +27,7 @@ use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{LayoutError, Ring};
 use minibatchd_sys::MemfdMemory;
 
-use super::cache::{FetchError, SharedCache};
+use super::chunk_cache::{FetchError, SharedCache};
 use super::hub::DatasetRuntime;
 
 /// Chunks a producer asks the pipeline to load ahead of need (bounded further by the request

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::cache::ChunkRequest;
+use super::chunk_cache::ChunkRequest;
 use super::DataPlane;
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;

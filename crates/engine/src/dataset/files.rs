@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::cache::{self, FileStamp, Miss};
+use crate::format::index_cache::{self, FileStamp, Miss};
 use crate::format::errors::DataError;
 use crate::format::index::FileIndex;
 
@@ -90,7 +90,7 @@ pub(super) fn index_with_cache(
 ) -> Result<FileIndex, DataError> {
     let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if use_cache {
-        match cache::load(state_dir, &stamp, fingerprint, name) {
+        match index_cache::load(state_dir, &stamp, fingerprint, name) {
             Ok(idx) => {
                 progress(stamp.size);
                 return Ok(idx);
@@ -101,7 +101,7 @@ pub(super) fn index_with_cache(
     }
     let idx = build(progress)?;
     if use_cache {
-        if let Err(e) = cache::store(state_dir, &stamp, fingerprint, &idx) {
+        if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }
     }

@@ -17,7 +17,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::format::cache::FileStamp;
+use crate::format::index_cache::FileStamp;
 use crate::format::errors::DataError;
 use crate::hash::Fnv1a;
 

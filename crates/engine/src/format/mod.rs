@@ -9,7 +9,7 @@
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`.
 
-pub mod cache;
+pub mod index_cache;
 pub mod chunk;
 pub mod ctf;
 pub mod deepx;

@@ -1,5 +1,5 @@
 //! Stage 3, the cache stage: moves parsed chunks (or their errors) from the `parsed` channel
-//! (bounded) into the [`SharedCache`](super::cache::SharedCache), which wakes the producers waiting
+//! (bounded) into the [`SharedCache`](super::chunk_cache::SharedCache), which wakes the producers waiting
 //! for them.
 
 use std::time::Instant;
@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::cache::ParsedMsg;
+use super::chunk_cache::ParsedMsg;
 use super::DataPlane;
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
 
 /// Stage 3: the chunk cache — moves parsed chunks from the `parsed` channel into the
-/// [`super::cache::SharedCache`] and wakes the producers waiting for them.
+/// [`super::chunk_cache::SharedCache`] and wakes the producers waiting for them.
 pub struct CacheStage {
     data: Arc<DataPlane>,
     supervisor: Recipient<StageStopped>,
