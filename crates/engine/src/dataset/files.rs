@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::index_cache::{self, FileStamp, Miss};
 use crate::format::errors::DataError;
 use crate::format::index::FileIndex;
+use crate::format::index_cache::{self, FileStamp, Miss};
 
 /// Expands the configured paths into files, in order: a glob expands to the regular files it
 /// matches, sorted; a directory to every regular file below it (recursively, names starting with

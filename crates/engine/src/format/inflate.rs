@@ -17,8 +17,8 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::format::index_cache::FileStamp;
 use crate::format::errors::DataError;
+use crate::format::index_cache::FileStamp;
 use crate::hash::Fnv1a;
 
 /// The gzip magic bytes.

@@ -9,12 +9,12 @@
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`.
 
-pub mod index_cache;
 pub mod chunk;
 pub mod ctf;
 pub mod deepx;
 pub mod errors;
 pub mod index;
+pub mod index_cache;
 pub mod inflate;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
