@@ -22,7 +22,7 @@
 //! by state; the acknowledged state goes to the registry, whence the checkpoints take it.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,22 +31,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
-use crate::metrics::{SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
-    self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, RingInfo, ServerMessage, SessionOptions,
-    SessionState, FEATURE_CONSUMER_WAIT, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, STATE_VERSION,
+    self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, ServerMessage, SessionState, FEATURE_CONSUMER_WAIT,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
-use minibatchd_engine::sampling::Sampler;
-use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
-use minibatchd_sys::MemfdMemory;
 
-use super::super::data::delivery::{Delivery, StartProducer};
-use super::super::data::hub::DatasetRuntime;
-use super::super::data::producer::{FreeSlot, Producer, ProducerEvent};
-use super::admission::{self, Refusal};
-use super::session::{
-    check_resume, options_hash, resolve_options, Progress, Release, ResolvedOptions, SlotTable, MAX_SLOT_SIZE_BYTES,
-};
+use super::super::data::delivery::Delivery;
+use super::super::data::producer::{FreeSlot, ProducerEvent};
+use super::active::{open, Active};
+use super::session::Release;
 use super::ControlPlane;
 
 /// What every connection task shares.
@@ -59,86 +52,6 @@ pub struct ConnShared {
 
 /// Bytes read from the socket at a time.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
-
-/// A session open on this connection.
-struct Active {
-    name: String,
-    runtime: Arc<DatasetRuntime>,
-    options_hash: u64,
-    slots: SlotTable,
-    progress: Progress,
-    free: flume::Sender<FreeSlot>,
-    events: flume::Receiver<ProducerEvent>,
-    stop: Arc<AtomicBool>,
-    ring_bytes: u64,
-    producing: bool,
-    /// The client said hello with version 2: `ready` goes out as a binary frame.
-    binary: bool,
-    metrics: SessionMetrics,
-    slot_count: usize,
-    /// Slot counts last added to the gauges (free, filled, leased).
-    published: [i64; 3],
-    /// The client's last cumulative `wait_ns`.
-    reported_wait_ns: u64,
-    /// `taken` last written to the registry.
-    recorded_taken: u64,
-}
-
-impl Active {
-    fn state(&self) -> SessionState {
-        SessionState {
-            version: STATE_VERSION,
-            dataset: self.runtime.name.clone(),
-            position: self.progress.position(),
-            minibatches: self.progress.taken_count(),
-            data_identity: hex64(self.runtime.identity),
-            options_hash: hex64(self.options_hash),
-        }
-    }
-
-    fn taken(&mut self, taken: Option<u64>) {
-        if let Some(n) = taken {
-            self.progress.taken(n);
-        }
-    }
-
-    /// A client report: consumer wait (cumulative nanoseconds).
-    fn waited(&mut self, wait_ns: Option<u64>) {
-        if let Some(w) = wait_ns {
-            if w > self.reported_wait_ns {
-                self.metrics
-                    .consumer_wait_seconds
-                    .inc_by(std::time::Duration::from_nanos(w - self.reported_wait_ns).as_secs_f64());
-                self.reported_wait_ns = w;
-            }
-        }
-    }
-
-    /// Writes the acknowledged state to the registry when it moved (checkpoints read it there).
-    fn record(&mut self, shared: &ControlPlane) {
-        let taken = self.progress.taken_count();
-        if taken != self.recorded_taken {
-            self.recorded_taken = taken;
-            shared.registry().update_state(&self.name, &self.state());
-        }
-    }
-
-    /// Moves the slot gauges to the ring's current state (by deltas: sessions of the same
-    /// dataset and rank share the series). With `gone`, takes this session's share out.
-    fn publish_slots(&mut self, gone: bool) {
-        let leased = self.slots.leased();
-        let filled = if self.producing { self.events.len().min(self.slot_count - leased) } else { 0 };
-        let free = self.slot_count - leased - filled;
-        let now = if gone { [0; 3] } else { [free, filled, leased].map(|n| i64::try_from(n).unwrap_or(i64::MAX)) };
-        for (i, state) in [SlotState::Free, SlotState::Filled, SlotState::Leased].into_iter().enumerate() {
-            let delta = now[i] - self.published[i];
-            if delta != 0 {
-                self.metrics.slots(state).add(delta);
-            }
-        }
-        self.published = now;
-    }
-}
 
 /// Where the conversation stands.
 enum Phase {
@@ -490,162 +403,4 @@ async fn on_frame(
         }
     }
     Ok(Flow::Continue)
-}
-
-/// The `opened` reply.
-fn opened_message(name: &str, header: &RingHeader, rt: &DatasetRuntime, start: &SessionState) -> ServerMessage {
-    ServerMessage::Opened {
-        session: name.to_owned(),
-        ring: RingInfo {
-            size_bytes: header.total_bytes,
-            slot_count: header.slot_count,
-            slot_size: header.slot_size,
-            slots_offset: header.slots_offset,
-            layout_version: LAYOUT_VERSION,
-        },
-        streams: rt.streams.clone(),
-        state: start.clone(),
-        sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),
-    }
-}
-
-/// An `open` resolved against its dataset, before anything shared is touched.
-struct Prepared {
-    rt: Arc<DatasetRuntime>,
-    resolved: ResolvedOptions,
-    options_hash: u64,
-    sampler: Sampler,
-    geometry: RingGeometry,
-}
-
-/// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
-/// applied) and the ring's geometry (slots raised to fit a dense minibatch).
-fn prepare(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
-    let rt = shared.data.hub().get(dataset)?;
-    let config = shared.config();
-    let d = &config.daemon;
-    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
-    let ohash = options_hash(&resolved.sampling, resolved.equal_steps);
-    if let Some(s) = &options.resume {
-        check_resume(s, dataset, rt.identity, ohash)?;
-    }
-    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
-    if resolved.equal_steps {
-        let dropped = sampler.equalize_steps(resolved.minibatch_size)?;
-        tracing::debug!(dataset, dropped, "equal steps: this worker's ragged tail is dropped");
-    }
-    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
-    let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
-    let geometry = RingGeometry::new(resolved.slots, slot_size);
-    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, geometry })
-}
-
-/// Opens a session: [`prepare`], [`admission::admit`], then the ring and the producer (undoing
-/// the admission when either fails).
-async fn open(
-    dataset: &str,
-    options: &SessionOptions,
-    conn: &ConnShared,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
-    let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry } = prepare(dataset, options, shared)?;
-    let config = shared.config();
-    let d = &config.daemon;
-
-    // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
-    let fresh = SessionState {
-        version: STATE_VERSION,
-        dataset: dataset.to_owned(),
-        position: sampler.position(),
-        minibatches: 0,
-        data_identity: hex64(rt.identity),
-        options_hash: hex64(ohash),
-    };
-    let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
-    let host_short = shared
-        .host
-        .refuse
-        .load(Ordering::Relaxed)
-        .then(|| (shared.host.shortfall.load(Ordering::Relaxed), d.host_memory_reserve_bytes));
-    let request = admission::Request {
-        dataset,
-        name: resolved.session.as_deref(),
-        resume: options.resume.as_ref(),
-        fresh,
-        fits: &fits,
-        ring_bytes: geometry.total_bytes(),
-        host_short,
-        daemon_id: shared.daemon_id,
-        options,
-    };
-    let admitted = {
-        let mut reg = shared.registry();
-        let admitted = admission::admit(&mut reg, &request, Instant::now())?;
-        shared.rebudget(&reg);
-        admitted
-    };
-    // Any later failure gives the name and the memory back.
-    let undo = |refusal: Refusal| {
-        let mut reg = shared.registry();
-        admission::withdraw(&mut reg, &admitted, Instant::now());
-        shared.rebudget(&reg);
-        refusal
-    };
-    let (id, name, start, ring_bytes) =
-        (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
-    sampler.restore(start.position).map_err(|e| undo(e.into()))?;
-    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
-    let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
-    let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;
-    let header = *ring.header();
-
-    // At most MAX_RING_SLOTS (validated in resolve_options).
-    let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
-    let slots = SlotTable::new(slot_count);
-    let (free_tx, free_rx) = flume::bounded(slot_count);
-    let (events_tx, events_rx) = flume::bounded(slot_count + 2);
-    for (s, i) in (0..resolved.slots).zip(0..) {
-        let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(i) });
-    }
-    let stop = Arc::new(AtomicBool::new(false));
-    let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
-    let producer = Producer::new(
-        rt.clone(),
-        shared.data.cache.clone(),
-        sampler,
-        ring,
-        resolved.minibatch_size,
-        resolved.frame_mode,
-        start.minibatches,
-        metrics.clone(),
-    );
-    let started = conn
-        .delivery
-        .send(StartProducer { name: name.clone(), producer, free: free_rx, events: events_tx, stop: stop.clone() })
-        .await;
-    match started {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(undo(Refusal::Producer(e))),
-        Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
-    }
-    let opened = opened_message(&name, &header, &rt, &start);
-    let active = Active {
-        name,
-        runtime: rt,
-        options_hash: ohash,
-        slots,
-        progress: Progress::new(&start),
-        free: free_tx,
-        events: events_rx,
-        stop,
-        ring_bytes,
-        producing: true,
-        binary: false,
-        metrics,
-        slot_count,
-        published: [0; 3],
-        reported_wait_ns: 0,
-        recorded_taken: start.minibatches,
-    };
-    Ok((active, opened, fd))
 }

@@ -3,13 +3,15 @@
 //!
 //! Plain logic: [`session`] (options, resume checks, slot leases, positions, the registry) and
 //! [`admission`] (the decision of `open`: name, starting state, memory — and its undo). Thin
-//! adapters: [`server`] (the session-manager actor that owns the socket) and [`connection`] (the
-//! async task per client).
+//! adapters: [`server`] (the session-manager actor that owns the socket), [`connection`] (the
+//! async task per client) and `active` (opening a session for a connection: ring, producer,
+//! `opened`).
 //!
 //! [`ControlPlane`] is what they share: the configuration in force, the registry, the host-memory
 //! guard's verdict, the live connections, and the [`DataPlane`] whose producers they start. It
 //! imports the data plane, never the other way round; operations import both.
 
+mod active;
 pub mod admission;
 pub mod connection;
 pub mod server;
