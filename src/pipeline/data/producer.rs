@@ -335,3 +335,44 @@ fn fill(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use minibatchd_engine::format::errors::{ErrorKind, Location, Malformed};
+
+    use super::*;
+
+    fn at(line: u64, offset: u64) -> Location {
+        Location { file: Path::new("/data/train.ctf").into(), line, offset }
+    }
+
+    #[test]
+    fn a_spent_budget_reaches_the_client_with_the_place_and_kind_of_the_last_error() {
+        let last = Malformed { kind: ErrorKind::BadNumber, at: at(12, 345), message: "expected a number".into() };
+        let e = ProduceError::Data(DataError::TooManyErrors { last, max_errors: 0 });
+        let ProducerEvent::Failed { code, message, detail } = ProducerEvent::failed(&e) else {
+            panic!("not a failure")
+        };
+        assert_eq!(code, ErrorCode::DataError);
+        assert!(message.contains("/data/train.ctf:12: byte offset 345: expected a number"), "{message}");
+        let d = detail.expect("a data error carries its place");
+        assert_eq!(
+            (d.file.as_deref(), d.line, d.offset, d.kind.as_str()),
+            (Some("/data/train.ctf"), Some(12), Some(345), "bad_number")
+        );
+    }
+
+    #[test]
+    fn errors_without_a_place_say_what_they_are() {
+        let io = error_detail(&DataError::io(Path::new("/data/gone.ctf"), std::io::ErrorKind::NotFound.into()));
+        assert_eq!((io.file.as_deref(), io.line, io.kind.as_str()), (Some("/data/gone.ctf"), None, "io"));
+        let fatal = error_detail(&DataError::Fatal { at: at(1, 0), message: "UTF-16 BOM".into() });
+        assert_eq!((fatal.line, fatal.offset, fatal.kind.as_str()), (Some(1), Some(0), "fatal"));
+        let too_large = ProduceError::Layout(LayoutError::TooLarge { needed_bytes: 10, slot_size_bytes: 4 });
+        assert_eq!(too_large.code(), ErrorCode::MinibatchTooLarge);
+        assert!(too_large.detail().is_none());
+        assert_eq!(ProduceError::Stopped.code(), ErrorCode::ShuttingDown);
+    }
+}
