@@ -620,6 +620,23 @@ mod tests {
     }
 
     #[test]
+    fn error_replies_with_and_without_detail_read_both_ways() {
+        // A daemon before `detail`: the field is absent and reads as `None`.
+        let old = decode_server(br#"{"type":"error","code":"data_error","message":"bad"}"#).expect("old error");
+        assert_eq!(old, ServerMessage::error(ErrorCode::DataError, "bad"));
+        // No detail: the reply is byte for byte what older daemons sent, so older clients read it.
+        let plain = encode(&ServerMessage::error(ErrorCode::DataError, "bad"));
+        assert_eq!(&plain[4..], br#"{"type":"error","code":"data_error","message":"bad"}"#);
+        let detail =
+            ErrorDetail { file: Some("/d/x.ctf".into()), line: Some(3), offset: Some(17), kind: "bad_number".into() };
+        let with = ServerMessage::error_with(ErrorCode::DataError, "bad", Some(detail));
+        let bytes = encode(&with);
+        let text = std::str::from_utf8(&bytes[4..]).expect("utf-8");
+        assert!(text.contains(r#""detail":{"file":"/d/x.ctf","line":3,"offset":17,"kind":"bad_number"}"#), "{text}");
+        assert_eq!(decode_server(&bytes[4..]).expect("new error"), with);
+    }
+
+    #[test]
     fn wire_names_are_stable() {
         let hello: ClientMessage = decode(br#"{"type":"hello","version":1}"#).expect("hello");
         assert_eq!(hello, ClientMessage::Hello { version: 1, client: None });
