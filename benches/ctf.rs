@@ -6,6 +6,7 @@
 
 #![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
 
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ fn sparse_rows(bytes: usize) -> String {
     let mut r = Rng(11);
     let mut s = String::with_capacity(bytes + 64);
     while s.len() < bytes {
-        s.push_str(&format!("|labels {}:1\n", r.next() % 1000));
+        writeln!(s, "|labels {}:1", r.next() % 1000).expect("writing to a String");
     }
     s
 }
@@ -33,12 +34,12 @@ fn sequences(bytes: usize) -> String {
     while s.len() < bytes {
         let len = 1 + r.next() % 20;
         for i in 0..len {
-            s.push_str(&format!("{id} |features"));
+            write!(s, "{id} |features").expect("writing to a String");
             for _ in 0..16 {
-                s.push_str(&format!(" {:.4}", r.unit()));
+                write!(s, " {:.4}", r.unit()).expect("writing to a String");
             }
             if i == 0 {
-                s.push_str(&format!(" |labels {}:1", r.next() % 10));
+                write!(s, " |labels {}:1", r.next() % 10).expect("writing to a String");
             }
             s.push('\n');
         }
@@ -79,7 +80,9 @@ fn decode_all(dec: &CtfDecoder, text: &[u8], idx: &FileIndex, n: usize) -> usize
     let mut errors = Vec::new();
     let file: Arc<Path> = idx.path.clone();
     for seq in &idx.sequences {
-        let b = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        let start = usize::try_from(seq.offset).expect("the text is in memory");
+        let end = usize::try_from(seq.offset + u64::from(seq.size)).expect("the text is in memory");
+        let b = &text[start..end];
         dec.decode_sequence(b, &SeqContext { file: &file, seq }, &mut bufs, &mut errors).expect("decode");
     }
     assert!(errors.is_empty());
@@ -100,11 +103,11 @@ fn bench(c: &mut Criterion) {
         let idx = index(dir.path(), name, text);
         g.throughput(Throughput::Bytes(text.len() as u64));
         g.bench_with_input(BenchmarkId::new("index", name), text, |b, _| {
-            b.iter(|| index(dir.path(), name, text).sequences.len())
+            b.iter(|| index(dir.path(), name, text).sequences.len());
         });
         let dec = CtfDecoder::new(cfg);
         g.bench_with_input(BenchmarkId::new("decode", name), text, |b, t| {
-            b.iter(|| decode_all(&dec, t.as_bytes(), &idx, *n))
+            b.iter(|| decode_all(&dec, t.as_bytes(), &idx, *n));
         });
     }
     g.finish();

@@ -39,7 +39,9 @@ fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(
     let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len());
     let mut errors = Vec::new();
     for seq in &idx.sequences {
-        let b = &text[seq.offset as usize..(seq.offset + u64::from(seq.size)) as usize];
+        let start = usize::try_from(seq.offset).expect("the text is in memory");
+        let end = usize::try_from(seq.offset + u64::from(seq.size)).expect("the text is in memory");
+        let b = &text[start..end];
         dec.decode_line(
             b,
             &LineContext { file: &idx.path, line: seq.line, offset: seq.offset },
@@ -61,10 +63,10 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Bytes(text.len() as u64));
     g.bench_with_input(BenchmarkId::new("index", "criteo_libsvm"), &text, |b, t| b.iter(|| index(t).sequences.len()));
     g.bench_with_input(BenchmarkId::new("decode_f32", "criteo_libsvm"), &text, |b, t| {
-        b.iter(|| decode_all::<f32>(&dec, t, &idx))
+        b.iter(|| decode_all::<f32>(&dec, t, &idx));
     });
     g.bench_with_input(BenchmarkId::new("decode_f64", "criteo_libsvm"), &text, |b, t| {
-        b.iter(|| decode_all::<f64>(&dec, t, &idx))
+        b.iter(|| decode_all::<f64>(&dec, t, &idx));
     });
     g.finish();
 }

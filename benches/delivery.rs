@@ -41,8 +41,9 @@ fn bench(c: &mut Criterion) {
     let config = Config::from_toml_str(&toml, dir.path()).expect("config");
     let dataset =
         Dataset::open(config.dataset("b").expect("dataset"), &dir.path().join("state"), &mut |_| {}).expect("open");
-    let chunks: ChunkMap<Arc<ParsedChunk>> =
-        (0..dataset.chunks().len()).map(|i| (i as u32, Arc::new(dataset.load_chunk(i).expect("chunk").0))).collect();
+    let chunks: ChunkMap<Arc<ParsedChunk>> = (0..dataset.chunks().len())
+        .map(|i| (u32::try_from(i).expect("chunk ids are u32"), Arc::new(dataset.load_chunk(i).expect("chunk").0)))
+        .collect();
     let names: Vec<String> = dataset.streams().iter().map(|s| s.name.clone()).collect();
     let shapes = dataset.stream_shapes();
     let options = SamplingOptions {
@@ -55,7 +56,9 @@ fn bench(c: &mut Criterion) {
     };
     let mut sampler = Sampler::new(dataset.timeline().clone(), options).expect("sampler");
     let mut ring = Ring::new(
-        LocalMemory::new(RingGeometry::new(SLOTS, 4 << 20).total_bytes() as usize),
+        LocalMemory::new(
+            usize::try_from(RingGeometry::new(SLOTS, 4 << 20).total_bytes()).expect("the ring fits in memory"),
+        ),
         RingGeometry::new(SLOTS, 4 << 20),
         1,
         1,

@@ -60,7 +60,7 @@ fn bench(c: &mut Criterion) {
             ("window_4_chunks", true, Window::Chunks(4)),
         ] {
             g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| {
-                b.iter(|| sweep(t, randomize, window, 256, false))
+                b.iter(|| sweep(t, randomize, window, 256, false));
             });
         }
         g.bench_with_input(BenchmarkId::new("sequential_with_fingerprint", name), &t, |b, t| {

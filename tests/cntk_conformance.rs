@@ -1,19 +1,20 @@
 //! CNTK's own CTF reader unit tests, replayed against minibatchd.
 //!
 //! `tests/conformance/cntk_cases.json` lists every test of CNTK's `CNTKTextFormatReaderTests.cpp`
-//! with its effective parameters (extracted from the C++ test source and the BrainScript configs,
+//! with its effective parameters (extracted from the C++ test source and the `BrainScript` configs,
 //! and validated independently). The data and the expected dumps (`Control/`) are read from
 //! `../shared/conformance/cntk` — present in CI; when it is absent the tests print SKIPPED and
 //! pass without checking anything.
 //!
 //! A legacy epoch `e` is replayed as reference §5 describes: a fresh session with
 //! `max_samples = (e + 1) * epoch_size`, restored to `e * epoch_size`, at most 10 minibatches;
-//! each stream is packed into CNTK's MBLayout and printed with `%g`, then compared token for token.
+//! each stream is packed into CNTK's `MBLayout` and printed with `%g`, then compared token for token.
 
 #[path = "conformance/legacy_dump.rs"]
 mod legacy_dump;
 mod support;
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use minibatchd_engine::dataset::Dataset;
@@ -52,24 +53,24 @@ fn config_for(case: &Value, data: &Path, randomize: bool) -> String {
         case["max_errors"].as_u64().unwrap_or(0),
         case["skip_sequence_ids"].as_bool().unwrap_or(false),
     );
-    s.push_str(&format!(
-        "[datasets.d.sampling]\nrandomize = {randomize}\nseed = {}\n",
-        case["seed"].as_u64().unwrap_or(0)
-    ));
+    write!(s, "[datasets.d.sampling]\nrandomize = {randomize}\nseed = {}\n", case["seed"].as_u64().unwrap_or(0))
+        .expect("writing to a String");
     if let Some(n) = case["window"]["chunks"].as_u64() {
-        s.push_str(&format!("window_chunks = {n}\n"));
+        writeln!(s, "window_chunks = {n}").expect("writing to a String");
     } else if let Some(n) = case["window"]["samples"].as_u64() {
-        s.push_str(&format!("window_samples = {n}\n"));
+        writeln!(s, "window_samples = {n}").expect("writing to a String");
     }
     for st in case["streams"].as_array().expect("streams") {
-        s.push_str(&format!(
+        write!(
+            s,
             "[datasets.d.streams.{}]\nalias = {:?}\ndim = {}\nformat = \"{}\"\ndefines_mb_size = {}\n",
             st["name"].as_str().expect("name"),
             st["alias"].as_str().expect("alias"),
             st["dim"],
             st["format"].as_str().expect("format"),
             st["defines_mb_size"].as_bool().unwrap_or(false),
-        ));
+        )
+        .expect("writing to a String");
     }
     s
 }
@@ -79,18 +80,29 @@ fn open(case: &Value, data: &Path) -> Result<Dataset, String> {
     support::try_open(&config_for(case, data, randomize), "d", Path::new("/"), Path::new("/nonexistent"))
 }
 
+/// An offset, index or count (of a minibatch or the manifest) as an index.
+fn idx(v: impl TryInto<usize, Error: std::fmt::Debug>) -> usize {
+    v.try_into().expect("a non-negative index that fits in memory")
+}
+
+/// A float32 value, widened to f64 for the dump, back as the float32 it is (exact).
+#[allow(clippy::cast_possible_truncation)] // float32 data: narrowing it back loses nothing
+fn as_f32(v: f64) -> f32 {
+    v as f32
+}
+
 /// The dense values of sample `k` of sequence `q` (sparse converted: zero-filled, last duplicate wins).
 fn dense_sample(s: &MbStream, q: usize, k: usize) -> Vec<f64> {
-    let j = s.sequence_offsets[q] as usize + k;
+    let j = idx(s.sequence_offsets[q]) + k;
     let get = |v: &Values, i: usize| v.get_f64(i);
     match &s.data {
         MbData::Dense { dim, values } => (j * dim..(j + 1) * dim).map(|i| get(values, i)).collect(),
         MbData::Sparse { dim, sample_offsets, indices, values } => {
             let mut out = vec![0.0; *dim];
-            for e in sample_offsets[j] as usize..sample_offsets[j + 1] as usize {
+            for e in idx(sample_offsets[j])..idx(sample_offsets[j + 1]) {
                 let col = match indices {
-                    Indices::I32(v) => v[e] as usize,
-                    Indices::U64(v) => v[e] as usize,
+                    Indices::I32(v) => idx(v[e]),
+                    Indices::U64(v) => idx(v[e]),
                 };
                 out[col] = get(values, e);
             }
@@ -104,7 +116,7 @@ fn dense_sample(s: &MbStream, q: usize, k: usize) -> Vec<f64> {
 fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
     let double = case["precision"] == "double";
     let epoch = case["epoch_size"].as_u64().expect("epoch_size");
-    let mb = case["mb_size"].as_u64().expect("mb_size") as usize;
+    let mb = idx(case["mb_size"].as_u64().expect("mb_size"));
     let names: Vec<&str> =
         case["streams"].as_array().expect("streams").iter().map(|s| s["name"].as_str().expect("name")).collect();
     let order: Vec<usize> =
@@ -112,7 +124,7 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
     let shapes = ds.stream_shapes();
     let randomize = case["randomize"].as_bool().unwrap_or(false) && !case["window"].is_null();
     let window = match (case["window"]["chunks"].as_u64(), case["window"]["samples"].as_u64()) {
-        (Some(c), _) => Window::Chunks(c as usize),
+        (Some(c), _) => Window::Chunks(idx(c)),
         (None, Some(s)) => Window::Samples(s),
         _ => Window::Chunks(128),
     };
@@ -123,8 +135,8 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
             window,
             seed: case["seed"].as_u64().unwrap_or(0),
             limit: EpochLimit::Samples((e + 1) * epoch),
-            num_workers: case["num_subsets"].as_u64().unwrap_or(1) as usize,
-            rank: case["subset_num"].as_u64().unwrap_or(0) as usize,
+            num_workers: idx(case["num_subsets"].as_u64().unwrap_or(1)),
+            rank: idx(case["subset_num"].as_u64().unwrap_or(0)),
         };
         let mut sampler = Sampler::new(ds.timeline().clone(), options).map_err(|e| e.to_string())?;
         sampler.restore(e * epoch).map_err(|e| e.to_string())?;
@@ -135,19 +147,18 @@ fn replay(case: &Value, ds: &Dataset) -> Result<String, String> {
             let m = feeder.gather(&plan, &mut load).map_err(|e| e.to_string())?.to_minibatch();
             for &si in &order {
                 let s = &m.streams[si];
-                let lens: Vec<usize> = (0..s.num_sequences())
-                    .map(|q| (s.sequence_offsets[q + 1] - s.sequence_offsets[q]) as usize)
-                    .collect();
-                let samples: Vec<Vec<Vec<f64>>> =
+                let lens: Vec<usize> =
+                    (0..s.num_sequences()).map(|q| idx(s.sequence_offsets[q + 1] - s.sequence_offsets[q])).collect();
+                let dense: Vec<Vec<Vec<f64>>> =
                     (0..lens.len()).map(|q| (0..lens[q]).map(|k| dense_sample(s, q, k)).collect()).collect();
                 if double {
-                    legacy_dump::dump_stream(&mut out, &lens, |q, k| samples[q][k].as_slice(), legacy_dump::format_g);
+                    legacy_dump::dump_stream(&mut out, &lens, |q, k| dense[q][k].as_slice(), legacy_dump::format_g);
                 } else {
                     legacy_dump::dump_stream(
                         &mut out,
                         &lens,
-                        |q, k| samples[q][k].as_slice(),
-                        |v: f64| legacy_dump::format_g_f32(v as f32),
+                        |q, k| dense[q][k].as_slice(),
+                        |v: f64| legacy_dump::format_g_f32(as_f32(v)),
                     );
                 }
             }

@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::path::Path;
 
 use minibatchd::dump::for_each_minibatch;
@@ -29,7 +30,7 @@ struct Style {
 }
 
 fn value() -> impl Strategy<Value = f32> {
-    (-400i32..400).prop_map(|q| q as f32 / 4.0)
+    (-400i16..400).prop_map(|q| f32::from(q) / 4.0)
 }
 
 fn sample() -> impl Strategy<Value = Sample> {
@@ -57,19 +58,12 @@ fn render(seqs: &[Vec<Sample>], s: &Style) -> String {
     for (i, seq) in seqs.iter().enumerate() {
         for smp in seq {
             if s.ids {
-                out.push_str(&format!("{i}{}", s.sep));
+                write!(out, "{i}{}", s.sep).expect("writing to a String");
             }
             let dense: Vec<String> = smp.dense.iter().map(|&v| fmt(v)).collect();
             let sparse: Vec<String> = smp.sparse.iter().map(|&(k, v)| format!("{k}:{}", fmt(v))).collect();
-            out.push_str(&format!(
-                "|d{}{}{}|s{}{}{}",
-                s.sep,
-                dense.join(s.sep),
-                s.sep,
-                s.sep,
-                sparse.join(s.sep),
-                s.sep
-            ));
+            write!(out, "|d{}{}{}|s{}{}{}", s.sep, dense.join(s.sep), s.sep, s.sep, sparse.join(s.sep), s.sep)
+                .expect("writing to a String");
             out.push_str(nl);
         }
     }
@@ -77,6 +71,11 @@ fn render(seqs: &[Vec<Sample>], s: &Style) -> String {
         out.truncate(out.len() - nl.len());
     }
     out
+}
+
+/// A minibatch offset (`i64`, as CNTK has it) as an index.
+fn offset(o: i64) -> usize {
+    usize::try_from(o).expect("offsets are non-negative")
 }
 
 fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
@@ -93,7 +92,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
         let (d, s) = (&mb.streams[0], &mb.streams[1]);
         for q in 0..d.num_sequences() {
             let mut seq = Vec::new();
-            for j in d.sequence_offsets[q] as usize..d.sequence_offsets[q + 1] as usize {
+            for j in offset(d.sequence_offsets[q])..offset(d.sequence_offsets[q + 1]) {
                 let (MbData::Dense { values, .. }, MbData::Sparse { sample_offsets, indices, values: sv, .. }) =
                     (&d.data, &s.data)
                 else {
@@ -107,7 +106,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
                 else {
                     panic!("float32 CTF")
                 };
-                let (e0, e1) = (sample_offsets[j] as usize, sample_offsets[j + 1] as usize);
+                let (e0, e1) = (offset(sample_offsets[j]), offset(sample_offsets[j + 1]));
                 seq.push(Sample {
                     dense: dv[j * 3..j * 3 + 3].to_vec(),
                     sparse: (e0..e1).map(|e| (ix[e], svv[e])).collect(),

@@ -86,10 +86,14 @@ fn start() -> Daemon {
 }
 
 /// Sequence ids of a minibatch (first feature value of each sequence's first sample).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // the ids are small whole numbers written as values
 fn sequence_ids(mb: &Minibatch) -> Vec<u32> {
     let s = &mb.streams[0];
     let MbData::Dense { values, .. } = &s.data else { panic!("dense features") };
-    s.sequence_offsets[..s.sequence_offsets.len() - 1].iter().map(|&o| values.get_f64(o as usize * 3) as u32).collect()
+    s.sequence_offsets[..s.sequence_offsets.len() - 1]
+        .iter()
+        .map(|&o| values.get_f64(usize::try_from(o).expect("offsets are non-negative") * 3) as u32)
+        .collect()
 }
 
 #[test]
@@ -233,7 +237,7 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
     let mut s = d.client().open("wide", &small).expect("open");
     match s.next_minibatch() {
         Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message, .. }) => {
-            assert!(message.contains("slot_size_bytes"), "{message}")
+            assert!(message.contains("slot_size_bytes"), "{message}");
         }
         other => panic!("expected minibatch_too_large, got {other:?}"),
     }
@@ -254,7 +258,7 @@ fn raw(socket: &Path) -> UnixStream {
 }
 
 fn frame(body: &[u8]) -> Vec<u8> {
-    let mut v = (body.len() as u32).to_le_bytes().to_vec();
+    let mut v = u32::try_from(body.len()).expect("a test frame is small").to_le_bytes().to_vec();
     v.extend_from_slice(body);
     v
 }
@@ -276,38 +280,38 @@ fn raw_frame(s: &mut UnixStream) -> Option<Vec<u8>> {
     Some(body)
 }
 
-fn code(v: &Option<serde_json::Value>) -> String {
-    v.as_ref().and_then(|v| v["code"].as_str()).unwrap_or("<none>").to_owned()
+fn code(v: Option<&serde_json::Value>) -> String {
+    v.and_then(|v| v["code"].as_str()).unwrap_or("<none>").to_owned()
 }
 
 #[test]
 fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
-    let mut d = start();
     use std::os::unix::fs::PermissionsExt;
+    let mut d = start();
     let mode = std::fs::metadata(&d.socket).expect("socket").permissions().mode() & 0o777;
     assert_eq!(mode, 0o660, "socket mode {mode:o}");
     // Garbage in a valid frame: an error reply, and the connection goes on.
     let mut s = raw(&d.socket);
     s.write_all(&frame(b"\xff\xfe not json")).expect("write");
-    assert_eq!(code(&reply(&mut s)), "bad_message");
+    assert_eq!(code(reply(&mut s).as_ref()), "bad_message");
     s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
     assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
     s.write_all(&frame(br#"{"type":"release","slot":0,"generation":1}"#)).expect("write");
-    assert_eq!(code(&reply(&mut s)), "unexpected_message");
+    assert_eq!(code(reply(&mut s).as_ref()), "unexpected_message");
     s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":0}}"#)).expect("write");
-    assert_eq!(code(&reply(&mut s)), "invalid_options");
+    assert_eq!(code(reply(&mut s).as_ref()), "invalid_options");
     s.write_all(&frame(br#"{"type":"open","dataset":"nope","options":{"minibatch_size":1}}"#)).expect("write");
-    assert_eq!(code(&reply(&mut s)), "unknown_dataset");
+    assert_eq!(code(reply(&mut s).as_ref()), "unknown_dataset");
     // Oversized: an error reply and a disconnect.
     let mut s = raw(&d.socket);
     s.write_all(&u32::MAX.to_le_bytes()).expect("write");
-    assert_eq!(code(&reply(&mut s)), "message_too_large");
+    assert_eq!(code(reply(&mut s).as_ref()), "message_too_large");
     assert!(reply(&mut s).is_none(), "the connection is closed");
     // Wrong version: an error reply and a disconnect.
     for bad in [br#"{"type":"hello","version":3}"#.as_slice(), br#"{"type":"hello","version":0}"#] {
         let mut s = raw(&d.socket);
         s.write_all(&frame(bad)).expect("write");
-        assert_eq!(code(&reply(&mut s)), "version_mismatch");
+        assert_eq!(code(reply(&mut s).as_ref()), "version_mismatch");
         assert!(reply(&mut s).is_none());
     }
     // Version 1 still gets JSON `ready`; version 2 gets the 40-byte binary one, and a malformed
@@ -362,7 +366,7 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     // No hello first.
     let mut s = raw(&d.socket);
     s.write_all(&frame(br#"{"type":"state"}"#)).expect("write");
-    assert_eq!(code(&reply(&mut s)), "hello_required");
+    assert_eq!(code(reply(&mut s).as_ref()), "hello_required");
     // Random bytes, a truncated frame, then a hang-up.
     let mut s = raw(&d.socket);
     s.write_all(&[7, 0, 0, 0, b'{', b'"']).expect("write");

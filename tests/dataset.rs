@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -126,7 +127,7 @@ fn dump_holds_only_the_window_not_the_dataset() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut text = String::new();
     for i in 0..2000 {
-        text.push_str(&format!("|a {i} {i} {i} {i}\n"));
+        writeln!(text, "|a {i} {i} {i} {i}").expect("writing to a String");
     }
     write(dir.path(), "big.ctf", &text);
     // ~20 bytes a line, 200-byte chunks: about 200 chunks.
@@ -156,7 +157,10 @@ fn a_sample_window_of_0_means_the_chunk_window_not_file_order() {
     // CNTK's MinibatchSource: randomization_window_in_samples = 0 is "no sample window", so
     // the chunk window (default 128) applies; only window_chunks = 0 is file order.
     let dir = tempfile::tempdir().expect("tempdir");
-    let text: String = (0..12).map(|i| format!("|a {i}\n")).collect();
+    let text = (0..12).fold(String::new(), |mut s, i| {
+        writeln!(s, "|a {i}").expect("writing to a String");
+        s
+    });
     write(dir.path(), "data.ctf", &text);
     let cfg = write(
         dir.path(),
@@ -288,8 +292,10 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
         let mut seq = Vec::new();
         for j in 0..lines {
             let v = f64::from(k * 1000 + j) / 8.0;
-            text.push_str(&format!("{k} |a {v} {}\n", -v));
-            seq.push([v as f32, -v as f32]);
+            writeln!(text, "{k} |a {v} {}", -v).expect("writing to a String");
+            #[allow(clippy::cast_possible_truncation)] // n/8 with n < 2^17: exact in an f32
+            let sample = [v as f32, -v as f32];
+            seq.push(sample);
         }
         expected.push(seq);
     }

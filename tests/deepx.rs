@@ -38,7 +38,7 @@ fn features(text: &str) -> Vec<(u64, f32)> {
 }
 
 /// A clean line of deepx's test files as an instance, read independently of minibatchd with
-/// plain splitting (label_size 1).
+/// plain splitting (`label_size` 1).
 fn oracle(line: &str, format: &str, slots: usize) -> Instance {
     let line = line.trim_start();
     let (label, rest) = line.split_once(' ').unwrap_or((line, ""));

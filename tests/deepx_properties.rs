@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ struct Style {
 }
 
 /// Values that print exactly and are in deepx's ranges.
+#[allow(clippy::cast_precision_loss)] // |q| <= 40_000: exact in an f32
 fn value(max: i32) -> impl Strategy<Value = f32> {
     (-4 * max..=4 * max).prop_map(|q| q as f32 / 4.0)
 }
@@ -63,8 +65,8 @@ fn inst(format: FormatKind) -> impl Strategy<Value = Inst> {
         FormatKind::LibsvmEx => prop::collection::vec(group(), 3).boxed(),
         _ => prop::collection::vec(group(), 2..6).boxed(),
     };
-    (value(10_000), 1i32..=400, prop::sample::select(vec!["", "u1", "a:b|c", "0"]), groups)
-        .prop_map(|(label, w, uuid, groups)| Inst { label, weight: w as f32 / 4.0, uuid: uuid.to_owned(), groups })
+    (value(10_000), 1u16..=400, prop::sample::select(vec!["", "u1", "a:b|c", "0"]), groups)
+        .prop_map(|(label, w, uuid, groups)| Inst { label, weight: f32::from(w) / 4.0, uuid: uuid.to_owned(), groups })
 }
 
 fn style() -> impl Strategy<Value = Style> {
@@ -88,13 +90,14 @@ fn style() -> impl Strategy<Value = Style> {
         })
 }
 
+#[allow(clippy::float_cmp)] // a feature of value exactly 1 is written as a bare id
 fn render(insts: &[Inst], s: &Style) -> String {
     let nl = if s.crlf { "\r\n" } else { "\n" };
     let mut out = String::new();
     for (i, x) in insts.iter().enumerate() {
-        out.push_str(&format!("{}:{}", x.label, x.weight));
+        write!(out, "{}:{}", x.label, x.weight).expect("writing to a String");
         if !x.uuid.is_empty() {
-            out.push_str(&format!("{}uuid:{}", s.sep, x.uuid));
+            write!(out, "{}uuid:{}", s.sep, x.uuid).expect("writing to a String");
         }
         for (g, entries) in x.groups.iter().enumerate() {
             out.push_str(s.sep);

@@ -4,7 +4,7 @@
 //!   name or with the saved state: the minibatches before and after equal the uninterrupted run.
 //! * SIGHUP: a broken config keeps the daemon serving; an added dataset becomes openable while
 //!   a session continues; a removed one ends its sessions.
-//! * sd_notify: READY, RELOADING, WATCHDOG, STOPPING on a socket the test owns.
+//! * `sd_notify`: READY, RELOADING, WATCHDOG, STOPPING on a socket the test owns.
 //! * `/metrics` and `/healthz`: the metrics exist, follow the naming rules and move while a
 //!   client reads; every metric the Grafana dashboard and the alert rules query is exported.
 //! * Memory: the host-memory guard shrinks the cache, then refuses new sessions.
@@ -14,9 +14,14 @@
 //! Every daemon runs on its own temp dir and is stopped (SIGTERM, then SIGKILL after a
 //! deadline) when its guard drops (`support::daemon`); every wait has a deadline.
 
+// The metrics are integer counts and byte sizes carried as f64 by the exposition format: the
+// tests compare them exactly, as the values the daemon exports.
+#![allow(clippy::float_cmp)]
+
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixDatagram;
@@ -36,7 +41,10 @@ use support::{command, package_root, write, BIN};
 /// (50 entries, dim 500) in `wide.ctf`.
 fn write_data(dir: &Path) {
     write(dir, "train.ctf", train_ctf());
-    let extra: String = (0..40u32).map(|id| format!("{id} |F {id} 0 1\n")).collect();
+    let extra = (0..40u32).fold(String::new(), |mut s, id| {
+        writeln!(s, "{id} |F {id} 0 1").expect("writing to a String");
+        s
+    });
     write(dir, "extra.ctf", extra);
     write(dir, "wide.ctf", wide_ctf(50, 500));
 }
@@ -229,7 +237,7 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert!(saved_a["state"]["data_identity"].as_str().is_some_and(|s| s.len() == 16));
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("state"))
         .expect("ls")
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".tmp"))
         .collect();
@@ -326,7 +334,7 @@ fn a_python_trainer_survives_a_daemon_restart_by_state_and_by_name() {
     // One process, two sessions: `a` continues with Source.reconnect() (its own saved state),
     // `b` is opened again by session name only (the daemon's checkpoint).
     let script = format!(
-        r#"
+        r"
 import json, sys, time, minibatchd
 sock = {sock:?}
 opts = dict(minibatch_size=4, full_sweep=True, seed=7)
@@ -357,7 +365,7 @@ while True:
 for name, src in (('a', a), ('b', b)):
     got[name].extend(mb.to_dump() for mb in src)
 print(json.dumps(got))
-"#,
+",
         sock = d.socket.display().to_string()
     );
     let mut child = KillOnDrop(
@@ -470,7 +478,8 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
         let seen = notify.expect("READY=1");
         assert!(seen.iter().any(|m| m.starts_with("RELOADING=1") && m.contains("MONOTONIC_USEC=")), "{seen:?}");
         let m = d.wait_metrics("the failed reload", |m| {
-            m.sum("minibatchd_config_reloads_total", &[("result", "failure")]) >= (i + 1) as f64
+            m.sum("minibatchd_config_reloads_total", &[("result", "failure")])
+                >= f64::from(u32::try_from(i + 1).expect("three configs"))
         });
         assert_eq!(m.sum("minibatchd_config_last_reload_successful", &[]), 0.0);
         assert_eq!(m.sum("minibatchd_config_reloads_total", &[("result", "success")]), 0.0);
@@ -687,7 +696,7 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     let mut first = d.client().open("train", &big).expect("first");
     match d.client().open("train", &big) {
         Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
-            assert!(message.contains("memory_limit_bytes"), "{message}")
+            assert!(message.contains("memory_limit_bytes"), "{message}");
         }
         other => panic!("expected resource_exhausted, got {other:?}"),
     }
@@ -711,7 +720,7 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(4096), ..options(2) };
     match d.client().open("train", &small) {
         Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
-            assert!(message.contains("host is short of memory"), "{message}")
+            assert!(message.contains("host is short of memory"), "{message}");
         }
         other => panic!("expected resource_exhausted for the host, got {other:?}"),
     }

@@ -48,6 +48,7 @@ struct ExpectedStream {
 }
 
 /// Whether two numbers are the same float32 within one unit in the last place.
+#[allow(clippy::float_cmp)] // an infinity matches only the same infinity, exactly
 fn f32_close(a: f64, b: f64) -> bool {
     #[allow(clippy::cast_possible_truncation)] // the values are float32 on both sides
     let (a, b) = (a as f32, b as f32);
@@ -58,7 +59,7 @@ fn f32_close(a: f64, b: f64) -> bool {
         return a == b;
     }
     let ordered = |x: f32| {
-        let bits = i64::from(x.to_bits() as i32);
+        let bits = i64::from(x.to_bits().cast_signed());
         if bits < 0 {
             -(bits & 0x7FFF_FFFF)
         } else {

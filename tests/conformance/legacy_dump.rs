@@ -1,7 +1,7 @@
 //! Helpers that reproduce the text dump written by CNTK's legacy reader unit tests.
 //!
 //! CNTK's `Tests/UnitTests/ReaderTests/Common/ReaderTestHelper.h` dumps every minibatch of a
-//! legacy (BrainScript) reader to a text file and compares it with a stored *Control* file
+//! legacy (`BrainScript`) reader to a text file and compares it with a stored *Control* file
 //! (`CheckFilesEquivalent`). To compare our reader against those baselines we need three
 //! pieces, each bit-exact with what the C++ test does:
 //!
@@ -11,7 +11,7 @@
 //!   printed as the `double` it widens to, so callers pass `f64::from(x)` (or use
 //!   [`format_g_f32`]).
 //! * [`pack_layout`] / [`column_order`]: which sample sits in which matrix column. CNTK packs the
-//!   sequences of a minibatch into an `S x T` MBLayout with first-fit (`Sequences.h`,
+//!   sequences of a minibatch into an `S x T` `MBLayout` with first-fit (`Sequences.h`,
 //!   `InitAsPackedSequences`); the dump walks columns `j = t*S + s` and skips gap cells.
 //! * [`tokens`]: how two dumps are compared: `std::istream_iterator<std::string>`, i.e. tokens
 //!   separated by C `isspace` bytes, compared for exact string equality.
@@ -49,9 +49,9 @@ pub fn format_g(x: f64) -> String {
     if x.is_sign_negative() {
         out.push('-');
     }
-    // `exp10` is at most 308 and at least -324, so the cast to usize below is on a
-    // non-negative value only where checked.
-    if exp10 < -4 || exp10 >= G_PRECISION as i32 {
+    // `exp10` is at most 308 and at least -324; `push_fixed` converts it to usize only where it
+    // is non-negative.
+    if exp10 < -4 || exp10 >= i32::try_from(G_PRECISION).expect("a small constant") {
         push_scientific(&mut out, &digits, exp10);
     } else {
         push_fixed(&mut out, &digits, exp10);
@@ -59,7 +59,7 @@ pub fn format_g(x: f64) -> String {
     out
 }
 
-/// Formats an `f32` element the way CNTK prints a `float` ElemType: widened exactly to `f64`,
+/// Formats an `f32` element the way CNTK prints a `float` `ElemType`: widened exactly to `f64`,
 /// then `%g`.
 pub fn format_g_f32(x: f32) -> String {
     format_g(f64::from(x))
@@ -89,17 +89,17 @@ fn exact_decimal(x: f64) -> Decimal {
     let mut big = BigUint::from_u64(mantissa);
     // value = big * 10^decimal_shift
     let decimal_shift = if exp2 >= 0 {
-        big.shl(exp2 as u32);
+        big.shl(exp2.unsigned_abs());
         0
     } else {
         // m / 2^k == m * 5^k / 10^k
-        let k = (-exp2) as u32;
+        let k = exp2.unsigned_abs();
         big.mul_pow5(k);
         exp2
     };
 
     let mut digits = big.into_decimal_digits();
-    let exp10 = digits.len() as i32 - 1 + decimal_shift;
+    let exp10 = i32::try_from(digits.len()).expect("at most 767 significant digits") - 1 + decimal_shift;
     while digits.last() == Some(&0) {
         digits.pop();
     }
@@ -169,7 +169,7 @@ fn push_fixed(out: &mut String, digits: &[u8], exp10: i32) {
         out.extend(digits.iter().map(to_char));
         return;
     }
-    let int_len = exp10 as usize + 1;
+    let int_len = usize::try_from(exp10).expect("exp10 >= 0 here") + 1;
     if digits.len() <= int_len {
         out.extend(digits.iter().map(to_char));
         for _ in digits.len()..int_len {
@@ -187,6 +187,7 @@ struct BigUint {
     limbs: Vec<u32>,
 }
 
+#[allow(clippy::cast_possible_truncation)] // limb arithmetic: `as u32` keeps the low 32 bits on purpose
 impl BigUint {
     fn from_u64(v: u64) -> Self {
         let mut limbs = vec![v as u32, (v >> 32) as u32];
@@ -271,7 +272,7 @@ impl BigUint {
     }
 }
 
-/// CNTK's MBLayout packing (`MBLayout::InitAsPackedSequences`, `Common/Include/Sequences.h`).
+/// CNTK's `MBLayout` packing (`MBLayout::InitAsPackedSequences`, `Common/Include/Sequences.h`).
 ///
 /// `seq_lens` are one stream's *actual* sample counts, in minibatch order. The width is
 /// `T = max(len)`; each sequence goes, in order, into the first row `s` with `used[s] + len <= T`,
@@ -282,12 +283,11 @@ pub fn pack_layout(seq_lens: &[usize]) -> (usize, usize, Vec<(usize, usize)>) {
     let mut row_used: Vec<usize> = Vec::new();
     let mut placement = Vec::with_capacity(seq_lens.len());
     for &len in seq_lens {
-        let row = match row_used.iter().position(|&used| used + len <= width) {
-            Some(row) => row,
-            None => {
-                row_used.push(0);
-                row_used.len() - 1
-            }
+        let row = if let Some(row) = row_used.iter().position(|&used| used + len <= width) {
+            row
+        } else {
+            row_used.push(0);
+            row_used.len() - 1
         };
         placement.push((row, row_used[row]));
         row_used[row] += len;
@@ -370,11 +370,11 @@ mod tests {
     fn format_g_fixed_vs_scientific_boundaries() {
         assert_eq!(format_g(1e-5), "1e-05");
         assert_eq!(format_g(0.0001), "0.0001");
-        assert_eq!(format_g(0.00012345678), "0.000123457");
+        assert_eq!(format_g(0.000_123_456_78), "0.000123457");
         assert_eq!(format_g(1e-7), "1e-07");
-        assert_eq!(format_g(123456.0), "123456");
-        assert_eq!(format_g(100000.0), "100000");
-        assert_eq!(format_g(1234567.0), "1.23457e+06");
+        assert_eq!(format_g(123_456.0), "123456");
+        assert_eq!(format_g(100_000.0), "100000");
+        assert_eq!(format_g(1_234_567.0), "1.23457e+06");
         assert_eq!(format_g(1e6), "1e+06");
         assert_eq!(format_g(-1e6), "-1e+06");
         assert_eq!(format_g(1e100), "1e+100");
@@ -387,21 +387,21 @@ mod tests {
 
     #[test]
     fn format_g_rounding_carries_into_the_exponent() {
-        assert_eq!(format_g(999999.5), "1e+06"); // exact tie, 999999 is odd -> up
-        assert_eq!(format_g(999999.4), "999999");
-        assert_eq!(format_g(9999995.0), "1e+07");
-        assert_eq!(format_g(0.000099999951), "0.0001"); // %e exponent -5 becomes -4 -> fixed
-        assert_eq!(format_g(0.0000999999), "9.99999e-05");
+        assert_eq!(format_g(999_999.5), "1e+06"); // exact tie, 999999 is odd -> up
+        assert_eq!(format_g(999_999.4), "999999");
+        assert_eq!(format_g(9_999_995.0), "1e+07");
+        assert_eq!(format_g(0.000_099_999_951), "0.0001"); // %e exponent -5 becomes -4 -> fixed
+        assert_eq!(format_g(0.000_099_999_9), "9.99999e-05");
         assert_eq!(format_g(99999.95), "99999.9"); // binary value is just below the tie
         assert_eq!(format_g(99999.96), "100000");
     }
 
     #[test]
     fn format_g_exact_ties_go_to_even() {
-        assert_eq!(format_g(1234565.0), "1.23456e+06");
-        assert_eq!(format_g(1234575.0), "1.23458e+06");
+        assert_eq!(format_g(1_234_565.0), "1.23456e+06");
+        assert_eq!(format_g(1_234_575.0), "1.23458e+06");
         assert_eq!(format_g(2.5e6 + 0.5), "2.5e+06"); // 2500000.5: dropped "05" is below half
-        assert_eq!(format_g(0.1234565), "0.123456"); // binary value below the decimal tie
+        assert_eq!(format_g(0.123_456_5), "0.123456"); // binary value below the decimal tie
     }
 
     #[test]
@@ -415,10 +415,11 @@ mod tests {
         assert_eq!(format_g_f32(0.1_f32), "0.1");
         assert_eq!(format_g_f32(16_777_217.0_f32), "1.67772e+07");
         assert_eq!(format_g_f32(-0.138_918_02_f32), "-0.138918");
-        assert_eq!(format_g(982.587022405312), "982.587");
+        assert_eq!(format_g(982.587_022_405_312), "982.587");
     }
 
     #[test]
+    #[allow(clippy::cast_precision_loss)] // u64::MAX rounds to 2^64: that f64 is the case under test
     fn format_g_extremes() {
         assert_eq!(format_g(f64::MAX), "1.79769e+308");
         assert_eq!(format_g(f64::MIN_POSITIVE), "2.22507e-308");
