@@ -28,6 +28,21 @@ use minibatchd_engine::format::errors::ErrorKind;
 
 use crate::stage::Stage;
 
+/// Every label name a metric may carry: bounded sets only (never a file, a session or a sample).
+pub const LABEL_NAMES: [&str; 11] = [
+    "dataset",
+    "stage",
+    "rank",
+    "kind",
+    "state",
+    "part",
+    "result",
+    "code",
+    "version",
+    "protocol_version",
+    "layout_version",
+];
+
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
 pub const REFUSAL_CODES: [&str; 7] = [
     "unknown_dataset",
@@ -589,24 +604,7 @@ mod tests {
             assert_eq!(is_counter, name.ends_with("_total"), "{name}: counters and only counters end in _total");
             for metric in f.get_metric() {
                 for l in metric.get_label() {
-                    assert!(
-                        [
-                            "dataset",
-                            "stage",
-                            "rank",
-                            "kind",
-                            "state",
-                            "part",
-                            "result",
-                            "code",
-                            "version",
-                            "protocol_version",
-                            "layout_version"
-                        ]
-                        .contains(&l.name()),
-                        "{name}: label {}",
-                        l.name()
-                    );
+                    assert!(LABEL_NAMES.contains(&l.name()), "{name}: label {}", l.name());
                 }
             }
         }

@@ -627,19 +627,7 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
         assert!(name.starts_with("minibatchd_"), "{name}");
         assert_eq!(ty == "counter", name.ends_with("_total"), "{name} is a {ty}");
     }
-    let allowed = [
-        "dataset",
-        "stage",
-        "rank",
-        "kind",
-        "state",
-        "part",
-        "result",
-        "code",
-        "version",
-        "protocol_version",
-        "layout_version",
-    ];
+    let allowed = minibatchd::metrics::LABEL_NAMES;
     for (name, labels) in during.series.keys() {
         for (k, _) in labels {
             assert!(allowed.contains(&k.as_str()), "{name}: unexpected label {k}");
