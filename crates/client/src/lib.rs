@@ -13,3 +13,6 @@ pub mod protocol;
 mod session;
 
 pub use session::{Client, ClientError, Delivered, Session};
+
+/// This crate's result: a client call fails with [`ClientError`].
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;

@@ -34,6 +34,7 @@ use crate::protocol::{
     self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions,
     SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
 };
+use crate::Result;
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
 use minibatchd_shm::Minibatch;
 use minibatchd_sys::{ReadOnlyMapping, ShmError};
@@ -83,7 +84,7 @@ pub struct Client {
     binary: bool,
 }
 
-fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage, ClientError> {
+fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<ServerMessage> {
     let mut buf = [0u8; 16 * 1024];
     loop {
         if let Some(body) = frames.next_frame()? {
@@ -111,7 +112,7 @@ impl Client {
     /// [`ClientError`].
     /// Says hello with [`PROTOCOL_VERSION`] and, if the daemon answers `version_mismatch` (one
     /// older than binary `ready`/`release`), again with version 1 on a new connection.
-    pub fn connect(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+    pub fn connect(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         match Self::connect_with(path, PROTOCOL_VERSION) {
             Err(ClientError::Daemon { code: ErrorCode::VersionMismatch, .. }) if PROTOCOL_VERSION > 1 => {
@@ -125,7 +126,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError`]; a daemon that does not speak `version` answers `version_mismatch`.
-    pub fn connect_with(path: &Path, version: u32) -> Result<Self, ClientError> {
+    pub fn connect_with(path: &Path, version: u32) -> Result<Self> {
         let mut stream = UnixStream::connect(path)?;
         protocol::write_frame(&mut stream, &ClientMessage::Hello { version, client: Some("minibatchd-rust".into()) })?;
         let mut frames = FrameBuffer::default();
@@ -145,7 +146,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError`], e.g. [`ClientError::Daemon`] with `invalid_options`.
-    pub fn open(mut self, dataset: &str, options: &SessionOptions) -> Result<Session, ClientError> {
+    pub fn open(mut self, dataset: &str, options: &SessionOptions) -> Result<Session> {
         protocol::write_frame(
             &mut self.stream,
             &ClientMessage::Open { dataset: dataset.into(), options: options.clone() },
@@ -242,7 +243,7 @@ impl Session {
         self.report_wait.then(|| u64::try_from(self.waited.as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn flush(&mut self, extra: Option<ClientMessage>) -> Result<(), ClientError> {
+    fn flush(&mut self, extra: Option<ClientMessage>) -> Result<()> {
         let mut out = Vec::new();
         let wait_ns = self.wait_ns();
         for (slot, generation) in self.pending.drain(..) {
@@ -270,7 +271,7 @@ impl Session {
     ///
     /// # Errors
     /// [`ClientError`] (an `error` from the daemon included).
-    pub fn next_minibatch(&mut self) -> Result<Option<Delivered>, ClientError> {
+    pub fn next_minibatch(&mut self) -> Result<Option<Delivered>> {
         if self.end.is_some() {
             return Ok(None);
         }
@@ -335,7 +336,7 @@ impl Session {
     ///
     /// # Errors
     /// [`LayoutError`] for a corrupt or stale slot.
-    pub fn tensors(&self, mb: &Delivered) -> Result<Vec<TensorView<'_>>, ClientError> {
+    pub fn tensors(&self, mb: &Delivered) -> Result<Vec<TensorView<'_>>> {
         let bytes = &self.mapping.bytes()[self.header.slot_range(mb.slot)];
         let (h, table) = layout::decode_slot(bytes)?;
         if h.generation != mb.generation {
@@ -359,7 +360,7 @@ impl Session {
     ///
     /// # Errors
     /// [`LayoutError`].
-    pub fn copy(&self, mb: &Delivered) -> Result<Minibatch, ClientError> {
+    pub fn copy(&self, mb: &Delivered) -> Result<Minibatch> {
         let dims: Vec<usize> = self.streams.iter().map(|s| usize::try_from(s.dim).unwrap_or(usize::MAX)).collect();
         let mut out = minibatchd_shm::decode_minibatch(self.mapping.bytes(), mb.slot, mb.generation, &dims)?;
         out.sweep = mb.meta.sweep;
@@ -378,14 +379,14 @@ impl Session {
     ///
     /// # Errors
     /// As [`Session::next_minibatch`].
-    pub fn next_owned(&mut self) -> Result<Option<Minibatch>, ClientError> {
+    pub fn next_owned(&mut self) -> Result<Option<Minibatch>> {
         let Some(d) = self.next_minibatch()? else { return Ok(None) };
         let mb = self.copy(&d);
         self.release(d);
         mb.map(Some)
     }
 
-    fn await_reply(&mut self, want: fn(&ServerMessage) -> bool) -> Result<ServerMessage, ClientError> {
+    fn await_reply(&mut self, want: fn(&ServerMessage) -> bool) -> Result<ServerMessage> {
         loop {
             let m = read_message(&mut self.stream, &mut self.frames)?;
             if want(&m) {
@@ -402,7 +403,7 @@ impl Session {
     ///
     /// # Errors
     /// [`ClientError`].
-    pub fn state(&mut self) -> Result<SessionState, ClientError> {
+    pub fn state(&mut self) -> Result<SessionState> {
         if let Some(s) = self.end.as_ref().or(self.final_state.as_ref()) {
             return Ok(s.clone());
         }
@@ -422,7 +423,7 @@ impl Session {
     ///
     /// # Errors
     /// [`ClientError`].
-    pub fn close(mut self) -> Result<SessionState, ClientError> {
+    pub fn close(mut self) -> Result<SessionState> {
         if self.stopped {
             return Ok(self.final_state.take().unwrap_or_else(|| self.last.clone()));
         }

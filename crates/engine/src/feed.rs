@@ -13,6 +13,7 @@ use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
 use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, StreamShape};
 use crate::sampling::{MinibatchPlan, Sampler, SamplingError, Timeline};
+use crate::Result;
 
 /// Loads a chunk that is not held: parses it, or fetches it from a cache.
 pub type LoadChunk<'a> = dyn FnMut(u32) -> Result<Arc<ParsedChunk>, DataError> + 'a;
@@ -108,7 +109,7 @@ impl Feeder {
     ///
     /// # Errors
     /// What `load` returns, or a frame-mode violation. Chunks loaded before the error stay held.
-    pub fn gather(&mut self, plan: &MinibatchPlan, load: &mut LoadChunk<'_>) -> Result<Gathered, DataError> {
+    pub fn gather(&mut self, plan: &MinibatchPlan, load: &mut LoadChunk<'_>) -> Result<Gathered> {
         let mut source = HeldOrLoaded { held: &mut self.held, bytes: &mut self.held_bytes, load };
         let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)?;
         self.peak_chunks = self.peak_chunks.max(self.held.len());
@@ -143,7 +144,7 @@ struct HeldOrLoaded<'a, 'l> {
 }
 
 impl ChunkSource for HeldOrLoaded<'_, '_> {
-    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>> {
         if let Some(c) = self.held.get(&chunk) {
             return Ok(c.clone());
         }

@@ -42,3 +42,8 @@ pub mod persist;
 pub mod sampling;
 
 pub use dataset::Dataset;
+
+pub use format::errors::DataError;
+
+/// This crate's result: reading data fails with [`DataError`] (file, line, byte offset, kind).
+pub type Result<T, E = DataError> = std::result::Result<T, E>;

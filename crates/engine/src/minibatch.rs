@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::format::chunk::{Indices, ParsedChunk, StreamKind, StreamSpec, StreamValues, Values};
 use crate::format::errors::DataError;
 use crate::sampling::{MinibatchPlan, Timeline};
+use crate::Result;
 
 pub use minibatchd_shm::owned::{MbData, MbStream, Minibatch};
 pub use minibatchd_shm::table::{DType, Field, SlotSource, TensorDesc};
@@ -24,7 +25,7 @@ pub trait ChunkSource {
 }
 
 impl<S: std::hash::BuildHasher> ChunkSource for HashMap<u32, Arc<ParsedChunk>, S> {
-    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>, DataError> {
+    fn chunk(&mut self, chunk: u32) -> Result<Arc<ParsedChunk>> {
         self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
     }
 }
@@ -166,7 +167,7 @@ pub fn gather(
     shapes: &[StreamShape],
     frame_mode: bool,
     chunks: &mut dyn ChunkSource,
-) -> Result<Gathered, DataError> {
+) -> Result<Gathered> {
     let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
     let mut local_of: ChunkMap<usize> = ChunkMap::default();
     // Pass 1: resolve each sequence's chunk and prefetch its offsets; the sequences sit at random

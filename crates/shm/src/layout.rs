@@ -22,6 +22,8 @@
 //!   `S/values` float32|float64 `[nnz]`;
 //! * strings: `S/offsets` int64 `[num_samples + 1]`, `S/bytes` uint8 `[len]`.
 
+use crate::Result;
+
 /// Magic at the start of a ring.
 pub const RING_MAGIC: [u8; 8] = *b"MBDRING\0";
 /// Magic at the start of a written slot.
@@ -118,7 +120,7 @@ impl DType {
     ///
     /// # Errors
     /// [`LayoutError::UnknownDType`].
-    pub fn from_code(code: u32) -> Result<Self, LayoutError> {
+    pub fn from_code(code: u32) -> Result<Self> {
         Ok(match code {
             1 => Self::F32,
             2 => Self::F64,
@@ -209,7 +211,7 @@ impl RingHeader {
     ///
     /// # Errors
     /// Any [`LayoutError`] naming what is wrong.
-    pub fn read(bytes: &[u8]) -> Result<Self, LayoutError> {
+    pub fn read(bytes: &[u8]) -> Result<Self> {
         if bytes.len() < Self::SIZE || bytes[..8] != RING_MAGIC {
             return Err(LayoutError::BadMagic);
         }
@@ -308,7 +310,7 @@ impl SlotHeader {
     ///
     /// # Errors
     /// [`LayoutError::BadMagic`] for a slot never written.
-    pub fn read(slot: &[u8]) -> Result<Self, LayoutError> {
+    pub fn read(slot: &[u8]) -> Result<Self> {
         if slot.len() < Self::SIZE || slot[..4] != SLOT_MAGIC {
             return Err(LayoutError::BadMagic);
         }
@@ -452,7 +454,7 @@ pub fn encode_slot(
     minibatch: u64,
     fingerprint: u64,
     tensors: &[TensorSpec<'_>],
-) -> Result<u64, LayoutError> {
+) -> Result<u64> {
     let metas: Vec<TensorMeta<'_>> = tensors.iter().map(TensorSpec::meta).collect();
     encode_slot_with(slot, generation, minibatch, fingerprint, &metas, |i, out| out.copy_from_slice(tensors[i].data))
 }
@@ -470,7 +472,7 @@ pub fn encode_slot_with(
     fingerprint: u64,
     metas: &[TensorMeta<'_>],
     mut fill: impl FnMut(usize, &mut [u8]),
-) -> Result<u64, LayoutError> {
+) -> Result<u64> {
     let needed = encoded_size_of(metas);
     if needed > slot.len() as u64 {
         return Err(LayoutError::TooLarge { needed_bytes: needed, slot_size_bytes: slot.len() as u64 });
@@ -530,7 +532,7 @@ pub struct TensorView<'a> {
 ///
 /// # Errors
 /// [`LayoutError`] for an unwritten or corrupt slot.
-pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, Vec<(TensorEntry, String)>), LayoutError> {
+pub fn decode_slot(slot: &[u8]) -> Result<(SlotHeader, Vec<(TensorEntry, String)>)> {
     let header = SlotHeader::read(slot)?;
     let n = header.num_tensors as usize;
     let table_end = SlotHeader::SIZE

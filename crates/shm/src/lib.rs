@@ -31,3 +31,6 @@ pub use layout::{DType, LayoutError, RingHeader, SlotHeader, TensorEntry, LAYOUT
 pub use owned::{decode_minibatch, Indices, MbData, MbStream, Minibatch, Values};
 pub use ring::{needed_bytes, Ring, RingGeometry};
 pub use table::{Field, SlotSource, TensorDesc};
+
+/// This crate's result: encoding or decoding a ring fails with [`LayoutError`].
+pub type Result<T, E = LayoutError> = std::result::Result<T, E>;

@@ -9,6 +9,7 @@ use minibatchd_sys::{as_bytes, cast_slice};
 
 use crate::layout::{self, DType, LayoutError, RingHeader};
 use crate::table::{Field, SlotSource, TensorDesc};
+use crate::Result;
 
 /// Element values of a stream, in the dataset's precision.
 #[derive(Debug, Clone, PartialEq)]
@@ -224,7 +225,7 @@ pub fn decode_minibatch(
     slot: u64,
     expected_generation: u64,
     stream_dims: &[usize],
-) -> Result<Minibatch, LayoutError> {
+) -> Result<Minibatch> {
     let header = RingHeader::read(ring_bytes)?;
     if slot >= header.slot_count {
         return Err(LayoutError::Corrupt("slot index out of range"));

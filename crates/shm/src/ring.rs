@@ -9,6 +9,7 @@ use minibatchd_sys::SlotMemory;
 
 use crate::layout::{self, LayoutError, RingHeader, TensorMeta, RING_HEADER_BYTES, SLOT_GRANULE};
 use crate::table::{SlotSource, TensorDesc};
+use crate::Result;
 
 /// Slot count and size of a ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl<M: SlotMemory> Ring<M> {
     ///
     /// # Errors
     /// [`LayoutError::Corrupt`] if the memory is too small.
-    pub fn new(mut memory: M, geometry: RingGeometry, daemon_id: u64, session_id: u64) -> Result<Self, LayoutError> {
+    pub fn new(mut memory: M, geometry: RingGeometry, daemon_id: u64, session_id: u64) -> Result<Self> {
         let header = RingHeader::new(daemon_id, session_id, geometry.slot_count, geometry.slot_size);
         if (memory.bytes().len() as u64) < header.total_bytes {
             return Err(LayoutError::Corrupt("memory smaller than the ring"));
@@ -79,13 +80,7 @@ impl<M: SlotMemory> Ring<M> {
     /// # Errors
     /// [`LayoutError::TooLarge`] when the minibatch does not fit a slot (nothing is copied);
     /// `Corrupt` for a slot index out of range.
-    pub fn write(
-        &mut self,
-        slot: u64,
-        generation: u64,
-        source: &impl SlotSource,
-        names: &[String],
-    ) -> Result<u64, LayoutError> {
+    pub fn write(&mut self, slot: u64, generation: u64, source: &impl SlotSource, names: &[String]) -> Result<u64> {
         if slot >= self.header.slot_count {
             return Err(LayoutError::Corrupt("slot index out of range"));
         }

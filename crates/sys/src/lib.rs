@@ -23,6 +23,9 @@ pub use memory::{
     SlotMemory,
 };
 
+/// This crate's result: creating or mapping shared memory fails with [`ShmError`].
+pub type Result<T, E = ShmError> = std::result::Result<T, E>;
+
 /// Plain data that may be viewed as bytes and read back from suitably aligned bytes: every bit
 /// pattern is a valid value and the type has no padding.
 ///

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::format::errors::DataError;
 use crate::format::index::FileIndex;
 use crate::format::index_cache::{self, FileStamp, Miss};
+use crate::Result;
 
 /// Expands the configured paths into files, in order: a glob expands to the regular files it
 /// matches, sorted; a directory to every regular file below it (recursively, names starting with
@@ -15,7 +16,7 @@ use crate::format::index_cache::{self, FileStamp, Miss};
 ///
 /// # Errors
 /// A pattern or directory that yields no file, or a path that does not exist.
-pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>, DataError> {
+pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
     for p in patterns {
         let text = p.to_string_lossy();
@@ -57,7 +58,7 @@ fn sort_by_path_bytes(paths: &mut [PathBuf]) {
 }
 
 /// Regular files below `dir`, recursively, skipping names that start with `.`.
-fn list_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
+fn list_dir(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
     for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
         let entry = entry.map_err(|e| DataError::io(dir, e))?;
         if entry.file_name().as_encoded_bytes().first() == Some(&b'.') {
@@ -87,7 +88,7 @@ pub(super) fn index_with_cache(
     state_dir: &Path,
     progress: &mut dyn FnMut(u64),
     build: &mut BuildIndex<'_>,
-) -> Result<FileIndex, DataError> {
+) -> Result<FileIndex> {
     let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if use_cache {
         match index_cache::load(state_dir, &stamp, fingerprint, name) {

@@ -9,6 +9,7 @@ use super::OpenSource;
 use crate::format::errors::DataError;
 use crate::format::index::{ChunkDesc, SequenceDesc};
 use crate::sampling::Timeline;
+use crate::Result;
 
 /// A sequence of the joined dataset: where its bytes are in each source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +21,7 @@ pub(super) struct SeqLoc {
 impl SeqLoc {
     /// Sequence `seq` of file `file` of a source; an error past `u32` (a file of 2^32 or more
     /// sequences), where a narrowing cast would silently point at another sequence.
-    fn new(file: usize, seq: usize) -> Result<Self, DataError> {
+    fn new(file: usize, seq: usize) -> Result<Self> {
         match (u32::try_from(file), u32::try_from(seq)) {
             (Ok(file), Ok(seq)) => Ok(Self { file, seq }),
             _ => Err(DataError::Dataset(format!("file {file} of a source has more than 2^32 - 1 sequences"))),
@@ -31,11 +32,7 @@ impl SeqLoc {
 pub(super) type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
 
 /// Joins the sources by key and builds the timeline over the primary chunks.
-pub(super) fn join(
-    sources: &[OpenSource],
-    primary_chunks: &[ChunkDesc],
-    main_source: Option<usize>,
-) -> Result<Joined, DataError> {
+pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Option<usize>) -> Result<Joined> {
     // Key → location maps of the secondary sources; the first occurrence of a key wins.
     let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
         .iter()

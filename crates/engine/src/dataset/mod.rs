@@ -34,6 +34,7 @@ mod files;
 mod join;
 mod read;
 
+use crate::Result;
 use files::index_with_cache;
 pub use files::resolve_files;
 use join::{join, SeqLoc};
@@ -98,11 +99,7 @@ impl Dataset {
     ///
     /// # Errors
     /// Missing files, I/O errors and fatal index errors.
-    pub fn open(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self, DataError> {
+    pub fn open(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
         match config.format {
             FormatKind::Ctf => Self::open_ctf(config, state_dir, progress),
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
@@ -111,11 +108,7 @@ impl Dataset {
         }
     }
 
-    fn open_ctf(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self, DataError> {
+    fn open_ctf(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
         let resolved: Vec<Vec<PathBuf>> =
             config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
@@ -172,11 +165,7 @@ impl Dataset {
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
-    fn open_deepx(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self, DataError> {
+    fn open_deepx(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let files = resolve_files(patterns)?;
@@ -216,7 +205,7 @@ impl Dataset {
         sources: Vec<OpenSource>,
         main_source: Option<usize>,
         streams: Vec<StreamSpec>,
-    ) -> Result<Self, DataError> {
+    ) -> Result<Self> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
         let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
@@ -314,7 +303,7 @@ impl Dataset {
     /// # Errors
     /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
     /// spent.
-    pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>), DataError> {
+    pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
         let (parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
@@ -324,7 +313,7 @@ impl Dataset {
 
     /// Charges each source's errors (`by_source[s]`, in the order they were found) to source
     /// `s`'s budget; returns the newly charged ones.
-    fn charge(&self, by_source: &[Vec<Malformed>]) -> Result<Vec<Malformed>, DataError> {
+    fn charge(&self, by_source: &[Vec<Malformed>]) -> Result<Vec<Malformed>> {
         let mut fresh = Vec::new();
         for (budget, errors) in self.budgets.iter().zip(by_source) {
             fresh.extend(budget.charge(errors)?);
@@ -346,7 +335,7 @@ impl Dataset {
     }
 
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
-    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>), DataError> {
+    fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>)> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
         let mut by_source: Vec<Vec<Malformed>> = Vec::with_capacity(self.sources.len());

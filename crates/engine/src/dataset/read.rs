@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::format::errors::DataError;
+use crate::Result;
 
 thread_local! {
     /// Per-thread read buffer of [`ReadWindow`]: one window, or a whole sequence when longer.
@@ -45,7 +46,7 @@ pub(super) struct ReadWindow<'a> {
 }
 
 impl<'a> ReadWindow<'a> {
-    pub(super) fn new(path: &'a Path, end: u64) -> Result<Self, DataError> {
+    pub(super) fn new(path: &'a Path, end: u64) -> Result<Self> {
         let file = File::open(path).map_err(|e| DataError::io(path, e))?;
         let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
         buf.0.clear();
@@ -54,7 +55,7 @@ impl<'a> ReadWindow<'a> {
 
     /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
     /// [`READ_WINDOW`] bytes or the whole sequence) when they are not all in the current one.
-    pub(super) fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8], DataError> {
+    pub(super) fn bytes(&mut self, offset: u64, size: u32) -> Result<&[u8]> {
         let size = u64::from(size);
         let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
         if !inside {
@@ -81,7 +82,7 @@ impl<'a> ReadWindow<'a> {
     }
 }
 
-pub(super) fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>, DataError> {
+pub(super) fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
     let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
     let mut buf = vec![0u8; len];
