@@ -43,6 +43,9 @@ pub const LABEL_NAMES: [&str; 11] = [
     "layout_version",
 ];
 
+/// Why a connection is closed by the daemon's limits (`minibatchd_connections_refused_total{code}`).
+pub const CONNECTION_REFUSALS: [&str; 3] = ["max_connections", "max_connections_per_uid", "handshake_timeout"];
+
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
 pub const REFUSAL_CODES: [&str; 7] = [
     "unknown_dataset",
@@ -171,6 +174,9 @@ pub struct Metrics {
     pub sessions_opened: IntCounterVec,
     /// `minibatchd_sessions_refused_total{code}`: `open`s refused, by protocol error code.
     pub sessions_refused: IntCounterVec,
+    /// `minibatchd_connections_refused_total{code}`: connections closed by a limit
+    /// ([`CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
+    pub connections_refused: IntCounterVec,
     /// `minibatchd_datasets{state}`: `ready` and `failed` datasets.
     pub datasets: IntGaugeVec,
     /// `minibatchd_process_resident_memory_bytes` (sysinfo).
@@ -405,6 +411,12 @@ impl Metrics {
                 "Session opens refused, by error code.",
                 &["code"],
             )?,
+            connections_refused: counter_vec(
+                &r,
+                "minibatchd_connections_refused_total",
+                "Client connections closed by a limit: max_connections, max_connections_per_uid or handshake_timeout.",
+                &["code"],
+            )?,
             datasets: gauge_vec(
                 &r,
                 "minibatchd_datasets",
@@ -495,6 +507,9 @@ impl Metrics {
         }
         for code in REFUSAL_CODES {
             m.sessions_refused.with_label_values(&[code]);
+        }
+        for code in CONNECTION_REFUSALS {
+            m.connections_refused.with_label_values(&[code]);
         }
         for part in ["cache", "rings"] {
             m.memory_used_bytes.with_label_values(&[part]);

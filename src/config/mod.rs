@@ -116,6 +116,17 @@ pub struct DaemonConfig {
     /// Host memory (`MemAvailable`) to leave free: below it the chunk cache shrinks, then new
     /// sessions are refused; 0 disables the guard. In bytes.
     pub host_memory_reserve_bytes: u64,
+    /// Client connections at once, in all: more are answered `resource_exhausted` and closed.
+    pub max_connections: usize,
+    /// Client connections at once per peer uid (`SO_PEERCRED`).
+    pub max_connections_per_uid: usize,
+    /// Open sessions at once, in all (each holds a ring and two threads).
+    pub max_sessions: usize,
+    /// Open sessions at once per peer uid.
+    pub max_sessions_per_uid: usize,
+    /// Seconds a connection may stay without an open session (`hello`, then `open`) before it
+    /// is closed.
+    pub handshake_timeout_secs: u64,
 }
 
 impl Config {
@@ -229,6 +240,11 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
         shutdown_grace_secs: t.uint(w, "shutdown_grace_secs", 0, 600).unwrap_or(5),
         checkpoint_interval_secs: t.uint(w, "checkpoint_interval_secs", 1, 86_400).unwrap_or(30),
         host_memory_reserve_bytes: t.uint(w, "host_memory_reserve_bytes", 0, u64::MAX).unwrap_or(256 << 20),
+        max_connections: t.usize(w, "max_connections", 1, 1 << 20).unwrap_or(1024),
+        max_connections_per_uid: t.usize(w, "max_connections_per_uid", 1, 1 << 20).unwrap_or(256),
+        max_sessions: t.usize(w, "max_sessions", 1, 1 << 16).unwrap_or(256),
+        max_sessions_per_uid: t.usize(w, "max_sessions_per_uid", 1, 1 << 16).unwrap_or(64),
+        handshake_timeout_secs: t.uint(w, "handshake_timeout_secs", 1, 3600).unwrap_or(10),
     };
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
         w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected host:port, e.g. 127.0.0.1:9464 ({e})"));

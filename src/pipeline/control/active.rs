@@ -22,7 +22,7 @@ use super::super::data::delivery::StartProducer;
 use super::super::data::hub::DatasetRuntime;
 use super::super::data::producer::{FreeSlot, Producer, ProducerEvent};
 use super::admission::{self, Refusal};
-use super::connection::ConnShared;
+use super::connection::{ConnShared, Peer};
 use super::session::{
     check_resume, options_hash, resolve_options, Progress, ResolvedOptions, SlotTable, MAX_SLOT_SIZE_BYTES,
 };
@@ -162,6 +162,7 @@ pub(super) async fn open(
     dataset: &str,
     options: &SessionOptions,
     conn: &ConnShared,
+    peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry } = prepare(dataset, options, shared)?;
@@ -191,7 +192,9 @@ pub(super) async fn open(
         fits: &fits,
         ring_bytes: geometry.total_bytes(),
         host_short,
-        daemon_id: shared.daemon_id,
+        uid: peer.uid,
+        limits: shared.limits.sessions,
+        nonce: super::random_u64(),
         options,
     };
     let admitted = {

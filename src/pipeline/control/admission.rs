@@ -68,6 +68,18 @@ pub enum Refusal {
     /// The producer thread could not be started.
     #[error("cannot start the session's producer thread: {0}")]
     Producer(std::io::Error),
+    /// The daemon, or this user, has as many sessions as it may.
+    #[error("too many sessions: {count} open {scope} (daemon.{key} = {limit}); close one or raise the limit")]
+    TooManySessions {
+        /// `for this user` or `in the daemon`.
+        scope: &'static str,
+        /// The config key of the limit.
+        key: &'static str,
+        /// Sessions open.
+        count: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The delivery stage is gone (the daemon is stopping).
     #[error("delivery stage unavailable: {0}")]
     Delivery(String),
@@ -81,7 +93,8 @@ impl Refusal {
             Self::Dataset(_) => ErrorCode::UnknownDataset,
             Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
-            Self::Registry(RegistryError::Busy(_)) => ErrorCode::SessionBusy,
+            Self::Registry(RegistryError::Busy(_) | RegistryError::NotOwner(_)) => ErrorCode::SessionBusy,
+            Self::TooManySessions { .. } => ErrorCode::ResourceExhausted,
             Self::Registry(RegistryError::Memory { .. }) | Self::HostMemory { .. } | Self::Ring(_) => {
                 ErrorCode::ResourceExhausted
             }
@@ -117,10 +130,23 @@ pub struct Request<'a> {
     pub ring_bytes: u64,
     /// The host-memory guard's verdict: `Some((shortfall, reserve))` when new sessions are refused.
     pub host_short: Option<(u64, u64)>,
-    /// This daemon start's id (in generated names).
-    pub daemon_id: u64,
+    /// The peer uid of the connection (`SO_PEERCRED`): the session's owner.
+    pub uid: u32,
+    /// How many sessions may be open, in all and per uid.
+    pub limits: SessionLimits,
+    /// 64 random bits for a generated name (unguessable: the name is the key to resume).
+    pub nonce: u64,
     /// The options to record for the checkpoint (`resume` is dropped, the name is set).
     pub options: &'a SessionOptions,
+}
+
+/// How many sessions may be open at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// In the daemon (`daemon.max_sessions`).
+    pub total: usize,
+    /// Per peer uid (`daemon.max_sessions_per_uid`).
+    pub per_uid: usize,
 }
 
 /// An admitted session: its name and the state it starts from.
@@ -152,11 +178,28 @@ impl Admitted {
 /// [`Refusal::Registry`] (busy name, no memory), [`Refusal::Lingering`] (a lingering state that
 /// does not fit), [`Refusal::HostMemory`]. On any refusal the registry is as before.
 pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admitted, Refusal> {
+    let (open, mine) = (reg.counts().0, reg.active_of(req.uid));
+    if open >= req.limits.total {
+        return Err(Refusal::TooManySessions {
+            scope: "in the daemon",
+            key: "max_sessions",
+            count: open,
+            limit: req.limits.total,
+        });
+    }
+    if mine >= req.limits.per_uid {
+        return Err(Refusal::TooManySessions {
+            scope: "for this user",
+            key: "max_sessions_per_uid",
+            count: mine,
+            limit: req.limits.per_uid,
+        });
+    }
     let id = reg.next_id();
-    // A generated name carries the daemon start, so it never matches a session restored from an
-    // earlier start's checkpoint.
-    let name = req.name.map_or_else(|| format!("{}-{:08x}-{id}", req.dataset, req.daemon_id >> 32), str::to_owned);
-    let lingered = match reg.claim(&name, id, now)? {
+    // A generated name is random: knowing it is what lets a client resume a session by name, so
+    // it must not be predictable from anything another client sees.
+    let name = req.name.map_or_else(|| format!("{}-{:016x}", req.dataset, req.nonce), str::to_owned);
+    let lingered = match reg.claim(&name, id, req.uid, now)? {
         Claim::Resume(s) => Some(s),
         Claim::Fresh => None,
     };
@@ -182,7 +225,7 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         return Err(Refusal::HostMemory { shortfall, reserve });
     }
     let options = SessionOptions { resume: None, session: Some(name.clone()), ..req.options.clone() };
-    reg.record(SavedSession { name: name.clone(), options, state: start.clone() });
+    reg.record(SavedSession { name: name.clone(), options, state: start.clone(), owner: Some(req.uid) });
     Ok(Admitted { id, name, start, lingered, ring_bytes: req.ring_bytes })
 }
 
@@ -229,7 +272,9 @@ mod tests {
             fits: &fits,
             ring_bytes,
             host_short: None,
-            daemon_id: 0xabcd_ef01_0000_0000,
+            uid: 1000,
+            limits: SessionLimits { total: 100, per_uid: 10 },
+            nonce: 0x0123_4567_89ab_cdef,
             options,
         }
     }
@@ -244,7 +289,7 @@ mod tests {
         let mut reg = registry();
         let options = SessionOptions::default();
         let a = admit(&mut reg, &request(None, 400, &options), Instant::now()).expect("admitted");
-        assert_eq!(a.name, format!("d-abcdef01-{}", a.id));
+        assert_eq!(a.name, "d-0123456789abcdef", "the nonce, not the daemon id or a counter");
         assert_eq!(a.start, state(0, "opts"));
         assert_eq!(reg.rings_bytes(), 400);
         let saved = reg.snapshot(Instant::now());
@@ -320,5 +365,66 @@ mod tests {
         let mut req = request(Some("s"), 0, &options);
         req.resume = Some(&mine);
         assert_eq!(admit(&mut reg, &req, t0).expect("admitted").start.position, 90);
+    }
+
+    #[test]
+    fn another_uid_cannot_resume_take_over_or_squat_a_session() {
+        let mut reg = registry();
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let mine = admit(&mut reg, &request(Some("job"), 0, &options), t0).expect("mine");
+        let mut theirs = request(Some("job"), 0, &options);
+        theirs.uid = 2000;
+        // Connected: busy for everyone.
+        let e = admit(&mut reg, &theirs, t0).expect_err("connected");
+        assert_eq!(e.code(), ErrorCode::SessionBusy);
+        // The owner's job crashes: the session lingers, and only its owner may resume it.
+        reg.park(&mine.name, state(40, "opts"), t0);
+        let e = admit(&mut reg, &theirs, t0).expect_err("not theirs");
+        assert!(matches!(e, Refusal::Registry(RegistryError::NotOwner(ref n)) if n == "job"), "{e}");
+        assert_eq!(e.code(), ErrorCode::SessionBusy);
+        assert_eq!(reg.counts(), (0, 1), "still lingering, untouched");
+        let back = admit(&mut reg, &request(Some("job"), 0, &options), t0).expect("the owner resumes");
+        assert_eq!(back.start.position, 40);
+        let saved = reg.snapshot(t0);
+        assert_eq!(saved[0].owner, Some(1000), "the checkpoint keeps the owner");
+    }
+
+    #[test]
+    fn a_session_from_an_ownerless_checkpoint_is_bound_to_its_first_claimer() {
+        let mut reg = registry();
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let old = SavedSession { name: "old".into(), options: options.clone(), state: state(9, "opts"), owner: None };
+        assert_eq!(reg.restore(vec![old], t0), 1);
+        let mut first = request(Some("old"), 0, &options);
+        first.uid = 3000;
+        let a = admit(&mut reg, &first, t0).expect("the first claimer resumes it");
+        assert_eq!(a.start.position, 9);
+        reg.park("old", state(11, "opts"), t0);
+        let e = admit(&mut reg, &request(Some("old"), 0, &options), t0).expect_err("now bound to uid 3000");
+        assert_eq!(e.code(), ErrorCode::SessionBusy);
+    }
+
+    #[test]
+    fn sessions_are_limited_in_all_and_per_uid() {
+        let mut reg = registry();
+        let options = SessionOptions::default();
+        let mut req = request(None, 0, &options);
+        req.limits = SessionLimits { total: 3, per_uid: 2 };
+        for nonce in 0..2 {
+            req.nonce = nonce;
+            admit(&mut reg, &req, Instant::now()).expect("within the per-uid limit");
+        }
+        req.nonce = 7;
+        let e = admit(&mut reg, &req, Instant::now()).expect_err("per uid");
+        assert!(matches!(e, Refusal::TooManySessions { key: "max_sessions_per_uid", count: 2, limit: 2, .. }), "{e}");
+        assert_eq!(e.code(), ErrorCode::ResourceExhausted);
+        req.uid = 2000;
+        admit(&mut reg, &req, Instant::now()).expect("another uid");
+        req.uid = 3000;
+        req.nonce = 8;
+        let e = admit(&mut reg, &req, Instant::now()).expect_err("in all");
+        assert!(matches!(e, Refusal::TooManySessions { key: "max_sessions", count: 3, limit: 3, .. }), "{e}");
     }
 }

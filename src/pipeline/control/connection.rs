@@ -39,8 +39,10 @@ use minibatchd_client::protocol::{
 use super::super::data::delivery::Delivery;
 use super::super::data::producer::{FreeSlot, ProducerEvent};
 use super::active::{open, Active};
+use super::admission::Refusal;
 use super::session::Release;
 use super::ControlPlane;
+use crate::pipeline::data::hub::HubError;
 
 /// What every connection task shares.
 pub struct ConnShared {
@@ -67,10 +69,31 @@ enum Flow {
     Close,
 }
 
-fn peer_label(stream: &UnixStream) -> String {
-    match rustix::net::sockopt::socket_peercred(stream) {
-        Ok(c) => format!("pid={} uid={} gid={}", c.pid.as_raw_nonzero(), c.uid.as_raw(), c.gid.as_raw()),
-        Err(e) => format!("unknown ({e})"),
+/// Who is at the other end of the socket (`SO_PEERCRED`, set by the kernel at `connect`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// The peer's uid; `u32::MAX` (no user) when the kernel would not say.
+    pub uid: u32,
+    label: String,
+}
+
+impl Peer {
+    /// The credentials of `stream`'s peer.
+    #[must_use]
+    pub fn of(stream: &UnixStream) -> Self {
+        match rustix::net::sockopt::socket_peercred(stream) {
+            Ok(c) => Self {
+                uid: c.uid.as_raw(),
+                label: format!("pid={} uid={} gid={}", c.pid.as_raw_nonzero(), c.uid.as_raw(), c.gid.as_raw()),
+            },
+            Err(e) => Self { uid: u32::MAX, label: format!("unknown ({e})") },
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.label)
     }
 }
 
@@ -99,10 +122,22 @@ async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd
 
 /// Serves one client until it goes, errs fatally, or the daemon stops.
 pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let _alive = conn.shared.connections.enter();
-    let peer = peer_label(&stream);
-    tracing::info!(peer = %peer, "client connected");
+    let peer = Peer::of(&stream);
+    let limits = conn.shared.limits;
     let (mut rd, mut wr) = stream.into_split();
+    let _alive = match conn.shared.connections.enter(peer.uid, &limits) {
+        Ok(guard) => guard,
+        Err(e) => {
+            tracing::warn!(peer = %peer, "{e}; connection closed");
+            conn.shared.data.metrics.connections_refused.with_label_values(&[e.key]).inc();
+            let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ResourceExhausted, e.to_string())).await;
+            return;
+        }
+    };
+    tracing::info!(peer = %peer, "client connected");
+    // A connection holds a descriptor: without a session it may not hold it for long.
+    let handshake = tokio::time::sleep(limits.handshake_timeout);
+    tokio::pin!(handshake);
     let mut frames = FrameBuffer::default();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let mut phase = Phase::Hello;
@@ -147,6 +182,16 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     }
                 }
             }
+            () = &mut handshake, if !matches!(phase, Phase::Serving(_)) => {
+                let m = format!(
+                    "no session opened within {} s (daemon.handshake_timeout_secs); connection closed",
+                    limits.handshake_timeout.as_secs()
+                );
+                tracing::info!(peer = %peer, "{m}");
+                conn.shared.data.metrics.connections_refused.with_label_values(&["handshake_timeout"]).inc();
+                let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ResourceExhausted, m)).await;
+                break 'conn;
+            }
             _ = shutdown.changed() => {
                 drain(&mut phase, &mut rd, &mut wr, &mut frames, &mut buf, &conn, &peer).await;
                 break 'conn;
@@ -166,7 +211,7 @@ async fn on_frames(
     phase: &mut Phase,
     conn: &ConnShared,
     wr: &mut OwnedWriteHalf,
-    peer: &str,
+    peer: &Peer,
 ) -> bool {
     loop {
         let body = match frames.next_frame() {
@@ -194,7 +239,7 @@ async fn drain(
     frames: &mut FrameBuffer,
     buf: &mut [u8],
     conn: &ConnShared,
-    peer: &str,
+    peer: &Peer,
 ) {
     let Phase::Serving(a) = phase else {
         let _ = send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
@@ -217,7 +262,7 @@ async fn drain(
             Ok(Ok(n)) if n > 0 => n,
             Ok(_) => return, // the client went
             Err(_) => {
-                tracing::info!(peer, "the client did not report its position within shutdown_grace_secs");
+                tracing::info!(peer = %peer, "the client did not report its position within shutdown_grace_secs");
                 return;
             }
         };
@@ -230,11 +275,11 @@ async fn drain(
 
 /// Stops the producer (reclaiming every slot with the ring), parks the session for resuming and
 /// gives its ring memory back.
-fn finish(mut active: Active, shared: &ControlPlane, peer: &str) {
+fn finish(mut active: Active, shared: &ControlPlane, peer: &Peer) {
     active.stop.store(true, Ordering::Relaxed);
     active.publish_slots(true);
     let state = active.state();
-    tracing::info!(peer, session = %active.name, position = state.position, minibatches = state.minibatches, leased = active.slots.leased(), "session ended; slots reclaimed");
+    tracing::info!(peer = %peer, session = %active.name, position = state.position, minibatches = state.minibatches, leased = active.slots.leased(), "session ended; slots reclaimed");
     let mut reg = shared.registry();
     reg.park(&active.name, state, Instant::now());
     reg.unreserve(active.ring_bytes);
@@ -310,7 +355,7 @@ async fn on_frame(
     phase: &mut Phase,
     conn: &ConnShared,
     wr: &mut OwnedWriteHalf,
-    peer: &str,
+    peer: &Peer,
 ) -> std::io::Result<Flow> {
     let msg: ClientMessage = match protocol::decode_client(body) {
         Ok(m) => m,
@@ -330,7 +375,7 @@ async fn on_frame(
                 send(wr, &ServerMessage::error(ErrorCode::VersionMismatch, m)).await?;
                 return Ok(Flow::Close);
             }
-            tracing::debug!(peer, client = client.as_deref().unwrap_or("?"), version, "hello");
+            tracing::debug!(peer = %peer, client = client.as_deref().unwrap_or("?"), version, "hello");
             *phase = Phase::Open(version);
             let reply = ServerMessage::Hello {
                 version,
@@ -345,10 +390,10 @@ async fn on_frame(
             return Ok(Flow::Close);
         }
         (ClientMessage::Open { dataset, options }, Phase::Open(version)) => {
-            match open(&dataset, &options, conn).await {
+            match open(&dataset, &options, conn, peer).await {
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
-                    tracing::info!(peer, session = %active.name, dataset = %dataset, "session opened");
+                    tracing::info!(peer = %peer, session = %active.name, dataset = %dataset, "session opened");
                     conn.shared.data.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
@@ -359,7 +404,10 @@ async fn on_frame(
                     let label =
                         serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
                     conn.shared.data.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
-                    tracing::info!(peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
+                    tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
+                    if let Refusal::Dataset(HubError::Unknown { known, .. }) = &refusal {
+                        tracing::info!(configured = %known.join(", "), "the datasets a client may open");
+                    }
                     send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await?;
                 }
             }

@@ -17,6 +17,8 @@ pub mod connection;
 pub mod server;
 pub mod session;
 
+use std::collections::HashMap;
+use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
@@ -25,6 +27,7 @@ use crate::config::Config;
 
 use super::data::hub::Hub;
 use super::data::{read_buffer_bytes, DataPlane};
+use admission::SessionLimits;
 use session::Registry;
 
 /// Share of `memory_limit_bytes` that rings may never take from the chunk cache: one part in
@@ -48,29 +51,109 @@ impl Default for HostState {
     }
 }
 
-/// Counts live client connections, so a shutdown can wait for their grace period to end.
+/// The limits of the control plane (`[daemon]`: `max_connections`, `max_connections_per_uid`,
+/// `max_sessions`, `max_sessions_per_uid`, `handshake_timeout_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Client connections at once, in all.
+    pub connections: usize,
+    /// Client connections at once, per peer uid.
+    pub connections_per_uid: usize,
+    /// Open sessions, in all and per uid (each session holds a ring and two threads).
+    pub sessions: SessionLimits,
+    /// How long a connection may stay without an open session (`hello` and `open` included).
+    pub handshake_timeout: Duration,
+}
+
+impl Limits {
+    /// The limits `config` sets.
+    #[must_use]
+    pub fn of(config: &Config) -> Self {
+        let d = &config.daemon;
+        Self {
+            connections: d.max_connections,
+            connections_per_uid: d.max_connections_per_uid,
+            sessions: SessionLimits { total: d.max_sessions, per_uid: d.max_sessions_per_uid },
+            handshake_timeout: Duration::from_secs(d.handshake_timeout_secs),
+        }
+    }
+}
+
+/// Why a connection is refused at once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("too many connections: {count} open {scope} (daemon.{key} = {limit})")]
+pub struct TooManyConnections {
+    /// `for this user` or `in the daemon`.
+    pub scope: &'static str,
+    /// The config key of the limit.
+    pub key: &'static str,
+    /// Connections open.
+    pub count: usize,
+    /// The limit.
+    pub limit: usize,
+}
+
+/// Counts live client connections, in all and per peer uid, so that limits hold and a shutdown
+/// can wait for their grace period to end.
 #[derive(Debug, Default)]
 pub struct Connections {
     count: AtomicUsize,
+    per_uid: Mutex<HashMap<u32, usize>>,
     idle: tokio::sync::Notify,
 }
 
 /// Held by a connection task while it runs.
 #[derive(Debug)]
-pub struct ConnectionGuard<'a>(&'a Connections);
+pub struct ConnectionGuard<'a> {
+    connections: &'a Connections,
+    uid: u32,
+}
 
 impl Drop for ConnectionGuard<'_> {
     fn drop(&mut self) {
-        self.0.count.fetch_sub(1, Ordering::AcqRel);
-        self.0.idle.notify_one();
+        let c = self.connections;
+        {
+            let mut per_uid = c.per_uid.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = per_uid.get_mut(&self.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    per_uid.remove(&self.uid);
+                }
+            }
+        }
+        c.count.fetch_sub(1, Ordering::AcqRel);
+        c.idle.notify_one();
     }
 }
 
 impl Connections {
-    /// A connection starts.
-    pub fn enter(&self) -> ConnectionGuard<'_> {
+    /// A connection of peer uid `uid` starts, if `limits` allow it.
+    ///
+    /// # Errors
+    /// [`TooManyConnections`] when the daemon or this uid is at its limit.
+    pub fn enter(&self, uid: u32, limits: &Limits) -> Result<ConnectionGuard<'_>, TooManyConnections> {
+        let mut per_uid = self.per_uid.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let all = self.count.load(Ordering::Acquire);
+        if all >= limits.connections {
+            return Err(TooManyConnections {
+                scope: "in the daemon",
+                key: "max_connections",
+                count: all,
+                limit: limits.connections,
+            });
+        }
+        let mine = per_uid.entry(uid).or_insert(0);
+        if *mine >= limits.connections_per_uid {
+            return Err(TooManyConnections {
+                scope: "for this user",
+                key: "max_connections_per_uid",
+                count: *mine,
+                limit: limits.connections_per_uid,
+            });
+        }
+        *mine += 1;
         self.count.fetch_add(1, Ordering::AcqRel);
-        ConnectionGuard(self)
+        Ok(ConnectionGuard { connections: self, uid })
     }
 
     /// Connections alive.
@@ -100,6 +183,8 @@ pub struct ControlPlane {
     pub host: HostState,
     /// Live connections.
     pub connections: Connections,
+    /// Connection and session limits (from the configuration at start).
+    pub limits: Limits,
     /// Serializes checkpoint writers (periodic, on reload, at start and stop).
     pub checkpoint_lock: Mutex<()>,
 }
@@ -112,6 +197,7 @@ impl ControlPlane {
         let mut registry = Registry::new(0, 0, Duration::ZERO);
         apply_memory_limits(&mut registry, &config, &hub, threads);
         let data = Arc::new(DataPlane::new(&config, hub, metrics, threads, registry.cache_budget()));
+        let limits = Limits::of(&config);
         Self {
             config: RwLock::new(Arc::new(config)),
             daemon_id: new_daemon_id(),
@@ -119,6 +205,7 @@ impl ControlPlane {
             registry: Mutex::new(registry),
             host: HostState::default(),
             connections: Connections::default(),
+            limits,
             checkpoint_lock: Mutex::new(()),
         }
     }
@@ -154,6 +241,20 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, 
     let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
     registry.set_buffers(read_buffer_bytes(config, hub, threads));
+}
+
+/// 64 bits from the kernel's random source (`/dev/urandom`), for names nobody may guess; the
+/// clock and the pid mixed by FNV where the source cannot be read (logged).
+#[must_use]
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)) {
+        Ok(()) => u64::from_ne_bytes(b),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read /dev/urandom; session names fall back to a clock-based id");
+            new_daemon_id()
+        }
+    }
 }
 
 /// A per-start id: FNV of the pid and the wall clock.

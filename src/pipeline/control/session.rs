@@ -35,6 +35,11 @@ pub struct SavedSession {
     pub options: SessionOptions,
     /// Position after the last minibatch taken, the data identity and the options hash.
     pub state: SessionState,
+    /// The uid that opened the session (the control socket's peer credentials): only it may
+    /// resume the session by name. Absent in checkpoints written before sessions had owners;
+    /// such a session is bound to the first uid that resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<u32>,
 }
 
 /// Most slots a session may ask for.
@@ -377,6 +382,8 @@ struct Lingering {
 #[derive(Debug, Clone)]
 struct ActiveEntry {
     id: u64,
+    /// The peer uid of the connection that claimed the name.
+    owner: u32,
     saved: Option<SavedSession>,
 }
 
@@ -395,6 +402,9 @@ pub enum RegistryError {
     /// The name is connected elsewhere.
     #[error("session '{0}' is connected on another socket")]
     Busy(String),
+    /// The name belongs to a session another user opened (lingering, resumable only by it).
+    #[error("session '{0}' belongs to another user")]
+    NotOwner(String),
     /// The ring does not fit.
     #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache)")]
     Memory {
@@ -454,22 +464,26 @@ impl Registry {
         id
     }
 
-    /// Claims `name` for a new connection at `now`: busy if connected, a resume if lingering
-    /// (the entry is consumed), fresh otherwise.
+    /// Claims `name` for a new connection of peer uid `owner` at `now`: busy if connected, a
+    /// resume if lingering (the entry is consumed), fresh otherwise.
     ///
     /// # Errors
-    /// [`RegistryError::Busy`].
-    pub fn claim(&mut self, name: &str, id: u64, now: Instant) -> Result<Claim, RegistryError> {
+    /// [`RegistryError::Busy`]; [`RegistryError::NotOwner`] for a lingering session another uid
+    /// opened (it stays lingering).
+    pub fn claim(&mut self, name: &str, id: u64, owner: u32, now: Instant) -> Result<Claim, RegistryError> {
         self.expire(now);
         if self.active.contains_key(name) {
             return Err(RegistryError::Busy(name.to_owned()));
+        }
+        if self.lingering.get(name).is_some_and(|l| l.saved.owner.is_some_and(|o| o != owner)) {
+            return Err(RegistryError::NotOwner(name.to_owned()));
         }
         let lingered = self.lingering.remove(name).map(|l| l.saved);
         let claim = match &lingered {
             Some(s) => Claim::Resume(s.state.clone()),
             None => Claim::Fresh,
         };
-        self.active.insert(name.to_owned(), ActiveEntry { id, saved: lingered });
+        self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered });
         Ok(claim)
     }
 
@@ -494,8 +508,9 @@ impl Registry {
             tracing::debug!(session = name, id = e.id, position = state.position, "session parked");
         }
         if !self.linger.is_zero() {
+            let owner = entry.as_ref().map(|e| e.owner);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
-            let saved = SavedSession { name: name.to_owned(), options, state };
+            let saved = SavedSession { name: name.to_owned(), options, state, owner };
             self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger });
         }
     }
@@ -533,6 +548,12 @@ impl Registry {
             n += 1;
         }
         n
+    }
+
+    /// Connected sessions of peer uid `owner`.
+    #[must_use]
+    pub fn active_of(&self, owner: u32) -> usize {
+        self.active.values().filter(|e| e.owner == owner).count()
     }
 
     /// Number of connected and lingering sessions.
@@ -711,8 +732,8 @@ mod tests {
         r.set_buffers(50);
         assert_eq!(r.cache_budget(), 950, "the parser buffers come out of the cache's share");
         r.set_buffers(0);
-        assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
-        assert_eq!(r.claim("a", 2, t0), Err(RegistryError::Busy("a".into())));
+        assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));
+        assert_eq!(r.claim("a", 2, 0, t0), Err(RegistryError::Busy("a".into())));
         let st = SessionState {
             version: 1,
             dataset: "t".into(),
@@ -722,9 +743,9 @@ mod tests {
             options_hash: String::new(),
         };
         r.park("a", st.clone(), t0);
-        assert_eq!(r.claim("a", 3, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone())));
+        assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone())));
         r.park("a", st, t0);
-        assert_eq!(r.claim("a", 4, t0 + Duration::from_secs(11)), Ok(Claim::Fresh), "expired");
+        assert_eq!(r.claim("a", 4, 0, t0 + Duration::from_secs(11)), Ok(Claim::Fresh), "expired");
         assert!(r.reserve(700).is_ok());
         assert!(matches!(r.reserve(200), Err(RegistryError::Memory { available: 100, .. })));
         assert_eq!(r.cache_budget(), 300);
@@ -753,10 +774,10 @@ mod tests {
             options_hash: "o".into(),
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
-        assert_eq!(r.claim("a", 1, t0), Ok(Claim::Fresh));
-        r.record(SavedSession { name: "a".into(), options: opts.clone(), state: st(0) });
+        assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));
+        r.record(SavedSession { name: "a".into(), options: opts.clone(), state: st(0), owner: Some(0) });
         r.update_state("a", &st(8));
-        assert_eq!(r.claim("b", 2, t0), Ok(Claim::Fresh));
+        assert_eq!(r.claim("b", 2, 0, t0), Ok(Claim::Fresh));
         r.park("b", st(4), t0);
         let snap = r.snapshot(t0);
         assert_eq!(
@@ -767,7 +788,7 @@ mod tests {
         let mut fresh = Registry::new(1000, 200, Duration::from_secs(10));
         assert_eq!(fresh.restore(snap.clone(), t0), 2);
         assert_eq!(fresh.counts(), (0, 2));
-        assert_eq!(fresh.claim("a", 1, t0), Ok(Claim::Resume(st(8))));
+        assert_eq!(fresh.claim("a", 1, 0, t0), Ok(Claim::Resume(st(8))));
         fresh.park("a", st(12), t0);
         assert_eq!(
             fresh.snapshot(t0).iter().find(|s| s.name == "a").map(|s| s.options.clone()),

@@ -30,8 +30,10 @@ pub enum HubError {
         /// Why.
         source: DataError,
     },
-    /// No dataset of that name is configured.
-    #[error("no dataset '{name}' is configured (configured: {})", known.join(", "))]
+    /// No dataset of that name is configured. The message does not list the configured names:
+    /// it goes to any client of the socket, and dataset names are the operator's business (the
+    /// daemon's log has them).
+    #[error("no dataset '{name}' is configured")]
     Unknown {
         /// The name asked for.
         name: String,

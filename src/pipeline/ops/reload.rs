@@ -87,6 +87,8 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
         )*};
     }
     keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads);
+    // The connection and session limits are read once, at start.
+    keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
     (out, restart)
 }
 
@@ -194,6 +196,11 @@ mod tests {
             shutdown_grace_secs: _,
             checkpoint_interval_secs: _,
             host_memory_reserve_bytes: _,
+            max_connections: _,
+            max_connections_per_uid: _,
+            max_sessions: _,
+            max_sessions_per_uid: _,
+            handshake_timeout_secs: _,
         } = daemon("");
         assert_eq!(hot_daemon_keys().len(), 7);
     }

@@ -1,0 +1,234 @@
+//! Hostile neighbours on the control socket (issue 15, items 4 and 5), against the real daemon:
+//! idle connections are closed after the handshake timeout; connections beyond the per-uid limit
+//! are refused while others keep working; sessions are limited per uid; generated session names
+//! are unguessable; a session belongs to the uid that opened it; `unknown_dataset` does not list
+//! the configured datasets.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use minibatchd_client::protocol::ErrorCode;
+use minibatchd_client::ClientError;
+use support::daemon::{options, train_ctf, Daemon, DEADLINE};
+use support::write;
+
+fn start(dir: &Path, limits: &str) -> Daemon {
+    let data = write(dir, "data.ctf", train_ctf());
+    let cfg = format!(
+        r#"[daemon]
+socket = "{dir}/mbd.sock"
+metrics_listen = "127.0.0.1:0"
+state_dir = "{dir}/state"
+ring_slots = 3
+slot_size_bytes = 65536
+session_linger_secs = 60
+{limits}
+
+[datasets.train]
+format = "ctf"
+files = ["{data}"]
+
+[datasets.train.streams.features]
+alias = "F"
+dim = 3
+format = "dense"
+
+[datasets.train.streams.labels]
+alias = "L"
+dim = 5
+format = "sparse"
+"#,
+        dir = dir.display(),
+        data = data.display()
+    );
+    write(dir, "minibatchd.toml", &cfg);
+    Daemon::start(dir, &[])
+}
+
+fn frame(body: &str) -> Vec<u8> {
+    let mut v = u32::try_from(body.len()).expect("small").to_le_bytes().to_vec();
+    v.extend_from_slice(body.as_bytes());
+    v
+}
+
+/// The next JSON reply, or `None` once the daemon has closed the connection.
+fn reply(s: &mut UnixStream) -> Option<serde_json::Value> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; usize::try_from(u32::from_le_bytes(len)).expect("usize")];
+    s.read_exact(&mut body).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+fn hello(socket: &Path) -> UnixStream {
+    let mut s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    s.write_all(&frame(r#"{"type":"hello","version":1}"#)).expect("hello");
+    let r = reply(&mut s).expect("a reply");
+    assert_eq!(r["type"], "hello", "{r}");
+    s
+}
+
+fn closed(s: &mut UnixStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0))
+}
+
+#[test]
+fn idle_connections_are_closed_after_the_handshake_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "handshake_timeout_secs = 1");
+    let started = Instant::now();
+    // Silent from the start, and silent after hello: both are closed.
+    let mut silent = UnixStream::connect(&d.socket).expect("connect");
+    silent.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let mut greeted = hello(&d.socket);
+    for s in [&mut silent, &mut greeted] {
+        let r = reply(s).expect("an error before the close");
+        assert_eq!(r["code"], "resource_exhausted", "{r}");
+        assert!(r["message"].as_str().is_some_and(|m| m.contains("handshake_timeout_secs")), "{r}");
+        assert!(closed(s), "the daemon closes the connection");
+    }
+    assert!(started.elapsed() < Duration::from_secs(30), "closed at the timeout, not at the test deadline");
+    // A client that opens a session in time keeps it past the timeout.
+    let mut session = d.client().open("train", &options(8)).expect("open");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(session.next_minibatch().expect("still served").is_some());
+}
+
+#[test]
+fn connections_beyond_the_per_uid_limit_are_refused_and_the_others_keep_working() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "max_connections_per_uid = 3\nmax_connections = 100");
+    let held: Vec<UnixStream> = (0..3).map(|_| hello(&d.socket)).collect();
+    let mut extra = UnixStream::connect(&d.socket).expect("connect");
+    extra.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let r = reply(&mut extra).expect("refused with a reason");
+    assert_eq!(r["code"], "resource_exhausted", "{r}");
+    assert!(r["message"].as_str().is_some_and(|m| m.contains("max_connections_per_uid = 3")), "{r}");
+    assert!(closed(&mut extra));
+    drop(held);
+    // The slots are given back as the connections close.
+    let start = Instant::now();
+    loop {
+        match d.client().open("train", &options(8)) {
+            Ok(mut s) => {
+                assert!(s.next_minibatch().expect("served").is_some());
+                break;
+            }
+            Err(e) => assert!(start.elapsed() < DEADLINE, "never accepted again: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sessions_beyond_the_per_uid_limit_are_refused_with_the_key_to_raise() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "max_sessions_per_uid = 2");
+    let _a = d.client().open("train", &options(8)).expect("first");
+    let _b = d.client().open("train", &options(8)).expect("second");
+    match d.client().open("train", &options(8)) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            assert!(message.contains("max_sessions_per_uid = 2"), "{message}");
+        }
+        other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+}
+
+#[test]
+fn generated_session_names_are_unguessable_and_unknown_dataset_lists_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "");
+    let mut s = hello(&d.socket);
+    s.write_all(&frame(r#"{"type":"open","dataset":"train","options":{"minibatch_size":8}}"#)).expect("open");
+    let first = reply(&mut s).expect("opened");
+    let mut t = hello(&d.socket);
+    t.write_all(&frame(r#"{"type":"open","dataset":"train","options":{"minibatch_size":8}}"#)).expect("open");
+    let second = reply(&mut t).expect("opened");
+    let names: Vec<&str> = [&first, &second].iter().map(|r| r["session"].as_str().expect("a name")).collect();
+    for n in &names {
+        let random = n.strip_prefix("train-").expect("dataset prefix");
+        assert_eq!(random.len(), 16, "{n}: 64 random bits");
+        assert!(random.chars().all(|c| c.is_ascii_hexdigit()), "{n}");
+    }
+    assert_ne!(names[0], names[1]);
+    let common = names[0].chars().zip(names[1].chars()).take_while(|(a, b)| a == b).count();
+    assert!(common < "train-".len() + 6, "names share a long prefix: {names:?}");
+    match d.client().open("nope", &options(8)) {
+        Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, message, .. }) => {
+            assert!(!message.contains("train"), "the reply lists the configured datasets: {message}");
+        }
+        other => panic!("expected unknown_dataset, got {other:?}"),
+    }
+}
+
+/// Runs a raw-protocol client as uid 65534 (`nobody`): hello, then `open` of dataset `train` as
+/// session `name`; returns the reply to `open`.
+fn open_as_nobody(socket: &Path, name: &str) -> serde_json::Value {
+    let script = r#"
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+def send(m):
+    b = json.dumps(m).encode(); s.sendall(struct.pack('<I', len(b)) + b)
+def recv():
+    n = struct.unpack('<I', s.recv(4, socket.MSG_WAITALL))[0]
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+send({"type": "hello", "version": 1}); recv()
+send({"type": "open", "dataset": "train", "options": {"minibatch_size": 8, "session": sys.argv[2]}})
+print(json.dumps(recv()))
+"#;
+    let out = std::os::unix::process::CommandExt::uid(Command::new("python3").args(["-c", script]), 65534)
+        .arg(socket)
+        .arg(name)
+        .output()
+        .expect("python3 as nobody");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("a JSON reply")
+}
+
+#[test]
+fn a_session_belongs_to_the_uid_that_opened_it() {
+    // Another uid needs privilege to become: the test runs as root (CI and the project's VM do).
+    assert_eq!(rustix::process::geteuid().as_raw(), 0, "this test switches uid: run the suite as root");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = start(dir.path(), "");
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    // Root opens "job", takes a minibatch, and its connection dies: the session lingers.
+    {
+        let mut opts = options(8);
+        opts.session = Some("job".into());
+        let mut s = d.client().open("train", &opts).expect("open");
+        let mb = s.next_minibatch().expect("next").expect("a minibatch");
+        s.release(mb);
+        s.state().expect("state");
+    }
+    // nobody can neither resume it nor squat its name (while the daemon has not yet seen the
+    // connection close, the name is busy for everyone; then it belongs to root).
+    let start = Instant::now();
+    loop {
+        let r = open_as_nobody(&d.socket, "job");
+        assert_eq!(r["code"], "session_busy", "{r}");
+        if r["message"].as_str().is_some_and(|m| m.contains("belongs to another user")) {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "{r}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its owner resumes it where it was.
+    let mut opts = options(8);
+    opts.session = Some("job".into());
+    let s = d.client().open("train", &opts).expect("the owner resumes");
+    drop(s);
+    // nobody's own sessions work.
+    let r = open_as_nobody(&d.socket, "nobodys");
+    assert_eq!(r["type"], "opened", "{r}");
+}
