@@ -126,7 +126,27 @@ class _Conn:
             body = json.dumps(obj, separators=(",", ":")).encode()
             out += _LEN.pack(len(body))
             out += body
-        self.sock.sendall(out)
+        self.sendall(out)
+
+    def sendall(self, data: bytes) -> None:
+        """Sends ``data``. When the daemon has closed the connection, raises the reason it gave
+        before closing (``shutting_down`` after the grace period, ``unknown_dataset`` after a
+        reload removed the dataset) instead of a bare ``BrokenPipeError``."""
+        try:
+            self.sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            raise self._why_closed(e) from None
+
+    def _why_closed(self, cause: OSError) -> "MinibatchdError":
+        # What the daemon sent before it closed is still readable: find its error, if any.
+        try:
+            while True:
+                msg = self.recv()
+                if isinstance(msg, dict) and msg.get("type") == "error":
+                    return MinibatchdError.from_reply(msg)
+        except (MinibatchdError, OSError, ValueError):
+            pass
+        return MinibatchdError("client_disconnected", f"the daemon closed the connection ({cause.strerror})")
 
     def _fill(self, with_fds: bool) -> None:
         if with_fds:
@@ -361,9 +381,9 @@ class Source:
                 slot, gen = self._pending.popleft()
                 out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
             if not extra:
-                self._conn.sock.sendall(out)
+                self._conn.sendall(out)
                 return
-            self._conn.sock.sendall(out)
+            self._conn.sendall(out)
         while self._pending:
             slot, gen = self._pending.popleft()
             frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))

@@ -201,3 +201,26 @@ randomize = false
         assert detail["kind"] == "bad_number", detail
     finally:
         d.stop()
+
+
+def test_a_step_longer_than_the_shutdown_grace_gets_shutting_down_not_a_broken_pipe(tmp_path):
+    """The daemon stops (SIGTERM) while the trainer is busy for longer than shutdown_grace_secs
+    (1 s here): its next call raises MinibatchdError('shutting_down'), the reason the daemon gave
+    before closing, not a bare BrokenPipeError."""
+    import time
+
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        session = minibatchd.connect(d.socket).open("train", minibatch_size=4)
+        it = iter(session)
+        next(it)
+        d.proc.send_signal(__import__("signal").SIGTERM)
+        time.sleep(3)  # a long training step: the grace period is over, the socket closed
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            for _ in range(1000):
+                next(it)
+        assert e.value.code == "shutting_down", e.value
+    finally:
+        d.stop()
