@@ -2,7 +2,7 @@
 //! idle connections are closed after the handshake timeout; connections beyond the per-uid limit
 //! are refused while others keep working; sessions are limited per uid; generated session names
 //! are unguessable; a session belongs to the uid that opened it; `unknown_dataset` does not list
-//! the configured datasets.
+//! the configured datasets; a stop whose checkpoint fails does not exit 0.
 
 mod support;
 
@@ -231,4 +231,19 @@ fn a_session_belongs_to_the_uid_that_opened_it() {
     // nobody's own sessions work.
     let r = open_as_nobody(&d.socket, "nobodys");
     assert_eq!(r["type"], "opened", "{r}");
+}
+
+#[test]
+fn a_failed_shutdown_checkpoint_is_not_a_clean_exit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path(), "");
+    let mut opts = options(8);
+    opts.session = Some("job".into());
+    let _s = d.client().open("train", &opts).expect("open");
+    // The checkpoint's place is taken by a non-empty directory: the rename onto it fails.
+    let ckpt = dir.path().join("state/checkpoint.json");
+    let _ = std::fs::remove_file(&ckpt);
+    std::fs::create_dir_all(ckpt.join("occupied")).expect("mkdir");
+    let status = d.stop();
+    assert_eq!(status.code(), Some(1), "the stop could not save the sessions' positions: {status:?}");
 }

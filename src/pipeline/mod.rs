@@ -58,6 +58,12 @@ pub enum PipelineError {
     /// A stage could not be kept running, or the metrics could not be set up.
     #[error("{0}")]
     Fatal(String),
+    /// The stop went through, but the shutdown checkpoint could not be written: the sessions'
+    /// positions are only those of the last periodic checkpoint (the log says why).
+    #[error(
+        "the shutdown checkpoint could not be written into {0}; sessions resume from the last periodic checkpoint"
+    )]
+    Checkpoint(PathBuf),
 }
 
 fn metrics_addr_path(state_dir: &Path) -> PathBuf {
@@ -106,11 +112,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     housekeeping.stop();
     // Every connection has ended (or its grace is over): the registry holds each session's last
     // acknowledged position.
-    ops::write_checkpoint(&shared, "shutdown");
+    let saved = ops::write_checkpoint(&shared, "shutdown");
     let _ = std::fs::remove_file(metrics_addr_path(&state_dir));
     signal_thread.close();
     tracing::info!("stopped");
-    result
+    // A clean stop promises a checkpoint: without one it is not clean (exit status 1).
+    result.and(if saved { Ok(()) } else { Err(PipelineError::Checkpoint(state_dir.clone())) })
 }
 
 async fn serve(
