@@ -1,0 +1,300 @@
+//! Hostile paths in a dataset's `files` (issue 15, item 2), through the real binary: symbolic
+//! link loops, the same file twice, FIFOs, sockets, devices and dangling links. Before the fix, one
+//! loop read the data 41 times with exit 0, two loops hung `validate`, `index`, `run` and a SIGHUP
+//! reload (which then blocked every later reload and SIGTERM), and a FIFO was "no such file".
+//!
+//! Every command runs under a deadline: a hang fails the test, it does not hang it.
+
+mod support;
+
+use std::os::unix::fs::symlink;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use minibatchd_client::protocol::ErrorCode;
+use minibatchd_client::{Client, ClientError};
+use support::daemon::{options, train_ctf};
+use support::{write, BIN};
+
+/// How long a command or a daemon's answer may take. The fixed expansion takes milliseconds; the
+/// old one never ended on two loops.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long SIGTERM may take to stop the daemon.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Runs `cmd` to its end, or kills it and fails after [`DEADLINE`].
+fn output_within(mut cmd: Command, what: &str) -> Output {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let start = Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// `minibatchd validate --config CONFIG`'s exit status and stderr, within the deadline.
+fn validate(config: &Path) -> (ExitStatus, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("validate").arg("--config").arg(config);
+    let out = output_within(cmd, "validate");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `minibatchd index --config CONFIG --dataset DATASET`'s exit status and stderr.
+fn index(config: &Path, dataset: &str) -> (ExitStatus, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("index").arg("--config").arg(config).args(["--dataset", dataset]);
+    let out = output_within(cmd, "index");
+    (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The `[daemon]` table of a daemon on `dir` (socket, state and log there; metrics on a free port).
+fn daemon_table(dir: &Path) -> String {
+    let d = dir.display();
+    format!(
+        "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+         memory_limit_bytes = 1073741824\nring_slots = 3\nslot_size_bytes = 65536\nhost_memory_reserve_bytes = 0\n"
+    )
+}
+
+/// A CTF dataset `name` of one dense stream `F` (dim 3) reading `files` (TOML strings).
+fn ctf_dataset(name: &str, files: &[&Path]) -> String {
+    let files: Vec<String> = files.iter().map(|f| format!("\"{}\"", f.display())).collect();
+    format!(
+        "[datasets.{name}]\nformat = \"ctf\"\nfiles = [{}]\nchunk_size_bytes = 300\n\
+         [datasets.{name}.streams.features]\nalias = \"F\"\ndim = 3\nformat = \"dense\"\n",
+        files.join(", ")
+    )
+}
+
+/// `dir/looping/` holding `part.ctf` and two symbolic links back to itself (`a` at the top,
+/// `sub/b` below): the old walk went through 2^40 paths before `ELOOP` stopped it.
+fn two_loops(dir: &Path) -> PathBuf {
+    let looping = dir.join("looping");
+    std::fs::create_dir_all(looping.join("sub")).expect("mkdir");
+    write(&looping, "part.ctf", "0 |F 1 2 3\n1 |F 4 5 6\n");
+    symlink(".", looping.join("a")).expect("symlink");
+    symlink("..", looping.join("sub/b")).expect("symlink");
+    looping
+}
+
+/// The config of `dir` with `train` (a good dataset, `train.ctf`) and `extra` tables.
+fn config(dir: &Path, extra: &str) -> PathBuf {
+    write(dir, "train.ctf", train_ctf());
+    let text = format!("{}{}{extra}", daemon_table(dir), ctf_dataset("train", &[&dir.join("train.ctf")]));
+    write(dir, "minibatchd.toml", text)
+}
+
+#[test]
+fn a_symlink_loop_in_a_dataset_directory_is_an_error_not_41_copies() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    write(&data, "part.ctf", "0 |F 1 2 3\n");
+    symlink(".", data.join("again")).expect("symlink");
+    let cfg = config(tmp.path(), &ctf_dataset("looping", &[&data]));
+    let (status, stderr) = validate(&cfg);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("datasets.looping.files"), "{stderr}");
+    assert!(stderr.contains(&format!("{}: a symbolic link loop", data.join("again").display())), "{stderr}");
+    let (status, stderr) = index(&cfg, "looping");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("symbolic link loop"), "{stderr}");
+    // `dump` reads the data: never 41 copies of it.
+    let mut cmd = Command::new(BIN);
+    cmd.arg("dump").arg("--config").arg(&cfg).args(["--dataset", "looping", "--minibatch-size", "1", "--full-sweep"]);
+    let out = output_within(cmd, "dump");
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// A running `minibatchd run`, its stderr in `dir/daemon.log` (at `info`), killed on drop.
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `minibatchd run --config CONFIG` and waits for its socket.
+    fn start(dir: &Path, config: &Path) -> Self {
+        let log = dir.join("daemon.log");
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("MINIBATCHD_LOG", "info")
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn the daemon");
+        let mut d = Self { child, socket: dir.join("mbd.sock"), log };
+        let start = Instant::now();
+        while UnixStream::connect(&d.socket).is_err() {
+            assert!(d.child.try_wait().expect("try_wait").is_none(), "the daemon exited at start:\n{}", d.log_text());
+            assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket:\n{}", d.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log holds `what` `count` times; returns the log.
+    fn wait_log(&self, what: &str, count: usize) -> String {
+        let start = Instant::now();
+        loop {
+            let text = self.log_text();
+            if text.matches(what).count() >= count {
+                return text;
+            }
+            assert!(start.elapsed() < DEADLINE, "the daemon never logged {what:?} ({count}×):\n{text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal(&self, sig: rustix::process::Signal) {
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).expect("pid")).expect("pid");
+        rustix::process::kill_process(pid, sig).expect("kill");
+    }
+
+    /// A session on `dataset` reads one minibatch.
+    fn serves(&self, dataset: &str) {
+        let client = Client::connect(&self.socket).expect("connect");
+        let mut s = client.open(dataset, &options(4)).unwrap_or_else(|e| panic!("open {dataset}: {e}"));
+        assert!(s.next_owned().expect("next").is_some(), "{dataset} served no minibatch");
+    }
+
+    /// SIGTERM, then the exit status within [`STOP_DEADLINE`].
+    fn stop(&mut self) -> ExitStatus {
+        self.signal(rustix::process::Signal::TERM);
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(start.elapsed() < STOP_DEADLINE, "SIGTERM did not stop the daemon:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn two_symlink_loops_do_not_hang_validate_index_or_run() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let looping = two_loops(tmp.path());
+    let cfg = config(tmp.path(), &ctf_dataset("looping", &[&looping]));
+    let (status, stderr) = validate(&cfg);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&format!("{}: a symbolic link loop", looping.join("a").display())), "{stderr}");
+    let (status, stderr) = index(&cfg, "looping");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("symbolic link loop"), "{stderr}");
+    // `run` logs the dataset that cannot open, refuses it to clients and serves the others.
+    let mut d = Daemon::start(tmp.path(), &cfg);
+    let log = d.wait_log("symbolic link loop", 1);
+    assert!(log.contains("looping"), "{log}");
+    d.serves("train");
+    let refused = Client::connect(&d.socket).expect("connect").open("looping", &options(4));
+    assert!(matches!(refused, Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. })), "{refused:?}");
+    let status = d.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn a_reload_adding_a_looping_directory_keeps_the_daemon_reloadable_and_stoppable() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let cfg = config(tmp.path(), "");
+    let good = std::fs::read_to_string(&cfg).expect("config");
+    let mut d = Daemon::start(tmp.path(), &cfg);
+    d.serves("train");
+    // A reload adding a dataset whose directory holds two loops: refused at once, logged.
+    let looping = two_loops(tmp.path());
+    write(tmp.path(), "minibatchd.toml", format!("{good}{}", ctf_dataset("looping", &[&looping])));
+    d.signal(rustix::process::Signal::HUP);
+    let log = d.wait_log("configuration reload refused", 1);
+    assert!(log.contains("datasets.looping.files") && log.contains("symbolic link loop"), "{log}");
+    d.serves("train");
+    // A second, valid reload applies: the daemon was not left inside the first.
+    write(tmp.path(), "extra.ctf", "0 |F 1 2 3\n1 |F 4 5 6\n");
+    write(tmp.path(), "minibatchd.toml", format!("{good}{}", ctf_dataset("extra", &[&tmp.path().join("extra.ctf")])));
+    d.signal(rustix::process::Signal::HUP);
+    d.wait_log("configuration reloaded", 1);
+    d.serves("extra");
+    d.serves("train");
+    let status = d.stop();
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn fifos_devices_and_dangling_links_are_named_as_such() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let t = tmp.path();
+    let ok = Command::new("mkfifo").arg(t.join("fifo")).status().expect("run mkfifo").success();
+    assert!(ok, "mkfifo");
+    let _socket = std::os::unix::net::UnixListener::bind(t.join("sock")).expect("bind");
+    symlink(t.join("missing.ctf"), t.join("dangling")).expect("symlink");
+    symlink("self", t.join("self")).expect("symlink");
+    let data = t.join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    write(&data, "part.ctf", "0 |F 1 2 3\n");
+    symlink("../fifo", data.join("pipe.ctf")).expect("symlink");
+    let cases: [(PathBuf, String); 7] = [
+        (t.join("fifo"), "a FIFO (named pipe), not a regular file; it is not opened".into()),
+        (t.join("sock"), "a socket, not a regular file".into()),
+        ("/dev/null".into(), "a character device, not a regular file".into()),
+        (
+            t.join("dangling"),
+            format!("a dangling symbolic link: its target {} does not exist", t.join("missing.ctf").display()),
+        ),
+        (t.join("self"), "a symbolic link (to self) that cannot be followed: Too many levels of symbolic links".into()),
+        // In a directory, and matched by a glob: reported, not skipped, and never opened.
+        (data.clone(), format!("{} (a symbolic link to ../fifo): a FIFO", data.join("pipe.ctf").display())),
+        (data.join("*.ctf"), format!("{} (a symbolic link to ../fifo): a FIFO", data.join("pipe.ctf").display())),
+    ];
+    for (path, what) in &cases {
+        let cfg = config(t, &ctf_dataset("hostile", &[path]));
+        let (status, stderr) = validate(&cfg);
+        assert_eq!(status.code(), Some(1), "{}: {stderr}", path.display());
+        assert!(
+            stderr.contains("datasets.hostile.files") && stderr.contains(what.as_str()),
+            "{}: {stderr}",
+            path.display()
+        );
+        assert!(!stderr.contains("no such file"), "{stderr}");
+    }
+}
+
+#[test]
+fn the_same_file_through_two_symlinks_is_refused_naming_both_paths() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    write(&data, "part.ctf", "0 |F 1 2 3\n");
+    symlink("part.ctf", data.join("copy.ctf")).expect("symlink");
+    let cfg = config(tmp.path(), &ctf_dataset("twice", &[&data]));
+    let (status, stderr) = validate(&cfg);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let both = format!("{} and {} are the same file", data.join("copy.ctf").display(), data.join("part.ctf").display());
+    assert!(stderr.contains(&both), "{stderr}");
+}
