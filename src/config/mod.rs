@@ -206,12 +206,15 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap
         Some(n) => parse_daemon(w, &n),
         None => parse_daemon(w, &Node::empty_table(root, "daemon")),
     };
+    // `[daemon]`'s limits on `.gz` inputs travel with each dataset: the engine takes them from
+    // its `DatasetConfig` and knows nothing of the daemon's section.
+    let inflate = daemon.as_ref().map(|(_, limits)| *limits).unwrap_or_default();
     let mut datasets = BTreeMap::new();
     match t.take("datasets") {
         Some(n) => {
             if let Some(mut dt) = w.table(&n) {
                 for (name, node) in dt.drain() {
-                    if let Some(d) = parse_dataset(w, &name, &node) {
+                    if let Some(d) = parse_dataset(w, &name, &node, inflate) {
                         datasets.insert(name, d);
                     }
                 }
@@ -221,10 +224,12 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap
         None => w.issue(root.path(), "no [datasets.NAME] table: at least one dataset is required"),
     }
     w.finish(t);
-    Some((daemon?, datasets))
+    Some((daemon?.0, datasets))
 }
 
-fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
+/// `[daemon]`, and its limits on decompressing `.gz` inputs (`max_inflated_bytes`,
+/// `max_inflate_ratio`), which are handed to every dataset rather than kept in [`DaemonConfig`].
+fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, InflateLimits)> {
     let mut t = w.table(node)?;
     let d = DaemonConfig {
         socket: t.path(w, "socket").unwrap_or_else(|| PathBuf::from("/run/minibatchd/minibatchd.sock")),
@@ -246,14 +251,18 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<DaemonConfig> {
         max_sessions_per_uid: t.usize(w, "max_sessions_per_uid", 1, 1 << 16).unwrap_or(64),
         handshake_timeout_secs: t.uint(w, "handshake_timeout_secs", 1, 3600).unwrap_or(10),
     };
+    let inflate = InflateLimits {
+        max_bytes: t.uint(w, "max_inflated_bytes", 1, u64::MAX).unwrap_or(DEFAULT_MAX_INFLATED_BYTES),
+        max_ratio: t.uint(w, "max_inflate_ratio", 1, 1_000_000).unwrap_or(DEFAULT_MAX_INFLATE_RATIO),
+    };
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
         w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected host:port, e.g. 127.0.0.1:9464 ({e})"));
     }
     w.finish(t);
-    Some(d)
+    Some((d, inflate))
 }
 
-fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetConfig> {
+fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>, inflate: InflateLimits) -> Option<DatasetConfig> {
     let mut t = w.table(node)?;
     let format = if let Some(s) = t.string(w, "format") {
         FormatKind::parse(&s).or_else(|| {
@@ -301,6 +310,7 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<DatasetC
         precision,
         sampling: sampling?,
         deepx,
+        inflate,
     })
 }
 

@@ -263,3 +263,19 @@ fn the_example_configs_default_session_fits_its_memory_budget() {
     let ring = c.daemon.ring_slots as u64 * c.daemon.slot_size_bytes;
     assert!(ring <= c.daemon.memory_limit_bytes / 4 * 3, "ring {ring} vs limit {}", c.daemon.memory_limit_bytes);
 }
+
+/// Issue #15: the limits on decompressing `.gz` inputs are `[daemon]` keys, handed to every
+/// dataset (the engine takes them from its `DatasetConfig`).
+#[test]
+fn inflation_limits_are_daemon_keys_given_to_every_dataset() {
+    let c = parse(GOOD).expect("valid");
+    assert_eq!(c.dataset("train").expect("train").inflate, InflateLimits::default());
+    assert_eq!(InflateLimits::default(), InflateLimits { max_bytes: 64 << 30, max_ratio: DEFAULT_MAX_INFLATE_RATIO });
+    let text = GOOD.replace("[daemon]\n", "[daemon]\nmax_inflated_bytes = 1000\nmax_inflate_ratio = 20\n");
+    let c = parse(&text).expect("valid");
+    assert_eq!(c.dataset("train").expect("train").inflate, InflateLimits { max_bytes: 1000, max_ratio: 20 });
+    let bad = GOOD.replace("[daemon]\n", "[daemon]\nmax_inflated_bytes = 0\nmax_inflate_ratio = \"lots\"\n");
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&bad) else { panic!("expected invalid") };
+    let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, vec!["daemon.max_inflate_ratio", "daemon.max_inflated_bytes"], "{issues:?}");
+}

@@ -17,6 +17,18 @@ pub const MAX_SPARSE_DIM: u64 = i32::MAX as u64;
 /// Largest dense `dim`: a dense sample is materialised per sample, so an absurd `dim` from a
 /// config typo must not turn into an absurd allocation.
 pub const MAX_DENSE_DIM: u64 = 1 << 24;
+/// Default of `daemon.max_inflated_bytes`: the largest decompressed copy of one `.gz` input
+/// (64 GiB: far above any one file of a text dataset, far below a disk a bomb could fill).
+pub const DEFAULT_MAX_INFLATED_BYTES: u64 = 64 << 30;
+/// Default of `daemon.max_inflate_ratio`: a `.gz` input may decompress to at most this many
+/// times its compressed size. Text training data compresses 3–15×; deflate cannot exceed about
+/// 1032×, so a bomb sits near that bound — 100× (the bound of zip-bomb guards such as Apache
+/// POI's minimum inflate ratio 0.01) leaves genuine data a wide margin and stops a 3 MB bomb at
+/// 300 MB instead of 3 GB.
+pub const DEFAULT_MAX_INFLATE_RATIO: u64 = 100;
+/// Every `.gz` input may decompress to this many bytes whatever its ratio, so that tiny,
+/// very repetitive files (test fixtures) are never refused by the ratio.
+pub const INFLATE_RATIO_GRACE_BYTES: u64 = 1 << 20;
 
 /// Text formats. A closed set: every `match` on it is exhaustive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +139,48 @@ pub struct DatasetConfig {
     pub sampling: SamplingDefaults,
     /// deepx options (`label_size`, …); `None` for CTF.
     pub deepx: Option<DeepxOptions>,
+    /// Limits on decompressing `.gz` inputs (from the daemon's `[daemon]` section: they are the
+    /// same for every dataset).
+    pub inflate: InflateLimits,
+}
+
+/// Limits on the decompressed copy of a `.gz` input ([`crate::format::inflate`]): it may hold at
+/// most `min(max_bytes, max(max_ratio × compressed size, INFLATE_RATIO_GRACE_BYTES))` bytes.
+/// Exceeding them is an error naming the file, the limit and its key; the partial copy is removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InflateLimits {
+    /// `daemon.max_inflated_bytes`: the largest decompressed copy of one file, in bytes (≥ 1).
+    pub max_bytes: u64,
+    /// `daemon.max_inflate_ratio`: decompressed bytes per compressed byte (≥ 1).
+    pub max_ratio: u64,
+}
+
+impl Default for InflateLimits {
+    fn default() -> Self {
+        Self { max_bytes: DEFAULT_MAX_INFLATED_BYTES, max_ratio: DEFAULT_MAX_INFLATE_RATIO }
+    }
+}
+
+/// Which limit bounds a decompressed copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InflateBound {
+    /// `max_bytes`.
+    Bytes,
+    /// `max_ratio` × the compressed size (or the grace).
+    Ratio,
+}
+
+impl InflateLimits {
+    /// The most bytes a file of `compressed` bytes may decompress to, and which limit that is.
+    #[must_use]
+    pub fn allowed(&self, compressed: u64) -> (u64, InflateBound) {
+        let by_ratio = self.max_ratio.saturating_mul(compressed).max(INFLATE_RATIO_GRACE_BYTES);
+        if self.max_bytes <= by_ratio {
+            (self.max_bytes, InflateBound::Bytes)
+        } else {
+            (by_ratio, InflateBound::Ratio)
+        }
+    }
 }
 
 /// deepx instance-reader options (`docs/config.md`), validated by

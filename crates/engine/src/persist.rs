@@ -1,30 +1,245 @@
-//! Durable file writes: temporary file → fsync → rename → fsync of the directory, so readers see
-//! either the old content or the new, never a torn file, even across a crash. Used for index
-//! caches and daemon checkpoints.
+//! State files: durable, atomic and private.
+//!
+//! * **Atomic and durable.** [`write_atomic`]: temporary file → fsync → rename → fsync of the
+//!   directory, so readers see either the old content or the new, never a torn file, even across
+//!   a crash. Used for index caches, the sidecars of decompressed copies and the daemon's
+//!   checkpoint and `metrics.addr`.
+//! * **Private whatever the umask.** A state file is created `0600` ([`FILE_MODE`]) and the
+//!   directories the engine creates (`state_dir`, `state_dir/index`, `state_dir/inflated`) `0700`
+//!   ([`DIR_MODE`]): the modes are set explicitly after creation, so the process umask (the unit's
+//!   `UMask=0007`, a user's `umask 000`) cannot widen them.
+//! * **No planted names.** A file is created under a fresh temporary name with `O_CREAT|O_EXCL`
+//!   ([`create_temp`]): an existing name — a symbolic link included, dangling or not — makes the
+//!   open fail (POSIX: with `O_CREAT|O_EXCL` a symbolic link is never followed), so nothing is
+//!   ever written through a link. The temporary is then renamed onto the final name, which
+//!   replaces whatever is there (a link included) without following it.
+//! * **Directories.** [`private_subdir`] makes `state_dir/NAME` a real directory (not a symbolic
+//!   link) owned by this process's user with mode `0700`: created so, or, when it exists and is
+//!   ours, reset to `0700`; one of another user is refused. `state_dir` itself ([`secure_dir`]) is
+//!   the administrator's (systemd's `StateDirectoryMode=0750`): created `0700` when missing; an
+//!   existing one must be ours, and loses its group and other **write** bits (its read bits are
+//!   kept). A directory of another user (`/tmp`, the daemon's directory for someone running `dump`)
+//!   is refused, never written into.
+//! * **Reading.** [`open_trusted`] opens an existing state file only if it is a regular file, not
+//!   a symbolic link, owned by this process's user and not writable by group or others (checked
+//!   on the opened file, so it cannot be swapped between the check and the open).
 
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::Path;
+use std::fmt;
+use std::fs::{self, File, Metadata, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 
-/// Replaces `path` with `bytes` atomically and durably.
+/// Mode of every state file.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of the directories the engine owns (`state_dir/index`, `state_dir/inflated`, and
+/// `state_dir` when the engine creates it).
+pub const DIR_MODE: u32 = 0o700;
+/// Group and other write permission bits.
+const GROUP_OTHER_WRITE: u32 = 0o022;
+
+/// Why a state file or directory is not trusted (wrapped in an [`io::Error`]; see
+/// [`is_untrusted`]).
+#[derive(Debug)]
+struct Untrusted(String);
+
+impl fmt::Display for Untrusted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Untrusted {}
+
+fn untrusted(path: &Path, why: impl fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::PermissionDenied, Untrusted(format!("{}: {why}", path.display())))
+}
+
+/// Whether `e` says that a state file or directory exists but is not trusted (wrong owner, mode,
+/// type, or a symbolic link), as opposed to an I/O error.
+#[must_use]
+pub fn is_untrusted(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(<dyn std::error::Error + Send + Sync>::is::<Untrusted>)
+}
+
+/// The effective uid of this process, from `/proc/self/status` (the engine has no `unsafe` and no
+/// libc to call `geteuid`).
 ///
 /// # Errors
-/// Any I/O error; on error the previous content of `path` is untouched.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// `/proc/self/status` unreadable or without a `Uid:` line: every ownership check then fails
+/// closed.
+pub fn effective_uid() -> io::Result<u32> {
+    let status = fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        .and_then(|uid| uid.parse().ok())
+        .ok_or_else(|| io::Error::other("cannot read this process's effective uid from /proc/self/status"))
+}
+
+fn check_owner(path: &Path, meta: &Metadata) -> io::Result<()> {
+    let me = effective_uid()?;
+    if meta.uid() == me {
+        Ok(())
+    } else {
+        Err(untrusted(path, format_args!("owned by uid {}, not by this process's user (uid {me})", meta.uid())))
+    }
+}
+
+fn chmod(path: &Path, mode: u32) -> io::Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+}
+
+/// Makes sure `dir` is a directory this process's user alone can write: created (with missing
+/// parents) mode `0700` when missing; when it exists — possibly through a symbolic link, which
+/// only its creator can have set up — it must be a directory owned by this user, and its group
+/// and other write bits are removed (read bits are kept).
+///
+/// # Errors
+/// I/O errors; an [`is_untrusted`] error when `dir` is not a directory or belongs to another
+/// user.
+pub fn secure_dir(dir: &Path) -> io::Result<()> {
+    let meta = match fs::metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::DirBuilder::new().recursive(true).mode(DIR_MODE).create(dir)?;
+            let m = fs::metadata(dir)?;
+            check_owner(dir, &m)?;
+            // The umask may have taken bits off 0700.
+            chmod(dir, DIR_MODE)?;
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    if !meta.is_dir() {
+        return Err(untrusted(dir, "not a directory"));
+    }
+    check_owner(dir, &meta)?;
+    let mode = meta.mode() & 0o7777;
+    if mode & GROUP_OTHER_WRITE != 0 {
+        let tightened = mode & !GROUP_OTHER_WRITE;
+        chmod(dir, tightened)?;
+        tracing::warn!(dir = %dir.display(), from = format!("{mode:04o}"), to = format!("{tightened:04o}"), "state directory was writable by group or others; removed those bits");
+    }
+    Ok(())
+}
+
+/// `state_dir/name` as a private directory: `state_dir` secured ([`secure_dir`]), then
+/// `state_dir/name` created mode `0700`, or — when it exists — required to be a real directory
+/// (not a symbolic link) owned by this user, and reset to `0700`.
+///
+/// # Errors
+/// I/O errors; an [`is_untrusted`] error for a symbolic link, a non-directory or a directory of
+/// another user.
+pub fn private_subdir(state_dir: &Path, name: &str) -> io::Result<PathBuf> {
+    secure_dir(state_dir)?;
+    let dir = state_dir.join(name);
+    let meta = match fs::symlink_metadata(&dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            match fs::DirBuilder::new().mode(DIR_MODE).create(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+            fs::symlink_metadata(&dir)?
+        }
+        Err(e) => return Err(e),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(untrusted(&dir, "a symbolic link, not a directory"));
+    }
+    if !meta.is_dir() {
+        return Err(untrusted(&dir, "not a directory"));
+    }
+    check_owner(&dir, &meta)?;
+    if meta.mode() & 0o7777 != DIR_MODE {
+        chmod(&dir, DIR_MODE)?;
+    }
+    Ok(dir)
+}
+
+/// Opens the existing state file `path` for reading, only if it can be trusted: a regular file,
+/// not a symbolic link, owned by this process's user, not writable by group or others. The
+/// checks are made on the opened file (and its identity compared with the name's), so the name
+/// cannot be swapped between the check and the open.
+///
+/// # Errors
+/// I/O errors (`NotFound` when there is no such file); an [`is_untrusted`] error otherwise.
+pub fn open_trusted(path: &Path) -> io::Result<(File, Metadata)> {
+    let link = fs::symlink_metadata(path)?;
+    if link.file_type().is_symlink() {
+        return Err(untrusted(path, "a symbolic link"));
+    }
+    if !link.is_file() {
+        return Err(untrusted(path, "not a regular file"));
+    }
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if (meta.dev(), meta.ino()) != (link.dev(), link.ino()) {
+        return Err(untrusted(path, "replaced while it was opened"));
+    }
+    check_owner(path, &meta)?;
+    if meta.mode() & GROUP_OTHER_WRITE != 0 {
+        return Err(untrusted(path, format_args!("writable by group or others (mode {:04o})", meta.mode() & 0o7777)));
+    }
+    Ok((file, meta))
+}
+
+/// Creates a new, empty file mode `0600` in `dir`, named `.{base}.{pid}.{n}.tmp` for the first
+/// `n` whose name does not exist. `O_CREAT|O_EXCL`: an existing name, a symbolic link included,
+/// is never opened, so nothing is written through a planted link.
+///
+/// # Errors
+/// I/O errors, or no free name after many tries.
+pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
+    let pid = std::process::id();
+    for n in 0..1000u32 {
+        let path = dir.join(format!(".{base}.{pid}.{n}.tmp"));
+        match OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&path) {
+            Ok(file) => {
+                // The umask may have taken bits off 0600; fchmod on the open file.
+                file.set_permissions(fs::Permissions::from_mode(FILE_MODE))?;
+                return Ok((path, file));
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{}: no free temporary name for {base}", dir.display())))
+}
+
+/// Fsyncs the directory `dir` (makes a rename in it durable). Errors are ignored: some file
+/// systems cannot fsync a directory.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Replaces `path` with `bytes` atomically and durably, as a private file (mode `0600`). The
+/// directory of `path` is secured first ([`secure_dir`]): created `0700` when missing, refused
+/// when it belongs to another user, its group and other write bits removed.
+///
+/// # Errors
+/// Any I/O error, or an untrusted directory; on error the previous content of `path` is
+/// untouched.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
+        _ => PathBuf::from("."),
     };
+    secure_dir(&dir)?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let (tmp, mut f) = create_temp(&dir, &name)?;
     let result = (|| {
-        let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        drop(f);
         fs::rename(&tmp, path)?;
         File::open(&dir)?.sync_all()
     })();
+    drop(f);
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
@@ -35,6 +250,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    fn mode(p: &Path) -> u32 {
+        fs::symlink_metadata(p).expect("stat").mode() & 0o7777
+    }
+
     #[test]
     fn replaces_content_and_leaves_no_temporary() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -44,5 +263,85 @@ mod tests {
         assert_eq!(fs::read(&p).expect("read"), b"two");
         let names: Vec<_> = fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn state_files_are_private_whatever_the_umask() {
+        // The umask itself is exercised with the real binary (`tests/hostile_files.rs`); here,
+        // what an earlier umask left behind: a group- and world-writable state directory and
+        // subdirectory, and a group-writable file under the final name.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        fs::create_dir(&state).expect("mkdir");
+        chmod(&state, 0o777).expect("chmod");
+        fs::create_dir(state.join("index")).expect("mkdir");
+        chmod(&state.join("index"), 0o775).expect("chmod");
+        let old = state.join("checkpoint.json");
+        fs::write(&old, b"old").expect("write");
+        chmod(&old, 0o666).expect("chmod");
+
+        write_atomic(&old, b"new").expect("write");
+        assert_eq!(mode(&old), 0o600);
+        assert_eq!(mode(&state), 0o755, "write bits of group and others removed, read bits kept");
+        let index = private_subdir(&state, "index").expect("index dir");
+        assert_eq!(mode(&index), 0o700);
+        let fresh = private_subdir(&dir.path().join("new-state"), "inflated").expect("created");
+        assert_eq!((mode(fresh.parent().expect("parent")), mode(&fresh)), (0o700, 0o700));
+        write_atomic(&fresh.join("x"), b"x").expect("write");
+        assert_eq!(mode(&fresh.join("x")), 0o600);
+        assert!(open_trusted(&fresh.join("x")).is_ok());
+    }
+
+    #[test]
+    fn a_planted_symlink_is_never_followed_when_writing_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").expect("write");
+        let victim_mode = mode(&victim);
+        let state = dir.path().join("state");
+        fs::create_dir(&state).expect("mkdir");
+        let target = state.join("checkpoint.json");
+        // Links at the final name and at every temporary name this process could use (this
+        // module's and the names the earlier code used).
+        std::os::unix::fs::symlink(&victim, &target).expect("symlink");
+        let pid = std::process::id();
+        for n in 0..4 {
+            std::os::unix::fs::symlink(&victim, state.join(format!(".checkpoint.json.{pid}.{n}.tmp"))).expect("ln");
+        }
+        std::os::unix::fs::symlink(&victim, state.join(format!(".checkpoint.json.{pid}.tmp"))).expect("ln");
+
+        write_atomic(&target, b"state").expect("write");
+        assert_eq!(fs::read(&victim).expect("read"), b"precious");
+        assert!(fs::symlink_metadata(&target).expect("stat").is_file());
+        assert_eq!(fs::read(&target).expect("read"), b"state");
+        assert_eq!(mode(&victim), victim_mode);
+
+        // A linked or foreign subdirectory is refused, not written through.
+        let elsewhere = dir.path().join("elsewhere");
+        fs::create_dir(&elsewhere).expect("mkdir");
+        std::os::unix::fs::symlink(&elsewhere, state.join("inflated")).expect("symlink");
+        let e = private_subdir(&state, "inflated").expect_err("a link");
+        assert!(is_untrusted(&e) && e.to_string().contains("symbolic link"), "{e}");
+        // Reading: a link to a file of ours is not trusted either.
+        let e = open_trusted(&state.join(format!(".checkpoint.json.{pid}.tmp"))).expect_err("a link");
+        assert!(is_untrusted(&e), "{e}");
+    }
+
+    #[test]
+    fn a_group_writable_file_is_not_trusted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("f");
+        write_atomic(&p, b"x").expect("write");
+        chmod(&p, 0o660).expect("chmod");
+        let e = open_trusted(&p).expect_err("group-writable");
+        assert!(is_untrusted(&e) && e.to_string().contains("0660"), "{e}");
+        assert_eq!(open_trusted(&dir.path().join("absent")).expect_err("absent").kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn the_effective_uid_is_the_owner_of_what_this_process_creates() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, f) = create_temp(dir.path(), "probe").expect("create");
+        assert_eq!(effective_uid().expect("uid"), f.metadata().expect("stat").uid());
     }
 }

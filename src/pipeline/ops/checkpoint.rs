@@ -14,7 +14,9 @@
 //! format adds a variant and keeps reading the old ones; `tests/fixtures/checkpoint/v1.json` is
 //! the golden file of version 1, which every later build must still read. A file that cannot be
 //! read (corrupt, or a version from the future) is set aside as `checkpoint.json.unreadable`
-//! and the daemon starts without it.
+//! and the daemon starts without it — so is one that others could have written (a symbolic link,
+//! a file of another user, or one writable by group or others, as `UMask=0007` made them before
+//! state files were created `0600`).
 
 use std::path::{Path, PathBuf};
 
@@ -113,12 +115,15 @@ pub fn write(state_dir: &Path, c: &Checkpoint) -> std::io::Result<()> {
 /// # Errors
 /// [`CheckpointError`].
 pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+    use std::io::Read as _;
     let p = path(state_dir);
-    let bytes = match std::fs::read(&p) {
-        Ok(b) => b,
+    // Only a file no one else could have written: it says which uid owns which session.
+    let mut bytes = Vec::new();
+    match minibatchd_engine::persist::open_trusted(&p).and_then(|(mut f, _)| f.read_to_end(&mut bytes)) {
+        Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path: p, source }),
-    };
+    }
     serde_json::from_slice(&bytes).map(Some).map_err(|e| CheckpointError::Format { path: p, message: e.to_string() })
 }
 
@@ -198,5 +203,21 @@ mod tests {
         assert!(!path(dir.path()).exists());
         std::fs::write(path(dir.path()), b"\x00garbage").expect("write");
         assert!(restore(dir.path()).is_empty());
+    }
+
+    /// Issue #15: under `UMask=0007` state files were group-writable; a checkpoint a group member
+    /// could have rewritten (to take over sessions) is set aside, not restored.
+    #[test]
+    fn a_checkpoint_others_could_write_is_set_aside() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), &Checkpoint::new(1, "periodic", vec![session()])).expect("write");
+        let mode = std::fs::metadata(path(dir.path())).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o600);
+        std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
+        let e = read(dir.path()).expect_err("group-writable");
+        assert!(e.to_string().contains("writable by group or others"), "{e}");
+        assert!(restore(dir.path()).is_empty());
+        assert!(dir.path().join("checkpoint.json.unreadable").exists());
     }
 }

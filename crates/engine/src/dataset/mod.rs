@@ -170,7 +170,7 @@ impl Dataset {
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let files = resolve_files(patterns)?;
         let data: Vec<PathBuf> =
-            files.iter().map(|f| inflate::readable_path(f, state_dir)).collect::<Result<_, _>>()?;
+            files.iter().map(|f| inflate::readable_path(f, state_dir, &config.inflate)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = data.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();

@@ -15,20 +15,29 @@
 //!
 //! A cache is used only if every field matches the data file as it is now; anything else —
 //! another version, a truncated or corrupt file, a changed size or mtime — makes the caller
-//! rebuild. Writes go to a temporary file that is fsynced and renamed, then the directory is
-//! fsynced, so a crash never leaves a half-written cache under the final name.
+//! rebuild. A cache is read only if it is a regular file (not a symbolic link) owned by this
+//! process's user and not writable by group or others ([`persist::open_trusted`]): the checksum
+//! guards against damage, not against someone who can recompute it. Writes go through
+//! [`persist::write_atomic`] into `state_dir/index/`, a private directory
+//! ([`persist::private_subdir`], `0700`): a temporary file (`0600`, `O_CREAT|O_EXCL`) that is
+//! fsynced and renamed, then the directory is fsynced, so a crash never leaves a half-written cache
+//! under the final name.
 
 use std::fs;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use crate::format::index::{FileIndex, SequenceDesc};
 use crate::hash::Fnv1a;
+use crate::persist;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
 const VERSION: u32 = 1;
 const RECORD_BYTES: usize = 32;
+/// The subdirectory of `state_dir` that holds index caches.
+pub const INDEX_DIR: &str = "index";
 
 /// Identity of a data file as the cache records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +75,7 @@ pub fn cache_path(state_dir: &Path, stamp: &FileStamp, fingerprint: &str) -> Pat
     key.push(0);
     key.extend_from_slice(fingerprint.as_bytes());
     let name = stamp.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    state_dir.join("index").join(format!("{name}.{:016x}.idx", Fnv1a::of(&key)))
+    state_dir.join(INDEX_DIR).join(format!("{name}.{:016x}.idx", Fnv1a::of(&key)))
 }
 
 fn encode(stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> Vec<u8> {
@@ -180,19 +189,28 @@ fn decode(bytes: &[u8], stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) 
 /// Why it was not used; the caller rebuilds.
 pub fn load(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) -> Result<FileIndex, Miss> {
     let path = cache_path(state_dir, stamp, fingerprint);
-    let bytes = fs::read(&path).map_err(|_| Miss::Absent)?;
+    let mut f = match persist::open_trusted(&path) {
+        Ok((f, _)) => f,
+        Err(e) if persist::is_untrusted(&e) => {
+            return Err(Miss::Stale("not a private file of this user (owner, mode or symbolic link)"));
+        }
+        Err(_) => return Err(Miss::Absent),
+    };
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(|_| Miss::Absent)?;
     decode(&bytes, stamp, fingerprint, file)
 }
 
-/// Writes the cache atomically: temporary file, fsync, rename, fsync of the directory.
+/// Writes the cache atomically and privately into `state_dir/index/`: temporary file (`0600`),
+/// fsync, rename, fsync of the directory.
 ///
 /// # Errors
-/// I/O errors; the caller logs them and goes on without a cache.
+/// I/O errors, or a state directory of another user ([`persist::private_subdir`]); the caller
+/// logs them and goes on without a cache.
 pub fn store(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<PathBuf> {
     let path = cache_path(state_dir, stamp, fingerprint);
-    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    fs::create_dir_all(&dir)?;
-    crate::persist::write_atomic(&path, &encode(stamp, fingerprint, index))?;
+    persist::private_subdir(state_dir, INDEX_DIR)?;
+    persist::write_atomic(&path, &encode(stamp, fingerprint, index))?;
     Ok(path)
 }
 
@@ -249,5 +267,33 @@ mod tests {
         assert_eq!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale("checksum mismatch")));
         fs::write(&path, &bytes[..10]).expect("truncate");
         assert!(matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(_))));
+    }
+
+    /// Issue #15: under `UMask=0007` the index directory and its files were group-writable, so a
+    /// group member could rewrite a cache (recomputing its checksum).
+    #[test]
+    fn a_cache_others_could_write_is_never_trusted() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let (dir, _data, stamp, index) = setup();
+        let idx_dir = dir.path().join(INDEX_DIR);
+        fs::create_dir(&idx_dir).expect("mkdir");
+        fs::set_permissions(&idx_dir, fs::Permissions::from_mode(0o770)).expect("chmod");
+        let path = store(dir.path(), &stamp, "opts", &index).expect("store");
+        let mode = |p: &Path| fs::symlink_metadata(p).expect("stat").mode() & 0o7777;
+        assert_eq!((mode(&idx_dir), mode(&path)), (0o700, 0o600));
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o660)).expect("chmod");
+        assert!(
+            matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(why)) if why.contains("private"))
+        );
+        // A link to a valid cache is not followed either.
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod");
+        let real = path.with_extension("real");
+        fs::rename(&path, &real).expect("mv");
+        std::os::unix::fs::symlink(&real, &path).expect("symlink");
+        assert!(matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(_))));
+        // Storing again replaces the link with a private file.
+        store(dir.path(), &stamp, "opts", &index).expect("store");
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(load(dir.path(), &stamp, "opts", &index.path), Ok(index));
     }
 }

@@ -6,23 +6,49 @@
 //!   so a renamed file still works and a text file called `x.gz` is read as text.
 //! * **Multi-member** gzip (`cat a.gz b.gz`, which hangs deepx's reader) is decompressed member
 //!   after member ([`flate2::read::MultiGzDecoder`]); each member's CRC and length are checked.
-//! * **Cache.** The copy lives in `state_dir/inflated/`, or — when that cannot be written — in
-//!   `$TMPDIR/minibatchd-inflated/`. Its name holds a hash of the canonical source path and one of
-//!   the source's size and modification time, so a changed source gets a new copy and an unchanged
-//!   one reuses it across runs. Copies are written to a temporary name, fsynced and renamed, so a
-//!   name that exists is complete; older copies of the same source are removed.
+//! * **Where.** The copy lives in `state_dir/inflated/` and nowhere else: never in a shared
+//!   temporary directory, where another user could plant a copy or a symbolic link. When that
+//!   directory cannot be written (a user running `dump` with the daemon's config), opening fails
+//!   with an error that says so and what to do. The directory is private
+//!   ([`crate::persist::private_subdir`]: `0700`, owned by this user); the copy is created `0600`
+//!   under a fresh temporary name with `O_CREAT|O_EXCL`, fsynced and renamed.
+//! * **Names and reuse.** A copy's name holds a hash of the canonical source path and one of the
+//!   source's size and modification time, so a changed source gets a new copy and an unchanged one
+//!   reuses it across runs; older copies of the same source are removed. Beside each copy a
+//!   sidecar `NAME.meta` (also `0600`, checksummed) records the source's path, size and mtime and
+//!   the copy's size and mtime when it was written. A copy is reused only if the sidecar is
+//!   intact and matches the source, and the copy is a regular file (not a symbolic link) owned by
+//!   this user, not writable by group or others, with the recorded size and mtime. Anything else —
+//!   a copy of another user, a link, a group-writable copy, a copy without sidecar (older
+//!   versions, an interrupted write), a copy of another size — is decompressed again. Not
+//!   detected: a rewrite by this user (or root) that keeps the size and restores the mtime; the
+//!   content is not re-hashed on reuse (that would read the whole copy at every open).
+//! * **Limits** ([`InflateLimits`]): the copy may hold at most `daemon.max_inflated_bytes`, and at
+//!   most `daemon.max_inflate_ratio` times the compressed size (a gzip bomb; small files always
+//!   get [`INFLATE_RATIO_GRACE_BYTES`]). Exceeding either is an error naming the file, the limit
+//!   and the key; the partial copy is removed. A reused copy is held to the same limits.
 //! * **Errors** name the `.gz` file; their byte offsets are offsets in the decompressed data.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::format::errors::DataError;
 use crate::format::index_cache::FileStamp;
 use crate::hash::Fnv1a;
+use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
+use crate::persist;
 
 /// The gzip magic bytes.
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// The subdirectory of `state_dir` that holds decompressed copies.
+pub const INFLATED_DIR: &str = "inflated";
+/// Suffix of a copy's sidecar.
+const SIDECAR_SUFFIX: &str = ".meta";
+const SIDECAR_MAGIC: &[u8; 8] = b"MBDINFL\0";
+const SIDECAR_VERSION: u32 = 1;
 
 /// Whether `path` starts with the gzip magic.
 ///
@@ -51,82 +77,233 @@ fn hash_parts(parts: &[&[u8]]) -> u64 {
     h.finish()
 }
 
-/// The decompressed copy of `source` if `source` is gzip data, else `source` itself.
-///
-/// # Errors
-/// I/O errors, corrupt gzip data, or no writable cache directory.
-pub fn readable_path(source: &Path, state_dir: &Path) -> Result<PathBuf, DataError> {
-    if !is_gzip(source).map_err(|e| DataError::io(source, e))? {
-        return Ok(source.to_owned());
-    }
-    let stamp = FileStamp::of(source).map_err(|e| DataError::io(source, e))?;
-    let primary = state_dir.join("inflated");
-    match inflate_into(source, &stamp, &primary) {
-        Ok(p) => Ok(p),
-        Err(Failure::Target(e)) => {
-            let fallback = std::env::temp_dir().join("minibatchd-inflated");
-            tracing::warn!(file = %source.display(), dir = %primary.display(), error = %e, fallback = %fallback.display(), "cannot decompress into state_dir; using the fallback directory");
-            inflate_into(source, &stamp, &fallback).map_err(|f| match f {
-                Failure::Target(e) => DataError::Dataset(format!(
-                    "{}: cannot write its decompressed copy into {} or {}: {e}",
-                    source.display(),
-                    primary.display(),
-                    fallback.display()
-                )),
-                Failure::Source(e) => e,
-            })
-        }
-        Err(Failure::Source(e)) => Err(e),
-    }
-}
-
-/// Why inflating failed: the target directory (try another) or the source (give up).
-enum Failure {
-    Target(std::io::Error),
-    Source(DataError),
-}
-
-fn inflate_into(source: &Path, stamp: &FileStamp, dir: &Path) -> Result<PathBuf, Failure> {
+/// The names of the copy of the source `stamp`: the prefix shared by every copy of that source,
+/// and the copy's own file name.
+fn copy_names(stamp: &FileStamp) -> (String, String) {
     let name = stamp.path.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
     let stamp_hash =
         hash_parts(&[&stamp.size.to_le_bytes(), &stamp.mtime_secs.to_le_bytes(), &stamp.mtime_nanos.to_le_bytes()]);
     let prefix = format!("{name}.{path_hash:016x}.");
-    let target = dir.join(format!("{prefix}{stamp_hash:016x}"));
-    if target.is_file() {
-        return Ok(target);
+    let file = format!("{prefix}{stamp_hash:016x}");
+    (prefix, file)
+}
+
+/// The decompressed copy of `source` if `source` is gzip data, else `source` itself.
+///
+/// # Errors
+/// I/O errors, corrupt gzip data, a copy beyond `limits`, or `state_dir/inflated` not writable
+/// by this user.
+pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) -> Result<PathBuf, DataError> {
+    if !is_gzip(source).map_err(|e| DataError::io(source, e))? {
+        return Ok(source.to_owned());
     }
-    fs::create_dir_all(dir).map_err(Failure::Target)?;
-    let tmp = dir.join(format!(".{prefix}{stamp_hash:016x}.tmp.{}", std::process::id()));
-    let out = File::create(&tmp).map_err(Failure::Target)?;
-    let result = copy_inflated(source, out);
-    if let Err(e) = result {
+    let stamp = FileStamp::of(source).map_err(|e| DataError::io(source, e))?;
+    let wanted = state_dir.join(INFLATED_DIR);
+    let dir =
+        persist::private_subdir(state_dir, INFLATED_DIR).map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
+    let (prefix, file) = copy_names(&stamp);
+    let target = dir.join(&file);
+    let sidecar = dir.join(format!("{file}{SIDECAR_SUFFIX}"));
+    let (allowed, bound) = limits.allowed(stamp.size);
+    match reusable(&target, &sidecar, &stamp) {
+        Ok(size) if size > allowed => return Err(over_limit(source, &stamp, limits, allowed, bound)),
+        Ok(_) => return Ok(target),
+        Err(Reuse::Absent) => {}
+        Err(Reuse::Refused(why)) => {
+            tracing::warn!(file = %source.display(), copy = %target.display(), why, "not reusing the decompressed copy; decompressing again");
+        }
+    }
+    let (tmp, out) = persist::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
+    let written = match copy_inflated(source, out, allowed) {
+        Ok(n) => n,
+        Err(f) => {
+            let _ = fs::remove_file(&tmp);
+            return Err(match f {
+                Failure::Target(e) => cannot_write(source, &dir, state_dir, &e),
+                Failure::Source(e) => e,
+                Failure::Limit => over_limit(source, &stamp, limits, allowed, bound),
+            });
+        }
+    };
+    let finish = || -> std::io::Result<()> {
+        fs::rename(&tmp, &target)?;
+        persist::sync_dir(&dir);
+        let meta = fs::symlink_metadata(&target)?;
+        let record =
+            Record { source: stamp.clone(), copy_size: written, copy_mtime: (meta.mtime(), meta.mtime_nsec()) };
+        persist::write_atomic(&sidecar, &record.encode())
+    };
+    if let Err(e) = finish() {
         let _ = fs::remove_file(&tmp);
-        return Err(e);
+        return Err(cannot_write(source, &dir, state_dir, &e));
     }
-    fs::rename(&tmp, &target).map_err(Failure::Target)?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    // Older copies of the same source.
-    if let Ok(entries) = fs::read_dir(dir) {
+    // Older copies of the same source, with their sidecars.
+    if let Ok(entries) = fs::read_dir(&dir) {
         for e in entries.flatten() {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            if n.starts_with(&prefix) && e.path() != target {
+            if n.starts_with(&prefix) && e.path() != target && e.path() != sidecar {
                 let _ = fs::remove_file(e.path());
             }
         }
     }
-    tracing::info!(file = %source.display(), copy = %target.display(), "decompressed gzip input");
+    tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, "decompressed gzip input");
     Ok(target)
 }
 
-fn copy_inflated(source: &Path, out: File) -> Result<(), Failure> {
+/// `source`'s copy cannot be written into `dir`.
+fn cannot_write(source: &Path, dir: &Path, state_dir: &Path, e: &std::io::Error) -> DataError {
+    DataError::Dataset(format!(
+        "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
+         state_dir/inflated/, a private directory of the user running minibatchd (never a shared temporary \
+         directory): set daemon.state_dir (or MINIBATCHD__DAEMON__STATE_DIR) to a directory this user owns, or \
+         run as the user that owns {}",
+        source.display(),
+        dir.display(),
+        state_dir.display()
+    ))
+}
+
+/// `source` decompresses to more than `allowed` bytes.
+fn over_limit(
+    source: &Path,
+    stamp: &FileStamp,
+    limits: &InflateLimits,
+    allowed: u64,
+    bound: InflateBound,
+) -> DataError {
+    DataError::Dataset(match bound {
+        InflateBound::Bytes => format!(
+            "{}: decompresses to more than daemon.max_inflated_bytes ({allowed} bytes); the partial copy was \
+             removed. If the file is genuine, raise daemon.max_inflated_bytes",
+            source.display()
+        ),
+        InflateBound::Ratio => format!(
+            "{}: decompresses to more than daemon.max_inflate_ratio ({}× its compressed size of {} bytes, at least \
+             {INFLATE_RATIO_GRACE_BYTES} bytes: {allowed} bytes), the mark of a gzip bomb; the partial copy was \
+             removed. If the file is genuine, raise daemon.max_inflate_ratio",
+            source.display(),
+            limits.max_ratio,
+            stamp.size
+        ),
+    })
+}
+
+/// Why an existing copy is not reused.
+enum Reuse {
+    /// There is no copy.
+    Absent,
+    /// There is one, but it cannot be trusted.
+    Refused(String),
+}
+
+/// The size of the copy at `target` if it can be reused for the source `stamp`.
+fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
+    let record = match persist::open_trusted(sidecar) {
+        Ok((mut f, _)) => {
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes).map_err(|e| Reuse::Refused(format!("sidecar unreadable: {e}")))?;
+            Record::decode(&bytes).ok_or_else(|| Reuse::Refused("sidecar damaged".into()))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(match fs::symlink_metadata(target) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Reuse::Absent,
+                _ => Reuse::Refused("no sidecar recording its size (an older or interrupted copy)".into()),
+            });
+        }
+        Err(e) => return Err(Reuse::Refused(format!("sidecar: {e}"))),
+    };
+    if record.source != *stamp {
+        return Err(Reuse::Refused("the sidecar describes another source".into()));
+    }
+    let (_, meta) = persist::open_trusted(target).map_err(|e| Reuse::Refused(e.to_string()))?;
+    if meta.len() != record.copy_size {
+        return Err(Reuse::Refused(format!("{} bytes, {} recorded when it was written", meta.len(), record.copy_size)));
+    }
+    if (meta.mtime(), meta.mtime_nsec()) != record.copy_mtime {
+        return Err(Reuse::Refused("modified since it was written".into()));
+    }
+    Ok(record.copy_size)
+}
+
+/// A copy's sidecar: the source it was decompressed from, and the copy as written.
+/// Little-endian: magic, version u32, path (u32 length + bytes), source size u64, mtime i64 +
+/// u32, copy size u64, copy mtime i64 + i64, FNV-1a of everything before.
+#[derive(Debug, PartialEq, Eq)]
+struct Record {
+    source: FileStamp,
+    copy_size: u64,
+    copy_mtime: (i64, i64),
+}
+
+impl Record {
+    fn encode(&self) -> Vec<u8> {
+        let path = self.source.path.as_os_str().as_encoded_bytes();
+        let mut out = Vec::with_capacity(64 + path.len());
+        out.extend_from_slice(SIDECAR_MAGIC);
+        out.extend_from_slice(&SIDECAR_VERSION.to_le_bytes());
+        out.extend_from_slice(&u32::try_from(path.len()).unwrap_or(u32::MAX).to_le_bytes());
+        out.extend_from_slice(path);
+        out.extend_from_slice(&self.source.size.to_le_bytes());
+        out.extend_from_slice(&self.source.mtime_secs.to_le_bytes());
+        out.extend_from_slice(&self.source.mtime_nanos.to_le_bytes());
+        out.extend_from_slice(&self.copy_size.to_le_bytes());
+        out.extend_from_slice(&self.copy_mtime.0.to_le_bytes());
+        out.extend_from_slice(&self.copy_mtime.1.to_le_bytes());
+        let sum = Fnv1a::of(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let (body, sum) = bytes.split_at(bytes.len().checked_sub(8)?);
+        if u64::from_le_bytes(sum.try_into().ok()?) != Fnv1a::of(body) {
+            return None;
+        }
+        let mut pos = 0usize;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let s = body.get(pos..pos.checked_add(n)?)?;
+            pos += n;
+            Some(s)
+        };
+        if take(8)? != SIDECAR_MAGIC || take(4)? != SIDECAR_VERSION.to_le_bytes() {
+            return None;
+        }
+        let path_len = usize::try_from(u32::from_le_bytes(take(4)?.try_into().ok()?)).ok()?;
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(take(path_len)?));
+        let u64_at = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
+        let i64_at = |b: &[u8]| b.try_into().ok().map(i64::from_le_bytes);
+        let size = u64_at(take(8)?)?;
+        let mtime_secs = i64_at(take(8)?)?;
+        let mtime_nanos = u32::from_le_bytes(take(4)?.try_into().ok()?);
+        let copy_size = u64_at(take(8)?)?;
+        let copy_mtime = (i64_at(take(8)?)?, i64_at(take(8)?)?);
+        (pos == body.len()).then_some(Self {
+            source: FileStamp { path, size, mtime_secs, mtime_nanos },
+            copy_size,
+            copy_mtime,
+        })
+    }
+}
+
+/// Why decompressing failed.
+enum Failure {
+    /// Writing the copy.
+    Target(std::io::Error),
+    /// Reading the source (I/O or corrupt gzip data).
+    Source(DataError),
+    /// The copy would exceed the allowed size.
+    Limit,
+}
+
+/// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
+fn copy_inflated(source: &Path, out: File, allowed: u64) -> Result<u64, Failure> {
     let input = File::open(source).map_err(|e| Failure::Source(DataError::io(source, e)))?;
     let mut decoder = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, input));
     let mut writer = BufWriter::with_capacity(1 << 20, out);
     let mut buf = vec![0u8; 1 << 20];
+    let mut written = 0u64;
     loop {
         let n = match decoder.read(&mut buf) {
             Ok(0) => break,
@@ -139,22 +316,47 @@ fn copy_inflated(source: &Path, out: File) -> Result<(), Failure> {
                 ))));
             }
         };
+        written += n as u64;
+        if written > allowed {
+            return Err(Failure::Limit);
+        }
         writer.write_all(&buf[..n]).map_err(Failure::Target)?;
     }
     let file = writer.into_inner().map_err(|e| Failure::Target(e.into_error()))?;
     file.sync_all().map_err(Failure::Target)?;
-    Ok(())
+    Ok(written)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use flate2::write::GzEncoder;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A way of tampering with a copy, and its name.
+    type Tamper<'a> = (&'a str, &'a dyn Fn(&Path));
 
     fn gz(bytes: &[u8]) -> Vec<u8> {
         let mut e = GzEncoder::new(Vec::new(), flate2::Compression::fast());
         e.write_all(bytes).expect("compress");
         e.finish().expect("finish")
+    }
+
+    fn inflate(src: &Path, state: &Path) -> Result<PathBuf, DataError> {
+        readable_path(src, state, &InflateLimits::default())
+    }
+
+    fn mode(p: &Path) -> u32 {
+        fs::symlink_metadata(p).expect("stat").mode() & 0o7777
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     #[test]
@@ -165,10 +367,12 @@ mod tests {
         data.extend(gz(b"0 3\n"));
         fs::write(&src, &data).expect("write");
         let state = dir.path().join("state");
-        let copy = readable_path(&src, &state).expect("inflate");
+        let copy = inflate(&src, &state).expect("inflate");
         assert!(copy.starts_with(&state));
         assert_eq!(fs::read(&copy).expect("read"), b"1 2\n0 3\n");
-        assert_eq!(readable_path(&src, &state).expect("again"), copy);
+        let before = fs::metadata(&copy).expect("stat").ino();
+        assert_eq!(inflate(&src, &state).expect("again"), copy);
+        assert_eq!(fs::metadata(&copy).expect("stat").ino(), before, "reused, not decompressed again");
     }
 
     #[test]
@@ -176,7 +380,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("plain.gz");
         fs::write(&src, b"1 2\n").expect("write");
-        assert_eq!(readable_path(&src, dir.path()).expect("plain"), src);
+        assert_eq!(inflate(&src, dir.path()).expect("plain"), src);
     }
 
     #[test]
@@ -187,8 +391,9 @@ mod tests {
         let n = data.len();
         data[n - 6] ^= 0xff; // the CRC
         fs::write(&src, &data).expect("write");
-        let e = readable_path(&src, dir.path()).expect_err("corrupt").to_string();
+        let e = inflate(&src, dir.path()).expect_err("corrupt").to_string();
         assert!(e.contains("bad.gz") && e.contains("invalid gzip"), "{e}");
+        assert!(names(&dir.path().join(INFLATED_DIR)).is_empty(), "no partial copy left");
     }
 
     #[test]
@@ -196,10 +401,173 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("c.gz");
         fs::write(&src, gz(b"1\n")).expect("write");
-        let first = readable_path(&src, dir.path()).expect("first");
+        let first = inflate(&src, dir.path()).expect("first");
         fs::write(&src, gz(b"1\n2\n")).expect("rewrite");
-        let second = readable_path(&src, dir.path()).expect("second");
+        let second = inflate(&src, dir.path()).expect("second");
         assert_eq!(fs::read(&second).expect("read"), b"1\n2\n");
         assert!(!first.exists() || first == second);
+        // One copy and its sidecar remain.
+        assert_eq!(names(&dir.path().join(INFLATED_DIR)).len(), 2);
+    }
+
+    /// Issue #15: with `state_dir/inflated` not writable, the copy went to
+    /// `$TMPDIR/minibatchd-inflated/` under a predictable name, where another user's planted copy
+    /// was served.
+    #[test]
+    fn gzip_never_uses_a_shared_temp_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("shared.txt.gz");
+        fs::write(&src, gz(b"1 2\n")).expect("write");
+        let state = dir.path().join("state");
+        fs::create_dir(&state).expect("mkdir");
+        // `inflated` cannot be made a directory (the earlier code then fell back to $TMPDIR).
+        fs::write(state.join(INFLATED_DIR), b"").expect("write");
+        let e = inflate(&src, &state).expect_err("no writable state_dir").to_string();
+        for part in
+            ["shared.txt.gz", &state.join(INFLATED_DIR).display().to_string(), "daemon.state_dir", "never a shared"]
+        {
+            assert!(e.contains(part), "{part:?} missing from: {e}");
+        }
+        let (prefix, _) = copy_names(&FileStamp::of(&src).expect("stamp"));
+        let shared = std::env::temp_dir().join("minibatchd-inflated");
+        if shared.is_dir() {
+            assert!(
+                !names(&shared).iter().any(|n| n.contains(&prefix)),
+                "a copy was written into {}",
+                shared.display()
+            );
+        }
+    }
+
+    /// Issue #15: a group member rewrote a decompressed copy at the same size and the daemon
+    /// served the altered values after a restart.
+    #[test]
+    fn a_tampered_inflated_copy_is_not_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("t.txt.gz");
+        fs::write(&src, gz(b"1 2\n0 3\n")).expect("write");
+        let state = dir.path().join("state");
+        let copy = inflate(&src, &state).expect("inflate");
+        let tamper: [Tamper<'_>; 5] = [
+            ("same size, group-writable", &|p| {
+                fs::set_permissions(p, fs::Permissions::from_mode(0o660)).expect("chmod");
+                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+            }),
+            ("same size, private", &|p| {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+            }),
+            ("longer", &|p| fs::write(p, b"9 9\n9 9\n9 9\n").expect("rewrite")),
+            ("a symbolic link", &|p| {
+                let other = p.with_extension("planted");
+                fs::write(&other, b"9 9\n9 9\n").expect("write");
+                fs::remove_file(p).expect("rm");
+                std::os::unix::fs::symlink(&other, p).expect("symlink");
+            }),
+            ("no sidecar", &|p| {
+                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+                let mut side = p.as_os_str().to_owned();
+                side.push(SIDECAR_SUFFIX);
+                fs::remove_file(side).expect("rm");
+            }),
+        ];
+        for (what, f) in tamper {
+            f(&copy);
+            let again = inflate(&src, &state).expect("inflate");
+            assert_eq!(again, copy);
+            assert_eq!(fs::read(&again).expect("read"), b"1 2\n0 3\n", "{what}: the tampered copy was served");
+            assert!(!fs::symlink_metadata(&again).expect("stat").file_type().is_symlink(), "{what}");
+            assert_eq!(mode(&again), 0o600, "{what}");
+        }
+    }
+
+    /// Issue #15: a 3 MB gzip bomb made a 2 GB copy.
+    #[test]
+    fn a_gzip_bomb_stops_at_the_inflation_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        // 8 MiB of one byte: about 1000× in a few KiB, beyond the ratio (its grace is 1 MiB).
+        let bomb = dir.path().join("bomb.gz");
+        fs::write(&bomb, gz(&vec![b'1'; 8 << 20])).expect("write");
+        let e = inflate(&bomb, &state).expect_err("a bomb").to_string();
+        assert!(e.contains("bomb.gz") && e.contains("daemon.max_inflate_ratio") && e.contains("gzip bomb"), "{e}");
+        assert!(names(&state.join(INFLATED_DIR)).is_empty(), "the partial copy is removed");
+
+        // The absolute cap, on ordinary data; raising it is enough.
+        let text: Vec<u8> = (0..20_000u32).flat_map(|i| format!("{i} 1:{}\n", i % 7).into_bytes()).collect();
+        let src = dir.path().join("big.txt.gz");
+        fs::write(&src, gz(&text)).expect("write");
+        let small = InflateLimits { max_bytes: 4096, ..InflateLimits::default() };
+        let e = readable_path(&src, &state, &small).expect_err("over the cap").to_string();
+        assert!(e.contains("big.txt.gz") && e.contains("daemon.max_inflated_bytes (4096 bytes)"), "{e}");
+        assert!(names(&state.join(INFLATED_DIR)).is_empty(), "the partial copy is removed");
+        let copy = inflate(&src, &state).expect("within the default limits");
+        assert_eq!(fs::read(&copy).expect("read"), text);
+        // A reused copy is held to the limits in force.
+        let e = readable_path(&src, &state, &small).expect_err("reused over the cap").to_string();
+        assert!(e.contains("daemon.max_inflated_bytes"), "{e}");
+    }
+
+    /// Issue #15: with sprayed symbolic links, the victim's `dump` overwrote a file in the victim's
+    /// home (the copy was created following links).
+    #[test]
+    fn a_planted_symlink_is_never_followed_when_writing_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").expect("write");
+        let src = dir.path().join("s.txt.gz");
+        fs::write(&src, gz(b"1 2\n")).expect("write");
+        let state = dir.path().join("state");
+        let inflated = state.join(INFLATED_DIR);
+        fs::create_dir_all(&inflated).expect("mkdir");
+        let (_, file) = copy_names(&FileStamp::of(&src).expect("stamp"));
+        let pid = std::process::id();
+        let mut planted = vec![file.clone(), format!("{file}{SIDECAR_SUFFIX}"), format!(".{file}.tmp.{pid}")];
+        planted.extend((0..4).map(|n| format!(".{file}.{pid}.{n}.tmp")));
+        planted.extend((0..4).map(|n| format!(".{file}{SIDECAR_SUFFIX}.{pid}.{n}.tmp")));
+        for name in &planted {
+            std::os::unix::fs::symlink(&victim, inflated.join(name)).expect("symlink");
+        }
+        let copy = inflate(&src, &state).expect("inflate");
+        assert_eq!(fs::read(&victim).expect("read"), b"precious");
+        assert_eq!(fs::read(&copy).expect("read"), b"1 2\n");
+        assert!(fs::symlink_metadata(&copy).expect("stat").is_file());
+        // The links at the temporary names were skipped, never written through; none is served.
+        assert_eq!(inflate(&src, &state).expect("again"), copy);
+    }
+
+    #[test]
+    fn state_files_are_private_whatever_the_umask() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("p.txt.gz");
+        fs::write(&src, gz(b"1 2\n")).expect("write");
+        let state = dir.path().join("state");
+        // What `UMask=0007` left behind: a group-writable `inflated/`.
+        fs::create_dir_all(state.join(INFLATED_DIR)).expect("mkdir");
+        fs::set_permissions(state.join(INFLATED_DIR), fs::Permissions::from_mode(0o770)).expect("chmod");
+        let copy = inflate(&src, &state).expect("inflate");
+        assert_eq!(mode(&state.join(INFLATED_DIR)), 0o700);
+        for f in names(&state.join(INFLATED_DIR)) {
+            assert_eq!(mode(&state.join(INFLATED_DIR).join(&f)), 0o600, "{f}");
+        }
+        assert!(copy.exists());
+    }
+
+    #[test]
+    fn the_sidecar_round_trips_and_rejects_damage() {
+        let r = Record {
+            source: FileStamp { path: PathBuf::from("/d/x.gz"), size: 7, mtime_secs: -3, mtime_nanos: 9 },
+            copy_size: 11,
+            copy_mtime: (5, 6),
+        };
+        let bytes = r.encode();
+        assert_eq!(Record::decode(&bytes), Some(r));
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 1;
+            assert_eq!(Record::decode(&b), None, "byte {i}");
+        }
+        assert_eq!(Record::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Record::decode(&[]), None);
     }
 }

@@ -1,0 +1,272 @@
+//! Issue #15, items 1 and the file-permission part of 4/5: what the real binary writes and reads
+//! back under `state_dir` when other local users are hostile — a planted copy in a shared
+//! temporary directory, sprayed symbolic links, a group-writable state directory under
+//! `UMask=0007`, a rewritten decompressed copy, a gzip bomb. Each test is named after the
+//! finding and failed on the code before the fix.
+
+mod support;
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use minibatchd_engine::format::index_cache::FileStamp;
+use minibatchd_engine::hash::Fnv1a;
+use support::{parse_dump, write, BIN};
+
+/// 200 libsvm instances: `label feature:value`.
+fn libsvm_text() -> String {
+    let mut text = String::new();
+    for i in 0..200u32 {
+        let _ = writeln!(text, "{} {}:{}.5", i % 2, i % 17, i % 50);
+    }
+    text
+}
+
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(bytes).expect("compress");
+    e.finish().expect("finish")
+}
+
+/// A config in `dir` with one libsvm dataset `d` reading `data.gz`, state in `dir/state`.
+fn write_config(dir: &Path, daemon_extra: &str) -> PathBuf {
+    write(
+        dir,
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"state\"\n{daemon_extra}\n\
+             [datasets.d]\nformat = \"libsvm\"\nfiles = [\"data.gz\"]\nchunk_size_bytes = 512\n\
+             [datasets.d.sampling]\nrandomize = false\n"
+        ),
+    )
+}
+
+/// `minibatchd dump` of dataset `d`, in file order, every instance once; `env` added.
+fn dump(config: &Path, env: &[(&str, &Path)]) -> Output {
+    let mut c = support::command("dump", config, "d");
+    c.args(["--minibatch-size", "50", "--full-sweep"]).env("MINIBATCHD_LOG", "error");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run minibatchd dump")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout.clone()).expect("utf-8");
+    assert_eq!(parse_dump(&text).expect("dump output").len(), 4, "{text}");
+    text
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p).unwrap_or_else(|e| panic!("stat {}: {e}", p.display())).mode() & 0o7777
+}
+
+/// The files (not directories) below `dir`, recursively.
+fn files_below(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("ls") {
+        let p = e.expect("entry").path();
+        if std::fs::symlink_metadata(&p).expect("stat").is_dir() {
+            out.extend(files_below(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The decompressed copy in `state/inflated/` (the one file without the sidecar suffix).
+fn the_copy(state: &Path) -> PathBuf {
+    let copies: Vec<PathBuf> =
+        files_below(&state.join("inflated")).into_iter().filter(|p| !p.to_string_lossy().ends_with(".meta")).collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    copies.into_iter().next().expect("a copy")
+}
+
+/// The name the code before the fix gave the copy of `source` in
+/// `$TMPDIR/minibatchd-inflated/` (what the attacker predicted).
+fn predicted_name(source: &Path) -> String {
+    let hash_parts = |parts: &[&[u8]]| {
+        let mut h = Fnv1a::new();
+        for part in parts {
+            h.write(part);
+            h.write(&[0xff]);
+        }
+        h.finish()
+    };
+    let s = FileStamp::of(source).expect("stamp");
+    let name = s.path.file_name().expect("name").to_string_lossy().into_owned();
+    let path_hash = hash_parts(&[s.path.as_os_str().as_encoded_bytes()]);
+    let stamp_hash = hash_parts(&[&s.size.to_le_bytes(), &s.mtime_secs.to_le_bytes(), &s.mtime_nanos.to_le_bytes()]);
+    format!("{name}.{path_hash:016x}.{stamp_hash:016x}")
+}
+
+/// Finding: with `state_dir/inflated` not writable, the copy went to
+/// `$TMPDIR/minibatchd-inflated/` under a predictable name, and another user's planted copy there
+/// was served as the dataset.
+#[test]
+fn gzip_never_uses_a_shared_temp_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = write(dir.path(), "data.gz", gz(libsvm_text().as_bytes()));
+    let config = write_config(dir.path(), "");
+    // `state/inflated` cannot be a directory (a file is in the way), whoever runs the test (root
+    // included, whom permission bits do not stop).
+    std::fs::create_dir(dir.path().join("state")).expect("mkdir");
+    write(&dir.path().join("state"), "inflated", "");
+    let shared = dir.path().join("tmp");
+    let planted_dir = shared.join("minibatchd-inflated");
+    std::fs::create_dir_all(&planted_dir).expect("mkdir");
+    write(&planted_dir, &predicted_name(&data), "1 99:66.5\n".repeat(200));
+
+    let out = dump(&config, &[("TMPDIR", &shared)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "dump served something");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("66.5"), "the planted copy was served");
+    for part in ["data.gz", "state/inflated", "state_dir"] {
+        assert!(stderr.contains(part), "{part:?} missing from: {stderr}");
+    }
+    let left: Vec<_> = std::fs::read_dir(&planted_dir).expect("ls").collect();
+    assert_eq!(left.len(), 1, "nothing is created in the shared directory");
+}
+
+/// Finding: with sprayed symbolic links, the victim's `dump` overwrote a file in the victim's
+/// home. Links at the copy's name, its sidecar's name and the index cache directory are never
+/// followed: the copy is written beside them, the victim's file is untouched.
+#[test]
+fn a_planted_symlink_is_never_followed_when_writing_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = write(dir.path(), "data.gz", gz(libsvm_text().as_bytes()));
+    let config = write_config(dir.path(), "");
+    let expected = ok(&dump(&config, &[]));
+    let state = dir.path().join("state");
+    let copy = the_copy(&state);
+    std::fs::remove_dir_all(&state).expect("rm");
+
+    let victim = write(dir.path(), "victim", "1 3:7.5\n".repeat(200));
+    let inflated = state.join("inflated");
+    std::fs::create_dir_all(&inflated).expect("mkdir");
+    let name = copy.file_name().expect("name").to_string_lossy().into_owned();
+    std::os::unix::fs::symlink(&victim, inflated.join(&name)).expect("symlink");
+    std::os::unix::fs::symlink(&victim, inflated.join(format!("{name}.meta"))).expect("symlink");
+    // The index directory is a link to a directory of the victim.
+    let victims_dir = dir.path().join("victims-dir");
+    std::fs::create_dir(&victims_dir).expect("mkdir");
+    std::os::unix::fs::symlink(&victims_dir, state.join("index")).expect("symlink");
+
+    assert!(ok(&dump(&config, &[])) == expected, "the linked file was served");
+    assert_eq!(std::fs::read_to_string(&victim).expect("read"), "1 3:7.5\n".repeat(200));
+    assert!(std::fs::read_dir(&victims_dir).expect("ls").next().is_none(), "written through the link");
+    assert!(std::fs::symlink_metadata(inflated.join(&name)).expect("stat").is_file());
+    assert!(data.exists());
+}
+
+/// Finding: under the unit's `UMask=0007`, `inflated/` and `index/` were group-writable. Run
+/// under `umask 000`: every directory minibatchd creates is 0700 and every file 0600, for `dump`
+/// (index cache, decompressed copy, sidecar) and for the daemon (checkpoint, `metrics.addr`).
+#[test]
+fn state_files_are_private_whatever_the_umask() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.gz", gz(libsvm_text().as_bytes()));
+    let config = write_config(dir.path(), "");
+    let state = dir.path().join("state");
+    let umask0 = |args: &[&str]| {
+        let mut c = Command::new("sh");
+        c.args(["-c", "umask 000 && exec \"$0\" \"$@\"", BIN]).args(args).arg("--config").arg(&config);
+        c.env("MINIBATCHD_LOG", "error").env_remove("NOTIFY_SOCKET");
+        c
+    };
+    let out = umask0(&["dump", "--dataset", "d", "--minibatch-size", "50", "--full-sweep"]).output().expect("dump");
+    ok(&out);
+    for sub in ["index", "inflated"] {
+        assert_eq!(mode(&state.join(sub)), 0o700, "{sub}/");
+    }
+    assert_eq!(mode(&state) & 0o022, 0, "state_dir is writable by group or others");
+    let files = files_below(&state);
+    assert_eq!(files.len(), 3, "index cache, copy, sidecar: {files:?}");
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+
+    // A directory an older version left group-writable is made private again.
+    std::fs::set_permissions(state.join("inflated"), std::fs::Permissions::from_mode(0o770)).expect("chmod");
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    ok(&umask0(&["dump", "--dataset", "d", "--minibatch-size", "50", "--full-sweep"]).output().expect("dump"));
+    assert_eq!(mode(&state.join("inflated")), 0o700);
+    assert_eq!(mode(&state), 0o755);
+
+    // The daemon: its checkpoint and metrics.addr.
+    let mut child = umask0(&["run"]).spawn().expect("run");
+    let start = Instant::now();
+    let (ckpt, addr) = (state.join("checkpoint.json"), state.join("metrics.addr"));
+    while !(ckpt.exists() && addr.exists()) {
+        if let Some(status) = child.try_wait().expect("wait") {
+            panic!("the daemon exited: {status}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "no checkpoint and metrics.addr");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let modes = (mode(&ckpt), mode(&addr));
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("SIGTERM");
+    let status = child.wait().expect("wait");
+    assert_eq!(modes, (0o600, 0o600), "checkpoint.json, metrics.addr");
+    assert!(status.success(), "{status}");
+    for f in files_below(&state) {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
+}
+
+/// Finding: a trainer rewrote a decompressed copy at the same size, and the daemon served the
+/// altered values after a restart.
+#[test]
+fn a_tampered_inflated_copy_is_not_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.gz", gz(libsvm_text().as_bytes()));
+    let config = write_config(dir.path(), "");
+    let expected = ok(&dump(&config, &[]));
+    let copy = the_copy(&dir.path().join("state"));
+    let original = std::fs::read(&copy).expect("read");
+    // What a group member could do under UMask=0007: rewrite the copy, same size, other values.
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o660)).expect("chmod");
+    let altered: Vec<u8> = original.iter().map(|&b| if b == b'5' { b'6' } else { b }).collect();
+    assert_ne!(altered, original);
+    std::fs::write(&copy, &altered).expect("rewrite");
+
+    assert!(ok(&dump(&config, &[])) == expected, "the altered copy was served");
+    assert!(std::fs::read(&copy).expect("read") == original, "not decompressed again");
+    assert_eq!(mode(&copy), 0o600);
+
+    // The same rewrite by the owner, keeping the mode: the recorded mtime no longer matches.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&copy, &altered).expect("rewrite");
+    assert!(ok(&dump(&config, &[])) == expected, "the altered copy was served");
+}
+
+/// Finding: a 3 MB gzip bomb made a 2 GB copy. The ratio stops a bomb with the default config,
+/// the absolute cap (`max_inflated_bytes`) any file, and no partial copy is left.
+#[test]
+fn a_gzip_bomb_stops_at_the_inflation_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 16 MiB of one repeated instance: about 1000× smaller compressed, far beyond the ratio.
+    write(dir.path(), "data.gz", gz(&"1 1:1\n".repeat((16 << 20) / 6).into_bytes()));
+    let config = write_config(dir.path(), "");
+    let out = dump(&config, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bomb was decompressed");
+    assert!(stderr.contains("data.gz") && stderr.contains("daemon.max_inflate_ratio"), "{stderr}");
+    assert!(files_below(&dir.path().join("state/inflated")).is_empty(), "a partial copy is left");
+
+    write(dir.path(), "data.gz", gz(libsvm_text().as_bytes()));
+    let capped = write_config(dir.path(), "max_inflated_bytes = 1000");
+    let out = dump(&capped, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "beyond the cap");
+    assert!(stderr.contains("data.gz: decompresses to more than daemon.max_inflated_bytes (1000 bytes)"), "{stderr}");
+    assert!(files_below(&dir.path().join("state/inflated")).is_empty(), "a partial copy is left");
+    ok(&dump(&write_config(dir.path(), "max_inflated_bytes = 1000000"), &[]));
+}
