@@ -247,3 +247,52 @@ fn a_failed_shutdown_checkpoint_is_not_a_clean_exit() {
     let status = d.stop();
     assert_eq!(status.code(), Some(1), "the stop could not save the sessions' positions: {status:?}");
 }
+
+#[test]
+fn a_second_daemon_on_the_same_state_dir_is_refused_and_the_first_keeps_its_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut first = start(dir.path(), "");
+    let mut opts = options(8);
+    opts.session = Some("job".into());
+    let _s = first.client().open("train", &opts).expect("open");
+    // Same state_dir, its own socket and port.
+    let other = dir.path().join("other.toml");
+    let text = std::fs::read_to_string(first.config()).expect("config").replace("mbd.sock", "other.sock");
+    std::fs::write(&other, text).expect("write");
+    let out = Command::new(support::BIN)
+        .args(["run", "--config"])
+        .arg(&other)
+        .env_remove("NOTIFY_SOCKET")
+        .output()
+        .expect("second daemon");
+    assert_eq!(out.status.code(), Some(1), "the second daemon must not run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("uses state_dir"), "{stderr}");
+    assert!(first.running(), "the first daemon goes on");
+    assert_eq!(first.stop().code(), Some(0));
+    let ckpt = std::fs::read_to_string(dir.path().join("state/checkpoint.json")).expect("checkpoint");
+    assert!(ckpt.contains("\"job\""), "the first daemon's sessions are in the checkpoint: {ckpt}");
+}
+
+#[test]
+fn a_chunk_that_failed_is_read_again_after_a_reload() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "");
+    let data = dir.path().join("data.ctf");
+    let aside = dir.path().join("data.ctf.aside");
+    std::fs::rename(&data, &aside).expect("move the data away");
+    match d.client().open("train", &options(8)).and_then(|mut s| s.next_minibatch()) {
+        Err(ClientError::Daemon { code: ErrorCode::DataError, .. }) => {}
+        other => panic!("expected a data error while the file is gone, got {other:?}"),
+    }
+    std::fs::rename(&aside, &data).expect("restore the data");
+    d.signal(rustix::process::Signal::HUP);
+    let start = Instant::now();
+    loop {
+        match d.client().open("train", &options(8)).and_then(|mut s| s.next_minibatch()) {
+            Ok(Some(_)) => break,
+            other => assert!(start.elapsed() < DEADLINE, "the repaired chunk is never read again: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

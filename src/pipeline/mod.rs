@@ -84,6 +84,45 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
     Ok(listener)
 }
 
+/// File in `state_dir` locked (`flock`) by the daemon that uses the directory; holds its pid.
+pub const LOCK_FILE: &str = "daemon.lock";
+
+/// Takes `state_dir` for this process: a second daemon on the same directory would rewrite the
+/// first one's checkpoint and caches under it.
+fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    // Created private (whatever the umask); an existing one keeps its mode (systemd's
+    // StateDirectoryMode), the engine refuses it if others may write it.
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir)?;
+    let path = state_dir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc_nofollow())
+        .open(&path)
+        .map_err(|e| PipelineError::Fatal(format!("cannot open {}: {e}", path.display())))?;
+    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        return Err(PipelineError::Fatal(format!(
+            "another minibatchd (pid {}) uses state_dir {} ({e}); give each daemon its own state_dir",
+            holder.trim(),
+            state_dir.display()
+        )));
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    Ok(file)
+}
+
+/// `O_NOFOLLOW`: the lock file is never a link planted by someone else.
+fn libc_nofollow() -> i32 {
+    i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
+}
+
 /// Runs the daemon until SIGTERM or SIGINT (clean stop: socket removed, checkpoint written,
 /// `Ok`) or a fatal stage error.
 ///
@@ -92,6 +131,8 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
 pub fn run(config: Config) -> Result<(), PipelineError> {
     let notifier = Arc::new(notify::Notifier::from_env());
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
+    // Held until the process ends: one daemon per state_dir.
+    let _lock = lock_state_dir(&config.daemon.state_dir)?;
     let metrics_listener = bind_metrics(&config)?;
     let hub = Hub::open(&config, &metrics);
     let shared = Arc::new(ControlPlane::new(config, hub, metrics));

@@ -228,6 +228,14 @@ impl CacheCore {
         self.stats
     }
 
+    /// Forgets every failed chunk, so the next request reads and parses it again (after a reload:
+    /// the operator may have repaired the file). Returns how many were forgotten.
+    pub fn forget_failures(&mut self) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|_, e| !matches!(e, Entry::Failed(_)));
+        before - self.entries.len()
+    }
+
     /// The byte budget in force.
     #[must_use]
     pub fn budget(&self) -> u64 {
@@ -296,6 +304,11 @@ impl SharedCache {
     /// Sets the byte budget.
     pub fn set_budget(&self, budget: u64) {
         self.lock().set_budget(budget);
+    }
+
+    /// [`CacheCore::forget_failures`].
+    pub fn forget_failures(&self) -> usize {
+        self.lock().forget_failures()
     }
 
     /// The counters.
@@ -488,6 +501,17 @@ mod tests {
             assert_eq!(e.kind_name(), "fatal");
             assert_eq!(e.to_string(), "/data/train.ctf:7: byte offset 123: bad data");
         }
+    }
+
+    #[test]
+    fn a_failed_chunk_is_read_again_after_its_failure_is_forgotten() {
+        let mut core = CacheCore::new(1 << 20);
+        let now = Instant::now();
+        assert!(matches!(core.lookup((0, 1), now), Lookup::Miss));
+        core.insert((0, 1), Err(DataError::Dataset("unreadable".into())));
+        assert!(matches!(core.lookup((0, 1), now), Lookup::Failed(_)), "a failure sticks");
+        assert_eq!(core.forget_failures(), 1);
+        assert!(matches!(core.lookup((0, 1), now), Lookup::Miss), "asked again, it is loaded again");
     }
 
     #[test]

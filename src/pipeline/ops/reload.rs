@@ -33,12 +33,12 @@ pub enum ValidateError {
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// A dataset's `files` match nothing (or cannot be listed).
-    #[error("datasets.{dataset}.files: {source}")]
+    #[error("datasets.{dataset}.files: {error}")]
     Files {
         /// The dataset.
         dataset: String,
-        /// What went wrong.
-        source: DataError,
+        /// What went wrong (in the message, not a `source`: printed once, not again as a cause).
+        error: DataError,
     },
 }
 
@@ -52,7 +52,7 @@ pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     for d in c.datasets.values() {
         for s in &d.sources {
             minibatchd_engine::dataset::resolve_files(&s.files)
-                .map_err(|source| ValidateError::Files { dataset: d.name.clone(), source })?;
+                .map_err(|error| ValidateError::Files { dataset: d.name.clone(), error })?;
         }
     }
     Ok(c)
@@ -154,6 +154,12 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared, started: Instant) {
     let c = &p.changes;
     tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "configuration reloaded");
     shared.replace(p.config, p.hub);
+    // A chunk that failed (a file that was unreadable or malformed) is read again when next
+    // asked: the reload is how an operator says the data was repaired.
+    let forgotten = shared.data.cache.forget_failures();
+    if forgotten > 0 {
+        tracing::info!(chunks = forgotten, "failed chunks will be read again");
+    }
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
 }
 
