@@ -255,6 +255,19 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         max_bytes: t.uint(w, "max_inflated_bytes", 1, u64::MAX).unwrap_or(DEFAULT_MAX_INFLATED_BYTES),
         max_ratio: t.uint(w, "max_inflate_ratio", 1, 1_000_000).unwrap_or(DEFAULT_MAX_INFLATE_RATIO),
     };
+    // What `run` would refuse later, refused now (`minibatchd validate` runs these checks).
+    let socket_len = d.socket.as_os_str().len();
+    if socket_len >= 108 {
+        w.issue(
+            &format!("{}.socket", node.path()),
+            &format!("{} is {socket_len} bytes long: a Unix socket path must be under 108 bytes", d.socket.display()),
+        );
+    }
+    for (key, dir) in [("state_dir", Some(d.state_dir.as_path())), ("socket", d.socket.parent())] {
+        if let Some(dir) = dir.filter(|p| p.exists() && !p.is_dir()) {
+            w.issue(&format!("{}.{key}", node.path()), &format!("{} exists and is not a directory", dir.display()));
+        }
+    }
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
         w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected host:port, e.g. 127.0.0.1:9464 ({e})"));
     }

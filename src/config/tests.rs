@@ -279,3 +279,17 @@ fn inflation_limits_are_daemon_keys_given_to_every_dataset() {
     let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
     assert_eq!(paths, vec!["daemon.max_inflate_ratio", "daemon.max_inflated_bytes"], "{issues:?}");
 }
+
+#[test]
+fn validate_refuses_what_run_would_refuse() {
+    let long = format!("/tmp/{}/mbd.sock", "d".repeat(120));
+    let text = GOOD
+        .replace(r#"socket = "run/mbd.sock""#, &format!("socket = \"{long}\""))
+        .replace(r#"state_dir = "/var/lib/minibatchd""#, r#"state_dir = "/dev/zero""#)
+        .replace("dim = 4", r#"dim = "4""#);
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("must be invalid") };
+    let find = |path: &str| issues.iter().find(|i| i.path == path).map(|i| i.message.clone());
+    assert!(find("daemon.socket").is_some_and(|m| m.contains("under 108 bytes")), "{issues:?}");
+    assert!(find("daemon.state_dir").is_some_and(|m| m.contains("not a directory")), "{issues:?}");
+    assert!(find("datasets.train.streams.features.dim").is_some_and(|m| m.contains("the string '4'")), "{issues:?}");
+}

@@ -71,7 +71,7 @@ fn join(parent: &str, key: &str) -> String {
 
 fn type_name(v: &Value) -> &'static str {
     match v {
-        Value::Null => "nothing",
+        Value::Null => "no usable value (a number too large to read?)",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
@@ -238,10 +238,15 @@ impl<'a> Table<'a> {
                 w.issue(&n.path, &format!("expected a non-negative integer, found {num}"));
                 None
             })?,
-            Some(Value::String(s)) => s.parse::<u64>().ok().or_else(|| {
-                w.issue(&n.path, &format!("expected a non-negative integer, found '{s}'"));
-                None
-            })?,
+            // Environment overrides arrive parsed (`try_parsing`), so a string here is a quoted
+            // value in the file: `dim = "4"` is a mistake worth a word, not a number.
+            Some(Value::String(s)) => {
+                w.issue(
+                    &n.path,
+                    &format!("expected a non-negative integer, found the string '{s}' (write numbers without quotes)"),
+                );
+                return None;
+            }
             Some(other) => {
                 w.issue(&n.path, &format!("expected a non-negative integer, found {}", type_name(other)));
                 return None;

@@ -32,14 +32,10 @@ pub enum ValidateError {
     /// Unreadable, not TOML, or invalid (every problem listed).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// A dataset's `files` match nothing (or cannot be listed).
-    #[error("datasets.{dataset}.files: {error}")]
-    Files {
-        /// The dataset.
-        dataset: String,
-        /// What went wrong (in the message, not a `source`: printed once, not again as a cause).
-        error: DataError,
-    },
+    /// Datasets whose `files` match nothing or cannot be listed: every one, each with its
+    /// first problem (in the message, not a `source`: printed once, not again as a cause).
+    #[error("{}", .0.iter().map(|(d, e)| format!("datasets.{d}.files: {e}")).collect::<Vec<_>>().join("\n"))]
+    Files(Vec<(String, DataError)>),
 }
 
 /// Loads `path` and checks it as `minibatchd validate` does: every config problem, then that
@@ -49,13 +45,17 @@ pub enum ValidateError {
 /// [`ValidateError`].
 pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
+    let mut problems = Vec::new();
     for d in c.datasets.values() {
-        for s in &d.sources {
-            minibatchd_engine::dataset::resolve_files(&s.files)
-                .map_err(|error| ValidateError::Files { dataset: d.name.clone(), error })?;
+        if let Some(e) = d.sources.iter().find_map(|s| minibatchd_engine::dataset::resolve_files(&s.files).err()) {
+            problems.push((d.name.clone(), e));
         }
     }
-    Ok(c)
+    if problems.is_empty() {
+        Ok(c)
+    } else {
+        Err(ValidateError::Files(problems))
+    }
 }
 
 /// The `[daemon]` keys a reload applies at once.
@@ -220,5 +220,18 @@ mod tests {
         assert!(e.to_string().starts_with("datasets.t.files"), "{e}");
         std::fs::write(&p, "[datasets.t]\nformat = \"ctf\"\nbogus = 1\n").expect("write");
         assert!(matches!(validate(&p), Err(ValidateError::Config(_))));
+    }
+
+    #[test]
+    fn validate_reports_every_dataset_whose_files_are_missing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        let table = |name: &str| {
+            format!("[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{name}.ctf\"]\n[datasets.{name}.streams.f]\ndim = 1\nformat = \"dense\"\n")
+        };
+        std::fs::write(&p, table("a") + &table("b")).expect("write");
+        let Err(ValidateError::Files(all)) = validate(&p) else { panic!("both datasets lack their file") };
+        let names: Vec<&str> = all.iter().map(|(d, _)| d.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
     }
 }
