@@ -137,7 +137,8 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     let hub = Hub::open(&config, &metrics);
     let shared = Arc::new(ControlPlane::new(config, hub, metrics));
     let state_dir = shared.config().daemon.state_dir.clone();
-    let restored = shared.registry().restore(checkpoint::restore(&state_dir), Instant::now());
+    let (saved, written, exact) = checkpoint::restore(&state_dir);
+    let restored = shared.registry().restore(saved, written, exact, Instant::now());
     if restored > 0 {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }

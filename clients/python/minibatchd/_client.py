@@ -341,6 +341,10 @@ class Source:
             self._where[info["name"]] = (info, k, count)
             k += count
         self.sweep_size: int = opened["sweep_size"]
+        # Set when the session continued one the daemon kept by name: {"from": "lingering" |
+        # "checkpoint", "checkpoint_unix_secs": ..., "exact": bool}. exact False: the daemon
+        # stopped uncleanly and minibatches taken after its last checkpoint come again.
+        self.resumed: Optional[dict] = opened.get("resumed")
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
         self._last_state: dict = dict(opened["state"])

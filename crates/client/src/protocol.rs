@@ -314,6 +314,11 @@ pub enum ServerMessage {
         state: SessionState,
         /// Nominal samples per sweep.
         sweep_size: u64,
+        /// Set when the session continues one the daemon kept by name (absent for a fresh
+        /// session and for a client's own `resume` state): where its state came from, and
+        /// whether minibatches after it may be delivered again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        resumed: Option<Resumed>,
     },
     /// A slot holds the next minibatch.
     Ready {
@@ -350,6 +355,22 @@ pub enum ServerMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<ErrorDetail>,
     },
+}
+
+/// How a session resumed by name got its starting state (`opened.resumed`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// `lingering`: the session's connection had closed and the daemon kept its exact position.
+    /// `checkpoint`: the daemon restarted and took the position from its checkpoint.
+    pub from: String,
+    /// For `checkpoint`: when the checkpoint was written (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_unix_secs: Option<u64>,
+    /// `false` when the position may be behind what the trainer took: the daemon did not stop
+    /// cleanly (kill -9, a crash, power loss) and its last checkpoint is a periodic one, so the
+    /// minibatches taken since then are delivered again. `true` for a lingering session and a
+    /// checkpoint written at a clean stop.
+    pub exact: bool,
 }
 
 /// Where a data error is, as the client's error reply carries it: the same file, 1-based line,

@@ -31,8 +31,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, ServerMessage, SessionOptions,
-    SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
+    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, Resumed, ServerMessage,
+    SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
 };
 use crate::Result;
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
@@ -165,7 +165,7 @@ impl Client {
             fd = fd.or(got);
             self.frames.push(&buf[..n]);
         };
-        let ServerMessage::Opened { session, ring, streams, state, .. } = opened else {
+        let ServerMessage::Opened { session, ring, streams, state, resumed, .. } = opened else {
             return Err(daemon_error(opened));
         };
         let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
@@ -181,6 +181,7 @@ impl Client {
             mapping,
             header,
             streams,
+            resumed,
             taken: state.minibatches,
             last: state,
             pending: Vec::new(),
@@ -217,6 +218,9 @@ pub struct Session {
     header: RingHeader,
     /// Streams in tensor order.
     pub streams: Vec<StreamInfo>,
+    /// Set when the session continued one the daemon kept by name (`opened.resumed`): with
+    /// `exact == false` the minibatches taken after the daemon's last checkpoint come again.
+    pub resumed: Option<Resumed>,
     taken: u64,
     /// The state after the last minibatch returned, as this client knows it.
     last: SessionState,

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::metrics::{SessionMetrics, SlotState};
-use minibatchd_client::protocol::{hex64, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION};
+use minibatchd_client::protocol::{
+    hex64, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
+};
 use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
@@ -109,7 +111,13 @@ impl Active {
 }
 
 /// The `opened` reply.
-fn opened_message(name: &str, header: &RingHeader, rt: &DatasetRuntime, start: &SessionState) -> ServerMessage {
+fn opened_message(
+    name: &str,
+    header: &RingHeader,
+    rt: &DatasetRuntime,
+    start: &SessionState,
+    resumed: Option<Resumed>,
+) -> ServerMessage {
     ServerMessage::Opened {
         session: name.to_owned(),
         ring: RingInfo {
@@ -122,6 +130,19 @@ fn opened_message(name: &str, header: &RingHeader, rt: &DatasetRuntime, start: &
         streams: rt.streams.clone(),
         state: start.clone(),
         sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),
+        resumed,
+    }
+}
+
+/// Logs that a session resumed by name from a checkpoint of an unclean stop gets minibatches again.
+fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>) {
+    if let Some(r) = resumed.filter(|r| !r.exact) {
+        tracing::warn!(
+            session = %name,
+            position = start.position,
+            checkpoint_unix_secs = r.checkpoint_unix_secs,
+            "resumed from a checkpoint written before the daemon stopped uncleanly: minibatches taken after it are delivered again"
+        );
     }
 }
 
@@ -247,7 +268,8 @@ pub(super) async fn open(
         Ok(Err(e)) => return Err(undo(Refusal::Producer(e))),
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     }
-    let opened = opened_message(&name, &header, &rt, &start);
+    warn_if_replaying(&name, &start, admitted.resumed.as_ref());
+    let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone());
     let active = Active {
         name,
         runtime: rt,

@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use minibatchd_client::protocol::{ErrorCode, ErrorDetail, SessionOptions, SessionState};
+use minibatchd_client::protocol::{ErrorCode, ErrorDetail, Resumed, SessionOptions, SessionState};
 use minibatchd_engine::sampling::SamplingError;
 use minibatchd_shm::LayoutError;
 use minibatchd_sys::ShmError;
@@ -158,8 +158,11 @@ pub struct Admitted {
     pub name: String,
     /// The state the session starts from.
     pub start: SessionState,
+    /// Where the state came from when the session resumed one the daemon kept by name
+    /// (`opened.resumed`); `None` for a fresh session or the client's own `resume` state.
+    pub resumed: Option<Resumed>,
     /// The lingering state it took over, if any (restored by [`withdraw`]).
-    lingered: Option<SessionState>,
+    lingered: Option<(SessionState, Resumed)>,
     ring_bytes: u64,
 }
 
@@ -200,39 +203,45 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
     // it must not be predictable from anything another client sees.
     let name = req.name.map_or_else(|| format!("{}-{:016x}", req.dataset, req.nonce), str::to_owned);
     let lingered = match reg.claim(&name, id, req.uid, now)? {
-        Claim::Resume(s) => Some(s),
+        Claim::Resume(s, origin) => Some((s, origin)),
         Claim::Fresh => None,
     };
-    let start = match (req.resume, &lingered) {
-        (Some(s), _) => s.clone(),
-        (None, Some(s)) => {
+    let (start, resumed) = match (req.resume, &lingered) {
+        (Some(s), _) => (s.clone(), None),
+        (None, Some((s, origin))) => {
             if let Err(source) = (req.fits)(s) {
-                reg.park(&name, s.clone(), now);
+                reg.park_with(&name, s.clone(), origin.clone(), now);
                 return Err(Refusal::Lingering { name, source });
             }
-            s.clone()
+            (s.clone(), Some(origin.clone()))
         }
-        (None, None) => req.fresh.clone(),
+        (None, None) => (req.fresh.clone(), None),
     };
-    let back_to = lingered.clone().unwrap_or_else(|| start.clone());
+    let back = |reg: &mut Registry| match &lingered {
+        Some((s, origin)) => reg.park_with(&name, s.clone(), origin.clone(), now),
+        None => reg.park(&name, start.clone(), now),
+    };
     if let Err(e) = reg.reserve(req.ring_bytes) {
-        reg.park(&name, back_to, now);
+        back(reg);
         return Err(e.into());
     }
     if let Some((shortfall, reserve)) = req.host_short {
         reg.unreserve(req.ring_bytes);
-        reg.park(&name, back_to, now);
+        back(reg);
         return Err(Refusal::HostMemory { shortfall, reserve });
     }
     let options = SessionOptions { resume: None, session: Some(name.clone()), ..req.options.clone() };
     reg.record(SavedSession { name: name.clone(), options, state: start.clone(), owner: Some(req.uid) });
-    Ok(Admitted { id, name, start, lingered, ring_bytes: req.ring_bytes })
+    Ok(Admitted { id, name, start, resumed, lingered, ring_bytes: req.ring_bytes })
 }
 
 /// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
 /// session had before (the one it took over, or the one it would have started from).
 pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
-    reg.park(&a.name, a.lingered.clone().unwrap_or_else(|| a.start.clone()), now);
+    match &a.lingered {
+        Some((s, origin)) => reg.park_with(&a.name, s.clone(), origin.clone(), now),
+        None => reg.park(&a.name, a.start.clone(), now),
+    }
     reg.unreserve(a.ring_bytes);
 }
 
@@ -396,7 +405,7 @@ mod tests {
         let t0 = Instant::now();
         let options = SessionOptions::default();
         let old = SavedSession { name: "old".into(), options: options.clone(), state: state(9, "opts"), owner: None };
-        assert_eq!(reg.restore(vec![old], t0), 1);
+        assert_eq!(reg.restore(vec![old], 1_700_000_000, false, t0), 1);
         let mut first = request(Some("old"), 0, &options);
         first.uid = 3000;
         let a = admit(&mut reg, &first, t0).expect("the first claimer resumes it");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::config::DatasetConfig;
-use minibatchd_client::protocol::{hex64, MinibatchMeta, SessionOptions, SessionState, STATE_VERSION};
+use minibatchd_client::protocol::{hex64, MinibatchMeta, Resumed, SessionOptions, SessionState, STATE_VERSION};
 
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
@@ -376,6 +376,8 @@ impl Progress {
 struct Lingering {
     saved: SavedSession,
     expires: Instant,
+    /// Where its state came from.
+    origin: Resumed,
 }
 
 /// A connected session: its id and, once opened, what a checkpoint saves of it.
@@ -392,8 +394,13 @@ struct ActiveEntry {
 pub enum Claim {
     /// A new session.
     Fresh,
-    /// A lingering session of that name continues from this state.
-    Resume(SessionState),
+    /// A lingering session of that name continues from this state, which came from there.
+    Resume(SessionState, Resumed),
+}
+
+/// A lingering session's state as the registry kept it: exact.
+fn lingered() -> Resumed {
+    Resumed { from: "lingering".into(), checkpoint_unix_secs: None, exact: true }
 }
 
 /// Registry errors.
@@ -478,10 +485,9 @@ impl Registry {
         if self.lingering.get(name).is_some_and(|l| l.saved.owner.is_some_and(|o| o != owner)) {
             return Err(RegistryError::NotOwner(name.to_owned()));
         }
-        let lingered = self.lingering.remove(name).map(|l| l.saved);
-        let claim = match &lingered {
-            Some(s) => Claim::Resume(s.state.clone()),
-            None => Claim::Fresh,
+        let (claim, lingered) = match self.lingering.remove(name) {
+            Some(l) => (Claim::Resume(l.saved.state.clone(), l.origin), Some(l.saved)),
+            None => (Claim::Fresh, None),
         };
         self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered });
         Ok(claim)
@@ -503,6 +509,12 @@ impl Registry {
 
     /// The connection of `name` ended with `state`: keep it resumable for the linger time.
     pub fn park(&mut self, name: &str, state: SessionState, now: Instant) {
+        self.park_with(name, state, lingered(), now);
+    }
+
+    /// [`Registry::park`] keeping where the state came from (a refused resume of a session
+    /// restored from a checkpoint stays one).
+    pub fn park_with(&mut self, name: &str, state: SessionState, origin: Resumed, now: Instant) {
         let entry = self.active.remove(name);
         if let Some(e) = &entry {
             tracing::debug!(session = name, id = e.id, position = state.position, "session parked");
@@ -511,7 +523,7 @@ impl Registry {
             let owner = entry.as_ref().map(|e| e.owner);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
             let saved = SavedSession { name: name.to_owned(), options, state, owner };
-            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger });
+            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin });
         }
     }
 
@@ -535,16 +547,22 @@ impl Registry {
 
     /// Makes checkpointed sessions lingering (resumable by name for the linger time from `now`);
     /// a name already in use is left alone. Returns how many were restored.
-    pub fn restore(&mut self, sessions: Vec<SavedSession>, now: Instant) -> usize {
+    ///
+    /// `written_unix_secs` is when the checkpoint was written; `exact` whether it was written at a
+    /// clean stop (then every position is the last one taken). A session resumed from it says so
+    /// (`opened.resumed`).
+    pub fn restore(&mut self, sessions: Vec<SavedSession>, written_unix_secs: u64, exact: bool, now: Instant) -> usize {
         if self.linger.is_zero() {
             return 0;
         }
+        let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
         let mut n = 0;
         for saved in sessions {
             if self.active.contains_key(&saved.name) || self.lingering.contains_key(&saved.name) {
                 continue;
             }
-            self.lingering.insert(saved.name.clone(), Lingering { saved, expires: now + self.linger });
+            let origin = origin.clone();
+            self.lingering.insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin });
             n += 1;
         }
         n
@@ -743,7 +761,7 @@ mod tests {
             options_hash: String::new(),
         };
         r.park("a", st.clone(), t0);
-        assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone())));
+        assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone(), lingered())));
         r.park("a", st, t0);
         assert_eq!(r.claim("a", 4, 0, t0 + Duration::from_secs(11)), Ok(Claim::Fresh), "expired");
         assert!(r.reserve(700).is_ok());
@@ -786,15 +804,25 @@ mod tests {
         );
         assert_eq!(snap[0].options, opts, "options are kept");
         let mut fresh = Registry::new(1000, 200, Duration::from_secs(10));
-        assert_eq!(fresh.restore(snap.clone(), t0), 2);
+        assert_eq!(fresh.restore(snap.clone(), 1_700_000_000, true, t0), 2);
         assert_eq!(fresh.counts(), (0, 2));
-        assert_eq!(fresh.claim("a", 1, 0, t0), Ok(Claim::Resume(st(8))));
+        assert_eq!(
+            fresh.claim("a", 1, 0, t0),
+            Ok(Claim::Resume(
+                st(8),
+                Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(1_700_000_000), exact: true }
+            ))
+        );
         fresh.park("a", st(12), t0);
         assert_eq!(
             fresh.snapshot(t0).iter().find(|s| s.name == "a").map(|s| s.options.clone()),
             Some(opts),
             "options survive a re-park"
         );
-        assert_eq!(Registry::new(1000, 200, Duration::ZERO).restore(snap, t0), 0, "no lingering: nothing to restore");
+        assert_eq!(
+            Registry::new(1000, 200, Duration::ZERO).restore(snap, 0, true, t0),
+            0,
+            "no lingering: nothing to restore"
+        );
     }
 }

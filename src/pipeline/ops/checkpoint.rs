@@ -63,6 +63,15 @@ impl Checkpoint {
         })
     }
 
+    /// When it was written (Unix seconds), and whether at a clean stop (`reason` `shutdown`: every
+    /// position is the last one its client took).
+    #[must_use]
+    pub fn written(&self) -> (u64, bool) {
+        match self {
+            Self::V1(c) => (c.written_unix_secs, c.reason == "shutdown"),
+        }
+    }
+
     /// The sessions, whatever the version.
     #[must_use]
     pub fn into_sessions(self) -> Vec<SavedSession> {
@@ -129,17 +138,22 @@ pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 
 /// Reads the checkpoint for a start: an unreadable one is logged and renamed to
 /// `checkpoint.json.unreadable` (so the next write cannot destroy the evidence).
+///
+/// Returns the sessions, when the checkpoint was written and whether at a clean stop.
 #[must_use]
-pub fn restore(state_dir: &Path) -> Vec<SavedSession> {
+pub fn restore(state_dir: &Path) -> (Vec<SavedSession>, u64, bool) {
     match read(state_dir) {
-        Ok(Some(c)) => c.into_sessions(),
-        Ok(None) => Vec::new(),
+        Ok(Some(c)) => {
+            let (written, exact) = c.written();
+            (c.into_sessions(), written, exact)
+        }
+        Ok(None) => (Vec::new(), 0, true),
         Err(e) => {
             let p = path(state_dir);
             let aside = state_dir.join(format!("{CHECKPOINT_FILE}.unreadable"));
             tracing::error!(error = %e, moved_to = %aside.display(), "ignoring the daemon checkpoint");
             let _ = std::fs::rename(&p, &aside);
-            Vec::new()
+            (Vec::new(), 0, true)
         }
     }
 }
@@ -195,14 +209,14 @@ mod tests {
     #[test]
     fn unknown_versions_and_garbage_are_set_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(restore(dir.path()).is_empty(), "no checkpoint: nothing to restore");
+        assert!(restore(dir.path()).0.is_empty(), "no checkpoint: nothing to restore");
         std::fs::write(path(dir.path()), br#"{"version": "99", "sessions": []}"#).expect("write");
         assert!(matches!(read(dir.path()), Err(CheckpointError::Format { .. })));
-        assert!(restore(dir.path()).is_empty());
+        assert!(restore(dir.path()).0.is_empty());
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
         assert!(!path(dir.path()).exists());
         std::fs::write(path(dir.path()), b"\x00garbage").expect("write");
-        assert!(restore(dir.path()).is_empty());
+        assert!(restore(dir.path()).0.is_empty());
     }
 
     /// Issue #15: under `UMask=0007` state files were group-writable; a checkpoint a group member
@@ -217,7 +231,7 @@ mod tests {
         std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
         let e = read(dir.path()).expect_err("group-writable");
         assert!(e.to_string().contains("writable by group or others"), "{e}");
-        assert!(restore(dir.path()).is_empty());
+        assert!(restore(dir.path()).0.is_empty());
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
     }
 }

@@ -2,7 +2,9 @@
 //! idle connections are closed after the handshake timeout; connections beyond the per-uid limit
 //! are refused while others keep working; sessions are limited per uid; generated session names
 //! are unguessable; a session belongs to the uid that opened it; `unknown_dataset` does not list
-//! the configured datasets; a stop whose checkpoint fails does not exit 0.
+//! the configured datasets; a stop whose checkpoint fails does not exit 0; a second daemon cannot
+//! take the state directory; a repaired chunk is read again after a reload; a session resumed by
+//! name after a crash says that minibatches come again.
 
 mod support;
 
@@ -295,4 +297,42 @@ fn a_chunk_that_failed_is_read_again_after_a_reload() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+fn take(s: &mut minibatchd_client::Session, n: usize) {
+    for _ in 0..n {
+        let mb = s.next_minibatch().expect("next").expect("a minibatch");
+        s.release(mb);
+    }
+    s.state().expect("report what was taken");
+}
+
+#[test]
+fn a_session_resumed_by_name_after_a_crash_says_minibatches_come_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path(), "checkpoint_interval_secs = 1");
+    let mut opts = options(8);
+    opts.session = Some("job".into());
+    let mut s = d.client().open("train", &opts).expect("open");
+    take(&mut s, 3);
+    std::thread::sleep(Duration::from_millis(2500)); // a periodic checkpoint holds 3 minibatches
+    take(&mut s, 5);
+    let taken = s.state().expect("state");
+    d.signal(rustix::process::Signal::KILL);
+    let _ = d.wait();
+    drop(s);
+    let mut d = Daemon::start(dir.path(), &[]);
+    let mut resumed = d.client().open("train", &opts).expect("resume by name");
+    let r = resumed.resumed.clone().expect("a resumed session says so");
+    assert_eq!((r.from.as_str(), r.exact), ("checkpoint", false), "{r:?}");
+    assert!(r.checkpoint_unix_secs.is_some());
+    let start_state = resumed.state().expect("state");
+    assert!(start_state.minibatches >= 3 && start_state.minibatches <= taken.minibatches, "{start_state:?}");
+    drop(resumed);
+    // A clean stop: the checkpoint is exact, and says so.
+    assert_eq!(d.stop().code(), Some(0));
+    let d = Daemon::start(dir.path(), &[]);
+    let again = d.client().open("train", &opts).expect("resume by name");
+    let r = again.resumed.clone().expect("resumed");
+    assert_eq!((r.from.as_str(), r.exact), ("checkpoint", true), "{r:?}");
 }
