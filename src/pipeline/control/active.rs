@@ -134,6 +134,12 @@ fn opened_message(
     }
 }
 
+/// The host-memory guard's verdict for a new session: `Some((shortfall, reserve))` when it refuses.
+fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
+    let reserve = shared.config().daemon.host_memory_reserve_bytes;
+    shared.host.refuse.load(Ordering::Relaxed).then(|| (shared.host.shortfall.load(Ordering::Relaxed), reserve))
+}
+
 /// Logs that a session resumed by name from a checkpoint of an unclean stop gets minibatches again.
 fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>) {
     if let Some(r) = resumed.filter(|r| !r.exact) {
@@ -187,9 +193,6 @@ pub(super) async fn open(
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry } = prepare(dataset, options, shared)?;
-    let config = shared.config();
-    let d = &config.daemon;
-
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh = SessionState {
         version: STATE_VERSION,
@@ -200,11 +203,7 @@ pub(super) async fn open(
         options_hash: hex64(ohash),
     };
     let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
-    let host_short = shared
-        .host
-        .refuse
-        .load(Ordering::Relaxed)
-        .then(|| (shared.host.shortfall.load(Ordering::Relaxed), d.host_memory_reserve_bytes));
+    let host_short = host_shortfall(shared);
     let request = admission::Request {
         dataset,
         name: resolved.session.as_deref(),
