@@ -16,7 +16,7 @@ use minibatchd_client::{Client, ClientError};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
 use support::daemon::{
     client_dir, drain, json, open_retrying, options, python, train_ctf, wide_ctf, Daemon, KillOnDrop, DEADLINE,
-    TRAIN_STREAMS,
+    TRAIN_STREAMS, TRAIN_STREAMS_TOML,
 };
 use support::{write, BIN};
 
@@ -42,17 +42,7 @@ parser_threads = 2
 format = "ctf"
 files = ["{data}"]
 chunk_size_bytes = 300
-
-[datasets.train.streams.features]
-alias = "F"
-dim = 3
-format = "dense"
-
-[datasets.train.streams.labels]
-alias = "L"
-dim = 5
-format = "sparse"
-
+{streams}
 [datasets.train.sampling]
 randomize = true
 window_chunks = 4
@@ -68,7 +58,8 @@ dim = 5000
 format = "sparse"
 "#,
         dir = dir.display(),
-        data = data.display()
+        data = data.display(),
+        streams = TRAIN_STREAMS_TOML,
     );
     write(dir, "minibatchd.toml", cfg);
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use minibatchd_client::protocol::ErrorCode;
 use minibatchd_client::ClientError;
-use support::daemon::{options, train_ctf, Daemon, DEADLINE};
+use support::daemon::{options, train_ctf, Daemon, DEADLINE, TRAIN_STREAMS_TOML};
 use support::write;
 
 fn start(dir: &Path, limits: &str) -> Daemon {
@@ -35,19 +35,10 @@ session_linger_secs = 60
 [datasets.train]
 format = "ctf"
 files = ["{data}"]
-
-[datasets.train.streams.features]
-alias = "F"
-dim = 3
-format = "dense"
-
-[datasets.train.streams.labels]
-alias = "L"
-dim = 5
-format = "sparse"
-"#,
+{streams}"#,
         dir = dir.display(),
-        data = data.display()
+        data = data.display(),
+        streams = TRAIN_STREAMS_TOML,
     );
     write(dir, "minibatchd.toml", &cfg);
     Daemon::start(dir, &[])

@@ -18,6 +18,19 @@ use super::{command, package_root, BIN};
 /// How long any wait on the daemon or a client may take.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// The `streams` tables of [`train_ctf`]'s dataset, named `train` in a config.
+pub const TRAIN_STREAMS_TOML: &str = r#"
+[datasets.train.streams.features]
+alias = "F"
+dim = 3
+format = "dense"
+
+[datasets.train.streams.labels]
+alias = "L"
+dim = 5
+format = "sparse"
+"#;
+
 /// The streams of [`train_ctf`]'s dataset, `train`, in the order of its config.
 pub const TRAIN_STREAMS: &[&str] = &["features", "labels"];
 
