@@ -1,0 +1,201 @@
+//! The bodies of the fuzz targets (`fuzz/fuzz_targets/*.rs`), one function per target.
+//!
+//! The property of every target: no panic and no unbounded allocation (libFuzzer's
+//! `-rss_limit_mb`), whatever the bytes. The same functions replay the committed corpus on
+//! stable (`tests/fuzz_corpus.rs` includes this file as a module), so this file uses only what
+//! the root package's tests may use: the workspace crates and `tempfile`.
+//!
+//! The first input byte picks the configuration (streams, format options, element type): one
+//! target covers several small fixed configurations, and the fuzzer learns which byte does what.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use minibatchd_client::protocol::{decode_client, decode_server, FrameBuffer};
+use minibatchd_engine::format::ctf::{index_file, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
+use minibatchd_engine::format::deepx::{
+    index_reader, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema,
+};
+use minibatchd_engine::options::{DeepxOptions, FormatKind, StreamConfig, StreamFormat};
+
+/// A directory for the CTF targets' data file (the CTF index pass reads a path), made once per
+/// process and left in the system temp dir by the fuzzer (the replay test passes its own).
+pub fn scratch_dir() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| tempfile::Builder::new().prefix("minibatchd-fuzz").tempdir().expect("a temp dir")).path()
+}
+
+fn stream(name: &str, dim: usize, sparse: bool, main: bool) -> StreamConfig {
+    StreamConfig {
+        name: name.into(),
+        alias: name.into(),
+        dim,
+        format: if sparse { StreamFormat::Sparse } else { StreamFormat::Dense },
+        defines_mb_size: main,
+    }
+}
+
+/// The CTF configuration that `sel` picks: streams, and the index options that go with them.
+fn ctf_config(sel: u8) -> (Vec<StreamConfig>, CtfIndexOptions) {
+    let streams = match sel & 3 {
+        0 => vec![stream("a", 3, false, false), stream("b", 5, true, false)],
+        1 => vec![stream("features", 2, false, true), stream("labels", 4, true, false)],
+        2 => vec![stream("x", 1, false, false)],
+        _ => vec![stream("s", 1000, true, false), stream("d", 0, false, false), stream("e", 2, false, false)],
+    };
+    let main_alias = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());
+    (streams, CtfIndexOptions { skip_sequence_ids: sel & 4 != 0, main_alias })
+}
+
+/// Writes `body` to the scratch file and indexes it.
+fn ctf_index_bytes(
+    body: &[u8],
+    scratch: &Path,
+    options: &CtfIndexOptions,
+) -> Option<minibatchd_engine::format::FileIndex> {
+    let path = scratch.join("input.ctf");
+    std::fs::write(&path, body).expect("writing the scratch file");
+    index_file(&path, options, &mut |_| {}).ok()
+}
+
+/// `ctf_index`: the CTF index pass on arbitrary bytes; every sequence it reports lies inside the
+/// file.
+pub fn ctf_index(data: &[u8], scratch: &Path) {
+    let Some((&sel, body)) = data.split_first() else { return };
+    let (_, options) = ctf_config(sel);
+    if let Some(idx) = ctf_index_bytes(body, scratch, &options) {
+        for seq in &idx.sequences {
+            assert!(seq.offset + u64::from(seq.size) <= body.len() as u64, "a sequence past the end of the file");
+        }
+    }
+}
+
+/// `ctf_decode`: index, then decode every sequence as a chunk load does (f32 or f64).
+pub fn ctf_decode(data: &[u8], scratch: &Path) {
+    let Some((&sel, body)) = data.split_first() else { return };
+    if sel & 8 == 0 {
+        ctf_decode_as::<f32>(sel, body, scratch);
+    } else {
+        ctf_decode_as::<f64>(sel, body, scratch);
+    }
+}
+
+fn ctf_decode_as<T: Element>(sel: u8, body: &[u8], scratch: &Path) {
+    let (streams, options) = ctf_config(sel);
+    let Some(idx) = ctf_index_bytes(body, scratch, &options) else { return };
+    let dec = CtfDecoder::new(&streams);
+    let mut bufs: Vec<StreamBuf<T>> = streams.iter().map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    for seq in &idx.sequences {
+        let start = usize::try_from(seq.offset).expect("an offset inside the input");
+        let bytes = &body[start..start + seq.size as usize];
+        if dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors).is_err() {
+            return; // fatal: the chunk load stops here
+        }
+    }
+    for (b, s) in bufs.iter().zip(&streams) {
+        assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1);
+        assert_eq!(b.seq_offsets.last().copied(), Some(b.samples));
+        if s.format == StreamFormat::Dense {
+            assert_eq!(b.values.len(), b.samples * s.dim);
+        } else {
+            assert_eq!(b.sample_offsets.len(), b.samples + 1);
+            assert_eq!(b.indices.len(), b.values.len());
+        }
+    }
+}
+
+/// The deepx configuration that `sel` picks.
+fn deepx_config(sel: u8) -> (FormatKind, DeepxOptions) {
+    let groups = usize::from(sel >> 6) + 1;
+    let mut o = DeepxOptions {
+        label_size: if sel & 0x10 != 0 { 2 } else { 1 },
+        w: sel & 4 != 0,
+        uuid: sel & 8 != 0,
+        ..DeepxOptions::default()
+    };
+    let format = match sel & 3 {
+        0 => FormatKind::Libsvm,
+        1 => {
+            o.x_size = Some(groups);
+            FormatKind::LibsvmEx
+        }
+        2 => {
+            o.x_hist_item_size = Some(groups);
+            FormatKind::Uch
+        }
+        _ => {
+            // svmlight: comments, qid and 1-based ids
+            o.comments = true;
+            o.qid = true;
+            o.feature_index_base = 1;
+            FormatKind::Libsvm
+        }
+    };
+    (format, o)
+}
+
+/// `deepx_decode`: index the bytes as lines, decode each as a chunk load does, and build the
+/// chunk's streams (libsvm, svmlight, `libsvm_ex`, uch; f32 or f64).
+pub fn deepx_decode(data: &[u8], _scratch: &Path) {
+    let Some((&sel, body)) = data.split_first() else { return };
+    let (format, options) = deepx_config(sel);
+    let f64_values = body.first().is_some_and(|b| b & 1 != 0);
+    if f64_values {
+        deepx_decode_as::<f64>(format, &options, body);
+    } else {
+        deepx_decode_as::<f32>(format, &options, body);
+    }
+}
+
+fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, body: &[u8]) {
+    let schema = Schema::new(format, options);
+    let path: Arc<Path> = Arc::from(Path::new("fuzz.txt"));
+    let index_options = LineIndexOptions { comments: schema.comments };
+    let Ok(idx) = index_reader(body, path.clone(), body.len() as u64, index_options, &mut |_| {}) else { return };
+    let dec = DeepxDecoder::new(schema);
+    let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len());
+    let mut errors = Vec::new();
+    for seq in &idx.sequences {
+        let start = usize::try_from(seq.offset).expect("an offset inside the input");
+        let bytes = &body[start..start + seq.size as usize];
+        let ctx = LineContext { file: &path, line: seq.line, offset: seq.offset };
+        dec.decode_line(bytes, &ctx, &mut bufs, &mut errors);
+    }
+    let samples = bufs.samples;
+    assert_eq!(bufs.seq_offsets.len(), idx.sequences.len() + 1);
+    assert_eq!(samples + errors.len(), idx.sequences.len());
+    let specs = dec.schema().specs();
+    let streams = dec.into_streams(bufs);
+    assert_eq!(streams.len(), specs.len());
+}
+
+/// `config_load`: a configuration file's text, parsed and validated (no file is read).
+pub fn config_load(data: &[u8], scratch: &Path) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = minibatchd::Config::from_toml_str(text, scratch);
+    }
+}
+
+/// `protocol`: the bytes as one frame body from either side, then as a byte stream cut into
+/// pieces (sizes from the first byte) through a [`FrameBuffer`], every frame decoded both ways.
+pub fn protocol(data: &[u8], _scratch: &Path) {
+    let _ = decode_client(data);
+    let _ = decode_server(data);
+    let Some((&sel, stream)) = data.split_first() else { return };
+    let piece = usize::from(sel % 16) + 1;
+    let mut frames = FrameBuffer::default();
+    for part in stream.chunks(piece) {
+        frames.push(part);
+        loop {
+            match frames.next_frame() {
+                Ok(Some(body)) => {
+                    let _ = decode_client(&body);
+                    let _ = decode_server(&body);
+                }
+                Ok(None) => break,
+                Err(_) => return, // the connection is closed on a bad prefix
+            }
+        }
+    }
+}
