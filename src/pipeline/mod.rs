@@ -102,7 +102,7 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
         .create(true)
         .truncate(false)
         .mode(0o600)
-        .custom_flags(libc_nofollow())
+        .custom_flags(o_nofollow())
         .open(&path)
         .map_err(|e| PipelineError::Fatal(format!("cannot open {}: {e}", path.display())))?;
     if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
@@ -119,7 +119,7 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
 }
 
 /// `O_NOFOLLOW`: the lock file is never a link planted by someone else.
-fn libc_nofollow() -> i32 {
+fn o_nofollow() -> i32 {
     i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
 }
 
