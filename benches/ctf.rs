@@ -72,7 +72,13 @@ fn streams(dense_dim: usize, with_dense: bool) -> Vec<StreamConfig> {
 fn index(dir: &Path, name: &str, text: &str) -> FileIndex {
     let p = dir.join(name);
     std::fs::write(&p, text).expect("write");
-    index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: None }, &mut |_| {}).expect("index")
+    index_file(
+        &p,
+        &CtfIndexOptions { skip_sequence_ids: false, main_alias: None },
+        minibatchd_engine::options::IndexLimits::UNBOUNDED,
+        &mut |_| {},
+    )
+    .expect("index")
 }
 
 fn decode_all(dec: &CtfDecoder, text: &[u8], idx: &FileIndex, n: usize) -> usize {

@@ -25,6 +25,7 @@ fn index(text: &[u8]) -> FileIndex {
         Arc::from(Path::new("criteo")),
         text.len() as u64,
         LineIndexOptions { comments: false },
+        minibatchd_engine::options::IndexLimits::UNBOUNDED,
         &mut |_| {},
     )
     .expect("index")

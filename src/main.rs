@@ -214,7 +214,9 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
             b.set_position(p.bytes_done);
         }
     };
-    let d = Dataset::open(cfg, &c.daemon.state_dir, &mut report)?;
+    // The daemon's bound on an index (one dataset here, so the whole index share is its own).
+    let limits = minibatchd_engine::options::IndexLimits::within(c.daemon.memory_limit_bytes, 0, cfg.sources.len());
+    let d = Dataset::open_within(cfg, &c.daemon.state_dir, limits, &mut report)?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }

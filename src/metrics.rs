@@ -22,7 +22,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use prometheus::core::Collector;
-use prometheus::{Counter, CounterVec, Gauge, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Counter, CounterVec, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 use minibatchd_engine::format::errors::ErrorKind;
 
@@ -47,8 +49,9 @@ pub const LABEL_NAMES: [&str; 11] = [
 pub const CONNECTION_REFUSALS: [&str; 3] = ["max_connections", "max_connections_per_uid", "handshake_timeout"];
 
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
-pub const REFUSAL_CODES: [&str; 7] = [
+pub const REFUSAL_CODES: [&str; 8] = [
     "unknown_dataset",
+    "dataset_indexing",
     "invalid_options",
     "resume_mismatch",
     "session_busy",
@@ -177,8 +180,19 @@ pub struct Metrics {
     /// `minibatchd_connections_refused_total{code}`: connections closed by a limit
     /// ([`CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
     pub connections_refused: IntCounterVec,
-    /// `minibatchd_datasets{state}`: `ready` and `failed` datasets.
+    /// `minibatchd_datasets{state}`: `indexing`, `ready` and `failed` datasets.
     pub datasets: IntGaugeVec,
+    /// `minibatchd_dataset_index_scanned_bytes{dataset}`: bytes the index pass of the dataset's
+    /// current opening has scanned (cached files count whole).
+    pub dataset_index_scanned_bytes: IntGaugeVec,
+    /// `minibatchd_dataset_index_total_bytes{dataset}`: the bytes that opening scans in all.
+    pub dataset_index_total_bytes: IntGaugeVec,
+    /// `minibatchd_dataset_ready_seconds{dataset}`: how long the dataset's last opening took,
+    /// from the start of its index pass to ready (or failed).
+    pub dataset_ready_seconds: GaugeVec,
+    /// `minibatchd_dataset_index_memory_bytes{dataset}`: memory its index holds (counted under
+    /// `memory_limit_bytes`).
+    pub dataset_index_memory_bytes: IntGaugeVec,
     /// `minibatchd_process_resident_memory_bytes` (sysinfo).
     pub process_resident_memory_bytes: IntGauge,
     /// `minibatchd_process_virtual_memory_bytes` (sysinfo).
@@ -192,7 +206,7 @@ pub struct Metrics {
     pub host_memory_shortfall_bytes: IntGauge,
     /// `minibatchd_memory_limit_bytes`: `memory_limit_bytes`.
     pub memory_limit_bytes: IntGauge,
-    /// `minibatchd_memory_used_bytes{part}`: `cache` and `rings`, both under the limit.
+    /// `minibatchd_memory_used_bytes{part}`: `cache`, `rings` and `index`, all under the limit.
     pub memory_used_bytes: IntGaugeVec,
     /// `minibatchd_checkpoint_age_seconds`: since the last checkpoint written.
     pub checkpoint_age_seconds: Gauge,
@@ -273,6 +287,10 @@ fn seconds_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometh
 
 fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntGaugeVec> {
     reg(r, IntGaugeVec::new(Opts::new(name, help), labels)?)
+}
+
+fn float_gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    reg(r, GaugeVec::new(Opts::new(name, help), labels)?)
 }
 
 fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
@@ -420,8 +438,32 @@ impl Metrics {
             datasets: gauge_vec(
                 &r,
                 "minibatchd_datasets",
-                "Configured datasets: ready, or failed to open.",
+                "Configured datasets: indexing, ready, or failed to open.",
                 &["state"],
+            )?,
+            dataset_index_scanned_bytes: gauge_vec(
+                &r,
+                "minibatchd_dataset_index_scanned_bytes",
+                "Bytes scanned so far by the dataset's index pass (cached files count whole).",
+                &["dataset"],
+            )?,
+            dataset_index_total_bytes: gauge_vec(
+                &r,
+                "minibatchd_dataset_index_total_bytes",
+                "Bytes the dataset's index pass scans in all.",
+                &["dataset"],
+            )?,
+            dataset_ready_seconds: float_gauge_vec(
+                &r,
+                "minibatchd_dataset_ready_seconds",
+                "Time the dataset's last opening took, from the start of its index pass to ready or failed.",
+                &["dataset"],
+            )?,
+            dataset_index_memory_bytes: gauge_vec(
+                &r,
+                "minibatchd_dataset_index_memory_bytes",
+                "Memory the dataset's index holds (counted under memory_limit_bytes).",
+                &["dataset"],
             )?,
             process_resident_memory_bytes: gauge(
                 &r,
@@ -502,7 +544,7 @@ impl Metrics {
         for state in ["connected", "lingering"] {
             m.sessions.with_label_values(&[state]);
         }
-        for state in ["ready", "failed"] {
+        for state in ["indexing", "ready", "failed"] {
             m.datasets.with_label_values(&[state]);
         }
         for code in REFUSAL_CODES {
@@ -511,7 +553,7 @@ impl Metrics {
         for code in CONNECTION_REFUSALS {
             m.connections_refused.with_label_values(&[code]);
         }
-        for part in ["cache", "rings"] {
+        for part in ["cache", "rings", "index"] {
             m.memory_used_bytes.with_label_values(&[part]);
         }
         for result in ["success", "failure"] {

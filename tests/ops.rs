@@ -459,8 +459,10 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
     let notify = NotifySocket::new(tmp.path());
     let env = [("NOTIFY_SOCKET", notify.path.display().to_string()), ("WATCHDOG_USEC", "200000".into())];
     let mut d = Daemon::start(tmp.path(), &env);
+    // READY=1 comes with the socket, before the dataset is indexed; STATUS follows its opening.
     let ready = notify.expect("READY=1");
-    assert!(ready.last().is_some_and(|m| m.contains("STATUS=serving 1 dataset(s)")), "{ready:?}");
+    assert!(ready.last().is_some_and(|m| m.contains("STATUS=serving 0 dataset(s), 1 indexing")), "{ready:?}");
+    notify.expect("STATUS=serving 1 dataset(s)");
     notify.expect("WATCHDOG=1");
     let want = d.dump("train", &["--minibatch-size", "6", "--full-sweep"]);
     let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(6) }).expect("open");

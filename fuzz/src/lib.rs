@@ -55,7 +55,7 @@ fn ctf_index_bytes(
 ) -> Option<minibatchd_engine::format::FileIndex> {
     let path = scratch.join("input.ctf");
     std::fs::write(&path, body).expect("writing the scratch file");
-    index_file(&path, options, &mut |_| {}).ok()
+    index_file(&path, options, minibatchd_engine::options::IndexLimits::UNBOUNDED, &mut |_| {}).ok()
 }
 
 /// `ctf_index`: the CTF index pass on arbitrary bytes; every sequence it reports lies inside the
@@ -152,7 +152,16 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
     let schema = Schema::new(format, options);
     let path: Arc<Path> = Arc::from(Path::new("fuzz.txt"));
     let index_options = LineIndexOptions { comments: schema.comments };
-    let Ok(idx) = index_reader(body, path.clone(), body.len() as u64, index_options, &mut |_| {}) else { return };
+    let Ok(idx) = index_reader(
+        body,
+        path.clone(),
+        body.len() as u64,
+        index_options,
+        minibatchd_engine::options::IndexLimits::UNBOUNDED,
+        &mut |_| {},
+    ) else {
+        return;
+    };
     let dec = DeepxDecoder::new(schema);
     let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len());
     let mut errors = Vec::new();

@@ -134,8 +134,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     // Held until the process ends: one daemon per state_dir.
     let _lock = lock_state_dir(&config.daemon.state_dir)?;
     let metrics_listener = bind_metrics(&config)?;
-    let hub = Hub::open(&config, &metrics);
-    let shared = Arc::new(ControlPlane::new(config, hub, metrics));
+    // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
+    // them get `dataset_indexing` with the progress.
+    let shared = Arc::new(ControlPlane::new(config, Hub::default(), metrics));
+    for name in shared.config().datasets.keys() {
+        shared.data.indexing.begin(name, &shared.data.metrics);
+    }
     let state_dir = shared.config().daemon.state_dir.clone();
     let (saved, written, exact) = checkpoint::restore(&state_dir);
     let restored = shared.registry().restore(saved, written, exact, Instant::now());
@@ -143,7 +147,6 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
     ops::write_checkpoint(&shared, "start");
-    data::preload_datasets(&shared.data, &shared.config());
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
@@ -181,7 +184,8 @@ async fn serve(
     let (fatal_tx, mut fatal_rx) = tokio::sync::oneshot::channel();
     let supervisor = supervisor::Supervisor::new(shared.clone(), fatal_tx).start();
     let background = spawn_readiness_and_watchdog(shared.clone(), notifier.clone());
-    let mut reloading: Option<tokio::task::JoinHandle<()>> = None;
+    // Opening the datasets is the first reload: a SIGHUP meanwhile waits for it.
+    let mut reloading: Option<tokio::task::JoinHandle<()>> = Some(tokio::spawn(reload::open_at_start(shared.clone())));
     let mut reload_again = false;
     let outcome = loop {
         tokio::select! {
@@ -229,6 +233,14 @@ fn spawn_readiness_and_watchdog(
             shared.data.health.set_phase(Phase::Serving);
             notifier.ready(&ops::status_line(&shared));
             tracing::info!("{}", ops::status_line(&shared));
+            // The datasets open after READY=1: tell systemd how that went, after it.
+            let (s, n) = (shared.clone(), notifier.clone());
+            tokio::spawn(async move {
+                while !s.data.opened_at_start.load(std::sync::atomic::Ordering::Acquire) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                n.status(&ops::status_line(&s));
+            });
         }
         let Some(every) = notifier.watchdog_interval() else { return };
         let mut tick = tokio::time::interval(every);

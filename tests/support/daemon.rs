@@ -15,6 +15,30 @@ use minibatchd_engine::minibatch::Minibatch;
 
 use super::{command, package_root, BIN};
 
+/// GET `path` on the metrics endpoint of the daemon whose `state_dir` is `state` (its address in
+/// `metrics.addr`): (status line, body); `None` while nothing answers there.
+pub fn http_get(state: &Path, path: &str) -> Option<(String, String)> {
+    use std::io::{Read as _, Write as _};
+    let addr = std::fs::read_to_string(state.join("metrics.addr")).ok()?;
+    let mut s = std::net::TcpStream::connect(addr.trim()).ok()?;
+    s.set_read_timeout(Some(DEADLINE)).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    Some((head.lines().next().unwrap_or("").to_owned(), body.to_owned()))
+}
+
+/// Whether the daemon of `state` has opened (indexed, or failed to open) every dataset: its
+/// `/metrics` shows none indexing. A daemon without a metrics endpoint counts as opened.
+pub fn datasets_opened(state: &Path) -> bool {
+    if !state.join("metrics.addr").exists() {
+        return true;
+    }
+    http_get(state, "/metrics")
+        .is_some_and(|(_, body)| body.lines().any(|l| l == "minibatchd_datasets{state=\"indexing\"} 0"))
+}
+
 /// How long any wait on the daemon or a client may take.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -96,7 +120,19 @@ impl Daemon {
             assert!(start.elapsed() < DEADLINE, "the daemon did not open its socket");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // The socket opens before the datasets are indexed; the tests want them open.
+        let state = dir.join("state");
+        while !datasets_opened(&state) {
+            assert!(d.running(), "the daemon exited while opening its datasets");
+            assert!(start.elapsed() < DEADLINE, "the daemon did not open its datasets");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         d
+    }
+
+    /// The daemon's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// [`Daemon::start`] on `dir`, which the daemon keeps until it has stopped.
@@ -194,13 +230,16 @@ pub fn drain(s: &mut Session, max: usize) -> Vec<String> {
 }
 
 /// Opens a session on a new connection, retrying while the daemon answers `retry_on` (a
-/// session still held, memory still reserved, a dataset not yet loaded) until the deadline.
+/// session still held, memory still reserved, a dataset a reload has not added yet) or
+/// `dataset_indexing` (as the clients do) until the deadline.
 pub fn open_retrying(d: &Daemon, dataset: &str, opts: &SessionOptions, retry_on: ErrorCode) -> Session {
     let start = Instant::now();
     loop {
         match Client::connect(&d.socket).and_then(|c| c.open(dataset, opts)) {
             Ok(s) => return s,
-            Err(ClientError::Daemon { code, .. }) if code == retry_on && start.elapsed() < DEADLINE => {
+            Err(ClientError::Daemon { code, .. })
+                if (code == retry_on || code == ErrorCode::DatasetIndexing) && start.elapsed() < DEADLINE =>
+            {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => panic!("open {dataset}: {e}"),

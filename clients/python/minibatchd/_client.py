@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gc
 import json
+import logging
 import mmap
 import os
 import socket
@@ -251,18 +252,54 @@ class Client:
         self.daemon_id: str = info["daemon_id"]
         self.server: str = info.get("server", "")
 
-    def open(self, dataset: str, *, use_torchrun_env: bool = False, **options: Any) -> "Source":
+    def open(
+        self,
+        dataset: str,
+        *,
+        use_torchrun_env: bool = False,
+        wait_indexing: Optional[float] = None,
+        **options: Any,
+    ) -> "Source":
         """Opens a session on ``dataset``. Options (docs/daemon.md, "Session options"): ``minibatch_size`` (required),
         ``max_samples`` | ``max_sweeps`` | ``full_sweep``, ``randomize``, ``window_chunks`` |
         ``window_samples``, ``seed``, ``frame_mode``, ``num_workers``, ``rank``, ``resume`` (a
         ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name).
-        ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE``."""
+        ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE``.
+
+        While the daemon is still indexing the dataset (just started, or a reload added it) it
+        answers ``dataset_indexing``; ``open`` then waits and asks again, up to ``wait_indexing``
+        seconds (``None``: as long as it takes; ``0``: raise at once), logging the progress to
+        the ``minibatchd`` logger every ``INDEXING_LOG_EVERY`` seconds."""
         if use_torchrun_env:
             rank, world = torchrun_env()
             options.setdefault("rank", rank)
             options.setdefault("num_workers", world)
         options = {k: v for k, v in options.items() if v is not None}
-        return Source(self.path, self.timeout, dataset, options)
+        return _open_when_indexed(
+            lambda: Source(self.path, self.timeout, dataset, options), dataset, wait_indexing
+        )
+
+
+INDEXING_POLL = 0.25
+INDEXING_LOG_EVERY = 10.0
+
+
+def _open_when_indexed(open_source: Any, dataset: str, wait: Optional[float]) -> "Source":
+    """``open_source()``, asked again while the daemon answers ``dataset_indexing``."""
+    log = logging.getLogger("minibatchd")
+    start = time.monotonic()
+    logged = start - INDEXING_LOG_EVERY
+    while True:
+        try:
+            return open_source()
+        except MinibatchdError as e:
+            now = time.monotonic()
+            if e.code != "dataset_indexing" or (wait is not None and now - start >= wait):
+                raise
+            if now - logged >= INDEXING_LOG_EVERY:
+                log.info("minibatchd: waiting for dataset %r: %s", dataset, e.message)
+                logged = now
+            time.sleep(INDEXING_POLL)
 
 
 class _Releaser:
@@ -522,7 +559,12 @@ class Source:
             try:
                 return Source(path or self._path, self._timeout, self.dataset, options)
             except (OSError, MinibatchdError) as e:
-                retry = isinstance(e, OSError) or e.code in ("client_disconnected", "shutting_down", "session_busy")
+                retry = isinstance(e, OSError) or e.code in (
+                    "client_disconnected",
+                    "shutting_down",
+                    "session_busy",
+                    "dataset_indexing",
+                )
                 if not retry or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)

@@ -97,6 +97,9 @@ pub enum ErrorCode {
     UnexpectedMessage,
     /// No dataset of that name is configured (or it failed to open).
     UnknownDataset,
+    /// The dataset is still being indexed (at start, or after a reload added it); the message
+    /// says how far. Retry: the clients wait on this code.
+    DatasetIndexing,
     /// Invalid session options.
     InvalidOptions,
     /// The `resume` state belongs to other data or other sampling options.

@@ -105,6 +105,9 @@ fn daemon_error(m: ServerMessage) -> ClientError {
     }
 }
 
+/// How often [`Client::open_when_indexed`] asks again while the dataset is being indexed.
+pub const INDEXING_POLL: Duration = Duration::from_millis(250);
+
 impl Client {
     /// Connects to the socket at `path` and checks the protocol version.
     ///
@@ -139,6 +142,32 @@ impl Client {
                 binary: version >= 2,
             }),
             other => Err(daemon_error(other)),
+        }
+    }
+
+    /// Connects to `path` and opens a session on `dataset`, asking again every
+    /// [`INDEXING_POLL`] while the daemon answers `dataset_indexing` (it is still indexing the
+    /// dataset: it just started, or a reload added it), for up to `wait` (`None`: as long as it
+    /// takes).
+    ///
+    /// # Errors
+    /// [`ClientError`]; `dataset_indexing` once `wait` has passed.
+    pub fn open_when_indexed(
+        path: impl AsRef<Path>,
+        dataset: &str,
+        options: &SessionOptions,
+        wait: Option<Duration>,
+    ) -> Result<Session> {
+        let start = std::time::Instant::now();
+        loop {
+            match Self::connect(path.as_ref())?.open(dataset, options) {
+                Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. })
+                    if wait.is_none_or(|w| start.elapsed() < w) =>
+                {
+                    std::thread::sleep(INDEXING_POLL);
+                }
+                other => return other,
+            }
         }
     }
 

@@ -30,6 +30,55 @@ pub const DEFAULT_MAX_INFLATE_RATIO: u64 = 100;
 /// very repetitive files (test fixtures) are never refused by the ratio.
 pub const INFLATE_RATIO_GRACE_BYTES: u64 = 1 << 20;
 
+/// Bytes of memory the index of one sequence holds in an opened dataset with one source: its
+/// descriptor in the file index (32), its place in the joined timeline (8) and its nominal length
+/// (4), rounded up. Each further source adds [`INDEX_BYTES_PER_EXTRA_SOURCE`]. Measured, not only
+/// counted: `docs/benchmarks.md` ("Index memory per sequence").
+pub const INDEX_BYTES_PER_SEQUENCE: u64 = 48;
+/// What each source beyond the first adds per sequence: its descriptor (32), its place (8), and
+/// its entry in the join's key map while the dataset opens (about 24).
+pub const INDEX_BYTES_PER_EXTRA_SOURCE: u64 = 64;
+
+/// `daemon.memory_limit_bytes` divided by this is the largest sequence (and line) indexed: a
+/// parser thread holds a chunk whole, and a chunk holds at least one sequence.
+pub const SEQUENCE_SHARE_OF_MEMORY_LIMIT: u64 = 16;
+/// `daemon.memory_limit_bytes` divided by this is what the indexes of all datasets may hold
+/// together.
+pub const INDEX_SHARE_OF_MEMORY_LIMIT: u64 = 4;
+
+/// Bounds on what the index pass may hold in memory, so that no input — a file of millions of
+/// short lines, one endless line, a gzip bomb — makes indexing grow past the memory the
+/// configuration allows. Exceeding one is a fatal error naming the file, line and byte offset.
+///
+/// Not part of [`DatasetConfig`]: they follow `daemon.memory_limit_bytes`, which a reload may
+/// change without the datasets being opened again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexLimits {
+    /// Most sequences of one dataset (over its sources and files).
+    pub max_sequences: u64,
+    /// Most bytes of one sequence, and so of one line: the index pass holds a line whole, and a
+    /// parser thread holds a chunk (at least one sequence) whole.
+    pub max_sequence_bytes: u64,
+}
+
+impl IndexLimits {
+    /// No bound beyond the formats' own (a sequence under 4 GiB).
+    pub const UNBOUNDED: Self = Self { max_sequences: u64::MAX, max_sequence_bytes: u32::MAX as u64 };
+
+    /// The limits of a dataset of `sources` sources under `daemon.memory_limit_bytes =
+    /// memory_limit`, when the indexes of the datasets already open hold `in_use` bytes: the
+    /// indexes of all datasets share a [`INDEX_SHARE_OF_MEMORY_LIMIT`]th of the limit, and a
+    /// sequence may hold a [`SEQUENCE_SHARE_OF_MEMORY_LIMIT`]th.
+    #[must_use]
+    pub fn within(memory_limit: u64, in_use: u64, sources: usize) -> Self {
+        let per_sequence = INDEX_BYTES_PER_SEQUENCE + INDEX_BYTES_PER_EXTRA_SOURCE * (sources.max(1) as u64 - 1);
+        Self {
+            max_sequences: (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use) / per_sequence,
+            max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
+        }
+    }
+}
+
 /// Text formats. A closed set: every `match` on it is exhaustive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FormatKind {

@@ -226,6 +226,14 @@ pub fn sync_dir(dir: &Path) {
 /// Any I/O error, or an untrusted directory; on error the previous content of `path` is
 /// untouched.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_with(path, &mut |f| f.write_all(bytes))
+}
+
+/// [`write_atomic`] of what `write` writes, streamed (nothing held whole in memory).
+///
+/// # Errors
+/// As [`write_atomic`], and `write`'s.
+pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -234,7 +242,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let (tmp, mut f) = create_temp(&dir, &name)?;
     let result = (|| {
-        f.write_all(bytes)?;
+        write(&mut f)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         File::open(&dir)?.sync_all()

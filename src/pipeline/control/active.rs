@@ -164,7 +164,7 @@ struct Prepared {
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
 /// applied) and the ring's geometry (slots raised to fit a dense minibatch).
 fn prepare(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
-    let rt = shared.data.hub().get(dataset)?;
+    let rt = shared.data.dataset(dataset)?;
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;

@@ -90,6 +90,7 @@ impl Refusal {
     #[must_use]
     pub fn code(&self) -> ErrorCode {
         match self {
+            Self::Dataset(HubError::Indexing { .. }) => ErrorCode::DatasetIndexing,
             Self::Dataset(_) => ErrorCode::UnknownDataset,
             Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,

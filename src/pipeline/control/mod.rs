@@ -240,7 +240,9 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, 
     let d = &config.daemon;
     let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
-    registry.set_buffers(read_buffer_bytes(config, hub, threads));
+    // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
+    // the chunk cache gets what they and the rings leave.
+    registry.set_buffers(read_buffer_bytes(config, hub, threads).saturating_add(hub.index_bytes()));
 }
 
 /// 64 bits from the kernel's random source (`/dev/urandom`), for names nobody may guess; the

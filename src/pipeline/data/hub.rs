@@ -10,7 +10,6 @@
 //! the version is freed with its last session.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Weak};
 
 use crate::config::{Config, DatasetConfig, Precision};
@@ -18,6 +17,9 @@ use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
 use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::options::IndexLimits;
+
+use super::indexing::Indexing;
 
 /// Why a session cannot have a dataset.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -29,6 +31,14 @@ pub enum HubError {
         name: String,
         /// Why.
         source: DataError,
+    },
+    /// The dataset is being opened (indexed): retry later. Clients wait on this code.
+    #[error("dataset '{name}' is still being indexed ({progress}); retry shortly")]
+    Indexing {
+        /// The dataset.
+        name: String,
+        /// How far its index pass is.
+        progress: super::indexing::Progress,
     },
     /// No dataset of that name is configured. The message does not list the configured names:
     /// it goes to any client of the socket, and dataset names are the operator's business (the
@@ -175,33 +185,42 @@ impl Hub {
     /// that fails is logged and refused to clients; the others are served.
     #[must_use]
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
-        let mut hub = Self::default();
-        for (name, d) in &config.datasets {
-            if let Err(e) = hub.open_one(name, d, &config.daemon.state_dir, metrics) {
-                tracing::error!(dataset = %name, error = %e, "cannot open dataset; sessions on it will be refused");
-            }
-        }
-        hub
+        Self::default().reopen(config, metrics, &Indexing::default()).0
     }
 
+    /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its
+    /// index after the datasets already in this hub, reporting its progress to `indexing`.
     fn open_one(
         &mut self,
         name: &str,
         d: &DatasetConfig,
-        state_dir: &Path,
+        config: &Config,
         metrics: &Metrics,
+        indexing: &Indexing,
     ) -> Result<Arc<DatasetRuntime>, DataError> {
         self.configs.insert(name.to_owned(), d.clone());
-        match Dataset::open(d, state_dir, &mut |_| {}) {
+        let limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
+        indexing.begin(name, metrics);
+        let opened =
+            Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics));
+        let elapsed = indexing.end(name, metrics);
+        let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        match opened {
             Ok(ds) => {
                 let index = u32::try_from(self.by_index.len()).unwrap_or(u32::MAX);
                 let rt = Arc::new(DatasetRuntime::new(index, ds, metrics.dataset(name)));
-                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), "dataset ready");
+                let index_bytes = rt.dataset.index_bytes();
+                metrics
+                    .dataset_index_memory_bytes
+                    .with_label_values(&[name])
+                    .set(i64::try_from(index_bytes).unwrap_or(i64::MAX));
+                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), index_bytes, elapsed_ms, "dataset ready");
                 self.by_index.push(Arc::downgrade(&rt));
                 self.by_name.insert(name.to_owned(), Ok(rt.clone()));
                 Ok(rt)
             }
             Err(e) => {
+                tracing::error!(dataset = %name, error = %e, elapsed_ms, "cannot open dataset; sessions on it are refused");
                 self.by_name.insert(name.to_owned(), Err(e.clone()));
                 Err(e)
             }
@@ -213,11 +232,10 @@ impl Hub {
     /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
     /// again. Blocking: indexing happens here.
     #[must_use]
-    pub fn reopen(&self, config: &Config, metrics: &Metrics) -> (Self, HubChanges) {
+    pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, HubChanges) {
         let mut hub = Self { by_name: BTreeMap::new(), by_index: self.by_index.clone(), configs: BTreeMap::new() };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };
-        let state_dir = &config.daemon.state_dir;
         // `diff` took every name from `config.datasets`, so each lookup finds its entry.
         let configured = |names: Vec<String>| names.into_iter().filter_map(|n| config.datasets.get(&n).map(|c| (n, c)));
         for (name, cfg) in configured(d.unchanged) {
@@ -227,7 +245,7 @@ impl Hub {
                     hub.configs.insert(name, cfg.clone());
                 }
                 _ => {
-                    if let Err(e) = hub.open_one(&name, cfg, state_dir, metrics) {
+                    if let Err(e) = hub.open_one(&name, cfg, config, metrics, indexing) {
                         changes.failed.push((name, e));
                     }
                 }
@@ -235,12 +253,12 @@ impl Hub {
         }
         for (name, cfg) in configured(d.added) {
             changes.added.push(name.clone());
-            if let Err(e) = hub.open_one(&name, cfg, state_dir, metrics) {
+            if let Err(e) = hub.open_one(&name, cfg, config, metrics, indexing) {
                 changes.failed.push((name, e));
             }
         }
         for (name, cfg) in configured(d.changed) {
-            match hub.open_one(&name, cfg, state_dir, metrics) {
+            match hub.open_one(&name, cfg, config, metrics, indexing) {
                 Ok(_) => changes.changed.push(name),
                 Err(e) => {
                     if let Some(Ok(old)) = self.by_name.get(&name) {
@@ -281,6 +299,13 @@ impl Hub {
         self.by_index.get(index as usize).and_then(Weak::upgrade)
     }
 
+    /// Bytes the indexes of its open datasets hold (replaced versions still read by a session
+    /// are not counted: they are freed with it).
+    #[must_use]
+    pub fn index_bytes(&self) -> u64 {
+        self.by_name.values().filter_map(|r| r.as_ref().ok()).map(|rt| rt.dataset.index_bytes()).sum()
+    }
+
     /// Datasets (ready, failed).
     #[must_use]
     pub fn counts(&self) -> (usize, usize) {
@@ -293,6 +318,7 @@ impl Hub {
 mod tests {
     use super::*;
     use std::fmt::Write as _;
+    use std::path::Path;
 
     fn config(dir: &Path, datasets: &[(&str, &str, u64)]) -> Config {
         let mut text = format!("[daemon]\nstate_dir = \"{}/state\"\n", dir.display());
@@ -321,7 +347,7 @@ mod tests {
             dir.path(),
             &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
         );
-        let (hub2, changes) = hub.reopen(&new, &metrics);
+        let (hub2, changes) = hub.reopen(&new, &metrics, &Indexing::default());
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
         assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
@@ -331,7 +357,7 @@ mod tests {
         assert!(hub2.get("gone").is_ok(), "a failed dataset is tried again");
         assert!(Arc::ptr_eq(&hub2.by_index(b.index).expect("the old version is alive while held"), &b));
         let only_a = config(dir.path(), &[("a", "a.ctf", 100)]);
-        let (hub3, changes) = hub2.reopen(&only_a, &metrics);
+        let (hub3, changes) = hub2.reopen(&only_a, &metrics, &Indexing::default());
         assert_eq!(changes.removed.len(), 3);
         assert!(!hub3.contains("b") && hub3.get("b").is_err());
         drop((hub, hub2, b));

@@ -20,6 +20,7 @@ pub mod chunk_cache;
 pub mod chunk_cache_stage;
 pub mod delivery;
 pub mod hub;
+pub mod indexing;
 pub mod parsers;
 pub mod preload;
 pub mod producer;
@@ -33,7 +34,8 @@ use crate::metrics::Metrics;
 
 use super::lifecycle::Health;
 use chunk_cache::{ChunkRequest, ParsedMsg, SharedCache};
-use hub::{DatasetRuntime, Hub};
+use hub::{DatasetRuntime, Hub, HubError};
+use indexing::Indexing;
 
 /// The data-plane channels, created once and owned for the daemon's lifetime, so that a
 /// restarted stage reattaches to the same queues. Every one is bounded.
@@ -74,6 +76,10 @@ pub struct DataPlane {
     pub metrics: Metrics,
     /// Phase and stage liveness.
     pub health: Health,
+    /// Datasets being opened (indexed) now.
+    pub indexing: Indexing,
+    /// Set once the datasets configured at start have been opened (or failed to).
+    pub opened_at_start: std::sync::atomic::AtomicBool,
     /// Hub indices of the datasets whose preload has been started (each dataset version once).
     preloaded: Mutex<HashSet<u32>>,
 }
@@ -93,6 +99,8 @@ impl DataPlane {
             parser_threads,
             metrics,
             health: Health::default(),
+            indexing: Indexing::default(),
+            opened_at_start: std::sync::atomic::AtomicBool::new(false),
             preloaded: Mutex::new(HashSet::new()),
         }
     }
@@ -100,6 +108,21 @@ impl DataPlane {
     /// The datasets in force.
     pub fn hub(&self) -> Arc<Hub> {
         self.hub.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The dataset `name` for a new session: open, or why not — [`HubError::Indexing`] (with its
+    /// progress) while it is being opened, even if an earlier attempt failed.
+    ///
+    /// # Errors
+    /// [`HubError`].
+    pub fn dataset(&self, name: &str) -> Result<Arc<DatasetRuntime>, HubError> {
+        match self.hub().get(name) {
+            Ok(rt) => Ok(rt),
+            Err(e) => match self.indexing.get(name) {
+                Some(progress) => Err(HubError::Indexing { name: name.to_owned(), progress }),
+                None => Err(e),
+            },
+        }
     }
 
     /// The runtime with hub index `index` (current, or a replaced version a session still reads).

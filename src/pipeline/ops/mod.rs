@@ -54,7 +54,9 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     m.memory_limit_bytes.set(to_i64(limit));
     m.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
     m.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
-    let (ready, failed) = shared.data.hub().counts();
+    let hub = shared.data.hub();
+    m.memory_used_bytes.with_label_values(&["index"]).set(to_i64(hub.index_bytes()));
+    let (ready, failed) = hub.counts();
     m.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
     m.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
     m.refresh_checkpoint_age();
@@ -63,8 +65,10 @@ pub fn refresh_metrics(shared: &ControlPlane) {
 /// The `STATUS=` line for `sd_notify`.
 pub fn status_line(shared: &ControlPlane) -> String {
     let (ready, failed) = shared.data.hub().counts();
+    let indexing = shared.data.indexing.count();
     format!(
-        "serving {ready} dataset(s){}",
+        "serving {ready} dataset(s){}{}",
+        if indexing > 0 { format!(", {indexing} indexing") } else { String::new() },
         if failed > 0 { format!(", {failed} failed to open") } else { String::new() }
     )
 }

@@ -107,6 +107,12 @@ impl Notifier {
         self.send(&format!("READY=1\nSTATUS={status}\nMAINPID={}", std::process::id()))
     }
 
+    /// `STATUS=` alone (what `systemctl status` shows).
+    #[allow(clippy::must_use_candidate)] // best effort
+    pub fn status(&self, status: &str) -> bool {
+        self.send(&format!("STATUS={status}"))
+    }
+
     /// `RELOADING=1` (with `MONOTONIC_USEC`, as `Type=notify-reload` wants).
     #[allow(clippy::must_use_candidate)] // best effort
     pub fn reloading(&self) -> bool {

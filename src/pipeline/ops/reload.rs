@@ -105,7 +105,7 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let mut config = validate(&old.path)?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
-    let (hub, changes) = shared.data.hub().reopen(&config, &shared.data.metrics);
+    let (hub, changes) = shared.data.hub().reopen(&config, &shared.data.metrics, &shared.data.indexing);
     Ok(Prepared { config, hub, changes, restart })
 }
 
@@ -119,7 +119,11 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
     let outcome = tokio::task::spawn_blocking(move || prepare(&s)).await;
     let ok = match outcome {
         Ok(Ok(p)) => {
-            apply(&shared, p, started);
+            let c = &p.changes;
+            let (added, removed, changed) = (c.added.clone(), c.removed.clone(), c.changed.clone());
+            apply(&shared, p);
+            let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(?added, ?removed, ?changed, elapsed_ms, "configuration reloaded");
             true
         }
         Ok(Err(e)) => {
@@ -136,12 +140,44 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
     notifier.ready(&super::status_line(&shared));
 }
 
-fn apply(shared: &Arc<ControlPlane>, p: Prepared, started: Instant) {
+/// Opens (indexes) the configured datasets once the daemon serves: the socket is up and answers
+/// `dataset_indexing` meanwhile, so neither systemd's start timeout nor a trainer's connect
+/// waits for the index pass.
+pub async fn open_at_start(shared: Arc<ControlPlane>) {
+    let started = Instant::now();
+    let s = shared.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        let config = s.config();
+        let (hub, changes) = s.data.hub().reopen(&config, &s.data.metrics, &s.data.indexing);
+        (Config::clone(&config), hub, changes)
+    })
+    .await;
+    match opened {
+        Ok((config, hub, changes)) => {
+            let (ready, failed) = hub.counts();
+            apply(&shared, Prepared { config, hub, changes, restart: Vec::new() });
+            let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(ready, failed, elapsed_ms, "datasets opened");
+            if ready == 0 && failed > 0 {
+                tracing::error!(
+                    "no dataset could be opened: every session will be refused until a reload (SIGHUP) opens one"
+                );
+            }
+        }
+        Err(e) => {
+            // The index pass panicked (a bug): no dataset is served; the rest of the daemon is.
+            for name in shared.config().datasets.keys() {
+                shared.data.indexing.end(name, &shared.data.metrics);
+            }
+            tracing::error!(error = %e, "opening the datasets failed");
+        }
+    }
+    shared.data.opened_at_start.store(true, std::sync::atomic::Ordering::Release);
+}
+
+fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
-    }
-    for (name, why) in &p.changes.failed {
-        tracing::error!(dataset = %name, error = %why, "cannot open dataset");
     }
     for name in &p.changes.kept_old {
         tracing::warn!(dataset = %name, "the new version failed to open; the old version goes on serving");
@@ -151,8 +187,6 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared, started: Instant) {
         crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.data.parser_threads);
         shared.rebudget(&reg);
     }
-    let c = &p.changes;
-    tracing::info!(added = ?c.added, removed = ?c.removed, changed = ?c.changed, elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX), "configuration reloaded");
     shared.replace(p.config, p.hub);
     // A chunk that failed (a file that was unreadable or malformed) is read again when next
     // asked: the reload is how an operator says the data was repaired.

@@ -396,14 +396,14 @@ pub(super) fn index_with_cache(
     name: &Arc<Path>,
     data: &Path,
     fingerprint: &str,
-    use_cache: bool,
-    state_dir: &Path,
+    cache: Option<&Path>,
+    max_sequences: u64,
     progress: &mut dyn FnMut(u64),
     build: &mut BuildIndex<'_>,
 ) -> Result<FileIndex> {
     let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
-    if use_cache {
-        match index_cache::load(state_dir, &stamp, fingerprint, name) {
+    if let Some(state_dir) = cache {
+        match index_cache::load(state_dir, &stamp, fingerprint, name, max_sequences) {
             Ok(idx) => {
                 progress(stamp.size);
                 return Ok(idx);
@@ -413,7 +413,7 @@ pub(super) fn index_with_cache(
         }
     }
     let idx = build(progress)?;
-    if use_cache {
+    if let Some(state_dir) = cache {
         if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }

@@ -46,9 +46,11 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             Ok(m)
         })
         .collect::<Result<_, DataError>>()?;
-    let mut chunks = Vec::new();
-    let mut locs = Vec::new();
-    let mut seq_len = Vec::new();
+    // Reserved exactly (no doubling: the index's memory is what `Dataset::index_bytes` counts).
+    let total: usize = primary_chunks.iter().map(|c| c.num_seqs).sum();
+    let mut chunks = Vec::with_capacity(primary_chunks.len());
+    let mut locs = Vec::with_capacity(total.saturating_mul(sources.len()));
+    let mut seq_len = Vec::with_capacity(total);
     let mut chunk_start = vec![0usize];
     let (mut loc, mut lens) = (Vec::new(), Vec::new());
     for c in primary_chunks {
@@ -83,5 +85,9 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     if seq_len.is_empty() {
         return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
     }
+    locs.shrink_to_fit();
+    seq_len.shrink_to_fit();
+    chunk_start.shrink_to_fit();
+    chunks.shrink_to_fit();
     Ok((chunks, locs, Timeline { seq_len, chunk_start }))
 }

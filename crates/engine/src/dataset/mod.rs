@@ -27,7 +27,7 @@ use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, ChunkDesc, FileIndex};
 use crate::format::inflate;
 use crate::hash::Fnv1a;
-use crate::options::{DatasetConfig, FormatKind, Precision, SourceConfig, StreamFormat};
+use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat};
 use crate::sampling::Timeline;
 
 mod files;
@@ -100,21 +100,42 @@ impl Dataset {
     /// # Errors
     /// Missing files, I/O errors and fatal index errors.
     pub fn open(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
+        Self::open_within(config, state_dir, IndexLimits::UNBOUNDED, progress)
+    }
+
+    /// [`Dataset::open`] within `limits`: the index pass stops with an error naming the file,
+    /// line and byte offset at the first sequence past `limits.max_sequences` (over every source
+    /// and file) or larger than `limits.max_sequence_bytes`.
+    ///
+    /// # Errors
+    /// As [`Dataset::open`], and a limit exceeded.
+    pub fn open_within(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
         match config.format {
-            FormatKind::Ctf => Self::open_ctf(config, state_dir, progress),
+            FormatKind::Ctf => Self::open_ctf(config, state_dir, limits, progress),
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
-                Self::open_deepx(config, state_dir, progress)
+                Self::open_deepx(config, state_dir, limits, progress)
             }
         }
     }
 
-    fn open_ctf(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
+    fn open_ctf(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
         let resolved: Vec<Vec<PathBuf>> =
             config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
         let bytes_total: u64 =
             resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
         let mut done = 0u64;
+        let mut sequences = 0u64;
         let mut sources = Vec::new();
         let mut first_stream = 0;
         for (src, files) in config.sources.iter().zip(resolved) {
@@ -128,16 +149,18 @@ impl Dataset {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
+                let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
                 let idx = index_with_cache(
                     &shared,
                     &f,
                     &options.fingerprint(),
-                    config.cache_index,
-                    state_dir,
+                    config.cache_index.then_some(state_dir),
+                    left.max_sequences,
                     &mut report,
-                    &mut |p| ctf::index_file(&f, &options, p),
+                    &mut |p| ctf::index_file(&f, &options, left, p),
                 )?;
                 done += idx.size;
+                sequences += idx.sequences.len() as u64;
                 paths.push(idx.path.clone());
                 indexes.push(idx);
             }
@@ -165,7 +188,12 @@ impl Dataset {
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
-    fn open_deepx(config: &DatasetConfig, state_dir: &Path, progress: &mut dyn FnMut(IndexProgress)) -> Result<Self> {
+    fn open_deepx(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let files = resolve_files(patterns)?;
@@ -175,17 +203,29 @@ impl Dataset {
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();
         let mut done = 0u64;
+        let mut sequences = 0u64;
         let mut indexes = Vec::new();
         for (f, d) in files.iter().zip(&data) {
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-            let idx = index_with_cache(&name, d, &fingerprint, config.cache_index, state_dir, &mut report, &mut |p| {
-                let file = File::open(d).map_err(|e| DataError::io(f, e))?;
-                let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
-                deepx::index_reader(std::io::BufReader::with_capacity(1 << 16, file), name.clone(), size, options, p)
-            })?;
+            let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
+            let idx = index_with_cache(
+                &name,
+                d,
+                &fingerprint,
+                config.cache_index.then_some(state_dir),
+                left.max_sequences,
+                &mut report,
+                &mut |p| {
+                    let file = File::open(d).map_err(|e| DataError::io(f, e))?;
+                    let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
+                    let reader = std::io::BufReader::with_capacity(1 << 16, file);
+                    deepx::index_reader(reader, name.clone(), size, options, left, p)
+                },
+            )?;
             done += idx.size;
+            sequences += idx.sequences.len() as u64;
             indexes.push(idx);
         }
         let streams = schema.specs();
@@ -219,6 +259,21 @@ impl Dataset {
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
         })
+    }
+
+    /// Bytes its index holds in memory: every source's sequence descriptors, the joined
+    /// sequences' places and nominal lengths, and the chunks (what `daemon.memory_limit_bytes`
+    /// counts for an open dataset).
+    #[must_use]
+    pub fn index_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let descriptors: usize = self.sources.iter().flat_map(|s| &s.indexes).map(|i| i.sequences.capacity()).sum();
+        let bytes = descriptors * size_of::<crate::format::index::SequenceDesc>()
+            + self.locs.capacity() * size_of::<SeqLoc>()
+            + self.timeline.seq_len.capacity() * size_of::<u32>()
+            + self.timeline.chunk_start.capacity() * size_of::<usize>()
+            + self.chunks.capacity() * size_of::<ChunkDesc>();
+        bytes as u64
     }
 
     /// The configuration it was opened with.

@@ -7,6 +7,7 @@
 //! cross files. Everything scheduling-related uses the nominal lengths recorded here.
 
 use crate::format::errors::DataError;
+use crate::options::{INDEX_BYTES_PER_SEQUENCE, INDEX_SHARE_OF_MEMORY_LIMIT, SEQUENCE_SHARE_OF_MEMORY_LIMIT};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -109,15 +110,17 @@ pub(crate) fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std:
 /// The index passes' reading loop: calls `line(bytes, offset)` for every line `reader` yields, in
 /// order — each with its `\n`, the last one without when the input does not end with one —, with
 /// `offset` the line's byte offset in the input. Reads `block_bytes` at a time; a line longer
-/// than a block is carried over whole. Reports the bytes seen after each block. Returns the bytes
-/// read.
+/// than a block is carried over whole, up to `max_line_bytes` (a longer line is a fatal error:
+/// the carried line is the one thing here that grows with the input). Reports the bytes seen
+/// after each block. Returns the bytes read.
 ///
 /// # Errors
-/// I/O errors (naming `path`) and the first error `line` returns.
+/// I/O errors (naming `path`), a line over `max_line_bytes`, and the first error `line` returns.
 pub(crate) fn for_each_line(
     mut reader: impl std::io::Read,
     block_bytes: usize,
     path: &std::path::Path,
+    max_line_bytes: u64,
     progress: &mut dyn FnMut(u64),
     mut line: impl FnMut(&[u8], u64) -> Result<(), DataError>,
 ) -> Result<u64, DataError> {
@@ -125,6 +128,15 @@ pub(crate) fn for_each_line(
     // The unfinished last line of the previous block.
     let mut carry: Vec<u8> = Vec::new();
     let mut consumed: u64 = 0;
+    // Lines passed to `line` so far (for the place of a too-long line).
+    let mut lines: u64 = 0;
+    let too_long = |lines: u64, offset: u64, len: u64| DataError::Fatal {
+        at: crate::format::errors::Location { file: std::sync::Arc::from(path), line: lines + 1, offset },
+        message: format!(
+            "a line of more than {max_line_bytes} bytes (at least {len}); the largest sequence the memory limit allows \
+             is {max_line_bytes} bytes (daemon.memory_limit_bytes / {SEQUENCE_SHARE_OF_MEMORY_LIMIT}, 4 GiB at most)"
+        ),
+    };
     loop {
         let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(path, e))?;
         if n == 0 {
@@ -134,20 +146,34 @@ pub(crate) fn for_each_line(
         let mut pos = 0;
         if !carry.is_empty() {
             let Some(nl) = memchr::memchr(b'\n', block) else {
+                if (carry.len() + block.len()) as u64 > max_line_bytes {
+                    return Err(too_long(lines, consumed, (carry.len() + block.len()) as u64));
+                }
                 carry.extend_from_slice(block);
                 progress(consumed + carry.len() as u64);
                 continue;
             };
+            if (carry.len() + nl + 1) as u64 > max_line_bytes {
+                return Err(too_long(lines, consumed, (carry.len() + nl + 1) as u64));
+            }
             carry.extend_from_slice(&block[..=nl]);
             line(&carry, consumed)?;
+            lines += 1;
             consumed += carry.len() as u64;
             carry.clear();
             pos = nl + 1;
         }
         while let Some(nl) = memchr::memchr(b'\n', &block[pos..]) {
+            if nl as u64 + 1 > max_line_bytes {
+                return Err(too_long(lines, consumed, nl as u64 + 1));
+            }
             line(&block[pos..=pos + nl], consumed)?;
+            lines += 1;
             consumed += nl as u64 + 1;
             pos += nl + 1;
+        }
+        if (block.len() - pos) as u64 > max_line_bytes {
+            return Err(too_long(lines, consumed, (block.len() - pos) as u64));
         }
         carry.extend_from_slice(&block[pos..]);
         progress(consumed + carry.len() as u64);
@@ -157,6 +183,19 @@ pub(crate) fn for_each_line(
         consumed += carry.len() as u64;
     }
     Ok(consumed)
+}
+
+/// The error of an index that would hold more than `limits.max_sequences` sequences, at the
+/// sequence that would exceed it.
+pub(crate) fn too_many_sequences(at: crate::format::errors::Location, max: u64) -> DataError {
+    DataError::Fatal {
+        at,
+        message: format!(
+            "the dataset has more than {max} sequences, the most its index may hold within the memory limit \
+             (daemon.memory_limit_bytes / {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets, \
+             {INDEX_BYTES_PER_SEQUENCE} bytes per sequence); raise daemon.memory_limit_bytes"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //! under the final name.
 
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
@@ -78,53 +78,58 @@ pub fn cache_path(state_dir: &Path, stamp: &FileStamp, fingerprint: &str) -> Pat
     state_dir.join(INDEX_DIR).join(format!("{name}.{:016x}.idx", Fnv1a::of(&key)))
 }
 
-fn encode(stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> Vec<u8> {
+/// A writer (or reader) that hashes every byte that passes through it.
+struct Hashing<T> {
+    inner: T,
+    hash: Fnv1a,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.write(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.write(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Writes the cache file's bytes to `out` a buffer at a time: what the index pass holds in
+/// memory is the index, not the index twice.
+fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<()> {
+    let mut w = Hashing { inner: std::io::BufWriter::with_capacity(1 << 16, out), hash: Fnv1a::new() };
     let path = stamp.path.as_os_str().as_encoded_bytes();
-    let mut out = Vec::with_capacity(64 + path.len() + fingerprint.len() + index.sequences.len() * RECORD_BYTES);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    w.write_all(MAGIC)?;
+    w.write_all(&VERSION.to_le_bytes())?;
     for field in [path, fingerprint.as_bytes()] {
-        out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
-        out.extend_from_slice(field);
+        w.write_all(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes())?;
+        w.write_all(field)?;
     }
-    out.extend_from_slice(&stamp.size.to_le_bytes());
-    out.extend_from_slice(&stamp.mtime_secs.to_le_bytes());
-    out.extend_from_slice(&stamp.mtime_nanos.to_le_bytes());
-    out.extend_from_slice(&(index.sequences.len() as u64).to_le_bytes());
+    w.write_all(&stamp.size.to_le_bytes())?;
+    w.write_all(&stamp.mtime_secs.to_le_bytes())?;
+    w.write_all(&stamp.mtime_nanos.to_le_bytes())?;
+    w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
+    let mut record = [0u8; RECORD_BYTES];
     for s in &index.sequences {
-        out.extend_from_slice(&s.key.to_le_bytes());
-        out.extend_from_slice(&s.offset.to_le_bytes());
-        out.extend_from_slice(&s.line.to_le_bytes());
-        out.extend_from_slice(&s.size.to_le_bytes());
-        out.extend_from_slice(&s.samples.to_le_bytes());
+        record[..8].copy_from_slice(&s.key.to_le_bytes());
+        record[8..16].copy_from_slice(&s.offset.to_le_bytes());
+        record[16..24].copy_from_slice(&s.line.to_le_bytes());
+        record[24..28].copy_from_slice(&s.size.to_le_bytes());
+        record[28..].copy_from_slice(&s.samples.to_le_bytes());
+        w.write_all(&record)?;
     }
-    let sum = Fnv1a::of(&out);
-    out.extend_from_slice(&sum.to_le_bytes());
-    out
-}
-
-/// A little-endian reader over a byte slice that fails softly.
-struct Reader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let s = self.bytes.get(self.pos..end)?;
-        self.pos = end;
-        Some(s)
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn i64(&mut self) -> Option<i64> {
-        Some(i64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
+    let sum = w.hash.finish();
+    w.inner.write_all(&sum.to_le_bytes())?;
+    w.inner.flush()
 }
 
 /// Why a cache was not used.
@@ -136,69 +141,149 @@ pub enum Miss {
     Stale(&'static str),
 }
 
-fn decode(bytes: &[u8], stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) -> Result<FileIndex, Miss> {
-    if bytes.len() < 8 + 8 {
-        return Err(Miss::Stale("truncated"));
+/// Longest path or fingerprint field read from a cache file (a damaged length must not become
+/// an allocation).
+const MAX_FIELD_BYTES: usize = 1 << 16;
+
+/// The body of a cache file (everything before the checksum), read a buffer at a time and
+/// hashed as it goes.
+struct BodyReader<R: Read> {
+    r: Hashing<std::io::BufReader<R>>,
+    left: u64,
+}
+
+const TRUNCATED: Miss = Miss::Stale("truncated");
+
+impl<R: Read> BodyReader<R> {
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), Miss> {
+        self.left = self.left.checked_sub(buf.len() as u64).ok_or(TRUNCATED)?;
+        self.r.read_exact(buf).map_err(|_| TRUNCATED)
     }
-    let (body, sum) = bytes.split_at(bytes.len() - 8);
-    if u64::from_le_bytes(sum.try_into().map_err(|_| Miss::Stale("truncated"))?) != Fnv1a::of(body) {
-        return Err(Miss::Stale("checksum mismatch"));
+    fn u32(&mut self) -> Result<u32, Miss> {
+        let mut b = [0u8; 4];
+        self.fill(&mut b)?;
+        Ok(u32::from_le_bytes(b))
     }
-    let mut r = Reader { bytes: body, pos: 0 };
-    let bad = Miss::Stale("malformed");
-    if r.take(8) != Some(MAGIC.as_slice()) {
-        return Err(Miss::Stale("not an index cache"));
+    fn u64(&mut self) -> Result<u64, Miss> {
+        let mut b = [0u8; 8];
+        self.fill(&mut b)?;
+        Ok(u64::from_le_bytes(b))
     }
-    if r.u32() != Some(VERSION) {
-        return Err(Miss::Stale("other cache version"));
-    }
-    let path_len = r.u32().ok_or(bad.clone())? as usize;
-    if r.take(path_len) != Some(stamp.path.as_os_str().as_encoded_bytes()) {
-        return Err(Miss::Stale("other data file"));
-    }
-    let opts_len = r.u32().ok_or(bad.clone())? as usize;
-    if r.take(opts_len) != Some(fingerprint.as_bytes()) {
-        return Err(Miss::Stale("other index options"));
-    }
-    let (size, secs, nanos) = (r.u64(), r.i64(), r.u32());
-    if size != Some(stamp.size) || secs != Some(stamp.mtime_secs) || nanos != Some(stamp.mtime_nanos) {
-        return Err(Miss::Stale("data file changed (size or mtime)"));
-    }
-    let count = usize::try_from(r.u64().ok_or(bad.clone())?).map_err(|_| bad.clone())?;
-    if count.checked_mul(RECORD_BYTES) != Some(body.len() - r.pos) {
-        return Err(bad);
-    }
-    let mut sequences = Vec::with_capacity(count);
-    for _ in 0..count {
-        let (key, offset, line, size, samples) = (r.u64(), r.u64(), r.u64(), r.u32(), r.u32());
-        let (Some(key), Some(offset), Some(line), Some(size), Some(samples)) = (key, offset, line, size, samples)
-        else {
-            return Err(bad);
-        };
-        if samples == 0 || size == 0 || offset.saturating_add(u64::from(size)) > stamp.size {
-            return Err(bad);
+    /// A length-prefixed field.
+    fn field(&mut self) -> Result<Vec<u8>, Miss> {
+        let n = self.u32()? as usize;
+        if n > MAX_FIELD_BYTES {
+            return Err(Miss::Stale("malformed"));
         }
-        sequences.push(SequenceDesc { key, offset, line, size, samples });
+        let mut v = vec![0u8; n];
+        self.fill(&mut v)?;
+        Ok(v)
     }
-    Ok(FileIndex { path: file.clone(), size: stamp.size, sequences })
+    /// Hashes what is left of the body, then reads and compares the checksum.
+    fn verify(mut self) -> Result<(), Miss> {
+        let left = self.left;
+        if std::io::copy(&mut (&mut self.r).take(left), &mut std::io::sink()).map_err(|_| TRUNCATED)? != left {
+            return Err(TRUNCATED);
+        }
+        let mut sum = [0u8; 8];
+        self.r.inner.read_exact(&mut sum).map_err(|_| TRUNCATED)?;
+        if u64::from_le_bytes(sum) == self.r.hash.finish() {
+            Ok(())
+        } else {
+            Err(Miss::Stale("checksum mismatch"))
+        }
+    }
+}
+
+/// Reads a cache file of `len` bytes from `r` a buffer at a time, checking it against `stamp`
+/// and `fingerprint`. The checksum is verified before any other verdict, so a damaged file is
+/// always reported as such; the sequences are kept only while everything before them matched.
+fn decode(r: impl Read, len: u64, stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) -> Result<FileIndex, Miss> {
+    if len < 8 + 8 {
+        return Err(TRUNCATED);
+    }
+    let mut body = BodyReader {
+        r: Hashing { inner: std::io::BufReader::with_capacity(1 << 16, r), hash: Fnv1a::new() },
+        left: len - 8,
+    };
+    // The first problem found; reading goes on to the checksum.
+    let mut problem: Option<&'static str> = None;
+    let mut magic = [0u8; 8];
+    body.fill(&mut magic)?;
+    if &magic != MAGIC {
+        problem.get_or_insert("not an index cache");
+    }
+    if body.u32()? != VERSION {
+        problem.get_or_insert("other cache version");
+    }
+    if body.field()? != stamp.path.as_os_str().as_encoded_bytes() {
+        problem.get_or_insert("other data file");
+    }
+    if body.field()? != fingerprint.as_bytes() {
+        problem.get_or_insert("other index options");
+    }
+    let (size, secs, nanos) = (body.u64()?, body.u64()?, body.u32()?);
+    if size != stamp.size || secs.to_le_bytes() != stamp.mtime_secs.to_le_bytes() || nanos != stamp.mtime_nanos {
+        problem.get_or_insert("data file changed (size or mtime)");
+    }
+    let count = body.u64()?;
+    let mut sequences = Vec::new();
+    if count.checked_mul(RECORD_BYTES as u64) == Some(body.left) {
+        if problem.is_none() {
+            sequences.reserve_exact(usize::try_from(count).map_err(|_| Miss::Stale("malformed"))?);
+        }
+        let mut rec = [0u8; RECORD_BYTES];
+        for _ in 0..count {
+            body.fill(&mut rec)?;
+            if problem.is_some() {
+                continue;
+            }
+            let u64_at = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap_or_default());
+            let u32_at = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().unwrap_or_default());
+            let (key, offset, line, size, samples) = (u64_at(0), u64_at(8), u64_at(16), u32_at(24), u32_at(28));
+            if samples == 0 || size == 0 || offset.saturating_add(u64::from(size)) > stamp.size {
+                problem.get_or_insert("malformed");
+                continue;
+            }
+            sequences.push(SequenceDesc { key, offset, line, size, samples });
+        }
+    } else {
+        problem.get_or_insert("malformed");
+    }
+    body.verify()?;
+    match problem {
+        Some(why) => Err(Miss::Stale(why)),
+        None => Ok(FileIndex { path: file.clone(), size: stamp.size, sequences }),
+    }
 }
 
 /// Loads the cached index of `file` if it is valid for `stamp` and `fingerprint`.
 ///
 /// # Errors
 /// Why it was not used; the caller rebuilds.
-pub fn load(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) -> Result<FileIndex, Miss> {
+/// A cache of more than `max_sequences` sequences is not read (the index pass then stops at the
+/// sequence past the limit, with its place).
+pub fn load(
+    state_dir: &Path,
+    stamp: &FileStamp,
+    fingerprint: &str,
+    file: &Arc<Path>,
+    max_sequences: u64,
+) -> Result<FileIndex, Miss> {
     let path = cache_path(state_dir, stamp, fingerprint);
-    let mut f = match persist::open_trusted(&path) {
+    let f = match persist::open_trusted(&path) {
         Ok((f, _)) => f,
         Err(e) if persist::is_untrusted(&e) => {
             return Err(Miss::Stale("not a private file of this user (owner, mode or symbolic link)"));
         }
         Err(_) => return Err(Miss::Absent),
     };
-    let mut bytes = Vec::new();
-    f.read_to_end(&mut bytes).map_err(|_| Miss::Absent)?;
-    decode(&bytes, stamp, fingerprint, file)
+    let len = f.metadata().map_err(|_| Miss::Absent)?.len();
+    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
+    if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
+        return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
+    }
+    decode(f, len, stamp, fingerprint, file)
 }
 
 /// Writes the cache atomically and privately into `state_dir/index/`: temporary file (`0600`),
@@ -210,7 +295,7 @@ pub fn load(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, file: &Arc<P
 pub fn store(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<PathBuf> {
     let path = cache_path(state_dir, stamp, fingerprint);
     persist::private_subdir(state_dir, INDEX_DIR)?;
-    persist::write_atomic(&path, &encode(stamp, fingerprint, index))?;
+    persist::write_atomic_with(&path, &mut |out| encode(out, stamp, fingerprint, index))?;
     Ok(path)
 }
 
@@ -239,19 +324,19 @@ mod tests {
     fn round_trip() {
         let (dir, _data, stamp, index) = setup();
         store(dir.path(), &stamp, "opts", &index).expect("store");
-        assert_eq!(load(dir.path(), &stamp, "opts", &index.path), Ok(index));
+        assert_eq!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Ok(index));
     }
 
     #[test]
     fn other_options_or_changed_file_are_misses() {
         let (dir, data, stamp, index) = setup();
         store(dir.path(), &stamp, "opts", &index).expect("store");
-        assert_eq!(load(dir.path(), &stamp, "other", &index.path), Err(Miss::Absent));
+        assert_eq!(load(dir.path(), &stamp, "other", &index.path, u64::MAX), Err(Miss::Absent));
         fs::write(&data, "|a 1\n|a 2\n|a 3\n").expect("rewrite");
         let changed = FileStamp::of(&data).expect("stamp");
         // The same cache name (path + options), but the size no longer matches.
         assert_eq!(
-            load(dir.path(), &changed, "opts", &index.path),
+            load(dir.path(), &changed, "opts", &index.path, u64::MAX),
             Err(Miss::Stale("data file changed (size or mtime)"))
         );
     }
@@ -264,9 +349,9 @@ mod tests {
         let mid = bytes.len() / 2;
         bytes[mid] ^= 0xff;
         fs::write(&path, &bytes).expect("write");
-        assert_eq!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale("checksum mismatch")));
+        assert_eq!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("checksum mismatch")));
         fs::write(&path, &bytes[..10]).expect("truncate");
-        assert!(matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(_))));
+        assert!(matches!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
     }
 
     /// Issue #15: under `UMask=0007` the index directory and its files were group-writable, so a
@@ -283,17 +368,17 @@ mod tests {
         assert_eq!((mode(&idx_dir), mode(&path)), (0o700, 0o600));
         fs::set_permissions(&path, fs::Permissions::from_mode(0o660)).expect("chmod");
         assert!(
-            matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(why)) if why.contains("private"))
+            matches!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale(why)) if why.contains("private"))
         );
         // A link to a valid cache is not followed either.
         fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).expect("chmod");
         let real = path.with_extension("real");
         fs::rename(&path, &real).expect("mv");
         std::os::unix::fs::symlink(&real, &path).expect("symlink");
-        assert!(matches!(load(dir.path(), &stamp, "opts", &index.path), Err(Miss::Stale(_))));
+        assert!(matches!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
         // Storing again replaces the link with a private file.
         store(dir.path(), &stamp, "opts", &index).expect("store");
         assert_eq!(mode(&path), 0o600);
-        assert_eq!(load(dir.path(), &stamp, "opts", &index.path), Ok(index));
+        assert_eq!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Ok(index));
     }
 }

@@ -20,7 +20,8 @@ use std::sync::Arc;
 use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc};
+use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 256 << 10;
@@ -75,20 +76,24 @@ impl MainStreamFinder {
     }
 }
 
-/// Reads `path` and indexes it. `progress` receives the number of bytes scanned so far.
+/// Reads `path` and indexes it, within `limits` (`max_sequences`: what this file may add).
+/// `progress` receives the number of bytes scanned so far.
 ///
 /// # Errors
-/// I/O errors and CNTK's fatal index errors, with file, line and byte offset.
+/// I/O errors, CNTK's fatal index errors, and a limit exceeded, with file, line and byte offset.
 pub fn index_file(
     path: &Path,
     options: &CtfIndexOptions,
+    limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
     let shared: Arc<Path> = Arc::from(path);
-    let mut indexer = Indexer::new(shared.clone(), options, size);
-    for_each_line(file, BLOCK_BYTES, path, progress, |line, offset| indexer.line(line, offset))?;
+    let mut indexer = Indexer::new(shared.clone(), options, size, limits);
+    for_each_line(file, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
+        indexer.line(line, offset)
+    })?;
     indexer.finish()
 }
 
@@ -117,10 +122,11 @@ struct Indexer {
     line_no: u64,
     sequences: Vec<SequenceDesc>,
     open: Option<Open>,
+    limits: IndexLimits,
 }
 
 impl Indexer {
-    fn new(path: Arc<Path>, options: &CtfIndexOptions, size: u64) -> Self {
+    fn new(path: Arc<Path>, options: &CtfIndexOptions, size: u64, limits: IndexLimits) -> Self {
         Self {
             path,
             size,
@@ -130,6 +136,7 @@ impl Indexer {
             line_no: 0,
             sequences: Vec::new(),
             open: None,
+            limits,
         }
     }
 
@@ -198,8 +205,7 @@ impl Indexer {
             return Ok(());
         }
         let size = self.seq_size(offset, next)?;
-        self.sequences.push(SequenceDesc { key: self.line_no, offset, line: self.line_no, size, samples: 1 });
-        Ok(())
+        self.push(SequenceDesc { key: self.line_no, offset, line: self.line_no, size, samples: 1 })
     }
 
     fn id_mode(&mut self, content: &[u8], offset: u64) -> Result<(), DataError> {
@@ -210,6 +216,12 @@ impl Indexer {
                 id = id.checked_mul(10).and_then(|v| v.checked_add(u64::from(b - b'0'))).ok_or_else(|| {
                     self.fatal(offset, "overflow while reading a numeric sequence id (more than 64 bits)")
                 })?;
+            }
+            if let Some(o) = self.open.as_ref().filter(|o| o.key == id) {
+                // A sequence grows line by line: bound it before it is whole.
+                if offset - o.offset > self.limits.max_sequence_bytes {
+                    return Err(self.too_large(o.line, o.offset, offset - o.offset));
+                }
             }
             if self.open.as_ref().is_none_or(|o| o.key != id) {
                 self.close(offset)?;
@@ -225,8 +237,33 @@ impl Indexer {
     }
 
     fn seq_size(&self, offset: u64, end: u64) -> Result<u32, DataError> {
-        u32::try_from(end - offset)
-            .map_err(|_| self.fatal(offset, format!("a sequence of {} bytes exceeds the limit of 4 GiB", end - offset)))
+        match u32::try_from(end - offset) {
+            Ok(size) if u64::from(size) <= self.limits.max_sequence_bytes => Ok(size),
+            _ => Err(self.too_large(self.line_no, offset, end - offset)),
+        }
+    }
+
+    /// A sequence (from 0-based line `line`, byte `offset`) of more than the largest size.
+    fn too_large(&self, line: u64, offset: u64, bytes: u64) -> DataError {
+        DataError::Fatal {
+            at: Location { file: self.path.clone(), line: line + 1, offset },
+            message: format!(
+                "a sequence of {bytes} bytes or more exceeds the largest allowed, {} bytes (4 GiB at most, and \
+                 daemon.memory_limit_bytes / {})",
+                self.limits.max_sequence_bytes,
+                crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+            ),
+        }
+    }
+
+    /// Adds a sequence within `limits.max_sequences`.
+    fn push(&mut self, seq: SequenceDesc) -> Result<(), DataError> {
+        if self.sequences.len() as u64 >= self.limits.max_sequences {
+            let at = Location { file: self.path.clone(), line: seq.line + 1, offset: seq.offset };
+            return Err(too_many_sequences(at, self.limits.max_sequences));
+        }
+        self.sequences.push(seq);
+        Ok(())
     }
 
     /// Ends the open id-mode sequence at `end`; a sequence without counted lines is dropped.
@@ -235,16 +272,15 @@ impl Indexer {
         if o.samples == 0 {
             return Ok(());
         }
-        let size = u32::try_from(end - o.offset).map_err(|_| DataError::Fatal {
-            at: Location { file: self.path.clone(), line: o.line + 1, offset: o.offset },
-            message: format!("a sequence of {} bytes exceeds the limit of 4 GiB", end - o.offset),
-        })?;
+        let size = match u32::try_from(end - o.offset) {
+            Ok(size) if u64::from(size) <= self.limits.max_sequence_bytes => size,
+            _ => return Err(self.too_large(o.line, o.offset, end - o.offset)),
+        };
         let samples = u32::try_from(o.samples).map_err(|_| DataError::Fatal {
             at: Location { file: self.path.clone(), line: o.line + 1, offset: o.offset },
             message: "a sequence of more than 2^32-1 samples".into(),
         })?;
-        self.sequences.push(SequenceDesc { key: o.key, offset: o.offset, line: o.line, size, samples });
-        Ok(())
+        self.push(SequenceDesc { key: o.key, offset: o.offset, line: o.line, size, samples })
     }
 
     fn finish(mut self) -> Result<FileIndex, DataError> {
@@ -255,6 +291,8 @@ impl Indexer {
             });
         }
         self.close(self.size)?;
+        // What the dataset keeps is what its memory accounting counts (`Dataset::index_bytes`).
+        self.sequences.shrink_to_fit();
         Ok(FileIndex { path: self.path, size: self.size, sequences: self.sequences })
     }
 }

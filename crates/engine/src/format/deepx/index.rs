@@ -17,7 +17,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc};
+use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 4 << 20;
@@ -43,22 +44,28 @@ pub(crate) fn is_blank_byte(b: u8) -> bool {
     b == b' ' || b == b'\t' || b == b'\r'
 }
 
-/// Indexes the bytes `reader` yields: `size` is their total (for the sequence size check), `path`
-/// names them in errors and in the result.
+/// Indexes the bytes `reader` yields, within `limits` (`max_sequences`: what this file may add):
+/// `size` is their total (for the sequence size check), `path` names them in errors and in the
+/// result.
 ///
 /// # Errors
-/// I/O errors, and a line of 4 GiB or more (fatal: a sequence's size is a `u32`).
+/// I/O errors, and a line over `limits.max_sequence_bytes` or past `limits.max_sequences`.
 pub fn index_reader(
     reader: impl Read,
     path: Arc<Path>,
     size: u64,
     options: LineIndexOptions,
+    limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let name = path.clone();
-    let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new() };
-    let consumed = for_each_line(reader, BLOCK_BYTES, &name, progress, |line, offset| ix.line(line, offset))?;
-    Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences: ix.sequences })
+    let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new(), max_sequences: limits.max_sequences };
+    let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let consumed = for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
+    let mut sequences = ix.sequences;
+    // What the dataset keeps is what its memory accounting counts (`Dataset::index_bytes`).
+    sequences.shrink_to_fit();
+    Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences })
 }
 
 struct LineIndexer {
@@ -66,6 +73,7 @@ struct LineIndexer {
     options: LineIndexOptions,
     line_no: u64,
     sequences: Vec<SequenceDesc>,
+    max_sequences: u64,
 }
 
 impl LineIndexer {
@@ -88,6 +96,10 @@ impl LineIndexer {
             at: Location { file: self.path.clone(), line: line_no + 1, offset },
             message: format!("a line of {} bytes exceeds the limit of 4 GiB", line.len() - start),
         })?;
+        if self.sequences.len() as u64 >= self.max_sequences {
+            let at = Location { file: self.path.clone(), line: line_no + 1, offset };
+            return Err(too_many_sequences(at, self.max_sequences));
+        }
         self.sequences.push(SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 });
         Ok(())
     }
@@ -97,12 +109,44 @@ impl LineIndexer {
 mod tests {
     use super::*;
 
+    /// #15 item 3: 200 MB of short libsvm lines made a 2 GB index in the daemon.
+    #[test]
+    fn an_index_past_its_sequence_budget_stops_at_the_line_that_exceeds_it() {
+        let limits = IndexLimits { max_sequences: 2, max_sequence_bytes: 1 << 20 };
+        let run = |text: &[u8]| {
+            index_reader(
+                text,
+                Arc::from(Path::new("t")),
+                text.len() as u64,
+                LineIndexOptions { comments: false },
+                limits,
+                &mut |_| {},
+            )
+        };
+        assert_eq!(run(b"1 1:1\n\n0 2:1\n").expect("two fit").sequences.len(), 2);
+        let e = run(b"1 1:1\n0 2:1\n1 3:1\n").expect_err("three do not").to_string();
+        assert!(e.contains("t:3: byte offset 12") && e.contains("more than 2 sequences"), "{e}");
+        let long = IndexLimits { max_sequences: 10, max_sequence_bytes: 8 };
+        let e = index_reader(
+            &b"1 1:1\n1 1:1 2:1 3:1\n"[..],
+            Arc::from(Path::new("t")),
+            20,
+            LineIndexOptions { comments: false },
+            long,
+            &mut |_| {},
+        )
+        .expect_err("long line")
+        .to_string();
+        assert!(e.contains("t:2: byte offset 6") && e.contains("more than 8 bytes"), "{e}");
+    }
+
     fn index(text: &[u8], comments: bool) -> Vec<(u64, u64, u32)> {
         let idx = index_reader(
             text,
             Arc::from(Path::new("t")),
             text.len() as u64,
             LineIndexOptions { comments },
+            IndexLimits::UNBOUNDED,
             &mut |_| {},
         )
         .expect("index");

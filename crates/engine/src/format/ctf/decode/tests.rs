@@ -37,7 +37,12 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out,
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
     let main = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());
-    let idx = index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: main }, &mut |_| {})?;
+    let idx = index_file(
+        &p,
+        &CtfIndexOptions { skip_sequence_ids: false, main_alias: main },
+        crate::options::IndexLimits::UNBOUNDED,
+        &mut |_| {},
+    )?;
     let dec = if fast { CtfDecoder::new(streams) } else { CtfDecoder::new(streams).without_fast_path() };
     let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();

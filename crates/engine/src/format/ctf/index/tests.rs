@@ -5,7 +5,7 @@ fn index(text: &[u8], skip_ids: bool, main: Option<&str>) -> Result<FileIndex, D
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
     let opts = CtfIndexOptions { skip_sequence_ids: skip_ids, main_alias: main.map(str::to_owned) };
-    index_file(&p, &opts, &mut |_| {})
+    index_file(&p, &opts, crate::options::IndexLimits::UNBOUNDED, &mut |_| {})
 }
 
 fn shape(text: &str, skip_ids: bool, main: Option<&str>) -> Vec<(u64, u32)> {
@@ -116,4 +116,39 @@ fn lines_spanning_read_blocks_are_joined() {
     assert_eq!(idx.sequences.iter().map(|s| s.key).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
     let total: u64 = idx.sequences.iter().map(|s| u64::from(s.size)).sum();
     assert_eq!(total, text.len() as u64);
+}
+
+fn limited(text: &[u8], limits: crate::options::IndexLimits) -> Result<FileIndex, DataError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("t.ctf");
+    std::fs::write(&p, text).expect("write");
+    index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: None }, limits, &mut |_| {})
+}
+
+/// #15 item 3: 200 MB of short lines made a 2 GB index; the index pass now stops at the first
+/// sequence past what the memory limit allows, naming its place.
+#[test]
+fn an_index_past_its_sequence_budget_stops_at_the_sequence_that_exceeds_it() {
+    let limits = crate::options::IndexLimits { max_sequences: 3, max_sequence_bytes: 1 << 20 };
+    assert_eq!(limited(b"|a 1\n|a 2\n|a 3\n", limits).expect("three fit").sequences.len(), 3);
+    let e = limited(b"|a 1\n|a 2\n\n|a 3\n|a 4\n", limits).expect_err("four do not").to_string();
+    assert!(e.contains(":5: byte offset 16") && e.contains("more than 3 sequences"), "{e}");
+    assert!(e.contains("daemon.memory_limit_bytes"), "{e}");
+    // Id mode: sequences, not lines, count.
+    assert_eq!(limited(b"1 |a 1\n1 |a 2\n2 |a 3\n3 |a 3\n3 |a 3\n", limits).expect("ids").sequences.len(), 3);
+}
+
+/// #15 item 3: one endless line (a gzip bomb of digits) was carried whole into memory.
+#[test]
+fn a_line_or_sequence_longer_than_the_largest_allowed_is_refused_with_its_place() {
+    let limits = crate::options::IndexLimits { max_sequences: u64::MAX, max_sequence_bytes: 16 };
+    let e = limited(b"|a 1\n|a 1 2 3 4 5 6 7 8 9\n", limits).expect_err("long line").to_string();
+    assert!(e.contains(":2: byte offset 5") && e.contains("more than 16 bytes"), "{e}");
+    // Many short lines of one id make one long sequence.
+    let e = limited(b"7 |a 1\n7 |a 2\n7 |a 3\n7 |a 4\n8 |a 5\n", limits).expect_err("long sequence").to_string();
+    assert!(e.contains(":1: byte offset 0") && e.contains("exceeds the largest allowed, 16 bytes"), "{e}");
+    // A line longer than the index pass's read block is bounded too.
+    let long = format!("|a {}\n", "1 ".repeat(300_000));
+    let e = limited(long.as_bytes(), limits).expect_err("longer than a block").to_string();
+    assert!(e.contains(":1: byte offset 0"), "{e}");
 }

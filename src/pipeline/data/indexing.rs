@@ -1,0 +1,135 @@
+//! Datasets being opened (indexed): their progress, for the `dataset_indexing` reply to an `open`,
+//! the log (a line every [`LOG_EVERY`]) and `/metrics`
+//! (`minibatchd_dataset_index_{scanned,total}_bytes`, `minibatchd_datasets{state="indexing"}`,
+//! `minibatchd_dataset_ready_seconds`).
+//!
+//! The daemon opens its datasets after its socket is up (at start) or beside the running ones (a
+//! reload), so a session may ask for a dataset that is still indexing: it gets a clear reply with
+//! the progress instead of waiting blindly or being told the dataset is unknown.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use minibatchd_engine::dataset::IndexProgress;
+
+use crate::metrics::Metrics;
+
+/// How often the log reports the progress of a dataset's index pass.
+pub const LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Where a dataset's index pass is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes scanned (cached files count whole).
+    pub scanned: u64,
+    /// Bytes to scan in all.
+    pub total: u64,
+    /// Since the pass began.
+    pub elapsed: Duration,
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let percent = self.scanned.saturating_mul(100).checked_div(self.total).unwrap_or(0);
+        write!(
+            f,
+            "{percent} %, {} of {} MB scanned in {:.1} s",
+            self.scanned / 1_000_000,
+            self.total.div_ceil(1_000_000),
+            self.elapsed.as_secs_f64()
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    started: Instant,
+    logged: Instant,
+    scanned: u64,
+    total: u64,
+}
+
+/// The datasets being opened now.
+#[derive(Debug, Default)]
+pub struct Indexing {
+    entries: Mutex<BTreeMap<String, Entry>>,
+}
+
+impl Indexing {
+    fn entries(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `name` is about to be opened (its sessions get `dataset_indexing` until [`Indexing::end`]).
+    pub fn begin(&self, name: &str, metrics: &Metrics) {
+        let now = Instant::now();
+        self.entries().insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0 });
+        metrics.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
+        self.publish(metrics);
+    }
+
+    /// The index pass of `name` moved.
+    pub fn advance(&self, name: &str, p: IndexProgress, metrics: &Metrics) {
+        let mut entries = self.entries();
+        let Some(e) = entries.get_mut(name) else { return };
+        e.scanned = p.bytes_done;
+        e.total = p.bytes_total;
+        metrics.dataset_index_scanned_bytes.with_label_values(&[name]).set(to_i64(p.bytes_done));
+        metrics.dataset_index_total_bytes.with_label_values(&[name]).set(to_i64(p.bytes_total));
+        if e.logged.elapsed() >= LOG_EVERY {
+            e.logged = Instant::now();
+            let progress = Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() };
+            tracing::info!(dataset = %name, "indexing: {progress}");
+        }
+    }
+
+    /// `name` is open (or failed): returns how long it took.
+    pub fn end(&self, name: &str, metrics: &Metrics) -> Duration {
+        let elapsed = self.entries().remove(name).map_or(Duration::ZERO, |e| e.started.elapsed());
+        metrics.dataset_ready_seconds.with_label_values(&[name]).set(elapsed.as_secs_f64());
+        self.publish(metrics);
+        elapsed
+    }
+
+    /// The progress of `name`, if it is being opened.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<Progress> {
+        self.entries().get(name).map(|e| Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() })
+    }
+
+    /// Datasets being opened now.
+    #[must_use]
+    pub fn count(&self) -> usize {
+        self.entries().len()
+    }
+
+    fn publish(&self, metrics: &Metrics) {
+        metrics.datasets.with_label_values(&["indexing"]).set(to_i64(self.count() as u64));
+    }
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dataset_is_indexing_from_begin_to_end() {
+        let metrics = Metrics::new().expect("metrics");
+        let board = Indexing::default();
+        assert!(board.get("a").is_none());
+        board.begin("a", &metrics);
+        board.advance("a", IndexProgress { bytes_done: 50_000_000, bytes_total: 200_000_000 }, &metrics);
+        let p = board.get("a").expect("indexing");
+        assert_eq!((p.scanned, p.total), (50_000_000, 200_000_000));
+        assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
+        assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 1);
+        board.end("a", &metrics);
+        assert!(board.get("a").is_none());
+        assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 0);
+    }
+}
