@@ -293,3 +293,24 @@ fn validate_refuses_what_run_would_refuse() {
     assert!(find("daemon.state_dir").is_some_and(|m| m.contains("not a directory")), "{issues:?}");
     assert!(find("datasets.train.streams.features.dim").is_some_and(|m| m.contains("the string '4'")), "{issues:?}");
 }
+
+/// Found by the `config_load` fuzz target (#15 acceptance 5): the `config` crate reads `[N]` in a
+/// key as an array index, so a 17-byte file naming `t[055777777]` built a 56-million-element
+/// array (7 GB, 30 s in `validate`). Such keys, and override names, are refused first.
+#[test]
+fn a_key_the_config_crate_would_read_as_an_index_is_refused_before_it_does() {
+    let Err(ConfigError::Invalid { issues, .. }) = parse("[\"t[055777777]\"]\n") else { panic!("must be invalid") };
+    assert_eq!(issues[0].path, "t[055777777]", "{issues:?}");
+    assert!(issues[0].message.contains("may not contain"), "{issues:?}");
+    let nested = GOOD.replace("[datasets.train.streams.features]", "[datasets.train.streams.\"f[9999999]\"]");
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&nested) else { panic!("must be invalid") };
+    assert!(issues.iter().any(|i| i.path == "datasets.train.streams.f[9999999]"), "{issues:?}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, GOOD).expect("write");
+    let env = ["PATH".into(), "MINIBATCHD__DATASETS__TRAIN__X[99999999]".into()];
+    let Err(ConfigError::Invalid { issues, .. }) = check_keys(&file, GOOD, env.into_iter()) else {
+        panic!("an override name with an index must be refused")
+    };
+    assert_eq!(issues[0].path, "$MINIBATCHD__DATASETS__TRAIN__X[99999999]", "{issues:?}");
+}
