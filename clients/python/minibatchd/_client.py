@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import fcntl
 import gc
 import json
 import logging
@@ -280,6 +281,25 @@ class Client:
         )
 
 
+# fcntl's memfd seal commands (Linux; the fcntl module names them from Python 3.9 on).
+F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
+F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
+
+
+def _check_ring_fd(fd: int, size: int) -> None:
+    """The ring must be a memfd sealed against shrinking (``F_SEAL_SHRINK``) and at least ``size``
+    bytes long: a descriptor that its sender (or anyone holding it) could truncate would make
+    reading a mapped slot kill this process with SIGBUS. The Rust client checks the same."""
+    try:
+        seals = fcntl.fcntl(fd, F_GET_SEALS)
+    except OSError as e:
+        raise MinibatchdError("client_protocol", f"the ring's descriptor is not a sealed memfd ({e})") from None
+    if not seals & F_SEAL_SHRINK:
+        raise MinibatchdError("client_protocol", "the ring's memfd is not sealed against shrinking (F_SEAL_SHRINK)")
+    if os.fstat(fd).st_size < size:
+        raise MinibatchdError("client_protocol", f"the ring's memfd is smaller than the {size} bytes announced")
+
+
 INDEXING_POLL = 0.25
 INDEXING_LOG_EVERY = 10.0
 
@@ -358,6 +378,7 @@ class Source:
             fd = self._conn.fds.pop(0)
             ring = opened["ring"]
             try:
+                _check_ring_fd(fd, ring["size_bytes"])
                 # MAP_POPULATE (Linux): the ring's page-table entries are made now, in one go,
                 # instead of one page fault per slot the first time the loop reads each slot.
                 flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)

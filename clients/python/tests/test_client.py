@@ -224,3 +224,107 @@ def test_a_step_longer_than_the_shutdown_grace_gets_shutting_down_not_a_broken_p
         assert e.value.code == "shutting_down", e.value
     finally:
         d.stop()
+
+
+def _fake_daemon(path, memfd_seals):
+    """A socket at `path` that answers like a daemon up to `opened`, passing a 8 KiB memfd with
+    `memfd_seals` added; returns the serving thread."""
+    import json
+    import socket
+    import struct
+    import threading
+
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(4)
+
+    def frame(msg):
+        body = json.dumps(msg).encode()
+        return struct.pack("<I", len(body)) + body
+
+    def read_frame(c):
+        head = c.recv(4, socket.MSG_WAITALL)
+        if len(head) < 4:
+            return None
+        (n,) = struct.unpack("<I", head)
+        return json.loads(c.recv(n, socket.MSG_WAITALL))
+
+    def serve():
+        with srv:
+            for _ in range(2):  # connect()'s probe handshake, then the session's connection
+                c, _ = srv.accept()
+                with c:
+                    read_frame(c)
+                    c.sendall(frame({"type": "hello", "version": 2, "daemon_id": "0" * 16, "features": []}))
+                    if read_frame(c) is None:
+                        continue
+                    fd = os.memfd_create("ring", os.MFD_ALLOW_SEALING)
+                    os.ftruncate(fd, 8192)
+                    if memfd_seals:
+                        import fcntl
+
+                        fcntl.fcntl(fd, 1033, memfd_seals)  # F_ADD_SEALS
+                    ring = {"size_bytes": 8192, "slot_count": 1, "slot_size": 4096}
+                    opened = {"type": "opened", "session": "s", "ring": ring, "streams": [], "sweep_size": 0}
+                    socket.send_fds(c, [frame(opened)], [fd])
+                    os.close(fd)
+                    c.recv(1)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_ring_memfd_not_sealed_against_shrinking_is_refused(tmp_path):
+    """#15: the Python client mapped the ring without checking its seals (the Rust client did): a
+    ring its sender could truncate would kill the trainer with SIGBUS on a read."""
+    path = str(tmp_path / "unsealed.sock")
+    t = _fake_daemon(path, 0)
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        minibatchd.connect(path).open("x", minibatch_size=1)
+    assert e.value.code == "client_protocol" and "F_SEAL_SHRINK" in e.value.message, e.value
+    t.join(10)
+    # Sealed, it passes the check (and fails later on this fake ring's empty header instead).
+    path = str(tmp_path / "sealed.sock")
+    t = _fake_daemon(path, 0x0002 | 0x0004)  # F_SEAL_SHRINK | F_SEAL_GROW
+    with pytest.raises(Exception) as e:
+        minibatchd.connect(path).open("x", minibatch_size=1)
+    assert "F_SEAL_SHRINK" not in str(e.value), e.value
+    t.join(10)
+
+
+def test_open_waits_while_the_daemon_indexes_the_dataset(tmp_path):
+    """#15 acceptance 2: the socket opens before the datasets are indexed; an open meanwhile gets
+    `dataset_indexing` (with wait_indexing=0) or waits (the default) until the dataset is ready."""
+    from conftest import Daemon, daemon_section
+
+    big = tmp_path / "big.txt"
+    big.write_text("1 1:1 2:0.5 3:0.25\n" * 4_000_000)
+    small = tmp_path / "small.txt"
+    small.write_text("1 1:1\n0 2:1\n" * 10)
+    d = Daemon.__new__(Daemon)
+    d.tmp, d.socket, d.config = tmp_path, str(tmp_path / "mbd.sock"), tmp_path / "minibatchd.toml"
+    # Opened in name order: `small` waits for `a_big`'s index pass.
+    d.config.write_text(daemon_section(tmp_path, d.socket) + f"""
+[datasets.a_big]
+format = "libsvm"
+files = ["{big}"]
+cache_index = false
+
+[datasets.small]
+format = "libsvm"
+files = ["{small}"]
+""")
+    d._start()
+    try:
+        client = minibatchd.connect(d.socket)
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            client.open("small", minibatch_size=4, wait_indexing=0)
+        assert e.value.code == "dataset_indexing", e.value
+        assert "'small' is still being indexed" in e.value.message, e.value
+        src = client.open("small", minibatch_size=4)
+        mb = next(iter(src))
+        assert mb.index == 0
+        src.close()
+    finally:
+        d.stop()

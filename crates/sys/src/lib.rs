@@ -15,6 +15,7 @@
 //! `minibatchd-shm`'s business.
 
 pub mod fdpass;
+pub mod files;
 pub mod memory;
 pub mod simd;
 

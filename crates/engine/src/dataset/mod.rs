@@ -16,7 +16,6 @@
 //! `state_dir` ([`crate::format::inflate`]); [`Dataset::streams`] describes the streams of every
 //! format.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -218,7 +217,7 @@ impl Dataset {
                 left.max_sequences,
                 &mut report,
                 &mut |p| {
-                    let file = File::open(d).map_err(|e| DataError::io(f, e))?;
+                    let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
                     let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
                     let reader = std::io::BufReader::with_capacity(1 << 16, file);
                     deepx::index_reader(reader, name.clone(), size, options, left, p)

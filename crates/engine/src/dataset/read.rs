@@ -47,7 +47,7 @@ pub(super) struct ReadWindow<'a> {
 
 impl<'a> ReadWindow<'a> {
     pub(super) fn new(path: &'a Path, end: u64) -> Result<Self> {
-        let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+        let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
         let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
         buf.0.clear();
         Ok(Self { path, file, end, buf, at: 0 })
@@ -83,7 +83,7 @@ impl<'a> ReadWindow<'a> {
 }
 
 pub(super) fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>> {
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
     let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;

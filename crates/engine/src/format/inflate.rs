@@ -56,7 +56,7 @@ const SIDECAR_VERSION: u32 = 1;
 /// I/O errors opening or reading the file.
 pub fn is_gzip(path: &Path) -> std::io::Result<bool> {
     let mut magic = [0u8; 2];
-    let mut f = File::open(path)?;
+    let mut f = minibatchd_sys::files::open_regular(path)?;
     let mut got = 0;
     while got < 2 {
         match f.read(&mut magic[got..])? {
@@ -299,7 +299,7 @@ enum Failure {
 
 /// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
 fn copy_inflated(source: &Path, out: File, allowed: u64) -> Result<u64, Failure> {
-    let input = File::open(source).map_err(|e| Failure::Source(DataError::io(source, e)))?;
+    let input = minibatchd_sys::files::open_regular(source).map_err(|e| Failure::Source(DataError::io(source, e)))?;
     let mut decoder = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, input));
     let mut writer = BufWriter::with_capacity(1 << 20, out);
     let mut buf = vec![0u8; 1 << 20];

@@ -13,7 +13,6 @@
 //!   a nominal length. CNTK makes them sequences (line mode, then fatal) or counts them (id mode,
 //!   then 2 errors). The decoder skips them too, so both passes agree.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -87,7 +86,7 @@ pub fn index_file(
     limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
-    let file = File::open(path).map_err(|e| DataError::io(path, e))?;
+    let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
     let shared: Arc<Path> = Arc::from(path);
     let mut indexer = Indexer::new(shared.clone(), options, size, limits);

@@ -1,0 +1,61 @@
+//! Opening input files without blocking on what is not a file.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// Opens `path` for reading if it is a regular file, without ever blocking in `open`: a FIFO
+/// put where a data file was (after the name was checked) would otherwise block the opener until
+/// someone writes to it. Opened with `O_NONBLOCK` (no effect on regular files: their reads never
+/// return `EAGAIN`), then checked with `fstat` on the opened descriptor; a FIFO, socket or
+/// device is an `InvalidInput` error saying so.
+///
+/// # Errors
+/// The `open` or `fstat` error, or `InvalidInput` for anything but a regular file.
+pub fn open_regular(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let nonblock = i32::try_from(rustix::fs::OFlags::NONBLOCK.bits()).unwrap_or(0);
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(nonblock).open(path)?;
+    let kind = file.metadata()?.file_type();
+    if kind.is_file() {
+        return Ok(file);
+    }
+    let what = if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_block_device() || kind.is_char_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{what}, not a regular file")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// #15: a file swapped for a FIFO after the dataset's files were listed blocked `open`.
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = std::env::temp_dir().join(format!("mbd-sys-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("data.ctf");
+        let _ = std::fs::remove_file(&fifo);
+        rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::from_raw_mode(0o600)).expect("mkfifo");
+        let e = open_regular(&fifo).expect_err("a FIFO");
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("a FIFO"), "{e}");
+        let e = open_regular(&dir).expect_err("a directory");
+        assert!(e.to_string().contains("a directory"), "{e}");
+        let file = dir.join("f");
+        std::fs::write(&file, b"x").expect("write");
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut open_regular(&file).expect("a file"), &mut s).expect("read");
+        assert_eq!(s, "x");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
