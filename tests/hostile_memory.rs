@@ -166,3 +166,40 @@ fn the_socket_opens_before_the_datasets_are_indexed_and_sessions_are_told_indexi
     assert!(listening < ready, "the socket opened after indexing:\n{log}");
     assert!(log.contains("datasets opened ready=2 failed=0"), "{log}");
 }
+
+/// A SIGTERM while a dataset is being indexed stops the daemon without waiting for the index pass
+/// (the runtime used to wait for its blocking pool: a long pass held the stop for its whole
+/// length), and the stop is clean (exit 0, checkpoint written).
+#[test]
+fn sigterm_while_indexing_stops_without_waiting_for_the_index_pass() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let big = write(p, "big.txt", "1 1:1 2:0.5 3:0.25\n".repeat(4_000_000));
+    config(p, 4 << 30, &dataset("a_big", "libsvm", &big, false));
+    let mut cmd = std::process::Command::new(support::BIN);
+    cmd.args(["run", "--config"]).arg(p.join("minibatchd.toml")).env("MINIBATCHD_LOG", "info");
+    cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("spawn");
+    let state = p.join("state");
+    let started = Instant::now();
+    loop {
+        let indexing = support::daemon::http_get(&state, "/metrics")
+            .is_some_and(|(_, m)| m.contains("minibatchd_datasets{state=\"indexing\"} 1"));
+        if indexing {
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "never saw the dataset indexing");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(child.id()).expect("pid")).expect("pid"),
+        rustix::process::Signal::TERM,
+    )
+    .expect("SIGTERM");
+    let out = child.wait_with_output().expect("wait");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    assert!(!log.contains("dataset ready dataset=a_big"), "the stop waited for the index pass:\n{log}");
+    assert!(state.join("checkpoint.json").exists(), "the shutdown checkpoint");
+}

@@ -109,6 +109,23 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     Ok(Prepared { config, hub, changes, restart })
 }
 
+/// Runs `work` (an index pass: seconds to minutes) on a thread of its own and waits for it without
+/// blocking the event loop. Not tokio's blocking pool: the runtime waits for that pool's tasks
+/// when it is dropped, so a SIGTERM during an index pass would wait for the whole pass; this
+/// thread is simply abandoned when the daemon exits (a half-written index cache is a temporary
+/// file under `state_dir/index/`, never the cache itself). An `Err` if the thread could not be
+/// started or `work` panicked.
+async fn off_the_loop<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("minibatchd-open".into())
+        .spawn(move || {
+            let _ = tx.send(work());
+        })
+        .map_err(|e| format!("cannot start a thread: {e}"))?;
+    rx.await.map_err(|_| "the thread opening the datasets panicked".to_owned())
+}
+
 /// Reloads the configuration file (the SIGHUP path). Never fails: a bad file leaves everything
 /// as it was.
 pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
@@ -116,7 +133,7 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
     let started = Instant::now();
     tracing::info!(config = %shared.config().path.display(), "SIGHUP: reloading the configuration");
     let s = shared.clone();
-    let outcome = tokio::task::spawn_blocking(move || prepare(&s)).await;
+    let outcome = off_the_loop(move || prepare(&s)).await;
     let ok = match outcome {
         Ok(Ok(p)) => {
             let c = &p.changes;
@@ -146,7 +163,7 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
 pub async fn open_at_start(shared: Arc<ControlPlane>) {
     let started = Instant::now();
     let s = shared.clone();
-    let opened = tokio::task::spawn_blocking(move || {
+    let opened = off_the_loop(move || {
         let config = s.config();
         let (hub, changes) = s.data.hub().reopen(&config, &s.data.metrics, &s.data.indexing);
         (Config::clone(&config), hub, changes)
