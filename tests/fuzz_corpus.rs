@@ -50,3 +50,8 @@ fn config_load_corpus() {
 fn protocol_corpus() {
     replay("protocol", harness::protocol);
 }
+
+#[test]
+fn index_cache_corpus() {
+    replay("index_cache", harness::index_cache);
+}

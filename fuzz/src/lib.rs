@@ -208,3 +208,57 @@ pub fn protocol(data: &[u8], _scratch: &Path) {
         }
     }
 }
+
+/// `index_cache`: `format::index_cache::load` on a cache file made from the bytes. The first byte
+/// picks how: bit 0 clear — the bytes after it are the whole file; set — a header that matches
+/// the data file (path, size, mtime, options) is written first, then the bytes as the record
+/// count and records, then (bit 1 clear) a valid checksum. Bit 2 caps the sequences at 3. A
+/// loaded index must describe only sequences inside the data file.
+pub fn index_cache(data: &[u8], scratch: &Path) {
+    use minibatchd_engine::format::index_cache::{cache_path, load, FileStamp, INDEX_DIR};
+    use minibatchd_engine::hash::Fnv1a;
+    use minibatchd_engine::persist;
+    let Some((&sel, body)) = data.split_first() else { return };
+    let file = scratch.join("indexed.ctf");
+    if !file.exists() {
+        std::fs::write(&file, "|a 1\n|a 2\n|a 3\n|a 4\n").expect("writing the data file");
+    }
+    let Ok(stamp) = FileStamp::of(&file) else { return };
+    let state = scratch.join("state");
+    if persist::private_subdir(&state, INDEX_DIR).is_err() {
+        return;
+    }
+    let fingerprint = "fuzz;v1";
+    let bytes = if sel & 1 == 0 {
+        body.to_vec()
+    } else {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"MBDINDEX");
+        out.extend_from_slice(&1u32.to_le_bytes());
+        let path = stamp.path.as_os_str().as_encoded_bytes();
+        for field in [path, fingerprint.as_bytes()] {
+            out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
+            out.extend_from_slice(field);
+        }
+        out.extend_from_slice(&stamp.size.to_le_bytes());
+        out.extend_from_slice(&stamp.mtime_secs.to_le_bytes());
+        out.extend_from_slice(&stamp.mtime_nanos.to_le_bytes());
+        out.extend_from_slice(body);
+        if sel & 2 == 0 {
+            let sum = Fnv1a::of(&out);
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        out
+    };
+    if persist::write_atomic(&cache_path(&state, &stamp, fingerprint), &bytes).is_err() {
+        return;
+    }
+    let max = if sel & 4 == 0 { u64::MAX } else { 3 };
+    let name: Arc<Path> = Arc::from(file.as_path());
+    if let Ok(index) = load(&state, &stamp, fingerprint, &name, max) {
+        assert!(index.sequences.len() as u64 <= max, "more sequences than allowed");
+        for s in &index.sequences {
+            assert!(s.offset + u64::from(s.size) <= stamp.size && s.samples > 0, "a sequence outside the file: {s:?}");
+        }
+    }
+}
