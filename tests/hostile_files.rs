@@ -270,3 +270,80 @@ fn a_gzip_bomb_stops_at_the_inflation_limit() {
     assert!(files_below(&dir.path().join("state/inflated")).is_empty(), "a partial copy is left");
     ok(&dump(&write_config(dir.path(), "max_inflated_bytes = 1000000"), &[]));
 }
+
+/// #15 item 6: a data file rewritten in place at the same size was read with the offsets of its
+/// old index and served as the same data. A chunk is now read only from the file as it was
+/// indexed; the dataset says it is no longer current (a reload opens it again).
+#[test]
+fn a_data_file_rewritten_since_it_was_indexed_is_never_read_with_the_old_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"d.ctf\"]\ncache_index = false\nchunk_size_bytes = 12\n\
+                [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n";
+    let data = write(dir.path(), "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
+    let state = dir.path().join("state");
+    let ds = support::open(toml, "d", dir.path(), &state);
+    assert!(ds.is_current());
+    ds.load_chunk(0).expect("the file as indexed");
+    // Same size, other lines: the old offsets would cut the new lines anywhere.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&data, "|a 10\n|a 2\n|a 3\n|a4\n").expect("rewrite");
+    assert!(!ds.is_current(), "a rewritten file is noticed");
+    let e = ds.load_chunk(1).expect_err("not read with the old index").to_string();
+    assert!(e.contains("d.ctf") && e.contains("rewritten in place (same size"), "{e}");
+    // Replaced by another file (rename over it).
+    let ds = support::open(toml, "d", dir.path(), &state);
+    let other = write(dir.path(), "other.ctf", "|a 5\n|a 6\n|a 7\n|a 8\n");
+    std::fs::rename(&other, &data).expect("replace");
+    let e = ds.load_chunk(0).expect_err("another file").to_string();
+    assert!(e.contains("replaced by another file"), "{e}");
+    // Opened again, it reads the new file.
+    let ds = support::open(toml, "d", dir.path(), &state);
+    assert!(ds.is_current());
+    ds.load_chunk(0).expect("the new version");
+}
+
+/// #15 item 6, with the daemon: after a data file is rewritten, SIGHUP opens the dataset again
+/// (its configuration did not change, its files did), and new sessions read the new file —
+/// never its bytes through the old index, nor the old chunks from the cache.
+#[test]
+fn a_reload_indexes_again_a_dataset_whose_file_changed() {
+    use minibatchd_client::Client;
+    use support::daemon::{json, options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let data = write(p, "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
+    let d = p.display();
+    write(
+        p,
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+             ring_slots = 2\nslot_size_bytes = 65536\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"{}\"]\n\
+             chunk_size_bytes = 12\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+            data.display()
+        ),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let read_all = || {
+        let opts =
+            minibatchd_client::protocol::SessionOptions { full_sweep: true, randomize: Some(false), ..options(1) };
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["a"])).collect::<Vec<_>>()
+    };
+    let before = read_all();
+    assert_eq!(before, daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]));
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&data, "|a 7\n|a 8\n|a 9\n|a 5\n").expect("rewrite at the same size");
+    daemon.signal(rustix::process::Signal::HUP);
+    let state = p.join("state");
+    let start = Instant::now();
+    while !support::daemon::http_get(&state, "/metrics")
+        .is_some_and(|(_, m)| m.contains("minibatchd_config_reloads_total{result=\"success\"} 1"))
+    {
+        assert!(start.elapsed() < support::daemon::DEADLINE, "no reload");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let after = read_all();
+    assert_eq!(after, daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]));
+    assert_ne!(after, before, "the new file's values");
+}

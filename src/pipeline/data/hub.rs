@@ -230,7 +230,8 @@ impl Hub {
     /// The hub for `config` after a reload: unchanged datasets carried over, added and changed
     /// ones opened (a changed one that fails keeps its old version), removed ones dropped (their
     /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
-    /// again. Blocking: indexing happens here.
+    /// again, and datasets whose files changed are opened again as changed ones
+    /// ([`Dataset::is_current`]). Blocking: indexing happens here.
     #[must_use]
     pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, HubChanges) {
         let mut hub = Self { by_name: BTreeMap::new(), by_index: self.by_index.clone(), configs: BTreeMap::new() };
@@ -238,8 +239,15 @@ impl Hub {
         let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };
         // `diff` took every name from `config.datasets`, so each lookup finds its entry.
         let configured = |names: Vec<String>| names.into_iter().filter_map(|n| config.datasets.get(&n).map(|c| (n, c)));
+        // A dataset whose files changed (rewritten, replaced, or its patterns match others now)
+        // is opened again like a changed one, its configuration unchanged.
+        let mut to_reopen = d.changed;
         for (name, cfg) in configured(d.unchanged) {
             match self.by_name.get(&name) {
+                Some(Ok(rt)) if !rt.dataset.is_current() => {
+                    tracing::info!(dataset = %name, "its files changed since it was indexed; opening it again");
+                    to_reopen.push(name);
+                }
                 Some(Ok(rt)) => {
                     hub.by_name.insert(name.clone(), Ok(rt.clone()));
                     hub.configs.insert(name, cfg.clone());
@@ -257,7 +265,7 @@ impl Hub {
                 changes.failed.push((name, e));
             }
         }
-        for (name, cfg) in configured(d.changed) {
+        for (name, cfg) in configured(to_reopen) {
             match hub.open_one(&name, cfg, config, metrics, indexing) {
                 Ok(_) => changes.changed.push(name),
                 Err(e) => {

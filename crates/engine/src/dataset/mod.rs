@@ -38,7 +38,7 @@ use files::index_with_cache;
 pub use files::resolve_files;
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
-use read::{read_range, ReadWindow};
+use read::{read_range, FileVersion, ReadWindow};
 
 /// Progress of the index pass, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,11 @@ struct OpenSource {
     files: Vec<Arc<Path>>,
     /// Where each file's bytes are read: the file itself, or its decompressed copy.
     data: Vec<Arc<Path>>,
+    /// The versions of `data` that were indexed (checked before a chunk is read).
+    data_versions: Vec<FileVersion>,
+    /// The versions of `files` that were indexed (a reload opens the dataset again when one
+    /// changed).
+    file_versions: Vec<FileVersion>,
     indexes: Vec<FileIndex>,
     decoder: SourceDecoder,
     /// First stream of this source in the dataset's stream order.
@@ -144,7 +149,10 @@ impl Dataset {
             };
             let mut indexes = Vec::new();
             let mut paths = Vec::new();
+            let mut versions = Vec::new();
             for f in files {
+                // Taken before the pass: a change during it is caught when a chunk is read.
+                versions.push(FileVersion::of(&f)?);
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
@@ -166,6 +174,8 @@ impl Dataset {
             sources.push(OpenSource {
                 files: paths.clone(),
                 data: paths,
+                data_versions: versions.clone(),
+                file_versions: versions,
                 indexes,
                 decoder: SourceDecoder::Ctf(CtfDecoder::new(&src.streams)),
                 first_stream,
@@ -204,7 +214,10 @@ impl Dataset {
         let mut done = 0u64;
         let mut sequences = 0u64;
         let mut indexes = Vec::new();
+        let (mut data_versions, mut file_versions) = (Vec::new(), Vec::new());
         for (f, d) in files.iter().zip(&data) {
+            data_versions.push(FileVersion::of(d)?);
+            file_versions.push(FileVersion::of(f)?);
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
@@ -231,6 +244,8 @@ impl Dataset {
         let source = OpenSource {
             files: files.iter().map(|f| Arc::from(f.as_path())).collect(),
             data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            data_versions,
+            file_versions,
             indexes,
             decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
             first_stream: 0,
@@ -273,6 +288,19 @@ impl Dataset {
             + self.timeline.chunk_start.capacity() * size_of::<usize>()
             + self.chunks.capacity() * size_of::<ChunkDesc>();
         bytes as u64
+    }
+
+    /// Whether the dataset's files are still those it indexed: the patterns match the same
+    /// files, and none was rewritten or replaced since. A reload opens a dataset that is not
+    /// current again, even if its configuration did not change.
+    #[must_use]
+    pub fn is_current(&self) -> bool {
+        self.config.sources.iter().zip(&self.sources).all(|(cfg, src)| {
+            let same_files = resolve_files(&cfg.files)
+                .is_ok_and(|now| now.len() == src.files.len() && now.iter().zip(&src.files).all(|(a, b)| a == &**b));
+            same_files
+                && src.files.iter().zip(&src.file_versions).all(|(f, v)| FileVersion::of(f).is_ok_and(|now| now == *v))
+        })
     }
 
     /// The configuration it was opened with.
@@ -404,7 +432,7 @@ impl Dataset {
                     let chunk_bytes = usize::try_from(desc.end - desc.start)
                         .map_err(|_| DataError::Dataset("chunk too large".into()))?;
                     let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
-                    let mut window = ReadWindow::new(&src.data[desc.file], desc.end)?;
+                    let mut window = ReadWindow::new(&src.data[desc.file], desc.end, &src.data_versions[desc.file])?;
                     for g in seqs.clone() {
                         let loc = self.locs[g * self.sources.len() + si];
                         let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
@@ -432,7 +460,7 @@ impl Dataset {
                 // time, so the parser reads what was just copied from the page cache while it is
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
-                let mut window = ReadWindow::new(path, desc.end)?;
+                let mut window = ReadWindow::new(path, desc.end, &src.data_versions[desc.file])?;
                 for g in seqs.clone() {
                     let loc = self.locs[g * self.sources.len()];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
@@ -446,7 +474,8 @@ impl Dataset {
                     let loc = self.locs[g * self.sources.len() + si];
                     let path = &src.files[loc.file as usize];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
-                    let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size))?;
+                    let version = &src.data_versions[loc.file as usize];
+                    let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size), version)?;
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;

@@ -30,6 +30,51 @@ impl Drop for ReusedBuffer {
     }
 }
 
+/// What identifies the bytes of a data file as they were indexed: its size, modification time
+/// and inode. A chunk is read only from the file as it was then: an index's offsets say nothing
+/// about a file rewritten since (in place, even at the same size, or replaced by another).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct FileVersion {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    dev: u64,
+    ino: u64,
+}
+
+impl FileVersion {
+    fn from_meta(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        Self { len: m.len(), modified: m.modified().ok(), dev: m.dev(), ino: m.ino() }
+    }
+
+    /// The version of `path` now.
+    pub(super) fn of(path: &Path) -> Result<Self> {
+        std::fs::metadata(path).map(|m| Self::from_meta(&m)).map_err(|e| DataError::io(path, e))
+    }
+
+    /// An error unless `file` (opened from `path`) is still this version.
+    pub(super) fn check(&self, path: &Path, file: &File) -> Result<()> {
+        let now = Self::from_meta(&file.metadata().map_err(|e| DataError::io(path, e))?);
+        if now == *self {
+            return Ok(());
+        }
+        let what = if (now.dev, now.ino) != (self.dev, self.ino) {
+            "replaced by another file".to_owned()
+        } else if now.len != self.len {
+            format!("rewritten ({} bytes, {} when indexed)", now.len, self.len)
+        } else {
+            "rewritten in place (same size, newer modification time)".to_owned()
+        };
+        Err(DataError::io(
+            path,
+            std::io::Error::other(format!(
+                "the file was {what} since it was indexed; its chunks are not read with the old index \
+                 (send SIGHUP: a reload indexes a dataset whose files changed again)"
+            )),
+        ))
+    }
+}
+
 /// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
 /// copies is still cached when the decoder reads it.
 const READ_WINDOW: u64 = 256 << 10;
@@ -46,8 +91,9 @@ pub(super) struct ReadWindow<'a> {
 }
 
 impl<'a> ReadWindow<'a> {
-    pub(super) fn new(path: &'a Path, end: u64) -> Result<Self> {
+    pub(super) fn new(path: &'a Path, end: u64, version: &FileVersion) -> Result<Self> {
         let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
+        version.check(path, &file)?;
         let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
         buf.0.clear();
         Ok(Self { path, file, end, buf, at: 0 })
@@ -82,8 +128,9 @@ impl<'a> ReadWindow<'a> {
     }
 }
 
-pub(super) fn read_range(path: &Path, start: u64, end: u64) -> Result<Vec<u8>> {
+pub(super) fn read_range(path: &Path, start: u64, end: u64, version: &FileVersion) -> Result<Vec<u8>> {
     let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
+    version.check(path, &file)?;
     let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;
