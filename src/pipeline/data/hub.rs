@@ -203,7 +203,7 @@ impl Hub {
         indexing.begin(name, metrics);
         let opened =
             Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics));
-        let elapsed = indexing.end(name, metrics);
+        let elapsed = indexing.finish(name, metrics);
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
             Ok(ds) => {

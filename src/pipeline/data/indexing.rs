@@ -48,6 +48,8 @@ struct Entry {
     logged: Instant,
     scanned: u64,
     total: u64,
+    /// The pass is over, but the hub that holds the result is not in force yet.
+    finished: bool,
 }
 
 /// The datasets being opened now.
@@ -61,10 +63,11 @@ impl Indexing {
         self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `name` is about to be opened (its sessions get `dataset_indexing` until [`Indexing::end`]).
+    /// `name` is about to be opened (its sessions get `dataset_indexing` until [`Indexing::clear_finished`]).
     pub fn begin(&self, name: &str, metrics: &Metrics) {
         let now = Instant::now();
-        self.entries().insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0 });
+        self.entries()
+            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: false });
         metrics.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
         self.publish(metrics);
     }
@@ -84,12 +87,28 @@ impl Indexing {
         }
     }
 
-    /// `name` is open (or failed): returns how long it took.
-    pub fn end(&self, name: &str, metrics: &Metrics) -> Duration {
-        let elapsed = self.entries().remove(name).map_or(Duration::ZERO, |e| e.started.elapsed());
+    /// The opening of `name` is over (open or failed): returns how long it took. Sessions keep
+    /// being told `dataset_indexing` until [`Indexing::clear_finished`], once the hub holding the
+    /// result is in force — else an `open` between the two would find the dataset nowhere.
+    pub fn finish(&self, name: &str, metrics: &Metrics) -> Duration {
+        let mut entries = self.entries();
+        let Some(e) = entries.get_mut(name) else { return Duration::ZERO };
+        e.finished = true;
+        let elapsed = e.started.elapsed();
         metrics.dataset_ready_seconds.with_label_values(&[name]).set(elapsed.as_secs_f64());
-        self.publish(metrics);
         elapsed
+    }
+
+    /// Forgets the finished openings (their hub is in force now).
+    pub fn clear_finished(&self, metrics: &Metrics) {
+        self.entries().retain(|_, e| !e.finished);
+        self.publish(metrics);
+    }
+
+    /// Forgets every opening (they were abandoned).
+    pub fn clear_all(&self, metrics: &Metrics) {
+        self.entries().clear();
+        self.publish(metrics);
     }
 
     /// The progress of `name`, if it is being opened.
@@ -98,7 +117,7 @@ impl Indexing {
         self.entries().get(name).map(|e| Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() })
     }
 
-    /// Datasets being opened now.
+    /// Datasets being opened now (or opened, until their hub is in force).
     #[must_use]
     pub fn count(&self) -> usize {
         self.entries().len()
@@ -128,7 +147,9 @@ mod tests {
         assert_eq!((p.scanned, p.total), (50_000_000, 200_000_000));
         assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
         assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 1);
-        board.end("a", &metrics);
+        board.finish("a", &metrics);
+        assert!(board.get("a").is_some(), "told indexing until its hub is in force");
+        board.clear_finished(&metrics);
         assert!(board.get("a").is_none());
         assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 0);
     }

@@ -116,9 +116,12 @@ impl DataPlane {
     /// # Errors
     /// [`HubError`].
     pub fn dataset(&self, name: &str) -> Result<Arc<DatasetRuntime>, HubError> {
+        // The indexing table first: a reload puts the new hub in force before it forgets the
+        // dataset there, so reading them in this order never finds the dataset in neither.
+        let progress = self.indexing.get(name);
         match self.hub().get(name) {
             Ok(rt) => Ok(rt),
-            Err(e) => match self.indexing.get(name) {
+            Err(e) => match progress {
                 Some(progress) => Err(HubError::Indexing { name: name.to_owned(), progress }),
                 None => Err(e),
             },

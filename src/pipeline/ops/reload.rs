@@ -148,6 +148,7 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
             false
         }
         Err(e) => {
+            shared.data.indexing.clear_all(&shared.data.metrics);
             tracing::error!(error = %e, "configuration reload failed; the running configuration is kept");
             false
         }
@@ -183,9 +184,7 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
         }
         Err(e) => {
             // The index pass panicked (a bug): no dataset is served; the rest of the daemon is.
-            for name in shared.config().datasets.keys() {
-                shared.data.indexing.end(name, &shared.data.metrics);
-            }
+            shared.data.indexing.clear_all(&shared.data.metrics);
             tracing::error!(error = %e, "opening the datasets failed");
         }
     }
@@ -205,6 +204,7 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
         shared.rebudget(&reg);
     }
     shared.replace(p.config, p.hub);
+    shared.data.indexing.clear_finished(&shared.data.metrics);
     // A chunk that failed (a file that was unreadable or malformed) is read again when next
     // asked: the reload is how an operator says the data was repaired.
     let forgotten = shared.data.cache.forget_failures();
