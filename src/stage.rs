@@ -10,7 +10,7 @@ pub enum Stage {
     Parsers,
     /// Chunk cache: moves parsed chunks into the shared cache.
     Cache,
-    /// Delivery: the sessions' producer threads.
+    /// Delivery: the producer pool that fills the sessions' rings.
     Delivery,
     /// Session manager: the control socket.
     Sessions,

@@ -10,9 +10,8 @@
 //! * resumed by name after a clean stop: exact (`resumed.exact`), continuing after the last
 //!   minibatch taken;
 //! * resumed by name after `SIGKILL`: never a minibatch skipped; minibatches come again only when
-//!   the `opened` reply says so (`resumed.exact == false`, back to the last periodic checkpoint),
-//!   or when the session was in no checkpoint yet (no `resumed`: it starts again from its first
-//!   minibatch);
+//!   the `opened` reply says so (`resumed.exact == false`, back to the last checkpoint: every
+//!   session is in one before its client hears of it);
 //! * every minibatch delivered, again or not, is bit for bit the one `dump` prints at its index.
 //!
 //! The seed of the kill schedule is printed; `MINIBATCHD_FAULT_SEED=N` replays one.
@@ -143,10 +142,9 @@ impl Job {
             if self.by_name {
                 assert!(first <= next, "{label} (seed {seed}) stint {i}: skipped from {next} to {first}");
                 if first < next {
-                    let signalled = match &stint.resumed {
-                        Some(r) => !r.exact && r.from == "checkpoint",
-                        None => first == 0,
-                    };
+                    // A session is in a checkpoint before its client hears of it, so a replay
+                    // always comes with `resumed` (never a silent restart from the beginning).
+                    let signalled = stint.resumed.as_ref().is_some_and(|r| !r.exact && r.from == "checkpoint");
                     assert!(
                         signalled,
                         "{label} (seed {seed}) stint {i}: minibatches {first}..{next} again without saying so ({:?})",

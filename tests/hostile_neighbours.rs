@@ -4,7 +4,9 @@
 //! are unguessable; a session belongs to the uid that opened it; `unknown_dataset` does not list
 //! the configured datasets; a stop whose checkpoint fails does not exit 0; a second daemon cannot
 //! take the state directory; a repaired chunk is read again after a reload; a session resumed by
-//! name after a crash says that minibatches come again.
+//! name after a crash says that minibatches come again, even one opened just before the crash;
+//! the daemon's threads do not grow with its sessions, and the daemon-wide connection and
+//! session limits hold.
 
 mod support;
 
@@ -132,6 +134,64 @@ fn sessions_beyond_the_per_uid_limit_are_refused_with_the_key_to_raise() {
             assert!(message.contains("max_sessions_per_uid = 2"), "{message}");
         }
         other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+}
+
+/// The daemon's threads now (`/proc/PID/task`).
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).expect("/proc task").count()
+}
+
+/// A counter or gauge of `/metrics` (the sum of its series whose line starts with `series`).
+fn metric(d: &Daemon, series: &str) -> f64 {
+    let (_, body) = support::daemon::http_get(&d.dir.join("state"), "/metrics").expect("metrics");
+    body.lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+#[test]
+fn threads_do_not_grow_with_the_session_count_and_the_daemon_wide_limits_hold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(
+        dir.path(),
+        "parser_threads = 1\nproducer_threads = 2\nmax_sessions = 40\nmax_sessions_per_uid = 100\n\
+         max_connections = 45\nmax_connections_per_uid = 100",
+    );
+    let mut first = d.client().open("train", &options(8)).expect("open");
+    assert!(first.next_owned().expect("served").is_some());
+    let before = threads(d.pid());
+    // 39 more sessions, every one served (before, each one started two threads of its own).
+    let mut sessions: Vec<_> = (1..40).map(|_| d.client().open("train", &options(8)).expect("open")).collect();
+    for s in &mut sessions {
+        assert!(s.next_owned().expect("served").is_some());
+    }
+    let after = threads(d.pid());
+    assert!(after <= before + 2, "{before} threads with one session, {after} with 40");
+    // The 41st session is refused by the daemon-wide limit, naming the key.
+    match d.client().open("train", &options(8)) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            assert!(message.contains("max_sessions = 40"), "{message}");
+        }
+        other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+    assert!(metric(&d, "minibatchd_sessions_refused_total{") >= 1.0);
+    // 40 connections hold sessions; 5 more fit, the 46th is refused daemon-wide.
+    let held: Vec<UnixStream> = (0..5).map(|_| hello(&d.socket)).collect();
+    let mut extra = UnixStream::connect(&d.socket).expect("connect");
+    extra.set_read_timeout(Some(DEADLINE)).expect("timeout");
+    let r = reply(&mut extra).expect("refused with a reason");
+    assert_eq!(r["code"], "resource_exhausted", "{r}");
+    assert!(r["message"].as_str().is_some_and(|m| m.contains("max_connections = 45")), "{r}");
+    assert!(closed(&mut extra));
+    assert!(metric(&d, "minibatchd_connections_refused_total{") >= 1.0);
+    drop(held);
+    // Every session goes on being served by the two producer threads.
+    for s in sessions.iter_mut().chain(std::iter::once(&mut first)) {
+        for _ in 0..5 {
+            assert!(s.next_owned().expect("served").is_some());
+        }
     }
 }
 
@@ -326,4 +386,24 @@ fn a_session_resumed_by_name_after_a_crash_says_minibatches_come_again() {
     let again = d.client().open("train", &opts).expect("resume by name");
     let r = again.resumed.clone().expect("resumed");
     assert_eq!((r.from.as_str(), r.exact), ("checkpoint", true), "{r:?}");
+}
+
+#[test]
+fn a_session_opened_just_before_a_crash_is_resumed_by_name_and_its_replay_signalled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // No periodic checkpoint comes before the crash: only the one written at open.
+    let mut d = start(dir.path(), "checkpoint_interval_secs = 3600");
+    let mut opts = options(8);
+    opts.session = Some("fresh-job".into());
+    let mut s = d.client().open("train", &opts).expect("open");
+    take(&mut s, 4);
+    d.signal(rustix::process::Signal::KILL);
+    let _ = d.wait();
+    drop(s);
+    let d = Daemon::start(dir.path(), &[]);
+    let mut resumed = d.client().open("train", &opts).expect("resume by name");
+    // Before, the name was unknown and the session started again from minibatch 0 silently.
+    let r = resumed.resumed.clone().expect("the replay of the 4 minibatches taken is signalled");
+    assert_eq!((r.from.as_str(), r.exact), ("checkpoint", false), "{r:?}");
+    assert_eq!(resumed.state().expect("state").minibatches, 0, "back to the position it was opened at");
 }

@@ -844,3 +844,45 @@ fn the_sample_config_documents_every_daemon_key() {
         assert!(keys.contains(field), "conf/minibatchd.toml does not document daemon.{field}");
     }
 }
+
+/// The unit's resource limits cover what the shipped configuration lets the daemon use, so that
+/// the daemon's own limits (clear errors) are met before systemd's (a kill, or EMFILE):
+/// descriptors for every connection and session ring, tasks for the thread pools (which do not
+/// grow with the sessions), memory for `memory_limit_bytes` plus the documented overhead.
+#[test]
+fn the_systemd_units_limits_cover_the_shipped_configurations_limits() {
+    let root = package_root();
+    let unit = std::fs::read_to_string(root.join("systemd/minibatchd.service")).expect("unit");
+    let value = |key: &str| -> u64 {
+        let v = unit
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+            .unwrap_or_else(|| panic!("the unit sets no {key}"));
+        let (digits, unit_suffix) = v.split_at(v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len()));
+        let n: u64 = digits.parse().unwrap_or_else(|_| panic!("{key}={v}"));
+        n << match unit_suffix {
+            "" => 0,
+            "K" => 10,
+            "M" => 20,
+            "G" => 30,
+            other => panic!("{key}: unit {other}"),
+        }
+    };
+    let text = std::fs::read_to_string(root.join("conf/minibatchd.toml")).expect("shipped config");
+    let config = minibatchd::Config::from_toml_str(&text, &root.join("conf")).expect("the shipped config is valid");
+    let d = &config.daemon;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let per_core = |n: usize| if n == 0 { cores } else { n };
+    // Every connection, a memfd per session, data files, the listeners and the state files.
+    let descriptors = d.max_connections + d.max_sessions + 256;
+    assert!(value("LimitNOFILE") >= descriptors as u64, "LimitNOFILE < {descriptors}");
+    // Parser and producer pools, a preload thread per dataset, and about ten fixed threads.
+    let threads = per_core(d.parser_threads) + per_core(d.producer_threads) + config.datasets.len() + 16;
+    assert!(value("TasksMax") >= threads as u64, "TasksMax < {threads}");
+    // memory_limit_bytes + the documented overhead (docs/daemon.md, "Memory": 64 MiB).
+    let memory = d.memory_limit_bytes + (64 << 20);
+    assert!(value("MemoryHigh") >= memory, "MemoryHigh < {memory}");
+    assert!(value("MemoryMax") >= value("MemoryHigh"), "MemoryMax below MemoryHigh");
+    // Datasets index after READY=1: the start timeout only covers binding the socket.
+    assert!(value("TimeoutStartSec") > 0);
+}

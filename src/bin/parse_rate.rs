@@ -117,7 +117,9 @@ fn main() {
             let kind = if cmd == "ctf" { Kind::Ctf } else { Kind::Libsvm };
             let threads = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
             let chunk = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(32 << 20);
-            let state = args.get(5).map_or_else(|| std::env::temp_dir().join("minibatchd-bench-state"), PathBuf::from);
+            // Never a fixed name in the shared temp dir: beside the data, which the user owns.
+            let state =
+                args.get(5).map_or_else(|| PathBuf::from(format!("{}.parse-rate-state", args[2])), PathBuf::from);
             parse(kind, Path::new(&args[2]), threads, chunk, &state)
         }
         _ => {

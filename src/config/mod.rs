@@ -102,6 +102,8 @@ pub struct DaemonConfig {
     pub parsed_queue_chunks: usize,
     /// Parser threads; 0 means one per core.
     pub parser_threads: usize,
+    /// Threads that run every session's producer; 0 means one per core.
+    pub producer_threads: usize,
     /// Default number of ring slots per session.
     pub ring_slots: usize,
     /// Default size of one ring slot, in bytes.
@@ -232,9 +234,12 @@ fn check_keys(path: &Path, text: &str, env: impl Iterator<Item = std::ffi::OsStr
         }
     }
     let mut issues = Vec::new();
-    if let Ok(table) = text.parse::<toml::Table>() {
-        walk("", &table, &mut issues);
-    }
+    // Not TOML: said here with the line, column and byte offset (the `config` crate's message
+    // for the same error names no place).
+    let table = text
+        .parse::<toml::Table>()
+        .map_err(|e| ConfigError::Load { path: path.to_owned(), message: toml_error(text, &e) })?;
+    walk("", &table, &mut issues);
     for name in env {
         let name = name.to_string_lossy();
         if name.starts_with("MINIBATCHD__") && name.contains(KEY_FORBIDDEN) {
@@ -249,6 +254,17 @@ fn check_keys(path: &Path, text: &str, env: impl Iterator<Item = std::ffi::OsStr
     } else {
         Err(ConfigError::Invalid { path: path.to_owned(), issues })
     }
+}
+
+/// A TOML syntax error as one line: where (line, column, byte offset) and what.
+fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim();
+    let Some(span) = e.span() else { return format!("not valid TOML: {what}") };
+    let offset = span.start.min(text.len());
+    let before = text.get(..offset).unwrap_or("");
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column} (byte offset {offset}): not valid TOML: {what}")
 }
 
 fn toml_to_json(text: &str) -> Result<serde_json::Value, ::config::ConfigError> {
@@ -297,6 +313,7 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         read_queue_chunks: t.usize(w, "read_queue_chunks", 1, 1 << 16).unwrap_or(4),
         parsed_queue_chunks: t.usize(w, "parsed_queue_chunks", 1, 1 << 16).unwrap_or(4),
         parser_threads: t.usize(w, "parser_threads", 0, 1024).unwrap_or(0),
+        producer_threads: t.usize(w, "producer_threads", 0, 1024).unwrap_or(0),
         ring_slots: t.usize(w, "ring_slots", 2, 1024).unwrap_or(16),
         slot_size_bytes: t.uint(w, "slot_size_bytes", 4096, 1 << 40).unwrap_or(4 << 20),
         session_linger_secs: t.uint(w, "session_linger_secs", 0, 7 * 86_400).unwrap_or(600),
@@ -324,6 +341,15 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
     for (key, dir) in [("state_dir", Some(d.state_dir.as_path())), ("socket", d.socket.parent())] {
         if let Some(dir) = dir.filter(|p| p.exists() && !p.is_dir()) {
             w.issue(&format!("{}.{key}", node.path()), &format!("{} exists and is not a directory", dir.display()));
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(&d.socket) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            w.issue(
+                &format!("{}.socket", node.path()),
+                &format!("{} exists and is not a socket: the daemon never replaces it", d.socket.display()),
+            );
         }
     }
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {

@@ -290,6 +290,13 @@ fn validate_refuses_what_run_would_refuse() {
     let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("must be invalid") };
     let find = |path: &str| issues.iter().find(|i| i.path == path).map(|i| i.message.clone());
     assert!(find("daemon.socket").is_some_and(|m| m.contains("under 108 bytes")), "{issues:?}");
+    // A socket path taken by something that is not a socket (run would refuse to bind there).
+    let text = GOOD.replace(r#"socket = "run/mbd.sock""#, r#"socket = "/dev/zero""#);
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("a socket on /dev/zero") };
+    assert!(
+        issues.iter().any(|i| i.path == "daemon.socket" && i.message.contains("/dev/zero exists and is not a socket")),
+        "{issues:?}"
+    );
     assert!(find("daemon.state_dir").is_some_and(|m| m.contains("not a directory")), "{issues:?}");
     assert!(find("datasets.train.streams.features.dim").is_some_and(|m| m.contains("the string '4'")), "{issues:?}");
 }
@@ -313,4 +320,15 @@ fn a_key_the_config_crate_would_read_as_an_index_is_refused_before_it_does() {
         panic!("an override name with an index must be refused")
     };
     assert_eq!(issues[0].path, "$MINIBATCHD__DATASETS__TRAIN__X[99999999]", "{issues:?}");
+}
+
+/// A value too large for any number type (5,000 digits) was reported without a place ("number
+/// too large to fit in target type"): it is now named by line, column and byte offset.
+#[test]
+fn a_number_too_large_to_read_is_named_with_its_place() {
+    let text = GOOD.replace("[daemon]\n", &format!("[daemon]\nmemory_limit_bytes = {}\n", "9".repeat(5000)));
+    let Err(ConfigError::Load { message, .. }) = parse(&text) else { panic!("must be refused") };
+    assert!(message.starts_with("line 3, column 22 (byte offset 31): not valid TOML:"), "{message}");
+    assert!(message.contains("overflowed"), "{message}");
+    assert!(message.len() < 200, "one line, without the 5,000 digits: {message}");
 }

@@ -6,7 +6,7 @@
 //!  control socket ─► control::server ─► control::connection task per client (hello/open/ready/release/state/close)
 //!                                            │  free slots ▲ │ events (bounded)
 //!                                            ▼             │ ▼
-//!                                  data::delivery: producer thread per session (Feeder + ring)
+//!                                  data::delivery: the producer pool (a Feeder + ring per session)
 //!                                            │ misses/prefetch          ▲ Arc<ParsedChunk>
 //!                                            ▼ (bounded)                │
 //!   data::reader ─to_parse─► data::parsers (SyncArbiter) ─parsed─► data::chunk_cache_stage ─► SharedCache
@@ -146,6 +146,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     if restored > 0 {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
+    let _ = shared.checkpointer.set(ops::write_checkpoint);
     ops::write_checkpoint(&shared, "start");
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;

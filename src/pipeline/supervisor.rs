@@ -142,7 +142,16 @@ impl Supervisor {
             Stage::Reader => self.addrs.reader = Some(ChunkReader::new(shared.data.clone(), me).start()),
             Stage::Parsers => self.addrs.parsers = Some(ParserPool::new(shared.data.clone(), me).start()),
             Stage::Cache => self.addrs.cache = Some(CacheStage::new(shared.data.clone(), me).start()),
-            Stage::Delivery => self.addrs.delivery = Some(Delivery::new(me).start()),
+            Stage::Delivery => {
+                let threads = crate::pipeline::data::producer_threads(&shared.config());
+                match Delivery::new(me, threads) {
+                    Ok(d) => self.addrs.delivery = Some(d.start()),
+                    Err(e) => {
+                        tracing::error!(error = %e, threads, "cannot start the producer threads");
+                        self.set_up(stage, false);
+                    }
+                }
+            }
             Stage::Sessions => {
                 let Some(delivery) = self.addrs.delivery.clone() else {
                     tracing::error!("the session manager needs the delivery stage");

@@ -226,6 +226,55 @@ def test_a_step_longer_than_the_shutdown_grace_gets_shutting_down_not_a_broken_p
         d.stop()
 
 
+def test_a_dataset_removed_by_a_reload_raises_the_daemons_reason_not_a_broken_pipe(tmp_path):
+    """A SIGHUP drops the session's dataset from the configuration while the trainer reads: its
+    next call raises MinibatchdError('unknown_dataset') with the daemon's message, not a bare
+    BrokenPipeError or ConnectionResetError."""
+    import signal
+    import time
+
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        session = minibatchd.connect(d.socket).open("train", minibatch_size=4, session="removed-job")
+        it = iter(session)
+        next(it)
+        d.config.write_text(d.config.read_text().replace("[datasets.train", "[datasets.renamed"))
+        d.proc.send_signal(signal.SIGHUP)
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                next(it)
+                time.sleep(0.01)
+        assert e.value.code == "unknown_dataset", e.value
+        assert "removed by a configuration reload" in str(e.value), e.value
+    finally:
+        d.stop()
+
+
+def test_a_session_resumed_by_name_after_a_crash_says_so(tmp_path):
+    """After kill -9 the session opened by name comes back from the checkpoint written when it
+    opened: Session.resumed says that minibatches come again (exact is False)."""
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        first = minibatchd.connect(d.socket).open("train", minibatch_size=4, session="crash-job")
+        assert first.resumed is None
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        d.proc.kill()
+        d.proc.wait()
+        d._start()
+        again = minibatchd.connect(d.socket).open("train", minibatch_size=4, session="crash-job", wait_indexing=30)
+        assert again.resumed is not None
+        assert again.resumed["from"] == "checkpoint" and again.resumed["exact"] is False, again.resumed
+    finally:
+        d.stop()
+
+
 def _fake_daemon(path, memfd_seals):
     """A socket at `path` that answers like a daemon up to `opened`, passing a 8 KiB memfd with
     `memfd_seals` added; returns the serving thread."""

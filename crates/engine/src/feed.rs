@@ -1,7 +1,7 @@
 //! The loop every consumer of the engine runs, once: plan the next minibatch, gather its
 //! sequences from the parsed chunks (loading the ones not held), retire the chunks the sampler
 //! says are done. `minibatchd dump` drives a [`Feeder`] with chunks parsed in-process; the daemon's
-//! producer thread drives one with chunks from the shared chunk cache.
+//! producer drives one with chunks from the shared chunk cache.
 //!
 //! Invariant: a chunk is held from the first minibatch that needs it until the plan that retires
 //! it, so a session holds about one randomization window of parsed chunks whatever the dataset

@@ -8,7 +8,7 @@
 //! the producer's channels and the metrics it reports.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ use minibatchd_sys::MemfdMemory;
 
 use super::super::data::delivery::StartProducer;
 use super::super::data::hub::DatasetRuntime;
-use super::super::data::producer::{FreeSlot, Producer, ProducerEvent};
+use super::super::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle};
 use super::admission::{self, Refusal};
 use super::connection::{ConnShared, Peer};
 use super::session::{
@@ -37,9 +37,9 @@ pub(super) struct Active {
     pub(super) options_hash: u64,
     pub(super) slots: SlotTable,
     pub(super) progress: Progress,
-    pub(super) free: flume::Sender<FreeSlot>,
+    /// Slots go back to the producer through it; dropping it stops the producer.
+    pub(super) producer: ProducerHandle,
     pub(super) events: flume::Receiver<ProducerEvent>,
-    pub(super) stop: Arc<AtomicBool>,
     pub(super) ring_bytes: u64,
     pub(super) producing: bool,
     /// The client said hello with version 2: `ready` goes out as a binary frame.
@@ -241,12 +241,9 @@ pub(super) async fn open(
     // At most MAX_RING_SLOTS (validated in resolve_options).
     let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
     let slots = SlotTable::new(slot_count);
-    let (free_tx, free_rx) = flume::bounded(slot_count);
     let (events_tx, events_rx) = flume::bounded(slot_count + 2);
-    for (s, i) in (0..resolved.slots).zip(0..) {
-        let _ = free_tx.try_send(FreeSlot { slot: s, generation: slots.next_generation(i) });
-    }
-    let stop = Arc::new(AtomicBool::new(false));
+    let free: Vec<FreeSlot> =
+        (0..resolved.slots).zip(0..).map(|(s, i)| FreeSlot { slot: s, generation: slots.next_generation(i) }).collect();
     let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
     let producer = Producer::new(
         rt.clone(),
@@ -258,15 +255,12 @@ pub(super) async fn open(
         start.minibatches,
         metrics.clone(),
     );
-    let started = conn
-        .delivery
-        .send(StartProducer { name: name.clone(), producer, free: free_rx, events: events_tx, stop: stop.clone() })
-        .await;
-    match started {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(undo(Refusal::Producer(e))),
+    let started =
+        conn.delivery.send(StartProducer { name: name.clone(), producer, free, slot_count, events: events_tx }).await;
+    let producer = match started {
+        Ok(handle) => handle,
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
-    }
+    };
     warn_if_replaying(&name, &start, admitted.resumed.as_ref());
     let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone());
     let active = Active {
@@ -275,9 +269,8 @@ pub(super) async fn open(
         options_hash: ohash,
         slots,
         progress: Progress::new(&start),
-        free: free_tx,
+        producer,
         events: events_rx,
-        stop,
         ring_bytes,
         producing: true,
         binary: false,

@@ -65,9 +65,6 @@ pub enum Refusal {
     /// The ring's header could not be written.
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// The producer thread could not be started.
-    #[error("cannot start the session's producer thread: {0}")]
-    Producer(std::io::Error),
     /// The daemon, or this user, has as many sessions as it may.
     #[error("too many sessions: {count} open {scope} (daemon.{key} = {limit}); close one or raise the limit")]
     TooManySessions {
@@ -99,7 +96,7 @@ impl Refusal {
             Self::Registry(RegistryError::Memory { .. }) | Self::HostMemory { .. } | Self::Ring(_) => {
                 ErrorCode::ResourceExhausted
             }
-            Self::Descriptor(_) | Self::Layout(_) | Self::Producer(_) => ErrorCode::Internal,
+            Self::Descriptor(_) | Self::Layout(_) => ErrorCode::Internal,
             Self::Delivery(_) => ErrorCode::ShuttingDown,
         }
     }

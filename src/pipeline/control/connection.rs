@@ -1,6 +1,6 @@
 //! One client connection: an async task that speaks the protocol ([`minibatchd_client::protocol`]) and
 //! drives one session's plain state ([`SlotTable`], [`Progress`]) between the socket and the
-//! session's producer thread.
+//! session's producer (tasks of the delivery stage's pool).
 //!
 //! Phases: `hello` → `open` → serving (`ready` out as slots fill; `release`, `state`, `close` in).
 //! Client input never panics the daemon: bad frames get `error{bad_message}`, an oversized frame
@@ -22,7 +22,6 @@
 //! by state; the acknowledged state goes to the registry, whence the checkpoints take it.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -245,7 +244,7 @@ async fn drain(
         let _ = send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
         return;
     };
-    a.stop.store(true, Ordering::Relaxed);
+    a.producer.stop();
     a.producing = false;
     let message =
         "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position";
@@ -276,7 +275,7 @@ async fn drain(
 /// Stops the producer (reclaiming every slot with the ring), parks the session for resuming and
 /// gives its ring memory back.
 fn finish(mut active: Active, shared: &ControlPlane, peer: &Peer) {
-    active.stop.store(true, Ordering::Relaxed);
+    active.producer.stop();
     active.publish_slots(true);
     let state = active.state();
     tracing::info!(peer = %peer, session = %active.name, position = state.position, minibatches = state.minibatches, leased = active.slots.leased(), "session ended; slots reclaimed");
@@ -397,6 +396,10 @@ async fn on_frame(
                     conn.shared.data.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
+                    // In a checkpoint before the client hears of it: after a crash, a session the
+                    // client knows is resumable by name, and its replay is signalled (`resumed`).
+                    let shared = conn.shared.clone();
+                    let _ = tokio::task::spawn_blocking(move || shared.write_checkpoint("open")).await;
                     send_with_fd(wr, &opened, &fd).await?;
                 }
                 Err(refusal) => {
@@ -419,8 +422,7 @@ async fn on_frame(
                 Release::Freed { minibatch } => {
                     a.progress.taken(minibatch.saturating_add(1));
                     let i = usize::try_from(slot).unwrap_or(usize::MAX);
-                    // Capacity = slot count, so this never finds the channel full.
-                    let _ = a.free.try_send(FreeSlot { slot, generation: a.slots.next_generation(i) });
+                    a.producer.give(FreeSlot { slot, generation: a.slots.next_generation(i) });
                     a.publish_slots(false);
                 }
                 Release::Stale => tracing::debug!(session = %a.name, slot, generation, "stale release ignored"),

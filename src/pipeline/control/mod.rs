@@ -187,6 +187,9 @@ pub struct ControlPlane {
     pub limits: Limits,
     /// Serializes checkpoint writers (periodic, on reload, at start and stop).
     pub checkpoint_lock: Mutex<()>,
+    /// Writes the daemon checkpoint (set at start to the operations layer's writer, which sits
+    /// above this one): a new session is in a checkpoint before its client hears of it.
+    pub checkpointer: std::sync::OnceLock<fn(&ControlPlane, &'static str) -> bool>,
 }
 
 impl ControlPlane {
@@ -207,7 +210,14 @@ impl ControlPlane {
             connections: Connections::default(),
             limits,
             checkpoint_lock: Mutex::new(()),
+            checkpointer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Writes the daemon checkpoint now (blocking: fsync), if a writer is set; whether it was
+    /// written.
+    pub fn write_checkpoint(&self, reason: &'static str) -> bool {
+        self.checkpointer.get().is_some_and(|write| write(self, reason))
     }
 
     /// The session registry.

@@ -274,7 +274,7 @@ pub enum FetchError {
     Disconnected,
 }
 
-/// The cache shared by the producer threads and the cache stage.
+/// The cache shared by the producers and the cache stage.
 #[derive(Debug)]
 pub struct SharedCache {
     core: Mutex<CacheCore>,

@@ -1,45 +1,46 @@
-//! Stage 4, delivery: owns the sessions' producer threads (one per session, named
-//! `mbd-session-NAME`, plus its scoped filler thread); stopping the stage stops and joins them all.
+//! Stage 4, delivery: owns the producer pool, `producer_threads` threads (`mbd-produce-N`) that
+//! run every session's producer ([`Producer::start`]), so the daemon's threads do not grow with
+//! its sessions; stopping the stage stops every producer and joins the threads.
 //! A connection asks it to start its session's producer ([`StartProducer`]).
-
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::producer::{FreeSlot, Producer, ProducerEvent};
+use super::pool::Pool;
+use super::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle, Stopper};
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
 
-/// Starts a session's producer thread.
+/// Starts a session's producer on the pool.
 #[derive(Message)]
-#[rtype(result = "std::io::Result<()>")]
+#[rtype(result = "ProducerHandle")]
 pub struct StartProducer {
-    /// Thread name suffix (the session name).
+    /// The session name (for logs).
     pub name: String,
     /// The producer.
     pub producer: Producer,
-    /// Free slots from the connection.
-    pub free: flume::Receiver<FreeSlot>,
+    /// The slots it may fill at first (every slot of the ring, or those not leased).
+    pub free: Vec<FreeSlot>,
+    /// The ring's slot count (the most slots ever free at once).
+    pub slot_count: usize,
     /// Events to the connection.
     pub events: flume::Sender<ProducerEvent>,
-    /// Set by the connection (or at shutdown) to stop the producer.
-    pub stop: Arc<AtomicBool>,
 }
 
-/// Stage 4: delivery — owns the producer threads that fill the sessions' rings; stopping it
-/// stops and joins them all.
+/// Stage 4: delivery — owns the pool that fills the sessions' rings; stopping it stops every
+/// producer and joins the pool's threads.
 pub struct Delivery {
     supervisor: Recipient<StageStopped>,
-    threads: Vec<(std::thread::JoinHandle<()>, Arc<AtomicBool>)>,
+    pool: Pool,
+    producers: Vec<Stopper>,
 }
 
 impl Delivery {
-    /// The delivery stage.
-    #[must_use]
-    pub fn new(supervisor: Recipient<StageStopped>) -> Self {
-        Self { supervisor, threads: Vec::new() }
+    /// The delivery stage, with a pool of `threads` threads.
+    ///
+    /// # Errors
+    /// A thread could not be started.
+    pub fn new(supervisor: Recipient<StageStopped>, threads: usize) -> std::io::Result<Self> {
+        Ok(Self { supervisor, pool: Pool::new(threads, "mbd-produce")?, producers: Vec::new() })
     }
 }
 
@@ -47,26 +48,23 @@ impl Actor for Delivery {
     type Context = Context<Self>;
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        for (_, stop) in &self.threads {
-            stop.store(true, Ordering::Relaxed);
+        for p in &self.producers {
+            p.stop();
         }
-        for (t, _) in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        // Every producer is woken with its stop flag set: their last turns run, then the threads end.
+        self.pool.shutdown();
+        self.producers.clear();
         self.supervisor.do_send(StageStopped(Stage::Delivery));
     }
 }
 
 impl Handler<StartProducer> for Delivery {
-    type Result = std::io::Result<()>;
+    type Result = MessageResult<StartProducer>;
     fn handle(&mut self, m: StartProducer, _: &mut Self::Context) -> Self::Result {
-        self.threads.retain(|(t, _)| !t.is_finished());
-        let stop = m.stop.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("mbd-session-{}", m.name))
-            .spawn(move || m.producer.run(&m.free, &m.events, &m.stop))?;
-        self.threads.push((thread, stop));
-        Ok(())
+        self.producers.retain(|p| !p.is_done());
+        let handle = m.producer.start(&self.pool, &m.name, m.free, m.slot_count, m.events);
+        self.producers.push(handle.stopper());
+        MessageResult(handle)
     }
 }
 

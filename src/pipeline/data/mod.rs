@@ -2,7 +2,7 @@
 //! kept in the shared cache, from which each producer gathers its minibatches into its ring.
 //!
 //! ```text
-//!  producer threads ──requests──► reader ──to_parse──► parsers (SyncArbiter) ──parsed──► cache stage
+//!  producer pool ──requests─────► reader ──to_parse──► parsers (SyncArbiter) ──parsed──► cache stage
 //!  (misses, prefetch)   (bounded)  (readahead)  (bounded)  (Dataset::load_chunk)  (bounded)  (SharedCache)
 //!        ▲                                                                                     │
 //!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
@@ -10,7 +10,7 @@
 //!
 //! Plain logic: [`chunk_cache`] (the budgeted LRU and its waiters), [`hub`] (the datasets in force),
 //! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`reader`],
-//! [`parsers`], [`chunk_cache_stage`], [`delivery`] (the producer threads); [`preload`] warms the cache.
+//! [`parsers`], [`chunk_cache_stage`], [`delivery`] (the producer pool, [`pool`]); [`preload`] warms the cache.
 //!
 //! [`DataPlane`] is what they share. It also carries the daemon-wide services every plane reports
 //! to — the metrics registry and the stages' health — so the data plane imports nothing of the
@@ -22,6 +22,7 @@ pub mod delivery;
 pub mod hub;
 pub mod indexing;
 pub mod parsers;
+pub mod pool;
 pub mod preload;
 pub mod producer;
 pub mod reader;
@@ -150,7 +151,17 @@ impl DataPlane {
 /// The parser threads' parallelism: `parser_threads`, or one per core when 0.
 #[must_use]
 pub fn parser_threads(config: &Config) -> usize {
-    match config.daemon.parser_threads {
+    per_core(config.daemon.parser_threads)
+}
+
+/// The producer pool's threads: `producer_threads`, or one per core when 0.
+#[must_use]
+pub fn producer_threads(config: &Config) -> usize {
+    per_core(config.daemon.producer_threads)
+}
+
+fn per_core(n: usize) -> usize {
+    match n {
         0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         n => n,
     }

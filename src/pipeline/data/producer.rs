@@ -1,6 +1,7 @@
-//! A session's producer: the plain loop that turns the sampler's plans into minibatches in the
-//! session's ring. It runs on its own named thread (started by the delivery stage) because it
-//! blocks — on free slots (back-pressure: every slot leased means it waits) and on chunks being
+//! A session's producer: turns the sampler's plans into minibatches in the session's ring. It
+//! runs as two tasks (planner and filler) of the delivery stage's [`Pool`], a fixed set of
+//! threads shared by every session: a task runs while it has a free slot (back-pressure: every
+//! slot leased means it is idle until the client gives one back) and may block on chunks being
 //! parsed.
 //!
 //! Fed by: free slots from the session's connection (a bounded channel of `slot_count`), parsed
@@ -29,12 +30,11 @@ use minibatchd_sys::MemfdMemory;
 
 use super::chunk_cache::{FetchError, SharedCache};
 use super::hub::DatasetRuntime;
+use super::pool::{Pool, Task, Turn};
 
 /// Chunks a producer asks the pipeline to load ahead of need (bounded further by the request
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
-/// How often a producer waiting for a free slot checks whether it should stop.
-const STOP_POLL: Duration = Duration::from_millis(100);
 
 /// A slot the producer may fill, with the generation to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -165,6 +165,8 @@ struct Planner {
     feeder: Feeder,
     minibatch_size: usize,
     metrics: SessionMetrics,
+    /// Since when every slot has been leased (the time counts as producer-blocked).
+    idle_since: Option<Instant>,
 }
 
 impl Producer {
@@ -184,40 +186,249 @@ impl Producer {
     ) -> Self {
         let feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
-        Self { planner: Planner { runtime, cache, feeder, minibatch_size, metrics }, ring }
+        Self { planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None }, ring }
     }
 
-    /// The thread body: fills free slots until the epoch ends, an error, or the connection goes
-    /// (its end of `free` is dropped) or sets `stop`.
+    /// Starts the producer on `pool` as two tasks: it fills the slots of `free` (every slot of
+    /// the ring, at first) until the epoch ends, an error, or the connection stops it or drops
+    /// the returned handle, announcing each filled slot on `events`.
     ///
-    /// Two stages, so that locating minibatch k + 1 (sampling, chunk lookups, waiting for chunks)
-    /// overlaps copying minibatch k into its slot: this thread plans and locates; a scoped filler
-    /// thread owns the ring, copies and announces, in order. Between them a queue of one
+    /// Two tasks, so that locating minibatch k + 1 (sampling, chunk lookups, waiting for chunks)
+    /// can overlap copying minibatch k into its slot on another pool thread: the planner locates;
+    /// the filler owns the ring, copies and announces, in order. Between them a queue of one
     /// minibatch; the ring's free slots bound how far the pair runs ahead of the client.
-    pub fn run(self, free: &flume::Receiver<FreeSlot>, events: &flume::Sender<ProducerEvent>, stop: &AtomicBool) {
-        let Self { mut planner, ring } = self;
-        let filler_runtime = planner.runtime.clone();
-        let filler_metrics = planner.metrics.clone();
-        let (steps, located) = flume::bounded::<Step>(1);
-        std::thread::scope(|scope| {
-            let filler = std::thread::Builder::new().name(format!("mbd-fill-{}", filler_runtime.index)).spawn_scoped(
-                scope,
-                move || {
-                    fill(ring, &filler_runtime.names, &filler_metrics, &located, events, stop);
-                },
-            );
-            if let Err(e) = filler {
-                let _ = events.send(ProducerEvent::Failed {
-                    code: ErrorCode::Internal,
-                    message: format!("cannot start the session's filler thread: {e}"),
-                    detail: None,
-                });
-                return;
+    #[must_use]
+    pub fn start(
+        self,
+        pool: &Pool,
+        name: &str,
+        free: impl IntoIterator<Item = FreeSlot>,
+        slot_count: usize,
+        events: flume::Sender<ProducerEvent>,
+    ) -> ProducerHandle {
+        let Self { planner, ring } = self;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (free_tx, free_rx) = flume::bounded(slot_count.max(1));
+        for slot in free {
+            let _ = free_tx.try_send(slot);
+        }
+        let (steps_tx, steps_rx) = flume::bounded::<Step>(1);
+        let planner_task = pool.task(format!("plan {name}"));
+        let filler_task = pool.task(format!("fill {name}"));
+        let filling = Filling {
+            runtime: planner.runtime.clone(),
+            metrics: planner.metrics.clone(),
+            ring,
+            steps: Some(steps_rx),
+            events,
+            planner: planner_task.clone(),
+            stop: stop.clone(),
+        };
+        let mut planning =
+            Planning { planner, free: free_rx, steps: Some(steps_tx), filler: filler_task.clone(), stop: stop.clone() };
+        let mut filling = filling;
+        planner_task.set_work(move || planning.turn());
+        filler_task.set_work(move || filling.turn());
+        planner_task.wake();
+        ProducerHandle { free: Some(free_tx), stop, planner: planner_task, filler: filler_task }
+    }
+}
+
+/// The connection's hold on its session's producer: slots go back through it, and dropping it
+/// (or [`ProducerHandle::stop`]) ends the producer.
+#[derive(Debug)]
+pub struct ProducerHandle {
+    free: Option<flume::Sender<FreeSlot>>,
+    stop: Arc<AtomicBool>,
+    planner: Task,
+    filler: Task,
+}
+
+impl ProducerHandle {
+    /// Gives a slot back to be filled.
+    pub fn give(&self, slot: FreeSlot) {
+        if let Some(free) = &self.free {
+            // Capacity = slot count, so this never finds the channel full.
+            let _ = free.try_send(slot);
+        }
+        self.planner.wake();
+    }
+
+    /// Stops producing (the slots being filled are abandoned; the ring goes with the session).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.planner.wake();
+        self.filler.wake();
+    }
+
+    /// The stop flag and the two tasks, for the delivery stage to stop at shutdown.
+    #[must_use]
+    pub fn stopper(&self) -> Stopper {
+        Stopper { stop: self.stop.clone(), tasks: [self.planner.clone(), self.filler.clone()] }
+    }
+}
+
+impl Drop for ProducerHandle {
+    fn drop(&mut self) {
+        // Close the slot channel first, then wake: the planner's next turn sees it closed.
+        self.free = None;
+        self.stop();
+    }
+}
+
+/// What the delivery stage keeps of a producer: enough to stop it and see that it ended.
+#[derive(Debug, Clone)]
+pub struct Stopper {
+    stop: Arc<AtomicBool>,
+    tasks: [Task; 2],
+}
+
+impl Stopper {
+    /// Stops the producer.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in &self.tasks {
+            t.wake();
+        }
+    }
+
+    /// Both of its tasks are over.
+    #[must_use]
+    pub fn is_done(&self) -> bool {
+        self.tasks.iter().all(Task::is_done)
+    }
+}
+
+/// Minibatches a task handles in one turn before it lets other sessions' tasks run.
+const TURN_MINIBATCHES: usize = 4;
+
+/// The planner task: takes free slots and hands located minibatches (then the end, or a failure)
+/// to the filler.
+struct Planning {
+    planner: Planner,
+    free: flume::Receiver<FreeSlot>,
+    /// `None` once the planner is finished (closing the queue ends the filler).
+    steps: Option<flume::Sender<Step>>,
+    filler: Task,
+    stop: Arc<AtomicBool>,
+}
+
+impl Planning {
+    fn turn(&mut self) -> Turn {
+        for _ in 0..TURN_MINIBATCHES {
+            let Some(steps) = &self.steps else { return Turn::Done };
+            if self.stop.load(Ordering::Relaxed) || steps.is_disconnected() {
+                return self.finish();
             }
-            planner.run(free, &steps, stop);
-            // The filler ends when the queue closes; the scope waits for it.
-            drop(steps);
-        });
+            if steps.is_full() {
+                return Turn::Idle; // the filler wakes the planner when it takes the minibatch
+            }
+            let slot = match self.free.try_recv() {
+                Ok(slot) => slot,
+                Err(flume::TryRecvError::Empty) => {
+                    // Every slot is leased: back-pressure from the client.
+                    self.planner.idle_since.get_or_insert_with(Instant::now);
+                    return Turn::Idle;
+                }
+                Err(flume::TryRecvError::Disconnected) => return self.finish(),
+            };
+            if let Some(since) = self.planner.idle_since.take() {
+                self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
+            }
+            let next = match self.planner.locate(slot, &self.stop) {
+                Ok(Some(located)) => Step::Fill(Box::new(located)),
+                Ok(None) => Step::Event(ProducerEvent::End {
+                    position: self.planner.feeder.position(),
+                    minibatches: self.planner.feeder.next_index(),
+                }),
+                Err(ProduceError::Stopped) => return self.finish(),
+                Err(e) => Step::Event(ProducerEvent::failed(&e)),
+            };
+            let last = matches!(next, Step::Event(_));
+            // Not full (checked above, and only this task sends); an error: the filler is gone.
+            let sent = steps.try_send(next).is_ok();
+            self.filler.wake();
+            if !sent || last {
+                return self.finish();
+            }
+        }
+        Turn::Again
+    }
+
+    /// Closes the queue to the filler (it ends once it has announced what is queued).
+    fn finish(&mut self) -> Turn {
+        self.steps = None;
+        self.filler.wake();
+        Turn::Done
+    }
+}
+
+/// The filler task: copies each located minibatch into its slot and announces it, in order.
+struct Filling {
+    /// The dataset (its stream names, in tensor order).
+    runtime: Arc<DatasetRuntime>,
+    metrics: SessionMetrics,
+    ring: Ring<MemfdMemory>,
+    /// `None` once the filler is finished.
+    steps: Option<flume::Receiver<Step>>,
+    events: flume::Sender<ProducerEvent>,
+    planner: Task,
+    stop: Arc<AtomicBool>,
+}
+
+impl Filling {
+    fn turn(&mut self) -> Turn {
+        for _ in 0..TURN_MINIBATCHES {
+            let Some(steps) = &self.steps else { return Turn::Done };
+            if self.stop.load(Ordering::Relaxed) {
+                return self.finish();
+            }
+            let step = match steps.try_recv() {
+                Ok(step) => step,
+                Err(flume::TryRecvError::Empty) => return Turn::Idle,
+                Err(flume::TryRecvError::Disconnected) => return self.finish(),
+            };
+            // The queue has room again.
+            self.planner.wake();
+            let event = match step {
+                Step::Fill(job) => self.fill(*job),
+                Step::Event(event) => event,
+            };
+            let last = !matches!(event, ProducerEvent::Filled { .. });
+            // Bounded by the slot count + 2: the connection drains it as it announces.
+            if self.events.send(event).is_err() || last {
+                return self.finish();
+            }
+        }
+        Turn::Again
+    }
+
+    fn fill(&mut self, job: Located) -> ProducerEvent {
+        let started = Instant::now();
+        let Located { slot, mb, samples } = job;
+        match self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names) {
+            Ok(_) => {
+                self.metrics.minibatches.inc();
+                self.metrics.samples.inc_by(samples);
+                self.metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
+                self.metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
+                let meta = MinibatchMeta {
+                    index: mb.index,
+                    sweep: mb.sweep,
+                    end_of_sweep: mb.end_of_sweep,
+                    position: mb.position,
+                };
+                ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
+            }
+            Err(e) => ProducerEvent::failed(&ProduceError::from(e)),
+        }
+    }
+
+    /// Stops taking minibatches; a planner still running sees the queue closed.
+    fn finish(&mut self) -> Turn {
+        self.steps = None;
+        self.planner.wake();
+        Turn::Done
     }
 }
 
@@ -257,82 +468,6 @@ impl Planner {
             plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(cache_wait).as_secs_f64());
         Ok(Some(Located { slot, mb, samples }))
-    }
-
-    /// Takes free slots and hands located minibatches (then the end, or a failure) to the filler.
-    fn run(&mut self, free: &flume::Receiver<FreeSlot>, steps: &flume::Sender<Step>, stop: &AtomicBool) {
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let waiting = Instant::now();
-            let slot = match free.recv_timeout(STOP_POLL) {
-                Ok(slot) => slot,
-                Err(flume::RecvTimeoutError::Timeout) => {
-                    self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
-                    continue;
-                }
-                Err(flume::RecvTimeoutError::Disconnected) => return,
-            };
-            self.metrics.producer_blocked_seconds.inc_by(waiting.elapsed().as_secs_f64());
-            let next = match self.locate(slot, stop) {
-                Ok(Some(located)) => Step::Fill(Box::new(located)),
-                Ok(None) => Step::Event(ProducerEvent::End {
-                    position: self.feeder.position(),
-                    minibatches: self.feeder.next_index(),
-                }),
-                Err(ProduceError::Stopped) => return,
-                Err(e) => Step::Event(ProducerEvent::failed(&e)),
-            };
-            let last = matches!(next, Step::Event(_));
-            // A failed send: the filler is gone (the connection closed, or a slot failed).
-            if steps.send(next).is_err() || last {
-                return;
-            }
-        }
-    }
-}
-
-/// The filler thread: copies each located minibatch into its slot and announces it, in order.
-fn fill(
-    mut ring: Ring<MemfdMemory>,
-    names: &[String],
-    metrics: &SessionMetrics,
-    steps: &flume::Receiver<Step>,
-    events: &flume::Sender<ProducerEvent>,
-    stop: &AtomicBool,
-) {
-    for step in steps {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let event = match step {
-            Step::Fill(job) => {
-                let started = Instant::now();
-                let Located { slot, mb, samples } = *job;
-                match ring.write(slot.slot, slot.generation, &mb, names) {
-                    Ok(_) => {
-                        metrics.minibatches.inc();
-                        metrics.samples.inc_by(samples);
-                        metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
-                        metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
-                        let meta = MinibatchMeta {
-                            index: mb.index,
-                            sweep: mb.sweep,
-                            end_of_sweep: mb.end_of_sweep,
-                            position: mb.position,
-                        };
-                        ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
-                    }
-                    Err(e) => ProducerEvent::failed(&ProduceError::from(e)),
-                }
-            }
-            Step::Event(event) => event,
-        };
-        let last = !matches!(event, ProducerEvent::Filled { .. });
-        if events.send(event).is_err() || last {
-            return;
-        }
     }
 }
 

@@ -111,7 +111,7 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
 
 /// Writes the daemon checkpoint (every connected and lingering session); logs and counts the
 /// outcome. Blocking (fsync).
-pub fn write_checkpoint(shared: &ControlPlane, reason: &str) -> bool {
+pub fn write_checkpoint(shared: &ControlPlane, reason: &'static str) -> bool {
     // One writer at a time: the temporary file's name is per process.
     let _writing = shared.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let sessions = shared.registry().snapshot(Instant::now());

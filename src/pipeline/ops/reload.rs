@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{Config, ConfigError, DaemonConfig};
+use minibatchd_engine::dataset::resolve_files;
 use minibatchd_engine::format::errors::DataError;
 
 use super::notify::Notifier;
@@ -32,8 +33,8 @@ pub enum ValidateError {
     /// Unreadable, not TOML, or invalid (every problem listed).
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// Datasets whose `files` match nothing or cannot be listed: every one, each with its
-    /// first problem (in the message, not a `source`: printed once, not again as a cause).
+    /// Datasets whose `files` match nothing or cannot be listed: every entry of every dataset
+    /// with its problem (in the message, not a `source`: printed once, not again as a cause).
     #[error("{}", .0.iter().map(|(d, e)| format!("datasets.{d}.files: {e}")).collect::<Vec<_>>().join("\n"))]
     Files(Vec<(String, DataError)>),
 }
@@ -47,8 +48,20 @@ pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
     let mut problems = Vec::new();
     for d in c.datasets.values() {
-        if let Some(e) = d.sources.iter().find_map(|s| minibatchd_engine::dataset::resolve_files(&s.files).err()) {
-            problems.push((d.name.clone(), e));
+        for s in &d.sources {
+            // Each entry on its own first, so that every missing file is reported, not only the
+            // first; then the whole list (its walk limits hold for all entries together).
+            let before = problems.len();
+            for entry in &s.files {
+                if let Err(e) = resolve_files(std::slice::from_ref(entry)) {
+                    problems.push((d.name.clone(), e));
+                }
+            }
+            if problems.len() == before {
+                if let Err(e) = resolve_files(&s.files) {
+                    problems.push((d.name.clone(), e));
+                }
+            }
         }
     }
     if problems.is_empty() {
@@ -86,7 +99,7 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
             }
         )*};
     }
-    keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads);
+    keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads, producer_threads);
     // The connection and session limits are read once, at start.
     keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
     (out, restart)
@@ -246,6 +259,7 @@ mod tests {
             read_queue_chunks: _,
             parsed_queue_chunks: _,
             parser_threads: _,
+            producer_threads: _,
             memory_limit_bytes: _,
             ring_slots: _,
             slot_size_bytes: _,
@@ -284,5 +298,13 @@ mod tests {
         let Err(ValidateError::Files(all)) = validate(&p) else { panic!("both datasets lack their file") };
         let names: Vec<&str> = all.iter().map(|(d, _)| d.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
+        // Every missing file of a dataset, not only its first.
+        std::fs::write(dir.path().join("here.ctf"), "|f 1\n").expect("write");
+        let three = "[datasets.c]\nformat = \"ctf\"\nfiles = [\"gone1.ctf\", \"here.ctf\", \"gone2.ctf\"]\n\
+                     [datasets.c.streams.f]\ndim = 1\nformat = \"dense\"\n";
+        std::fs::write(&p, three).expect("write");
+        let Err(e @ ValidateError::Files(_)) = validate(&p) else { panic!("two files are missing") };
+        let text = e.to_string();
+        assert!(text.contains("gone1.ctf") && text.contains("gone2.ctf") && !text.contains("here.ctf"), "{text}");
     }
 }
