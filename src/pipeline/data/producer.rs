@@ -213,6 +213,7 @@ impl Producer {
             let _ = free_tx.try_send(slot);
         }
         let (steps_tx, steps_rx) = flume::bounded::<Step>(1);
+        let queue_full = Arc::new(AtomicBool::new(false));
         let planner_task = pool.task(format!("plan {name}"));
         let filler_task = pool.task(format!("fill {name}"));
         let filling = Filling {
@@ -223,9 +224,16 @@ impl Producer {
             events,
             planner: planner_task.clone(),
             stop: stop.clone(),
+            queue_full: queue_full.clone(),
         };
-        let mut planning =
-            Planning { planner, free: free_rx, steps: Some(steps_tx), filler: filler_task.clone(), stop: stop.clone() };
+        let mut planning = Planning {
+            planner,
+            free: free_rx,
+            steps: Some(steps_tx),
+            filler: filler_task.clone(),
+            stop: stop.clone(),
+            queue_full,
+        };
         let mut filling = filling;
         planner_task.set_work(move || planning.turn());
         filler_task.set_work(move || filling.turn());
@@ -311,6 +319,8 @@ struct Planning {
     steps: Option<flume::Sender<Step>>,
     filler: Task,
     stop: Arc<AtomicBool>,
+    /// Set while the planner is idle because the queue to the filler is full.
+    queue_full: Arc<AtomicBool>,
 }
 
 impl Planning {
@@ -321,7 +331,13 @@ impl Planning {
                 return self.finish();
             }
             if steps.is_full() {
-                return Turn::Idle; // the filler wakes the planner when it takes the minibatch
+                // Say so before looking again: the filler wakes the planner only when it waits,
+                // and either the filler sees the flag or the planner sees the room.
+                self.queue_full.store(true, Ordering::SeqCst);
+                if steps.is_full() {
+                    return Turn::Idle;
+                }
+                self.queue_full.store(false, Ordering::SeqCst);
             }
             let slot = match self.free.try_recv() {
                 Ok(slot) => slot,
@@ -374,6 +390,8 @@ struct Filling {
     events: flume::Sender<ProducerEvent>,
     planner: Task,
     stop: Arc<AtomicBool>,
+    /// The planner waits for room in the queue (see [`Planning`]).
+    queue_full: Arc<AtomicBool>,
 }
 
 impl Filling {
@@ -388,8 +406,10 @@ impl Filling {
                 Err(flume::TryRecvError::Empty) => return Turn::Idle,
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
             };
-            // The queue has room again.
-            self.planner.wake();
+            // The queue has room again: a planner that found it full is woken.
+            if self.queue_full.swap(false, Ordering::SeqCst) {
+                self.planner.wake();
+            }
             let event = match step {
                 Step::Fill(job) => self.fill(*job),
                 Step::Event(event) => event,
