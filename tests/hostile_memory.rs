@@ -90,9 +90,16 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
             t
         }),
     );
+    // Two symbolic link loops (they hung the daemon, its memory growing ~4.5 MB/s).
+    let looping = p.join("looping");
+    std::fs::create_dir_all(looping.join("sub")).expect("mkdir");
+    write(&looping, "part.ctf", "|a 1\n");
+    std::os::unix::fs::symlink(".", looping.join("a")).expect("symlink");
+    std::os::unix::fs::symlink("..", looping.join("sub/b")).expect("symlink");
     let datasets = dataset("short", "libsvm", &short, false)
         + &dataset("bomb", "libsvm", &bomb, false)
         + &dataset("long", "ctf", &long, true)
+        + &dataset("looping", "ctf", &looping, true)
         + &dataset("good", "ctf", &good, true);
     config(p, LIMIT, &datasets);
     let d = Daemon::start(p, &[]);
@@ -105,6 +112,9 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     let (code, message) = refusal(&d, "long");
     assert_eq!(code, ErrorCode::UnknownDataset, "{message}");
     assert!(message.contains("long.ctf:1: byte offset 0") && message.contains("a line of more than"), "{message}");
+    let (code, message) = refusal(&d, "looping");
+    assert_eq!(code, ErrorCode::UnknownDataset, "{message}");
+    assert!(message.contains("symbolic link loop"), "{message}");
     // The good dataset is served whole.
     let mut s = Client::connect(&d.socket).expect("connect").open("good", &options(10)).expect("open good");
     assert_eq!(support::daemon::drain(&mut s, 5).len(), 5);
@@ -202,4 +212,65 @@ fn sigterm_while_indexing_stops_without_waiting_for_the_index_pass() {
     assert!(log.contains("stopped"), "{log}");
     assert!(!log.contains("dataset ready dataset=a_big"), "the stop waited for the index pass:\n{log}");
     assert!(state.join("checkpoint.json").exists(), "the shutdown checkpoint");
+}
+
+/// #15 item 4: 2,000 sessions made 4,005 threads and 551 MB; 22,000 idle connections filled the
+/// descriptor table. Connections and sessions up to the limits, each session reading, keep the
+/// daemon within `memory_limit_bytes` + the overhead: rings are reserved against the limit,
+/// sessions share the producer threads, and a connection costs a socket and a small buffer.
+#[test]
+fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let good = write(
+        p,
+        "good.ctf",
+        (0..2000).fold(String::new(), |mut t, i| {
+            let _ = writeln!(t, "|a {i}");
+            t
+        }),
+    );
+    let d = p.display();
+    write(
+        p,
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+             memory_limit_bytes = {LIMIT}\nhost_memory_reserve_bytes = 0\nparser_threads = 1\nproducer_threads = 2\n\
+             ring_slots = 2\nslot_size_bytes = 65536\nmax_connections = 1024\nmax_connections_per_uid = 1024\n\
+             max_sessions = 256\nmax_sessions_per_uid = 256\n{}",
+            dataset("good", "ctf", &good, true)
+        ),
+    );
+    let d = Daemon::start(p, &[]);
+    // 256 sessions (a 128 KiB ring each: 32 MiB of the 64 MiB limit), every one reading.
+    let mut sessions: Vec<_> = (0..256)
+        .map(|i| {
+            Client::connect(&d.socket)
+                .expect("connect")
+                .open("good", &options(4))
+                .unwrap_or_else(|e| panic!("{i}: {e}"))
+        })
+        .collect();
+    for s in &mut sessions {
+        assert!(s.next_owned().expect("served").is_some());
+    }
+    // And connections up to the daemon's limit, idle after hello.
+    let mut idle = Vec::new();
+    while idle.len() < 1024 - 256 {
+        let c = Client::connect(&d.socket).expect("connect");
+        idle.push(c);
+    }
+    for s in &mut sessions {
+        assert!(s.next_owned().expect("still served").is_some());
+    }
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
+        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB with 256 sessions and 1024 connections",
+        peak >> 20,
+        LIMIT >> 20,
+        DAEMON_OVERHEAD_BYTES >> 20
+    );
+    eprintln!("peak RSS with 256 sessions and 1024 connections, limit {} MiB: {} MiB", LIMIT >> 20, peak >> 20);
 }

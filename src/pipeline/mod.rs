@@ -133,6 +133,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
     // Held until the process ends: one daemon per state_dir.
     let _lock = lock_state_dir(&config.daemon.state_dir)?;
+    raise_descriptor_limit(&config);
     let metrics_listener = bind_metrics(&config)?;
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
     // them get `dataset_indexing` with the progress.
@@ -250,4 +251,32 @@ fn spawn_readiness_and_watchdog(
             notifier.watchdog();
         }
     })
+}
+
+/// Raises the soft limit on open descriptors to the hard one (a login shell's soft limit is often
+/// 1024, below what `max_connections` and `max_sessions` allow), and warns when even the hard
+/// limit is below what the daemon's own limits may need: then `EMFILE`, not a clear refusal,
+/// would be the first limit a client meets.
+fn raise_descriptor_limit(config: &Config) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let d = &config.daemon;
+    let mut limit = getrlimit(Resource::Nofile);
+    if let Some(hard) = limit.maximum {
+        if limit.current.is_some_and(|soft| soft < hard) {
+            limit.current = Some(hard);
+            if let Err(e) = setrlimit(Resource::Nofile, limit) {
+                tracing::warn!(error = %e, "cannot raise the descriptor limit to its hard limit");
+            }
+        }
+    }
+    // A connection's socket, a session's memfd, and room for data files, listeners and state.
+    let needed = (d.max_connections + d.max_sessions + 256) as u64;
+    let now = getrlimit(Resource::Nofile).current;
+    if let Some(soft) = now.filter(|&soft| soft < needed) {
+        tracing::warn!(
+            limit = soft,
+            needed,
+            "the descriptor limit (RLIMIT_NOFILE) is below max_connections + max_sessions + 256: raise it (LimitNOFILE= in the unit) or lower those keys"
+        );
+    }
 }
