@@ -26,6 +26,7 @@
 pub mod config;
 pub mod dump;
 pub mod metrics;
+pub mod objects;
 pub mod pipeline;
 pub mod stage;
 

@@ -159,6 +159,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Index { config, dataset } => {
             let c = Config::load(&config)?;
+            minibatchd::objects::ensure(&c)?;
             let d = open_dataset(&c, &dataset, std::io::stderr().is_terminal())?;
             let t = d.timeline();
             println!(
@@ -172,6 +173,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dump(args) => {
             let c = Config::load(&args.config)?;
+            minibatchd::objects::ensure(&c)?;
             let d = open_dataset(&c, &args.dataset, false)?;
             let options = match dump_options(&args, d.config()) {
                 Ok(o) => o,
@@ -192,6 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Run { config } => {
             let c = Config::load(&config)?;
+            minibatchd::objects::ensure(&c)?;
             minibatchd::pipeline::run(c)?;
             Ok(ExitCode::SUCCESS)
         }

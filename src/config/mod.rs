@@ -129,6 +129,23 @@ pub struct DaemonConfig {
     /// Seconds a connection may stay without an open session (`hello`, then `open`) before it
     /// is closed.
     pub handshake_timeout_secs: u64,
+    /// Object storage inputs (`s3://`): the chunk-range cache and shared indexes.
+    pub objects: ObjectsConfig,
+}
+
+/// `[daemon]` keys for datasets in object storage (`docs/object-storage.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectsConfig {
+    /// Directory of the on-disk cache of chunk byte ranges (default `state_dir/objects`).
+    pub cache_dir: PathBuf,
+    /// Its limit, in bytes.
+    pub cache_bytes: u64,
+    /// Where shared indexes go: `None` beside each object, else this `s3://` prefix.
+    pub index_prefix: Option<String>,
+    /// How long to wait for another node's index before indexing an object here too.
+    pub index_wait_secs: u64,
+    /// Chunk ranges the reader stage fetches ahead of the parsers at once.
+    pub fetches: usize,
 }
 
 impl Config {
@@ -325,7 +342,23 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         max_sessions: t.usize(w, "max_sessions", 1, 1 << 16).unwrap_or(256),
         max_sessions_per_uid: t.usize(w, "max_sessions_per_uid", 1, 1 << 16).unwrap_or(64),
         handshake_timeout_secs: t.uint(w, "handshake_timeout_secs", 1, 3600).unwrap_or(10),
+        objects: ObjectsConfig {
+            cache_dir: PathBuf::new(),
+            cache_bytes: t.uint(w, "object_cache_bytes", 1 << 20, u64::MAX).unwrap_or(16 << 30),
+            index_prefix: t.string(w, "object_index_prefix"),
+            index_wait_secs: t.uint(w, "object_index_wait_secs", 0, 86_400).unwrap_or(600),
+            fetches: t.usize(w, "object_fetches", 1, 256).unwrap_or(8),
+        },
     };
+    let mut d = d;
+    d.objects.cache_dir = t.path(w, "object_cache_dir").unwrap_or_else(|| d.state_dir.join("objects"));
+    if let Some(prefix) = &d.objects.index_prefix {
+        if !prefix.starts_with(minibatchd_engine::remote::SCHEME)
+            || prefix.len() <= minibatchd_engine::remote::SCHEME.len()
+        {
+            w.issue(&format!("{}.object_index_prefix", node.path()), "expected an s3://BUCKET/PREFIX/ URL");
+        }
+    }
     let inflate = InflateLimits {
         max_bytes: t.uint(w, "max_inflated_bytes", 1, u64::MAX).unwrap_or(DEFAULT_MAX_INFLATED_BYTES),
         max_ratio: t.uint(w, "max_inflate_ratio", 1, 1_000_000).unwrap_or(DEFAULT_MAX_INFLATE_RATIO),

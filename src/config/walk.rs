@@ -159,7 +159,8 @@ impl Walker {
 
     fn resolve(&self, s: &str) -> PathBuf {
         let p = Path::new(s);
-        if p.is_absolute() {
+        // An object URL (`s3://bucket/key`) is not relative to the config file.
+        if p.is_absolute() || minibatchd_engine::remote::is_remote(p) {
             p.to_owned()
         } else {
             self.base.join(p)

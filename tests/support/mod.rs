@@ -12,6 +12,7 @@
 pub mod daemon;
 pub mod deepx;
 pub mod golden;
+pub mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

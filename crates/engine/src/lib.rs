@@ -39,6 +39,7 @@ pub mod hash;
 pub mod minibatch;
 pub mod options;
 pub mod persist;
+pub mod remote;
 pub mod sampling;
 
 pub use dataset::Dataset;

@@ -73,6 +73,8 @@ pub struct DataPlane {
     pub channels: Channels,
     /// Parser threads.
     pub parser_threads: usize,
+    /// Object chunk ranges the reader fetches ahead of the parsers at once (`object_fetches`).
+    pub object_fetches: usize,
     /// Every metric.
     pub metrics: Metrics,
     /// Phase and stage liveness.
@@ -98,6 +100,7 @@ impl DataPlane {
             cache,
             channels,
             parser_threads,
+            object_fetches: d.objects.fetches,
             metrics,
             health: Health::default(),
             indexing: Indexing::default(),

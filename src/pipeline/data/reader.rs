@@ -4,6 +4,11 @@
 //! parser thread, so the reader's job is I/O scheduling — it starts kernel readahead
 //! (`posix_fadvise(WILLNEED)`) for the chunk's byte range, so the parser finds the bytes in the page
 //! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="reader"}`.
+//!
+//! A chunk of an object in object storage is fetched into the chunk-range cache first (a ranged
+//! GET, `object_fetches` at a time, on the blocking pool), then handed to the parsers: they
+//! never wait on the network for a chunk the reader saw coming. A fetch that fails is handed on
+//! all the same: the parser fetches again and reports the error with the object's URL.
 
 use std::time::Instant;
 
@@ -21,6 +26,8 @@ pub struct ChunkReader {
     data: Arc<DataPlane>,
     supervisor: Recipient<StageStopped>,
     busy: prometheus::Counter,
+    /// Object range fetches in flight at once.
+    fetches: Arc<tokio::sync::Semaphore>,
 }
 
 impl ChunkReader {
@@ -28,7 +35,13 @@ impl ChunkReader {
     #[must_use]
     pub fn new(data: Arc<DataPlane>, supervisor: Recipient<StageStopped>) -> Self {
         let busy = data.metrics.stage_busy(Stage::Reader.name());
-        Self { data, supervisor, busy }
+        let fetches = Arc::new(tokio::sync::Semaphore::new(data.object_fetches));
+        Self { data, supervisor, busy, fetches }
+    }
+
+    /// Whether chunk `req` is a range of an object that is not in the chunk-range cache yet.
+    fn needs_fetch(&self, req: ChunkRequest) -> bool {
+        self.data.runtime(req.key.0).is_some_and(|rt| rt.dataset.object_range_missing(req.key.1 as usize))
     }
 
     fn readahead(&self, req: ChunkRequest) {
@@ -57,6 +70,31 @@ impl Actor for ChunkReader {
 
 impl StreamHandler<ChunkRequest> for ChunkReader {
     fn handle(&mut self, req: ChunkRequest, ctx: &mut Self::Context) {
+        if self.needs_fetch(req) {
+            // Wait for a free fetch (holding further requests: back-pressure), then fetch on the
+            // blocking pool and hand the chunk on when its bytes are on disk.
+            let permits = self.fetches.clone();
+            let data = self.data.clone();
+            ctx.wait(async move { permits.acquire_owned().await }.into_actor(self).map(move |permit, _, _| {
+                let Ok(permit) = permit else { return };
+                actix::spawn(async move {
+                    let fetched = tokio::task::spawn_blocking({
+                        let data = data.clone();
+                        move || {
+                            let rt = data.runtime(req.key.0)?;
+                            rt.dataset.prefetch_object_range(req.key.1 as usize)
+                        }
+                    })
+                    .await;
+                    drop(permit);
+                    if let Ok(Some(Err(e))) = fetched {
+                        tracing::warn!(dataset = req.key.0, chunk = req.key.1, error = %e, "fetching a chunk ahead of the parsers failed; the parser will try again");
+                    }
+                    let _ = data.channels.to_parse.0.send_async(req).await;
+                });
+            }));
+            return;
+        }
         let started = Instant::now();
         self.readahead(req);
         self.busy.inc_by(started.elapsed().as_secs_f64());

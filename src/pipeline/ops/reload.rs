@@ -46,6 +46,10 @@ pub enum ValidateError {
 /// [`ValidateError`].
 pub fn validate(path: &Path) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
+    // Objects are listed like files: object storage must be there first.
+    if let Err(e) = crate::objects::ensure(&c) {
+        return Err(ValidateError::Files(vec![(String::new(), DataError::Dataset(format!("object storage: {e}")))]));
+    }
     let mut problems = Vec::new();
     for d in c.datasets.values() {
         for s in &d.sources {
@@ -102,6 +106,8 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
     keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads, producer_threads);
     // The connection and session limits are read once, at start.
     keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
+    // Object storage is set up once per process (its cache, shared indexes and fetches).
+    keep!(objects);
     (out, restart)
 }
 
@@ -272,6 +278,7 @@ mod tests {
             max_sessions: _,
             max_sessions_per_uid: _,
             handshake_timeout_secs: _,
+            objects: _,
         } = daemon("");
         assert_eq!(hot_daemon_keys().len(), 7);
     }

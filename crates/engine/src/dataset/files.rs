@@ -32,6 +32,7 @@ use std::sync::Arc;
 use crate::format::errors::DataError;
 use crate::format::index::FileIndex;
 use crate::format::index_cache::{self, FileStamp, Miss};
+use crate::remote::{self, ObjectMeta};
 use crate::Result;
 
 /// The deepest a directory walk goes: directories more than this many levels below the
@@ -68,7 +69,55 @@ const LIMITS: Limits = Limits { depth: MAX_DEPTH, files: MAX_FILES, entries: MAX
 /// reached twice in a walk; the same file reached twice by one entry; a walk beyond its limits
 /// (128 levels deep, 2^20 files, 2^22 directory entries); an I/O error listing a directory.
 pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    resolve_with(patterns, LIMITS)
+    Ok(resolve_inputs(patterns)?.into_iter().map(|i| i.name).collect())
+}
+
+/// One input of a dataset: a local file, or an object with its size and ETag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    /// The file's path, or the object's URL (`s3://bucket/key`), as errors name it.
+    pub name: PathBuf,
+    /// The object, for an input in object storage.
+    pub object: Option<ObjectMeta>,
+}
+
+/// [`resolve_files`] with objects: an entry starting `s3://` is listed in object storage
+/// ([`crate::remote::ObjectStore::list`]: a key, a prefix ending in `/`, a "directory" key or a
+/// glob; minibatchd's own shared indexes are never inputs), every other entry is expanded on the
+/// local file system as [`resolve_files`] says. The order of entries is kept.
+///
+/// # Errors
+/// As [`resolve_files`]; for an object entry, what listing it says (no such bucket, key or
+/// prefix; access denied), or no object store installed.
+pub fn resolve_inputs(patterns: &[PathBuf]) -> Result<Vec<Input>> {
+    let mut out = Vec::new();
+    let mut local: Vec<PathBuf> = Vec::new();
+    let flush = |local: &mut Vec<PathBuf>, out: &mut Vec<Input>| -> Result<()> {
+        if !local.is_empty() {
+            out.extend(resolve_with(local, LIMITS)?.into_iter().map(|name| Input { name, object: None }));
+            local.clear();
+        }
+        Ok(())
+    };
+    for p in patterns {
+        if !remote::is_remote(p) {
+            local.push(p.clone());
+            continue;
+        }
+        flush(&mut local, &mut out)?;
+        let r = remote::require(p)?;
+        let objects = r.store.list(&p.to_string_lossy()).map_err(remote::RemoteError::into_data)?;
+        let objects: Vec<ObjectMeta> = objects.into_iter().filter(|o| !remote::is_index_key(&o.url)).collect();
+        if objects.is_empty() {
+            return Err(DataError::io(p, std::io::Error::new(std::io::ErrorKind::NotFound, "no object matches")));
+        }
+        if out.len() + objects.len() > MAX_FILES {
+            return Err(DataError::io(p, std::io::Error::other(format!("more than {MAX_FILES} inputs"))));
+        }
+        out.extend(objects.into_iter().map(|o| Input { name: PathBuf::from(&o.url), object: Some(o) }));
+    }
+    flush(&mut local, &mut out)?;
+    Ok(out)
 }
 
 fn resolve_with(patterns: &[PathBuf], limits: Limits) -> Result<Vec<PathBuf>> {

@@ -27,6 +27,7 @@ use crate::format::index::{build_chunks, ChunkDesc, FileIndex};
 use crate::format::inflate;
 use crate::hash::Fnv1a;
 use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat};
+use crate::remote::{self, ObjectMeta};
 use crate::sampling::Timeline;
 
 mod files;
@@ -35,7 +36,7 @@ mod read;
 
 use crate::Result;
 use files::index_with_cache;
-pub use files::resolve_files;
+pub use files::{resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
 use read::{read_range, FileVersion, ReadWindow};
@@ -55,16 +56,34 @@ enum SourceDecoder {
     Deepx(DeepxDecoder),
 }
 
+/// Where a file's bytes are, at the version indexed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stored {
+    /// A local file (or a decompressed copy): checked against this version before a read.
+    Local(FileVersion),
+    /// An object at this ETag, read through the chunk-range cache with `If-Match`.
+    Remote(ObjectMeta),
+}
+
+impl Stored {
+    fn of(input: &Input) -> Result<Self> {
+        match &input.object {
+            Some(o) => Ok(Self::Remote(o.clone())),
+            None => FileVersion::of(&input.name).map(Self::Local),
+        }
+    }
+}
+
 struct OpenSource {
-    /// The files as configured (named in errors, part of the identity).
+    /// The files (paths or object URLs) as configured (named in errors, part of the identity).
     files: Vec<Arc<Path>>,
     /// Where each file's bytes are read: the file itself, or its decompressed copy.
     data: Vec<Arc<Path>>,
     /// The versions of `data` that were indexed (checked before a chunk is read).
-    data_versions: Vec<FileVersion>,
+    data_versions: Vec<Stored>,
     /// The versions of `files` that were indexed (a reload opens the dataset again when one
     /// changed).
-    file_versions: Vec<FileVersion>,
+    file_versions: Vec<Stored>,
     indexes: Vec<FileIndex>,
     decoder: SourceDecoder,
     /// First stream of this source in the dataset's stream order.
@@ -134,10 +153,9 @@ impl Dataset {
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
-        let resolved: Vec<Vec<PathBuf>> =
-            config.sources.iter().map(|s| resolve_files(&s.files)).collect::<Result<_, _>>()?;
-        let bytes_total: u64 =
-            resolved.iter().flatten().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let resolved: Vec<Vec<Input>> =
+            config.sources.iter().map(|s| resolve_inputs(&s.files)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
         let mut done = 0u64;
         let mut sequences = 0u64;
         let mut sources = Vec::new();
@@ -150,22 +168,40 @@ impl Dataset {
             let mut indexes = Vec::new();
             let mut paths = Vec::new();
             let mut versions = Vec::new();
-            for f in files {
+            for input in files {
+                let f = &input.name;
                 // Taken before the pass: a change during it is caught when a chunk is read.
-                versions.push(FileVersion::of(&f)?);
+                let stored = Stored::of(&input)?;
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
                 let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
-                let idx = index_with_cache(
-                    &shared,
-                    &f,
-                    &options.fingerprint(),
-                    config.cache_index.then_some(state_dir),
-                    left.max_sequences,
-                    &mut report,
-                    &mut |p| ctf::index_file(&f, &options, left, p),
-                )?;
+                let fingerprint = options.fingerprint();
+                let cache = config.cache_index.then_some(state_dir);
+                let idx = match &stored {
+                    Stored::Remote(object) => {
+                        let r = remote::require(f)?;
+                        remote::index_object(
+                            r,
+                            object,
+                            &fingerprint,
+                            cache,
+                            left.max_sequences,
+                            &mut report,
+                            &mut |p| {
+                                let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
+                                ctf::index_reader(reader, &shared, object.size, &options, left, p)
+                            },
+                        )?
+                        .0
+                    }
+                    Stored::Local(_) => {
+                        index_with_cache(&shared, f, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                            ctf::index_file(f, &options, left, p)
+                        })?
+                    }
+                };
+                versions.push(stored);
                 done += idx.size;
                 sequences += idx.sequences.len() as u64;
                 paths.push(idx.path.clone());
@@ -205,44 +241,75 @@ impl Dataset {
     ) -> Result<Self> {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
-        let files = resolve_files(patterns)?;
-        let data: Vec<PathBuf> =
-            files.iter().map(|f| inflate::readable_path(f, state_dir, &config.inflate)).collect::<Result<_, _>>()?;
-        let bytes_total: u64 = data.iter().filter_map(|p| std::fs::metadata(p).ok()).map(|m| m.len()).sum();
+        let inputs = resolve_inputs(patterns)?;
+        // Where each input's bytes are read: the file or object itself, or a decompressed copy.
+        let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
+        let mut data_versions = Vec::with_capacity(inputs.len());
+        for input in &inputs {
+            let copy = match &input.object {
+                None => {
+                    Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name)
+                }
+                Some(object) => {
+                    inflate::inflated_object(object, remote::require(&input.name)?, state_dir, &config.inflate)?
+                }
+            };
+            if let Some(copy) = copy {
+                data_versions.push(Stored::Local(FileVersion::of(&copy)?));
+                data.push(copy);
+            } else {
+                data_versions.push(Stored::of(input)?);
+                data.push(input.name.clone());
+            }
+        }
+        let bytes_total: u64 = data
+            .iter()
+            .zip(&data_versions)
+            .map(|(d, v)| match v {
+                Stored::Remote(o) => o.size,
+                Stored::Local(_) => std::fs::metadata(d).map_or(0, |m| m.len()),
+            })
+            .sum();
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();
         let mut done = 0u64;
         let mut sequences = 0u64;
         let mut indexes = Vec::new();
-        let (mut data_versions, mut file_versions) = (Vec::new(), Vec::new());
-        for (f, d) in files.iter().zip(&data) {
-            data_versions.push(FileVersion::of(d)?);
-            file_versions.push(FileVersion::of(f)?);
+        let mut file_versions = Vec::new();
+        for ((input, d), stored) in inputs.iter().zip(&data).zip(&data_versions) {
+            let f = &input.name;
+            file_versions.push(Stored::of(input)?);
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
-            let idx = index_with_cache(
-                &name,
-                d,
-                &fingerprint,
-                config.cache_index.then_some(state_dir),
-                left.max_sequences,
-                &mut report,
-                &mut |p| {
-                    let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
-                    let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
-                    let reader = std::io::BufReader::with_capacity(1 << 16, file);
-                    deepx::index_reader(reader, name.clone(), size, options, left, p)
-                },
-            )?;
+            let cache = config.cache_index.then_some(state_dir);
+            let idx = match stored {
+                Stored::Remote(object) => {
+                    let r = remote::require(f)?;
+                    remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                        let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
+                        let reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                        deepx::index_reader(reader, name.clone(), object.size, options, left, p)
+                    })?
+                    .0
+                }
+                Stored::Local(_) => {
+                    index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                        let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
+                        let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
+                        let reader = std::io::BufReader::with_capacity(1 << 16, file);
+                        deepx::index_reader(reader, name.clone(), size, options, left, p)
+                    })?
+                }
+            };
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             indexes.push(idx);
         }
         let streams = schema.specs();
         let source = OpenSource {
-            files: files.iter().map(|f| Arc::from(f.as_path())).collect(),
+            files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
             data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
             data_versions,
             file_versions,
@@ -296,10 +363,15 @@ impl Dataset {
     #[must_use]
     pub fn is_current(&self) -> bool {
         self.config.sources.iter().zip(&self.sources).all(|(cfg, src)| {
-            let same_files = resolve_files(&cfg.files)
-                .is_ok_and(|now| now.len() == src.files.len() && now.iter().zip(&src.files).all(|(a, b)| a == &**b));
-            same_files
-                && src.files.iter().zip(&src.file_versions).all(|(f, v)| FileVersion::of(f).is_ok_and(|now| now == *v))
+            let Ok(now) = resolve_inputs(&cfg.files) else { return false };
+            now.len() == src.files.len()
+                && now.iter().zip(src.files.iter().zip(&src.file_versions)).all(|(input, (f, v))| {
+                    input.name == **f
+                        && match v {
+                            Stored::Local(v) => FileVersion::of(f).is_ok_and(|now| now == *v),
+                            Stored::Remote(o) => input.object.as_ref() == Some(o),
+                        }
+                })
         })
     }
 
@@ -326,7 +398,11 @@ impl Dataset {
     #[must_use]
     pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
         let c = self.chunks.get(chunk)?;
-        Some((self.sources.first()?.data.get(c.file)?, c.start, c.end))
+        let src = self.sources.first()?;
+        match src.data_versions.get(c.file)? {
+            Stored::Local(_) => Some((src.data.get(c.file)?, c.start, c.end)),
+            Stored::Remote(_) => None,
+        }
     }
 
     /// Stream names, in the order of [`ParsedChunk::streams`].
@@ -364,9 +440,14 @@ impl Dataset {
     pub fn identity(&self) -> u64 {
         let mut h = Fnv1a::new();
         for s in &self.sources {
-            for (f, idx) in s.files.iter().zip(&s.indexes) {
+            for ((f, idx), v) in s.files.iter().zip(&s.indexes).zip(&s.file_versions) {
                 h.field(f.as_os_str().as_encoded_bytes());
                 h.u64(idx.size);
+                // An object's version is part of its identity (a rewrite at the same size is
+                // other data); a local file's keeps the identity it always had.
+                if let Stored::Remote(o) = v {
+                    h.field(o.etag.as_bytes());
+                }
             }
         }
         for &l in &self.timeline.seq_len {
@@ -416,6 +497,65 @@ impl Dataset {
         }
     }
 
+    /// Windows over bytes `start..end` of `src`'s file `file`: the file (checked against the
+    /// version indexed), or the object's range from the chunk-range cache (fetched if needed).
+    fn window(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<ReadWindow<'_>> {
+        match &src.data_versions[file] {
+            Stored::Local(v) => ReadWindow::new(&src.data[file], end, v),
+            Stored::Remote(object) => {
+                let name = &src.files[file];
+                let r = remote::require(name)?;
+                let f = r.chunks.fetch(r.store.as_ref(), object, start, end)?;
+                Ok(ReadWindow::over(name, f, start, end))
+            }
+        }
+    }
+
+    /// Bytes `start..end` of `src`'s file `file` (a joined source's sequence). From an object,
+    /// through the cache of the whole object: a joined source is read in its key order, not in
+    /// chunks.
+    fn read_stored(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<Vec<u8>> {
+        match &src.data_versions[file] {
+            Stored::Local(v) => read_range(&src.data[file], start, end, v),
+            Stored::Remote(object) => {
+                use std::os::unix::fs::FileExt as _;
+                let name = &src.files[file];
+                let r = remote::require(name)?;
+                let f = r.chunks.fetch(r.store.as_ref(), object, 0, object.size)?;
+                let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+                let mut buf = vec![0u8; len];
+                f.read_exact_at(&mut buf, start).map_err(|e| DataError::io(name, e))?;
+                Ok(buf)
+            }
+        }
+    }
+
+    /// Whether chunk `chunk`'s bytes are in object storage and not in the chunk-range cache.
+    #[must_use]
+    pub fn object_range_missing(&self, chunk: usize) -> bool {
+        let Some(c) = self.chunks.get(chunk) else { return false };
+        let Some(src) = self.sources.first() else { return false };
+        let Some(Stored::Remote(object)) = src.data_versions.get(c.file) else { return false };
+        remote::installed().is_some_and(|r| !r.chunks.contains(object, c.start, c.end))
+    }
+
+    /// For a chunk whose bytes are in object storage: fetches them into the chunk-range cache
+    /// now (the daemon's reader stage does this ahead of the parsers, several at a time), and
+    /// says whether they had to be fetched. `None` for a chunk of a local file.
+    #[must_use]
+    pub fn prefetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {
+        let c = self.chunks.get(chunk)?;
+        let src = self.sources.first()?;
+        let Stored::Remote(object) = src.data_versions.get(c.file)? else { return None };
+        let name = &src.files[c.file];
+        Some(remote::require(name).and_then(|r| {
+            if r.chunks.contains(object, c.start, c.end) {
+                return Ok(false);
+            }
+            r.chunks.fetch(r.store.as_ref(), object, c.start, c.end).map(|_| true)
+        }))
+    }
+
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
     fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>)> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
@@ -432,7 +572,7 @@ impl Dataset {
                     let chunk_bytes = usize::try_from(desc.end - desc.start)
                         .map_err(|_| DataError::Dataset("chunk too large".into()))?;
                     let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
-                    let mut window = ReadWindow::new(&src.data[desc.file], desc.end, &src.data_versions[desc.file])?;
+                    let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
                     for g in seqs.clone() {
                         let loc = self.locs[g * self.sources.len() + si];
                         let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
@@ -460,7 +600,7 @@ impl Dataset {
                 // time, so the parser reads what was just copied from the page cache while it is
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
-                let mut window = ReadWindow::new(path, desc.end, &src.data_versions[desc.file])?;
+                let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
                 for g in seqs.clone() {
                     let loc = self.locs[g * self.sources.len()];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
@@ -474,8 +614,8 @@ impl Dataset {
                     let loc = self.locs[g * self.sources.len() + si];
                     let path = &src.files[loc.file as usize];
                     let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
-                    let version = &src.data_versions[loc.file as usize];
-                    let bytes = read_range(path, seq.offset, seq.offset + u64::from(seq.size), version)?;
+                    let bytes =
+                        Self::read_stored(src, loc.file as usize, seq.offset, seq.offset + u64::from(seq.size))?;
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
@@ -493,6 +633,11 @@ impl Dataset {
         }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
     }
+}
+
+/// An input's size now (an object's as listed), for progress.
+fn input_size(input: &Input) -> u64 {
+    input.object.as_ref().map_or_else(|| std::fs::metadata(&input.name).map_or(0, |m| m.len()), |o| o.size)
 }
 
 fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> StreamData {

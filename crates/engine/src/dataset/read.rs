@@ -83,10 +83,13 @@ const READ_WINDOW: u64 = 256 << 10;
 pub(super) struct ReadWindow<'a> {
     path: &'a Path,
     file: File,
+    /// The data offset of the file's first byte: 0 for a data file, the range's start for a
+    /// cached range of an object.
+    base: u64,
     /// Where the chunk ends: windows never read past it.
     end: u64,
     buf: ReusedBuffer,
-    /// File offset of `buf[0]`.
+    /// Data offset of `buf[0]`.
     at: u64,
 }
 
@@ -94,9 +97,15 @@ impl<'a> ReadWindow<'a> {
     pub(super) fn new(path: &'a Path, end: u64, version: &FileVersion) -> Result<Self> {
         let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
         version.check(path, &file)?;
+        Ok(Self::over(path, file, 0, end))
+    }
+
+    /// Windows over `file`, which holds the data from offset `base` on; `path` names the data in
+    /// errors.
+    pub(super) fn over(path: &'a Path, file: File, base: u64, end: u64) -> Self {
         let mut buf = ReusedBuffer(READ_BUFFER.with(|b| std::mem::take(&mut *b.borrow_mut())));
         buf.0.clear();
-        Ok(Self { path, file, end, buf, at: 0 })
+        Self { path, file, base, end, buf, at: 0 }
     }
 
     /// The `size` bytes at file offset `offset`, reading a new window (from `offset`, at least
@@ -108,7 +117,10 @@ impl<'a> ReadWindow<'a> {
             let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
             let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
             self.buf.0.resize(len, 0);
-            self.file.read_exact_at(&mut self.buf.0, offset).map_err(|e| {
+            let at = offset
+                .checked_sub(self.base)
+                .ok_or_else(|| DataError::Dataset("offset before the read range".into()))?;
+            self.file.read_exact_at(&mut self.buf.0, at).map_err(|e| {
                 let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     std::io::Error::new(
                         e.kind(),

@@ -286,6 +286,36 @@ pub fn load(
     decode(f, len, stamp, fingerprint, file)
 }
 
+/// The bytes of a cache file for `index` (what a shared index in object storage holds).
+///
+/// # Errors
+/// None in practice (writes to memory).
+pub fn encode_to_vec(stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    encode(&mut out, stamp, fingerprint, index)?;
+    Ok(out)
+}
+
+/// The index in `bytes` (a cache file's content) if it is whole and describes `stamp` with
+/// `fingerprint`, and holds at most `max_sequences` sequences.
+///
+/// # Errors
+/// Why it cannot be used.
+pub fn decode_bytes(
+    bytes: &[u8],
+    stamp: &FileStamp,
+    fingerprint: &str,
+    file: &Arc<Path>,
+    max_sequences: u64,
+) -> Result<FileIndex, Miss> {
+    let len = bytes.len() as u64;
+    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
+    if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
+        return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
+    }
+    decode(bytes, len, stamp, fingerprint, file)
+}
+
 /// Writes the cache atomically and privately into `state_dir/index/`: temporary file (`0600`),
 /// fsync, rename, fsync of the directory.
 ///

@@ -99,6 +99,48 @@ pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) ->
         return Ok(source.to_owned());
     }
     let stamp = FileStamp::of(source).map_err(|e| DataError::io(source, e))?;
+    inflated_copy(source, &stamp, state_dir, limits, &mut || {
+        let f = minibatchd_sys::files::open_regular(source).map_err(|e| DataError::io(source, e))?;
+        Ok(Box::new(f))
+    })
+}
+
+/// The decompressed copy of the object `object` if it is gzip data (by its first two bytes),
+/// else `None`: as [`readable_path`], the object streamed once from `remote`.
+///
+/// # Errors
+/// As [`readable_path`], and object-storage errors naming the URL.
+pub fn inflated_object(
+    object: &crate::remote::ObjectMeta,
+    remote: &crate::remote::Remote,
+    state_dir: &Path,
+    limits: &InflateLimits,
+) -> Result<Option<PathBuf>, DataError> {
+    let mut magic = Vec::new();
+    remote
+        .store
+        .read_range(object, 0, object.size.min(2), &mut magic)
+        .map_err(crate::remote::RemoteError::into_data)?;
+    if magic != GZIP_MAGIC {
+        return Ok(None);
+    }
+    let stamp = crate::remote::shared_index_stamp(object);
+    let name = PathBuf::from(&object.url);
+    inflated_copy(&name, &stamp, state_dir, limits, &mut || {
+        remote.store.open(object).map_err(crate::remote::RemoteError::into_data)
+    })
+    .map(Some)
+}
+
+/// The decompressed copy of the gzip data `source` (recorded as `stamp`) that `open` yields.
+fn inflated_copy(
+    source: &Path,
+    stamp: &FileStamp,
+    state_dir: &Path,
+    limits: &InflateLimits,
+    open: &mut dyn FnMut() -> Result<Box<dyn Read + Send>, DataError>,
+) -> Result<PathBuf, DataError> {
+    let stamp = stamp.clone();
     let wanted = state_dir.join(INFLATED_DIR);
     let dir =
         persist::private_subdir(state_dir, INFLATED_DIR).map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
@@ -115,7 +157,7 @@ pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) ->
         }
     }
     let (tmp, out) = persist::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
-    let written = match copy_inflated(source, out, allowed) {
+    let written = match open().map_err(Failure::Source).and_then(|input| copy_inflated(source, input, out, allowed)) {
         Ok(n) => n,
         Err(f) => {
             let _ = fs::remove_file(&tmp);
@@ -298,8 +340,7 @@ enum Failure {
 }
 
 /// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
-fn copy_inflated(source: &Path, out: File, allowed: u64) -> Result<u64, Failure> {
-    let input = minibatchd_sys::files::open_regular(source).map_err(|e| Failure::Source(DataError::io(source, e)))?;
+fn copy_inflated(source: &Path, input: Box<dyn Read + Send>, out: File, allowed: u64) -> Result<u64, Failure> {
     let mut decoder = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, input));
     let mut writer = BufWriter::with_capacity(1 << 20, out);
     let mut buf = vec![0u8; 1 << 20];

@@ -88,9 +88,24 @@ pub fn index_file(
 ) -> Result<FileIndex, DataError> {
     let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
-    let shared: Arc<Path> = Arc::from(path);
-    let mut indexer = Indexer::new(shared.clone(), options, size, limits);
-    for_each_line(file, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
+    index_reader(file, &Arc::from(path), size, options, limits, progress)
+}
+
+/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage),
+/// naming `path` in errors; as [`index_file`].
+///
+/// # Errors
+/// As [`index_file`].
+pub fn index_reader(
+    reader: impl std::io::Read,
+    path: &Arc<Path>,
+    size: u64,
+    options: &CtfIndexOptions,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let mut indexer = Indexer::new(path.clone(), options, size, limits);
+    for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
         indexer.line(line, offset)
     })?;
     indexer.finish()

@@ -8,4 +8,4 @@ pub mod number;
 mod scan;
 
 pub use decode::{CtfDecoder, Element, SeqContext, StreamBuf};
-pub use index::{index_file, CtfIndexOptions};
+pub use index::{index_file, index_reader, CtfIndexOptions};

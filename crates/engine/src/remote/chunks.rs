@@ -1,0 +1,349 @@
+//! The on-disk cache of object byte ranges (chunks), under `state_dir/objects` (or a configured
+//! directory, typically local NVMe), bounded in bytes, least recently used out first.
+//!
+//! One file per (object URL, ETag, start, end), named by a hash of the four, written privately
+//! and atomically ([`persist::write_atomic_with`]: `0600`, `O_CREAT|O_EXCL`, fsync, rename) and
+//! read back only if trusted ([`persist::open_trusted`]) and of the expected length: an
+//! interrupted or foreign file is fetched again, never served. Two threads that want the same
+//! range fetch it once (the second waits). An entry is evicted by unlinking its file: a reader
+//! that opened it keeps reading it. After a restart the directory is scanned, and its files count
+//! as used in the order of their modification times.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::UNIX_EPOCH;
+
+use super::{ObjectMeta, ObjectStore};
+use crate::format::errors::DataError;
+use crate::hash::Fnv1a;
+use crate::persist;
+
+/// What the cache holds and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkFilesStats {
+    /// Ranges found on disk.
+    pub hits: u64,
+    /// Ranges fetched.
+    pub misses: u64,
+    /// Bytes fetched from object storage.
+    pub fetched_bytes: u64,
+    /// Entries evicted.
+    pub evictions: u64,
+    /// Bytes on disk now.
+    pub bytes: u64,
+    /// Entries on disk now.
+    pub entries: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    bytes: u64,
+    used: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    scanned: bool,
+    entries: HashMap<String, Entry>,
+    fetching: HashSet<String>,
+    tick: u64,
+    stats: ChunkFilesStats,
+}
+
+/// The cache (see the module documentation).
+#[derive(Debug)]
+pub struct ChunkFiles {
+    dir: PathBuf,
+    max_bytes: u64,
+    state: Mutex<State>,
+    fetched: Condvar,
+}
+
+impl ChunkFiles {
+    /// A cache in `dir` (created `0700` when first written) of at most `max_bytes`.
+    #[must_use]
+    pub fn new(dir: PathBuf, max_bytes: u64) -> Self {
+        Self { dir, max_bytes, state: Mutex::new(State::default()), fetched: Condvar::new() }
+    }
+
+    /// The directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The limit, in bytes.
+    #[must_use]
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counters and sizes now.
+    #[must_use]
+    pub fn stats(&self) -> ChunkFilesStats {
+        let s = self.lock();
+        ChunkFilesStats { bytes: s.entries.values().map(|e| e.bytes).sum(), entries: s.entries.len() as u64, ..s.stats }
+    }
+
+    fn key(object: &ObjectMeta, start: u64, end: u64) -> String {
+        let mut h = Fnv1a::new();
+        h.field(object.url.as_bytes());
+        h.field(object.etag.as_bytes());
+        h.u64(start);
+        h.u64(end);
+        let name = object.url.rsplit('/').next().unwrap_or("object");
+        let name: String =
+            name.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')).take(64).collect();
+        format!("{name}.{start}-{end}.{:016x}.chunk", h.finish())
+    }
+
+    /// Whether the range is on disk now.
+    #[must_use]
+    pub fn contains(&self, object: &ObjectMeta, start: u64, end: u64) -> bool {
+        let mut s = self.lock();
+        self.scan(&mut s);
+        s.entries.contains_key(&Self::key(object, start, end))
+    }
+
+    /// Reads what a previous run left (once).
+    fn scan(&self, s: &mut State) {
+        if s.scanned {
+            return;
+        }
+        s.scanned = true;
+        let Ok(dir) = std::fs::read_dir(&self.dir) else { return };
+        let mut found: Vec<(u64, String, u64)> = Vec::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = entry.metadata() else { continue };
+            if name.starts_with('.') {
+                // A temporary file of an interrupted write.
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
+            if !meta.is_file() || std::path::Path::new(&name).extension().is_none_or(|e| e != "chunk") {
+                continue;
+            }
+            let when = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+            found.push((when, name, meta.len()));
+        }
+        found.sort();
+        for (_, name, bytes) in found {
+            s.tick += 1;
+            s.entries.insert(name, Entry { bytes, used: s.tick });
+        }
+    }
+
+    /// An open file holding bytes `start..end` of `object` (at offset 0), fetched from `store`
+    /// if it is not on disk.
+    ///
+    /// # Errors
+    /// The store's errors (naming the URL), and I/O errors of the cache directory.
+    pub fn fetch(&self, store: &dyn ObjectStore, object: &ObjectMeta, start: u64, end: u64) -> Result<File, DataError> {
+        let key = Self::key(object, start, end);
+        let path = self.dir.join(&key);
+        let url = Path::new(&object.url);
+        {
+            let mut s = self.lock();
+            self.scan(&mut s);
+            loop {
+                if s.entries.contains_key(&key) {
+                    if let Some(file) = open_range(&path, end - start) {
+                        s.tick += 1;
+                        let tick = s.tick;
+                        if let Some(e) = s.entries.get_mut(&key) {
+                            e.used = tick;
+                        }
+                        s.stats.hits += 1;
+                        return Ok(file);
+                    }
+                    // Damaged, foreign or gone: fetched again.
+                    s.entries.remove(&key);
+                    let _ = std::fs::remove_file(&path);
+                }
+                if s.fetching.contains(&key) {
+                    s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
+                    continue;
+                }
+                s.fetching.insert(key.clone());
+                s.stats.misses += 1;
+                break;
+            }
+        }
+        // Opened before the entry can be evicted (a range larger than the whole cache is
+        // unlinked at once, and read through this descriptor).
+        let result = self.download(store, object, start, end, &path).and_then(|()| {
+            open_range(&path, end - start).ok_or_else(|| {
+                DataError::io(
+                    url,
+                    std::io::Error::other(format!("the cached range {} could not be read back", path.display())),
+                )
+            })
+        });
+        let mut s = self.lock();
+        s.fetching.remove(&key);
+        if result.is_ok() {
+            s.tick += 1;
+            let tick = s.tick;
+            s.entries.insert(key.clone(), Entry { bytes: end - start, used: tick });
+            s.stats.fetched_bytes += end - start;
+            self.evict(&mut s, &key);
+        }
+        self.fetched.notify_all();
+        result
+    }
+
+    fn download(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+        path: &Path,
+    ) -> Result<(), DataError> {
+        let url = Path::new(&object.url);
+        let mut failure = None;
+        let written = persist::write_atomic_with(path, &mut |out| {
+            store.read_range(object, start, end, out).map_err(|e| {
+                let io = std::io::Error::other(e.to_string());
+                failure = Some(e);
+                io
+            })?;
+            Ok(())
+        });
+        if let Some(e) = failure {
+            return Err(e.into_data());
+        }
+        written.map_err(|e| {
+            DataError::io(url, std::io::Error::new(e.kind(), format!("caching a range in {}: {e}", self.dir.display())))
+        })
+    }
+
+    /// Removes the least recently used entries (never `keep`) until the cache fits its limit.
+    fn evict(&self, s: &mut State, keep: &str) {
+        let mut total: u64 = s.entries.values().map(|e| e.bytes).sum();
+        while total > self.max_bytes {
+            let Some(victim) = s
+                .entries
+                .iter()
+                .filter(|(k, _)| k.as_str() != keep)
+                .min_by_key(|(_, e)| e.used)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some(e) = s.entries.remove(&victim) {
+                total -= e.bytes;
+                s.stats.evictions += 1;
+                let _ = std::fs::remove_file(self.dir.join(&victim));
+            }
+        }
+        // A range larger than the whole cache is served once and not kept.
+        if total > self.max_bytes && s.entries.remove(keep).is_some() {
+            s.stats.evictions += 1;
+            let _ = std::fs::remove_file(self.dir.join(keep));
+        }
+    }
+}
+
+/// The cached file at `path` if it is trusted and `len` long.
+fn open_range(path: &Path, len: u64) -> Option<File> {
+    let (file, meta) = persist::open_trusted(path).ok()?;
+    (meta.len() == len).then_some(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::super::RemoteError;
+    use super::*;
+
+    #[derive(Debug, Default)]
+    struct Memory {
+        data: Vec<u8>,
+        reads: AtomicU64,
+    }
+
+    impl ObjectStore for Memory {
+        fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+            unreachable!()
+        }
+        fn read_range(&self, _: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let (start, end) = (usize::try_from(start).expect("small"), usize::try_from(end).expect("small"));
+            out.write_all(&self.data[start..end]).expect("write");
+            Ok((end - start) as u64)
+        }
+        fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
+            unreachable!()
+        }
+        fn get(&self, _: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+            unreachable!()
+        }
+        fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {
+            unreachable!()
+        }
+        fn delete(&self, _: &str) -> Result<(), RemoteError> {
+            unreachable!()
+        }
+    }
+
+    fn object() -> ObjectMeta {
+        ObjectMeta { url: "s3://b/data.txt".into(), size: 100, etag: "\"e1\"".into() }
+    }
+
+    fn read(mut f: File) -> Vec<u8> {
+        let mut v = Vec::new();
+        f.read_to_end(&mut v).expect("read");
+        v
+    }
+
+    #[test]
+    fn a_range_is_fetched_once_then_served_from_disk_and_the_cache_stays_within_its_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), reads: AtomicU64::new(0) };
+        let cache = ChunkFiles::new(dir.path().join("objects"), 50);
+        let o = object();
+        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch")), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again")), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(store.reads.load(Ordering::SeqCst), 1, "the second read came from disk");
+        // Two more ranges of 20: the least recently used one goes.
+        cache.fetch(&store, &o, 30, 50).expect("fetch");
+        cache.fetch(&store, &o, 50, 70).expect("fetch");
+        let s = cache.stats();
+        assert_eq!((s.entries, s.bytes, s.evictions, s.hits, s.misses), (2, 40, 1, 1, 3));
+        assert!(!cache.contains(&o, 10, 30) && cache.contains(&o, 50, 70));
+        // Another ETag is another object: never served from the old one's range.
+        let newer = ObjectMeta { etag: "\"e2\"".into(), ..o.clone() };
+        assert!(!cache.contains(&newer, 50, 70));
+        // A restart finds what is on disk.
+        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        assert!(again.contains(&o, 50, 70));
+        // A damaged file (wrong length) is fetched again, not served.
+        let name = ChunkFiles::key(&o, 50, 70);
+        std::fs::write(dir.path().join("objects").join(&name), b"short").expect("damage");
+        assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch")), (50..70u8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn threads_that_want_the_same_range_fetch_it_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: vec![7; 100], reads: AtomicU64::new(0) };
+        let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
+        let o = object();
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| assert_eq!(read(cache.fetch(&store, &o, 0, 100).expect("fetch")), vec![7; 100]));
+            }
+        });
+        assert_eq!(store.reads.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,0 +1,192 @@
+//! Dataset inputs in object storage: `s3://bucket/key`, `s3://bucket/prefix/` and globs.
+//!
+//! The engine stays synchronous and knows no HTTP: it speaks to object storage through the
+//! [`ObjectStore`] trait, which the `minibatchd-remote` crate implements over S3 (and tests over
+//! memory). One store is installed per process ([`install`]) with the on-disk cache of chunk
+//! byte ranges ([`ChunkFiles`]) and where shared indexes live ([`IndexPlace`]).
+//!
+//! What the engine does with an object (`crate::dataset`):
+//!
+//! * **Listing** ([`ObjectStore::list`]) resolves a pattern to objects, each with its size and
+//!   ETag: the ETag is the object's version, as a local file's size and mtime are.
+//! * **Index pass**: the object is streamed once ([`ObjectStore::open`]); its index is kept in
+//!   the local index cache and in object storage beside the data ([`shared_index`]), written
+//!   once with a conditional put, so other nodes download it instead of indexing again.
+//! * **Chunks** are read with ranged GETs that name the ETag (`If-Match`): an object that changed
+//!   since it was indexed is an error naming its URL, never read through the old index. Each
+//!   range is kept in [`ChunkFiles`] under `state_dir`, bounded in bytes, least recently used
+//!   first out, and parsed from there like a local file.
+//! * **gzip objects** are decompressed once into `state_dir/inflated`, as local ones are.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use crate::format::errors::DataError;
+
+mod chunks;
+mod shared_index;
+
+pub use chunks::{ChunkFiles, ChunkFilesStats};
+pub use shared_index::{
+    index_object, index_url, is_index_key, outcome_counts, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
+};
+
+/// The scheme of an object URL.
+pub const SCHEME: &str = "s3://";
+
+/// Whether `path` names an object (`s3://…`) rather than a local file.
+#[must_use]
+pub fn is_remote(path: &Path) -> bool {
+    path.as_os_str().as_encoded_bytes().starts_with(SCHEME.as_bytes())
+}
+
+/// An object as listed: its URL, size and version (ETag).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ObjectMeta {
+    /// `s3://bucket/key`.
+    pub url: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The ETag the store gave (quotes included): the object's version.
+    pub etag: String,
+}
+
+/// Why an object-storage operation failed. The message names the URL and says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RemoteError {
+    /// No such object, prefix or bucket.
+    #[error("{url}: {message}")]
+    NotFound {
+        /// The URL.
+        url: String,
+        /// What is missing.
+        message: String,
+    },
+    /// The object's ETag is not the one indexed: it was overwritten.
+    #[error("{url}: the object changed since it was indexed (ETag {indexed} then, now another); its chunks are not read with the old index (send SIGHUP: a reload indexes a dataset whose objects changed again)")]
+    Changed {
+        /// The URL.
+        url: String,
+        /// The ETag indexed.
+        indexed: String,
+    },
+    /// Credentials missing or refused.
+    #[error("{url}: access denied ({message}): check the AWS credentials in the daemon's environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...)")]
+    Denied {
+        /// The URL.
+        url: String,
+        /// The store's words.
+        message: String,
+    },
+    /// Anything else, after retries (network, 5xx).
+    #[error("{url}: {message}")]
+    Other {
+        /// The URL.
+        url: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+impl RemoteError {
+    /// As a [`DataError`] naming the object.
+    #[must_use]
+    pub fn into_data(self) -> DataError {
+        let (url, kind) = match &self {
+            Self::NotFound { url, .. } => (url.clone(), std::io::ErrorKind::NotFound),
+            Self::Denied { url, .. } => (url.clone(), std::io::ErrorKind::PermissionDenied),
+            Self::Changed { url, .. } | Self::Other { url, .. } => (url.clone(), std::io::ErrorKind::Other),
+        };
+        // The message already names the URL; keep only what follows it.
+        let text = self.to_string();
+        let what = text.strip_prefix(&format!("{url}: ")).unwrap_or(&text).to_owned();
+        DataError::io(Path::new(&url), std::io::Error::new(kind, what))
+    }
+}
+
+/// What the engine needs of object storage. Blocking: every call returns when done (the
+/// implementation retries transient failures — 5xx, resets, timeouts — with backoff first).
+pub trait ObjectStore: Send + Sync + std::fmt::Debug {
+    /// The objects `pattern` names, sorted by key: one key; a prefix ending in `/` (every object
+    /// under it); a key that is a "directory" (every object under `key/`); or a glob (`*`, `?`,
+    /// `[…]`, `**` across `/`). An empty match is [`RemoteError::NotFound`].
+    ///
+    /// # Errors
+    /// [`RemoteError`].
+    fn list(&self, pattern: &str) -> Result<Vec<ObjectMeta>, RemoteError>;
+
+    /// Writes bytes `start..end` of `object` to `out` (ranged GET with `If-Match` its ETag);
+    /// returns the number written.
+    ///
+    /// # Errors
+    /// [`RemoteError::Changed`] when the ETag no longer matches; others.
+    fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError>;
+
+    /// The whole object as a stream (`If-Match` its ETag), for the index pass and inflation.
+    ///
+    /// # Errors
+    /// As [`ObjectStore::read_range`].
+    fn open(&self, object: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError>;
+
+    /// The object at `url` whole, `None` if there is none.
+    ///
+    /// # Errors
+    /// Others than not found.
+    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError>;
+
+    /// Stores `bytes` at `url` unless an object is there already (a conditional put,
+    /// `If-None-Match: *`): `true` if this call wrote it.
+    ///
+    /// # Errors
+    /// [`RemoteError`].
+    fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError>;
+
+    /// Deletes the object at `url` (no error if there is none).
+    ///
+    /// # Errors
+    /// [`RemoteError`].
+    fn delete(&self, url: &str) -> Result<(), RemoteError>;
+}
+
+/// Object storage as this process uses it: the store, the chunk-range cache and where shared
+/// indexes go.
+#[derive(Debug)]
+pub struct Remote {
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// The on-disk cache of chunk byte ranges.
+    pub chunks: ChunkFiles,
+    /// Where shared indexes are kept and how long to wait for another node's.
+    pub index: IndexPlace,
+}
+
+static REMOTE: OnceLock<Remote> = OnceLock::new();
+
+/// Installs this process's object storage (once; later calls are ignored and return `false`).
+pub fn install(remote: Remote) -> bool {
+    REMOTE.set(remote).is_ok()
+}
+
+/// This process's object storage, if installed.
+#[must_use]
+pub fn installed() -> Option<&'static Remote> {
+    REMOTE.get()
+}
+
+/// This process's object storage, or an error naming `url` that says it is not available.
+///
+/// # Errors
+/// [`DataError`] when none is installed.
+pub fn require(url: &Path) -> Result<&'static Remote, DataError> {
+    REMOTE.get().ok_or_else(|| {
+        DataError::io(
+            url,
+            std::io::Error::other("object storage is not available to this command (no store installed)"),
+        )
+    })
+}
+
+/// How long to wait between polls for another node's shared index.
+pub const INDEX_POLL: Duration = Duration::from_millis(500);

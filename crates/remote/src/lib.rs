@@ -1,0 +1,442 @@
+//! minibatchd's object storage: S3 and S3-compatible servers through the `object_store` crate,
+//! behind the engine's blocking [`minibatchd_engine::remote::ObjectStore`] trait.
+//!
+//! * **Settings** come from the standard AWS environment and files ([`aws`]), never from the
+//!   dataset configuration.
+//! * **One small runtime** (two `mbd-s3` threads) runs `object_store`'s futures; callers block on
+//!   them from their own threads (parser threads, the reader stage's fetches), so several
+//!   requests are in flight at once and the engine stays synchronous.
+//! * **Retries**: `object_store` retries a request on 5xx, 429 and connection errors with
+//!   exponential backoff (100 ms doubling to 15 s, up to 10 times within 3 minutes); a body that
+//!   breaks off mid-transfer (a reset) is requested again from the byte where it stopped, up to
+//!   [`BODY_RETRIES`] times, with the same `If-Match`.
+//! * **Versions**: every read names the ETag listed at open (`If-Match`); an object overwritten
+//!   since is [`RemoteError::Changed`], never read through the old index.
+
+#![forbid(unsafe_code)]
+
+pub mod aws;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use minibatchd_engine::remote::{ObjectMeta, ObjectStore, RemoteError, SCHEME};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as Key;
+use object_store::{
+    BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
+    PutPayload, RetryConfig,
+};
+
+/// How often a body that breaks off is requested again from where it stopped.
+pub const BODY_RETRIES: u32 = 8;
+
+/// S3 as an [`ObjectStore`] (cheap to clone: one runtime and one client per bucket, shared).
+#[derive(Clone)]
+pub struct S3Objects(Arc<Inner>);
+
+struct Inner {
+    settings: aws::Settings,
+    runtime: tokio::runtime::Runtime,
+    buckets: Mutex<HashMap<String, Arc<AmazonS3>>>,
+    retry: RetryConfig,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for S3Objects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Objects")
+            .field("endpoint", &self.0.settings.endpoint)
+            .field("region", &self.0.settings.region)
+            .field("profile", &self.0.settings.profile)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Splits `s3://bucket/rest` into (bucket, rest).
+///
+/// # Errors
+/// Not an `s3://` URL, or no bucket.
+pub fn split_url(url: &str) -> Result<(&str, &str), RemoteError> {
+    let rest = url.strip_prefix(SCHEME).ok_or_else(|| other(url, "not an s3:// URL"))?;
+    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(other(url, "no bucket in the URL (expected s3://BUCKET/KEY)"));
+    }
+    Ok((bucket, key))
+}
+
+fn other(url: &str, message: impl Into<String>) -> RemoteError {
+    RemoteError::Other { url: url.to_owned(), message: message.into() }
+}
+
+/// What an `object_store` error means for `url`.
+fn classify(url: &str, e: &object_store::Error) -> RemoteError {
+    let text = e.to_string();
+    match e {
+        object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => {
+            RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
+        }
+        object_store::Error::NotFound { .. } => {
+            RemoteError::NotFound { url: url.to_owned(), message: "no such object".into() }
+        }
+        object_store::Error::Precondition { .. } => {
+            RemoteError::Changed { url: url.to_owned(), indexed: String::new() }
+        }
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+        }
+        _ if text.contains("NoSuchBucket") => {
+            RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
+        }
+        _ if text.contains("AccessDenied")
+            || text.contains("InvalidAccessKeyId")
+            || text.contains("SignatureDoesNotMatch")
+            || text.contains("403") =>
+        {
+            RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+        }
+        _ => RemoteError::Other { url: url.to_owned(), message: short(&text) },
+    }
+}
+
+/// The first line of an error, without the XML body servers attach.
+fn short(text: &str) -> String {
+    let t = text.split("body: Some(").next().unwrap_or(text);
+    t.chars().take(400).collect()
+}
+
+impl S3Objects {
+    /// A store configured from this process's environment and the user's AWS files.
+    ///
+    /// # Errors
+    /// The runtime cannot start.
+    pub fn from_env() -> std::io::Result<Self> {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
+        let settings = aws::Settings::resolve(&|k| std::env::var(k).ok(), home.as_deref());
+        Self::new(settings)
+    }
+
+    /// A store with `settings`.
+    ///
+    /// # Errors
+    /// The runtime cannot start.
+    pub fn new(settings: aws::Settings) -> std::io::Result<Self> {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("mbd-s3").enable_all().build()?;
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(15),
+                base: 2.0,
+            },
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(180),
+        };
+        Ok(Self(Arc::new(Inner {
+            settings,
+            runtime,
+            buckets: Mutex::new(HashMap::new()),
+            retry,
+            timeout: Duration::from_secs(120),
+        })))
+    }
+
+    /// The settings in use (secrets included: do not log them whole).
+    #[must_use]
+    pub fn settings(&self) -> &aws::Settings {
+        &self.0.settings
+    }
+}
+
+impl Inner {
+    fn bucket(&self, url: &str, name: &str) -> Result<Arc<AmazonS3>, RemoteError> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(b) = buckets.get(name) {
+            return Ok(b.clone());
+        }
+        let s = &self.settings;
+        // The rest of the AWS_* environment (web identity, container credentials, ...) first;
+        // the resolved settings over it.
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(name);
+        for (key, value) in [
+            (AmazonS3ConfigKey::AccessKeyId, &s.access_key_id),
+            (AmazonS3ConfigKey::SecretAccessKey, &s.secret_access_key),
+            (AmazonS3ConfigKey::Token, &s.session_token),
+            (AmazonS3ConfigKey::Region, &s.region),
+            (AmazonS3ConfigKey::Endpoint, &s.endpoint),
+        ] {
+            if let Some(v) = value {
+                b = b.with_config(key, v);
+            }
+        }
+        let mut options = ClientOptions::new().with_timeout(self.timeout).with_connect_timeout(Duration::from_secs(10));
+        if s.allow_http() {
+            options = options.with_allow_http(true);
+        }
+        let store = b
+            .with_client_options(options)
+            .with_retry(self.retry.clone())
+            .build()
+            .map_err(|e| other(url, format!("cannot configure S3 access: {}", short(&e.to_string()))))?;
+        let store = Arc::new(store);
+        buckets.insert(name.to_owned(), store.clone());
+        Ok(store)
+    }
+
+    fn meta(bucket: &str, m: &object_store::ObjectMeta) -> ObjectMeta {
+        let url = format!("{SCHEME}{bucket}/{}", m.location);
+        let etag = m.e_tag.clone().unwrap_or_else(|| format!("last-modified:{}", m.last_modified.to_rfc3339()));
+        ObjectMeta { url, size: m.size, etag }
+    }
+
+    /// The objects of a "directory" listing whose keys, below the directory (the first `skip`
+    /// bytes of the URL), have no component starting with `.`: hidden files and directories are
+    /// skipped, as a local directory walk (and deepx) skips them.
+    fn visible(objects: Vec<ObjectMeta>, skip: usize) -> Vec<ObjectMeta> {
+        objects
+            .into_iter()
+            .filter(|o| o.url.get(skip..).is_none_or(|below| !below.split('/').any(|c| c.starts_with('.'))))
+            .collect()
+    }
+
+    /// Every object under `prefix` (a directory-like prefix, or all of the bucket), by key.
+    fn list_prefix(&self, url: &str, bucket: &str, prefix: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+        let store = self.bucket(url, bucket)?;
+        let prefix = prefix.trim_end_matches('/');
+        let key = (!prefix.is_empty()).then(|| Key::from(prefix));
+        let found: Vec<object_store::Result<object_store::ObjectMeta>> =
+            self.runtime.block_on(store.list(key.as_ref()).collect());
+        let mut out = Vec::new();
+        for m in found {
+            let m = m.map_err(|e| classify(url, &e))?;
+            if m.location.as_ref().ends_with('/') {
+                continue; // a "directory" marker
+            }
+            out.push(Self::meta(bucket, &m));
+        }
+        out.sort_by(|a, b| a.url.cmp(&b.url));
+        Ok(out)
+    }
+
+    /// A GET of `object` from byte `from` to `end` with `If-Match` its ETag, as a stream.
+    fn get_from(
+        &self,
+        object: &ObjectMeta,
+        from: u64,
+        end: u64,
+    ) -> Result<BoxStream<'static, object_store::Result<bytes::Bytes>>, RemoteError> {
+        let (bucket, key) = split_url(&object.url)?;
+        let store = self.bucket(&object.url, bucket)?;
+        let options = GetOptions {
+            if_match: (!object.etag.starts_with("last-modified:")).then(|| object.etag.clone()),
+            range: Some(GetRange::Bounded(from..end)),
+            ..GetOptions::default()
+        };
+        let key = Key::from(key);
+        let result = self.runtime.block_on(async move { store.get_opts(&key, options).await });
+        match result {
+            Ok(r) => Ok(r.into_stream()),
+            Err(e) => Err(match classify(&object.url, &e) {
+                RemoteError::Changed { url, .. } => RemoteError::Changed { url, indexed: object.etag.clone() },
+                other => other,
+            }),
+        }
+    }
+}
+
+impl ObjectStore for S3Objects {
+    fn list(&self, pattern: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+        self.0.list(pattern)
+    }
+
+    fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
+        self.0.read_range(object, start, end, out)
+    }
+
+    fn open(&self, object: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
+        Ok(Box::new(ObjectReader {
+            inner: self.0.clone(),
+            object: object.clone(),
+            at: 0,
+            stream: None,
+            current: bytes::Bytes::new(),
+            failures: 0,
+        }))
+    }
+
+    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        self.0.get(url)
+    }
+
+    fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
+        self.0.put_if_absent(url, bytes)
+    }
+
+    fn delete(&self, url: &str) -> Result<(), RemoteError> {
+        self.0.delete(url)
+    }
+}
+
+impl Inner {
+    fn list(&self, pattern: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+        let (bucket, rest) = split_url(pattern)?;
+        let first_glob = rest.find(['*', '?', '[']);
+        let found = if let Some(g) = first_glob {
+            let literal = &rest[..g];
+            let dir = literal.rfind('/').map_or("", |i| &literal[..=i]);
+            let matcher = glob::Pattern::new(rest).map_err(|e| other(pattern, format!("not a valid glob: {e}")))?;
+            let options = glob::MatchOptions {
+                require_literal_separator: true,
+                require_literal_leading_dot: true,
+                ..glob::MatchOptions::new()
+            };
+            let prefix_len = SCHEME.len() + bucket.len() + 1;
+            self.list_prefix(pattern, bucket, dir)?
+                .into_iter()
+                .filter(|o| o.url.get(prefix_len..).is_some_and(|key| matcher.matches_with(key, options)))
+                .collect()
+        } else if rest.is_empty() || rest.ends_with('/') {
+            Self::visible(self.list_prefix(pattern, bucket, rest)?, pattern.len())
+        } else {
+            let store = self.bucket(pattern, bucket)?;
+            let key = Key::from(rest);
+            match self.runtime.block_on(async { store.head(&key).await }) {
+                Ok(m) => vec![Self::meta(bucket, &m)],
+                // Not an object: a "directory" of objects, or nothing.
+                Err(object_store::Error::NotFound { .. }) => {
+                    Self::visible(self.list_prefix(pattern, bucket, &format!("{rest}/"))?, pattern.len() + 1)
+                }
+                Err(e) => return Err(classify(pattern, &e)),
+            }
+        };
+        if found.is_empty() {
+            return Err(RemoteError::NotFound { url: pattern.to_owned(), message: "no object matches".into() });
+        }
+        Ok(found)
+    }
+
+    fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
+        let mut at = start;
+        let mut failures = 0u32;
+        while at < end {
+            let mut stream = self.get_from(object, at, end)?;
+            let broke = loop {
+                match self.runtime.block_on(stream.next()) {
+                    Some(Ok(bytes)) => {
+                        let take = usize::try_from(end - at).unwrap_or(usize::MAX).min(bytes.len());
+                        out.write_all(&bytes[..take])
+                            .map_err(|e| other(&object.url, format!("writing the range: {e}")))?;
+                        at += take as u64;
+                    }
+                    Some(Err(e)) => break Some(e.to_string()),
+                    None => break (at < end).then(|| "the response ended early".to_owned()),
+                }
+            };
+            if let Some(why) = broke {
+                failures += 1;
+                if failures > BODY_RETRIES {
+                    return Err(other(
+                        &object.url,
+                        format!("reading bytes {start}..{end}: {why} ({BODY_RETRIES} retries)"),
+                    ));
+                }
+                tracing::debug!(object = %object.url, at, why, "body broke off; requesting the rest again");
+                std::thread::sleep(Duration::from_millis(100 << failures.min(6)));
+            }
+        }
+        Ok(end - start)
+    }
+
+    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        let (bucket, key) = split_url(url)?;
+        let store = self.bucket(url, bucket)?;
+        let key = Key::from(key);
+        let got = self.runtime.block_on(async move {
+            match store.get(&key).await {
+                Ok(r) => r.bytes().await.map(Some),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        got.map(|b| b.map(|b| b.to_vec())).map_err(|e| classify(url, &e))
+    }
+
+    fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
+        let (bucket, key) = split_url(url)?;
+        let store = self.bucket(url, bucket)?;
+        let key = Key::from(key);
+        let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        let put = self.runtime.block_on(async move { store.put_opts(&key, PutPayload::from(bytes), options).await });
+        match put {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
+            Err(e) => Err(classify(url, &e)),
+        }
+    }
+
+    fn delete(&self, url: &str) -> Result<(), RemoteError> {
+        let (bucket, key) = split_url(url)?;
+        let store = self.bucket(url, bucket)?;
+        let key = Key::from(key);
+        match self.runtime.block_on(async move { store.delete(&key).await }) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(classify(url, &e)),
+        }
+    }
+}
+
+/// A whole object as a [`Read`]: the body streamed a buffer at a time, requested again from the
+/// byte where it broke off (with the same `If-Match`) when it does.
+struct ObjectReader {
+    inner: Arc<Inner>,
+    object: ObjectMeta,
+    at: u64,
+    stream: Option<BoxStream<'static, object_store::Result<bytes::Bytes>>>,
+    current: bytes::Bytes,
+    failures: u32,
+}
+
+impl Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if !self.current.is_empty() {
+                let n = buf.len().min(self.current.len());
+                buf[..n].copy_from_slice(&self.current[..n]);
+                self.current = self.current.slice(n..);
+                self.at += n as u64;
+                return Ok(n);
+            }
+            if self.at >= self.object.size {
+                return Ok(0);
+            }
+            if self.stream.is_none() {
+                self.stream =
+                    Some(self.inner.get_from(&self.object, self.at, self.object.size).map_err(std::io::Error::other)?);
+            }
+            let Some(stream) = self.stream.as_mut() else { continue };
+            let why = match self.inner.runtime.block_on(stream.next()) {
+                Some(Ok(bytes)) => {
+                    self.current = bytes;
+                    continue;
+                }
+                Some(Err(e)) => e.to_string(),
+                None => "the response ended early".to_owned(),
+            };
+            self.stream = None;
+            self.failures += 1;
+            if self.failures > BODY_RETRIES {
+                return Err(std::io::Error::other(format!(
+                    "{}: reading at byte {}: {why} ({BODY_RETRIES} retries)",
+                    self.object.url, self.at
+                )));
+            }
+            tracing::debug!(object = %self.object.url, at = self.at, why, "body broke off; requesting the rest again");
+            std::thread::sleep(Duration::from_millis(100 << self.failures.min(6)));
+        }
+    }
+}
