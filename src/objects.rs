@@ -25,7 +25,8 @@ pub fn ensure(config: &Config) -> std::io::Result<()> {
     if remote::installed().is_some() || !wanted(config) {
         return Ok(());
     }
-    let store = minibatchd_remote::S3Objects::from_env()?;
+    let o = &config.daemon.objects;
+    let store = minibatchd_remote::S3Objects::from_env_retrying(Duration::from_secs(o.retry_secs))?;
     let s = store.settings();
     tracing::info!(
         endpoint = s.endpoint.as_deref().unwrap_or("AWS"),
@@ -34,7 +35,6 @@ pub fn ensure(config: &Config) -> std::io::Result<()> {
         credentials = if s.access_key_id.is_some() { "access key" } else { "from the environment or instance" },
         "object storage"
     );
-    let o = &config.daemon.objects;
     remote::install(Remote {
         store: Arc::new(store),
         chunks: ChunkFiles::new(o.cache_dir.clone(), o.cache_bytes),

@@ -6,7 +6,9 @@
 //! * bad credentials, a missing bucket and a missing key are clear errors naming the URL;
 //! * an object overwritten after it was indexed is an error naming its URL, never read through
 //!   the old index;
-//! * four nodes indexing the same objects at once: one indexes, the others download its index.
+//! * four nodes indexing the same objects at once: one indexes, the others download its index;
+//! * a server that answers 503, resets connections mid-body and trickles responses is survived:
+//!   the dumps are still exactly the golden ones.
 
 mod support;
 
@@ -14,7 +16,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Output;
 
-use support::s3::S3Server;
+use support::s3::{FaultProxy, S3Server};
 use support::{package_root, write, BIN};
 
 const BUCKET: &str = "train-data";
@@ -143,9 +145,7 @@ fn bad_credentials_a_missing_bucket_or_key_are_errors_naming_the_url() {
             assert!(stderr.contains(expected), "{args:?}: expected {expected:?} in\n{stderr}");
         }
     }
-    // Wrong credentials: moto checks nothing by default, so a server that refuses is simulated
-    // by a denied bucket policy... instead, point at a port where no server listens: a clear
-    // network error naming the URL after the retries.
+    // No server where the endpoint points: a network error naming the URL, after the retries.
     let config = libsvm_config(dir.path(), &["s3://train-data/ok/data.txt"]);
     let mut c = std::process::Command::new(BIN);
     c.args(["validate", "--config", config.to_str().expect("utf-8")]).env("MINIBATCHD__DAEMON__STATE_DIR", &state);
@@ -153,7 +153,9 @@ fn bad_credentials_a_missing_bucket_or_key_are_errors_naming_the_url() {
         c.env(k, v);
     }
     let dead = format!("http://127.0.0.1:{}", support::s3::free_port());
-    let out = c.env("AWS_ENDPOINT_URL", &dead).output().expect("validate");
+    // Retried for 2 s (object_retry_secs) before it is an error.
+    let out =
+        c.env("AWS_ENDPOINT_URL", &dead).env("MINIBATCHD__DAEMON__OBJECT_RETRY_SECS", "2").output().expect("validate");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("s3://train-data/ok/data.txt"), "{stderr}");
@@ -208,4 +210,101 @@ fn nodes_indexing_the_same_objects_at_once_index_them_once() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.matches("downloaded the shared index").count(), 3, "{stderr}");
+}
+
+/// Dumps `cases` (fixture directories of `tests/fixtures_deepx` and `tests/fixtures`) from
+/// objects uploaded to `server`, through `endpoint`; the failures.
+fn dump_cases(server: &S3Server, endpoint: &str, cases: &[&str], work: &Path) -> Vec<String> {
+    let mut failures = Vec::new();
+    for case in cases {
+        let dir = ["tests/fixtures", "tests/fixtures_deepx"]
+            .iter()
+            .map(|s| package_root().join(s).join(case))
+            .find(|d| d.is_dir())
+            .expect("a fixture");
+        let args = case_args(&dir).expect("a successful case");
+        let tmp = work.join(case);
+        std::fs::create_dir_all(&tmp).expect("mkdir");
+        copy_data(&dir, &tmp);
+        server.put_tree(BUCKET, case, &tmp);
+        let config = to_objects(&std::fs::read_to_string(dir.join("config.toml")).expect("config"), case);
+        let config_path = write(&tmp, "s3.toml", config);
+        let mut c = std::process::Command::new(BIN);
+        c.args(["dump", "--config", config_path.to_str().expect("utf-8"), "--dataset", "d"])
+            .args(&args)
+            .env("MINIBATCHD_LOG", "warn")
+            .env("MINIBATCHD__DAEMON__STATE_DIR", work.join(format!("{case}.state")));
+        for (k, v) in server.env() {
+            c.env(k, v);
+        }
+        let out = c.env("AWS_ENDPOINT_URL", endpoint).output().expect("dump");
+        let expected = std::fs::read_to_string(dir.join("expected.jsonl")).expect("expected");
+        if !out.status.success() || out.stdout != expected.as_bytes() {
+            failures.push(format!("== {case}: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    failures
+}
+
+#[test]
+fn a_server_that_fails_resets_and_stalls_is_survived_with_retries() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    // Every 3rd request a 503, every 4th GET cut off mid-body, every 5th trickled.
+    let proxy = FaultProxy::start(&server, &["--fail-every", "3", "--reset-every", "4", "--slow-every", "5"]);
+    let work = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        "gzip_multi_member",
+        "files_directories_and_globs",
+        "libsvm_ex_groups",
+        "cycled_minibatch_sizes_keep_the_order",
+    ];
+    let failures = dump_cases(&server, &proxy.endpoint, &cases, work.path());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    let stats = proxy.stats().expect("stats");
+    for fault in ["failed", "reset", "slowed"] {
+        assert!(stats[fault].as_u64().is_some_and(|n| n > 0), "no {fault} request was injected: {stats}");
+    }
+    println!("survived: {stats}");
+}
+
+#[test]
+fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index() {
+    use support::daemon::{options, Daemon};
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let mut text = String::new();
+    for i in 0..5_000 {
+        let _ = writeln!(text, "1 {}:1", i % 1000 + 1);
+    }
+    server.put(BUCKET, "changing/data.txt", text.as_bytes());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display();
+    write(
+        dir.path(),
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+             ring_slots = 2\n\n[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/changing/data.txt\"]\n\
+             chunk_size_bytes = 2048\n[datasets.d.sampling]\nrandomize = false\n"
+        ),
+    );
+    let daemon = Daemon::start(dir.path(), &server.env().into_iter().collect::<Vec<_>>());
+    let mut s = daemon.client().open("d", &options(16)).expect("open");
+    for _ in 0..4 {
+        assert!(s.next_owned().expect("served before the change").is_some());
+    }
+    // The same size, other bytes: a new ETag.
+    server.put(BUCKET, "changing/data.txt", text.replace("1 ", "0 ").as_bytes());
+    let error = loop {
+        match s.next_owned() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the whole sweep was served from the old index"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(
+        error.contains("s3://train-data/changing/data.txt") && error.contains("changed since it was indexed"),
+        "{error}"
+    );
 }

@@ -146,6 +146,8 @@ pub struct ObjectsConfig {
     pub index_wait_secs: u64,
     /// Chunk ranges the reader stage fetches ahead of the parsers at once.
     pub fetches: usize,
+    /// How long a failed request is retried (with backoff) before it is an error, in seconds.
+    pub retry_secs: u64,
 }
 
 impl Config {
@@ -348,6 +350,7 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
             index_prefix: t.string(w, "object_index_prefix"),
             index_wait_secs: t.uint(w, "object_index_wait_secs", 0, 86_400).unwrap_or(600),
             fetches: t.usize(w, "object_fetches", 1, 256).unwrap_or(8),
+            retry_secs: t.uint(w, "object_retry_secs", 0, 3600).unwrap_or(180),
         },
     };
     let mut d = d;

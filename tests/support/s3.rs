@@ -125,3 +125,43 @@ impl S3Server {
         }
     }
 }
+
+/// `scripts/s3_fault_proxy.py` in front of a server: latency and injected faults.
+pub struct FaultProxy {
+    _child: KillOnDrop,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    port: u16,
+}
+
+impl FaultProxy {
+    /// Starts the proxy before `server` with the proxy's own flags (`--delay-ms 20`, ...).
+    pub fn start(server: &S3Server, flags: &[&str]) -> Self {
+        let port = free_port();
+        let child = Command::new(python())
+            .arg(super::package_root().join("scripts/s3_fault_proxy.py"))
+            .args(["--listen", &port.to_string(), "--upstream", &format!("127.0.0.1:{}", server.port)])
+            .args(flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("start the fault proxy");
+        let proxy = Self { _child: KillOnDrop(child), endpoint: format!("http://127.0.0.1:{port}"), port };
+        let start = Instant::now();
+        while proxy.stats().is_none() {
+            assert!(start.elapsed() < DEADLINE, "the fault proxy did not answer on port {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        proxy
+    }
+
+    /// The proxy's counts: requests, failed, reset, slowed.
+    pub fn stats(&self) -> Option<serde_json::Value> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        s.set_read_timeout(Some(DEADLINE)).ok()?;
+        write!(s, "GET /__proxy_stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).ok()?;
+        serde_json::from_str(reply.split("\r\n\r\n").nth(1)?).ok()
+    }
+}

@@ -7,7 +7,8 @@
 //!   them from their own threads (parser threads, the reader stage's fetches), so several
 //!   requests are in flight at once and the engine stays synchronous.
 //! * **Retries**: `object_store` retries a request on 5xx, 429 and connection errors with
-//!   exponential backoff (100 ms doubling to 15 s, up to 10 times within 3 minutes); a body that
+//!   exponential backoff (100 ms doubling to 15 s, up to 10 times within `object_retry_secs`, 3
+//!   minutes by default); a body that
 //!   breaks off mid-transfer (a reset) is requested again from the byte where it stopped, up to
 //!   [`BODY_RETRIES`] times, with the same `If-Match`.
 //! * **Versions**: every read names the ETag listed at open (`If-Match`); an object overwritten
@@ -31,6 +32,9 @@ use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
     PutPayload, RetryConfig,
 };
+
+/// How long a failed request is retried by default (`object_store`'s own default).
+pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// How often a body that breaks off is requested again from where it stopped.
 pub const BODY_RETRIES: u32 = 8;
@@ -116,9 +120,17 @@ impl S3Objects {
     /// # Errors
     /// The runtime cannot start.
     pub fn from_env() -> std::io::Result<Self> {
+        Self::from_env_retrying(DEFAULT_RETRY_TIMEOUT)
+    }
+
+    /// [`S3Objects::from_env`], retrying a failed request for at most `retry_timeout`.
+    ///
+    /// # Errors
+    /// The runtime cannot start.
+    pub fn from_env_retrying(retry_timeout: Duration) -> std::io::Result<Self> {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
         let settings = aws::Settings::resolve(&|k| std::env::var(k).ok(), home.as_deref());
-        Self::new(settings)
+        Self::with_retry_timeout(settings, retry_timeout)
     }
 
     /// A store with `settings`.
@@ -126,6 +138,14 @@ impl S3Objects {
     /// # Errors
     /// The runtime cannot start.
     pub fn new(settings: aws::Settings) -> std::io::Result<Self> {
+        Self::with_retry_timeout(settings, DEFAULT_RETRY_TIMEOUT)
+    }
+
+    /// A store with `settings` that retries a failed request for at most `retry_timeout`.
+    ///
+    /// # Errors
+    /// The runtime cannot start.
+    pub fn with_retry_timeout(settings: aws::Settings, retry_timeout: Duration) -> std::io::Result<Self> {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("mbd-s3").enable_all().build()?;
         let retry = RetryConfig {
@@ -135,7 +155,7 @@ impl S3Objects {
                 base: 2.0,
             },
             max_retries: 10,
-            retry_timeout: Duration::from_secs(180),
+            retry_timeout,
         };
         Ok(Self(Arc::new(Inner {
             settings,
@@ -204,16 +224,36 @@ impl Inner {
             .collect()
     }
 
+    /// Runs the request `op` again, with backoff, while its response body breaks off (the
+    /// client retries a request that fails, up to `object_retry_secs`, but not a body that
+    /// fails midway): up to [`BODY_RETRIES`] times.
+    fn again<T>(url: &str, mut op: impl FnMut() -> object_store::Result<T>) -> object_store::Result<T> {
+        let mut failures = 0;
+        loop {
+            match op() {
+                // A body that broke off (the client's retries cover the request, not its body).
+                Err(e @ object_store::Error::Generic { .. })
+                    if failures < BODY_RETRIES && e.to_string().contains("body") =>
+                {
+                    failures += 1;
+                    tracing::debug!(url, error = %e, "request failed; trying again");
+                    std::thread::sleep(Duration::from_millis(100 << failures.min(6)));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Every object under `prefix` (a directory-like prefix, or all of the bucket), by key.
     fn list_prefix(&self, url: &str, bucket: &str, prefix: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+        use futures::TryStreamExt as _;
         let store = self.bucket(url, bucket)?;
         let prefix = prefix.trim_end_matches('/');
         let key = (!prefix.is_empty()).then(|| Key::from(prefix));
-        let found: Vec<object_store::Result<object_store::ObjectMeta>> =
-            self.runtime.block_on(store.list(key.as_ref()).collect());
+        let found = Self::again(url, || self.runtime.block_on(store.list(key.as_ref()).try_collect::<Vec<_>>()))
+            .map_err(|e| classify(url, &e))?;
         let mut out = Vec::new();
         for m in found {
-            let m = m.map_err(|e| classify(url, &e))?;
             if m.location.as_ref().ends_with('/') {
                 continue; // a "directory" marker
             }
@@ -305,7 +345,7 @@ impl Inner {
         } else {
             let store = self.bucket(pattern, bucket)?;
             let key = Key::from(rest);
-            match self.runtime.block_on(async { store.head(&key).await }) {
+            match Self::again(pattern, || self.runtime.block_on(async { store.head(&key).await })) {
                 Ok(m) => vec![Self::meta(bucket, &m)],
                 // Not an object: a "directory" of objects, or nothing.
                 Err(object_store::Error::NotFound { .. }) => {
@@ -324,6 +364,7 @@ impl Inner {
         let mut at = start;
         let mut failures = 0u32;
         while at < end {
+            // A request that fails was retried by the client already (`object_retry_secs`).
             let mut stream = self.get_from(object, at, end)?;
             let broke = loop {
                 match self.runtime.block_on(stream.next()) {
@@ -356,12 +397,14 @@ impl Inner {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
-        let got = self.runtime.block_on(async move {
-            match store.get(&key).await {
-                Ok(r) => r.bytes().await.map(Some),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(e),
-            }
+        let got = Self::again(url, || {
+            self.runtime.block_on(async {
+                match store.get(&key).await {
+                    Ok(r) => r.bytes().await.map(Some),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
         });
         got.map(|b| b.map(|b| b.to_vec())).map_err(|e| classify(url, &e))
     }
@@ -371,7 +414,10 @@ impl Inner {
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
-        let put = self.runtime.block_on(async move { store.put_opts(&key, PutPayload::from(bytes), options).await });
+        let payload = PutPayload::from(bytes);
+        let put = Self::again(url, || {
+            self.runtime.block_on(async { store.put_opts(&key, payload.clone(), options.clone()).await })
+        });
         match put {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
@@ -383,7 +429,7 @@ impl Inner {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
-        match self.runtime.block_on(async move { store.delete(&key).await }) {
+        match Self::again(url, || self.runtime.block_on(async { store.delete(&key).await })) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(classify(url, &e)),
         }
@@ -414,18 +460,20 @@ impl Read for ObjectReader {
             if self.at >= self.object.size {
                 return Ok(0);
             }
-            if self.stream.is_none() {
-                self.stream =
-                    Some(self.inner.get_from(&self.object, self.at, self.object.size).map_err(std::io::Error::other)?);
-            }
-            let Some(stream) = self.stream.as_mut() else { continue };
-            let why = match self.inner.runtime.block_on(stream.next()) {
-                Some(Ok(bytes)) => {
-                    self.current = bytes;
-                    continue;
+            let why = if let Some(stream) = self.stream.as_mut() {
+                match self.inner.runtime.block_on(stream.next()) {
+                    Some(Ok(bytes)) => {
+                        self.current = bytes;
+                        continue;
+                    }
+                    Some(Err(e)) => e.to_string(),
+                    None => "the response ended early".to_owned(),
                 }
-                Some(Err(e)) => e.to_string(),
-                None => "the response ended early".to_owned(),
+            } else {
+                // A request that fails was retried by the client already.
+                let s = self.inner.get_from(&self.object, self.at, self.object.size).map_err(std::io::Error::other)?;
+                self.stream = Some(s);
+                continue;
             };
             self.stream = None;
             self.failures += 1;

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""An HTTP proxy in front of an S3 server that adds latency and injects faults, for the
+object-storage tests (tests/objects.rs) and benchmarks (scripts/bench_objects.py).
+
+    scripts/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
+        [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N]
+
+Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
+requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
+every --reset-every-th GET with a body has its response cut off in the middle and the connection
+closed (a reset); every --slow-every-th response trickles its body, a quarter of every 64 KiB
+at a time with a pause of 1/64 s. `GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed).
+Responses are sent with `Connection: close`. Standard library only.
+"""
+
+import argparse
+import asyncio
+import json
+
+STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0}
+
+
+async def read_request(reader):
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        if line.lower().startswith("content-length:"):
+            length = int(line.split(":", 1)[1].strip())
+    body = await reader.readexactly(length) if length else b""
+    return head, lines[0], body
+
+
+def with_connection_close(head: bytes) -> bytes:
+    lines = [l for l in head.decode("latin-1").split("\r\n") if l and not l.lower().startswith("connection:")]
+    return ("\r\n".join(lines) + "\r\nConnection: close\r\n\r\n").encode("latin-1")
+
+
+async def handle(client_r, client_w, args):
+    try:
+        head, request_line, body = await read_request(client_r)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        client_w.close()
+        return
+    method, path = request_line.split(" ")[:2]
+    if path == "/__proxy_stats":
+        payload = json.dumps(STATS).encode()
+        client_w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+        await client_w.drain()
+        client_w.close()
+        return
+    STATS["requests"] += 1
+    n = STATS["requests"]
+    if args.delay_ms:
+        await asyncio.sleep(args.delay_ms / 1000)
+    if args.fail_every and n % args.fail_every == 0:
+        STATS["failed"] += 1
+        payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+        client_w.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+        await client_w.drain()
+        client_w.close()
+        return
+    host, port = args.upstream.rsplit(":", 1)
+    up_r, up_w = await asyncio.open_connection(host, int(port))
+    up_w.write(with_connection_close(head) + body)
+    await up_w.drain()
+    resp_head = await up_r.readuntil(b"\r\n\r\n")
+    length = None
+    for line in resp_head.decode("latin-1").split("\r\n")[1:]:
+        if line.lower().startswith("content-length:"):
+            length = int(line.split(":", 1)[1].strip())
+    reset = method == "GET" and args.reset_every and n % args.reset_every == 0 and (length or 0) > 1
+    slow = not reset and args.slow_every and n % args.slow_every == 0
+    client_w.write(with_connection_close(resp_head))
+    # The body is streamed as it comes (a reset stops at half of it; a slow one trickles).
+    left = length // 2 if reset else None
+    sent = 0
+    if reset:
+        STATS["reset"] += 1
+    if slow:
+        STATS["slowed"] += 1
+    try:
+        while True:
+            piece = await up_r.read(1 << 16)
+            if not piece:
+                break
+            if left is not None:
+                piece = piece[: max(0, left - sent)]
+            if slow:
+                step = max(1, len(piece) // 4)
+                for i in range(0, len(piece), step):
+                    client_w.write(piece[i : i + step])
+                    await client_w.drain()
+                    await asyncio.sleep(1 / 64)
+            else:
+                client_w.write(piece)
+                await client_w.drain()
+            sent += len(piece)
+            if left is not None and sent >= left:
+                client_w.transport.abort()
+                up_w.close()
+                return
+    except ConnectionError:
+        pass
+    up_w.close()
+    client_w.close()
+
+
+async def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--listen", type=int, required=True)
+    p.add_argument("--upstream", required=True)
+    p.add_argument("--delay-ms", type=float, default=0)
+    p.add_argument("--fail-every", type=int, default=0)
+    p.add_argument("--reset-every", type=int, default=0)
+    p.add_argument("--slow-every", type=int, default=0)
+    args = p.parse_args()
+    server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)
+    async with server:
+        await server.serve_forever()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
