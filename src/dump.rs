@@ -116,7 +116,10 @@ pub fn for_each_plan(
 fn new_sampler(dataset: &Dataset, options: &DumpOptions) -> Result<Sampler, DumpError> {
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
     if options.equal_steps {
-        sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1))?;
+        sampler.equalize_steps(
+            options.minibatch_sizes.first().copied().unwrap_or(1),
+            minibatchd_engine::sampling::Tail::Drop,
+        )?;
     }
     if let Some(p) = options.restore {
         sampler.restore(p)?;

@@ -31,8 +31,10 @@ use minibatchd_engine::format::errors::ErrorKind;
 use crate::stage::Stage;
 
 /// Every label name a metric may carry: bounded sets only (never a file, a session or a sample).
-pub const LABEL_NAMES: [&str; 11] = [
+pub const LABEL_NAMES: [&str; 13] = [
     "dataset",
+    "tail",
+    "outcome",
     "stage",
     "rank",
     "kind",
@@ -142,6 +144,20 @@ pub struct Metrics {
     pub stage_up: IntGaugeVec,
     /// `minibatchd_cache_bytes`: parsed bytes in the chunk cache.
     pub cache_bytes: IntGauge,
+    /// `minibatchd_object_cache_bytes`: bytes of object ranges in the on-disk chunk-range cache.
+    pub object_cache_bytes: IntGauge,
+    /// `minibatchd_object_cache_limit_bytes`: that cache's limit (`object_cache_bytes`).
+    pub object_cache_limit_bytes: IntGauge,
+    /// `minibatchd_object_cache_lookups{result}`: ranges found on disk (`hit`) or fetched
+    /// (`miss`) since start (a gauge mirroring the engine's count: use it like a counter).
+    pub object_cache_lookups: IntGaugeVec,
+    /// `minibatchd_object_fetched_bytes`: bytes fetched from object storage into that cache since
+    /// start (as above).
+    pub object_fetched_bytes: IntGauge,
+    /// `minibatchd_object_indexes{outcome}`: objects whose index came from the local cache
+    /// (`local_cache`), was downloaded from object storage (`downloaded`), or was built here
+    /// (`indexed`, `indexed_after_wait`), since start.
+    pub object_indexes: IntGaugeVec,
     /// `minibatchd_cache_chunks`.
     pub cache_chunks: IntGauge,
     /// `minibatchd_cache_budget_bytes`: what the cache may hold now.
@@ -177,6 +193,10 @@ pub struct Metrics {
     pub sessions_opened: IntCounterVec,
     /// `minibatchd_sessions_refused_total{code}`: `open`s refused, by protocol error code.
     pub sessions_refused: IntCounterVec,
+    /// `minibatchd_equal_steps_minibatches_total{dataset,tail}`: minibatches that equal steps
+    /// drop (`tail="drop"`) or add empty (`tail="pad"`), counted when a session opens for its
+    /// whole epoch.
+    pub equal_steps_minibatches: IntCounterVec,
     /// `minibatchd_connections_refused_total{code}`: connections closed by a limit
     /// ([`CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
     pub connections_refused: IntCounterVec,
@@ -360,6 +380,33 @@ impl Metrics {
             )?,
             stage_up: gauge_vec(&r, "minibatchd_stage_up", "1 while the stage runs.", &["stage"])?,
             cache_bytes: gauge(&r, "minibatchd_cache_bytes", "Parsed bytes held by the chunk cache.")?,
+            object_cache_bytes: gauge(
+                &r,
+                "minibatchd_object_cache_bytes",
+                "Bytes of object ranges in the on-disk chunk-range cache.",
+            )?,
+            object_cache_limit_bytes: gauge(
+                &r,
+                "minibatchd_object_cache_limit_bytes",
+                "Limit of the on-disk chunk-range cache (object_cache_bytes).",
+            )?,
+            object_cache_lookups: gauge_vec(
+                &r,
+                "minibatchd_object_cache_lookups",
+                "Object ranges found in the on-disk cache (hit) or fetched (miss) since start.",
+                &["result"],
+            )?,
+            object_fetched_bytes: gauge(
+                &r,
+                "minibatchd_object_fetched_bytes",
+                "Bytes fetched from object storage into the chunk-range cache since start.",
+            )?,
+            object_indexes: gauge_vec(
+                &r,
+                "minibatchd_object_indexes",
+                "Object indexes from the local cache, downloaded, or built here, since start.",
+                &["outcome"],
+            )?,
             cache_chunks: gauge(&r, "minibatchd_cache_chunks", "Parsed chunks held by the chunk cache.")?,
             cache_budget_bytes: gauge(
                 &r,
@@ -428,6 +475,12 @@ impl Metrics {
                 "minibatchd_sessions_refused_total",
                 "Session opens refused, by error code.",
                 &["code"],
+            )?,
+            equal_steps_minibatches: counter_vec(
+                &r,
+                "minibatchd_equal_steps_minibatches_total",
+                "Minibatches equal steps dropped (tail=drop) or added empty (tail=pad), counted at open for the epoch.",
+                &["dataset", "tail"],
             )?,
             connections_refused: counter_vec(
                 &r,

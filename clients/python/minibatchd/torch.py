@@ -18,6 +18,13 @@ once; ``copy=False`` yields zero-copy tensors that hold the slot while they live
 ``state_dict()`` / ``load_state_dict()`` follow torchdata's ``StatefulDataLoader`` protocol,
 with 0 or several workers: a loader restored from a state dict continues mid-epoch exactly where
 the saved one was.
+
+**Resuming at another world size** (more or fewer ranks or DataLoader workers): gather every
+worker's ``state_dict()`` of the earlier run (for example with
+``torch.distributed.all_gather_object``), combine them with ``job_state_dict(states)`` and give
+that to ``load_state_dict`` on every rank of the new run. Nothing the earlier run delivered comes
+again and nothing it did not is lost; the following epochs are those of a fresh run of the new
+size.
 """
 
 from __future__ import annotations
@@ -34,6 +41,25 @@ from ._client import connect, torchrun_env
 META = "meta"
 
 
+def job_state_dict(states: list) -> Dict[str, Any]:
+    """One state dict for a whole earlier run, from every worker's ``state_dict()`` (any order):
+    what ``load_state_dict`` takes to continue that run at any world size and number of
+    DataLoader workers. Every worker must have been in the same epoch."""
+    by_worker = {}
+    for st in states:
+        by_worker[int(st["worker"])] = st
+    workers = {int(st["workers"]) for st in states}
+    if len(workers) != 1 or sorted(by_worker) != list(range(workers.pop())):
+        raise ValueError("job_state_dict needs the state_dict() of every worker of the run, each once")
+    epochs = {int(st["epoch"]) for st in states}
+    if len(epochs) != 1:
+        raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
+    ordered = [by_worker[w] for w in sorted(by_worker)]
+    if any(st.get("source") is None for st in ordered):
+        raise ValueError("a worker's state was taken before its first minibatch: resume each worker by its own state")
+    return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered]}
+
+
 class MinibatchIterableDataset(IterableDataset):
     """Streams minibatches of ``dataset`` from the daemon at ``socket``, one sweep per pass.
 
@@ -46,7 +72,9 @@ class MinibatchIterableDataset(IterableDataset):
     (default: on when the world size is above 1) gives every rank the same number of minibatches
     per epoch, as ``DistributedDataParallel`` needs: every worker of every rank gets as many as
     the one that gets the fewest, and the ragged tails are dropped (at most a few minibatches a
-    worker per epoch; the same ones every run). ``resume=`` takes a ``state_dict()`` and
+    worker per epoch; the same ones every run); ``tail="pad"`` instead gives every worker as many
+    as the one that gets the most, the others getting empty minibatches (no sample) at the end:
+    nothing dropped. ``resume=`` takes a ``state_dict()`` (or a ``job_state_dict()``) and
     continues from it."""
 
     def __init__(self, dataset: str, socket: Optional[str] = None, *, copy: bool = True, use_torchrun_env: bool = True,
@@ -113,16 +141,19 @@ class MinibatchIterableDataset(IterableDataset):
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         worker, workers, per_rank, world = self._split_of_this_worker()
         resume, self._resume = self._resume, None
-        if resume is not None and (resume.get("worker"), resume.get("workers")) != (worker, workers):
+        if resume is not None and "job" not in resume and (resume.get("worker"), resume.get("workers")) != (worker, workers):
             raise ValueError(
                 f"this state belongs to worker {resume.get('worker')} of {resume.get('workers')}; "
-                f"this is worker {worker} of {workers} (same world size and DataLoader num_workers are needed)")
+                f"this is worker {worker} of {workers}: to resume at another world size or number of "
+                f"DataLoader workers, give load_state_dict a job_state_dict() of every worker's state")
         epoch = self._begin_pass(per_rank, resume)
         self._epoch, self._split = epoch, (worker, workers)
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
         if self.equal_steps if self.equal_steps is not None else world > 1:
             options["equal_steps"] = True
-        if resume is not None and resume.get("source") is not None:
+        if resume is not None and resume.get("job") is not None:
+            options["resume_job"] = resume["job"]
+        elif resume is not None and resume.get("source") is not None:
             options["resume"] = resume["source"]
         client = connect(self.socket)
         self._source = client.open(self.dataset, **options)
@@ -164,7 +195,7 @@ class MinibatchIterableDataset(IterableDataset):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next pass continues from ``state`` (a ``state_dict()``): the rest of its epoch,
         then the following epochs."""
-        if state.get("source") is None:
+        if state.get("source") is None and state.get("job") is None:
             # Saved before the first minibatch: start that epoch from its beginning.
             self.set_epoch(int(state.get("epoch", 0)))
             return

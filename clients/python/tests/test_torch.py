@@ -254,3 +254,37 @@ def test_the_ledger_proves_what_each_worker_saw(daemon):
     assert set(counts) == {0} and sorted(counts[0]) == list(range(SEQUENCES)) and set(counts[0].values()) == {1}
     other = ledger.expected(daemon.config, "train", minibatch_size=8, seed=7, sweep=0, workers=2, rank=0)
     assert ledger.first_divergence(other, want[0]) == 0
+
+
+def test_a_run_resumes_at_another_world_size_exactly(daemon):
+    """Two ranks stop after a ragged number of minibatches; their state dicts, combined with
+    job_state_dict, resume the epoch on three ranks with two DataLoader workers each: over both
+    runs every sequence of the sweep comes exactly once, and the padded tail (tail="pad") gives
+    every rank of the second run the same number of minibatches."""
+    from minibatchd.torch import job_state_dict
+
+    first, states = [], []
+    for rank, take in ((0, 3), (1, 5)):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=5, world_size=2, rank=rank,
+                                      tail="pad")
+        it = iter(ds)
+        first += [next(it) for _ in range(take)]
+        states.append(ds.state_dict())
+    job = job_state_dict(states)
+    assert [s["position"] for s in job["job"]] == [s["source"]["position"] for s in states]
+    second, counts = [], []
+    for rank in range(3):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=5, world_size=3, rank=rank,
+                                      tail="pad")
+        ds.load_state_dict(job)
+        items = list(DataLoader(ds, batch_size=None, num_workers=2))
+        per_worker = {}
+        for item in items:
+            per_worker[item["meta"]["worker"]] = per_worker.get(item["meta"]["worker"], 0) + 1
+        counts += list(per_worker.values())
+        second += items
+    seen = item_ids(first) + item_ids(second)
+    assert sorted(seen) == list(range(SEQUENCES)), "each sequence of the sweep exactly once over both runs"
+    assert len(set(counts)) == 1, f"unequal step counts after the resume: {counts}"
+    with pytest.raises(ValueError, match="every worker"):
+        job_state_dict(states[:1] + states[:1])

@@ -140,6 +140,31 @@ pub struct SessionState {
     pub data_identity: String,
     /// The hash of the order-shaping options, 16 hex digits.
     pub options_hash: String,
+    /// Set when the session continues a run of another worker count (`resume_job`): where that
+    /// run's workers stood. Not sent when unset, so states without it read as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobBase>,
+}
+
+/// The earlier run a session continues (`SessionOptions::resume_job`): the positions its workers
+/// stood at, in rank order (their count is that run's worker count).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobBase {
+    /// Each earlier worker's position.
+    pub positions: Vec<u64>,
+}
+
+/// What equal steps do with the workers' ragged tails (`SessionOptions::tail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TailPolicy {
+    /// Every worker stops after as many minibatches as the worker with the fewest.
+    #[default]
+    Drop,
+    /// Every worker gets as many minibatches as the worker with the most; the others get empty
+    /// minibatches (no sample) at the end of the epoch.
+    Pad,
 }
 
 /// Session options of `open` (`docs/daemon.md`, "Session options"). Unknown fields are refused.
@@ -164,6 +189,10 @@ pub struct SessionOptions {
     /// a finite epoch. Not sent when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub equal_steps: bool,
+    /// With `equal_steps`: drop the ragged tails (default) or pad with empty minibatches. Not
+    /// sent when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<TailPolicy>,
     /// Randomize (default: the dataset's setting).
     pub randomize: Option<bool>,
     /// Randomization window in chunks.
@@ -181,6 +210,11 @@ pub struct SessionOptions {
     pub rank: Option<u64>,
     /// Continue from a saved state.
     pub resume: Option<SessionState>,
+    /// Continue a whole earlier run, at any worker count: the `state()` of every one of its
+    /// workers, in rank order. Nothing that run delivered is delivered again, nothing it did not
+    /// is lost; the following sweeps are a fresh run's of this worker count. Not sent when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_job: Option<Vec<SessionState>>,
     /// Ring slots (default: `daemon.ring_slots`); at least 2.
     pub prefetch: Option<u64>,
     /// Bytes per slot (default: `daemon.slot_size_bytes`, raised to fit dense minibatches).

@@ -26,6 +26,9 @@ pub struct Feeder {
     shapes: Vec<StreamShape>,
     frame_mode: bool,
     next_index: u64,
+    /// With equal steps padded ([`crate::sampling::Tail::Pad`]): after the sampler's last
+    /// minibatch, empty ones until the minibatch index reaches this.
+    pad_to: Option<u64>,
     held: ChunkMap<Arc<ParsedChunk>>,
     held_bytes: usize,
     peak_chunks: usize,
@@ -49,6 +52,7 @@ impl Feeder {
             shapes,
             frame_mode,
             next_index,
+            pad_to: None,
             held: ChunkMap::default(),
             held_bytes: 0,
             peak_chunks: 0,
@@ -88,7 +92,28 @@ impl Feeder {
 
     /// Plans the next minibatch of `size` samples; `None` at the end of the epoch.
     pub fn plan(&mut self, size: usize) -> Option<MinibatchPlan> {
-        self.sampler.next_minibatch(size)
+        if let Some(plan) = self.sampler.next_minibatch(size) {
+            return Some(plan);
+        }
+        // Padding: empty minibatches at the end of the epoch, until every worker has as many.
+        if self.pad_to.is_some_and(|end| self.next_index < end) {
+            let position = self.sampler.position();
+            let sweep = position.saturating_sub(1) / self.sampler.sweep_size().max(1);
+            return Some(MinibatchPlan {
+                sequences: Vec::new(),
+                sweep,
+                end_of_sweep: false,
+                position,
+                retire: Vec::new(),
+            });
+        }
+        None
+    }
+
+    /// Pads the epoch with empty minibatches until minibatch index `end` (equal steps with
+    /// [`crate::sampling::Tail::Pad`]: `end` is the start index plus [`crate::sampling::EqualSteps::steps`]).
+    pub fn pad_to(&mut self, end: u64) {
+        self.pad_to = Some(end);
     }
 
     /// The chunks `plan` needs that are not held, then up to `ahead` chunks of the minibatches

@@ -14,9 +14,9 @@ use std::time::Instant;
 
 use crate::metrics::{SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
-    hex64, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
+    hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
-use minibatchd_engine::sampling::Sampler;
+use minibatchd_engine::sampling::{Sampler, Tail};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
@@ -26,7 +26,7 @@ use super::super::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHa
 use super::admission::{self, Refusal};
 use super::connection::{ConnShared, Peer};
 use super::session::{
-    check_resume, options_hash, resolve_options, Progress, ResolvedOptions, SlotTable, MAX_SLOT_SIZE_BYTES,
+    check_resume, options_hash, resolve_options, Progress, ResolvedOptions, ResumeError, SlotTable, MAX_SLOT_SIZE_BYTES,
 };
 use super::ControlPlane;
 
@@ -52,6 +52,8 @@ pub(super) struct Active {
     pub(super) reported_wait_ns: u64,
     /// `taken` last written to the registry.
     pub(super) recorded_taken: u64,
+    /// The earlier run this session continues (`resume_job`), carried in every state.
+    pub(super) job: Option<JobBase>,
 }
 
 impl Active {
@@ -63,6 +65,7 @@ impl Active {
             minibatches: self.progress.taken_count(),
             data_identity: hex64(self.runtime.identity),
             options_hash: hex64(self.options_hash),
+            job: self.job.clone(),
         }
     }
 
@@ -159,6 +162,9 @@ struct Prepared {
     options_hash: u64,
     sampler: Sampler,
     geometry: RingGeometry,
+    /// With `resume_job`: the state this session starts from (the earliest position of the
+    /// earlier run, and that run's positions).
+    job_start: Option<SessionState>,
 }
 
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
@@ -168,19 +174,91 @@ fn prepare(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Re
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
-    let ohash = options_hash(&resolved.sampling, resolved.equal_steps);
+    let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, ohash)?;
     }
-    let mut sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
-    if resolved.equal_steps {
-        let dropped = sampler.equalize_steps(resolved.minibatch_size)?;
-        tracing::debug!(dataset, dropped, "equal steps: this worker's ragged tail is dropped");
-    }
+    let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
+    let job_start = match &options.resume_job {
+        Some(states) => Some(job_start(
+            states,
+            dataset,
+            rt.identity,
+            ohash,
+            Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?,
+        )?),
+        None => None,
+    };
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
-    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, geometry })
+    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start })
+}
+
+/// The state a session that continues the earlier run of `states` (`resume_job`, rank order)
+/// starts from: each state checked as a `resume` state is, then the earliest of their positions,
+/// minibatch 0, and their positions as the job base. A state that continues a run itself
+/// (`job`) is taken only when every position is past that run's ragged band: the band of two
+/// earlier runs is not composed.
+fn job_start(
+    states: &[SessionState],
+    dataset: &str,
+    identity: u64,
+    ohash: u64,
+    fresh: Sampler,
+) -> Result<SessionState, Refusal> {
+    for s in states {
+        check_resume(s, dataset, identity, ohash)?;
+    }
+    let positions: Vec<u64> = states.iter().map(|s| s.position).collect();
+    let earliest = positions.iter().copied().min().unwrap_or(0);
+    for s in states {
+        if let Some(base) = &s.job {
+            let band_end = base.positions.iter().copied().max().unwrap_or(0);
+            if earliest < band_end {
+                return Err(Refusal::Resume(ResumeError::JobBand { earliest, band_end }));
+            }
+        }
+    }
+    let mut probe = fresh;
+    probe.resume_job(&positions)?;
+    Ok(SessionState {
+        version: STATE_VERSION,
+        dataset: dataset.to_owned(),
+        position: probe.position(),
+        minibatches: 0,
+        data_identity: hex64(identity),
+        options_hash: hex64(ohash),
+        job: Some(JobBase { positions }),
+    })
+}
+
+/// Puts `sampler` where the session starts (`start`: the earlier run it continues, its
+/// position) and applies equal steps; the minibatch index to pad the epoch to, if padded.
+fn place_sampler(
+    sampler: &mut Sampler,
+    start: &SessionState,
+    resolved: &ResolvedOptions,
+    dataset: &str,
+    shared: &ControlPlane,
+) -> Result<Option<u64>, Refusal> {
+    if let Some(job) = &start.job {
+        sampler.resume_job(&job.positions)?;
+    }
+    sampler.restore(start.position)?;
+    if !resolved.equal_steps {
+        return Ok(None);
+    }
+    let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
+    let m = &shared.data.metrics.equal_steps_minibatches;
+    tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
+    if resolved.tail == Tail::Pad {
+        m.with_label_values(&[dataset, "pad"]).inc_by(equal.padding);
+        Ok(Some(equal.steps))
+    } else {
+        m.with_label_values(&[dataset, "drop"]).inc_by(equal.dropped);
+        Ok(None)
+    }
 }
 
 /// Opens a session: [`prepare`], [`admission::admit`], then the ring and the producer (undoing
@@ -192,7 +270,8 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry } = prepare(dataset, options, shared)?;
+    let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry, job_start } =
+        prepare(dataset, options, shared)?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh = SessionState {
         version: STATE_VERSION,
@@ -201,13 +280,14 @@ pub(super) async fn open(
         minibatches: 0,
         data_identity: hex64(rt.identity),
         options_hash: hex64(ohash),
+        job: None,
     };
     let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
     let host_short = host_shortfall(shared);
     let request = admission::Request {
         dataset,
         name: resolved.session.as_deref(),
-        resume: options.resume.as_ref(),
+        resume: options.resume.as_ref().or(job_start.as_ref()),
         fresh,
         fits: &fits,
         ring_bytes: geometry.total_bytes(),
@@ -232,7 +312,7 @@ pub(super) async fn open(
     };
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
-    sampler.restore(start.position).map_err(|e| undo(e.into()))?;
+    let pad_to = place_sampler(&mut sampler, &start, &resolved, dataset, shared).map_err(undo)?;
     let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
     let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
     let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;
@@ -254,7 +334,8 @@ pub(super) async fn open(
         resolved.frame_mode,
         start.minibatches,
         metrics.clone(),
-    );
+    )
+    .padded_to(pad_to);
     let started =
         conn.delivery.send(StartProducer { name: name.clone(), producer, free, slot_count, events: events_tx }).await;
     let producer = match started {
@@ -279,6 +360,7 @@ pub(super) async fn open(
         published: [0; 3],
         reported_wait_ns: 0,
         recorded_taken: start.minibatches,
+        job: start.job.clone(),
     };
     Ok((active, opened, fd))
 }

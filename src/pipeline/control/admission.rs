@@ -259,6 +259,7 @@ mod tests {
             minibatches: position / 10,
             data_identity: "id".into(),
             options_hash: options_hash.into(),
+            job: None,
         }
     }
 

@@ -20,9 +20,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::config::DatasetConfig;
-use minibatchd_client::protocol::{hex64, MinibatchMeta, Resumed, SessionOptions, SessionState, STATE_VERSION};
+use minibatchd_client::protocol::{
+    hex64, MinibatchMeta, Resumed, SessionOptions, SessionState, TailPolicy, STATE_VERSION,
+};
 
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Tail, Window};
 
 /// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
 /// of the checkpoint format: fields are only ever added, with defaults).
@@ -60,6 +62,8 @@ pub struct ResolvedOptions {
     pub frame_mode: bool,
     /// Equal step counts over the workers ([`minibatchd_engine::sampling::Sampler::equalize_steps`]).
     pub equal_steps: bool,
+    /// What equal steps do with the ragged tails.
+    pub tail: Tail,
     /// Ring slots.
     pub slots: u64,
     /// Requested bytes per slot (before raising it to fit dense minibatches).
@@ -139,6 +143,15 @@ pub fn resolve_options(
             problems.push(format!("session name must be 1..={MAX_SESSION_NAME} characters of [A-Za-z0-9-_.:@]"));
         }
     }
+    if o.tail.is_some() && !o.equal_steps {
+        problems.push("tail applies to equal_steps: set equal_steps = true".to_owned());
+    }
+    if o.resume.is_some() && o.resume_job.is_some() {
+        problems.push("give either resume (this worker's state) or resume_job (every worker's), not both".to_owned());
+    }
+    if o.resume_job.as_ref().is_some_and(|states| states.is_empty() || states.len() > 1 << 20) {
+        problems.push("resume_job needs the states of 1..=1048576 workers".to_owned());
+    }
     if o.equal_steps && limits == 0 {
         problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
     }
@@ -158,6 +171,10 @@ pub fn resolve_options(
         minibatch_size,
         frame_mode: o.frame_mode,
         equal_steps: o.equal_steps,
+        tail: match o.tail {
+            Some(TailPolicy::Pad) => Tail::Pad,
+            Some(TailPolicy::Drop) | None => Tail::Drop,
+        },
         slots,
         slot_size_bytes,
         session: o.session.clone(),
@@ -168,7 +185,7 @@ pub fn resolve_options(
 /// epoch limit, and equal steps when on (so states saved without it keep their hash).
 /// (Minibatch size, workers and rank may change across a resume, as in CNTK.)
 #[must_use]
-pub fn options_hash(s: &SamplingOptions, equal_steps: bool) -> u64 {
+pub fn options_hash(s: &SamplingOptions, equal_steps: bool, tail: Tail) -> u64 {
     let mut h = minibatchd_engine::hash::Fnv1a::new();
     h.u64(u64::from(s.randomize));
     match s.window.normalized() {
@@ -200,6 +217,10 @@ pub fn options_hash(s: &SamplingOptions, equal_steps: bool) -> u64 {
     }
     if equal_steps {
         h.u64(20);
+        // Padding changes the epoch's length (states of dropping runs keep their hash).
+        if tail == Tail::Pad {
+            h.u64(21);
+        }
     }
     h.finish()
 }
@@ -229,6 +250,15 @@ pub enum ResumeError {
     /// The order-shaping options differ.
     #[error("the state was saved with other sampling options (randomize, window, seed or epoch limit)")]
     Options,
+    /// `resume_job` with states of a run that itself continued another one and is still within
+    /// that run's ragged band.
+    #[error("the states continue an earlier run and the earliest ({earliest}) is still before the end of its ragged band ({band_end}): resume at the same worker count until every worker is past {band_end}, or resume each worker by its own state")]
+    JobBand {
+        /// The earliest position of the states.
+        earliest: u64,
+        /// The latest position of the run they continue.
+        band_end: u64,
+    },
 }
 
 /// Checks a `resume` state against the session being opened.
@@ -682,9 +712,11 @@ mod tests {
             4096,
         )
         .expect("c");
-        assert_eq!(options_hash(&a.sampling, false), options_hash(&b.sampling, false));
-        assert_ne!(options_hash(&a.sampling, false), options_hash(&a.sampling, true));
-        assert_ne!(options_hash(&a.sampling, false), options_hash(&c.sampling, false));
+        assert_eq!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&b.sampling, false, Tail::Drop));
+        assert_ne!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&a.sampling, true, Tail::Drop));
+        assert_ne!(options_hash(&a.sampling, true, Tail::Drop), options_hash(&a.sampling, true, Tail::Pad));
+        assert_eq!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&a.sampling, false, Tail::Pad));
+        assert_ne!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&c.sampling, false, Tail::Drop));
     }
 
     #[test]
@@ -696,6 +728,7 @@ mod tests {
             minibatches: 1,
             data_identity: hex64(7),
             options_hash: hex64(9),
+            job: None,
         };
         assert!(check_resume(&s, "t", 7, 9).is_ok());
         assert_eq!(check_resume(&s, "u", 7, 9), Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() }));
@@ -729,6 +762,7 @@ mod tests {
             minibatches: 2,
             data_identity: String::new(),
             options_hash: String::new(),
+            job: None,
         };
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
@@ -759,6 +793,7 @@ mod tests {
             minibatches: 1,
             data_identity: String::new(),
             options_hash: String::new(),
+            job: None,
         };
         r.park("a", st.clone(), t0);
         assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone(), lingered())));
@@ -790,6 +825,7 @@ mod tests {
             minibatches: p / 4,
             data_identity: "i".into(),
             options_hash: "o".into(),
+            job: None,
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));

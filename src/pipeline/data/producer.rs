@@ -189,6 +189,16 @@ impl Producer {
         Self { planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None }, ring }
     }
 
+    /// With equal steps padded: empty minibatches after the epoch's last one until minibatch
+    /// index `end` ([`Feeder::pad_to`]).
+    #[must_use]
+    pub fn padded_to(mut self, end: Option<u64>) -> Self {
+        if let Some(end) = end {
+            self.planner.feeder.pad_to(end);
+        }
+        self
+    }
+
     /// Starts the producer on `pool` as two tasks: it fills the slots of `free` (every slot of
     /// the ring, at first) until the epoch ends, an error, or the connection stops it or drops
     /// the returned handle, announcing each filled slot on `events`.

@@ -180,6 +180,7 @@ mod tests {
                 minibatches: 20,
                 data_identity: "3f0c5e2a9b1d7c44".into(),
                 options_hash: "9a1e00c2d4b7f613".into(),
+                job: None,
             },
             owner: None,
         }

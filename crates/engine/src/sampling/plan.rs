@@ -140,6 +140,31 @@ impl SweepPlan {
 }
 
 /// The sweep's order and, per position, whether it belongs to `options.rank`.
+/// The order of sweep `sweep` and, per position, the rank among `options.num_workers` that owns
+/// it (the same rule as [`SweepPlan`]'s, for every worker at once).
+pub(crate) fn owners(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<usize>) {
+    let workers = options.num_workers as u64;
+    if uses_block_randomizer(options) {
+        let randomized = randomize_sweep(timeline, options.window, options.seed, sweep);
+        let mut position = vec![0u64; randomized.chunk_order.len()];
+        for (k, &chunk) in randomized.chunk_order.iter().enumerate() {
+            position[chunk as usize] = k as u64;
+        }
+        let owner = randomized
+            .sequences
+            .iter()
+            .map(|r| usize::try_from(position[r.chunk as usize] % workers).unwrap_or(0))
+            .collect();
+        (randomized.sequences, owner)
+    } else {
+        let order = file_order(timeline);
+        let base = u128::from(sweep) * order.len() as u128;
+        let owner =
+            (0..order.len()).map(|i| usize::try_from((base + i as u128) % u128::from(workers)).unwrap_or(0)).collect();
+        (order, owner)
+    }
+}
+
 fn ordered_with_owner(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<bool>) {
     let workers = options.num_workers as u64;
     let rank = options.rank as u64;

@@ -27,7 +27,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use super::plan::SweepPlan;
+use super::plan::{owners, SweepPlan};
 use super::randomizer::uses_block_randomizer;
 use super::Timeline;
 
@@ -242,6 +242,44 @@ pub struct Sampler {
     /// With [`Sampler::equalize_steps`]: the epoch ends for this worker at this position, after
     /// as many minibatches as the worker with the fewest gets.
     step_cutoff: Option<u64>,
+    /// With [`Sampler::resume_job`]: the positions the workers of the earlier run stood at, and
+    /// the sequences they delivered past the earliest of them.
+    job: Option<JobResume>,
+}
+
+/// A run continued at another worker count ([`Sampler::resume_job`]).
+#[derive(Debug, Clone)]
+struct JobResume {
+    /// Where each worker of the earlier run stood, in rank order.
+    positions: Vec<u64>,
+    /// Positions from here on were delivered by no worker of the earlier run.
+    until: u64,
+    /// (sweep, sequence) of every sequence that starts in `[min(positions), until)` and that its
+    /// owner in the earlier run delivered (it started before that owner's position).
+    delivered: HashSet<(u64, u32)>,
+}
+
+/// What [`Sampler::equalize_steps`] does with the workers' ragged tails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Tail {
+    /// Every worker stops after as many minibatches as the worker with the fewest: the others'
+    /// last minibatches are not delivered in this epoch.
+    #[default]
+    Drop,
+    /// Every worker gets as many minibatches as the worker with the most: the others get empty
+    /// minibatches (no sample) at the end of the epoch. Nothing is dropped or repeated.
+    Pad,
+}
+
+/// The outcome of [`Sampler::equalize_steps`] for this worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EqualSteps {
+    /// Minibatches every worker gets in the epoch (from the epoch start, or from a job resume).
+    pub steps: u64,
+    /// This worker's minibatches that are not delivered ([`Tail::Drop`]).
+    pub dropped: u64,
+    /// Empty minibatches this worker gets at the end ([`Tail::Pad`]).
+    pub padding: u64,
 }
 
 impl std::fmt::Debug for Sampler {
@@ -273,6 +311,8 @@ struct Fill {
     at_least_one: bool,
     sequences: Vec<SeqRef>,
     last_use: Vec<bool>,
+    /// Chunks whose last use was passed over ([`Sampler::resume_job`]).
+    retire_extra: Vec<u32>,
 }
 
 impl Fill {
@@ -298,6 +338,11 @@ impl Fill {
             }
         }
         retire.reverse();
+        for &c in &self.retire_extra {
+            if !retire.contains(&c) {
+                retire.push(c);
+            }
+        }
         retire
     }
 }
@@ -324,6 +369,7 @@ impl Sampler {
             current,
             next: OnceLock::new(),
             step_cutoff: None,
+            job: None,
         };
         if let EpochLimit::Sweep(k) = sampler.options.limit {
             // `epoch_end` checked that (k + 1) sweeps fit, so k sweeps do too.
@@ -350,6 +396,7 @@ impl Sampler {
             at_least_one: true,
             sequences: Vec::new(),
             last_use: Vec::new(),
+            retire_extra: Vec::new(),
         };
         loop {
             self.enter_next_sweep_if_at_end();
@@ -380,41 +427,104 @@ impl Sampler {
 
     /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
     /// run different numbers of steps): every worker gets as many minibatches of
-    /// `minibatch_size` in the epoch as the worker that gets the fewest; each worker's ragged
-    /// tail is dropped. Returns the number of minibatches of this worker that are dropped.
+    /// `minibatch_size` in the epoch as the worker that gets the fewest ([`Tail::Drop`]: each
+    /// worker's ragged tail is dropped) or the most ([`Tail::Pad`]: the others get empty
+    /// minibatches at the end, which the caller delivers: [`EqualSteps::padding`]).
     ///
-    /// Deterministic: the cut is a position, computed from the epoch start by walking every
-    /// worker's plans (no data is read), so a restore within the epoch keeps it.
+    /// Deterministic: the counts are computed from the epoch start (or from the job base of
+    /// [`Sampler::resume_job`]) by walking every worker's plans (no data is read), so a restore
+    /// within the epoch keeps them.
     ///
     /// # Errors
     /// [`SamplingError::EqualStepsNeedAFiniteEpoch`] for an infinite epoch.
-    pub fn equalize_steps(&mut self, minibatch_size: usize) -> Result<u64, SamplingError> {
+    pub fn equalize_steps(&mut self, minibatch_size: usize, tail: Tail) -> Result<EqualSteps, SamplingError> {
         if self.options.limit == EpochLimit::Infinite {
             return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
         }
-        let walk = |rank: usize| -> Result<Vec<u64>, SamplingError> {
+        // Each worker walked from the start of the (resumed) epoch.
+        let start = |rank: usize| -> Result<Sampler, SamplingError> {
             let options = SamplingOptions { rank, ..self.options.clone() };
             let mut s = Sampler::new(self.timeline.clone(), options)?;
+            if let Some(job) = &self.job {
+                s.resume_job(&job.positions)?;
+            }
+            Ok(s)
+        };
+        let walk = |rank: usize| -> Result<Vec<u64>, SamplingError> {
+            let mut s = start(rank)?;
             let mut ends = Vec::new();
             while s.next_minibatch(minibatch_size).is_some() {
                 ends.push(s.position);
             }
             Ok(ends)
         };
-        let mut fewest = u64::MAX;
+        let (mut fewest, mut most) = (u64::MAX, 0u64);
         for rank in 0..self.options.num_workers {
-            fewest = fewest.min(walk(rank)?.len() as u64);
+            let n = walk(rank)?.len() as u64;
+            fewest = fewest.min(n);
+            most = most.max(n);
         }
         let mine = walk(self.options.rank)?;
-        let dropped = mine.len() as u64 - fewest;
-        // After `fewest` minibatches this worker stands at `mine[fewest - 1]`; with none at all it
-        // stops where it starts.
-        let start = Sampler::new(self.timeline.clone(), self.options.clone())?.position;
-        self.step_cutoff = Some(match usize::try_from(fewest) {
-            Ok(0) | Err(_) => start,
-            Ok(n) => mine[n - 1],
-        });
-        Ok(dropped)
+        let own = mine.len() as u64;
+        match tail {
+            Tail::Pad => Ok(EqualSteps { steps: most, dropped: 0, padding: most - own }),
+            Tail::Drop => {
+                // After `fewest` minibatches this worker stands at `mine[fewest - 1]`; with none
+                // at all it stops where it starts.
+                let from = start(self.options.rank)?.position;
+                self.step_cutoff = Some(match usize::try_from(fewest) {
+                    Ok(0) | Err(_) => from,
+                    Ok(n) => mine[n - 1],
+                });
+                Ok(EqualSteps { steps: fewest, dropped: own - fewest, padding: 0 })
+            }
+        }
+    }
+
+    /// Continues a run of `positions.len()` workers (any count, not necessarily this sampler's)
+    /// that stood at `positions` (rank order; each worker's [`Sampler::position`]) with this
+    /// sampler's worker count: nothing the earlier workers delivered is delivered again, and
+    /// nothing they did not deliver is lost.
+    ///
+    /// The earlier workers delivered every sequence before the earliest of their positions, and
+    /// of the sequences between it and the latest one, those that their owner (in the earlier
+    /// split) had passed. This sampler restarts at the earliest position and passes over the
+    /// latter; every other sequence of the rest of the epoch is split among this sampler's
+    /// workers as a fresh run of that count splits it, so the following sweeps are exactly a
+    /// fresh run's. [`Sampler::restore`] afterwards (a later checkpoint of the continued run)
+    /// keeps the passed-over set.
+    ///
+    /// # Errors
+    /// [`SamplingError::NoWorkers`] for an empty `positions`.
+    pub fn resume_job(&mut self, positions: &[u64]) -> Result<(), SamplingError> {
+        let (Some(&from), Some(&until)) = (positions.iter().min(), positions.iter().max()) else {
+            return Err(SamplingError::NoWorkers);
+        };
+        let earlier = SamplingOptions { num_workers: positions.len(), rank: 0, ..self.options.clone() };
+        let mut delivered = HashSet::new();
+        if until > from {
+            for sweep in from / self.sweep_size..=(until - 1) / self.sweep_size {
+                let (order, owner) = owners(&self.timeline, &earlier, sweep);
+                let mut at = sweep * self.sweep_size;
+                for (r, &o) in order.iter().zip(&owner) {
+                    if at >= until {
+                        break;
+                    }
+                    if at >= from && at < positions[o] {
+                        delivered.insert((sweep, r.seq));
+                    }
+                    at += u64::from(self.timeline.seq_len[r.seq as usize]);
+                }
+            }
+        }
+        self.job = Some(JobResume { positions: positions.to_vec(), until, delivered });
+        self.restore(from)
+    }
+
+    /// The positions of the run this sampler continues ([`Sampler::resume_job`]), if any.
+    #[must_use]
+    pub fn job_positions(&self) -> Option<&[u64]> {
+        self.job.as_ref().map(|j| j.positions.as_slice())
     }
 
     /// The global checkpoint position: nominal samples consumed on the global timeline (all
@@ -490,7 +600,19 @@ impl Sampler {
         while self.index < plan.len() {
             let r = plan.order[self.index];
             let len = u64::from(self.timeline.seq_len[r.seq as usize]);
-            let local = plan.is_local(self.index);
+            let mut local = plan.is_local(self.index);
+            if local {
+                if let Some(job) = &self.job {
+                    if self.position < job.until && job.delivered.contains(&(plan.sweep, r.seq)) {
+                        // Delivered by the earlier run: passed over like another worker's. Its
+                        // chunk is retired if this was its last use.
+                        local = false;
+                        if plan.is_last_use(self.index) {
+                            fill.retire_extra.push(r.chunk);
+                        }
+                    }
+                }
+            }
             if local && fill.is_full_for(len) {
                 return Stop::Full;
             }

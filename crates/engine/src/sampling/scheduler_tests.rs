@@ -385,14 +385,23 @@ fn equal_steps_cut_every_worker_to_the_fewest() {
             ragged += usize::from(full.iter().any(|f| f.len() != fewest));
             for (rank, uncut) in full.iter().enumerate() {
                 let mut s = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });
-                let dropped = s.equalize_steps(3).expect("finite epoch");
+                let equal = s.equalize_steps(3, Tail::Drop).expect("finite epoch");
                 let cut = drain(&mut s, 3);
                 assert_eq!(cut.len(), fewest);
-                assert_eq!(dropped, (uncut.len() - fewest) as u64);
+                assert_eq!(
+                    (equal.steps, equal.dropped, equal.padding),
+                    (fewest as u64, (uncut.len() - fewest) as u64, 0)
+                );
+                // Padding instead: nothing is cut, and the worker is told how many empty ones follow.
+                let most = full.iter().map(Vec::len).max().unwrap_or(0);
+                let mut padded = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });
+                let pad = padded.equalize_steps(3, Tail::Pad).expect("finite epoch");
+                assert_eq!((pad.steps, pad.dropped, pad.padding), (most as u64, 0, (most - uncut.len()) as u64));
+                assert_eq!(drain(&mut padded, 3), *uncut);
                 assert_eq!(cut[..], uncut[..fewest]);
                 if fewest > 1 {
                     let mut resumed = sampler(&t, SamplingOptions { num_workers: workers, rank, ..options.clone() });
-                    resumed.equalize_steps(3).expect("finite epoch");
+                    resumed.equalize_steps(3, Tail::Drop).expect("finite epoch");
                     resumed.restore(cut[0].position).expect("restore");
                     assert_eq!(drain(&mut resumed, 3)[..], cut[1..]);
                 }
@@ -401,7 +410,96 @@ fn equal_steps_cut_every_worker_to_the_fewest() {
     }
     assert!(ragged >= 3, "only {ragged} configurations give workers different counts");
     let mut infinite = sampler(&t, whole_window(0, EpochLimit::Infinite));
-    assert!(matches!(infinite.equalize_steps(4), Err(SamplingError::EqualStepsNeedAFiniteEpoch)));
+    assert!(matches!(infinite.equalize_steps(4, Tail::Drop), Err(SamplingError::EqualStepsNeedAFiniteEpoch)));
+}
+
+/// How many times `plans` deliver each sequence over the whole epoch.
+fn deliveries(plans: &[MinibatchPlan]) -> std::collections::BTreeMap<u32, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    for r in plans.iter().flat_map(|p| &p.sequences) {
+        *seen.entry(r.seq).or_insert(0) += 1;
+    }
+    seen
+}
+
+// Resume across world sizes: workers of a run of W stop at ragged positions (each after its own
+// number of minibatches); a run of W' continues from all their positions. Over both runs every
+// sequence of the epoch is delivered exactly once, and after the ragged band the W' workers get
+// what a fresh run of W' gets.
+#[test]
+fn a_run_resumed_at_another_worker_count_delivers_each_sequence_once() {
+    let t = timeline(&[1, 3, 2, 1, 1, 2, 4, 1, 1, 2, 5, 1, 2, 2, 1, 3], &[2, 3, 1, 4, 2, 1, 3]);
+    let mut checked = 0;
+    for options in [
+        whole_window(2, EpochLimit::Sweeps(3)),
+        sequential(EpochLimit::Sweeps(2)),
+        options(true, Window::Chunks(2), 7, EpochLimit::Sweeps(2)),
+        options(true, Window::Samples(5), 3, EpochLimit::Samples(40)),
+    ] {
+        for (w, w2) in [(4, 3), (2, 5), (3, 1), (1, 4), (5, 2), (4, 4)] {
+            for cut in [0usize, 1, 3, 6] {
+                // The first run: worker r takes `cut + r % 2` minibatches (ragged, as real ranks are).
+                let mut taken: Vec<MinibatchPlan> = Vec::new();
+                let mut positions = Vec::new();
+                for rank in 0..w {
+                    let mut s = sampler(&t, SamplingOptions { num_workers: w, rank, ..options.clone() });
+                    for _ in 0..cut + rank % 2 {
+                        match s.next_minibatch(4) {
+                            Some(p) => taken.push(p),
+                            None => break,
+                        }
+                    }
+                    positions.push(s.position());
+                }
+                // The second run, and a fresh run of W' to compare its later sweeps with.
+                let mut rest = Vec::new();
+                for rank in 0..w2 {
+                    let opts = SamplingOptions { num_workers: w2, rank, ..options.clone() };
+                    let mut s = sampler(&t, opts.clone());
+                    s.resume_job(&positions).expect("resume the job");
+                    let mine = drain(&mut s, 4);
+                    // A restore inside the continued run (a later checkpoint) reproduces it.
+                    if mine.len() > 2 {
+                        let mut again = sampler(&t, opts.clone());
+                        again.resume_job(&positions).expect("resume the job");
+                        again.restore(mine[1].position).expect("restore");
+                        assert_eq!(drain(&mut again, 4)[..], mine[2..], "restore within the continued run");
+                    }
+                    // Past the band, the same minibatches as a fresh run of W'.
+                    let band = positions.iter().copied().max().unwrap_or(0);
+                    let sweep_size = s.sweep_size();
+                    let fresh = drain(&mut sampler(&t, opts), 4);
+                    let after = |plans: &[MinibatchPlan]| -> Vec<Vec<SeqRef>> {
+                        plans.iter().filter(|p| p.sweep > band / sweep_size).map(|p| p.sequences.clone()).collect()
+                    };
+                    let (a, b) = (after(&mine), after(&fresh));
+                    let n = a.len().min(b.len());
+                    assert_eq!(
+                        a[a.len() - n..],
+                        b[b.len() - n..],
+                        "W={w} W'={w2}: later sweeps differ from a fresh run's"
+                    );
+                    rest.extend(mine);
+                }
+                let mut all = taken.clone();
+                all.extend(rest);
+                let got = deliveries(&all);
+                let expected = deliveries(
+                    &(0..w)
+                        .flat_map(|rank| {
+                            drain(&mut sampler(&t, SamplingOptions { num_workers: w, rank, ..options.clone() }), 4)
+                        })
+                        .collect::<Vec<_>>(),
+                );
+                assert_eq!(
+                    got, expected,
+                    "W={w} W'={w2} cut={cut} {options:?}: deliveries per sequence differ from one run's"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 90, "{checked}");
 }
 
 // CNTK 2.7 (oracle): without randomization a worker stops as soon as its local share is full,
