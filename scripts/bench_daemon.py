@@ -16,6 +16,9 @@ overhead per minibatch (next() on slots that are already filled) and the daemon'
 ahead of its trainer); the preload time is printed on its own. `--window-chunks 4` with a
 `--memory-limit` below the parsed size (e.g. 268435456) measures the parse-bound steady state
 of a dataset larger than the cache: every sweep parses the file again, while it is delivered.
+`BENCH_FILES_URL=s3://bucket/key` reads the same file from object storage instead (the AWS
+environment says where; scripts/bench_objects.py sets it up), and `BENCH_STATE_KEEP=1` keeps the
+state directory between runs.
 """
 
 import argparse
@@ -149,7 +152,9 @@ def main() -> None:
         subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(a.size_bytes), "128", "10"], check=True)
     # A fresh state dir: a checkpoint from an earlier run (another file size) would restore
     # sessions that no longer match the data.
-    shutil.rmtree(work / "state", ignore_errors=True)
+    if not os.environ.get("BENCH_STATE_KEEP"):
+        shutil.rmtree(work / "state", ignore_errors=True)
+    files = os.environ.get("BENCH_FILES_URL") or str(data)
     sock = str(work / "mbd.sock")
     cfg = work / "bench.toml"
     cfg.write_text(
@@ -161,7 +166,7 @@ memory_limit_bytes = {a.memory_limit}
 
 [datasets.bench]
 format = "ctf"
-files = ["{data}"]
+files = ["{files}"]
 preload = {"true" if a.preload else "false"}
 
 [datasets.bench.streams.features]
@@ -224,7 +229,7 @@ format = "sparse"
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
     window = f"window {a.window_chunks} chunks" if a.window_chunks else "CNTK's default window"
-    print(f"file: {data} ({data.stat().st_size / 2**20:.0f} MiB), minibatch {a.minibatch_size}, randomized, {window}, memory limit {a.memory_limit / 2**20:.0f} MiB, {a.sweeps} sweep(s), {os.cpu_count()} cores")
+    print(f"file: {files} ({data.stat().st_size / 2**20:.0f} MiB), minibatch {a.minibatch_size}, randomized, {window}, memory limit {a.memory_limit / 2**20:.0f} MiB, {a.sweeps} sweep(s), {os.cpu_count()} cores")
     print(f"daemon start (index pass or cache): {index_s:.2f} s")
     if preload_s is not None:
         print(f"preload (every chunk parsed before the consumer starts): {preload_s:.2f} s")

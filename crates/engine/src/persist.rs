@@ -234,6 +234,20 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// # Errors
 /// As [`write_atomic`], and `write`'s.
 pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+    write_replacing(path, write, true)
+}
+
+/// [`write_atomic_with`] without the fsyncs: atomic for readers and against a crash of the
+/// process (a reader sees the old file or the whole new one), not against a crash of the
+/// machine. For caches that are dropped after a reboot (`remote::ChunkFiles`).
+///
+/// # Errors
+/// As [`write_atomic`].
+pub fn write_replacing_unsynced(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+    write_replacing(path, write, false)
+}
+
+fn write_replacing(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>, sync: bool) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
@@ -243,9 +257,14 @@ pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> i
     let (tmp, mut f) = create_temp(&dir, &name)?;
     let result = (|| {
         write(&mut f)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
         fs::rename(&tmp, path)?;
-        File::open(&dir)?.sync_all()
+        if sync {
+            File::open(&dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     drop(f);
     if result.is_err() {

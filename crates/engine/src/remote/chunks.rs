@@ -2,9 +2,11 @@
 //! directory, typically local NVMe), bounded in bytes, least recently used out first.
 //!
 //! One file per (object URL, ETag, start, end), named by a hash of the four, written privately
-//! and atomically ([`persist::write_atomic_with`]: `0600`, `O_CREAT|O_EXCL`, fsync, rename) and
-//! read back only if trusted ([`persist::open_trusted`]) and of the expected length: an
-//! interrupted or foreign file is fetched again, never served. Two threads that want the same
+//! and atomically for readers ([`persist::write_replacing_unsynced`]: `0600`, `O_CREAT|O_EXCL`,
+//! rename; not fsynced, which would cost more than the fetch) and read back only if trusted
+//! ([`persist::open_trusted`]) and of the expected length: an interrupted or foreign file is
+//! fetched again, never served. The cache records the kernel's boot id (`.boot-id`); after a
+//! reboot (when unsynced bytes may not have reached the disk) every entry is dropped. Two threads that want the same
 //! range fetch it once (the second waits). An entry is evicted by unlinking its file: a reader
 //! that opened it keeps reading it. After a restart the directory is scanned, and its files count
 //! as used in the order of their modification times.
@@ -19,6 +21,9 @@ use super::{ObjectMeta, ObjectStore};
 use crate::format::errors::DataError;
 use crate::hash::Fnv1a;
 use crate::persist;
+
+/// The file that records the boot the cache's files were written in.
+const BOOT_ID: &str = ".boot-id";
 
 /// What the cache holds and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -117,17 +122,27 @@ impl ChunkFiles {
             return;
         }
         s.scanned = true;
-        let Ok(dir) = std::fs::read_dir(&self.dir) else { return };
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let marker = self.dir.join(BOOT_ID);
+        let same_boot = !boot.is_empty() && std::fs::read_to_string(&marker).is_ok_and(|b| b == boot);
         let mut found: Vec<(u64, String, u64)> = Vec::new();
-        for entry in dir.flatten() {
+        for entry in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(meta) = entry.metadata() else { continue };
+            if name == BOOT_ID {
+                continue;
+            }
             if name.starts_with('.') {
                 // A temporary file of an interrupted write.
                 let _ = std::fs::remove_file(entry.path());
                 continue;
             }
             if !meta.is_file() || std::path::Path::new(&name).extension().is_none_or(|e| e != "chunk") {
+                continue;
+            }
+            if !same_boot {
+                // Written before the machine restarted: maybe not on disk whole.
+                let _ = std::fs::remove_file(entry.path());
                 continue;
             }
             let when = meta.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
@@ -137,6 +152,9 @@ impl ChunkFiles {
         for (_, name, bytes) in found {
             s.tick += 1;
             s.entries.insert(name, Entry { bytes, used: s.tick });
+        }
+        if !same_boot && !boot.is_empty() {
+            let _ = persist::write_atomic(&marker, boot.as_bytes());
         }
     }
 
@@ -209,7 +227,7 @@ impl ChunkFiles {
     ) -> Result<(), DataError> {
         let url = Path::new(&object.url);
         let mut failure = None;
-        let written = persist::write_atomic_with(path, &mut |out| {
+        let written = persist::write_replacing_unsynced(path, &mut |out| {
             store.read_range(object, start, end, out).map_err(|e| {
                 let io = std::io::Error::other(e.to_string());
                 failure = Some(e);
@@ -327,6 +345,14 @@ mod tests {
         // A restart finds what is on disk.
         let again = ChunkFiles::new(dir.path().join("objects"), 50);
         assert!(again.contains(&o, 50, 70));
+        // Written in another boot (the machine restarted: unsynced writes may be torn): dropped.
+        std::fs::write(dir.path().join("objects").join(BOOT_ID), "another boot").expect("marker");
+        let rebooted = ChunkFiles::new(dir.path().join("objects"), 50);
+        assert!(!rebooted.contains(&o, 50, 70), "an entry of an earlier boot was kept");
+        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        again.fetch(&store, &o, 50, 70).expect("fetch");
+        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        assert!(again.contains(&o, 50, 70), "an entry of this boot is found after a restart");
         // A damaged file (wrong length) is fetched again, not served.
         let name = ChunkFiles::key(&o, 50, 70);
         std::fs::write(dir.path().join("objects").join(&name), b"short").expect("damage");
