@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -29,7 +30,8 @@ fn main() {
         eprintln!("usage: minibatchd-bench-s3 --root DIR --port PORT [--delay-ms MS]");
         std::process::exit(2);
     };
-    let delay = Duration::from_secs_f64(value("--delay-ms").and_then(|d| d.parse::<f64>().ok()).unwrap_or(0.0) / 1000.0);
+    let delay =
+        Duration::from_secs_f64(value("--delay-ms").and_then(|d| d.parse::<f64>().ok()).unwrap_or(0.0) / 1000.0);
     let listener = match TcpListener::bind(("127.0.0.1", port.parse::<u16>().unwrap_or(0))) {
         Ok(l) => l,
         Err(e) => {
@@ -68,7 +70,8 @@ fn read_request(r: &mut BufReader<TcpStream>) -> std::io::Result<Option<Request>
     let mut parts = line.split_whitespace();
     let method = parts.next().unwrap_or_default().to_owned();
     let target = parts.next().unwrap_or_default().to_owned();
-    let (path, query) = target.split_once('?').map_or((target.clone(), String::new()), |(p, q)| (p.to_owned(), q.to_owned()));
+    let (path, query) =
+        target.split_once('?').map_or((target.clone(), String::new()), |(p, q)| (p.to_owned(), q.to_owned()));
     let mut headers = Vec::new();
     loop {
         let mut h = String::new();
@@ -109,7 +112,7 @@ fn decode(s: &str) -> String {
 
 fn etag(meta: &std::fs::Metadata) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for v in [meta.len(), meta.mtime() as u64, meta.mtime_nsec() as u64, meta.ino()] {
+    for v in [meta.len(), meta.mtime().cast_unsigned(), meta.mtime_nsec().cast_unsigned(), meta.ino()] {
         for byte in v.to_le_bytes() {
             h ^= u64::from(byte);
             h = h.wrapping_mul(0x100_0000_01b3);
@@ -121,7 +124,7 @@ fn etag(meta: &std::fs::Metadata) -> String {
 fn respond(w: &mut TcpStream, status: &str, headers: &[(&str, String)], body: &[u8]) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {status}\r\nContent-Length: {}\r\n", body.len());
     for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
+        let _ = write!(head, "{k}: {v}\r\n");
     }
     head.push_str("\r\n");
     w.write_all(head.as_bytes())?;
@@ -133,7 +136,8 @@ fn serve(stream: TcpStream, root: &Path, delay: Duration) -> std::io::Result<()>
     let mut r = BufReader::new(stream);
     while let Some(req) = read_request(&mut r)? {
         std::thread::sleep(delay);
-        let (bucket, key) = req.path.trim_start_matches('/').split_once('/').unwrap_or((req.path.trim_start_matches('/'), ""));
+        let (bucket, key) =
+            req.path.trim_start_matches('/').split_once('/').unwrap_or((req.path.trim_start_matches('/'), ""));
         let file = root.join(bucket).join(key);
         match req.method.as_str() {
             "GET" if key.is_empty() => list(&mut w, &root.join(bucket), &req)?,
@@ -179,21 +183,22 @@ fn get(w: &mut TcpStream, file: &Path, req: &Request) -> std::io::Result<()> {
         return respond(w, "412 Precondition Failed", &[], b"<Error><Code>PreconditionFailed</Code></Error>");
     }
     let size = meta.len();
-    let (start, end, status) = match req.header("range").and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.split_once('-')) {
-        Some((a, b)) => {
-            let start: u64 = a.parse().unwrap_or(0);
-            let end: u64 = b.parse::<u64>().map_or(size, |e| (e + 1).min(size));
-            (start.min(end), end, "206 Partial Content")
-        }
-        None => (0, size, "200 OK"),
-    };
+    let (start, end, status) =
+        match req.header("range").and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.split_once('-')) {
+            Some((a, b)) => {
+                let start: u64 = a.parse().unwrap_or(0);
+                let end: u64 = b.parse::<u64>().map_or(size, |e| (e + 1).min(size));
+                (start.min(end), end, "206 Partial Content")
+            }
+            None => (0, size, "200 OK"),
+        };
     let modified = httpdate(meta.mtime());
     let mut head = format!(
         "HTTP/1.1 {status}\r\nContent-Length: {}\r\nETag: {tag}\r\nLast-Modified: {modified}\r\nAccept-Ranges: bytes\r\n",
         end - start
     );
     if status.starts_with("206") {
-        head.push_str(&format!("Content-Range: bytes {start}-{}/{size}\r\n", end.saturating_sub(1)));
+        let _ = write!(head, "Content-Range: bytes {start}-{}/{size}\r\n", end.saturating_sub(1));
     }
     head.push_str("\r\n");
     w.write_all(head.as_bytes())?;
@@ -233,17 +238,19 @@ fn list(w: &mut TcpStream, bucket: &Path, req: &Request) -> std::io::Result<()> 
         }
     }
     found.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut xml = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><IsTruncated>false</IsTruncated>");
+    let mut xml =
+        String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><IsTruncated>false</IsTruncated>");
     for (key, meta) in &found {
         let key = key.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-        xml.push_str(&format!(
+        let _ = write!(
+            xml,
             "<Contents><Key>{key}</Key><Size>{}</Size><ETag>{}</ETag><LastModified>{}</LastModified></Contents>",
             meta.len(),
             etag(meta).replace('"', "&quot;"),
             iso(meta.mtime())
-        ));
+        );
     }
-    xml.push_str(&format!("<KeyCount>{}</KeyCount></ListBucketResult>", found.len()));
+    let _ = write!(xml, "<KeyCount>{}</KeyCount></ListBucketResult>", found.len());
     respond(w, "200 OK", &[("Content-Type", "application/xml".into())], xml.as_bytes())
 }
 
@@ -272,5 +279,11 @@ fn httpdate(secs: i64) -> String {
     const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     let (y, m, d, rem) = civil(secs);
     let wd = DAYS[usize::try_from(secs.div_euclid(86_400).rem_euclid(7)).unwrap_or(0)];
-    format!("{wd}, {d:02} {} {y:04} {:02}:{:02}:{:02} GMT", MONTHS[(m - 1) as usize], rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{wd}, {d:02} {} {y:04} {:02}:{:02}:{:02} GMT",
+        MONTHS[(m - 1) as usize],
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }

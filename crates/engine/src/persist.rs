@@ -243,7 +243,10 @@ pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> i
 ///
 /// # Errors
 /// As [`write_atomic`].
-pub fn write_replacing_unsynced(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+pub fn write_replacing_unsynced(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     write_replacing(path, write, false)
 }
 

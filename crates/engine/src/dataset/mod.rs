@@ -190,7 +190,7 @@ impl Dataset {
                             &mut report,
                             &mut |p| {
                                 let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
-                                ctf::index_reader(reader, &shared, object.size, &options, left, p)
+                                ctf::index_reader(r.chunks.tee(object, reader), &shared, object.size, &options, left, p)
                             },
                         )?
                         .0
@@ -289,7 +289,7 @@ impl Dataset {
                     let r = remote::require(f)?;
                     remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
                         let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
-                        let reader = std::io::BufReader::with_capacity(1 << 16, reader);
+                        let reader = std::io::BufReader::with_capacity(1 << 16, r.chunks.tee(object, reader));
                         deepx::index_reader(reader, name.clone(), object.size, options, left, p)
                     })?
                     .0
@@ -505,8 +505,8 @@ impl Dataset {
             Stored::Remote(object) => {
                 let name = &src.files[file];
                 let r = remote::require(name)?;
-                let f = r.chunks.fetch(r.store.as_ref(), object, start, end)?;
-                Ok(ReadWindow::over(name, f, start, end))
+                let cached = r.chunks.fetch(r.store.as_ref(), object, start, end)?;
+                Ok(ReadWindow::over(name, cached.file, cached.base, end))
             }
         }
     }
@@ -521,10 +521,10 @@ impl Dataset {
                 use std::os::unix::fs::FileExt as _;
                 let name = &src.files[file];
                 let r = remote::require(name)?;
-                let f = r.chunks.fetch(r.store.as_ref(), object, 0, object.size)?;
+                let cached = r.chunks.fetch(r.store.as_ref(), object, 0, object.size)?;
                 let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("sequence too large".into()))?;
                 let mut buf = vec![0u8; len];
-                f.read_exact_at(&mut buf, start).map_err(|e| DataError::io(name, e))?;
+                cached.file.read_exact_at(&mut buf, start - cached.base).map_err(|e| DataError::io(name, e))?;
                 Ok(buf)
             }
         }

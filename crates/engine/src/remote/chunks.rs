@@ -13,6 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::UNIX_EPOCH;
@@ -114,6 +115,32 @@ impl ChunkFiles {
         let mut s = self.lock();
         self.scan(&mut s);
         s.entries.contains_key(&Self::key(object, start, end))
+            || s.entries.contains_key(&Self::key(object, 0, object.size))
+    }
+
+    /// `reader` (the whole of `object`, being streamed by the index pass) with every byte it
+    /// yields also written to the cache as the object's whole range, kept once the stream ends
+    /// with exactly the object's size: the chunks of the first sweep are then read from disk,
+    /// not fetched again. Objects larger than half the cache are not kept.
+    #[must_use]
+    pub fn tee(&'static self, object: &ObjectMeta, reader: Box<dyn Read + Send>) -> Box<dyn Read + Send> {
+        if object.size == 0 || object.size > self.max_bytes / 2 || self.contains(object, 0, object.size) {
+            return reader;
+        }
+        if persist::secure_dir(&self.dir).is_err() {
+            return reader;
+        }
+        match persist::create_temp(&self.dir, "whole") {
+            Ok((tmp, file)) => Box::new(Tee {
+                cache: self,
+                object: object.clone(),
+                reader,
+                out: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+                tmp,
+                written: 0,
+            }),
+            Err(_) => reader,
+        }
     }
 
     /// Reads what a previous run left (once).
@@ -163,14 +190,34 @@ impl ChunkFiles {
     ///
     /// # Errors
     /// The store's errors (naming the URL), and I/O errors of the cache directory.
-    pub fn fetch(&self, store: &dyn ObjectStore, object: &ObjectMeta, start: u64, end: u64) -> Result<File, DataError> {
+    pub fn fetch(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> Result<Cached, DataError> {
         let key = Self::key(object, start, end);
         let path = self.dir.join(&key);
         let url = Path::new(&object.url);
+        let whole = Self::key(object, 0, object.size);
         {
             let mut s = self.lock();
             self.scan(&mut s);
             loop {
+                // The whole object (kept by the index pass) holds every range of it.
+                if whole != key && s.entries.contains_key(&whole) {
+                    if let Some(file) = open_range(&self.dir.join(&whole), object.size) {
+                        s.tick += 1;
+                        let tick = s.tick;
+                        if let Some(e) = s.entries.get_mut(&whole) {
+                            e.used = tick;
+                        }
+                        s.stats.hits += 1;
+                        return Ok(Cached { file, base: 0 });
+                    }
+                    s.entries.remove(&whole);
+                }
                 if s.entries.contains_key(&key) {
                     if let Some(file) = open_range(&path, end - start) {
                         s.tick += 1;
@@ -179,7 +226,7 @@ impl ChunkFiles {
                             e.used = tick;
                         }
                         s.stats.hits += 1;
-                        return Ok(file);
+                        return Ok(Cached { file, base: start });
                     }
                     // Damaged, foreign or gone: fetched again.
                     s.entries.remove(&key);
@@ -214,7 +261,23 @@ impl ChunkFiles {
             self.evict(&mut s, &key);
         }
         self.fetched.notify_all();
-        result
+        result.map(|file| Cached { file, base: start })
+    }
+
+    /// Registers a whole object the index pass streamed into `tmp` (complete: `object.size`
+    /// bytes).
+    fn keep_whole(&self, object: &ObjectMeta, tmp: &Path) {
+        let key = Self::key(object, 0, object.size);
+        if std::fs::rename(tmp, self.dir.join(&key)).is_err() {
+            let _ = std::fs::remove_file(tmp);
+            return;
+        }
+        let mut s = self.lock();
+        self.scan(&mut s);
+        s.tick += 1;
+        let tick = s.tick;
+        s.entries.insert(key.clone(), Entry { bytes: object.size, used: tick });
+        self.evict(&mut s, &key);
     }
 
     fn download(
@@ -270,6 +333,59 @@ impl ChunkFiles {
     }
 }
 
+/// A cached range: `file` holds the object's bytes from offset `base` on.
+#[derive(Debug)]
+pub struct Cached {
+    /// The open file.
+    pub file: File,
+    /// The object offset of the file's first byte.
+    pub base: u64,
+}
+
+/// The index pass's stream of a whole object, copied into the cache as it is read.
+struct Tee {
+    cache: &'static ChunkFiles,
+    object: ObjectMeta,
+    reader: Box<dyn Read + Send>,
+    out: Option<std::io::BufWriter<File>>,
+    tmp: PathBuf,
+    written: u64,
+}
+
+impl Read for Tee {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.reader.read(buf)?;
+        if let Some(out) = &mut self.out {
+            if n > 0 {
+                if out.write_all(&buf[..n]).is_err() {
+                    // The copy is given up; the stream goes on.
+                    self.out = None;
+                    let _ = std::fs::remove_file(&self.tmp);
+                }
+                self.written += n as u64;
+            } else if self.written == self.object.size {
+                if let Some(out) = self.out.take() {
+                    if out.into_inner().is_ok() {
+                        self.cache.keep_whole(&self.object, &self.tmp);
+                    } else {
+                        let _ = std::fs::remove_file(&self.tmp);
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Tee {
+    fn drop(&mut self) {
+        if self.out.take().is_some() {
+            // Not read to the end: no partial copy is kept.
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 /// The cached file at `path` if it is trusted and `len` long.
 fn open_range(path: &Path, len: u64) -> Option<File> {
     let (file, meta) = persist::open_trusted(path).ok()?;
@@ -278,7 +394,6 @@ fn open_range(path: &Path, len: u64) -> Option<File> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::super::RemoteError;
@@ -330,8 +445,8 @@ mod tests {
         let store = Memory { data: (0..100u8).collect(), reads: AtomicU64::new(0) };
         let cache = ChunkFiles::new(dir.path().join("objects"), 50);
         let o = object();
-        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch")), (10..30u8).collect::<Vec<_>>());
-        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again")), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), 1, "the second read came from disk");
         // Two more ranges of 20: the least recently used one goes.
         cache.fetch(&store, &o, 30, 50).expect("fetch");
@@ -356,7 +471,33 @@ mod tests {
         // A damaged file (wrong length) is fetched again, not served.
         let name = ChunkFiles::key(&o, 50, 70);
         std::fs::write(dir.path().join("objects").join(&name), b"short").expect("damage");
-        assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch")), (50..70u8).collect::<Vec<_>>());
+        assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch").file), (50..70u8).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_index_pass_stream_keeps_the_whole_object_and_every_range_is_read_from_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), reads: AtomicU64::new(0) };
+        let cache: &'static ChunkFiles = Box::leak(Box::new(ChunkFiles::new(dir.path().join("objects"), 1000)));
+        let o = object();
+        // Read to the end: kept.
+        let mut streamed = Vec::new();
+        cache.tee(&o, Box::new(std::io::Cursor::new(store.data.clone()))).read_to_end(&mut streamed).expect("read");
+        assert_eq!(streamed, store.data);
+        assert!(cache.contains(&o, 30, 60));
+        let c = cache.fetch(&store, &o, 30, 60).expect("fetch");
+        assert_eq!((c.base, store.reads.load(Ordering::SeqCst)), (0, 0), "served from the whole object, not fetched");
+        // A stream that stops early keeps nothing.
+        let other = ObjectMeta { url: "s3://b/other.txt".into(), ..o.clone() };
+        let mut part = [0u8; 10];
+        cache.tee(&other, Box::new(std::io::Cursor::new(store.data.clone()))).read_exact(&mut part).expect("read");
+        assert!(!cache.contains(&other, 0, 10));
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path().join("objects"))
+            .expect("dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".whole"))
+            .collect();
+        assert!(leftovers.is_empty(), "a partial copy was left behind");
     }
 
     #[test]
@@ -367,7 +508,7 @@ mod tests {
         let o = object();
         std::thread::scope(|s| {
             for _ in 0..8 {
-                s.spawn(|| assert_eq!(read(cache.fetch(&store, &o, 0, 100).expect("fetch")), vec![7; 100]));
+                s.spawn(|| assert_eq!(read(cache.fetch(&store, &o, 0, 100).expect("fetch").file), vec![7; 100]));
             }
         });
         assert_eq!(store.reads.load(Ordering::SeqCst), 1);

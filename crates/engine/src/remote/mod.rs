@@ -28,7 +28,7 @@ use crate::format::errors::DataError;
 mod chunks;
 mod shared_index;
 
-pub use chunks::{ChunkFiles, ChunkFilesStats};
+pub use chunks::{Cached, ChunkFiles, ChunkFilesStats};
 pub use shared_index::{
     index_object, index_url, is_index_key, outcome_counts, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
 };
