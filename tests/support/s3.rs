@@ -30,6 +30,16 @@ pub fn free_port() -> u16 {
 impl S3Server {
     /// Starts the server and waits until it answers.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server that checks credentials (moto's IAM: no key is known, so every request
+    /// is refused `403`).
+    pub fn start_checking_credentials() -> Self {
+        Self::start_with(&[("INITIAL_NO_AUTH_ACTION_COUNT", "0")])
+    }
+
+    fn start_with(env: &[(&str, &str)]) -> Self {
         let py = PathBuf::from(python());
         let moto = py.parent().map(|d| d.join("moto_server")).expect("the venv's bin directory");
         assert!(
@@ -40,6 +50,7 @@ impl S3Server {
         let port = free_port();
         let child = Command::new(&moto)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
