@@ -2,8 +2,8 @@
 """The daemon benchmark (scripts/bench_daemon.py: the 1 GiB dense CTF file, a separate Python
 consumer, randomized, minibatch 256) on local files and on the same files in object storage
 behind 20 ms of added latency, alternated in one run. The file is cut at line ends into objects
-of --object-bytes (32 MiB, a chunk each), as a dataset in object storage is kept; the local
-baseline reads the same files from a local directory.
+of --object-bytes if given (default: one object, the file itself); the local baseline reads the
+same files from a local directory.
 
     scripts/bench_objects.py [--size-bytes 1073741824] [--delay-ms 20] [--runs 3] [--sweeps 1]
 
@@ -72,9 +72,9 @@ def main() -> None:
     ap.add_argument("--workdir", default=str(ROOT / "target" / "bench-objects"))
     ap.add_argument("--server", choices=["bench", "s3s-fs", "moto"], default="bench",
                     help="bench: minibatchd-bench-s3 (default); s3s-fs or moto behind scripts/s3_fault_proxy.py")
-    ap.add_argument("--object-bytes", type=int, default=32 << 20,
-                    help="the file is cut (at line ends) into objects of about this size, kept as a local directory "
-                         "too, which is the local baseline: the same bytes in the same files")
+    ap.add_argument("--object-bytes", type=int, default=0,
+                    help="cut the file (at line ends) into objects of about this size (0: one object, the file itself); "
+                         "the local baseline reads the same files from a local directory")
     a = ap.parse_args()
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,12 @@ def main() -> None:
     store = work / "s3root"
     split = store / BUCKET / "split"
     stamp = split / f".from-{data.stat().st_size}-{a.object_bytes}"
-    if not stamp.exists():
+    if a.object_bytes == 0 and not stamp.exists():
+        shutil.rmtree(split, ignore_errors=True)
+        split.mkdir(parents=True)
+        os.link(data, split / "part-0000.ctf")
+        stamp.touch()
+    elif not stamp.exists():
         shutil.rmtree(split, ignore_errors=True)
         split.mkdir(parents=True)
         with open(data, "rb") as f:

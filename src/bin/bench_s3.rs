@@ -138,6 +138,11 @@ fn serve(stream: TcpStream, root: &Path, delay: Duration) -> std::io::Result<()>
         std::thread::sleep(delay);
         let (bucket, key) =
             req.path.trim_start_matches('/').split_once('/').unwrap_or((req.path.trim_start_matches('/'), ""));
+        // A benchmark server on loopback, but still: no key leaves the served directory.
+        if req.path.split('/').any(|c| c == "..") {
+            respond(&mut w, "400 Bad Request", &[], b"<Error><Code>InvalidURI</Code></Error>")?;
+            continue;
+        }
         let file = root.join(bucket).join(key);
         match req.method.as_str() {
             "GET" if key.is_empty() => list(&mut w, &root.join(bucket), &req)?,
@@ -157,6 +162,26 @@ fn serve(stream: TcpStream, root: &Path, delay: Duration) -> std::io::Result<()>
                 std::fs::write(&file, &req.body)?;
                 let tag = etag(&std::fs::metadata(&file)?);
                 respond(&mut w, "200 OK", &[("ETag", tag)], b"")?;
+            }
+            // DeleteObjects: `POST /bucket?delete` with the keys in XML (what object_store sends).
+            "POST" if req.query.starts_with("delete") => {
+                let body = String::from_utf8_lossy(&req.body);
+                let mut deleted = String::new();
+                for part in body.split("<Key>").skip(1) {
+                    let k = part.split("</Key>").next().unwrap_or_default();
+                    let k = k.replace("&amp;", "&").replace("&lt;", "<").replace("&gt;", ">");
+                    if k.split('/').any(|c| c == "..") {
+                        continue;
+                    }
+                    let _ = std::fs::remove_file(root.join(bucket).join(&k));
+                    let _ = write!(
+                        deleted,
+                        "<Deleted><Key>{}</Key></Deleted>",
+                        k.replace('&', "&amp;").replace('<', "&lt;")
+                    );
+                }
+                let xml = format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?><DeleteResult>{deleted}</DeleteResult>");
+                respond(&mut w, "200 OK", &[("Content-Type", "application/xml".into())], xml.as_bytes())?;
             }
             "DELETE" => {
                 let _ = std::fs::remove_file(&file);

@@ -264,28 +264,84 @@ impl Inner {
     }
 
     /// A GET of `object` from byte `from` to `end` with `If-Match` its ETag, as a stream.
-    fn get_from(
-        &self,
+    async fn get_from(
+        store: Arc<AmazonS3>,
         object: &ObjectMeta,
         from: u64,
         end: u64,
     ) -> Result<BoxStream<'static, object_store::Result<bytes::Bytes>>, RemoteError> {
-        let (bucket, key) = split_url(&object.url)?;
-        let store = self.bucket(&object.url, bucket)?;
+        let (_, key) = split_url(&object.url)?;
         let options = GetOptions {
             if_match: (!object.etag.starts_with("last-modified:")).then(|| object.etag.clone()),
             range: Some(GetRange::Bounded(from..end)),
             ..GetOptions::default()
         };
-        let key = Key::from(key);
-        let result = self.runtime.block_on(async move { store.get_opts(&key, options).await });
-        match result {
+        match store.get_opts(&Key::from(key), options).await {
             Ok(r) => Ok(r.into_stream()),
             Err(e) => Err(match classify(&object.url, &e) {
                 RemoteError::Changed { url, .. } => RemoteError::Changed { url, indexed: object.etag.clone() },
                 other => other,
             }),
         }
+    }
+
+    /// Bytes `start..end` of `object`, streamed by a task on the runtime into a bounded channel
+    /// while the caller consumes them (the network read goes on while the caller parses or
+    /// writes). A body that breaks off is requested again from where it stopped, up to
+    /// [`BODY_RETRIES`] times; a request that fails was retried by the client already.
+    fn pipe(
+        &self,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(PIPE_DEPTH);
+        let object = object.clone();
+        let store = split_url(&object.url).and_then(|(bucket, _)| self.bucket(&object.url, bucket));
+        self.runtime.spawn(async move {
+            let store = match store {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let mut at = start;
+            let mut failures = 0u32;
+            while at < end {
+                let mut stream = match Self::get_from(store.clone(), &object, at, end).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                };
+                let broke = loop {
+                    match stream.next().await {
+                        Some(Ok(bytes)) => {
+                            let take = usize::try_from(end - at).unwrap_or(usize::MAX).min(bytes.len());
+                            at += take as u64;
+                            if tx.send(Ok(bytes.slice(..take))).await.is_err() {
+                                return; // the reader went away
+                            }
+                        }
+                        Some(Err(e)) => break Some(e.to_string()),
+                        None => break (at < end).then(|| "the response ended early".to_owned()),
+                    }
+                };
+                if let Some(why) = broke {
+                    failures += 1;
+                    if failures > BODY_RETRIES {
+                        let message = format!("reading bytes {start}..{end}: {why} ({BODY_RETRIES} retries)");
+                        let _ = tx.send(Err(other(&object.url, message))).await;
+                        return;
+                    }
+                    tracing::debug!(object = %object.url, at, why, "body broke off; requesting the rest again");
+                    tokio::time::sleep(Duration::from_millis(100 << failures.min(6))).await;
+                }
+            }
+        });
+        rx
     }
 }
 
@@ -299,14 +355,7 @@ impl ObjectStore for S3Objects {
     }
 
     fn open(&self, object: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
-        Ok(Box::new(ObjectReader {
-            inner: self.0.clone(),
-            object: object.clone(),
-            at: 0,
-            stream: None,
-            current: bytes::Bytes::new(),
-            failures: 0,
-        }))
+        Ok(Box::new(Body::new(self.0.pipe(object, 0, object.size))))
     }
 
     fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
@@ -361,36 +410,14 @@ impl Inner {
     }
 
     fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
-        let mut at = start;
-        let mut failures = 0u32;
-        while at < end {
-            // A request that fails was retried by the client already (`object_retry_secs`).
-            let mut stream = self.get_from(object, at, end)?;
-            let broke = loop {
-                match self.runtime.block_on(stream.next()) {
-                    Some(Ok(bytes)) => {
-                        let take = usize::try_from(end - at).unwrap_or(usize::MAX).min(bytes.len());
-                        out.write_all(&bytes[..take])
-                            .map_err(|e| other(&object.url, format!("writing the range: {e}")))?;
-                        at += take as u64;
-                    }
-                    Some(Err(e)) => break Some(e.to_string()),
-                    None => break (at < end).then(|| "the response ended early".to_owned()),
-                }
-            };
-            if let Some(why) = broke {
-                failures += 1;
-                if failures > BODY_RETRIES {
-                    return Err(other(
-                        &object.url,
-                        format!("reading bytes {start}..{end}: {why} ({BODY_RETRIES} retries)"),
-                    ));
-                }
-                tracing::debug!(object = %object.url, at, why, "body broke off; requesting the rest again");
-                std::thread::sleep(Duration::from_millis(100 << failures.min(6)));
+        let mut body = Body::new(self.pipe(object, start, end));
+        loop {
+            let piece = body.next().map_err(|e| other(&object.url, e.to_string()))?;
+            if piece.is_empty() {
+                return Ok(end - start);
             }
+            out.write_all(&piece).map_err(|e| other(&object.url, format!("writing the range: {e}")))?;
         }
-        Ok(end - start)
     }
 
     fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
@@ -436,55 +463,48 @@ impl Inner {
     }
 }
 
-/// A whole object as a [`Read`]: the body streamed a buffer at a time, requested again from the
-/// byte where it broke off (with the same `If-Match`) when it does.
-struct ObjectReader {
-    inner: Arc<Inner>,
-    object: ObjectMeta,
-    at: u64,
-    stream: Option<BoxStream<'static, object_store::Result<bytes::Bytes>>>,
+/// How many pieces of a body the streaming task may hold ahead of its reader.
+const PIPE_DEPTH: usize = 64;
+
+/// The receiving end of [`Inner::pipe`], as a [`Read`] (the index pass's stream of a whole object)
+/// or piece by piece (a range written to the cache).
+struct Body {
+    rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>,
     current: bytes::Bytes,
-    failures: u32,
 }
 
-impl Read for ObjectReader {
+impl Body {
+    fn new(rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>) -> Self {
+        Self { rx, current: bytes::Bytes::new() }
+    }
+
+    /// The next piece; empty at the end.
+    fn next(&mut self) -> std::io::Result<bytes::Bytes> {
+        if !self.current.is_empty() {
+            return Ok(std::mem::take(&mut self.current));
+        }
+        match self.rx.blocking_recv() {
+            Some(Ok(b)) => Ok(b),
+            Some(Err(e)) => Err(std::io::Error::other(e)),
+            None => Ok(bytes::Bytes::new()),
+        }
+    }
+}
+
+impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
             if !self.current.is_empty() {
                 let n = buf.len().min(self.current.len());
                 buf[..n].copy_from_slice(&self.current[..n]);
                 self.current = self.current.slice(n..);
-                self.at += n as u64;
                 return Ok(n);
             }
-            if self.at >= self.object.size {
+            let piece = self.next()?;
+            if piece.is_empty() {
                 return Ok(0);
             }
-            let why = if let Some(stream) = self.stream.as_mut() {
-                match self.inner.runtime.block_on(stream.next()) {
-                    Some(Ok(bytes)) => {
-                        self.current = bytes;
-                        continue;
-                    }
-                    Some(Err(e)) => e.to_string(),
-                    None => "the response ended early".to_owned(),
-                }
-            } else {
-                // A request that fails was retried by the client already.
-                let s = self.inner.get_from(&self.object, self.at, self.object.size).map_err(std::io::Error::other)?;
-                self.stream = Some(s);
-                continue;
-            };
-            self.stream = None;
-            self.failures += 1;
-            if self.failures > BODY_RETRIES {
-                return Err(std::io::Error::other(format!(
-                    "{}: reading at byte {}: {why} ({BODY_RETRIES} retries)",
-                    self.object.url, self.at
-                )));
-            }
-            tracing::debug!(object = %self.object.url, at = self.at, why, "body broke off; requesting the rest again");
-            std::thread::sleep(Duration::from_millis(100 << self.failures.min(6)));
+            self.current = piece;
         }
     }
 }
