@@ -52,6 +52,10 @@ enum Command {
         /// The dataset.
         #[arg(long)]
         dataset: String,
+        /// Also parse every chunk into the persisted parsed-chunk cache (`[daemon]
+        /// parsed_cache_dir`), so the daemon's first sweep reads parsed chunks instead of text.
+        #[arg(long)]
+        parsed: bool,
     },
 }
 
@@ -157,10 +161,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}: valid ({} dataset(s))", config.display(), c.datasets.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Index { config, dataset } => {
+        Command::Index { config, dataset, parsed } => {
             let c = Config::load(&config)?;
             minibatchd::objects::ensure(&c)?;
-            let d = open_dataset(&c, &dataset, std::io::stderr().is_terminal())?;
+            let tty = std::io::stderr().is_terminal();
+            let d = open_dataset(&c, &dataset, tty)?;
             let t = d.timeline();
             println!(
                 "{}: {} sequences, {} samples, {} chunks",
@@ -169,6 +174,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 t.seq_len.iter().map(|&l| u64::from(l)).sum::<u64>(),
                 t.num_chunks()
             );
+            if parsed {
+                fill_parsed(&c, &d, &dataset, tty)?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Dump(args) => {
@@ -201,6 +209,47 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `index --parsed`: every chunk into the persisted parsed-chunk cache, with a progress bar on a
+/// terminal and a line per tenth otherwise.
+fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result<()> {
+    let threads = match c.daemon.parser_threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    let bar = tty.then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("parsing {bar:40} {pos}/{len} chunks ({per_sec}, {eta})")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let started = std::time::Instant::now();
+    let report = minibatchd::parsed::fill(d, threads, &|done, total| match &bar {
+        Some(b) => {
+            b.set_length(total);
+            b.set_position(done);
+        }
+        None if done == total || done * 10 / total.max(1) != (done - 1) * 10 / total.max(1) => {
+            eprintln!("parsing {name}: {done}/{total} chunks");
+        }
+        None => {}
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let cache = d.parsed_cache().map(|p| p.dir().display().to_string()).unwrap_or_default();
+    println!(
+        "{name}: {} chunks in the persisted parsed-chunk cache {cache} ({} already there, {} written, {} not kept: malformed lines, a failed write or past parsed_cache_bytes) in {:.1} s",
+        report.present + report.written,
+        report.present,
+        report.written,
+        report.not_kept,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
     let cfg = c.dataset(name)?;
     let bar = progress_bar.then(|| {
@@ -219,7 +268,8 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
     };
     // The daemon's bound on an index (one dataset here, so the whole index share is its own).
     let limits = minibatchd_engine::options::IndexLimits::within(c.daemon.memory_limit_bytes, 0, cfg.sources.len());
-    let d = Dataset::open_within(cfg, &c.daemon.state_dir, limits, &mut report)?;
+    let mut d = Dataset::open_within(cfg, &c.daemon.state_dir, limits, &mut report)?;
+    minibatchd::parsed::attach(&mut d, &c.daemon);
     if let Some(b) = bar {
         b.finish_and_clear();
     }

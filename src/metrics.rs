@@ -162,6 +162,26 @@ pub struct Metrics {
     pub cache_chunks: IntGauge,
     /// `minibatchd_cache_budget_bytes`: what the cache may hold now.
     pub cache_budget_bytes: IntGauge,
+    /// `minibatchd_parsed_cache_bytes`: bytes of entries in the persisted parsed-chunk cache.
+    pub parsed_cache_bytes: IntGauge,
+    /// `minibatchd_parsed_cache_limit_bytes`: its bound (`parsed_cache_bytes`; 0 when off).
+    pub parsed_cache_limit_bytes: IntGauge,
+    /// `minibatchd_parsed_cache_entries`: its entries (chunks).
+    pub parsed_cache_entries: IntGauge,
+    /// `minibatchd_parsed_cache_hits_total`: chunks read back instead of parsed.
+    pub parsed_cache_hits: IntCounter,
+    /// `minibatchd_parsed_cache_misses_total`: chunk loads that found no usable entry.
+    pub parsed_cache_misses: IntCounter,
+    /// `minibatchd_parsed_cache_rejected_total`: entries refused (corrupt, stale) and removed.
+    pub parsed_cache_rejected: IntCounter,
+    /// `minibatchd_parsed_cache_evictions_total`: entries removed to stay within the bound.
+    pub parsed_cache_evictions: IntCounter,
+    /// `minibatchd_parsed_cache_write_errors_total`: entries that could not be written.
+    pub parsed_cache_write_errors: IntCounter,
+    /// `minibatchd_parsed_cache_read_bytes_total`: bytes read from entries.
+    pub parsed_cache_read_bytes: IntCounter,
+    /// `minibatchd_parsed_cache_written_bytes_total`: bytes written to entries.
+    pub parsed_cache_written_bytes: IntCounter,
     /// `minibatchd_cache_hits_total`.
     pub cache_hits: IntCounter,
     /// `minibatchd_cache_misses_total`.
@@ -412,6 +432,56 @@ impl Metrics {
                 &r,
                 "minibatchd_cache_budget_bytes",
                 "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).",
+            )?,
+            parsed_cache_bytes: gauge(
+                &r,
+                "minibatchd_parsed_cache_bytes",
+                "Bytes of entries in the persisted parsed-chunk cache.",
+            )?,
+            parsed_cache_limit_bytes: gauge(
+                &r,
+                "minibatchd_parsed_cache_limit_bytes",
+                "Bound of the persisted parsed-chunk cache (parsed_cache_bytes; 0 when off).",
+            )?,
+            parsed_cache_entries: gauge(
+                &r,
+                "minibatchd_parsed_cache_entries",
+                "Chunks in the persisted parsed-chunk cache.",
+            )?,
+            parsed_cache_hits: counter(
+                &r,
+                "minibatchd_parsed_cache_hits_total",
+                "Chunks read back from the persisted parsed-chunk cache instead of parsed.",
+            )?,
+            parsed_cache_misses: counter(
+                &r,
+                "minibatchd_parsed_cache_misses_total",
+                "Chunk loads that found no usable entry in the persisted parsed-chunk cache.",
+            )?,
+            parsed_cache_rejected: counter(
+                &r,
+                "minibatchd_parsed_cache_rejected_total",
+                "Persisted parsed chunks refused (corrupt, truncated, stale, untrusted) and removed.",
+            )?,
+            parsed_cache_evictions: counter(
+                &r,
+                "minibatchd_parsed_cache_evictions_total",
+                "Persisted parsed chunks removed to stay within parsed_cache_bytes.",
+            )?,
+            parsed_cache_write_errors: counter(
+                &r,
+                "minibatchd_parsed_cache_write_errors_total",
+                "Parsed chunks that could not be persisted (disk full, permissions).",
+            )?,
+            parsed_cache_read_bytes: counter(
+                &r,
+                "minibatchd_parsed_cache_read_bytes_total",
+                "Bytes read from the persisted parsed-chunk cache.",
+            )?,
+            parsed_cache_written_bytes: counter(
+                &r,
+                "minibatchd_parsed_cache_written_bytes_total",
+                "Bytes written to the persisted parsed-chunk cache.",
             )?,
             cache_hits: counter(&r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
             cache_misses: counter(&r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,

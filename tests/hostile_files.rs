@@ -182,12 +182,14 @@ fn state_files_are_private_whatever_the_umask() {
     };
     let out = umask0(&["dump", "--dataset", "d", "--minibatch-size", "50", "--full-sweep"]).output().expect("dump");
     ok(&out);
-    for sub in ["index", "inflated"] {
+    for sub in ["index", "inflated", "parsed"] {
         assert_eq!(mode(&state.join(sub)), 0o700, "{sub}/");
     }
     assert_eq!(mode(&state) & 0o022, 0, "state_dir is writable by group or others");
     let files = files_below(&state);
-    assert_eq!(files.len(), 3, "index cache, copy, sidecar: {files:?}");
+    let parsed = files.iter().filter(|f| f.starts_with(state.join("parsed"))).count();
+    assert!(parsed >= 1, "no persisted parsed chunk: {files:?}");
+    assert_eq!(files.len() - parsed, 3, "index cache, copy, sidecar, and persisted parsed chunks: {files:?}");
     for f in &files {
         assert_eq!(mode(f), 0o600, "{}", f.display());
     }

@@ -886,3 +886,96 @@ fn the_systemd_units_limits_cover_the_shipped_configurations_limits() {
     // Datasets index after READY=1: the start timeout only covers binding the socket.
     assert!(value("TimeoutStartSec") > 0);
 }
+
+#[test]
+fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_again() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_config(tmp.path(), "", &["train"]);
+    let chunks = index_chunks(&cfg, "train");
+    // The truth: dump with the persisted cache off.
+    let want_out = command("dump", &cfg, "train")
+        .args(["--minibatch-size", "5", "--full-sweep", "--seed", "3"])
+        .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0")
+        .output()
+        .expect("dump");
+    assert!(want_out.status.success());
+    let want: Vec<String> = String::from_utf8_lossy(&want_out.stdout).lines().map(str::to_owned).collect();
+    let parsed_dir = tmp.path().join("state/parsed");
+    let persisted = || std::fs::read_dir(&parsed_dir).map_or(0, Iterator::count);
+    assert_eq!(persisted(), 0, "index without --parsed and dump with parsed_cache_bytes = 0 persist nothing");
+    let opts = SessionOptions { full_sweep: true, seed: Some(3), ..options(5) };
+
+    // Cold: every chunk parsed from text and persisted.
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let mut s = d.client().open("train", &opts).expect("open");
+    assert_eq!(drain(&mut s, 10_000), want);
+    drop(s);
+    let m = d.wait_metrics("every chunk persisted", |m| m.sum("minibatchd_parsed_cache_entries", &[]) == chunks);
+    assert_eq!(m.sum("minibatchd_parsed_cache_hits_total", &[]), 0.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), chunks);
+    assert!(m.sum("minibatchd_parsed_cache_written_bytes_total", &[]) > 0.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_limit_bytes", &[]), 8.0 * f64::from(1u32 << 30));
+    assert!(d.stop().success());
+
+    // One entry damaged in the middle while the daemon is down.
+    let mut entries: Vec<_> = std::fs::read_dir(&parsed_dir).expect("ls").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    assert_eq!(f64::from(u32::try_from(entries.len()).expect("few entries")), chunks);
+    let mut bytes = std::fs::read(&entries[1]).expect("read entry");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&entries[1], &bytes).expect("damage entry");
+
+    // After the restart: every chunk read back but the damaged one, which is parsed again; the
+    // minibatches are the same.
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let mut s = d.client().open("train", &opts).expect("open");
+    assert_eq!(drain(&mut s, 10_000), want);
+    drop(s);
+    let m = d.wait_metrics("the sweep's loads counted", |m| {
+        m.sum("minibatchd_parsed_cache_hits_total", &[]) + m.sum("minibatchd_parsed_cache_misses_total", &[]) >= chunks
+    });
+    assert_eq!(m.sum("minibatchd_parsed_cache_hits_total", &[]), chunks - 1.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 1.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_rejected_total", &[]), 1.0);
+    assert!(m.sum("minibatchd_parsed_cache_read_bytes_total", &[]) > 0.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_entries", &[]), chunks, "the damaged entry was written again");
+    assert!(d.stop().success());
+}
+
+#[test]
+fn index_parsed_fills_the_persisted_cache_ahead_of_time_and_says_so() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_config(tmp.path(), "", &["train"]);
+    let chunks = index_chunks(&cfg, "train");
+    let run = || {
+        let out = command("index", &cfg, "train").arg("--parsed").output().expect("index --parsed");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (first, progress) = run();
+    assert!(first.contains(&format!("0 already there, {chunks} written, 0 not kept")), "{first}");
+    assert!(progress.contains(&format!("parsing train: {chunks}/{chunks} chunks")), "{progress}");
+    let (second, _) = run();
+    assert!(second.contains(&format!("{chunks} already there, 0 written")), "{second}");
+    // The daemon then reads every chunk back and parses nothing.
+    let d = Daemon::start(tmp.path(), &[]);
+    let want = d.dump("train", &["--minibatch-size", "7", "--full-sweep"]);
+    let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(7) }).expect("open");
+    assert_eq!(drain(&mut s, 10_000), want);
+    let m = d.wait_metrics("the sweep's loads counted", |m| m.sum("minibatchd_parsed_cache_hits_total", &[]) >= chunks);
+    assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 0.0);
+    let off = command("index", &cfg, "train")
+        .arg("--parsed")
+        .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0")
+        .output()
+        .expect("index");
+    assert!(!off.status.success());
+    assert!(
+        String::from_utf8_lossy(&off.stderr).contains("parsed_cache_bytes is 0"),
+        "{}",
+        String::from_utf8_lossy(&off.stderr)
+    );
+}

@@ -160,7 +160,14 @@ fn run_fixture(f: &Fixture) -> Result<(), String> {
         write(dir.path(), name, text);
     }
     let config = write(dir.path(), "config.toml", &f.config);
-    let out = command("dump", &config, &f.dataset)
+    // Twice on the same files and state: the second run reads the chunks the first persisted
+    // (the parsed-chunk cache) and must give CNTK's answer all the same.
+    check_run(f, &config).map_err(|e| format!("cold: {e}"))?;
+    check_run(f, &config).map_err(|e| format!("from the persisted parsed chunks: {e}"))
+}
+
+fn check_run(f: &Fixture, config: &std::path::Path) -> Result<(), String> {
+    let out = command("dump", config, &f.dataset)
         .args(&f.args)
         .env("MINIBATCHD_LOG", "error")
         .output()

@@ -131,7 +131,14 @@ pub struct DaemonConfig {
     pub handshake_timeout_secs: u64,
     /// Object storage inputs (`s3://`): the chunk-range cache and shared indexes.
     pub objects: ObjectsConfig,
+    /// Directory of the persisted parsed-chunk cache (default `state_dir/parsed`).
+    pub parsed_cache_dir: PathBuf,
+    /// Its bound in bytes; 0 turns it off.
+    pub parsed_cache_bytes: u64,
 }
+
+/// The default bound of the persisted parsed-chunk cache (`parsed_cache_bytes`): 8 GiB.
+pub const DEFAULT_PARSED_CACHE_BYTES: u64 = 8 << 30;
 
 /// `[daemon]` keys for datasets in object storage (`docs/object-storage.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -352,9 +359,14 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
             fetches: t.usize(w, "object_fetches", 1, 256).unwrap_or(8),
             retry_secs: t.uint(w, "object_retry_secs", 0, 3600).unwrap_or(180),
         },
+        parsed_cache_dir: PathBuf::new(),
+        parsed_cache_bytes: t.uint(w, "parsed_cache_bytes", 0, u64::MAX).unwrap_or(DEFAULT_PARSED_CACHE_BYTES),
     };
     let mut d = d;
     d.objects.cache_dir = t.path(w, "object_cache_dir").unwrap_or_else(|| d.state_dir.join("objects"));
+    d.parsed_cache_dir = t
+        .path(w, "parsed_cache_dir")
+        .unwrap_or_else(|| d.state_dir.join(minibatchd_engine::format::parsed_cache::PARSED_DIR));
     if let Some(prefix) = &d.objects.index_prefix {
         if !prefix.starts_with(minibatchd_engine::remote::SCHEME)
             || prefix.len() <= minibatchd_engine::remote::SCHEME.len()

@@ -50,28 +50,55 @@ impl Suite {
             .collect();
         dirs.sort();
         assert!(dirs.len() >= self.min_cases, "fixtures missing: found {}", dirs.len());
-        let failures: Vec<String> = dirs
-            .iter()
-            .filter_map(|d| {
-                run_case(d).err().map(|e| {
-                    format!("== {}: {e}", d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
-                })
-            })
-            .collect();
-        println!("{} {}, {} failed", dirs.len(), self.what, failures.len());
+        let mut failures = Vec::new();
+        let mut served_from_cache = 0;
+        for d in &dirs {
+            let name = d.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            // Twice on one state directory: the first run parses the text and persists the parsed
+            // chunks, the second reads them back (`parsed_cache`); both must print the golden
+            // output, and a case with persisted chunks must have been served from them.
+            let state = match tempfile::tempdir() {
+                Ok(s) => s,
+                Err(e) => {
+                    failures.push(format!("== {name}: {e}"));
+                    continue;
+                }
+            };
+            for pass in ["cold", "from the persisted parsed chunks"] {
+                if let Err(e) = run_case(d, state.path()) {
+                    failures.push(format!("== {name} ({pass}): {e}"));
+                }
+            }
+            if persisted_entries(state.path()) > 0 {
+                served_from_cache += 1;
+            }
+        }
+        println!(
+            "{} {}, each run twice ({served_from_cache} with persisted parsed chunks on the second run), {} failed",
+            dirs.len(),
+            self.what,
+            failures.len()
+        );
         assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+        assert!(served_from_cache * 3 >= dirs.len(), "only {served_from_cache} cases persisted parsed chunks");
     }
 }
 
-/// Runs one case: the exit status, the stderr fragments, then the exact output.
-fn run_case(dir: &Path) -> Result<(), String> {
+/// Entries in `state/parsed` (the default `parsed_cache_dir`).
+fn persisted_entries(state: &Path) -> usize {
+    std::fs::read_dir(state.join("parsed"))
+        .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.path().extension().is_some_and(|x| x == "mbp")).count())
+}
+
+/// Runs one case on state directory `state`: the exit status, the stderr fragments, then the
+/// exact output.
+fn run_case(dir: &Path, state: &Path) -> Result<(), String> {
     let case = read_case(dir);
-    let state = tempfile::tempdir().map_err(|e| e.to_string())?;
     let out = command("dump", &dir.join("config.toml"), "d")
         .args(&case.args)
         .env("MINIBATCHD_LOG", "warn")
         // Decompressed copies and index caches go to a fresh directory, not the source tree.
-        .env("MINIBATCHD__DAEMON__STATE_DIR", state.path())
+        .env("MINIBATCHD__DAEMON__STATE_DIR", state)
         .output()
         .map_err(|e| format!("cannot run minibatchd: {e}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);

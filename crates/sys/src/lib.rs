@@ -43,6 +43,8 @@ unsafe impl Pod for i64 {}
 // SAFETY: as above.
 unsafe impl Pod for u64 {}
 // SAFETY: as above.
+unsafe impl Pod for usize {}
+// SAFETY: as above.
 unsafe impl Pod for f32 {}
 // SAFETY: as above.
 unsafe impl Pod for f64 {}

@@ -202,7 +202,12 @@ impl Hub {
         let limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
         indexing.begin(name, metrics);
         let opened =
-            Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics));
+            Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics)).map(
+                |mut ds| {
+                    crate::parsed::attach(&mut ds, &config.daemon);
+                    ds
+                },
+            );
         let elapsed = indexing.finish(name, metrics);
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {

@@ -47,6 +47,19 @@ pub fn refresh_metrics(shared: &ControlPlane) {
             m.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
         }
     }
+    if let Some(p) = crate::parsed::opened() {
+        let s = p.stats();
+        m.parsed_cache_bytes.set(to_i64(s.bytes));
+        m.parsed_cache_limit_bytes.set(to_i64(p.limit()));
+        m.parsed_cache_entries.set(to_i64(s.entries));
+        Metrics::mirror(&m.parsed_cache_hits, s.hits);
+        Metrics::mirror(&m.parsed_cache_misses, s.misses);
+        Metrics::mirror(&m.parsed_cache_rejected, s.rejected);
+        Metrics::mirror(&m.parsed_cache_evictions, s.evictions);
+        Metrics::mirror(&m.parsed_cache_write_errors, s.write_errors);
+        Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
+        Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
+    }
     let (stats, budget, _) = shared.data.cache.snapshot();
     m.cache_bytes.set(to_i64(stats.bytes));
     m.cache_chunks.set(to_i64(stats.chunks));

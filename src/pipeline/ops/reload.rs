@@ -108,6 +108,8 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
     keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
     // Object storage is set up once per process (its cache, shared indexes and fetches).
     keep!(objects);
+    // The persisted parsed-chunk cache is opened once per process.
+    keep!(parsed_cache_dir, parsed_cache_bytes);
     (out, restart)
 }
 
@@ -279,6 +281,8 @@ mod tests {
             max_sessions_per_uid: _,
             handshake_timeout_secs: _,
             objects: _,
+            parsed_cache_dir: _,
+            parsed_cache_bytes: _,
         } = daemon("");
         assert_eq!(hot_daemon_keys().len(), 7);
     }

@@ -25,6 +25,7 @@ use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIn
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, ChunkDesc, FileIndex};
 use crate::format::inflate;
+use crate::format::parsed_cache::ParsedCache;
 use crate::hash::Fnv1a;
 use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat};
 use crate::remote::{self, ObjectMeta};
@@ -104,6 +105,8 @@ pub struct Dataset {
     budgets: Vec<ErrorBudget>,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
+    /// The persisted parsed-chunk cache and this dataset's identity in it.
+    parsed: Option<(Arc<ParsedCache>, u64)>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -339,7 +342,50 @@ impl Dataset {
             budgets,
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
+            parsed: None,
         })
+    }
+
+    /// Serves chunks from, and persists parsed chunks into, `cache` (the persisted parsed-chunk
+    /// cache, [`ParsedCache`]) under this dataset's [`Dataset::parse_identity`].
+    pub fn use_parsed_cache(&mut self, cache: Arc<ParsedCache>) {
+        self.parsed = Some((cache, self.parse_identity()));
+    }
+
+    /// The persisted parsed-chunk cache this dataset uses, if any.
+    #[must_use]
+    pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
+        self.parsed.as_ref().map(|(c, _)| c)
+    }
+
+    /// The identity under which this dataset's parsed chunks are persisted: everything that shapes
+    /// a chunk's parse — the format and its options, the sources' streams, the precision, the
+    /// chunk size, minibatchd's version — and every input file's path and version as indexed
+    /// (size, modification time and inode of a local file, ETag of an object), and the chunking
+    /// and sequence lengths ([`Dataset::identity`]). Not the dataset's name, sampling defaults
+    /// or error budget, which do not change what a chunk parses to.
+    #[must_use]
+    pub fn parse_identity(&self) -> u64 {
+        let c = &self.config;
+        let mut h = Fnv1a::new();
+        h.field(b"minibatchd parsed chunk");
+        h.field(env!("CARGO_PKG_VERSION").as_bytes());
+        h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.sources, c.precision, c.deepx).as_bytes());
+        h.u64(c.chunk_size_bytes);
+        for s in &self.sources {
+            for (f, v) in s.files.iter().zip(&s.file_versions) {
+                h.field(f.as_os_str().as_encoded_bytes());
+                match v {
+                    Stored::Local(v) => v.stamp(&mut h),
+                    Stored::Remote(o) => {
+                        h.field(o.etag.as_bytes());
+                        h.u64(o.size);
+                    }
+                }
+            }
+        }
+        h.u64(self.identity());
+        h.finish()
     }
 
     /// Bytes its index holds in memory: every source's sequence descriptors, the joined
@@ -467,11 +513,31 @@ impl Dataset {
     /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
     /// spent.
     pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        let (parsed, errors) = match self.config.precision {
+        if let Some((cache, identity)) = &self.parsed {
+            let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
+            if let Some((end, start)) = sequences {
+                let hit = cache.get(*identity, chunk, end - start, &self.streams, self.config.precision);
+                if let Some(parsed) = hit {
+                    return Ok((parsed, Vec::new()));
+                }
+            }
+        }
+        let (mut parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
-        Ok((parsed, self.charge(&errors)?))
+        let fresh = self.charge(&errors)?;
+        // Only a chunk without malformed places is persisted: one with errors is parsed again
+        // each time, so its errors reach the budget and the logs exactly as without the cache.
+        if let Some((cache, identity)) = &self.parsed {
+            if errors.iter().all(Vec::is_empty) {
+                for s in &mut parsed.streams {
+                    s.shrink_to_fit();
+                }
+                cache.put(*identity, &parsed);
+            }
+        }
+        Ok((parsed, fresh))
     }
 
     /// Charges each source's errors (`by_source[s]`, in the order they were found) to source

@@ -47,6 +47,16 @@ impl FileVersion {
         Self { len: m.len(), modified: m.modified().ok(), dev: m.dev(), ino: m.ino() }
     }
 
+    /// Feeds this version to `h` (part of [`super::Dataset::parse_identity`]).
+    pub(super) fn stamp(&self, h: &mut crate::hash::Fnv1a) {
+        h.u64(self.len);
+        let since = self.modified.and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+        h.u64(since.as_secs());
+        h.u64(u64::from(since.subsec_nanos()));
+        h.u64(self.dev);
+        h.u64(self.ino);
+    }
+
     /// The version of `path` now.
     pub(super) fn of(path: &Path) -> Result<Self> {
         std::fs::metadata(path).map(|m| Self::from_meta(&m)).map_err(|e| DataError::io(path, e))

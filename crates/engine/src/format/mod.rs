@@ -16,6 +16,7 @@ pub mod errors;
 pub mod index;
 pub mod index_cache;
 pub mod inflate;
+pub mod parsed_cache;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};

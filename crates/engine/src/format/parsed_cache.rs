@@ -1,0 +1,587 @@
+//! The persisted parsed-chunk cache: the columnar form of a chunk ([`ParsedChunk`]) written to
+//! disk the first time the chunk is parsed, and read back instead of parsing the text again —
+//! after an eviction from the in-memory cache, after a daemon restart, by another job or by
+//! `dump`.
+//!
+//! One file per (dataset parse identity, chunk) in a private directory (`state_dir/parsed` by
+//! default, `0700`), named `{identity:016x}-{chunk}.mbp`. The identity
+//! ([`crate::dataset::Dataset::parse_identity`]) covers everything that shapes the parse: the
+//! format and its options, the streams, the precision, the chunking, and every input file's path,
+//! size, modification time and inode (an object's ETag); a file that changes gets a new identity,
+//! and its old entries age out of the LRU. Layout (native byte order, declared in the header):
+//!
+//! ```text
+//! header   magic b"MBDPARSD", version u32, layout u32 (1: little-endian, 64-bit),
+//!          identity u64, chunk u64, num_sequences u64, num_streams u64, payload_len u64
+//! payload  per stream: 6 × u64 { tag, dim, len_a, len_b, len_c, len_d }, then its arrays:
+//!          seq_offsets (len_a × u64), then by tag
+//!            dense:   values (len_b)
+//!            sparse:  sample_offsets (len_b × u64), indices (len_c), values (len_d)
+//!            strings: offsets (len_b × u64), bytes (len_c, padded to 8)
+//! trailer  crc32 (CRC-32/ISO-HDLC over header and payload) u32, magic b"END1"
+//! ```
+//!
+//! An entry is used only when its header names the identity and chunk asked for, its streams are
+//! the dataset's (kind, element type, dimension), its checksum is right, and its arrays are
+//! consistent (offsets start at 0, never decrease, and end at the lengths they index; sparse CTF
+//! indices lie below the stream's dimension): a truncated, corrupt, stale or foreign entry is a
+//! miss, removed, and the chunk is parsed again — never served. Entries are read only if they are
+//! regular files owned by this user and not writable by others ([`persist::open_trusted`]).
+//!
+//! Only chunks parsed without a malformed place are written: a chunk with errors is parsed again
+//! each time, so its errors are charged to the error budget and reported exactly as without the
+//! cache. Values come back bit for bit (the arrays are written as they are in memory).
+//!
+//! Writes are atomic for readers (a temporary file renamed into place) but not fsynced: after a
+//! machine crash a torn entry fails its checksum. The directory is bounded by
+//! `parsed_cache_bytes`: least-recently-used entries are removed when a write would pass it, and
+//! an entry larger than the bound is not written. Each process accounts for the entries it finds
+//! at start and those it writes or reads; two processes on one directory (the daemon and
+//! `minibatchd index --parsed`) can together pass the bound by what the other wrote since it
+//! started, until their next eviction scan.
+//!
+//! Reading copies the arrays from the page cache into the chunk's buffers (one copy, at memory
+//! speed); the gather then reads those buffers, as for a parsed chunk.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use minibatchd_sys::{as_bytes, as_bytes_mut, Pod};
+
+use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
+use crate::options::Precision;
+use crate::persist;
+
+const MAGIC: &[u8; 8] = b"MBDPARSD";
+const END: &[u8; 4] = b"END1";
+const VERSION: u32 = 1;
+/// The layout word: native little-endian with 64-bit `usize` (the only layout written or read).
+const LAYOUT_LE64: u32 = 1;
+const HEADER_BYTES: u64 = 8 + 4 + 4 + 8 * 5;
+const TRAILER_BYTES: u64 = 8;
+const EXT: &str = "mbp";
+/// The default subdirectory of `state_dir`.
+pub const PARSED_DIR: &str = "parsed";
+
+const TAG_DENSE: u64 = 1;
+const TAG_SPARSE: u64 = 2;
+const TAG_STRINGS: u64 = 3;
+const F64_BIT: u64 = 1 << 8;
+const U64_INDICES_BIT: u64 = 1 << 9;
+
+/// Counters for logs and metrics (`minibatchd_parsed_cache_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParsedCacheStats {
+    /// Chunks read back instead of parsed.
+    pub hits: u64,
+    /// Lookups that found no usable entry.
+    pub misses: u64,
+    /// Entries refused (corrupt, truncated, inconsistent, untrusted) and removed.
+    pub rejected: u64,
+    /// Entries written.
+    pub writes: u64,
+    /// Writes that failed (disk full, permissions); the chunk is served from the parse anyway.
+    pub write_errors: u64,
+    /// Entries removed to stay within the bound.
+    pub evictions: u64,
+    /// Bytes read from entries.
+    pub bytes_read: u64,
+    /// Bytes written to entries.
+    pub bytes_written: u64,
+    /// Bytes on disk in entries this process knows of.
+    pub bytes: u64,
+    /// Entries this process knows of.
+    pub entries: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    rejected: AtomicU64,
+    writes: AtomicU64,
+    write_errors: AtomicU64,
+    evictions: AtomicU64,
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Lru {
+    /// File name → (bytes, last use tick).
+    entries: HashMap<String, (u64, u64)>,
+    bytes: u64,
+    tick: u64,
+}
+
+impl Lru {
+    fn touch(&mut self, name: &str, bytes: u64) {
+        self.tick += 1;
+        let tick = self.tick;
+        match self.entries.insert(name.to_owned(), (bytes, tick)) {
+            Some((old, _)) => self.bytes = self.bytes - old + bytes,
+            None => self.bytes += bytes,
+        }
+    }
+
+    fn forget(&mut self, name: &str) {
+        if let Some((b, _)) = self.entries.remove(name) {
+            self.bytes -= b;
+        }
+    }
+
+    /// The least recently used entry other than `keep`.
+    fn oldest(&self, keep: &str) -> Option<String> {
+        self.entries.iter().filter(|(n, _)| n.as_str() != keep).min_by_key(|(_, &(_, t))| t).map(|(n, _)| n.clone())
+    }
+}
+
+/// A bounded on-disk cache of parsed chunks, shared by every dataset of a process.
+#[derive(Debug)]
+pub struct ParsedCache {
+    dir: PathBuf,
+    limit: u64,
+    lru: Mutex<Lru>,
+    counters: Counters,
+}
+
+impl ParsedCache {
+    /// Opens (creating, mode `0700`) the cache directory `dir` bounded by `limit` bytes: the
+    /// entries already there are counted (oldest modification time first out), temporary files
+    /// left by a crashed writer are removed, and entries are evicted down to the bound.
+    ///
+    /// # Errors
+    /// I/O errors, or a directory that is not this user's ([`persist::is_untrusted`]).
+    pub fn open(dir: &Path, limit: u64) -> io::Result<Self> {
+        persist::secure_dir(dir)?;
+        let mut found = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = e.metadata() else { continue };
+            if !meta.is_file() {
+                continue;
+            }
+            if name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp") {
+                if !writer_alive(&name) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+                continue;
+            }
+            if Path::new(&name).extension().is_some_and(|x| x == EXT) {
+                found.push((meta.modified().ok(), name, meta.len()));
+            }
+        }
+        found.sort();
+        let mut lru = Lru::default();
+        for (_, name, len) in found {
+            lru.touch(&name, len);
+        }
+        let cache = Self { dir: dir.to_owned(), limit, lru: Mutex::new(lru), counters: Counters::default() };
+        cache.evict_to(limit, "");
+        Ok(cache)
+    }
+
+    /// The directory.
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The bound, in bytes.
+    #[must_use]
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The counters now.
+    #[must_use]
+    pub fn stats(&self) -> ParsedCacheStats {
+        let c = &self.counters;
+        let (bytes, entries) = {
+            let l = self.lock();
+            (l.bytes, l.entries.len() as u64)
+        };
+        ParsedCacheStats {
+            hits: c.hits.load(Ordering::Relaxed),
+            misses: c.misses.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            writes: c.writes.load(Ordering::Relaxed),
+            write_errors: c.write_errors.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            bytes_read: c.bytes_read.load(Ordering::Relaxed),
+            bytes_written: c.bytes_written.load(Ordering::Relaxed),
+            bytes,
+            entries,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // The map stays consistent whatever panicked while holding it.
+        self.lru.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn name(identity: u64, chunk: usize) -> String {
+        format!("{identity:016x}-{chunk}.{EXT}")
+    }
+
+    /// The entry of chunk `chunk` of the dataset with `identity`, if there is a usable one for
+    /// `streams` at `precision` with `num_sequences` sequences. Anything unusable is removed and
+    /// counted as a miss.
+    #[must_use]
+    pub fn get(
+        &self,
+        identity: u64,
+        chunk: usize,
+        num_sequences: usize,
+        streams: &[StreamSpec],
+        precision: Precision,
+    ) -> Option<ParsedChunk> {
+        let name = Self::name(identity, chunk);
+        let path = self.dir.join(&name);
+        let opened = persist::open_trusted(&path);
+        let (file, meta) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                if e.kind() != io::ErrorKind::NotFound {
+                    self.reject(&name, &path);
+                }
+                self.lock().forget(&name);
+                self.counters.misses.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let expect = Expect { identity, chunk, num_sequences, streams, precision };
+        if let Some(parsed) = decode(file, meta.len(), &expect) {
+            self.lock().touch(&name, meta.len());
+            self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            self.counters.bytes_read.fetch_add(meta.len(), Ordering::Relaxed);
+            Some(parsed)
+        } else {
+            self.reject(&name, &path);
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+
+    fn reject(&self, name: &str, path: &Path) {
+        tracing::warn!(entry = %path.display(), "a persisted parsed chunk is unusable (corrupt, truncated, stale or not this user's); removed, the chunk is parsed again");
+        let _ = std::fs::remove_file(path);
+        self.lock().forget(name);
+        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writes `chunk` as the entry of its chunk of the dataset with `identity`, evicting the least
+    /// recently used entries to stay within the bound. Failures are counted and logged, never
+    /// returned: the chunk is served from its parse whatever happens here.
+    pub fn put(&self, identity: u64, chunk: &ParsedChunk) {
+        let len = encoded_len(chunk);
+        if len > self.limit {
+            return;
+        }
+        let name = Self::name(identity, chunk.chunk);
+        self.evict_to(self.limit - len, &name);
+        let path = self.dir.join(&name);
+        let written = persist::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
+        match written {
+            Ok(()) => {
+                self.lock().touch(&name, len);
+                self.counters.writes.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes_written.fetch_add(len, Ordering::Relaxed);
+            }
+            Err(e) => {
+                let n = self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
+                if n < 10 || n.is_power_of_two() {
+                    tracing::warn!(entry = %path.display(), error = %e, failures = n + 1, "could not persist a parsed chunk (served from the parse; it will be parsed again next time)");
+                }
+            }
+        }
+    }
+
+    /// Removes least-recently-used entries (not `keep`) until at most `target` bytes are left.
+    fn evict_to(&self, target: u64, keep: &str) {
+        loop {
+            let victim = {
+                let l = self.lock();
+                if l.bytes <= target {
+                    return;
+                }
+                match l.oldest(keep) {
+                    Some(v) => v,
+                    None => return,
+                }
+            };
+            let _ = std::fs::remove_file(self.dir.join(&victim));
+            self.lock().forget(&victim);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether the process that named temporary file `name` (`.{base}.{pid}.{n}.tmp`) still runs.
+fn writer_alive(name: &str) -> bool {
+    let mut parts = name.trim_end_matches(".tmp").rsplit('.');
+    let _n = parts.next();
+    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
+        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
+    }
+}
+
+fn encoded_len(chunk: &ParsedChunk) -> u64 {
+    let mut n = HEADER_BYTES + TRAILER_BYTES;
+    for s in &chunk.streams {
+        n += 48 + 8 * s.seq_offsets.len() as u64;
+        n += match &s.data {
+            StreamValues::Dense { values, .. } => values.size_bytes() as u64,
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                8 * sample_offsets.len() as u64 + indices.size_bytes() as u64 + values.size_bytes() as u64
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                8 * offsets.len() as u64 + (bytes.len() as u64).next_multiple_of(8)
+            }
+        };
+    }
+    n
+}
+
+/// A writer that checksums what passes through it.
+struct Crc<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> Crc<W> {
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.crc.update(bytes);
+        self.inner.write_all(bytes)
+    }
+
+    fn u64s(&mut self, v: &[u64]) -> io::Result<()> {
+        self.put(as_bytes(v))
+    }
+}
+
+fn values_tag(v: &Values) -> u64 {
+    match v {
+        Values::F32(_) => 0,
+        Values::F64(_) => F64_BIT,
+    }
+}
+
+fn values_bytes(v: &Values) -> &[u8] {
+    match v {
+        Values::F32(x) => as_bytes(x),
+        Values::F64(x) => as_bytes(x),
+    }
+}
+
+fn encode(out: &mut dyn Write, identity: u64, chunk: &ParsedChunk) -> io::Result<()> {
+    let mut w = Crc { inner: BufWriter::with_capacity(1 << 20, out), crc: crc32fast::Hasher::new() };
+    let payload = encoded_len(chunk) - HEADER_BYTES - TRAILER_BYTES;
+    w.put(MAGIC)?;
+    w.put(&VERSION.to_ne_bytes())?;
+    w.put(&LAYOUT_LE64.to_ne_bytes())?;
+    w.u64s(&[identity, chunk.chunk as u64, chunk.num_sequences as u64, chunk.streams.len() as u64, payload])?;
+    for s in &chunk.streams {
+        let n_seq = s.seq_offsets.len() as u64;
+        match &s.data {
+            StreamValues::Dense { dim, values } => {
+                w.u64s(&[TAG_DENSE | values_tag(values), *dim as u64, n_seq, values.len() as u64, 0, 0])?;
+                w.put(as_bytes(&s.seq_offsets))?;
+                w.put(values_bytes(values))?;
+            }
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                let (it, ilen, ibytes) = match indices {
+                    Indices::I32(x) => (0, x.len(), as_bytes(x)),
+                    Indices::U64(x) => (U64_INDICES_BIT, x.len(), as_bytes(x)),
+                };
+                w.u64s(&[
+                    TAG_SPARSE | values_tag(values) | it,
+                    0,
+                    n_seq,
+                    sample_offsets.len() as u64,
+                    ilen as u64,
+                    values.len() as u64,
+                ])?;
+                w.put(as_bytes(&s.seq_offsets))?;
+                w.put(as_bytes(sample_offsets))?;
+                w.put(ibytes)?;
+                w.put(values_bytes(values))?;
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                w.u64s(&[TAG_STRINGS, 0, n_seq, offsets.len() as u64, bytes.len() as u64, 0])?;
+                w.put(as_bytes(&s.seq_offsets))?;
+                w.put(as_bytes(offsets))?;
+                w.put(bytes)?;
+                let pad = bytes.len().next_multiple_of(8) - bytes.len();
+                w.put(&[0u8; 8][..pad])?;
+            }
+        }
+    }
+    let crc = w.crc.finalize();
+    w.inner.write_all(&crc.to_ne_bytes())?;
+    w.inner.write_all(END)?;
+    w.inner.flush()
+}
+
+/// What the caller asks for: an entry must match all of it.
+struct Expect<'a> {
+    identity: u64,
+    chunk: usize,
+    num_sequences: usize,
+    streams: &'a [StreamSpec],
+    precision: Precision,
+}
+
+/// A reader that checksums what it reads and never reads past the payload it was told of.
+struct Src {
+    file: io::BufReader<File>,
+    crc: crc32fast::Hasher,
+    left: u64,
+}
+
+impl Src {
+    fn fill(&mut self, buf: &mut [u8]) -> Option<()> {
+        let n = buf.len() as u64;
+        if n > self.left {
+            return None;
+        }
+        self.file.read_exact(buf).ok()?;
+        self.crc.update(buf);
+        self.left -= n;
+        Some(())
+    }
+
+    /// `len` values of `T`, refused before allocating when they cannot fit in what is left.
+    fn array<T: Pod + Default>(&mut self, len: u64) -> Option<Vec<T>> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>() as u64)?;
+        if bytes > self.left {
+            return None;
+        }
+        let len = usize::try_from(len).ok()?;
+        let mut v = Vec::with_capacity(len);
+        // As a parse allocates dense values: read at random by the gather, huge pages help.
+        minibatchd_sys::advise_huge_pages(&v);
+        v.resize(len, T::default());
+        self.fill(as_bytes_mut(&mut v))?;
+        Some(v)
+    }
+
+    fn u64s<const N: usize>(&mut self) -> Option<[u64; N]> {
+        let mut v = [0u64; N];
+        self.fill(as_bytes_mut(&mut v))?;
+        Some(v)
+    }
+
+    fn values(&mut self, f64: bool, len: u64) -> Option<Values> {
+        Some(if f64 { Values::F64(self.array(len)?) } else { Values::F32(self.array(len)?) })
+    }
+}
+
+/// Offsets that start at 0, never decrease and end at `end`.
+fn offsets_ok(o: &[usize], end: usize) -> bool {
+    o.first() == Some(&0) && o.last() == Some(&end) && o.windows(2).all(|w| w[0] <= w[1])
+}
+
+fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
+    if !cfg!(all(target_endian = "little", target_pointer_width = "64")) {
+        return None;
+    }
+    let payload_max = len.checked_sub(HEADER_BYTES + TRAILER_BYTES)?;
+    let mut r =
+        Src { file: io::BufReader::with_capacity(1 << 16, file), crc: crc32fast::Hasher::new(), left: HEADER_BYTES };
+    let mut magic = [0u8; 8];
+    r.fill(&mut magic)?;
+    let mut words = [0u8; 8];
+    r.fill(&mut words)?;
+    let [identity, chunk, num_sequences, num_streams, payload] = r.u64s::<5>()?;
+    let version = u32::from_ne_bytes(words[..4].try_into().ok()?);
+    let layout = u32::from_ne_bytes(words[4..].try_into().ok()?);
+    let header_ok = &magic == MAGIC
+        && version == VERSION
+        && layout == LAYOUT_LE64
+        && identity == want.identity
+        && chunk == want.chunk as u64
+        && num_sequences == want.num_sequences as u64
+        && num_streams == want.streams.len() as u64
+        && payload == payload_max;
+    if !header_ok {
+        return None;
+    }
+    r.left = payload;
+    let f64 = want.precision == Precision::Float64;
+    let mut streams = Vec::with_capacity(want.streams.len());
+    for spec in want.streams {
+        let [tag, dim, n_seq, a, b, c] = r.u64s::<6>()?;
+        if n_seq != num_sequences + 1 {
+            return None;
+        }
+        let seq_offsets: Vec<usize> = r.array(n_seq)?;
+        let samples = *seq_offsets.last()?;
+        if !offsets_ok(&seq_offsets, samples) {
+            return None;
+        }
+        let is_f64 = tag & F64_BIT != 0;
+        let data = match (spec.kind, tag & 0xff) {
+            (StreamKind::Dense, TAG_DENSE) if is_f64 == f64 && dim == spec.dim as u64 => {
+                if a != (samples as u64).checked_mul(dim)? {
+                    return None;
+                }
+                StreamValues::Dense { dim: spec.dim, values: r.values(f64, a)? }
+            }
+            (StreamKind::SparseI32 | StreamKind::SparseU64, TAG_SPARSE) if is_f64 == f64 => {
+                let u64_ids = tag & U64_INDICES_BIT != 0;
+                if u64_ids != (spec.kind == StreamKind::SparseU64) || a != samples as u64 + 1 || b != c {
+                    return None;
+                }
+                let sample_offsets: Vec<usize> = r.array(a)?;
+                if !offsets_ok(&sample_offsets, usize::try_from(b).ok()?) {
+                    return None;
+                }
+                let indices = if u64_ids {
+                    Indices::U64(r.array(b)?)
+                } else {
+                    let ix: Vec<i32> = r.array(b)?;
+                    if ix.iter().any(|&i| usize::try_from(i).map_or(true, |i| i >= spec.dim)) {
+                        return None;
+                    }
+                    Indices::I32(ix)
+                };
+                StreamValues::Sparse { sample_offsets, indices, values: r.values(f64, c)? }
+            }
+            (StreamKind::Strings, TAG_STRINGS) => {
+                if a != samples as u64 + 1 {
+                    return None;
+                }
+                let offsets: Vec<usize> = r.array(a)?;
+                if !offsets_ok(&offsets, usize::try_from(b).ok()?) {
+                    return None;
+                }
+                let bytes: Vec<u8> = r.array(b)?;
+                let mut pad = [0u8; 8];
+                r.fill(&mut pad[..bytes.len().next_multiple_of(8) - bytes.len()])?;
+                StreamValues::Strings { offsets, bytes }
+            }
+            _ => return None,
+        };
+        streams.push(StreamData { seq_offsets, data });
+    }
+    if r.left != 0 {
+        return None;
+    }
+    let crc = r.crc.clone().finalize();
+    let mut trailer = [0u8; 8];
+    r.file.read_exact(&mut trailer).ok()?;
+    if trailer[..4] != crc.to_ne_bytes() || &trailer[4..] != END {
+        return None;
+    }
+    Some(ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams })
+}
+
+#[cfg(test)]
+mod tests;

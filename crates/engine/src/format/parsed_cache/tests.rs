@@ -1,0 +1,195 @@
+use std::os::unix::fs::PermissionsExt as _;
+
+use super::*;
+
+fn specs() -> Vec<StreamSpec> {
+    vec![
+        StreamSpec { name: "x".into(), kind: StreamKind::Dense, dim: 3 },
+        StreamSpec { name: "s".into(), kind: StreamKind::SparseI32, dim: 10 },
+        StreamSpec { name: "id".into(), kind: StreamKind::SparseU64, dim: 0 },
+        StreamSpec { name: "u".into(), kind: StreamKind::Strings, dim: 0 },
+    ]
+}
+
+/// Two sequences (2 and 1 samples) in every kind of stream, in f32.
+fn chunk(n: usize) -> ParsedChunk {
+    ParsedChunk {
+        chunk: n,
+        num_sequences: 2,
+        streams: vec![
+            StreamData {
+                seq_offsets: vec![0, 2, 3],
+                data: StreamValues::Dense {
+                    dim: 3,
+                    values: Values::F32(vec![1.0, -2.5, 3.25, 4.0, 5.0, 6.0, f32::MIN_POSITIVE, -0.0, 1e30]),
+                },
+            },
+            StreamData {
+                seq_offsets: vec![0, 2, 3],
+                data: StreamValues::Sparse {
+                    sample_offsets: vec![0, 2, 2, 3],
+                    indices: Indices::I32(vec![9, 0, 4]),
+                    values: Values::F32(vec![0.5, 0.25, 7.0]),
+                },
+            },
+            StreamData {
+                seq_offsets: vec![0, 1, 3],
+                data: StreamValues::Sparse {
+                    sample_offsets: vec![0, 1, 1, 2],
+                    indices: Indices::U64(vec![u64::MAX, 12]),
+                    values: Values::F32(vec![1.0, 2.0]),
+                },
+            },
+            StreamData {
+                seq_offsets: vec![0, 2, 3],
+                data: StreamValues::Strings { offsets: vec![0, 3, 3, 8], bytes: b"abcdefgh".to_vec() },
+            },
+        ],
+    }
+}
+
+const ID: u64 = 0x1234_5678_9abc_def0;
+
+fn open(dir: &Path, limit: u64) -> ParsedCache {
+    ParsedCache::open(dir, limit).expect("open")
+}
+
+fn get(c: &ParsedCache, chunk: usize) -> Option<ParsedChunk> {
+    c.get(ID, chunk, 2, &specs(), Precision::Float32)
+}
+
+#[test]
+fn round_trip_is_bit_identical_for_every_kind_of_stream() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(&d.path().join("parsed"), 1 << 20);
+    assert_eq!(get(&c, 7), None);
+    c.put(ID, &chunk(7));
+    let back = get(&c, 7).expect("hit");
+    assert_eq!(back, chunk(7));
+    // -0.0 == 0.0 for PartialEq: compare the bits too.
+    let bits = |p: &ParsedChunk| match &p.streams[0].data {
+        StreamValues::Dense { values: Values::F32(v), .. } => v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        _ => unreachable!(),
+    };
+    assert_eq!(bits(&back), bits(&chunk(7)));
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.writes, s.entries), (1, 1, 1, 1));
+    assert_eq!(s.bytes, encoded_len(&chunk(7)));
+    let mode = std::fs::metadata(c.dir()).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+}
+
+#[test]
+fn float64_round_trips_and_is_not_served_as_float32() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(d.path(), 1 << 20);
+    let mut x = chunk(1);
+    x.streams.truncate(1);
+    x.streams[0].data =
+        StreamValues::Dense { dim: 3, values: Values::F64((0..9).map(|i| f64::from(i) / 3.0).collect()) };
+    c.put(ID, &x);
+    let spec = &specs()[..1];
+    assert_eq!(c.get(ID, 1, 2, spec, Precision::Float64), Some(x.clone()));
+    assert_eq!(c.get(ID, 1, 2, spec, Precision::Float32), None);
+}
+
+#[test]
+fn another_identity_chunk_shape_or_stream_is_a_miss() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(d.path(), 1 << 20);
+    let mut wrong_dim = specs();
+    wrong_dim[0].dim = 4;
+    let mut wrong_kind = specs();
+    wrong_kind[2].kind = StreamKind::SparseI32;
+    let mut small_bound = specs();
+    small_bound[1].dim = 9; // index 9 is no longer below the dimension
+    for (id, n, seqs, s) in [
+        (ID + 1, 3, 2, specs()),
+        (ID, 4, 2, specs()),
+        (ID, 3, 3, specs()),
+        (ID, 3, 2, wrong_dim),
+        (ID, 3, 2, wrong_kind),
+        (ID, 3, 2, small_bound),
+        (ID, 3, 2, specs()[..3].to_vec()),
+    ] {
+        c.put(ID, &chunk(3));
+        assert_eq!(c.get(id, n, seqs, &s, Precision::Float32), None, "{id:x} {n} {seqs} {s:?}");
+    }
+    c.put(ID, &chunk(3));
+    assert_eq!(get(&c, 3), Some(chunk(3)));
+}
+
+#[test]
+fn every_corrupted_byte_and_every_truncation_is_refused_and_removed() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(d.path(), 1 << 20);
+    c.put(ID, &chunk(0));
+    let path = d.path().join(ParsedCache::name(ID, 0));
+    let good = std::fs::read(&path).expect("read");
+    for i in 0..good.len() {
+        for flip in [0x01u8, 0x80] {
+            let mut bad = good.clone();
+            bad[i] ^= flip;
+            std::fs::write(&path, &bad).expect("write");
+            assert_eq!(get(&c, 0), None, "byte {i} ^ {flip:#x} was served");
+            assert!(!path.exists(), "byte {i}: the unusable entry was kept");
+        }
+    }
+    for len in 0..good.len() {
+        std::fs::write(&path, &good[..len]).expect("write");
+        assert_eq!(get(&c, 0), None, "truncated to {len} bytes was served");
+    }
+    let mut longer = good.clone();
+    longer.push(0);
+    std::fs::write(&path, &longer).expect("write");
+    assert_eq!(get(&c, 0), None);
+    std::fs::write(&path, &good).expect("write");
+    assert_eq!(get(&c, 0), Some(chunk(0)));
+    assert!(c.stats().rejected >= 2 * good.len() as u64);
+}
+
+#[test]
+fn an_entry_others_could_write_or_a_link_is_never_read() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(d.path(), 1 << 20);
+    c.put(ID, &chunk(0));
+    let path = d.path().join(ParsedCache::name(ID, 0));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).expect("chmod");
+    assert_eq!(get(&c, 0), None);
+    c.put(ID, &chunk(0));
+    let elsewhere = d.path().join("elsewhere.bin");
+    std::fs::rename(&path, &elsewhere).expect("mv");
+    std::os::unix::fs::symlink(&elsewhere, &path).expect("ln");
+    assert_eq!(get(&c, 0), None);
+}
+
+#[test]
+fn the_directory_stays_within_its_bound_least_recently_used_out() {
+    let d = tempfile::tempdir().expect("tmp");
+    let one = encoded_len(&chunk(0));
+    let c = open(d.path(), 3 * one);
+    for n in 0..3 {
+        c.put(ID, &chunk(n));
+    }
+    assert!(get(&c, 0).is_some()); // 0 is now the most recent: 1 goes first
+    c.put(ID, &chunk(3));
+    assert_eq!(get(&c, 1), None);
+    for n in [0, 2, 3] {
+        assert!(get(&c, n).is_some(), "chunk {n}");
+    }
+    let on_disk: u64 =
+        std::fs::read_dir(d.path()).expect("ls").map(|e| e.expect("entry").metadata().expect("stat").len()).sum();
+    assert!(on_disk <= 3 * one, "{on_disk} bytes on disk, bound {}", 3 * one);
+    assert_eq!(c.stats().evictions, 1);
+
+    // A restart with a smaller bound counts what is there and evicts down to it; a larger entry
+    // than the bound is not written at all.
+    drop(c);
+    std::fs::write(d.path().join(".x.mbp.999999999.0.tmp"), b"left by a crashed writer").expect("write");
+    let c = open(d.path(), one);
+    assert_eq!(c.stats().entries, 1);
+    assert!(!d.path().join(".x.mbp.999999999.0.tmp").exists());
+    let small = open(&d.path().join("small"), one - 1);
+    small.put(ID, &chunk(0));
+    assert_eq!(small.stats().entries, 0);
+}

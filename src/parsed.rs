@@ -1,0 +1,114 @@
+//! The persisted parsed-chunk cache of this process (`minibatchd_engine::format::parsed_cache`):
+//! opened once from `[daemon] parsed_cache_dir` / `parsed_cache_bytes`, then handed to every
+//! dataset the daemon, `dump` or `index` opens. A cache that cannot be opened (a directory of
+//! another user, a read-only file system) is logged and left out: chunks are parsed as without
+//! it.
+
+use std::sync::{Arc, OnceLock};
+
+use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::format::parsed_cache::ParsedCache;
+
+use crate::config::DaemonConfig;
+
+static CACHE: OnceLock<Option<Arc<ParsedCache>>> = OnceLock::new();
+
+/// The cache of this process, opened on first use from `daemon` (later settings are not read:
+/// its directory and bound change with a restart); `None` when `parsed_cache_bytes` is 0 or the
+/// directory could not be opened.
+#[must_use]
+pub fn cache(daemon: &DaemonConfig) -> Option<Arc<ParsedCache>> {
+    CACHE
+        .get_or_init(|| {
+            if daemon.parsed_cache_bytes == 0 {
+                return None;
+            }
+            match ParsedCache::open(&daemon.parsed_cache_dir, daemon.parsed_cache_bytes) {
+                Ok(c) => {
+                    let s = c.stats();
+                    tracing::info!(dir = %daemon.parsed_cache_dir.display(), entries = s.entries, bytes = s.bytes, limit = daemon.parsed_cache_bytes, "persisted parsed-chunk cache");
+                    Some(Arc::new(c))
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %daemon.parsed_cache_dir.display(), error = %e, "cannot open the persisted parsed-chunk cache; chunks are parsed every time they are loaded");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+/// The cache if it has been opened (for metrics), without opening it.
+#[must_use]
+pub fn opened() -> Option<Arc<ParsedCache>> {
+    CACHE.get().cloned().flatten()
+}
+
+/// Hands this process's cache to `dataset`, if there is one.
+pub fn attach(dataset: &mut Dataset, daemon: &DaemonConfig) {
+    if let Some(c) = cache(daemon) {
+        dataset.use_parsed_cache(c);
+    }
+}
+
+/// What [`fill`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FillReport {
+    /// Chunks of the dataset.
+    pub chunks: u64,
+    /// Chunks already in the cache.
+    pub present: u64,
+    /// Chunks parsed and written now.
+    pub written: u64,
+    /// Chunks parsed but not kept: they have malformed places (parsed again each time, so their
+    /// errors are charged as without the cache), or the write failed or passed the bound.
+    pub not_kept: u64,
+}
+
+/// Parses every chunk of `dataset` that is not in its persisted cache yet, on `threads` threads,
+/// calling `progress(done, total)` after each chunk (`minibatchd index --parsed`).
+///
+/// # Errors
+/// The dataset has no persisted cache (`parsed_cache_bytes = 0` or its directory unusable), or
+/// a chunk fails to load (I/O, a fatal data error, or more malformed places than `max_errors`).
+pub fn fill(
+    dataset: &Dataset,
+    threads: usize,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> Result<FillReport, minibatchd_engine::format::errors::DataError> {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let Some(cache) = dataset.parsed_cache() else {
+        return Err(minibatchd_engine::format::errors::DataError::Dataset(
+            "no persisted parsed-chunk cache: [daemon] parsed_cache_bytes is 0, or its directory could not be opened (see the log)".into(),
+        ));
+    };
+    let total = dataset.timeline().num_chunks();
+    let before = cache.stats();
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let first_error = std::sync::Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let c = next.fetch_add(1, Ordering::Relaxed);
+                if c >= total || first_error.lock().map_or(true, |e| e.is_some()) {
+                    return;
+                }
+                if let Err(e) = dataset.load_chunk(c) {
+                    if let Ok(mut slot) = first_error.lock() {
+                        slot.get_or_insert(e);
+                    }
+                    return;
+                }
+                progress(done.fetch_add(1, Ordering::Relaxed) + 1, total as u64);
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        return Err(e);
+    }
+    let after = cache.stats();
+    let present = after.hits - before.hits;
+    let written = after.writes - before.writes;
+    Ok(FillReport { chunks: total as u64, present, written, not_kept: total as u64 - present - written })
+}
