@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::dataset::{Dataset, Persist};
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 
 use crate::config::DaemonConfig;
@@ -44,10 +44,11 @@ pub fn opened() -> Option<Arc<ParsedCache>> {
     CACHE.get().cloned().flatten()
 }
 
-/// Hands this process's cache to `dataset`, if there is one.
-pub fn attach(dataset: &mut Dataset, daemon: &DaemonConfig) {
+/// Hands this process's cache to `dataset`, if there is one, persisting parsed chunks when
+/// `persist` says (the daemon: later, by its persister; `dump` and `index`: on load).
+pub fn attach(dataset: &mut Dataset, daemon: &DaemonConfig, persist: Persist) {
     if let Some(c) = cache(daemon) {
-        dataset.use_parsed_cache(c);
+        dataset.use_parsed_cache(c, persist);
     }
 }
 

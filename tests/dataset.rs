@@ -332,3 +332,65 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
     let err = ds.load_chunk(last).expect_err("a shrunk file").to_string();
     assert!(err.contains("big.ctf") && err.contains("rewritten") && err.contains("when indexed"), "{err}");
 }
+
+/// The persisted parsed-chunk cache at the engine's seam: clean chunks are written (on load, or
+/// later and once), a chunk with malformed places never is — so a new process charges and
+/// reports its errors again — and chunks read back equal the parse bit for bit.
+#[test]
+fn persisted_chunks_equal_the_parse_and_chunks_with_errors_are_never_persisted() {
+    use minibatchd_engine::dataset::Persist;
+    use minibatchd_engine::format::parsed_cache::ParsedCache;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Three chunks of about 40 bytes: the second holds a malformed value.
+    write(dir.path(), "a.ctf", "0 |x 1 2 |y 0:1\n1 |x 3 4 |y 1:1\n2 |x 5 6 |y 0:2\n3 |x 7 8 |y 1:1\n3 |x bad 9\n4 |x 9 10 |y 0:1\n5 |x 11 12 |y 1:3\n");
+    let toml = "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"a.ctf\"]\nchunk_size_bytes = 40\nmax_errors = 100\n\
+        [datasets.d.streams.x]\ndim = 2\nformat = \"dense\"\n[datasets.d.streams.y]\ndim = 2\nformat = \"sparse\"\n";
+    let plain = open(dir.path(), toml);
+    let n = plain.chunks().len();
+    assert!(n >= 3, "{n} chunks");
+    let parsed: Vec<_> = (0..n).map(|c| plain.load_chunk(c).expect("chunk")).collect();
+    let bad: Vec<usize> = (0..n).filter(|&c| !parsed[c].1.is_empty()).collect();
+    assert_eq!(bad.len(), 1, "one chunk has the malformed value");
+    let cache = Arc::new(ParsedCache::open(&dir.path().join("parsed"), 1 << 20).expect("cache"));
+
+    // On load: every clean chunk written once; read back by a new dataset equal to the parse;
+    // the bad chunk parsed again there, its error charged and reported again.
+    let mut on_load = open(dir.path(), toml);
+    on_load.use_parsed_cache(cache.clone(), Persist::OnLoad);
+    for (c, (want, _)) in parsed.iter().enumerate() {
+        assert_eq!(&on_load.load_chunk(c).expect("chunk").0, want);
+    }
+    assert_eq!((cache.stats().writes, cache.stats().hits), (n as u64 - 1, 0));
+    let mut again = open(dir.path(), toml);
+    again.use_parsed_cache(cache.clone(), Persist::OnLoad);
+    for (c, (want, want_errors)) in parsed.iter().enumerate() {
+        let (chunk, errors) = again.load_chunk(c).expect("chunk");
+        assert_eq!(&chunk, want, "chunk {c}");
+        assert_eq!(&errors, want_errors, "chunk {c}: the errors of a new process, as without the cache");
+    }
+    assert_eq!((cache.stats().writes, cache.stats().hits), (n as u64 - 1, n as u64 - 1));
+
+    // Later: nothing written by the load; persist_later writes a clean chunk once, never the bad one.
+    let later_cache = Arc::new(ParsedCache::open(&dir.path().join("later"), 1 << 20).expect("cache"));
+    let mut later = open(dir.path(), toml);
+    later.use_parsed_cache(later_cache.clone(), Persist::Later);
+    for c in 0..n {
+        let before = later_cache.stats().writes;
+        let (chunk, _) = later.load_chunk(c).expect("chunk");
+        assert_eq!(later_cache.stats().writes, before, "the load itself wrote");
+        assert_eq!(later.persist_later(&chunk), !bad.contains(&c), "chunk {c}");
+        assert!(!later.persist_later(&chunk), "chunk {c} written twice");
+    }
+    assert_eq!(later_cache.stats().writes, n as u64 - 1);
+    // A changed file is another dataset identity: nothing of the old one is read.
+    std::fs::write(dir.path().join("a.ctf"), "0 |x 1 2 |y 0:1\n").expect("rewrite");
+    let mut changed = open(dir.path(), toml);
+    changed.use_parsed_cache(cache.clone(), Persist::OnLoad);
+    assert_ne!(changed.parse_identity(), again.parse_identity());
+    let hits = cache.stats().hits;
+    let (chunk, _) = changed.load_chunk(0).expect("chunk");
+    assert_eq!(cache.stats().hits, hits);
+    assert_eq!(chunk.num_sequences, 1);
+}

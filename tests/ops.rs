@@ -933,8 +933,9 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     let mut s = d.client().open("train", &opts).expect("open");
     assert_eq!(drain(&mut s, 10_000), want);
     drop(s);
-    let m = d.wait_metrics("the sweep's loads counted", |m| {
+    let m = d.wait_metrics("the sweep's loads counted and the damaged entry written again", |m| {
         m.sum("minibatchd_parsed_cache_hits_total", &[]) + m.sum("minibatchd_parsed_cache_misses_total", &[]) >= chunks
+            && m.sum("minibatchd_parsed_cache_entries", &[]) == chunks
     });
     assert_eq!(m.sum("minibatchd_parsed_cache_hits_total", &[]), chunks - 1.0);
     assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 1.0);

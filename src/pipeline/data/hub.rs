@@ -204,7 +204,7 @@ impl Hub {
         let opened =
             Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics)).map(
                 |mut ds| {
-                    crate::parsed::attach(&mut ds, &config.daemon);
+                    crate::parsed::attach(&mut ds, &config.daemon, minibatchd_engine::dataset::Persist::Later);
                     ds
                 },
             );

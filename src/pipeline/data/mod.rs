@@ -22,6 +22,7 @@ pub mod delivery;
 pub mod hub;
 pub mod indexing;
 pub mod parsers;
+pub mod persister;
 pub mod pool;
 pub mod preload;
 pub mod producer;
@@ -85,6 +86,8 @@ pub struct DataPlane {
     pub opened_at_start: std::sync::atomic::AtomicBool,
     /// Hub indices of the datasets whose preload has been started (each dataset version once).
     preloaded: Mutex<HashSet<u32>>,
+    /// Parsed chunks to the persister ([`persister`]).
+    pub persist: flume::Sender<persister::PersistJob>,
 }
 
 impl DataPlane {
@@ -94,6 +97,8 @@ impl DataPlane {
         let d = &config.daemon;
         let channels = Channels::new(d.read_queue_chunks, d.parsed_queue_chunks);
         let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()));
+        let (persist, jobs) = persister::channel();
+        persister::spawn(jobs);
         Self {
             hub: RwLock::new(Arc::new(hub)),
             hub_generation: tokio::sync::watch::channel(0).0,
@@ -106,6 +111,7 @@ impl DataPlane {
             indexing: Indexing::default(),
             opened_at_start: std::sync::atomic::AtomicBool::new(false),
             preloaded: Mutex::new(HashSet::new()),
+            persist,
         }
     }
 

@@ -68,7 +68,15 @@ impl ParserWorker {
                 if fresh.len() > 10 {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
                 }
-                Ok(Arc::new(chunk))
+                let chunk = Arc::new(chunk);
+                if rt.dataset.parsed_cache().is_some() {
+                    // A full queue drops the job: the chunk is persisted when parsed again.
+                    let _ = self.data.persist.try_send(super::persister::PersistJob {
+                        dataset: Arc::downgrade(&rt),
+                        chunk: Arc::downgrade(&chunk),
+                    });
+                }
+                Ok(chunk)
             }
             Ok(Err(e)) => {
                 m.chunk_failures.inc();

@@ -105,8 +105,28 @@ pub struct Dataset {
     budgets: Vec<ErrorBudget>,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
-    /// The persisted parsed-chunk cache and this dataset's identity in it.
-    parsed: Option<(Arc<ParsedCache>, u64)>,
+    /// The persisted parsed-chunk cache, if this dataset uses one.
+    parsed: Option<ParsedUse>,
+}
+
+/// When a dataset writes the chunks it parses to the persisted parsed-chunk cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persist {
+    /// In [`Dataset::load_chunk`], before it returns (`dump`, `index --parsed`).
+    OnLoad,
+    /// Later, by whoever calls [`Dataset::persist_later`] (the daemon's low-priority writer, so
+    /// that the write stays off the path of the first minibatch).
+    Later,
+}
+
+/// A dataset's use of the persisted parsed-chunk cache.
+struct ParsedUse {
+    cache: Arc<ParsedCache>,
+    /// [`Dataset::parse_identity`].
+    identity: u64,
+    persist: Persist,
+    /// Per chunk: parsed without a malformed place and not written yet ([`Persist::Later`]).
+    pending: Vec<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -348,14 +368,31 @@ impl Dataset {
 
     /// Serves chunks from, and persists parsed chunks into, `cache` (the persisted parsed-chunk
     /// cache, [`ParsedCache`]) under this dataset's [`Dataset::parse_identity`].
-    pub fn use_parsed_cache(&mut self, cache: Arc<ParsedCache>) {
-        self.parsed = Some((cache, self.parse_identity()));
+    /// Chunks parsed without a malformed place are written when `persist` says.
+    pub fn use_parsed_cache(&mut self, cache: Arc<ParsedCache>, persist: Persist) {
+        let pending = (0..self.chunks.len()).map(|_| std::sync::atomic::AtomicBool::new(false)).collect();
+        self.parsed = Some(ParsedUse { cache, identity: self.parse_identity(), persist, pending });
     }
 
     /// The persisted parsed-chunk cache this dataset uses, if any.
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
-        self.parsed.as_ref().map(|(c, _)| c)
+        self.parsed.as_ref().map(|p| &p.cache)
+    }
+
+    /// With [`Persist::Later`]: writes `chunk` (as [`Dataset::load_chunk`] returned it) to the
+    /// persisted cache if it was parsed without a malformed place and has not been written since.
+    /// Returns whether it wrote it.
+    #[must_use = "false: nothing was written (persisted already, a chunk with errors, or no cache)"]
+    pub fn persist_later(&self, chunk: &ParsedChunk) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(p) = &self.parsed else { return false };
+        let Some(flag) = p.pending.get(chunk.chunk) else { return false };
+        if !flag.swap(false, Ordering::AcqRel) {
+            return false;
+        }
+        p.cache.put(p.identity, chunk);
+        true
     }
 
     /// The identity under which this dataset's parsed chunks are persisted: everything that shapes
@@ -513,28 +550,32 @@ impl Dataset {
     /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
     /// spent.
     pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        if let Some((cache, identity)) = &self.parsed {
+        if let Some(p) = &self.parsed {
             let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
             if let Some((end, start)) = sequences {
-                let hit = cache.get(*identity, chunk, end - start, &self.streams, self.config.precision);
+                let hit = p.cache.get(p.identity, chunk, end - start, &self.streams, self.config.precision);
                 if let Some(parsed) = hit {
                     return Ok((parsed, Vec::new()));
                 }
             }
         }
-        let (mut parsed, errors) = match self.config.precision {
+        let (parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
         let fresh = self.charge(&errors)?;
         // Only a chunk without malformed places is persisted: one with errors is parsed again
         // each time, so its errors reach the budget and the logs exactly as without the cache.
-        if let Some((cache, identity)) = &self.parsed {
+        if let Some(p) = &self.parsed {
             if errors.iter().all(Vec::is_empty) {
-                for s in &mut parsed.streams {
-                    s.shrink_to_fit();
+                match p.persist {
+                    Persist::OnLoad => p.cache.put(p.identity, &parsed),
+                    Persist::Later => {
+                        if let Some(flag) = p.pending.get(chunk) {
+                            flag.store(true, std::sync::atomic::Ordering::Release);
+                        }
+                    }
                 }
-                cache.put(*identity, &parsed);
             }
         }
         Ok((parsed, fresh))
