@@ -16,6 +16,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
+# tests/prometheus.rs: a real Prometheus scrapes the daemon and promtool runs the alerts' unit
+# tests. Debian's package, without its recommends (node exporter & co.); its service is not used.
+if ! { [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; }; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+fi
 
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
   export PATH="$HOME/.cargo/bin:$PATH"

@@ -17,8 +17,21 @@ use minibatchd::dump::{dump, DumpOptions};
 use minibatchd_engine::dataset::{Dataset, IndexProgress};
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
 
+/// The environment every subcommand reads, for `--help` (docs/cli.md and docs/operations.md say
+/// the same).
+const ENV_HELP: &str = "Environment:
+  MINIBATCHD_LOG              log filter (tracing EnvFilter syntax: info, debug, minibatchd=debug,warn);
+                              default info for run, warn for the other subcommands
+  MINIBATCHD__SECTION__KEY    overrides a configuration key, e.g. MINIBATCHD__DAEMON__STATE_DIR=/tmp/s
+  AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
+  AWS_PROFILE, AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE, AWS_ALLOW_HTTP
+                              object storage for s3:// files (docs/object-storage.md)
+  NOTIFY_SOCKET, WATCHDOG_USEC, WATCHDOG_PID
+                              set by systemd for run (readiness, status and watchdog)";
+
 #[derive(Parser)]
 #[command(
+    after_help = ENV_HELP,
     name = "minibatchd",
     version,
     about = "Serves randomized minibatches of text training data with CNTK MinibatchSource semantics"
@@ -31,20 +44,24 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon.
+    #[command(after_help = ENV_HELP)]
     Run {
         /// The config file.
         #[arg(long)]
         config: PathBuf,
     },
     /// Load and validate the config, reporting every error; exit 0 if valid, 1 otherwise.
+    #[command(after_help = ENV_HELP)]
     Validate {
         /// The config file.
         #[arg(long)]
         config: PathBuf,
     },
     /// Print the minibatches a session with these options would receive, as JSON lines.
+    #[command(after_help = ENV_HELP)]
     Dump(Box<DumpArgs>),
     /// Build (and cache) the chunk index of a dataset.
+    #[command(after_help = ENV_HELP)]
     Index {
         /// The config file.
         #[arg(long)]

@@ -696,6 +696,10 @@ impl Metrics {
     #[must_use]
     pub fn dataset(&self, name: &str) -> DatasetMetrics {
         self.sessions_opened.with_label_values(&[name]);
+        // Present from the start (at 0), so the dashboard's equal-steps panel has a series.
+        for tail in ["drop", "pad"] {
+            self.equal_steps_minibatches.with_label_values(&[name, tail]);
+        }
         DatasetMetrics {
             read_bytes: self.read_bytes.with_label_values(&[name]),
             chunks_parsed: self.chunks_parsed.with_label_values(&[name]),

@@ -980,3 +980,33 @@ fn index_parsed_fills_the_persisted_cache_ahead_of_time_and_says_so() {
         String::from_utf8_lossy(&off.stderr)
     );
 }
+
+/// Issue 18: 26 short-lived unnamed sessions and a restart left all 26 in the checkpoint. An
+/// unnamed session that ended is not written to a checkpoint (a named one is), and after a
+/// restart none of them lingers.
+#[test]
+fn ended_unnamed_sessions_are_not_checkpointed_and_do_not_pile_up_across_restarts() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["train"]);
+    let mut d = Daemon::start(tmp.path(), &[]);
+    for _ in 0..12 {
+        let mut s = d.client().open("train", &options(4)).expect("open unnamed");
+        assert_eq!(drain(&mut s, 2).len(), 2);
+    }
+    let named = SessionOptions { session: Some("keep-me".into()), ..options(4) };
+    let mut s = d.client().open("train", &named).expect("open named");
+    assert_eq!(drain(&mut s, 2).len(), 2);
+    drop(s);
+    let m = d.wait_metrics("13 sessions lingering", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) == 13.0);
+    assert_eq!(m.sum("minibatchd_sessions", &[("state", "connected")]), 0.0);
+    d.signal(rustix::process::Signal::TERM);
+    assert!(d.wait().success());
+    let c = read_checkpoint(tmp.path());
+    let names: Vec<&str> = c["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(names, ["keep-me"], "only the named session is checkpointed: {c}");
+
+    let d = Daemon::start(tmp.path(), &[]);
+    let m = d.wait_metrics("the checkpoint restored", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) >= 1.0);
+    assert_eq!(m.sum("minibatchd_sessions", &[("state", "lingering")]), 1.0, "only keep-me lingers after the restart");
+}

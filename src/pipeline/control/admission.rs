@@ -204,6 +204,9 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         Claim::Resume(s, origin) => Some((s, origin)),
         Claim::Fresh => None,
     };
+    if req.name.is_none() {
+        reg.mark_generated(&name);
+    }
     let (start, resumed) = match (req.resume, &lingered) {
         (Some(s), _) => (s.clone(), None),
         (None, Some((s, origin))) => {

@@ -133,7 +133,10 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
             return;
         }
     };
-    tracing::info!(peer = %peer, "client connected");
+    // At debug: a connection that opens a session is logged once, when it does ("session
+    // opened"); the clients' probe handshake (`connect()`) and other session-less connections
+    // stay out of the info log.
+    tracing::debug!(peer = %peer, "client connected");
     // A connection holds a descriptor: without a session it may not hold it for long.
     let handshake = tokio::time::sleep(limits.handshake_timeout);
     tokio::pin!(handshake);
@@ -200,7 +203,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
     if let Phase::Serving(active) = phase {
         finish(*active, &conn.shared, &peer);
     } else {
-        tracing::info!(peer = %peer, "client disconnected");
+        tracing::debug!(peer = %peer, "client disconnected without a session");
     }
 }
 

@@ -250,6 +250,7 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, 
     let d = &config.daemon;
     let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
+    registry.set_max_lingering(d.max_sessions);
     // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
     // the chunk cache gets what they and the rings leave.
     registry.set_buffers(read_buffer_bytes(config, hub, threads).saturating_add(hub.index_bytes()));

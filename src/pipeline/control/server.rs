@@ -83,7 +83,9 @@ impl Actor for SessionManager {
                 return;
             }
         };
-        tracing::info!(socket = %path.display(), "listening");
+        // The canonical path (the configured one may read `conf/../run/x.sock`).
+        let shown = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        tracing::info!(socket = %shown.display(), "listening");
         self.bound = Some(path);
         self.shared.data.health.set_stage_up(&self.shared.data.metrics, Stage::Sessions, true);
         let (tx, _) = tokio::sync::watch::channel(false);

@@ -408,6 +408,9 @@ struct Lingering {
     expires: Instant,
     /// Where its state came from.
     origin: Resumed,
+    /// Its name was generated (the client gave none): it lingers in memory for a client that
+    /// kept the name, but is not written to a checkpoint once it has ended.
+    generated: bool,
 }
 
 /// A connected session: its id and, once opened, what a checkpoint saves of it.
@@ -417,6 +420,8 @@ struct ActiveEntry {
     /// The peer uid of the connection that claimed the name.
     owner: u32,
     saved: Option<SavedSession>,
+    /// The daemon generated its name.
+    generated: bool,
 }
 
 /// How an `open` with a session name starts.
@@ -461,6 +466,9 @@ pub struct Registry {
     active: HashMap<String, ActiveEntry>,
     lingering: HashMap<String, Lingering>,
     linger: Duration,
+    /// Most lingering sessions kept (`max_sessions`): beyond it the one that would expire first
+    /// goes.
+    max_lingering: usize,
     limit: u64,
     /// Share of the limit kept for parsed chunks: rings may not take it.
     cache_floor: u64,
@@ -478,6 +486,7 @@ impl Registry {
             active: HashMap::new(),
             lingering: HashMap::new(),
             linger,
+            max_lingering: usize::MAX,
             limit,
             cache_floor: cache_floor.min(limit),
             rings: 0,
@@ -492,6 +501,34 @@ impl Registry {
         self.limit = limit;
         self.cache_floor = cache_floor.min(limit);
         self.linger = linger;
+    }
+
+    /// Keeps at most `n` lingering sessions (at least 1).
+    pub fn set_max_lingering(&mut self, n: usize) {
+        self.max_lingering = n.max(1);
+        self.trim_lingering();
+    }
+
+    /// Drops the lingering sessions that would expire first until at most `max_lingering` are
+    /// left.
+    fn trim_lingering(&mut self) {
+        while self.lingering.len() > self.max_lingering {
+            let first = self.lingering.iter().min_by_key(|(n, l)| (l.expires, n.as_str())).map(|(n, _)| n.clone());
+            match first {
+                Some(n) => {
+                    tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
+                    self.lingering.remove(&n);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Marks the connected session `name` as one whose name the daemon generated.
+    pub fn mark_generated(&mut self, name: &str) {
+        if let Some(e) = self.active.get_mut(name) {
+            e.generated = true;
+        }
     }
 
     /// A fresh session id.
@@ -515,11 +552,11 @@ impl Registry {
         if self.lingering.get(name).is_some_and(|l| l.saved.owner.is_some_and(|o| o != owner)) {
             return Err(RegistryError::NotOwner(name.to_owned()));
         }
-        let (claim, lingered) = match self.lingering.remove(name) {
-            Some(l) => (Claim::Resume(l.saved.state.clone(), l.origin), Some(l.saved)),
-            None => (Claim::Fresh, None),
+        let (claim, lingered, generated) = match self.lingering.remove(name) {
+            Some(l) => (Claim::Resume(l.saved.state.clone(), l.origin), Some(l.saved), l.generated),
+            None => (Claim::Fresh, None, false),
         };
-        self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered });
+        self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered, generated });
         Ok(claim)
     }
 
@@ -551,9 +588,11 @@ impl Registry {
         }
         if !self.linger.is_zero() {
             let owner = entry.as_ref().map(|e| e.owner);
+            let generated = entry.as_ref().is_some_and(|e| e.generated);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
             let saved = SavedSession { name: name.to_owned(), options, state, owner };
-            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin });
+            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin, generated });
+            self.trim_lingering();
         }
     }
 
@@ -562,14 +601,16 @@ impl Registry {
         self.lingering.retain(|_, l| l.expires > now);
     }
 
-    /// Every connected (opened) and lingering session, by name, for a checkpoint.
+    /// Every connected (opened) session and every lingering session the client named, by name,
+    /// for a checkpoint. An ended session whose name the daemon generated is left out: nobody
+    /// resumes it by a name after a restart (a client that kept its state resumes with it).
     pub fn snapshot(&mut self, now: Instant) -> Vec<SavedSession> {
         self.expire(now);
         let mut out: Vec<SavedSession> = self
             .active
             .values()
             .filter_map(|e| e.saved.clone())
-            .chain(self.lingering.values().map(|l| l.saved.clone()))
+            .chain(self.lingering.values().filter(|l| !l.generated).map(|l| l.saved.clone()))
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
@@ -592,9 +633,11 @@ impl Registry {
                 continue;
             }
             let origin = origin.clone();
-            self.lingering.insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin });
+            self.lingering
+                .insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin, generated: false });
             n += 1;
         }
+        self.trim_lingering();
         n
     }
 
@@ -812,6 +855,55 @@ mod tests {
         );
         assert!(r.reserve(500).is_ok());
         assert_eq!(r.cache_budget(), 200, "the floor survives buffers and rings together");
+    }
+
+    #[test]
+    fn ended_unnamed_sessions_stay_out_of_checkpoints_and_lingering_sessions_are_bounded() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(600));
+        let st = SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: 4,
+            minibatches: 1,
+            data_identity: String::new(),
+            options_hash: String::new(),
+            job: None,
+        };
+        let saved = |name: &str| SavedSession {
+            name: name.into(),
+            options: SessionOptions::default(),
+            state: st.clone(),
+            owner: Some(0),
+        };
+        // Connected, both are checkpointed; once ended, only the named one.
+        for (i, name) in ["named", "t-0123456789abcdef"].into_iter().enumerate() {
+            assert_eq!(r.claim(name, i as u64, 0, t0), Ok(Claim::Fresh));
+            r.record(saved(name));
+        }
+        r.mark_generated("t-0123456789abcdef");
+        let names = |r: &mut Registry| r.snapshot(t0).into_iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(&mut r), ["named", "t-0123456789abcdef"]);
+        r.park("named", st.clone(), t0);
+        r.park("t-0123456789abcdef", st.clone(), t0);
+        assert_eq!(names(&mut r), ["named"]);
+        assert_eq!(r.counts(), (0, 2), "the unnamed one still lingers for a client that kept its name");
+        // Resumed by its name, it is still an unnamed session.
+        assert!(matches!(r.claim("t-0123456789abcdef", 9, 0, t0), Ok(Claim::Resume(..))));
+        r.park("t-0123456789abcdef", st.clone(), t0);
+        assert_eq!(names(&mut r), ["named"]);
+
+        // At most max_lingering: the one that would expire first goes.
+        r.set_max_lingering(3);
+        for (i, name) in ["a", "b", "c"].into_iter().enumerate() {
+            let at = t0 + Duration::from_secs(1 + i as u64);
+            assert_eq!(r.claim(name, 10 + i as u64, 0, at), Ok(Claim::Fresh));
+            r.park(name, st.clone(), at);
+        }
+        assert_eq!(r.counts(), (0, 3));
+        let mut left = names(&mut r);
+        left.sort();
+        assert_eq!(left, ["a", "b", "c"], "the two parked at t0 went first");
     }
 
     #[test]

@@ -69,7 +69,9 @@ enum Entry {
 pub struct CacheStats {
     /// Lookups answered from the cache.
     pub hits: u64,
-    /// Lookups that had to load.
+    /// Chunk loads started: a session's lookup that found nothing, or a prefetch (a chunk a
+    /// session will need, loaded ahead of it). So `hits / (hits + misses)` is the share of chunk
+    /// uses that cost no load, and a cold start shows its loads.
     pub misses: u64,
     /// Chunks evicted.
     pub evictions: u64,
@@ -153,6 +155,7 @@ impl CacheCore {
         if self.stats.bytes >= self.budget {
             return false;
         }
+        self.stats.misses += 1;
         self.entries.insert(key, Entry::Loading { since: now, demanded: false });
         true
     }
@@ -438,6 +441,7 @@ mod tests {
             assert!(c.begin_prefetch((0, k), t));
             c.insert((0, k), Ok(chunk(1000)));
         }
+        assert_eq!(c.stats().misses, 2, "a prefetch is a load: a miss");
         assert!(!c.begin_prefetch((0, 2), t), "budget full");
         let held = match c.lookup((0, 0), t) {
             Lookup::Hit(h) => h,
