@@ -3,7 +3,7 @@
 `minibatchd run` (shared memory, the real Python client).
 
     scripts/bench_daemon.py [--size-bytes 1073741824] [--minibatch-size 256] [--sweeps 2] [--preload]
-                            [--window-chunks N] [--memory-limit BYTES] [--workdir DIR]
+                            [--window-chunks N] [--memory-limit BYTES] [--sessions N] [--workdir DIR]
 
 Generates DIR/bench.ctf with `minibatchd-gen ctf-dense` (128 floats + a sparse one-hot label per
 line) unless it exists with that size, builds the release binaries, starts the daemon, and runs
@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--window-chunks", type=int, help="the session's randomization window (default: CNTK's 128 chunks)")
     ap.add_argument("--memory-limit", type=int, default=8 << 30, help="memory_limit_bytes (default 8 GiB: the parsed file fits)")
     ap.add_argument("--workdir", default=str(ROOT / "target" / "bench-daemon"))
+    ap.add_argument("--sessions", type=int, default=1, help="consumers at once, each a process with its own session (the figures printed are the first one's; all sessions' total samples/s on its own line)")
     ap.add_argument("--consume", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.consume:
@@ -219,10 +220,16 @@ format = "sparse"
         py = ROOT / ".venv/bin/python"
         py = str(py) if py.exists() else sys.executable
         env = dict(os.environ, BENCH_WINDOW_CHUNKS=str(a.window_chunks or ""), BENCH_METRICS_ADDR_FILE=str(work / "state" / "metrics.addr"))
-        out = subprocess.run([py, __file__, "--consume", sock, "--minibatch-size", str(a.minibatch_size), "--sweeps", str(a.sweeps)], capture_output=True, text=True, env=env)
-        if out.returncode != 0:
-            sys.exit(f"the consumer failed:\n{out.stderr}")
-        r = json.loads(out.stdout)
+        consumers = [
+            subprocess.Popen([py, __file__, "--consume", sock, "--minibatch-size", str(a.minibatch_size), "--sweeps", str(a.sweeps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            for _ in range(a.sessions)
+        ]
+        outs = [c.communicate() for c in consumers]
+        for c, (_, err) in zip(consumers, outs):
+            if c.returncode != 0:
+                sys.exit(f"a consumer failed:\n{err}")
+        all_r = [json.loads(o) for o, _ in outs]
+        r = all_r[0]
         mem = rss_kib(daemon.pid)
         daemon_cpu = daemon_cpu_s(daemon.pid)
     finally:
@@ -238,6 +245,9 @@ format = "sparse"
         kind = ("first, chunks preloaded" if a.preload else "cold: parses the file") if k == 0 else "later"
         print(f"sweep {k} ({kind}): {n / secs:,.0f} samples/s, {payload / secs / 1e6:,.1f} MB/s of minibatch payload, {data.stat().st_size / secs / 1e6:,.1f} MB/s of text ({mbs} minibatches in {secs:.2f} s)")
     print(f"all sweeps: {r['samples'] / r['wall_s']:,.0f} samples/s over {r['wall_s']:.2f} s")
+    if a.sessions > 1:
+        total = sum(x["samples"] for x in all_r) / max(x["wall_s"] for x in all_r)
+        print(f"{a.sessions} sessions at once: {total:,.0f} samples/s in all (first sweep of each: " + ", ".join(f"{x['per_sweep'][0][1] / x['per_sweep'][0][0]:,.0f}" for x in all_r) + " samples/s)")
     print(f"client overhead: {r['ready_next_us']:.1f} us mean, {r['ready_next_median_us']:.1f} us median per next() on a ready slot ({PROBE} timed; {r['probe_waited_us']:.0f} us of waits among them); {r['cpu_s'] / r['minibatches'] * 1e6:.1f} us consumer CPU (user+sys, blocking waits included) per minibatch")
     if r.get("stages"):
         print("daemon time during the sweeps (s): " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(r["stages"].items())))

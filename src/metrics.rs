@@ -23,7 +23,8 @@ use std::time::Instant;
 
 use prometheus::core::Collector;
 use prometheus::{
-    Counter, CounterVec, Gauge, GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Counter, CounterVec, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 use minibatchd_engine::format::errors::ErrorKind;
@@ -207,6 +208,9 @@ pub struct Metrics {
     pub session_ring_slots: IntGaugeVec,
     /// `minibatchd_session_sweep{dataset,rank}`: sweep of the last minibatch delivered.
     pub session_sweep: IntGaugeVec,
+    /// `minibatchd_session_first_minibatch_seconds{dataset}`: from a session's `open` to its first
+    /// minibatch in the ring (time to first minibatch).
+    pub session_first_minibatch_seconds: HistogramVec,
     /// `minibatchd_sessions{state}`: `connected` and `lingering` sessions.
     pub sessions: IntGaugeVec,
     /// `minibatchd_sessions_opened_total{dataset}`.
@@ -301,6 +305,8 @@ pub struct SessionMetrics {
     pub delivery_busy_seconds: Counter,
     /// Sweep of the last minibatch.
     pub sweep: IntGauge,
+    /// Time from open to the first minibatch.
+    pub first_minibatch_seconds: Histogram,
     slots: [IntGauge; 3],
 }
 
@@ -533,6 +539,17 @@ impl Metrics {
                 "Sweep of the last minibatch delivered.",
                 &["dataset", "rank"],
             )?,
+            session_first_minibatch_seconds: reg(
+                &r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "minibatchd_session_first_minibatch_seconds",
+                        "From a session's open to its first minibatch in the ring.",
+                    )
+                    .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
+                    &["dataset"],
+                )?,
+            )?,
             sessions: gauge_vec(
                 &r,
                 "minibatchd_sessions",
@@ -696,6 +713,7 @@ impl Metrics {
     #[must_use]
     pub fn dataset(&self, name: &str) -> DatasetMetrics {
         self.sessions_opened.with_label_values(&[name]);
+        self.session_first_minibatch_seconds.with_label_values(&[name]);
         // Present from the start (at 0), so the dashboard's equal-steps panel has a series.
         for tail in ["drop", "pad"] {
             self.equal_steps_minibatches.with_label_values(&[name, tail]);
@@ -725,6 +743,7 @@ impl Metrics {
             chunk_wait_seconds: self.session_chunk_wait_seconds.with_label_values(&l),
             delivery_busy_seconds: self.stage_busy("delivery"),
             sweep: self.session_sweep.with_label_values(&l),
+            first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&[dataset]),
             slots: [slot(SlotState::Free), slot(SlotState::Filled), slot(SlotState::Leased)],
         }
     }

@@ -994,19 +994,22 @@ fn ended_unnamed_sessions_are_not_checkpointed_and_do_not_pile_up_across_restart
         let mut s = d.client().open("train", &options(4)).expect("open unnamed");
         assert_eq!(drain(&mut s, 2).len(), 2);
     }
-    let named = SessionOptions { session: Some("keep-me".into()), ..options(4) };
-    let mut s = d.client().open("train", &named).expect("open named");
+    let keep = SessionOptions { session: Some("keep-me".into()), ..options(4) };
+    let mut s = d.client().open("train", &keep).expect("open named");
     assert_eq!(drain(&mut s, 2).len(), 2);
     drop(s);
-    let m = d.wait_metrics("13 sessions lingering", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) == 13.0);
+    let m =
+        d.wait_metrics("13 sessions lingering", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) == 13.0);
     assert_eq!(m.sum("minibatchd_sessions", &[("state", "connected")]), 0.0);
     d.signal(rustix::process::Signal::TERM);
     assert!(d.wait().success());
     let c = read_checkpoint(tmp.path());
-    let names: Vec<&str> = c["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["name"].as_str()).collect();
-    assert_eq!(names, ["keep-me"], "only the named session is checkpointed: {c}");
+    let checkpointed: Vec<&str> =
+        c["sessions"].as_array().expect("sessions").iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(checkpointed, ["keep-me"], "only the named session is checkpointed: {c}");
 
     let d = Daemon::start(tmp.path(), &[]);
-    let m = d.wait_metrics("the checkpoint restored", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) >= 1.0);
+    let m =
+        d.wait_metrics("the checkpoint restored", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) >= 1.0);
     assert_eq!(m.sum("minibatchd_sessions", &[("state", "lingering")]), 1.0, "only keep-me lingers after the restart");
 }

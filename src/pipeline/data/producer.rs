@@ -235,6 +235,7 @@ impl Producer {
             planner: planner_task.clone(),
             stop: stop.clone(),
             queue_full: queue_full.clone(),
+            opened: Some(Instant::now()),
         };
         let mut planning = Planning {
             planner,
@@ -402,6 +403,8 @@ struct Filling {
     stop: Arc<AtomicBool>,
     /// The planner waits for room in the queue (see [`Planning`]).
     queue_full: Arc<AtomicBool>,
+    /// When the session opened, until its first minibatch is in the ring.
+    opened: Option<Instant>,
 }
 
 impl Filling {
@@ -438,6 +441,9 @@ impl Filling {
         let Located { slot, mb, samples } = job;
         match self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names) {
             Ok(_) => {
+                if let Some(opened) = self.opened.take() {
+                    self.metrics.first_minibatch_seconds.observe(opened.elapsed().as_secs_f64());
+                }
                 self.metrics.minibatches.inc();
                 self.metrics.samples.inc_by(samples);
                 self.metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));

@@ -1,0 +1,54 @@
+"""CNTK 2.7's MinibatchSource over a dense CTF file, timed: the peer figure of
+scripts/bench_peers.py. Runs under the CNTK oracle's Python 3.6 (../shared/tools/cntk-oracle,
+set up by its setup.sh; ORACLE_HOME, default /tmp/cntk-oracle):
+
+    LD_LIBRARY_PATH=$ORACLE_HOME/mpishim $ORACLE_HOME/venv36/bin/python scripts/cntk_throughput.py \
+        FILE.ctf DIM CLASSES MINIBATCH SWEEPS
+
+The file is minibatchd-gen's ctf-dense (`|features` DIM floats, `|labels` a one-hot of CLASSES).
+Randomized with CNTK's default window, like the daemon benchmark. Each minibatch's dense
+features are materialized as a NumPy array (what a trainer feeding another framework does; the
+sparse labels stay CNTK Values). Prints one JSON line: samples and seconds per sweep.
+"""
+import json
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+import cntk  # noqa: E402
+from cntk.io import CTFDeserializer, MinibatchSource, StreamDef, StreamDefs  # noqa: E402
+
+
+def main():
+    path, dim, classes, mb_size, sweeps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    streams = StreamDefs(
+        features=StreamDef(field="features", shape=dim, is_sparse=False),
+        labels=StreamDef(field="labels", shape=classes, is_sparse=True),
+    )
+    source = MinibatchSource(CTFDeserializer(path, streams), randomize=True, max_sweeps=sweeps)
+    fs, ls = source.streams.features, source.streams.labels
+    per_sweep = []
+    samples = 0
+    t0 = time.perf_counter()
+    at = t0
+    first = None
+    while True:
+        mb = source.next_minibatch(mb_size)
+        if not mb:
+            break
+        if first is None:
+            first = time.perf_counter() - t0
+        x = mb[fs].asarray()
+        _ = mb[ls].data
+        samples += mb[fs].num_samples
+        del x
+        if mb[fs].sweep_end:
+            now = time.perf_counter()
+            per_sweep.append([now - at, samples - sum(n for _, n in per_sweep)])
+            at = now
+    print(json.dumps({"cntk": cntk.__version__, "per_sweep": per_sweep, "samples": samples, "first_minibatch_s": first}))
+
+
+if __name__ == "__main__":
+    main()
