@@ -32,7 +32,7 @@ use minibatchd_engine::format::errors::ErrorKind;
 use crate::stage::Stage;
 
 /// Every label name a metric may carry: bounded sets only (never a file, a session or a sample).
-pub const LABEL_NAMES: [&str; 13] = [
+pub const LABEL_NAMES: [&str; 14] = [
     "dataset",
     "tail",
     "outcome",
@@ -46,6 +46,8 @@ pub const LABEL_NAMES: [&str; 13] = [
     "version",
     "protocol_version",
     "layout_version",
+    // A histogram's bucket bound (`minibatchd_session_first_minibatch_seconds`): a fixed set.
+    "le",
 ];
 
 /// Why a connection is closed by the daemon's limits (`minibatchd_connections_refused_total{code}`).

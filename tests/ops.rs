@@ -179,7 +179,9 @@ impl Metrics {
     }
 
     fn has(&self, name: &str) -> bool {
-        self.types.contains_key(name)
+        // A histogram is typed under its base name and sampled as _bucket, _sum and _count.
+        let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s));
+        self.types.contains_key(name) || base.is_some_and(|b| self.types.get(b).is_some_and(|t| t == "histogram"))
     }
 }
 

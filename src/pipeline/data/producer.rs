@@ -222,7 +222,7 @@ impl Producer {
         for slot in free {
             let _ = free_tx.try_send(slot);
         }
-        let (steps_tx, steps_rx) = flume::bounded::<Step>(1);
+        let (steps_tx, steps_rx) = flume::bounded::<Step>(TURN_MINIBATCHES);
         let queue_full = Arc::new(AtomicBool::new(false));
         let planner_task = pool.task(format!("plan {name}"));
         let filler_task = pool.task(format!("fill {name}"));
@@ -318,7 +318,11 @@ impl Stopper {
     }
 }
 
-/// Minibatches a task handles in one turn before it lets other sessions' tasks run.
+/// Minibatches a task handles in one turn before it lets other sessions' tasks run; also the
+/// capacity of the queue from planner to filler, so that each turn of one hands the other a
+/// turn's worth of work: a queue of one made every minibatch a wake-up and a context switch
+/// between the two (warm sweeps of the 1 GiB benchmark, A/B alternated: 0.94–1.18 M samples/s
+/// with a queue of one, 1.12–1.68 M with four; docs/benchmarks.md).
 const TURN_MINIBATCHES: usize = 4;
 
 /// The planner task: takes free slots and hands located minibatches (then the end, or a failure)
