@@ -829,15 +829,7 @@ mod tests {
         r.set_buffers(0);
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));
         assert_eq!(r.claim("a", 2, 0, t0), Err(RegistryError::Busy("a".into())));
-        let st = SessionState {
-            version: 1,
-            dataset: "t".into(),
-            position: 4,
-            minibatches: 1,
-            data_identity: String::new(),
-            options_hash: String::new(),
-            job: None,
-        };
+        let st = one_minibatch_in();
         r.park("a", st.clone(), t0);
         assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone(), lingered())));
         r.park("a", st, t0);
@@ -857,11 +849,9 @@ mod tests {
         assert_eq!(r.cache_budget(), 200, "the floor survives buffers and rings together");
     }
 
-    #[test]
-    fn ended_unnamed_sessions_stay_out_of_checkpoints_and_lingering_sessions_are_bounded() {
-        let t0 = Instant::now();
-        let mut r = Registry::new(1000, 200, Duration::from_secs(600));
-        let st = SessionState {
+    /// A state on dataset `t` after one minibatch of 4 samples.
+    fn one_minibatch_in() -> SessionState {
+        SessionState {
             version: 1,
             dataset: "t".into(),
             position: 4,
@@ -869,7 +859,14 @@ mod tests {
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
-        };
+        }
+    }
+
+    #[test]
+    fn ended_unnamed_sessions_stay_out_of_checkpoints_and_lingering_sessions_are_bounded() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(600));
+        let st = one_minibatch_in();
         let saved = |name: &str| SavedSession {
             name: name.into(),
             options: SessionOptions::default(),
