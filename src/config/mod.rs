@@ -183,6 +183,9 @@ impl Config {
             .try_deserialize()
             .map_err(|e| ConfigError::Load { path: path.to_owned(), message: e.to_string() })?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        // Canonical, so that relative paths resolve to paths without `..` where that is exact.
+        let dir = if base.as_os_str().is_empty() { Path::new(".") } else { base.as_path() };
+        let base = std::fs::canonicalize(dir).unwrap_or(base);
         Self::from_tree(path, &base, &tree)
     }
 

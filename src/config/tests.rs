@@ -332,3 +332,24 @@ fn a_number_too_large_to_read_is_named_with_its_place() {
     assert!(message.contains("overflowed"), "{message}");
     assert!(message.len() < 200, "one line, without the 5,000 digits: {message}");
 }
+
+/// Issue 18: the log showed the socket as `conf/../target/example/minibatchd.sock`. Relative paths
+/// of a config file resolve against its directory made canonical, leading `..` applied; a `..`
+/// after a named component stays (that component may be a symbolic link).
+#[test]
+fn relative_paths_resolve_without_leading_dot_dot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = std::fs::canonicalize(dir.path()).expect("canonical");
+    std::fs::create_dir_all(root.join("conf")).expect("mkdir");
+    let path = root.join("conf/c.toml");
+    std::fs::write(
+        &path,
+        "[daemon]\nsocket = \"../run/x.sock\"\nstate_dir = \"./../state/a/../b\"\n[datasets.t]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n[datasets.t.streams.f]\ndim = 1\nformat = \"dense\"\n",
+    )
+    .expect("write");
+    // Loaded through a path with `..` in it, from another directory.
+    let c = Config::load(&root.join("conf/../conf/c.toml")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.daemon.socket, root.join("run/x.sock"));
+    assert_eq!(c.daemon.state_dir, root.join("state/a/../b"), "a .. after a name is kept");
+    assert_eq!(c.dataset("t").expect("t").sources[0].files, [root.join("conf/data.ctf")]);
+}

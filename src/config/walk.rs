@@ -2,7 +2,7 @@
 //! instead of stopping at the first. Tables track which keys were read; whatever is left when a
 //! table is finished is an unknown key.
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use serde_json::{Map, Value};
 
@@ -11,6 +11,9 @@ use super::ConfigIssue;
 /// Collects issues while the tree is read.
 pub(crate) struct Walker {
     base: PathBuf,
+    /// `base` is canonical (absolute, no symbolic link, no `..`): a leading `..` of a relative
+    /// path may then be taken off it lexically.
+    canonical_base: bool,
     issues: Vec<ConfigIssue>,
 }
 
@@ -82,7 +85,8 @@ fn type_name(v: &Value) -> &'static str {
 
 impl Walker {
     pub(crate) fn new(base: &Path) -> Self {
-        Self { base: base.to_owned(), issues: Vec::new() }
+        let canonical_base = base.is_absolute() && std::fs::canonicalize(base).is_ok_and(|c| c == base);
+        Self { base: base.to_owned(), canonical_base, issues: Vec::new() }
     }
 
     pub(crate) fn into_issues(mut self) -> Vec<ConfigIssue> {
@@ -161,10 +165,23 @@ impl Walker {
         let p = Path::new(s);
         // An object URL (`s3://bucket/key`) is not relative to the config file.
         if p.is_absolute() || minibatchd_engine::remote::is_remote(p) {
-            p.to_owned()
-        } else {
-            self.base.join(p)
+            return p.to_owned();
         }
+        // Leading `.` and `..` are applied to a canonical base, so that paths in logs and errors
+        // read `/srv/x/state` rather than `/srv/conf/../x/state`. A `..` after a named component
+        // stays as written: that component may be a symbolic link, whose `..` is not its parent.
+        let mut out = self.base.clone();
+        let mut rest = p.components().peekable();
+        if self.canonical_base {
+            while let Some(c @ (Component::CurDir | Component::ParentDir)) = rest.peek() {
+                if *c == Component::ParentDir && !out.pop() {
+                    break;
+                }
+                rest.next();
+            }
+        }
+        out.extend(rest);
+        out
     }
 
     /// Reports the keys of `t` that nobody took.
