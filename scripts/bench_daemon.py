@@ -130,6 +130,17 @@ def rss_kib(pid: int) -> dict:
     return out
 
 
+def prepare(work: Path, size_bytes: int) -> Path:
+    """Builds the release binaries and makes `work/bench.ctf` (minibatchd-gen ctf-dense: 128
+    floats and a one-hot label of 10 classes per line) unless one of about that size is there."""
+    work.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
+    data = work / "bench.ctf"
+    if not data.exists() or abs(data.stat().st_size - size_bytes) > size_bytes // 10:
+        subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(size_bytes), "128", "10"], check=True)
+    return data
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-bytes", type=int, default=1 << 30)
@@ -146,11 +157,7 @@ def main() -> None:
         consume(a.consume, a.minibatch_size, a.sweeps)
         return
     work = Path(a.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
-    data = work / "bench.ctf"
-    if not data.exists() or abs(data.stat().st_size - a.size_bytes) > a.size_bytes // 10:
-        subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(a.size_bytes), "128", "10"], check=True)
+    data = prepare(work, a.size_bytes)
     # A fresh state dir: a checkpoint from an earlier run (another file size) would restore
     # sessions that no longer match the data.
     if not os.environ.get("BENCH_STATE_KEEP"):

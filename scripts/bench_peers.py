@@ -126,12 +126,11 @@ def main() -> None:
     if a.torch_consume:
         torch_consume(a.torch_consume, a.workers, a.minibatch_size)
         return
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_daemon import prepare  # the same file and build as every minibatchd figure
+
     work = Path(a.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
-    data = work / "bench.ctf"
-    if not data.exists() or abs(data.stat().st_size - a.size_bytes) > a.size_bytes // 10:
-        subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(a.size_bytes), str(DIM), str(CLASSES)], check=True)
+    data = prepare(work, a.size_bytes)
     text_mb = data.stat().st_size / 1e6
     with open(data, "rb") as f:
         samples_total = sum(1 for _ in f)
