@@ -55,3 +55,8 @@ fn protocol_corpus() {
 fn index_cache_corpus() {
     replay("index_cache", harness::index_cache);
 }
+
+#[test]
+fn parsed_cache_corpus() {
+    replay("parsed_cache", harness::parsed_cache);
+}

@@ -262,3 +262,77 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
         }
     }
 }
+
+/// `parsed_cache`: `ParsedCache::get` on an entry made from the bytes, asked for chunk 0 of one
+/// identity with 2 sequences and four streams (dense of dim 3, CTF sparse of dim 10, deepx ids,
+/// strings). The first byte picks how: bit 0 — float64 instead of float32; bit 1 clear — the bytes
+/// after it are the whole entry; set — a header that matches what is asked for is written first
+/// and the bytes are the payload, then (bit 2 clear) the right checksum and end mark, so the
+/// fuzzer reaches the structural checks. A chunk served must hold what the gather assumes:
+/// offsets from 0, never decreasing, ending at the lengths they index; dense values of
+/// samples × dim; CTF indices below the dimension.
+pub fn parsed_cache(data: &[u8], scratch: &Path) {
+    use minibatchd_engine::format::chunk::{Indices, StreamKind, StreamSpec, StreamValues};
+    use minibatchd_engine::format::parsed_cache::{checksum, entry_name, ParsedCache};
+    use minibatchd_engine::options::Precision;
+    const ID: u64 = 0x6d62_645f_6675_7a7a;
+    let Some((&sel, body)) = data.split_first() else { return };
+    let Ok(cache) = ParsedCache::open(&scratch.join("parsed"), 1 << 26) else { return };
+    let precision = if sel & 1 == 0 { Precision::Float32 } else { Precision::Float64 };
+    let specs = [
+        StreamSpec { name: "x".into(), kind: StreamKind::Dense, dim: 3 },
+        StreamSpec { name: "s".into(), kind: StreamKind::SparseI32, dim: 10 },
+        StreamSpec { name: "id".into(), kind: StreamKind::SparseU64, dim: 0 },
+        StreamSpec { name: "u".into(), kind: StreamKind::Strings, dim: 0 },
+    ];
+    let bytes = if sel & 2 == 0 {
+        body.to_vec()
+    } else {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"MBDPARSD");
+        out.extend_from_slice(&1u32.to_ne_bytes());
+        out.extend_from_slice(&1u32.to_ne_bytes());
+        for v in [ID, 0, 2, specs.len() as u64, body.len() as u64] {
+            out.extend_from_slice(&v.to_ne_bytes());
+        }
+        out.extend_from_slice(body);
+        if sel & 4 == 0 {
+            let crc = checksum(&out);
+            out.extend_from_slice(&crc.to_ne_bytes());
+            out.extend_from_slice(b"END1");
+        }
+        out
+    };
+    if std::fs::write(cache.dir().join(entry_name(ID, 0)), &bytes).is_err() {
+        return;
+    }
+    let Some(chunk) = cache.get(ID, 0, 2, &specs, precision) else { return };
+    let monotone =
+        |o: &[usize], end: usize| o.first() == Some(&0) && o.last() == Some(&end) && o.windows(2).all(|w| w[0] <= w[1]);
+    assert_eq!(chunk.num_sequences, 2);
+    for (s, spec) in chunk.streams.iter().zip(&specs) {
+        assert_eq!(s.seq_offsets.len(), 3);
+        let samples = s.seq_offsets[2];
+        assert!(monotone(&s.seq_offsets, samples));
+        match &s.data {
+            StreamValues::Dense { dim, values } => assert_eq!(values.len(), samples * dim),
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                assert_eq!(sample_offsets.len(), samples + 1);
+                assert!(monotone(sample_offsets, values.len()));
+                match indices {
+                    Indices::I32(ix) => {
+                        assert!(
+                            ix.len() == values.len()
+                                && ix.iter().all(|&i| usize::try_from(i).is_ok_and(|i| i < spec.dim))
+                        );
+                    }
+                    Indices::U64(ix) => assert_eq!(ix.len(), values.len()),
+                }
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                assert_eq!(offsets.len(), samples + 1);
+                assert!(monotone(offsets, bytes.len()));
+            }
+        }
+    }
+}

@@ -334,6 +334,19 @@ fn writer_alive(name: &str) -> bool {
     }
 }
 
+/// The checksum an entry's trailer carries over its header and payload (CRC-32/ISO-HDLC), for
+/// tools that build entries byte by byte (the fuzz target).
+#[must_use]
+pub fn checksum(header_and_payload: &[u8]) -> u32 {
+    crc32fast::hash(header_and_payload)
+}
+
+/// The file name of chunk `chunk`'s entry for dataset identity `identity`.
+#[must_use]
+pub fn entry_name(identity: u64, chunk: usize) -> String {
+    ParsedCache::name(identity, chunk)
+}
+
 fn encoded_len(chunk: &ParsedChunk) -> u64 {
     let mut n = HEADER_BYTES + TRAILER_BYTES;
     for s in &chunk.streams {
@@ -520,11 +533,13 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
     let mut streams = Vec::with_capacity(want.streams.len());
     for spec in want.streams {
         let [tag, dim, n_seq, a, b, c] = r.u64s::<6>()?;
-        if n_seq != num_sequences + 1 {
+        if Some(n_seq) != num_sequences.checked_add(1) {
             return None;
         }
         let seq_offsets: Vec<usize> = r.array(n_seq)?;
         let samples = *seq_offsets.last()?;
+        // The entries' offsets count one more than the samples (read from the file: no overflow).
+        let entry_offsets = u64::try_from(samples).ok()?.checked_add(1)?;
         if !offsets_ok(&seq_offsets, samples) {
             return None;
         }
@@ -538,7 +553,7 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
             }
             (StreamKind::SparseI32 | StreamKind::SparseU64, TAG_SPARSE) if is_f64 == f64 => {
                 let u64_ids = tag & U64_INDICES_BIT != 0;
-                if u64_ids != (spec.kind == StreamKind::SparseU64) || a != samples as u64 + 1 || b != c {
+                if u64_ids != (spec.kind == StreamKind::SparseU64) || a != entry_offsets || b != c {
                     return None;
                 }
                 let sample_offsets: Vec<usize> = r.array(a)?;
@@ -557,7 +572,7 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
                 StreamValues::Sparse { sample_offsets, indices, values: r.values(f64, c)? }
             }
             (StreamKind::Strings, TAG_STRINGS) => {
-                if a != samples as u64 + 1 {
+                if a != entry_offsets {
                     return None;
                 }
                 let offsets: Vec<usize> = r.array(a)?;
