@@ -139,10 +139,27 @@ impl SweepPlan {
     }
 }
 
-/// The sweep's order and, per position, whether it belongs to `options.rank`.
 /// The order of sweep `sweep` and, per position, the rank among `options.num_workers` that owns
 /// it (the same rule as [`SweepPlan`]'s, for every worker at once).
 pub(crate) fn owners(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<usize>) {
+    order_by_owner(timeline, options, sweep, |owner| usize::try_from(owner).unwrap_or(0))
+}
+
+/// The order of sweep `sweep` and, per position, whether it belongs to `options.rank`.
+fn ordered_with_owner(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<bool>) {
+    let rank = options.rank as u64;
+    order_by_owner(timeline, options, sweep, |owner| owner == rank)
+}
+
+/// The order of sweep `sweep`, and `of(owner)` per position, `owner` being the worker that owns
+/// it: a randomized sweep deals whole chunks round-robin in their randomized order (CNTK's
+/// worker split), an ordered one deals sequences round-robin, counting on from earlier sweeps.
+fn order_by_owner<T>(
+    timeline: &Timeline,
+    options: &SamplingOptions,
+    sweep: u64,
+    of: impl Fn(u64) -> T,
+) -> (Vec<SeqRef>, Vec<T>) {
     let workers = options.num_workers as u64;
     if uses_block_randomizer(options) {
         let randomized = randomize_sweep(timeline, options.window, options.seed, sweep);
@@ -150,37 +167,15 @@ pub(crate) fn owners(timeline: &Timeline, options: &SamplingOptions, sweep: u64)
         for (k, &chunk) in randomized.chunk_order.iter().enumerate() {
             position[chunk as usize] = k as u64;
         }
-        let owner = randomized
-            .sequences
-            .iter()
-            .map(|r| usize::try_from(position[r.chunk as usize] % workers).unwrap_or(0))
-            .collect();
+        let owner = randomized.sequences.iter().map(|r| of(position[r.chunk as usize] % workers)).collect();
         (randomized.sequences, owner)
     } else {
         let order = file_order(timeline);
         let base = u128::from(sweep) * order.len() as u128;
-        let owner =
-            (0..order.len()).map(|i| usize::try_from((base + i as u128) % u128::from(workers)).unwrap_or(0)).collect();
+        let workers = u128::from(workers);
+        // Below `workers`, so it fits.
+        let owner = (0..order.len()).map(|i| of(u64::try_from((base + i as u128) % workers).unwrap_or(0))).collect();
         (order, owner)
-    }
-}
-
-fn ordered_with_owner(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> (Vec<SeqRef>, Vec<bool>) {
-    let workers = options.num_workers as u64;
-    let rank = options.rank as u64;
-    if uses_block_randomizer(options) {
-        let randomized = randomize_sweep(timeline, options.window, options.seed, sweep);
-        let mut position = vec![0u64; randomized.chunk_order.len()];
-        for (k, &chunk) in randomized.chunk_order.iter().enumerate() {
-            position[chunk as usize] = k as u64;
-        }
-        let local = randomized.sequences.iter().map(|r| position[r.chunk as usize] % workers == rank).collect();
-        (randomized.sequences, local)
-    } else {
-        let order = file_order(timeline);
-        let base = u128::from(sweep) * order.len() as u128;
-        let local = (0..order.len()).map(|i| (base + i as u128) % u128::from(workers) == u128::from(rank)).collect();
-        (order, local)
     }
 }
 
