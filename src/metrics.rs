@@ -210,8 +210,11 @@ pub struct Metrics {
     pub session_ring_slots: IntGaugeVec,
     /// `minibatchd_session_sweep{dataset,rank}`: sweep of the last minibatch delivered.
     pub session_sweep: IntGaugeVec,
-    /// `minibatchd_session_first_minibatch_seconds{dataset}`: from a session's `open` to its first
-    /// minibatch in the ring (time to first minibatch).
+    /// `minibatchd_session_clients{dataset,rank}`: open sessions with their client attached; the
+    /// denominator of the input-bound fraction when several sessions share a rank label.
+    pub session_clients: IntGaugeVec,
+    /// `minibatchd_session_first_minibatch_seconds{dataset,rank}`: from a session's `open` to its
+    /// first minibatch in the ring (time to first minibatch).
     pub session_first_minibatch_seconds: HistogramVec,
     /// `minibatchd_sessions{state}`: `connected` and `lingering` sessions.
     pub sessions: IntGaugeVec,
@@ -309,14 +312,34 @@ pub struct SessionMetrics {
     pub sweep: IntGauge,
     /// Time from open to the first minibatch.
     pub first_minibatch_seconds: Histogram,
+    /// Sessions of this dataset and rank with a client attached (see [`Attached`]).
+    clients: IntGauge,
     slots: [IntGauge; 3],
 }
 
 impl SessionMetrics {
+    /// Counts the session in `minibatchd_session_clients` until the returned guard drops.
+    #[must_use]
+    pub fn attached(&self) -> Attached {
+        self.clients.inc();
+        Attached(self.clients.clone())
+    }
+
     /// The ring-slot gauge of `state`.
     #[must_use]
     pub fn slots(&self, state: SlotState) -> &IntGauge {
         &self.slots[state as usize]
+    }
+}
+
+/// One attached session in `minibatchd_session_clients`; dropping it takes the session out, on
+/// every way a session ends.
+#[derive(Debug)]
+pub struct Attached(IntGauge);
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
@@ -549,8 +572,14 @@ impl Metrics {
                         "From a session's open to its first minibatch in the ring.",
                     )
                     .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0]),
-                    &["dataset"],
+                    &["dataset", "rank"],
                 )?,
+            )?,
+            session_clients: gauge_vec(
+                &r,
+                "minibatchd_session_clients",
+                "Open sessions with their client attached (divide consumer wait by it).",
+                &["dataset", "rank"],
             )?,
             sessions: gauge_vec(
                 &r,
@@ -715,7 +744,9 @@ impl Metrics {
     #[must_use]
     pub fn dataset(&self, name: &str) -> DatasetMetrics {
         self.sessions_opened.with_label_values(&[name]);
-        self.session_first_minibatch_seconds.with_label_values(&[name]);
+        // Rank 0 is every non-distributed session's: its series exist before the first opens.
+        self.session_first_minibatch_seconds.with_label_values(&[name, "0"]);
+        self.session_clients.with_label_values(&[name, "0"]);
         // Present from the start (at 0), so the dashboard's equal-steps panel has a series.
         for tail in ["drop", "pad"] {
             self.equal_steps_minibatches.with_label_values(&[name, tail]);
@@ -745,7 +776,8 @@ impl Metrics {
             chunk_wait_seconds: self.session_chunk_wait_seconds.with_label_values(&l),
             delivery_busy_seconds: self.stage_busy("delivery"),
             sweep: self.session_sweep.with_label_values(&l),
-            first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&[dataset]),
+            first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&l),
+            clients: self.session_clients.with_label_values(&l),
             slots: [slot(SlotState::Free), slot(SlotState::Filled), slot(SlotState::Leased)],
         }
     }

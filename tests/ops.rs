@@ -614,6 +614,11 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     assert!(during.sum("minibatchd_session_minibatches_total", &rank) >= 5.0);
     assert_eq!(during.sum("minibatchd_session_ring_slots", &rank), 3.0, "3 slots in some state");
     assert_eq!(during.sum("minibatchd_sessions", &[("state", "connected")]), 1.0);
+    assert_eq!(during.sum("minibatchd_session_clients", &rank), 1.0, "the input-bound fraction's denominator");
+    assert!(
+        during.sum("minibatchd_session_first_minibatch_seconds_count", &rank) >= 1.0,
+        "time to first minibatch per rank"
+    );
     assert_eq!(during.sum("minibatchd_stage_queue_capacity", &[("stage", "parsers")]), 4.0);
     assert!(during.sum("minibatchd_process_resident_memory_bytes", &[]) > 0.0);
     assert!(during.sum("minibatchd_host_memory_total_bytes", &[]) > 0.0);
@@ -666,8 +671,17 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     ] {
         assert!(covered.contains(needed), "the dashboard lacks {needed}");
     }
-    // SIGINT stops as cleanly as SIGTERM; /healthz is gone with it.
+    // A second session on the same rank counts as a second client; both ends take them out.
+    let mut second = d
+        .client()
+        .open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) })
+        .expect("open");
+    drain(&mut second, 1);
+    assert_eq!(d.scrape().sum("minibatchd_session_clients", &rank), 2.0);
+    drop(second);
     drop(s);
+    d.wait_metrics("the sessions' clients are gone", |m| m.sum("minibatchd_session_clients", &rank) == 0.0);
+    // SIGINT stops as cleanly as SIGTERM; /healthz is gone with it.
     d.signal(rustix::process::Signal::INT);
     assert!(d.wait().success());
     assert!(!tmp.path().join("state/metrics.addr").exists(), "metrics.addr is removed at a clean stop");

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::metrics::{SessionMetrics, SlotState};
+use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
@@ -45,6 +45,8 @@ pub(super) struct Active {
     /// The client said hello with version 2: `ready` goes out as a binary frame.
     pub(super) binary: bool,
     pub(super) metrics: SessionMetrics,
+    /// Counted in `minibatchd_session_clients` while this lives.
+    pub(super) _attached: Attached,
     pub(super) slot_count: usize,
     /// Slot counts last added to the gauges (free, filled, leased).
     pub(super) published: [i64; 3],
@@ -355,6 +357,7 @@ pub(super) async fn open(
         ring_bytes,
         producing: true,
         binary: false,
+        _attached: metrics.attached(),
         metrics,
         slot_count,
         published: [0; 3],
