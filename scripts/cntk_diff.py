@@ -788,6 +788,8 @@ def run_group(cases, oracle, binary, keep_dir=None):
         canon_o = [canon_oracle(lines, streams) for lines in ocls]
         canon_d = [canon_dump(dm, streams) for dm in dmps]
         o_ok = all(end in ("empty", "limit") for _, end in canon_o)
+        # A rank where CNTK reads uninitialised memory says nothing about the others' seeks.
+        o_sane = all(end in ("empty", "limit") or "18446744073709551614" in end for _, end in canon_o)
         if sweeps and cases[0]["unique_first_samples"] and o_ok and all(e == "empty" for _, e in canon_o):
             ok, _ = exactly_once([(c, o[0]) for c, o in zip(cases, canon_o)], sweeps)
             broken = not ok
@@ -798,7 +800,7 @@ def run_group(cases, oracle, binary, keep_dir=None):
             ours_once = ok
         sweep_size = None
         ref = None
-        if seek_points(cases[0]) and cases[0]["unique_first_samples"] and o_ok:
+        if seek_points(cases[0]) and cases[0]["unique_first_samples"] and o_sane:
             sweep_size = dataset_sweep_size(cases[0], d, binary)
             top = max([m["position"] for co in canon_o for m in co[0]] + [p for _, p in seek_points(cases[0]) if p is not None] + [0])
             if sweep_size:
@@ -951,6 +953,8 @@ def main():
         cases = gen_group(rng, "%d.%d" % (args.seed, gi))
         gi += 1
         if args.only and cases[0]["name"].rsplit("-r", 1)[0] != "g" + args.only:
+            if gi > 100_000:
+                sys.exit("no group %s within 100000 groups of seed %d" % (args.only, args.seed))
             continue
         for case, st, detail, lines, upto in run_group(cases, oracle, binary, args.keep):
             n += 1
@@ -963,6 +967,8 @@ def main():
                     print("MISMATCH %s %s: %s" % (case["name"], ",".join(kind_of(case)), detail), flush=True)
             if args.record and st not in ("mismatch", "cntk_crash") and lines is not None:
                 record_case(args.record, case, st, lines, upto, args.record_max_bytes)
+        if args.only:
+            break  # the one group asked for, whatever --cases says
     oracle.close()
     print("cases: %d in %.0f s (seed %d)" % (n, time.time() - t0, args.seed))
     for k in sorted(status):
