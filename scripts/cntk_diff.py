@@ -781,6 +781,10 @@ def run_group(cases, oracle, binary, keep_dir=None):
             ocls.append(lines)
             dmps.append(dump)
         sweeps = whole_sweeps(cases[0])
+        if any(len(dm["minibatches"]) >= cases[0]["num_minibatches"] for dm in dmps):
+            # Cut by --num-minibatches before the sweeps end (both sides stop there): no sweep
+            # count to check.
+            sweeps = None
         broken = False
         streams = all_streams(cases[0])
         if any(lines is None for lines in ocls):
@@ -816,7 +820,13 @@ def run_group(cases, oracle, binary, keep_dir=None):
                 results.append((case, "mismatch" if diff else "cntk_misjoin", diff or "CNTK joins by a wrong key at mb %d" % misjoin, lines, misjoin))
                 continue
             if "18446744073709551614" in co[1]:
-                # CNTK reports a sample shape of (size_t)-2: uninitialised memory.
+                # CNTK reports a sample shape of (size_t)-2: uninitialised memory. Before it,
+                # CNTK may already have sought (differences 4): compare up to the earlier of both.
+                cut = first_inconsistency(case, co[0], ref[0][case["rank"]], sweep_size, False, ref[1]) if ref is not None else None
+                if cut is not None and cut < len(co[0]):
+                    diff = compare(case, co, cd, upto=cut)
+                    results.append((case, "mismatch" if diff else "cntk_reseeks", diff or "agrees up to CNTK's seek at mb %d" % cut, lines, cut))
+                    continue
                 diff = compare(case, co, cd, upto=len(co[0]))
                 results.append((case, "mismatch" if diff else "cntk_garbage", diff or "agrees until CNTK's garbage shape", lines, len(co[0])))
                 continue
