@@ -39,11 +39,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from render_dashboard import query_range  # noqa: E402  (one way to ask Prometheus)
+
 DAEMON = ROOT / "target/release/minibatchd"
 SAMPLES = 120_000
 DIM = 64
@@ -191,15 +193,6 @@ class Soak:
                     self.count(scenario)
             except Exception as e:  # a broken trainer is a finding, not the end of the soak
                 self.fail(f"{scenario}: {e!r}")
-
-
-def query_range(base: str, expr: str, start: float, end: float, step: float):
-    q = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"})
-    with urllib.request.urlopen(f"{base}/api/v1/query_range?{q}", timeout=120) as r:
-        body = json.load(r)
-    if body.get("status") != "success":
-        raise RuntimeError(f"{expr}: {body}")
-    return body["data"]["result"]
 
 
 def alert_value(expr: str) -> str:
