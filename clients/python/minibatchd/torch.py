@@ -4,7 +4,9 @@ setting.
 Each pass over the dataset is one epoch, and epoch ``k`` is sweep ``k`` of the CNTK timeline:
 iterating again continues the timeline (pass 0 delivers sweep 0, pass 1 sweep 1, ...), and
 ``set_epoch(k)`` selects sweep ``k`` for the next pass, as ``DistributedSampler.set_epoch`` users
-expect. ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
+expect. Which pass a DataLoader worker is in is decided when its iterator is made, and every
+worker of a pass agrees on it (the pass's base seed, and whether its workers were forked together
+or still run): a loop left before some workers fetched anything still counts as one pass. ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
 ``W`` workers each) is CNTK worker ``r * W + w`` of ``world * W``, so over every worker of every
 rank each sweep is delivered exactly once, in an order that depends only on the data, the
 sampling options, ``world`` and ``W``.
@@ -30,6 +32,7 @@ size.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -51,13 +54,18 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     workers = {int(st["workers"]) for st in states}
     if len(workers) != 1 or sorted(by_worker) != list(range(workers.pop())):
         raise ValueError("job_state_dict needs the state_dict() of every worker of the run, each once")
-    epochs = {int(st["epoch"]) for st in states}
+    ordered = [by_worker[w] for w in sorted(by_worker)]
+    extra = {}
+    for key in ("equal_steps", "tail"):
+        values = {st.get(key) for st in ordered}
+        if len(values) == 1:
+            extra[key] = values.pop()
+    epochs = {int(st["epoch"]) for st in ordered}
     if len(epochs) != 1:
         raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
-    ordered = [by_worker[w] for w in sorted(by_worker)]
     if any(st.get("source") is None for st in ordered):
         raise ValueError("a worker's state was taken before its first minibatch: resume each worker by its own state")
-    return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered]}
+    return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered], **extra}
 
 
 class MinibatchIterableDataset(IterableDataset):
@@ -92,15 +100,19 @@ class MinibatchIterableDataset(IterableDataset):
         self.equal_steps = equal_steps
         resume = options.pop("resume", None)
         self.options = options
-        # Shared by the DataLoader's worker processes (passed to them when they start): the
-        # epoch of pass 0 and how many worker passes have started since. Pass p of W workers
-        # (p = started // W) delivers sweep `base + p`, whichever worker starts first.
-        self._base = multiprocessing.Value("q", 0)
-        self._started = multiprocessing.Value("q", 0)
-        self._resume: Optional[dict] = resume
+        # Shared by the DataLoader's worker processes (passed to them when they start): which
+        # pass is which, so that every worker of a pass delivers the same epoch (see _begin_pass).
+        self._shared = multiprocessing.Array("q", _PIDS + _MAX_WORKERS)
+        self._shared[_RESUME_GEN] = self._shared[_SEEN_GEN] = -1
+        self._last: Optional[Tuple[int, int, int]] = None  # (pid, generation, pass) begun here last
+        self._resume: Optional[dict] = None
+        self._resume_gen = -1
+        self._resume_local = False
         self._source = None
         self._epoch: Optional[int] = None
         self._split: Tuple[int, int] = (0, 1)
+        if resume is not None:
+            self.load_state_dict(resume)
 
     # -- epochs ---------------------------------------------------------------------------------
 
@@ -108,9 +120,11 @@ class MinibatchIterableDataset(IterableDataset):
         """The next pass delivers sweep ``epoch``; the passes after it continue from there."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
-        with self._base.get_lock():
-            self._base.value = epoch
-            self._started.value = 0
+        sh = self._shared
+        with sh.get_lock():
+            sh[_GEN] += 1
+            sh[_BASE] = epoch
+        self._resume = None
 
     def _split_of_this_worker(self) -> Tuple[int, int, int, int]:
         """(global worker index, global worker count, DataLoader workers per rank, world size)."""
@@ -126,39 +140,111 @@ class MinibatchIterableDataset(IterableDataset):
         per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return rank * per_rank + worker, world * per_rank, per_rank, world
 
-    def _begin_pass(self, per_rank: int, resume: Optional[dict]) -> int:
-        with self._base.get_lock():
-            p = self._started.value // per_rank
-            self._started.value += 1
+    def _pass_of_a_new_worker(self, gen: int, info: Any) -> int:
+        """The pass of a worker process's first ``iter()`` in generation ``gen`` (under the lock).
+
+        A DataLoader draws one base seed per ``iter(loader)`` and gives it to every worker of that
+        pass (``info.seed - info.id``). A worker joins the current pass when it has the current
+        pass's seed, its worker id has not started in that pass yet, and a worker of that pass
+        is still running or it was forked with them (a worker slow to set up); otherwise it
+        begins the next pass. So a pass whose other workers never fetched anything (a loop left
+        early) still counts once, and a DataLoader re-created with the same generator seed every
+        epoch still moves on: the previous pass's workers have exited by then."""
+        sh = self._shared
+        if info.id >= _MAX_WORKERS:
+            raise ValueError(f"at most {_MAX_WORKERS} DataLoader workers per rank")
+        seed = (info.seed - info.id) & _SEED_MASK
+        if sh[_SEEN_GEN] != gen:
+            sh[_SEEN_GEN], sh[_CUR] = gen, -1
+            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+        current = sh[_CUR]
+        pids = [pid for pid in sh[_PIDS:_PIDS + _MAX_WORKERS] if pid]
+        started = _start_ticks(os.getpid())
+        # A worker of the current pass that starts late (slow setup) was forked with the others.
+        forked_together = started is not None and abs(started - sh[_CUR_START]) <= _TOGETHER_TICKS
+        joins = (current >= 0 and sh[_CUR_SEED] == seed and sh[_PIDS + info.id] == 0
+                 and (forked_together or any(_pid_alive(pid) for pid in pids)))
+        if not joins:
+            current += 1
+            sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = current, seed, started if started is not None else -(1 << 40)
+            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+        sh[_PIDS + info.id] = os.getpid()
+        return current
+
+    def _begin_pass(self) -> Tuple[int, Optional[dict]]:
+        """(the epoch this pass delivers, the state it resumes from or None), decided at
+        ``iter()``: the DataLoader calls it in every worker when the worker starts (or, with
+        persistent workers, when a pass starts), before anything is fetched."""
+        info = get_worker_info()
+        pid = os.getpid()
+        sh = self._shared
+        with sh.get_lock():
+            gen = sh[_GEN]
+            resume = None
+            if self._resume is not None and self._resume_local:
+                # load_state_dict in this worker (torchdata's StatefulDataLoader restoring it):
+                # this worker's next pass continues from it.
+                resume, self._resume = self._resume, None
+            last = self._last
+            if last is not None and last[0] == pid and last[1] == gen:
+                p = last[2] + 1          # this process's next pass (no workers, or persistent ones)
+            elif info is None:
+                p = 0
+            else:
+                p = self._pass_of_a_new_worker(gen, info)
+            self._last = (pid, gen, p)
+            if resume is None and p == 0 and self._resume is not None and self._resume_gen == gen:
+                resume = self._resume
+                if info is None:
+                    self._resume = None  # consumed here; forked workers of later passes have p > 0
+            elif resume is None and p == 0 and sh[_RESUME_GEN] == gen:
+                raise RuntimeError(
+                    "load_state_dict() was called after this DataLoader's persistent workers started, so they "
+                    "cannot see the state: call it before the first iter(), or use torchdata's StatefulDataLoader")
             if resume is not None:
-                # Every worker of this pass resumes the same epoch: the passes after it go on
-                # from there.
-                self._base.value = int(resume["epoch"]) - p
-            return self._base.value + p
+                sh[_BASE] = int(resume.get("epoch", 0)) - p
+            return sh[_BASE] + p, resume
 
     # -- iteration ------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        # Not a generator: the pass is decided here, when the DataLoader makes the iterator,
+        # not at the first next() (which a worker of an abandoned pass may never reach).
         worker, workers, per_rank, world = self._split_of_this_worker()
-        resume, self._resume = self._resume, None
+        epoch, resume = self._begin_pass()
+        if resume is not None and resume.get("source") is None and resume.get("job") is None:
+            resume = None  # saved before its first minibatch: that epoch from its start
         if resume is not None and "job" not in resume and (resume.get("worker"), resume.get("workers")) != (worker, workers):
             raise ValueError(
                 f"this state belongs to worker {resume.get('worker')} of {resume.get('workers')}; "
                 f"this is worker {worker} of {workers}: to resume at another world size or number of "
                 f"DataLoader workers, give load_state_dict a job_state_dict() of every worker's state")
-        epoch = self._begin_pass(per_rank, resume)
-        self._epoch, self._split = epoch, (worker, workers)
+        self._epoch, self._split, self._source = epoch, (worker, workers), None
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
-        if self.equal_steps if self.equal_steps is not None else world > 1:
+        equal = self.equal_steps
+        if equal is None and resume is not None and resume.get("equal_steps") is not None:
+            equal = bool(resume["equal_steps"])  # the earlier run's, so that its state fits
+        if equal is None:
+            equal = world > 1
+        self._equal = equal
+        if equal:
             options["equal_steps"] = True
+            if "tail" not in options and resume is not None and resume.get("tail") is not None:
+                options["tail"] = resume["tail"]  # the earlier run's, as equal_steps above
+        else:
+            options.pop("tail", None)  # tail only shapes equal steps
+        self._tail = options.get("tail")
         if resume is not None and resume.get("job") is not None:
             options["resume_job"] = resume["job"]
-        elif resume is not None and resume.get("source") is not None:
+        elif resume is not None:
             options["resume"] = resume["source"]
+        return self._stream(epoch, worker, workers, options)
+
+    def _stream(self, epoch: int, worker: int, workers: int, options: dict) -> Iterator[Dict[str, Any]]:
         client = connect(self.socket)
-        self._source = client.open(self.dataset, **options)
+        self._source = source = client.open(self.dataset, **options)
         try:
-            for mb in self._source:
+            for mb in source:
                 item: Dict[str, Any] = mb.to_torch()
                 if META in item:
                     raise ValueError(f"a stream is named {META!r}, which the torch adapter uses for metadata")
@@ -170,7 +256,7 @@ class MinibatchIterableDataset(IterableDataset):
                               "worker": worker, "workers": workers}
                 yield item
         finally:
-            self._source.close()
+            source.close()
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -181,22 +267,74 @@ class MinibatchIterableDataset(IterableDataset):
 
     def state_dict(self) -> Dict[str, Any]:
         """This process's position: the epoch, the session state after the last minibatch
-        yielded, and the worker split it was taken at. With DataLoader workers,
-        ``StatefulDataLoader`` calls this in each worker and keeps one per worker."""
+        yielded, and the worker split it was taken at. With DataLoader workers, ``StatefulDataLoader`` calls this in each worker
+        and keeps one per worker."""
         worker, workers = self._split
-        source = None if self._source is None else self._source.state()
+        equal = getattr(self, "_equal", None)
         if self._epoch is None:
-            with self._base.get_lock():
-                epoch = self._base.value
-        else:
-            epoch = self._epoch
-        return {"epoch": epoch, "source": source, "worker": worker, "workers": workers}
+            sh = self._shared
+            with sh.get_lock():
+                last = self._last
+                p = last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == sh[_GEN] else 0
+                epoch = sh[_BASE] + p
+            return {"epoch": epoch, "source": None, "worker": worker, "workers": workers, "equal_steps": equal}
+        source = None if self._source is None else self._source.state()
+        # After a complete pass this is the end of its epoch: a StatefulDataLoader restored from
+        # it finishes that (empty) pass and goes on with the next epoch.
+        return {"epoch": self._epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": equal,
+                "tail": getattr(self, "_tail", None)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """The next pass continues from ``state`` (a ``state_dict()``): the rest of its epoch,
-        then the following epochs."""
-        if state.get("source") is None and state.get("job") is None:
-            # Saved before the first minibatch: start that epoch from its beginning.
-            self.set_epoch(int(state.get("epoch", 0)))
+        """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
+        the rest of its epoch, then the following epochs. Called in a DataLoader worker (as
+        torchdata's ``StatefulDataLoader`` does), it applies to that worker's next pass."""
+        if get_worker_info() is not None:
+            self._resume, self._resume_local = dict(state), True
             return
-        self._resume = dict(state)
+        sh = self._shared
+        with sh.get_lock():
+            sh[_GEN] += 1
+            sh[_BASE] = int(state.get("epoch", 0))
+            gen = sh[_GEN]
+            if state.get("source") is not None or state.get("job") is not None:
+                sh[_RESUME_GEN] = gen
+        self._resume, self._resume_gen, self._resume_local = dict(state), gen, False
+
+
+# The shared table of a MinibatchIterableDataset: generation (bumped by set_epoch and
+# load_state_dict), epoch of its pass 0, the generation a main-process load_state_dict set, and
+# the current pass of new worker processes: its generation, number, base seed, the start time
+# of its first worker and the pids of its workers by worker id.
+_GEN, _BASE, _RESUME_GEN, _SEEN_GEN, _CUR, _CUR_SEED, _CUR_START, _PIDS = range(8)
+# Workers forked within this many clock ticks (a DataLoader forks a pass's workers in one loop).
+_TOGETHER_TICKS = max(1, (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100) // 4)
+_MAX_WORKERS = 512
+_SEED_MASK = (1 << 62) - 1
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+
+def _start_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -127,6 +127,118 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers):
     assert taken + rest == uninterrupted
 
 
+def _slow_start(worker_id):
+    """Heavy per-worker setup: every worker but the first starts a second late."""
+    import time
+    if worker_id > 0:
+        time.sleep(1.0)
+
+
+@pytest.mark.parametrize("workers,taken,persistent", [(3, 0, False), (2, 1, False), (3, 2, True)])
+def test_a_pass_left_early_counts_once_for_every_worker(daemon, workers, taken, persistent):
+    """A loop left after `taken` minibatches (max_steps, an exception), before the other workers
+    fetched anything: the next passes are epochs 1 and 2 on every worker, each exactly once."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=_slow_start,
+                        persistent_workers=persistent)
+    it = iter(loader)
+    for _ in range(taken):
+        next(it)
+    del it
+    for epoch in (1, 2):
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        assert sorted(item_ids(items)) == list(range(SEQUENCES)), f"epoch {epoch}"
+
+
+def test_a_dataloader_recreated_with_the_same_seed_still_moves_on(daemon):
+    """A DataLoader made anew each epoch with the same generator seed gives every pass the same
+    base seed; the passes still continue the timeline."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=4)
+    seen = []
+    for epoch in range(3):
+        loader = DataLoader(ds, batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(7))
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        seen.append(item_ids(items))
+        assert sorted(seen[-1]) == list(range(SEQUENCES))
+    assert seen[0] != seen[1] != seen[2]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_checkpoint_early_in_a_later_epoch_resumes_exactly(daemon, persistent):
+    """StatefulDataLoader with two workers, saved one step into epoch 1 (one worker has not
+    delivered anything of it yet): the resumed run ends epoch 1 and gives epoch 2, exactly once."""
+    require("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+
+    first = loader()
+    list(first)
+    it = iter(first)
+    taken = [next(it)]
+    saved = first.state_dict()
+    del it, first
+    resumed = loader()
+    resumed.load_state_dict(saved)
+    rest = list(resumed)
+    assert {item["meta"]["epoch"] for item in rest} == {1}
+    assert sorted(item_ids(taken + rest)) == list(range(SEQUENCES))
+    after = list(resumed)
+    assert {item["meta"]["epoch"] for item in after} == {2}
+    assert sorted(item_ids(after)) == list(range(SEQUENCES))
+
+
+def test_load_state_dict_with_plain_dataloader_workers_resumes_one_pass_only(daemon):
+    """load_state_dict, then a plain DataLoader with forked workers: the first pass is the rest
+    of the saved epoch, the next ones the following epochs (not the resumed pass again)."""
+    from minibatchd.torch import job_state_dict
+
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, seed=6)
+    it = iter(ds)
+    first = [next(it) for _ in range(5)]
+    job = job_state_dict([ds.state_dict()])
+    resumed = MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, seed=6)
+    resumed.load_state_dict(job)
+    loader = DataLoader(resumed, batch_size=None, num_workers=2)
+    rest = list(loader)
+    assert sorted(item_ids(first + rest)) == list(range(SEQUENCES))
+    for epoch in (1, 2):
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        assert sorted(item_ids(items)) == list(range(SEQUENCES))
+
+
+def test_a_job_state_resumes_between_one_rank_and_two_with_default_options(daemon):
+    """equal_steps defaults to on with several ranks and off with one; a job state carries the
+    earlier run's choice (and tail), so resuming 2 -> 1 and 1 -> 2 ranks needs no option."""
+    from minibatchd.torch import job_state_dict
+
+    states, first = [], []
+    for rank in range(2):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=8, world_size=2, rank=rank, tail="pad")
+        it = iter(ds)
+        first += [next(it) for _ in range(2 + rank)]
+        states.append(ds.state_dict())
+    one = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=8, world_size=1, rank=0)
+    one.load_state_dict(job_state_dict(states))
+    assert sorted(item_ids(first + list(one))) == list(range(SEQUENCES))
+
+    single = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=8, world_size=1, rank=0, tail="pad")
+    it = iter(single)
+    head = [next(it) for _ in range(3)]
+    job = job_state_dict([single.state_dict()])
+    rest = []
+    for rank in range(2):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=8, world_size=2, rank=rank)
+        ds.load_state_dict(job)
+        rest += list(ds)
+    assert sorted(item_ids(head + rest)) == list(range(SEQUENCES))
+
+
 def test_a_model_trains_on_it(daemon):
     torch.manual_seed(0)
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=16, seed=0)
