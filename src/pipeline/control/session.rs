@@ -248,7 +248,9 @@ pub enum ResumeError {
         current: String,
     },
     /// The order-shaping options differ.
-    #[error("the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)")]
+    #[error(
+        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
+    )]
     Options,
     /// `resume_job` with states of a run that itself continued another one and is still within
     /// that run's ragged band.
