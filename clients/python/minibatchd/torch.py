@@ -31,8 +31,14 @@ size.
 
 from __future__ import annotations
 
-import multiprocessing
+import array
+import contextlib
+import fcntl
+import mmap
 import os
+import tempfile
+import threading
+import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -102,7 +108,7 @@ class MinibatchIterableDataset(IterableDataset):
         self.options = options
         # Shared by the DataLoader's worker processes (passed to them when they start): which
         # pass is which, so that every worker of a pass delivers the same epoch (see _begin_pass).
-        self._shared = multiprocessing.Array("q", _PIDS + _MAX_WORKERS)
+        self._shared = _SharedTable(_PIDS + _MAX_WORKERS)
         self._shared[_RESUME_GEN] = self._shared[_SEEN_GEN] = -1
         self._last: Optional[Tuple[int, int, int]] = None  # (pid, generation, pass) begun here last
         self._resume: Optional[dict] = None
@@ -338,3 +344,63 @@ def _start_ticks(pid: int) -> Optional[int]:
         return int(stat[stat.rindex(b")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class _SharedTable:
+    """int64 slots that every process of a DataLoader shares, whatever its multiprocessing start
+    method (fork, spawn, forkserver): a small 0600 file under /dev/shm, mapped by each process and
+    locked with ``flock``. It pickles as its path; the process that made it removes it when the
+    dataset is collected. (A ``multiprocessing.Array`` made in the default context cannot be
+    passed to spawned workers.)"""
+
+    def __init__(self, n: int):
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="minibatchd-torch-", dir=shm)
+        try:
+            os.ftruncate(fd, 8 * n)
+        finally:
+            os.close(fd)
+        self._path, self._n, self._pid, self._file, self._view = path, n, -1, None, None
+        self._owner = weakref.finalize(self, _remove_if_owner, path, os.getpid())
+
+    def __getstate__(self) -> dict:
+        return {"path": self._path, "n": self._n}
+
+    def __setstate__(self, state: dict) -> None:
+        self._path, self._n, self._pid, self._file, self._view = state["path"], state["n"], -1, None, None
+
+    def _slots(self) -> memoryview:
+        # Opened again in each process: a forked child must not share the parent's open file,
+        # whose flock would then be the parent's too.
+        if self._pid != os.getpid():
+            self._file = open(self._path, "r+b")  # noqa: SIM115 (kept open with the mapping)
+            self._view = memoryview(mmap.mmap(self._file.fileno(), 8 * self._n)).cast("q")
+            self._threads = threading.Lock()  # flock excludes processes, not threads of one
+            self._pid = os.getpid()
+        return self._view
+
+    @contextlib.contextmanager
+    def get_lock(self) -> Iterator[None]:
+        self._slots()
+        with self._threads:
+            fcntl.flock(self._file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._file, fcntl.LOCK_UN)
+
+    def __getitem__(self, i):
+        v = self._slots()[i]
+        return v.tolist() if isinstance(i, slice) else v
+
+    def __setitem__(self, i, value) -> None:
+        if isinstance(i, slice):
+            self._slots()[i] = array.array("q", value)
+        else:
+            self._slots()[i] = value
+
+
+def _remove_if_owner(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

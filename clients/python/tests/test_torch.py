@@ -151,6 +151,17 @@ def test_a_pass_left_early_counts_once_for_every_worker(daemon, workers, taken, 
         assert sorted(item_ids(items)) == list(range(SEQUENCES)), f"epoch {epoch}"
 
 
+def test_spawned_workers_share_the_pass_table(daemon):
+    """Workers started with the spawn method (the shared table is a mapped file, not a
+    fork-context lock): each pass is one epoch, exactly once."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=1)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    for epoch in range(2):
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        assert sorted(item_ids(items)) == list(range(SEQUENCES))
+
+
 def test_a_dataloader_recreated_with_the_same_seed_still_moves_on(daemon):
     """A DataLoader made anew each epoch with the same generator seed gives every pass the same
     base seed; the passes still continue the timeline."""
