@@ -703,6 +703,17 @@ def first_inconsistency(case, mbs, mine, sweep_size, ended, timeline):
         else:
             at_epoch_end = m["position"] >= epoch_end(case, sweep_size)
         stop_ok = m["position"] in ends or at_sweep_end or at_epoch_end or ptr == len(mine)
+        if block and stop_ok and not (at_sweep_end or at_epoch_end) and ptr < len(mine) \
+                and m["position"] == mine[ptr][1] and not case["frame_mode"]:
+            # It stopped at this rank's next sequence of the seek-free order: that sequence must
+            # not have fitted in the local limit (CNTK's fill takes every one that does). If it
+            # would have, CNTK's next sequence was another one: its order went astray.
+            sizes = case["minibatch_sizes"]
+            size, workers = sizes[i % len(sizes)], case["workers"]
+            limit = max(1, size // workers + (1 if size % workers > case["rank"] else 0))
+            local = sum(nominal_lengths(case, m))
+            if 0 < local and local + mine[ptr][2] <= limit:
+                stop_ok = False
         if got != expected or not stop_ok:
             # The seek that preceded this minibatch is where CNTK's order went astray; the
             # minibatches since then were filled from it too (a fill stops at the first
