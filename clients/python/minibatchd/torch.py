@@ -123,14 +123,26 @@ class MinibatchIterableDataset(IterableDataset):
     # -- epochs ---------------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass delivers sweep ``epoch``; the passes after it continue from there."""
+        """The next pass delivers sweep ``epoch``; the passes after it continue from there. After
+        ``load_state_dict``, ``set_epoch`` of the saved epoch keeps the resume; of another epoch,
+        drops it."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        # A pending load_state_dict of this very epoch stays (the usual loop calls set_epoch
+        # before every pass, the resumed one included); another epoch replaces it.
+        resume = self._resume
+        keep = resume is not None and not self._resume_local and int(resume.get("epoch", 0)) == epoch
         sh = self._shared
         with sh.get_lock():
             sh[_GEN] += 1
             sh[_BASE] = epoch
-        self._resume = None
+            gen = sh[_GEN]
+            if keep and (resume.get("source") is not None or resume.get("job") is not None):
+                sh[_RESUME_GEN] = gen
+        if keep:
+            self._resume_gen = gen
+        else:
+            self._resume = None
 
     def _split_of_this_worker(self) -> Tuple[int, int, int, int]:
         """(global worker index, global worker count, DataLoader workers per rank, world size)."""

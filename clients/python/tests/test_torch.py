@@ -223,6 +223,36 @@ def test_load_state_dict_with_plain_dataloader_workers_resumes_one_pass_only(dae
         assert sorted(item_ids(items)) == list(range(SEQUENCES))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_of_the_saved_epoch_keeps_a_pending_resume(daemon, workers):
+    """The DistributedSampler habit — set_epoch(e) before every pass — after load_state_dict of
+    a state saved in epoch e: the rest of e, nothing again; set_epoch of another epoch drops it."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, seed=6)
+    ds.set_epoch(1)
+    it = iter(ds)
+    first = [next(it) for _ in range(6)]
+    saved = ds.state_dict()
+    assert saved["epoch"] == 1
+    resumed = MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, seed=6)
+    resumed.load_state_dict(saved)
+    loader = DataLoader(resumed, batch_size=None, num_workers=workers)
+    if workers:
+        from minibatchd.torch import job_state_dict
+        resumed.load_state_dict(job_state_dict([saved]))
+    resumed.set_epoch(1)
+    rest = list(loader)
+    assert {item["meta"]["epoch"] for item in rest} == {1}
+    assert sorted(item_ids(first + rest)) == list(range(SEQUENCES))
+    resumed.set_epoch(2)
+    assert sorted(item_ids(list(loader))) == list(range(SEQUENCES))
+    other = MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, seed=6)
+    other.load_state_dict(saved)
+    other.set_epoch(3)
+    items = list(DataLoader(other, batch_size=None))
+    assert {item["meta"]["epoch"] for item in items} == {3}
+    assert sorted(item_ids(items)) == list(range(SEQUENCES))
+
+
 def test_a_job_state_resumes_between_one_rank_and_two_with_default_options(daemon):
     """equal_steps defaults to on with several ranks and off with one; a job state carries the
     earlier run's choice (and tail), so resuming 2 -> 1 and 1 -> 2 ranks needs no option."""
