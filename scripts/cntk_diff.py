@@ -742,6 +742,11 @@ def nominal_lengths(case, mb):
     return [max(len(mb["streams"][s["name"]][2][qi]) for s in use) for qi in range(n)]
 
 
+def garbage_shape(end):
+    """Whether CNTK's run ended on a sample shape of (size_t)-2: uninitialised memory."""
+    return "18446744073709551614" in end
+
+
 def whole_sweeps(case):
     lim = case["limit"]
     if case["restore_at_start"] is not None or case["restore_before"]:
@@ -804,7 +809,7 @@ def run_group(cases, oracle, binary, keep_dir=None):
         canon_d = [canon_dump(dm, streams) for dm in dmps]
         o_ok = all(end in ("empty", "limit") for _, end in canon_o)
         # A rank where CNTK reads uninitialised memory says nothing about the others' seeks.
-        o_sane = all(end in ("empty", "limit") or "18446744073709551614" in end for _, end in canon_o)
+        o_sane = all(end in ("empty", "limit") or garbage_shape(end) for _, end in canon_o)
         if sweeps and cases[0]["unique_first_samples"] and o_ok and all(e == "empty" for _, e in canon_o):
             ok, _ = exactly_once([(c, o[0]) for c, o in zip(cases, canon_o)], sweeps)
             broken = not ok
@@ -830,7 +835,7 @@ def run_group(cases, oracle, binary, keep_dir=None):
                 diff = compare(case, co, cd, upto=misjoin)
                 results.append((case, "mismatch" if diff else "cntk_misjoin", diff or "CNTK joins by a wrong key at mb %d" % misjoin, lines, misjoin))
                 continue
-            if "18446744073709551614" in co[1]:
+            if garbage_shape(co[1]):
                 # CNTK reports a sample shape of (size_t)-2: uninitialised memory. Before it,
                 # CNTK may already have sought (differences 4): compare up to the earlier of both.
                 cut = first_inconsistency(case, co[0], ref[0][case["rank"]], sweep_size, False, ref[1]) if ref is not None else None

@@ -117,6 +117,8 @@ class MinibatchIterableDataset(IterableDataset):
         self._source = None
         self._epoch: Optional[int] = None
         self._split: Tuple[int, int] = (0, 1)
+        self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
+        self._tail: Optional[str] = None
         if resume is not None:
             self.load_state_dict(resume)
 
@@ -132,20 +134,14 @@ class MinibatchIterableDataset(IterableDataset):
         # before every pass, the resumed one included); another epoch replaces it.
         resume = self._resume
         keep = resume is not None and not self._resume_local and int(resume.get("epoch", 0)) == epoch
-        sh = self._shared
-        with sh.get_lock():
-            sh[_GEN] += 1
-            sh[_BASE] = epoch
-            gen = sh[_GEN]
-            if keep and (resume.get("source") is not None or resume.get("job") is not None):
-                sh[_RESUME_GEN] = gen
+        gen = self._new_generation(epoch, resuming=keep and _continues(resume))
         if keep:
             self._resume_gen = gen
         else:
             self._resume = None
 
-    def _split_of_this_worker(self) -> Tuple[int, int, int, int]:
-        """(global worker index, global worker count, DataLoader workers per rank, world size)."""
+    def _split_of_this_worker(self) -> Tuple[int, int, int]:
+        """(global worker index, global worker count, world size)."""
         if self.world_size is not None or self.rank is not None:
             rank, world = self.rank or 0, self.world_size or 1
         elif self.use_torchrun_env:
@@ -156,7 +152,7 @@ class MinibatchIterableDataset(IterableDataset):
             raise ValueError(f"rank {rank} is out of range for world size {world}")
         info = get_worker_info()
         per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        return rank * per_rank + worker, world * per_rank, per_rank, world
+        return rank * per_rank + worker, world * per_rank, world
 
     def _pass_of_a_new_worker(self, gen: int, info: Any) -> int:
         """The pass of a worker process's first ``iter()`` in generation ``gen`` (under the lock).
@@ -228,9 +224,9 @@ class MinibatchIterableDataset(IterableDataset):
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         # Not a generator: the pass is decided here, when the DataLoader makes the iterator,
         # not at the first next() (which a worker of an abandoned pass may never reach).
-        worker, workers, per_rank, world = self._split_of_this_worker()
+        worker, workers, world = self._split_of_this_worker()
         epoch, resume = self._begin_pass()
-        if resume is not None and resume.get("source") is None and resume.get("job") is None:
+        if resume is not None and not _continues(resume):
             resume = None  # saved before its first minibatch: that epoch from its start
         if resume is not None and "job" not in resume and (resume.get("worker"), resume.get("workers")) != (worker, workers):
             raise ValueError(
@@ -285,22 +281,22 @@ class MinibatchIterableDataset(IterableDataset):
 
     def state_dict(self) -> Dict[str, Any]:
         """This process's position: the epoch, the session state after the last minibatch
-        yielded, and the worker split it was taken at. With DataLoader workers, ``StatefulDataLoader`` calls this in each worker
-        and keeps one per worker."""
+        yielded, and the worker split it was taken at. With DataLoader workers,
+        ``StatefulDataLoader`` calls this in each worker and keeps one per worker. After a
+        complete pass it is the end of that epoch: a StatefulDataLoader restored from it finishes
+        that (empty) pass and goes on with the next epoch."""
         worker, workers = self._split
-        equal = getattr(self, "_equal", None)
         if self._epoch is None:
             sh = self._shared
             with sh.get_lock():
                 last = self._last
                 p = last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == sh[_GEN] else 0
                 epoch = sh[_BASE] + p
-            return {"epoch": epoch, "source": None, "worker": worker, "workers": workers, "equal_steps": equal}
-        source = None if self._source is None else self._source.state()
-        # After a complete pass this is the end of its epoch: a StatefulDataLoader restored from
-        # it finishes that (empty) pass and goes on with the next epoch.
-        return {"epoch": self._epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": equal,
-                "tail": getattr(self, "_tail", None)}
+            source = None
+        else:
+            epoch, source = self._epoch, None if self._source is None else self._source.state()
+        return {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
+                "tail": self._tail}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
@@ -309,14 +305,19 @@ class MinibatchIterableDataset(IterableDataset):
         if get_worker_info() is not None:
             self._resume, self._resume_local = dict(state), True
             return
+        gen = self._new_generation(int(state.get("epoch", 0)), resuming=_continues(state))
+        self._resume, self._resume_gen, self._resume_local = dict(state), gen, False
+
+    def _new_generation(self, epoch: int, resuming: bool) -> int:
+        """Starts a generation whose pass 0 is ``epoch`` (``resuming``: a main-process state
+        continues it, which persistent workers started earlier cannot see); returns its number."""
         sh = self._shared
         with sh.get_lock():
             sh[_GEN] += 1
-            sh[_BASE] = int(state.get("epoch", 0))
-            gen = sh[_GEN]
-            if state.get("source") is not None or state.get("job") is not None:
-                sh[_RESUME_GEN] = gen
-        self._resume, self._resume_gen, self._resume_local = dict(state), gen, False
+            sh[_BASE] = epoch
+            if resuming:
+                sh[_RESUME_GEN] = sh[_GEN]
+            return sh[_GEN]
 
 
 # The shared table of a MinibatchIterableDataset: generation (bumped by set_epoch and
@@ -328,6 +329,12 @@ _GEN, _BASE, _RESUME_GEN, _SEEN_GEN, _CUR, _CUR_SEED, _CUR_START, _PIDS = range(
 _TOGETHER_TICKS = max(1, (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100) // 4)
 _MAX_WORKERS = 512
 _SEED_MASK = (1 << 62) - 1
+
+
+def _continues(state: dict) -> bool:
+    """Whether a state resumes a session (a worker's, or a whole job's), rather than only naming
+    the epoch to start."""
+    return state.get("source") is not None or state.get("job") is not None
 
 
 def _pid_alive(pid: int) -> bool:
