@@ -4,7 +4,9 @@
 //! every chunk (CNTK's default on a file smaller than 4 GiB) — the access pattern of
 //! `scripts/bench_daemon.py`'s drain phase, at 1/8 of its size.
 //!
-//! `cargo bench --bench delivery`; figures and the machine are recorded in docs/benchmarks.md.
+//! `cargo bench --bench delivery`; `BENCH_MB=1024` for the full size of the daemon benchmark
+//! (1 GiB of text: more cache and TLB misses per sample than at 128 MiB). Figures and the
+//! machine are recorded in docs/benchmarks.md.
 
 #![allow(missing_docs)] // criterion_group! and criterion_main! generate undocumented items.
 
@@ -31,7 +33,7 @@ fn write_data(path: &std::path::Path, bytes: usize) {
 fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("bench.ctf");
-    write_data(&data, 128 << 20);
+    write_data(&data, std::env::var("BENCH_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(128usize) << 20);
     let toml = format!(
         "[daemon]\nstate_dir = \"{0}/state\"\n\n[datasets.b]\nformat = \"ctf\"\nfiles = [\"{1}\"]\ncache_index = false\n\n\
          [datasets.b.streams.features]\ndim = 128\nformat = \"dense\"\n\n[datasets.b.streams.labels]\ndim = 10\nformat = \"sparse\"\n",

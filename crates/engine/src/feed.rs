@@ -105,6 +105,7 @@ impl Feeder {
                 end_of_sweep: false,
                 position,
                 retire: Vec::new(),
+                samples: 0,
             });
         }
         None
@@ -197,10 +198,10 @@ mod tests {
                 Arc::new(ParsedChunk {
                     chunk: c,
                     num_sequences: per,
-                    streams: vec![StreamData {
-                        seq_offsets: (0..=per).collect(),
-                        data: StreamValues::Dense { dim: 1, values: Values::F32(values) },
-                    }],
+                    streams: vec![StreamData::new(
+                        (0..=per).collect(),
+                        StreamValues::Dense { dim: 1, values: Values::F32(values) },
+                    )],
                 })
             })
             .collect();

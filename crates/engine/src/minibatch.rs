@@ -55,6 +55,9 @@ impl std::hash::Hasher for IdHasher {
 /// A `HashMap` keyed by chunk index (a [`ChunkSource`] like every such map).
 pub type ChunkMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
 
+/// A set of chunk indices, hashed as [`ChunkMap`]'s keys.
+pub type ChunkSet = std::collections::HashSet<u32, std::hash::BuildHasherDefault<IdHasher>>;
+
 fn i64_of(x: usize) -> i64 {
     i64::try_from(x).unwrap_or(i64::MAX)
 }
@@ -196,7 +199,7 @@ pub fn gather(
             .checked_sub(timeline.chunk_start[r.chunk as usize])
             .filter(|&l| l < held[at].num_sequences)
             .ok_or_else(|| DataError::Dataset(format!("sequence {} is not in chunk {}", r.seq, r.chunk)))?;
-        for sd in &held[at].streams {
+        for sd in held[at].streams.iter().filter(|sd| !sd.unit_sequences()) {
             minibatchd_sys::prefetch(&sd.seq_offsets[local..=local + 1]);
         }
         located.push((at, local));
@@ -229,7 +232,7 @@ pub fn gather(
                     )));
                 }
             }
-            let (s0, s1) = (sd.seq_offsets[local], sd.seq_offsets[local + 1]);
+            let (s0, s1) = sd.sample_range(local);
             if frame_mode && s1 - s0 > 1 {
                 return Err(DataError::Dataset(format!(
                     "detected a non-frame sequence of size {} in frame mode (sequence {} of chunk {})",
@@ -239,10 +242,12 @@ pub fn gather(
                 )));
             }
             match &sd.data {
-                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
+                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. }
+                    if !sd.unit_entries() =>
+                {
                     minibatchd_sys::prefetch(&o[s0..=s1]);
                 }
-                StreamValues::Dense { .. } => {}
+                _ => {}
             }
             out.pieces.push(Piece { chunk: at, s0, s1, e0: 0, e1: 0 });
             out.samples += s1 - s0;
@@ -251,8 +256,10 @@ pub fn gather(
     // Pass 3: entry ranges.
     for s in &mut streams {
         for p in &mut s.pieces {
-            (p.e0, p.e1) = match &held[p.chunk].streams[s.index].data {
+            let sd = &held[p.chunk].streams[s.index];
+            (p.e0, p.e1) = match &sd.data {
                 StreamValues::Dense { dim, .. } => (p.s0 * dim, p.s1 * dim),
+                StreamValues::Sparse { .. } | StreamValues::Strings { .. } if sd.unit_entries() => (p.s0, p.s1),
                 StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
                     (o[p.s0], o[p.s1])
                 }
@@ -292,6 +299,18 @@ fn float_dtype(f64: bool) -> DType {
 fn put_i64s(out: &mut [u8], values: impl Iterator<Item = i64>) {
     for (dst, v) in out.chunks_exact_mut(8).zip(values) {
         dst.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
+/// `dst.copy_from_slice(src)`, with the sizes of one sparse entry (a 4- or 8-byte index or
+/// value: one-hot labels, deepx features) copied inline instead of through a `memcpy` call —
+/// a minibatch of sparse samples is hundreds of such copies.
+#[inline]
+fn copy_small(dst: &mut [u8], src: &[u8]) {
+    match (dst.len(), src.len()) {
+        (4, 4) => dst.copy_from_slice(&src[..4]),
+        (8, 8) => dst.copy_from_slice(&src[..8]),
+        _ => dst.copy_from_slice(src),
     }
 }
 
@@ -437,7 +456,16 @@ impl SlotSource for Gathered {
                 }
                 let mut at = 0usize;
                 for p in &s.pieces {
-                    let offsets = match data(p) {
+                    let sd = &self.chunks[p.chunk].streams[s.index];
+                    if sd.unit_entries() {
+                        // Entry k of the piece is sample k: its end offset is known.
+                        for (k, dst) in (1..=p.s1 - p.s0).zip(&mut rows) {
+                            dst.copy_from_slice(&i64_of(at + k).to_ne_bytes());
+                        }
+                        at += p.e1 - p.e0;
+                        continue;
+                    }
+                    let offsets = match &sd.data {
                         StreamValues::Sparse { sample_offsets, .. } => sample_offsets,
                         StreamValues::Strings { offsets, .. } => offsets,
                         StreamValues::Dense { .. } => unreachable!("offsets of a dense stream"),
@@ -470,7 +498,7 @@ impl SlotSource for Gathered {
                         minibatchd_sys::prefetch(src(ahead));
                     }
                     let bytes = src(p);
-                    out[at..at + bytes.len()].copy_from_slice(bytes);
+                    copy_small(&mut out[at..at + bytes.len()], bytes);
                     at += bytes.len();
                 }
             }

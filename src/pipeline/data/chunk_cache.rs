@@ -405,10 +405,10 @@ mod tests {
         Arc::new(ParsedChunk {
             chunk: 0,
             num_sequences: 1,
-            streams: vec![StreamData {
-                seq_offsets: vec![0, 1],
-                data: StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) },
-            }],
+            streams: vec![StreamData::new(
+                vec![0, 1],
+                StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) },
+            )],
         })
     }
 

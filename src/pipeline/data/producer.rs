@@ -503,9 +503,7 @@ impl Planner {
             return Err(ProduceError::Stopped);
         }
         let mb = built?;
-        let seq_len = &self.runtime.dataset.timeline().seq_len;
-        let samples: u64 =
-            plan.sequences.iter().map(|r| seq_len.get(r.seq as usize).map_or(0, |&l| u64::from(l))).sum();
+        let samples = plan.samples;
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(cache_wait).as_secs_f64());
         Ok(Some(Located { slot, mb, samples }))
     }

@@ -757,5 +757,5 @@ fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> 
     } else {
         StreamValues::Dense { dim, values: T::into_values(buf.values) }
     };
-    StreamData { seq_offsets: buf.seq_offsets, data }
+    StreamData::new(buf.seq_offsets, data)
 }

@@ -53,9 +53,56 @@ pub struct StreamData {
     pub seq_offsets: Vec<usize>,
     /// The samples.
     pub data: StreamValues,
+    /// `seq_offsets` is `0, 1, 2, ..`: every sequence is one sample.
+    unit_sequences: bool,
+    /// A sparse or string stream's `sample_offsets` (`offsets`) is `0, 1, 2, ..`: every sample is
+    /// one entry (a one-hot label, a uuid byte...). Always false for dense streams.
+    unit_entries: bool,
+}
+
+/// `offsets` is `0, 1, .., offsets.len() - 1`.
+fn is_identity(offsets: &[usize]) -> bool {
+    offsets.iter().enumerate().all(|(i, &o)| o == i)
 }
 
 impl StreamData {
+    /// A stream of `data` whose sequences are `seq_offsets`. The offsets are read once here to
+    /// know whether they are the identity — every sequence one sample, and in a sparse stream
+    /// every sample one entry, as in line-mode CTF with one-hot labels and in every deepx
+    /// format — so that the gather, which reads chunks at random, need not look them up.
+    #[must_use]
+    pub fn new(seq_offsets: Vec<usize>, data: StreamValues) -> Self {
+        let unit_sequences = is_identity(&seq_offsets);
+        let unit_entries = match &data {
+            StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => is_identity(o),
+            StreamValues::Dense { .. } => false,
+        };
+        Self { seq_offsets, data, unit_sequences, unit_entries }
+    }
+
+    /// Samples `s0..s1` of sequence `i` of the chunk.
+    #[inline]
+    #[must_use]
+    pub fn sample_range(&self, i: usize) -> (usize, usize) {
+        if self.unit_sequences {
+            (i, i + 1)
+        } else {
+            (self.seq_offsets[i], self.seq_offsets[i + 1])
+        }
+    }
+
+    /// Whether every sequence is one sample (`seq_offsets` is the identity).
+    #[must_use]
+    pub fn unit_sequences(&self) -> bool {
+        self.unit_sequences
+    }
+
+    /// Whether every sample of a sparse or string stream is one entry.
+    #[must_use]
+    pub fn unit_entries(&self) -> bool {
+        self.unit_entries
+    }
+
     /// Gives back what the parse over-allocated (a `Vec` grows by doubling), so the memory a
     /// cached chunk holds is what [`StreamData::size_bytes`] reports to the cache's budget.
     pub fn shrink_to_fit(&mut self) {

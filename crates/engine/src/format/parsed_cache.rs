@@ -586,7 +586,7 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
             }
             _ => return None,
         };
-        streams.push(StreamData { seq_offsets, data });
+        streams.push(StreamData::new(seq_offsets, data));
     }
     if r.left != 0 {
         return None;

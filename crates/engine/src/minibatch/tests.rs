@@ -7,14 +7,21 @@ use minibatchd_sys::{LocalMemory, SlotMemory};
 use super::{MbData, MbStream};
 use crate::format::chunk::{Indices, Values};
 
+/// Samples of the sequences of [`chunks`]' two chunks: 0–3 samples, or one each where `unit`.
+fn lens_of(unit: [bool; 2]) -> [&'static [usize]; 2] {
+    [if unit[0] { &[1, 1, 1, 1] } else { &[1, 3, 0, 2] }, if unit[1] { &[1, 1, 1] } else { &[2, 1, 1] }]
+}
+
 /// Two chunks with a dense, a sparse (CTF or deepx ids) and a strings stream; sequences of
-/// 0–3 samples.
+/// 0–3 samples and sparse samples of 1–2 entries, or, in a chunk marked `unit`, one sample per
+/// sequence and one entry per sample (the gather's fast path).
 fn chunks(
     f64: bool,
     u64_ids: bool,
+    unit: [bool; 2],
 ) -> (crate::sampling::Timeline, super::ChunkMap<std::sync::Arc<crate::format::chunk::ParsedChunk>>) {
     use crate::format::chunk::{ParsedChunk, StreamData, StreamValues};
-    let seq_lens: [&[usize]; 2] = [&[1, 3, 0, 2], &[2, 1, 1]];
+    let seq_lens = lens_of(unit);
     let mut map = super::ChunkMap::default();
     let mut next = 0.5f64;
     for (c, lens) in seq_lens.iter().enumerate() {
@@ -37,7 +44,7 @@ fn chunks(
                 Values::F32(v.iter().map(|&x| x as f32).collect())
             }
         };
-        let sample_offsets: Vec<usize> = (0..=samples).map(|j| j * 2 - j / 2).collect();
+        let sample_offsets: Vec<usize> = (0..=samples).map(|j| if unit[c] { j } else { j * 2 - j / 2 }).collect();
         let entries = *sample_offsets.last().unwrap_or(&0);
         let ids: Vec<u64> = (0..entries as u64).map(|i| (i * 7 + c as u64) % 10).collect();
         let indices = if u64_ids {
@@ -45,24 +52,24 @@ fn chunks(
         } else {
             Indices::I32(ids.iter().map(|&i| i32::try_from(i).expect("ids are below 10")).collect())
         };
-        let string_offsets: Vec<usize> = (0..=samples).map(|j| j * 3).collect();
+        let width = if unit[c] { 1 } else { 3 };
+        let string_offsets: Vec<usize> = (0..=samples).map(|j| j * width).collect();
         let streams = vec![
-            StreamData {
-                seq_offsets: seq_offsets.clone(),
-                data: StreamValues::Dense { dim: 2, values: floats(samples * 2) },
-            },
-            StreamData {
-                seq_offsets: seq_offsets.clone(),
-                data: StreamValues::Sparse { sample_offsets, indices, values: floats(entries) },
-            },
-            StreamData {
+            StreamData::new(seq_offsets.clone(), StreamValues::Dense { dim: 2, values: floats(samples * 2) }),
+            StreamData::new(
+                seq_offsets.clone(),
+                StreamValues::Sparse { sample_offsets, indices, values: floats(entries) },
+            ),
+            StreamData::new(
                 seq_offsets,
-                data: StreamValues::Strings {
+                StreamValues::Strings {
                     offsets: string_offsets,
-                    bytes: (0..samples * 3).map(|b| u8::try_from(b).expect("a few samples")).collect(),
+                    bytes: (0..samples * width).map(|b| u8::try_from(b).expect("a few samples")).collect(),
                 },
-            },
+            ),
         ];
+        assert_eq!(streams.iter().all(|s| s.unit_sequences()), unit[c]);
+        assert_eq!(streams[1].unit_entries() && streams[2].unit_entries(), unit[c]);
         map.insert(
             u32::try_from(c).expect("two chunks"),
             std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }),
@@ -173,8 +180,11 @@ fn naive(
 fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
     use crate::sampling::{MinibatchPlan, SeqRef};
     let orders: [&[u32]; 4] = [&[6, 0, 3, 1, 5, 2, 4], &[2], &[], &[1, 1, 4]];
-    for (f64, u64_ids) in [(false, false), (true, true)] {
-        let (timeline, mut map) = chunks(f64, u64_ids);
+    for (f64, u64_ids, unit) in
+        [(false, false, [false; 2]), (true, true, [false; 2]), (false, false, [true; 2]), (true, true, [true, false])]
+    {
+        let (timeline, mut map) = chunks(f64, u64_ids, unit);
+        let lens: Vec<usize> = lens_of(unit).concat();
         for order in orders {
             let plan = MinibatchPlan {
                 sequences: order.iter().map(|&seq| SeqRef { seq, chunk: u32::from(seq >= 4) }).collect(),
@@ -182,6 +192,7 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
                 end_of_sweep: true,
                 position: 9,
                 retire: Vec::new(),
+                samples: order.len() as u64,
             };
             let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
             let gathered = super::gather(4, &plan, &timeline, &shapes(f64, u64_ids), false, &mut map).expect("gather");
@@ -195,7 +206,7 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
             let back = decode_minibatch(b.memory().bytes(), 1, 3, &[2, 10, 0]).expect("decode");
             assert_eq!(format!("{:?}", back.streams), format!("{:?}", mb.streams));
             assert_eq!(format!("{:?}", mb.streams), format!("{:?}", naive(&plan, &timeline, &map)), "order {order:?}");
-            let samples: usize = order.iter().map(|&q| [1, 3, 0, 2, 2, 1, 1][q as usize]).sum();
+            let samples: usize = order.iter().map(|&q| lens[q as usize]).sum();
             assert_eq!(mb.streams[0].num_samples(), samples);
         }
     }
@@ -204,13 +215,14 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
 #[test]
 fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
     use crate::sampling::{MinibatchPlan, SeqRef};
-    let (timeline, mut map) = chunks(true, false);
+    let (timeline, mut map) = chunks(true, false, [false; 2]);
     let plan = MinibatchPlan {
         sequences: (0..700).map(|i| SeqRef { seq: i % 7, chunk: u32::from(i % 7 >= 4) }).collect(),
         sweep: 0,
         end_of_sweep: false,
         position: 0,
         retire: Vec::new(),
+        samples: 700,
     };
     let gathered = super::gather(0, &plan, &timeline, &shapes(true, false), false, &mut map).expect("gather");
     let geometry = RingGeometry::new(1, 64);

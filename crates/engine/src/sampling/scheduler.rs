@@ -138,6 +138,8 @@ pub struct MinibatchPlan {
     /// their parsed data once it has built this minibatch. A retired chunk can be needed again
     /// in a later sweep.
     pub retire: Vec<u32>,
+    /// Nominal samples of `sequences` (the sum of their lengths).
+    pub samples: u64,
 }
 
 impl MinibatchPlan {
@@ -231,6 +233,9 @@ pub struct Sampler {
     options: SamplingOptions,
     block: bool,
     sweep_size: u64,
+    /// Every sequence is one sample (the sweep size is the sequence count): the walk need not
+    /// look lengths up, one random read per sequence.
+    unit_lengths: bool,
     epoch_end: u64,
     /// Global position of the next sequence (`current.sweep * sweep_size + its start`).
     position: u64,
@@ -330,7 +335,7 @@ impl Fill {
 
     /// Chunks whose final occurrence in this minibatch is a last use, in order of that occurrence.
     fn retired_chunks(&self) -> Vec<u32> {
-        let mut seen = HashSet::new();
+        let mut seen: crate::minibatch::ChunkSet = crate::minibatch::ChunkSet::default();
         let mut retire: Vec<u32> = Vec::new();
         for (seq, &last) in self.sequences.iter().zip(&self.last_use).rev() {
             if seen.insert(seq.chunk) && last {
@@ -358,11 +363,13 @@ impl Sampler {
         let epoch_end = epoch_end(options.limit, sweep_size)?;
         let current = SweepPlan::build(&timeline, &options, 0, sweep_size, epoch_end);
         let block = uses_block_randomizer(&options);
+        let timeline_len = timeline.num_sequences() as u64;
         let mut sampler = Self {
             timeline,
             options,
             block,
             sweep_size,
+            unit_lengths: sweep_size == timeline_len,
             epoch_end,
             position: 0,
             index: 0,
@@ -419,6 +426,7 @@ impl Sampler {
         Some(MinibatchPlan {
             end_of_sweep: crossed && !fill.sequences.is_empty(),
             retire: fill.retired_chunks(),
+            samples: fill.local_samples,
             sequences: fill.sequences,
             sweep: start / self.sweep_size,
             position: self.position,
@@ -599,7 +607,7 @@ impl Sampler {
         let stop_once_full = !self.block && self.options.num_workers > 1;
         while self.index < plan.len() {
             let r = plan.order[self.index];
-            let len = u64::from(self.timeline.seq_len[r.seq as usize]);
+            let len = if self.unit_lengths { 1 } else { u64::from(self.timeline.seq_len[r.seq as usize]) };
             let mut local = plan.is_local(self.index);
             if local {
                 if let Some(job) = &self.job {

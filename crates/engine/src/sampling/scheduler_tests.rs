@@ -641,6 +641,7 @@ fn fingerprint_names_sequences_order_and_sweep() {
         end_of_sweep: false,
         position: 9,
         retire: Vec::new(),
+        samples: seqs.len() as u64,
     };
     let a = plan(1, &[3, 1, 4]);
     assert_eq!(

@@ -481,18 +481,19 @@ impl DeepxDecoder {
         let mut out: Vec<StreamData> = bufs
             .x
             .into_iter()
-            .map(|x| StreamData {
-                seq_offsets: seq.clone(),
-                data: StreamValues::Sparse {
-                    sample_offsets: x.sample_offsets,
-                    indices: Indices::U64(x.ids),
-                    values: T::into_values(x.values),
-                },
+            .map(|x| {
+                StreamData::new(
+                    seq.clone(),
+                    StreamValues::Sparse {
+                        sample_offsets: x.sample_offsets,
+                        indices: Indices::U64(x.ids),
+                        values: T::into_values(x.values),
+                    },
+                )
             })
             .collect();
-        let dense = |dim: usize, values: Vec<T>| StreamData {
-            seq_offsets: seq.clone(),
-            data: StreamValues::Dense { dim, values: T::into_values(values) },
+        let dense = |dim: usize, values: Vec<T>| {
+            StreamData::new(seq.clone(), StreamValues::Dense { dim, values: T::into_values(values) })
         };
         if matches!(self.schema.layout, Layout::Uch { .. }) {
             out.push(dense(1, bufs.hist_size));
@@ -502,10 +503,10 @@ impl DeepxDecoder {
             out.push(dense(label_size, bufs.w));
         }
         if self.schema.uuid {
-            out.push(StreamData {
-                seq_offsets: seq.clone(),
-                data: StreamValues::Strings { offsets: bufs.uuid_offsets, bytes: bufs.uuid_bytes },
-            });
+            out.push(StreamData::new(
+                seq.clone(),
+                StreamValues::Strings { offsets: bufs.uuid_offsets, bytes: bufs.uuid_bytes },
+            ));
         }
         if self.schema.qid {
             out.push(dense(1, bufs.qid));

@@ -17,33 +17,33 @@ fn chunk(n: usize) -> ParsedChunk {
         chunk: n,
         num_sequences: 2,
         streams: vec![
-            StreamData {
-                seq_offsets: vec![0, 2, 3],
-                data: StreamValues::Dense {
+            StreamData::new(
+                vec![0, 2, 3],
+                StreamValues::Dense {
                     dim: 3,
                     values: Values::F32(vec![1.0, -2.5, 3.25, 4.0, 5.0, 6.0, f32::MIN_POSITIVE, -0.0, 1e30]),
                 },
-            },
-            StreamData {
-                seq_offsets: vec![0, 2, 3],
-                data: StreamValues::Sparse {
+            ),
+            StreamData::new(
+                vec![0, 2, 3],
+                StreamValues::Sparse {
                     sample_offsets: vec![0, 2, 2, 3],
                     indices: Indices::I32(vec![9, 0, 4]),
                     values: Values::F32(vec![0.5, 0.25, 7.0]),
                 },
-            },
-            StreamData {
-                seq_offsets: vec![0, 1, 3],
-                data: StreamValues::Sparse {
+            ),
+            StreamData::new(
+                vec![0, 1, 3],
+                StreamValues::Sparse {
                     sample_offsets: vec![0, 1, 1, 2],
                     indices: Indices::U64(vec![u64::MAX, 12]),
                     values: Values::F32(vec![1.0, 2.0]),
                 },
-            },
-            StreamData {
-                seq_offsets: vec![0, 2, 3],
-                data: StreamValues::Strings { offsets: vec![0, 3, 3, 8], bytes: b"abcdefgh".to_vec() },
-            },
+            ),
+            StreamData::new(
+                vec![0, 2, 3],
+                StreamValues::Strings { offsets: vec![0, 3, 3, 8], bytes: b"abcdefgh".to_vec() },
+            ),
         ],
     }
 }
