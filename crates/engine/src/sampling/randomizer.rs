@@ -199,6 +199,17 @@ fn shuffle_sequences(
     }
     chunk_first_position.push(slots.len());
 
+    let whole = ChunkWindow { begin: 0, end: to_u32(chunk_order.len()) };
+    if windows.iter().all(|w| *w == whole) {
+        // Every window is the whole sweep (CNTK's default window on up to 128 chunks): every
+        // swap is valid, so the first draw is taken, as the loop below would, without its two
+        // random reads per sequence.
+        for t in 0..slots.len() {
+            let j = rng.rand_range(0, slots.len());
+            slots.swap(t, j);
+        }
+        return slots.into_iter().map(|s| SeqRef { seq: s.seq, chunk: chunk_order[s.origin as usize] }).collect();
+    }
     for t in 0..slots.len() {
         let window = windows[position_chunk[t] as usize];
         let first = chunk_first_position[window.begin as usize];
