@@ -68,7 +68,7 @@ fn chunks(
                 },
             ),
         ];
-        assert_eq!(streams.iter().all(|s| s.unit_sequences()), unit[c]);
+        assert_eq!(streams.iter().all(StreamData::unit_sequences), unit[c]);
         assert_eq!(streams[1].unit_entries() && streams[2].unit_entries(), unit[c]);
         map.insert(
             u32::try_from(c).expect("two chunks"),
