@@ -122,6 +122,11 @@ impl Feeder {
     #[must_use]
     pub fn missing(&self, plan: &MinibatchPlan, ahead: usize) -> Vec<u32> {
         let mut wanted: Vec<u32> = Vec::new();
+        if self.held.len() >= self.timeline.num_chunks() {
+            // Every chunk is held (a window over the whole dataset, once it is loaded): nothing
+            // can be missing, and the upcoming chunks need not be worked out for every minibatch.
+            return wanted;
+        }
         for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks(ahead)) {
             if !self.held.contains_key(&c) && !wanted.contains(&c) {
                 wanted.push(c);
@@ -245,6 +250,47 @@ mod tests {
         assert_eq!(seen, (0..60u16).map(f32::from).collect::<Vec<_>>(), "every sequence exactly once");
         assert_eq!(loads, vec![1; 12], "each chunk loaded once in the sweep");
         assert!(feeder.peak_chunks() <= 3 + 2, "held {} chunks with a window of 3", feeder.peak_chunks());
+    }
+
+    #[test]
+    fn missing_names_unheld_chunks_first_those_of_the_plan_and_nothing_once_all_are_held() {
+        let (timeline, parsed) = dataset(6, 20);
+        let options = SamplingOptions {
+            randomize: true,
+            window: Window::Chunks(6),
+            seed: 3,
+            limit: EpochLimit::FullSweep,
+            num_workers: 1,
+            rank: 0,
+        };
+        let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
+        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
+        let mut feeder = Feeder::new(sampler, timeline, shapes, false, 0);
+        let first = feeder.plan(4).expect("a plan");
+        let mut need: Vec<u32> = Vec::new();
+        for r in &first.sequences {
+            if !need.contains(&r.chunk) {
+                need.push(r.chunk);
+            }
+        }
+        let wanted = feeder.missing(&first, 8);
+        assert_eq!(wanted[..need.len()], need[..], "the plan's own chunks first, in order of need");
+        assert_eq!(wanted.len(), 6, "then the upcoming ones, up to every chunk");
+        let mut all_held_seen = false;
+        let mut plan = first;
+        loop {
+            if feeder.held.len() == 6 {
+                all_held_seen = true;
+                assert!(feeder.missing(&plan, 8).is_empty());
+            } else {
+                let wanted = feeder.missing(&plan, 8);
+                assert!(wanted.iter().all(|c| !feeder.held.contains_key(c)), "{wanted:?}");
+            }
+            feeder.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather");
+            let Some(next) = feeder.plan(4) else { break };
+            plan = next;
+        }
+        assert!(all_held_seen, "the sweep held every chunk at some point");
     }
 
     #[test]

@@ -14,8 +14,6 @@
 //!
 //! Fed by: [`super::randomizer`]. Feeds: [`super::scheduler`].
 
-use std::collections::HashSet;
-
 use super::randomizer::{file_order, randomize_sweep, uses_block_randomizer};
 use super::{to_u32, SamplingOptions, SeqRef, Timeline};
 
@@ -93,7 +91,13 @@ impl SweepPlan {
 
     /// Appends to `out` (skipping chunks in `seen`) this worker's chunks used at positions
     /// `from..` before the epoch end, in order of their next use, until `out` holds `max`.
-    pub(crate) fn upcoming_into(&self, from: usize, max: usize, out: &mut Vec<u32>, seen: &mut HashSet<u32>) {
+    pub(crate) fn upcoming_into(
+        &self,
+        from: usize,
+        max: usize,
+        out: &mut Vec<u32>,
+        seen: &mut crate::minibatch::ChunkSet,
+    ) {
         let until = self.end_index;
         if from >= until {
             return;

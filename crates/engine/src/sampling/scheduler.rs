@@ -574,7 +574,7 @@ impl Sampler {
         if max == 0 || self.position >= self.epoch_end {
             return upcoming;
         }
-        let mut seen = HashSet::new();
+        let mut seen = crate::minibatch::ChunkSet::default();
         self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
         let next_sweep = self.current.sweep + 1;
         if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
