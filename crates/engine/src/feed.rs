@@ -220,20 +220,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_sequence_once_loading_each_chunk_once_and_holding_only_the_window() {
-        let (timeline, parsed) = dataset(12, 5);
+    /// A feeder over one randomized full sweep of `timeline` (one worker, `window` chunks).
+    fn randomized_feeder(timeline: Arc<Timeline>, window: usize, seed: u64) -> Feeder {
         let options = SamplingOptions {
             randomize: true,
-            window: Window::Chunks(3),
-            seed: 7,
+            window: Window::Chunks(window),
+            seed,
             limit: EpochLimit::FullSweep,
             num_workers: 1,
             rank: 0,
         };
         let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
         let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
-        let mut feeder = Feeder::new(sampler, timeline, shapes, false, 0);
+        Feeder::new(sampler, timeline, shapes, false, 0)
+    }
+
+    #[test]
+    fn every_sequence_once_loading_each_chunk_once_and_holding_only_the_window() {
+        let (timeline, parsed) = dataset(12, 5);
+        let mut feeder = randomized_feeder(timeline, 3, 7);
         let mut loads = vec![0usize; 12];
         let mut seen = Vec::new();
         while let Some(plan) = feeder.plan(4) {
@@ -255,17 +260,7 @@ mod tests {
     #[test]
     fn missing_names_unheld_chunks_first_those_of_the_plan_and_nothing_once_all_are_held() {
         let (timeline, parsed) = dataset(6, 20);
-        let options = SamplingOptions {
-            randomize: true,
-            window: Window::Chunks(6),
-            seed: 3,
-            limit: EpochLimit::FullSweep,
-            num_workers: 1,
-            rank: 0,
-        };
-        let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
-        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
-        let mut feeder = Feeder::new(sampler, timeline, shapes, false, 0);
+        let mut feeder = randomized_feeder(timeline, 6, 3);
         let first = feeder.plan(4).expect("a plan");
         let mut need: Vec<u32> = Vec::new();
         for r in &first.sequences {
