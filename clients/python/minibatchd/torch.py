@@ -6,7 +6,8 @@ iterating again continues the timeline (pass 0 delivers sweep 0, pass 1 sweep 1,
 ``set_epoch(k)`` selects sweep ``k`` for the next pass, as ``DistributedSampler.set_epoch`` users
 expect. Which pass a DataLoader worker is in is decided when its iterator is made, and every
 worker of a pass agrees on it (the pass's base seed, and whether its workers were forked together
-or still run): a loop left before some workers fetched anything still counts as one pass. ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
+or still run): a loop left before some workers fetched anything still counts as one pass.
+``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
 ``W`` workers each) is CNTK worker ``r * W + w`` of ``world * W``, so over every worker of every
 rank each sweep is delivered exactly once, in an order that depends only on the data, the
 sampling options, ``world`` and ``W``.
@@ -337,12 +338,17 @@ def _continues(state: dict) -> bool:
     return state.get("source") is not None or state.get("job") is not None
 
 
+def _proc_stat(pid: int) -> list:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); raises OSError."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rindex(b")") + 2:].split()
+
+
 def _pid_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs (a zombie does not)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")
+        return _proc_stat(pid)[0] not in (b"Z", b"X")
     except FileNotFoundError:
         return False
     except OSError:
@@ -358,9 +364,7 @@ def _pid_alive(pid: int) -> bool:
 def _start_ticks(pid: int) -> Optional[int]:
     """When process ``pid`` started, in clock ticks since boot (Linux), else None."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
+        return int(_proc_stat(pid)[19])
     except (OSError, ValueError, IndexError):
         return None
 

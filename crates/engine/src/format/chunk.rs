@@ -124,12 +124,6 @@ impl StreamData {
         }
     }
 
-    /// Number of samples of sequence `i` of the chunk.
-    #[must_use]
-    pub fn sequence_len(&self, i: usize) -> usize {
-        self.seq_offsets[i + 1] - self.seq_offsets[i]
-    }
-
     /// Bytes held.
     #[must_use]
     pub fn size_bytes(&self) -> usize {

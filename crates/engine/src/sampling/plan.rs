@@ -14,6 +14,8 @@
 //!
 //! Fed by: [`super::randomizer`]. Feeds: [`super::scheduler`].
 
+use crate::minibatch::ChunkSet;
+
 use super::randomizer::{file_order, randomize_sweep, uses_block_randomizer};
 use super::{to_u32, SamplingOptions, SeqRef, Timeline};
 
@@ -91,13 +93,7 @@ impl SweepPlan {
 
     /// Appends to `out` (skipping chunks in `seen`) this worker's chunks used at positions
     /// `from..` before the epoch end, in order of their next use, until `out` holds `max`.
-    pub(crate) fn upcoming_into(
-        &self,
-        from: usize,
-        max: usize,
-        out: &mut Vec<u32>,
-        seen: &mut crate::minibatch::ChunkSet,
-    ) {
+    pub(crate) fn upcoming_into(&self, from: usize, max: usize, out: &mut Vec<u32>, seen: &mut ChunkSet) {
         let until = self.end_index;
         if from >= until {
             return;

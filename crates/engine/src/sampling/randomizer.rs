@@ -208,8 +208,21 @@ fn shuffle_sequences(
             let j = rng.rand_range(0, slots.len());
             slots.swap(t, j);
         }
-        return slots.into_iter().map(|s| SeqRef { seq: s.seq, chunk: chunk_order[s.origin as usize] }).collect();
+    } else {
+        shuffle_within_windows(&mut slots, &position_chunk, &chunk_first_position, windows, rng);
     }
+    slots.into_iter().map(|s| SeqRef { seq: s.seq, chunk: chunk_order[s.origin as usize] }).collect()
+}
+
+/// CNTK's swap loop: each position `t` swaps with a random position of its window whose
+/// sequence may move into `t`'s window and whose window admits `t`'s sequence.
+fn shuffle_within_windows(
+    slots: &mut [Slot],
+    position_chunk: &[u32],
+    chunk_first_position: &[usize],
+    windows: &[ChunkWindow],
+    rng: &mut Mt19937_64,
+) {
     for t in 0..slots.len() {
         let window = windows[position_chunk[t] as usize];
         let first = chunk_first_position[window.begin as usize];
@@ -225,7 +238,6 @@ fn shuffle_sequences(
             }
         }
     }
-    slots.into_iter().map(|s| SeqRef { seq: s.seq, chunk: chunk_order[s.origin as usize] }).collect()
 }
 
 /// Nominal samples in original chunk `chunk`.

@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 use super::plan::{owners, SweepPlan};
 use super::randomizer::uses_block_randomizer;
 use super::Timeline;
+use crate::minibatch::ChunkSet;
 
 /// The randomization window (CNTK `randomization_window_in_chunks` / `_in_samples`).
 ///
@@ -335,7 +336,7 @@ impl Fill {
 
     /// Chunks whose final occurrence in this minibatch is a last use, in order of that occurrence.
     fn retired_chunks(&self) -> Vec<u32> {
-        let mut seen: crate::minibatch::ChunkSet = crate::minibatch::ChunkSet::default();
+        let mut seen = ChunkSet::default();
         let mut retire: Vec<u32> = Vec::new();
         for (seq, &last) in self.sequences.iter().zip(&self.last_use).rev() {
             if seen.insert(seq.chunk) && last {
@@ -574,7 +575,7 @@ impl Sampler {
         if max == 0 || self.position >= self.epoch_end {
             return upcoming;
         }
-        let mut seen = crate::minibatch::ChunkSet::default();
+        let mut seen = ChunkSet::default();
         self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
         let next_sweep = self.current.sweep + 1;
         if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
