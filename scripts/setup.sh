@@ -45,5 +45,5 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 if [ -f clients/python/requirements-test.txt ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r clients/python/requirements-test.txt
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -r clients/python/requirements-test.txt
 fi
