@@ -6,9 +6,12 @@
 //!
 //! ```text
 //! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)
-//! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
-//! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]
+//! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
+//! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
 //! ```
+//!
+//! With `persisted`, chunks go through the persisted parsed-chunk cache in `STATE_DIR/parsed`:
+//! the first such run parses and writes each chunk, the next ones read every chunk from it.
 
 #![forbid(unsafe_code)]
 
@@ -18,6 +21,8 @@ use std::time::Instant;
 
 use minibatchd::config::Config;
 use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::dataset::Persist;
+use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::format::StreamValues;
 
 #[path = "../../benches/support/criteo_gen.rs"]
@@ -48,7 +53,14 @@ enum Kind {
     Ctf,
 }
 
-fn parse(kind: Kind, path: &Path, threads: usize, chunk_bytes: u64, state: &Path) -> Result<(), String> {
+fn parse(
+    kind: Kind,
+    path: &Path,
+    threads: usize,
+    chunk_bytes: u64,
+    state: &Path,
+    persisted: bool,
+) -> Result<(), String> {
     let path = &std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
     let (format, streams) = match kind {
@@ -64,8 +76,14 @@ fn parse(kind: Kind, path: &Path, threads: usize, chunk_bytes: u64, state: &Path
     );
     let config = Config::from_toml_str(&text, state).map_err(|e| e.to_string())?;
     let t0 = Instant::now();
-    let ds = Dataset::open(config.dataset("d").map_err(|e| e.to_string())?, state, &mut |_| {})
+    let mut ds = Dataset::open(config.dataset("d").map_err(|e| e.to_string())?, state, &mut |_| {})
         .map_err(|e| e.to_string())?;
+    if persisted {
+        // The persisted parsed-chunk cache under STATE_DIR: the first run writes it as it
+        // parses, a later run reads every chunk from it.
+        let cache = ParsedCache::open(&state.join("parsed"), u64::MAX).map_err(|e| e.to_string())?;
+        ds.use_parsed_cache(std::sync::Arc::new(cache), Persist::OnLoad);
+    }
     let index_s = t0.elapsed().as_secs_f64();
     let chunks = ds.chunks().len();
     let next = AtomicUsize::new(0);
@@ -120,10 +138,11 @@ fn main() {
             // Never a fixed name in the shared temp dir: beside the data, which the user owns.
             let state =
                 args.get(5).map_or_else(|| PathBuf::from(format!("{}.parse-rate-state", args[2])), PathBuf::from);
-            parse(kind, Path::new(&args[2]), threads, chunk, &state)
+            let persisted = args.get(6).is_some_and(|a| a == "persisted");
+            parse(kind, Path::new(&args[2]), threads, chunk, &state, persisted)
         }
         _ => {
-            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR]"
+            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]"
                 .into())
         }
     };
