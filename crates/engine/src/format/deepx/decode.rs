@@ -463,7 +463,8 @@ impl DeepxDecoder {
                     ))
                 }
             }
-            p = skip_ws(s, q);
+            // `s[q]` is the blank just matched.
+            p = skip_ws(s, q + 1);
             if p >= n {
                 return Ok(n);
             }

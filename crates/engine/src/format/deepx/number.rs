@@ -74,13 +74,20 @@ fn swar_digits(w: u64) -> (u64, usize) {
 /// and their count.
 #[inline]
 fn digit_run(bytes: &[u8], mut q: usize) -> (u64, usize) {
+    // No digit, or a single one (a value `1`, the `0` of `0.25`: most runs of a libsvm file
+    // that are not ids), costs two byte tests instead of a word's classification.
+    let Some(first) = digit(bytes.get(q)) else { return (0, 0) };
+    if digit(bytes.get(q + 1)).is_none() {
+        return (u64::from(first), 1);
+    }
     let start = q;
     let mut v = 0u64;
     while let Some(w) = load8(bytes, q) {
         let (x, n) = swar_digits(w);
         v = v.wrapping_mul(POW10_U64[n]).wrapping_add(x);
         q += n;
-        if n < 8 {
+        // Eight digits then a non-digit (ids up to 10^8): one byte test, not another word.
+        if n < 8 || digit(bytes.get(q)).is_none() {
             return (v, q - start);
         }
     }
