@@ -24,7 +24,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::number::{parse_id, parse_real, IdError};
+use super::number::{parse_id, parse_real, single_digit_real, IdError};
 use super::schema::{Layout, Schema};
 use crate::format::chunk::{Indices, StreamData, StreamValues};
 use crate::format::ctf::Element;
@@ -428,17 +428,25 @@ impl DeepxDecoder {
                     .ok_or_else(|| bad(p, "feature id 0 in a file with 1-based ids (feature_index_base = 1)".into()))?;
             }
             let (value, q) = if q < n && s[q] == b':' {
-                let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| {
-                    bad(at, format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at)))
-                })?;
-                let v = T::from_f64(v);
-                if !within(v.into(), MAX_FEATURE_VALUE) {
-                    return Err(bad(
-                        q + 1,
-                        format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1)),
-                    ));
+                // `id:1` and other one-digit values: always within range.
+                if let Some((v, r)) = single_digit_real(s, q + 1) {
+                    (T::from_f64(v), r)
+                } else {
+                    let (v, r) = parse_real(s, q + 1).map_err(|(e, at)| {
+                        bad(
+                            at,
+                            format!("invalid value of feature {id}: expected {}, found {}", e.expected(), found(s, at)),
+                        )
+                    })?;
+                    let v = T::from_f64(v);
+                    if !within(v.into(), MAX_FEATURE_VALUE) {
+                        return Err(bad(
+                            q + 1,
+                            format!("value {} of feature {id} is out of range [-100, 100]", token(s, q + 1)),
+                        ));
+                    }
+                    (v, r)
                 }
-                (v, r)
             } else {
                 (T::from_f64(1.0), q)
             };

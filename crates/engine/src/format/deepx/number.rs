@@ -193,6 +193,18 @@ fn mantissa_digits(bytes: &[u8], mut q: usize, int: &mut u64, float: &mut Option
 ///
 /// # Errors
 /// [`RealError`] with the offset of the offending byte.
+/// The real at `bytes[p..]` when it is a single digit not followed by another digit, `.`, `e`
+/// or `E` (the `1` of a categorical feature `id:1`), and the offset after it: exactly what
+/// [`parse_real`] returns there (`d * 10^0`, and `10^0` is 1), for two byte tests.
+#[inline(always)]
+pub fn single_digit_real(bytes: &[u8], p: usize) -> Option<(f64, usize)> {
+    let d = digit(bytes.get(p))?;
+    match bytes.get(p + 1) {
+        Some(b'0'..=b'9' | b'.' | b'e' | b'E') => None,
+        _ => Some((f64::from(d), p + 1)),
+    }
+}
+
 #[inline(always)]
 pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
     // Fast path: `-?digits(.digits)?` with at most 15 digits and no exponent — almost every value
@@ -336,6 +348,28 @@ mod tests {
         assert_eq!(real("1e400").map(|r| r.0), Ok(f64::INFINITY));
         assert_eq!(real("1e-400").map(|r| r.0), Ok(0.0));
         assert_eq!(real("0e999999999999999999999").map(|r| r.0), Ok(0.0));
+    }
+
+    #[test]
+    fn single_digit_reals_are_what_parse_real_reads() {
+        let mut seen = 0;
+        for d in b'0'..=b'9' {
+            // Every byte after the digit, and the end of the bytes.
+            let mut texts: Vec<Vec<u8>> = (0..=255u8).map(|next| vec![d, next, b'5']).collect();
+            texts.push(vec![d]);
+            for text in texts {
+                if let Some(fast) = single_digit_real(&text, 0) {
+                    let full = parse_real(&text, 0).expect("a digit is a real");
+                    assert_eq!((fast.0.to_bits(), fast.1), (full.0.to_bits(), full.1), "{text:?}");
+                    seen += 1;
+                } else {
+                    assert!(text.len() > 1 && matches!(text[1], b'0'..=b'9' | b'.' | b'e' | b'E'), "{text:?}");
+                }
+            }
+        }
+        assert_eq!(seen, 10 * (256 - 13 + 1));
+        assert_eq!(single_digit_real(b"x", 0), None);
+        assert_eq!(single_digit_real(b"", 0), None);
     }
 
     #[test]
