@@ -189,13 +189,10 @@ fn mantissa_digits(bytes: &[u8], mut q: usize, int: &mut u64, float: &mut Option
     (q, (q - start) as i64)
 }
 
-/// Reads the real number at `bytes[p..]` with deepx's arithmetic, as `f64`.
-///
-/// # Errors
-/// [`RealError`] with the offset of the offending byte.
 /// The real at `bytes[p..]` when it is a single digit not followed by another digit, `.`, `e`
 /// or `E` (the `1` of a categorical feature `id:1`), and the offset after it: exactly what
 /// [`parse_real`] returns there (`d * 10^0`, and `10^0` is 1), for two byte tests.
+#[must_use]
 #[inline(always)]
 pub fn single_digit_real(bytes: &[u8], p: usize) -> Option<(f64, usize)> {
     let d = digit(bytes.get(p))?;
@@ -205,6 +202,10 @@ pub fn single_digit_real(bytes: &[u8], p: usize) -> Option<(f64, usize)> {
     }
 }
 
+/// Reads the real number at `bytes[p..]` with deepx's arithmetic, as `f64`.
+///
+/// # Errors
+/// [`RealError`] with the offset of the offending byte.
 #[inline(always)]
 pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, usize)> {
     // Fast path: `-?digits(.digits)?` with at most 15 digits and no exponent — almost every value
