@@ -139,7 +139,7 @@ fn token(s: &[u8], from: usize) -> String {
 
 #[inline]
 fn skip_ws(s: &[u8], mut p: usize) -> usize {
-    while p < s.len() && (s[p] == b' ' || s[p] == b'\t') {
+    while let Some(b' ' | b'\t') = s.get(p) {
         p += 1;
     }
     p

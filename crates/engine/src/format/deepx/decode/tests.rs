@@ -352,3 +352,30 @@ fn float64_keeps_deepx_doubles() {
     d.decode_line(b"1 1:0.708333", &LineContext { file: &file, line: 0, offset: 0 }, &mut b, &mut Vec::new());
     assert_eq!(b.x[0].values, vec![708_333.0 * 1e-6]);
 }
+
+/// Long lines: every feature is kept in order, and a malformed feature far into a line rolls the
+/// whole line back.
+#[test]
+fn long_lines_keep_every_feature_and_roll_back_whole() {
+    let s = schema(FormatKind::Libsvm, 1, 0);
+    let d = DeepxDecoder::new(s);
+    let mut b = d.buffers::<f32>();
+    let mut errors = Vec::new();
+    let file: Arc<Path> = Arc::from(Path::new("t"));
+    let ctx = LineContext { file: &file, line: 0, offset: 0 };
+    let features = |n: u64| (0..n).map(|i| format!(" {}:{}.5", i * 7 + 1, i % 10)).collect::<String>();
+    let good = format!("1{}", features(70));
+    let bad = format!("0{} 9:x{}", features(40), features(5));
+    for line in [&good, &bad, &good] {
+        d.decode_line(line.as_bytes(), &ctx, &mut b, &mut errors);
+    }
+    assert_eq!(errors.len(), 1);
+    assert_eq!(b.samples, 2);
+    let x = &b.x[0];
+    assert_eq!(x.sample_offsets, vec![0, 70, 140]);
+    let ids: Vec<u64> = (0..70).map(|i| i * 7 + 1).collect();
+    assert_eq!(x.ids, [ids.clone(), ids].concat());
+    #[allow(clippy::cast_precision_loss)]
+    let values: Vec<f32> = (0..70u64).map(|i| (i % 10) as f32 + 0.5).collect();
+    assert_eq!(x.values, [values.clone(), values].concat());
+}
