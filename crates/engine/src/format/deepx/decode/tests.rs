@@ -363,7 +363,13 @@ fn long_lines_keep_every_feature_and_roll_back_whole() {
     let mut errors = Vec::new();
     let file: Arc<Path> = Arc::from(Path::new("t"));
     let ctx = LineContext { file: &file, line: 0, offset: 0 };
-    let features = |n: u64| (0..n).map(|i| format!(" {}:{}.5", i * 7 + 1, i % 10)).collect::<String>();
+    let features = |n: u64| {
+        let mut out = String::new();
+        for i in 0..n {
+            let _ = std::fmt::Write::write_fmt(&mut out, format_args!(" {}:{}.5", i * 7 + 1, i % 10));
+        }
+        out
+    };
     let good = format!("1{}", features(70));
     let bad = format!("0{} 9:x{}", features(40), features(5));
     for line in [&good, &bad, &good] {
