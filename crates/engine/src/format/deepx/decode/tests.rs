@@ -297,17 +297,23 @@ fn errors_name_the_line_and_the_byte_offset() {
     assert_eq!(e.at.file.as_ref(), Path::new("t.txt"));
 }
 
-#[test]
-fn a_malformed_line_is_rolled_back_and_the_next_one_is_whole() {
-    let s = schema(FormatKind::Uch, 2, 2);
+/// Decodes `lines` in turn into one chunk's buffers.
+fn decode_lines(s: Schema, lines: &[&str]) -> (DeepxDecoder, DeepxBufs<f32>, Vec<Malformed>) {
     let d = DeepxDecoder::new(s);
     let mut b = d.buffers::<f32>();
     let mut errors = Vec::new();
     let file: Arc<Path> = Arc::from(Path::new("t"));
     let ctx = LineContext { file: &file, line: 0, offset: 0 };
-    for line in ["1:2 3 uuid:q 1 2|3|4|5", "1 2 uuid:r 1|2|3 x", "0 1 7|8\n"] {
+    for line in lines {
         d.decode_line(line.as_bytes(), &ctx, &mut b, &mut errors);
     }
+    (d, b, errors)
+}
+
+#[test]
+fn a_malformed_line_is_rolled_back_and_the_next_one_is_whole() {
+    let (d, b, errors) =
+        decode_lines(schema(FormatKind::Uch, 2, 2), &["1:2 3 uuid:q 1 2|3|4|5", "1 2 uuid:r 1|2|3 x", "0 1 7|8\n"]);
     assert_eq!(errors.len(), 1);
     assert_eq!(b.samples, 2);
     assert_eq!(b.seq_offsets, vec![0, 1, 1, 2]);
@@ -357,12 +363,6 @@ fn float64_keeps_deepx_doubles() {
 /// whole line back.
 #[test]
 fn long_lines_keep_every_feature_and_roll_back_whole() {
-    let s = schema(FormatKind::Libsvm, 1, 0);
-    let d = DeepxDecoder::new(s);
-    let mut b = d.buffers::<f32>();
-    let mut errors = Vec::new();
-    let file: Arc<Path> = Arc::from(Path::new("t"));
-    let ctx = LineContext { file: &file, line: 0, offset: 0 };
     let features = |n: u64| {
         let mut out = String::new();
         for i in 0..n {
@@ -372,9 +372,7 @@ fn long_lines_keep_every_feature_and_roll_back_whole() {
     };
     let good = format!("1{}", features(70));
     let bad = format!("0{} 9:x{}", features(40), features(5));
-    for line in [&good, &bad, &good] {
-        d.decode_line(line.as_bytes(), &ctx, &mut b, &mut errors);
-    }
+    let (_, b, errors) = decode_lines(schema(FormatKind::Libsvm, 1, 0), &[&good, &bad, &good]);
     assert_eq!(errors.len(), 1);
     assert_eq!(b.samples, 2);
     let x = &b.x[0];
