@@ -679,11 +679,6 @@ impl Dataset {
                     let chunk_bytes = usize::try_from(desc.end - desc.start)
                         .map_err(|_| DataError::Dataset("chunk too large".into()))?;
                     let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
-                    // As a dense stream's values below: reserved whole, backed by huge pages.
-                    for x in &bufs.x {
-                        minibatchd_sys::advise_huge_pages(&x.ids);
-                        minibatchd_sys::advise_huge_pages(&x.values);
-                    }
                     let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
                     for g in seqs.clone() {
                         let loc = self.locs[g * self.sources.len() + si];

@@ -462,14 +462,18 @@ struct Src {
 
 impl Src {
     fn fill(&mut self, buf: &mut [u8]) -> Option<()> {
-        let n = buf.len() as u64;
-        if n > self.left {
+        if buf.len() as u64 > self.left {
             return None;
         }
         self.file.read_exact(buf).ok()?;
-        self.crc.update(buf);
-        self.left -= n;
+        self.consumed(buf);
         Some(())
+    }
+
+    /// Checksums `bytes`, just read, and counts them against what is left.
+    fn consumed(&mut self, bytes: &[u8]) {
+        self.crc.update(bytes);
+        self.left -= bytes.len() as u64;
     }
 
     /// `len` values of `T`, refused before allocating when they cannot fit in what is left.
@@ -481,8 +485,7 @@ impl Src {
         let len = usize::try_from(len).ok()?;
         // Written once, by the read (no zeroing first); on huge pages, as a parse's columns.
         let v = minibatchd_sys::files::read_array(&mut self.file, len).ok()?;
-        self.crc.update(as_bytes(&v));
-        self.left -= bytes;
+        self.consumed(as_bytes(&v));
         Some(v)
     }
 
