@@ -268,6 +268,8 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
 }
 
 fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
+    // `dump` and `index --parsed` parse chunks as the daemon does, under the same policy.
+    minibatchd_sys::huge::set_huge_pages(c.daemon.huge_pages);
     let cfg = c.dataset(name)?;
     let bar = progress_bar.then(|| {
         let b = indicatif::ProgressBar::new(0);

@@ -855,6 +855,7 @@ fn the_sample_config_documents_every_daemon_key() {
         "shutdown_grace_secs",
         "checkpoint_interval_secs",
         "host_memory_reserve_bytes",
+        "huge_pages",
     ] {
         assert!(d.contains(&format!("{field}:")), "DaemonConfig has no {field}");
         assert!(keys.contains(field), "conf/minibatchd.toml does not document daemon.{field}");
@@ -1028,4 +1029,62 @@ fn ended_unnamed_sessions_are_not_checkpointed_and_do_not_pile_up_across_restart
     let m =
         d.wait_metrics("the checkpoint restored", |m| m.sum("minibatchd_sessions", &[("state", "lingering")]) >= 1.0);
     assert_eq!(m.sum("minibatchd_sessions", &[("state", "lingering")]), 1.0, "only keep-me lingers after the restart");
+}
+
+/// Mappings of process `pid` advised `MADV_HUGEPAGE` (the `hg` flag in `/proc/PID/smaps`).
+fn huge_page_advised_mappings(pid: u32) -> usize {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).expect("smaps");
+    smaps
+        .lines()
+        .filter_map(|l| l.strip_prefix("VmFlags:"))
+        .filter(|flags| flags.split_whitespace().any(|f| f == "hg"))
+        .count()
+}
+
+/// `[daemon] huge_pages` reaches the parsed chunks: with `false` no mapping of the daemon is
+/// advised huge pages after it parsed a chunk of 5 MiB of dense values, with `true` (the default)
+/// the chunk's values are.
+#[test]
+fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
+    if !Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+        println!("SKIPPED: this kernel has no transparent huge pages");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    // 10,000 one-line sequences of 128 values: 5.1 MB of float32 in one chunk.
+    let mut text = String::with_capacity(10_000 * 520);
+    for i in 0..10_000u32 {
+        text.push_str("|F");
+        for k in 0..128u32 {
+            let _ = write!(text, " {}", (i + k) % 10);
+        }
+        text.push('\n');
+    }
+    write(dir, "big.ctf", text);
+    let big = format!(
+        "[datasets.big]\nformat = \"ctf\"\nfiles = [\"{}/big.ctf\"]\nchunk_size_bytes = 67108864\n\
+         [datasets.big.streams.features]\nalias = \"F\"\ndim = 128\nformat = \"dense\"\n",
+        dir.display()
+    );
+    for (setting, want_advised) in [("huge_pages = false", false), ("", true)] {
+        let _ = std::fs::remove_dir_all(dir.join("state"));
+        let cfg = write_config(dir, &format!("parsed_cache_bytes = 0\n{setting}"), &[]);
+        let text = std::fs::read_to_string(&cfg).expect("config");
+        std::fs::write(&cfg, text + &big).expect("write config");
+        let mut d = Daemon::start(dir, &[]);
+        let before = huge_page_advised_mappings(d.pid());
+        let mut s = open_retrying(&d, "big", &options(64), ErrorCode::DatasetIndexing);
+        let mb = s.next_owned().expect("next").expect("a minibatch");
+        assert_eq!(mb.streams[0].sequence_offsets.len(), 65);
+        let after = huge_page_advised_mappings(d.pid());
+        assert_eq!(before, 0, "{setting:?}: nothing advised before a chunk was parsed");
+        if want_advised {
+            assert!(after > 0, "{setting:?}: the parsed chunk's values are advised huge pages");
+        } else {
+            assert_eq!(after, 0, "{setting:?}: no mapping advised");
+        }
+        drop(s);
+        assert!(d.stop().success());
+    }
 }

@@ -135,6 +135,8 @@ pub struct DaemonConfig {
     pub parsed_cache_dir: PathBuf,
     /// Its bound in bytes; 0 turns it off.
     pub parsed_cache_bytes: u64,
+    /// Whether parsed chunks' large buffers are advised transparent huge pages.
+    pub huge_pages: bool,
 }
 
 /// The default bound of the persisted parsed-chunk cache (`parsed_cache_bytes`): 8 GiB.
@@ -364,6 +366,7 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         },
         parsed_cache_dir: PathBuf::new(),
         parsed_cache_bytes: t.uint(w, "parsed_cache_bytes", 0, u64::MAX).unwrap_or(DEFAULT_PARSED_CACHE_BYTES),
+        huge_pages: t.boolean(w, "huge_pages").unwrap_or(true),
     };
     let mut d = d;
     d.objects.cache_dir = t.path(w, "object_cache_dir").unwrap_or_else(|| d.state_dir.join("objects"));

@@ -280,6 +280,18 @@ fn inflation_limits_are_daemon_keys_given_to_every_dataset() {
     assert_eq!(paths, vec!["daemon.max_inflate_ratio", "daemon.max_inflated_bytes"], "{issues:?}");
 }
 
+/// Huge pages for parsed chunks: on unless the file says `huge_pages = false`; anything but a
+/// boolean is an error naming the key.
+#[test]
+fn huge_pages_is_a_boolean_on_by_default() {
+    assert!(parse(GOOD).expect("valid").daemon.huge_pages);
+    let off = GOOD.replace("[daemon]\n", "[daemon]\nhuge_pages = false\n");
+    assert!(!parse(&off).expect("valid").daemon.huge_pages);
+    let bad = GOOD.replace("[daemon]\n", "[daemon]\nhuge_pages = \"auto\"\n");
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&bad) else { panic!("expected invalid") };
+    assert_eq!(issues.iter().map(|i| i.path.as_str()).collect::<Vec<_>>(), vec!["daemon.huge_pages"], "{issues:?}");
+}
+
 #[test]
 fn validate_refuses_what_run_would_refuse() {
     let long = format!("/tmp/{}/mbd.sock", "d".repeat(120));

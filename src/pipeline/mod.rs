@@ -134,6 +134,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     // Held until the process ends: one daemon per state_dir.
     let _lock = lock_state_dir(&config.daemon.state_dir)?;
     raise_descriptor_limit(&config);
+    ops::reload::apply_huge_pages(config.daemon.huge_pages);
     let metrics_listener = bind_metrics(&config)?;
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
     // them get `dataset_indexing` with the progress.

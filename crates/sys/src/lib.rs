@@ -16,13 +16,12 @@
 
 pub mod fdpass;
 pub mod files;
+pub mod huge;
 pub mod memory;
 pub mod simd;
 
-pub use memory::{
-    advise_huge_pages, return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError,
-    SlotMemory,
-};
+pub use huge::advise_huge_pages;
+pub use memory::{return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
 
 /// This crate's result: creating or mapping shared memory fails with [`ShmError`].
 pub type Result<T, E = ShmError> = std::result::Result<T, E>;

@@ -214,35 +214,6 @@ impl ReadOnlyMapping {
     }
 }
 
-/// Bytes of a transparent huge page on `x86_64` and `aarch64` (4 KiB base pages).
-const HUGE_PAGE: usize = 2 << 20;
-
-/// Asks the kernel to back the whole 2 MiB pages inside `v`'s allocation with transparent huge
-/// pages (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode). Parsed chunks are tens of MiB,
-/// written once and then read at random by the gather: huge pages cut the page faults of the
-/// parse and the TLB misses of the gather. A hint: when the kernel declines, nothing changes.
-pub fn advise_huge_pages<T>(v: &Vec<T>) {
-    let bytes = v.capacity().saturating_mul(std::mem::size_of::<T>());
-    if bytes < 2 * HUGE_PAGE {
-        return;
-    }
-    let start = v.as_ptr() as usize;
-    let first = start.next_multiple_of(HUGE_PAGE);
-    let end = (start + bytes) / HUGE_PAGE * HUGE_PAGE;
-    if end <= first {
-        return;
-    }
-    // SAFETY: `[first, end)` lies inside `v`'s allocation (rounded inwards to whole huge pages),
-    // which this process owns and keeps mapped while `v` lives. `MADV_HUGEPAGE` changes how the
-    // kernel backs the range, never its contents, protection or validity, so no reference into
-    // it, ours or anyone's, is affected.
-    let advised =
-        unsafe { rustix::mm::madvise(first as *mut std::ffi::c_void, end - first, rustix::mm::Advice::LinuxHugepage) };
-    if let Err(e) = advised {
-        tracing::trace!(error = %e, "MADV_HUGEPAGE declined");
-    }
-}
-
 /// Heap blocks at least this large get a mapping of their own from glibc's malloc.
 pub const OWN_MAPPING_THRESHOLD: usize = 4 << 20;
 

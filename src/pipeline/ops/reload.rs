@@ -86,6 +86,7 @@ pub fn hot_daemon_keys() -> &'static [&'static str] {
         "shutdown_grace_secs",
         "checkpoint_interval_secs",
         "host_memory_reserve_bytes",
+        "huge_pages",
     ]
 }
 
@@ -212,6 +213,12 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     shared.data.opened_at_start.store(true, std::sync::atomic::Ordering::Release);
 }
 
+/// Sets whether parsed chunks from now on are advised huge pages (`[daemon] huge_pages`).
+pub fn apply_huge_pages(enabled: bool) {
+    minibatchd_sys::huge::set_huge_pages(enabled);
+    tracing::info!(huge_pages = enabled, "transparent huge pages for parsed chunks");
+}
+
 fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
@@ -223,6 +230,9 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
         let mut reg = shared.registry();
         crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.data.parser_threads);
         shared.rebudget(&reg);
+    }
+    if p.config.daemon.huge_pages != shared.config().daemon.huge_pages {
+        apply_huge_pages(p.config.daemon.huge_pages);
     }
     shared.replace(p.config, p.hub);
     shared.data.indexing.clear_finished(&shared.data.metrics);
@@ -283,8 +293,9 @@ mod tests {
             objects: _,
             parsed_cache_dir: _,
             parsed_cache_bytes: _,
+            huge_pages: _,
         } = daemon("");
-        assert_eq!(hot_daemon_keys().len(), 7);
+        assert_eq!(hot_daemon_keys().len(), 8);
     }
 
     #[test]
