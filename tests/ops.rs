@@ -1042,8 +1042,8 @@ fn huge_page_advised_mappings(pid: u32) -> usize {
 }
 
 /// `[daemon] huge_pages` reaches the parsed chunks: with `false` no mapping of the daemon is
-/// advised huge pages after it parsed a chunk of 5 MiB of dense values, with `true` (the default)
-/// the chunk's values are.
+/// advised huge pages after it parsed a chunk of 5 MiB of dense values; after a reload to `true`
+/// (the default), the next chunk parsed is.
 #[test]
 fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
     if !Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
@@ -1062,29 +1062,34 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
         text.push('\n');
     }
     write(dir, "big.ctf", text);
-    let big = format!(
-        "[datasets.big]\nformat = \"ctf\"\nfiles = [\"{}/big.ctf\"]\nchunk_size_bytes = 67108864\n\
-         [datasets.big.streams.features]\nalias = \"F\"\ndim = 128\nformat = \"dense\"\n",
-        dir.display()
-    );
-    for (setting, want_advised) in [("huge_pages = false", false), ("", true)] {
-        let _ = std::fs::remove_dir_all(dir.join("state"));
+    // The same file twice: the second dataset's chunk is parsed after the reload.
+    let mut datasets = String::new();
+    for name in ["before", "after"] {
+        let _ = write!(
+            datasets,
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}/big.ctf\"]\nchunk_size_bytes = 67108864\n\
+             [datasets.{name}.streams.features]\nalias = \"F\"\ndim = 128\nformat = \"dense\"\n",
+            dir.display()
+        );
+    }
+    let configure = |setting: &str| {
         let cfg = write_config(dir, &format!("parsed_cache_bytes = 0\n{setting}"), &[]);
         let text = std::fs::read_to_string(&cfg).expect("config");
-        std::fs::write(&cfg, text + &big).expect("write config");
-        let mut d = Daemon::start(dir, &[]);
-        let before = huge_page_advised_mappings(d.pid());
-        let mut s = open_retrying(&d, "big", &options(64), ErrorCode::DatasetIndexing);
+        std::fs::write(&cfg, text + &datasets).expect("write config");
+    };
+    configure("huge_pages = false");
+    let mut d = Daemon::start(dir, &[]);
+    let advised_after_a_parse = |d: &Daemon, dataset: &str| {
+        let mut s = open_retrying(d, dataset, &options(64), ErrorCode::DatasetIndexing);
         let mb = s.next_owned().expect("next").expect("a minibatch");
         assert_eq!(mb.streams[0].sequence_offsets.len(), 65);
-        let after = huge_page_advised_mappings(d.pid());
-        assert_eq!(before, 0, "{setting:?}: nothing advised before a chunk was parsed");
-        if want_advised {
-            assert!(after > 0, "{setting:?}: the parsed chunk's values are advised huge pages");
-        } else {
-            assert_eq!(after, 0, "{setting:?}: no mapping advised");
-        }
-        drop(s);
-        assert!(d.stop().success());
-    }
+        huge_page_advised_mappings(d.pid())
+    };
+    assert_eq!(huge_page_advised_mappings(d.pid()), 0, "nothing advised before a chunk was parsed");
+    assert_eq!(advised_after_a_parse(&d, "before"), 0, "huge_pages = false: no mapping advised");
+    configure("");
+    d.signal(rustix::process::Signal::HUP);
+    d.wait_metrics("the reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0);
+    assert!(advised_after_a_parse(&d, "after") > 0, "huge_pages = true: the parsed chunk's values are advised");
+    assert!(d.stop().success());
 }
