@@ -364,6 +364,14 @@ fn encoded_len(chunk: &ParsedChunk) -> u64 {
     n
 }
 
+/// The most bytes handed to one `write` of an entry. A column is tens of MiB; written in one call,
+/// the kernel fills the page cache with folios as large as the write allows (2 MiB), and on a VM
+/// whose balloon reports free memory to its host each such folio is memory the host must back
+/// again: 460 MB written 16 MiB at a time took 1.6–1.9 s of system time there, 1 MiB at a time
+/// 0.18–0.23 s (docs/benchmarks.md, "The persister's writes, 1 MiB at a time"). Elsewhere the
+/// smaller writes cost a few hundred more system calls per GiB.
+const WRITE_PIECE: usize = 1 << 20;
+
 /// A writer that checksums what passes through it.
 struct Crc<W> {
     inner: W,
@@ -373,7 +381,7 @@ struct Crc<W> {
 impl<W: Write> Crc<W> {
     fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.crc.update(bytes);
-        self.inner.write_all(bytes)
+        bytes.chunks(WRITE_PIECE).try_for_each(|piece| self.inner.write_all(piece))
     }
 
     fn u64s(&mut self, v: &[u64]) -> io::Result<()> {

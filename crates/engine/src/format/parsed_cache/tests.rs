@@ -193,3 +193,43 @@ fn the_directory_stays_within_its_bound_least_recently_used_out() {
     small.put(ID, &chunk(0));
     assert_eq!(small.stats().entries, 0);
 }
+
+/// Records the length of every `write` it is handed.
+struct Writes {
+    bytes: Vec<u8>,
+    sizes: Vec<usize>,
+}
+
+impl Write for Writes {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.sizes.push(buf.len());
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn columns_larger_than_a_write_piece_go_out_a_piece_at_a_time_and_read_back_whole() {
+    // A dense column of 3.5 pieces (and an odd tail), beside the small streams.
+    let mut big = chunk(3);
+    let n = (WRITE_PIECE * 7 / 2 + 12) / 4 / 3 * 3;
+    let samples = n / 3;
+    #[allow(clippy::cast_precision_loss)] // small integers, exact in f32
+    let values: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 - 500.0).collect();
+    big.num_sequences = 2;
+    big.streams[0] = StreamData::new(vec![0, 1, samples], StreamValues::Dense { dim: 3, values: Values::F32(values) });
+    let mut out = Writes { bytes: Vec::new(), sizes: Vec::new() };
+    encode(&mut out, ID, &big).expect("encode");
+    assert_eq!(out.bytes.len() as u64, encoded_len(&big));
+    assert!(out.sizes.iter().all(|&s| s <= WRITE_PIECE), "a write over {WRITE_PIECE} bytes: {:?}", out.sizes);
+    assert!(out.sizes.iter().filter(|&&s| s == WRITE_PIECE).count() >= 3, "{:?}", out.sizes);
+    // And the entry reads back whole through the cache.
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(&d.path().join("parsed"), 1 << 30);
+    c.put(ID, &big);
+    assert_eq!(get(&c, 3), Some(big));
+}
