@@ -69,7 +69,9 @@ def consume(sock: str, minibatch_size: int, sweeps: int) -> None:
     stages = scrape_stages()
     # Client overhead without waits: let a deep ring fill up, then time each next() on ready slots
     # (the time a trainer's loop spends in the client library per minibatch).
-    probe = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_samples=PROBE * minibatch_size, prefetch=PROBE + 2, slot_size_bytes=1 << 18)
+    # The main session's window (its chunks must fit the memory limit as well).
+    window = {"window_chunks": extra["window_chunks"]} if "window_chunks" in extra else {}
+    probe = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_samples=PROBE * minibatch_size, prefetch=PROBE + 2, slot_size_bytes=1 << 18, **window)
     next(probe)
     time.sleep(3.0)
     times = []

@@ -193,6 +193,8 @@ pub struct Metrics {
     pub cache_evictions: IntCounter,
     /// `minibatchd_cache_over_budget_loads_total`.
     pub cache_over_budget_loads: IntCounter,
+    /// `minibatchd_cache_refused_loads_total`.
+    pub cache_refused_loads: IntCounter,
     /// `minibatchd_session_minibatches_total{dataset,rank}`: minibatches delivered (announced).
     pub session_minibatches: IntCounterVec,
     /// `minibatchd_session_samples_total{dataset,rank}`: nominal samples delivered.
@@ -521,6 +523,11 @@ impl Metrics {
                 &r,
                 "minibatchd_cache_over_budget_loads_total",
                 "Demand loads admitted over the cache budget.",
+            )?,
+            cache_refused_loads: counter(
+                &r,
+                "minibatchd_cache_refused_loads_total",
+                "Demand loads refused at the memory limit (the session failed with resource_exhausted).",
             )?,
             session_minibatches: counter_vec(
                 &r,

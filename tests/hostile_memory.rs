@@ -13,6 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use minibatchd_client::protocol::ErrorCode;
+use minibatchd_client::protocol::SessionOptions;
 use minibatchd_client::{Client, ClientError};
 use support::daemon::{options, Daemon, DEADLINE};
 use support::write;
@@ -273,4 +274,71 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
         DAEMON_OVERHEAD_BYTES >> 20
     );
     eprintln!("peak RSS with 256 sessions and 1024 connections, limit {} MiB: {} MiB", LIMIT >> 20, peak >> 20);
+}
+
+/// #17 acceptance 4 (memory bounded at every size): a randomization window whose parsed chunks
+/// exceed the limit was served over it (a 384 MiB limit peaked at 543–554 MiB in the benchmark:
+/// a demand load was admitted whenever nothing was evictable). Now a session's demand load is
+/// refused once the chunks sessions hold fill the cache's share of the limit: that session fails
+/// with `resource_exhausted`, naming the window as the cause, and the daemon stays within the
+/// limit; the same data with a window that fits is served whole, and so is the failed session's
+/// data for the next session with a smaller window.
+#[test]
+fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 40,000 samples of 512 ones: 41 MB of text, 82 MB parsed — more than the 64 MiB limit.
+    let line = format!("|a {}\n", "1 ".repeat(512));
+    let file = write(p, "wide.ctf", line.repeat(40_000));
+    let datasets = format!(
+        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+         [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
+        file.display()
+    );
+    config(p, LIMIT, &datasets);
+    let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
+    // CNTK's default window covers the file: its first minibatch of 256 draws from every chunk.
+    let one_sweep = SessionOptions { max_sweeps: Some(1), ..options(256) };
+    let mut s = open_when_ready(&d, &one_sweep);
+    let err = loop {
+        match s.next_owned() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("a window of 82 MB of parsed chunks was served whole with a {} MiB limit", LIMIT >> 20),
+            Err(e) => break e,
+        }
+    };
+    let ClientError::Daemon { code, message, .. } = err else { panic!("{err}") };
+    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+    for part in ["dataset 'wide' needs chunk", "memory_limit_bytes", "window_chunks or window_samples"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    // A window of two chunks: every sample once, within the limit — while the failed session is
+    // still connected (its producer let its chunks go when it failed).
+    let small = SessionOptions { window_chunks: Some(2), ..one_sweep };
+    let mut next = open_when_ready(&d, &small);
+    let mut samples = 0usize;
+    while let Some(mb) = next.next_owned().expect("next") {
+        samples += mb.streams[0].num_samples();
+    }
+    assert_eq!(samples, 40_000);
+    drop(s);
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
+        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB",
+        peak >> 20,
+        LIMIT >> 20,
+        DAEMON_OVERHEAD_BYTES >> 20
+    );
+    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("minibatchd_cache_refused_loads_total ") && !l.ends_with(" 0")),
+        "no refused load counted"
+    );
+    eprintln!("peak RSS with a {} MiB limit and an 82 MB window: {} MiB", LIMIT >> 20, peak >> 20);
+}
+
+/// Opens `wide`, waiting while it is being indexed (the socket opens before).
+fn open_when_ready(d: &Daemon, opts: &SessionOptions) -> minibatchd_client::Session {
+    support::daemon::open_retrying(d, "wide", opts, ErrorCode::DatasetIndexing)
 }

@@ -106,7 +106,9 @@ pub enum ErrorCode {
     ResumeMismatch,
     /// A session of that name is connected elsewhere.
     SessionBusy,
-    /// Not enough memory under `memory_limit_bytes` for the session's ring.
+    /// A limit is reached: not enough memory under `memory_limit_bytes` for the session's ring
+    /// (at `open`), the chunks its randomization window holds would pass that limit (during the
+    /// session: reopen with a smaller window), or a connection or session limit.
     ResourceExhausted,
     /// A minibatch does not fit in a slot; reopen with a larger `slot_size_bytes`.
     MinibatchTooLarge,

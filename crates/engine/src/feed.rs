@@ -154,6 +154,18 @@ impl Feeder {
         Ok(gathered)
     }
 
+    /// Chunks held now.
+    #[must_use]
+    pub fn held_chunks(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Parsed bytes held now.
+    #[must_use]
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
     /// Most chunks held at once so far.
     #[must_use]
     pub fn peak_chunks(&self) -> usize {

@@ -237,9 +237,12 @@ impl ControlPlane {
     }
 
     /// Sets the chunk cache's budget: the limit minus the rings of `reg`, capped by the
-    /// host-memory guard.
+    /// host-memory guard; and its ceiling, the same without the cap (what sessions may hold
+    /// before their demand loads are refused: a host short of memory shrinks the cache, it does
+    /// not fail sessions).
     pub fn rebudget(&self, reg: &Registry) {
-        self.data.cache.set_budget(reg.cache_budget().min(self.host.cap.load(Ordering::Relaxed)));
+        let share = reg.cache_budget();
+        self.data.cache.set_budget_and_ceiling(share.min(self.host.cap.load(Ordering::Relaxed)), share);
     }
 }
 

@@ -6,7 +6,13 @@
 //! session holds. A chunk a session holds (an `Arc` outside the cache, from first use until the
 //! sampler retires it) is never evicted; prefetch stops at the budget; a demand load is admitted
 //! even over budget when nothing is evictable (otherwise the session could never progress) and is
-//! counted in [`CacheStats::over_budget_loads`].
+//! counted in [`CacheStats::over_budget_loads`] — but only below the ceiling: the cache's share of
+//! `memory_limit_bytes` before the host-memory guard lowers the budget. Once the chunks sessions
+//! hold reach the ceiling, a demand load is refused ([`Lookup::OverLimit`], counted in
+//! [`CacheStats::refused_loads`]) and the session that asked fails with `resource_exhausted`: a
+//! session holds about one randomization window of parsed chunks, and a window larger than the
+//! limit cannot be served within it. So the chunks held never pass the ceiling by more than the
+//! chunks being loaded when it was reached.
 //!
 //! [`SharedCache`] wraps it for threads: session producers look chunks up and block until the
 //! cache stage inserts them; misses become [`ChunkRequest`]s on the bounded request channel.
@@ -77,6 +83,8 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Demand loads admitted over the budget.
     pub over_budget_loads: u64,
+    /// Demand loads refused because the chunks sessions hold reached the ceiling.
+    pub refused_loads: u64,
     /// Parsed bytes held now.
     pub bytes: u64,
     /// Chunks held now.
@@ -94,22 +102,40 @@ pub enum Lookup {
     Miss,
     /// Loading failed.
     Failed(DataError),
+    /// Not there, and the chunks that sessions hold or wait for (`held` bytes) already reach the
+    /// `ceiling`: loading it would pass the memory limit.
+    OverLimit {
+        /// Parsed bytes held by sessions (not evictable).
+        held: u64,
+        /// The ceiling in force.
+        ceiling: u64,
+    },
 }
 
 /// The cache's logic.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CacheCore {
     entries: HashMap<ChunkKey, Entry>,
     budget: u64,
+    /// What the chunks sessions hold may reach before demand loads are refused (`u64::MAX`: no
+    /// such bound).
+    ceiling: u64,
+    /// Entries `Loading` (requested, not yet parsed).
+    loading: u64,
     tick: u64,
     stats: CacheStats,
 }
 
 impl CacheCore {
-    /// An empty cache with `budget` bytes.
+    /// An empty cache with `budget` bytes and no ceiling.
     #[must_use]
     pub fn new(budget: u64) -> Self {
-        Self { budget, ..Self::default() }
+        Self { entries: HashMap::new(), budget, ceiling: u64::MAX, loading: 0, tick: 0, stats: CacheStats::default() }
+    }
+
+    /// Sets the ceiling: demand loads are refused once the chunks sessions hold reach it.
+    pub fn set_ceiling(&mut self, ceiling: u64) {
+        self.ceiling = ceiling;
     }
 
     /// Changes the budget (rings come and go) and evicts down to it.
@@ -134,29 +160,41 @@ impl CacheCore {
             }
             Some(Entry::Failed(m)) => Lookup::Failed(m.clone()),
             None => {
-                self.stats.misses += 1;
                 self.evict();
+                if self.stats.bytes >= self.ceiling {
+                    // Whatever eviction left is held by sessions (or pinned for them).
+                    let held = self.stats.bytes - self.evictable_bytes();
+                    if held > 0 && held >= self.ceiling {
+                        self.stats.refused_loads += 1;
+                        return Lookup::OverLimit { held, ceiling: self.ceiling };
+                    }
+                }
+                self.stats.misses += 1;
                 if self.stats.bytes >= self.budget {
                     self.stats.over_budget_loads += 1;
                 }
                 self.entries.insert(key, Entry::Loading { since: now, demanded: true });
+                self.loading += 1;
                 Lookup::Miss
             }
         }
     }
 
-    /// Marks `key` for a prefetch if it is absent and the budget has room; `true` if the caller
-    /// should request it.
+    /// Marks `key` for a prefetch if it is absent and the budget has room — counting the chunks
+    /// being loaded at the mean size of those parsed, so that prefetches in flight do not carry
+    /// the cache past its budget —; `true` if the caller should request it.
     pub fn begin_prefetch(&mut self, key: ChunkKey, now: Instant) -> bool {
         if self.entries.contains_key(&key) {
             return false;
         }
         self.evict();
-        if self.stats.bytes >= self.budget {
+        let mean = self.stats.bytes.checked_div(self.stats.chunks).unwrap_or(0);
+        if self.stats.bytes.saturating_add(self.loading.saturating_mul(mean)) >= self.budget {
             return false;
         }
         self.stats.misses += 1;
         self.entries.insert(key, Entry::Loading { since: now, demanded: false });
+        self.loading += 1;
         true
     }
 
@@ -164,6 +202,7 @@ impl CacheCore {
     pub fn abort(&mut self, key: ChunkKey) {
         if matches!(self.entries.get(&key), Some(Entry::Loading { .. })) {
             self.entries.remove(&key);
+            self.loading = self.loading.saturating_sub(1);
         }
     }
 
@@ -192,9 +231,13 @@ impl CacheCore {
             }
             Err(e) => Entry::Failed(e),
         };
-        if let Some(Entry::Ready { bytes, .. }) = self.entries.insert(key, entry) {
-            self.stats.bytes -= bytes;
-            self.stats.chunks -= 1;
+        match self.entries.insert(key, entry) {
+            Some(Entry::Ready { bytes, .. }) => {
+                self.stats.bytes -= bytes;
+                self.stats.chunks -= 1;
+            }
+            Some(Entry::Loading { .. }) => self.loading = self.loading.saturating_sub(1),
+            _ => {}
         }
         self.evict();
     }
@@ -275,6 +318,19 @@ pub enum FetchError {
     /// The pipeline's request channel is gone (the daemon is stopping).
     #[error("the reader stage is gone")]
     Disconnected,
+    /// Loading the chunk would pass the memory limit ([`Lookup::OverLimit`]).
+    #[error("the chunks that sessions hold ({} MiB) fill the chunk cache's share of memory_limit_bytes ({} MiB)", mib(*held), mib(*ceiling))]
+    OverLimit {
+        /// Parsed bytes held by sessions.
+        held: u64,
+        /// The ceiling in force.
+        ceiling: u64,
+    },
+}
+
+/// Bytes as MiB, rounded up (for messages).
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
 }
 
 /// The cache shared by the producers and the cache stage.
@@ -307,6 +363,13 @@ impl SharedCache {
     /// Sets the byte budget.
     pub fn set_budget(&self, budget: u64) {
         self.lock().set_budget(budget);
+    }
+
+    /// Sets the budget and the ceiling under one lock ([`CacheCore::set_ceiling`]).
+    pub fn set_budget_and_ceiling(&self, budget: u64, ceiling: u64) {
+        let mut core = self.lock();
+        core.set_ceiling(ceiling);
+        core.set_budget(budget);
     }
 
     /// [`CacheCore::forget_failures`].
@@ -371,6 +434,7 @@ impl SharedCache {
             match core.lookup(key, now) {
                 Lookup::Hit(c) => return Ok(c),
                 Lookup::Failed(m) => return Err(FetchError::Failed(m)),
+                Lookup::OverLimit { held, ceiling } => return Err(FetchError::OverLimit { held, ceiling }),
                 Lookup::Miss => {
                     drop(core);
                     self.send(key, stop)?;
@@ -430,6 +494,59 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(c.stats().misses, 1);
         assert_eq!(c.stats().hits, 2);
+    }
+
+    #[test]
+    fn demand_loads_stop_at_the_ceiling_once_sessions_hold_it_and_evictable_chunks_make_room() {
+        let size = chunk(1000).size_bytes() as u64;
+        let mut c = CacheCore::new(2 * size);
+        c.set_ceiling(2 * size);
+        let t = Instant::now();
+        let take = |c: &mut CacheCore, k: u32| {
+            assert!(matches!(c.lookup((0, k), t), Lookup::Miss), "chunk {k} is loaded");
+            c.insert((0, k), Ok(chunk(1000)));
+            match c.lookup((0, k), t) {
+                Lookup::Hit(h) => h,
+                other => panic!("{other:?}"),
+            }
+        };
+        // A session holds two chunks: the ceiling is reached, a third is refused and not marked
+        // loading (nothing was requested).
+        let a = take(&mut c, 0);
+        let b = take(&mut c, 1);
+        match c.lookup((0, 2), t) {
+            Lookup::OverLimit { held, ceiling } => assert_eq!((held, ceiling), (2 * size, 2 * size)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!((c.stats().refused_loads, c.stats().misses, c.stats().chunks), (1, 2, 2));
+        // Chunks already there are still served.
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        // Once the session lets one go, the chunk is evicted for the load instead.
+        drop(a);
+        let _c2 = take(&mut c, 2);
+        assert_eq!((c.stats().evictions, c.stats().chunks), (1, 2));
+        drop(b);
+        // The budget below the ceiling (a host short of memory) admits over budget, as before.
+        c.set_budget(0);
+        let over = c.stats().over_budget_loads;
+        let _c3 = take(&mut c, 3);
+        assert_eq!(c.stats().over_budget_loads, over + 1);
+        assert_eq!(c.stats().refused_loads, 1, "a held chunk below the ceiling does not refuse");
+        // Prefetches count the chunks in flight at the mean parsed size: with two chunks parsed
+        // and one loading, a budget of three chunks has no room for another.
+        let mut p = CacheCore::new(3 * size);
+        for k in 0..2 {
+            assert!(p.begin_prefetch((1, k), t));
+            p.insert((1, k), Ok(chunk(1000)));
+        }
+        assert!(p.begin_prefetch((1, 2), t), "room for a third");
+        assert!(!p.begin_prefetch((1, 3), t), "the third, in flight, fills the budget");
+        p.abort((1, 2));
+        assert!(p.begin_prefetch((1, 3), t), "an aborted load frees its place");
+        // Nothing held: even a ceiling of 0 lets one chunk in (a session must be able to start).
+        let mut empty = CacheCore::new(0);
+        empty.set_ceiling(0);
+        assert!(matches!(empty.lookup((0, 0), t), Lookup::Miss));
     }
 
     #[test]

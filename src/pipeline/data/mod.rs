@@ -97,6 +97,7 @@ impl DataPlane {
         let d = &config.daemon;
         let channels = Channels::new(d.read_queue_chunks, d.parsed_queue_chunks);
         let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()));
+        cache.set_budget_and_ceiling(cache_budget, cache_budget);
         let (persist, jobs) = persister::channel();
         persister::spawn(jobs);
         Self {

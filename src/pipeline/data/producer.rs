@@ -106,6 +106,9 @@ pub enum ProduceError {
     /// The minibatch does not fit a slot (or another layout problem).
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// A chunk the minibatch needs would pass the memory limit ([`FetchError::OverLimit`]).
+    #[error("{0}")]
+    Memory(String),
 }
 
 impl ProduceError {
@@ -115,13 +118,14 @@ impl ProduceError {
             Self::Data(_) => ErrorCode::DataError,
             Self::Layout(LayoutError::TooLarge { .. }) => ErrorCode::MinibatchTooLarge,
             Self::Layout(_) => ErrorCode::Internal,
+            Self::Memory(_) => ErrorCode::ResourceExhausted,
         }
     }
 
     fn detail(&self) -> Option<ErrorDetail> {
         match self {
             Self::Data(e) => Some(error_detail(e)),
-            Self::Stopped | Self::Layout(_) => None,
+            Self::Stopped | Self::Layout(_) | Self::Memory(_) => None,
         }
     }
 }
@@ -487,6 +491,7 @@ impl Planner {
         let cache = &self.cache;
         let mut loaded: Vec<u32> = Vec::new();
         let mut cache_wait = Duration::ZERO;
+        let mut over_limit: Option<(u32, FetchError)> = None;
         let built = self.feeder.gather(&plan, &mut |chunk| {
             let asked = Instant::now();
             cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
@@ -495,12 +500,28 @@ impl Planner {
             loaded.push(chunk);
             got.map_err(|e| match e {
                 FetchError::Failed(e) => e,
+                e @ FetchError::OverLimit { .. } => {
+                    let message = format!("chunk {chunk}: {e}");
+                    over_limit = Some((chunk, e));
+                    DataError::Dataset(message)
+                }
                 other => DataError::Dataset(format!("chunk {chunk}: {other}")),
             })
         });
         self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
         if stop.load(Ordering::Relaxed) {
             return Err(ProduceError::Stopped);
+        }
+        if let (Err(_), Some((chunk, e))) = (&built, over_limit) {
+            return Err(ProduceError::Memory(format!(
+                "minibatch {} of dataset '{}' needs chunk {chunk}, but {e}; this session holds {} chunks ({} MiB) \
+                 and a session holds about one randomization window of parsed chunks: open it with a smaller \
+                 window (window_chunks or window_samples), close other sessions, or raise memory_limit_bytes",
+                self.feeder.next_index(),
+                self.runtime.name,
+                self.feeder.held_chunks(),
+                self.feeder.held_bytes().div_ceil(1 << 20),
+            )));
         }
         let mb = built?;
         let samples = plan.samples;

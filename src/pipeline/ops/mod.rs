@@ -68,6 +68,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     Metrics::mirror(&m.cache_misses, stats.misses);
     Metrics::mirror(&m.cache_evictions, stats.evictions);
     Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
+    Metrics::mirror(&m.cache_refused_loads, stats.refused_loads);
     let (connected, lingering, rings, limit) = {
         let mut reg = shared.registry();
         reg.expire(Instant::now());
