@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A randomization window larger than memory_limit_bytes: starts the release daemon on FILE (the
+# dense CTF of scripts/bench_daemon.py: 128 floats + a 10-class sparse label per line) with only
+# that limit, opens one session with the default window (minibatch 256, one sweep) from the
+# Python client, and prints how it ended and the daemon's peak RSS (VmHWM).
+#
+#     scripts/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FILE=${1:-/work/bd/bench.ctf}
+LIMIT=${2:-402653184}
+W=$(mktemp -d)
+trap 'kill "$P" 2>/dev/null && wait "$P" 2>/dev/null; rm -rf "$W"' EXIT
+cat > "$W/m.toml" <<T
+[daemon]
+socket = "$W/mbd.sock"
+state_dir = "$W/state"
+memory_limit_bytes = $LIMIT
+[datasets.bench]
+format = "ctf"
+files = ["$FILE"]
+[datasets.bench.streams.features]
+dim = 128
+format = "dense"
+[datasets.bench.streams.labels]
+dim = 10
+format = "sparse"
+T
+cargo build -q --release --bin minibatchd
+target/release/minibatchd run --config "$W/m.toml" 2>"$W/log" &
+P=$!
+PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" <<'PY'
+import sys, time
+import minibatchd
+for _ in range(100):
+    try:
+        client = minibatchd.connect(sys.argv[1])
+        break
+    except minibatchd.MinibatchdError:
+        time.sleep(0.1)
+s = minibatchd.open_when_indexed(client, "bench", minibatch_size=256, max_sweeps=1) if hasattr(minibatchd, "open_when_indexed") else client.open("bench", minibatch_size=256, max_sweeps=1)
+t, n = time.perf_counter(), 0
+try:
+    for mb in s:
+        n += 1
+    print(f"served the whole sweep: {n} minibatches in {time.perf_counter() - t:.2f} s")
+except minibatchd.MinibatchdError as e:
+    print(f"failed after {time.perf_counter() - t:.2f} s and {n} minibatches: {e}")
+PY
+grep VmHWM "/proc/$P/status"
