@@ -98,6 +98,11 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
                     failed += 1;
                     tracing::warn!(dataset = %rt.name, chunk, error = %m, "preload: chunk failed to parse; a session that needs it gets the error");
                 }
+                Err(FetchError::OverLimit { .. }) => {
+                    // The chunks sessions hold fill the limit: no room to preload.
+                    ended = Some(Ended::Budget);
+                    break;
+                }
                 Err(_) => {
                     ended = Some(still_wanted().err().unwrap_or(Ended::Stopping));
                     break;
