@@ -1093,3 +1093,41 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
     assert!(advised_after_a_parse(&d, "after") > 0, "huge_pages = true: the parsed chunk's values are advised");
     assert!(d.stop().success());
 }
+
+/// Disk bounded at every size: a data file that is deleted (rotated data) left its index cache in
+/// `state_dir/index` for good, one per file ever indexed. The housekeeping thread now removes the
+/// caches of data files that are gone, soon after start and hourly; those of existing files stay.
+#[test]
+fn the_index_caches_of_deleted_data_files_are_removed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    write_data(dir);
+    write_config(dir, "", &["train", "extra"]);
+    let idx_files = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("state/index"))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let mut d = Daemon::start(dir, &[]);
+    open_retrying(&d, "extra", &options(4), ErrorCode::DatasetIndexing);
+    open_retrying(&d, "train", &options(4), ErrorCode::DatasetIndexing);
+    d.stop();
+    let before = idx_files();
+    assert!(
+        before.iter().any(|n| n.starts_with("extra.ctf.")) && before.iter().any(|n| n.starts_with("train.ctf.")),
+        "{before:?}"
+    );
+    // The extra data goes away (and its dataset with it); the daemon starts again.
+    std::fs::remove_file(dir.join("extra.ctf")).expect("rm");
+    write_config(dir, "", &["train"]);
+    let _d = Daemon::start(dir, &[]);
+    let start = Instant::now();
+    while idx_files().iter().any(|n| n.starts_with("extra.ctf.")) {
+        assert!(start.elapsed() < DEADLINE, "the cache of the deleted file stayed: {:?}", idx_files());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = idx_files();
+    assert!(after.iter().any(|n| n.starts_with("train.ctf.")), "the cache of an existing file was removed: {after:?}");
+}

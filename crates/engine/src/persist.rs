@@ -210,6 +210,18 @@ pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
     Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{}: no free temporary name for {base}", dir.display())))
 }
 
+/// Whether the process that named temporary file `name` ([`create_temp`]:
+/// `.{base}.{pid}.{n}.tmp`) still runs: a temporary file whose writer is gone was left by a crash.
+#[must_use]
+pub fn writer_alive(name: &str) -> bool {
+    let mut parts = name.trim_end_matches(".tmp").rsplit('.');
+    let _n = parts.next();
+    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
+        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
+    }
+}
+
 /// Fsyncs the directory `dir` (makes a rename in it durable). Errors are ignored: some file
 /// systems cannot fsync a directory.
 pub fn sync_dir(dir: &Path) {

@@ -189,6 +189,23 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
     shared.rebudget(&reg);
 }
 
+/// How often the housekeeping thread removes the index caches of data files that are gone
+/// (and once soon after start).
+const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Removes the index caches that can never be used again ([`minibatchd_engine::format::index_cache::remove_orphans`]): a
+/// dataset whose files rotate would otherwise leave one behind per file, for good.
+fn tidy_index_cache(state_dir: &std::path::Path) {
+    let removed = minibatchd_engine::format::index_cache::remove_orphans(state_dir);
+    if removed.files > 0 {
+        tracing::info!(
+            files = removed.files,
+            bytes = removed.bytes,
+            "removed the index caches of data files that are gone"
+        );
+    }
+}
+
 /// The housekeeping thread (`mbd-housekeeping`).
 #[derive(Debug)]
 pub struct Housekeeping {
@@ -208,12 +225,17 @@ impl Housekeeping {
         sample_memory(&shared, &mut sampler, &mut guard);
         let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
             let mut last_checkpoint = Instant::now();
+            let mut last_tidy: Option<Instant> = None;
             loop {
                 match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
                 sample_memory(&shared, &mut sampler, &mut guard);
+                if last_tidy.is_none_or(|t| t.elapsed() >= INDEX_TIDY_INTERVAL) {
+                    tidy_index_cache(&shared.config().daemon.state_dir);
+                    last_tidy = Some(Instant::now());
+                }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {
                     write_checkpoint(&shared, "periodic");

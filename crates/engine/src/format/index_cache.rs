@@ -329,9 +329,107 @@ pub fn store(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, index: &Fil
     Ok(path)
 }
 
+/// What [`remove_orphans`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// Cache files removed.
+    pub files: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Removes from `state_dir/index/` the cache files that can never be used again: those whose
+/// data file no longer exists (a cache is named by its data file's path and options, so a file
+/// that is rewritten replaces its cache, but one that is deleted — rotated data, a renamed
+/// directory — left its cache behind for good), those that are not cache files of this version,
+/// and the temporary files of writers that are gone (a crash during a write). Caches of files
+/// that exist are kept whatever their options: a dataset configured again finds them. So the
+/// directory holds at most one cache per existing data file and set of index options. Caches of
+/// objects in object storage (named by URL) are kept.
+///
+/// Files that are not this user's private regular files are left alone (they are never read
+/// either). Errors are skipped: this only tidies.
+#[must_use]
+pub fn remove_orphans(state_dir: &Path) -> Removed {
+    let mut removed = Removed::default();
+    let Ok(entries) = fs::read_dir(state_dir.join(INDEX_DIR)) else { return removed };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Both names are ours, in lower case (`cache_path`, `persist::create_temp`).
+        let ext = Path::new(&name).extension().and_then(|x| x.to_str()).unwrap_or("");
+        let is_temp = name.starts_with('.') && ext == "tmp";
+        if !is_temp && ext != "idx" {
+            continue;
+        }
+        let Ok((f, meta)) = persist::open_trusted(&path) else { continue };
+        let orphan = if is_temp { !persist::writer_alive(&name) } else { !data_file_exists(f) };
+        if orphan && fs::remove_file(&path).is_ok() {
+            removed.files += 1;
+            removed.bytes += meta.len();
+        }
+    }
+    removed
+}
+
+/// Whether the data file a cache file names exists; `false` for a file that is not a cache file
+/// of this version.
+fn data_file_exists(f: fs::File) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let mut r = std::io::BufReader::with_capacity(4096, f);
+    let mut head = [0u8; 16];
+    if r.read_exact(&mut head).is_err() || &head[..8] != MAGIC || head[8..12] != VERSION.to_le_bytes() {
+        return false;
+    }
+    let n = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize;
+    if n == 0 || n > MAX_FIELD_BYTES {
+        return false;
+    }
+    let mut data = vec![0u8; n];
+    if r.read_exact(&mut data).is_err() {
+        return false;
+    }
+    // An object's cache names its URL (kept: its existence is not a local question); a data file
+    // that cannot be stat'ed for another reason (permissions) is kept.
+    let path = Path::new(std::ffi::OsStr::from_bytes(&data));
+    !path.is_absolute() || !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn orphans_are_removed_and_the_caches_of_existing_files_kept() {
+        let (dir, _data, stamp, index) = setup();
+        let state = dir.path().join("state");
+        let kept = store(&state, &stamp, "opts", &index).expect("store");
+        let other_options = store(&state, &stamp, "other", &index).expect("store");
+        let gone_data = dir.path().join("rotated.ctf");
+        fs::write(&gone_data, "|a 3\n").expect("write");
+        let gone = store(&state, &FileStamp::of(&gone_data).expect("stamp"), "opts", &index).expect("store");
+        fs::remove_file(&gone_data).expect("rm");
+        let idx = state.join(INDEX_DIR);
+        // Not a cache of this version; a crashed writer's temporary file (no such pid); a file of
+        // another kind, left alone.
+        fs::write(idx.join("junk.idx"), b"not an index").expect("write");
+        fs::write(idx.join(".x.idx.4294967.0.tmp"), b"partial").expect("write");
+        fs::write(idx.join("notes.txt"), b"keep").expect("write");
+        let live_temp = idx.join(format!(".y.idx.{}.0.tmp", std::process::id()));
+        fs::write(&live_temp, b"being written").expect("write");
+        let object = FileStamp { path: "s3://bucket/gone.ctf".into(), size: 4, mtime_secs: 1, mtime_nanos: 0 };
+        let object = store(&state, &object, "opts", &index).expect("store");
+        let removed = remove_orphans(&state);
+        assert_eq!(removed.files, 3, "{removed:?}");
+        assert!(object.exists(), "an object's cache is kept");
+        for p in [&kept, &other_options, &live_temp, &idx.join("notes.txt")] {
+            assert!(p.exists(), "{} removed", p.display());
+        }
+        for p in [&gone, &idx.join("junk.idx"), &idx.join(".x.idx.4294967.0.tmp")] {
+            assert!(!p.exists(), "{} kept", p.display());
+        }
+        assert_eq!(remove_orphans(&state), Removed::default(), "nothing more the second time");
+    }
 
     fn setup() -> (tempfile::TempDir, PathBuf, FileStamp, FileIndex) {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -169,7 +169,7 @@ impl ParsedCache {
                 continue;
             }
             if name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp") {
-                if !writer_alive(&name) {
+                if !persist::writer_alive(&name) {
                     let _ = std::fs::remove_file(e.path());
                 }
                 continue;
@@ -321,16 +321,6 @@ impl ParsedCache {
             self.lock().forget(&victim);
             self.counters.evictions.fetch_add(1, Ordering::Relaxed);
         }
-    }
-}
-
-/// Whether the process that named temporary file `name` (`.{base}.{pid}.{n}.tmp`) still runs.
-fn writer_alive(name: &str) -> bool {
-    let mut parts = name.trim_end_matches(".tmp").rsplit('.');
-    let _n = parts.next();
-    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
-        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
-        None => false,
     }
 }
 
