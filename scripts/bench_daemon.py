@@ -158,7 +158,7 @@ def main() -> None:
     if a.consume:
         consume(a.consume, a.minibatch_size, a.sweeps)
         return
-    work = Path(a.workdir)
+    work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
     data = prepare(work, a.size_bytes)
     # A fresh state dir: a checkpoint from an earlier run (another file size) would restore
     # sessions that no longer match the data.

@@ -129,7 +129,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_daemon import prepare  # the same file and build as every minibatchd figure
 
-    work = Path(a.workdir)
+    work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
     data = prepare(work, a.size_bytes)
     text_mb = data.stat().st_size / 1e6
     with open(data, "rb") as f:
