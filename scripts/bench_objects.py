@@ -76,7 +76,7 @@ def main() -> None:
                     help="cut the file (at line ends) into objects of about this size (0: one object, the file itself); "
                          "the local baseline reads the same files from a local directory")
     a = ap.parse_args()
-    work = Path(a.workdir)
+    work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
     work.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
     data = work / "bench.ctf"
