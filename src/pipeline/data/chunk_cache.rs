@@ -180,16 +180,25 @@ impl CacheCore {
         }
     }
 
-    /// Marks `key` for a prefetch if it is absent and the budget has room — counting the chunks
-    /// being loaded at the mean size of those parsed, so that prefetches in flight do not carry
-    /// the cache past its budget —; `true` if the caller should request it.
+    /// Marks `key` for a prefetch if it is absent and the budget has room; `true` if the caller
+    /// should request it. The room counts the chunks being loaded at the mean size of those
+    /// parsed, so that prefetches in flight do not carry the cache past its budget, and leaves
+    /// out the chunks no session holds, which an arriving chunk evicts (a cache kept full of
+    /// retired chunks must not stop the parse-ahead of a dataset larger than the budget).
     pub fn begin_prefetch(&mut self, key: ChunkKey, now: Instant) -> bool {
         if self.entries.contains_key(&key) {
             return false;
         }
         self.evict();
+        if self.stats.bytes >= self.budget {
+            return false;
+        }
         let mean = self.stats.bytes.checked_div(self.stats.chunks).unwrap_or(0);
-        if self.stats.bytes.saturating_add(self.loading.saturating_mul(mean)) >= self.budget {
+        let in_flight = self.loading.saturating_mul(mean);
+        // The exact test (held bytes, a pass over the entries) only when the cheap one fails.
+        if self.stats.bytes.saturating_add(in_flight) >= self.budget
+            && (self.stats.bytes - self.evictable_bytes()).saturating_add(in_flight) >= self.budget
+        {
             return false;
         }
         self.stats.misses += 1;
@@ -534,15 +543,23 @@ mod tests {
         assert_eq!(c.stats().refused_loads, 1, "a held chunk below the ceiling does not refuse");
         // Prefetches count the chunks in flight at the mean parsed size: with two chunks parsed
         // and one loading, a budget of three chunks has no room for another.
+        // Chunks no session holds do not count: an arriving chunk evicts them.
         let mut p = CacheCore::new(3 * size);
+        let mut held = Vec::new();
         for k in 0..2 {
             assert!(p.begin_prefetch((1, k), t));
             p.insert((1, k), Ok(chunk(1000)));
+            match p.lookup((1, k), t) {
+                Lookup::Hit(h) => held.push(h),
+                other => panic!("{other:?}"),
+            }
         }
         assert!(p.begin_prefetch((1, 2), t), "room for a third");
         assert!(!p.begin_prefetch((1, 3), t), "the third, in flight, fills the budget");
         p.abort((1, 2));
         assert!(p.begin_prefetch((1, 3), t), "an aborted load frees its place");
+        held.pop();
+        assert!(p.begin_prefetch((1, 4), t), "a chunk let go makes room: it is evicted when needed");
         // Nothing held: even a ceiling of 0 lets one chunk in (a session must be able to start).
         let mut empty = CacheCore::new(0);
         empty.set_ceiling(0);
