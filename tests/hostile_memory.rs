@@ -41,6 +41,20 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
+/// Checks the daemon's peak RSS against `memory_limit_bytes` + [`DAEMON_OVERHEAD_BYTES`] and
+/// prints it for `case`.
+fn assert_within_limit(d: &Daemon, case: &str) {
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
+        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB {case}",
+        peak >> 20,
+        LIMIT >> 20,
+        DAEMON_OVERHEAD_BYTES >> 20
+    );
+    eprintln!("peak RSS with a {} MiB limit {case}: {} MiB", LIMIT >> 20, peak >> 20);
+}
+
 fn dataset(name: &str, format: &str, file: &Path, dense: bool) -> String {
     let mut t =
         format!("[datasets.{name}]\nformat = \"{format}\"\nfiles = [\"{}\"]\ncache_index = false\n", file.display());
@@ -119,15 +133,7 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     // The good dataset is served whole.
     let mut s = Client::connect(&d.socket).expect("connect").open("good", &options(10)).expect("open good");
     assert_eq!(support::daemon::drain(&mut s, 5).len(), 5);
-    let peak = peak_rss(d.pid());
-    assert!(
-        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
-        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB",
-        peak >> 20,
-        LIMIT >> 20,
-        DAEMON_OVERHEAD_BYTES >> 20
-    );
-    eprintln!("peak RSS with a {} MiB limit on hostile inputs: {} MiB", LIMIT >> 20, peak >> 20);
+    assert_within_limit(&d, "on hostile inputs");
 }
 
 /// #15 item 3: indexing ran before the socket opened, with no word to systemd or the trainers.
@@ -265,15 +271,7 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
     for s in &mut sessions {
         assert!(s.next_owned().expect("still served").is_some());
     }
-    let peak = peak_rss(d.pid());
-    assert!(
-        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
-        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB with 256 sessions and 1024 connections",
-        peak >> 20,
-        LIMIT >> 20,
-        DAEMON_OVERHEAD_BYTES >> 20
-    );
-    eprintln!("peak RSS with 256 sessions and 1024 connections, limit {} MiB: {} MiB", LIMIT >> 20, peak >> 20);
+    assert_within_limit(&d, "with 256 sessions and 1024 connections");
 }
 
 /// #17 acceptance 4 (memory bounded at every size): a randomization window whose parsed chunks
@@ -322,20 +320,12 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
     }
     assert_eq!(samples, 40_000);
     drop(s);
-    let peak = peak_rss(d.pid());
-    assert!(
-        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
-        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB",
-        peak >> 20,
-        LIMIT >> 20,
-        DAEMON_OVERHEAD_BYTES >> 20
-    );
+    assert_within_limit(&d, "and an 82 MB window");
     let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
     assert!(
         metrics.lines().any(|l| l.starts_with("minibatchd_cache_refused_loads_total ") && !l.ends_with(" 0")),
         "no refused load counted"
     );
-    eprintln!("peak RSS with a {} MiB limit and an 82 MB window: {} MiB", LIMIT >> 20, peak >> 20);
 }
 
 /// Opens `wide`, waiting while it is being indexed (the socket opens before).
