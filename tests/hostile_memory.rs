@@ -276,11 +276,12 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
 
 /// #17 acceptance 4 (memory bounded at every size): a randomization window whose parsed chunks
 /// exceed the limit was served over it (a 384 MiB limit peaked at 543–554 MiB in the benchmark:
-/// a demand load was admitted whenever nothing was evictable). Now a session's demand load is
-/// refused once the chunks sessions hold fill the cache's share of the limit: that session fails
-/// with `resource_exhausted`, naming the window as the cause, and the daemon stays within the
-/// limit; the same data with a window that fits is served whole, and so is the failed session's
-/// data for the next session with a smaller window.
+/// a demand load was admitted whenever nothing was evictable). Now an `open` whose window's dense
+/// values alone pass the cache's share of the limit is refused at once, and a session's demand
+/// load is refused once the chunks sessions hold fill that share (what the estimate at `open`
+/// does not see: here a sample window): that session fails with `resource_exhausted`, naming the
+/// window as the cause, and the daemon stays within the limit; the same data with a window that
+/// fits is served whole, while the failed session is still connected.
 #[test]
 fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_the_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -295,9 +296,30 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
     );
     config(p, LIMIT, &datasets);
     let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
-    // CNTK's default window covers the file: its first minibatch of 256 draws from every chunk.
+    // CNTK's default window covers the file: its dense values alone pass the limit, so the open
+    // is refused at once.
     let one_sweep = SessionOptions { max_sweeps: Some(1), ..options(256) };
-    let mut s = open_when_ready(&d, &one_sweep);
+    let start = Instant::now();
+    let (code, message) = loop {
+        match Client::connect(&d.socket).expect("connect").open("wide", &one_sweep) {
+            Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. }) if start.elapsed() < DEADLINE => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(ClientError::Daemon { code, message, .. }) => break (code, message),
+            Ok(_) => panic!("a window of 82 MB of dense values was opened with a {} MiB limit", LIMIT >> 20),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+    for part in
+        ["randomization window needs at least 79 MiB", "its 40 smallest chunks", "window_chunks or window_samples"]
+    {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    // A sample window over the whole file is not estimated at open: the cache's ceiling stops its
+    // first minibatch instead.
+    let by_samples = SessionOptions { window_samples: Some(40_000), ..one_sweep.clone() };
+    let mut s = open_when_ready(&d, &by_samples);
     let err = loop {
         match s.next_owned() {
             Ok(Some(_)) => {}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
 use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, StreamShape};
-use crate::sampling::{MinibatchPlan, Sampler, SamplingError, Timeline};
+use crate::sampling::{MinibatchPlan, Sampler, SamplingError, SamplingOptions, Timeline, Window};
 use crate::Result;
 
 /// Loads a chunk that is not held: parses it, or fetches it from a cache.
@@ -179,6 +179,30 @@ impl Feeder {
     }
 }
 
+/// A lower bound on the parsed bytes a session with `options` holds at once over `timeline`:
+/// with a randomization window of `W` chunks a session holds about `W` chunks (module docs), and
+/// each sequence of a chunk has at least one sample of every dense stream (`dim` values each).
+/// So the bound is the `W` smallest chunks' dense values at one sample per sequence, divided
+/// among the workers (CNTK may hand whole chunks to each). It leaves out sparse and string
+/// streams, offsets and longer sequences, so a window it says does not fit cannot fit; 0 for
+/// file order and for sample windows (the daemon's runtime ceiling still holds those).
+#[must_use]
+pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: &SamplingOptions) -> u64 {
+    let Window::Chunks(window) = options.window else { return 0 };
+    if !options.randomize || window == 0 {
+        return 0;
+    }
+    let per_sequence: u64 = shapes
+        .iter()
+        .filter(|s| s.kind == crate::format::chunk::StreamKind::Dense)
+        .map(|s| s.dim as u64 * if s.float64 { 8 } else { 4 })
+        .sum();
+    let mut chunks: Vec<u64> = timeline.chunk_start.windows(2).map(|w| (w[1] - w[0]) as u64 * per_sequence).collect();
+    chunks.sort_unstable();
+    let floor: u64 = chunks.iter().take(window).fold(0u64, |a, &b| a.saturating_add(b));
+    floor / options.num_workers.max(1) as u64
+}
+
 /// The held chunks, falling back to the loader.
 struct HeldOrLoaded<'a, 'l> {
     held: &'a mut ChunkMap<Arc<ParsedChunk>>,
@@ -202,7 +226,7 @@ impl ChunkSource for HeldOrLoaded<'_, '_> {
 mod tests {
     use super::*;
     use crate::format::chunk::{StreamData, StreamKind, StreamValues, Values};
-    use crate::sampling::{EpochLimit, SamplingOptions, Window};
+    use crate::sampling::EpochLimit;
 
     /// `chunks` chunks of `per` one-sample sequences, one dense stream of dim 1 whose value is the
     /// sequence's global index.
@@ -245,6 +269,32 @@ mod tests {
         let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
         let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
         Feeder::new(sampler, timeline, shapes, false, 0)
+    }
+
+    #[test]
+    fn the_window_floor_counts_the_smallest_chunks_dense_values_per_worker() {
+        // Chunks of 2, 5 and 3 sequences; a dense stream of 4 float32 and a sparse one.
+        let timeline = Timeline { seq_len: vec![1; 10], chunk_start: vec![0, 2, 7, 10] };
+        let shapes = vec![
+            StreamShape { kind: StreamKind::Dense, dim: 4, float64: false },
+            StreamShape { kind: StreamKind::SparseI32, dim: 1000, float64: false },
+        ];
+        let options = |window, randomize, num_workers| SamplingOptions {
+            randomize,
+            window,
+            seed: 0,
+            limit: EpochLimit::FullSweep,
+            num_workers,
+            rank: 0,
+        };
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(2), true, 1)), (2 + 3) * 16);
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), true, 1)), 10 * 16);
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), true, 2)), 10 * 16 / 2);
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), false, 1)), 0);
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(0), true, 1)), 0);
+        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Samples(10), true, 1)), 0);
+        let f64_shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 4, float64: true }];
+        assert_eq!(window_floor_bytes(&timeline, &f64_shapes, &options(Window::Chunks(1), true, 1)), 2 * 32);
     }
 
     #[test]

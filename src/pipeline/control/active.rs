@@ -263,6 +263,23 @@ fn place_sampler(
     }
 }
 
+/// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
+/// cache's ceiling would stop it there, after parsing the limit's worth of chunks). Called once
+/// the session's ring is reserved: the cache's share is what the limit leaves beside it.
+fn window_fits(rt: &DatasetRuntime, resolved: &ResolvedOptions, shared: &ControlPlane) -> Result<(), Refusal> {
+    let timeline = rt.dataset.timeline();
+    let floor = minibatchd_engine::feed::window_floor_bytes(timeline, &rt.shapes, &resolved.sampling);
+    let share = shared.registry().cache_budget();
+    if floor <= share {
+        return Ok(());
+    }
+    let window_chunks = match resolved.sampling.window {
+        minibatchd_engine::sampling::Window::Chunks(w) => w.min(timeline.num_chunks()),
+        minibatchd_engine::sampling::Window::Samples(_) => 0,
+    };
+    Err(Refusal::WindowTooLarge { window_chunks, floor, share })
+}
+
 /// Opens a session: [`prepare`], [`admission::admit`], then the ring and the producer (undoing
 /// the admission when either fails).
 pub(super) async fn open(
@@ -312,6 +329,7 @@ pub(super) async fn open(
         shared.rebudget(&reg);
         refusal
     };
+    window_fits(&rt, &resolved, shared).map_err(undo)?;
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let pad_to = place_sampler(&mut sampler, &start, &resolved, dataset, shared).map_err(undo)?;

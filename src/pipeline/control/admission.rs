@@ -80,6 +80,21 @@ pub enum Refusal {
     /// The delivery stage is gone (the daemon is stopping).
     #[error("delivery stage unavailable: {0}")]
     Delivery(String),
+    /// The randomization window's parsed chunks cannot fit the memory limit
+    /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
+    #[error(
+        "the randomization window needs at least {} MiB of parsed chunks (the dense values of its {window_chunks} smallest chunks alone), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); open the session with a smaller window (window_chunks or window_samples) or raise memory_limit_bytes",
+        floor.div_ceil(1 << 20),
+        share >> 20
+    )]
+    WindowTooLarge {
+        /// The window in chunks.
+        window_chunks: usize,
+        /// The least the window holds, in bytes.
+        floor: u64,
+        /// The cache's share of the limit, in bytes.
+        share: u64,
+    },
 }
 
 impl Refusal {
@@ -92,7 +107,7 @@ impl Refusal {
             Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
             Self::Registry(RegistryError::Busy(_) | RegistryError::NotOwner(_)) => ErrorCode::SessionBusy,
-            Self::TooManySessions { .. } => ErrorCode::ResourceExhausted,
+            Self::TooManySessions { .. } | Self::WindowTooLarge { .. } => ErrorCode::ResourceExhausted,
             Self::Registry(RegistryError::Memory { .. }) | Self::HostMemory { .. } | Self::Ring(_) => {
                 ErrorCode::ResourceExhausted
             }
