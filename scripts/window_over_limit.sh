@@ -6,6 +6,7 @@
 # and the daemon's peak RSS (VmHWM).
 #
 #     scripts/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
+#     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (not estimated at open)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=${1:-/work/bd/bench.ctf}
@@ -31,7 +32,7 @@ cargo build -q --release --bin minibatchd
 target/release/minibatchd run --config "$W/m.toml" 2>"$W/log" &
 P=$!
 PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" <<'PY'
-import sys, time
+import os, sys, time
 import minibatchd
 for _ in range(100):
     try:
@@ -39,11 +40,12 @@ for _ in range(100):
         break
     except minibatchd.MinibatchdError:
         time.sleep(0.1)
+window = {"window_samples": int(os.environ["WINDOW_SAMPLES"])} if os.environ.get("WINDOW_SAMPLES") else {}
 t, n = time.perf_counter(), 0
 try:
     while True:
         try:
-            s = client.open("bench", minibatch_size=256, max_sweeps=1)
+            s = client.open("bench", minibatch_size=256, max_sweeps=1, **window)
             break
         except minibatchd.MinibatchdError as e:
             if e.code != "dataset_indexing":
