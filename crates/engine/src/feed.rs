@@ -12,7 +12,7 @@ use std::sync::Arc;
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
 use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, StreamShape};
-use crate::sampling::{MinibatchPlan, Sampler, SamplingError, SamplingOptions, Timeline, Window};
+use crate::sampling::{EpochLimit, MinibatchPlan, Sampler, SamplingError, SamplingOptions, Timeline, Window};
 use crate::Result;
 
 /// Loads a chunk that is not held: parses it, or fetches it from a cache.
@@ -179,28 +179,58 @@ impl Feeder {
     }
 }
 
-/// A lower bound on the parsed bytes a session with `options` holds at once over `timeline`:
-/// with a randomization window of `W` chunks a session holds about `W` chunks (module docs), and
-/// each sequence of a chunk has at least one sample of every dense stream (`dim` values each).
-/// So the bound is the `W` smallest chunks' dense values at one sample per sequence, divided
-/// among the workers (CNTK may hand whole chunks to each). It leaves out sparse and string
-/// streams, offsets and longer sequences, so a window it says does not fit cannot fit; 0 for
-/// file order and for sample windows (the daemon's runtime ceiling still holds those).
+/// Fewest sequences per chunk (per worker) for [`window_floor_bytes`] to estimate anything.
+const FLOOR_MIN_SEQUENCES: u64 = 32;
+
+/// A lower bound on the parsed bytes a session with `options` holds at once over `timeline`, or
+/// 0 where none is safe to give.
+///
+/// With a randomization window of `W` chunks the sequences of a chunk are placed at random over
+/// the positions of about `W` chunks, and the session holds the chunk from its first use to its
+/// last (module docs): with `m` sequences per chunk that is on average `(m − 1) / (m + 1)` of the
+/// window, so the peak over a sweep holds at least that share of `W` chunks. Each sequence has
+/// at least one sample of every dense stream (`dim` values). So the bound is the dense values of
+/// the `W` smallest chunks at one sample per sequence, times that share for the chunk with the
+/// fewest sequences, times 0.9 for the randomness, divided among the workers (CNTK may hand each
+/// whole chunks). Sparse and string streams, offsets and longer sequences are left out, so a
+/// window it says does not fit cannot fit. 0 for file order, for sample windows (the daemon's
+/// ceiling still holds those) and for epochs shorter than a sweep (they may end before the peak);
+/// a chunk with fewer than 32 sequences per worker counts 0 (few uses, short holds).
 #[must_use]
 pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: &SamplingOptions) -> u64 {
     let Window::Chunks(window) = options.window else { return 0 };
-    if !options.randomize || window == 0 {
+    let total_samples: u64 = timeline.seq_len.iter().map(|&l| u64::from(l)).sum();
+    let whole_sweep = match options.limit {
+        EpochLimit::Infinite | EpochLimit::FullSweep | EpochLimit::Sweep(_) => true,
+        EpochLimit::Sweeps(n) => n >= 1,
+        EpochLimit::Samples(n) => n >= total_samples,
+    };
+    if !options.randomize || window == 0 || !whole_sweep {
         return 0;
     }
+    let workers = options.num_workers.max(1) as u64;
     let per_sequence: u64 = shapes
         .iter()
         .filter(|s| s.kind == crate::format::chunk::StreamKind::Dense)
         .map(|s| s.dim as u64 * if s.float64 { 8 } else { 4 })
         .sum();
-    let mut chunks: Vec<u64> = timeline.chunk_start.windows(2).map(|w| (w[1] - w[0]) as u64 * per_sequence).collect();
-    chunks.sort_unstable();
-    let floor: u64 = chunks.iter().take(window).fold(0u64, |a, &b| a.saturating_add(b));
-    floor / options.num_workers.max(1) as u64
+    // Each chunk's dense values at one sample per sequence, times the share of the window it is
+    // held for, for one worker.
+    let mut held: Vec<u128> = timeline
+        .chunk_start
+        .windows(2)
+        .map(|w| {
+            let m = (w[1] - w[0]) as u64;
+            let per_worker = m / workers;
+            if per_worker < FLOOR_MIN_SEQUENCES {
+                return 0;
+            }
+            let bytes = u128::from(m) * u128::from(per_sequence);
+            bytes * 9 * u128::from(per_worker - 1) / (10 * u128::from(per_worker + 1) * u128::from(workers))
+        })
+        .collect();
+    held.sort_unstable();
+    u64::try_from(held.iter().take(window).sum::<u128>()).unwrap_or(u64::MAX)
 }
 
 /// The held chunks, falling back to the loader.
@@ -226,7 +256,6 @@ impl ChunkSource for HeldOrLoaded<'_, '_> {
 mod tests {
     use super::*;
     use crate::format::chunk::{StreamData, StreamKind, StreamValues, Values};
-    use crate::sampling::EpochLimit;
 
     /// `chunks` chunks of `per` one-sample sequences, one dense stream of dim 1 whose value is the
     /// sequence's global index.
@@ -273,28 +302,47 @@ mod tests {
 
     #[test]
     fn the_window_floor_counts_the_smallest_chunks_dense_values_per_worker() {
-        // Chunks of 2, 5 and 3 sequences; a dense stream of 4 float32 and a sparse one.
-        let timeline = Timeline { seq_len: vec![1; 10], chunk_start: vec![0, 2, 7, 10] };
+        // Chunks of 40, 100 and 60 one-sample sequences; a dense stream of 4 float32 and a sparse one.
+        let timeline = Timeline { seq_len: vec![1; 200], chunk_start: vec![0, 40, 140, 200] };
         let shapes = vec![
             StreamShape { kind: StreamKind::Dense, dim: 4, float64: false },
             StreamShape { kind: StreamKind::SparseI32, dim: 1000, float64: false },
         ];
-        let options = |window, randomize, num_workers| SamplingOptions {
+        let options = |window, randomize, num_workers, limit| SamplingOptions {
             randomize,
             window,
             seed: 0,
-            limit: EpochLimit::FullSweep,
+            limit,
             num_workers,
             rank: 0,
         };
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(2), true, 1)), (2 + 3) * 16);
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), true, 1)), 10 * 16);
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), true, 2)), 10 * 16 / 2);
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(128), false, 1)), 0);
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Chunks(0), true, 1)), 0);
-        assert_eq!(window_floor_bytes(&timeline, &shapes, &options(Window::Samples(10), true, 1)), 0);
+        let floor = |o: &SamplingOptions| window_floor_bytes(&timeline, &shapes, o);
+        // Each chunk's dense bytes times the share of the window it is held for at the peak,
+        // 0.9 × (m − 1) / (m + 1) for its m sequences.
+        let held = |m: u64| m * 16 * 9 * (m - 1) / (10 * (m + 1));
+        assert_eq!(floor(&options(Window::Chunks(2), true, 1, EpochLimit::FullSweep)), held(40) + held(60));
+        let all = held(40) + held(60) + held(100);
+        assert_eq!(floor(&options(Window::Chunks(128), true, 1, EpochLimit::Infinite)), all);
+        assert_eq!(floor(&options(Window::Chunks(128), true, 1, EpochLimit::Samples(200))), all);
+        // Two workers: 20 and 30 sequences per worker are too few to count; the 100-sequence
+        // chunk counts with 50 per worker, halved.
+        let per_worker = |m: u64| m * 16 * 9 * (m / 2 - 1) / (10 * (m / 2 + 1) * 2);
+        assert_eq!(floor(&options(Window::Chunks(128), true, 2, EpochLimit::FullSweep)), per_worker(100));
+        for o in [
+            options(Window::Chunks(128), false, 1, EpochLimit::FullSweep),
+            options(Window::Chunks(0), true, 1, EpochLimit::FullSweep),
+            options(Window::Samples(10), true, 1, EpochLimit::FullSweep),
+            options(Window::Chunks(128), true, 1, EpochLimit::Samples(199)),
+            options(Window::Chunks(128), true, 1, EpochLimit::Sweeps(0)),
+        ] {
+            assert_eq!(floor(&o), 0, "{o:?}");
+        }
+        // Chunks of 2, 5 and 3 sequences: a chunk is used a few times and held briefly.
+        let few = Timeline { seq_len: vec![1; 10], chunk_start: vec![0, 2, 7, 10] };
+        assert_eq!(window_floor_bytes(&few, &shapes, &options(Window::Chunks(3), true, 1, EpochLimit::FullSweep)), 0);
         let f64_shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 4, float64: true }];
-        assert_eq!(window_floor_bytes(&timeline, &f64_shapes, &options(Window::Chunks(1), true, 1)), 2 * 32);
+        let o = options(Window::Chunks(1), true, 1, EpochLimit::FullSweep);
+        assert_eq!(window_floor_bytes(&timeline, &f64_shapes, &o), 40 * 32 * 9 * 39 / (10 * 41));
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub enum Refusal {
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
     #[error(
-        "the randomization window needs at least {} MiB of parsed chunks (the dense values of its {window_chunks} smallest chunks alone), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); open the session with a smaller window (window_chunks or window_samples) or raise memory_limit_bytes",
+        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); open the session with a smaller window (window_chunks or window_samples) or raise memory_limit_bytes",
         floor.div_ceil(1 << 20),
         share >> 20
     )]
