@@ -199,11 +199,10 @@ const FLOOR_MIN_SEQUENCES: u64 = 32;
 #[must_use]
 pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: &SamplingOptions) -> u64 {
     let Window::Chunks(window) = options.window else { return 0 };
-    let total_samples: u64 = timeline.seq_len.iter().map(|&l| u64::from(l)).sum();
     let whole_sweep = match options.limit {
         EpochLimit::Infinite | EpochLimit::FullSweep | EpochLimit::Sweep(_) => true,
         EpochLimit::Sweeps(n) => n >= 1,
-        EpochLimit::Samples(n) => n >= total_samples,
+        EpochLimit::Samples(n) => n >= timeline.seq_len.iter().map(|&l| u64::from(l)).sum::<u64>(),
     };
     if !options.randomize || window == 0 || !whole_sweep {
         return 0;

@@ -163,7 +163,7 @@ impl CacheCore {
                 self.evict();
                 if self.stats.bytes >= self.ceiling {
                     // Whatever eviction left is held by sessions (or pinned for them).
-                    let held = self.stats.bytes - self.evictable_bytes();
+                    let held = self.held_bytes();
                     if held > 0 && held >= self.ceiling {
                         self.stats.refused_loads += 1;
                         return Lookup::OverLimit { held, ceiling: self.ceiling };
@@ -197,7 +197,7 @@ impl CacheCore {
         let in_flight = self.loading.saturating_mul(mean);
         // The exact test (held bytes, a pass over the entries) only when the cheap one fails.
         if self.stats.bytes.saturating_add(in_flight) >= self.budget
-            && (self.stats.bytes - self.evictable_bytes()).saturating_add(in_flight) >= self.budget
+            && self.held_bytes().saturating_add(in_flight) >= self.budget
         {
             return false;
         }
@@ -297,6 +297,11 @@ impl CacheCore {
         self.budget
     }
 
+    /// Parsed bytes that sessions hold or wait for (what eviction cannot free now).
+    fn held_bytes(&self) -> u64 {
+        self.stats.bytes - self.evictable_bytes()
+    }
+
     /// Parsed bytes that no session holds or waits for (what eviction could free now).
     #[must_use]
     pub fn evictable_bytes(&self) -> u64 {
@@ -367,11 +372,6 @@ impl SharedCache {
     pub fn insert(&self, msg: ParsedMsg) {
         self.lock().insert(msg.key, msg.result);
         self.arrived.notify_all();
-    }
-
-    /// Sets the byte budget.
-    pub fn set_budget(&self, budget: u64) {
-        self.lock().set_budget(budget);
     }
 
     /// Sets the budget and the ceiling under one lock ([`CacheCore::set_ceiling`]).

@@ -363,7 +363,7 @@ pub fn remove_orphans(state_dir: &Path) -> Removed {
             continue;
         }
         let Ok((f, meta)) = persist::open_trusted(&path) else { continue };
-        let orphan = if is_temp { !persist::writer_alive(&name) } else { !data_file_exists(f) };
+        let orphan = if is_temp { !persist::writer_alive(&name) } else { !data_file_exists(f, meta.len()) };
         if orphan && fs::remove_file(&path).is_ok() {
             removed.files += 1;
             removed.bytes += meta.len();
@@ -372,21 +372,18 @@ pub fn remove_orphans(state_dir: &Path) -> Removed {
     removed
 }
 
-/// Whether the data file a cache file names exists; `false` for a file that is not a cache file
-/// of this version.
-fn data_file_exists(f: fs::File) -> bool {
+/// Whether the data file a cache file of `len` bytes names exists; `false` for a file that is not
+/// a cache file of this version. Reads only the header, through the cache's own reader.
+fn data_file_exists(f: fs::File, len: u64) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let mut r = std::io::BufReader::with_capacity(4096, f);
-    let mut head = [0u8; 16];
-    if r.read_exact(&mut head).is_err() || &head[..8] != MAGIC || head[8..12] != VERSION.to_le_bytes() {
-        return false;
-    }
-    let n = u32::from_le_bytes([head[12], head[13], head[14], head[15]]) as usize;
-    if n == 0 || n > MAX_FIELD_BYTES {
-        return false;
-    }
-    let mut data = vec![0u8; n];
-    if r.read_exact(&mut data).is_err() {
+    let mut body = BodyReader {
+        r: Hashing { inner: std::io::BufReader::with_capacity(4096, f), hash: Fnv1a::new() },
+        left: len.saturating_sub(8),
+    };
+    let mut magic = [0u8; 8];
+    let header = body.fill(&mut magic).and_then(|()| body.u32()).and_then(|v| Ok((v, body.field()?)));
+    let Ok((version, data)) = header else { return false };
+    if &magic != MAGIC || version != VERSION || data.is_empty() {
         return false;
     }
     // An object's cache names its URL (kept: its existence is not a local question); a data file
