@@ -8,7 +8,9 @@
 //!   the old index;
 //! * four nodes indexing the same objects at once: one indexes, the others download its index;
 //! * a server that answers 503, resets connections mid-body and trickles responses is survived:
-//!   the dumps are still exactly the golden ones.
+//!   the dumps are still exactly the golden ones;
+//! * the local index cache of an object that rotated out of a dataset's prefix is removed once
+//!   unused past the grace; those of the objects the dataset reads are kept.
 
 mod support;
 
@@ -320,5 +322,64 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
     assert!(
         error.contains("s3://train-data/changing/data.txt") && error.contains("changed since it was indexed"),
         "{error}"
+    );
+}
+
+#[test]
+fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
+    use support::daemon::Daemon;
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    for day in ["day-1", "day-2"] {
+        server.put(BUCKET, &format!("rotating/{day}.txt"), b"1 1:1 2:1\n0 3:1\n");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display();
+    write(
+        dir.path(),
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\n\
+             [datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/rotating/\"]\n"
+        ),
+    );
+    let env: Vec<_> = server.env().into_iter().collect();
+    let caches = || -> Vec<(String, std::path::PathBuf)> {
+        let mut found: Vec<_> = std::fs::read_dir(dir.path().join("state/index"))
+            .map(|rd| rd.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect())
+            .unwrap_or_default();
+        found.sort();
+        found
+    };
+    let mut daemon = Daemon::start(dir.path(), &env);
+    daemon.stop();
+    let names: Vec<String> = caches().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("day-1.txt.")) && names.iter().any(|n| n.starts_with("day-2.txt.")),
+        "{names:?}"
+    );
+    // day-1 rotates out of the prefix, day-3 arrives; both older caches were last used two days
+    // ago, past the grace.
+    minibatchd_engine::remote::ObjectStore::delete(&server.client(), &format!("s3://{BUCKET}/rotating/day-1.txt"))
+        .expect("delete");
+    server.put(BUCKET, "rotating/day-3.txt", b"1 4:1\n");
+    let long_ago = std::time::SystemTime::now() - 2 * minibatchd_engine::format::index_cache::OBJECT_CACHE_GRACE;
+    for (_, path) in caches() {
+        std::fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+    }
+    let _daemon = Daemon::start(dir.path(), &env);
+    let start = std::time::Instant::now();
+    while caches().iter().any(|(n, _)| n.starts_with("day-1.txt.")) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the rotated object's cache stayed: {:?}",
+            caches()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let names: Vec<String> = caches().into_iter().map(|(n, _)| n).collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("day-2.txt.")) && names.iter().any(|n| n.starts_with("day-3.txt.")),
+        "the cache of an object the dataset reads was removed: {names:?}"
     );
 }

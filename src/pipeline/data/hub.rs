@@ -188,6 +188,12 @@ impl Hub {
         Self::default().reopen(config, metrics, &Indexing::default()).0
     }
 
+    /// Every file and object the opened datasets read.
+    #[must_use]
+    pub fn inputs(&self) -> std::collections::HashSet<std::path::PathBuf> {
+        self.by_name.values().flatten().flat_map(|rt| rt.dataset.inputs().map(std::path::Path::to_path_buf)).collect()
+    }
+
     /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its
     /// index after the datasets already in this hub, reporting its progress to `indexing`.
     fn open_one(

@@ -189,21 +189,36 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
     shared.rebudget(&reg);
 }
 
-/// How often the housekeeping thread removes the index caches of data files that are gone
-/// (and once soon after start).
+/// How often the housekeeping thread removes the index caches of data files that are gone and
+/// of objects no dataset reads (and once soon after start).
 const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
+/// How soon a tidy that ran before every dataset was open runs again (it kept every object's
+/// cache, see [`tidy_index_cache`]).
+const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 
-/// Removes the index caches that can never be used again ([`minibatchd_engine::format::index_cache::remove_orphans`]): a
-/// dataset whose files rotate would otherwise leave one behind per file, for good.
-fn tidy_index_cache(state_dir: &std::path::Path) {
-    let removed = minibatchd_engine::format::index_cache::remove_orphans(state_dir);
+/// Removes the index caches that will not be used again
+/// ([`minibatchd_engine::format::index_cache::remove_orphans`]): a dataset whose files or objects
+/// rotate would otherwise leave one behind per file, for good. Returns whether every configured
+/// dataset was open, so that the objects' caches could be judged too.
+fn tidy_index_cache(shared: &ControlPlane) -> bool {
+    let config = shared.config();
+    let hub = shared.data.hub();
+    // Which objects the datasets read is known only once every configured dataset is open: until
+    // then (datasets being indexed, or failed) no object's cache counts as unused.
+    let settled = shared.data.opened_at_start.load(Ordering::Acquire)
+        && shared.data.indexing.count() == 0
+        && config.datasets.keys().all(|name| hub.get(name).is_ok());
+    let inputs = hub.inputs();
+    let in_use = |input: &std::path::Path| !settled || inputs.contains(input);
+    let removed = minibatchd_engine::format::index_cache::remove_orphans(&config.daemon.state_dir, &in_use);
     if removed.files > 0 {
         tracing::info!(
             files = removed.files,
             bytes = removed.bytes,
-            "removed the index caches of data files that are gone"
+            "removed the index caches of data files that are gone and of objects no dataset reads"
         );
     }
+    settled
 }
 
 /// The housekeeping thread (`mbd-housekeeping`).
@@ -225,16 +240,16 @@ impl Housekeeping {
         sample_memory(&shared, &mut sampler, &mut guard);
         let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
             let mut last_checkpoint = Instant::now();
-            let mut last_tidy: Option<Instant> = None;
+            let mut next_tidy = Instant::now();
             loop {
                 match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
                 sample_memory(&shared, &mut sampler, &mut guard);
-                if last_tidy.is_none_or(|t| t.elapsed() >= INDEX_TIDY_INTERVAL) {
-                    tidy_index_cache(&shared.config().daemon.state_dir);
-                    last_tidy = Some(Instant::now());
+                if Instant::now() >= next_tidy {
+                    let settled = tidy_index_cache(&shared);
+                    next_tidy = Instant::now() + if settled { INDEX_TIDY_INTERVAL } else { INDEX_TIDY_RETRY };
                 }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {

@@ -458,6 +458,11 @@ impl Dataset {
         })
     }
 
+    /// Every file it reads, of every source: paths, and object URLs as listed.
+    pub fn inputs(&self) -> impl Iterator<Item = &Path> {
+        self.sources.iter().flat_map(|s| s.files.iter().map(|f| &**f))
+    }
+
     /// The configuration it was opened with.
     #[must_use]
     pub fn config(&self) -> &DatasetConfig {

@@ -283,7 +283,14 @@ pub fn load(
     if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
         return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
     }
-    decode(f, len, stamp, fingerprint, file)
+    // The modification time says when the cache was last used ([`remove_orphans`] keeps the
+    // caches of objects used within OBJECT_CACHE_GRACE); best effort.
+    let touch = f.try_clone().ok();
+    let index = decode(f, len, stamp, fingerprint, file)?;
+    if let Some(t) = touch {
+        let _ = t.set_modified(std::time::SystemTime::now());
+    }
+    Ok(index)
 }
 
 /// The bytes of a cache file for `index` (what a shared index in object storage holds).
@@ -338,19 +345,32 @@ pub struct Removed {
     pub bytes: u64,
 }
 
-/// Removes from `state_dir/index/` the cache files that can never be used again: those whose
-/// data file no longer exists (a cache is named by its data file's path and options, so a file
-/// that is rewritten replaces its cache, but one that is deleted — rotated data, a renamed
-/// directory — left its cache behind for good), those that are not cache files of this version,
-/// and the temporary files of writers that are gone (a crash during a write). Caches of files
-/// that exist are kept whatever their options: a dataset configured again finds them. So the
-/// directory holds at most one cache per existing data file and set of index options. Caches of
-/// objects in object storage (named by URL) are kept.
+/// How long the cache of an object in object storage that no opened dataset reads is kept after
+/// its last use (written, or loaded: [`load`] sets its modification time): a day, so that a
+/// dataset being opened, one that failed to open for a while, or `minibatchd index` run ahead of
+/// a configuration change do not lose theirs.
+pub const OBJECT_CACHE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes from `state_dir/index/` the cache files that will not be used again:
+///
+/// * those whose data file no longer exists (a cache is named by its data file's path and
+///   options, so a file that is rewritten replaces its cache, but one that is deleted — rotated
+///   data, a renamed directory — left its cache behind for good);
+/// * those of objects in object storage (named by URL) that no opened dataset reads
+///   (`in_use(url)` is false) and that were not used for [`OBJECT_CACHE_GRACE`]: whether an
+///   object still exists is not a local question, but objects that rotate out of a dataset's
+///   prefix or glob left theirs behind as deleted files did;
+/// * those that are not cache files of this version, and the temporary files of writers that
+///   are gone (a crash during a write).
+///
+/// Caches of files that exist are kept whatever their options: a dataset configured again finds
+/// them. So the directory holds at most one cache per existing data file and set of index
+/// options, and one per object of the opened datasets (and those used within the grace).
 ///
 /// Files that are not this user's private regular files are left alone (they are never read
 /// either). Errors are skipped: this only tidies.
 #[must_use]
-pub fn remove_orphans(state_dir: &Path) -> Removed {
+pub fn remove_orphans(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Removed {
     let mut removed = Removed::default();
     let Ok(entries) = fs::read_dir(state_dir.join(INDEX_DIR)) else { return removed };
     for e in entries.flatten() {
@@ -363,7 +383,7 @@ pub fn remove_orphans(state_dir: &Path) -> Removed {
             continue;
         }
         let Ok((f, meta)) = persist::open_trusted(&path) else { continue };
-        let orphan = if is_temp { !persist::writer_alive(&name) } else { !data_file_exists(f, meta.len()) };
+        let orphan = if is_temp { !persist::writer_alive(&name) } else { !still_used(f, &meta, in_use) };
         if orphan && fs::remove_file(&path).is_ok() {
             removed.files += 1;
             removed.bytes += meta.len();
@@ -372,13 +392,14 @@ pub fn remove_orphans(state_dir: &Path) -> Removed {
     removed
 }
 
-/// Whether the data file a cache file of `len` bytes names exists; `false` for a file that is not
-/// a cache file of this version. Reads only the header, through the cache's own reader.
-fn data_file_exists(f: fs::File, len: u64) -> bool {
+/// Whether the cache file `f` (`meta` its metadata) may be used again (see [`remove_orphans`]);
+/// `false` for a file that is not a cache file of this version. Reads only the header, through
+/// the cache's own reader.
+fn still_used(f: fs::File, meta: &fs::Metadata, in_use: &dyn Fn(&Path) -> bool) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let mut body = BodyReader {
         r: Hashing { inner: std::io::BufReader::with_capacity(4096, f), hash: Fnv1a::new() },
-        left: len.saturating_sub(8),
+        left: meta.len().saturating_sub(8),
     };
     let mut magic = [0u8; 8];
     let header = body.fill(&mut magic).and_then(|()| body.u32()).and_then(|v| Ok((v, body.field()?)));
@@ -386,10 +407,14 @@ fn data_file_exists(f: fs::File, len: u64) -> bool {
     if &magic != MAGIC || version != VERSION || data.is_empty() {
         return false;
     }
-    // An object's cache names its URL (kept: its existence is not a local question); a data file
-    // that cannot be stat'ed for another reason (permissions) is kept.
     let path = Path::new(std::ffi::OsStr::from_bytes(&data));
-    !path.is_absolute() || !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    if !path.is_absolute() {
+        // An object's URL: kept while a dataset reads it, or within the grace of its last use.
+        let idle = meta.modified().ok().and_then(|m| m.elapsed().ok());
+        return in_use(path) || idle.is_none_or(|idle| idle < OBJECT_CACHE_GRACE);
+    }
+    // A data file that cannot be stat'ed for another reason (permissions) is kept.
+    !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
 #[cfg(test)]
@@ -414,18 +439,34 @@ mod tests {
         fs::write(idx.join("notes.txt"), b"keep").expect("write");
         let live_temp = idx.join(format!(".y.idx.{}.0.tmp", std::process::id()));
         fs::write(&live_temp, b"being written").expect("write");
-        let object = FileStamp { path: "s3://bucket/gone.ctf".into(), size: 4, mtime_secs: 1, mtime_nanos: 0 };
-        let object = store(&state, &object, "opts", &index).expect("store");
-        let removed = remove_orphans(&state);
-        assert_eq!(removed.files, 3, "{removed:?}");
-        assert!(object.exists(), "an object's cache is kept");
-        for p in [&kept, &other_options, &live_temp, &idx.join("notes.txt")] {
+        // Objects: one a dataset reads, one used recently, one neither (its last use two days
+        // ago, past the grace).
+        let object = |url: &str| {
+            let stamp = FileStamp { path: url.into(), size: stamp.size, mtime_secs: 1, mtime_nanos: 0 };
+            store(&state, &stamp, "opts", &index).expect("store")
+        };
+        let (read, recent, rotated) =
+            (object("s3://bucket/read.ctf"), object("s3://bucket/recent.ctf"), object("s3://bucket/rotated.ctf"));
+        let long_ago = std::time::SystemTime::now() - 2 * OBJECT_CACHE_GRACE;
+        for p in [&read, &rotated] {
+            fs::File::options().write(true).open(p).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+        }
+        let in_use = |url: &Path| url == Path::new("s3://bucket/read.ctf");
+        let removed = remove_orphans(&state, &in_use);
+        assert_eq!(removed.files, 4, "{removed:?}");
+        for p in [&kept, &other_options, &live_temp, &idx.join("notes.txt"), &read, &recent] {
             assert!(p.exists(), "{} removed", p.display());
         }
-        for p in [&gone, &idx.join("junk.idx"), &idx.join(".x.idx.4294967.0.tmp")] {
+        for p in [&gone, &idx.join("junk.idx"), &idx.join(".x.idx.4294967.0.tmp"), &rotated] {
             assert!(!p.exists(), "{} kept", p.display());
         }
-        assert_eq!(remove_orphans(&state), Removed::default(), "nothing more the second time");
+        assert_eq!(remove_orphans(&state, &in_use), Removed::default(), "nothing more the second time");
+        // Loading a cache marks its use: an object's cache idle past the grace is kept once read.
+        fs::File::options().write(true).open(&read).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+        let stamp = FileStamp { path: "s3://bucket/read.ctf".into(), size: stamp.size, mtime_secs: 1, mtime_nanos: 0 };
+        let name: Arc<Path> = Arc::from(Path::new("s3://bucket/read.ctf"));
+        load(&state, &stamp, "opts", &name, u64::MAX).expect("the cache loads");
+        assert_eq!(remove_orphans(&state, &|_: &Path| false), Removed::default(), "a cache just read was removed");
     }
 
     fn setup() -> (tempfile::TempDir, PathBuf, FileStamp, FileIndex) {
