@@ -299,27 +299,33 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
     // CNTK's default window covers the file: its dense values alone pass the limit, so the open
     // is refused at once.
     let one_sweep = SessionOptions { max_sweeps: Some(1), ..options(256) };
-    let start = Instant::now();
-    let (code, message) = loop {
-        match Client::connect(&d.socket).expect("connect").open("wide", &one_sweep) {
-            Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. }) if start.elapsed() < DEADLINE => {
-                std::thread::sleep(std::time::Duration::from_millis(50));
+    let refused = |opts: &SessionOptions| {
+        let start = Instant::now();
+        let (code, message) = loop {
+            match Client::connect(&d.socket).expect("connect").open("wide", opts) {
+                Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. }) if start.elapsed() < DEADLINE => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(ClientError::Daemon { code, message, .. }) => break (code, message),
+                Ok(_) => panic!("a window of 82 MB of dense values was opened with a {} MiB limit", LIMIT >> 20),
+                Err(e) => panic!("{e}"),
             }
-            Err(ClientError::Daemon { code, message, .. }) => break (code, message),
-            Ok(_) => panic!("a window of 82 MB of dense values was opened with a {} MiB limit", LIMIT >> 20),
-            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+        for part in [
+            "randomization window needs at least 71 MiB",
+            "its 40 smallest chunks at their peak",
+            "window_chunks or window_samples",
+        ] {
+            assert!(message.contains(part), "{part:?} missing from: {message}");
         }
     };
-    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
-    for part in [
-        "randomization window needs at least 71 MiB",
-        "its 40 smallest chunks at their peak",
-        "window_chunks or window_samples",
-    ] {
-        assert!(message.contains(part), "{part:?} missing from: {message}");
-    }
-    // A sample window over the whole file is not estimated at open: the cache's ceiling stops its
-    // first minibatch instead.
+    refused(&one_sweep);
+    // So is a window in samples that spans the whole sweep on both sides of every chunk (CNTK's
+    // windows in samples reach half the window each way): it shuffles as a window of every chunk.
+    refused(&SessionOptions { window_samples: Some(1_000_000), ..one_sweep.clone() });
+    // A window of the file's size is not estimated at open (its windows do not all span the
+    // sweep, and those mix less than their width suggests): the cache's ceiling stops it instead.
     let by_samples = SessionOptions { window_samples: Some(40_000), ..one_sweep.clone() };
     let mut s = open_when_ready(&d, &by_samples);
     let err = loop {

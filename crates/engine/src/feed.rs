@@ -193,12 +193,14 @@ const FLOOR_MIN_SEQUENCES: u64 = 32;
 /// the `W` smallest chunks at one sample per sequence, times that share for the chunk with the
 /// fewest sequences, times 0.9 for the randomness, divided among the workers (CNTK may hand each
 /// whole chunks). Sparse and string streams, offsets and longer sequences are left out, so a
-/// window it says does not fit cannot fit. 0 for file order, for sample windows (the daemon's
-/// ceiling still holds those) and for epochs shorter than a sweep (they may end before the peak);
-/// a chunk with fewer than 32 sequences per worker counts 0 (few uses, short holds).
+/// window it says does not fit cannot fit. A window in samples that covers the whole sweep counts
+/// as a window of every chunk ([`sample_window_chunks`]). 0 for file order, for narrower windows in
+/// samples and for epochs shorter than a sweep (they may end before the peak; the daemon's
+/// ceiling still holds those); a chunk with fewer than 32 sequences per worker counts 0 (few uses,
+/// short holds).
 #[must_use]
 pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: &SamplingOptions) -> u64 {
-    let Window::Chunks(window) = options.window else { return 0 };
+    let window = window_in_chunks(timeline, options);
     let whole_sweep = match options.limit {
         EpochLimit::Infinite | EpochLimit::FullSweep | EpochLimit::Sweep(_) => true,
         EpochLimit::Sweeps(n) => n >= 1,
@@ -230,6 +232,46 @@ pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: 
         .collect();
     held.sort_unstable();
     u64::try_from(held.iter().take(window).sum::<u128>()).unwrap_or(u64::MAX)
+}
+
+/// The randomization window of `options` in chunks, for the floor: as configured, or for a
+/// window in samples what [`sample_window_chunks`] says of the session's first sweep.
+#[must_use]
+pub fn window_in_chunks(timeline: &Timeline, options: &SamplingOptions) -> usize {
+    match options.window.normalized() {
+        Window::Chunks(w) => w,
+        Window::Samples(w) => {
+            let sweep = if let EpochLimit::Sweep(k) = options.limit { k } else { 0 };
+            sample_window_chunks(timeline, w, options.seed, sweep)
+        }
+    }
+}
+
+/// The chunks a window of `window` samples randomizes over as a window in chunks would, for the
+/// floor: every chunk when each of CNTK's windows in samples (`randomizer::windows_in_samples`,
+/// over the chunk order of sweep `sweep` with seed `seed`) is the whole sweep — the sequences are
+/// then shuffled uniformly, as by a window of every chunk — else 0. A narrower window in samples
+/// mixes far less than its width suggests (a sequence may only move to positions whose windows
+/// hold its chunk, and CNTK's windows in samples are lopsided), so no bound is given for it.
+/// Only chunk sizes are read: no sequence is shuffled.
+#[must_use]
+pub fn sample_window_chunks(timeline: &Timeline, window: u64, seed: u64, sweep: u64) -> usize {
+    use crate::sampling::randomizer::{shuffle_chunks, windows_in_samples};
+    let n = timeline.num_chunks();
+    let order = shuffle_chunks(n, seed.wrapping_add(sweep));
+    let samples: Vec<u64> = order
+        .iter()
+        .map(|&c| {
+            let c = c as usize;
+            timeline.seq_len[timeline.chunk_start[c]..timeline.chunk_start[c + 1]].iter().map(|&l| u64::from(l)).sum()
+        })
+        .collect();
+    let whole = windows_in_samples(&samples, window).iter().all(|w| w.begin == 0 && w.end as usize == n);
+    if whole {
+        n
+    } else {
+        0
+    }
 }
 
 /// The held chunks, falling back to the loader.
@@ -323,6 +365,10 @@ mod tests {
         let all = held(40) + held(60) + held(100);
         assert_eq!(floor(&options(Window::Chunks(128), true, 1, EpochLimit::Infinite)), all);
         assert_eq!(floor(&options(Window::Chunks(128), true, 1, EpochLimit::Samples(200))), all);
+        // A window in samples whose every window is the whole sweep (half of it on each side of
+        // every chunk) shuffles as a window of every chunk; a narrower one gets no estimate.
+        assert_eq!(floor(&options(Window::Samples(1000), true, 1, EpochLimit::FullSweep)), all);
+        assert_eq!(floor(&options(Window::Samples(200), true, 1, EpochLimit::FullSweep)), 0);
         // Two workers: 20 and 30 sequences per worker are too few to count; the 100-sequence
         // chunk counts with 50 per worker, halved.
         let per_worker = |m: u64| m * 16 * 9 * (m / 2 - 1) / (10 * (m / 2 + 1) * 2);
@@ -342,6 +388,50 @@ mod tests {
         let f64_shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 4, float64: true }];
         let o = options(Window::Chunks(1), true, 1, EpochLimit::FullSweep);
         assert_eq!(window_floor_bytes(&timeline, &f64_shapes, &o), 40 * 32 * 9 * 39 / (10 * 41));
+    }
+
+    /// The floor is a lower bound: a whole sweep never holds fewer dense bytes at its peak, for
+    /// windows in chunks and in samples, seeds and sweeps (chunks of equal size, so the peak in
+    /// bytes is the peak in chunks times a chunk's values).
+    #[test]
+    fn the_window_floor_never_exceeds_what_a_sweep_holds() {
+        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
+        let mut checked = 0;
+        for (chunks, per) in [(8usize, 32usize), (20, 40), (50, 64), (30, 100)] {
+            let (timeline, parsed) = dataset(chunks, per);
+            let total = (chunks * per) as u64;
+            let windows = [1, 2, 3, chunks / 2, chunks - 1, chunks, 128]
+                .map(Window::Chunks)
+                .into_iter()
+                .chain([per as u64, 3 * per as u64, total / 3, total / 2, total, 10 * total].map(Window::Samples));
+            for window in windows {
+                for seed in 0..3u64 {
+                    for sweep in [0u64, 1] {
+                        let options = SamplingOptions {
+                            randomize: true,
+                            window,
+                            seed,
+                            limit: EpochLimit::Sweep(sweep),
+                            num_workers: 1,
+                            rank: 0,
+                        };
+                        let floor = window_floor_bytes(&timeline, &shapes, &options);
+                        let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
+                        let mut feeder = Feeder::new(sampler, timeline.clone(), shapes.clone(), false, 0);
+                        while let Some(plan) = feeder.plan(16) {
+                            feeder.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather");
+                        }
+                        let peak = (feeder.peak_chunks() * per * 4) as u64;
+                        assert!(
+                            floor <= peak,
+                            "{window:?} seed {seed} sweep {sweep}, {chunks}×{per}: floor {floor} > peak {peak}"
+                        );
+                        checked += usize::from(floor > 0);
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "only {checked} cases had a floor to check");
     }
 
     #[test]

@@ -273,10 +273,8 @@ fn window_fits(rt: &DatasetRuntime, resolved: &ResolvedOptions, shared: &Control
     if floor <= share {
         return Ok(());
     }
-    let window_chunks = match resolved.sampling.window {
-        minibatchd_engine::sampling::Window::Chunks(w) => w.min(timeline.num_chunks()),
-        minibatchd_engine::sampling::Window::Samples(_) => 0,
-    };
+    let window_chunks =
+        minibatchd_engine::feed::window_in_chunks(timeline, &resolved.sampling).min(timeline.num_chunks());
     Err(Refusal::WindowTooLarge { window_chunks, floor, share })
 }
 
