@@ -6,7 +6,8 @@
 # and the daemon's peak RSS (VmHWM).
 #
 #     scripts/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
-#     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (not estimated at open)
+#     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (estimated at open
+#                                                            # only when it is more than twice the file's samples)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=${1:-/work/bd/bench.ctf}
