@@ -1098,6 +1098,69 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
 /// `state_dir/index` for good, one per file ever indexed. The housekeeping thread now removes the
 /// caches of data files that are gone, soon after start and hourly; those of existing files stay.
 #[test]
+fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    // Two libsvm datasets, each one gzip file (detected by content).
+    for name in ["day1.svm.gz", "day2.svm.gz"] {
+        let text = (0..200).fold(String::new(), |mut t, i| {
+            writeln!(t, "{} {}:1 {}:0.5", i % 2, i + 1, i + 2).expect("writing to a String");
+            t
+        });
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(text.as_bytes()).expect("compress");
+        write(dir, name, e.finish().expect("finish"));
+    }
+    let config = |datasets: &[&str]| {
+        let tables = datasets.iter().fold(String::new(), |mut t, n| {
+            write!(t, "[datasets.{n}]\nformat = \"libsvm\"\nfiles = [\"{}/{n}.svm.gz\"]\n", dir.display())
+                .expect("writing to a String");
+            t
+        });
+        let base = std::fs::read_to_string(write_config(dir, "", &[])).expect("read config");
+        write(dir, "minibatchd.toml", format!("{base}{tables}"));
+    };
+    config(&["day1", "day2"]);
+    let copies = || -> Vec<(String, PathBuf)> {
+        let mut found: Vec<_> = std::fs::read_dir(dir.join("state/inflated"))
+            .map(|rd| rd.flatten().map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect())
+            .unwrap_or_default();
+        found.sort();
+        found
+    };
+    let mut d = Daemon::start(dir, &[]);
+    d.stop();
+    let names: Vec<String> = copies().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("day")).count(), 4, "two copies and their sidecars: {names:?}");
+    // day1 rotates away with its dataset; every copy was last used two days ago. day2's copy is
+    // read by its dataset (its chunks come from it): kept, however old.
+    std::fs::remove_file(dir.join("day1.svm.gz")).expect("rm");
+    config(&["day2"]);
+    let long_ago = std::time::SystemTime::now() - 2 * minibatchd_engine::format::inflate::UNUSED_COPY_GRACE;
+    for (_, p) in copies() {
+        std::fs::File::options().write(true).open(&p).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+    }
+    let d = Daemon::start(dir, &[]);
+    let start = Instant::now();
+    while copies().iter().any(|(n, _)| n.starts_with("day1.")) {
+        assert!(start.elapsed() < DEADLINE, "the copy of the deleted file stayed: {:?}", copies());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let names: Vec<String> = copies().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.iter().filter(|n| n.starts_with("day2.")).count(), 2, "day2's copy and sidecar: {names:?}");
+    let mut s = open_retrying(&d, "day2", &options(4), ErrorCode::DatasetIndexing);
+    let mut samples = 0;
+    while let Some(mb) = s.next_owned().expect("next") {
+        samples += mb.streams[0].num_samples();
+        if samples >= 200 {
+            break;
+        }
+    }
+    assert!(samples >= 200, "day2 serves a whole sweep from its copy");
+}
+
+#[test]
 fn the_index_caches_of_deleted_data_files_are_removed() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();

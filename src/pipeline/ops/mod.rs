@@ -197,8 +197,9 @@ const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
 const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 
 /// Removes the index caches that will not be used again
-/// ([`minibatchd_engine::format::index_cache::remove_orphans`]): a dataset whose files or objects
-/// rotate would otherwise leave one behind per file, for good. Returns whether every configured
+/// ([`minibatchd_engine::format::index_cache::remove_orphans`]) and the decompressed copies of
+/// gzip inputs no dataset reads ([`minibatchd_engine::format::inflate::remove_unused`]): a dataset
+/// whose files or objects rotate would otherwise leave one of each behind per file, for good. Returns whether every configured
 /// dataset was open, so that the objects' caches could be judged too.
 fn tidy_index_cache(shared: &ControlPlane) -> bool {
     let config = shared.config();
@@ -216,6 +217,14 @@ fn tidy_index_cache(shared: &ControlPlane) -> bool {
             files = removed.files,
             bytes = removed.bytes,
             "removed the index caches of data files that are gone and of objects no dataset reads"
+        );
+    }
+    let removed = minibatchd_engine::format::inflate::remove_unused(&config.daemon.state_dir, &in_use);
+    if removed.files > 0 {
+        tracing::info!(
+            files = removed.files,
+            bytes = removed.bytes,
+            "removed the decompressed copies of gzip inputs no dataset reads"
         );
     }
     settled

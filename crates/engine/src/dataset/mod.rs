@@ -458,9 +458,10 @@ impl Dataset {
         })
     }
 
-    /// Every file it reads, of every source: paths, and object URLs as listed.
+    /// Every file it reads, of every source: paths and object URLs as listed, and where their
+    /// bytes are read (a gzip input's decompressed copy).
     pub fn inputs(&self) -> impl Iterator<Item = &Path> {
-        self.sources.iter().flat_map(|s| s.files.iter().map(|f| &**f))
+        self.sources.iter().flat_map(|s| s.files.iter().chain(&s.data).map(|f| &**f))
     }
 
     /// The configuration it was opened with.

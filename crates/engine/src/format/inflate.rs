@@ -36,7 +36,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::format::errors::DataError;
-use crate::format::index_cache::FileStamp;
+use crate::format::index_cache::{FileStamp, Removed};
 use crate::hash::Fnv1a;
 use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
 use crate::persist;
@@ -266,7 +266,81 @@ fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reu
     if (meta.mtime(), meta.mtime_nsec()) != record.copy_mtime {
         return Err(Reuse::Refused("modified since it was written".into()));
     }
+    // The sidecar's modification time says when the copy was last used ([`remove_unused`]);
+    // best effort. (The copy's own is recorded, so it is not touched.)
+    if let Ok((f, _)) = persist::open_trusted(sidecar) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
     Ok(record.copy_size)
+}
+
+/// How long a decompressed copy that no open dataset reads is kept after its last use (written,
+/// or reused: the sidecar's modification time): a day, so that a dataset being opened, one that
+/// failed to open for a while, or a `dump` do not lose theirs.
+pub const UNUSED_COPY_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes from `state_dir/inflated/` the decompressed copies (with their sidecars) that no open
+/// dataset reads (`in_use(copy)` is false) and whose source is gone or that were not used for
+/// [`UNUSED_COPY_GRACE`]; sidecars whose copy is gone; and the temporary files of writers that
+/// are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
+/// from it. Without this, every gzip file a dataset ever read — rotated daily data, a dataset
+/// removed from the configuration — kept a copy of up to `max_inflated_bytes` for good.
+///
+/// Files that are not this user's private regular files are left alone. Errors are skipped: this
+/// only tidies.
+#[must_use]
+pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Removed {
+    let mut removed = Removed::default();
+    let dir = state_dir.join(INFLATED_DIR);
+    let Ok(entries) = fs::read_dir(&dir) else { return removed };
+    let mut remove = |path: &Path, len: u64| {
+        if fs::remove_file(path).is_ok() {
+            removed.files += 1;
+            removed.bytes += len;
+        }
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok((_, meta)) = persist::open_trusted(&path) else { continue };
+        // Our temporary names are in lower case (`persist::create_temp`).
+        if name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp") {
+            if !persist::writer_alive(&name) {
+                remove(&path, meta.len());
+            }
+            continue;
+        }
+        if let Some(copy) = name.strip_suffix(SIDECAR_SUFFIX) {
+            if matches!(fs::symlink_metadata(dir.join(copy)), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
+                remove(&path, meta.len());
+            }
+            continue;
+        }
+        if in_use(&path) {
+            continue;
+        }
+        let sidecar = dir.join(format!("{name}{SIDECAR_SUFFIX}"));
+        let record = persist::open_trusted(&sidecar).ok().and_then(|(mut f, side)| {
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes).ok()?;
+            Some((Record::decode(&bytes)?, side))
+        });
+        // Last used: the sidecar's time, or the copy's where there is no sidecar (a copy being
+        // finished has none for a moment).
+        let last_use = record.as_ref().map_or(&meta, |(_, side)| side).modified().ok();
+        let idle = last_use.and_then(|t| t.elapsed().ok()).is_some_and(|idle| idle >= UNUSED_COPY_GRACE);
+        let source_gone = record.as_ref().is_some_and(|(r, _)| {
+            r.source.path.is_absolute()
+                && matches!(fs::symlink_metadata(&r.source.path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+        });
+        if idle || source_gone {
+            remove(&path, meta.len());
+            if let Some((_, side)) = &record {
+                remove(&sidecar, side.len());
+            }
+        }
+    }
+    removed
 }
 
 /// A copy's sidecar: the source it was decompressed from, and the copy as written.
@@ -398,6 +472,49 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn copies_no_dataset_reads_go_when_their_source_is_gone_or_after_the_grace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let copy_of = |name: &str| {
+            let src = dir.path().join(name);
+            fs::write(&src, gz(name.as_bytes())).expect("write");
+            (src.clone(), inflate(&src, &state).expect("inflate"))
+        };
+        let sidecar = |copy: &Path| PathBuf::from(format!("{}{SIDECAR_SUFFIX}", copy.display()));
+        let long_ago = std::time::SystemTime::now() - 2 * UNUSED_COPY_GRACE;
+        let age = |copy: &Path| {
+            let f = fs::File::options().write(true).open(sidecar(copy)).expect("open sidecar");
+            f.set_modified(long_ago).expect("set mtime");
+        };
+        let (_, read_old) = copy_of("read.gz"); // read by a dataset, unused for two days
+        let (_, idle) = copy_of("idle.gz"); // read by none, unused for two days
+        let (_, recent) = copy_of("recent.gz"); // read by none, used just now
+        let (gone_src, gone) = copy_of("gone.gz"); // its source deleted
+        let (read_gone_src, read_gone) = copy_of("read-gone.gz"); // source deleted, still read
+        let (reused_src, reused) = copy_of("reused.gz"); // unused for two days, then reused
+        for c in [&read_old, &idle, &reused] {
+            age(c);
+        }
+        fs::remove_file(&gone_src).expect("rm");
+        fs::remove_file(&read_gone_src).expect("rm");
+        assert_eq!(inflate(&reused_src, &state).expect("reuse"), reused);
+        let inflated = state.join(INFLATED_DIR);
+        fs::write(inflated.join("lost.0123.4567.meta"), b"sidecar of a copy that is gone").expect("write");
+        fs::write(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
+        let read = [read_old.clone(), read_gone.clone()];
+        let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
+        for p in [&read_old, &read_gone, &recent, &reused] {
+            assert!(p.exists() && sidecar(p).exists(), "{} removed", p.display());
+        }
+        for p in [&idle, &gone] {
+            assert!(!p.exists() && !sidecar(p).exists(), "{} kept", p.display());
+        }
+        assert!(!inflated.join("lost.0123.4567.meta").exists() && !inflated.join(".x.4294967.0.tmp").exists());
+        assert_eq!(removed.files, 6, "{removed:?}");
+        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
     }
 
     #[test]
