@@ -188,10 +188,16 @@ impl Hub {
         Self::default().reopen(config, metrics, &Indexing::default()).0
     }
 
-    /// Every file and object the opened datasets read.
+    /// Every file and object the open datasets read: the current ones, and the replaced versions
+    /// that sessions still read.
     #[must_use]
     pub fn inputs(&self) -> std::collections::HashSet<std::path::PathBuf> {
-        self.by_name.values().flatten().flat_map(|rt| rt.dataset.inputs().map(std::path::Path::to_path_buf)).collect()
+        let alive = self.by_index.iter().filter_map(Weak::upgrade);
+        let current = self.by_name.values().flatten().cloned();
+        alive
+            .chain(current)
+            .flat_map(|rt| rt.dataset.inputs().map(std::path::Path::to_path_buf).collect::<Vec<_>>())
+            .collect()
     }
 
     /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its

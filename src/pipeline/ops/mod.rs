@@ -190,22 +190,25 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
 }
 
 /// How often the housekeeping thread removes the index caches of data files that are gone and
-/// of objects no dataset reads (and once soon after start).
+/// of objects no dataset reads, and the decompressed copies no dataset reads (and once soon after
+/// start).
 const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
 /// How soon a tidy that ran before every dataset was open runs again (it kept every object's
-/// cache, see [`tidy_index_cache`]).
+/// cache and every decompressed copy, see [`tidy_index_cache`]).
 const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 
 /// Removes the index caches that will not be used again
 /// ([`minibatchd_engine::format::index_cache::remove_orphans`]) and the decompressed copies of
 /// gzip inputs no dataset reads ([`minibatchd_engine::format::inflate::remove_unused`]): a dataset
-/// whose files or objects rotate would otherwise leave one of each behind per file, for good. Returns whether every configured
-/// dataset was open, so that the objects' caches could be judged too.
+/// whose files or objects rotate would otherwise leave one of each behind per file, for good.
+/// Returns whether every configured dataset was open, so that what no dataset reads could be
+/// judged too.
 fn tidy_index_cache(shared: &ControlPlane) -> bool {
     let config = shared.config();
     let hub = shared.data.hub();
-    // Which objects the datasets read is known only once every configured dataset is open: until
-    // then (datasets being indexed, or failed) no object's cache counts as unused.
+    // What the datasets read is known only once every configured dataset is open: until then
+    // (datasets being indexed, or failed) no object's cache and no decompressed copy counts as
+    // unused. Replaced versions that sessions still read count as open.
     let settled = shared.data.opened_at_start.load(Ordering::Acquire)
         && shared.data.indexing.count() == 0
         && config.datasets.keys().all(|name| hub.get(name).is_ok());
