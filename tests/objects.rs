@@ -117,6 +117,20 @@ fn copy_data(from: &Path, to: &Path) {
     }
 }
 
+/// `dir/minibatchd.toml` for a daemon in `dir` (socket, state, metrics on a free port), with
+/// `daemon_extra` lines in `[daemon]` and the `datasets` tables.
+fn daemon_config(dir: &Path, daemon_extra: &str, datasets: &str) {
+    let d = dir.display();
+    write(
+        dir,
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+             {daemon_extra}\n{datasets}"
+        ),
+    );
+}
+
 fn libsvm_config(dir: &Path, files: &[&str]) -> std::path::PathBuf {
     let list = serde_json::to_string(files).expect("json");
     write(dir, "c.toml", format!("[datasets.d]\nformat = \"libsvm\"\nfiles = {list}\n"))
@@ -292,14 +306,11 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
     }
     server.put(BUCKET, "changing/data.txt", text.as_bytes());
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path().display();
-    write(
+    daemon_config(
         dir.path(),
-        "minibatchd.toml",
-        format!(
-            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
-             ring_slots = 2\nobject_cache_bytes = 1048576\n\n[datasets.d]\nformat = \"libsvm\"\n\
-             files = [\"s3://{BUCKET}/changing/data.txt\"]\nchunk_size_bytes = 8192\n\
+        "ring_slots = 2\nobject_cache_bytes = 1048576\n",
+        &format!(
+            "[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/changing/data.txt\"]\nchunk_size_bytes = 8192\n\
              [datasets.d.sampling]\nrandomize = false\n"
         ),
     );
@@ -334,14 +345,10 @@ fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
         server.put(BUCKET, &format!("rotating/{day}.txt"), b"1 1:1 2:1\n0 3:1\n");
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = dir.path().display();
-    write(
+    daemon_config(
         dir.path(),
-        "minibatchd.toml",
-        format!(
-            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\n\
-             [datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/rotating/\"]\n"
-        ),
+        "",
+        &format!("[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/rotating/\"]\n"),
     );
     let env: Vec<_> = server.env().into_iter().collect();
     let caches = || -> Vec<(String, std::path::PathBuf)> {

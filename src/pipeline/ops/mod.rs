@@ -214,21 +214,20 @@ fn tidy_index_cache(shared: &ControlPlane) -> bool {
         && config.datasets.keys().all(|name| hub.get(name).is_ok());
     let inputs = hub.inputs();
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input);
-    let removed = minibatchd_engine::format::index_cache::remove_orphans(&config.daemon.state_dir, &in_use);
-    if removed.files > 0 {
-        tracing::info!(
-            files = removed.files,
-            bytes = removed.bytes,
-            "removed the index caches of data files that are gone and of objects no dataset reads"
-        );
-    }
-    let removed = minibatchd_engine::format::inflate::remove_unused(&config.daemon.state_dir, &in_use);
-    if removed.files > 0 {
-        tracing::info!(
-            files = removed.files,
-            bytes = removed.bytes,
-            "removed the decompressed copies of gzip inputs no dataset reads"
-        );
+    let state_dir = &config.daemon.state_dir;
+    for (removed, what) in [
+        (
+            minibatchd_engine::format::index_cache::remove_orphans(state_dir, &in_use),
+            "removed the index caches of data files that are gone and of objects no dataset reads",
+        ),
+        (
+            minibatchd_engine::format::inflate::remove_unused(state_dir, &in_use),
+            "removed the decompressed copies of gzip inputs no dataset reads",
+        ),
+    ] {
+        if removed.files > 0 {
+            tracing::info!(files = removed.files, bytes = removed.bytes, "{what}");
+        }
     }
     settled
 }
