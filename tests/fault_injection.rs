@@ -177,15 +177,12 @@ impl Job {
 
 fn config(dir: &Path) {
     let data = write(dir, "data.ctf", train_ctf().repeat(3));
-    let d = dir.display();
-    write(
+    support::daemon::write_config(
         dir,
-        "minibatchd.toml",
-        format!(
-            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
-             ring_slots = 3\nslot_size_bytes = 65536\nsession_linger_secs = 600\ncheckpoint_interval_secs = 1\n\
-             shutdown_grace_secs = 5\n\n[datasets.train]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 400\n\
-             {TRAIN_STREAMS_TOML}",
+        "ring_slots = 3\nslot_size_bytes = 65536\nsession_linger_secs = 600\ncheckpoint_interval_secs = 1\n\
+         shutdown_grace_secs = 5\n",
+        &format!(
+            "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 400\n{TRAIN_STREAMS_TOML}",
             data.display()
         ),
     );

@@ -65,14 +65,13 @@ fn dataset(name: &str, format: &str, file: &Path, dense: bool) -> String {
 }
 
 fn config(dir: &Path, limit: u64, datasets: &str) {
-    let d = dir.display();
-    write(
+    support::daemon::write_config(
         dir,
-        "minibatchd.toml",
-        format!(
-            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
-             memory_limit_bytes = {limit}\nhost_memory_reserve_bytes = 0\nparser_threads = 1\nring_slots = 4\nslot_size_bytes = 1048576\n{datasets}"
+        &format!(
+            "memory_limit_bytes = {limit}\nhost_memory_reserve_bytes = 0\nparser_threads = 1\nring_slots = 4\n\
+             slot_size_bytes = 1048576"
         ),
+        datasets,
     );
 }
 

@@ -117,20 +117,6 @@ fn copy_data(from: &Path, to: &Path) {
     }
 }
 
-/// `dir/minibatchd.toml` for a daemon in `dir` (socket, state, metrics on a free port), with
-/// `daemon_extra` lines in `[daemon]` and the `datasets` tables.
-fn daemon_config(dir: &Path, daemon_extra: &str, datasets: &str) {
-    let d = dir.display();
-    write(
-        dir,
-        "minibatchd.toml",
-        format!(
-            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
-             {daemon_extra}\n{datasets}"
-        ),
-    );
-}
-
 fn libsvm_config(dir: &Path, files: &[&str]) -> std::path::PathBuf {
     let list = serde_json::to_string(files).expect("json");
     write(dir, "c.toml", format!("[datasets.d]\nformat = \"libsvm\"\nfiles = {list}\n"))
@@ -306,7 +292,7 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
     }
     server.put(BUCKET, "changing/data.txt", text.as_bytes());
     let dir = tempfile::tempdir().expect("tempdir");
-    daemon_config(
+    support::daemon::write_config(
         dir.path(),
         "ring_slots = 2\nobject_cache_bytes = 1048576\n",
         &format!(
@@ -345,7 +331,7 @@ fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
         server.put(BUCKET, &format!("rotating/{day}.txt"), b"1 1:1 2:1\n0 3:1\n");
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    daemon_config(
+    support::daemon::write_config(
         dir.path(),
         "",
         &format!("[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/rotating/\"]\n"),

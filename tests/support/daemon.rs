@@ -15,6 +15,21 @@ use minibatchd_engine::minibatch::Minibatch;
 
 use super::{command, package_root, BIN};
 
+/// Writes `dir/minibatchd.toml` for a daemon living in `dir` (its socket `dir/mbd.sock`, its
+/// state `dir/state`, metrics on a free port), with `daemon_extra` (lines of `[daemon]`) and then
+/// `datasets` (tables); returns its path.
+pub fn write_config(dir: &Path, daemon_extra: &str, datasets: &str) -> PathBuf {
+    let d = dir.display();
+    super::write(
+        dir,
+        "minibatchd.toml",
+        format!(
+            "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+             {daemon_extra}\n{datasets}"
+        ),
+    )
+}
+
 /// GET `path` on the metrics endpoint of the daemon whose `state_dir` is `state` (its address in
 /// `metrics.addr`): (status line, body); `None` while nothing answers there.
 pub fn http_get(state: &Path, path: &str) -> Option<(String, String)> {
