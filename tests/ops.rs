@@ -1094,9 +1094,10 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
     assert!(d.stop().success());
 }
 
-/// Disk bounded at every size: a data file that is deleted (rotated data) left its index cache in
-/// `state_dir/index` for good, one per file ever indexed. The housekeeping thread now removes the
-/// caches of data files that are gone, soon after start and hourly; those of existing files stay.
+/// Disk bounded at every size: a gzip input's decompressed copy (up to `max_inflated_bytes` each)
+/// stayed in `state_dir/inflated` for good once its file rotated away or its dataset was dropped.
+/// The housekeeping thread now removes the copies no open dataset reads; a copy its dataset reads
+/// stays however old.
 #[test]
 fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
     use std::io::Write as _;
@@ -1160,6 +1161,9 @@ fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
     assert!(samples >= 200, "day2 serves a whole sweep from its copy");
 }
 
+/// Disk bounded at every size: a data file that is deleted (rotated data) left its index cache in
+/// `state_dir/index` for good, one per file ever indexed. The housekeeping thread now removes the
+/// caches of data files that are gone, soon after start and hourly; those of existing files stay.
 #[test]
 fn the_index_caches_of_deleted_data_files_are_removed() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -235,39 +235,28 @@ pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: 
 }
 
 /// The randomization window of `options` in chunks, for the floor: as configured, or for a
-/// window in samples what [`sample_window_chunks`] says of the session's first sweep.
+/// window in samples what [`sample_window_chunks`] says.
 #[must_use]
 pub fn window_in_chunks(timeline: &Timeline, options: &SamplingOptions) -> usize {
     match options.window.normalized() {
         Window::Chunks(w) => w,
-        Window::Samples(w) => {
-            let sweep = if let EpochLimit::Sweep(k) = options.limit { k } else { 0 };
-            sample_window_chunks(timeline, w, options.seed, sweep)
-        }
+        Window::Samples(w) => sample_window_chunks(timeline, w),
     }
 }
 
 /// The chunks a window of `window` samples randomizes over as a window in chunks would, for the
-/// floor: every chunk when each of CNTK's windows in samples (`randomizer::windows_in_samples`,
-/// over the chunk order of sweep `sweep` with seed `seed`) is the whole sweep — the sequences are
-/// then shuffled uniformly, as by a window of every chunk — else 0. A narrower window in samples
-/// mixes far less than its width suggests (a sequence may only move to positions whose windows
-/// hold its chunk, and CNTK's windows in samples are lopsided), so no bound is given for it.
-/// Only chunk sizes are read: no sequence is shuffled.
+/// floor: every chunk when each of CNTK's windows in samples (`randomizer::windows_in_samples`)
+/// is the whole sweep — the sequences are then shuffled uniformly, as by a window of every chunk
+/// — else 0. A window starts at the first chunk and ends at the last for every chunk exactly when
+/// the sweep has fewer samples than half the window (or one chunk), whatever the chunk order. A
+/// narrower window in samples mixes far less than its width suggests (a sequence may only move to
+/// positions whose windows hold its chunk, and CNTK's windows in samples are lopsided), so no
+/// bound is given for it.
 #[must_use]
-pub fn sample_window_chunks(timeline: &Timeline, window: u64, seed: u64, sweep: u64) -> usize {
-    use crate::sampling::randomizer::{shuffle_chunks, windows_in_samples};
+pub fn sample_window_chunks(timeline: &Timeline, window: u64) -> usize {
     let n = timeline.num_chunks();
-    let order = shuffle_chunks(n, seed.wrapping_add(sweep));
-    let samples: Vec<u64> = order
-        .iter()
-        .map(|&c| {
-            let c = c as usize;
-            timeline.seq_len[timeline.chunk_start[c]..timeline.chunk_start[c + 1]].iter().map(|&l| u64::from(l)).sum()
-        })
-        .collect();
-    let whole = windows_in_samples(&samples, window).iter().all(|w| w.begin == 0 && w.end as usize == n);
-    if whole {
+    let total: u64 = timeline.seq_len.iter().map(|&l| u64::from(l)).sum();
+    if n <= 1 || total < window / 2 {
         n
     } else {
         0

@@ -290,6 +290,7 @@ pub(super) async fn open(
     let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry, job_start } =
         prepare(dataset, options, shared)?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
+    let fresh_position = sampler.position();
     let fresh = SessionState {
         version: STATE_VERSION,
         dataset: dataset.to_owned(),
@@ -327,7 +328,12 @@ pub(super) async fn open(
         shared.rebudget(&reg);
         refusal
     };
-    window_fits(&rt, &resolved, shared).map_err(undo)?;
+    // The floor is what a whole sweep holds at its peak: a session that resumes (perhaps near the
+    // end of its last sweep) may hold much less, so only fresh sessions are checked at `open`; the
+    // cache's ceiling holds the others.
+    if admitted.start.job.is_none() && admitted.start.position == fresh_position {
+        window_fits(&rt, &resolved, shared).map_err(undo)?;
+    }
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let pad_to = place_sampler(&mut sampler, &start, &resolved, dataset, shared).map_err(undo)?;

@@ -193,7 +193,7 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
 /// of objects no dataset reads, and the decompressed copies no dataset reads (and once soon after
 /// start).
 const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
-/// How soon a tidy that ran before every dataset was open runs again (it kept every object's
+/// How soon a tidy that ran while datasets were being opened runs again (it kept every object's
 /// cache and every decompressed copy, see [`tidy_index_cache`]).
 const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 
@@ -202,16 +202,17 @@ const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 /// gzip inputs no dataset reads ([`minibatchd_engine::format::inflate::remove_unused`]): a dataset
 /// whose files or objects rotate would otherwise leave one of each behind per file, for good.
 /// Returns whether every configured dataset was open, so that what no dataset reads could be
-/// judged too.
-fn tidy_index_cache(shared: &ControlPlane) -> bool {
+/// judged too ([`Tidied`]).
+fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
+    let opening = !shared.data.opened_at_start.load(Ordering::Acquire) || shared.data.indexing.count() > 0;
     let config = shared.config();
     let hub = shared.data.hub();
     // What the datasets read is known only once every configured dataset is open: until then
     // (datasets being indexed, or failed) no object's cache and no decompressed copy counts as
-    // unused. Replaced versions that sessions still read count as open.
-    let settled = shared.data.opened_at_start.load(Ordering::Acquire)
-        && shared.data.indexing.count() == 0
-        && config.datasets.keys().all(|name| hub.get(name).is_ok());
+    // unused. Replaced versions that sessions still read count as open. The indexing table is
+    // read on both sides of taking the hub, so that a reload swapping hubs in between is seen.
+    let opening = opening || shared.data.indexing.count() > 0;
+    let settled = !opening && config.datasets.keys().all(|name| hub.get(name).is_ok());
     let inputs = hub.inputs();
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input);
     let state_dir = &config.daemon.state_dir;
@@ -229,7 +230,23 @@ fn tidy_index_cache(shared: &ControlPlane) -> bool {
             tracing::info!(files = removed.files, bytes = removed.bytes, "{what}");
         }
     }
-    settled
+    if settled {
+        Tidied::Settled
+    } else if opening {
+        Tidied::Opening
+    } else {
+        Tidied::Failed
+    }
+}
+
+/// How a tidy went: which objects' caches and copies are unused was known (`Settled`), or not
+/// yet because datasets were being opened (`Opening`: try again soon), or not because one failed
+/// to open (`Failed`: its inputs stay unknown until a reload; the usual interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tidied {
+    Settled,
+    Opening,
+    Failed,
 }
 
 /// The housekeeping thread (`mbd-housekeeping`).
@@ -259,8 +276,8 @@ impl Housekeeping {
                 }
                 sample_memory(&shared, &mut sampler, &mut guard);
                 if Instant::now() >= next_tidy {
-                    let settled = tidy_index_cache(&shared);
-                    next_tidy = Instant::now() + if settled { INDEX_TIDY_INTERVAL } else { INDEX_TIDY_RETRY };
+                    let retry = tidy_index_cache(&shared) == Tidied::Opening;
+                    next_tidy = Instant::now() + if retry { INDEX_TIDY_RETRY } else { INDEX_TIDY_INTERVAL };
                 }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {

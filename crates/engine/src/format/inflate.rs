@@ -243,9 +243,9 @@ enum Reuse {
 /// The size of the copy at `target` if it can be reused for the source `stamp`.
 fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
     let record = match persist::open_trusted(sidecar) {
-        Ok((mut f, _)) => {
+        Ok((f, _)) => {
             let mut bytes = Vec::new();
-            f.read_to_end(&mut bytes).map_err(|e| Reuse::Refused(format!("sidecar unreadable: {e}")))?;
+            f.take(1 << 16).read_to_end(&mut bytes).map_err(|e| Reuse::Refused(format!("sidecar unreadable: {e}")))?;
             Record::decode(&bytes).ok_or_else(|| Reuse::Refused("sidecar damaged".into()))?
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -291,7 +291,11 @@ pub const UNUSED_COPY_GRACE: std::time::Duration = std::time::Duration::from_sec
 #[must_use]
 pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Removed {
     let mut removed = Removed::default();
-    let dir = state_dir.join(INFLATED_DIR);
+    // Only a private directory of ours (as when copies are written), and never created here.
+    if fs::symlink_metadata(state_dir.join(INFLATED_DIR)).is_err() {
+        return removed;
+    }
+    let Ok(dir) = persist::private_subdir(state_dir, INFLATED_DIR) else { return removed };
     let Ok(entries) = fs::read_dir(&dir) else { return removed };
     let mut remove = |path: &Path, len: u64| {
         if fs::remove_file(path).is_ok() {
@@ -302,15 +306,21 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
+        // Only names this module writes: `NAME.HASH.HASH` copies (`copy_names`), their sidecars,
+        // and temporary files (`persist::create_temp`, in lower case).
+        let is_temp = name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp");
+        let sidecar_of = name.strip_suffix(SIDECAR_SUFFIX);
+        if !is_temp && !is_copy_name(sidecar_of.unwrap_or(&name)) {
+            continue;
+        }
         let Ok((_, meta)) = persist::open_trusted(&path) else { continue };
-        // Our temporary names are in lower case (`persist::create_temp`).
-        if name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp") {
+        if is_temp {
             if !persist::writer_alive(&name) {
                 remove(&path, meta.len());
             }
             continue;
         }
-        if let Some(copy) = name.strip_suffix(SIDECAR_SUFFIX) {
+        if let Some(copy) = sidecar_of {
             if matches!(fs::symlink_metadata(dir.join(copy)), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
                 remove(&path, meta.len());
             }
@@ -320,27 +330,48 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
             continue;
         }
         let sidecar = dir.join(format!("{name}{SIDECAR_SUFFIX}"));
-        let record = persist::open_trusted(&sidecar).ok().and_then(|(mut f, side)| {
-            let mut bytes = Vec::new();
-            f.read_to_end(&mut bytes).ok()?;
-            Some((Record::decode(&bytes)?, side))
-        });
+        let record = read_sidecar(&sidecar);
         // Last used: the sidecar's time, or the copy's where there is no sidecar (a copy being
         // finished has none for a moment).
-        let last_use = record.as_ref().map_or(&meta, |(_, side)| side).modified().ok();
-        let idle = last_use.and_then(|t| t.elapsed().ok()).is_some_and(|idle| idle >= UNUSED_COPY_GRACE);
+        let idle = |side: Option<&fs::Metadata>| {
+            side.unwrap_or(&meta).modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE)
+        };
         let source_gone = record.as_ref().is_some_and(|(r, _)| {
             r.source.path.is_absolute()
                 && matches!(fs::symlink_metadata(&r.source.path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
         });
-        if idle || source_gone {
-            remove(&path, meta.len());
-            if let Some((_, side)) = &record {
-                remove(&sidecar, side.len());
-            }
+        if !(source_gone || idle(record.as_ref().map(|(_, side)| side))) {
+            continue;
+        }
+        // Looked at again just before removing: a dataset being opened may have reused the copy
+        // (touching its sidecar) since.
+        let again = record.as_ref().and_then(|_| fs::symlink_metadata(&sidecar).ok());
+        if !source_gone && !idle(again.as_ref()) {
+            continue;
+        }
+        remove(&path, meta.len());
+        if let Some((_, side)) = &record {
+            remove(&sidecar, side.len());
         }
     }
     removed
+}
+
+/// Whether `name` has the form of a copy's name, `NAME.HASH.HASH` with two 16-digit hex hashes
+/// ([`copy_names`]).
+fn is_copy_name(name: &str) -> bool {
+    let hex16 = |s: &str| s.len() == 16 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let mut parts = name.rsplitn(3, '.');
+    matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), Some(n)) if hex16(a) && hex16(b) && !n.is_empty())
+}
+
+/// A sidecar's record and metadata, if it is ours and whole (at most 64 KiB: a path and a few
+/// numbers).
+fn read_sidecar(sidecar: &Path) -> Option<(Record, fs::Metadata)> {
+    let (f, side) = persist::open_trusted(sidecar).ok()?;
+    let mut bytes = Vec::new();
+    f.take(1 << 16).read_to_end(&mut bytes).ok()?;
+    Some((Record::decode(&bytes)?, side))
 }
 
 /// A copy's sidecar: the source it was decompressed from, and the copy as written.
@@ -502,7 +533,10 @@ mod tests {
         fs::remove_file(&read_gone_src).expect("rm");
         assert_eq!(inflate(&reused_src, &state).expect("reuse"), reused);
         let inflated = state.join(INFLATED_DIR);
-        fs::write(inflated.join("lost.0123.4567.meta"), b"sidecar of a copy that is gone").expect("write");
+        let lost = "lost.0123456789abcdef.0123456789abcdef.meta";
+        fs::write(inflated.join(lost), b"sidecar of a copy that is gone").expect("write");
+        // Not a name this module writes: left alone.
+        fs::write(inflated.join("notes.txt"), b"keep").expect("write");
         fs::write(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
         let read = [read_old.clone(), read_gone.clone()];
         let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
@@ -512,7 +546,8 @@ mod tests {
         for p in [&idle, &gone] {
             assert!(!p.exists() && !sidecar(p).exists(), "{} kept", p.display());
         }
-        assert!(!inflated.join("lost.0123.4567.meta").exists() && !inflated.join(".x.4294967.0.tmp").exists());
+        assert!(!inflated.join(lost).exists() && !inflated.join(".x.4294967.0.tmp").exists());
+        assert!(inflated.join("notes.txt").exists(), "a file of another kind was removed");
         assert_eq!(removed.files, 6, "{removed:?}");
         assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
     }
