@@ -1161,6 +1161,71 @@ fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
     assert!(samples >= 200, "day2 serves a whole sweep from its copy");
 }
 
+/// A gzip input rewritten under a session: the reload opens the dataset again with a new
+/// decompressed copy, and the session on the version before it reads its chunks from the old copy
+/// to the end of its sweep. The old copy used to be deleted as soon as the new one was written;
+/// now it goes once nothing reads it.
+#[test]
+fn a_session_on_a_rewritten_gzip_input_finishes_from_its_copy_which_goes_after() {
+    use std::io::Write as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let gz = |lines: usize, label: u32| {
+        let text = (0..lines).fold(String::new(), |mut t, i| {
+            writeln!(t, "{label} {}:1", i + 1).expect("writing to a String");
+            t
+        });
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(text.as_bytes()).expect("compress");
+        write(dir, "day.svm.gz", e.finish().expect("finish"));
+    };
+    gz(400, 1);
+    let tables = format!(
+        "[datasets.day]\nformat = \"libsvm\"\nfiles = [\"{}/day.svm.gz\"]\nchunk_size_bytes = 256\n\
+         [datasets.day.sampling]\nrandomize = false\n",
+        dir.display()
+    );
+    let base = std::fs::read_to_string(write_config(dir, "", &[])).expect("read config");
+    write(dir, "minibatchd.toml", format!("{base}{tables}"));
+    let copies = || -> usize {
+        std::fs::read_dir(dir.join("state/inflated"))
+            .map_or(0, |rd| rd.flatten().filter(|e| !e.file_name().to_string_lossy().starts_with('.')).count())
+    };
+    let d = Daemon::start(dir, &[]);
+    let mut s = d.client().open("day", &SessionOptions { full_sweep: true, ..options(4) }).expect("open");
+    let mut samples = 0;
+    for _ in 0..2 {
+        samples += s.next_owned().expect("next").expect("a minibatch").streams[0].num_samples();
+    }
+    // Another content (and size): the reload opens `day` again, with a new copy.
+    std::thread::sleep(Duration::from_millis(20));
+    gz(300, 0);
+    d.signal(rustix::process::Signal::HUP);
+    // Wait until the new version is served: a fresh session's sweep is the 300 new samples.
+    let start = Instant::now();
+    loop {
+        let mut fresh = d.client().open("day", &SessionOptions { full_sweep: true, ..options(100) }).expect("open");
+        let sweep: usize =
+            std::iter::from_fn(|| fresh.next_owned().expect("next")).map(|mb| mb.streams[0].num_samples()).sum();
+        if sweep == 300 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the reload did not open the new version");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(copies(), 4, "the old copy (read by the session) beside the new one, with their sidecars");
+    while let Some(mb) = s.next_owned().expect("the session reads on from its copy") {
+        samples += mb.streams[0].num_samples();
+    }
+    assert_eq!(samples, 400, "the whole sweep of the version the session opened");
+    drop(s);
+    let start = Instant::now();
+    while copies() > 2 {
+        assert!(start.elapsed() < DEADLINE, "the old copy stayed: {} files", copies());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Disk bounded at every size: a data file that is deleted (rotated data) left its index cache in
 /// `state_dir/index` for good, one per file ever indexed. The housekeeping thread now removes the
 /// caches of data files that are gone, soon after start and hourly; those of existing files stay.

@@ -269,12 +269,19 @@ impl Housekeeping {
         let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
             let mut last_checkpoint = Instant::now();
             let mut next_tidy = Instant::now();
+            // A reload that swapped the datasets leaves older decompressed copies and caches
+            // behind: tidy soon after it rather than within the hour.
+            let mut hub_changes = shared.data.hub_changes();
             loop {
                 match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
                 sample_memory(&shared, &mut sampler, &mut guard);
+                if hub_changes.has_changed().unwrap_or(false) {
+                    hub_changes.borrow_and_update();
+                    next_tidy = Instant::now();
+                }
                 if Instant::now() >= next_tidy {
                     let retry = tidy_index_cache(&shared) == Tidied::Opening;
                     next_tidy = Instant::now() + if retry { INDEX_TIDY_RETRY } else { INDEX_TIDY_INTERVAL };

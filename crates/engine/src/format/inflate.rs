@@ -14,7 +14,8 @@
 //!   under a fresh temporary name with `O_CREAT|O_EXCL`, fsynced and renamed.
 //! * **Names and reuse.** A copy's name holds a hash of the canonical source path and one of the
 //!   source's size and modification time, so a changed source gets a new copy and an unchanged one
-//!   reuses it across runs; older copies of the same source are removed. Beside each copy a
+//!   reuses it across runs; older copies of the same source are removed once no dataset reads
+//!   them (the daemon's tidy, [`remove_unused`]). Beside each copy a
 //!   sidecar `NAME.meta` (also `0600`, checksummed) records the source's path, size and mtime and
 //!   the copy's size and mtime when it was written. A copy is reused only if the sidecar is
 //!   intact and matches the source, and the copy is a regular file (not a symbolic link) owned by
@@ -144,7 +145,7 @@ fn inflated_copy(
     let wanted = state_dir.join(INFLATED_DIR);
     let dir =
         persist::private_subdir(state_dir, INFLATED_DIR).map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
-    let (prefix, file) = copy_names(&stamp);
+    let (_, file) = copy_names(&stamp);
     let target = dir.join(&file);
     let sidecar = dir.join(format!("{file}{SIDECAR_SUFFIX}"));
     let (allowed, bound) = limits.allowed(stamp.size);
@@ -180,16 +181,9 @@ fn inflated_copy(
         let _ = fs::remove_file(&tmp);
         return Err(cannot_write(source, &dir, state_dir, &e));
     }
-    // Older copies of the same source, with their sidecars.
-    if let Ok(entries) = fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            let n = e.file_name();
-            let n = n.to_string_lossy();
-            if n.starts_with(&prefix) && e.path() != target && e.path() != sidecar {
-                let _ = fs::remove_file(e.path());
-            }
-        }
-    }
+    // Older copies of the same source stay until no dataset reads them: a version of the dataset
+    // still served (sessions of the version before a reload, or the old version kept when the new
+    // one fails to open) reads its chunks from its copy. `remove_unused` removes them then.
     tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, "decompressed gzip input");
     Ok(target)
 }
@@ -280,8 +274,8 @@ fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reu
 pub const UNUSED_COPY_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Removes from `state_dir/inflated/` the decompressed copies (with their sidecars) that no open
-/// dataset reads (`in_use(copy)` is false) and whose source is gone or that were not used for
-/// [`UNUSED_COPY_GRACE`]; sidecars whose copy is gone; and the temporary files of writers that
+/// dataset reads (`in_use(copy)` is false) and whose source is gone or changed since (an older
+/// copy of a rewritten file) or that were not used for [`UNUSED_COPY_GRACE`]; sidecars whose copy is gone; and the temporary files of writers that
 /// are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
 /// from it. Without this, every gzip file a dataset ever read — rotated daily data, a dataset
 /// removed from the configuration — kept a copy of up to `max_inflated_bytes` for good.
@@ -336,17 +330,22 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         let idle = |side: Option<&fs::Metadata>| {
             side.unwrap_or(&meta).modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE)
         };
-        let source_gone = record.as_ref().is_some_and(|(r, _)| {
+        // A local source that is gone, or that changed since (a copy is reused only for the
+        // source it records, so nothing will reuse this one).
+        let outdated = record.as_ref().is_some_and(|(r, _)| {
             r.source.path.is_absolute()
-                && matches!(fs::symlink_metadata(&r.source.path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+                && match FileStamp::of(&r.source.path) {
+                    Ok(now) => now != r.source,
+                    Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                }
         });
-        if !(source_gone || idle(record.as_ref().map(|(_, side)| side))) {
+        if !(outdated || idle(record.as_ref().map(|(_, side)| side))) {
             continue;
         }
         // Looked at again just before removing: a dataset being opened may have reused the copy
         // (touching its sidecar) since.
         let again = record.as_ref().and_then(|_| fs::symlink_metadata(&sidecar).ok());
-        if !source_gone && !idle(again.as_ref()) {
+        if !outdated && !idle(again.as_ref()) {
             continue;
         }
         remove(&path, meta.len());
@@ -598,9 +597,15 @@ mod tests {
         fs::write(&src, gz(b"1\n2\n")).expect("rewrite");
         let second = inflate(&src, dir.path()).expect("second");
         assert_eq!(fs::read(&second).expect("read"), b"1\n2\n");
-        assert!(!first.exists() || first == second);
-        // One copy and its sidecar remain.
-        assert_eq!(names(&dir.path().join(INFLATED_DIR)).len(), 2);
+        assert_ne!(first, second);
+        // The older copy stays while a dataset reads it (the version served before a reload),
+        // and goes once none does; the current one stays.
+        let inflated = dir.path().join(INFLATED_DIR);
+        assert_eq!(remove_unused(dir.path(), &|p: &Path| p == first), Removed::default());
+        assert_eq!(names(&inflated).len(), 4, "both copies and their sidecars");
+        assert_eq!(remove_unused(dir.path(), &|_: &Path| false).files, 2);
+        assert!(!first.exists() && second.exists());
+        assert_eq!(names(&inflated).len(), 2, "one copy and its sidecar remain");
     }
 
     /// Issue #15: with `state_dir/inflated` not writable, the copy went to
