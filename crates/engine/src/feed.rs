@@ -182,8 +182,8 @@ impl Feeder {
 /// Fewest sequences per chunk (per worker) for [`window_floor_bytes`] to estimate anything.
 const FLOOR_MIN_SEQUENCES: u64 = 32;
 
-/// A lower bound on the parsed bytes a session with `options` holds at once over `timeline`, or
-/// 0 where none is safe to give.
+/// A lower bound on the parsed bytes a session with `options` holds at once over `timeline`
+/// (`sweep_size` samples: the sampler's [`Sampler::sweep_size`]), or 0 where none is safe to give.
 ///
 /// With a randomization window of `W` chunks the sequences of a chunk are placed at random over
 /// the positions of about `W` chunks, and the session holds the chunk from its first use to its
@@ -199,12 +199,17 @@ const FLOOR_MIN_SEQUENCES: u64 = 32;
 /// ceiling still holds those); a chunk with fewer than 32 sequences per worker counts 0 (few uses,
 /// short holds).
 #[must_use]
-pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: &SamplingOptions) -> u64 {
-    let window = window_in_chunks(timeline, options);
+pub fn window_floor_bytes(
+    timeline: &Timeline,
+    sweep_size: u64,
+    shapes: &[StreamShape],
+    options: &SamplingOptions,
+) -> u64 {
+    let window = window_in_chunks(timeline, sweep_size, options);
     let whole_sweep = match options.limit {
         EpochLimit::Infinite | EpochLimit::FullSweep | EpochLimit::Sweep(_) => true,
         EpochLimit::Sweeps(n) => n >= 1,
-        EpochLimit::Samples(n) => n >= timeline.seq_len.iter().map(|&l| u64::from(l)).sum::<u64>(),
+        EpochLimit::Samples(n) => n >= sweep_size,
     };
     if !options.randomize || window == 0 || !whole_sweep {
         return 0;
@@ -235,17 +240,18 @@ pub fn window_floor_bytes(timeline: &Timeline, shapes: &[StreamShape], options: 
 }
 
 /// The randomization window of `options` in chunks, for the floor: as configured, or for a
-/// window in samples what [`sample_window_chunks`] says.
+/// window in samples what [`sample_window_chunks`] says (`sweep_size` samples a sweep).
 #[must_use]
-pub fn window_in_chunks(timeline: &Timeline, options: &SamplingOptions) -> usize {
+pub fn window_in_chunks(timeline: &Timeline, sweep_size: u64, options: &SamplingOptions) -> usize {
     match options.window.normalized() {
         Window::Chunks(w) => w,
-        Window::Samples(w) => sample_window_chunks(timeline, w),
+        Window::Samples(w) => sample_window_chunks(timeline.num_chunks(), sweep_size, w),
     }
 }
 
 /// The chunks a window of `window` samples randomizes over as a window in chunks would, for the
-/// floor: every chunk when each of CNTK's windows in samples (`randomizer::windows_in_samples`)
+/// floor, over `chunks` chunks of `sweep_size` samples in all: every chunk when each of CNTK's
+/// windows in samples (`randomizer::windows_in_samples`)
 /// is the whole sweep — the sequences are then shuffled uniformly, as by a window of every chunk
 /// — else 0. A window starts at the first chunk and ends at the last for every chunk exactly when
 /// the sweep has fewer samples than half the window (or one chunk), whatever the chunk order. A
@@ -253,11 +259,9 @@ pub fn window_in_chunks(timeline: &Timeline, options: &SamplingOptions) -> usize
 /// positions whose windows hold its chunk, and CNTK's windows in samples are lopsided), so no
 /// bound is given for it.
 #[must_use]
-pub fn sample_window_chunks(timeline: &Timeline, window: u64) -> usize {
-    let n = timeline.num_chunks();
-    let total: u64 = timeline.seq_len.iter().map(|&l| u64::from(l)).sum();
-    if n <= 1 || total < window / 2 {
-        n
+pub fn sample_window_chunks(chunks: usize, sweep_size: u64, window: u64) -> usize {
+    if chunks <= 1 || sweep_size < window / 2 {
+        chunks
     } else {
         0
     }
@@ -346,7 +350,7 @@ mod tests {
             num_workers,
             rank: 0,
         };
-        let floor = |o: &SamplingOptions| window_floor_bytes(&timeline, &shapes, o);
+        let floor = |o: &SamplingOptions| window_floor_bytes(&timeline, 200, &shapes, o);
         // Each chunk's dense bytes times the share of the window it is held for at the peak,
         // 0.9 × (m − 1) / (m + 1) for its m sequences.
         let held = |m: u64| m * 16 * 9 * (m - 1) / (10 * (m + 1));
@@ -373,10 +377,13 @@ mod tests {
         }
         // Chunks of 2, 5 and 3 sequences: a chunk is used a few times and held briefly.
         let few = Timeline { seq_len: vec![1; 10], chunk_start: vec![0, 2, 7, 10] };
-        assert_eq!(window_floor_bytes(&few, &shapes, &options(Window::Chunks(3), true, 1, EpochLimit::FullSweep)), 0);
+        assert_eq!(
+            window_floor_bytes(&few, 10, &shapes, &options(Window::Chunks(3), true, 1, EpochLimit::FullSweep)),
+            0
+        );
         let f64_shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 4, float64: true }];
         let o = options(Window::Chunks(1), true, 1, EpochLimit::FullSweep);
-        assert_eq!(window_floor_bytes(&timeline, &f64_shapes, &o), 40 * 32 * 9 * 39 / (10 * 41));
+        assert_eq!(window_floor_bytes(&timeline, 200, &f64_shapes, &o), 40 * 32 * 9 * 39 / (10 * 41));
     }
 
     /// The floor is a lower bound: a whole sweep never holds fewer dense bytes at its peak, for
@@ -404,7 +411,7 @@ mod tests {
                             num_workers: 1,
                             rank: 0,
                         };
-                        let floor = window_floor_bytes(&timeline, &shapes, &options);
+                        let floor = window_floor_bytes(&timeline, total, &shapes, &options);
                         let sampler = Sampler::new(timeline.clone(), options).expect("sampler");
                         let mut feeder = Feeder::new(sampler, timeline.clone(), shapes.clone(), false, 0);
                         while let Some(plan) = feeder.plan(16) {

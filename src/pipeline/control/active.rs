@@ -266,15 +266,20 @@ fn place_sampler(
 /// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
 /// cache's ceiling would stop it there, after parsing the limit's worth of chunks). Called once
 /// the session's ring is reserved: the cache's share is what the limit leaves beside it.
-fn window_fits(rt: &DatasetRuntime, resolved: &ResolvedOptions, shared: &ControlPlane) -> Result<(), Refusal> {
+fn window_fits(
+    rt: &DatasetRuntime,
+    sweep_size: u64,
+    resolved: &ResolvedOptions,
+    shared: &ControlPlane,
+) -> Result<(), Refusal> {
+    use minibatchd_engine::feed::{window_floor_bytes, window_in_chunks};
     let timeline = rt.dataset.timeline();
-    let floor = minibatchd_engine::feed::window_floor_bytes(timeline, &rt.shapes, &resolved.sampling);
+    let floor = window_floor_bytes(timeline, sweep_size, &rt.shapes, &resolved.sampling);
     let share = shared.registry().cache_budget();
     if floor <= share {
         return Ok(());
     }
-    let window_chunks =
-        minibatchd_engine::feed::window_in_chunks(timeline, &resolved.sampling).min(timeline.num_chunks());
+    let window_chunks = window_in_chunks(timeline, sweep_size, &resolved.sampling).min(timeline.num_chunks());
     Err(Refusal::WindowTooLarge { window_chunks, floor, share })
 }
 
@@ -332,7 +337,7 @@ pub(super) async fn open(
     // end of its last sweep) may hold much less, so only fresh sessions are checked at `open`; the
     // cache's ceiling holds the others.
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
-        window_fits(&rt, &resolved, shared).map_err(undo)?;
+        window_fits(&rt, sampler.sweep_size(), &resolved, shared).map_err(undo)?;
     }
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());

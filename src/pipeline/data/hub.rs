@@ -192,12 +192,11 @@ impl Hub {
     /// that sessions still read.
     #[must_use]
     pub fn inputs(&self) -> std::collections::HashSet<std::path::PathBuf> {
-        let alive = self.by_index.iter().filter_map(Weak::upgrade);
-        let current = self.by_name.values().flatten().cloned();
-        alive
-            .chain(current)
-            .flat_map(|rt| rt.dataset.inputs().map(std::path::Path::to_path_buf).collect::<Vec<_>>())
-            .collect()
+        let mut inputs = std::collections::HashSet::new();
+        for rt in self.by_index.iter().filter_map(Weak::upgrade).chain(self.by_name.values().flatten().cloned()) {
+            inputs.extend(rt.dataset.inputs().map(std::path::Path::to_path_buf));
+        }
+        inputs
     }
 
     /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its

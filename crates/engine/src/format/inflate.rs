@@ -236,11 +236,10 @@ enum Reuse {
 
 /// The size of the copy at `target` if it can be reused for the source `stamp`.
 fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
-    let record = match persist::open_trusted(sidecar) {
-        Ok((f, _)) => {
-            let mut bytes = Vec::new();
-            f.take(1 << 16).read_to_end(&mut bytes).map_err(|e| Reuse::Refused(format!("sidecar unreadable: {e}")))?;
-            Record::decode(&bytes).ok_or_else(|| Reuse::Refused("sidecar damaged".into()))?
+    let (side, record) = match persist::open_trusted(sidecar) {
+        Ok((mut f, _)) => {
+            let record = read_record(&mut f).map_err(Reuse::Refused)?;
+            (f, record)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(match fs::symlink_metadata(target) {
@@ -262,9 +261,7 @@ fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reu
     }
     // The sidecar's modification time says when the copy was last used ([`remove_unused`]);
     // best effort. (The copy's own is recorded, so it is not touched.)
-    if let Ok((f, _)) = persist::open_trusted(sidecar) {
-        let _ = f.set_modified(std::time::SystemTime::now());
-    }
+    let _ = side.set_modified(std::time::SystemTime::now());
     Ok(record.copy_size)
 }
 
@@ -364,13 +361,18 @@ fn is_copy_name(name: &str) -> bool {
     matches!((parts.next(), parts.next(), parts.next()), (Some(a), Some(b), Some(n)) if hex16(a) && hex16(b) && !n.is_empty())
 }
 
-/// A sidecar's record and metadata, if it is ours and whole (at most 64 KiB: a path and a few
-/// numbers).
+/// A sidecar's record and metadata, if it is ours and whole.
 fn read_sidecar(sidecar: &Path) -> Option<(Record, fs::Metadata)> {
-    let (f, side) = persist::open_trusted(sidecar).ok()?;
+    let (mut f, side) = persist::open_trusted(sidecar).ok()?;
+    Some((read_record(&mut f).ok()?, side))
+}
+
+/// The record of the open sidecar `f` (at most 64 KiB are read: a path and a few numbers), or
+/// why there is none.
+fn read_record(f: &mut File) -> Result<Record, String> {
     let mut bytes = Vec::new();
-    f.take(1 << 16).read_to_end(&mut bytes).ok()?;
-    Some((Record::decode(&bytes)?, side))
+    f.take(1 << 16).read_to_end(&mut bytes).map_err(|e| format!("sidecar unreadable: {e}"))?;
+    Record::decode(&bytes).ok_or_else(|| "sidecar damaged".to_owned())
 }
 
 /// A copy's sidecar: the source it was decompressed from, and the copy as written.
