@@ -100,7 +100,7 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
                 };
                 let (
                     minibatchd_engine::format::Values::F32(dv),
-                    minibatchd_engine::format::Indices::I32(ix),
+                    minibatchd_engine::minibatch::MbIndices::I32(ix),
                     minibatchd_engine::format::Values::F32(svv),
                 ) = (values, indices, sv)
                 else {

@@ -50,8 +50,11 @@ fn value(max: i32) -> impl Strategy<Value = f32> {
     (-4 * max..=4 * max).prop_map(|q| q as f32 / 4.0)
 }
 
+/// Small ids, ids on both sides of 2^32 (a chunk keeps ids in 32 bits until one needs more) and
+/// any `u64`.
 fn id() -> impl Strategy<Value = u64> {
-    prop_oneof![0u64..100, any::<u64>()]
+    const MAX32: u64 = u32::MAX as u64;
+    prop_oneof![0u64..100, MAX32 - 2..MAX32 + 3, any::<u64>()]
 }
 
 fn group() -> impl Strategy<Value = Vec<(u64, f32)>> {
@@ -220,6 +223,6 @@ proptest! {
         d.decode_line(&line, &LineContext { file: &file, line: 0, offset: 0 }, &mut b, &mut errors);
         prop_assert_eq!(b.samples + errors.len(), 1);
         prop_assert_eq!(b.y.len(), 2 * b.samples);
-        prop_assert!(b.x.iter().all(|x| x.sample_offsets.len() == b.samples + 1 && x.ids.len() == x.values.len()));
+        prop_assert!(b.x.iter().all(|x| x.sample_offsets.len() == b.samples + 1 && x.ids().len() == x.values.len()));
     }
 }

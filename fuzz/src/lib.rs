@@ -322,11 +322,13 @@ pub fn parsed_cache(data: &[u8], scratch: &Path) {
                 match indices {
                     Indices::I32(ix) => {
                         assert!(
-                            ix.len() == values.len()
+                            spec.kind == StreamKind::SparseI32
+                                && ix.len() == values.len()
                                 && ix.iter().all(|&i| usize::try_from(i).is_ok_and(|i| i < spec.dim))
                         );
                     }
-                    Indices::U64(ix) => assert_eq!(ix.len(), values.len()),
+                    Indices::U32(ix) => assert!(spec.kind == StreamKind::SparseU64 && ix.len() == values.len()),
+                    Indices::U64(ix) => assert!(spec.kind == StreamKind::SparseU64 && ix.len() == values.len()),
                 }
             }
             StreamValues::Strings { offsets, bytes } => {

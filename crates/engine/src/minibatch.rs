@@ -12,6 +12,9 @@ use crate::format::errors::DataError;
 use crate::sampling::{MinibatchPlan, Timeline};
 use crate::Result;
 
+/// The sparse indices of a minibatch ([`MbData::Sparse`]): int32 for CTF, u64 for deepx ids
+/// (a chunk's [`Indices`] widened).
+pub use minibatchd_shm::owned::Indices as MbIndices;
 pub use minibatchd_shm::owned::{MbData, MbStream, Minibatch};
 pub use minibatchd_shm::table::{DType, Field, SlotSource, TensorDesc};
 
@@ -121,7 +124,7 @@ fn shape_of(sd: &StreamValues) -> Shape {
     match sd {
         StreamValues::Dense { dim, values } => Shape::Dense { dim: *dim, f64: matches!(values, Values::F64(_)) },
         StreamValues::Sparse { indices, values, .. } => {
-            Shape::Sparse { dim: 0, f64: matches!(values, Values::F64(_)), u64_ids: matches!(indices, Indices::U64(_)) }
+            Shape::Sparse { dim: 0, f64: matches!(values, Values::F64(_)), u64_ids: indices.is_feature_ids() }
         }
         StreamValues::Strings { .. } => Shape::Strings,
     }
@@ -321,10 +324,20 @@ fn value_bytes(v: &Values, range: std::ops::Range<usize>) -> &[u8] {
     }
 }
 
+/// The stored bytes of `range` of `v`: what the output holds, except for narrow ids
+/// ([`Indices::U32`]), which the gather widens (these bytes then serve the prefetch only).
 fn index_bytes(v: &Indices, range: std::ops::Range<usize>) -> &[u8] {
     match v {
         Indices::I32(x) => minibatchd_sys::as_bytes(&x[range]),
+        Indices::U32(x) => minibatchd_sys::as_bytes(&x[range]),
         Indices::U64(x) => minibatchd_sys::as_bytes(&x[range]),
+    }
+}
+
+/// Writes the 32-bit feature ids `ids` as native-endian `u64`s into `out`.
+fn widen_ids(out: &mut [u8], ids: &[u32]) {
+    for (dst, &id) in out.chunks_exact_mut(8).zip(ids) {
+        dst.copy_from_slice(&u64::from(id).to_ne_bytes());
     }
 }
 
@@ -374,9 +387,9 @@ impl Gathered {
                 Shape::Sparse { dim, .. } => {
                     k += 4;
                     let indices = if tensors[k - 2].dtype == DType::U64 {
-                        Indices::U64(filled(self, &tensors[k - 2]))
+                        MbIndices::U64(filled(self, &tensors[k - 2]))
                     } else {
-                        Indices::I32(filled(self, &tensors[k - 2]))
+                        MbIndices::I32(filled(self, &tensors[k - 2]))
                     };
                     MbData::Sparse {
                         dim,
@@ -496,6 +509,14 @@ impl SlotSource for Gathered {
                 for (i, p) in s.pieces.iter().enumerate() {
                     if let Some(ahead) = s.pieces.get(i + PREFETCH_AHEAD) {
                         minibatchd_sys::prefetch(src(ahead));
+                    }
+                    if let (Field::Indices, StreamValues::Sparse { indices: Indices::U32(ids), .. }) =
+                        (t.field, data(p))
+                    {
+                        let ids = &ids[p.e0..p.e1];
+                        widen_ids(&mut out[at..at + 8 * ids.len()], ids);
+                        at += 8 * ids.len();
+                        continue;
                     }
                     let bytes = src(p);
                     copy_small(&mut out[at..at + bytes.len()], bytes);

@@ -38,6 +38,8 @@ unsafe impl Pod for u8 {}
 // SAFETY: as above.
 unsafe impl Pod for i32 {}
 // SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
 unsafe impl Pod for i64 {}
 // SAFETY: as above.
 unsafe impl Pod for u64 {}

@@ -9,7 +9,40 @@
 //!
 //! Streams of one sequence may have different sample counts (seq2seq, CNTK §1.11.4).
 
-pub use minibatchd_shm::owned::{Indices, Values};
+pub use minibatchd_shm::owned::Values;
+
+/// The sparse indices of one stream of a chunk.
+///
+/// deepx feature ids are `u64`s, delivered as such; a chunk whose ids all fit in 32 bits (nearly
+/// every real dataset: hashed ids are 24–32 bits wide) keeps them as `u32` and the gather widens
+/// them — a third less memory per feature for the parse to write and the chunk cache to hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Indices {
+    /// CTF: int32 below the stream's dimension (CNTK's `IndexType`).
+    I32(Vec<i32>),
+    /// deepx feature ids that all fit in 32 bits, delivered as `u64`.
+    U32(Vec<u32>),
+    /// deepx feature ids.
+    U64(Vec<u64>),
+}
+
+impl Indices {
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::I32(v) => v.len() * 4,
+            Self::U32(v) => v.len() * 4,
+            Self::U64(v) => v.len() * 8,
+        }
+    }
+
+    /// Whether these are deepx feature ids (delivered as `u64`), however stored.
+    #[must_use]
+    pub fn is_feature_ids(&self) -> bool {
+        !matches!(self, Self::I32(_))
+    }
+}
 
 fn shrink_values(v: &mut Values) {
     match v {
@@ -113,6 +146,7 @@ impl StreamData {
                 sample_offsets.shrink_to_fit();
                 match indices {
                     Indices::I32(x) => x.shrink_to_fit(),
+                    Indices::U32(x) => x.shrink_to_fit(),
                     Indices::U64(x) => x.shrink_to_fit(),
                 }
                 shrink_values(values);

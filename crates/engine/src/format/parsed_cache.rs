@@ -16,7 +16,8 @@
 //! payload  per stream: 6 × u64 { tag, dim, len_a, len_b, len_c, len_d }, then its arrays:
 //!          seq_offsets (len_a × u64), then by tag
 //!            dense:   values (len_b)
-//!            sparse:  sample_offsets (len_b × u64), indices (len_c), values (len_d)
+//!            sparse:  sample_offsets (len_b × u64), indices (len_c: i32, u32 or u64 by the
+//!                     tag's bits 9 and 10), values (len_d)
 //!            strings: offsets (len_b × u64), bytes (len_c, padded to 8)
 //! trailer  crc32 (CRC-32/ISO-HDLC over header and payload) u32, magic b"END1"
 //! ```
@@ -74,6 +75,8 @@ const TAG_SPARSE: u64 = 2;
 const TAG_STRINGS: u64 = 3;
 const F64_BIT: u64 = 1 << 8;
 const U64_INDICES_BIT: u64 = 1 << 9;
+/// deepx feature ids stored in 32 bits ([`Indices::U32`]).
+const U32_INDICES_BIT: u64 = 1 << 10;
 
 /// Counters for logs and metrics (`minibatchd_parsed_cache_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -411,6 +414,7 @@ fn encode(out: &mut dyn Write, identity: u64, chunk: &ParsedChunk) -> io::Result
             StreamValues::Sparse { sample_offsets, indices, values } => {
                 let (it, ilen, ibytes) = match indices {
                     Indices::I32(x) => (0, x.len(), as_bytes(x)),
+                    Indices::U32(x) => (U32_INDICES_BIT, x.len(), as_bytes(x)),
                     Indices::U64(x) => (U64_INDICES_BIT, x.len(), as_bytes(x)),
                 };
                 w.u64s(&[
@@ -552,22 +556,29 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
                 StreamValues::Dense { dim: spec.dim, values: r.values(f64, a)? }
             }
             (StreamKind::SparseI32 | StreamKind::SparseU64, TAG_SPARSE) if is_f64 == f64 => {
-                let u64_ids = tag & U64_INDICES_BIT != 0;
-                if u64_ids != (spec.kind == StreamKind::SparseU64) || a != entry_offsets || b != c {
+                let ids = tag & (U64_INDICES_BIT | U32_INDICES_BIT);
+                let feature_ids = ids != 0;
+                if ids == U64_INDICES_BIT | U32_INDICES_BIT
+                    || feature_ids != (spec.kind == StreamKind::SparseU64)
+                    || a != entry_offsets
+                    || b != c
+                {
                     return None;
                 }
                 let sample_offsets: Vec<usize> = r.array(a)?;
                 if !offsets_ok(&sample_offsets, usize::try_from(b).ok()?) {
                     return None;
                 }
-                let indices = if u64_ids {
-                    Indices::U64(r.array(b)?)
-                } else {
-                    let ix: Vec<i32> = r.array(b)?;
-                    if ix.iter().any(|&i| usize::try_from(i).map_or(true, |i| i >= spec.dim)) {
-                        return None;
+                let indices = match ids {
+                    U64_INDICES_BIT => Indices::U64(r.array(b)?),
+                    U32_INDICES_BIT => Indices::U32(r.array(b)?),
+                    _ => {
+                        let ix: Vec<i32> = r.array(b)?;
+                        if ix.iter().any(|&i| usize::try_from(i).map_or(true, |i| i >= spec.dim)) {
+                            return None;
+                        }
+                        Indices::I32(ix)
                     }
-                    Indices::I32(ix)
                 };
                 StreamValues::Sparse { sample_offsets, indices, values: r.values(f64, c)? }
             }

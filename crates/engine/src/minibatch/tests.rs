@@ -4,20 +4,32 @@
 use minibatchd_shm::{decode_minibatch, LayoutError, Ring, RingGeometry};
 use minibatchd_sys::{LocalMemory, SlotMemory};
 
-use super::{MbData, MbStream};
+use super::{MbData, MbIndices, MbStream};
 use crate::format::chunk::{Indices, Values};
+
+/// How the test chunks store their sparse indices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ids {
+    /// CTF: int32.
+    Ctf,
+    /// deepx ids wider than 32 bits in both chunks.
+    Wide,
+    /// deepx ids of 32 bits in the first chunk ([`Indices::U32`]), wider ones in the second: the
+    /// gather widens the first's.
+    Mixed,
+}
 
 /// Samples of the sequences of [`chunks`]' two chunks: 0–3 samples, or one each where `unit`.
 fn lens_of(unit: [bool; 2]) -> [&'static [usize]; 2] {
     [if unit[0] { &[1, 1, 1, 1] } else { &[1, 3, 0, 2] }, if unit[1] { &[1, 1, 1] } else { &[2, 1, 1] }]
 }
 
-/// Two chunks with a dense, a sparse (CTF or deepx ids) and a strings stream; sequences of
+/// Two chunks with a dense, a sparse (CTF or deepx ids, as `ids` says) and a strings stream; sequences of
 /// 0–3 samples and sparse samples of 1–2 entries, or, in a chunk marked `unit`, one sample per
 /// sequence and one entry per sample (the gather's fast path).
 fn chunks(
     f64: bool,
-    u64_ids: bool,
+    id_kind: Ids,
     unit: [bool; 2],
 ) -> (crate::sampling::Timeline, super::ChunkMap<std::sync::Arc<crate::format::chunk::ParsedChunk>>) {
     use crate::format::chunk::{ParsedChunk, StreamData, StreamValues};
@@ -47,10 +59,10 @@ fn chunks(
         let sample_offsets: Vec<usize> = (0..=samples).map(|j| if unit[c] { j } else { j * 2 - j / 2 }).collect();
         let entries = *sample_offsets.last().unwrap_or(&0);
         let ids: Vec<u64> = (0..entries as u64).map(|i| (i * 7 + c as u64) % 10).collect();
-        let indices = if u64_ids {
-            Indices::U64(ids.iter().map(|&i| i << 40).collect())
-        } else {
-            Indices::I32(ids.iter().map(|&i| i32::try_from(i).expect("ids are below 10")).collect())
+        let indices = match (id_kind, c) {
+            (Ids::Ctf, _) => Indices::I32(ids.iter().map(|&i| i32::try_from(i).expect("ids are below 10")).collect()),
+            (Ids::Mixed, 0) => Indices::U32(ids.iter().map(|&i| u32::try_from(i << 28).expect("below 2^32")).collect()),
+            _ => Indices::U64(ids.iter().map(|&i| i << 40).collect()),
         };
         let width = if unit[c] { 1 } else { 3 };
         let string_offsets: Vec<usize> = (0..=samples).map(|j| j * width).collect();
@@ -83,9 +95,9 @@ fn memory_for(geometry: RingGeometry) -> LocalMemory {
     LocalMemory::new(usize::try_from(geometry.total_bytes()).expect("a test ring fits in memory"))
 }
 
-fn shapes(f64: bool, u64_ids: bool) -> Vec<super::StreamShape> {
+fn shapes(f64: bool, ids: Ids) -> Vec<super::StreamShape> {
     use crate::format::chunk::StreamKind;
-    let sparse = if u64_ids { StreamKind::SparseU64 } else { StreamKind::SparseI32 };
+    let sparse = if ids == Ids::Ctf { StreamKind::SparseI32 } else { StreamKind::SparseU64 };
     [(StreamKind::Dense, 2), (sparse, 10), (StreamKind::Strings, 0)]
         .into_iter()
         .map(|(kind, dim)| super::StreamShape { kind, dim, float64: f64 })
@@ -124,10 +136,10 @@ fn naive(
                 StreamValues::Sparse { indices, values, .. } => MbData::Sparse {
                     dim: 10,
                     sample_offsets: vec![0],
-                    indices: if matches!(indices, Indices::U64(_)) {
-                        Indices::U64(Vec::new())
+                    indices: if matches!(indices, Indices::I32(_)) {
+                        MbIndices::I32(Vec::new())
                     } else {
-                        Indices::I32(Vec::new())
+                        MbIndices::U64(Vec::new())
                     },
                     values: empty(values),
                 },
@@ -154,8 +166,9 @@ fn naive(
                     ) => {
                         for e in so[j]..so[j + 1] {
                             match (&mut *indices, si) {
-                                (Indices::I32(d), Indices::I32(s)) => d.push(s[e]),
-                                (Indices::U64(d), Indices::U64(s)) => d.push(s[e]),
+                                (MbIndices::I32(d), Indices::I32(s)) => d.push(s[e]),
+                                (MbIndices::U64(d), Indices::U32(s)) => d.push(u64::from(s[e])),
+                                (MbIndices::U64(d), Indices::U64(s)) => d.push(s[e]),
                                 _ => panic!("mixed index types"),
                             }
                             push_values(values, sv, e);
@@ -180,10 +193,15 @@ fn naive(
 fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
     use crate::sampling::{MinibatchPlan, SeqRef};
     let orders: [&[u32]; 4] = [&[6, 0, 3, 1, 5, 2, 4], &[2], &[], &[1, 1, 4]];
-    for (f64, u64_ids, unit) in
-        [(false, false, [false; 2]), (true, true, [false; 2]), (false, false, [true; 2]), (true, true, [true, false])]
-    {
-        let (timeline, mut map) = chunks(f64, u64_ids, unit);
+    for (f64, ids, unit) in [
+        (false, Ids::Ctf, [false; 2]),
+        (true, Ids::Wide, [false; 2]),
+        (false, Ids::Ctf, [true; 2]),
+        (true, Ids::Wide, [true, false]),
+        (false, Ids::Mixed, [false; 2]),
+        (true, Ids::Mixed, [true, false]),
+    ] {
+        let (timeline, mut map) = chunks(f64, ids, unit);
         let lens: Vec<usize> = lens_of(unit).concat();
         for order in orders {
             let plan = MinibatchPlan {
@@ -195,7 +213,7 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
                 samples: order.len() as u64,
             };
             let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
-            let gathered = super::gather(4, &plan, &timeline, &shapes(f64, u64_ids), false, &mut map).expect("gather");
+            let gathered = super::gather(4, &plan, &timeline, &shapes(f64, ids), false, &mut map).expect("gather");
             let mb = gathered.to_minibatch();
             let geometry = RingGeometry::new(2, 8192);
             let mut a = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");
@@ -215,7 +233,7 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
 #[test]
 fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
     use crate::sampling::{MinibatchPlan, SeqRef};
-    let (timeline, mut map) = chunks(true, false, [false; 2]);
+    let (timeline, mut map) = chunks(true, Ids::Ctf, [false; 2]);
     let plan = MinibatchPlan {
         sequences: (0..700).map(|i| SeqRef { seq: i % 7, chunk: u32::from(i % 7 >= 4) }).collect(),
         sweep: 0,
@@ -224,7 +242,7 @@ fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
         retire: Vec::new(),
         samples: 700,
     };
-    let gathered = super::gather(0, &plan, &timeline, &shapes(true, false), false, &mut map).expect("gather");
+    let gathered = super::gather(0, &plan, &timeline, &shapes(true, Ids::Ctf), false, &mut map).expect("gather");
     let geometry = RingGeometry::new(1, 64);
     assert!(
         (gathered.to_minibatch().streams[0].num_samples() * 16) as u64 > geometry.slot_size,

@@ -51,24 +51,125 @@ impl DeepxElement for f32 {}
 impl DeepxElement for f64 {}
 
 /// One sparse stream (a deepx CSR tensor) of the chunk being parsed.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SparseBuf<T> {
     /// Entry offsets per sample; starts with 0.
     pub sample_offsets: Vec<usize>,
     /// Feature ids, file order.
-    pub ids: Vec<u64>,
+    ids: Ids,
     /// Feature values.
     pub values: Vec<T>,
 }
 
+/// Feature ids as parsed: 32 bits wide until one does not fit, then every id widened once.
+#[derive(Debug, Clone)]
+enum Ids {
+    Narrow(Vec<u32>),
+    Wide(Vec<u64>),
+}
+
 impl<T> SparseBuf<T> {
     fn new() -> Self {
-        Self { sample_offsets: vec![0], ids: Vec::new(), values: Vec::new() }
+        Self { sample_offsets: vec![0], ids: Ids::Narrow(Vec::new()), values: Vec::new() }
+    }
+
+    /// Feature ids so far, widened (for tests and checks; the chunk keeps them narrow).
+    #[must_use]
+    pub fn ids(&self) -> Vec<u64> {
+        match &self.ids {
+            Ids::Narrow(v) => v.iter().map(|&x| u64::from(x)).collect(),
+            Ids::Wide(v) => v.clone(),
+        }
+    }
+
+    /// Number of features so far.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether no feature was added.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Whether the ids are kept 32 bits wide (every one so far fits).
+    #[must_use]
+    pub fn narrow(&self) -> bool {
+        matches!(self.ids, Ids::Narrow(_))
+    }
+
+    /// The first id wider than 32 bits: every id so far is widened, once per chunk at most.
+    #[cold]
+    #[inline(never)]
+    fn widen(&mut self) {
+        if let Ids::Narrow(v) = &self.ids {
+            let mut wide = Vec::with_capacity(v.capacity());
+            minibatchd_sys::advise_huge_pages(&wide);
+            wide.extend(v.iter().map(|&x| u64::from(x)));
+            self.ids = Ids::Wide(wide);
+        }
+    }
+
+    fn reserve(&mut self, entries: usize) {
+        match &mut self.ids {
+            Ids::Narrow(v) => {
+                v.reserve(entries);
+                minibatchd_sys::advise_huge_pages(v);
+            }
+            Ids::Wide(v) => {
+                v.reserve(entries);
+                minibatchd_sys::advise_huge_pages(v);
+            }
+        }
+        self.values.reserve(entries);
+        minibatchd_sys::advise_huge_pages(&self.values);
     }
 
     fn truncate(&mut self, len: usize) {
-        self.ids.truncate(len);
+        match &mut self.ids {
+            Ids::Narrow(v) => v.truncate(len),
+            Ids::Wide(v) => v.truncate(len),
+        }
         self.values.truncate(len);
+    }
+}
+
+/// How a feature id is stored: `u32` while the chunk's ids fit, else `u64`.
+trait FeatureId: Sized {
+    /// `id` as stored, or `None` when it does not fit.
+    fn store(id: u64) -> Option<Self>;
+}
+
+impl FeatureId for u32 {
+    #[inline]
+    fn store(id: u64) -> Option<Self> {
+        u32::try_from(id).ok()
+    }
+}
+
+impl FeatureId for u64 {
+    #[inline]
+    fn store(id: u64) -> Option<Self> {
+        Some(id)
+    }
+}
+
+/// Where [`DeepxDecoder::features`] stopped.
+enum Step {
+    /// At this `|` or the line's end, every feature stored.
+    End(usize),
+    /// At the feature starting here, whose id needs 64 bits: nothing of it stored.
+    Widen(usize),
+}
+
+impl From<Ids> for Indices {
+    fn from(ids: Ids) -> Self {
+        match ids {
+            Ids::Narrow(v) => Indices::U32(v),
+            Ids::Wide(v) => Indices::U64(v),
+        }
     }
 }
 
@@ -179,10 +280,7 @@ impl DeepxDecoder {
         let entries = bytes / 8 / groups;
         let sparse = || {
             let mut b = SparseBuf::new();
-            b.ids.reserve(entries);
-            b.values.reserve(entries);
-            minibatchd_sys::advise_huge_pages(&b.ids);
-            minibatchd_sys::advise_huge_pages(&b.values);
+            b.reserve(entries);
             b.sample_offsets.reserve(lines);
             b
         };
@@ -218,7 +316,7 @@ impl DeepxDecoder {
         match self.parse(line, out) {
             Ok(()) => {
                 for x in &mut out.x {
-                    x.sample_offsets.push(x.ids.len());
+                    x.sample_offsets.push(x.len());
                 }
                 if self.schema.uuid {
                     out.uuid_offsets.push(out.uuid_bytes.len());
@@ -416,6 +514,32 @@ impl DeepxDecoder {
     /// offset of that `|` or the line length.
     #[inline]
     fn series<T: DeepxElement>(&self, s: &[u8], mut p: usize, buf: &mut SparseBuf<T>, pipe: bool) -> Parse<usize> {
+        loop {
+            let step = match &mut buf.ids {
+                Ids::Narrow(ids) => self.features(s, p, ids, &mut buf.values, pipe)?,
+                Ids::Wide(ids) => self.features(s, p, ids, &mut buf.values, pipe)?,
+            };
+            match step {
+                Step::End(q) => return Ok(q),
+                Step::Widen(at) => {
+                    buf.widen();
+                    p = at;
+                }
+            }
+        }
+    }
+
+    /// [`Self::series`] with the ids stored as `I`: the mode is chosen once per series, not per
+    /// feature.
+    #[inline]
+    fn features<T: DeepxElement, I: FeatureId>(
+        &self,
+        s: &[u8],
+        mut p: usize,
+        ids: &mut Vec<I>,
+        values: &mut Vec<T>,
+        pipe: bool,
+    ) -> Parse<Step> {
         let n = s.len();
         let one_based = self.schema.one_based;
         loop {
@@ -453,14 +577,15 @@ impl DeepxDecoder {
             } else {
                 (T::from_f64(1.0), q)
             };
-            buf.ids.push(id);
-            buf.values.push(value);
+            let Some(stored) = I::store(id) else { return Ok(Step::Widen(p)) };
+            ids.push(stored);
+            values.push(value);
             if q >= n {
-                return Ok(n);
+                return Ok(Step::End(n));
             }
             match s[q] {
                 b' ' | b'\t' => {}
-                b'|' if pipe => return Ok(q),
+                b'|' if pipe => return Ok(Step::End(q)),
                 b'|' => {
                     return Err(bad(
                         q,
@@ -477,10 +602,10 @@ impl DeepxDecoder {
             // `s[q]` is the blank just matched.
             p = skip_ws(s, q + 1);
             if p >= n {
-                return Ok(n);
+                return Ok(Step::End(n));
             }
             if pipe && s[p] == b'|' {
-                return Ok(p);
+                return Ok(Step::End(p));
             }
         }
     }
@@ -493,14 +618,10 @@ impl DeepxDecoder {
         let mut out: Vec<StreamData> = bufs
             .x
             .into_iter()
-            .map(|x| {
+            .map(|SparseBuf { sample_offsets, ids, values }| {
                 StreamData::new(
                     seq.clone(),
-                    StreamValues::Sparse {
-                        sample_offsets: x.sample_offsets,
-                        indices: Indices::U64(x.ids),
-                        values: T::into_values(x.values),
-                    },
+                    StreamValues::Sparse { sample_offsets, indices: ids.into(), values: T::into_values(values) },
                 )
             })
             .collect();

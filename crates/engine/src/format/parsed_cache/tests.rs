@@ -8,10 +8,12 @@ fn specs() -> Vec<StreamSpec> {
         StreamSpec { name: "s".into(), kind: StreamKind::SparseI32, dim: 10 },
         StreamSpec { name: "id".into(), kind: StreamKind::SparseU64, dim: 0 },
         StreamSpec { name: "u".into(), kind: StreamKind::Strings, dim: 0 },
+        StreamSpec { name: "id32".into(), kind: StreamKind::SparseU64, dim: 0 },
     ]
 }
 
-/// Two sequences (2 and 1 samples) in every kind of stream, in f32.
+/// Two sequences (2 and 1 samples) in every kind of stream, in f32 (deepx ids both as `u64` and
+/// kept in 32 bits).
 fn chunk(n: usize) -> ParsedChunk {
     ParsedChunk {
         chunk: n,
@@ -43,6 +45,14 @@ fn chunk(n: usize) -> ParsedChunk {
             StreamData::new(
                 vec![0, 2, 3],
                 StreamValues::Strings { offsets: vec![0, 3, 3, 8], bytes: b"abcdefgh".to_vec() },
+            ),
+            StreamData::new(
+                vec![0, 2, 3],
+                StreamValues::Sparse {
+                    sample_offsets: vec![0, 1, 3, 3],
+                    indices: Indices::U32(vec![u32::MAX, 0, 5]),
+                    values: Values::F32(vec![1.0, 2.0, 3.0]),
+                },
             ),
         ],
     }

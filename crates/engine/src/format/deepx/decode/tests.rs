@@ -26,7 +26,8 @@ fn render(d: &DeepxDecoder, b: &DeepxBufs<f32>, row: usize) -> String {
         b.x.iter()
             .map(|x| {
                 let (a, e) = (x.sample_offsets[row], x.sample_offsets[row + 1]);
-                (a..e).map(|i| format!("{}:{}", x.ids[i], x.values[i])).collect::<Vec<_>>().join(" ")
+                let ids = x.ids();
+                (a..e).map(|i| format!("{}:{}", ids[i], x.values[i])).collect::<Vec<_>>().join(" ")
             })
             .collect();
     let k = d.schema().label_size;
@@ -78,7 +79,7 @@ fn decode(s: &Schema, line: &str) -> Result<String, Malformed> {
             assert_eq!(b.samples, 0);
             assert_eq!(b.seq_offsets, vec![0, 0]);
             assert!(
-                b.x.iter().all(|x| x.ids.is_empty() && x.sample_offsets == vec![0]) && b.y.is_empty() && b.w.is_empty()
+                b.x.iter().all(|x| x.is_empty() && x.sample_offsets == vec![0]) && b.y.is_empty() && b.w.is_empty()
             );
             Err(e)
         }
@@ -345,7 +346,7 @@ fn svmlight_options() {
     assert!(messages[2].contains("feature id 0 in a file with 1-based ids"), "{messages:?}");
     assert!(messages[3].contains("cannot be stored exactly"), "{messages:?}");
     assert_eq!(b.qid, vec![3.0, 4.0]);
-    assert_eq!(b.x[0].ids, vec![0, 3, 0]);
+    assert_eq!(b.x[0].ids(), vec![0, 3, 0]);
     assert_eq!(b.x[0].values, vec![0.5, 1.0, 1.0]);
 }
 
@@ -378,8 +379,41 @@ fn long_lines_keep_every_feature_and_roll_back_whole() {
     let x = &b.x[0];
     assert_eq!(x.sample_offsets, vec![0, 70, 140]);
     let ids: Vec<u64> = (0..70).map(|i| i * 7 + 1).collect();
-    assert_eq!(x.ids, [ids.clone(), ids].concat());
+    assert_eq!(x.ids(), [ids.clone(), ids].concat());
     #[allow(clippy::cast_precision_loss)]
     let values: Vec<f32> = (0..70u64).map(|i| (i % 10) as f32 + 0.5).collect();
     assert_eq!(x.values, [values.clone(), values].concat());
+}
+
+/// Feature ids stay 32 bits wide while every one fits; the first wider id widens those before it,
+/// a line rolled back after it leaves the others intact, and the chunk's streams carry the ids
+/// stored as parsed: `U32` for a chunk of narrow ids, `U64` once one was wider.
+#[test]
+fn feature_ids_are_kept_narrow_until_one_needs_64_bits() {
+    use crate::format::chunk::{Indices, StreamValues};
+    let max32 = u64::from(u32::MAX);
+    let narrow = [format!("1 0:1 {max32}:0.5 7"), "0 3:2".to_owned()];
+    let (d, b, errors) = decode_lines(schema(FormatKind::Libsvm, 1, 0), &[&narrow[0], &narrow[1]]);
+    assert!(errors.is_empty());
+    assert!(b.x[0].narrow());
+    assert_eq!(b.x[0].ids(), vec![0, max32, 7, 3]);
+    let streams = d.into_streams(b);
+    assert!(
+        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U32(v), .. } if v == &[0, u32::MAX, 7, 3])
+    );
+
+    let wide = max32 + 1;
+    let lines =
+        [format!("1 5:1 {max32}"), format!("0 {wide}:2 9 x"), format!("1 {wide} 1:0.25"), format!("0 {}:1", u64::MAX)];
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (d, b, errors) = decode_lines(schema(FormatKind::Libsvm, 1, 0), &refs);
+    assert_eq!(errors.len(), 1, "the second line is malformed");
+    assert!(!b.x[0].narrow());
+    assert_eq!(b.x[0].ids(), vec![5, max32, wide, 1, u64::MAX]);
+    assert_eq!(b.x[0].values, vec![1.0, 1.0, 1.0, 0.25, 1.0]);
+    assert_eq!(b.x[0].sample_offsets, vec![0, 2, 4, 5]);
+    let streams = d.into_streams(b);
+    assert!(
+        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U64(v), .. } if v == &[5, max32, wide, 1, u64::MAX])
+    );
 }
