@@ -345,10 +345,10 @@ pub struct Removed {
     pub bytes: u64,
 }
 
-/// How long the cache of an object in object storage that no opened dataset reads is kept after
-/// its last use (written, or loaded: [`load`] sets its modification time): a day, so that a
-/// dataset being opened, one that failed to open for a while, or `minibatchd index` run ahead of
-/// a configuration change do not lose theirs.
+/// How long the cache of a file or object that no opened dataset reads is kept after its last use
+/// (written, or loaded: [`load`] sets its modification time): a day, so that a dataset being
+/// opened, one that failed to open for a while, or `minibatchd index` run ahead of a
+/// configuration change do not lose theirs.
 pub const OBJECT_CACHE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Removes from `state_dir/index/` the cache files that will not be used again:
@@ -356,16 +356,18 @@ pub const OBJECT_CACHE_GRACE: std::time::Duration = std::time::Duration::from_se
 /// * those whose data file no longer exists (a cache is named by its data file's path and
 ///   options, so a file that is rewritten replaces its cache, but one that is deleted — rotated
 ///   data, a renamed directory — left its cache behind for good);
-/// * those of objects in object storage (named by URL) that no opened dataset reads
-///   (`in_use(url)` is false) and that were not used for [`OBJECT_CACHE_GRACE`]: whether an
+/// * those of files and of objects in object storage (named by URL) that no opened dataset reads
+///   (`in_use(path)` is false) and that were not used for [`OBJECT_CACHE_GRACE`]: whether an
 ///   object still exists is not a local question, but objects that rotate out of a dataset's
-///   prefix or glob left theirs behind as deleted files did;
+///   prefix or glob left theirs behind as deleted files did; and the caches of existing files
+///   that a dataset read once — another directory, a dataset removed from the configuration —
+///   would otherwise stay as long as the files do;
 /// * those that are not cache files of this version, and the temporary files of writers that
 ///   are gone (a crash during a write).
 ///
-/// Caches of files that exist are kept whatever their options: a dataset configured again finds
-/// them. So the directory holds at most one cache per existing data file and set of index
-/// options, and one per object of the opened datasets (and those used within the grace).
+/// Caches of files that a dataset reads are kept whatever their options (another dataset, or the
+/// same one configured again, may use them). So the directory holds the caches of the opened
+/// datasets' files and objects, one per set of index options, and those used within the grace.
 ///
 /// Files that are not this user's private regular files are left alone (they are never read
 /// either). Errors are skipped: this only tidies.
@@ -408,13 +410,16 @@ fn still_used(f: fs::File, meta: &fs::Metadata, in_use: &dyn Fn(&Path) -> bool) 
         return false;
     }
     let path = Path::new(std::ffi::OsStr::from_bytes(&data));
+    // Kept while a dataset reads it, or within the grace of its last use.
+    let idle = meta.modified().ok().and_then(|m| m.elapsed().ok());
+    let wanted = in_use(path) || idle.is_none_or(|idle| idle < OBJECT_CACHE_GRACE);
     if !path.is_absolute() {
-        // An object's URL: kept while a dataset reads it, or within the grace of its last use.
-        let idle = meta.modified().ok().and_then(|m| m.elapsed().ok());
-        return in_use(path) || idle.is_none_or(|idle| idle < OBJECT_CACHE_GRACE);
+        // An object's URL: whether it still exists is not a local question.
+        return wanted;
     }
-    // A data file that cannot be stat'ed for another reason (permissions) is kept.
-    !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+    // A data file that cannot be stat'ed for another reason (permissions) is judged as one that
+    // exists.
+    wanted && !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
 #[cfg(test)]
@@ -422,8 +427,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn orphans_are_removed_and_the_caches_of_existing_files_kept() {
-        let (dir, _data, stamp, index) = setup();
+    fn orphans_are_removed_and_the_caches_of_files_in_use_kept() {
+        let (dir, data, stamp, index) = setup();
         let state = dir.path().join("state");
         let kept = store(&state, &stamp, "opts", &index).expect("store");
         let other_options = store(&state, &stamp, "other", &index).expect("store");
@@ -451,13 +456,25 @@ mod tests {
         for p in [&read, &rotated] {
             fs::File::options().write(true).open(p).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
         }
-        let in_use = |url: &Path| url == Path::new("s3://bucket/read.ctf");
+        // Local files that exist: one a dataset reads (with two sets of options, both idle past
+        // the grace: kept), one no dataset reads, used recently (kept), one neither (removed).
+        for p in [&kept, &other_options] {
+            fs::File::options().write(true).open(p).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+        }
+        let local = |name: &str| {
+            let data = dir.path().join(name);
+            fs::write(&data, "|a 3\n").expect("write");
+            store(&state, &FileStamp::of(&data).expect("stamp"), "opts", &index).expect("store")
+        };
+        let (unread_recent, unread_idle) = (local("recent.ctf"), local("idle.ctf"));
+        fs::File::options().write(true).open(&unread_idle).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
+        let in_use = |p: &Path| p == Path::new("s3://bucket/read.ctf") || p == data;
         let removed = remove_orphans(&state, &in_use);
-        assert_eq!(removed.files, 4, "{removed:?}");
-        for p in [&kept, &other_options, &live_temp, &idx.join("notes.txt"), &read, &recent] {
+        assert_eq!(removed.files, 5, "{removed:?}");
+        for p in [&kept, &other_options, &live_temp, &idx.join("notes.txt"), &read, &recent, &unread_recent] {
             assert!(p.exists(), "{} removed", p.display());
         }
-        for p in [&gone, &idx.join("junk.idx"), &idx.join(".x.idx.4294967.0.tmp"), &rotated] {
+        for p in [&gone, &idx.join("junk.idx"), &idx.join(".x.idx.4294967.0.tmp"), &rotated, &unread_idle] {
             assert!(!p.exists(), "{} kept", p.display());
         }
         assert_eq!(remove_orphans(&state, &in_use), Removed::default(), "nothing more the second time");
@@ -466,7 +483,7 @@ mod tests {
         let stamp = FileStamp { path: "s3://bucket/read.ctf".into(), size: stamp.size, mtime_secs: 1, mtime_nanos: 0 };
         let name: Arc<Path> = Arc::from(Path::new("s3://bucket/read.ctf"));
         load(&state, &stamp, "opts", &name, u64::MAX).expect("the cache loads");
-        assert_eq!(remove_orphans(&state, &|_: &Path| false), Removed::default(), "a cache just read was removed");
+        assert_eq!(remove_orphans(&state, &|p: &Path| p == data), Removed::default(), "a cache just read was removed");
     }
 
     fn setup() -> (tempfile::TempDir, PathBuf, FileStamp, FileIndex) {
