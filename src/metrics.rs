@@ -165,6 +165,11 @@ pub struct Metrics {
     pub cache_chunks: IntGauge,
     /// `minibatchd_cache_budget_bytes`: what the cache may hold now.
     pub cache_budget_bytes: IntGauge,
+    /// `minibatchd_state_dir_bytes{dir}`: bytes of the files in `state_dir/index` and
+    /// `state_dir/inflated` (index caches, decompressed gzip inputs).
+    pub state_dir_bytes: IntGaugeVec,
+    /// `minibatchd_state_dir_files{dir}`: their files.
+    pub state_dir_files: IntGaugeVec,
     /// `minibatchd_parsed_cache_bytes`: bytes of entries in the persisted parsed-chunk cache.
     pub parsed_cache_bytes: IntGauge,
     /// `minibatchd_parsed_cache_limit_bytes`: its bound (`parsed_cache_bytes`; 0 when off).
@@ -466,6 +471,18 @@ impl Metrics {
                 "minibatchd_cache_budget_bytes",
                 "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).",
             )?,
+            state_dir_bytes: gauge_vec(
+                &r,
+                "minibatchd_state_dir_bytes",
+                "Bytes of the files in state_dir/index (index caches) and state_dir/inflated (decompressed gzip inputs).",
+                &["dir"],
+            )?,
+            state_dir_files: gauge_vec(
+                &r,
+                "minibatchd_state_dir_files",
+                "Files in state_dir/index and state_dir/inflated.",
+                &["dir"],
+            )?,
             parsed_cache_bytes: gauge(
                 &r,
                 "minibatchd_parsed_cache_bytes",
@@ -733,6 +750,10 @@ impl Metrics {
         }
         for part in ["cache", "rings", "index"] {
             m.memory_used_bytes.with_label_values(&[part]);
+        }
+        for dir in ["index", "inflated"] {
+            m.state_dir_bytes.with_label_values(&[dir]);
+            m.state_dir_files.with_label_values(&[dir]);
         }
         for result in ["success", "failure"] {
             m.checkpoint_writes.with_label_values(&[result]);

@@ -1159,6 +1159,16 @@ fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
         }
     }
     assert!(samples >= 200, "day2 serves a whole sweep from its copy");
+    // The disk-use gauges show what is left: day2's copy and its sidecar (measured at most every
+    // 10 s, so a scrape from before the tidy may be served a little longer).
+    let bytes: u64 = copies().iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
+    #[allow(clippy::cast_precision_loss)] // a few KiB
+    let bytes = bytes as f64;
+    d.wait_metrics("state_dir gauges of the copies left", |m| {
+        m.sum("minibatchd_state_dir_files", &[("dir", "inflated")]) == 2.0
+            && m.sum("minibatchd_state_dir_bytes", &[("dir", "inflated")]) == bytes
+            && m.sum("minibatchd_state_dir_files", &[("dir", "index")]) >= 1.0
+    });
 }
 
 /// A gzip input rewritten under a session: the reload opens the dataset again with a new

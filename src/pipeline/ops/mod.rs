@@ -60,6 +60,11 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
         Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
     }
+    let config = shared.config();
+    for (dir, usage) in state_dir_usage(&config.daemon.state_dir) {
+        m.state_dir_bytes.with_label_values(&[dir]).set(to_i64(usage.bytes));
+        m.state_dir_files.with_label_values(&[dir]).set(to_i64(usage.files));
+    }
     let (stats, budget, _) = shared.data.cache.snapshot();
     m.cache_bytes.set(to_i64(stats.bytes));
     m.cache_chunks.set(to_i64(stats.chunks));
@@ -86,6 +91,50 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     m.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
     m.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
     m.refresh_checkpoint_age();
+}
+
+/// Files and bytes in a directory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Usage {
+    files: u64,
+    bytes: u64,
+}
+
+/// How long a measure of the state directory's disk use serves scrapes: walking directories of
+/// many files on every scrape would cost the scrape more than the figure is worth.
+const STATE_DIR_USAGE_TTL: Duration = Duration::from_secs(10);
+
+/// The disk use of `state_dir/index` and `state_dir/inflated`, measured at most every
+/// [`STATE_DIR_USAGE_TTL`].
+fn state_dir_usage(state_dir: &std::path::Path) -> [(&'static str, Usage); 2] {
+    use minibatchd_engine::format::{index_cache::INDEX_DIR, inflate::INFLATED_DIR};
+    type Measured = Option<(Instant, std::path::PathBuf, [(&'static str, Usage); 2])>;
+    static LAST: std::sync::Mutex<Measured> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, dir, usage)) = &*last {
+        if at.elapsed() < STATE_DIR_USAGE_TTL && dir == state_dir {
+            return *usage;
+        }
+    }
+    let usage = [INDEX_DIR, INFLATED_DIR].map(|d| (d, dir_usage(&state_dir.join(d))));
+    *last = Some((Instant::now(), state_dir.to_path_buf(), usage));
+    usage
+}
+
+/// The regular files directly in `dir` (links not followed) and their bytes; nothing when it is
+/// absent or unreadable.
+fn dir_usage(dir: &std::path::Path) -> Usage {
+    let mut usage = Usage::default();
+    let Ok(entries) = std::fs::read_dir(dir) else { return usage };
+    for e in entries.flatten() {
+        if let Ok(meta) = e.metadata() {
+            if meta.is_file() {
+                usage.files += 1;
+                usage.bytes += meta.len();
+            }
+        }
+    }
+    usage
 }
 
 /// The `STATUS=` line for `sd_notify`.
