@@ -165,11 +165,23 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
     let dec = DeepxDecoder::new(schema);
     let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len());
     let mut errors = Vec::new();
+    // Each line alone as well: the chunk's features are the lines' in order, however the chunk
+    // stores its ids (32 bits until one needs more, then widened mid-chunk).
+    let mut alone: Vec<Vec<u64>> = vec![Vec::new(); bufs.x.len()];
     for seq in &idx.sequences {
         let start = usize::try_from(seq.offset).expect("an offset inside the input");
         let bytes = &body[start..start + seq.size as usize];
         let ctx = LineContext { file: &path, line: seq.line, offset: seq.offset };
         dec.decode_line(bytes, &ctx, &mut bufs, &mut errors);
+        let mut one = dec.buffers::<T>();
+        dec.decode_line(bytes, &ctx, &mut one, &mut Vec::new());
+        for (all, x) in alone.iter_mut().zip(&one.x) {
+            all.extend(x.ids());
+        }
+    }
+    for (x, all) in bufs.x.iter().zip(&alone) {
+        assert_eq!(&x.ids(), all, "a chunk's ids differ from its lines'");
+        assert!(!x.narrow() || all.iter().all(|&id| u32::try_from(id).is_ok()));
     }
     let samples = bufs.samples;
     assert_eq!(bufs.seq_offsets.len(), idx.sequences.len() + 1);
