@@ -1,5 +1,5 @@
 //! Opening input files without blocking on what is not a file; reading arrays of numbers from a
-//! file without zeroing them first.
+//! file without zeroing them first; advisory locks.
 
 use std::fs::File;
 use std::io;
@@ -33,6 +33,28 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
         "not a regular file"
     };
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{what}, not a regular file")))
+}
+
+/// Takes a shared advisory lock (`flock(LOCK_SH)`) on `file`, waiting while another holds it
+/// exclusively; released when the file is closed.
+///
+/// # Errors
+/// The `flock` error.
+pub fn lock_shared(file: &File) -> io::Result<()> {
+    rustix::fs::flock(file, rustix::fs::FlockOperation::LockShared).map_err(io::Error::from)
+}
+
+/// Takes an exclusive advisory lock (`flock(LOCK_EX | LOCK_NB)`) on `file` if nobody holds one:
+/// `Ok(false)` when another does. Released when the file is closed.
+///
+/// # Errors
+/// The `flock` error other than "would block".
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    match rustix::fs::flock(file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(io::Error::from(e)),
+    }
 }
 
 /// Reads the next `len` values of `T` (native endianness) from `reader` into a new vector: what

@@ -238,6 +238,14 @@ enum Reuse {
 fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
     let (side, record) = match persist::open_trusted(sidecar) {
         Ok((mut f, _)) => {
+            // Shared with other readers, exclusive with the tidy ([`remove_unused`]): held until
+            // the use is marked below, so the tidy never removes a copy being taken up. (Best
+            // effort where the file system has no `flock`.)
+            let _ = minibatchd_sys::files::lock_shared(&f);
+            if f.metadata().is_ok_and(|m| m.nlink() == 0) {
+                // The tidy removed it while this waited for the lock.
+                return Err(Reuse::Absent);
+            }
             let record = read_record(&mut f).map_err(Reuse::Refused)?;
             (f, record)
         }
@@ -339,16 +347,25 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         if !(outdated || idle(record.as_ref().map(|(_, side)| side))) {
             continue;
         }
-        // Looked at again just before removing: a dataset being opened may have reused the copy
-        // (touching its sidecar) since.
-        let again = record.as_ref().and_then(|_| fs::symlink_metadata(&sidecar).ok());
-        if !outdated && !idle(again.as_ref()) {
+        // Removed under an exclusive lock on the sidecar, which a dataset taking the copy up
+        // holds shared until it has marked the use ([`reusable`]): skipped while one does, and
+        // looked at again once locked, as it may have been reused since it was first read.
+        let lock = match &record {
+            Some(_) => match persist::open_trusted(&sidecar) {
+                Ok((f, _)) if matches!(minibatchd_sys::files::try_lock_exclusive(&f), Ok(true)) => Some(f),
+                _ => continue,
+            },
+            None => None,
+        };
+        let again = lock.as_ref().and_then(|f| f.metadata().ok());
+        if !outdated && record.is_some() && !idle(again.as_ref()) {
             continue;
         }
         remove(&path, meta.len());
         if let Some((_, side)) = &record {
             remove(&sidecar, side.len());
         }
+        drop(lock);
     }
     removed
 }
@@ -539,9 +556,15 @@ mod tests {
         // Not a name this module writes: left alone.
         fs::write(inflated.join("notes.txt"), b"keep").expect("write");
         fs::write(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
+        // Read by none and unused for two days, but being taken up by a dataset right now (the
+        // shared lock `reusable` holds on its sidecar): kept until that is done.
+        let (_, taken) = copy_of("taken.gz");
+        age(&taken);
+        let held = fs::File::open(sidecar(&taken)).expect("open sidecar");
+        minibatchd_sys::files::lock_shared(&held).expect("lock");
         let read = [read_old.clone(), read_gone.clone()];
         let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
-        for p in [&read_old, &read_gone, &recent, &reused] {
+        for p in [&read_old, &read_gone, &recent, &reused, &taken] {
             assert!(p.exists() && sidecar(p).exists(), "{} removed", p.display());
         }
         for p in [&idle, &gone] {
@@ -550,7 +573,35 @@ mod tests {
         assert!(!inflated.join(lost).exists() && !inflated.join(".x.4294967.0.tmp").exists());
         assert!(inflated.join("notes.txt").exists(), "a file of another kind was removed");
         assert_eq!(removed.files, 6, "{removed:?}");
+        drop(held);
+        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)).files, 2, "the copy no longer held");
+        assert!(!taken.exists() && !sidecar(&taken).exists());
         assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
+    }
+
+    /// A dataset taking up a copy while the tidy removes it waits for the tidy's lock, then finds
+    /// the copy gone and writes it again: never a path to a removed copy.
+    #[test]
+    fn a_copy_removed_while_it_is_taken_up_is_written_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let src = dir.path().join("day.gz");
+        fs::write(&src, gz(b"1 2\n0 3\n")).expect("write");
+        let copy = inflate(&src, &state).expect("inflate");
+        let sidecar = PathBuf::from(format!("{}{SIDECAR_SUFFIX}", copy.display()));
+        // The tidy's side: the sidecar locked exclusively while the copy is removed.
+        let lock = fs::File::open(&sidecar).expect("open sidecar");
+        assert!(minibatchd_sys::files::try_lock_exclusive(&lock).expect("lock"));
+        let taking = std::thread::spawn({
+            let (src, state) = (src.clone(), state.clone());
+            move || inflate(&src, &state)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        fs::remove_file(&copy).expect("rm copy");
+        fs::remove_file(&sidecar).expect("rm sidecar");
+        drop(lock);
+        let taken = taking.join().expect("join").expect("inflate");
+        assert_eq!(fs::read(&taken).expect("the copy handed out exists"), b"1 2\n0 3\n");
     }
 
     #[test]
