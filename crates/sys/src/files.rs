@@ -35,8 +35,8 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{what}, not a regular file")))
 }
 
-/// Takes a shared advisory lock (`flock(LOCK_SH)`) on `file`, waiting while another holds it
-/// exclusively; released when the file is closed.
+/// Takes a shared advisory lock (`flock(LOCK_SH)`) on `file` (a file or a directory opened for
+/// reading), waiting while another holds it exclusively; released when the file is closed.
 ///
 /// # Errors
 /// The `flock` error.

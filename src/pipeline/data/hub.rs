@@ -196,7 +196,7 @@ impl Hub {
         for rt in self.by_index.iter().filter_map(Weak::upgrade).chain(self.by_name.values().flatten().cloned()) {
             inputs.extend(rt.dataset.inputs().map(std::path::Path::to_path_buf));
         }
-        inputs
+        with_canonical(inputs)
     }
 
     /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its
@@ -338,6 +338,19 @@ impl Hub {
     }
 }
 
+/// `paths` and, for each local one, its canonical form: the index cache records the canonical
+/// path of the file it indexed (`FileStamp::of`), a dataset the path as configured or found (a
+/// symlinked directory, a `..`), and the tidy must see both as the same input.
+fn with_canonical(
+    paths: std::collections::HashSet<std::path::PathBuf>,
+) -> std::collections::HashSet<std::path::PathBuf> {
+    let canonical: Vec<std::path::PathBuf> =
+        paths.iter().filter(|p| p.is_absolute()).filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+    let mut all = paths;
+    all.extend(canonical);
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,6 +363,24 @@ mod tests {
             let _ = write!(text, "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{file}\"]\nchunk_size_bytes = {chunk}\n[datasets.{name}.streams.f]\ndim = 1\nformat = \"dense\"\n");
         }
         Config::from_toml_str(&text, dir).expect("config")
+    }
+
+    /// The tidy keeps the index caches of the files the open datasets read; a cache records the
+    /// canonical path of its file, a dataset the path as configured.
+    #[test]
+    fn inputs_include_the_canonical_paths_the_index_caches_record() {
+        use minibatchd_engine::format::index_cache::FileStamp;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("real")).expect("mkdir");
+        std::fs::write(dir.path().join("real/a.ctf"), "|f 1\n|f 2\n").expect("write");
+        std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("current")).expect("symlink");
+        let metrics = Metrics::new().expect("metrics");
+        let hub = Hub::open(&config(dir.path(), &[("a", "current/../current/a.ctf", 100)]), &metrics);
+        assert_eq!(hub.counts(), (1, 0));
+        let recorded = FileStamp::of(&dir.path().join("current/a.ctf")).expect("stamp").path;
+        assert!(recorded.ends_with("real/a.ctf"), "{}", recorded.display());
+        let inputs = hub.inputs();
+        assert!(inputs.contains(&recorded), "{recorded:?} not in {inputs:?}");
     }
 
     #[test]

@@ -239,11 +239,11 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
 }
 
 /// How often the housekeeping thread removes the index caches of data files that are gone and
-/// of objects no dataset reads, and the decompressed copies no dataset reads (and once soon after
-/// start).
+/// of files and objects no dataset reads, and the decompressed copies no dataset reads (and once
+/// soon after start).
 const INDEX_TIDY_INTERVAL: Duration = Duration::from_secs(3600);
-/// How soon a tidy that ran while datasets were being opened runs again (it kept every object's
-/// cache and every decompressed copy, see [`tidy_index_cache`]).
+/// How soon a tidy that ran while datasets were being opened runs again (it kept the caches of
+/// every existing file and object and every decompressed copy, see [`tidy_index_cache`]).
 const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 
 /// Removes the index caches that will not be used again
@@ -257,8 +257,8 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     let config = shared.config();
     let hub = shared.data.hub();
     // What the datasets read is known only once every configured dataset is open: until then
-    // (datasets being indexed, or failed) no object's cache and no decompressed copy counts as
-    // unused. Replaced versions that sessions still read count as open. The indexing table is
+    // (datasets being indexed, or failed) no cache of an existing file or object and no
+    // decompressed copy counts as unused. Replaced versions that sessions still read count as open. The indexing table is
     // read on both sides of taking the hub, so that a reload swapping hubs in between is seen.
     let opening = opening || shared.data.indexing.count() > 0;
     let settled = !opening && config.datasets.keys().all(|name| hub.get(name).is_ok());
@@ -268,7 +268,7 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     for (removed, what) in [
         (
             minibatchd_engine::format::index_cache::remove_orphans(state_dir, &in_use),
-            "removed the index caches of data files that are gone and of objects no dataset reads",
+            "removed the index caches of data files that are gone and of files and objects no dataset reads",
         ),
         (
             minibatchd_engine::format::inflate::remove_unused(state_dir, &in_use),

@@ -149,6 +149,11 @@ fn inflated_copy(
     let target = dir.join(&file);
     let sidecar = dir.join(format!("{file}{SIDECAR_SUFFIX}"));
     let (allowed, bound) = limits.allowed(stamp.size);
+    // Held until the copy is taken up (its use marked) or written with its sidecar: shared with
+    // other datasets and processes doing the same, exclusive with the tidy ([`remove_unused`]),
+    // which so never removes a copy being taken up or replaced. Best effort: without it (a file
+    // system without `flock`) the tidy's second look at the sidecar is what remains.
+    let _lock = dir_lock(&dir, |f| minibatchd_sys::files::lock_shared(f).map(|()| true));
     match reusable(&target, &sidecar, &stamp) {
         Ok(size) if size > allowed => return Err(over_limit(source, &stamp, limits, allowed, bound)),
         Ok(_) => return Ok(target),
@@ -234,18 +239,18 @@ enum Reuse {
     Refused(String),
 }
 
+/// The directory `dir` (`inflated/`) itself, opened and locked by `lock` ([`inflated_copy`],
+/// [`remove_unused`]): `Some` once locked, `None` when it cannot be opened or the lock fails (a
+/// file system without `flock` on directories). No lock file: nothing for the tidy to keep.
+fn dir_lock(dir: &Path, lock: fn(&File) -> std::io::Result<bool>) -> Option<File> {
+    let f = File::open(dir).ok()?;
+    lock(&f).ok()?.then_some(f)
+}
+
 /// The size of the copy at `target` if it can be reused for the source `stamp`.
 fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
     let (side, record) = match persist::open_trusted(sidecar) {
         Ok((mut f, _)) => {
-            // Shared with other readers, exclusive with the tidy ([`remove_unused`]): held until
-            // the use is marked below, so the tidy never removes a copy being taken up. (Best
-            // effort where the file system has no `flock`.)
-            let _ = minibatchd_sys::files::lock_shared(&f);
-            if f.metadata().is_ok_and(|m| m.nlink() == 0) {
-                // The tidy removed it while this waited for the lock.
-                return Err(Reuse::Absent);
-            }
             let record = read_record(&mut f).map_err(Reuse::Refused)?;
             (f, record)
         }
@@ -295,6 +300,13 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         return removed;
     }
     let Ok(dir) = persist::private_subdir(state_dir, INFLATED_DIR) else { return removed };
+    // The directory locked exclusively, against datasets and processes taking up or writing
+    // copies ([`inflated_copy`]): while one does, nothing is removed (the next tidy will). Where
+    // locks are not available the sidecar's second look below is what remains.
+    let lock = File::open(&dir);
+    if matches!(lock.as_ref().map(minibatchd_sys::files::try_lock_exclusive), Ok(Ok(false))) {
+        return removed;
+    }
     let Ok(entries) = fs::read_dir(&dir) else { return removed };
     let mut remove = |path: &Path, len: u64| {
         if fs::remove_file(path).is_ok() {
@@ -347,26 +359,18 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         if !(outdated || idle(record.as_ref().map(|(_, side)| side))) {
             continue;
         }
-        // Removed under an exclusive lock on the sidecar, which a dataset taking the copy up
-        // holds shared until it has marked the use ([`reusable`]): skipped while one does, and
-        // looked at again once locked, as it may have been reused since it was first read.
-        let lock = match &record {
-            Some(_) => match persist::open_trusted(&sidecar) {
-                Ok((f, _)) if matches!(minibatchd_sys::files::try_lock_exclusive(&f), Ok(true)) => Some(f),
-                _ => continue,
-            },
-            None => None,
-        };
-        let again = lock.as_ref().and_then(|f| f.metadata().ok());
-        if !outdated && record.is_some() && !idle(again.as_ref()) {
+        // Looked at again just before removing: a process that does not take the lock (or one
+        // where locks are not available) may have reused the copy (touching its sidecar) since.
+        let again = record.as_ref().and_then(|_| fs::symlink_metadata(&sidecar).ok());
+        if !outdated && !idle(again.as_ref()) {
             continue;
         }
         remove(&path, meta.len());
         if let Some((_, side)) = &record {
             remove(&sidecar, side.len());
         }
-        drop(lock);
     }
+    drop(lock);
     removed
 }
 
@@ -556,15 +560,16 @@ mod tests {
         // Not a name this module writes: left alone.
         fs::write(inflated.join("notes.txt"), b"keep").expect("write");
         fs::write(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
-        // Read by none and unused for two days, but being taken up by a dataset right now (the
-        // shared lock `reusable` holds on its sidecar): kept until that is done.
-        let (_, taken) = copy_of("taken.gz");
-        age(&taken);
-        let held = fs::File::open(sidecar(&taken)).expect("open sidecar");
-        minibatchd_sys::files::lock_shared(&held).expect("lock");
         let read = [read_old.clone(), read_gone.clone()];
+        // While a copy is being taken up or written (the shared lock `inflated_copy` holds on
+        // the directory), nothing is removed.
+        let held = fs::File::open(&inflated).expect("open the directory");
+        minibatchd_sys::files::lock_shared(&held).expect("lock");
+        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
+        assert!(idle.exists() && gone.exists(), "removed while a copy was being taken up");
+        drop(held);
         let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
-        for p in [&read_old, &read_gone, &recent, &reused, &taken] {
+        for p in [&read_old, &read_gone, &recent, &reused] {
             assert!(p.exists() && sidecar(p).exists(), "{} removed", p.display());
         }
         for p in [&idle, &gone] {
@@ -573,14 +578,13 @@ mod tests {
         assert!(!inflated.join(lost).exists() && !inflated.join(".x.4294967.0.tmp").exists());
         assert!(inflated.join("notes.txt").exists(), "a file of another kind was removed");
         assert_eq!(removed.files, 6, "{removed:?}");
-        drop(held);
-        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)).files, 2, "the copy no longer held");
-        assert!(!taken.exists() && !sidecar(&taken).exists());
         assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
     }
 
     /// A dataset taking up a copy while the tidy removes it waits for the tidy's lock, then finds
-    /// the copy gone and writes it again: never a path to a removed copy.
+    /// the copy gone and writes it again: never a path to a removed copy. (Whether it reaches the
+    /// lock before the removal or after, the outcome is the same; without the lock it would take
+    /// the copy up at once and be handed the path the removal then deletes.)
     #[test]
     fn a_copy_removed_while_it_is_taken_up_is_written_again() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -589,8 +593,8 @@ mod tests {
         fs::write(&src, gz(b"1 2\n0 3\n")).expect("write");
         let copy = inflate(&src, &state).expect("inflate");
         let sidecar = PathBuf::from(format!("{}{SIDECAR_SUFFIX}", copy.display()));
-        // The tidy's side: the sidecar locked exclusively while the copy is removed.
-        let lock = fs::File::open(&sidecar).expect("open sidecar");
+        // The tidy's side: the directory locked exclusively while the copy is removed.
+        let lock = fs::File::open(state.join(INFLATED_DIR)).expect("open the directory");
         assert!(minibatchd_sys::files::try_lock_exclusive(&lock).expect("lock"));
         let taking = std::thread::spawn({
             let (src, state) = (src.clone(), state.clone());

@@ -111,6 +111,11 @@ fn another_identity_chunk_shape_or_stream_is_a_miss() {
     wrong_dim[0].dim = 4;
     let mut wrong_kind = specs();
     wrong_kind[2].kind = StreamKind::SparseI32;
+    // 32-bit deepx ids asked for as CTF indices (below a dimension they all are below).
+    let mut narrow_as_ctf = specs();
+    narrow_as_ctf[4] = StreamSpec { name: "id32".into(), kind: StreamKind::SparseI32, dim: usize::MAX };
+    let mut ctf_as_ids = specs();
+    ctf_as_ids[1].kind = StreamKind::SparseU64;
     let mut small_bound = specs();
     small_bound[1].dim = 9; // index 9 is no longer below the dimension
     for (id, n, seqs, s) in [
@@ -119,6 +124,8 @@ fn another_identity_chunk_shape_or_stream_is_a_miss() {
         (ID, 3, 3, specs()),
         (ID, 3, 2, wrong_dim),
         (ID, 3, 2, wrong_kind),
+        (ID, 3, 2, narrow_as_ctf),
+        (ID, 3, 2, ctf_as_ids),
         (ID, 3, 2, small_bound),
         (ID, 3, 2, specs()[..3].to_vec()),
     ] {
