@@ -1159,8 +1159,8 @@ fn the_decompressed_copies_of_gzip_inputs_no_dataset_reads_are_removed() {
         }
     }
     assert!(samples >= 200, "day2 serves a whole sweep from its copy");
-    // The disk-use gauges show what is left: day2's copy and its sidecar (measured at most every
-    // 10 s, so a scrape from before the tidy may be served a little longer).
+    // The disk-use gauges show what is left: day2's copy and its sidecar (measured by the
+    // housekeeping thread every 10 s and right after each tidy).
     let bytes: u64 = copies().iter().map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len())).sum();
     #[allow(clippy::cast_precision_loss)] // a few KiB
     let bytes = bytes as f64;

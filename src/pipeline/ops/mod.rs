@@ -1,7 +1,8 @@
 //! Operations glue between the running pipeline and the outside: the metric gauges that mirror
 //! pipeline state ([`refresh_metrics`], run before every scrape), `/healthz` ([`health`]), daemon
 //! checkpoints ([`write_checkpoint`]) and the housekeeping thread ([`Housekeeping`]: memory
-//! samples and the host-memory guard every [`MEMORY_SAMPLE_INTERVAL`], a checkpoint every
+//! samples and the host-memory guard every [`MEMORY_SAMPLE_INTERVAL`], the state directory's
+//! disk use every [`STATE_DIR_USAGE_INTERVAL`], the index-cache tidy, a checkpoint every
 //! `checkpoint_interval_secs`).
 
 use std::sync::atomic::Ordering;
@@ -60,11 +61,6 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
         Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
     }
-    let config = shared.config();
-    for (dir, usage) in state_dir_usage(&config.daemon.state_dir) {
-        m.state_dir_bytes.with_label_values(&[dir]).set(to_i64(usage.bytes));
-        m.state_dir_files.with_label_values(&[dir]).set(to_i64(usage.files));
-    }
     let (stats, budget, _) = shared.data.cache.snapshot();
     m.cache_bytes.set(to_i64(stats.bytes));
     m.cache_chunks.set(to_i64(stats.chunks));
@@ -100,25 +96,20 @@ struct Usage {
     bytes: u64,
 }
 
-/// How long a measure of the state directory's disk use serves scrapes: walking directories of
-/// many files on every scrape would cost the scrape more than the figure is worth.
-const STATE_DIR_USAGE_TTL: Duration = Duration::from_secs(10);
+/// How often the housekeeping thread measures the state directory's disk use (a `stat` per file:
+/// not on the scrape's path, which a slow file system would stall).
+const STATE_DIR_USAGE_INTERVAL: Duration = Duration::from_secs(10);
 
-/// The disk use of `state_dir/index` and `state_dir/inflated`, measured at most every
-/// [`STATE_DIR_USAGE_TTL`].
-fn state_dir_usage(state_dir: &std::path::Path) -> [(&'static str, Usage); 2] {
+/// Sets `minibatchd_state_dir_{bytes,files}` from `state_dir/index` and `state_dir/inflated`.
+fn measure_state_dir(shared: &ControlPlane) {
     use minibatchd_engine::format::{index_cache::INDEX_DIR, inflate::INFLATED_DIR};
-    type Measured = Option<(Instant, std::path::PathBuf, [(&'static str, Usage); 2])>;
-    static LAST: std::sync::Mutex<Measured> = std::sync::Mutex::new(None);
-    let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((at, dir, usage)) = &*last {
-        if at.elapsed() < STATE_DIR_USAGE_TTL && dir == state_dir {
-            return *usage;
-        }
+    let m = &shared.data.metrics;
+    let state_dir = shared.config().daemon.state_dir.clone();
+    for dir in [INDEX_DIR, INFLATED_DIR] {
+        let usage = dir_usage(&state_dir.join(dir));
+        m.state_dir_bytes.with_label_values(&[dir]).set(to_i64(usage.bytes));
+        m.state_dir_files.with_label_values(&[dir]).set(to_i64(usage.files));
     }
-    let usage = [INDEX_DIR, INFLATED_DIR].map(|d| (d, dir_usage(&state_dir.join(d))));
-    *last = Some((Instant::now(), state_dir.to_path_buf(), usage));
-    usage
 }
 
 /// The regular files directly in `dir` (links not followed) and their bytes; nothing when it is
@@ -315,8 +306,10 @@ impl Housekeeping {
         let mut sampler = Sampler::new();
         let mut guard = HostGuard::default();
         sample_memory(&shared, &mut sampler, &mut guard);
+        measure_state_dir(&shared);
         let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
             let mut last_checkpoint = Instant::now();
+            let mut next_usage = Instant::now() + STATE_DIR_USAGE_INTERVAL;
             let mut next_tidy = Instant::now();
             // A reload that swapped the datasets leaves older decompressed copies and caches
             // behind: tidy soon after it rather than within the hour.
@@ -334,6 +327,11 @@ impl Housekeeping {
                 if Instant::now() >= next_tidy {
                     let retry = tidy_index_cache(&shared) == Tidied::Opening;
                     next_tidy = Instant::now() + if retry { INDEX_TIDY_RETRY } else { INDEX_TIDY_INTERVAL };
+                    next_usage = Instant::now(); // measured again right after each tidy
+                }
+                if Instant::now() >= next_usage {
+                    measure_state_dir(&shared);
+                    next_usage = Instant::now() + STATE_DIR_USAGE_INTERVAL;
                 }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {
