@@ -13,9 +13,10 @@ pub use minibatchd_shm::owned::Values;
 
 /// The sparse indices of one stream of a chunk.
 ///
-/// deepx feature ids are `u64`s, delivered as such; a chunk whose ids all fit in 32 bits (nearly
-/// every real dataset: hashed ids are 24–32 bits wide) keeps them as `u32` and the gather widens
-/// them — a third less memory per feature for the parse to write and the chunk cache to hold.
+/// deepx feature ids are `u64`s, delivered as such; a chunk whose ids all fit in 32 bits
+/// (LIBSVM-style data numbers its features, and the hashing trick commonly uses 2^18–2^32
+/// buckets) keeps them as `u32` and the gather widens them — a third less memory per feature
+/// for the parse to write and the chunk cache to hold. Ids hashed to 64 bits keep 8 bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Indices {
     /// CTF: int32 below the stream's dimension (CNTK's `IndexType`).
