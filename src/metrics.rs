@@ -32,7 +32,7 @@ use minibatchd_engine::format::errors::ErrorKind;
 use crate::stage::Stage;
 
 /// Every label name a metric may carry: bounded sets only (never a file, a session or a sample).
-pub const LABEL_NAMES: [&str; 14] = [
+pub const LABEL_NAMES: [&str; 15] = [
     "dataset",
     "tail",
     "outcome",
@@ -41,6 +41,8 @@ pub const LABEL_NAMES: [&str; 14] = [
     "kind",
     "state",
     "part",
+    // `index` or `inflated` (`minibatchd_state_dir_*`).
+    "dir",
     "result",
     "code",
     "version",
