@@ -64,17 +64,6 @@ pub enum Indices {
     U64(Vec<u64>),
 }
 
-impl Indices {
-    /// Bytes held.
-    #[must_use]
-    pub fn size_bytes(&self) -> usize {
-        match self {
-            Self::I32(v) => v.len() * 4,
-            Self::U64(v) => v.len() * 8,
-        }
-    }
-}
-
 /// One stream of a minibatch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MbStream {
