@@ -254,7 +254,9 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     let opening = opening || shared.data.indexing.count() > 0;
     let settled = !opening && config.datasets.keys().all(|name| hub.get(name).is_ok());
     let inputs = hub.inputs();
-    let in_use = |input: &std::path::Path| !settled || inputs.contains(input);
+    // A reload that starts indexing while this runs makes everything count as in use again from
+    // then on: the datasets it adds read files that `inputs` does not list.
+    let in_use = |input: &std::path::Path| !settled || inputs.contains(input) || shared.data.indexing.count() > 0;
     let state_dir = &config.daemon.state_dir;
     for (removed, what) in [
         (
