@@ -41,7 +41,12 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 /// # Errors
 /// The `flock` error.
 pub fn lock_shared(file: &File) -> io::Result<()> {
-    rustix::fs::flock(file, rustix::fs::FlockOperation::LockShared).map_err(io::Error::from)
+    loop {
+        match rustix::fs::flock(file, rustix::fs::FlockOperation::LockShared) {
+            Err(rustix::io::Errno::INTR) => {}
+            other => return other.map_err(io::Error::from),
+        }
+    }
 }
 
 /// Takes an exclusive advisory lock (`flock(LOCK_EX | LOCK_NB)`) on `file` if nobody holds one:

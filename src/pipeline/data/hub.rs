@@ -338,14 +338,17 @@ impl Hub {
     }
 }
 
-/// `paths` and, for each local one, its canonical form: the index cache records the canonical
+/// `paths` and, for each local one (not an object's URL), its canonical form: the index cache records the canonical
 /// path of the file it indexed (`FileStamp::of`), a dataset the path as configured or found (a
 /// symlinked directory, a `..`), and the tidy must see both as the same input.
 fn with_canonical(
     paths: std::collections::HashSet<std::path::PathBuf>,
 ) -> std::collections::HashSet<std::path::PathBuf> {
-    let canonical: Vec<std::path::PathBuf> =
-        paths.iter().filter(|p| p.is_absolute()).filter_map(|p| std::fs::canonicalize(p).ok()).collect();
+    let canonical: Vec<std::path::PathBuf> = paths
+        .iter()
+        .filter(|p| !p.as_os_str().as_encoded_bytes().windows(3).any(|w| w == b"://"))
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
     let mut all = paths;
     all.extend(canonical);
     all

@@ -249,15 +249,18 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     let hub = shared.data.hub();
     // What the datasets read is known only once every configured dataset is open: until then
     // (datasets being indexed, or failed) no cache of an existing file or object and no
-    // decompressed copy counts as unused. Replaced versions that sessions still read count as open. The indexing table is
-    // read on both sides of taking the hub, so that a reload swapping hubs in between is seen.
+    // decompressed copy counts as unused. Replaced versions that sessions still read count as
+    // open. The indexing table is read on both sides of taking the hub, so that a reload swapping
+    // hubs in between is seen.
     let opening = opening || shared.data.indexing.count() > 0;
     let settled = !opening && config.datasets.keys().all(|name| hub.get(name).is_ok());
-    let inputs = hub.inputs();
+    // (A path per input and its canonical form: only worth it when they decide something.)
+    let inputs = if settled { hub.inputs() } else { std::collections::HashSet::new() };
     // A reload that starts indexing while this runs makes everything count as in use again from
     // then on: the datasets it adds read files that `inputs` does not list.
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input) || shared.data.indexing.count() > 0;
     let state_dir = &config.daemon.state_dir;
+    let mut busy = false;
     for (removed, what) in [
         (
             minibatchd_engine::format::index_cache::remove_orphans(state_dir, &in_use),
@@ -271,19 +274,24 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
         if removed.files > 0 {
             tracing::info!(files = removed.files, bytes = removed.bytes, "{what}");
         }
+        if removed.busy {
+            tracing::debug!("{what}: deferred, a copy is being taken up or written");
+        }
+        busy |= removed.busy;
     }
-    if settled {
+    if settled && !busy {
         Tidied::Settled
-    } else if opening {
+    } else if opening || busy {
         Tidied::Opening
     } else {
         Tidied::Failed
     }
 }
 
-/// How a tidy went: which objects' caches and copies are unused was known (`Settled`), or not
-/// yet because datasets were being opened (`Opening`: try again soon), or not because one failed
-/// to open (`Failed`: its inputs stay unknown until a reload; the usual interval).
+/// How a tidy went: which caches and copies are unused was known and acted on (`Settled`), or not
+/// yet because datasets were being opened or a decompressed copy was being taken up (`Opening`:
+/// try again soon), or not because one failed to open (`Failed`: its inputs stay unknown until a
+/// reload; the usual interval).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Tidied {
     Settled,
@@ -308,8 +316,8 @@ impl Housekeeping {
         let mut sampler = Sampler::new();
         let mut guard = HostGuard::default();
         sample_memory(&shared, &mut sampler, &mut guard);
-        measure_state_dir(&shared);
         let thread = std::thread::Builder::new().name("mbd-housekeeping".into()).spawn(move || {
+            measure_state_dir(&shared);
             let mut last_checkpoint = Instant::now();
             let mut next_usage = Instant::now() + STATE_DIR_USAGE_INTERVAL;
             let mut next_tidy = Instant::now();

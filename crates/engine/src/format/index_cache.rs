@@ -343,6 +343,9 @@ pub struct Removed {
     pub files: usize,
     /// Their bytes.
     pub bytes: u64,
+    /// Some were left for another time: the directory was in use (see
+    /// [`crate::format::inflate::remove_unused`]).
+    pub busy: bool,
 }
 
 /// How long the cache of a file or object that no opened dataset reads is kept after its last use

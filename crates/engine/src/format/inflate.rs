@@ -300,20 +300,10 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         return removed;
     }
     let Ok(dir) = persist::private_subdir(state_dir, INFLATED_DIR) else { return removed };
-    // The directory locked exclusively, against datasets and processes taking up or writing
-    // copies ([`inflated_copy`]): while one does, nothing is removed (the next tidy will). Where
-    // locks are not available the sidecar's second look below is what remains.
-    let lock = File::open(&dir);
-    if matches!(lock.as_ref().map(minibatchd_sys::files::try_lock_exclusive), Ok(Ok(false))) {
-        return removed;
-    }
     let Ok(entries) = fs::read_dir(&dir) else { return removed };
-    let mut remove = |path: &Path, len: u64| {
-        if fs::remove_file(path).is_ok() {
-            removed.files += 1;
-            removed.bytes += len;
-        }
-    };
+    // First what to remove, without the lock (the sources' stamps may take a while on a slow
+    // file system, and datasets taking up copies would wait on it)...
+    let mut doomed: Vec<Doomed> = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
@@ -327,13 +317,13 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         let Ok((_, meta)) = persist::open_trusted(&path) else { continue };
         if is_temp {
             if !persist::writer_alive(&name) {
-                remove(&path, meta.len());
+                doomed.push(Doomed { file: (path, Seen::of(&meta)), sidecar: None });
             }
             continue;
         }
         if let Some(copy) = sidecar_of {
             if matches!(fs::symlink_metadata(dir.join(copy)), Err(e) if e.kind() == std::io::ErrorKind::NotFound) {
-                remove(&path, meta.len());
+                doomed.push(Doomed { file: (path, Seen::of(&meta)), sidecar: None });
             }
             continue;
         }
@@ -344,9 +334,8 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         let record = read_sidecar(&sidecar);
         // Last used: the sidecar's time, or the copy's where there is no sidecar (a copy being
         // finished has none for a moment).
-        let idle = |side: Option<&fs::Metadata>| {
-            side.unwrap_or(&meta).modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE)
-        };
+        let last_used = record.as_ref().map_or(&meta, |(_, side)| side);
+        let idle = last_used.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE);
         // A local source that is gone, or that changed since (a copy is reused only for the
         // source it records, so nothing will reuse this one).
         let outdated = record.as_ref().is_some_and(|(r, _)| {
@@ -356,22 +345,64 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
                     Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                 }
         });
-        if !(outdated || idle(record.as_ref().map(|(_, side)| side))) {
+        if outdated || idle {
+            let sidecar = record.map(|(_, side)| (sidecar, Seen::of(&side)));
+            doomed.push(Doomed { file: (path, Seen::of(&meta)), sidecar });
+        }
+    }
+    if doomed.is_empty() {
+        return removed;
+    }
+    // ...then, with the directory locked exclusively against datasets and processes taking up or
+    // writing copies ([`inflated_copy`]), each removed only if nothing changed since it was looked
+    // at: a copy taken up in between has a newer sidecar, one written again another inode. While
+    // the lock is held elsewhere nothing is removed (`busy`: the tidy comes back soon). Where it
+    // cannot be taken at all (a file system without `flock` on directories) the check that
+    // nothing changed is what remains.
+    let lock = File::open(&dir);
+    if matches!(lock.as_ref().map(minibatchd_sys::files::try_lock_exclusive), Ok(Ok(false))) {
+        removed.busy = true;
+        return removed;
+    }
+    let unchanged = |(path, seen): &(PathBuf, Seen)| fs::symlink_metadata(path).is_ok_and(|m| Seen::of(&m) == *seen);
+    for d in &doomed {
+        let sidecar_as_seen = match &d.sidecar {
+            Some(side) => unchanged(side),
+            None => true,
+        };
+        if !unchanged(&d.file) || !sidecar_as_seen {
             continue;
         }
-        // Looked at again just before removing: a process that does not take the lock (or one
-        // where locks are not available) may have reused the copy (touching its sidecar) since.
-        let again = record.as_ref().and_then(|_| fs::symlink_metadata(&sidecar).ok());
-        if !outdated && !idle(again.as_ref()) {
-            continue;
-        }
-        remove(&path, meta.len());
-        if let Some((_, side)) = &record {
-            remove(&sidecar, side.len());
+        for (path, seen) in std::iter::once(&d.file).chain(&d.sidecar) {
+            if fs::remove_file(path).is_ok() {
+                removed.files += 1;
+                removed.bytes += seen.len;
+            }
         }
     }
     drop(lock);
     removed
+}
+
+/// A file [`remove_unused`] will remove (with its copy's sidecar) if it is still as it was seen.
+struct Doomed {
+    file: (PathBuf, Seen),
+    sidecar: Option<(PathBuf, Seen)>,
+}
+
+/// A file as it was seen: which file, its size and when it was last written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl Seen {
+    fn of(m: &fs::Metadata) -> Self {
+        Self { dev: m.dev(), ino: m.ino(), len: m.len(), mtime: (m.mtime(), m.mtime_nsec()) }
+    }
 }
 
 /// Whether `name` has the form of a copy's name, `NAME.HASH.HASH` with two 16-digit hex hashes
@@ -565,7 +596,8 @@ mod tests {
         // the directory), nothing is removed.
         let held = fs::File::open(&inflated).expect("open the directory");
         minibatchd_sys::files::lock_shared(&held).expect("lock");
-        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
+        let busy = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
+        assert_eq!(busy, Removed { busy: true, ..Removed::default() });
         assert!(idle.exists() && gone.exists(), "removed while a copy was being taken up");
         drop(held);
         let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
