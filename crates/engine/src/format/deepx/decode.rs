@@ -59,6 +59,11 @@ pub struct SparseBuf<T> {
     ids: Ids,
     /// Feature values.
     pub values: Vec<T>,
+    /// The committed entries when the ids were widened, while the line that widened them is not
+    /// committed yet: if it is rolled back, they go back to 32 bits ([`SparseBuf::renarrow`]).
+    widened_at: Option<usize>,
+    /// Whether a rollback narrowed the ids back once already in this chunk.
+    renarrowed: bool,
 }
 
 /// Feature ids as parsed: 32 bits wide until one does not fit, then every id widened once.
@@ -70,7 +75,13 @@ enum Ids {
 
 impl<T> SparseBuf<T> {
     fn new() -> Self {
-        Self { sample_offsets: vec![0], ids: Ids::Narrow(Vec::new()), values: Vec::new() }
+        Self {
+            sample_offsets: vec![0],
+            ids: Ids::Narrow(Vec::new()),
+            values: Vec::new(),
+            widened_at: None,
+            renarrowed: false,
+        }
     }
 
     /// Feature ids so far, widened (for tests and checks; the chunk keeps them narrow).
@@ -109,6 +120,28 @@ impl<T> SparseBuf<T> {
             minibatchd_sys::advise_huge_pages(&wide);
             wide.extend(v.iter().map(|&x| u64::from(x)));
             self.ids = Ids::Wide(wide);
+            self.widened_at = self.sample_offsets.last().copied();
+        }
+    }
+
+    /// After a rollback to `committed` entries: when the line rolled back is the one that widened
+    /// the ids (every id before it fit), they go back to 32 bits. Once per chunk at most, so a
+    /// file of such lines costs two copies of the ids, not two per line.
+    #[cold]
+    fn renarrow(&mut self, committed: usize) {
+        if self.renarrowed || self.widened_at != Some(committed) {
+            return;
+        }
+        if let Ids::Wide(v) = &self.ids {
+            let mut narrow = Vec::with_capacity(v.capacity());
+            minibatchd_sys::advise_huge_pages(&narrow);
+            for &id in v {
+                let Ok(id) = u32::try_from(id) else { return };
+                narrow.push(id);
+            }
+            self.ids = Ids::Narrow(narrow);
+            self.renarrowed = true;
+            self.widened_at = None;
         }
     }
 
@@ -618,7 +651,7 @@ impl DeepxDecoder {
         let mut out: Vec<StreamData> = bufs
             .x
             .into_iter()
-            .map(|SparseBuf { sample_offsets, ids, values }| {
+            .map(|SparseBuf { sample_offsets, ids, values, .. }| {
                 StreamData::new(
                     seq.clone(),
                     StreamValues::Sparse { sample_offsets, indices: ids.into(), values: T::into_values(values) },
@@ -654,6 +687,7 @@ fn rollback<T>(out: &mut DeepxBufs<T>, label_size: usize) {
     for x in &mut out.x {
         let committed = x.sample_offsets.last().copied().unwrap_or(0);
         x.truncate(committed);
+        x.renarrow(committed);
     }
     let rows = out.samples;
     out.y.truncate(rows * label_size);

@@ -417,3 +417,28 @@ fn feature_ids_are_kept_narrow_until_one_needs_64_bits() {
         matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U64(v), .. } if v == &[5, max32, wide, 1, u64::MAX])
     );
 }
+
+/// A line rolled back after widening the ids (every id before it fit) narrows them back, once
+/// per chunk; a second such line leaves them wide. The ids are right either way.
+#[test]
+fn a_rolled_back_wide_id_narrows_the_ids_back_once() {
+    let wide = u64::from(u32::MAX) + 1;
+    let lines = [
+        "1 3:1 7".to_owned(),
+        format!("0 4:1 {wide}:0.5 x"),
+        "1 5".to_owned(),
+        format!("0 {wide} 9:y"),
+        "1 6:2".to_owned(),
+    ];
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let (_, b, errors) = decode_lines(schema(FormatKind::Libsvm, 1, 0), &refs[..3]);
+    assert_eq!(errors.len(), 1);
+    assert!(b.x[0].narrow(), "the widening line was rolled back");
+    assert_eq!(b.x[0].ids(), vec![3, 7, 5]);
+    let (_, b, errors) = decode_lines(schema(FormatKind::Libsvm, 1, 0), &refs);
+    assert_eq!(errors.len(), 2);
+    assert!(!b.x[0].narrow(), "narrowed back once per chunk only");
+    assert_eq!(b.x[0].ids(), vec![3, 7, 5, 6]);
+    assert_eq!(b.x[0].values, vec![1.0, 1.0, 1.0, 2.0]);
+    assert_eq!(b.x[0].sample_offsets, vec![0, 2, 3, 4]);
+}
