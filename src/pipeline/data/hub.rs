@@ -338,15 +338,16 @@ impl Hub {
     }
 }
 
-/// `paths` and, for each local one (not an object's URL), its canonical form: the index cache records the canonical
-/// path of the file it indexed (`FileStamp::of`), a dataset the path as configured or found (a
-/// symlinked directory, a `..`), and the tidy must see both as the same input.
+/// `paths` and, for each local one (not an object's URL), its canonical form: the index cache
+/// records the canonical path of the file it indexed (`FileStamp::of`), a dataset the path as
+/// configured or found (a symlinked directory, a `..`), and the tidy must see both as the same
+/// input.
 fn with_canonical(
     paths: std::collections::HashSet<std::path::PathBuf>,
 ) -> std::collections::HashSet<std::path::PathBuf> {
     let canonical: Vec<std::path::PathBuf> = paths
         .iter()
-        .filter(|p| !p.as_os_str().as_encoded_bytes().windows(3).any(|w| w == b"://"))
+        .filter(|p| !minibatchd_engine::remote::is_remote(p))
         .filter_map(|p| std::fs::canonicalize(p).ok())
         .collect();
     let mut all = paths;

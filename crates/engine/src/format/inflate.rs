@@ -153,7 +153,7 @@ fn inflated_copy(
     // other datasets and processes doing the same, exclusive with the tidy ([`remove_unused`]),
     // which so never removes a copy being taken up or replaced. Best effort: without it (a file
     // system without `flock`) the tidy's second look at the sidecar is what remains.
-    let _lock = dir_lock(&dir, |f| minibatchd_sys::files::lock_shared(f).map(|()| true));
+    let _lock = lock_dir_shared(&dir);
     match reusable(&target, &sidecar, &stamp) {
         Ok(size) if size > allowed => return Err(over_limit(source, &stamp, limits, allowed, bound)),
         Ok(_) => return Ok(target),
@@ -239,12 +239,14 @@ enum Reuse {
     Refused(String),
 }
 
-/// The directory `dir` (`inflated/`) itself, opened and locked by `lock` ([`inflated_copy`],
-/// [`remove_unused`]): `Some` once locked, `None` when it cannot be opened or the lock fails (a
-/// file system without `flock` on directories). No lock file: nothing for the tidy to keep.
-fn dir_lock(dir: &Path, lock: fn(&File) -> std::io::Result<bool>) -> Option<File> {
+/// The directory `dir` (`inflated/`) itself, opened and locked shared ([`inflated_copy`]; the
+/// tidy, [`remove_unused`], locks it exclusively): `None` when it cannot be opened or the lock
+/// fails (a file system without `flock` on directories). No lock file: nothing for the tidy to
+/// keep.
+fn lock_dir_shared(dir: &Path) -> Option<File> {
     let f = File::open(dir).ok()?;
-    lock(&f).ok()?.then_some(f)
+    minibatchd_sys::files::lock_shared(&f).ok()?;
+    Some(f)
 }
 
 /// The size of the copy at `target` if it can be reused for the source `stamp`.
@@ -366,11 +368,7 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
     }
     let unchanged = |(path, seen): &(PathBuf, Seen)| fs::symlink_metadata(path).is_ok_and(|m| Seen::of(&m) == *seen);
     for d in &doomed {
-        let sidecar_as_seen = match &d.sidecar {
-            Some(side) => unchanged(side),
-            None => true,
-        };
-        if !unchanged(&d.file) || !sidecar_as_seen {
+        if !unchanged(&d.file) || !d.sidecar.as_ref().is_none_or(unchanged) {
             continue;
         }
         for (path, seen) in std::iter::once(&d.file).chain(&d.sidecar) {
