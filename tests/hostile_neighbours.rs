@@ -407,3 +407,67 @@ fn a_session_opened_just_before_a_crash_is_resumed_by_name_and_its_replay_signal
     assert_eq!((r.from.as_str(), r.exact), ("checkpoint", false), "{r:?}");
     assert_eq!(resumed.state().expect("state").minibatches, 0, "back to the position it was opened at");
 }
+
+/// An `open` whose sampler would walk without end (a job whose workers stand 2^64 samples apart;
+/// equal steps over an epoch of 2^62 samples, or for 2^20 workers) is refused at once with what
+/// to change; it hung the daemon's event loop, every other client with it, until memory ran out.
+/// Meanwhile, and after, another session is served.
+#[test]
+fn an_open_that_asks_for_an_endless_walk_is_refused_and_the_others_are_served() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "");
+    let mut other = d.client().open("train", &options(2)).expect("open");
+    assert!(other.next_minibatch().expect("served").is_some());
+    let state = other.state().expect("state");
+    let refused = |o: &minibatchd_client::protocol::SessionOptions, expect: &str| {
+        let started = Instant::now();
+        match d.client().open("train", o) {
+            Err(ClientError::Daemon { code: ErrorCode::InvalidOptions, message, .. }) => {
+                assert!(message.contains(expect), "{message}");
+            }
+            Err(e) => panic!("expected invalid_options, got {e}"),
+            Ok(_) => panic!("expected invalid_options, the session opened"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "refused at once, not after the walk");
+    };
+    let far = minibatchd_client::protocol::SessionState { position: u64::MAX, ..state.clone() };
+    let job = minibatchd_client::protocol::SessionOptions { resume_job: Some(vec![state.clone(), far]), ..options(2) };
+    refused(&job, "stand at most");
+    let long =
+        minibatchd_client::protocol::SessionOptions { equal_steps: true, max_samples: Some(1 << 62), ..options(1) };
+    refused(&long, "use a shorter epoch");
+    let wide = minibatchd_client::protocol::SessionOptions {
+        equal_steps: true,
+        full_sweep: true,
+        num_workers: Some(1 << 20),
+        rank: Some(7),
+        ..options(1)
+    };
+    refused(&wide, "fewer workers");
+    assert!(other.next_minibatch().expect("still served").is_some());
+}
+
+/// A client that sends and never reads (here: empty frames, each answered with `bad_message`)
+/// fills its socket with replies; the daemon then stops waiting on it within its send timeout
+/// (30 s) and closes the connection, instead of holding it, its descriptor and the daemon's stop
+/// for ever. Meanwhile the other clients are served.
+#[test]
+fn a_client_that_never_reads_is_disconnected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path(), "handshake_timeout_secs = 2");
+    let mut flood = UnixStream::connect(&d.socket).expect("connect");
+    flood.set_write_timeout(Some(Duration::from_millis(200))).expect("timeout");
+    let started = Instant::now();
+    let empty = [0u8; 4 * 1024];
+    let closed = loop {
+        match flood.write(&empty) {
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(_) => break started.elapsed(),
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "the connection was never closed");
+    };
+    assert!(closed < Duration::from_secs(60), "closed after {closed:?}");
+    let mut s = d.client().open("train", &options(8)).expect("open");
+    assert!(s.next_minibatch().expect("served").is_some());
+}

@@ -263,6 +263,17 @@ fn place_sampler(
     }
 }
 
+/// Runs `work` (a session's sweep orders, equal steps, a job's walk: bounded, but up to seconds on
+/// a large dataset) on the runtime's blocking threads, so that the event loop goes on serving the
+/// other connections meanwhile.
+async fn off_the_event_loop<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+) -> Result<T, Refusal> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Refusal::Delivery(format!("the session's preparation did not finish: {e}"))))
+}
+
 /// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
 /// cache's ceiling would stop it there, after parsing the limit's worth of chunks). Called once
 /// the session's ring is reserved: the cache's share is what the limit leaves beside it.
@@ -292,8 +303,12 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, mut sampler, geometry, job_start } =
-        prepare(dataset, options, shared)?;
+    // The sweep orders a session starts from, and a `resume_job`'s walk, are computed on a
+    // blocking thread: the connections of every other client share this one.
+    let Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start } = {
+        let (dataset, options, shared) = (dataset.to_owned(), options.clone(), shared.clone());
+        off_the_event_loop(move || prepare(&dataset, &options, &shared)).await?
+    };
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
     let fresh = SessionState {
@@ -341,7 +356,15 @@ pub(super) async fn open(
     }
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
-    let pad_to = place_sampler(&mut sampler, &start, &resolved, dataset, shared).map_err(undo)?;
+    let (sampler, pad_to) = {
+        let (start, resolved, dataset, shared) = (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone());
+        off_the_event_loop(move || {
+            let mut sampler = sampler;
+            place_sampler(&mut sampler, &start, &resolved, &dataset, &shared).map(|pad_to| (sampler, pad_to))
+        })
+        .await
+        .map_err(undo)?
+    };
     let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
     let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
     let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;

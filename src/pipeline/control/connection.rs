@@ -97,11 +97,31 @@ impl std::fmt::Display for Peer {
 }
 
 async fn send(wr: &mut OwnedWriteHalf, msg: &ServerMessage) -> std::io::Result<()> {
-    wr.write_all(&protocol::encode(msg)).await
+    within_send_timeout(wr.write_all(&protocol::encode(msg))).await
+}
+
+/// How long a reply may wait for the client to read: a client that sends but never reads
+/// (replies pile up in the socket until it is full) is disconnected after this long instead of
+/// holding the connection — and its handshake timeout, and the daemon's stop — for ever. The
+/// daemon's own messages to a session (`ready`, at most one per ring slot outstanding) never fill
+/// the socket, so a slow trainer is never cut off by it.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn within_send_timeout(io: impl std::future::Future<Output = std::io::Result<()>>) -> std::io::Result<()> {
+    tokio::time::timeout(SEND_TIMEOUT, io).await.unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the client read nothing for {} s", SEND_TIMEOUT.as_secs()),
+        ))
+    })
 }
 
 /// Sends `msg` with `fd` attached (`SCM_RIGHTS` on the first bytes).
 async fn send_with_fd(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd) -> std::io::Result<()> {
+    within_send_timeout(send_with_fd_now(wr, msg, fd)).await
+}
+
+async fn send_with_fd_now(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &OwnedFd) -> std::io::Result<()> {
     let bytes = protocol::encode(msg);
     let sent = {
         let sock: &UnixStream = wr.as_ref();
@@ -306,7 +326,7 @@ async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedW
         }
         batched += 1;
     }
-    wr.write_all(&out).await
+    within_send_timeout(wr.write_all(&out)).await
 }
 
 /// Appends the reply to `event` to `out`; `true` while the producer goes on.

@@ -203,6 +203,33 @@ pub enum SamplingError {
     /// Equal step counts were asked for an infinite epoch.
     #[error("equal step counts need a finite epoch (max_samples, max_sweeps, full_sweep or sweep)")]
     EqualStepsNeedAFiniteEpoch,
+    /// Equal step counts would walk more sequences than [`MAX_EQUAL_STEPS_WALK`]: every worker's
+    /// epoch is walked once to count its minibatches.
+    #[error(
+        "equal step counts over this epoch would walk {walk} sequences ({workers} worker(s), each over an epoch of about {per_worker} sequences); at most {max} are walked: use a shorter epoch (max_sweeps, max_samples) or fewer workers",
+        max = MAX_EQUAL_STEPS_WALK
+    )]
+    EqualStepsTooCostly {
+        /// Sequences the walk would visit (saturated).
+        walk: u64,
+        /// Workers walked.
+        workers: usize,
+        /// Sequences of one worker's walk (saturated).
+        per_worker: u64,
+    },
+    /// The positions of a job's workers ([`Sampler::resume_job`]) lie further apart than
+    /// [`MAX_JOB_SPREAD_SAMPLES`]: not the state of one job's workers.
+    #[error(
+        "the workers' positions span {from}..{until} ({spread} samples); the workers of one job stand at most {max} samples apart (a few minibatches in practice)",
+        spread = until.saturating_sub(*from),
+        max = MAX_JOB_SPREAD_SAMPLES
+    )]
+    JobSpreadTooWide {
+        /// The earliest position.
+        from: u64,
+        /// The latest position.
+        until: u64,
+    },
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
     /// overflow").
     #[error("epoch limit {limit:?} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
@@ -216,6 +243,15 @@ pub enum SamplingError {
 
 /// Largest epoch, in samples (CNTK's `SIZE_MAX / 2`); also the size of an infinite epoch.
 pub const MAX_EPOCH_SAMPLES: u64 = u64::MAX / 2;
+
+/// Most sequences [`Sampler::equalize_steps`] walks (over every worker's epoch): the walk runs
+/// when a session opens, so its cost is bounded whatever a client asks (about a minute at most).
+pub const MAX_EQUAL_STEPS_WALK: u64 = 1 << 30;
+
+/// Widest span, in samples, of the positions [`Sampler::resume_job`] continues: the sequences
+/// delivered between the earliest and the latest are remembered one by one, so the span bounds
+/// that memory (16 MiB of entries or so) and the sweeps walked to find them.
+pub const MAX_JOB_SPREAD_SAMPLES: u64 = 1 << 20;
 
 /// Largest local minibatch size honoured; larger requests are clamped (CNTK raises "Global and
 /// local size of the minibatch cannot exceed max int" instead).
@@ -450,6 +486,7 @@ impl Sampler {
         if self.options.limit == EpochLimit::Infinite {
             return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
         }
+        self.check_equal_steps_walk()?;
         // Each worker walked from the start of the (resumed) epoch.
         let start = |rank: usize| -> Result<Sampler, SamplingError> {
             let options = SamplingOptions { rank, ..self.options.clone() };
@@ -459,35 +496,58 @@ impl Sampler {
             }
             Ok(s)
         };
-        let walk = |rank: usize| -> Result<Vec<u64>, SamplingError> {
+        // Counts a worker's minibatches (no more than `stop`) and where the last one counted
+        // ends: nothing is kept per minibatch, so the walk's memory does not grow with the epoch.
+        let walk = |rank: usize, stop: u64| -> Result<(u64, u64), SamplingError> {
             let mut s = start(rank)?;
-            let mut ends = Vec::new();
-            while s.next_minibatch(minibatch_size).is_some() {
-                ends.push(s.position);
+            let mut count = 0u64;
+            while count < stop && s.next_minibatch(minibatch_size).is_some() {
+                count += 1;
             }
-            Ok(ends)
+            Ok((count, s.position))
         };
         let (mut fewest, mut most) = (u64::MAX, 0u64);
+        let mut own = 0;
         for rank in 0..self.options.num_workers {
-            let n = walk(rank)?.len() as u64;
+            let (n, _) = walk(rank, u64::MAX)?;
+            if rank == self.options.rank {
+                own = n;
+            }
             fewest = fewest.min(n);
             most = most.max(n);
         }
-        let mine = walk(self.options.rank)?;
-        let own = mine.len() as u64;
         match tail {
             Tail::Pad => Ok(EqualSteps { steps: most, dropped: 0, padding: most - own }),
             Tail::Drop => {
-                // After `fewest` minibatches this worker stands at `mine[fewest - 1]`; with none
-                // at all it stops where it starts.
-                let from = start(self.options.rank)?.position;
-                self.step_cutoff = Some(match usize::try_from(fewest) {
-                    Ok(0) | Err(_) => from,
-                    Ok(n) => mine[n - 1],
-                });
+                // After `fewest` minibatches this worker stands where its `fewest`th ends; with
+                // none at all it stops where it starts.
+                let (_, cutoff) = walk(self.options.rank, fewest)?;
+                self.step_cutoff = Some(cutoff);
                 Ok(EqualSteps { steps: fewest, dropped: own - fewest, padding: 0 })
             }
         }
+    }
+
+    /// Refuses an [`Sampler::equalize_steps`] whose walk would exceed [`MAX_EQUAL_STEPS_WALK`]:
+    /// each worker's walk visits every sequence of the epoch (from its start to its end, a
+    /// partial sweep counted whole), and the workers plus this one again are walked.
+    fn check_equal_steps_walk(&self) -> Result<(), SamplingError> {
+        let start = self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0));
+        let start = match self.options.limit {
+            EpochLimit::Sweep(k) => start.max(k.saturating_mul(self.sweep_size)),
+            _ => start,
+        };
+        let sweeps = self.epoch_end.saturating_sub(start).div_ceil(self.sweep_size.max(1)).saturating_add(1);
+        let per_worker = sweeps.saturating_mul(self.timeline.num_sequences() as u64);
+        let workers = self.options.num_workers;
+        // A worker's sampler costs about as much as walking this many sequences before its walk
+        // starts (set up, its first sweep planned), however short the dataset.
+        const PER_WORKER_SETUP: u64 = 1024;
+        let walk = per_worker.saturating_add(PER_WORKER_SETUP).saturating_mul(workers as u64 + 1);
+        if walk > MAX_EQUAL_STEPS_WALK {
+            return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
+        }
+        Ok(())
     }
 
     /// Continues a run of `positions.len()` workers (any count, not necessarily this sampler's)
@@ -509,6 +569,9 @@ impl Sampler {
         let (Some(&from), Some(&until)) = (positions.iter().min(), positions.iter().max()) else {
             return Err(SamplingError::NoWorkers);
         };
+        if until - from > MAX_JOB_SPREAD_SAMPLES {
+            return Err(SamplingError::JobSpreadTooWide { from, until });
+        }
         let earlier = SamplingOptions { num_workers: positions.len(), rank: 0, ..self.options.clone() };
         let mut delivered = HashSet::new();
         if until > from {
@@ -522,7 +585,7 @@ impl Sampler {
                     if at >= from && at < positions[o] {
                         delivered.insert((sweep, r.seq));
                     }
-                    at += u64::from(self.timeline.seq_len[r.seq as usize]);
+                    at = at.saturating_add(u64::from(self.timeline.seq_len[r.seq as usize]));
                 }
             }
         }

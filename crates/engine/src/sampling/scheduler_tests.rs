@@ -413,6 +413,44 @@ fn equal_steps_cut_every_worker_to_the_fewest() {
     assert!(matches!(infinite.equalize_steps(4, Tail::Drop), Err(SamplingError::EqualStepsNeedAFiniteEpoch)));
 }
 
+/// What a client may ask of the walks that run when a session opens is bounded: an epoch of 2^62
+/// samples, or 2^20 workers, with equal steps is refused at once (it walked every minibatch of
+/// every worker, keeping each one's end, until memory ran out); so are job positions further apart
+/// than a job's workers ever stand (every sweep between them was walked).
+#[test]
+fn the_walks_a_client_can_ask_for_are_bounded() {
+    let t = mock(4, 8, 1);
+    let started = std::time::Instant::now();
+    let mut long = sampler(&t, whole_window(3, EpochLimit::Samples(1 << 62)));
+    match long.equalize_steps(1, Tail::Drop) {
+        Err(e @ SamplingError::EqualStepsTooCostly { .. }) => {
+            assert!(e.to_string().contains("use a shorter epoch"), "{e}");
+        }
+        other => panic!("expected EqualStepsTooCostly, got {other:?}"),
+    }
+    // 1,024 sequences: a sweep's walk (two sweeps counted) for 2^20 + 1 workers is 2^31 sequences.
+    let many = SamplingOptions { num_workers: 1 << 20, rank: 5, ..whole_window(3, EpochLimit::FullSweep) };
+    let mut wide = Sampler::new(mock(4, 256, 1), many).expect("sampler");
+    assert!(matches!(wide.equalize_steps(1, Tail::Pad), Err(SamplingError::EqualStepsTooCostly { .. })));
+    // A bounded epoch is still equalized, whatever its length within the bound.
+    let mut ok = sampler(&t, whole_window(3, EpochLimit::Sweeps(1000)));
+    assert_eq!(ok.equalize_steps(4, Tail::Drop).expect("within the bound").steps, 8000);
+
+    let mut job = sampler(&t, whole_window(3, EpochLimit::Infinite));
+    match job.resume_job(&[0, u64::MAX]) {
+        Err(e @ SamplingError::JobSpreadTooWide { from: 0, until: u64::MAX }) => {
+            assert!(e.to_string().contains("stand at most"), "{e}");
+        }
+        other => panic!("expected JobSpreadTooWide, got {other:?}"),
+    }
+    assert!(job.resume_job(&[5, 5 + MAX_JOB_SPREAD_SAMPLES + 1]).is_err());
+    job.resume_job(&[5, 5 + MAX_JOB_SPREAD_SAMPLES]).expect("within the bound");
+    // Positions at the very end of the timeline do not overflow.
+    let mut end = sampler(&t, whole_window(3, EpochLimit::Infinite));
+    let _ = end.resume_job(&[u64::MAX - 3, u64::MAX]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(60), "the refusals are immediate");
+}
+
 /// How many times `plans` deliver each sequence over the whole epoch.
 fn deliveries(plans: &[MinibatchPlan]) -> std::collections::BTreeMap<u32, usize> {
     let mut seen = std::collections::BTreeMap::new();

@@ -547,10 +547,19 @@ impl DeepxDecoder {
     /// offset of that `|` or the line length.
     #[inline]
     fn series<T: DeepxElement>(&self, s: &[u8], mut p: usize, buf: &mut SparseBuf<T>, pipe: bool) -> Parse<usize> {
+        // The two options are constants of the feature loop, not flags it tests per feature.
+        let one_based = self.schema.one_based;
         loop {
-            let step = match &mut buf.ids {
-                Ids::Narrow(ids) => self.features(s, p, ids, &mut buf.values, pipe)?,
-                Ids::Wide(ids) => self.features(s, p, ids, &mut buf.values, pipe)?,
+            let v = &mut buf.values;
+            let step = match (&mut buf.ids, one_based, pipe) {
+                (Ids::Narrow(ids), false, false) => Self::features::<T, u32, false, false>(s, p, ids, v)?,
+                (Ids::Narrow(ids), false, true) => Self::features::<T, u32, false, true>(s, p, ids, v)?,
+                (Ids::Narrow(ids), true, false) => Self::features::<T, u32, true, false>(s, p, ids, v)?,
+                (Ids::Narrow(ids), true, true) => Self::features::<T, u32, true, true>(s, p, ids, v)?,
+                (Ids::Wide(ids), false, false) => Self::features::<T, u64, false, false>(s, p, ids, v)?,
+                (Ids::Wide(ids), false, true) => Self::features::<T, u64, false, true>(s, p, ids, v)?,
+                (Ids::Wide(ids), true, false) => Self::features::<T, u64, true, false>(s, p, ids, v)?,
+                (Ids::Wide(ids), true, true) => Self::features::<T, u64, true, true>(s, p, ids, v)?,
             };
             match step {
                 Step::End(q) => return Ok(q),
@@ -562,19 +571,16 @@ impl DeepxDecoder {
         }
     }
 
-    /// [`Self::series`] with the ids stored as `I`: the mode is chosen once per series, not per
-    /// feature.
+    /// [`Self::series`] with the ids stored as `I`, 1-based ids or not, and a `|` ending the
+    /// series or not: the mode is chosen once per series, not tested per feature.
     #[inline]
-    fn features<T: DeepxElement, I: FeatureId>(
-        &self,
+    fn features<T: DeepxElement, I: FeatureId, const ONE_BASED: bool, const PIPE: bool>(
         s: &[u8],
         mut p: usize,
         ids: &mut Vec<I>,
         values: &mut Vec<T>,
-        pipe: bool,
     ) -> Parse<Step> {
         let n = s.len();
-        let one_based = self.schema.one_based;
         loop {
             let (mut id, q) = parse_id(s, p).map_err(|(e, at)| match e {
                 IdError::NoDigits => {
@@ -582,7 +588,7 @@ impl DeepxDecoder {
                 }
                 IdError::Overflow => bad(at, format!("feature id {} overflows 64 bits", token(s, at))),
             })?;
-            if one_based {
+            if ONE_BASED {
                 id = id
                     .checked_sub(1)
                     .ok_or_else(|| bad(p, "feature id 0 in a file with 1-based ids (feature_index_base = 1)".into()))?;
@@ -618,7 +624,7 @@ impl DeepxDecoder {
             }
             match s[q] {
                 b' ' | b'\t' => {}
-                b'|' if pipe => return Ok(Step::End(q)),
+                b'|' if PIPE => return Ok(Step::End(q)),
                 b'|' => {
                     return Err(bad(
                         q,
@@ -637,7 +643,7 @@ impl DeepxDecoder {
             if p >= n {
                 return Ok(Step::End(n));
             }
-            if pipe && s[p] == b'|' {
+            if PIPE && s[p] == b'|' {
                 return Ok(Step::End(p));
             }
         }
