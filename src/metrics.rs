@@ -18,6 +18,7 @@
 
 pub mod http;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -125,6 +126,13 @@ impl SlotState {
 }
 
 /// The registry and every metric handle.
+/// Distinct ranks of one dataset with series of their own; the sessions of later ranks count under
+/// `rank="other"`. A node serves its own workers: 8 GPUs with 32 DataLoader workers each fit.
+pub const RANK_SERIES: usize = 256;
+
+/// The `rank` label value of the ranks past [`RANK_SERIES`].
+pub const OTHER_RANKS: &str = "other";
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -279,6 +287,8 @@ pub struct Metrics {
     /// `minibatchd_start_time_seconds`: Unix time of the daemon's start.
     pub start_time_seconds: Gauge,
     last_checkpoint: Mutex<Option<Instant>>,
+    /// The ranks of each dataset that have series of their own (at most [`RANK_SERIES`]).
+    ranks: Mutex<HashMap<String, HashSet<u64>>>,
 }
 
 /// Per-dataset counters of the reader and parser stages (resolved once per dataset).
@@ -729,6 +739,7 @@ impl Metrics {
                 Gauge::new("minibatchd_start_time_seconds", "Unix time at which the daemon started.")?,
             )?,
             last_checkpoint: Mutex::new(None),
+            ranks: Mutex::new(HashMap::new()),
             registry: r,
         };
         for stage in Stage::ALL.map(Stage::name) {
@@ -795,7 +806,7 @@ impl Metrics {
     /// The handles of a session on `dataset` with worker `rank`.
     #[must_use]
     pub fn session(&self, dataset: &str, rank: u64) -> SessionMetrics {
-        let rank = rank.to_string();
+        let rank = self.rank_label(dataset, rank);
         let l = [dataset, rank.as_str()];
         let slot = |s: SlotState| self.session_ring_slots.with_label_values(&[dataset, rank.as_str(), s.as_str()]);
         SessionMetrics {
@@ -809,6 +820,20 @@ impl Metrics {
             first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&l),
             clients: self.session_clients.with_label_values(&l),
             slots: [slot(SlotState::Free), slot(SlotState::Filled), slot(SlotState::Leased)],
+        }
+    }
+
+    /// The `rank` label of a session of `dataset` at `rank`: the rank itself for the first
+    /// [`RANK_SERIES`] distinct ranks of the dataset, `other` for the rest — a client may name any
+    /// rank below 2^20, and each would otherwise add a dozen series for good.
+    fn rank_label(&self, dataset: &str, rank: u64) -> String {
+        let mut ranks = self.ranks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let seen = ranks.entry(dataset.to_owned()).or_default();
+        if seen.contains(&rank) || seen.len() < RANK_SERIES {
+            seen.insert(rank);
+            rank.to_string()
+        } else {
+            OTHER_RANKS.to_owned()
         }
     }
 
@@ -883,6 +908,38 @@ mod tests {
         );
         assert!(text.contains("minibatchd_session_minibatches_total{dataset=\"train\",rank=\"3\"} 1"));
         assert!(text.contains("minibatchd_stage_queue_capacity{stage=\"parsers\"} 0"));
+    }
+
+    /// Ranks a client names (any below 2^20) add series for the first RANK_SERIES distinct ones
+    /// of a dataset only; the rest count under rank="other", and a rank seen before keeps its own.
+    #[test]
+    fn session_series_per_rank_are_bounded() {
+        let m = Metrics::new().expect("metrics");
+        let series = |m: &Metrics| {
+            m.registry
+                .gather()
+                .iter()
+                .filter(|f| f.name() == "minibatchd_session_minibatches_total")
+                .map(|f| f.get_metric().len())
+                .sum::<usize>()
+        };
+        for rank in 0..5000u64 {
+            m.session("train", rank * 97).minibatches.inc();
+        }
+        assert_eq!(series(&m), RANK_SERIES + 1);
+        m.session("train", 0).minibatches.inc();
+        let text = m.render();
+        assert!(text.contains("minibatchd_session_minibatches_total{dataset=\"train\",rank=\"0\"} 2"), "{text}");
+        let others = 5000 - RANK_SERIES;
+        assert!(
+            text.contains(&format!(
+                "minibatchd_session_minibatches_total{{dataset=\"train\",rank=\"other\"}} {others}"
+            )),
+            "{text}"
+        );
+        // Another dataset has its own allowance.
+        m.session("test", 4242).minibatches.inc();
+        assert!(m.render().contains("minibatchd_session_minibatches_total{dataset=\"test\",rank=\"4242\"} 1"));
     }
 
     #[test]

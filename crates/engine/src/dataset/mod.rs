@@ -198,7 +198,7 @@ impl Dataset {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
-                let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
+                let left = IndexLimits { max_sequences: limits.max_sequences.saturating_sub(sequences), ..limits };
                 let fingerprint = options.fingerprint();
                 let cache = config.cache_index.then_some(state_dir);
                 let idx = match &stored {
@@ -305,7 +305,7 @@ impl Dataset {
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-            let left = IndexLimits { max_sequences: limits.max_sequences - sequences, ..limits };
+            let left = IndexLimits { max_sequences: limits.max_sequences.saturating_sub(sequences), ..limits };
             let cache = config.cache_index.then_some(state_dir);
             let idx = match stored {
                 Stored::Remote(object) => {

@@ -198,7 +198,14 @@ impl<R: Read> BodyReader<R> {
 /// Reads a cache file of `len` bytes from `r` a buffer at a time, checking it against `stamp`
 /// and `fingerprint`. The checksum is verified before any other verdict, so a damaged file is
 /// always reported as such; the sequences are kept only while everything before them matched.
-fn decode(r: impl Read, len: u64, stamp: &FileStamp, fingerprint: &str, file: &Arc<Path>) -> Result<FileIndex, Miss> {
+fn decode(
+    r: impl Read,
+    len: u64,
+    stamp: &FileStamp,
+    fingerprint: &str,
+    file: &Arc<Path>,
+    max_sequences: u64,
+) -> Result<FileIndex, Miss> {
     if len < 8 + 8 {
         return Err(TRUNCATED);
     }
@@ -227,7 +234,13 @@ fn decode(r: impl Read, len: u64, stamp: &FileStamp, fingerprint: &str, file: &A
         problem.get_or_insert("data file changed (size or mtime)");
     }
     let count = body.u64()?;
+    if count > max_sequences {
+        problem.get_or_insert("more sequences than the index may hold within the memory limit");
+    }
     let mut sequences = Vec::new();
+    // The end of the previous sequence: sequences follow each other in the file without overlap
+    // (the chunks, the reads and the remote ranges are computed from them).
+    let mut end = 0u64;
     if count.checked_mul(RECORD_BYTES as u64) == Some(body.left) {
         if problem.is_none() {
             sequences.reserve_exact(usize::try_from(count).map_err(|_| Miss::Stale("malformed"))?);
@@ -241,10 +254,11 @@ fn decode(r: impl Read, len: u64, stamp: &FileStamp, fingerprint: &str, file: &A
             let u64_at = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap_or_default());
             let u32_at = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().unwrap_or_default());
             let (key, offset, line, size, samples) = (u64_at(0), u64_at(8), u64_at(16), u32_at(24), u32_at(28));
-            if samples == 0 || size == 0 || offset.saturating_add(u64::from(size)) > stamp.size {
+            if samples == 0 || size == 0 || offset < end || offset.saturating_add(u64::from(size)) > stamp.size {
                 problem.get_or_insert("malformed");
                 continue;
             }
+            end = offset + u64::from(size);
             sequences.push(SequenceDesc { key, offset, line, size, samples });
         }
     } else {
@@ -286,7 +300,7 @@ pub fn load(
     // The modification time says when the cache was last used ([`remove_orphans`] keeps the
     // caches of objects used within OBJECT_CACHE_GRACE); best effort.
     let touch = f.try_clone().ok();
-    let index = decode(f, len, stamp, fingerprint, file)?;
+    let index = decode(f, len, stamp, fingerprint, file, max_sequences)?;
     if let Some(t) = touch {
         let _ = t.set_modified(std::time::SystemTime::now());
     }
@@ -320,7 +334,7 @@ pub fn decode_bytes(
     if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
         return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
     }
-    decode(bytes, len, stamp, fingerprint, file)
+    decode(bytes, len, stamp, fingerprint, file, max_sequences)
 }
 
 /// Writes the cache atomically and privately into `state_dir/index/`: temporary file (`0600`),
@@ -538,6 +552,31 @@ mod tests {
         assert_eq!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("checksum mismatch")));
         fs::write(&path, &bytes[..10]).expect("truncate");
         assert!(matches!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
+    }
+
+    /// A cache whose checksum holds (anyone who can write it can recompute FNV) but whose
+    /// sequences go backwards or overlap is refused: the chunks computed from it ended before they
+    /// started (a wrapped length, a capacity-overflow panic), or read the same bytes twice. So is
+    /// one of more sequences than the limit, to the sequence (the size estimate alone let one more
+    /// through, and the next file's budget wrapped around).
+    #[test]
+    fn a_cache_of_sequences_out_of_order_or_over_the_limit_is_refused() {
+        let (dir, _data, stamp, index) = setup();
+        let swapped = FileIndex { sequences: index.sequences.iter().rev().copied().collect(), ..index.clone() };
+        let bytes = encode_to_vec(&stamp, "opts", &swapped).expect("encode");
+        assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("malformed")));
+        let mut overlapping = index.clone();
+        overlapping.sequences[1].offset = 4;
+        let bytes = encode_to_vec(&stamp, "opts", &overlapping).expect("encode");
+        assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("malformed")));
+        let bytes = encode_to_vec(&stamp, "opts", &index).expect("encode");
+        assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, 2), Ok(index.clone()));
+        assert_eq!(
+            decode_bytes(&bytes, &stamp, "opts", &index.path, 1),
+            Err(Miss::Stale("more sequences than the index may hold within the memory limit"))
+        );
+        store(dir.path(), &stamp, "opts", &index).expect("store");
+        assert!(load(dir.path(), &stamp, "opts", &index.path, 1).is_err());
     }
 
     /// Issue #15: under `UMask=0007` the index directory and its files were group-writable, so a

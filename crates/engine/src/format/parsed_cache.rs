@@ -260,6 +260,13 @@ impl ParsedCache {
                 return None;
             }
         };
+        // No entry larger than the cache's bound is ever written: one is not this cache's, and its
+        // header could size the arrays read from it up to the file's length.
+        if meta.len() > self.limit {
+            self.reject(&name, &path);
+            self.counters.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         let expect = Expect { identity, chunk, num_sequences, streams, precision };
         if let Some(parsed) = decode(file, meta.len(), &expect) {
             self.lock().touch(&name, meta.len());

@@ -105,10 +105,12 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let mut indexer = Indexer::new(path.clone(), options, size, limits);
-    for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
+    let consumed = for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
         indexer.line(line, offset)
     })?;
-    indexer.finish()
+    // A file that grew during the pass yields more than `size` bytes: the open sequence ends
+    // where the bytes did (the read that follows refuses the changed file).
+    indexer.finish(consumed)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -297,14 +299,14 @@ impl Indexer {
         self.push(SequenceDesc { key: o.key, offset: o.offset, line: o.line, size, samples })
     }
 
-    fn finish(mut self) -> Result<FileIndex, DataError> {
+    fn finish(mut self, consumed: u64) -> Result<FileIndex, DataError> {
         if self.mode == Mode::Start {
             return Err(DataError::Fatal {
                 at: Location { file: self.path.clone(), line: 1, offset: 0 },
                 message: "input file is empty (no data after whitespace)".into(),
             });
         }
-        self.close(self.size)?;
+        self.close(self.size.max(consumed))?;
         // What the dataset keeps is what its memory accounting counts (`Dataset::index_bytes`).
         self.sequences.shrink_to_fit();
         Ok(FileIndex { path: self.path, size: self.size, sequences: self.sequences })

@@ -163,6 +163,12 @@ fn every_corrupted_byte_and_every_truncation_is_refused_and_removed() {
     std::fs::write(&path, &good).expect("write");
     assert_eq!(get(&c, 0), Some(chunk(0)));
     assert!(c.stats().rejected >= 2 * good.len() as u64);
+    // An entry larger than the cache's bound was never written by it: refused before its header
+    // can size anything (the same bytes are served by a cache whose bound holds them).
+    let small = open(d.path(), good.len() as u64 - 1);
+    std::fs::write(&path, &good).expect("write after the small cache opened");
+    assert_eq!(get(&small, 0), None);
+    assert!(!path.exists(), "the oversized entry was kept");
 }
 
 #[test]

@@ -152,3 +152,17 @@ fn a_line_or_sequence_longer_than_the_largest_allowed_is_refused_with_its_place(
     let e = limited(long.as_bytes(), limits).expect_err("longer than a block").to_string();
     assert!(e.contains(":1: byte offset 0"), "{e}");
 }
+
+/// A file that grows during the index pass yields more bytes than the size taken before it: the
+/// open id-mode sequence ends where the bytes did (its length was `size - offset`, which wrapped
+/// below zero for a sequence that started past `size`).
+#[test]
+fn a_file_that_grew_during_the_pass_ends_its_last_sequence_where_the_bytes_did() {
+    let text = b"0 |a 1\n1 |a 2\n";
+    let opts = CtfIndexOptions { skip_sequence_ids: false, main_alias: None };
+    let path: Arc<Path> = Arc::from(Path::new("grown.ctf"));
+    let idx =
+        index_reader(&text[..], &path, 7, &opts, crate::options::IndexLimits::UNBOUNDED, &mut |_| {}).expect("indexed");
+    let r: Vec<(u64, u32)> = idx.sequences.iter().map(|s| (s.offset, s.size)).collect();
+    assert_eq!(r, vec![(0, 7), (7, 7)]);
+}
