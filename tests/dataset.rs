@@ -394,3 +394,32 @@ fn persisted_chunks_equal_the_parse_and_chunks_with_errors_are_never_persisted()
     assert_eq!(cache.stats().hits, hits);
     assert_eq!(chunk.num_sequences, 1);
 }
+
+/// A dense sample costs `dim` values however short its text: 300,000 empty samples (`|f`, 3 bytes
+/// each) of a 1,000-wide stream parse to 1.2 GB from 900 kB of text. The chunk fails with the
+/// file, the line and what to change once its dense values would pass half of
+/// `memory_limit_bytes`, instead of growing to them (or, for a wider stream, a reserve far past
+/// the machine's memory that aborts the process). The same text with a short `dim` is read.
+#[test]
+fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.ctf", &"|f\n".repeat(300_000));
+    let config = |dim: u32| {
+        format!(
+            "[daemon]\nstate_dir = \"state\"\nmemory_limit_bytes = {}\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
+             [datasets.d.sampling]\nrandomize = false\n[datasets.d.streams.f]\ndim = {dim}\nformat = \"dense\"\n",
+            64u64 << 20
+        )
+    };
+    let wide = write(dir.path(), "wide.toml", &config(1000));
+    let started = std::time::Instant::now();
+    let (_out, stderr, code) = dump_text(&wide, &[]);
+    assert_ne!(code, 0, "the chunk was served");
+    assert!(stderr.contains("data.ctf:"), "names the file and line: {stderr}");
+    assert!(stderr.contains("dim 1000") && stderr.contains("chunk_size_bytes"), "{stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    let narrow = write(dir.path(), "narrow.toml", &config(4));
+    let (out, stderr, code) = dump_text(&narrow, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out.lines().count(), 150_000, "every sample, two per minibatch");
+}

@@ -42,6 +42,10 @@ pub const INDEX_BYTES_PER_EXTRA_SOURCE: u64 = 64;
 /// `daemon.memory_limit_bytes` divided by this is the largest sequence (and line) indexed: a
 /// parser thread holds a chunk whole, and a chunk holds at least one sequence.
 pub const SEQUENCE_SHARE_OF_MEMORY_LIMIT: u64 = 16;
+/// `daemon.memory_limit_bytes` divided by this is the most one chunk's parsed dense values may
+/// take: a chunk larger than the cache's share could never be held, and parsing it would pass the
+/// limit before the cache could refuse it.
+pub const PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT: u64 = 2;
 /// `daemon.memory_limit_bytes` divided by this is what the indexes of all datasets may hold
 /// together.
 pub const INDEX_SHARE_OF_MEMORY_LIMIT: u64 = 4;
@@ -59,11 +63,15 @@ pub struct IndexLimits {
     /// Most bytes of one sequence, and so of one line: the index pass holds a line whole, and a
     /// parser thread holds a chunk (at least one sequence) whole.
     pub max_sequence_bytes: u64,
+    /// Most bytes of one chunk's parsed dense values (a dense sample costs `dim` values however
+    /// short its text): past it, loading the chunk fails with the file, line and offset.
+    pub max_parsed_chunk_bytes: u64,
 }
 
 impl IndexLimits {
     /// No bound beyond the formats' own (a sequence under 4 GiB).
-    pub const UNBOUNDED: Self = Self { max_sequences: u64::MAX, max_sequence_bytes: u32::MAX as u64 };
+    pub const UNBOUNDED: Self =
+        Self { max_sequences: u64::MAX, max_sequence_bytes: u32::MAX as u64, max_parsed_chunk_bytes: u64::MAX };
 
     /// The limits of a dataset of `sources` sources under `daemon.memory_limit_bytes =
     /// memory_limit`, when the indexes of the datasets already open hold `in_use` bytes: the
@@ -75,6 +83,7 @@ impl IndexLimits {
         Self {
             max_sequences: (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use) / per_sequence,
             max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
+            max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
         }
     }
 }

@@ -107,6 +107,8 @@ pub struct Dataset {
     stream_names: Vec<String>,
     /// The persisted parsed-chunk cache, if this dataset uses one.
     parsed: Option<ParsedUse>,
+    /// [`IndexLimits::max_parsed_chunk_bytes`] of the open.
+    max_parsed_chunk_bytes: u64,
 }
 
 /// When a dataset writes the chunks it parses to the persisted parsed-chunk cache.
@@ -161,12 +163,14 @@ impl Dataset {
         limits: IndexLimits,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
-        match config.format {
+        let mut ds = match config.format {
             FormatKind::Ctf => Self::open_ctf(config, state_dir, limits, progress),
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, progress)
             }
-        }
+        }?;
+        ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
+        Ok(ds)
     }
 
     fn open_ctf(
@@ -363,6 +367,7 @@ impl Dataset {
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
             parsed: None,
+            max_parsed_chunk_bytes: u64::MAX,
         })
     }
 
@@ -701,10 +706,16 @@ impl Dataset {
             let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
             // Dense streams hold `dim` values per sample, and most sequences are one sample: reserve
             // that much at once (no regrowth copies) and let it be backed by huge pages.
+            // A chunk's dense values stay within its share of the memory limit, however many empty
+            // samples its bytes hold.
+            let dense = (0..bufs.len()).filter(|&i| decoder.dense_dim(i).is_some()).count().max(1) as u64;
+            let max_values = usize::try_from(self.max_parsed_chunk_bytes / dense / std::mem::size_of::<T>() as u64)
+                .unwrap_or(usize::MAX);
             for (i, buf) in bufs.iter_mut().enumerate() {
                 buf.seq_offsets.reserve(seqs.len());
                 if let Some(dim) = decoder.dense_dim(i) {
-                    buf.values.reserve(seqs.len().saturating_mul(dim));
+                    buf.max_values = max_values;
+                    buf.values.reserve(seqs.len().saturating_mul(dim).min(max_values));
                     minibatchd_sys::advise_huge_pages(&buf.values);
                 }
             }

@@ -72,7 +72,7 @@ fn is_column_delim(b: u8) -> bool {
 }
 
 /// Growing buffers of one stream for the chunk being parsed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamBuf<T> {
     /// Dense: `samples * dim`; sparse: entry values.
     pub values: Vec<T>,
@@ -84,13 +84,33 @@ pub struct StreamBuf<T> {
     pub seq_offsets: Vec<usize>,
     /// Samples so far.
     pub samples: usize,
+    /// Dense: the most values the buffer may hold (a chunk's share of the memory limit): a dense
+    /// sample costs `dim` values whatever its text, so short or empty samples of a wide stream
+    /// parse to far more than their bytes. Past it the sequence fails ([`CtfDecoder::decode_sequence`]).
+    pub max_values: usize,
+    /// A dense sample did not fit `max_values`.
+    over_limit: bool,
+}
+
+impl<T> Default for StreamBuf<T> {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl<T> StreamBuf<T> {
     /// Empty buffers, ready for the first sequence.
     #[must_use]
     pub fn new() -> Self {
-        Self { values: Vec::new(), indices: Vec::new(), sample_offsets: vec![0], seq_offsets: vec![0], samples: 0 }
+        Self {
+            values: Vec::new(),
+            indices: Vec::new(),
+            sample_offsets: vec![0],
+            seq_offsets: vec![0],
+            samples: 0,
+            max_values: usize::MAX,
+            over_limit: false,
+        }
     }
 }
 
@@ -224,6 +244,18 @@ impl CtfDecoder {
                 ));
             }
             p += 1; // the '\n' (or past the end)
+        }
+        if let Some(i) = out.iter().position(|b| b.over_limit) {
+            let s = &self.streams[i];
+            return Err(DataError::Fatal {
+                at: ctx.location(bytes, 0),
+                message: format!(
+                    "the dense values of stream '{}' (dim {}) in this chunk would pass {} bytes, more than a parsed chunk may hold within daemon.memory_limit_bytes: every dense sample costs dim values however short its text; lower the dataset's chunk_size_bytes or raise memory_limit_bytes",
+                    s.name,
+                    s.dim,
+                    out[i].max_values.saturating_mul(std::mem::size_of::<T>()),
+                ),
+            });
         }
         self.finish_sequence(bytes, ctx, out, errors)
     }
@@ -364,6 +396,11 @@ fn read_dense<T: Element>(
     fast: bool,
 ) -> Result<usize, SampleError> {
     let mark = buf.values.len();
+    if mark.saturating_add(dim) > buf.max_values {
+        // The sequence fails once its rows are read; nothing more is stored.
+        buf.over_limit = true;
+        return Ok(bytes.len());
+    }
     // The sample's `dim` values, zero until read: a short sample is padded by construction.
     buf.values.resize(mark + dim, T::default());
     let out = &mut buf.values[mark..];

@@ -112,7 +112,7 @@ mod tests {
     /// #15 item 3: 200 MB of short libsvm lines made a 2 GB index in the daemon.
     #[test]
     fn an_index_past_its_sequence_budget_stops_at_the_line_that_exceeds_it() {
-        let limits = IndexLimits { max_sequences: 2, max_sequence_bytes: 1 << 20 };
+        let limits = IndexLimits { max_sequences: 2, max_sequence_bytes: 1 << 20, ..IndexLimits::UNBOUNDED };
         let run = |text: &[u8]| {
             index_reader(
                 text,
@@ -126,7 +126,7 @@ mod tests {
         assert_eq!(run(b"1 1:1\n\n0 2:1\n").expect("two fit").sequences.len(), 2);
         let e = run(b"1 1:1\n0 2:1\n1 3:1\n").expect_err("three do not").to_string();
         assert!(e.contains("t:3: byte offset 12") && e.contains("more than 2 sequences"), "{e}");
-        let long = IndexLimits { max_sequences: 10, max_sequence_bytes: 8 };
+        let long = IndexLimits { max_sequences: 10, max_sequence_bytes: 8, ..IndexLimits::UNBOUNDED };
         let e = index_reader(
             &b"1 1:1\n1 1:1 2:1 3:1\n"[..],
             Arc::from(Path::new("t")),

@@ -129,7 +129,11 @@ fn limited(text: &[u8], limits: crate::options::IndexLimits) -> Result<FileIndex
 /// sequence past what the memory limit allows, naming its place.
 #[test]
 fn an_index_past_its_sequence_budget_stops_at_the_sequence_that_exceeds_it() {
-    let limits = crate::options::IndexLimits { max_sequences: 3, max_sequence_bytes: 1 << 20 };
+    let limits = crate::options::IndexLimits {
+        max_sequences: 3,
+        max_sequence_bytes: 1 << 20,
+        ..crate::options::IndexLimits::UNBOUNDED
+    };
     assert_eq!(limited(b"|a 1\n|a 2\n|a 3\n", limits).expect("three fit").sequences.len(), 3);
     let e = limited(b"|a 1\n|a 2\n\n|a 3\n|a 4\n", limits).expect_err("four do not").to_string();
     assert!(e.contains(":5: byte offset 16") && e.contains("more than 3 sequences"), "{e}");
@@ -141,7 +145,11 @@ fn an_index_past_its_sequence_budget_stops_at_the_sequence_that_exceeds_it() {
 /// #15 item 3: one endless line (a gzip bomb of digits) was carried whole into memory.
 #[test]
 fn a_line_or_sequence_longer_than_the_largest_allowed_is_refused_with_its_place() {
-    let limits = crate::options::IndexLimits { max_sequences: u64::MAX, max_sequence_bytes: 16 };
+    let limits = crate::options::IndexLimits {
+        max_sequences: u64::MAX,
+        max_sequence_bytes: 16,
+        ..crate::options::IndexLimits::UNBOUNDED
+    };
     let e = limited(b"|a 1\n|a 1 2 3 4 5 6 7 8 9\n", limits).expect_err("long line").to_string();
     assert!(e.contains(":2: byte offset 5") && e.contains("more than 16 bytes"), "{e}");
     // Many short lines of one id make one long sequence.
