@@ -111,6 +111,12 @@ fn sources_join_by_key_and_missing_keys_drop_the_sequence() {
     assert_eq!(ds.timeline().seq_len, vec![3, 3]);
     let got = lengths(&ds, &sequential(EpochLimit::FullSweep));
     assert_eq!(got, vec![vec![vec![2, 3], vec![3, 1]]]);
+    // Not silently: the operator is told how many and from which sources.
+    let cfg = write(dir.path(), "c.toml", &BUNDLE.replace("DEFINES", ""));
+    let (_out, stderr, code) = dump_text(&cfg, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("left out of the dataset") && stderr.contains("sequences=1"), "{stderr}");
+    assert!(stderr.contains("l.ctf"), "{stderr}");
 }
 
 #[test]

@@ -53,6 +53,8 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     let mut seq_len = Vec::with_capacity(total);
     let mut chunk_start = vec![0usize];
     let (mut loc, mut lens) = (Vec::new(), Vec::new());
+    // Per further source: the first source's sequences it has no key for (left out, as CNTK does).
+    let mut missing = vec![0u64; sources.len().saturating_sub(1)];
     for c in primary_chunks {
         let idx = &sources[0].indexes[c.file];
         let mut kept = 0usize;
@@ -63,8 +65,11 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             lens.clear();
             loc.push(SeqLoc::new(c.file, qi)?);
             lens.push(q.samples);
-            for (m, s) in maps.iter().zip(&sources[1..]) {
-                let Some(&l) = m.get(&q.key) else { continue 'seqs };
+            for (i, (m, s)) in maps.iter().zip(&sources[1..]).enumerate() {
+                let Some(&l) = m.get(&q.key) else {
+                    missing[i] += 1;
+                    continue 'seqs;
+                };
                 lens.push(s.indexes[l.file as usize].sequences[l.seq as usize].samples);
                 loc.push(l);
             }
@@ -81,6 +86,16 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             chunks.push(ChunkDesc { num_seqs: kept, num_samples: samples, ..*c });
             chunk_start.push(seq_len.len());
         }
+    }
+    for (i, &n) in missing.iter().enumerate().filter(|(_, &n)| n > 0) {
+        let first = sources[0].files.first().map(|f| f.display().to_string()).unwrap_or_default();
+        let other = sources[i + 1].files.first().map(|f| f.display().to_string()).unwrap_or_default();
+        tracing::warn!(
+            sequences = n,
+            first_source = %first,
+            source = %other,
+            "sequences of the first source have no sequence of the same key in another source: they are left out of the dataset"
+        );
     }
     if seq_len.is_empty() {
         return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
