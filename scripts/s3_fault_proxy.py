@@ -3,13 +3,18 @@
 object-storage tests (tests/objects.rs) and benchmarks (scripts/bench_objects.py).
 
     scripts/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
-        [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N]
+        [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
+        [--strip-if-match] [--huge-length-for SUBSTRING]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
 every --reset-every-th GET with a body has its response cut off in the middle and the connection
 closed (a reset); every --slow-every-th response trickles its body, a quarter of every 64 KiB
-at a time with a pause of 1/64 s. `GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed).
+at a time with a pause of 1/64 s. Two faults of a broken server: --strip-if-match drops the
+`If-Match` header from every request (the server then answers whatever version it holds);
+--huge-length-for answers every GET whose path contains SUBSTRING with `Content-Length:
+100000000000000` over its real body, sent in two pieces before the connection closes.
+`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied).
 Responses are sent with `Connection: close`. Standard library only.
 """
 
@@ -17,7 +22,7 @@ import argparse
 import asyncio
 import json
 
-STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0}
+STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0}
 
 
 async def read_request(reader):
@@ -60,6 +65,9 @@ async def handle(client_r, client_w, args):
         await client_w.drain()
         client_w.close()
         return
+    if args.strip_if_match and b"\r\nif-match:" in head.lower():
+        STATS["stripped"] += 1
+        head = b"\r\n".join(l for l in head.split(b"\r\n") if not l.lower().startswith(b"if-match:"))
     host, port = args.upstream.rsplit(":", 1)
     up_r, up_w = await asyncio.open_connection(host, int(port))
     up_w.write(with_connection_close(head) + body)
@@ -69,6 +77,18 @@ async def handle(client_r, client_w, args):
     for line in resp_head.decode("latin-1").split("\r\n")[1:]:
         if line.lower().startswith("content-length:"):
             length = int(line.split(":", 1)[1].strip())
+    if method == "GET" and args.huge_length_for and args.huge_length_for in path and length:
+        STATS["lied"] += 1
+        lines = [l for l in resp_head.split(b"\r\n") if not l.lower().startswith(b"content-length:")]
+        client_w.write(with_connection_close(b"\r\n".join(lines).rstrip(b"\r\n") + b"\r\nContent-Length: 100000000000000\r\n\r\n"))
+        data = await up_r.read()
+        for piece in (data[: len(data) // 2], data[len(data) // 2 :]):
+            client_w.write(piece)
+            await client_w.drain()
+            await asyncio.sleep(0.05)
+        client_w.transport.abort()
+        up_w.close()
+        return
     reset = method == "GET" and args.reset_every and n % args.reset_every == 0 and (length or 0) > 1
     slow = not reset and args.slow_every and n % args.slow_every == 0
     client_w.write(with_connection_close(resp_head))
@@ -114,6 +134,8 @@ async def main():
     p.add_argument("--fail-every", type=int, default=0)
     p.add_argument("--reset-every", type=int, default=0)
     p.add_argument("--slow-every", type=int, default=0)
+    p.add_argument("--strip-if-match", action="store_true")
+    p.add_argument("--huge-length-for", default="")
     args = p.parse_args()
     server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)
     async with server:

@@ -125,14 +125,14 @@ impl SlotState {
     }
 }
 
-/// The registry and every metric handle.
 /// Distinct ranks of one dataset with series of their own; the sessions of later ranks count under
-/// `rank="other"`. A node serves its own workers: 8 GPUs with 32 DataLoader workers each fit.
+/// `rank="other"`. A node serves its own workers: 8 GPUs with 32 `DataLoader` workers each fit.
 pub const RANK_SERIES: usize = 256;
 
 /// The `rank` label value of the ranks past [`RANK_SERIES`].
 pub const OTHER_RANKS: &str = "other";
 
+/// The registry and every metric handle.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -910,7 +910,7 @@ mod tests {
         assert!(text.contains("minibatchd_stage_queue_capacity{stage=\"parsers\"} 0"));
     }
 
-    /// Ranks a client names (any below 2^20) add series for the first RANK_SERIES distinct ones
+    /// Ranks a client names (any below 2^20) add series for the first `RANK_SERIES` distinct ones
     /// of a dataset only; the rest count under rank="other", and a rank seen before keeps its own.
     #[test]
     fn session_series_per_rank_are_bounded() {

@@ -112,7 +112,7 @@ fn sources_join_by_key_and_missing_keys_drop_the_sequence() {
     let got = lengths(&ds, &sequential(EpochLimit::FullSweep));
     assert_eq!(got, vec![vec![vec![2, 3], vec![3, 1]]]);
     // Not silently: the operator is told how many and from which sources.
-    let cfg = write(dir.path(), "c.toml", &BUNDLE.replace("DEFINES", ""));
+    let cfg = write(dir.path(), "c.toml", BUNDLE.replace("DEFINES", ""));
     let (_out, stderr, code) = dump_text(&cfg, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("left out of the dataset") && stderr.contains("sequences=1"), "{stderr}");
@@ -409,7 +409,7 @@ fn persisted_chunks_equal_the_parse_and_chunks_with_errors_are_never_persisted()
 #[test]
 fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), "data.ctf", &"|f\n".repeat(300_000));
+    write(dir.path(), "data.ctf", "|f\n".repeat(300_000));
     let config = |dim: u32| {
         format!(
             "[daemon]\nstate_dir = \"state\"\nmemory_limit_bytes = {}\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
@@ -417,14 +417,14 @@ fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
             64u64 << 20
         )
     };
-    let wide = write(dir.path(), "wide.toml", &config(1000));
+    let wide = write(dir.path(), "wide.toml", config(1000));
     let started = std::time::Instant::now();
     let (_out, stderr, code) = dump_text(&wide, &[]);
     assert_ne!(code, 0, "the chunk was served");
     assert!(stderr.contains("data.ctf:"), "names the file and line: {stderr}");
     assert!(stderr.contains("dim 1000") && stderr.contains("chunk_size_bytes"), "{stderr}");
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
-    let narrow = write(dir.path(), "narrow.toml", &config(4));
+    let narrow = write(dir.path(), "narrow.toml", config(4));
     let (out, stderr, code) = dump_text(&narrow, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(out.lines().count(), 150_000, "every sample, two per minibatch");

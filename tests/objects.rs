@@ -281,6 +281,18 @@ fn a_server_that_fails_resets_and_stalls_is_survived_with_retries() {
 
 #[test]
 fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index() {
+    overwritten_after_indexing(false);
+}
+
+/// The same through a server that ignores `If-Match` (a proxy drops the header): the response's
+/// own ETag and size are checked against the listing's, so the new version's bytes are never
+/// joined to the old index (they were served, silently, before the check).
+#[test]
+fn an_object_overwritten_behind_a_server_that_ignores_if_match_is_still_an_error() {
+    overwritten_after_indexing(true);
+}
+
+fn overwritten_after_indexing(ignoring_if_match: bool) {
     use support::daemon::{options, Daemon};
     let server = S3Server::start();
     server.create_bucket(BUCKET);
@@ -300,7 +312,16 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
              [datasets.d.sampling]\nrandomize = false\n"
         ),
     );
-    let daemon = Daemon::start(dir.path(), &server.env().into_iter().collect::<Vec<_>>());
+    let proxy = ignoring_if_match.then(|| FaultProxy::start(&server, &["--strip-if-match"]));
+    let env: Vec<_> = server
+        .env()
+        .into_iter()
+        .map(|(k, v)| match (&proxy, k) {
+            (Some(p), "AWS_ENDPOINT_URL") => (k, p.endpoint.clone()),
+            _ => (k, v),
+        })
+        .collect();
+    let daemon = Daemon::start(dir.path(), &env);
     let mut opts = options(16);
     opts.full_sweep = true;
     let mut s = daemon.client().open("d", &opts).expect("open");
@@ -320,6 +341,50 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
         error.contains("s3://train-data/changing/data.txt") && error.contains("changed since it was indexed"),
         "{error}"
     );
+    if let Some(p) = proxy {
+        let stats = p.stats().expect("stats");
+        assert!(stats["stripped"].as_u64().is_some_and(|n| n > 0), "no If-Match was dropped: {stats}");
+    }
+}
+
+/// A server whose response claims a body of 100 TB (a broken or hostile endpoint) for the shared
+/// index: the download is streamed and counted against the most an index of the object can take,
+/// so the node says so and indexes the object itself. Collecting the body reserved what the
+/// header claimed, and the process aborted.
+#[test]
+fn a_shared_index_response_claiming_100_tb_is_refused_and_the_object_indexed_here() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let mut text = String::new();
+    for i in 0..5_000 {
+        let _ = writeln!(text, "{} {}:1", i % 2, i % 97 + 1);
+    }
+    server.put(BUCKET, "lying/part.txt", text.as_bytes());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = libsvm_config(dir.path(), &["s3://train-data/lying/part.txt"]);
+    let config = config.to_str().expect("utf-8");
+    // The first node indexes the object and shares its index.
+    let out = minibatchd(&server, &["index", "--config", config, "--dataset", "d"], &dir.path().join("node-1"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let proxy = FaultProxy::start(&server, &["--huge-length-for", ".mbdidx"]);
+    let mut c = std::process::Command::new(BIN);
+    c.args(["index", "--config", config, "--dataset", "d"])
+        .env("MINIBATCHD_LOG", "info")
+        .env("MINIBATCHD__DAEMON__STATE_DIR", dir.path().join("node-2"));
+    for (k, v) in server.env() {
+        c.env(k, if k == "AWS_ENDPOINT_URL" { proxy.endpoint.clone() } else { v });
+    }
+    let out = c.output().expect("run minibatchd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("larger than an index of this object can be"), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("5000 sequences"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let stats = proxy.stats().expect("stats");
+    assert!(stats["lied"].as_u64().is_some_and(|n| n > 0), "no response lied: {stats}");
 }
 
 #[test]

@@ -108,6 +108,14 @@ fn classify(url: &str, e: &object_store::Error) -> RemoteError {
     }
 }
 
+/// Whether a response's object (`size`, `etag`) is the version `object` was listed as. ETags are
+/// compared without quotes and a weak `W/` mark; an object listed without one is checked by size.
+fn same_version(object: &ObjectMeta, size: u64, etag: Option<&str>) -> bool {
+    let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_owned();
+    size == object.size
+        && (object.etag.starts_with("last-modified:") || etag.is_none_or(|t| bare(t) == bare(&object.etag)))
+}
+
 /// The first line of an error, without the XML body servers attach.
 fn short(text: &str) -> String {
     let t = text.split("body: Some(").next().unwrap_or(text);
@@ -277,6 +285,11 @@ impl Inner {
             ..GetOptions::default()
         };
         match store.get_opts(&Key::from(key), options).await {
+            // A server that ignores `If-Match` could answer with another version: its size and
+            // ETag are checked against the listing's before a byte is used.
+            Ok(r) if !same_version(object, r.meta.size, r.meta.e_tag.as_deref()) => {
+                Err(RemoteError::Changed { url: object.url.clone(), indexed: object.etag.clone() })
+            }
             Ok(r) => Ok(r.into_stream()),
             Err(e) => Err(match classify(&object.url, &e) {
                 RemoteError::Changed { url, .. } => RemoteError::Changed { url, indexed: object.etag.clone() },
@@ -318,6 +331,7 @@ impl Inner {
                 };
                 let broke = loop {
                     match stream.next().await {
+                        Some(Ok(bytes)) if bytes.is_empty() => {}
                         Some(Ok(bytes)) => {
                             let take = usize::try_from(end - at).unwrap_or(usize::MAX).min(bytes.len());
                             at += take as u64;
@@ -355,11 +369,11 @@ impl ObjectStore for S3Objects {
     }
 
     fn open(&self, object: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
-        Ok(Box::new(Body::new(self.0.pipe(object, 0, object.size))))
+        Ok(Box::new(Body::new(self.0.pipe(object, 0, object.size), object.size)))
     }
 
-    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
-        self.0.get(url)
+    fn get(&self, url: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        self.0.get(url, max_bytes)
     }
 
     fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
@@ -410,7 +424,7 @@ impl Inner {
     }
 
     fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
-        let mut body = Body::new(self.pipe(object, start, end));
+        let mut body = Body::new(self.pipe(object, start, end), end.saturating_sub(start));
         loop {
             let piece = body.next().map_err(|e| other(&object.url, e.to_string()))?;
             if piece.is_empty() {
@@ -420,20 +434,46 @@ impl Inner {
         }
     }
 
-    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+    fn get(&self, url: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+        use futures::StreamExt as _;
+        /// What a GET found.
+        enum Got {
+            Absent,
+            Bytes(Vec<u8>),
+            TooLarge,
+        }
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
         let got = Self::again(url, || {
             self.runtime.block_on(async {
-                match store.get(&key).await {
-                    Ok(r) => r.bytes().await.map(Some),
-                    Err(object_store::Error::NotFound { .. }) => Ok(None),
-                    Err(e) => Err(e),
+                let r = match store.get(&key).await {
+                    Ok(r) => r,
+                    Err(object_store::Error::NotFound { .. }) => return Ok(Got::Absent),
+                    Err(e) => return Err(e),
+                };
+                if r.meta.size > max_bytes {
+                    return Ok(Got::TooLarge);
                 }
+                // Streamed and counted, not collected: the collection reserves what the
+                // response's Content-Length claims, which a broken server can set to anything.
+                let mut body = r.into_stream();
+                let mut out = Vec::new();
+                while let Some(piece) = body.next().await {
+                    let piece = piece?;
+                    if (out.len() + piece.len()) as u64 > max_bytes {
+                        return Ok(Got::TooLarge);
+                    }
+                    out.extend_from_slice(&piece);
+                }
+                Ok(Got::Bytes(out))
             })
         });
-        got.map(|b| b.map(|b| b.to_vec())).map_err(|e| classify(url, &e))
+        match got.map_err(|e| classify(url, &e))? {
+            Got::Absent => Ok(None),
+            Got::Bytes(b) => Ok(Some(b)),
+            Got::TooLarge => Err(RemoteError::TooLarge { url: url.to_owned(), limit: max_bytes }),
+        }
     }
 
     fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
@@ -471,11 +511,15 @@ const PIPE_DEPTH: usize = 64;
 struct Body {
     rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>,
     current: bytes::Bytes,
+    /// Bytes received, and the range's length: the channel closing before it is whole is an
+    /// error, not the end (a streaming task that stopped must not look like the object's end).
+    received: u64,
+    expected: u64,
 }
 
 impl Body {
-    fn new(rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>) -> Self {
-        Self { rx, current: bytes::Bytes::new() }
+    fn new(rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>, expected: u64) -> Self {
+        Self { rx, current: bytes::Bytes::new(), received: 0, expected }
     }
 
     /// The next piece; empty at the end.
@@ -483,10 +527,20 @@ impl Body {
         if !self.current.is_empty() {
             return Ok(std::mem::take(&mut self.current));
         }
-        match self.rx.blocking_recv() {
-            Some(Ok(b)) => Ok(b),
-            Some(Err(e)) => Err(std::io::Error::other(e)),
-            None => Ok(bytes::Bytes::new()),
+        loop {
+            return match self.rx.blocking_recv() {
+                Some(Ok(b)) if b.is_empty() => continue,
+                Some(Ok(b)) => {
+                    self.received += b.len() as u64;
+                    Ok(b)
+                }
+                Some(Err(e)) => Err(std::io::Error::other(e)),
+                None if self.received < self.expected => Err(std::io::Error::other(format!(
+                    "the object's stream stopped after {} of {} bytes",
+                    self.received, self.expected
+                ))),
+                None => Ok(bytes::Bytes::new()),
+            };
         }
     }
 }
@@ -506,5 +560,49 @@ impl Read for Body {
             }
             self.current = piece;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A streaming task that stops before the range is whole (a panic, a dropped sender) is an
+    /// error to the reader, not the object's end: the index pass would otherwise index a short
+    /// object as whole. Empty pieces are skipped, not taken for the end.
+    #[test]
+    fn a_stream_that_stops_short_is_an_error_not_the_end() {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.try_send(Ok(bytes::Bytes::from_static(b"abc"))).expect("send");
+        tx.try_send(Ok(bytes::Bytes::new())).expect("send");
+        tx.try_send(Ok(bytes::Bytes::from_static(b"de"))).expect("send");
+        drop(tx);
+        let mut short = Body::new(rx, 10);
+        let mut out = Vec::new();
+        let e = short.read_to_end(&mut out).expect_err("a short stream");
+        assert_eq!(out, b"abcde");
+        assert!(e.to_string().contains("after 5 of 10 bytes"), "{e}");
+
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.try_send(Ok(bytes::Bytes::from_static(b"abcde"))).expect("send");
+        drop(tx);
+        let mut whole = Body::new(rx, 5);
+        let mut out = Vec::new();
+        whole.read_to_end(&mut out).expect("whole");
+        assert_eq!(out, b"abcde");
+    }
+
+    #[test]
+    fn a_response_of_another_version_is_told_by_size_and_etag() {
+        let listed = ObjectMeta { url: "s3://b/k".into(), size: 10, etag: "\"abc\"".into() };
+        assert!(same_version(&listed, 10, Some("\"abc\"")));
+        assert!(same_version(&listed, 10, Some("abc")));
+        assert!(same_version(&listed, 10, Some("W/\"abc\"")));
+        assert!(same_version(&listed, 10, None));
+        assert!(!same_version(&listed, 10, Some("\"abd\"")));
+        assert!(!same_version(&listed, 11, Some("\"abc\"")));
+        let no_etag = ObjectMeta { etag: "last-modified:2026-01-01T00:00:00+00:00".into(), ..listed };
+        assert!(same_version(&no_etag, 10, Some("\"anything\"")));
+        assert!(!same_version(&no_etag, 9, None));
     }
 }

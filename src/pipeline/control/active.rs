@@ -169,9 +169,17 @@ struct Prepared {
     job_start: Option<SessionState>,
 }
 
+/// [`prepare_now`] on a blocking thread: the sweep orders a session starts from, and a
+/// `resume_job`'s walk, take time on a large dataset, and the connections of every other client
+/// share the event loop.
+async fn prepare(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlane>) -> Result<Prepared, Refusal> {
+    let (dataset, options, shared) = (dataset.to_owned(), options.clone(), shared.clone());
+    off_the_event_loop(move || prepare_now(&dataset, &options, &shared)).await
+}
+
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
 /// applied) and the ring's geometry (slots raised to fit a dense minibatch).
-fn prepare(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
+fn prepare_now(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
     let rt = shared.data.dataset(dataset)?;
     let config = shared.config();
     let d = &config.daemon;
@@ -236,30 +244,31 @@ fn job_start(
 }
 
 /// Puts `sampler` where the session starts (`start`: the earlier run it continues, its
-/// position) and applies equal steps; the minibatch index to pad the epoch to, if padded.
+/// position) and applies equal steps; the sampler and the minibatch index to pad the epoch to, if
+/// padded.
 fn place_sampler(
-    sampler: &mut Sampler,
+    mut sampler: Sampler,
     start: &SessionState,
     resolved: &ResolvedOptions,
     dataset: &str,
     shared: &ControlPlane,
-) -> Result<Option<u64>, Refusal> {
+) -> Result<(Sampler, Option<u64>), Refusal> {
     if let Some(job) = &start.job {
         sampler.resume_job(&job.positions)?;
     }
     sampler.restore(start.position)?;
     if !resolved.equal_steps {
-        return Ok(None);
+        return Ok((sampler, None));
     }
     let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
     let m = &shared.data.metrics.equal_steps_minibatches;
     tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
     if resolved.tail == Tail::Pad {
         m.with_label_values(&[dataset, "pad"]).inc_by(equal.padding);
-        Ok(Some(equal.steps))
+        Ok((sampler, Some(equal.steps)))
     } else {
         m.with_label_values(&[dataset, "drop"]).inc_by(equal.dropped);
-        Ok(None)
+        Ok((sampler, None))
     }
 }
 
@@ -303,12 +312,8 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    // The sweep orders a session starts from, and a `resume_job`'s walk, are computed on a
-    // blocking thread: the connections of every other client share this one.
-    let Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start } = {
-        let (dataset, options, shared) = (dataset.to_owned(), options.clone(), shared.clone());
-        off_the_event_loop(move || prepare(&dataset, &options, &shared)).await?
-    };
+    let Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start } =
+        prepare(dataset, options, shared).await?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
     let fresh = SessionState {
@@ -358,12 +363,7 @@ pub(super) async fn open(
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let (sampler, pad_to) = {
         let (start, resolved, dataset, shared) = (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone());
-        off_the_event_loop(move || {
-            let mut sampler = sampler;
-            place_sampler(&mut sampler, &start, &resolved, &dataset, &shared).map(|pad_to| (sampler, pad_to))
-        })
-        .await
-        .map_err(undo)?
+        off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared)).await.map_err(undo)?
     };
     let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
     let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;

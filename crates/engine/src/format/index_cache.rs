@@ -307,6 +307,15 @@ pub fn load(
     Ok(index)
 }
 
+/// The largest cache file (or shared index) of `max_sequences` sequences for `stamp` and
+/// `fingerprint`: what a download of one may hold.
+#[must_use]
+pub fn max_encoded_len(stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> u64 {
+    let fixed = 8 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
+    (fixed + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64)
+        .saturating_add(max_sequences.saturating_mul(RECORD_BYTES as u64))
+}
+
 /// The bytes of a cache file for `index` (what a shared index in object storage holds).
 ///
 /// # Errors

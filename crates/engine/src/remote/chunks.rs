@@ -418,7 +418,7 @@ mod tests {
         fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
             unreachable!()
         }
-        fn get(&self, _: &str) -> Result<Option<Vec<u8>>, RemoteError> {
+        fn get(&self, _: &str, _: u64) -> Result<Option<Vec<u8>>, RemoteError> {
             unreachable!()
         }
         fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {

@@ -80,6 +80,14 @@ pub enum RemoteError {
         /// The store's words.
         message: String,
     },
+    /// The object is larger than the caller may hold ([`ObjectStore::get`]).
+    #[error("{url}: larger than the {limit} bytes it may hold")]
+    TooLarge {
+        /// The URL.
+        url: String,
+        /// The bound.
+        limit: u64,
+    },
     /// Anything else, after retries (network, 5xx).
     #[error("{url}: {message}")]
     Other {
@@ -97,7 +105,9 @@ impl RemoteError {
         let (url, kind) = match &self {
             Self::NotFound { url, .. } => (url.clone(), std::io::ErrorKind::NotFound),
             Self::Denied { url, .. } => (url.clone(), std::io::ErrorKind::PermissionDenied),
-            Self::Changed { url, .. } | Self::Other { url, .. } => (url.clone(), std::io::ErrorKind::Other),
+            Self::Changed { url, .. } | Self::Other { url, .. } | Self::TooLarge { url, .. } => {
+                (url.clone(), std::io::ErrorKind::Other)
+            }
         };
         // The message already names the URL; keep only what follows it.
         let text = self.to_string();
@@ -130,11 +140,12 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     /// As [`ObjectStore::read_range`].
     fn open(&self, object: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError>;
 
-    /// The object at `url` whole, `None` if there is none.
+    /// The object at `url` whole, `None` if there is none. Never holds more than `max_bytes`
+    /// (whatever the response claims).
     ///
     /// # Errors
-    /// Others than not found.
-    fn get(&self, url: &str) -> Result<Option<Vec<u8>>, RemoteError>;
+    /// [`RemoteError::TooLarge`] past `max_bytes`; others than not found.
+    fn get(&self, url: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RemoteError>;
 
     /// Stores `bytes` at `url` unless an object is there already (a conditional put,
     /// `If-None-Match: *`): `true` if this call wrote it.

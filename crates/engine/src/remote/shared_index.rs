@@ -119,6 +119,37 @@ pub fn is_index_key(url: &str) -> bool {
     url.contains(".mbdidx")
 }
 
+/// The shared index of `object` at `url`, if there is a usable one. The download holds at most
+/// what an index of the object can take (a sequence holds a byte at least), whatever the response
+/// claims; a larger or unusable one is set aside with a warning (the caller indexes the object).
+fn download(
+    remote: &Remote,
+    url: &str,
+    object: &ObjectMeta,
+    stamp: &FileStamp,
+    fingerprint: &str,
+    name: &Arc<Path>,
+    max_sequences: u64,
+) -> Result<Option<FileIndex>, DataError> {
+    let max_bytes = index_cache::max_encoded_len(stamp, fingerprint, max_sequences.min(object.size));
+    let got = match remote.store.get(url, max_bytes) {
+        Err(super::RemoteError::TooLarge { .. }) => {
+            tracing::warn!(index = %url, max_bytes, "the shared index is larger than an index of this object can be; indexing the object here");
+            return Ok(None);
+        }
+        other => other.map_err(super::RemoteError::into_data)?,
+    };
+    let Some(bytes) = got else { return Ok(None) };
+    match index_cache::decode_bytes(&bytes, stamp, fingerprint, name, max_sequences) {
+        Ok(idx) => Ok(Some(idx)),
+        Err(Miss::Stale(why)) => {
+            tracing::warn!(index = %url, why, "the shared index cannot be used; indexing the object here");
+            Ok(None)
+        }
+        Err(Miss::Absent) => Ok(None),
+    }
+}
+
 /// `object`'s index (see the module documentation): from the local cache, object storage, or
 /// `build` (which streams the object); `state_dir` is the local cache's, when `cache_index` is on.
 ///
@@ -155,19 +186,7 @@ pub fn index_object(
     };
     let url = index_url(&remote.index, object, fingerprint);
     let lock = format!("{url}.lock");
-    let download = || -> Result<Option<FileIndex>, DataError> {
-        match remote.store.get(&url).map_err(super::RemoteError::into_data)? {
-            None => Ok(None),
-            Some(bytes) => match index_cache::decode_bytes(&bytes, &stamp, fingerprint, &name, max_sequences) {
-                Ok(idx) => Ok(Some(idx)),
-                Err(Miss::Stale(why)) => {
-                    tracing::warn!(index = %url, why, "the shared index cannot be used; indexing the object here");
-                    Ok(None)
-                }
-                Err(Miss::Absent) => Ok(None),
-            },
-        }
-    };
+    let download = || download(remote, &url, object, &stamp, fingerprint, &name, max_sequences);
     let downloaded = |idx: FileIndex, progress: &mut dyn FnMut(u64)| {
         progress(object.size);
         keep(&idx);

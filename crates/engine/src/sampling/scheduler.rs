@@ -248,6 +248,10 @@ pub const MAX_EPOCH_SAMPLES: u64 = u64::MAX / 2;
 /// when a session opens, so its cost is bounded whatever a client asks (about a minute at most).
 pub const MAX_EQUAL_STEPS_WALK: u64 = 1 << 30;
 
+/// What a worker's sampler costs in [`Sampler::equalize_steps`] before its walk starts (set up,
+/// its first sweep planned), counted as this many sequences walked, however short the dataset.
+const PER_WORKER_SETUP: u64 = 1024;
+
 /// Widest span, in samples, of the positions [`Sampler::resume_job`] continues: the sequences
 /// delivered between the earliest and the latest are remembered one by one, so the span bounds
 /// that memory (16 MiB of entries or so) and the sweeps walked to find them.
@@ -540,9 +544,6 @@ impl Sampler {
         let sweeps = self.epoch_end.saturating_sub(start).div_ceil(self.sweep_size.max(1)).saturating_add(1);
         let per_worker = sweeps.saturating_mul(self.timeline.num_sequences() as u64);
         let workers = self.options.num_workers;
-        // A worker's sampler costs about as much as walking this many sequences before its walk
-        // starts (set up, its first sweep planned), however short the dataset.
-        const PER_WORKER_SETUP: u64 = 1024;
         let walk = per_worker.saturating_add(PER_WORKER_SETUP).saturating_mul(workers as u64 + 1);
         if walk > MAX_EQUAL_STEPS_WALK {
             return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
