@@ -4,7 +4,7 @@ object-storage tests (tests/objects.rs) and benchmarks (scripts/bench_objects.py
 
     scripts/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
-        [--strip-if-match] [--huge-length-for SUBSTRING]
+        [--strip-if-match] [--huge-length-for SUBSTRING] [--deny-writes]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
@@ -13,8 +13,9 @@ closed (a reset); every --slow-every-th response trickles its body, a quarter of
 at a time with a pause of 1/64 s. Two faults of a broken server: --strip-if-match drops the
 `If-Match` header from every request (the server then answers whatever version it holds);
 --huge-length-for answers every GET whose path contains SUBSTRING with `Content-Length:
-100000000000000` over its real body, sent in two pieces before the connection closes.
-`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied).
+100000000000000` over its real body, sent in two pieces before the connection closes. And
+read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`.
+`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied, denied).
 Responses are sent with `Connection: close`. Standard library only.
 """
 
@@ -22,7 +23,7 @@ import argparse
 import asyncio
 import json
 
-STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0}
+STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0, "denied": 0}
 
 
 async def read_request(reader):
@@ -68,6 +69,13 @@ async def handle(client_r, client_w, args):
     if args.strip_if_match and b"\r\nif-match:" in head.lower():
         STATS["stripped"] += 1
         head = b"\r\n".join(l for l in head.split(b"\r\n") if not l.lower().startswith(b"if-match:"))
+    if args.deny_writes and method in ("PUT", "POST", "DELETE"):
+        STATS["denied"] += 1
+        payload = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+        client_w.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
+        await client_w.drain()
+        client_w.close()
+        return
     host, port = args.upstream.rsplit(":", 1)
     up_r, up_w = await asyncio.open_connection(host, int(port))
     up_w.write(with_connection_close(head) + body)
@@ -136,6 +144,7 @@ async def main():
     p.add_argument("--slow-every", type=int, default=0)
     p.add_argument("--strip-if-match", action="store_true")
     p.add_argument("--huge-length-for", default="")
+    p.add_argument("--deny-writes", action="store_true")
     args = p.parse_args()
     server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)
     async with server:

@@ -347,6 +347,32 @@ fn overwritten_after_indexing(ignoring_if_match: bool) {
     }
 }
 
+/// Read-only credentials (a proxy answers every write 403): the index lock cannot be written, so
+/// the node indexes the object itself and says it does not share the index; the dataset opens.
+/// The lock's refusal failed the open before.
+#[test]
+fn read_only_credentials_index_the_object_here_without_sharing() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.put(BUCKET, "readonly/part.txt", b"1 1:1 2:1\n0 3:1\n1 4:0.5\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = libsvm_config(dir.path(), &["s3://train-data/readonly/part.txt"]);
+    let proxy = FaultProxy::start(&server, &["--deny-writes"]);
+    let mut c = std::process::Command::new(BIN);
+    c.args(["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"])
+        .env("MINIBATCHD_LOG", "info")
+        .env("MINIBATCHD__DAEMON__STATE_DIR", dir.path().join("state"));
+    for (k, v) in server.env() {
+        c.env(k, if k == "AWS_ENDPOINT_URL" { proxy.endpoint.clone() } else { v });
+    }
+    let out = c.output().expect("run minibatchd");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("without sharing its index"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
+    assert!(proxy.stats().expect("stats")["denied"].as_u64().is_some_and(|n| n > 0));
+}
+
 /// A server whose response claims a body of 100 TB (a broken or hostile endpoint) for the shared
 /// index: the download is streamed and counted against the most an index of the object can take,
 /// so the node says so and indexes the object itself. Collecting the body reserved what the
@@ -440,4 +466,80 @@ fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
         names.iter().any(|n| n.starts_with("day-2.txt.")) && names.iter().any(|n| n.starts_with("day-3.txt.")),
         "the cache of an object the dataset reads was removed: {names:?}"
     );
+}
+
+/// A further source of a joined dataset is read in its key order, a sequence at a time. Its
+/// object was fetched whole into the chunk-range cache even when larger than the cache (written
+/// past the bound, evicted, and fetched whole again for the next sequence); now it is read a
+/// sequence's range at a time when it does not fit half the cache. This exercises that path: the
+/// output is the local files' own (the transient excess of the old path is not visible at the end).
+#[test]
+fn a_joined_source_larger_than_half_the_object_cache_is_read_by_range() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // 2,000 sequences; the labels' object (~700 kB, keys in reverse order) is more than half of a
+    // 1 MiB cache.
+    let (mut f, mut l) = (String::new(), String::new());
+    for k in 0..2_000u32 {
+        let _ = writeln!(f, "{k} |f {}", k % 7);
+    }
+    for k in (0..2_000u32).rev() {
+        let _ = writeln!(l, "{k} |l {}:1 |pad {}", k % 3, "x".repeat(320));
+    }
+    write(dir.path(), "f.ctf", &f);
+    write(dir.path(), "l.ctf", &l);
+    server.put(BUCKET, "joined/f.ctf", f.as_bytes());
+    server.put(BUCKET, "joined/l.ctf", l.as_bytes());
+    let config = |files: [&str; 2]| {
+        format!(
+            "[datasets.d]\nformat = \"ctf\"\n[datasets.d.sampling]\nrandomize = false\n\
+             [[datasets.d.sources]]\nfiles = [\"{}\"]\n[datasets.d.sources.streams.f]\ndim = 1\nformat = \"dense\"\n\
+             [[datasets.d.sources]]\nfiles = [\"{}\"]\n[datasets.d.sources.streams.l]\ndim = 3\nformat = \"sparse\"\n",
+            files[0], files[1]
+        )
+    };
+    let local = write(dir.path(), "local.toml", config(["f.ctf", "l.ctf"]));
+    let remote = write(dir.path(), "s3.toml", config(["s3://train-data/joined/f.ctf", "s3://train-data/joined/l.ctf"]));
+    let dump = |cfg: &Path, state: &str| {
+        let mut c = std::process::Command::new(BIN);
+        c.args([
+            "dump",
+            "--config",
+            cfg.to_str().expect("utf-8"),
+            "--dataset",
+            "d",
+            "--minibatch-size",
+            "64",
+            "--full-sweep",
+        ])
+        .env("MINIBATCHD_LOG", "warn")
+        .env("MINIBATCHD__DAEMON__STATE_DIR", dir.path().join(state))
+        .env("MINIBATCHD__DAEMON__OBJECT_CACHE_BYTES", (1u64 << 20).to_string());
+        for (k, v) in server.env() {
+            c.env(k, v);
+        }
+        let out = c.output().expect("dump");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let expected = dump(&local, "local-state");
+    assert_eq!(String::from_utf8_lossy(&expected).lines().count(), 2_000 / 64 + 1);
+    assert_eq!(dump(&remote, "s3-state"), expected);
+    let cached: u64 = walk_sizes(&dir.path().join("s3-state/objects"));
+    assert!(cached <= 1 << 20, "the chunk-range cache holds {cached} bytes, over its 1 MiB");
+}
+
+/// Total size of the regular files under `dir`.
+fn walk_sizes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => walk_sizes(&e.path()),
+                Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+                _ => 0,
+            })
+            .sum()
+    })
 }

@@ -511,11 +511,18 @@ impl Registry {
         self.trim_lingering();
     }
 
-    /// Drops the lingering sessions that would expire first until at most `max_lingering` are
-    /// left.
+    /// Drops lingering sessions until at most `max_lingering` are left: of the owner with the most
+    /// lingering sessions, the one that would expire first. So a user who opens and ends sessions
+    /// in a loop gives up its own, not everyone else's resumable sessions.
     fn trim_lingering(&mut self) {
         while self.lingering.len() > self.max_lingering {
-            let first = self.lingering.iter().min_by_key(|(n, l)| (l.expires, n.as_str())).map(|(n, _)| n.clone());
+            let mut per_owner: HashMap<Option<u32>, usize> = HashMap::new();
+            for l in self.lingering.values() {
+                *per_owner.entry(l.saved.owner).or_default() += 1;
+            }
+            let most = |l: &Lingering| std::cmp::Reverse(per_owner.get(&l.saved.owner).copied().unwrap_or(0));
+            let first =
+                self.lingering.iter().min_by_key(|(n, l)| (most(l), l.expires, n.as_str())).map(|(n, _)| n.clone());
             match first {
                 Some(n) => {
                     tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
@@ -903,6 +910,21 @@ mod tests {
         let mut left = names(&mut r);
         left.sort();
         assert_eq!(left, ["a", "b", "c"], "the two parked at t0 went first");
+
+        // Another user's session outlives a user who opens and ends sessions in a loop: the owner
+        // with the most lingering sessions gives up its own first.
+        let at = t0 + Duration::from_secs(10);
+        assert_eq!(r.claim("victim", 20, 7, at), Ok(Claim::Fresh));
+        r.park("victim", st.clone(), at);
+        for i in 0..10u64 {
+            let name = format!("churn-{i}");
+            let later = at + Duration::from_secs(1 + i);
+            assert_eq!(r.claim(&name, 30 + i, 0, later), Ok(Claim::Fresh));
+            r.park(&name, st.clone(), later);
+        }
+        let mut left = names(&mut r);
+        left.sort();
+        assert_eq!(left, ["churn-8", "churn-9", "victim"]);
     }
 
     #[test]

@@ -630,8 +630,8 @@ impl Dataset {
     }
 
     /// Bytes `start..end` of `src`'s file `file` (a joined source's sequence). From an object,
-    /// through the cache of the whole object: a joined source is read in its key order, not in
-    /// chunks.
+    /// through the cache of the whole object when the cache can keep it (a joined source is read
+    /// in its key order, not in chunks), else of the sequence's own range.
     fn read_stored(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<Vec<u8>> {
         match &src.data_versions[file] {
             Stored::Local(v) => read_range(&src.data[file], start, end, v),
@@ -639,7 +639,11 @@ impl Dataset {
                 use std::os::unix::fs::FileExt as _;
                 let name = &src.files[file];
                 let r = remote::require(name)?;
-                let cached = r.chunks.fetch(r.store.as_ref(), object, 0, object.size)?;
+                // The whole object once, when the cache can keep it (a joined source is read in
+                // its key order, sequences from all over it); else only this sequence's bytes, so
+                // the cache never holds more than its bound.
+                let (from, to) = if object.size <= r.chunks.max_bytes() / 2 { (0, object.size) } else { (start, end) };
+                let cached = r.chunks.fetch(r.store.as_ref(), object, from, to)?;
                 let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("sequence too large".into()))?;
                 let mut buf = vec![0u8; len];
                 cached.file.read_exact_at(&mut buf, start - cached.base).map_err(|e| DataError::io(name, e))?;

@@ -133,6 +133,11 @@ fn download(
 ) -> Result<Option<FileIndex>, DataError> {
     let max_bytes = index_cache::max_encoded_len(stamp, fingerprint, max_sequences.min(object.size));
     let got = match remote.store.get(url, max_bytes) {
+        // S3 answers a missing key with 403 to credentials without s3:ListBucket.
+        Err(e @ super::RemoteError::Denied { .. }) => {
+            tracing::info!(index = %url, error = %e, "no shared index readable here; indexing the object");
+            return Ok(None);
+        }
         Err(super::RemoteError::TooLarge { .. }) => {
             tracing::warn!(index = %url, max_bytes, "the shared index is larger than an index of this object can be; indexing the object here");
             return Ok(None);
@@ -199,7 +204,19 @@ pub fn index_object(
         return Ok(downloaded(idx, progress));
     }
     let holder = format!("pid {} at {:?}", std::process::id(), std::time::SystemTime::now());
-    let locked = remote.store.put_if_absent(&lock, holder.into_bytes()).map_err(super::RemoteError::into_data)?;
+    // Credentials that may read but not write (a read-only role) index here without sharing: the
+    // lock, like the index itself, is a courtesy to other nodes.
+    let locked = match remote.store.put_if_absent(&lock, holder.into_bytes()) {
+        Ok(locked) => locked,
+        Err(e @ super::RemoteError::Denied { .. }) => {
+            tracing::warn!(object = %object.url, lock = %lock, error = %e, "cannot write the index lock (read-only credentials?); indexing the object here without sharing its index");
+            let idx = build(progress)?;
+            keep(&idx);
+            count(outcome);
+            return Ok((idx, outcome));
+        }
+        Err(e) => return Err(e.into_data()),
+    };
     if locked {
         // The node that held the lock before may have written the index and let the lock go
         // between our first look and our lock: look again before indexing.
