@@ -428,4 +428,20 @@ fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
     let (out, stderr, code) = dump_text(&narrow, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(out.lines().count(), 150_000, "every sample, two per minibatch");
+    // The bound is on the chunk's dense values in all: two streams of 24 MB each pass the 32 MiB
+    // that one alone would not.
+    write(dir.path(), "two.ctf", "|a |b\n".repeat(300_000));
+    let two = write(
+        dir.path(),
+        "two.toml",
+        format!(
+            "[daemon]\nstate_dir = \"state\"\nmemory_limit_bytes = {}\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"two.ctf\"]\n\
+             [datasets.d.sampling]\nrandomize = false\n[datasets.d.streams.a]\ndim = 20\nformat = \"dense\"\n\
+             [datasets.d.streams.b]\ndim = 20\nformat = \"dense\"\n",
+            64u64 << 20
+        ),
+    );
+    let (_out, stderr, code) = dump_text(&two, &[]);
+    assert_ne!(code, 0, "the chunk was served");
+    assert!(stderr.contains("'a' (dim 20), 'b' (dim 20)"), "{stderr}");
 }

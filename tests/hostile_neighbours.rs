@@ -409,9 +409,10 @@ fn a_session_opened_just_before_a_crash_is_resumed_by_name_and_its_replay_signal
 }
 
 /// An `open` whose sampler would walk without end (a job whose workers stand 2^64 samples apart;
-/// equal steps over an epoch of 2^62 samples, or for 2^20 workers) is refused at once with what
-/// to change; it hung the daemon's event loop, every other client with it, until memory ran out.
-/// Meanwhile, and after, another session is served.
+/// equal steps over an epoch of 2^62 samples, or for 2^20 workers over 100 sweeps) is refused at
+/// once with what to change, before its session name is taken; it hung the daemon's event loop,
+/// every other client with it, until memory ran out. Meanwhile, and after, another session is
+/// served.
 #[test]
 fn an_open_that_asks_for_an_endless_walk_is_refused_and_the_others_are_served() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -432,13 +433,22 @@ fn an_open_that_asks_for_an_endless_walk_is_refused_and_the_others_are_served() 
     };
     let far = minibatchd_client::protocol::SessionState { position: u64::MAX, ..state.clone() };
     let job = minibatchd_client::protocol::SessionOptions { resume_job: Some(vec![state.clone(), far]), ..options(2) };
-    refused(&job, "stand at most");
-    let long =
-        minibatchd_client::protocol::SessionOptions { equal_steps: true, max_samples: Some(1 << 62), ..options(1) };
+    refused(&job, "sequences to walk");
+    let long = minibatchd_client::protocol::SessionOptions {
+        equal_steps: true,
+        max_samples: Some(1 << 62),
+        session: Some("named".into()),
+        ..options(1)
+    };
     refused(&long, "use a shorter epoch");
+    // Refused before the name was taken: the advice is followed under the same name at once.
+    let short = minibatchd_client::protocol::SessionOptions { max_samples: None, full_sweep: true, ..long.clone() };
+    let mut named = d.client().open("train", &short).expect("the same name with a shorter epoch");
+    assert!(named.next_minibatch().expect("served").is_some());
+    // 2^20 workers over 100 sweeps of 150 sequences: 1.7e10 sequences to walk.
     let wide = minibatchd_client::protocol::SessionOptions {
         equal_steps: true,
-        full_sweep: true,
+        max_sweeps: Some(100),
         num_workers: Some(1 << 20),
         rank: Some(7),
         ..options(1)

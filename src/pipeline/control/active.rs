@@ -189,6 +189,20 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -
         check_resume(s, dataset, rt.identity, ohash)?;
     }
     let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
+    // The walks a `resume` state's job and equal steps will take, refused now if too long: after
+    // admission a refusal would park the session's name with a state these options no longer fit.
+    let resumed_job = options.resume.as_ref().and_then(|s| s.job.as_ref()).map(|j| j.positions.as_slice());
+    if let Some(positions) = resumed_job {
+        sampler.job_walk_fits(positions)?;
+    }
+    let job_from = match (&options.resume_job, resumed_job) {
+        (Some(states), _) => states.iter().map(|s| s.position).min().unwrap_or(0),
+        (None, Some(p)) => p.iter().copied().min().unwrap_or(0),
+        (None, None) => 0,
+    };
+    if resolved.equal_steps {
+        sampler.equal_steps_walk_fits(job_from)?;
+    }
     let job_start = match &options.resume_job {
         Some(states) => Some(job_start(
             states,

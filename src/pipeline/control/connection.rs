@@ -100,11 +100,12 @@ async fn send(wr: &mut OwnedWriteHalf, msg: &ServerMessage) -> std::io::Result<(
     within_send_timeout(wr.write_all(&protocol::encode(msg))).await
 }
 
-/// How long a reply may wait for the client to read: a client that sends but never reads
-/// (replies pile up in the socket until it is full) is disconnected after this long instead of
-/// holding the connection — and its handshake timeout, and the daemon's stop — for ever. The
-/// daemon's own messages to a session (`ready`, at most one per ring slot outstanding) never fill
-/// the socket, so a slow trainer is never cut off by it.
+/// How long a reply to a client's message may wait for the client to read: a client that sends
+/// but never reads (replies pile up in the socket until it is full) is disconnected after this
+/// long instead of holding the connection — and its handshake timeout, and the daemon's stop —
+/// for ever. A client waits for the reply to each request it makes, so a legitimate one is never
+/// cut off; the `ready` messages of a session, which a busy trainer may leave unread for a long
+/// time, are not under it.
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 async fn within_send_timeout(io: impl std::future::Future<Output = std::io::Result<()>>) -> std::io::Result<()> {
@@ -326,7 +327,9 @@ async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedW
         }
         batched += 1;
     }
-    within_send_timeout(wr.write_all(&out)).await
+    // No timeout here: a trainer busy elsewhere (an evaluation pass, a checkpoint save) may leave
+    // its `ready`s unread for minutes; only its own producer waits meanwhile.
+    wr.write_all(&out).await
 }
 
 /// Appends the reply to `event` to `out`; `true` while the producer goes on.

@@ -630,8 +630,8 @@ impl Dataset {
     }
 
     /// Bytes `start..end` of `src`'s file `file` (a joined source's sequence). From an object,
-    /// through the cache of the whole object when the cache can keep it (a joined source is read
-    /// in its key order, not in chunks), else of the sequence's own range.
+    /// through the cache of the whole object when the cache can hold it (a joined source is read
+    /// in its key order, not in chunks), else the sequence's own range from the store.
     fn read_stored(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<Vec<u8>> {
         match &src.data_versions[file] {
             Stored::Local(v) => read_range(&src.data[file], start, end, v),
@@ -639,12 +639,20 @@ impl Dataset {
                 use std::os::unix::fs::FileExt as _;
                 let name = &src.files[file];
                 let r = remote::require(name)?;
-                // The whole object once, when the cache can keep it (a joined source is read in
-                // its key order, sequences from all over it); else only this sequence's bytes, so
-                // the cache never holds more than its bound.
-                let (from, to) = if object.size <= r.chunks.max_bytes() / 2 { (0, object.size) } else { (start, end) };
-                let cached = r.chunks.fetch(r.store.as_ref(), object, from, to)?;
                 let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+                // The whole object once, when the cache can hold it (a joined source is read in
+                // its key order, sequences from all over it); else only this sequence's bytes,
+                // straight from the store: the cache never holds more than its bound, nor a file
+                // per sequence.
+                if object.size > r.chunks.max_bytes() {
+                    let mut buf = Vec::with_capacity(len);
+                    r.store.read_range(object, start, end, &mut buf).map_err(remote::RemoteError::into_data)?;
+                    if buf.len() != len {
+                        return Err(DataError::io(name, std::io::Error::other("a short range from object storage")));
+                    }
+                    return Ok(buf);
+                }
+                let cached = r.chunks.fetch(r.store.as_ref(), object, 0, object.size)?;
                 let mut buf = vec![0u8; len];
                 cached.file.read_exact_at(&mut buf, start - cached.base).map_err(|e| DataError::io(name, e))?;
                 Ok(buf)
@@ -710,19 +718,25 @@ impl Dataset {
             let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
             // Dense streams hold `dim` values per sample, and most sequences are one sample: reserve
             // that much at once (no regrowth copies) and let it be backed by huge pages.
-            // A chunk's dense values stay within its share of the memory limit, however many empty
-            // samples its bytes hold.
-            let dense = (0..bufs.len()).filter(|&i| decoder.dense_dim(i).is_some()).count().max(1) as u64;
-            let max_values = usize::try_from(self.max_parsed_chunk_bytes / dense / std::mem::size_of::<T>() as u64)
-                .unwrap_or(usize::MAX);
+            // A chunk's dense values (all its dense streams of this source) stay within its share
+            // of the memory limit, however many empty samples its bytes hold.
+            let max_values =
+                usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
             for (i, buf) in bufs.iter_mut().enumerate() {
                 buf.seq_offsets.reserve(seqs.len());
                 if let Some(dim) = decoder.dense_dim(i) {
-                    buf.max_values = max_values;
                     buf.values.reserve(seqs.len().saturating_mul(dim).min(max_values));
                     minibatchd_sys::advise_huge_pages(&buf.values);
                 }
             }
+            decoder.dense_room(&mut bufs, max_values);
+            let within = |bufs: &mut [StreamBuf<T>], path: &Arc<Path>, seq: &crate::format::SequenceDesc| {
+                if decoder.dense_room(bufs, max_values) {
+                    return Ok(());
+                }
+                let at = crate::format::Location { file: path.clone(), line: seq.line + 1, offset: seq.offset };
+                Err(decoder.dense_over_limit::<T>(at, max_values))
+            };
             if si == 0 {
                 // The primary source: the chunk's bytes in file order, a cache-sized window at a
                 // time, so the parser reads what was just copied from the page cache while it is
@@ -735,6 +749,7 @@ impl Dataset {
                     let slice = window.bytes(seq.offset, seq.size)?;
                     decoder
                         .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .and_then(|()| within(&mut bufs, path, seq))
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                 }
             } else {
@@ -746,6 +761,7 @@ impl Dataset {
                         Self::read_stored(src, loc.file as usize, seq.offset, seq.offset + u64::from(seq.size))?;
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .and_then(|()| within(&mut bufs, path, seq))
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                 }
             }

@@ -203,11 +203,11 @@ pub enum SamplingError {
     /// Equal step counts were asked for an infinite epoch.
     #[error("equal step counts need a finite epoch (max_samples, max_sweeps, full_sweep or sweep)")]
     EqualStepsNeedAFiniteEpoch,
-    /// Equal step counts would walk more sequences than [`MAX_EQUAL_STEPS_WALK`]: every worker's
+    /// Equal step counts would walk more sequences than [`MAX_WALK_SEQUENCES`]: every worker's
     /// epoch is walked once to count its minibatches.
     #[error(
         "equal step counts over this epoch would walk {walk} sequences ({workers} worker(s), each over an epoch of about {per_worker} sequences); at most {max} are walked: use a shorter epoch (max_sweeps, max_samples) or fewer workers",
-        max = MAX_EQUAL_STEPS_WALK
+        max = MAX_WALK_SEQUENCES
     )]
     EqualStepsTooCostly {
         /// Sequences the walk would visit (saturated).
@@ -217,18 +217,19 @@ pub enum SamplingError {
         /// Sequences of one worker's walk (saturated).
         per_worker: u64,
     },
-    /// The positions of a job's workers ([`Sampler::resume_job`]) lie further apart than
-    /// [`MAX_JOB_SPREAD_SAMPLES`]: not the state of one job's workers.
+    /// The positions of a job's workers ([`Sampler::resume_job`]) lie so far apart that finding
+    /// what they delivered would walk more than [`MAX_WALK_SEQUENCES`] sequences, or remember
+    /// more than [`MAX_JOB_DELIVERED`]: not the state of one job's workers.
     #[error(
-        "the workers' positions span {from}..{until} ({spread} samples); the workers of one job stand at most {max} samples apart (a few minibatches in practice)",
-        spread = until.saturating_sub(*from),
-        max = MAX_JOB_SPREAD_SAMPLES
+        "the workers' positions span {from}..{until}, {what}; the workers of one job stand a few minibatches apart"
     )]
     JobSpreadTooWide {
         /// The earliest position.
         from: u64,
         /// The latest position.
         until: u64,
+        /// Which bound.
+        what: String,
     },
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
     /// overflow").
@@ -244,18 +245,20 @@ pub enum SamplingError {
 /// Largest epoch, in samples (CNTK's `SIZE_MAX / 2`); also the size of an infinite epoch.
 pub const MAX_EPOCH_SAMPLES: u64 = u64::MAX / 2;
 
-/// Most sequences [`Sampler::equalize_steps`] walks (over every worker's epoch): the walk runs
-/// when a session opens, so its cost is bounded whatever a client asks (about a minute at most).
-pub const MAX_EQUAL_STEPS_WALK: u64 = 1 << 30;
+/// Most sequences the walks of [`Sampler::equalize_steps`] (every worker's epoch) and of
+/// [`Sampler::resume_job`] (every sweep between the workers' positions) visit: they run when a
+/// session opens, so their cost is bounded whatever a client asks (minutes at most, on a
+/// blocking thread of the daemon; ~0.1 µs a sequence).
+pub const MAX_WALK_SEQUENCES: u64 = 1 << 32;
 
 /// What a worker's sampler costs in [`Sampler::equalize_steps`] before its walk starts (set up,
 /// its first sweep planned), counted as this many sequences walked, however short the dataset.
 const PER_WORKER_SETUP: u64 = 1024;
 
-/// Widest span, in samples, of the positions [`Sampler::resume_job`] continues: the sequences
-/// delivered between the earliest and the latest are remembered one by one, so the span bounds
-/// that memory (16 MiB of entries or so) and the sweeps walked to find them.
-pub const MAX_JOB_SPREAD_SAMPLES: u64 = 1 << 20;
+/// Most sequences [`Sampler::resume_job`] remembers as delivered by the earlier workers past the
+/// earliest of their positions (one entry each, ~25 MiB at most; a job's workers stand a few
+/// minibatches apart).
+pub const MAX_JOB_DELIVERED: usize = 1 << 20;
 
 /// Largest local minibatch size honoured; larger requests are clamped (CNTK raises "Global and
 /// local size of the minibatch cannot exceed max int" instead).
@@ -536,19 +539,37 @@ impl Sampler {
     /// each worker's walk visits every sequence of the epoch (from its start to its end, a
     /// partial sweep counted whole), and the workers plus this one again are walked.
     fn check_equal_steps_walk(&self) -> Result<(), SamplingError> {
-        let start = self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0));
+        self.equal_steps_walk_fits(self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0)))
+    }
+
+    /// Whether [`Sampler::equalize_steps`] on this sampler, continuing a job whose earliest
+    /// worker stands at `job_start` (0 for none), stays within [`MAX_WALK_SEQUENCES`]: cheap, for
+    /// a caller to refuse before committing to anything.
+    ///
+    /// # Errors
+    /// [`SamplingError::EqualStepsTooCostly`].
+    pub fn equal_steps_walk_fits(&self, job_start: u64) -> Result<(), SamplingError> {
         let start = match self.options.limit {
-            EpochLimit::Sweep(k) => start.max(k.saturating_mul(self.sweep_size)),
-            _ => start,
+            EpochLimit::Sweep(k) => job_start.max(k.saturating_mul(self.sweep_size)),
+            _ => job_start,
         };
-        let sweeps = self.epoch_end.saturating_sub(start).div_ceil(self.sweep_size.max(1)).saturating_add(1);
-        let per_worker = sweeps.saturating_mul(self.timeline.num_sequences() as u64);
+        let per_worker =
+            self.sweeps_between(start, self.epoch_end).saturating_mul(self.timeline.num_sequences() as u64);
         let workers = self.options.num_workers;
         let walk = per_worker.saturating_add(PER_WORKER_SETUP).saturating_mul(workers as u64 + 1);
-        if walk > MAX_EQUAL_STEPS_WALK {
+        if walk > MAX_WALK_SEQUENCES {
             return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
         }
         Ok(())
+    }
+
+    /// Sweeps that positions `from..until` touch (each walked whole).
+    fn sweeps_between(&self, from: u64, until: u64) -> u64 {
+        let size = self.sweep_size.max(1);
+        if until <= from {
+            return 0;
+        }
+        until.div_ceil(size) - from / size
     }
 
     /// Continues a run of `positions.len()` workers (any count, not necessarily this sampler's)
@@ -570,9 +591,7 @@ impl Sampler {
         let (Some(&from), Some(&until)) = (positions.iter().min(), positions.iter().max()) else {
             return Err(SamplingError::NoWorkers);
         };
-        if until - from > MAX_JOB_SPREAD_SAMPLES {
-            return Err(SamplingError::JobSpreadTooWide { from, until });
-        }
+        self.job_walk_fits(positions)?;
         let earlier = SamplingOptions { num_workers: positions.len(), rank: 0, ..self.options.clone() };
         let mut delivered = HashSet::new();
         if until > from {
@@ -585,6 +604,10 @@ impl Sampler {
                     }
                     if at >= from && at < positions[o] {
                         delivered.insert((sweep, r.seq));
+                        if delivered.len() > MAX_JOB_DELIVERED {
+                            let what = format!("more than {MAX_JOB_DELIVERED} sequences delivered past the earliest");
+                            return Err(SamplingError::JobSpreadTooWide { from, until, what });
+                        }
                     }
                     at = at.saturating_add(u64::from(self.timeline.seq_len[r.seq as usize]));
                 }
@@ -592,6 +615,24 @@ impl Sampler {
         }
         self.job = Some(JobResume { positions: positions.to_vec(), until, delivered });
         self.restore(from)
+    }
+
+    /// Whether [`Sampler::resume_job`] of `positions` walks at most [`MAX_WALK_SEQUENCES`]
+    /// sequences (every sweep between the earliest and the latest position): cheap, for a caller
+    /// to refuse before committing to anything. (What the walk remembers is bounded as it goes.)
+    ///
+    /// # Errors
+    /// [`SamplingError::JobSpreadTooWide`].
+    pub fn job_walk_fits(&self, positions: &[u64]) -> Result<(), SamplingError> {
+        let (Some(&from), Some(&until)) = (positions.iter().min(), positions.iter().max()) else {
+            return Err(SamplingError::NoWorkers);
+        };
+        let walk = self.sweeps_between(from, until).saturating_mul(self.timeline.num_sequences() as u64);
+        if walk > MAX_WALK_SEQUENCES {
+            let what = format!("{walk} sequences to walk (at most {MAX_WALK_SEQUENCES})");
+            return Err(SamplingError::JobSpreadTooWide { from, until, what });
+        }
+        Ok(())
     }
 
     /// The positions of the run this sampler continues ([`Sampler::resume_job`]), if any.

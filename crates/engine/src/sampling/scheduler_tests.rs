@@ -428,24 +428,37 @@ fn the_walks_a_client_can_ask_for_are_bounded() {
         }
         other => panic!("expected EqualStepsTooCostly, got {other:?}"),
     }
-    // 1,024 sequences: a sweep's walk (two sweeps counted) for 2^20 + 1 workers is 2^31 sequences.
+    // 4,096 sequences and the setup of each of 2^20 + 1 workers: over 2^32.
     let many = SamplingOptions { num_workers: 1 << 20, rank: 5, ..whole_window(3, EpochLimit::FullSweep) };
-    let mut wide = Sampler::new(mock(4, 256, 1), many).expect("sampler");
+    let mut wide = Sampler::new(mock(4, 1024, 1), many).expect("sampler");
     assert!(matches!(wide.equalize_steps(1, Tail::Pad), Err(SamplingError::EqualStepsTooCostly { .. })));
+    // The check a caller makes before committing to a session says the same, at once.
+    assert!(wide.equal_steps_walk_fits(0).is_err());
+    assert!(sampler(&t, whole_window(3, EpochLimit::FullSweep)).equal_steps_walk_fits(0).is_ok());
     // A bounded epoch is still equalized, whatever its length within the bound.
     let mut ok = sampler(&t, whole_window(3, EpochLimit::Sweeps(1000)));
     assert_eq!(ok.equalize_steps(4, Tail::Drop).expect("within the bound").steps, 8000);
 
     let mut job = sampler(&t, whole_window(3, EpochLimit::Infinite));
     match job.resume_job(&[0, u64::MAX]) {
-        Err(e @ SamplingError::JobSpreadTooWide { from: 0, until: u64::MAX }) => {
-            assert!(e.to_string().contains("stand at most"), "{e}");
+        Err(e @ SamplingError::JobSpreadTooWide { from: 0, until: u64::MAX, .. }) => {
+            assert!(e.to_string().contains("sequences to walk"), "{e}");
         }
         other => panic!("expected JobSpreadTooWide, got {other:?}"),
     }
-    assert!(job.resume_job(&[5, 5 + MAX_JOB_SPREAD_SAMPLES + 1]).is_err());
-    job.resume_job(&[5, 5 + MAX_JOB_SPREAD_SAMPLES]).expect("within the bound");
-    // Positions at the very end of the timeline do not overflow.
+    // Workers far apart whose deliveries past the earliest are many: refused by what it would
+    // remember (the second worker delivered every other sequence of 2^24 sweeps: over 2^20).
+    match job.resume_job(&[0, 32 << 24]) {
+        Err(e @ SamplingError::JobSpreadTooWide { .. }) => assert!(e.to_string().contains("delivered"), "{e}"),
+        other => panic!("expected JobSpreadTooWide, got {other:?}"),
+    }
+    // A job whose idle workers stand at the end of a long epoch (more workers than chunks with
+    // the block randomizer) while the others are near its start is legitimate: accepted.
+    // (4 chunks, 8 workers: the chunks go to workers 0..=3 in every sweep.)
+    let mut idle = sampler(&t, whole_window(3, EpochLimit::Sweeps(100_000)));
+    let end = 32 * 100_000;
+    idle.resume_job(&[40, 41, 42, 43, end, end, end, end]).expect("idle workers at the epoch end");
+    // Positions at the very end of the timeline do not overflow (a panic in this debug build).
     let mut end = sampler(&t, whole_window(3, EpochLimit::Infinite));
     let _ = end.resume_job(&[u64::MAX - 3, u64::MAX]);
     assert!(started.elapsed() < std::time::Duration::from_secs(60), "the refusals are immediate");

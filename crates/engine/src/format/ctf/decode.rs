@@ -90,6 +90,8 @@ pub struct StreamBuf<T> {
     pub max_values: usize,
     /// A dense sample did not fit `max_values`.
     over_limit: bool,
+    /// The chunk's bound on all its dense values, for the message ([`CtfDecoder::dense_room`]).
+    chunk_max_values: usize,
 }
 
 impl<T> Default for StreamBuf<T> {
@@ -110,6 +112,7 @@ impl<T> StreamBuf<T> {
             samples: 0,
             max_values: usize::MAX,
             over_limit: false,
+            chunk_max_values: usize::MAX,
         }
     }
 }
@@ -180,6 +183,38 @@ impl CtfDecoder {
         self.streams.get(index).filter(|s| !s.sparse).map(|s| s.dim)
     }
 
+    /// Before the next sequence: whether the chunk's dense values so far (`out`, this decoder's
+    /// streams) are within `max_values` in all, and each dense stream's room
+    /// ([`StreamBuf::max_values`]) set to what is left of it. A stream past its room fails the
+    /// sequence ([`CtfDecoder::decode_sequence`]); several together may pass what was left by one
+    /// sequence's growth, which the next call tells.
+    pub fn dense_room<T>(&self, out: &mut [StreamBuf<T>], max_values: usize) -> bool {
+        let used: usize = (0..out.len()).filter(|&i| self.dense_dim(i).is_some()).map(|i| out[i].values.len()).sum();
+        let left = max_values.saturating_sub(used);
+        for (i, b) in out.iter_mut().enumerate() {
+            if self.dense_dim(i).is_some() {
+                b.max_values = b.values.len().saturating_add(left);
+                b.chunk_max_values = max_values;
+            }
+        }
+        used <= max_values
+    }
+
+    /// The error of a chunk whose dense values pass `max_values` (of `T`) in all, at `at`.
+    #[must_use]
+    pub fn dense_over_limit<T>(&self, at: Location, max_values: usize) -> DataError {
+        let dims: Vec<String> =
+            self.streams.iter().filter(|s| !s.sparse).map(|s| format!("'{}' (dim {})", s.name, s.dim)).collect();
+        DataError::Fatal {
+            at,
+            message: format!(
+                "the dense values of stream {} in this chunk would pass {} bytes, more than a parsed chunk may hold within daemon.memory_limit_bytes: every dense sample costs dim values however short its text; lower the dataset's chunk_size_bytes or raise memory_limit_bytes",
+                dims.join(", "),
+                max_values.saturating_mul(std::mem::size_of::<T>()),
+            ),
+        }
+    }
+
     /// Marks the stream at `index` as the one that defines the nominal length
     /// (`defines_mb_size`): only its count is checked against the nominal length.
     #[must_use]
@@ -245,17 +280,8 @@ impl CtfDecoder {
             }
             p += 1; // the '\n' (or past the end)
         }
-        if let Some(i) = out.iter().position(|b| b.over_limit) {
-            let s = &self.streams[i];
-            return Err(DataError::Fatal {
-                at: ctx.location(bytes, 0),
-                message: format!(
-                    "the dense values of stream '{}' (dim {}) in this chunk would pass {} bytes, more than a parsed chunk may hold within daemon.memory_limit_bytes: every dense sample costs dim values however short its text; lower the dataset's chunk_size_bytes or raise memory_limit_bytes",
-                    s.name,
-                    s.dim,
-                    out[i].max_values.saturating_mul(std::mem::size_of::<T>()),
-                ),
-            });
+        if let Some(b) = out.iter().find(|b| b.over_limit) {
+            return Err(self.dense_over_limit::<T>(ctx.location(bytes, 0), b.chunk_max_values));
         }
         self.finish_sequence(bytes, ctx, out, errors)
     }
