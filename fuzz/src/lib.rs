@@ -273,8 +273,12 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
     let name: Arc<Path> = Arc::from(file.as_path());
     if let Ok(index) = load(&state, &stamp, fingerprint, &name, max) {
         assert!(index.sequences.len() as u64 <= max, "more sequences than allowed");
+        // In file order without overlap: the chunks, reads and remote ranges are built from them.
+        let mut end = 0;
         for s in &index.sequences {
             assert!(s.offset + u64::from(s.size) <= stamp.size && s.samples > 0, "a sequence outside the file: {s:?}");
+            assert!(s.offset >= end, "a sequence before the end of the previous one: {s:?}");
+            end = s.offset + u64::from(s.size);
         }
     }
 }
