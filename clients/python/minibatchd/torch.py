@@ -39,6 +39,7 @@ import mmap
 import os
 import tempfile
 import threading
+import warnings
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -186,6 +187,23 @@ class MinibatchIterableDataset(IterableDataset):
         sh[_PIDS + info.id] = os.getpid()
         return current
 
+    def _current_pass(self, gen: int) -> int:
+        """The latest pass begun in generation ``gen`` by any process (-1 for none; under the lock)."""
+        sh = self._shared
+        return sh[_CUR] if sh[_SEEN_GEN] == gen else -1
+
+    def _note_pass(self, gen: int, p: int) -> None:
+        """Pass ``p`` of generation ``gen`` began in a process that is not a new worker (the main
+        process, or a persistent worker): new worker processes begin after it, never join it
+        (under the lock)."""
+        sh = self._shared
+        if sh[_SEEN_GEN] != gen:
+            sh[_SEEN_GEN], sh[_CUR] = gen, -1
+        if p > sh[_CUR]:
+            # No new worker's seed is -1: the next new worker begins pass p + 1.
+            sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = p, -1, -(1 << 40)
+            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+
     def _begin_pass(self) -> Tuple[int, Optional[dict]]:
         """(the epoch this pass delivers, the state it resumes from or None), decided at
         ``iter()``: the DataLoader calls it in every worker when the worker starts (or, with
@@ -201,10 +219,15 @@ class MinibatchIterableDataset(IterableDataset):
                 # this worker's next pass continues from it.
                 resume, self._resume = self._resume, None
             last = self._last
-            if last is not None and last[0] == pid and last[1] == gen:
-                p = last[2] + 1          # this process's next pass (no workers, or persistent ones)
-            elif info is None:
-                p = 0
+            mine = last[2] + 1 if last is not None and last[0] == pid and last[1] == gen else None
+            if info is None:
+                # The main process (no workers): after its own passes and after any that worker
+                # processes of another DataLoader over this dataset began.
+                p = max(mine or 0, self._current_pass(gen) + 1)
+                self._note_pass(gen, p)
+            elif mine is not None:
+                p = mine                 # a persistent worker's next pass (its group moves as one)
+                self._note_pass(gen, p)  # so that a new DataLoader's workers begin after it
             else:
                 p = self._pass_of_a_new_worker(gen, info)
             self._last = (pid, gen, p)
@@ -290,9 +313,17 @@ class MinibatchIterableDataset(IterableDataset):
         if self._epoch is None:
             sh = self._shared
             with sh.get_lock():
-                last = self._last
-                p = last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == sh[_GEN] else 0
-                epoch = sh[_BASE] + p
+                last, gen = self._last, sh[_GEN]
+                mine = last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else 0
+                others = self._current_pass(gen) + 1
+                epoch = sh[_BASE] + max(mine, others)
+            if others > mine and get_worker_info() is None:
+                # DataLoader worker processes iterated, and their positions are theirs: this state
+                # names the epoch after their latest pass, right at an epoch's end only.
+                warnings.warn(
+                    "state_dict() of a MinibatchIterableDataset whose passes ran in DataLoader worker "
+                    "processes holds only the next epoch, not a position within one: to resume mid-epoch, "
+                    "use torchdata's StatefulDataLoader (its state_dict() keeps every worker's)", stacklevel=2)
             source = None
         else:
             epoch, source = self._epoch, None if self._source is None else self._source.state()

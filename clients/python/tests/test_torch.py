@@ -82,6 +82,35 @@ def test_dataloader_workers_split_each_sweep_exactly_once(daemon, workers):
             assert item_ids(mine) == dump_ids(want)
 
 
+def test_a_new_dataloader_after_persistent_workers_goes_on_with_the_next_epoch(daemon):
+    """Persistent workers count their later passes in their own processes; a DataLoader made
+    afterwards (Lightning's reload_dataloaders_every_n_epochs) with new workers, or iterated in the
+    main process, began at the pass the persistent ones first registered, and delivered epoch 1
+    again."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=2)
+    persistent = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    for epoch in range(3):
+        items = list(persistent)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+    del persistent
+    fresh = list(DataLoader(ds, batch_size=None, num_workers=3))
+    assert {item["meta"]["epoch"] for item in fresh} == {3}
+    assert sorted(item_ids(fresh)) == list(range(SEQUENCES))
+    main = list(DataLoader(ds, batch_size=None))
+    assert {item["meta"]["epoch"] for item in main} == {4}
+    assert item_ids(main) == dump_ids(daemon.dump("--minibatch-size", "8", "--seed", "2", "--sweep", "4"))
+    again = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert {item["meta"]["epoch"] for item in again} == {5}
+
+    # The main process's state_dict() after worker passes only names the next epoch (it was 0:
+    # a restore replayed everything), and warns that it holds no position within one.
+    plain = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=2)
+    for _ in range(2):
+        list(DataLoader(plain, batch_size=None, num_workers=2))
+    with pytest.warns(UserWarning, match="StatefulDataLoader"):
+        assert plain.state_dict()["epoch"] == 2
+
+
 def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
     seen = []
     for rank in range(2):
