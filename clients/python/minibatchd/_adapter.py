@@ -13,6 +13,11 @@ def user_options(options: Dict[str, Any], adapter: str, split: str) -> Dict[str,
         if key in options:
             raise ValueError(f"{key!r} is not an option of {adapter}: each pass is one sweep (set_epoch(k) picks "
                              f"sweep k) and the split is automatic ({split})")
+    if "session" in options:
+        # Every worker of every pass opens its own session; one name for all of them is busy
+        # (`session_busy`) for all but one, and a later pass would meet the earlier one lingering.
+        raise ValueError(f"'session' is not an option of {adapter}: it opens a session per worker and pass "
+                         "and resumes them from state_dict(), not by name")
     if "minibatch_size" not in options:
         raise ValueError("minibatch_size is required")
     return {k: v for k, v in options.items() if k != "full_sweep"}

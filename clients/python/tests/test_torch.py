@@ -123,7 +123,7 @@ def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
 
 
 def test_limits_and_splits_are_the_adapters_own(daemon):
-    for bad in (dict(max_sweeps=2), dict(max_samples=10), dict(num_workers=2), dict(sweep=1)):
+    for bad in (dict(max_sweeps=2), dict(max_samples=10), dict(num_workers=2), dict(sweep=1), dict(session="s")):
         with pytest.raises(ValueError):
             MinibatchIterableDataset("train", daemon.socket, minibatch_size=4, **bad)
     with pytest.raises(ValueError):
