@@ -103,6 +103,12 @@ class MinibatchIterableDataset(IterableDataset):
         self.socket = socket
         self.copy = copy
         self.use_torchrun_env = use_torchrun_env
+        if (world_size is None and rank is None and use_torchrun_env and "WORLD_SIZE" not in os.environ
+                and torch.distributed.is_available() and torch.distributed.is_initialized()):
+            # A process group initialized with an explicit rank (no torchrun environment): its
+            # rank and size, taken now, in the process that made the dataset (DataLoader workers
+            # may not share the group).
+            world_size, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
         self.world_size = world_size
         self.rank = rank
         self.equal_steps = equal_steps

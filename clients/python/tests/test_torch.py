@@ -111,6 +111,21 @@ def test_a_new_dataloader_after_persistent_workers_goes_on_with_the_next_epoch(d
         assert plain.state_dict()["epoch"] == 2
 
 
+def test_an_initialized_process_group_without_torchrun_env_gives_the_split(daemon, tmp_path):
+    """init_process_group(rank=...) without RANK/WORLD_SIZE in the environment: the dataset takes
+    the group's rank and size (every rank delivered the whole sweep before)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, equal_steps=False)
+        assert (ds.world_size, ds.rank) == (1, 0)
+    finally:
+        dist.destroy_process_group()
+    # Outside a group, with a given split, nothing changes.
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, world_size=2, rank=1, equal_steps=False)
+    assert (ds.world_size, ds.rank) == (2, 1)
+
+
 def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
     seen = []
     for rank in range(2):
