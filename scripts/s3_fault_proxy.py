@@ -42,6 +42,15 @@ def with_connection_close(head: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\nConnection: close\r\n\r\n").encode("latin-1")
 
 
+async def answer_error(client_w, status: bytes, code: bytes, message: bytes):
+    """Answers with an S3 error document and closes the connection."""
+    payload = b"<Error><Code>%s</Code><Message>%s</Message></Error>" % (code, message)
+    client_w.write(b"HTTP/1.1 %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+                   % (status, len(payload)) + payload)
+    await client_w.drain()
+    client_w.close()
+
+
 async def handle(client_r, client_w, args):
     try:
         head, request_line, body = await read_request(client_r)
@@ -61,20 +70,14 @@ async def handle(client_r, client_w, args):
         await asyncio.sleep(args.delay_ms / 1000)
     if args.fail_every and n % args.fail_every == 0:
         STATS["failed"] += 1
-        payload = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-        client_w.write(b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
-        await client_w.drain()
-        client_w.close()
+        await answer_error(client_w, b"503 Slow Down", b"SlowDown", b"Please reduce your request rate.")
         return
     if args.strip_if_match and b"\r\nif-match:" in head.lower():
         STATS["stripped"] += 1
         head = b"\r\n".join(l for l in head.split(b"\r\n") if not l.lower().startswith(b"if-match:"))
     if args.deny_writes and method in ("PUT", "POST", "DELETE"):
         STATS["denied"] += 1
-        payload = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
-        client_w.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
-        await client_w.drain()
-        client_w.close()
+        await answer_error(client_w, b"403 Forbidden", b"AccessDenied", b"Access Denied")
         return
     host, port = args.upstream.rsplit(":", 1)
     up_r, up_w = await asyncio.open_connection(host, int(port))

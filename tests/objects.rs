@@ -25,12 +25,17 @@ const BUCKET: &str = "train-data";
 
 /// `minibatchd <args>` with `server`'s AWS environment.
 fn minibatchd(server: &S3Server, args: &[&str], state: &Path) -> Output {
+    minibatchd_through(server, &server.endpoint, args, state)
+}
+
+/// [`minibatchd`] with requests to `endpoint` (a fault proxy before `server`).
+fn minibatchd_through(server: &S3Server, endpoint: &str, args: &[&str], state: &Path) -> Output {
     let mut c = std::process::Command::new(BIN);
     c.args(args).env("MINIBATCHD_LOG", "info").env("MINIBATCHD__DAEMON__STATE_DIR", state);
     for (k, v) in server.env() {
         c.env(k, v);
     }
-    c.output().expect("run minibatchd")
+    c.env("AWS_ENDPOINT_URL", endpoint).output().expect("run minibatchd")
 }
 
 /// `config.toml` of a fixture with every `files` entry rewritten to `s3://BUCKET/<case>/<entry>`.
@@ -358,14 +363,8 @@ fn read_only_credentials_index_the_object_here_without_sharing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = libsvm_config(dir.path(), &["s3://train-data/readonly/part.txt"]);
     let proxy = FaultProxy::start(&server, &["--deny-writes"]);
-    let mut c = std::process::Command::new(BIN);
-    c.args(["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"])
-        .env("MINIBATCHD_LOG", "info")
-        .env("MINIBATCHD__DAEMON__STATE_DIR", dir.path().join("state"));
-    for (k, v) in server.env() {
-        c.env(k, if k == "AWS_ENDPOINT_URL" { proxy.endpoint.clone() } else { v });
-    }
-    let out = c.output().expect("run minibatchd");
+    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
+    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("without sharing its index"), "{stderr}");
@@ -393,14 +392,8 @@ fn a_shared_index_response_claiming_100_tb_is_refused_and_the_object_indexed_her
     let out = minibatchd(&server, &["index", "--config", config, "--dataset", "d"], &dir.path().join("node-1"));
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let proxy = FaultProxy::start(&server, &["--huge-length-for", ".mbdidx"]);
-    let mut c = std::process::Command::new(BIN);
-    c.args(["index", "--config", config, "--dataset", "d"])
-        .env("MINIBATCHD_LOG", "info")
-        .env("MINIBATCHD__DAEMON__STATE_DIR", dir.path().join("node-2"));
-    for (k, v) in server.env() {
-        c.env(k, if k == "AWS_ENDPOINT_URL" { proxy.endpoint.clone() } else { v });
-    }
-    let out = c.output().expect("run minibatchd");
+    let args = ["index", "--config", config, "--dataset", "d"];
+    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("node-2"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("larger than an index of this object can be"), "{stderr}");
