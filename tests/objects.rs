@@ -537,3 +537,44 @@ fn walk_sizes(dir: &Path) -> u64 {
             .sum()
     })
 }
+
+/// A reload that adds the first dataset in object storage sets object storage up with the running
+/// daemon's `object_*` keys, which apply at a restart only: the new file's `object_cache_dir` was
+/// used at once (a directory no lock protects), while the log said it waits for the restart.
+#[test]
+fn a_reload_adding_the_first_object_dataset_keeps_the_running_object_settings() {
+    use support::daemon::{http_get, options, write_config, Daemon, DEADLINE};
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.put(BUCKET, "later/part.txt", b"1 1:1 2:1\n0 3:1\n1 4:0.5\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "local.txt", "1 1:1\n0 2:1\n");
+    let local = "[datasets.local]\nformat = \"libsvm\"\nfiles = [\"local.txt\"]\n";
+    write_config(dir.path(), "", local);
+    let daemon = Daemon::start(dir.path(), &server.env().into_iter().collect::<Vec<_>>());
+    let elsewhere = dir.path().join("elsewhere");
+    write_config(
+        dir.path(),
+        &format!("object_cache_dir = \"{}\"", elsewhere.display()),
+        &format!("{local}[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/later/part.txt\"]\n"),
+    );
+    daemon.signal(rustix::process::Signal::HUP);
+    let state = dir.path().join("state");
+    let start = std::time::Instant::now();
+    while !http_get(&state, "/metrics")
+        .is_some_and(|(_, m)| m.contains("minibatchd_config_reloads_total{result=\"success\"} 1"))
+    {
+        assert!(start.elapsed() < DEADLINE, "no reload");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut opts = options(2);
+    opts.full_sweep = true;
+    let mut s = daemon.client().open("d", &opts).expect("open the object dataset");
+    let mut position = 0;
+    while let Some(mb) = s.next_owned().expect("next") {
+        position = mb.position;
+    }
+    assert_eq!(position, 3, "the whole object, three lines");
+    assert!(!elsewhere.exists(), "the reloaded file's object_cache_dir was used before a restart");
+    assert!(state.join("objects").is_dir(), "the running daemon's cache directory holds the object");
+}

@@ -45,9 +45,23 @@ pub enum ValidateError {
 /// # Errors
 /// [`ValidateError`].
 pub fn validate(path: &Path) -> Result<Config, ValidateError> {
+    validate_in(path, None)
+}
+
+/// [`validate`] in a running daemon whose `[daemon]` is `running`: object storage, when this is
+/// the first configuration that needs it, is set up with the running daemon's `object_*` keys
+/// and state directory (they apply at a restart only; a reload's new ones are not used).
+fn validate_in(path: &Path, running: Option<&crate::config::DaemonConfig>) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
+    let mut for_store = None;
+    if let Some(r) = running {
+        let mut with_running = c.clone();
+        with_running.daemon.objects = r.objects.clone();
+        with_running.daemon.state_dir.clone_from(&r.state_dir);
+        for_store = Some(with_running);
+    }
     // Objects are listed like files: object storage must be there first.
-    if let Err(e) = crate::objects::ensure(&c) {
+    if let Err(e) = crate::objects::ensure(for_store.as_ref().unwrap_or(&c)) {
         return Err(ValidateError::Files(vec![(String::new(), DataError::Dataset(format!("object storage: {e}")))]));
     }
     let mut problems = Vec::new();
@@ -124,7 +138,7 @@ struct Prepared {
 
 fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let old = shared.config();
-    let mut config = validate(&old.path)?;
+    let mut config = validate_in(&old.path, Some(&old.daemon))?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
     let (hub, changes) = shared.data.hub().reopen(&config, &shared.data.metrics, &shared.data.indexing);
