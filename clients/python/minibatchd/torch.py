@@ -116,8 +116,9 @@ class MinibatchIterableDataset(IterableDataset):
         self.options = options
         # Shared by the DataLoader's worker processes (passed to them when they start): which
         # pass is which, so that every worker of a pass delivers the same epoch (see _begin_pass).
-        self._shared = _SharedTable(_PIDS + _MAX_WORKERS)
+        self._shared = _SharedTable(_TABLE_LEN)
         self._shared[_RESUME_GEN] = self._shared[_SEEN_GEN] = -1
+        self._shared[_HIST:_TABLE_LEN] = [-1] * (3 * _HIST_LEN)
         self._last: Optional[Tuple[int, int, int]] = None  # (pid, generation, pass) begun here last
         self._resume: Optional[dict] = None
         self._resume_gen = -1
@@ -162,8 +163,10 @@ class MinibatchIterableDataset(IterableDataset):
         per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return rank * per_rank + worker, world * per_rank, world
 
-    def _pass_of_a_new_worker(self, gen: int, info: Any) -> int:
-        """The pass of a worker process's first ``iter()`` in generation ``gen`` (under the lock).
+    def _pass_of_a_new_worker(self, gen: int, info: Any) -> Tuple[Optional[int], Optional[int]]:
+        """The pass of a worker process's first ``iter()`` in generation ``gen`` (under the lock),
+        or ``(None, epoch)`` for a late worker of an earlier pass (its seed is one of the last
+        passes' and not the current one's).
 
         A DataLoader draws one base seed per ``iter(loader)`` and gives it to every worker of that
         pass (``info.seed - info.id``). A worker joins the current pass when it has the current
@@ -186,12 +189,25 @@ class MinibatchIterableDataset(IterableDataset):
         forked_together = started is not None and abs(started - sh[_CUR_START]) <= _TOGETHER_TICKS
         joins = (current >= 0 and sh[_CUR_SEED] == seed and sh[_PIDS + info.id] == 0
                  and (forked_together or any(_pid_alive(pid) for pid in pids)))
+        if not joins and seed != sh[_CUR_SEED]:
+            # A worker of an earlier pass starting late (its iterator kept alive while a new one
+            # began, or torn down while it set up): that pass's epoch, and the current pass goes
+            # on undisturbed — it began the next pass and split the current one before.
+            # (It was forked with that pass's first worker: a later DataLoader whose seed repeats
+            # an earlier one's begins a pass of its own.)
+            for i in range(_HIST_LEN):
+                h = _HIST + 3 * i
+                if sh[h] == seed and started is not None and abs(started - sh[h + 2]) <= _TOGETHER_TICKS:
+                    return None, sh[h + 1]
         if not joins:
             current += 1
             sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = current, seed, started if started is not None else -(1 << 40)
             sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+            at = sh[_HIST_AT] % _HIST_LEN
+            sh[_HIST + 3 * at:_HIST + 3 * at + 3] = [seed, sh[_BASE] + current, sh[_CUR_START]]
+            sh[_HIST_AT] = at + 1
         sh[_PIDS + info.id] = os.getpid()
-        return current
+        return current, None
 
     def _current_pass(self, gen: int) -> int:
         """The latest pass begun in generation ``gen`` by any process (-1 for none; under the lock)."""
@@ -235,7 +251,10 @@ class MinibatchIterableDataset(IterableDataset):
                 p = mine                 # a persistent worker's next pass (its group moves as one)
                 self._note_pass(gen, p)  # so that a new DataLoader's workers begin after it
             else:
-                p = self._pass_of_a_new_worker(gen, info)
+                p, earlier = self._pass_of_a_new_worker(gen, info)
+                if p is None:
+                    self._last = None
+                    return earlier, None
             self._last = (pid, gen, p)
             if resume is None and p == 0 and self._resume is not None and self._resume_gen == gen:
                 resume = self._resume
@@ -366,6 +385,12 @@ _GEN, _BASE, _RESUME_GEN, _SEEN_GEN, _CUR, _CUR_SEED, _CUR_START, _PIDS = range(
 # Workers forked within this many clock ticks (a DataLoader forks a pass's workers in one loop).
 _TOGETHER_TICKS = max(1, (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100) // 4)
 _MAX_WORKERS = 512
+# The base seed, epoch and first worker's start of the last passes new workers began (a ring), so
+# that a worker of an earlier pass that starts late joins it instead of beginning another.
+_HIST_LEN = 16
+_HIST_AT = _PIDS + _MAX_WORKERS
+_HIST = _HIST_AT + 1
+_TABLE_LEN = _HIST + 3 * _HIST_LEN
 _SEED_MASK = (1 << 62) - 1
 
 

@@ -126,6 +126,28 @@ def test_an_initialized_process_group_without_torchrun_env_gives_the_split(daemo
     assert (ds.world_size, ds.rank) == (2, 1)
 
 
+def _slow_worker_one(worker_id):
+    if worker_id == 1:
+        import time
+        time.sleep(1.5)
+
+
+def test_a_late_worker_of_a_replaced_iterator_does_not_split_the_new_pass(daemon):
+    """`it = iter(loader)` again while the old iterator's worker 1 is still in a slow
+    worker_init_fn: the new iterator's workers fork first, and the old worker registers its pass
+    after the new pass began. It began yet another pass, so the new iterator's two workers
+    delivered two different epochs (half a sweep each way); it joins its own earlier pass now."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=4)
+    loader = DataLoader(ds, batch_size=None, num_workers=2, worker_init_fn=_slow_worker_one)
+    it = iter(loader)
+    first = next(it)
+    assert first["meta"]["epoch"] == 0
+    it = iter(loader)  # made before the old one is dropped
+    items = list(it)
+    assert {item["meta"]["epoch"] for item in items} == {1}
+    assert sorted(item_ids(items)) == list(range(SEQUENCES))
+
+
 def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
     seen = []
     for rank in range(2):
