@@ -179,10 +179,7 @@ class MinibatchIterableDataset(IterableDataset):
         if info.id >= _MAX_WORKERS:
             raise ValueError(f"at most {_MAX_WORKERS} DataLoader workers per rank")
         seed = (info.seed - info.id) & _SEED_MASK
-        if sh[_SEEN_GEN] != gen:
-            sh[_SEEN_GEN], sh[_CUR] = gen, -1
-            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
-        current = sh[_CUR]
+        current = self._current_pass(gen)
         pids = [pid for pid in sh[_PIDS:_PIDS + _MAX_WORKERS] if pid]
         started = _start_ticks(os.getpid())
         # A worker of the current pass that starts late (slow setup) was forked with the others.
@@ -201,8 +198,7 @@ class MinibatchIterableDataset(IterableDataset):
                     return None, sh[h + 1]
         if not joins:
             current += 1
-            sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = current, seed, started if started is not None else -(1 << 40)
-            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+            self._start_pass(current, seed, started)
             at = sh[_HIST_AT] % _HIST_LEN
             sh[_HIST + 3 * at:_HIST + 3 * at + 3] = [seed, sh[_BASE] + current, sh[_CUR_START]]
             sh[_HIST_AT] = at + 1
@@ -210,21 +206,33 @@ class MinibatchIterableDataset(IterableDataset):
         return current, None
 
     def _current_pass(self, gen: int) -> int:
-        """The latest pass begun in generation ``gen`` by any process (-1 for none; under the lock)."""
+        """The latest pass begun in generation ``gen`` by any process (-1 for none; under the
+        lock). The table's pass is forgotten when the generation changes."""
         sh = self._shared
-        return sh[_CUR] if sh[_SEEN_GEN] == gen else -1
+        if sh[_SEEN_GEN] != gen:
+            sh[_SEEN_GEN], sh[_CUR] = gen, -1
+            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+        return sh[_CUR]
+
+    def _start_pass(self, p: int, seed: int, started: Optional[int]) -> None:
+        """Pass ``p`` is the table's current one, with base ``seed``, its first worker started at
+        ``started`` (clock ticks) and no worker registered yet (under the lock)."""
+        sh = self._shared
+        sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = p, seed, started if started is not None else -(1 << 40)
+        sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
 
     def _note_pass(self, gen: int, p: int) -> None:
         """Pass ``p`` of generation ``gen`` began in a process that is not a new worker (the main
         process, or a persistent worker): new worker processes begin after it, never join it
         (under the lock)."""
-        sh = self._shared
-        if sh[_SEEN_GEN] != gen:
-            sh[_SEEN_GEN], sh[_CUR] = gen, -1
-        if p > sh[_CUR]:
+        if p > self._current_pass(gen):
             # No new worker's seed is -1: the next new worker begins pass p + 1.
-            sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = p, -1, -(1 << 40)
-            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+            self._start_pass(p, -1, None)
+
+    def _next_pass_here(self, gen: int) -> Optional[int]:
+        """The next pass of this process in generation ``gen`` if it began one, else None."""
+        last = self._last
+        return last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else None
 
     def _begin_pass(self) -> Tuple[int, Optional[dict]]:
         """(the epoch this pass delivers, the state it resumes from or None), decided at
@@ -240,8 +248,7 @@ class MinibatchIterableDataset(IterableDataset):
                 # load_state_dict in this worker (torchdata's StatefulDataLoader restoring it):
                 # this worker's next pass continues from it.
                 resume, self._resume = self._resume, None
-            last = self._last
-            mine = last[2] + 1 if last is not None and last[0] == pid and last[1] == gen else None
+            mine = self._next_pass_here(gen)
             if info is None:
                 # The main process (no workers): after its own passes and after any that worker
                 # processes of another DataLoader over this dataset began.
@@ -338,8 +345,8 @@ class MinibatchIterableDataset(IterableDataset):
         if self._epoch is None:
             sh = self._shared
             with sh.get_lock():
-                last, gen = self._last, sh[_GEN]
-                mine = last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else 0
+                gen = sh[_GEN]
+                mine = self._next_pass_here(gen) or 0
                 others = self._current_pass(gen) + 1
                 epoch = sh[_BASE] + max(mine, others)
             if others > mine and get_worker_info() is None:

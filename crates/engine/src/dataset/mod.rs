@@ -730,8 +730,9 @@ impl Dataset {
                 }
             }
             decoder.dense_room(&mut bufs, max_values);
+            let dense = (0..bufs.len()).any(|i| decoder.dense_dim(i).is_some());
             let within = |bufs: &mut [StreamBuf<T>], path: &Arc<Path>, seq: &crate::format::SequenceDesc| {
-                if decoder.dense_room(bufs, max_values) {
+                if !dense || decoder.dense_room(bufs, max_values) {
                     return Ok(());
                 }
                 let at = crate::format::Location { file: path.clone(), line: seq.line + 1, offset: seq.offset };

@@ -235,7 +235,7 @@ fn decode(
     }
     let count = body.u64()?;
     if count > max_sequences {
-        problem.get_or_insert("more sequences than the index may hold within the memory limit");
+        problem.get_or_insert(TOO_MANY_SEQUENCES);
     }
     let mut sequences = Vec::new();
     // The end of the previous sequence: sequences follow each other in the file without overlap
@@ -293,9 +293,8 @@ pub fn load(
         Err(_) => return Err(Miss::Absent),
     };
     let len = f.metadata().map_err(|_| Miss::Absent)?.len();
-    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
-    if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
-        return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
+    if too_long(len, stamp, fingerprint, max_sequences) {
+        return Err(TOO_MANY);
     }
     // The modification time says when the cache was last used ([`remove_orphans`] keeps the
     // caches of objects used within OBJECT_CACHE_GRACE); best effort.
@@ -305,6 +304,17 @@ pub fn load(
         let _ = t.set_modified(std::time::SystemTime::now());
     }
     Ok(index)
+}
+
+/// Why a cache of more sequences than the limit is not used.
+const TOO_MANY_SEQUENCES: &str = "more sequences than the index may hold within the memory limit";
+const TOO_MANY: Miss = Miss::Stale(TOO_MANY_SEQUENCES);
+
+/// Whether a cache file of `len` bytes holds more than `max_sequences` sequences, from its length
+/// alone (so that a huge one is not read to find out).
+fn too_long(len: u64, stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> bool {
+    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
+    len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences
 }
 
 /// The largest cache file (or shared index) of `max_sequences` sequences for `stamp` and
@@ -339,9 +349,8 @@ pub fn decode_bytes(
     max_sequences: u64,
 ) -> Result<FileIndex, Miss> {
     let len = bytes.len() as u64;
-    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
-    if len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences {
-        return Err(Miss::Stale("more sequences than the index may hold within the memory limit"));
+    if too_long(len, stamp, fingerprint, max_sequences) {
+        return Err(TOO_MANY);
     }
     decode(bytes, len, stamp, fingerprint, file, max_sequences)
 }

@@ -493,7 +493,7 @@ impl Sampler {
         if self.options.limit == EpochLimit::Infinite {
             return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
         }
-        self.check_equal_steps_walk()?;
+        self.equal_steps_walk_fits(self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0)))?;
         // Each worker walked from the start of the (resumed) epoch.
         let start = |rank: usize| -> Result<Sampler, SamplingError> {
             let options = SamplingOptions { rank, ..self.options.clone() };
@@ -535,16 +535,11 @@ impl Sampler {
         }
     }
 
-    /// Refuses an [`Sampler::equalize_steps`] whose walk would exceed [`MAX_EQUAL_STEPS_WALK`]:
-    /// each worker's walk visits every sequence of the epoch (from its start to its end, a
-    /// partial sweep counted whole), and the workers plus this one again are walked.
-    fn check_equal_steps_walk(&self) -> Result<(), SamplingError> {
-        self.equal_steps_walk_fits(self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0)))
-    }
-
     /// Whether [`Sampler::equalize_steps`] on this sampler, continuing a job whose earliest
-    /// worker stands at `job_start` (0 for none), stays within [`MAX_WALK_SEQUENCES`]: cheap, for
-    /// a caller to refuse before committing to anything.
+    /// worker stands at `job_start` (0 for none), stays within [`MAX_WALK_SEQUENCES`]: each
+    /// worker's walk visits every sequence of the epoch (a partial sweep counted whole), and the
+    /// workers plus this one again are walked. Cheap, for a caller to refuse before committing to
+    /// anything.
     ///
     /// # Errors
     /// [`SamplingError::EqualStepsTooCostly`].
