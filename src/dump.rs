@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::feed::Feeder;
-use minibatchd_engine::format::chunk::{ParsedChunk, Values};
+use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::{MbData, MbStream, Minibatch};
+use minibatchd_engine::minibatch::{MbData, MbStream, MbValues as Values, Minibatch};
 use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions};
 use minibatchd_shm::Indices;
 

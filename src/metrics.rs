@@ -196,6 +196,8 @@ pub struct Metrics {
     pub parsed_cache_evictions: IntCounter,
     /// `minibatchd_parsed_cache_write_errors_total`: entries that could not be written.
     pub parsed_cache_write_errors: IntCounter,
+    /// `minibatchd_parsed_cache_mapped_total`: of the hits, chunks served from the entry's mapping.
+    pub parsed_cache_mapped: IntCounter,
     /// `minibatchd_parsed_cache_read_bytes_total`: bytes read from entries.
     pub parsed_cache_read_bytes: IntCounter,
     /// `minibatchd_parsed_cache_written_bytes_total`: bytes written to entries.
@@ -210,6 +212,8 @@ pub struct Metrics {
     pub cache_over_budget_loads: IntCounter,
     /// `minibatchd_cache_refused_loads_total`.
     pub cache_refused_loads: IntCounter,
+    /// `minibatchd_cache_mapped_copies_total`.
+    pub cache_mapped_copies: IntCounter,
     /// `minibatchd_session_minibatches_total{dataset,rank}`: minibatches delivered (announced).
     pub session_minibatches: IntCounterVec,
     /// `minibatchd_session_samples_total{dataset,rank}`: nominal samples delivered.
@@ -535,6 +539,11 @@ impl Metrics {
                 "minibatchd_parsed_cache_write_errors_total",
                 "Parsed chunks that could not be persisted (disk full, permissions).",
             )?,
+            parsed_cache_mapped: counter(
+                &r,
+                "minibatchd_parsed_cache_mapped_total",
+                "Chunks read back from the persisted cache whose columns are the entry's mapped pages.",
+            )?,
             parsed_cache_read_bytes: counter(
                 &r,
                 "minibatchd_parsed_cache_read_bytes_total",
@@ -557,6 +566,11 @@ impl Metrics {
                 &r,
                 "minibatchd_cache_refused_loads_total",
                 "Demand loads refused at the memory limit (the session failed with resource_exhausted).",
+            )?,
+            cache_mapped_copies: counter(
+                &r,
+                "minibatchd_cache_mapped_copies_total",
+                "Chunks mapped from the persisted cache replaced by a copy in the daemon's memory at their second use.",
             )?,
             session_minibatches: counter_vec(
                 &r,

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 
 use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::feed::Feeder;
-use minibatchd_engine::format::Values;
 use minibatchd_engine::minibatch::MbIndices as Indices;
+use minibatchd_engine::minibatch::MbValues as Values;
 use minibatchd_engine::minibatch::{MbData, MbStream};
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
 use serde_json::Value;

@@ -99,9 +99,9 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
                     panic!("stream kinds")
                 };
                 let (
-                    minibatchd_engine::format::Values::F32(dv),
+                    minibatchd_engine::minibatch::MbValues::F32(dv),
                     minibatchd_engine::minibatch::MbIndices::I32(ix),
-                    minibatchd_engine::format::Values::F32(svv),
+                    minibatchd_engine::minibatch::MbValues::F32(svv),
                 ) = (values, indices, sv)
                 else {
                     panic!("float32 CTF")

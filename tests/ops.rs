@@ -962,6 +962,74 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     assert!(d.stop().success());
 }
 
+/// Persisted entries of 1 MiB and more are mapped, and the gather reads their columns from the
+/// mapping: `dump` and a restarted daemon deliver from them exactly what the parse delivers.
+/// 12,000 sequences of 64 dense values and a sparse label, two chunks of about 1.4 MB parsed.
+#[test]
+fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    for id in 0..12_000u32 {
+        let _ = write!(text, "{id} |F");
+        for k in 0..64u32 {
+            let _ = write!(text, " {}", (id * 31 + k * 7) % 97);
+        }
+        let _ = writeln!(text, " |L {}:0.5", id % 5);
+    }
+    write(tmp.path(), "big.ctf", text);
+    let d = tmp.path().display();
+    let cfg = write_config(tmp.path(), "", &[]);
+    let mut toml = std::fs::read_to_string(&cfg).expect("config");
+    let _ = write!(
+        toml,
+        "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{d}/big.ctf\"]\nchunk_size_bytes = 1500000\n\
+         [datasets.train.streams.features]\nalias = \"F\"\ndim = 64\nformat = \"dense\"\n\
+         [datasets.train.streams.labels]\nalias = \"L\"\ndim = 5\nformat = \"sparse\"\n\
+         [datasets.train.sampling]\nrandomize = true\nseed = 0\n"
+    );
+    std::fs::write(&cfg, toml).expect("config");
+    let dump = |cache_bytes: &str| {
+        let out = command("dump", &cfg, "train")
+            .args(["--minibatch-size", "100", "--full-sweep", "--seed", "3"])
+            .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", cache_bytes)
+            .output()
+            .expect("dump");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let want = dump("0");
+    assert_eq!(want.len(), 120);
+    let parsed_dir = tmp.path().join("state/parsed");
+    assert!(!parsed_dir.exists() || std::fs::read_dir(&parsed_dir).expect("ls").count() == 0);
+    assert_eq!(dump("1073741824"), want, "the dump that parsed and persisted");
+    let sizes: Vec<u64> = std::fs::read_dir(&parsed_dir)
+        .expect("ls")
+        .map(|e| e.expect("entry").metadata().expect("meta").len())
+        .collect();
+    assert_eq!(sizes.len(), 2, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n >= 1 << 20), "entries large enough to be mapped: {sizes:?}");
+    assert_eq!(dump("1073741824"), want, "the dump that read the mapped entries");
+
+    // The daemon: the first session reads the mappings; the second session's use of each chunk
+    // (its second) has the persister copy it into the daemon's memory; a third reads the copies.
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let opts = SessionOptions { full_sweep: true, seed: Some(3), ..options(100) };
+    for round in ["mapped", "mapped, copies made", "copies"] {
+        let mut s = d.client().open("train", &opts).expect("open");
+        assert_eq!(drain(&mut s, 1000), want, "the daemon serving {round}");
+        drop(s);
+        if round == "mapped" {
+            let m = d.wait_metrics("both chunks mapped", |m| m.sum("minibatchd_parsed_cache_mapped_total", &[]) >= 2.0);
+            assert_eq!(m.sum("minibatchd_parsed_cache_hits_total", &[]), 2.0);
+            assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 0.0);
+            assert_eq!(m.sum("minibatchd_cache_mapped_copies_total", &[]), 0.0, "copied at the first use");
+        } else if round == "mapped, copies made" {
+            d.wait_metrics("both chunks copied", |m| m.sum("minibatchd_cache_mapped_copies_total", &[]) == 2.0);
+        }
+    }
+    assert!(d.stop().success());
+}
+
 #[test]
 fn index_parsed_fills_the_persisted_cache_ahead_of_time_and_says_so() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -1,6 +1,6 @@
 //! The deepx instances of a minibatch, read back from its streams (named as deepx's tensors).
 
-use minibatchd_engine::format::Values;
+use minibatchd_engine::minibatch::MbValues as Values;
 use minibatchd_engine::minibatch::{MbData, MbIndices as Indices, Minibatch};
 
 /// One instance: CSR rows per X tensor, label, weight, uuid, history size.

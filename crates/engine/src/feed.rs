@@ -314,7 +314,7 @@ mod tests {
 
     fn values(g: &Gathered) -> Vec<f32> {
         match &g.to_minibatch().streams[0].data {
-            crate::minibatch::MbData::Dense { values: Values::F32(v), .. } => v.clone(),
+            crate::minibatch::MbData::Dense { values: crate::minibatch::MbValues::F32(v), .. } => v.clone(),
             other => panic!("unexpected {other:?}"),
         }
     }

@@ -15,6 +15,8 @@ use crate::Result;
 /// The sparse indices of a minibatch ([`MbData::Sparse`]): int32 for CTF, u64 for deepx ids
 /// (a chunk's [`Indices`] widened).
 pub use minibatchd_shm::owned::Indices as MbIndices;
+/// The values of a minibatch ([`MbData`]), owned (a chunk's [`Values`] may be mapped).
+pub use minibatchd_shm::owned::Values as MbValues;
 pub use minibatchd_shm::owned::{MbData, MbStream, Minibatch};
 pub use minibatchd_shm::table::{DType, Field, SlotSource, TensorDesc};
 
@@ -369,9 +371,9 @@ impl Gathered {
         }
         let values = |t: &TensorDesc| {
             if t.dtype == DType::F64 {
-                Values::F64(filled(self, t))
+                MbValues::F64(filled(self, t))
             } else {
-                Values::F32(filled(self, t))
+                MbValues::F32(filled(self, t))
             }
         };
         let tensors = self.tensors();

@@ -62,52 +62,6 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
-/// Reads the next `len` values of `T` (native endianness) from `reader` into a new vector: what
-/// its buffer holds first, then straight from the file into the vector's unused capacity. Unlike
-/// `vec![0; len]` and `read_exact`, the memory is written once, by the copy: for the parsed-chunk
-/// cache's columns (tens of MiB each) the zeroing pass was a whole extra write of every byte.
-/// Large vectors are backed by huge pages ([`crate::advise_huge_pages`]), as a parse's are.
-///
-/// # Errors
-/// `UnexpectedEof` when the file ends first (what was read is consumed, as `read_exact` leaves
-/// it unspecified), `InvalidInput` when `len` values do not fit in memory's address space, or the
-/// `read` error.
-pub fn read_array<T: crate::Pod>(reader: &mut io::BufReader<File>, len: usize) -> io::Result<Vec<T>> {
-    use io::BufRead as _;
-    use std::mem::MaybeUninit;
-    let bytes = len
-        .checked_mul(std::mem::size_of::<T>())
-        .filter(|&b| isize::try_from(b).is_ok())
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "array too large"))?;
-    let mut v: Vec<T> = Vec::with_capacity(len);
-    crate::advise_huge_pages(&v);
-    let spare = v.spare_capacity_mut();
-    // SAFETY: `spare` is at least `len` elements of `T`, `bytes` bytes, exclusively borrowed for
-    // the view's lifetime; `MaybeUninit<u8>` has alignment 1 and no validity requirement, so any
-    // bytes (or none) may be written through the view.
-    let dst: &mut [MaybeUninit<u8>] = unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast(), bytes) };
-    let buffered = reader.buffer();
-    let mut filled = buffered.len().min(bytes);
-    for (d, &s) in dst[..filled].iter_mut().zip(buffered) {
-        d.write(s);
-    }
-    reader.consume(filled);
-    // The reader's buffer is empty whenever more is needed, so reading the file directly keeps
-    // the reader's position right.
-    while filled < bytes {
-        match rustix::io::read(reader.get_ref(), &mut dst[filled..]) {
-            Ok(([], _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok((init, _)) => filled += init.len(),
-            Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    // SAFETY: all `bytes` bytes of the first `len` elements were written above, and every byte
-    // pattern is a valid `T` (`T: Pod`).
-    unsafe { v.set_len(len) };
-    Ok(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,32 +84,6 @@ mod tests {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut open_regular(&file).expect("a file"), &mut s).expect("read");
         assert_eq!(s, "x");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn arrays_are_read_across_the_buffer_and_the_file_and_a_short_file_is_an_error() {
-        let dir = std::env::temp_dir().join(format!("mbd-sys-array-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let path = dir.join("a");
-        let values: Vec<u64> = (0..10_000u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
-        let mut bytes = vec![7u8, 9, 11];
-        bytes.extend_from_slice(crate::as_bytes(&values));
-        bytes.extend_from_slice(&[1, 2, 3, 4]);
-        std::fs::write(&path, &bytes).expect("write");
-        // A small buffer: the first array comes partly from it, partly from the file.
-        let mut r = io::BufReader::with_capacity(64, File::open(&path).expect("open"));
-        let mut head = [0u8; 3];
-        io::Read::read_exact(&mut r, &mut head).expect("head");
-        assert_eq!(head, [7, 9, 11]);
-        let got: Vec<u64> = read_array(&mut r, values.len()).expect("array");
-        assert_eq!(got, values);
-        let small: Vec<u8> = read_array(&mut r, 2).expect("two bytes");
-        assert_eq!(small, [1, 2]);
-        let e = read_array::<f32>(&mut r, 1).expect_err("two bytes are left, four are asked for");
-        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
-        let e = read_array::<u64>(&mut r, usize::MAX).expect_err("too large");
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

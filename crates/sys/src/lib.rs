@@ -9,17 +9,21 @@
 //!   ([`memory::MemfdMemory`]), a heap buffer for tests ([`memory::LocalMemory`]), the client's
 //!   read-only mapping ([`memory::ReadOnlyMapping`]); `madvise(MADV_HUGEPAGE)` for parsed columns
 //!   and glibc's `mallopt` tuning;
+//! * [`column`] — a persisted parsed chunk's columns read straight from a read-only mapping of
+//!   its file ([`column::FileMapping`], [`column::Column`]);
 //! * [`fdpass`] — passing the memfd over the control socket (`SCM_RIGHTS`).
 //!
 //! Depends on no other crate of the workspace. What the bytes of a ring *mean* is
 //! `minibatchd-shm`'s business.
 
+pub mod column;
 pub mod fdpass;
 pub mod files;
 pub mod huge;
 pub mod memory;
 pub mod simd;
 
+pub use column::{Column, FileMapping};
 pub use huge::advise_huge_pages;
 pub use memory::{return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
 
@@ -99,9 +103,42 @@ pub fn cast_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
     Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
 }
 
+/// The values of `T` whose bytes are `bytes` (any alignment), copied into a new vector written
+/// once (no zeroing first); large vectors are backed by huge pages ([`advise_huge_pages`]), as a
+/// parse's columns are. `None` unless `bytes` is a whole number of `T`s.
+#[must_use]
+pub fn copy_from_bytes<T: Pod>(bytes: &[u8]) -> Option<Vec<T>> {
+    let size = std::mem::size_of::<T>();
+    if !bytes.len().is_multiple_of(size) {
+        return None;
+    }
+    let len = bytes.len() / size;
+    let mut v: Vec<T> = Vec::with_capacity(len);
+    advise_huge_pages(&v);
+    // SAFETY: the vector's allocation holds at least `len` values, `bytes.len()` bytes, and does
+    // not overlap `bytes` (it is new); a byte copy needs no alignment; all `len` values are then
+    // initialised, and every byte pattern is a valid `T` (`T: Pod`).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len());
+        v.set_len(len);
+    }
+    Some(v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copies_from_bytes_at_any_alignment() {
+        let v: Vec<u64> = vec![1, u64::MAX, 7];
+        let mut b = vec![0u8];
+        b.extend_from_slice(as_bytes(&v));
+        assert_eq!(copy_from_bytes::<u64>(&b[1..]), Some(v));
+        assert_eq!(copy_from_bytes::<u64>(&b[1..9]).map(|x| x.len()), Some(1));
+        assert!(copy_from_bytes::<u64>(&b[1..5]).is_none(), "not a whole u64");
+        assert_eq!(copy_from_bytes::<f32>(&[]), Some(Vec::new()));
+    }
 
     #[test]
     fn cast_round_trips_and_refuses_misalignment() {

@@ -20,11 +20,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
+
+use super::persister::PersistJob;
 
 /// A chunk of a dataset: (dataset index in the hub, chunk index).
 pub type ChunkKey = (u32, u32);
@@ -66,6 +68,9 @@ enum Entry {
         bytes: u64,
         used: u64,
         pinned_until: Option<Instant>,
+        /// Lookups that found it (a chunk mapped from the persisted cache is copied into the
+        /// daemon's memory at its second: [`CacheCore::take_to_own`]).
+        hits: u32,
     },
     Failed(DataError),
 }
@@ -85,6 +90,8 @@ pub struct CacheStats {
     pub over_budget_loads: u64,
     /// Demand loads refused because the chunks sessions hold reached the ceiling.
     pub refused_loads: u64,
+    /// Chunks mapped from the persisted cache replaced by a copy in the daemon's memory.
+    pub mapped_copies: u64,
     /// Parsed bytes held now.
     pub bytes: u64,
     /// Chunks held now.
@@ -124,13 +131,24 @@ pub struct CacheCore {
     loading: u64,
     tick: u64,
     stats: CacheStats,
+    /// Chunks mapped from the persisted cache found a second time: to be copied into the
+    /// daemon's memory in the background ([`CacheCore::take_to_own`]).
+    to_own: Vec<(ChunkKey, Weak<ParsedChunk>)>,
 }
 
 impl CacheCore {
     /// An empty cache with `budget` bytes and no ceiling.
     #[must_use]
     pub fn new(budget: u64) -> Self {
-        Self { entries: HashMap::new(), budget, ceiling: u64::MAX, loading: 0, tick: 0, stats: CacheStats::default() }
+        Self {
+            entries: HashMap::new(),
+            budget,
+            ceiling: u64::MAX,
+            loading: 0,
+            tick: 0,
+            stats: CacheStats::default(),
+            to_own: Vec::new(),
+        }
     }
 
     /// Sets the ceiling: demand loads are refused once the chunks sessions hold reach it.
@@ -148,9 +166,13 @@ impl CacheCore {
     pub fn lookup(&mut self, key: ChunkKey, now: Instant) -> Lookup {
         self.tick += 1;
         match self.entries.get_mut(&key) {
-            Some(Entry::Ready { chunk, used, pinned_until, .. }) => {
+            Some(Entry::Ready { chunk, used, pinned_until, hits, .. }) => {
                 *used = self.tick;
                 *pinned_until = None;
+                *hits = hits.saturating_add(1);
+                if *hits == 2 && chunk.is_mapped() {
+                    self.to_own.push((key, Arc::downgrade(chunk)));
+                }
                 self.stats.hits += 1;
                 Lookup::Hit(chunk.clone())
             }
@@ -236,7 +258,7 @@ impl CacheCore {
                 self.stats.bytes += bytes;
                 self.stats.chunks += 1;
                 let pinned_until = demanded.then(|| Instant::now() + REQUEST_RETRY);
-                Entry::Ready { chunk, bytes, used: self.tick, pinned_until }
+                Entry::Ready { chunk, bytes, used: self.tick, pinned_until, hits: 0 }
             }
             Err(e) => Entry::Failed(e),
         };
@@ -249,6 +271,32 @@ impl CacheCore {
             _ => {}
         }
         self.evict();
+    }
+
+    /// The chunks mapped from the persisted cache that lookups found a second time since the last
+    /// call. Their first use (a sweep after a restart, or after the chunk was evicted) reads the
+    /// mapping: no copy, no fresh memory to touch; uses after it gain from a copy on huge pages
+    /// (fewer TLB misses), made in the background by the persister and swapped in with
+    /// [`CacheCore::replace`].
+    pub fn take_to_own(&mut self) -> Vec<(ChunkKey, Weak<ParsedChunk>)> {
+        std::mem::take(&mut self.to_own)
+    }
+
+    /// Puts `new` in the place of `old` if `key` still holds `old` (the same data in other memory:
+    /// a chunk mapped from the persisted cache, copied into the daemon's own); sessions holding
+    /// `old` go on with it until they let it go. Returns whether it was swapped.
+    pub fn replace(&mut self, key: ChunkKey, old: &Arc<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
+        match self.entries.get_mut(&key) {
+            Some(Entry::Ready { chunk, bytes, .. }) if Arc::ptr_eq(chunk, old) => {
+                let size = new.size_bytes() as u64;
+                self.stats.bytes = self.stats.bytes - *bytes + size;
+                *bytes = size;
+                *chunk = new;
+                self.stats.mapped_copies += 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Evicts least recently used chunks that no session holds (and none waits for) until under
@@ -353,13 +401,23 @@ pub struct SharedCache {
     core: Mutex<CacheCore>,
     arrived: Condvar,
     requests: flume::Sender<ChunkRequest>,
+    /// Where chunks to copy into the daemon's memory go (the persister), if anywhere.
+    owner: Option<flume::Sender<PersistJob>>,
 }
 
 impl SharedCache {
     /// A cache with `budget` bytes that sends its misses to `requests`.
     #[must_use]
     pub fn new(budget: u64, requests: flume::Sender<ChunkRequest>) -> Self {
-        Self { core: Mutex::new(CacheCore::new(budget)), arrived: Condvar::new(), requests }
+        Self { core: Mutex::new(CacheCore::new(budget)), arrived: Condvar::new(), requests, owner: None }
+    }
+
+    /// Sends the chunks mapped from the persisted cache that are used a second time to `owner`
+    /// (the persister), which copies them into the daemon's memory ([`CacheCore::take_to_own`]).
+    #[must_use]
+    pub fn with_owner(mut self, owner: flume::Sender<PersistJob>) -> Self {
+        self.owner = Some(owner);
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, CacheCore> {
@@ -372,6 +430,11 @@ impl SharedCache {
     pub fn insert(&self, msg: ParsedMsg) {
         self.lock().insert(msg.key, msg.result);
         self.arrived.notify_all();
+    }
+
+    /// [`CacheCore::replace`].
+    pub fn replace(&self, key: ChunkKey, old: &Arc<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
+        self.lock().replace(key, old, new)
     }
 
     /// Sets the budget and the ceiling under one lock ([`CacheCore::set_ceiling`]).
@@ -441,7 +504,17 @@ impl SharedCache {
         loop {
             let now = Instant::now();
             match core.lookup(key, now) {
-                Lookup::Hit(c) => return Ok(c),
+                Lookup::Hit(c) => {
+                    let to_own = core.take_to_own();
+                    drop(core);
+                    if let Some(owner) = &self.owner {
+                        for (key, chunk) in to_own {
+                            // A full queue drops the job: the chunk is served from its mapping.
+                            let _ = owner.try_send(PersistJob::Own { key, chunk });
+                        }
+                    }
+                    return Ok(c);
+                }
                 Lookup::Failed(m) => return Err(FetchError::Failed(m)),
                 Lookup::OverLimit { held, ceiling } => return Err(FetchError::OverLimit { held, ceiling }),
                 Lookup::Miss => {
@@ -480,7 +553,7 @@ mod tests {
             num_sequences: 1,
             streams: vec![StreamData::new(
                 vec![0, 1],
-                StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n]) },
+                StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n].into()) },
             )],
         })
     }
@@ -503,6 +576,76 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(c.stats().misses, 1);
         assert_eq!(c.stats().hits, 2);
+    }
+
+    /// A copy in other memory takes the cached chunk's place only while the cache still holds that
+    /// chunk; a session holding the old one keeps it, and the bytes are counted once.
+    #[test]
+    fn a_copy_replaces_only_the_chunk_it_was_made_from() {
+        let mut c = CacheCore::new(1 << 20);
+        let t = Instant::now();
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        let first = chunk(4);
+        c.insert((0, 1), Ok(first.clone()));
+        let held = match c.lookup((0, 1), t) {
+            Lookup::Hit(a) => a,
+            other => panic!("{other:?}"),
+        };
+        let bytes = c.stats().bytes;
+        let copy = Arc::new(first.to_owned_memory());
+        assert!(!c.replace((0, 2), &first, copy.clone()), "no such chunk cached");
+        assert!(!c.replace((0, 1), &chunk(4), copy.clone()), "another chunk than the one cached");
+        assert!(c.replace((0, 1), &first, copy.clone()));
+        assert_eq!((c.stats().bytes, c.stats().chunks, c.stats().mapped_copies), (bytes, 1, 1));
+        assert!(Arc::ptr_eq(&held, &first), "the session's chunk is untouched");
+        match c.lookup((0, 1), t) {
+            Lookup::Hit(now) => assert!(Arc::ptr_eq(&now, &copy)),
+            other => panic!("{other:?}"),
+        }
+        assert!(!c.replace((0, 1), &first, Arc::new(first.to_owned_memory())), "replaced already");
+        assert!(c.take_to_own().is_empty(), "a chunk in the daemon's memory is never copied");
+    }
+
+    /// A chunk whose values are a mapped file's (as read back from the persisted cache).
+    fn mapped_chunk(n: usize) -> Arc<ParsedChunk> {
+        use minibatchd_engine::format::chunk::{Column, StreamData, StreamValues, Values};
+        use std::io::Write as _;
+        let mut f = tempfile::tempfile().expect("tempfile");
+        #[allow(clippy::cast_precision_loss)] // small integers
+        let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        f.write_all(minibatchd_sys::as_bytes(&values)).expect("write");
+        let map = Arc::new(minibatchd_sys::FileMapping::map(&f, n * 4).expect("map"));
+        let column = Column::mapped(&map, 0, n).expect("in bounds");
+        Arc::new(ParsedChunk {
+            chunk: 0,
+            num_sequences: 1,
+            streams: vec![StreamData::new(vec![0, 1], StreamValues::Dense { dim: n, values: Values::F32(column) })],
+        })
+    }
+
+    /// A mapped chunk is handed out for copying at its second lookup, once; its first use (the
+    /// sweep after a restart) reads the mapping alone.
+    #[test]
+    fn a_mapped_chunk_is_copied_at_its_second_use_once() {
+        let mut c = CacheCore::new(1 << 20);
+        let t = Instant::now();
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        let mapped = mapped_chunk(1024);
+        assert!(mapped.is_mapped());
+        c.insert((0, 1), Ok(mapped.clone()));
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(c.take_to_own().is_empty(), "first use");
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        let to_own = c.take_to_own();
+        assert_eq!(to_own.len(), 1);
+        assert_eq!(to_own[0].0, (0, 1));
+        assert!(Arc::ptr_eq(&to_own[0].1.upgrade().expect("cached"), &mapped));
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(c.take_to_own().is_empty(), "handed out once");
+        let copy = Arc::new(mapped.to_owned_memory());
+        assert!(!copy.is_mapped());
+        assert_eq!(*copy, *mapped);
+        assert!(c.replace((0, 1), &mapped, copy));
     }
 
     #[test]

@@ -96,10 +96,10 @@ impl DataPlane {
     pub fn new(config: &Config, hub: Hub, metrics: Metrics, parser_threads: usize, cache_budget: u64) -> Self {
         let d = &config.daemon;
         let channels = Channels::new(d.read_queue_chunks, d.parsed_queue_chunks);
-        let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()));
-        cache.set_budget_and_ceiling(cache_budget, cache_budget);
         let (persist, jobs) = persister::channel();
-        persister::spawn(jobs);
+        let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()).with_owner(persist.clone()));
+        cache.set_budget_and_ceiling(cache_budget, cache_budget);
+        persister::spawn(jobs, Arc::downgrade(&cache));
         Self {
             hub: RwLock::new(Arc::new(hub)),
             hub_generation: tokio::sync::watch::channel(0).0,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::chunk_cache::{ChunkRequest, ParsedMsg};
+use super::persister::PersistJob;
 use super::DataPlane;
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
@@ -69,12 +70,13 @@ impl ParserWorker {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
                 }
                 let chunk = Arc::new(chunk);
-                if rt.dataset.parsed_cache().is_some() {
+                // A chunk read back from the persisted cache (mapped) has nothing to persist.
+                if rt.dataset.parsed_cache().is_some() && !chunk.is_mapped() {
                     // A full queue drops the job: the chunk is persisted when parsed again.
-                    let _ = self.data.persist.try_send(super::persister::PersistJob {
-                        dataset: Arc::downgrade(&rt),
-                        chunk: Arc::downgrade(&chunk),
-                    });
+                    let _ = self
+                        .data
+                        .persist
+                        .try_send(PersistJob::Persist { dataset: Arc::downgrade(&rt), chunk: Arc::downgrade(&chunk) });
                 }
                 Ok(chunk)
             }

@@ -1,21 +1,31 @@
-//! The persister: writes the chunks the parser pool parsed to the persisted parsed-chunk cache
-//! (`minibatchd_engine::format::parsed_cache`), on one thread of its own at the lowest CPU
-//! priority (nice 19), so that the write — a copy of the parsed chunk through the page cache —
-//! stays off the path of the first minibatch: on a cold sweep both cores parse, then deliver,
-//! and the persister takes what CPU they leave.
+//! The persister: background work on parsed chunks, on one thread of its own at the lowest CPU
+//! priority (nice 19), so that it stays off the path of the first minibatch: on a cold sweep both
+//! cores parse, then deliver, and the persister takes what CPU they leave. Two jobs:
 //!
-//! A parser sends `(dataset, chunk)` as weak references: the persister holds no memory of its
-//! own (a chunk evicted from the cache and released by every session before the persister got
-//! to it is skipped, and persisted when it is parsed again), and the queue is bounded
-//! ([`QUEUE`]; a full queue drops the job the same way). The dataset decides what is written
-//! ([`minibatchd_engine::dataset::Dataset::persist_later`]: chunks parsed without a malformed
-//! place, once).
+//! * **Persist**: write a chunk the parser pool parsed to the persisted parsed-chunk cache
+//!   (`minibatchd_engine::format::parsed_cache`). The dataset decides what is written
+//!   ([`minibatchd_engine::dataset::Dataset::persist_later`]: chunks parsed without a malformed
+//!   place, once).
+//! * **Own**: copy a chunk read back from the persisted cache — its columns the entry's mapped
+//!   page-cache pages — into the daemon's own memory and swap the copy into the chunk cache
+//!   ([`super::chunk_cache::SharedCache::replace`]). The mapping serves the first sweep without
+//!   a copy or fresh memory to touch; the copy, on huge pages, serves the later sweeps, whose
+//!   random reads miss the TLB less than on the 4 KiB pages of the page cache
+//!   (`docs/benchmarks.md`, "Persisted chunks mapped").
+//!
+//! The parsers send the persist jobs, the chunk cache the own jobs (at a mapped chunk's second
+//! use: [`super::chunk_cache::CacheCore::take_to_own`]; its first use is typically the sweep
+//! after a restart, which the mapping serves without a copy, and the copy would compete with it),
+//! with weak references: the persister holds no memory of its own (a chunk evicted from the cache
+//! and released by every session before the persister got to it is skipped), and the queue is
+//! bounded ([`QUEUE`]; a full queue drops the job the same way).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use minibatchd_engine::format::chunk::ParsedChunk;
 
+use super::chunk_cache::{ChunkKey, SharedCache};
 use super::hub::DatasetRuntime;
 
 /// Jobs waiting for the persister at most.
@@ -23,13 +33,23 @@ pub const QUEUE: usize = 4096;
 /// How often an idle persister checks that the daemon still runs.
 const POLL: Duration = Duration::from_millis(500);
 
-/// A parsed chunk to persist.
+/// Background work on a parsed chunk.
 #[derive(Debug)]
-pub struct PersistJob {
-    /// Its dataset.
-    pub dataset: Weak<DatasetRuntime>,
-    /// The chunk as the parser made it.
-    pub chunk: Weak<ParsedChunk>,
+pub enum PersistJob {
+    /// Write a chunk as the parser made it to the persisted cache.
+    Persist {
+        /// Its dataset.
+        dataset: Weak<DatasetRuntime>,
+        /// The chunk.
+        chunk: Weak<ParsedChunk>,
+    },
+    /// Copy a chunk mapped from the persisted cache into the daemon's memory, in the cache.
+    Own {
+        /// Its place in the chunk cache.
+        key: ChunkKey,
+        /// The mapped chunk.
+        chunk: Weak<ParsedChunk>,
+    },
 }
 
 /// The channel to the persister.
@@ -38,8 +58,9 @@ pub fn channel() -> (flume::Sender<PersistJob>, flume::Receiver<PersistJob>) {
     flume::bounded(QUEUE)
 }
 
-/// Starts the persister thread (`mbd-persist`); it ends when every sender is gone.
-pub fn spawn(jobs: flume::Receiver<PersistJob>) {
+/// Starts the persister thread (`mbd-persist`) for the chunks of `cache`; it ends when every
+/// sender is gone.
+pub fn spawn(jobs: flume::Receiver<PersistJob>, cache: Weak<SharedCache>) {
     let spawned = std::thread::Builder::new().name("mbd-persist".into()).spawn(move || {
         // This thread only: on Linux a thread id names one thread to setpriority.
         let tid = rustix::thread::gettid();
@@ -48,9 +69,14 @@ pub fn spawn(jobs: flume::Receiver<PersistJob>) {
         }
         loop {
             match jobs.recv_timeout(POLL) {
-                Ok(job) => {
-                    if let (Some(rt), Some(chunk)) = (job.dataset.upgrade(), job.chunk.upgrade()) {
+                Ok(PersistJob::Persist { dataset, chunk }) => {
+                    if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
                         let _written = rt.dataset.persist_later(&chunk);
+                    }
+                }
+                Ok(PersistJob::Own { key, chunk }) => {
+                    if let (Some(cache), Some(mapped)) = (cache.upgrade(), chunk.upgrade()) {
+                        own(&cache, key, &mapped);
                     }
                 }
                 Err(flume::RecvTimeoutError::Timeout) => {}
@@ -60,5 +86,14 @@ pub fn spawn(jobs: flume::Receiver<PersistJob>) {
     });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the persister thread; parsed chunks are not persisted");
+    }
+}
+
+/// Copies `mapped` into the daemon's memory and puts the copy in its place in `cache` (unless
+/// the cache let it go meanwhile).
+fn own(cache: &SharedCache, key: ChunkKey, mapped: &Arc<ParsedChunk>) {
+    let copy = Arc::new(mapped.to_owned_memory());
+    if !cache.replace(key, mapped, copy) {
+        tracing::trace!(?key, "a mapped chunk left the cache before its copy was made");
     }
 }

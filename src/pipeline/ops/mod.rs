@@ -58,6 +58,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         Metrics::mirror(&m.parsed_cache_rejected, s.rejected);
         Metrics::mirror(&m.parsed_cache_evictions, s.evictions);
         Metrics::mirror(&m.parsed_cache_write_errors, s.write_errors);
+        Metrics::mirror(&m.parsed_cache_mapped, s.mapped);
         Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
         Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
     }
@@ -70,6 +71,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     Metrics::mirror(&m.cache_evictions, stats.evictions);
     Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
     Metrics::mirror(&m.cache_refused_loads, stats.refused_loads);
+    Metrics::mirror(&m.cache_mapped_copies, stats.mapped_copies);
     let (connected, lingering, rings, limit) = {
         let mut reg = shared.registry();
         reg.expire(Instant::now());

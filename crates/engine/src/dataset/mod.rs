@@ -789,7 +789,7 @@ fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> 
     let data = if sparse {
         StreamValues::Sparse {
             sample_offsets: buf.sample_offsets,
-            indices: Indices::I32(buf.indices),
+            indices: Indices::I32(buf.indices.into()),
             values: T::into_values(buf.values),
         }
     } else {

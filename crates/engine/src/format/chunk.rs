@@ -9,7 +9,87 @@
 //!
 //! Streams of one sequence may have different sample counts (seq2seq, CNTK §1.11.4).
 
-pub use minibatchd_shm::owned::Values;
+pub use minibatchd_sys::Column;
+
+/// Element values of a stream of a chunk, in the dataset's precision: owned when parsed, a
+/// mapped range of the entry when read from the persisted cache ([`Column`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Values {
+    /// `precision = "float32"`.
+    F32(Column<f32>),
+    /// `precision = "float64"`.
+    F64(Column<f64>),
+}
+
+impl Values {
+    /// Number of values.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no values.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held.
+    #[must_use]
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len() * 4,
+            Self::F64(v) => v.len() * 8,
+        }
+    }
+
+    /// Value `i` widened to `f64` (exact for both precisions).
+    #[must_use]
+    pub fn get_f64(&self, i: usize) -> f64 {
+        match self {
+            Self::F32(v) => f64::from(v[i]),
+            Self::F64(v) => v[i],
+        }
+    }
+
+    fn shrink_to_fit(&mut self) {
+        match self {
+            Self::F32(x) => x.shrink_to_fit(),
+            Self::F64(x) => x.shrink_to_fit(),
+        }
+    }
+
+    /// Whether the values are a mapped file's.
+    #[must_use]
+    pub fn is_mapped(&self) -> bool {
+        match self {
+            Self::F32(x) => x.is_mapped(),
+            Self::F64(x) => x.is_mapped(),
+        }
+    }
+
+    fn to_owned_memory(&self) -> Self {
+        match self {
+            Self::F32(x) => Self::F32(x.to_owned_memory()),
+            Self::F64(x) => Self::F64(x.to_owned_memory()),
+        }
+    }
+}
+
+impl From<Vec<f32>> for Values {
+    fn from(v: Vec<f32>) -> Self {
+        Self::F32(v.into())
+    }
+}
+
+impl From<Vec<f64>> for Values {
+    fn from(v: Vec<f64>) -> Self {
+        Self::F64(v.into())
+    }
+}
 
 /// The sparse indices of one stream of a chunk.
 ///
@@ -20,11 +100,11 @@ pub use minibatchd_shm::owned::Values;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Indices {
     /// CTF: int32 below the stream's dimension (CNTK's `IndexType`).
-    I32(Vec<i32>),
+    I32(Column<i32>),
     /// deepx feature ids that all fit in 32 bits, delivered as `u64`.
-    U32(Vec<u32>),
+    U32(Column<u32>),
     /// deepx feature ids.
-    U64(Vec<u64>),
+    U64(Column<u64>),
 }
 
 impl Indices {
@@ -38,17 +118,28 @@ impl Indices {
         }
     }
 
+    /// Whether the indices are a mapped file's.
+    #[must_use]
+    pub fn is_mapped(&self) -> bool {
+        match self {
+            Self::I32(x) => x.is_mapped(),
+            Self::U32(x) => x.is_mapped(),
+            Self::U64(x) => x.is_mapped(),
+        }
+    }
+
+    fn to_owned_memory(&self) -> Self {
+        match self {
+            Self::I32(x) => Self::I32(x.to_owned_memory()),
+            Self::U32(x) => Self::U32(x.to_owned_memory()),
+            Self::U64(x) => Self::U64(x.to_owned_memory()),
+        }
+    }
+
     /// Whether these are deepx feature ids (delivered as `u64`), however stored.
     #[must_use]
     pub fn is_feature_ids(&self) -> bool {
         !matches!(self, Self::I32(_))
-    }
-}
-
-fn shrink_values(v: &mut Values) {
-    match v {
-        Values::F32(x) => x.shrink_to_fit(),
-        Values::F64(x) => x.shrink_to_fit(),
     }
 }
 
@@ -142,7 +233,7 @@ impl StreamData {
     pub fn shrink_to_fit(&mut self) {
         self.seq_offsets.shrink_to_fit();
         match &mut self.data {
-            StreamValues::Dense { values, .. } => shrink_values(values),
+            StreamValues::Dense { values, .. } => values.shrink_to_fit(),
             StreamValues::Sparse { sample_offsets, indices, values } => {
                 sample_offsets.shrink_to_fit();
                 match indices {
@@ -150,12 +241,38 @@ impl StreamData {
                     Indices::U32(x) => x.shrink_to_fit(),
                     Indices::U64(x) => x.shrink_to_fit(),
                 }
-                shrink_values(values);
+                values.shrink_to_fit();
             }
             StreamValues::Strings { offsets, bytes } => {
                 offsets.shrink_to_fit();
                 bytes.shrink_to_fit();
             }
+        }
+    }
+
+    /// Whether a column of the stream is a mapped file's (read from the persisted cache).
+    #[must_use]
+    pub fn is_mapped(&self) -> bool {
+        match &self.data {
+            StreamValues::Dense { values, .. } => values.is_mapped(),
+            StreamValues::Sparse { indices, values, .. } => indices.is_mapped() || values.is_mapped(),
+            StreamValues::Strings { .. } => false,
+        }
+    }
+
+    /// Copies the stream's mapped columns into memory of the process's own.
+    fn own_memory(&mut self) {
+        match &mut self.data {
+            StreamValues::Dense { values, .. } if values.is_mapped() => *values = values.to_owned_memory(),
+            StreamValues::Sparse { indices, values, .. } => {
+                if indices.is_mapped() {
+                    *indices = indices.to_owned_memory();
+                }
+                if values.is_mapped() {
+                    *values = values.to_owned_memory();
+                }
+            }
+            StreamValues::Dense { .. } | StreamValues::Strings { .. } => {}
         }
     }
 
@@ -186,6 +303,27 @@ pub struct ParsedChunk {
 }
 
 impl ParsedChunk {
+    /// Whether any column is a mapped file's (read from the persisted cache).
+    #[must_use]
+    pub fn is_mapped(&self) -> bool {
+        self.streams.iter().any(StreamData::is_mapped)
+    }
+
+    /// The same chunk with every column in memory of the process's own: a mapped entry's pages
+    /// are the page cache's 4 KiB pages, which the gather's random reads miss in the TLB more
+    /// often than huge pages of the process's own; the daemon swaps the copy in, in the
+    /// background, for the sweeps after the first.
+    #[must_use]
+    pub fn to_owned_memory(&self) -> Self {
+        let mut copy = self.clone();
+        for s in &mut copy.streams {
+            if s.is_mapped() {
+                s.own_memory();
+            }
+        }
+        copy
+    }
+
     /// Bytes held by the buffers (for the memory budget).
     #[must_use]
     pub fn size_bytes(&self) -> usize {

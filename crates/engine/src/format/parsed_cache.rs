@@ -41,10 +41,15 @@
 //! `minibatchd index --parsed`) can together pass the bound by what the other wrote since it
 //! started, until their next eviction scan.
 //!
-//! Reading copies the arrays from the page cache into the chunk's buffers (one copy, at memory
-//! speed); the gather then reads those buffers, as for a parsed chunk. (Not mapped: measured on
-//! the 1 GiB benchmark, a sweep from persisted chunks already runs at the speed of one from
-//! chunks in memory, which the delivery bounds — `docs/benchmarks.md`.)
+//! Reading an entry of 1 MiB and more maps its file read-only ([`FileMapping`], populated at once
+//! so that an I/O error is an error here, not a fault later) and checks its checksum over the
+//! mapping; the chunk's value and index columns are then the mapped bytes themselves
+//! ([`Column`]), which the gather reads as it reads a parsed chunk's: no copy, and no fresh memory
+//! to touch (on a VM whose host takes freed memory back, that first touch cost more than the
+//! copy; docs/benchmarks.md). The offsets (a few percent of an entry) are copied, and so is a
+//! column whose place in the file is not aligned for its type. Smaller entries, and any entry that
+//! cannot be mapped (`vm.max_map_count`), are read into memory. A mapping lives as long as the
+//! chunk: evicting or replacing the entry on disk (unlink, rename) leaves it intact.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,7 +58,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use minibatchd_sys::{as_bytes, as_bytes_mut, Pod};
+use minibatchd_sys::{as_bytes, as_bytes_mut, Column, FileMapping, Pod};
+use std::sync::Arc;
 
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 use crate::options::Precision;
@@ -83,6 +89,8 @@ const U32_INDICES_BIT: u64 = 1 << 10;
 pub struct ParsedCacheStats {
     /// Chunks read back instead of parsed.
     pub hits: u64,
+    /// Of the hits, chunks whose columns are the entry's mapped pages (entries of 1 MiB and more).
+    pub mapped: u64,
     /// Lookups that found no usable entry.
     pub misses: u64,
     /// Entries refused (corrupt, truncated, inconsistent, untrusted) and removed.
@@ -106,6 +114,7 @@ pub struct ParsedCacheStats {
 #[derive(Debug, Default)]
 struct Counters {
     hits: AtomicU64,
+    mapped: AtomicU64,
     misses: AtomicU64,
     rejected: AtomicU64,
     writes: AtomicU64,
@@ -213,6 +222,7 @@ impl ParsedCache {
         };
         ParsedCacheStats {
             hits: c.hits.load(Ordering::Relaxed),
+            mapped: c.mapped.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
             writes: c.writes.load(Ordering::Relaxed),
@@ -271,6 +281,9 @@ impl ParsedCache {
         if let Some(parsed) = decode(file, meta.len(), &expect) {
             self.lock().touch(&name, meta.len());
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
+            if parsed.is_mapped() {
+                self.counters.mapped.fetch_add(1, Ordering::Relaxed);
+            }
             self.counters.bytes_read.fetch_add(meta.len(), Ordering::Relaxed);
             Some(parsed)
         } else {
@@ -462,50 +475,88 @@ struct Expect<'a> {
     precision: Precision,
 }
 
-/// A reader that checksums what it reads and never reads past the payload it was told of.
-struct Src {
-    file: io::BufReader<File>,
-    crc: crc32fast::Hasher,
-    left: u64,
+/// Entries this large and up are mapped (their columns read straight from the page cache);
+/// smaller ones are read into memory, so that a cache of many small chunks does not hold a
+/// mapping each.
+const MAP_AT_LEAST: u64 = 1 << 20;
+
+/// An entry's bytes: a mapping of its file, or (small entries, or when mapping fails) a copy.
+enum Bytes {
+    Mapped(Arc<FileMapping>),
+    Read(Vec<u8>),
 }
 
-impl Src {
-    fn fill(&mut self, buf: &mut [u8]) -> Option<()> {
-        if buf.len() as u64 > self.left {
-            return None;
+impl Bytes {
+    fn load(mut file: File, len: u64) -> Option<Self> {
+        let size = usize::try_from(len).ok()?;
+        if len >= MAP_AT_LEAST {
+            match FileMapping::map(&file, size) {
+                Ok(map) => return Some(Self::Mapped(Arc::new(map))),
+                // Too many mappings (`vm.max_map_count`) or no address space: read it instead.
+                Err(e) => tracing::debug!(error = %e, "a persisted parsed chunk could not be mapped; read instead"),
+            }
         }
-        self.file.read_exact(buf).ok()?;
-        self.consumed(buf);
-        Some(())
+        let mut v = Vec::with_capacity(size);
+        (&mut file).take(len).read_to_end(&mut v).ok()?;
+        (v.len() == size).then_some(Self::Read(v))
     }
 
-    /// Checksums `bytes`, just read, and counts them against what is left.
-    fn consumed(&mut self, bytes: &[u8]) {
-        self.crc.update(bytes);
-        self.left -= bytes.len() as u64;
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Mapped(m) => m.bytes(),
+            Self::Read(v) => v,
+        }
+    }
+}
+
+/// A cursor over an entry's payload that never reads past it.
+struct Src<'a> {
+    bytes: &'a Bytes,
+    at: usize,
+    end: usize,
+}
+
+impl Src<'_> {
+    /// The next `n` bytes.
+    fn take(&mut self, n: u64) -> Option<std::ops::Range<usize>> {
+        let n = usize::try_from(n).ok()?;
+        let end = self.at.checked_add(n).filter(|&e| e <= self.end)?;
+        let r = self.at..end;
+        self.at = end;
+        Some(r)
     }
 
-    /// `len` values of `T`, refused before allocating when they cannot fit in what is left.
+    fn byte_len<T>(len: u64) -> Option<u64> {
+        len.checked_mul(std::mem::size_of::<T>() as u64)
+    }
+
+    /// `len` values of `T`, copied (offsets, which the entry's checks read anyway).
     fn array<T: Pod>(&mut self, len: u64) -> Option<Vec<T>> {
-        let bytes = len.checked_mul(std::mem::size_of::<T>() as u64)?;
-        if bytes > self.left {
-            return None;
+        let r = self.take(Self::byte_len::<T>(len)?)?;
+        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r])
+    }
+
+    /// `len` values of `T`: the mapped bytes themselves when the entry is mapped and they are
+    /// aligned for `T` (an odd number of 4-byte values before 8-byte ones is not), else a copy.
+    fn column<T: Pod>(&mut self, len: u64) -> Option<Column<T>> {
+        let r = self.take(Self::byte_len::<T>(len)?)?;
+        if let Bytes::Mapped(map) = self.bytes {
+            if let Some(c) = Column::mapped(map, r.start, usize::try_from(len).ok()?) {
+                return Some(c);
+            }
         }
-        let len = usize::try_from(len).ok()?;
-        // Written once, by the read (no zeroing first); on huge pages, as a parse's columns.
-        let v = minibatchd_sys::files::read_array(&mut self.file, len).ok()?;
-        self.consumed(as_bytes(&v));
-        Some(v)
+        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r]).map(Column::from)
     }
 
     fn u64s<const N: usize>(&mut self) -> Option<[u64; N]> {
+        let r = self.take(8 * N as u64)?;
         let mut v = [0u64; N];
-        self.fill(as_bytes_mut(&mut v))?;
+        as_bytes_mut(&mut v).copy_from_slice(&self.bytes.as_slice()[r]);
         Some(v)
     }
 
     fn values(&mut self, f64: bool, len: u64) -> Option<Values> {
-        Some(if f64 { Values::F64(self.array(len)?) } else { Values::F32(self.array(len)?) })
+        Some(if f64 { Values::F64(self.column(len)?) } else { Values::F32(self.column(len)?) })
     }
 }
 
@@ -519,16 +570,20 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
         return None;
     }
     let payload_max = len.checked_sub(HEADER_BYTES + TRAILER_BYTES)?;
-    let mut r =
-        Src { file: io::BufReader::with_capacity(1 << 16, file), crc: crc32fast::Hasher::new(), left: HEADER_BYTES };
-    let mut magic = [0u8; 8];
-    r.fill(&mut magic)?;
-    let mut words = [0u8; 8];
-    r.fill(&mut words)?;
+    let bytes = Bytes::load(file, len)?;
+    let all = bytes.as_slice();
+    let (checked, trailer) = all.split_at(all.len().checked_sub(8)?); // TRAILER_BYTES
+                                                                      // The checksum first: nothing is sized from an entry whose bytes are not what was written.
+    if trailer[..4] != crc32fast::hash(checked).to_ne_bytes() || &trailer[4..] != END {
+        return None;
+    }
+    let mut r = Src { bytes: &bytes, at: 0, end: checked.len() };
+    let magic = r.take(8)?;
+    let words = r.take(8)?;
     let [identity, chunk, num_sequences, num_streams, payload] = r.u64s::<5>()?;
-    let version = u32::from_ne_bytes(words[..4].try_into().ok()?);
-    let layout = u32::from_ne_bytes(words[4..].try_into().ok()?);
-    let header_ok = &magic == MAGIC
+    let version = u32::from_ne_bytes(all[words.start..words.start + 4].try_into().ok()?);
+    let layout = u32::from_ne_bytes(all[words.start + 4..words.end].try_into().ok()?);
+    let header_ok = &all[magic] == MAGIC
         && version == VERSION
         && layout == LAYOUT_LE64
         && identity == want.identity
@@ -539,7 +594,6 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
     if !header_ok {
         return None;
     }
-    r.left = payload;
     let f64 = want.precision == Precision::Float64;
     let mut streams = Vec::with_capacity(want.streams.len());
     for spec in want.streams {
@@ -577,10 +631,10 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
                     return None;
                 }
                 let indices = match ids {
-                    U64_INDICES_BIT => Indices::U64(r.array(b)?),
-                    U32_INDICES_BIT => Indices::U32(r.array(b)?),
+                    U64_INDICES_BIT => Indices::U64(r.column(b)?),
+                    U32_INDICES_BIT => Indices::U32(r.column(b)?),
                     _ => {
-                        let ix: Vec<i32> = r.array(b)?;
+                        let ix: Column<i32> = r.column(b)?;
                         if ix.iter().any(|&i| usize::try_from(i).map_or(true, |i| i >= spec.dim)) {
                             return None;
                         }
@@ -598,21 +652,14 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
                     return None;
                 }
                 let bytes: Vec<u8> = r.array(b)?;
-                let mut pad = [0u8; 8];
-                r.fill(&mut pad[..bytes.len().next_multiple_of(8) - bytes.len()])?;
+                r.take(b.next_multiple_of(8) - b)?;
                 StreamValues::Strings { offsets, bytes }
             }
             _ => return None,
         };
         streams.push(StreamData::new(seq_offsets, data));
     }
-    if r.left != 0 {
-        return None;
-    }
-    let crc = r.crc.clone().finalize();
-    let mut trailer = [0u8; 8];
-    r.file.read_exact(&mut trailer).ok()?;
-    if trailer[..4] != crc.to_ne_bytes() || &trailer[4..] != END {
+    if r.at != r.end {
         return None;
     }
     Some(ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams })

@@ -4,7 +4,7 @@
 use minibatchd_shm::{decode_minibatch, LayoutError, Ring, RingGeometry};
 use minibatchd_sys::{LocalMemory, SlotMemory};
 
-use super::{MbData, MbIndices, MbStream};
+use super::{MbData, MbIndices, MbStream, MbValues};
 use crate::format::chunk::{Indices, Values};
 
 /// How the test chunks store their sparse indices.
@@ -50,7 +50,7 @@ fn chunks(
                 })
                 .collect();
             if f64 {
-                Values::F64(v)
+                Values::F64(v.into())
             } else {
                 #[allow(clippy::cast_possible_truncation)] // the f32 copy of the f64 test values
                 Values::F32(v.iter().map(|&x| x as f32).collect())
@@ -112,10 +112,10 @@ fn naive(
     map: &super::ChunkMap<std::sync::Arc<crate::format::chunk::ParsedChunk>>,
 ) -> Vec<MbStream> {
     use crate::format::chunk::StreamValues;
-    fn push_values(dst: &mut Values, src: &Values, i: usize) {
+    fn push_values(dst: &mut MbValues, src: &Values, i: usize) {
         match (dst, src) {
-            (Values::F32(d), Values::F32(s)) => d.push(s[i]),
-            (Values::F64(d), Values::F64(s)) => d.push(s[i]),
+            (MbValues::F32(d), Values::F32(s)) => d.push(s[i]),
+            (MbValues::F64(d), Values::F64(s)) => d.push(s[i]),
             _ => panic!("mixed precisions"),
         }
     }
@@ -126,9 +126,9 @@ fn naive(
         .map(|sd| {
             let empty = |v: &Values| {
                 if matches!(v, Values::F64(_)) {
-                    Values::F64(Vec::new())
+                    MbValues::F64(Vec::new())
                 } else {
-                    Values::F32(Vec::new())
+                    MbValues::F32(Vec::new())
                 }
             };
             let data = match &sd.data {

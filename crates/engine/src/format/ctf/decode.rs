@@ -39,7 +39,7 @@ impl Element for f32 {
         v as f32
     }
     fn into_values(v: Vec<Self>) -> Values {
-        Values::F32(v)
+        Values::F32(v.into())
     }
 }
 
@@ -49,7 +49,7 @@ impl Element for f64 {
         v
     }
     fn into_values(v: Vec<Self>) -> Values {
-        Values::F64(v)
+        Values::F64(v.into())
     }
 }
 

@@ -200,8 +200,8 @@ enum Step {
 impl From<Ids> for Indices {
     fn from(ids: Ids) -> Self {
         match ids {
-            Ids::Narrow(v) => Indices::U32(v),
-            Ids::Wide(v) => Indices::U64(v),
+            Ids::Narrow(v) => Indices::U32(v.into()),
+            Ids::Wide(v) => Indices::U64(v.into()),
         }
     }
 }

@@ -23,23 +23,23 @@ fn chunk(n: usize) -> ParsedChunk {
                 vec![0, 2, 3],
                 StreamValues::Dense {
                     dim: 3,
-                    values: Values::F32(vec![1.0, -2.5, 3.25, 4.0, 5.0, 6.0, f32::MIN_POSITIVE, -0.0, 1e30]),
+                    values: Values::F32(vec![1.0, -2.5, 3.25, 4.0, 5.0, 6.0, f32::MIN_POSITIVE, -0.0, 1e30].into()),
                 },
             ),
             StreamData::new(
                 vec![0, 2, 3],
                 StreamValues::Sparse {
                     sample_offsets: vec![0, 2, 2, 3],
-                    indices: Indices::I32(vec![9, 0, 4]),
-                    values: Values::F32(vec![0.5, 0.25, 7.0]),
+                    indices: Indices::I32(vec![9, 0, 4].into()),
+                    values: Values::F32(vec![0.5, 0.25, 7.0].into()),
                 },
             ),
             StreamData::new(
                 vec![0, 1, 3],
                 StreamValues::Sparse {
                     sample_offsets: vec![0, 1, 1, 2],
-                    indices: Indices::U64(vec![u64::MAX, 12]),
-                    values: Values::F32(vec![1.0, 2.0]),
+                    indices: Indices::U64(vec![u64::MAX, 12].into()),
+                    values: Values::F32(vec![1.0, 2.0].into()),
                 },
             ),
             StreamData::new(
@@ -50,8 +50,8 @@ fn chunk(n: usize) -> ParsedChunk {
                 vec![0, 2, 3],
                 StreamValues::Sparse {
                     sample_offsets: vec![0, 1, 3, 3],
-                    indices: Indices::U32(vec![u32::MAX, 0, 5]),
-                    values: Values::F32(vec![1.0, 2.0, 3.0]),
+                    indices: Indices::U32(vec![u32::MAX, 0, 5].into()),
+                    values: Values::F32(vec![1.0, 2.0, 3.0].into()),
                 },
             ),
         ],
@@ -244,7 +244,8 @@ fn columns_larger_than_a_write_piece_go_out_a_piece_at_a_time_and_read_back_whol
     #[allow(clippy::cast_precision_loss)] // small integers, exact in f32
     let values: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 - 500.0).collect();
     big.num_sequences = 2;
-    big.streams[0] = StreamData::new(vec![0, 1, samples], StreamValues::Dense { dim: 3, values: Values::F32(values) });
+    big.streams[0] =
+        StreamData::new(vec![0, 1, samples], StreamValues::Dense { dim: 3, values: Values::F32(values.into()) });
     let mut out = Writes { bytes: Vec::new(), sizes: Vec::new() };
     encode(&mut out, ID, &big).expect("encode");
     assert_eq!(out.bytes.len() as u64, encoded_len(&big));
@@ -255,4 +256,74 @@ fn columns_larger_than_a_write_piece_go_out_a_piece_at_a_time_and_read_back_whol
     let c = open(&d.path().join("parsed"), 1 << 30);
     c.put(ID, &big);
     assert_eq!(get(&c, 3), Some(big));
+}
+
+/// A chunk of `n` float64 samples in a dense stream and a sparse one whose 32-bit ids come in an
+/// odd number, so that the float64 values after them are not 8-byte aligned in the entry.
+fn large_f64_chunk(n: usize) -> (ParsedChunk, Vec<StreamSpec>) {
+    #[allow(clippy::cast_precision_loss)] // small integers, exact
+    let dense: Vec<f64> = (0..n * 2).map(|i| i as f64 * 0.5 - 7.0).collect();
+    let entries = n | 1;
+    #[allow(clippy::cast_possible_truncation)] // small
+    let ids: Vec<u32> = (0..entries).map(|i| (i * 7919) as u32).collect();
+    #[allow(clippy::cast_precision_loss)]
+    let sparse: Vec<f64> = (0..entries).map(|i| -(i as f64)).collect();
+    let mut sample_offsets: Vec<usize> = (0..=n).collect();
+    *sample_offsets.last_mut().expect("n > 0") = entries;
+    let chunk = ParsedChunk {
+        chunk: 5,
+        num_sequences: 2,
+        streams: vec![
+            StreamData::new(vec![0, 1, n], StreamValues::Dense { dim: 2, values: Values::F64(dense.into()) }),
+            StreamData::new(
+                vec![0, 1, n],
+                StreamValues::Sparse {
+                    sample_offsets,
+                    indices: Indices::U32(ids.into()),
+                    values: Values::F64(sparse.into()),
+                },
+            ),
+        ],
+    };
+    let specs = vec![
+        StreamSpec { name: "x".into(), kind: StreamKind::Dense, dim: 2 },
+        StreamSpec { name: "id".into(), kind: StreamKind::SparseU64, dim: 0 },
+    ];
+    (chunk, specs)
+}
+
+/// The "opened with mmap and gathered from directly": a large entry's columns are the
+/// mapped file's bytes (those aligned for their type; a misaligned one is copied), equal bit for
+/// bit to what was written, and stay readable after the entry is evicted from disk.
+#[test]
+fn a_large_entry_is_served_from_its_mapping_and_outlives_its_eviction() {
+    let (big, specs) = large_f64_chunk(200_001);
+    let d = tempfile::tempdir().expect("tmp");
+    let dir = d.path().join("parsed");
+    let c = open(&dir, 1 << 30);
+    c.put(ID, &big);
+    assert!(encoded_len(&big) >= MAP_AT_LEAST);
+    let back = c.get(ID, 5, 2, &specs, Precision::Float64).expect("hit");
+    assert_eq!(back, big);
+    assert_eq!((c.stats().hits, c.stats().mapped), (1, 1));
+    let StreamValues::Dense { values: Values::F64(dense), .. } = &back.streams[0].data else { panic!("dense f64") };
+    assert!(dense.is_mapped(), "the dense column is read from the mapping");
+    let StreamValues::Sparse { indices: Indices::U32(ids), values: Values::F64(sparse), .. } = &back.streams[1].data
+    else {
+        panic!("sparse")
+    };
+    assert!(ids.is_mapped());
+    assert!(!sparse.is_mapped(), "after an odd number of 32-bit ids the float64 values are misaligned: copied");
+    // The entry removed from disk (an eviction) and another written under its name: the chunk
+    // already served keeps its values.
+    std::fs::remove_file(dir.join(entry_name(ID, 5))).expect("evict");
+    let (other, _) = large_f64_chunk(200_003);
+    c.put(ID, &ParsedChunk { chunk: 5, ..other });
+    assert_eq!(back, big);
+    // Small entries are read, not mapped.
+    c.put(ID, &chunk(7));
+    let small = get(&c, 7).expect("hit");
+    assert_eq!((c.stats().hits, c.stats().mapped), (2, 1), "a small entry is a hit, not mapped");
+    let StreamValues::Dense { values: Values::F32(v), .. } = &small.streams[0].data else { panic!("dense f32") };
+    assert!(!v.is_mapped());
 }

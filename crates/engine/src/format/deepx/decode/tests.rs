@@ -399,7 +399,7 @@ fn feature_ids_are_kept_narrow_until_one_needs_64_bits() {
     assert_eq!(b.x[0].ids(), vec![0, max32, 7, 3]);
     let streams = d.into_streams(b);
     assert!(
-        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U32(v), .. } if v == &[0, u32::MAX, 7, 3])
+        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U32(v), .. } if **v == [0, u32::MAX, 7, 3])
     );
 
     let wide = max32 + 1;
@@ -414,7 +414,7 @@ fn feature_ids_are_kept_narrow_until_one_needs_64_bits() {
     assert_eq!(b.x[0].sample_offsets, vec![0, 2, 4, 5]);
     let streams = d.into_streams(b);
     assert!(
-        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U64(v), .. } if v == &[5, max32, wide, 1, u64::MAX])
+        matches!(&streams[0].data, StreamValues::Sparse { indices: Indices::U64(v), .. } if **v == [5, max32, wide, 1, u64::MAX])
     );
 }
 
