@@ -52,6 +52,15 @@ impl FileMapping {
         let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::PRIVATE, file, 0) }?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(std::io::ErrorKind::InvalidInput)?;
         let map = Self { ptr, len };
+        if crate::huge::huge_pages() {
+            // Pages not in the page cache are then read ahead into 2 MiB folios, which the
+            // mapping maps as huge pages (as those of entries written in 2 MiB pieces).
+            // SAFETY: the range is exactly the mapping made above, owned by `map`;
+            // `MADV_HUGEPAGE` changes how the kernel backs it, never its contents or validity.
+            if let Err(e) = unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, Advice::LinuxHugepage) } {
+                tracing::trace!(error = %e, "MADV_HUGEPAGE declined for a file mapping");
+            }
+        }
         // SAFETY: the range is exactly the mapping made above, owned by `map`; the advice only
         // reads the file's pages in and maps them, never changing contents or validity.
         match unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, Advice::LinuxPopulateRead) } {
@@ -66,6 +75,23 @@ impl FileMapping {
         // SAFETY: `ptr..ptr+len` is a live read-only mapping owned by `self` (unmapped only in
         // `drop`); the lifetime is tied to `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Whether at least half of the mapping is mapped with huge pages (`FilePmdMapped` of its
+    /// entry in `/proc/self/smaps`): the page cache holds the file in 2 MiB folios (written in
+    /// 2 MiB pieces, or read ahead under `MADV_HUGEPAGE`) and the kernel and filesystem map such
+    /// folios whole. `None` when `/proc/self/smaps` cannot say. Reads the process's whole
+    /// `smaps` (milliseconds for a daemon's mappings): for background work, not a hot path.
+    #[must_use]
+    pub fn huge_page_backed(&self) -> Option<bool> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+        let start = format!("{:x}-", self.ptr.as_ptr() as usize);
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
+        lines.next()?;
+        // The mapping's fields end with its `VmFlags` line.
+        let field = lines.take_while(|l| !l.starts_with("VmFlags")).find_map(|l| l.strip_prefix("FilePmdMapped:"))?;
+        let kib: usize = field.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib.saturating_mul(1024).saturating_mul(2) >= self.len)
     }
 
     /// Bytes mapped.
@@ -143,6 +169,15 @@ impl<T: Pod> Column<T> {
     #[must_use]
     pub fn is_mapped(&self) -> bool {
         matches!(self.0, Repr::Mapped { .. })
+    }
+
+    /// The mapping the values are read from, if they are a mapped file's.
+    #[must_use]
+    pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
+        match &self.0 {
+            Repr::Mapped { map, .. } => Some(map),
+            Repr::Owned(_) => None,
+        }
     }
 
     /// Gives back what an owned vector over-allocated (nothing to do for a mapping).
@@ -268,5 +303,14 @@ mod tests {
         assert!(Column::<u64>::mapped(&map, usize::MAX - 3, 1).is_none(), "overflow");
         assert!(Column::<u8>::mapped(&map, 64, 0).is_some(), "an empty range at the end");
         assert!(FileMapping::map(&f, 0).is_err());
+    }
+
+    /// `FilePmdMapped` is found for the mapping itself (not another one): a small file mapping
+    /// has none.
+    #[test]
+    fn a_small_mapping_is_not_huge_page_backed() {
+        let f = file_of(&[1u8; 8192]);
+        let map = FileMapping::map(&f, 8192).expect("map");
+        assert_eq!(map.huge_page_backed(), Some(false));
     }
 }

@@ -8,10 +8,10 @@
 //!   place, once).
 //! * **Own**: copy a chunk read back from the persisted cache — its columns the entry's mapped
 //!   page-cache pages — into the daemon's own memory and swap the copy into the chunk cache
-//!   ([`super::chunk_cache::SharedCache::replace`]). The mapping serves the first sweep without
-//!   a copy or fresh memory to touch; the copy, on huge pages, serves the later sweeps, whose
-//!   random reads miss the TLB less than on the 4 KiB pages of the page cache
-//!   (`docs/benchmarks.md`, "Persisted chunks mapped").
+//!   ([`super::chunk_cache::SharedCache::replace`]), unless the mapping is on huge pages. The
+//!   mapping serves the first sweep without a copy or fresh memory to touch; where the kernel
+//!   maps the entry with 4 KiB pages, the copy, on huge pages, serves the later sweeps, whose
+//!   random reads then miss the TLB less (`docs/benchmarks.md`, "Persisted chunks mapped").
 //!
 //! The parsers send the persist jobs, the chunk cache the own jobs (at a mapped chunk's second
 //! use: [`super::chunk_cache::CacheCore::take_to_own`]; its first use is typically the sweep
@@ -90,8 +90,13 @@ pub fn spawn(jobs: flume::Receiver<PersistJob>, cache: Weak<SharedCache>) {
 }
 
 /// Copies `mapped` into the daemon's memory and puts the copy in its place in `cache` (unless
-/// the cache let it go meanwhile).
+/// the cache let it go meanwhile) — unless the mapping is backed by huge pages already (the entry
+/// in 2 MiB page-cache folios), where the gather reads it as fast as a copy: then it stays.
 fn own(cache: &SharedCache, key: ChunkKey, mapped: &Arc<ParsedChunk>) {
+    if mapped.mapping().and_then(|m| m.huge_page_backed()) == Some(true) {
+        tracing::trace!(?key, "a mapped chunk on huge pages stays mapped");
+        return;
+    }
     let copy = Arc::new(mapped.to_owned_memory());
     if !cache.replace(key, mapped, copy) {
         tracing::trace!(?key, "a mapped chunk left the cache before its copy was made");

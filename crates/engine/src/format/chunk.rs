@@ -9,7 +9,9 @@
 //!
 //! Streams of one sequence may have different sample counts (seq2seq, CNTK §1.11.4).
 
-pub use minibatchd_sys::Column;
+use std::sync::Arc;
+
+pub use minibatchd_sys::{Column, FileMapping};
 
 /// Element values of a stream of a chunk, in the dataset's precision: owned when parsed, a
 /// mapped range of the entry when read from the persisted cache ([`Column`]).
@@ -77,6 +79,13 @@ impl Values {
             Self::F64(x) => Self::F64(x.to_owned_memory()),
         }
     }
+
+    fn mapping(&self) -> Option<&Arc<FileMapping>> {
+        match self {
+            Self::F32(x) => x.mapping(),
+            Self::F64(x) => x.mapping(),
+        }
+    }
 }
 
 impl From<Vec<f32>> for Values {
@@ -125,6 +134,14 @@ impl Indices {
             Self::I32(x) => x.is_mapped(),
             Self::U32(x) => x.is_mapped(),
             Self::U64(x) => x.is_mapped(),
+        }
+    }
+
+    fn mapping(&self) -> Option<&Arc<FileMapping>> {
+        match self {
+            Self::I32(x) => x.mapping(),
+            Self::U32(x) => x.mapping(),
+            Self::U64(x) => x.mapping(),
         }
     }
 
@@ -307,6 +324,17 @@ impl ParsedChunk {
     #[must_use]
     pub fn is_mapped(&self) -> bool {
         self.streams.iter().any(StreamData::is_mapped)
+    }
+
+    /// The mapping of the persisted entry the chunk's mapped columns are read from, if any (one
+    /// entry, one mapping, shared by its columns).
+    #[must_use]
+    pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
+        self.streams.iter().find_map(|s| match &s.data {
+            StreamValues::Dense { values, .. } => values.mapping(),
+            StreamValues::Sparse { indices, values, .. } => indices.mapping().or_else(|| values.mapping()),
+            StreamValues::Strings { .. } => None,
+        })
     }
 
     /// The same chunk with every column in memory of the process's own: a mapped entry's pages

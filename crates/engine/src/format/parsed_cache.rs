@@ -49,11 +49,13 @@
 //! copy; docs/benchmarks.md). The offsets (a few percent of an entry) are copied, and so is a
 //! column whose place in the file is not aligned for its type. Smaller entries, and any entry that
 //! cannot be mapped (`vm.max_map_count`), are read into memory. A mapping lives as long as the
-//! chunk: evicting or replacing the entry on disk (unlink, rename) leaves it intact.
+//! chunk: evicting or replacing the entry on disk (unlink, rename) leaves it intact. Entries are
+//! written in whole 2 MiB pieces ([`WRITE_PIECE`]) so that the page cache holds them in 2 MiB
+//! folios and the mapping is on huge pages where the kernel and filesystem allow it.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -377,24 +379,57 @@ fn encoded_len(chunk: &ParsedChunk) -> u64 {
     n
 }
 
-/// The most bytes handed to one `write` of an entry. A column is tens of MiB; written in one call,
-/// the kernel fills the page cache with folios as large as the write allows (2 MiB), and on a VM
-/// whose balloon reports free memory to its host each such folio is memory the host must back
-/// again: 460 MB written 16 MiB at a time took 1.6–1.9 s of system time there, 1 MiB at a time
-/// 0.18–0.23 s (docs/benchmarks.md, "The persister's writes, 1 MiB at a time"). Elsewhere the
-/// smaller writes cost a few hundred more system calls per GiB.
-const WRITE_PIECE: usize = 1 << 20;
+/// Each `write` of an entry hands the file exactly this many bytes (the last one less), at offsets
+/// that are multiples of it: the page cache then holds the entry in 2 MiB folios, and a mapping of
+/// the entry ([`FileMapping`]) is backed by huge pages (`FilePmdMapped` in `smaps`), so the
+/// gather's random reads from a mapped chunk miss the TLB as rarely as from a parsed one. With
+/// smaller or unaligned writes the folios are smaller and a mapped sweep ran 25–35 % slower on the
+/// project's VM. (On that VM, whose balloon reports free memory to its host, the larger folios
+/// cost the writer some system time: 460 MB took 0.54–0.68 s in 2 MiB writes, 0.39–0.52 s in
+/// 1 MiB ones, `scripts/write_sizes.py`; a column in one `write` of tens of MiB cost 1.6–1.9 s on
+/// an earlier VM — docs/benchmarks.md.)
+const WRITE_PIECE: usize = 2 << 20;
+
+/// A writer that hands `inner` whole pieces of [`WRITE_PIECE`] bytes, and what is left at the end.
+struct Pieces<W: Write> {
+    inner: W,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> Pieces<W> {
+    fn new(inner: W) -> Self {
+        Self { inner, buf: Vec::with_capacity(WRITE_PIECE) }
+    }
+
+    fn put(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            let n = (WRITE_PIECE - self.buf.len()).min(bytes.len());
+            self.buf.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.buf.len() == WRITE_PIECE {
+                self.inner.write_all(&self.buf)?;
+                self.buf.clear();
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> io::Result<()> {
+        self.inner.write_all(&self.buf)?;
+        self.inner.flush()
+    }
+}
 
 /// A writer that checksums what passes through it.
-struct Crc<W> {
-    inner: W,
+struct Crc<W: Write> {
+    inner: Pieces<W>,
     crc: crc32fast::Hasher,
 }
 
 impl<W: Write> Crc<W> {
     fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.crc.update(bytes);
-        bytes.chunks(WRITE_PIECE).try_for_each(|piece| self.inner.write_all(piece))
+        self.inner.put(bytes)
     }
 
     fn u64s(&mut self, v: &[u64]) -> io::Result<()> {
@@ -417,7 +452,7 @@ fn values_bytes(v: &Values) -> &[u8] {
 }
 
 fn encode(out: &mut dyn Write, identity: u64, chunk: &ParsedChunk) -> io::Result<()> {
-    let mut w = Crc { inner: BufWriter::with_capacity(1 << 20, out), crc: crc32fast::Hasher::new() };
+    let mut w = Crc { inner: Pieces::new(out), crc: crc32fast::Hasher::new() };
     let payload = encoded_len(chunk) - HEADER_BYTES - TRAILER_BYTES;
     w.put(MAGIC)?;
     w.put(&VERSION.to_ne_bytes())?;
@@ -461,9 +496,9 @@ fn encode(out: &mut dyn Write, identity: u64, chunk: &ParsedChunk) -> io::Result
         }
     }
     let crc = w.crc.finalize();
-    w.inner.write_all(&crc.to_ne_bytes())?;
-    w.inner.write_all(END)?;
-    w.inner.flush()
+    w.inner.put(&crc.to_ne_bytes())?;
+    w.inner.put(END)?;
+    w.inner.finish()
 }
 
 /// What the caller asks for: an entry must match all of it.
