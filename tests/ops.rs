@@ -1008,7 +1008,7 @@ fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() 
         .map(|e| e.expect("entry").metadata().expect("meta").len())
         .collect();
     assert_eq!(sizes.len(), 2, "{sizes:?}");
-    assert!(sizes.iter().all(|&n| n >= 1 << 20 && n < 2 << 20), "entries mapped, not on huge pages: {sizes:?}");
+    assert!(sizes.iter().all(|n| (1 << 20..2 << 20).contains(n)), "entries mapped, not on huge pages: {sizes:?}");
     assert_eq!(dump("1073741824"), want, "the dump that read the mapped entries");
 
     // The daemon: the first session reads the mappings; the second session's use of each chunk
