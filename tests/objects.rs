@@ -406,6 +406,33 @@ fn a_shared_index_response_claiming_100_tb_is_refused_and_the_object_indexed_her
     assert!(stats["lied"].as_u64().is_some_and(|n| n > 0), "no response lied: {stats}");
 }
 
+/// The same lie on a listing and on error answers (a broken or hostile endpoint): collecting
+/// such a body reserved the 100 TB its header claimed and aborted the process. Responses other than
+/// an object's data are now collected with at most a bounded reserve and refused past
+/// [`minibatchd_remote`]'s cap, so the listing fails with an error and the process exits with it.
+#[test]
+fn a_listing_or_error_answer_claiming_100_tb_fails_without_aborting_the_process() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.put(BUCKET, "lying-list/a.txt", b"1 1:1\n0 2:1\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (lie, config) in [
+        ("list-type", libsvm_config(dir.path(), &["s3://train-data/lying-list/"])),
+        ("missing", libsvm_config(dir.path(), &["s3://train-data/lying-list/missing.txt"])),
+    ] {
+        let proxy = FaultProxy::start(&server, &["--huge-length-for", lie]);
+        let config = config.to_str().expect("utf-8");
+        let args = ["index", "--config", config, "--dataset", "d"];
+        let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join(lie));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code().is_some(), "killed by a signal ({lie}): {:?}\n{stderr}", out.status);
+        assert!(!out.status.success(), "{lie}: {stderr}");
+        assert!(stderr.contains("lying-list"), "{lie}: {stderr}");
+        let stats = proxy.stats().expect("stats");
+        assert!(stats["lied"].as_u64().is_some_and(|n| n > 0), "no response lied ({lie}): {stats}");
+    }
+}
+
 #[test]
 fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
     use support::daemon::Daemon;

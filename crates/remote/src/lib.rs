@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod aws;
+mod capped;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -208,6 +209,7 @@ impl Inner {
         }
         let store = b
             .with_client_options(options)
+            .with_http_connector(capped::CappedConnector)
             .with_retry(self.retry.clone())
             .build()
             .map_err(|e| other(url, format!("cannot configure S3 access: {}", short(&e.to_string()))))?;
@@ -240,8 +242,12 @@ impl Inner {
         loop {
             match op() {
                 // A body that broke off (the client's retries cover the request, not its body).
+                // A body past its bound (`capped`) is refused at once: a server that sent one
+                // would send it again.
                 Err(e @ object_store::Error::Generic { .. })
-                    if failures < BODY_RETRIES && e.to_string().contains("body") =>
+                    if failures < BODY_RETRIES
+                        && e.to_string().contains("body")
+                        && !format!("{e:?}").contains(capped::TOO_LARGE) =>
                 {
                     failures += 1;
                     tracing::debug!(url, error = %e, "request failed; trying again");

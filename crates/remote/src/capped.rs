@@ -1,0 +1,152 @@
+//! `object_store`'s HTTP client with every response body bounded.
+//!
+//! `object_store` collects a listing page, an error document or a credentials answer into memory
+//! with a reserve of the size its `Content-Length` claims: a broken or hostile endpoint that
+//! claims 100 TB aborted the process (an allocation failure is not an error in Rust). Through
+//! [`CappedConnector`]:
+//!
+//! * every response body reports at most [`MAX_RESERVE`] bytes as its size, so no collect reserves
+//!   more than that up front (a real body grows its buffer as it arrives);
+//! * a response other than an object's data — any answer that is not a success to a `GET` of an
+//!   object (a listing is a `GET` with `list-type` in its query) — fails once it passes
+//!   [`MAX_COLLECTED`] bytes. An object's data is streamed by the callers, who count what they
+//!   asked for (a range, or the most a shared index can take).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse, HttpResponseBody, HttpService,
+    ReqwestConnector,
+};
+use object_store::ClientOptions;
+
+/// The most a response body may announce as its size (what a collect reserves at once).
+pub const MAX_RESERVE: u64 = 16 << 20;
+/// The most bytes of a response that is not an object's data: a listing page of 1,000 keys with
+/// long names is a few MiB, an error document or a credentials answer a few KiB.
+pub const MAX_COLLECTED: u64 = 64 << 20;
+
+/// `object_store`'s reqwest client, its response bodies bounded.
+#[derive(Debug, Default)]
+pub struct CappedConnector;
+
+impl HttpConnector for CappedConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        Ok(HttpClient::new(Capped { inner: ReqwestConnector::default().connect(options)? }))
+    }
+}
+
+#[derive(Debug)]
+struct Capped {
+    inner: HttpClient,
+}
+
+#[async_trait::async_trait]
+impl HttpService for Capped {
+    async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let object_get = req.method().as_str() == "GET" && !req.uri().query().is_some_and(|q| q.contains("list-type"));
+        let resp = self.inner.execute(req).await?;
+        let limit = if object_get && resp.status().is_success() { u64::MAX } else { MAX_COLLECTED };
+        let (parts, body) = resp.into_parts();
+        Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(Bounded { inner: body, left: limit })))
+    }
+}
+
+/// A body that reports at most [`MAX_RESERVE`] as its size and fails past `left` bytes.
+#[derive(Debug)]
+struct Bounded {
+    inner: HttpResponseBody,
+    left: u64,
+}
+
+/// Words of [`TooLarge`]'s message, by which a failed request is known not to be worth retrying.
+pub const TOO_LARGE: &str = "more than such an answer can be";
+
+/// The error of a body past its bound.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the response body passes {MAX_COLLECTED} bytes, more than such an answer can be (a broken or hostile endpoint)"
+)]
+struct TooLarge;
+
+impl Body for Bounded {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled {
+            if let Some(data) = frame.data_ref() {
+                let n = data.len() as u64;
+                if n > self.left {
+                    self.left = 0;
+                    return Poll::Ready(Some(Err(HttpError::new(HttpErrorKind::Decode, TooLarge))));
+                }
+                self.left -= n;
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().min(MAX_RESERVE));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.max(hint.lower()));
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body of `chunks`, announcing `claimed` bytes.
+    #[derive(Debug)]
+    struct Lying {
+        chunks: Vec<Bytes>,
+        claimed: u64,
+    }
+
+    impl Body for Lying {
+        type Data = Bytes;
+        type Error = HttpError;
+
+        fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+            Poll::Ready(if self.chunks.is_empty() { None } else { Some(Ok(Frame::data(self.chunks.remove(0)))) })
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            SizeHint::with_exact(self.claimed)
+        }
+    }
+
+    fn collect(body: Bounded) -> Result<Vec<u8>, HttpError> {
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        rt.block_on(async move { HttpResponseBody::new(body).bytes().await.map(|b| b.to_vec()) })
+    }
+
+    #[test]
+    fn a_claimed_size_reserves_at_most_the_cap_and_a_long_body_fails_past_its_bound() {
+        let lying = |chunks: Vec<Bytes>| HttpResponseBody::new(Lying { chunks, claimed: 100_000_000_000_000 });
+        let two = vec![Bytes::from_static(b"abc"), Bytes::from_static(b"def")];
+        let b = Bounded { inner: lying(two.clone()), left: MAX_COLLECTED };
+        assert_eq!(b.size_hint().lower(), MAX_RESERVE);
+        assert_eq!(collect(b).expect("collected"), b"abcdef");
+        let e = collect(Bounded { inner: lying(two), left: 4 }).expect_err("past the bound");
+        let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
+        assert!(why.contains(TOO_LARGE), "{e:?}");
+        let exact = Bounded { inner: HttpResponseBody::from(b"12345".to_vec()), left: 5 };
+        assert_eq!(exact.size_hint().lower(), 5);
+        assert_eq!(collect(exact).expect("at the bound"), b"12345");
+    }
+}
