@@ -62,15 +62,23 @@ struct Bounded {
     left: u64,
 }
 
-/// Words of [`TooLarge`]'s message, by which a failed request is known not to be worth retrying.
-pub const TOO_LARGE: &str = "more than such an answer can be";
-
 /// The error of a body past its bound.
 #[derive(Debug, thiserror::Error)]
 #[error(
     "the response body passes {MAX_COLLECTED} bytes, more than such an answer can be (a broken or hostile endpoint)"
 )]
 struct TooLarge;
+
+/// The error a body past its bound fails with.
+pub fn too_large() -> HttpError {
+    HttpError::new(HttpErrorKind::Decode, TooLarge)
+}
+
+/// Whether `e` (through its chain of sources) is a body refused for its size: not worth retrying,
+/// a server that sent one would send it again.
+pub fn is_too_large(e: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(e), |e| e.source()).any(<dyn std::error::Error>::is::<TooLarge>)
+}
 
 impl Body for Bounded {
     type Data = Bytes;
@@ -83,7 +91,7 @@ impl Body for Bounded {
                 let n = data.len() as u64;
                 if n > self.left {
                     self.left = 0;
-                    return Poll::Ready(Some(Err(HttpError::new(HttpErrorKind::Decode, TooLarge))));
+                    return Poll::Ready(Some(Err(too_large())));
                 }
                 self.left -= n;
             }
@@ -143,8 +151,7 @@ mod tests {
         assert_eq!(b.size_hint().lower(), MAX_RESERVE);
         assert_eq!(collect(b).expect("collected"), b"abcdef");
         let e = collect(Bounded { inner: lying(two), left: 4 }).expect_err("past the bound");
-        let why = std::error::Error::source(&e).map(ToString::to_string).unwrap_or_default();
-        assert!(why.contains(TOO_LARGE), "{e:?}");
+        assert!(is_too_large(&e), "{e:?}");
         let exact = Bounded { inner: HttpResponseBody::from(b"12345".to_vec()), left: 5 };
         assert_eq!(exact.size_hint().lower(), 5);
         assert_eq!(collect(exact).expect("at the bound"), b"12345");

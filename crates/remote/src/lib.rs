@@ -245,9 +245,7 @@ impl Inner {
                 // A body past its bound (`capped`) is refused at once: a server that sent one
                 // would send it again.
                 Err(e @ object_store::Error::Generic { .. })
-                    if failures < BODY_RETRIES
-                        && e.to_string().contains("body")
-                        && !format!("{e:?}").contains(capped::TOO_LARGE) =>
+                    if failures < BODY_RETRIES && e.to_string().contains("body") && !capped::is_too_large(&e) =>
                 {
                     failures += 1;
                     tracing::debug!(url, error = %e, "request failed; trying again");
@@ -572,6 +570,35 @@ impl Read for Body {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body refused for its size (`capped`) is not fetched again; one that broke off is.
+    #[test]
+    fn a_body_past_its_bound_is_not_retried_and_a_broken_one_is() {
+        let failing = |source: object_store::client::HttpError| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(source),
+        };
+        let mut calls = 0;
+        let r: object_store::Result<()> = Inner::again("s3://b/k", || {
+            calls += 1;
+            Err(failing(capped::too_large()))
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1, "refused at once");
+        let mut calls = 0;
+        let r: object_store::Result<()> = Inner::again("s3://b/k", || {
+            calls += 1;
+            if calls < 3 {
+                let broken =
+                    std::io::Error::new(std::io::ErrorKind::ConnectionReset, "error reading a body from connection");
+                Err(failing(object_store::client::HttpError::new(object_store::client::HttpErrorKind::Request, broken)))
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_ok());
+        assert_eq!(calls, 3, "retried while the body broke off");
+    }
 
     /// A streaming task that stops before the range is whole (a panic, a dropped sender) is an
     /// error to the reader, not the object's end: the index pass would otherwise index a short

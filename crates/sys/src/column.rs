@@ -43,7 +43,9 @@ impl FileMapping {
     /// kernel older than 5.14 without that advice is not an error: pages then fault in on first
     /// use).
     pub fn map(file: &File, len: usize) -> std::io::Result<Self> {
-        if len == 0 {
+        // Past the file's end a mapping faults when read: refused here, whatever the kernel's
+        // populate says (one older than 5.14 says nothing).
+        if len == 0 || u64::try_from(len).map_or(true, |l| l > file.metadata().map_or(0, |m| m.len())) {
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
         // SAFETY: a fresh mapping chosen by the kernel (null hint) overlaps no existing Rust
@@ -145,8 +147,12 @@ impl<T: Pod> Column<T> {
     pub fn mapped(map: &Arc<FileMapping>, start: usize, len: usize) -> Option<Self> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         let end = start.checked_add(bytes)?;
+        if end > map.len {
+            return None;
+        }
+        // In bounds, so the address does not overflow.
         let aligned = (map.ptr.as_ptr() as usize + start).is_multiple_of(std::mem::align_of::<T>());
-        (end <= map.len && aligned).then(|| Self(Repr::Mapped { map: Arc::clone(map), start, len }))
+        aligned.then(|| Self(Repr::Mapped { map: Arc::clone(map), start, len }))
     }
 
     /// The values.
@@ -303,6 +309,7 @@ mod tests {
         assert!(Column::<u64>::mapped(&map, usize::MAX - 3, 1).is_none(), "overflow");
         assert!(Column::<u8>::mapped(&map, 64, 0).is_some(), "an empty range at the end");
         assert!(FileMapping::map(&f, 0).is_err());
+        assert!(FileMapping::map(&f, 65).is_err(), "past the file's end");
     }
 
     /// `FilePmdMapped` is found for the mapping itself (not another one): a small file mapping

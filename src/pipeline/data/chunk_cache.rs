@@ -164,14 +164,22 @@ impl CacheCore {
 
     /// Looks `key` up for a session that needs it now; a miss marks it `Loading`.
     pub fn lookup(&mut self, key: ChunkKey, now: Instant) -> Lookup {
+        self.lookup_for(key, now, true)
+    }
+
+    /// [`CacheCore::lookup`]; `session` false for a lookup that is not a session's use of the
+    /// chunk (the preload), which does not count towards copying a mapped chunk.
+    pub fn lookup_for(&mut self, key: ChunkKey, now: Instant, session: bool) -> Lookup {
         self.tick += 1;
         match self.entries.get_mut(&key) {
             Some(Entry::Ready { chunk, used, pinned_until, hits, .. }) => {
                 *used = self.tick;
                 *pinned_until = None;
-                *hits = hits.saturating_add(1);
-                if *hits == 2 && chunk.is_mapped() {
-                    self.to_own.push((key, Arc::downgrade(chunk)));
+                if session {
+                    *hits = hits.saturating_add(1);
+                    if *hits == 2 && chunk.is_mapped() {
+                        self.to_own.push((key, Arc::downgrade(chunk)));
+                    }
                 }
                 self.stats.hits += 1;
                 Lookup::Hit(chunk.clone())
@@ -285,9 +293,13 @@ impl CacheCore {
     /// Puts `new` in the place of `old` if `key` still holds `old` (the same data in other memory:
     /// a chunk mapped from the persisted cache, copied into the daemon's own); sessions holding
     /// `old` go on with it until they let it go. Returns whether it was swapped.
-    pub fn replace(&mut self, key: ChunkKey, old: &Arc<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
+    ///
+    /// `old` is a weak reference, so that whoever makes the copy need not hold the chunk (which
+    /// would count as a session holding it: not evictable, and in the held bytes); it keeps the
+    /// allocation, so its address is not another chunk's.
+    pub fn replace(&mut self, key: ChunkKey, old: &Weak<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
         match self.entries.get_mut(&key) {
-            Some(Entry::Ready { chunk, bytes, .. }) if Arc::ptr_eq(chunk, old) => {
+            Some(Entry::Ready { chunk, bytes, .. }) if std::ptr::eq(Arc::as_ptr(chunk), old.as_ptr()) => {
                 let size = new.size_bytes() as u64;
                 self.stats.bytes = self.stats.bytes - *bytes + size;
                 *bytes = size;
@@ -433,8 +445,13 @@ impl SharedCache {
     }
 
     /// [`CacheCore::replace`].
-    pub fn replace(&self, key: ChunkKey, old: &Arc<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
+    pub fn replace(&self, key: ChunkKey, old: &Weak<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
         self.lock().replace(key, old, new)
+    }
+
+    /// Whether `key` still holds the chunk `chunk` points to.
+    pub fn holds(&self, key: ChunkKey, chunk: &Weak<ParsedChunk>) -> bool {
+        matches!(self.lock().entries.get(&key), Some(Entry::Ready { chunk: c, .. }) if std::ptr::eq(Arc::as_ptr(c), chunk.as_ptr()))
     }
 
     /// Sets the budget and the ceiling under one lock ([`CacheCore::set_ceiling`]).
@@ -500,10 +517,23 @@ impl SharedCache {
     /// # Errors
     /// [`FetchError`].
     pub fn get(&self, key: ChunkKey, stop: &AtomicBool) -> Result<Arc<ParsedChunk>, FetchError> {
+        self.get_for(key, stop, true)
+    }
+
+    /// [`SharedCache::get`] for the preload: not a session's use of the chunk
+    /// ([`CacheCore::lookup_for`]).
+    ///
+    /// # Errors
+    /// [`FetchError`].
+    pub fn get_for_preload(&self, key: ChunkKey, stop: &AtomicBool) -> Result<Arc<ParsedChunk>, FetchError> {
+        self.get_for(key, stop, false)
+    }
+
+    fn get_for(&self, key: ChunkKey, stop: &AtomicBool, session: bool) -> Result<Arc<ParsedChunk>, FetchError> {
         let mut core = self.lock();
         loop {
             let now = Instant::now();
-            match core.lookup(key, now) {
+            match core.lookup_for(key, now, session) {
                 Lookup::Hit(c) => {
                     let to_own = core.take_to_own();
                     drop(core);
@@ -593,17 +623,18 @@ mod tests {
         };
         let bytes = c.stats().bytes;
         let copy = Arc::new(first.to_owned_memory());
-        assert!(!c.replace((0, 2), &first, copy.clone()), "no such chunk cached");
-        assert!(!c.replace((0, 1), &chunk(4), copy.clone()), "another chunk than the one cached");
-        assert!(c.replace((0, 1), &first, copy.clone()));
+        let weak = Arc::downgrade(&first);
+        let other = chunk(4);
+        assert!(!c.replace((0, 2), &weak, copy.clone()), "no such chunk cached");
+        assert!(!c.replace((0, 1), &Arc::downgrade(&other), copy.clone()), "another chunk than the one cached");
+        assert!(c.replace((0, 1), &weak, copy.clone()));
         assert_eq!((c.stats().bytes, c.stats().chunks, c.stats().mapped_copies), (bytes, 1, 1));
         assert!(Arc::ptr_eq(&held, &first), "the session's chunk is untouched");
         match c.lookup((0, 1), t) {
             Lookup::Hit(now) => assert!(Arc::ptr_eq(&now, &copy)),
             other => panic!("{other:?}"),
         }
-        assert!(!c.replace((0, 1), &first, Arc::new(first.to_owned_memory())), "replaced already");
-        assert!(c.take_to_own().is_empty(), "a chunk in the daemon's memory is never copied");
+        assert!(!c.replace((0, 1), &weak, Arc::new(first.to_owned_memory())), "replaced already");
     }
 
     /// A chunk whose values are a mapped file's (as read back from the persisted cache).
@@ -633,6 +664,9 @@ mod tests {
         let mapped = mapped_chunk(1024);
         assert!(mapped.is_mapped());
         c.insert((0, 1), Ok(mapped.clone()));
+        assert!(matches!(c.lookup_for((0, 1), t, false), Lookup::Hit(_)));
+        assert!(matches!(c.lookup_for((0, 1), t, false), Lookup::Hit(_)));
+        assert!(c.take_to_own().is_empty(), "the preload's lookups are no use");
         assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "first use");
         assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
@@ -645,7 +679,7 @@ mod tests {
         let copy = Arc::new(mapped.to_owned_memory());
         assert!(!copy.is_mapped());
         assert_eq!(*copy, *mapped);
-        assert!(c.replace((0, 1), &mapped, copy));
+        assert!(c.replace((0, 1), &to_own[0].1, copy));
     }
 
     #[test]

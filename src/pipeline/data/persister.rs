@@ -75,8 +75,8 @@ pub fn spawn(jobs: flume::Receiver<PersistJob>, cache: Weak<SharedCache>) {
                     }
                 }
                 Ok(PersistJob::Own { key, chunk }) => {
-                    if let (Some(cache), Some(mapped)) = (cache.upgrade(), chunk.upgrade()) {
-                        own(&cache, key, &mapped);
+                    if let Some(cache) = cache.upgrade() {
+                        own(&cache, key, &chunk);
                     }
                 }
                 Err(flume::RecvTimeoutError::Timeout) => {}
@@ -89,16 +89,22 @@ pub fn spawn(jobs: flume::Receiver<PersistJob>, cache: Weak<SharedCache>) {
     }
 }
 
-/// Copies `mapped` into the daemon's memory and puts the copy in its place in `cache` (unless
-/// the cache let it go meanwhile) — unless the mapping is backed by huge pages already (the entry
-/// in 2 MiB page-cache folios), where the gather reads it as fast as a copy: then it stays.
-fn own(cache: &SharedCache, key: ChunkKey, mapped: &Arc<ParsedChunk>) {
-    if mapped.mapping().and_then(|m| m.huge_page_backed()) == Some(true) {
+/// Copies the mapped chunk `chunk` into the daemon's memory and puts the copy in its place in
+/// `cache` (unless the cache let it go meanwhile) — unless the mapping is on huge pages already
+/// (the entry in 2 MiB page-cache folios), where the gather reads it as fast as a copy, or huge
+/// pages are turned off (`huge_pages = false`: a copy on 4 KiB pages would gain nothing). The
+/// chunk is held only to take a clone of it (whose columns share the mapping), so that the copy,
+/// at nice 19, does not keep it from eviction or count it as held by a session.
+fn own(cache: &SharedCache, key: ChunkKey, chunk: &Weak<ParsedChunk>) {
+    if !minibatchd_sys::huge::huge_pages() || !cache.holds(key, chunk) {
+        return;
+    }
+    let Some(snapshot) = chunk.upgrade().map(|c| (*c).clone()) else { return };
+    if snapshot.mapping().and_then(|m| m.huge_page_backed()) == Some(true) {
         tracing::trace!(?key, "a mapped chunk on huge pages stays mapped");
         return;
     }
-    let copy = Arc::new(mapped.to_owned_memory());
-    if !cache.replace(key, mapped, copy) {
+    if !cache.replace(key, chunk, Arc::new(snapshot.into_owned_memory())) {
         tracing::trace!(?key, "a mapped chunk left the cache before its copy was made");
     }
 }

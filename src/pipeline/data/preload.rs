@@ -92,7 +92,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
             if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
                 shared.cache.prefetch([(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
-            match shared.cache.get(key, &stop) {
+            match shared.cache.get_for_preload(key, &stop) {
                 Ok(_) => loaded += 1,
                 Err(FetchError::Failed(m)) => {
                     failed += 1;

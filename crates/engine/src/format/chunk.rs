@@ -343,13 +343,19 @@ impl ParsedChunk {
     /// background, for the sweeps after the first.
     #[must_use]
     pub fn to_owned_memory(&self) -> Self {
-        let mut copy = self.clone();
-        for s in &mut copy.streams {
+        self.clone().into_owned_memory()
+    }
+
+    /// [`ParsedChunk::to_owned_memory`] of a chunk already cloned (its mapped columns share the
+    /// mapping, not the chunk).
+    #[must_use]
+    pub fn into_owned_memory(mut self) -> Self {
+        for s in &mut self.streams {
             if s.is_mapped() {
                 s.own_memory();
             }
         }
-        copy
+        self
     }
 
     /// Bytes held by the buffers (for the memory budget).
