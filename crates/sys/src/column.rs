@@ -174,7 +174,7 @@ impl<T: Pod> Column<T> {
     /// Whether the values are a mapped file's.
     #[must_use]
     pub fn is_mapped(&self) -> bool {
-        matches!(self.0, Repr::Mapped { .. })
+        self.mapping().is_some()
     }
 
     /// The mapping the values are read from, if they are a mapped file's.
@@ -193,25 +193,12 @@ impl<T: Pod> Column<T> {
         }
     }
 
-    /// The same values in memory of this process's own: a mapped column copied into a new
-    /// vector (written once, huge pages advised as a parse's columns), an owned one cloned.
-    #[must_use]
-    pub fn to_owned_memory(&self) -> Self {
-        match &self.0 {
-            Repr::Owned(v) => Self(Repr::Owned(v.clone())),
-            Repr::Mapped { .. } => {
-                let copy = crate::copy_from_bytes(crate::as_bytes(self.as_slice()));
-                Self(Repr::Owned(copy.unwrap_or_else(|| self.as_slice().to_vec())))
-            }
-        }
-    }
-
-    /// The values as a vector (copied out of a mapping).
-    #[must_use]
-    pub fn into_vec(self) -> Vec<T> {
-        match self.0 {
-            Repr::Owned(v) => v,
-            Repr::Mapped { .. } => self.as_slice().to_vec(),
+    /// Puts a mapped column's values in memory of this process's own: a new vector, written
+    /// once, huge pages advised as a parse's columns. An owned column stays as it is.
+    pub fn own(&mut self) {
+        if self.is_mapped() {
+            let copy = crate::copy_from_bytes(crate::as_bytes(self.as_slice()));
+            self.0 = Repr::Owned(copy.unwrap_or_else(|| self.as_slice().to_vec()));
         }
     }
 }
@@ -291,9 +278,9 @@ mod tests {
         drop(map);
         assert!(col.is_mapped());
         assert_eq!(&col[..], &values[1..11]);
-        assert_eq!(col.clone().into_vec(), values[1..11].to_vec());
         assert_eq!(col, Column::from(values[1..11].to_vec()));
-        let owned = col.to_owned_memory();
+        let mut owned = col.clone();
+        owned.own();
         assert!(!owned.is_mapped());
         assert_eq!(owned, col);
     }

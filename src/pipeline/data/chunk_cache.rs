@@ -299,7 +299,7 @@ impl CacheCore {
     /// allocation, so its address is not another chunk's.
     pub fn replace(&mut self, key: ChunkKey, old: &Weak<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
         match self.entries.get_mut(&key) {
-            Some(Entry::Ready { chunk, bytes, .. }) if std::ptr::eq(Arc::as_ptr(chunk), old.as_ptr()) => {
+            Some(Entry::Ready { chunk, bytes, .. }) if is(chunk, old) => {
                 let size = new.size_bytes() as u64;
                 self.stats.bytes = self.stats.bytes - *bytes + size;
                 *bytes = size;
@@ -380,6 +380,11 @@ impl CacheCore {
     }
 }
 
+/// Whether `weak` points to `chunk` (its allocation, which the weak reference keeps from reuse).
+fn is(chunk: &Arc<ParsedChunk>, weak: &Weak<ParsedChunk>) -> bool {
+    std::ptr::eq(Arc::as_ptr(chunk), weak.as_ptr())
+}
+
 /// Why a producer could not get a chunk.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
@@ -451,7 +456,7 @@ impl SharedCache {
 
     /// Whether `key` still holds the chunk `chunk` points to.
     pub fn holds(&self, key: ChunkKey, chunk: &Weak<ParsedChunk>) -> bool {
-        matches!(self.lock().entries.get(&key), Some(Entry::Ready { chunk: c, .. }) if std::ptr::eq(Arc::as_ptr(c), chunk.as_ptr()))
+        matches!(self.lock().entries.get(&key), Some(Entry::Ready { chunk: c, .. }) if is(c, chunk))
     }
 
     /// Sets the budget and the ceiling under one lock ([`CacheCore::set_ceiling`]).

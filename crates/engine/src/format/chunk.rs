@@ -48,15 +48,6 @@ impl Values {
         }
     }
 
-    /// Value `i` widened to `f64` (exact for both precisions).
-    #[must_use]
-    pub fn get_f64(&self, i: usize) -> f64 {
-        match self {
-            Self::F32(v) => f64::from(v[i]),
-            Self::F64(v) => v[i],
-        }
-    }
-
     fn shrink_to_fit(&mut self) {
         match self {
             Self::F32(x) => x.shrink_to_fit(),
@@ -64,39 +55,20 @@ impl Values {
         }
     }
 
-    /// Whether the values are a mapped file's.
+    /// The mapping the values are read from, if they are a mapped file's.
     #[must_use]
-    pub fn is_mapped(&self) -> bool {
-        match self {
-            Self::F32(x) => x.is_mapped(),
-            Self::F64(x) => x.is_mapped(),
-        }
-    }
-
-    fn to_owned_memory(&self) -> Self {
-        match self {
-            Self::F32(x) => Self::F32(x.to_owned_memory()),
-            Self::F64(x) => Self::F64(x.to_owned_memory()),
-        }
-    }
-
-    fn mapping(&self) -> Option<&Arc<FileMapping>> {
+    pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
         match self {
             Self::F32(x) => x.mapping(),
             Self::F64(x) => x.mapping(),
         }
     }
-}
 
-impl From<Vec<f32>> for Values {
-    fn from(v: Vec<f32>) -> Self {
-        Self::F32(v.into())
-    }
-}
-
-impl From<Vec<f64>> for Values {
-    fn from(v: Vec<f64>) -> Self {
-        Self::F64(v.into())
+    fn own(&mut self) {
+        match self {
+            Self::F32(x) => x.own(),
+            Self::F64(x) => x.own(),
+        }
     }
 }
 
@@ -127,17 +99,9 @@ impl Indices {
         }
     }
 
-    /// Whether the indices are a mapped file's.
+    /// The mapping the indices are read from, if they are a mapped file's.
     #[must_use]
-    pub fn is_mapped(&self) -> bool {
-        match self {
-            Self::I32(x) => x.is_mapped(),
-            Self::U32(x) => x.is_mapped(),
-            Self::U64(x) => x.is_mapped(),
-        }
-    }
-
-    fn mapping(&self) -> Option<&Arc<FileMapping>> {
+    pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
         match self {
             Self::I32(x) => x.mapping(),
             Self::U32(x) => x.mapping(),
@@ -145,11 +109,11 @@ impl Indices {
         }
     }
 
-    fn to_owned_memory(&self) -> Self {
+    fn own(&mut self) {
         match self {
-            Self::I32(x) => Self::I32(x.to_owned_memory()),
-            Self::U32(x) => Self::U32(x.to_owned_memory()),
-            Self::U64(x) => Self::U64(x.to_owned_memory()),
+            Self::I32(x) => x.own(),
+            Self::U32(x) => x.own(),
+            Self::U64(x) => x.own(),
         }
     }
 
@@ -267,29 +231,25 @@ impl StreamData {
         }
     }
 
-    /// Whether a column of the stream is a mapped file's (read from the persisted cache).
+    /// The mapping a column of the stream is read from (read from the persisted cache), if any.
     #[must_use]
-    pub fn is_mapped(&self) -> bool {
+    pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
         match &self.data {
-            StreamValues::Dense { values, .. } => values.is_mapped(),
-            StreamValues::Sparse { indices, values, .. } => indices.is_mapped() || values.is_mapped(),
-            StreamValues::Strings { .. } => false,
+            StreamValues::Dense { values, .. } => values.mapping(),
+            StreamValues::Sparse { indices, values, .. } => indices.mapping().or_else(|| values.mapping()),
+            StreamValues::Strings { .. } => None,
         }
     }
 
     /// Copies the stream's mapped columns into memory of the process's own.
     fn own_memory(&mut self) {
         match &mut self.data {
-            StreamValues::Dense { values, .. } if values.is_mapped() => *values = values.to_owned_memory(),
+            StreamValues::Dense { values, .. } => values.own(),
             StreamValues::Sparse { indices, values, .. } => {
-                if indices.is_mapped() {
-                    *indices = indices.to_owned_memory();
-                }
-                if values.is_mapped() {
-                    *values = values.to_owned_memory();
-                }
+                indices.own();
+                values.own();
             }
-            StreamValues::Dense { .. } | StreamValues::Strings { .. } => {}
+            StreamValues::Strings { .. } => {}
         }
     }
 
@@ -323,18 +283,14 @@ impl ParsedChunk {
     /// Whether any column is a mapped file's (read from the persisted cache).
     #[must_use]
     pub fn is_mapped(&self) -> bool {
-        self.streams.iter().any(StreamData::is_mapped)
+        self.mapping().is_some()
     }
 
     /// The mapping of the persisted entry the chunk's mapped columns are read from, if any (one
     /// entry, one mapping, shared by its columns).
     #[must_use]
     pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
-        self.streams.iter().find_map(|s| match &s.data {
-            StreamValues::Dense { values, .. } => values.mapping(),
-            StreamValues::Sparse { indices, values, .. } => indices.mapping().or_else(|| values.mapping()),
-            StreamValues::Strings { .. } => None,
-        })
+        self.streams.iter().find_map(StreamData::mapping)
     }
 
     /// The same chunk with every column in memory of the process's own: a mapped entry's pages
@@ -350,11 +306,7 @@ impl ParsedChunk {
     /// mapping, not the chunk).
     #[must_use]
     pub fn into_owned_memory(mut self) -> Self {
-        for s in &mut self.streams {
-            if s.is_mapped() {
-                s.own_memory();
-            }
-        }
+        self.streams.iter_mut().for_each(StreamData::own_memory);
         self
     }
 

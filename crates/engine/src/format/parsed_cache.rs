@@ -58,10 +58,9 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use minibatchd_sys::{as_bytes, as_bytes_mut, Column, FileMapping, Pod};
-use std::sync::Arc;
 
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 use crate::options::Precision;
