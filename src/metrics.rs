@@ -276,7 +276,8 @@ pub struct Metrics {
     pub host_memory_shortfall_bytes: IntGauge,
     /// `minibatchd_memory_limit_bytes`: `memory_limit_bytes`.
     pub memory_limit_bytes: IntGauge,
-    /// `minibatchd_memory_used_bytes{part}`: `cache`, `rings` and `index`, all under the limit.
+    /// `minibatchd_memory_used_bytes{part}`: `cache`, `rings`, `sampling` and `index`, all under
+    /// the limit.
     pub memory_used_bytes: IntGaugeVec,
     /// `minibatchd_checkpoint_age_seconds`: since the last checkpoint written.
     pub checkpoint_age_seconds: Gauge,
@@ -710,12 +711,12 @@ impl Metrics {
             memory_limit_bytes: gauge(
                 &r,
                 "minibatchd_memory_limit_bytes",
-                "memory_limit_bytes: budget of the chunk cache, the rings and the parser threads' read buffers.",
+                "memory_limit_bytes: budget of the chunk cache, the rings, the sessions' sweep orders, the indexes and the parser threads' read buffers.",
             )?,
             memory_used_bytes: gauge_vec(
                 &r,
                 "minibatchd_memory_used_bytes",
-                "Memory used under memory_limit_bytes, by part (cache, rings).",
+                "Memory used under memory_limit_bytes, by part (cache, rings, sampling, index).",
                 &["part"],
             )?,
             checkpoint_age_seconds: reg(
@@ -775,7 +776,7 @@ impl Metrics {
         for code in CONNECTION_REFUSALS {
             m.connections_refused.with_label_values(&[code]);
         }
-        for part in ["cache", "rings", "index"] {
+        for part in ["cache", "rings", "sampling", "index"] {
             m.memory_used_bytes.with_label_values(&[part]);
         }
         for dir in ["index", "inflated"] {

@@ -361,3 +361,54 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
 fn open_when_ready(d: &Daemon, opts: &SessionOptions) -> minibatchd_client::Session {
     support::daemon::open_retrying(d, "wide", opts, ErrorCode::DatasetIndexing)
 }
+
+/// #17 acceptance 4, found on a 26 GiB file of 22.5 M sequences with a 6 GiB limit: each
+/// session's sweep orders (the current sweep's and the next one's, 13 bytes per sequence each)
+/// were counted nowhere, and the daemon's RSS passed the limit by up to 487 MiB with one session.
+/// They are now reserved at `open` against the limit, before the sampler is built: on 300,000
+/// one-sample sequences (7.5 MiB of sweep orders per session) with a 64 MiB limit, sessions are
+/// admitted while what the cache's floor and the index leave holds their rings and orders (four),
+/// the next one is refused naming its sweep orders, and the daemon stays within the limit
+/// (before: the rings alone limited them, to 200 sessions and ~3 GiB of orders).
+#[test]
+fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let file = write(p, "many.ctf", "|a 1\n".repeat(300_000));
+    config(p, LIMIT, &dataset("many", "ctf", &file, true));
+    let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
+    // Small rings (two slots of 64 KiB), so that the sweep orders are what runs out.
+    let randomized = SessionOptions {
+        randomize: Some(true),
+        window_chunks: Some(4),
+        prefetch: Some(2),
+        slot_size_bytes: Some(65536),
+        ..options(64)
+    };
+    let mut open = Vec::new();
+    let (code, message) = loop {
+        let opened = if open.is_empty() {
+            Ok(support::daemon::open_retrying(&d, "many", &randomized, ErrorCode::DatasetIndexing))
+        } else {
+            Client::connect(&d.socket).expect("connect").open("many", &randomized)
+        };
+        match opened {
+            Ok(mut s) => {
+                // Reading builds the sweep orders, and near the sweep's end the next one's.
+                assert!(s.next_owned().expect("served").is_some());
+                open.push(s);
+                assert!(open.len() <= 8, "{} sessions admitted: their sweep orders are not counted", open.len());
+            }
+            Err(ClientError::Daemon { code, message, .. }) => break (code, message),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(!open.is_empty(), "no session opened: {message}");
+    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+    assert!(message.contains("sweep orders need"), "{message}");
+    for s in &mut open {
+        assert!(s.next_owned().expect("still served").is_some());
+    }
+    eprintln!("{} sessions admitted; then: {message}", open.len());
+    assert_within_limit(&d, "with sessions on 300,000 sequences");
+}

@@ -16,7 +16,7 @@ use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
-use minibatchd_engine::sampling::{Sampler, Tail};
+use minibatchd_engine::sampling::{Sampler, Tail, Timeline};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
@@ -56,6 +56,58 @@ pub(super) struct Active {
     pub(super) recorded_taken: u64,
     /// The earlier run this session continues (`resume_job`), carried in every state.
     pub(super) job: Option<JobBase>,
+    /// Its sampler's memory, reserved against `memory_limit_bytes` until the session ends.
+    pub(super) _sampling: SamplingReservation,
+}
+
+/// Memory reserved against `memory_limit_bytes` for a session's sampler (the sweep orders of its
+/// dataset, [`Sampler::memory_bound`]): taken before the sampler is built, so that no number of
+/// sessions opening at once holds more than the limit allows, and given back when dropped. A
+/// dataset of 22.5 M sequences costs a session ~560 MiB of it (26 bytes per sequence).
+pub(super) struct SamplingReservation {
+    shared: Arc<ControlPlane>,
+    bytes: u64,
+    walks: bool,
+}
+
+impl SamplingReservation {
+    /// Reserves the bound of a sampler over `timeline`, with the walks of equal steps or a job
+    /// when `walks`.
+    fn new(shared: &Arc<ControlPlane>, timeline: &Timeline, walks: bool) -> Result<Self, Refusal> {
+        let bytes = Sampler::memory_bound(timeline, walks);
+        let per_sequence = bytes / (timeline.num_sequences() as u64).max(1);
+        let mut reg = shared.registry();
+        reg.reserve_sampling(bytes, per_sequence)?;
+        shared.rebudget(&reg);
+        Ok(Self { shared: shared.clone(), bytes, walks })
+    }
+
+    /// Adds the walks' share when the session starts from a state that continues a job, which
+    /// `prepare` could not know where the state is a lingering session's.
+    fn for_start(mut self, start: &SessionState, timeline: &Timeline) -> Result<Self, Refusal> {
+        if self.walks || start.job.is_none() {
+            return Ok(self);
+        }
+        let bytes = Sampler::memory_bound(timeline, true);
+        let more = bytes.saturating_sub(self.bytes);
+        let mut reg = self.shared.registry();
+        reg.reserve_sampling(more, bytes / (timeline.num_sequences() as u64).max(1))?;
+        self.shared.rebudget(&reg);
+        drop(reg);
+        self.bytes = bytes;
+        self.walks = true;
+        Ok(self)
+    }
+}
+
+impl Drop for SamplingReservation {
+    fn drop(&mut self) {
+        // Never dropped while the registry is locked: sessions end in `finish` after its lock is
+        // released, and `open` drops a refused session's reservation after `undo` has returned.
+        let mut reg = self.shared.registry();
+        reg.unreserve_sampling(self.bytes);
+        self.shared.rebudget(&reg);
+    }
 }
 
 impl Active {
@@ -163,6 +215,8 @@ struct Prepared {
     resolved: ResolvedOptions,
     options_hash: u64,
     sampler: Sampler,
+    /// The sampler's memory, reserved before it was built.
+    sampling: SamplingReservation,
     geometry: RingGeometry,
     /// With `resume_job`: the state this session starts from (the earliest position of the
     /// earlier run, and that run's positions).
@@ -179,7 +233,7 @@ async fn prepare(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPl
 
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
 /// applied) and the ring's geometry (slots raised to fit a dense minibatch).
-fn prepare_now(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -> Result<Prepared, Refusal> {
+fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlane>) -> Result<Prepared, Refusal> {
     let rt = shared.data.dataset(dataset)?;
     let config = shared.config();
     let d = &config.daemon;
@@ -188,6 +242,10 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, ohash)?;
     }
+    let walks = resolved.equal_steps
+        || options.resume_job.is_some()
+        || options.resume.as_ref().is_some_and(|s| s.job.is_some());
+    let sampling = SamplingReservation::new(shared, rt.dataset.timeline(), walks)?;
     let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
     // The walks a `resume` state's job and equal steps will take, refused now if too long: after
     // admission a refusal would park the session's name with a state these options no longer fit.
@@ -216,7 +274,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &ControlPlane) -
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
-    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start })
+    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start })
 }
 
 /// The state a session that continues the earlier run of `states` (`resume_job`, rank order)
@@ -326,29 +384,27 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, sampler, geometry, job_start } =
+    let Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start } =
         prepare(dataset, options, shared).await?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
-    let fresh = SessionState {
-        version: STATE_VERSION,
-        dataset: dataset.to_owned(),
-        position: sampler.position(),
-        minibatches: 0,
-        data_identity: hex64(rt.identity),
-        options_hash: hex64(ohash),
-        job: None,
-    };
     let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
-    let host_short = host_shortfall(shared);
     let request = admission::Request {
         dataset,
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
-        fresh,
+        fresh: SessionState {
+            version: STATE_VERSION,
+            dataset: dataset.to_owned(),
+            position: fresh_position,
+            minibatches: 0,
+            data_identity: hex64(rt.identity),
+            options_hash: hex64(ohash),
+            job: None,
+        },
         fits: &fits,
         ring_bytes: geometry.total_bytes(),
-        host_short,
+        host_short: host_shortfall(shared),
         uid: peer.uid,
         limits: shared.limits.sessions,
         nonce: super::random_u64(),
@@ -373,6 +429,7 @@ pub(super) async fn open(
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
         window_fits(&rt, sampler.sweep_size(), &resolved, shared).map_err(undo)?;
     }
+    let sampling = sampling.for_start(&admitted.start, rt.dataset.timeline()).map_err(undo)?;
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let (sampler, pad_to) = {
@@ -428,6 +485,7 @@ pub(super) async fn open(
         reported_wait_ns: 0,
         recorded_taken: start.minibatches,
         job: start.job.clone(),
+        _sampling: sampling,
     };
     Ok((active, opened, fd))
 }

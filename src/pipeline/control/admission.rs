@@ -107,10 +107,11 @@ impl Refusal {
             Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
             Self::Registry(RegistryError::Busy(_) | RegistryError::NotOwner(_)) => ErrorCode::SessionBusy,
-            Self::TooManySessions { .. } | Self::WindowTooLarge { .. } => ErrorCode::ResourceExhausted,
-            Self::Registry(RegistryError::Memory { .. }) | Self::HostMemory { .. } | Self::Ring(_) => {
-                ErrorCode::ResourceExhausted
-            }
+            Self::TooManySessions { .. }
+            | Self::WindowTooLarge { .. }
+            | Self::Registry(RegistryError::Memory { .. } | RegistryError::SamplingMemory { .. })
+            | Self::HostMemory { .. }
+            | Self::Ring(_) => ErrorCode::ResourceExhausted,
             Self::Descriptor(_) | Self::Layout(_) => ErrorCode::Internal,
             Self::Delivery(_) => ErrorCode::ShuttingDown,
         }

@@ -459,6 +459,18 @@ pub enum RegistryError {
         /// The limit.
         limit: u64,
     },
+    /// The sampler's sweep orders do not fit.
+    #[error("the session's sweep orders need {needed} bytes ({per_sequence} per sequence of the dataset), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache): raise memory_limit_bytes or close other sessions")]
+    SamplingMemory {
+        /// Bytes asked.
+        needed: u64,
+        /// Bytes asked per sequence of the dataset.
+        per_sequence: u64,
+        /// Bytes left.
+        available: u64,
+        /// The limit.
+        limit: u64,
+    },
 }
 
 /// Session names, lingering sessions and ring memory, shared by all connections; what the daemon
@@ -475,6 +487,8 @@ pub struct Registry {
     /// Share of the limit kept for parsed chunks: rings may not take it.
     cache_floor: u64,
     rings: u64,
+    /// Reserved by the sessions' samplers (their sweep orders), like rings.
+    sampling: u64,
     /// Held outside the cache and the rings: each parser thread's reused read buffer.
     buffers: u64,
     next_id: u64,
@@ -492,6 +506,7 @@ impl Registry {
             limit,
             cache_floor: cache_floor.min(limit),
             rings: 0,
+            sampling: 0,
             buffers: 0,
             next_id: 1,
         }
@@ -668,8 +683,7 @@ impl Registry {
     /// [`RegistryError::Memory`] when the rings would eat into the chunk cache's floor (what is
     /// left of the limit after the floor and the parser threads' read buffers).
     pub fn reserve(&mut self, bytes: u64) -> Result<(), RegistryError> {
-        let for_rings = self.limit.saturating_sub(self.cache_floor).saturating_sub(self.buffers);
-        let available = for_rings - self.rings.min(for_rings);
+        let available = self.free_for_sessions();
         if bytes > available {
             return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit });
         }
@@ -682,16 +696,49 @@ impl Registry {
         self.rings = self.rings.saturating_sub(bytes);
     }
 
+    /// What sessions may still reserve: the limit less the chunk cache's floor, the read buffers
+    /// and what rings and samplers hold.
+    fn free_for_sessions(&self) -> u64 {
+        let for_sessions = self.limit.saturating_sub(self.cache_floor).saturating_sub(self.buffers);
+        for_sessions - self.rings.saturating_add(self.sampling).min(for_sessions)
+    }
+
+    /// Reserves `bytes` for a session's sampler (`per_sequence` of them per sequence of its
+    /// dataset, for the message).
+    ///
+    /// # Errors
+    /// [`RegistryError::SamplingMemory`] when they would eat into the chunk cache's floor.
+    pub fn reserve_sampling(&mut self, bytes: u64, per_sequence: u64) -> Result<(), RegistryError> {
+        let available = self.free_for_sessions();
+        if bytes > available {
+            return Err(RegistryError::SamplingMemory { needed: bytes, per_sequence, available, limit: self.limit });
+        }
+        self.sampling += bytes;
+        Ok(())
+    }
+
+    /// Gives back sampler memory.
+    pub fn unreserve_sampling(&mut self, bytes: u64) {
+        self.sampling = self.sampling.saturating_sub(bytes);
+    }
+
+    /// Bytes reserved by samplers.
+    #[must_use]
+    pub fn sampling_bytes(&self) -> u64 {
+        self.sampling
+    }
+
     /// Sets the bytes held outside the cache and the rings (the parser threads' read buffers:
     /// threads × the largest chunk of the open datasets), which come out of the cache's budget.
     pub fn set_buffers(&mut self, bytes: u64) {
         self.buffers = bytes;
     }
 
-    /// Bytes the chunk cache may hold now: the limit minus the rings and the read buffers.
+    /// Bytes the chunk cache may hold now: the limit minus the rings, the samplers and the read
+    /// buffers.
     #[must_use]
     pub fn cache_budget(&self) -> u64 {
-        self.limit.saturating_sub(self.rings).saturating_sub(self.buffers)
+        self.limit.saturating_sub(self.rings).saturating_sub(self.sampling).saturating_sub(self.buffers)
     }
 
     /// Bytes reserved by rings.
@@ -856,6 +903,19 @@ mod tests {
         );
         assert!(r.reserve(500).is_ok());
         assert_eq!(r.cache_budget(), 200, "the floor survives buffers and rings together");
+        r.unreserve(500);
+        assert!(r.reserve_sampling(300, 26).is_ok());
+        assert_eq!(r.cache_budget(), 400, "sweep orders come out of the cache's budget");
+        assert!(
+            matches!(r.reserve(300), Err(RegistryError::Memory { available: 200, .. })),
+            "rings and sweep orders share what the floor leaves"
+        );
+        assert!(matches!(
+            r.reserve_sampling(201, 26),
+            Err(RegistryError::SamplingMemory { available: 200, per_sequence: 26, .. })
+        ));
+        r.unreserve_sampling(300);
+        assert_eq!((r.sampling_bytes(), r.cache_budget()), (0, 700));
     }
 
     /// A state on dataset `t` after one minibatch of 4 samples.

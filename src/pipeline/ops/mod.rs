@@ -72,17 +72,18 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
     Metrics::mirror(&m.cache_refused_loads, stats.refused_loads);
     Metrics::mirror(&m.cache_mapped_copies, stats.mapped_copies);
-    let (connected, lingering, rings, limit) = {
+    let (connected, lingering, rings, sampling, limit) = {
         let mut reg = shared.registry();
         reg.expire(Instant::now());
         let (a, l) = reg.counts();
-        (a, l, reg.rings_bytes(), reg.limit())
+        (a, l, reg.rings_bytes(), reg.sampling_bytes(), reg.limit())
     };
     m.sessions.with_label_values(&["connected"]).set(to_i64(connected as u64));
     m.sessions.with_label_values(&["lingering"]).set(to_i64(lingering as u64));
     m.memory_limit_bytes.set(to_i64(limit));
     m.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
     m.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
+    m.memory_used_bytes.with_label_values(&["sampling"]).set(to_i64(sampling));
     let hub = shared.data.hub();
     m.memory_used_bytes.with_label_values(&["index"]).set(to_i64(hub.index_bytes()));
     let (ready, failed) = hub.counts();

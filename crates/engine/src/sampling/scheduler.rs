@@ -260,6 +260,27 @@ const PER_WORKER_SETUP: u64 = 1024;
 /// minibatches apart).
 pub const MAX_JOB_DELIVERED: usize = 1 << 20;
 
+/// Heap bytes one sweep plan holds per sequence of the timeline: the sweep's order (8: sequence
+/// and chunk ids), whether each position is this worker's (1) and this worker's positions
+/// grouped by chunk (4 at most); its construction peaks lower (the shuffle's slots and their
+/// chunk positions, 12). Per-chunk tables are left out.
+pub const PLAN_BYTES_PER_SEQUENCE: u64 = 13;
+
+/// Heap bytes per chunk of a sampler's tables (chunk order, windows, positions, uses per chunk;
+/// two plans and one being built), with room to spare.
+const SAMPLER_BYTES_PER_CHUNK: u64 = 128;
+
+/// Heap bytes of a sampler whatever the timeline (its own fields, a walk's small vectors).
+const SAMPLER_FIXED_BYTES: u64 = 4 << 10;
+
+/// Heap bytes per sequence of [`Sampler::resume_job`]'s walk: the order of a sweep and the owner
+/// of each position (8 + 8).
+const OWNERS_BYTES_PER_SEQUENCE: u64 = 16;
+
+/// Heap bytes per sequence remembered by [`Sampler::resume_job`]: a `(u64, u32)` key of a hash
+/// set, with its control byte, at the set's lowest load.
+const DELIVERED_ENTRY_BYTES: u64 = 40;
+
 /// Largest local minibatch size honoured; larger requests are clamped (CNTK raises "Global and
 /// local size of the minibatch cannot exceed max int" instead).
 pub const MAX_LOCAL_MINIBATCH_SAMPLES: u64 = i32::MAX as u64;
@@ -397,6 +418,29 @@ impl Fill {
 }
 
 impl Sampler {
+    /// An upper bound on the heap a sampler over `timeline` holds: two sweep plans (the current
+    /// one, and the next, which a prefetch looks into near a sweep's end and a sweep's switch
+    /// builds while the current one lives), [`PLAN_BYTES_PER_SEQUENCE`] each, and its tables per
+    /// chunk. With `walks` ([`Sampler::resume_job`], [`Sampler::equalize_steps`], or a session
+    /// that continues a job), what those walks hold beside it at their peak: another worker's
+    /// sampler, one sweep's owners, and the delivered set of a job. The minibatches it returns
+    /// are the caller's.
+    #[must_use]
+    pub fn memory_bound(timeline: &Timeline, walks: bool) -> u64 {
+        let num_sequences = timeline.num_sequences() as u64;
+        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK);
+        let plans = num_sequences
+            .saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE)
+            .saturating_add(chunks)
+            .saturating_add(SAMPLER_FIXED_BYTES);
+        if !walks {
+            return plans;
+        }
+        let walk = num_sequences.saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE + OWNERS_BYTES_PER_SEQUENCE);
+        let delivered = (MAX_JOB_DELIVERED as u64).min(num_sequences.saturating_mul(2)) * DELIVERED_ENTRY_BYTES;
+        plans.saturating_add(walk).saturating_add(delivered).saturating_add(chunks)
+    }
+
     /// A sampler at position 0 of the epoch described by `options`.
     ///
     /// # Errors

@@ -1,0 +1,151 @@
+//! What a sampler holds is bounded by [`Sampler::memory_bound`], which the daemon reserves against
+//! `memory_limit_bytes` for every session: measured here with a counting allocator over whole
+//! sweeps (the plans of the current and next sweep, prefetch hints across a sweep's end), equal
+//! steps and a job resumed at another worker count. A 26 GiB file of 22.5 M sequences showed the
+//! need: each session's sweep orders held ~280 MiB that no budget counted, and the daemon's RSS
+//! passed a 6 GiB limit by 487 MiB.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Tail, Timeline, Window};
+
+/// The system allocator, counting the bytes live and their peak since the last [`reset_peak`].
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Tests in this binary run one at a time: the counters are global.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+// SAFETY: every call forwards to `System` with the caller's arguments; the counters are plain
+// atomics and allocate nothing.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded unchanged (the caller upholds `alloc`'s contract).
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded unchanged.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            if new_size >= layout.size() {
+                let now = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size - layout.size();
+                PEAK.fetch_max(now, Ordering::Relaxed);
+            } else {
+                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
+            }
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn reset_peak() -> usize {
+    let live = LIVE.load(Ordering::Relaxed);
+    PEAK.store(live, Ordering::Relaxed);
+    live
+}
+
+/// `chunks` chunks of `per_chunk` sequences, lengths 1..=3.
+fn timeline(chunks: usize, per_chunk: usize) -> Arc<Timeline> {
+    let n = chunks * per_chunk;
+    #[allow(clippy::cast_possible_truncation)] // i % 3 < 3
+    let seq_len = (0..n).map(|i| 1 + (i % 3) as u32).collect();
+    Arc::new(Timeline { seq_len, chunk_start: (0..=chunks).map(|c| c * per_chunk).collect() })
+}
+
+fn options(window: Window, workers: usize, rank: usize, limit: EpochLimit) -> SamplingOptions {
+    SamplingOptions { randomize: true, window, seed: 7, limit, num_workers: workers, rank }
+}
+
+/// Walks `sampler` to its epoch's end, asking for prefetch hints before each minibatch as the
+/// daemon's producer does.
+fn walk(sampler: &mut Sampler, minibatch_size: usize) -> usize {
+    let mut n = 0;
+    loop {
+        let _ = sampler.upcoming_chunks(16);
+        match sampler.next_minibatch(minibatch_size) {
+            Some(mb) => n += mb.sequences.len(),
+            None => return n,
+        }
+    }
+}
+
+#[test]
+fn a_sampler_walking_sweeps_stays_within_its_memory_bound() {
+    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let t = timeline(40, 5000);
+    for window in [Window::Chunks(4), Window::Chunks(128), Window::Samples(30_000)] {
+        for (workers, rank) in [(1, 0), (3, 1)] {
+            let base = reset_peak();
+            let mut s =
+                Sampler::new(t.clone(), options(window, workers, rank, EpochLimit::Sweeps(3))).expect("sampler");
+            let taken = walk(&mut s, 256);
+            assert!(taken > 0);
+            let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+            let bound = Sampler::memory_bound(&t, false);
+            eprintln!("{window:?}, {workers} workers: peak {peak} B, bound {bound} B");
+            assert!(peak <= bound, "{window:?}, {workers} workers: peak {peak} B > bound {bound} B");
+            // The bound is tight enough to mean something: two plans are held at a sweep's end.
+            assert!(peak * 2 > bound, "{window:?}, {workers} workers: peak {peak} B, bound {bound} B");
+        }
+    }
+}
+
+#[test]
+fn a_small_timeline_costs_little() {
+    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (chunks, per_chunk) in [(1, 10), (1, 2000), (3, 700)] {
+        let t = timeline(chunks, per_chunk);
+        let base = reset_peak();
+        let mut s =
+            Sampler::new(t.clone(), options(Window::Chunks(128), 1, 0, EpochLimit::Sweeps(2))).expect("sampler");
+        walk(&mut s, 4);
+        let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+        let bound = Sampler::memory_bound(&t, false);
+        eprintln!("{chunks} x {per_chunk}: peak {peak} B, bound {bound} B");
+        assert!(peak <= bound, "{chunks} x {per_chunk}: peak {peak} B > bound {bound} B");
+    }
+}
+
+#[test]
+fn equal_steps_and_a_resumed_job_stay_within_the_bound_with_walks() {
+    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let t = timeline(40, 5000);
+    let bound = Sampler::memory_bound(&t, true);
+
+    let base = reset_peak();
+    let mut s = Sampler::new(t.clone(), options(Window::Chunks(4), 4, 2, EpochLimit::Sweeps(2))).expect("sampler");
+    s.equalize_steps(256, Tail::Drop).expect("equal steps");
+    walk(&mut s, 256);
+    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+    eprintln!("equal steps: peak {peak} B, bound {bound} B");
+    assert!(peak <= bound, "equal steps: peak {peak} B > bound {bound} B");
+
+    // A job of 3 workers continued by 2, its workers a sweep and a half apart.
+    let base = reset_peak();
+    let mut s = Sampler::new(t.clone(), options(Window::Chunks(4), 2, 1, EpochLimit::Sweeps(4))).expect("sampler");
+    let sweep = s.sweep_size();
+    s.resume_job(&[sweep / 2, sweep, sweep * 2]).expect("resume job");
+    walk(&mut s, 256);
+    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+    eprintln!("resumed job: peak {peak} B, bound {bound} B");
+    assert!(peak <= bound, "resumed job: peak {peak} B > bound {bound} B");
+    assert!(peak > Sampler::memory_bound(&t, false) / 2, "the walk holds at least a plan: {peak} B");
+}
