@@ -86,14 +86,26 @@ impl FileMapping {
     /// `smaps` (milliseconds for a daemon's mappings): for background work, not a hot path.
     #[must_use]
     pub fn huge_page_backed(&self) -> Option<bool> {
+        Some(self.smaps_bytes("FilePmdMapped:")?.saturating_mul(2) >= self.len)
+    }
+
+    /// Bytes of the mapping resident in this process (`Rss` of its entry in `/proc/self/smaps`);
+    /// `None` when that cannot be read. Reads the whole `smaps`, as [`Self::huge_page_backed`].
+    #[must_use]
+    pub fn resident_bytes(&self) -> Option<usize> {
+        self.smaps_bytes("Rss:")
+    }
+
+    /// A size field (`kB`) of this mapping's entry in `/proc/self/smaps`, in bytes.
+    fn smaps_bytes(&self, name: &str) -> Option<usize> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
         let start = format!("{:x}-", self.ptr.as_ptr() as usize);
         let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&start));
         lines.next()?;
         // The mapping's fields end with its `VmFlags` line.
-        let field = lines.take_while(|l| !l.starts_with("VmFlags")).find_map(|l| l.strip_prefix("FilePmdMapped:"))?;
+        let field = lines.take_while(|l| !l.starts_with("VmFlags")).find_map(|l| l.strip_prefix(name))?;
         let kib: usize = field.trim().trim_end_matches("kB").trim().parse().ok()?;
-        Some(kib.saturating_mul(1024).saturating_mul(2) >= self.len)
+        Some(kib.saturating_mul(1024))
     }
 
     /// Bytes mapped.

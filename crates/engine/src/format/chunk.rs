@@ -253,14 +253,24 @@ impl StreamData {
         }
     }
 
-    /// Bytes held.
+    /// Bytes held in memory of the process's own: a mapped column's are the mapping's, which
+    /// [`ParsedChunk::size_bytes`] counts whole.
     #[must_use]
     pub fn size_bytes(&self) -> usize {
         // Counts lengths: [`StreamData::shrink_to_fit`] makes the capacities equal them.
+        fn own(size: usize, mapped: bool) -> usize {
+            if mapped {
+                0
+            } else {
+                size
+            }
+        }
         let payload = match &self.data {
-            StreamValues::Dense { values, .. } => values.size_bytes(),
+            StreamValues::Dense { values, .. } => own(values.size_bytes(), values.mapping().is_some()),
             StreamValues::Sparse { sample_offsets, indices, values } => {
-                sample_offsets.len() * 8 + indices.size_bytes() + values.size_bytes()
+                sample_offsets.len() * 8
+                    + own(indices.size_bytes(), indices.mapping().is_some())
+                    + own(values.size_bytes(), values.mapping().is_some())
             }
             StreamValues::Strings { offsets, bytes } => offsets.len() * 8 + bytes.len(),
         };
@@ -310,10 +320,16 @@ impl ParsedChunk {
         self
     }
 
-    /// Bytes held by the buffers (for the memory budget).
+    /// Bytes held by the buffers (for the memory budget). A chunk read from the persisted
+    /// cache counts its whole mapping beside the copies made from it (its offsets): the
+    /// checksum read every page of the mapping in, and a page of offsets that shares a 2 MiB
+    /// folio with a column stays mapped as long as the column (counting only the mapped
+    /// columns, a 26 GiB file's mapped chunks held ~4 % more than counted).
     #[must_use]
     pub fn size_bytes(&self) -> usize {
-        self.streams.iter().map(StreamData::size_bytes).sum::<usize>() + std::mem::size_of::<Self>()
+        self.streams.iter().map(StreamData::size_bytes).sum::<usize>()
+            + self.mapping().map_or(0, |m| m.len())
+            + std::mem::size_of::<Self>()
     }
 }
 

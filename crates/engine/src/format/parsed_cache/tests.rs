@@ -315,6 +315,15 @@ fn a_large_entry_is_served_from_its_mapping_and_outlives_its_eviction() {
     };
     assert!(ids.is_mapped());
     assert!(!sparse.is_mapped(), "after an odd number of 32-bit ids the float64 values are misaligned: copied");
+    // The chunk counts what it holds: its whole mapping (the checksum read every page in, and
+    // offsets share huge pages with the columns) and the copies made from it.
+    let map = dense.mapping().expect("mapped");
+    let copies = back.streams.iter().map(StreamData::size_bytes).sum::<usize>();
+    assert!(copies >= sparse.len() * 8, "the misaligned values are counted as copies");
+    assert_eq!(back.size_bytes(), copies + map.len() + std::mem::size_of::<ParsedChunk>());
+    if let Some(resident) = map.resident_bytes() {
+        assert!(resident <= map.len().next_multiple_of(4096), "{resident} B resident of a {} B mapping", map.len());
+    }
     // The entry removed from disk (an eviction) and another written under its name: the chunk
     // already served keeps its values.
     std::fs::remove_file(dir.join(entry_name(ID, 5))).expect("evict");
