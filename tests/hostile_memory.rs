@@ -385,13 +385,35 @@ fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
         slot_size_bytes: Some(65536),
         ..options(64)
     };
+    // What `minibatchd_memory_used_bytes{part="sampling"}` says is reserved, and the bound per
+    // session: 26 bytes per sequence, plus its tables per chunk.
+    let reserved = || -> f64 {
+        let (_, body) = support::daemon::http_get(&p.join("state"), "/metrics").expect("metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix("minibatchd_memory_used_bytes{part=\"sampling\"} "))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("the sampling part")
+    };
+    let per_session = 26.0 * 300_000.0;
+    let within = |sessions: u32, bytes: f64| {
+        let n = f64::from(sessions);
+        bytes >= n * per_session && bytes <= n * (per_session + 65536.0)
+    };
+    // Equal steps walk the epoch at `open` (another sampler beside this one): reserved while
+    // they run, given back once the session is open.
+    let equal = SessionOptions { equal_steps: true, max_sweeps: Some(1), ..randomized.clone() };
+    let mut first = support::daemon::open_retrying(&d, "many", &equal, ErrorCode::DatasetIndexing);
+    assert!(first.next_owned().expect("served").is_some());
+    assert!(within(1, reserved()), "{} B reserved for one session", reserved());
+    drop(first);
+    let deadline = Instant::now() + DEADLINE;
+    while reserved() > 0.0 {
+        assert!(Instant::now() < deadline, "{} B still reserved after the session ended", reserved());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let mut open = Vec::new();
     let (code, message) = loop {
-        let opened = if open.is_empty() {
-            Ok(support::daemon::open_retrying(&d, "many", &randomized, ErrorCode::DatasetIndexing))
-        } else {
-            Client::connect(&d.socket).expect("connect").open("many", &randomized)
-        };
+        let opened = Client::connect(&d.socket).expect("connect").open("many", &randomized);
         match opened {
             Ok(mut s) => {
                 // Reading builds the sweep orders, and near the sweep's end the next one's.
@@ -409,6 +431,8 @@ fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
     for s in &mut open {
         assert!(s.next_owned().expect("still served").is_some());
     }
+    let sessions = u32::try_from(open.len()).expect("at most 8");
+    assert!(within(sessions, reserved()), "{} B reserved for {sessions} sessions", reserved());
     eprintln!("{} sessions admitted; then: {message}", open.len());
     assert_within_limit(&d, "with sessions on 300,000 sequences");
 }

@@ -61,42 +61,47 @@ pub(super) struct Active {
 }
 
 /// Memory reserved against `memory_limit_bytes` for a session's sampler (the sweep orders of its
-/// dataset, [`Sampler::memory_bound`]): taken before the sampler is built, so that no number of
-/// sessions opening at once holds more than the limit allows, and given back when dropped. A
-/// dataset of 22.5 M sequences costs a session ~560 MiB of it (26 bytes per sequence).
+/// dataset, [`Sampler::memory_bound`], and while the session opens the walks of equal steps or
+/// of a job, [`Sampler::walk_memory_bound`]): taken before the sampler is built, so that no
+/// number of sessions opening at once holds more than the limit allows, and given back when
+/// dropped. A dataset of 22.5 M sequences costs a session ~560 MiB of it (26 bytes per sequence).
 pub(super) struct SamplingReservation {
     shared: Arc<ControlPlane>,
     bytes: u64,
-    walks: bool,
+}
+
+/// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
+/// with `walks`, the walks made while the session opens.
+fn sampling_bound(timeline: &Timeline, job: bool, walks: bool) -> u64 {
+    let walk = if walks { Sampler::walk_memory_bound(timeline) } else { 0 };
+    Sampler::memory_bound(timeline, job).saturating_add(walk)
 }
 
 impl SamplingReservation {
-    /// Reserves the bound of a sampler over `timeline`, with the walks of equal steps or a job
-    /// when `walks`.
-    fn new(shared: &Arc<ControlPlane>, timeline: &Timeline, walks: bool) -> Result<Self, Refusal> {
-        let bytes = Sampler::memory_bound(timeline, walks);
-        let per_sequence = bytes / (timeline.num_sequences() as u64).max(1);
-        let mut reg = shared.registry();
-        reg.reserve_sampling(bytes, per_sequence)?;
-        shared.rebudget(&reg);
-        Ok(Self { shared: shared.clone(), bytes, walks })
+    /// While a session with (`job`) or without a job, with equal steps or not, opens: its
+    /// sampler and its walks.
+    fn opening(&mut self, timeline: &Timeline, job: bool, equal_steps: bool) -> Result<(), Refusal> {
+        self.resize(timeline, sampling_bound(timeline, job, job || equal_steps))
     }
 
-    /// Adds the walks' share when the session starts from a state that continues a job, which
-    /// `prepare` could not know where the state is a lingering session's.
-    fn for_start(mut self, start: &SessionState, timeline: &Timeline) -> Result<Self, Refusal> {
-        if self.walks || start.job.is_none() {
-            return Ok(self);
-        }
-        let bytes = Sampler::memory_bound(timeline, true);
-        let more = bytes.saturating_sub(self.bytes);
+    /// Once the session is open (its walks done): what its sampler keeps.
+    fn opened(&mut self, timeline: &Timeline, job: bool) -> Result<(), Refusal> {
+        self.resize(timeline, sampling_bound(timeline, job, false))
+    }
+
+    /// Reserves `bytes` in all: more (refused when it does not fit; the reservation is then
+    /// unchanged) or less (the rest given back to the chunk cache).
+    fn resize(&mut self, timeline: &Timeline, bytes: u64) -> Result<(), Refusal> {
         let mut reg = self.shared.registry();
-        reg.reserve_sampling(more, bytes / (timeline.num_sequences() as u64).max(1))?;
-        self.shared.rebudget(&reg);
-        drop(reg);
+        if bytes > self.bytes {
+            let per_sequence = bytes / (timeline.num_sequences() as u64).max(1);
+            reg.reserve_sampling(bytes - self.bytes, per_sequence)?;
+        } else {
+            reg.unreserve_sampling(self.bytes - bytes);
+        }
         self.bytes = bytes;
-        self.walks = true;
-        Ok(self)
+        self.shared.rebudget(&reg);
+        Ok(())
     }
 }
 
@@ -242,10 +247,9 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, ohash)?;
     }
-    let walks = resolved.equal_steps
-        || options.resume_job.is_some()
-        || options.resume.as_ref().is_some_and(|s| s.job.is_some());
-    let sampling = SamplingReservation::new(shared, rt.dataset.timeline(), walks)?;
+    let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
+    let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
+    sampling.opening(rt.dataset.timeline(), job, resolved.equal_steps)?;
     let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
     // The walks a `resume` state's job and equal steps will take, refused now if too long: after
     // admission a refusal would park the session's name with a state these options no longer fit.
@@ -384,11 +388,10 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start } =
+    let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start } =
         prepare(dataset, options, shared).await?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
-    let fits = |s: &SessionState| check_resume(s, dataset, rt.identity, ohash);
     let request = admission::Request {
         dataset,
         name: resolved.session.as_deref(),
@@ -402,7 +405,7 @@ pub(super) async fn open(
             options_hash: hex64(ohash),
             job: None,
         },
-        fits: &fits,
+        fits: &|s: &SessionState| check_resume(s, dataset, rt.identity, ohash),
         ring_bytes: geometry.total_bytes(),
         host_short: host_shortfall(shared),
         uid: peer.uid,
@@ -429,13 +432,15 @@ pub(super) async fn open(
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
         window_fits(&rt, sampler.sweep_size(), &resolved, shared).map_err(undo)?;
     }
-    let sampling = sampling.for_start(&admitted.start, rt.dataset.timeline()).map_err(undo)?;
+    // A lingering session's state may continue a job, which `prepare` could not know.
+    sampling.opening(rt.dataset.timeline(), admitted.start.job.is_some(), resolved.equal_steps).map_err(undo)?;
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let (sampler, pad_to) = {
         let (start, resolved, dataset, shared) = (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone());
         off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared)).await.map_err(undo)?
     };
+    sampling.opened(rt.dataset.timeline(), start.job.is_some()).map_err(undo)?;
     let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
     let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
     let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;

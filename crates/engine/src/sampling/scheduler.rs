@@ -421,24 +421,34 @@ impl Sampler {
     /// An upper bound on the heap a sampler over `timeline` holds: two sweep plans (the current
     /// one, and the next, which a prefetch looks into near a sweep's end and a sweep's switch
     /// builds while the current one lives), [`PLAN_BYTES_PER_SEQUENCE`] each, and its tables per
-    /// chunk. With `walks` ([`Sampler::resume_job`], [`Sampler::equalize_steps`], or a session
-    /// that continues a job), what those walks hold beside it at their peak: another worker's
-    /// sampler, one sweep's owners, and the delivered set of a job. The minibatches it returns
-    /// are the caller's.
+    /// chunk; with `job` (it continues a job: [`Sampler::resume_job`]), the set of sequences the
+    /// earlier workers delivered. The minibatches it returns are the caller's.
     #[must_use]
-    pub fn memory_bound(timeline: &Timeline, walks: bool) -> u64 {
+    pub fn memory_bound(timeline: &Timeline, job: bool) -> u64 {
         let num_sequences = timeline.num_sequences() as u64;
         let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK);
         let plans = num_sequences
             .saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE)
             .saturating_add(chunks)
             .saturating_add(SAMPLER_FIXED_BYTES);
-        if !walks {
+        if !job {
             return plans;
         }
-        let walk = num_sequences.saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE + OWNERS_BYTES_PER_SEQUENCE);
         let delivered = (MAX_JOB_DELIVERED as u64).min(num_sequences.saturating_mul(2)) * DELIVERED_ENTRY_BYTES;
-        plans.saturating_add(walk).saturating_add(delivered).saturating_add(chunks)
+        plans.saturating_add(delivered)
+    }
+
+    /// What the walks of [`Sampler::resume_job`] and [`Sampler::equalize_steps`] hold beside
+    /// [`Sampler::memory_bound`] while they run, at most: another worker's sampler and one
+    /// sweep's owners.
+    #[must_use]
+    pub fn walk_memory_bound(timeline: &Timeline) -> u64 {
+        let num_sequences = timeline.num_sequences() as u64;
+        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK);
+        num_sequences
+            .saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE + OWNERS_BYTES_PER_SEQUENCE)
+            .saturating_add(chunks)
+            .saturating_add(SAMPLER_FIXED_BYTES)
     }
 
     /// A sampler at position 0 of the epoch described by `options`.
