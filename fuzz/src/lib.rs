@@ -165,6 +165,9 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
     let dec = DeepxDecoder::new(schema);
     let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len());
     let mut errors = Vec::new();
+    // The reference for the plain-feature fast path: the general readers alone.
+    let general = dec.clone().general_only();
+    let (mut general_bufs, mut general_errors) = (general.buffers::<T>(), Vec::new());
     // Each line alone as well: the chunk's features are the lines' in order, however the chunk
     // stores its ids (32 bits until one needs more, then widened mid-chunk).
     let mut alone: Vec<Vec<u64>> = vec![Vec::new(); bufs.x.len()];
@@ -173,6 +176,7 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
         let bytes = &body[start..start + seq.size as usize];
         let ctx = LineContext { file: &path, line: seq.line, offset: seq.offset };
         dec.decode_line(bytes, &ctx, &mut bufs, &mut errors);
+        general.decode_line(bytes, &ctx, &mut general_bufs, &mut general_errors);
         let mut one = dec.buffers::<T>();
         dec.decode_line(bytes, &ctx, &mut one, &mut Vec::new());
         for (all, x) in alone.iter_mut().zip(&one.x) {
@@ -186,6 +190,13 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
         if errors.len() < 2 {
             assert_eq!(x.narrow(), all.iter().all(|&id| u32::try_from(id).is_ok()), "ids widened without need");
         }
+    }
+    assert_eq!(format!("{errors:?}"), format!("{general_errors:?}"), "the fast path's errors differ");
+    for (x, g) in bufs.x.iter().zip(&general_bufs.x) {
+        let bits = |v: &[T]| v.iter().map(|&e| Into::<f64>::into(e).to_bits()).collect::<Vec<u64>>();
+        assert_eq!(x.ids(), g.ids(), "the fast path's ids differ");
+        assert_eq!(bits(&x.values), bits(&g.values), "the fast path's values differ");
+        assert_eq!(x.sample_offsets, g.sample_offsets, "the fast path's samples differ");
     }
     let samples = bufs.samples;
     assert_eq!(bufs.seq_offsets.len(), idx.sequences.len() + 1);

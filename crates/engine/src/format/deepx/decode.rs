@@ -24,7 +24,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::number::{parse_id, parse_real, single_digit_real, IdError};
+use super::number::{parse_id, parse_real, plain_feature, single_digit_real, IdError, FEATURE_WINDOW};
 use super::schema::{Layout, Schema};
 use crate::format::chunk::{Indices, StreamData, StreamValues};
 use crate::format::ctf::Element;
@@ -283,13 +283,25 @@ fn skip_ws(s: &[u8], mut p: usize) -> usize {
 #[derive(Debug, Clone)]
 pub struct DeepxDecoder {
     schema: Schema,
+    /// Whether features of the plain shape are read by [`plain_feature`] first (always, but in
+    /// the differential tests of that fast path, [`DeepxDecoder::general_only`]).
+    plain: bool,
 }
 
 impl DeepxDecoder {
     /// A decoder producing `schema`'s streams.
     #[must_use]
     pub fn new(schema: Schema) -> Self {
-        Self { schema }
+        Self { schema, plain: true }
+    }
+
+    /// The same decoder reading every feature with the general readers only: the reference the
+    /// plain-feature fast path is checked against (tests, fuzzing). Not for production use.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn general_only(mut self) -> Self {
+        self.plain = false;
+        self
     }
 
     /// The streams it produces.
@@ -548,18 +560,18 @@ impl DeepxDecoder {
     #[inline]
     fn series<T: DeepxElement>(&self, s: &[u8], mut p: usize, buf: &mut SparseBuf<T>, pipe: bool) -> Parse<usize> {
         // The two options are constants of the feature loop, not flags it tests per feature.
-        let one_based = self.schema.one_based;
+        let (one_based, plain) = (self.schema.one_based, self.plain);
         loop {
             let v = &mut buf.values;
             let step = match (&mut buf.ids, one_based, pipe) {
-                (Ids::Narrow(ids), false, false) => Self::features::<T, u32, false, false>(s, p, ids, v)?,
-                (Ids::Narrow(ids), false, true) => Self::features::<T, u32, false, true>(s, p, ids, v)?,
-                (Ids::Narrow(ids), true, false) => Self::features::<T, u32, true, false>(s, p, ids, v)?,
-                (Ids::Narrow(ids), true, true) => Self::features::<T, u32, true, true>(s, p, ids, v)?,
-                (Ids::Wide(ids), false, false) => Self::features::<T, u64, false, false>(s, p, ids, v)?,
-                (Ids::Wide(ids), false, true) => Self::features::<T, u64, false, true>(s, p, ids, v)?,
-                (Ids::Wide(ids), true, false) => Self::features::<T, u64, true, false>(s, p, ids, v)?,
-                (Ids::Wide(ids), true, true) => Self::features::<T, u64, true, true>(s, p, ids, v)?,
+                (Ids::Narrow(ids), false, false) => Self::features::<T, u32, false, false>(s, p, ids, v, plain)?,
+                (Ids::Narrow(ids), false, true) => Self::features::<T, u32, false, true>(s, p, ids, v, plain)?,
+                (Ids::Narrow(ids), true, false) => Self::features::<T, u32, true, false>(s, p, ids, v, plain)?,
+                (Ids::Narrow(ids), true, true) => Self::features::<T, u32, true, true>(s, p, ids, v, plain)?,
+                (Ids::Wide(ids), false, false) => Self::features::<T, u64, false, false>(s, p, ids, v, plain)?,
+                (Ids::Wide(ids), false, true) => Self::features::<T, u64, false, true>(s, p, ids, v, plain)?,
+                (Ids::Wide(ids), true, false) => Self::features::<T, u64, true, false>(s, p, ids, v, plain)?,
+                (Ids::Wide(ids), true, true) => Self::features::<T, u64, true, true>(s, p, ids, v, plain)?,
             };
             match step {
                 Step::End(q) => return Ok(q),
@@ -579,9 +591,31 @@ impl DeepxDecoder {
         mut p: usize,
         ids: &mut Vec<I>,
         values: &mut Vec<T>,
+        plain: bool,
     ) -> Parse<Step> {
         let n = s.len();
         loop {
+            // The plain shape first (`id:1`, `id:0.5`), read from a fixed window; anything else,
+            // and the last bytes of the line, below.
+            let window = if plain { s.get(p..p + FEATURE_WINDOW) } else { None };
+            if let Some(w) = window.and_then(|w| <&[u8; FEATURE_WINDOW]>::try_from(w).ok()) {
+                if let Some((id, v, len)) = plain_feature(w) {
+                    let id = if ONE_BASED { id.wrapping_sub(1) } else { id };
+                    if let (false, Some(stored)) = (ONE_BASED && id == u64::MAX, I::store(id)) {
+                        ids.push(stored);
+                        values.push(T::from_f64(v));
+                        // `s[p + len]` is a blank; what follows is as after any feature.
+                        p = skip_ws(s, p + len + 1);
+                        if p >= n {
+                            return Ok(Step::End(n));
+                        }
+                        if PIPE && s[p] == b'|' {
+                            return Ok(Step::End(p));
+                        }
+                        continue;
+                    }
+                }
+            }
             let (mut id, q) = parse_id(s, p).map_err(|(e, at)| match e {
                 IdError::NoDigits => {
                     bad(at, format!("invalid feature id: expected decimal digits, found {}", found(s, at)))

@@ -442,3 +442,73 @@ fn a_rolled_back_wide_id_narrows_the_ids_back_once() {
     assert_eq!(b.x[0].values, vec![1.0, 1.0, 1.0, 2.0]);
     assert_eq!(b.x[0].sample_offsets, vec![0, 2, 3, 4]);
 }
+
+/// The plain-feature fast path ([`plain_feature`], taken where 24 bytes of the line are left)
+/// changes nothing: long random lines of every format — plain features, other shapes (signs,
+/// exponents, long ids, values without ids), blanks and tabs, `|`, malformed tokens — decode to
+/// the same buffers and the same errors with it and with the general readers only.
+#[test]
+#[allow(clippy::cast_possible_truncation)] // indices below 10
+fn the_plain_feature_fast_path_decodes_as_the_general_readers_do() {
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let formats = [
+        (FormatKind::Libsvm, DeepxOptions::default()),
+        (FormatKind::Libsvm, DeepxOptions { feature_index_base: 1, ..DeepxOptions::default() }),
+        (FormatKind::Libsvm, DeepxOptions { qid: true, comments: true, ..DeepxOptions::default() }),
+        (FormatKind::LibsvmEx, DeepxOptions { x_size: Some(2), ..DeepxOptions::default() }),
+        (FormatKind::Uch, DeepxOptions { x_hist_item_size: Some(2), ..DeepxOptions::default() }),
+    ];
+    let mut features = 0;
+    for (format, options) in formats {
+        let fast = DeepxDecoder::new(Schema::new(format, &options));
+        let general = fast.clone().general_only();
+        let mut text = String::new();
+        for _ in 0..400 {
+            let _ = write!(text, "{}", next(2));
+            if options.qid {
+                let _ = write!(text, " qid:{}", next(100));
+            }
+            for f in 0..next(40) {
+                let blank = [" ", " ", " ", "\t", "  "][next(5) as usize];
+                let text_of = match next(20) {
+                    0..=7 => format!("{}:1", next(20_000_000)),
+                    8..=13 => format!("{}:{}.{:0w$}", next(1000), next(10), next(10_000_000), w = 1 + next(7) as usize),
+                    14 => format!("{}:-{}.{}", next(100), next(10), next(1000)),
+                    15 => format!("{}:{}e-{}", next(100), next(10), next(3)),
+                    16 => format!("{}:1", next(u64::MAX)),
+                    17 => format!("{}", next(1000)),
+                    18 => ["|", "0:1", "1:0.5x", "3:1,4:1", "1:1.5.5", "#c", "7:12.25"][next(7) as usize].to_owned(),
+                    _ => format!("{}:{}.{}", next(100_000_000), next(10), next(100_000_000)),
+                };
+                let _ = write!(text, "{blank}{text_of}");
+                if f == 5 && format != FormatKind::Libsvm {
+                    text.push_str(" | ");
+                }
+            }
+            text.push_str(["\n", " \n", "\r\n", "\t\n"][next(4) as usize]);
+        }
+        let bytes = text.as_bytes();
+        let path: Arc<Path> = Arc::from(Path::new("t.svm"));
+        let (mut a, mut b) = (fast.buffers::<f32>(), general.buffers::<f32>());
+        let (mut ea, mut eb) = (Vec::new(), Vec::new());
+        let (mut at, mut line) = (0usize, 0u64);
+        for l in text.split_inclusive('\n') {
+            let ctx = LineContext { file: &path, line, offset: at as u64 };
+            fast.decode_line(&bytes[at..at + l.len()], &ctx, &mut a, &mut ea);
+            general.decode_line(&bytes[at..at + l.len()], &ctx, &mut b, &mut eb);
+            at += l.len();
+            line += 1;
+        }
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "{format:?} {options:?}");
+        assert_eq!(format!("{ea:?}"), format!("{eb:?}"), "{format:?} {options:?}");
+        assert!(a.samples > 50 && !ea.is_empty(), "{format:?}: {} samples, {} errors", a.samples, ea.len());
+        features += a.x.iter().map(SparseBuf::len).sum::<usize>();
+    }
+    assert!(features > 10_000, "{features} features");
+}
