@@ -69,6 +69,12 @@ fn bench(c: &mut Criterion) {
     g.bench_with_input(BenchmarkId::new("decode_f64", "criteo_libsvm"), &text, |b, t| {
         b.iter(|| decode_all::<f64>(&dec, t, &idx));
     });
+    // The same decode with the general readers only (no plain-feature window): the fast path's
+    // gain, measured in the same run.
+    let general = dec.clone().general_only();
+    g.bench_with_input(BenchmarkId::new("decode_f32_general_readers", "criteo_libsvm"), &text, |b, t| {
+        b.iter(|| decode_all::<f32>(&general, t, &idx));
+    });
     g.finish();
 }
 
