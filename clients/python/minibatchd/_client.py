@@ -495,12 +495,7 @@ class Source:
         ):
             _tag, flags, slot, gen, index, sweep, position = _READY.unpack_from(buf, 4)
             del buf[:_READY_FRAME]
-            mb = self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
-            self._taken = index + 1
-            state = self._last_state
-            state["position"] = position
-            state["minibatches"] = index + 1
-            return mb
+            return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
         if self._ended or self._mm is None:
             raise StopIteration
         if self._failed is not None:
@@ -535,17 +530,11 @@ class Source:
             msg = self._next_message()
             self._wait_ns += time.perf_counter_ns() - waiting
         if type(msg) is tuple:
-            mb = self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
-            self._taken = mb.index + 1
-            self._last_state.update(position=mb.position, minibatches=self._taken)
-            return mb
+            return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
         t = msg.get("type")
         if t == "ready":
             meta = msg["minibatch"]
-            mb = self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
-            self._taken = mb.index + 1
-            self._last_state.update(position=mb.position, minibatches=self._taken)
-            return mb
+            return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
@@ -584,6 +573,11 @@ class Source:
             self._last_table, self._last_specs = raw, specs
         ref = self._releaser.track(owner, (slot, gen))
         # The arrays themselves are made when their stream is first asked for.
+        # Taken now: the state the client keeps (and a reconnect resumes from) is after it.
+        self._taken = index + 1
+        state = self._last_state
+        state["position"] = position
+        state["minibatches"] = index + 1
         return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
 
     def _report_final(self) -> None:

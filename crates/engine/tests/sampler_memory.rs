@@ -124,6 +124,14 @@ fn a_small_timeline_costs_little() {
     }
 }
 
+/// The peak bytes held beyond `base` since the last [`reset_peak`], checked against `bound`.
+fn within_bound(what: &str, base: usize, bound: u64) -> u64 {
+    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+    eprintln!("{what}: peak {peak} B, bound {bound} B");
+    assert!(peak <= bound, "{what}: peak {peak} B > bound {bound} B");
+    peak
+}
+
 #[test]
 fn equal_steps_and_a_resumed_job_stay_within_the_bound_with_walks() {
     let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -133,32 +141,20 @@ fn equal_steps_and_a_resumed_job_stay_within_the_bound_with_walks() {
     let base = reset_peak();
     let mut s = Sampler::new(t.clone(), options(Window::Chunks(4), 4, 2, EpochLimit::Sweeps(2))).expect("sampler");
     s.equalize_steps(256, Tail::Drop).expect("equal steps");
-    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
-    let bound = Sampler::memory_bound(&t, false) + walk_bound;
-    eprintln!("equal steps: peak {peak} B, bound {bound} B");
-    assert!(peak <= bound, "equal steps: peak {peak} B > bound {bound} B");
+    within_bound("equal steps", base, Sampler::memory_bound(&t, false) + walk_bound);
     // Once the walks are done, the sampler holds no more than without them.
     reset_peak(); // from here, what the sampler holds beyond `base`
     walk(&mut s, 256);
-    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
-    let bound = Sampler::memory_bound(&t, false);
-    eprintln!("after equal steps: peak {peak} B, bound {bound} B");
-    assert!(peak <= bound, "after equal steps: peak {peak} B > bound {bound} B");
+    within_bound("after equal steps", base, Sampler::memory_bound(&t, false));
 
     // A job of 3 workers continued by 2, its workers a sweep and a half apart.
     let base = reset_peak();
     let mut s = Sampler::new(t.clone(), options(Window::Chunks(4), 2, 1, EpochLimit::Sweeps(4))).expect("sampler");
     let sweep = s.sweep_size();
     s.resume_job(&[sweep / 2, sweep, sweep * 2]).expect("resume job");
-    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
-    let bound = Sampler::memory_bound(&t, true) + walk_bound;
-    eprintln!("resuming a job: peak {peak} B, bound {bound} B");
-    assert!(peak <= bound, "resuming a job: peak {peak} B > bound {bound} B");
+    within_bound("resuming a job", base, Sampler::memory_bound(&t, true) + walk_bound);
     reset_peak(); // from here, what the sampler holds beyond `base`
     walk(&mut s, 256);
-    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
-    let bound = Sampler::memory_bound(&t, true);
-    eprintln!("a resumed job: peak {peak} B, bound {bound} B");
-    assert!(peak <= bound, "a resumed job: peak {peak} B > bound {bound} B");
+    let peak = within_bound("a resumed job", base, Sampler::memory_bound(&t, true));
     assert!(peak > Sampler::memory_bound(&t, false) / 2, "the walk holds at least a plan: {peak} B");
 }

@@ -627,7 +627,7 @@ mod tests {
             other => panic!("{other:?}"),
         };
         let bytes = c.stats().bytes;
-        let copy = Arc::new(first.to_owned_memory());
+        let copy = Arc::new((*first).clone().into_owned_memory());
         let weak = Arc::downgrade(&first);
         let other = chunk(4);
         assert!(!c.replace((0, 2), &weak, copy.clone()), "no such chunk cached");
@@ -639,7 +639,7 @@ mod tests {
             Lookup::Hit(now) => assert!(Arc::ptr_eq(&now, &copy)),
             other => panic!("{other:?}"),
         }
-        assert!(!c.replace((0, 1), &weak, Arc::new(first.to_owned_memory())), "replaced already");
+        assert!(!c.replace((0, 1), &weak, Arc::new((*first).clone().into_owned_memory())), "replaced already");
     }
 
     /// A chunk whose values are a mapped file's (as read back from the persisted cache).
@@ -681,7 +681,7 @@ mod tests {
         assert!(Arc::ptr_eq(&to_own[0].1.upgrade().expect("cached"), &mapped));
         assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "handed out once");
-        let copy = Arc::new(mapped.to_owned_memory());
+        let copy = Arc::new((*mapped).clone().into_owned_memory());
         assert!(!copy.is_mapped());
         assert_eq!(*copy, *mapped);
         assert!(c.replace((0, 1), &to_own[0].1, copy));

@@ -303,17 +303,11 @@ impl ParsedChunk {
         self.streams.iter().find_map(StreamData::mapping)
     }
 
-    /// The same chunk with every column in memory of the process's own: a mapped entry's pages
-    /// are the page cache's 4 KiB pages, which the gather's random reads miss in the TLB more
-    /// often than huge pages of the process's own; the daemon swaps the copy in, in the
-    /// background, for the sweeps after the first.
-    #[must_use]
-    pub fn to_owned_memory(&self) -> Self {
-        self.clone().into_owned_memory()
-    }
-
-    /// [`ParsedChunk::to_owned_memory`] of a chunk already cloned (its mapped columns share the
-    /// mapping, not the chunk).
+    /// The same chunk with every column in memory of the process's own (a clone's mapped columns
+    /// share the mapping, not the chunk): a mapped entry's pages are the page cache's 4 KiB pages,
+    /// which the gather's random reads miss in the TLB more often than huge pages of the
+    /// process's own; the daemon swaps the copy in, in the background, for the sweeps after the
+    /// first.
     #[must_use]
     pub fn into_owned_memory(mut self) -> Self {
         self.streams.iter_mut().for_each(StreamData::own_memory);

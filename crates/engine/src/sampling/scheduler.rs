@@ -443,12 +443,8 @@ impl Sampler {
     /// sweep's owners.
     #[must_use]
     pub fn walk_memory_bound(timeline: &Timeline) -> u64 {
-        let num_sequences = timeline.num_sequences() as u64;
-        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK);
-        num_sequences
-            .saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE + OWNERS_BYTES_PER_SEQUENCE)
-            .saturating_add(chunks)
-            .saturating_add(SAMPLER_FIXED_BYTES)
+        let owners = (timeline.num_sequences() as u64).saturating_mul(OWNERS_BYTES_PER_SEQUENCE);
+        Self::memory_bound(timeline, false).saturating_add(owners)
     }
 
     /// A sampler at position 0 of the epoch described by `options`.

@@ -103,11 +103,7 @@ pub fn plain_feature(w: &[u8; FEATURE_WINDOW]) -> Option<(u64, f64, usize)> {
             if k == 0 || k == 8 || !matches!(w[at + k], b' ' | b'\t') {
                 return None;
             }
-            let mantissa = u64::from(d) * POW10_U64[k] + frac;
-            // < 10^8: the signed conversion is exact, as in `parse_real`.
-            #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-            let v = mantissa as i64 as f64 * POW10[MIN_EXP.unsigned_abs() as usize - k];
-            Some((id, v, at + k))
+            Some((id, scaled(u64::from(d) * POW10_U64[k] + frac, k), at + k))
         }
         _ => None,
     }
@@ -268,13 +264,19 @@ pub fn parse_real(bytes: &[u8], p: usize) -> Result<(f64, usize), (RealError, us
         }
     }
     if digits > 0 && digits <= 15 && !matches!(bytes.get(q), Some(b'e' | b'E')) {
-        // < 10^15, so the signed conversion (one instruction) is exact; the table index is
-        // 323 - frac.
-        #[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-        let v = mantissa as i64 as f64 * POW10[MIN_EXP.unsigned_abs() as usize - frac];
+        let v = scaled(mantissa, frac);
         return Ok((if neg { -v } else { v }, q));
     }
     parse_real_slow(bytes, p)
+}
+
+/// deepx's value of a mantissa of at most 15 digits of which the last `frac` are after the
+/// point: `mantissa × POW10[-frac]`. Below 10^15, so the signed conversion (one instruction) is
+/// exact; the table index is 323 - frac.
+#[inline(always)]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+fn scaled(mantissa: u64, frac: usize) -> f64 {
+    mantissa as i64 as f64 * POW10[MIN_EXP.unsigned_abs() as usize - frac]
 }
 
 /// Every other form: long mantissas, exponents, and errors.
