@@ -40,7 +40,8 @@ fn ctf_config(sel: u8) -> (Vec<StreamConfig>, CtfIndexOptions) {
     let streams = match sel & 3 {
         0 => vec![stream("a", 3, false, false), stream("b", 5, true, false)],
         1 => vec![stream("features", 2, false, true), stream("labels", 4, true, false)],
-        2 => vec![stream("x", 1, false, false)],
+        // Wide enough for every value of a 64-byte window: the dense kernel reads whole windows.
+        2 => vec![stream("x", 40, false, false)],
         _ => vec![stream("s", 1000, true, false), stream("d", 0, false, false), stream("e", 2, false, false)],
     };
     let main_alias = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());
@@ -80,18 +81,18 @@ pub fn ctf_decode(data: &[u8], scratch: &Path) {
     }
 }
 
-fn ctf_decode_as<T: Element>(sel: u8, body: &[u8], scratch: &Path) {
+fn ctf_decode_as<T: Element + Into<f64>>(sel: u8, body: &[u8], scratch: &Path) {
     let (streams, options) = ctf_config(sel);
     let Some(idx) = ctf_index_bytes(body, scratch, &options) else { return };
-    let dec = CtfDecoder::new(&streams);
-    let mut bufs: Vec<StreamBuf<T>> = streams.iter().map(|_| StreamBuf::new()).collect();
-    let mut errors = Vec::new();
-    for seq in &idx.sequences {
-        let start = usize::try_from(seq.offset).expect("an offset inside the input");
-        let bytes = &body[start..start + seq.size as usize];
-        if dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors).is_err() {
-            return; // fatal: the chunk load stops here
-        }
+    // The dense fast path (the vector kernel where the CPU has AVX2) against the byte loop alone:
+    // the same values to the bit, the same errors, the same fatal sequence.
+    let (bufs, errors, fatal) = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams), streams.len(), &idx, body);
+    let slow = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_fast_path(), streams.len(), &idx, body);
+    assert!(bits(&bufs) == bits(&slow.0), "the fast path read other values");
+    assert_eq!(errors, slow.1, "the fast path reported other errors");
+    assert_eq!(fatal, slow.2, "the fast path failed another sequence");
+    if fatal.is_some() {
+        return; // fatal: the chunk load stops there
     }
     for (b, s) in bufs.iter().zip(&streams) {
         assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1);
@@ -103,6 +104,33 @@ fn ctf_decode_as<T: Element>(sel: u8, body: &[u8], scratch: &Path) {
             assert_eq!(b.indices.len(), b.values.len());
         }
     }
+}
+
+/// A decode's buffers, its errors' texts, and the fatal sequence's number and message if any.
+type Decoded<T> = (Vec<StreamBuf<T>>, Vec<String>, Option<(usize, String)>);
+
+/// Decodes every sequence of `idx` until a fatal one.
+fn ctf_decode_buffers<T: Element>(
+    dec: &CtfDecoder,
+    streams: usize,
+    idx: &minibatchd_engine::format::FileIndex,
+    body: &[u8],
+) -> Decoded<T> {
+    let mut bufs: Vec<StreamBuf<T>> = (0..streams).map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    for (q, seq) in idx.sequences.iter().enumerate() {
+        let start = usize::try_from(seq.offset).expect("an offset inside the input");
+        let bytes = &body[start..start + seq.size as usize];
+        if let Err(e) = dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors) {
+            return (bufs, errors.iter().map(ToString::to_string).collect(), Some((q, e.to_string())));
+        }
+    }
+    (bufs, errors.iter().map(ToString::to_string).collect(), None)
+}
+
+/// Every value of the buffers as the bits of its `f64`.
+fn bits<T: Element + Into<f64>>(bufs: &[StreamBuf<T>]) -> Vec<Vec<u64>> {
+    bufs.iter().map(|b| b.values.iter().map(|&v| Into::<f64>::into(v).to_bits()).collect()).collect()
 }
 
 /// The deepx configuration that `sel` picks.

@@ -4,7 +4,8 @@
 //!
 //! * byte views of plain numbers ([`Pod`], [`as_bytes`], [`as_bytes_mut`], [`cast_slice`]) and the
 //!   cache [`prefetch`] hint — how the engine copies samples into a slot and how clients read them;
-//! * [`simd`] — the SSE2 byte classifier of the CTF dense fast path (a `#[target_feature]` call);
+//! * [`simd`] — the CTF dense fast path's SSE2 byte classifier and its AVX2 window kernel
+//!   (`#[target_feature]` calls, the kernel chosen at run time where the CPU has AVX2);
 //! * [`memory`] — where a ring's bytes live: a sealed `memfd` mapped shared
 //!   ([`memory::MemfdMemory`]), a heap buffer for tests ([`memory::LocalMemory`]), the client's
 //!   read-only mapping ([`memory::ReadOnlyMapping`]); `madvise(MADV_HUGEPAGE)` for parsed columns

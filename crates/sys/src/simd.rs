@@ -1,8 +1,13 @@
-//! Byte classes of a 64-byte window as bit masks, with SSE2 where the target has it — the one
-//! piece of `unsafe` outside shared memory, kept here with the rest (module docs).
+//! The CTF dense fast path's vector code (`format::ctf::scan`) — the one piece of `unsafe`
+//! outside shared memory, kept here with the rest (module docs):
 //!
-//! Used by the CTF dense fast path (`format::ctf::scan`). On targets without SSE2 a plain loop
-//! computes the same masks; the tests compare the two on every byte value.
+//! * [`byte_classes`]: the byte classes of a 64-byte window as bit masks, with SSE2 where the
+//!   target has it. On targets without SSE2 a plain loop computes the same masks; the tests
+//!   compare the two on every byte value.
+//! * [`dense_window_f32`] / [`dense_window_f64`]: every value of a 64-byte window of plain
+//!   decimals read at once with AVX2, BMI and POPCNT, where the CPU has them (asked once at run
+//!   time, [`has_avx2`]); a window of any other shape is declined and read by the caller's own
+//!   loop. Its results are compared with CNTK's digit loop by the engine's tests and fuzz target.
 
 /// Per-byte classes of a window, bit `i` for byte `i`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +88,308 @@ fn sse2_classes(w: &[u8; 64]) -> ByteClasses {
     c
 }
 
+/// Bytes a dense window is read from: 64 examined, and 16 more that an eight-byte read of a value
+/// starting near the end may touch.
+pub const DENSE_WINDOW: usize = 80;
+
+/// What [`dense_window_f32`] and [`dense_window_f64`] made of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DenseWindow {
+    /// `count` values were stored; the next window starts `advance` bytes on (at the value that
+    /// runs past this one, or at byte 64).
+    Read {
+        /// Bytes consumed: every value that ends inside the window and the delimiters around them.
+        advance: usize,
+        /// Values stored.
+        count: usize,
+    },
+    /// The window is not of the shape the kernel reads (or the CPU lacks AVX2): nothing was
+    /// consumed, and the first `written` slots of `out` may have been overwritten.
+    Declined {
+        /// Slots of `out` that may hold values of an abandoned read.
+        written: usize,
+    },
+}
+
+/// Reads every value that ends inside the first 64 bytes of `w` into `out`, as `f32`, where the
+/// CPU has AVX2 and the window is of the common shape of dense CTF data:
+///
+/// * no byte of the 64 is `|` or non-printable (a control byte other than tab, or ≥ 0x80);
+/// * every value that ends inside them (a run of bytes other than space and tab, followed by
+///   one) is a plain decimal `[+-]?d+(.d+)?`, with 1 to 8 integer digits (7 after a sign) and
+///   1 to 8 fraction digits, and either all of them have a period or none has;
+/// * at least one value ends inside the window and `out` has room for all of them.
+///
+/// Each value is CNTK's `f64` `integer + fraction / 10^digits` (bit-identical to its digit loop
+/// for these shapes: every partial sum is an exact integer), negated by its sign bit and rounded
+/// to `f32` as `static_cast<float>` does. Anything else is [`DenseWindow::Declined`], left to the
+/// caller's own reading.
+pub fn dense_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2, BMI1, BMI2, LZCNT and POPCNT (`has_avx2`), the features the
+        // kernel is compiled for.
+        return unsafe { avx2_window_f32(w, out) };
+    }
+    let _ = (w, out);
+    DenseWindow::Declined { written: 0 }
+}
+
+/// [`dense_window_f32`], the values kept as `f64`.
+pub fn dense_window_f64(w: &[u8; DENSE_WINDOW], out: &mut [f64]) -> DenseWindow {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: as in `dense_window_f32`.
+        return unsafe { avx2_window_f64(w, out) };
+    }
+    let _ = (w, out);
+    DenseWindow::Declined { written: 0 }
+}
+
+/// Whether the dense window kernel runs on this CPU (asked once).
+#[cfg(target_arch = "x86_64")]
+#[must_use]
+#[inline]
+pub fn has_avx2() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("bmi1")
+            && std::arch::is_x86_feature_detected!("bmi2")
+            && std::arch::is_x86_feature_detected!("lzcnt")
+            && std::arch::is_x86_feature_detected!("popcnt")
+    })
+}
+
+/// Whether the dense window kernel runs on this CPU: never off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+#[must_use]
+pub fn has_avx2() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+fn avx2_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
+    avx2_window(w, out.len(), |k, count, v| {
+        let mut four = [0f32; 4];
+        // SAFETY: writes the 16 bytes of `four`, a local array of four `f32`.
+        unsafe { std::arch::x86_64::_mm_storeu_ps(four.as_mut_ptr(), std::arch::x86_64::_mm256_cvtpd_ps(v)) };
+        out[k..k + count].copy_from_slice(&four[..count]);
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+fn avx2_window_f64(w: &[u8; DENSE_WINDOW], out: &mut [f64]) -> DenseWindow {
+    avx2_window(w, out.len(), |k, count, v| {
+        let mut four = [0f64; 4];
+        // SAFETY: writes the 32 bytes of `four`, a local array of four `f64`.
+        unsafe { std::arch::x86_64::_mm256_storeu_pd(four.as_mut_ptr(), v) };
+        out[k..k + count].copy_from_slice(&four[..count]);
+    })
+}
+
+/// The classes of the window's 64 bytes the kernel needs, with AVX2: value delimiters, stop
+/// bytes, digits, periods, signs and minus signs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
+    use std::arch::x86_64::{
+        _mm256_and_si256, _mm256_andnot_si256, _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_loadu_si256,
+        _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8,
+    };
+    let mut c = [0u64; 6];
+    for half in 0..2 {
+        let bytes: &[u8; 32] = w[32 * half..32 * half + 32].try_into().expect("32 bytes");
+        // SAFETY: reads the 32 bytes of `bytes`, borrowed from `w`.
+        let x = unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) };
+        #[allow(clippy::cast_possible_wrap)] // byte patterns
+        let is = |b: u8| _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b as i8));
+        let tab = is(b'\t');
+        // As signed bytes, control bytes and every byte >= 0x80 are below 0x20.
+        let non_printable = _mm256_andnot_si256(tab, _mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), x));
+        let digit = _mm256_andnot_si256(
+            _mm256_cmpgt_epi8(x, _mm256_set1_epi8(0x39)),
+            _mm256_cmpgt_epi8(x, _mm256_set1_epi8(0x2F)),
+        );
+        let minus = is(b'-');
+        let bits = |v| u64::from(_mm256_movemask_epi8(v).cast_unsigned()) << (32 * half);
+        c[0] |= bits(_mm256_or_si256(tab, is(b' ')));
+        c[1] |= bits(_mm256_or_si256(non_printable, is(b'|')));
+        c[2] |= bits(_mm256_and_si256(digit, digit));
+        c[3] |= bits(is(b'.'));
+        c[4] |= bits(_mm256_or_si256(minus, is(b'+')));
+        c[5] |= bits(minus);
+    }
+    c
+}
+
+/// The kernel of [`dense_window_f32`] and [`dense_window_f64`]: the window's shape checked on its
+/// byte classes for all values together, then four values at a time — their places found in the
+/// masks (one `tzcnt` each for start, period and end), their digits read as one word each and
+/// moved to the top of it, then summed in AVX2 lanes of 64 bits (`vpmaddubsw`, `vpmaddwd`, one
+/// multiply), converted, divided, signed and handed to `store(k, count, four)` for the first
+/// `count` (4, fewer in the last group) to go to slots `k..k + count`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+#[allow(clippy::similar_names)] // the masks of a window
+fn avx2_window(
+    w: &[u8; DENSE_WINDOW],
+    room: usize,
+    store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
+) -> DenseWindow {
+    const DECLINED: DenseWindow = DenseWindow::Declined { written: 0 };
+    let [delim, stop, digit, dot, sign, minus] = avx2_classes(w);
+    let value = !delim;
+    // The delimiters right after a value: one per value that ends inside the window.
+    let ends = delim & (value << 1);
+    if stop != 0 || ends == 0 {
+        return DECLINED;
+    }
+    // Everything before the last value's end.
+    let region = (1u64 << ends.ilog2()) - 1;
+    let all_starts = value & !(value << 1);
+    let digit_next = digit >> 1;
+    let run9 = {
+        let r2 = digit & digit_next;
+        let r4 = r2 & (r2 >> 2);
+        (r4 & (r4 >> 4)) & (digit >> 8)
+    };
+    let odd = !(digit | dot | delim | sign)
+        | (sign & !(all_starts & digit_next))
+        | (dot & !((digit << 1) & digit_next))
+        | run9;
+    let n = ends.count_ones() as usize;
+    let dots = dot & region;
+    let dotted = dots != 0;
+    if odd & region != 0 || (dotted && dots.count_ones() as usize != n) || n > room {
+        return DECLINED;
+    }
+    let starts = all_starts & region;
+    let read = if dotted {
+        avx2_values::<true>(w, starts, ends, dots, minus, store)
+    } else {
+        avx2_values::<false>(w, starts, ends, dots, minus, store)
+    };
+    match read {
+        Ok(()) => {
+            let partial = all_starts & !region;
+            DenseWindow::Read { advance: if partial == 0 { 64 } else { partial.trailing_zeros() as usize }, count: n }
+        }
+        Err(written) => DenseWindow::Declined { written },
+    }
+}
+
+/// The values of a checked window, four at a time: their places found in the masks (one
+/// `tzcnt` each for start, period and end), their digits read as one word each and moved to its
+/// top, then summed, converted, divided and signed in AVX2 lanes. `Err(written)` if a value's
+/// period is not its own or a signed value has eight integer digits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_values<const DOTTED: bool>(
+    w: &[u8; DENSE_WINDOW],
+    starts: u64,
+    ends: u64,
+    dots: u64,
+    minus: u64,
+    mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
+) -> Result<(), usize> {
+    use std::arch::x86_64::{
+        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_setr_epi64x, _mm256_setr_pd,
+    };
+    let load8 = |at: u32| -> i64 {
+        let at = (at & 63) as usize;
+        let b: [u8; 8] = w[at..at + 8].try_into().expect("eight bytes");
+        i64::from_le_bytes(b)
+    };
+    let n = ends.count_ones() as usize;
+    let (mut st, mut en, mut dt) = (starts, ends, dots);
+    let mut k = 0;
+    while k < n {
+        // One lane per value; lanes past `n` find every mask empty (64 for each place), pass the
+        // checks and are dropped.
+        let mut int = [0i64; 4];
+        let mut frac = [0i64; 4];
+        let mut pow = [1f64; 4];
+        let mut neg = [0i64; 4];
+        let mut ok = true;
+        for lane in 0..4 {
+            let s = st.trailing_zeros();
+            st &= st.wrapping_sub(1);
+            let e = en.trailing_zeros();
+            en &= en.wrapping_sub(1);
+            let d = if DOTTED {
+                let d = dt.trailing_zeros();
+                dt &= dt.wrapping_sub(1);
+                d
+            } else {
+                e
+            };
+            // The value's own period (never at its start nor its end: checked on the masks), and
+            // a sign with at most 7 digits: all of the integer part fits one word.
+            let int_bytes = d.wrapping_sub(s);
+            // Without branches: `&` on purpose.
+            #[allow(clippy::needless_bitwise_bool)]
+            {
+                ok &= (s <= d) & (d <= e) & (int_bytes <= 8);
+            }
+            // The integer digits (and sign) at the top of the word, the bytes after shifted out.
+            int[lane] = load8(s).wrapping_shl(64u32.wrapping_sub(int_bytes.wrapping_mul(8)) & 63);
+            neg[lane] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
+            if DOTTED {
+                let frac_len = e.wrapping_sub(d + 1);
+                frac[lane] = load8(d + 1).wrapping_shl(64u32.wrapping_sub(frac_len.wrapping_mul(8)) & 63);
+                pow[lane] = POW10[(frac_len & 15) as usize];
+            }
+        }
+        if !ok {
+            return Err(k);
+        }
+        let int = avx2_sum4(_mm256_setr_epi64x(int[0], int[1], int[2], int[3]));
+        let v = if DOTTED {
+            let frac = avx2_sum4(_mm256_setr_epi64x(frac[0], frac[1], frac[2], frac[3]));
+            _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_setr_pd(pow[0], pow[1], pow[2], pow[3])))
+        } else {
+            // CNTK's integer: `int + 0 / 1`, the same bits as `int`.
+            int
+        };
+        let v = _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(neg[0], neg[1], neg[2], neg[3])));
+        store(k, (n - k).min(4), v);
+        k += 4;
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The digits of each lane's word, at its top bytes (anything below them above 9 after the
+/// subtraction, or zero), summed as four `f64`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_sum4(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
+    use std::arch::x86_64::{
+        _mm256_add_epi64, _mm256_and_si256, _mm256_castsi256_si128, _mm256_cmpeq_epi8, _mm256_cvtepi32_pd,
+        _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_min_epu8, _mm256_mul_epu32, _mm256_permutevar8x32_epi32,
+        _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_epi8, _mm256_setr_epi32,
+        _mm256_srli_epi64, _mm256_sub_epi8,
+    };
+    let v = _mm256_sub_epi8(words, _mm256_set1_epi8(0x30));
+    // Bytes that are not digits (the shifted-in zeros, a sign) become 0.
+    let v = _mm256_and_si256(v, _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(9)), v));
+    let pairs = _mm256_maddubs_epi16(v, _mm256_set1_epi16(0x010A)); // bytes (10, 1)
+    let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x0001_0064)); // words (100, 1)
+    let eights = _mm256_add_epi64(_mm256_mul_epu32(quads, _mm256_set1_epi64x(10_000)), _mm256_srli_epi64::<32>(quads));
+    // The low 32 bits of each lane (a sum of eight digits is below 10^8), as `f64`.
+    let low = _mm256_permutevar8x32_epi32(eights, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
+    _mm256_cvtepi32_pd(_mm256_castsi256_si128(low))
+}
+
+/// `10^k`, exact in `f64`, `k < 16`.
+const POW10: [f64; 16] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +404,100 @@ mod tests {
                 assert_eq!(byte_classes(&w), scalar_classes(&w), "byte {b:#04x} at {at}");
             }
         }
+    }
+
+    /// A window of `text`, padded with spaces to 80 bytes.
+    fn window(text: &str) -> [u8; DENSE_WINDOW] {
+        let mut w = [b' '; DENSE_WINDOW];
+        w[..text.len()].copy_from_slice(text.as_bytes());
+        w
+    }
+
+    /// CNTK's value of a plain decimal, the slow way.
+    fn cntk(token: &str) -> f64 {
+        let (negative, digits) = match token.as_bytes()[0] {
+            b'-' => (true, &token[1..]),
+            b'+' => (false, &token[1..]),
+            _ => (false, token),
+        };
+        let (int, frac) = digits.split_once('.').unwrap_or((digits, ""));
+        let int: u64 = int.parse().expect("digits");
+        let k = i32::try_from(frac.len()).expect("short");
+        let frac: u64 = if frac.is_empty() { 0 } else { frac.parse().expect("digits") };
+        #[allow(clippy::cast_precision_loss)] // small integers
+        let v = int as f64 + frac as f64 / 10f64.powi(k);
+        if negative {
+            -v
+        } else {
+            v
+        }
+    }
+
+    #[test]
+    fn a_plain_window_is_read_whole_and_stops_before_the_value_it_cuts() {
+        // 64 bytes end inside "0.123456": it is left to the next window.
+        let text = "-0.012410 0.984487 +12.5 -1234567.25 0.5\t3.14159265 0.777777 0.123456 1.5";
+        let w = window(text);
+        let tokens: Vec<&str> = text[..64].split([' ', '\t']).collect();
+        let (whole, cut) = tokens.split_at(tokens.len() - 1);
+        let mut out = [0f64; 40];
+        let got = dense_window_f64(&w, &mut out);
+        if !has_avx2() {
+            assert_eq!(got, DenseWindow::Declined { written: 0 });
+            return;
+        }
+        assert_eq!(got, DenseWindow::Read { advance: 64 - cut[0].len(), count: whole.len() });
+        for (j, t) in whole.iter().enumerate() {
+            assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
+        }
+        assert!(out[whole.len()..].iter().all(|v| v.to_bits() == 0), "stored past the count");
+        let mut narrow = [0f32; 40];
+        assert_eq!(dense_window_f32(&w, &mut narrow), got);
+        #[allow(clippy::cast_possible_truncation)] // as static_cast<float>
+        for (j, t) in whole.iter().enumerate() {
+            assert_eq!(narrow[j].to_bits(), (cntk(t) as f32).to_bits(), "{t}");
+        }
+        // Integers only, signed or not; the window's last byte a delimiter: it advances by 64.
+        let ints = format!("{:<63} ", "1 -22 333 +4444 55555 -666666 7777777 88888888 0 -0 10");
+        let mut out = [0f64; 40];
+        assert_eq!(dense_window_f64(&window(&ints), &mut out), DenseWindow::Read { advance: 64, count: 11 });
+        for (j, t) in ints.split_whitespace().enumerate() {
+            assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
+        }
+    }
+
+    #[test]
+    fn any_other_window_is_declined() {
+        if !has_avx2() {
+            return;
+        }
+        for text in [
+            "1.5 2.5 |labels 3:1",                                                 // a stop byte
+            "1.5 2.5 3.5\n4.5",                                                    // a line end
+            "1.5 2 3.5 4.5",                                                       // periods in some values only
+            "1.5 1e5 3.5",                                                         // an exponent
+            "1.5 .5 3.5",                                                          // no integer digit
+            "1.5 5. 3.5",                                                          // no fraction digit
+            "1.5 123456789.5 3.5",                                                 // nine integer digits
+            "1.5 1.123456789 3.5",                                                 // nine fraction digits
+            "1.5 1-2 3.5",                                                         // a sign inside a value
+            "1.5 - 3.5",                                                           // a sign alone
+            "1.5 2.5 3.5 4.5 1.2.3 6 7.5 8.5", // two periods in one value, none in another
+            "1.5 2.5 3.5 4.5 -12345678.5 9.5", // a sign and eight integer digits
+            "0.12345678901234567890123456789012345678901234567890123456789012345", // no delimiter
+        ] {
+            let mut out = [0f32; 40];
+            let got = dense_window_f32(&window(text), &mut out);
+            let DenseWindow::Declined { written } = got else { panic!("{text:?} was read: {got:?}") };
+            assert!(out[written..].iter().all(|v| v.to_bits() == 0), "{text:?}: stored past {written}");
+        }
+        // A late value's failure is found after a group of four was stored.
+        let mut out = [0f32; 40];
+        assert_eq!(
+            dense_window_f32(&window("1.5 2.5 3.5 4.5 -12345678.5 9.5"), &mut out),
+            DenseWindow::Declined { written: 4 }
+        );
+        // Not enough room for every value.
+        assert_eq!(dense_window_f32(&window("1.5 2.5 3.5 "), &mut [0f32; 2]), DenseWindow::Declined { written: 0 });
     }
 }

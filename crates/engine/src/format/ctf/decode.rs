@@ -17,6 +17,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use minibatchd_sys::simd::{DenseWindow, DENSE_WINDOW};
+
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
 use crate::format::chunk::Values;
@@ -30,6 +32,9 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     fn from_f64(v: f64) -> Self;
     /// Wraps a vector of decoded values into the chunk's [`Values`].
     fn into_values(v: Vec<Self>) -> Values;
+    /// The dense fast path's vector kernel for this element type
+    /// ([`minibatchd_sys::simd::dense_window_f32`]).
+    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow;
 }
 
 impl Element for f32 {
@@ -41,6 +46,10 @@ impl Element for f32 {
     fn into_values(v: Vec<Self>) -> Values {
         Values::F32(v.into())
     }
+    #[inline]
+    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow {
+        minibatchd_sys::simd::dense_window_f32(w, out)
+    }
 }
 
 impl Element for f64 {
@@ -50,6 +59,10 @@ impl Element for f64 {
     }
     fn into_values(v: Vec<Self>) -> Values {
         Values::F64(v.into())
+    }
+    #[inline]
+    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow {
+        minibatchd_sys::simd::dense_window_f64(w, out)
     }
 }
 
@@ -163,8 +176,10 @@ impl CtfDecoder {
         Self { streams, max_alias_len, main, fast_dense: true }
     }
 
-    /// The same decoder with the dense fast path off: every value through the byte loop.
-    #[cfg(test)]
+    /// The same decoder with the dense fast path off, every value through the byte loop: the
+    /// reference the fast path (and its vector kernel) is checked against (tests, fuzzing). Not
+    /// for production use.
+    #[doc(hidden)]
     #[must_use]
     pub fn without_fast_path(mut self) -> Self {
         self.fast_dense = false;
@@ -429,20 +444,13 @@ fn read_dense<T: Element>(
     }
     // The sample's `dim` values, zero until read: a short sample is padded by construction.
     buf.values.resize(mark + dim, T::default());
-    let out = &mut buf.values[mark..];
-    let n = bytes.len();
-    let mut count = 0usize;
     // Past `dim` the sample is rejected anyway: keep scanning for syntax, stop storing.
-    let mut store = |v: f64| {
-        if let Some(slot) = out.get_mut(count) {
-            *slot = T::from_f64(v);
-        }
-        count += 1;
-    };
+    let mut out = super::scan::DenseOut { slots: &mut buf.values[mark..], count: 0 };
+    let n = bytes.len();
     while p < n {
         // Plain decimals a window at a time; the byte loop below takes whatever they are not.
         if fast {
-            p = super::scan::dense_values(bytes, p, &mut store);
+            p = super::scan::dense_values(bytes, p, &mut out);
         }
         let Some(&c) = bytes.get(p) else { break };
         if is_value_delim(c) {
@@ -454,7 +462,7 @@ fn read_dense<T: Element>(
         }
         match parse_real(bytes, p) {
             Ok((v, np)) => {
-                store(v);
+                out.push(v);
                 p = np;
             }
             Err((e, at)) => {
@@ -464,6 +472,7 @@ fn read_dense<T: Element>(
             }
         }
     }
+    let count = out.count;
     if count > dim {
         buf.values.truncate(mark);
         return Err((p, ErrorKind::DenseTooLong, format!("dense sample has {count} values, more than dim = {dim}")));

@@ -12,6 +12,12 @@
 //! one byte at a time and, on random signs, mispredicts once per value, which exposes its chain of
 //! `f64` multiply-adds; here the values of a window are independent of each other.
 //!
+//! Where the CPU has AVX2, a window whose every value is of the common shape (1 to 8 digits on
+//! either side of the period, all with a period or none, no stop byte) is read whole first by
+//! the vector kernel of `minibatchd-sys` (`dense_window_f32`): its shape checked on the window's
+//! masks for all values at once, then four values at a time in vector lanes. It declines every
+//! other window, which the loop of one value at a time below reads as before.
+//!
 //! The fast path never decides anything the byte loop would decide differently: it consumes only
 //! whole values of that plain shape and the delimiters between them, and hands everything else —
 //! exponents, glued numbers (`1-2`), malformed text, long mantissas, the last bytes of the
@@ -23,7 +29,9 @@
 // leaving inlining to rustc.
 #![allow(clippy::inline_always)]
 
-use minibatchd_sys::simd::{byte_classes, ByteClasses as Masks};
+use minibatchd_sys::simd::{byte_classes, has_avx2, ByteClasses as Masks, DenseWindow};
+
+use super::decode::Element;
 
 /// Bytes per window (one bit per byte in the masks).
 const W: usize = 64;
@@ -132,13 +140,63 @@ fn plain_parts(w: &[u8; W + OVERHANG], m: &Masks, s: usize, e: usize) -> Option<
     Some(Parts { int: digits(w, i, int_len), frac: digits(w, d + 1, frac_len), frac_len, negative })
 }
 
-/// Reads the plain values and delimiters of a dense sample from `bytes[p..]`, calling `emit` for
-/// each value, and returns where the byte loop must go on: at a stop byte, at the first byte of a
-/// value that is not plain, or within the last bytes of `bytes`.
+/// Where a dense sample's values go: its `dim` slots (zero until read), and how many values were
+/// read — values past `dim` are counted, not stored, so that the sample is rejected with its count.
+pub struct DenseOut<'a, T> {
+    /// The sample's slots.
+    pub slots: &'a mut [T],
+    /// Values read so far.
+    pub count: usize,
+}
+
+impl<T: Element> DenseOut<'_, T> {
+    /// Stores (within `dim`) and counts one value.
+    #[inline(always)]
+    pub fn push(&mut self, v: f64) {
+        if let Some(slot) = self.slots.get_mut(self.count) {
+            *slot = T::from_f64(v);
+        }
+        self.count += 1;
+    }
+
+    /// Every value that ends inside the window, with the vector kernel
+    /// ([`minibatchd_sys::simd::dense_window_f32`]) where the window has its shape: the window's
+    /// advance, or `None` with nothing stored.
+    #[inline(always)]
+    fn whole_window(&mut self, w: &[u8; W + OVERHANG]) -> Option<usize> {
+        let free = self.slots.get_mut(self.count..).unwrap_or_default();
+        match T::dense_window(w, free) {
+            DenseWindow::Read { advance, count } => {
+                self.count += count;
+                Some(advance)
+            }
+            DenseWindow::Declined { written } => {
+                // What an abandoned read stored goes back to zero: a sample shorter than `dim`
+                // is padded with zeros.
+                free[..written].fill(T::default());
+                None
+            }
+        }
+    }
+}
+
+/// Reads the plain values and delimiters of a dense sample from `bytes[p..]` into `out`, and
+/// returns where the byte loop must go on: at a stop byte, at the first byte of a value that is
+/// not plain, or within the last bytes of `bytes`.
+///
+/// A window of the common shape (see [`minibatchd_sys::simd::dense_window_f32`]) is read whole by
+/// the vector kernel where the CPU has AVX2; any other window, one value at a time below.
 #[inline]
-pub fn dense_values(bytes: &[u8], mut p: usize, mut emit: impl FnMut(f64)) -> usize {
+pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>) -> usize {
+    let kernel = has_avx2();
     while let Some(w) = bytes.get(p..p + W + OVERHANG) {
         let Ok(w) = <&[u8; W + OVERHANG]>::try_from(w) else { return p };
+        if kernel {
+            if let Some(advance) = out.whole_window(w) {
+                p += advance;
+                continue;
+            }
+        }
         let Ok(head) = <&[u8; W]>::try_from(&w[..W]) else { return p };
         let m = byte_classes(head);
         let ends = m.delim | m.stop;
@@ -161,7 +219,7 @@ pub fn dense_values(bytes: &[u8], mut p: usize, mut emit: impl FnMut(f64)) -> us
             }
             let e = after.trailing_zeros() as usize;
             let Some(v) = plain_parts(w, &m, s, e) else { break Err(s) };
-            emit(v.value());
+            out.push(v.value());
             q = e; // a delimiter or a stop byte, < 64
         };
         match ended {
@@ -199,9 +257,13 @@ mod tests {
 
     fn check(text: &str) -> usize {
         let bytes = text.as_bytes();
-        let mut got = Vec::new();
-        let end = dense_values(bytes, 0, |v| got.push(v.to_bits()));
+        let mut slots = vec![0f64; bytes.len()];
+        let mut out = DenseOut { slots: &mut slots, count: 0 };
+        let end = dense_values(bytes, 0, &mut out);
+        let count = out.count;
+        let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
         assert_eq!(got, byte_loop(bytes, 0, end), "{text:?}");
+        assert!(slots[count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
         // Where it stopped, the byte loop would stop too or has a value it must read itself.
         // Short of the tail, it stops only where the byte loop has something to decide.
         if end + W + OVERHANG <= bytes.len() {
@@ -219,6 +281,21 @@ mod tests {
         let text = pad("0.5 -0.012410 +3 7 123456789012345 0.123456789012345 99999.00001\t-0 1.0 |labels 3:1");
         let end = check(&text);
         assert_eq!(&text[end..end + 7], "|labels");
+    }
+
+    #[test]
+    fn windows_the_kernel_declines_are_read_value_by_value() {
+        // Each text fills whole windows; the kernel (where the CPU has AVX2) declines some after
+        // storing a group of four, and the loop of one value at a time reads them instead.
+        for s in [
+            "1.5 2.5 3.5 4.5 -12345678.5 9.5 0.25 0.125 1.5 2.5 3.5 4.5 5.5 6.5 7.5 8.5 9.5",
+            "1.5 2.5 3.5 4.5 0.123456789012 9.5 0.25 0.125 1.5 2.5 3.5 4.5 5.5 6.5 7.5 8.5",
+            "1 2 3 4 5 6 7 8 -123456789 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27",
+            "1.5 2 3.5 4 5.5 6 7.5 8 9.5 10 11.5 12 13.5 14 15.5 16 17.5 18 19.5 20 21.5",
+            "0.5\t-0.5\t+0.5\t-0\t+0\t0\t00.00\t-00000000.5\t12345678.12345678 1 2 3 4 5 6",
+        ] {
+            check(&pad(s));
+        }
     }
 
     #[test]
