@@ -96,12 +96,15 @@ pub const DENSE_WINDOW: usize = 80;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DenseWindow {
     /// `count` values were stored; the next window starts `advance` bytes on (at the value that
-    /// runs past this one, or at byte 64).
+    /// runs past this one, or at byte 64), or, if `stopped`, the dense sample ends there (at its
+    /// first stop byte).
     Read {
         /// Bytes consumed: every value that ends inside the window and the delimiters around them.
         advance: usize,
         /// Values stored.
         count: usize,
+        /// Whether `advance` is at a stop byte.
+        stopped: bool,
     },
     /// The window is not of the shape the kernel reads (or the CPU lacks AVX2): nothing was
     /// consumed, and the first `written` slots of `out` may have been overwritten.
@@ -114,11 +117,12 @@ pub enum DenseWindow {
 /// Reads every value that ends inside the first 64 bytes of `w` into `out`, as `f32`, where the
 /// CPU has AVX2 and the window is of the common shape of dense CTF data:
 ///
-/// * no byte of the 64 is `|` or non-printable (a control byte other than tab, or ≥ 0x80);
-/// * every value that ends inside them (a run of bytes other than space and tab, followed by
-///   one) is a plain decimal `[+-]?d+(.d+)?`, with 1 to 8 integer digits (7 after a sign) and
-///   1 to 8 fraction digits, and either all of them have a period or none has;
-/// * at least one value ends inside the window and `out` has room for all of them.
+/// * the window is read up to its first stop byte (`|`, or a non-printable byte: a control byte
+///   other than tab, or ≥ 0x80), where the dense sample ends, or else its 64 bytes;
+/// * every value that ends inside that (a run of bytes other than space and tab, followed by
+///   one or by the stop byte) is a plain decimal `[+-]?d+(.d+)?`, with 1 to 8 integer digits (7
+///   after a sign) and 1 to 8 fraction digits, and either all of them have a period or none has;
+/// * at least one value ends there and `out` has room for all of them.
 ///
 /// Each value is CNTK's `f64` `integer + fraction / 10^digits` (bit-identical to its digit loop
 /// for these shapes: every partial sum is an exact integer), negated by its sign bit and rounded
@@ -175,7 +179,7 @@ fn avx2_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
         let mut four = [0f32; 4];
         // SAFETY: writes the 16 bytes of `four`, a local array of four `f32`.
         unsafe { std::arch::x86_64::_mm_storeu_ps(four.as_mut_ptr(), std::arch::x86_64::_mm256_cvtpd_ps(v)) };
-        out[k..k + count].copy_from_slice(&four[..count]);
+        place(&mut out[k..k + count], &four);
     })
 }
 
@@ -186,8 +190,21 @@ fn avx2_window_f64(w: &[u8; DENSE_WINDOW], out: &mut [f64]) -> DenseWindow {
         let mut four = [0f64; 4];
         // SAFETY: writes the 32 bytes of `four`, a local array of four `f64`.
         unsafe { std::arch::x86_64::_mm256_storeu_pd(four.as_mut_ptr(), v) };
-        out[k..k + count].copy_from_slice(&four[..count]);
+        place(&mut out[k..k + count], &four);
     })
+}
+
+/// `four[..out.len()]` into `out` (1 to 4 values), as copies of fixed sizes: a copy of a length
+/// known only at run time is a call to `memcpy` (and, from AVX code, a `vzeroupper` before it).
+#[inline]
+fn place<T: Copy>(out: &mut [T], four: &[T; 4]) {
+    match out {
+        [a, b, c, d] => (*a, *b, *c, *d) = (four[0], four[1], four[2], four[3]),
+        [a, b, c] => (*a, *b, *c) = (four[0], four[1], four[2]),
+        [a, b] => (*a, *b) = (four[0], four[1]),
+        [a] => *a = four[0],
+        _ => {}
+    }
 }
 
 /// The classes of the window's 64 bytes the kernel needs, with AVX2: value delimiters, stop
@@ -243,10 +260,12 @@ fn avx2_window(
 ) -> DenseWindow {
     const DECLINED: DenseWindow = DenseWindow::Declined { written: 0 };
     let [delim, stop, digit, dot, sign, minus] = avx2_classes(w);
-    let value = !delim;
-    // The delimiters right after a value: one per value that ends inside the window.
-    let ends = delim & (value << 1);
-    if stop != 0 || ends == 0 {
+    // The first stop byte ends the sample: only the bytes before it are read.
+    let first_stop = stop & stop.wrapping_neg();
+    let value = !delim & first_stop.wrapping_sub(1);
+    // The delimiters (or the stop byte) right after a value: one per value that ends inside.
+    let ends = (delim | first_stop) & (value << 1);
+    if ends == 0 {
         return DECLINED;
     }
     // Everything before the last value's end.
@@ -277,7 +296,14 @@ fn avx2_window(
     match read {
         Ok(()) => {
             let partial = all_starts & !region;
-            DenseWindow::Read { advance: if partial == 0 { 64 } else { partial.trailing_zeros() as usize }, count: n }
+            let advance = if stop != 0 {
+                stop.trailing_zeros()
+            } else if partial == 0 {
+                64
+            } else {
+                partial.trailing_zeros()
+            };
+            DenseWindow::Read { advance: advance as usize, count: n, stopped: stop != 0 }
         }
         Err(written) => DenseWindow::Declined { written },
     }
@@ -299,7 +325,7 @@ fn avx2_values<const DOTTED: bool>(
     mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
 ) -> Result<(), usize> {
     use std::arch::x86_64::{
-        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_setr_epi64x, _mm256_setr_pd,
+        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
     };
     let load8 = |at: u32| -> i64 {
         let at = (at & 63) as usize;
@@ -314,7 +340,6 @@ fn avx2_values<const DOTTED: bool>(
         // checks and are dropped.
         let mut int = [0i64; 4];
         let mut frac = [0i64; 4];
-        let mut pow = [1f64; 4];
         let mut neg = [0i64; 4];
         let mut ok = true;
         for lane in 0..4 {
@@ -341,9 +366,9 @@ fn avx2_values<const DOTTED: bool>(
             int[lane] = load8(s).wrapping_shl(64u32.wrapping_sub(int_bytes.wrapping_mul(8)) & 63);
             neg[lane] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
             if DOTTED {
-                let frac_len = e.wrapping_sub(d + 1);
-                frac[lane] = load8(d + 1).wrapping_shl(64u32.wrapping_sub(frac_len.wrapping_mul(8)) & 63);
-                pow[lane] = POW10[(frac_len & 15) as usize];
+                // The fraction digits from the word's first byte; what follows them is cut in
+                // the lanes.
+                frac[lane] = load8(d + 1);
             }
         }
         if !ok {
@@ -351,8 +376,10 @@ fn avx2_values<const DOTTED: bool>(
         }
         let int = avx2_sum4(_mm256_setr_epi64x(int[0], int[1], int[2], int[3]));
         let v = if DOTTED {
-            let frac = avx2_sum4(_mm256_setr_epi64x(frac[0], frac[1], frac[2], frac[3]));
-            _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_setr_pd(pow[0], pow[1], pow[2], pow[3])))
+            // `frac * 10^(8 - k)` over 10^8 is the same rational as `frac` over 10^k, both parts
+            // exact: the correctly rounded quotient is the same `f64`.
+            let frac = avx2_sum4_leading(_mm256_setr_epi64x(frac[0], frac[1], frac[2], frac[3]));
+            _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)))
         } else {
             // CNTK's integer: `int + 0 / 1`, the same bits as `int`.
             int
@@ -370,15 +397,42 @@ fn avx2_values<const DOTTED: bool>(
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline]
 fn avx2_sum4(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
-    use std::arch::x86_64::{
-        _mm256_add_epi64, _mm256_and_si256, _mm256_castsi256_si128, _mm256_cmpeq_epi8, _mm256_cvtepi32_pd,
-        _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_min_epu8, _mm256_mul_epu32, _mm256_permutevar8x32_epi32,
-        _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x, _mm256_set1_epi8, _mm256_setr_epi32,
-        _mm256_srli_epi64, _mm256_sub_epi8,
-    };
+    use std::arch::x86_64::{_mm256_and_si256, _mm256_cmpeq_epi8, _mm256_min_epu8, _mm256_set1_epi8, _mm256_sub_epi8};
     let v = _mm256_sub_epi8(words, _mm256_set1_epi8(0x30));
     // Bytes that are not digits (the shifted-in zeros, a sign) become 0.
-    let v = _mm256_and_si256(v, _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(9)), v));
+    avx2_eights(_mm256_and_si256(v, _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(9)), v)))
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The digits at the start of each lane's word (first digit in the low byte), up to the first
+/// byte that is not one, read as if eight: `k` digits give their number times `10^(8 - k)`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_sum4_leading(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
+    use std::arch::x86_64::{
+        _mm256_andnot_si256, _mm256_cmpeq_epi8, _mm256_min_epu8, _mm256_or_si256, _mm256_set1_epi8, _mm256_slli_epi64,
+        _mm256_sub_epi8,
+    };
+    let v = _mm256_sub_epi8(words, _mm256_set1_epi8(0x30));
+    // 0xFF from the first byte that is not a digit to the top of the lane, then those bytes cut.
+    let digit = _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(9)), v);
+    let mut cut = _mm256_andnot_si256(digit, _mm256_set1_epi8(-1));
+    cut = _mm256_or_si256(cut, _mm256_slli_epi64::<8>(cut));
+    cut = _mm256_or_si256(cut, _mm256_slli_epi64::<16>(cut));
+    cut = _mm256_or_si256(cut, _mm256_slli_epi64::<32>(cut));
+    avx2_eights(_mm256_andnot_si256(cut, v))
+}
+
+#[cfg(target_arch = "x86_64")]
+/// The eight digits (0..=9 each, the first in the low byte) of each lane as a number, as `f64`.
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_eights(v: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
+    use std::arch::x86_64::{
+        _mm256_add_epi64, _mm256_castsi256_si128, _mm256_cvtepi32_pd, _mm256_madd_epi16, _mm256_maddubs_epi16,
+        _mm256_mul_epu32, _mm256_permutevar8x32_epi32, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_epi64x,
+        _mm256_setr_epi32, _mm256_srli_epi64,
+    };
     let pairs = _mm256_maddubs_epi16(v, _mm256_set1_epi16(0x010A)); // bytes (10, 1)
     let quads = _mm256_madd_epi16(pairs, _mm256_set1_epi32(0x0001_0064)); // words (100, 1)
     let eights = _mm256_add_epi64(_mm256_mul_epu32(quads, _mm256_set1_epi64x(10_000)), _mm256_srli_epi64::<32>(quads));
@@ -386,9 +440,6 @@ fn avx2_sum4(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
     let low = _mm256_permutevar8x32_epi32(eights, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
     _mm256_cvtepi32_pd(_mm256_castsi256_si128(low))
 }
-
-/// `10^k`, exact in `f64`, `k < 16`.
-const POW10: [f64; 16] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15];
 
 #[cfg(test)]
 mod tests {
@@ -446,7 +497,7 @@ mod tests {
             assert_eq!(got, DenseWindow::Declined { written: 0 });
             return;
         }
-        assert_eq!(got, DenseWindow::Read { advance: 64 - cut[0].len(), count: whole.len() });
+        assert_eq!(got, DenseWindow::Read { advance: 64 - cut[0].len(), count: whole.len(), stopped: false });
         for (j, t) in whole.iter().enumerate() {
             assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
         }
@@ -460,7 +511,10 @@ mod tests {
         // Integers only, signed or not; the window's last byte a delimiter: it advances by 64.
         let ints = format!("{:<63} ", "1 -22 333 +4444 55555 -666666 7777777 88888888 0 -0 10");
         let mut out = [0f64; 40];
-        assert_eq!(dense_window_f64(&window(&ints), &mut out), DenseWindow::Read { advance: 64, count: 11 });
+        assert_eq!(
+            dense_window_f64(&window(&ints), &mut out),
+            DenseWindow::Read { advance: 64, count: 11, stopped: false }
+        );
         for (j, t) in ints.split_whitespace().enumerate() {
             assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
         }
@@ -472,8 +526,7 @@ mod tests {
             return;
         }
         for text in [
-            "1.5 2.5 |labels 3:1",                                                 // a stop byte
-            "1.5 2.5 3.5\n4.5",                                                    // a line end
+            "|labels 3:1",                                                         // a stop byte first
             "1.5 2 3.5 4.5",                                                       // periods in some values only
             "1.5 1e5 3.5",                                                         // an exponent
             "1.5 .5 3.5",                                                          // no integer digit
@@ -497,6 +550,19 @@ mod tests {
             dense_window_f32(&window("1.5 2.5 3.5 4.5 -12345678.5 9.5"), &mut out),
             DenseWindow::Declined { written: 4 }
         );
+        // A stop byte ends the sample: the values before it are read, up to it.
+        for (text, count) in
+            [("1.5 2.5 |labels 3:1", 2), ("1.5 -2.5\n4.5", 2), ("1 2|b", 2), ("-7\r\n", 1), ("3 \u{e9}", 1)]
+        {
+            let mut out = [0f32; 40];
+            let got = dense_window_f32(&window(text), &mut out);
+            let stop = text.find(['|', '\n', '\r', '\u{e9}']).expect("a stop byte");
+            assert_eq!(got, DenseWindow::Read { advance: stop, count, stopped: true }, "{text:?}");
+            #[allow(clippy::cast_possible_truncation)] // as static_cast<float>
+            for (j, t) in text[..stop].split_whitespace().enumerate() {
+                assert_eq!(out[j].to_bits(), (cntk(t) as f32).to_bits(), "{t}");
+            }
+        }
         // Not enough room for every value.
         assert_eq!(dense_window_f32(&window("1.5 2.5 3.5 "), &mut [0f32; 2]), DenseWindow::Declined { written: 0 });
     }

@@ -161,14 +161,14 @@ impl<T: Element> DenseOut<'_, T> {
 
     /// Every value that ends inside the window, with the vector kernel
     /// ([`minibatchd_sys::simd::dense_window_f32`]) where the window has its shape: the window's
-    /// advance, or `None` with nothing stored.
+    /// advance and whether the sample ends there, or `None` with nothing stored.
     #[inline(always)]
-    fn whole_window(&mut self, w: &[u8; W + OVERHANG]) -> Option<usize> {
+    fn whole_window(&mut self, w: &[u8; W + OVERHANG]) -> Option<(usize, bool)> {
         let free = self.slots.get_mut(self.count..).unwrap_or_default();
         match T::dense_window(w, free) {
-            DenseWindow::Read { advance, count } => {
+            DenseWindow::Read { advance, count, stopped } => {
                 self.count += count;
-                Some(advance)
+                Some((advance, stopped))
             }
             DenseWindow::Declined { written } => {
                 // What an abandoned read stored goes back to zero: a sample shorter than `dim`
@@ -189,11 +189,29 @@ impl<T: Element> DenseOut<'_, T> {
 #[inline]
 pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>) -> usize {
     let kernel = has_avx2();
-    while let Some(w) = bytes.get(p..p + W + OVERHANG) {
+    loop {
+        let Some(w) = bytes.get(p..p + W + OVERHANG) else {
+            // The last bytes of the sequence: the kernel reads them from a copy whose padding is
+            // a stop byte (where the sample ends anyway); the byte loop takes what it declines.
+            if kernel && p < bytes.len() {
+                let mut tail = [b'\n'; W + OVERHANG];
+                tail[..bytes.len() - p].copy_from_slice(&bytes[p..]);
+                if let Some((advance, stopped)) = out.whole_window(&tail) {
+                    p += advance;
+                    if !stopped {
+                        continue;
+                    }
+                }
+            }
+            return p;
+        };
         let Ok(w) = <&[u8; W + OVERHANG]>::try_from(w) else { return p };
         if kernel {
-            if let Some(advance) = out.whole_window(w) {
+            if let Some((advance, stopped)) = out.whole_window(w) {
                 p += advance;
+                if stopped {
+                    return p;
+                }
                 continue;
             }
         }
@@ -227,7 +245,6 @@ pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'
             Err(at) => return p + at,
         }
     }
-    p
 }
 
 #[cfg(test)]
