@@ -90,67 +90,61 @@ fn sse2_classes(w: &[u8; 64]) -> ByteClasses {
 
 /// Bytes a dense window is read from: 64 examined, and 16 more that an eight-byte read of a value
 /// starting near the end may touch.
-pub const DENSE_WINDOW: usize = 80;
+const DENSE_WINDOW: usize = 80;
 
-/// What [`dense_window_f32`] and [`dense_window_f64`] made of a window.
+/// How far [`dense_run_f32`] and [`dense_run_f64`] read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DenseWindow {
-    /// `count` values were stored; the next window starts `advance` bytes on (at the value that
-    /// runs past this one, or at byte 64), or, if `stopped`, the dense sample ends there (at its
-    /// first stop byte).
-    Read {
-        /// Bytes consumed: every value that ends inside the window and the delimiters around them.
-        advance: usize,
-        /// Values stored.
-        count: usize,
-        /// Whether `advance` is at a stop byte.
-        stopped: bool,
-    },
-    /// The window is not of the shape the kernel reads (or the CPU lacks AVX2): nothing was
-    /// consumed, and the first `written` slots of `out` may have been overwritten.
-    Declined {
-        /// Slots of `out` that may hold values of an abandoned read.
-        written: usize,
-    },
+pub struct DenseRun {
+    /// Bytes read: whole windows, up to the stop byte if `stopped`.
+    pub consumed: usize,
+    /// Values stored, in `out[..count]`.
+    pub count: usize,
+    /// Whether the dense sample ended at `consumed`, at a stop byte (or the end of the bytes).
+    /// If not, the kernel declined the window that starts at `consumed` (or the CPU lacks AVX2):
+    /// the caller reads it its own way; slots of `out` past `count` are as they were.
+    pub stopped: bool,
 }
 
-/// Reads every value that ends inside the first 64 bytes of `w` into `out`, as `f32`, where the
-/// CPU has AVX2 and the window is of the common shape of dense CTF data:
+/// Reads the values of a dense sample from the start of `bytes` into `out`, as `f32`, a 64-byte
+/// window at a time, for as long as the windows are of the common shape of dense CTF data and
+/// the CPU has AVX2 (with BMI1, BMI2, LZCNT and POPCNT):
 ///
-/// * the window is read up to its first stop byte (`|`, or a non-printable byte: a control byte
-///   other than tab, or ≥ 0x80), where the dense sample ends, or else its 64 bytes;
-/// * every value that ends inside that (a run of bytes other than space and tab, followed by
-///   one or by the stop byte) is a plain decimal `[+-]?d+(.d+)?`, with 1 to 8 integer digits (7
-///   after a sign) and 1 to 8 fraction digits, and either all of them have a period or none has;
-/// * at least one value ends there and `out` has room for all of them.
+/// * a window is read up to its first stop byte (`|`, or a non-printable byte: a control byte
+///   other than tab, or ≥ 0x80), where the dense sample ends, or else its 64 bytes; the last
+///   bytes of `bytes` are read as if a stop byte followed them;
+/// * every value that ends there (a run of bytes other than space and tab, followed by one or
+///   by the stop byte) is a plain decimal `[+-]?d+(.d+)?`, with 1 to 8 integer digits (7 after
+///   a sign) and 1 to 8 fraction digits, and either all of them have a period or none has;
+/// * at least one value ends there and `out` has room for them.
 ///
-/// Each value is CNTK's `f64` `integer + fraction / 10^digits` (bit-identical to its digit loop
-/// for these shapes: every partial sum is an exact integer), negated by its sign bit and rounded
-/// to `f32` as `static_cast<float>` does. Anything else is [`DenseWindow::Declined`], left to the
-/// caller's own reading.
-pub fn dense_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
+/// A value that runs past a window's 64 bytes starts the next window. Each value is CNTK's
+/// `f64` `integer + fraction / 10^digits` (bit-identical to its digit loop for these shapes:
+/// every partial sum is an exact integer), negated by its sign bit and rounded to `f32` as
+/// `static_cast<float>` does. The first window of any other shape ends the run
+/// ([`DenseRun::stopped`] false), left to the caller.
+pub fn dense_run_f32(bytes: &[u8], out: &mut [f32]) -> DenseRun {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU has AVX2, BMI1, BMI2, LZCNT and POPCNT (`has_avx2`), the features the
         // kernel is compiled for.
-        return unsafe { avx2_window_f32(w, out) };
+        return unsafe { avx2_run_f32(bytes, out) };
     }
-    let _ = (w, out);
-    DenseWindow::Declined { written: 0 }
+    let _ = (bytes, out);
+    DenseRun { consumed: 0, count: 0, stopped: false }
 }
 
-/// [`dense_window_f32`], the values kept as `f64`.
-pub fn dense_window_f64(w: &[u8; DENSE_WINDOW], out: &mut [f64]) -> DenseWindow {
+/// [`dense_run_f32`], the values kept as `f64`.
+pub fn dense_run_f64(bytes: &[u8], out: &mut [f64]) -> DenseRun {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: as in `dense_window_f32`.
-        return unsafe { avx2_window_f64(w, out) };
+        // SAFETY: as in `dense_run_f32`.
+        return unsafe { avx2_run_f64(bytes, out) };
     }
-    let _ = (w, out);
-    DenseWindow::Declined { written: 0 }
+    let _ = (bytes, out);
+    DenseRun { consumed: 0, count: 0, stopped: false }
 }
 
-/// Whether the dense window kernel runs on this CPU (asked once).
+/// Whether the dense kernel runs on this CPU (asked once).
 #[cfg(target_arch = "x86_64")]
 #[must_use]
 #[inline]
@@ -165,7 +159,7 @@ pub fn has_avx2() -> bool {
     })
 }
 
-/// Whether the dense window kernel runs on this CPU: never off x86-64.
+/// Whether the dense kernel runs on this CPU: never off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
 #[must_use]
 pub fn has_avx2() -> bool {
@@ -174,8 +168,9 @@ pub fn has_avx2() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-fn avx2_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
-    avx2_window(w, out.len(), |k, count, v| {
+fn avx2_run_f32(bytes: &[u8], out: &mut [f32]) -> DenseRun {
+    let room = out.len();
+    avx2_run(bytes, room, |k, count, v| {
         let mut four = [0f32; 4];
         // SAFETY: writes the 16 bytes of `four`, a local array of four `f32`.
         unsafe { std::arch::x86_64::_mm_storeu_ps(four.as_mut_ptr(), std::arch::x86_64::_mm256_cvtpd_ps(v)) };
@@ -185,8 +180,9 @@ fn avx2_window_f32(w: &[u8; DENSE_WINDOW], out: &mut [f32]) -> DenseWindow {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-fn avx2_window_f64(w: &[u8; DENSE_WINDOW], out: &mut [f64]) -> DenseWindow {
-    avx2_window(w, out.len(), |k, count, v| {
+fn avx2_run_f64(bytes: &[u8], out: &mut [f64]) -> DenseRun {
+    let room = out.len();
+    avx2_run(bytes, room, |k, count, v| {
         let mut four = [0f64; 4];
         // SAFETY: writes the 32 bytes of `four`, a local array of four `f64`.
         unsafe { std::arch::x86_64::_mm256_storeu_pd(four.as_mut_ptr(), v) };
@@ -243,152 +239,150 @@ fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
     c
 }
 
-/// The kernel of [`dense_window_f32`] and [`dense_window_f64`]: the window's shape checked on its
-/// byte classes for all values together, then four values at a time — their places found in the
-/// masks (one `tzcnt` each for start, period and end), their digits read as one word each and
-/// moved to the top of it, then summed in AVX2 lanes of 64 bits (`vpmaddubsw`, `vpmaddwd`, one
-/// multiply), converted, divided, signed and handed to `store(k, count, four)` for the first
-/// `count` (4, fewer in the last group) to go to slots `k..k + count`.
+/// Values taken apart and waiting for a group of four: each one's integer word (its digits, and
+/// sign, at the top), its fraction word (from its first fraction digit; 0 for an integer) and its
+/// sign bit. One entry per 16 bytes: the four words of a kind are read back one by one (as they
+/// were written, so each read is forwarded from its store), never as one 32-byte load that would
+/// wait for four stores to reach the cache.
+#[cfg(target_arch = "x86_64")]
+#[derive(Default)]
+struct Lanes {
+    words: [[i64; 4]; 4],
+}
+
+/// The kernel of [`dense_run_f32`] and [`dense_run_f64`]. Per window: its byte classes, its
+/// shape checked on them for all values together, then each value's place found in the masks
+/// (one `tzcnt` each for start, period and end) and its words read; every four values, across
+/// windows, are summed in AVX2 lanes of 64 bits, converted, divided, signed and handed to
+/// `store(k, count, four)` for slots `k..k + count`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
 #[inline]
 #[allow(clippy::similar_names)] // the masks of a window
-fn avx2_window(
-    w: &[u8; DENSE_WINDOW],
-    room: usize,
-    store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
-) -> DenseWindow {
-    const DECLINED: DenseWindow = DenseWindow::Declined { written: 0 };
-    let [delim, stop, digit, dot, sign, minus] = avx2_classes(w);
-    // The first stop byte ends the sample: only the bytes before it are read.
-    let first_stop = stop & stop.wrapping_neg();
-    let value = !delim & first_stop.wrapping_sub(1);
-    // The delimiters (or the stop byte) right after a value: one per value that ends inside.
-    let ends = (delim | first_stop) & (value << 1);
-    if ends == 0 {
-        return DECLINED;
-    }
-    // Everything before the last value's end.
-    let region = (1u64 << ends.ilog2()) - 1;
-    let all_starts = value & !(value << 1);
-    let digit_next = digit >> 1;
-    let run9 = {
-        let r2 = digit & digit_next;
-        let r4 = r2 & (r2 >> 2);
-        (r4 & (r4 >> 4)) & (digit >> 8)
-    };
-    let odd = !(digit | dot | delim | sign)
-        | (sign & !(all_starts & digit_next))
-        | (dot & !((digit << 1) & digit_next))
-        | run9;
-    let n = ends.count_ones() as usize;
-    let dots = dot & region;
-    let dotted = dots != 0;
-    if odd & region != 0 || (dotted && dots.count_ones() as usize != n) || n > room {
-        return DECLINED;
-    }
-    let starts = all_starts & region;
-    let read = if dotted {
-        avx2_values::<true>(w, starts, ends, dots, minus, store)
-    } else {
-        avx2_values::<false>(w, starts, ends, dots, minus, store)
-    };
-    match read {
-        Ok(()) => {
-            let partial = all_starts & !region;
-            let advance = if stop != 0 {
-                stop.trailing_zeros()
-            } else if partial == 0 {
-                64
-            } else {
-                partial.trailing_zeros()
-            };
-            DenseWindow::Read { advance: advance as usize, count: n, stopped: stop != 0 }
+fn avx2_run(bytes: &[u8], room: usize, mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d)) -> DenseRun {
+    let mut lanes = Lanes::default();
+    // Values read (`count`), of which the first `stored` are in `out`, the rest in `lanes`.
+    let (mut p, mut count, mut stored) = (0usize, 0usize, 0usize);
+    let mut tail;
+    let stopped = loop {
+        let w: &[u8; DENSE_WINDOW] = if let Some(w) = bytes.get(p..p + DENSE_WINDOW) {
+            w.try_into().expect("80 bytes")
+        } else if p < bytes.len() {
+            // The last bytes, followed by stop bytes (the padding): the sample ends there.
+            tail = [b'\n'; DENSE_WINDOW];
+            tail[..bytes.len() - p].copy_from_slice(&bytes[p..]);
+            &tail
+        } else {
+            break true;
+        };
+        let [delim, stop, digit, dot, sign, minus] = avx2_classes(w);
+        // The first stop byte ends the sample: only the bytes before it are read.
+        let first_stop = stop & stop.wrapping_neg();
+        let value = !delim & first_stop.wrapping_sub(1);
+        // The delimiters (or the stop byte) right after a value: one per value that ends inside.
+        let ends = (delim | first_stop) & (value << 1);
+        if ends == 0 {
+            break false;
         }
-        Err(written) => DenseWindow::Declined { written },
-    }
-}
-
-/// The values of a checked window, four at a time: their places found in the masks (one
-/// `tzcnt` each for start, period and end), their digits read as one word each and moved to its
-/// top, then summed, converted, divided and signed in AVX2 lanes. `Err(written)` if a value's
-/// period is not its own or a signed value has eight integer digits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
-#[inline]
-fn avx2_values<const DOTTED: bool>(
-    w: &[u8; DENSE_WINDOW],
-    starts: u64,
-    ends: u64,
-    dots: u64,
-    minus: u64,
-    mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
-) -> Result<(), usize> {
-    use std::arch::x86_64::{
-        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
-    };
-    let load8 = |at: u32| -> i64 {
-        let at = (at & 63) as usize;
-        let b: [u8; 8] = w[at..at + 8].try_into().expect("eight bytes");
-        i64::from_le_bytes(b)
-    };
-    let n = ends.count_ones() as usize;
-    let (mut st, mut en, mut dt) = (starts, ends, dots);
-    let mut k = 0;
-    while k < n {
-        // One lane per value; lanes past `n` find every mask empty (64 for each place), pass the
-        // checks and are dropped.
-        let mut int = [0i64; 4];
-        let mut frac = [0i64; 4];
-        let mut neg = [0i64; 4];
-        let mut ok = true;
-        for lane in 0..4 {
+        // Everything before the last value's end.
+        let region = (1u64 << ends.ilog2()) - 1;
+        let all_starts = value & !(value << 1);
+        let starts = all_starts & region;
+        let digit_next = digit >> 1;
+        let run8 = {
+            let r2 = digit & digit_next;
+            let r4 = r2 & (r2 >> 2);
+            r4 & (r4 >> 4)
+        };
+        let dots = dot & region;
+        // Dots and starts alternate (each value has exactly one period) if the parity of both up
+        // to each value's end is the same: every value then has an odd number of periods, and
+        // with as many periods as values, one each.
+        let unpaired = {
+            let mut x = dots ^ starts;
+            x ^= x << 1;
+            x ^= x << 2;
+            x ^= x << 4;
+            x ^= x << 8;
+            x ^= x << 16;
+            x ^= x << 32;
+            x
+        };
+        let odd = !(digit | dot | delim | sign)
+            | (sign & !(all_starts & digit_next))
+            | (dot & !((digit << 1) & digit_next))
+            | (run8 & (digit >> 8))
+            | (sign & (run8 >> 1));
+        let n = ends.count_ones() as usize;
+        if odd & region != 0
+            || (dots != 0 && (dots.count_ones() as usize != n || unpaired & ends != 0))
+            || n > room - count
+        {
+            break false;
+        }
+        let (mut st, mut en, mut dt) = (starts, ends, dots);
+        for _ in 0..n {
             let s = st.trailing_zeros();
             st &= st.wrapping_sub(1);
             let e = en.trailing_zeros();
             en &= en.wrapping_sub(1);
-            let d = if DOTTED {
+            let lane = count & 3;
+            let d = if dots == 0 {
+                lanes.words[lane][1] = 0;
+                e
+            } else {
                 let d = dt.trailing_zeros();
                 dt &= dt.wrapping_sub(1);
+                // The fraction digits from the word's first byte; what follows them is cut in the
+                // lanes.
+                lanes.words[lane][1] = load8(w, d + 1);
                 d
-            } else {
-                e
             };
-            // The value's own period (never at its start nor its end: checked on the masks), and
-            // a sign with at most 7 digits: all of the integer part fits one word.
-            let int_bytes = d.wrapping_sub(s);
-            // Without branches: `&` on purpose.
-            #[allow(clippy::needless_bitwise_bool)]
-            {
-                ok &= (s <= d) & (d <= e) & (int_bytes <= 8);
-            }
             // The integer digits (and sign) at the top of the word, the bytes after shifted out.
-            int[lane] = load8(s).wrapping_shl(64u32.wrapping_sub(int_bytes.wrapping_mul(8)) & 63);
-            neg[lane] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
-            if DOTTED {
-                // The fraction digits from the word's first byte; what follows them is cut in
-                // the lanes.
-                frac[lane] = load8(d + 1);
+            lanes.words[lane][0] = load8(w, s).wrapping_shl(64u32.wrapping_sub(d.wrapping_sub(s).wrapping_mul(8)) & 63);
+            lanes.words[lane][2] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
+            count += 1;
+            if lane == 3 {
+                store(stored, 4, avx2_group(&lanes));
+                stored += 4;
             }
         }
-        if !ok {
-            return Err(k);
+        if stop != 0 {
+            p += stop.trailing_zeros() as usize;
+            break true;
         }
-        let int = avx2_sum4(_mm256_setr_epi64x(int[0], int[1], int[2], int[3]));
-        let v = if DOTTED {
-            // `frac * 10^(8 - k)` over 10^8 is the same rational as `frac` over 10^k, both parts
-            // exact: the correctly rounded quotient is the same `f64`.
-            let frac = avx2_sum4_leading(_mm256_setr_epi64x(frac[0], frac[1], frac[2], frac[3]));
-            _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)))
-        } else {
-            // CNTK's integer: `int + 0 / 1`, the same bits as `int`.
-            int
-        };
-        let v = _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(neg[0], neg[1], neg[2], neg[3])));
-        store(k, (n - k).min(4), v);
-        k += 4;
+        let partial = all_starts & !region;
+        p += if partial == 0 { 64 } else { partial.trailing_zeros() as usize };
+    };
+    if stored < count {
+        store(stored, count - stored, avx2_group(&lanes));
     }
-    Ok(())
+    DenseRun { consumed: p, count, stopped }
+}
+
+/// The little-endian word of `w[at..at + 8]`, `at` taken below 64.
+#[inline]
+fn load8(w: &[u8; DENSE_WINDOW], at: u32) -> i64 {
+    let at = (at & 63) as usize;
+    let b: [u8; 8] = w[at..at + 8].try_into().expect("eight bytes");
+    i64::from_le_bytes(b)
+}
+
+/// Four values from their words: CNTK's `int + frac / 10^k`, where the fraction word read as eight
+/// digits is `frac * 10^(8 - k)` — over 10^8 the same rational as `frac` over 10^k, both parts
+/// exact, so the correctly rounded quotient is the same `f64` — then signed.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[inline]
+fn avx2_group(lanes: &Lanes) -> std::arch::x86_64::__m256d {
+    use std::arch::x86_64::{
+        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
+    };
+    let [a, b, c, d] = &lanes.words;
+    let int = avx2_sum4(_mm256_setr_epi64x(a[0], b[0], c[0], d[0]));
+    let frac = avx2_sum4_leading(_mm256_setr_epi64x(a[1], b[1], c[1], d[1]));
+    let v = _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)));
+    _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(a[2], b[2], c[2], d[2])))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -443,6 +437,8 @@ fn avx2_eights(v: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
 
 #[cfg(test)]
 mod tests {
+    use std::fmt::Write as _;
+
     use super::*;
 
     #[test]
@@ -455,13 +451,6 @@ mod tests {
                 assert_eq!(byte_classes(&w), scalar_classes(&w), "byte {b:#04x} at {at}");
             }
         }
-    }
-
-    /// A window of `text`, padded with spaces to 80 bytes.
-    fn window(text: &str) -> [u8; DENSE_WINDOW] {
-        let mut w = [b' '; DENSE_WINDOW];
-        w[..text.len()].copy_from_slice(text.as_bytes());
-        w
     }
 
     /// CNTK's value of a plain decimal, the slow way.
@@ -484,49 +473,67 @@ mod tests {
         }
     }
 
+    /// Runs the kernel over `text` both ways and checks every value read against [`cntk`].
+    fn run(text: &str) -> DenseRun {
+        let mut wide = vec![0f64; 200];
+        let got = dense_run_f64(text.as_bytes(), &mut wide);
+        let mut narrow = vec![0f32; 200];
+        assert_eq!(dense_run_f32(text.as_bytes(), &mut narrow), got, "{text:?}");
+        let tokens: Vec<&str> = text[..got.consumed].split([' ', '\t']).filter(|t| !t.is_empty()).collect();
+        assert_eq!(tokens.len(), got.count, "{text:?}");
+        for (j, t) in tokens.iter().enumerate() {
+            assert_eq!(wide[j].to_bits(), cntk(t).to_bits(), "{t} in {text:?}");
+            #[allow(clippy::cast_possible_truncation)] // as static_cast<float>
+            let narrowed = cntk(t) as f32;
+            assert_eq!(narrow[j].to_bits(), narrowed.to_bits(), "{t} in {text:?}");
+        }
+        assert!(wide[got.count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
+        assert!(narrow[got.count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
+        got
+    }
+
     #[test]
-    fn a_plain_window_is_read_whole_and_stops_before_the_value_it_cuts() {
-        // 64 bytes end inside "0.123456": it is left to the next window.
-        let text = "-0.012410 0.984487 +12.5 -1234567.25 0.5\t3.14159265 0.777777 0.123456 1.5";
-        let w = window(text);
-        let tokens: Vec<&str> = text[..64].split([' ', '\t']).collect();
-        let (whole, cut) = tokens.split_at(tokens.len() - 1);
-        let mut out = [0f64; 40];
-        let got = dense_window_f64(&w, &mut out);
+    fn plain_windows_are_read_whole_across_their_borders_to_the_end() {
         if !has_avx2() {
-            assert_eq!(got, DenseWindow::Declined { written: 0 });
+            assert_eq!(run("1.5 2.5"), DenseRun { consumed: 0, count: 0, stopped: false });
             return;
         }
-        assert_eq!(got, DenseWindow::Read { advance: 64 - cut[0].len(), count: whole.len(), stopped: false });
-        for (j, t) in whole.iter().enumerate() {
-            assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
+        // Values cut by a window's border start the next one; the end of the bytes ends the
+        // sample.
+        let mut text = String::new();
+        for k in 0..150u32 {
+            let sign = ["", "-", "+"][(k % 3) as usize];
+            let int = [7, 42, 1_234_567, 0, 99][(k % 5) as usize];
+            let frac = ["5", "25", "012410", "98448712", "0"][(k % 7 % 5) as usize];
+            let delim = if k % 4 == 0 { '\t' } else { ' ' };
+            let _ = write!(text, "{sign}{int}.{frac}{delim}");
         }
-        assert!(out[whole.len()..].iter().all(|v| v.to_bits() == 0), "stored past the count");
-        let mut narrow = [0f32; 40];
-        assert_eq!(dense_window_f32(&w, &mut narrow), got);
-        #[allow(clippy::cast_possible_truncation)] // as static_cast<float>
-        for (j, t) in whole.iter().enumerate() {
-            assert_eq!(narrow[j].to_bits(), (cntk(t) as f32).to_bits(), "{t}");
+        let text = text.trim_end();
+        assert_eq!(run(text), DenseRun { consumed: text.len(), count: 150, stopped: true });
+        // Integers only, signed or not.
+        let ints = "1 -22 333 +4444 55555 -666666 7777777 88888888 0 -0 10 -1234567 12345678";
+        assert_eq!(run(ints), DenseRun { consumed: ints.len(), count: 13, stopped: true });
+    }
+
+    #[test]
+    fn a_stop_byte_ends_the_sample() {
+        if !has_avx2() {
+            return;
         }
-        // Integers only, signed or not; the window's last byte a delimiter: it advances by 64.
-        let ints = format!("{:<63} ", "1 -22 333 +4444 55555 -666666 7777777 88888888 0 -0 10");
-        let mut out = [0f64; 40];
-        assert_eq!(
-            dense_window_f64(&window(&ints), &mut out),
-            DenseWindow::Read { advance: 64, count: 11, stopped: false }
-        );
-        for (j, t) in ints.split_whitespace().enumerate() {
-            assert_eq!(out[j].to_bits(), cntk(t).to_bits(), "{t}");
+        for (text, count) in
+            [("1.5 2.5 |labels 3:1", 2), ("1.5 -2.5\n4.5", 2), ("1 2|b", 2), ("-7\r\n", 1), ("3 \u{e9}", 1)]
+        {
+            let stop = text.find(['|', '\n', '\r', '\u{e9}']).expect("a stop byte");
+            assert_eq!(run(text), DenseRun { consumed: stop, count, stopped: true }, "{text:?}");
         }
     }
 
     #[test]
-    fn any_other_window_is_declined() {
+    fn any_other_window_ends_the_run_where_it_starts() {
         if !has_avx2() {
             return;
         }
-        for text in [
-            "|labels 3:1",                                                         // a stop byte first
+        for odd in [
             "1.5 2 3.5 4.5",                                                       // periods in some values only
             "1.5 1e5 3.5",                                                         // an exponent
             "1.5 .5 3.5",                                                          // no integer digit
@@ -537,33 +544,16 @@ mod tests {
             "1.5 - 3.5",                                                           // a sign alone
             "1.5 2.5 3.5 4.5 1.2.3 6 7.5 8.5", // two periods in one value, none in another
             "1.5 2.5 3.5 4.5 -12345678.5 9.5", // a sign and eight integer digits
+            "1.5 2..5 3 4.5",                  // two periods together
             "0.12345678901234567890123456789012345678901234567890123456789012345", // no delimiter
         ] {
-            let mut out = [0f32; 40];
-            let got = dense_window_f32(&window(text), &mut out);
-            let DenseWindow::Declined { written } = got else { panic!("{text:?} was read: {got:?}") };
-            assert!(out[written..].iter().all(|v| v.to_bits() == 0), "{text:?}: stored past {written}");
+            assert_eq!(run(odd), DenseRun { consumed: 0, count: 0, stopped: false }, "{odd:?}");
+            // After whole windows of plain values, the run ends at the odd window's start.
+            let text = format!("{}{odd}", "0.5 ".repeat(32));
+            assert_eq!(run(&text), DenseRun { consumed: 128, count: 32, stopped: false }, "{odd:?}");
         }
-        // A late value's failure is found after a group of four was stored.
-        let mut out = [0f32; 40];
-        assert_eq!(
-            dense_window_f32(&window("1.5 2.5 3.5 4.5 -12345678.5 9.5"), &mut out),
-            DenseWindow::Declined { written: 4 }
-        );
-        // A stop byte ends the sample: the values before it are read, up to it.
-        for (text, count) in
-            [("1.5 2.5 |labels 3:1", 2), ("1.5 -2.5\n4.5", 2), ("1 2|b", 2), ("-7\r\n", 1), ("3 \u{e9}", 1)]
-        {
-            let mut out = [0f32; 40];
-            let got = dense_window_f32(&window(text), &mut out);
-            let stop = text.find(['|', '\n', '\r', '\u{e9}']).expect("a stop byte");
-            assert_eq!(got, DenseWindow::Read { advance: stop, count, stopped: true }, "{text:?}");
-            #[allow(clippy::cast_possible_truncation)] // as static_cast<float>
-            for (j, t) in text[..stop].split_whitespace().enumerate() {
-                assert_eq!(out[j].to_bits(), (cntk(t) as f32).to_bits(), "{t}");
-            }
-        }
-        // Not enough room for every value.
-        assert_eq!(dense_window_f32(&window("1.5 2.5 3.5 "), &mut [0f32; 2]), DenseWindow::Declined { written: 0 });
+        assert_eq!(run("|labels 3:1"), DenseRun { consumed: 0, count: 0, stopped: false }, "a stop byte first");
+        // Not enough room for every value: the window is left to the caller.
+        assert_eq!(dense_run_f32(b"1.5 2.5 3.5 ", &mut [0f32; 2]), DenseRun { consumed: 0, count: 0, stopped: false });
     }
 }

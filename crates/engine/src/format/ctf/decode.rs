@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use minibatchd_sys::simd::{DenseWindow, DENSE_WINDOW};
+use minibatchd_sys::simd::DenseRun;
 
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
@@ -33,8 +33,8 @@ pub trait Element: Copy + Default + Send + Sync + 'static {
     /// Wraps a vector of decoded values into the chunk's [`Values`].
     fn into_values(v: Vec<Self>) -> Values;
     /// The dense fast path's vector kernel for this element type
-    /// ([`minibatchd_sys::simd::dense_window_f32`]).
-    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow;
+    /// ([`minibatchd_sys::simd::dense_run_f32`]).
+    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun;
 }
 
 impl Element for f32 {
@@ -47,8 +47,8 @@ impl Element for f32 {
         Values::F32(v.into())
     }
     #[inline]
-    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow {
-        minibatchd_sys::simd::dense_window_f32(w, out)
+    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun {
+        minibatchd_sys::simd::dense_run_f32(bytes, out)
     }
 }
 
@@ -61,8 +61,8 @@ impl Element for f64 {
         Values::F64(v.into())
     }
     #[inline]
-    fn dense_window(w: &[u8; DENSE_WINDOW], out: &mut [Self]) -> DenseWindow {
-        minibatchd_sys::simd::dense_window_f64(w, out)
+    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun {
+        minibatchd_sys::simd::dense_run_f64(bytes, out)
     }
 }
 

@@ -14,7 +14,7 @@
 //!
 //! Where the CPU has AVX2, a window whose every value is of the common shape (1 to 8 digits on
 //! either side of the period, all with a period or none, no stop byte) is read whole first by
-//! the vector kernel of `minibatchd-sys` (`dense_window_f32`): its shape checked on the window's
+//! the vector kernel of `minibatchd-sys` (`dense_run_f32`): its shape checked on the window's
 //! masks for all values at once, then four values at a time in vector lanes. It declines every
 //! other window, which the loop of one value at a time below reads as before.
 //!
@@ -29,7 +29,7 @@
 // leaving inlining to rustc.
 #![allow(clippy::inline_always)]
 
-use minibatchd_sys::simd::{byte_classes, has_avx2, ByteClasses as Masks, DenseWindow};
+use minibatchd_sys::simd::{byte_classes, has_avx2, ByteClasses as Masks};
 
 use super::decode::Element;
 
@@ -159,24 +159,15 @@ impl<T: Element> DenseOut<'_, T> {
         self.count += 1;
     }
 
-    /// Every value that ends inside the window, with the vector kernel
-    /// ([`minibatchd_sys::simd::dense_window_f32`]) where the window has its shape: the window's
-    /// advance and whether the sample ends there, or `None` with nothing stored.
+    /// Reads from `bytes[p..]` with the vector kernel
+    /// ([`minibatchd_sys::simd::dense_run_f32`]) for as long as its windows have the kernel's
+    /// shape: where it stopped, and whether the sample ends there.
     #[inline(always)]
-    fn whole_window(&mut self, w: &[u8; W + OVERHANG]) -> Option<(usize, bool)> {
+    fn run(&mut self, bytes: &[u8], p: usize) -> (usize, bool) {
         let free = self.slots.get_mut(self.count..).unwrap_or_default();
-        match T::dense_window(w, free) {
-            DenseWindow::Read { advance, count, stopped } => {
-                self.count += count;
-                Some((advance, stopped))
-            }
-            DenseWindow::Declined { written } => {
-                // What an abandoned read stored goes back to zero: a sample shorter than `dim`
-                // is padded with zeros.
-                free[..written].fill(T::default());
-                None
-            }
-        }
+        let run = T::dense_run(bytes.get(p..).unwrap_or_default(), free);
+        self.count += run.count;
+        (p + run.consumed, run.stopped)
     }
 }
 
@@ -184,37 +175,22 @@ impl<T: Element> DenseOut<'_, T> {
 /// returns where the byte loop must go on: at a stop byte, at the first byte of a value that is
 /// not plain, or within the last bytes of `bytes`.
 ///
-/// A window of the common shape (see [`minibatchd_sys::simd::dense_window_f32`]) is read whole by
+/// Windows of the common shape (see [`minibatchd_sys::simd::dense_run_f32`]) are read whole by
 /// the vector kernel where the CPU has AVX2; any other window, one value at a time below.
 #[inline]
 pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>) -> usize {
     let kernel = has_avx2();
     loop {
-        let Some(w) = bytes.get(p..p + W + OVERHANG) else {
-            // The last bytes of the sequence: the kernel reads them from a copy whose padding is
-            // a stop byte (where the sample ends anyway); the byte loop takes what it declines.
-            if kernel && p < bytes.len() {
-                let mut tail = [b'\n'; W + OVERHANG];
-                tail[..bytes.len() - p].copy_from_slice(&bytes[p..]);
-                if let Some((advance, stopped)) = out.whole_window(&tail) {
-                    p += advance;
-                    if !stopped {
-                        continue;
-                    }
-                }
-            }
-            return p;
-        };
-        let Ok(w) = <&[u8; W + OVERHANG]>::try_from(w) else { return p };
         if kernel {
-            if let Some((advance, stopped)) = out.whole_window(w) {
-                p += advance;
-                if stopped {
-                    return p;
-                }
-                continue;
+            let (at, stopped) = out.run(bytes, p);
+            p = at;
+            if stopped {
+                return p;
             }
         }
+        // A window the kernel declined (or every window, without it): one value at a time.
+        let Some(w) = bytes.get(p..p + W + OVERHANG) else { return p };
+        let Ok(w) = <&[u8; W + OVERHANG]>::try_from(w) else { return p };
         let Ok(head) = <&[u8; W]>::try_from(&w[..W]) else { return p };
         let m = byte_classes(head);
         let ends = m.delim | m.stop;
