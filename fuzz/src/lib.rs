@@ -40,8 +40,9 @@ fn ctf_config(sel: u8) -> (Vec<StreamConfig>, CtfIndexOptions) {
     let streams = match sel & 3 {
         0 => vec![stream("a", 3, false, false), stream("b", 5, true, false)],
         1 => vec![stream("features", 2, false, true), stream("labels", 4, true, false)],
-        // Wide enough for every value of a 64-byte window: the dense kernel reads whole windows.
-        2 => vec![stream("x", 40, false, false)],
+        // Bit 4 clear: wide enough for every value of a 64-byte window (the dense kernel reads
+        // whole windows); set: one value, so that longer samples are rejected.
+        2 => vec![stream("x", if sel & 16 == 0 { 40 } else { 1 }, false, false)],
         _ => vec![stream("s", 1000, true, false), stream("d", 0, false, false), stream("e", 2, false, false)],
     };
     let main_alias = streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone());

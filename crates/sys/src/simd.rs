@@ -4,10 +4,11 @@
 //! * [`byte_classes`]: the byte classes of a 64-byte window as bit masks, with SSE2 where the
 //!   target has it. On targets without SSE2 a plain loop computes the same masks; the tests
 //!   compare the two on every byte value.
-//! * [`dense_window_f32`] / [`dense_window_f64`]: every value of a 64-byte window of plain
-//!   decimals read at once with AVX2, BMI and POPCNT, where the CPU has them (asked once at run
-//!   time, [`has_avx2`]); a window of any other shape is declined and read by the caller's own
-//!   loop. Its results are compared with CNTK's digit loop by the engine's tests and fuzz target.
+//! * [`dense_run_f32`] / [`dense_run_f64`]: a dense sample's values read a 64-byte window of
+//!   plain decimals at a time with AVX2, BMI and POPCNT, where the CPU has them (asked once at
+//!   run time, [`has_avx2`]); the first window of any other shape ends the run and is read by the
+//!   caller's own loop. Its results are compared with CNTK's digit loop by the engine's tests and
+//!   fuzz target.
 
 /// Per-byte classes of a window, bit `i` for byte `i`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -445,7 +445,7 @@ fn read_dense<T: Element>(
     // The sample's `dim` values, zero until read: a short sample is padded by construction.
     buf.values.resize(mark + dim, T::default());
     // Past `dim` the sample is rejected anyway: keep scanning for syntax, stop storing.
-    let mut out = super::scan::DenseOut { slots: &mut buf.values[mark..], count: 0 };
+    let mut out = super::scan::DenseOut::new(&mut buf.values[mark..]);
     let n = bytes.len();
     while p < n {
         // Plain decimals a window at a time; the byte loop below takes whatever they are not.

@@ -147,6 +147,19 @@ pub struct DenseOut<'a, T> {
     pub slots: &'a mut [T],
     /// Values read so far.
     pub count: usize,
+    /// Where the vector kernel may be tried again after it declined a window: data it declines
+    /// (exponents, long mantissas) would otherwise cost a try per value, as the byte loop hands
+    /// each such value back. One window on after a first decline, then twice as far each time.
+    pub kernel_from: usize,
+    /// Windows the kernel declined in this sample.
+    pub declined: u32,
+}
+
+impl<'a, T> DenseOut<'a, T> {
+    /// Nothing read into `slots` yet.
+    pub fn new(slots: &'a mut [T]) -> Self {
+        DenseOut { slots, count: 0, kernel_from: 0, declined: 0 }
+    }
 }
 
 impl<T: Element> DenseOut<'_, T> {
@@ -167,7 +180,12 @@ impl<T: Element> DenseOut<'_, T> {
         let free = self.slots.get_mut(self.count..).unwrap_or_default();
         let run = T::dense_run(bytes.get(p..).unwrap_or_default(), free);
         self.count += run.count;
-        (p + run.consumed, run.stopped)
+        let at = p + run.consumed;
+        if !run.stopped {
+            self.kernel_from = at + (W << self.declined.min(6));
+            self.declined += 1;
+        }
+        (at, run.stopped)
     }
 }
 
@@ -181,7 +199,7 @@ impl<T: Element> DenseOut<'_, T> {
 pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>) -> usize {
     let kernel = has_avx2();
     loop {
-        if kernel {
+        if kernel && p >= out.kernel_from {
             let (at, stopped) = out.run(bytes, p);
             p = at;
             if stopped {
@@ -251,7 +269,7 @@ mod tests {
     fn check(text: &str) -> usize {
         let bytes = text.as_bytes();
         let mut slots = vec![0f64; bytes.len()];
-        let mut out = DenseOut { slots: &mut slots, count: 0 };
+        let mut out = DenseOut::new(&mut slots);
         let end = dense_values(bytes, 0, &mut out);
         let count = out.count;
         let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
