@@ -92,6 +92,10 @@ fn ctf_decode_as<T: Element + Into<f64>>(sel: u8, body: &[u8], scratch: &Path) {
     assert!(bits(&bufs) == bits(&slow.0), "the fast path read other values");
     assert_eq!(errors, slow.1, "the fast path reported other errors");
     assert_eq!(fatal, slow.2, "the fast path failed another sequence");
+    // And the fast path without its vector kernel, as on a CPU without AVX2.
+    let windows = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_kernel(), streams.len(), &idx, body);
+    assert!(bits(&windows.0) == bits(&slow.0), "the fast path without the kernel read other values");
+    assert_eq!((windows.1, windows.2), (slow.1, slow.2), "the fast path without the kernel decided otherwise");
     if fatal.is_some() {
         return; // fatal: the chunk load stops there
     }

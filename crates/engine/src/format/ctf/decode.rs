@@ -148,6 +148,9 @@ pub struct CtfDecoder {
     /// Dense samples through [`super::scan`] first (off only in tests, to compare with the byte
     /// loop alone).
     fast_dense: bool,
+    /// Within it, whole windows through the vector kernel where the CPU has it (off only in
+    /// tests, to check the loop of one value at a time on such a CPU too).
+    dense_kernel: bool,
 }
 
 /// Where a sequence's bytes come from, for error locations.
@@ -173,7 +176,7 @@ impl CtfDecoder {
             })
             .collect();
         let max_alias_len = streams.iter().map(|s| s.alias.len()).max().unwrap_or(0);
-        Self { streams, max_alias_len, main, fast_dense: true }
+        Self { streams, max_alias_len, main, fast_dense: true, dense_kernel: true }
     }
 
     /// The same decoder with the dense fast path off, every value through the byte loop: the
@@ -183,6 +186,15 @@ impl CtfDecoder {
     #[must_use]
     pub fn without_fast_path(mut self) -> Self {
         self.fast_dense = false;
+        self
+    }
+
+    /// The same decoder with the dense fast path's vector kernel off: windows read one value at a
+    /// time, as on a CPU without AVX2 (tests, fuzzing). Not for production use.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn without_kernel(mut self) -> Self {
+        self.dense_kernel = false;
         self
     }
 
@@ -398,7 +410,7 @@ impl CtfDecoder {
         let result = if stream.sparse {
             read_sparse(bytes, p, stream.dim, buf)
         } else {
-            read_dense(bytes, p, stream.dim, buf, self.fast_dense)
+            read_dense(bytes, p, stream.dim, buf, self.fast_dense, self.dense_kernel)
         };
         match result {
             Ok(np) => (true, np),
@@ -435,6 +447,7 @@ fn read_dense<T: Element>(
     dim: usize,
     buf: &mut StreamBuf<T>,
     fast: bool,
+    kernel: bool,
 ) -> Result<usize, SampleError> {
     let mark = buf.values.len();
     if mark.saturating_add(dim) > buf.max_values {
@@ -450,7 +463,7 @@ fn read_dense<T: Element>(
     while p < n {
         // Plain decimals a window at a time; the byte loop below takes whatever they are not.
         if fast {
-            p = super::scan::dense_values(bytes, p, &mut out);
+            p = super::scan::dense_values(bytes, p, &mut out, kernel);
         }
         let Some(&c) = bytes.get(p) else { break };
         if is_value_delim(c) {

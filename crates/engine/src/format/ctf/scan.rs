@@ -194,10 +194,11 @@ impl<T: Element> DenseOut<'_, T> {
 /// not plain, or within the last bytes of `bytes`.
 ///
 /// Windows of the common shape (see [`minibatchd_sys::simd::dense_run_f32`]) are read whole by
-/// the vector kernel where the CPU has AVX2; any other window, one value at a time below.
+/// the vector kernel where the CPU has AVX2 (and `kernel` allows: off only in tests); any other
+/// window, one value at a time below.
 #[inline]
-pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>) -> usize {
-    let kernel = has_avx2();
+pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'_, T>, kernel: bool) -> usize {
+    let kernel = kernel && has_avx2();
     loop {
         if kernel && p >= out.kernel_from {
             let (at, stopped) = out.run(bytes, p);
@@ -268,19 +269,27 @@ mod tests {
 
     fn check(text: &str) -> usize {
         let bytes = text.as_bytes();
-        let mut slots = vec![0f64; bytes.len()];
-        let mut out = DenseOut::new(&mut slots);
-        let end = dense_values(bytes, 0, &mut out);
-        let count = out.count;
-        let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
-        assert_eq!(got, byte_loop(bytes, 0, end), "{text:?}");
-        assert!(slots[count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
-        // Where it stopped, the byte loop would stop too or has a value it must read itself.
-        // Short of the tail, it stops only where the byte loop has something to decide.
-        if end + W + OVERHANG <= bytes.len() {
-            assert!(bytes[end] != b' ' && bytes[end] != b'\t', "stopped at a delimiter in {text:?}");
-        }
-        end
+        // With the vector kernel (where the CPU has it) and without: the same as the byte loop.
+        let ends: Vec<usize> = [true, false]
+            .into_iter()
+            .map(|kernel| {
+                let mut slots = vec![0f64; bytes.len()];
+                let mut out = DenseOut::new(&mut slots);
+                let end = dense_values(bytes, 0, &mut out, kernel);
+                let count = out.count;
+                let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
+                assert_eq!(got, byte_loop(bytes, 0, end), "{text:?}, kernel {kernel}");
+                assert!(slots[count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
+                // Where it stopped, the byte loop would stop too or has a value it must read
+                // itself. Short of the tail, it stops only where the byte loop has something to
+                // decide.
+                if end + W + OVERHANG <= bytes.len() {
+                    assert!(bytes[end] != b' ' && bytes[end] != b'\t', "stopped at a delimiter in {text:?}");
+                }
+                end
+            })
+            .collect();
+        ends[0]
     }
 
     fn pad(s: &str) -> String {

@@ -29,10 +29,21 @@ struct Out {
 }
 
 fn decode_all(text: &[u8], streams: &[StreamConfig]) -> Result<Out, DataError> {
-    decode_with(text, streams, true)
+    decode_with(text, streams, Path::Kernel)
 }
 
-fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out, DataError> {
+/// How dense values are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    /// The fast path with its vector kernel (where the CPU has it): as in production.
+    Kernel,
+    /// The fast path one value at a time.
+    Windows,
+    /// The byte loop alone: the reference.
+    ByteLoop,
+}
+
+fn decode_with(text: &[u8], streams: &[StreamConfig], path: Path) -> Result<Out, DataError> {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
@@ -43,7 +54,11 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], fast: bool) -> Result<Out,
         crate::options::IndexLimits::UNBOUNDED,
         &mut |_| {},
     )?;
-    let dec = if fast { CtfDecoder::new(streams) } else { CtfDecoder::new(streams).without_fast_path() };
+    let dec = match path {
+        Path::Kernel => CtfDecoder::new(streams),
+        Path::Windows => CtfDecoder::new(streams).without_kernel(),
+        Path::ByteLoop => CtfDecoder::new(streams).without_fast_path(),
+    };
     let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for seq in &idx.sequences {
@@ -322,22 +337,30 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
             let _ = write!(text, "|l {}:1", next() % 10);
             text.push_str(if next() % 4 == 0 { "\r\n" } else { "\n" });
         }
-        let fast = decode_with(text.as_bytes(), &streams, true);
-        let slow = decode_with(text.as_bytes(), &streams, false);
-        match (fast, slow) {
-            (Ok(f), Ok(s)) => {
-                assert_eq!(f.seqs, s.seqs, "case {case}");
-                assert_eq!(f.errors, s.errors, "case {case}");
-                assert_eq!(
-                    f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
-                    s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
-                    "case {case}"
-                );
-                decoded += 1;
-                with_errors += usize::from(!f.errors.is_empty());
+        for path in [Path::Kernel, Path::Windows] {
+            let fast = decode_with(text.as_bytes(), &streams, path);
+            let slow = decode_with(text.as_bytes(), &streams, Path::ByteLoop);
+            match (fast, slow) {
+                (Ok(f), Ok(s)) => {
+                    assert_eq!(f.seqs, s.seqs, "case {case}, {path:?}");
+                    assert_eq!(f.errors, s.errors, "case {case}, {path:?}");
+                    assert_eq!(
+                        f.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
+                        s.messages.iter().map(|m| after_path(m)).collect::<Vec<_>>(),
+                        "case {case}, {path:?}"
+                    );
+                    if path == Path::Kernel {
+                        decoded += 1;
+                        with_errors += usize::from(!f.errors.is_empty());
+                    }
+                }
+                (Err(f), Err(s)) => {
+                    assert_eq!(after_path(&f.to_string()), after_path(&s.to_string()), "case {case}, {path:?}");
+                }
+                (f, s) => {
+                    panic!("case {case}: {path:?} {:?} vs byte loop {:?}", f.map(|o| o.errors), s.map(|o| o.errors))
+                }
             }
-            (Err(f), Err(s)) => assert_eq!(after_path(&f.to_string()), after_path(&s.to_string()), "case {case}"),
-            (f, s) => panic!("case {case}: fast {:?} vs byte loop {:?}", f.map(|o| o.errors), s.map(|o| o.errors)),
         }
     }
     assert!(total_values > 100_000, "{total_values} values");
