@@ -87,13 +87,13 @@ fn ctf_decode_as<T: Element + Into<f64>>(sel: u8, body: &[u8], scratch: &Path) {
     let Some(idx) = ctf_index_bytes(body, scratch, &options) else { return };
     // The dense fast path (the vector kernel where the CPU has AVX2) against the byte loop alone:
     // the same values to the bit, the same errors, the same fatal sequence.
-    let (bufs, errors, fatal) = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams), streams.len(), &idx, body);
-    let slow = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_fast_path(), streams.len(), &idx, body);
+    let (bufs, errors, fatal) = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams), &idx, body);
+    let slow = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_fast_path(), &idx, body);
     assert!(bits(&bufs) == bits(&slow.0), "the fast path read other values");
     assert_eq!(errors, slow.1, "the fast path reported other errors");
     assert_eq!(fatal, slow.2, "the fast path failed another sequence");
     // And the fast path without its vector kernel, as on a CPU without AVX2.
-    let windows = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_kernel(), streams.len(), &idx, body);
+    let windows = ctf_decode_buffers::<T>(&CtfDecoder::new(&streams).without_kernel(), &idx, body);
     assert!(bits(&windows.0) == bits(&slow.0), "the fast path without the kernel read other values");
     assert_eq!((windows.1, windows.2), (slow.1, slow.2), "the fast path without the kernel decided otherwise");
     if fatal.is_some() {
@@ -117,11 +117,10 @@ type Decoded<T> = (Vec<StreamBuf<T>>, Vec<String>, Option<(usize, String)>);
 /// Decodes every sequence of `idx` until a fatal one.
 fn ctf_decode_buffers<T: Element>(
     dec: &CtfDecoder,
-    streams: usize,
     idx: &minibatchd_engine::format::FileIndex,
     body: &[u8],
 ) -> Decoded<T> {
-    let mut bufs: Vec<StreamBuf<T>> = (0..streams).map(|_| StreamBuf::new()).collect();
+    let mut bufs: Vec<StreamBuf<T>> = (0..dec.num_streams()).map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for (q, seq) in idx.sequences.iter().enumerate() {
         let start = usize::try_from(seq.offset).expect("an offset inside the input");

@@ -211,8 +211,8 @@ fn place<T: Copy>(out: &mut [T], four: &[T; 4]) {
 #[inline]
 fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
     use std::arch::x86_64::{
-        _mm256_and_si256, _mm256_andnot_si256, _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_loadu_si256,
-        _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8,
+        _mm256_andnot_si256, _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_loadu_si256, _mm256_movemask_epi8,
+        _mm256_or_si256, _mm256_set1_epi8,
     };
     let mut c = [0u64; 6];
     for half in 0..2 {
@@ -232,7 +232,7 @@ fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
         let bits = |v| u64::from(_mm256_movemask_epi8(v).cast_unsigned()) << (32 * half);
         c[0] |= bits(_mm256_or_si256(tab, is(b' ')));
         c[1] |= bits(_mm256_or_si256(non_printable, is(b'|')));
-        c[2] |= bits(_mm256_and_si256(digit, digit));
+        c[2] |= bits(digit);
         c[3] |= bits(is(b'.'));
         c[4] |= bits(_mm256_or_si256(minus, is(b'+')));
         c[5] |= bits(minus);

@@ -13,10 +13,10 @@
 //! `f64` multiply-adds; here the values of a window are independent of each other.
 //!
 //! Where the CPU has AVX2, a window whose every value is of the common shape (1 to 8 digits on
-//! either side of the period, all with a period or none, no stop byte) is read whole first by
-//! the vector kernel of `minibatchd-sys` (`dense_run_f32`): its shape checked on the window's
-//! masks for all values at once, then four values at a time in vector lanes. It declines every
-//! other window, which the loop of one value at a time below reads as before.
+//! either side of the period, all with a period or none), up to the sample's first stop byte, is
+//! read whole first by the vector kernel of `minibatchd-sys` (`dense_run_f32`): its shape checked
+//! on the window's masks for all values at once, then four values at a time in vector lanes. It
+//! declines every other window, which the loop of one value at a time below reads as before.
 //!
 //! The fast path never decides anything the byte loop would decide differently: it consumes only
 //! whole values of that plain shape and the delimiters between them, and hands everything else —
@@ -150,9 +150,9 @@ pub struct DenseOut<'a, T> {
     /// Where the vector kernel may be tried again after it declined a window: data it declines
     /// (exponents, long mantissas) would otherwise cost a try per value, as the byte loop hands
     /// each such value back. One window on after a first decline, then twice as far each time.
-    pub kernel_from: usize,
+    kernel_from: usize,
     /// Windows the kernel declined in this sample.
-    pub declined: u32,
+    declined: u32,
 }
 
 impl<'a, T> DenseOut<'a, T> {
@@ -270,26 +270,25 @@ mod tests {
     fn check(text: &str) -> usize {
         let bytes = text.as_bytes();
         // With the vector kernel (where the CPU has it) and without: the same as the byte loop.
-        let ends: Vec<usize> = [true, false]
-            .into_iter()
-            .map(|kernel| {
-                let mut slots = vec![0f64; bytes.len()];
-                let mut out = DenseOut::new(&mut slots);
-                let end = dense_values(bytes, 0, &mut out, kernel);
-                let count = out.count;
-                let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
-                assert_eq!(got, byte_loop(bytes, 0, end), "{text:?}, kernel {kernel}");
-                assert!(slots[count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
-                // Where it stopped, the byte loop would stop too or has a value it must read
-                // itself. Short of the tail, it stops only where the byte loop has something to
-                // decide.
-                if end + W + OVERHANG <= bytes.len() {
-                    assert!(bytes[end] != b' ' && bytes[end] != b'\t', "stopped at a delimiter in {text:?}");
-                }
-                end
-            })
-            .collect();
-        ends[0]
+        let mut kernel_end = 0;
+        for kernel in [true, false] {
+            let mut slots = vec![0f64; bytes.len()];
+            let mut out = DenseOut::new(&mut slots);
+            let end = dense_values(bytes, 0, &mut out, kernel);
+            let count = out.count;
+            let got: Vec<u64> = slots[..count].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, byte_loop(bytes, 0, end), "{text:?}, kernel {kernel}");
+            assert!(slots[count..].iter().all(|v| v.to_bits() == 0), "stored past the count in {text:?}");
+            // Where it stopped, the byte loop would stop too or has a value it must read itself.
+            // Short of the tail, it stops only where the byte loop has something to decide.
+            if end + W + OVERHANG <= bytes.len() {
+                assert!(bytes[end] != b' ' && bytes[end] != b'\t', "stopped at a delimiter in {text:?}");
+            }
+            if kernel {
+                kernel_end = end;
+            }
+        }
+        kernel_end
     }
 
     fn pad(s: &str) -> String {
@@ -305,8 +304,8 @@ mod tests {
 
     #[test]
     fn windows_the_kernel_declines_are_read_value_by_value() {
-        // Each text fills whole windows; the kernel (where the CPU has AVX2) declines some after
-        // storing a group of four, and the loop of one value at a time reads them instead.
+        // Each text fills whole windows; the kernel (where the CPU has AVX2) declines those with a
+        // value it does not take, and the loop of one value at a time reads them instead.
         for s in [
             "1.5 2.5 3.5 4.5 -12345678.5 9.5 0.25 0.125 1.5 2.5 3.5 4.5 5.5 6.5 7.5 8.5 9.5",
             "1.5 2.5 3.5 4.5 0.123456789012 9.5 0.25 0.125 1.5 2.5 3.5 4.5 5.5 6.5 7.5 8.5",
