@@ -202,6 +202,9 @@ pub struct Metrics {
     pub parsed_cache_read_bytes: IntCounter,
     /// `minibatchd_parsed_cache_written_bytes_total`: bytes written to entries.
     pub parsed_cache_written_bytes: IntCounter,
+    /// `minibatchd_parsed_cache_deferred_seconds_total`: time the persister held back a chunk to
+    /// write while a session's producer was working.
+    pub parsed_cache_deferred_seconds: Counter,
     /// `minibatchd_cache_hits_total`.
     pub cache_hits: IntCounter,
     /// `minibatchd_cache_misses_total`.
@@ -374,6 +377,10 @@ fn reg<T: Collector + Clone + 'static>(r: &Registry, c: T) -> prometheus::Result
 
 fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<IntCounterVec> {
     reg(r, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn seconds(r: &Registry, name: &str, help: &str) -> prometheus::Result<Counter> {
+    reg(r, Counter::new(name, help)?)
 }
 
 fn seconds_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<CounterVec> {
@@ -554,6 +561,11 @@ impl Metrics {
                 &r,
                 "minibatchd_parsed_cache_written_bytes_total",
                 "Bytes written to the persisted parsed-chunk cache.",
+            )?,
+            parsed_cache_deferred_seconds: seconds(
+                &r,
+                "minibatchd_parsed_cache_deferred_seconds_total",
+                "Time the persister held back a parsed chunk to write while a session's producer was working.",
             )?,
             cache_hits: counter(&r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
             cache_misses: counter(&r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,

@@ -962,6 +962,36 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     assert!(d.stop().success());
 }
 
+/// Parsed chunks are written to the persisted cache while no session's producer works (the
+/// persister waits while a session waits for data): with a session open whose client takes
+/// nothing (its ring full, its producer waiting for a free slot), and with one whose client took
+/// its whole epoch and keeps it open (its producer finished), every parsed chunk is written.
+#[test]
+fn parsed_chunks_are_persisted_while_sessions_stay_open_but_wait_for_nothing() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_config(tmp.path(), "", &["train", "extra"]);
+    let d = Daemon::start(tmp.path(), &[]);
+    let all_parsed_persisted = |m: &Metrics| {
+        let entries = m.sum("minibatchd_parsed_cache_entries", &[]);
+        entries > 0.0 && entries == m.sum("minibatchd_parsed_cache_misses_total", &[])
+    };
+    // Three slots filled, none taken.
+    let full = d.client().open("train", &SessionOptions { full_sweep: true, ..options(5) }).expect("open");
+    let m = d.wait_metrics("the chunks parsed for a full ring persisted", all_parsed_persisted);
+    assert!(m.sum("minibatchd_parsed_cache_deferred_seconds_total", &[]) >= 0.0, "the counter is exported");
+    drop(full);
+    // An epoch taken whole; the session stays open.
+    let extra_chunks = index_chunks(&cfg, "extra");
+    let mut done = d.client().open("extra", &SessionOptions { full_sweep: true, ..options(7) }).expect("open");
+    assert_eq!(drain(&mut done, 10_000).len(), 40_usize.div_ceil(7));
+    let m = d.wait_metrics("every chunk of the finished epoch persisted", |m| {
+        all_parsed_persisted(m) && m.sum("minibatchd_parsed_cache_misses_total", &[]) >= extra_chunks
+    });
+    assert!(m.sum("minibatchd_parsed_cache_misses_total", &[]) > extra_chunks, "train's chunks counted too");
+    drop(done);
+}
+
 /// Persisted entries of 1 MiB and more are mapped, and the gather reads their columns from the
 /// mapping: `dump` and a restarted daemon deliver from them exactly what the parse delivers.
 /// 12,000 sequences of 64 dense values and a sparse label, two chunks of 1–2 MiB parsed (under

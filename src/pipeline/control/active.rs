@@ -22,6 +22,7 @@ use minibatchd_sys::MemfdMemory;
 
 use super::super::data::delivery::StartProducer;
 use super::super::data::hub::DatasetRuntime;
+use super::super::data::persister::DemandMark;
 use super::super::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle, PREFETCH_CHUNKS};
 use super::admission::{self, Refusal};
 use super::connection::{ConnShared, Peer};
@@ -226,6 +227,13 @@ struct Prepared {
     /// With `resume_job`: the state this session starts from (the earliest position of the
     /// earlier run, and that run's positions).
     job_start: Option<SessionState>,
+    /// The session counts as a producer at work from here on (its first chunks are being parsed).
+    working: DemandMark,
+}
+
+/// The `count` slots of a new ring, each with its first generation: all free.
+fn every_slot(slots: &SlotTable, count: u64) -> Vec<FreeSlot> {
+    (0..count).zip(0..).map(|(s, i)| FreeSlot { slot: s, generation: slots.next_generation(i) }).collect()
 }
 
 /// [`prepare_now`] on a blocking thread: the sweep orders a session starts from, and a
@@ -250,6 +258,8 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
     let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
     sampling.opening(rt.dataset.timeline(), job, resolved.equal_steps)?;
+    // From here the session waits for data: the persister's writes wait too.
+    let working = shared.data.demand.working();
     if options.resume.is_none() && options.resume_job.is_none() {
         // Parsing starts now, while the sampler computes the sweep's sequence order (a tenth of a
         // second per million sequences, all of it before the first chunk was asked for): the
@@ -289,7 +299,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
-    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start })
+    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start, working })
 }
 
 /// The state a session that continues the earlier run of `states` (`resume_job`, rank order)
@@ -399,7 +409,7 @@ pub(super) async fn open(
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
-    let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start } =
+    let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start, working } =
         prepare(dataset, options, shared).await?;
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
@@ -461,8 +471,7 @@ pub(super) async fn open(
     let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
     let slots = SlotTable::new(slot_count);
     let (events_tx, events_rx) = flume::bounded(slot_count + 2);
-    let free: Vec<FreeSlot> =
-        (0..resolved.slots).zip(0..).map(|(s, i)| FreeSlot { slot: s, generation: slots.next_generation(i) }).collect();
+    let free = every_slot(&slots, resolved.slots);
     let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
     let producer = Producer::new(
         rt.clone(),
@@ -474,7 +483,8 @@ pub(super) async fn open(
         start.minibatches,
         metrics.clone(),
     )
-    .padded_to(pad_to);
+    .padded_to(pad_to)
+    .counted(working);
     let started =
         conn.delivery.send(StartProducer { name: name.clone(), producer, free, slot_count, events: events_tx }).await;
     let producer = match started {

@@ -88,6 +88,8 @@ pub struct DataPlane {
     preloaded: Mutex<HashSet<u32>>,
     /// Parsed chunks to the persister ([`persister`]).
     pub persist: flume::Sender<persister::PersistJob>,
+    /// The session producers working now: the persister writes while none is.
+    pub demand: Arc<persister::Demand>,
 }
 
 impl DataPlane {
@@ -99,7 +101,8 @@ impl DataPlane {
         let (persist, jobs) = persister::channel();
         let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()).with_owner(persist.clone()));
         cache.set_budget_and_ceiling(cache_budget, cache_budget);
-        persister::spawn(jobs, Arc::downgrade(&cache));
+        let demand = Arc::new(persister::Demand::default());
+        persister::spawn(jobs, Arc::downgrade(&cache), demand.clone(), metrics.parsed_cache_deferred_seconds.clone());
         Self {
             hub: RwLock::new(Arc::new(hub)),
             hub_generation: tokio::sync::watch::channel(0).0,
@@ -113,6 +116,7 @@ impl DataPlane {
             opened_at_start: std::sync::atomic::AtomicBool::new(false),
             preloaded: Mutex::new(HashSet::new()),
             persist,
+            demand,
         }
     }
 

@@ -30,6 +30,7 @@ use minibatchd_sys::MemfdMemory;
 
 use super::chunk_cache::{FetchError, SharedCache};
 use super::hub::DatasetRuntime;
+use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
 
 /// Chunks a producer asks the pipeline to load ahead of need (bounded further by the request
@@ -171,6 +172,9 @@ struct Planner {
     metrics: SessionMetrics,
     /// Since when every slot has been leased (the time counts as producer-blocked).
     idle_since: Option<Instant>,
+    /// This producer's count in the daemon's demand while it works (the persister waits for
+    /// none to).
+    working: Option<DemandMark>,
 }
 
 impl Producer {
@@ -190,7 +194,18 @@ impl Producer {
     ) -> Self {
         let feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
-        Self { planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None }, ring }
+        Self {
+            planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None, working: None },
+            ring,
+        }
+    }
+
+    /// Counted by `working` (taken when the session's `open` began) while it works: from its
+    /// start, and whenever it has a free slot, until it ends.
+    #[must_use]
+    pub fn counted(mut self, working: DemandMark) -> Self {
+        self.planner.working = Some(working);
+        self
     }
 
     /// With equal steps padded: empty minibatches after the epoch's last one until minibatch
@@ -220,7 +235,7 @@ impl Producer {
         slot_count: usize,
         events: flume::Sender<ProducerEvent>,
     ) -> ProducerHandle {
-        let Self { planner, ring } = self;
+        let Self { mut planner, ring } = self;
         let stop = Arc::new(AtomicBool::new(false));
         let (free_tx, free_rx) = flume::bounded(slot_count.max(1));
         for slot in free {
@@ -241,8 +256,10 @@ impl Producer {
             queue_full: queue_full.clone(),
             opened: Some(Instant::now()),
         };
+        let working = planner.working.take();
         let mut planning = Planning {
             planner,
+            working,
             free: free_rx,
             steps: Some(steps_tx),
             filler: filler_task.clone(),
@@ -333,6 +350,8 @@ const TURN_MINIBATCHES: usize = 4;
 /// to the filler.
 struct Planning {
     planner: Planner,
+    /// Counted in the daemon's [`Demand`] while this producer works (dropped with the task).
+    working: Option<DemandMark>,
     free: flume::Receiver<FreeSlot>,
     /// `None` once the planner is finished (closing the queue ends the filler).
     steps: Option<flume::Sender<Step>>,
@@ -363,10 +382,12 @@ impl Planning {
                 Err(flume::TryRecvError::Empty) => {
                     // Every slot is leased: back-pressure from the client.
                     self.planner.idle_since.get_or_insert_with(Instant::now);
+                    set_working(&mut self.working, false);
                     return Turn::Idle;
                 }
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
             };
+            set_working(&mut self.working, true);
             if let Some(since) = self.planner.idle_since.take() {
                 self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
             }
@@ -392,9 +413,17 @@ impl Planning {
 
     /// Closes the queue to the filler (it ends once it has announced what is queued).
     fn finish(&mut self) -> Turn {
+        set_working(&mut self.working, false);
         self.steps = None;
         self.filler.wake();
         Turn::Done
+    }
+}
+
+/// Counts the producer of `mark` as working or not (no mark: not counted anywhere).
+fn set_working(mark: &mut Option<DemandMark>, working: bool) {
+    if let Some(mark) = mark {
+        mark.set(working);
     }
 }
 
