@@ -260,10 +260,12 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     sampling.opening(rt.dataset.timeline(), job, resolved.equal_steps)?;
     // From here the session waits for data: the persister's writes wait too.
     let working = shared.data.demand.working();
-    if options.resume.is_none() && options.resume_job.is_none() {
+    let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
+    if options.resume.is_none() && options.resume_job.is_none() && !lingering {
         // Parsing starts now, while the sampler computes the sweep's sequence order (a tenth of a
         // second per million sequences, all of it before the first chunk was asked for): the
-        // chunks in the order the sweep first needs them, as many as the cache takes.
+        // chunks this worker reads, in the order the sweep first needs them, as many as the
+        // cache takes. Not for a session that starts elsewhere (a resumed one).
         let sweep = match resolved.sampling.limit {
             EpochLimit::Sweep(k) => k,
             _ => 0,

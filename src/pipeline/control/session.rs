@@ -562,6 +562,12 @@ impl Registry {
         id
     }
 
+    /// Whether a session of this name lingers, to be resumed by an `open` that names it.
+    #[must_use]
+    pub fn is_lingering(&self, name: &str) -> bool {
+        self.lingering.contains_key(name)
+    }
+
     /// Claims `name` for a new connection of peer uid `owner` at `now`: busy if connected, a
     /// resume if lingering (the entry is consumed), fresh otherwise.
     ///

@@ -88,7 +88,7 @@ pub struct DataPlane {
     preloaded: Mutex<HashSet<u32>>,
     /// Parsed chunks to the persister ([`persister`]).
     pub persist: flume::Sender<persister::PersistJob>,
-    /// The session producers working now: the persister writes while none is.
+    /// The session producers working now: the persister writes at full speed while none is.
     pub demand: Arc<persister::Demand>,
 }
 

@@ -5,14 +5,15 @@
 //! * **Persist**: write a chunk the parser pool parsed to the persisted parsed-chunk cache
 //!   (`minibatchd_engine::format::parsed_cache`). The dataset decides what is written
 //!   ([`minibatchd_engine::dataset::Dataset::persist_later`]: chunks parsed without a malformed
-//!   place, once). A write waits while any session's producer is working ([`Demand`]): an entry
-//!   serves a later start, and writing it competed with the sessions that wait for data now —
-//!   nice 19 was not enough: the persister took a whole core through a cold sweep's delivery,
-//!   whose hand-offs between the producer threads and the trainer then shared the other one, and
-//!   that phase took twice as long (`docs/benchmarks.md`, "Persisted while no session waits"). A
-//!   trainer that computes between minibatches leaves its producer waiting for free slots, and the
-//!   entries are written then; a consumer that never waits has them written when it stops. A
-//!   chunk the cache lets go while its write waits is skipped, as a full queue's.
+//!   place, once). While any session's producer is at work ([`Demand`]) the writes are paced to a
+//!   quarter of the time ([`Writes`]): an entry serves a later start, and writing it competed with
+//!   the sessions that wait for data now — nice 19 was not enough: the persister took a whole
+//!   core through a cold sweep's delivery, whose hand-offs between the producer threads and the
+//!   trainer then shared the other one, and that phase took twice as long (`docs/benchmarks.md`,
+//!   "Persisted while no session waits"). A trainer that computes between minibatches leaves its
+//!   producer waiting for free slots, and the entries are written at full speed then; a consumer
+//!   that never waits still has them written, more slowly. A chunk the cache lets go while its
+//!   write waits is skipped, as a full queue's (and offered again when it is parsed again).
 //! * **Own**: copy a chunk read back from the persisted cache — its columns the entry's mapped
 //!   page-cache pages — into the daemon's own memory and swap the copy into the chunk cache
 //!   ([`super::chunk_cache::SharedCache::replace`]), unless the mapping is on huge pages. The
@@ -40,12 +41,13 @@ use super::hub::DatasetRuntime;
 pub const QUEUE: usize = 4096;
 /// How often an idle persister checks that the daemon still runs.
 const POLL: Duration = Duration::from_millis(500);
-/// How often a write that waits for the sessions' producers looks again.
+/// How often the persister, with writes waiting for their turn, looks again.
 const DEFER_POLL: Duration = Duration::from_millis(10);
 
-/// How many sessions' producers are working now: they have a free slot to fill (or are filling
-/// one, or wait for its chunks), so a trainer may be waiting for data. The persister writes only
-/// while none is.
+/// How many sessions' producers are working now: from the session's `open` (its first chunks
+/// being parsed) for as long as it has a free slot to fill (or is filling one, waits for its
+/// chunks, or for its filler), until every slot is leased or its epoch has ended — a trainer may
+/// be waiting for data. The persister writes at full speed only while none is.
 #[derive(Debug, Default)]
 pub struct Demand(AtomicUsize);
 
@@ -117,7 +119,8 @@ pub fn channel() -> (flume::Sender<PersistJob>, flume::Receiver<PersistJob>) {
 }
 
 /// Starts the persister thread (`mbd-persist`) for the chunks of `cache`; it ends when every
-/// sender is gone. Writes wait while `demand` is not idle, the time counted in `deferred`.
+/// sender is gone. Writes are paced by `demand` ([`Writes`]), the time they wait for it counted
+/// in `deferred`; copies (`Own`) run as they come.
 pub fn spawn(
     jobs: flume::Receiver<PersistJob>,
     cache: Weak<SharedCache>,
@@ -130,23 +133,47 @@ pub fn spawn(
         if let Err(e) = rustix::process::setpriority_process(Some(tid), 19) {
             tracing::debug!(error = %e, "cannot lower the persister's priority");
         }
+        let mut writes = Writes::new(Instant::now());
+        let mut tick = Instant::now();
         loop {
-            match jobs.recv_timeout(POLL) {
-                Ok(PersistJob::Persist { dataset, chunk }) => {
-                    if !wait_for_idle(&demand, &chunk, &deferred) {
-                        continue;
-                    }
-                    if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
-                        let _written = rt.dataset.persist_later(&chunk);
-                    }
+            let now = Instant::now();
+            let idle = demand.is_idle();
+            if !writes.is_empty() && !idle {
+                deferred.inc_by(now.duration_since(tick).as_secs_f64());
+            }
+            tick = now;
+            writes.retain(|(_, chunk): &(Weak<DatasetRuntime>, Weak<ParsedChunk>)| chunk.strong_count() > 0);
+            let mut wrote = false;
+            if let Some((dataset, chunk)) = writes.next(idle, now) {
+                if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
+                    let started = Instant::now();
+                    let _written = rt.dataset.persist_later(&chunk);
+                    writes.wrote(started.elapsed(), Instant::now());
+                    wrote = true;
                 }
-                Ok(PersistJob::Own { key, chunk }) => {
+            }
+            // After a write, what came meanwhile is taken without waiting.
+            let job = if wrote {
+                match jobs.try_recv() {
+                    Ok(job) => Some(job),
+                    Err(flume::TryRecvError::Empty) => None,
+                    Err(flume::TryRecvError::Disconnected) => return,
+                }
+            } else {
+                match jobs.recv_timeout(if writes.is_empty() { POLL } else { DEFER_POLL }) {
+                    Ok(job) => Some(job),
+                    Err(flume::RecvTimeoutError::Timeout) => None,
+                    Err(flume::RecvTimeoutError::Disconnected) => return,
+                }
+            };
+            match job {
+                Some(PersistJob::Persist { dataset, chunk }) => writes.push((dataset, chunk)),
+                Some(PersistJob::Own { key, chunk }) => {
                     if let Some(cache) = cache.upgrade() {
                         own(&cache, key, &chunk);
                     }
                 }
-                Err(flume::RecvTimeoutError::Timeout) => {}
-                Err(flume::RecvTimeoutError::Disconnected) => return,
+                None => {}
             }
         }
     });
@@ -155,24 +182,57 @@ pub fn spawn(
     }
 }
 
-/// Waits until no producer works (`demand` idle), counting the time in `deferred`; false if the
-/// chunk is let go meanwhile (nothing holds it but weak references: it is skipped).
-fn wait_for_idle<T>(demand: &Demand, chunk: &Weak<T>, deferred: &prometheus::Counter) -> bool {
-    if demand.is_idle() {
-        return true;
+/// While a producer is at work, a write starts only this many times its predecessor's duration
+/// after that one ended: the persister writes at most a quarter of the time.
+const BUSY_PAUSE: u32 = 3;
+
+/// The persister's writes waiting their turn, oldest first, and their pace: at once while no
+/// session's producer is at work; while one is, a quarter of the time ([`BUSY_PAUSE`]) — little
+/// competition for a sweep that waits for data, and progress for a dataset larger than memory
+/// that sessions read without a pause, whose chunks would otherwise be evicted before their
+/// writes, sweep after sweep. Holds what the persister was handed (weak references); plain and
+/// clock-free (`now` is passed in).
+struct Writes<J> {
+    pending: std::collections::VecDeque<J>,
+    /// While a producer is at work, no write starts before this.
+    busy_from: Instant,
+}
+
+impl<J> Writes<J> {
+    fn new(now: Instant) -> Self {
+        Self { pending: std::collections::VecDeque::new(), busy_from: now }
     }
-    let since = Instant::now();
-    let alive = loop {
-        if chunk.strong_count() == 0 {
-            break false;
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Queues a write; dropped (as by a full channel) when [`QUEUE`] are waiting.
+    fn push(&mut self, job: J) {
+        if self.pending.len() < QUEUE {
+            self.pending.push_back(job);
         }
-        if demand.is_idle() {
-            break true;
+    }
+
+    /// Keeps the writes `alive` says are still wanted (their chunk still held).
+    fn retain(&mut self, alive: impl FnMut(&J) -> bool) {
+        self.pending.retain(alive);
+    }
+
+    /// The oldest write, if one may start at `now`: no producer at work (`idle`), or the pause
+    /// after the last write has passed.
+    fn next(&mut self, idle: bool, now: Instant) -> Option<J> {
+        if idle || now >= self.busy_from {
+            self.pending.pop_front()
+        } else {
+            None
         }
-        std::thread::sleep(DEFER_POLL);
-    };
-    deferred.inc_by(since.elapsed().as_secs_f64());
-    alive
+    }
+
+    /// A write that took `took` ended at `now`.
+    fn wrote(&mut self, took: Duration, now: Instant) {
+        self.busy_from = now + took * BUSY_PAUSE;
+    }
 }
 
 /// Copies the mapped chunk `chunk` into the daemon's memory and puts the copy in its place in
@@ -221,29 +281,44 @@ mod tests {
     }
 
     #[test]
-    fn a_write_waits_until_no_producer_works_or_its_chunk_is_gone() {
-        let deferred = prometheus::Counter::new("deferred", "deferred").expect("counter");
-        let demand = Arc::new(Demand::default());
-        let chunk = Arc::new(7u32);
-        assert!(wait_for_idle(&demand, &Arc::downgrade(&chunk), &deferred));
-        assert!(deferred.get() == 0.0, "no wait while idle");
+    fn writes_start_at_once_while_idle_and_a_quarter_of_the_time_while_producers_work() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut w = Writes::new(t0);
+        assert_eq!(w.next(true, t0), None, "nothing queued");
+        for job in 1..=4 {
+            w.push(job);
+        }
+        assert_eq!(w.next(true, t0), Some(1), "idle: at once");
+        w.wrote(ms(20), t0 + ms(20));
+        assert_eq!(w.next(true, t0 + ms(20)), Some(2), "idle: the next at once too");
+        w.wrote(ms(20), t0 + ms(40));
+        // Producers at work: the next waits three times the last write.
+        assert_eq!(w.next(false, t0 + ms(40)), None);
+        assert_eq!(w.next(false, t0 + ms(99)), None);
+        assert_eq!(w.next(false, t0 + ms(100)), Some(3));
+        w.wrote(ms(10), t0 + ms(110));
+        assert_eq!(w.next(false, t0 + ms(139)), None);
+        assert_eq!(w.next(true, t0 + ms(111)), Some(4), "idle again: at once");
+        assert!(w.is_empty());
+    }
 
-        let mark = demand.working();
-        let released = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(60));
-            drop(mark);
-        });
-        assert!(wait_for_idle(&demand, &Arc::downgrade(&chunk), &deferred));
-        released.join().expect("thread");
-        assert!(deferred.get() >= 0.05, "waited {} s", deferred.get());
-
-        let _mark = demand.working();
-        let weak = Arc::downgrade(&chunk);
-        let gone = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(30));
-            drop(chunk);
-        });
-        assert!(!wait_for_idle(&demand, &weak, &deferred), "the chunk went while the write waited");
-        gone.join().expect("thread");
+    #[test]
+    fn writes_of_chunks_let_go_are_dropped_and_the_queue_is_bounded() {
+        let mut w = Writes::new(Instant::now());
+        let kept = Arc::new(1usize);
+        let gone = Arc::new(2usize);
+        w.push(Arc::downgrade(&gone));
+        w.push(Arc::downgrade(&kept));
+        drop(gone);
+        w.retain(|c| c.strong_count() > 0);
+        let next = w.next(true, Instant::now()).expect("the kept one");
+        assert_eq!(next.upgrade().as_deref(), Some(&1));
+        assert!(w.is_empty());
+        let many: Vec<Arc<usize>> = (0..QUEUE + 10).map(Arc::new).collect();
+        for job in &many {
+            w.push(Arc::downgrade(job));
+        }
+        assert_eq!(w.pending.len(), QUEUE);
     }
 }

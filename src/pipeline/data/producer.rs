@@ -172,8 +172,8 @@ struct Planner {
     metrics: SessionMetrics,
     /// Since when every slot has been leased (the time counts as producer-blocked).
     idle_since: Option<Instant>,
-    /// This producer's count in the daemon's demand while it works (the persister waits for
-    /// none to).
+    /// This producer's count in the daemon's demand while it works (the persister writes at
+    /// full speed while none does).
     working: Option<DemandMark>,
 }
 
@@ -350,7 +350,7 @@ const TURN_MINIBATCHES: usize = 4;
 /// to the filler.
 struct Planning {
     planner: Planner,
-    /// Counted in the daemon's [`Demand`] while this producer works (dropped with the task).
+    /// Counted in the daemon's demand while this producer works (dropped with the task).
     working: Option<DemandMark>,
     free: flume::Receiver<FreeSlot>,
     /// `None` once the planner is finished (closing the queue ends the filler).

@@ -81,15 +81,19 @@ pub fn sweep_order(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -
     }
 }
 
-/// The original chunks of sweep `sweep` in the order its minibatches first need them, without
-/// the sequence shuffle (which takes a tenth of a second per million sequences): the chunk
-/// shuffle when block-randomized — the first minibatch draws from the first window, `[0, e)` of
-/// it, and each later window starts at or after the one before —, file order otherwise. A
-/// session asks for these chunks while its sweep's sequence order is still being computed.
+/// The original chunks this worker (`options.rank` of `options.num_workers`) reads in sweep
+/// `sweep`, in the order its minibatches first need them, without the sequence shuffle (which
+/// takes a tenth of a second per million sequences): when block-randomized, the chunk shuffle's
+/// positions `k` with `k % num_workers == rank` (whole chunks go to one worker; the first
+/// minibatch draws from the first window, `[0, e)`, and each later window starts at or after the
+/// one before); in file order, every chunk (sequences are dealt round-robin). A session asks for
+/// these chunks while its sweep's sequence order is still being computed.
 #[must_use]
 pub fn chunk_need_order(timeline: &Timeline, options: &SamplingOptions, sweep: u64) -> Vec<u32> {
     if uses_block_randomizer(options) {
-        shuffle_chunks(timeline.num_chunks(), options.seed.wrapping_add(sweep))
+        let workers = options.num_workers.max(1);
+        let order = shuffle_chunks(timeline.num_chunks(), options.seed.wrapping_add(sweep));
+        order.into_iter().enumerate().filter(|(k, _)| k % workers == options.rank).map(|(_, c)| c).collect()
     } else {
         (0..timeline.num_chunks()).map(to_u32).collect()
     }
@@ -284,11 +288,12 @@ mod tests {
         }
     }
 
-    /// Every position of a sweep draws from a chunk within the first `e` chunks of
-    /// `chunk_need_order`, `[b, e)` the window of the randomized chunk the position lies in: asked
-    /// for in that order, the chunks the sweep's first minibatches need come first.
+    /// Every position of a sweep that a worker owns draws from a chunk it finds early in its
+    /// `chunk_need_order`: before the end of the owned part of the window `[b, e)` of the
+    /// randomized chunk the position lies in. Asked for in that order, the chunks a worker's first
+    /// minibatches need come first, and it asks for no chunk it never reads.
     #[test]
-    fn a_sweep_needs_its_chunks_in_the_need_order() {
+    fn a_sweep_needs_its_chunks_in_the_need_order_at_every_rank() {
         // Chunks of uneven sizes: 3, 1, 4, 1, 5, 9, 2, 6 sequences of 1 to 3 samples.
         let sizes = [3usize, 1, 4, 1, 5, 9, 2, 6];
         let mut chunk_start = vec![0];
@@ -297,36 +302,57 @@ mod tests {
         }
         let total = *chunk_start.last().expect("a start");
         let t = Timeline { seq_len: [1, 2, 3].into_iter().cycle().take(total).collect(), chunk_start };
-        for window in [
-            Window::Chunks(1),
-            Window::Chunks(2),
-            Window::Chunks(3),
-            Window::Chunks(8),
-            Window::Samples(7),
-            Window::Samples(20),
-        ] {
+        let mut checked = 0;
+        for window in [Window::Chunks(1), Window::Chunks(2), Window::Chunks(3), Window::Samples(7), Window::Samples(12)]
+        {
             for (seed, sweep) in [(0, 0), (7, 0), (7, 3), (123_456_789, 1)] {
-                let options = randomized(window, seed);
-                let need = chunk_need_order(&t, &options, sweep);
-                let mut sorted = need.clone();
-                sorted.sort_unstable();
-                assert_eq!(sorted, (0..8).collect::<Vec<u32>>(), "every chunk once");
                 let r = randomize_sweep(&t, window, seed, sweep);
-                assert_eq!(need, r.chunk_order);
-                let mut k = 0;
-                let mut k_end = t.chunk_start[r.chunk_order[0] as usize + 1] - t.chunk_start[r.chunk_order[0] as usize];
-                for (pos, s) in r.sequences.iter().enumerate() {
-                    while pos >= k_end {
-                        k += 1;
-                        let c = r.chunk_order[k] as usize;
-                        k_end += t.chunk_start[c + 1] - t.chunk_start[c];
+                let mut position = [0usize; 8];
+                for (k, &c) in r.chunk_order.iter().enumerate() {
+                    position[c as usize] = k;
+                }
+                for workers in 1..=3 {
+                    for rank in 0..workers {
+                        let options = SamplingOptions { num_workers: workers, rank, ..randomized(window, seed) };
+                        let need = chunk_need_order(&t, &options, sweep);
+                        let owned: Vec<u32> = r
+                            .chunk_order
+                            .iter()
+                            .enumerate()
+                            .filter(|(k, _)| k % workers == rank)
+                            .map(|(_, &c)| c)
+                            .collect();
+                        assert_eq!(need, owned, "{window:?} seed {seed} sweep {sweep} rank {rank}/{workers}");
+                        let mut k = 0;
+                        let first = r.chunk_order[0] as usize;
+                        let mut k_end = t.chunk_start[first + 1] - t.chunk_start[first];
+                        for (pos, s) in r.sequences.iter().enumerate() {
+                            while pos >= k_end {
+                                k += 1;
+                                let c = r.chunk_order[k] as usize;
+                                k_end += t.chunk_start[c + 1] - t.chunk_start[c];
+                            }
+                            if position[s.chunk as usize] % workers != rank {
+                                continue; // another worker's sequence
+                            }
+                            let at = need.iter().position(|&c| c == s.chunk).expect("an owned chunk");
+                            let owned_in_window =
+                                (0..r.windows[k].end as usize).filter(|k| k % workers == rank).count();
+                            assert!(
+                                at < owned_in_window,
+                                "{window:?} seed {seed} sweep {sweep} rank {rank}/{workers}: position {pos} needs chunk {} \
+                                 at {at} of the need order, past the {owned_in_window} owned chunks of its window {:?}",
+                                s.chunk,
+                                r.windows[k]
+                            );
+                            checked += 1;
+                        }
                     }
-                    let at = need.iter().position(|&c| c == s.chunk).expect("every chunk");
-                    assert!(at < r.windows[k].end as usize, "{window:?} seed {seed} sweep {sweep}: position {pos} needs chunk {} at {at} of the need order, past its window {:?}", s.chunk, r.windows[k]);
                 }
             }
         }
-        let file = SamplingOptions { randomize: false, ..randomized(Window::Chunks(2), 0) };
+        assert!(checked > 1000, "{checked} positions checked");
+        let file = SamplingOptions { randomize: false, num_workers: 2, rank: 1, ..randomized(Window::Chunks(2), 0) };
         assert_eq!(chunk_need_order(&t, &file, 5), (0..8).collect::<Vec<u32>>());
     }
 
