@@ -258,7 +258,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
     let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
     sampling.opening(rt.dataset.timeline(), job, resolved.equal_steps)?;
-    // From here the session waits for data: the persister's writes wait too.
+    // From here the session waits for data: the persister paces its writes.
     let working = shared.data.demand.working();
     let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
     if options.resume.is_none() && options.resume_job.is_none() && !lingering {
