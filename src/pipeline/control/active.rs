@@ -16,7 +16,7 @@ use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
-use minibatchd_engine::sampling::{randomizer, EpochLimit, Sampler, Tail, Timeline};
+use minibatchd_engine::sampling::{randomizer, Sampler, Tail, Timeline};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
@@ -266,10 +266,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
         // second per million sequences, all of it before the first chunk was asked for): the
         // chunks this worker reads, in the order the sweep first needs them, as many as the
         // cache takes. Not for a session that starts elsewhere (a resumed one).
-        let sweep = match resolved.sampling.limit {
-            EpochLimit::Sweep(k) => k,
-            _ => 0,
-        };
+        let sweep = resolved.sampling.first_sweep();
         let order = randomizer::chunk_need_order(rt.dataset.timeline(), &resolved.sampling, sweep);
         shared.data.cache.prefetch(order.into_iter().take(PREFETCH_CHUNKS).map(|c| (rt.index, c)));
     }

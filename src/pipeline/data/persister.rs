@@ -61,8 +61,9 @@ impl Demand {
     /// A producer's mark, counted from now (it starts with free slots).
     #[must_use]
     pub fn working(self: &Arc<Self>) -> DemandMark {
-        self.0.fetch_add(1, Ordering::AcqRel);
-        DemandMark { demand: self.clone(), counted: true }
+        let mut mark = DemandMark { demand: self.clone(), counted: false };
+        mark.set(true);
+        mark
     }
 }
 
@@ -133,7 +134,7 @@ pub fn spawn(
         if let Err(e) = rustix::process::setpriority_process(Some(tid), 19) {
             tracing::debug!(error = %e, "cannot lower the persister's priority");
         }
-        let mut writes = Writes::new(Instant::now());
+        let mut writes: Writes<(Weak<DatasetRuntime>, Weak<ParsedChunk>)> = Writes::new(Instant::now());
         let mut tick = Instant::now();
         loop {
             let now = Instant::now();
@@ -142,7 +143,7 @@ pub fn spawn(
                 deferred.inc_by(now.duration_since(tick).as_secs_f64());
             }
             tick = now;
-            writes.retain(|(_, chunk): &(Weak<DatasetRuntime>, Weak<ParsedChunk>)| chunk.strong_count() > 0);
+            writes.retain(|(_, chunk)| chunk.strong_count() > 0);
             let mut wrote = false;
             if let Some((dataset, chunk)) = writes.next(idle, now) {
                 if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
@@ -153,18 +154,15 @@ pub fn spawn(
                 }
             }
             // After a write, what came meanwhile is taken without waiting.
-            let job = if wrote {
-                match jobs.try_recv() {
-                    Ok(job) => Some(job),
-                    Err(flume::TryRecvError::Empty) => None,
-                    Err(flume::TryRecvError::Disconnected) => return,
-                }
-            } else {
-                match jobs.recv_timeout(if writes.is_empty() { POLL } else { DEFER_POLL }) {
-                    Ok(job) => Some(job),
-                    Err(flume::RecvTimeoutError::Timeout) => None,
-                    Err(flume::RecvTimeoutError::Disconnected) => return,
-                }
+            let wait = match (wrote, writes.is_empty()) {
+                (true, _) => Duration::ZERO,
+                (false, true) => POLL,
+                (false, false) => DEFER_POLL,
+            };
+            let job = match jobs.recv_timeout(wait) {
+                Ok(job) => Some(job),
+                Err(flume::RecvTimeoutError::Timeout) => None,
+                Err(flume::RecvTimeoutError::Disconnected) => return,
             };
             match job {
                 Some(PersistJob::Persist { dataset, chunk }) => writes.push((dataset, chunk)),

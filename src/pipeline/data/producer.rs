@@ -135,6 +135,8 @@ impl ProduceError {
 pub struct Producer {
     planner: Planner,
     ring: Ring<MemfdMemory>,
+    /// Its count in the daemon's demand, handed to the planner when it starts.
+    working: Option<DemandMark>,
 }
 
 impl std::fmt::Debug for Producer {
@@ -172,9 +174,6 @@ struct Planner {
     metrics: SessionMetrics,
     /// Since when every slot has been leased (the time counts as producer-blocked).
     idle_since: Option<Instant>,
-    /// This producer's count in the daemon's demand while it works (the persister writes at
-    /// full speed while none does).
-    working: Option<DemandMark>,
 }
 
 impl Producer {
@@ -195,8 +194,9 @@ impl Producer {
         let feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
         Self {
-            planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None, working: None },
+            planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None },
             ring,
+            working: None,
         }
     }
 
@@ -204,7 +204,7 @@ impl Producer {
     /// start, and whenever it has a free slot, until it ends.
     #[must_use]
     pub fn counted(mut self, working: DemandMark) -> Self {
-        self.planner.working = Some(working);
+        self.working = Some(working);
         self
     }
 
@@ -235,7 +235,7 @@ impl Producer {
         slot_count: usize,
         events: flume::Sender<ProducerEvent>,
     ) -> ProducerHandle {
-        let Self { mut planner, ring } = self;
+        let Self { planner, ring, working } = self;
         let stop = Arc::new(AtomicBool::new(false));
         let (free_tx, free_rx) = flume::bounded(slot_count.max(1));
         for slot in free {
@@ -256,7 +256,6 @@ impl Producer {
             queue_full: queue_full.clone(),
             opened: Some(Instant::now()),
         };
-        let working = planner.working.take();
         let mut planning = Planning {
             planner,
             working,
@@ -350,7 +349,8 @@ const TURN_MINIBATCHES: usize = 4;
 /// to the filler.
 struct Planning {
     planner: Planner,
-    /// Counted in the daemon's demand while this producer works (dropped with the task).
+    /// Counted in the daemon's demand while this producer works, until the task ends (its closure,
+    /// and this with it, is dropped at `Turn::Done`).
     working: Option<DemandMark>,
     free: flume::Receiver<FreeSlot>,
     /// `None` once the planner is finished (closing the queue ends the filler).
@@ -413,7 +413,6 @@ impl Planning {
 
     /// Closes the queue to the filler (it ends once it has announced what is queued).
     fn finish(&mut self) -> Turn {
-        set_working(&mut self.working, false);
         self.steps = None;
         self.filler.wake();
         Turn::Done

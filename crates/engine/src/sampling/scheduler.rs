@@ -112,6 +112,18 @@ pub struct SamplingOptions {
     pub rank: usize,
 }
 
+impl SamplingOptions {
+    /// The sweep a fresh sampler with these options starts in: `k` for [`EpochLimit::Sweep`]`(k)`,
+    /// else 0.
+    #[must_use]
+    pub fn first_sweep(&self) -> u64 {
+        match self.limit {
+            EpochLimit::Sweep(k) => k,
+            _ => 0,
+        }
+    }
+}
+
 /// One sequence of a minibatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqRef {
