@@ -6,11 +6,12 @@
 //!   (`minibatchd_engine::format::parsed_cache`). The dataset decides what is written
 //!   ([`minibatchd_engine::dataset::Dataset::persist_later`]: chunks parsed without a malformed
 //!   place, once). While any session's producer is at work ([`Demand`]) the writes are paced to a
-//!   quarter of the time ([`Writes`]): an entry serves a later start, and writing it competed with
-//!   the sessions that wait for data now — nice 19 was not enough: the persister took a whole
-//!   core through a cold sweep's delivery, whose hand-offs between the producer threads and the
-//!   trainer then shared the other one, and that phase took twice as long (`docs/benchmarks.md`,
-//!   "Persisted while no session waits"). A trainer that computes between minibatches leaves its
+//!   sixteenth of the time, or a quarter while the chunk cache evicts ([`Writes`]): an entry
+//!   serves a later start, and writing it competed with the sessions that wait for data now —
+//!   nice 19 was not enough: the persister took a whole core through a cold sweep's delivery,
+//!   whose hand-offs between the producer threads and the trainer then shared the other one, and
+//!   that phase took twice as long; a quarter of the time still cost a cold sweep a sixth
+//!   (`docs/benchmarks.md`, "Persisted while no session waits"). A trainer that computes between minibatches leaves its
 //!   producer waiting for free slots, and the entries are written at full speed then; a consumer
 //!   that never waits still has them written, more slowly. A chunk the cache lets go while its
 //!   write waits is skipped, as a full queue's (and offered again when it is parsed again).
@@ -135,6 +136,7 @@ pub fn spawn(
             tracing::debug!(error = %e, "cannot lower the persister's priority");
         }
         let mut writes: Writes<(Weak<DatasetRuntime>, Weak<ParsedChunk>)> = Writes::new(Instant::now());
+        let mut pressure = Pressure::new();
         let mut tick = Instant::now();
         loop {
             let now = Instant::now();
@@ -149,7 +151,11 @@ pub fn spawn(
                 if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
                     let started = Instant::now();
                     let _written = rt.dataset.persist_later(&chunk);
-                    writes.wrote(started.elapsed(), Instant::now());
+                    let pressed = cache.upgrade().is_some_and(|cache| {
+                        let (stats, budget, _) = cache.snapshot();
+                        pressure.update(stats.evictions, stats.bytes, budget, Instant::now())
+                    });
+                    writes.wrote(started.elapsed(), Instant::now(), pressed);
                     wrote = true;
                 }
             }
@@ -180,16 +186,47 @@ pub fn spawn(
     }
 }
 
-/// While a producer is at work, a write starts only this many times its predecessor's duration
-/// after that one ended: the persister writes at most a quarter of the time.
+/// While a producer is at work and the chunk cache is under pressure, a write starts only this
+/// many times its predecessor's duration after that one ended: the persister writes at most a
+/// quarter of the time.
 const BUSY_PAUSE: u32 = 3;
+/// The same while no pressure: at most a sixteenth of the time. The chunks waiting to be written
+/// stay in memory, so their writes can wait for a pause in the sessions' demand.
+const CALM_PAUSE: u32 = 15;
+/// Pressure lasts this long after the cache last evicted a chunk.
+const PRESSURE_FOR: Duration = Duration::from_secs(30);
+
+/// Whether the chunk cache is under pressure (its chunks leave before they are written): it
+/// evicted a chunk less than [`PRESSURE_FOR`] ago, or holds three quarters of its budget.
+#[derive(Debug)]
+struct Pressure {
+    evictions: u64,
+    until: Option<Instant>,
+}
+
+impl Pressure {
+    fn new() -> Self {
+        Self { evictions: 0, until: None }
+    }
+
+    /// Looks at the cache's eviction count and fill (`bytes` of `budget`) at `now`; whether it is
+    /// under pressure.
+    fn update(&mut self, evictions: u64, bytes: u64, budget: u64, now: Instant) -> bool {
+        if evictions > self.evictions {
+            self.evictions = evictions;
+            self.until = Some(now + PRESSURE_FOR);
+        }
+        bytes >= budget / 4 * 3 || self.until.is_some_and(|t| now < t)
+    }
+}
 
 /// The persister's writes waiting their turn, oldest first, and their pace: at once while no
-/// session's producer is at work; while one is, a quarter of the time ([`BUSY_PAUSE`]) — little
-/// competition for a sweep that waits for data, and progress for a dataset larger than memory
-/// that sessions read without a pause, whose chunks would otherwise be evicted before their
-/// writes, sweep after sweep. Holds what the persister was handed (weak references); plain and
-/// clock-free (`now` is passed in).
+/// session's producer is at work; while one is, a sixteenth of the time ([`CALM_PAUSE`]), or a
+/// quarter ([`BUSY_PAUSE`]) while the chunk cache is under pressure ([`Pressure`]) — little
+/// competition for a sweep that waits for data (on a cold sweep both cores parse, then deliver),
+/// and progress for a dataset larger than memory that sessions read without a pause, whose chunks
+/// would otherwise be evicted before their writes, sweep after sweep. Holds what the persister
+/// was handed (weak references); plain and clock-free (`now` is passed in).
 struct Writes<J> {
     pending: std::collections::VecDeque<J>,
     /// While a producer is at work, no write starts before this.
@@ -227,9 +264,9 @@ impl<J> Writes<J> {
         }
     }
 
-    /// A write that took `took` ended at `now`.
-    fn wrote(&mut self, took: Duration, now: Instant) {
-        self.busy_from = now + took * BUSY_PAUSE;
+    /// A write that took `took` ended at `now`, the cache under `pressure` or not.
+    fn wrote(&mut self, took: Duration, now: Instant, pressure: bool) {
+        self.busy_from = now + took * if pressure { BUSY_PAUSE } else { CALM_PAUSE };
     }
 }
 
@@ -279,26 +316,45 @@ mod tests {
     }
 
     #[test]
-    fn writes_start_at_once_while_idle_and_a_quarter_of_the_time_while_producers_work() {
+    fn writes_start_at_once_while_idle_and_a_quarter_or_a_sixteenth_of_the_time_while_producers_work() {
         let t0 = Instant::now();
         let ms = Duration::from_millis;
         let mut w = Writes::new(t0);
         assert_eq!(w.next(true, t0), None, "nothing queued");
-        for job in 1..=4 {
+        for job in 1..=5 {
             w.push(job);
         }
         assert_eq!(w.next(true, t0), Some(1), "idle: at once");
-        w.wrote(ms(20), t0 + ms(20));
+        w.wrote(ms(20), t0 + ms(20), true);
         assert_eq!(w.next(true, t0 + ms(20)), Some(2), "idle: the next at once too");
-        w.wrote(ms(20), t0 + ms(40));
-        // Producers at work: the next waits three times the last write.
+        w.wrote(ms(20), t0 + ms(40), true);
+        // Producers at work, the cache under pressure: the next waits three times the last write.
         assert_eq!(w.next(false, t0 + ms(40)), None);
         assert_eq!(w.next(false, t0 + ms(99)), None);
         assert_eq!(w.next(false, t0 + ms(100)), Some(3));
-        w.wrote(ms(10), t0 + ms(110));
-        assert_eq!(w.next(false, t0 + ms(139)), None);
-        assert_eq!(w.next(true, t0 + ms(111)), Some(4), "idle again: at once");
+        // No pressure: fifteen times.
+        w.wrote(ms(10), t0 + ms(110), false);
+        assert_eq!(w.next(false, t0 + ms(259)), None);
+        assert_eq!(w.next(false, t0 + ms(260)), Some(4));
+        w.wrote(ms(10), t0 + ms(270), false);
+        assert_eq!(w.next(false, t0 + ms(300)), None);
+        assert_eq!(w.next(true, t0 + ms(271)), Some(5), "idle again: at once");
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn pressure_comes_with_an_eviction_or_a_cache_three_quarters_full_and_goes_after_a_while() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut p = Pressure::new();
+        assert!(!p.update(0, 0, 1000, t0), "an empty cache that never evicted");
+        assert!(!p.update(0, 749, 1000, t0));
+        assert!(p.update(0, 750, 1000, t0), "three quarters full");
+        assert!(!p.update(0, 100, 1000, t0 + s(1)), "fill alone passes with it");
+        assert!(p.update(2, 100, 1000, t0 + s(2)), "evicted since the last look");
+        assert!(p.update(2, 100, 1000, t0 + s(1) + PRESSURE_FOR), "for a while after");
+        assert!(!p.update(2, 100, 1000, t0 + s(2) + PRESSURE_FOR), "then not, without more evictions");
+        assert!(p.update(3, 100, 1000, t0 + s(2) + PRESSURE_FOR), "another eviction");
     }
 
     #[test]
