@@ -9,7 +9,8 @@
 //!   and shape, and the [`table::SlotSource`] trait through which any minibatch is written.
 //! * [`owned`] — the owned [`owned::Minibatch`] (dump, tests, the Rust client's copies) and its
 //!   decoder.
-//! * [`ring`] — a [`ring::Ring`] over some [`minibatchd_sys::SlotMemory`]: header written once,
+//! * [`ring`] — a [`ring::Ring`] over some [`minibatchd_sys::SlotMemory`] (a [`ring::SharedRing`]
+//!   for several writers, one per slot): header written once,
 //!   minibatches encoded into slots, the slot header written last.
 //!
 //! Invariants: a slot's header is written after its data, so a reader that checks the
@@ -29,7 +30,7 @@ pub mod table;
 
 pub use layout::{DType, LayoutError, RingHeader, SlotHeader, TensorEntry, LAYOUT_VERSION, RING_MAGIC};
 pub use owned::{decode_minibatch, Indices, MbData, MbStream, Minibatch, Values};
-pub use ring::{needed_bytes, Ring, RingGeometry};
+pub use ring::{needed_bytes, Ring, RingGeometry, SharedRing};
 pub use table::{Field, SlotSource, TensorDesc};
 
 /// This crate's result: encoding or decoding a ring fails with [`LayoutError`].

@@ -5,7 +5,7 @@
 //! (the daemon's session). It only guarantees that a slot's header is written after its data, so a
 //! reader that checks the generation never sees a half-written slot as valid.
 
-use minibatchd_sys::SlotMemory;
+use minibatchd_sys::{SharedSlots, SlotMemory};
 
 use crate::layout::{self, LayoutError, RingHeader, TensorMeta, RING_HEADER_BYTES, SLOT_GRANULE};
 use crate::table::{SlotSource, TensorDesc};
@@ -85,20 +85,69 @@ impl<M: SlotMemory> Ring<M> {
             return Err(LayoutError::Corrupt("slot index out of range"));
         }
         let range = self.header.slot_range(slot);
-        let tensors = source.tensors();
-        let tensor_names = tensor_names(&tensors, names);
-        let metas = metas(&tensors, &tensor_names);
-        layout::encode_slot_with(
-            &mut self.memory.bytes_mut()[range],
-            generation,
-            source.index(),
-            source.fingerprint(),
-            &metas,
-            |i, out| {
-                source.fill(&tensors[i], out);
-            },
-        )
+        encode(&mut self.memory.bytes_mut()[range], generation, source, names)
     }
+
+    /// The ring for several writers at once, each slot written by one of them at a time
+    /// ([`SharedRing::write`]); its memory is reached only through those writes from then on.
+    ///
+    /// # Errors
+    /// [`LayoutError::Corrupt`] if the slots do not fit the memory (checked in [`Ring::new`]).
+    pub fn into_shared(self) -> Result<SharedRing<M>> {
+        let Self { memory, header } = self;
+        let (offset, size, count) = (header.slot_range(0).start, header.slot_range(0).len(), header.slot_count);
+        let count = usize::try_from(count).map_err(|_| LayoutError::Corrupt("slot count"))?;
+        let slots =
+            SharedSlots::new(memory, offset, size, count).ok_or(LayoutError::Corrupt("slots past the memory"))?;
+        Ok(SharedRing { slots, header })
+    }
+}
+
+/// A ring written by several threads at once (the daemon's fillers), one writer per slot at a
+/// time: a ring's slots are disjoint, and each is handed to one writer by the slot protocol
+/// (a free slot goes to one minibatch).
+pub struct SharedRing<M: SlotMemory> {
+    slots: SharedSlots<M>,
+    header: RingHeader,
+}
+
+impl<M: SlotMemory> std::fmt::Debug for SharedRing<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedRing").field("header", &self.header).finish_non_exhaustive()
+    }
+}
+
+impl<M: SlotMemory> SharedRing<M> {
+    /// The header.
+    #[must_use]
+    pub fn header(&self) -> &RingHeader {
+        &self.header
+    }
+
+    /// [`Ring::write`] through a shared reference.
+    ///
+    /// # Errors
+    /// As [`Ring::write`]; `Corrupt` also when another thread is writing `slot` now.
+    pub fn write(&self, slot: u64, generation: u64, source: &impl SlotSource, names: &[String]) -> Result<u64> {
+        if slot >= self.header.slot_count {
+            return Err(LayoutError::Corrupt("slot index out of range"));
+        }
+        let k = usize::try_from(slot).map_err(|_| LayoutError::Corrupt("slot index out of range"))?;
+        self.slots
+            .write(k, |out| encode(out, generation, source, names))
+            .unwrap_or(Err(LayoutError::Corrupt("a slot written by two writers at once")))
+    }
+}
+
+/// Encodes `source` into the slot `out`: header, tensor table and names, each tensor's bytes by
+/// [`SlotSource::fill`]; the bytes used.
+fn encode(out: &mut [u8], generation: u64, source: &impl SlotSource, names: &[String]) -> Result<u64> {
+    let tensors = source.tensors();
+    let tensor_names = tensor_names(&tensors, names);
+    let metas = metas(&tensors, &tensor_names);
+    layout::encode_slot_with(out, generation, source.index(), source.fingerprint(), &metas, |i, out| {
+        source.fill(&tensors[i], out);
+    })
 }
 
 fn tensor_names(tensors: &[TensorDesc], names: &[String]) -> Vec<String> {
@@ -180,6 +229,41 @@ mod tests {
         big.streams[0].data = MbData::Dense { dim: 2, values: Values::F32(vec![0.0; 4000]) };
         big.streams[0].sequence_offsets = vec![0, 2000];
         assert!(matches!(ring.write(0, 1, &big, &names), Err(LayoutError::TooLarge { slot_size_bytes: 8192, .. })));
+    }
+
+    #[test]
+    fn a_shared_ring_is_written_by_two_threads_and_reads_back_as_written() {
+        let geometry = RingGeometry::new(4, 5000);
+        let memory = MemfdMemory::create("shared", geometry.total_bytes()).expect("memfd");
+        let view = minibatchd_sys::ReadOnlyMapping::map(
+            memory.fd().try_clone_to_owned().expect("dup"),
+            geometry.total_bytes(),
+        )
+        .expect("map");
+        let ring = Ring::new(memory, geometry, 11, 22).expect("ring").into_shared().expect("shared");
+        assert_eq!(ring.header().slot_count, 4);
+        let names = vec!["f".to_owned(), "l".to_owned(), "u".to_owned()];
+        let mb = sample_minibatch();
+        std::thread::scope(|s| {
+            for half in 0..2u64 {
+                let (ring, names, mb) = (&ring, &names, &mb);
+                s.spawn(move || {
+                    for round in 0..50 {
+                        for slot in [half, half + 2] {
+                            let mut mine = mb.clone();
+                            mine.index = 100 * slot + round;
+                            ring.write(slot, round + 1, &mine, names).expect("fits");
+                        }
+                    }
+                });
+            }
+        });
+        for slot in 0..4 {
+            let back = decode_minibatch(view.bytes(), slot, 50, &[2, 10, 1]).expect("decodes");
+            assert_eq!(back.index, 100 * slot + 49);
+            assert_eq!(format!("{:?}", back.streams), format!("{:?}", mb.streams));
+        }
+        assert!(ring.write(4, 1, &mb, &names).is_err(), "slot out of range");
     }
 
     #[test]

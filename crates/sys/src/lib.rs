@@ -8,7 +8,8 @@
 //!   (`#[target_feature]` calls, the kernel chosen at run time where the CPU has AVX2);
 //! * [`memory`] — where a ring's bytes live: a sealed `memfd` mapped shared
 //!   ([`memory::MemfdMemory`]), a heap buffer for tests ([`memory::LocalMemory`]), the client's
-//!   read-only mapping ([`memory::ReadOnlyMapping`]); `madvise(MADV_HUGEPAGE)` for parsed columns
+//!   read-only mapping ([`memory::ReadOnlyMapping`]), a ring's slots written by several threads
+//!   at once, one writer per slot ([`memory::SharedSlots`]); `madvise(MADV_HUGEPAGE)` for parsed columns
 //!   and glibc's `mallopt` tuning;
 //! * [`column`] — a persisted parsed chunk's columns read straight from a read-only mapping of
 //!   its file ([`column::FileMapping`], [`column::Column`]);
@@ -26,7 +27,9 @@ pub mod simd;
 
 pub use column::{Column, FileMapping};
 pub use huge::advise_huge_pages;
-pub use memory::{return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, ShmError, SlotMemory};
+pub use memory::{
+    return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, SharedSlots, ShmError, SlotMemory,
+};
 
 /// This crate's result: creating or mapping shared memory fails with [`ShmError`].
 pub type Result<T, E = ShmError> = std::result::Result<T, E>;

@@ -92,6 +92,74 @@ impl Block {
     }
 }
 
+/// Equal, disjoint regions of a [`SlotMemory`] — a ring's slots — that several threads write at
+/// once, each region by one writer at a time: [`SharedSlots::write`] claims a region for the
+/// length of a call and refuses a region another thread is writing. Nothing else reaches the
+/// memory while it is shared (it is dropped with this value).
+pub struct SharedSlots<M: SlotMemory> {
+    /// Boxed, so that its bytes stay where `base` points whatever the memory type; reached only
+    /// through `base` while shared.
+    memory: Box<M>,
+    base: NonNull<u8>,
+    offset: usize,
+    size: usize,
+    busy: Box<[std::sync::atomic::AtomicBool]>,
+}
+
+// SAFETY: the memory is owned (`M: Send`, as every `SlotMemory`); moving this value moves that
+// ownership, and the regions are reached only through `write`.
+unsafe impl<M: SlotMemory> Send for SharedSlots<M> {}
+// SAFETY: through `&SharedSlots` a region is reached only by `write`, which holds the region's
+// `busy` flag (taken by compare-and-swap, released after the call) while its `&mut [u8]` lives:
+// no two references to the same bytes exist at once, and regions do not overlap.
+unsafe impl<M: SlotMemory> Sync for SharedSlots<M> {}
+
+impl<M: SlotMemory> SharedSlots<M> {
+    /// `count` regions of `size` bytes each, the first at byte `offset` of `memory`; `None` if
+    /// they do not fit in it.
+    #[must_use]
+    pub fn new(memory: M, offset: usize, size: usize, count: usize) -> Option<Self> {
+        let mut memory = Box::new(memory);
+        let bytes = memory.bytes_mut();
+        let end = size.checked_mul(count)?.checked_add(offset)?;
+        if end > bytes.len() {
+            return None;
+        }
+        let base = NonNull::new(bytes.as_mut_ptr())?;
+        let busy = (0..count).map(|_| std::sync::atomic::AtomicBool::new(false)).collect();
+        Some(Self { memory, base, offset, size, busy })
+    }
+
+    /// The memory back, no longer shared (no region can be written: `self` is gone).
+    #[must_use]
+    pub fn into_inner(self) -> M {
+        *self.memory
+    }
+
+    /// Calls `f` with region `k`, claimed for the call; `None` (and `f` not called) if there is
+    /// no region `k` or another thread is writing it now.
+    pub fn write<R>(&self, k: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        /// Gives the region back when the call ends, even by a panic.
+        struct Claim<'a>(&'a AtomicBool);
+        impl Drop for Claim<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let flag = self.busy.get(k)?;
+        flag.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok()?;
+        let _claim = Claim(flag);
+        // SAFETY: `offset + (k + 1) * size <= len` (checked in `new`, `k < count`), so the region
+        // lies inside the memory `base` points to, which `self` owns (boxed: it does not move) and
+        // keeps alive; the claim makes this the only reference to these bytes (see `Sync`) until
+        // `_claim` is dropped, after `f` returned and the slice with it.
+        let region =
+            unsafe { std::slice::from_raw_parts_mut(self.base.as_ptr().add(self.offset + k * self.size), self.size) };
+        Some(f(region))
+    }
+}
+
 /// A shared mapping of `len` bytes, unmapped on drop.
 struct Mapping {
     ptr: NonNull<u8>,
@@ -272,6 +340,37 @@ mod tests {
         let m = MemfdMemory::create("short", 4096).expect("memfd");
         let dup = m.fd().try_clone_to_owned().expect("dup");
         assert!(matches!(ReadOnlyMapping::map(dup, 8192), Err(ShmError::TooSmall { .. })));
+    }
+
+    #[test]
+    fn shared_slots_are_written_by_several_threads_one_writer_per_slot() {
+        let shared = SharedSlots::new(LocalMemory::new(64 + 4 * 100), 64, 100, 4).expect("fits");
+        assert!(SharedSlots::new(LocalMemory::new(64 + 4 * 100), 65, 100, 4).is_none(), "one byte past the end");
+        assert!(shared.write(4, |_| ()).is_none(), "no slot 4");
+        std::thread::scope(|s| {
+            for k in 0..4u8 {
+                let shared = &shared;
+                s.spawn(move || {
+                    for _ in 0..1000 {
+                        shared.write(usize::from(k), |b| b.fill(k + 1)).expect("each thread its own slot");
+                    }
+                });
+            }
+        });
+        // A slot being written is refused to a second writer.
+        let inner = shared.write(2, |b| {
+            assert!(b.iter().all(|&x| x == 3));
+            shared.write(2, |_| ()).is_none()
+        });
+        assert_eq!(inner, Some(true));
+        assert_eq!(shared.write(2, |b| b.len()), Some(100), "and free again after");
+        let memory = shared.into_inner();
+        let whole = memory.bytes();
+        assert!(whole[..64].iter().all(|&x| x == 0), "the bytes before the first slot are untouched");
+        for k in 0..4 {
+            let expected = u8::try_from(k + 1).expect("small");
+            assert!(whole[64 + 100 * k..][..100].iter().all(|&x| x == expected), "slot {k}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
 use minibatchd_engine::sampling::{randomizer, Sampler, Tail, Timeline};
-use minibatchd_shm::{Ring, RingGeometry, RingHeader, LAYOUT_VERSION};
+use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
 use super::super::data::delivery::StartProducer;
@@ -229,6 +229,20 @@ struct Prepared {
     job_start: Option<SessionState>,
     /// The session counts as a producer at work from here on (its first chunks are being parsed).
     working: DemandMark,
+}
+
+/// A session's ring in a new memfd of `bytes`, for its fillers, and the memfd for its client.
+fn new_ring(
+    name: &str,
+    bytes: u64,
+    geometry: RingGeometry,
+    daemon_id: u64,
+    session_id: u64,
+) -> Result<(SharedRing<MemfdMemory>, OwnedFd), Refusal> {
+    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), bytes)?;
+    let fd = memory.fd().try_clone_to_owned().map_err(Refusal::Descriptor)?;
+    let ring = Ring::new(memory, geometry, daemon_id, session_id).and_then(Ring::into_shared)?;
+    Ok((ring, fd))
 }
 
 /// The `count` slots of a new ring, each with its first generation: all free.
@@ -461,9 +475,7 @@ pub(super) async fn open(
         off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared)).await.map_err(undo)?
     };
     sampling.opened(rt.dataset.timeline(), start.job.is_some()).map_err(undo)?;
-    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), ring_bytes).map_err(|e| undo(e.into()))?;
-    let fd = memory.fd().try_clone_to_owned().map_err(|e| undo(Refusal::Descriptor(e)))?;
-    let ring = Ring::new(memory, geometry, shared.daemon_id, id).map_err(|e| undo(e.into()))?;
+    let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();
 
     // At most MAX_RING_SLOTS (validated in resolve_options).

@@ -29,7 +29,7 @@
 //! and released by every session before the persister got to it is skipped), and the queue is
 //! bounded ([`QUEUE`]; a full queue drops the job the same way).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -47,16 +47,41 @@ const DEFER_POLL: Duration = Duration::from_millis(10);
 
 /// How many sessions' producers are working now: from the session's `open` (its first chunks
 /// being parsed) for as long as it has a free slot to fill (or is filling one, waits for its
-/// chunks, or for its filler), until every slot is leased or its epoch has ended — a trainer may
-/// be waiting for data. The persister writes at full speed only while none is.
-#[derive(Debug, Default)]
-pub struct Demand(AtomicUsize);
+/// chunks, or for its fillers), until every slot is leased or its epoch has ended — a trainer may
+/// be waiting for data. The persister writes at full speed only once none has worked for
+/// [`SETTLE`]: a client that takes minibatches as fast as they come leaves its producer without
+/// a free slot for moments at a time, and those moments are not a pause in its demand.
+#[derive(Debug)]
+pub struct Demand {
+    working: AtomicUsize,
+    /// When a producer last stopped working, in nanoseconds from `base`.
+    last_work: AtomicU64,
+    base: Instant,
+}
+
+/// How long no producer must have worked before the persister writes at full speed.
+pub const SETTLE: Duration = Duration::from_millis(50);
+
+impl Default for Demand {
+    fn default() -> Self {
+        Self { working: AtomicUsize::new(0), last_work: AtomicU64::new(0), base: Instant::now() }
+    }
+}
 
 impl Demand {
-    /// No producer is working.
+    /// No producer has worked for [`SETTLE`].
     #[must_use]
     pub fn is_idle(&self) -> bool {
-        self.0.load(Ordering::Acquire) == 0
+        self.is_idle_at(Instant::now())
+    }
+
+    /// No producer has worked for [`SETTLE`] before `now`.
+    fn is_idle_at(&self, now: Instant) -> bool {
+        if self.working.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        let last = self.base + Duration::from_nanos(self.last_work.load(Ordering::Acquire));
+        now.saturating_duration_since(last) >= SETTLE
     }
 
     /// A producer's mark, counted from now (it starts with free slots).
@@ -80,10 +105,14 @@ impl DemandMark {
     pub fn set(&mut self, working: bool) {
         if working != self.counted {
             self.counted = working;
+            let demand = &self.demand;
             if working {
-                self.demand.0.fetch_add(1, Ordering::AcqRel);
+                demand.working.fetch_add(1, Ordering::AcqRel);
             } else {
-                self.demand.0.fetch_sub(1, Ordering::AcqRel);
+                // Before the count falls: a persister that finds it zero finds this time too.
+                let since = u64::try_from(demand.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                demand.last_work.fetch_max(since, Ordering::AcqRel);
+                demand.working.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
@@ -295,24 +324,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn demand_counts_each_working_producer_once() {
+    fn demand_counts_each_working_producer_once_and_settles() {
         let demand = Arc::new(Demand::default());
-        assert!(demand.is_idle());
+        let later = || Instant::now() + SETTLE;
+        assert!(demand.is_idle_at(later()));
         let mut a = demand.working();
         let mut b = demand.working();
         a.set(false);
         a.set(false);
-        assert!(!demand.is_idle(), "b works");
+        assert!(!demand.is_idle_at(later()), "b works");
         b.set(false);
-        assert!(demand.is_idle());
+        assert!(!demand.is_idle(), "none works, but not for long");
+        assert!(demand.is_idle_at(later()), "none has worked for a while");
         b.set(true);
         b.set(true);
-        assert!(!demand.is_idle());
+        assert!(!demand.is_idle_at(later()));
         drop(b);
-        assert!(demand.is_idle(), "a dropped mark is not counted");
+        assert!(demand.is_idle_at(later()), "a dropped mark is not counted");
         a.set(true);
         drop(a);
-        assert!(demand.is_idle());
+        assert!(demand.is_idle_at(later()));
     }
 
     #[test]

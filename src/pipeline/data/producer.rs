@@ -1,6 +1,6 @@
 //! A session's producer: turns the sampler's plans into minibatches in the session's ring. It
-//! runs as two tasks (planner and filler) of the delivery stage's [`Pool`], a fixed set of
-//! threads shared by every session: a task runs while it has a free slot (back-pressure: every
+//! runs as a planner and [`FILLERS`] fillers, tasks of the delivery stage's [`Pool`], a fixed set
+//! of threads shared by every session: a task runs while it has a free slot (back-pressure: every
 //! slot leased means it is idle until the client gives one back) and may block on chunks being
 //! parsed.
 //!
@@ -15,8 +15,9 @@
 //! a free slot (the client is slower), time waiting for chunks (the pipeline is slower) and the
 //! delivery stage's busy time (sampling, assembling, writing the slot).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
@@ -25,7 +26,7 @@ use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::minibatch::Gathered;
 use minibatchd_engine::sampling::Sampler;
-use minibatchd_shm::{LayoutError, Ring};
+use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
 
 use super::chunk_cache::{FetchError, SharedCache};
@@ -134,7 +135,7 @@ impl ProduceError {
 /// One session's producer state: the planner and the ring its filler writes.
 pub struct Producer {
     planner: Planner,
-    ring: Ring<MemfdMemory>,
+    ring: SharedRing<MemfdMemory>,
     /// Its count in the daemon's demand, handed to the planner when it starts.
     working: Option<DemandMark>,
 }
@@ -148,7 +149,7 @@ impl std::fmt::Debug for Producer {
     }
 }
 
-/// A minibatch located in its chunks, to be copied into `slot` by the filler.
+/// A minibatch located in its chunks, to be copied into `slot` by a filler.
 struct Located {
     slot: FreeSlot,
     mb: Gathered,
@@ -156,7 +157,7 @@ struct Located {
     samples: u64,
 }
 
-/// What the planner hands the filler, in minibatch order.
+/// What the planner hands a filler, numbered in minibatch order.
 enum Step {
     /// Copy a minibatch into its slot, then announce it.
     Fill(Box<Located>),
@@ -185,7 +186,7 @@ impl Producer {
         runtime: Arc<DatasetRuntime>,
         cache: Arc<SharedCache>,
         sampler: Sampler,
-        ring: Ring<MemfdMemory>,
+        ring: SharedRing<MemfdMemory>,
         minibatch_size: usize,
         frame_mode: bool,
         next_index: u64,
@@ -218,14 +219,17 @@ impl Producer {
         self
     }
 
-    /// Starts the producer on `pool` as two tasks: it fills the slots of `free` (every slot of
-    /// the ring, at first) until the epoch ends, an error, or the connection stops it or drops
-    /// the returned handle, announcing each filled slot on `events`.
+    /// Starts the producer on `pool` as a planner and [`FILLERS`] fillers: it fills the slots of
+    /// `free` (every slot of the ring, at first) until the epoch ends, an error, or the
+    /// connection stops it or drops the returned handle, announcing each filled slot on `events`.
     ///
-    /// Two tasks, so that locating minibatch k + 1 (sampling, chunk lookups, waiting for chunks)
-    /// can overlap copying minibatch k into its slot on another pool thread: the planner locates;
-    /// the filler owns the ring, copies and announces, in order. Between them a queue of one
-    /// minibatch; the ring's free slots bound how far the pair runs ahead of the client.
+    /// The planner locates minibatches (sampling, chunk lookups, waiting for chunks) and hands
+    /// them to the fillers in turn, each through a queue of [`TURN_MINIBATCHES`]; a filler copies
+    /// its minibatches into their slots (the ring is shared, one writer per slot), and the
+    /// [`Announcer`] sends the events in minibatch order. The copy of a minibatch — 256 random
+    /// rows out of the parsed chunks — waits on memory most of its time, so two fillers on two
+    /// cores deliver nearly twice as fast as one (`docs/benchmarks.md`, "Two fillers"). The
+    /// ring's free slots bound how far the producer runs ahead of the client.
     #[must_use]
     pub fn start(
         self,
@@ -241,35 +245,48 @@ impl Producer {
         for slot in free {
             let _ = free_tx.try_send(slot);
         }
-        let (steps_tx, steps_rx) = flume::bounded::<Step>(TURN_MINIBATCHES);
         let queue_full = Arc::new(AtomicBool::new(false));
         let planner_task = pool.task(format!("plan {name}"));
-        let filler_task = pool.task(format!("fill {name}"));
-        let filling = Filling {
-            runtime: planner.runtime.clone(),
-            metrics: planner.metrics.clone(),
-            ring,
-            steps: Some(steps_rx),
+        let ring = Arc::new(ring);
+        let announcer = Arc::new(Mutex::new(Announcer {
+            order: Reorder::default(),
             events,
-            planner: planner_task.clone(),
-            stop: stop.clone(),
-            queue_full: queue_full.clone(),
+            over: false,
             opened: Some(Instant::now()),
-        };
+            metrics: planner.metrics.clone(),
+        }));
+        let mut queues = Vec::with_capacity(FILLERS);
+        let mut fillers = Vec::with_capacity(FILLERS);
+        for k in 0..FILLERS {
+            let (steps_tx, steps_rx) = flume::bounded::<(u64, Step)>(TURN_MINIBATCHES);
+            let task = pool.task(format!("fill {name} {k}"));
+            let mut filling = Filling {
+                runtime: planner.runtime.clone(),
+                metrics: planner.metrics.clone(),
+                ring: ring.clone(),
+                steps: Some(steps_rx),
+                announcer: announcer.clone(),
+                planner: planner_task.clone(),
+                stop: stop.clone(),
+                queue_full: queue_full.clone(),
+            };
+            task.set_work(move || filling.turn());
+            queues.push(steps_tx);
+            fillers.push(task);
+        }
         let mut planning = Planning {
             planner,
             working,
             free: free_rx,
-            steps: Some(steps_tx),
-            filler: filler_task.clone(),
+            steps: Some(queues),
+            next: 0,
+            fillers: fillers.clone(),
             stop: stop.clone(),
             queue_full,
         };
-        let mut filling = filling;
         planner_task.set_work(move || planning.turn());
-        filler_task.set_work(move || filling.turn());
         planner_task.wake();
-        ProducerHandle { free: Some(free_tx), stop, planner: planner_task, filler: filler_task }
+        ProducerHandle { free: Some(free_tx), stop, planner: planner_task, fillers }
     }
 }
 
@@ -280,7 +297,7 @@ pub struct ProducerHandle {
     free: Option<flume::Sender<FreeSlot>>,
     stop: Arc<AtomicBool>,
     planner: Task,
-    filler: Task,
+    fillers: Vec<Task>,
 }
 
 impl ProducerHandle {
@@ -297,13 +314,16 @@ impl ProducerHandle {
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.planner.wake();
-        self.filler.wake();
+        for filler in &self.fillers {
+            filler.wake();
+        }
     }
 
-    /// The stop flag and the two tasks, for the delivery stage to stop at shutdown.
+    /// The stop flag and the tasks, for the delivery stage to stop at shutdown.
     #[must_use]
     pub fn stopper(&self) -> Stopper {
-        Stopper { stop: self.stop.clone(), tasks: [self.planner.clone(), self.filler.clone()] }
+        let tasks = std::iter::once(self.planner.clone()).chain(self.fillers.iter().cloned()).collect();
+        Stopper { stop: self.stop.clone(), tasks }
     }
 }
 
@@ -319,7 +339,7 @@ impl Drop for ProducerHandle {
 #[derive(Debug, Clone)]
 pub struct Stopper {
     stop: Arc<AtomicBool>,
-    tasks: [Task; 2],
+    tasks: Vec<Task>,
 }
 
 impl Stopper {
@@ -331,7 +351,7 @@ impl Stopper {
         }
     }
 
-    /// Both of its tasks are over.
+    /// All of its tasks are over.
     #[must_use]
     pub fn is_done(&self) -> bool {
         self.tasks.iter().all(Task::is_done)
@@ -339,25 +359,30 @@ impl Stopper {
 }
 
 /// Minibatches a task handles in one turn before it lets other sessions' tasks run; also the
-/// capacity of the queue from planner to filler, so that each turn of one hands the other a
+/// capacity of the queue from planner to each filler, so that each turn of one hands the other a
 /// turn's worth of work: a queue of one made every minibatch a wake-up and a context switch
 /// between the two (warm sweeps of the 1 GiB benchmark, A/B alternated: 0.94–1.18 M samples/s
 /// with a queue of one, 1.12–1.68 M with four; docs/benchmarks.md).
 const TURN_MINIBATCHES: usize = 4;
 
+/// Fillers per producer: minibatch `k` is copied by filler `k % FILLERS`.
+pub const FILLERS: usize = 2;
+
 /// The planner task: takes free slots and hands located minibatches (then the end, or a failure)
-/// to the filler.
+/// to the fillers, numbered, in turn.
 struct Planning {
     planner: Planner,
     /// Counted in the daemon's demand while this producer works, until the task ends (its closure,
     /// and this with it, is dropped at `Turn::Done`).
     working: Option<DemandMark>,
     free: flume::Receiver<FreeSlot>,
-    /// `None` once the planner is finished (closing the queue ends the filler).
-    steps: Option<flume::Sender<Step>>,
-    filler: Task,
+    /// One queue per filler; `None` once the planner is finished (closing them ends the fillers).
+    steps: Option<Vec<flume::Sender<(u64, Step)>>>,
+    /// The number of the next step (minibatch, end or failure).
+    next: u64,
+    fillers: Vec<Task>,
     stop: Arc<AtomicBool>,
-    /// Set while the planner is idle because the queue to the filler is full.
+    /// Set while the planner is idle because the next filler's queue is full.
     queue_full: Arc<AtomicBool>,
 }
 
@@ -365,14 +390,16 @@ impl Planning {
     fn turn(&mut self) -> Turn {
         for _ in 0..TURN_MINIBATCHES {
             let Some(steps) = &self.steps else { return Turn::Done };
-            if self.stop.load(Ordering::Relaxed) || steps.is_disconnected() {
+            let k = usize::try_from(self.next % steps.len() as u64).unwrap_or(0);
+            let to = &steps[k];
+            if self.stop.load(Ordering::Relaxed) || to.is_disconnected() {
                 return self.finish();
             }
-            if steps.is_full() {
-                // Say so before looking again: the filler wakes the planner only when it waits,
-                // and either the filler sees the flag or the planner sees the room.
+            if to.is_full() {
+                // Say so before looking again: a filler wakes the planner only when it finds the
+                // flag, and either it sees the flag or the planner sees the room.
                 self.queue_full.store(true, Ordering::SeqCst);
-                if steps.is_full() {
+                if to.is_full() {
                     return Turn::Idle;
                 }
                 self.queue_full.store(false, Ordering::SeqCst);
@@ -402,8 +429,9 @@ impl Planning {
             };
             let last = matches!(next, Step::Event(_));
             // Not full (checked above, and only this task sends); an error: the filler is gone.
-            let sent = steps.try_send(next).is_ok();
-            self.filler.wake();
+            let sent = to.try_send((self.next, next)).is_ok();
+            self.next += 1;
+            self.fillers[k].wake();
             if !sent || last {
                 return self.finish();
             }
@@ -411,10 +439,12 @@ impl Planning {
         Turn::Again
     }
 
-    /// Closes the queue to the filler (it ends once it has announced what is queued).
+    /// Closes the queues to the fillers (each ends once it has handled what is queued).
     fn finish(&mut self) -> Turn {
         self.steps = None;
-        self.filler.wake();
+        for filler in &self.fillers {
+            filler.wake();
+        }
         Turn::Done
     }
 }
@@ -426,21 +456,89 @@ fn set_working(mark: &mut Option<DemandMark>, working: bool) {
     }
 }
 
-/// The filler task: copies each located minibatch into its slot and announces it, in order.
+/// Items numbered 0, 1, 2, … that arrive in any order, handed back in their order: each once
+/// every one before it has come. Plain, for the [`Announcer`].
+#[derive(Debug)]
+struct Reorder<T> {
+    next: u64,
+    waiting: BTreeMap<u64, T>,
+}
+
+impl<T> Default for Reorder<T> {
+    fn default() -> Self {
+        Self { next: 0, waiting: BTreeMap::new() }
+    }
+}
+
+impl<T> Reorder<T> {
+    /// Item `n` came; `ready` gets every item now in order, in their order.
+    fn put(&mut self, n: u64, item: T, mut ready: impl FnMut(T)) {
+        self.waiting.insert(n, item);
+        while let Some(item) = self.waiting.remove(&self.next) {
+            self.next += 1;
+            ready(item);
+        }
+    }
+}
+
+/// The fillers' events, sent to the connection in minibatch order (the session's metrics counted
+/// as they go); nothing after the end, a failure, or the connection's going.
+struct Announcer {
+    order: Reorder<(ProducerEvent, u64)>,
+    events: flume::Sender<ProducerEvent>,
+    /// The end or a failure was sent, or the connection is gone.
+    over: bool,
+    /// When the session opened, until its first minibatch is announced.
+    opened: Option<Instant>,
+    metrics: SessionMetrics,
+}
+
+impl Announcer {
+    /// Event `n` (with the nominal samples of its minibatch); false once the producer is over.
+    fn put(&mut self, n: u64, event: ProducerEvent, samples: u64) -> bool {
+        if self.over {
+            return false;
+        }
+        let Self { order, events, over, opened, metrics } = self;
+        order.put(n, (event, samples), |(event, samples)| {
+            if *over {
+                return;
+            }
+            if let ProducerEvent::Filled { meta, .. } = &event {
+                if let Some(opened) = opened.take() {
+                    metrics.first_minibatch_seconds.observe(opened.elapsed().as_secs_f64());
+                }
+                metrics.minibatches.inc();
+                metrics.samples.inc_by(samples);
+                metrics.sweep.set(i64::try_from(meta.sweep).unwrap_or(i64::MAX));
+            }
+            let last = !matches!(event, ProducerEvent::Filled { .. });
+            // Bounded by the slot count + 2: the connection drains it as it announces, and at most
+            // a slot count of minibatches is out at once.
+            if events.send(event).is_err() || last {
+                *over = true;
+            }
+        });
+        if self.over {
+            self.order.waiting.clear();
+        }
+        !self.over
+    }
+}
+
+/// A filler task: copies each minibatch handed to it into its slot and announces it.
 struct Filling {
     /// The dataset (its stream names, in tensor order).
     runtime: Arc<DatasetRuntime>,
     metrics: SessionMetrics,
-    ring: Ring<MemfdMemory>,
+    ring: Arc<SharedRing<MemfdMemory>>,
     /// `None` once the filler is finished.
-    steps: Option<flume::Receiver<Step>>,
-    events: flume::Sender<ProducerEvent>,
+    steps: Option<flume::Receiver<(u64, Step)>>,
+    announcer: Arc<Mutex<Announcer>>,
     planner: Task,
     stop: Arc<AtomicBool>,
-    /// The planner waits for room in the queue (see [`Planning`]).
+    /// The planner waits for room in a queue (see [`Planning`]).
     queue_full: Arc<AtomicBool>,
-    /// When the session opened, until its first minibatch is in the ring.
-    opened: Option<Instant>,
 }
 
 impl Filling {
@@ -450,7 +548,7 @@ impl Filling {
             if self.stop.load(Ordering::Relaxed) {
                 return self.finish();
             }
-            let step = match steps.try_recv() {
+            let (n, step) = match steps.try_recv() {
                 Ok(step) => step,
                 Err(flume::TryRecvError::Empty) => return Turn::Idle,
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
@@ -459,30 +557,24 @@ impl Filling {
             if self.queue_full.swap(false, Ordering::SeqCst) {
                 self.planner.wake();
             }
-            let event = match step {
+            let (event, samples) = match step {
                 Step::Fill(job) => self.fill(*job),
-                Step::Event(event) => event,
+                Step::Event(event) => (event, 0),
             };
-            let last = !matches!(event, ProducerEvent::Filled { .. });
-            // Bounded by the slot count + 2: the connection drains it as it announces.
-            if self.events.send(event).is_err() || last {
+            let going = self.announcer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).put(n, event, samples);
+            if !going {
                 return self.finish();
             }
         }
         Turn::Again
     }
 
-    fn fill(&mut self, job: Located) -> ProducerEvent {
+    /// Copies `job` into its slot: the event to announce and the minibatch's nominal samples.
+    fn fill(&self, job: Located) -> (ProducerEvent, u64) {
         let started = Instant::now();
         let Located { slot, mb, samples } = job;
         match self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names) {
             Ok(_) => {
-                if let Some(opened) = self.opened.take() {
-                    self.metrics.first_minibatch_seconds.observe(opened.elapsed().as_secs_f64());
-                }
-                self.metrics.minibatches.inc();
-                self.metrics.samples.inc_by(samples);
-                self.metrics.sweep.set(i64::try_from(mb.sweep).unwrap_or(i64::MAX));
                 self.metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
                 let meta = MinibatchMeta {
                     index: mb.index,
@@ -490,9 +582,9 @@ impl Filling {
                     end_of_sweep: mb.end_of_sweep,
                     position: mb.position,
                 };
-                ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }
+                (ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }, samples)
             }
-            Err(e) => ProducerEvent::failed(&ProduceError::from(e)),
+            Err(e) => (ProducerEvent::failed(&ProduceError::from(e)), 0),
         }
     }
 
@@ -584,6 +676,24 @@ mod tests {
             (d.file.as_deref(), d.line, d.offset, d.kind.as_str()),
             (Some("/data/train.ctf"), Some(12), Some(345), "bad_number")
         );
+    }
+
+    #[test]
+    fn events_from_two_fillers_leave_in_minibatch_order() {
+        let mut order = Reorder::default();
+        let mut out = Vec::new();
+        // Filler 1 (odd numbers) runs ahead of filler 0 (even numbers).
+        for n in [1u64, 3, 0, 5, 2, 4, 7, 6] {
+            order.put(n, n, |x| out.push(x));
+            assert!(out.windows(2).all(|w| w[1] == w[0] + 1), "{out:?}");
+        }
+        assert_eq!(out, (0..8).collect::<Vec<_>>());
+        assert!(order.waiting.is_empty());
+        let mut late = Vec::new();
+        order.put(9, 9, |x| late.push(x));
+        assert!(late.is_empty(), "9 waits for 8");
+        order.put(8, 8, |x| late.push(x));
+        assert_eq!(late, [8, 9]);
     }
 
     #[test]
