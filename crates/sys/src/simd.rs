@@ -5,10 +5,10 @@
 //!   target has it. On targets without SSE2 a plain loop computes the same masks; the tests
 //!   compare the two on every byte value.
 //! * [`dense_run_f32`] / [`dense_run_f64`]: a dense sample's values read a 64-byte window of
-//!   plain decimals at a time with AVX2, BMI and POPCNT, where the CPU has them (asked once at
-//!   run time, [`has_avx2`]); the first window of any other shape ends the run and is read by the
-//!   caller's own loop. Its results are compared with CNTK's digit loop by the engine's tests and
-//!   fuzz target.
+//!   plain decimals at a time with AVX2, BMI, POPCNT and PCLMULQDQ, where the CPU has them (asked
+//!   once at run time, [`has_avx2`]); the first window of any other shape ends the run and is read
+//!   by the caller's own loop. Its results are compared with CNTK's digit loop by the engine's
+//!   tests and fuzz target.
 
 /// Per-byte classes of a window, bit `i` for byte `i`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ pub struct DenseRun {
 
 /// Reads the values of a dense sample from the start of `bytes` into `out`, as `f32`, a 64-byte
 /// window at a time, for as long as the windows are of the common shape of dense CTF data and
-/// the CPU has AVX2 (with BMI1, BMI2, LZCNT and POPCNT):
+/// the CPU has AVX2 (with BMI1, BMI2, LZCNT, POPCNT and PCLMULQDQ):
 ///
 /// * a window is read up to its first stop byte (`|`, or a non-printable byte: a control byte
 ///   other than tab, or ≥ 0x80), where the dense sample ends, or else its 64 bytes; the last
@@ -126,8 +126,8 @@ pub struct DenseRun {
 pub fn dense_run_f32(bytes: &[u8], out: &mut [f32]) -> DenseRun {
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
-        // SAFETY: the CPU has AVX2, BMI1, BMI2, LZCNT and POPCNT (`has_avx2`), the features the
-        // kernel is compiled for.
+        // SAFETY: the CPU has AVX2, BMI1, BMI2, LZCNT, POPCNT and PCLMULQDQ (`has_avx2`), the
+        // features the kernel is compiled for.
         return unsafe { avx2_run_f32(bytes, out) };
     }
     let _ = (bytes, out);
@@ -157,6 +157,7 @@ pub fn has_avx2() -> bool {
             && std::arch::is_x86_feature_detected!("bmi2")
             && std::arch::is_x86_feature_detected!("lzcnt")
             && std::arch::is_x86_feature_detected!("popcnt")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
     })
 }
 
@@ -168,7 +169,7 @@ pub fn has_avx2() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 fn avx2_run_f32(bytes: &[u8], out: &mut [f32]) -> DenseRun {
     let room = out.len();
     avx2_run(bytes, room, |k, count, v| {
@@ -180,7 +181,7 @@ fn avx2_run_f32(bytes: &[u8], out: &mut [f32]) -> DenseRun {
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 fn avx2_run_f64(bytes: &[u8], out: &mut [f64]) -> DenseRun {
     let room = out.len();
     avx2_run(bytes, room, |k, count, v| {
@@ -207,7 +208,7 @@ fn place<T: Copy>(out: &mut [T], four: &[T; 4]) {
 /// The classes of the window's 64 bytes the kernel needs, with AVX2: value delimiters, stop
 /// bytes, digits, periods, signs and minus signs.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
     use std::arch::x86_64::{
@@ -242,26 +243,54 @@ fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
 
 /// Values taken apart and waiting for a group of four: each one's integer word (its digits, and
 /// sign, at the top), its fraction word (from its first fraction digit; 0 for an integer) and its
-/// sign bit. One entry per 16 bytes: the four words of a kind are read back one by one (as they
-/// were written, so each read is forwarded from its store), never as one 32-byte load that would
-/// wait for four stores to reach the cache.
+/// sign bit. A ring of [`LANES`] entries, value `k` in entry `k % LANES`: a window's values (at
+/// most 32) are taken apart first, then every complete group of four is converted — no branch
+/// per value on whether it completes a group, which the CPU mispredicted (the kernel read
+/// 0.98 GB/s per core with that branch, 1.2 GB/s without; `docs/benchmarks.md`). Each word is
+/// read back on its own (as it was written, so each read is forwarded from its store), never as
+/// one 32-byte load that would wait for four stores to reach the cache.
 #[cfg(target_arch = "x86_64")]
-#[derive(Default)]
 struct Lanes {
-    words: [[i64; 4]; 4],
+    words: [[i64; 3]; LANES],
 }
 
-/// The kernel of [`dense_run_f32`] and [`dense_run_f64`]. Per window: its byte classes, its
-/// shape checked on them for all values together, then each value's place found in the masks
-/// (one `tzcnt` each for start, period and end) and its words read; every four values, across
-/// windows, are summed in AVX2 lanes of 64 bits, converted, divided, signed and handed to
-/// `store(k, count, four)` for slots `k..k + count`.
+/// Entries of [`Lanes`]: a power of two above the 3 values a window may leave waiting plus the 32
+/// a window may hold.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+const LANES: usize = 64;
+
+/// The kernel of [`dense_run_f32`] and [`dense_run_f64`], on this thread's [`Lanes`] (kept, so
+/// that no call zeroes 1.5 KiB first).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
+#[inline]
+fn avx2_run(bytes: &[u8], room: usize, store: impl FnMut(usize, usize, std::arch::x86_64::__m256d)) -> DenseRun {
+    thread_local! {
+        static LANES_OF_THREAD: std::cell::RefCell<Lanes> =
+            const { std::cell::RefCell::new(Lanes { words: [[0; 3]; LANES] }) };
+    }
+    LANES_OF_THREAD.with(|lanes| match lanes.try_borrow_mut() {
+        Ok(mut lanes) => avx2_run_in(bytes, room, store, &mut lanes),
+        // Never taken (a run does not call another), but a fresh ring would do.
+        Err(_) => avx2_run_in(bytes, room, store, &mut Lanes { words: [[0; 3]; LANES] }),
+    })
+}
+
+/// The kernel. Per window: its byte classes, its shape checked on them for all values together,
+/// then each value's place found in the masks (one `tzcnt` each for start and period, or end) and
+/// its words put in `lanes`; then every complete group of four, across windows, is summed in AVX2
+/// lanes of 64 bits, converted, divided, signed and handed to `store(k, count, four)` for slots
+/// `k..k + count`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 #[allow(clippy::similar_names)] // the masks of a window
-fn avx2_run(bytes: &[u8], room: usize, mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d)) -> DenseRun {
-    let mut lanes = Lanes::default();
+fn avx2_run_in(
+    bytes: &[u8],
+    room: usize,
+    mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
+    lanes: &mut Lanes,
+) -> DenseRun {
     // Values read (`count`), of which the first `stored` are in `out`, the rest in `lanes`.
     let (mut p, mut count, mut stored) = (0usize, 0usize, 0usize);
     let mut tail;
@@ -300,14 +329,10 @@ fn avx2_run(bytes: &[u8], room: usize, mut store: impl FnMut(usize, usize, std::
         // to each value's end is the same: every value then has an odd number of periods, and
         // with as many periods as values, one each.
         let unpaired = {
-            let mut x = dots ^ starts;
-            x ^= x << 1;
-            x ^= x << 2;
-            x ^= x << 4;
-            x ^= x << 8;
-            x ^= x << 16;
-            x ^= x << 32;
-            x
+            use std::arch::x86_64::{_mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_cvtsi64_si128, _mm_set1_epi64x};
+            // The prefix XOR: a carry-less product with all ones.
+            let x = _mm_cvtsi64_si128((dots ^ starts).cast_signed());
+            _mm_cvtsi128_si64(_mm_clmulepi64_si128::<0>(x, _mm_set1_epi64x(-1))).cast_unsigned()
         };
         let odd = !(digit | dot | delim | sign)
             | (sign & !(all_starts & digit_next))
@@ -321,32 +346,44 @@ fn avx2_run(bytes: &[u8], room: usize, mut store: impl FnMut(usize, usize, std::
         {
             break false;
         }
-        let (mut st, mut en, mut dt) = (starts, ends, dots);
-        for _ in 0..n {
-            let s = st.trailing_zeros();
-            st &= st.wrapping_sub(1);
-            let e = en.trailing_zeros();
-            en &= en.wrapping_sub(1);
-            let lane = count & 3;
-            let d = if dots == 0 {
-                lanes.words[lane][1] = 0;
-                e
-            } else {
+        // One value: its integer word from its start `s` to `d` (its period, or its end), its
+        // fraction word `frac`, its sign.
+        macro_rules! value {
+            ($s:expr, $d:expr, $frac:expr) => {{
+                let (s, d) = ($s, $d);
+                let lane = &mut lanes.words[count % LANES];
+                lane[1] = $frac;
+                // The integer digits (and sign) at the top of the word, the bytes after cut.
+                lane[0] = load8(w, s).wrapping_shl(64u32.wrapping_sub(d.wrapping_sub(s).wrapping_mul(8)) & 63);
+                lane[2] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
+                count += 1;
+            }};
+        }
+        let mut st = starts;
+        if dots == 0 {
+            let mut en = ends;
+            for _ in 0..n {
+                let s = st.trailing_zeros();
+                st &= st.wrapping_sub(1);
+                let e = en.trailing_zeros();
+                en &= en.wrapping_sub(1);
+                value!(s, e, 0);
+            }
+        } else {
+            let mut dt = dots;
+            for _ in 0..n {
+                let s = st.trailing_zeros();
+                st &= st.wrapping_sub(1);
                 let d = dt.trailing_zeros();
                 dt &= dt.wrapping_sub(1);
                 // The fraction digits from the word's first byte; what follows them is cut in the
                 // lanes.
-                lanes.words[lane][1] = load8(w, d + 1);
-                d
-            };
-            // The integer digits (and sign) at the top of the word, the bytes after shifted out.
-            lanes.words[lane][0] = load8(w, s).wrapping_shl(64u32.wrapping_sub(d.wrapping_sub(s).wrapping_mul(8)) & 63);
-            lanes.words[lane][2] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
-            count += 1;
-            if lane == 3 {
-                store(stored, 4, avx2_group(&lanes));
-                stored += 4;
+                value!(s, d, load8(w, d + 1));
             }
+        }
+        while stored + 4 <= count {
+            store(stored, 4, avx2_group(lanes, stored));
+            stored += 4;
         }
         if stop != 0 {
             p += stop.trailing_zeros() as usize;
@@ -356,7 +393,7 @@ fn avx2_run(bytes: &[u8], room: usize, mut store: impl FnMut(usize, usize, std::
         p += if partial == 0 { 64 } else { partial.trailing_zeros() as usize };
     };
     if stored < count {
-        store(stored, count - stored, avx2_group(&lanes));
+        store(stored, count - stored, avx2_group(lanes, stored));
     }
     DenseRun { consumed: p, count, stopped }
 }
@@ -369,17 +406,20 @@ fn load8(w: &[u8; DENSE_WINDOW], at: u32) -> i64 {
     i64::from_le_bytes(b)
 }
 
-/// Four values from their words: CNTK's `int + frac / 10^k`, where the fraction word read as eight
-/// digits is `frac * 10^(8 - k)` — over 10^8 the same rational as `frac` over 10^k, both parts
-/// exact, so the correctly rounded quotient is the same `f64` — then signed.
+/// Four values (`from..from + 4` in `lanes`) from their words: CNTK's `int + frac / 10^k`, where
+/// the fraction word read as eight digits is `frac * 10^(8 - k)` — over 10^8 the same rational as
+/// `frac` over 10^k, both parts exact, so the correctly rounded quotient is the same `f64` — then
+/// signed.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
-fn avx2_group(lanes: &Lanes) -> std::arch::x86_64::__m256d {
+fn avx2_group(lanes: &Lanes, from: usize) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{
         _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
     };
-    let [a, b, c, d] = &lanes.words;
+    // Values `from..from + 4`: `from` is a multiple of four, so they do not wrap around.
+    let at = (from % LANES) & !3;
+    let [a, b, c, d]: &[[i64; 3]; 4] = lanes.words[at..at + 4].try_into().expect("four lanes");
     let int = avx2_sum4(_mm256_setr_epi64x(a[0], b[0], c[0], d[0]));
     let frac = avx2_sum4_leading(_mm256_setr_epi64x(a[1], b[1], c[1], d[1]));
     let v = _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)));
@@ -389,7 +429,7 @@ fn avx2_group(lanes: &Lanes) -> std::arch::x86_64::__m256d {
 #[cfg(target_arch = "x86_64")]
 /// The digits of each lane's word, at its top bytes (anything below them above 9 after the
 /// subtraction, or zero), summed as four `f64`.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_sum4(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{_mm256_and_si256, _mm256_cmpeq_epi8, _mm256_min_epu8, _mm256_set1_epi8, _mm256_sub_epi8};
@@ -401,7 +441,7 @@ fn avx2_sum4(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
 #[cfg(target_arch = "x86_64")]
 /// The digits at the start of each lane's word (first digit in the low byte), up to the first
 /// byte that is not one, read as if eight: `k` digits give their number times `10^(8 - k)`.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_sum4_leading(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{
@@ -420,7 +460,7 @@ fn avx2_sum4_leading(words: std::arch::x86_64::__m256i) -> std::arch::x86_64::__
 
 #[cfg(target_arch = "x86_64")]
 /// The eight digits (0..=9 each, the first in the low byte) of each lane as a number, as `f64`.
-#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt")]
+#[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_eights(v: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{
@@ -514,6 +554,31 @@ mod tests {
         // Integers only, signed or not.
         let ints = "1 -22 333 +4444 55555 -666666 7777777 88888888 0 -0 10 -1234567 12345678";
         assert_eq!(run(ints), DenseRun { consumed: ints.len(), count: 13, stopped: true });
+    }
+
+    #[test]
+    fn windows_full_of_short_values_wrap_the_lanes_many_times() {
+        if !has_avx2() {
+            return;
+        }
+        // Windows of 32 values ("1 2 ..."), after 0 to 3 longer ones that leave values waiting
+        // for their group; windows of 16 ("1.5 ..."); mixed lengths. Up to 199 values, so the
+        // lanes' ring wraps three times.
+        for count in [1usize, 3, 4, 5, 31, 32, 33, 63, 64, 65, 127, 128, 129, 198, 199] {
+            for longer in 0..4 {
+                let ints: Vec<String> =
+                    (0..count).map(|k| if k < longer { "12".to_owned() } else { ((k * 7) % 10).to_string() }).collect();
+                let text = ints.join(" ");
+                assert_eq!(run(&text), DenseRun { consumed: text.len(), count, stopped: true }, "{text:?}");
+            }
+            let halves: Vec<String> = (0..count).map(|k| format!("{}.5", k % 10)).collect();
+            let text = halves.join(" ");
+            assert_eq!(run(&text), DenseRun { consumed: text.len(), count, stopped: true }, "{count} halves");
+            let mixed: Vec<String> =
+                (0..count).map(|k| format!("-{}.{}", k % 3, "12345678".get(..1 + k % 8).unwrap_or("1"))).collect();
+            let text = mixed.join("\t");
+            assert_eq!(run(&text), DenseRun { consumed: text.len(), count, stopped: true }, "{count} mixed");
+        }
     }
 
     #[test]
