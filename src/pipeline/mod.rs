@@ -161,6 +161,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     // Every connection has ended (or its grace is over): the registry holds each session's last
     // acknowledged position.
     let saved = ops::write_checkpoint(&shared, "shutdown");
+    // The sessions are gone and the checkpoint is written: the parsed chunks whose writes their
+    // demand put off are written now, within the grace period again.
+    let _ = data::persister::drain(
+        &shared.data.persist,
+        std::time::Duration::from_secs(shared.config().daemon.shutdown_grace_secs),
+    );
     let _ = std::fs::remove_file(metrics_addr_path(&state_dir));
     signal_thread.close();
     tracing::info!("stopped");

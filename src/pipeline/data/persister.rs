@@ -141,7 +141,43 @@ pub enum PersistJob {
         /// The mapped chunk.
         chunk: Weak<ParsedChunk>,
     },
+    /// The daemon stops: write what waits, at full speed, starting no write after `until`; then
+    /// say how many were written and how many were left.
+    Drain {
+        /// No write starts after this.
+        until: Instant,
+        /// Gets (written, left).
+        done: flume::Sender<(usize, usize)>,
+    },
 }
+
+/// At shutdown, once no session is left: has the persister write the parsed chunks still waiting
+/// (whose writes the sessions' demand put off), for at most `bound`, so that a restart does not
+/// parse them again. Logs what it did; returns (written, left), `None` if the persister did not
+/// answer in time (a write of its own still running, or no persister).
+pub fn drain(persist: &flume::Sender<PersistJob>, bound: Duration) -> Option<(usize, usize)> {
+    let (done, answer) = flume::bounded(1);
+    let until = Instant::now() + bound;
+    persist.send_timeout(PersistJob::Drain { until, done }, bound).ok()?;
+    // A write that started before `until` may end after it.
+    let answered = answer.recv_timeout(bound + DRAIN_MARGIN).ok();
+    match answered {
+        Some((0, 0)) => {}
+        Some((written, 0)) => tracing::info!(written, "parsed chunks waiting to be persisted were written at shutdown"),
+        Some((written, left)) => tracing::warn!(
+            written,
+            left,
+            bound_secs = bound.as_secs_f64(),
+            "parsed chunks still waiting to be persisted when the shutdown's bound passed; they are parsed again \
+             after the restart"
+        ),
+        None => tracing::warn!("the persister did not finish its writes in time at shutdown"),
+    }
+    answered
+}
+
+/// How long past its bound [`drain`] waits for the write that was running at the bound.
+const DRAIN_MARGIN: Duration = Duration::from_secs(5);
 
 /// The channel to the persister.
 #[must_use]
@@ -201,6 +237,16 @@ pub fn spawn(
             };
             match job {
                 Some(PersistJob::Persist { dataset, chunk }) => writes.push((dataset, chunk)),
+                Some(PersistJob::Drain { until, done }) => {
+                    writes.retain(|(_, chunk)| chunk.strong_count() > 0);
+                    let counts = writes.drain(until, Instant::now, |(dataset, chunk)| {
+                        match (dataset.upgrade(), chunk.upgrade()) {
+                            (Some(rt), Some(chunk)) => rt.dataset.persist_later(&chunk),
+                            _ => false,
+                        }
+                    });
+                    let _ = done.send(counts);
+                }
                 Some(PersistJob::Own { key, chunk }) => {
                     if let Some(cache) = cache.upgrade() {
                         own(&cache, key, &chunk);
@@ -269,6 +315,22 @@ impl<J> Writes<J> {
 
     fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// Does the waiting writes at once, oldest first, starting none at or after `until` (`now`
+    /// tells the time); (how many `write` says it wrote, how many are left).
+    fn drain(
+        &mut self,
+        until: Instant,
+        mut now: impl FnMut() -> Instant,
+        mut write: impl FnMut(J) -> bool,
+    ) -> (usize, usize) {
+        let mut written = 0;
+        while now() < until {
+            let Some(job) = self.pending.pop_front() else { break };
+            written += usize::from(write(job));
+        }
+        (written, self.pending.len())
     }
 
     /// Queues a write; dropped (as by a full channel) when [`QUEUE`] are waiting.
@@ -386,6 +448,32 @@ mod tests {
         assert!(p.update(2, 100, 1000, t0 + s(1) + PRESSURE_FOR), "for a while after");
         assert!(!p.update(2, 100, 1000, t0 + s(2) + PRESSURE_FOR), "then not, without more evictions");
         assert!(p.update(3, 100, 1000, t0 + s(2) + PRESSURE_FOR), "another eviction");
+    }
+
+    #[test]
+    fn a_drain_writes_what_waits_until_its_bound() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut w = Writes::new(t0);
+        for job in 1..=5 {
+            w.push(job);
+        }
+        // Each write takes 10 ms of a clock that starts at t0; none starts at or after 25 ms.
+        let clock = std::cell::Cell::new(t0);
+        let mut done = Vec::new();
+        let counts = w.drain(
+            t0 + ms(25),
+            || clock.get(),
+            |job| {
+                done.push(job);
+                clock.set(clock.get() + ms(10));
+                job != 2
+            },
+        );
+        assert_eq!(done, [1, 2, 3], "started at 0, 10 and 20 ms");
+        assert_eq!(counts, (2, 2), "job 2 was not written (already persisted); two left");
+        assert_eq!(w.drain(t0 + ms(1000), || t0, |_| true), (2, 0), "the rest, with time");
+        assert_eq!(w.drain(t0 + ms(1000), || t0, |_| true), (0, 0), "nothing left");
     }
 
     #[test]
