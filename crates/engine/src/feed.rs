@@ -119,6 +119,8 @@ impl Feeder {
 
     /// The chunks `plan` needs that are not held, then up to `ahead` chunks of the minibatches
     /// after it, each once, in order of need: what to ask a parser pool for before gathering.
+    /// The next sweep's chunks are named once its order is built ([`Sampler::next_sweep_job`]:
+    /// the daemon builds it off the planner); this never builds it.
     #[must_use]
     pub fn missing(&self, plan: &MinibatchPlan, ahead: usize) -> Vec<u32> {
         let mut wanted: Vec<u32> = Vec::new();
@@ -127,7 +129,7 @@ impl Feeder {
             // can be missing, and the upcoming chunks need not be worked out for every minibatch.
             return wanted;
         }
-        for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks(ahead)) {
+        for c in plan.sequences.iter().map(|r| r.chunk).chain(self.sampler.upcoming_chunks_built(ahead)) {
             if !self.held.contains_key(&c) && !wanted.contains(&c) {
                 wanted.push(c);
             }

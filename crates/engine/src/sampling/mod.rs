@@ -22,8 +22,8 @@ pub mod scheduler;
 mod proptests;
 
 pub use scheduler::{
-    EpochLimit, EqualSteps, MinibatchPlan, Sampler, SamplingError, SamplingOptions, SeqRef, Tail, Window,
-    DEFAULT_WINDOW_CHUNKS,
+    BuiltSweep, EpochLimit, EqualSteps, MinibatchPlan, NextSweepJob, Sampler, SamplingError, SamplingOptions, SeqRef,
+    Tail, Window, DEFAULT_WINDOW_CHUNKS,
 };
 
 /// Narrows a sequence or chunk index to the `u32` of [`SeqRef`]. `Sampler::new` rejects

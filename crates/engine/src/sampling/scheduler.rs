@@ -319,7 +319,8 @@ pub struct Sampler {
     /// Index in `current.order` of the sequence starting at `position` (`== len` at sweep end).
     index: usize,
     current: SweepPlan,
-    /// The following sweep, computed early only when `upcoming_chunks` looks past this one.
+    /// The following sweep, computed early when `upcoming_chunks` looks past this one, or built
+    /// elsewhere ([`Sampler::next_sweep_job`]) and installed ([`Sampler::install_next_sweep`]).
     next: OnceLock<SweepPlan>,
     /// With [`Sampler::equalize_steps`]: the epoch ends for this worker at this position, after
     /// as many minibatches as the worker with the fewest gets.
@@ -428,6 +429,35 @@ impl Fill {
         retire
     }
 }
+
+/// The building of a sweep's order away from its sampler ([`Sampler::next_sweep_job`]): owned,
+/// `Send`, run anywhere.
+#[derive(Debug)]
+pub struct NextSweepJob {
+    timeline: Arc<Timeline>,
+    options: SamplingOptions,
+    sweep: u64,
+    sweep_size: u64,
+    epoch_end: u64,
+}
+
+impl NextSweepJob {
+    /// The sweep it builds.
+    #[must_use]
+    pub fn sweep(&self) -> u64 {
+        self.sweep
+    }
+
+    /// Builds the order (what the sampler would have built).
+    #[must_use]
+    pub fn build(self) -> BuiltSweep {
+        BuiltSweep(SweepPlan::build(&self.timeline, &self.options, self.sweep, self.sweep_size, self.epoch_end))
+    }
+}
+
+/// A sweep's order built by a [`NextSweepJob`], for [`Sampler::install_next_sweep`].
+#[derive(Debug)]
+pub struct BuiltSweep(SweepPlan);
 
 impl Sampler {
     /// An upper bound on the heap a sampler over `timeline` holds: two sweep plans (the current
@@ -751,6 +781,56 @@ impl Sampler {
 
     fn build_plan(&self, sweep: u64) -> SweepPlan {
         SweepPlan::build(&self.timeline, &self.options, sweep, self.sweep_size, self.epoch_end)
+    }
+
+    /// The work of building the next sweep's order, to run on another thread while this sampler
+    /// goes on (a sweep of millions of sequences takes tens of milliseconds); `None` when it is
+    /// built already or the epoch ends before it. Install the result with
+    /// [`Sampler::install_next_sweep`]; the next sweep's order is then the same as if this
+    /// sampler had built it itself.
+    #[must_use]
+    pub fn next_sweep_job(&self) -> Option<NextSweepJob> {
+        let sweep = self.current.sweep + 1;
+        if self.next.get().is_some() || sweep.saturating_mul(self.sweep_size) >= self.epoch_end {
+            return None;
+        }
+        Some(NextSweepJob {
+            timeline: self.timeline.clone(),
+            options: self.options.clone(),
+            sweep,
+            sweep_size: self.sweep_size,
+            epoch_end: self.epoch_end,
+        })
+    }
+
+    /// Takes the order a [`NextSweepJob`] of this sampler built, if it is still the next sweep's
+    /// and none is there yet; whether it was taken.
+    pub fn install_next_sweep(&self, built: BuiltSweep) -> bool {
+        built.0.sweep == self.current.sweep + 1 && self.next.set(built.0).is_ok()
+    }
+
+    /// Samples (positions) left in the current sweep before the next one starts.
+    #[must_use]
+    pub fn left_in_sweep(&self) -> u64 {
+        (self.current.sweep + 1).saturating_mul(self.sweep_size).saturating_sub(self.position)
+    }
+
+    /// [`Sampler::upcoming_chunks`] that looks past the current sweep only when the next sweep's
+    /// order is there already (built by a [`NextSweepJob`], or earlier), never building it.
+    #[must_use]
+    pub fn upcoming_chunks_built(&self, max: usize) -> Vec<u32> {
+        let mut upcoming = Vec::new();
+        if max == 0 || self.position >= self.epoch_end {
+            return upcoming;
+        }
+        let mut seen = ChunkSet::default();
+        self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
+        if let Some(next) = self.next.get() {
+            if upcoming.len() < max && next.sweep == self.current.sweep + 1 {
+                next.upcoming_into(0, max, &mut upcoming, &mut seen);
+            }
+        }
+        upcoming
     }
 
     fn local_limit(&self, minibatch_size: usize) -> u64 {

@@ -704,3 +704,52 @@ fn fingerprint_names_sequences_order_and_sweep() {
     assert_ne!(a.fingerprint(), plan(1, &[3, 1]).fingerprint(), "sequences");
     assert_ne!(plan(0, &[]).fingerprint(), plan(0, &[0]).fingerprint());
 }
+
+/// The next sweep's order built away from the sampler ([`Sampler::next_sweep_job`], on another
+/// thread) and installed at any point of the current sweep gives exactly the minibatches and
+/// prefetch hints of a sampler that builds it itself; a job for a sweep that is no longer the next
+/// one is refused.
+#[test]
+fn a_next_sweep_built_elsewhere_changes_nothing() {
+    let t = timeline(&[1, 2, 1, 3, 1, 1, 2, 1, 1, 1, 2, 1], &[3, 4, 2, 3]);
+    for (window, workers, size) in [(Window::Chunks(2), 1, 3), (Window::Chunks(128), 2, 4), (Window::Samples(5), 3, 2)]
+    {
+        for install_after in [0usize, 1, 3, 7] {
+            let options = |rank| SamplingOptions {
+                rank,
+                num_workers: workers,
+                ..options(true, window, 9, EpochLimit::Samples(60))
+            };
+            for rank in 0..workers {
+                let mut plain = sampler(&t, options(rank));
+                let mut helped = sampler(&t, options(rank));
+                let mut in_sweep = 0;
+                loop {
+                    if in_sweep == install_after {
+                        if let Some(job) = helped.next_sweep_job() {
+                            let sweep = job.sweep();
+                            let built = std::thread::spawn(move || job.build()).join().expect("built");
+                            assert!(helped.install_next_sweep(built), "sweep {sweep}");
+                            assert!(helped.next_sweep_job().is_none(), "built already");
+                        }
+                    }
+                    // The hints name the next sweep's chunks only once its order is there.
+                    let hints = helped.upcoming_chunks_built(4);
+                    assert!(plain.upcoming_chunks(4).starts_with(&hints), "{hints:?}");
+                    let (a, b) = (plain.next_minibatch(size), helped.next_minibatch(size));
+                    let (Some(a), Some(b)) = (a, b) else {
+                        assert!(plain.next_minibatch(size).is_none() && helped.next_minibatch(size).is_none());
+                        break;
+                    };
+                    assert_eq!((ids(&a), a.sweep, a.position), (ids(&b), b.sweep, b.position));
+                    in_sweep = if b.end_of_sweep { 0 } else { in_sweep + 1 };
+                }
+            }
+        }
+    }
+    // A job for a sweep that is no longer the next one is refused.
+    let mut s = sampler(&t, whole_window(1, EpochLimit::Samples(60)));
+    let job = s.next_sweep_job().expect("sweep 1 is in the epoch");
+    while s.next_minibatch(4).is_some_and(|mb| mb.sweep == 0) {}
+    assert!(!s.install_next_sweep(job.build()), "sweep 1 is current now");
+}
