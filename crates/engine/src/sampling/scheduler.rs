@@ -760,19 +760,34 @@ impl Sampler {
 
     /// Original chunk ids in order of first need from the current position (this worker's
     /// sequences only, up to the epoch end), at most `max` distinct: a prefetch hint. Looks at most
-    /// to the end of the following sweep.
+    /// to the end of the following sweep (building its order when it must).
     #[must_use]
     pub fn upcoming_chunks(&self, max: usize) -> Vec<u32> {
+        self.upcoming(max, |s| {
+            let next_sweep = s.current.sweep + 1;
+            (next_sweep.saturating_mul(s.sweep_size) < s.epoch_end)
+                .then(|| s.next.get_or_init(|| s.build_plan(next_sweep)))
+        })
+    }
+
+    /// [`Sampler::upcoming_chunks`] that looks past the current sweep only when the next sweep's
+    /// order is there already (built by a [`NextSweepJob`], or earlier), never building it.
+    #[must_use]
+    pub fn upcoming_chunks_built(&self, max: usize) -> Vec<u32> {
+        self.upcoming(max, |s| s.next.get())
+    }
+
+    /// The prefetch hint, looking into the next sweep's order that `next` gives (asked only when
+    /// the current sweep's rest names fewer than `max` chunks).
+    fn upcoming<'a>(&'a self, max: usize, next: impl FnOnce(&'a Self) -> Option<&'a SweepPlan>) -> Vec<u32> {
         let mut upcoming = Vec::new();
         if max == 0 || self.position >= self.epoch_end {
             return upcoming;
         }
         let mut seen = ChunkSet::default();
         self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
-        let next_sweep = self.current.sweep + 1;
-        if upcoming.len() < max && next_sweep.saturating_mul(self.sweep_size) < self.epoch_end {
-            let next = self.next.get_or_init(|| self.build_plan(next_sweep));
-            if next.sweep == next_sweep {
+        if upcoming.len() < max {
+            if let Some(next) = next(self).filter(|next| next.sweep == self.current.sweep + 1) {
                 next.upcoming_into(0, max, &mut upcoming, &mut seen);
             }
         }
@@ -813,24 +828,6 @@ impl Sampler {
     #[must_use]
     pub fn left_in_sweep(&self) -> u64 {
         (self.current.sweep + 1).saturating_mul(self.sweep_size).saturating_sub(self.position)
-    }
-
-    /// [`Sampler::upcoming_chunks`] that looks past the current sweep only when the next sweep's
-    /// order is there already (built by a [`NextSweepJob`], or earlier), never building it.
-    #[must_use]
-    pub fn upcoming_chunks_built(&self, max: usize) -> Vec<u32> {
-        let mut upcoming = Vec::new();
-        if max == 0 || self.position >= self.epoch_end {
-            return upcoming;
-        }
-        let mut seen = ChunkSet::default();
-        self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
-        if let Some(next) = self.next.get() {
-            if upcoming.len() < max && next.sweep == self.current.sweep + 1 {
-                next.upcoming_into(0, max, &mut upcoming, &mut seen);
-            }
-        }
-        upcoming
     }
 
     fn local_limit(&self, minibatch_size: usize) -> u64 {
