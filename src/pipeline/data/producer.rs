@@ -229,9 +229,10 @@ impl Producer {
     /// them to the fillers in turn, each through a queue of [`TURN_MINIBATCHES`]; a filler copies
     /// its minibatches into their slots (the ring is shared, one writer per slot), and the
     /// [`Announcer`] sends the events in minibatch order. The copy of a minibatch — 256 random
-    /// rows out of the parsed chunks — waits on memory most of its time, so two fillers on two
-    /// cores deliver nearly twice as fast as one (`docs/benchmarks.md`, "Two fillers"). The
-    /// ring's free slots bound how far the producer runs ahead of the client.
+    /// rows out of the parsed chunks — waits on memory most of its time, so two copies on two
+    /// cores overlap (a standalone gather: 31 µs per minibatch on one thread, 30–32 µs on each of
+    /// two at once; `docs/benchmarks.md`, "The cold first sweep at 10.8× CNTK 2.7"). The ring's
+    /// free slots bound how far the producer runs ahead of the client.
     #[must_use]
     pub fn start(
         self,
