@@ -205,6 +205,9 @@ pub struct Metrics {
     /// `minibatchd_parsed_cache_deferred_seconds_total`: time the persister held back a chunk to
     /// write while a session's producer was working.
     pub parsed_cache_deferred_seconds: Counter,
+    /// `minibatchd_sessions_wanting_data`: sessions whose producer is at work (a free slot to
+    /// fill, or chunks to wait for): their trainers may be waiting for data.
+    pub sessions_wanting_data: IntGauge,
     /// `minibatchd_cache_hits_total`.
     pub cache_hits: IntCounter,
     /// `minibatchd_cache_misses_total`.
@@ -566,6 +569,11 @@ impl Metrics {
                 &r,
                 "minibatchd_parsed_cache_deferred_seconds_total",
                 "Time the persister held back a parsed chunk to write while a session's producer was working.",
+            )?,
+            sessions_wanting_data: gauge(
+                &r,
+                "minibatchd_sessions_wanting_data",
+                "Sessions whose producer is at work (a free slot to fill, or chunks to wait for): their trainers may wait for data.",
             )?,
             cache_hits: counter(&r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
             cache_misses: counter(&r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,

@@ -978,7 +978,12 @@ fn parsed_chunks_are_persisted_while_sessions_stay_open_but_wait_for_nothing() {
     };
     // Three slots filled, none taken.
     let full = d.client().open("train", &SessionOptions { full_sweep: true, ..options(5) }).expect("open");
-    let m = d.wait_metrics("the chunks parsed for a full ring persisted", all_parsed_persisted);
+    // Its ring full, the session's producer waits for a free slot: it does not want data.
+    let m = d.wait_metrics("the chunks parsed for a full ring persisted, its session wanting no data", |m| {
+        all_parsed_persisted(m)
+            && m.text.contains("\nminibatchd_sessions_wanting_data ")
+            && m.sum("minibatchd_sessions_wanting_data", &[]) == 0.0
+    });
     assert!(m.text.contains("\nminibatchd_parsed_cache_deferred_seconds_total "), "the wait is exported:\n{}", m.text);
     drop(full);
     // An epoch taken whole; the session stays open.

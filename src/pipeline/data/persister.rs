@@ -57,6 +57,8 @@ pub struct Demand {
     /// When a producer last stopped working, in nanoseconds from `base`.
     last_work: AtomicU64,
     base: Instant,
+    /// The count, exported (`minibatchd_sessions_wanting_data`).
+    gauge: Option<prometheus::IntGauge>,
 }
 
 /// How long no producer must have worked before the persister writes at full speed.
@@ -64,11 +66,18 @@ pub const SETTLE: Duration = Duration::from_millis(50);
 
 impl Default for Demand {
     fn default() -> Self {
-        Self { working: AtomicUsize::new(0), last_work: AtomicU64::new(0), base: Instant::now() }
+        Self { working: AtomicUsize::new(0), last_work: AtomicU64::new(0), base: Instant::now(), gauge: None }
     }
 }
 
 impl Demand {
+    /// A demand whose count `gauge` shows.
+    #[must_use]
+    pub fn shown_by(gauge: prometheus::IntGauge) -> Self {
+        gauge.set(0);
+        Self { gauge: Some(gauge), ..Self::default() }
+    }
+
     /// No producer has worked for [`SETTLE`].
     #[must_use]
     pub fn is_idle(&self) -> bool {
@@ -108,11 +117,17 @@ impl DemandMark {
             let demand = &self.demand;
             if working {
                 demand.working.fetch_add(1, Ordering::AcqRel);
+                if let Some(g) = &demand.gauge {
+                    g.inc();
+                }
             } else {
                 // Before the count falls: a persister that finds it zero finds this time too.
                 let since = u64::try_from(demand.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
                 demand.last_work.fetch_max(since, Ordering::AcqRel);
                 demand.working.fetch_sub(1, Ordering::AcqRel);
+                if let Some(g) = &demand.gauge {
+                    g.dec();
+                }
             }
         }
     }
@@ -387,7 +402,8 @@ mod tests {
 
     #[test]
     fn demand_counts_each_working_producer_once_and_settles() {
-        let demand = Arc::new(Demand::default());
+        let gauge = prometheus::IntGauge::new("wanting", "test").expect("gauge");
+        let demand = Arc::new(Demand::shown_by(gauge.clone()));
         let later = || Instant::now() + SETTLE;
         assert!(demand.is_idle_at(later()));
         let mut a = demand.working();
@@ -401,11 +417,14 @@ mod tests {
         b.set(true);
         b.set(true);
         assert!(!demand.is_idle_at(later()));
+        assert_eq!(gauge.get(), 1, "b, counted once");
         drop(b);
         assert!(demand.is_idle_at(later()), "a dropped mark is not counted");
         a.set(true);
+        assert_eq!(gauge.get(), 1);
         drop(a);
         assert!(demand.is_idle_at(later()));
+        assert_eq!(gauge.get(), 0);
     }
 
     #[test]
