@@ -132,7 +132,7 @@ impl ProduceError {
     }
 }
 
-/// One session's producer state: the planner and the ring its filler writes.
+/// One session's producer state: the planner and the ring its fillers write.
 pub struct Producer {
     planner: Planner,
     ring: SharedRing<MemfdMemory>,
