@@ -227,10 +227,9 @@ pub fn spawn(
             tick = now;
             writes.retain(|(_, chunk)| chunk.strong_count() > 0);
             let mut wrote = false;
-            if let Some((dataset, chunk)) = writes.next(idle, now) {
-                if let (Some(rt), Some(chunk)) = (dataset.upgrade(), chunk.upgrade()) {
-                    let started = Instant::now();
-                    let _written = rt.dataset.persist_later(&chunk);
+            if let Some(job) = writes.next(idle, now) {
+                let started = Instant::now();
+                if persist(&job).is_some() {
                     let pressed = cache.upgrade().is_some_and(|cache| {
                         let (stats, budget, _) = cache.snapshot();
                         pressure.update(stats.evictions, stats.bytes, budget, Instant::now())
@@ -254,12 +253,7 @@ pub fn spawn(
                 Some(PersistJob::Persist { dataset, chunk }) => writes.push((dataset, chunk)),
                 Some(PersistJob::Drain { until, done }) => {
                     writes.retain(|(_, chunk)| chunk.strong_count() > 0);
-                    let counts = writes.drain(until, Instant::now, |(dataset, chunk)| {
-                        match (dataset.upgrade(), chunk.upgrade()) {
-                            (Some(rt), Some(chunk)) => rt.dataset.persist_later(&chunk),
-                            _ => false,
-                        }
-                    });
+                    let counts = writes.drain(until, Instant::now, |job| persist(&job) == Some(true));
                     let _ = done.send(counts);
                 }
                 Some(PersistJob::Own { key, chunk }) => {
@@ -274,6 +268,13 @@ pub fn spawn(
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the persister thread; parsed chunks are not persisted");
     }
+}
+
+/// Writes the chunk of `job` to its dataset's persisted cache unless its dataset or chunk is gone
+/// (`None`); whether it was written (false: written already, or not to be persisted).
+fn persist((dataset, chunk): &(Weak<DatasetRuntime>, Weak<ParsedChunk>)) -> Option<bool> {
+    let (rt, chunk) = (dataset.upgrade()?, chunk.upgrade()?);
+    Some(rt.dataset.persist_later(&chunk))
 }
 
 /// While a producer is at work and the chunk cache is under pressure, a write starts only this
