@@ -6,28 +6,50 @@
 //! passed a 6 GiB limit by 487 MiB.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::cell::Cell;
+use std::sync::Arc;
 
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Tail, Timeline, Window};
 
-/// The system allocator, counting the bytes live and their peak since the last [`reset_peak`].
+/// The system allocator, counting per thread the bytes that thread allocated and freed, and their
+/// peak since its last [`reset_peak`]. A test reads only its own thread's counts, so what the test
+/// harness and the other tests' threads allocate meanwhile (their output, their own samplers)
+/// never enters a measurement, whatever runs beside it. The sampler allocates on its caller's
+/// thread only (it starts no thread), so the counts are all of its memory.
 struct Counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-/// Tests in this binary run one at a time: the counters are global.
-static SERIAL: Mutex<()> = Mutex::new(());
+thread_local! {
+    /// Bytes this thread allocated minus those it freed (it may free what another allocated:
+    /// the count is relative, read against a [`reset_peak`] baseline).
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+    /// The highest `LIVE` since this thread's last [`reset_peak`].
+    static PEAK: Cell<isize> = const { Cell::new(0) };
+}
 
-// SAFETY: every call forwards to `System` with the caller's arguments; the counters are plain
-// atomics and allocate nothing.
+/// Adds `delta` bytes to this thread's count and raises its peak. The cells are const-initialized
+/// and have no destructor, so they are usable (and allocate nothing) at any point of a thread's
+/// life; `try_with` leaves the count alone should that ever not hold.
+fn count(delta: isize) {
+    let _ = LIVE.try_with(|live| {
+        let now = live.get() + delta;
+        live.set(now);
+        let _ = PEAK.try_with(|peak| peak.set(peak.get().max(now)));
+    });
+}
+
+#[allow(clippy::cast_possible_wrap)] // an allocation's size is at most isize::MAX
+fn size(bytes: usize) -> isize {
+    bytes as isize
+}
+
+// SAFETY: every call forwards to `System` with the caller's arguments; the counters are
+// thread-local cells and allocate nothing.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged (the caller upholds `alloc`'s contract).
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
+            count(size(layout.size()));
         }
         p
     }
@@ -35,19 +57,14 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded unchanged.
         unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        count(-size(layout.size()));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: forwarded unchanged.
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
-            if new_size >= layout.size() {
-                let now = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size - layout.size();
-                PEAK.fetch_max(now, Ordering::Relaxed);
-            } else {
-                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-            }
+            count(size(new_size) - size(layout.size()));
         }
         p
     }
@@ -56,10 +73,17 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn reset_peak() -> usize {
-    let live = LIVE.load(Ordering::Relaxed);
-    PEAK.store(live, Ordering::Relaxed);
+/// Starts a new peak at what this thread holds now, and returns that (the baseline to measure
+/// from).
+fn reset_peak() -> isize {
+    let live = LIVE.with(Cell::get);
+    PEAK.with(|peak| peak.set(live));
     live
+}
+
+/// The peak bytes this thread held beyond `base` since its last [`reset_peak`].
+fn peak_since(base: isize) -> u64 {
+    u64::try_from(PEAK.with(Cell::get) - base).unwrap_or(0)
 }
 
 /// `chunks` chunks of `per_chunk` sequences, lengths 1..=3.
@@ -89,7 +113,6 @@ fn walk(sampler: &mut Sampler, minibatch_size: usize) -> usize {
 
 #[test]
 fn a_sampler_walking_sweeps_stays_within_its_memory_bound() {
-    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let t = timeline(40, 5000);
     for window in [Window::Chunks(4), Window::Chunks(128), Window::Samples(30_000)] {
         for (workers, rank) in [(1, 0), (3, 1)] {
@@ -98,7 +121,7 @@ fn a_sampler_walking_sweeps_stays_within_its_memory_bound() {
                 Sampler::new(t.clone(), options(window, workers, rank, EpochLimit::Sweeps(3))).expect("sampler");
             let taken = walk(&mut s, 256);
             assert!(taken > 0);
-            let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+            let peak = peak_since(base);
             let bound = Sampler::memory_bound(&t, false);
             eprintln!("{window:?}, {workers} workers: peak {peak} B, bound {bound} B");
             assert!(peak <= bound, "{window:?}, {workers} workers: peak {peak} B > bound {bound} B");
@@ -110,14 +133,13 @@ fn a_sampler_walking_sweeps_stays_within_its_memory_bound() {
 
 #[test]
 fn a_small_timeline_costs_little() {
-    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for (chunks, per_chunk) in [(1, 10), (1, 2000), (3, 700)] {
         let t = timeline(chunks, per_chunk);
         let base = reset_peak();
         let mut s =
             Sampler::new(t.clone(), options(Window::Chunks(128), 1, 0, EpochLimit::Sweeps(2))).expect("sampler");
         walk(&mut s, 4);
-        let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+        let peak = peak_since(base);
         let bound = Sampler::memory_bound(&t, false);
         eprintln!("{chunks} x {per_chunk}: peak {peak} B, bound {bound} B");
         assert!(peak <= bound, "{chunks} x {per_chunk}: peak {peak} B > bound {bound} B");
@@ -125,8 +147,8 @@ fn a_small_timeline_costs_little() {
 }
 
 /// The peak bytes held beyond `base` since the last [`reset_peak`], checked against `bound`.
-fn within_bound(what: &str, base: usize, bound: u64) -> u64 {
-    let peak = (PEAK.load(Ordering::Relaxed) - base) as u64;
+fn within_bound(what: &str, base: isize, bound: u64) -> u64 {
+    let peak = peak_since(base);
     eprintln!("{what}: peak {peak} B, bound {bound} B");
     assert!(peak <= bound, "{what}: peak {peak} B > bound {bound} B");
     peak
@@ -134,7 +156,6 @@ fn within_bound(what: &str, base: usize, bound: u64) -> u64 {
 
 #[test]
 fn equal_steps_and_a_resumed_job_stay_within_the_bound_with_walks() {
-    let _one = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let t = timeline(40, 5000);
     let walk_bound = Sampler::walk_memory_bound(&t);
 
@@ -157,4 +178,17 @@ fn equal_steps_and_a_resumed_job_stay_within_the_bound_with_walks() {
     walk(&mut s, 256);
     let peak = within_bound("a resumed job", base, Sampler::memory_bound(&t, true));
     assert!(peak > Sampler::memory_bound(&t, false) / 2, "the walk holds at least a plan: {peak} B");
+}
+
+#[test]
+fn the_counts_are_the_measuring_threads_own() {
+    const MIB: usize = 1 << 20;
+    let base = reset_peak();
+    let held = vec![1u8; MIB];
+    assert!(peak_since(base) >= MIB as u64, "this thread's allocation is counted");
+    drop(held);
+    let base = reset_peak();
+    std::thread::spawn(|| drop(std::hint::black_box(vec![1u8; 4 * MIB]))).join().expect("thread");
+    let peak = peak_since(base);
+    assert!(peak < MIB as u64, "another thread's allocation is not counted: {peak} B");
 }
