@@ -380,12 +380,22 @@ fn a_session_resumed_by_name_after_a_crash_says_minibatches_come_again() {
     let start_state = resumed.state().expect("state");
     assert!(start_state.minibatches >= 3 && start_state.minibatches <= taken.minibatches, "{start_state:?}");
     drop(resumed);
-    // A clean stop: the checkpoint is exact, and says so.
+    // A session that closed after saying what it took, then a clean stop: exact, and says so.
+    let mut clean = opts.clone();
+    clean.session = Some("clean-job".into());
+    let mut c = d.client().open("train", &clean).expect("open");
+    take(&mut c, 2);
+    c.close().expect("close");
     assert_eq!(d.stop().code(), Some(0));
     let d = Daemon::start(dir.path(), &[]);
-    let again = d.client().open("train", &opts).expect("resume by name");
+    let again = d.client().open("train", &clean).expect("resume by name");
     let r = again.resumed.clone().expect("resumed");
     assert_eq!((r.from.as_str(), r.exact), ("checkpoint", true), "{r:?}");
+    // The crashed one stays inexact: its trainer took up to minibatch 8 before the crash, past
+    // anything the daemon has heard of since.
+    let job = d.client().open("train", &opts).expect("resume by name");
+    let r = job.resumed.clone().expect("resumed");
+    assert_eq!((r.from.as_str(), r.exact), ("checkpoint", false), "{r:?}");
 }
 
 #[test]

@@ -149,7 +149,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
     let _ = shared.checkpointer.set(ops::write_checkpoint);
-    ops::write_checkpoint(&shared, "start");
+    let _ = ops::write_checkpoint(&shared, "start");
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
@@ -160,7 +160,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     housekeeping.stop();
     // Every connection has ended (or its grace is over): the registry holds each session's last
     // acknowledged position.
-    let saved = ops::write_checkpoint(&shared, "shutdown");
+    let saved = ops::write_checkpoint(&shared, "shutdown").is_ok();
     // The sessions are gone and the checkpoint is written: the parsed chunks whose writes their
     // demand put off are written now, within the grace period again.
     let _ = data::persister::drain(

@@ -27,6 +27,10 @@ MAX_MESSAGE_BYTES = 64 * 1024
 FEATURE_CONSUMER_WAIT = "consumer_wait"
 # How long to wait for the daemon's ``closed`` when reporting the final position at its shutdown.
 FINAL_REPORT_TIMEOUT = 10.0
+# Errors with which the daemon ends a session that was going well (it is stopping; a reload
+# removed the dataset): the client then reports what it took (``close``), so that a resume by the
+# session's name continues exactly after it.
+_ENDED_BY_DAEMON = ("shutting_down", "unknown_dataset")
 
 _LEN = struct.Struct("<I")
 # Binary hot messages (version 2), little-endian, after the length prefix:
@@ -543,7 +547,7 @@ class Source:
             # The session cannot go on (its producer stopped): every later next() says so too;
             # state() and close() still work.
             self._failed = MinibatchdError.from_reply(msg)
-            if self._failed.code == "shutting_down":
+            if self._failed.code in _ENDED_BY_DAEMON:
                 self._report_final()
             raise self._failed
         raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
@@ -621,12 +625,15 @@ class Source:
         (prefetched ones never count). Pass it as ``resume=`` to continue exactly after it."""
         if self._ended or self._stopped or self._mm is None:
             return dict(self._last_state)
-        self._flush([{"type": "state"}])
         try:
+            self._flush([{"type": "state"}])
             return self._await_reply("state")["state"]
         except MinibatchdError as e:
-            if e.code != "shutting_down":
+            # The daemon ended the session (or went) before answering: what this client knows
+            # is exact — the position after the last minibatch it returned.
+            if e.code not in _ENDED_BY_DAEMON and e.code != "client_disconnected":
                 raise
+            self._failed = e  # what next() raises from now on
             self._report_final()
             return dict(self._last_state)
 

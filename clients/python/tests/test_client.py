@@ -226,6 +226,37 @@ def test_a_step_longer_than_the_shutdown_grace_gets_shutting_down_not_a_broken_p
         d.stop()
 
 
+@pytest.mark.parametrize("step", [0.0, 3.0])
+def test_state_after_the_daemon_stopped_answers_locally(tmp_path, step):
+    """SIGTERM while the trainer is inside a step (longer than the 1 s grace, or not): its next
+    Source.state(), before any next(), returns the position after the last minibatch the
+    iterator returned — known locally — instead of raising (it raised client_disconnected once
+    the daemon had closed the socket)."""
+    import signal
+    import time
+
+    from conftest import Daemon
+
+    d = Daemon(tmp_path)
+    try:
+        session = minibatchd.connect(d.socket).open("train", minibatch_size=4)
+        it = iter(session)
+        for _ in range(3):
+            mb = next(it)
+        position = mb.position
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(step)
+        state = session.state()
+        assert (state["minibatches"], state["position"]) == (3, position), state
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            for _ in range(1000):
+                next(it)
+        assert e.value.code == "shutting_down", e.value
+        assert session.state()["minibatches"] >= 3
+    finally:
+        d.stop()
+
+
 def test_a_dataset_removed_by_a_reload_raises_the_daemons_reason_not_a_broken_pipe(tmp_path):
     """A SIGHUP drops the session's dataset from the configuration while the trainer reads: its
     next call raises MinibatchdError('unknown_dataset') with the daemon's message, not a bare

@@ -98,6 +98,19 @@ fn read_message(stream: &mut UnixStream, frames: &mut FrameBuffer) -> Result<Ser
     }
 }
 
+/// Whether `e` says the daemon ended the session or went: an `error{shutting_down}` or
+/// `error{unknown_dataset}` (a reload removed the dataset), or a connection it closed.
+fn ended_by_daemon(e: &ClientError) -> bool {
+    use std::io::ErrorKind as K;
+    match e {
+        ClientError::Daemon { code, .. } => matches!(code, ErrorCode::ShuttingDown | ErrorCode::UnknownDataset),
+        ClientError::Io(io) => {
+            matches!(io.kind(), K::UnexpectedEof | K::BrokenPipe | K::ConnectionReset | K::ConnectionAborted)
+        }
+        _ => false,
+    }
+}
+
 fn daemon_error(m: ServerMessage) -> ClientError {
     match m {
         ServerMessage::Error { code, message, detail } => ClientError::Daemon { code, message, detail },
@@ -344,9 +357,15 @@ impl Session {
                 self.end = Some(state);
                 Ok(None)
             }
-            ServerMessage::Error { code: ErrorCode::ShuttingDown, message, detail } => {
+            ServerMessage::Error {
+                code: code @ (ErrorCode::ShuttingDown | ErrorCode::UnknownDataset),
+                message,
+                detail,
+            } => {
+                // The daemon ended the session (stopping, or the dataset was removed): tell it
+                // what was taken, so that a resume by name continues exactly after it.
                 self.report_final();
-                Err(ClientError::Daemon { code: ErrorCode::ShuttingDown, message, detail })
+                Err(ClientError::Daemon { code, message, detail })
             }
             other => Err(daemon_error(other)),
         }
@@ -445,10 +464,17 @@ impl Session {
             return Ok(self.last.clone());
         }
         let wait_ns = self.wait_ns();
-        self.flush(Some(ClientMessage::State { taken: Some(self.taken), wait_ns }))?;
-        match self.await_reply(|m| matches!(m, ServerMessage::State { .. }))? {
-            ServerMessage::State { state } => Ok(state),
-            other => Err(daemon_error(other)),
+        let asked = self.flush(Some(ClientMessage::State { taken: Some(self.taken), wait_ns }));
+        match asked.and_then(|()| self.await_reply(|m| matches!(m, ServerMessage::State { .. }))) {
+            Ok(ServerMessage::State { state }) => Ok(state),
+            Ok(other) => Err(daemon_error(other)),
+            // The daemon ended the session (or went) before answering: what this client knows is
+            // exact — the position after the last minibatch it returned.
+            Err(e) if ended_by_daemon(&e) => {
+                self.report_final();
+                Ok(self.final_state.clone().unwrap_or_else(|| self.last.clone()))
+            }
+            Err(e) => Err(e),
         }
     }
 

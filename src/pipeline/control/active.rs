@@ -53,8 +53,14 @@ pub(super) struct Active {
     pub(super) published: [i64; 3],
     /// The client's last cumulative `wait_ns`.
     pub(super) reported_wait_ns: u64,
-    /// `taken` last written to the registry.
-    pub(super) recorded_taken: u64,
+    /// `taken` and `given_up_to` last written to the registry.
+    pub(super) recorded: (u64, u64),
+    /// How many minibatches the session's trainer may have been given before this connection
+    /// (`SavedSession::given_up_to`).
+    pub(super) given_before: u64,
+    /// The client closed with `close{taken}`: it said exactly what it took, so the minibatches
+    /// announced past that never reached its trainer.
+    pub(super) closed: bool,
     /// The earlier run this session continues (`resume_job`), carried in every state.
     pub(super) job: Option<JobBase>,
     /// Its sampler's memory, reserved against `memory_limit_bytes` until the session ends.
@@ -147,12 +153,20 @@ impl Active {
         }
     }
 
-    /// Writes the acknowledged state to the registry when it moved (checkpoints read it there).
+    /// How many minibatches the trainer may have been given: every one announced, unless the
+    /// client closed saying what it took; never less than before this connection.
+    pub(super) fn given_up_to(&self) -> u64 {
+        let here = if self.closed { self.progress.taken_count() } else { self.progress.announced_up_to() };
+        here.max(self.given_before)
+    }
+
+    /// Writes the acknowledged state, and how far the trainer may have been given minibatches,
+    /// to the registry when either moved (checkpoints read them there).
     pub(super) fn record(&mut self, shared: &ControlPlane) {
-        let taken = self.progress.taken_count();
-        if taken != self.recorded_taken {
-            self.recorded_taken = taken;
-            shared.registry().update_state(&self.name, &self.state());
+        let now = (self.progress.taken_count(), self.given_up_to());
+        if now != self.recorded {
+            self.recorded = now;
+            shared.registry().update_state(&self.name, &self.state(), now.1);
         }
     }
 
@@ -203,16 +217,21 @@ fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
     shared.host.refuse.load(Ordering::Relaxed).then(|| (shared.host.shortfall.load(Ordering::Relaxed), reserve))
 }
 
-/// Logs that a session resumed by name from a checkpoint of an unclean stop gets minibatches again.
-fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>) {
-    if let Some(r) = resumed.filter(|r| !r.exact) {
-        tracing::warn!(
-            session = %name,
-            position = start.position,
-            checkpoint_unix_secs = r.checkpoint_unix_secs,
-            "resumed from a checkpoint written before the daemon stopped uncleanly: minibatches taken after it are delivered again"
-        );
-    }
+/// Logs that a session resumed by name may give its trainer minibatches again: from a
+/// checkpoint written before an unclean stop, or after a connection that ended without saying
+/// what its trainer took.
+fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>, given_up_to: u64) {
+    let Some(r) = resumed.filter(|r| !r.exact) else { return };
+    let known = (given_up_to != super::session::GIVEN_UNKNOWN).then_some(given_up_to);
+    tracing::warn!(
+        session = %name,
+        from = %r.from,
+        position = start.position,
+        minibatches = start.minibatches,
+        given_up_to = known,
+        checkpoint_unix_secs = r.checkpoint_unix_secs,
+        "resumed by name where the trainer may have taken more: minibatches it took after this position are delivered again (opened.resumed.exact is false)"
+    );
 }
 
 /// An `open` resolved against its dataset, before anything shared is touched.
@@ -413,8 +432,30 @@ fn window_fits(
     Err(Refusal::WindowTooLarge { window_chunks, floor, share })
 }
 
-/// Opens a session: [`prepare`], [`admission::admit`], then the ring and the producer (undoing
-/// the admission when either fails).
+/// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at
+/// `position`.
+fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u64) -> SessionState {
+    SessionState {
+        version: STATE_VERSION,
+        dataset: dataset.to_owned(),
+        position,
+        minibatches: 0,
+        data_identity: hex64(identity),
+        options_hash: hex64(ohash),
+        job: None,
+    }
+}
+
+/// Writes the daemon checkpoint with the admitted session in it, before its client hears of it:
+/// after a crash, a session the client knows is resumable by name, and its replay is signalled
+/// (`resumed`). When it cannot be written, there is no session.
+async fn checkpoint_opening(shared: &Arc<ControlPlane>) -> Result<(), Refusal> {
+    let shared = shared.clone();
+    off_the_event_loop(move || shared.write_checkpoint("open").map_err(Refusal::Checkpoint)).await
+}
+
+/// Opens a session: [`prepare`], [`admission::admit`], then the ring, the checkpoint and the
+/// producer (undoing the admission when any fails).
 pub(super) async fn open(
     dataset: &str,
     options: &SessionOptions,
@@ -430,15 +471,7 @@ pub(super) async fn open(
         dataset,
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
-        fresh: SessionState {
-            version: STATE_VERSION,
-            dataset: dataset.to_owned(),
-            position: fresh_position,
-            minibatches: 0,
-            data_identity: hex64(rt.identity),
-            options_hash: hex64(ohash),
-            job: None,
-        },
+        fresh: fresh_state(dataset, fresh_position, rt.identity, ohash),
         fits: &|s: &SessionState| check_resume(s, dataset, rt.identity, ohash),
         ring_bytes: geometry.total_bytes(),
         host_short: host_shortfall(shared),
@@ -477,6 +510,7 @@ pub(super) async fn open(
     sampling.opened(rt.dataset.timeline(), start.job.is_some()).map_err(undo)?;
     let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();
+    checkpoint_opening(shared).await.map_err(undo)?;
 
     // At most MAX_RING_SLOTS (validated in resolve_options).
     let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
@@ -502,7 +536,7 @@ pub(super) async fn open(
         Ok(handle) => handle,
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     };
-    warn_if_replaying(&name, &start, admitted.resumed.as_ref());
+    warn_if_replaying(&name, &start, admitted.resumed.as_ref(), admitted.given_up_to);
     let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone());
     let active = Active {
         name,
@@ -520,7 +554,9 @@ pub(super) async fn open(
         slot_count,
         published: [0; 3],
         reported_wait_ns: 0,
-        recorded_taken: start.minibatches,
+        recorded: (start.minibatches, admitted.given_up_to),
+        given_before: admitted.given_up_to,
+        closed: false,
         job: start.job.clone(),
         _sampling: sampling,
     };

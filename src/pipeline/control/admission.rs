@@ -18,7 +18,7 @@ use minibatchd_engine::sampling::SamplingError;
 use minibatchd_shm::LayoutError;
 use minibatchd_sys::ShmError;
 
-use super::session::{Claim, InvalidOptions, Registry, RegistryError, ResumeError, SavedSession};
+use super::session::{Claim, InvalidOptions, Kept, Registry, RegistryError, ResumeError, SavedSession};
 use crate::pipeline::data::hub::HubError;
 use crate::pipeline::data::producer::error_detail;
 
@@ -80,6 +80,10 @@ pub enum Refusal {
     /// The delivery stage is gone (the daemon is stopping).
     #[error("delivery stage unavailable: {0}")]
     Delivery(String),
+    /// The session could not be written to the daemon checkpoint (a full or read-only
+    /// `state_dir`): without it, a crash would lose the session's name and position silently.
+    #[error("{0}; the session is refused, since after a crash it could not be resumed by name (free space in daemon.state_dir)")]
+    Checkpoint(String),
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
     #[error(
@@ -112,7 +116,7 @@ impl Refusal {
             | Self::Registry(RegistryError::Memory { .. } | RegistryError::SamplingMemory { .. })
             | Self::HostMemory { .. }
             | Self::Ring(_) => ErrorCode::ResourceExhausted,
-            Self::Descriptor(_) | Self::Layout(_) => ErrorCode::Internal,
+            Self::Descriptor(_) | Self::Layout(_) | Self::Checkpoint(_) => ErrorCode::Internal,
             Self::Delivery(_) => ErrorCode::ShuttingDown,
         }
     }
@@ -175,8 +179,12 @@ pub struct Admitted {
     /// Where the state came from when the session resumed one the daemon kept by name
     /// (`opened.resumed`); `None` for a fresh session or the client's own `resume` state.
     pub resumed: Option<Resumed>,
-    /// The lingering state it took over, if any (restored by [`withdraw`]).
-    lingered: Option<(SessionState, Resumed)>,
+    /// How many minibatches its trainer may have been given before this connection
+    /// ([`SavedSession::given_up_to`]): a lingering session's, else the starting state's count
+    /// (a client's own `resume` state says where that client is).
+    pub given_up_to: u64,
+    /// The lingering session it took over, if any (restored by [`withdraw`]).
+    lingered: Option<Kept>,
     ring_bytes: u64,
 }
 
@@ -217,25 +225,25 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
     // it must not be predictable from anything another client sees.
     let name = req.name.map_or_else(|| format!("{}-{:016x}", req.dataset, req.nonce), str::to_owned);
     let lingered = match reg.claim(&name, id, req.uid, now)? {
-        Claim::Resume(s, origin) => Some((s, origin)),
+        Claim::Resume(kept) => Some(kept),
         Claim::Fresh => None,
     };
     if req.name.is_none() {
         reg.mark_generated(&name);
     }
-    let (start, resumed) = match (req.resume, &lingered) {
-        (Some(s), _) => (s.clone(), None),
-        (None, Some((s, origin))) => {
-            if let Err(source) = (req.fits)(s) {
-                reg.park_with(&name, s.clone(), origin.clone(), now);
+    let (start, resumed, given_up_to) = match (req.resume, &lingered) {
+        (Some(s), _) => (s.clone(), None, s.minibatches),
+        (None, Some(kept)) => {
+            if let Err(source) = (req.fits)(&kept.state) {
+                reg.park_kept(&name, kept.clone(), now);
                 return Err(Refusal::Lingering { name, source });
             }
-            (s.clone(), Some(origin.clone()))
+            (kept.state.clone(), Some(kept.origin.clone()), kept.given_up_to)
         }
-        (None, None) => (req.fresh.clone(), None),
+        (None, None) => (req.fresh.clone(), None, req.fresh.minibatches),
     };
     let back = |reg: &mut Registry| match &lingered {
-        Some((s, origin)) => reg.park_with(&name, s.clone(), origin.clone(), now),
+        Some(kept) => reg.park_kept(&name, kept.clone(), now),
         None => reg.park(&name, start.clone(), now),
     };
     if let Err(e) = reg.reserve(req.ring_bytes) {
@@ -248,15 +256,21 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         return Err(Refusal::HostMemory { shortfall, reserve });
     }
     let options = SessionOptions { resume: None, session: Some(name.clone()), ..req.options.clone() };
-    reg.record(SavedSession { name: name.clone(), options, state: start.clone(), owner: Some(req.uid) });
-    Ok(Admitted { id, name, start, resumed, lingered, ring_bytes: req.ring_bytes })
+    reg.record(SavedSession {
+        name: name.clone(),
+        options,
+        state: start.clone(),
+        owner: Some(req.uid),
+        given_up_to: Some(given_up_to),
+    });
+    Ok(Admitted { id, name, start, resumed, given_up_to, lingered, ring_bytes: req.ring_bytes })
 }
 
 /// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
 /// session had before (the one it took over, or the one it would have started from).
 pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
     match &a.lingered {
-        Some((s, origin)) => reg.park_with(&a.name, s.clone(), origin.clone(), now),
+        Some(kept) => reg.park_kept(&a.name, kept.clone(), now),
         None => reg.park(&a.name, a.start.clone(), now),
     }
     reg.unreserve(a.ring_bytes);
@@ -422,7 +436,13 @@ mod tests {
         let mut reg = registry();
         let t0 = Instant::now();
         let options = SessionOptions::default();
-        let old = SavedSession { name: "old".into(), options: options.clone(), state: state(9, "opts"), owner: None };
+        let old = SavedSession {
+            name: "old".into(),
+            options: options.clone(),
+            state: state(9, "opts"),
+            owner: None,
+            given_up_to: None,
+        };
         assert_eq!(reg.restore(vec![old], 1_700_000_000, false, t0), 1);
         let mut first = request(Some("old"), 0, &options);
         first.uid = 3000;

@@ -191,6 +191,8 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                 if on_events(event, active, &mut wr).await.is_err() {
                     break 'conn;
                 }
+                // What the trainer may now hold, for the checkpoints.
+                active.record(&conn.shared);
             }
             changed = reloads.changed() => {
                 if changed.is_err() {
@@ -198,9 +200,13 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                 }
                 if let Phase::Serving(a) = &phase {
                     if !conn.shared.data.hub().contains(&a.runtime.name) {
-                        let m = format!("dataset '{}' was removed by a configuration reload; the session is kept resumable by name", a.runtime.name);
+                        let m = format!(
+                            "dataset '{}' was removed by a configuration reload; report the minibatches taken with close{{taken}}: the session is kept resumable by name from there",
+                            a.runtime.name
+                        );
                         tracing::info!(peer = %peer, session = %a.name, "{m}");
-                        let _ = send(&mut wr, &ServerMessage::error(ErrorCode::UnknownDataset, m)).await;
+                        let ending = Ending { code: ErrorCode::UnknownDataset, message: m };
+                        drain(&mut phase, &mut rd, &mut wr, &mut frames, &mut buf, &conn, &peer, ending).await;
                         break 'conn;
                     }
                 }
@@ -216,7 +222,11 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                 break 'conn;
             }
             _ = shutdown.changed() => {
-                drain(&mut phase, &mut rd, &mut wr, &mut frames, &mut buf, &conn, &peer).await;
+                let ending = Ending {
+                    code: ErrorCode::ShuttingDown,
+                    message: "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position".to_owned(),
+                };
+                drain(&mut phase, &mut rd, &mut wr, &mut frames, &mut buf, &conn, &peer, ending).await;
                 break 'conn;
             }
         }
@@ -253,8 +263,16 @@ async fn on_frames(
     }
 }
 
-/// The daemon is stopping: stop producing, tell the client, and give it `shutdown_grace_secs`
-/// to report its last position (`close{taken}`) before the session is parked.
+/// Why the daemon ends a serving session: the error the client gets.
+struct Ending {
+    code: ErrorCode,
+    message: String,
+}
+
+/// The daemon ends the session (it is stopping, or the session's dataset was removed): stop
+/// producing, tell the client, and give it `shutdown_grace_secs` to report what it took
+/// (`close{taken}`) before the session is parked — so that a resume by name can be exact.
+#[allow(clippy::too_many_arguments)] // the connection task's parts, borrowed one by one
 async fn drain(
     phase: &mut Phase,
     rd: &mut tokio::net::unix::OwnedReadHalf,
@@ -263,16 +281,15 @@ async fn drain(
     buf: &mut [u8],
     conn: &ConnShared,
     peer: &Peer,
+    ending: Ending,
 ) {
     let Phase::Serving(a) = phase else {
-        let _ = send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, "the daemon is stopping")).await;
+        let _ = send(wr, &ServerMessage::error(ending.code, "the daemon is stopping")).await;
         return;
     };
     a.producer.stop();
     a.producing = false;
-    let message =
-        "the daemon is stopping; report the minibatches taken with close{taken} to checkpoint this session's position";
-    if send(wr, &ServerMessage::error(ErrorCode::ShuttingDown, message)).await.is_err() {
+    if send(wr, &ServerMessage::error(ending.code, ending.message)).await.is_err() {
         return;
     }
     if a.progress.unacknowledged() == 0 {
@@ -302,9 +319,18 @@ fn finish(mut active: Active, shared: &ControlPlane, peer: &Peer) {
     active.producer.stop();
     active.publish_slots(true);
     let state = active.state();
-    tracing::info!(peer = %peer, session = %active.name, position = state.position, minibatches = state.minibatches, leased = active.slots.leased(), "session ended; slots reclaimed");
+    let given_up_to = active.given_up_to();
+    tracing::info!(peer = %peer, session = %active.name, position = state.position, minibatches = state.minibatches, given_up_to, leased = active.slots.leased(), "session ended; slots reclaimed");
+    if given_up_to > state.minibatches {
+        tracing::info!(
+            session = %active.name,
+            minibatches = state.minibatches,
+            given_up_to,
+            "the client went without saying what it took: a resume by name continues after its last reported minibatch, and says it is not exact"
+        );
+    }
     let mut reg = shared.registry();
-    reg.park(&active.name, state, Instant::now());
+    reg.park_given(&active.name, state, given_up_to, Instant::now());
     reg.unreserve(active.ring_bytes);
     shared.rebudget(&reg);
 }
@@ -422,10 +448,6 @@ async fn on_frame(
                     conn.shared.data.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
-                    // In a checkpoint before the client hears of it: after a crash, a session the
-                    // client knows is resumable by name, and its replay is signalled (`resumed`).
-                    let shared = conn.shared.clone();
-                    let _ = tokio::task::spawn_blocking(move || shared.write_checkpoint("open")).await;
                     send_with_fd(wr, &opened, &fd).await?;
                 }
                 Err(refusal) => {
@@ -464,6 +486,8 @@ async fn on_frame(
         (ClientMessage::Close { taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
             a.waited(wait_ns);
+            // What it took is all its trainer has: the minibatches announced after are not.
+            a.closed = true;
             a.record(&conn.shared);
             send(wr, &ServerMessage::Closed { state: a.state() }).await?;
             return Ok(Flow::Close);

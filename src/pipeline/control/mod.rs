@@ -189,8 +189,11 @@ pub struct ControlPlane {
     pub checkpoint_lock: Mutex<()>,
     /// Writes the daemon checkpoint (set at start to the operations layer's writer, which sits
     /// above this one): a new session is in a checkpoint before its client hears of it.
-    pub checkpointer: std::sync::OnceLock<fn(&ControlPlane, &'static str) -> bool>,
+    pub checkpointer: std::sync::OnceLock<Checkpointer>,
 }
+
+/// A writer of the daemon checkpoint: `Err` says why it was not written.
+pub type Checkpointer = fn(&ControlPlane, &'static str) -> Result<(), String>;
 
 impl ControlPlane {
     /// The control plane for `config` over the opened `hub`, counting into `metrics`.
@@ -214,10 +217,12 @@ impl ControlPlane {
         }
     }
 
-    /// Writes the daemon checkpoint now (blocking: fsync), if a writer is set; whether it was
-    /// written.
-    pub fn write_checkpoint(&self, reason: &'static str) -> bool {
-        self.checkpointer.get().is_some_and(|write| write(self, reason))
+    /// Writes the daemon checkpoint now (blocking: fsync), if a writer is set.
+    ///
+    /// # Errors
+    /// Why it was not written (the file and the system's error).
+    pub fn write_checkpoint(&self, reason: &'static str) -> Result<(), String> {
+        self.checkpointer.get().map_or(Ok(()), |write| write(self, reason))
     }
 
     /// The session registry.

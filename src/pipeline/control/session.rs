@@ -42,6 +42,28 @@ pub struct SavedSession {
     /// such a session is bound to the first uid that resumes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<u32>,
+    /// How many minibatches this session's trainer may have been given so far: one past the
+    /// highest minibatch index announced to its clients (a client that closed with
+    /// `close{taken}` said exactly what it took, so then its `taken`). A resume by name from
+    /// `state` is exact only when this is not past `state.minibatches`: otherwise minibatches the
+    /// trainer may hold come again. [`GIVEN_UNKNOWN`] when it cannot be known (the checkpoint
+    /// was written before an unclean stop). Absent in checkpoints written before it was kept: a
+    /// `shutdown` checkpoint's sessions then read as exact, any other's as unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_up_to: Option<u64>,
+}
+
+/// [`SavedSession::given_up_to`] when nobody knows how far the trainer got: after a kill -9, a
+/// crash or a power loss, minibatches may have been given after the last checkpoint.
+pub const GIVEN_UNKNOWN: u64 = u64::MAX;
+
+impl SavedSession {
+    /// Whether resuming from `state` gives the trainer nothing it may already have:
+    /// `given_up_to` is not past the state's minibatch count.
+    #[must_use]
+    pub fn exact(&self) -> bool {
+        self.given_up_to.is_none_or(|g| g <= self.state.minibatches)
+    }
 }
 
 /// Most slots a session may ask for.
@@ -360,18 +382,33 @@ pub struct Progress {
     announced: VecDeque<MinibatchMeta>,
     taken: u64,
     position: u64,
+    /// One past the highest minibatch index announced (the starting count before any).
+    announced_up_to: u64,
 }
 
 impl Progress {
     /// Progress of a session that starts at `start`.
     #[must_use]
     pub fn new(start: &SessionState) -> Self {
-        Self { announced: VecDeque::new(), taken: start.minibatches, position: start.position }
+        Self {
+            announced: VecDeque::new(),
+            taken: start.minibatches,
+            position: start.position,
+            announced_up_to: start.minibatches,
+        }
     }
 
     /// A `ready` went out.
     pub fn announced(&mut self, meta: MinibatchMeta) {
+        self.announced_up_to = self.announced_up_to.max(meta.index.saturating_add(1));
         self.announced.push_back(meta);
+    }
+
+    /// One past the highest minibatch index announced on this connection (the starting count
+    /// before any): the client may have handed every one of them to its trainer.
+    #[must_use]
+    pub fn announced_up_to(&self) -> u64 {
+        self.announced_up_to
     }
 
     /// The client reports `taken` minibatches taken in total. Counts beyond what was announced
@@ -432,12 +469,26 @@ pub enum Claim {
     /// A new session.
     Fresh,
     /// A lingering session of that name continues from this state, which came from there.
-    Resume(SessionState, Resumed),
+    Resume(Kept),
 }
 
-/// A lingering session's state as the registry kept it: exact.
-fn lingered() -> Resumed {
-    Resumed { from: "lingering".into(), checkpoint_unix_secs: None, exact: true }
+/// What the registry keeps of a session between its connections: where it continues, where that
+/// came from, and how far its trainer may have been given minibatches
+/// ([`SavedSession::given_up_to`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// The state it continues from.
+    pub state: SessionState,
+    /// Where the state came from (`opened.resumed`).
+    pub origin: Resumed,
+    /// Minibatches its trainer may have been given ([`GIVEN_UNKNOWN`]: unknown).
+    pub given_up_to: u64,
+}
+
+/// A lingering session's state as the registry kept it: `exact` when nothing past it may have
+/// reached the trainer.
+fn lingered(exact: bool) -> Resumed {
+    Resumed { from: "lingering".into(), checkpoint_unix_secs: None, exact }
 }
 
 /// Registry errors.
@@ -583,7 +634,11 @@ impl Registry {
             return Err(RegistryError::NotOwner(name.to_owned()));
         }
         let (claim, lingered, generated) = match self.lingering.remove(name) {
-            Some(l) => (Claim::Resume(l.saved.state.clone(), l.origin), Some(l.saved), l.generated),
+            Some(l) => {
+                let given_up_to = l.saved.given_up_to.unwrap_or(l.saved.state.minibatches);
+                let kept = Kept { state: l.saved.state.clone(), origin: l.origin, given_up_to };
+                (Claim::Resume(kept), Some(l.saved), l.generated)
+            }
             None => (Claim::Fresh, None, false),
         };
         self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered, generated });
@@ -597,30 +652,43 @@ impl Registry {
         }
     }
 
-    /// The connected session `name` acknowledged minibatches: its state is now `state`.
-    pub fn update_state(&mut self, name: &str, state: &SessionState) {
+    /// The connected session `name` acknowledged minibatches or was given more: its state is now
+    /// `state`, and its trainer may have been given `given_up_to` minibatches.
+    pub fn update_state(&mut self, name: &str, state: &SessionState, given_up_to: u64) {
         if let Some(saved) = self.active.get_mut(name).and_then(|e| e.saved.as_mut()) {
             saved.state.clone_from(state);
+            saved.given_up_to = Some(given_up_to);
         }
     }
 
-    /// The connection of `name` ended with `state`: keep it resumable for the linger time.
+    /// The connection of `name` ended with `state`, after which its trainer had nothing: keep it
+    /// resumable for the linger time (exactly).
     pub fn park(&mut self, name: &str, state: SessionState, now: Instant) {
-        self.park_with(name, state, lingered(), now);
+        let given_up_to = state.minibatches;
+        self.park_given(name, state, given_up_to, now);
+    }
+
+    /// The connection of `name` ended with `state`, its trainer having been given up to
+    /// `given_up_to` minibatches (announced ones it never reported count: it may hold them):
+    /// keep it resumable for the linger time, exact only if that is not past the state.
+    pub fn park_given(&mut self, name: &str, state: SessionState, given_up_to: u64, now: Instant) {
+        let origin = lingered(given_up_to <= state.minibatches);
+        self.park_kept(name, Kept { state, origin, given_up_to }, now);
     }
 
     /// [`Registry::park`] keeping where the state came from (a refused resume of a session
-    /// restored from a checkpoint stays one).
-    pub fn park_with(&mut self, name: &str, state: SessionState, origin: Resumed, now: Instant) {
+    /// restored from a checkpoint stays one, exact or not).
+    pub fn park_kept(&mut self, name: &str, kept: Kept, now: Instant) {
+        let Kept { state, origin, given_up_to } = kept;
         let entry = self.active.remove(name);
         if let Some(e) = &entry {
-            tracing::debug!(session = name, id = e.id, position = state.position, "session parked");
+            tracing::debug!(session = name, id = e.id, position = state.position, given_up_to, "session parked");
         }
         if !self.linger.is_zero() {
             let owner = entry.as_ref().map(|e| e.owner);
             let generated = entry.as_ref().is_some_and(|e| e.generated);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
-            let saved = SavedSession { name: name.to_owned(), options, state, owner };
+            let saved = SavedSession { name: name.to_owned(), options, state, owner, given_up_to: Some(given_up_to) };
             self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin, generated });
             self.trim_lingering();
         }
@@ -649,20 +717,28 @@ impl Registry {
     /// Makes checkpointed sessions lingering (resumable by name for the linger time from `now`);
     /// a name already in use is left alone. Returns how many were restored.
     ///
-    /// `written_unix_secs` is when the checkpoint was written; `exact` whether it was written at a
-    /// clean stop (then every position is the last one taken). A session resumed from it says so
+    /// `written_unix_secs` is when the checkpoint was written; `clean` whether it was written at a
+    /// clean stop. After an unclean one nobody knows how far a trainer got since the checkpoint
+    /// ([`GIVEN_UNKNOWN`]); after a clean one a session is exact when its trainer was given
+    /// nothing past its state ([`SavedSession::exact`]). A session resumed from it says so
     /// (`opened.resumed`).
-    pub fn restore(&mut self, sessions: Vec<SavedSession>, written_unix_secs: u64, exact: bool, now: Instant) -> usize {
+    pub fn restore(&mut self, sessions: Vec<SavedSession>, written_unix_secs: u64, clean: bool, now: Instant) -> usize {
         if self.linger.is_zero() {
             return 0;
         }
-        let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
         let mut n = 0;
-        for saved in sessions {
+        for mut saved in sessions {
             if self.active.contains_key(&saved.name) || self.lingering.contains_key(&saved.name) {
                 continue;
             }
-            let origin = origin.clone();
+            saved.given_up_to = match saved.given_up_to {
+                _ if !clean => Some(GIVEN_UNKNOWN),
+                // Written before the field existed, at a clean stop: every position was exact.
+                None => Some(saved.state.minibatches),
+                given => given,
+            };
+            let exact = saved.exact();
+            let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
             self.lingering
                 .insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin, generated: false });
             n += 1;
@@ -893,7 +969,8 @@ mod tests {
         assert_eq!(r.claim("a", 2, 0, t0), Err(RegistryError::Busy("a".into())));
         let st = one_minibatch_in();
         r.park("a", st.clone(), t0);
-        assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(st.clone(), lingered())));
+        let kept = Kept { state: st.clone(), origin: lingered(true), given_up_to: 1 };
+        assert_eq!(r.claim("a", 3, 0, t0 + Duration::from_secs(1)), Ok(Claim::Resume(kept)));
         r.park("a", st, t0);
         assert_eq!(r.claim("a", 4, 0, t0 + Duration::from_secs(11)), Ok(Claim::Fresh), "expired");
         assert!(r.reserve(700).is_ok());
@@ -947,6 +1024,7 @@ mod tests {
             options: SessionOptions::default(),
             state: st.clone(),
             owner: Some(0),
+            given_up_to: None,
         };
         // Connected, both are checkpointed; once ended, only the named one.
         for (i, name) in ["named", "t-0123456789abcdef"].into_iter().enumerate() {
@@ -993,6 +1071,57 @@ mod tests {
         assert_eq!(left, ["churn-8", "churn-9", "victim"]);
     }
 
+    /// The exact flag never says more than the registry knows: a session parked with minibatches
+    /// announced past its state is inexact, lingering or restored from a clean stop's checkpoint;
+    /// an unclean stop's checkpoint is inexact whatever it says; a refused or withdrawn claim puts
+    /// the inexactness back with the state; old checkpoints keep their meaning.
+    #[test]
+    fn resumes_are_exact_only_when_nothing_past_the_state_may_have_reached_the_trainer() {
+        let t0 = Instant::now();
+        let st = one_minibatch_in();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(600));
+        assert_eq!(r.claim("gone", 1, 0, t0), Ok(Claim::Fresh));
+        r.park_given("gone", st.clone(), 5, t0);
+        let kept = Kept { state: st.clone(), origin: lingered(false), given_up_to: 5 };
+        assert_eq!(r.claim("gone", 2, 0, t0), Ok(Claim::Resume(kept.clone())), "announced 1..5 were never reported");
+        // Put back (a refused resume, a withdrawn open): still inexact, and so in a checkpoint.
+        r.park_kept("gone", kept, t0);
+        assert_eq!(r.claim("ok", 3, 0, t0), Ok(Claim::Fresh));
+        r.park_given("ok", st.clone(), 1, t0);
+        let snap = r.snapshot(t0);
+        assert_eq!(
+            snap.iter().map(|s| (s.name.as_str(), s.given_up_to, s.exact())).collect::<Vec<_>>(),
+            [("gone", Some(5), false), ("ok", Some(1), true)]
+        );
+        let exact_after = |snap: &[SavedSession], clean: bool| {
+            let mut fresh = Registry::new(1000, 200, Duration::from_secs(600));
+            fresh.restore(snap.to_vec(), 1_700_000_000, clean, t0);
+            ["gone", "ok"].map(|n| match fresh.claim(n, 9, 0, t0) {
+                Ok(Claim::Resume(k)) => (k.origin.exact, k.given_up_to),
+                other => panic!("{n}: {other:?}"),
+            })
+        };
+        assert_eq!(exact_after(&snap, true), [(false, 5), (true, 1)], "a clean stop keeps each session's own flag");
+        assert_eq!(
+            exact_after(&snap, false),
+            [(false, GIVEN_UNKNOWN), (false, GIVEN_UNKNOWN)],
+            "after an unclean stop nobody knows how far a trainer got"
+        );
+        // Once resumed from an unknown point, a later clean park stays inexact: the trainer may
+        // still hold minibatches from before the crash past any position the daemon knows of.
+        let mut again = Registry::new(1000, 200, Duration::from_secs(600));
+        again.restore(snap.clone(), 1_700_000_000, false, t0);
+        assert!(matches!(again.claim("ok", 9, 0, t0), Ok(Claim::Resume(_))));
+        again.park_given("ok", one_minibatch_in(), GIVEN_UNKNOWN, t0);
+        assert!(matches!(again.claim("ok", 10, 0, t0), Ok(Claim::Resume(k)) if !k.origin.exact));
+        // A checkpoint written before the field existed: exact at a clean stop only.
+        let old: Vec<SavedSession> = snap.into_iter().map(|s| SavedSession { given_up_to: None, ..s }).collect();
+        assert_eq!(exact_after(&old, true), [(true, 1), (true, 1)]);
+        assert_eq!(exact_after(&old, false), [(false, GIVEN_UNKNOWN), (false, GIVEN_UNKNOWN)]);
+        let json = serde_json::to_string(&old[0]).expect("json");
+        assert!(!json.contains("given_up_to"), "absent, not null: {json}");
+    }
+
     #[test]
     fn the_registry_snapshots_connected_and_lingering_sessions_and_restores_them() {
         let t0 = Instant::now();
@@ -1008,8 +1137,14 @@ mod tests {
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));
-        r.record(SavedSession { name: "a".into(), options: opts.clone(), state: st(0), owner: Some(0) });
-        r.update_state("a", &st(8));
+        r.record(SavedSession {
+            name: "a".into(),
+            options: opts.clone(),
+            state: st(0),
+            owner: Some(0),
+            given_up_to: None,
+        });
+        r.update_state("a", &st(8), 2);
         assert_eq!(r.claim("b", 2, 0, t0), Ok(Claim::Fresh));
         r.park("b", st(4), t0);
         let snap = r.snapshot(t0);
@@ -1023,10 +1158,11 @@ mod tests {
         assert_eq!(fresh.counts(), (0, 2));
         assert_eq!(
             fresh.claim("a", 1, 0, t0),
-            Ok(Claim::Resume(
-                st(8),
-                Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(1_700_000_000), exact: true }
-            ))
+            Ok(Claim::Resume(Kept {
+                state: st(8),
+                origin: Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(1_700_000_000), exact: true },
+                given_up_to: 2,
+            }))
         );
         fresh.park("a", st(12), t0);
         assert_eq!(

@@ -183,6 +183,7 @@ mod tests {
                 job: None,
             },
             owner: None,
+            given_up_to: None,
         }
     }
 

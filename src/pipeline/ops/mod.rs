@@ -180,7 +180,11 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
 
 /// Writes the daemon checkpoint (every connected and lingering session); logs and counts the
 /// outcome. Blocking (fsync).
-pub fn write_checkpoint(shared: &ControlPlane, reason: &'static str) -> bool {
+///
+/// # Errors
+/// Why it was not written: the file and the system's error (the previous checkpoint is then
+/// untouched).
+pub fn write_checkpoint(shared: &ControlPlane, reason: &'static str) -> Result<(), String> {
     // One writer at a time: the temporary file's name is per process.
     let _writing = shared.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let sessions = shared.registry().snapshot(Instant::now());
@@ -191,11 +195,12 @@ pub fn write_checkpoint(shared: &ControlPlane, reason: &'static str) -> bool {
     match result {
         Ok(()) => {
             tracing::debug!(reason, sessions = n, "checkpoint written");
-            true
+            Ok(())
         }
         Err(e) => {
-            tracing::error!(reason, error = %e, path = %checkpoint::path(&state_dir).display(), "cannot write the daemon checkpoint");
-            false
+            let path = checkpoint::path(&state_dir);
+            tracing::error!(reason, error = %e, path = %path.display(), "cannot write the daemon checkpoint");
+            Err(format!("cannot write the daemon checkpoint {}: {e}", path.display()))
         }
     }
 }
@@ -348,7 +353,7 @@ impl Housekeeping {
                 }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {
-                    write_checkpoint(&shared, "periodic");
+                    let _ = write_checkpoint(&shared, "periodic");
                     last_checkpoint = Instant::now();
                 }
             }

@@ -1,0 +1,225 @@
+//! Issue 36, findings 2 and 3, against the real daemon: the `exact` of a resume by name never
+//! lies, and a session is never opened that the daemon could not write to its checkpoint.
+//!
+//! A trainer that is given minibatches reports what it took only with its next request (the
+//! clients batch their releases), so when its connection ends without `close{taken}` — a step
+//! longer than `shutdown_grace_secs` at a stop, a trainer that does not ask again before a reload
+//! removes its dataset — the daemon does not know how far it got, and a resume by name must say
+//! `exact: false`. When the client does report (`close{taken}`, which the clients send on
+//! `shutting_down` and `unknown_dataset`), the resume is exact and continues with the first
+//! minibatch not taken.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::{ClientError, Session};
+use support::daemon::{options, train_ctf, write_config, Daemon, DEADLINE, TRAIN_STREAMS_TOML};
+use support::write;
+
+fn dataset(dir: &Path) -> String {
+    let data = write(dir, "data.ctf", train_ctf().repeat(4));
+    format!(
+        "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 2000\n{TRAIN_STREAMS_TOML}",
+        data.display()
+    )
+}
+
+/// `[daemon]` lines: a short grace, sessions that linger, no periodic checkpoint.
+const DAEMON: &str =
+    "ring_slots = 4\nslot_size_bytes = 65536\nshutdown_grace_secs = 1\nsession_linger_secs = 600\ncheckpoint_interval_secs = 3600\n";
+
+fn start(dir: &Path) -> Daemon {
+    let datasets = dataset(dir);
+    write_config(dir, DAEMON, &datasets);
+    Daemon::start(dir, &[])
+}
+
+fn named(name: &str) -> SessionOptions {
+    SessionOptions { session: Some(name.into()), max_sweeps: Some(100), ..options(4) }
+}
+
+/// Takes `n` minibatches as a trainer does (each handed out, its slot given back, reported with
+/// the client's next request); returns the index of the last.
+fn take(s: &mut Session, n: usize) -> u64 {
+    let mut last = 0;
+    for _ in 0..n {
+        let mb = s.next_minibatch().expect("next").expect("a minibatch");
+        last = mb.meta.index;
+        s.release(mb);
+    }
+    last
+}
+
+/// Takes minibatches until the daemon ends the session with `code`; the index of the last taken.
+fn take_until(s: &mut Session, code: ErrorCode, mut last: u64) -> u64 {
+    let start = Instant::now();
+    loop {
+        match s.next_minibatch() {
+            Ok(Some(mb)) => {
+                last = mb.meta.index;
+                s.release(mb);
+                std::thread::sleep(Duration::from_millis(5)); // a trainer's step
+            }
+            Err(ClientError::Daemon { code: c, .. }) if c == code => return last,
+            other => panic!("expected {code:?}, got {other:?}"),
+        }
+        assert!(start.elapsed() < DEADLINE, "the daemon never ended the session");
+    }
+}
+
+/// Opens `name` again and returns its `resumed` (from, exact) and the first minibatch's index.
+fn resume(d: &Daemon, name: &str) -> ((String, bool), u64) {
+    let mut s = d.client().open("train", &named(name)).expect("resume by name");
+    let r = s.resumed.clone().expect("a session resumed by name says so");
+    let first = s.next_minibatch().expect("next").expect("a minibatch").meta.index;
+    ((r.from, r.exact), first)
+}
+
+#[test]
+fn a_sigterm_during_a_step_longer_than_the_grace_is_not_resumed_as_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path());
+    let mut s = d.client().open("train", &named("slow")).expect("open");
+    let last = take(&mut s, 6);
+    // The trainer is inside a long step: it asks for nothing while the daemon stops.
+    assert_eq!(d.stop().code(), Some(0));
+    drop(s);
+    let d = Daemon::start(dir.path(), &[]);
+    let ((from, exact), first) = resume(&d, "slow");
+    assert_eq!(from, "checkpoint");
+    assert!(first <= last, "nothing is skipped: resumed at {first}, the trainer took up to {last}");
+    // Before: `exact: true`, resuming a few minibatches before where the trainer was.
+    assert!(!exact, "minibatches {first}..={last} come again: the resume must not say exact");
+}
+
+#[test]
+fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_taken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path());
+    let mut s = d.client().open("train", &named("prompt")).expect("open");
+    let last = take(&mut s, 6);
+    d.signal(rustix::process::Signal::TERM);
+    // The trainer asks again: it gets what was announced, then `shutting_down`, and reports.
+    let last = take_until(&mut s, ErrorCode::ShuttingDown, last);
+    assert_eq!(d.wait().code(), Some(0));
+    assert_eq!(s.state().expect("the final state, known locally").minibatches, last + 1);
+    let d = Daemon::start(dir.path(), &[]);
+    assert_eq!(resume(&d, "prompt"), (("checkpoint".to_owned(), true), last + 1));
+}
+
+/// Rewrites the config with the dataset `train` or with another in its place, reloads, and
+/// waits until the daemon serves `train` or refuses it as unknown.
+fn reload(d: &Daemon, with_train: bool) {
+    let datasets =
+        if with_train { dataset(&d.dir) } else { dataset(&d.dir).replace("datasets.train", "datasets.other") };
+    write_config(&d.dir, DAEMON, &datasets);
+    d.signal(rustix::process::Signal::HUP);
+    let start = Instant::now();
+    loop {
+        match d.client().open("train", &options(4)) {
+            Ok(_) if with_train => return,
+            Err(ClientError::Daemon { code: ErrorCode::UnknownDataset, .. }) if !with_train => return,
+            _ => {}
+        }
+        assert!(start.elapsed() < DEADLINE, "the reload was never applied");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_reload_that_removes_and_re_adds_a_dataset_resumes_exactly_when_the_client_reports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path());
+    let mut s = d.client().open("train", &named("moved")).expect("open");
+    let last = take(&mut s, 5);
+    reload(&d, false);
+    let last = take_until(&mut s, ErrorCode::UnknownDataset, last);
+    drop(s);
+    reload(&d, true);
+    assert_eq!(resume(&d, "moved"), (("lingering".to_owned(), true), last + 1));
+}
+
+#[test]
+fn a_reload_that_removes_and_re_adds_a_dataset_under_a_silent_trainer_is_not_resumed_as_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path());
+    let mut s = d.client().open("train", &named("silent")).expect("open");
+    let last = take(&mut s, 5);
+    reload(&d, false);
+    // Longer than the grace: the daemon parks the session without the trainer's report.
+    std::thread::sleep(Duration::from_secs(3));
+    drop(s);
+    reload(&d, true);
+    let ((from, exact), first) = resume(&d, "silent");
+    assert_eq!(from, "lingering");
+    assert!(first <= last, "nothing is skipped: resumed at {first}, the trainer took up to {last}");
+    // Before: `{from: "lingering", exact: true}` with the unreported minibatches delivered again.
+    assert!(!exact, "minibatches {first}..={last} come again: the resume must not say exact");
+}
+
+/// A tmpfs of 1 MiB mounted at `at` (root only), unmounted on drop.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path) -> Self {
+        assert_eq!(rustix::process::geteuid().as_raw(), 0, "this test mounts a small tmpfs: run the suite as root");
+        std::fs::create_dir_all(at).expect("mount point");
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
+            .arg(at)
+            .status()
+            .expect("run mount")
+            .success();
+        assert!(ok, "mount a tmpfs at {}", at.display());
+        Self(at.to_owned())
+    }
+
+    /// Fills what is left with a file; returns its path.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write as _;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).expect("filler");
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        path
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn an_open_whose_checkpoint_cannot_be_written_on_a_full_disk_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SmallDisk::mount(&dir.path().join("state"));
+    let mut d = start(dir.path());
+    let filler = disk.fill();
+    match d.client().open("train", &named("full")) {
+        Err(ClientError::Daemon { code: ErrorCode::Internal, message, .. }) => {
+            assert!(message.contains("checkpoint.json") && message.contains("No space left"), "{message}");
+        }
+        Ok(_) => panic!(
+            "a session its checkpoint does not hold was opened (before: after a kill -9 it silently restarted at 0)"
+        ),
+        Err(e) => panic!("expected an internal error naming the checkpoint, got {e}"),
+    }
+    // Space again: the session opens, and a crash after it is signalled on resume.
+    std::fs::remove_file(filler).expect("free the disk");
+    let mut s = d.client().open("train", &named("full")).expect("open once the disk has room");
+    let last = take(&mut s, 3);
+    d.signal(rustix::process::Signal::KILL);
+    let _ = d.wait();
+    drop(s);
+    let d = Daemon::start(dir.path(), &[]);
+    let ((from, exact), first) = resume(&d, "full");
+    assert_eq!((from.as_str(), exact), ("checkpoint", false));
+    assert!(first <= last);
+    drop(d);
+    drop(disk);
+}
