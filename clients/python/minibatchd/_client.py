@@ -407,8 +407,9 @@ class Source:
             k += count
         self.sweep_size: int = opened["sweep_size"]
         # Set when the session continued one the daemon kept by name: {"from": "lingering" |
-        # "checkpoint", "checkpoint_unix_secs": ..., "exact": bool}. exact False: the daemon
-        # stopped uncleanly and minibatches taken after its last checkpoint come again.
+        # "checkpoint", "checkpoint_unix_secs": ..., "exact": bool}. exact False: the trainer may
+        # have taken minibatches past this position (an earlier connection ended without saying
+        # what it took, or the daemon stopped uncleanly), and those come again.
         self.resumed: Optional[dict] = opened.get("resumed")
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]

@@ -405,10 +405,11 @@ pub struct Resumed {
     /// For `checkpoint`: when the checkpoint was written (Unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_unix_secs: Option<u64>,
-    /// `false` when the position may be behind what the trainer took: the daemon did not stop
-    /// cleanly (kill -9, a crash, power loss) and its last checkpoint is a periodic one, so the
-    /// minibatches taken since then are delivered again. `true` for a lingering session and a
-    /// checkpoint written at a clean stop.
+    /// `true` only when nothing the trainer was given can come again. `false` when the position
+    /// may be behind what the trainer took, and those minibatches are delivered again: an
+    /// earlier connection ended without saying what it took (`close{taken}`) while minibatches
+    /// announced to it were unreported, or the daemon did not stop cleanly (kill -9, a crash,
+    /// power loss) and its last checkpoint is a periodic one.
     pub exact: bool,
 }
 

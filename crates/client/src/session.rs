@@ -261,7 +261,8 @@ pub struct Session {
     /// Streams in tensor order.
     pub streams: Vec<StreamInfo>,
     /// Set when the session continued one the daemon kept by name (`opened.resumed`): with
-    /// `exact == false` the minibatches taken after the daemon's last checkpoint come again.
+    /// `exact == false` the trainer may have taken minibatches past this position, and they
+    /// come again.
     pub resumed: Option<Resumed>,
     taken: u64,
     /// The state after the last minibatch returned, as this client knows it.
