@@ -26,13 +26,18 @@ pub fn ensure(config: &Config) -> std::io::Result<()> {
         return Ok(());
     }
     let o = &config.daemon.objects;
-    let store = minibatchd_remote::S3Objects::from_env_retrying(Duration::from_secs(o.retry_secs))?;
+    let store = minibatchd_remote::S3Objects::from_env_with(minibatchd_remote::Timeouts {
+        retry: Duration::from_secs(o.retry_secs),
+        request: Duration::from_secs(o.request_timeout_secs),
+    })?;
     let s = store.settings();
     tracing::info!(
         endpoint = s.endpoint.as_deref().unwrap_or("AWS"),
         region = s.region.as_deref().unwrap_or("(default)"),
         profile = s.profile.as_deref().unwrap_or("(environment)"),
         credentials = if s.access_key_id.is_some() { "access key" } else { "from the environment or instance" },
+        retry_secs = o.retry_secs,
+        request_timeout_secs = o.request_timeout_secs,
         "object storage"
     );
     remote::install(Remote {

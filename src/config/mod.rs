@@ -157,6 +157,9 @@ pub struct ObjectsConfig {
     pub fetches: usize,
     /// How long a failed request is retried (with backoff) before it is an error, in seconds.
     pub retry_secs: u64,
+    /// How long one request waits for its answer, and a response body for its next bytes, in
+    /// seconds; with `retry_secs`, the most any object-storage operation waits for a silent server.
+    pub request_timeout_secs: u64,
 }
 
 impl Config {
@@ -363,6 +366,7 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
             index_wait_secs: t.uint(w, "object_index_wait_secs", 0, 86_400).unwrap_or(600),
             fetches: t.usize(w, "object_fetches", 1, 256).unwrap_or(8),
             retry_secs: t.uint(w, "object_retry_secs", 0, 3600).unwrap_or(180),
+            request_timeout_secs: t.uint(w, "object_request_timeout_secs", 1, 3600).unwrap_or(30),
         },
         parsed_cache_dir: PathBuf::new(),
         parsed_cache_bytes: t.uint(w, "parsed_cache_bytes", 0, u64::MAX).unwrap_or(DEFAULT_PARSED_CACHE_BYTES),

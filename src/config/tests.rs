@@ -292,6 +292,21 @@ fn huge_pages_is_a_boolean_on_by_default() {
     assert_eq!(issues.iter().map(|i| i.path.as_str()).collect::<Vec<_>>(), vec!["daemon.huge_pages"], "{issues:?}");
 }
 
+/// `object_request_timeout_secs`: 30 by default, at least 1 (a request with no time to answer
+/// would fail every time), at most an hour; out of range is an error naming the key.
+#[test]
+fn the_object_request_timeout_defaults_to_30_and_is_bounded() {
+    assert_eq!(parse(GOOD).expect("valid").daemon.objects.request_timeout_secs, 30);
+    let set = GOOD.replace("[daemon]\n", "[daemon]\nobject_request_timeout_secs = 5\n");
+    assert_eq!(parse(&set).expect("valid").daemon.objects.request_timeout_secs, 5);
+    for bad in ["0", "3601", "\"30s\""] {
+        let text = GOOD.replace("[daemon]\n", &format!("[daemon]\nobject_request_timeout_secs = {bad}\n"));
+        let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("{bad}: expected invalid") };
+        let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+        assert_eq!(paths, vec!["daemon.object_request_timeout_secs"], "{bad}: {issues:?}");
+    }
+}
+
 #[test]
 fn validate_refuses_what_run_would_refuse() {
     let long = format!("/tmp/{}/mbd.sock", "d".repeat(120));

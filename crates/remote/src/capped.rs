@@ -1,4 +1,4 @@
-//! `object_store`'s HTTP client with every response body bounded.
+//! `object_store`'s HTTP client with every response bounded, in size and in time.
 //!
 //! `object_store` collects a listing page, an error document or a credentials answer into memory
 //! with a reserve of the size its `Content-Length` claims: a broken or hostile endpoint that
@@ -10,10 +10,19 @@
 //! * a response other than an object's data — any answer that is not a success to a `GET` of an
 //!   object (a listing is a `GET` with `list-type` in its query) — fails once it passes
 //!   [`MAX_COLLECTED`] bytes. An object's data is streamed by the callers, who count what they
-//!   asked for (a range, or the most a shared index can take).
+//!   asked for (a range, or the most a shared index can take);
+//! * every request waits at most the request timeout (`object_request_timeout_secs`) for its
+//!   answer's head (connecting, sending the request and any payload included), and every response
+//!   body at most that long for its next bytes: a server that accepts the connection and never
+//!   answers, or stops sending midway, is a [`HttpErrorKind::Timeout`] (which `object_store`
+//!   retries within `object_retry_secs`), never a wait without end. The body's clock runs only
+//!   while its reader waits for it, so a slow reader (a parser, a full channel) is not taken for a
+//!   stalled server.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -29,37 +38,58 @@ pub const MAX_RESERVE: u64 = 16 << 20;
 /// long names is a few MiB, an error document or a credentials answer a few KiB.
 pub const MAX_COLLECTED: u64 = 64 << 20;
 
-/// `object_store`'s reqwest client, its response bodies bounded.
-#[derive(Debug, Default)]
-pub struct CappedConnector;
+/// `object_store`'s reqwest client, its responses bounded in size and in time.
+#[derive(Debug)]
+pub struct CappedConnector {
+    /// How long a request waits for its answer's head, and a body for its next bytes.
+    pub timeout: Duration,
+}
 
 impl HttpConnector for CappedConnector {
     fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
-        Ok(HttpClient::new(Capped { inner: ReqwestConnector::default().connect(options)? }))
+        Ok(HttpClient::new(Capped { inner: ReqwestConnector::default().connect(options)?, timeout: self.timeout }))
     }
 }
 
 #[derive(Debug)]
 struct Capped {
     inner: HttpClient,
+    timeout: Duration,
 }
 
 #[async_trait::async_trait]
 impl HttpService for Capped {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
         let object_get = req.method().as_str() == "GET" && !req.uri().query().is_some_and(|q| q.contains("list-type"));
-        let resp = self.inner.execute(req).await?;
+        let resp = match tokio::time::timeout(self.timeout, self.inner.execute(req)).await {
+            Ok(resp) => resp?,
+            Err(_) => return Err(HttpError::new(HttpErrorKind::Timeout, Stalled::Answer(self.timeout))),
+        };
         let limit = if object_get && resp.status().is_success() { u64::MAX } else { MAX_COLLECTED };
         let (parts, body) = resp.into_parts();
-        Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(Bounded { inner: body, left: limit })))
+        let body = Bounded { inner: body, left: limit, idle: self.timeout, waiting: None };
+        Ok(HttpResponse::from_parts(parts, HttpResponseBody::new(body)))
     }
 }
 
-/// A body that reports at most [`MAX_RESERVE`] as its size and fails past `left` bytes.
+/// A body that reports at most [`MAX_RESERVE`] as its size, fails past `left` bytes, and fails
+/// when its reader has waited `idle` for the next bytes.
 #[derive(Debug)]
 struct Bounded {
     inner: HttpResponseBody,
     left: u64,
+    idle: Duration,
+    /// Since when the reader waits for the next frame (`None` while it does not).
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+/// A server that did not answer in time.
+#[derive(Debug, thiserror::Error)]
+enum Stalled {
+    #[error("no answer within {} s (object_request_timeout_secs)", .0.as_secs_f64())]
+    Answer(Duration),
+    #[error("the response body stalled: no bytes for {} s (object_request_timeout_secs)", .0.as_secs_f64())]
+    Body(Duration),
 }
 
 /// The error of a body past its bound.
@@ -86,6 +116,16 @@ impl Body for Bounded {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if polled.is_pending() {
+            let idle = self.idle;
+            let timer = self.waiting.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+            if timer.as_mut().poll(cx).is_ready() {
+                self.waiting = None;
+                return Poll::Ready(Some(Err(HttpError::new(HttpErrorKind::Timeout, Stalled::Body(idle)))));
+            }
+            return Poll::Pending;
+        }
+        self.waiting = None;
         if let Poll::Ready(Some(Ok(frame))) = &polled {
             if let Some(data) = frame.data_ref() {
                 let n = data.len() as u64;
@@ -138,8 +178,12 @@ mod tests {
         }
     }
 
+    fn bounded(inner: HttpResponseBody, left: u64) -> Bounded {
+        Bounded { inner, left, idle: Duration::from_secs(10), waiting: None }
+    }
+
     fn collect(body: Bounded) -> Result<Vec<u8>, HttpError> {
-        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
         rt.block_on(async move { HttpResponseBody::new(body).bytes().await.map(|b| b.to_vec()) })
     }
 
@@ -147,13 +191,58 @@ mod tests {
     fn a_claimed_size_reserves_at_most_the_cap_and_a_long_body_fails_past_its_bound() {
         let lying = |chunks: Vec<Bytes>| HttpResponseBody::new(Lying { chunks, claimed: 100_000_000_000_000 });
         let two = vec![Bytes::from_static(b"abc"), Bytes::from_static(b"def")];
-        let b = Bounded { inner: lying(two.clone()), left: MAX_COLLECTED };
+        let b = bounded(lying(two.clone()), MAX_COLLECTED);
         assert_eq!(b.size_hint().lower(), MAX_RESERVE);
         assert_eq!(collect(b).expect("collected"), b"abcdef");
-        let e = collect(Bounded { inner: lying(two), left: 4 }).expect_err("past the bound");
+        let e = collect(bounded(lying(two), 4)).expect_err("past the bound");
         assert!(is_too_large(&e), "{e:?}");
-        let exact = Bounded { inner: HttpResponseBody::from(b"12345".to_vec()), left: 5 };
+        let exact = bounded(HttpResponseBody::from(b"12345".to_vec()), 5);
         assert_eq!(exact.size_hint().lower(), 5);
         assert_eq!(collect(exact).expect("at the bound"), b"12345");
+    }
+
+    /// A body that never sends its next bytes.
+    #[derive(Debug)]
+    struct Silent;
+
+    impl Body for Silent {
+        type Data = Bytes;
+        type Error = HttpError;
+
+        fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+            Poll::Pending
+        }
+    }
+
+    /// A silent body fails after the idle time with a timeout (which the client retries); a
+    /// reader slower than the idle time does not make a body that has its bytes fail.
+    #[test]
+    fn a_silent_body_times_out_and_a_slow_reader_does_not() {
+        let idle = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let e = collect(Bounded { inner: HttpResponseBody::new(Silent), left: MAX_COLLECTED, idle, waiting: None })
+            .expect_err("stalled");
+        assert_eq!(e.kind(), HttpErrorKind::Timeout);
+        assert!(e.to_string().contains("no bytes for 0.2 s (object_request_timeout_secs)"), "{e}");
+        assert!((idle..idle * 10).contains(&started.elapsed()), "{:?}", started.elapsed());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+        let chunks = vec![Bytes::from_static(b"ab"), Bytes::from_static(b"cd"), Bytes::from_static(b"ef")];
+        let body = Bounded {
+            inner: HttpResponseBody::new(Lying { chunks, claimed: 6 }),
+            left: MAX_COLLECTED,
+            idle,
+            waiting: None,
+        };
+        let got = rt.block_on(async move {
+            use futures::StreamExt as _;
+            let mut stream = HttpResponseBody::new(body).bytes_stream();
+            let mut got = Vec::new();
+            while let Some(piece) = stream.next().await {
+                got.extend_from_slice(&piece?);
+                tokio::time::sleep(idle * 2).await;
+            }
+            Ok::<_, HttpError>(got)
+        });
+        assert_eq!(got.expect("a slow reader"), b"abcdef");
     }
 }

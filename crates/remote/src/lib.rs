@@ -11,6 +11,15 @@
 //!   minutes by default); a body that
 //!   breaks off mid-transfer (a reset) is requested again from the byte where it stopped, up to
 //!   [`BODY_RETRIES`] times, with the same `If-Match`.
+//! * **Deadlines** ([`Timeouts`]): one request waits at most `object_request_timeout_secs` for
+//!   its answer, a response body as long for its next bytes (`capped`); and every operation —
+//!   list, head, ranged or streaming read, get, conditional put, delete — ends at the latest
+//!   `object_retry_secs` + `object_request_timeout_secs` after its start or its last bytes, retries
+//!   included. A server that accepts connections and never answers is an error naming the object,
+//!   what was asked and the endpoint, never a wait without end.
+//! * **Errors** say what failed: a connection refused, reset or timed out, or a name that does
+//!   not resolve is "cannot reach the object store at ENDPOINT"; only a `403` mentions the
+//!   credentials.
 //! * **Versions**: every read names the ETag listed at open (`If-Match`); an object overwritten
 //!   since is [`RemoteError::Changed`], never read through the old index.
 
@@ -20,14 +29,18 @@ pub mod aws;
 mod capped;
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::io::{Read, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::remote::{ObjectMeta, ObjectStore, RemoteError, SCHEME};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
@@ -37,8 +50,41 @@ use object_store::{
 /// How long a failed request is retried by default (`object_store`'s own default).
 pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// How long one request waits for its answer, and a response body for its next bytes, by
+/// default (`object_request_timeout_secs`): `object_store`'s own default request timeout. A
+/// response's head takes milliseconds; a server silent this long is stalled.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How often a body that breaks off is requested again from where it stopped.
 pub const BODY_RETRIES: u32 = 8;
+
+/// The most one connection attempt may take (less when the request timeout is shorter).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The deadlines of object-storage requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// How long a failing request is retried, with backoff (`object_retry_secs`).
+    pub retry: Duration,
+    /// How long one request waits for its answer, and a response body for its next bytes
+    /// (`object_request_timeout_secs`).
+    pub request: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self { retry: DEFAULT_RETRY_TIMEOUT, request: DEFAULT_REQUEST_TIMEOUT }
+    }
+}
+
+impl Timeouts {
+    /// How long an operation may go without progress (its start, or its last bytes) before it
+    /// is an error: its retries, and one more request.
+    #[must_use]
+    pub fn patience(&self) -> Duration {
+        self.retry + self.request
+    }
+}
 
 /// S3 as an [`ObjectStore`] (cheap to clone: one runtime and one client per bucket, shared).
 #[derive(Clone)]
@@ -49,7 +95,7 @@ struct Inner {
     runtime: tokio::runtime::Runtime,
     buckets: Mutex<HashMap<String, Arc<AmazonS3>>>,
     retry: RetryConfig,
-    timeout: Duration,
+    reach: Reach,
 }
 
 impl std::fmt::Debug for S3Objects {
@@ -58,6 +104,7 @@ impl std::fmt::Debug for S3Objects {
             .field("endpoint", &self.0.settings.endpoint)
             .field("region", &self.0.settings.region)
             .field("profile", &self.0.settings.profile)
+            .field("timeouts", &self.0.reach.timeouts)
             .finish_non_exhaustive()
     }
 }
@@ -79,34 +126,24 @@ fn other(url: &str, message: impl Into<String>) -> RemoteError {
     RemoteError::Other { url: url.to_owned(), message: message.into() }
 }
 
-/// What an `object_store` error means for `url`.
-fn classify(url: &str, e: &object_store::Error) -> RemoteError {
-    let text = e.to_string();
-    match e {
-        object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => {
-            RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
-        }
-        object_store::Error::NotFound { .. } => {
-            RemoteError::NotFound { url: url.to_owned(), message: "no such object".into() }
-        }
-        object_store::Error::Precondition { .. } => {
-            RemoteError::Changed { url: url.to_owned(), indexed: String::new() }
-        }
-        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
-            RemoteError::Denied { url: url.to_owned(), message: short(&text) }
-        }
-        _ if text.contains("NoSuchBucket") => {
-            RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
-        }
-        _ if text.contains("AccessDenied")
-            || text.contains("InvalidAccessKeyId")
-            || text.contains("SignatureDoesNotMatch")
-            || text.contains("403") =>
-        {
-            RemoteError::Denied { url: url.to_owned(), message: short(&text) }
-        }
-        _ => RemoteError::Other { url: url.to_owned(), message: short(&text) },
-    }
+/// The transport failure behind `e`, if it is one (through its chain of sources): a connection
+/// refused or reset, a name that does not resolve, a request or body that timed out. A body
+/// refused for its size is not one.
+fn transport<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a HttpError> {
+    std::iter::successors(Some(e), |e| e.source()).find_map(<dyn std::error::Error>::downcast_ref::<HttpError>).filter(
+        |h| {
+            matches!(
+                h.kind(),
+                HttpErrorKind::Connect | HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted
+            )
+        },
+    )
+}
+
+/// Whether `e` is a response body that broke off midway (a reset), worth requesting again; a
+/// body past its bound (`capped`) is not: a server that sent one would send it again.
+fn broken_body(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::Generic { .. }) && e.to_string().contains("body") && !capped::is_too_large(e)
 }
 
 /// Whether a response's object (`size`, `etag`) is the version `object` was listed as. ETags are
@@ -123,38 +160,179 @@ fn short(text: &str) -> String {
     t.chars().take(400).collect()
 }
 
+/// Seconds, as a person writes them (`2`, `0.5`).
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Where requests go and how long they may take: what the errors say.
+#[derive(Debug, Clone)]
+struct Reach {
+    /// The endpoint, as the errors name it.
+    endpoint: Arc<str>,
+    timeouts: Timeouts,
+}
+
+impl Reach {
+    /// An operation on `url` that made no progress for [`Timeouts::patience`]: `what` it waited
+    /// for.
+    fn stalled(&self, url: &str, what: &str) -> RemoteError {
+        let t = self.timeouts;
+        other(
+            url,
+            format!(
+                "cannot reach the object store at {}: {what}: no answer within {} s (object_retry_secs {} + object_request_timeout_secs {})",
+                self.endpoint,
+                secs(t.patience()),
+                secs(t.retry),
+                secs(t.request)
+            ),
+        )
+    }
+
+    /// A transport failure of `what` on `url`: the store cannot be reached.
+    fn unreachable(&self, url: &str, what: &str, cause: &str) -> RemoteError {
+        other(url, format!("cannot reach the object store at {}: {what}: {}", self.endpoint, short(cause)))
+    }
+
+    /// What an `object_store` error of `what` on `url` means.
+    fn classify(&self, url: &str, what: &str, e: &object_store::Error) -> RemoteError {
+        let text = e.to_string();
+        if transport(e).is_some() {
+            return self.unreachable(url, what, &text);
+        }
+        match e {
+            object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => {
+                RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
+            }
+            object_store::Error::NotFound { .. } => {
+                RemoteError::NotFound { url: url.to_owned(), message: "no such object".into() }
+            }
+            object_store::Error::Precondition { .. } => {
+                RemoteError::Changed { url: url.to_owned(), indexed: String::new() }
+            }
+            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+            }
+            _ if text.contains("NoSuchBucket") => {
+                RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
+            }
+            // An answer of the server (a listing's failure is not mapped to a variant by
+            // `object_store`): its status, or S3's error codes. Never digits alone: the elapsed
+            // time and the port in the message hold digits too.
+            _ if text.contains("403 Forbidden")
+                || text.contains("AccessDenied")
+                || text.contains("InvalidAccessKeyId")
+                || text.contains("SignatureDoesNotMatch") =>
+            {
+                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+            }
+            _ => RemoteError::Other { url: url.to_owned(), message: short(&text) },
+        }
+    }
+
+    /// Runs the request `op` until it answers, and again, with backoff, while its response body
+    /// breaks off (the client retries a request that fails, up to `object_retry_secs`, but not a
+    /// body that fails midway): up to [`BODY_RETRIES`] times, and never past `deadline` — the
+    /// operation then fails as stalled on `what`.
+    async fn again<T, F: Future<Output = object_store::Result<T>>>(
+        &self,
+        url: &str,
+        what: &str,
+        deadline: &Deadline,
+        mut op: impl FnMut() -> F,
+    ) -> Result<T, RemoteError> {
+        let mut failures = 0;
+        loop {
+            let e = match deadline.within(op()).await {
+                None => return Err(self.stalled(url, what)),
+                Some(Ok(v)) => return Ok(v),
+                Some(Err(e)) => e,
+            };
+            if failures >= BODY_RETRIES || !broken_body(&e) {
+                return Err(self.classify(url, what, &e));
+            }
+            failures += 1;
+            tracing::debug!(url, error = %e, "request failed; trying again");
+            if deadline.within(tokio::time::sleep(Duration::from_millis(100 << failures.min(6)))).await.is_none() {
+                return Err(self.stalled(url, what));
+            }
+        }
+    }
+}
+
+/// An operation's deadline: `patience` after its start or its last progress (bytes received).
+/// Shared by reference with the futures that report progress (hence atomic).
+struct Deadline {
+    base: tokio::time::Instant,
+    patience: Duration,
+    /// Nanoseconds from `base` to the last progress.
+    progress: AtomicU64,
+}
+
+impl Deadline {
+    fn new(patience: Duration) -> Self {
+        Self { base: tokio::time::Instant::now(), patience, progress: AtomicU64::new(0) }
+    }
+
+    /// Bytes arrived (or a reader took them): the clock starts again.
+    fn progress(&self) {
+        let nanos = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.progress.store(nanos, Ordering::Relaxed);
+    }
+
+    fn at(&self) -> tokio::time::Instant {
+        self.base + Duration::from_nanos(self.progress.load(Ordering::Relaxed)) + self.patience
+    }
+
+    /// `f`'s output, or `None` once the deadline passes first (it moves with the progress `f`
+    /// reports meanwhile).
+    async fn within<F: Future>(&self, f: F) -> Option<F::Output> {
+        let mut f = std::pin::pin!(f);
+        loop {
+            let at = self.at();
+            match tokio::time::timeout_at(at, f.as_mut()).await {
+                Ok(v) => return Some(v),
+                Err(_) if self.at() > at => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
 impl S3Objects {
-    /// A store configured from this process's environment and the user's AWS files.
+    /// A store configured from this process's environment and the user's AWS files, with the
+    /// default [`Timeouts`].
     ///
     /// # Errors
     /// The runtime cannot start.
     pub fn from_env() -> std::io::Result<Self> {
-        Self::from_env_retrying(DEFAULT_RETRY_TIMEOUT)
+        Self::from_env_with(Timeouts::default())
     }
 
-    /// [`S3Objects::from_env`], retrying a failed request for at most `retry_timeout`.
+    /// [`S3Objects::from_env`] with `timeouts`.
     ///
     /// # Errors
     /// The runtime cannot start.
-    pub fn from_env_retrying(retry_timeout: Duration) -> std::io::Result<Self> {
+    pub fn from_env_with(timeouts: Timeouts) -> std::io::Result<Self> {
         let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
         let settings = aws::Settings::resolve(&|k| std::env::var(k).ok(), home.as_deref());
-        Self::with_retry_timeout(settings, retry_timeout)
+        Self::with_timeouts(settings, timeouts)
     }
 
-    /// A store with `settings`.
+    /// A store with `settings` and the default [`Timeouts`].
     ///
     /// # Errors
     /// The runtime cannot start.
     pub fn new(settings: aws::Settings) -> std::io::Result<Self> {
-        Self::with_retry_timeout(settings, DEFAULT_RETRY_TIMEOUT)
+        Self::with_timeouts(settings, Timeouts::default())
     }
 
-    /// A store with `settings` that retries a failed request for at most `retry_timeout`.
+    /// A store with `settings` whose requests keep `timeouts`.
     ///
     /// # Errors
     /// The runtime cannot start.
-    pub fn with_retry_timeout(settings: aws::Settings, retry_timeout: Duration) -> std::io::Result<Self> {
+    pub fn with_timeouts(settings: aws::Settings, timeouts: Timeouts) -> std::io::Result<Self> {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("mbd-s3").enable_all().build()?;
         let retry = RetryConfig {
@@ -164,14 +342,17 @@ impl S3Objects {
                 base: 2.0,
             },
             max_retries: 10,
-            retry_timeout,
+            retry_timeout: timeouts.retry,
         };
+        let endpoint = settings.endpoint.clone().unwrap_or_else(|| {
+            format!("https://s3.{}.amazonaws.com", settings.region.as_deref().unwrap_or("us-east-1"))
+        });
         Ok(Self(Arc::new(Inner {
             settings,
             runtime,
             buckets: Mutex::new(HashMap::new()),
             retry,
-            timeout: Duration::from_secs(120),
+            reach: Reach { endpoint: endpoint.into(), timeouts },
         })))
     }
 
@@ -179,6 +360,12 @@ impl S3Objects {
     #[must_use]
     pub fn settings(&self) -> &aws::Settings {
         &self.0.settings
+    }
+
+    /// The deadlines in use.
+    #[must_use]
+    pub fn timeouts(&self) -> Timeouts {
+        self.0.reach.timeouts
     }
 }
 
@@ -203,13 +390,17 @@ impl Inner {
                 b = b.with_config(key, v);
             }
         }
-        let mut options = ClientOptions::new().with_timeout(self.timeout).with_connect_timeout(Duration::from_secs(10));
+        // No overall timeout: a chunk's or a whole object's body may take minutes to stream.
+        // The connector bounds the wait for an answer and for each next piece of a body instead.
+        let request = self.reach.timeouts.request;
+        let mut options =
+            ClientOptions::new().with_timeout_disabled().with_connect_timeout(request.min(CONNECT_TIMEOUT));
         if s.allow_http() {
             options = options.with_allow_http(true);
         }
         let store = b
             .with_client_options(options)
-            .with_http_connector(capped::CappedConnector)
+            .with_http_connector(capped::CappedConnector { timeout: request })
             .with_retry(self.retry.clone())
             .build()
             .map_err(|e| other(url, format!("cannot configure S3 access: {}", short(&e.to_string()))))?;
@@ -234,36 +425,28 @@ impl Inner {
             .collect()
     }
 
-    /// Runs the request `op` again, with backoff, while its response body breaks off (the
-    /// client retries a request that fails, up to `object_retry_secs`, but not a body that
-    /// fails midway): up to [`BODY_RETRIES`] times.
-    fn again<T>(url: &str, mut op: impl FnMut() -> object_store::Result<T>) -> object_store::Result<T> {
-        let mut failures = 0;
-        loop {
-            match op() {
-                // A body that broke off (the client's retries cover the request, not its body).
-                // A body past its bound (`capped`) is refused at once: a server that sent one
-                // would send it again.
-                Err(e @ object_store::Error::Generic { .. })
-                    if failures < BODY_RETRIES && e.to_string().contains("body") && !capped::is_too_large(&e) =>
-                {
-                    failures += 1;
-                    tracing::debug!(url, error = %e, "request failed; trying again");
-                    std::thread::sleep(Duration::from_millis(100 << failures.min(6)));
-                }
-                other => return other,
-            }
-        }
+    fn deadline(&self) -> Deadline {
+        Deadline::new(self.reach.timeouts.patience())
     }
 
-    /// Every object under `prefix` (a directory-like prefix, or all of the bucket), by key.
+    /// Every object under `prefix` (a directory-like prefix, or all of the bucket), by key. Each
+    /// page of the listing is progress: a long listing is not cut at the deadline, a stalled one
+    /// is.
     fn list_prefix(&self, url: &str, bucket: &str, prefix: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
-        use futures::TryStreamExt as _;
         let store = self.bucket(url, bucket)?;
         let prefix = prefix.trim_end_matches('/');
         let key = (!prefix.is_empty()).then(|| Key::from(prefix));
-        let found = Self::again(url, || self.runtime.block_on(store.list(key.as_ref()).try_collect::<Vec<_>>()))
-            .map_err(|e| classify(url, &e))?;
+        let what = format!("listing {SCHEME}{bucket}/{prefix}");
+        let deadline = self.deadline();
+        let found = self.runtime.block_on(self.reach.again(url, &what, &deadline, || async {
+            let mut listing = store.list(key.as_ref());
+            let mut found = Vec::new();
+            while let Some(m) = listing.next().await {
+                found.push(m?);
+                deadline.progress();
+            }
+            Ok(found)
+        }))?;
         let mut out = Vec::new();
         for m in found {
             if m.location.as_ref().ends_with('/') {
@@ -277,6 +460,7 @@ impl Inner {
 
     /// A GET of `object` from byte `from` to `end` with `If-Match` its ETag, as a stream.
     async fn get_from(
+        reach: &Reach,
         store: Arc<AmazonS3>,
         object: &ObjectMeta,
         from: u64,
@@ -295,7 +479,7 @@ impl Inner {
                 Err(RemoteError::Changed { url: object.url.clone(), indexed: object.etag.clone() })
             }
             Ok(r) => Ok(r.into_stream()),
-            Err(e) => Err(match classify(&object.url, &e) {
+            Err(e) => Err(match reach.classify(&object.url, &format!("GET bytes {from}..{end}"), &e) {
                 RemoteError::Changed { url, .. } => RemoteError::Changed { url, indexed: object.etag.clone() },
                 other => other,
             }),
@@ -305,7 +489,9 @@ impl Inner {
     /// Bytes `start..end` of `object`, streamed by a task on the runtime into a bounded channel
     /// while the caller consumes them (the network read goes on while the caller parses or
     /// writes). A body that breaks off is requested again from where it stopped, up to
-    /// [`BODY_RETRIES`] times; a request that fails was retried by the client already.
+    /// [`BODY_RETRIES`] times; a request that fails was retried by the client already. The task
+    /// ends with an error once no bytes came for [`Timeouts::patience`] (the time the caller takes
+    /// to consume them does not count).
     fn pipe(
         &self,
         object: &ObjectMeta,
@@ -315,6 +501,7 @@ impl Inner {
         let (tx, rx) = tokio::sync::mpsc::channel(PIPE_DEPTH);
         let object = object.clone();
         let store = split_url(&object.url).and_then(|(bucket, _)| self.bucket(&object.url, bucket));
+        let reach = self.reach.clone();
         self.runtime.spawn(async move {
             let store = match store {
                 Ok(s) => s,
@@ -323,39 +510,63 @@ impl Inner {
                     return;
                 }
             };
+            let deadline = Deadline::new(reach.timeouts.patience());
+            let url = object.url.as_str();
             let mut at = start;
             let mut failures = 0u32;
             while at < end {
-                let mut stream = match Self::get_from(store.clone(), &object, at, end).await {
-                    Ok(s) => s,
-                    Err(e) => {
+                let what = format!("GET bytes {at}..{end}");
+                let mut stream = match deadline.within(Self::get_from(&reach, store.clone(), &object, at, end)).await {
+                    Some(Ok(s)) => s,
+                    Some(Err(e)) => {
                         let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                    None => {
+                        let _ = tx.send(Err(reach.stalled(url, &what))).await;
                         return;
                     }
                 };
                 let broke = loop {
-                    match stream.next().await {
-                        Some(Ok(bytes)) if bytes.is_empty() => {}
-                        Some(Ok(bytes)) => {
+                    match deadline.within(stream.next()).await {
+                        None => {
+                            let what = format!("the body of GET bytes {at}..{end}");
+                            let _ = tx.send(Err(reach.stalled(url, &what))).await;
+                            return;
+                        }
+                        Some(Some(Ok(bytes))) if bytes.is_empty() => {}
+                        Some(Some(Ok(bytes))) => {
+                            deadline.progress();
                             let take = usize::try_from(end - at).unwrap_or(usize::MAX).min(bytes.len());
                             at += take as u64;
                             if tx.send(Ok(bytes.slice(..take))).await.is_err() {
                                 return; // the reader went away
                             }
+                            // The reader's pace is not the server's: the wait starts again.
+                            deadline.progress();
                         }
-                        Some(Err(e)) => break Some(e.to_string()),
-                        None => break (at < end).then(|| "the response ended early".to_owned()),
+                        Some(Some(Err(e))) => break Some((e.to_string(), transport(&e).is_some())),
+                        Some(None) => break (at < end).then(|| ("the response ended early".to_owned(), false)),
                     }
                 };
-                if let Some(why) = broke {
+                if let Some((why, unreachable)) = broke {
                     failures += 1;
                     if failures > BODY_RETRIES {
-                        let message = format!("reading bytes {start}..{end}: {why} ({BODY_RETRIES} retries)");
-                        let _ = tx.send(Err(other(&object.url, message))).await;
+                        let what = format!("reading bytes {start}..{end}");
+                        let e = if unreachable {
+                            reach.unreachable(url, &what, &format!("{why} ({BODY_RETRIES} retries)"))
+                        } else {
+                            other(url, format!("{what}: {why} ({BODY_RETRIES} retries)"))
+                        };
+                        let _ = tx.send(Err(e)).await;
                         return;
                     }
                     tracing::debug!(object = %object.url, at, why, "body broke off; requesting the rest again");
-                    tokio::time::sleep(Duration::from_millis(100 << failures.min(6))).await;
+                    let pause = Duration::from_millis(100 << failures.min(6));
+                    if deadline.within(tokio::time::sleep(pause)).await.is_none() {
+                        let _ = tx.send(Err(reach.stalled(url, &format!("GET bytes {at}..{end}")))).await;
+                        return;
+                    }
                 }
             }
         });
@@ -412,13 +623,18 @@ impl Inner {
         } else {
             let store = self.bucket(pattern, bucket)?;
             let key = Key::from(rest);
-            match Self::again(pattern, || self.runtime.block_on(async { store.head(&key).await })) {
-                Ok(m) => vec![Self::meta(bucket, &m)],
-                // Not an object: a "directory" of objects, or nothing.
-                Err(object_store::Error::NotFound { .. }) => {
-                    Self::visible(self.list_prefix(pattern, bucket, &format!("{rest}/"))?, pattern.len() + 1)
+            let deadline = self.deadline();
+            let head = self.runtime.block_on(self.reach.again(pattern, "HEAD", &deadline, || async {
+                match store.head(&key).await {
+                    Ok(m) => Ok(Some(m)),
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Err(e) => Err(e),
                 }
-                Err(e) => return Err(classify(pattern, &e)),
+            }))?;
+            match head {
+                Some(m) => vec![Self::meta(bucket, &m)],
+                // Not an object: a "directory" of objects, or nothing.
+                None => Self::visible(self.list_prefix(pattern, bucket, &format!("{rest}/"))?, pattern.len() + 1),
             }
         };
         if found.is_empty() {
@@ -430,7 +646,10 @@ impl Inner {
     fn read_range(&self, object: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
         let mut body = Body::new(self.pipe(object, start, end), end.saturating_sub(start));
         loop {
-            let piece = body.next().map_err(|e| other(&object.url, e.to_string()))?;
+            let piece = body.next().map_err(|e| match e.downcast::<RemoteError>() {
+                Ok(remote) => remote,
+                Err(e) => other(&object.url, e.to_string()),
+            })?;
             if piece.is_empty() {
                 return Ok(end - start);
             }
@@ -439,7 +658,6 @@ impl Inner {
     }
 
     fn get(&self, url: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-        use futures::StreamExt as _;
         /// What a GET found.
         enum Got {
             Absent,
@@ -449,31 +667,31 @@ impl Inner {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
-        let got = Self::again(url, || {
-            self.runtime.block_on(async {
-                let r = match store.get(&key).await {
-                    Ok(r) => r,
-                    Err(object_store::Error::NotFound { .. }) => return Ok(Got::Absent),
-                    Err(e) => return Err(e),
-                };
-                if r.meta.size > max_bytes {
+        let deadline = self.deadline();
+        let got = self.runtime.block_on(self.reach.again(url, "GET", &deadline, || async {
+            let r = match store.get(&key).await {
+                Ok(r) => r,
+                Err(object_store::Error::NotFound { .. }) => return Ok(Got::Absent),
+                Err(e) => return Err(e),
+            };
+            if r.meta.size > max_bytes {
+                return Ok(Got::TooLarge);
+            }
+            // Streamed and counted, not collected: the collection reserves what the
+            // response's Content-Length claims, which a broken server can set to anything.
+            let mut body = r.into_stream();
+            let mut out = Vec::new();
+            while let Some(piece) = body.next().await {
+                let piece = piece?;
+                deadline.progress();
+                if (out.len() + piece.len()) as u64 > max_bytes {
                     return Ok(Got::TooLarge);
                 }
-                // Streamed and counted, not collected: the collection reserves what the
-                // response's Content-Length claims, which a broken server can set to anything.
-                let mut body = r.into_stream();
-                let mut out = Vec::new();
-                while let Some(piece) = body.next().await {
-                    let piece = piece?;
-                    if (out.len() + piece.len()) as u64 > max_bytes {
-                        return Ok(Got::TooLarge);
-                    }
-                    out.extend_from_slice(&piece);
-                }
-                Ok(Got::Bytes(out))
-            })
-        });
-        match got.map_err(|e| classify(url, &e))? {
+                out.extend_from_slice(&piece);
+            }
+            Ok(Got::Bytes(out))
+        }))?;
+        match got {
             Got::Absent => Ok(None),
             Got::Bytes(b) => Ok(Some(b)),
             Got::TooLarge => Err(RemoteError::TooLarge { url: url.to_owned(), limit: max_bytes }),
@@ -486,28 +704,30 @@ impl Inner {
         let key = Key::from(key);
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let payload = PutPayload::from(bytes);
-        let put = Self::again(url, || {
-            self.runtime.block_on(async { store.put_opts(&key, payload.clone(), options.clone()).await })
-        });
-        match put {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
-            Err(e) => Err(classify(url, &e)),
-        }
+        let deadline = self.deadline();
+        self.runtime.block_on(self.reach.again(url, "conditional PUT", &deadline, || async {
+            match store.put_opts(&key, payload.clone(), options.clone()).await {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(false),
+                Err(e) => Err(e),
+            }
+        }))
     }
 
     fn delete(&self, url: &str) -> Result<(), RemoteError> {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
         let key = Key::from(key);
-        match Self::again(url, || self.runtime.block_on(async { store.delete(&key).await })) {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(classify(url, &e)),
-        }
+        let deadline = self.deadline();
+        self.runtime.block_on(self.reach.again(url, "DELETE", &deadline, || async {
+            match store.delete(&key).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }))
     }
 }
 
-/// How many pieces of a body the streaming task may hold ahead of its reader.
 const PIPE_DEPTH: usize = 64;
 
 /// The receiving end of [`Inner::pipe`], as a [`Read`] (the index pass's stream of a whole object)
@@ -549,6 +769,20 @@ impl Body {
     }
 }
 
+/// An error of the stream for its reader, who names the object itself (as the engine's
+/// `DataError::Io`): the store's words without the URL they start with.
+fn for_reader(e: std::io::Error) -> std::io::Error {
+    match e.downcast::<RemoteError>() {
+        Ok(remote) => match remote.into_data() {
+            DataError::Io { source, .. } => {
+                Arc::try_unwrap(source).unwrap_or_else(|s| std::io::Error::new(s.kind(), s.to_string()))
+            }
+            other => std::io::Error::other(other.to_string()),
+        },
+        Err(e) => e,
+    }
+}
+
 impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
@@ -558,7 +792,7 @@ impl Read for Body {
                 self.current = self.current.slice(n..);
                 return Ok(n);
             }
-            let piece = self.next()?;
+            let piece = self.next().map_err(for_reader)?;
             if piece.is_empty() {
                 return Ok(0);
             }
@@ -571,6 +805,17 @@ impl Read for Body {
 mod tests {
     use super::*;
 
+    fn reach(retry_ms: u64, request_ms: u64) -> Reach {
+        Reach {
+            endpoint: "http://127.0.0.1:9".into(),
+            timeouts: Timeouts { retry: Duration::from_millis(retry_ms), request: Duration::from_millis(request_ms) },
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime")
+    }
+
     /// A body refused for its size (`capped`) is not fetched again; one that broke off is.
     #[test]
     fn a_body_past_its_bound_is_not_retried_and_a_broken_one_is() {
@@ -578,26 +823,103 @@ mod tests {
             store: "S3",
             source: Box::new(source),
         };
+        let (rt, reach) = (runtime(), reach(60_000, 60_000));
+        let deadline = Deadline::new(reach.timeouts.patience());
         let mut calls = 0;
-        let r: object_store::Result<()> = Inner::again("s3://b/k", || {
+        let r: Result<(), _> = rt.block_on(reach.again("s3://b/k", "GET", &deadline, || {
             calls += 1;
-            Err(failing(capped::too_large()))
-        });
+            std::future::ready(Err(failing(capped::too_large())))
+        }));
         assert!(r.is_err());
         assert_eq!(calls, 1, "refused at once");
         let mut calls = 0;
-        let r: object_store::Result<()> = Inner::again("s3://b/k", || {
+        let r: Result<(), _> = rt.block_on(reach.again("s3://b/k", "GET", &deadline, || {
             calls += 1;
-            if calls < 3 {
+            std::future::ready(if calls < 3 {
                 let broken =
                     std::io::Error::new(std::io::ErrorKind::ConnectionReset, "error reading a body from connection");
                 Err(failing(object_store::client::HttpError::new(object_store::client::HttpErrorKind::Request, broken)))
             } else {
                 Ok(())
-            }
-        });
+            })
+        }));
         assert!(r.is_ok());
         assert_eq!(calls, 3, "retried while the body broke off");
+    }
+
+    /// An operation that gets no answer ends at its deadline with an error that names the URL,
+    /// the endpoint, what it waited for and the keys that bound it; one that makes progress goes
+    /// on past it.
+    #[test]
+    fn a_stalled_operation_ends_at_its_deadline_and_progress_moves_it() {
+        let (rt, reach) = (runtime(), reach(200, 100));
+        let deadline = Deadline::new(reach.timeouts.patience());
+        let started = std::time::Instant::now();
+        let r: Result<(), _> = rt.block_on(reach.again(
+            "s3://b/k",
+            "HEAD",
+            &deadline,
+            futures::future::pending::<object_store::Result<()>>,
+        ));
+        let waited = started.elapsed();
+        let e = r.expect_err("stalled").to_string();
+        assert!((Duration::from_millis(300)..Duration::from_secs(2)).contains(&waited), "{waited:?}");
+        assert_eq!(
+            e,
+            "s3://b/k: cannot reach the object store at http://127.0.0.1:9: HEAD: no answer within 0.3 s (object_retry_secs 0.2 + object_request_timeout_secs 0.1)"
+        );
+        let deadline = Deadline::new(reach.timeouts.patience());
+        let started = std::time::Instant::now();
+        let r = rt.block_on(reach.again("s3://b/k", "GET", &deadline, || async {
+            for _ in 0..6 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                deadline.progress();
+            }
+            Ok(())
+        }));
+        assert!(r.is_ok(), "{r:?}");
+        assert!(started.elapsed() >= Duration::from_millis(600));
+    }
+
+    /// Transport failures are "cannot reach", whatever digits the message holds (the elapsed
+    /// time, a port); only a server's `403` is a matter of credentials.
+    #[test]
+    fn transport_failures_are_unreachable_and_only_a_403_is_denied() {
+        let reach = reach(1000, 1000);
+        let generic =
+            |source: Box<dyn std::error::Error + Send + Sync>| object_store::Error::Generic { store: "S3", source };
+        for kind in [HttpErrorKind::Connect, HttpErrorKind::Request, HttpErrorKind::Timeout, HttpErrorKind::Interrupted]
+        {
+            let refused = std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "Connection refused (os error 111) after 2.403s",
+            );
+            let e = generic(Box::new(HttpError::new(kind, refused)));
+            let got = reach.classify("s3://b/k", "HEAD", &e);
+            assert!(
+                matches!(&got, RemoteError::Other { message, .. } if message.starts_with("cannot reach the object store at http://127.0.0.1:9: HEAD: ")),
+                "{kind:?}: {got}"
+            );
+        }
+        let text = |t: &'static str| generic(t.into());
+        assert!(matches!(
+            reach.classify(
+                "s3://b/k",
+                "LIST",
+                &text("Server returned non-2xx status code: 403 Forbidden: <Error><Code>AccessDenied</Code></Error>")
+            ),
+            RemoteError::Denied { .. }
+        ));
+        assert!(matches!(
+            reach.classify("s3://b/k", "LIST", &text("in 2.403s - 500 Internal Server Error")),
+            RemoteError::Other { .. }
+        ));
+        let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "403".into() };
+        assert!(matches!(reach.classify("s3://b/k", "HEAD", &denied), RemoteError::Denied { .. }));
+        let too_large = generic(Box::new(capped::too_large()));
+        assert!(
+            matches!(reach.classify("s3://b/k", "GET", &too_large), RemoteError::Other { message, .. } if !message.contains("cannot reach"))
+        );
     }
 
     /// A streaming task that stops before the range is whole (a panic, a dropped sender) is an
