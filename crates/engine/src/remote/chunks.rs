@@ -7,7 +7,10 @@
 //! ([`persist::open_trusted`]) and of the expected length: an interrupted or foreign file is
 //! fetched again, never served. The cache records the kernel's boot id (`.boot-id`); after a
 //! reboot (when unsynced bytes may not have reached the disk) every entry is dropped. Two threads that want the same
-//! range fetch it once (the second waits). An entry is evicted by unlinking its file: a reader
+//! range fetch it once (the second waits). A fetch that the store failed (after its retries and
+//! deadlines) fails the same way, without a request, for whoever asks for the range within
+//! [`FAILED_HOLD`]: the reader stage's fetch ahead and the parser that then wants the range do not
+//! wait for a stalled store twice. An entry is evicted by unlinking its file: a reader
 //! that opened it keeps reading it. After a restart the directory is scanned, and its files count
 //! as used in the order of their modification times.
 
@@ -16,7 +19,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use super::{ObjectMeta, ObjectStore};
 use crate::format::errors::DataError;
@@ -25,6 +28,11 @@ use crate::persist;
 
 /// The file that records the boot the cache's files were written in.
 const BOOT_ID: &str = ".boot-id";
+
+/// How long a range whose fetch the store failed fails at once, without a request: long enough
+/// for the parser to take the range the reader stage failed to fetch ahead of it, short against
+/// the retries the failed fetch made (`object_retry_secs`).
+pub const FAILED_HOLD: Duration = Duration::from_secs(10);
 
 /// What the cache holds and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,6 +62,8 @@ struct State {
     scanned: bool,
     entries: HashMap<String, Entry>,
     fetching: HashSet<String>,
+    /// Ranges whose fetch the store failed, and when.
+    failed: HashMap<String, (DataError, Instant)>,
     tick: u64,
     stats: ChunkFilesStats,
 }
@@ -236,6 +246,12 @@ impl ChunkFiles {
                     s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
                     continue;
                 }
+                if let Some((e, when)) = s.failed.get(&key) {
+                    if when.elapsed() < FAILED_HOLD {
+                        return Err(e.clone());
+                    }
+                    s.failed.remove(&key);
+                }
                 s.fetching.insert(key.clone());
                 s.stats.misses += 1;
                 break;
@@ -243,7 +259,8 @@ impl ChunkFiles {
         }
         // Opened before the entry can be evicted (a range larger than the whole cache is
         // unlinked at once, and read through this descriptor).
-        let result = self.download(store, object, start, end, &path).and_then(|()| {
+        let mut by_the_store = false;
+        let result = self.download(store, object, start, end, &path, &mut by_the_store).and_then(|()| {
             open_range(&path, end - start).ok_or_else(|| {
                 DataError::io(
                     url,
@@ -253,6 +270,10 @@ impl ChunkFiles {
         });
         let mut s = self.lock();
         s.fetching.remove(&key);
+        s.failed.retain(|_, (_, when)| when.elapsed() < FAILED_HOLD);
+        if let (Err(e), true) = (&result, by_the_store) {
+            s.failed.insert(key.clone(), (e.clone(), Instant::now()));
+        }
         if result.is_ok() {
             s.tick += 1;
             let tick = s.tick;
@@ -280,6 +301,8 @@ impl ChunkFiles {
         self.evict(&mut s, &key);
     }
 
+    /// Fetches the range into `path`; `by_the_store` tells a failure of the store from one of
+    /// the cache's directory.
     fn download(
         &self,
         store: &dyn ObjectStore,
@@ -287,6 +310,7 @@ impl ChunkFiles {
         start: u64,
         end: u64,
         path: &Path,
+        by_the_store: &mut bool,
     ) -> Result<(), DataError> {
         let url = Path::new(&object.url);
         let mut failure = None;
@@ -299,6 +323,7 @@ impl ChunkFiles {
             Ok(())
         });
         if let Some(e) = failure {
+            *by_the_store = true;
             return Err(e.into_data());
         }
         written.map_err(|e| {
@@ -472,6 +497,55 @@ mod tests {
         let name = ChunkFiles::key(&o, 50, 70);
         std::fs::write(dir.path().join("objects").join(&name), b"short").expect("damage");
         assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch").file), (50..70u8).collect::<Vec<_>>());
+    }
+
+    /// A store whose reads fail.
+    #[derive(Debug, Default)]
+    struct Failing {
+        reads: AtomicU64,
+    }
+
+    impl ObjectStore for Failing {
+        fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+            unreachable!()
+        }
+        fn read_range(&self, o: &ObjectMeta, _: u64, _: u64, _: &mut dyn Write) -> Result<u64, RemoteError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            Err(RemoteError::Other { url: o.url.clone(), message: "cannot reach the object store".into() })
+        }
+        fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
+            unreachable!()
+        }
+        fn get(&self, _: &str, _: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+            unreachable!()
+        }
+        fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {
+            unreachable!()
+        }
+        fn delete(&self, _: &str) -> Result<(), RemoteError> {
+            unreachable!()
+        }
+    }
+
+    /// A range the store failed to deliver fails again at once for the next thread that wants
+    /// it (the parser after the reader stage's fetch ahead), not after another wait on the store;
+    /// later it is fetched again, and another range is not concerned.
+    #[test]
+    fn a_failed_fetch_fails_the_next_asker_at_once_for_a_while() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Failing::default();
+        let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
+        let o = object();
+        let first = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
+        let second = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
+        assert_eq!((first.contains("cannot reach"), first == second), (true, true), "{first} / {second}");
+        assert_eq!(store.reads.load(Ordering::SeqCst), 1, "the held failure asked the store again");
+        cache.fetch(&store, &o, 30, 50).expect_err("failed");
+        assert_eq!(store.reads.load(Ordering::SeqCst), 2, "another range is fetched");
+        // Past the hold, the range is asked for again.
+        cache.lock().failed.values_mut().for_each(|(_, when)| *when -= FAILED_HOLD);
+        cache.fetch(&store, &o, 10, 30).expect_err("failed");
+        assert_eq!(store.reads.load(Ordering::SeqCst), 3);
     }
 
     #[test]
