@@ -154,7 +154,16 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
     tracing::info!(daemon_id = %minibatchd_client::protocol::hex64(shared.daemon_id), parser_threads = shared.data.parser_threads, "starting");
-    let system = actix::System::new();
+    // The event loop's runtime (actix's own kind: one thread, every driver), held here as well so
+    // that the exit can leave its blocking pool behind instead of waiting for it: a chunk fetch
+    // ahead of the parsers (`data::reader`) runs there, and on a stalled object store it waits
+    // up to `object_retry_secs` + `object_request_timeout_secs`. Dropping the runtime waits for
+    // such tasks whatever they wait for, with `daemon.lock` still held.
+    let runtime = Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build()?);
+    let system = actix::System::with_tokio_rt({
+        let runtime = runtime.clone();
+        move || runtime
+    });
     let result = system.block_on(serve(shared.clone(), notifier.clone(), metrics_listener, sig_rx));
     actix::System::current().stop();
     housekeeping.stop();
@@ -169,6 +178,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     );
     let _ = std::fs::remove_file(metrics_addr_path(&state_dir));
     signal_thread.close();
+    // The checkpoint is written: nothing the runtime still runs is waited for (see above). The
+    // process ends when `run` returns, and with it the threads still blocked and the lock.
+    drop(system);
+    if let Ok(runtime) = Arc::try_unwrap(runtime) {
+        runtime.shutdown_background();
+    }
     tracing::info!("stopped");
     // A clean stop promises a checkpoint: without one it is not clean (exit status 1).
     result.and(if saved { Ok(()) } else { Err(PipelineError::Checkpoint(state_dir.clone())) })

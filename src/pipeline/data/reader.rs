@@ -8,9 +8,12 @@
 //! A chunk of an object in object storage is fetched into the chunk-range cache first (a ranged
 //! GET, `object_fetches` at a time, on the blocking pool), then handed to the parsers: they
 //! never wait on the network for a chunk the reader saw coming. A fetch that fails is handed on
-//! all the same: the parser fetches again and reports the error with the object's URL.
+//! all the same: the parser gets the same error from the chunk-range cache at once (a failure is
+//! held there a few seconds, so a stalled store is not waited for twice) and reports it with the
+//! object's URL. While every fetch is taken the reader waits for one, but not once the daemon
+//! stops: a stalled store would hold the stop for its whole deadline.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
@@ -18,7 +21,7 @@ use actix::prelude::*;
 
 use super::chunk_cache::ChunkRequest;
 use super::DataPlane;
-use crate::pipeline::lifecycle::{StageStopped, StopStage};
+use crate::pipeline::lifecycle::{Phase, StageStopped, StopStage};
 use crate::stage::Stage;
 
 /// Stage 1: schedules reads.
@@ -56,6 +59,14 @@ impl ChunkReader {
     }
 }
 
+/// Resolves once the daemon stops (the phase is looked at every 50 ms: this runs only while the
+/// reader waits for a fetch, every one being taken).
+async fn stopping(data: &DataPlane) {
+    while data.health.phase() != Phase::Stopping {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 impl Actor for ChunkReader {
     type Context = Context<Self>;
 
@@ -75,8 +86,15 @@ impl StreamHandler<ChunkRequest> for ChunkReader {
             // blocking pool and hand the chunk on when its bytes are on disk.
             let permits = self.fetches.clone();
             let data = self.data.clone();
-            ctx.wait(async move { permits.acquire_owned().await }.into_actor(self).map(move |permit, _, _| {
-                let Ok(permit) = permit else { return };
+            let health = self.data.clone();
+            let permit = async move {
+                tokio::select! {
+                    permit = permits.acquire_owned() => permit.ok(),
+                    () = stopping(&health) => None,
+                }
+            };
+            ctx.wait(permit.into_actor(self).map(move |permit, _, _| {
+                let Some(permit) = permit else { return };
                 actix::spawn(async move {
                     let fetched = tokio::task::spawn_blocking({
                         let data = data.clone();
@@ -88,7 +106,7 @@ impl StreamHandler<ChunkRequest> for ChunkReader {
                     .await;
                     drop(permit);
                     if let Ok(Some(Err(e))) = fetched {
-                        tracing::warn!(dataset = req.key.0, chunk = req.key.1, error = %e, "fetching a chunk ahead of the parsers failed; the parser will try again");
+                        tracing::warn!(dataset = req.key.0, chunk = req.key.1, error = %e, "fetching a chunk ahead of the parsers failed");
                     }
                     let _ = data.channels.to_parse.0.send_async(req).await;
                 });
