@@ -4,7 +4,7 @@ object-storage tests (tests/objects.rs) and benchmarks (scripts/bench_objects.py
 
     scripts/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
-        [--strip-if-match] [--huge-length-for SUBSTRING] [--deny-writes]
+        [--strip-if-match] [--huge-length-for SUBSTRING] [--deny-writes] [--stall-after-bytes N]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
@@ -15,15 +15,32 @@ at a time with a pause of 1/64 s. Two faults of a broken server: --strip-if-matc
 --huge-length-for answers every GET whose path contains SUBSTRING with `Content-Length:
 100000000000000` over its real body, sent in two pieces before the connection closes. And
 read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`.
-`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied, denied).
-Responses are sent with `Connection: close`. Standard library only.
+And a stalled server: after `GET /__proxy_stall`, or once --stall-after-bytes bytes of response
+bodies were sent in all, every request is read and never answered, and every response being sent
+stops where it is, its connection held open (a server that accepts TCP and goes silent).
+`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied,
+denied, stalled). Responses are sent with `Connection: close`. Standard library only.
 """
 
 import argparse
 import asyncio
 import json
 
-STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0, "denied": 0}
+STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0, "denied": 0, "stalled": 0}
+# Set by `GET /__proxy_stall` (or --stall-after-bytes): from then on nothing is answered.
+STALLING = False
+# Bytes of response bodies sent, in all.
+SENT = 0
+
+
+async def stall(*writers):
+    """Never answers: holds the connections open (until the client gives up) without a byte."""
+    STATS["stalled"] += 1
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for w in writers:
+            w.close()
 
 
 async def read_request(reader):
@@ -51,18 +68,41 @@ async def answer_error(client_w, status: bytes, code: bytes, message: bytes):
     client_w.close()
 
 
+# The connections' tasks: asyncio holds tasks weakly, and a stalled one waits on nothing else.
+TASKS = set()
+
+
 async def handle(client_r, client_w, args):
+    task = asyncio.current_task()
+    TASKS.add(task)
+    try:
+        await serve(client_r, client_w, args)
+    finally:
+        TASKS.discard(task)
+
+
+async def serve(client_r, client_w, args):
     try:
         head, request_line, body = await read_request(client_r)
     except (asyncio.IncompleteReadError, ConnectionError):
         client_w.close()
         return
+    global STALLING, SENT
     method, path = request_line.split(" ")[:2]
+    if path == "/__proxy_stall":
+        STALLING = True
+        client_w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await client_w.drain()
+        client_w.close()
+        return
     if path == "/__proxy_stats":
         payload = json.dumps(STATS).encode()
         client_w.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(payload) + payload)
         await client_w.drain()
         client_w.close()
+        return
+    if STALLING:
+        await stall(client_w)
         return
     STATS["requests"] += 1
     n = STATS["requests"]
@@ -115,6 +155,15 @@ async def handle(client_r, client_w, args):
             piece = await up_r.read(1 << 16)
             if not piece:
                 break
+            if args.stall_after_bytes and SENT + len(piece) >= args.stall_after_bytes:
+                piece = piece[: max(0, args.stall_after_bytes - SENT)]
+                client_w.write(piece)
+                SENT += len(piece)
+                STALLING = True
+            if STALLING:
+                await stall(client_w, up_w)
+                return
+            SENT += len(piece)
             if left is not None:
                 piece = piece[: max(0, left - sent)]
             if slow:
@@ -148,6 +197,7 @@ async def main():
     p.add_argument("--strip-if-match", action="store_true")
     p.add_argument("--huge-length-for", default="")
     p.add_argument("--deny-writes", action="store_true")
+    p.add_argument("--stall-after-bytes", type=int, default=0)
     args = p.parse_args()
     server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)
     async with server:

@@ -166,7 +166,18 @@ impl FaultProxy {
         proxy
     }
 
-    /// The proxy's counts: requests, failed, reset, slowed.
+    /// From now on the proxy answers nothing: requests are read and never answered, responses
+    /// being sent stop where they are, their connections held open.
+    pub fn stall(&self) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to the fault proxy");
+        s.set_read_timeout(Some(DEADLINE)).expect("timeout");
+        write!(s, "GET /__proxy_stall HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "the proxy did not stall: {reply:?}");
+    }
+
+    /// The proxy's counts: requests, failed, reset, slowed, stalled.
     pub fn stats(&self) -> Option<serde_json::Value> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(DEADLINE)).ok()?;
