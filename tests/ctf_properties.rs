@@ -1,6 +1,8 @@
 //! Property tests of the CTF engine: the decoded samples are the ones written, whatever the
 //! chunk size, the spacing (spaces, tabs, several of them), the line endings (LF or CRLF), the id
-//! style (ids or line mode), and whether the last line ends with a newline.
+//! style (ids or line mode), and whether the last line ends with a newline — except where CNTK 2.7
+//! refuses a last line without one: its empty sparse sample there, with no sparse entry in the
+//! last sequence.
 
 mod support;
 
@@ -78,7 +80,7 @@ fn offset(o: i64) -> usize {
     usize::try_from(o).expect("offsets are non-negative")
 }
 
-fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
+fn decode(text: &str, chunk_size: u64) -> Result<Vec<Vec<Sample>>, String> {
     let dir = tempfile::tempdir().expect("tempdir");
     write(dir.path(), "p.ctf", text);
     let cfg = format!(
@@ -116,8 +118,8 @@ fn decode(text: &str, chunk_size: u64) -> Vec<Vec<Sample>> {
         }
         Ok(())
     })
-    .expect("dump");
-    seqs
+    .map_err(|e| e.to_string())?;
+    Ok(seqs)
 }
 
 proptest! {
@@ -135,7 +137,16 @@ proptest! {
             seqs.iter().flatten().map(|s| vec![s.clone()]).collect()
         };
         let text = render(&seqs, &style);
-        prop_assert_eq!(decode(&text, style.chunk_size), expected, "text:\n{}", text);
+        // Without a final newline the file ends in the last sample's `|s` entries: empty, and
+        // with no entry of `s` in the last sequence, CNTK 2.7 charges an error there (and the
+        // default max_errors = 0 stops).
+        let refused = !style.final_newline && expected.last().is_some_and(|q| q.iter().all(|s| s.sparse.is_empty()));
+        if refused {
+            let e = decode(&text, style.chunk_size).expect_err("refused");
+            prop_assert!(e.contains("found the end of the sequence"), "{}\ntext:\n{}", e, text);
+        } else {
+            prop_assert_eq!(decode(&text, style.chunk_size), Ok(expected), "text:\n{}", text);
+        }
     }
 
     #[test]

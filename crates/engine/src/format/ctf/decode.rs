@@ -6,13 +6,23 @@
 //!
 //! Error accounting follows CNTK: a bad sample costs 1 and is discarded (the parser resumes at the
 //! next `|` or end of row); a row that yields no sample costs 1; per sequence, a length-defining
-//! stream over the nominal length costs 1, else one under it costs 1. Deviations, all documented
-//! in `docs/differences.md`:
+//! stream over the nominal length costs 1, else one under it costs 1.
+//!
+//! Where the sequence's bytes end without a newline (the last line of a file without a final
+//! `\n`), CNTK's rules differ from a newline's, and are followed (checked on CNTK 2.7):
+//! * the row costs nothing even if it yields no sample (a comment, an unknown name, a bad sample:
+//!   only the sample's own error counts);
+//! * an input name the bytes end in (`|a`, `|`) costs 1, and no sample is read;
+//! * a dense sample needs at least one value (`|a ` costs 1); more than `dim` values are not an
+//!   error there: the first `dim` are kept;
+//! * a sparse sample, even an empty one, is valid only if its stream has an entry in the sequence
+//!   (in this sample or an earlier one); else it costs 1 — so a one-line last sequence `|a ` costs
+//!   1 and then lacks stream `a`, which is fatal.
+//!
+//! Deviations, all documented in `docs/differences.md`:
 //! * blank (whitespace-only) rows are skipped silently (the index pass ignores them too);
-//! * the end of the sequence's bytes acts like a newline: a short dense sample at EOF without a
-//!   trailing newline is zero-padded and an over-long one rejected (CNTK reads uninitialised
-//!   memory there), a name or empty sample at EOF is complete, and a row at EOF succeeds only if
-//!   it produced a sample.
+//! * a dense sample with fewer than `dim` values where the bytes end is zero-padded, as
+//!   elsewhere (CNTK reads uninitialised memory there).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -297,7 +307,9 @@ impl CtfDecoder {
                     }
                 }
             }
-            if samples_in_row == 0 && content {
+            // A row cut by the end of the bytes succeeds however many samples it yields (CNTK:
+            // `TryReadRow` returns whether every byte was consumed).
+            if samples_in_row == 0 && content && p < n {
                 errors.push(ctx.malformed(
                     bytes,
                     row_start,
@@ -392,13 +404,26 @@ impl CtfDecoder {
             }
             p += 1;
         }
+        if p == n {
+            // The bytes end inside the name, known or not (CNTK: a dangling input name).
+            let message = if p == name_start {
+                "expected an input name after '|', found the end of the sequence (no newline at the end of the file)"
+                    .to_owned()
+            } else {
+                format!(
+                    "the sequence ends inside the input name '{}' (no newline at the end of the file): no sample is read",
+                    String::from_utf8_lossy(&bytes[name_start..p])
+                )
+            };
+            errors.push(ctx.malformed(bytes, p, ErrorKind::DanglingName, message));
+            return (false, p);
+        }
         if p == name_start {
-            let found = bytes.get(p).map_or_else(|| "the end of the sequence".to_owned(), |&b| show_byte(b));
             errors.push(ctx.malformed(
                 bytes,
                 p,
                 ErrorKind::InvalidName,
-                format!("expected an input name after '|', found {found}"),
+                format!("expected an input name after '|', found {}", show_byte(bytes[p])),
             ));
             return (false, p);
         }
@@ -486,7 +511,18 @@ fn read_dense<T: Element>(
         }
     }
     let count = out.count;
-    if count > dim {
+    if p >= n {
+        // Cut by the end of the bytes (CNTK's `TryReadDenseSample` there): valid with at least
+        // one value, and not length-checked — the first `dim` values are kept.
+        if count == 0 {
+            buf.values.truncate(mark);
+            return Err((
+                p,
+                ErrorKind::BadNumber,
+                "expected a value, found the end of the sequence (no newline at the end of the file; there a dense sample needs at least one value)".into(),
+            ));
+        }
+    } else if count > dim {
         buf.values.truncate(mark);
         return Err((p, ErrorKind::DenseTooLong, format!("dense sample has {count} values, more than dim = {dim}")));
     }
@@ -576,6 +612,19 @@ fn read_sparse<T: Element>(
                     format!("expected {} after '{index}:', found {found}", e.expected()),
                 );
             }
+        }
+    }
+    if p >= n {
+        // Cut by the end of the bytes (CNTK's `TryReadSparseSample` there): valid only if the
+        // stream has an entry in this sequence, in this sample or an earlier one.
+        let sequence_start = buf.seq_offsets.last().and_then(|&s| buf.sample_offsets.get(s)).copied().unwrap_or(0);
+        if buf.values.len() == sequence_start {
+            return fail(
+                buf,
+                p,
+                ErrorKind::BadSparseEntry,
+                "expected a sparse entry (index:value), found the end of the sequence (no newline at the end of the file; there an empty sample is valid only after an entry of its stream in the sequence)".into(),
+            );
         }
     }
     buf.sample_offsets.push(buf.values.len());

@@ -9,6 +9,9 @@
 //!   lines with the same leading id, or with none, form one sequence); anything else is fatal;
 //! * with a `defines_mb_size` stream, only lines containing `|alias` count towards the nominal
 //!   length, and a line (line mode) or sequence (id mode) without one is dropped;
+//! * in id mode, a last line without a newline that holds nothing but digits is no id (CNTK reads
+//!   an id up to the byte after it): it stays in the open sequence's bytes and adds nothing to its
+//!   length; as the file's only line it is the fatal missing first id;
 //! * **deviation**: blank (whitespace-only) lines are ignored everywhere — no sequence, no part of
 //!   a nominal length. CNTK makes them sequences (line mode, then fatal) or counts them (id mode,
 //!   then 2 errors). The decoder skips them too, so both passes agree.
@@ -205,7 +208,7 @@ impl Indexer {
         let content = line.strip_suffix(b"\n").unwrap_or(line);
         let result = match self.mode {
             Mode::Lines => self.line_mode(content, offset, next),
-            Mode::Ids => self.id_mode(content, offset),
+            Mode::Ids => self.id_mode(content, offset, content.len() < line.len()),
             Mode::Start => Ok(()),
         };
         self.line_no += u64::from(content.len() < line.len());
@@ -224,8 +227,21 @@ impl Indexer {
         self.push(SequenceDesc { key: self.line_no, offset, line: self.line_no, size, samples: 1 })
     }
 
-    fn id_mode(&mut self, content: &[u8], offset: u64) -> Result<(), DataError> {
+    /// One line in id mode; `terminated`: it ends with a newline.
+    fn id_mode(&mut self, content: &[u8], offset: u64, terminated: bool) -> Result<(), DataError> {
         let digits = content.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 && digits == content.len() && !terminated {
+            // Digits the file ends in: CNTK's indexer finds no id there (it needs the byte after
+            // one), so the line joins the open sequence uncounted (the decoder reads nothing from
+            // it, at no cost).
+            if self.open.is_none() {
+                return Err(self.fatal(
+                    offset,
+                    "expected a sequence id (a decimal number) and samples on the first line, found only digits and the end of the file",
+                ));
+            }
+            return Ok(());
+        }
         if digits > 0 {
             let mut id: u64 = 0;
             for &b in &content[..digits] {

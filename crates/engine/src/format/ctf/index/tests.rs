@@ -174,3 +174,24 @@ fn a_file_that_grew_during_the_pass_ends_its_last_sequence_where_the_bytes_did()
     let r: Vec<(u64, u32)> = idx.sequences.iter().map(|s| (s.offset, s.size)).collect();
     assert_eq!(r, vec![(0, 7), (7, 7)]);
 }
+
+#[test]
+fn digits_the_file_ends_in_are_no_id() {
+    // CNTK 2.7 reads an id up to the byte after it: a last line of bare digits without a newline
+    // stays in the open sequence's bytes and adds nothing to its length.
+    for text in ["0 |a 1\n1", "0 |a 1\n0", "0 |a 1\n\n12345"] {
+        let idx = index(text.as_bytes(), false, None).expect("index");
+        let r: Vec<(u64, u32, u64, u32)> = idx.sequences.iter().map(|s| (s.key, s.samples, s.offset, s.size)).collect();
+        assert_eq!(r, vec![(0, 1, 0, u32::try_from(text.len()).expect("short"))], "{text:?}");
+    }
+    assert_eq!(shape("0 |a 1\n1 |a 2\n12", false, None), vec![(0, 1), (1, 1)]);
+    // With a newline, or anything after the digits, it is an id.
+    assert_eq!(shape("0 |a 1\n1\n", false, None), vec![(0, 1), (1, 1)]);
+    assert_eq!(shape("0 |a 1\n1 ", false, None), vec![(0, 1), (1, 1)]);
+    assert_eq!(shape("0 |a 1\n0 ", false, None), vec![(0, 2)]);
+    // Line mode has no ids: the line is a sequence.
+    assert_eq!(shape("|a 1\n5", false, None), vec![(0, 1), (1, 1)]);
+    // The file's only line: no id at all.
+    let e = fatal(b"\n5");
+    assert!(e.contains("expected a sequence id") && e.contains(":2: byte offset 1"), "{e}");
+}
