@@ -102,7 +102,11 @@ fn predicted_name(source: &Path) -> String {
     let s = FileStamp::of(source).expect("stamp");
     let name = s.path.file_name().expect("name").to_string_lossy().into_owned();
     let path_hash = hash_parts(&[s.path.as_os_str().as_encoded_bytes()]);
-    let stamp_hash = hash_parts(&[&s.size.to_le_bytes(), &s.mtime_secs.to_le_bytes(), &s.mtime_nanos.to_le_bytes()]);
+    let stamp_hash = {
+        let mut h = Fnv1a::new();
+        s.hash_version(&mut h);
+        h.finish()
+    };
     format!("{name}.{path_hash:016x}.{stamp_hash:016x}")
 }
 
@@ -348,4 +352,188 @@ fn a_reload_indexes_again_a_dataset_whose_file_changed() {
     let after = read_all();
     assert_eq!(after, daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]));
     assert_ne!(after, before, "the new file's values");
+}
+
+/// Puts `bytes` at `path` as another file (a new inode, renamed over it) with `path`'s size and
+/// modification time, as a build that normalises mtimes (`cp -p`, `rsync -t`, `tar --mtime`,
+/// `SOURCE_DATE_EPOCH`) does.
+fn replace_keeping_size_and_mtime(path: &Path, bytes: &[u8]) {
+    let before = std::fs::metadata(path).expect("stat");
+    assert_eq!(before.len(), bytes.len() as u64, "the replacement has the same size");
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes).expect("write");
+    let f = std::fs::File::options().write(true).open(&tmp).expect("open");
+    f.set_modified(before.modified().expect("mtime")).expect("set mtime");
+    drop(f);
+    std::fs::rename(&tmp, path).expect("rename over");
+    let after = std::fs::metadata(path).expect("stat");
+    assert_eq!((after.len(), after.mtime(), after.mtime_nsec()), (before.len(), before.mtime(), before.mtime_nsec()));
+    assert_ne!(after.ino(), before.ino());
+}
+
+/// Rewrites `path` in place (the same inode) with `bytes` of its size, then sets its
+/// modification time back.
+fn rewrite_keeping_mtime(path: &Path, bytes: &[u8]) {
+    let before = std::fs::metadata(path).expect("stat");
+    assert_eq!(before.len(), bytes.len() as u64);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut f = std::fs::File::options().write(true).open(path).expect("open");
+    f.write_all(bytes).expect("rewrite");
+    f.set_modified(before.modified().expect("mtime")).expect("set mtime");
+    drop(f);
+    let after = std::fs::metadata(path).expect("stat");
+    assert_eq!((after.ino(), after.mtime(), after.mtime_nsec()), (before.ino(), before.mtime(), before.mtime_nsec()));
+}
+
+/// The `n`th successful reload of the daemon of `state` has happened.
+fn reloaded(state: &Path, n: u32) {
+    let want = format!("minibatchd_config_reloads_total{{result=\"success\"}} {n}");
+    let start = Instant::now();
+    while !support::daemon::http_get(state, "/metrics").is_some_and(|(_, m)| m.contains(&want)) {
+        assert!(start.elapsed() < support::daemon::DEADLINE, "no reload {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 36, finding 1: a data file replaced by another with the same size and modification time
+/// (a new inode), then SIGHUP: the reload reused the index cache (keyed on path, size and mtime),
+/// so new sessions got the new bytes cut at the old sequence boundaries; and a file rewritten in
+/// place with its mtime set back was not even indexed again (old values served). Now the new
+/// file is indexed and served as `dump` reads it, and a state taken on the old file is refused
+/// — also when the new file has exactly the old one's sequence lengths (its content differs).
+#[test]
+fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_indexed_again_and_old_states_refused() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::{Client, ClientError};
+    use support::daemon::{json, options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let data = write(p, "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.d]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 12\n\
+             [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+            data.display()
+        ),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { full_sweep: true, randomize: Some(false), ..options(1) };
+    let read_all = || {
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["a"])).collect::<Vec<_>>()
+    };
+    let dump = || daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]);
+    let first = read_all();
+    let old_state = {
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        s.next_owned().expect("next").expect("a minibatch");
+        s.state().expect("state")
+    };
+    let refused = |what: &str| {
+        let resumed = SessionOptions { resume: Some(old_state.clone()), ..opts.clone() };
+        match Client::connect(&daemon.socket).expect("connect").open("d", &resumed) {
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+                assert!(message.contains("other data"), "{what}: {message}");
+            }
+            Ok(_) => panic!("{what}: a state of the old file resumed onto the new one"),
+            Err(e) => panic!("{what}: expected resume_mismatch, got {e}"),
+        }
+    };
+    let state = p.join("state");
+
+    // Another file, other sequence boundaries, the same size and mtime.
+    replace_keeping_size_and_mtime(&data, b"|a 100\n|a 200\n|a 30\n");
+    daemon.signal(rustix::process::Signal::HUP);
+    reloaded(&state, 1);
+    let replaced = read_all();
+    assert_eq!(replaced, dump(), "the new file, read through its own index");
+    assert_eq!(replaced.len(), 3);
+    refused("replaced");
+
+    // The same inode rewritten with the old boundaries and mtime: only its content (and ctime)
+    // tells it apart.
+    std::fs::write(&data, "|a 1\n|a 2\n|a 3\n|a 4\n").expect("the first content again");
+    daemon.signal(rustix::process::Signal::HUP);
+    reloaded(&state, 2);
+    assert_eq!(read_all(), first);
+    let old_state_again = {
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        s.next_owned().expect("next").expect("a minibatch");
+        s.state().expect("state")
+    };
+    rewrite_keeping_mtime(&data, b"|a 5\n|a 6\n|a 7\n|a 8\n");
+    daemon.signal(rustix::process::Signal::HUP);
+    reloaded(&state, 3);
+    let rewritten = read_all();
+    assert_eq!(rewritten, dump());
+    assert_ne!(rewritten, first, "the new values, not the old chunks");
+    let resumed = SessionOptions { resume: Some(old_state_again), ..opts.clone() };
+    assert!(
+        matches!(
+            Client::connect(&daemon.socket).expect("connect").open("d", &resumed),
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, .. })
+        ),
+        "a state of the old content resumed onto the same boundaries with other values"
+    );
+}
+
+/// Issue 36, finding 1, for a `.gz` input: replaced by another of the same size and mtime, its
+/// decompressed copy's sidecar (keyed on size and mtime) kept serving the old content, after a
+/// reload and after a restart, with the same data identity. Now the new content is decompressed
+/// and served, and a state of the old one is refused.
+#[test]
+fn a_gz_input_replaced_with_its_size_and_mtime_kept_is_decompressed_again() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::{Client, ClientError};
+    use support::daemon::{options, Daemon};
+    // Stored deflate blocks: the compressed size depends only on the data's.
+    let stored = |text: &str| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        e.write_all(text.as_bytes()).expect("compress");
+        e.finish().expect("finish")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let gz_path = write(p, "data.gz", stored("1 1:1\n0 2:1\n1 3:1\n"));
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.d]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n[datasets.d.sampling]\nrandomize = false\n",
+            gz_path.display()
+        ),
+    );
+    let mut daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(1) };
+    let read_all = |daemon: &Daemon| {
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        std::iter::from_fn(|| s.next_owned().expect("next"))
+            .map(|mb| support::daemon::json(&mb, &["__instX", "__instY"]))
+            .collect::<Vec<_>>()
+    };
+    let before = read_all(&daemon);
+    let old_state = {
+        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
+        s.next_owned().expect("next").expect("a minibatch");
+        s.state().expect("state")
+    };
+    replace_keeping_size_and_mtime(&gz_path, &stored("0 7:1\n1 8:1\n0 9:1\n"));
+    daemon.signal(rustix::process::Signal::HUP);
+    reloaded(&p.join("state"), 1);
+    let dump = || daemon.dump("d", &["--minibatch-size", "1", "--full-sweep"]);
+    let after = read_all(&daemon);
+    assert_ne!(after, before, "the new content, not the old copy");
+    assert_eq!(after, dump());
+    let resume = |daemon: &Daemon| {
+        let resumed = SessionOptions { resume: Some(old_state.clone()), ..opts.clone() };
+        Client::connect(&daemon.socket).expect("connect").open("d", &resumed).map(|_| ())
+    };
+    assert!(matches!(resume(&daemon), Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, .. })));
+    // And after a restart.
+    assert_eq!(daemon.stop().code(), Some(0));
+    let daemon = Daemon::start(p, &[]);
+    assert_eq!(read_all(&daemon), after);
+    assert!(matches!(resume(&daemon), Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, .. })));
 }

@@ -270,7 +270,7 @@ pub fn protocol(data: &[u8], _scratch: &Path) {
 
 /// `index_cache`: `format::index_cache::load` on a cache file made from the bytes. The first byte
 /// picks how: bit 0 clear — the bytes after it are the whole file; set — a header that matches
-/// the data file (path, size, mtime, options) is written first, then the bytes as the record
+/// the data file (path, version, options) is written first, then the bytes as the record
 /// count and records, then (bit 1 clear) a valid checksum. Bit 2 caps the sequences at 3. A
 /// loaded index must describe only sequences inside the data file.
 pub fn index_cache(data: &[u8], scratch: &Path) {
@@ -293,7 +293,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
     } else {
         let mut out = Vec::new();
         out.extend_from_slice(b"MBDINDEX");
-        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&2u32.to_le_bytes());
         let path = stamp.path.as_os_str().as_encoded_bytes();
         for field in [path, fingerprint.as_bytes()] {
             out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
@@ -302,6 +302,11 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
         out.extend_from_slice(&stamp.size.to_le_bytes());
         out.extend_from_slice(&stamp.mtime_secs.to_le_bytes());
         out.extend_from_slice(&stamp.mtime_nanos.to_le_bytes());
+        out.extend_from_slice(&stamp.ctime_secs.to_le_bytes());
+        out.extend_from_slice(&stamp.ctime_nanos.to_le_bytes());
+        out.extend_from_slice(&stamp.dev.to_le_bytes());
+        out.extend_from_slice(&stamp.ino.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes()); // the content's digest
         out.extend_from_slice(body);
         if sel & 2 == 0 {
             let sum = Fnv1a::of(&out);

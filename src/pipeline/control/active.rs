@@ -286,7 +286,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
     let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
     if let Some(s) = &options.resume {
-        check_resume(s, dataset, rt.identity, ohash)?;
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
     }
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
     let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
@@ -322,7 +322,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
         Some(states) => Some(job_start(
             states,
             dataset,
-            rt.identity,
+            &rt,
             ohash,
             Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?,
         )?),
@@ -342,12 +342,12 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
 fn job_start(
     states: &[SessionState],
     dataset: &str,
-    identity: u64,
+    rt: &DatasetRuntime,
     ohash: u64,
     fresh: Sampler,
 ) -> Result<SessionState, Refusal> {
     for s in states {
-        check_resume(s, dataset, identity, ohash)?;
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
     }
     let positions: Vec<u64> = states.iter().map(|s| s.position).collect();
     let earliest = positions.iter().copied().min().unwrap_or(0);
@@ -366,7 +366,7 @@ fn job_start(
         dataset: dataset.to_owned(),
         position: probe.position(),
         minibatches: 0,
-        data_identity: hex64(identity),
+        data_identity: hex64(rt.identity),
         options_hash: hex64(ohash),
         job: Some(JobBase { positions }),
     })
@@ -472,7 +472,7 @@ pub(super) async fn open(
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
         fresh: fresh_state(dataset, fresh_position, rt.identity, ohash),
-        fits: &|s: &SessionState| check_resume(s, dataset, rt.identity, ohash),
+        fits: &|s: &SessionState| check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash),
         ring_bytes: geometry.total_bytes(),
         host_short: host_shortfall(shared),
         uid: peer.uid,

@@ -262,7 +262,7 @@ pub enum ResumeError {
         opened: String,
     },
     /// The data changed since the state was saved.
-    #[error("the state was saved on other data (identity {saved} vs {current})")]
+    #[error("the state was saved on other data (identity {saved} vs {current}): the dataset's files, their contents, sizes, nominal sequence lengths or chunking differ — a file replaced or rewritten since, or other files")]
     Data {
         /// The state's data identity.
         saved: String,
@@ -289,14 +289,26 @@ pub enum ResumeError {
 ///
 /// # Errors
 /// [`ResumeError`]: what differs.
-pub fn check_resume(state: &SessionState, dataset: &str, identity: u64, options: u64) -> Result<(), ResumeError> {
+///
+/// `identity` is the dataset's ([`minibatchd_engine::dataset::Dataset::identity`]); `legacy` the
+/// one states written before local files' contents were part of it carry
+/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted.
+pub fn check_resume(
+    state: &SessionState,
+    dataset: &str,
+    identity: u64,
+    legacy: u64,
+    options: u64,
+) -> Result<(), ResumeError> {
     if state.version != STATE_VERSION {
         return Err(ResumeError::Version(state.version));
     }
     if state.dataset != dataset {
         return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: dataset.to_owned() });
     }
-    if state.data_identity != hex64(identity) {
+    if state.data_identity == hex64(legacy) && legacy != identity {
+        tracing::info!(dataset, identity = %state.data_identity, "a state written before file contents were part of the data identity: accepted by its earlier identity");
+    } else if state.data_identity != hex64(identity) {
         return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
     if state.options_hash != hex64(options) {
@@ -911,11 +923,12 @@ mod tests {
             options_hash: hex64(9),
             job: None,
         };
-        assert!(check_resume(&s, "t", 7, 9).is_ok());
-        assert_eq!(check_resume(&s, "u", 7, 9), Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() }));
-        assert!(matches!(check_resume(&s, "t", 8, 9), Err(ResumeError::Data { .. })));
-        assert_eq!(check_resume(&s, "t", 7, 1), Err(ResumeError::Options));
-        assert!(check_resume(&s, "t", 8, 9).expect_err("data").to_string().contains("other data"));
+        assert!(check_resume(&s, "t", 7, 7, 9).is_ok());
+        assert_eq!(check_resume(&s, "u", 7, 7, 9), Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() }));
+        assert!(matches!(check_resume(&s, "t", 8, 8, 9), Err(ResumeError::Data { .. })));
+        assert_eq!(check_resume(&s, "t", 7, 7, 1), Err(ResumeError::Options));
+        assert!(check_resume(&s, "t", 8, 8, 9).expect_err("data").to_string().contains("other data"));
+        assert!(check_resume(&s, "t", 8, 7, 9).is_ok(), "a state of the identity before contents counted");
     }
 
     #[test]

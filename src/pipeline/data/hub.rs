@@ -71,6 +71,8 @@ pub struct DatasetRuntime {
     pub streams: Vec<StreamInfo>,
     /// [`Dataset::identity`], computed once.
     pub identity: u64,
+    /// [`Dataset::legacy_identity`]: what states written before file contents counted carry.
+    pub legacy_identity: u64,
     /// Longest sequence, in nominal samples (bounds a dense minibatch).
     pub max_seq_len: u64,
     /// Bytes per value.
@@ -104,6 +106,7 @@ impl DatasetRuntime {
             shapes: dataset.stream_shapes(),
             streams,
             identity: dataset.identity(),
+            legacy_identity: dataset.legacy_identity(),
             max_seq_len: dataset.timeline().seq_len.iter().copied().max().map_or(1, u64::from),
             value_bytes,
             dataset,

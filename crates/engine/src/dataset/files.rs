@@ -439,8 +439,12 @@ fn recursive_prefix(pattern: &str) -> Option<(PathBuf, bool)> {
 pub(super) type BuildIndex<'a> = dyn FnMut(&mut dyn FnMut(u64)) -> Result<FileIndex, DataError> + 'a;
 
 /// The index of the file `name` whose bytes are at `data` (the same file, or a gzip input's
-/// decompressed copy): from the cache when it is valid for `data` as it is now and for
-/// `fingerprint`, else built by `build` (and cached).
+/// decompressed copy), and the version of `data` it describes: from the cache when it is valid
+/// for `data` as it is now and for `fingerprint`, else built by `build` (and cached).
+///
+/// # Errors
+/// `build`'s, and a file that changed while it was being indexed (its index would describe
+/// neither version).
 pub(super) fn index_with_cache(
     name: &Arc<Path>,
     data: &Path,
@@ -449,25 +453,35 @@ pub(super) fn index_with_cache(
     max_sequences: u64,
     progress: &mut dyn FnMut(u64),
     build: &mut BuildIndex<'_>,
-) -> Result<FileIndex> {
+) -> Result<(FileIndex, FileStamp)> {
     let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if let Some(state_dir) = cache {
         match index_cache::load(state_dir, &stamp, fingerprint, name, max_sequences) {
             Ok(idx) => {
                 progress(stamp.size);
-                return Ok(idx);
+                return Ok((idx, stamp));
             }
             Err(Miss::Absent) => {}
             Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
         }
     }
     let idx = build(progress)?;
+    let after = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
+    if !after.same_version(&stamp) {
+        return Err(DataError::io(
+            name,
+            std::io::Error::other(format!(
+                "the file was {} while it was being indexed; it is indexed again at the next reload (SIGHUP) or start",
+                stamp.change(&after)
+            )),
+        ));
+    }
     if let Some(state_dir) = cache {
         if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }
     }
-    Ok(idx)
+    Ok((idx, stamp))
 }
 
 #[cfg(test)]

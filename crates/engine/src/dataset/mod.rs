@@ -40,7 +40,7 @@ use files::index_with_cache;
 pub use files::{resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
-use read::{read_range, FileVersion, ReadWindow};
+use read::{read_range, version_of, FileVersion, ReadWindow};
 
 /// Progress of the index pass, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,7 +70,7 @@ impl Stored {
     fn of(input: &Input) -> Result<Self> {
         match &input.object {
             Some(o) => Ok(Self::Remote(o.clone())),
-            None => FileVersion::of(&input.name).map(Self::Local),
+            None => version_of(&input.name).map(Self::Local),
         }
     }
 }
@@ -197,8 +197,8 @@ impl Dataset {
             let mut versions = Vec::new();
             for input in files {
                 let f = &input.name;
-                // Taken before the pass: a change during it is caught when a chunk is read.
-                let stored = Stored::of(&input)?;
+                // An object's ETag, or the file's version as the index pass (or its cache) saw it.
+                let mut stored = Stored::of(&input)?;
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
@@ -223,9 +223,17 @@ impl Dataset {
                         .0
                     }
                     Stored::Local(_) => {
-                        index_with_cache(&shared, f, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            ctf::index_file(f, &options, left, p)
-                        })?
+                        let (idx, version) = index_with_cache(
+                            &shared,
+                            f,
+                            &fingerprint,
+                            cache,
+                            left.max_sequences,
+                            &mut report,
+                            &mut |p| ctf::index_file(f, &options, left, p),
+                        )?;
+                        stored = Stored::Local(version);
+                        idx
                     }
                 };
                 versions.push(stored);
@@ -282,7 +290,7 @@ impl Dataset {
                 }
             };
             if let Some(copy) = copy {
-                data_versions.push(Stored::Local(FileVersion::of(&copy)?));
+                data_versions.push(Stored::Local(version_of(&copy)?));
                 data.push(copy);
             } else {
                 data_versions.push(Stored::of(input)?);
@@ -303,7 +311,7 @@ impl Dataset {
         let mut sequences = 0u64;
         let mut indexes = Vec::new();
         let mut file_versions = Vec::new();
-        for ((input, d), stored) in inputs.iter().zip(&data).zip(&data_versions) {
+        for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
             let f = &input.name;
             file_versions.push(Stored::of(input)?);
             let name: Arc<Path> = Arc::from(f.as_path());
@@ -311,7 +319,7 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = IndexLimits { max_sequences: limits.max_sequences.saturating_sub(sequences), ..limits };
             let cache = config.cache_index.then_some(state_dir);
-            let idx = match stored {
+            let idx = match &*stored {
                 Stored::Remote(object) => {
                     let r = remote::require(f)?;
                     remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
@@ -322,12 +330,15 @@ impl Dataset {
                     .0
                 }
                 Stored::Local(_) => {
-                    index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                        let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
-                        let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
-                        let reader = std::io::BufReader::with_capacity(1 << 16, file);
-                        deepx::index_reader(reader, name.clone(), size, options, left, p)
-                    })?
+                    let (idx, version) =
+                        index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                            let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
+                            let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
+                            let reader = std::io::BufReader::with_capacity(1 << 16, file);
+                            deepx::index_reader(reader, name.clone(), size, options, left, p)
+                        })?;
+                    *stored = Stored::Local(version);
+                    idx
                 }
             };
             done += idx.size;
@@ -418,7 +429,7 @@ impl Dataset {
             for (f, v) in s.files.iter().zip(&s.file_versions) {
                 h.field(f.as_os_str().as_encoded_bytes());
                 match v {
-                    Stored::Local(v) => v.stamp(&mut h),
+                    Stored::Local(v) => v.hash_version(&mut h),
                     Stored::Remote(o) => {
                         h.field(o.etag.as_bytes());
                         h.u64(o.size);
@@ -456,7 +467,7 @@ impl Dataset {
                 && now.iter().zip(src.files.iter().zip(&src.file_versions)).all(|(input, (f, v))| {
                     input.name == **f
                         && match v {
-                            Stored::Local(v) => FileVersion::of(f).is_ok_and(|now| now == *v),
+                            Stored::Local(v) => version_of(f).is_ok_and(|now| now.same_version(v)),
                             Stored::Remote(o) => input.object.as_ref() == Some(o),
                         }
                 })
@@ -528,19 +539,36 @@ impl Dataset {
     }
 
     /// A stable identity of the data and the options that shape the timeline: the files' paths,
-    /// sizes and the per-sequence nominal lengths and chunking. Used to refuse a resume against
-    /// other data.
+    /// sizes and contents (a local file's [`FileIndex::digest`], an object's ETag), the
+    /// per-sequence nominal lengths and the chunking. Used to refuse a resume against other data
+    /// — a file replaced or rewritten since, whatever its size and times say — while a copy of
+    /// the same bytes elsewhere (another node, a file downloaded again) keeps the identity: it
+    /// does not depend on devices, inodes or times.
     #[must_use]
     pub fn identity(&self) -> u64 {
+        self.identity_with(true)
+    }
+
+    /// The identity as minibatchd computed it before local files' contents were part of it
+    /// (paths, sizes, lengths and chunking only): a state written then carries it, and is accepted
+    /// against the same data. Equal to [`Dataset::identity`] for a dataset of objects only.
+    #[must_use]
+    pub fn legacy_identity(&self) -> u64 {
+        self.identity_with(false)
+    }
+
+    fn identity_with(&self, contents: bool) -> u64 {
         let mut h = Fnv1a::new();
         for s in &self.sources {
             for ((f, idx), v) in s.files.iter().zip(&s.indexes).zip(&s.file_versions) {
                 h.field(f.as_os_str().as_encoded_bytes());
                 h.u64(idx.size);
-                // An object's version is part of its identity (a rewrite at the same size is
-                // other data); a local file's keeps the identity it always had.
-                if let Stored::Remote(o) = v {
-                    h.field(o.etag.as_bytes());
+                match v {
+                    // An object's version is part of its identity (a rewrite at the same size is
+                    // other data).
+                    Stored::Remote(o) => h.field(o.etag.as_bytes()),
+                    Stored::Local(_) if contents => h.u64(u64::from(idx.digest)),
+                    Stored::Local(_) => {}
                 }
             }
         }

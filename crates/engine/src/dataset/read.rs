@@ -7,6 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::format::errors::DataError;
+use crate::format::index_cache::FileStamp;
 use crate::Result;
 
 thread_local! {
@@ -30,59 +31,31 @@ impl Drop for ReusedBuffer {
     }
 }
 
-/// What identifies the bytes of a data file as they were indexed: its size, modification time
-/// and inode. A chunk is read only from the file as it was then: an index's offsets say nothing
-/// about a file rewritten since (in place, even at the same size, or replaced by another).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct FileVersion {
-    len: u64,
-    modified: Option<std::time::SystemTime>,
-    dev: u64,
-    ino: u64,
+/// What identifies the bytes of a data file as they were indexed ([`FileStamp`]: size,
+/// modification and status-change times, device and inode). A chunk is read only from the file
+/// as it was then: an index's offsets say nothing about a file rewritten since (in place, even
+/// at the same size with its modification time set back, or replaced by another).
+pub(super) type FileVersion = FileStamp;
+
+/// The version of `path` now.
+pub(super) fn version_of(path: &Path) -> Result<FileVersion> {
+    FileStamp::of(path).map_err(|e| DataError::io(path, e))
 }
 
-impl FileVersion {
-    fn from_meta(m: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt as _;
-        Self { len: m.len(), modified: m.modified().ok(), dev: m.dev(), ino: m.ino() }
+/// An error unless `file` (opened from `path`) is still `version`.
+pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> Result<()> {
+    let now = FileStamp::from_meta(version.path.clone(), &file.metadata().map_err(|e| DataError::io(path, e))?);
+    if now.same_version(version) {
+        return Ok(());
     }
-
-    /// Feeds this version to `h` (part of [`super::Dataset::parse_identity`]).
-    pub(super) fn stamp(&self, h: &mut crate::hash::Fnv1a) {
-        h.u64(self.len);
-        let since = self.modified.and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
-        h.u64(since.as_secs());
-        h.u64(u64::from(since.subsec_nanos()));
-        h.u64(self.dev);
-        h.u64(self.ino);
-    }
-
-    /// The version of `path` now.
-    pub(super) fn of(path: &Path) -> Result<Self> {
-        std::fs::metadata(path).map(|m| Self::from_meta(&m)).map_err(|e| DataError::io(path, e))
-    }
-
-    /// An error unless `file` (opened from `path`) is still this version.
-    pub(super) fn check(&self, path: &Path, file: &File) -> Result<()> {
-        let now = Self::from_meta(&file.metadata().map_err(|e| DataError::io(path, e))?);
-        if now == *self {
-            return Ok(());
-        }
-        let what = if (now.dev, now.ino) != (self.dev, self.ino) {
-            "replaced by another file".to_owned()
-        } else if now.len != self.len {
-            format!("rewritten ({} bytes, {} when indexed)", now.len, self.len)
-        } else {
-            "rewritten in place (same size, newer modification time)".to_owned()
-        };
-        Err(DataError::io(
-            path,
-            std::io::Error::other(format!(
-                "the file was {what} since it was indexed; its chunks are not read with the old index \
-                 (send SIGHUP: a reload indexes a dataset whose files changed again)"
-            )),
-        ))
-    }
+    Err(DataError::io(
+        path,
+        std::io::Error::other(format!(
+            "the file was {} since it was indexed; its chunks are not read with the old index \
+             (send SIGHUP: a reload indexes a dataset whose files changed again)",
+            version.change(&now)
+        )),
+    ))
 }
 
 /// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
@@ -106,7 +79,7 @@ pub(super) struct ReadWindow<'a> {
 impl<'a> ReadWindow<'a> {
     pub(super) fn new(path: &'a Path, end: u64, version: &FileVersion) -> Result<Self> {
         let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
-        version.check(path, &file)?;
+        check_version(version, path, &file)?;
         Ok(Self::over(path, file, 0, end))
     }
 
@@ -152,7 +125,7 @@ impl<'a> ReadWindow<'a> {
 
 pub(super) fn read_range(path: &Path, start: u64, end: u64, version: &FileVersion) -> Result<Vec<u8>> {
     let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
-    version.check(path, &file)?;
+    check_version(version, path, &file)?;
     let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
     let mut buf = vec![0u8; len];
     file.read_exact_at(&mut buf, start).map_err(|e| DataError::io(path, e))?;

@@ -33,6 +33,9 @@ pub struct FileIndex {
     pub path: Arc<Path>,
     /// Its size in bytes when indexed.
     pub size: u64,
+    /// CRC-32 (ISO-HDLC) of the bytes the index pass read: what the file held, part of the
+    /// dataset's identity (a resume refuses other content, wherever the file lives).
+    pub digest: u32,
     /// Sequences in file order.
     pub sequences: Vec<SequenceDesc>,
 }
@@ -112,7 +115,8 @@ pub(crate) fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std:
 /// `offset` the line's byte offset in the input. Reads `block_bytes` at a time; a line longer
 /// than a block is carried over whole, up to `max_line_bytes` (a longer line is a fatal error:
 /// the carried line is the one thing here that grows with the input). Reports the bytes seen
-/// after each block. Returns the bytes read.
+/// after each block. Returns the bytes read and their CRC-32 (the content's digest,
+/// [`FileIndex::digest`]: about 20 GB/s on the bytes just read, a few percent of the pass).
 ///
 /// # Errors
 /// I/O errors (naming `path`), a line over `max_line_bytes`, and the first error `line` returns.
@@ -123,8 +127,9 @@ pub(crate) fn for_each_line(
     max_line_bytes: u64,
     progress: &mut dyn FnMut(u64),
     mut line: impl FnMut(&[u8], u64) -> Result<(), DataError>,
-) -> Result<u64, DataError> {
+) -> Result<(u64, u32), DataError> {
     let mut buf = vec![0u8; block_bytes];
+    let mut digest = crc32fast::Hasher::new();
     // The unfinished last line of the previous block.
     let mut carry: Vec<u8> = Vec::new();
     let mut consumed: u64 = 0;
@@ -143,6 +148,7 @@ pub(crate) fn for_each_line(
             break;
         }
         let block = &buf[..n];
+        digest.update(block);
         let mut pos = 0;
         if !carry.is_empty() {
             let Some(nl) = memchr::memchr(b'\n', block) else {
@@ -182,7 +188,7 @@ pub(crate) fn for_each_line(
         line(&carry, consumed)?;
         consumed += carry.len() as u64;
     }
-    Ok(consumed)
+    Ok((consumed, digest.finalize()))
 }
 
 /// The error of an index that would hold more than `limits.max_sequences` sequences, at the
@@ -206,6 +212,7 @@ mod tests {
         FileIndex {
             path: Arc::from(Path::new("x")),
             size: 0,
+            digest: 0,
             sequences: sizes
                 .iter()
                 .enumerate()

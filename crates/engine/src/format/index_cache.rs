@@ -8,14 +8,17 @@
 //! version u32 = 1
 //! path_len u32, path bytes    the canonical data path (guards against hash collisions)
 //! opts_len u32, opts bytes    CtfIndexOptions::fingerprint()
-//! size u64, mtime_secs i64, mtime_nanos u32    of the data file when indexed
+//! size u64, mtime_secs i64, mtime_nanos u32,
+//! ctime_secs i64, ctime_nanos u32, dev u64, ino u64    of the data file when indexed
+//! digest u32                  CRC-32 of the bytes indexed
 //! count u64, then count × { key u64, offset u64, line u64, size u32, samples u32 }
 //! checksum u64                FNV-1a over everything before it
 //! ```
 //!
-//! A cache is used only if every field matches the data file as it is now; anything else —
-//! another version, a truncated or corrupt file, a changed size or mtime — makes the caller
-//! rebuild. A cache is read only if it is a regular file (not a symbolic link) owned by this
+//! A cache is used only if every field matches the data file as it is now ([`FileStamp`]: size,
+//! modification and status-change times, device and inode); anything else — another version, a
+//! truncated or corrupt file, a file rewritten (even with its mtime restored) or replaced by
+//! another of the same size and mtime — makes the caller rebuild. A cache is read only if it is a regular file (not a symbolic link) owned by this
 //! process's user and not writable by group or others ([`persist::open_trusted`]): the checksum
 //! guards against damage, not against someone who can recompute it. Writes go through
 //! [`persist::write_atomic`] into `state_dir/index/`, a private directory
@@ -34,15 +37,23 @@ use crate::hash::Fnv1a;
 use crate::persist;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
-const VERSION: u32 = 1;
+/// 2: the file's status-change time, device and inode, and the content's digest.
+const VERSION: u32 = 2;
 const RECORD_BYTES: usize = 32;
 /// The subdirectory of `state_dir` that holds index caches.
 pub const INDEX_DIR: &str = "index";
 
-/// Identity of a data file as the cache records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Which data file, and which version of it: what the index cache, the decompressed copies, the
+/// persisted parsed chunks and every read check a data file against. A file is the same only if
+/// all of it is: its size, its modification time, its status-change time (`st_ctime`: set by the
+/// kernel on every write, rename, `chmod` or link, and never settable by users — so a file
+/// rewritten with its mtime restored, as `cp -p`, `rsync -t`, `tar --mtime` and
+/// `SOURCE_DATE_EPOCH` builds do, still differs), and its device and inode (another file put
+/// under the same path differs). An object in object storage has its ETag in place of the times,
+/// and no device or inode (0).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileStamp {
-    /// Canonical path.
+    /// Canonical path (or an object's URL).
     pub path: PathBuf,
     /// Size in bytes.
     pub size: u64,
@@ -50,6 +61,14 @@ pub struct FileStamp {
     pub mtime_secs: i64,
     /// Sub-second part of the modification time.
     pub mtime_nanos: u32,
+    /// Status-change time, seconds since the epoch.
+    pub ctime_secs: i64,
+    /// Sub-second part of the status-change time.
+    pub ctime_nanos: u32,
+    /// The device holding the file.
+    pub dev: u64,
+    /// The file's inode.
+    pub ino: u64,
 }
 
 impl FileStamp {
@@ -60,11 +79,61 @@ impl FileStamp {
     pub fn of(path: &Path) -> std::io::Result<Self> {
         let canonical = fs::canonicalize(path)?;
         let meta = fs::metadata(&canonical)?;
-        let (mtime_secs, mtime_nanos) = match meta.modified()?.duration_since(UNIX_EPOCH) {
-            Ok(d) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
-            Err(e) => (-i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX), e.duration().subsec_nanos()),
+        Ok(Self::from_meta(canonical, &meta))
+    }
+
+    /// The stamp of the file whose metadata is `meta`, named `path`.
+    #[must_use]
+    pub fn from_meta(path: PathBuf, meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        let (mtime_secs, mtime_nanos) = match meta.modified().map(|m| m.duration_since(UNIX_EPOCH)) {
+            Ok(Ok(d)) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
+            Ok(Err(e)) => (-i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX), e.duration().subsec_nanos()),
+            Err(_) => (meta.mtime(), u32::try_from(meta.mtime_nsec()).unwrap_or(0)),
         };
-        Ok(Self { path: canonical, size: meta.len(), mtime_secs, mtime_nanos })
+        Self {
+            path,
+            size: meta.len(),
+            mtime_secs,
+            mtime_nanos,
+            ctime_secs: meta.ctime(),
+            ctime_nanos: u32::try_from(meta.ctime_nsec()).unwrap_or(0),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    /// Whether `other` is the same version of a file (the path aside).
+    #[must_use]
+    pub fn same_version(&self, other: &Self) -> bool {
+        Self { path: PathBuf::new(), ..self.clone() } == Self { path: PathBuf::new(), ..other.clone() }
+    }
+
+    /// Feeds the version (size, times, device and inode; not the path) to `h`.
+    pub fn hash_version(&self, h: &mut Fnv1a) {
+        h.u64(self.size);
+        h.u64(self.mtime_secs.cast_unsigned());
+        h.u64(u64::from(self.mtime_nanos));
+        h.u64(self.ctime_secs.cast_unsigned());
+        h.u64(u64::from(self.ctime_nanos));
+        h.u64(self.dev);
+        h.u64(self.ino);
+    }
+
+    /// What changed from `self` to `now`, in words (for errors and logs).
+    #[must_use]
+    pub fn change(&self, now: &Self) -> String {
+        if (now.dev, now.ino) != (self.dev, self.ino) {
+            "replaced by another file".to_owned()
+        } else if now.size != self.size {
+            format!("rewritten ({} bytes, {} when indexed)", now.size, self.size)
+        } else if (now.mtime_secs, now.mtime_nanos) != (self.mtime_secs, self.mtime_nanos) {
+            "rewritten in place (same size, another modification time)".to_owned()
+        } else {
+            "changed in place (same size and modification time, but a newer status-change time: rewritten \
+             with its modification time set back, or its mode or links changed)"
+                .to_owned()
+        }
     }
 }
 
@@ -117,6 +186,11 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
     w.write_all(&stamp.size.to_le_bytes())?;
     w.write_all(&stamp.mtime_secs.to_le_bytes())?;
     w.write_all(&stamp.mtime_nanos.to_le_bytes())?;
+    w.write_all(&stamp.ctime_secs.to_le_bytes())?;
+    w.write_all(&stamp.ctime_nanos.to_le_bytes())?;
+    w.write_all(&stamp.dev.to_le_bytes())?;
+    w.write_all(&stamp.ino.to_le_bytes())?;
+    w.write_all(&index.digest.to_le_bytes())?;
     w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
     let mut record = [0u8; RECORD_BYTES];
     for s in &index.sequences {
@@ -230,9 +304,21 @@ fn decode(
         problem.get_or_insert("other index options");
     }
     let (size, secs, nanos) = (body.u64()?, body.u64()?, body.u32()?);
-    if size != stamp.size || secs.to_le_bytes() != stamp.mtime_secs.to_le_bytes() || nanos != stamp.mtime_nanos {
-        problem.get_or_insert("data file changed (size or mtime)");
+    let (csecs, cnanos, dev, ino) = (body.u64()?, body.u32()?, body.u64()?, body.u64()?);
+    let recorded = FileStamp {
+        path: stamp.path.clone(),
+        size,
+        mtime_secs: secs.cast_signed(),
+        mtime_nanos: nanos,
+        ctime_secs: csecs.cast_signed(),
+        ctime_nanos: cnanos,
+        dev,
+        ino,
+    };
+    if !recorded.same_version(stamp) {
+        problem.get_or_insert("data file changed (size, times, or another file)");
     }
+    let digest = body.u32()?;
     let count = body.u64()?;
     if count > max_sequences {
         problem.get_or_insert(TOO_MANY_SEQUENCES);
@@ -267,7 +353,7 @@ fn decode(
     body.verify()?;
     match problem {
         Some(why) => Err(Miss::Stale(why)),
-        None => Ok(FileIndex { path: file.clone(), size: stamp.size, sequences }),
+        None => Ok(FileIndex { path: file.clone(), size: stamp.size, digest, sequences }),
     }
 }
 
@@ -313,7 +399,7 @@ const TOO_MANY: Miss = Miss::Stale(TOO_MANY_SEQUENCES);
 /// Whether a cache file of `len` bytes holds more than `max_sequences` sequences, from its length
 /// alone (so that a huge one is not read to find out).
 fn too_long(len: u64, stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> bool {
-    let header = 64 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
+    let header = 96 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
     len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences
 }
 
@@ -321,7 +407,7 @@ fn too_long(len: u64, stamp: &FileStamp, fingerprint: &str, max_sequences: u64) 
 /// `fingerprint`: what a download of one may hold.
 #[must_use]
 pub fn max_encoded_len(stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> u64 {
-    let fixed = 8 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8;
+    let fixed = 8 + 4 + 4 + 4 + 8 + 8 + 4 + (8 + 4 + 8 + 8) + 4 + 8 + 8;
     (fixed + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64)
         .saturating_add(max_sequences.saturating_mul(RECORD_BYTES as u64))
 }
@@ -482,7 +568,7 @@ mod tests {
         // Objects: one a dataset reads, one used recently, one neither (its last use two days
         // ago, past the grace).
         let object = |url: &str| {
-            let stamp = FileStamp { path: url.into(), size: stamp.size, mtime_secs: 1, mtime_nanos: 0 };
+            let stamp = FileStamp { path: url.into(), size: stamp.size, mtime_secs: 1, ..FileStamp::default() };
             store(&state, &stamp, "opts", &index).expect("store")
         };
         let (read, recent, rotated) =
@@ -515,7 +601,8 @@ mod tests {
         assert_eq!(remove_orphans(&state, &in_use), Removed::default(), "nothing more the second time");
         // Loading a cache marks its use: an object's cache idle past the grace is kept once read.
         fs::File::options().write(true).open(&read).and_then(|f| f.set_modified(long_ago)).expect("set mtime");
-        let stamp = FileStamp { path: "s3://bucket/read.ctf".into(), size: stamp.size, mtime_secs: 1, mtime_nanos: 0 };
+        let stamp =
+            FileStamp { path: "s3://bucket/read.ctf".into(), size: stamp.size, mtime_secs: 1, ..FileStamp::default() };
         let name: Arc<Path> = Arc::from(Path::new("s3://bucket/read.ctf"));
         load(&state, &stamp, "opts", &name, u64::MAX).expect("the cache loads");
         assert_eq!(remove_orphans(&state, &|p: &Path| p == data), Removed::default(), "a cache just read was removed");
@@ -530,6 +617,7 @@ mod tests {
         let index = FileIndex {
             path: file,
             size: stamp.size,
+            digest: 0x1234_5678,
             sequences: vec![
                 SequenceDesc { key: 0, offset: 0, line: 0, size: 5, samples: 1 },
                 SequenceDesc { key: 1, offset: 5, line: 1, size: 5, samples: 1 },
@@ -555,8 +643,43 @@ mod tests {
         // The same cache name (path + options), but the size no longer matches.
         assert_eq!(
             load(dir.path(), &changed, "opts", &index.path, u64::MAX),
-            Err(Miss::Stale("data file changed (size or mtime)"))
+            Err(Miss::Stale("data file changed (size, times, or another file)"))
         );
+    }
+
+    /// Issue 36: a data file replaced by another of the same size and modification time (a new
+    /// inode), or rewritten in place with its modification time set back (a new status-change
+    /// time), reused the cache of the old one: new bytes cut at the old sequence boundaries.
+    #[test]
+    fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_a_miss() {
+        let (dir, data, stamp, index) = setup();
+        store(dir.path(), &stamp, "opts", &index).expect("store");
+        let mtime = fs::metadata(&data).and_then(|m| m.modified()).expect("mtime");
+        // Replaced: another file (same size) renamed over it, its mtime set to the old one.
+        let other = dir.path().join("other.ctf");
+        fs::write(&other, "|a 7\n|a 8\n").expect("write");
+        fs::File::options().write(true).open(&other).and_then(|f| f.set_modified(mtime)).expect("set mtime");
+        fs::rename(&other, &data).expect("replace");
+        let replaced = FileStamp::of(&data).expect("stamp");
+        assert_eq!(
+            (replaced.size, replaced.mtime_secs, replaced.mtime_nanos),
+            (stamp.size, stamp.mtime_secs, stamp.mtime_nanos)
+        );
+        assert!(!replaced.same_version(&stamp));
+        assert_eq!(replaced.change(&stamp), "replaced by another file");
+        assert!(matches!(load(dir.path(), &replaced, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
+        // Rewritten in place, mtime set back: the same inode, a newer ctime.
+        store(dir.path(), &replaced, "opts", &index).expect("store");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(&data, "|a 5\n|a 6\n").expect("rewrite");
+        fs::File::options().write(true).open(&data).and_then(|f| f.set_modified(mtime)).expect("set mtime");
+        let rewritten = FileStamp::of(&data).expect("stamp");
+        assert_eq!(
+            (rewritten.dev, rewritten.ino, rewritten.mtime_secs),
+            (replaced.dev, replaced.ino, replaced.mtime_secs)
+        );
+        assert!(rewritten.change(&replaced).contains("status-change time"), "{}", rewritten.change(&replaced));
+        assert!(matches!(load(dir.path(), &rewritten, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
     }
 
     #[test]

@@ -13,17 +13,18 @@
 //!   ([`crate::persist::private_subdir`]: `0700`, owned by this user); the copy is created `0600`
 //!   under a fresh temporary name with `O_CREAT|O_EXCL`, fsynced and renamed.
 //! * **Names and reuse.** A copy's name holds a hash of the canonical source path and one of the
-//!   source's size and modification time, so a changed source gets a new copy and an unchanged one
-//!   reuses it across runs; older copies of the same source are removed once no dataset reads
-//!   them (the daemon's tidy, [`remove_unused`]). Beside each copy a
-//!   sidecar `NAME.meta` (also `0600`, checksummed) records the source's path, size and mtime and
-//!   the copy's size and mtime when it was written. A copy is reused only if the sidecar is
-//!   intact and matches the source, and the copy is a regular file (not a symbolic link) owned by
-//!   this user, not writable by group or others, with the recorded size and mtime. Anything else —
-//!   a copy of another user, a link, a group-writable copy, a copy without sidecar (older
-//!   versions, an interrupted write), a copy of another size — is decompressed again. Not
-//!   detected: a rewrite by this user (or root) that keeps the size and restores the mtime; the
-//!   content is not re-hashed on reuse (that would read the whole copy at every open).
+//!   source's version ([`FileStamp`]: size, modification and status-change times, device and
+//!   inode), so a changed source — even one replaced by another file of the same size and mtime,
+//!   or rewritten with its mtime set back — gets a new copy and an unchanged one reuses it across
+//!   runs; older copies of the same source are removed once no dataset reads them (the daemon's
+//!   tidy, [`remove_unused`]). Beside each copy a sidecar `NAME.meta` (also `0600`, checksummed)
+//!   records the source's path and version and the copy's version when it was written. A copy is
+//!   reused only if the sidecar is intact and matches the source, and the copy is a regular file
+//!   (not a symbolic link) owned by this user, not writable by group or others, and still the
+//!   version recorded (its size, times, device and inode: a rewrite of the copy changes its
+//!   status-change time, which nobody can set back). Anything else — a copy of another user, a
+//!   link, a group-writable copy, a copy without sidecar (older versions, an interrupted write),
+//!   a copy changed since — is decompressed again.
 //! * **Limits** ([`InflateLimits`]): the copy may hold at most `daemon.max_inflated_bytes`, and at
 //!   most `daemon.max_inflate_ratio` times the compressed size (a gzip bomb; small files always
 //!   get [`INFLATE_RATIO_GRACE_BYTES`]). Exceeding either is an error naming the file, the limit
@@ -49,7 +50,8 @@ pub const INFLATED_DIR: &str = "inflated";
 /// Suffix of a copy's sidecar.
 const SIDECAR_SUFFIX: &str = ".meta";
 const SIDECAR_MAGIC: &[u8; 8] = b"MBDINFL\0";
-const SIDECAR_VERSION: u32 = 1;
+/// 2: the source's and the copy's status-change time, device and inode.
+const SIDECAR_VERSION: u32 = 2;
 
 /// Whether `path` starts with the gzip magic.
 ///
@@ -83,8 +85,11 @@ fn hash_parts(parts: &[&[u8]]) -> u64 {
 fn copy_names(stamp: &FileStamp) -> (String, String) {
     let name = stamp.path.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
-    let stamp_hash =
-        hash_parts(&[&stamp.size.to_le_bytes(), &stamp.mtime_secs.to_le_bytes(), &stamp.mtime_nanos.to_le_bytes()]);
+    let stamp_hash = {
+        let mut h = Fnv1a::new();
+        stamp.hash_version(&mut h);
+        h.finish()
+    };
     let prefix = format!("{name}.{path_hash:016x}.");
     let file = format!("{prefix}{stamp_hash:016x}");
     (prefix, file)
@@ -178,8 +183,8 @@ fn inflated_copy(
         fs::rename(&tmp, &target)?;
         persist::sync_dir(&dir);
         let meta = fs::symlink_metadata(&target)?;
-        let record =
-            Record { source: stamp.clone(), copy_size: written, copy_mtime: (meta.mtime(), meta.mtime_nsec()) };
+        let record = Record { source: stamp.clone(), copy: FileStamp::from_meta(target.clone(), &meta) };
+        debug_assert_eq!(record.copy.size, written);
         persist::write_atomic(&sidecar, &record.encode())
     };
     if let Err(e) = finish() {
@@ -268,16 +273,14 @@ fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reu
         return Err(Reuse::Refused("the sidecar describes another source".into()));
     }
     let (_, meta) = persist::open_trusted(target).map_err(|e| Reuse::Refused(e.to_string()))?;
-    if meta.len() != record.copy_size {
-        return Err(Reuse::Refused(format!("{} bytes, {} recorded when it was written", meta.len(), record.copy_size)));
-    }
-    if (meta.mtime(), meta.mtime_nsec()) != record.copy_mtime {
-        return Err(Reuse::Refused("modified since it was written".into()));
+    let now = FileStamp::from_meta(target.to_owned(), &meta);
+    if !now.same_version(&record.copy) {
+        return Err(Reuse::Refused(format!("{} since it was written", record.copy.change(&now))));
     }
     // The sidecar's modification time says when the copy was last used ([`remove_unused`]);
     // best effort. (The copy's own is recorded, so it is not touched.)
     let _ = side.set_modified(std::time::SystemTime::now());
-    Ok(record.copy_size)
+    Ok(record.copy.size)
 }
 
 /// How long a decompressed copy that no open dataset reads is kept after its last use (written,
@@ -431,24 +434,31 @@ fn read_record(f: &mut File) -> Result<Record, String> {
 #[derive(Debug, PartialEq, Eq)]
 struct Record {
     source: FileStamp,
-    copy_size: u64,
-    copy_mtime: (i64, i64),
+    /// The copy's version when it was written (its path is not recorded).
+    copy: FileStamp,
+}
+
+/// Appends a stamp's version (not its path) to `out`.
+fn put_version(out: &mut Vec<u8>, s: &FileStamp) {
+    out.extend_from_slice(&s.size.to_le_bytes());
+    out.extend_from_slice(&s.mtime_secs.to_le_bytes());
+    out.extend_from_slice(&s.mtime_nanos.to_le_bytes());
+    out.extend_from_slice(&s.ctime_secs.to_le_bytes());
+    out.extend_from_slice(&s.ctime_nanos.to_le_bytes());
+    out.extend_from_slice(&s.dev.to_le_bytes());
+    out.extend_from_slice(&s.ino.to_le_bytes());
 }
 
 impl Record {
     fn encode(&self) -> Vec<u8> {
         let path = self.source.path.as_os_str().as_encoded_bytes();
-        let mut out = Vec::with_capacity(64 + path.len());
+        let mut out = Vec::with_capacity(128 + path.len());
         out.extend_from_slice(SIDECAR_MAGIC);
         out.extend_from_slice(&SIDECAR_VERSION.to_le_bytes());
         out.extend_from_slice(&u32::try_from(path.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(path);
-        out.extend_from_slice(&self.source.size.to_le_bytes());
-        out.extend_from_slice(&self.source.mtime_secs.to_le_bytes());
-        out.extend_from_slice(&self.source.mtime_nanos.to_le_bytes());
-        out.extend_from_slice(&self.copy_size.to_le_bytes());
-        out.extend_from_slice(&self.copy_mtime.0.to_le_bytes());
-        out.extend_from_slice(&self.copy_mtime.1.to_le_bytes());
+        put_version(&mut out, &self.source);
+        put_version(&mut out, &self.copy);
         let sum = Fnv1a::of(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
@@ -470,18 +480,24 @@ impl Record {
         }
         let path_len = usize::try_from(u32::from_le_bytes(take(4)?.try_into().ok()?)).ok()?;
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(take(path_len)?));
-        let u64_at = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
-        let i64_at = |b: &[u8]| b.try_into().ok().map(i64::from_le_bytes);
-        let size = u64_at(take(8)?)?;
-        let mtime_secs = i64_at(take(8)?)?;
-        let mtime_nanos = u32::from_le_bytes(take(4)?.try_into().ok()?);
-        let copy_size = u64_at(take(8)?)?;
-        let copy_mtime = (i64_at(take(8)?)?, i64_at(take(8)?)?);
-        (pos == body.len()).then_some(Self {
-            source: FileStamp { path, size, mtime_secs, mtime_nanos },
-            copy_size,
-            copy_mtime,
-        })
+        let mut version = |path: PathBuf| -> Option<FileStamp> {
+            let u64_at = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
+            let i64_at = |b: &[u8]| b.try_into().ok().map(i64::from_le_bytes);
+            let u32_at = |b: &[u8]| b.try_into().ok().map(u32::from_le_bytes);
+            Some(FileStamp {
+                path,
+                size: u64_at(take(8)?)?,
+                mtime_secs: i64_at(take(8)?)?,
+                mtime_nanos: u32_at(take(4)?)?,
+                ctime_secs: i64_at(take(8)?)?,
+                ctime_nanos: u32_at(take(4)?)?,
+                dev: u64_at(take(8)?)?,
+                ino: u64_at(take(8)?)?,
+            })
+        };
+        let source = version(path)?;
+        let copy = version(PathBuf::new())?;
+        (pos == body.len()).then_some(Self { source, copy })
     }
 }
 
@@ -841,9 +857,17 @@ mod tests {
     #[test]
     fn the_sidecar_round_trips_and_rejects_damage() {
         let r = Record {
-            source: FileStamp { path: PathBuf::from("/d/x.gz"), size: 7, mtime_secs: -3, mtime_nanos: 9 },
-            copy_size: 11,
-            copy_mtime: (5, 6),
+            source: FileStamp {
+                path: PathBuf::from("/d/x.gz"),
+                size: 7,
+                mtime_secs: -3,
+                mtime_nanos: 9,
+                ctime_secs: 4,
+                ctime_nanos: 2,
+                dev: 66,
+                ino: 1234,
+            },
+            copy: FileStamp { size: 11, mtime_secs: 5, mtime_nanos: 6, ino: 99, ..FileStamp::default() },
         };
         let bytes = r.encode();
         assert_eq!(Record::decode(&bytes), Some(r));

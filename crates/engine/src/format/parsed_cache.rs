@@ -6,8 +6,9 @@
 //! One file per (dataset parse identity, chunk) in a private directory (`state_dir/parsed` by
 //! default, `0700`), named `{identity:016x}-{chunk}.mbp`. The identity
 //! ([`crate::dataset::Dataset::parse_identity`]) covers everything that shapes the parse: the
-//! format and its options, the streams, the precision, the chunking, and every input file's path,
-//! size, modification time and inode (an object's ETag); a file that changes gets a new identity,
+//! format and its options, the streams, the precision, the chunking, and every input file's path
+//! and version (size, modification and status-change times, device and inode; an object's ETag);
+//! a file that changes gets a new identity,
 //! and its old entries age out of the LRU. Layout (native byte order, declared in the header):
 //!
 //! ```text

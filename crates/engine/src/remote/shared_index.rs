@@ -92,7 +92,7 @@ pub fn stamp(object: &ObjectMeta) -> FileStamp {
         path: object.url.clone().into(),
         size: object.size,
         mtime_secs: i64::from_le_bytes(etag.to_le_bytes()),
-        mtime_nanos: 0,
+        ..FileStamp::default()
     }
 }
 

@@ -108,12 +108,15 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let mut indexer = Indexer::new(path.clone(), options, size, limits);
-    let consumed = for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
-        indexer.line(line, offset)
-    })?;
+    let (consumed, digest) =
+        for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
+            indexer.line(line, offset)
+        })?;
     // A file that grew during the pass yields more than `size` bytes: the open sequence ends
     // where the bytes did (the read that follows refuses the changed file).
-    indexer.finish(consumed)
+    let mut index = indexer.finish(consumed)?;
+    index.digest = digest;
+    Ok(index)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -325,7 +328,7 @@ impl Indexer {
         self.close(self.size.max(consumed))?;
         // What the dataset keeps is what its memory accounting counts (`Dataset::index_bytes`).
         self.sequences.shrink_to_fit();
-        Ok(FileIndex { path: self.path, size: self.size, sequences: self.sequences })
+        Ok(FileIndex { path: self.path, size: self.size, digest: 0, sequences: self.sequences })
     }
 }
 

@@ -61,11 +61,12 @@ pub fn index_reader(
     let name = path.clone();
     let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new(), max_sequences: limits.max_sequences };
     let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
-    let consumed = for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
+    let (consumed, digest) =
+        for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
     let mut sequences = ix.sequences;
     // What the dataset keeps is what its memory accounting counts (`Dataset::index_bytes`).
     sequences.shrink_to_fit();
-    Ok(FileIndex { path: ix.path, size: size.max(consumed), sequences })
+    Ok(FileIndex { path: ix.path, size: size.max(consumed), digest, sequences })
 }
 
 struct LineIndexer {
