@@ -198,6 +198,9 @@ pub struct Metrics {
     pub parsed_cache_write_errors: IntCounter,
     /// `minibatchd_parsed_cache_mapped_total`: of the hits, chunks served from the entry's mapping.
     pub parsed_cache_mapped: IntCounter,
+    /// `minibatchd_parsed_cache_revoked_total`: mapped entries another process opened for writing
+    /// or truncated, moved into the daemon's memory first.
+    pub parsed_cache_revoked: IntCounter,
     /// `minibatchd_parsed_cache_read_bytes_total`: bytes read from entries.
     pub parsed_cache_read_bytes: IntCounter,
     /// `minibatchd_parsed_cache_written_bytes_total`: bytes written to entries.
@@ -554,6 +557,11 @@ impl Metrics {
                 &r,
                 "minibatchd_parsed_cache_mapped_total",
                 "Chunks read back from the persisted cache whose columns are the entry's mapped pages.",
+            )?,
+            parsed_cache_revoked: counter(
+                &r,
+                "minibatchd_parsed_cache_revoked_total",
+                "Mapped persisted parsed chunks that another process opened for writing or truncated: their pages were moved into the daemon's memory before it could (the chunk is served unchanged).",
             )?,
             parsed_cache_read_bytes: counter(
                 &r,

@@ -1066,6 +1066,83 @@ fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() 
     assert!(d.stop().success());
 }
 
+/// Issue 36, finding 4: one persisted entry truncated while the daemon had it mapped killed the
+/// whole daemon (`SIGBUS`, every session of every dataset dropped, nothing logged), and one
+/// overwritten in place was served wrong. Now another process's truncation or write waits until
+/// the daemon has moved the mapping into its own memory: the session goes on with exactly what
+/// the parse delivers, the daemon stays up, and the changed entries are refused at their next read.
+#[test]
+fn entries_truncated_or_overwritten_while_mapped_neither_crash_the_daemon_nor_change_what_it_serves() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    for id in 0..12_000u32 {
+        let _ = write!(text, "{id} |F");
+        for k in 0..64u32 {
+            let _ = write!(text, " {}", (id * 13 + k * 5) % 89);
+        }
+        let _ = writeln!(text, " |L {}:0.5", id % 5);
+    }
+    write(tmp.path(), "big.ctf", text);
+    let d = tmp.path().display();
+    let cfg = write_config(tmp.path(), "", &[]);
+    let mut toml = std::fs::read_to_string(&cfg).expect("config");
+    let _ = write!(
+        toml,
+        "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{d}/big.ctf\"]\nchunk_size_bytes = 1300000\n\
+         [datasets.train.streams.features]\nalias = \"F\"\ndim = 64\nformat = \"dense\"\n\
+         [datasets.train.streams.labels]\nalias = \"L\"\ndim = 5\nformat = \"sparse\"\n\
+         [datasets.train.sampling]\nrandomize = true\nseed = 0\n"
+    );
+    std::fs::write(&cfg, toml).expect("config");
+    let out = command("dump", &cfg, "train")
+        .args(["--minibatch-size", "100", "--full-sweep", "--seed", "3"])
+        .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "1073741824")
+        .output()
+        .expect("dump");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    let parsed_dir = tmp.path().join("state/parsed");
+    let entries: Vec<std::path::PathBuf> =
+        std::fs::read_dir(&parsed_dir).expect("ls").map(|e| e.expect("entry").path()).collect();
+    assert_eq!(entries.len(), 2, "{entries:?}");
+
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let opts = SessionOptions { full_sweep: true, seed: Some(3), ..options(100) };
+    let mut s = d.client().open("train", &opts).expect("open");
+    let mut got = drain(&mut s, 10);
+    d.wait_metrics("both chunks mapped", |m| m.sum("minibatchd_parsed_cache_mapped_total", &[]) >= 2.0);
+    // Another process truncates one entry and overwrites the other in place (coreutils'
+    // `truncate` opens non-blocking: refused until the daemon has let go of the file).
+    for (entry, cmd) in entries.iter().zip([
+        "truncate -s 0 \"$1\"",
+        "head -c 262144 /dev/urandom | dd of=\"$1\" bs=65536 seek=2 conv=notrunc 2>/dev/null",
+    ]) {
+        let start = Instant::now();
+        while !Command::new("sh")
+            .args(["-c", cmd, "sh"])
+            .arg(entry)
+            .stderr(Stdio::null())
+            .status()
+            .expect("sh")
+            .success()
+        {
+            assert!(start.elapsed() < DEADLINE, "{cmd} never went through");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    got.extend(drain(&mut s, 1000));
+    assert_eq!(got, want, "the session delivered what the parse delivers");
+    assert!(d.running(), "the daemon is alive");
+    let m = d.wait_metrics("both mappings revoked", |m| m.sum("minibatchd_parsed_cache_revoked_total", &[]) >= 2.0);
+    assert_eq!(m.sum("minibatchd_parsed_cache_rejected_total", &[]), 0.0, "not read again yet");
+    // A second session reads the chunks the cache still holds, or the entries again: both
+    // changed entries are refused and the chunks parsed again.
+    drop(s);
+    let mut again = d.client().open("train", &opts).expect("open");
+    assert_eq!(drain(&mut again, 1000), want);
+    assert!(d.stop().success());
+}
+
 #[test]
 fn index_parsed_fills_the_persisted_cache_ahead_of_time_and_says_so() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -18,42 +18,53 @@ use crate::Pod;
 /// A whole regular file mapped read-only and private, populated at once; unmapped when the last
 /// [`Column`] into it is dropped.
 ///
-/// The caller must map only files that nobody writes in place or truncates while they are mapped
-/// (the persisted parsed-chunk cache: entries in a private `0700` directory, written to a new file
-/// and renamed into place, never modified after). A file truncated under a mapping makes reading
-/// its lost pages fault (`SIGBUS`), and bytes written into it in place change the values read.
+/// Guarded by a read lease ([`crate::lease`]): the file is mapped only while this process holds
+/// one, so nobody is writing it when it is mapped, and another process that later opens it for
+/// writing or truncates it waits until the mapping has been moved into this process's own memory
+/// ([`FileMapping::detach`]). A truncation can therefore never make a read fault (`SIGBUS`), nor
+/// a write change the bytes read.
 pub struct FileMapping {
     ptr: NonNull<u8>,
     len: usize,
+    /// The file, holding the lease, while the mapping is the file's; `None` once detached.
+    lease: std::sync::Mutex<Option<File>>,
 }
 
 // SAFETY: the mapping is read-only memory owned by this value; moving it to another thread moves
 // the ownership.
 unsafe impl Send for FileMapping {}
-// SAFETY: `&FileMapping` only gives out `&[u8]` of read-only memory.
+// SAFETY: `&FileMapping` only gives out `&[u8]` of read-only memory, whose bytes never change
+// (`detach` replaces the pages with equal ones); the lease is behind a mutex.
 unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
-    /// Maps the first `len` bytes of `file` (its whole length, as the caller checked) and has the
-    /// kernel populate the page tables with them, reading what is not in the page cache: an I/O
-    /// error surfaces here as an error, not later as a fault in the reader.
+    /// Takes a read lease on `file` (opened read-only), maps its first `len` bytes (its whole
+    /// length, as the caller checked) and has the kernel populate the page tables with them,
+    /// reading what is not in the page cache: an I/O error surfaces here as an error, not later
+    /// as a fault in the reader. The mapping holds `file` while it is the file's.
     ///
     /// # Errors
-    /// `InvalidInput` for an empty mapping; the `mmap` or `madvise(MADV_POPULATE_READ)` error (a
-    /// kernel older than 5.14 without that advice is not an error: pages then fault in on first
-    /// use).
-    pub fn map(file: &File, len: usize) -> std::io::Result<Self> {
+    /// `InvalidInput` for an empty mapping or one past the file's end; the lease's error when the
+    /// file cannot be guarded ([`crate::lease`]: the caller reads it instead); the `mmap` or
+    /// `madvise(MADV_POPULATE_READ)` error (a kernel older than 5.14 without that advice is not
+    /// an error: pages then fault in on first use).
+    pub fn map(file: File, len: usize) -> std::io::Result<Arc<Self>> {
+        // Leased first: from here no one can be writing the file, so what is mapped (and checked
+        // by the caller) is what is read until the mapping goes.
+        crate::lease::take(&file)?;
         // Past the file's end a mapping faults when read: refused here, whatever the kernel's
         // populate says (one older than 5.14 says nothing).
         if len == 0 || u64::try_from(len).map_or(true, |l| l > file.metadata().map_or(0, |m| m.len())) {
+            crate::lease::release(&file);
             return Err(std::io::ErrorKind::InvalidInput.into());
         }
         // SAFETY: a fresh mapping chosen by the kernel (null hint) overlaps no existing Rust
-        // object. The file's contents are not changed under the mapping by the contract above, so
-        // the bytes read through it stay what they were (and `Pod` values are valid for any bytes).
-        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::PRIVATE, file, 0) }?;
+        // object. Under the lease nobody writes or truncates the file while it is mapped (a
+        // writer waits until `detach` has moved the pages into memory of our own), so the bytes
+        // read through it stay what they were (and `Pod` values are valid for any bytes).
+        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::PRIVATE, &file, 0) }?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(std::io::ErrorKind::InvalidInput)?;
-        let map = Self { ptr, len };
+        let map = Arc::new(Self { ptr, len, lease: std::sync::Mutex::new(Some(file)) });
         if crate::huge::huge_pages() {
             // Pages not in the page cache are then read ahead into 2 MiB folios, which the
             // mapping maps as huge pages (as those of entries written in 2 MiB pieces).
@@ -66,9 +77,87 @@ impl FileMapping {
         // SAFETY: the range is exactly the mapping made above, owned by `map`; the advice only
         // reads the file's pages in and maps them, never changing contents or validity.
         match unsafe { rustix::mm::madvise(ptr.as_ptr().cast(), len, Advice::LinuxPopulateRead) } {
-            Ok(()) | Err(rustix::io::Errno::INVAL) => Ok(map),
-            Err(e) => Err(e.into()),
+            Ok(()) | Err(rustix::io::Errno::INVAL) => {}
+            Err(e) => return Err(e.into()),
         }
+        crate::lease::guard(&map);
+        Ok(map)
+    }
+
+    fn lease(&self) -> std::sync::MutexGuard<'_, Option<File>> {
+        self.lease.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the mapping is still the file's (not yet [`FileMapping::detach`]ed).
+    #[must_use]
+    pub fn is_file_backed(&self) -> bool {
+        self.lease().is_some()
+    }
+
+    /// Whether another process is waiting to write or truncate the file (its lease is being
+    /// broken).
+    pub(crate) fn lease_broken(&self) -> bool {
+        self.lease().as_ref().is_some_and(crate::lease::broken)
+    }
+
+    /// Moves the mapping into anonymous memory of this process's own — the same bytes at the same
+    /// addresses, in one step (`mremap`) — then releases the file and its lease: whatever is
+    /// done to the file afterwards does not reach the mapping. Readers may read meanwhile: they
+    /// see the same bytes before and after. Does nothing once detached.
+    ///
+    /// # Errors
+    /// The `mmap`, `mprotect` or `mremap` error; the mapping then stays the file's, leased.
+    pub fn detach(&self) -> std::io::Result<()> {
+        let mut lease = self.lease();
+        let Some(file) = lease.as_ref() else { return Ok(()) };
+        // SAFETY: a fresh anonymous mapping chosen by the kernel, overlapping nothing.
+        let copy = unsafe {
+            rustix::mm::mmap_anonymous(
+                std::ptr::null_mut(),
+                self.len,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }?;
+        if crate::huge::huge_pages() {
+            // SAFETY: exactly the fresh mapping above; the advice only changes its backing.
+            let _ = unsafe { rustix::mm::madvise(copy, self.len, Advice::LinuxHugepage) };
+        }
+        // SAFETY: `copy` is `len` writable bytes of our own; `ptr..ptr+len` is the file mapping,
+        // readable, and its bytes cannot change or vanish while we hold the lease (the writer
+        // waiting for it is blocked in the kernel).
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), copy.cast::<u8>(), self.len) };
+        // SAFETY: `copy`/`len` is the anonymous mapping made above, which nothing else uses. Then
+        // `mremap` moves it onto `ptr`, replacing the file mapping there in one step (the kernel
+        // unmaps the old range and maps the new pages under one lock): a concurrent reader sees
+        // the file's page or the copy's, which hold the same bytes. `ptr`/`len` stay this
+        // mapping's (unmapped in `drop`).
+        let moved = unsafe {
+            rustix::mm::mprotect(copy, self.len, rustix::mm::MprotectFlags::READ)
+                .map_err(std::io::Error::from)
+                .and_then(|()| {
+                    let to = libc::mremap(
+                        copy,
+                        self.len,
+                        self.len,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                        self.ptr.as_ptr().cast::<libc::c_void>(),
+                    );
+                    if to == libc::MAP_FAILED {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(())
+                    }
+                })
+        };
+        if let Err(e) = moved {
+            // SAFETY: the copy, not moved: ours alone.
+            let _ = unsafe { rustix::mm::munmap(copy, self.len) };
+            return Err(e);
+        }
+        crate::lease::release(file);
+        *lease = None;
+        Ok(())
     }
 
     /// The mapped bytes.
@@ -261,31 +350,35 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// A read-only handle on a new file holding `bytes` (unlinked: the crate has no `tempfile`
+    /// dependency).
     fn file_of(bytes: &[u8]) -> File {
-        let mut f = tempfile_in_target();
-        f.write_all(bytes).expect("write");
+        let (path, f) = named_file_of(bytes);
+        std::fs::remove_file(&path).expect("unlink");
         f
     }
 
-    /// An unlinked temporary file (the crate has no `tempfile` dependency).
-    fn tempfile_in_target() -> File {
+    /// A new file holding `bytes` under a name of its own, and a read-only handle on it (a
+    /// mapping's lease needs one: no descriptor open for writing).
+    fn named_file_of(bytes: &[u8]) -> (std::path::PathBuf, File) {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
         let path = std::env::temp_dir().join(format!(
-            "minibatchd-column-{}-{:?}",
+            "minibatchd-column-{}-{}",
             std::process::id(),
-            std::thread::current().id()
+            N.fetch_add(1, Ordering::Relaxed)
         ));
-        let f =
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&path).expect("open");
-        std::fs::remove_file(&path).expect("unlink");
-        f
+        let mut w = std::fs::File::create(&path).expect("create");
+        w.write_all(bytes).expect("write");
+        drop(w);
+        (path.clone(), File::open(&path).expect("open"))
     }
 
     #[test]
     fn a_mapped_column_reads_the_files_values_and_outlives_its_file_handle() {
         let values: Vec<u64> = (0..1000).map(|i| i * 3 + 1).collect();
         let f = file_of(crate::as_bytes(&values));
-        let map = Arc::new(FileMapping::map(&f, values.len() * 8).expect("map"));
-        drop(f);
+        let map = FileMapping::map(f, values.len() * 8).expect("map");
         let col = Column::<u64>::mapped(&map, 8, 10).expect("in bounds and aligned");
         drop(map);
         assert!(col.is_mapped());
@@ -299,24 +392,81 @@ mod tests {
 
     #[test]
     fn out_of_bounds_or_misaligned_ranges_are_refused() {
-        let f = file_of(&[7u8; 64]);
-        let map = Arc::new(FileMapping::map(&f, 64).expect("map"));
+        let map = FileMapping::map(file_of(&[7u8; 64]), 64).expect("map");
         assert!(Column::<u64>::mapped(&map, 0, 8).is_some());
         assert!(Column::<u64>::mapped(&map, 8, 8).is_none(), "past the end");
         assert!(Column::<u64>::mapped(&map, 4, 1).is_none(), "misaligned for u64");
         assert!(Column::<u32>::mapped(&map, 4, 1).is_some());
         assert!(Column::<u64>::mapped(&map, usize::MAX - 3, 1).is_none(), "overflow");
         assert!(Column::<u8>::mapped(&map, 64, 0).is_some(), "an empty range at the end");
-        assert!(FileMapping::map(&f, 0).is_err());
-        assert!(FileMapping::map(&f, 65).is_err(), "past the file's end");
+        assert!(FileMapping::map(file_of(&[7u8; 64]), 0).is_err());
+        assert!(FileMapping::map(file_of(&[7u8; 64]), 65).is_err(), "past the file's end");
     }
 
     /// `FilePmdMapped` is found for the mapping itself (not another one): a small file mapping
     /// has none.
     #[test]
     fn a_small_mapping_is_not_huge_page_backed() {
-        let f = file_of(&[1u8; 8192]);
-        let map = FileMapping::map(&f, 8192).expect("map");
+        let map = FileMapping::map(file_of(&[1u8; 8192]), 8192).expect("map");
         assert_eq!(map.huge_page_backed(), Some(false));
+    }
+
+    /// Runs `cmd` (a shell command on `path`) in another process until it succeeds: its open for
+    /// writing blocks in the kernel until the mapping's lease is released, which the lease thread
+    /// does after moving the mapping into memory — or, opened non-blocking (coreutils' `truncate`
+    /// does), fails with `EAGAIN` until then.
+    fn other_process(cmd: &str, path: &std::path::Path) {
+        let start = std::time::Instant::now();
+        while !std::process::Command::new("sh")
+            .args(["-c", cmd, "sh"])
+            .arg(path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("run sh")
+            .success()
+        {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "{cmd} never succeeded");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
+    /// Issue 36, finding 4: an entry truncated while mapped killed the whole daemon (`SIGBUS`),
+    /// and one overwritten in place was served wrong. Under its lease, the truncation and the
+    /// write wait until the mapping is the process's own; it reads the bytes it was mapped with.
+    #[test]
+    fn a_mapped_file_truncated_or_overwritten_by_another_process_keeps_its_bytes() {
+        let values: Vec<u64> = (0..(3 << 18)).map(|i| i * 7 + 3).collect(); // 6 MiB
+        let bytes = crate::as_bytes(&values);
+        for cmd in
+            ["truncate -s 0 \"$1\"", "printf 'XXXXXXXXXXXXXXXX' | dd of=\"$1\" bs=4096 seek=1 conv=notrunc 2>/dev/null"]
+        {
+            let (path, f) = named_file_of(bytes);
+            let map = FileMapping::map(f, bytes.len()).expect("map");
+            let col = Column::<u64>::mapped(&map, 0, values.len()).expect("column");
+            assert!(map.is_file_backed());
+            let before = crate::lease::revoked();
+            other_process(cmd, &path);
+            assert!(!map.is_file_backed(), "{cmd}: moved into memory before the other process went on");
+            assert!(crate::lease::revoked() > before);
+            // No SIGBUS, and the values the mapping was made with.
+            assert!(col.iter().copied().eq(values.iter().copied()), "{cmd}: the values changed");
+            let on_disk = std::fs::read(&path).expect("read");
+            assert_ne!(on_disk, bytes, "{cmd}: the other process did change the file");
+            std::fs::remove_file(&path).expect("rm");
+        }
+    }
+
+    /// A file open for writing (here by this very process) cannot be leased, so it is not
+    /// mapped: the caller reads it instead.
+    #[test]
+    fn a_file_open_for_writing_is_not_mapped() {
+        let (path, f) = named_file_of(&[5u8; 8192]);
+        let writer = std::fs::OpenOptions::new().write(true).open(&path).expect("open for writing");
+        let e = FileMapping::map(f, 8192).expect_err("no lease while a writer has it open");
+        assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
+        drop(writer);
+        let map = FileMapping::map(File::open(&path).expect("open"), 8192).expect("mapped once the writer is gone");
+        assert_eq!(map.bytes(), &[5u8; 8192][..]);
+        std::fs::remove_file(&path).expect("rm");
     }
 }

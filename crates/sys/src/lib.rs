@@ -12,7 +12,9 @@
 //!   at once, one writer per slot ([`memory::SharedSlots`]); `madvise(MADV_HUGEPAGE)` for parsed columns
 //!   and glibc's `mallopt` tuning;
 //! * [`column`] — a persisted parsed chunk's columns read straight from a read-only mapping of
-//!   its file ([`column::FileMapping`], [`column::Column`]);
+//!   its file ([`column::FileMapping`], [`column::Column`]), guarded by a read lease
+//!   ([`lease`]: another process's write or truncation waits until the mapping is the process's
+//!   own memory);
 //! * [`fdpass`] — passing the memfd over the control socket (`SCM_RIGHTS`).
 //!
 //! Depends on no other crate of the workspace. What the bytes of a ring *mean* is
@@ -22,6 +24,7 @@ pub mod column;
 pub mod fdpass;
 pub mod files;
 pub mod huge;
+pub mod lease;
 pub mod memory;
 pub mod simd;
 

@@ -646,11 +646,14 @@ mod tests {
     fn mapped_chunk(n: usize) -> Arc<ParsedChunk> {
         use minibatchd_engine::format::chunk::{Column, StreamData, StreamValues, Values};
         use std::io::Write as _;
-        let mut f = tempfile::tempfile().expect("tempfile");
+        let mut f = tempfile::NamedTempFile::new().expect("tempfile");
         #[allow(clippy::cast_precision_loss)] // small integers
         let values: Vec<f32> = (0..n).map(|i| i as f32).collect();
         f.write_all(minibatchd_sys::as_bytes(&values)).expect("write");
-        let map = Arc::new(minibatchd_sys::FileMapping::map(&f, n * 4).expect("map"));
+        // Mapped under a read lease: through a read-only descriptor, the writer's closed.
+        let (_, path) = f.keep().expect("keep");
+        let map = minibatchd_sys::FileMapping::map(std::fs::File::open(&path).expect("open"), n * 4).expect("map");
+        std::fs::remove_file(&path).expect("unlink");
         let column = Column::mapped(&map, 0, n).expect("in bounds");
         Arc::new(ParsedChunk {
             chunk: 0,

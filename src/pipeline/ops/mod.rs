@@ -59,6 +59,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         Metrics::mirror(&m.parsed_cache_evictions, s.evictions);
         Metrics::mirror(&m.parsed_cache_write_errors, s.write_errors);
         Metrics::mirror(&m.parsed_cache_mapped, s.mapped);
+        Metrics::mirror(&m.parsed_cache_revoked, minibatchd_sys::lease::revoked());
         Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
         Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
     }

@@ -116,7 +116,8 @@ pub(crate) fn read_full(reader: &mut impl std::io::Read, buf: &mut [u8]) -> std:
 /// than a block is carried over whole, up to `max_line_bytes` (a longer line is a fatal error:
 /// the carried line is the one thing here that grows with the input). Reports the bytes seen
 /// after each block. Returns the bytes read and their CRC-32 (the content's digest,
-/// [`FileIndex::digest`]: about 20 GB/s on the bytes just read, a few percent of the pass).
+/// [`FileIndex::digest`], computed on each block while it is in cache; its cost is measured in
+/// docs/benchmarks.md).
 ///
 /// # Errors
 /// I/O errors (naming `path`), a line over `max_line_bytes`, and the first error `line` returns.

@@ -43,13 +43,17 @@
 //! started, until their next eviction scan.
 //!
 //! Reading an entry of 1 MiB and more maps its file read-only ([`FileMapping`], populated at once
-//! so that an I/O error is an error here, not a fault later) and checks its checksum over the
-//! mapping; the chunk's value and index columns are then the mapped bytes themselves
+//! so that an I/O error is an error here, not a fault later) under a read lease that guards it
+//! against other processes — one that opens the entry for writing or truncates it waits until the
+//! mapping has been moved into the daemon's own memory, so a cache file can neither crash the
+//! daemon (`SIGBUS`) nor change what it serves ([`minibatchd_sys::lease`]) — and checks its
+//! checksum over the mapping; the chunk's value and index columns are then the mapped bytes themselves
 //! ([`Column`]), which the gather reads as it reads a parsed chunk's: no copy, and no fresh memory
 //! to touch (on a VM whose host takes freed memory back, that first touch cost more than the
 //! copy; docs/benchmarks.md). The offsets (a few percent of an entry) are copied, and so is a
 //! column whose place in the file is not aligned for its type. Smaller entries, and any entry that
-//! cannot be mapped (`vm.max_map_count`), are read into memory. A mapping lives as long as the
+//! cannot be mapped (no lease: a file system without leases, the entry open for writing
+//! elsewhere; `vm.max_map_count`), are read into memory and checked there. A mapping lives as long as the
 //! chunk: evicting or replacing the entry on disk (unlink, rename) leaves it intact. Entries are
 //! written in whole 2 MiB pieces ([`WRITE_PIECE`]) so that the page cache holds them in 2 MiB
 //! folios and the mapping is on huge pages where the kernel and filesystem allow it.
@@ -264,7 +268,9 @@ impl ParsedCache {
         let (file, meta) = match opened {
             Ok(x) => x,
             Err(e) => {
-                if e.kind() != io::ErrorKind::NotFound {
+                // An entry that is not ours is removed; one that cannot be opened now (no
+                // descriptor left, an I/O error) is only a miss.
+                if persist::is_untrusted(&e) {
                     self.reject(&name, &path);
                 }
                 self.lock().forget(&name);
@@ -525,9 +531,10 @@ impl Bytes {
     fn load(mut file: File, len: u64) -> Option<Self> {
         let size = usize::try_from(len).ok()?;
         if len >= MAP_AT_LEAST {
-            match FileMapping::map(&file, size) {
-                Ok(map) => return Some(Self::Mapped(Arc::new(map))),
-                // Too many mappings (`vm.max_map_count`) or no address space: read it instead.
+            match file.try_clone().and_then(|f| FileMapping::map(f, size)) {
+                Ok(map) => return Some(Self::Mapped(map)),
+                // No lease (a file system without leases, the entry open for writing elsewhere),
+                // too many mappings (`vm.max_map_count`) or no address space: read it instead.
                 Err(e) => tracing::debug!(error = %e, "a persisted parsed chunk could not be mapped; read instead"),
             }
         }

@@ -337,3 +337,45 @@ fn a_large_entry_is_served_from_its_mapping_and_outlives_its_eviction() {
     let StreamValues::Dense { values: Values::F32(v), .. } = &small.streams[0].data else { panic!("dense f32") };
     assert!(!v.is_mapped());
 }
+
+/// Issue 36, finding 4: an entry truncated while mapped killed the whole daemon (`SIGBUS`), and
+/// one overwritten in place was served wrong. Another process's truncation or write now waits
+/// until the chunk's mapping is the process's own memory: the chunk served keeps its values, and
+/// the entry, changed on disk, is refused at its next read and parsed again.
+#[test]
+fn an_entry_truncated_or_overwritten_while_mapped_changes_nothing_served_and_is_refused_after() {
+    let (big, specs) = large_f64_chunk(200_001);
+    let d = tempfile::tempdir().expect("tmp");
+    let dir = d.path().join("parsed");
+    let c = open(&dir, 1 << 30);
+    let path = dir.join(entry_name(ID, 5));
+    for cmd in [
+        "truncate -s 4096 \"$1\"",
+        "head -c 65536 /dev/urandom | dd of=\"$1\" bs=4096 seek=16 conv=notrunc 2>/dev/null",
+    ] {
+        c.put(ID, &big);
+        let back = c.get(ID, 5, 2, &specs, Precision::Float64).expect("hit");
+        let StreamValues::Dense { values: Values::F64(dense), .. } = &back.streams[0].data else { panic!("dense") };
+        let map = dense.mapping().expect("mapped").clone();
+        assert!(map.is_file_backed());
+        let start = std::time::Instant::now();
+        // Coreutils' `truncate` opens non-blocking: refused until the lease is released.
+        while !std::process::Command::new("sh")
+            .args(["-c", cmd, "sh"])
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("sh")
+            .success()
+        {
+            assert!(start.elapsed() < std::time::Duration::from_secs(30), "{cmd} never went through");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!map.is_file_backed(), "{cmd}: the mapping was moved into memory first");
+        assert_eq!(back, big, "{cmd}: the chunk served is unchanged");
+        let rejected = c.stats().rejected;
+        assert!(c.get(ID, 5, 2, &specs, Precision::Float64).is_none(), "{cmd}: the changed entry is not served");
+        assert_eq!(c.stats().rejected, rejected + 1);
+        assert!(!path.exists(), "{cmd}: and removed");
+    }
+}
