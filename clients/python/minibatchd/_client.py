@@ -272,7 +272,10 @@ class Client:
         ``max_samples`` | ``max_sweeps`` | ``full_sweep``, ``randomize``, ``window_chunks`` |
         ``window_samples``, ``seed``, ``frame_mode``, ``num_workers``, ``rank``, ``resume`` (a
         ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name).
-        ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE``.
+        ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE`` and,
+        when there is more than one worker, turns ``equal_steps`` on unless it is given (as the
+        PyTorch and JAX adapters do: DistributedDataParallel hangs when ranks run different
+        numbers of steps).
 
         While the daemon is still indexing the dataset (just started, or a reload added it) it
         answers ``dataset_indexing``; ``open`` then waits and asks again, up to ``wait_indexing``
@@ -282,6 +285,8 @@ class Client:
             rank, world = torchrun_env()
             options.setdefault("rank", rank)
             options.setdefault("num_workers", world)
+            if (options.get("num_workers") or 1) > 1 and options.get("resume_job") is None:
+                options.setdefault("equal_steps", True)
         options = {k: v for k, v in options.items() if v is not None}
         return _open_when_indexed(
             lambda: Source(self.path, self.timeout, dataset, options), dataset, wait_indexing

@@ -151,7 +151,16 @@ def test_rank_and_world_size_from_torchrun_env(daemon, monkeypatch):
     assert minibatchd.torchrun_env() == (1, 3)
     source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True)
     got = [mb.to_dump() for mb in source]
-    assert got == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3", "--rank", "1")
+    # Under torchrun every rank gets the same number of steps by default (a DDP job whose ranks
+    # run different step counts hangs).
+    assert got == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3", "--rank", "1", "--equal-steps")
+    steps = [sum(1 for _ in minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, rank=r,
+                                                                   num_workers=3, equal_steps=True)) for r in range(3)]
+    assert steps[0] == steps[1] == steps[2] == len(got), steps
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True,
+                                                    equal_steps=False)
+    assert [mb.to_dump() for mb in source] == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3",
+                                                          "--rank", "1")
 
 
 def test_no_daemon_names_the_socket_and_how_to_start_one(tmp_path):
