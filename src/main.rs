@@ -152,10 +152,27 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("minibatchd: error: {e:#}");
+            eprintln!("minibatchd: error: {}", causes(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// `e` and its causes, each that says something new: errors whose message already includes their
+/// source's (`"{0}"` over an I/O error) printed it twice with `{:#}`.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 fn init_logging(daemon: bool) {
@@ -204,7 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(o) => o,
                 Err(e) => {
                     // Usage errors, like clap's own, exit with 2.
-                    eprintln!("minibatchd: usage error: {e:#}");
+                    eprintln!("minibatchd: usage error: {}", causes(&e));
                     return Ok(ExitCode::from(2));
                 }
             };

@@ -223,3 +223,25 @@ fn an_open_whose_checkpoint_cannot_be_written_on_a_full_disk_is_refused() {
     drop(d);
     drop(disk);
 }
+
+/// Issue 36, finding 6: a full `state_dir` at the daemon's first start printed "No space left on
+/// device" twice and no path. It now says which file it could not write, once.
+#[test]
+fn a_full_state_dir_at_start_names_the_file_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SmallDisk::mount(&dir.path().join("state"));
+    let datasets = dataset(dir.path());
+    write_config(dir.path(), DAEMON, &datasets);
+    disk.fill();
+    let out = std::process::Command::new(support::BIN)
+        .args(["run", "--config"])
+        .arg(dir.path().join("minibatchd.toml"))
+        .env("MINIBATCHD_LOG", "error")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("No space left on device").count(), 1, "{err}");
+    assert!(err.contains(&dir.path().join("state").display().to_string()), "names the file: {err}");
+    drop(disk);
+}

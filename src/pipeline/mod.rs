@@ -78,8 +78,10 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
     })?;
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
-    std::fs::create_dir_all(&d.state_dir)?;
-    minibatchd_engine::persist::write_atomic(&metrics_addr_path(&d.state_dir), format!("{addr}\n").as_bytes())?;
+    let path = metrics_addr_path(&d.state_dir);
+    std::fs::create_dir_all(&d.state_dir)
+        .and_then(|()| minibatchd_engine::persist::write_atomic(&path, format!("{addr}\n").as_bytes()))
+        .map_err(|e| PipelineError::Fatal(format!("cannot write {} (daemon.state_dir): {e}", path.display())))?;
     tracing::info!(addr = %addr, "metrics endpoint listening on http://{addr}/metrics");
     Ok(listener)
 }
@@ -94,7 +96,11 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
     use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
     // Created private (whatever the umask); an existing one keeps its mode (systemd's
     // StateDirectoryMode), the engine refuses it if others may write it.
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir)?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(state_dir)
+        .map_err(|e| PipelineError::Fatal(format!("cannot create daemon.state_dir {}: {e}", state_dir.display())))?;
     let path = state_dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -113,8 +119,9 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
             state_dir.display()
         )));
     }
-    file.set_len(0)?;
-    writeln!(file, "{}", std::process::id())?;
+    file.set_len(0)
+        .and_then(|()| writeln!(file, "{}", std::process::id()))
+        .map_err(|e| PipelineError::Fatal(format!("cannot write {} (daemon.state_dir): {e}", path.display())))?;
     Ok(file)
 }
 
