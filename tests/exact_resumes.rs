@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 use minibatchd_client::{ClientError, Session};
 use support::daemon::{options, train_ctf, write_config, Daemon, DEADLINE, TRAIN_STREAMS_TOML};
+use support::disk::SmallDisk;
 use support::write;
 
 fn dataset(dir: &Path) -> String {
@@ -158,40 +159,6 @@ fn a_reload_that_removes_and_re_adds_a_dataset_under_a_silent_trainer_is_not_res
     assert!(first <= last, "nothing is skipped: resumed at {first}, the trainer took up to {last}");
     // Before: `{from: "lingering", exact: true}` with the unreported minibatches delivered again.
     assert!(!exact, "minibatches {first}..={last} come again: the resume must not say exact");
-}
-
-/// A tmpfs of 1 MiB mounted at `at` (root only), unmounted on drop.
-struct SmallDisk(std::path::PathBuf);
-
-impl SmallDisk {
-    fn mount(at: &Path) -> Self {
-        assert_eq!(rustix::process::geteuid().as_raw(), 0, "this test mounts a small tmpfs: run the suite as root");
-        std::fs::create_dir_all(at).expect("mount point");
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"])
-            .arg(at)
-            .status()
-            .expect("run mount")
-            .success();
-        assert!(ok, "mount a tmpfs at {}", at.display());
-        Self(at.to_owned())
-    }
-
-    /// Fills what is left with a file; returns its path.
-    fn fill(&self) -> std::path::PathBuf {
-        use std::io::Write as _;
-        let path = self.0.join("filler");
-        let mut f = std::fs::File::create(&path).expect("filler");
-        let block = vec![0u8; 4096];
-        while f.write_all(&block).is_ok() {}
-        path
-    }
-}
-
-impl Drop for SmallDisk {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
 }
 
 #[test]

@@ -15,6 +15,13 @@
 //! * every minibatch delivered, again or not, is bit for bit the one `dump` prints at its index.
 //!
 //! The seed of the kill schedule is printed; `MINIBATCHD_FAULT_SEED=N` replays one.
+//!
+//! Issue 36 adds a second test: named sessions whose trainers behave as real ones do (releases
+//! reported with the next request, now and then a step longer than the grace) through SIGTERM,
+//! SIGKILL, reloads that remove and re-add the dataset and a full state directory, in random
+//! order; every resume by name is judged against the trainer's own record — `exact` only when it
+//! continues right after the last minibatch the trainer was handed. `scripts/fault_probe.sh` runs
+//! both for as long as asked, with more faults per run.
 
 mod support;
 
@@ -254,4 +261,243 @@ fn killed_and_stopped_daemons_lose_nothing_and_replay_only_where_they_say_so() {
         resumes(false)
     );
     assert_eq!(d.stop().code(), Some(0));
+}
+
+/// A minibatch a trainer was handed: its index and its dump line.
+type Handed = (u64, String);
+
+/// What one trainer (a thread with a named session) was handed, across daemon lifetimes: its own
+/// record, against which every resume by name is judged.
+#[derive(Default)]
+struct Trainer {
+    name: String,
+    opts: SessionOptions,
+    /// The uninterrupted run (`dump`), by minibatch index.
+    want: Vec<String>,
+    /// Per stint: the `opened` reply's `resumed`, and the minibatches handed out.
+    stints: Vec<(Option<Resumed>, Vec<Handed>)>,
+    done: bool,
+    rng: u64,
+}
+
+impl Trainer {
+    fn coin(&mut self, one_in: u64) -> bool {
+        let mut r = Rng(self.rng);
+        let hit = r.below(one_in) == 0;
+        self.rng = r.0;
+        hit
+    }
+
+    /// Opens by name (retrying while the daemon is down, stopping, refusing for a full disk or
+    /// a removed dataset, or still holding the previous connection) and reads until the session
+    /// ends; each step releases its slot (reported with the next request, as clients do), now
+    /// and then reports at once (`state`), and now and then takes longer than the grace.
+    fn run(&mut self, socket: &Path, stop: &std::sync::atomic::AtomicBool) {
+        use std::sync::atomic::Ordering;
+        while !self.done && !stop.load(Ordering::Relaxed) {
+            let opened = Client::connect(socket).and_then(|c| c.open("train", &self.opts));
+            let Ok(mut s) = opened else {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            self.stints.push((s.resumed.clone(), Vec::new()));
+            loop {
+                match s.next_owned() {
+                    Ok(Some(mb)) => {
+                        let handed = json(&mb, TRAIN_STREAMS);
+                        self.stints.last_mut().expect("pushed").1.push((mb.index, handed));
+                        if self.coin(5) && s.state().is_err() {
+                            break;
+                        }
+                        // Now and then a step longer than the grace (a slow evaluation).
+                        let pause = if self.coin(150) { 1500 } else { 5 + self.rng % 15 };
+                        std::thread::sleep(Duration::from_millis(pause));
+                    }
+                    Ok(None) => {
+                        self.done = true;
+                        let _ = s.close();
+                        return;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Every resume by name against the trainer's own record: never a minibatch skipped; `exact`
+    /// only when it continues right after the last minibatch the trainer was handed; and every
+    /// minibatch, again or not, the one `dump` prints at its index.
+    fn check(&self, seed: u64) -> (usize, usize) {
+        let name = &self.name;
+        assert!(self.done, "{name} (seed {seed}): never finished");
+        let mut next = 0u64; // one past the highest index handed out so far
+        let (mut exact, mut replays) = (0, 0);
+        for (i, (resumed, taken)) in self.stints.iter().enumerate() {
+            let Some(&(first, _)) = taken.first() else { continue };
+            match resumed {
+                None => {
+                    assert_eq!((i, first), (0, 0), "{name} (seed {seed}) stint {i}: a fresh session after the first");
+                }
+                Some(r) if r.exact => {
+                    exact += 1;
+                    assert_eq!(first, next, "{name} (seed {seed}) stint {i}: an exact resume ({r:?}) did not continue right after the last minibatch handed out");
+                }
+                Some(r) => {
+                    replays += 1;
+                    assert!(first <= next, "{name} (seed {seed}) stint {i}: skipped from {next} to {first} ({r:?})");
+                }
+            }
+            for (k, (index, line)) in taken.iter().enumerate() {
+                assert_eq!(*index, first + k as u64, "{name} (seed {seed}) stint {i}: out of order");
+                let want = usize::try_from(*index).ok().and_then(|i| self.want.get(i));
+                assert_eq!(Some(line), want, "{name} (seed {seed}) stint {i}: minibatch {index} differs from dump");
+            }
+            next = next.max(first + taken.len() as u64);
+        }
+        assert_eq!(next, self.want.len() as u64, "{name} (seed {seed}): the run ended at {next}");
+        (exact, replays)
+    }
+}
+
+/// Writes the daemon's config: the dataset as `train`, or (`present` false) under another name,
+/// as a reload that removes it.
+fn faulty_config(dir: &Path, present: bool) {
+    let data = dir.join("data.ctf");
+    let name = if present { "train" } else { "elsewhere" };
+    support::daemon::write_config(
+        dir,
+        "ring_slots = 4\nslot_size_bytes = 65536\nsession_linger_secs = 600\ncheckpoint_interval_secs = 1\n\
+         shutdown_grace_secs = 1\n",
+        &format!(
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 400\n{}",
+            data.display(),
+            TRAIN_STREAMS_TOML.replace("datasets.train", &format!("datasets.{name}"))
+        ),
+    );
+}
+
+/// Inflicts fault `fault` (0 SIGTERM, 1 SIGKILL, 2 a reload that removes the dataset and adds
+/// it back, 3 a full disk for a while, 4 SIGTERM during one) on the daemon `d` of `dir`.
+fn inflict(fault: usize, d: &mut Daemon, dir: &Path, disk: &support::disk::SmallDisk, rng: &mut Rng) {
+    match fault {
+        0 => assert_eq!(d.stop().code(), Some(0), "a clean stop"),
+        1 => {
+            d.signal(rustix::process::Signal::KILL);
+            let _ = d.wait();
+        }
+        2 => {
+            faulty_config(dir, false);
+            d.signal(rustix::process::Signal::HUP);
+            std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
+            faulty_config(dir, true);
+            d.signal(rustix::process::Signal::HUP);
+        }
+        _ => {
+            let filler = disk.fill();
+            std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
+            if fault == 4 {
+                // The shutdown checkpoint fails (exit 1): the restart resumes from an
+                // older one, and must say so.
+                d.signal(rustix::process::Signal::TERM);
+                let _ = d.wait();
+            }
+            std::fs::remove_file(filler).expect("free the disk");
+        }
+    }
+}
+
+/// Issue 36: the `exact` of a resume never lies. Named sessions read while the daemon suffers, in
+/// random order, SIGTERM (trainers sometimes inside a step longer than the grace), SIGKILL, a
+/// reload that removes the dataset and adds it back, and a full disk (the state directory on a
+/// small tmpfs: checkpoints and opens fail, until it is freed). Each resume by name is checked
+/// against the trainer's own record of what it was handed: never a skip; exact only when it
+/// continues right after the last minibatch handed out; every minibatch the one `dump` prints.
+/// `MINIBATCHD_FAULT_SEED=N` replays a schedule, `MINIBATCHD_FAULT_ROUNDS=N` runs more faults
+/// (`scripts/fault_probe.sh` runs it for a long time).
+#[test]
+fn resumes_by_name_are_exact_only_when_nothing_handed_out_comes_again_under_random_faults() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let seed = std::env::var("MINIBATCHD_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos().into()) | 1
+    });
+    let rounds: usize = std::env::var("MINIBATCHD_FAULT_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
+    eprintln!("fault schedule seed: {seed} (MINIBATCHD_FAULT_SEED={seed} replays it), {rounds} faults");
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.ctf", train_ctf().repeat(3));
+    let disk = support::disk::SmallDisk::mount_sized(&dir.path().join("state"), "4m");
+    faulty_config(dir.path(), true);
+    let log = [("MINIBATCHD_LOG", std::env::var("MINIBATCHD_FAULT_LOG").unwrap_or_else(|_| "warn".into()))];
+    let mut d = Daemon::start(dir.path(), &log);
+    let mut trainers: Vec<Trainer> = (0..3u64)
+        .map(|k| {
+            let opts = SessionOptions {
+                session: Some(format!("t{k}")),
+                max_sweeps: Some(4),
+                seed: Some(k + 1),
+                ..options(6 + k)
+            };
+            let args = ["--minibatch-size", &(6 + k).to_string(), "--max-sweeps", "4", "--seed", &(k + 1).to_string()]
+                .map(str::to_owned);
+            let want = d.dump("train", &args.iter().map(String::as_str).collect::<Vec<_>>());
+            Trainer { name: format!("t{k}"), opts, want, rng: seed ^ (k + 1), ..Trainer::default() }
+        })
+        .collect();
+    let socket = d.socket.clone();
+    let stop = AtomicBool::new(false);
+    let mut applied = Vec::new();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = trainers
+            .iter_mut()
+            .map(|t| {
+                let (socket, stop) = (&socket, &stop);
+                scope.spawn(move || t.run(socket, stop))
+            })
+            .collect();
+        for round in 0..rounds {
+            std::thread::sleep(Duration::from_millis(200 + rng.below(1300)));
+            if workers.iter().all(std::thread::ScopedJoinHandle::is_finished) {
+                break;
+            }
+            // After an unclean stop nobody knows how far a trainer got, for good: those come in
+            // the last third, so that the resumes before them can be exact (and are checked).
+            let pick = |n: u64, rng: &mut Rng| usize::try_from(rng.below(n)).unwrap_or(0);
+            let fault = if round * 3 < rounds * 2 { [0, 2, 3][pick(3, &mut rng)] } else { pick(5, &mut rng) };
+            applied.push(["SIGTERM", "SIGKILL", "reload", "disk full", "SIGTERM during a disk full"][fault]);
+            inflict(fault, &mut d, dir.path(), &disk, &mut rng);
+            if !d.running() {
+                d = Daemon::start(dir.path(), &log);
+            }
+        }
+        // The last lifetime: no more faults, every trainer finishes (or the deadline stops them).
+        let start = std::time::Instant::now();
+        while !workers.iter().all(std::thread::ScopedJoinHandle::is_finished) && start.elapsed() < DEADLINE {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    let (mut exact, mut replays) = (0, 0);
+    if std::env::var_os("MINIBATCHD_FAULT_VERBOSE").is_some() {
+        for t in &trainers {
+            for (r, taken) in &t.stints {
+                eprintln!(
+                    "{}: {:?} {:?}",
+                    t.name,
+                    r.as_ref().map(|r| (r.from.clone(), r.exact)),
+                    taken.first().map(|x| x.0)
+                );
+            }
+        }
+    }
+    for t in &trainers {
+        let (e, r) = t.check(seed);
+        exact += e;
+        replays += r;
+    }
+    eprintln!("seed {seed}: faults {applied:?}; resumes by name: {exact} exact, {replays} not exact");
+    if applied.first().is_some_and(|f| *f == "SIGTERM" || *f == "reload") {
+        assert!(exact > 0, "seed {seed}: a clean stop or reload came first, yet no resume was exact");
+    }
+    assert_eq!(d.stop().code(), Some(0));
+    drop(disk);
 }

@@ -11,6 +11,7 @@
 
 pub mod daemon;
 pub mod deepx;
+pub mod disk;
 pub mod golden;
 pub mod s3;
 
