@@ -221,6 +221,9 @@ pub struct Metrics {
     pub cache_over_budget_loads: IntCounter,
     /// `minibatchd_cache_refused_loads_total`.
     pub cache_refused_loads: IntCounter,
+    /// `minibatchd_cache_shed_chunks_total`: chunks sessions let go while they waited and memory
+    /// was short.
+    pub cache_shed_chunks: IntCounter,
     /// `minibatchd_cache_mapped_copies_total`.
     pub cache_mapped_copies: IntCounter,
     /// `minibatchd_session_minibatches_total{dataset,rank}`: minibatches delivered (announced).
@@ -236,6 +239,9 @@ pub struct Metrics {
     /// `minibatchd_session_chunk_wait_seconds_total{dataset,rank}`: producers waiting for chunks
     /// to be read and parsed (the pipeline is the bottleneck).
     pub session_chunk_wait_seconds: CounterVec,
+    /// `minibatchd_session_memory_wait_seconds_total{dataset,rank}`: producers waiting for memory
+    /// that other sessions hold (the memory limit is the bottleneck).
+    pub session_memory_wait_seconds: CounterVec,
     /// `minibatchd_session_ring_slots{dataset,rank,state}`.
     pub session_ring_slots: IntGaugeVec,
     /// `minibatchd_session_sweep{dataset,rank}`: sweep of the last minibatch delivered.
@@ -339,6 +345,8 @@ pub struct SessionMetrics {
     pub producer_blocked_seconds: Counter,
     /// Producer waiting for chunks.
     pub chunk_wait_seconds: Counter,
+    /// Producer waiting for memory other sessions hold.
+    pub memory_wait_seconds: Counter,
     /// Delivery stage busy time (shared by every session).
     pub delivery_busy_seconds: Counter,
     /// Sweep of the last minibatch.
@@ -594,7 +602,12 @@ impl Metrics {
             cache_refused_loads: counter(
                 &r,
                 "minibatchd_cache_refused_loads_total",
-                "Demand loads refused at the memory limit (the session failed with resource_exhausted).",
+                "Demand loads refused at the memory limit: the chunks sessions hold filled the cache's share (the session then let go of the chunks it did not need and waited, or failed with resource_exhausted when its own minibatch could not fit).",
+            )?,
+            cache_shed_chunks: counter(
+                &r,
+                "minibatchd_cache_shed_chunks_total",
+                "Parsed chunks that sessions let go while they waited (for a free slot, or for memory) and the chunks other sessions hold filled the cache's share of memory_limit_bytes; loaded again when next needed.",
             )?,
             cache_mapped_copies: counter(
                 &r,
@@ -629,6 +642,12 @@ impl Metrics {
                 &r,
                 "minibatchd_session_chunk_wait_seconds_total",
                 "Time session producers waited for chunks to be read and parsed.",
+                &["dataset", "rank"],
+            )?,
+            session_memory_wait_seconds: seconds_vec(
+                &r,
+                "minibatchd_session_memory_wait_seconds_total",
+                "Time session producers waited for memory_limit_bytes to have room: parsed chunks other sessions hold filled the chunk cache's share.",
                 &["dataset", "rank"],
             )?,
             session_ring_slots: gauge_vec(
@@ -858,6 +877,7 @@ impl Metrics {
             consumer_wait_seconds: self.session_consumer_wait_seconds.with_label_values(&l),
             producer_blocked_seconds: self.session_producer_blocked_seconds.with_label_values(&l),
             chunk_wait_seconds: self.session_chunk_wait_seconds.with_label_values(&l),
+            memory_wait_seconds: self.session_memory_wait_seconds.with_label_values(&l),
             delivery_busy_seconds: self.stage_busy("delivery"),
             sweep: self.session_sweep.with_label_values(&l),
             first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&l),

@@ -436,3 +436,75 @@ fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
     eprintln!("{} sessions admitted; then: {message}", open.len());
     assert_within_limit(&d, "with sessions on 300,000 sequences");
 }
+
+/// Issue 36, finding 6: a few idle sessions (their trainers took a minibatch, then stopped
+/// asking: every slot leased) held their randomization windows of parsed chunks, and a session
+/// that read failed at its first minibatch with `resource_exhausted` — a neighbour could starve
+/// others within its limits. Now the reading session lets go of what it does not need and waits,
+/// the idle ones let go of their chunks when it does, and every session delivers exactly its
+/// `dump`, within the limit.
+#[test]
+fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 20,000 samples of 256 values: 10 MB of text, 20 MB parsed per dataset; three datasets on it
+    // hold 60 MB, more than what a 64 MiB limit leaves for chunks beside three rings.
+    let mut text = String::new();
+    for i in 0..20_000u32 {
+        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
+    }
+    let file = write(p, "wide.ctf", text);
+    let mut datasets = String::new();
+    for name in ["d0", "d1", "d2"] {
+        let _ = write!(
+            datasets,
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+             [datasets.{name}.streams.a]\ndim = 256\nformat = \"dense\"\n",
+            file.display()
+        );
+    }
+    config(p, LIMIT, &datasets);
+    let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
+    let opts = SessionOptions { max_sweeps: Some(1), ..options(256) };
+    let want = |name: &str| d.dump(name, &["--minibatch-size", "256", "--max-sweeps", "1"]);
+    let line = |mb: &minibatchd_engine::minibatch::Minibatch| support::daemon::json(mb, &["a"]);
+    // Two trainers take a minibatch each, then stop asking: their producers fill their rings and
+    // wait, holding their windows.
+    let mut idle: Vec<(&str, minibatchd_client::Session, Vec<String>)> = ["d0", "d1"]
+        .into_iter()
+        .map(|name| {
+            let mut s = support::daemon::open_retrying(&d, name, &opts, ErrorCode::DatasetIndexing);
+            let first = s.next_owned().expect("next").expect("a minibatch");
+            (name, s, vec![line(&first)])
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // A third reads its whole sweep (before: resource_exhausted at its first minibatch).
+    let mut s = support::daemon::open_retrying(&d, "d2", &opts, ErrorCode::DatasetIndexing);
+    let mut got = Vec::new();
+    loop {
+        match s.next_owned() {
+            Ok(Some(mb)) => got.push(line(&mb)),
+            Ok(None) => break,
+            Err(e) => panic!("the reading session failed beside idle ones: {e}"),
+        }
+    }
+    assert_eq!(got, want("d2"));
+    // The idle ones go on, from the chunks they let go of, with exactly their minibatches.
+    for (name, s, got) in &mut idle {
+        while let Some(mb) = s.next_owned().expect("next") {
+            got.push(line(&mb));
+        }
+        assert_eq!(*got, want(name), "{name}");
+    }
+    assert_within_limit(&d, "with two idle sessions holding their windows");
+    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    assert!(value("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
+}

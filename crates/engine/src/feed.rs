@@ -4,8 +4,10 @@
 //! producer drives one with chunks from the shared chunk cache.
 //!
 //! Invariant: a chunk is held from the first minibatch that needs it until the plan that retires
-//! it, so a session holds about one randomization window of parsed chunks whatever the dataset
-//! size; a gathered minibatch keeps its own references, so retiring never invalidates it.
+//! it (or until the session sheds it while it waits and memory is short, [`Feeder::shed`]: then
+//! it is loaded again when next needed), so a session holds at most about one randomization
+//! window of parsed chunks whatever the dataset size; a gathered minibatch keeps its own
+//! references, so retiring never invalidates it.
 
 use std::sync::Arc;
 
@@ -154,6 +156,26 @@ impl Feeder {
         }
         self.next_index = self.next_index.saturating_add(1);
         Ok(gathered)
+    }
+
+    /// Lets go of the chunks held that `plan` (the minibatch about to be gathered, if any) does
+    /// not need; returns the bytes let go. A chunk let go is loaded again (through `load`) by the
+    /// next minibatch that needs it, so the minibatches are the same, at the cost of those loads:
+    /// what a session does when the memory limit is short and it waits — for a free slot while
+    /// its client is busy, or for memory other sessions hold — so that the chunks it holds can
+    /// serve, or make room for, the sessions that are moving.
+    pub fn shed(&mut self, plan: Option<&MinibatchPlan>) -> usize {
+        let keep: crate::minibatch::ChunkSet =
+            plan.into_iter().flat_map(|p| p.sequences.iter().map(|r| r.chunk)).collect();
+        let before = self.held_bytes;
+        self.held.retain(|c, chunk| {
+            let kept = keep.contains(c);
+            if !kept {
+                self.held_bytes -= chunk.size_bytes();
+            }
+            kept
+        });
+        before - self.held_bytes
     }
 
     /// Chunks held now.
@@ -452,6 +474,46 @@ mod tests {
         assert_eq!(seen, (0..60u16).map(f32::from).collect::<Vec<_>>(), "every sequence exactly once");
         assert_eq!(loads, vec![1; 12], "each chunk loaded once in the sweep");
         assert!(feeder.peak_chunks() <= 3 + 2, "held {} chunks with a window of 3", feeder.peak_chunks());
+    }
+
+    /// Shedding (a session waiting while memory is short) changes which chunks are loaded again,
+    /// never the minibatches: shedding everything between minibatches, or all but the plan's
+    /// chunks before a gather, gives exactly the minibatches of a feeder that never sheds.
+    #[test]
+    fn shedding_held_chunks_reloads_them_and_changes_no_minibatch() {
+        let (timeline, parsed) = dataset(12, 5);
+        let mut plain = randomized_feeder(timeline.clone(), 4, 9);
+        let mut want = Vec::new();
+        while let Some(plan) = plain.plan(3) {
+            want.push(values(&plain.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather")));
+        }
+        for every in [1usize, 2, 5] {
+            let mut shedding = randomized_feeder(timeline.clone(), 4, 9);
+            let (mut got, mut loads, mut k) = (Vec::new(), 0usize, 0usize);
+            while let Some(plan) = shedding.plan(3) {
+                k += 1;
+                if k % every == 0 {
+                    let before = shedding.held_bytes();
+                    let shed = shedding.shed(Some(&plan));
+                    assert_eq!(before - shed, shedding.held_bytes());
+                    let needed: crate::minibatch::ChunkSet = plan.sequences.iter().map(|r| r.chunk).collect();
+                    assert!(shedding.held_chunks() <= needed.len(), "only the plan's chunks stay");
+                }
+                let g = shedding
+                    .gather(&plan, &mut |c| {
+                        loads += 1;
+                        Ok(parsed[c as usize].clone())
+                    })
+                    .expect("gather");
+                got.push(values(&g));
+                if k % every == 0 {
+                    shedding.shed(None);
+                    assert_eq!((shedding.held_chunks(), shedding.held_bytes()), (0, 0));
+                }
+            }
+            assert_eq!(got, want, "shedding every {every} minibatches");
+            assert!(loads > 12, "chunks let go were loaded again ({loads} loads)");
+        }
     }
 
     #[test]

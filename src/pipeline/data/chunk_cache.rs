@@ -9,10 +9,13 @@
 //! counted in [`CacheStats::over_budget_loads`] — but only below the ceiling: the cache's share of
 //! `memory_limit_bytes` before the host-memory guard lowers the budget. Once the chunks sessions
 //! hold reach the ceiling, a demand load is refused ([`Lookup::OverLimit`], counted in
-//! [`CacheStats::refused_loads`]) and the session that asked fails with `resource_exhausted`: a
-//! session holds about one randomization window of parsed chunks, and a window larger than the
-//! limit cannot be served within it. So the chunks held never pass the ceiling by more than the
-//! chunks being loaded when it was reached.
+//! [`CacheStats::refused_loads`]), so the chunks held never pass the ceiling by more than the
+//! chunks being loaded when it was reached. The session that asked then lets go of the chunks it
+//! holds beyond its current minibatch's and, if others hold the rest, waits for room
+//! ([`SharedCache::wait_for_memory`], bounded): the producers of sessions whose clients are not
+//! taking minibatches (every slot leased) let go of theirs when someone waits
+//! ([`SharedCache::idle`]), so idle sessions cannot starve moving ones. A session whose own
+//! minibatch cannot fit fails with `resource_exhausted`.
 //!
 //! [`SharedCache`] wraps it for threads: session producers look chunks up and block until the
 //! cache stage inserts them; misses become [`ChunkRequest`]s on the bounded request channel.
@@ -27,6 +30,7 @@ use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
 
 use super::persister::PersistJob;
+use super::pool::Task;
 
 /// A chunk of a dataset: (dataset index in the hub, chunk index).
 pub type ChunkKey = (u32, u32);
@@ -92,6 +96,8 @@ pub struct CacheStats {
     pub refused_loads: u64,
     /// Chunks mapped from the persisted cache replaced by a copy in the daemon's memory.
     pub mapped_copies: u64,
+    /// Chunks sessions let go while they waited and memory was short ([`SharedCache::shed`]).
+    pub shed_chunks: u64,
     /// Parsed bytes held now.
     pub bytes: u64,
     /// Chunks held now.
@@ -417,6 +423,11 @@ fn mib(bytes: u64) -> u64 {
 pub struct SharedCache {
     core: Mutex<CacheCore>,
     arrived: Condvar,
+    /// Sessions waiting for memory other sessions hold ([`SharedCache::wait_for_memory`]).
+    waiting: std::sync::atomic::AtomicUsize,
+    /// Producers idle for want of a free slot, by id: woken when a session starts waiting for
+    /// memory, so that they let go of their chunks.
+    idle: Mutex<HashMap<u64, Task>>,
     requests: flume::Sender<ChunkRequest>,
     /// Where chunks to copy into the daemon's memory go (the persister), if anywhere.
     owner: Option<flume::Sender<PersistJob>>,
@@ -426,7 +437,14 @@ impl SharedCache {
     /// A cache with `budget` bytes that sends its misses to `requests`.
     #[must_use]
     pub fn new(budget: u64, requests: flume::Sender<ChunkRequest>) -> Self {
-        Self { core: Mutex::new(CacheCore::new(budget)), arrived: Condvar::new(), requests, owner: None }
+        Self {
+            core: Mutex::new(CacheCore::new(budget)),
+            arrived: Condvar::new(),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            idle: Mutex::new(HashMap::new()),
+            requests,
+            owner: None,
+        }
     }
 
     /// Sends the chunks mapped from the persisted cache that are used a second time to `owner`
@@ -441,6 +459,61 @@ impl SharedCache {
         // A panic while holding the lock cannot leave the core inconsistent in a way that matters
         // more than stopping the daemon would; keep serving.
         self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a session waits for memory other sessions hold: an idle producer should let go of
+    /// its chunks ([`minibatchd_engine::feed::Feeder::shed`]).
+    #[must_use]
+    pub fn short_of_memory(&self) -> bool {
+        self.waiting.load(Ordering::SeqCst) > 0
+    }
+
+    /// The producer `id` is idle (every slot leased) or not (`None`): an idle one is woken when a
+    /// session starts waiting for memory.
+    pub fn idle(&self, id: u64, task: Option<&Task>) {
+        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match task {
+            Some(t) => {
+                idle.insert(id, t.clone());
+            }
+            None => {
+                idle.remove(&id);
+            }
+        }
+    }
+
+    /// A session let go of `chunks` chunks: counts them and wakes the sessions waiting for room.
+    pub fn shed(&self, chunks: usize) {
+        if chunks > 0 {
+            self.lock().stats.shed_chunks += chunks as u64;
+            self.arrived.notify_all();
+        }
+    }
+
+    /// Waits until the chunks sessions hold leave room below the ceiling, `stop` is set or
+    /// `until` passes; wakes the idle producers first, so that they let go of theirs. `true` when
+    /// there is room.
+    pub fn wait_for_memory(&self, stop: &AtomicBool, until: Instant) -> bool {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let idle: Vec<Task> =
+            self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        for t in idle {
+            t.wake();
+        }
+        let mut core = self.lock();
+        let room = loop {
+            core.evict();
+            if core.held_bytes() < core.ceiling {
+                break true;
+            }
+            if stop.load(Ordering::Relaxed) || Instant::now() >= until {
+                break false;
+            }
+            core = self.arrived.wait_timeout(core, WAIT_TICK).map_or_else(|e| e.into_inner().0, |(g, _)| g);
+        };
+        drop(core);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        room
     }
 
     /// Inserts a parsed chunk and wakes the producers waiting for it.
@@ -844,4 +917,49 @@ mod tests {
         let stop = AtomicBool::new(true);
         assert!(matches!(cache.get((0, 0), &stop), Err(FetchError::Stopped)));
     }
+
+    /// A session waiting for memory wakes the idle producers (which let go of their chunks) and
+    /// returns once the chunks held leave room below the ceiling; without room it returns false
+    /// at its deadline, and at once when stopped.
+    #[test]
+    fn a_wait_for_memory_wakes_the_idle_producers_and_ends_when_held_chunks_go() {
+        let (tx, rx) = flume::bounded(16);
+        let cache = Arc::new(SharedCache::new(1 << 20, tx));
+        let size = chunk(1000).size_bytes() as u64;
+        cache.set_budget_and_ceiling(2 * size, 2 * size);
+        let stop = AtomicBool::new(false);
+        // Two chunks held by an idle session fill the ceiling.
+        let mut held = Vec::new();
+        for k in 0..2 {
+            let c2 = cache.clone();
+            let t = std::thread::spawn(move || c2.get((0, k), &AtomicBool::new(false)));
+            let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
+            cache.insert(ParsedMsg { key: req.key, result: Ok(chunk(1000)) });
+            held.push(t.join().expect("joined").expect("the chunk"));
+        }
+        assert!(!cache.short_of_memory());
+        assert!(!cache.wait_for_memory(&stop, Instant::now() + Duration::from_millis(100)), "no room, no one lets go");
+        // The idle producer: woken when someone waits, it lets go of its chunks.
+        let pool = super::super::pool::Pool::new(1, "test-idle").expect("pool");
+        let task = pool.task("idle");
+        let (woken_tx, woken_rx) = flume::bounded::<()>(4);
+        task.set_work(move || {
+            let _ = woken_tx.try_send(());
+            super::super::pool::Turn::Idle
+        });
+        cache.idle(7, Some(&task));
+        let c2 = cache.clone();
+        let waiter = std::thread::spawn(move || c2.wait_for_memory(&AtomicBool::new(false), Instant::now() + DEADLINE));
+        woken_rx.recv_timeout(Duration::from_secs(10)).expect("the idle producer was woken");
+        assert!(cache.short_of_memory());
+        drop(held);
+        cache.shed(2);
+        assert!(waiter.join().expect("joined"), "room once the chunks were let go");
+        assert!(!cache.short_of_memory());
+        assert_eq!(cache.lock().stats.shed_chunks, 2);
+        cache.idle(7, None);
+        assert!(cache.wait_for_memory(&AtomicBool::new(true), Instant::now() + DEADLINE), "room now");
+    }
+
+    const DEADLINE: Duration = Duration::from_secs(30);
 }

@@ -25,7 +25,7 @@ use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta};
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::minibatch::Gathered;
-use minibatchd_engine::sampling::{BuiltSweep, Sampler};
+use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan, Sampler};
 use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
 
@@ -37,6 +37,15 @@ use super::pool::{Pool, Task, Turn};
 /// Chunks a producer asks the pipeline to load ahead of need (bounded further by the request
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
+
+/// Longest a producer waits for memory that other sessions hold (the chunks they hold fill the
+/// cache's share of `memory_limit_bytes`) before its session fails with `resource_exhausted`.
+/// Idle sessions let go of theirs at once; what is left is held by sessions that are moving, for
+/// a minibatch each, or by sessions stuck waiting on each other, which this bound breaks.
+pub const MEMORY_WAIT: Duration = Duration::from_secs(120);
+
+/// Ids of producers, for the cache's list of idle ones.
+static NEXT_PRODUCER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A slot the producer may fill, with the generation to write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +186,8 @@ struct Planner {
     idle_since: Option<Instant>,
     /// The next sweep's order being built on a thread of its own ([`Planner::next_sweep`]).
     next_sweep: Option<flume::Receiver<BuiltSweep>>,
+    /// This producer's id in the cache's list of idle producers.
+    id: u64,
 }
 
 impl Producer {
@@ -197,7 +208,16 @@ impl Producer {
         let feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
         Self {
-            planner: Planner { runtime, cache, feeder, minibatch_size, metrics, idle_since: None, next_sweep: None },
+            planner: Planner {
+                runtime,
+                cache,
+                feeder,
+                minibatch_size,
+                metrics,
+                idle_since: None,
+                next_sweep: None,
+                id: NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed),
+            },
             ring,
             working: None,
         }
@@ -286,6 +306,8 @@ impl Producer {
             fillers: fillers.clone(),
             stop: stop.clone(),
             queue_full,
+            me: planner_task.clone(),
+            listed_idle: false,
         };
         planner_task.set_work(move || planning.turn());
         planner_task.wake();
@@ -387,6 +409,10 @@ struct Planning {
     stop: Arc<AtomicBool>,
     /// Set while the planner is idle because the next filler's queue is full.
     queue_full: Arc<AtomicBool>,
+    /// This task, for the cache's list of idle producers.
+    me: Task,
+    /// In that list.
+    listed_idle: bool,
 }
 
 impl Planning {
@@ -410,13 +436,26 @@ impl Planning {
             let slot = match self.free.try_recv() {
                 Ok(slot) => slot,
                 Err(flume::TryRecvError::Empty) => {
-                    // Every slot is leased: back-pressure from the client.
+                    // Every slot is leased: back-pressure from the client. While it lasts, the
+                    // chunks this session holds are of no use to it: when another session waits
+                    // for memory, they go (and are loaded again when the client moves on).
                     self.planner.idle_since.get_or_insert_with(Instant::now);
                     set_working(&mut self.working, false);
+                    if !self.listed_idle {
+                        self.planner.cache.idle(self.planner.id, Some(&self.me));
+                        self.listed_idle = true;
+                    }
+                    if self.planner.cache.short_of_memory() {
+                        self.planner.shed(None);
+                    }
                     return Turn::Idle;
                 }
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
             };
+            if self.listed_idle {
+                self.planner.cache.idle(self.planner.id, None);
+                self.listed_idle = false;
+            }
             set_working(&mut self.working, true);
             if let Some(since) = self.planner.idle_since.take() {
                 self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
@@ -444,6 +483,7 @@ impl Planning {
 
     /// Closes the queues to the fillers (each ends once it has handled what is queued).
     fn finish(&mut self) -> Turn {
+        self.planner.cache.idle(self.planner.id, None);
         self.steps = None;
         for filler in &self.fillers {
             filler.wake();
@@ -635,6 +675,48 @@ impl Planner {
         }
     }
 
+    /// Gathers `plan`, loading the chunks it does not hold through the cache (asking for the
+    /// `wanted` ones ahead, `cache_wait` counting the time it waits for them); with the chunk
+    /// whose load was refused at the memory limit, the bytes sessions held then, and why.
+    #[allow(clippy::type_complexity)] // one private caller
+    fn gather(
+        &mut self,
+        plan: &MinibatchPlan,
+        wanted: &[u32],
+        stop: &AtomicBool,
+        cache_wait: &mut Duration,
+    ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
+        let ds = self.runtime.index;
+        let cache = &self.cache;
+        let mut loaded: Vec<u32> = Vec::new();
+        let mut over_limit = None;
+        let built = self.feeder.gather(plan, &mut |chunk| {
+            let asked = Instant::now();
+            cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
+            let got = cache.get((ds, chunk), stop);
+            *cache_wait += asked.elapsed();
+            loaded.push(chunk);
+            got.map_err(|e| match e {
+                FetchError::Failed(e) => e,
+                e @ FetchError::OverLimit { held, .. } => {
+                    let message = format!("chunk {chunk}: {e}");
+                    over_limit = Some((chunk, held, e));
+                    DataError::Dataset(message)
+                }
+                other => DataError::Dataset(format!("chunk {chunk}: {other}")),
+            })
+        });
+        (built, over_limit)
+    }
+
+    /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
+    /// waiting for memory.
+    fn shed(&mut self, plan: Option<&MinibatchPlan>) {
+        let before = self.feeder.held_chunks();
+        self.feeder.shed(plan);
+        self.cache.shed(before - self.feeder.held_chunks());
+    }
+
     /// Locates the next minibatch for `slot`; `Ok(None)` at the end of the epoch.
     fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<Located>, ProduceError> {
         let started = Instant::now();
@@ -647,41 +729,53 @@ impl Planner {
         // idle but for the chunk being waited for.
         let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
         self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
-        let cache = &self.cache;
-        let mut loaded: Vec<u32> = Vec::new();
         let mut cache_wait = Duration::ZERO;
-        let mut over_limit: Option<(u32, FetchError)> = None;
-        let built = self.feeder.gather(&plan, &mut |chunk| {
-            let asked = Instant::now();
-            cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
-            let got = cache.get((ds, chunk), stop);
-            cache_wait += asked.elapsed();
-            loaded.push(chunk);
-            got.map_err(|e| match e {
-                FetchError::Failed(e) => e,
-                e @ FetchError::OverLimit { .. } => {
-                    let message = format!("chunk {chunk}: {e}");
-                    over_limit = Some((chunk, e));
-                    DataError::Dataset(message)
+        let (mut shed, mut memory_wait) = (false, Duration::ZERO);
+        let built = loop {
+            let (built, over_limit) = self.gather(&plan, &wanted, stop, &mut cache_wait);
+            if stop.load(Ordering::Relaxed) {
+                return Err(ProduceError::Stopped);
+            }
+            let (Err(_), Some((chunk, held, e))) = (&built, over_limit) else { break built };
+            // The chunks sessions hold fill the cache's share of the limit. First let go of what
+            // this minibatch does not need, and try again; then, if others hold the rest, wait
+            // for them (idle sessions let go of theirs at once), for at most MEMORY_WAIT.
+            if !shed {
+                shed = true;
+                self.shed(Some(&plan));
+                continue;
+            }
+            let own = self.feeder.held_bytes() as u64;
+            if held > own && memory_wait < MEMORY_WAIT {
+                let since = Instant::now();
+                let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT.saturating_sub(memory_wait));
+                memory_wait += since.elapsed();
+                self.metrics.memory_wait_seconds.inc_by(since.elapsed().as_secs_f64());
+                if room || stop.load(Ordering::Relaxed) {
+                    continue;
                 }
-                other => DataError::Dataset(format!("chunk {chunk}: {other}")),
-            })
-        });
-        self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
-        if stop.load(Ordering::Relaxed) {
-            return Err(ProduceError::Stopped);
-        }
-        if let (Err(_), Some((chunk, e))) = (&built, over_limit) {
+            }
+            let others = if held > own {
+                format!(
+                    "; it waited {} s for the {} MiB that other sessions hold",
+                    memory_wait.as_secs(),
+                    (held - own).div_ceil(1 << 20)
+                )
+            } else {
+                String::new()
+            };
             return Err(ProduceError::Memory(format!(
-                "minibatch {} of dataset '{}' needs chunk {chunk}, but {e}; this session holds {} chunks ({} MiB) \
-                 and a session holds about one randomization window of parsed chunks: open it with a smaller \
-                 window (window_chunks or window_samples), close other sessions, or raise memory_limit_bytes",
+                "minibatch {} of dataset '{}' needs chunk {chunk}, but {e}; this session holds {} chunks ({} MiB) for \
+                 this minibatch{others}; a session holds about one randomization window of parsed chunks: open it \
+                 with a smaller window (window_chunks or window_samples), close other sessions, or raise \
+                 memory_limit_bytes",
                 self.feeder.next_index(),
                 self.runtime.name,
                 self.feeder.held_chunks(),
                 self.feeder.held_bytes().div_ceil(1 << 20),
             )));
-        }
+        };
+        self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
         let mb = built?;
         let samples = plan.samples;
         self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(cache_wait).as_secs_f64());

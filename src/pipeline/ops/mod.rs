@@ -72,6 +72,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     Metrics::mirror(&m.cache_evictions, stats.evictions);
     Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
     Metrics::mirror(&m.cache_refused_loads, stats.refused_loads);
+    Metrics::mirror(&m.cache_shed_chunks, stats.shed_chunks);
     Metrics::mirror(&m.cache_mapped_copies, stats.mapped_copies);
     let (connected, lingering, rings, sampling, limit) = {
         let mut reg = shared.registry();
