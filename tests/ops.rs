@@ -997,12 +997,10 @@ fn parsed_chunks_are_persisted_while_sessions_stay_open_but_wait_for_nothing() {
     drop(done);
 }
 
-/// Persisted entries of 1 MiB and more are mapped, and the gather reads their columns from the
-/// mapping: `dump` and a restarted daemon deliver from them exactly what the parse delivers.
-/// 12,000 sequences of 64 dense values and a sparse label, two chunks of 1–2 MiB parsed (under
-/// 2 MiB, an entry cannot be mapped with huge pages, so its copy at the second use is certain).
-#[test]
-fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() {
+/// A daemon directory (config written, no daemon started) whose dataset `train` has two chunks
+/// of 1–2 MiB parsed: 12,000 sequences of 64 dense values and a sparse label. Persisted, such
+/// entries are mapped (1 MiB and more), and under 2 MiB never on huge pages.
+fn two_large_chunks() -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let mut text = String::new();
     for id in 0..12_000u32 {
@@ -1024,6 +1022,16 @@ fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() 
          [datasets.train.sampling]\nrandomize = true\nseed = 0\n"
     );
     std::fs::write(&cfg, toml).expect("config");
+    (tmp, cfg)
+}
+
+/// Persisted entries of 1 MiB and more are mapped, and the gather reads their columns from the
+/// mapping: `dump` and a restarted daemon deliver from them exactly what the parse delivers.
+/// 12,000 sequences of 64 dense values and a sparse label, two chunks of 1–2 MiB parsed (under
+/// 2 MiB, an entry cannot be mapped with huge pages, so its copy at the second use is certain).
+#[test]
+fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() {
+    let (tmp, cfg) = two_large_chunks();
     let dump = |cache_bytes: &str| {
         let out = command("dump", &cfg, "train")
             .args(["--minibatch-size", "100", "--full-sweep", "--seed", "3"])
@@ -1073,27 +1081,7 @@ fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() 
 /// the parse delivers, the daemon stays up, and the changed entries are refused at their next read.
 #[test]
 fn entries_truncated_or_overwritten_while_mapped_neither_crash_the_daemon_nor_change_what_it_serves() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let mut text = String::new();
-    for id in 0..12_000u32 {
-        let _ = write!(text, "{id} |F");
-        for k in 0..64u32 {
-            let _ = write!(text, " {}", (id * 13 + k * 5) % 89);
-        }
-        let _ = writeln!(text, " |L {}:0.5", id % 5);
-    }
-    write(tmp.path(), "big.ctf", text);
-    let d = tmp.path().display();
-    let cfg = write_config(tmp.path(), "", &[]);
-    let mut toml = std::fs::read_to_string(&cfg).expect("config");
-    let _ = write!(
-        toml,
-        "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{d}/big.ctf\"]\nchunk_size_bytes = 1300000\n\
-         [datasets.train.streams.features]\nalias = \"F\"\ndim = 64\nformat = \"dense\"\n\
-         [datasets.train.streams.labels]\nalias = \"L\"\ndim = 5\nformat = \"sparse\"\n\
-         [datasets.train.sampling]\nrandomize = true\nseed = 0\n"
-    );
-    std::fs::write(&cfg, toml).expect("config");
+    let (tmp, cfg) = two_large_chunks();
     let out = command("dump", &cfg, "train")
         .args(["--minibatch-size", "100", "--full-sweep", "--seed", "3"])
         .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "1073741824")
