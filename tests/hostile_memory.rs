@@ -508,3 +508,66 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
     };
     assert!(value("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
 }
+
+/// Issue 37: the persisted parsed-chunk cache did not fill when memory was short — exactly when
+/// it matters: chunks evicted before their paced write were lost (a 512 MiB file under a
+/// 256 MiB limit: 107 of ~280 MB written after a sweep). A chunk is now kept until it is
+/// written, so one sweep of a dataset twice the limit leaves every chunk persisted, within the
+/// limit, and the sweep after a restart parses nothing.
+#[test]
+fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 64,000 samples of 256 values: 33 MB of text in 1 MiB chunks, 66 MB parsed — twice the
+    // 32 MiB limit.
+    let mut text = String::new();
+    for i in 0..64_000u32 {
+        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
+    }
+    let file = write(p, "wide.ctf", text);
+    let limit = 32u64 << 20;
+    let datasets = format!(
+        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 1048576\n\
+         [datasets.wide.streams.a]\ndim = 256\nformat = \"dense\"\n",
+        file.display()
+    );
+    config(p, limit, &datasets);
+    let mut d = Daemon::start(p, &[]);
+    let opts = SessionOptions { max_sweeps: Some(1), window_chunks: Some(2), ..options(256) };
+    let want = d.dump("wide", &["--minibatch-size", "256", "--max-sweeps", "1", "--window-chunks", "2"]);
+    let sweep = |d: &Daemon| {
+        let mut s = support::daemon::open_retrying(d, "wide", &opts, ErrorCode::DatasetIndexing);
+        let mut got = Vec::new();
+        while let Some(mb) = s.next_owned().expect("next") {
+            got.push(support::daemon::json(&mb, &["a"]));
+        }
+        got
+    };
+    assert_eq!(sweep(&d), want);
+    let peak = peak_rss(d.pid());
+    assert!(peak <= limit + DAEMON_OVERHEAD_BYTES, "peak RSS {} MiB with a {} MiB limit", peak >> 20, limit >> 20);
+    assert_eq!(d.stop().code(), Some(0));
+    let entries = std::fs::read_dir(p.join("state/parsed"))
+        .expect("ls")
+        .filter(|e| e.as_ref().is_ok_and(|e| e.path().extension().is_some_and(|x| x == "mbp")));
+    let entries = entries.count();
+    let out = support::command("index", &d.config(), "wide").output().expect("index");
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let total: usize = printed
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find_map(|w| (w[1].starts_with("chunk")).then(|| w[0].parse().ok()).flatten())
+        .unwrap_or_else(|| panic!("no chunk count in: {printed}"));
+    assert_eq!(entries, total, "every chunk persisted after one sweep under the limit");
+    // After a restart the sweep reads them all back: no chunk is parsed from the text.
+    let d = Daemon::start(p, &[]);
+    assert_eq!(sweep(&d), want);
+    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
+    let misses: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("minibatchd_parsed_cache_misses_total "))
+        .and_then(|v| v.parse().ok())
+        .expect("misses");
+    assert_eq!(misses, 0, "every chunk came from the persisted cache");
+}

@@ -49,6 +49,10 @@ pub struct ParsedMsg {
     pub key: ChunkKey,
     /// The chunk, or why it could not be read or parsed.
     pub result: Result<Arc<ParsedChunk>, DataError>,
+    /// The dataset whose persisted cache the chunk goes to (parsed from the text, not read back
+    /// from an entry): the cache keeps the chunk from eviction until the persister has written
+    /// it ([`SharedCache::written`]).
+    pub persist: Option<Weak<super::hub::DatasetRuntime>>,
 }
 
 /// How long a producer waits on a loading chunk before it asks again (a request can be lost when
@@ -75,6 +79,9 @@ enum Entry {
         /// Lookups that found it (a chunk mapped from the persisted cache is copied into the
         /// daemon's memory at its second: [`CacheCore::take_to_own`]).
         hits: u32,
+        /// Waiting for the persister: not evicted before it is written (or the persister let
+        /// it go), so that one sweep fills the persisted cache whatever the memory limit.
+        unwritten: bool,
     },
     Failed(DataError),
 }
@@ -260,6 +267,11 @@ impl CacheCore {
 
     /// The cache stage delivers a parsed chunk (or its failure).
     pub fn insert(&mut self, key: ChunkKey, result: Result<Arc<ParsedChunk>, DataError>) {
+        self.insert_with(key, result, false);
+    }
+
+    /// [`CacheCore::insert`]; an `unwritten` chunk is not evicted until [`CacheCore::written`].
+    pub fn insert_with(&mut self, key: ChunkKey, result: Result<Arc<ParsedChunk>, DataError>, unwritten: bool) {
         self.tick += 1;
         let entry = match result {
             Ok(chunk) => {
@@ -272,7 +284,7 @@ impl CacheCore {
                 self.stats.bytes += bytes;
                 self.stats.chunks += 1;
                 let pinned_until = demanded.then(|| Instant::now() + REQUEST_RETRY);
-                Entry::Ready { chunk, bytes, used: self.tick, pinned_until, hits: 0 }
+                Entry::Ready { chunk, bytes, used: self.tick, pinned_until, hits: 0, unwritten }
             }
             Err(e) => Entry::Failed(e),
         };
@@ -285,6 +297,30 @@ impl CacheCore {
             _ => {}
         }
         self.evict();
+    }
+
+    /// The persister is done with `chunk` (the one `key` holds, if it still does): written to
+    /// the persisted cache, or let go (not to be persisted, or the write failed). It may now be
+    /// evicted.
+    pub fn written(&mut self, key: ChunkKey, chunk: &Weak<ParsedChunk>) {
+        if let Some(Entry::Ready { chunk: c, unwritten, .. }) = self.entries.get_mut(&key) {
+            if is(c, chunk) {
+                *unwritten = false;
+            }
+        }
+        self.evict();
+    }
+
+    /// Parsed bytes waiting for the persister (not evictable until written).
+    #[must_use]
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .map(|e| match e {
+                Entry::Ready { bytes, unwritten: true, .. } => *bytes,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// The chunks mapped from the persisted cache that lookups found a second time since the last
@@ -326,7 +362,7 @@ impl CacheCore {
                 .entries
                 .iter()
                 .filter_map(|(k, e)| match e {
-                    Entry::Ready { chunk, used, pinned_until, .. }
+                    Entry::Ready { chunk, used, pinned_until, unwritten: false, .. }
                         if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
                     {
                         Some((*used, *k))
@@ -363,19 +399,21 @@ impl CacheCore {
         self.budget
     }
 
-    /// Parsed bytes that sessions hold or wait for (what eviction cannot free now).
+    /// Parsed bytes that sessions hold or wait for, or that wait for the persister (what
+    /// eviction cannot free now).
     fn held_bytes(&self) -> u64 {
         self.stats.bytes - self.evictable_bytes()
     }
 
-    /// Parsed bytes that no session holds or waits for (what eviction could free now).
+    /// Parsed bytes that no session holds or waits for and that are written (what eviction
+    /// could free now).
     #[must_use]
     pub fn evictable_bytes(&self) -> u64 {
         let now = Instant::now();
         self.entries
             .values()
             .map(|e| match e {
-                Entry::Ready { chunk, bytes, pinned_until, .. }
+                Entry::Ready { chunk, bytes, pinned_until, unwritten: false, .. }
                     if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
                 {
                     *bytes
@@ -516,10 +554,37 @@ impl SharedCache {
         room
     }
 
-    /// Inserts a parsed chunk and wakes the producers waiting for it.
+    /// Inserts a parsed chunk and wakes the producers waiting for it. A chunk to persist is
+    /// handed to the persister and kept from eviction until it is written ([`Self::written`]);
+    /// when the persister's queue is full it is not persisted this time, and evictable at once.
     pub fn insert(&self, msg: ParsedMsg) {
-        self.lock().insert(msg.key, msg.result);
+        let ParsedMsg { key, result, persist } = msg;
+        let job = match (&result, persist, &self.owner) {
+            (Ok(chunk), Some(dataset), Some(owner)) => Some((owner, dataset, Arc::downgrade(chunk))),
+            _ => None,
+        };
+        self.lock().insert_with(key, result, job.is_some());
+        if let Some((owner, dataset, chunk)) = job {
+            if owner.try_send(PersistJob::Persist { dataset, chunk: chunk.clone(), key }).is_err() {
+                self.written(key, &chunk);
+            }
+        }
         self.arrived.notify_all();
+    }
+
+    /// The persister is done with `chunk` of `key` ([`CacheCore::written`]): it may be evicted;
+    /// the sessions waiting for room are woken.
+    pub fn written(&self, key: ChunkKey, chunk: &Weak<ParsedChunk>) {
+        self.lock().written(key, chunk);
+        self.arrived.notify_all();
+    }
+
+    /// Whether chunks waiting for the persister keep the cache from its budget: the persister
+    /// should write at once, without pacing.
+    #[must_use]
+    pub fn writes_wanted(&self) -> bool {
+        let core = self.lock();
+        core.stats.bytes >= core.budget && core.unwritten_bytes() > 0
     }
 
     /// [`CacheCore::replace`].
@@ -852,6 +917,41 @@ mod tests {
         assert_eq!(c.stats().bytes, 0, "nothing held: everything evictable");
     }
 
+    /// Issue 37: a parsed chunk waiting for the persister is not evicted before it is written,
+    /// so one sweep fills the persisted cache whatever the memory limit; meanwhile it counts
+    /// against the ceiling like a held chunk, and the persister is told to hurry.
+    #[test]
+    fn a_chunk_waiting_for_its_write_is_not_evicted_until_written() {
+        let size = chunk(1000).size_bytes() as u64;
+        let mut c = CacheCore::new(size);
+        c.set_ceiling(2 * size);
+        let t = Instant::now();
+        let first = chunk(1000);
+        let weak = Arc::downgrade(&first);
+        assert!(matches!(c.lookup((0, 0), t), Lookup::Miss));
+        c.insert_with((0, 0), Ok(first), true);
+        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        c.insert((0, 1), Ok(chunk(1000)));
+        assert_eq!(c.stats().chunks, 2, "over budget, but the unwritten chunk stays");
+        assert_eq!(c.unwritten_bytes(), size);
+        // Both fill the ceiling (the second held by its session): a third demand load is
+        // refused, the unwritten chunk counted as if a session held it.
+        let held = match c.lookup((0, 1), t) {
+            Lookup::Hit(h) => h,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(c.evictable_bytes(), 0, "an unwritten chunk cannot be evicted");
+        assert!(matches!(c.lookup((0, 2), t), Lookup::OverLimit { .. }));
+        drop(held);
+        assert_eq!(c.evictable_bytes(), size, "the written one can");
+        c.written((0, 0), &Weak::new()); // another chunk's write: nothing changes
+        assert_eq!(c.unwritten_bytes(), size);
+        c.written((0, 0), &weak);
+        assert_eq!(c.unwritten_bytes(), 0);
+        assert_eq!(c.stats().chunks, 1, "written: one evicted, down to the budget");
+        assert!(matches!(c.lookup((0, 2), t), Lookup::Miss));
+    }
+
     #[test]
     fn a_demanded_chunk_survives_a_zero_budget_until_its_session_takes_it() {
         // Regression: with a budget below one chunk, a demand load was evicted on arrival and the
@@ -889,7 +989,11 @@ mod tests {
         let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
         assert_eq!(req.key, (1, 2));
         let at = Location { file: Path::new("/data/train.ctf").into(), line: 7, offset: 123 };
-        cache.insert(ParsedMsg { key: (1, 2), result: Err(DataError::Fatal { at, message: "bad data".into() }) });
+        cache.insert(ParsedMsg {
+            key: (1, 2),
+            result: Err(DataError::Fatal { at, message: "bad data".into() }),
+            persist: None,
+        });
         for got in [waiter.join().expect("joined"), cache.get((1, 2), &stop)] {
             let Err(FetchError::Failed(e)) = &got else { panic!("expected a data error, got {got:?}") };
             let place = e.place().expect("a place");
@@ -934,7 +1038,7 @@ mod tests {
             let c2 = cache.clone();
             let t = std::thread::spawn(move || c2.get((0, k), &AtomicBool::new(false)));
             let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
-            cache.insert(ParsedMsg { key: req.key, result: Ok(chunk(1000)) });
+            cache.insert(ParsedMsg { key: req.key, result: Ok(chunk(1000)), persist: None });
             held.push(t.join().expect("joined").expect("the chunk"));
         }
         assert!(!cache.short_of_memory());

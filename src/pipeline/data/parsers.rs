@@ -17,7 +17,6 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::chunk_cache::{ChunkRequest, ParsedMsg};
-use super::persister::PersistJob;
 use super::DataPlane;
 use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
@@ -48,12 +47,14 @@ impl ParserWorker {
             return ParsedMsg {
                 key: req.key,
                 result: Err(DataError::Dataset(format!("no dataset with index {} (removed by a reload)", req.key.0))),
+                persist: None,
             };
         };
         let started = Instant::now();
         // A decoder bug must not take a parser thread (and so the daemon) down: the chunk fails.
         let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| rt.dataset.load_chunk(req.key.1 as usize)));
         let m = &rt.metrics;
+        let mut persist = None;
         let result = match loaded {
             Ok(Ok((chunk, fresh))) => {
                 m.chunks_parsed.inc();
@@ -70,13 +71,10 @@ impl ParserWorker {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
                 }
                 let chunk = Arc::new(chunk);
-                // A chunk read back from the persisted cache (mapped) has nothing to persist.
+                // A chunk read back from the persisted cache (mapped) has nothing to persist; the
+                // others go to the persister once in the chunk cache (`SharedCache::insert`).
                 if rt.dataset.parsed_cache().is_some() && !chunk.is_mapped() {
-                    // A full queue drops the job: the chunk is persisted when parsed again.
-                    let _ = self
-                        .data
-                        .persist
-                        .try_send(PersistJob::Persist { dataset: Arc::downgrade(&rt), chunk: Arc::downgrade(&chunk) });
+                    persist = Some(Arc::downgrade(&rt));
                 }
                 Ok(chunk)
             }
@@ -104,7 +102,7 @@ impl ParserWorker {
             }
         };
         self.busy.inc_by(started.elapsed().as_secs_f64());
-        ParsedMsg { key: req.key, result }
+        ParsedMsg { key: req.key, result, persist }
     }
 }
 

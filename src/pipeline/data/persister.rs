@@ -13,8 +13,11 @@
 //!   that phase took twice as long; a quarter of the time still cost a cold sweep a sixth
 //!   (`docs/benchmarks.md`, "Persisted while no session waits"). A trainer that computes between minibatches leaves its
 //!   producer waiting for free slots, and the entries are written at full speed then; a consumer
-//!   that never waits still has them written, more slowly. A chunk the cache lets go while its
-//!   write waits is skipped, as a full queue's (and offered again when it is parsed again).
+//!   that never waits still has them written, more slowly. The chunk cache keeps a chunk until
+//!   its write is done ([`super::chunk_cache::SharedCache::written`]): when chunks waiting for
+//!   their writes keep the cache from its budget (a dataset larger than the memory limit), the
+//!   writes go at full speed, and the sessions that need room wait for them — so one sweep fills
+//!   the persisted cache whatever the memory. A job dropped by a full queue lets its chunk go.
 //! * **Own**: copy a chunk read back from the persisted cache — its columns the entry's mapped
 //!   page-cache pages — into the daemon's own memory and swap the copy into the chunk cache
 //!   ([`super::chunk_cache::SharedCache::replace`]), unless the mapping is on huge pages. The
@@ -22,12 +25,13 @@
 //!   maps the entry with 4 KiB pages, the copy, on huge pages, serves the later sweeps, whose
 //!   random reads then miss the TLB less (`docs/benchmarks.md`, "Persisted chunks mapped").
 //!
-//! The parsers send the persist jobs, the chunk cache the own jobs (at a mapped chunk's second
+//! The chunk cache sends the persist jobs (as it inserts a chunk parsed from the text) and the
+//! own jobs (at a mapped chunk's second
 //! use: [`super::chunk_cache::CacheCore::take_to_own`]; its first use is typically the sweep
 //! after a restart, which the mapping serves without a copy, and the copy would compete with it),
-//! with weak references: the persister holds no memory of its own (a chunk evicted from the cache
-//! and released by every session before the persister got to it is skipped), and the queue is
-//! bounded ([`QUEUE`]; a full queue drops the job the same way).
+//! with weak references: the persister holds no memory of its own (the cache keeps a chunk to
+//! write until the persister says it is done with it; a copy's chunk that left the cache is
+//! skipped), and the queue is bounded ([`QUEUE`]; a dropped job lets its chunk go).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -142,12 +146,15 @@ impl Drop for DemandMark {
 /// Background work on a parsed chunk.
 #[derive(Debug)]
 pub enum PersistJob {
-    /// Write a chunk as the parser made it to the persisted cache.
+    /// Write a chunk as the parser made it to the persisted cache; the chunk cache keeps it
+    /// until then ([`SharedCache::written`]).
     Persist {
         /// Its dataset.
         dataset: Weak<DatasetRuntime>,
         /// The chunk.
         chunk: Weak<ParsedChunk>,
+        /// Its place in the chunk cache.
+        key: ChunkKey,
     },
     /// Copy a chunk mapped from the persisted cache into the daemon's memory, in the cache.
     Own {
@@ -215,7 +222,13 @@ pub fn spawn(
         if let Err(e) = rustix::process::setpriority_process(Some(tid), 19) {
             tracing::debug!(error = %e, "cannot lower the persister's priority");
         }
-        let mut writes: Writes<(Weak<DatasetRuntime>, Weak<ParsedChunk>)> = Writes::new(Instant::now());
+        let mut writes: Writes<WriteJob> = Writes::new(Instant::now());
+        // The persister is done with a job's chunk (written, or let go): the cache may evict it.
+        let done = |(_, chunk, key): &WriteJob| {
+            if let Some(cache) = cache.upgrade() {
+                cache.written(*key, chunk);
+            }
+        };
         let mut pressure = Pressure::new();
         let mut tick = Instant::now();
         loop {
@@ -225,11 +238,15 @@ pub fn spawn(
                 deferred.inc_by(now.duration_since(tick).as_secs_f64());
             }
             tick = now;
-            writes.retain(|(_, chunk)| chunk.strong_count() > 0);
+            writes.retain(|(_, chunk, _)| chunk.strong_count() > 0);
             let mut wrote = false;
-            if let Some(job) = writes.next(idle, now) {
+            // Chunks waiting for their writes keep the cache from its budget: no pacing then.
+            let wanted = !writes.is_empty() && cache.upgrade().is_some_and(|c| c.writes_wanted());
+            if let Some(job) = writes.next(idle || wanted, now) {
                 let started = Instant::now();
-                if persist(&job).is_some() {
+                let persisted = persist(&job);
+                done(&job);
+                if persisted.is_some() {
                     let pressed = cache.upgrade().is_some_and(|cache| {
                         let (stats, budget, _) = cache.snapshot();
                         pressure.update(stats.evictions, stats.bytes, budget, Instant::now())
@@ -250,11 +267,19 @@ pub fn spawn(
                 Err(flume::RecvTimeoutError::Disconnected) => return,
             };
             match job {
-                Some(PersistJob::Persist { dataset, chunk }) => writes.push((dataset, chunk)),
-                Some(PersistJob::Drain { until, done }) => {
-                    writes.retain(|(_, chunk)| chunk.strong_count() > 0);
-                    let counts = writes.drain(until, Instant::now, |job| persist(&job) == Some(true));
-                    let _ = done.send(counts);
+                Some(PersistJob::Persist { dataset, chunk, key }) => {
+                    if let Some(dropped) = writes.push((dataset, chunk, key)) {
+                        done(&dropped);
+                    }
+                }
+                Some(PersistJob::Drain { until, done: answer }) => {
+                    writes.retain(|(_, chunk, _)| chunk.strong_count() > 0);
+                    let counts = writes.drain(until, Instant::now, |job| {
+                        let persisted = persist(&job) == Some(true);
+                        done(&job);
+                        persisted
+                    });
+                    let _ = answer.send(counts);
                 }
                 Some(PersistJob::Own { key, chunk }) => {
                     if let Some(cache) = cache.upgrade() {
@@ -270,9 +295,12 @@ pub fn spawn(
     }
 }
 
+/// A chunk to write: its dataset, the chunk, its place in the chunk cache.
+type WriteJob = (Weak<DatasetRuntime>, Weak<ParsedChunk>, ChunkKey);
+
 /// Writes the chunk of `job` to its dataset's persisted cache unless its dataset or chunk is gone
 /// (`None`); whether it was written (false: written already, or not to be persisted).
-fn persist((dataset, chunk): &(Weak<DatasetRuntime>, Weak<ParsedChunk>)) -> Option<bool> {
+fn persist((dataset, chunk, _): &WriteJob) -> Option<bool> {
     let (rt, chunk) = (dataset.upgrade()?, chunk.upgrade()?);
     Some(rt.dataset.persist_later(&chunk))
 }
@@ -349,10 +377,14 @@ impl<J> Writes<J> {
         (written, self.pending.len())
     }
 
-    /// Queues a write; dropped (as by a full channel) when [`QUEUE`] are waiting.
-    fn push(&mut self, job: J) {
+    /// Queues a write; when [`QUEUE`] are waiting it is dropped (as by a full channel), and
+    /// handed back.
+    fn push(&mut self, job: J) -> Option<J> {
         if self.pending.len() < QUEUE {
             self.pending.push_back(job);
+            None
+        } else {
+            Some(job)
         }
     }
 
