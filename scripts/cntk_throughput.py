@@ -3,10 +3,12 @@ scripts/bench_peers.py. Runs under the CNTK oracle's Python 3.6 (../shared/tools
 set up by its setup.sh; ORACLE_HOME, default /tmp/cntk-oracle):
 
     LD_LIBRARY_PATH=$ORACLE_HOME/mpishim $ORACLE_HOME/venv36/bin/python scripts/cntk_throughput.py \
-        FILE.ctf DIM CLASSES MINIBATCH SWEEPS
+        FILE.ctf DIM CLASSES MINIBATCH SWEEPS [WINDOW_CHUNKS]
 
 The file is minibatchd-gen's ctf-dense (`|features` DIM floats, `|labels` a one-hot of CLASSES).
-Randomized with CNTK's default window, like the daemon benchmark. Each minibatch's dense
+Randomized with CNTK's default window, like the daemon benchmark, or a window of WINDOW_CHUNKS
+chunks. `build_s` is the time its `MinibatchSource` constructor took (it indexes the file): the
+clock a user sees starts before it. Each minibatch's dense
 features are materialized as a NumPy array (what a trainer feeding another framework does; the
 sparse labels stay CNTK Values). Prints one JSON line: samples and seconds per sweep.
 """
@@ -22,11 +24,14 @@ from cntk.io import CTFDeserializer, MinibatchSource, StreamDef, StreamDefs  # n
 
 def main():
     path, dim, classes, mb_size, sweeps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    window = {"randomization_window_in_chunks": int(sys.argv[6])} if len(sys.argv) > 6 else {}
     streams = StreamDefs(
         features=StreamDef(field="features", shape=dim, is_sparse=False),
         labels=StreamDef(field="labels", shape=classes, is_sparse=True),
     )
-    source = MinibatchSource(CTFDeserializer(path, streams), randomize=True, max_sweeps=sweeps)
+    built = time.perf_counter()
+    source = MinibatchSource(CTFDeserializer(path, streams), randomize=True, max_sweeps=sweeps, **window)
+    build_s = time.perf_counter() - built
     fs, ls = source.streams.features, source.streams.labels
     per_sweep = []
     samples = 0
@@ -47,7 +52,8 @@ def main():
             now = time.perf_counter()
             per_sweep.append([now - at, samples - sum(n for _, n in per_sweep)])
             at = now
-    print(json.dumps({"cntk": cntk.__version__, "per_sweep": per_sweep, "samples": samples, "first_minibatch_s": first}))
+    print(json.dumps({"cntk": cntk.__version__, "per_sweep": per_sweep, "samples": samples, "first_minibatch_s": first,
+                      "build_s": build_s}))
 
 
 if __name__ == "__main__":
