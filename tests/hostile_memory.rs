@@ -509,6 +509,60 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
     assert!(value("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
 }
 
+/// Issue 37: sessions that all read, whose windows together need more than the limit: none fails
+/// (before: the one whose load met the full ceiling got `resource_exhausted`); they wait in line
+/// for each other's chunks, the longest-waiting first, and each delivers exactly its `dump`
+/// within the limit.
+#[test]
+fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_failing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let mut text = String::new();
+    for i in 0..20_000u32 {
+        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
+    }
+    let file = write(p, "wide.ctf", text);
+    let names = ["d0", "d1", "d2"];
+    let mut datasets = String::new();
+    for name in names {
+        let _ = write!(
+            datasets,
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+             [datasets.{name}.streams.a]\ndim = 256\nformat = \"dense\"\n",
+            file.display()
+        );
+    }
+    config(p, LIMIT, &datasets);
+    let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
+    let opts = SessionOptions { max_sweeps: Some(1), ..options(256) };
+    let dumps: Vec<Vec<String>> =
+        names.iter().map(|n| d.dump(n, &["--minibatch-size", "256", "--max-sweeps", "1"])).collect();
+    let got: Vec<Result<Vec<String>, String>> = std::thread::scope(|scope| {
+        let readers: Vec<_> = names
+            .iter()
+            .map(|name| {
+                let (d, opts) = (&d, &opts);
+                scope.spawn(move || {
+                    let mut s = support::daemon::open_retrying(d, name, opts, ErrorCode::DatasetIndexing);
+                    let mut got = Vec::new();
+                    loop {
+                        match s.next_owned() {
+                            Ok(Some(mb)) => got.push(support::daemon::json(&mb, &["a"])),
+                            Ok(None) => return Ok(got),
+                            Err(e) => return Err(format!("{name}: {e}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        readers.into_iter().map(|r| r.join().expect("reader")).collect()
+    });
+    for ((name, got), want) in names.iter().zip(got).zip(&dumps) {
+        assert_eq!(&got.unwrap_or_else(|e| panic!("a reading session failed: {e}")), want, "{name}");
+    }
+    assert_within_limit(&d, "with three sessions reading 60 MB of windows at once");
+}
+
 /// Issue 37: the persisted parsed-chunk cache did not fill when memory was short — exactly when
 /// it matters: chunks evicted before their paced write were lost (a 512 MiB file under a
 /// 256 MiB limit: 107 of ~280 MB written after a sweep). A chunk is now kept until it is

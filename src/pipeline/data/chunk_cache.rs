@@ -463,6 +463,9 @@ pub struct SharedCache {
     arrived: Condvar,
     /// Sessions waiting for memory other sessions hold ([`SharedCache::wait_for_memory`]).
     waiting: std::sync::atomic::AtomicUsize,
+    /// The producers waiting for memory, by id, with when they began: the oldest goes first
+    /// ([`SharedCache::first_in_line`]).
+    line: Mutex<Vec<(u64, Instant)>>,
     /// Producers idle for want of a free slot, by id: woken when a session starts waiting for
     /// memory, so that they let go of their chunks.
     idle: Mutex<HashMap<u64, Task>>,
@@ -479,6 +482,7 @@ impl SharedCache {
             core: Mutex::new(CacheCore::new(budget)),
             arrived: Condvar::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
+            line: Mutex::new(Vec::new()),
             idle: Mutex::new(HashMap::new()),
             requests,
             owner: None,
@@ -526,6 +530,30 @@ impl SharedCache {
             self.lock().stats.shed_chunks += chunks as u64;
             self.arrived.notify_all();
         }
+    }
+
+    /// Producer `id` waits for memory (from now, if it was not already waiting): in line, the
+    /// oldest first.
+    pub fn queue_for_memory(&self, id: u64) {
+        let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !line.iter().any(|(i, _)| *i == id) {
+            line.push((id, Instant::now()));
+        }
+    }
+
+    /// Producer `id` waits for memory no longer (it got its chunks, or it ended).
+    pub fn leave_line(&self, id: u64) {
+        self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(i, _)| *i != id);
+        self.arrived.notify_all();
+    }
+
+    /// Whether producer `id` has waited for memory longest of those waiting: the others let go
+    /// of every chunk they hold, so that sessions waiting on each other cannot stall for good —
+    /// the first in line gets its minibatch's chunks, then the next.
+    #[must_use]
+    pub fn first_in_line(&self, id: u64) -> bool {
+        let line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        line.iter().min_by_key(|(i, since)| (*since, *i)).is_some_and(|(i, _)| *i == id)
     }
 
     /// Waits until the chunks sessions hold leave room below the ceiling, `stop` is set or
@@ -1063,6 +1091,24 @@ mod tests {
         assert_eq!(cache.lock().stats.shed_chunks, 2);
         cache.idle(7, None);
         assert!(cache.wait_for_memory(&AtomicBool::new(true), Instant::now() + DEADLINE), "room now");
+    }
+
+    /// Sessions waiting for memory go in line, the longest-waiting first; leaving the line (its
+    /// chunks gathered, or its session over) hands the first place on.
+    #[test]
+    fn waiting_sessions_go_in_line_the_longest_waiting_first() {
+        let (tx, _rx) = flume::bounded(1);
+        let cache = SharedCache::new(1 << 20, tx);
+        assert!(!cache.first_in_line(1), "nobody waits");
+        cache.queue_for_memory(3);
+        std::thread::sleep(Duration::from_millis(2));
+        cache.queue_for_memory(1);
+        cache.queue_for_memory(3); // again: keeps its place
+        assert!(cache.first_in_line(3) && !cache.first_in_line(1));
+        cache.leave_line(3);
+        assert!(cache.first_in_line(1));
+        cache.leave_line(1);
+        assert!(!cache.first_in_line(1));
     }
 
     const DEADLINE: Duration = Duration::from_secs(30);

@@ -38,11 +38,11 @@ use super::pool::{Pool, Task, Turn};
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
 
-/// Longest a producer waits for memory that other sessions hold (the chunks they hold fill the
-/// cache's share of `memory_limit_bytes`) before its session fails with `resource_exhausted`.
-/// Idle sessions let go of theirs at once; what is left is held by sessions that are moving, for
-/// a minibatch each, or by sessions stuck waiting on each other, which this bound breaks.
-pub const MEMORY_WAIT: Duration = Duration::from_secs(120);
+/// How long a producer waiting for memory waits at a time before it looks again whether it is
+/// first in line (and logs, every [`MEMORY_WAIT_LOG`], that it still waits).
+const MEMORY_WAIT_SLICE: Duration = Duration::from_millis(200);
+/// How often a session that still waits for memory says so in the log.
+const MEMORY_WAIT_LOG: Duration = Duration::from_secs(60);
 
 /// Ids of producers, for the cache's list of idle ones.
 static NEXT_PRODUCER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -484,6 +484,7 @@ impl Planning {
     /// Closes the queues to the fillers (each ends once it has handled what is queued).
     fn finish(&mut self) -> Turn {
         self.planner.cache.idle(self.planner.id, None);
+        self.planner.cache.leave_line(self.planner.id);
         self.steps = None;
         for filler in &self.fillers {
             filler.wake();
@@ -709,6 +710,32 @@ impl Planner {
         (built, over_limit)
     }
 
+    /// Waits for the memory other sessions hold, a slice at a time: in line with the other
+    /// waiting sessions, the oldest first — one that is not first lets go of every chunk it holds
+    /// (its minibatch's too: it gathers them again when its turn comes), so that sessions waiting
+    /// on each other cannot stall for good. Counted in `memory_wait`, and in the session's
+    /// metrics; logged every [`MEMORY_WAIT_LOG`].
+    fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) {
+        self.cache.queue_for_memory(self.id);
+        if !self.cache.first_in_line(self.id) && self.feeder.held_chunks() > 0 {
+            self.shed(None);
+        }
+        let since = Instant::now();
+        self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
+        let waited = since.elapsed();
+        self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
+        let before = *memory_wait;
+        *memory_wait += waited;
+        if before.as_secs() / MEMORY_WAIT_LOG.as_secs() != memory_wait.as_secs() / MEMORY_WAIT_LOG.as_secs() {
+            tracing::warn!(
+                dataset = %self.runtime.name,
+                minibatch = self.feeder.next_index(),
+                waited_secs = memory_wait.as_secs(),
+                "a session still waits for memory that other sessions hold (memory_limit_bytes is short for the sessions open)"
+            );
+        }
+    }
+
     /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
     /// waiting for memory.
     fn shed(&mut self, plan: Option<&MinibatchPlan>) {
@@ -739,42 +766,34 @@ impl Planner {
             let (Err(_), Some((chunk, held, e))) = (&built, over_limit) else { break built };
             // The chunks sessions hold fill the cache's share of the limit. First let go of what
             // this minibatch does not need, and try again; then, if others hold the rest, wait
-            // for them (idle sessions let go of theirs at once), for at most MEMORY_WAIT.
+            // for them (idle sessions let go of theirs at once), for as long as it takes.
             if !shed {
                 shed = true;
                 self.shed(Some(&plan));
                 continue;
             }
             let own = self.feeder.held_bytes() as u64;
-            if held > own && memory_wait < MEMORY_WAIT {
-                let since = Instant::now();
-                let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT.saturating_sub(memory_wait));
-                memory_wait += since.elapsed();
-                self.metrics.memory_wait_seconds.inc_by(since.elapsed().as_secs_f64());
-                if room || stop.load(Ordering::Relaxed) {
-                    continue;
-                }
+            if held > own {
+                // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
+                // once; sessions waiting behind the first let go of everything).
+                self.wait_for_memory(stop, &mut memory_wait);
+                continue;
             }
-            let others = if held > own {
-                format!(
-                    "; it waited {} s for the {} MiB that other sessions hold",
-                    memory_wait.as_secs(),
-                    (held - own).div_ceil(1 << 20)
-                )
-            } else {
-                String::new()
-            };
+            // This minibatch's own chunks do not fit: no wait can help.
+            self.cache.leave_line(self.id);
             return Err(ProduceError::Memory(format!(
                 "minibatch {} of dataset '{}' needs chunk {chunk}, but {e}; this session holds {} chunks ({} MiB) for \
-                 this minibatch{others}; a session holds about one randomization window of parsed chunks: open it \
-                 with a smaller window (window_chunks or window_samples), close other sessions, or raise \
-                 memory_limit_bytes",
+                 this minibatch alone; a session holds about one randomization window of parsed chunks: open it with \
+                 a smaller window (window_chunks or window_samples), or raise memory_limit_bytes",
                 self.feeder.next_index(),
                 self.runtime.name,
                 self.feeder.held_chunks(),
                 self.feeder.held_bytes().div_ceil(1 << 20),
             )));
         };
+        if shed {
+            self.cache.leave_line(self.id);
+        }
         self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
         let mb = built?;
         let samples = plan.samples;
