@@ -314,10 +314,28 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
         for part in [
             "randomization window needs at least 71 MiB",
             "its 40 smallest chunks at their peak",
-            "window_chunks or window_samples",
+            "the largest window that fits is ",
         ] {
             assert!(message.contains(part), "{part:?} missing from: {message}");
         }
+        // Issue 37: the refusal names the largest window that fits; that one opens, one more does not.
+        let largest: u64 = message
+            .split("the largest window that fits is ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no window named in: {message}"));
+        assert!((1..40).contains(&largest), "{message}");
+        let with = |w: u64| SessionOptions { window_chunks: Some(w), ..one_sweep.clone() };
+        assert!(Client::connect(&d.socket).expect("connect").open("wide", &with(largest)).is_ok(), "{largest} chunks");
+        assert!(
+            matches!(
+                Client::connect(&d.socket).expect("connect").open("wide", &with(largest + 1)),
+                Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. })
+            ),
+            "{} chunks",
+            largest + 1
+        );
     };
     refused(&one_sweep);
     // So is a window in samples that spans the whole sweep on both sides of every chunk (CNTK's

@@ -16,7 +16,7 @@ use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
-use minibatchd_engine::sampling::{randomizer, Sampler, Tail, Timeline};
+use minibatchd_engine::sampling::{randomizer, Sampler, SamplingOptions, Tail, Timeline, Window};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
@@ -429,7 +429,21 @@ fn window_fits(
         return Ok(());
     }
     let window_chunks = window_in_chunks(timeline, sweep_size, &resolved.sampling).min(timeline.num_chunks());
-    Err(Refusal::WindowTooLarge { window_chunks, floor, share })
+    // The floor grows with the window: the largest window in chunks under the share, by halving.
+    let fits = |w: usize| {
+        let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
+        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options) <= share
+    };
+    let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share })
 }
 
 /// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at

@@ -87,13 +87,16 @@ pub enum Refusal {
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
     #[error(
-        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); open the session with a smaller window (window_chunks or window_samples) or raise memory_limit_bytes",
+        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
         floor.div_ceil(1 << 20),
-        share >> 20
+        share >> 20,
+        if *largest > 0 { format!("the largest window that fits is {largest} chunk(s): open the session with window_chunks = {largest} (or a window_samples as small), or raise memory_limit_bytes") } else { "no window fits: raise memory_limit_bytes".to_owned() }
     )]
     WindowTooLarge {
         /// The window in chunks.
         window_chunks: usize,
+        /// The largest window in chunks that fits (0: none).
+        largest: usize,
         /// The least the window holds, in bytes.
         floor: u64,
         /// The cache's share of the limit, in bytes.
