@@ -62,9 +62,17 @@ impl FileMapping {
         // object. Under the lease nobody writes or truncates the file while it is mapped (a
         // writer waits until `detach` has moved the pages into memory of our own), so the bytes
         // read through it stay what they were (and `Pod` values are valid for any bytes).
-        let ptr = unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::PRIVATE, &file, 0) }?;
-        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(std::io::ErrorKind::InvalidInput)?;
+        let mapped =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, ProtFlags::READ, MapFlags::PRIVATE, &file, 0) };
+        let Some(ptr) = mapped.ok().and_then(|p| NonNull::new(p.cast::<u8>())) else {
+            crate::lease::release(&file);
+            return Err(mapped.err().map_or_else(|| std::io::ErrorKind::InvalidInput.into(), Into::into));
+        };
         let map = Arc::new(Self { ptr, len, lease: std::sync::Mutex::new(Some(file)) });
+        // Watched from here, before the populate reads the file in (seconds for a large one from
+        // disk): a writer that comes meanwhile breaks the lease once, and its one SIGIO must find
+        // the mapping.
+        crate::lease::guard(&map);
         if crate::huge::huge_pages() {
             // Pages not in the page cache are then read ahead into 2 MiB folios, which the
             // mapping maps as huge pages (as those of entries written in 2 MiB pieces).
@@ -80,7 +88,10 @@ impl FileMapping {
             Ok(()) | Err(rustix::io::Errno::INVAL) => {}
             Err(e) => return Err(e.into()),
         }
-        crate::lease::guard(&map);
+        // A break that came before the watch began: moved into memory now.
+        if map.lease_broken() {
+            map.detach()?;
+        }
         Ok(map)
     }
 
@@ -216,6 +227,10 @@ impl Drop for FileMapping {
         // outlives `self` (every `Column` into it holds an `Arc` of it).
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {
             tracing::warn!(error = %e, "munmap of a persisted parsed chunk failed");
+        }
+        // Unmapped first: the lease (and the file) go only once nothing can read the file's pages.
+        if let Some(file) = self.lease().take() {
+            crate::lease::release(&file);
         }
     }
 }

@@ -20,8 +20,11 @@
 //! descriptor held while the mapping lives) and one copy of the mapping when someone does.
 //!
 //! Where a lease cannot be taken — a file system without leases (NFS), `fs.leases-enable = 0`, a
-//! file open for writing elsewhere, another `SIGIO` handler in the process — [`take`] fails and
-//! the caller reads the file into memory instead of mapping it.
+//! file open for writing elsewhere, another `SIGIO` handler in the process, a quarter of the
+//! process's descriptors already held by leases — [`take`] fails and the caller reads the file
+//! into memory instead of mapping it. The thread also looks at every lease once a second without
+//! a signal, so that a break whose signal went astray is found long before the kernel revokes
+//! the lease (45 s).
 //!
 //! Process-wide state, because a signal handler needs it: the write end of a pipe the handler
 //! writes a byte into (async-signal-safe: `write(2)` only, `errno` restored), and the registry of
@@ -30,7 +33,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use crate::column::FileMapping;
@@ -47,6 +50,26 @@ static GUARDED: Mutex<Vec<Weak<FileMapping>>> = Mutex::new(Vec::new());
 /// Mappings moved into the process's memory because another process opened their file for
 /// writing or truncated it.
 static REVOKED: AtomicU64 = AtomicU64::new(0);
+
+/// Leases held now: each keeps its file's descriptor open for as long as its mapping lives.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// How often the thread looks at every lease even without a signal: a break whose one `SIGIO`
+/// went astray (another handler installed later, a signal before a mapping was watched) is still
+/// found long before the kernel revokes the lease (`/proc/sys/fs/lease-break-time`, 45 s).
+const RESCAN_MS: i32 = 1000;
+
+/// The most leases held at once: a quarter of the descriptors the process may open, so that
+/// mapped entries never take those the sockets, rings and data files need (more entries are read
+/// into memory instead).
+fn max_held() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        rustix::process::getrlimit(rustix::process::Resource::Nofile)
+            .current
+            .map_or(usize::MAX, |n| usize::try_from(n / 4).unwrap_or(usize::MAX))
+    })
+}
 
 /// How many guarded mappings were moved into the process's own memory since it started, because
 /// another process opened their file for writing or truncated it.
@@ -121,9 +144,15 @@ fn set_up() -> Result<(), String> {
 /// somewhere, `EINVAL` on a file system without leases, `EACCES` for a file of another user.
 pub(crate) fn take(file: &File) -> io::Result<()> {
     set_up().map_err(|why| io::Error::new(io::ErrorKind::Unsupported, why))?;
+    if HELD.fetch_add(1, Ordering::SeqCst) >= max_held() {
+        HELD.fetch_sub(1, Ordering::SeqCst);
+        return Err(io::Error::new(io::ErrorKind::QuotaExceeded, "as many leases held as descriptors allow"));
+    }
     // SAFETY: `fcntl(F_SETLEASE)` on a descriptor this `File` owns; no memory is passed.
     if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK) } != 0 {
-        return Err(io::Error::last_os_error());
+        let e = io::Error::last_os_error();
+        HELD.fetch_sub(1, Ordering::SeqCst);
+        return Err(e);
     }
     Ok(())
 }
@@ -135,10 +164,12 @@ pub(crate) fn broken(file: &File) -> bool {
     kind != libc::F_RDLCK
 }
 
-/// Releases the lease on `file` (closing it would too).
+/// Releases the lease on `file` (its mapping detached, dropped, or never made); each [`take`]
+/// that succeeded is released once.
 pub(crate) fn release(file: &File) {
     // SAFETY: `fcntl(F_SETLEASE, F_UNLCK)` on a descriptor this `File` owns.
     let _ = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK) };
+    HELD.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Puts `map` under the thread's watch.
@@ -153,12 +184,17 @@ pub(crate) fn guard(map: &Arc<FileMapping>) {
 fn watch(read: &OwnedFd) {
     let mut buf = [0u8; 64];
     loop {
-        match rustix::io::read(read, &mut buf) {
-            Ok(0) => return,
-            Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "the lease thread cannot read its pipe; mappings are no longer guarded");
-                return;
+        let mut ready = libc::pollfd { fd: read.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one `pollfd` for a descriptor this thread owns, valid for the call.
+        let polled = unsafe { libc::poll(&raw mut ready, 1, RESCAN_MS) };
+        if polled > 0 {
+            match rustix::io::read(read, &mut buf) {
+                Ok(0) => return,
+                Ok(_) | Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "the lease thread cannot read its pipe; mappings are no longer guarded");
+                    return;
+                }
             }
         }
         // Strong references taken under the lock and dropped after it: the last one may run

@@ -507,7 +507,10 @@ impl SharedCache {
     /// its chunks ([`minibatchd_engine::feed::Feeder::shed`]).
     #[must_use]
     pub fn short_of_memory(&self) -> bool {
+        // The line, not the waits in progress: a waiting producer yields its thread between
+        // slices, and the idle ones that run meanwhile must still see it waiting.
         self.waiting.load(Ordering::SeqCst) > 0
+            || !self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
     }
 
     /// The producer `id` is idle (every slot leased) or not (`None`): an idle one is woken when a

@@ -283,7 +283,11 @@ pub fn spawn(
                 }
                 Some(PersistJob::Own { key, chunk }) => {
                     if let Some(cache) = cache.upgrade() {
-                        own(&cache, key, &chunk);
+                        let copied =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| own(&cache, key, &chunk)));
+                        if copied.is_err() {
+                            tracing::error!(?key, "copying a mapped chunk panicked; it stays mapped");
+                        }
                     }
                 }
                 None => {}
@@ -299,10 +303,16 @@ pub fn spawn(
 type WriteJob = (Weak<DatasetRuntime>, Weak<ParsedChunk>, ChunkKey);
 
 /// Writes the chunk of `job` to its dataset's persisted cache unless its dataset or chunk is gone
-/// (`None`); whether it was written (false: written already, or not to be persisted).
-fn persist((dataset, chunk, _): &WriteJob) -> Option<bool> {
+/// (`None`); whether it was written (false: written already, not to be persisted, or the write
+/// panicked — logged: the persister goes on, and the chunk cache lets the chunk go).
+fn persist(job: &WriteJob) -> Option<bool> {
+    let (dataset, chunk, key) = job;
     let (rt, chunk) = (dataset.upgrade()?, chunk.upgrade()?);
-    Some(rt.dataset.persist_later(&chunk))
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.dataset.persist_later(&chunk)));
+    Some(written.unwrap_or_else(|_| {
+        tracing::error!(?key, "persisting a parsed chunk panicked; it is served from memory and not persisted");
+        false
+    }))
 }
 
 /// While a producer is at work and the chunk cache is under pressure, a write starts only this

@@ -38,9 +38,31 @@ use super::pool::{Pool, Task, Turn};
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
 
-/// How long a producer waiting for memory waits at a time before it looks again whether it is
-/// first in line (and logs, every [`MEMORY_WAIT_LOG`], that it still waits).
-const MEMORY_WAIT_SLICE: Duration = Duration::from_millis(200);
+/// How long a producer waiting for memory blocks its pool thread at a time: then it yields the
+/// thread to the pool's other tasks — among them the sessions that can free the memory — and
+/// looks again whether it is first in line (and logs, every [`MEMORY_WAIT_LOG`], that it still
+/// waits).
+const MEMORY_WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// A minibatch planned but not gathered yet: it waits for memory other sessions hold.
+struct Pending {
+    slot: FreeSlot,
+    plan: MinibatchPlan,
+    wanted: Vec<u32>,
+    started: Instant,
+    cache_wait: Duration,
+    /// It let go of the chunks it does not need.
+    shed: bool,
+    memory_wait: Duration,
+}
+
+/// What [`Planner::locate`] found.
+enum Found {
+    Minibatch(Located),
+    End,
+    /// Waiting for memory: yield the thread and call again.
+    Wait,
+}
 /// How often a session that still waits for memory says so in the log.
 const MEMORY_WAIT_LOG: Duration = Duration::from_secs(60);
 
@@ -188,6 +210,8 @@ struct Planner {
     next_sweep: Option<flume::Receiver<BuiltSweep>>,
     /// This producer's id in the cache's list of idle producers.
     id: u64,
+    /// The minibatch waiting for memory, if any.
+    pending: Option<Pending>,
 }
 
 impl Producer {
@@ -217,6 +241,7 @@ impl Producer {
                 idle_since: None,
                 next_sweep: None,
                 id: NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed),
+                pending: None,
             },
             ring,
             working: None,
@@ -433,7 +458,9 @@ impl Planning {
                 }
                 self.queue_full.store(false, Ordering::SeqCst);
             }
-            let slot = match self.free.try_recv() {
+            // A minibatch waiting for memory has its slot already.
+            let waiting = self.planner.pending.as_ref().map(|p| p.slot);
+            let slot = match waiting.map_or_else(|| self.free.try_recv(), Ok) {
                 Ok(slot) => slot,
                 Err(flume::TryRecvError::Empty) => {
                     // Every slot is leased: back-pressure from the client. While it lasts, the
@@ -461,8 +488,10 @@ impl Planning {
                 self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
             }
             let next = match self.planner.locate(slot, &self.stop) {
-                Ok(Some(located)) => Step::Fill(Box::new(located)),
-                Ok(None) => Step::Event(ProducerEvent::End {
+                Ok(Found::Minibatch(located)) => Step::Fill(Box::new(located)),
+                // Waiting for memory that tasks of this pool may free: let them run.
+                Ok(Found::Wait) => return Turn::Again,
+                Ok(Found::End) => Step::Event(ProducerEvent::End {
                     position: self.planner.feeder.position(),
                     minibatches: self.planner.feeder.next_index(),
                 }),
@@ -490,6 +519,15 @@ impl Planning {
             filler.wake();
         }
         Turn::Done
+    }
+}
+
+impl Drop for Planning {
+    fn drop(&mut self) {
+        // However the task ends (its work done, stopped, or a panic the pool caught): out of the
+        // cache's lists, so that no session waits behind it for good.
+        self.planner.cache.idle(self.planner.id, None);
+        self.planner.cache.leave_line(self.planner.id);
     }
 }
 
@@ -710,18 +748,18 @@ impl Planner {
         (built, over_limit)
     }
 
-    /// Waits for the memory other sessions hold, a slice at a time: in line with the other
-    /// waiting sessions, the oldest first — one that is not first lets go of every chunk it holds
-    /// (its minibatch's too: it gathers them again when its turn comes), so that sessions waiting
-    /// on each other cannot stall for good. Counted in `memory_wait`, and in the session's
-    /// metrics; logged every [`MEMORY_WAIT_LOG`].
-    fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) {
+    /// Waits for the memory other sessions hold, for one slice: in line with the other waiting
+    /// sessions, the oldest first — one that is not first lets go of every chunk it holds (its
+    /// minibatch's too: it gathers them again when its turn comes), so that sessions waiting on
+    /// each other cannot stall for good. Counted in `memory_wait`, and in the session's metrics;
+    /// logged every [`MEMORY_WAIT_LOG`]. Whether there is room now.
+    fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) -> bool {
         self.cache.queue_for_memory(self.id);
         if !self.cache.first_in_line(self.id) && self.feeder.held_chunks() > 0 {
             self.shed(None);
         }
         let since = Instant::now();
-        self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
+        let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
         let waited = since.elapsed();
         self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
         let before = *memory_wait;
@@ -734,6 +772,7 @@ impl Planner {
                 "a session still waits for memory that other sessions hold (memory_limit_bytes is short for the sessions open)"
             );
         }
+        room
     }
 
     /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
@@ -744,40 +783,59 @@ impl Planner {
         self.cache.shed(before - self.feeder.held_chunks());
     }
 
-    /// Locates the next minibatch for `slot`; `Ok(None)` at the end of the epoch.
-    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Option<Located>, ProduceError> {
-        let started = Instant::now();
-        self.next_sweep();
-        let Some(plan) = self.feeder.plan(self.minibatch_size) else { return Ok(None) };
-        let ds = self.runtime.index;
-        // Ask for every chunk of this minibatch first (parsed in parallel by the pool), then for
-        // the ones coming next. Offered again before every wait: the request queue is short, so a
-        // one-shot prefetch of a minibatch spread over many chunks would leave the parser pool
-        // idle but for the chunk being waited for.
-        let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
-        self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
-        let mut cache_wait = Duration::ZERO;
-        let (mut shed, mut memory_wait) = (false, Duration::ZERO);
+    /// Locates the next minibatch for `slot` (or goes on with the one waiting for memory):
+    /// [`Found::End`] at the end of the epoch, [`Found::Wait`] while it waits for memory other
+    /// sessions hold — the caller then yields its thread (the sessions that can free that memory
+    /// run on the same pool) and calls again.
+    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
+        let mut p = if let Some(p) = self.pending.take() {
+            p
+        } else {
+            let started = Instant::now();
+            self.next_sweep();
+            let Some(plan) = self.feeder.plan(self.minibatch_size) else { return Ok(Found::End) };
+            // Ask for every chunk of this minibatch first (parsed in parallel by the pool), then
+            // for the ones coming next. Offered again before every wait: the request queue is
+            // short, so a one-shot prefetch of a minibatch spread over many chunks would leave the
+            // parser pool idle but for the chunk being waited for.
+            let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
+            let ds = self.runtime.index;
+            self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
+            Pending {
+                slot,
+                plan,
+                wanted,
+                started,
+                cache_wait: Duration::ZERO,
+                shed: false,
+                memory_wait: Duration::ZERO,
+            }
+        };
         let built = loop {
-            let (built, over_limit) = self.gather(&plan, &wanted, stop, &mut cache_wait);
+            let (built, over_limit) = self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait);
             if stop.load(Ordering::Relaxed) {
+                self.cache.leave_line(self.id);
                 return Err(ProduceError::Stopped);
             }
             let (Err(_), Some((chunk, held, e))) = (&built, over_limit) else { break built };
             // The chunks sessions hold fill the cache's share of the limit. First let go of what
             // this minibatch does not need, and try again; then, if others hold the rest, wait
             // for them (idle sessions let go of theirs at once), for as long as it takes.
-            if !shed {
-                shed = true;
-                self.shed(Some(&plan));
+            if !p.shed {
+                p.shed = true;
+                self.shed(Some(&p.plan));
                 continue;
             }
             let own = self.feeder.held_bytes() as u64;
             if held > own {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
-                // once; sessions waiting behind the first let go of everything).
-                self.wait_for_memory(stop, &mut memory_wait);
-                continue;
+                // once; sessions waiting behind the first let go of everything) — a slice at a
+                // time, then the thread goes to the pool's other tasks.
+                if self.wait_for_memory(stop, &mut p.memory_wait) {
+                    continue;
+                }
+                self.pending = Some(p);
+                return Ok(Found::Wait);
             }
             // This minibatch's own chunks do not fit: no wait can help.
             self.cache.leave_line(self.id);
@@ -791,14 +849,15 @@ impl Planner {
                 self.feeder.held_bytes().div_ceil(1 << 20),
             )));
         };
-        if shed {
+        if p.shed {
             self.cache.leave_line(self.id);
         }
-        self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
+        self.metrics.chunk_wait_seconds.inc_by(p.cache_wait.as_secs_f64());
         let mb = built?;
-        let samples = plan.samples;
-        self.metrics.delivery_busy_seconds.inc_by(started.elapsed().saturating_sub(cache_wait).as_secs_f64());
-        Ok(Some(Located { slot, mb, samples }))
+        let samples = p.plan.samples;
+        let busy = p.started.elapsed().saturating_sub(p.cache_wait).saturating_sub(p.memory_wait);
+        self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
+        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples }))
     }
 }
 
