@@ -466,9 +466,12 @@ pub struct SharedCache {
     /// The producers waiting for memory, by id, with when they began: the oldest goes first
     /// ([`SharedCache::first_in_line`]).
     line: Mutex<Vec<(u64, Instant)>>,
-    /// Producers idle for want of a free slot, by id: woken when a session starts waiting for
-    /// memory, so that they let go of their chunks.
-    idle: Mutex<HashMap<u64, Task>>,
+    /// The length of `line`, for [`SharedCache::short_of_memory`] to read without its lock.
+    queued: std::sync::atomic::AtomicUsize,
+    /// The producers, by id ([`SharedCache::enlist`]): their task, and whether they are idle for
+    /// want of a free slot. The idle ones are woken when a session starts waiting for memory, so
+    /// that they let go of their chunks.
+    producers: Mutex<HashMap<u64, (Task, Arc<AtomicBool>)>>,
     requests: flume::Sender<ChunkRequest>,
     /// Where chunks to copy into the daemon's memory go (the persister), if anywhere.
     owner: Option<flume::Sender<PersistJob>>,
@@ -483,7 +486,8 @@ impl SharedCache {
             arrived: Condvar::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
             line: Mutex::new(Vec::new()),
-            idle: Mutex::new(HashMap::new()),
+            queued: std::sync::atomic::AtomicUsize::new(0),
+            producers: Mutex::new(HashMap::new()),
             requests,
             owner: None,
         }
@@ -509,22 +513,26 @@ impl SharedCache {
     pub fn short_of_memory(&self) -> bool {
         // The line, not the waits in progress: a waiting producer yields its thread between
         // slices, and the idle ones that run meanwhile must still see it waiting.
-        self.waiting.load(Ordering::SeqCst) > 0
-            || !self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty()
+        self.waiting.load(Ordering::SeqCst) > 0 || self.queued.load(Ordering::SeqCst) > 0
     }
 
-    /// The producer `id` is idle (every slot leased) or not (`None`): an idle one is woken when a
-    /// session starts waiting for memory.
-    pub fn idle(&self, id: u64, task: Option<&Task>) {
-        let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match task {
-            Some(t) => {
-                idle.insert(id, t.clone());
-            }
-            None => {
-                idle.remove(&id);
-            }
-        }
+    /// Lists producer `id`, run by `task`, until [`Self::dismiss`]. The flag returned says
+    /// whether it is idle (every slot leased): set, it is woken when a session starts waiting for
+    /// memory. Set it, then look at [`Self::short_of_memory`]: either the waiting session sees the
+    /// flag or the producer sees the session.
+    pub fn enlist(&self, id: u64, task: &Task) -> Arc<AtomicBool> {
+        let idle = Arc::new(AtomicBool::new(false));
+        self.producers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id, (task.clone(), idle.clone()));
+        idle
+    }
+
+    /// Producer `id` is over: off the list, and out of the line for memory.
+    pub fn dismiss(&self, id: u64) {
+        self.producers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
+        self.leave_line(id);
     }
 
     /// A session let go of `chunks` chunks: counts them and wakes the sessions waiting for room.
@@ -541,12 +549,16 @@ impl SharedCache {
         let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !line.iter().any(|(i, _)| *i == id) {
             line.push((id, Instant::now()));
+            self.queued.store(line.len(), Ordering::SeqCst);
         }
     }
 
     /// Producer `id` waits for memory no longer (it got its chunks, or it ended).
     pub fn leave_line(&self, id: u64) {
-        self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(i, _)| *i != id);
+        let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        line.retain(|(i, _)| *i != id);
+        self.queued.store(line.len(), Ordering::SeqCst);
+        drop(line);
         self.arrived.notify_all();
     }
 
@@ -564,8 +576,14 @@ impl SharedCache {
     /// there is room.
     pub fn wait_for_memory(&self, stop: &AtomicBool, until: Instant) -> bool {
         self.waiting.fetch_add(1, Ordering::SeqCst);
-        let idle: Vec<Task> =
-            self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().cloned().collect();
+        let idle: Vec<Task> = self
+            .producers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter(|(_, idle)| idle.load(Ordering::SeqCst))
+            .map(|(t, _)| t.clone())
+            .collect();
         for t in idle {
             t.wake();
         }
@@ -1082,7 +1100,7 @@ mod tests {
             let _ = woken_tx.try_send(());
             super::super::pool::Turn::Idle
         });
-        cache.idle(7, Some(&task));
+        cache.enlist(7, &task).store(true, Ordering::SeqCst);
         let c2 = cache.clone();
         let waiter = std::thread::spawn(move || c2.wait_for_memory(&AtomicBool::new(false), Instant::now() + DEADLINE));
         woken_rx.recv_timeout(Duration::from_secs(10)).expect("the idle producer was woken");
@@ -1092,7 +1110,7 @@ mod tests {
         assert!(waiter.join().expect("joined"), "room once the chunks were let go");
         assert!(!cache.short_of_memory());
         assert_eq!(cache.lock().stats.shed_chunks, 2);
-        cache.idle(7, None);
+        cache.dismiss(7);
         assert!(cache.wait_for_memory(&AtomicBool::new(true), Instant::now() + DEADLINE), "room now");
     }
 

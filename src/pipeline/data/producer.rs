@@ -322,6 +322,7 @@ impl Producer {
             queues.push(steps_tx);
             fillers.push(task);
         }
+        let idle = planner.cache.enlist(planner.id, &planner_task);
         let mut planning = Planning {
             planner,
             working,
@@ -331,8 +332,7 @@ impl Producer {
             fillers: fillers.clone(),
             stop: stop.clone(),
             queue_full,
-            me: planner_task.clone(),
-            listed_idle: false,
+            idle,
         };
         planner_task.set_work(move || planning.turn());
         planner_task.wake();
@@ -434,10 +434,8 @@ struct Planning {
     stop: Arc<AtomicBool>,
     /// Set while the planner is idle because the next filler's queue is full.
     queue_full: Arc<AtomicBool>,
-    /// This task, for the cache's list of idle producers.
-    me: Task,
-    /// In that list.
-    listed_idle: bool,
+    /// Set while every slot is leased ([`SharedCache::enlist`]).
+    idle: Arc<AtomicBool>,
 }
 
 impl Planning {
@@ -468,10 +466,7 @@ impl Planning {
                     // for memory, they go (and are loaded again when the client moves on).
                     self.planner.idle_since.get_or_insert_with(Instant::now);
                     set_working(&mut self.working, false);
-                    if !self.listed_idle {
-                        self.planner.cache.idle(self.planner.id, Some(&self.me));
-                        self.listed_idle = true;
-                    }
+                    self.idle.store(true, Ordering::SeqCst);
                     if self.planner.cache.short_of_memory() {
                         self.planner.shed(None);
                     }
@@ -479,10 +474,7 @@ impl Planning {
                 }
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
             };
-            if self.listed_idle {
-                self.planner.cache.idle(self.planner.id, None);
-                self.listed_idle = false;
-            }
+            self.idle.store(false, Ordering::Relaxed);
             set_working(&mut self.working, true);
             if let Some(since) = self.planner.idle_since.take() {
                 self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
@@ -512,8 +504,7 @@ impl Planning {
 
     /// Closes the queues to the fillers (each ends once it has handled what is queued).
     fn finish(&mut self) -> Turn {
-        self.planner.cache.idle(self.planner.id, None);
-        self.planner.cache.leave_line(self.planner.id);
+        self.planner.cache.dismiss(self.planner.id);
         self.steps = None;
         for filler in &self.fillers {
             filler.wake();
@@ -526,8 +517,7 @@ impl Drop for Planning {
     fn drop(&mut self) {
         // However the task ends (its work done, stopped, or a panic the pool caught): out of the
         // cache's lists, so that no session waits behind it for good.
-        self.planner.cache.idle(self.planner.id, None);
-        self.planner.cache.leave_line(self.planner.id);
+        self.planner.cache.dismiss(self.planner.id);
     }
 }
 
