@@ -299,13 +299,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
             out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
             out.extend_from_slice(field);
         }
-        out.extend_from_slice(&stamp.size.to_le_bytes());
-        out.extend_from_slice(&stamp.mtime_secs.to_le_bytes());
-        out.extend_from_slice(&stamp.mtime_nanos.to_le_bytes());
-        out.extend_from_slice(&stamp.ctime_secs.to_le_bytes());
-        out.extend_from_slice(&stamp.ctime_nanos.to_le_bytes());
-        out.extend_from_slice(&stamp.dev.to_le_bytes());
-        out.extend_from_slice(&stamp.ino.to_le_bytes());
+        out.extend_from_slice(&stamp.version_bytes());
         out.extend_from_slice(&0u32.to_le_bytes()); // the content's digest
         out.extend_from_slice(body);
         if sel & 2 == 0 {

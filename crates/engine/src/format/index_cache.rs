@@ -109,6 +109,54 @@ impl FileStamp {
         Self { path: PathBuf::new(), ..self.clone() } == Self { path: PathBuf::new(), ..other.clone() }
     }
 
+    /// Bytes in [`Self::version_bytes`].
+    pub const VERSION_BYTES: usize = 48;
+
+    /// The version (size, mtime, ctime, device, inode; not the path) as the state directory's
+    /// files store it: little-endian, in that order, each time as i64 seconds and u32 nanoseconds.
+    #[must_use]
+    pub fn version_bytes(&self) -> [u8; Self::VERSION_BYTES] {
+        let mut out = [0u8; Self::VERSION_BYTES];
+        let fields: [&[u8]; 7] = [
+            &self.size.to_le_bytes(),
+            &self.mtime_secs.to_le_bytes(),
+            &self.mtime_nanos.to_le_bytes(),
+            &self.ctime_secs.to_le_bytes(),
+            &self.ctime_nanos.to_le_bytes(),
+            &self.dev.to_le_bytes(),
+            &self.ino.to_le_bytes(),
+        ];
+        let mut at = 0;
+        for f in fields {
+            out[at..at + f.len()].copy_from_slice(f);
+            at += f.len();
+        }
+        out
+    }
+
+    /// The stamp named `path` whose version is `bytes` ([`Self::version_bytes`]).
+    #[must_use]
+    pub fn from_version_bytes(path: PathBuf, bytes: &[u8; Self::VERSION_BYTES]) -> Self {
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let field = &bytes[at..at + n];
+            at += n;
+            field
+        };
+        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+        let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or_default());
+        Self {
+            path,
+            size: u64_at(take(8)),
+            mtime_secs: u64_at(take(8)).cast_signed(),
+            mtime_nanos: u32_at(take(4)),
+            ctime_secs: u64_at(take(8)).cast_signed(),
+            ctime_nanos: u32_at(take(4)),
+            dev: u64_at(take(8)),
+            ino: u64_at(take(8)),
+        }
+    }
+
     /// Feeds the version (size, times, device and inode; not the path) to `h`.
     pub fn hash_version(&self, h: &mut Fnv1a) {
         h.u64(self.size);
@@ -183,13 +231,7 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
         w.write_all(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes())?;
         w.write_all(field)?;
     }
-    w.write_all(&stamp.size.to_le_bytes())?;
-    w.write_all(&stamp.mtime_secs.to_le_bytes())?;
-    w.write_all(&stamp.mtime_nanos.to_le_bytes())?;
-    w.write_all(&stamp.ctime_secs.to_le_bytes())?;
-    w.write_all(&stamp.ctime_nanos.to_le_bytes())?;
-    w.write_all(&stamp.dev.to_le_bytes())?;
-    w.write_all(&stamp.ino.to_le_bytes())?;
+    w.write_all(&stamp.version_bytes())?;
     w.write_all(&index.digest.to_le_bytes())?;
     w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
     let mut record = [0u8; RECORD_BYTES];
@@ -303,18 +345,9 @@ fn decode(
     if body.field()? != fingerprint.as_bytes() {
         problem.get_or_insert("other index options");
     }
-    let (size, secs, nanos) = (body.u64()?, body.u64()?, body.u32()?);
-    let (csecs, cnanos, dev, ino) = (body.u64()?, body.u32()?, body.u64()?, body.u64()?);
-    let recorded = FileStamp {
-        path: stamp.path.clone(),
-        size,
-        mtime_secs: secs.cast_signed(),
-        mtime_nanos: nanos,
-        ctime_secs: csecs.cast_signed(),
-        ctime_nanos: cnanos,
-        dev,
-        ino,
-    };
+    let mut version = [0u8; FileStamp::VERSION_BYTES];
+    body.fill(&mut version)?;
+    let recorded = FileStamp::from_version_bytes(stamp.path.clone(), &version);
     if !recorded.same_version(stamp) {
         problem.get_or_insert("data file changed (size, times, or another file)");
     }
@@ -546,6 +579,31 @@ fn still_used(f: fs::File, meta: &fs::Metadata, in_use: &dyn Fn(&Path) -> bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stored version is little-endian size, mtime, ctime, device, inode, and reads back
+    /// as it was (the layout of the index cache and the inflate sidecar, version 2).
+    #[test]
+    fn a_stamps_version_bytes_read_back_in_their_layout() {
+        let stamp = FileStamp {
+            path: PathBuf::from("/x"),
+            size: 1,
+            mtime_secs: -2,
+            mtime_nanos: 3,
+            ctime_secs: 4,
+            ctime_nanos: 5,
+            dev: 6,
+            ino: u64::MAX,
+        };
+        let bytes = stamp.version_bytes();
+        assert_eq!(bytes[..8], 1u64.to_le_bytes());
+        assert_eq!(bytes[8..16], (-2i64).to_le_bytes());
+        assert_eq!(bytes[16..20], 3u32.to_le_bytes());
+        assert_eq!(bytes[20..28], 4i64.to_le_bytes());
+        assert_eq!(bytes[28..32], 5u32.to_le_bytes());
+        assert_eq!(bytes[32..40], 6u64.to_le_bytes());
+        assert_eq!(bytes[40..], u64::MAX.to_le_bytes());
+        assert_eq!(FileStamp::from_version_bytes(PathBuf::from("/x"), &bytes), stamp);
+    }
 
     #[test]
     fn orphans_are_removed_and_the_caches_of_files_in_use_kept() {

@@ -429,24 +429,13 @@ fn read_record(f: &mut File) -> Result<Record, String> {
 }
 
 /// A copy's sidecar: the source it was decompressed from, and the copy as written.
-/// Little-endian: magic, version u32, path (u32 length + bytes), source size u64, mtime i64 +
-/// u32, copy size u64, copy mtime i64 + i64, FNV-1a of everything before.
+/// Little-endian: magic, version u32, path (u32 length + bytes), the source's version and the
+/// copy's ([`FileStamp::version_bytes`]), FNV-1a of everything before.
 #[derive(Debug, PartialEq, Eq)]
 struct Record {
     source: FileStamp,
     /// The copy's version when it was written (its path is not recorded).
     copy: FileStamp,
-}
-
-/// Appends a stamp's version (not its path) to `out`.
-fn put_version(out: &mut Vec<u8>, s: &FileStamp) {
-    out.extend_from_slice(&s.size.to_le_bytes());
-    out.extend_from_slice(&s.mtime_secs.to_le_bytes());
-    out.extend_from_slice(&s.mtime_nanos.to_le_bytes());
-    out.extend_from_slice(&s.ctime_secs.to_le_bytes());
-    out.extend_from_slice(&s.ctime_nanos.to_le_bytes());
-    out.extend_from_slice(&s.dev.to_le_bytes());
-    out.extend_from_slice(&s.ino.to_le_bytes());
 }
 
 impl Record {
@@ -457,8 +446,8 @@ impl Record {
         out.extend_from_slice(&SIDECAR_VERSION.to_le_bytes());
         out.extend_from_slice(&u32::try_from(path.len()).unwrap_or(u32::MAX).to_le_bytes());
         out.extend_from_slice(path);
-        put_version(&mut out, &self.source);
-        put_version(&mut out, &self.copy);
+        out.extend_from_slice(&self.source.version_bytes());
+        out.extend_from_slice(&self.copy.version_bytes());
         let sum = Fnv1a::of(&out);
         out.extend_from_slice(&sum.to_le_bytes());
         out
@@ -481,19 +470,7 @@ impl Record {
         let path_len = usize::try_from(u32::from_le_bytes(take(4)?.try_into().ok()?)).ok()?;
         let path = PathBuf::from(std::ffi::OsStr::from_bytes(take(path_len)?));
         let mut version = |path: PathBuf| -> Option<FileStamp> {
-            let u64_at = |b: &[u8]| b.try_into().ok().map(u64::from_le_bytes);
-            let i64_at = |b: &[u8]| b.try_into().ok().map(i64::from_le_bytes);
-            let u32_at = |b: &[u8]| b.try_into().ok().map(u32::from_le_bytes);
-            Some(FileStamp {
-                path,
-                size: u64_at(take(8)?)?,
-                mtime_secs: i64_at(take(8)?)?,
-                mtime_nanos: u32_at(take(4)?)?,
-                ctime_secs: i64_at(take(8)?)?,
-                ctime_nanos: u32_at(take(4)?)?,
-                dev: u64_at(take(8)?)?,
-                ino: u64_at(take(8)?)?,
-            })
+            Some(FileStamp::from_version_bytes(path, take(FileStamp::VERSION_BYTES)?.try_into().ok()?))
         };
         let source = version(path)?;
         let copy = version(PathBuf::new())?;
