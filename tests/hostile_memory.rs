@@ -75,6 +75,36 @@ fn config(dir: &Path, limit: u64, datasets: &str) {
     );
 }
 
+/// `lines` samples of 256 values (`|a I 1 1 …`, 0.5 KB of text, 1 KB parsed each) in
+/// `dir/wide.ctf`.
+fn wide_file(dir: &Path, lines: u32) -> std::path::PathBuf {
+    let mut text = String::new();
+    for i in 0..lines {
+        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
+    }
+    write(dir, "wide.ctf", text)
+}
+
+/// A dataset per name on `file` ([`wide_file`]), in 1 MiB chunks, its index not cached.
+fn wide_datasets(file: &Path, names: &[&str]) -> String {
+    let mut datasets = String::new();
+    for name in names {
+        let _ = write!(
+            datasets,
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+             [datasets.{name}.streams.a]\ndim = 256\nformat = \"dense\"\n",
+            file.display()
+        );
+    }
+    datasets
+}
+
+/// The peak RSS of `d` within `limit` + [`DAEMON_OVERHEAD_BYTES`].
+fn assert_peak_within(d: &Daemon, limit: u64) {
+    let peak = peak_rss(d.pid());
+    assert!(peak <= limit + DAEMON_OVERHEAD_BYTES, "peak RSS {} MiB with a {} MiB limit", peak >> 20, limit >> 20);
+}
+
 /// The refusal an `open` of `dataset` gets.
 fn refusal(d: &Daemon, dataset: &str) -> (ErrorCode, String) {
     match Client::connect(&d.socket).expect("connect").open(dataset, &options(4)) {
@@ -467,21 +497,8 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
     let p = dir.path();
     // 20,000 samples of 256 values: 10 MB of text, 20 MB parsed per dataset; three datasets on it
     // hold 60 MB, more than what a 64 MiB limit leaves for chunks beside three rings.
-    let mut text = String::new();
-    for i in 0..20_000u32 {
-        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
-    }
-    let file = write(p, "wide.ctf", text);
-    let mut datasets = String::new();
-    for name in ["d0", "d1", "d2"] {
-        let _ = write!(
-            datasets,
-            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
-             [datasets.{name}.streams.a]\ndim = 256\nformat = \"dense\"\n",
-            file.display()
-        );
-    }
-    config(p, LIMIT, &datasets);
+    let file = wide_file(p, 20_000);
+    config(p, LIMIT, &wide_datasets(&file, &["d0", "d1", "d2"]));
     // One producer thread: the waiting session must not hold it while the idle ones, which run on
     // the same pool, need it to let go of their chunks.
     let d = Daemon::start(
@@ -524,15 +541,7 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
         assert_eq!(*got, want(name), "{name}");
     }
     assert_within_limit(&d, "with two idle sessions holding their windows");
-    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
-    let value = |name: &str| {
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
-    assert!(value("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
+    assert!(d.metric("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
 }
 
 /// Issue 37: sessions that all read, whose windows together need more than the limit (on one
@@ -544,25 +553,12 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
 fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_failing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    let mut text = String::new();
-    for i in 0..6_000u32 {
-        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
-    }
-    let file = write(p, "wide.ctf", text);
+    let file = wide_file(p, 6_000);
     let names = ["d0", "d1", "d2"];
-    let mut datasets = String::new();
-    for name in names {
-        let _ = write!(
-            datasets,
-            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
-             [datasets.{name}.streams.a]\ndim = 256\nformat = \"dense\"\n",
-            file.display()
-        );
-    }
     // 6 MB parsed per dataset, 18 MB for the three, under a 16 MiB limit (small rings: 12 MiB
     // left for chunks).
     let limit = 16u64 << 20;
-    config(p, limit, &datasets);
+    config(p, limit, &wide_datasets(&file, &names));
     // One producer thread for three waiting sessions: waits must yield it.
     let d = Daemon::start(
         p,
@@ -598,15 +594,8 @@ fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_fail
     for ((name, got), want) in names.iter().zip(got).zip(&dumps) {
         assert_eq!(&got.unwrap_or_else(|e| panic!("a reading session failed: {e}")), want, "{name}");
     }
-    let peak = peak_rss(d.pid());
-    assert!(peak <= limit + DAEMON_OVERHEAD_BYTES, "peak RSS {} MiB with a {} MiB limit", peak >> 20, limit >> 20);
-    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
-    let refused: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("minibatchd_cache_refused_loads_total "))
-        .and_then(|v| v.parse().ok())
-        .expect("refused loads");
-    assert!(refused > 0, "the sessions did meet the limit");
+    assert_peak_within(&d, limit);
+    assert!(d.metric("minibatchd_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
 }
 
 /// Issue 37: the persisted parsed-chunk cache did not fill when memory was short — exactly when
@@ -620,11 +609,7 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
     let p = dir.path();
     // 64,000 samples of 256 values: 33 MB of text in 1 MiB chunks, 66 MB parsed — twice the
     // 32 MiB limit.
-    let mut text = String::new();
-    for i in 0..64_000u32 {
-        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(255));
-    }
-    let file = write(p, "wide.ctf", text);
+    let file = wide_file(p, 64_000);
     let limit = 32u64 << 20;
     let datasets = format!(
         "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 1048576\n\
@@ -644,8 +629,7 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
         got
     };
     assert_eq!(sweep(&d), want);
-    let peak = peak_rss(d.pid());
-    assert!(peak <= limit + DAEMON_OVERHEAD_BYTES, "peak RSS {} MiB with a {} MiB limit", peak >> 20, limit >> 20);
+    assert_peak_within(&d, limit);
     assert_eq!(d.stop().code(), Some(0));
     let entries = std::fs::read_dir(p.join("state/parsed"))
         .expect("ls")
@@ -663,11 +647,7 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
     // After a restart the sweep reads them all back: no chunk is parsed from the text.
     let d = Daemon::start(p, &[]);
     assert_eq!(sweep(&d), want);
-    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
-    let misses: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("minibatchd_parsed_cache_misses_total "))
-        .and_then(|v| v.parse().ok())
-        .expect("misses");
-    assert_eq!(misses, 0, "every chunk came from the persisted cache");
+    // A counter: at most zero is zero.
+    let misses = d.metric("minibatchd_parsed_cache_misses_total ");
+    assert!(misses <= 0.0, "every chunk came from the persisted cache, but {misses} were parsed");
 }

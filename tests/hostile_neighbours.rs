@@ -151,15 +151,6 @@ fn threads(pid: u32) -> Vec<String> {
     names
 }
 
-/// A counter or gauge of `/metrics` (the sum of its series whose line starts with `series`).
-fn metric(d: &Daemon, series: &str) -> f64 {
-    let (_, body) = support::daemon::http_get(&d.dir.join("state"), "/metrics").expect("metrics");
-    body.lines()
-        .filter(|l| l.starts_with(series))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-        .sum()
-}
-
 #[test]
 fn threads_do_not_grow_with_the_session_count_and_the_daemon_wide_limits_hold() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -185,7 +176,7 @@ fn threads_do_not_grow_with_the_session_count_and_the_daemon_wide_limits_hold() 
         }
         other => panic!("expected resource_exhausted, got {other:?}"),
     }
-    assert!(metric(&d, "minibatchd_sessions_refused_total{") >= 1.0);
+    assert!(d.metric("minibatchd_sessions_refused_total{") >= 1.0);
     // 40 connections hold sessions; 5 more fit, the 46th is refused daemon-wide.
     let held: Vec<UnixStream> = (0..5).map(|_| hello(&d.socket)).collect();
     let mut extra = UnixStream::connect(&d.socket).expect("connect");
@@ -194,7 +185,7 @@ fn threads_do_not_grow_with_the_session_count_and_the_daemon_wide_limits_hold() 
     assert_eq!(r["code"], "resource_exhausted", "{r}");
     assert!(r["message"].as_str().is_some_and(|m| m.contains("max_connections = 45")), "{r}");
     assert!(closed(&mut extra));
-    assert!(metric(&d, "minibatchd_connections_refused_total{") >= 1.0);
+    assert!(d.metric("minibatchd_connections_refused_total{") >= 1.0);
     drop(held);
     // Every session goes on being served by the two producer threads.
     for s in sessions.iter_mut().chain(std::iter::once(&mut first)) {

@@ -198,6 +198,17 @@ impl Daemon {
     }
 
     /// The lines `minibatchd dump` prints for `dataset` with `args`, on the daemon's config.
+    /// A counter or gauge of its `/metrics`: the sum of the series whose line starts with
+    /// `series` (`name ` for a plain metric, `name{` for every series of a vector). Panics when
+    /// no line does.
+    pub fn metric(&self, series: &str) -> f64 {
+        let (_, body) = http_get(&self.dir.join("state"), "/metrics").expect("/metrics");
+        let values: Vec<f64> =
+            body.lines().filter(|l| l.starts_with(series)).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
+        assert!(!values.is_empty(), "no series {series} in /metrics:\n{body}");
+        values.iter().sum()
+    }
+
     pub fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
         let out = command("dump", &self.config(), dataset).args(args).output().expect("dump");
         assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));
