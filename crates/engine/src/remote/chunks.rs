@@ -424,18 +424,23 @@ mod tests {
     use super::super::RemoteError;
     use super::*;
 
+    /// A store in memory; with `fail`, every read fails.
     #[derive(Debug, Default)]
     struct Memory {
         data: Vec<u8>,
         reads: AtomicU64,
+        fail: bool,
     }
 
     impl ObjectStore for Memory {
         fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
             unreachable!()
         }
-        fn read_range(&self, _: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
+        fn read_range(&self, o: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
             self.reads.fetch_add(1, Ordering::SeqCst);
+            if self.fail {
+                return Err(RemoteError::Other { url: o.url.clone(), message: "cannot reach the object store".into() });
+            }
             let (start, end) = (usize::try_from(start).expect("small"), usize::try_from(end).expect("small"));
             out.write_all(&self.data[start..end]).expect("write");
             Ok((end - start) as u64)
@@ -467,7 +472,7 @@ mod tests {
     #[test]
     fn a_range_is_fetched_once_then_served_from_disk_and_the_cache_stays_within_its_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Memory { data: (0..100u8).collect(), reads: AtomicU64::new(0) };
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let cache = ChunkFiles::new(dir.path().join("objects"), 50);
         let o = object();
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
@@ -499,41 +504,13 @@ mod tests {
         assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch").file), (50..70u8).collect::<Vec<_>>());
     }
 
-    /// A store whose reads fail.
-    #[derive(Debug, Default)]
-    struct Failing {
-        reads: AtomicU64,
-    }
-
-    impl ObjectStore for Failing {
-        fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
-            unreachable!()
-        }
-        fn read_range(&self, o: &ObjectMeta, _: u64, _: u64, _: &mut dyn Write) -> Result<u64, RemoteError> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            Err(RemoteError::Other { url: o.url.clone(), message: "cannot reach the object store".into() })
-        }
-        fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
-            unreachable!()
-        }
-        fn get(&self, _: &str, _: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-            unreachable!()
-        }
-        fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {
-            unreachable!()
-        }
-        fn delete(&self, _: &str) -> Result<(), RemoteError> {
-            unreachable!()
-        }
-    }
-
     /// A range the store failed to deliver fails again at once for the next thread that wants
     /// it (the parser after the reader stage's fetch ahead), not after another wait on the store;
     /// later it is fetched again, and another range is not concerned.
     #[test]
     fn a_failed_fetch_fails_the_next_asker_at_once_for_a_while() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Failing::default();
+        let store = Memory { fail: true, ..Memory::default() };
         let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
         let o = object();
         let first = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
@@ -551,7 +528,7 @@ mod tests {
     #[test]
     fn the_index_pass_stream_keeps_the_whole_object_and_every_range_is_read_from_it() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Memory { data: (0..100u8).collect(), reads: AtomicU64::new(0) };
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let cache: &'static ChunkFiles = Box::leak(Box::new(ChunkFiles::new(dir.path().join("objects"), 1000)));
         let o = object();
         // Read to the end: kept.
@@ -577,7 +554,7 @@ mod tests {
     #[test]
     fn threads_that_want_the_same_range_fetch_it_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Memory { data: vec![7; 100], reads: AtomicU64::new(0) };
+        let store = Memory { data: vec![7; 100], ..Memory::default() };
         let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
         let o = object();
         std::thread::scope(|s| {
