@@ -126,6 +126,15 @@ fn copy_data(from: &Path, to: &Path) {
     }
 }
 
+/// 120,000 one-feature libsvm lines, about 1 MB: more than a small object cache holds.
+fn megabyte_libsvm() -> String {
+    let mut text = String::new();
+    for i in 0..120_000 {
+        let _ = writeln!(text, "1 {}:1", i % 1000 + 1);
+    }
+    text
+}
+
 fn libsvm_config(dir: &Path, files: &[&str]) -> std::path::PathBuf {
     let list = serde_json::to_string(files).expect("json");
     write(dir, "c.toml", format!("[datasets.d]\nformat = \"libsvm\"\nfiles = {list}\n"))
@@ -271,10 +280,7 @@ fn a_silent_endpoint_is_an_error_within_the_retry_and_request_timeouts() {
 fn a_stream_that_stalls_midway_is_an_error_within_the_timeouts() {
     let server = S3Server::start();
     server.create_bucket(BUCKET);
-    let mut text = String::new();
-    for i in 0..120_000 {
-        let _ = writeln!(text, "1 {}:1", i % 1000 + 1);
-    }
+    let text = megabyte_libsvm();
     server.put(BUCKET, "midway/data.txt", text.as_bytes());
     let dir = tempfile::tempdir().expect("tempdir");
     let config = libsvm_config(dir.path(), &["s3://train-data/midway/data.txt"]);
@@ -317,10 +323,7 @@ fn daemon_behind_a_proxy(
     key: &str,
     daemon_extra: &str,
 ) -> (support::daemon::Daemon, FaultProxy) {
-    let mut text = String::new();
-    for i in 0..120_000 {
-        let _ = writeln!(text, "1 {}:1", i % 1000 + 1);
-    }
+    let text = megabyte_libsvm();
     server.put(BUCKET, key, text.as_bytes());
     support::daemon::write_config(
         dir,
@@ -557,10 +560,7 @@ fn overwritten_after_indexing(ignoring_if_match: bool) {
     server.create_bucket(BUCKET);
     // 1 MB: more than half of the 1 MiB cache below, so the index pass does not keep the whole
     // object and every chunk is fetched by its range.
-    let mut text = String::new();
-    for i in 0..120_000 {
-        let _ = writeln!(text, "1 {}:1", i % 1000 + 1);
-    }
+    let text = megabyte_libsvm();
     server.put(BUCKET, "changing/data.txt", text.as_bytes());
     let dir = tempfile::tempdir().expect("tempdir");
     support::daemon::write_config(
