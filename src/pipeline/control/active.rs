@@ -164,10 +164,13 @@ impl Active {
     /// to the registry when either moved (checkpoints read them there).
     pub(super) fn record(&mut self, shared: &ControlPlane) {
         let now = (self.progress.taken_count(), self.given_up_to());
-        if now != self.recorded {
-            self.recorded = now;
+        if now.0 != self.recorded.0 {
             shared.registry().update_state(&self.name, &self.state(), now.1);
+        } else if now.1 != self.recorded.1 {
+            // Only announced (every minibatch): the number alone, not the state rebuilt.
+            shared.registry().update_given(&self.name, now.1);
         }
+        self.recorded = now;
     }
 
     /// Moves the slot gauges to the ring's current state (by deltas: sessions of the same

@@ -664,11 +664,19 @@ impl Registry {
         }
     }
 
-    /// The connected session `name` acknowledged minibatches or was given more: its state is now
+    /// The connected session `name` acknowledged minibatches: its state is now
     /// `state`, and its trainer may have been given `given_up_to` minibatches.
     pub fn update_state(&mut self, name: &str, state: &SessionState, given_up_to: u64) {
         if let Some(saved) = self.active.get_mut(name).and_then(|e| e.saved.as_mut()) {
             saved.state.clone_from(state);
+            saved.given_up_to = Some(given_up_to);
+        }
+    }
+
+    /// How far the trainer of active session `name` may have been given minibatches moved to
+    /// `given_up_to` (its acknowledged state did not: [`Registry::update_state`]).
+    pub fn update_given(&mut self, name: &str, given_up_to: u64) {
+        if let Some(saved) = self.active.get_mut(name).and_then(|e| e.saved.as_mut()) {
             saved.given_up_to = Some(given_up_to);
         }
     }
