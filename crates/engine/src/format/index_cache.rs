@@ -106,7 +106,7 @@ impl FileStamp {
     /// Whether `other` is the same version of a file (the path aside).
     #[must_use]
     pub fn same_version(&self, other: &Self) -> bool {
-        Self { path: PathBuf::new(), ..self.clone() } == Self { path: PathBuf::new(), ..other.clone() }
+        self.version_bytes() == other.version_bytes()
     }
 
     /// Bytes in [`Self::version_bytes`].
@@ -432,15 +432,16 @@ const TOO_MANY: Miss = Miss::Stale(TOO_MANY_SEQUENCES);
 /// Whether a cache file of `len` bytes holds more than `max_sequences` sequences, from its length
 /// alone (so that a huge one is not read to find out).
 fn too_long(len: u64, stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> bool {
-    let header = 96 + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64;
-    len.saturating_sub(header) / RECORD_BYTES as u64 > max_sequences
+    len > max_encoded_len(stamp, fingerprint, max_sequences)
 }
 
 /// The largest cache file (or shared index) of `max_sequences` sequences for `stamp` and
 /// `fingerprint`: what a download of one may hold.
 #[must_use]
 pub fn max_encoded_len(stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> u64 {
-    let fixed = 8 + 4 + 4 + 4 + 8 + 8 + 4 + (8 + 4 + 8 + 8) + 4 + 8 + 8;
+    // Magic, version, the two fields' lengths, the stamp's version, the digest, the sequence
+    // count, the checksum.
+    let fixed = (8 + 4 + 4 + 4 + FileStamp::VERSION_BYTES + 4 + 8 + 8) as u64;
     (fixed + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64)
         .saturating_add(max_sequences.saturating_mul(RECORD_BYTES as u64))
 }
