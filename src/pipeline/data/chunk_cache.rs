@@ -463,9 +463,9 @@ pub struct SharedCache {
     arrived: Condvar,
     /// Sessions waiting for memory other sessions hold ([`SharedCache::wait_for_memory`]).
     waiting: std::sync::atomic::AtomicUsize,
-    /// The producers waiting for memory, by id, with when they began: the oldest goes first
+    /// The producers waiting for memory, by id, in the order they began: the first goes first
     /// ([`SharedCache::first_in_line`]).
-    line: Mutex<Vec<(u64, Instant)>>,
+    line: Mutex<Vec<u64>>,
     /// The length of `line`, for [`SharedCache::short_of_memory`] to read without its lock.
     queued: std::sync::atomic::AtomicUsize,
     /// The producers, by id ([`SharedCache::enlist`]): their task, and whether they are idle for
@@ -547,8 +547,8 @@ impl SharedCache {
     /// oldest first.
     pub fn queue_for_memory(&self, id: u64) {
         let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !line.iter().any(|(i, _)| *i == id) {
-            line.push((id, Instant::now()));
+        if !line.contains(&id) {
+            line.push(id);
             self.queued.store(line.len(), Ordering::SeqCst);
         }
     }
@@ -556,7 +556,7 @@ impl SharedCache {
     /// Producer `id` waits for memory no longer (it got its chunks, or it ended).
     pub fn leave_line(&self, id: u64) {
         let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        line.retain(|(i, _)| *i != id);
+        line.retain(|&i| i != id);
         self.queued.store(line.len(), Ordering::SeqCst);
         drop(line);
         self.arrived.notify_all();
@@ -567,8 +567,7 @@ impl SharedCache {
     /// the first in line gets its minibatch's chunks, then the next.
     #[must_use]
     pub fn first_in_line(&self, id: u64) -> bool {
-        let line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        line.iter().min_by_key(|(i, since)| (*since, *i)).is_some_and(|(i, _)| *i == id)
+        self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).first() == Some(&id)
     }
 
     /// Waits until the chunks sessions hold leave room below the ceiling, `stop` is set or

@@ -240,8 +240,9 @@ pub fn spawn(
             tick = now;
             writes.retain(|(_, chunk, _)| chunk.strong_count() > 0);
             let mut wrote = false;
-            // Chunks waiting for their writes keep the cache from its budget: no pacing then.
-            let wanted = !writes.is_empty() && cache.upgrade().is_some_and(|c| c.writes_wanted());
+            // Chunks waiting for their writes keep the cache from its budget: no pacing then
+            // (asked only when it decides: the answer walks the cache under its lock).
+            let wanted = !idle && !writes.is_empty() && cache.upgrade().is_some_and(|c| c.writes_wanted());
             if let Some(job) = writes.next(idle || wanted, now) {
                 let started = Instant::now();
                 let persisted = persist(&job);

@@ -504,7 +504,6 @@ impl Planning {
 
     /// Closes the queues to the fillers (each ends once it has handled what is queued).
     fn finish(&mut self) -> Turn {
-        self.planner.cache.dismiss(self.planner.id);
         self.steps = None;
         for filler in &self.fillers {
             filler.wake();
