@@ -150,8 +150,15 @@ fn a_reload_that_removes_and_re_adds_a_dataset_under_a_silent_trainer_is_not_res
     let mut s = d.client().open("train", &named("silent")).expect("open");
     let last = take(&mut s, 5);
     reload(&d, false);
-    // Longer than the grace: the daemon parks the session without the trainer's report.
-    std::thread::sleep(Duration::from_secs(3));
+    // The grace passes: the daemon parks the session without the trainer's report.
+    let state = d.dir.join("state");
+    let start = Instant::now();
+    while !support::daemon::http_get(&state, "/metrics")
+        .is_some_and(|(_, m)| m.contains("minibatchd_sessions{state=\"lingering\"} 1"))
+    {
+        assert!(start.elapsed() < DEADLINE, "the session was never parked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     drop(s);
     reload(&d, true);
     let ((from, exact), first) = resume(&d, "silent");
@@ -200,15 +207,29 @@ fn a_full_state_dir_at_start_names_the_file_once() {
     let datasets = dataset(dir.path());
     write_config(dir.path(), DAEMON, &datasets);
     disk.fill();
-    let out = std::process::Command::new(support::BIN)
-        .args(["run", "--config"])
-        .arg(dir.path().join("minibatchd.toml"))
-        .env("MINIBATCHD_LOG", "error")
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let mut run = support::daemon::KillOnDrop(
+        std::process::Command::new(support::BIN)
+            .args(["run", "--config"])
+            .arg(dir.path().join("minibatchd.toml"))
+            .env("MINIBATCHD_LOG", "error")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run"),
+    );
+    // A daemon that started regardless would never exit: wait with a deadline.
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = run.0.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(start.elapsed() < DEADLINE, "the daemon started on a full state_dir");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(1));
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut run.0.stderr.take().expect("stderr"), &mut err).expect("stderr");
     assert_eq!(err.matches("No space left on device").count(), 1, "{err}");
-    assert!(err.contains(&dir.path().join("state").display().to_string()), "names the file: {err}");
+    assert!(err.contains(&format!("{}/", dir.path().join("state").display())), "names the file: {err}");
     drop(disk);
 }

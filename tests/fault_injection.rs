@@ -60,6 +60,24 @@ struct Stint {
     taken: Vec<(u64, String)>,
 }
 
+/// `MINIBATCHD_FAULT_SEED`, else one from the clock (odd: the generator never sees 0).
+fn fault_seed() -> u64 {
+    std::env::var("MINIBATCHD_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos().into()) | 1
+    })
+}
+
+/// The minibatches of stint `i` come in order from `first`, each the line `want` (the dump) has
+/// at its index.
+fn check_taken(label: &str, seed: u64, i: usize, taken: &[(u64, String)], want: &[String]) {
+    let Some(&(first, _)) = taken.first() else { return };
+    for (k, (index, line)) in taken.iter().enumerate() {
+        assert_eq!(*index, first + k as u64, "{label} (seed {seed}) stint {i}: minibatches out of order");
+        let want = usize::try_from(*index).ok().and_then(|i| want.get(i));
+        assert_eq!(Some(line), want, "{label} (seed {seed}) stint {i}: minibatch {index} differs from dump");
+    }
+}
+
 /// A trainer's session across restarts.
 struct Job {
     label: &'static str,
@@ -168,14 +186,7 @@ impl Job {
                 assert_eq!(first, next, "{label} (seed {seed}) stint {i}: a resume by state did not continue exactly");
                 assert!(stint.resumed.is_none(), "{label}: a resume by state is not a resumed session");
             }
-            for (k, (index, line)) in stint.taken.iter().enumerate() {
-                assert_eq!(*index, first + k as u64, "{label} (seed {seed}) stint {i}: minibatches out of order");
-                let want = usize::try_from(*index)
-                    .ok()
-                    .and_then(|i| self.want.get(i))
-                    .unwrap_or_else(|| panic!("{label}: minibatch {index} past the end"));
-                assert_eq!(line, want, "{label} (seed {seed}) stint {i}: minibatch {index} differs from dump");
-            }
+            check_taken(label, seed, i, &stint.taken, &self.want);
             next = first + stint.taken.len() as u64;
         }
         assert_eq!(next, self.want.len() as u64, "{label} (seed {seed}): the run ended at {next}");
@@ -197,9 +208,7 @@ fn config(dir: &Path) {
 
 #[test]
 fn killed_and_stopped_daemons_lose_nothing_and_replay_only_where_they_say_so() {
-    let seed = std::env::var("MINIBATCHD_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos().into()) | 1
-    });
+    let seed = fault_seed();
     eprintln!("fault schedule seed: {seed} (MINIBATCHD_FAULT_SEED={seed} replays it)");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -263,9 +272,6 @@ fn killed_and_stopped_daemons_lose_nothing_and_replay_only_where_they_say_so() {
     assert_eq!(d.stop().code(), Some(0));
 }
 
-/// A minibatch a trainer was handed: its index and its dump line.
-type Handed = (u64, String);
-
 /// What one trainer (a thread with a named session) was handed, across daemon lifetimes: its own
 /// record, against which every resume by name is judged.
 #[derive(Default)]
@@ -274,8 +280,8 @@ struct Trainer {
     opts: SessionOptions,
     /// The uninterrupted run (`dump`), by minibatch index.
     want: Vec<String>,
-    /// Per stint: the `opened` reply's `resumed`, and the minibatches handed out.
-    stints: Vec<(Option<Resumed>, Vec<Handed>)>,
+    /// What it was handed, per daemon lifetime.
+    stints: Vec<Stint>,
     done: bool,
     rng: u64,
 }
@@ -300,12 +306,12 @@ impl Trainer {
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             };
-            self.stints.push((s.resumed.clone(), Vec::new()));
+            self.stints.push(Stint { resumed: s.resumed.clone(), taken: Vec::new() });
             loop {
                 match s.next_owned() {
                     Ok(Some(mb)) => {
                         let handed = json(&mb, TRAIN_STREAMS);
-                        self.stints.last_mut().expect("pushed").1.push((mb.index, handed));
+                        self.stints.last_mut().expect("pushed").taken.push((mb.index, handed));
                         if self.coin(5) && s.state().is_err() {
                             break;
                         }
@@ -332,7 +338,7 @@ impl Trainer {
         assert!(self.done, "{name} (seed {seed}): never finished");
         let mut next = 0u64; // one past the highest index handed out so far
         let (mut exact, mut replays) = (0, 0);
-        for (i, (resumed, taken)) in self.stints.iter().enumerate() {
+        for (i, Stint { resumed, taken }) in self.stints.iter().enumerate() {
             let Some(&(first, _)) = taken.first() else { continue };
             match resumed {
                 None => {
@@ -347,11 +353,7 @@ impl Trainer {
                     assert!(first <= next, "{name} (seed {seed}) stint {i}: skipped from {next} to {first} ({r:?})");
                 }
             }
-            for (k, (index, line)) in taken.iter().enumerate() {
-                assert_eq!(*index, first + k as u64, "{name} (seed {seed}) stint {i}: out of order");
-                let want = usize::try_from(*index).ok().and_then(|i| self.want.get(i));
-                assert_eq!(Some(line), want, "{name} (seed {seed}) stint {i}: minibatch {index} differs from dump");
-            }
+            check_taken(name, seed, i, taken, &self.want);
             next = next.max(first + taken.len() as u64);
         }
         assert_eq!(next, self.want.len() as u64, "{name} (seed {seed}): the run ended at {next}");
@@ -386,11 +388,15 @@ fn inflict(fault: usize, d: &mut Daemon, dir: &Path, disk: &support::disk::Small
             let _ = d.wait();
         }
         2 => {
+            // Each reload waited for: one still pending when the next fault comes is no fault.
+            let reloads = d.reloads();
             faulty_config(dir, false);
             d.signal(rustix::process::Signal::HUP);
+            d.wait_reloads(reloads + 1);
             std::thread::sleep(Duration::from_millis(300 + rng.below(1500)));
             faulty_config(dir, true);
             d.signal(rustix::process::Signal::HUP);
+            d.wait_reloads(reloads + 2);
         }
         _ => {
             let filler = disk.fill();
@@ -417,9 +423,7 @@ fn inflict(fault: usize, d: &mut Daemon, dir: &Path, disk: &support::disk::Small
 #[test]
 fn resumes_by_name_are_exact_only_when_nothing_handed_out_comes_again_under_random_faults() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let seed = std::env::var("MINIBATCHD_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos().into()) | 1
-    });
+    let seed = fault_seed();
     let rounds: usize = std::env::var("MINIBATCHD_FAULT_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(8);
     eprintln!("fault schedule seed: {seed} (MINIBATCHD_FAULT_SEED={seed} replays it), {rounds} faults");
     let mut rng = Rng(seed);
@@ -479,7 +483,7 @@ fn resumes_by_name_are_exact_only_when_nothing_handed_out_comes_again_under_rand
     let (mut exact, mut replays) = (0, 0);
     if std::env::var_os("MINIBATCHD_FAULT_VERBOSE").is_some() {
         for t in &trainers {
-            for (r, taken) in &t.stints {
+            for Stint { resumed: r, taken } in &t.stints {
                 eprintln!(
                     "{}: {:?} {:?}",
                     t.name,

@@ -313,8 +313,7 @@ fn a_data_file_rewritten_since_it_was_indexed_is_never_read_with_the_old_index()
 /// never its bytes through the old index, nor the old chunks from the cache.
 #[test]
 fn a_reload_indexes_again_a_dataset_whose_file_changed() {
-    use minibatchd_client::Client;
-    use support::daemon::{json, options, Daemon};
+    use support::daemon::{options, Daemon};
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
     let data = write(p, "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
@@ -330,25 +329,14 @@ fn a_reload_indexes_again_a_dataset_whose_file_changed() {
         ),
     );
     let daemon = Daemon::start(p, &[]);
-    let read_all = || {
-        let opts =
-            minibatchd_client::protocol::SessionOptions { full_sweep: true, randomize: Some(false), ..options(1) };
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["a"])).collect::<Vec<_>>()
-    };
+    let opts = minibatchd_client::protocol::SessionOptions { full_sweep: true, randomize: Some(false), ..options(1) };
+    let read_all = || daemon.read_all("d", &opts, &["a"]);
     let before = read_all();
     assert_eq!(before, daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]));
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(&data, "|a 7\n|a 8\n|a 9\n|a 5\n").expect("rewrite at the same size");
     daemon.signal(rustix::process::Signal::HUP);
-    let state = p.join("state");
-    let start = Instant::now();
-    while !support::daemon::http_get(&state, "/metrics")
-        .is_some_and(|(_, m)| m.contains("minibatchd_config_reloads_total{result=\"success\"} 1"))
-    {
-        assert!(start.elapsed() < support::daemon::DEADLINE, "no reload");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    daemon.wait_reloads(1);
     let after = read_all();
     assert_eq!(after, daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]));
     assert_ne!(after, before, "the new file's values");
@@ -385,14 +373,14 @@ fn rewrite_keeping_mtime(path: &Path, bytes: &[u8]) {
     assert_eq!((after.ino(), after.mtime(), after.mtime_nsec()), (before.ino(), before.mtime(), before.mtime_nsec()));
 }
 
-/// The `n`th successful reload of the daemon of `state` has happened.
-fn reloaded(state: &Path, n: u32) {
-    let want = format!("minibatchd_config_reloads_total{{result=\"success\"}} {n}");
-    let start = Instant::now();
-    while !support::daemon::http_get(state, "/metrics").is_some_and(|(_, m)| m.contains(&want)) {
-        assert!(start.elapsed() < support::daemon::DEADLINE, "no reload {n}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The state of a session of `d` with `opts` after its first minibatch.
+fn state_after_one(
+    daemon: &support::daemon::Daemon,
+    opts: &minibatchd_client::protocol::SessionOptions,
+) -> minibatchd_client::protocol::SessionState {
+    let mut s = daemon.client().open("d", opts).expect("open");
+    s.next_owned().expect("next").expect("a minibatch");
+    s.state().expect("state")
 }
 
 /// Issue 36, finding 1: a data file replaced by another with the same size and modification time
@@ -405,7 +393,7 @@ fn reloaded(state: &Path, n: u32) {
 fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_indexed_again_and_old_states_refused() {
     use minibatchd_client::protocol::{ErrorCode, SessionOptions};
     use minibatchd_client::{Client, ClientError};
-    use support::daemon::{json, options, Daemon};
+    use support::daemon::{options, Daemon};
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
     let data = write(p, "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
@@ -420,17 +408,10 @@ fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_indexed_again_an
     );
     let daemon = Daemon::start(p, &[]);
     let opts = SessionOptions { full_sweep: true, randomize: Some(false), ..options(1) };
-    let read_all = || {
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["a"])).collect::<Vec<_>>()
-    };
+    let read_all = || daemon.read_all("d", &opts, &["a"]);
     let dump = || daemon.dump("d", &["--minibatch-size", "1", "--full-sweep", "--randomize", "false"]);
     let first = read_all();
-    let old_state = {
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        s.next_owned().expect("next").expect("a minibatch");
-        s.state().expect("state")
-    };
+    let old_state = state_after_one(&daemon, &opts);
     let refused = |what: &str| {
         let resumed = SessionOptions { resume: Some(old_state.clone()), ..opts.clone() };
         match Client::connect(&daemon.socket).expect("connect").open("d", &resumed) {
@@ -441,12 +422,11 @@ fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_indexed_again_an
             Err(e) => panic!("{what}: expected resume_mismatch, got {e}"),
         }
     };
-    let state = p.join("state");
 
     // Another file, other sequence boundaries, the same size and mtime.
     replace_keeping_size_and_mtime(&data, b"|a 100\n|a 200\n|a 30\n");
     daemon.signal(rustix::process::Signal::HUP);
-    reloaded(&state, 1);
+    daemon.wait_reloads(1);
     let replaced = read_all();
     assert_eq!(replaced, dump(), "the new file, read through its own index");
     assert_eq!(replaced.len(), 3);
@@ -456,16 +436,12 @@ fn a_file_replaced_or_rewritten_with_its_size_and_mtime_kept_is_indexed_again_an
     // tells it apart.
     std::fs::write(&data, "|a 1\n|a 2\n|a 3\n|a 4\n").expect("the first content again");
     daemon.signal(rustix::process::Signal::HUP);
-    reloaded(&state, 2);
+    daemon.wait_reloads(2);
     assert_eq!(read_all(), first);
-    let old_state_again = {
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        s.next_owned().expect("next").expect("a minibatch");
-        s.state().expect("state")
-    };
+    let old_state_again = state_after_one(&daemon, &opts);
     rewrite_keeping_mtime(&data, b"|a 5\n|a 6\n|a 7\n|a 8\n");
     daemon.signal(rustix::process::Signal::HUP);
-    reloaded(&state, 3);
+    daemon.wait_reloads(3);
     let rewritten = read_all();
     assert_eq!(rewritten, dump());
     assert_ne!(rewritten, first, "the new values, not the old chunks");
@@ -507,21 +483,12 @@ fn a_gz_input_replaced_with_its_size_and_mtime_kept_is_decompressed_again() {
     );
     let mut daemon = Daemon::start(p, &[]);
     let opts = SessionOptions { full_sweep: true, ..options(1) };
-    let read_all = |daemon: &Daemon| {
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        std::iter::from_fn(|| s.next_owned().expect("next"))
-            .map(|mb| support::daemon::json(&mb, &["__instX", "__instY"]))
-            .collect::<Vec<_>>()
-    };
+    let read_all = |daemon: &Daemon| daemon.read_all("d", &opts, &["__instX", "__instY"]);
     let before = read_all(&daemon);
-    let old_state = {
-        let mut s = Client::connect(&daemon.socket).expect("connect").open("d", &opts).expect("open");
-        s.next_owned().expect("next").expect("a minibatch");
-        s.state().expect("state")
-    };
+    let old_state = state_after_one(&daemon, &opts);
     replace_keeping_size_and_mtime(&gz_path, &stored("0 7:1\n1 8:1\n0 9:1\n"));
     daemon.signal(rustix::process::Signal::HUP);
-    reloaded(&p.join("state"), 1);
+    daemon.wait_reloads(1);
     let dump = || daemon.dump("d", &["--minibatch-size", "1", "--full-sweep"]);
     let after = read_all(&daemon);
     assert_ne!(after, before, "the new content, not the old copy");

@@ -41,18 +41,18 @@ fn peak_rss(pid: u32) -> u64 {
     kb * 1024
 }
 
-/// Checks the daemon's peak RSS against `memory_limit_bytes` + [`DAEMON_OVERHEAD_BYTES`] and
-/// prints it for `case`.
-fn assert_within_limit(d: &Daemon, case: &str) {
+/// Checks the daemon's peak RSS against `memory_limit_bytes` (`limit`) +
+/// [`DAEMON_OVERHEAD_BYTES`] and prints it for `case`.
+fn assert_within_limit(d: &Daemon, limit: u64, case: &str) {
     let peak = peak_rss(d.pid());
     assert!(
-        peak <= LIMIT + DAEMON_OVERHEAD_BYTES,
+        peak <= limit + DAEMON_OVERHEAD_BYTES,
         "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB {case}",
         peak >> 20,
-        LIMIT >> 20,
+        limit >> 20,
         DAEMON_OVERHEAD_BYTES >> 20
     );
-    eprintln!("peak RSS with a {} MiB limit {case}: {} MiB", LIMIT >> 20, peak >> 20);
+    eprintln!("peak RSS with a {} MiB limit {case}: {} MiB", limit >> 20, peak >> 20);
 }
 
 fn dataset(name: &str, format: &str, file: &Path, dense: bool) -> String {
@@ -97,12 +97,6 @@ fn wide_datasets(file: &Path, names: &[&str]) -> String {
         );
     }
     datasets
-}
-
-/// The peak RSS of `d` within `limit` + [`DAEMON_OVERHEAD_BYTES`].
-fn assert_peak_within(d: &Daemon, limit: u64) {
-    let peak = peak_rss(d.pid());
-    assert!(peak <= limit + DAEMON_OVERHEAD_BYTES, "peak RSS {} MiB with a {} MiB limit", peak >> 20, limit >> 20);
 }
 
 /// The refusal an `open` of `dataset` gets.
@@ -162,7 +156,7 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     // The good dataset is served whole.
     let mut s = Client::connect(&d.socket).expect("connect").open("good", &options(10)).expect("open good");
     assert_eq!(support::daemon::drain(&mut s, 5).len(), 5);
-    assert_within_limit(&d, "on hostile inputs");
+    assert_within_limit(&d, LIMIT, "on hostile inputs");
 }
 
 /// #15 item 3: indexing ran before the socket opened, with no word to systemd or the trainers.
@@ -300,7 +294,7 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
     for s in &mut sessions {
         assert!(s.next_owned().expect("still served").is_some());
     }
-    assert_within_limit(&d, "with 256 sessions and 1024 connections");
+    assert_within_limit(&d, LIMIT, "with 256 sessions and 1024 connections");
 }
 
 /// #17 acceptance 4 (memory bounded at every size): a randomization window whose parsed chunks
@@ -397,7 +391,7 @@ fn a_window_larger_than_the_memory_limit_fails_its_session_instead_of_passing_th
     }
     assert_eq!(samples, 40_000);
     drop(s);
-    assert_within_limit(&d, "and an 82 MB window");
+    assert_within_limit(&d, LIMIT, "and an 82 MB window");
     let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
     assert!(
         metrics.lines().any(|l| l.starts_with("minibatchd_cache_refused_loads_total ") && !l.ends_with(" 0")),
@@ -482,7 +476,7 @@ fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
     let sessions = u32::try_from(open.len()).expect("at most 8");
     assert!(within(sessions, reserved()), "{} B reserved for {sessions} sessions", reserved());
     eprintln!("{} sessions admitted; then: {message}", open.len());
-    assert_within_limit(&d, "with sessions on 300,000 sequences");
+    assert_within_limit(&d, LIMIT, "with sessions on 300,000 sequences");
 }
 
 /// Issue 36, finding 6: a few idle sessions (their trainers took a minibatch, then stopped
@@ -540,7 +534,7 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
         }
         assert_eq!(*got, want(name), "{name}");
     }
-    assert_within_limit(&d, "with two idle sessions holding their windows");
+    assert_within_limit(&d, LIMIT, "with two idle sessions holding their windows");
     assert!(d.metric("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
 }
 
@@ -594,7 +588,7 @@ fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_fail
     for ((name, got), want) in names.iter().zip(got).zip(&dumps) {
         assert_eq!(&got.unwrap_or_else(|e| panic!("a reading session failed: {e}")), want, "{name}");
     }
-    assert_peak_within(&d, limit);
+    assert_within_limit(&d, limit, "with three sessions reading past it");
     assert!(d.metric("minibatchd_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
 }
 
@@ -629,7 +623,7 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
         got
     };
     assert_eq!(sweep(&d), want);
-    assert_peak_within(&d, limit);
+    assert_within_limit(&d, limit, "over a sweep twice its size");
     assert_eq!(d.stop().code(), Some(0));
     let entries = std::fs::read_dir(p.join("state/parsed"))
         .expect("ls")

@@ -824,7 +824,7 @@ fn walk_sizes(dir: &Path) -> u64 {
 /// used at once (a directory no lock protects), while the log said it waits for the restart.
 #[test]
 fn a_reload_adding_the_first_object_dataset_keeps_the_running_object_settings() {
-    use support::daemon::{http_get, options, write_config, Daemon, DEADLINE};
+    use support::daemon::{options, write_config, Daemon};
     let server = S3Server::start();
     server.create_bucket(BUCKET);
     server.put(BUCKET, "later/part.txt", b"1 1:1 2:1\n0 3:1\n1 4:0.5\n");
@@ -840,14 +840,8 @@ fn a_reload_adding_the_first_object_dataset_keeps_the_running_object_settings() 
         &format!("{local}[datasets.d]\nformat = \"libsvm\"\nfiles = [\"s3://{BUCKET}/later/part.txt\"]\n"),
     );
     daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
     let state = dir.path().join("state");
-    let start = std::time::Instant::now();
-    while !http_get(&state, "/metrics")
-        .is_some_and(|(_, m)| m.contains("minibatchd_config_reloads_total{result=\"success\"} 1"))
-    {
-        assert!(start.elapsed() < DEADLINE, "no reload");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
     let mut opts = options(2);
     opts.full_sweep = true;
     let mut s = daemon.client().open("d", &opts).expect("open the object dataset");

@@ -1123,11 +1123,17 @@ fn entries_truncated_or_overwritten_while_mapped_neither_crash_the_daemon_nor_ch
     assert!(d.running(), "the daemon is alive");
     let m = d.wait_metrics("both mappings revoked", |m| m.sum("minibatchd_parsed_cache_revoked_total", &[]) >= 2.0);
     assert_eq!(m.sum("minibatchd_parsed_cache_rejected_total", &[]), 0.0, "not read again yet");
-    // A second session reads the chunks the cache still holds, or the entries again: both
-    // changed entries are refused and the chunks parsed again.
+    // A second session reads the chunks the cache still holds (moved into the daemon's memory).
     drop(s);
     let mut again = d.client().open("train", &opts).expect("open");
     assert_eq!(drain(&mut again, 1000), want);
+    drop(again);
+    assert!(d.stop().success());
+    // After a restart the changed entries are read again: both refused, the chunks parsed again.
+    let mut d = Daemon::start(tmp.path(), &[]);
+    let mut third = d.client().open("train", &opts).expect("open");
+    assert_eq!(drain(&mut third, 1000), want);
+    d.wait_metrics("both changed entries refused", |m| m.sum("minibatchd_parsed_cache_rejected_total", &[]) >= 2.0);
     assert!(d.stop().success());
 }
 

@@ -197,7 +197,6 @@ impl Daemon {
         self.wait()
     }
 
-    /// The lines `minibatchd dump` prints for `dataset` with `args`, on the daemon's config.
     /// A counter or gauge of its `/metrics`: the sum of the series whose line starts with
     /// `series` (`name ` for a plain metric, `name{` for every series of a vector). Panics when
     /// no line does.
@@ -209,6 +208,30 @@ impl Daemon {
         values.iter().sum()
     }
 
+    /// A session of `dataset` with `opts` read to its end, as dump lines of its `streams`.
+    pub fn read_all(&self, dataset: &str, opts: &SessionOptions, streams: &[&str]) -> Vec<String> {
+        let mut s = self.client().open(dataset, opts).expect("open");
+        std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, streams)).collect()
+    }
+
+    /// Successful configuration reloads so far (none before the first).
+    pub fn reloads(&self) -> u32 {
+        let (_, body) = http_get(&self.dir.join("state"), "/metrics").expect("/metrics");
+        body.lines()
+            .find_map(|l| l.strip_prefix("minibatchd_config_reloads_total{result=\"success\"} "))
+            .map_or(0, |v| v.trim().parse().expect("a count"))
+    }
+
+    /// Waits until the configuration has been reloaded successfully `n` times.
+    pub fn wait_reloads(&self, n: u32) {
+        let start = Instant::now();
+        while self.reloads() < n {
+            assert!(start.elapsed() < DEADLINE, "no reload {n}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The lines `minibatchd dump` prints for `dataset` with `args`, on the daemon's config.
     pub fn dump(&self, dataset: &str, args: &[&str]) -> Vec<String> {
         let out = command("dump", &self.config(), dataset).args(args).output().expect("dump");
         assert!(out.status.success(), "dump failed: {}", String::from_utf8_lossy(&out.stderr));

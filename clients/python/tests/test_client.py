@@ -235,14 +235,14 @@ def test_a_step_longer_than_the_shutdown_grace_gets_shutting_down_not_a_broken_p
         d.stop()
 
 
-@pytest.mark.parametrize("step", [0.0, 3.0])
-def test_state_after_the_daemon_stopped_answers_locally(tmp_path, step):
+@pytest.mark.parametrize("step_past_the_grace", [False, True])
+def test_state_after_the_daemon_stopped_answers_locally(tmp_path, step_past_the_grace):
     """SIGTERM while the trainer is inside a step (longer than the 1 s grace, or not): its next
     Source.state(), before any next(), returns the position after the last minibatch the
     iterator returned — known locally — instead of raising (it raised client_disconnected once
-    the daemon had closed the socket)."""
+    the daemon had closed the socket). The short step is a race check: the daemon may still
+    answer, and the answer must be the same."""
     import signal
-    import time
 
     from conftest import Daemon
 
@@ -254,7 +254,8 @@ def test_state_after_the_daemon_stopped_answers_locally(tmp_path, step):
             mb = next(it)
         position = mb.position
         d.proc.send_signal(signal.SIGTERM)
-        time.sleep(step)
+        if step_past_the_grace:
+            d.proc.wait(timeout=30)  # the grace is over and the daemon gone: the socket is closed
         state = session.state()
         assert (state["minibatches"], state["position"]) == (3, position), state
         with pytest.raises(minibatchd.MinibatchdError) as e:
@@ -269,7 +270,9 @@ def test_state_after_the_daemon_stopped_answers_locally(tmp_path, step):
 def test_a_dataset_removed_by_a_reload_raises_the_daemons_reason_not_a_broken_pipe(tmp_path):
     """A SIGHUP drops the session's dataset from the configuration while the trainer reads: its
     next call raises MinibatchdError('unknown_dataset') with the daemon's message, not a bare
-    BrokenPipeError or ConnectionResetError."""
+    BrokenPipeError or ConnectionResetError. The client reports what it took before the
+    connection ends, so once the dataset is back the session resumes by name exactly after the
+    last minibatch the iterator returned."""
     import signal
     import time
 
@@ -279,16 +282,30 @@ def test_a_dataset_removed_by_a_reload_raises_the_daemons_reason_not_a_broken_pi
     try:
         session = minibatchd.connect(d.socket).open("train", minibatch_size=4, session="removed-job")
         it = iter(session)
-        next(it)
+        last = next(it).index
         d.config.write_text(d.config.read_text().replace("[datasets.train", "[datasets.renamed"))
         d.proc.send_signal(signal.SIGHUP)
         with pytest.raises(minibatchd.MinibatchdError) as e:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
-                next(it)
+                last = next(it).index
                 time.sleep(0.01)
         assert e.value.code == "unknown_dataset", e.value
         assert "removed by a configuration reload" in str(e.value), e.value
+        d.config.write_text(d.config.read_text().replace("[datasets.renamed", "[datasets.train"))
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                again = minibatchd.connect(d.socket).open("train", minibatch_size=4, session="removed-job")
+                break
+            except minibatchd.MinibatchdError as refused:
+                if refused.code != "unknown_dataset" or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        assert again.resumed is not None
+        assert again.resumed["from"] == "lingering" and again.resumed["exact"] is True, again.resumed
+        assert next(iter(again)).index == last + 1
     finally:
         d.stop()
 

@@ -1091,6 +1091,10 @@ mod tests {
         }
         assert!(!cache.short_of_memory());
         assert!(!cache.wait_for_memory(&stop, Instant::now() + Duration::from_millis(100)), "no room, no one lets go");
+        // Stopped: no room, and no wait for the deadline.
+        let started = Instant::now();
+        assert!(!cache.wait_for_memory(&AtomicBool::new(true), started + DEADLINE), "no room while stopped");
+        assert!(started.elapsed() < DEADLINE, "a stopped wait returns at once");
         // The idle producer: woken when someone waits, it lets go of its chunks.
         let pool = super::super::pool::Pool::new(1, "test-idle").expect("pool");
         let task = pool.task("idle");
