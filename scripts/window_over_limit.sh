@@ -8,6 +8,7 @@
 #     scripts/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
 #     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (estimated at open
 #                                                            # only when it is more than twice the file's samples)
+#     WINDOW_CHUNKS=N MAX_SWEEPS=K scripts/window_over_limit.sh ...   # a window in chunks; K sweeps (default 1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=${1:-/work/bd/bench.ctf}
@@ -42,11 +43,14 @@ for _ in range(100):
     except minibatchd.MinibatchdError:
         time.sleep(0.1)
 window = {"window_samples": int(os.environ["WINDOW_SAMPLES"])} if os.environ.get("WINDOW_SAMPLES") else {}
+if os.environ.get("WINDOW_CHUNKS"):
+    window = {"window_chunks": int(os.environ["WINDOW_CHUNKS"])}
+sweeps = int(os.environ.get("MAX_SWEEPS", "1"))
 t, n = time.perf_counter(), 0
 try:
     while True:
         try:
-            s = client.open("bench", minibatch_size=256, max_sweeps=1, **window)
+            s = client.open("bench", minibatch_size=256, max_sweeps=sweeps, **window)
             break
         except minibatchd.MinibatchdError as e:
             if e.code != "dataset_indexing":
@@ -55,8 +59,10 @@ try:
     print(f"opened after {time.perf_counter() - t:.2f} s")
     for mb in s:
         n += 1
-    print(f"served the whole sweep: {n} minibatches in {time.perf_counter() - t:.2f} s")
+    print(f"served all {sweeps} sweep(s): {n} minibatches in {time.perf_counter() - t:.2f} s")
 except minibatchd.MinibatchdError as e:
     print(f"failed after {time.perf_counter() - t:.2f} s and {n} minibatches: {e}")
 PY
 grep VmHWM "/proc/$P/status"
+curl -s "http://$(cat "$W/state/metrics.addr")/metrics" |
+    grep -E '^minibatchd_(session_minibatches_in_parts_total|cache_refused_loads_total|session_memory_wait_seconds_total)' || true

@@ -242,6 +242,9 @@ pub struct Metrics {
     /// `minibatchd_session_memory_wait_seconds_total{dataset,rank}`: producers waiting for memory
     /// that other sessions hold (the memory limit is the bottleneck).
     pub session_memory_wait_seconds: CounterVec,
+    /// `minibatchd_session_minibatches_in_parts_total{dataset,rank}`: minibatches whose chunks
+    /// did not fit in memory together, gathered a chunk at a time.
+    pub session_minibatches_in_parts: IntCounterVec,
     /// `minibatchd_session_ring_slots{dataset,rank,state}`.
     pub session_ring_slots: IntGaugeVec,
     /// `minibatchd_session_sweep{dataset,rank}`: sweep of the last minibatch delivered.
@@ -347,6 +350,8 @@ pub struct SessionMetrics {
     pub chunk_wait_seconds: Counter,
     /// Producer waiting for memory other sessions hold.
     pub memory_wait_seconds: Counter,
+    /// Minibatches gathered a chunk at a time.
+    pub minibatches_in_parts: IntCounter,
     /// Delivery stage busy time (shared by every session).
     pub delivery_busy_seconds: Counter,
     /// Sweep of the last minibatch.
@@ -650,6 +655,12 @@ impl Metrics {
                 "Time session producers waited for memory_limit_bytes to have room: parsed chunks other sessions hold filled the chunk cache's share.",
                 &["dataset", "rank"],
             )?,
+            session_minibatches_in_parts: counter_vec(
+                &r,
+                "minibatchd_session_minibatches_in_parts_total",
+                "Minibatches whose chunks did not fit in the chunk cache's share of memory_limit_bytes together, gathered a chunk at a time (slower: a smaller randomization window avoids it).",
+                &["dataset", "rank"],
+            )?,
             session_ring_slots: gauge_vec(
                 &r,
                 "minibatchd_session_ring_slots",
@@ -878,6 +889,7 @@ impl Metrics {
             producer_blocked_seconds: self.session_producer_blocked_seconds.with_label_values(&l),
             chunk_wait_seconds: self.session_chunk_wait_seconds.with_label_values(&l),
             memory_wait_seconds: self.session_memory_wait_seconds.with_label_values(&l),
+            minibatches_in_parts: self.session_minibatches_in_parts.with_label_values(&l),
             delivery_busy_seconds: self.stage_busy("delivery"),
             sweep: self.session_sweep.with_label_values(&l),
             first_minibatch_seconds: self.session_first_minibatch_seconds.with_label_values(&l),

@@ -7,13 +7,15 @@
 //! it (or until the session sheds it while it waits and memory is short, [`Feeder::shed`]: then
 //! it is loaded again when next needed), so a session holds at most about one randomization
 //! window of parsed chunks whatever the dataset size; a gathered minibatch keeps its own
-//! references, so retiring never invalidates it.
+//! references, so retiring never invalidates it. A minibatch whose chunks do not fit in memory
+//! together is gathered a chunk at a time instead ([`Feeder::gather_parts`]): the same minibatch,
+//! holding one chunk and copies of the minibatch's sequences.
 
 use std::sync::Arc;
 
 use crate::format::chunk::ParsedChunk;
 use crate::format::errors::DataError;
-use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, StreamShape};
+use crate::minibatch::{gather, ChunkMap, ChunkSource, Gathered, Parts, StreamShape};
 use crate::sampling::{EpochLimit, MinibatchPlan, Sampler, SamplingError, SamplingOptions, Timeline, Window};
 use crate::Result;
 
@@ -149,6 +151,55 @@ impl Feeder {
         let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)?;
         self.peak_chunks = self.peak_chunks.max(self.held.len());
         self.peak_bytes = self.peak_bytes.max(self.held_bytes);
+        for c in &plan.retire {
+            if let Some(chunk) = self.held.remove(c) {
+                self.held_bytes -= chunk.size_bytes();
+            }
+        }
+        self.next_index = self.next_index.saturating_add(1);
+        Ok(gathered)
+    }
+
+    /// Starts gathering `plan` a chunk at a time ([`Parts`]), for a minibatch whose chunks do not
+    /// fit in memory together: the chunks held give the plan's sequences they have, then every
+    /// chunk held is let go; returns how many were. Go on with [`Feeder::gather_parts`].
+    ///
+    /// # Errors
+    /// A held chunk that does not hold the plan's sequences (a timeline that is not the chunks').
+    pub fn start_parts(&mut self, plan: &MinibatchPlan, parts: &mut Parts) -> Result<usize> {
+        let held: Vec<u32> = parts.missing().filter(|c| self.held.contains_key(c)).collect();
+        for c in held {
+            parts.take(plan, &self.timeline, c, &self.held[&c])?;
+        }
+        let before = self.held.len();
+        self.shed(None);
+        Ok(before)
+    }
+
+    /// Loads, through `load`, every chunk whose sequences `parts` still misses — first those
+    /// `ready` says are ready now (in the chunk cache: no parse) —, copies its sequences and lets
+    /// it go, then makes the minibatch: the one [`Feeder::gather`] would make, holding one chunk
+    /// at a time. The chunks are not held after it.
+    ///
+    /// # Errors
+    /// What `load` returns, the chunks taken before kept in `parts` (call again to go on); or
+    /// what [`Parts::finish`] refuses.
+    pub fn gather_parts(
+        &mut self,
+        plan: &MinibatchPlan,
+        parts: &mut Parts,
+        ready: &dyn Fn(u32) -> bool,
+        load: &mut LoadChunk<'_>,
+    ) -> Result<Gathered> {
+        let (mut order, later): (Vec<u32>, Vec<u32>) = parts.missing().partition(|&c| ready(c));
+        order.extend(later);
+        for c in order {
+            let chunk = load(c)?;
+            self.peak_chunks = self.peak_chunks.max(self.held.len() + 1);
+            self.peak_bytes = self.peak_bytes.max(self.held_bytes + chunk.size_bytes());
+            parts.take(plan, &self.timeline, c, &chunk)?;
+        }
+        let gathered = parts.finish(self.next_index, plan, &self.shapes, self.frame_mode)?;
         for c in &plan.retire {
             if let Some(chunk) = self.held.remove(c) {
                 self.held_bytes -= chunk.size_bytes();
@@ -514,6 +565,74 @@ mod tests {
             assert_eq!(got, want, "shedding every {every} minibatches");
             assert!(loads > 12, "chunks let go were loaded again ({loads} loads)");
         }
+    }
+
+    /// Gathering a chunk at a time (a minibatch whose chunks do not fit together) makes the same
+    /// minibatches as gathering them whole, holding one chunk at a time — whether every minibatch
+    /// or every third is gathered so, with chunks held before it or not.
+    #[test]
+    fn gathering_in_parts_makes_the_same_minibatches_holding_one_chunk_at_a_time() {
+        let (timeline, parsed) = dataset(12, 5);
+        let mut plain = randomized_feeder(timeline.clone(), 4, 5);
+        let mut want = Vec::new();
+        while let Some(plan) = plain.plan(7) {
+            let g = plain.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather");
+            want.push((values(&g), g.fingerprint, g.index));
+        }
+        for every in [1usize, 3] {
+            let mut feeder = randomized_feeder(timeline.clone(), 4, 5);
+            let (mut got, mut k) = (Vec::new(), 0usize);
+            while let Some(plan) = feeder.plan(7) {
+                k += 1;
+                let g = if k % every == 0 {
+                    let mut parts = Parts::new(&plan);
+                    let held = feeder.held_chunks();
+                    assert_eq!(feeder.start_parts(&plan, &mut parts).expect("start"), held);
+                    assert_eq!(feeder.held_chunks(), 0, "every held chunk let go");
+                    let mut loaded = 0usize;
+                    let g = feeder
+                        .gather_parts(&plan, &mut parts, &|c| c % 2 == 0, &mut |c| {
+                            loaded += 1;
+                            Ok(parsed[c as usize].clone())
+                        })
+                        .expect("in parts");
+                    assert_eq!(feeder.held_chunks(), 0, "nothing held after a minibatch in parts");
+                    assert!(loaded <= plan.sequences.len());
+                    g
+                } else {
+                    feeder.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather")
+                };
+                got.push((values(&g), g.fingerprint, g.index));
+            }
+            assert_eq!(got, want, "in parts every {every} minibatches");
+        }
+        // A load that fails leaves what was taken; the next call goes on with the rest.
+        let mut feeder = randomized_feeder(timeline, 4, 5);
+        let plan = feeder.plan(7).expect("a plan");
+        let mut parts = Parts::new(&plan);
+        feeder.start_parts(&plan, &mut parts).expect("start");
+        let chunks: Vec<u32> = parts.missing().collect();
+        assert!(chunks.len() > 1, "the first minibatch draws from several chunks: {chunks:?}");
+        let err = feeder
+            .gather_parts(&plan, &mut parts, &|_| false, &mut |c| {
+                if c == chunks[1] {
+                    Err(DataError::Dataset("no room".into()))
+                } else {
+                    Ok(parsed[c as usize].clone())
+                }
+            })
+            .expect_err("the second chunk fails");
+        assert_eq!(err.to_string(), "no room");
+        assert_eq!(parts.missing().collect::<Vec<_>>(), chunks[1..], "the first chunk stays taken");
+        let mut again = Vec::new();
+        let g = feeder
+            .gather_parts(&plan, &mut parts, &|_| false, &mut |c| {
+                again.push(c);
+                Ok(parsed[c as usize].clone())
+            })
+            .expect("goes on");
+        assert_eq!(again, chunks[1..]);
+        assert_eq!((values(&g), g.fingerprint, g.index), want[0]);
     }
 
     #[test]

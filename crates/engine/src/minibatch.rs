@@ -209,6 +209,19 @@ pub fn gather(
         }
         located.push((at, local));
     }
+    assemble(index, plan, shapes, frame_mode, held, &located)
+}
+
+/// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
+/// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`.
+fn assemble(
+    index: u64,
+    plan: &MinibatchPlan,
+    shapes: &[StreamShape],
+    frame_mode: bool,
+    held: Vec<Arc<ParsedChunk>>,
+    located: &[(usize, usize)],
+) -> Result<Gathered> {
     let mut streams: Vec<GatheredStream> = shapes
         .iter()
         .enumerate()
@@ -240,9 +253,9 @@ pub fn gather(
             let (s0, s1) = sd.sample_range(local);
             if frame_mode && s1 - s0 > 1 {
                 return Err(DataError::Dataset(format!(
-                    "detected a non-frame sequence of size {} in frame mode (sequence {} of chunk {})",
+                    "detected a non-frame sequence of size {} in frame mode (sequence {} of the timeline, in chunk {})",
                     s1 - s0,
-                    local,
+                    r.seq,
                     r.chunk
                 )));
             }
@@ -281,6 +294,100 @@ pub fn gather(
         chunks: held,
         streams,
     })
+}
+
+/// A minibatch gathered a chunk at a time, for when its chunks do not fit in memory together:
+/// each chunk is loaded in turn, the plan's sequences are copied out of it
+/// ([`ParsedChunk::select`]) and the chunk is let go, so that gathering holds one chunk and the
+/// copies — the minibatch's own data — at a time. The minibatch is the one [`gather`] makes,
+/// byte for byte; it costs the copies and, where a chunk was evicted meanwhile, its loads.
+#[derive(Debug)]
+pub struct Parts {
+    /// Per chunk of the plan, in order of first need: the plan positions it serves.
+    wanted: Vec<(u32, Vec<usize>)>,
+    /// Per entry of `wanted` taken so far: the copy of its sequences.
+    taken: Vec<Option<Arc<ParsedChunk>>>,
+}
+
+impl Parts {
+    /// The parts of `plan`.
+    #[must_use]
+    pub fn new(plan: &MinibatchPlan) -> Self {
+        let mut wanted: Vec<(u32, Vec<usize>)> = Vec::new();
+        let mut at: ChunkMap<usize> = ChunkMap::default();
+        for (position, r) in plan.sequences.iter().enumerate() {
+            let i = *at.entry(r.chunk).or_insert_with(|| {
+                wanted.push((r.chunk, Vec::new()));
+                wanted.len() - 1
+            });
+            wanted[i].1.push(position);
+        }
+        let taken = vec![None; wanted.len()];
+        Self { wanted, taken }
+    }
+
+    /// The chunks whose sequences are not copied yet, in order of first need.
+    pub fn missing(&self) -> impl Iterator<Item = u32> + '_ {
+        self.wanted.iter().zip(&self.taken).filter(|(_, t)| t.is_none()).map(|((c, _), _)| *c)
+    }
+
+    /// Copies the plan's sequences out of `parsed`, chunk `chunk` (no other chunk of `timeline`
+    /// need be held meanwhile); nothing if the plan does not use it.
+    ///
+    /// # Errors
+    /// A plan sequence that `parsed` does not hold.
+    pub fn take(&mut self, plan: &MinibatchPlan, timeline: &Timeline, chunk: u32, parsed: &ParsedChunk) -> Result<()> {
+        let Some(i) = self.wanted.iter().position(|(c, _)| *c == chunk) else { return Ok(()) };
+        let start = timeline.chunk_start.get(chunk as usize).copied().unwrap_or(usize::MAX);
+        let locals = self.wanted[i]
+            .1
+            .iter()
+            .map(|&position| {
+                let seq = plan.sequences[position].seq;
+                (seq as usize)
+                    .checked_sub(start)
+                    .filter(|&l| l < parsed.num_sequences)
+                    .ok_or_else(|| DataError::Dataset(format!("sequence {seq} is not in chunk {chunk}")))
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        self.taken[i] = Some(Arc::new(parsed.select(&locals)));
+        Ok(())
+    }
+
+    /// The minibatch, once every chunk is taken; the copies pass to it (`self` is left empty).
+    ///
+    /// # Errors
+    /// A chunk not taken yet, or what [`gather`] refuses (streams not as `shapes` say, a
+    /// non-frame sequence in frame mode).
+    pub fn finish(
+        &mut self,
+        index: u64,
+        plan: &MinibatchPlan,
+        shapes: &[StreamShape],
+        frame_mode: bool,
+    ) -> Result<Gathered> {
+        if let Some(((chunk, _), _)) = self.wanted.iter().zip(&self.taken).find(|(_, t)| t.is_none()) {
+            return Err(DataError::Dataset(format!("chunk {chunk} is not loaded")));
+        }
+        let mut located = vec![(0usize, 0usize); plan.sequences.len()];
+        let mut held = Vec::with_capacity(self.taken.len());
+        let wanted = std::mem::take(&mut self.wanted);
+        for (i, ((chunk, positions), taken)) in wanted.iter().zip(std::mem::take(&mut self.taken)).enumerate() {
+            let taken = taken.ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))?;
+            if taken.streams.len() != shapes.len() {
+                return Err(DataError::Dataset(format!(
+                    "chunk {chunk} has {} streams but {} stream shapes were given",
+                    taken.streams.len(),
+                    shapes.len()
+                )));
+            }
+            held.push(taken);
+            for (j, &position) in positions.iter().enumerate() {
+                located[position] = (i, j);
+            }
+        }
+        assemble(index, plan, shapes, frame_mode, held, &located)
+    }
 }
 
 /// The shape a chunk's stream reports, for comparing kinds and precisions (dims aside).

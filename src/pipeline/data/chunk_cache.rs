@@ -15,7 +15,8 @@
 //! ([`SharedCache::wait_for_memory`], bounded): the producers of sessions whose clients are not
 //! taking minibatches (every slot leased) let go of theirs when someone waits
 //! ([`SharedCache::idle`]), so idle sessions cannot starve moving ones. A session whose own
-//! minibatch cannot fit fails with `resource_exhausted`.
+//! minibatch's chunks cannot fit together gathers it a chunk at a time (the producer, with
+//! [`minibatchd_engine::minibatch::Parts`]): no session fails for memory once admitted.
 //!
 //! [`SharedCache`] wraps it for threads: session producers look chunks up and block until the
 //! cache stage inserts them; misses become [`ChunkRequest`]s on the bounded request channel.
@@ -638,6 +639,11 @@ impl SharedCache {
     /// [`CacheCore::replace`].
     pub fn replace(&self, key: ChunkKey, old: &Weak<ParsedChunk>, new: Arc<ParsedChunk>) -> bool {
         self.lock().replace(key, old, new)
+    }
+
+    /// Whether `key` is parsed and in the cache now (a lookup would not parse it).
+    pub fn is_ready(&self, key: ChunkKey) -> bool {
+        matches!(self.lock().entries.get(&key), Some(Entry::Ready { .. }))
     }
 
     /// Whether `key` still holds the chunk `chunk` points to.

@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 use crate::metrics::SessionMetrics;
 use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta};
 use minibatchd_engine::feed::Feeder;
+use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::Gathered;
+use minibatchd_engine::minibatch::{Gathered, Parts};
 use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan, Sampler};
 use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
@@ -54,6 +55,8 @@ struct Pending {
     /// It let go of the chunks it does not need.
     shed: bool,
     memory_wait: Duration,
+    /// Its chunks do not fit in memory together: it is gathered a chunk at a time.
+    parts: Option<Parts>,
 }
 
 /// What [`Planner::locate`] found.
@@ -139,9 +142,6 @@ pub enum ProduceError {
     /// The minibatch does not fit a slot (or another layout problem).
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// A chunk the minibatch needs would pass the memory limit ([`FetchError::OverLimit`]).
-    #[error("{0}")]
-    Memory(String),
 }
 
 impl ProduceError {
@@ -151,14 +151,13 @@ impl ProduceError {
             Self::Data(_) => ErrorCode::DataError,
             Self::Layout(LayoutError::TooLarge { .. }) => ErrorCode::MinibatchTooLarge,
             Self::Layout(_) => ErrorCode::Internal,
-            Self::Memory(_) => ErrorCode::ResourceExhausted,
         }
     }
 
     fn detail(&self) -> Option<ErrorDetail> {
         match self {
             Self::Data(e) => Some(error_detail(e)),
-            Self::Stopped | Self::Layout(_) | Self::Memory(_) => None,
+            Self::Stopped | Self::Layout(_) => None,
         }
     }
 }
@@ -212,6 +211,8 @@ struct Planner {
     id: u64,
     /// The minibatch waiting for memory, if any.
     pending: Option<Pending>,
+    /// It said in the log that a minibatch was gathered a chunk at a time.
+    told_parts: bool,
 }
 
 impl Producer {
@@ -242,6 +243,7 @@ impl Producer {
                 next_sweep: None,
                 id: NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed),
                 pending: None,
+                told_parts: false,
             },
             ring,
             working: None,
@@ -714,26 +716,30 @@ impl Planner {
         stop: &AtomicBool,
         cache_wait: &mut Duration,
     ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
-        let ds = self.runtime.index;
-        let cache = &self.cache;
-        let mut loaded: Vec<u32> = Vec::new();
         let mut over_limit = None;
-        let built = self.feeder.gather(plan, &mut |chunk| {
-            let asked = Instant::now();
-            cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
-            let got = cache.get((ds, chunk), stop);
-            *cache_wait += asked.elapsed();
-            loaded.push(chunk);
-            got.map_err(|e| match e {
-                FetchError::Failed(e) => e,
-                e @ FetchError::OverLimit { held, .. } => {
-                    let message = format!("chunk {chunk}: {e}");
-                    over_limit = Some((chunk, held, e));
-                    DataError::Dataset(message)
-                }
-                other => DataError::Dataset(format!("chunk {chunk}: {other}")),
-            })
-        });
+        let mut load = load_through(&self.cache, self.runtime.index, wanted, stop, cache_wait, &mut over_limit);
+        let built = self.feeder.gather(plan, &mut load);
+        drop(load);
+        (built, over_limit)
+    }
+
+    /// [`Planner::gather`] a chunk at a time ([`Feeder::gather_parts`]): the chunks ready in the
+    /// cache first, the others asked for ahead.
+    #[allow(clippy::type_complexity)] // one private caller
+    fn gather_parts(
+        &mut self,
+        plan: &MinibatchPlan,
+        parts: &mut Parts,
+        stop: &AtomicBool,
+        cache_wait: &mut Duration,
+    ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
+        let ds = self.runtime.index;
+        let wanted: Vec<u32> = parts.missing().collect();
+        let cache = self.cache.clone();
+        let mut over_limit = None;
+        let mut load = load_through(&cache, ds, &wanted, stop, cache_wait, &mut over_limit);
+        let built = self.feeder.gather_parts(plan, parts, &|c| cache.is_ready((ds, c)), &mut load);
+        drop(load);
         (built, over_limit)
     }
 
@@ -798,10 +804,14 @@ impl Planner {
                 cache_wait: Duration::ZERO,
                 shed: false,
                 memory_wait: Duration::ZERO,
+                parts: None,
             }
         };
         let built = loop {
-            let (built, over_limit) = self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait);
+            let (built, over_limit) = match &mut p.parts {
+                Some(parts) => self.gather_parts(&p.plan, parts, stop, &mut p.cache_wait),
+                None => self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait),
+            };
             if stop.load(Ordering::Relaxed) {
                 self.cache.leave_line(self.id);
                 return Err(ProduceError::Stopped);
@@ -816,7 +826,7 @@ impl Planner {
                 continue;
             }
             let own = self.feeder.held_bytes() as u64;
-            if held > own {
+            if held > own || p.parts.is_some() {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
                 // time, then the thread goes to the pool's other tasks.
@@ -826,27 +836,70 @@ impl Planner {
                 self.pending = Some(p);
                 return Ok(Found::Wait);
             }
-            // This minibatch's own chunks do not fit: no wait can help.
-            self.cache.leave_line(self.id);
-            return Err(ProduceError::Memory(format!(
-                "minibatch {} of dataset '{}' needs chunk {chunk}, but {e}; this session holds {} chunks ({} MiB) for \
-                 this minibatch alone; a session holds about one randomization window of parsed chunks: open it with \
-                 a smaller window (window_chunks or window_samples), or raise memory_limit_bytes",
-                self.feeder.next_index(),
-                self.runtime.name,
-                self.feeder.held_chunks(),
-                self.feeder.held_bytes().div_ceil(1 << 20),
-            )));
+            // This minibatch's own chunks do not fit together: gather it a chunk at a time, which
+            // holds one chunk and the minibatch's own data at once.
+            if !self.told_parts {
+                self.told_parts = true;
+                tracing::warn!(
+                    dataset = %self.runtime.name,
+                    minibatch = self.feeder.next_index(),
+                    held_mib = self.feeder.held_bytes().div_ceil(1 << 20),
+                    chunk,
+                    "a minibatch's chunks do not fit in memory together ({e}); it and any other such minibatch of this \
+                     session are gathered a chunk at a time, which is slower (minibatchd_session_minibatches_in_parts_total): \
+                     a smaller randomization window (window_chunks or window_samples) or a larger memory_limit_bytes avoids it"
+                );
+            }
+            let mut parts = Parts::new(&p.plan);
+            match self.feeder.start_parts(&p.plan, &mut parts) {
+                Ok(shed) => self.cache.shed(shed),
+                Err(e) => break Err(e),
+            }
+            p.parts = Some(parts);
         };
         if p.shed {
             self.cache.leave_line(self.id);
         }
         self.metrics.chunk_wait_seconds.inc_by(p.cache_wait.as_secs_f64());
         let mb = built?;
+        if p.parts.is_some() {
+            self.metrics.minibatches_in_parts.inc();
+        }
         let samples = p.plan.samples;
         let busy = p.started.elapsed().saturating_sub(p.cache_wait).saturating_sub(p.memory_wait);
         self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
         Ok(Found::Minibatch(Located { slot: p.slot, mb, samples }))
+    }
+}
+
+/// The loader a producer gathers through: each chunk from the shared cache (asking for the
+/// `wanted` ones not loaded yet ahead of it), the time it waits counted in `cache_wait`; a load
+/// refused at the memory limit is an error, with the chunk, the bytes held and why in
+/// `over_limit`.
+fn load_through<'a>(
+    cache: &'a SharedCache,
+    ds: u32,
+    wanted: &'a [u32],
+    stop: &'a AtomicBool,
+    cache_wait: &'a mut Duration,
+    over_limit: &'a mut Option<(u32, u64, FetchError)>,
+) -> impl FnMut(u32) -> Result<Arc<ParsedChunk>, DataError> + 'a {
+    let mut loaded: Vec<u32> = Vec::new();
+    move |chunk| {
+        let asked = Instant::now();
+        cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
+        let got = cache.get((ds, chunk), stop);
+        *cache_wait += asked.elapsed();
+        loaded.push(chunk);
+        got.map_err(|e| match e {
+            FetchError::Failed(e) => e,
+            e @ FetchError::OverLimit { held, .. } => {
+                let message = format!("chunk {chunk}: {e}");
+                *over_limit = Some((chunk, held, e));
+                DataError::Dataset(message)
+            }
+            other => DataError::Dataset(format!("chunk {chunk}: {other}")),
+        })
     }
 }
 

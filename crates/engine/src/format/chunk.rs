@@ -70,6 +70,21 @@ impl Values {
             Self::F64(x) => x.own(),
         }
     }
+    fn select(&self, ranges: &[(usize, usize)]) -> Self {
+        match self {
+            Self::F32(x) => Self::F32(select(x, ranges).into()),
+            Self::F64(x) => Self::F64(select(x, ranges).into()),
+        }
+    }
+}
+
+/// The elements of `ranges` of `from`, one after the other.
+fn select<T: Copy>(from: &[T], ranges: &[(usize, usize)]) -> Vec<T> {
+    let mut out = Vec::with_capacity(ranges.iter().map(|&(a, b)| b - a).sum());
+    for &(a, b) in ranges {
+        out.extend_from_slice(&from[a..b]);
+    }
+    out
 }
 
 /// The sparse indices of one stream of a chunk.
@@ -114,6 +129,14 @@ impl Indices {
             Self::I32(x) => x.own(),
             Self::U32(x) => x.own(),
             Self::U64(x) => x.own(),
+        }
+    }
+
+    fn select(&self, ranges: &[(usize, usize)]) -> Self {
+        match self {
+            Self::I32(x) => Self::I32(select(x, ranges).into()),
+            Self::U32(x) => Self::U32(select(x, ranges).into()),
+            Self::U64(x) => Self::U64(select(x, ranges).into()),
         }
     }
 
@@ -253,6 +276,52 @@ impl StreamData {
         }
     }
 
+    /// The sequences `locals` of this stream (its sequence indices, in that order, repeats
+    /// allowed), copied into a stream of their own (see [`ParsedChunk::select`]).
+    #[must_use]
+    pub fn select(&self, locals: &[usize]) -> Self {
+        let samples: Vec<(usize, usize)> = locals.iter().map(|&i| self.sample_range(i)).collect();
+        let mut seq_offsets = Vec::with_capacity(locals.len() + 1);
+        seq_offsets.push(0);
+        for &(s0, s1) in &samples {
+            seq_offsets.push(seq_offsets[seq_offsets.len() - 1] + (s1 - s0));
+        }
+        // The entries of a sample range (and the offsets of its samples, rebased).
+        let entries = |offsets: &[usize]| -> (Vec<(usize, usize)>, Vec<usize>) {
+            let mut new_offsets = Vec::with_capacity(seq_offsets[seq_offsets.len() - 1] + 1);
+            new_offsets.push(0);
+            let ranges = samples
+                .iter()
+                .map(|&(s0, s1)| {
+                    for s in s0..s1 {
+                        new_offsets.push(new_offsets[new_offsets.len() - 1] + (offsets[s + 1] - offsets[s]));
+                    }
+                    (offsets[s0], offsets[s1])
+                })
+                .collect();
+            (ranges, new_offsets)
+        };
+        let data = match &self.data {
+            StreamValues::Dense { dim, values } => {
+                let ranges: Vec<_> = samples.iter().map(|&(s0, s1)| (s0 * dim, s1 * dim)).collect();
+                StreamValues::Dense { dim: *dim, values: values.select(&ranges) }
+            }
+            StreamValues::Sparse { sample_offsets, indices, values } => {
+                let (ranges, sample_offsets) = entries(sample_offsets);
+                StreamValues::Sparse {
+                    sample_offsets,
+                    indices: indices.select(&ranges),
+                    values: values.select(&ranges),
+                }
+            }
+            StreamValues::Strings { offsets, bytes } => {
+                let (ranges, offsets) = entries(offsets);
+                StreamValues::Strings { offsets, bytes: select(bytes, &ranges) }
+            }
+        };
+        Self::new(seq_offsets, data)
+    }
+
     /// Bytes held in memory of the process's own: a mapped column's are the mapping's, which
     /// [`ParsedChunk::size_bytes`] counts whole.
     #[must_use]
@@ -312,6 +381,19 @@ impl ParsedChunk {
     pub fn into_owned_memory(mut self) -> Self {
         self.streams.iter_mut().for_each(StreamData::own_memory);
         self
+    }
+
+    /// The sequences `locals` of this chunk (indices among its sequences, in that order, repeats
+    /// allowed) copied into a chunk of their own, which keeps nothing of this one: what a
+    /// minibatch gathered a chunk at a time holds of each chunk once the chunk is let go
+    /// ([`crate::minibatch::Parts`]).
+    #[must_use]
+    pub fn select(&self, locals: &[usize]) -> Self {
+        Self {
+            chunk: self.chunk,
+            num_sequences: locals.len(),
+            streams: self.streams.iter().map(|s| s.select(locals)).collect(),
+        }
     }
 
     /// Bytes held by the buffers (for the memory budget). A chunk read from the persisted
