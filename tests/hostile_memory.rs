@@ -313,7 +313,10 @@ fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the
     // 40,000 samples of 512 values (the line's number, then ones): 41 MB of text, 82 MB parsed
     // — more than the 64 MiB limit.
     let ones = "1 ".repeat(511);
-    let text: String = (0..40_000).map(|i| format!("|a {i} {ones}\n")).collect();
+    let mut text = String::new();
+    for i in 0..40_000 {
+        writeln!(text, "|a {i} {ones}").expect("a String takes any write");
+    }
     let file = write(p, "wide.ctf", text);
     let datasets = format!(
         "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
