@@ -160,16 +160,17 @@ impl Feeder {
         Ok(gathered)
     }
 
-    /// Starts gathering `plan` a chunk at a time ([`Parts`]), for a minibatch whose chunks do not
-    /// fit in memory together: the chunks held give the plan's sequences they have, then every
-    /// chunk held is let go; returns how many were. Go on with [`Feeder::gather_parts`].
+    /// Starts gathering `plans` (consecutive, the first the next minibatch) a chunk at a time
+    /// ([`Parts`]), for a minibatch whose chunks do not fit in memory together: the chunks held
+    /// give the plans' sequences they have, then every chunk held is let go; returns how many
+    /// were. Go on with [`Feeder::gather_parts`].
     ///
     /// # Errors
-    /// A held chunk that does not hold the plan's sequences (a timeline that is not the chunks').
-    pub fn start_parts(&mut self, plan: &MinibatchPlan, parts: &mut Parts) -> Result<usize> {
+    /// A held chunk that does not hold the plans' sequences (a timeline that is not the chunks').
+    pub fn start_parts(&mut self, plans: &[MinibatchPlan], parts: &mut Parts) -> Result<usize> {
         let held: Vec<u32> = parts.missing().filter(|c| self.held.contains_key(c)).collect();
         for c in held {
-            parts.take(plan, &self.timeline, c, &self.held[&c])?;
+            parts.take(plans, &self.timeline, c, &self.held[&c])?;
         }
         let before = self.held.len();
         self.shed(None);
@@ -177,35 +178,35 @@ impl Feeder {
     }
 
     /// Loads, through `load`, every chunk whose sequences `parts` still misses — first those
-    /// `ready` says are ready now (in the chunk cache: no parse) —, copies its sequences and lets
-    /// it go, then makes the minibatch: the one [`Feeder::gather`] would make, holding one chunk
-    /// at a time. The chunks are not held after it.
+    /// `ready` says are ready now (in the chunk cache: no parse) —, copies the sequences of
+    /// `plans` out of it and lets it go, then makes the minibatches: the ones [`Feeder::gather`]
+    /// would make one by one, holding one chunk at a time. No chunk is held after it.
     ///
     /// # Errors
     /// What `load` returns, the chunks taken before kept in `parts` (call again to go on); or
     /// what [`Parts::finish`] refuses.
     pub fn gather_parts(
         &mut self,
-        plan: &MinibatchPlan,
+        plans: &[MinibatchPlan],
         parts: &mut Parts,
         ready: &dyn Fn(u32) -> bool,
         load: &mut LoadChunk<'_>,
-    ) -> Result<Gathered> {
+    ) -> Result<Vec<Gathered>> {
         let (mut order, later): (Vec<u32>, Vec<u32>) = parts.missing().partition(|&c| ready(c));
         order.extend(later);
         for c in order {
             let chunk = load(c)?;
             self.peak_chunks = self.peak_chunks.max(self.held.len() + 1);
             self.peak_bytes = self.peak_bytes.max(self.held_bytes + chunk.size_bytes());
-            parts.take(plan, &self.timeline, c, &chunk)?;
+            parts.take(plans, &self.timeline, c, &chunk)?;
         }
-        let gathered = parts.finish(self.next_index, plan, &self.shapes, self.frame_mode)?;
-        for c in &plan.retire {
+        let gathered = parts.finish(self.next_index, plans, &self.shapes, self.frame_mode)?;
+        for c in plans.iter().flat_map(|p| &p.retire) {
             if let Some(chunk) = self.held.remove(c) {
                 self.held_bytes -= chunk.size_bytes();
             }
         }
-        self.next_index = self.next_index.saturating_add(1);
+        self.next_index = self.next_index.saturating_add(plans.len() as u64);
         Ok(gathered)
     }
 
@@ -568,8 +569,9 @@ mod tests {
     }
 
     /// Gathering a chunk at a time (a minibatch whose chunks do not fit together) makes the same
-    /// minibatches as gathering them whole, holding one chunk at a time — whether every minibatch
-    /// or every third is gathered so, with chunks held before it or not.
+    /// minibatches as gathering them whole, holding one chunk at a time — one minibatch or
+    /// several together (each chunk loaded once for all of them), now and then or always, with
+    /// chunks held before it or not.
     #[test]
     fn gathering_in_parts_makes_the_same_minibatches_holding_one_chunk_at_a_time() {
         let (timeline, parsed) = dataset(12, 5);
@@ -579,42 +581,48 @@ mod tests {
             let g = plain.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather");
             want.push((values(&g), g.fingerprint, g.index));
         }
-        for every in [1usize, 3] {
+        for (every, together) in [(1usize, 1usize), (3, 1), (1, 4), (2, 3), (1, 100)] {
             let mut feeder = randomized_feeder(timeline.clone(), 4, 5);
             let (mut got, mut k) = (Vec::new(), 0usize);
             while let Some(plan) = feeder.plan(7) {
                 k += 1;
-                let g = if k % every == 0 {
-                    let mut parts = Parts::new(&plan);
-                    let held = feeder.held_chunks();
-                    assert_eq!(feeder.start_parts(&plan, &mut parts).expect("start"), held);
-                    assert_eq!(feeder.held_chunks(), 0, "every held chunk let go");
-                    let mut loaded = 0usize;
-                    let g = feeder
-                        .gather_parts(&plan, &mut parts, &|c| c % 2 == 0, &mut |c| {
-                            loaded += 1;
-                            Ok(parsed[c as usize].clone())
-                        })
-                        .expect("in parts");
-                    assert_eq!(feeder.held_chunks(), 0, "nothing held after a minibatch in parts");
-                    assert!(loaded <= plan.sequences.len());
-                    g
-                } else {
-                    feeder.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather")
-                };
-                got.push((values(&g), g.fingerprint, g.index));
+                if k % every != 0 {
+                    let g = feeder.gather(&plan, &mut |c| Ok(parsed[c as usize].clone())).expect("gather");
+                    got.push((values(&g), g.fingerprint, g.index));
+                    continue;
+                }
+                let mut plans = vec![plan];
+                while plans.len() < together {
+                    let Some(next) = feeder.plan(7) else { break };
+                    plans.push(next);
+                }
+                let mut parts = Parts::new(&plans);
+                let held = feeder.held_chunks();
+                assert_eq!(feeder.start_parts(&plans, &mut parts).expect("start"), held);
+                assert_eq!(feeder.held_chunks(), 0, "every held chunk let go");
+                let mut loads = vec![0usize; 12];
+                let gathered = feeder
+                    .gather_parts(&plans, &mut parts, &|c| c % 2 == 0, &mut |c| {
+                        loads[c as usize] += 1;
+                        Ok(parsed[c as usize].clone())
+                    })
+                    .expect("in parts");
+                assert!(loads.iter().all(|&n| n <= 1), "each chunk loaded at most once for all the plans: {loads:?}");
+                assert_eq!(feeder.held_chunks(), 0, "nothing held after minibatches in parts");
+                assert_eq!(gathered.len(), plans.len());
+                got.extend(gathered.iter().map(|g| (values(g), g.fingerprint, g.index)));
             }
-            assert_eq!(got, want, "in parts every {every} minibatches");
+            assert_eq!(got, want, "in parts every {every} minibatches, {together} together");
         }
         // A load that fails leaves what was taken; the next call goes on with the rest.
         let mut feeder = randomized_feeder(timeline, 4, 5);
-        let plan = feeder.plan(7).expect("a plan");
-        let mut parts = Parts::new(&plan);
-        feeder.start_parts(&plan, &mut parts).expect("start");
+        let plans = vec![feeder.plan(7).expect("a plan")];
+        let mut parts = Parts::new(&plans);
+        feeder.start_parts(&plans, &mut parts).expect("start");
         let chunks: Vec<u32> = parts.missing().collect();
         assert!(chunks.len() > 1, "the first minibatch draws from several chunks: {chunks:?}");
         let err = feeder
-            .gather_parts(&plan, &mut parts, &|_| false, &mut |c| {
+            .gather_parts(&plans, &mut parts, &|_| false, &mut |c| {
                 if c == chunks[1] {
                     Err(DataError::Dataset("no room".into()))
                 } else {
@@ -626,13 +634,13 @@ mod tests {
         assert_eq!(parts.missing().collect::<Vec<_>>(), chunks[1..], "the first chunk stays taken");
         let mut again = Vec::new();
         let g = feeder
-            .gather_parts(&plan, &mut parts, &|_| false, &mut |c| {
+            .gather_parts(&plans, &mut parts, &|_| false, &mut |c| {
                 again.push(c);
                 Ok(parsed[c as usize].clone())
             })
             .expect("goes on");
         assert_eq!(again, chunks[1..]);
-        assert_eq!((values(&g), g.fingerprint, g.index), want[0]);
+        assert_eq!((values(&g[0]), g[0].fingerprint, g[0].index), want[0]);
     }
 
     #[test]

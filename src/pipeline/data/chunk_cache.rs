@@ -33,6 +33,20 @@ use minibatchd_engine::format::errors::DataError;
 use super::persister::PersistJob;
 use super::pool::Task;
 
+/// Bytes counted against the cache while it lives ([`SharedCache::charge`]).
+#[derive(Debug)]
+pub struct Charged {
+    cache: Arc<SharedCache>,
+    bytes: u64,
+}
+
+impl Drop for Charged {
+    fn drop(&mut self) {
+        self.cache.lock().discharge(self.bytes);
+        self.cache.arrived.notify_all();
+    }
+}
+
 /// A chunk of a dataset: (dataset index in the hub, chunk index).
 pub type ChunkKey = (u32, u32);
 
@@ -400,6 +414,18 @@ impl CacheCore {
         self.budget
     }
 
+    /// Counts `bytes` of copies as held (minibatches gathered a chunk at a time, not yet in
+    /// their slots): in the cache's bytes, never evicted, until [`CacheCore::discharge`].
+    pub fn charge(&mut self, bytes: u64) {
+        self.stats.bytes += bytes;
+        self.evict();
+    }
+
+    /// Ends a [`CacheCore::charge`] of `bytes`.
+    pub fn discharge(&mut self, bytes: u64) {
+        self.stats.bytes = self.stats.bytes.saturating_sub(bytes);
+    }
+
     /// Parsed bytes that sessions hold or wait for, or that wait for the persister (what
     /// eviction cannot free now).
     fn held_bytes(&self) -> u64 {
@@ -534,6 +560,14 @@ impl SharedCache {
     pub fn dismiss(&self, id: u64) {
         self.producers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
         self.leave_line(id);
+    }
+
+    /// Counts `bytes` of copies made from chunks (minibatches gathered a chunk at a time) against
+    /// the cache's share of the memory limit, as chunks sessions hold are, until the guard
+    /// returned is dropped.
+    pub fn charge(self: &Arc<Self>, bytes: u64) -> Charged {
+        self.lock().charge(bytes);
+        Charged { cache: self.clone(), bytes }
     }
 
     /// A session let go of `chunks` chunks: counts them and wakes the sessions waiting for room.

@@ -30,7 +30,7 @@ use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan, Sampler};
 use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
 
-use super::chunk_cache::{FetchError, SharedCache};
+use super::chunk_cache::{Charged, FetchError, SharedCache};
 use super::hub::DatasetRuntime;
 use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
@@ -55,8 +55,9 @@ struct Pending {
     /// It let go of the chunks it does not need.
     shed: bool,
     memory_wait: Duration,
-    /// Its chunks do not fit in memory together: it is gathered a chunk at a time.
-    parts: Option<Parts>,
+    /// Its chunks do not fit in memory together: it is gathered a chunk at a time, with the
+    /// minibatches after it.
+    parts: Option<PartsAhead>,
 }
 
 /// What [`Planner::locate`] found.
@@ -185,6 +186,23 @@ struct Located {
     mb: Gathered,
     /// Nominal samples, for the metrics.
     samples: u64,
+    /// A minibatch gathered a chunk at a time: its copies, counted against the cache until the
+    /// last minibatch gathered with it is copied into its slot.
+    charged: Option<Arc<Charged>>,
+}
+
+/// Most minibatches gathered a chunk at a time together ([`Parts`]).
+const PARTS_AHEAD_MAX: usize = 256;
+
+/// The copies that minibatches gathered a chunk at a time together may take: as many minibatches
+/// are planned ahead as fit, going by the size of those gathered before (counted against the
+/// cache while they wait for their slots).
+const PARTS_AHEAD_BYTES: usize = 16 << 20;
+
+/// Minibatches planned ahead and gathered a chunk at a time together.
+struct PartsAhead {
+    plans: Vec<MinibatchPlan>,
+    parts: Parts,
 }
 
 /// What the planner hands a filler, numbered in minibatch order.
@@ -213,6 +231,11 @@ struct Planner {
     pending: Option<Pending>,
     /// It said in the log that a minibatch was gathered a chunk at a time.
     told_parts: bool,
+    /// Minibatches gathered a chunk at a time with one before them, for the next slots.
+    gathered_ahead: std::collections::VecDeque<(Gathered, u64, Arc<Charged>)>,
+    /// How many minibatches to gather a chunk at a time together: [`PARTS_AHEAD_BYTES`] over the
+    /// size of those gathered so before.
+    parts_ahead: usize,
 }
 
 impl Producer {
@@ -244,6 +267,8 @@ impl Producer {
                 id: NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed),
                 pending: None,
                 told_parts: false,
+                gathered_ahead: std::collections::VecDeque::new(),
+                parts_ahead: 8,
             },
             ring,
             working: None,
@@ -645,7 +670,9 @@ impl Filling {
     /// Copies `job` into its slot: the event to announce and the minibatch's nominal samples.
     fn fill(&self, job: Located) -> (ProducerEvent, u64) {
         let started = Instant::now();
-        let Located { slot, mb, samples } = job;
+        // A minibatch gathered a chunk at a time: its copies stay counted until it is in its slot
+        // (and the minibatches gathered with it in theirs), at the end of this call.
+        let Located { slot, mb, samples, charged: _charged } = job;
         match self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names) {
             Ok(_) => {
                 self.metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
@@ -728,18 +755,32 @@ impl Planner {
     #[allow(clippy::type_complexity)] // one private caller
     fn gather_parts(
         &mut self,
-        plan: &MinibatchPlan,
-        parts: &mut Parts,
+        ahead: &mut PartsAhead,
         stop: &AtomicBool,
         cache_wait: &mut Duration,
-    ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
+    ) -> (Result<(Gathered, Arc<Charged>), DataError>, Option<(u32, u64, FetchError)>) {
         let ds = self.runtime.index;
-        let wanted: Vec<u32> = parts.missing().collect();
+        let wanted: Vec<u32> = ahead.parts.missing().collect();
         let cache = self.cache.clone();
         let mut over_limit = None;
         let mut load = load_through(&cache, ds, &wanted, stop, cache_wait, &mut over_limit);
-        let built = self.feeder.gather_parts(plan, parts, &|c| cache.is_ready((ds, c)), &mut load);
+        let built = self.feeder.gather_parts(&ahead.plans, &mut ahead.parts, &|c| cache.is_ready((ds, c)), &mut load);
         drop(load);
+        let built = built.and_then(|gathered| {
+            let bytes = ahead.parts.size_bytes();
+            let count = gathered.len();
+            self.parts_ahead = (PARTS_AHEAD_BYTES * count.max(1) / bytes.max(1)).clamp(1, PARTS_AHEAD_MAX);
+            let charged = Arc::new(cache.charge(bytes as u64));
+            self.metrics.minibatches_in_parts.inc_by(count as u64);
+            let mut gathered = gathered.into_iter();
+            let first = gathered
+                .next()
+                .ok_or_else(|| DataError::Dataset("no minibatch was gathered a chunk at a time".into()))?;
+            for (mb, plan) in gathered.zip(&ahead.plans[1..]) {
+                self.gathered_ahead.push_back((mb, plan.samples, charged.clone()));
+            }
+            Ok((first, charged))
+        });
         (built, over_limit)
     }
 
@@ -783,6 +824,9 @@ impl Planner {
     /// sessions hold — the caller then yields its thread (the sessions that can free that memory
     /// run on the same pool) and calls again.
     fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
+        if let Some((mb, samples, charged)) = self.gathered_ahead.pop_front() {
+            return Ok(Found::Minibatch(Located { slot, mb, samples, charged: Some(charged) }));
+        }
         let mut p = if let Some(p) = self.pending.take() {
             p
         } else {
@@ -808,9 +852,12 @@ impl Planner {
             }
         };
         let built = loop {
-            let (built, over_limit) = match &mut p.parts {
-                Some(parts) => self.gather_parts(&p.plan, parts, stop, &mut p.cache_wait),
-                None => self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait),
+            let (built, over_limit) = if let Some(ahead) = &mut p.parts {
+                let (built, over_limit) = self.gather_parts(ahead, stop, &mut p.cache_wait);
+                (built.map(|(mb, charged)| (mb, Some(charged))), over_limit)
+            } else {
+                let (built, over_limit) = self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait);
+                (built.map(|mb| (mb, None)), over_limit)
             };
             if stop.load(Ordering::Relaxed) {
                 self.cache.leave_line(self.id);
@@ -837,7 +884,8 @@ impl Planner {
                 return Ok(Found::Wait);
             }
             // This minibatch's own chunks do not fit together: gather it a chunk at a time, which
-            // holds one chunk and the minibatch's own data at once.
+            // holds one chunk and the minibatches' own data at once — with the next few, so that
+            // each chunk the cache cannot keep is loaded once for all of them.
             if !self.told_parts {
                 self.told_parts = true;
                 tracing::warn!(
@@ -850,25 +898,29 @@ impl Planner {
                      a smaller randomization window (window_chunks or window_samples) or a larger memory_limit_bytes avoids it"
                 );
             }
-            let mut parts = Parts::new(&p.plan);
-            match self.feeder.start_parts(&p.plan, &mut parts) {
+            let mut plans = vec![p.plan.clone()];
+            // Up to an empty plan: the padding after the epoch's end comes one at a time.
+            while plans.len() < self.parts_ahead && !plans[plans.len() - 1].sequences.is_empty() {
+                self.next_sweep();
+                let Some(plan) = self.feeder.plan(self.minibatch_size) else { break };
+                plans.push(plan);
+            }
+            let mut parts = Parts::new(&plans);
+            match self.feeder.start_parts(&plans, &mut parts) {
                 Ok(shed) => self.cache.shed(shed),
                 Err(e) => break Err(e),
             }
-            p.parts = Some(parts);
+            p.parts = Some(PartsAhead { plans, parts });
         };
         if p.shed {
             self.cache.leave_line(self.id);
         }
         self.metrics.chunk_wait_seconds.inc_by(p.cache_wait.as_secs_f64());
-        let mb = built?;
-        if p.parts.is_some() {
-            self.metrics.minibatches_in_parts.inc();
-        }
+        let (mb, charged) = built?;
         let samples = p.plan.samples;
         let busy = p.started.elapsed().saturating_sub(p.cache_wait).saturating_sub(p.memory_wait);
         self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
-        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples }))
+        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples, charged }))
     }
 }
 

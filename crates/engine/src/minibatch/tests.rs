@@ -227,14 +227,17 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
             let samples: usize = order.iter().map(|&q| lens[q as usize]).sum();
             assert_eq!(mb.streams[0].num_samples(), samples);
             // Gathered a chunk at a time, the second chunk first: the same bytes in the slot.
-            let mut parts = super::Parts::new(&plan);
+            let plans = std::slice::from_ref(&plan);
+            let mut parts = super::Parts::new(plans);
             let mut missing: Vec<u32> = parts.missing().collect();
             missing.reverse();
             for c in missing {
-                parts.take(&plan, &timeline, c, &map[&c]).expect("take");
+                parts.take(plans, &timeline, c, &map[&c]).expect("take");
             }
             assert_eq!(parts.missing().count(), 0);
-            let in_parts = parts.finish(4, &plan, &shapes(f64, ids), false).expect("finish");
+            let mut in_parts = parts.finish(4, plans, &shapes(f64, ids), false).expect("finish");
+            assert_eq!(in_parts.len(), 1);
+            let in_parts = in_parts.remove(0);
             let mut c = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");
             assert_eq!(c.write(1, 3, &in_parts, &names).expect("write in parts"), used);
             assert_eq!(c.memory().bytes(), b.memory().bytes(), "in parts, order {order:?}");
@@ -279,14 +282,16 @@ fn parts_refuse_to_finish_before_every_chunk_is_taken_and_a_plan_sequence_a_chun
         retire: Vec::new(),
         samples: 2,
     };
-    let mut parts = super::Parts::new(&plan);
+    let plans = std::slice::from_ref(&plan);
+    let mut parts = super::Parts::new(plans);
     assert_eq!(parts.missing().collect::<Vec<_>>(), [1, 0], "in order of first need");
-    parts.take(&plan, &timeline, 1, &map[&1]).expect("take");
-    let err = parts.finish(0, &plan, &shapes(false, Ids::Ctf), false).expect_err("chunk 0 missing");
+    parts.take(plans, &timeline, 1, &map[&1]).expect("take");
+    assert!(parts.size_bytes() > 0);
+    let err = parts.finish(0, plans, &shapes(false, Ids::Ctf), false).expect_err("chunk 0 missing");
     assert_eq!(err.to_string(), "chunk 0 is not loaded");
     // Chunk 1's data offered as chunk 0: its sequence 0 is there, so a timeline whose chunk 0
     // starts later finds the plan's sequence outside it.
     let shifted = crate::sampling::Timeline { seq_len: vec![1; 7], chunk_start: vec![1, 4, 7] };
-    let err = parts.take(&plan, &shifted, 0, &map[&0]).expect_err("sequence 0 is before chunk 0");
+    let err = parts.take(plans, &shifted, 0, &map[&0]).expect_err("sequence 0 is before chunk 0");
     assert_eq!(err.to_string(), "sequence 0 is not in chunk 0");
 }
