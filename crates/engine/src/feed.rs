@@ -708,3 +708,190 @@ mod tests {
         assert_eq!(feeder.missing(&plan, 0), vec![0, 1], "a restore drops the held chunks");
     }
 }
+
+/// Issue 37, item 1: a session never fails for memory once admitted. A model of the daemon's
+/// producer under a memory ceiling — a load is refused when the chunks the session holds and the
+/// one asked for would pass it; the session then lets go of the chunks its minibatch does not
+/// need and tries again, and if its minibatch's own chunks still do not fit, gathers it a chunk at
+/// a time with the next few — over random datasets, windows, workers, ceilings (down to the
+/// largest chunk) and resume points: every minibatch is the one an unlimited session makes, and
+/// the chunks held never pass the ceiling.
+#[cfg(test)]
+mod memory_proptests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::format::chunk::{StreamData, StreamKind, StreamValues, Values};
+
+    /// Chunks of the given numbers of one-sample sequences; one dense stream of dim 1 holding each
+    /// sequence's global index.
+    fn dataset(sizes: &[usize]) -> (Arc<Timeline>, Vec<Arc<ParsedChunk>>) {
+        let mut chunk_start = vec![0];
+        for s in sizes {
+            chunk_start.push(chunk_start[chunk_start.len() - 1] + s);
+        }
+        let total = chunk_start[sizes.len()];
+        let timeline = Arc::new(Timeline { seq_len: vec![1; total], chunk_start: chunk_start.clone() });
+        let parsed = sizes
+            .iter()
+            .enumerate()
+            .map(|(c, &n)| {
+                let values =
+                    (chunk_start[c]..chunk_start[c] + n).map(|i| f32::from(u16::try_from(i).expect("small"))).collect();
+                Arc::new(ParsedChunk {
+                    chunk: c,
+                    num_sequences: n,
+                    streams: vec![StreamData::new(
+                        (0..=n).collect(),
+                        StreamValues::Dense { dim: 1, values: Values::F32(values) },
+                    )],
+                })
+            })
+            .collect();
+        (timeline, parsed)
+    }
+
+    type Out = (Vec<u8>, u64, u64, u64);
+
+    fn out(g: &Gathered) -> Out {
+        let bytes = format!("{:?}", g.to_minibatch().streams).into_bytes();
+        (bytes, g.fingerprint, g.index, g.position)
+    }
+
+    /// Runs a session from `position` (minibatch `index`) to the end, under `ceiling` bytes of held
+    /// chunks (`None`: unlimited), gathering `together` minibatches at a time when one does not fit;
+    /// what it delivered and the most it held.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        timeline: &Arc<Timeline>,
+        parsed: &[Arc<ParsedChunk>],
+        options: SamplingOptions,
+        size: usize,
+        from: (u64, u64),
+        ceiling: Option<usize>,
+        together: usize,
+    ) -> (Vec<Out>, usize, usize) {
+        let mut sampler = Sampler::new(timeline.clone(), options).expect("sampler");
+        sampler.restore(from.0).expect("restore");
+        let shapes = vec![StreamShape { kind: StreamKind::Dense, dim: 1, float64: false }];
+        let mut feeder = Feeder::new(sampler, timeline.clone(), shapes, false, from.1);
+        let mut got = Vec::new();
+        let (mut most, mut in_parts) = (0usize, 0usize);
+        while let Some(plan) = feeder.plan(size) {
+            let mut attempt = 0;
+            loop {
+                // The model's ceiling: what is held (before this gather, and loaded by it) and
+                // the chunk asked for.
+                let mut held = feeder.held_bytes();
+                let mut refused = false;
+                let result = feeder.gather(&plan, &mut |c| {
+                    let chunk = parsed[c as usize].clone();
+                    if ceiling.is_some_and(|max| held + chunk.size_bytes() > max) {
+                        refused = true;
+                        return Err(DataError::Dataset("over the ceiling".into()));
+                    }
+                    held += chunk.size_bytes();
+                    Ok(chunk)
+                });
+                match result {
+                    Ok(g) => {
+                        most = most.max(feeder.peak_bytes());
+                        got.push(out(&g));
+                        break;
+                    }
+                    Err(_) if refused && attempt == 0 => {
+                        attempt += 1;
+                        feeder.shed(Some(&plan));
+                    }
+                    Err(_) if refused => {
+                        let mut plans = vec![plan.clone()];
+                        while plans.len() < together && !plans[plans.len() - 1].sequences.is_empty() {
+                            let Some(next) = feeder.plan(size) else { break };
+                            plans.push(next);
+                        }
+                        let mut parts = Parts::new(&plans);
+                        feeder.start_parts(&plans, &mut parts).expect("start");
+                        let gathered = feeder
+                            .gather_parts(&plans, &mut parts, &|_| false, &mut |c| Ok(parsed[c as usize].clone()))
+                            .expect("a chunk at a time");
+                        got.extend(gathered.iter().map(out));
+                        in_parts += gathered.len();
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            most = most.max(feeder.held_bytes());
+        }
+        (got, most, in_parts)
+    }
+
+    /// The case the property is about happens: a window of four chunks under a ceiling of one.
+    #[test]
+    fn a_window_over_the_ceiling_is_gathered_in_parts_and_delivered_whole() {
+        let (timeline, parsed) = dataset(&[10; 6]);
+        let options = SamplingOptions {
+            randomize: true,
+            window: Window::Chunks(4),
+            seed: 3,
+            limit: EpochLimit::Sweeps(2),
+            num_workers: 1,
+            rank: 0,
+        };
+        let (want, _, none) = run(&timeline, &parsed, options.clone(), 8, (0, 0), None, 1);
+        assert_eq!(none, 0);
+        let ceiling = parsed[0].size_bytes();
+        for together in [1, 3] {
+            let (got, most, in_parts) = run(&timeline, &parsed, options.clone(), 8, (0, 0), Some(ceiling), together);
+            assert_eq!(got, want);
+            assert!(most <= ceiling);
+            assert!(in_parts * 2 > want.len(), "{in_parts} of {} minibatches in parts", want.len());
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+        #[test]
+        fn no_admitted_session_fails_for_memory_and_none_passes_the_ceiling(
+            sizes in prop::collection::vec(1usize..12, 1..10),
+            window in prop_oneof![(1usize..8).prop_map(Window::Chunks), (1u64..60).prop_map(Window::Samples)],
+            randomize in any::<bool>(),
+            seed in 0u64..1000,
+            workers in 1usize..4,
+            rank_pick in 0usize..4,
+            size in 1usize..20,
+            ceiling_pick in 0.0f64..1.0,
+            together in 1usize..6,
+            resume_pick in 0.0f64..1.0,
+            sweeps in 1u64..3,
+        ) {
+            let (timeline, parsed) = dataset(&sizes);
+            let options = SamplingOptions {
+                randomize,
+                window,
+                seed,
+                limit: EpochLimit::Sweeps(sweeps),
+                num_workers: workers,
+                rank: rank_pick % workers,
+            };
+            let (want, _, _) = run(&timeline, &parsed, options.clone(), size, (0, 0), None, 1);
+            let largest = parsed.iter().map(|c| c.size_bytes()).max().unwrap_or(0);
+            let total: usize = parsed.iter().map(|c| c.size_bytes()).sum();
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            let ceiling = largest + ((total - largest) as f64 * ceiling_pick) as usize;
+            let (got, most, _) = run(&timeline, &parsed, options.clone(), size, (0, 0), Some(ceiling), together);
+            prop_assert_eq!(&got, &want);
+            prop_assert!(most <= ceiling, "held {} bytes under a ceiling of {}", most, ceiling);
+            // Resumed at any minibatch: the rest of the uninterrupted run.
+            if !want.is_empty() {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+                let cut = ((want.len() - 1) as f64 * resume_pick) as usize;
+                let (position, index) = (want[cut].3, want[cut].2 + 1);
+                let (rest, most, _) = run(&timeline, &parsed, options, size, (position, index), Some(ceiling), together);
+                prop_assert_eq!(&rest[..], &want[cut + 1..]);
+                prop_assert!(most <= ceiling);
+            }
+        }
+    }
+}
