@@ -9,6 +9,7 @@
 #     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (estimated at open
 #                                                            # only when it is more than twice the file's samples)
 #     WINDOW_CHUNKS=N MAX_SWEEPS=K scripts/window_over_limit.sh ...   # a window in chunks; K sweeps (default 1)
+#     MINIBATCHD_BIN=path/to/minibatchd scripts/window_over_limit.sh ...  # another build (A/B)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FILE=${1:-/work/bd/bench.ctf}
@@ -30,8 +31,10 @@ format = "dense"
 dim = 10
 format = "sparse"
 T
-cargo build -q --release --bin minibatchd
-target/release/minibatchd run --config "$W/m.toml" 2>"$W/log" &
+if [ -z "${MINIBATCHD_BIN:-}" ]; then
+    cargo build -q --release --bin minibatchd
+fi
+"${MINIBATCHD_BIN:-target/release/minibatchd}" run --config "$W/m.toml" 2>"$W/log" &
 P=$!
 PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" <<'PY'
 import os, sys, time
