@@ -85,7 +85,8 @@ fn decode_all(dec: &CtfDecoder, text: &[u8], idx: &FileIndex, n: usize) -> usize
     let mut bufs: Vec<StreamBuf<f32>> = (0..n).map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     let file: Arc<Path> = idx.path.clone();
-    for seq in &idx.sequences {
+    for seq in idx.sequences.iter() {
+        let seq = &seq;
         let start = usize::try_from(seq.offset).expect("the text is in memory");
         let end = usize::try_from(seq.offset + u64::from(seq.size)).expect("the text is in memory");
         let b = &text[start..end];

@@ -125,7 +125,7 @@ fn ctf_decode_buffers<T: Element>(
     for (q, seq) in idx.sequences.iter().enumerate() {
         let start = usize::try_from(seq.offset).expect("an offset inside the input");
         let bytes = &body[start..start + seq.size as usize];
-        if let Err(e) = dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors) {
+        if let Err(e) = dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq: &seq }, &mut bufs, &mut errors) {
             return (bufs, errors.iter().map(ToString::to_string).collect(), Some((q, e.to_string())));
         }
     }

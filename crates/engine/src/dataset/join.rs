@@ -31,7 +31,9 @@ impl SeqLoc {
 
 pub(super) type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
 
-/// Joins the sources by key and builds the timeline over the primary chunks.
+/// Joins the sources by key and builds the timeline over the primary chunks. A dataset of one
+/// source keeps no places (the places are empty): every sequence is kept, so a sequence's place
+/// follows from its chunk ([`place_in_chunk`]) — 8 bytes per sequence less.
 pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Option<usize>) -> Result<Joined> {
     // Key → location maps of the secondary sources; the first occurrence of a key wins.
     let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
@@ -49,7 +51,8 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     // Reserved exactly (no doubling: the index's memory is what `Dataset::index_bytes` counts).
     let total: usize = primary_chunks.iter().map(|c| c.num_seqs).sum();
     let mut chunks = Vec::with_capacity(primary_chunks.len());
-    let mut locs = Vec::with_capacity(total.saturating_mul(sources.len()));
+    let one_source = sources.len() == 1;
+    let mut locs = Vec::with_capacity(if one_source { 0 } else { total.saturating_mul(sources.len()) });
     let mut seq_len = Vec::with_capacity(total);
     let mut chunk_start = vec![0usize];
     let (mut loc, mut lens) = (Vec::new(), Vec::new());
@@ -60,7 +63,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
         let mut kept = 0usize;
         let mut samples = 0u64;
         'seqs: for qi in c.first_seq..c.first_seq + c.num_seqs {
-            let q: &SequenceDesc = &idx.sequences[qi];
+            let q: SequenceDesc = idx.sequences.get(qi);
             loc.clear();
             lens.clear();
             loc.push(SeqLoc::new(c.file, qi)?);
@@ -70,7 +73,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
                     missing[i] += 1;
                     continue 'seqs;
                 };
-                lens.push(s.indexes[l.file as usize].sequences[l.seq as usize].samples);
+                lens.push(s.indexes[l.file as usize].sequences.get(l.seq as usize).samples);
                 loc.push(l);
             }
             let len = match main_source {
@@ -80,7 +83,9 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             kept += 1;
             samples += u64::from(len);
             seq_len.push(len);
-            locs.extend_from_slice(&loc);
+            if !one_source {
+                locs.extend_from_slice(&loc);
+            }
         }
         if kept > 0 {
             chunks.push(ChunkDesc { num_seqs: kept, num_samples: samples, ..*c });
@@ -105,4 +110,12 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     chunk_start.shrink_to_fit();
     chunks.shrink_to_fit();
     Ok((chunks, locs, Timeline { seq_len, chunk_start }))
+}
+
+/// The place of sequence `g` of the timeline in a dataset of one source: sequence
+/// `first_seq + (g - chunk_start)` of the chunk's file (checked to fit by [`join`], which builds
+/// each with [`SeqLoc::new`]).
+pub(super) fn place_in_chunk(chunk: &ChunkDesc, chunk_start: usize, g: usize) -> SeqLoc {
+    let seq = chunk.first_seq + (g - chunk_start);
+    SeqLoc { file: u32::try_from(chunk.file).unwrap_or(u32::MAX), seq: u32::try_from(seq).unwrap_or(u32::MAX) }
 }

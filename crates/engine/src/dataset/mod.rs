@@ -23,7 +23,7 @@ use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamS
 use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
 use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
-use crate::format::index::{build_chunks, ChunkDesc, FileIndex};
+use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
 use crate::hash::Fnv1a;
@@ -38,7 +38,7 @@ mod read;
 use crate::Result;
 use files::index_with_cache;
 pub use files::{resolve_files, resolve_inputs, Input};
-use join::{join, SeqLoc};
+use join::{join, place_in_chunk, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
 use read::{read_range, version_of, FileVersion, ReadWindow};
 
@@ -98,7 +98,8 @@ pub struct Dataset {
     /// Chunks of the primary source that kept at least one sequence.
     chunks: Vec<ChunkDesc>,
     /// Per joined sequence (timeline order), its location in each source: entry
-    /// `g * sources.len() + s`. Flat, so the index costs no allocation per sequence.
+    /// `g * sources.len() + s`. Flat, so the index costs no allocation per sequence. Empty for a
+    /// dataset of one source, whose places follow from the chunks ([`Dataset::place`]).
     locs: Vec<SeqLoc>,
     timeline: Arc<Timeline>,
     /// One error budget per source: CNTK's `maxErrors` is a per-deserializer counter.
@@ -447,8 +448,8 @@ impl Dataset {
     #[must_use]
     pub fn index_bytes(&self) -> u64 {
         use std::mem::size_of;
-        let descriptors: usize = self.sources.iter().flat_map(|s| &s.indexes).map(|i| i.sequences.capacity()).sum();
-        let bytes = descriptors * size_of::<crate::format::index::SequenceDesc>()
+        let descriptors: usize = self.sources.iter().flat_map(|s| &s.indexes).map(|i| i.sequences.heap_bytes()).sum();
+        let bytes = descriptors
             + self.locs.capacity() * size_of::<SeqLoc>()
             + self.timeline.seq_len.capacity() * size_of::<u32>()
             + self.timeline.chunk_start.capacity() * size_of::<usize>()
@@ -714,6 +715,25 @@ impl Dataset {
         }))
     }
 
+    /// The sequences of chunk `chunk` in source `si`, in timeline order, with their places: in
+    /// a dataset of one source, read from its index in order (each in constant time).
+    fn chunk_sequences(&self, chunk: usize, si: usize) -> Box<dyn Iterator<Item = (SeqLoc, SequenceDesc)> + '_> {
+        let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
+        let src = &self.sources[si];
+        if self.locs.is_empty() {
+            let desc = &self.chunks[chunk];
+            let start = seqs.start;
+            let sequences = src.indexes[desc.file].sequences.range(desc.first_seq, seqs.len());
+            Box::new(seqs.zip(sequences).map(move |(g, seq)| (place_in_chunk(desc, start, g), seq)))
+        } else {
+            let n = self.sources.len();
+            Box::new(seqs.map(move |g| {
+                let loc = self.locs[g * n + si];
+                (loc, src.indexes[loc.file as usize].sequences.get(loc.seq as usize))
+            }))
+        }
+    }
+
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
     fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>)> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
@@ -731,9 +751,8 @@ impl Dataset {
                         .map_err(|_| DataError::Dataset("chunk too large".into()))?;
                     let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
                     let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
-                    for g in seqs.clone() {
-                        let loc = self.locs[g * self.sources.len() + si];
-                        let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                    for (loc, seq) in self.chunk_sequences(chunk, si) {
+                        let seq = &seq;
                         let ctx =
                             LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
                         d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, &mut errors);
@@ -772,9 +791,8 @@ impl Dataset {
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
                 let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
-                for g in seqs.clone() {
-                    let loc = self.locs[g * self.sources.len()];
-                    let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                for (_, seq) in self.chunk_sequences(chunk, 0) {
+                    let seq = &seq;
                     let slice = window.bytes(seq.offset, seq.size)?;
                     decoder
                         .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
@@ -782,10 +800,9 @@ impl Dataset {
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                 }
             } else {
-                for g in seqs.clone() {
-                    let loc = self.locs[g * self.sources.len() + si];
+                for (loc, seq) in self.chunk_sequences(chunk, si) {
                     let path = &src.files[loc.file as usize];
-                    let seq = &src.indexes[loc.file as usize].sequences[loc.seq as usize];
+                    let seq = &seq;
                     let bytes =
                         Self::read_stored(src, loc.file as usize, seq.offset, seq.offset + u64::from(seq.size))?;
                     decoder

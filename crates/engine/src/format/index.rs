@@ -37,7 +37,180 @@ pub struct FileIndex {
     /// dataset's identity (a resume refuses other content, wherever the file lives).
     pub digest: u32,
     /// Sequences in file order.
-    pub sequences: Vec<SequenceDesc>,
+    pub sequences: Sequences,
+}
+
+/// Sequences one in every this many keep their offset while every sequence starts where the one
+/// before it ended ([`Sequences`]).
+const OFFSET_STRIDE: usize = 64;
+
+/// The sequences of a file, column by column, each column kept only once it does not follow from
+/// the others: while every sequence starts where the one before ended, one offset in
+/// [`OFFSET_STRIDE`] (the others are the sizes added up); while every sequence is one sample, no
+/// sample counts; while every sequence's first line is its index, no lines; while every key is
+/// its line (line mode, and every deepx format), no keys. A file of short lines without blank
+/// ones costs its sizes, 4 bytes a sequence, where [`SequenceDesc`]s cost 32. Built in file order
+/// ([`Sequences::push`]); read by index ([`Sequences::get`]) or in order ([`Sequences::range`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sequences {
+    len: usize,
+    sizes: Vec<u32>,
+    /// Every sequence's offset, once one did not start where the one before ended.
+    offsets: Vec<u64>,
+    /// Until then, the offset of sequence `k * OFFSET_STRIDE` at `k`.
+    strided: Vec<u64>,
+    /// One past the last byte of the last sequence.
+    end: u64,
+    /// Empty while every sequence has one sample.
+    samples: Vec<u32>,
+    /// Empty while every sequence's first line is its index.
+    lines: Vec<u64>,
+    /// Empty while every key is the sequence's line.
+    keys: Vec<u64>,
+}
+
+impl Sequences {
+    /// Number of sequences.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there is none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Room for `n` sequences' sizes (the one column every file has).
+    #[must_use]
+    pub fn with_capacity(n: usize) -> Self {
+        Self { sizes: Vec::with_capacity(n), ..Self::default() }
+    }
+
+    /// Appends the next sequence of the file.
+    pub fn push(&mut self, s: SequenceDesc) {
+        let i = self.len;
+        if self.offsets.is_empty() && (i == 0 || s.offset == self.end) {
+            if i.is_multiple_of(OFFSET_STRIDE) {
+                self.strided.push(s.offset);
+            }
+        } else {
+            if self.offsets.is_empty() {
+                let mut offsets = Vec::with_capacity(i + 1);
+                offsets.extend(self.range(0, i).map(|d| d.offset));
+                self.offsets = offsets;
+                self.strided = Vec::new();
+            }
+            self.offsets.push(s.offset);
+        }
+        self.end = s.offset + u64::from(s.size);
+        self.sizes.push(s.size);
+        if !self.samples.is_empty() || s.samples != 1 {
+            if self.samples.is_empty() {
+                self.samples = vec![1; i];
+            }
+            self.samples.push(s.samples);
+        }
+        let line_of = |lines: &[u64], j: usize| if lines.is_empty() { j as u64 } else { lines[j] };
+        if !self.keys.is_empty() || s.key != s.line {
+            if self.keys.is_empty() {
+                self.keys = (0..i).map(|j| line_of(&self.lines, j)).collect();
+            }
+            self.keys.push(s.key);
+        }
+        if !self.lines.is_empty() || s.line != i as u64 {
+            if self.lines.is_empty() {
+                self.lines = (0..i as u64).collect();
+            }
+            self.lines.push(s.line);
+        }
+        self.len += 1;
+    }
+
+    /// Sequence `i`.
+    ///
+    /// # Panics
+    /// If `i` is not below [`Sequences::len`].
+    #[must_use]
+    pub fn get(&self, i: usize) -> SequenceDesc {
+        assert!(i < self.len, "sequence {i} of {}", self.len);
+        let offset = if self.offsets.is_empty() {
+            let k = i / OFFSET_STRIDE;
+            self.strided[k] + self.sizes[k * OFFSET_STRIDE..i].iter().map(|&s| u64::from(s)).sum::<u64>()
+        } else {
+            self.offsets[i]
+        };
+        self.at(i, offset)
+    }
+
+    fn at(&self, i: usize, offset: u64) -> SequenceDesc {
+        let line = if self.lines.is_empty() { i as u64 } else { self.lines[i] };
+        SequenceDesc {
+            key: if self.keys.is_empty() { line } else { self.keys[i] },
+            offset,
+            line,
+            size: self.sizes[i],
+            samples: if self.samples.is_empty() { 1 } else { self.samples[i] },
+        }
+    }
+
+    /// Sequences `first .. first + count`, in order (each in constant time).
+    ///
+    /// # Panics
+    /// If the range passes [`Sequences::len`].
+    pub fn range(&self, first: usize, count: usize) -> impl Iterator<Item = SequenceDesc> + '_ {
+        assert!(first + count <= self.len, "sequences {first}..{} of {}", first + count, self.len);
+        let mut offset = if count == 0 { 0 } else { self.get(first).offset };
+        (first..first + count).map(move |i| {
+            if !self.offsets.is_empty() {
+                offset = self.offsets[i];
+            }
+            let d = self.at(i, offset);
+            offset += u64::from(d.size);
+            d
+        })
+    }
+
+    /// Every sequence, in order.
+    pub fn iter(&self) -> impl Iterator<Item = SequenceDesc> + '_ {
+        self.range(0, self.len)
+    }
+
+    /// Gives back what the columns over-allocated.
+    pub fn shrink_to_fit(&mut self) {
+        for v in [&mut self.offsets, &mut self.strided, &mut self.lines, &mut self.keys] {
+            v.shrink_to_fit();
+        }
+        self.sizes.shrink_to_fit();
+        self.samples.shrink_to_fit();
+    }
+
+    /// Bytes its columns hold (their capacities).
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        (self.offsets.capacity() + self.strided.capacity() + self.lines.capacity() + self.keys.capacity()) * 8
+            + (self.sizes.capacity() + self.samples.capacity()) * 4
+    }
+}
+
+impl<'a> IntoIterator for &'a Sequences {
+    type Item = SequenceDesc;
+    type IntoIter = Box<dyn Iterator<Item = SequenceDesc> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        Box::new(self.iter())
+    }
+}
+
+impl FromIterator<SequenceDesc> for Sequences {
+    fn from_iter<I: IntoIterator<Item = SequenceDesc>>(iter: I) -> Self {
+        let mut s = Self::default();
+        for d in iter {
+            s.push(d);
+        }
+        s
+    }
 }
 
 /// A chunk: consecutive sequences of one file.
@@ -220,6 +393,55 @@ mod tests {
                 .map(|(i, &(offset, size))| SequenceDesc { key: i as u64, offset, line: i as u64, size, samples: 1 })
                 .collect(),
         }
+    }
+
+    proptest::proptest! {
+        /// Whatever columns a file needs (gaps between sequences, several samples, keys other
+        /// than the line, skipped lines, from any sequence on), every sequence reads back as it
+        /// was pushed, by index and in order from anywhere.
+        #[test]
+        fn sequences_read_back_as_pushed(
+            steps in proptest::collection::vec((0u64..3, 1u32..200, 1u32..4, 0u64..3, proptest::bool::weighted(0.1)), 1..300),
+            from in 0usize..300,
+        ) {
+            let (mut offset, mut line) = (3u64, 0u64);
+            let mut want = Vec::new();
+            for (i, &(gap, size, samples, skipped, own_key)) in steps.iter().enumerate() {
+                // Columns stay implicit in the first part (no gaps, one sample, key = line = index).
+                let late = i > steps.len() / 2;
+                offset += if late { gap } else { 0 };
+                line += if late { skipped } else { 0 };
+                let samples = if late { samples } else { 1 };
+                let key = if late && own_key { 1_000_000 + i as u64 } else { line };
+                want.push(SequenceDesc { key, offset, line, size, samples });
+                offset += u64::from(size);
+                line += 1;
+            }
+            let seqs: Sequences = want.iter().copied().collect();
+            proptest::prop_assert_eq!(seqs.len(), want.len());
+            for (i, w) in want.iter().enumerate() {
+                proptest::prop_assert_eq!(seqs.get(i), *w);
+            }
+            let from = from % want.len();
+            proptest::prop_assert_eq!(seqs.range(from, want.len() - from).collect::<Vec<_>>(), want[from..].to_vec());
+            proptest::prop_assert_eq!(seqs.iter().collect::<Vec<_>>(), want);
+        }
+    }
+
+    #[test]
+    fn a_file_of_one_line_sequences_without_gaps_costs_its_sizes() {
+        let seqs: Sequences = (0..10_000u32)
+            .scan(0u64, |offset, i| {
+                let size = 5 + i % 7;
+                let d = SequenceDesc { key: u64::from(i), offset: *offset, line: u64::from(i), size, samples: 1 };
+                *offset += u64::from(size);
+                Some(d)
+            })
+            .collect();
+        let mut seqs = seqs;
+        seqs.shrink_to_fit();
+        assert!(seqs.heap_bytes() <= 10_000 * 4 + 10_000 / OFFSET_STRIDE * 8 + 8, "{} bytes", seqs.heap_bytes());
+        assert_eq!(seqs.get(9_999).offset, (0..9_999u64).map(|i| 5 + i % 7).sum::<u64>());
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use crate::format::index::{FileIndex, SequenceDesc};
+use crate::format::index::{FileIndex, SequenceDesc, Sequences};
 use crate::hash::Fnv1a;
 use crate::persist;
 
@@ -235,7 +235,7 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
     w.write_all(&index.digest.to_le_bytes())?;
     w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
     let mut record = [0u8; RECORD_BYTES];
-    for s in &index.sequences {
+    for s in index.sequences.iter() {
         record[..8].copy_from_slice(&s.key.to_le_bytes());
         record[8..16].copy_from_slice(&s.offset.to_le_bytes());
         record[16..24].copy_from_slice(&s.line.to_le_bytes());
@@ -356,13 +356,13 @@ fn decode(
     if count > max_sequences {
         problem.get_or_insert(TOO_MANY_SEQUENCES);
     }
-    let mut sequences = Vec::new();
+    let mut sequences = Sequences::default();
     // The end of the previous sequence: sequences follow each other in the file without overlap
     // (the chunks, the reads and the remote ranges are computed from them).
     let mut end = 0u64;
     if count.checked_mul(RECORD_BYTES as u64) == Some(body.left) {
         if problem.is_none() {
-            sequences.reserve_exact(usize::try_from(count).map_err(|_| Miss::Stale("malformed"))?);
+            sequences = Sequences::with_capacity(usize::try_from(count).map_err(|_| Miss::Stale("malformed"))?);
         }
         let mut rec = [0u8; RECORD_BYTES];
         for _ in 0..count {
@@ -677,10 +677,12 @@ mod tests {
             path: file,
             size: stamp.size,
             digest: 0x1234_5678,
-            sequences: vec![
+            sequences: [
                 SequenceDesc { key: 0, offset: 0, line: 0, size: 5, samples: 1 },
                 SequenceDesc { key: 1, offset: 5, line: 1, size: 5, samples: 1 },
-            ],
+            ]
+            .into_iter()
+            .collect(),
         };
         (dir, data, stamp, index)
     }
@@ -762,11 +764,14 @@ mod tests {
     #[test]
     fn a_cache_of_sequences_out_of_order_or_over_the_limit_is_refused() {
         let (dir, _data, stamp, index) = setup();
-        let swapped = FileIndex { sequences: index.sequences.iter().rev().copied().collect(), ..index.clone() };
+        let mut reversed: Vec<SequenceDesc> = index.sequences.iter().collect();
+        reversed.reverse();
+        let swapped = FileIndex { sequences: reversed.into_iter().collect(), ..index.clone() };
         let bytes = encode_to_vec(&stamp, "opts", &swapped).expect("encode");
         assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("malformed")));
-        let mut overlapping = index.clone();
-        overlapping.sequences[1].offset = 4;
+        let mut seqs: Vec<SequenceDesc> = index.sequences.iter().collect();
+        seqs[1].offset = 4;
+        let overlapping = FileIndex { sequences: seqs.into_iter().collect(), ..index.clone() };
         let bytes = encode_to_vec(&stamp, "opts", &overlapping).expect("encode");
         assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, u64::MAX), Err(Miss::Stale("malformed")));
         let bytes = encode_to_vec(&stamp, "opts", &index).expect("encode");

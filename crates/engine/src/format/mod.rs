@@ -20,4 +20,4 @@ pub mod parsed_cache;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};
-pub use index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
+pub use index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc, Sequences};

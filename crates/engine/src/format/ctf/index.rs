@@ -22,7 +22,7 @@ use std::sync::Arc;
 use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc, Sequences};
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -142,7 +142,7 @@ struct Indexer {
     main: Option<MainStreamFinder>,
     mode: Mode,
     line_no: u64,
-    sequences: Vec<SequenceDesc>,
+    sequences: Sequences,
     open: Option<Open>,
     limits: IndexLimits,
 }
@@ -156,7 +156,7 @@ impl Indexer {
             main: options.main_alias.as_deref().map(MainStreamFinder::new),
             mode: Mode::Start,
             line_no: 0,
-            sequences: Vec::new(),
+            sequences: Sequences::default(),
             open: None,
             limits,
         }

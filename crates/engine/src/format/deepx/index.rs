@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc};
+use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc, Sequences};
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -59,7 +59,8 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let name = path.clone();
-    let mut ix = LineIndexer { path, options, line_no: 0, sequences: Vec::new(), max_sequences: limits.max_sequences };
+    let mut ix =
+        LineIndexer { path, options, line_no: 0, sequences: Sequences::default(), max_sequences: limits.max_sequences };
     let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
     let (consumed, digest) =
         for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
@@ -73,7 +74,7 @@ struct LineIndexer {
     path: Arc<Path>,
     options: LineIndexOptions,
     line_no: u64,
-    sequences: Vec<SequenceDesc>,
+    sequences: Sequences,
     max_sequences: u64,
 }
 

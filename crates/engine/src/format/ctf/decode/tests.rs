@@ -62,6 +62,7 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], path: Path) -> Result<Out,
     let mut bufs: Vec<StreamBuf<f32>> = streams.iter().map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for seq in &idx.sequences {
+        let seq = &seq;
         let start = usize::try_from(seq.offset).expect("a test file fits in memory");
         let bytes = &text[start..start + seq.size as usize];
         dec.decode_sequence(bytes, &SeqContext { file: &idx.path, seq }, &mut bufs, &mut errors)?;

@@ -102,7 +102,7 @@ fn main_stream_must_be_a_whole_token() {
 #[test]
 fn a_missing_trailing_newline_ends_the_last_sequence_at_eof() {
     let idx = index(b"|a 1\n|a 2", false, None).expect("index");
-    assert_eq!(idx.sequences.last().map(|s| (s.offset, s.size)), Some((5, 4)));
+    assert_eq!(idx.sequences.iter().last().map(|s| (s.offset, s.size)), Some((5, 4)));
 }
 
 #[test]
