@@ -445,3 +445,34 @@ fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
     assert_ne!(code, 0, "the chunk was served");
     assert!(stderr.contains("'a' (dim 20), 'b' (dim 20)"), "{stderr}");
 }
+
+/// Issue 37: the index budget counts what an index holds, for one built now (stopped at the line
+/// that passes it) and for one read from its cache file, made earlier under a larger limit
+/// (refused naming the file): 600 libsvm lines with a blank line after each hold 24 bytes a
+/// sequence (sizes, offsets, lines and lengths), 14,400 in all, so 12,000 is too little for them,
+/// while the count of sequences alone (at 8 bytes each) would have let the cached index through.
+#[test]
+fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache() {
+    use minibatchd_engine::options::IndexLimits;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    write(p, "gaps.txt", "1 1:1\n\n".repeat(600));
+    let toml = "[datasets.g]\nformat = \"libsvm\"\nfiles = [\"gaps.txt\"]\ncache_index = true\n";
+    let state = p.join("state");
+    let config = minibatchd::config::Config::from_toml_str(toml, p).expect("config");
+    let dataset = config.dataset("g").expect("dataset");
+    let tight = IndexLimits { max_index_bytes: 12_000, max_sequences: 12_000 / 8, ..IndexLimits::UNBOUNDED };
+    // Built now: stopped where it passes the budget, at the line that would.
+    let fresh = tempfile::tempdir().expect("tempdir");
+    let e = Dataset::open_within(dataset, fresh.path(), tight, &mut |_| {}).expect_err("over the budget").to_string();
+    assert!(e.contains("gaps.txt:") && e.contains("more than 12000 bytes with"), "{e}");
+    // Indexed first without a bound (its cache file is written), then opened under the tight one.
+    let open = Dataset::open_within(dataset, &state, IndexLimits::UNBOUNDED, &mut |_| {}).expect("unbounded");
+    assert_eq!(open.timeline().num_sequences(), 600);
+    let e = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect_err("the cached index too").to_string();
+    assert!(e.contains("gaps.txt: its index holds 14400 bytes (600 sequences), more than the 12000 bytes"), "{e}");
+    // Without blank lines the same 600 sequences hold 8 bytes each and fit.
+    write(p, "gaps.txt", "1 1:1\n".repeat(600));
+    let open = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect("600 × 8 bytes fit");
+    assert_eq!(open.timeline().num_sequences(), 600);
+}

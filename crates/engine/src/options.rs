@@ -30,14 +30,18 @@ pub const DEFAULT_MAX_INFLATE_RATIO: u64 = 100;
 /// very repetitive files (test fixtures) are never refused by the ratio.
 pub const INFLATE_RATIO_GRACE_BYTES: u64 = 1 << 20;
 
-/// Bytes of memory the index of one sequence holds in an opened dataset with one source: its
-/// descriptor in the file index (32), its place in the joined timeline (8) and its nominal length
-/// (4), rounded up. Each further source adds [`INDEX_BYTES_PER_EXTRA_SOURCE`]. Measured, not only
-/// counted: `docs/benchmarks.md` ("Index memory per sequence").
-pub const INDEX_BYTES_PER_SEQUENCE: u64 = 48;
-/// What each source beyond the first adds per sequence: its descriptor (32), its place (8), and
-/// its entry in the join's key map while the dataset opens (about 24).
-pub const INDEX_BYTES_PER_EXTRA_SOURCE: u64 = 64;
+/// Bytes the timeline holds per sequence beside the file index's own columns
+/// ([`crate::format::Sequences`], counted as they are): its nominal length.
+pub const TIMELINE_BYTES_PER_SEQUENCE: u64 = 4;
+/// What a dataset of several sources adds per sequence and source: the sequence's place in the
+/// source (8) and, for each source beyond the first, its entry in the join's key map while the
+/// dataset opens (about 24, counted on every source to keep it simple).
+pub const JOIN_BYTES_PER_SOURCE: u64 = 32;
+/// The fewest bytes a sequence's own columns take in the file index (its size).
+pub const MIN_COLUMN_BYTES_PER_SEQUENCE: u64 = 4;
+/// The most bytes a sequence's own columns take in the file index (offset, size, samples, line,
+/// key), which the index pass allows for before it adds one.
+pub const MAX_COLUMN_BYTES_PER_SEQUENCE: u64 = 32;
 
 /// `daemon.memory_limit_bytes` divided by this is the largest sequence (and line) indexed: a
 /// parser thread holds a chunk whole, and a chunk holds at least one sequence.
@@ -60,6 +64,12 @@ pub const INDEX_SHARE_OF_MEMORY_LIMIT: u64 = 4;
 pub struct IndexLimits {
     /// Most sequences of one dataset (over its sources and files).
     pub max_sequences: u64,
+    /// Most bytes the index of one dataset may hold: its files' columns and, per sequence,
+    /// `bytes_per_sequence` more.
+    pub max_index_bytes: u64,
+    /// What the dataset holds per sequence beyond the file index's columns (the timeline's
+    /// length, and a joined dataset's places).
+    pub bytes_per_sequence: u64,
     /// Most bytes of one sequence, and so of one line: the index pass holds a line whole, and a
     /// parser thread holds a chunk (at least one sequence) whole.
     pub max_sequence_bytes: u64,
@@ -70,8 +80,24 @@ pub struct IndexLimits {
 
 impl IndexLimits {
     /// No bound beyond the formats' own (a sequence under 4 GiB).
-    pub const UNBOUNDED: Self =
-        Self { max_sequences: u64::MAX, max_sequence_bytes: u32::MAX as u64, max_parsed_chunk_bytes: u64::MAX };
+    pub const UNBOUNDED: Self = Self {
+        max_sequences: u64::MAX,
+        max_index_bytes: u64::MAX,
+        bytes_per_sequence: TIMELINE_BYTES_PER_SEQUENCE,
+        max_sequence_bytes: u32::MAX as u64,
+        max_parsed_chunk_bytes: u64::MAX,
+    };
+
+    /// What is left for the next file of a dataset once its earlier files' indexes hold
+    /// `sequences` sequences and `bytes` bytes.
+    #[must_use]
+    pub fn left_after(self, sequences: u64, bytes: u64) -> Self {
+        Self {
+            max_sequences: self.max_sequences.saturating_sub(sequences),
+            max_index_bytes: self.max_index_bytes.saturating_sub(bytes),
+            ..self
+        }
+    }
 
     /// The limits of a dataset of `sources` sources under `daemon.memory_limit_bytes =
     /// memory_limit`, when the indexes of the datasets already open hold `in_use` bytes: the
@@ -79,9 +105,14 @@ impl IndexLimits {
     /// sequence may hold a [`SEQUENCE_SHARE_OF_MEMORY_LIMIT`]th.
     #[must_use]
     pub fn within(memory_limit: u64, in_use: u64, sources: usize) -> Self {
-        let per_sequence = INDEX_BYTES_PER_SEQUENCE + INDEX_BYTES_PER_EXTRA_SOURCE * (sources.max(1) as u64 - 1);
+        let sources = sources.max(1) as u64;
+        let bytes_per_sequence =
+            TIMELINE_BYTES_PER_SEQUENCE + if sources > 1 { JOIN_BYTES_PER_SOURCE * sources } else { 0 };
+        let max_index_bytes = (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use);
         Self {
-            max_sequences: (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use) / per_sequence,
+            max_sequences: max_index_bytes / (MIN_COLUMN_BYTES_PER_SEQUENCE + bytes_per_sequence),
+            max_index_bytes,
+            bytes_per_sequence,
             max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
             max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
         }

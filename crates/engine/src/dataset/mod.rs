@@ -23,11 +23,13 @@ use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamS
 use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
 use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
-use crate::format::index::{build_chunks, ChunkDesc, FileIndex, SequenceDesc};
+use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
 use crate::hash::Fnv1a;
-use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat};
+use crate::options::{
+    DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
+};
 use crate::remote::{self, ObjectMeta};
 use crate::sampling::Timeline;
 
@@ -185,7 +187,7 @@ impl Dataset {
             config.sources.iter().map(|s| resolve_inputs(&s.files)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
         let mut done = 0u64;
-        let mut sequences = 0u64;
+        let (mut sequences, mut index_bytes) = (0u64, 0u64);
         let mut sources = Vec::new();
         let mut first_stream = 0;
         for (src, files) in config.sources.iter().zip(resolved) {
@@ -203,7 +205,7 @@ impl Dataset {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
-                let left = IndexLimits { max_sequences: limits.max_sequences.saturating_sub(sequences), ..limits };
+                let left = limits.left_after(sequences, index_bytes);
                 let fingerprint = options.fingerprint();
                 let cache = config.cache_index.then_some(state_dir);
                 let idx = match &stored {
@@ -238,6 +240,7 @@ impl Dataset {
                     }
                 };
                 versions.push(stored);
+                index_bytes += within_index_budget(&idx, &left)?;
                 done += idx.size;
                 sequences += idx.sequences.len() as u64;
                 paths.push(idx.path.clone());
@@ -309,7 +312,7 @@ impl Dataset {
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();
         let mut done = 0u64;
-        let mut sequences = 0u64;
+        let (mut sequences, mut index_bytes) = (0u64, 0u64);
         let mut indexes = Vec::new();
         let mut file_versions = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
@@ -318,7 +321,7 @@ impl Dataset {
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-            let left = IndexLimits { max_sequences: limits.max_sequences.saturating_sub(sequences), ..limits };
+            let left = limits.left_after(sequences, index_bytes);
             let cache = config.cache_index.then_some(state_dir);
             let idx = match &*stored {
                 Stored::Remote(object) => {
@@ -342,6 +345,7 @@ impl Dataset {
                     idx
                 }
             };
+            index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             indexes.push(idx);
@@ -823,6 +827,24 @@ impl Dataset {
         }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
     }
+}
+
+/// What the index of a file costs the dataset ([`index_cost`]), or an error naming the file when
+/// that passes what `left` leaves: an index read from its cache file (made under a larger limit,
+/// perhaps) is checked here, one built now was checked sequence by sequence as it grew.
+fn within_index_budget(idx: &FileIndex, left: &IndexLimits) -> Result<u64> {
+    let cost = index_cost(&idx.sequences, left);
+    if cost > left.max_index_bytes {
+        return Err(DataError::Dataset(format!(
+            "{}: its index holds {cost} bytes ({} sequences), more than the {} bytes the memory limit leaves it \
+             (daemon.memory_limit_bytes / {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets); raise \
+             daemon.memory_limit_bytes",
+            idx.path.display(),
+            idx.sequences.len(),
+            left.max_index_bytes
+        )));
+    }
+    Ok(cost)
 }
 
 /// An input's size now (an object's as listed), for progress.

@@ -7,7 +7,9 @@
 //! cross files. Everything scheduling-related uses the nominal lengths recorded here.
 
 use crate::format::errors::DataError;
-use crate::options::{INDEX_BYTES_PER_SEQUENCE, INDEX_SHARE_OF_MEMORY_LIMIT, SEQUENCE_SHARE_OF_MEMORY_LIMIT};
+use crate::options::{
+    IndexLimits, INDEX_SHARE_OF_MEMORY_LIMIT, MAX_COLUMN_BYTES_PER_SEQUENCE, SEQUENCE_SHARE_OF_MEMORY_LIMIT,
+};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -184,6 +186,13 @@ impl Sequences {
         }
         self.sizes.shrink_to_fit();
         self.samples.shrink_to_fit();
+    }
+
+    /// Bytes its columns hold once shrunk ([`Sequences::shrink_to_fit`]): their lengths.
+    #[must_use]
+    pub fn footprint(&self) -> u64 {
+        ((self.offsets.len() + self.strided.len() + self.lines.len() + self.keys.len()) * 8
+            + (self.sizes.len() + self.samples.len()) * 4) as u64
     }
 
     /// Bytes its columns hold (their capacities).
@@ -365,17 +374,42 @@ pub(crate) fn for_each_line(
     Ok((consumed, digest.finalize()))
 }
 
-/// The error of an index that would hold more than `limits.max_sequences` sequences, at the
-/// sequence that would exceed it.
-pub(crate) fn too_many_sequences(at: crate::format::errors::Location, max: u64) -> DataError {
-    DataError::Fatal {
-        at,
-        message: format!(
-            "the dataset has more than {max} sequences, the most its index may hold within the memory limit \
-             (daemon.memory_limit_bytes / {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets, \
-             {INDEX_BYTES_PER_SEQUENCE} bytes per sequence); raise daemon.memory_limit_bytes"
-        ),
+/// What the index of a file holds in an opened dataset: its columns, and per sequence what the
+/// dataset adds (`limits.bytes_per_sequence`).
+#[must_use]
+pub fn index_cost(sequences: &Sequences, limits: &IndexLimits) -> u64 {
+    sequences.footprint().saturating_add((sequences.len() as u64).saturating_mul(limits.bytes_per_sequence))
+}
+
+/// The index pass's check before it adds a sequence to `sequences` (at `at`): an error when the
+/// file's index would then pass `limits` — more than `limits.max_sequences` sequences, or more
+/// than `limits.max_index_bytes` bytes if the new sequence needs every column.
+pub(crate) fn room_for_one_more(
+    sequences: &Sequences,
+    limits: &IndexLimits,
+    at: impl FnOnce() -> crate::format::errors::Location,
+) -> Result<(), DataError> {
+    let n = sequences.len() as u64;
+    let cost = index_cost(sequences, limits) + MAX_COLUMN_BYTES_PER_SEQUENCE + limits.bytes_per_sequence;
+    if n >= limits.max_sequences || cost > limits.max_index_bytes {
+        return Err(DataError::Fatal {
+            at: at(),
+            message: if n >= limits.max_sequences {
+                format!("the dataset has more than {} sequences", limits.max_sequences)
+            } else {
+                format!(
+                    "the dataset's index would hold more than {} bytes with {} sequences",
+                    limits.max_index_bytes,
+                    n + 1
+                )
+            } + &format!(
+                ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
+                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 8 to 36 bytes per \
+                 sequence of one source); raise daemon.memory_limit_bytes"
+            ),
+        });
     }
+    Ok(())
 }
 
 #[cfg(test)]

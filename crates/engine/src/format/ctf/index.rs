@@ -22,7 +22,7 @@ use std::sync::Arc;
 use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc, Sequences};
+use crate::format::index::{for_each_line, room_for_one_more, FileIndex, SequenceDesc, Sequences};
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -293,10 +293,11 @@ impl Indexer {
 
     /// Adds a sequence within `limits.max_sequences`.
     fn push(&mut self, seq: SequenceDesc) -> Result<(), DataError> {
-        if self.sequences.len() as u64 >= self.limits.max_sequences {
-            let at = Location { file: self.path.clone(), line: seq.line + 1, offset: seq.offset };
-            return Err(too_many_sequences(at, self.limits.max_sequences));
-        }
+        room_for_one_more(&self.sequences, &self.limits, || Location {
+            file: self.path.clone(),
+            line: seq.line + 1,
+            offset: seq.offset,
+        })?;
         self.sequences.push(seq);
         Ok(())
     }

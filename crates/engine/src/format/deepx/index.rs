@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, Location};
-use crate::format::index::{for_each_line, too_many_sequences, FileIndex, SequenceDesc, Sequences};
+use crate::format::index::{for_each_line, room_for_one_more, FileIndex, SequenceDesc, Sequences};
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -59,8 +59,7 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let name = path.clone();
-    let mut ix =
-        LineIndexer { path, options, line_no: 0, sequences: Sequences::default(), max_sequences: limits.max_sequences };
+    let mut ix = LineIndexer { path, options, line_no: 0, sequences: Sequences::default(), limits };
     let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
     let (consumed, digest) =
         for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
@@ -75,7 +74,7 @@ struct LineIndexer {
     options: LineIndexOptions,
     line_no: u64,
     sequences: Sequences,
-    max_sequences: u64,
+    limits: IndexLimits,
 }
 
 impl LineIndexer {
@@ -98,10 +97,11 @@ impl LineIndexer {
             at: Location { file: self.path.clone(), line: line_no + 1, offset },
             message: format!("a line of {} bytes exceeds the limit of 4 GiB", line.len() - start),
         })?;
-        if self.sequences.len() as u64 >= self.max_sequences {
-            let at = Location { file: self.path.clone(), line: line_no + 1, offset };
-            return Err(too_many_sequences(at, self.max_sequences));
-        }
+        room_for_one_more(&self.sequences, &self.limits, || Location {
+            file: self.path.clone(),
+            line: line_no + 1,
+            offset,
+        })?;
         self.sequences.push(SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 });
         Ok(())
     }
@@ -140,6 +140,32 @@ mod tests {
         .expect_err("long line")
         .to_string();
         assert!(e.contains("t:2: byte offset 6") && e.contains("more than 8 bytes"), "{e}");
+    }
+
+    /// Issue 37: the budget counts what the index holds. Lines without gaps cost their size and
+    /// their length, 8 bytes; with a blank line between each, also their offset and line, 24.
+    #[test]
+    fn an_index_past_its_byte_budget_stops_at_the_line_that_exceeds_it_and_gaps_cost_more() {
+        // Room for the columns of 3 more sequences at most (32 + 4 each) beyond what is held.
+        let limits = IndexLimits { max_index_bytes: 400, ..IndexLimits::UNBOUNDED };
+        let run = |text: &[u8]| {
+            index_reader(
+                text,
+                Arc::from(Path::new("t")),
+                text.len() as u64,
+                LineIndexOptions { comments: false },
+                limits,
+                &mut |_| {},
+            )
+        };
+        let dense = "1 1:1\n".repeat(40);
+        let idx = run(dense.as_bytes()).expect("40 lines of 8 bytes fit in 400");
+        assert_eq!(crate::format::index::index_cost(&idx.sequences, &limits), 40 * 8 + 8);
+        let e = run("1 1:1\n".repeat(100).as_bytes()).expect_err("100 do not").to_string();
+        assert!(e.contains("more than 400 bytes with 46 sequences") && e.contains("t:46: byte offset 270"), "{e}");
+        let gaps = "1 1:1\n\n".repeat(40);
+        let e = run(gaps.as_bytes()).expect_err("gaps cost offsets and lines").to_string();
+        assert!(e.contains("more than 400 bytes with"), "{e}");
     }
 
     fn index(text: &[u8], comments: bool) -> Vec<(u64, u64, u32)> {
