@@ -370,16 +370,29 @@ mod tests {
     /// `chunks` chunks of `per` one-sample sequences, one dense stream of dim 1 whose value is the
     /// sequence's global index.
     fn dataset(chunks: usize, per: usize) -> (Arc<Timeline>, Vec<Arc<ParsedChunk>>) {
-        let timeline =
-            Arc::new(Timeline { seq_len: vec![1; chunks * per], chunk_start: (0..=chunks).map(|c| c * per).collect() });
-        let parsed = (0..chunks)
-            .map(|c| {
-                let values = (0..per).map(|i| f32::from(u16::try_from(c * per + i).expect("small"))).collect();
+        dataset_of(&vec![per; chunks])
+    }
+
+    /// Chunks of the given numbers of one-sample sequences; one dense stream of dim 1 holding each
+    /// sequence's global index.
+    pub(super) fn dataset_of(sizes: &[usize]) -> (Arc<Timeline>, Vec<Arc<ParsedChunk>>) {
+        let mut chunk_start = vec![0];
+        for s in sizes {
+            chunk_start.push(chunk_start[chunk_start.len() - 1] + s);
+        }
+        let total = chunk_start[sizes.len()];
+        let timeline = Arc::new(Timeline { seq_len: vec![1; total], chunk_start: chunk_start.clone() });
+        let parsed = sizes
+            .iter()
+            .enumerate()
+            .map(|(c, &n)| {
+                let values =
+                    (chunk_start[c]..chunk_start[c] + n).map(|i| f32::from(u16::try_from(i).expect("small"))).collect();
                 Arc::new(ParsedChunk {
                     chunk: c,
-                    num_sequences: per,
+                    num_sequences: n,
                     streams: vec![StreamData::new(
-                        (0..=per).collect(),
+                        (0..=n).collect(),
                         StreamValues::Dense { dim: 1, values: Values::F32(values) },
                     )],
                 })
@@ -721,35 +734,9 @@ mod memory_proptests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::format::chunk::{StreamData, StreamKind, StreamValues, Values};
+    use crate::format::chunk::StreamKind;
 
-    /// Chunks of the given numbers of one-sample sequences; one dense stream of dim 1 holding each
-    /// sequence's global index.
-    fn dataset(sizes: &[usize]) -> (Arc<Timeline>, Vec<Arc<ParsedChunk>>) {
-        let mut chunk_start = vec![0];
-        for s in sizes {
-            chunk_start.push(chunk_start[chunk_start.len() - 1] + s);
-        }
-        let total = chunk_start[sizes.len()];
-        let timeline = Arc::new(Timeline { seq_len: vec![1; total], chunk_start: chunk_start.clone() });
-        let parsed = sizes
-            .iter()
-            .enumerate()
-            .map(|(c, &n)| {
-                let values =
-                    (chunk_start[c]..chunk_start[c] + n).map(|i| f32::from(u16::try_from(i).expect("small"))).collect();
-                Arc::new(ParsedChunk {
-                    chunk: c,
-                    num_sequences: n,
-                    streams: vec![StreamData::new(
-                        (0..=n).collect(),
-                        StreamValues::Dense { dim: 1, values: Values::F32(values) },
-                    )],
-                })
-            })
-            .collect();
-        (timeline, parsed)
-    }
+    use super::tests::dataset_of as dataset;
 
     type Out = (Vec<u8>, u64, u64, u64);
 

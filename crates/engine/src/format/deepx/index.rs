@@ -111,20 +111,23 @@ impl LineIndexer {
 mod tests {
     use super::*;
 
+    /// `text` indexed as file `t` within `limits`.
+    fn index_text(text: &[u8], limits: IndexLimits) -> Result<FileIndex, DataError> {
+        index_reader(
+            text,
+            Arc::from(Path::new("t")),
+            text.len() as u64,
+            LineIndexOptions { comments: false },
+            limits,
+            &mut |_| {},
+        )
+    }
+
     /// #15 item 3: 200 MB of short libsvm lines made a 2 GB index in the daemon.
     #[test]
     fn an_index_past_its_sequence_budget_stops_at_the_line_that_exceeds_it() {
         let limits = IndexLimits { max_sequences: 2, max_sequence_bytes: 1 << 20, ..IndexLimits::UNBOUNDED };
-        let run = |text: &[u8]| {
-            index_reader(
-                text,
-                Arc::from(Path::new("t")),
-                text.len() as u64,
-                LineIndexOptions { comments: false },
-                limits,
-                &mut |_| {},
-            )
-        };
+        let run = |text: &[u8]| index_text(text, limits);
         assert_eq!(run(b"1 1:1\n\n0 2:1\n").expect("two fit").sequences.len(), 2);
         let e = run(b"1 1:1\n0 2:1\n1 3:1\n").expect_err("three do not").to_string();
         assert!(e.contains("t:3: byte offset 12") && e.contains("more than 2 sequences"), "{e}");
@@ -148,16 +151,7 @@ mod tests {
     fn an_index_past_its_byte_budget_stops_at_the_line_that_exceeds_it_and_gaps_cost_more() {
         // Room for the columns of 3 more sequences at most (32 + 4 each) beyond what is held.
         let limits = IndexLimits { max_index_bytes: 400, ..IndexLimits::UNBOUNDED };
-        let run = |text: &[u8]| {
-            index_reader(
-                text,
-                Arc::from(Path::new("t")),
-                text.len() as u64,
-                LineIndexOptions { comments: false },
-                limits,
-                &mut |_| {},
-            )
-        };
+        let run = |text: &[u8]| index_text(text, limits);
         let dense = "1 1:1\n".repeat(40);
         let idx = run(dense.as_bytes()).expect("40 lines of 8 bytes fit in 400");
         assert_eq!(crate::format::index::index_cost(&idx.sequences, &limits), 40 * 8 + 8);
