@@ -42,6 +42,44 @@ pub struct FileIndex {
     pub sequences: Sequences,
 }
 
+/// The columns a [`Sequences`] keeps beside the sizes ([`Sequences::columns`]): four independent
+/// yes-or-no facts, as the cache file's flag byte holds them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(clippy::struct_excessive_bools)]
+pub struct Columns {
+    /// Every offset (else they follow from the first and the sizes).
+    pub offsets: bool,
+    /// Sample counts (else one each).
+    pub samples: bool,
+    /// First lines (else the sequence's index).
+    pub lines: bool,
+    /// Keys (else the line).
+    pub keys: bool,
+}
+
+impl Columns {
+    /// As one byte (bit 0 offsets, 1 samples, 2 lines, 3 keys).
+    #[must_use]
+    pub fn bits(self) -> u8 {
+        u8::from(self.offsets) | u8::from(self.samples) << 1 | u8::from(self.lines) << 2 | u8::from(self.keys) << 3
+    }
+
+    /// From [`Columns::bits`]; `None` for a byte with other bits set.
+    #[must_use]
+    pub fn from_bits(b: u8) -> Option<Self> {
+        (b < 16).then_some(Self { offsets: b & 1 != 0, samples: b & 2 != 0, lines: b & 4 != 0, keys: b & 8 != 0 })
+    }
+
+    /// Bytes of one sequence with these columns: its size, and each column kept.
+    #[must_use]
+    pub fn record_bytes(self) -> usize {
+        4 + 8 * usize::from(self.offsets)
+            + 4 * usize::from(self.samples)
+            + 8 * usize::from(self.lines)
+            + 8 * usize::from(self.keys)
+    }
+}
+
 /// Sequences one in every this many keep their offset while every sequence starts where the one
 /// before it ended ([`Sequences`]).
 const OFFSET_STRIDE: usize = 64;
@@ -186,6 +224,19 @@ impl Sequences {
         }
         self.sizes.shrink_to_fit();
         self.samples.shrink_to_fit();
+    }
+
+    /// Which columns it keeps beside the sizes (the others follow from the rules of
+    /// [`Sequences`]), and the first sequence's offset: what a record of the index cache file
+    /// holds.
+    #[must_use]
+    pub fn columns(&self) -> Columns {
+        Columns {
+            offsets: !self.offsets.is_empty(),
+            samples: !self.samples.is_empty(),
+            lines: !self.lines.is_empty(),
+            keys: !self.keys.is_empty(),
+        }
     }
 
     /// Bytes its columns hold once shrunk ([`Sequences::shrink_to_fit`]): their lengths.

@@ -5,15 +5,21 @@
 //!
 //! ```text
 //! magic  b"MBDINDEX"          8 bytes
-//! version u32 = 1
+//! version u32 = 3
 //! path_len u32, path bytes    the canonical data path (guards against hash collisions)
 //! opts_len u32, opts bytes    CtfIndexOptions::fingerprint()
 //! size u64, mtime_secs i64, mtime_nanos u32,
 //! ctime_secs i64, ctime_nanos u32, dev u64, ino u64    of the data file when indexed
 //! digest u32                  CRC-32 of the bytes indexed
-//! count u64, then count × { key u64, offset u64, line u64, size u32, samples u32 }
+//! count u64
+//! columns u8                  which columns the records hold (`Columns::bits`)
+//! first_offset u64            the first sequence's offset
+//! count × { size u32, [offset u64], [samples u32], [line u64], [key u64] }
 //! checksum u64                FNV-1a over everything before it
 //! ```
+//!
+//! A record holds the columns the index keeps ([`crate::format::Sequences`]): a file of one-line
+//! sequences without gaps costs 4 bytes a sequence on disk, one that needs every column 32.
 //!
 //! A cache is used only if every field matches the data file as it is now ([`FileStamp`]: size,
 //! modification and status-change times, device and inode); anything else — another version, a
@@ -32,13 +38,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
-use crate::format::index::{FileIndex, SequenceDesc, Sequences};
+use crate::format::index::{Columns, FileIndex, SequenceDesc, Sequences};
 use crate::hash::Fnv1a;
 use crate::persist;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
-/// 2: the file's status-change time, device and inode, and the content's digest.
-const VERSION: u32 = 2;
+/// 2: the file's status-change time, device and inode, and the content's digest. 3: records of
+/// the columns the index keeps, not of every field.
+const VERSION: u32 = 3;
+/// The largest record: every column.
 const RECORD_BYTES: usize = 32;
 /// The subdirectory of `state_dir` that holds index caches.
 pub const INDEX_DIR: &str = "index";
@@ -234,13 +242,26 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
     w.write_all(&stamp.version_bytes())?;
     w.write_all(&index.digest.to_le_bytes())?;
     w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
-    let mut record = [0u8; RECORD_BYTES];
+    let columns = index.sequences.columns();
+    w.write_all(&[columns.bits()])?;
+    let first = index.sequences.iter().next().map_or(0, |s| s.offset);
+    w.write_all(&first.to_le_bytes())?;
+    let mut record = Vec::with_capacity(RECORD_BYTES);
     for s in index.sequences.iter() {
-        record[..8].copy_from_slice(&s.key.to_le_bytes());
-        record[8..16].copy_from_slice(&s.offset.to_le_bytes());
-        record[16..24].copy_from_slice(&s.line.to_le_bytes());
-        record[24..28].copy_from_slice(&s.size.to_le_bytes());
-        record[28..].copy_from_slice(&s.samples.to_le_bytes());
+        record.clear();
+        record.extend_from_slice(&s.size.to_le_bytes());
+        if columns.offsets {
+            record.extend_from_slice(&s.offset.to_le_bytes());
+        }
+        if columns.samples {
+            record.extend_from_slice(&s.samples.to_le_bytes());
+        }
+        if columns.lines {
+            record.extend_from_slice(&s.line.to_le_bytes());
+        }
+        if columns.keys {
+            record.extend_from_slice(&s.key.to_le_bytes());
+        }
         w.write_all(&record)?;
     }
     let sum = w.hash.finish();
@@ -357,22 +378,45 @@ fn decode(
         problem.get_or_insert(TOO_MANY_SEQUENCES);
     }
     let mut sequences = Sequences::default();
+    let mut bits = [0u8; 1];
+    body.fill(&mut bits)?;
+    let columns = Columns::from_bits(bits[0]).unwrap_or_else(|| {
+        problem.get_or_insert("malformed");
+        Columns::default()
+    });
+    let first_offset = body.u64()?;
+    let record_bytes = columns.record_bytes();
     // The end of the previous sequence: sequences follow each other in the file without overlap
     // (the chunks, the reads and the remote ranges are computed from them).
     let mut end = 0u64;
-    if count.checked_mul(RECORD_BYTES as u64) == Some(body.left) {
+    if count.checked_mul(record_bytes as u64) == Some(body.left) {
         if problem.is_none() {
             sequences = Sequences::with_capacity(usize::try_from(count).map_err(|_| Miss::Stale("malformed"))?);
         }
         let mut rec = [0u8; RECORD_BYTES];
-        for _ in 0..count {
-            body.fill(&mut rec)?;
+        for i in 0..count {
+            body.fill(&mut rec[..record_bytes])?;
             if problem.is_some() {
                 continue;
             }
-            let u64_at = |i: usize| u64::from_le_bytes(rec[i..i + 8].try_into().unwrap_or_default());
-            let u32_at = |i: usize| u32::from_le_bytes(rec[i..i + 4].try_into().unwrap_or_default());
-            let (key, offset, line, size, samples) = (u64_at(0), u64_at(8), u64_at(16), u32_at(24), u32_at(28));
+            let mut at = 0usize;
+            let mut take = |n: usize| {
+                let mut b = [0u8; 8];
+                b[..n].copy_from_slice(&rec[at..at + n]);
+                at += n;
+                u64::from_le_bytes(b)
+            };
+            let size = u32::try_from(take(4)).unwrap_or(0);
+            let offset = if columns.offsets {
+                take(8)
+            } else if i == 0 {
+                first_offset
+            } else {
+                end
+            };
+            let samples = if columns.samples { u32::try_from(take(4)).unwrap_or(0) } else { 1 };
+            let line = if columns.lines { take(8) } else { i };
+            let key = if columns.keys { take(8) } else { line };
             if samples == 0 || size == 0 || offset < end || offset.saturating_add(u64::from(size)) > stamp.size {
                 problem.get_or_insert("malformed");
                 continue;
@@ -440,8 +484,8 @@ fn too_long(len: u64, stamp: &FileStamp, fingerprint: &str, max_sequences: u64) 
 #[must_use]
 pub fn max_encoded_len(stamp: &FileStamp, fingerprint: &str, max_sequences: u64) -> u64 {
     // Magic, version, the two fields' lengths, the stamp's version, the digest, the sequence
-    // count, the checksum.
-    let fixed = (8 + 4 + 4 + 4 + FileStamp::VERSION_BYTES + 4 + 8 + 8) as u64;
+    // count, the columns, the first offset, the checksum.
+    let fixed = (8 + 4 + 4 + 4 + FileStamp::VERSION_BYTES + 4 + 8 + 1 + 8 + 8) as u64;
     (fixed + stamp.path.as_os_str().len() as u64 + fingerprint.len() as u64)
         .saturating_add(max_sequences.saturating_mul(RECORD_BYTES as u64))
 }
@@ -692,6 +736,42 @@ mod tests {
         let (dir, _data, stamp, index) = setup();
         store(dir.path(), &stamp, "opts", &index).expect("store");
         assert_eq!(load(dir.path(), &stamp, "opts", &index.path, u64::MAX), Ok(index));
+    }
+
+    /// Version 3 keeps the columns the index keeps: every combination reads back as it was, and a
+    /// file of contiguous one-sample sequences costs 4 bytes a sequence on disk.
+    #[test]
+    fn every_combination_of_columns_round_trips_and_contiguous_lines_cost_their_sizes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("d.txt");
+        fs::write(&data, vec![b'x'; 10_000]).expect("write");
+        let stamp = FileStamp::of(&data).expect("stamp");
+        for bits in 0u8..16 {
+            let c = Columns::from_bits(bits).expect("four bits");
+            let sequences: Sequences = (0..100u64)
+                .map(|i| SequenceDesc {
+                    offset: 3 + i * (7 + u64::from(c.offsets)),
+                    size: 7,
+                    samples: if c.samples && i == 50 { 3 } else { 1 },
+                    line: if c.lines { 2 * i } else { i },
+                    key: if c.keys {
+                        1000 + i
+                    } else if c.lines {
+                        2 * i
+                    } else {
+                        i
+                    },
+                })
+                .collect();
+            assert_eq!(sequences.columns(), c);
+            let index = FileIndex { path: Arc::from(data.as_path()), size: stamp.size, digest: 7, sequences };
+            let bytes = encode_to_vec(&stamp, "opts", &index).expect("encode");
+            let fixed = max_encoded_len(&stamp, "opts", 0);
+            assert_eq!(bytes.len() as u64, fixed + 100 * c.record_bytes() as u64, "columns {c:?}");
+            assert_eq!(decode_bytes(&bytes, &stamp, "opts", &index.path, u64::MAX), Ok(index), "columns {c:?}");
+        }
+        assert_eq!(Columns::default().record_bytes(), 4);
+        assert_eq!(Columns::from_bits(16), None);
     }
 
     #[test]
