@@ -16,7 +16,7 @@ LIMIT=${2:-8589934592}
 BIN=${MINIBATCHD_BIN:-target/release/minibatchd}
 [ -x "$BIN" ] || cargo build -q --release --bin minibatchd
 W=$(mktemp -d)
-trap 'kill "$(cat "$W/pid" 2>/dev/null)" 2>/dev/null; rm -rf "$W"' EXIT
+trap 'kill "$(cat "$W/pid" 2>/dev/null)" 2>/dev/null && wait "$(cat "$W/pid")" 2>/dev/null; rm -rf "$W"' EXIT
 python3 -c "
 import sys
 line = b'1 1:1\n' * 1000000
