@@ -271,7 +271,8 @@ pub fn protocol(data: &[u8], _scratch: &Path) {
 /// `index_cache`: `format::index_cache::load` on a cache file made from the bytes. The first byte
 /// picks how: bit 0 clear — the bytes after it are the whole file; set — a header that matches
 /// the data file (path, version, options) is written first, then the bytes as the record
-/// count and records, then (bit 1 clear) a valid checksum. Bit 2 caps the sequences at 3. A
+/// count, the columns byte, the first offset and the records, then (bit 1 clear) a valid
+/// checksum. Bit 2 caps the sequences at 3. A
 /// loaded index must describe only sequences inside the data file.
 pub fn index_cache(data: &[u8], scratch: &Path) {
     use minibatchd_engine::format::index_cache::{cache_path, load, FileStamp, INDEX_DIR};
@@ -293,7 +294,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
     } else {
         let mut out = Vec::new();
         out.extend_from_slice(b"MBDINDEX");
-        out.extend_from_slice(&2u32.to_le_bytes());
+        out.extend_from_slice(&3u32.to_le_bytes()); // the cache format's version
         let path = stamp.path.as_os_str().as_encoded_bytes();
         for field in [path, fingerprint.as_bytes()] {
             out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
