@@ -96,11 +96,18 @@ impl Feeder {
 
     /// Plans the next minibatch of `size` samples; `None` at the end of the epoch.
     pub fn plan(&mut self, size: usize) -> Option<MinibatchPlan> {
+        self.plan_after(size, 0)
+    }
+
+    /// [`Feeder::plan`] when `planned` minibatches are planned and not gathered yet (planned ahead,
+    /// to be gathered together: [`Feeder::gather_parts`]): the plan of minibatch
+    /// `next_index + planned`, padding included.
+    pub fn plan_after(&mut self, size: usize, planned: u64) -> Option<MinibatchPlan> {
         if let Some(plan) = self.sampler.next_minibatch(size) {
             return Some(plan);
         }
         // Padding: empty minibatches at the end of the epoch, until every worker has as many.
-        if self.pad_to.is_some_and(|end| self.next_index < end) {
+        if self.pad_to.is_some_and(|end| self.next_index.saturating_add(planned) < end) {
             let position = self.sampler.position();
             let sweep = position.saturating_sub(1) / self.sampler.sweep_size().max(1);
             return Some(MinibatchPlan {
@@ -606,7 +613,7 @@ mod tests {
                 }
                 let mut plans = vec![plan];
                 while plans.len() < together {
-                    let Some(next) = feeder.plan(7) else { break };
+                    let Some(next) = feeder.plan_after(7, plans.len() as u64) else { break };
                     plans.push(next);
                 }
                 let mut parts = Parts::new(&plans);
@@ -654,6 +661,37 @@ mod tests {
             .expect("goes on");
         assert_eq!(again, chunks[1..]);
         assert_eq!((values(&g[0]), g[0].fingerprint, g[0].index), want[0]);
+    }
+
+    /// With equal steps padded, minibatches planned ahead (to be gathered together) end at the
+    /// same index as those planned one at a time: the padding counts the plans not gathered yet.
+    #[test]
+    fn planning_ahead_pads_to_the_same_number_of_minibatches() {
+        let (timeline, parsed) = dataset(4, 5);
+        for (ahead, end) in [(1u64, 6u64), (3, 6), (4, 4), (10, 9)] {
+            let mut feeder = randomized_feeder(timeline.clone(), 2, 1);
+            feeder.pad_to(end);
+            let mut delivered = 0u64;
+            loop {
+                let mut plans = Vec::new();
+                while (plans.len() as u64) < ahead {
+                    let Some(plan) = feeder.plan_after(5, plans.len() as u64) else { break };
+                    plans.push(plan);
+                }
+                if plans.is_empty() {
+                    break;
+                }
+                let mut parts = Parts::new(&plans);
+                feeder.start_parts(&plans, &mut parts).expect("start");
+                let gathered = feeder
+                    .gather_parts(&plans, &mut parts, &|_| false, &mut |c| Ok(parsed[c as usize].clone()))
+                    .expect("gather");
+                delivered += gathered.len() as u64;
+            }
+            // 20 samples in minibatches of 5: 4 with data, padded up to `end` when it is more.
+            assert_eq!(delivered, end.max(4), "{ahead} ahead, padded to {end}");
+            assert_eq!(feeder.next_index(), end.max(4));
+        }
     }
 
     #[test]
@@ -793,7 +831,7 @@ mod memory_proptests {
                     Err(_) if refused => {
                         let mut plans = vec![plan.clone()];
                         while plans.len() < together && !plans[plans.len() - 1].sequences.is_empty() {
-                            let Some(next) = feeder.plan(size) else { break };
+                            let Some(next) = feeder.plan_after(size, plans.len() as u64) else { break };
                             plans.push(next);
                         }
                         let mut parts = Parts::new(&plans);

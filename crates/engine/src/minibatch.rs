@@ -308,6 +308,8 @@ pub struct Parts {
     wanted: Vec<(u32, Vec<(usize, usize)>)>,
     /// Per entry of `wanted` taken so far: the copy of its sequences, in the order of its pairs.
     taken: Vec<Option<Arc<ParsedChunk>>>,
+    /// Bytes of the copies taken (kept after [`Parts::finish`] hands them on).
+    bytes: usize,
 }
 
 impl Parts {
@@ -326,7 +328,7 @@ impl Parts {
             }
         }
         let taken = vec![None; wanted.len()];
-        Self { wanted, taken }
+        Self { wanted, taken, bytes: 0 }
     }
 
     /// The chunks whose sequences are not copied yet, in order of first need.
@@ -359,14 +361,19 @@ impl Parts {
                     .ok_or_else(|| DataError::Dataset(format!("sequence {seq} is not in chunk {chunk}")))
             })
             .collect::<Result<Vec<usize>>>()?;
-        self.taken[i] = Some(Arc::new(parsed.select(&locals)));
+        let copy = parsed.select(&locals);
+        self.bytes += copy.size_bytes();
+        if let Some(old) = self.taken[i].replace(Arc::new(copy)) {
+            self.bytes -= old.size_bytes();
+        }
         Ok(())
     }
 
-    /// Bytes of the copies taken so far.
+    /// Bytes of the copies taken so far — also once [`Parts::finish`] has handed them to the
+    /// minibatches (what they hold until they are copied into their slots).
     #[must_use]
     pub fn size_bytes(&self) -> usize {
-        self.taken.iter().flatten().map(|c| c.size_bytes()).sum()
+        self.bytes
     }
 
     /// The minibatches of `plans`, numbered from `first_index`, once every chunk is taken; the

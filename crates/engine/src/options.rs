@@ -39,9 +39,6 @@ pub const TIMELINE_BYTES_PER_SEQUENCE: u64 = 4;
 pub const JOIN_BYTES_PER_SOURCE: u64 = 32;
 /// The fewest bytes a sequence's own columns take in the file index (its size).
 pub const MIN_COLUMN_BYTES_PER_SEQUENCE: u64 = 4;
-/// The most bytes a sequence's own columns take in the file index (offset, size, samples, line,
-/// key), which the index pass allows for before it adds one.
-pub const MAX_COLUMN_BYTES_PER_SEQUENCE: u64 = 32;
 
 /// `daemon.memory_limit_bytes` divided by this is the largest sequence (and line) indexed: a
 /// parser thread holds a chunk whole, and a chunk holds at least one sequence.

@@ -7,9 +7,7 @@
 //! cross files. Everything scheduling-related uses the nominal lengths recorded here.
 
 use crate::format::errors::DataError;
-use crate::options::{
-    IndexLimits, INDEX_SHARE_OF_MEMORY_LIMIT, MAX_COLUMN_BYTES_PER_SEQUENCE, SEQUENCE_SHARE_OF_MEMORY_LIMIT,
-};
+use crate::options::{IndexLimits, INDEX_SHARE_OF_MEMORY_LIMIT, SEQUENCE_SHARE_OF_MEMORY_LIMIT};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -246,6 +244,31 @@ impl Sequences {
             + (self.sizes.len() + self.samples.len()) * 4) as u64
     }
 
+    /// [`Sequences::footprint`] once `s` is pushed: a column that `s` is the first to need then
+    /// holds a value for every sequence before it too.
+    #[must_use]
+    pub fn footprint_after(&self, s: &SequenceDesc) -> u64 {
+        let i = self.len as u64;
+        let column = |kept: bool, needed: bool, bytes: u64| -> u64 {
+            if kept || needed {
+                (i + 1) * bytes
+            } else {
+                0
+            }
+        };
+        let offsets_kept = !self.offsets.is_empty();
+        let offsets = if offsets_kept || (i > 0 && s.offset != self.end) {
+            (i + 1) * 8
+        } else {
+            (i / OFFSET_STRIDE as u64 + 1) * 8
+        };
+        (i + 1) * 4
+            + offsets
+            + column(!self.samples.is_empty(), s.samples != 1, 4)
+            + column(!self.lines.is_empty(), s.line != i, 8)
+            + column(!self.keys.is_empty(), s.key != s.line, 8)
+    }
+
     /// Bytes its columns hold (their capacities).
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
@@ -432,16 +455,18 @@ pub fn index_cost(sequences: &Sequences, limits: &IndexLimits) -> u64 {
     sequences.footprint().saturating_add((sequences.len() as u64).saturating_mul(limits.bytes_per_sequence))
 }
 
-/// The index pass's check before it adds a sequence to `sequences` (at `at`): an error when the
+/// The index pass's check before it adds `next` to `sequences` (at `at`): an error when the
 /// file's index would then pass `limits` — more than `limits.max_sequences` sequences, or more
-/// than `limits.max_index_bytes` bytes if the new sequence needs every column.
+/// than `limits.max_index_bytes` bytes, counting the columns `next` is the first to need for
+/// every sequence before it.
 pub(crate) fn room_for_one_more(
     sequences: &Sequences,
+    next: &SequenceDesc,
     limits: &IndexLimits,
     at: impl FnOnce() -> crate::format::errors::Location,
 ) -> Result<(), DataError> {
     let n = sequences.len() as u64;
-    let cost = index_cost(sequences, limits) + MAX_COLUMN_BYTES_PER_SEQUENCE + limits.bytes_per_sequence;
+    let cost = sequences.footprint_after(next) + (n + 1) * limits.bytes_per_sequence;
     if n >= limits.max_sequences || cost > limits.max_index_bytes {
         return Err(DataError::Fatal {
             at: at(),
@@ -502,7 +527,12 @@ mod tests {
                 offset += u64::from(size);
                 line += 1;
             }
-            let seqs: Sequences = want.iter().copied().collect();
+            let mut seqs = Sequences::default();
+            for w in &want {
+                let after = seqs.footprint_after(w);
+                seqs.push(*w);
+                proptest::prop_assert_eq!(seqs.footprint(), after, "the footprint foretold before a push");
+            }
             proptest::prop_assert_eq!(seqs.len(), want.len());
             for (i, w) in want.iter().enumerate() {
                 proptest::prop_assert_eq!(seqs.get(i), *w);

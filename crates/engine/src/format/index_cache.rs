@@ -428,6 +428,8 @@ fn decode(
         problem.get_or_insert("malformed");
     }
     body.verify()?;
+    // What the dataset keeps is what its budget counts (`Sequences::footprint`).
+    sequences.shrink_to_fit();
     match problem {
         Some(why) => Err(Miss::Stale(why)),
         None => Ok(FileIndex { path: file.clone(), size: stamp.size, digest, sequences }),

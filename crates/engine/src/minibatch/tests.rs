@@ -235,7 +235,10 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
                 parts.take(plans, &timeline, c, &map[&c]).expect("take");
             }
             assert_eq!(parts.missing().count(), 0);
+            let taken = parts.size_bytes();
+            assert_eq!(taken > 0, !order.is_empty(), "order {order:?}");
             let mut in_parts = parts.finish(4, plans, &shapes(f64, ids), false).expect("finish");
+            assert_eq!(parts.size_bytes(), taken, "the copies' bytes are still known once handed on");
             assert_eq!(in_parts.len(), 1);
             let in_parts = in_parts.remove(0);
             let mut c = Ring::new(memory_for(geometry), geometry, 1, 1).expect("ring");

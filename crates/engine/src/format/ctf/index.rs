@@ -293,7 +293,7 @@ impl Indexer {
 
     /// Adds a sequence within `limits.max_sequences`.
     fn push(&mut self, seq: SequenceDesc) -> Result<(), DataError> {
-        room_for_one_more(&self.sequences, &self.limits, || Location {
+        room_for_one_more(&self.sequences, &seq, &self.limits, || Location {
             file: self.path.clone(),
             line: seq.line + 1,
             offset: seq.offset,

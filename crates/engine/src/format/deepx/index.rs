@@ -97,12 +97,13 @@ impl LineIndexer {
             at: Location { file: self.path.clone(), line: line_no + 1, offset },
             message: format!("a line of {} bytes exceeds the limit of 4 GiB", line.len() - start),
         })?;
-        room_for_one_more(&self.sequences, &self.limits, || Location {
+        let seq = SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 };
+        room_for_one_more(&self.sequences, &seq, &self.limits, || Location {
             file: self.path.clone(),
             line: line_no + 1,
             offset,
         })?;
-        self.sequences.push(SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 });
+        self.sequences.push(seq);
         Ok(())
     }
 }
@@ -149,14 +150,14 @@ mod tests {
     /// their length, 8 bytes; with a blank line between each, also their offset and line, 24.
     #[test]
     fn an_index_past_its_byte_budget_stops_at_the_line_that_exceeds_it_and_gaps_cost_more() {
-        // Room for the columns of 3 more sequences at most (32 + 4 each) beyond what is held.
+        // 8 bytes a sequence and one offset of 8: 49 sequences fit in 400 bytes, not 50.
         let limits = IndexLimits { max_index_bytes: 400, ..IndexLimits::UNBOUNDED };
         let run = |text: &[u8]| index_text(text, limits);
         let dense = "1 1:1\n".repeat(40);
         let idx = run(dense.as_bytes()).expect("40 lines of 8 bytes fit in 400");
         assert_eq!(crate::format::index::index_cost(&idx.sequences, &limits), 40 * 8 + 8);
         let e = run("1 1:1\n".repeat(100).as_bytes()).expect_err("100 do not").to_string();
-        assert!(e.contains("more than 400 bytes with 46 sequences") && e.contains("t:46: byte offset 270"), "{e}");
+        assert!(e.contains("more than 400 bytes with 50 sequences") && e.contains("t:50: byte offset 294"), "{e}");
         let gaps = "1 1:1\n\n".repeat(40);
         let e = run(gaps.as_bytes()).expect_err("gaps cost offsets and lines").to_string();
         assert!(e.contains("more than 400 bytes with"), "{e}");
