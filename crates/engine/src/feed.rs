@@ -30,6 +30,9 @@ pub struct Feeder {
     shapes: Vec<StreamShape>,
     frame_mode: bool,
     next_index: u64,
+    /// Index of the minibatch the next plan makes: `next_index` plus the plans made and not
+    /// gathered yet (minibatches planned ahead to be gathered together, [`Feeder::gather_parts`]).
+    planned: u64,
     /// With equal steps padded ([`crate::sampling::Tail::Pad`]): after the sampler's last
     /// minibatch, empty ones until the minibatch index reaches this.
     pad_to: Option<u64>,
@@ -56,6 +59,7 @@ impl Feeder {
             shapes,
             frame_mode,
             next_index,
+            planned: next_index,
             pad_to: None,
             held: ChunkMap::default(),
             held_bytes: 0,
@@ -91,23 +95,26 @@ impl Feeder {
         self.sampler.restore(position)?;
         self.held.clear();
         self.held_bytes = 0;
+        self.planned = self.next_index;
         Ok(())
     }
 
-    /// Plans the next minibatch of `size` samples; `None` at the end of the epoch.
+    /// Plans the next minibatch of `size` samples; `None` at the end of the epoch. Each plan is
+    /// gathered once, in order ([`Feeder::gather`], or several together with
+    /// [`Feeder::gather_parts`]).
     pub fn plan(&mut self, size: usize) -> Option<MinibatchPlan> {
-        self.plan_after(size, 0)
+        let plan = self.next_plan(size)?;
+        self.planned = self.planned.saturating_add(1);
+        Some(plan)
     }
 
-    /// [`Feeder::plan`] when `planned` minibatches are planned and not gathered yet (planned ahead,
-    /// to be gathered together: [`Feeder::gather_parts`]): the plan of minibatch
-    /// `next_index + planned`, padding included.
-    pub fn plan_after(&mut self, size: usize, planned: u64) -> Option<MinibatchPlan> {
+    fn next_plan(&mut self, size: usize) -> Option<MinibatchPlan> {
         if let Some(plan) = self.sampler.next_minibatch(size) {
             return Some(plan);
         }
-        // Padding: empty minibatches at the end of the epoch, until every worker has as many.
-        if self.pad_to.is_some_and(|end| self.next_index.saturating_add(planned) < end) {
+        // Padding: empty minibatches at the end of the epoch, until every worker has as many
+        // (counting those planned and not gathered yet).
+        if self.pad_to.is_some_and(|end| self.planned < end) {
             let position = self.sampler.position();
             let sweep = position.saturating_sub(1) / self.sampler.sweep_size().max(1);
             return Some(MinibatchPlan {
@@ -613,7 +620,7 @@ mod tests {
                 }
                 let mut plans = vec![plan];
                 while plans.len() < together {
-                    let Some(next) = feeder.plan_after(7, plans.len() as u64) else { break };
+                    let Some(next) = feeder.plan(7) else { break };
                     plans.push(next);
                 }
                 let mut parts = Parts::new(&plans);
@@ -675,7 +682,7 @@ mod tests {
             loop {
                 let mut plans = Vec::new();
                 while (plans.len() as u64) < ahead {
-                    let Some(plan) = feeder.plan_after(5, plans.len() as u64) else { break };
+                    let Some(plan) = feeder.plan(5) else { break };
                     plans.push(plan);
                 }
                 if plans.is_empty() {
@@ -831,7 +838,7 @@ mod memory_proptests {
                     Err(_) if refused => {
                         let mut plans = vec![plan.clone()];
                         while plans.len() < together && !plans[plans.len() - 1].sequences.is_empty() {
-                            let Some(next) = feeder.plan_after(size, plans.len() as u64) else { break };
+                            let Some(next) = feeder.plan(size) else { break };
                             plans.push(next);
                         }
                         let mut parts = Parts::new(&plans);

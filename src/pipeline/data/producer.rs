@@ -902,7 +902,7 @@ impl Planner {
             // Up to an empty plan: the padding after the epoch's end comes one at a time.
             while plans.len() < self.parts_ahead && !plans[plans.len() - 1].sequences.is_empty() {
                 self.next_sweep();
-                let Some(plan) = self.feeder.plan_after(self.minibatch_size, plans.len() as u64) else { break };
+                let Some(plan) = self.feeder.plan(self.minibatch_size) else { break };
                 plans.push(plan);
             }
             let mut parts = Parts::new(&plans);

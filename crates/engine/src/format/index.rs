@@ -129,11 +129,8 @@ impl Sequences {
     /// Appends the next sequence of the file.
     pub fn push(&mut self, s: SequenceDesc) {
         let i = self.len;
-        if self.offsets.is_empty() && (i == 0 || s.offset == self.end) {
-            if i.is_multiple_of(OFFSET_STRIDE) {
-                self.strided.push(s.offset);
-            }
-        } else {
+        let after = self.columns_after(&s);
+        if after.offsets {
             if self.offsets.is_empty() {
                 let mut offsets = Vec::with_capacity(i + 1);
                 offsets.extend(self.range(0, i).map(|d| d.offset));
@@ -141,23 +138,25 @@ impl Sequences {
                 self.strided = Vec::new();
             }
             self.offsets.push(s.offset);
+        } else if i.is_multiple_of(OFFSET_STRIDE) {
+            self.strided.push(s.offset);
         }
         self.end = s.offset + u64::from(s.size);
         self.sizes.push(s.size);
-        if !self.samples.is_empty() || s.samples != 1 {
+        if after.samples {
             if self.samples.is_empty() {
                 self.samples = vec![1; i];
             }
             self.samples.push(s.samples);
         }
         let line_of = |lines: &[u64], j: usize| if lines.is_empty() { j as u64 } else { lines[j] };
-        if !self.keys.is_empty() || s.key != s.line {
+        if after.keys {
             if self.keys.is_empty() {
                 self.keys = (0..i).map(|j| line_of(&self.lines, j)).collect();
             }
             self.keys.push(s.key);
         }
-        if !self.lines.is_empty() || s.line != i as u64 {
+        if after.lines {
             if self.lines.is_empty() {
                 self.lines = (0..i as u64).collect();
             }
@@ -240,33 +239,28 @@ impl Sequences {
     /// Bytes its columns hold once shrunk ([`Sequences::shrink_to_fit`]): their lengths.
     #[must_use]
     pub fn footprint(&self) -> u64 {
-        ((self.offsets.len() + self.strided.len() + self.lines.len() + self.keys.len()) * 8
-            + (self.sizes.len() + self.samples.len()) * 4) as u64
+        (self.len * self.columns().record_bytes() + self.strided.len() * 8) as u64
     }
 
     /// [`Sequences::footprint`] once `s` is pushed: a column that `s` is the first to need then
     /// holds a value for every sequence before it too.
     #[must_use]
     pub fn footprint_after(&self, s: &SequenceDesc) -> u64 {
-        let i = self.len as u64;
-        let column = |kept: bool, needed: bool, bytes: u64| -> u64 {
-            if kept || needed {
-                (i + 1) * bytes
-            } else {
-                0
-            }
-        };
-        let offsets_kept = !self.offsets.is_empty();
-        let offsets = if offsets_kept || (i > 0 && s.offset != self.end) {
-            (i + 1) * 8
-        } else {
-            (i / OFFSET_STRIDE as u64 + 1) * 8
-        };
-        (i + 1) * 4
-            + offsets
-            + column(!self.samples.is_empty(), s.samples != 1, 4)
-            + column(!self.lines.is_empty(), s.line != i, 8)
-            + column(!self.keys.is_empty(), s.key != s.line, 8)
+        let n = self.len as u64 + 1;
+        let after = self.columns_after(s);
+        let strided = if after.offsets { 0 } else { (self.len / OFFSET_STRIDE) as u64 + 1 };
+        n * after.record_bytes() as u64 + strided * 8
+    }
+
+    /// The columns kept once `s` is pushed: those kept now, and those `s` is the first to need.
+    fn columns_after(&self, s: &SequenceDesc) -> Columns {
+        let kept = self.columns();
+        Columns {
+            offsets: kept.offsets || (self.len > 0 && s.offset != self.end),
+            samples: kept.samples || s.samples != 1,
+            lines: kept.lines || s.line != self.len as u64,
+            keys: kept.keys || s.key != s.line,
+        }
     }
 
     /// Bytes its columns hold (their capacities).
