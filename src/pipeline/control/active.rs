@@ -16,7 +16,7 @@ use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
     hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
 };
-use minibatchd_engine::sampling::{randomizer, Sampler, SamplingOptions, Tail, Timeline, Window};
+use minibatchd_engine::sampling::{randomizer, window_sequences, Sampler, SamplingOptions, Tail, Timeline, Window};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
@@ -71,7 +71,8 @@ pub(super) struct Active {
 /// dataset, [`Sampler::memory_bound`], and while the session opens the walks of equal steps or
 /// of a job, [`Sampler::walk_memory_bound`]): taken before the sampler is built, so that no
 /// number of sessions opening at once holds more than the limit allows, and given back when
-/// dropped. A dataset of 22.5 M sequences costs a session ~560 MiB of it (26 bytes per sequence).
+/// dropped. It grows with the randomization window and the number of chunks, not with the
+/// dataset: 16 bytes per sequence of the widest window, 128 per chunk.
 pub(super) struct SamplingReservation {
     shared: Arc<ControlPlane>,
     bytes: u64,
@@ -79,30 +80,35 @@ pub(super) struct SamplingReservation {
 
 /// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
 /// with `walks`, the walks made while the session opens.
-fn sampling_bound(timeline: &Timeline, job: bool, walks: bool) -> u64 {
-    let walk = if walks { Sampler::walk_memory_bound(timeline) } else { 0 };
-    Sampler::memory_bound(timeline, job).saturating_add(walk)
+fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job: bool, walks: bool) -> u64 {
+    let walk = if walks { Sampler::walk_memory_bound(timeline, options) } else { 0 };
+    Sampler::memory_bound(timeline, options, job).saturating_add(walk)
 }
 
 impl SamplingReservation {
     /// While a session with (`job`) or without a job, with equal steps or not, opens: its
     /// sampler and its walks.
-    fn opening(&mut self, timeline: &Timeline, job: bool, equal_steps: bool) -> Result<(), Refusal> {
-        self.resize(timeline, sampling_bound(timeline, job, job || equal_steps))
+    fn opening(
+        &mut self,
+        timeline: &Timeline,
+        options: &SamplingOptions,
+        job: bool,
+        equal_steps: bool,
+    ) -> Result<(), Refusal> {
+        self.resize(timeline, options, sampling_bound(timeline, options, job, job || equal_steps))
     }
 
     /// Once the session is open (its walks done): what its sampler keeps.
-    fn opened(&mut self, timeline: &Timeline, job: bool) -> Result<(), Refusal> {
-        self.resize(timeline, sampling_bound(timeline, job, false))
+    fn opened(&mut self, timeline: &Timeline, options: &SamplingOptions, job: bool) -> Result<(), Refusal> {
+        self.resize(timeline, options, sampling_bound(timeline, options, job, false))
     }
 
     /// Reserves `bytes` in all: more (refused when it does not fit; the reservation is then
     /// unchanged) or less (the rest given back to the chunk cache).
-    fn resize(&mut self, timeline: &Timeline, bytes: u64) -> Result<(), Refusal> {
+    fn resize(&mut self, timeline: &Timeline, options: &SamplingOptions, bytes: u64) -> Result<(), Refusal> {
         let mut reg = self.shared.registry();
         if bytes > self.bytes {
-            let per_sequence = bytes / (timeline.num_sequences() as u64).max(1);
-            reg.reserve_sampling(bytes - self.bytes, per_sequence)?;
+            reg.reserve_sampling(bytes - self.bytes, window_sequences(timeline, options))?;
         } else {
             reg.unreserve_sampling(self.bytes - bytes);
         }
@@ -293,7 +299,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
     }
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
     let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
-    sampling.opening(rt.dataset.timeline(), job, resolved.equal_steps)?;
+    sampling.opening(rt.dataset.timeline(), &resolved.sampling, job, resolved.equal_steps)?;
     // From here the session waits for data: the persister paces its writes.
     let working = shared.data.demand.working();
     let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
@@ -517,14 +523,16 @@ pub(super) async fn open(
         window_fits(&rt, sampler.sweep_size(), &resolved, shared).map_err(undo)?;
     }
     // A lingering session's state may continue a job, which `prepare` could not know.
-    sampling.opening(rt.dataset.timeline(), admitted.start.job.is_some(), resolved.equal_steps).map_err(undo)?;
+    sampling
+        .opening(rt.dataset.timeline(), &resolved.sampling, admitted.start.job.is_some(), resolved.equal_steps)
+        .map_err(undo)?;
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
     let (sampler, pad_to) = {
         let (start, resolved, dataset, shared) = (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone());
         off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared)).await.map_err(undo)?
     };
-    sampling.opened(rt.dataset.timeline(), start.job.is_some()).map_err(undo)?;
+    sampling.opened(rt.dataset.timeline(), &resolved.sampling, start.job.is_some()).map_err(undo)?;
     let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();
     checkpoint_opening(shared).await.map_err(undo)?;

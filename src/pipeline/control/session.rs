@@ -523,12 +523,12 @@ pub enum RegistryError {
         limit: u64,
     },
     /// The sampler's sweep orders do not fit.
-    #[error("the session's sweep orders need {needed} bytes ({per_sequence} per sequence of the dataset), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache): raise memory_limit_bytes or close other sessions")]
+    #[error("the session's sweep orders need {needed} bytes (they keep up to {window_sequences} sequences of a randomization window at once), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache): raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions")]
     SamplingMemory {
         /// Bytes asked.
         needed: u64,
-        /// Bytes asked per sequence of the dataset.
-        per_sequence: u64,
+        /// Sequences of a randomization window the sweep orders keep at once.
+        window_sequences: u64,
         /// Bytes left.
         available: u64,
         /// The limit.
@@ -810,10 +810,15 @@ impl Registry {
     ///
     /// # Errors
     /// [`RegistryError::SamplingMemory`] when they would eat into the chunk cache's floor.
-    pub fn reserve_sampling(&mut self, bytes: u64, per_sequence: u64) -> Result<(), RegistryError> {
+    pub fn reserve_sampling(&mut self, bytes: u64, window_sequences: u64) -> Result<(), RegistryError> {
         let available = self.free_for_sessions();
         if bytes > available {
-            return Err(RegistryError::SamplingMemory { needed: bytes, per_sequence, available, limit: self.limit });
+            return Err(RegistryError::SamplingMemory {
+                needed: bytes,
+                window_sequences,
+                available,
+                limit: self.limit,
+            });
         }
         self.sampling += bytes;
         Ok(())
@@ -1016,7 +1021,7 @@ mod tests {
         );
         assert!(matches!(
             r.reserve_sampling(201, 26),
-            Err(RegistryError::SamplingMemory { available: 200, per_sequence: 26, .. })
+            Err(RegistryError::SamplingMemory { available: 200, window_sequences: 26, .. })
         ));
         r.unreserve_sampling(300);
         assert_eq!((r.sampling_bytes(), r.cache_budget()), (0, 700));

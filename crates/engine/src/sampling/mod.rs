@@ -21,6 +21,7 @@ pub mod scheduler;
 #[cfg(test)]
 mod proptests;
 
+pub use plan::window_sequences;
 pub use scheduler::{
     BuiltSweep, EpochLimit, EqualSteps, MinibatchPlan, NextSweepJob, Sampler, SamplingError, SamplingOptions, SeqRef,
     Tail, Window, DEFAULT_WINDOW_CHUNKS,

@@ -14,9 +14,12 @@
 //!
 //! CNTK performs step 3 lazily, a few chunks ahead of the reader; the result equals this eager
 //! pass because no swap ever reaches a chunk that has not been paged in, so every position is
-//! drawn against the same array contents with the same random stream.
+//! drawn against the same array contents with the same random stream. The sampler does the same
+//! ([`super::plan`], a window at a time, so that its memory does not grow with the dataset);
+//! the eager pass here states the algorithm plainly and is the oracle its tests compare with.
 //!
-//! Fed by: [`super::scheduler`] (one call per sweep). Feeds: the per-sweep plans of the scheduler.
+//! Fed by: the options of a session. Feeds: [`super::plan`] (the chunk shuffle and the windows)
+//! and the tests (whole sweeps' orders).
 
 use super::mt64::Mt19937_64;
 use super::{to_u32, SamplingOptions, SeqRef, Timeline, Window};

@@ -27,7 +27,7 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use super::plan::{owners, SweepPlan};
+use super::plan::{walk_owners, window_sequences, SweepPlan, PLAN_BYTES_PER_CHUNK, PLAN_FIXED_BYTES, SLOT_BYTES};
 use super::randomizer::uses_block_randomizer;
 use super::Timeline;
 use crate::minibatch::ChunkSet;
@@ -272,22 +272,12 @@ const PER_WORKER_SETUP: u64 = 1024;
 /// minibatches apart).
 pub const MAX_JOB_DELIVERED: usize = 1 << 20;
 
-/// Heap bytes one sweep plan holds per sequence of the timeline: the sweep's order (8: sequence
-/// and chunk ids), whether each position is this worker's (1) and this worker's positions
-/// grouped by chunk (4 at most); its construction peaks lower (the shuffle's slots and their
-/// chunk positions, 12). Per-chunk tables are left out.
-pub const PLAN_BYTES_PER_SEQUENCE: u64 = 13;
-
-/// Heap bytes per chunk of a sampler's tables (chunk order, windows, positions, uses per chunk;
-/// two plans and one being built), with room to spare.
-const SAMPLER_BYTES_PER_CHUNK: u64 = 128;
+/// Heap bytes per chunk of a sampler's tables: two plans' ([`PLAN_BYTES_PER_CHUNK`] each) and
+/// what building one holds for a moment (chunk sizes, sample counts and window starts).
+const SAMPLER_BYTES_PER_CHUNK: u64 = 2 * PLAN_BYTES_PER_CHUNK + 48;
 
 /// Heap bytes of a sampler whatever the timeline (its own fields, a walk's small vectors).
 const SAMPLER_FIXED_BYTES: u64 = 4 << 10;
-
-/// Heap bytes per sequence of [`Sampler::resume_job`]'s walk: the order of a sweep and the owner
-/// of each position (8 + 8).
-const OWNERS_BYTES_PER_SEQUENCE: u64 = 16;
 
 /// Heap bytes per sequence remembered by [`Sampler::resume_job`]: a `(u64, u32)` key of a hash
 /// set, with its control byte, at the set's lowest load.
@@ -448,7 +438,7 @@ impl NextSweepJob {
         self.sweep
     }
 
-    /// Builds the order (what the sampler would have built).
+    /// Builds the order's first window (what the sampler would have built).
     #[must_use]
     pub fn build(self) -> BuiltSweep {
         BuiltSweep(SweepPlan::build(&self.timeline, &self.options, self.sweep, self.sweep_size, self.epoch_end))
@@ -460,33 +450,39 @@ impl NextSweepJob {
 pub struct BuiltSweep(SweepPlan);
 
 impl Sampler {
-    /// An upper bound on the heap a sampler over `timeline` holds: two sweep plans (the current
-    /// one, and the next, which a prefetch looks into near a sweep's end and a sweep's switch
-    /// builds while the current one lives), [`PLAN_BYTES_PER_SEQUENCE`] each, and its tables per
-    /// chunk; with `job` (it continues a job: [`Sampler::resume_job`]), the set of sequences the
-    /// earlier workers delivered. The minibatches it returns are the caller's.
+    /// An upper bound on the heap a sampler over `timeline` with `options` holds: two sweep
+    /// plans (the current one, and the next, which a prefetch looks into near a sweep's end and a
+    /// sweep's switch builds while the current one lives), each keeping at most one randomization
+    /// window's positions ([`window_sequences`], [`SLOT_BYTES`] each) and a few numbers per chunk;
+    /// with `job` (it continues a job: [`Sampler::resume_job`]), the set of sequences the earlier
+    /// workers delivered. It does not grow with the dataset beyond its chunk count and widest
+    /// window. The minibatches it returns are the caller's.
     #[must_use]
-    pub fn memory_bound(timeline: &Timeline, job: bool) -> u64 {
-        let num_sequences = timeline.num_sequences() as u64;
-        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK);
-        let plans = num_sequences
-            .saturating_mul(2 * PLAN_BYTES_PER_SEQUENCE)
-            .saturating_add(chunks)
-            .saturating_add(SAMPLER_FIXED_BYTES);
+    pub fn memory_bound(timeline: &Timeline, options: &SamplingOptions, job: bool) -> u64 {
+        let plans = Self::plan_bound(timeline, options).saturating_mul(2).saturating_add(SAMPLER_FIXED_BYTES);
         if !job {
             return plans;
         }
+        let num_sequences = timeline.num_sequences() as u64;
         let delivered = (MAX_JOB_DELIVERED as u64).min(num_sequences.saturating_mul(2)) * DELIVERED_ENTRY_BYTES;
         plans.saturating_add(delivered)
     }
 
+    /// What one sweep plan holds at most, with what building it takes for a moment.
+    fn plan_bound(timeline: &Timeline, options: &SamplingOptions) -> u64 {
+        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK / 2);
+        window_sequences(timeline, options)
+            .saturating_mul(SLOT_BYTES)
+            .saturating_add(chunks)
+            .saturating_add(PLAN_FIXED_BYTES)
+    }
+
     /// What the walks of [`Sampler::resume_job`] and [`Sampler::equalize_steps`] hold beside
     /// [`Sampler::memory_bound`] while they run, at most: another worker's sampler and one
-    /// sweep's owners.
+    /// sweep plan of the earlier run's workers.
     #[must_use]
-    pub fn walk_memory_bound(timeline: &Timeline) -> u64 {
-        let owners = (timeline.num_sequences() as u64).saturating_mul(OWNERS_BYTES_PER_SEQUENCE);
-        Self::memory_bound(timeline, false).saturating_add(owners)
+    pub fn walk_memory_bound(timeline: &Timeline, options: &SamplingOptions) -> u64 {
+        Self::memory_bound(timeline, options, false).saturating_add(Self::plan_bound(timeline, options))
     }
 
     /// A sampler at position 0 of the epoch described by `options`.
@@ -683,20 +679,27 @@ impl Sampler {
         let mut delivered = HashSet::new();
         if until > from {
             for sweep in from / self.sweep_size..=(until - 1) / self.sweep_size {
-                let (order, owner) = owners(&self.timeline, &earlier, sweep);
                 let mut at = sweep * self.sweep_size;
-                for (r, &o) in order.iter().zip(&owner) {
+                let mut too_many = false;
+                walk_owners(&self.timeline, &earlier, sweep, self.sweep_size, |entry| {
                     if at >= until {
-                        break;
+                        return false;
                     }
-                    if at >= from && at < positions[o] {
-                        delivered.insert((sweep, r.seq));
+                    // The owner is below the earlier worker count, `positions.len()`.
+                    let owner_position = positions[usize::try_from(entry.owner).unwrap_or(0)];
+                    if at >= from && at < owner_position {
+                        delivered.insert((sweep, entry.seq.seq));
                         if delivered.len() > MAX_JOB_DELIVERED {
-                            let what = format!("more than {MAX_JOB_DELIVERED} sequences delivered past the earliest");
-                            return Err(SamplingError::JobSpreadTooWide { from, until, what });
+                            too_many = true;
+                            return false;
                         }
                     }
-                    at = at.saturating_add(u64::from(self.timeline.seq_len[r.seq as usize]));
+                    at = at.saturating_add(u64::from(self.timeline.seq_len[entry.seq.seq as usize]));
+                    true
+                });
+                if too_many {
+                    let what = format!("more than {MAX_JOB_DELIVERED} sequences delivered past the earliest");
+                    return Err(SamplingError::JobSpreadTooWide { from, until, what });
                 }
             }
         }
@@ -785,10 +788,10 @@ impl Sampler {
             return upcoming;
         }
         let mut seen = ChunkSet::default();
-        self.current.upcoming_into(self.index, max, &mut upcoming, &mut seen);
+        self.current.upcoming_into(&self.timeline, self.index, max, &mut upcoming, &mut seen);
         if upcoming.len() < max {
             if let Some(next) = next(self).filter(|next| next.sweep == self.current.sweep + 1) {
-                next.upcoming_into(0, max, &mut upcoming, &mut seen);
+                next.upcoming_into(&self.timeline, 0, max, &mut upcoming, &mut seen);
             }
         }
         upcoming
@@ -839,23 +842,24 @@ impl Sampler {
     /// Walks the current sweep from the cursor until the fill or the epoch ends or the sweep is
     /// exhausted.
     fn walk_sweep(&mut self, fill: &mut Fill) -> Stop {
-        let plan = &self.current;
         // CNTK's `NoRandomizer` fills `while localSampleCount > numLocalSamplesLoaded`: once the
         // local size is reached it stops at once, without passing over the other workers'
         // sequences that follow. The block randomizer passes over them up to the next local
         // sequence, which then does not fit. (With one worker both rules stop at the same place.)
         let stop_once_full = !self.block && self.options.num_workers > 1;
-        while self.index < plan.len() {
-            let r = plan.order[self.index];
+        let rank = self.options.rank as u64;
+        while self.index < self.current.len() {
+            let entry = self.current.entry(&self.timeline, self.index);
+            let r = entry.seq;
             let len = if self.unit_lengths { 1 } else { u64::from(self.timeline.seq_len[r.seq as usize]) };
-            let mut local = plan.is_local(self.index);
+            let mut local = entry.owner == rank;
             if local {
                 if let Some(job) = &self.job {
-                    if self.position < job.until && job.delivered.contains(&(plan.sweep, r.seq)) {
+                    if self.position < job.until && job.delivered.contains(&(self.current.sweep, r.seq)) {
                         // Delivered by the earlier run: passed over like another worker's. Its
                         // chunk is retired if this was its last use.
                         local = false;
-                        if plan.is_last_use(self.index) {
+                        if entry.last_use {
                             fill.retire_extra.push(r.chunk);
                         }
                     }
@@ -868,7 +872,7 @@ impl Sampler {
                 return Stop::EpochEnd;
             }
             if local {
-                fill.take(r, len, plan.is_last_use(self.index));
+                fill.take(r, len, entry.last_use);
             }
             self.position += len;
             self.index += 1;
@@ -894,7 +898,11 @@ impl Sampler {
         }
         self.current = match self.next.take() {
             Some(plan) if plan.sweep == sweep => plan,
-            _ => self.build_plan(sweep),
+            other => {
+                // A next sweep that is not the one goes before the new one is built.
+                drop(other);
+                self.build_plan(sweep)
+            }
         };
     }
 

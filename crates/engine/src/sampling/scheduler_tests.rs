@@ -598,8 +598,9 @@ fn local_minibatch_size_is_at_least_one() {
 fn empty_minibatch_for_this_worker_is_returned_without_sweep_end() {
     let t = mock(6, 2, 3);
     let base = SamplingOptions { num_workers: 2, rank: 0, ..whole_window(0, EpochLimit::Infinite) };
-    let plan = SweepPlan::build(&t, &base, 0, 36, MAX_EPOCH_SAMPLES);
-    let last_local = (0..plan.len()).rev().find(|&i| plan.is_local(i)).expect("rank 0 has data");
+    let mut plan = SweepPlan::build(&t, &base, 0, 36, MAX_EPOCH_SAMPLES);
+    let owners: Vec<u64> = (0..plan.len()).map(|i| plan.entry(&t, i).owner).collect();
+    let last_local = owners.iter().rposition(|&o| o == 0).expect("rank 0 has data");
     let after = last_local + 1;
     assert!(after < plan.len(), "the sweep must end with another rank's sequence");
     let mut s = sampler(&t, base);
