@@ -130,7 +130,7 @@ impl SweepPlan {
         match &mut self.order {
             Order::Block(shuffle) => {
                 let slot = shuffle.get(timeline, index, self.epoch_offset);
-                let owner = u64::from(slot.origin) % workers;
+                let owner = if workers == 1 { 0 } else { u64::from(slot.origin) % workers };
                 let last_use = owner == rank && shuffle.is_last(slot.origin, index);
                 Entry { seq: shuffle.seq_ref(slot), owner, last_use }
             }
@@ -474,7 +474,10 @@ impl Shuffle {
             }
             self.last_use[k] = position;
             self.settled[k] += 1;
-            self.counted_start += u64::from(timeline.seq_len[slot.seq as usize]);
+            if epoch_offset != u64::MAX {
+                // Only a sweep the epoch ends in needs the starts (a random read per position).
+                self.counted_start += u64::from(timeline.seq_len[slot.seq as usize]);
+            }
             self.counted += 1;
         }
     }
@@ -525,8 +528,9 @@ impl Shuffle {
 /// stepped to, so a window of chunks of about one size costs no search.
 fn chunk_within(first: &[usize], n: usize, j: usize) -> usize {
     let (lo, hi) = (first[0], first[n]);
-    // Below `n` (as `j < hi`), so it fits.
-    let guess = (j - lo) as u128 * n as u128 / (hi - lo) as u128;
+    // Positions and chunk counts fit in u32 (the sampler checks), so the product fits in u64;
+    // the quotient is below `n` (as `j < hi`).
+    let guess = (j - lo) as u64 * n as u64 / (hi - lo) as u64;
     let mut c = usize::try_from(guess).unwrap_or(n - 1).min(n - 1);
     while first[c] > j {
         c -= 1;
@@ -577,6 +581,9 @@ impl FileOrder {
     }
 
     fn owner(&self, index: usize, workers: u64) -> u64 {
+        if workers == 1 {
+            return 0;
+        }
         // Below `workers`, so it fits.
         u64::try_from((self.base + index as u128) % u128::from(workers)).unwrap_or(0)
     }
