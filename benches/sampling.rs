@@ -12,7 +12,7 @@ use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Timeline
 
 fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-    let seq_len = (0..seqs)
+    let seq_len: Vec<u32> = (0..seqs)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -27,7 +27,7 @@ fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
     let per = seqs / chunks;
     let mut chunk_start: Vec<usize> = (0..chunks).map(|c| c * per).collect();
     chunk_start.push(seqs);
-    Timeline { seq_len, chunk_start }
+    Timeline { seq_len: seq_len.into(), chunk_start }
 }
 
 fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize, fingerprint: bool) -> u64 {
@@ -52,7 +52,7 @@ fn bench(c: &mut Criterion) {
         ("200k_sequences_100_chunks", timeline(200_000, 100, true)),
     ] {
         let t = Arc::new(t);
-        let samples: u64 = t.seq_len.iter().map(|&l| u64::from(l)).sum();
+        let samples: u64 = t.samples(..);
         g.throughput(Throughput::Elements(samples));
         for (label, randomize, window) in [
             ("sequential", false, Window::Chunks(1)),

@@ -205,7 +205,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "{}: {} sequences, {} samples, {} chunks",
                 dataset,
                 t.num_sequences(),
-                t.seq_len.iter().map(|&l| u64::from(l)).sum::<u64>(),
+                t.samples(..),
                 t.num_chunks()
             );
             if parsed {

@@ -448,9 +448,10 @@ fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
 
 /// Issue 37: the index budget counts what an index holds, for one built now (stopped at the line
 /// that passes it) and for one read from its cache file, made earlier under a larger limit
-/// (refused naming the file): 600 libsvm lines with a blank line after each hold 24 bytes a
-/// sequence (sizes, offsets, lines and lengths), 14,400 in all, so 12,000 is too little for them,
-/// while the count of sequences alone (at 8 bytes each) would have let the cached index through.
+/// (refused naming the file): 600 libsvm lines with a blank line after each hold 20 bytes a
+/// sequence (sizes, offsets and lines; one sample each, so the timeline keeps no length), 12,000
+/// in all, so 11,000 is too little for them, while the count of sequences alone (at 8 bytes each)
+/// would have let the cached index through.
 #[test]
 fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache() {
     use minibatchd_engine::options::IndexLimits;
@@ -461,18 +462,22 @@ fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache(
     let state = p.join("state");
     let config = minibatchd::config::Config::from_toml_str(toml, p).expect("config");
     let dataset = config.dataset("g").expect("dataset");
-    let tight = IndexLimits { max_index_bytes: 12_000, max_sequences: 12_000 / 8, ..IndexLimits::UNBOUNDED };
+    let tight = IndexLimits { max_index_bytes: 11_000, max_sequences: 11_000 / 8, ..IndexLimits::UNBOUNDED };
     // Built now: stopped where it passes the budget, at the line that would.
     let fresh = tempfile::tempdir().expect("tempdir");
     let e = Dataset::open_within(dataset, fresh.path(), tight, &mut |_| {}).expect_err("over the budget").to_string();
-    assert!(e.contains("gaps.txt:") && e.contains("more than 12000 bytes with"), "{e}");
+    assert!(e.contains("gaps.txt:") && e.contains("more than 11000 bytes with"), "{e}");
     // Indexed first without a bound (its cache file is written), then opened under the tight one.
     let open = Dataset::open_within(dataset, &state, IndexLimits::UNBOUNDED, &mut |_| {}).expect("unbounded");
     assert_eq!(open.timeline().num_sequences(), 600);
     let e = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect_err("the cached index too").to_string();
-    assert!(e.contains("gaps.txt: its index holds 14400 bytes (600 sequences), more than the 12000 bytes"), "{e}");
-    // Without blank lines the same 600 sequences hold 8 bytes each and fit.
+    assert!(e.contains("gaps.txt: its index holds 12000 bytes (600 sequences), more than the 11000 bytes"), "{e}");
+    // Without blank lines the same 600 sequences hold 4 bytes each (and an offset every 64) and fit.
     write(p, "gaps.txt", "1 1:1\n".repeat(600));
-    let open = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect("600 × 8 bytes fit");
+    let open = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect("600 × 4 bytes fit");
     assert_eq!(open.timeline().num_sequences(), 600);
+    assert!(open.timeline().seq_len.all_ones(), "one-sample sequences keep no length");
+    // Their sizes, an offset every 64 sequences, and the chunk's descriptor and start.
+    let held = open.index_bytes();
+    assert!((600 * 4 + 10 * 8..600 * 4 + 10 * 8 + 128).contains(&held), "{held} bytes");
 }

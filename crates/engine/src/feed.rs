@@ -395,7 +395,7 @@ mod tests {
             chunk_start.push(chunk_start[chunk_start.len() - 1] + s);
         }
         let total = chunk_start[sizes.len()];
-        let timeline = Arc::new(Timeline { seq_len: vec![1; total], chunk_start: chunk_start.clone() });
+        let timeline = Arc::new(Timeline { seq_len: vec![1; total].into(), chunk_start: chunk_start.clone() });
         let parsed = sizes
             .iter()
             .enumerate()
@@ -440,7 +440,7 @@ mod tests {
     #[test]
     fn the_window_floor_counts_the_smallest_chunks_dense_values_per_worker() {
         // Chunks of 40, 100 and 60 one-sample sequences; a dense stream of 4 float32 and a sparse one.
-        let timeline = Timeline { seq_len: vec![1; 200], chunk_start: vec![0, 40, 140, 200] };
+        let timeline = Timeline { seq_len: vec![1; 200].into(), chunk_start: vec![0, 40, 140, 200] };
         let shapes = vec![
             StreamShape { kind: StreamKind::Dense, dim: 4, float64: false },
             StreamShape { kind: StreamKind::SparseI32, dim: 1000, float64: false },
@@ -479,7 +479,7 @@ mod tests {
             assert_eq!(floor(&o), 0, "{o:?}");
         }
         // Chunks of 2, 5 and 3 sequences: a chunk is used a few times and held briefly.
-        let few = Timeline { seq_len: vec![1; 10], chunk_start: vec![0, 2, 7, 10] };
+        let few = Timeline { seq_len: vec![1; 10].into(), chunk_start: vec![0, 2, 7, 10] };
         assert_eq!(
             window_floor_bytes(&few, 10, &shapes, &options(Window::Chunks(3), true, 1, EpochLimit::FullSweep)),
             0

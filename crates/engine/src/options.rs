@@ -31,7 +31,9 @@ pub const DEFAULT_MAX_INFLATE_RATIO: u64 = 100;
 pub const INFLATE_RATIO_GRACE_BYTES: u64 = 1 << 20;
 
 /// Bytes the timeline holds per sequence beside the file index's own columns
-/// ([`crate::format::Sequences`], counted as they are): its nominal length.
+/// ([`crate::format::Sequences`], counted as they are): its nominal length, kept only once a
+/// sequence is longer than one sample ([`crate::sampling::Lengths`]) — in a dataset of one
+/// source, exactly when its index keeps a samples column.
 pub const TIMELINE_BYTES_PER_SEQUENCE: u64 = 4;
 /// What a dataset of several sources adds per sequence and source: the sequence's place in the
 /// source (8) and, for each source beyond the first, its entry in the join's key map while the
@@ -64,9 +66,12 @@ pub struct IndexLimits {
     /// Most bytes the index of one dataset may hold: its files' columns and, per sequence,
     /// `bytes_per_sequence` more.
     pub max_index_bytes: u64,
-    /// What the dataset holds per sequence beyond the file index's columns (the timeline's
-    /// length, and a joined dataset's places).
+    /// What the dataset holds per sequence beyond the file index's columns (a joined dataset's
+    /// places and its timeline's lengths).
     pub bytes_per_sequence: u64,
+    /// The timeline's lengths follow the index's samples column (a dataset of one source): they
+    /// cost [`TIMELINE_BYTES_PER_SEQUENCE`] a sequence once that column is kept, else nothing.
+    pub lengths_follow_samples: bool,
     /// Most bytes of one sequence, and so of one line: the index pass holds a line whole, and a
     /// parser thread holds a chunk (at least one sequence) whole.
     pub max_sequence_bytes: u64,
@@ -80,7 +85,8 @@ impl IndexLimits {
     pub const UNBOUNDED: Self = Self {
         max_sequences: u64::MAX,
         max_index_bytes: u64::MAX,
-        bytes_per_sequence: TIMELINE_BYTES_PER_SEQUENCE,
+        bytes_per_sequence: 0,
+        lengths_follow_samples: true,
         max_sequence_bytes: u32::MAX as u64,
         max_parsed_chunk_bytes: u64::MAX,
     };
@@ -104,12 +110,13 @@ impl IndexLimits {
     pub fn within(memory_limit: u64, in_use: u64, sources: usize) -> Self {
         let sources = sources.max(1) as u64;
         let bytes_per_sequence =
-            TIMELINE_BYTES_PER_SEQUENCE + if sources > 1 { JOIN_BYTES_PER_SOURCE * sources } else { 0 };
+            if sources > 1 { TIMELINE_BYTES_PER_SEQUENCE + JOIN_BYTES_PER_SOURCE * sources } else { 0 };
         let max_index_bytes = (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use);
         Self {
             max_sequences: max_index_bytes / (MIN_COLUMN_BYTES_PER_SEQUENCE + bytes_per_sequence),
             max_index_bytes,
             bytes_per_sequence,
+            lengths_follow_samples: sources == 1,
             max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
             max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
         }

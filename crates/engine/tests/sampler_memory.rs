@@ -91,8 +91,8 @@ fn peak_since(base: isize) -> u64 {
 fn timeline(chunks: usize, per_chunk: usize) -> Arc<Timeline> {
     let n = chunks * per_chunk;
     #[allow(clippy::cast_possible_truncation)] // i % 3 < 3
-    let seq_len = (0..n).map(|i| 1 + (i % 3) as u32).collect();
-    Arc::new(Timeline { seq_len, chunk_start: (0..=chunks).map(|c| c * per_chunk).collect() })
+    let seq_len: Vec<u32> = (0..n).map(|i| 1 + (i % 3) as u32).collect();
+    Arc::new(Timeline { seq_len: seq_len.into(), chunk_start: (0..=chunks).map(|c| c * per_chunk).collect() })
 }
 
 fn options(window: Window, workers: usize, rank: usize, limit: EpochLimit) -> SamplingOptions {

@@ -215,7 +215,7 @@ fn opened_message(
         },
         streams: rt.streams.clone(),
         state: start.clone(),
-        sweep_size: rt.dataset.timeline().seq_len.iter().map(|&l| u64::from(l)).sum(),
+        sweep_size: rt.dataset.timeline().samples(..),
         resumed,
     }
 }

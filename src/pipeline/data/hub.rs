@@ -107,7 +107,7 @@ impl DatasetRuntime {
             streams,
             identity: dataset.identity(),
             legacy_identity: dataset.legacy_identity(),
-            max_seq_len: dataset.timeline().seq_len.iter().copied().max().map_or(1, u64::from),
+            max_seq_len: u64::from(dataset.timeline().seq_len.max().max(1)),
             value_bytes,
             dataset,
             metrics,

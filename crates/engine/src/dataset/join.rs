@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use super::OpenSource;
 use crate::format::errors::DataError;
 use crate::format::index::{ChunkDesc, SequenceDesc};
-use crate::sampling::Timeline;
+use crate::sampling::{Lengths, Timeline};
 use crate::Result;
 
 /// A sequence of the joined dataset: where its bytes are in each source.
@@ -53,7 +53,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     let mut chunks = Vec::with_capacity(primary_chunks.len());
     let one_source = sources.len() == 1;
     let mut locs = Vec::with_capacity(if one_source { 0 } else { total.saturating_mul(sources.len()) });
-    let mut seq_len = Vec::with_capacity(total);
+    let mut seq_len = Lengths::new();
     let mut chunk_start = vec![0usize];
     let (mut loc, mut lens) = (Vec::new(), Vec::new());
     // Per further source: the first source's sequences it has no key for (left out, as CNTK does).
@@ -82,7 +82,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             };
             kept += 1;
             samples += u64::from(len);
-            seq_len.push(len);
+            seq_len.push(len, total);
             if !one_source {
                 locs.extend_from_slice(&loc);
             }

@@ -455,7 +455,7 @@ impl Dataset {
         let descriptors: usize = self.sources.iter().flat_map(|s| &s.indexes).map(|i| i.sequences.heap_bytes()).sum();
         let bytes = descriptors
             + self.locs.capacity() * size_of::<SeqLoc>()
-            + self.timeline.seq_len.capacity() * size_of::<u32>()
+            + self.timeline.seq_len.heap_bytes()
             + self.timeline.chunk_start.capacity() * size_of::<usize>()
             + self.chunks.capacity() * size_of::<ChunkDesc>();
         bytes as u64
@@ -577,7 +577,7 @@ impl Dataset {
                 }
             }
         }
-        for &l in &self.timeline.seq_len {
+        for l in self.timeline.seq_len.iter() {
             h.u64(u64::from(l));
         }
         for &c in &self.timeline.chunk_start {

@@ -253,7 +253,7 @@ impl Sequences {
     }
 
     /// The columns kept once `s` is pushed: those kept now, and those `s` is the first to need.
-    fn columns_after(&self, s: &SequenceDesc) -> Columns {
+    pub(crate) fn columns_after(&self, s: &SequenceDesc) -> Columns {
         let kept = self.columns();
         Columns {
             offsets: kept.offsets || (self.len > 0 && s.offset != self.end),
@@ -446,7 +446,18 @@ pub(crate) fn for_each_line(
 /// dataset adds (`limits.bytes_per_sequence`).
 #[must_use]
 pub fn index_cost(sequences: &Sequences, limits: &IndexLimits) -> u64 {
-    sequences.footprint().saturating_add((sequences.len() as u64).saturating_mul(limits.bytes_per_sequence))
+    let per_sequence = limits.bytes_per_sequence + lengths_cost(limits, sequences.columns().samples);
+    sequences.footprint().saturating_add((sequences.len() as u64).saturating_mul(per_sequence))
+}
+
+/// What the timeline's length of a sequence costs beside `limits.bytes_per_sequence`, when the
+/// index does (`samples`) or does not keep a samples column.
+fn lengths_cost(limits: &IndexLimits, samples: bool) -> u64 {
+    if limits.lengths_follow_samples && samples {
+        crate::options::TIMELINE_BYTES_PER_SEQUENCE
+    } else {
+        0
+    }
 }
 
 /// The index pass's check before it adds `next` to `sequences` (at `at`): an error when the
@@ -460,7 +471,8 @@ pub(crate) fn room_for_one_more(
     at: impl FnOnce() -> crate::format::errors::Location,
 ) -> Result<(), DataError> {
     let n = sequences.len() as u64;
-    let cost = sequences.footprint_after(next) + (n + 1) * limits.bytes_per_sequence;
+    let per_sequence = limits.bytes_per_sequence + lengths_cost(limits, sequences.columns_after(next).samples);
+    let cost = sequences.footprint_after(next) + (n + 1) * per_sequence;
     if n >= limits.max_sequences || cost > limits.max_index_bytes {
         return Err(DataError::Fatal {
             at: at(),
@@ -474,7 +486,7 @@ pub(crate) fn room_for_one_more(
                 )
             } + &format!(
                 ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
-                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 8 to 36 bytes per \
+                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 4 to 36 bytes per \
                  sequence of one source); raise daemon.memory_limit_bytes"
             ),
         });

@@ -87,7 +87,7 @@ fn chunks(
             std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }),
         );
     }
-    (crate::sampling::Timeline { seq_len: vec![1; 7], chunk_start: vec![0, 4, 7] }, map)
+    (crate::sampling::Timeline { seq_len: vec![1; 7].into(), chunk_start: vec![0, 4, 7] }, map)
 }
 
 /// Heap memory for a ring of `geometry`.
@@ -294,7 +294,7 @@ fn parts_refuse_to_finish_before_every_chunk_is_taken_and_a_plan_sequence_a_chun
     assert_eq!(err.to_string(), "chunk 0 is not loaded");
     // Chunk 1's data offered as chunk 0: its sequence 0 is there, so a timeline whose chunk 0
     // starts later finds the plan's sequence outside it.
-    let shifted = crate::sampling::Timeline { seq_len: vec![1; 7], chunk_start: vec![1, 4, 7] };
+    let shifted = crate::sampling::Timeline { seq_len: vec![1; 7].into(), chunk_start: vec![1, 4, 7] };
     let err = parts.take(plans, &shifted, 0, &map[&0]).expect_err("sequence 0 is before chunk 0");
     assert_eq!(err.to_string(), "sequence 0 is not in chunk 0");
 }

@@ -213,7 +213,7 @@ pub fn window_sequences(timeline: &Timeline, options: &SamplingOptions) -> u64 {
             // (sequences, samples) per chunk.
             let mut chunks: Vec<(u64, u64)> = sequences
                 .zip(timeline.chunk_start.windows(2))
-                .map(|(n, p)| (n, timeline.seq_len[p[0]..p[1]].iter().map(|&l| u64::from(l)).sum::<u64>()))
+                .map(|(n, p)| (n, timeline.samples(p[0]..p[1])))
                 .collect();
             let largest = chunks.iter().map(|c| c.1).max().unwrap_or(0);
             let mut room = w.saturating_add(largest);
@@ -301,8 +301,7 @@ impl Shuffle {
                     .iter()
                     .map(|&c| {
                         let c = c as usize;
-                        let seqs = &timeline.seq_len[timeline.chunk_start[c]..timeline.chunk_start[c + 1]];
-                        seqs.iter().map(|&l| u64::from(l)).sum()
+                        timeline.samples(timeline.chunk_start[c]..timeline.chunk_start[c + 1])
                     })
                     .collect();
                 windows_in_samples(&samples, w)
@@ -562,7 +561,7 @@ impl FileOrder {
             timeline
                 .seq_len
                 .iter()
-                .position(|&l| {
+                .position(|l| {
                     let before = start;
                     start += u64::from(l);
                     before >= epoch_offset
@@ -660,7 +659,7 @@ mod tests {
             seq_len.extend(chunk);
             chunk_start.push(seq_len.len());
         }
-        Timeline { seq_len, chunk_start }
+        Timeline { seq_len: seq_len.into(), chunk_start }
     }
 
     fn options(window: Window, seed: u64, workers: usize, rank: usize) -> SamplingOptions {

@@ -37,7 +37,7 @@ fn timeline_strategy() -> impl Strategy<Value = Timeline> {
             seq_len.extend(chunk);
             chunk_start.push(seq_len.len());
         }
-        Timeline { seq_len, chunk_start }
+        Timeline { seq_len: seq_len.into(), chunk_start }
     })
 }
 
@@ -75,7 +75,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
 }
 
 fn sweep_size(t: &Timeline) -> u64 {
-    t.seq_len.iter().map(|&l| u64::from(l)).sum()
+    t.samples(..)
 }
 
 fn epoch_end(t: &Timeline, limit: EpochLimit) -> u64 {

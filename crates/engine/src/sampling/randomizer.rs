@@ -264,7 +264,7 @@ fn shuffle_within_windows(
 /// Nominal samples in original chunk `chunk`.
 fn chunk_samples(timeline: &Timeline, chunk: u32) -> u64 {
     let chunk = chunk as usize;
-    timeline.seq_len[timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1]].iter().map(|&l| u64::from(l)).sum()
+    timeline.samples(timeline.chunk_start[chunk]..timeline.chunk_start[chunk + 1])
 }
 
 #[cfg(test)]
@@ -273,7 +273,10 @@ mod tests {
 
     /// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
     fn mock(chunks: usize, per_chunk: usize, len: u32) -> Timeline {
-        Timeline { seq_len: vec![len; chunks * per_chunk], chunk_start: (0..=chunks).map(|c| c * per_chunk).collect() }
+        Timeline {
+            seq_len: vec![len; chunks * per_chunk].into(),
+            chunk_start: (0..=chunks).map(|c| c * per_chunk).collect(),
+        }
     }
 
     fn ids(order: &[SeqRef]) -> Vec<u32> {

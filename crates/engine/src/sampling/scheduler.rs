@@ -950,10 +950,10 @@ fn validate_timeline(timeline: &Timeline) -> Result<u64, SamplingError> {
             return Err(SamplingError::EmptyChunk { chunk });
         }
     }
-    if let Some(seq) = timeline.seq_len.iter().position(|&l| l == 0) {
+    if let Some(seq) = timeline.seq_len.first_zero() {
         return Err(SamplingError::ZeroLengthSequence { seq });
     }
-    Ok(timeline.seq_len.iter().map(|&l| u64::from(l)).sum())
+    Ok(timeline.samples(..))
 }
 
 /// The epoch end position (CNTK `StartEpoch`; the V2 epoch always starts at 0).

@@ -14,7 +14,7 @@ fn timeline(lens: &[u32], chunk_sizes: &[usize]) -> Arc<Timeline> {
         chunk_start.push(chunk_start[chunk_start.len() - 1] + size);
     }
     assert_eq!(chunk_start[chunk_start.len() - 1], lens.len());
-    Arc::new(Timeline { seq_len: lens.to_vec(), chunk_start })
+    Arc::new(Timeline { seq_len: lens.to_vec().into(), chunk_start })
 }
 
 /// CNTK's `MockDeserializer`: `chunks` chunks of `per_chunk` sequences of length `len`.
@@ -642,11 +642,11 @@ fn invalid_options_and_timelines_are_rejected() {
         err(t.clone(), SamplingOptions { num_workers: 2, rank: 2, ..ok.clone() }),
         SamplingError::RankOutOfRange { rank: 2, num_workers: 2 }
     ));
-    let empty = Arc::new(Timeline { seq_len: vec![], chunk_start: vec![0] });
+    let empty = Arc::new(Timeline { seq_len: vec![].into(), chunk_start: vec![0] });
     assert!(matches!(err(empty, ok.clone()), SamplingError::EmptyTimeline));
-    let bad_end = Arc::new(Timeline { seq_len: vec![1, 1], chunk_start: vec![0, 1] });
+    let bad_end = Arc::new(Timeline { seq_len: vec![1, 1].into(), chunk_start: vec![0, 1] });
     assert!(matches!(err(bad_end, ok.clone()), SamplingError::MalformedChunks { .. }));
-    let empty_chunk = Arc::new(Timeline { seq_len: vec![1, 1], chunk_start: vec![0, 0, 2] });
+    let empty_chunk = Arc::new(Timeline { seq_len: vec![1, 1].into(), chunk_start: vec![0, 0, 2] });
     assert!(matches!(err(empty_chunk, ok.clone()), SamplingError::EmptyChunk { chunk: 0 }));
     assert!(matches!(err(timeline(&[1, 0], &[2]), ok.clone()), SamplingError::ZeroLengthSequence { seq: 1 }));
     for limit in [EpochLimit::Sweeps(u64::MAX / 3), EpochLimit::Samples(u64::MAX)] {
