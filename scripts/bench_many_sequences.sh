@@ -5,10 +5,15 @@
 #   * the daemon started on that cache: RSS once the dataset is ready;
 #   * one session from the Python client (minibatch 1024, randomized, window of 4 chunks, one
 #     sweep): time to its first minibatch from `open`, samples/s over the sweep, the daemon's RSS
-#     at the end (its sweep orders included).
+#     at the end (its sweep orders included);
+#   * with SESSIONS=N, then N sessions open at once, each read for 50 minibatches in turn: the
+#     daemon's RSS with them.
 #
 #     scripts/bench_many_sequences.sh [LINES] [LIMIT_BYTES]    # defaults: 10000000 8589934592
 #     MINIBATCHD_BIN=path/to/minibatchd scripts/bench_many_sequences.sh ...
+#     MAX_SAMPLES=100000000 ...   # stop the sweep after this many samples (a part of it)
+#     SESSIONS=4 ...              # then 4 sessions at once
+#     HOST_RESERVE=BYTES ...      # daemon.host_memory_reserve_bytes (default 0: no guard)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LINES=${1:-10000000}
@@ -33,7 +38,7 @@ socket = "$W/mbd.sock"
 metrics_listen = "127.0.0.1:0"
 state_dir = "$W/state"
 memory_limit_bytes = $LIMIT
-host_memory_reserve_bytes = 0
+host_memory_reserve_bytes = ${HOST_RESERVE:-0}
 [datasets.short]
 format = "libsvm"
 files = ["$W/short.txt"]
@@ -47,10 +52,11 @@ echo "$LINES lines ($(du -b "$W/short.txt" | cut -f1) bytes): index ${index_s} s
 until grep -q "datasets opened" "$W/log"; do sleep 0.1; done
 ready_kb=$(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status")
 echo "daemon ready: RSS $((ready_kb / 1024)) MiB"
-PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" <<'PY'
+PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" "${MAX_SAMPLES:-0}" <<'PY'
 import sys, time
 import minibatchd
 client = minibatchd.connect(sys.argv[1])
+cap = int(sys.argv[2])
 t = time.perf_counter()
 s = client.open("short", minibatch_size=1024, max_sweeps=1, randomize=True, window_chunks=4, seed=1)
 first, n = None, 0
@@ -59,7 +65,25 @@ for mb in s:
         first = time.perf_counter() - t
     n += mb["__instY"].values.shape[0]
     mb.release()
+    if cap and n >= cap:
+        break
 total = time.perf_counter() - t
-print(f"session: first minibatch {first:.2f} s after open, sweep {total:.1f} s, {n / total / 1e6:.2f} M samples/s")
+what = f"{n} samples (a part of the sweep)" if cap and n >= cap else "sweep"
+print(f"session: first minibatch {first:.2f} s after open, {what} {total:.1f} s, {n / total / 1e6:.2f} M samples/s")
 PY
 echo "daemon after the sweep: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB"
+if [ -n "${SESSIONS:-}" ]; then
+  PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" "$SESSIONS" <<'PY'
+import sys, time
+import minibatchd
+client = minibatchd.connect(sys.argv[1])
+t = time.perf_counter()
+sessions = [iter(client.open("short", minibatch_size=1024, max_sweeps=1, randomize=True, window_chunks=4, seed=s))
+            for s in range(int(sys.argv[2]))]
+for _ in range(50):
+    for s in sessions:
+        next(s).release()
+print(f"{len(sessions)} sessions open, 50 minibatches each: {time.perf_counter() - t:.1f} s")
+PY
+  echo "daemon with $SESSIONS sessions: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB"
+fi
