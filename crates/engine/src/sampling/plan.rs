@@ -649,18 +649,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::sampling::proptests::timeline_of as timeline;
     use crate::sampling::randomizer::{randomize_sweep, sweep_order};
     use crate::sampling::EpochLimit;
-
-    fn timeline(chunks: &[Vec<u32>]) -> Timeline {
-        let mut seq_len = Vec::new();
-        let mut chunk_start = vec![0];
-        for chunk in chunks {
-            seq_len.extend(chunk);
-            chunk_start.push(seq_len.len());
-        }
-        Timeline { seq_len: seq_len.into(), chunk_start }
-    }
 
     fn options(window: Window, seed: u64, workers: usize, rank: usize) -> SamplingOptions {
         SamplingOptions { randomize: true, window, seed, limit: EpochLimit::Infinite, num_workers: workers, rank }

@@ -29,16 +29,19 @@ struct Case {
     other_sizes: Vec<usize>,
 }
 
+/// A timeline of chunks given by their sequences' lengths.
+pub(super) fn timeline_of(chunks: &[Vec<u32>]) -> Timeline {
+    let mut seq_len = Vec::new();
+    let mut chunk_start = vec![0];
+    for chunk in chunks {
+        seq_len.extend(chunk);
+        chunk_start.push(seq_len.len());
+    }
+    Timeline { seq_len: seq_len.into(), chunk_start }
+}
+
 fn timeline_strategy() -> impl Strategy<Value = Timeline> {
-    prop::collection::vec(prop::collection::vec(1u32..=6, 1..=5), 1..=8).prop_map(|chunks| {
-        let mut seq_len = Vec::new();
-        let mut chunk_start = vec![0];
-        for chunk in chunks {
-            seq_len.extend(chunk);
-            chunk_start.push(seq_len.len());
-        }
-        Timeline { seq_len: seq_len.into(), chunk_start }
-    })
+    prop::collection::vec(prop::collection::vec(1u32..=6, 1..=5), 1..=8).prop_map(|chunks| timeline_of(&chunks))
 }
 
 fn window_strategy() -> impl Strategy<Value = Window> {
