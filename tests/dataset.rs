@@ -481,3 +481,30 @@ fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache(
     let held = open.index_bytes();
     assert!((600 * 4 + 10 * 8..600 * 4 + 10 * 8 + 128).contains(&held), "{held} bytes");
 }
+
+/// The timeline keeps a length for every sequence of a dataset once one file has a sequence of
+/// several samples, and the budget pays for them there: 300 one-line CTF sequences in `a.ctf`
+/// cost their sizes (4 bytes each), and the one two-line sequence of `b.ctf` then costs the
+/// lengths of all 301 (found in review: the check counted only b's own).
+#[test]
+fn the_first_file_with_longer_sequences_pays_for_every_length() {
+    use minibatchd_engine::options::IndexLimits;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    write(p, "a.ctf", "|a 1\n".repeat(300));
+    write(p, "b.ctf", "0 |a 1\n0 |a 2\n");
+    let toml = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"a.ctf\", \"b.ctf\"]\ncache_index = false\n\
+                [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n";
+    let config = minibatchd::config::Config::from_toml_str(toml, p).expect("config");
+    let dataset = config.dataset("d").expect("dataset");
+    let open = Dataset::open_within(dataset, &p.join("state"), IndexLimits::UNBOUNDED, &mut |_| {}).expect("open");
+    assert!(!open.timeline().seq_len.all_ones());
+    assert_eq!(open.timeline().seq_len.heap_bytes(), 301 * 4);
+    // a.ctf: 1,240 bytes (sizes and an offset every 64), which leaves b.ctf 760 of 2,000: too
+    // little for its columns and 301 lengths (1,204 bytes).
+    let tight = IndexLimits { max_index_bytes: 2000, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
+    let e = Dataset::open_within(dataset, &p.join("state"), tight, &mut |_| {}).expect_err("over").to_string();
+    assert!(e.contains("b.ctf:1: byte offset 0") && e.contains("more than 760 bytes with 1 sequences"), "{e}");
+    let roomy = IndexLimits { max_index_bytes: 2600, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
+    Dataset::open_within(dataset, &p.join("state"), roomy, &mut |_| {}).expect("2,600 bytes hold them");
+}

@@ -69,9 +69,15 @@ pub struct IndexLimits {
     /// What the dataset holds per sequence beyond the file index's columns (a joined dataset's
     /// places and its timeline's lengths).
     pub bytes_per_sequence: u64,
-    /// The timeline's lengths follow the index's samples column (a dataset of one source): they
-    /// cost [`TIMELINE_BYTES_PER_SEQUENCE`] a sequence once that column is kept, else nothing.
+    /// The timeline's lengths follow the index's samples column (a dataset of one source): it
+    /// keeps them, [`TIMELINE_BYTES_PER_SEQUENCE`] for every sequence of the dataset, once a file
+    /// keeps that column, else nothing.
     pub lengths_follow_samples: bool,
+    /// Sequences of the dataset's earlier files ([`IndexLimits::left_after`]): the first file
+    /// that keeps a samples column pays their lengths too.
+    pub sequences_before: u64,
+    /// An earlier file kept a samples column (and paid for every length before it).
+    pub lengths_kept: bool,
     /// Most bytes of one sequence, and so of one line: the index pass holds a line whole, and a
     /// parser thread holds a chunk (at least one sequence) whole.
     pub max_sequence_bytes: u64,
@@ -87,19 +93,42 @@ impl IndexLimits {
         max_index_bytes: u64::MAX,
         bytes_per_sequence: 0,
         lengths_follow_samples: true,
+        sequences_before: 0,
+        lengths_kept: false,
         max_sequence_bytes: u32::MAX as u64,
         max_parsed_chunk_bytes: u64::MAX,
     };
 
     /// What is left for the next file of a dataset once its earlier files' indexes hold
-    /// `sequences` sequences and `bytes` bytes.
+    /// `sequences` sequences and `bytes` bytes, `lengths_kept` whether one of them keeps a samples
+    /// column.
     #[must_use]
-    pub fn left_after(self, sequences: u64, bytes: u64) -> Self {
+    pub fn left_after(self, sequences: u64, bytes: u64, lengths_kept: bool) -> Self {
         Self {
             max_sequences: self.max_sequences.saturating_sub(sequences),
             max_index_bytes: self.max_index_bytes.saturating_sub(bytes),
+            sequences_before: sequences,
+            lengths_kept,
             ..self
         }
+    }
+
+    /// What the timeline's lengths cost a file of `sequences` sequences whose index does
+    /// (`samples`) or does not keep a samples column: in a dataset of one source, nothing while
+    /// no file keeps one; the file that is the first to keep one pays for every sequence so far;
+    /// every later file for its own.
+    #[must_use]
+    pub fn lengths_bytes(&self, sequences: u64, samples: bool) -> u64 {
+        let paid = if !self.lengths_follow_samples {
+            0
+        } else if self.lengths_kept {
+            sequences
+        } else if samples {
+            sequences.saturating_add(self.sequences_before)
+        } else {
+            0
+        };
+        paid.saturating_mul(TIMELINE_BYTES_PER_SEQUENCE)
     }
 
     /// The limits of a dataset of `sources` sources under `daemon.memory_limit_bytes =
@@ -117,6 +146,8 @@ impl IndexLimits {
             max_index_bytes,
             bytes_per_sequence,
             lengths_follow_samples: sources == 1,
+            sequences_before: 0,
+            lengths_kept: false,
             max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
             max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
         }

@@ -188,6 +188,8 @@ impl Dataset {
         let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
+        // A file of the dataset keeps a samples column, so the timeline keeps every length.
+        let mut lengths_kept = false;
         let mut sources = Vec::new();
         let mut first_stream = 0;
         for (src, files) in config.sources.iter().zip(resolved) {
@@ -205,7 +207,7 @@ impl Dataset {
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let shared: Arc<Path> = Arc::from(f.as_path());
-                let left = limits.left_after(sequences, index_bytes);
+                let left = limits.left_after(sequences, index_bytes, lengths_kept);
                 let fingerprint = options.fingerprint();
                 let cache = config.cache_index.then_some(state_dir);
                 let idx = match &stored {
@@ -243,6 +245,7 @@ impl Dataset {
                 index_bytes += within_index_budget(&idx, &left)?;
                 done += idx.size;
                 sequences += idx.sequences.len() as u64;
+                lengths_kept |= idx.sequences.columns().samples;
                 paths.push(idx.path.clone());
                 indexes.push(idx);
             }
@@ -313,6 +316,8 @@ impl Dataset {
         let fingerprint = options.fingerprint();
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
+        // A file of the dataset keeps a samples column, so the timeline keeps every length.
+        let mut lengths_kept = false;
         let mut indexes = Vec::new();
         let mut file_versions = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
@@ -321,7 +326,7 @@ impl Dataset {
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-            let left = limits.left_after(sequences, index_bytes);
+            let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
             let idx = match &*stored {
                 Stored::Remote(object) => {
@@ -348,6 +353,7 @@ impl Dataset {
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
+            lengths_kept |= idx.sequences.columns().samples;
             indexes.push(idx);
         }
         let streams = schema.specs();

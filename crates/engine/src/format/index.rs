@@ -446,18 +446,11 @@ pub(crate) fn for_each_line(
 /// dataset adds (`limits.bytes_per_sequence`).
 #[must_use]
 pub fn index_cost(sequences: &Sequences, limits: &IndexLimits) -> u64 {
-    let per_sequence = limits.bytes_per_sequence + lengths_cost(limits, sequences.columns().samples);
-    sequences.footprint().saturating_add((sequences.len() as u64).saturating_mul(per_sequence))
-}
-
-/// What the timeline's length of a sequence costs beside `limits.bytes_per_sequence`, when the
-/// index does (`samples`) or does not keep a samples column.
-fn lengths_cost(limits: &IndexLimits, samples: bool) -> u64 {
-    if limits.lengths_follow_samples && samples {
-        crate::options::TIMELINE_BYTES_PER_SEQUENCE
-    } else {
-        0
-    }
+    let n = sequences.len() as u64;
+    sequences
+        .footprint()
+        .saturating_add(n.saturating_mul(limits.bytes_per_sequence))
+        .saturating_add(limits.lengths_bytes(n, sequences.columns().samples))
 }
 
 /// The index pass's check before it adds `next` to `sequences` (at `at`): an error when the
@@ -471,8 +464,9 @@ pub(crate) fn room_for_one_more(
     at: impl FnOnce() -> crate::format::errors::Location,
 ) -> Result<(), DataError> {
     let n = sequences.len() as u64;
-    let per_sequence = limits.bytes_per_sequence + lengths_cost(limits, sequences.columns_after(next).samples);
-    let cost = sequences.footprint_after(next) + (n + 1) * per_sequence;
+    let cost = sequences.footprint_after(next)
+        + (n + 1) * limits.bytes_per_sequence
+        + limits.lengths_bytes(n + 1, sequences.columns_after(next).samples);
     if n >= limits.max_sequences || cost > limits.max_index_bytes {
         return Err(DataError::Fatal {
             at: at(),

@@ -164,7 +164,8 @@ impl SweepPlan {
     /// the shuffle has settled so far: first the chunks in use that are needed again, then those
     /// not used yet in order of first use, then those whose sequences are all still being
     /// shuffled, in randomized chunk order; when fewer than `max` are named, every chunk used in
-    /// the rest of a sweep that ends within the epoch is.
+    /// the rest of a sweep that ends within the epoch is. `from` is a position already read
+    /// ([`SweepPlan::entry`]) or the one after it, as the sampler's cursor always is.
     pub(crate) fn upcoming_into(
         &self,
         timeline: &Timeline,
