@@ -81,7 +81,7 @@ pub(super) struct SamplingReservation {
 /// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
 /// with `walks`, the walks made while the session opens.
 fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job: bool, walks: bool) -> u64 {
-    let walk = if walks { Sampler::walk_memory_bound(timeline, options) } else { 0 };
+    let walk = if walks { Sampler::walk_memory_bound(timeline, options, job) } else { 0 };
     Sampler::memory_bound(timeline, options, job).saturating_add(walk)
 }
 

@@ -478,11 +478,12 @@ impl Sampler {
     }
 
     /// What the walks of [`Sampler::resume_job`] and [`Sampler::equalize_steps`] hold beside
-    /// [`Sampler::memory_bound`] while they run, at most: another worker's sampler and one
-    /// sweep plan of the earlier run's workers.
+    /// [`Sampler::memory_bound`] while they run, at most: another worker's sampler (which, in a
+    /// continued job, `job`, holds the set of sequences the earlier workers delivered too) and
+    /// one sweep plan of the earlier run's workers.
     #[must_use]
-    pub fn walk_memory_bound(timeline: &Timeline, options: &SamplingOptions) -> u64 {
-        Self::memory_bound(timeline, options, false).saturating_add(Self::plan_bound(timeline, options))
+    pub fn walk_memory_bound(timeline: &Timeline, options: &SamplingOptions, job: bool) -> u64 {
+        Self::memory_bound(timeline, options, job).saturating_add(Self::plan_bound(timeline, options))
     }
 
     /// A sampler at position 0 of the epoch described by `options`.
