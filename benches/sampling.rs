@@ -44,6 +44,22 @@ fn sweep(t: &Arc<Timeline>, randomize: bool, window: Window, mb: usize, fingerpr
     n
 }
 
+/// A sweep walked as the daemon's producer walks it: a prefetch hint of 8 chunks before every
+/// minibatch.
+fn sweep_with_hints(t: &Arc<Timeline>, window: Window, mb: usize) -> u64 {
+    let opts =
+        SamplingOptions { randomize: true, window, seed: 1, limit: EpochLimit::FullSweep, num_workers: 1, rank: 0 };
+    let mut s = Sampler::new(t.clone(), opts).expect("sampler");
+    let mut n = 0u64;
+    loop {
+        n += criterion::black_box(s.upcoming_chunks_built(8)).len() as u64;
+        match s.next_minibatch(mb) {
+            Some(p) => n += p.sequences.len() as u64,
+            None => return n,
+        }
+    }
+}
+
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("sampling");
     g.sample_size(10);
@@ -67,6 +83,12 @@ fn bench(c: &mut Criterion) {
             b.iter(|| sweep(t, false, Window::Chunks(1), 256, true));
         });
     }
+    // Many small chunks: the hint must not cost every chunk used so far.
+    let t = Arc::new(timeline(1_000_000, 20_000, false));
+    g.throughput(Throughput::Elements(1_000_000));
+    g.bench_with_input(BenchmarkId::new("window_4_chunks_with_hints", "1M_frames_20k_chunks"), &t, |b, t| {
+        b.iter(|| sweep_with_hints(t, Window::Chunks(4), 256));
+    });
     g.finish();
 }
 

@@ -27,6 +27,7 @@
 //! Fed by: [`super::randomizer`]. Feeds: [`super::scheduler`].
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::minibatch::ChunkSet;
 
@@ -274,6 +275,12 @@ struct Shuffle {
     settled: Vec<u32>,
     /// Randomized chunk positions in order of first use before the epoch end.
     by_first_use: Vec<u32>,
+    /// The first randomized chunk position not used yet (every one before it is).
+    first_unseen: usize,
+    /// The prefetch hint's last `from` and how many leading entries of `by_first_use` it found
+    /// another worker's or used for the last time before it (two `u32`s): a later hint starts
+    /// after them, so that a hint costs about a window's chunks, not every chunk used so far.
+    hint_skip: AtomicU64,
 }
 
 impl std::fmt::Debug for Shuffle {
@@ -337,6 +344,8 @@ impl Shuffle {
             last_in_epoch: vec![UNSEEN; chunks],
             settled: vec![0; chunks],
             by_first_use: Vec::new(),
+            first_unseen: 0,
+            hint_skip: AtomicU64::new(0),
         }
     }
 
@@ -359,6 +368,8 @@ impl Shuffle {
         self.last_in_epoch.fill(UNSEEN);
         self.settled.fill(0);
         self.by_first_use.clear();
+        self.first_unseen = 0;
+        *self.hint_skip.get_mut() = 0;
     }
 
     /// The final content of position `index`, shuffling as far as it takes; positions before
@@ -469,6 +480,9 @@ impl Shuffle {
                 if self.first_use[k] == UNSEEN {
                     self.first_use[k] = position;
                     self.by_first_use.push(slot.origin);
+                    while self.first_unseen < self.first_use.len() && self.first_use[self.first_unseen] != UNSEEN {
+                        self.first_unseen += 1;
+                    }
                 }
                 self.last_in_epoch[k] = position;
             }
@@ -497,9 +511,22 @@ impl Shuffle {
         let size = |k: usize| self.first[k + 1] - self.first[k];
         let from_u32 = to_u32(from.min(u32::MAX as usize));
         let split = self.by_first_use.partition_point(|&k| self.first_use[k as usize] < from_u32);
+        // Used for the last time before `from`: every sequence final (or the epoch's end known),
+        // and the last use before the end passed. Lasting: nothing changes either again.
+        let done = |k: u32| {
+            let ku = k as usize;
+            let settled = self.settled[ku] as usize == size(ku) || self.end_index.is_some();
+            settled && (self.last_in_epoch[ku] == UNSEEN || self.last_in_epoch[ku] < from_u32)
+        };
+        let (last_from, skipped) = unpack(self.hint_skip.load(Ordering::Relaxed));
+        let mut start = if from_u32 >= last_from { (skipped as usize).min(split) } else { 0 };
+        while start < split && (!local(self.by_first_use[start]) || done(self.by_first_use[start])) {
+            start += 1;
+        }
+        self.hint_skip.store(pack(from_u32, to_u32(start)), Ordering::Relaxed);
         // In use: needed again when a final use lies ahead, or some sequence is not final yet
         // (and the epoch does not end first).
-        for &k in self.by_first_use[..split].iter().filter(|&&k| local(k)) {
+        for &k in self.by_first_use[start..split].iter().filter(|&&k| local(k)) {
             let ku = k as usize;
             let ahead = self.last_in_epoch[ku] != UNSEEN && self.last_in_epoch[ku] >= from_u32;
             let unsettled = whole_sweep && (self.settled[ku] as usize) < size(ku);
@@ -515,12 +542,23 @@ impl Shuffle {
         if !whole_sweep {
             return;
         }
-        for k in (0..self.chunk_order.len()).filter(|&k| self.first_use[k] == UNSEEN && local(to_u32(k))) {
+        for k in
+            (self.first_unseen..self.chunk_order.len()).filter(|&k| self.first_use[k] == UNSEEN && local(to_u32(k)))
+        {
             if !push(self.chunk_order[k]) {
                 return;
             }
         }
     }
+}
+
+fn pack(from: u32, skipped: u32) -> u64 {
+    u64::from(from) << 32 | u64::from(skipped)
+}
+
+#[allow(clippy::cast_possible_truncation)] // the halves of a u64: each fits
+fn unpack(v: u64) -> (u32, u32) {
+    ((v >> 32) as u32, v as u32)
 }
 
 /// The chunk (counted from the window's first) holding position `j` of a window whose `n` chunks
