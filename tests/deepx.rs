@@ -196,3 +196,35 @@ fn the_index_cache_serves_a_second_open() {
     assert_eq!(first.identity(), second.identity());
     assert_eq!(dump_all(&first, 2), dump_all(&second, 2));
 }
+
+/// Once chunked, a deepx file whose sequences are its lines keeps no sizes: a chunk is read as
+/// its lines. Read so, a file gives exactly what the same lines give read by their sizes (the
+/// same file with a blank first line, which makes the index keep them): with a byte-order mark,
+/// `\r\n` endings, lines longer than a read window (256 KiB), blank lines after the last one and
+/// a last line without its newline, over chunks of 1,000 bytes.
+#[test]
+fn a_chunk_read_as_its_lines_gives_what_its_sizes_give() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut lines: Vec<String> = (0..300).map(|i| format!("{} {}:1.5 {}:2\r\n", i % 2, i, i + 1)).collect();
+    lines[7] = format!("1 {}\n", (1..40_000).map(|k| format!("{k}:1")).collect::<Vec<_>>().join(" "));
+    lines[150] = format!("0 {}\n", (1..90_000).map(|k| format!("{k}:0.5")).collect::<Vec<_>>().join(" "));
+    let body = lines.concat();
+    let variants = [
+        ("bom.txt", format!("\u{feff}{body}")),
+        ("trailing.txt", format!("{body}\n\n")),
+        ("cut.txt", body.trim_end_matches(['\r', '\n']).to_owned()),
+    ];
+    for (name, text) in variants {
+        let lines_file = write(dir.path(), name, &text);
+        let sized_file =
+            write(dir.path(), &format!("sized_{name}"), format!("\n{}", text.trim_start_matches('\u{feff}')));
+        let state = tempfile::tempdir().expect("tempdir");
+        let by_lines = open("libsvm", &[&lines_file], "", state.path());
+        let by_sizes = open("libsvm", &[&sized_file], "", state.path());
+        assert_eq!(by_lines.timeline().num_sequences(), 300, "{name}");
+        assert!(by_lines.index_bytes() < 300 * 4, "{name}: the sizes are let go ({} bytes)", by_lines.index_bytes());
+        assert!(by_sizes.index_bytes() > 300 * 4, "{name}: the sizes are kept ({} bytes)", by_sizes.index_bytes());
+        assert!(by_lines.timeline().num_chunks() >= 5, "{name}: {} chunks", by_lines.timeline().num_chunks());
+        assert_eq!(dump_all(&by_lines, 64), dump_all(&by_sizes, 64), "{name}");
+    }
+}

@@ -378,6 +378,15 @@ impl Dataset {
     ) -> Result<Self> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
+        let mut sources = sources;
+        if let [source] = &mut sources[..] {
+            // A deepx file's sequences are its lines: once chunked, what is left of its index
+            // is an offset every 64 sequences (4 bytes a line less).
+            let one_line_each = matches!(source.decoder, SourceDecoder::Deepx(_));
+            for idx in &mut source.indexes {
+                idx.sequences.let_go_of_line_sizes(one_line_each);
+            }
+        }
         let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
         Ok(Self {
             config: config.clone(),
@@ -744,6 +753,50 @@ impl Dataset {
         }
     }
 
+    /// Decodes chunk `chunk` of deepx source `si` with `d`, its malformed places into `errors`:
+    /// by its sequences' places, or, where the index let go of their sizes, as its lines.
+    fn decode_deepx<T: DeepxElement>(
+        &self,
+        chunk: usize,
+        si: usize,
+        d: &DeepxDecoder,
+        errors: &mut Vec<Malformed>,
+    ) -> Result<Vec<StreamData>> {
+        let src = &self.sources[si];
+        let desc = &self.chunks[chunk];
+        let count = self.timeline.chunk_start[chunk + 1] - self.timeline.chunk_start[chunk];
+        let chunk_bytes =
+            usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
+        let mut bufs = d.buffers_for::<T>(chunk_bytes, count);
+        let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
+        if !src.indexes[desc.file].sequences.sizes_follow_lines() {
+            for (loc, seq) in self.chunk_sequences(chunk, si) {
+                let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
+                d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, errors);
+            }
+            return Ok(d.into_streams(bufs));
+        }
+        // Its sequences are the chunk's lines, in order, one each: sequence `i` of the file is
+        // its line `i`.
+        let file = &src.files[desc.file];
+        let mut offset = desc.start;
+        for line in desc.first_seq as u64..(desc.first_seq + count) as u64 {
+            let bytes = window.line(offset)?;
+            let ctx = LineContext { file, line, offset };
+            offset += bytes.len() as u64;
+            d.decode_line(bytes, &ctx, &mut bufs, errors);
+        }
+        if offset != desc.end {
+            let what = format!(
+                "chunk {chunk}'s {count} lines end at byte {offset}, the chunk at {}: the file holds other lines than \
+                 its index says (changed since it was indexed?)",
+                desc.end
+            );
+            return Err(DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what)));
+        }
+        Ok(d.into_streams(bufs))
+    }
+
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
     fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>)> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
@@ -757,17 +810,7 @@ impl Dataset {
                 SourceDecoder::Deepx(d) => {
                     // A deepx dataset has a single source, read a window at a time like CTF's
                     // primary source (below).
-                    let chunk_bytes = usize::try_from(desc.end - desc.start)
-                        .map_err(|_| DataError::Dataset("chunk too large".into()))?;
-                    let mut bufs = d.buffers_for::<T>(chunk_bytes, seqs.len());
-                    let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
-                    for (loc, seq) in self.chunk_sequences(chunk, si) {
-                        let seq = &seq;
-                        let ctx =
-                            LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
-                        d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, &mut errors);
-                    }
-                    streams.extend(d.into_streams(bufs));
+                    streams.extend(self.decode_deepx::<T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;
                 }

@@ -123,6 +123,44 @@ impl<'a> ReadWindow<'a> {
     }
 }
 
+impl ReadWindow<'_> {
+    /// The line at file offset `offset`: its bytes through its newline, or to the chunk's end
+    /// for a last line without one. Reads windows as [`ReadWindow::bytes`] does, a longer one
+    /// for a line that does not fit.
+    pub(super) fn line(&mut self, offset: u64) -> Result<&[u8]> {
+        let left = self.end.saturating_sub(offset);
+        if left == 0 {
+            return Err(DataError::io(
+                self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the chunk holds fewer lines than its index says (changed since it was indexed?)",
+                ),
+            ));
+        }
+        let mut want = READ_WINDOW.min(left);
+        loop {
+            let inside = offset >= self.at && offset < self.at + self.buf.0.len() as u64;
+            let from = usize::try_from(offset.wrapping_sub(self.at)).unwrap_or(usize::MAX);
+            let found = if inside { memchr::memchr(b'\n', &self.buf.0[from..]).map(|nl| from + nl + 1) } else { None };
+            let window_end = self.at + self.buf.0.len() as u64;
+            if let Some(to) = found {
+                return Ok(&self.buf.0[from..to]);
+            }
+            if inside && window_end >= self.end {
+                // The chunk's last line, without a newline.
+                return Ok(&self.buf.0[from..]);
+            }
+            if inside && offset + want <= window_end {
+                want = (want * 2).min(left);
+            }
+            let size = u32::try_from(want).map_err(|_| DataError::Dataset("a line too long".into()))?;
+            self.at = u64::MAX; // forces a new window from `offset`
+            self.bytes(offset, size)?;
+        }
+    }
+}
+
 pub(super) fn read_range(path: &Path, start: u64, end: u64, version: &FileVersion) -> Result<Vec<u8>> {
     let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
     check_version(version, path, &file)?;

@@ -105,6 +105,9 @@ pub struct Sequences {
     lines: Vec<u64>,
     /// Empty while every key is the sequence's line.
     keys: Vec<u64>,
+    /// The sizes were let go: every sequence is one line of its own, so a chunk's lines are its
+    /// sequences ([`Sequences::let_go_of_line_sizes`]).
+    sizes_follow_lines: bool,
 }
 
 impl Sequences {
@@ -165,13 +168,34 @@ impl Sequences {
         self.len += 1;
     }
 
+    /// Lets go of the sizes when nothing but them is kept and every sequence is one line (a
+    /// deepx file: `one_line_each`): then sequence `i` is line `i`, each starts where the one
+    /// before ended, and a chunk's sequences are its lines, which its reader finds in its bytes.
+    /// What is left is an offset every [`OFFSET_STRIDE`] sequences. Whether it did.
+    pub fn let_go_of_line_sizes(&mut self, one_line_each: bool) -> bool {
+        if !one_line_each || self.len == 0 || self.columns() != Columns::default() {
+            return false;
+        }
+        self.sizes = Vec::new();
+        self.sizes_follow_lines = true;
+        true
+    }
+
+    /// Whether the sizes were let go ([`Sequences::let_go_of_line_sizes`]): [`Sequences::get`]
+    /// and [`Sequences::range`] must not be asked then.
+    #[must_use]
+    pub fn sizes_follow_lines(&self) -> bool {
+        self.sizes_follow_lines
+    }
+
     /// Sequence `i`.
     ///
     /// # Panics
-    /// If `i` is not below [`Sequences::len`].
+    /// If `i` is not below [`Sequences::len`], or the sizes were let go.
     #[must_use]
     pub fn get(&self, i: usize) -> SequenceDesc {
         assert!(i < self.len, "sequence {i} of {}", self.len);
+        assert!(!self.sizes_follow_lines, "the sizes were let go: a chunk's lines are its sequences");
         let offset = if self.offsets.is_empty() {
             let k = i / OFFSET_STRIDE;
             self.strided[k] + self.sizes[k * OFFSET_STRIDE..i].iter().map(|&s| u64::from(s)).sum::<u64>()
