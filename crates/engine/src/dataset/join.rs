@@ -62,8 +62,10 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
         let idx = &sources[0].indexes[c.file];
         let mut kept = 0usize;
         let mut samples = 0u64;
-        'seqs: for qi in c.first_seq..c.first_seq + c.num_seqs {
-            let q: SequenceDesc = idx.sequences.get(qi);
+        // In order, each in constant time (`get` adds up to 63 sizes for an offset).
+        let chunk_sequences = idx.sequences.range(c.first_seq, c.num_seqs);
+        'seqs: for (qi, q) in (c.first_seq..c.first_seq + c.num_seqs).zip(chunk_sequences) {
+            let q: SequenceDesc = q;
             loc.clear();
             lens.clear();
             loc.push(SeqLoc::new(c.file, qi)?);
