@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use super::OpenSource;
 use crate::format::errors::DataError;
-use crate::format::index::{ChunkDesc, SequenceDesc};
+use crate::format::index::ChunkDesc;
 use crate::sampling::{Lengths, Timeline};
 use crate::Result;
 
@@ -65,7 +65,6 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
         // In order, each in constant time (`get` adds up to 63 sizes for an offset).
         let chunk_sequences = idx.sequences.range(c.first_seq, c.num_seqs);
         'seqs: for (qi, q) in (c.first_seq..c.first_seq + c.num_seqs).zip(chunk_sequences) {
-            let q: SequenceDesc = q;
             loc.clear();
             lens.clear();
             loc.push(SeqLoc::new(c.file, qi)?);

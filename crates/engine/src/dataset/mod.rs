@@ -372,13 +372,12 @@ impl Dataset {
     /// Chunks, joins and builds the timeline of opened sources.
     fn assemble(
         config: &DatasetConfig,
-        sources: Vec<OpenSource>,
+        mut sources: Vec<OpenSource>,
         main_source: Option<usize>,
         streams: Vec<StreamSpec>,
     ) -> Result<Self> {
         let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
-        let mut sources = sources;
         if let [source] = &mut sources[..] {
             // A deepx file's sequences are its lines: once chunked, what is left of its index
             // is an offset every 64 sequences (4 bytes a line less).

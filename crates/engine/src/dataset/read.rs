@@ -97,36 +97,17 @@ impl<'a> ReadWindow<'a> {
         let size = u64::from(size);
         let inside = offset >= self.at && offset + size <= self.at + self.buf.0.len() as u64;
         if !inside {
-            let len = size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size);
-            let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
-            self.buf.0.resize(len, 0);
-            let at = offset
-                .checked_sub(self.base)
-                .ok_or_else(|| DataError::Dataset("offset before the read range".into()))?;
-            self.file.read_exact_at(&mut self.buf.0, at).map_err(|e| {
-                let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    std::io::Error::new(
-                        e.kind(),
-                        "the file is shorter than its index says (changed since it was indexed?)",
-                    )
-                } else {
-                    e
-                };
-                DataError::io(self.path, e)
-            })?;
-            self.at = offset;
+            self.read_from(offset, size.max(READ_WINDOW).min(self.end.saturating_sub(offset)).max(size))?;
         }
         // In range: checked above, or the window was just read from `offset` with >= `size` bytes.
         let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
         let to = from + usize::try_from(size).map_err(|_| DataError::Dataset("sequence too large".into()))?;
         self.buf.0.get(from..to).ok_or_else(|| DataError::Dataset("sequence outside its read window".into()))
     }
-}
 
-impl ReadWindow<'_> {
     /// The line at file offset `offset`: its bytes through its newline, or to the chunk's end
-    /// for a last line without one. Reads windows as [`ReadWindow::bytes`] does, a longer one
-    /// for a line that does not fit.
+    /// for a last line without one. Reads windows as [`ReadWindow::bytes`] does, twice as long
+    /// each time for a line that does not fit one.
     pub(super) fn line(&mut self, offset: u64) -> Result<&[u8]> {
         let left = self.end.saturating_sub(offset);
         if left == 0 {
@@ -140,24 +121,41 @@ impl ReadWindow<'_> {
         }
         let mut want = READ_WINDOW.min(left);
         loop {
-            let inside = offset >= self.at && offset < self.at + self.buf.0.len() as u64;
-            let from = usize::try_from(offset.wrapping_sub(self.at)).unwrap_or(usize::MAX);
-            let found = if inside { memchr::memchr(b'\n', &self.buf.0[from..]).map(|nl| from + nl + 1) } else { None };
             let window_end = self.at + self.buf.0.len() as u64;
-            if let Some(to) = found {
-                return Ok(&self.buf.0[from..to]);
+            let inside = offset >= self.at && offset < window_end;
+            if inside {
+                let from = usize::try_from(offset - self.at).map_err(|_| DataError::Dataset("offset".into()))?;
+                if let Some(nl) = memchr::memchr(b'\n', &self.buf.0[from..]) {
+                    return Ok(&self.buf.0[from..=from + nl]);
+                }
+                if window_end >= self.end {
+                    // The chunk's last line, without a newline.
+                    return Ok(&self.buf.0[from..]);
+                }
+                if offset + want <= window_end {
+                    want = (want * 2).min(left);
+                }
             }
-            if inside && window_end >= self.end {
-                // The chunk's last line, without a newline.
-                return Ok(&self.buf.0[from..]);
-            }
-            if inside && offset + want <= window_end {
-                want = (want * 2).min(left);
-            }
-            let size = u32::try_from(want).map_err(|_| DataError::Dataset("a line too long".into()))?;
-            self.at = u64::MAX; // forces a new window from `offset`
-            self.bytes(offset, size)?;
+            self.read_from(offset, want)?;
         }
+    }
+
+    /// Reads the window of `len` bytes from file offset `offset`.
+    fn read_from(&mut self, offset: u64, len: u64) -> Result<()> {
+        let len = usize::try_from(len).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+        self.buf.0.resize(len, 0);
+        let at =
+            offset.checked_sub(self.base).ok_or_else(|| DataError::Dataset("offset before the read range".into()))?;
+        self.file.read_exact_at(&mut self.buf.0, at).map_err(|e| {
+            let e = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                std::io::Error::new(e.kind(), "the file is shorter than its index says (changed since it was indexed?)")
+            } else {
+                e
+            };
+            DataError::io(self.path, e)
+        })?;
+        self.at = offset;
+        Ok(())
     }
 }
 

@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::minibatch::ChunkSet;
 
 use super::mt64::Mt19937_64;
-use super::randomizer::{shuffle_chunks, uses_block_randomizer, windows_in_chunks, windows_in_samples, ChunkWindow};
+use super::randomizer::{shuffle_chunks, sweep_windows, uses_block_randomizer, ChunkWindow};
 use super::{to_u32, SamplingOptions, SeqRef, Timeline, Window};
 
 /// Heap bytes a plan holds per position it keeps ([`Slot`]).
@@ -295,26 +295,12 @@ impl std::fmt::Debug for Shuffle {
 
 impl Shuffle {
     fn new(timeline: &Timeline, window: Window, sweep_seed: u64) -> Self {
-        // A sample window of 0 is CNTK's "no sample window": the default chunk window.
-        let window = window.normalized();
         let chunk_order = shuffle_chunks(timeline.num_chunks(), sweep_seed);
         let sizes: Vec<usize> = chunk_order
             .iter()
             .map(|&c| timeline.chunk_start[c as usize + 1] - timeline.chunk_start[c as usize])
             .collect();
-        let windows = match window {
-            Window::Chunks(w) => windows_in_chunks(chunk_order.len(), w),
-            Window::Samples(w) => {
-                let samples: Vec<u64> = chunk_order
-                    .iter()
-                    .map(|&c| {
-                        let c = c as usize;
-                        timeline.samples(timeline.chunk_start[c]..timeline.chunk_start[c + 1])
-                    })
-                    .collect();
-                windows_in_samples(&samples, w)
-            }
-        };
+        let windows = sweep_windows(timeline, &chunk_order, window);
         let mut first = Vec::with_capacity(sizes.len() + 1);
         first.push(0);
         for &s in &sizes {

@@ -118,20 +118,26 @@ pub fn file_order(timeline: &Timeline) -> Vec<SeqRef> {
 /// Block-randomizes sweep `sweep` with seed offset `seed` (both RNGs use `seed + sweep`).
 #[must_use]
 pub fn randomize_sweep(timeline: &Timeline, window: Window, seed: u64, sweep: u64) -> RandomizedSweep {
-    // A sample window of 0 is CNTK's "no sample window": the default chunk window.
-    let window = window.normalized();
     let sweep_seed = seed.wrapping_add(sweep);
     let chunk_order = shuffle_chunks(timeline.num_chunks(), sweep_seed);
-    let windows = match window {
+    let windows = sweep_windows(timeline, &chunk_order, window);
+    let mut rng = Mt19937_64::new(sweep_seed);
+    let sequences = shuffle_sequences(timeline, &chunk_order, &windows, &mut rng);
+    RandomizedSweep { chunk_order, windows, sequences }
+}
+
+/// The randomization window of each randomized chunk position of `chunk_order` under `window`
+/// (in chunks, or in samples; a sample window of 0 is CNTK's "no sample window": the default
+/// chunk window).
+#[must_use]
+pub fn sweep_windows(timeline: &Timeline, chunk_order: &[u32], window: Window) -> Vec<ChunkWindow> {
+    match window.normalized() {
         Window::Chunks(w) => windows_in_chunks(chunk_order.len(), w),
         Window::Samples(w) => {
             let samples: Vec<u64> = chunk_order.iter().map(|&c| chunk_samples(timeline, c)).collect();
             windows_in_samples(&samples, w)
         }
-    };
-    let mut rng = Mt19937_64::new(sweep_seed);
-    let sequences = shuffle_sequences(timeline, &chunk_order, &windows, &mut rng);
-    RandomizedSweep { chunk_order, windows, sequences }
+    }
 }
 
 /// CNTK's `ChunkRandomizer::Randomize`: the naive shuffle of `0..num_chunks`. `sweep_seed` is

@@ -272,9 +272,9 @@ const PER_WORKER_SETUP: u64 = 1024;
 /// minibatches apart).
 pub const MAX_JOB_DELIVERED: usize = 1 << 20;
 
-/// Heap bytes per chunk of a sampler's tables: two plans' ([`PLAN_BYTES_PER_CHUNK`] each) and
-/// what building one holds for a moment (chunk sizes, sample counts and window starts).
-const SAMPLER_BYTES_PER_CHUNK: u64 = 2 * PLAN_BYTES_PER_CHUNK + 48;
+/// Heap bytes per chunk of one sweep plan at most: its tables ([`PLAN_BYTES_PER_CHUNK`]) and what
+/// building it holds for a moment (chunk sizes, sample counts and window starts).
+const PLAN_BOUND_BYTES_PER_CHUNK: u64 = PLAN_BYTES_PER_CHUNK + 24;
 
 /// Heap bytes of a sampler whatever the timeline (its own fields, a walk's small vectors).
 const SAMPLER_FIXED_BYTES: u64 = 4 << 10;
@@ -470,7 +470,7 @@ impl Sampler {
 
     /// What one sweep plan holds at most, with what building it takes for a moment.
     fn plan_bound(timeline: &Timeline, options: &SamplingOptions) -> u64 {
-        let chunks = (timeline.num_chunks() as u64).saturating_mul(SAMPLER_BYTES_PER_CHUNK / 2);
+        let chunks = (timeline.num_chunks() as u64).saturating_mul(PLAN_BOUND_BYTES_PER_CHUNK);
         window_sequences(timeline, options)
             .saturating_mul(SLOT_BYTES)
             .saturating_add(chunks)
