@@ -13,9 +13,11 @@ under the same limit, as a user's first run would), then, alternated `--runs` ti
 * CNTK 2.7 (`scripts/cntk_throughput.py` under the oracle of ../shared/tools/cntk-oracle, its
   setup.sh run first; ORACLE_HOME, default /tmp/cntk-oracle), three sweeps, the same window in
   chunks: its clock starts before its `MinibatchSource` constructor, which indexes the file;
-* minibatchd after a restart (`scripts/bench_daemon.py`, state directory kept): three sweeps of
-  one session; its clock starts at `minibatchd run` (index cache, consumer start and `open`
-  included).
+* minibatchd after a restart (`scripts/bench_daemon.py --consumer-first`, state directory kept):
+  three sweeps of one session; its clock starts at `minibatchd run` (the index cache, the
+  connection and `open` included). The consumer process is started before it, its interpreter,
+  NumPy and the client imported — as CNTK's clock starts after `import cntk` — and connects as soon
+  as the daemon listens.
 
 Prints, per run and as medians: (a) the first sweep after the restart, samples/s on the user's
 clock (process start to the sweep's last minibatch) and the ratio to CNTK's first sweep on its
@@ -61,7 +63,7 @@ def mbd(work: Path, size: int, minibatch: int, window: int, limit: int, sweeps: 
         env.pop("BENCH_STATE_KEEP", None)
     out = run([sys.executable, str(ROOT / "scripts/bench_daemon.py"), "--workdir", str(work), "--size-bytes", str(size),
                "--minibatch-size", str(minibatch), "--window-chunks", str(window), "--memory-limit", str(limit),
-               "--sweeps", str(sweeps)], env)
+               "--sweeps", str(sweeps), "--consumer-first"], env)
     samples = int(re.search(r"minibatches: \d+, samples: (\d+)", out).group(1)) // sweeps
     ends = [float(x) for x in re.findall(r"^user clock: sweep \d+ ended ([\d.]+) s", out, re.M)]
     rates = [float(m.replace(",", "")) for m in re.findall(r"^sweep \d+ \([^)]*\): ([\d,]+) samples/s", out, re.M)]

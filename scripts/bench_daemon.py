@@ -19,7 +19,11 @@ of a dataset larger than the cache: every sweep parses the file again, while it 
 `BENCH_FILES_URL=s3://bucket/key` reads the same file from object storage instead (the AWS
 environment says where; scripts/bench_objects.py sets it up), and `BENCH_STATE_KEEP=1` keeps the
 state directory between runs, and `BENCH_NO_PROBE=1` leaves out the client-overhead probe (its
-ring of 258 slots does not fit a small `--memory-limit`).
+ring of 258 slots does not fit a small `--memory-limit`). With `--consumer-first` the consumers
+start before the daemon (their interpreter, NumPy and the client imported, as a trainer that is up
+when its loader starts — CNTK's clock in `scripts/cntk_throughput.py` leaves its imports out the
+same way) and connect as soon as it listens; without it they start once it listens, and the user
+clock includes their start.
 """
 
 import argparse
@@ -41,9 +45,22 @@ DAEMON = os.environ.get("BENCH_DAEMON_BIN") or str(ROOT / "target/release/miniba
 PROBE = 256
 
 
-def consume(sock: str, minibatch_size: int, sweeps: int) -> None:
+def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) -> None:
     sys.path.insert(0, str(ROOT / "clients" / "python"))
     import minibatchd
+
+    if wait_for_daemon:
+        # A trainer that is up before its loader: its interpreter and imports are done (CNTK's
+        # clock leaves out its own the same way); it connects as soon as the daemon listens.
+        print("ready", flush=True)
+        while True:
+            try:
+                probe = socket.socket(socket.AF_UNIX)
+                probe.connect(sock)
+                probe.close()
+                break
+            except OSError:
+                time.sleep(0.001)
 
     # The ring depth is the daemon's default (ring_slots) unless BENCH_PREFETCH sets it.
     extra = {"prefetch": int(os.environ["BENCH_PREFETCH"])} if os.environ.get("BENCH_PREFETCH") else {}
@@ -79,10 +96,16 @@ def consume(sock: str, minibatch_size: int, sweeps: int) -> None:
         # A small memory limit has no room for the probe's ring of PROBE slots.
         print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": 0.0, "ready_next_median_us": 0.0, "probe_waited_us": 0.0, "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": stages}))
         return
-    probe = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_samples=PROBE * minibatch_size, prefetch=PROBE + 2, slot_size_bytes=1 << 18, **window)
-    next(probe)
-    time.sleep(3.0)
+    # Twice PROBE minibatches through a ring of PROBE + 2 slots: the first PROBE read every slot
+    # once (a fresh slot's first read maps its pages: a page fault or two), the second PROBE are
+    # timed as a training loop sees them after its first pass through the ring.
+    probe = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_samples=2 * PROBE * minibatch_size, prefetch=PROBE + 2, slot_size_bytes=1 << 18, **window)
     it = iter(probe)
+    for _ in range(PROBE):
+        _ = next(it)["features"].values
+    _ = None
+    time.sleep(3.0)
+    probe._wait_ns = 0
     while True:
         t1 = time.perf_counter_ns()
         try:
@@ -150,6 +173,18 @@ def prepare(work: Path, size_bytes: int) -> Path:
     return data
 
 
+def spawn_consumers(a, sock: str, work: Path, wait: bool) -> list:
+    """The consumer processes, one per session; with `wait` they import everything, say `ready`
+    and wait for the daemon's socket."""
+    py = ROOT / ".venv/bin/python"
+    py = str(py) if py.exists() else sys.executable
+    env = dict(os.environ, BENCH_WINDOW_CHUNKS=str(a.window_chunks or ""), BENCH_METRICS_ADDR_FILE=str(work / "state" / "metrics.addr"))
+    cmd = [py, __file__, "--consume", sock, "--minibatch-size", str(a.minibatch_size), "--sweeps", str(a.sweeps)]
+    if wait:
+        cmd.append("--wait-for-daemon")
+    return [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(a.sessions)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-bytes", type=int, default=1 << 30)
@@ -160,11 +195,15 @@ def main() -> None:
     ap.add_argument("--memory-limit", type=int, default=8 << 30, help="memory_limit_bytes (default 8 GiB: the parsed file fits)")
     ap.add_argument("--workdir", default=str(ROOT / "target" / "bench-daemon"))
     ap.add_argument("--sessions", type=int, default=1, help="consumers at once, each a process with its own session (the figures printed are the first one's; all sessions' total samples/s on its own line)")
+    ap.add_argument("--consumer-first", action="store_true", help="start the consumers (interpreter, NumPy, the client imported) before the daemon, as a trainer that is up when its loader starts; without it they start once the daemon listens, and the user clock includes their start")
     ap.add_argument("--consume", help=argparse.SUPPRESS)
+    ap.add_argument("--wait-for-daemon", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.consume:
-        consume(a.consume, a.minibatch_size, a.sweeps)
+        consume(a.consume, a.minibatch_size, a.sweeps, a.wait_for_daemon)
         return
+    if a.consumer_first and a.preload:
+        sys.exit("--consumer-first and --preload exclude each other (a preload runs before the consumer starts)")
     work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
     data = prepare(work, a.size_bytes)
     # A fresh state dir: a checkpoint from an earlier run (another file size) would restore
@@ -195,6 +234,12 @@ dim = 10
 format = "sparse"
 """
     )
+    consumers = None
+    if a.consumer_first:
+        consumers = spawn_consumers(a, sock, work, wait=True)
+        for c in consumers:
+            if c.stdout.readline().strip() != "ready":
+                sys.exit(f"a consumer failed before the daemon started:\n{c.communicate()[1]}")
     t0 = time.perf_counter()
     t0_unix = time.time()
     daemon = subprocess.Popen([DAEMON, "run", "--config", str(cfg)], env=dict(os.environ, MINIBATCHD_LOG="warn"))
@@ -234,13 +279,8 @@ format = "sparse"
                     sys.exit("the daemon exited")
                 time.sleep(0.05)
             preload_s = time.perf_counter() - t0 - index_s
-        py = ROOT / ".venv/bin/python"
-        py = str(py) if py.exists() else sys.executable
-        env = dict(os.environ, BENCH_WINDOW_CHUNKS=str(a.window_chunks or ""), BENCH_METRICS_ADDR_FILE=str(work / "state" / "metrics.addr"))
-        consumers = [
-            subprocess.Popen([py, __file__, "--consume", sock, "--minibatch-size", str(a.minibatch_size), "--sweeps", str(a.sweeps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-            for _ in range(a.sessions)
-        ]
+        if consumers is None:
+            consumers = spawn_consumers(a, sock, work, wait=False)
         outs = [c.communicate() for c in consumers]
         for c, (_, err) in zip(consumers, outs):
             if c.returncode != 0:

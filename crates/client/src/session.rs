@@ -118,8 +118,14 @@ fn daemon_error(m: ServerMessage) -> ClientError {
     }
 }
 
-/// How often [`Client::open_when_indexed`] asks again while the dataset is being indexed.
+/// How often, at most, [`Client::open_when_indexed`] asks again while the dataset is being
+/// indexed.
 pub const INDEXING_POLL: Duration = Duration::from_millis(250);
+
+/// The first wait of [`Client::open_when_indexed`]; each later one doubles, up to
+/// [`INDEXING_POLL`]. A daemon that has just started reads a dataset's index cache in tens of
+/// milliseconds: a trainer started with it opens its session then, not a whole poll later.
+pub const INDEXING_FIRST_POLL: Duration = Duration::from_millis(2);
 
 impl Client {
     /// Connects to the socket at `path` and checks the protocol version.
@@ -158,10 +164,10 @@ impl Client {
         }
     }
 
-    /// Connects to `path` and opens a session on `dataset`, asking again every
-    /// [`INDEXING_POLL`] while the daemon answers `dataset_indexing` (it is still indexing the
-    /// dataset: it just started, or a reload added it), for up to `wait` (`None`: as long as it
-    /// takes).
+    /// Connects to `path` and opens a session on `dataset`, asking again while the daemon answers
+    /// `dataset_indexing` (it is still indexing the dataset: it just started, or a reload added
+    /// it) — after [`INDEXING_FIRST_POLL`], then twice as long each time up to [`INDEXING_POLL`]
+    /// — for up to `wait` (`None`: as long as it takes).
     ///
     /// # Errors
     /// [`ClientError`]; `dataset_indexing` once `wait` has passed.
@@ -172,12 +178,14 @@ impl Client {
         wait: Option<Duration>,
     ) -> Result<Session> {
         let start = std::time::Instant::now();
+        let mut poll = INDEXING_FIRST_POLL;
         loop {
             match Self::connect(path.as_ref())?.open(dataset, options) {
                 Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. })
                     if wait.is_none_or(|w| start.elapsed() < w) =>
                 {
-                    std::thread::sleep(INDEXING_POLL);
+                    std::thread::sleep(poll);
+                    poll = (poll * 2).min(INDEXING_POLL);
                 }
                 other => return other,
             }

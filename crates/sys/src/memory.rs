@@ -175,9 +175,11 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     fn map(fd: BorrowedFd<'_>, len: usize, writable: bool) -> Result<Self, ShmError> {
         let prot = if writable { ProtFlags::READ | ProtFlags::WRITE } else { ProtFlags::READ };
-        // A client's read-only view is populated at once (one call, instead of a page fault per
-        // slot on the first pass through the ring, inside the trainer's loop).
-        let flags = if writable { MapFlags::SHARED } else { MapFlags::SHARED | MapFlags::POPULATE };
+        // Not populated, neither side: the daemon makes a slot's pages as it fills them, and a
+        // client's first read of a slot maps its written pages in a few faults (fault-around).
+        // Populating a client's view would make every page of the ring at `open` — 64 MiB zeroed
+        // for the default ring, tens of milliseconds before the first minibatch.
+        let flags = MapFlags::SHARED;
         // SAFETY: a fresh mapping chosen by the kernel (null hint) overlaps no existing Rust
         // object; `fd` is a sealed memfd of at least `len` bytes (checked by both callers), so
         // every byte of the mapping is backed and cannot be truncated away.
