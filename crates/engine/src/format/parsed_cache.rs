@@ -28,7 +28,11 @@
 //! consistent (offsets start at 0, never decrease, and end at the lengths they index; sparse CTF
 //! indices lie below the stream's dimension): a truncated, corrupt, stale or foreign entry is a
 //! miss, removed, and the chunk is parsed again — never served. Entries are read only if they are
-//! regular files owned by this user and not writable by others ([`persist::open_trusted`]).
+//! regular files owned by this user and not writable by others ([`persist::open_trusted`]). The
+//! checksum is computed the first time this process reads a version of an entry's file (its
+//! device, inode, size, modification and status-change times — a write in place or a replacement
+//! makes a new one); a later read of that same version, once it has stayed unchanged for two
+//! seconds, checks everything but the checksum (a pass over the entry, a tenth of a warm sweep).
 //!
 //! Only chunks parsed without a malformed place are written: a chunk with errors is parsed again
 //! each time, so its errors are charged to the error budget and reported exactly as without the
@@ -101,6 +105,8 @@ pub struct ParsedCacheStats {
     pub misses: u64,
     /// Entries refused (corrupt, truncated, inconsistent, untrusted) and removed.
     pub rejected: u64,
+    /// Entries whose checksum was computed: the first read of each version of an entry's file.
+    pub checksums: u64,
     /// Entries written.
     pub writes: u64,
     /// Writes that failed (disk full, permissions); the chunk is served from the parse anyway.
@@ -123,6 +129,7 @@ struct Counters {
     mapped: AtomicU64,
     misses: AtomicU64,
     rejected: AtomicU64,
+    checksums: AtomicU64,
     writes: AtomicU64,
     write_errors: AtomicU64,
     evictions: AtomicU64,
@@ -130,33 +137,87 @@ struct Counters {
     bytes_written: AtomicU64,
 }
 
+/// What identifies one version of an entry's file: a write in place changes the modification
+/// and status-change times, a replacement the inode. The status-change time cannot be set by a
+/// user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileVersion {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file was last changed at least [`STABLE_SECS`] before `now` (Unix seconds):
+    /// a change within one tick of the kernel's coarse clock after the check could leave both
+    /// times as they were ("racily clean", as git calls it), so a version that young is checked
+    /// again at its next read.
+    fn settled_by(&self, now: i64) -> bool {
+        self.mtime.0.max(self.ctime.0).saturating_add(STABLE_SECS) <= now
+    }
+}
+
+/// How long an entry's file must have stayed unchanged for its checked version to be trusted
+/// without its checksum ([`FileVersion::settled_by`]).
+const STABLE_SECS: i64 = 2;
+
+#[derive(Debug)]
+struct LruEntry {
+    bytes: u64,
+    /// Last use tick.
+    tick: u64,
+    /// The file version whose checksum this process checked, once it had settled: a later read
+    /// of that same version skips the checksum (its structure is checked every time).
+    checked: Option<FileVersion>,
+}
+
 #[derive(Debug, Default)]
 struct Lru {
-    /// File name → (bytes, last use tick).
-    entries: HashMap<String, (u64, u64)>,
+    /// File name → its entry.
+    entries: HashMap<String, LruEntry>,
     bytes: u64,
     tick: u64,
 }
 
 impl Lru {
-    fn touch(&mut self, name: &str, bytes: u64) {
+    /// Marks `name` used now, `bytes` long, with `checked` the version of its file whose checksum
+    /// is known to be right (`None`: none, as after this process wrote it).
+    fn touch(&mut self, name: &str, bytes: u64, checked: Option<FileVersion>) {
         self.tick += 1;
         let tick = self.tick;
-        match self.entries.insert(name.to_owned(), (bytes, tick)) {
-            Some((old, _)) => self.bytes = self.bytes - old + bytes,
+        match self.entries.insert(name.to_owned(), LruEntry { bytes, tick, checked }) {
+            Some(old) => self.bytes = self.bytes - old.bytes + bytes,
             None => self.bytes += bytes,
         }
     }
 
+    /// Whether the checksum of this version of `name` was checked already.
+    fn checked(&self, name: &str, version: &FileVersion) -> bool {
+        self.entries.get(name).and_then(|e| e.checked).is_some_and(|v| v == *version)
+    }
+
     fn forget(&mut self, name: &str) {
-        if let Some((b, _)) = self.entries.remove(name) {
-            self.bytes -= b;
+        if let Some(e) = self.entries.remove(name) {
+            self.bytes -= e.bytes;
         }
     }
 
     /// The least recently used entry other than `keep`.
     fn oldest(&self, keep: &str) -> Option<String> {
-        self.entries.iter().filter(|(n, _)| n.as_str() != keep).min_by_key(|(_, &(_, t))| t).map(|(n, _)| n.clone())
+        self.entries.iter().filter(|(n, _)| n.as_str() != keep).min_by_key(|(_, e)| e.tick).map(|(n, _)| n.clone())
     }
 }
 
@@ -167,6 +228,14 @@ pub struct ParsedCache {
     limit: u64,
     lru: Mutex<Lru>,
     counters: Counters,
+    /// Unix seconds now ([`FileVersion::settled_by`]); another clock in tests.
+    clock: fn() -> i64,
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 impl ParsedCache {
@@ -199,9 +268,10 @@ impl ParsedCache {
         found.sort();
         let mut lru = Lru::default();
         for (_, name, len) in found {
-            lru.touch(&name, len);
+            lru.touch(&name, len, None);
         }
-        let cache = Self { dir: dir.to_owned(), limit, lru: Mutex::new(lru), counters: Counters::default() };
+        let cache =
+            Self { dir: dir.to_owned(), limit, lru: Mutex::new(lru), counters: Counters::default(), clock: unix_now };
         cache.evict_to(limit, "");
         Ok(cache)
     }
@@ -231,6 +301,7 @@ impl ParsedCache {
             mapped: c.mapped.load(Ordering::Relaxed),
             misses: c.misses.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
+            checksums: c.checksums.load(Ordering::Relaxed),
             writes: c.writes.load(Ordering::Relaxed),
             write_errors: c.write_errors.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
@@ -286,8 +357,14 @@ impl ParsedCache {
             return None;
         }
         let expect = Expect { identity, chunk, num_sequences, streams, precision };
-        if let Some(parsed) = decode(file, meta.len(), &expect) {
-            self.lock().touch(&name, meta.len());
+        let version = FileVersion::of(&meta);
+        let already = self.lock().checked(&name, &version);
+        if !already {
+            self.counters.checksums.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(parsed) = decode(file, meta.len(), &expect, !already) {
+            let checked = (already || version.settled_by((self.clock)())).then_some(version);
+            self.lock().touch(&name, meta.len(), checked);
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
             if parsed.is_mapped() {
                 self.counters.mapped.fetch_add(1, Ordering::Relaxed);
@@ -322,7 +399,7 @@ impl ParsedCache {
         let written = persist::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
         match written {
             Ok(()) => {
-                self.lock().touch(&name, len);
+                self.lock().touch(&name, len, None);
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
                 self.counters.bytes_written.fetch_add(len, Ordering::Relaxed);
             }
@@ -607,7 +684,10 @@ fn offsets_ok(o: &[usize], end: usize) -> bool {
     o.first() == Some(&0) && o.last() == Some(&end) && o.windows(2).all(|w| w[0] <= w[1])
 }
 
-fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
+/// `checksum`: whether to check the trailer's checksum (not when this version of the file was
+/// checked before, [`LruEntry::checked`]); the header and the arrays' structure are checked
+/// either way.
+fn decode(file: File, len: u64, want: &Expect<'_>, checksum: bool) -> Option<ParsedChunk> {
     if !cfg!(all(target_endian = "little", target_pointer_width = "64")) {
         return None;
     }
@@ -616,7 +696,7 @@ fn decode(file: File, len: u64, want: &Expect<'_>) -> Option<ParsedChunk> {
     let all = bytes.as_slice();
     let (checked, trailer) = all.split_at(all.len().checked_sub(8)?); // TRAILER_BYTES
                                                                       // The checksum first: nothing is sized from an entry whose bytes are not what was written.
-    if trailer[..4] != crc32fast::hash(checked).to_ne_bytes() || &trailer[4..] != END {
+    if &trailer[4..] != END || (checksum && trailer[..4] != crc32fast::hash(checked).to_ne_bytes()) {
         return None;
     }
     let mut r = Src { bytes: &bytes, at: 0, end: checked.len() };

@@ -379,3 +379,59 @@ fn an_entry_truncated_or_overwritten_while_mapped_changes_nothing_served_and_is_
         assert!(!path.exists(), "{cmd}: and removed");
     }
 }
+
+/// Flips a bit of the first dense value of `path` in place (same length, same inode: only the
+/// checksum can tell) and sets its modification time an hour back, so that the change shows in
+/// the file's times whatever the clock's grain.
+fn corrupt_in_place(path: &Path) {
+    use std::os::unix::fs::FileExt as _;
+    let mut bytes = std::fs::read(path).expect("read");
+    // The header, the first stream's six words and its three sequence offsets.
+    let at = HEADER_BYTES as usize + 6 * 8 + 3 * 8 + 1;
+    bytes[at] ^= 0x40;
+    let f = std::fs::OpenOptions::new().write(true).open(path).expect("open for writing");
+    f.write_all_at(&bytes, 0).expect("write");
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    f.set_modified(hour_ago).expect("set mtime");
+}
+
+#[test]
+fn a_settled_entry_is_checksummed_once_and_again_once_it_changes() {
+    let d = tempfile::tempdir().expect("tmp");
+    let mut c = open(&d.path().join("parsed"), 1 << 20);
+    // Every version has settled by this clock.
+    c.clock = || i64::MAX / 2;
+    c.put(ID, &chunk(3));
+    assert_eq!(get(&c, 3), Some(chunk(3)));
+    assert_eq!(get(&c, 3), Some(chunk(3)));
+    assert_eq!(get(&c, 3), Some(chunk(3)));
+    let s = c.stats();
+    assert_eq!((s.hits, s.checksums, s.rejected), (3, 1, 0), "{s:?}");
+    // A write in place is a new version: checked again, refused, parsed again.
+    corrupt_in_place(&d.path().join("parsed").join(ParsedCache::name(ID, 3)));
+    assert_eq!(get(&c, 3), None);
+    let s = c.stats();
+    assert_eq!((s.checksums, s.rejected), (2, 1), "{s:?}");
+    // Written again (a replacement): checked at its first read.
+    c.put(ID, &chunk(3));
+    assert_eq!(get(&c, 3), Some(chunk(3)));
+    assert_eq!(c.stats().checksums, 3);
+}
+
+#[test]
+fn an_entry_changed_within_the_last_seconds_is_checksummed_at_every_read() {
+    let d = tempfile::tempdir().expect("tmp");
+    let c = open(&d.path().join("parsed"), 1 << 20);
+    c.put(ID, &chunk(4));
+    for _ in 0..3 {
+        assert_eq!(get(&c, 4), Some(chunk(4)));
+    }
+    assert_eq!(c.stats().checksums, 3, "a version younger than STABLE_SECS is not trusted unchecked");
+}
+
+#[test]
+fn a_version_settles_two_seconds_after_its_last_change() {
+    let v = FileVersion { dev: 1, ino: 2, len: 3, mtime: (100, 0), ctime: (105, 999) };
+    assert!(!v.settled_by(106));
+    assert!(v.settled_by(107));
+}
