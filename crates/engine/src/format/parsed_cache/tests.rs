@@ -387,7 +387,7 @@ fn corrupt_in_place(path: &Path) {
     use std::os::unix::fs::FileExt as _;
     let mut bytes = std::fs::read(path).expect("read");
     // The header, the first stream's six words and its three sequence offsets.
-    let at = HEADER_BYTES as usize + 6 * 8 + 3 * 8 + 1;
+    let at = usize::try_from(HEADER_BYTES).expect("small") + 6 * 8 + 3 * 8 + 1;
     bytes[at] ^= 0x40;
     let f = std::fs::OpenOptions::new().write(true).open(path).expect("open for writing");
     f.write_all_at(&bytes, 0).expect("write");
