@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Timeline, Window};
+use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Tail, Timeline, Window};
 
 fn timeline(seqs: usize, chunks: usize, variable: bool) -> Timeline {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -82,6 +82,30 @@ fn bench(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("sequential_with_fingerprint", name), &t, |b, t| {
             b.iter(|| sweep(t, false, Window::Chunks(1), 256, true));
         });
+    }
+    // Equal steps for 8 data-parallel workers, as each rank's `open` computes them (the counts
+    // and this worker's cut), over 2 sweeps of 1M one-sample sequences, window of 4 chunks.
+    let t = Arc::new(timeline(1_000_000, 500, false));
+    g.throughput(Throughput::Elements(2_000_000));
+    for rank in [0, 5] {
+        g.bench_with_input(
+            BenchmarkId::new(format!("equal_steps_8_workers_rank_{rank}"), "1M_frames_500_chunks"),
+            &t,
+            |b, t| {
+                b.iter(|| {
+                    let opts = SamplingOptions {
+                        randomize: true,
+                        window: Window::Chunks(4),
+                        seed: 1,
+                        limit: EpochLimit::Sweeps(2),
+                        num_workers: 8,
+                        rank,
+                    };
+                    let mut s = Sampler::new(t.clone(), opts).expect("sampler");
+                    s.equalize_steps(256, Tail::Drop).expect("equal steps").steps
+                });
+            },
+        );
     }
     // Many small chunks: the hint must not cost every chunk used so far.
     let t = Arc::new(timeline(1_000_000, 20_000, false));

@@ -320,9 +320,9 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
         sampler.job_walk_fits(positions)?;
     }
     let job_from = match (&options.resume_job, resumed_job) {
-        (Some(states), _) => states.iter().map(|s| s.position).min().unwrap_or(0),
-        (None, Some(p)) => p.iter().copied().min().unwrap_or(0),
-        (None, None) => 0,
+        (Some(states), _) => Some(states.iter().map(|s| s.position).min().unwrap_or(0)),
+        (None, Some(p)) => Some(p.iter().copied().min().unwrap_or(0)),
+        (None, None) => None,
     };
     if resolved.equal_steps {
         sampler.equal_steps_walk_fits(job_from)?;

@@ -28,7 +28,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
 use super::plan::{walk_owners, window_sequences, SweepPlan, PLAN_BYTES_PER_CHUNK, PLAN_FIXED_BYTES, SLOT_BYTES};
-use super::randomizer::uses_block_randomizer;
+use super::randomizer::{shuffle_chunks, uses_block_randomizer};
 use super::Timeline;
 use crate::minibatch::ChunkSet;
 
@@ -573,8 +573,15 @@ impl Sampler {
     /// minibatches at the end, which the caller delivers: [`EqualSteps::padding`]).
     ///
     /// Deterministic: the counts are computed from the epoch start (or from the job base of
-    /// [`Sampler::resume_job`]) by walking every worker's plans (no data is read), so a restore
-    /// within the epoch keeps them.
+    /// [`Sampler::resume_job`]), so a restore within the epoch keeps them. When every sequence is
+    /// one sample and no job is continued, a worker's minibatches are its samples in the epoch
+    /// divided by its local minibatch size, rounded up (each minibatch but the last takes exactly
+    /// that many, across sweep ends too), and its samples are counted per chunk — the block
+    /// randomizer deals whole chunks — or, in file order, by arithmetic; where this worker's
+    /// epoch is cut is found from the position of its last sample kept: no sequence is walked
+    /// but those of a sweep the epoch ends inside and those of the sweep the cut lies in (block
+    /// randomizer). Otherwise every worker's plans are walked (no data is read). Both give the
+    /// same counts and cut (a property test checks).
     ///
     /// # Errors
     /// [`SamplingError::EqualStepsNeedAFiniteEpoch`] for an infinite epoch.
@@ -582,7 +589,165 @@ impl Sampler {
         if self.options.limit == EpochLimit::Infinite {
             return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
         }
-        self.equal_steps_walk_fits(self.job.as_ref().map_or(0, |j| j.positions.iter().copied().min().unwrap_or(0)))?;
+        self.equal_steps_walk_fits(self.job.as_ref().map(|j| j.positions.iter().copied().min().unwrap_or(0)))?;
+        if self.counts_steps() {
+            return Ok(self.equalize_steps_counted(minibatch_size, tail));
+        }
+        self.equalize_steps_walked(minibatch_size, tail)
+    }
+
+    /// Whether [`Sampler::equalize_steps`] counts instead of walking.
+    fn counts_steps(&self) -> bool {
+        self.unit_lengths && self.job.is_none()
+    }
+
+    /// [`Sampler::equalize_steps`] by counting each worker's samples in the epoch.
+    fn equalize_steps_counted(&mut self, minibatch_size: usize, tail: Tail) -> EqualSteps {
+        let workers = self.options.num_workers;
+        let (from, until) = (self.epoch_start(), self.epoch_end);
+        let dealt = self.block_samples_between(from, until);
+        let samples = |rank: usize| {
+            if self.block {
+                dealt.get(rank).copied().unwrap_or(0)
+            } else {
+                congruent_in(from, until, rank as u64, workers as u64)
+            }
+        };
+        let steps = |rank: usize| samples(rank).div_ceil(self.local_limit_of(minibatch_size, rank));
+        let (fewest, most) = (0..workers).map(steps).fold((u64::MAX, 0u64), |(lo, hi), n| (lo.min(n), hi.max(n)));
+        let rank = self.options.rank;
+        let (own, own_samples) = (steps(rank), samples(rank));
+        match tail {
+            Tail::Pad => EqualSteps { steps: most, dropped: 0, padding: most - own },
+            Tail::Drop => {
+                let limit = self.local_limit(minibatch_size);
+                let kept = fewest.saturating_mul(limit).min(own_samples);
+                // The last minibatch kept is a partial one: the walk after it goes on to the epoch
+                // end, finding no more of this worker's sequences.
+                let partial = kept == own_samples && kept % limit != 0;
+                self.step_cutoff = Some(if fewest == 0 {
+                    // Where the worker starts: the epoch start, or its end for a worker the block
+                    // randomizer gives no chunk.
+                    if self.block && rank >= self.timeline.num_chunks() {
+                        self.epoch_end
+                    } else {
+                        self.epoch_start()
+                    }
+                } else if partial {
+                    self.epoch_end
+                } else {
+                    self.end_after_local_sample(kept, kept == own_samples)
+                });
+                EqualSteps { steps: fewest, dropped: own - fewest, padding: 0 }
+            }
+        }
+    }
+
+    /// Where a minibatch that ends with this worker's `k`th sample of the epoch (`k >= 1`, every
+    /// sequence one sample) leaves the cursor: in file order right after it when there are
+    /// several workers (CNTK's `NoRandomizer` stops once full) and, with one, at the next
+    /// sequence, which is the same place; the block randomizer passes over the other workers'
+    /// sequences up to its next one, the end of the sweep, or the epoch end, whichever comes
+    /// first. `last`: the `k`th is this worker's last sample of the epoch, so the place is the end
+    /// of its sweep or the epoch end, found without walking the sweep.
+    fn end_after_local_sample(&self, k: u64, last: bool) -> u64 {
+        let rank = self.options.rank;
+        if !self.block {
+            // Sequence `g` of the timeline is worker `g % W`'s.
+            let workers = self.options.num_workers as u64;
+            let start = self.epoch_start();
+            let first = start + (rank as u64 + workers - start % workers) % workers;
+            return (first + (k - 1) * workers + 1).min(self.epoch_end);
+        }
+        let size = self.sweep_size.max(1);
+        let mut before = 0u64;
+        let mut sweep = self.epoch_start() / size;
+        let workers = self.options.num_workers.max(1);
+        let chunks = self.timeline.num_chunks();
+        // The sweep holding the kth: whole sweeps before it are counted, not walked.
+        loop {
+            let order = shuffle_chunks(chunks, self.options.seed.wrapping_add(sweep));
+            let here: u64 = (rank..chunks).step_by(workers).map(|k| self.chunk_samples(order[k])).sum();
+            if before + here >= k || (sweep + 1) * size >= self.epoch_end {
+                break;
+            }
+            before += here;
+            sweep += 1;
+        }
+        let nth = k - before;
+        let sweep_start = sweep * size;
+        let sweep_end = (sweep_start + size).min(self.epoch_end);
+        if last {
+            return sweep_end;
+        }
+        let mut plan = self.build_plan(sweep);
+        let mut seen = 0u64;
+        let mut at = None;
+        for index in 0..plan.len() {
+            if plan.entry(&self.timeline, index).owner != rank as u64 {
+                continue;
+            }
+            if at.is_some() {
+                // The next sequence of this worker.
+                return (sweep_start + index as u64).min(sweep_end);
+            }
+            seen += 1;
+            if seen == nth {
+                at = Some(index);
+            }
+        }
+        sweep_end
+    }
+
+    /// Where the epoch starts: its sweep's start for [`EpochLimit::Sweep`], else 0.
+    fn epoch_start(&self) -> u64 {
+        match self.options.limit {
+            EpochLimit::Sweep(k) => k.saturating_mul(self.sweep_size),
+            _ => 0,
+        }
+    }
+
+    /// With the block randomizer, the samples of each worker that gets a chunk (ranks below
+    /// the chunk count; the others get none) at positions `from..until`, `from` at a sweep start
+    /// (every sequence one sample, so a position is a sequence): whole sweeps are counted per
+    /// chunk (the chunk at randomized position `k` is worker `k % W`'s), and a sweep that `until`
+    /// ends inside is walked up to it. Empty in file order, where sequence `g` of the timeline is
+    /// worker `g % W`'s ([`congruent_in`]).
+    fn block_samples_between(&self, from: u64, until: u64) -> Vec<u64> {
+        if !self.block {
+            return Vec::new();
+        }
+        let workers = self.options.num_workers.max(1);
+        let mut samples = vec![0u64; workers.min(self.timeline.num_chunks())];
+        if until <= from {
+            return samples;
+        }
+        let size = self.sweep_size.max(1);
+        for sweep in from / size..until / size {
+            let order = shuffle_chunks(self.timeline.num_chunks(), self.options.seed.wrapping_add(sweep));
+            for (k, &c) in order.iter().enumerate() {
+                samples[k % workers] += self.chunk_samples(c);
+            }
+        }
+        let rest = until % size;
+        if rest > 0 && until / size >= from / size {
+            let mut plan = self.build_plan(until / size);
+            for index in 0..usize::try_from(rest).unwrap_or(usize::MAX).min(plan.len()) {
+                let owner = plan.entry(&self.timeline, index).owner;
+                samples[usize::try_from(owner).unwrap_or(0) % workers] += 1;
+            }
+        }
+        samples
+    }
+
+    /// Sequences of chunk `c`: its samples, every sequence being one.
+    fn chunk_samples(&self, c: u32) -> u64 {
+        let c = c as usize;
+        (self.timeline.chunk_start[c + 1] - self.timeline.chunk_start[c]) as u64
+    }
+
+    /// [`Sampler::equalize_steps`] by walking every worker's plans.
+    fn equalize_steps_walked(&mut self, minibatch_size: usize, tail: Tail) -> Result<EqualSteps, SamplingError> {
         // Each worker walked from the start of the (resumed) epoch.
         let start = |rank: usize| -> Result<Sampler, SamplingError> {
             let options = SamplingOptions { rank, ..self.options.clone() };
@@ -625,21 +790,37 @@ impl Sampler {
     }
 
     /// Whether [`Sampler::equalize_steps`] on this sampler, continuing a job whose earliest
-    /// worker stands at `job_start` (0 for none), stays within [`MAX_WALK_SEQUENCES`]: each
-    /// worker's walk visits every sequence of the epoch (a partial sweep counted whole), and the
-    /// workers plus this one again are walked. Cheap, for a caller to refuse before committing to
-    /// anything.
+    /// worker stands at `job_start` (`None` for no job), stays within [`MAX_WALK_SEQUENCES`]:
+    /// counted, it visits each chunk once per sweep of the epoch and at most two sweeps' sequences
+    /// (the one the epoch ends in, the one a restore lands in); walked, each worker's walk visits
+    /// every sequence of the epoch (a partial sweep counted whole), and the workers plus this one
+    /// again are walked. Cheap, for a caller to refuse before committing to anything.
     ///
     /// # Errors
     /// [`SamplingError::EqualStepsTooCostly`].
-    pub fn equal_steps_walk_fits(&self, job_start: u64) -> Result<(), SamplingError> {
+    pub fn equal_steps_walk_fits(&self, job_start: Option<u64>) -> Result<(), SamplingError> {
+        let sequences = self.timeline.num_sequences() as u64;
+        let workers = self.options.num_workers;
+        if self.unit_lengths && job_start.is_none() {
+            // Counted: each chunk twice per sweep (the counts, then the sweep of the cut), a
+            // count per worker, and at most two sweeps' sequences walked.
+            let sweeps = self.sweeps_between(self.epoch_start(), self.epoch_end);
+            let per_worker = sweeps.saturating_mul(self.timeline.num_chunks() as u64).saturating_mul(2);
+            let walk = per_worker
+                .saturating_add(workers as u64)
+                .saturating_add(sequences.saturating_mul(2))
+                .saturating_add(PER_WORKER_SETUP);
+            if walk > MAX_WALK_SEQUENCES {
+                return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
+            }
+            return Ok(());
+        }
+        let job_start = job_start.unwrap_or(0);
         let start = match self.options.limit {
             EpochLimit::Sweep(k) => job_start.max(k.saturating_mul(self.sweep_size)),
             _ => job_start,
         };
-        let per_worker =
-            self.sweeps_between(start, self.epoch_end).saturating_mul(self.timeline.num_sequences() as u64);
-        let workers = self.options.num_workers;
+        let per_worker = self.sweeps_between(start, self.epoch_end).saturating_mul(sequences);
         let walk = per_worker.saturating_add(PER_WORKER_SETUP).saturating_mul(workers as u64 + 1);
         if walk > MAX_WALK_SEQUENCES {
             return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
@@ -835,8 +1016,13 @@ impl Sampler {
     }
 
     fn local_limit(&self, minibatch_size: usize) -> u64 {
+        self.local_limit_of(minibatch_size, self.options.rank)
+    }
+
+    /// The local minibatch size of worker `rank`.
+    fn local_limit_of(&self, minibatch_size: usize, rank: usize) -> u64 {
         let workers = self.options.num_workers;
-        let share = minibatch_size / workers + usize::from(minibatch_size % workers > self.options.rank);
+        let share = minibatch_size / workers + usize::from(minibatch_size % workers > rank);
         (share as u64).clamp(1, MAX_LOCAL_MINIBATCH_SAMPLES)
     }
 
@@ -970,6 +1156,13 @@ fn epoch_end(limit: EpochLimit, sweep_size: u64) -> Result<u64, SamplingError> {
         Some(samples) if samples <= MAX_EPOCH_SAMPLES => Ok(samples),
         _ => Err(SamplingError::EpochTooLarge { limit, sweep_size }),
     }
+}
+
+/// How many `g` in `from..until` have `g % workers == rank`.
+fn congruent_in(from: u64, until: u64, rank: u64, workers: u64) -> u64 {
+    // Below `x`: those in `0..x`.
+    let below = |x: u64| x / workers + u64::from(x % workers > rank);
+    below(until) - below(from)
 }
 
 #[cfg(test)]

@@ -428,13 +428,19 @@ fn the_walks_a_client_can_ask_for_are_bounded() {
         }
         other => panic!("expected EqualStepsTooCostly, got {other:?}"),
     }
-    // 4,096 sequences and the setup of each of 2^20 + 1 workers: over 2^32.
+    // 4,096 sequences of two samples (walked, not counted) and the setup of each of 2^20 + 1
+    // workers: over 2^32.
     let many = SamplingOptions { num_workers: 1 << 20, rank: 5, ..whole_window(3, EpochLimit::FullSweep) };
-    let mut wide = Sampler::new(mock(4, 1024, 1), many).expect("sampler");
+    let mut wide = Sampler::new(mock(4, 1024, 2), many.clone()).expect("sampler");
     assert!(matches!(wide.equalize_steps(1, Tail::Pad), Err(SamplingError::EqualStepsTooCostly { .. })));
     // The check a caller makes before committing to a session says the same, at once.
-    assert!(wide.equal_steps_walk_fits(0).is_err());
-    assert!(sampler(&t, whole_window(3, EpochLimit::FullSweep)).equal_steps_walk_fits(0).is_ok());
+    assert!(wide.equal_steps_walk_fits(None).is_err());
+    assert!(sampler(&t, whole_window(3, EpochLimit::FullSweep)).equal_steps_walk_fits(None).is_ok());
+    // Sequences of one sample are counted, not walked: as many workers cost a count each.
+    let mut counted = Sampler::new(mock(4, 1024, 1), many).expect("sampler");
+    assert_eq!(counted.equalize_steps(1, Tail::Pad).expect("counted").steps, 1024);
+    // Counted, an epoch of 2^62 samples is 2^57 sweeps of 4 chunks: refused as well.
+    assert!(sampler(&t, whole_window(3, EpochLimit::Samples(1 << 62))).equal_steps_walk_fits(None).is_err());
     // A bounded epoch is still equalized, whatever its length within the bound.
     let mut ok = sampler(&t, whole_window(3, EpochLimit::Sweeps(1000)));
     assert_eq!(ok.equalize_steps(4, Tail::Drop).expect("within the bound").steps, 8000);
@@ -753,4 +759,88 @@ fn a_next_sweep_built_elsewhere_changes_nothing() {
     let job = s.next_sweep_job().expect("sweep 1 is in the epoch");
     while s.next_minibatch(4).is_some_and(|mb| mb.sweep == 0) {}
     assert!(!s.install_next_sweep(job.build()), "sweep 1 is current now");
+}
+
+mod counted_equal_steps {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Sequences of one sample in 1–10 chunks of 1–12.
+    fn unit_timeline() -> impl Strategy<Value = Arc<Timeline>> {
+        prop::collection::vec(1usize..=12, 1..=10).prop_map(|sizes| {
+            let lens = vec![1u32; sizes.iter().sum()];
+            timeline(&lens, &sizes)
+        })
+    }
+
+    fn window() -> impl Strategy<Value = Window> {
+        prop_oneof![
+            (0usize..6).prop_map(Window::Chunks),
+            (0u64..40).prop_map(Window::Samples),
+            Just(Window::Samples(u64::MAX))
+        ]
+    }
+
+    fn limit() -> impl Strategy<Value = EpochLimit> {
+        prop_oneof![
+            Just(EpochLimit::FullSweep),
+            (1u64..=3).prop_map(EpochLimit::Sweeps),
+            (0u64..150).prop_map(EpochLimit::Samples),
+            (0u64..3).prop_map(EpochLimit::Sweep),
+        ]
+    }
+
+    fn drain_all(s: &mut Sampler, mb: usize) -> (Vec<MinibatchPlan>, u64) {
+        let mut plans = Vec::new();
+        while let Some(p) = s.next_minibatch(mb) {
+            plans.push(p);
+        }
+        (plans, s.position())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Equal steps counted (every sequence one sample) give what walking every worker's plans
+        /// gives — the counts, the cut, every minibatch after it and where the worker stops —
+        /// also after a restore at any minibatch, before or after equal steps are applied.
+        #[test]
+        fn counting_is_walking(
+            t in unit_timeline(),
+            randomize in any::<bool>(),
+            window in window(),
+            seed in 0u64..1000,
+            limit in limit(),
+            workers in 1usize..=5,
+            mb in 1usize..=9,
+            pad in any::<bool>(),
+        ) {
+            let tail = if pad { Tail::Pad } else { Tail::Drop };
+            for rank in 0..workers {
+                let o = SamplingOptions { randomize, window, seed, limit, num_workers: workers, rank };
+                let mut counted = Sampler::new(t.clone(), o.clone()).expect("sampler");
+                prop_assert!(counted.counts_steps());
+                let mut walked = Sampler::new(t.clone(), o.clone()).expect("sampler");
+                let a = counted.equalize_steps(mb, tail).expect("counted");
+                let b = walked.equalize_steps_walked(mb, tail).expect("walked");
+                prop_assert_eq!(a, b, "rank {}", rank);
+                prop_assert_eq!(counted.step_cutoff, walked.step_cutoff, "rank {}", rank);
+                let (plans, end) = drain_all(&mut counted, mb);
+                prop_assert_eq!((&plans, end), (&drain_all(&mut walked, mb).0, walked.position()));
+                for (i, p) in plans.iter().enumerate() {
+                    // The daemon's order: restore, then equal steps; dump's: the other way.
+                    let mut daemon = Sampler::new(t.clone(), o.clone()).expect("sampler");
+                    daemon.restore(p.position).expect("restore");
+                    daemon.equalize_steps(mb, tail).expect("counted");
+                    let mut dump = Sampler::new(t.clone(), o.clone()).expect("sampler");
+                    dump.equalize_steps(mb, tail).expect("counted");
+                    dump.restore(p.position).expect("restore");
+                    let rest = (plans[i + 1..].to_vec(), end);
+                    prop_assert_eq!(drain_all(&mut daemon, mb), rest.clone());
+                    prop_assert_eq!(drain_all(&mut dump, mb), rest);
+                }
+            }
+        }
+    }
 }
