@@ -12,7 +12,7 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use minibatchd::dump::{dump, for_each_minibatch, DumpOptions};
 use minibatchd_engine::dataset::Dataset;
@@ -226,5 +226,72 @@ fn a_chunk_read_as_its_lines_gives_what_its_sizes_give() {
         assert!(by_sizes.index_bytes() > 300 * 4, "{name}: the sizes are kept ({} bytes)", by_sizes.index_bytes());
         assert!(by_lines.timeline().num_chunks() >= 5, "{name}: {} chunks", by_lines.timeline().num_chunks());
         assert_eq!(dump_all(&by_lines, 64), dump_all(&by_sizes, 64), "{name}");
+    }
+}
+
+/// Each file of a deepx dataset is chunked as soon as it is indexed (and its sizes let go, so the
+/// next file's pass does not find them all held): the chunks are CNTK's rule over every file —
+/// a chunk never crosses a file, and one closes when the next line would pass
+/// `chunk_size_bytes` — and the timeline is the same, whether the index comes from the pass or
+/// from its cache.
+#[test]
+fn a_dataset_of_many_files_is_chunked_file_by_file_as_its_rule_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut files = Vec::new();
+    let mut expected = Vec::new(); // (file, start, end, lines) by the rule
+    for (f, n) in [37usize, 1, 120, 64].into_iter().enumerate() {
+        let lines: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    "{} {}\n",
+                    i % 2,
+                    (0..1 + (i * 7 + f) % 23).map(|k| format!("{k}:1")).collect::<Vec<_>>().join(" ")
+                )
+            })
+            .collect();
+        let mut open_chunk: Option<(u64, u64, usize)> = None;
+        let mut at = 0u64;
+        for line in &lines {
+            let size = line.len() as u64;
+            match &mut open_chunk {
+                Some((start, end, count)) if *end - *start + size <= 1000 => {
+                    *end += size;
+                    *count += 1;
+                }
+                _ => {
+                    if let Some((s, e, c)) = open_chunk.take() {
+                        expected.push((f, s, e, c));
+                    }
+                    open_chunk = Some((at, at + size, 1));
+                }
+            }
+            at += size;
+        }
+        if let Some((s, e, c)) = open_chunk {
+            expected.push((f, s, e, c));
+        }
+        files.push(write(dir.path(), &format!("part-{f}.txt"), lines.concat()));
+    }
+    let paths: Vec<&Path> = files.iter().map(PathBuf::as_path).collect();
+    let state = tempfile::tempdir().expect("tempdir");
+    for pass in ["the index pass", "the index cache"] {
+        let ds = open("libsvm", &paths, "", state.path());
+        let got: Vec<(usize, u64, u64, usize)> =
+            ds.chunks().iter().map(|c| (c.file, c.start, c.end, c.num_seqs)).collect();
+        assert_eq!(got, expected, "{pass}");
+        let starts: Vec<usize> = expected
+            .iter()
+            .scan(0, |at, c| {
+                *at += c.3;
+                Some(*at)
+            })
+            .collect();
+        assert_eq!(ds.timeline().chunk_start[1..], starts[..], "{pass}");
+        assert_eq!(ds.timeline().num_sequences(), 37 + 1 + 120 + 64, "{pass}");
+        // Every file let go of its sizes (4 bytes a line): beside the chunks, an offset every 64
+        // lines is what is left.
+        let chunks = ds.chunks().len() * (std::mem::size_of::<minibatchd_engine::format::ChunkDesc>() + 8) + 8;
+        let rest = ds.index_bytes() - chunks as u64;
+        assert!(rest < 222, "{pass}: {rest} bytes beside the chunks");
     }
 }

@@ -60,6 +60,19 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     let mut missing = vec![0u64; sources.len().saturating_sub(1)];
     for c in primary_chunks {
         let idx = &sources[0].indexes[c.file];
+        if one_source && idx.sequences.sizes_follow_lines() {
+            // Its sequences are its lines (a deepx file chunked as it was indexed): one sample
+            // each, all kept.
+            if c.num_seqs > 0 {
+                SeqLoc::new(c.file, c.first_seq + c.num_seqs - 1)?;
+                for _ in 0..c.num_seqs {
+                    seq_len.push(1, total);
+                }
+                chunks.push(ChunkDesc { num_samples: c.num_seqs as u64, ..*c });
+                chunk_start.push(seq_len.len());
+            }
+            continue;
+        }
         let mut kept = 0usize;
         let mut samples = 0u64;
         // In order, each in constant time (`get` adds up to 63 sizes for an offset).

@@ -271,7 +271,7 @@ impl Dataset {
                 dim: s.dim,
             })
             .collect();
-        Self::assemble(config, sources, main_source, streams)
+        Self::assemble(config, sources, None, main_source, streams)
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
@@ -318,7 +318,8 @@ impl Dataset {
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
         let mut lengths_kept = false;
-        let mut indexes = Vec::new();
+        let mut indexes: Vec<FileIndex> = Vec::new();
+        let mut chunks = Vec::new();
         let mut file_versions = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
             let f = &input.name;
@@ -350,7 +351,22 @@ impl Dataset {
                     idx
                 }
             };
-            index_bytes += within_index_budget(&idx, &left)?;
+            // The file's index whole must fit beside what the earlier files keep (its sizes are
+            // held until it is chunked)...
+            within_index_budget(&idx, &left)?;
+            // ... and once chunked (chunks never cross files), a file whose sequences are its
+            // lines keeps an offset every 64 of them: the next file's pass does not find every
+            // earlier file's sizes still held.
+            let mut idx = idx;
+            let file = indexes.len();
+            chunks.extend(
+                build_chunks(std::slice::from_ref(&idx), config.chunk_size_bytes)
+                    .into_iter()
+                    .map(|c| ChunkDesc { file, ..c }),
+            );
+            idx.sequences.let_go_of_line_sizes(true);
+            idx.sequences.shrink_to_fit();
+            index_bytes += index_cost(&idx.sequences, &left);
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             lengths_kept |= idx.sequences.columns().samples;
@@ -366,17 +382,19 @@ impl Dataset {
             decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
             first_stream: 0,
         };
-        Self::assemble(config, vec![source], None, streams)
+        Self::assemble(config, vec![source], Some(chunks), None, streams)
     }
 
-    /// Chunks, joins and builds the timeline of opened sources.
+    /// Chunks (unless the first source's files were chunked as they were indexed: `chunked`),
+    /// joins and builds the timeline of opened sources.
     fn assemble(
         config: &DatasetConfig,
         mut sources: Vec<OpenSource>,
+        chunked: Option<Vec<ChunkDesc>>,
         main_source: Option<usize>,
         streams: Vec<StreamSpec>,
     ) -> Result<Self> {
-        let primary_chunks = build_chunks(&sources[0].indexes, config.chunk_size_bytes);
+        let primary_chunks = chunked.unwrap_or_else(|| build_chunks(&sources[0].indexes, config.chunk_size_bytes));
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
         if let [source] = &mut sources[..] {
             // A deepx file's sequences are its lines: once chunked, what is left of its index

@@ -260,10 +260,12 @@ impl Sequences {
         }
     }
 
-    /// Bytes its columns hold once shrunk ([`Sequences::shrink_to_fit`]): their lengths.
+    /// Bytes its columns hold once shrunk ([`Sequences::shrink_to_fit`]): their lengths (no
+    /// sizes once they were let go, [`Sequences::let_go_of_line_sizes`]).
     #[must_use]
     pub fn footprint(&self) -> u64 {
-        (self.len * self.columns().record_bytes() + self.strided.len() * 8) as u64
+        let per_sequence = if self.sizes_follow_lines { 0 } else { self.columns().record_bytes() };
+        (self.len * per_sequence + self.strided.len() * 8) as u64
     }
 
     /// [`Sequences::footprint`] once `s` is pushed: a column that `s` is the first to need then
