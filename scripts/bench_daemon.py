@@ -53,14 +53,7 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
         # A trainer that is up before its loader: its interpreter and imports are done (CNTK's
         # clock leaves out its own the same way); it connects as soon as the daemon listens.
         print("ready", flush=True)
-        while True:
-            try:
-                probe = socket.socket(socket.AF_UNIX)
-                probe.connect(sock)
-                probe.close()
-                break
-            except OSError:
-                time.sleep(0.001)
+        wait_for_socket(sock, 0.001)
 
     # The ring depth is the daemon's default (ring_slots) unless BENCH_PREFETCH sets it.
     extra = {"prefetch": int(os.environ["BENCH_PREFETCH"])} if os.environ.get("BENCH_PREFETCH") else {}
@@ -118,6 +111,21 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     ready_us = sum(times) / max(len(times), 1) / 1e3
     median_us = times[len(times) // 2] / 1e3 if times else 0.0
     print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": ready_us, "ready_next_median_us": median_us, "probe_waited_us": probe._wait_ns / 1e3, "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": stages}))
+
+
+def wait_for_socket(sock: str, interval: float, daemon=None) -> None:
+    """Until the daemon accepts a connection on `sock`, looking every `interval` seconds; exits
+    if `daemon` (a process, when given) ends first."""
+    while True:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock)
+            s.close()
+            return
+        except OSError:
+            if daemon is not None and daemon.poll() is not None:
+                sys.exit("the daemon exited")
+            time.sleep(interval)
 
 
 def scrape_stages() -> dict:
@@ -244,16 +252,7 @@ format = "sparse"
     t0_unix = time.time()
     daemon = subprocess.Popen([DAEMON, "run", "--config", str(cfg)], env=dict(os.environ, MINIBATCHD_LOG="warn"))
     try:
-        while True:
-            try:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-                s.close()
-                break
-            except OSError:
-                if daemon.poll() is not None:
-                    sys.exit("the daemon exited")
-                time.sleep(0.05)
+        wait_for_socket(sock, 0.05, daemon)
         index_s = time.perf_counter() - t0
         cpu_at_start = daemon_cpu_s(daemon.pid)
         preload_s = None
