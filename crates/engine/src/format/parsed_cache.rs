@@ -30,9 +30,14 @@
 //! miss, removed, and the chunk is parsed again — never served. Entries are read only if they are
 //! regular files owned by this user and not writable by others ([`persist::open_trusted`]). The
 //! checksum is computed the first time this process reads a version of an entry's file (its
-//! device, inode, size, modification and status-change times — a write in place or a replacement
-//! makes a new one); a later read of that same version, once it has stayed unchanged for two
-//! seconds, checks everything but the checksum (a pass over the entry, a tenth of a warm sweep).
+//! device, inode, size, modification and status-change times, taken once the bytes are mapped
+//! under the lease or read — a write in place or a replacement makes a new one); a later read of
+//! that same version checks everything but the checksum (a pass over the entry, a tenth of a warm
+//! sweep) — provided the version had stayed unchanged for at least a second before the read that
+//! checked it began, so that no write in the same tick of the kernel's coarse clock left its times
+//! as they were. What this cannot see, a restart checks again: a change below the file system (the
+//! block device, bit rot) after the first check, or stores through another process's writable
+//! shared mapping of the entry to a page already dirty (its times move at the page's first write).
 //!
 //! Only chunks parsed without a malformed place are written: a chunk with errors is parsed again
 //! each time, so its errors are charged to the error budget and reported exactly as without the
@@ -161,8 +166,9 @@ impl FileVersion {
         }
     }
 
-    /// Whether the file was last changed at least [`STABLE_SECS`] before `now` (Unix seconds):
-    /// a change within one tick of the kernel's coarse clock after the check could leave both
+    /// Whether the file was last changed [`STABLE_SECS`] whole seconds before `now` (Unix
+    /// seconds, taken before the read that checks it; more than a second before it, then): a
+    /// write within one tick of the kernel's coarse clock after that change could leave both
     /// times as they were ("racily clean", as git calls it), so a version that young is checked
     /// again at its next read.
     fn settled_by(&self, now: i64) -> bool {
@@ -335,6 +341,9 @@ impl ParsedCache {
     ) -> Option<ParsedChunk> {
         let name = Self::name(identity, chunk);
         let path = self.dir.join(&name);
+        // Before anything of the entry is read: a version settled by then was not being written
+        // while it was read.
+        let now = (self.clock)();
         let opened = persist::open_trusted(&path);
         let (file, meta) = match opened {
             Ok(x) => x,
@@ -357,13 +366,17 @@ impl ParsedCache {
             return None;
         }
         let expect = Expect { identity, chunk, num_sequences, streams, precision };
-        let version = FileVersion::of(&meta);
-        let already = self.lock().checked(&name, &version);
-        if !already {
-            self.counters.checksums.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(parsed) = decode(file, meta.len(), &expect, !already) {
-            let checked = (already || version.settled_by((self.clock)())).then_some(version);
+        // Whether the checksum of the version the entry's bytes were loaded as (its times taken
+        // once they are mapped under the lease, or read) was checked before.
+        let already = |v: &FileVersion| {
+            let checked = self.lock().checked(&name, v);
+            if !checked {
+                self.counters.checksums.fetch_add(1, Ordering::Relaxed);
+            }
+            checked
+        };
+        if let Some((parsed, version, summed)) = decode(file, meta.len(), &expect, &already) {
+            let checked = (!summed || version.settled_by(now)).then_some(version);
             self.lock().touch(&name, meta.len(), checked);
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
             if parsed.is_mapped() {
@@ -605,11 +618,13 @@ enum Bytes {
 }
 
 impl Bytes {
-    fn load(mut file: File, len: u64) -> Option<Self> {
+    /// The entry's `len` bytes, and the version of its file once they are loaded (mapped
+    /// under the lease, which holds writers off from then on, or read).
+    fn load(mut file: File, len: u64) -> Option<(Self, FileVersion)> {
         let size = usize::try_from(len).ok()?;
         if len >= MAP_AT_LEAST {
             match file.try_clone().and_then(|f| FileMapping::map(f, size)) {
-                Ok(map) => return Some(Self::Mapped(map)),
+                Ok(map) => return Some((Self::Mapped(map), FileVersion::of(&file.metadata().ok()?))),
                 // No lease (a file system without leases, the entry open for writing elsewhere),
                 // too many mappings (`vm.max_map_count`) or no address space: read it instead.
                 Err(e) => tracing::debug!(error = %e, "a persisted parsed chunk could not be mapped; read instead"),
@@ -617,7 +632,7 @@ impl Bytes {
         }
         let mut v = Vec::with_capacity(size);
         (&mut file).take(len).read_to_end(&mut v).ok()?;
-        (v.len() == size).then_some(Self::Read(v))
+        (v.len() == size).then_some((Self::Read(v), FileVersion::of(&file.metadata().ok()?)))
     }
 
     fn as_slice(&self) -> &[u8] {
@@ -684,15 +699,22 @@ fn offsets_ok(o: &[usize], end: usize) -> bool {
     o.first() == Some(&0) && o.last() == Some(&end) && o.windows(2).all(|w| w[0] <= w[1])
 }
 
-/// `checksum`: whether to check the trailer's checksum (not when this version of the file was
-/// checked before, [`LruEntry::checked`]); the header and the arrays' structure are checked
-/// either way.
-fn decode(file: File, len: u64, want: &Expect<'_>, checksum: bool) -> Option<ParsedChunk> {
+/// The entry's chunk, the version of its file its bytes were loaded as, and whether its checksum
+/// was checked: not when `checked_before` says that version's was ([`LruEntry::checked`]; asked
+/// once, after the bytes are loaded, so that a write before the load is a new version). The
+/// header and the arrays' structure are checked either way.
+fn decode(
+    file: File,
+    len: u64,
+    want: &Expect<'_>,
+    checked_before: &dyn Fn(&FileVersion) -> bool,
+) -> Option<(ParsedChunk, FileVersion, bool)> {
     if !cfg!(all(target_endian = "little", target_pointer_width = "64")) {
         return None;
     }
     let payload_max = len.checked_sub(HEADER_BYTES + TRAILER_BYTES)?;
-    let bytes = Bytes::load(file, len)?;
+    let (bytes, loaded_as) = Bytes::load(file, len)?;
+    let checksum = !checked_before(&loaded_as);
     let all = bytes.as_slice();
     let (checked, trailer) = all.split_at(all.len().checked_sub(8)?); // TRAILER_BYTES
                                                                       // The checksum first: nothing is sized from an entry whose bytes are not what was written.
@@ -784,7 +806,7 @@ fn decode(file: File, len: u64, want: &Expect<'_>, checksum: bool) -> Option<Par
     if r.at != r.end {
         return None;
     }
-    Some(ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams })
+    Some((ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams }, loaded_as, checksum))
 }
 
 #[cfg(test)]

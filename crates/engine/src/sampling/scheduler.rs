@@ -792,7 +792,8 @@ impl Sampler {
     /// Whether [`Sampler::equalize_steps`] on this sampler, continuing a job whose earliest
     /// worker stands at `job_start` (`None` for no job), stays within [`MAX_WALK_SEQUENCES`]:
     /// counted, it visits each chunk once per sweep of the epoch and at most two sweeps' sequences
-    /// (the one the epoch ends in, the one a restore lands in); walked, each worker's walk visits
+    /// (the one the epoch ends in, the one the cut lies in) with the block randomizer, and only a count
+    /// per worker in file order; walked, each worker's walk visits
     /// every sequence of the epoch (a partial sweep counted whole), and the workers plus this one
     /// again are walked. Cheap, for a caller to refuse before committing to anything.
     ///
@@ -802,14 +803,20 @@ impl Sampler {
         let sequences = self.timeline.num_sequences() as u64;
         let workers = self.options.num_workers;
         if self.unit_lengths && job_start.is_none() {
-            // Counted: each chunk twice per sweep (the counts, then the sweep of the cut), a
-            // count per worker, and at most two sweeps' sequences walked.
-            let sweeps = self.sweeps_between(self.epoch_start(), self.epoch_end);
-            let per_worker = sweeps.saturating_mul(self.timeline.num_chunks() as u64).saturating_mul(2);
-            let walk = per_worker
-                .saturating_add(workers as u64)
-                .saturating_add(sequences.saturating_mul(2))
-                .saturating_add(PER_WORKER_SETUP);
+            // Counted: with the block randomizer each chunk twice per sweep (the counts, then the
+            // sweep of the cut) and at most two sweeps' sequences walked; in file order,
+            // arithmetic. A count per worker either way.
+            let (per_worker, walked) = if self.block {
+                let sweeps = self.sweeps_between(self.epoch_start(), self.epoch_end);
+                (
+                    sweeps.saturating_mul(self.timeline.num_chunks() as u64).saturating_mul(2),
+                    sequences.saturating_mul(2),
+                )
+            } else {
+                (0, 0)
+            };
+            let walk =
+                per_worker.saturating_add(workers as u64).saturating_add(walked).saturating_add(PER_WORKER_SETUP);
             if walk > MAX_WALK_SEQUENCES {
                 return Err(SamplingError::EqualStepsTooCostly { walk, workers, per_worker });
             }
