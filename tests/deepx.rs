@@ -245,7 +245,7 @@ fn a_dataset_of_many_files_is_chunked_file_by_file_as_its_rule_says() {
                 format!(
                     "{} {}\n",
                     i % 2,
-                    (0..1 + (i * 7 + f) % 23).map(|k| format!("{k}:1")).collect::<Vec<_>>().join(" ")
+                    (0..=(i * 7 + f) % 23).map(|k| format!("{k}:1")).collect::<Vec<_>>().join(" ")
                 )
             })
             .collect();
