@@ -176,6 +176,25 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
     assert_eq!(all, (0..150).collect::<BTreeSet<u32>>(), "the sweep is covered");
 }
 
+/// A worker the block randomizer gives no chunk (more workers than chunks) is told so at `open`
+/// (`opened.warnings`, with the chunk size to set); one that gets data is not.
+#[test]
+fn a_worker_that_gets_no_data_is_told_at_open() {
+    let d = start();
+    let open = |workers: u64, rank: u64| {
+        let opts = SessionOptions { full_sweep: true, num_workers: Some(workers), rank: Some(rank), ..options(6) };
+        Client::connect(&d.socket).expect("connect").open("train", &opts).expect("open")
+    };
+    let mut fine = open(3, 2);
+    assert!(fine.warnings.is_empty(), "{:?}", fine.warnings);
+    assert!(fine.next_owned().expect("next").is_some());
+    let mut empty = open(100_000, 99_999);
+    assert_eq!(empty.warnings.len(), 1, "{:?}", empty.warnings);
+    assert!(empty.warnings[0].contains("worker 99999 of 100000 gets no data"), "{}", empty.warnings[0]);
+    assert!(empty.warnings[0].contains("chunk_size_bytes"), "{}", empty.warnings[0]);
+    assert!(empty.next_owned().expect("next").is_none());
+}
+
 #[test]
 fn resuming_with_a_saved_state_continues_exactly() {
     let d = start();

@@ -12,6 +12,7 @@ import os
 import socket
 import struct
 import time
+import warnings
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -75,6 +76,11 @@ def _tensor_specs(raw: bytes, n: int) -> List[Tuple[tuple, np.dtype, int]]:
             raise MinibatchdError("client_layout", f"unknown dtype code {f[i + 2]} in a slot's tensor table")
         out.append((tuple(f[i + 4 : i + 4 + f[i + 3]]), dtype, f[i + 8]))
     return out
+
+
+class MinibatchdWarning(UserWarning):
+    """What the daemon says at ``open`` that a trainer should know (``Source.warnings``): e.g. that
+    this worker gets no data because the dataset has fewer chunks than workers."""
 
 
 class MinibatchdError(Exception):
@@ -423,6 +429,11 @@ class Source:
         # have taken minibatches past this position (an earlier connection ended without saying
         # what it took, or the daemon stopped uncleanly), and those come again.
         self.resumed: Optional[dict] = opened.get("resumed")
+        # What the daemon says the trainer should know before it runs (e.g. that this worker
+        # gets no data: fewer chunks than workers); also shown as a warning.
+        self.warnings: List[str] = list(opened.get("warnings") or [])
+        for w in self.warnings:
+            warnings.warn(f"minibatchd session {opened['session']!r}: {w}", MinibatchdWarning, stacklevel=4)
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
         self._last_state: dict = dict(opened["state"])

@@ -434,3 +434,24 @@ files = ["{small}"]
         src.close()
     finally:
         d.stop()
+
+
+def test_a_worker_that_gets_no_data_is_warned_at_open(daemon):
+    """Randomized, a chunk goes whole to one worker: with more workers than chunks the last ones
+    get nothing, and with equal steps so does every worker. The daemon says so at `open`, and the
+    client shows it as a warning (and in `Source.warnings`); a worker that gets data is not warned."""
+    import warnings as w
+
+    client = minibatchd.connect(daemon.socket)
+    with w.catch_warnings():
+        w.simplefilter("error")
+        fine = client.open("train", minibatch_size=4, full_sweep=True, num_workers=2, rank=1)
+    assert fine.warnings == []
+    assert sum(mb["features"].num_samples for mb in fine) > 0
+    with pytest.warns(minibatchd.MinibatchdWarning, match="worker 999 of 1000 gets no data") as caught:
+        empty = client.open("train", minibatch_size=4, full_sweep=True, num_workers=1000, rank=999)
+    assert "chunk_size_bytes" in str(caught[0].message)
+    assert len(empty.warnings) == 1 and list(empty) == []
+    with pytest.warns(minibatchd.MinibatchdWarning, match="equal steps give every worker 0 minibatches"):
+        equal = client.open("train", minibatch_size=4, full_sweep=True, num_workers=1000, rank=0, equal_steps=True)
+    assert list(equal) == []

@@ -358,6 +358,11 @@ pub enum ServerMessage {
         /// whether minibatches after it may be delivered again.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         resumed: Option<Resumed>,
+        /// What the trainer should know about this session before it runs (absent when
+        /// nothing): e.g. that this worker gets no data because the dataset has fewer chunks
+        /// than workers. The clients show them (Python: `warnings.warn`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        warnings: Vec<String>,
     },
     /// A slot holds the next minibatch.
     Ready {

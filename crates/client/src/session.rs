@@ -215,7 +215,7 @@ impl Client {
             fd = fd.or(got);
             self.frames.push(&buf[..n]);
         };
-        let ServerMessage::Opened { session, ring, streams, state, resumed, .. } = opened else {
+        let ServerMessage::Opened { session, ring, streams, state, resumed, warnings, .. } = opened else {
             return Err(daemon_error(opened));
         };
         let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
@@ -232,6 +232,7 @@ impl Client {
             header,
             streams,
             resumed,
+            warnings,
             taken: state.minibatches,
             last: state,
             pending: Vec::new(),
@@ -272,6 +273,9 @@ pub struct Session {
     /// `exact == false` the trainer may have taken minibatches past this position, and they
     /// come again.
     pub resumed: Option<Resumed>,
+    /// What the daemon said the trainer should know about this session (`opened.warnings`):
+    /// e.g. that this worker gets no data.
+    pub warnings: Vec<String>,
     taken: u64,
     /// The state after the last minibatch returned, as this client knows it.
     last: SessionState,

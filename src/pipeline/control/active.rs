@@ -203,6 +203,7 @@ fn opened_message(
     rt: &DatasetRuntime,
     start: &SessionState,
     resumed: Option<Resumed>,
+    warnings: Vec<String>,
 ) -> ServerMessage {
     ServerMessage::Opened {
         session: name.to_owned(),
@@ -217,7 +218,39 @@ fn opened_message(
         state: start.clone(),
         sweep_size: rt.dataset.timeline().samples(..),
         resumed,
+        warnings,
     }
+}
+
+/// What a trainer should be told at `open` about the data its session will get (logged too): a
+/// worker the block randomizer gives no chunk gets nothing, and with equal steps neither does
+/// any other worker.
+fn data_warnings(
+    sampler: &Sampler,
+    rt: &DatasetRuntime,
+    resolved: &ResolvedOptions,
+    steps: Option<u64>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let workers = resolved.sampling.num_workers;
+    let chunks = rt.dataset.chunks();
+    let bytes: u64 = chunks.iter().map(|c| c.end - c.start).sum();
+    let advice = format!(
+        "randomized, each of the dataset's {} chunk(s) goes whole to one worker: set its chunk_size_bytes to at most \
+         about {} (its {bytes} bytes over {workers} workers), or use fewer workers",
+        chunks.len(),
+        (bytes / workers.max(1) as u64).max(1),
+    );
+    if sampler.gets_no_chunk() {
+        out.push(format!("worker {} of {workers} gets no data: {advice}", resolved.sampling.rank));
+    }
+    if steps == Some(0) && sampler.sweep_size() > 0 {
+        out.push(format!(
+            "equal steps give every worker 0 minibatches in this epoch, as the worker that gets the fewest gets none{}",
+            if chunks.len() < workers { format!(" ({advice})") } else { String::new() }
+        ));
+    }
+    out
 }
 
 /// The host-memory guard's verdict for a new session: `Some((shortfall, reserve))` when it refuses.
@@ -390,23 +423,26 @@ fn place_sampler(
     resolved: &ResolvedOptions,
     dataset: &str,
     shared: &ControlPlane,
-) -> Result<(Sampler, Option<u64>), Refusal> {
+    rt: &DatasetRuntime,
+) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
     if let Some(job) = &start.job {
         sampler.resume_job(&job.positions)?;
     }
     sampler.restore(start.position)?;
     if !resolved.equal_steps {
-        return Ok((sampler, None));
+        let warnings = data_warnings(&sampler, rt, resolved, None);
+        return Ok((sampler, None, warnings));
     }
     let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
+    let warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
     let m = &shared.data.metrics.equal_steps_minibatches;
     tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
     if resolved.tail == Tail::Pad {
         m.with_label_values(&[dataset, "pad"]).inc_by(equal.padding);
-        Ok((sampler, Some(equal.steps)))
+        Ok((sampler, Some(equal.steps), warnings))
     } else {
         m.with_label_values(&[dataset, "drop"]).inc_by(equal.dropped);
-        Ok((sampler, None))
+        Ok((sampler, None, warnings))
     }
 }
 
@@ -528,9 +564,12 @@ pub(super) async fn open(
         .map_err(undo)?;
     let (id, name, start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
-    let (sampler, pad_to) = {
-        let (start, resolved, dataset, shared) = (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone());
-        off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared)).await.map_err(undo)?
+    let (sampler, pad_to, warnings) = {
+        let (start, resolved, dataset, shared, rt) =
+            (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone());
+        off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared, &rt))
+            .await
+            .map_err(undo)?
     };
     sampling.opened(rt.dataset.timeline(), &resolved.sampling, start.job.is_some()).map_err(undo)?;
     let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
@@ -562,7 +601,10 @@ pub(super) async fn open(
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     };
     warn_if_replaying(&name, &start, admitted.resumed.as_ref(), admitted.given_up_to);
-    let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone());
+    for w in &warnings {
+        tracing::warn!(session = %name, dataset, "{w}");
+    }
+    let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone(), warnings);
     let active = Active {
         name,
         runtime: rt,

@@ -927,6 +927,13 @@ impl Sampler {
         self.position
     }
 
+    /// Whether this worker gets no data at all: the block randomizer deals whole chunks, and
+    /// there are fewer chunks than workers (CNTK parks such a worker at the epoch end).
+    #[must_use]
+    pub fn gets_no_chunk(&self) -> bool {
+        self.block && self.options.rank >= self.timeline.num_chunks()
+    }
+
     /// Nominal samples per sweep.
     #[must_use]
     pub fn sweep_size(&self) -> u64 {
