@@ -205,6 +205,9 @@ fn opened_message(
     resumed: Option<Resumed>,
     warnings: Vec<String>,
 ) -> ServerMessage {
+    for w in &warnings {
+        tracing::warn!(session = %name, dataset = %rt.name, "{w}");
+    }
     ServerMessage::Opened {
         session: name.to_owned(),
         ring: RingInfo {
@@ -601,9 +604,6 @@ pub(super) async fn open(
         Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
     };
     warn_if_replaying(&name, &start, admitted.resumed.as_ref(), admitted.given_up_to);
-    for w in &warnings {
-        tracing::warn!(session = %name, dataset, "{w}");
-    }
     let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone(), warnings);
     let active = Active {
         name,
