@@ -23,7 +23,9 @@ ring of 258 slots does not fit a small `--memory-limit`). With `--consumer-first
 start before the daemon (their interpreter, NumPy and the client imported, as a trainer that is up
 when its loader starts — CNTK's clock in `scripts/cntk_throughput.py` leaves its imports out the
 same way) and connect as soon as it listens; without it they start once it listens, and the user
-clock includes their start.
+clock includes their start. `BENCH_TORCH_WORKERS=N` makes the consumer read through the PyTorch
+adapter (`MinibatchIterableDataset` in a `DataLoader(batch_size=None, num_workers=N)`, one pass
+per sweep) instead of the plain client; it leaves out the client-overhead probe.
 """
 
 import argparse
@@ -59,6 +61,9 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     extra = {"prefetch": int(os.environ["BENCH_PREFETCH"])} if os.environ.get("BENCH_PREFETCH") else {}
     if os.environ.get("BENCH_WINDOW_CHUNKS"):
         extra["window_chunks"] = int(os.environ["BENCH_WINDOW_CHUNKS"])
+    if os.environ.get("BENCH_TORCH_WORKERS"):
+        consume_torch(sock, minibatch_size, sweeps, int(os.environ["BENCH_TORCH_WORKERS"]), extra)
+        return
     source = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_sweeps=sweeps, randomize=True, **extra)
     samples = payload = count = 0
     first = None
@@ -111,6 +116,38 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     ready_us = sum(times) / max(len(times), 1) / 1e3
     median_us = times[len(times) // 2] / 1e3 if times else 0.0
     print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": ready_us, "ready_next_median_us": median_us, "probe_waited_us": probe._wait_ns / 1e3, "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": stages}))
+
+
+def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, extra: dict) -> None:
+    """The consumer through the PyTorch adapter, as README shows it: `MinibatchIterableDataset`
+    in a `DataLoader(batch_size=None, num_workers=workers)`, one pass per sweep; the tensors are
+    only counted (data only)."""
+    from torch.utils.data import DataLoader
+
+    from minibatchd.torch import MinibatchIterableDataset
+
+    ds = MinibatchIterableDataset("bench", socket=sock, minibatch_size=minibatch_size, randomize=True,
+                                  use_torchrun_env=False, **extra)
+    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    samples = payload = count = 0
+    per_sweep, sweep_ends = [], []
+    first = None
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(sweeps):
+        at, mark = time.perf_counter(), (samples, payload, count)
+        for item in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            x = item["features"]["values"]
+            samples += x.shape[0]
+            payload += x.nbytes + item["labels"]["values"].nbytes + item["labels"]["indices"].nbytes
+            count += 1
+        per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
+        sweep_ends.append(time.time())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu,
+                      "first_minibatch_s": first, "ready_next_us": 0.0, "ready_next_median_us": 0.0, "probe_waited_us": 0.0,
+                      "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": {}}))
 
 
 def wait_for_socket(sock: str, interval: float, daemon=None) -> None:

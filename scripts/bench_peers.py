@@ -7,7 +7,7 @@ with and without it. Prints samples/s, MB/s of text, peak RSS and each figure's 
 in the same run; with --runs N the kinds alternate and the median and range are printed.
 
     scripts/bench_peers.py [--size-bytes 1073741824] [--runs 3] [--minibatch-size 256]
-                           [--only cntk,torch0,torch2,mbd] [--libsvm]
+                           [--only cntk,torch0,torch2,adapter0,adapter2,mbd] [--libsvm]
 
 The file is minibatchd-gen's ctf-dense (128 floats and a one-hot label of 10 classes per line),
 as in scripts/bench_daemon.py, which runs every minibatchd figure (a separate Python consumer,
@@ -16,7 +16,10 @@ randomized, CNTK's default window). CNTK runs from the oracle
 scripts/cntk_throughput.py; when it is not set up the script says so and prints no ratio.
 The PyTorch loader is what a user writes without minibatchd: an IterableDataset that splits the
 file by byte ranges over the workers and parses each line with NumPy (`np.fromstring`), batched
-by the DataLoader — in file order, which spares it the randomization the others do.
+by the DataLoader — in file order, which spares it the randomization the others do. `adapter0`
+and `adapter2` read minibatchd through its PyTorch adapter (`MinibatchIterableDataset` in a
+`DataLoader(batch_size=None, num_workers=0 or 2)`, as README shows it), after a restart on the
+persisted chunks, consumer up before the daemon.
 --libsvm adds scripts/bench_libsvm.sh (minibatchd's libsvm parse against xgboost's at 2 threads,
 on its own Criteo-like file). Figures are from the same run only: the machine's speed moves
 between runs.
@@ -159,6 +162,17 @@ def main() -> None:
                 out, peak = peak_rss_mib([py, __file__, "--torch-consume", str(data), "--workers", str(w), "--minibatch-size", str(a.minibatch_size)])
                 r = json.loads(out.strip().splitlines()[-1])
                 add(f"PyTorch DataLoader + NumPy, {w} workers (file order)", r["samples"] / r["wall_s"], peak)
+            if f"adapter{w}" in only:
+                # minibatchd through its PyTorch adapter in a DataLoader of w workers, restarted on
+                # its persisted chunks (a cold run fills them first if the state is empty).
+                if not (work / "state" / "parsed").exists():
+                    mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
+                ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
+                         {"BENCH_TORCH_WORKERS": str(w), "BENCH_NO_PROBE": "1"}, keep_state=True)
+                add(f"minibatchd through MinibatchIterableDataset, DataLoader of {w} workers, first sweep after a restart",
+                    ad["sweeps"][0], ad["peak_mib"])
+                add(f"minibatchd through MinibatchIterableDataset, DataLoader of {w} workers, second sweep",
+                    ad["sweeps"][1], ad["peak_mib"])
         if "mbd" in only:
             cold = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2"], {}, keep_state=False)
             add("minibatchd cold (text parsed, chunks persisted)", cold["sweeps"][0], cold["peak_mib"], cold)
