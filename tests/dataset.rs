@@ -448,10 +448,10 @@ fn a_chunk_of_empty_wide_dense_samples_is_refused_within_the_memory_limit() {
 
 /// Issue 37: the index budget counts what an index holds, for one built now (stopped at the line
 /// that passes it) and for one read from its cache file, made earlier under a larger limit
-/// (refused naming the file): 600 libsvm lines with a blank line after each hold 20 bytes a
-/// sequence (sizes, offsets and lines; one sample each, so the timeline keeps no length), 12,000
-/// in all, so 11,000 is too little for them, while the count of sequences alone (at 8 bytes each)
-/// would have let the cached index through.
+/// (refused naming the file): 600 libsvm lines with a blank line after each hold 17 bytes a
+/// sequence (a byte of size, an offset and a line; one sample each, so the timeline keeps no
+/// length) and a mark every 64, 10,280 in all, so 10,000 is too little for them, while the count
+/// of sequences alone (at 8 bytes each) would have let the cached index through.
 #[test]
 fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache() {
     use minibatchd_engine::options::IndexLimits;
@@ -462,19 +462,20 @@ fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache(
     let state = p.join("state");
     let config = minibatchd::config::Config::from_toml_str(toml, p).expect("config");
     let dataset = config.dataset("g").expect("dataset");
-    let tight = IndexLimits { max_index_bytes: 11_000, max_sequences: 11_000 / 8, ..IndexLimits::UNBOUNDED };
+    let tight = IndexLimits { max_index_bytes: 10_000, max_sequences: 10_000 / 8, ..IndexLimits::UNBOUNDED };
     // Built now: stopped where it passes the budget, at the line that would.
     let fresh = tempfile::tempdir().expect("tempdir");
     let e = Dataset::open_within(dataset, fresh.path(), tight, &mut |_| {}).expect_err("over the budget").to_string();
-    assert!(e.contains("gaps.txt:") && e.contains("more than 11000 bytes with"), "{e}");
+    assert!(e.contains("gaps.txt:") && e.contains("more than 10000 bytes with"), "{e}");
     // Indexed first without a bound (its cache file is written), then opened under the tight one.
     let open = Dataset::open_within(dataset, &state, IndexLimits::UNBOUNDED, &mut |_| {}).expect("unbounded");
     assert_eq!(open.timeline().num_sequences(), 600);
     let e = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect_err("the cached index too").to_string();
-    assert!(e.contains("gaps.txt: its index holds 12000 bytes (600 sequences), more than the 11000 bytes"), "{e}");
-    // Without blank lines the same 600 sequences hold 4 bytes each (and an offset every 64) and fit.
+    assert!(e.contains("gaps.txt: its index holds 10280 bytes (600 sequences), more than the 10000 bytes"), "{e}");
+    // Without blank lines the same 600 sequences hold a byte each (and a mark and an offset every
+    // 64) and fit.
     write(p, "gaps.txt", "1 1:1\n".repeat(600));
-    let open = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect("600 × 4 bytes fit");
+    let open = Dataset::open_within(dataset, &state, tight, &mut |_| {}).expect("600 bytes fit");
     assert_eq!(open.timeline().num_sequences(), 600);
     assert!(open.timeline().seq_len.all_ones(), "one-sample sequences keep no length");
     // Once chunked, a libsvm file's sizes are let go (its sequences are the chunk's lines): an
@@ -485,7 +486,7 @@ fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache(
 
 /// The timeline keeps a length for every sequence of a dataset once one file has a sequence of
 /// several samples, and the budget pays for them there: 300 one-line CTF sequences in `a.ctf`
-/// cost their sizes (4 bytes each), and the one two-line sequence of `b.ctf` then costs the
+/// cost their sizes (a byte each), and the one two-line sequence of `b.ctf` then costs the
 /// lengths of all 301 (found in review: the check counted only b's own).
 #[test]
 fn the_first_file_with_longer_sequences_pays_for_every_length() {
@@ -501,11 +502,11 @@ fn the_first_file_with_longer_sequences_pays_for_every_length() {
     let open = Dataset::open_within(dataset, &p.join("state"), IndexLimits::UNBOUNDED, &mut |_| {}).expect("open");
     assert!(!open.timeline().seq_len.all_ones());
     assert_eq!(open.timeline().seq_len.heap_bytes(), 301 * 4);
-    // a.ctf: 1,240 bytes (sizes and an offset every 64), which leaves b.ctf 760 of 2,000: too
-    // little for its columns and 301 lengths (1,204 bytes).
-    let tight = IndexLimits { max_index_bytes: 2000, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
+    // a.ctf: 380 bytes (a byte a size, and a mark and an offset every 64), which leaves b.ctf
+    // 1,120 of 1,500: too little for its columns and 301 lengths (1,204 bytes).
+    let tight = IndexLimits { max_index_bytes: 1500, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
     let e = Dataset::open_within(dataset, &p.join("state"), tight, &mut |_| {}).expect_err("over").to_string();
-    assert!(e.contains("b.ctf:1: byte offset 0") && e.contains("more than 760 bytes with 1 sequences"), "{e}");
+    assert!(e.contains("b.ctf:1: byte offset 0") && e.contains("more than 1120 bytes with 1 sequences"), "{e}");
     let roomy = IndexLimits { max_index_bytes: 2600, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
     Dataset::open_within(dataset, &p.join("state"), roomy, &mut |_| {}).expect("2,600 bytes hold them");
 }

@@ -79,20 +79,103 @@ impl Columns {
 }
 
 /// Sequences one in every this many keep their offset while every sequence starts where the one
-/// before it ended ([`Sequences`]).
+/// before it ended ([`Sequences`]); the sizes column marks where every this many begin.
 const OFFSET_STRIDE: usize = 64;
+
+/// The sizes of a file's sequences in file order, each a variable-length number (LEB128: 7 bits a
+/// byte, so 1 byte under 128, 2 under 16 KiB, at most 5), with the byte where every
+/// [`OFFSET_STRIDE`]th begins: a sequence's size is read by decoding at most that many.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct SizeColumn {
+    bytes: Vec<u8>,
+    /// `blocks[k]`: where the size of sequence `k * OFFSET_STRIDE` begins.
+    blocks: Vec<u64>,
+}
+
+impl SizeColumn {
+    /// Bytes `size` takes.
+    fn encoded_len(size: u32) -> usize {
+        (32 - (size | 1).leading_zeros() as usize).div_ceil(7)
+    }
+
+    /// Appends the size of sequence `i` (the next one).
+    fn push(&mut self, i: usize, mut size: u32) {
+        if i.is_multiple_of(OFFSET_STRIDE) {
+            self.blocks.push(self.bytes.len() as u64);
+        }
+        // Seven bits a byte, low first, the high bit set on all but the last; each value pushed
+        // is below 0x80 (masked, or what is left once it is).
+        #[allow(clippy::cast_possible_truncation)]
+        {
+            while size >= 0x80 {
+                self.bytes.push((size & 0x7f) as u8 | 0x80);
+                size >>= 7;
+            }
+            self.bytes.push(size as u8);
+        }
+    }
+
+    /// The sizes from sequence `i` on, in order.
+    fn from(&self, i: usize) -> SizeReader<'_> {
+        let k = i / OFFSET_STRIDE;
+        let at = self.blocks.get(k).map_or(self.bytes.len(), |&b| usize::try_from(b).unwrap_or(usize::MAX));
+        let mut r = SizeReader { bytes: &self.bytes, at };
+        for _ in k * OFFSET_STRIDE..i {
+            r.next_size();
+        }
+        r
+    }
+
+    /// Bytes it holds once shrunk.
+    fn len_bytes(&self) -> usize {
+        self.bytes.len() + self.blocks.len() * 8
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.bytes.capacity() + self.blocks.capacity() * 8
+    }
+
+    fn shrink_to_fit(&mut self) {
+        self.bytes.shrink_to_fit();
+        self.blocks.shrink_to_fit();
+    }
+}
+
+/// Reads a [`SizeColumn`] in order.
+struct SizeReader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl SizeReader<'_> {
+    /// The next size (0 past the end: callers read only sizes that were pushed).
+    fn next_size(&mut self) -> u32 {
+        let mut size = 0u32;
+        let mut shift = 0;
+        while let Some(&b) = self.bytes.get(self.at) {
+            self.at += 1;
+            size |= u32::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        size
+    }
+}
 
 /// The sequences of a file, column by column, each column kept only once it does not follow from
 /// the others: while every sequence starts where the one before ended, one offset in
 /// [`OFFSET_STRIDE`] (the others are the sizes added up); while every sequence is one sample, no
 /// sample counts; while every sequence's first line is its index, no lines; while every key is
-/// its line (line mode, and every deepx format), no keys. A file of short lines without blank
-/// ones costs its sizes, 4 bytes a sequence, where [`SequenceDesc`]s cost 32. Built in file order
+/// its line (line mode, and every deepx format), no keys. The sizes are variable-length numbers
+/// ([`SizeColumn`]). A file of short lines without blank ones costs its sizes, 1 byte a sequence
+/// under 128 bytes and 2 under 16 KiB, where [`SequenceDesc`]s cost 32. Built in file order
 /// ([`Sequences::push`]); read by index ([`Sequences::get`]) or in order ([`Sequences::range`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sequences {
     len: usize,
-    sizes: Vec<u32>,
+    sizes: SizeColumn,
     /// Every sequence's offset, once one did not start where the one before ended.
     offsets: Vec<u64>,
     /// Until then, the offset of sequence `k * OFFSET_STRIDE` at `k`.
@@ -123,10 +206,10 @@ impl Sequences {
         self.len == 0
     }
 
-    /// Room for `n` sequences' sizes (the one column every file has).
+    /// Room for `n` sequences' sizes (the one column every file has), a byte each.
     #[must_use]
     pub fn with_capacity(n: usize) -> Self {
-        Self { sizes: Vec::with_capacity(n), ..Self::default() }
+        Self { sizes: SizeColumn { bytes: Vec::with_capacity(n), blocks: Vec::new() }, ..Self::default() }
     }
 
     /// Appends the next sequence of the file.
@@ -145,7 +228,7 @@ impl Sequences {
             self.strided.push(s.offset);
         }
         self.end = s.offset + u64::from(s.size);
-        self.sizes.push(s.size);
+        self.sizes.push(i, s.size);
         if after.samples {
             if self.samples.is_empty() {
                 self.samples = vec![1; i];
@@ -176,7 +259,7 @@ impl Sequences {
         if !one_line_each || self.len == 0 || self.columns() != Columns::default() {
             return false;
         }
-        self.sizes = Vec::new();
+        self.sizes = SizeColumn::default();
         self.sizes_follow_lines = true;
         true
     }
@@ -196,22 +279,25 @@ impl Sequences {
     pub fn get(&self, i: usize) -> SequenceDesc {
         assert!(i < self.len, "sequence {i} of {}", self.len);
         assert!(!self.sizes_follow_lines, "the sizes were let go: a chunk's lines are its sequences");
-        let offset = if self.offsets.is_empty() {
-            let k = i / OFFSET_STRIDE;
-            self.strided[k] + self.sizes[k * OFFSET_STRIDE..i].iter().map(|&s| u64::from(s)).sum::<u64>()
-        } else {
-            self.offsets[i]
-        };
-        self.at(i, offset)
+        let k = i / OFFSET_STRIDE;
+        let mut sizes = self.sizes.from(k * OFFSET_STRIDE);
+        let mut offset = self.strided.get(k).copied().unwrap_or(0);
+        for _ in k * OFFSET_STRIDE..i {
+            offset += u64::from(sizes.next_size());
+        }
+        if !self.offsets.is_empty() {
+            offset = self.offsets[i];
+        }
+        self.at(i, offset, sizes.next_size())
     }
 
-    fn at(&self, i: usize, offset: u64) -> SequenceDesc {
+    fn at(&self, i: usize, offset: u64, size: u32) -> SequenceDesc {
         let line = if self.lines.is_empty() { i as u64 } else { self.lines[i] };
         SequenceDesc {
             key: if self.keys.is_empty() { line } else { self.keys[i] },
             offset,
             line,
-            size: self.sizes[i],
+            size,
             samples: if self.samples.is_empty() { 1 } else { self.samples[i] },
         }
     }
@@ -223,11 +309,12 @@ impl Sequences {
     pub fn range(&self, first: usize, count: usize) -> impl Iterator<Item = SequenceDesc> + '_ {
         assert!(first + count <= self.len, "sequences {first}..{} of {}", first + count, self.len);
         let mut offset = if count == 0 { 0 } else { self.get(first).offset };
+        let mut sizes = self.sizes.from(if count == 0 { self.len } else { first });
         (first..first + count).map(move |i| {
             if !self.offsets.is_empty() {
                 offset = self.offsets[i];
             }
-            let d = self.at(i, offset);
+            let d = self.at(i, offset, sizes.next_size());
             offset += u64::from(d.size);
             d
         })
@@ -264,8 +351,8 @@ impl Sequences {
     /// sizes once they were let go, [`Sequences::let_go_of_line_sizes`]).
     #[must_use]
     pub fn footprint(&self) -> u64 {
-        let per_sequence = if self.sizes_follow_lines { 0 } else { self.columns().record_bytes() };
-        (self.len * per_sequence + self.strided.len() * 8) as u64
+        let others = self.columns().record_bytes() - 4;
+        (self.sizes.len_bytes() + self.len * others + self.strided.len() * 8) as u64
     }
 
     /// [`Sequences::footprint`] once `s` is pushed: a column that `s` is the first to need then
@@ -275,7 +362,9 @@ impl Sequences {
         let n = self.len as u64 + 1;
         let after = self.columns_after(s);
         let strided = if after.offsets { 0 } else { (self.len / OFFSET_STRIDE) as u64 + 1 };
-        n * after.record_bytes() as u64 + strided * 8
+        let block = if self.len.is_multiple_of(OFFSET_STRIDE) { 8 } else { 0 };
+        let sizes = (self.sizes.len_bytes() + SizeColumn::encoded_len(s.size) + block) as u64;
+        sizes + n * (after.record_bytes() as u64 - 4) + strided * 8
     }
 
     /// The columns kept once `s` is pushed: those kept now, and those `s` is the first to need.
@@ -293,7 +382,8 @@ impl Sequences {
     #[must_use]
     pub fn heap_bytes(&self) -> usize {
         (self.offsets.capacity() + self.strided.capacity() + self.lines.capacity() + self.keys.capacity()) * 8
-            + (self.sizes.capacity() + self.samples.capacity()) * 4
+            + self.sizes.heap_bytes()
+            + self.samples.capacity() * 4
     }
 }
 
@@ -506,7 +596,7 @@ pub(crate) fn room_for_one_more(
                 )
             } + &format!(
                 ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
-                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 4 to 36 bytes per \
+                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 1.25 to 34 bytes per \
                  sequence of one source); raise daemon.memory_limit_bytes"
             ),
         });
@@ -516,6 +606,9 @@ pub(crate) fn room_for_one_more(
 
 #[cfg(test)]
 mod tests {
+    use proptest::arbitrary::any;
+    use proptest::prelude::{prop_oneof, Just};
+
     use super::*;
 
     fn file(sizes: &[(u64, u32)]) -> FileIndex {
@@ -537,7 +630,7 @@ mod tests {
         /// was pushed, by index and in order from anywhere.
         #[test]
         fn sequences_read_back_as_pushed(
-            steps in proptest::collection::vec((0u64..3, 1u32..200, 1u32..4, 0u64..3, proptest::bool::weighted(0.1)), 1..300),
+            steps in proptest::collection::vec((0u64..3, prop_oneof![1u32..200, 100u32..70_000, Just(u32::MAX), any::<u32>()], 1u32..4, 0u64..3, proptest::bool::weighted(0.1)), 1..300),
             from in 0usize..300,
         ) {
             let (mut offset, mut line) = (3u64, 0u64);
@@ -570,7 +663,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_of_one_line_sequences_without_gaps_costs_its_sizes() {
+    fn a_file_of_one_line_sequences_without_gaps_costs_a_byte_a_sequence() {
         let seqs: Sequences = (0..10_000u32)
             .scan(0u64, |offset, i| {
                 let size = 5 + i % 7;
@@ -581,8 +674,20 @@ mod tests {
             .collect();
         let mut seqs = seqs;
         seqs.shrink_to_fit();
-        assert!(seqs.heap_bytes() <= 10_000 * 4 + 10_000 / OFFSET_STRIDE * 8 + 8, "{} bytes", seqs.heap_bytes());
+        // A byte a size (all under 128), and a mark every 64 in the sizes and the offsets.
+        assert!(seqs.heap_bytes() <= 10_000 + 2 * (10_000 / OFFSET_STRIDE + 1) * 8, "{} bytes", seqs.heap_bytes());
         assert_eq!(seqs.get(9_999).offset, (0..9_999u64).map(|i| 5 + i % 7).sum::<u64>());
+    }
+
+    #[test]
+    fn a_size_takes_seven_bits_a_byte() {
+        for (size, bytes) in [(0, 1), (127, 1), (128, 2), (16_383, 2), (16_384, 3), (u32::MAX, 5)] {
+            assert_eq!(SizeColumn::encoded_len(size), bytes, "{size}");
+            let mut c = SizeColumn::default();
+            c.push(0, size);
+            assert_eq!(c.bytes.len(), bytes, "{size}");
+            assert_eq!(c.from(0).next_size(), size);
+        }
     }
 
     #[test]

@@ -146,19 +146,21 @@ mod tests {
         assert!(e.contains("t:2: byte offset 6") && e.contains("more than 8 bytes"), "{e}");
     }
 
-    /// Issue 37: the budget counts what the index holds. Lines without gaps cost their size, 4
-    /// bytes (one sample each: the timeline keeps no length); with a blank line between each,
-    /// also their offset and line, 20.
+    /// Issue 37: the budget counts what the index holds. Lines without gaps cost their size, a
+    /// byte under 128 (one sample each: the timeline keeps no length); with a blank line between
+    /// each, also their offset and line, 17.
     #[test]
     fn an_index_past_its_byte_budget_stops_at_the_line_that_exceeds_it_and_gaps_cost_more() {
-        // 4 bytes a sequence and an offset of 8 every 64: 96 sequences fit in 400 bytes, not 97.
+        // A byte a sequence, and a mark and an offset of 8 each every 64: 320 sequences fit in
+        // 400 bytes (320 + 5 × 16), not 321 (321 + 6 × 16).
         let limits = IndexLimits { max_index_bytes: 400, ..IndexLimits::UNBOUNDED };
         let run = |text: &[u8]| index_text(text, limits);
         let dense = "1 1:1\n".repeat(40);
-        let idx = run(dense.as_bytes()).expect("40 lines of 4 bytes fit in 400");
-        assert_eq!(crate::format::index::index_cost(&idx.sequences, &limits), 40 * 4 + 8);
-        let e = run("1 1:1\n".repeat(100).as_bytes()).expect_err("100 do not").to_string();
-        assert!(e.contains("more than 400 bytes with 97 sequences") && e.contains("t:97: byte offset 576"), "{e}");
+        let idx = run(dense.as_bytes()).expect("40 lines of a byte fit in 400");
+        assert_eq!(crate::format::index::index_cost(&idx.sequences, &limits), 40 + 8 + 8);
+        run("1 1:1\n".repeat(320).as_bytes()).expect("320 fit");
+        let e = run("1 1:1\n".repeat(400).as_bytes()).expect_err("400 do not").to_string();
+        assert!(e.contains("more than 400 bytes with 321 sequences") && e.contains("t:321: byte offset 1920"), "{e}");
         let gaps = "1 1:1\n\n".repeat(40);
         let e = run(gaps.as_bytes()).expect_err("gaps cost offsets and lines").to_string();
         assert!(e.contains("more than 400 bytes with"), "{e}");
