@@ -39,8 +39,9 @@ pub const TIMELINE_BYTES_PER_SEQUENCE: u64 = 4;
 /// source (8) and, for each source beyond the first, its entry in the join's key map while the
 /// dataset opens (about 24, counted on every source to keep it simple).
 pub const JOIN_BYTES_PER_SOURCE: u64 = 32;
-/// The fewest bytes a sequence's own columns take in the file index (its size).
-pub const MIN_COLUMN_BYTES_PER_SEQUENCE: u64 = 4;
+/// The fewest bytes a sequence's own columns take in the file index (its size, a byte at the
+/// least: a variable-length number).
+pub const MIN_COLUMN_BYTES_PER_SEQUENCE: u64 = 1;
 
 /// `daemon.memory_limit_bytes` divided by this is the largest sequence (and line) indexed: a
 /// parser thread holds a chunk whole, and a chunk holds at least one sequence.
