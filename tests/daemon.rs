@@ -176,23 +176,55 @@ fn concurrent_ranks_get_disjoint_data_covering_the_sweep() {
     assert_eq!(all, (0..150).collect::<BTreeSet<u32>>(), "the sweep is covered");
 }
 
-/// A worker the block randomizer gives no chunk (more workers than chunks) is told so at `open`
-/// (`opened.warnings`, with the chunk size to set); one that gets data is not.
+/// A worker that gets no data is told so at `open` (`opened.warnings`): randomized with more
+/// workers than chunks, with the chunk size to set; with more workers than sequences, with the
+/// most workers that get some; in file order likewise. One that gets data is not told anything.
 #[test]
 fn a_worker_that_gets_no_data_is_told_at_open() {
     let d = start();
-    let open = |workers: u64, rank: u64| {
-        let opts = SessionOptions { full_sweep: true, num_workers: Some(workers), rank: Some(rank), ..options(6) };
+    let out = support::command("index", &d.config(), "train").output().expect("index");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    // "train: S sequences, N samples, C chunks"
+    let chunks: u64 =
+        text.split(", ").last().and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).expect(&text);
+    assert!(chunks > 1 && chunks < 100, "{text}");
+    let open = |workers: u64, rank: u64, randomize: bool| {
+        let opts = SessionOptions {
+            full_sweep: true,
+            num_workers: Some(workers),
+            rank: Some(rank),
+            randomize: Some(randomize),
+            ..options(6)
+        };
         Client::connect(&d.socket).expect("connect").open("train", &opts).expect("open")
     };
-    let mut fine = open(3, 2);
+    let mut fine = open(3, 2, true);
     assert!(fine.warnings.is_empty(), "{:?}", fine.warnings);
     assert!(fine.next_owned().expect("next").is_some());
-    let mut empty = open(100_000, 99_999);
-    assert_eq!(empty.warnings.len(), 1, "{:?}", empty.warnings);
-    assert!(empty.warnings[0].contains("worker 99999 of 100000 gets no data"), "{}", empty.warnings[0]);
-    assert!(empty.warnings[0].contains("chunk_size_bytes"), "{}", empty.warnings[0]);
-    assert!(empty.next_owned().expect("next").is_none());
+    let w = chunks + 1;
+    let mut chunkless = open(w, chunks, true);
+    assert_eq!(chunkless.warnings.len(), 1, "{:?}", chunkless.warnings);
+    assert!(
+        chunkless.warnings[0].contains(&format!("worker {chunks} of {w} gets no data")),
+        "{}",
+        chunkless.warnings[0]
+    );
+    assert!(chunkless.warnings[0].contains("chunk_size_bytes"), "{}", chunkless.warnings[0]);
+    assert!(chunkless.next_owned().expect("next").is_none());
+    for randomize in [true, false] {
+        let mut empty = open(100_000, 99_999, randomize);
+        assert_eq!(empty.warnings.len(), 1, "{:?}", empty.warnings);
+        assert!(
+            empty.warnings[0].contains("gets no data") && empty.warnings[0].contains("use at most 150 workers"),
+            "{}",
+            empty.warnings[0]
+        );
+        assert!(empty.next_owned().expect("next").is_none());
+    }
+    // In file order a worker past the sequences' count but within the epoch gets data: no warning.
+    let mut file_order = open(149, 148, false);
+    assert!(file_order.warnings.is_empty(), "{:?}", file_order.warnings);
+    assert!(file_order.next_owned().expect("next").is_some());
 }
 
 #[test]

@@ -288,7 +288,7 @@ fn a_dataset_of_many_files_is_chunked_file_by_file_as_its_rule_says() {
             .collect();
         assert_eq!(ds.timeline().chunk_start[1..], starts[..], "{pass}");
         assert_eq!(ds.timeline().num_sequences(), 37 + 1 + 120 + 64, "{pass}");
-        // Every file let go of its sizes (4 bytes a line): beside the chunks, an offset every 64
+        // Every file let go of its sizes (a byte a line here): beside the chunks, an offset every 64
         // lines is what is left.
         let chunks = ds.chunks().len() * (std::mem::size_of::<minibatchd_engine::format::ChunkDesc>() + 8) + 8;
         let rest = ds.index_bytes() - chunks as u64;

@@ -294,9 +294,9 @@ class Client:
             if (options.get("num_workers") or 1) > 1 and options.get("resume_job") is None:
                 options.setdefault("equal_steps", True)
         options = {k: v for k, v in options.items() if v is not None}
-        return _open_when_indexed(
-            lambda: Source(self.path, self.timeout, dataset, options), dataset, wait_indexing
-        )
+        source = _open_when_indexed(lambda: Source(self.path, self.timeout, dataset, options), dataset, wait_indexing)
+        source._warn(stacklevel=2)
+        return source
 
 
 # fcntl's memfd seal commands (Linux; the fcntl module names them from Python 3.9 on).
@@ -430,10 +430,9 @@ class Source:
         # what it took, or the daemon stopped uncleanly), and those come again.
         self.resumed: Optional[dict] = opened.get("resumed")
         # What the daemon says the trainer should know before it runs (e.g. that this worker
-        # gets no data: fewer chunks than workers); also shown as a warning.
+        # gets no data: fewer chunks than workers); raised as warnings by whoever made this
+        # source (`Client.open`, `reconnect`), once it is whole.
         self.warnings: List[str] = list(opened.get("warnings") or [])
-        for w in self.warnings:
-            warnings.warn(f"minibatchd session {opened['session']!r}: {w}", MinibatchdWarning, stacklevel=4)
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
         self._last_state: dict = dict(opened["state"])
@@ -445,6 +444,12 @@ class Source:
         # The table of the last minibatch and its specs: compared before the dict is hashed.
         self._last_table: bytes = b""
         self._last_specs: list = []
+
+    def _warn(self, stacklevel: int) -> None:
+        """Raises each of the daemon's `opened.warnings` as a `MinibatchdWarning` (at the caller
+        `stacklevel` names)."""
+        for w in self.warnings:
+            warnings.warn(f"minibatchd session {self.session!r}: {w}", MinibatchdWarning, stacklevel=stacklevel + 1)
 
     def _check_ring(self, ring: dict) -> None:
         magic, version, order, _daemon, _sid, count, size, offset, total = _RING.unpack_from(self._mm, 0)
@@ -630,7 +635,9 @@ class Source:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return Source(path or self._path, self._timeout, self.dataset, options)
+                source = Source(path or self._path, self._timeout, self.dataset, options)
+                source._warn(stacklevel=2)
+                return source
             except (OSError, MinibatchdError) as e:
                 retry = isinstance(e, OSError) or e.code in (
                     "client_disconnected",

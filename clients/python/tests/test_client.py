@@ -448,10 +448,21 @@ def test_a_worker_that_gets_no_data_is_warned_at_open(daemon):
         fine = client.open("train", minibatch_size=4, full_sweep=True, num_workers=2, rank=1)
     assert fine.warnings == []
     assert sum(mb["features"].num_samples for mb in fine) > 0
-    with pytest.warns(minibatchd.MinibatchdWarning, match="worker 999 of 1000 gets no data") as caught:
-        empty = client.open("train", minibatch_size=4, full_sweep=True, num_workers=1000, rank=999)
+    import subprocess
+
+    from conftest import BIN
+
+    out = subprocess.run([BIN, "index", "--config", str(daemon.config), "--dataset", "train"], capture_output=True,
+                         text=True, check=True).stdout
+    chunks = int(out.strip().split(", ")[-1].split()[0])  # "train: S sequences, N samples, C chunks"
+    assert 1 < chunks < 120, out
+    w = chunks + 1
+    with pytest.warns(minibatchd.MinibatchdWarning, match=f"worker {chunks} of {w} gets no data") as caught:
+        empty = client.open("train", minibatch_size=4, full_sweep=True, num_workers=w, rank=chunks)
     assert "chunk_size_bytes" in str(caught[0].message)
     assert len(empty.warnings) == 1 and list(empty) == []
+    with pytest.warns(minibatchd.MinibatchdWarning, match="use at most 120 workers"):
+        assert list(client.open("train", minibatch_size=4, full_sweep=True, num_workers=1000, rank=999)) == []
     with pytest.warns(minibatchd.MinibatchdWarning, match="equal steps give every worker 0 minibatches"):
-        equal = client.open("train", minibatch_size=4, full_sweep=True, num_workers=1000, rank=0, equal_steps=True)
+        equal = client.open("train", minibatch_size=4, full_sweep=True, num_workers=w, rank=0, equal_steps=True)
     assert list(equal) == []

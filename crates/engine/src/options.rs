@@ -114,6 +114,15 @@ impl IndexLimits {
         }
     }
 
+    /// These limits for an object whose index is shared through object storage: its encoded form
+    /// (4 bytes a size and more, [`crate::format::index_cache`]) is held whole while it is
+    /// uploaded or downloaded, so the sequences are as many as the budget holds at 4 bytes each,
+    /// not at the byte or two their sizes take in memory.
+    #[must_use]
+    pub fn for_shared_index(self) -> Self {
+        Self { max_sequences: self.max_sequences.min(self.max_index_bytes / 4), ..self }
+    }
+
     /// What the timeline's lengths cost a file of `sequences` sequences whose index does
     /// (`samples`) or does not keep a samples column: in a dataset of one source, nothing while
     /// no file keeps one; the file that is the first to keep one pays for every sequence so far;
@@ -143,7 +152,9 @@ impl IndexLimits {
             if sources > 1 { TIMELINE_BYTES_PER_SEQUENCE + JOIN_BYTES_PER_SOURCE * sources } else { 0 };
         let max_index_bytes = (memory_limit / INDEX_SHARE_OF_MEMORY_LIMIT).saturating_sub(in_use);
         Self {
-            max_sequences: max_index_bytes / (MIN_COLUMN_BYTES_PER_SEQUENCE + bytes_per_sequence),
+            // A timeline counts its sequences in 32 bits.
+            max_sequences: (max_index_bytes / (MIN_COLUMN_BYTES_PER_SEQUENCE + bytes_per_sequence))
+                .min(u64::from(u32::MAX)),
             max_index_bytes,
             bytes_per_sequence,
             lengths_follow_samples: sources == 1,

@@ -237,20 +237,28 @@ fn data_warnings(
     let mut out = Vec::new();
     let workers = resolved.sampling.num_workers;
     let chunks = rt.dataset.chunks();
+    let sequences = rt.dataset.timeline().num_sequences();
     let bytes: u64 = chunks.iter().map(|c| c.end - c.start).sum();
-    let advice = format!(
-        "randomized, each of the dataset's {} chunk(s) goes whole to one worker: set its chunk_size_bytes to at most \
-         about {} (its {bytes} bytes over {workers} workers), or use fewer workers",
-        chunks.len(),
-        (bytes / workers.max(1) as u64).max(1),
-    );
-    if sampler.gets_no_chunk() {
+    let advice = if sequences < workers {
+        format!("the dataset has {sequences} sequence(s): use at most {sequences} workers")
+    } else if sampler.deals_chunks() {
+        format!(
+            "randomized, each of the dataset's {} chunk(s) goes whole to one worker: set its chunk_size_bytes to at \
+             most about {} (its {bytes} bytes over {workers} workers), or use fewer workers",
+            chunks.len(),
+            (bytes / workers.max(1) as u64).max(1),
+        )
+    } else {
+        "in file order the epoch's sequences are dealt one by one: a longer epoch or fewer workers".to_owned()
+    };
+    if sampler.gets_no_data() {
         out.push(format!("worker {} of {workers} gets no data: {advice}", resolved.sampling.rank));
     }
     if steps == Some(0) && sampler.sweep_size() > 0 {
+        let short = sequences < workers || (sampler.deals_chunks() && chunks.len() < workers);
         out.push(format!(
             "equal steps give every worker 0 minibatches in this epoch, as the worker that gets the fewest gets none{}",
-            if chunks.len() < workers { format!(" ({advice})") } else { String::new() }
+            if short { format!(" ({advice})") } else { String::new() }
         ));
     }
     out

@@ -213,6 +213,7 @@ impl Dataset {
                 let idx = match &stored {
                     Stored::Remote(object) => {
                         let r = remote::require(f)?;
+                        let left = left.for_shared_index();
                         remote::index_object(
                             r,
                             object,
@@ -332,6 +333,7 @@ impl Dataset {
             let idx = match &*stored {
                 Stored::Remote(object) => {
                     let r = remote::require(f)?;
+                    let left = left.for_shared_index();
                     remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
                         let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
                         let reader = std::io::BufReader::with_capacity(1 << 16, r.chunks.tee(object, reader));
@@ -398,7 +400,7 @@ impl Dataset {
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
         if let [source] = &mut sources[..] {
             // A deepx file's sequences are its lines: once chunked, what is left of its index
-            // is an offset every 64 sequences (4 bytes a line less).
+            // is an offset every 64 sequences (its sizes let go).
             let one_line_each = matches!(source.decoder, SourceDecoder::Deepx(_));
             for idx in &mut source.indexes {
                 idx.sequences.let_go_of_line_sizes(one_line_each);

@@ -279,14 +279,14 @@ impl Sequences {
     pub fn get(&self, i: usize) -> SequenceDesc {
         assert!(i < self.len, "sequence {i} of {}", self.len);
         assert!(!self.sizes_follow_lines, "the sizes were let go: a chunk's lines are its sequences");
+        if !self.offsets.is_empty() {
+            return self.at(i, self.offsets[i], self.sizes.from(i).next_size());
+        }
         let k = i / OFFSET_STRIDE;
         let mut sizes = self.sizes.from(k * OFFSET_STRIDE);
-        let mut offset = self.strided.get(k).copied().unwrap_or(0);
+        let mut offset = self.strided[k];
         for _ in k * OFFSET_STRIDE..i {
             offset += u64::from(sizes.next_size());
-        }
-        if !self.offsets.is_empty() {
-            offset = self.offsets[i];
         }
         self.at(i, offset, sizes.next_size())
     }
@@ -596,7 +596,7 @@ pub(crate) fn room_for_one_more(
                 )
             } + &format!(
                 ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
-                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 1.25 to 34 bytes per \
+                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 1.25 to 37 bytes per \
                  sequence of one source); raise daemon.memory_limit_bytes"
             ),
         });

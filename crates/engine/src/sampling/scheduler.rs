@@ -927,11 +927,31 @@ impl Sampler {
         self.position
     }
 
-    /// Whether this worker gets no data at all: the block randomizer deals whole chunks, and
-    /// there are fewer chunks than workers (CNTK parks such a worker at the epoch end).
+    /// Whether this worker gets no data in the epoch: the block randomizer deals whole chunks,
+    /// and there are fewer chunks than workers (CNTK parks such a worker at the epoch end); file
+    /// order deals sequences one by one, and the epoch's sweeps (counted whole) hold fewer than
+    /// this worker's turn. Never for an infinite epoch.
     #[must_use]
-    pub fn gets_no_chunk(&self) -> bool {
-        self.block && self.options.rank >= self.timeline.num_chunks()
+    pub fn gets_no_data(&self) -> bool {
+        if self.block {
+            return self.options.rank >= self.timeline.num_chunks();
+        }
+        if self.options.limit == EpochLimit::Infinite {
+            return false;
+        }
+        let n = self.timeline.num_sequences() as u64;
+        let size = self.sweep_size.max(1);
+        let first = self.epoch_start() / size;
+        let sweeps = self.sweeps_between(self.epoch_start(), self.epoch_end);
+        let (from, until) = (first.saturating_mul(n), first.saturating_add(sweeps).saturating_mul(n));
+        congruent_in(from, until, self.options.rank as u64, self.options.num_workers.max(1) as u64) == 0
+    }
+
+    /// Whether the block randomizer orders this sampler's sweeps (it deals whole chunks to
+    /// workers); else file order (sequences one by one).
+    #[must_use]
+    pub fn deals_chunks(&self) -> bool {
+        self.block
     }
 
     /// Nominal samples per sweep.
