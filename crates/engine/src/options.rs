@@ -368,3 +368,25 @@ impl DatasetConfig {
         self.sources.iter().flat_map(|s| s.streams.iter())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::IndexLimits;
+
+    /// A byte a sequence at the least, but never more sequences than a timeline counts (32 bits),
+    /// and an object whose index is shared in its encoded form (4 bytes a size) no more than the
+    /// budget holds at 4 bytes each.
+    #[test]
+    fn the_sequence_count_stays_within_what_the_index_and_the_timeline_hold() {
+        let small = IndexLimits::within(8 << 30, 0, 1);
+        assert_eq!(small.max_index_bytes, 2 << 30);
+        assert_eq!(small.max_sequences, 2 << 30);
+        assert_eq!(small.for_shared_index().max_sequences, (2 << 30) / 4);
+        let huge = IndexLimits::within(1 << 40, 0, 1);
+        assert_eq!(huge.max_sequences, u64::from(u32::MAX));
+        assert_eq!(huge.for_shared_index().max_sequences, u64::from(u32::MAX));
+        // A joined dataset pays its places per sequence too.
+        let joined = IndexLimits::within(8 << 30, 0, 2);
+        assert!(joined.max_sequences < small.max_sequences / 60, "{}", joined.max_sequences);
+    }
+}
