@@ -114,8 +114,9 @@ fn refusal(d: &Daemon, dataset: &str) -> (ErrorCode, String) {
 fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    // 6 million instances of 6 bytes: 36 MB, an index of about 260 MB without a bound.
-    let short = write(p, "short.txt", "1 1:1\n".repeat(6_000_000));
+    // 15 million instances of 6 bytes: 90 MB, an index of about 19 MB (1.25 bytes a line), over
+    // the quarter of the limit the indexes may hold (16 MiB).
+    let short = write(p, "short.txt", "1 1:1\n".repeat(15_000_000));
     // A bomb: 60 MB of instances in about 100 KB of gzip.
     let bomb = write(p, "bomb.txt.gz", gz("0 7:1\n".repeat(10_000_000).as_bytes()));
     // One line of 24 MB without an end.
