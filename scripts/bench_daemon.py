@@ -92,7 +92,7 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     times = []
     if os.environ.get("BENCH_NO_PROBE"):
         # A small memory limit has no room for the probe's ring of PROBE slots.
-        print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": 0.0, "ready_next_median_us": 0.0, "probe_waited_us": 0.0, "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": stages}))
+        report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages)
         return
     # Twice PROBE minibatches through a ring of PROBE + 2 slots: the first PROBE read every slot
     # once (a fresh slot's first read maps its pages: a page fault or two), the second PROBE are
@@ -115,7 +115,17 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     times.sort()
     ready_us = sum(times) / max(len(times), 1) / 1e3
     median_us = times[len(times) // 2] / 1e3 if times else 0.0
-    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu, "first_minibatch_s": first, "ready_next_us": ready_us, "ready_next_median_us": median_us, "probe_waited_us": probe._wait_ns / 1e3, "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": stages}))
+    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages,
+           probe=(ready_us, median_us, probe._wait_ns / 1e3))
+
+
+def report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages, probe=(0.0, 0.0, 0.0)) -> None:
+    """The consumer's figures, one JSON line on stdout (`probe`: the client-overhead probe's mean
+    and median µs per ready next() and its waits, 0 when it did not run)."""
+    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu,
+                      "first_minibatch_s": first, "ready_next_us": probe[0], "ready_next_median_us": probe[1],
+                      "probe_waited_us": probe[2], "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends,
+                      "stages": stages}))
 
 
 def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, extra: dict) -> None:
@@ -145,9 +155,7 @@ def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, ext
         per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
         sweep_ends.append(time.time())
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu,
-                      "first_minibatch_s": first, "ready_next_us": 0.0, "ready_next_median_us": 0.0, "probe_waited_us": 0.0,
-                      "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends, "stages": {}}))
+    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
 
 
 def wait_for_socket(sock: str, interval: float, daemon=None) -> None:

@@ -226,8 +226,8 @@ fn opened_message(
 }
 
 /// What a trainer should be told at `open` about the data its session will get (logged too): a
-/// worker the block randomizer gives no chunk gets nothing, and with equal steps neither does
-/// any other worker.
+/// worker that gets nothing ([`Sampler::gets_no_data`]), and equal steps that give every worker
+/// nothing, with what to change.
 fn data_warnings(
     sampler: &Sampler,
     rt: &DatasetRuntime,
@@ -235,6 +235,11 @@ fn data_warnings(
     steps: Option<u64>,
 ) -> Vec<String> {
     let mut out = Vec::new();
+    let none_here = sampler.gets_no_data();
+    let none_anywhere = steps == Some(0) && sampler.sweep_size() > 0;
+    if !none_here && !none_anywhere {
+        return out;
+    }
     let workers = resolved.sampling.num_workers;
     let chunks = rt.dataset.chunks();
     let sequences = rt.dataset.timeline().num_sequences();
@@ -251,10 +256,10 @@ fn data_warnings(
     } else {
         "in file order the epoch's sequences are dealt one by one: a longer epoch or fewer workers".to_owned()
     };
-    if sampler.gets_no_data() {
+    if none_here {
         out.push(format!("worker {} of {workers} gets no data: {advice}", resolved.sampling.rank));
     }
-    if steps == Some(0) && sampler.sweep_size() > 0 {
+    if none_anywhere {
         let short = sequences < workers || (sampler.deals_chunks() && chunks.len() < workers);
         out.push(format!(
             "equal steps give every worker 0 minibatches in this epoch, as the worker that gets the fewest gets none{}",

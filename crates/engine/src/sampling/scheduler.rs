@@ -663,11 +663,9 @@ impl Sampler {
         let mut before = 0u64;
         let mut sweep = self.epoch_start() / size;
         let workers = self.options.num_workers.max(1);
-        let chunks = self.timeline.num_chunks();
         // The sweep holding the kth: whole sweeps before it are counted, not walked.
         loop {
-            let order = shuffle_chunks(chunks, self.options.seed.wrapping_add(sweep));
-            let here: u64 = (rank..chunks).step_by(workers).map(|k| self.chunk_samples(order[k])).sum();
+            let here: u64 = self.dealt_samples(sweep).into_iter().skip(rank).step_by(workers).sum();
             if before + here >= k || (sweep + 1) * size >= self.epoch_end {
                 break;
             }
@@ -724,9 +722,8 @@ impl Sampler {
         }
         let size = self.sweep_size.max(1);
         for sweep in from / size..until / size {
-            let order = shuffle_chunks(self.timeline.num_chunks(), self.options.seed.wrapping_add(sweep));
-            for (k, &c) in order.iter().enumerate() {
-                samples[k % workers] += self.chunk_samples(c);
+            for (k, n) in self.dealt_samples(sweep).into_iter().enumerate() {
+                samples[k % workers] += n;
             }
         }
         let rest = until % size;
@@ -740,10 +737,14 @@ impl Sampler {
         samples
     }
 
-    /// Sequences of chunk `c`: its samples, every sequence being one.
-    fn chunk_samples(&self, c: u32) -> u64 {
-        let c = c as usize;
-        (self.timeline.chunk_start[c + 1] - self.timeline.chunk_start[c]) as u64
+    /// The samples of the chunk at each randomized position of sweep `sweep` (every sequence one
+    /// sample): the block randomizer deals position `k` to worker `k % W`.
+    fn dealt_samples(&self, sweep: u64) -> Vec<u64> {
+        let starts = &self.timeline.chunk_start;
+        shuffle_chunks(self.timeline.num_chunks(), self.options.seed.wrapping_add(sweep))
+            .into_iter()
+            .map(|c| (starts[c as usize + 1] - starts[c as usize]) as u64)
+            .collect()
     }
 
     /// [`Sampler::equalize_steps`] by walking every worker's plans.
