@@ -366,7 +366,7 @@ impl Dataset {
                     .into_iter()
                     .map(|c| ChunkDesc { file, ..c }),
             );
-            idx.sequences.let_go_of_line_sizes(true);
+            idx.sequences.let_go_of_line_sizes();
             idx.sequences.shrink_to_fit();
             index_bytes += index_cost(&idx.sequences, &left);
             done += idx.size;
@@ -391,21 +391,13 @@ impl Dataset {
     /// joins and builds the timeline of opened sources.
     fn assemble(
         config: &DatasetConfig,
-        mut sources: Vec<OpenSource>,
+        sources: Vec<OpenSource>,
         chunked: Option<Vec<ChunkDesc>>,
         main_source: Option<usize>,
         streams: Vec<StreamSpec>,
     ) -> Result<Self> {
         let primary_chunks = chunked.unwrap_or_else(|| build_chunks(&sources[0].indexes, config.chunk_size_bytes));
         let (chunks, locs, timeline) = join(&sources, &primary_chunks, main_source)?;
-        if let [source] = &mut sources[..] {
-            // A deepx file's sequences are its lines: once chunked, what is left of its index
-            // is an offset every 64 sequences (its sizes let go).
-            let one_line_each = matches!(source.decoder, SourceDecoder::Deepx(_));
-            for idx in &mut source.indexes {
-                idx.sequences.let_go_of_line_sizes(one_line_each);
-            }
-        }
         let budgets = sources.iter().map(|_| ErrorBudget::new(config.max_errors)).collect();
         Ok(Self {
             config: config.clone(),

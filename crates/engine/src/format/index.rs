@@ -251,12 +251,12 @@ impl Sequences {
         self.len += 1;
     }
 
-    /// Lets go of the sizes when nothing but them is kept and every sequence is one line (a
-    /// deepx file: `one_line_each`): then sequence `i` is line `i`, each starts where the one
-    /// before ended, and a chunk's sequences are its lines, which its reader finds in its bytes.
-    /// What is left is an offset every [`OFFSET_STRIDE`] sequences. Whether it did.
-    pub fn let_go_of_line_sizes(&mut self, one_line_each: bool) -> bool {
-        if !one_line_each || self.len == 0 || self.columns() != Columns::default() {
+    /// Lets go of the sizes of a file whose every sequence is one line (a deepx file; the caller
+    /// knows) when nothing but them is kept: then sequence `i` is line `i`, each starts where the
+    /// one before ended, and a chunk's sequences are its lines, which its reader finds in its
+    /// bytes. What is left is an offset every [`OFFSET_STRIDE`] sequences. Whether it did.
+    pub fn let_go_of_line_sizes(&mut self) -> bool {
+        if self.len == 0 || self.columns() != Columns::default() {
             return false;
         }
         self.sizes = SizeColumn::default();
