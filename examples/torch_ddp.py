@@ -20,9 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader
-
-from minibatchd.torch import MinibatchIterableDataset
+from minibatchd.torch import MinibatchDataLoader, MinibatchIterableDataset
 
 
 def main() -> None:
@@ -41,7 +39,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     # The rank and world size come from torchrun's environment; equal steps are on for world > 1.
     ds = MinibatchIterableDataset(args.dataset, args.socket, minibatch_size=args.minibatch_size, seed=args.seed)
-    loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
+    loader = MinibatchDataLoader(ds, num_workers=args.workers)
 
     torch.manual_seed(0)
     model = None

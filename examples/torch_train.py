@@ -5,9 +5,9 @@
     python examples/torch_train.py --socket target/example/minibatchd.sock --dataset train \\
         --stream features --epochs 3 --checkpoint /tmp/ckpt.pt --checkpoint-every 5
 
-The loader is torchdata's StatefulDataLoader over a MinibatchIterableDataset: its state_dict (the
-epoch and the daemon session's position, per DataLoader worker) goes into the checkpoint with the
-model and the optimizer. Started again with the same --checkpoint, the script continues from the
+The loader is StatefulMinibatchDataLoader (torchdata's StatefulDataLoader, owning the epoch) over
+a MinibatchIterableDataset: its state_dict (the epoch and the daemon session's position, per
+DataLoader worker) goes into the checkpoint with the model and the optimizer. Started again with the same --checkpoint, the script continues from the
 last checkpoint: the minibatches after it are exactly those an uninterrupted run would have seen.
 --stop-after N stops (as a crash would) after N steps; --step-log FILE writes one JSON line per
 step (epoch, worker, minibatch index, position, samples, loss).
@@ -18,9 +18,7 @@ import json
 import os
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
-
-from minibatchd.torch import MinibatchIterableDataset
+from minibatchd.torch import MinibatchIterableDataset, StatefulMinibatchDataLoader
 
 
 def main() -> None:
@@ -39,7 +37,7 @@ def main() -> None:
     args = ap.parse_args()
 
     ds = MinibatchIterableDataset(args.dataset, args.socket, minibatch_size=args.minibatch_size, seed=args.seed)
-    loader = StatefulDataLoader(ds, batch_size=None, num_workers=args.workers)
+    loader = StatefulMinibatchDataLoader(ds, num_workers=args.workers)
     torch.manual_seed(0)
     model, opt, target = None, None, None
     start_epoch, step = 0, 0

@@ -4,9 +4,13 @@ setting.
 Each pass over the dataset is one epoch, and epoch ``k`` is sweep ``k`` of the CNTK timeline:
 iterating again continues the timeline (pass 0 delivers sweep 0, pass 1 sweep 1, ...), and
 ``set_epoch(k)`` selects sweep ``k`` for the next pass, as ``DistributedSampler.set_epoch`` users
-expect. Which pass a DataLoader worker is in is decided when its iterator is made, and every
-worker of a pass agrees on it (the pass's base seed, and whether its workers were forked together
-or still run): a loop left before some workers fetched anything still counts as one pass.
+expect. ``MinibatchDataLoader`` (and ``StatefulMinibatchDataLoader``, over torchdata's
+``StatefulDataLoader``) owns the epoch: each pass it begins is numbered in the main process and
+its workers are told, so every worker of a pass delivers that pass's epoch whatever it does. A
+plain ``DataLoader`` works without that: its passes are counted — in the main process, in each
+persistent worker, and for new worker processes by worker id (each pass forks one process per
+id) — with no timing and no guessing; that count is exact as long as every worker process of a
+pass reaches its ``iter()`` (see docs/client.md, "Epochs", for the two cases where one may not).
 ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
 ``W`` workers each) is CNTK worker ``r * W + w`` of ``world * W``, so over every worker of every
 rank each sweep is delivered exactly once, in an order that depends only on the data, the
@@ -44,7 +48,7 @@ import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._adapter import user_options
 from ._client import connect, torchrun_env
@@ -118,8 +122,11 @@ class MinibatchIterableDataset(IterableDataset):
         # pass is which, so that every worker of a pass delivers the same epoch (see _begin_pass).
         self._shared = _SharedTable(_TABLE_LEN)
         self._shared[_RESUME_GEN] = self._shared[_SEEN_GEN] = -1
-        self._shared[_HIST:_TABLE_LEN] = [-1] * (3 * _HIST_LEN)
+        self._shared[_SHAPES:_TABLE_LEN] = [-1] * (_TABLE_LEN - _SHAPES)
+        self._gen = (0, 0)  # the generation this copy was made in, and the epoch of its pass 0
         self._last: Optional[Tuple[int, int, int]] = None  # (pid, generation, pass) begun here last
+        self._plan: Optional[Tuple[int, int]] = None  # (loader token, pass k) of a MinibatchDataLoader
+        self._plan_at: Optional[Tuple[int, int]] = None  # (pid, next k) in a persistent worker
         self._resume: Optional[dict] = None
         self._resume_gen = -1
         self._resume_local = False
@@ -163,76 +170,115 @@ class MinibatchIterableDataset(IterableDataset):
         per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
         return rank * per_rank + worker, world * per_rank, world
 
-    def _pass_of_a_new_worker(self, gen: int, info: Any) -> Tuple[Optional[int], Optional[int]]:
-        """The pass of a worker process's first ``iter()`` in generation ``gen`` (under the lock),
-        or ``(None, epoch)`` for a late worker of an earlier pass (its seed is one of the last
-        passes' and not the current one's).
+    def _pass_here(self, gen: int, info: Any) -> Optional[int]:
+        """The pass this process begins in generation ``gen`` without a loader's plan (under the
+        lock), or None for a worker process copied before the latest ``set_epoch`` or
+        ``load_state_dict`` (a worker of an abandoned pass that starts late: its first pass is
+        one of the generation it was copied in, whose output nobody reads).
 
-        A DataLoader draws one base seed per ``iter(loader)`` and gives it to every worker of that
-        pass (``info.seed - info.id``). A worker joins the current pass when it has the current
-        pass's seed, its worker id has not started in that pass yet, and a worker of that pass
-        is still running or it was forked with them (a worker slow to set up); otherwise it
-        begins the next pass. So a pass whose other workers never fetched anything (a loop left
-        early) still counts once, and a DataLoader re-created with the same generator seed every
-        epoch still moves on: the previous pass's workers have exited by then."""
+        No timing and no guessing: the main process goes on after every pass begun; a persistent
+        worker's next pass is its previous one plus one (a DataLoader resumes every persistent
+        worker once per ``iter(loader)``); a new worker process with id ``w`` takes the next pass
+        that id has not taken (each pass forks one process per worker id), skipping passes
+        begun with another number of workers or in the main process (a later DataLoader with more
+        workers). So the passes of a plain DataLoader are exact as long as every worker process
+        of a pass reaches its ``iter()``: see ``MinibatchDataLoader`` for the cases where one
+        may not."""
         sh = self._shared
+        first_here = self._last is None or self._last[0] != os.getpid()
+        if info is not None and first_here and self._gen[0] != gen:
+            return None
+        self._sync(gen)
+        begun = sh[_BEGUN]
+        mine = self._next_pass_here(gen)
+        if info is None:
+            p = max(mine or 0, begun)
+            self._record(p, 0)
+            return p
         if info.id >= _MAX_WORKERS:
             raise ValueError(f"at most {_MAX_WORKERS} DataLoader workers per rank")
-        seed = (info.seed - info.id) & _SEED_MASK
-        current = self._current_pass(gen)
-        pids = [pid for pid in sh[_PIDS:_PIDS + _MAX_WORKERS] if pid]
-        started = _start_ticks(os.getpid())
-        # A worker of the current pass that starts late (slow setup) was forked with the others.
-        forked_together = started is not None and abs(started - sh[_CUR_START]) <= _TOGETHER_TICKS
-        joins = (current >= 0 and sh[_CUR_SEED] == seed and sh[_PIDS + info.id] == 0
-                 and (forked_together or any(_pid_alive(pid) for pid in pids)))
-        if not joins and seed != sh[_CUR_SEED]:
-            # A worker of an earlier pass starting late (its iterator kept alive while a new one
-            # began, or torn down while it set up): that pass's epoch, and the current pass goes
-            # on undisturbed — it began the next pass and split the current one before.
-            # (It was forked with that pass's first worker: a later DataLoader whose seed repeats
-            # an earlier one's begins a pass of its own.)
-            for i in range(_HIST_LEN):
-                h = _HIST + 3 * i
-                if sh[h] == seed and started is not None and abs(started - sh[h + 2]) <= _TOGETHER_TICKS:
-                    return None, sh[h + 1]
-        if not joins:
-            current += 1
-            self._start_pass(current, seed, started)
-            at = sh[_HIST_AT] % _HIST_LEN
-            sh[_HIST + 3 * at:_HIST + 3 * at + 3] = [seed, sh[_BASE] + current, sh[_CUR_START]]
-            sh[_HIST_AT] = at + 1
-        sh[_PIDS + info.id] = os.getpid()
-        return current, None
+        if mine is not None:
+            p = mine
+        else:
+            p = sh[_COUNT + info.id]
+            while p < begun and self._shape(p) != info.num_workers:
+                p += 1
+        self._record(p, info.num_workers, info.id)
+        return p
 
-    def _current_pass(self, gen: int) -> int:
-        """The latest pass begun in generation ``gen`` by any process (-1 for none; under the
-        lock). The table's pass is forgotten when the generation changes."""
+    def _sync(self, gen: int) -> None:
+        """Forgets the table's passes when the generation changed (under the lock)."""
         sh = self._shared
         if sh[_SEEN_GEN] != gen:
-            sh[_SEEN_GEN], sh[_CUR] = gen, -1
-            sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
-        return sh[_CUR]
+            sh[_SEEN_GEN], sh[_BEGUN] = gen, 0
+            sh[_COUNT:_COUNT + _MAX_WORKERS] = [0] * _MAX_WORKERS
+            sh[_SHAPES:_PLANS] = [-1] * (2 * _SHAPES_LEN)
 
-    def _start_pass(self, p: int, seed: int, started: Optional[int]) -> None:
-        """Pass ``p`` is the table's current one, with base ``seed``, its first worker started at
-        ``started`` (clock ticks) and no worker registered yet (under the lock)."""
+    def _shape(self, p: int) -> int:
+        """How many workers pass ``p`` was begun with (0: the main process; -1: not known)."""
         sh = self._shared
-        sh[_CUR], sh[_CUR_SEED], sh[_CUR_START] = p, seed, started if started is not None else -(1 << 40)
-        sh[_PIDS:_PIDS + _MAX_WORKERS] = [0] * _MAX_WORKERS
+        at = _SHAPES + 2 * (p % _SHAPES_LEN)
+        return sh[at + 1] if sh[at] == p else -1
 
-    def _note_pass(self, gen: int, p: int) -> None:
-        """Pass ``p`` of generation ``gen`` began in a process that is not a new worker (the main
-        process, or a persistent worker): new worker processes begin after it, never join it
-        (under the lock)."""
-        if p > self._current_pass(gen):
-            # No new worker's seed is -1: the next new worker begins pass p + 1.
-            self._start_pass(p, -1, None)
+    def _record(self, p: int, workers: int, worker: Optional[int] = None) -> None:
+        """Pass ``p`` begins or goes on here (``workers`` per rank, 0 in the main process; under
+        the lock)."""
+        sh = self._shared
+        if worker is not None:
+            sh[_COUNT + worker] = max(sh[_COUNT + worker], p + 1)
+        if p >= sh[_BEGUN]:
+            sh[_BEGUN] = p + 1
+            at = _SHAPES + 2 * (p % _SHAPES_LEN)
+            sh[at:at + 2] = [p, workers]
 
     def _next_pass_here(self, gen: int) -> Optional[int]:
         """The next pass of this process in generation ``gen`` if it began one, else None."""
         last = self._last
         return last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else None
+
+    def _plan_pass(self, token: int, k: int, workers: int) -> None:
+        """``MinibatchDataLoader`` begins its ``k``-th pass (main process, before its workers are
+        made or resumed): which pass and epoch it is, decided once here, goes into the table
+        under the loader's ``token``, and the copies of this dataset the workers get name it."""
+        sh = self._shared
+        with sh.get_lock():
+            gen = sh[_GEN]
+            self._sync(gen)
+            p = max(sh[_BEGUN], self._next_pass_here(gen) or 0)
+            self._record(p, workers)
+            for w in range(min(workers, _MAX_WORKERS)):
+                sh[_COUNT + w] = max(sh[_COUNT + w], p + 1)
+            resumes = int(p == 0 and sh[_RESUME_GEN] == gen)
+            at = _PLANS + _PLAN_FIELDS * (sh[_PLAN_AT] % _PLANS_LEN)
+            sh[at:at + _PLAN_FIELDS] = [token, k, gen, p, sh[_BASE] + p, resumes]
+            sh[_PLAN_AT] += 1
+        self._plan = (token, k)
+
+    def _new_token(self) -> int:
+        sh = self._shared
+        with sh.get_lock():
+            sh[_TOKENS] += 1
+            return sh[_TOKENS]
+
+    def _planned(self, info: Any) -> Optional[Tuple[int, int, int, bool]]:
+        """(generation, pass, epoch, resumes) of this pass as its ``MinibatchDataLoader`` planned
+        it, or None when no such loader made this iterator (under the lock). A persistent
+        worker's n-th pass is its loader's (k0 + n)-th, k0 being the pass it was made in."""
+        if self._plan is None:
+            return None
+        token, k = self._plan
+        if info is not None:
+            pid, at = os.getpid(), self._plan_at
+            if at is not None and at[0] == pid:
+                k = at[1]
+            self._plan_at = (pid, k + 1)
+        sh = self._shared
+        for i in range(_PLANS_LEN):
+            at = _PLANS + _PLAN_FIELDS * i
+            if sh[at] == token and sh[at + 1] == k:
+                return sh[at + 2], sh[at + 3], sh[at + 4], bool(sh[at + 5])
+        raise RuntimeError(f"minibatchd: pass {k} of this MinibatchDataLoader is no longer in its table "
+                           f"(a worker {_PLANS_LEN} passes behind its loader?)")
 
     def _begin_pass(self) -> Tuple[int, Optional[dict]]:
         """(the epoch this pass delivers, the state it resumes from or None), decided at
@@ -242,38 +288,40 @@ class MinibatchIterableDataset(IterableDataset):
         pid = os.getpid()
         sh = self._shared
         with sh.get_lock():
-            gen = sh[_GEN]
             resume = None
             if self._resume is not None and self._resume_local:
                 # load_state_dict in this worker (torchdata's StatefulDataLoader restoring it):
                 # this worker's next pass continues from it.
                 resume, self._resume = self._resume, None
-            mine = self._next_pass_here(gen)
-            if info is None:
-                # The main process (no workers): after its own passes and after any that worker
-                # processes of another DataLoader over this dataset began.
-                p = max(mine or 0, self._current_pass(gen) + 1)
-                self._note_pass(gen, p)
-            elif mine is not None:
-                p = mine                 # a persistent worker's next pass (its group moves as one)
-                self._note_pass(gen, p)  # so that a new DataLoader's workers begin after it
+            gen = sh[_GEN]
+            planned = self._planned(info)
+            if planned is not None and info is None and planned[0] != gen:
+                # load_state_dict in the main process after the pass was planned (torchdata's
+                # StatefulDataLoader restoring a loader without workers): the state decides.
+                planned = None
+            if planned is not None:
+                pass_gen, p, epoch, resumes = planned
             else:
-                p, earlier = self._pass_of_a_new_worker(gen, info)
+                pass_gen, p = gen, self._pass_here(gen, info)
                 if p is None:
-                    self._last = None
-                    return earlier, None
-            self._last = (pid, gen, p)
-            if resume is None and p == 0 and self._resume is not None and self._resume_gen == gen:
+                    self._last = (pid, self._gen[0], 0)
+                    return self._gen[1], None
+                epoch, resumes = sh[_BASE] + p, p == 0 and sh[_RESUME_GEN] == gen
+            self._last = (pid, pass_gen, p)
+            if resume is None and resumes:
+                if self._resume is None or self._resume_gen != pass_gen:
+                    raise RuntimeError(
+                        "load_state_dict() was called after this DataLoader's persistent workers started, so "
+                        "they cannot see the state: call it before the first iter(), or use torchdata's "
+                        "StatefulDataLoader")
                 resume = self._resume
                 if info is None:
                     self._resume = None  # consumed here; forked workers of later passes have p > 0
-            elif resume is None and p == 0 and sh[_RESUME_GEN] == gen:
-                raise RuntimeError(
-                    "load_state_dict() was called after this DataLoader's persistent workers started, so they "
-                    "cannot see the state: call it before the first iter(), or use torchdata's StatefulDataLoader")
             if resume is not None:
-                sh[_BASE] = int(resume.get("epoch", 0)) - p
-            return sh[_BASE] + p, resume
+                epoch = int(resume.get("epoch", 0))
+                if pass_gen == gen:
+                    sh[_BASE] = epoch - p
+            return epoch, resume
 
     # -- iteration ------------------------------------------------------------------------------
 
@@ -346,8 +394,9 @@ class MinibatchIterableDataset(IterableDataset):
             sh = self._shared
             with sh.get_lock():
                 gen = sh[_GEN]
+                self._sync(gen)
                 mine = self._next_pass_here(gen) or 0
-                others = self._current_pass(gen) + 1
+                others = sh[_BEGUN]
                 epoch = sh[_BASE] + max(mine, others)
             if others > mine and get_worker_info() is None:
                 # DataLoader worker processes iterated, and their positions are theirs: this state
@@ -381,61 +430,98 @@ class MinibatchIterableDataset(IterableDataset):
             sh[_BASE] = epoch
             if resuming:
                 sh[_RESUME_GEN] = sh[_GEN]
+            self._gen = (sh[_GEN], epoch)
             return sh[_GEN]
 
 
-# The shared table of a MinibatchIterableDataset: generation (bumped by set_epoch and
-# load_state_dict), epoch of its pass 0, the generation a main-process load_state_dict set, and
-# the current pass of new worker processes: its generation, number, base seed, the start time
-# of its first worker and the pids of its workers by worker id.
-_GEN, _BASE, _RESUME_GEN, _SEEN_GEN, _CUR, _CUR_SEED, _CUR_START, _PIDS = range(8)
-# Workers forked within this many clock ticks (a DataLoader forks a pass's workers in one loop).
-_TOGETHER_TICKS = max(1, (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100) // 4)
+class _OwnsTheEpoch:
+    """What makes a DataLoader own the epoch of a ``MinibatchIterableDataset`` (mixed in before
+    the DataLoader class). Every pass the loader begins — a new iterator, or persistent workers
+    resumed — is planned in the main process before any worker learns of it: its pass number and
+    epoch go into the dataset's shared table under this loader's token and the pass's index
+    ``k``, and the workers made for it carry ``(token, k)`` in their copy of the dataset (a
+    persistent worker's n-th pass is the n-th after the one it was made in: the loader resumes
+    every persistent worker once per pass). Nothing is inferred in the workers, so a worker that
+    starts late, never starts, or belongs to an iterator still alive beside a newer one cannot
+    move a pass."""
+
+    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        if not isinstance(dataset, MinibatchIterableDataset):
+            raise TypeError(f"{type(self).__name__} needs a MinibatchIterableDataset, not {type(dataset).__name__}")
+        if not args:
+            kwargs.setdefault("batch_size", None)  # the daemon already batches
+        super().__init__(dataset, *args, **kwargs)  # type: ignore[call-arg]
+        self._minibatchd_token = self.dataset._new_token()
+        self._minibatchd_passes = 0
+
+    def _minibatchd_plan(self) -> None:
+        self.dataset._plan_pass(self._minibatchd_token, self._minibatchd_passes, self.num_workers)
+        self._minibatchd_passes += 1
+
+    def _get_iterator(self):  # noqa: ANN202 (the DataLoader's own iterator type)
+        self._minibatchd_plan()
+        try:
+            it = super()._get_iterator()  # type: ignore[misc]
+        finally:
+            self.dataset._plan = None  # made: the workers' copies keep it, later loaders do not
+        if self.num_workers > 0 and self.persistent_workers:
+            reset = it._reset
+
+            def _reset(loader: Any, *args: Any, **kwargs: Any) -> Any:
+                if not kwargs.get("first_iter", args[0] if args else False):
+                    self._minibatchd_plan()  # persistent workers resumed: a pass of its own
+                return reset(loader, *args, **kwargs)
+
+            it._reset = _reset
+        return it
+
+
+class MinibatchDataLoader(_OwnsTheEpoch, DataLoader):
+    """A ``torch.utils.data.DataLoader`` that owns the epoch of the ``MinibatchIterableDataset``
+    it iterates: pass ``k`` of the loader is planned in the main process when the pass begins,
+    so its workers deliver one epoch whatever they do — start late, never start (a loop left
+    while a worker was still in its ``worker_init_fn``), or run beside a newer iterator. The
+    arguments are ``DataLoader``'s; ``batch_size`` defaults to None (the daemon batches). A
+    plain ``DataLoader`` works too: see the module's notes for when its passes are exact."""
+
+
+def __getattr__(name: str) -> Any:
+    # torchdata is optional: StatefulMinibatchDataLoader is made on first use.
+    if name != "StatefulMinibatchDataLoader":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    cls = type(name, (_OwnsTheEpoch, StatefulDataLoader), {
+        "__module__": __name__, "__qualname__": name,
+        "__doc__": "torchdata's ``StatefulDataLoader`` that owns the epoch, as ``MinibatchDataLoader`` does: "
+                   "its ``state_dict()`` keeps every worker's position, and a restored loader goes on exactly.",
+    })
+    globals()[name] = cls
+    return cls
+
+
+# The shared table of a MinibatchIterableDataset: the generation (bumped by set_epoch and
+# load_state_dict in the main process), the epoch of its pass 0, the generation a main-process
+# load_state_dict set; the generation the pass bookkeeping belongs to, the number of passes begun
+# in it, and the last token given to a MinibatchDataLoader; then, by worker id, the next pass each
+# id's new worker processes take; the number of workers of the last passes begun (a ring of
+# (pass, workers)); and the last passes MinibatchDataLoaders planned (a ring of (token, k,
+# generation, pass, epoch, resumes)).
+_GEN, _BASE, _RESUME_GEN, _SEEN_GEN, _BEGUN, _TOKENS, _PLAN_AT = range(7)
 _MAX_WORKERS = 512
-# The base seed, epoch and first worker's start of the last passes new workers began (a ring), so
-# that a worker of an earlier pass that starts late joins it instead of beginning another.
-_HIST_LEN = 16
-_HIST_AT = _PIDS + _MAX_WORKERS
-_HIST = _HIST_AT + 1
-_TABLE_LEN = _HIST + 3 * _HIST_LEN
-_SEED_MASK = (1 << 62) - 1
+_COUNT = 7
+_SHAPES_LEN = 16
+_SHAPES = _COUNT + _MAX_WORKERS
+_PLANS_LEN = 64
+_PLAN_FIELDS = 6
+_PLANS = _SHAPES + 2 * _SHAPES_LEN
+_TABLE_LEN = _PLANS + _PLAN_FIELDS * _PLANS_LEN
 
 
 def _continues(state: dict) -> bool:
     """Whether a state resumes a session (a worker's, or a whole job's), rather than only naming
     the epoch to start."""
     return state.get("source") is not None or state.get("job") is not None
-
-
-def _proc_stat(pid: int) -> list:
-    """The fields of ``/proc/PID/stat`` after the command name (state first); raises OSError."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    return stat[stat.rindex(b")") + 2:].split()
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie does not)."""
-    try:
-        return _proc_stat(pid)[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-
-
-def _start_ticks(pid: int) -> Optional[int]:
-    """When process ``pid`` started, in clock ticks since boot (Linux), else None."""
-    try:
-        return int(_proc_stat(pid)[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class _SharedTable:

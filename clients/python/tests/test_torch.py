@@ -2,6 +2,7 @@
 StatefulDataLoader): epochs continue the timeline, DataLoader workers and ranks split each sweep
 exactly once, state dicts resume mid-epoch exactly, metadata rides along, and a model trains."""
 
+import fcntl
 import os
 
 import numpy as np
@@ -12,7 +13,7 @@ from conftest import require, run_example
 torch = require("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from minibatchd.torch import MinibatchIterableDataset  # noqa: E402
+from minibatchd.torch import MinibatchDataLoader, MinibatchIterableDataset  # noqa: E402
 
 SEQUENCES = 120  # conftest.write_data: features' first value is the sequence id
 
@@ -39,6 +40,34 @@ def dump_ids(mbs):
 
 def item_ids(items):
     return [i for item in items for i in ids(item)]
+
+
+class Gate:
+    """A worker_init_fn that holds the listed DataLoader workers until the test opens it (a
+    shared flock the test holds exclusively): a worker that starts late, on cue, without
+    sleeping. Pickles as its path and ids, so spawned workers are held too."""
+
+    def __init__(self, path, held):
+        self.path, self.held = str(path), frozenset(held)
+        self._file = open(self.path, "wb")  # noqa: SIM115 (held until open())
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def __getstate__(self):
+        return {"path": self.path, "held": self.held}
+
+    def __setstate__(self, state):
+        self.path, self.held, self._file = state["path"], state["held"], None
+
+    def __call__(self, worker_id):
+        if worker_id in self.held:
+            with open(self.path, "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_SH)
+
+    def open(self):
+        if self._file is not None:
+            fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
 
 
 def test_a_pass_is_dump_of_that_sweep_and_passes_continue_the_timeline(daemon):
@@ -126,26 +155,27 @@ def test_an_initialized_process_group_without_torchrun_env_gives_the_split(daemo
     assert (ds.world_size, ds.rank) == (2, 1)
 
 
-def _slow_worker_one(worker_id):
-    if worker_id == 1:
-        import time
-        time.sleep(1.5)
-
-
-def test_a_late_worker_of_a_replaced_iterator_does_not_split_the_new_pass(daemon):
-    """`it = iter(loader)` again while the old iterator's worker 1 is still in a slow
-    worker_init_fn: the new iterator's workers fork first, and the old worker registers its pass
-    after the new pass began. It began yet another pass, so the new iterator's two workers
-    delivered two different epochs (half a sweep each way); it joins its own earlier pass now."""
+def test_a_late_worker_of_a_replaced_iterator_does_not_split_the_new_pass(daemon, tmp_path):
+    """`it = iter(loader)` again while the old iterator's worker 1 has not begun its pass (held in
+    its worker_init_fn) and the old iterator is still alive: MinibatchDataLoader planned each
+    pass when it began, so the new iterator's workers deliver epoch 1 exactly once, and the old
+    worker, released afterwards, keeps to epoch 0."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=4)
-    loader = DataLoader(ds, batch_size=None, num_workers=2, worker_init_fn=_slow_worker_one)
-    it = iter(loader)
-    first = next(it)
+    gate = Gate(tmp_path / "gate", held={1})
+    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate)
+    old = iter(loader)
+    first = next(old)
     assert first["meta"]["epoch"] == 0
-    it = iter(loader)  # made before the old one is dropped
-    items = list(it)
+    loader.worker_init_fn = None
+    items = list(iter(loader))
     assert {item["meta"]["epoch"] for item in items} == {1}
     assert sorted(item_ids(items)) == list(range(SEQUENCES))
+    gate.open()
+    late = next(old)  # worker 1 of the old iterator, begun now
+    assert late["meta"]["epoch"] == 0 and late["meta"]["worker"] == 1
+    del old
+    again = list(loader)
+    assert {item["meta"]["epoch"] for item in again} == {2}
 
 
 def test_ranks_times_workers_split_each_sweep_exactly_once(daemon):
@@ -167,14 +197,23 @@ def test_limits_and_splits_are_the_adapters_own(daemon):
         MinibatchIterableDataset("train", daemon.socket)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers):
+def stateful_loader(owning):
     require("torchdata")
+    if owning:
+        from minibatchd.torch import StatefulMinibatchDataLoader
+        return StatefulMinibatchDataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
+    return StatefulDataLoader
+
+
+@pytest.mark.parametrize("owning", [False, True], ids=["StatefulDataLoader", "StatefulMinibatchDataLoader"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers, owning):
+    cls = stateful_loader(owning)
 
     def loader():
         ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
-        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+        return cls(ds, batch_size=None, num_workers=workers)
 
     reference = loader()
     uninterrupted = [ids(item) for _ in range(2) for item in reference]
@@ -193,23 +232,20 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers):
     assert taken + rest == uninterrupted
 
 
-def _slow_start(worker_id):
-    """Heavy per-worker setup: every worker but the first starts a second late."""
-    import time
-    if worker_id > 0:
-        time.sleep(1.0)
-
-
+@pytest.mark.parametrize("owning", [False, True], ids=["DataLoader", "MinibatchDataLoader"])
 @pytest.mark.parametrize("workers,taken,persistent", [(3, 0, False), (2, 1, False), (3, 2, True)])
-def test_a_pass_left_early_counts_once_for_every_worker(daemon, workers, taken, persistent):
-    """A loop left after `taken` minibatches (max_steps, an exception), before the other workers
-    fetched anything: the next passes are epochs 1 and 2 on every worker, each exactly once."""
+def test_a_pass_left_early_counts_once_for_every_worker(daemon, tmp_path, workers, taken, persistent, owning):
+    """A loop left after `taken` minibatches (max_steps, an exception) while the other workers
+    were still in their worker_init_fn: they begin that pass when they are let go, and the next
+    passes are epochs 1 and 2 on every worker, each exactly once."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers, worker_init_fn=_slow_start,
-                        persistent_workers=persistent)
+    gate = Gate(tmp_path / "gate", held=range(max(taken, 1), workers))
+    loader = (MinibatchDataLoader if owning else DataLoader)(
+        ds, batch_size=None, num_workers=workers, worker_init_fn=gate, persistent_workers=persistent)
     it = iter(loader)
     for _ in range(taken):
         next(it)
+    gate.open()
     del it
     for epoch in (1, 2):
         items = list(loader)
@@ -217,11 +253,30 @@ def test_a_pass_left_early_counts_once_for_every_worker(daemon, workers, taken, 
         assert sorted(item_ids(items)) == list(range(SEQUENCES)), f"epoch {epoch}"
 
 
-def test_spawned_workers_share_the_pass_table(daemon):
-    """Workers started with the spawn method (the shared table is a mapped file, not a
-    fork-context lock): each pass is one epoch, exactly once."""
+def test_with_the_owning_loader_a_worker_that_never_began_its_pass_moves_nothing(daemon, tmp_path):
+    """The case a plain DataLoader cannot tell from a late worker: the loop is left while worker 1
+    is still held, and the DataLoader, after waiting for it, terminates it before it began its
+    pass. MinibatchDataLoader planned every pass, so the next passes are still epochs 1 and 2."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3)
+    gate = Gate(tmp_path / "gate", held={1})
+    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate)
+    it = iter(loader)
+    assert next(it)["meta"]["epoch"] == 0
+    del it  # worker 1 is terminated in its worker_init_fn
+    gate.open()
+    for epoch in (1, 2):
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        assert sorted(item_ids(items)) == list(range(SEQUENCES)), f"epoch {epoch}"
+
+
+@pytest.mark.parametrize("context,owning", [("spawn", False), ("spawn", True), ("forkserver", True)])
+def test_spawned_workers_share_the_pass_table(daemon, context, owning):
+    """Workers started with the spawn or forkserver method (the shared table is a mapped file,
+    not a fork-context lock): each pass is one epoch, exactly once."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=1)
-    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    loader = (MinibatchDataLoader if owning else DataLoader)(
+        ds, batch_size=None, num_workers=2, multiprocessing_context=context, persistent_workers=owning)
     for epoch in range(2):
         items = list(loader)
         assert {item["meta"]["epoch"] for item in items} == {epoch}
@@ -242,16 +297,16 @@ def test_a_dataloader_recreated_with_the_same_seed_still_moves_on(daemon):
     assert seen[0] != seen[1] != seen[2]
 
 
+@pytest.mark.parametrize("owning", [False, True], ids=["StatefulDataLoader", "StatefulMinibatchDataLoader"])
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_checkpoint_early_in_a_later_epoch_resumes_exactly(daemon, persistent):
+def test_a_checkpoint_early_in_a_later_epoch_resumes_exactly(daemon, persistent, owning):
     """StatefulDataLoader with two workers, saved one step into epoch 1 (one worker has not
     delivered anything of it yet): the resumed run ends epoch 1 and gives epoch 2, exactly once."""
-    require("torchdata")
-    from torchdata.stateful_dataloader import StatefulDataLoader
+    cls = stateful_loader(owning)
 
     def loader():
         ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
-        return StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
+        return cls(ds, batch_size=None, num_workers=2, persistent_workers=persistent)
 
     first = loader()
     list(first)
