@@ -18,7 +18,7 @@ use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::minibatch::{MbData, MbStream, MbValues as Values, Minibatch};
-use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions};
+use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions, Tail};
 use minibatchd_shm::Indices;
 
 /// What `dump` (or a session) asks for besides the sampling options.
@@ -38,6 +38,9 @@ pub struct DumpOptions {
     pub restore_before: Vec<(u64, u64)>,
     /// Equal step counts over the workers (one minibatch size only).
     pub equal_steps: bool,
+    /// With equal steps, what the workers' ragged tails become: dropped, or padded with empty
+    /// minibatches up to the count of the worker that gets the most (as the session option).
+    pub tail: Tail,
     /// CNTK frame mode: every sequence must have one sample.
     pub frame_mode: bool,
 }
@@ -69,8 +72,7 @@ pub fn for_each_minibatch(
     options: &DumpOptions,
     each: &mut dyn FnMut(&Minibatch) -> Result<(), DumpError>,
 ) -> Result<(u64, usize, usize), DumpError> {
-    let sampler = new_sampler(dataset, options)?;
-    let mut feeder = Feeder::new(sampler, dataset.timeline().clone(), dataset.stream_shapes(), options.frame_mode, 0);
+    let mut feeder = new_feeder(dataset, options)?;
     let mut load = |chunk: u32| -> Result<Arc<ParsedChunk>, DataError> {
         let (parsed, fresh) = dataset.load_chunk(chunk as usize)?;
         for e in &fresh {
@@ -100,12 +102,14 @@ pub fn for_each_plan(
     options: &DumpOptions,
     each: &mut dyn FnMut(u64, &MinibatchPlan) -> Result<(), DumpError>,
 ) -> Result<u64, DumpError> {
-    let mut sampler = new_sampler(dataset, options)?;
+    // The feeder plans as the daemon's producer does (padding included) and reads no data
+    // until asked to gather, which this never does.
+    let mut feeder = new_feeder(dataset, options)?;
     let mut index = 0u64;
     walk(options, &mut |step| match step {
-        Step::Restore(position) => Ok(sampler.restore(position).map(|()| true)?),
+        Step::Restore(position) => Ok(feeder.restore(position).map(|()| true)?),
         Step::Next(size) => {
-            let Some(plan) = sampler.next_minibatch(size) else { return Ok(false) };
+            let Some(plan) = feeder.plan(size) else { return Ok(false) };
             each(index, &plan)?;
             index += 1;
             Ok(true)
@@ -113,19 +117,25 @@ pub fn for_each_plan(
     })
 }
 
-/// The session's sampler: equal steps and the starting position applied.
-fn new_sampler(dataset: &Dataset, options: &DumpOptions) -> Result<Sampler, DumpError> {
+/// The session's feeder: equal steps (padded as `options.tail` says) and the starting position
+/// applied to its sampler.
+fn new_feeder(dataset: &Dataset, options: &DumpOptions) -> Result<Feeder, DumpError> {
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
+    let mut pad_to = None;
     if options.equal_steps {
-        sampler.equalize_steps(
-            options.minibatch_sizes.first().copied().unwrap_or(1),
-            minibatchd_engine::sampling::Tail::Drop,
-        )?;
+        let equal = sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1), options.tail)?;
+        if options.tail == Tail::Pad {
+            pad_to = Some(equal.steps);
+        }
     }
     if let Some(p) = options.restore {
         sampler.restore(p)?;
     }
-    Ok(sampler)
+    let mut feeder = Feeder::new(sampler, dataset.timeline().clone(), dataset.stream_shapes(), options.frame_mode, 0);
+    if let Some(end) = pad_to {
+        feeder.pad_to(end);
+    }
+    Ok(feeder)
 }
 
 /// One step of a dump's schedule.

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use minibatchd::config::Config;
 use minibatchd::dump::{dump, DumpOptions};
 use minibatchd_engine::dataset::{Dataset, IndexProgress};
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Tail, Window};
 
 /// The environment every subcommand reads, for `--help` (docs/cli.md and docs/operations.md say
 /// the same).
@@ -104,6 +104,11 @@ struct DumpArgs {
     /// gets the fewest (the ragged tails are dropped). One minibatch size; a finite epoch.
     #[arg(long, conflicts_with = "minibatch_sizes")]
     equal_steps: bool,
+    /// With --equal-steps: `drop` the workers' ragged tails (the default), or `pad` every worker
+    /// with empty minibatches up to the count of the one that gets the most (the session option
+    /// `tail`).
+    #[arg(long, value_name = "drop|pad", requires = "equal_steps", value_parser = ["drop", "pad"])]
+    tail: Option<String>,
     /// Exactly sweep K (0-based): a trainer's epoch K.
     #[arg(long, value_name = "K", conflicts_with_all = ["max_samples", "max_sweeps", "full_sweep"])]
     sweep: Option<u64>,
@@ -151,6 +156,15 @@ fn main() -> ExitCode {
     init_logging(matches!(cli.command, Command::Run { .. }));
     match run(cli) {
         Ok(code) => code,
+        // The reader of our output went away (`minibatchd dump ... | head`): what it wanted was
+        // written, as ripgrep and other filters treat it.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("minibatchd: error: {}", causes(&e));
             ExitCode::from(1)
@@ -192,7 +206,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Validate { config } => {
             // The same check a SIGHUP reload makes before applying a file.
             let c = minibatchd::pipeline::ops::reload::validate(&config)?;
-            println!("{}: valid ({} dataset(s))", config.display(), c.datasets.len());
+            let names: Vec<&str> = c.datasets.keys().map(String::as_str).collect();
+            println!("{}: valid ({} dataset(s): {})", config.display(), names.len(), names.join(", "));
             Ok(ExitCode::SUCCESS)
         }
         Command::Index { config, dataset, parsed } => {
@@ -343,6 +358,7 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
         restore: a.restore,
         restore_before: a.restore_before.clone(),
         equal_steps: a.equal_steps,
+        tail: if a.tail.as_deref() == Some("pad") { Tail::Pad } else { Tail::Drop },
         frame_mode: a.frame_mode,
     })
 }

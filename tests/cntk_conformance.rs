@@ -3,8 +3,8 @@
 //! `tests/conformance/cntk_cases.json` lists every test of CNTK's `CNTKTextFormatReaderTests.cpp`
 //! with its effective parameters (extracted from the C++ test source and the `BrainScript` configs,
 //! and validated independently). The data and the expected dumps (`Control/`) are read from
-//! `../shared/conformance/cntk` — present in CI; when it is absent the tests print SKIPPED and
-//! pass without checking anything.
+//! `../shared/conformance/cntk` — present in CI; when it is absent the tests pass without
+//! checking anything, and `scripts/test.sh`'s summary lists them as skipped.
 //!
 //! A legacy epoch `e` is replayed as reference §5 describes: a fresh session with
 //! `max_samples = (e + 1) * epoch_size`, restored to `e * epoch_size`, at most 10 minibatches;

@@ -6,7 +6,8 @@
 //!   exact dump. Every grammar rule and every difference from deepx (`docs/differences.md`) has a
 //!   case. Regenerate with `MINIBATCHD_BLESS=1 cargo test --test deepx` and review the diff.
 //! * deepx's `instance_reader/{libsvm,libsvm_ex,uch}.txt` and `stream/100.txt(.gz)` are read from
-//!   `../shared/conformance/deepx`; when it is absent these tests print SKIPPED and pass. Each file
+//!   `../shared/conformance/deepx`; when it is absent these tests pass, listed as skipped in
+//!   `scripts/test.sh`'s summary. Each file
 //!   is read with the batch sizes of deepx's reader tests, which fix the number of full batches
 //!   and instances, and every tensor is compared with the instances read independently.
 

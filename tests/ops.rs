@@ -823,7 +823,7 @@ fn the_systemd_unit_verifies_and_install_stages_every_file() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let complaints: Vec<&str> = stderr.lines().filter(|l| l.contains("minibatchd.service")).collect();
     if !out.status.success() && stderr.contains("System has not been booted with systemd") {
-        println!("SKIPPED systemd-analyze verify: {stderr}");
+        support::skipped(&format!("systemd-analyze verify: {stderr}"));
         return;
     }
     assert!(out.status.success() && complaints.is_empty(), "systemd-analyze verify:\n{stderr}");
@@ -1222,7 +1222,7 @@ fn huge_page_advised_mappings(pid: u32) -> usize {
 #[test]
 fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
     if !Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
-        println!("SKIPPED: this kernel has no transparent huge pages");
+        support::skipped("this kernel has no transparent huge pages");
         return;
     }
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -1447,4 +1447,30 @@ fn the_index_caches_of_deleted_data_files_are_removed() {
     }
     let after = idx_files();
     assert!(after.iter().any(|n| n.starts_with("train.ctf.")), "the cache of an existing file was removed: {after:?}");
+}
+
+#[test]
+fn dump_into_a_reader_that_goes_away_ends_quietly_and_validate_names_the_datasets() {
+    use std::io::Read;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_data(dir.path());
+    let cfg = write_config(dir.path(), "", &["train", "extra"]);
+    // `minibatchd dump ... | head -c 100`: the reader closes the pipe after a few bytes.
+    let mut child = command("dump", &cfg, "train")
+        .args(["--minibatch-size", "1", "--max-sweeps", "200"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dump starts");
+    let mut head = [0u8; 100];
+    child.stdout.take().expect("stdout").read_exact(&mut head).expect("the first bytes");
+    let out = child.wait_with_output().expect("dump ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "status {:?}: {stderr}", out.status);
+    assert!(!stderr.contains("Broken pipe"), "{stderr}");
+
+    let out = Command::new(BIN).args(["validate", "--config"]).arg(&cfg).output().expect("validate runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("valid (2 dataset(s): extra, train)"), "{stdout}");
 }

@@ -83,6 +83,24 @@ window_samples = 2
 }
 
 #[test]
+fn a_misspelt_key_is_told_the_key_it_likely_meant() {
+    let text = GOOD
+        .replace("state_dir =", "state_dri =")
+        .replace("max_errors =", "max_error =")
+        .replace("seed = 7", "seed = 7\nbogus = 1");
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("expected invalid") };
+    let message = |path: &str| {
+        issues
+            .iter()
+            .find(|i| i.path == path)
+            .map_or_else(|| panic!("{path} not reported: {issues:?}"), |i| i.message.clone())
+    };
+    assert_eq!(message("daemon.state_dri"), "unknown key; did you mean `state_dir`?");
+    assert_eq!(message("datasets.train.max_error"), "unknown key; did you mean `max_errors`?");
+    assert_eq!(message("datasets.train.sampling.bogus"), "unknown key", "nothing near enough to suggest");
+}
+
+#[test]
 fn two_defining_streams_and_duplicate_aliases_are_errors() {
     let text = r#"
 [datasets.d]

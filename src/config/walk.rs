@@ -34,6 +34,8 @@ pub(crate) struct Table<'a> {
     path: String,
     rest: Map<String, Value>,
     taken: Vec<String>,
+    /// Every key asked for, present or not: the keys a misspelt one may have meant.
+    asked: Vec<String>,
     _marker: std::marker::PhantomData<&'a ()>,
 }
 
@@ -107,7 +109,13 @@ impl Walker {
                 return None;
             }
         };
-        Some(Table { path: node.path.clone(), rest, taken: Vec::new(), _marker: std::marker::PhantomData })
+        Some(Table {
+            path: node.path.clone(),
+            rest,
+            taken: Vec::new(),
+            asked: Vec::new(),
+            _marker: std::marker::PhantomData,
+        })
     }
 
     pub(crate) fn array<'a>(&mut self, node: &Node<'a>) -> Option<Vec<Node<'a>>> {
@@ -184,10 +192,14 @@ impl Walker {
         out
     }
 
-    /// Reports the keys of `t` that nobody took.
+    /// Reports the keys of `t` that nobody took, each with the known key it most likely meant.
     pub(crate) fn finish(&mut self, t: Table<'_>) {
         for (k, _) in t.rest {
-            self.issue(&join(&t.path, &k), "unknown key");
+            let message = match closest(&k, t.asked.iter().chain(&t.taken)) {
+                Some(known) => format!("unknown key; did you mean `{known}`?"),
+                None => "unknown key".to_owned(),
+            };
+            self.issue(&join(&t.path, &k), &message);
         }
     }
 }
@@ -203,6 +215,9 @@ impl<'a> Table<'a> {
     }
 
     pub(crate) fn take(&mut self, key: &str) -> Option<Node<'a>> {
+        if !self.asked.iter().any(|k| k == key) {
+            self.asked.push(key.to_owned());
+        }
         let v = self.rest.remove(key)?;
         self.taken.push(key.to_owned());
         Some(Node { path: join(&self.path, key), value: NodeValue::Owned(v) })
@@ -282,4 +297,39 @@ impl<'a> Table<'a> {
         let v = self.uint(w, key, min as u64, max as u64)?;
         usize::try_from(v).ok()
     }
+}
+
+/// The known key nearest to `key` if it is near enough to be a slip (case aside, at most 2
+/// edits — insert, delete, replace, or swap two neighbours — and fewer than half its length).
+fn closest<'k>(key: &str, known: impl Iterator<Item = &'k String>) -> Option<&'k str> {
+    let lower = key.to_lowercase();
+    let len = lower.chars().count();
+    known
+        .map(|k| (edits(&lower, k), k.as_str()))
+        .filter(|&(d, _)| d <= 2 && 2 * d < len)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, k)| k)
+}
+
+/// The optimal string alignment distance between `a` and `b`, by characters.
+fn edits(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut d = (rows[i - 1][j] + 1).min(rows[i][j - 1] + 1).min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = d;
+        }
+    }
+    rows[a.len()][b.len()]
 }

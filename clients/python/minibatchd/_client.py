@@ -286,7 +286,8 @@ class Client:
         While the daemon is still indexing the dataset (just started, or a reload added it) it
         answers ``dataset_indexing``; ``open`` then waits and asks again, up to ``wait_indexing``
         seconds (``None``: as long as it takes; ``0``: raise at once), logging the progress to
-        the ``minibatchd`` logger every ``INDEXING_LOG_EVERY`` seconds."""
+        the ``minibatchd`` logger every ``INDEXING_LOG_EVERY`` seconds (at WARNING once the wait
+        is that long, so that it shows without any logging set up)."""
         if use_torchrun_env:
             rank, world = torchrun_env()
             options.setdefault("rank", rank)
@@ -340,7 +341,11 @@ def _open_when_indexed(open_source: Any, dataset: str, wait: Optional[float]) ->
             if e.code != "dataset_indexing" or (wait is not None and now - start >= wait):
                 raise
             if now - logged >= INDEXING_LOG_EVERY:
-                log.info("minibatchd: waiting for dataset %r: %s", dataset, e.message)
+                # At once at INFO (a short index pass is routine); from INDEXING_LOG_EVERY on at
+                # WARNING, which Python shows without any logging set up: a trainer waiting on a
+                # large file's index pass says why instead of looking hung.
+                level = logging.WARNING if now - start >= INDEXING_LOG_EVERY else logging.INFO
+                log.log(level, "minibatchd: waiting for dataset %r: %s", dataset, e.message)
                 logged = now
             time.sleep(poll)
             poll = min(poll * 2, INDEXING_POLL)

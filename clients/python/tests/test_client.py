@@ -466,3 +466,26 @@ def test_a_worker_that_gets_no_data_is_warned_at_open(daemon):
     with pytest.warns(minibatchd.MinibatchdWarning, match="equal steps give every worker 0 minibatches"):
         equal = client.open("train", minibatch_size=4, full_sweep=True, num_workers=w, rank=0, equal_steps=True)
     assert list(equal) == []
+
+
+def test_a_long_wait_for_the_index_pass_is_logged_where_python_shows_it(monkeypatch, caplog):
+    """While the daemon answers dataset_indexing, open logs its progress: at once at INFO (a short
+    index pass is routine), and once the wait is INDEXING_LOG_EVERY long at WARNING, which Python
+    prints without any logging set up — a trainer waiting on a large file does not look hung."""
+    import logging
+
+    from minibatchd import _client
+
+    monkeypatch.setattr(_client, "INDEXING_LOG_EVERY", 0.02)
+    clock = {"calls": 0}
+
+    def open_source():
+        clock["calls"] += 1
+        if clock["calls"] < 8:  # 2 + 4 + ... + 128 ms of polling: past the 20 ms mark
+            raise minibatchd.MinibatchdError("dataset_indexing", f"indexing 'train': {clock['calls']} of 8 files")
+        return "opened"
+
+    with caplog.at_level(logging.INFO, logger="minibatchd"):
+        assert _client._open_when_indexed(open_source, "train", None) == "opened"
+    levels = [r.levelno for r in caplog.records if "waiting for dataset 'train'" in r.getMessage()]
+    assert levels[0] == logging.INFO and logging.WARNING in levels[1:], levels

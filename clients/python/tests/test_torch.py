@@ -563,3 +563,30 @@ def test_a_run_resumes_at_another_world_size_exactly(daemon):
     with pytest.raises(ValueError, match="every worker"):
         job_state_dict(states[:1] + states[:1])
 
+
+def test_a_workers_item_is_one_buffer_with_every_tensor_equal():
+    """In a DataLoader worker the adapter copies an item's tensors into views on one buffer (one
+    shared-memory segment to the main process instead of one per tensor): every value, dtype and
+    shape as before, empty tensors included, each view at a 64-byte boundary."""
+    import torch
+
+    from minibatchd.torch import _packed_copy
+
+    item = {
+        "features": {"values": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+                     "sequence_offsets": torch.tensor([0, 1, 3], dtype=torch.int64)},
+        "labels": {"indices": torch.tensor([5, 0, 9], dtype=torch.int32), "values": torch.ones(3, dtype=torch.float64),
+                   "sample_offsets": torch.tensor([0, 1, 2, 3], dtype=torch.int64)},
+        "ids": {"bytes": torch.empty(0, dtype=torch.uint8), "offsets": torch.zeros(1, dtype=torch.int64)},
+    }
+    packed = _packed_copy(item)
+    storages = set()
+    for s, d in item.items():
+        for k, t in d.items():
+            p = packed[s][k]
+            assert p.dtype == t.dtype and p.shape == t.shape and torch.equal(p, t), (s, k)
+            storages.add(p.untyped_storage().data_ptr())
+            assert (p.storage_offset() * p.element_size()) % 64 == 0, (s, k)
+    assert len(storages) == 1
+    item["features"]["values"][0, 0] = 99.0
+    assert packed["features"]["values"][0, 0] == 0.0, "a copy, not a view on the source"

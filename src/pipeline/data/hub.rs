@@ -42,8 +42,12 @@ pub enum HubError {
     },
     /// No dataset of that name is configured. The message does not list the configured names:
     /// it goes to any client of the socket, and dataset names are the operator's business (the
-    /// daemon's log has them).
-    #[error("no dataset '{name}' is configured")]
+    /// daemon's log has them); it says where a user finds them.
+    #[error(
+        "no dataset '{name}' is configured (the daemon does not list its datasets to clients: they are the \
+         [datasets.NAME] tables of its config, which `minibatchd validate --config FILE` names, and its log \
+         lists them with this refusal)"
+    )]
     Unknown {
         /// The name asked for.
         name: String,
