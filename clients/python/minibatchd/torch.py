@@ -47,6 +47,7 @@ import warnings
 import weakref
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -59,7 +60,9 @@ META = "meta"
 def job_state_dict(states: list) -> Dict[str, Any]:
     """One state dict for a whole earlier run, from every worker's ``state_dict()`` (any order):
     what ``load_state_dict`` takes to continue that run at any world size and number of
-    DataLoader workers. Every worker must have been in the same epoch."""
+    DataLoader workers. Every worker must have been in the same epoch. A (Stateful)
+    ``StatefulDataLoader``'s own ``state_dict()`` — one per rank — may stand for its workers'."""
+    states = _dataset_states(states)
     by_worker = {}
     for st in states:
         by_worker[int(st["worker"])] = st
@@ -78,6 +81,25 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     if any(st.get("source") is None for st in ordered):
         raise ValueError("a worker's state was taken before its first minibatch: resume each worker by its own state")
     return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered], **extra}
+
+
+def _dataset_states(states: list) -> list:
+    """The dataset states in ``states``, where a torchdata ``StatefulDataLoader`` state dict stands
+    for the dataset state of each of its workers (or its own, without workers)."""
+    out = []
+    for st in states:
+        if "_snapshot" in st:
+            workers = st["_snapshot"].get("_worker_snapshots") or {}
+            found = [w.get("dataset_state") for w in workers.values()]
+        elif "dataset_state" in st:
+            found = [st["dataset_state"]]
+        else:
+            found = [st]
+        if any(s is None for s in found):
+            raise ValueError("a StatefulDataLoader state without its dataset's state: take state_dict() after the "
+                             "first minibatch")
+        out += found
+    return out
 
 
 class MinibatchIterableDataset(IterableDataset):
@@ -364,15 +386,19 @@ class MinibatchIterableDataset(IterableDataset):
         self._source = source = client.open(self.dataset, **options)
         try:
             for mb in source:
-                item: Dict[str, Any] = mb.to_torch()
-                if META in item:
+                if META in mb:
                     raise ValueError(f"a stream is named {META!r}, which the torch adapter uses for metadata")
-                if self.copy:
-                    # In a DataLoader worker, one buffer per item (what crosses to the main process
-                    # is a shared-memory segment per storage); in the main process, a clone per
-                    # tensor costs fewer Python steps.
-                    item = _packed_copy(item) if packed else {s: {k: t.clone() for k, t in d.items()} for s, d in item.items()}
+                item: Dict[str, Any]
+                if self.copy and packed:
+                    # In a DataLoader worker, one buffer per item, laid out to cross to the main
+                    # process; in the main process, a clone per tensor costs fewer Python steps.
+                    item = _worker_copy(mb)
                     mb.release()
+                elif self.copy:
+                    item = {s: {k: t.clone() for k, t in d.items()} for s, d in mb.to_torch().items()}
+                    mb.release()
+                else:
+                    item = mb.to_torch()
                 item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
                               "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
                               "worker": worker, "workers": workers}
@@ -522,23 +548,88 @@ _PLANS = _SHAPES + 2 * _SHAPES_LEN
 _TABLE_LEN = _PLANS + _PLAN_FIELDS * _PLANS_LEN
 
 
-def _packed_copy(item: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """A copy of every tensor of ``item`` as views on one buffer (each at a 64-byte boundary): a
-    DataLoader worker then hands one shared-memory segment to the main process instead of one
-    per tensor (6 tensors cost 5.3 ms per item between processes on a 2-core VM, views on one
-    buffer 0.8 ms). A tensor kept from such an item keeps the whole buffer: clone it to keep it
-    alone."""
-    tensors = [(s, k, t) for s, d in item.items() for k, t in d.items()]
-    spans = [(t.numel() * t.element_size() + 63) & ~63 for _, _, t in tensors]
-    buf = torch.empty(sum(spans), dtype=torch.uint8, device="cpu")
-    out: Dict[str, Dict[str, Any]] = {}
+# A worker's item up to this size crosses to the main process as bytes through the DataLoader's
+# pipe; a larger one as one shared-memory segment (see _worker_copy).
+_PIPE_ITEM_BYTES = 1 << 20
+
+
+def _worker_copy(mb: Any) -> Dict[str, Any]:
+    """A DataLoader worker's copy of minibatch ``mb`` (arrays on the ring slot), laid out to cross
+    to the main process cheaply: every array copied into one buffer, each at a 64-byte boundary,
+    and the item's tensors views on it. PyTorch would hand each tensor's storage over as a
+    shared-memory segment of its own, with a file descriptor passed for each; up to
+    ``_PIPE_ITEM_BYTES`` the buffer is a ``bytearray`` that pickles as one string through the
+    pipe the item travels anyway (``_PipedItem``), above it a tensor, handed over as one segment.
+    The copy and the views are NumPy's (a torch operation costs several times as much per call).
+    In the main process the tensors are views on that one buffer: a tensor kept from an item keeps
+    the whole item's memory (clone it to keep it alone)."""
+    arrays = [(name, key, arr) for name, stream in mb.streams.items() for key in _ARRAYS
+              if (arr := getattr(stream, key)) is not None]
+    spans = [(arr.nbytes + 63) & ~63 for _, _, arr in arrays]
+    total = sum(spans)
+    out: Dict[str, Any] = {name: {} for name in mb.streams}
     at = 0
-    for (s, k, t), span in zip(tensors, spans):
-        nbytes = t.numel() * t.element_size()
-        view = buf[at:at + nbytes].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        out.setdefault(s, {})[k] = view
+    if total > _PIPE_ITEM_BYTES:
+        # Views on one tensor's storage, which PyTorch shares once.
+        base = torch.empty(total, dtype=torch.uint8)
+        for (name, key, arr), span in zip(arrays, spans):
+            view = base[at:at + arr.nbytes].view(torch.from_numpy(arr[:0]).dtype).view(arr.shape)
+            np.copyto(view.numpy(), arr)
+            out[name][key] = view
+            at += span
+        return out
+    blob = bytearray(total)
+    buf = np.frombuffer(blob, dtype=np.uint8)
+    table, made = [], []
+    for (name, key, arr), span in zip(arrays, spans):
+        view = buf[at:at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+        np.copyto(view, arr)
+        tensor = torch.from_numpy(view)
+        out[name][key] = tensor
+        table.append((name, key, arr.dtype.str, arr.shape, at, arr.nbytes))
+        made.append(tensor)
         at += span
+    return _PipedItem(out, blob, table, made)
+
+
+# The arrays of a stream, as Stream.torch() gives them.
+_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
+
+
+class _PipedItem(dict):
+    """An item whose tensors are views on one ``bytearray``: it pickles as that buffer and a
+    table of (stream, name, dtype, shape, offset, bytes), and unpickles as a plain dict of
+    tensors on the unpickled buffer — one copy through the pipe instead of a shared-memory
+    segment per tensor. If a ``collate_fn`` in the worker changed a stream (a tensor replaced or
+    added), it pickles as a plain dict, as PyTorch would anyway."""
+
+    __slots__ = ("_blob", "_table", "_made")
+
+    def __init__(self, items: Dict[str, Any], blob: bytearray, table: list, made: list) -> None:
+        super().__init__(items)
+        self._blob, self._table, self._made = blob, table, made
+
+    def __copy__(self) -> "_PipedItem":
+        return _PipedItem(self, self._blob, self._table, self._made)
+
+    def __reduce__(self) -> Tuple[Any, tuple]:
+        streams = {name for name, *_ in self._table}
+        unchanged = (all(self.get(name, {}).get(key) is t for (name, key, *_), t in zip(self._table, self._made))
+                     and all(isinstance(d, dict) and len(d) == sum(1 for e in self._table if e[0] == s)
+                             for s, d in self.items() if s in streams))
+        if not unchanged:
+            return dict, (dict(self),)
+        rest = {s: d for s, d in self.items() if s not in streams}
+        return _unpiped, (self._blob, self._table, rest)
+
+
+def _unpiped(blob: bytearray, table: list, rest: dict) -> Dict[str, Any]:
+    """The main process's item from a ``_PipedItem``'s buffer and table: tensors on ``blob``."""
+    buf = np.frombuffer(blob, dtype=np.uint8)
+    out: Dict[str, Any] = {}
+    for name, key, dtype, shape, at, nbytes in table:
+        out.setdefault(name, {})[key] = torch.from_numpy(buf[at:at + nbytes].view(np.dtype(dtype)).reshape(shape))
+    out.update(rest)
     return out
 
 

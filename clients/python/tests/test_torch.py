@@ -564,29 +564,105 @@ def test_a_run_resumes_at_another_world_size_exactly(daemon):
         job_state_dict(states[:1] + states[:1])
 
 
-def test_a_workers_item_is_one_buffer_with_every_tensor_equal():
-    """In a DataLoader worker the adapter copies an item's tensors into views on one buffer (one
-    shared-memory segment to the main process instead of one per tensor): every value, dtype and
-    shape as before, empty tensors included, each view at a 64-byte boundary."""
-    import torch
+@pytest.mark.parametrize("pipe_limit", [1 << 20, 0], ids=["piped", "shared-memory"])
+def test_a_workers_item_is_one_buffer_and_crosses_as_one(monkeypatch, pipe_limit):
+    """In a DataLoader worker the adapter copies a minibatch's arrays into one buffer, each at a
+    64-byte boundary, which crosses to the main process as one string through the pipe (small
+    items) or one shared-memory segment (large ones): after the DataLoader's own pickling, every
+    value, dtype and shape as before, empty arrays and empty streams included."""
+    from multiprocessing.reduction import ForkingPickler
+    from types import SimpleNamespace
 
-    from minibatchd.torch import _packed_copy
+    import minibatchd.torch as adapter
 
-    item = {
-        "features": {"values": torch.arange(12, dtype=torch.float32).reshape(3, 4),
-                     "sequence_offsets": torch.tensor([0, 1, 3], dtype=torch.int64)},
-        "labels": {"indices": torch.tensor([5, 0, 9], dtype=torch.int32), "values": torch.ones(3, dtype=torch.float64),
-                   "sample_offsets": torch.tensor([0, 1, 2, 3], dtype=torch.int64)},
-        "ids": {"bytes": torch.empty(0, dtype=torch.uint8), "offsets": torch.zeros(1, dtype=torch.int64)},
-    }
-    packed = _packed_copy(item)
+    monkeypatch.setattr(adapter, "_PIPE_ITEM_BYTES", pipe_limit)
+
+    def stream(**arrays):
+        return SimpleNamespace(**{k: arrays.get(k) for k in adapter._ARRAYS})
+
+    mb = SimpleNamespace(streams={
+        "features": stream(values=np.arange(12, dtype=np.float32).reshape(3, 4),
+                           sequence_offsets=np.array([0, 1, 3], dtype=np.int64)),
+        "labels": stream(indices=np.array([5, 0, 9], dtype=np.int32), values=np.ones(3, dtype=np.float64),
+                         sample_offsets=np.array([0, 1, 2, 3], dtype=np.int64)),
+        "ids": stream(values=np.empty(0, dtype=np.uint8), offsets=np.zeros(1, dtype=np.int64)),
+        "nothing": stream(),
+    })
+    copied = adapter._worker_copy(mb)
+    copied["meta"] = {"epoch": 3, "worker": 1}
+    if pipe_limit:  # one bytearray (a tensor from NumPy has a storage of its own)
+        start = np.frombuffer(copied._blob, dtype=np.uint8).ctypes.data
+        buffers = lambda t: start <= t.data_ptr() < start + len(copied._blob)  # noqa: E731
+    else:  # one tensor storage
+        buffers = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
     storages = set()
-    for s, d in item.items():
-        for k, t in d.items():
-            p = packed[s][k]
-            assert p.dtype == t.dtype and p.shape == t.shape and torch.equal(p, t), (s, k)
-            storages.add(p.untyped_storage().data_ptr())
-            assert (p.storage_offset() * p.element_size()) % 64 == 0, (s, k)
-    assert len(storages) == 1
-    item["features"]["values"][0, 0] = 99.0
-    assert packed["features"]["values"][0, 0] == 0.0, "a copy, not a view on the source"
+    for s, st in mb.streams.items():
+        want = {k: getattr(st, k) for k in adapter._ARRAYS if getattr(st, k) is not None}
+        assert set(copied[s]) == set(want), s
+        for k, a in want.items():
+            c = copied[s][k]
+            assert isinstance(c, torch.Tensor) and c.shape == a.shape and np.array_equal(c.numpy(), a), (s, k)
+            assert c.numpy().dtype == a.dtype, (s, k)
+            if a.size:
+                storages.add(buffers(c))
+                assert (c.data_ptr() - next(iter(copied["features"].values())).data_ptr()) % 64 == 0, (s, k)
+    assert len(storages) == 1 and storages != {False}
+    mb.streams["features"].values[0, 0] = 99.0
+    assert copied["features"]["values"][0, 0] == 0.0, "a copy, not a view on the slot"
+    # What the main process gets from the DataLoader's queue.
+    got = ForkingPickler.loads(bytes(ForkingPickler.dumps(copied)))
+    assert type(got) is dict and got["meta"] == {"epoch": 3, "worker": 1} and got["nothing"] == {}
+    for s, d in copied.items():
+        if s != "meta":
+            assert set(got[s]) == set(d), s
+            for k, t in d.items():
+                assert got[s][k].dtype == t.dtype and torch.equal(got[s][k], t), (s, k)
+    if pipe_limit:
+        assert type(copied) is not dict, "small items cross through the pipe"
+        # A worker-side collate_fn that put a tensor of its own in: a plain dict, still equal.
+        copied["features"]["values"] = torch.zeros(2, 2)
+        again = ForkingPickler.loads(bytes(ForkingPickler.dumps(copied)))
+        assert torch.equal(again["features"]["values"], torch.zeros(2, 2))
+        assert torch.equal(again["labels"]["indices"], torch.tensor([5, 0, 9], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_loaders_own_state_dict_resumes_at_another_world_size(daemon, workers):
+    """job_state_dict takes StatefulMinibatchDataLoader.state_dict() as it comes (one per rank),
+    not only the workers' dataset states dug out of its snapshot: the run resumes on one rank
+    without workers with nothing repeated and nothing lost."""
+    from minibatchd.torch import StatefulMinibatchDataLoader, job_state_dict
+
+    require("torchdata")
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9)
+    loader = StatefulMinibatchDataLoader(ds, num_workers=workers)
+    it = iter(loader)
+    first = [next(it) for _ in range(5)]
+    saved = loader.state_dict()
+    del it, loader
+    resumed = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9)
+    resumed.load_state_dict(job_state_dict([saved]))
+    rest = list(MinibatchDataLoader(resumed))
+    assert sorted(item_ids(first + rest)) == list(range(SEQUENCES))
+    assert {item["meta"]["epoch"] for item in rest} == {0}
+
+
+def test_the_ledger_of_a_padded_run_is_what_every_rank_saw(daemon):
+    """tail="pad": the ledger (dump --equal-steps --tail pad) has the padding's empty minibatches
+    too, so each rank's recorded fingerprints, padding included, are the expected ones; a missing
+    binary is named."""
+    from minibatchd import ledger
+
+    lengths, padded = set(), 0
+    for rank in range(3):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=10, seed=4, world_size=3, rank=rank,
+                                      tail="pad")
+        items = list(MinibatchDataLoader(ds))
+        want = ledger.expected(daemon.config, "train", minibatch_size=10, seed=4, sweep=0, workers=3, rank=rank,
+                               equal_steps=True, tail="pad")
+        assert ledger.first_divergence([i["meta"] for i in items], want) is None
+        lengths.add(len(want))
+        padded += sum(1 for e in want if not e["sequences"])
+    assert len(lengths) == 1 and padded > 0, (lengths, padded)
+    with pytest.raises(RuntimeError, match="MINIBATCHD_BIN"):
+        ledger.expected(daemon.config, "train", binary="/nonexistent/minibatchd", minibatch_size=10)
