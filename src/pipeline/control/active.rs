@@ -20,6 +20,7 @@ use minibatchd_engine::sampling::{randomizer, window_sequences, Sampler, Samplin
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
+use super::super::data::chunk_cache::ChunkKey;
 use super::super::data::delivery::StartProducer;
 use super::super::data::hub::DatasetRuntime;
 use super::super::data::persister::DemandMark;
@@ -359,7 +360,7 @@ fn prepare_now(dataset: &str, options: &SessionOptions, shared: &Arc<ControlPlan
         // cache takes. Not for a session that starts elsewhere (a resumed one).
         let sweep = resolved.sampling.first_sweep();
         let order = randomizer::chunk_need_order(rt.dataset.timeline(), &resolved.sampling, sweep);
-        shared.data.cache.prefetch(order.into_iter().take(PREFETCH_CHUNKS).map(|c| (rt.index, c)));
+        shared.data.cache.prefetch(order.into_iter().take(PREFETCH_CHUNKS).map(|c| ChunkKey::new(rt.index, c)));
     }
     let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
     // The walks a `resume` state's job and equal steps will take, refused now if too long: after

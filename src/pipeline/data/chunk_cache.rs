@@ -47,8 +47,22 @@ impl Drop for Charged {
     }
 }
 
-/// A chunk of a dataset: (dataset index in the hub, chunk index).
-pub type ChunkKey = (u32, u32);
+/// A chunk of a dataset, as the daemon's caches and stages name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChunkKey {
+    /// The dataset's index in the hub ([`super::hub::DatasetRuntime::index`]).
+    pub dataset: u32,
+    /// The chunk's index in the dataset.
+    pub chunk: u32,
+}
+
+impl ChunkKey {
+    /// Chunk `chunk` of the dataset with hub index `dataset`.
+    #[must_use]
+    pub const fn new(dataset: u32, chunk: u32) -> Self {
+        Self { dataset, chunk }
+    }
+}
 
 /// A request to read and parse a chunk (session → reader → parser pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -786,7 +800,11 @@ impl SharedCache {
                 Lookup::Pending(since) if now.duration_since(since) > REQUEST_RETRY => {
                     core.retried(key, now);
                     drop(core);
-                    tracing::warn!(dataset = key.0, chunk = key.1, "chunk still loading; requesting it again");
+                    tracing::warn!(
+                        dataset = key.dataset,
+                        chunk = key.chunk,
+                        "chunk still loading; requesting it again"
+                    );
                     self.send(key, stop)?;
                     core = self.lock();
                 }
@@ -823,14 +841,17 @@ mod tests {
     fn a_chunk_is_loaded_once_and_shared() {
         let mut c = CacheCore::new(1 << 20);
         let t = Instant::now();
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Pending(_)), "a second session waits, no second load");
-        c.insert((0, 1), Ok(chunk(4)));
-        let a = match c.lookup((0, 1), t) {
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
+        assert!(
+            matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Pending(_)),
+            "a second session waits, no second load"
+        );
+        c.insert(ChunkKey::new(0, 1), Ok(chunk(4)));
+        let a = match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(a) => a,
             other => panic!("{other:?}"),
         };
-        let b = match c.lookup((0, 1), t) {
+        let b = match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(b) => b,
             other => panic!("{other:?}"),
         };
@@ -845,10 +866,10 @@ mod tests {
     fn a_copy_replaces_only_the_chunk_it_was_made_from() {
         let mut c = CacheCore::new(1 << 20);
         let t = Instant::now();
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
         let first = chunk(4);
-        c.insert((0, 1), Ok(first.clone()));
-        let held = match c.lookup((0, 1), t) {
+        c.insert(ChunkKey::new(0, 1), Ok(first.clone()));
+        let held = match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(a) => a,
             other => panic!("{other:?}"),
         };
@@ -856,16 +877,22 @@ mod tests {
         let copy = Arc::new((*first).clone().into_owned_memory());
         let weak = Arc::downgrade(&first);
         let other = chunk(4);
-        assert!(!c.replace((0, 2), &weak, copy.clone()), "no such chunk cached");
-        assert!(!c.replace((0, 1), &Arc::downgrade(&other), copy.clone()), "another chunk than the one cached");
-        assert!(c.replace((0, 1), &weak, copy.clone()));
+        assert!(!c.replace(ChunkKey::new(0, 2), &weak, copy.clone()), "no such chunk cached");
+        assert!(
+            !c.replace(ChunkKey::new(0, 1), &Arc::downgrade(&other), copy.clone()),
+            "another chunk than the one cached"
+        );
+        assert!(c.replace(ChunkKey::new(0, 1), &weak, copy.clone()));
         assert_eq!((c.stats().bytes, c.stats().chunks, c.stats().mapped_copies), (bytes, 1, 1));
         assert!(Arc::ptr_eq(&held, &first), "the session's chunk is untouched");
-        match c.lookup((0, 1), t) {
+        match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(now) => assert!(Arc::ptr_eq(&now, &copy)),
             other => panic!("{other:?}"),
         }
-        assert!(!c.replace((0, 1), &weak, Arc::new((*first).clone().into_owned_memory())), "replaced already");
+        assert!(
+            !c.replace(ChunkKey::new(0, 1), &weak, Arc::new((*first).clone().into_owned_memory())),
+            "replaced already"
+        );
     }
 
     /// A chunk whose values are a mapped file's (as read back from the persisted cache).
@@ -894,26 +921,26 @@ mod tests {
     fn a_mapped_chunk_is_copied_at_its_second_use_once() {
         let mut c = CacheCore::new(1 << 20);
         let t = Instant::now();
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
         let mapped = mapped_chunk(1024);
         assert!(mapped.is_mapped());
-        c.insert((0, 1), Ok(mapped.clone()));
-        assert!(matches!(c.lookup_for((0, 1), t, false), Lookup::Hit(_)));
-        assert!(matches!(c.lookup_for((0, 1), t, false), Lookup::Hit(_)));
+        c.insert(ChunkKey::new(0, 1), Ok(mapped.clone()));
+        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false), Lookup::Hit(_)));
+        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "the preload's lookups are no use");
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "first use");
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Hit(_)));
         let to_own = c.take_to_own();
         assert_eq!(to_own.len(), 1);
-        assert_eq!(to_own[0].0, (0, 1));
+        assert_eq!(to_own[0].0, ChunkKey::new(0, 1));
         assert!(Arc::ptr_eq(&to_own[0].1.upgrade().expect("cached"), &mapped));
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "handed out once");
         let copy = Arc::new((*mapped).clone().into_owned_memory());
         assert!(!copy.is_mapped());
         assert_eq!(*copy, *mapped);
-        assert!(c.replace((0, 1), &to_own[0].1, copy));
+        assert!(c.replace(ChunkKey::new(0, 1), &to_own[0].1, copy));
     }
 
     #[test]
@@ -923,9 +950,9 @@ mod tests {
         c.set_ceiling(2 * size);
         let t = Instant::now();
         let take = |c: &mut CacheCore, k: u32| {
-            assert!(matches!(c.lookup((0, k), t), Lookup::Miss), "chunk {k} is loaded");
-            c.insert((0, k), Ok(chunk(1000)));
-            match c.lookup((0, k), t) {
+            assert!(matches!(c.lookup(ChunkKey::new(0, k), t), Lookup::Miss), "chunk {k} is loaded");
+            c.insert(ChunkKey::new(0, k), Ok(chunk(1000)));
+            match c.lookup(ChunkKey::new(0, k), t) {
                 Lookup::Hit(h) => h,
                 other => panic!("{other:?}"),
             }
@@ -934,13 +961,13 @@ mod tests {
         // loading (nothing was requested).
         let a = take(&mut c, 0);
         let b = take(&mut c, 1);
-        match c.lookup((0, 2), t) {
+        match c.lookup(ChunkKey::new(0, 2), t) {
             Lookup::OverLimit { held, ceiling } => assert_eq!((held, ceiling), (2 * size, 2 * size)),
             other => panic!("{other:?}"),
         }
         assert_eq!((c.stats().refused_loads, c.stats().misses, c.stats().chunks), (1, 2, 2));
         // Chunks already there are still served.
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Hit(_)));
         // Once the session lets one go, the chunk is evicted for the load instead.
         drop(a);
         let _c2 = take(&mut c, 2);
@@ -958,23 +985,23 @@ mod tests {
         let mut p = CacheCore::new(3 * size);
         let mut held = Vec::new();
         for k in 0..2 {
-            assert!(p.begin_prefetch((1, k), t));
-            p.insert((1, k), Ok(chunk(1000)));
-            match p.lookup((1, k), t) {
+            assert!(p.begin_prefetch(ChunkKey::new(1, k), t));
+            p.insert(ChunkKey::new(1, k), Ok(chunk(1000)));
+            match p.lookup(ChunkKey::new(1, k), t) {
                 Lookup::Hit(h) => held.push(h),
                 other => panic!("{other:?}"),
             }
         }
-        assert!(p.begin_prefetch((1, 2), t), "room for a third");
-        assert!(!p.begin_prefetch((1, 3), t), "the third, in flight, fills the budget");
-        p.abort((1, 2));
-        assert!(p.begin_prefetch((1, 3), t), "an aborted load frees its place");
+        assert!(p.begin_prefetch(ChunkKey::new(1, 2), t), "room for a third");
+        assert!(!p.begin_prefetch(ChunkKey::new(1, 3), t), "the third, in flight, fills the budget");
+        p.abort(ChunkKey::new(1, 2));
+        assert!(p.begin_prefetch(ChunkKey::new(1, 3), t), "an aborted load frees its place");
         held.pop();
-        assert!(p.begin_prefetch((1, 4), t), "a chunk let go makes room: it is evicted when needed");
+        assert!(p.begin_prefetch(ChunkKey::new(1, 4), t), "a chunk let go makes room: it is evicted when needed");
         // Nothing held: even a ceiling of 0 lets one chunk in (a session must be able to start).
         let mut empty = CacheCore::new(0);
         empty.set_ceiling(0);
-        assert!(matches!(empty.lookup((0, 0), t), Lookup::Miss));
+        assert!(matches!(empty.lookup(ChunkKey::new(0, 0), t), Lookup::Miss));
     }
 
     #[test]
@@ -983,21 +1010,21 @@ mod tests {
         let mut c = CacheCore::new(2 * size);
         let t = Instant::now();
         for k in 0..2 {
-            assert!(c.begin_prefetch((0, k), t));
-            c.insert((0, k), Ok(chunk(1000)));
+            assert!(c.begin_prefetch(ChunkKey::new(0, k), t));
+            c.insert(ChunkKey::new(0, k), Ok(chunk(1000)));
         }
         assert_eq!(c.stats().misses, 2, "a prefetch is a load: a miss");
-        assert!(!c.begin_prefetch((0, 2), t), "budget full");
-        let held = match c.lookup((0, 0), t) {
+        assert!(!c.begin_prefetch(ChunkKey::new(0, 2), t), "budget full");
+        let held = match c.lookup(ChunkKey::new(0, 0), t) {
             Lookup::Hit(h) => h,
             other => panic!("{other:?}"),
         };
-        assert!(matches!(c.lookup((0, 2), t), Lookup::Miss), "demand loads are admitted");
-        c.insert((0, 2), Ok(chunk(1000)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Miss), "demand loads are admitted");
+        c.insert(ChunkKey::new(0, 2), Ok(chunk(1000)));
         assert_eq!(c.stats().chunks, 2, "chunk 1 (not held) was evicted");
-        assert!(matches!(c.lookup((0, 2), t), Lookup::Hit(_)), "its waiter takes it");
-        assert!(matches!(c.lookup((0, 0), t), Lookup::Hit(_)));
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Hit(_)), "its waiter takes it");
+        assert!(matches!(c.lookup(ChunkKey::new(0, 0), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
         assert_eq!(c.evictable_bytes(), c.stats().bytes - size, "the held chunk is not evictable");
         drop(held);
         assert_eq!(c.evictable_bytes(), c.stats().bytes);
@@ -1016,28 +1043,28 @@ mod tests {
         let t = Instant::now();
         let first = chunk(1000);
         let weak = Arc::downgrade(&first);
-        assert!(matches!(c.lookup((0, 0), t), Lookup::Miss));
-        c.insert_with((0, 0), Ok(first), true);
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
-        c.insert((0, 1), Ok(chunk(1000)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 0), t), Lookup::Miss));
+        c.insert_with(ChunkKey::new(0, 0), Ok(first), true);
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
+        c.insert(ChunkKey::new(0, 1), Ok(chunk(1000)));
         assert_eq!(c.stats().chunks, 2, "over budget, but the unwritten chunk stays");
         assert_eq!(c.unwritten_bytes(), size);
         // Both fill the ceiling (the second held by its session): a third demand load is
         // refused, the unwritten chunk counted as if a session held it.
-        let held = match c.lookup((0, 1), t) {
+        let held = match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(h) => h,
             other => panic!("{other:?}"),
         };
         assert_eq!(c.evictable_bytes(), 0, "an unwritten chunk cannot be evicted");
-        assert!(matches!(c.lookup((0, 2), t), Lookup::OverLimit { .. }));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::OverLimit { .. }));
         drop(held);
         assert_eq!(c.evictable_bytes(), size, "the written one can");
-        c.written((0, 0), &Weak::new()); // another chunk's write: nothing changes
+        c.written(ChunkKey::new(0, 0), &Weak::new()); // another chunk's write: nothing changes
         assert_eq!(c.unwritten_bytes(), size);
-        c.written((0, 0), &weak);
+        c.written(ChunkKey::new(0, 0), &weak);
         assert_eq!(c.unwritten_bytes(), 0);
         assert_eq!(c.stats().chunks, 1, "written: one evicted, down to the budget");
-        assert!(matches!(c.lookup((0, 2), t), Lookup::Miss));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Miss));
     }
 
     #[test]
@@ -1046,10 +1073,10 @@ mod tests {
         // waiting session asked for it again forever.
         let mut c = CacheCore::new(0);
         let t = Instant::now();
-        assert!(matches!(c.lookup((0, 1), t), Lookup::Miss));
-        c.insert((0, 1), Ok(chunk(10)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
+        c.insert(ChunkKey::new(0, 1), Ok(chunk(10)));
         assert_eq!(c.stats().chunks, 1, "pinned for its waiter");
-        let held = match c.lookup((0, 1), t) {
+        let held = match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(h) => h,
             other => panic!("{other:?}"),
         };
@@ -1058,13 +1085,13 @@ mod tests {
         assert_eq!(c.stats().chunks, 0, "taken once, then evictable");
         // A prefetch that a session starts waiting for is pinned too; a plain prefetch is not.
         c.set_budget(1 << 20);
-        assert!(c.begin_prefetch((0, 2), t) && c.begin_prefetch((0, 3), t));
-        assert!(matches!(c.lookup((0, 2), t), Lookup::Pending(_)));
+        assert!(c.begin_prefetch(ChunkKey::new(0, 2), t) && c.begin_prefetch(ChunkKey::new(0, 3), t));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Pending(_)));
         c.set_budget(0);
-        c.insert((0, 2), Ok(chunk(10)));
-        c.insert((0, 3), Ok(chunk(10)));
-        assert!(matches!(c.lookup((0, 2), t), Lookup::Hit(_)));
-        assert!(matches!(c.lookup((0, 3), t), Lookup::Miss), "the unwatched prefetch was evicted");
+        c.insert(ChunkKey::new(0, 2), Ok(chunk(10)));
+        c.insert(ChunkKey::new(0, 3), Ok(chunk(10)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Hit(_)));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 3), t), Lookup::Miss), "the unwatched prefetch was evicted");
     }
 
     #[test]
@@ -1073,16 +1100,16 @@ mod tests {
         let cache = Arc::new(SharedCache::new(1 << 20, tx));
         let stop = AtomicBool::new(false);
         let c2 = cache.clone();
-        let waiter = std::thread::spawn(move || c2.get((1, 2), &AtomicBool::new(false)));
+        let waiter = std::thread::spawn(move || c2.get(ChunkKey::new(1, 2), &AtomicBool::new(false)));
         let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
-        assert_eq!(req.key, (1, 2));
+        assert_eq!(req.key, ChunkKey::new(1, 2));
         let at = Location { file: Path::new("/data/train.ctf").into(), line: 7, offset: 123 };
         cache.insert(ParsedMsg {
-            key: (1, 2),
+            key: ChunkKey::new(1, 2),
             result: Err(DataError::Fatal { at, message: "bad data".into() }),
             persist: None,
         });
-        for got in [waiter.join().expect("joined"), cache.get((1, 2), &stop)] {
+        for got in [waiter.join().expect("joined"), cache.get(ChunkKey::new(1, 2), &stop)] {
             let Err(FetchError::Failed(e)) = &got else { panic!("expected a data error, got {got:?}") };
             let place = e.place().expect("a place");
             assert_eq!((&*place.file, place.line, place.offset), (Path::new("/data/train.ctf"), 7, 123));
@@ -1095,11 +1122,11 @@ mod tests {
     fn a_failed_chunk_is_read_again_after_its_failure_is_forgotten() {
         let mut core = CacheCore::new(1 << 20);
         let now = Instant::now();
-        assert!(matches!(core.lookup((0, 1), now), Lookup::Miss));
-        core.insert((0, 1), Err(DataError::Dataset("unreadable".into())));
-        assert!(matches!(core.lookup((0, 1), now), Lookup::Failed(_)), "a failure sticks");
+        assert!(matches!(core.lookup(ChunkKey::new(0, 1), now), Lookup::Miss));
+        core.insert(ChunkKey::new(0, 1), Err(DataError::Dataset("unreadable".into())));
+        assert!(matches!(core.lookup(ChunkKey::new(0, 1), now), Lookup::Failed(_)), "a failure sticks");
         assert_eq!(core.forget_failures(), 1);
-        assert!(matches!(core.lookup((0, 1), now), Lookup::Miss), "asked again, it is loaded again");
+        assert!(matches!(core.lookup(ChunkKey::new(0, 1), now), Lookup::Miss), "asked again, it is loaded again");
     }
 
     #[test]
@@ -1107,7 +1134,7 @@ mod tests {
         let (tx, _rx) = flume::bounded(4);
         let cache = SharedCache::new(1 << 20, tx);
         let stop = AtomicBool::new(true);
-        assert!(matches!(cache.get((0, 0), &stop), Err(FetchError::Stopped)));
+        assert!(matches!(cache.get(ChunkKey::new(0, 0), &stop), Err(FetchError::Stopped)));
     }
 
     /// A session waiting for memory wakes the idle producers (which let go of their chunks) and
@@ -1124,7 +1151,7 @@ mod tests {
         let mut held = Vec::new();
         for k in 0..2 {
             let c2 = cache.clone();
-            let t = std::thread::spawn(move || c2.get((0, k), &AtomicBool::new(false)));
+            let t = std::thread::spawn(move || c2.get(ChunkKey::new(0, k), &AtomicBool::new(false)));
             let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
             cache.insert(ParsedMsg { key: req.key, result: Ok(chunk(1000)), persist: None });
             held.push(t.join().expect("joined").expect("the chunk"));

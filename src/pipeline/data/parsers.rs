@@ -43,22 +43,25 @@ impl Actor for ParserWorker {
 
 impl ParserWorker {
     fn parse(&self, req: ChunkRequest) -> ParsedMsg {
-        let Some(rt) = self.data.runtime(req.key.0) else {
+        let Some(rt) = self.data.runtime(req.key.dataset) else {
             return ParsedMsg {
                 key: req.key,
-                result: Err(DataError::Dataset(format!("no dataset with index {} (removed by a reload)", req.key.0))),
+                result: Err(DataError::Dataset(format!(
+                    "no dataset with index {} (removed by a reload)",
+                    req.key.dataset
+                ))),
                 persist: None,
             };
         };
         let started = Instant::now();
         // A decoder bug must not take a parser thread (and so the daemon) down: the chunk fails.
-        let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| rt.dataset.load_chunk(req.key.1 as usize)));
+        let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| rt.dataset.load_chunk(req.key.chunk as usize)));
         let m = &rt.metrics;
         let mut persist = None;
         let result = match loaded {
             Ok(Ok((chunk, fresh))) => {
                 m.chunks_parsed.inc();
-                if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.1 as usize) {
+                if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.chunk as usize) {
                     m.read_bytes.inc_by(end.saturating_sub(start));
                 }
                 for e in &fresh {
@@ -86,7 +89,7 @@ impl ParserWorker {
                 let place = e.place();
                 tracing::error!(
                     dataset = %rt.name,
-                    chunk = req.key.1,
+                    chunk = req.key.chunk,
                     file = ?e.file(),
                     line = place.map(|l| l.line),
                     offset = place.map(|l| l.offset),
@@ -98,7 +101,10 @@ impl ParserWorker {
             }
             Err(_) => {
                 m.chunk_failures.inc();
-                Err(DataError::Dataset(format!("internal error while parsing chunk {} of '{}'", req.key.1, rt.name)))
+                Err(DataError::Dataset(format!(
+                    "internal error while parsing chunk {} of '{}'",
+                    req.key.chunk, rt.name
+                )))
             }
         };
         self.busy.inc_by(started.elapsed().as_secs_f64());

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::chunk_cache::FetchError;
+use super::chunk_cache::{ChunkKey, FetchError};
 use super::hub::DatasetRuntime;
 use super::DataPlane;
 use crate::pipeline::lifecycle::Phase;
@@ -86,11 +86,11 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
                 ended = Some(Ended::Budget);
                 break;
             }
-            let key = (rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
+            let key = ChunkKey::new(rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
             // The next chunk is requested ahead only when it fits beside this one.
             let room_for_two = stats.bytes.saturating_add(average.saturating_mul(2)) <= budget;
             if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
-                shared.cache.prefetch([(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
+                shared.cache.prefetch([ChunkKey::new(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
             match shared.cache.get_for_preload(key, &stop) {
                 Ok(_) => loaded += 1,

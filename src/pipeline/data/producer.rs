@@ -30,7 +30,7 @@ use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan, Sampler};
 use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
 
-use super::chunk_cache::{Charged, FetchError, SharedCache};
+use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
 use super::hub::DatasetRuntime;
 use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
@@ -764,7 +764,12 @@ impl Planner {
         let cache = self.cache.clone();
         let mut over_limit = None;
         let mut load = load_through(&cache, ds, &wanted, stop, cache_wait, &mut over_limit);
-        let built = self.feeder.gather_parts(&ahead.plans, &mut ahead.parts, &|c| cache.is_ready((ds, c)), &mut load);
+        let built = self.feeder.gather_parts(
+            &ahead.plans,
+            &mut ahead.parts,
+            &|c| cache.is_ready(ChunkKey::new(ds, c)),
+            &mut load,
+        );
         drop(load);
         let built = built.and_then(|gathered| {
             let bytes = ahead.parts.size_bytes();
@@ -839,7 +844,7 @@ impl Planner {
             // parser pool idle but for the chunk being waited for.
             let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
             let ds = self.runtime.index;
-            self.cache.prefetch(wanted.iter().map(|&c| (ds, c)));
+            self.cache.prefetch(wanted.iter().map(|&c| ChunkKey::new(ds, c)));
             Pending {
                 slot,
                 plan,
@@ -939,8 +944,8 @@ fn load_through<'a>(
     let mut loaded: Vec<u32> = Vec::new();
     move |chunk| {
         let asked = Instant::now();
-        cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| (ds, c)));
-        let got = cache.get((ds, chunk), stop);
+        cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| ChunkKey::new(ds, c)));
+        let got = cache.get(ChunkKey::new(ds, chunk), stop);
         *cache_wait += asked.elapsed();
         loaded.push(chunk);
         got.map_err(|e| match e {

@@ -44,12 +44,12 @@ impl ChunkReader {
 
     /// Whether chunk `req` is a range of an object that is not in the chunk-range cache yet.
     fn needs_fetch(&self, req: ChunkRequest) -> bool {
-        self.data.runtime(req.key.0).is_some_and(|rt| rt.dataset.object_range_missing(req.key.1 as usize))
+        self.data.runtime(req.key.dataset).is_some_and(|rt| rt.dataset.object_range_missing(req.key.chunk as usize))
     }
 
     fn readahead(&self, req: ChunkRequest) {
-        let Some(rt) = self.data.runtime(req.key.0) else { return };
-        if let Some((path, start, end)) = rt.dataset.chunk_byte_range(req.key.1 as usize) {
+        let Some(rt) = self.data.runtime(req.key.dataset) else { return };
+        if let Some((path, start, end)) = rt.dataset.chunk_byte_range(req.key.chunk as usize) {
             // Advisory only: a failure just means the parser reads from disk itself.
             if let Ok(f) = std::fs::File::open(path) {
                 let len = std::num::NonZeroU64::new(end.saturating_sub(start));
@@ -99,14 +99,14 @@ impl StreamHandler<ChunkRequest> for ChunkReader {
                     let fetched = tokio::task::spawn_blocking({
                         let data = data.clone();
                         move || {
-                            let rt = data.runtime(req.key.0)?;
-                            rt.dataset.prefetch_object_range(req.key.1 as usize)
+                            let rt = data.runtime(req.key.dataset)?;
+                            rt.dataset.prefetch_object_range(req.key.chunk as usize)
                         }
                     })
                     .await;
                     drop(permit);
                     if let Ok(Some(Err(e))) = fetched {
-                        tracing::warn!(dataset = req.key.0, chunk = req.key.1, error = %e, "fetching a chunk ahead of the parsers failed");
+                        tracing::warn!(dataset = req.key.dataset, chunk = req.key.chunk, error = %e, "fetching a chunk ahead of the parsers failed");
                     }
                     let _ = data.channels.to_parse.0.send_async(req).await;
                 });
