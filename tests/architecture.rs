@@ -2,11 +2,14 @@
 //!
 //! * the daemon's planes import only downward — operations → control → data — and the leaf
 //!   modules (`stage`, `pipeline::lifecycle`, `metrics`, `config`) import none of the planes;
-//! * `unsafe` appears only in `crates/sys`, and every other crate root forbids it.
+//! * `unsafe` appears only in `crates/sys`, and every other crate root forbids it;
+//! * in no crate do sibling modules refer to each other in a circle (`a` naming something of
+//!   `b` and `b`, through any others, something of `a`), test code aside.
 //!
 //! Crate boundaries themselves are the compiler's: each crate's manifest lists what it may use
 //! (`ARCHITECTURE.md`).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -148,4 +151,191 @@ fn unsafe_code_lives_in_minibatchd_sys_only() {
     }
     let sys = std::fs::read_to_string(root().join("crates/sys/src/lib.rs")).expect("sys");
     assert!(sys.contains("unsafe"), "the scan would not see unsafe code where it is");
+}
+
+/// The module of crate file `file` below `src` (`["format", "ctf", "scan"]`; `mod.rs` and the
+/// crate roots name their directory).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).expect("below the crate's src");
+    let mut module: Vec<String> = rel.with_extension("").iter().map(|c| c.to_string_lossy().into_owned()).collect();
+    if module.last().is_some_and(|m| m == "mod" || m == "lib" || m == "main") {
+        module.pop();
+    }
+    module
+}
+
+/// The module paths `line` names through `crate::`, `super::` or `self::`, resolved against
+/// `module`, each with its first component after a `{` group expanded (`super::{a::X, b}` names
+/// `super::a` and `super::b`).
+fn named_paths(module: &[String], line: &str) -> Vec<Vec<String>> {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut out = Vec::new();
+    let bytes = line.as_bytes();
+    let mut at = 0;
+    while at < line.len() {
+        let rest = &line[at..];
+        let start = ["crate::", "super::", "self::"].iter().filter_map(|p| rest.find(p)).min();
+        let Some(found) = start else { break };
+        let begin = at + found;
+        if begin > 0 && (ident(bytes[begin - 1] as char) || bytes[begin - 1] == b':') {
+            at = begin + 1; // part of a longer path (`foo::super::`) or a name (`my_crate::`)
+            continue;
+        }
+        let mut base: Vec<String> = if line[begin..].starts_with("crate::") { Vec::new() } else { module.to_vec() };
+        let mut path = &line[begin..];
+        if let Some(p) = path.strip_prefix("crate::") {
+            path = p;
+        } else if let Some(p) = path.strip_prefix("self::") {
+            path = p;
+        }
+        while let Some(p) = path.strip_prefix("super::") {
+            base.pop();
+            path = p;
+        }
+        let mut full = base;
+        loop {
+            let name: String = path.chars().take_while(|&c| ident(c)).collect();
+            if name.is_empty() {
+                if let Some(group) = path.strip_prefix('{') {
+                    // Each member of the group, as far as its first name.
+                    let end = group.find('}').unwrap_or(group.len());
+                    for member in group[..end].split(',') {
+                        let first: String = member.trim().chars().take_while(|&c| ident(c)).collect();
+                        if !first.is_empty() && first != "self" {
+                            let mut p = full.clone();
+                            p.push(first);
+                            out.push(p);
+                        }
+                    }
+                }
+                break;
+            }
+            path = &path[name.len()..];
+            full.push(name);
+            match path.strip_prefix("::") {
+                Some(p) => path = p,
+                None => break,
+            }
+        }
+        out.push(full);
+        at = begin + 1;
+    }
+    out
+}
+
+/// The child modules of each module of the crate at `src`, from its files (`x.rs`, `x/mod.rs`).
+fn child_modules(src: &Path) -> std::collections::BTreeMap<Vec<String>, std::collections::BTreeSet<String>> {
+    let mut out = std::collections::BTreeMap::<Vec<String>, std::collections::BTreeSet<String>>::new();
+    for f in rust_files(src) {
+        let mut m = module_of(src, &f);
+        if let Some(last) = m.pop() {
+            out.entry(m).or_default().insert(last);
+        }
+    }
+    out
+}
+
+/// Cycles between sibling modules of the crate at `src`: for each module, the edges "child `a`
+/// refers to child `b`" (any file inside `a` naming anything inside `b`), and every set of
+/// children that refer to each other in a circle (a strongly connected component of two or more),
+/// with one line that makes each edge.
+fn sibling_cycles(src: &Path) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let children = child_modules(src);
+    // parent -> (from, to) -> an example "file:line"
+    let mut edges: BTreeMap<Vec<String>, BTreeMap<(String, String), String>> = BTreeMap::new();
+    for f in rust_files(src) {
+        let name = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == "tests" || name.ends_with("_tests") {
+            continue; // tests may reach anywhere: they are no module's dependency
+        }
+        let module = module_of(src, &f);
+        for (n, line) in code_lines(&f).into_iter().take_while(|(_, l)| l.trim_end() != "#[cfg(test)]") {
+            let code = line.split("//").next().unwrap_or("");
+            for target in named_paths(&module, code) {
+                let common = module.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common >= module.len() || common >= target.len() {
+                    continue; // a module and its own ancestors or descendants
+                }
+                let parent = module[..common].to_vec();
+                let (from, to) = (&module[common], &target[common]);
+                if children.get(&parent).is_some_and(|c| c.contains(to)) {
+                    edges
+                        .entry(parent)
+                        .or_default()
+                        .entry((from.clone(), to.clone()))
+                        .or_insert_with(|| format!("{}:{n}", f.display()));
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (parent, e) in &edges {
+        let nodes: BTreeSet<&String> = e.keys().flat_map(|(a, b)| [a, b]).collect();
+        // Reachability by repeated relaxation (the graphs are small).
+        let reach = |from: &String| -> BTreeSet<&String> {
+            let mut seen: BTreeSet<&String> = BTreeSet::new();
+            let mut stack = vec![from];
+            while let Some(x) = stack.pop() {
+                for (a, b) in e.keys() {
+                    if a == x && seen.insert(b) {
+                        stack.push(b);
+                    }
+                }
+            }
+            seen
+        };
+        let mut done: BTreeSet<&String> = BTreeSet::new();
+        for &x in &nodes {
+            if done.contains(x) {
+                continue;
+            }
+            let from_x = reach(x);
+            let component: BTreeSet<&String> = nodes
+                .iter()
+                .copied()
+                .filter(|&y| y == x && from_x.contains(x) || from_x.contains(y) && reach(y).contains(x))
+                .collect();
+            done.extend(component.iter().copied());
+            if component.len() > 1 {
+                let at = if parent.is_empty() { "the crate root".to_owned() } else { parent.join("::") };
+                let names: Vec<&str> = component.iter().map(|s| s.as_str()).collect();
+                let mut text = format!("in {at}: {}", names.join(" <-> "));
+                for ((a, b), place) in e {
+                    if component.contains(a) && component.contains(b) {
+                        let _ = write!(text, "\n    {a} -> {b} ({place})");
+                    }
+                }
+                out.push(text);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_cycle_check_finds_a_cycle_through_a_use_group_and_ignores_tests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("a")).expect("mkdir");
+    std::fs::write(src.join("lib.rs"), "mod a;\nmod b;\nmod c;\n").expect("write");
+    std::fs::write(src.join("a/mod.rs"), "mod inner;\n").expect("write");
+    std::fs::write(src.join("a/inner.rs"), "use super::super::{b::B, c};\n").expect("write");
+    std::fs::write(src.join("b.rs"), "pub struct B;\n#[cfg(test)]\nmod tests { use crate::c::C; }\n").expect("write");
+    std::fs::write(src.join("c.rs"), "pub struct C(crate::a::X);\n").expect("write");
+    let found = sibling_cycles(src);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("in the crate root: a <-> c"), "{found:?}");
+    assert!(!found[0].contains("b ->"), "test code is no dependency: {found:?}");
+}
+
+#[test]
+fn no_crate_has_a_module_cycle() {
+    let mut all = Vec::new();
+    for src in
+        ["src", "crates/shm/src", "crates/engine/src", "crates/client/src", "crates/remote/src", "crates/sys/src"]
+    {
+        all.extend(sibling_cycles(&root().join(src)));
+    }
+    assert!(all.is_empty(), "modules that refer to each other in a circle:\n{}", all.join("\n"));
 }

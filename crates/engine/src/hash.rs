@@ -2,6 +2,9 @@
 //! machines: index-cache file names and checksums, names of decompressed `.gz` copies, dataset
 //! identities and session option hashes in checkpoints, the data-order ledger's fingerprints.
 //!
+//! Also the cheap hasher of chunk-index maps and sets ([`ChunkMap`], [`ChunkSet`]), which no
+//! checkpoint or file depends on.
+//!
 //! 64-bit FNV-1a. Not a cryptographic hash — nothing here is chosen by an adversary who profits
 //! from a collision; a collision costs a cache miss or a refused restore, never wrong data (the
 //! index cache validates size, mtime and options besides the name, and carries its own checksum).
@@ -88,3 +91,31 @@ mod tests {
         assert_ne!(a.finish(), b.finish());
     }
 }
+
+/// A hasher for small integer keys (chunk indices): one multiply, no per-lookup `SipHash` rounds.
+/// Keys come from the index, never from a client, so flooding is not a concern.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.0 = (v as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A `HashMap` keyed by chunk index (a [`crate::minibatch::ChunkSource`] like every such map).
+pub type ChunkMap<V> = std::collections::HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// A set of chunk indices, hashed as [`ChunkMap`]'s keys.
+pub type ChunkSet = std::collections::HashSet<u32, std::hash::BuildHasherDefault<IdHasher>>;

@@ -12,6 +12,8 @@ use crate::format::errors::DataError;
 use crate::sampling::{MinibatchPlan, Timeline};
 use crate::Result;
 
+pub use crate::hash::{ChunkMap, ChunkSet, IdHasher};
+
 /// The sparse indices of a minibatch ([`MbData::Sparse`]): int32 for CTF, u64 for deepx ids
 /// (a chunk's [`Indices`] widened).
 pub use minibatchd_shm::owned::Indices as MbIndices;
@@ -34,34 +36,6 @@ impl<S: std::hash::BuildHasher> ChunkSource for HashMap<u32, Arc<ParsedChunk>, S
         self.get(&chunk).cloned().ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))
     }
 }
-
-/// A hasher for small integer keys (chunk indices): one multiply, no per-lookup `SipHash` rounds.
-/// Keys come from the index, never from a client, so flooding is not a concern.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 = (u64::from(v) ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_usize(&mut self, v: usize) {
-        self.0 = (v as u64 ^ self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-/// A `HashMap` keyed by chunk index (a [`ChunkSource`] like every such map).
-pub type ChunkMap<V> = HashMap<u32, V, std::hash::BuildHasherDefault<IdHasher>>;
-
-/// A set of chunk indices, hashed as [`ChunkMap`]'s keys.
-pub type ChunkSet = std::collections::HashSet<u32, std::hash::BuildHasherDefault<IdHasher>>;
 
 fn i64_of(x: usize) -> i64 {
     i64::try_from(x).unwrap_or(i64::MAX)

@@ -221,6 +221,20 @@ impl FileMapping {
     }
 }
 
+impl crate::lease::Guarded for FileMapping {
+    fn lease_broken(&self) -> bool {
+        FileMapping::lease_broken(self)
+    }
+
+    fn detach(&self) -> std::io::Result<()> {
+        FileMapping::detach(self)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 impl Drop for FileMapping {
     fn drop(&mut self) {
         // SAFETY: `ptr`/`len` are exactly what `mmap` returned; no reference into the mapping

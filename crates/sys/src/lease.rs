@@ -36,7 +36,16 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use crate::column::FileMapping;
+/// A mapping the lease thread can watch: whether its lease is being broken, and how to move its
+/// pages into the process's memory ([`crate::column::FileMapping`] is the one).
+pub(crate) trait Guarded: Send + Sync {
+    /// Whether another process is breaking the mapping's lease.
+    fn lease_broken(&self) -> bool;
+    /// Moves the mapping's pages into the process's memory and releases its lease.
+    fn detach(&self) -> std::io::Result<()>;
+    /// The mapping's length in bytes.
+    fn len(&self) -> usize;
+}
 
 /// The write end of the wake-up pipe, for the signal handler (-1 until set up).
 static WAKE: AtomicI32 = AtomicI32::new(-1);
@@ -45,7 +54,7 @@ static WAKE: AtomicI32 = AtomicI32::new(-1);
 static SETUP: OnceLock<Result<(), String>> = OnceLock::new();
 
 /// The guarded mappings, for the thread to find the broken ones.
-static GUARDED: Mutex<Vec<Weak<FileMapping>>> = Mutex::new(Vec::new());
+static GUARDED: Mutex<Vec<Weak<dyn Guarded>>> = Mutex::new(Vec::new());
 
 /// Mappings moved into the process's memory because another process opened their file for
 /// writing or truncated it.
@@ -173,10 +182,12 @@ pub(crate) fn release(file: &File) {
 }
 
 /// Puts `map` under the thread's watch.
-pub(crate) fn guard(map: &Arc<FileMapping>) {
+pub(crate) fn guard<M: Guarded + 'static>(map: &Arc<M>) {
+    let weak: Weak<M> = Arc::downgrade(map);
+    let weak: Weak<dyn Guarded> = weak;
     let mut guarded = GUARDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     guarded.retain(|w| w.strong_count() > 0);
-    guarded.push(Arc::downgrade(map));
+    guarded.push(weak);
 }
 
 /// The thread: on each wake-up, every guarded mapping whose lease is being broken is moved into
@@ -198,8 +209,8 @@ fn watch(read: &OwnedFd) {
             }
         }
         // Strong references taken under the lock and dropped after it: the last one may run
-        // `FileMapping::drop`, which never takes this lock.
-        let broken: Vec<Arc<FileMapping>> = {
+        // the mapping's `drop`, which never takes this lock.
+        let broken: Vec<Arc<dyn Guarded>> = {
             let mut guarded = GUARDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             guarded.retain(|w| w.strong_count() > 0);
             guarded.iter().filter_map(Weak::upgrade).filter(|m| m.lease_broken()).collect()

@@ -26,7 +26,7 @@ use super::super::data::hub::DatasetRuntime;
 use super::super::data::persister::DemandMark;
 use super::super::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle, PREFETCH_CHUNKS};
 use super::admission::{self, Refusal};
-use super::connection::{ConnShared, Peer};
+use super::peer::{ConnShared, Peer};
 use super::session::{
     check_resume, options_hash, resolve_options, Progress, ResolvedOptions, ResumeError, SlotTable, MAX_SLOT_SIZE_BYTES,
 };

@@ -25,7 +25,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use actix::Addr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
@@ -35,21 +34,13 @@ use minibatchd_client::protocol::{
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
-use super::super::data::delivery::Delivery;
 use super::super::data::producer::{FreeSlot, ProducerEvent};
 use super::active::{open, Active};
 use super::admission::Refusal;
+use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
 use crate::pipeline::data::hub::HubError;
-
-/// What every connection task shares.
-pub struct ConnShared {
-    /// Daemon-wide state.
-    pub shared: Arc<ControlPlane>,
-    /// The delivery stage, which runs producers.
-    pub delivery: Addr<Delivery>,
-}
 
 /// Bytes read from the socket at a time.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
@@ -66,34 +57,6 @@ enum Phase {
 enum Flow {
     Continue,
     Close,
-}
-
-/// Who is at the other end of the socket (`SO_PEERCRED`, set by the kernel at `connect`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    /// The peer's uid; `u32::MAX` (no user) when the kernel would not say.
-    pub uid: u32,
-    label: String,
-}
-
-impl Peer {
-    /// The credentials of `stream`'s peer.
-    #[must_use]
-    pub fn of(stream: &UnixStream) -> Self {
-        match rustix::net::sockopt::socket_peercred(stream) {
-            Ok(c) => Self {
-                uid: c.uid.as_raw(),
-                label: format!("pid={} uid={} gid={}", c.pid.as_raw_nonzero(), c.uid.as_raw(), c.gid.as_raw()),
-            },
-            Err(e) => Self { uid: u32::MAX, label: format!("unknown ({e})") },
-        }
-    }
-}
-
-impl std::fmt::Display for Peer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.label)
-    }
 }
 
 async fn send(wr: &mut OwnedWriteHalf, msg: &ServerMessage) -> std::io::Result<()> {

@@ -14,6 +14,7 @@
 mod active;
 pub mod admission;
 pub mod connection;
+pub mod peer;
 pub mod server;
 pub mod session;
 

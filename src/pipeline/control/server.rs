@@ -14,7 +14,8 @@ use actix::prelude::*;
 
 use super::super::data::delivery::Delivery;
 use super::super::lifecycle::{StageStopped, StopStage};
-use super::connection::{self, ConnShared};
+use super::connection;
+use super::peer::ConnShared;
 use super::ControlPlane;
 use crate::stage::Stage;
 

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
 
-use super::persister::PersistJob;
 use super::pool::Task;
 
 /// Bytes counted against the cache while it lives ([`SharedCache::charge`]).
@@ -62,6 +61,37 @@ impl ChunkKey {
     pub const fn new(dataset: u32, chunk: u32) -> Self {
         Self { dataset, chunk }
     }
+}
+
+/// Background work on a parsed chunk, for the persister ([`super::persister`]): what the cache
+/// hands it, and the stop's drain ([`super::persister::drain`]).
+#[derive(Debug)]
+pub enum PersistJob {
+    /// Write a chunk as the parser made it to the persisted cache; the chunk cache keeps it
+    /// until then ([`SharedCache::written`]).
+    Persist {
+        /// Its dataset.
+        dataset: Weak<super::hub::DatasetRuntime>,
+        /// The chunk.
+        chunk: Weak<ParsedChunk>,
+        /// Its place in the chunk cache.
+        key: ChunkKey,
+    },
+    /// Copy a chunk mapped from the persisted cache into the daemon's memory, in the cache.
+    Own {
+        /// Its place in the chunk cache.
+        key: ChunkKey,
+        /// The mapped chunk.
+        chunk: Weak<ParsedChunk>,
+    },
+    /// The daemon stops: write what waits, at full speed, starting no write after `until`; then
+    /// say how many were written and how many were left.
+    Drain {
+        /// No write starts after this.
+        until: Instant,
+        /// Gets (written, left).
+        done: flume::Sender<(usize, usize)>,
+    },
 }
 
 /// A request to read and parse a chunk (session → reader → parser pool).

@@ -87,7 +87,7 @@ pub struct DataPlane {
     /// Hub indices of the datasets whose preload has been started (each dataset version once).
     preloaded: Mutex<HashSet<u32>>,
     /// Parsed chunks to the persister ([`persister`]).
-    pub persist: flume::Sender<persister::PersistJob>,
+    pub persist: flume::Sender<chunk_cache::PersistJob>,
     /// The session producers working now: the persister writes at full speed while none is.
     pub demand: Arc<persister::Demand>,
 }

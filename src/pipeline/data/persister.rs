@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use minibatchd_engine::format::chunk::ParsedChunk;
 
-use super::chunk_cache::{ChunkKey, SharedCache};
+use super::chunk_cache::{ChunkKey, PersistJob, SharedCache};
 use super::hub::DatasetRuntime;
 
 /// Jobs waiting for the persister at most.
@@ -141,36 +141,6 @@ impl Drop for DemandMark {
     fn drop(&mut self) {
         self.set(false);
     }
-}
-
-/// Background work on a parsed chunk.
-#[derive(Debug)]
-pub enum PersistJob {
-    /// Write a chunk as the parser made it to the persisted cache; the chunk cache keeps it
-    /// until then ([`SharedCache::written`]).
-    Persist {
-        /// Its dataset.
-        dataset: Weak<DatasetRuntime>,
-        /// The chunk.
-        chunk: Weak<ParsedChunk>,
-        /// Its place in the chunk cache.
-        key: ChunkKey,
-    },
-    /// Copy a chunk mapped from the persisted cache into the daemon's memory, in the cache.
-    Own {
-        /// Its place in the chunk cache.
-        key: ChunkKey,
-        /// The mapped chunk.
-        chunk: Weak<ParsedChunk>,
-    },
-    /// The daemon stops: write what waits, at full speed, starting no write after `until`; then
-    /// say how many were written and how many were left.
-    Drain {
-        /// No write starts after this.
-        until: Instant,
-        /// Gets (written, left).
-        done: flume::Sender<(usize, usize)>,
-    },
 }
 
 /// At shutdown, once no session is left: has the persister write the parsed chunks still waiting

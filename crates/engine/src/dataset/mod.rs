@@ -294,7 +294,7 @@ impl Dataset {
                     Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name)
                 }
                 Some(object) => {
-                    inflate::inflated_object(object, remote::require(&input.name)?, state_dir, &config.inflate)?
+                    remote::inflated_object(object, remote::require(&input.name)?, state_dir, &config.inflate)?
                 }
             };
             if let Some(copy) = copy {

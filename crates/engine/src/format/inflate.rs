@@ -44,7 +44,7 @@ use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
 use crate::persist;
 
 /// The gzip magic bytes.
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 /// The subdirectory of `state_dir` that holds decompressed copies.
 pub const INFLATED_DIR: &str = "inflated";
 /// Suffix of a copy's sidecar.
@@ -111,35 +111,9 @@ pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) ->
     })
 }
 
-/// The decompressed copy of the object `object` if it is gzip data (by its first two bytes),
-/// else `None`: as [`readable_path`], the object streamed once from `remote`.
-///
-/// # Errors
-/// As [`readable_path`], and object-storage errors naming the URL.
-pub fn inflated_object(
-    object: &crate::remote::ObjectMeta,
-    remote: &crate::remote::Remote,
-    state_dir: &Path,
-    limits: &InflateLimits,
-) -> Result<Option<PathBuf>, DataError> {
-    let mut magic = Vec::new();
-    remote
-        .store
-        .read_range(object, 0, object.size.min(2), &mut magic)
-        .map_err(crate::remote::RemoteError::into_data)?;
-    if magic != GZIP_MAGIC {
-        return Ok(None);
-    }
-    let stamp = crate::remote::shared_index_stamp(object);
-    let name = PathBuf::from(&object.url);
-    inflated_copy(&name, &stamp, state_dir, limits, &mut || {
-        remote.store.open(object).map_err(crate::remote::RemoteError::into_data)
-    })
-    .map(Some)
-}
-
-/// The decompressed copy of the gzip data `source` (recorded as `stamp`) that `open` yields.
-fn inflated_copy(
+/// The decompressed copy of the gzip data `source` (recorded as `stamp`) that `open` yields
+/// (a local file's, or an object's: `crate::remote::inflated_object`).
+pub(crate) fn inflated_copy(
     source: &Path,
     stamp: &FileStamp,
     state_dir: &Path,

@@ -26,9 +26,11 @@ use std::time::Duration;
 use crate::format::errors::DataError;
 
 mod chunks;
+mod inflate;
 mod shared_index;
 
 pub use chunks::{Cached, ChunkFiles, ChunkFilesStats};
+pub use inflate::inflated_object;
 pub use shared_index::{
     index_object, index_url, is_index_key, outcome_counts, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
 };

@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::minibatch::ChunkSet;
+use crate::hash::ChunkSet;
 
 use super::mt64::Mt19937_64;
 use super::randomizer::{shuffle_chunks, sweep_windows, uses_block_randomizer, ChunkWindow};

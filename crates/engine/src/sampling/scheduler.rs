@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 use super::plan::{walk_owners, window_sequences, SweepPlan, PLAN_BYTES_PER_CHUNK, PLAN_FIXED_BYTES, SLOT_BYTES};
 use super::randomizer::{shuffle_chunks, uses_block_randomizer};
 use super::Timeline;
-use crate::minibatch::ChunkSet;
+use crate::hash::ChunkSet;
 
 /// The randomization window (CNTK `randomization_window_in_chunks` / `_in_samples`).
 ///

@@ -27,54 +27,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use minibatchd_sys::simd::DenseRun;
-
+use super::element::Element;
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
-use crate::format::chunk::Values;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::SequenceDesc;
 use crate::options::{StreamConfig, StreamFormat};
-
-/// An element type values are stored as.
-pub trait Element: Copy + Default + Send + Sync + 'static {
-    /// Narrows CNTK's `f64` accumulator, as `static_cast<ElemType>`.
-    fn from_f64(v: f64) -> Self;
-    /// Wraps a vector of decoded values into the chunk's [`Values`].
-    fn into_values(v: Vec<Self>) -> Values;
-    /// The dense fast path's vector kernel for this element type
-    /// ([`minibatchd_sys::simd::dense_run_f32`]).
-    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun;
-}
-
-impl Element for f32 {
-    #[inline]
-    #[allow(clippy::cast_possible_truncation)]
-    fn from_f64(v: f64) -> Self {
-        v as f32
-    }
-    fn into_values(v: Vec<Self>) -> Values {
-        Values::F32(v.into())
-    }
-    #[inline]
-    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun {
-        minibatchd_sys::simd::dense_run_f32(bytes, out)
-    }
-}
-
-impl Element for f64 {
-    #[inline]
-    fn from_f64(v: f64) -> Self {
-        v
-    }
-    fn into_values(v: Vec<Self>) -> Values {
-        Values::F64(v.into())
-    }
-    #[inline]
-    fn dense_run(bytes: &[u8], out: &mut [Self]) -> DenseRun {
-        minibatchd_sys::simd::dense_run_f64(bytes, out)
-    }
-}
 
 /// `isValueDelimiter`: space or tab.
 #[inline]

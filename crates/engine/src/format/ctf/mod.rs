@@ -3,9 +3,11 @@
 //! [`FileIndex`](crate::format::index::FileIndex)es and columnar stream buffers.
 
 pub mod decode;
+mod element;
 pub mod index;
 pub mod number;
 mod scan;
 
-pub use decode::{CtfDecoder, Element, SeqContext, StreamBuf};
+pub use decode::{CtfDecoder, SeqContext, StreamBuf};
+pub use element::Element;
 pub use index::{index_file, index_reader, CtfIndexOptions};

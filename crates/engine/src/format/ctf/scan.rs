@@ -31,7 +31,7 @@
 
 use minibatchd_sys::simd::{byte_classes, has_avx2, ByteClasses as Masks};
 
-use super::decode::Element;
+use super::element::Element;
 
 /// Bytes per window (one bit per byte in the masks).
 const W: usize = 64;
