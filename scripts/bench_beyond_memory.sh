@@ -22,7 +22,7 @@ echo $((CGROUP_MIB << 20)) > "$G/memory.limit_in_bytes"
 echo 0 > "$G/memory.max_usage_in_bytes" 2>/dev/null || true
 WORK=${BENCH_WORKDIR:-$PWD/target/bench-beyond}
 # The file is made outside the group (its writing would otherwise be charged to it).
-cargo build -q --release --bins
+cargo build -q --release --workspace --bins
 mkdir -p "$WORK"
 SIZE=$((SIZE_GIB << 30))
 if [ ! -f "$WORK/bench.ctf" ] || [ "$(stat -c %s "$WORK/bench.ctf")" -lt $((SIZE * 9 / 10)) ]; then

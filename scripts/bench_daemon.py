@@ -219,7 +219,7 @@ def prepare(work: Path, size_bytes: int) -> Path:
     """Builds the release binaries and makes `work/bench.ctf` (minibatchd-gen ctf-dense: 128
     floats and a one-hot label of 10 classes per line) unless one of about that size is there."""
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--workspace", "--bins"], cwd=ROOT, check=True)
     data = work / "bench.ctf"
     if not data.exists() or abs(data.stat().st_size - size_bytes) > size_bytes // 10:
         subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(size_bytes), "128", "10"], check=True)

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZE=${1:-1073741824}; WINDOW=${2:-4}; CHUNK=${3:-33554432}
-cargo build --release --locked -q
+cargo build --release --locked -q --workspace --bins
 DIR=${BENCH_DIR:-target/bench}; mkdir -p "$DIR"
 DATA="$DIR/dense_$SIZE.ctf"
 [ -f "$DATA" ] || target/release/minibatchd-gen ctf-dense "$DATA" "$SIZE"

@@ -22,7 +22,7 @@ FILE="$DIR/criteo-$SIZE.svm"
 STATE="$DIR/state"
 PY=${PYTHON:-.venv/bin/python}
 
-cargo build --release --bin minibatchd-parse-rate
+cargo build --release -p minibatchd-bench-tools --bin minibatchd-parse-rate
 BIN=target/release/minibatchd-parse-rate
 mkdir -p "$DIR"
 if [ ! -f "$FILE" ]; then

@@ -7,7 +7,7 @@ same files from a local directory.
 
     scripts/bench_objects.py [--size-bytes 1073741824] [--delay-ms 20] [--runs 3] [--sweeps 1]
 
-The S3 server (--server) is minibatchd-bench-s3 (src/bin/bench_s3.rs: a directory served over
+The S3 server (--server) is minibatchd-bench-s3 (crates/bench-tools/src/bin/bench_s3.rs: a directory served over
 the S3 API, the latency added to every request by the server itself; default), or, behind
 scripts/s3_fault_proxy.py --delay-ms, moto's server mode from the project's .venv (pure Python,
 about 70 MB/s per request here, and a ranged GET costs in proportion to the whole object) or
@@ -78,7 +78,7 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
     work.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cargo", "build", "--release", "--bins"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--workspace", "--bins"], cwd=ROOT, check=True)
     data = work / "bench.ctf"
     if not data.exists() or abs(data.stat().st_size - a.size_bytes) > a.size_bytes // 10:
         subprocess.run([str(ROOT / "target/release/minibatchd-gen"), "ctf-dense", str(data), str(a.size_bytes), "128", "10"], check=True)

@@ -24,7 +24,7 @@ use minibatchd_engine::dataset::{Dataset, Persist};
 use minibatchd_engine::format::parsed_cache::{ParsedCache, PARSED_DIR};
 use minibatchd_engine::format::StreamValues;
 
-#[path = "../../benches/support/criteo_gen.rs"]
+#[path = "../../../../benches/support/criteo_gen.rs"]
 mod criteo_gen;
 
 fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
