@@ -20,17 +20,17 @@ use minibatchd_engine::sampling::{randomizer, window_sequences, Sampler, Samplin
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
-use super::super::data::chunk_cache::ChunkKey;
-use super::super::data::delivery::StartProducer;
-use super::super::data::hub::DatasetRuntime;
-use super::super::data::persister::DemandMark;
-use super::super::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle, PREFETCH_CHUNKS};
 use super::admission::{self, Refusal};
 use super::peer::{ConnShared, Peer};
 use super::session::{
     check_resume, options_hash, resolve_options, Progress, ResolvedOptions, ResumeError, SlotTable, MAX_SLOT_SIZE_BYTES,
 };
 use super::ControlPlane;
+use crate::pipeline::data::chunk_cache::ChunkKey;
+use crate::pipeline::data::delivery::StartProducer;
+use crate::pipeline::data::hub::DatasetRuntime;
+use crate::pipeline::data::persister::DemandMark;
+use crate::pipeline::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle, PREFETCH_CHUNKS};
 
 /// A session open on this connection.
 pub(super) struct Active {

@@ -34,13 +34,13 @@ use minibatchd_client::protocol::{
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
-use super::super::data::producer::{FreeSlot, ProducerEvent};
 use super::active::{open, Active};
 use super::admission::Refusal;
 use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
 use crate::pipeline::data::hub::HubError;
+use crate::pipeline::data::producer::{FreeSlot, ProducerEvent};
 
 /// Bytes read from the socket at a time.
 const READ_BUFFER_BYTES: usize = 16 * 1024;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use actix::Addr;
 use tokio::net::UnixStream;
 
-use super::super::data::delivery::Delivery;
 use super::ControlPlane;
+use crate::pipeline::data::delivery::Delivery;
 
 /// What every connection task shares.
 pub struct ConnShared {

@@ -12,11 +12,11 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
-use super::super::data::delivery::Delivery;
-use super::super::lifecycle::{StageStopped, StopStage};
 use super::connection;
 use super::peer::ConnShared;
 use super::ControlPlane;
+use crate::pipeline::data::delivery::Delivery;
+use crate::pipeline::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
 
 /// Socket file permissions: owner and group may connect.

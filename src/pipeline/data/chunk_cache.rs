@@ -1193,12 +1193,12 @@ mod tests {
         assert!(!cache.wait_for_memory(&AtomicBool::new(true), started + DEADLINE), "no room while stopped");
         assert!(started.elapsed() < DEADLINE, "a stopped wait returns at once");
         // The idle producer: woken when someone waits, it lets go of its chunks.
-        let pool = super::super::pool::Pool::new(1, "test-idle").expect("pool");
+        let pool = crate::pipeline::data::pool::Pool::new(1, "test-idle").expect("pool");
         let task = pool.task("idle");
         let (woken_tx, woken_rx) = flume::bounded::<()>(4);
         task.set_work(move || {
             let _ = woken_tx.try_send(());
-            super::super::pool::Turn::Idle
+            crate::pipeline::data::pool::Turn::Idle
         });
         cache.enlist(7, &task).store(true, Ordering::SeqCst);
         let c2 = cache.clone();

@@ -421,8 +421,8 @@ fn open_range(path: &Path, len: u64) -> Option<File> {
 mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    use super::super::RemoteError;
     use super::*;
+    use crate::remote::RemoteError;
 
     /// A store in memory; with `fail`, every read fails.
     #[derive(Debug, Default)]

@@ -294,7 +294,7 @@ mod tests {
             randomize: true,
             window,
             seed,
-            limit: super::super::EpochLimit::Infinite,
+            limit: crate::sampling::EpochLimit::Infinite,
             num_workers: 1,
             rank: 0,
         }

@@ -246,8 +246,8 @@ pub fn dense_values<T: Element>(bytes: &[u8], mut p: usize, out: &mut DenseOut<'
 mod tests {
     use std::fmt::Write;
 
-    use super::super::number::parse_real;
     use super::*;
+    use crate::format::ctf::number::parse_real;
 
     /// What the byte loop of `read_dense` reads from `bytes[p..]` up to where `dense_values`
     /// stopped: the reference for the fast path.
