@@ -38,10 +38,11 @@ use std::time::{Duration, Instant};
 use crate::config::Config;
 use crate::metrics::Metrics;
 
+use control::checkpoint;
 use control::ControlPlane;
 use data::hub::Hub;
 use lifecycle::Phase;
-use ops::{checkpoint, notify, reload, signals};
+use ops::{notify, reload, signals};
 
 /// File in `state_dir` holding the metrics endpoint's actual address (`host:port`), written at
 /// start (useful with port 0) and removed at a clean stop.
@@ -155,8 +156,8 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     if restored > 0 {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }
-    let _ = shared.checkpointer.set(ops::write_checkpoint);
-    let _ = ops::write_checkpoint(&shared, "start");
+    shared.checkpoints.store(true, std::sync::atomic::Ordering::Release);
+    let _ = shared.write_checkpoint("start");
     let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
     let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
@@ -176,7 +177,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     housekeeping.stop();
     // Every connection has ended (or its grace is over): the registry holds each session's last
     // acknowledged position.
-    let saved = ops::write_checkpoint(&shared, "shutdown").is_ok();
+    let saved = shared.write_checkpoint("shutdown").is_ok();
     // The sessions are gone and the checkpoint is written: the parsed chunks whose writes their
     // demand put off are written now, within the grace period again.
     let _ = data::persister::drain(

@@ -13,6 +13,7 @@
 
 mod active;
 pub mod admission;
+pub mod checkpoint;
 pub mod connection;
 pub mod peer;
 pub mod server;
@@ -188,13 +189,11 @@ pub struct ControlPlane {
     pub limits: Limits,
     /// Serializes checkpoint writers (periodic, on reload, at start and stop).
     pub checkpoint_lock: Mutex<()>,
-    /// Writes the daemon checkpoint (set at start to the operations layer's writer, which sits
-    /// above this one): a new session is in a checkpoint before its client hears of it.
-    pub checkpointer: std::sync::OnceLock<Checkpointer>,
+    /// Whether checkpoints are written (from start, once the saved sessions are restored; a
+    /// control plane made for a test writes none): a new session is in a checkpoint before its
+    /// client hears of it.
+    pub checkpoints: AtomicBool,
 }
-
-/// A writer of the daemon checkpoint: `Err` says why it was not written.
-pub type Checkpointer = fn(&ControlPlane, &'static str) -> Result<(), String>;
 
 impl ControlPlane {
     /// The control plane for `config` over the opened `hub`, counting into `metrics`.
@@ -214,16 +213,38 @@ impl ControlPlane {
             connections: Connections::default(),
             limits,
             checkpoint_lock: Mutex::new(()),
-            checkpointer: std::sync::OnceLock::new(),
+            checkpoints: AtomicBool::new(false),
         }
     }
 
-    /// Writes the daemon checkpoint now (blocking: fsync), if a writer is set.
+    /// Writes the daemon checkpoint now (blocking: fsync): every session, ready or lingering,
+    /// with its position, to `state_dir/checkpoint.json` (written aside, then renamed); nothing
+    /// while [`Self::checkpoints`] is off.
     ///
     /// # Errors
     /// Why it was not written (the file and the system's error).
     pub fn write_checkpoint(&self, reason: &'static str) -> Result<(), String> {
-        self.checkpointer.get().map_or(Ok(()), |write| write(self, reason))
+        if !self.checkpoints.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // One writer at a time: the temporary file's name is per process.
+        let _writing = self.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let sessions = self.registry().snapshot(std::time::Instant::now());
+        let n = sessions.len();
+        let state_dir = self.config().daemon.state_dir.clone();
+        let result = checkpoint::write(&state_dir, &checkpoint::Checkpoint::new(self.daemon_id, reason, sessions));
+        self.data.metrics.checkpoint_written(result.is_ok());
+        match result {
+            Ok(()) => {
+                tracing::debug!(reason, sessions = n, "checkpoint written");
+                Ok(())
+            }
+            Err(e) => {
+                let path = checkpoint::path(&state_dir);
+                tracing::error!(reason, error = %e, path = %path.display(), "cannot write the daemon checkpoint");
+                Err(format!("cannot write the daemon checkpoint {}: {e}", path.display()))
+            }
+        }
     }
 
     /// The session registry.

@@ -1,6 +1,6 @@
 //! Operations glue between the running pipeline and the outside: the metric gauges that mirror
 //! pipeline state ([`refresh_metrics`], run before every scrape), `/healthz` ([`health`]), daemon
-//! checkpoints ([`write_checkpoint`]) and the housekeeping thread ([`Housekeeping`]: memory
+//! checkpoints (`ControlPlane::write_checkpoint`) and the housekeeping thread ([`Housekeeping`]: memory
 //! samples and the host-memory guard every [`MEMORY_SAMPLE_INTERVAL`], the state directory's
 //! disk use every [`STATE_DIR_USAGE_INTERVAL`], the index-cache tidy, a checkpoint every
 //! `checkpoint_interval_secs`).
@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub mod checkpoint;
 pub mod memory;
 pub mod notify;
 pub mod reload;
@@ -20,7 +19,6 @@ use crate::stage::Stage;
 
 use super::control::ControlPlane;
 use super::lifecycle::Phase;
-use checkpoint::Checkpoint;
 use memory::{HostGuard, Sampler, MEMORY_SAMPLE_INTERVAL};
 
 /// Sets the gauges that mirror state owned by the pipeline (queues, cache, sessions, memory
@@ -180,33 +178,6 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
     }
 }
 
-/// Writes the daemon checkpoint (every connected and lingering session); logs and counts the
-/// outcome. Blocking (fsync).
-///
-/// # Errors
-/// Why it was not written: the file and the system's error (the previous checkpoint is then
-/// untouched).
-pub fn write_checkpoint(shared: &ControlPlane, reason: &'static str) -> Result<(), String> {
-    // One writer at a time: the temporary file's name is per process.
-    let _writing = shared.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let sessions = shared.registry().snapshot(Instant::now());
-    let n = sessions.len();
-    let state_dir = shared.config().daemon.state_dir.clone();
-    let result = checkpoint::write(&state_dir, &Checkpoint::new(shared.daemon_id, reason, sessions));
-    shared.data.metrics.checkpoint_written(result.is_ok());
-    match result {
-        Ok(()) => {
-            tracing::debug!(reason, sessions = n, "checkpoint written");
-            Ok(())
-        }
-        Err(e) => {
-            let path = checkpoint::path(&state_dir);
-            tracing::error!(reason, error = %e, path = %path.display(), "cannot write the daemon checkpoint");
-            Err(format!("cannot write the daemon checkpoint {}: {e}", path.display()))
-        }
-    }
-}
-
 /// Applies one memory sample: gauges, then the host guard (cache cap first, refusal only if the
 /// cache cannot cover the shortfall).
 fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostGuard) {
@@ -355,7 +326,7 @@ impl Housekeeping {
                 }
                 let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
                 if last_checkpoint.elapsed() >= interval {
-                    let _ = write_checkpoint(&shared, "periodic");
+                    let _ = shared.write_checkpoint("periodic");
                     last_checkpoint = Instant::now();
                 }
             }
