@@ -320,7 +320,8 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
     // The daemon's bound on an index (one dataset here, so the whole index share is its own).
     let limits = minibatchd_engine::options::IndexLimits::within(c.daemon.memory_limit_bytes, 0, cfg.sources.len());
     let mut d = Dataset::open_within(cfg, &c.daemon.state_dir, limits, &mut report)?;
-    minibatchd::parsed::attach(&mut d, &c.daemon, minibatchd_engine::dataset::Persist::OnLoad);
+    let parsed = minibatchd::parsed::open(&c.daemon);
+    minibatchd::parsed::attach(&mut d, parsed.as_ref(), minibatchd_engine::dataset::Persist::OnLoad);
     if let Some(b) = bar {
         b.finish_and_clear();
     }

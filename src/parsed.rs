@@ -1,54 +1,42 @@
-//! The persisted parsed-chunk cache of this process (`minibatchd_engine::format::parsed_cache`):
-//! opened once from `[daemon] parsed_cache_dir` / `parsed_cache_bytes`, then handed to every
-//! dataset the daemon, `dump` or `index` opens. A cache that cannot be opened (a directory of
+//! The persisted parsed-chunk cache (`minibatchd_engine::format::parsed_cache`): opened from
+//! `[daemon] parsed_cache_dir` / `parsed_cache_bytes` by whoever opens datasets — the daemon's
+//! hub once at start, `dump` and `index` once per run — and handed to each dataset it opens. A cache that cannot be opened (a directory of
 //! another user, a read-only file system) is logged and left out: chunks are parsed as without
 //! it.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use minibatchd_engine::dataset::{Dataset, Persist};
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 
 use crate::config::DaemonConfig;
 
-static CACHE: OnceLock<Option<Arc<ParsedCache>>> = OnceLock::new();
-
-/// The cache of this process, opened on first use from `daemon` (later settings are not read:
-/// its directory and bound change with a restart); `None` when `parsed_cache_bytes` is 0 or the
-/// directory could not be opened.
+/// Opens the persisted cache `daemon` configures (its directory and bound are read once: they
+/// change with a restart); `None` when `parsed_cache_bytes` is 0 or the directory could not be
+/// opened (logged). The daemon opens it once, with its hub; `dump` and `index` once per run.
 #[must_use]
-pub fn cache(daemon: &DaemonConfig) -> Option<Arc<ParsedCache>> {
-    CACHE
-        .get_or_init(|| {
-            if daemon.parsed_cache_bytes == 0 {
-                return None;
-            }
-            match ParsedCache::open(&daemon.parsed_cache_dir, daemon.parsed_cache_bytes) {
-                Ok(c) => {
-                    let s = c.stats();
-                    tracing::info!(dir = %daemon.parsed_cache_dir.display(), entries = s.entries, bytes = s.bytes, limit = daemon.parsed_cache_bytes, "persisted parsed-chunk cache");
-                    Some(Arc::new(c))
-                }
-                Err(e) => {
-                    tracing::warn!(dir = %daemon.parsed_cache_dir.display(), error = %e, "cannot open the persisted parsed-chunk cache; chunks are parsed every time they are loaded");
-                    None
-                }
-            }
-        })
-        .clone()
+pub fn open(daemon: &DaemonConfig) -> Option<Arc<ParsedCache>> {
+    if daemon.parsed_cache_bytes == 0 {
+        return None;
+    }
+    match ParsedCache::open(&daemon.parsed_cache_dir, daemon.parsed_cache_bytes) {
+        Ok(c) => {
+            let s = c.stats();
+            tracing::info!(dir = %daemon.parsed_cache_dir.display(), entries = s.entries, bytes = s.bytes, limit = daemon.parsed_cache_bytes, "persisted parsed-chunk cache");
+            Some(Arc::new(c))
+        }
+        Err(e) => {
+            tracing::warn!(dir = %daemon.parsed_cache_dir.display(), error = %e, "cannot open the persisted parsed-chunk cache; chunks are parsed every time they are loaded");
+            None
+        }
+    }
 }
 
-/// The cache if it has been opened (for metrics), without opening it.
-#[must_use]
-pub fn opened() -> Option<Arc<ParsedCache>> {
-    CACHE.get().cloned().flatten()
-}
-
-/// Hands this process's cache to `dataset`, if there is one, persisting parsed chunks when
-/// `persist` says (the daemon: later, by its persister; `dump` and `index`: on load).
-pub fn attach(dataset: &mut Dataset, daemon: &DaemonConfig, persist: Persist) {
-    if let Some(c) = cache(daemon) {
-        dataset.use_parsed_cache(c, persist);
+/// Hands `cache` (if any) to `dataset`, persisting parsed chunks when `persist` says (the daemon:
+/// later, by its persister; `dump` and `index`: on load).
+pub fn attach(dataset: &mut Dataset, cache: Option<&Arc<ParsedCache>>, persist: Persist) {
+    if let Some(c) = cache {
+        dataset.use_parsed_cache(c.clone(), persist);
     }
 }
 

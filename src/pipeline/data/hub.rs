@@ -17,6 +17,7 @@ use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
 use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::options::IndexLimits;
 
 use super::indexing::Indexing;
@@ -185,6 +186,10 @@ pub struct Hub {
     by_index: Vec<Weak<DatasetRuntime>>,
     /// The configurations the datasets were opened with (failed ones included).
     configs: BTreeMap<String, DatasetConfig>,
+    /// The persisted parsed-chunk cache, opened when the first dataset opens and handed on by
+    /// every reload (its directory and bound change with a restart); `None` inside when
+    /// `parsed_cache_bytes` is 0 or it could not be opened.
+    parsed: Arc<std::sync::OnceLock<Option<Arc<ParsedCache>>>>,
 }
 
 impl Hub {
@@ -193,6 +198,12 @@ impl Hub {
     #[must_use]
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
         Self::default().reopen(config, metrics, &Indexing::default()).0
+    }
+
+    /// The persisted parsed-chunk cache the datasets use, if one is open.
+    #[must_use]
+    pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
+        self.parsed.get().and_then(Option::as_ref)
     }
 
     /// Every file and object the open datasets read: the current ones, and the replaced versions
@@ -222,7 +233,8 @@ impl Hub {
         let opened =
             Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics)).map(
                 |mut ds| {
-                    crate::parsed::attach(&mut ds, &config.daemon, minibatchd_engine::dataset::Persist::Later);
+                    let parsed = self.parsed.get_or_init(|| crate::parsed::open(&config.daemon));
+                    crate::parsed::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
                     ds
                 },
             );
@@ -257,7 +269,12 @@ impl Hub {
     /// ([`Dataset::is_current`]). Blocking: indexing happens here.
     #[must_use]
     pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, HubChanges) {
-        let mut hub = Self { by_name: BTreeMap::new(), by_index: self.by_index.clone(), configs: BTreeMap::new() };
+        let mut hub = Self {
+            by_name: BTreeMap::new(),
+            by_index: self.by_index.clone(),
+            configs: BTreeMap::new(),
+            parsed: self.parsed.clone(),
+        };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };
         // `diff` took every name from `config.datasets`, so each lookup finds its entry.

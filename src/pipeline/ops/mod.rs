@@ -46,7 +46,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
             m.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
         }
     }
-    if let Some(p) = crate::parsed::opened() {
+    if let Some(p) = shared.data.hub().parsed_cache().cloned() {
         let s = p.stats();
         m.parsed_cache_bytes.set(to_i64(s.bytes));
         m.parsed_cache_limit_bytes.set(to_i64(p.limit()));
