@@ -666,3 +666,26 @@ def test_the_ledger_of_a_padded_run_is_what_every_rank_saw(daemon):
     assert len(lengths) == 1 and padded > 0, (lengths, padded)
     with pytest.raises(RuntimeError, match="MINIBATCHD_BIN"):
         ledger.expected(daemon.config, "train", binary="/nonexistent/minibatchd", minibatch_size=10)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_owning_loader_follows_set_epoch_before_every_pass(daemon, tmp_path, persistent):
+    """The DistributedSampler habit with MinibatchDataLoader: set_epoch(e) before each pass, a
+    pass left after one minibatch while the other worker had not begun (held), epochs skipped:
+    every pass is the epoch set, each worker's share exactly dump's."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=5)
+    gate = Gate(tmp_path / "gate", held={1})
+    loader = MinibatchDataLoader(ds, num_workers=2, persistent_workers=persistent, worker_init_fn=gate)
+    ds.set_epoch(2)
+    it = iter(loader)
+    assert next(it)["meta"]["epoch"] == 2
+    gate.open()
+    del it
+    for epoch in (3, 4, 7):
+        ds.set_epoch(epoch)
+        items = list(loader)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        for w in range(2):
+            want = daemon.dump("--minibatch-size", "8", "--seed", "5", "--sweep", str(epoch), "--workers", "2",
+                               "--rank", str(w))
+            assert item_ids([i for i in items if i["meta"]["worker"] == w]) == dump_ids(want), (epoch, w)
