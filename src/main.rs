@@ -212,7 +212,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Index { config, dataset, parsed } => {
             let c = Config::load(&config)?;
-            minibatchd::objects::ensure(&c)?;
             let tty = std::io::stderr().is_terminal();
             let d = open_dataset(&c, &dataset, tty)?;
             let t = d.timeline();
@@ -230,7 +229,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dump(args) => {
             let c = Config::load(&args.config)?;
-            minibatchd::objects::ensure(&c)?;
             let d = open_dataset(&c, &args.dataset, false)?;
             let options = match dump_options(&args, d.config()) {
                 Ok(o) => o,
@@ -251,7 +249,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Run { config } => {
             let c = Config::load(&config)?;
-            minibatchd::objects::ensure(&c)?;
             minibatchd::pipeline::run(c)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -319,7 +316,9 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
     };
     // The daemon's bound on an index (one dataset here, so the whole index share is its own).
     let limits = minibatchd_engine::options::IndexLimits::within(c.daemon.memory_limit_bytes, 0, cfg.sources.len());
-    let mut d = Dataset::open_within(cfg, &c.daemon.state_dir, limits, &mut report)?;
+    // Object storage, when the configuration reads objects: this run's own.
+    let remote = minibatchd::objects::ensure(&std::sync::OnceLock::new(), c)?;
+    let mut d = Dataset::open_in(cfg, &c.daemon.state_dir, limits, remote, &mut report)?;
     let parsed = minibatchd::parsed::open(&c.daemon);
     minibatchd::parsed::attach(&mut d, parsed.as_ref(), minibatchd_engine::dataset::Persist::OnLoad);
     if let Some(b) = bar {

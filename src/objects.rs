@@ -1,10 +1,10 @@
-//! Object storage for this process: when a configured dataset reads `s3://` inputs, the S3 store
-//! ([`minibatchd_remote::S3Objects`], settings from the AWS environment and files) is installed
-//! into the engine once, with the chunk-range cache and the shared-index place of `[daemon]`
-//! (`docs/object-storage.md`). Every command that opens datasets (`run`, a reload, `dump`,
-//! `index`, `validate`) calls [`ensure`] first.
+//! Object storage: when a configured dataset reads `s3://` inputs, the S3 store
+//! ([`minibatchd_remote::S3Objects`], settings from the AWS environment and files) is set up once,
+//! with the chunk-range cache and the shared-index place of `[daemon]` (`docs/object-storage.md`),
+//! into a cell that whoever opens datasets keeps (the daemon's hub, and through it every reload;
+//! `dump`, `index` and `validate` their own) and that hands it to each dataset it opens.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use minibatchd_engine::remote::{self, ChunkFiles, IndexPlace, Remote};
@@ -17,13 +17,17 @@ pub fn wanted(config: &Config) -> bool {
     config.datasets.values().flat_map(|d| &d.sources).flat_map(|s| &s.files).any(|f| remote::is_remote(f))
 }
 
-/// Installs object storage if `config` needs it and it is not installed yet.
+/// The object storage in `cell`, set up there first if `config` is the first configuration that
+/// needs it; `None` while no configuration has needed it.
 ///
 /// # Errors
 /// The store's runtime cannot start.
-pub fn ensure(config: &Config) -> std::io::Result<()> {
-    if remote::installed().is_some() || !wanted(config) {
-        return Ok(());
+pub fn ensure(cell: &OnceLock<Arc<Remote>>, config: &Config) -> std::io::Result<Option<Arc<Remote>>> {
+    if let Some(r) = cell.get() {
+        return Ok(Some(r.clone()));
+    }
+    if !wanted(config) {
+        return Ok(None);
     }
     let o = &config.daemon.objects;
     let store = minibatchd_remote::S3Objects::from_env_with(minibatchd_remote::Timeouts {
@@ -40,10 +44,11 @@ pub fn ensure(config: &Config) -> std::io::Result<()> {
         request_timeout_secs = o.request_timeout_secs,
         "object storage"
     );
-    remote::install(Remote {
-        store: Arc::new(store),
-        chunks: ChunkFiles::new(o.cache_dir.clone(), o.cache_bytes),
-        index: IndexPlace { prefix: o.index_prefix.clone(), wait: Duration::from_secs(o.index_wait_secs) },
-    });
-    Ok(())
+    let remote = Arc::new(Remote::new(
+        Arc::new(store),
+        ChunkFiles::new(o.cache_dir.clone(), o.cache_bytes),
+        IndexPlace { prefix: o.index_prefix.clone(), wait: Duration::from_secs(o.index_wait_secs) },
+    ));
+    // Another thread may have set it up meanwhile: the cell's is the one used.
+    Ok(Some(cell.get_or_init(|| remote).clone()))
 }

@@ -259,20 +259,20 @@ fn files_directories_and_globs() {
     // A directory: every regular file below it, names starting with '.' skipped, sorted by the
     // whole path's bytes as deepx's ListRecursive sorts them ('-' < '.' < '/').
     assert_eq!(
-        rel(resolve_files(std::slice::from_ref(&data)).expect("dir")),
+        rel(resolve_files(std::slice::from_ref(&data), None).expect("dir")),
         ["a-b/q.txt", "a.txt", "a/z.txt", "b.txt"]
     );
     // A glob: its matches (as in a shell, `*` skips a leading '.'), sorted the same way; a file
     // is itself, in the order given.
-    assert_eq!(rel(resolve_files(&[data.join("*.txt")]).expect("glob")), ["a.txt", "b.txt"]);
-    assert_eq!(rel(resolve_files(&[data.join("b.txt"), data.join("a.txt")]).expect("files")), ["b.txt", "a.txt"]);
-    let missing = resolve_files(&[data.join("nope.txt")]).expect_err("missing");
+    assert_eq!(rel(resolve_files(&[data.join("*.txt")], None).expect("glob")), ["a.txt", "b.txt"]);
+    assert_eq!(rel(resolve_files(&[data.join("b.txt"), data.join("a.txt")], None).expect("files")), ["b.txt", "a.txt"]);
+    let missing = resolve_files(&[data.join("nope.txt")], None).expect_err("missing");
     assert!(missing.to_string().contains("no such file"), "{missing}");
-    let unmatched = resolve_files(&[data.join("*.gz")]).expect_err("no match");
+    let unmatched = resolve_files(&[data.join("*.gz")], None).expect_err("no match");
     assert!(unmatched.to_string().contains("no file matches"), "{unmatched}");
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).expect("mkdir");
-    assert!(resolve_files(&[empty]).expect_err("empty dir").to_string().contains("holds no file"));
+    assert!(resolve_files(&[empty], None).expect_err("empty dir").to_string().contains("holds no file"));
 }
 
 #[test]

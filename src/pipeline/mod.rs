@@ -146,7 +146,10 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     let metrics_listener = bind_metrics(&config)?;
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
     // them get `dataset_indexing` with the progress.
-    let shared = Arc::new(ControlPlane::new(config, Hub::default(), metrics));
+    let hub = Hub::default();
+    crate::objects::ensure(hub.remote_cell(), &config)
+        .map_err(|e| PipelineError::Fatal(format!("object storage: {e}")))?;
+    let shared = Arc::new(ControlPlane::new(config, hub, metrics));
     for name in shared.config().datasets.keys() {
         shared.data.indexing.begin(name, &shared.data.metrics);
     }

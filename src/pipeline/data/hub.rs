@@ -19,6 +19,7 @@ use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::options::IndexLimits;
+use minibatchd_engine::remote::Remote;
 
 use super::indexing::Indexing;
 
@@ -190,6 +191,9 @@ pub struct Hub {
     /// every reload (its directory and bound change with a restart); `None` inside when
     /// `parsed_cache_bytes` is 0 or it could not be opened.
     parsed: Arc<std::sync::OnceLock<Option<Arc<ParsedCache>>>>,
+    /// Object storage, set up by the first configuration that reads objects (at start or at a
+    /// reload; `crate::objects::ensure`) and handed on by every reload.
+    remote: Arc<std::sync::OnceLock<Arc<Remote>>>,
 }
 
 impl Hub {
@@ -198,6 +202,12 @@ impl Hub {
     #[must_use]
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
         Self::default().reopen(config, metrics, &Indexing::default()).0
+    }
+
+    /// Where object storage is kept once set up (`crate::objects::ensure` fills it).
+    #[must_use]
+    pub fn remote_cell(&self) -> &std::sync::OnceLock<Arc<Remote>> {
+        &self.remote
     }
 
     /// The persisted parsed-chunk cache the datasets use, if one is open.
@@ -230,14 +240,14 @@ impl Hub {
         self.configs.insert(name.to_owned(), d.clone());
         let limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
         indexing.begin(name, metrics);
-        let opened =
-            Dataset::open_within(d, &config.daemon.state_dir, limits, &mut |p| indexing.advance(name, p, metrics)).map(
-                |mut ds| {
-                    let parsed = self.parsed.get_or_init(|| crate::parsed::open(&config.daemon));
-                    crate::parsed::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
-                    ds
-                },
-            );
+        let opened = Dataset::open_in(d, &config.daemon.state_dir, limits, self.remote.get().cloned(), &mut |p| {
+            indexing.advance(name, p, metrics);
+        })
+        .map(|mut ds| {
+            let parsed = self.parsed.get_or_init(|| crate::parsed::open(&config.daemon));
+            crate::parsed::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
+            ds
+        });
         let elapsed = indexing.finish(name, metrics);
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
@@ -274,6 +284,7 @@ impl Hub {
             by_index: self.by_index.clone(),
             configs: BTreeMap::new(),
             parsed: self.parsed.clone(),
+            remote: self.remote.clone(),
         };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };

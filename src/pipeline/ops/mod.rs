@@ -34,19 +34,20 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         m.stage_queue_depth.with_label_values(&[stage]).set(i64::try_from(len).unwrap_or(i64::MAX));
         m.stage_queue_capacity.with_label_values(&[stage]).set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
     }
-    if let Some(r) = minibatchd_engine::remote::installed() {
+    let hub = shared.data.hub();
+    if let Some(r) = hub.remote_cell().get() {
         let s = r.chunks.stats();
         m.object_cache_bytes.set(to_i64(s.bytes));
         m.object_cache_limit_bytes.set(to_i64(r.chunks.max_bytes()));
         m.object_cache_lookups.with_label_values(&["hit"]).set(to_i64(s.hits));
         m.object_cache_lookups.with_label_values(&["miss"]).set(to_i64(s.misses));
         m.object_fetched_bytes.set(to_i64(s.fetched_bytes));
-        let counts = minibatchd_engine::remote::outcome_counts();
+        let counts = r.outcome_counts();
         for (o, n) in minibatchd_engine::remote::SharedIndexOutcome::ALL.iter().zip(counts) {
             m.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
         }
     }
-    if let Some(p) = shared.data.hub().parsed_cache().cloned() {
+    if let Some(p) = hub.parsed_cache() {
         let s = p.stats();
         m.parsed_cache_bytes.set(to_i64(s.bytes));
         m.parsed_cache_limit_bytes.set(to_i64(p.limit()));

@@ -45,13 +45,18 @@ pub enum ValidateError {
 /// # Errors
 /// [`ValidateError`].
 pub fn validate(path: &Path) -> Result<Config, ValidateError> {
-    validate_in(path, None)
+    validate_in(path, None, &std::sync::OnceLock::new())
 }
 
-/// [`validate`] in a running daemon whose `[daemon]` is `running`: object storage, when this is
-/// the first configuration that needs it, is set up with the running daemon's `object_*` keys
-/// and state directory (they apply at a restart only; a reload's new ones are not used).
-fn validate_in(path: &Path, running: Option<&crate::config::DaemonConfig>) -> Result<Config, ValidateError> {
+/// [`validate`] in a running daemon whose `[daemon]` is `running` and whose object storage is
+/// kept in `objects`: object storage, when this is the first configuration that needs it, is set
+/// up there with the running daemon's `object_*` keys and state directory (they apply at a
+/// restart only; a reload's new ones are not used).
+fn validate_in(
+    path: &Path,
+    running: Option<&crate::config::DaemonConfig>,
+    objects: &std::sync::OnceLock<std::sync::Arc<minibatchd_engine::remote::Remote>>,
+) -> Result<Config, ValidateError> {
     let c = Config::load(path)?;
     let mut for_store = None;
     if let Some(r) = running {
@@ -61,9 +66,12 @@ fn validate_in(path: &Path, running: Option<&crate::config::DaemonConfig>) -> Re
         for_store = Some(with_running);
     }
     // Objects are listed like files: object storage must be there first.
-    if let Err(e) = crate::objects::ensure(for_store.as_ref().unwrap_or(&c)) {
-        return Err(ValidateError::Files(vec![(String::new(), DataError::Dataset(format!("object storage: {e}")))]));
-    }
+    let remote = match crate::objects::ensure(objects, for_store.as_ref().unwrap_or(&c)) {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(ValidateError::Files(vec![(String::new(), DataError::Dataset(format!("object storage: {e}")))]))
+        }
+    };
     let mut problems = Vec::new();
     for d in c.datasets.values() {
         for s in &d.sources {
@@ -71,12 +79,12 @@ fn validate_in(path: &Path, running: Option<&crate::config::DaemonConfig>) -> Re
             // first; then the whole list (its walk limits hold for all entries together).
             let before = problems.len();
             for entry in &s.files {
-                if let Err(e) = resolve_files(std::slice::from_ref(entry)) {
+                if let Err(e) = resolve_files(std::slice::from_ref(entry), remote.as_deref()) {
                     problems.push((d.name.clone(), e));
                 }
             }
             if problems.len() == before {
-                if let Err(e) = resolve_files(&s.files) {
+                if let Err(e) = resolve_files(&s.files, remote.as_deref()) {
                     problems.push((d.name.clone(), e));
                 }
             }
@@ -138,10 +146,11 @@ struct Prepared {
 
 fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let old = shared.config();
-    let mut config = validate_in(&old.path, Some(&old.daemon))?;
+    let running = shared.data.hub();
+    let mut config = validate_in(&old.path, Some(&old.daemon), running.remote_cell())?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
-    let (hub, changes) = shared.data.hub().reopen(&config, &shared.data.metrics, &shared.data.indexing);
+    let (hub, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
     Ok(Prepared { config, hub, changes, restart })
 }
 

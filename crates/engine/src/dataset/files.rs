@@ -32,7 +32,7 @@ use std::sync::Arc;
 use crate::format::errors::DataError;
 use crate::format::index::FileIndex;
 use crate::format::index_cache::{self, FileStamp, Miss};
-use crate::remote::{self, ObjectMeta};
+use crate::remote::{self, ObjectMeta, Remote};
 use crate::Result;
 
 /// The deepest a directory walk goes: directories more than this many levels below the
@@ -68,8 +68,8 @@ const LIMITS: Limits = Limits { depth: MAX_DEPTH, files: MAX_FILES, entries: MAX
 /// looping symbolic link, a FIFO, a socket or a device; a symbolic link loop or a directory
 /// reached twice in a walk; the same file reached twice by one entry; a walk beyond its limits
 /// (128 levels deep, 2^20 files, 2^22 directory entries); an I/O error listing a directory.
-pub fn resolve_files(patterns: &[PathBuf]) -> Result<Vec<PathBuf>> {
-    Ok(resolve_inputs(patterns)?.into_iter().map(|i| i.name).collect())
+pub fn resolve_files(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<Vec<PathBuf>> {
+    Ok(resolve_inputs(patterns, remote)?.into_iter().map(|i| i.name).collect())
 }
 
 /// One input of a dataset: a local file, or an object with its size and ETag.
@@ -89,7 +89,7 @@ pub struct Input {
 /// # Errors
 /// As [`resolve_files`]; for an object entry, what listing it says (no such bucket, key or
 /// prefix; access denied), or no object store installed.
-pub fn resolve_inputs(patterns: &[PathBuf]) -> Result<Vec<Input>> {
+pub fn resolve_inputs(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<Vec<Input>> {
     let mut out = Vec::new();
     let mut local: Vec<PathBuf> = Vec::new();
     let flush = |local: &mut Vec<PathBuf>, out: &mut Vec<Input>| -> Result<()> {
@@ -105,7 +105,7 @@ pub fn resolve_inputs(patterns: &[PathBuf]) -> Result<Vec<Input>> {
             continue;
         }
         flush(&mut local, &mut out)?;
-        let r = remote::require(p)?;
+        let r = remote::require(remote, p)?;
         let objects = r.store.list(&p.to_string_lossy()).map_err(remote::RemoteError::into_data)?;
         let objects: Vec<ObjectMeta> = objects.into_iter().filter(|o| !remote::is_index_key(&o.url)).collect();
         if objects.is_empty() {
@@ -506,7 +506,7 @@ mod tests {
     fn error_of(paths: &[PathBuf]) -> String {
         let paths = paths.to_vec();
         let shown = format!("{paths:?}");
-        match within("resolve_files", move || resolve_files(&paths)) {
+        match within("resolve_files", move || resolve_files(&paths, None)) {
             Ok(files) => panic!("{shown} expanded to {} files: {files:?}", files.len()),
             Err(e) => e.to_string(),
         }
@@ -557,9 +557,9 @@ mod tests {
     fn a_loop_behind_a_hidden_name_is_not_walked() {
         let (_tmp, data) = data();
         symlink("..", data.join("sub/.back")).expect("symlink");
-        let files = resolve_files(std::slice::from_ref(&data)).expect("hidden names are skipped");
+        let files = resolve_files(std::slice::from_ref(&data), None).expect("hidden names are skipped");
         assert_eq!(files, [data.join("a.txt"), data.join("sub/b.txt")]);
-        let files = resolve_files(&[data.join("**/*.txt")]).expect("`**` skips hidden names too");
+        let files = resolve_files(&[data.join("**/*.txt")], None).expect("`**` skips hidden names too");
         assert_eq!(files, [data.join("a.txt"), data.join("sub/b.txt")]);
     }
 
@@ -569,11 +569,11 @@ mod tests {
         write(&tmp.path().join("elsewhere/c.txt"));
         symlink(tmp.path().join("elsewhere"), data.join("ext")).expect("symlink");
         symlink(tmp.path().join("elsewhere/c.txt"), tmp.path().join("c-link.txt")).expect("symlink");
-        let files = resolve_files(std::slice::from_ref(&data)).expect("followed");
+        let files = resolve_files(std::slice::from_ref(&data), None).expect("followed");
         assert_eq!(files, [data.join("a.txt"), data.join("ext/c.txt"), data.join("sub/b.txt")]);
         // A symbolic link to a file, named directly, is that file.
         assert_eq!(
-            resolve_files(&[tmp.path().join("c-link.txt")]).expect("file link"),
+            resolve_files(&[tmp.path().join("c-link.txt")], None).expect("file link"),
             [tmp.path().join("c-link.txt")]
         );
     }
@@ -593,8 +593,8 @@ mod tests {
         // configuration says (tests/deepx.rs relies on it).
         let (_tmp, data) = self::data();
         let (a, b) = (data.join("a.txt"), data.join("sub/b.txt"));
-        assert_eq!(resolve_files(&[a.clone(), a.clone()]).expect("a repeat"), [a.clone(), a.clone()]);
-        assert_eq!(resolve_files(&[data.clone(), b.clone()]).expect("overlapping entries"), [a, b.clone(), b]);
+        assert_eq!(resolve_files(&[a.clone(), a.clone()], None).expect("a repeat"), [a.clone(), a.clone()]);
+        assert_eq!(resolve_files(&[data.clone(), b.clone()], None).expect("overlapping entries"), [a, b.clone(), b]);
     }
 
     #[test]
@@ -665,8 +665,8 @@ mod tests {
     #[test]
     fn a_glob_skips_the_directories_it_matches_and_a_recursive_glob_works() {
         let (_tmp, data) = data();
-        assert_eq!(resolve_files(&[data.join("*")]).expect("glob"), [data.join("a.txt")]);
-        assert_eq!(resolve_files(&[data.join("**/b.txt")]).expect("recursive glob"), [data.join("sub/b.txt")]);
+        assert_eq!(resolve_files(&[data.join("*")], None).expect("glob"), [data.join("a.txt")]);
+        assert_eq!(resolve_files(&[data.join("**/b.txt")], None).expect("recursive glob"), [data.join("sub/b.txt")]);
     }
 
     #[test]

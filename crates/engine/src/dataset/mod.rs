@@ -30,7 +30,7 @@ use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
 };
-use crate::remote::{self, ObjectMeta};
+use crate::remote::{self, ObjectMeta, Remote};
 use crate::sampling::Timeline;
 
 mod files;
@@ -112,6 +112,8 @@ pub struct Dataset {
     parsed: Option<ParsedUse>,
     /// [`IndexLimits::max_parsed_chunk_bytes`] of the open.
     max_parsed_chunk_bytes: u64,
+    /// The object storage its objects are read from (none for a dataset of local files).
+    remote: Option<Arc<Remote>>,
 }
 
 /// When a dataset writes the chunks it parses to the persisted parsed-chunk cache.
@@ -166,13 +168,30 @@ impl Dataset {
         limits: IndexLimits,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
+        Self::open_in(config, state_dir, limits, None, progress)
+    }
+
+    /// [`Dataset::open_within`] reading its `s3://` inputs from `remote` (an input in object
+    /// storage without one is an error naming it); the dataset keeps `remote` for its chunks.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_within`], and what object storage says.
+    pub fn open_in(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<Arc<Remote>>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let r = remote.as_deref();
         let mut ds = match config.format {
-            FormatKind::Ctf => Self::open_ctf(config, state_dir, limits, progress),
+            FormatKind::Ctf => Self::open_ctf(config, state_dir, limits, r, progress),
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
-                Self::open_deepx(config, state_dir, limits, progress)
+                Self::open_deepx(config, state_dir, limits, r, progress)
             }
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
+        ds.remote = remote;
         Ok(ds)
     }
 
@@ -180,11 +199,12 @@ impl Dataset {
         config: &DatasetConfig,
         state_dir: &Path,
         limits: IndexLimits,
+        remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
         let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
         let resolved: Vec<Vec<Input>> =
-            config.sources.iter().map(|s| resolve_inputs(&s.files)).collect::<Result<_, _>>()?;
+            config.sources.iter().map(|s| resolve_inputs(&s.files, remote)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
@@ -212,7 +232,7 @@ impl Dataset {
                 let cache = config.cache_index.then_some(state_dir);
                 let idx = match &stored {
                     Stored::Remote(object) => {
-                        let r = remote::require(f)?;
+                        let r = remote::require(remote, f)?;
                         let left = left.for_shared_index();
                         remote::index_object(
                             r,
@@ -280,11 +300,12 @@ impl Dataset {
         config: &DatasetConfig,
         state_dir: &Path,
         limits: IndexLimits,
+        remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
-        let inputs = resolve_inputs(patterns)?;
+        let inputs = resolve_inputs(patterns, remote)?;
         // Where each input's bytes are read: the file or object itself, or a decompressed copy.
         let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
         let mut data_versions = Vec::with_capacity(inputs.len());
@@ -294,7 +315,7 @@ impl Dataset {
                     Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name)
                 }
                 Some(object) => {
-                    remote::inflated_object(object, remote::require(&input.name)?, state_dir, &config.inflate)?
+                    remote::inflated_object(object, remote::require(remote, &input.name)?, state_dir, &config.inflate)?
                 }
             };
             if let Some(copy) = copy {
@@ -332,7 +353,7 @@ impl Dataset {
             let cache = config.cache_index.then_some(state_dir);
             let idx = match &*stored {
                 Stored::Remote(object) => {
-                    let r = remote::require(f)?;
+                    let r = remote::require(remote, f)?;
                     let left = left.for_shared_index();
                     remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
                         let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
@@ -410,6 +431,7 @@ impl Dataset {
             streams,
             parsed: None,
             max_parsed_chunk_bytes: u64::MAX,
+            remote: None,
         })
     }
 
@@ -493,7 +515,7 @@ impl Dataset {
     #[must_use]
     pub fn is_current(&self) -> bool {
         self.config.sources.iter().zip(&self.sources).all(|(cfg, src)| {
-            let Ok(now) = resolve_inputs(&cfg.files) else { return false };
+            let Ok(now) = resolve_inputs(&cfg.files, self.remote.as_deref()) else { return false };
             now.len() == src.files.len()
                 && now.iter().zip(src.files.iter().zip(&src.file_versions)).all(|(input, (f, v))| {
                     input.name == **f
@@ -676,12 +698,18 @@ impl Dataset {
 
     /// Windows over bytes `start..end` of `src`'s file `file`: the file (checked against the
     /// version indexed), or the object's range from the chunk-range cache (fetched if needed).
-    fn window(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<ReadWindow<'_>> {
+    fn window<'a>(
+        src: &'a OpenSource,
+        remote: Option<&Remote>,
+        file: usize,
+        start: u64,
+        end: u64,
+    ) -> Result<ReadWindow<'a>> {
         match &src.data_versions[file] {
             Stored::Local(v) => ReadWindow::new(&src.data[file], end, v),
             Stored::Remote(object) => {
                 let name = &src.files[file];
-                let r = remote::require(name)?;
+                let r = remote::require(remote, name)?;
                 let cached = r.chunks.fetch(r.store.as_ref(), object, start, end)?;
                 Ok(ReadWindow::over(name, cached.file, cached.base, end))
             }
@@ -691,13 +719,13 @@ impl Dataset {
     /// Bytes `start..end` of `src`'s file `file` (a joined source's sequence). From an object,
     /// through the cache of the whole object when the cache can hold it (a joined source is read
     /// in its key order, not in chunks), else the sequence's own range from the store.
-    fn read_stored(src: &OpenSource, file: usize, start: u64, end: u64) -> Result<Vec<u8>> {
+    fn read_stored(src: &OpenSource, remote: Option<&Remote>, file: usize, start: u64, end: u64) -> Result<Vec<u8>> {
         match &src.data_versions[file] {
             Stored::Local(v) => read_range(&src.data[file], start, end, v),
             Stored::Remote(object) => {
                 use std::os::unix::fs::FileExt as _;
                 let name = &src.files[file];
-                let r = remote::require(name)?;
+                let r = remote::require(remote, name)?;
                 let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("sequence too large".into()))?;
                 // The whole object once, when the cache can hold it (a joined source is read in
                 // its key order, sequences from all over it); else only this sequence's bytes,
@@ -725,7 +753,7 @@ impl Dataset {
         let Some(c) = self.chunks.get(chunk) else { return false };
         let Some(src) = self.sources.first() else { return false };
         let Some(Stored::Remote(object)) = src.data_versions.get(c.file) else { return false };
-        remote::installed().is_some_and(|r| !r.chunks.contains(object, c.start, c.end))
+        self.remote.as_deref().is_some_and(|r| !r.chunks.contains(object, c.start, c.end))
     }
 
     /// For a chunk whose bytes are in object storage: fetches them into the chunk-range cache
@@ -737,7 +765,7 @@ impl Dataset {
         let src = self.sources.first()?;
         let Stored::Remote(object) = src.data_versions.get(c.file)? else { return None };
         let name = &src.files[c.file];
-        Some(remote::require(name).and_then(|r| {
+        Some(remote::require(self.remote.as_deref(), name).and_then(|r| {
             if r.chunks.contains(object, c.start, c.end) {
                 return Ok(false);
             }
@@ -779,7 +807,7 @@ impl Dataset {
         let chunk_bytes =
             usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
         let mut bufs = d.buffers_for::<T>(chunk_bytes, count);
-        let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
+        let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
         if !src.indexes[desc.file].sequences.sizes_follow_lines() {
             for (loc, seq) in self.chunk_sequences(chunk, si) {
                 let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
@@ -854,7 +882,7 @@ impl Dataset {
                 // time, so the parser reads what was just copied from the page cache while it is
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
-                let mut window = Self::window(src, desc.file, desc.start, desc.end)?;
+                let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
                 for (_, seq) in self.chunk_sequences(chunk, 0) {
                     let seq = &seq;
                     let slice = window.bytes(seq.offset, seq.size)?;
@@ -867,8 +895,13 @@ impl Dataset {
                 for (loc, seq) in self.chunk_sequences(chunk, si) {
                     let path = &src.files[loc.file as usize];
                     let seq = &seq;
-                    let bytes =
-                        Self::read_stored(src, loc.file as usize, seq.offset, seq.offset + u64::from(seq.size))?;
+                    let bytes = Self::read_stored(
+                        src,
+                        self.remote.as_deref(),
+                        loc.file as usize,
+                        seq.offset,
+                        seq.offset + u64::from(seq.size),
+                    )?;
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .and_then(|()| within(&mut bufs, path, seq))

@@ -133,7 +133,7 @@ impl ChunkFiles {
     /// with exactly the object's size: the chunks of the first sweep are then read from disk,
     /// not fetched again. Objects larger than half the cache are not kept.
     #[must_use]
-    pub fn tee(&'static self, object: &ObjectMeta, reader: Box<dyn Read + Send>) -> Box<dyn Read + Send> {
+    pub fn tee<'a>(&'a self, object: &ObjectMeta, reader: Box<dyn Read + Send + 'a>) -> Box<dyn Read + Send + 'a> {
         if object.size == 0 || object.size > self.max_bytes / 2 || self.contains(object, 0, object.size) {
             return reader;
         }
@@ -368,16 +368,16 @@ pub struct Cached {
 }
 
 /// The index pass's stream of a whole object, copied into the cache as it is read.
-struct Tee {
-    cache: &'static ChunkFiles,
+struct Tee<'a> {
+    cache: &'a ChunkFiles,
     object: ObjectMeta,
-    reader: Box<dyn Read + Send>,
+    reader: Box<dyn Read + Send + 'a>,
     out: Option<std::io::BufWriter<File>>,
     tmp: PathBuf,
     written: u64,
 }
 
-impl Read for Tee {
+impl Read for Tee<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.reader.read(buf)?;
         if let Some(out) = &mut self.out {
@@ -402,7 +402,7 @@ impl Read for Tee {
     }
 }
 
-impl Drop for Tee {
+impl Drop for Tee<'_> {
     fn drop(&mut self) {
         if self.out.take().is_some() {
             // Not read to the end: no partial copy is kept.

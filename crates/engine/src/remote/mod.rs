@@ -20,7 +20,7 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::format::errors::DataError;
@@ -32,7 +32,7 @@ mod shared_index;
 pub use chunks::{Cached, ChunkFiles, ChunkFilesStats};
 pub use inflate::inflated_object;
 pub use shared_index::{
-    index_object, index_url, is_index_key, outcome_counts, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
+    index_object, index_url, is_index_key, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
 };
 
 /// The scheme of an object URL.
@@ -163,8 +163,9 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn delete(&self, url: &str) -> Result<(), RemoteError>;
 }
 
-/// Object storage as this process uses it: the store, the chunk-range cache and where shared
-/// indexes go.
+/// Object storage as datasets use it: the store, the chunk-range cache and where shared
+/// indexes go. Whoever opens datasets (the daemon's hub, `dump`, `index`) makes one and hands it
+/// to each dataset that reads objects ([`crate::dataset::Dataset::open_in`]).
 #[derive(Debug)]
 pub struct Remote {
     /// The store.
@@ -173,31 +174,35 @@ pub struct Remote {
     pub chunks: ChunkFiles,
     /// Where shared indexes are kept and how long to wait for another node's.
     pub index: IndexPlace,
+    /// How each object's index was obtained, by [`SharedIndexOutcome`].
+    outcomes: [std::sync::atomic::AtomicU64; 4],
 }
 
-static REMOTE: OnceLock<Remote> = OnceLock::new();
+impl Remote {
+    /// Object storage over `store`, with its chunk-range cache and shared-index place.
+    #[must_use]
+    pub fn new(store: Arc<dyn ObjectStore>, chunks: ChunkFiles, index: IndexPlace) -> Self {
+        Self { store, chunks, index, outcomes: Default::default() }
+    }
 
-/// Installs this process's object storage (once; later calls are ignored and return `false`).
-pub fn install(remote: Remote) -> bool {
-    REMOTE.set(remote).is_ok()
+    /// How many objects' indexes came each way, in [`SharedIndexOutcome::ALL`]'s order.
+    #[must_use]
+    pub fn outcome_counts(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.outcomes[i].load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn count(&self, o: SharedIndexOutcome) {
+        self.outcomes[o as usize].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
-/// This process's object storage, if installed.
-#[must_use]
-pub fn installed() -> Option<&'static Remote> {
-    REMOTE.get()
-}
-
-/// This process's object storage, or an error naming `url` that says it is not available.
+/// `remote`, or an error naming `url` that says object storage is not available.
 ///
 /// # Errors
-/// [`DataError`] when none is installed.
-pub fn require(url: &Path) -> Result<&'static Remote, DataError> {
-    REMOTE.get().ok_or_else(|| {
-        DataError::io(
-            url,
-            std::io::Error::other("object storage is not available to this command (no store installed)"),
-        )
+/// [`DataError`] when there is none.
+pub fn require<'r>(remote: Option<&'r Remote>, url: &Path) -> Result<&'r Remote, DataError> {
+    remote.ok_or_else(|| {
+        DataError::io(url, std::io::Error::other("object storage is not available to this command (no store set up)"))
     })
 }
 

@@ -15,7 +15,7 @@
 //! clobber each other: the first index written stays.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,18 +70,6 @@ impl SharedIndexOutcome {
             Self::IndexedAfterWait => "indexed_after_wait",
         }
     }
-}
-
-static OUTCOMES: [AtomicU64; 4] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
-
-/// How many object indexes this process obtained each way ([`SharedIndexOutcome::ALL`] order).
-#[must_use]
-pub fn outcome_counts() -> [u64; 4] {
-    std::array::from_fn(|i| OUTCOMES[i].load(Ordering::Relaxed))
-}
-
-fn count(o: SharedIndexOutcome) {
-    OUTCOMES[o as usize].fetch_add(1, Ordering::Relaxed);
 }
 
 /// The index cache's record of `object`: its URL, size, and its ETag in place of a file's mtime.
@@ -175,7 +163,7 @@ pub fn index_object(
         match index_cache::load(dir, &stamp, fingerprint, &name, max_sequences) {
             Ok(idx) => {
                 progress(object.size);
-                count(SharedIndexOutcome::LocalCache);
+                remote.count(SharedIndexOutcome::LocalCache);
                 return Ok((idx, SharedIndexOutcome::LocalCache));
             }
             Err(Miss::Absent) => {}
@@ -195,7 +183,7 @@ pub fn index_object(
     let downloaded = |idx: FileIndex, progress: &mut dyn FnMut(u64)| {
         progress(object.size);
         keep(&idx);
-        count(SharedIndexOutcome::Downloaded);
+        remote.count(SharedIndexOutcome::Downloaded);
         tracing::info!(object = %object.url, index = %url, "downloaded the shared index");
         (idx, SharedIndexOutcome::Downloaded)
     };
@@ -212,7 +200,7 @@ pub fn index_object(
             tracing::warn!(object = %object.url, lock = %lock, error = %e, "cannot write the index lock (read-only credentials?); indexing the object here without sharing its index");
             let idx = build(progress)?;
             keep(&idx);
-            count(outcome);
+            remote.count(outcome);
             return Ok((idx, outcome));
         }
         Err(e) => return Err(e.into_data()),
@@ -264,6 +252,6 @@ pub fn index_object(
             tracing::warn!(lock = %lock, error = %e, "cannot remove the index lock");
         }
     }
-    count(outcome);
+    remote.count(outcome);
     Ok((idx, outcome))
 }
