@@ -1,7 +1,7 @@
 //! Decode throughput of the deepx `libsvm` format on seeded Criteo-like lines (a label and 39
 //! features: 13 numeric `id:value` with ids 1..=13, 26 hashed categorical `id:1`), in bytes/s,
 //! single-threaded; plus the line index pass. The same generator feeds
-//! `scripts/bench_libsvm.sh` (through `src/bin/parse_rate.rs`, binary `minibatchd-parse-rate`).
+//! `scripts/bench/bench_libsvm.sh` (through `src/bin/parse_rate.rs`, binary `minibatchd-parse-rate`).
 //!
 //! `cargo bench --bench deepx`; figures and the machine are recorded in docs/benchmarks.md.
 

@@ -2,7 +2,7 @@
 //! gather of the plan's samples out of parsed chunks (`assemble`) and the slot write, for
 //! minibatches of 256 rows of 128 floats + a sparse label, randomized over a window that covers
 //! every chunk (CNTK's default on a file smaller than 4 GiB) — the access pattern of
-//! `scripts/bench_daemon.py`'s drain phase, at 1/8 of its size.
+//! `scripts/bench/bench_daemon.py`'s drain phase, at 1/8 of its size.
 //!
 //! `cargo bench --bench delivery`; `BENCH_MB=1024` for the full size of the daemon benchmark
 //! (1 GiB of text: more cache and TLB misses per sample than at 128 MiB). Figures and the

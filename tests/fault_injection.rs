@@ -20,7 +20,7 @@
 //! reported with the next request, now and then a step longer than the grace) through SIGTERM,
 //! SIGKILL, reloads that remove and re-add the dataset and a full state directory, in random
 //! order; every resume by name is judged against the trainer's own record — `exact` only when it
-//! continues right after the last minibatch the trainer was handed. `scripts/fault_probe.sh` runs
+//! continues right after the last minibatch the trainer was handed. `scripts/dev/fault_probe.sh` runs
 //! both for as long as asked, with more faults per run.
 
 mod support;
@@ -419,7 +419,7 @@ fn inflict(fault: usize, d: &mut Daemon, dir: &Path, disk: &support::disk::Small
 /// against the trainer's own record of what it was handed: never a skip; exact only when it
 /// continues right after the last minibatch handed out; every minibatch the one `dump` prints.
 /// `MINIBATCHD_FAULT_SEED=N` replays a schedule, `MINIBATCHD_FAULT_ROUNDS=N` runs more faults
-/// (`scripts/fault_probe.sh` runs it for a long time).
+/// (`scripts/dev/fault_probe.sh` runs it for a long time).
 #[test]
 fn resumes_by_name_are_exact_only_when_nothing_handed_out_comes_again_under_random_faults() {
     use std::sync::atomic::{AtomicBool, Ordering};

@@ -9,7 +9,7 @@
 //!   client reads; every metric the Grafana dashboard and the alert rules query is exported.
 //! * Memory: the host-memory guard shrinks the cache, then refuses new sessions.
 //! * The systemd unit passes `systemd-analyze verify` (installed by `scripts/setup.sh`);
-//!   `scripts/install.sh` stages every file under DESTDIR.
+//!   `scripts/ops/install.sh` stages every file under DESTDIR.
 //!
 //! Every daemon runs on its own temp dir and is stopped (SIGTERM, then SIGKILL after a
 //! deadline) when its guard drops (`support::daemon`); every wait has a deadline.
@@ -781,7 +781,7 @@ fn the_systemd_unit_verifies_and_install_stages_every_file() {
     // install.sh into a staging root.
     let stage = tempfile::tempdir().expect("tempdir");
     let out = Command::new("bash")
-        .arg(root.join("scripts/install.sh"))
+        .arg(root.join("scripts/ops/install.sh"))
         .args(["--bin", BIN])
         .env("DESTDIR", stage.path())
         .env("PREFIX", "/opt/mbd")
@@ -1473,4 +1473,42 @@ fn dump_into_a_reader_that_goes_away_ends_quietly_and_validate_names_the_dataset
     let out = Command::new(BIN).args(["validate", "--config"]).arg(&cfg).output().expect("validate runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && stdout.contains("valid (2 dataset(s): extra, train)"), "{stdout}");
+}
+
+#[test]
+fn no_rate_on_the_dashboard_is_drawn_as_a_fraction() {
+    // A query whose legend says it is per second ("… / s") in a panel whose unit is a fraction
+    // (percentunit) is drawn on the wrong axis and read as a percentage: it needs its own unit
+    // (an override by refId). The soak test found two ("served mapped / s", "copied into memory
+    // / s"), which the short run of tests/prometheus.rs does not move.
+    let dash: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(package_root().join("conf/grafana/minibatchd.json")).expect("dashboard"),
+    )
+    .expect("dashboard json");
+    let mut wrong = Vec::new();
+    let mut rates = 0;
+    for panel in dash["panels"].as_array().expect("panels") {
+        let default_unit = panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("short");
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let legend = t["legendFormat"].as_str().unwrap_or("");
+            if !legend.ends_with("/ s") {
+                continue;
+            }
+            rates += 1;
+            let unit = panel["fieldConfig"]["overrides"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|o| o["matcher"]["id"] == "byFrameRefID" && o["matcher"]["options"] == t["refId"])
+                .flat_map(|o| o["properties"].as_array().cloned().unwrap_or_default())
+                .find(|p| p["id"] == "unit")
+                .and_then(|p| p["value"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| default_unit.to_owned());
+            if unit == "percentunit" {
+                wrong.push(format!("{:?}: {legend}", panel["title"].as_str().unwrap_or("?")));
+            }
+        }
+    }
+    assert!(rates > 5, "the check sees the dashboard's rates ({rates})");
+    assert!(wrong.is_empty(), "rates drawn as fractions:\n{}", wrong.join("\n"));
 }

@@ -1,5 +1,5 @@
 //! CNTK 2.7 parity corpus: `tests/parity/cases/*.json`, each a random case recorded by
-//! `scripts/cntk_diff.py --record` from the real CNTK 2.7 (`docs/parity.md`). A fixture holds the
+//! `scripts/oracle/cntk_diff.py --record` from the real CNTK 2.7 (`docs/parity.md`). A fixture holds the
 //! CTF data, the minibatchd config, the `minibatchd dump` arguments and CNTK's answer in the
 //! harness's canonical form; this test runs the real binary on it and compares, without CNTK:
 //! positions, `end_of_sweep`, per-stream sample and sequence counts, values (dense within 1 ulp

@@ -7,7 +7,7 @@
 //! through Prometheus's HTTP API (`query_range`, a step per second): each must return data, no
 //! point may be NaN or ±Inf, and the values must fit the unit the panel claims (ratios within
 //! [0, 1], bytes, seconds and rates never negative). `promtool test rules` runs the alerts' unit
-//! tests (`conf/grafana/alerts.test.yml`), and `scripts/render_dashboard.py` renders every panel
+//! tests (`conf/grafana/alerts.test.yml`), and `scripts/ops/render_dashboard.py` renders every panel
 //! to a PNG from this Prometheus.
 
 mod support;
@@ -295,7 +295,7 @@ fn every_panel_and_alert_returns_finite_data_from_a_real_prometheus() {
     // look at them).
     let out = std::env::var_os("MINIBATCHD_DASHBOARD_PNG_DIR").map_or_else(|| dir.join("png"), PathBuf::from);
     let render = Command::new(python())
-        .arg(root.join("scripts/render_dashboard.py"))
+        .arg(root.join("scripts/ops/render_dashboard.py"))
         .args(["--prometheus", &format!("http://127.0.0.1:{port}"), "--out"])
         .arg(&out)
         .args(["--start", &format!("{start:.0}"), "--end", &format!("{end:.0}")])

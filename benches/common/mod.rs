@@ -5,7 +5,7 @@ mod rng;
 pub use rng::Rng;
 
 /// About `bytes` of CTF rows: 128 floats `-0.dddddd`…`0.dddddd` and a sparse one-hot label of
-/// dim 10 (the shape of `scripts/bench_daemon.py`'s file), in line mode.
+/// dim 10 (the shape of `scripts/bench/bench_daemon.py`'s file), in line mode.
 pub fn dense_rows(bytes: usize) -> String {
     use std::fmt::Write as _;
     let mut r = Rng(7);

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Records CNTK 2.7's answers to hand-written end-of-file cases as parity fixtures.
 
-The random cases of `scripts/cntk_diff.py` rarely end a file inside a sample; these do, one rule
+The random cases of `scripts/oracle/cntk_diff.py` rarely end a file inside a sample; these do, one rule
 each: the last line of the file without a newline, ending in an empty or bare sample (sparse and
 dense), a name, a comment, an unknown input, a bad value, an over-long dense sample, or bare
 digits (no id), in line mode, id mode and with `skip_sequence_ids`, with one stream or several,
 and `max_errors` on both sides of the errors CNTK counts (docs/parity.md, "The corpus").
 
 Each case is run through the CNTK 2.7 oracle and `minibatchd dump` and compared with the harness's
-own functions (scripts/cntk_diff.py), strictly: no case here re-parses a chunk, so CNTK's
+own functions (scripts/oracle/cntk_diff.py), strictly: no case here re-parses a chunk, so CNTK's
 "maximum number of allowed errors" is never taken for a re-count (a failed chunk load is retried
 5 times and counts its errors again, which only changes which of its two errors CNTK reports in
 the end). A matching case is recorded with the harness's `record_case` into
@@ -26,8 +26,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cntk_diff  # noqa: E402  (scripts/ is not a package)
+sys.path.insert(0, os.path.join(ROOT, "scripts", "oracle"))
+import cntk_diff  # noqa: E402  (scripts/oracle/ is not a package)
 
 S3 = [{"name": "a", "alias": "a", "dim": 3, "sparse": True}]
 D3 = [{"name": "a", "alias": "a", "dim": 3, "sparse": False}]

@@ -137,7 +137,7 @@ impl S3Server {
     }
 }
 
-/// `scripts/s3_fault_proxy.py` in front of a server: latency and injected faults.
+/// `scripts/dev/s3_fault_proxy.py` in front of a server: latency and injected faults.
 pub struct FaultProxy {
     _child: KillOnDrop,
     /// `http://127.0.0.1:PORT`.
@@ -150,7 +150,7 @@ impl FaultProxy {
     pub fn start(server: &S3Server, flags: &[&str]) -> Self {
         let port = free_port();
         let child = Command::new(python())
-            .arg(super::package_root().join("scripts/s3_fault_proxy.py"))
+            .arg(super::package_root().join("scripts/dev/s3_fault_proxy.py"))
             .args(["--listen", &port.to_string(), "--upstream", &format!("127.0.0.1:{}", server.port)])
             .args(flags)
             .stdin(Stdio::null())

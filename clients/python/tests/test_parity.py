@@ -1,5 +1,5 @@
 """The daemon agrees with `dump` on the CNTK parity corpus (tests/parity/cases, recorded from the
-real CNTK 2.7 by scripts/cntk_diff.py): for multi-worker cases, a session opened through this
+real CNTK 2.7 by scripts/oracle/cntk_diff.py): for multi-worker cases, a session opened through this
 client at every rank delivers exactly what `minibatchd dump` prints for that rank. tests/parity.rs
 checks `dump` against CNTK's answers; this closes the loop to the shared-memory path."""
 

@@ -1,5 +1,5 @@
 //! `minibatchd-bench-s3`: a small S3-compatible server of a local directory for the
-//! object-storage benchmark (`scripts/bench_objects.py`), with latency added to every request.
+//! object-storage benchmark (`scripts/bench/bench_objects.py`), with latency added to every request.
 //!
 //! ```text
 //! minibatchd-bench-s3 --root DIR --port PORT [--delay-ms 20]

@@ -1,8 +1,8 @@
 //! Parse rate of minibatchd on a libsvm or CTF file, with N parser threads, as the daemon's parser
 //! pool does it: the dataset is opened (index pass, cached in a state directory), then every chunk
 //! is loaded (`Dataset::load_chunk`: read + decode into columnar buffers) by N threads taking
-//! chunks in turn. Used by `scripts/bench_libsvm.sh`; `ctf` reads the file of
-//! `scripts/bench_daemon.py` (128 dense floats `features` + a sparse `labels` of dim 10).
+//! chunks in turn. Used by `scripts/bench/bench_libsvm.sh`; `ctf` reads the file of
+//! `scripts/bench/bench_daemon.py` (128 dense floats `features` + a sparse `labels` of dim 10).
 //!
 //! ```text
 //! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)

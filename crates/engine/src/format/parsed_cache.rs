@@ -482,7 +482,7 @@ fn encoded_len(chunk: &ParsedChunk) -> u64 {
 /// smaller or unaligned writes the folios are smaller and a mapped sweep ran 25–35 % slower on the
 /// project's VM. (On that VM, whose balloon reports free memory to its host, the larger folios
 /// cost the writer some system time: 460 MB took 0.54–0.68 s in 2 MiB writes, 0.39–0.52 s in
-/// 1 MiB ones, `scripts/write_sizes.py`; a column in one `write` of tens of MiB cost 1.6–1.9 s on
+/// 1 MiB ones, `scripts/bench/write_sizes.py`; a column in one `write` of tens of MiB cost 1.6–1.9 s on
 /// an earlier VM — docs/benchmarks.md.)
 const WRITE_PIECE: usize = 2 << 20;
 

@@ -25,7 +25,7 @@
 //! state the byte loop would be in there.
 
 // The window helpers are `#[inline(always)]` so that `dense_values` is one loop over the window;
-// the fast path's speed-up was measured that way (scripts/bench_daemon.py). Measure again before
+// the fast path's speed-up was measured that way (scripts/bench/bench_daemon.py). Measure again before
 // leaving inlining to rustc.
 #![allow(clippy::inline_always)]
 

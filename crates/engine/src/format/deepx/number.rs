@@ -17,7 +17,7 @@
 
 // `parse_id` and `parse_real` are `#[inline(always)]` so their fast paths sit in the callers'
 // token loops (the slow paths are `#[cold]`, `#[inline(never)]`); measure with
-// scripts/bench_libsvm.sh before leaving inlining to rustc.
+// scripts/bench/bench_libsvm.sh before leaving inlining to rustc.
 #![allow(clippy::inline_always)]
 
 use super::pow10::POW10;

@@ -3,7 +3,7 @@
 one case ~30 ms once it is loaded).
 
 Runs under the oracle's own Python 3.6 (see ../shared/tools/cntk-oracle/README.md), started by
-scripts/cntk_diff.py. Reads one JSON object per line on stdin, {"id": ..., "cfg": {...}} with
+scripts/oracle/cntk_diff.py. Reads one JSON object per line on stdin, {"id": ..., "cfg": {...}} with
 `cfg` in the oracle's config format, calls the oracle's `main()` on it with stdout captured, and
 writes {"id": ..., "lines": [...], "restarts": [...]} per case to stdout. `restarts` lists the
 minibatch indices during whose `next_minibatch` CNTK's SequenceRandomizer printed "Seek(): starting

@@ -9,19 +9,20 @@
 #   * with SESSIONS=N, then N sessions open at once, each read for 50 minibatches in turn: the
 #     daemon's RSS with them.
 #
-#     scripts/bench_many_sequences.sh [LINES] [LIMIT_BYTES]    # defaults: 10000000 8589934592
-#     MINIBATCHD_BIN=path/to/minibatchd scripts/bench_many_sequences.sh ...
+#     scripts/bench/bench_many_sequences.sh [LINES] [LIMIT_BYTES]    # defaults: 10000000 8589934592
+#     MINIBATCHD_BIN=path/to/minibatchd scripts/bench/bench_many_sequences.sh ...
 #     MAX_SAMPLES=100000000 ...   # stop the sweep after this many samples (a part of it)
 #     SESSIONS=4 ...              # then 4 sessions at once
 #     HOST_RESERVE=BYTES ...      # daemon.host_memory_reserve_bytes (default 0: no guard)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 LINES=${1:-10000000}
 LIMIT=${2:-8589934592}
-BIN=${MINIBATCHD_BIN:-target/release/minibatchd}
-[ -x "$BIN" ] || cargo build -q --release --bin minibatchd
+. scripts/lib/daemon.sh
+mbd_build
+BIN=$MBD_BIN
 W=$(mktemp -d)
-trap 'kill "$(cat "$W/pid" 2>/dev/null)" 2>/dev/null && wait "$(cat "$W/pid")" 2>/dev/null; rm -rf "$W"' EXIT
+trap 'mbd_stop; rm -rf "$W"' EXIT
 python3 -c "
 import sys
 line = b'1 1:1\n' * 1000000
@@ -48,9 +49,9 @@ TOML
 read -r index_s index_kb < "$W/index.time"
 cache_bytes=$(du -sb "$W/state/index" | cut -f1)
 echo "$LINES lines ($(du -b "$W/short.txt" | cut -f1) bytes): index ${index_s} s, peak $((index_kb / 1024)) MiB, cache on disk $((cache_bytes / 1048576)) MiB ($(python3 -c "print(f'{$cache_bytes / $LINES:.1f}')") B/seq)"
-"$BIN" run --config "$W/c.toml" 2> "$W/log" & echo $! > "$W/pid"
-until grep -q "datasets opened" "$W/log"; do sleep 0.1; done
-ready_kb=$(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status")
+mbd_start "$W/c.toml" "$W/log"
+mbd_wait_log "$W/log" "datasets opened"
+ready_kb=$(awk '/VmRSS/ {print $2}' "/proc/$MBD_PID/status")
 echo "daemon ready: RSS $((ready_kb / 1024)) MiB"
 PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" "${MAX_SAMPLES:-0}" <<'PY'
 import sys, time
@@ -71,7 +72,7 @@ total = time.perf_counter() - t
 what = f"{n} samples (a part of the sweep)" if cap and n >= cap else "sweep"
 print(f"session: first minibatch {first:.2f} s after open, {what} {total:.1f} s, {n / total / 1e6:.2f} M samples/s")
 PY
-echo "daemon after the sweep: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB"
+echo "daemon after the sweep: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$MBD_PID/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$MBD_PID/status") / 1024)) MiB"
 if [ -n "${SESSIONS:-}" ]; then
   PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" "$SESSIONS" <<'PY'
 import sys, time
@@ -85,5 +86,5 @@ for _ in range(50):
         next(s).release()
 print(f"{len(sessions)} sessions open, 50 minibatches each: {time.perf_counter() - t:.1f} s")
 PY
-  echo "daemon with $SESSIONS sessions: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$(cat "$W/pid")/status") / 1024)) MiB"
+  echo "daemon with $SESSIONS sessions: RSS $(($(awk '/VmRSS/ {print $2}' "/proc/$MBD_PID/status") / 1024)) MiB, peak $(($(awk '/VmHWM/ {print $2}' "/proc/$MBD_PID/status") / 1024)) MiB"
 fi

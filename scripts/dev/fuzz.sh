@@ -5,13 +5,13 @@
 # one (tests/fuzz_corpus/TARGET) first; libFuzzer's log goes to fuzz/logs/TARGET.log and its last
 # status line is printed. Crashes land in fuzz/artifacts/TARGET/.
 #
-#   scripts/fuzz.sh MINUTES [TARGET...]     (default: every target of `cargo fuzz list`)
-#   FUZZ_SANITIZER=address scripts/fuzz.sh 5 protocol   # AddressSanitizer (RUSTC_BOOTSTRAP=1)
+#   scripts/dev/fuzz.sh MINUTES [TARGET...]     (default: every target of `cargo fuzz list`)
+#   FUZZ_SANITIZER=address scripts/dev/fuzz.sh 5 protocol   # AddressSanitizer (RUSTC_BOOTSTRAP=1)
 set -euo pipefail
-cd "$(dirname "$0")/../fuzz"
+cd "$(dirname "$0")/../../fuzz"
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
-minutes=${1:?usage: scripts/fuzz.sh MINUTES [TARGET...]}
+minutes=${1:?usage: scripts/dev/fuzz.sh MINUTES [TARGET...]}
 shift
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo fuzz list)

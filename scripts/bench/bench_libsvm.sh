@@ -2,8 +2,8 @@
 # libsvm parse rate: minibatchd versus xgboost's libsvm parser (dmlc-core), at equal threads, on a
 # generated Criteo-like file (a label and 39 features per line; benches/support/criteo_gen.rs).
 #
-#   scripts/bench_libsvm.sh                 # 1 GiB, 2 threads
-#   SIZE=268435456 THREADS=1 scripts/bench_libsvm.sh
+#   scripts/bench/bench_libsvm.sh                 # 1 GiB, 2 threads
+#   SIZE=268435456 THREADS=1 scripts/bench/bench_libsvm.sh
 #
 # minibatchd: `Dataset::open` (the line index pass, cached in a state directory) and then every
 # 32 MiB chunk read and decoded into columnar buffers by THREADS threads (src/bin/
@@ -13,7 +13,7 @@
 # so). The file is read once beforehand so both read from the page cache. Timings vary with the
 # load of the machine: run it on an idle one and compare figures from the same run only.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 SIZE=${SIZE:-1073741824}
 THREADS=${THREADS:-2}

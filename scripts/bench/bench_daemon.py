@@ -2,7 +2,7 @@
 """End-to-end daemon benchmark: a separate Python process consumes a dense CTF file through
 `minibatchd run` (shared memory, the real Python client).
 
-    scripts/bench_daemon.py [--size-bytes 1073741824] [--minibatch-size 256] [--sweeps 2] [--preload]
+    scripts/bench/bench_daemon.py [--size-bytes 1073741824] [--minibatch-size 256] [--sweeps 2] [--preload]
                             [--window-chunks N] [--memory-limit BYTES] [--sessions N] [--workdir DIR]
 
 Generates DIR/bench.ctf with `minibatchd-gen ctf-dense` (128 floats + a sparse one-hot label per
@@ -17,11 +17,11 @@ ahead of its trainer); the preload time is printed on its own. `--window-chunks 
 `--memory-limit` below the parsed size (e.g. 268435456) measures the parse-bound steady state
 of a dataset larger than the cache: every sweep parses the file again, while it is delivered.
 `BENCH_FILES_URL=s3://bucket/key` reads the same file from object storage instead (the AWS
-environment says where; scripts/bench_objects.py sets it up), and `BENCH_STATE_KEEP=1` keeps the
+environment says where; scripts/bench/bench_objects.py sets it up), and `BENCH_STATE_KEEP=1` keeps the
 state directory between runs, and `BENCH_NO_PROBE=1` leaves out the client-overhead probe (its
 ring of 258 slots does not fit a small `--memory-limit`). With `--consumer-first` the consumers
 start before the daemon (their interpreter, NumPy and the client imported, as a trainer that is up
-when its loader starts — CNTK's clock in `scripts/cntk_throughput.py` leaves its imports out the
+when its loader starts — CNTK's clock in `scripts/bench/cntk_throughput.py` leaves its imports out the
 same way) and connect as soon as it listens; without it they start once it listens, and the user
 clock includes their start. `BENCH_TORCH_WORKERS=N` makes the consumer read through the PyTorch
 adapter (`MinibatchIterableDataset` in a `DataLoader(batch_size=None, num_workers=N)`, one pass
@@ -40,9 +40,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+import daemon_kit  # noqa: E402  (scripts/lib: the config writer and daemon start every script shares)
+from daemon_kit import ROOT, wait_for_socket  # noqa: E402
+
 # The daemon binary; BENCH_DAEMON_BIN points at another build for A/B runs.
-DAEMON = os.environ.get("BENCH_DAEMON_BIN") or str(ROOT / "target/release/minibatchd")
+DAEMON = os.environ.get("BENCH_DAEMON_BIN") or str(daemon_kit.DAEMON)
 # Minibatches timed one by one for the client overhead.
 PROBE = 256
 
@@ -158,21 +161,6 @@ def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, ext
     report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
 
 
-def wait_for_socket(sock: str, interval: float, daemon=None) -> None:
-    """Until the daemon accepts a connection on `sock`, looking every `interval` seconds; exits
-    if `daemon` (a process, when given) ends first."""
-    while True:
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(sock)
-            s.close()
-            return
-        except OSError:
-            if daemon is not None and daemon.poll() is not None:
-                sys.exit("the daemon exited")
-            time.sleep(interval)
-
-
 def scrape_stages() -> dict:
     """Where the daemon's time went during the main loop (its metrics, before the probe)."""
     addr_file = os.environ.get("BENCH_METRICS_ADDR_FILE")
@@ -265,28 +253,14 @@ def main() -> None:
         shutil.rmtree(work / "state", ignore_errors=True)
     files = os.environ.get("BENCH_FILES_URL") or str(data)
     sock = str(work / "mbd.sock")
-    cfg = work / "bench.toml"
-    cfg.write_text(
-        f"""[daemon]
-socket = "{sock}"
-metrics_listen = "127.0.0.1:0"
-state_dir = "{work}/state"
-memory_limit_bytes = {a.memory_limit}
-
-[datasets.bench]
-format = "ctf"
-files = ["{files}"]
-preload = {"true" if a.preload else "false"}
-
-[datasets.bench.streams.features]
-dim = 128
-format = "dense"
-
-[datasets.bench.streams.labels]
-dim = 10
-format = "sparse"
-"""
-    )
+    cfg = daemon_kit.write_config(work / "bench.toml", {
+        "daemon": {"socket": sock, "metrics_listen": "127.0.0.1:0", "state_dir": f"{work}/state",
+                   "memory_limit_bytes": a.memory_limit},
+        "datasets": {"bench": {"format": "ctf", "files": [files], "preload": a.preload, "streams": {
+            "features": {"dim": 128, "format": "dense"},
+            "labels": {"dim": 10, "format": "sparse"},
+        }}},
+    })
     consumers = None
     if a.consumer_first:
         consumers = spawn_consumers(a, sock, work, wait=True)
@@ -295,7 +269,7 @@ format = "sparse"
                 sys.exit(f"a consumer failed before the daemon started:\n{c.communicate()[1]}")
     t0 = time.perf_counter()
     t0_unix = time.time()
-    daemon = subprocess.Popen([DAEMON, "run", "--config", str(cfg)], env=dict(os.environ, MINIBATCHD_LOG="warn"))
+    daemon = daemon_kit.spawn(cfg, binary=DAEMON, env={"MINIBATCHD_LOG": "warn"})
     try:
         wait_for_socket(sock, 0.05, daemon)
         index_s = time.perf_counter() - t0

@@ -8,7 +8,7 @@
  *   3  mmap, then MADV_POPULATE_READ
  *   4  mmap, MADV_HUGEPAGE, then MADV_POPULATE_READ (what the cache does now)
  *
- *   cc -O2 scripts/gather_mapped.c -o gather_mapped
+ *   cc -O2 scripts/bench/gather_mapped.c -o gather_mapped
  *   find state/parsed -name '*.mbp' -exec cat {} + > all.bin
  *   for m in 0 1 2 3 4; do ./gather_mapped all.bin $m; done
  *

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""The daemon benchmark (scripts/bench_daemon.py: the 1 GiB dense CTF file, a separate Python
+"""The daemon benchmark (scripts/bench/bench_daemon.py: the 1 GiB dense CTF file, a separate Python
 consumer, randomized, minibatch 256) on local files and on the same files in object storage
 behind 20 ms of added latency, alternated in one run. The file is cut at line ends into objects
 of --object-bytes if given (default: one object, the file itself); the local baseline reads the
 same files from a local directory.
 
-    scripts/bench_objects.py [--size-bytes 1073741824] [--delay-ms 20] [--runs 3] [--sweeps 1]
+    scripts/bench/bench_objects.py [--size-bytes 1073741824] [--delay-ms 20] [--runs 3] [--sweeps 1]
 
 The S3 server (--server) is minibatchd-bench-s3 (crates/bench-tools/src/bin/bench_s3.rs: a directory served over
 the S3 API, the latency added to every request by the server itself; default), or, behind
-scripts/s3_fault_proxy.py --delay-ms, moto's server mode from the project's .venv (pure Python,
+scripts/dev/s3_fault_proxy.py --delay-ms, moto's server mode from the project's .venv (pure Python,
 about 70 MB/s per request here, and a ranged GET costs in proportion to the whole object) or
 s3s-fs (`cargo install s3s-fs@0.14.1 --features binary`, which hashes the whole object for every
 request: about 100 MB/s for 32 MiB objects). With the last two the server, not minibatchd, bounds
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = str(ROOT / ".venv/bin/python") if (ROOT / ".venv/bin/python").exists() else sys.executable
 BUCKET = "bench"
 
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=1)
     ap.add_argument("--workdir", default=str(ROOT / "target" / "bench-objects"))
     ap.add_argument("--server", choices=["bench", "s3s-fs", "moto"], default="bench",
-                    help="bench: minibatchd-bench-s3 (default); s3s-fs or moto behind scripts/s3_fault_proxy.py")
+                    help="bench: minibatchd-bench-s3 (default); s3s-fs or moto behind scripts/dev/s3_fault_proxy.py")
     ap.add_argument("--object-bytes", type=int, default=0,
                     help="cut the file (at line ends) into objects of about this size (0: one object, the file itself); "
                          "the local baseline reads the same files from a local directory")
@@ -134,7 +134,7 @@ def main() -> None:
             # The server adds the latency itself.
             env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{server_port}"
         else:
-            proxy = subprocess.Popen([PY, str(ROOT / "scripts/s3_fault_proxy.py"), "--listen", str(proxy_port), "--upstream",
+            proxy = subprocess.Popen([PY, str(ROOT / "scripts/dev/s3_fault_proxy.py"), "--listen", str(proxy_port), "--upstream",
                                       f"127.0.0.1:{server_port}", "--delay-ms", str(a.delay_ms)])
             procs.append(proxy)
             wait_port(proxy_port, proxy, "the latency proxy")
@@ -155,7 +155,7 @@ def main() -> None:
 
         def bench(url: str) -> str:
             e = dict(env, BENCH_FILES_URL=url)
-            out = subprocess.run([PY, str(ROOT / "scripts/bench_daemon.py"), "--size-bytes", str(a.size_bytes), "--sweeps",
+            out = subprocess.run([PY, str(ROOT / "scripts/bench/bench_daemon.py"), "--size-bytes", str(a.size_bytes), "--sweeps",
                                   str(a.sweeps), "--workdir", str(work)], env=e, capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(f"the benchmark failed:\n{out.stdout}\n{out.stderr}")

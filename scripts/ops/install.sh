@@ -3,13 +3,13 @@
 # a config (only if none is there) and the docs; then creates the user and directories and
 # reloads systemd. Run as root from the repository root after `cargo build --release`.
 #
-#   scripts/install.sh [--bin PATH] [--no-systemctl]
+#   scripts/ops/install.sh [--bin PATH] [--no-systemctl]
 #
 # DESTDIR=/some/root stages everything below that root instead (packaging, tests) and implies
 # --no-systemctl. PREFIX (default /usr/local) is where the binary goes; the unit's ExecStart is
 # rewritten to match.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 bin=target/release/minibatchd
 run_systemctl=1

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """How minibatchd's time and memory grow: with the dataset's size, the number of concurrent
-sessions and the randomization window. Every row is a scripts/bench_daemon.py run (dense CTF,
+sessions and the randomization window. Every row is a scripts/bench/bench_daemon.py run (dense CTF,
 128 floats + a one-hot label per line, randomized, minibatch 256, separate Python consumers),
 cold: a fresh state directory, so the first sweep parses the text (and persists the parsed
 chunks). Prints one table row per case: daemon start (index pass), the first and second sweep's
 samples/s, the daemon's peak RSS against memory_limit_bytes.
 
-    scripts/bench_scale.py [--sizes 0.25,1,4] [--sessions 1,2,4,8] [--windows 4,16,128] [--memory-limit BYTES]
+    scripts/bench/bench_scale.py [--sizes 0.25,1,4] [--sessions 1,2,4,8] [--windows 4,16,128] [--memory-limit BYTES]
 
 Sizes in GiB; the session and window cases use 1 GiB. With --memory-limit the cases run with that
 limit (default 8 GiB: the parsed data of 4 GiB fits).
@@ -19,12 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(size: int, extra, memory_limit: int) -> dict:
     work = ROOT / "target" / f"bench-scale-{size}"
-    cmd = [sys.executable, str(ROOT / "scripts/bench_daemon.py"), "--size-bytes", str(size), "--sweeps", "2", "--memory-limit", str(memory_limit), "--workdir", str(work)] + extra
+    cmd = [sys.executable, str(ROOT / "scripts/bench/bench_daemon.py"), "--size-bytes", str(size), "--sweeps", "2", "--memory-limit", str(memory_limit), "--workdir", str(work)] + extra
     out = subprocess.run(cmd, capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "BENCH_STATE_KEEP"})
     if out.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")

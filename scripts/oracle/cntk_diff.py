@@ -7,10 +7,10 @@ and compares every minibatch: checkpoint position, end_of_sweep, per-stream samp
 counts, values (dense within 1 ulp of float32; sparse after CNTK's Value -> scipy normalization:
 duplicate indices summed, indices sorted, explicit zeros dropped) and errors.
 
-    scripts/cntk_diff.py --cases 3000 --seed 1            # run, print a summary
-    scripts/cntk_diff.py --cases 200 --seed 7 --record tests/parity/cases
+    scripts/oracle/cntk_diff.py --cases 3000 --seed 1            # run, print a summary
+    scripts/oracle/cntk_diff.py --cases 200 --seed 7 --record tests/parity/cases
                                                           # also record clean cases as fixtures
-    scripts/cntk_diff.py --replay tests/parity/cases      # re-run recorded cases (no oracle)
+    scripts/oracle/cntk_diff.py --replay tests/parity/cases      # re-run recorded cases (no oracle)
 
 Cases are generated in groups: a multi-worker configuration is run at every rank, and the union of
 all ranks is checked to hold every sequence exactly once per whole sweep, on both sides. When CNTK
@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections import Counter, defaultdict
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATASET = "d"
 
 
@@ -359,7 +359,7 @@ class Oracle:
 
     def _start(self):
         self.proc = subprocess.Popen(
-            [self.python, "-W", "ignore", os.path.join(ROOT, "scripts", "cntk_oracle_batch.py"), self.oracle_dir],
+            [self.python, "-W", "ignore", os.path.join(ROOT, "scripts", "oracle", "cntk_oracle_batch.py"), self.oracle_dir],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env)
 
     def run(self, cfg):

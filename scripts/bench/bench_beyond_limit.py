@@ -2,7 +2,7 @@
 """A dataset twice `memory_limit_bytes`, against CNTK 2.7 on the same file, on the clock a user
 sees (issue 37, item 5):
 
-    .venv/bin/python scripts/bench_beyond_limit.py [--size-bytes 536870912] [--runs 3]
+    .venv/bin/python scripts/bench/bench_beyond_limit.py [--size-bytes 536870912] [--runs 3]
                                                    [--window-chunks 4] [--minibatch-size 256]
 
 One dense CTF file (`minibatchd-gen ctf-dense`: 128 floats and a one-hot label of 10 classes per
@@ -10,10 +10,10 @@ line), `memory_limit_bytes` half its size. First one cold sweep of `minibatchd` 
 state directory under that limit (it parses the text and fills the persisted parsed-chunk cache —
 under the same limit, as a user's first run would), then, alternated `--runs` times:
 
-* CNTK 2.7 (`scripts/cntk_throughput.py` under the oracle of ../shared/tools/cntk-oracle, its
+* CNTK 2.7 (`scripts/bench/cntk_throughput.py` under the oracle of ../shared/tools/cntk-oracle, its
   setup.sh run first; ORACLE_HOME, default /tmp/cntk-oracle), three sweeps, the same window in
   chunks: its clock starts before its `MinibatchSource` constructor, which indexes the file;
-* minibatchd after a restart (`scripts/bench_daemon.py --consumer-first`, state directory kept):
+* minibatchd after a restart (`scripts/bench/bench_daemon.py --consumer-first`, state directory kept):
   three sweeps of one session; its clock starts at `minibatchd run` (the index cache, the
   connection and `open` included). The consumer process is started before it, its interpreter,
   NumPy and the client imported — as CNTK's clock starts after `import cntk` — and connects as soon
@@ -35,7 +35,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(cmd, env=None) -> str:
@@ -48,7 +48,7 @@ def run(cmd, env=None) -> str:
 def cntk(data: Path, minibatch: int, window: int) -> dict:
     home = Path(os.environ.get("ORACLE_HOME", "/tmp/cntk-oracle"))
     env = dict(os.environ, LD_LIBRARY_PATH=str(home / "mpishim"))
-    out = run([str(home / "venv36/bin/python"), str(ROOT / "scripts/cntk_throughput.py"), str(data), "128", "10",
+    out = run([str(home / "venv36/bin/python"), str(ROOT / "scripts/bench/cntk_throughput.py"), str(data), "128", "10",
                str(minibatch), "3", str(window)], env)
     r = json.loads(out.strip().splitlines()[-1])
     (s0, n0), _, (s2, n2) = r["per_sweep"]
@@ -61,7 +61,7 @@ def mbd(work: Path, size: int, minibatch: int, window: int, limit: int, sweeps: 
         env["BENCH_STATE_KEEP"] = "1"
     else:
         env.pop("BENCH_STATE_KEEP", None)
-    out = run([sys.executable, str(ROOT / "scripts/bench_daemon.py"), "--workdir", str(work), "--size-bytes", str(size),
+    out = run([sys.executable, str(ROOT / "scripts/bench/bench_daemon.py"), "--workdir", str(work), "--size-bytes", str(size),
                "--minibatch-size", str(minibatch), "--window-chunks", str(window), "--memory-limit", str(limit),
                "--sweeps", str(sweeps), "--consumer-first"], env)
     samples = int(re.search(r"minibatches: \d+, samples: (\d+)", out).group(1)) // sweeps

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """System time of writing one large array into a new file, by the size of each `write`.
 
-    .venv/bin/python scripts/write_sizes.py [--mib 460] [--path FILE] KIB [KIB ...]
+    .venv/bin/python scripts/bench/write_sizes.py [--mib 460] [--path FILE] KIB [KIB ...]
 
 Allocates and fills MIB MiB once, then for each KIB in turn removes the file, waits 3 s and
 writes the array to it KIB KiB per `write` (unbuffered), printing the wall and system time. On a

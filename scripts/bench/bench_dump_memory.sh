@@ -3,9 +3,9 @@
 # small window, next to the window's parsed size; and the time of a full randomized sweep versus
 # a sequential one (the sampling overhead next to the parse cost).
 #
-#   scripts/bench_dump_memory.sh [SIZE_BYTES=1073741824] [WINDOW_CHUNKS=4] [CHUNK_BYTES=33554432]
+#   scripts/bench/bench_dump_memory.sh [SIZE_BYTES=1073741824] [WINDOW_CHUNKS=4] [CHUNK_BYTES=33554432]
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 SIZE=${1:-1073741824}; WINDOW=${2:-4}; CHUNK=${3:-33554432}
 cargo build --release --locked -q --workspace --bins
 DIR=${BENCH_DIR:-target/bench}; mkdir -p "$DIR"

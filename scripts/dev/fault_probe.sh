@@ -6,11 +6,11 @@
 # fresh seeds and more faults per run than CI's. Stops at the first failure and prints the seed
 # that replays it (MINIBATCHD_FAULT_SEED=N cargo test --test fault_injection).
 #
-#   scripts/fault_probe.sh [MINUTES] [FAULTS_PER_RUN]      (default 30 minutes, 40 faults)
+#   scripts/dev/fault_probe.sh [MINUTES] [FAULTS_PER_RUN]      (default 30 minutes, 40 faults)
 #
 # Needs root (the full-disk fault mounts a small tmpfs), as the test suite does.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 minutes=${1:-30}
 faults=${2:-40}
 export PATH="$HOME/.cargo/bin:$PATH"

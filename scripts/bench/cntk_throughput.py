@@ -1,8 +1,8 @@
 """CNTK 2.7's MinibatchSource over a dense CTF file, timed: the peer figure of
-scripts/bench_peers.py. Runs under the CNTK oracle's Python 3.6 (../shared/tools/cntk-oracle,
+scripts/bench/bench_peers.py. Runs under the CNTK oracle's Python 3.6 (../shared/tools/cntk-oracle,
 set up by its setup.sh; ORACLE_HOME, default /tmp/cntk-oracle):
 
-    LD_LIBRARY_PATH=$ORACLE_HOME/mpishim $ORACLE_HOME/venv36/bin/python scripts/cntk_throughput.py \
+    LD_LIBRARY_PATH=$ORACLE_HOME/mpishim $ORACLE_HOME/venv36/bin/python scripts/bench/cntk_throughput.py \
         FILE.ctf DIM CLASSES MINIBATCH SWEEPS [WINDOW_CHUNKS]
 
 The file is minibatchd-gen's ctf-dense (`|features` DIM floats, `|labels` a one-hot of CLASSES).

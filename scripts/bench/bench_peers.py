@@ -6,21 +6,21 @@ that cache off, and a dataset larger than the memory limit (every sweep loads it
 with and without it. Prints samples/s, MB/s of text, peak RSS and each figure's ratio to CNTK 2.7
 in the same run; with --runs N the kinds alternate and the median and range are printed.
 
-    scripts/bench_peers.py [--size-bytes 1073741824] [--runs 3] [--minibatch-size 256]
+    scripts/bench/bench_peers.py [--size-bytes 1073741824] [--runs 3] [--minibatch-size 256]
                            [--only cntk,torch0,torch2,adapter0,adapter2,mbd] [--libsvm]
 
 The file is minibatchd-gen's ctf-dense (128 floats and a one-hot label of 10 classes per line),
-as in scripts/bench_daemon.py, which runs every minibatchd figure (a separate Python consumer,
+as in scripts/bench/bench_daemon.py, which runs every minibatchd figure (a separate Python consumer,
 randomized, CNTK's default window). CNTK runs from the oracle
 (`../shared/tools/cntk-oracle/setup.sh`; ORACLE_HOME, default /tmp/cntk-oracle) through
-scripts/cntk_throughput.py; when it is not set up the script says so and prints no ratio.
+scripts/bench/cntk_throughput.py; when it is not set up the script says so and prints no ratio.
 The PyTorch loader is what a user writes without minibatchd: an IterableDataset that splits the
 file by byte ranges over the workers and parses each line with NumPy (`np.fromstring`), batched
 by the DataLoader — in file order, which spares it the randomization the others do. `adapter0`
 and `adapter2` read minibatchd through its PyTorch adapter (`MinibatchIterableDataset` in a
 `DataLoader(batch_size=None, num_workers=0 or 2)`, as README shows it), after a restart on the
 persisted chunks, consumer up before the daemon.
---libsvm adds scripts/bench_libsvm.sh (minibatchd's libsvm parse against xgboost's at 2 threads,
+--libsvm adds scripts/bench/bench_libsvm.sh (minibatchd's libsvm parse against xgboost's at 2 threads,
 on its own Criteo-like file). Figures are from the same run only: the machine's speed moves
 between runs.
 """
@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ORACLE = Path(os.environ.get("ORACLE_HOME", "/tmp/cntk-oracle"))
 DIM, CLASSES = 128, 10
 
@@ -104,7 +104,7 @@ def mbd(work: Path, size: int, minibatch: int, extra_args, env_extra, keep_state
         env["BENCH_STATE_KEEP"] = "1"
     else:
         env.pop("BENCH_STATE_KEEP", None)
-    cmd = [sys.executable, str(ROOT / "scripts/bench_daemon.py"), "--size-bytes", str(size), "--minibatch-size", str(minibatch), "--workdir", str(work)] + extra_args
+    cmd = [sys.executable, str(ROOT / "scripts/bench/bench_daemon.py"), "--size-bytes", str(size), "--minibatch-size", str(minibatch), "--workdir", str(work)] + extra_args
     out, _ = run_child(cmd, env=env)
     sweeps = [float(m.replace(",", "")) for m in re.findall(r"^sweep \d+ \([^)]*\): ([\d,]+) samples/s", out, re.M)]
     peak = re.search(r"peak (\d+) MiB", out)
@@ -129,7 +129,7 @@ def main() -> None:
     if a.torch_consume:
         torch_consume(a.torch_consume, a.workers, a.minibatch_size)
         return
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "scripts" / "bench"))
     from bench_daemon import prepare  # the same file and build as every minibatchd figure
 
     work = Path(a.workdir).resolve()  # the config written there names paths relative to itself
@@ -153,7 +153,7 @@ def main() -> None:
         subprocess.run(["cat", str(data)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
         if have_cntk:
             env = dict(os.environ, LD_LIBRARY_PATH=str(ORACLE / "mpishim"), PYTHONWARNINGS="ignore")
-            out, peak = peak_rss_mib([str(cntk_py), "-W", "ignore", str(ROOT / "scripts/cntk_throughput.py"), str(data), str(DIM), str(CLASSES), str(a.minibatch_size), "1"], env=env)
+            out, peak = peak_rss_mib([str(cntk_py), "-W", "ignore", str(ROOT / "scripts/bench/cntk_throughput.py"), str(data), str(DIM), str(CLASSES), str(a.minibatch_size), "1"], env=env)
             r = json.loads(out.strip().splitlines()[-1])
             secs, n = r["per_sweep"][0]
             add("CNTK 2.7, first sweep", n / secs, peak)
@@ -203,8 +203,8 @@ def main() -> None:
             if isinstance(note, dict):
                 print(f"  {kind}: daemon CPU {note['cpu_s']:.2f} s over the sweeps and probe; client median {note['client_median_us']:.1f} us per next()")
     if a.libsvm:
-        print("\n== libsvm: scripts/bench_libsvm.sh (2 threads)")
-        out, _ = run_child(["bash", str(ROOT / "scripts/bench_libsvm.sh")], env=dict(os.environ, SIZE=str(a.size_bytes), THREADS="2"))
+        print("\n== libsvm: scripts/bench/bench_libsvm.sh (2 threads)")
+        out, _ = run_child(["bash", str(ROOT / "scripts/bench/bench_libsvm.sh")], env=dict(os.environ, SIZE=str(a.size_bytes), THREADS="2"))
         print("\n".join(l for l in out.splitlines() if "MB/s" in l or "ratio" in l))
 
 

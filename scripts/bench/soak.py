@@ -2,7 +2,7 @@
 """A long soak of the daemon as operators run it: `minibatchd run` scraped by a real Prometheus
 (with conf/grafana/alerts.yml loaded) while trainer processes come and go for --minutes.
 
-    scripts/soak.py [--minutes 30] [--workers 3] [--seed 0] [--workdir DIR] [--out DIR]
+    scripts/bench/soak.py [--minutes 30] [--workers 3] [--seed 0] [--workdir DIR] [--out DIR]
 
 The trainers are separate Python processes using the real client, one per session, each
 "computing" 10-40 us per sample, in a loop chosen by a seeded generator: randomized sessions over two sweeps, named sessions closed halfway
@@ -23,7 +23,7 @@ Checked, and the script exits 1 when one fails:
   most `max_sessions`;
 * SIGTERM stops the daemon with exit status 0 and a checkpoint.
 
-Every panel is rendered to PNG under --out (scripts/render_dashboard.py) with samples of RSS,
+Every panel is rendered to PNG under --out (scripts/ops/render_dashboard.py) with samples of RSS,
 threads and files (soak.json). Needs the release binary (built here), Prometheus (Debian's package,
 scripts/setup.sh) and .venv (numpy, matplotlib).
 """
@@ -42,11 +42,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
+import daemon_kit  # noqa: E402  (scripts/lib: the config writer and daemon start every script shares)
+from daemon_kit import DAEMON, ROOT  # noqa: E402
 from render_dashboard import query_range  # noqa: E402  (one way to ask Prometheus)
-
-DAEMON = ROOT / "target/release/minibatchd"
 SAMPLES = 120_000
 DIM = 64
 MAX_SESSIONS = 16
@@ -82,20 +82,19 @@ def write_data(path: Path) -> None:
 
 
 def write_config(work: Path, interval: int) -> Path:
-    cfg = work / "minibatchd.toml"
-    streams = "[datasets.{n}.streams.id]\ndim = 1\nformat = \"dense\"\n[datasets.{n}.streams.x]\ndim = %d\nformat = \"dense\"\n" % DIM
-    cfg.write_text(
-        f"[daemon]\nsocket = \"{work}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{work}/state\"\n"
-        f"memory_limit_bytes = {64 << 20}\nring_slots = 4\nslot_size_bytes = {1 << 20}\nsession_linger_secs = 120\n"
-        f"max_sessions = {MAX_SESSIONS}\ncheckpoint_interval_secs = {interval}\nhost_memory_reserve_bytes = 0\n\n"
-        f"[datasets.train]\nformat = \"ctf\"\nfiles = [\"{work}/soak.ctf\"]\nchunk_size_bytes = {1 << 20}\n"
-        + streams.format(n="train")
-        + "[datasets.train.sampling]\nrandomize = true\nwindow_chunks = 4\n\n"
-        f"[datasets.ordered]\nformat = \"ctf\"\nfiles = [\"{work}/soak.ctf\"]\nchunk_size_bytes = {4 << 20}\n"
-        + streams.format(n="ordered")
-        + "[datasets.ordered.sampling]\nrandomize = false\n"
-    )
-    return cfg
+    streams = {"id": {"dim": 1, "format": "dense"}, "x": {"dim": DIM, "format": "dense"}}
+    return daemon_kit.write_config(work / "minibatchd.toml", {
+        "daemon": {"socket": f"{work}/mbd.sock", "metrics_listen": "127.0.0.1:0", "state_dir": f"{work}/state",
+                   "memory_limit_bytes": 64 << 20, "ring_slots": 4, "slot_size_bytes": 1 << 20,
+                   "session_linger_secs": 120, "max_sessions": MAX_SESSIONS, "checkpoint_interval_secs": interval,
+                   "host_memory_reserve_bytes": 0},
+        "datasets": {
+            "train": {"format": "ctf", "files": [f"{work}/soak.ctf"], "chunk_size_bytes": 1 << 20,
+                      "streams": streams, "sampling": {"randomize": True, "window_chunks": 4}},
+            "ordered": {"format": "ctf", "files": [f"{work}/soak.ctf"], "chunk_size_bytes": 4 << 20,
+                        "streams": streams, "sampling": {"randomize": False}},
+        },
+    })
 
 
 class Soak:
@@ -297,7 +296,7 @@ def main() -> None:
     write_data(work / "soak.ctf")
     cfg = write_config(work, 5)
     log = (work / "daemon.log").open("w")
-    daemon = subprocess.Popen([str(DAEMON), "run", "--config", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+    daemon = daemon_kit.spawn(cfg, log=log)
     addr_file = work / "state/metrics.addr"
     t0 = time.time()
     while not addr_file.exists():
@@ -370,7 +369,7 @@ def main() -> None:
                 growth[key] = {"second_fifth_max": envelope, "last_fifth_max": peak}
                 if peak > limit:
                     soak.fail(f"{key} grew: {envelope} in the second fifth, {peak} in the last")
-        subprocess.run([sys.executable, str(ROOT / "scripts/render_dashboard.py"), "--prometheus", base, "--out", str(out),
+        subprocess.run([sys.executable, str(ROOT / "scripts/ops/render_dashboard.py"), "--prometheus", base, "--out", str(out),
                         "--start", f"{start:.0f}", "--end", f"{end:.0f}"], check=True, stdout=subprocess.DEVNULL)
         daemon.send_signal(signal.SIGTERM)
         rc = daemon.wait(timeout=120)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """An HTTP proxy in front of an S3 server that adds latency and injects faults, for the
-object-storage tests (tests/objects.rs) and benchmarks (scripts/bench_objects.py).
+object-storage tests (tests/objects.rs) and benchmarks (scripts/bench/bench_objects.py).
 
-    scripts/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
+    scripts/dev/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
         [--strip-if-match] [--huge-length-for SUBSTRING] [--deny-writes] [--stall-after-bytes N]
 

@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # A randomization window larger than memory_limit_bytes: starts the release daemon on FILE (the
-# dense CTF of scripts/bench_daemon.py: 128 floats + a 10-class sparse label per line) with only
+# dense CTF of scripts/bench/bench_daemon.py: 128 floats + a 10-class sparse label per line) with only
 # that limit, opens one session with the default window (minibatch 256, one sweep) from the
 # Python client, and prints how it ended (refused at open, or failed or served while reading)
 # and the daemon's peak RSS (VmHWM).
 #
-#     scripts/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
-#     WINDOW_SAMPLES=N scripts/window_over_limit.sh ...      # a sample window instead (estimated at open
+#     scripts/bench/window_over_limit.sh [FILE] [LIMIT_BYTES]      # defaults: /work/bd/bench.ctf 402653184
+#     WINDOW_SAMPLES=N scripts/bench/window_over_limit.sh ...      # a sample window instead (estimated at open
 #                                                            # only when it is more than twice the file's samples)
-#     WINDOW_CHUNKS=N MAX_SWEEPS=K scripts/window_over_limit.sh ...   # a window in chunks; K sweeps (default 1)
-#     MINIBATCHD_BIN=path/to/minibatchd scripts/window_over_limit.sh ...  # another build (A/B)
+#     WINDOW_CHUNKS=N MAX_SWEEPS=K scripts/bench/window_over_limit.sh ...   # a window in chunks; K sweeps (default 1)
+#     MINIBATCHD_BIN=path/to/minibatchd scripts/bench/window_over_limit.sh ...  # another build (A/B)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 FILE=${1:-/work/bd/bench.ctf}
 LIMIT=${2:-402653184}
+. scripts/lib/daemon.sh
 W=$(mktemp -d)
-trap 'kill "$P" 2>/dev/null && wait "$P" 2>/dev/null; rm -rf "$W"' EXIT
+trap 'mbd_stop; rm -rf "$W"' EXIT
 cat > "$W/m.toml" <<T
 [daemon]
 socket = "$W/mbd.sock"
@@ -31,11 +32,7 @@ format = "dense"
 dim = 10
 format = "sparse"
 T
-if [ -z "${MINIBATCHD_BIN:-}" ]; then
-    cargo build -q --release --bin minibatchd
-fi
-"${MINIBATCHD_BIN:-target/release/minibatchd}" run --config "$W/m.toml" 2>"$W/log" &
-P=$!
+mbd_start "$W/m.toml" "$W/log"
 PYTHONPATH=clients/python .venv/bin/python - "$W/mbd.sock" <<'PY'
 import os, sys, time
 import minibatchd
@@ -66,6 +63,6 @@ try:
 except minibatchd.MinibatchdError as e:
     print(f"failed after {time.perf_counter() - t:.2f} s and {n} minibatches: {e}")
 PY
-grep VmHWM "/proc/$P/status"
+grep VmHWM "/proc/$MBD_PID/status"
 curl -s "http://$(cat "$W/state/metrics.addr")/metrics" |
     grep -E '^minibatchd_(session_minibatches_in_parts_total|cache_refused_loads_total|session_memory_wait_seconds_total)' || true

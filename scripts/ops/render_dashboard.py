@@ -3,7 +3,7 @@
 into PNG images, without Grafana: one image per panel, with the panel's title, its unit on the
 value axis and a legend per series (the query's legendFormat, labels filled in).
 
-    scripts/render_dashboard.py --prometheus http://127.0.0.1:9090 [--out DIR] [--minutes 30]
+    scripts/ops/render_dashboard.py --prometheus http://127.0.0.1:9090 [--out DIR] [--minutes 30]
                                 [--start UNIX --end UNIX] [--dashboard FILE] [--instance RE] [--dataset RE]
 
 Queries are the dashboard's, with $instance and $dataset as regular expressions (default: all)
@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UNITS = {"percentunit": "fraction (0-1)", "bytes": "bytes", "Bps": "bytes/s", "s": "seconds", "short": "", None: ""}
 
 

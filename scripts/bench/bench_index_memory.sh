@@ -3,9 +3,9 @@
 # on a libsvm file of short lines, against the number of sequences: `index` builds and writes
 # the index cache, the daemon then loads it. Prints one line per run.
 #
-#   scripts/bench_index_memory.sh [MB]      (default 200 MB; needs the release build)
+#   scripts/bench/bench_index_memory.sh [MB]      (default 200 MB; needs the release build)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MB=${1:-200}
 BIN=${MINIBATCHD_BIN:-target/release/minibatchd}
 [ -x "$BIN" ] || cargo build --release

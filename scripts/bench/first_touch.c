@@ -3,7 +3,7 @@
  * VM the first run after boot is 0.4-0.6 GB/s with huge pages; a second run, which gets memory
  * the VM has handed out before, 4-7 GB/s (docs/benchmarks.md, the daemon's cold sweep).
  *
- *   cc -O2 scripts/first_touch.c -o first_touch && ./first_touch 2048 1
+ *   cc -O2 scripts/bench/first_touch.c -o first_touch && ./first_touch 2048 1
  */
 #include <stdio.h>
 #include <stdlib.h>

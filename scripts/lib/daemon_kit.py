@@ -1,0 +1,94 @@
+"""What the Python scripts under scripts/ share: where the repository and its release binary
+are, a daemon configuration written from tables, and the daemon started and waited for.
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+    import daemon_kit
+
+    cfg = daemon_kit.write_config(work / "m.toml", {
+        "daemon": {"socket": str(work / "mbd.sock"), "state_dir": str(work / "state")},
+        "datasets": {"train": {"format": "ctf", "files": [str(data)],
+                               "streams": {"x": {"dim": 3, "format": "dense"}}}},
+    })
+    daemon = daemon_kit.spawn(cfg)
+    daemon_kit.wait_for_socket(str(work / "mbd.sock"), 0.05, daemon)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+DAEMON = ROOT / "target" / "release" / "minibatchd"
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (str, Path)):
+        return json.dumps(str(v))  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML value for {v!r}")
+
+
+def toml(tables: Dict[str, Any], prefix: str = "") -> str:
+    """TOML text of nested tables (`{"daemon": {...}, "datasets": {"t": {..., "streams":
+    {...}}}}`): each table's values, then its subtables under dotted headers."""
+    out = []
+    scalars = {k: v for k, v in tables.items() if not isinstance(v, dict)}
+    if prefix and scalars:
+        out.append(f"[{prefix}]")
+    out += [f"{k} = {_value(v)}" for k, v in scalars.items()]
+    if out:
+        out.append("")
+    for k, v in tables.items():
+        if isinstance(v, dict):
+            out.append(toml(v, f"{prefix}.{k}" if prefix else k))
+    return "\n".join(out)
+
+
+def write_config(path: Path, tables: Dict[str, Any]) -> Path:
+    """Writes `tables` as the daemon configuration `path`; returns `path`."""
+    path.write_text(toml(tables))
+    return path
+
+
+def spawn(config: Path, *, binary: Path = DAEMON, env: Optional[dict] = None, log=None) -> subprocess.Popen:
+    """`minibatchd run --config CONFIG`, not waited for (`env` added to the environment; `log`,
+    a file, takes its stdout and stderr)."""
+    out = {} if log is None else {"stdout": log, "stderr": subprocess.STDOUT}
+    return subprocess.Popen([str(binary), "run", "--config", str(config)], env=dict(os.environ, **(env or {})), **out)
+
+
+def wait_for_socket(sock: str, interval: float, daemon: Optional[subprocess.Popen] = None) -> None:
+    """Until the daemon accepts a connection on `sock`, looking every `interval` seconds; exits
+    if `daemon` (a process, when given) ends first."""
+    while True:
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(sock)
+            s.close()
+            return
+        except OSError:
+            if daemon is not None and daemon.poll() is not None:
+                sys.exit("the daemon exited")
+            time.sleep(interval)
+
+
+def stop(daemon: subprocess.Popen, timeout: float = 60) -> int:
+    """SIGTERM (the daemon checkpoints and exits), then its exit status; SIGKILL after `timeout`."""
+    daemon.terminate()
+    try:
+        return daemon.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        return daemon.wait()
