@@ -5,10 +5,11 @@
 //! is slow for huge pages in particular: on a virtual machine whose memory balloon reports free
 //! memory to its host (virtio free page reporting), the kernel reports free blocks of huge-page
 //! size and up, the host takes their backing away, and a huge page made from them is backed again,
-//! by the host, when first written. On the project's VM first touch of 460 MiB ran at 0.23–0.29
-//! GB/s advised against 0.8–1.3 GB/s not; without the advice a cold sweep was faster, sweeps that
-//! reuse freed memory slower, and a restart either, from one round of runs to the next
-//! (docs/benchmarks.md, "Huge pages and memory the host took back"): hence a setting, not a rule.
+//! by the host, when first written. On the project's VM first touch with the advice was several
+//! times slower than without; without it a cold sweep was faster, sweeps that reuse freed memory
+//! slower, and a restart either, from one round of runs to the next (the figures are in
+//! `docs/benchmarks.md`, "Huge pages and memory the host took back"): hence a setting, not a
+//! rule.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

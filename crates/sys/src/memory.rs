@@ -292,8 +292,8 @@ pub const OWN_MAPPING_THRESHOLD: usize = 4 << 20;
 /// Parsed chunks are tens of MiB, and the cache frees them when it evicts. glibc's malloc maps
 /// such blocks on their own at first, but after the first such free it raises its mapping
 /// threshold (up to 32 MiB) and serves later blocks from its heaps, where a freed block stays
-/// in the process: after some eviction churn the daemon's RSS was ~590 MiB with a 384 MiB
-/// `memory_limit_bytes` (cache holding 190 MB), 310 MiB with this set (docs/benchmarks.md).
+/// in the process: after some eviction churn the daemon's RSS was far above what its cache
+/// held, and near it with this set (`docs/benchmarks.md` has the figures).
 /// Fixing the threshold at [`OWN_MAPPING_THRESHOLD`] keeps the RSS near what the cache counts,
 /// so a systemd `MemoryMax` a little above the limit is safe. Returns whether the allocator took
 /// it (always false where the C library is not glibc).

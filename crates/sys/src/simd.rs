@@ -245,8 +245,8 @@ fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
 /// sign, at the top), its fraction word (from its first fraction digit; 0 for an integer) and its
 /// sign bit. A ring of [`LANES`] entries, value `k` in entry `k % LANES`: a window's values (at
 /// most 32) are taken apart first, then every complete group of four is converted — no branch
-/// per value on whether it completes a group, which the CPU mispredicted (the kernel read
-/// 0.98 GB/s per core with that branch, 1.2 GB/s without; `docs/benchmarks.md`). Each word is
+/// per value on whether it completes a group, which the CPU mispredicted (the kernel's rate with
+/// and without that branch is in `docs/benchmarks.md`). Each word is
 /// read back on its own (as it was written, so each read is forwarded from its store), never as
 /// one 32-byte load that would wait for four stores to reach the cache.
 #[cfg(target_arch = "x86_64")]

@@ -302,9 +302,8 @@ impl Producer {
     /// its minibatches into their slots (the ring is shared, one writer per slot), and the
     /// [`Announcer`] sends the events in minibatch order. The copy of a minibatch — 256 random
     /// rows out of the parsed chunks — waits on memory most of its time, so two copies on two
-    /// cores overlap (a standalone gather: 31 µs per minibatch on one thread, 30–32 µs on each of
-    /// two at once; `docs/benchmarks.md`, "The cold first sweep at 10.8× CNTK 2.7"). The ring's
-    /// free slots bound how far the producer runs ahead of the client.
+    /// cores overlap (measured with a standalone gather: `docs/benchmarks.md`, issue 17's cold
+    /// first sweep). The ring's free slots bound how far the producer runs ahead of the client.
     #[must_use]
     pub fn start(
         self,
@@ -438,8 +437,7 @@ impl Stopper {
 /// Minibatches a task handles in one turn before it lets other sessions' tasks run; also the
 /// capacity of the queue from planner to each filler, so that each turn of one hands the other a
 /// turn's worth of work: a queue of one made every minibatch a wake-up and a context switch
-/// between the two (warm sweeps of the 1 GiB benchmark, A/B alternated: 0.94–1.18 M samples/s
-/// with a queue of one, 1.12–1.68 M with four; docs/benchmarks.md).
+/// between the two (the A/B of a queue of one against four is in `docs/benchmarks.md`).
 const TURN_MINIBATCHES: usize = 4;
 
 /// Fillers per producer: minibatch `k` is copied by filler `k % FILLERS`.
@@ -698,8 +696,8 @@ impl Filling {
 
 impl Planner {
     /// Has the next sweep's order built on a thread of its own from the start of each sweep
-    /// (shuffling a sweep of 867,320 sequences takes 25–40 ms on the project's VM: on the planner,
-    /// near the sweep's end, it held every minibatch back that long), and installs it once built
+    /// (shuffling a sweep of a large dataset takes tens of milliseconds: on the planner, near the
+    /// sweep's end, it held every minibatch back that long), and installs it once built
     /// — waiting for it when the current sweep is about to end, so that it is never built twice.
     fn next_sweep(&mut self) {
         if let Some(building) = &self.next_sweep {

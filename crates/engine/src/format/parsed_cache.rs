@@ -479,11 +479,9 @@ fn encoded_len(chunk: &ParsedChunk) -> u64 {
 /// that are multiples of it: the page cache then holds the entry in 2 MiB folios, and a mapping of
 /// the entry ([`FileMapping`]) is backed by huge pages (`FilePmdMapped` in `smaps`), so the
 /// gather's random reads from a mapped chunk miss the TLB as rarely as from a parsed one. With
-/// smaller or unaligned writes the folios are smaller and a mapped sweep ran 25–35 % slower on the
-/// project's VM. (On that VM, whose balloon reports free memory to its host, the larger folios
-/// cost the writer some system time: 460 MB took 0.54–0.68 s in 2 MiB writes, 0.39–0.52 s in
-/// 1 MiB ones, `scripts/bench/write_sizes.py`; a column in one `write` of tens of MiB cost 1.6–1.9 s on
-/// an earlier VM — docs/benchmarks.md.)
+/// smaller or unaligned writes the folios are smaller and a mapped sweep is slower. (On a VM whose
+/// balloon reports free memory to its host, the larger folios cost the writer some system time;
+/// `scripts/bench/write_sizes.py` measures it, and `docs/benchmarks.md` has the figures of both.)
 const WRITE_PIECE: usize = 2 << 20;
 
 /// A writer that hands `inner` whole pieces of [`WRITE_PIECE`] bytes, and what is left at the end.

@@ -260,7 +260,7 @@ pub const MAX_EPOCH_SAMPLES: u64 = u64::MAX / 2;
 /// Most sequences the walks of [`Sampler::equalize_steps`] (every worker's epoch) and of
 /// [`Sampler::resume_job`] (every sweep between the workers' positions) visit: they run when a
 /// session opens, so their cost is bounded whatever a client asks (minutes at most, on a
-/// blocking thread of the daemon; ~0.1 µs a sequence).
+/// blocking thread of the daemon).
 pub const MAX_WALK_SEQUENCES: u64 = 1 << 32;
 
 /// What a worker's sampler costs in [`Sampler::equalize_steps`] before its walk starts (set up,
