@@ -1201,5 +1201,4 @@ fn congruent_in(from: u64, until: u64, rank: u64, workers: u64) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "scheduler_tests.rs"]
 mod tests;
