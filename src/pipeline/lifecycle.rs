@@ -65,7 +65,7 @@ impl Health {
     /// Records whether `stage` runs, here and in `minibatchd_stage_up`.
     pub fn set_stage_up(&self, metrics: &Metrics, stage: Stage, up: bool) {
         self.stages[stage.index()].store(up, Ordering::Relaxed);
-        metrics.stage_up.with_label_values(&[stage.name()]).set(i64::from(up));
+        metrics.data.stage_up.with_label_values(&[stage.name()]).set(i64::from(up));
     }
 }
 
@@ -95,8 +95,8 @@ mod tests {
         assert!(h.all_up());
         h.set_stage_up(&metrics, Stage::Cache, false);
         assert_eq!(h.down(), vec![Stage::Cache]);
-        assert_eq!(metrics.stage_up.with_label_values(&["cache"]).get(), 0);
-        assert_eq!(metrics.stage_up.with_label_values(&["reader"]).get(), 1);
+        assert_eq!(metrics.data.stage_up.with_label_values(&["cache"]).get(), 0);
+        assert_eq!(metrics.data.stage_up.with_label_values(&["reader"]).get(), 1);
         h.set_phase(Phase::Stopping);
         assert_eq!(h.phase(), Phase::Stopping);
     }

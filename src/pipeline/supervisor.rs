@@ -184,7 +184,7 @@ impl Handler<StageStopped> for Supervisor {
         let policy = self.policies.entry(stage).or_default();
         match policy.on_stop(Instant::now()) {
             Decision::Restart(delay) => {
-                self.shared.data.metrics.stage_restarts.with_label_values(&[stage.name()]).inc();
+                self.shared.data.metrics.data.stage_restarts.with_label_values(&[stage.name()]).inc();
                 tracing::warn!(
                     stage = stage.name(),
                     restarts = policy.total,

@@ -452,7 +452,7 @@ fn place_sampler(
     }
     let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
     let warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
-    let m = &shared.data.metrics.equal_steps_minibatches;
+    let m = &shared.data.metrics.control.equal_steps_minibatches;
     tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
     if resolved.tail == Tail::Pad {
         m.with_label_values(&[dataset, "pad"]).inc_by(equal.padding);

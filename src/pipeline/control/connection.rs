@@ -112,7 +112,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
         Ok(guard) => guard,
         Err(e) => {
             tracing::warn!(peer = %peer, "{e}; connection closed");
-            conn.shared.data.metrics.connections_refused.with_label_values(&[e.key]).inc();
+            conn.shared.data.metrics.control.connections_refused.with_label_values(&[e.key]).inc();
             let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ResourceExhausted, e.to_string())).await;
             return;
         }
@@ -180,7 +180,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     limits.handshake_timeout.as_secs()
                 );
                 tracing::info!(peer = %peer, "{m}");
-                conn.shared.data.metrics.connections_refused.with_label_values(&["handshake_timeout"]).inc();
+                conn.shared.data.metrics.control.connections_refused.with_label_values(&["handshake_timeout"]).inc();
                 let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ResourceExhausted, m)).await;
                 break 'conn;
             }
@@ -408,7 +408,7 @@ async fn on_frame(
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
                     tracing::info!(peer = %peer, session = %active.name, dataset = %dataset, "session opened");
-                    conn.shared.data.metrics.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
+                    conn.shared.data.metrics.control.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
                     send_with_fd(wr, &opened, &fd).await?;
@@ -417,7 +417,7 @@ async fn on_frame(
                     let code = refusal.code();
                     let label =
                         serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-                    conn.shared.data.metrics.sessions_refused.with_label_values(&[label.as_str()]).inc();
+                    conn.shared.data.metrics.control.sessions_refused.with_label_values(&[label.as_str()]).inc();
                     tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
                     if let Refusal::Dataset(HubError::Unknown { known, .. }) = &refusal {
                         tracing::info!(configured = %known.join(", "), "the datasets a client may open");

@@ -256,6 +256,7 @@ impl Hub {
                 let rt = Arc::new(DatasetRuntime::new(index, ds, metrics.dataset(name)));
                 let index_bytes = rt.dataset.index_bytes();
                 metrics
+                    .data
                     .dataset_index_memory_bytes
                     .with_label_values(&[name])
                     .set(i64::try_from(index_bytes).unwrap_or(i64::MAX));

@@ -68,7 +68,7 @@ impl Indexing {
         let now = Instant::now();
         self.entries()
             .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: false });
-        metrics.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
+        metrics.data.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
         self.publish(metrics);
     }
 
@@ -78,8 +78,8 @@ impl Indexing {
         let Some(e) = entries.get_mut(name) else { return };
         e.scanned = p.bytes_done;
         e.total = p.bytes_total;
-        metrics.dataset_index_scanned_bytes.with_label_values(&[name]).set(to_i64(p.bytes_done));
-        metrics.dataset_index_total_bytes.with_label_values(&[name]).set(to_i64(p.bytes_total));
+        metrics.data.dataset_index_scanned_bytes.with_label_values(&[name]).set(to_i64(p.bytes_done));
+        metrics.data.dataset_index_total_bytes.with_label_values(&[name]).set(to_i64(p.bytes_total));
         if e.logged.elapsed() >= LOG_EVERY {
             e.logged = Instant::now();
             let progress = Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() };
@@ -95,7 +95,7 @@ impl Indexing {
         let Some(e) = entries.get_mut(name) else { return Duration::ZERO };
         e.finished = true;
         let elapsed = e.started.elapsed();
-        metrics.dataset_ready_seconds.with_label_values(&[name]).set(elapsed.as_secs_f64());
+        metrics.data.dataset_ready_seconds.with_label_values(&[name]).set(elapsed.as_secs_f64());
         elapsed
     }
 
@@ -124,7 +124,7 @@ impl Indexing {
     }
 
     fn publish(&self, metrics: &Metrics) {
-        metrics.datasets.with_label_values(&["indexing"]).set(to_i64(self.count() as u64));
+        metrics.data.datasets.with_label_values(&["indexing"]).set(to_i64(self.count() as u64));
     }
 }
 
@@ -146,11 +146,11 @@ mod tests {
         let p = board.get("a").expect("indexing");
         assert_eq!((p.scanned, p.total), (50_000_000, 200_000_000));
         assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
-        assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 1);
+        assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 1);
         board.finish("a", &metrics);
         assert!(board.get("a").is_some(), "told indexing until its hub is in force");
         board.clear_finished(&metrics);
         assert!(board.get("a").is_none());
-        assert_eq!(metrics.datasets.with_label_values(&["indexing"]).get(), 0);
+        assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 0);
     }
 }

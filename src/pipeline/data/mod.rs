@@ -101,8 +101,13 @@ impl DataPlane {
         let (persist, jobs) = persister::channel();
         let cache = Arc::new(SharedCache::new(cache_budget, channels.requests.0.clone()).with_owner(persist.clone()));
         cache.set_budget_and_ceiling(cache_budget, cache_budget);
-        let demand = Arc::new(persister::Demand::shown_by(metrics.sessions_wanting_data.clone()));
-        persister::spawn(jobs, Arc::downgrade(&cache), demand.clone(), metrics.parsed_cache_deferred_seconds.clone());
+        let demand = Arc::new(persister::Demand::shown_by(metrics.data.sessions_wanting_data.clone()));
+        persister::spawn(
+            jobs,
+            Arc::downgrade(&cache),
+            demand.clone(),
+            metrics.data.parsed_cache_deferred_seconds.clone(),
+        );
         Self {
             hub: RwLock::new(Arc::new(hub)),
             hub_generation: tokio::sync::watch::channel(0).0,

@@ -31,65 +31,68 @@ pub fn refresh_metrics(shared: &ControlPlane) {
         ("parsers", c.to_parse.1.len(), c.to_parse.1.capacity()),
         ("cache", c.parsed.1.len(), c.parsed.1.capacity()),
     ] {
-        m.stage_queue_depth.with_label_values(&[stage]).set(i64::try_from(len).unwrap_or(i64::MAX));
-        m.stage_queue_capacity.with_label_values(&[stage]).set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
+        m.data.stage_queue_depth.with_label_values(&[stage]).set(i64::try_from(len).unwrap_or(i64::MAX));
+        m.data
+            .stage_queue_capacity
+            .with_label_values(&[stage])
+            .set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
     }
     let hub = shared.data.hub();
     if let Some(r) = hub.remote_cell().get() {
         let s = r.chunks.stats();
-        m.object_cache_bytes.set(to_i64(s.bytes));
-        m.object_cache_limit_bytes.set(to_i64(r.chunks.max_bytes()));
-        m.object_cache_lookups.with_label_values(&["hit"]).set(to_i64(s.hits));
-        m.object_cache_lookups.with_label_values(&["miss"]).set(to_i64(s.misses));
-        m.object_fetched_bytes.set(to_i64(s.fetched_bytes));
+        m.data.object_cache_bytes.set(to_i64(s.bytes));
+        m.data.object_cache_limit_bytes.set(to_i64(r.chunks.max_bytes()));
+        m.data.object_cache_lookups.with_label_values(&["hit"]).set(to_i64(s.hits));
+        m.data.object_cache_lookups.with_label_values(&["miss"]).set(to_i64(s.misses));
+        m.data.object_fetched_bytes.set(to_i64(s.fetched_bytes));
         let counts = r.outcome_counts();
         for (o, n) in minibatchd_engine::remote::SharedIndexOutcome::ALL.iter().zip(counts) {
-            m.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
+            m.data.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
         }
     }
     if let Some(p) = hub.parsed_cache() {
         let s = p.stats();
-        m.parsed_cache_bytes.set(to_i64(s.bytes));
-        m.parsed_cache_limit_bytes.set(to_i64(p.limit()));
-        m.parsed_cache_entries.set(to_i64(s.entries));
-        Metrics::mirror(&m.parsed_cache_hits, s.hits);
-        Metrics::mirror(&m.parsed_cache_misses, s.misses);
-        Metrics::mirror(&m.parsed_cache_rejected, s.rejected);
-        Metrics::mirror(&m.parsed_cache_evictions, s.evictions);
-        Metrics::mirror(&m.parsed_cache_write_errors, s.write_errors);
-        Metrics::mirror(&m.parsed_cache_mapped, s.mapped);
-        Metrics::mirror(&m.parsed_cache_revoked, minibatchd_sys::lease::revoked());
-        Metrics::mirror(&m.parsed_cache_read_bytes, s.bytes_read);
-        Metrics::mirror(&m.parsed_cache_written_bytes, s.bytes_written);
+        m.data.parsed_cache_bytes.set(to_i64(s.bytes));
+        m.data.parsed_cache_limit_bytes.set(to_i64(p.limit()));
+        m.data.parsed_cache_entries.set(to_i64(s.entries));
+        Metrics::mirror(&m.data.parsed_cache_hits, s.hits);
+        Metrics::mirror(&m.data.parsed_cache_misses, s.misses);
+        Metrics::mirror(&m.data.parsed_cache_rejected, s.rejected);
+        Metrics::mirror(&m.data.parsed_cache_evictions, s.evictions);
+        Metrics::mirror(&m.data.parsed_cache_write_errors, s.write_errors);
+        Metrics::mirror(&m.data.parsed_cache_mapped, s.mapped);
+        Metrics::mirror(&m.data.parsed_cache_revoked, minibatchd_sys::lease::revoked());
+        Metrics::mirror(&m.data.parsed_cache_read_bytes, s.bytes_read);
+        Metrics::mirror(&m.data.parsed_cache_written_bytes, s.bytes_written);
     }
     let (stats, budget, _) = shared.data.cache.snapshot();
-    m.cache_bytes.set(to_i64(stats.bytes));
-    m.cache_chunks.set(to_i64(stats.chunks));
-    m.cache_budget_bytes.set(to_i64(budget));
-    Metrics::mirror(&m.cache_hits, stats.hits);
-    Metrics::mirror(&m.cache_misses, stats.misses);
-    Metrics::mirror(&m.cache_evictions, stats.evictions);
-    Metrics::mirror(&m.cache_over_budget_loads, stats.over_budget_loads);
-    Metrics::mirror(&m.cache_refused_loads, stats.refused_loads);
-    Metrics::mirror(&m.cache_shed_chunks, stats.shed_chunks);
-    Metrics::mirror(&m.cache_mapped_copies, stats.mapped_copies);
+    m.data.cache_bytes.set(to_i64(stats.bytes));
+    m.data.cache_chunks.set(to_i64(stats.chunks));
+    m.data.cache_budget_bytes.set(to_i64(budget));
+    Metrics::mirror(&m.data.cache_hits, stats.hits);
+    Metrics::mirror(&m.data.cache_misses, stats.misses);
+    Metrics::mirror(&m.data.cache_evictions, stats.evictions);
+    Metrics::mirror(&m.data.cache_over_budget_loads, stats.over_budget_loads);
+    Metrics::mirror(&m.data.cache_refused_loads, stats.refused_loads);
+    Metrics::mirror(&m.data.cache_shed_chunks, stats.shed_chunks);
+    Metrics::mirror(&m.data.cache_mapped_copies, stats.mapped_copies);
     let (connected, lingering, rings, sampling, limit) = {
         let mut reg = shared.registry();
         reg.expire(Instant::now());
         let (a, l) = reg.counts();
         (a, l, reg.rings_bytes(), reg.sampling_bytes(), reg.limit())
     };
-    m.sessions.with_label_values(&["connected"]).set(to_i64(connected as u64));
-    m.sessions.with_label_values(&["lingering"]).set(to_i64(lingering as u64));
-    m.memory_limit_bytes.set(to_i64(limit));
-    m.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
-    m.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
-    m.memory_used_bytes.with_label_values(&["sampling"]).set(to_i64(sampling));
+    m.control.sessions.with_label_values(&["connected"]).set(to_i64(connected as u64));
+    m.control.sessions.with_label_values(&["lingering"]).set(to_i64(lingering as u64));
+    m.ops.memory_limit_bytes.set(to_i64(limit));
+    m.ops.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
+    m.ops.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
+    m.ops.memory_used_bytes.with_label_values(&["sampling"]).set(to_i64(sampling));
     let hub = shared.data.hub();
-    m.memory_used_bytes.with_label_values(&["index"]).set(to_i64(hub.index_bytes()));
+    m.ops.memory_used_bytes.with_label_values(&["index"]).set(to_i64(hub.index_bytes()));
     let (ready, failed) = hub.counts();
-    m.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
-    m.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
+    m.data.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
+    m.data.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
     m.refresh_checkpoint_age();
 }
 
@@ -111,8 +114,8 @@ fn measure_state_dir(shared: &ControlPlane) {
     let state_dir = shared.config().daemon.state_dir.clone();
     for dir in [INDEX_DIR, INFLATED_DIR] {
         let usage = dir_usage(&state_dir.join(dir));
-        m.state_dir_bytes.with_label_values(&[dir]).set(to_i64(usage.bytes));
-        m.state_dir_files.with_label_values(&[dir]).set(to_i64(usage.files));
+        m.ops.state_dir_bytes.with_label_values(&[dir]).set(to_i64(usage.bytes));
+        m.ops.state_dir_files.with_label_values(&[dir]).set(to_i64(usage.files));
     }
 }
 
@@ -184,15 +187,15 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
 fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostGuard) {
     let s = sampler.sample();
     let m = &shared.data.metrics;
-    m.process_resident_memory_bytes.set(to_i64(s.process_resident));
-    m.process_virtual_memory_bytes.set(to_i64(s.process_virtual));
-    m.host_memory_total_bytes.set(to_i64(s.host_total));
-    m.host_memory_available_bytes.set(to_i64(s.host_available));
+    m.ops.process_resident_memory_bytes.set(to_i64(s.process_resident));
+    m.ops.process_virtual_memory_bytes.set(to_i64(s.process_virtual));
+    m.ops.host_memory_total_bytes.set(to_i64(s.host_total));
+    m.ops.host_memory_available_bytes.set(to_i64(s.host_available));
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
     let (stats, _, evictable) = shared.data.cache.snapshot();
     let limit = shared.registry().limit();
     let v = guard.judge(s.host_available, reserve, stats.bytes, evictable, limit);
-    m.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
+    m.ops.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
     let was_short = shared.host.shortfall.swap(v.shortfall, Ordering::Relaxed) > 0;
     if v.shortfall > 0 && !was_short {
         tracing::warn!(

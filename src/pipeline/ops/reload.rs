@@ -198,8 +198,8 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
             false
         }
     };
-    shared.data.metrics.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
-    shared.data.metrics.config_last_reload_successful.set(i64::from(ok));
+    shared.data.metrics.ops.config_reloads.with_label_values(&[if ok { "success" } else { "failure" }]).inc();
+    shared.data.metrics.ops.config_last_reload_successful.set(i64::from(ok));
     notifier.ready(&super::status_line(&shared));
 }
 
