@@ -60,8 +60,17 @@ class Gate:
 
     def __call__(self, worker_id):
         if worker_id in self.held:
+            import signal
+
+            def never_opened(*_):
+                raise TimeoutError("the test never opened the gate")
+
+            # A test that fails before opening the gate fails its DataLoader, not the whole run.
+            signal.signal(signal.SIGALRM, never_opened)
+            signal.alarm(120)
             with open(self.path, "rb") as f:
                 fcntl.flock(f, fcntl.LOCK_SH)
+            signal.alarm(0)
 
     def open(self):
         if self._file is not None:
