@@ -1488,23 +1488,13 @@ fn no_rate_on_the_dashboard_is_drawn_as_a_fraction() {
     let mut wrong = Vec::new();
     let mut rates = 0;
     for panel in dash["panels"].as_array().expect("panels") {
-        let default_unit = panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("short");
         for t in panel["targets"].as_array().into_iter().flatten() {
             let legend = t["legendFormat"].as_str().unwrap_or("");
             if !legend.ends_with("/ s") {
                 continue;
             }
             rates += 1;
-            let unit = panel["fieldConfig"]["overrides"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|o| o["matcher"]["id"] == "byFrameRefID" && o["matcher"]["options"] == t["refId"])
-                .flat_map(|o| o["properties"].as_array().cloned().unwrap_or_default())
-                .find(|p| p["id"] == "unit")
-                .and_then(|p| p["value"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| default_unit.to_owned());
-            if unit == "percentunit" {
+            if support::dashboard_unit(panel, t) == "percentunit" {
                 wrong.push(format!("{:?}: {legend}", panel["title"].as_str().unwrap_or("?")));
             }
         }

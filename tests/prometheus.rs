@@ -238,19 +238,10 @@ fn every_panel_and_alert_returns_finite_data_from_a_real_prometheus() {
             continue;
         }
         let title = panel["title"].as_str().unwrap_or("?");
-        let default_unit = panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("short");
         for t in panel["targets"].as_array().into_iter().flatten() {
             let expr = concrete(t["expr"].as_str().expect("expr"));
             // An override by query (refId) may give a target its own unit.
-            let unit = panel["fieldConfig"]["overrides"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|o| o["matcher"]["id"] == "byFrameRefID" && o["matcher"]["options"] == t["refId"])
-                .flat_map(|o| o["properties"].as_array().cloned().unwrap_or_default())
-                .find(|p| p["id"] == "unit")
-                .and_then(|p| p["value"].as_str().map(str::to_owned))
-                .unwrap_or_else(|| default_unit.to_owned());
+            let unit = support::dashboard_unit(panel, t);
             let what = format!("panel {title:?} ({})", t["legendFormat"].as_str().unwrap_or(""));
             match check_range(port, &what, &expr, &unit, start, end) {
                 Ok(_) => checked += 1,

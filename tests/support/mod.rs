@@ -44,6 +44,21 @@ pub fn shared_conformance(sub: &str, what: &str) -> Option<PathBuf> {
     }
 }
 
+/// The unit the dashboard draws `target` of `panel` in: an override of its query (by `refId`),
+/// else the panel's default (`short` when it names none).
+pub fn dashboard_unit(panel: &serde_json::Value, target: &serde_json::Value) -> String {
+    let default_unit = panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("short");
+    panel["fieldConfig"]["overrides"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["matcher"]["id"] == "byFrameRefID" && o["matcher"]["options"] == target["refId"])
+        .flat_map(|o| o["properties"].as_array().cloned().unwrap_or_default())
+        .find(|p| p["id"] == "unit")
+        .and_then(|p| p["value"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| default_unit.to_owned())
+}
+
 /// A test that passes without checking what it is for, because this machine lacks something:
 /// says so on its output (shown with `--nocapture`) and, where `$MINIBATCHD_SKIPPED` names a file
 /// (`scripts/test.sh` sets it), adds a line to it, so that the run's summary counts the skips
