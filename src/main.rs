@@ -317,7 +317,7 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
     // The daemon's bound on an index (one dataset here, so the whole index share is its own).
     let limits = minibatchd_engine::options::IndexLimits::within(c.daemon.memory_limit_bytes, 0, cfg.sources.len());
     // Object storage, when the configuration reads objects: this run's own.
-    let remote = minibatchd::objects::ensure(&std::sync::OnceLock::new(), c)?;
+    let remote = minibatchd::objects::open(c)?;
     let mut d = Dataset::open_in(cfg, &c.daemon.state_dir, limits, remote, &mut report)?;
     let parsed = minibatchd::parsed::open(&c.daemon);
     minibatchd::parsed::attach(&mut d, parsed.as_ref(), minibatchd_engine::dataset::Persist::OnLoad);

@@ -26,6 +26,15 @@ pub fn ensure(cell: &OnceLock<Arc<Remote>>, config: &Config) -> std::io::Result<
     if let Some(r) = cell.get() {
         return Ok(Some(r.clone()));
     }
+    // Another thread may have set it up meanwhile: the cell's is the one used.
+    Ok(open(config)?.map(|r| cell.get_or_init(|| r).clone()))
+}
+
+/// Object storage for `config` when it reads objects, made now (`dump`, `index`: once per run).
+///
+/// # Errors
+/// The store's runtime cannot start.
+pub fn open(config: &Config) -> std::io::Result<Option<Arc<Remote>>> {
     if !wanted(config) {
         return Ok(None);
     }
@@ -44,11 +53,9 @@ pub fn ensure(cell: &OnceLock<Arc<Remote>>, config: &Config) -> std::io::Result<
         request_timeout_secs = o.request_timeout_secs,
         "object storage"
     );
-    let remote = Arc::new(Remote::new(
+    Ok(Some(Arc::new(Remote::new(
         Arc::new(store),
         ChunkFiles::new(o.cache_dir.clone(), o.cache_bytes),
         IndexPlace { prefix: o.index_prefix.clone(), wait: Duration::from_secs(o.index_wait_secs) },
-    ));
-    // Another thread may have set it up meanwhile: the cell's is the one used.
-    Ok(Some(cell.get_or_init(|| remote).clone()))
+    ))))
 }

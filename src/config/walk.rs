@@ -195,7 +195,7 @@ impl Walker {
     /// Reports the keys of `t` that nobody took, each with the known key it most likely meant.
     pub(crate) fn finish(&mut self, t: Table<'_>) {
         for (k, _) in t.rest {
-            let message = match closest(&k, t.asked.iter().chain(&t.taken)) {
+            let message = match closest(&k, t.asked.iter()) {
                 Some(known) => format!("unknown key; did you mean `{known}`?"),
                 None => "unknown key".to_owned(),
             };

@@ -730,6 +730,10 @@ def _lazy_array(name: str, doc: str) -> Any:
     return property(get, doc=doc)
 
 
+# The arrays of a stream, in the order `Stream.torch()` and the torch adapter give them.
+STREAM_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
+
+
 class Stream:
     """One stream of a minibatch. Arrays are read-only views on shared memory, each made when it
     is first read (a trainer often reads only the values; an array costs about 0.4 µs)."""
@@ -845,7 +849,7 @@ class Stream:
         out = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "The given NumPy array is not writable"
-            for key in ("sequence_offsets", "sample_offsets", "indices", "offsets", "values"):
+            for key in STREAM_ARRAYS:
                 arr = getattr(self, key)
                 if arr is not None:
                     out[key] = torch.from_numpy(arr)

@@ -52,7 +52,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._adapter import user_options
-from ._client import connect, torchrun_env
+from ._client import STREAM_ARRAYS, connect, torchrun_env
 
 META = "meta"
 
@@ -269,7 +269,7 @@ class MinibatchIterableDataset(IterableDataset):
             p = max(sh[_BEGUN], self._next_pass_here(gen) or 0)
             self._record(p, workers)
             for w in range(min(workers, _MAX_WORKERS)):
-                sh[_COUNT + w] = max(sh[_COUNT + w], p + 1)
+                self._record(p, workers, w)
             resumes = int(p == 0 and sh[_RESUME_GEN] == gen)
             at = _PLANS + _PLAN_FIELDS * (sh[_PLAN_AT] % _PLANS_LEN)
             sh[at:at + _PLAN_FIELDS] = [token, k, gen, p, sh[_BASE] + p, resumes]
@@ -563,7 +563,7 @@ def _worker_copy(mb: Any) -> Dict[str, Any]:
     The copy and the views are NumPy's (a torch operation costs several times as much per call).
     In the main process the tensors are views on that one buffer: a tensor kept from an item keeps
     the whole item's memory (clone it to keep it alone)."""
-    arrays = [(name, key, arr) for name, stream in mb.streams.items() for key in _ARRAYS
+    arrays = [(name, key, arr) for name, stream in mb.streams.items() for key in STREAM_ARRAYS
               if (arr := getattr(stream, key)) is not None]
     spans = [(arr.nbytes + 63) & ~63 for _, _, arr in arrays]
     total = sum(spans)
@@ -592,10 +592,6 @@ def _worker_copy(mb: Any) -> Dict[str, Any]:
     return _PipedItem(out, blob, table, made)
 
 
-# The arrays of a stream, as Stream.torch() gives them.
-_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
-
-
 class _PipedItem(dict):
     """An item whose tensors are views on one ``bytearray``: it pickles as that buffer and a
     table of (stream, name, dtype, shape, offset, bytes), and unpickles as a plain dict of
@@ -614,9 +610,10 @@ class _PipedItem(dict):
 
     def __reduce__(self) -> Tuple[Any, tuple]:
         streams = {name for name, *_ in self._table}
-        unchanged = (all(self.get(name, {}).get(key) is t for (name, key, *_), t in zip(self._table, self._made))
-                     and all(isinstance(d, dict) and len(d) == sum(1 for e in self._table if e[0] == s)
-                             for s, d in self.items() if s in streams))
+        dicts = [self.get(s) for s in streams]
+        # Every stream still a dict holding exactly the tensors made, no more.
+        unchanged = (all(isinstance(d, dict) for d in dicts) and sum(map(len, dicts)) == len(self._made)
+                     and all(self[name].get(key) is t for (name, key, *_), t in zip(self._table, self._made)))
         if not unchanged:
             return dict, (dict(self),)
         rest = {s: d for s, d in self.items() if s not in streams}

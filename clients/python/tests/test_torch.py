@@ -583,11 +583,12 @@ def test_a_workers_item_is_one_buffer_and_crosses_as_one(monkeypatch, pipe_limit
     from types import SimpleNamespace
 
     import minibatchd.torch as adapter
+    from minibatchd._client import STREAM_ARRAYS
 
     monkeypatch.setattr(adapter, "_PIPE_ITEM_BYTES", pipe_limit)
 
     def stream(**arrays):
-        return SimpleNamespace(**{k: arrays.get(k) for k in adapter._ARRAYS})
+        return SimpleNamespace(**{k: arrays.get(k) for k in STREAM_ARRAYS})
 
     mb = SimpleNamespace(streams={
         "features": stream(values=np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -606,7 +607,7 @@ def test_a_workers_item_is_one_buffer_and_crosses_as_one(monkeypatch, pipe_limit
         buffers = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
     storages = set()
     for s, st in mb.streams.items():
-        want = {k: getattr(st, k) for k in adapter._ARRAYS if getattr(st, k) is not None}
+        want = {k: getattr(st, k) for k in STREAM_ARRAYS if getattr(st, k) is not None}
         assert set(copied[s]) == set(want), s
         for k, a in want.items():
             c = copied[s][k]
