@@ -76,6 +76,7 @@ fn index(dir: &Path, name: &str, text: &str) -> FileIndex {
         &p,
         &CtfIndexOptions { skip_sequence_ids: false, main_alias: None },
         minibatchd_engine::options::IndexLimits::UNBOUNDED,
+        1,
         &mut |_| {},
     )
     .expect("index")

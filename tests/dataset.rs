@@ -510,3 +510,77 @@ fn the_first_file_with_longer_sequences_pays_for_every_length() {
     let roomy = IndexLimits { max_index_bytes: 2600, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
     Dataset::open_within(dataset, &p.join("state"), roomy, &mut |_| {}).expect("2,600 bytes hold them");
 }
+
+/// Issue 38, item 1: a file large enough to be indexed in parts (a part is at least 32 MiB)
+/// gets the index the one-thread pass gives — the index cache files of both are the same bytes —
+/// in CTF's id mode (cuts where an id changes, sequences of several lines across them) and for
+/// libsvm.
+#[test]
+fn a_large_file_indexed_in_parts_has_the_one_thread_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // About 70 MB each: two parts on two threads (or more), with blank lines and id-less
+    // continuation lines among sequences of one to four lines.
+    let mut ctf = String::with_capacity(72 << 20);
+    let mut svm = String::with_capacity(72 << 20);
+    let mut id = 0u64;
+    while ctf.len() < 70 << 20 {
+        for k in 0..=(id % 4) {
+            if k == 1 && id % 3 == 0 {
+                writeln!(ctf, " |x {k} 0.5 |y {}:1", id % 7).expect("write");
+            } else {
+                writeln!(ctf, "{id} |x {k} 0.25 |y {}:1", id % 7).expect("write");
+            }
+        }
+        if id % 11 == 0 {
+            ctf.push('\n');
+        }
+        writeln!(svm, "{} {}:1 {}:0.5", id % 2, id % 97, 100 + id % 13).expect("write");
+        if id % 5 == 0 {
+            writeln!(svm, "{} 3:1", id % 2).expect("write");
+        }
+        id += 1;
+    }
+    while svm.len() < 70 << 20 {
+        let n = svm.len();
+        svm.extend_from_within(..n.min((70 << 20) - n + 1));
+    }
+    write(p, "big.ctf", &ctf);
+    write(p, "big.svm", &svm);
+    let datasets = r#"
+[datasets.ctf]
+format = "ctf"
+files = ["big.ctf"]
+[datasets.ctf.streams.x]
+dim = 2
+format = "dense"
+[datasets.ctf.streams.y]
+dim = 7
+format = "sparse"
+
+[datasets.svm]
+format = "libsvm"
+files = ["big.svm"]
+"#;
+    let index_files = |threads: usize, name: &str| -> Vec<(String, Vec<u8>)> {
+        let state = p.join(format!("state-{name}-{threads}"));
+        let toml = format!("[daemon]\nparser_threads = {threads}\n{datasets}");
+        let ds = support::open(&toml, name, p, &state);
+        assert!(ds.chunks().len() >= 3, "{name}: {} chunks", ds.chunks().len());
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(state.join("index"))
+            .expect("index cache")
+            .map(|e| {
+                let e = e.expect("entry");
+                (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).expect("read"))
+            })
+            .collect();
+        files.sort();
+        assert_eq!(files.len(), 1, "{name}: one index cache file");
+        files
+    };
+    for name in ["ctf", "svm"] {
+        let one = index_files(1, name);
+        let two = index_files(2, name);
+        assert!(one == two, "{name}: the index in parts differs from the one-thread index");
+    }
+}

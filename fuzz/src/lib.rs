@@ -57,7 +57,7 @@ fn ctf_index_bytes(
 ) -> Option<minibatchd_engine::format::FileIndex> {
     let path = scratch.join("input.ctf");
     std::fs::write(&path, body).expect("writing the scratch file");
-    index_file(&path, options, minibatchd_engine::options::IndexLimits::UNBOUNDED, &mut |_| {}).ok()
+    index_file(&path, options, minibatchd_engine::options::IndexLimits::UNBOUNDED, 1, &mut |_| {}).ok()
 }
 
 /// `ctf_index`: the CTF index pass on arbitrary bytes; every sequence it reports lies inside the

@@ -317,12 +317,17 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap
     // `[daemon]`'s limits on `.gz` inputs travel with each dataset: the engine takes them from
     // its `DatasetConfig` and knows nothing of the daemon's section.
     let inflate = daemon.as_ref().map(|(_, limits)| *limits).unwrap_or_default();
+    // So do the threads of an index pass: the daemon's parser threads (one per core when 0).
+    let index_threads = match daemon.as_ref().map_or(0, |(d, _)| d.parser_threads) {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
     let mut datasets = BTreeMap::new();
     match t.take("datasets") {
         Some(n) => {
             if let Some(mut dt) = w.table(&n) {
                 for (name, node) in dt.drain() {
-                    if let Some(d) = parse_dataset(w, &name, &node, inflate) {
+                    if let Some(d) = parse_dataset(w, &name, &node, inflate, index_threads) {
                         datasets.insert(name, d);
                     }
                 }
@@ -417,7 +422,13 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
     Some((d, inflate))
 }
 
-fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>, inflate: InflateLimits) -> Option<DatasetConfig> {
+fn parse_dataset(
+    w: &mut Walker,
+    name: &str,
+    node: &Node<'_>,
+    inflate: InflateLimits,
+    index_threads: usize,
+) -> Option<DatasetConfig> {
     let mut t = w.table(node)?;
     let format = if let Some(s) = t.string(w, "format") {
         FormatKind::parse(&s).or_else(|| {
@@ -466,6 +477,7 @@ fn parse_dataset(w: &mut Walker, name: &str, node: &Node<'_>, inflate: InflateLi
         sampling: sampling?,
         deepx,
         inflate,
+        index_threads,
     })
 }
 

@@ -26,6 +26,9 @@ DEFAULT_SOCKET = "/run/minibatchd/minibatchd.sock"
 MAX_MESSAGE_BYTES = 64 * 1024
 # hello.features: the daemon accepts ``wait_ns`` (consumer wait, for the input-bound metric).
 FEATURE_CONSUMER_WAIT = "consumer_wait"
+# hello.features: an ``open`` on a dataset still being indexed is held by the daemon until the
+# dataset is ready (a quarter of a second at most) before ``dataset_indexing``: ask again at once.
+FEATURE_OPEN_WAITS_FOR_INDEX = "open_waits_for_index"
 # How long to wait for the daemon's ``closed`` when reporting the final position at its shutdown.
 FINAL_REPORT_TIMEOUT = 10.0
 # Errors with which the daemon ends a session that was going well (it is stopping; a reload
@@ -347,8 +350,9 @@ def _open_when_indexed(open_source: Any, dataset: str, wait: Optional[float]) ->
                 level = logging.WARNING if now - start >= INDEXING_LOG_EVERY else logging.INFO
                 log.log(level, "minibatchd: waiting for dataset %r: %s", dataset, e.message)
                 logged = now
-            time.sleep(poll)
-            poll = min(poll * 2, INDEXING_POLL)
+            if not getattr(e, "daemon_waited", False):
+                time.sleep(poll)
+                poll = min(poll * 2, INDEXING_POLL)
 
 
 class _Releaser:
@@ -401,7 +405,12 @@ class Source:
             self._binary = hello.get("version", 1) >= 2
             self._report_wait = FEATURE_CONSUMER_WAIT in (hello.get("features") or [])
             self._conn.send([{"type": "open", "dataset": dataset, "options": options}])
-            opened = _check(self._conn.recv(with_fds=True), "opened")
+            try:
+                opened = _check(self._conn.recv(with_fds=True), "opened")
+            except MinibatchdError as e:
+                # Whether the daemon already waited for the index pass before answering.
+                e.daemon_waited = FEATURE_OPEN_WAITS_FOR_INDEX in (hello.get("features") or [])
+                raise
             if not self._conn.fds:
                 raise MinibatchdError("client_protocol", "opened without a shared-memory descriptor")
             fd = self._conn.fds.pop(0)

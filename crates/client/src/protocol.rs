@@ -47,7 +47,9 @@
 //!
 //! **Additions within version 1** (optional fields; old peers ignore or never see them):
 //! * `hello.features` (daemon → client): the optional fields this daemon accepts;
-//!   [`FEATURE_CONSUMER_WAIT`] means `wait_ns` below.
+//!   [`FEATURE_CONSUMER_WAIT`] means `wait_ns` below; [`FEATURE_OPEN_WAITS_FOR_INDEX`] means an
+//!   `open` on a dataset still being indexed is answered once the dataset is ready, or with
+//!   `dataset_indexing` after a short wait, so a client asks again at once rather than polling.
 //! * `wait_ns` in `release`, `state` and `close`: the total time, in nanoseconds, the client has
 //!   spent waiting for the daemon in this connection (cumulative, so a lost or batched report
 //!   loses nothing). It feeds `minibatchd_session_consumer_wait_seconds_total`, whose rate is the
@@ -80,6 +82,10 @@ pub const STATE_VERSION: u32 = 1;
 /// `state` and `close`. A client sends `wait_ns` only to a daemon that lists it, so new clients
 /// keep working with older daemons (whose messages refuse unknown fields).
 pub const FEATURE_CONSUMER_WAIT: &str = "consumer_wait";
+/// Feature (in the daemon's `hello.features`): an `open` on a dataset still being indexed waits
+/// there for the index pass (a quarter of a second at most) before `dataset_indexing` is sent,
+/// so a client that retries asks again at once instead of sleeping a poll interval.
+pub const FEATURE_OPEN_WAITS_FOR_INDEX: &str = "open_waits_for_index";
 
 /// Error codes of `error` replies (stable strings: clients match on them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use crate::protocol::{
     self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, Resumed, ServerMessage,
-    SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, PROTOCOL_VERSION,
+    SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, PROTOCOL_VERSION,
 };
 use crate::Result;
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
@@ -80,6 +80,8 @@ pub struct Client {
     /// The daemon's per-start id.
     pub daemon_id: String,
     report_wait: bool,
+    /// The daemon holds an `open` while its dataset is indexed ([`FEATURE_OPEN_WAITS_FOR_INDEX`]).
+    open_waits: bool,
     /// The daemon speaks version 2: `release` goes out as a binary frame.
     binary: bool,
 }
@@ -158,6 +160,7 @@ impl Client {
                 frames,
                 daemon_id,
                 report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT),
+                open_waits: features.iter().any(|f| f == FEATURE_OPEN_WAITS_FOR_INDEX),
                 binary: version >= 2,
             }),
             other => Err(daemon_error(other)),
@@ -166,8 +169,9 @@ impl Client {
 
     /// Connects to `path` and opens a session on `dataset`, asking again while the daemon answers
     /// `dataset_indexing` (it is still indexing the dataset: it just started, or a reload added
-    /// it) — after [`INDEXING_FIRST_POLL`], then twice as long each time up to [`INDEXING_POLL`]
-    /// — for up to `wait` (`None`: as long as it takes).
+    /// it) — at once when the daemon held the `open` for the index pass
+    /// ([`FEATURE_OPEN_WAITS_FOR_INDEX`]), else after [`INDEXING_FIRST_POLL`], then twice as long
+    /// each time up to [`INDEXING_POLL`] — for up to `wait` (`None`: as long as it takes).
     ///
     /// # Errors
     /// [`ClientError`]; `dataset_indexing` once `wait` has passed.
@@ -180,12 +184,16 @@ impl Client {
         let start = std::time::Instant::now();
         let mut poll = INDEXING_FIRST_POLL;
         loop {
-            match Self::connect(path.as_ref())?.open(dataset, options) {
+            let client = Self::connect(path.as_ref())?;
+            let waited_there = client.open_waits;
+            match client.open(dataset, options) {
                 Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. })
                     if wait.is_none_or(|w| start.elapsed() < w) =>
                 {
-                    std::thread::sleep(poll);
-                    poll = (poll * 2).min(INDEXING_POLL);
+                    if !waited_there {
+                        std::thread::sleep(poll);
+                        poll = (poll * 2).min(INDEXING_POLL);
+                    }
                 }
                 other => return other,
             }

@@ -278,6 +278,9 @@ pub struct DatasetConfig {
     /// Limits on decompressing `.gz` inputs (from the daemon's `[daemon]` section: they are the
     /// same for every dataset).
     pub inflate: InflateLimits,
+    /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
+    /// one per core when 0: the index pass runs before anything is parsed).
+    pub index_threads: usize,
 }
 
 /// Limits on the decompressed copy of a `.gz` input ([`crate::format::inflate`]): it may hold at

@@ -30,8 +30,8 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 
 use minibatchd_client::protocol::{
-    self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, ServerMessage, SessionState, FEATURE_CONSUMER_WAIT,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    self, hex64, ClientMessage, ErrorCode, FrameBuffer, FrameError, ServerMessage, SessionOptions, SessionState,
+    FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
 use super::active::{open, Active};
@@ -44,6 +44,41 @@ use crate::pipeline::data::producer::{FreeSlot, ProducerEvent};
 
 /// Bytes read from the socket at a time.
 const READ_BUFFER_BYTES: usize = 16 * 1024;
+
+/// How long an `open` on a dataset still being indexed waits for its index pass before it is
+/// answered `dataset_indexing` (with the progress): a client asks again at once
+/// ([`FEATURE_OPEN_WAITS_FOR_INDEX`]), so it opens as soon as the dataset is ready instead of a
+/// poll interval later, and still hears the progress this often.
+const OPEN_WAITS_FOR_INDEX: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// [`open`], waiting up to [`OPEN_WAITS_FOR_INDEX`] while the dataset is being indexed: every
+/// change of the datasets in force (an index pass ending puts its dataset in force) is a new try.
+async fn open_when_indexed(
+    dataset: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+    peer: &Peer,
+) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+    // Subscribed before the first try: a change between the try and the wait is not missed.
+    let mut hub = conn.shared.data.hub_changes();
+    let deadline = tokio::time::Instant::now() + OPEN_WAITS_FOR_INDEX;
+    loop {
+        match open(dataset, options, conn, peer).await {
+            Err(Refusal::Dataset(HubError::Indexing { .. })) if tokio::time::Instant::now() < deadline => {
+                tokio::select! {
+                    changed = hub.changed() => {
+                        if changed.is_err() {
+                            // No more changes to wait for: answer with what there is.
+                            return open(dataset, options, conn, peer).await;
+                        }
+                    }
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+            other => return other,
+        }
+    }
+}
 
 /// Where the conversation stands.
 enum Phase {
@@ -395,7 +430,7 @@ async fn on_frame(
                 version,
                 daemon_id: hex64(conn.shared.daemon_id),
                 server: format!("minibatchd/{}", env!("CARGO_PKG_VERSION")),
-                features: vec![FEATURE_CONSUMER_WAIT.to_owned()],
+                features: vec![FEATURE_CONSUMER_WAIT.to_owned(), FEATURE_OPEN_WAITS_FOR_INDEX.to_owned()],
             };
             send(wr, &reply).await?;
         }
@@ -404,7 +439,7 @@ async fn on_frame(
             return Ok(Flow::Close);
         }
         (ClientMessage::Open { dataset, options }, Phase::Open(version)) => {
-            match open(&dataset, &options, conn, peer).await {
+            match open_when_indexed(&dataset, &options, conn, peer).await {
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
                     tracing::info!(peer = %peer, session = %active.name, dataset = %dataset, "session opened");

@@ -256,7 +256,7 @@ impl Dataset {
                             cache,
                             left.max_sequences,
                             &mut report,
-                            &mut |p| ctf::index_file(f, &options, left, p),
+                            &mut |p| ctf::index_file(f, &options, left, config.index_threads, p),
                         )?;
                         stored = Stored::Local(version);
                         idx
@@ -365,10 +365,7 @@ impl Dataset {
                 Stored::Local(_) => {
                     let (idx, version) =
                         index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            let file = minibatchd_sys::files::open_regular(d).map_err(|e| DataError::io(f, e))?;
-                            let size = file.metadata().map_err(|e| DataError::io(f, e))?.len();
-                            let reader = std::io::BufReader::with_capacity(1 << 16, file);
-                            deepx::index_reader(reader, name.clone(), size, options, left, p)
+                            deepx::index_file(d, name.clone(), options, left, config.index_threads, p)
                         })?;
                     *stored = Stored::Local(version);
                     idx

@@ -7,7 +7,8 @@
 //! * [`errors`]: locations, malformed-input kinds and the `max_errors` budget;
 //! * [`ctf`]: CNTK Text Format;
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
-//! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`.
+//! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`;
+//! * `parts`: the index pass of one large file on several threads.
 
 pub mod chunk;
 pub mod ctf;
@@ -17,6 +18,7 @@ pub mod index;
 pub mod index_cache;
 pub mod inflate;
 pub mod parsed_cache;
+pub(crate) mod parts;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};

@@ -23,6 +23,7 @@ use memchr::memmem;
 
 use crate::format::errors::{DataError, Location};
 use crate::format::index::{for_each_line, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::parts;
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -78,7 +79,8 @@ impl MainStreamFinder {
     }
 }
 
-/// Reads `path` and indexes it, within `limits` (`max_sequences`: what this file may add).
+/// Reads `path` and indexes it, within `limits` (`max_sequences`: what this file may add), on up
+/// to `threads` threads (a large file in parts, [`crate::format::parts`]; the index is the same).
 /// `progress` receives the number of bytes scanned so far.
 ///
 /// # Errors
@@ -87,11 +89,96 @@ pub fn index_file(
     path: &Path,
     options: &CtfIndexOptions,
     limits: IndexLimits,
+    threads: usize,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(path, e))?.len();
-    index_reader(file, &Arc::from(path), size, options, limits, progress)
+    let name: Arc<Path> = Arc::from(path);
+    if let Some(index) = index_in_parts(&file, &name, size, options, limits, threads, progress)? {
+        return Ok(index);
+    }
+    index_reader(file, &name, size, options, limits, progress)
+}
+
+/// The mode of the file as its first non-blank byte decides it (the one-thread pass's rule),
+/// when that byte is in the first 64 KiB; `None` when it is not, or when it makes the file fatal
+/// (the one-thread pass then says so).
+fn first_mode(file: &std::fs::File, options: &CtfIndexOptions) -> std::io::Result<Option<Mode>> {
+    use std::os::unix::fs::FileExt;
+    let mut head = vec![0u8; 64 << 10];
+    let n = file.read_at(&mut head, 0)?;
+    let head = &head[..n];
+    if head.starts_with(&[0xFF, 0xFE]) {
+        return Ok(None);
+    }
+    let head = head.strip_prefix(&[0xEF, 0xBB, 0xBF]).unwrap_or(head);
+    Ok(head.iter().find(|&&b| !(b.is_ascii_whitespace() || b == 0x0b)).and_then(|&first| {
+        if options.skip_sequence_ids || first == b'|' {
+            Some(Mode::Lines)
+        } else if first.is_ascii_digit() {
+            Some(Mode::Ids)
+        } else {
+            None
+        }
+    }))
+}
+
+/// [`index_file`]'s pass in parts on `threads` threads: `None` when the file is too small for
+/// parts, or when a part found something wrong (the one-thread pass then reports it).
+///
+/// # Errors
+/// I/O errors finding the cuts, and a limit the merged index exceeds.
+fn index_in_parts(
+    file: &std::fs::File,
+    path: &Arc<Path>,
+    size: u64,
+    options: &CtfIndexOptions,
+    limits: IndexLimits,
+    threads: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Option<FileIndex>, DataError> {
+    let parts = parts::parts_for(size, threads);
+    if parts < 2 {
+        return Ok(None);
+    }
+    let io = |e| DataError::io(path, e);
+    let Some(mode) = first_mode(file, options).map_err(io)? else { return Ok(None) };
+    let cuts = match mode {
+        Mode::Lines => parts::cuts(file, size, parts, |_, at| Ok(Some(at))),
+        _ => parts::cuts(file, size, parts, parts::next_id_change),
+    }
+    .map_err(io)?;
+    if cuts.is_empty() {
+        return Ok(None);
+    }
+    let share = parts::part_limits(limits, cuts.len() + 1);
+    let passes = (0..=cuts.len())
+        .map(|i| {
+            let mut ix = Indexer::new(path.clone(), options, size, share);
+            if i > 0 {
+                ix.mode = mode;
+            }
+            ix
+        })
+        .collect();
+    let parts = parts::Parts { file, path, cuts, block_bytes: BLOCK_BYTES, max_line_bytes: limits.max_sequence_bytes };
+    let Some((scanned, digest)) = parts::scan(&parts, passes, progress, Indexer::line) else {
+        return Ok(None);
+    };
+    let last = scanned.len() - 1;
+    let mut found = Vec::with_capacity(scanned.len());
+    for (i, part) in scanned.into_iter().enumerate() {
+        let mut ix = part.pass;
+        // A part ends where the next one's first sequence starts; the last where the bytes did.
+        let end = if i == last { size.max(part.end) } else { part.end };
+        if ix.mode != mode || ix.close(end).is_err() {
+            return Ok(None);
+        }
+        found.push((ix.sequences, part.lines));
+    }
+    let sequences = parts::merge(found, mode == Mode::Lines, &limits, path)?;
+    Ok(Some(FileIndex { path: path.clone(), size, digest, sequences }))
 }
 
 /// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage),

@@ -14,5 +14,5 @@ mod pow10;
 pub mod schema;
 
 pub use decode::{DeepxBufs, DeepxDecoder, DeepxElement, LineContext, SparseBuf};
-pub use index::{index_reader, LineIndexOptions};
+pub use index::{index_file, index_reader, LineIndexOptions};
 pub use schema::{Layout, Schema};

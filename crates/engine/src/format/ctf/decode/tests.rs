@@ -52,6 +52,7 @@ fn decode_with(text: &[u8], streams: &[StreamConfig], path: Path) -> Result<Out,
         &p,
         &CtfIndexOptions { skip_sequence_ids: false, main_alias: main },
         crate::options::IndexLimits::UNBOUNDED,
+        1,
         &mut |_| {},
     )?;
     let dec = match path {

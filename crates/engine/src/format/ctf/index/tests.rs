@@ -5,7 +5,7 @@ fn index(text: &[u8], skip_ids: bool, main: Option<&str>) -> Result<FileIndex, D
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
     let opts = CtfIndexOptions { skip_sequence_ids: skip_ids, main_alias: main.map(str::to_owned) };
-    index_file(&p, &opts, crate::options::IndexLimits::UNBOUNDED, &mut |_| {})
+    index_file(&p, &opts, crate::options::IndexLimits::UNBOUNDED, 1, &mut |_| {})
 }
 
 fn shape(text: &str, skip_ids: bool, main: Option<&str>) -> Vec<(u64, u32)> {
@@ -122,7 +122,7 @@ fn limited(text: &[u8], limits: crate::options::IndexLimits) -> Result<FileIndex
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path().join("t.ctf");
     std::fs::write(&p, text).expect("write");
-    index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: None }, limits, &mut |_| {})
+    index_file(&p, &CtfIndexOptions { skip_sequence_ids: false, main_alias: None }, limits, 1, &mut |_| {})
 }
 
 /// #15 item 3: 200 MB of short lines made a 2 GB index; the index pass now stops at the first
@@ -194,4 +194,108 @@ fn digits_the_file_ends_in_are_no_id() {
     // The file's only line: no id at all.
     let e = fatal(b"\n5");
     assert!(e.contains("expected a sequence id") && e.contains(":2: byte offset 1"), "{e}");
+}
+
+/// `text` indexed on `threads` threads within `limits`, as one comparable value.
+fn index_on(
+    text: &[u8],
+    opts: &CtfIndexOptions,
+    limits: crate::options::IndexLimits,
+    threads: usize,
+) -> Result<(Vec<SequenceDesc>, u32, u64), String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("t.ctf");
+    std::fs::write(&p, text).expect("write");
+    let mut last = 0;
+    let idx = index_file(&p, opts, limits, threads, &mut |b| last = b)
+        .map_err(|e| e.to_string().replace(&*dir.path().to_string_lossy(), "DIR"))?;
+    assert_eq!(last, text.len() as u64, "progress ends at the file's size");
+    Ok((idx.sequences.iter().collect(), idx.digest, idx.size))
+}
+
+/// One CTF line of the generated files: an id (or none), samples of `|a` and `|b`, or a blank.
+fn generated_line(kind: u8, id: u64, k: usize) -> String {
+    match kind % 8 {
+        0 => "\n".into(),
+        1 => "  \t\n".into(),
+        2 => format!(" |a {k} {k}.5\n"),
+        3 => format!("{id}\t|b {k}:1\n"),
+        _ => format!("{id} |a {k} 1 |b 2:{k}\n"),
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 200, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// A file cut into parts on several threads indexes exactly as on one: sequences, keys,
+    /// lines, sizes, the digest — and the same error, at the same place, where there is one.
+    #[test]
+    fn an_index_in_parts_is_the_one_thread_index(
+        lines in proptest::collection::vec((0u8..8, 0u64..4), 1..300),
+        line_mode in proptest::prelude::any::<bool>(),
+        main in proptest::prelude::any::<bool>(),
+        newline_at_end in proptest::prelude::any::<bool>(),
+        bom in proptest::prelude::any::<bool>(),
+        bad_at in proptest::option::of(0usize..300),
+        max_sequences in proptest::option::of(1u64..200),
+        threads in 2usize..6,
+    ) {
+        let mut text = String::new();
+        if bom {
+            text.push('\u{feff}');
+        }
+        // Ids grow in runs; ids repeat only in consecutive lines, as a sequence's do.
+        let mut id = 0;
+        for (k, &(kind, step)) in lines.iter().enumerate() {
+            id += step / 3;
+            let line = generated_line(kind, id, k);
+            let line = if line_mode { line.trim_start_matches(|c: char| c.is_ascii_digit()).to_owned() } else { line };
+            text.push_str(&line);
+            if bad_at == Some(k) {
+                text.push_str("x |a 1e999999999999999999999\n");
+            }
+        }
+        if !newline_at_end {
+            text.pop();
+        }
+        let opts = CtfIndexOptions { skip_sequence_ids: false, main_alias: main.then(|| "a".to_owned()) };
+        let limits = crate::options::IndexLimits {
+            max_sequences: max_sequences.unwrap_or(u64::MAX),
+            ..crate::options::IndexLimits::UNBOUNDED
+        };
+        let one = index_on(text.as_bytes(), &opts, limits, 1);
+        let many = index_on(text.as_bytes(), &opts, limits, threads);
+        proptest::prop_assert_eq!(one, many);
+    }
+}
+
+/// The cuts of an id-mode file fall between sequences, never inside one: a sequence of many
+/// lines across the middle of the file stays whole.
+#[test]
+fn a_long_sequence_across_a_cut_stays_whole() {
+    let text: String = (0..40).map(|i| format!("{} |a {i}\n", i / 20)).collect::<Vec<_>>().concat();
+    let opts = CtfIndexOptions { skip_sequence_ids: false, main_alias: None };
+    let one = index_on(text.as_bytes(), &opts, crate::options::IndexLimits::UNBOUNDED, 1).expect("one thread");
+    let four = index_on(text.as_bytes(), &opts, crate::options::IndexLimits::UNBOUNDED, 4).expect("four threads");
+    assert_eq!(one.0.iter().map(|s| s.samples).collect::<Vec<_>>(), vec![20, 20]);
+    assert_eq!(one, four);
+}
+
+/// The pass in parts runs (it is not the one-thread pass under another name) for both modes.
+#[test]
+fn a_file_of_many_parts_is_indexed_in_parts_in_both_modes() {
+    for text in ["|a 1\n".repeat(200), (0..200).map(|i| format!("{} |a {i}\n", i / 3)).collect::<Vec<_>>().concat()] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t.ctf");
+        std::fs::write(&p, &text).expect("write");
+        let file = std::fs::File::open(&p).expect("open");
+        let opts = CtfIndexOptions { skip_sequence_ids: false, main_alias: None };
+        let limits = crate::options::IndexLimits::UNBOUNDED;
+        let name: Arc<Path> = Arc::from(p.as_path());
+        let parts = index_in_parts(&file, &name, text.len() as u64, &opts, limits, 4, &mut |_| {})
+            .expect("no error")
+            .expect("indexed in parts");
+        let one = index_file(&p, &opts, limits, 1, &mut |_| {}).expect("one thread");
+        assert_eq!(parts, one);
+    }
 }
