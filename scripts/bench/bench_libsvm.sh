@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # libsvm parse rate: minibatchd versus xgboost's libsvm parser (dmlc-core), at equal threads, on a
 # generated Criteo-like file (a label and 39 features per line; benches/support/criteo_gen.rs).
+# A narrower clock than a user's (the parse alone, the daemon and its delivery left out): for
+# the user's clock — `minibatchd run` to a Python consumer's last minibatch, index pass included
+# — run scripts/bench/bench_libsvm_user.py, which compares that with xgboost's DMatrix.
 #
 #   scripts/bench/bench_libsvm.sh                 # 1 GiB, 2 threads
 #   SIZE=268435456 THREADS=1 scripts/bench/bench_libsvm.sh
