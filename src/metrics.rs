@@ -75,7 +75,7 @@ pub const REFUSAL_CODES: [&str; 8] = [
 ];
 
 /// Every parse-error kind, in [`kind_slot`] order.
-pub const ERROR_KINDS: [ErrorKind; 11] = [
+pub const ERROR_KINDS: [ErrorKind; 13] = [
     ErrorKind::UnexpectedCharacter,
     ErrorKind::InvalidName,
     ErrorKind::DanglingName,
@@ -87,6 +87,8 @@ pub const ERROR_KINDS: [ErrorKind; 11] = [
     ErrorKind::SequenceTooLong,
     ErrorKind::SequenceTooShort,
     ErrorKind::BadLine,
+    ErrorKind::BadRecord,
+    ErrorKind::BadExample,
 ];
 
 /// Position of `k` in [`ERROR_KINDS`]. The match is exhaustive on purpose: a new kind does not
@@ -105,6 +107,8 @@ pub const fn kind_slot(k: ErrorKind) -> usize {
         ErrorKind::SequenceTooLong => 8,
         ErrorKind::SequenceTooShort => 9,
         ErrorKind::BadLine => 10,
+        ErrorKind::BadRecord => 11,
+        ErrorKind::BadExample => 12,
     }
 }
 

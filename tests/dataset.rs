@@ -526,17 +526,17 @@ fn a_large_file_indexed_in_parts_has_the_one_thread_index() {
     let mut id = 0u64;
     while ctf.len() < 70 << 20 {
         for k in 0..=(id % 4) {
-            if k == 1 && id % 3 == 0 {
+            if k == 1 && id.is_multiple_of(3) {
                 writeln!(ctf, " |x {k} 0.5 |y {}:1", id % 7).expect("write");
             } else {
                 writeln!(ctf, "{id} |x {k} 0.25 |y {}:1", id % 7).expect("write");
             }
         }
-        if id % 11 == 0 {
+        if id.is_multiple_of(11) {
             ctf.push('\n');
         }
         writeln!(svm, "{} {}:1 {}:0.5", id % 2, id % 97, 100 + id % 13).expect("write");
-        if id % 5 == 0 {
+        if id.is_multiple_of(5) {
             writeln!(svm, "{} 3:1", id % 2).expect("write");
         }
         id += 1;

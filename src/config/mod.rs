@@ -11,6 +11,7 @@
 //! of the config file, so a config can travel with its data.
 
 mod deepx;
+mod tfrecord;
 pub(crate) mod walk;
 
 use std::collections::BTreeMap;
@@ -432,11 +433,14 @@ fn parse_dataset(
     let mut t = w.table(node)?;
     let format = if let Some(s) = t.string(w, "format") {
         FormatKind::parse(&s).or_else(|| {
-            w.issue(&t.key_path("format"), &format!("unknown format '{s}': expected ctf, libsvm, libsvm_ex or uch"));
+            w.issue(
+                &t.key_path("format"),
+                &format!("unknown format '{s}': expected ctf, libsvm, libsvm_ex, uch or tfrecord"),
+            );
             None
         })
     } else {
-        w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex or uch");
+        w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex, uch or tfrecord");
         None
     };
     let chunk_size_bytes = t.uint(w, "chunk_size_bytes", 1, u64::from(u32::MAX)).unwrap_or(DEFAULT_CHUNK_SIZE_BYTES);
@@ -457,13 +461,25 @@ fn parse_dataset(
     };
     // An unknown format is validated as CTF, so its other problems are reported too.
     let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
+    // A tfrecord dataset's streams are features of its Examples: taken before the sources.
+    let tfrecord = (format == Some(FormatKind::TfRecord)).then(|| tfrecord::parse(w, &mut t));
     let sources = parse_sources(w, &mut t, is_ctf);
     let deepx = match format {
-        Some(f) if !is_ctf => Some(deepx::parse(w, &mut t, f)),
+        Some(f) if !is_ctf && f != FormatKind::TfRecord => Some(deepx::parse(w, &mut t, f)),
         _ => None,
     };
     w.finish(t);
-    let sources = sources?;
+    let mut sources = sources?;
+    let tfrecord = match tfrecord {
+        Some(parsed) => {
+            let (streams, features) = parsed?;
+            if let Some(s) = sources.first_mut() {
+                s.streams = streams;
+            }
+            Some(features)
+        }
+        None => None,
+    };
     check_streams(w, node.path(), &sources);
     Some(DatasetConfig {
         name: name.to_owned(),
@@ -476,6 +492,7 @@ fn parse_dataset(
         precision,
         sampling: sampling?,
         deepx,
+        tfrecord,
         inflate,
         index_threads,
     })

@@ -177,6 +177,8 @@ pub enum FormatKind {
     LibsvmEx,
     /// deepx `uch`.
     Uch,
+    /// TensorFlow's TFRecord files of `tf.train.Example` records.
+    TfRecord,
 }
 
 impl FormatKind {
@@ -188,6 +190,7 @@ impl FormatKind {
             "libsvm" => Some(Self::Libsvm),
             "libsvm_ex" => Some(Self::LibsvmEx),
             "uch" => Some(Self::Uch),
+            "tfrecord" => Some(Self::TfRecord),
             _ => None,
         }
     }
@@ -278,9 +281,52 @@ pub struct DatasetConfig {
     /// Limits on decompressing `.gz` inputs (from the daemon's `[daemon]` section: they are the
     /// same for every dataset).
     pub inflate: InflateLimits,
+    /// `tfrecord` datasets: the feature of each stream, in the streams' order; `None` otherwise.
+    pub tfrecord: Option<Vec<ExampleFeature>>,
     /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
     /// one per core when 0: the index pass runs before anything is parsed).
     pub index_threads: usize,
+}
+
+/// The type of a `tf.train.Example` feature (`tf.io.FixedLenFeature`'s and `VarLenFeature`'s
+/// `dtype`), read into the dataset's precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeatureType {
+    /// `tf.float32`: a `float_list`.
+    Float,
+    /// `tf.int64`: an `int64_list`; each value must be exact in the dataset's precision (a
+    /// larger one is a malformed record, never a rounded value).
+    Int64,
+}
+
+/// How many values a feature has per record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeatureLength {
+    /// `tf.io.FixedLenFeature([dim])`: exactly the stream's `dim` values, or `default` (its
+    /// `default_value`) when the record lacks the feature; without a default the feature is
+    /// required. A dense stream.
+    Fixed {
+        /// The values of a record without the feature (`dim` of them).
+        default: Option<Vec<f64>>,
+    },
+    /// `tf.io.VarLenFeature`: any number of values up to the stream's `dim`, none when the record
+    /// lacks it. A sparse stream whose sample holds value `i` at index `i`.
+    Var,
+}
+
+/// A stream of a `tfrecord` dataset: the `tf.train.Example` feature that fills it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExampleFeature {
+    /// The stream's name.
+    pub stream: String,
+    /// The feature's key in the Example's map (config `feature`, default the stream's name).
+    pub key: String,
+    /// Its type.
+    pub dtype: FeatureType,
+    /// Its length.
+    pub length: FeatureLength,
+    /// Values per record: exactly (fixed) or at most (var).
+    pub dim: usize,
 }
 
 /// Limits on the decompressed copy of a `.gz` input ([`crate::format::inflate`]): it may hold at

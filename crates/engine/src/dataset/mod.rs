@@ -26,6 +26,7 @@ use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
+use crate::format::tfrecord::{self, example::ExampleDecoder};
 use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
@@ -57,6 +58,7 @@ pub struct IndexProgress {
 enum SourceDecoder {
     Ctf(CtfDecoder),
     Deepx(DeepxDecoder),
+    Example(ExampleDecoder),
 }
 
 /// Where a file's bytes are, at the version indexed.
@@ -189,6 +191,7 @@ impl Dataset {
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
+            FormatKind::TfRecord => Self::open_tfrecord(config, state_dir, limits, r, progress),
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
         ds.remote = remote;
@@ -405,6 +408,74 @@ impl Dataset {
         Self::assemble(config, vec![source], Some(chunks), None, streams)
     }
 
+    /// A TFRecord dataset of `tf.train.Example` records: one source, every record a sequence of
+    /// one sample.
+    fn open_tfrecord(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let features = config.tfrecord.as_deref().ok_or_else(|| {
+            DataError::Dataset(format!("dataset '{}': a tfrecord dataset without features", config.name))
+        })?;
+        let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
+        let inputs = resolve_inputs(patterns, remote)?;
+        let bytes_total: u64 = inputs.iter().map(input_size).sum();
+        let fingerprint = tfrecord::fingerprint();
+        let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
+        let mut lengths_kept = false;
+        let (mut indexes, mut versions) = (Vec::new(), Vec::new());
+        for input in &inputs {
+            let f = &input.name;
+            let mut stored = Stored::of(input)?;
+            let name: Arc<Path> = Arc::from(f.as_path());
+            let base = done;
+            let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+            let left = limits.left_after(sequences, index_bytes, lengths_kept);
+            let cache = config.cache_index.then_some(state_dir);
+            let idx = match &stored {
+                Stored::Remote(object) => {
+                    let r = remote::require(remote, f)?;
+                    let left = left.for_shared_index();
+                    remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                        let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
+                        tfrecord::index_reader(r.chunks.tee(object, reader), name.clone(), object.size, left, p)
+                    })?
+                    .0
+                }
+                Stored::Local(_) => {
+                    let (idx, version) =
+                        index_with_cache(&name, f, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                            tfrecord::index_file(f, name.clone(), left, p)
+                        })?;
+                    stored = Stored::Local(version);
+                    idx
+                }
+            };
+            index_bytes += within_index_budget(&idx, &left)?;
+            done += idx.size;
+            sequences += idx.sequences.len() as u64;
+            lengths_kept |= idx.sequences.columns().samples;
+            versions.push(stored);
+            indexes.push(idx);
+        }
+        let decoder = ExampleDecoder::new(features);
+        let streams = decoder.specs();
+        let paths: Vec<Arc<Path>> = inputs.iter().map(|i| Arc::from(i.name.as_path())).collect();
+        let source = OpenSource {
+            files: paths.clone(),
+            data: paths,
+            data_versions: versions.clone(),
+            file_versions: versions,
+            indexes,
+            decoder: SourceDecoder::Example(decoder),
+            first_stream: 0,
+        };
+        Self::assemble(config, vec![source], None, None, streams)
+    }
+
     /// Chunks (unless the first source's files were chunked as they were indexed: `chunked`),
     /// joins and builds the timeline of opened sources.
     fn assemble(
@@ -474,6 +545,9 @@ impl Dataset {
         h.field(b"minibatchd parsed chunk");
         h.field(env!("CARGO_PKG_VERSION").as_bytes());
         h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.sources, c.precision, c.deepx).as_bytes());
+        if let Some(t) = &c.tfrecord {
+            h.field(format!("{t:?}").as_bytes());
+        }
         h.u64(c.chunk_size_bytes);
         for s in &self.sources {
             for (f, v) in s.files.iter().zip(&s.file_versions) {
@@ -833,6 +907,41 @@ impl Dataset {
         Ok(d.into_streams(bufs))
     }
 
+    /// Decodes chunk `chunk` of TFRecord source `si` with `d`, its malformed records into
+    /// `errors`. The dense values stay within the chunk's share of the memory limit (a record
+    /// that lacks a feature with a default costs `dim` values however short it is).
+    fn decode_examples<T: DeepxElement>(
+        &self,
+        chunk: usize,
+        si: usize,
+        d: &ExampleDecoder,
+        errors: &mut Vec<Malformed>,
+    ) -> Result<Vec<StreamData>> {
+        let src = &self.sources[si];
+        let desc = &self.chunks[chunk];
+        let specs = d.specs();
+        let mut bufs: Vec<StreamBuf<T>> = specs.iter().map(|_| StreamBuf::new()).collect();
+        let max_values =
+            usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
+        let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
+        for (loc, seq) in self.chunk_sequences(chunk, si) {
+            let at = tfrecord::example::record_location(&src.files[loc.file as usize], seq.line, seq.offset);
+            d.decode_record(window.bytes(seq.offset, seq.size)?, &at, &mut bufs, errors);
+            let dense: usize =
+                bufs.iter().zip(&specs).filter(|(_, s)| s.kind == StreamKind::Dense).map(|(b, _)| b.values.len()).sum();
+            if dense > max_values {
+                return Err(DataError::Fatal {
+                    at,
+                    message: format!(
+                        "the chunk's dense values pass {max_values}, its share of the memory limit \
+                         (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit"
+                    ),
+                });
+            }
+        }
+        Ok(bufs.into_iter().zip(&specs).map(|(b, s)| into_stream_data(b, s.dim, s.kind != StreamKind::Dense)).collect())
+    }
+
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
     fn decode_chunk<T: DeepxElement>(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Vec<Malformed>>)> {
         let desc = self.chunks.get(chunk).ok_or_else(|| DataError::Dataset(format!("no chunk {chunk}")))?;
@@ -847,6 +956,12 @@ impl Dataset {
                     // A deepx dataset has a single source, read a window at a time like CTF's
                     // primary source (below).
                     streams.extend(self.decode_deepx::<T>(chunk, si, d, &mut errors)?);
+                    by_source.push(errors);
+                    continue;
+                }
+                SourceDecoder::Example(d) => {
+                    // So has a TFRecord dataset.
+                    streams.extend(self.decode_examples::<T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;
                 }

@@ -53,6 +53,10 @@ pub enum ErrorKind {
     SequenceTooShort,
     /// A malformed line of a deepx/libsvm file.
     BadLine,
+    /// A TFRecord frame whose data fails its CRC (or is not the length indexed).
+    BadRecord,
+    /// A record that is no valid `tf.train.Example`, or whose features do not match the streams.
+    BadExample,
 }
 
 impl ErrorKind {
@@ -71,6 +75,8 @@ impl ErrorKind {
             Self::SequenceTooLong => "sequence_too_long",
             Self::SequenceTooShort => "sequence_too_short",
             Self::BadLine => "bad_line",
+            Self::BadRecord => "bad_record",
+            Self::BadExample => "bad_example",
         }
     }
 }

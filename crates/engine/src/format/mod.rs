@@ -8,6 +8,7 @@
 //! * [`ctf`]: CNTK Text Format;
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`;
+//! * [`tfrecord`]: TensorFlow's TFRecord files, and `tf.train.Example` records;
 //! * `parts`: the index pass of one large file on several threads.
 
 pub mod chunk;
@@ -19,6 +20,7 @@ pub mod index_cache;
 pub mod inflate;
 pub mod parsed_cache;
 pub(crate) mod parts;
+pub mod tfrecord;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};

@@ -1,0 +1,518 @@
+//! The record decoder of `tf.train.Example`: each configured feature of a record's Example into
+//! a stream, as `tf.io.parse_single_example` reads a `FixedLenFeature` (a dense stream of `dim`
+//! values) or a `VarLenFeature` (a sparse stream whose sample holds value `i` at index `i`).
+//!
+//! The protobuf wire format is read directly (no generated code, no copy): `Example.features`
+//! (field 1) is a `Features`, whose `feature` map (field 1) holds entries of a key (1) and a
+//! `Feature` (2) — one of `bytes_list` (1), `float_list` (2), `int64_list` (3), each a list in
+//! field 1, packed or not. The protobuf rules hold: the last entry of a repeated key wins, a
+//! message field seen twice is merged (a list's values concatenate), the last member of a oneof
+//! seen wins, unknown fields are skipped.
+//!
+//! A record is malformed — charged to `max_errors`, the record kept as an empty sequence, as a
+//! bad line of the other formats is — when its data CRC fails, its bytes are no valid Example,
+//! a feature has another type than configured, a fixed-length feature has another number of
+//! values than `dim` (or is missing without a default), a var-length one has more than `dim`,
+//! or an `int64` value is not exact in the dataset's precision. A feature present but with no
+//! list set counts as an empty list.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::chunk::{StreamKind, StreamSpec};
+use crate::format::ctf::StreamBuf;
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::{ErrorKind, Location, Malformed};
+use crate::options::{ExampleFeature, FeatureLength, FeatureType};
+
+/// A protobuf wire-format reader over one message's bytes.
+struct Wire<'a> {
+    b: &'a [u8],
+    p: usize,
+}
+
+/// A field's value as the wire carries it.
+enum Field<'a> {
+    Varint(u64),
+    Fixed64,
+    Bytes(&'a [u8]),
+    Fixed32(u32),
+}
+
+impl<'a> Wire<'a> {
+    fn new(b: &'a [u8]) -> Self {
+        Self { b, p: 0 }
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v: u64 = 0;
+        for shift in (0..70).step_by(7) {
+            let Some(&byte) = self.b.get(self.p) else { return Err("a varint runs past the end".into()) };
+            self.p += 1;
+            if shift == 63 && byte > 1 {
+                return Err("a varint of more than 64 bits".into());
+            }
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("a varint of more than ten bytes".into())
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.p.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("a field runs past the end")?;
+        let s = &self.b[self.p..end];
+        self.p = end;
+        Ok(s)
+    }
+
+    /// The next field (number and value), or `None` at the end of the message.
+    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, String> {
+        if self.p == self.b.len() {
+            return Ok(None);
+        }
+        let key = self.varint()?;
+        let (number, wire) = (key >> 3, key & 7);
+        if number == 0 {
+            return Err("a field number 0".into());
+        }
+        let value = match wire {
+            0 => Field::Varint(self.varint()?),
+            1 => {
+                self.take(8)?;
+                Field::Fixed64
+            }
+            2 => {
+                let n = usize::try_from(self.varint()?).map_err(|_| "a length past the message".to_owned())?;
+                Field::Bytes(self.take(n)?)
+            }
+            5 => Field::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default())),
+            w => return Err(format!("wire type {w} (groups are not in Example)")),
+        };
+        Ok(Some((number, value)))
+    }
+}
+
+/// A feature's list as found: its kind (1 bytes, 2 float, 3 int64; 0 none) and the list
+/// messages seen for it (merged: their values concatenate).
+#[derive(Default)]
+struct Found<'a> {
+    kind: u64,
+    lists: Vec<&'a [u8]>,
+}
+
+/// Decodes `tf.train.Example` records into the configured features' streams.
+#[derive(Debug, Clone)]
+pub struct ExampleDecoder {
+    features: Vec<ExampleFeature>,
+}
+
+impl ExampleDecoder {
+    /// A decoder for `features` (one per stream, in the streams' order).
+    #[must_use]
+    pub fn new(features: &[ExampleFeature]) -> Self {
+        Self { features: features.to_vec() }
+    }
+
+    /// The streams, in order: fixed-length features dense, var-length ones sparse.
+    #[must_use]
+    pub fn specs(&self) -> Vec<StreamSpec> {
+        self.features
+            .iter()
+            .map(|f| StreamSpec {
+                name: f.stream.clone(),
+                kind: match f.length {
+                    FeatureLength::Fixed { .. } => StreamKind::Dense,
+                    FeatureLength::Var => StreamKind::SparseI32,
+                },
+                dim: f.dim,
+            })
+            .collect()
+    }
+
+    /// Decodes the record whose whole frame is `frame` (at `at`: the file, its record number
+    /// from 1 as the line, its offset) into one sample per stream; a malformed record goes to
+    /// `errors` and leaves an empty sequence.
+    pub fn decode_record<T: DeepxElement>(
+        &self,
+        frame: &[u8],
+        at: &Location,
+        bufs: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) {
+        let marks: Vec<(usize, usize)> = bufs.iter().map(|b| (b.values.len(), b.indices.len())).collect();
+        let result = super::frame_data(frame, at).and_then(|data| {
+            self.fill(data, bufs).map_err(|message| Malformed { kind: ErrorKind::BadExample, at: at.clone(), message })
+        });
+        match result {
+            Ok(()) => {
+                for b in bufs.iter_mut() {
+                    b.samples += 1;
+                    b.sample_offsets.push(b.indices.len());
+                    b.seq_offsets.push(b.samples);
+                }
+            }
+            Err(m) => {
+                for (b, (values, indices)) in bufs.iter_mut().zip(marks) {
+                    b.values.truncate(values);
+                    b.indices.truncate(indices);
+                    b.seq_offsets.push(b.samples);
+                }
+                errors.push(m);
+            }
+        }
+    }
+
+    /// Each feature's values of the Example `data` into `bufs`.
+    fn fill<T: DeepxElement>(&self, data: &[u8], bufs: &mut [StreamBuf<T>]) -> Result<(), String> {
+        let mut found: Vec<Found<'_>> = self.features.iter().map(|_| Found::default()).collect();
+        let mut example = Wire::new(data);
+        while let Some((number, value)) = example.next()? {
+            let (1, Field::Bytes(features)) = (number, value) else { continue };
+            let mut features = Wire::new(features);
+            while let Some((number, value)) = features.next()? {
+                let (1, Field::Bytes(entry)) = (number, value) else { continue };
+                let (mut key, mut feature): (&[u8], &[u8]) = (b"", b"");
+                let mut entry = Wire::new(entry);
+                while let Some((number, value)) = entry.next()? {
+                    match (number, value) {
+                        (1, Field::Bytes(k)) => key = k,
+                        (2, Field::Bytes(f)) => feature = f,
+                        _ => {}
+                    }
+                }
+                if let Some(i) = self.features.iter().position(|f| f.key.as_bytes() == key) {
+                    // A map's last entry of a key wins.
+                    found[i] = Found::default();
+                    let mut kind = Wire::new(feature);
+                    while let Some((number, value)) = kind.next()? {
+                        if let (1..=3, Field::Bytes(list)) = (number, value) {
+                            if found[i].kind != number {
+                                found[i] = Found { kind: number, lists: Vec::new() };
+                            }
+                            found[i].lists.push(list);
+                        }
+                    }
+                    if found[i].kind == 0 {
+                        // Present with no list set: an empty list of the configured type.
+                        found[i].kind = match self.features[i].dtype {
+                            FeatureType::Float => 2,
+                            FeatureType::Int64 => 3,
+                        };
+                    }
+                }
+            }
+        }
+        for ((f, found), buf) in self.features.iter().zip(&found).zip(bufs.iter_mut()) {
+            fill_feature(f, found, buf)?;
+        }
+        Ok(())
+    }
+}
+
+/// Feature `f`'s values (`found`) into its stream's buffer, checked against its type and length.
+fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
+    let start = buf.values.len();
+    let type_name = |kind: u64| match kind {
+        1 => "bytes",
+        2 => "float",
+        _ => "int64",
+    };
+    let want = match f.dtype {
+        FeatureType::Float => 2,
+        FeatureType::Int64 => 3,
+    };
+    if found.kind == 0 {
+        match &f.length {
+            FeatureLength::Fixed { default: Some(d) } => buf.values.extend(d.iter().map(|&v| T::from_f64(v))),
+            FeatureLength::Fixed { default: None } => {
+                return Err(format!(
+                    "feature '{}' ({}) is required but the Example lacks it (give it a default to allow that)",
+                    f.key,
+                    type_name(want)
+                ))
+            }
+            FeatureLength::Var => {}
+        }
+        return Ok(());
+    }
+    if found.kind != want {
+        return Err(format!(
+            "feature '{}' holds a {}_list, not the {} the stream '{}' is configured with",
+            f.key,
+            type_name(found.kind),
+            type_name(want),
+            f.stream
+        ));
+    }
+    for list in &found.lists {
+        let mut w = Wire::new(list);
+        while let Some((number, value)) = w.next()? {
+            if number != 1 {
+                continue;
+            }
+            match (f.dtype, value) {
+                (FeatureType::Float, Field::Bytes(packed)) => {
+                    if packed.len() % 4 != 0 {
+                        return Err(format!("feature '{}': a packed float list of {} bytes", f.key, packed.len()));
+                    }
+                    for c in packed.chunks_exact(4) {
+                        let v = f32::from_le_bytes(c.try_into().unwrap_or_default());
+                        buf.values.push(T::from_f64(f64::from(v)));
+                    }
+                }
+                (FeatureType::Float, Field::Fixed32(bits)) => {
+                    buf.values.push(T::from_f64(f64::from(f32::from_bits(bits))));
+                }
+                (FeatureType::Int64, Field::Bytes(packed)) => {
+                    let mut p = Wire::new(packed);
+                    while p.p < packed.len() {
+                        buf.values.push(exact::<T>(f, p.varint()?)?);
+                    }
+                }
+                (FeatureType::Int64, Field::Varint(v)) => buf.values.push(exact::<T>(f, v)?),
+                _ => return Err(format!("feature '{}': a list value of the wrong wire type", f.key)),
+            }
+        }
+    }
+    let n = buf.values.len() - start;
+    match f.length {
+        FeatureLength::Fixed { .. } if n != f.dim => Err(format!(
+            "feature '{}' has {n} {} values, the stream '{}' takes exactly {} (tf.io.FixedLenFeature([{}]))",
+            f.key,
+            type_name(want),
+            f.stream,
+            f.dim,
+            f.dim
+        )),
+        FeatureLength::Var if n > f.dim => {
+            Err(format!("feature '{}' has {n} values, more than the stream '{}''s dim {}", f.key, f.stream, f.dim))
+        }
+        FeatureLength::Var => {
+            // A var-length list: value i at index i (dim bounds n, which fits i32).
+            buf.indices.extend((0..n).map(|i| i32::try_from(i).unwrap_or(i32::MAX)));
+            Ok(())
+        }
+        FeatureLength::Fixed { .. } => Ok(()),
+    }
+}
+
+/// The int64 `raw` (two's complement) as a `T`, if `T` holds it exactly.
+fn exact<T: DeepxElement>(f: &ExampleFeature, raw: u64) -> Result<T, String> {
+    #[allow(clippy::cast_possible_wrap)]
+    let v = raw as i64;
+    #[allow(clippy::cast_precision_loss)]
+    let wide = v as f64;
+    let t = T::from_f64(wide);
+    let back: f64 = t.into();
+    #[allow(clippy::cast_possible_truncation)]
+    if back.to_bits() == wide.to_bits() && (wide as i128) == i128::from(v) {
+        Ok(t)
+    } else {
+        Err(format!(
+            "feature '{}': the int64 value {v} is not exact in the dataset's precision (precision = \"float64\" holds \
+             integers up to 2^53)",
+            f.key
+        ))
+    }
+}
+
+/// Where record `record` (0-based) at `offset` of `file` is, for errors.
+#[must_use]
+pub fn record_location(file: &Arc<Path>, record: u64, offset: u64) -> Location {
+    Location { file: file.clone(), line: record + 1, offset }
+}
+
+/// Encoders of the wire format, for tests and tools that write Examples.
+pub mod write {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(u8::try_from(v & 0x7f).unwrap_or(0) | 0x80);
+            v >>= 7;
+        }
+        out.push(u8::try_from(v).unwrap_or(0));
+    }
+
+    fn bytes_field(out: &mut Vec<u8>, number: u64, bytes: &[u8]) {
+        varint(out, number << 3 | 2);
+        varint(out, bytes.len() as u64);
+        out.extend_from_slice(bytes);
+    }
+
+    /// A feature's value.
+    pub enum Value<'a> {
+        /// A `float_list`, packed.
+        Floats(&'a [f32]),
+        /// An `int64_list`, packed.
+        Ints(&'a [i64]),
+        /// A `bytes_list`.
+        Bytes(&'a [&'a [u8]]),
+        /// A `Feature` with no list set.
+        Empty,
+    }
+
+    /// The serialized `tf.train.Example` of `features` (key and value), in that order.
+    #[must_use]
+    pub fn example(features: &[(&str, Value<'_>)]) -> Vec<u8> {
+        let mut map = Vec::new();
+        for (key, value) in features {
+            let mut feature = Vec::new();
+            match value {
+                Value::Floats(v) => {
+                    let packed: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    let mut list = Vec::new();
+                    bytes_field(&mut list, 1, &packed);
+                    bytes_field(&mut feature, 2, &list);
+                }
+                Value::Ints(v) => {
+                    let mut packed = Vec::new();
+                    for &x in *v {
+                        #[allow(clippy::cast_sign_loss)]
+                        varint(&mut packed, x as u64);
+                    }
+                    let mut list = Vec::new();
+                    bytes_field(&mut list, 1, &packed);
+                    bytes_field(&mut feature, 3, &list);
+                }
+                Value::Bytes(v) => {
+                    let mut list = Vec::new();
+                    for b in *v {
+                        bytes_field(&mut list, 1, b);
+                    }
+                    bytes_field(&mut feature, 1, &list);
+                }
+                Value::Empty => {}
+            }
+            let mut entry = Vec::new();
+            bytes_field(&mut entry, 1, key.as_bytes());
+            bytes_field(&mut entry, 2, &feature);
+            bytes_field(&mut map, 1, &entry);
+        }
+        let mut out = Vec::new();
+        bytes_field(&mut out, 1, &map);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write::{example, Value};
+    use super::*;
+    use crate::format::tfrecord::frame;
+
+    fn features() -> Vec<ExampleFeature> {
+        vec![
+            ExampleFeature {
+                stream: "x".into(),
+                key: "x".into(),
+                dtype: FeatureType::Float,
+                length: FeatureLength::Fixed { default: None },
+                dim: 3,
+            },
+            ExampleFeature {
+                stream: "ids".into(),
+                key: "tokens".into(),
+                dtype: FeatureType::Int64,
+                length: FeatureLength::Var,
+                dim: 4,
+            },
+            ExampleFeature {
+                stream: "y".into(),
+                key: "label".into(),
+                dtype: FeatureType::Int64,
+                length: FeatureLength::Fixed { default: Some(vec![-1.0]) },
+                dim: 1,
+            },
+        ]
+    }
+
+    /// Decodes `records` (Examples); returns the buffers and the errors' messages.
+    fn decode(records: &[Vec<u8>]) -> (Vec<StreamBuf<f32>>, Vec<String>) {
+        let d = ExampleDecoder::new(&features());
+        let mut bufs: Vec<StreamBuf<f32>> = (0..3).map(|_| StreamBuf::new()).collect();
+        let mut errors = Vec::new();
+        let file: Arc<Path> = Arc::from(Path::new("t"));
+        for (i, r) in records.iter().enumerate() {
+            d.decode_record(&frame(r), &record_location(&file, i as u64, 0), &mut bufs, &mut errors);
+        }
+        (bufs, errors.iter().map(|e| e.message.clone()).collect())
+    }
+
+    #[test]
+    fn fixed_and_var_length_features_fill_dense_and_sparse_streams() {
+        let r1 = example(&[
+            ("x", Value::Floats(&[1.5, -2.0, 3.25])),
+            ("tokens", Value::Ints(&[7, -3])),
+            ("label", Value::Ints(&[1])),
+            ("other", Value::Bytes(&[b"ignored"])),
+        ]);
+        let r2 = example(&[("label", Value::Ints(&[0])), ("x", Value::Floats(&[0.0, 0.5, 1.0]))]);
+        let (b, errors) = decode(&[r1, r2]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[0].values, vec![1.5, -2.0, 3.25, 0.0, 0.5, 1.0]);
+        assert_eq!((b[1].values.clone(), b[1].indices.clone()), (vec![7.0, -3.0], vec![0, 1]));
+        assert_eq!(b[1].sample_offsets, vec![0, 2, 2]);
+        assert_eq!(b[2].values, vec![1.0, 0.0]);
+        assert_eq!(b[0].seq_offsets, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_missing_feature_takes_its_default_or_is_required() {
+        let (b, errors) = decode(&[example(&[("x", Value::Floats(&[1.0, 2.0, 3.0]))])]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[2].values, vec![-1.0]);
+        let (b, errors) = decode(&[example(&[("label", Value::Ints(&[2]))])]);
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].contains("'x' (float) is required"), "{errors:?}");
+        assert_eq!(b[0].seq_offsets, vec![0, 0], "the bad record is an empty sequence");
+        assert!(b[2].values.is_empty(), "nothing of the bad record is kept");
+    }
+
+    #[test]
+    fn wrong_types_counts_and_inexact_integers_are_malformed_records() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (example(&[("x", Value::Ints(&[1, 2, 3]))]), "holds a int64_list, not the float"),
+            (example(&[("x", Value::Floats(&[1.0, 2.0]))]), "has 2 float values"),
+            (example(&[("x", Value::Floats(&[1.0; 3])), ("tokens", Value::Ints(&[1; 5]))]), "more than the stream"),
+            (example(&[("x", Value::Floats(&[1.0; 3])), ("label", Value::Ints(&[(1 << 24) + 1]))]), "not exact"),
+            (vec![0x0a, 0x05, 0x01], "runs past the end"),
+        ];
+        for (record, want) in cases {
+            let (_, errors) = decode(&[record]);
+            assert!(errors.len() == 1 && errors[0].contains(want), "{want}: {errors:?}");
+        }
+        // 2^24 is exact in float32.
+        let (b, errors) = decode(&[example(&[("x", Value::Floats(&[1.0; 3])), ("label", Value::Ints(&[1 << 24]))])]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[2].values, vec![16_777_216.0]);
+    }
+
+    #[test]
+    fn protobuf_rules_last_map_entry_wins_and_lists_merge() {
+        let mut r = example(&[("x", Value::Floats(&[9.0, 9.0, 9.0]))]);
+        r.extend(example(&[("x", Value::Floats(&[1.0, 2.0, 3.0]))]));
+        let (b, errors) = decode(&[r]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[0].values, vec![1.0, 2.0, 3.0]);
+        // A present feature with no list set is an empty list: the var-length stream has none.
+        let (b, errors) = decode(&[example(&[("x", Value::Floats(&[1.0, 2.0, 3.0])), ("tokens", Value::Empty)])]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[1].sample_offsets, vec![0, 0]);
+    }
+
+    #[test]
+    fn a_damaged_record_is_malformed_not_decoded() {
+        let d = ExampleDecoder::new(&features());
+        let mut bufs: Vec<StreamBuf<f32>> = (0..3).map(|_| StreamBuf::new()).collect();
+        let mut errors = Vec::new();
+        let mut f = frame(&example(&[("x", Value::Floats(&[1.0, 2.0, 3.0]))]));
+        let n = f.len();
+        f[n - 6] ^= 0x20;
+        let file: Arc<Path> = Arc::from(Path::new("t"));
+        d.decode_record(&f, &record_location(&file, 0, 0), &mut bufs, &mut errors);
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].kind, ErrorKind::BadRecord);
+        assert!(bufs[0].values.is_empty());
+    }
+}

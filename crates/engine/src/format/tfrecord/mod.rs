@@ -1,0 +1,310 @@
+//! TensorFlow's TFRecord files, read as TensorFlow's `TFRecordReader` reads them: each record is
+//! a little-endian `u64` length, the masked CRC-32C of those eight bytes, the data, and the masked
+//! CRC-32C of the data. Every record is a sequence of one sample whose key is its 0-based record
+//! number (the `line` of error locations counts records from 1) and whose bytes are the whole
+//! frame, so CNTK's chunk rule cuts between records.
+//!
+//! * The index pass reads the file once: it checks every length's CRC (a damaged length would
+//!   send every later record astray) and a file that ends inside a frame, naming the byte offset
+//!   of the frame; both are fatal, as TensorFlow refuses such a file. The bytes also feed the
+//!   content digest every format's index carries (the dataset's identity, which resumes check).
+//! * The data's CRC is checked when the record is decoded ([`frame_data`]): a mismatch is a
+//!   malformed record, charged to `max_errors` with the file, record and offset (TensorFlow
+//!   fails the read there).
+//! * Uncompressed files only (`compression_type = ""`); GZIP and ZLIB TFRecord files are not read
+//!   yet, and an input with a gzip header is refused by name.
+//!
+//! The records' payload is decoded by a record decoder: [`example`] for `tf.train.Example`.
+
+pub mod example;
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::options::IndexLimits;
+
+/// Bytes before a record's data: its length and the length's masked CRC.
+pub const HEADER_BYTES: usize = 12;
+/// Bytes after a record's data: the data's masked CRC.
+pub const FOOTER_BYTES: usize = 4;
+
+/// Size of the read buffer of the index pass (within a core's L2).
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// The index cache key of TFRecord files.
+#[must_use]
+pub fn fingerprint() -> String {
+    "tfrecord;v1".to_owned()
+}
+
+/// TensorFlow's masked CRC-32C (Castagnoli) of `data`: the CRC rotated right by 15 bits plus
+/// `0xa282ead8`.
+#[must_use]
+pub fn masked_crc32c(data: &[u8]) -> u32 {
+    let crc = crc32c(data);
+    crc.rotate_right(15).wrapping_add(0xa282_ead8)
+}
+
+/// CRC-32C (Castagnoli, reflected, as iSCSI and TensorFlow compute it).
+#[must_use]
+pub fn crc32c(data: &[u8]) -> u32 {
+    // The iSCSI algorithm is CRC-32C; its 32-bit value is the u64's low half.
+    #[allow(clippy::cast_possible_truncation)]
+    let crc = crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32;
+    crc
+}
+
+/// Reads and indexes `data` (named `path` in errors and in the result), within `limits`;
+/// `progress` gets the bytes read so far.
+///
+/// # Errors
+/// I/O errors, a damaged length, a file that ends inside a record, a gzip file, a record larger
+/// than `limits.max_sequence_bytes`, and more records than the limits allow — each naming the
+/// file, the record and its byte offset.
+pub fn index_file(
+    data: &Path,
+    path: Arc<Path>,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&path, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(&path, e))?.len();
+    index_reader(file, path, size, limits, progress)
+}
+
+/// [`index_file`] of the `size` bytes `reader` yields.
+///
+/// # Errors
+/// As [`index_file`].
+pub fn index_reader(
+    mut reader: impl Read,
+    path: Arc<Path>,
+    size: u64,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    let mut digest = crc32fast::Hasher::new();
+    let mut sequences = Sequences::default();
+    // Bytes of `buf` filled and consumed; `base`: the file offset of `buf[0]`.
+    let (mut filled, mut at, mut base) = (0usize, 0usize, 0u64);
+    let mut record: u64 = 0;
+    let fatal = |record: u64, offset: u64, message: String| DataError::Fatal {
+        at: Location { file: path.clone(), line: record + 1, offset },
+        message,
+    };
+    loop {
+        // A whole header in the buffer, or the end of the file.
+        if filled - at < HEADER_BYTES {
+            buf.copy_within(at..filled, 0);
+            base += at as u64;
+            filled -= at;
+            at = 0;
+            let n = read_full(&mut reader, &mut buf[filled..]).map_err(|e| DataError::io(&path, e))?;
+            digest.update(&buf[filled..filled + n]);
+            filled += n;
+            progress(base + filled as u64);
+            if filled == 0 {
+                break;
+            }
+            if filled < HEADER_BYTES {
+                return Err(fatal(
+                    record,
+                    base,
+                    format!(
+                        "the file ends inside record {}'s header: {filled} of its {HEADER_BYTES} bytes (a truncated \
+                         TFRecord file)",
+                        record + 1
+                    ),
+                ));
+            }
+        }
+        let offset = base + at as u64;
+        let (len, frame) =
+            frame_of(&buf[at..at + HEADER_BYTES], record, limits).map_err(|message| fatal(record, offset, message))?;
+        // Skip the data and footer, reading through them (they are digested).
+        let mut skip = frame - HEADER_BYTES as u64;
+        at += HEADER_BYTES;
+        while skip > 0 {
+            let here = skip.min((filled - at) as u64);
+            at += usize::try_from(here).unwrap_or(0);
+            skip -= here;
+            if skip == 0 {
+                break;
+            }
+            base += filled as u64;
+            at = 0;
+            let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&path, e))?;
+            digest.update(&buf[..n]);
+            filled = n;
+            progress(base + filled as u64);
+            if n == 0 {
+                return Err(fatal(
+                    record,
+                    offset,
+                    format!(
+                        "the file ends inside record {} ({len} bytes of data declared, {} missing: a truncated \
+                         TFRecord file)",
+                        record + 1,
+                        skip.saturating_sub(FOOTER_BYTES as u64)
+                    ),
+                ));
+            }
+        }
+        let size = u32::try_from(frame).unwrap_or(u32::MAX);
+        let seq = SequenceDesc { key: record, offset, line: record, size, samples: 1 };
+        room_for_one_more(&sequences, &seq, &limits, || Location { file: path.clone(), line: record + 1, offset })?;
+        sequences.push(seq);
+        record += 1;
+    }
+    sequences.shrink_to_fit();
+    Ok(FileIndex { path, size: size.max(base + filled as u64), digest: digest.finalize(), sequences })
+}
+
+/// The data length and whole frame size of the record whose header is `head` (record `record`,
+/// 0-based), or what is wrong with it.
+fn frame_of(head: &[u8], record: u64, limits: IndexLimits) -> Result<(u64, u64), String> {
+    let len_bytes: [u8; 8] = head[..8].try_into().unwrap_or_default();
+    let len = u64::from_le_bytes(len_bytes);
+    let want = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default());
+    if masked_crc32c(&len_bytes) != want {
+        if record == 0 && head.starts_with(&[0x1f, 0x8b]) {
+            return Err("the file is gzip-compressed: compressed TFRecord files (GZIP, ZLIB) are not read yet; \
+                        decompress it"
+                .into());
+        }
+        return Err(format!(
+            "corrupted record {}: the CRC of its length does not match (a damaged or misaligned TFRecord file)",
+            record + 1
+        ));
+    }
+    let frame = len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64);
+    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    if frame > largest {
+        return Err(format!(
+            "record {} of {len} bytes exceeds the largest allowed, {largest} bytes (4 GiB at most, and \
+             daemon.memory_limit_bytes / {})",
+            record + 1,
+            crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+        ));
+    }
+    Ok((len, frame))
+}
+
+/// The data of the record whose whole frame is `frame` (as the index found it), its CRC checked;
+/// a mismatch (or a frame whose length is not the one indexed) is a malformed record at `at`.
+///
+/// # Errors
+/// The malformed record.
+pub fn frame_data<'a>(frame: &'a [u8], at: &Location) -> Result<&'a [u8], Malformed> {
+    let bad = |message: String| Malformed { kind: ErrorKind::BadRecord, at: at.clone(), message };
+    if frame.len() < HEADER_BYTES + FOOTER_BYTES {
+        return Err(bad(format!("a record frame of {} bytes is shorter than a header and a footer", frame.len())));
+    }
+    let len = u64::from_le_bytes(frame[..8].try_into().unwrap_or_default());
+    let data = &frame[HEADER_BYTES..frame.len() - FOOTER_BYTES];
+    if len != data.len() as u64 {
+        return Err(bad(format!(
+            "the record's length is {len}, not the {} bytes indexed (the file changed?)",
+            data.len()
+        )));
+    }
+    let want = u32::from_le_bytes(frame[frame.len() - FOOTER_BYTES..].try_into().unwrap_or_default());
+    if masked_crc32c(data) != want {
+        // At the data's offset, as TensorFlow names it ("corrupted record at N").
+        let at = Location { offset: at.offset + HEADER_BYTES as u64, ..at.clone() };
+        return Err(Malformed {
+            kind: ErrorKind::BadRecord,
+            at: at.clone(),
+            message: format!(
+                "corrupted record {}: the CRC of its {} bytes of data (from this offset) does not match",
+                at.line,
+                data.len()
+            ),
+        });
+    }
+    Ok(data)
+}
+
+/// A TFRecord frame around `data` (for tests and tools that write records).
+#[must_use]
+pub fn frame(data: &[u8]) -> Vec<u8> {
+    let len = (data.len() as u64).to_le_bytes();
+    let mut out = Vec::with_capacity(data.len() + HEADER_BYTES + FOOTER_BYTES);
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc32c(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc32c(data).to_le_bytes());
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(bytes: &[u8]) -> Result<FileIndex, DataError> {
+        index_reader(bytes, Arc::from(Path::new("t.tfrecord")), bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {})
+    }
+
+    #[test]
+    fn the_masked_crc_is_tensorflows() {
+        // CRC-32C check value (RFC 3720's "123456789").
+        assert_eq!(crc32c(b"123456789"), 0xe306_9283);
+        // The frame TensorFlow writes for the record "abc" (tf.io.TFRecordWriter).
+        let f = frame(b"abc");
+        assert_eq!(&f[..8], &3u64.to_le_bytes());
+        assert_eq!(masked_crc32c(b""), 0xa282_ead8);
+    }
+
+    #[test]
+    fn records_are_sequences_of_their_whole_frames() {
+        let mut bytes = frame(b"abc");
+        bytes.extend(frame(b""));
+        bytes.extend(frame(&[7u8; 1000]));
+        let idx = index(&bytes).expect("index");
+        let seqs: Vec<_> = idx.sequences.iter().map(|s| (s.key, s.offset, s.size)).collect();
+        assert_eq!(seqs, vec![(0, 0, 19), (1, 19, 16), (2, 35, 1016)]);
+        assert_eq!(idx.digest, crc32fast::hash(&bytes));
+        let at = Location { file: Arc::from(Path::new("t")), line: 1, offset: 0 };
+        assert_eq!(frame_data(&bytes[..19], &at).expect("data"), b"abc");
+    }
+
+    #[test]
+    fn damaged_and_truncated_files_are_errors_naming_the_record_and_offset() {
+        let mut bytes = frame(b"abc");
+        bytes.extend(frame(b"defg"));
+        let mut flipped = bytes.clone();
+        flipped[19 + 2] ^= 1; // the second record's length
+        let e = index(&flipped).expect_err("a damaged length").to_string();
+        assert!(e.contains("t.tfrecord:2: byte offset 19") && e.contains("corrupted record 2"), "{e}");
+        let cut = &bytes[..bytes.len() - 2];
+        let e = index(cut).expect_err("a cut tail").to_string();
+        assert!(e.contains("t.tfrecord:2: byte offset 19") && e.contains("ends inside record 2"), "{e}");
+        let e = index(&bytes[..25]).expect_err("a cut header").to_string();
+        assert!(e.contains("ends inside record 2's header"), "{e}");
+        // A flipped data byte passes the index and fails the record's decode.
+        let mut data_flip = bytes.clone();
+        data_flip[12] ^= 0x40;
+        let idx = index(&data_flip).expect("index: data CRCs are checked on decode");
+        let at = Location { file: Arc::from(Path::new("t")), line: 1, offset: 0 };
+        let s = idx.sequences.get(0);
+        let m = frame_data(&data_flip[..s.size as usize], &at).expect_err("bad data CRC");
+        assert!(m.message.contains("corrupted record 1"), "{m}");
+    }
+
+    #[test]
+    fn a_gzip_file_is_named_as_such() {
+        let mut bytes = vec![0x1f, 0x8b, 8, 0];
+        bytes.extend([0u8; 20]);
+        let e = index(&bytes).expect_err("gzip").to_string();
+        assert!(e.contains("gzip-compressed"), "{e}");
+    }
+
+    #[test]
+    fn an_empty_file_has_no_record() {
+        assert!(index(b"").expect("empty").sequences.is_empty());
+    }
+}

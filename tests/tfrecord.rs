@@ -1,0 +1,172 @@
+//! TFRecord files of `tf.train.Example` records through the real binary (issue 39): `dump` reads
+//! fixed-length features as dense streams and var-length ones as sparse streams, in file order
+//! and randomized (every record once per sweep); damaged files are refused naming the record and
+//! its byte offset; a record whose data fails its CRC, or whose Example does not fit the streams,
+//! is charged to `max_errors`; and the daemon serves such a dataset to a client.
+
+mod support;
+
+use std::path::Path;
+
+use minibatchd_engine::format::tfrecord::example::write::{example, Value};
+use minibatchd_engine::format::tfrecord::frame;
+use support::{parse_dump, write};
+
+/// The Example of record `i`: `x` two floats, `label` an int64, `toks` `i % 4` int64s.
+fn record(i: u16) -> Vec<u8> {
+    let x = [f32::from(i), f32::from(i) + 0.5];
+    let toks: Vec<i64> = (0..i64::from(i % 4)).map(|t| t * 10 - 5).collect();
+    example(&[("x", Value::Floats(&x)), ("label", Value::Ints(&[i64::from(i % 3)])), ("toks", Value::Ints(&toks))])
+}
+
+fn file_of(records: &[Vec<u8>]) -> Vec<u8> {
+    records.iter().flat_map(|r| frame(r)).collect()
+}
+
+fn config(dir: &Path, files: &str, extra: &str) -> std::path::PathBuf {
+    write(
+        dir,
+        "c.toml",
+        format!(
+            r#"[daemon]
+state_dir = "{state}"
+[datasets.t]
+format = "tfrecord"
+files = [{files}]
+chunk_size_bytes = 200
+{extra}
+[datasets.t.streams.x]
+format = "dense"
+dim = 2
+[datasets.t.streams.y]
+feature = "label"
+dtype = "int64"
+format = "dense"
+dim = 1
+[datasets.t.streams.toks]
+dtype = "int64"
+format = "sparse"
+dim = 8
+"#,
+            state = dir.join("state").display()
+        ),
+    )
+}
+
+fn dump(config: &Path, args: &[&str]) -> (Vec<serde_json::Value>, String, i32) {
+    let out = support::command("dump", config, "t").args(["--minibatch-size", "3"]).args(args).output().expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let code = out.status.code().unwrap_or(-1);
+    (if code == 0 { parse_dump(&stdout).expect("dump output") } else { Vec::new() }, stderr, code)
+}
+
+/// Every `x` of the dump's minibatches, in order, as its first value (a record left out for an
+/// error is an empty sequence, as a bad line of the other formats is: it has none).
+fn xs(mbs: &[serde_json::Value]) -> Vec<f64> {
+    mbs.iter()
+        .flat_map(|m| m["streams"]["x"]["sequences"].as_array().expect("sequences").clone())
+        .filter_map(|s| s[0][0].as_f64())
+        .collect()
+}
+
+#[test]
+fn fixed_and_var_length_features_are_read_in_file_order_and_each_record_once_randomized() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records: Vec<Vec<u8>> = (0..40).map(record).collect();
+    write(dir.path(), "a.tfrecord", file_of(&records[..25]));
+    write(dir.path(), "b.tfrecord", file_of(&records[25..]));
+    let c = config(dir.path(), r#""a.tfrecord", "b.tfrecord""#, "");
+    let (mbs, err, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(xs(&mbs), (0..40).map(f64::from).collect::<Vec<_>>());
+    let first = &mbs[0]["streams"];
+    assert_eq!(first["x"]["sequences"][1], serde_json::json!([[1.0, 1.5]]));
+    assert_eq!(first["y"]["sequences"][2], serde_json::json!([[2.0]]));
+    assert_eq!(first["toks"]["sequences"][0], serde_json::json!([{"indices": [], "values": []}]));
+    assert_eq!(first["toks"]["sequences"][2], serde_json::json!([{"indices": [0, 1], "values": [-5.0, 5.0]}]));
+    // Randomized (several chunks of 200 bytes): every record once per sweep, in another order.
+    let (mbs, err, code) = dump(&c, &["--max-sweeps", "2", "--seed", "7"]);
+    assert_eq!(code, 0, "{err}");
+    let all = xs(&mbs);
+    assert_eq!(all.len(), 80);
+    for sweep in all.chunks(40) {
+        let mut sorted = sweep.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        assert_eq!(sorted, (0..40).map(f64::from).collect::<Vec<_>>());
+    }
+    assert_ne!(all[..40], (0..40).map(f64::from).collect::<Vec<_>>()[..]);
+}
+
+#[test]
+fn a_damaged_length_or_a_cut_file_is_refused_naming_the_record_and_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records: Vec<Vec<u8>> = (0..5).map(record).collect();
+    let bytes = file_of(&records);
+    let second = frame(&records[0]).len();
+    let mut flipped = bytes.clone();
+    flipped[second + 3] ^= 0x10;
+    write(dir.path(), "a.tfrecord", &flipped);
+    let c = config(dir.path(), r#""a.tfrecord""#, "");
+    let (_, err, code) = dump(&c, &["--full-sweep"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("a.tfrecord:2: byte offset {second}")) && err.contains("corrupted record 2"),
+        "{err}"
+    );
+    write(dir.path(), "a.tfrecord", &bytes[..bytes.len() - 3]);
+    let (_, err, code) = dump(&c, &["--full-sweep"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("a.tfrecord:5: byte offset") && err.contains("ends inside record 5"), "{err}");
+}
+
+#[test]
+fn bad_records_are_charged_to_max_errors_and_left_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut records: Vec<Vec<u8>> = (0..6).map(record).collect();
+    // Record 3 (from 1): x of three values; record 5: its data CRC fails (flipped below).
+    records[2] = example(&[("x", Value::Floats(&[1.0, 2.0, 3.0])), ("label", Value::Ints(&[1]))]);
+    let mut bytes = file_of(&records);
+    let fifth: usize = records[..4].iter().map(|r| frame(r).len()).sum();
+    bytes[fifth + 14] ^= 0x01;
+    write(dir.path(), "a.tfrecord", &bytes);
+    let c = config(dir.path(), r#""a.tfrecord""#, "");
+    let (_, err, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_ne!(code, 0, "max_errors = 0 refuses the first bad record");
+    assert!(err.contains("a.tfrecord:3:") && err.contains("has 3 float values"), "{err}");
+    let c = config(dir.path(), r#""a.tfrecord""#, "max_errors = 2");
+    let (mbs, err, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(xs(&mbs), vec![0.0, 1.0, 3.0, 5.0], "records 3 and 5 are left out");
+    assert!(err.contains("corrupted record 5"), "{err}");
+}
+
+#[test]
+fn config_errors_name_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = write(
+        dir.path(),
+        "c.toml",
+        r#"[datasets.t]
+format = "tfrecord"
+files = ["a.tfrecord"]
+[datasets.t.streams.x]
+format = "dense"
+dim = 2
+dtype = "bytes"
+default = [1, 2, 3]
+[datasets.t.streams.s]
+format = "sparse"
+dim = 2
+default = 0
+"#,
+    );
+    let out = std::process::Command::new(support::BIN).args(["validate", "--config"]).arg(&c).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for want in
+        ["datasets.t.streams.x.dtype", "unknown dtype 'bytes'", "datasets.t.streams.s.default", "has no default"]
+    {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+}
