@@ -170,3 +170,31 @@ default = 0
         assert!(err.contains(want), "{want}: {err}");
     }
 }
+
+/// A GZIP TFRecord file (TensorFlow's `compression_type="GZIP"`) reads as the plain one, from a
+/// copy decompressed once into the state directory; workers split the records exactly once.
+#[test]
+fn a_gzip_file_reads_as_the_plain_one_and_workers_split_its_records_exactly_once() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records: Vec<Vec<u8>> = (0..60).map(record).collect();
+    let plain = file_of(&records);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&plain).expect("gzip");
+    write(dir.path(), "a.tfrecord.gz", gz.finish().expect("gzip"));
+    let c = config(dir.path(), r#""a.tfrecord.gz""#, "");
+    let (mbs, err, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(xs(&mbs), (0..60).map(f64::from).collect::<Vec<_>>());
+    assert!(dir.path().join("state").join("inflated").is_dir(), "the copy lives in the state directory");
+    // Three workers of a randomized sweep: every record once over them, none twice.
+    let mut all = Vec::new();
+    for rank in 0..3 {
+        let rank = rank.to_string();
+        let (mbs, err, code) = dump(&c, &["--full-sweep", "--seed", "5", "--workers", "3", "--rank", &rank]);
+        assert_eq!(code, 0, "{err}");
+        all.extend(xs(&mbs));
+    }
+    all.sort_by(f64::total_cmp);
+    assert_eq!(all, (0..60).map(f64::from).collect::<Vec<_>>());
+}

@@ -91,7 +91,7 @@ fn check_case(dir: &Path) -> Result<(), String> {
     let case: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let cfg = config(work.path(), &dir.join("data.tfrecord"), &case);
+    let cfg = config(work.path(), &dir.join(case["file"].as_str().unwrap_or("data.tfrecord")), &case);
     let out = support::command("dump", &cfg, "t")
         .args(["--minibatch-size", "1000", "--full-sweep", "--randomize", "false"])
         .output()

@@ -13,7 +13,7 @@ writes one directory per case (`data.tfrecord`, `case.json`: the streams' featur
 precision, and per record TensorFlow's values or its error, or the record where TensorFlow
 stops reading a damaged file) and finally runs the replay test, which fails on any difference.
 
-Cases: 1–4 features of `float32`/`int64`, fixed-length (`tf.io.FixedLenFeature([dim])`, with or
+Cases: some files GZIP-compressed by TensorFlow's writer; 1–4 features of `float32`/`int64`, fixed-length (`tf.io.FixedLenFeature([dim])`, with or
 without a default) or var-length (`tf.io.VarLenFeature`); records that lack a feature, hold a
 list of the wrong type or length, or an int64 too large for float32; and files damaged by a
 flipped byte or a cut tail.
@@ -118,13 +118,15 @@ def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
         records.append(ex.SerializeToString())
     d = out / f"case_{i:03d}"
     d.mkdir(parents=True)
-    path = d / "data.tfrecord"
-    with tf.io.TFRecordWriter(str(path)) as w:
+    # Some files GZIP-compressed by TensorFlow's writer (compression_type="GZIP").
+    gzip = rng.random() < 0.15
+    path = d / ("data.tfrecord.gz" if gzip else "data.tfrecord")
+    with tf.io.TFRecordWriter(str(path), options="GZIP" if gzip else None) as w:
         for r in records:
             w.write(r)
     damage = None
     data = bytearray(path.read_bytes())
-    if rng.random() < 0.2 and len(data) > 16:
+    if not gzip and rng.random() < 0.2 and len(data) > 16:
         if rng.random() < 0.5:
             at = rng.randrange(len(data))
             data[at] ^= 1 << rng.randrange(8)
@@ -137,7 +139,7 @@ def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
     answers = []
     stopped = None
     try:
-        for k, raw in enumerate(tf.data.TFRecordDataset(str(path))):
+        for k, raw in enumerate(tf.data.TFRecordDataset(str(path), compression_type="GZIP" if gzip else None)):
             try:
                 parsed = tf.io.parse_single_example(raw, spec)
             except (tf.errors.InvalidArgumentError, ValueError) as e:
@@ -153,7 +155,7 @@ def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
             answers.append({"values": rec})
     except tf.errors.DataLossError as e:
         stopped = {"after_records": len(answers), "error": message(e)}
-    case = {"features": features, "precision": precision, "damage": damage, "records": answers, "stopped": stopped,
+    case = {"file": path.name, "features": features, "precision": precision, "damage": damage, "records": answers, "stopped": stopped,
             "tensorflow": tf.__version__}
     (d / "case.json").write_text(json.dumps(case) + "\n")
 

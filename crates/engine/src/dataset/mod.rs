@@ -309,34 +309,8 @@ impl Dataset {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        // Where each input's bytes are read: the file or object itself, or a decompressed copy.
-        let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
-        let mut data_versions = Vec::with_capacity(inputs.len());
-        for input in &inputs {
-            let copy = match &input.object {
-                None => {
-                    Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name)
-                }
-                Some(object) => {
-                    remote::inflated_object(object, remote::require(remote, &input.name)?, state_dir, &config.inflate)?
-                }
-            };
-            if let Some(copy) = copy {
-                data_versions.push(Stored::Local(version_of(&copy)?));
-                data.push(copy);
-            } else {
-                data_versions.push(Stored::of(input)?);
-                data.push(input.name.clone());
-            }
-        }
-        let bytes_total: u64 = data
-            .iter()
-            .zip(&data_versions)
-            .map(|(d, v)| match v {
-                Stored::Remote(o) => o.size,
-                Stored::Local(_) => std::fs::metadata(d).map_or(0, |m| m.len()),
-            })
-            .sum();
+        let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
+        let bytes_total = readable_bytes(&data, &data_versions);
         let options = LineIndexOptions { comments: schema.comments };
         let fingerprint = options.fingerprint();
         let mut done = 0u64;
@@ -422,20 +396,22 @@ impl Dataset {
         })?;
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        let bytes_total: u64 = inputs.iter().map(input_size).sum();
+        // A GZIP TFRecord file (TensorFlow's compression_type="GZIP") is read from its copy.
+        let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
+        let bytes_total = readable_bytes(&data, &data_versions);
         let fingerprint = tfrecord::fingerprint();
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
         let mut lengths_kept = false;
-        let (mut indexes, mut versions) = (Vec::new(), Vec::new());
-        for input in &inputs {
+        let (mut indexes, mut file_versions) = (Vec::new(), Vec::new());
+        for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
             let f = &input.name;
-            let mut stored = Stored::of(input)?;
+            file_versions.push(Stored::of(input)?);
             let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = match &stored {
+            let idx = match &*stored {
                 Stored::Remote(object) => {
                     let r = remote::require(remote, f)?;
                     let left = left.for_shared_index();
@@ -447,10 +423,10 @@ impl Dataset {
                 }
                 Stored::Local(_) => {
                     let (idx, version) =
-                        index_with_cache(&name, f, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            tfrecord::index_file(f, name.clone(), left, p)
+                        index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
+                            tfrecord::index_file(d, name.clone(), left, p)
                         })?;
-                    stored = Stored::Local(version);
+                    *stored = Stored::Local(version);
                     idx
                 }
             };
@@ -458,17 +434,15 @@ impl Dataset {
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             lengths_kept |= idx.sequences.columns().samples;
-            versions.push(stored);
             indexes.push(idx);
         }
         let decoder = ExampleDecoder::new(features);
         let streams = decoder.specs();
-        let paths: Vec<Arc<Path>> = inputs.iter().map(|i| Arc::from(i.name.as_path())).collect();
         let source = OpenSource {
-            files: paths.clone(),
-            data: paths,
-            data_versions: versions.clone(),
-            file_versions: versions,
+            files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
+            data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            data_versions,
+            file_versions,
             indexes,
             decoder: SourceDecoder::Example(decoder),
             first_stream: 0,
@@ -1032,6 +1006,46 @@ impl Dataset {
         }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
     }
+}
+
+/// Where each input's bytes are read: the file or object itself, or — for a gzip input — a copy
+/// decompressed once into `state_dir` ([`inflate`]), with the version of what is read.
+fn readable_inputs(
+    inputs: &[Input],
+    config: &DatasetConfig,
+    state_dir: &Path,
+    remote: Option<&Remote>,
+) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
+    let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
+    let mut versions = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let copy = match &input.object {
+            None => Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name),
+            Some(object) => {
+                remote::inflated_object(object, remote::require(remote, &input.name)?, state_dir, &config.inflate)?
+            }
+        };
+        if let Some(copy) = copy {
+            versions.push(Stored::Local(version_of(&copy)?));
+            data.push(copy);
+        } else {
+            versions.push(Stored::of(input)?);
+            data.push(input.name.clone());
+        }
+    }
+    Ok((data, versions))
+}
+
+/// The bytes the index pass reads from `data` (a decompressed copy's, not its `.gz`'s), for
+/// progress.
+fn readable_bytes(data: &[PathBuf], versions: &[Stored]) -> u64 {
+    data.iter()
+        .zip(versions)
+        .map(|(d, v)| match v {
+            Stored::Remote(o) => o.size,
+            Stored::Local(_) => std::fs::metadata(d).map_or(0, |m| m.len()),
+        })
+        .sum()
 }
 
 /// What the index of a file costs the dataset ([`index_cost`]), or an error naming the file when

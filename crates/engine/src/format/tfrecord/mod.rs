@@ -11,8 +11,9 @@
 //! * The data's CRC is checked when the record is decoded ([`frame_data`]): a mismatch is a
 //!   malformed record, charged to `max_errors` with the file, record and offset (TensorFlow
 //!   fails the read there).
-//! * Uncompressed files only (`compression_type = ""`); GZIP and ZLIB TFRecord files are not read
-//!   yet, and an input with a gzip header is refused by name.
+//! * A GZIP TFRecord file (TensorFlow's `compression_type="GZIP"`) is decompressed once into
+//!   `state_dir` and read from the copy, as the deepx formats' `.gz` inputs are
+//!   ([`crate::format::inflate`]); ZLIB files are not read (their first length fails its CRC).
 //!
 //! The records' payload is decoded by a record decoder: [`example`] for `tf.train.Example`.
 
@@ -172,8 +173,8 @@ fn frame_of(head: &[u8], record: u64, limits: IndexLimits) -> Result<(u64, u64),
     let want = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default());
     if masked_crc32c(&len_bytes) != want {
         if record == 0 && head.starts_with(&[0x1f, 0x8b]) {
-            return Err("the file is gzip-compressed: compressed TFRecord files (GZIP, ZLIB) are not read yet; \
-                        decompress it"
+            return Err("the file holds a gzip stream inside: a GZIP TFRecord file is one gzip stream from its \
+                        first byte (TensorFlow's compression_type=\"GZIP\")"
                 .into());
         }
         return Err(format!(
@@ -300,7 +301,7 @@ mod tests {
         let mut bytes = vec![0x1f, 0x8b, 8, 0];
         bytes.extend([0u8; 20]);
         let e = index(&bytes).expect_err("gzip").to_string();
-        assert!(e.contains("gzip-compressed"), "{e}");
+        assert!(e.contains("a gzip stream inside"), "{e}");
     }
 
     #[test]
