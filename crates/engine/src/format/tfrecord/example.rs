@@ -95,12 +95,31 @@ impl<'a> Wire<'a> {
 }
 
 /// A feature's list as found: its kind (1 bytes, 2 float, 3 int64; 0 none) and the list
-/// messages seen for it (merged: their values concatenate).
+/// messages seen for it (merged: their values concatenate) — the first in place, any later ones
+/// (rare: a writer that split a list) in `more`, so a record allocates nothing for them.
 #[derive(Default)]
 struct Found<'a> {
     kind: u64,
-    lists: Vec<&'a [u8]>,
+    first: Option<&'a [u8]>,
+    more: Vec<&'a [u8]>,
 }
+
+impl<'a> Found<'a> {
+    fn push(&mut self, list: &'a [u8]) {
+        if self.first.is_none() {
+            self.first = Some(list);
+        } else {
+            self.more.push(list);
+        }
+    }
+
+    fn lists(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
+        self.first.into_iter().chain(self.more.iter().copied())
+    }
+}
+
+/// Features per record decoded without allocating their table (more take a `Vec`).
+const INLINE_FEATURES: usize = 8;
 
 /// Decodes `tf.train.Example` records into the configured features' streams.
 #[derive(Debug, Clone)]
@@ -141,7 +160,6 @@ impl ExampleDecoder {
         bufs: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {
-        let marks: Vec<(usize, usize)> = bufs.iter().map(|b| (b.values.len(), b.indices.len())).collect();
         let result = super::frame_data(frame, at).and_then(|data| {
             self.fill(data, bufs).map_err(|message| Malformed { kind: ErrorKind::BadExample, at: at.clone(), message })
         });
@@ -154,7 +172,16 @@ impl ExampleDecoder {
                 }
             }
             Err(m) => {
-                for (b, (values, indices)) in bufs.iter_mut().zip(marks) {
+                // What the earlier records hold: `dim` values each in a dense stream, up to the
+                // last sample's end in a sparse one.
+                for (b, f) in bufs.iter_mut().zip(&self.features) {
+                    let (values, indices) = match f.length {
+                        FeatureLength::Fixed { .. } => (b.samples * f.dim, 0),
+                        FeatureLength::Var => {
+                            let end = b.sample_offsets.last().copied().unwrap_or(0);
+                            (end, end)
+                        }
+                    };
                     b.values.truncate(values);
                     b.indices.truncate(indices);
                     b.seq_offsets.push(b.samples);
@@ -166,7 +193,14 @@ impl ExampleDecoder {
 
     /// Each feature's values of the Example `data` into `bufs`.
     fn fill<T: DeepxElement>(&self, data: &[u8], bufs: &mut [StreamBuf<T>]) -> Result<(), String> {
-        let mut found: Vec<Found<'_>> = self.features.iter().map(|_| Found::default()).collect();
+        let mut inline: [Found<'_>; INLINE_FEATURES] = Default::default();
+        let mut spilled: Vec<Found<'_>> = Vec::new();
+        let found: &mut [Found<'_>] = if self.features.len() <= INLINE_FEATURES {
+            &mut inline[..self.features.len()]
+        } else {
+            spilled.resize_with(self.features.len(), Found::default);
+            &mut spilled
+        };
         let mut example = Wire::new(data);
         while let Some((number, value)) = example.next()? {
             let (1, Field::Bytes(features)) = (number, value) else { continue };
@@ -189,9 +223,9 @@ impl ExampleDecoder {
                     while let Some((number, value)) = kind.next()? {
                         if let (1..=3, Field::Bytes(list)) = (number, value) {
                             if found[i].kind != number {
-                                found[i] = Found { kind: number, lists: Vec::new() };
+                                found[i] = Found { kind: number, ..Found::default() };
                             }
-                            found[i].lists.push(list);
+                            found[i].push(list);
                         }
                     }
                     if found[i].kind == 0 {
@@ -204,7 +238,7 @@ impl ExampleDecoder {
                 }
             }
         }
-        for ((f, found), buf) in self.features.iter().zip(&found).zip(bufs.iter_mut()) {
+        for ((f, found), buf) in self.features.iter().zip(found.iter()).zip(bufs.iter_mut()) {
             fill_feature(f, found, buf)?;
         }
         Ok(())
@@ -246,7 +280,7 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
             f.stream
         ));
     }
-    for list in &found.lists {
+    for list in found.lists() {
         let mut w = Wire::new(list);
         while let Some((number, value)) = w.next()? {
             if number != 1 {
@@ -257,10 +291,11 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
                     if packed.len() % 4 != 0 {
                         return Err(format!("feature '{}': a packed float list of {} bytes", f.key, packed.len()));
                     }
-                    for c in packed.chunks_exact(4) {
-                        let v = f32::from_le_bytes(c.try_into().unwrap_or_default());
-                        buf.values.push(T::from_f64(f64::from(v)));
-                    }
+                    buf.values.extend(
+                        packed
+                            .chunks_exact(4)
+                            .map(|c| T::from_f64(f64::from(f32::from_le_bytes(c.try_into().unwrap_or_default())))),
+                    );
                 }
                 (FeatureType::Float, Field::Fixed32(bits)) => {
                     buf.values.push(T::from_f64(f64::from(f32::from_bits(bits))));
