@@ -536,6 +536,35 @@ mod tests {
         assert_eq!(b[1].sample_offsets, vec![0, 0]);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// No record makes the decoder panic, and every record is one sequence: a sample of every
+        /// stream, or an error and none.
+        #[test]
+        fn hostile_records_never_panic(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+            prefix in proptest::sample::select(vec![
+                Vec::new(),
+                vec![0x0a], vec![0x0a, 0x80], vec![0x0a, 0x10, 0x0a, 0x0e, 0x0a, 0x01, b'x'],
+                example(&[("x", Value::Floats(&[1.0, 2.0, 3.0]))]),
+            ]),
+        ) {
+            let mut record = prefix;
+            record.extend(data);
+            let d = ExampleDecoder::new(&features());
+            let mut bufs: Vec<StreamBuf<f32>> = (0..3).map(|_| StreamBuf::new()).collect();
+            let mut errors = Vec::new();
+            let file: Arc<Path> = Arc::from(Path::new("t"));
+            d.decode_record(&frame(&record), &record_location(&file, 0, 0), &mut bufs, &mut errors);
+            for b in &bufs {
+                proptest::prop_assert_eq!(b.seq_offsets.len(), 2);
+                proptest::prop_assert_eq!(b.samples, usize::from(errors.is_empty()));
+            }
+            proptest::prop_assert_eq!(bufs[0].values.len(), if errors.is_empty() { 3 } else { 0 });
+        }
+    }
+
     #[test]
     fn a_damaged_record_is_malformed_not_decoded() {
         let d = ExampleDecoder::new(&features());

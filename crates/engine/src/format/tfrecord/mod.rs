@@ -304,6 +304,39 @@ mod tests {
         assert!(e.contains("a gzip stream inside"), "{e}");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2000, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// No file makes the index pass panic; what it indexes are whole frames that pass their
+        /// length's CRC, end to end.
+        #[test]
+        fn hostile_files_never_panic(
+            records in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40), 0..6),
+            flip in proptest::option::of((0usize..400, 0u8..8)),
+            cut in proptest::option::of(0usize..400),
+            noise in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..30),
+        ) {
+            let mut bytes: Vec<u8> = records.iter().flat_map(|r| frame(r)).collect();
+            if let Some((at, bit)) = flip {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b ^= 1 << bit;
+                }
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut);
+            }
+            bytes.extend(noise);
+            if let Ok(idx) = index(&bytes) {
+                let mut next = 0;
+                for s in idx.sequences.iter() {
+                    proptest::prop_assert_eq!(s.offset, next);
+                    next += u64::from(s.size);
+                }
+                proptest::prop_assert_eq!(next, bytes.len() as u64);
+            }
+        }
+    }
+
     #[test]
     fn an_empty_file_has_no_record() {
         assert!(index(b"").expect("empty").sequences.is_empty());
