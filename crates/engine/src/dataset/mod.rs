@@ -424,7 +424,7 @@ impl Dataset {
                 Stored::Local(_) => {
                     let (idx, version) =
                         index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            tfrecord::index_file(d, name.clone(), left, p)
+                            tfrecord::index_file(d, name.clone(), left, config.index_threads, p)
                         })?;
                     *stored = Stored::Local(version);
                     idx

@@ -37,10 +37,17 @@ pub(crate) fn parts_for(size: u64, threads: usize) -> usize {
 }
 
 /// The bytes of a file from `at` to `end` (or to its end when `end` is `None`), read positionally.
-struct PartReader<'a> {
+pub(crate) struct PartReader<'a> {
     file: &'a File,
     at: u64,
     end: Option<u64>,
+}
+
+impl<'a> PartReader<'a> {
+    /// `file`'s bytes from `at` to `end` (its end when `None`).
+    pub(crate) fn new(file: &'a File, at: u64, end: Option<u64>) -> Self {
+        Self { file, at, end }
+    }
 }
 
 impl std::io::Read for PartReader<'_> {
@@ -57,7 +64,7 @@ impl std::io::Read for PartReader<'_> {
 }
 
 /// Up to `len` bytes of `file` from `at` (fewer at its end).
-fn read_window(file: &File, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_window(file: &File, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len];
     let n = crate::format::index::read_full(&mut PartReader { file, at, end: None }, &mut buf)?;
     buf.truncate(n);
@@ -85,11 +92,27 @@ pub(crate) fn cuts(
     parts: usize,
     sequence_start: impl Fn(&File, u64) -> std::io::Result<Option<u64>>,
 ) -> std::io::Result<Vec<u64>> {
+    cuts_where(file, size, parts, |file, target| match line_start_from(file, target)? {
+        Some(line) => sequence_start(file, line),
+        None => Ok(None),
+    })
+}
+
+/// Where to cut `size` bytes of `file` into `parts` parts: at what `start` finds from each
+/// `size × i / parts` (`None`: no cut there). Strictly increasing, inside the file.
+///
+/// # Errors
+/// I/O errors.
+pub(crate) fn cuts_where(
+    file: &File,
+    size: u64,
+    parts: usize,
+    start: impl Fn(&File, u64) -> std::io::Result<Option<u64>>,
+) -> std::io::Result<Vec<u64>> {
     let mut cuts: Vec<u64> = Vec::with_capacity(parts.saturating_sub(1));
     for i in 1..parts as u64 {
         let target = size / parts as u64 * i;
-        let Some(line) = line_start_from(file, target)? else { continue };
-        let Some(cut) = sequence_start(file, line)? else { continue };
+        let Some(cut) = start(file, target)? else { continue };
         if cut < size && cuts.last().is_none_or(|&last| cut > last) && cut > 0 {
             cuts.push(cut);
         }

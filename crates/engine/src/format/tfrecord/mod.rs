@@ -8,6 +8,10 @@
 //!   send every later record astray) and a file that ends inside a frame, naming the byte offset
 //!   of the frame; both are fatal, as TensorFlow refuses such a file. The bytes also feed the
 //!   content digest every format's index carries (the dataset's identity, which resumes check).
+//! * A large local file is indexed in parts on every parser thread: each part starts where a
+//!   record seems to start (a length whose CRC matches, and the next few after it), and the guess
+//!   is proven when the part before ends exactly there; a part that does not, or fails, makes the
+//!   one-thread pass run. The index is the same bytes either way.
 //! * The data's CRC is checked when the record is decoded ([`frame_data`]): a mismatch is a
 //!   malformed record, charged to `max_errors` with the file, record and offset (TensorFlow
 //!   fails the read there).
@@ -25,6 +29,7 @@ use std::sync::Arc;
 
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::parts;
 use crate::options::IndexLimits;
 
 /// Bytes before a record's data: its length and the length's masked CRC.
@@ -69,11 +74,106 @@ pub fn index_file(
     data: &Path,
     path: Arc<Path>,
     limits: IndexLimits,
+    threads: usize,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&path, e))?;
     let size = file.metadata().map_err(|e| DataError::io(&path, e))?.len();
+    if let Some(index) = index_in_parts(&file, &path, size, limits, threads, progress)? {
+        return Ok(index);
+    }
     index_reader(file, path, size, limits, progress)
+}
+
+/// Headers that must follow a candidate cut, where the window holds them, for it to be taken.
+const CUT_CHAIN: usize = 4;
+
+/// The first place at or after `at` (within [`parts::MAX_CUT_WALK`]) where a record seems to
+/// start: a length whose CRC matches, followed by [`CUT_CHAIN`] more such headers (or the end of
+/// the file) — a guess, which the pass in parts proves: the part before must end exactly there.
+fn next_frame(file: &std::fs::File, at: u64, size: u64, largest: u64) -> std::io::Result<Option<u64>> {
+    let window = parts::read_window(file, at, parts::MAX_CUT_WALK + HEADER_BYTES)?;
+    let valid = |p: usize| -> Option<u64> {
+        let head = window.get(p..p + HEADER_BYTES)?;
+        let len_bytes: [u8; 8] = head[..8].try_into().ok()?;
+        let frame = u64::from_le_bytes(len_bytes).checked_add((HEADER_BYTES + FOOTER_BYTES) as u64)?;
+        let crc = u32::from_le_bytes(head[8..12].try_into().ok()?);
+        (masked_crc32c(&len_bytes) == crc && frame <= largest && at + p as u64 + frame <= size).then_some(frame)
+    };
+    'candidates: for p in 0..window.len().saturating_sub(HEADER_BYTES) {
+        let Some(mut frame) = valid(p) else { continue };
+        let mut q = p;
+        for _ in 0..CUT_CHAIN {
+            q += usize::try_from(frame).unwrap_or(usize::MAX);
+            if at + q as u64 == size || q + HEADER_BYTES > window.len() {
+                break;
+            }
+            match valid(q) {
+                Some(f) => frame = f,
+                None => continue 'candidates,
+            }
+        }
+        return Ok(Some(at + p as u64));
+    }
+    Ok(None)
+}
+
+/// [`index_file`]'s pass in parts on `threads` threads: each part from a guessed record start
+/// ([`next_frame`]) to the next, read on its own thread; the guess is proven when the part before
+/// ends exactly on it. `None` when the file is too small for parts, no guess was found, or a part
+/// failed or did not end on its successor's start (the one-thread pass then runs, and reports
+/// any error as it always does).
+///
+/// # Errors
+/// I/O errors finding the cuts, and a limit the merged index exceeds.
+fn index_in_parts(
+    file: &std::fs::File,
+    path: &Arc<Path>,
+    size: u64,
+    limits: IndexLimits,
+    threads: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Option<FileIndex>, DataError> {
+    let n = parts::parts_for(size, threads);
+    if n < 2 {
+        return Ok(None);
+    }
+    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let cuts = parts::cuts_where(file, size, n, |f, at| next_frame(f, at, size, largest))
+        .map_err(|e| DataError::io(path, e))?;
+    if cuts.is_empty() {
+        return Ok(None);
+    }
+    let share = parts::part_limits(limits, cuts.len() + 1);
+    let starts: Vec<u64> = std::iter::once(0).chain(cuts.iter().copied()).collect();
+    let ends: Vec<Option<u64>> = cuts.iter().copied().map(Some).chain(std::iter::once(None)).collect();
+    let done: Vec<std::sync::atomic::AtomicU64> = starts.iter().map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+    let run = |i: usize, report: &mut dyn FnMut(u64)| {
+        let reader = parts::PartReader::new(file, starts[i], ends[i]);
+        scan_records(reader, path, starts[i], share, &mut |b| {
+            done[i].store(b, std::sync::atomic::Ordering::Relaxed);
+            report(b);
+        })
+        .ok()
+        .filter(|s| ends[i].is_none_or(|end| s.end == end))
+    };
+    let scanned: Vec<Option<Scanned>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (1..starts.len()).map(|i| scope.spawn(move || run(i, &mut |_| {}))).collect();
+        let total = || done.iter().map(|d| d.load(std::sync::atomic::Ordering::Relaxed)).sum::<u64>();
+        let mut all = vec![run(0, &mut |_| progress(total()))];
+        all.extend(handles.into_iter().map(|h| h.join().ok().flatten()));
+        progress(total());
+        all
+    });
+    let Some(scanned) = scanned.into_iter().collect::<Option<Vec<Scanned>>>() else { return Ok(None) };
+    let mut crc = crc32fast::Hasher::new();
+    for (s, start) in scanned.iter().zip(&starts) {
+        crc.combine(&crc32fast::Hasher::new_with_initial_len(s.crc, s.end - start));
+    }
+    let end = scanned.last().map_or(0, |s| s.end);
+    let found = scanned.into_iter().map(|s| (s.sequences, s.records)).collect();
+    let sequences = parts::merge(found, true, &limits, path)?;
+    Ok(Some(FileIndex { path: path.clone(), size: size.max(end), digest: crc.finalize(), sequences }))
 }
 
 /// [`index_file`] of the `size` bytes `reader` yields.
@@ -81,17 +181,43 @@ pub fn index_file(
 /// # Errors
 /// As [`index_file`].
 pub fn index_reader(
-    mut reader: impl Read,
+    reader: impl Read,
     path: Arc<Path>,
     size: u64,
     limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
+    let scanned = scan_records(reader, &path, 0, limits, progress)?;
+    let mut sequences = scanned.sequences;
+    sequences.shrink_to_fit();
+    Ok(FileIndex { path, size: size.max(scanned.end), digest: scanned.crc, sequences })
+}
+
+/// The records of one run of bytes.
+struct Scanned {
+    sequences: Sequences,
+    /// The file offset after the last byte read.
+    end: u64,
+    /// CRC-32 of the bytes read.
+    crc: u32,
+    /// Records found.
+    records: u64,
+}
+
+/// Indexes the records `reader` yields, its first byte at file offset `origin` (record numbers
+/// count from there); `progress` gets the bytes read.
+fn scan_records(
+    mut reader: impl Read,
+    path: &Arc<Path>,
+    origin: u64,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Scanned, DataError> {
     let mut buf = vec![0u8; BLOCK_BYTES];
     let mut digest = crc32fast::Hasher::new();
     let mut sequences = Sequences::default();
     // Bytes of `buf` filled and consumed; `base`: the file offset of `buf[0]`.
-    let (mut filled, mut at, mut base) = (0usize, 0usize, 0u64);
+    let (mut filled, mut at, mut base) = (0usize, 0usize, origin);
     let mut record: u64 = 0;
     let fatal = |record: u64, offset: u64, message: String| DataError::Fatal {
         at: Location { file: path.clone(), line: record + 1, offset },
@@ -104,10 +230,10 @@ pub fn index_reader(
             base += at as u64;
             filled -= at;
             at = 0;
-            let n = read_full(&mut reader, &mut buf[filled..]).map_err(|e| DataError::io(&path, e))?;
+            let n = read_full(&mut reader, &mut buf[filled..]).map_err(|e| DataError::io(path, e))?;
             digest.update(&buf[filled..filled + n]);
             filled += n;
-            progress(base + filled as u64);
+            progress(base - origin + filled as u64);
             if filled == 0 {
                 break;
             }
@@ -138,10 +264,10 @@ pub fn index_reader(
             }
             base += filled as u64;
             at = 0;
-            let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&path, e))?;
+            let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(path, e))?;
             digest.update(&buf[..n]);
             filled = n;
-            progress(base + filled as u64);
+            progress(base - origin + filled as u64);
             if n == 0 {
                 return Err(fatal(
                     record,
@@ -161,8 +287,7 @@ pub fn index_reader(
         sequences.push(seq);
         record += 1;
     }
-    sequences.shrink_to_fit();
-    Ok(FileIndex { path, size: size.max(base + filled as u64), digest: digest.finalize(), sequences })
+    Ok(Scanned { sequences, end: base + filled as u64, crc: digest.finalize(), records: record })
 }
 
 /// The data length and whole frame size of the record whose header is `head` (record `record`,
@@ -335,6 +460,69 @@ mod tests {
                 proptest::prop_assert_eq!(next, bytes.len() as u64);
             }
         }
+    }
+
+    /// `bytes` written to a file, indexed on `threads` threads, as a comparable value.
+    fn index_on(bytes: &[u8], threads: usize) -> Result<(Vec<SequenceDesc>, u32, u64), String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t.tfrecord");
+        std::fs::write(&p, bytes).expect("write");
+        let mut last = 0;
+        let idx = index_file(&p, Arc::from(Path::new("t")), IndexLimits::UNBOUNDED, threads, &mut |b| last = b)
+            .map_err(|e| e.to_string())?;
+        assert_eq!(last, bytes.len() as u64, "progress ends at the file's size");
+        Ok((idx.sequences.iter().collect(), idx.digest, idx.size))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// A file indexed in parts gives the one-thread index, or its error — also when records
+        /// hold whole records in their data (headers a cut could take for a record's start) and
+        /// when the file is damaged.
+        #[test]
+        fn an_index_in_parts_is_the_one_thread_index(
+            records in proptest::collection::vec((proptest::collection::vec(proptest::prelude::any::<u8>(), 0..60), 0u8..4), 1..40),
+            flip in proptest::option::of((0usize..3000, 0u8..8)),
+            cut in proptest::option::of(0usize..3000),
+            threads in 2usize..6,
+        ) {
+            let mut bytes = Vec::new();
+            for (data, nest) in &records {
+                // Some records hold framed records: false starts for the cuts.
+                let mut payload = data.clone();
+                for _ in 0..*nest {
+                    payload = frame(&payload);
+                }
+                bytes.extend(frame(&payload));
+            }
+            if let Some((at, bit)) = flip {
+                if let Some(b) = bytes.get_mut(at) {
+                    *b ^= 1 << bit;
+                }
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.max(1));
+            }
+            proptest::prop_assert_eq!(index_on(&bytes, 1), index_on(&bytes, threads));
+        }
+    }
+
+    /// The pass in parts runs on a clean file (it is not the one-thread pass under another name).
+    #[test]
+    fn a_clean_file_is_indexed_in_parts() {
+        let bytes: Vec<u8> = (0..200u32).flat_map(|i| frame(&i.to_le_bytes().repeat(3))).collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("t.tfrecord");
+        std::fs::write(&p, &bytes).expect("write");
+        let file = std::fs::File::open(&p).expect("open");
+        let name: Arc<Path> = Arc::from(Path::new("t"));
+        let parts = index_in_parts(&file, &name, bytes.len() as u64, IndexLimits::UNBOUNDED, 4, &mut |_| {})
+            .expect("no error")
+            .expect("indexed in parts");
+        let one =
+            index_reader(&bytes[..], name, bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {}).expect("index");
+        assert_eq!(parts, one);
     }
 
     #[test]
