@@ -9,6 +9,9 @@ use crate::format::chunk::Values;
 pub trait Element: Copy + Default + Send + Sync + 'static {
     /// Narrows CNTK's `f64` accumulator, as `static_cast<ElemType>`.
     fn from_f64(v: f64) -> Self;
+    /// A stored `f32` (a TFRecord `float_list` value): its bits as they are in `f32`, widened
+    /// exactly in `f64`.
+    fn from_f32(v: f32) -> Self;
     /// Wraps a vector of decoded values into the chunk's [`Values`].
     fn into_values(v: Vec<Self>) -> Values;
     /// The dense fast path's vector kernel for this element type
@@ -21,6 +24,10 @@ impl Element for f32 {
     #[allow(clippy::cast_possible_truncation)]
     fn from_f64(v: f64) -> Self {
         v as f32
+    }
+    #[inline]
+    fn from_f32(v: f32) -> Self {
+        v
     }
     fn into_values(v: Vec<Self>) -> Values {
         Values::F32(v.into())
@@ -35,6 +42,10 @@ impl Element for f64 {
     #[inline]
     fn from_f64(v: f64) -> Self {
         v
+    }
+    #[inline]
+    fn from_f32(v: f32) -> Self {
+        f64::from(v)
     }
     fn into_values(v: Vec<Self>) -> Values {
         Values::F64(v.into())

@@ -259,7 +259,18 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
     };
     if found.kind == 0 {
         match &f.length {
-            FeatureLength::Fixed { default: Some(d) } => buf.values.extend(d.iter().map(|&v| T::from_f64(v))),
+            FeatureLength::Fixed { default: Some(d) } => match f.dtype {
+                // A float feature's default is a float32, as TensorFlow casts it.
+                #[allow(clippy::cast_possible_truncation)]
+                FeatureType::Float => buf.values.extend(d.iter().map(|&v| T::from_f32(v as f32))),
+                FeatureType::Int64 => {
+                    for &v in d {
+                        // An integer (the config checks it), exact in the precision or refused.
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        buf.values.push(exact::<T>(f, v as i64 as u64)?);
+                    }
+                }
+            },
             FeatureLength::Fixed { default: None } => {
                 return Err(format!(
                     "feature '{}' ({}) is required but the Example lacks it (give it a default to allow that)",
@@ -294,11 +305,11 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
                     buf.values.extend(
                         packed
                             .chunks_exact(4)
-                            .map(|c| T::from_f64(f64::from(f32::from_le_bytes(c.try_into().unwrap_or_default())))),
+                            .map(|c| T::from_f32(f32::from_le_bytes(c.try_into().unwrap_or_default()))),
                     );
                 }
                 (FeatureType::Float, Field::Fixed32(bits)) => {
-                    buf.values.push(T::from_f64(f64::from(f32::from_bits(bits))));
+                    buf.values.push(T::from_f32(f32::from_bits(bits)));
                 }
                 (FeatureType::Int64, Field::Bytes(packed)) => {
                     let mut p = Wire::new(packed);
