@@ -60,3 +60,8 @@ fn index_cache_corpus() {
 fn parsed_cache_corpus() {
     replay("parsed_cache", harness::parsed_cache);
 }
+
+#[test]
+fn tfrecord_corpus() {
+    replay("tfrecord", harness::tfrecord);
+}

@@ -401,3 +401,53 @@ pub fn parsed_cache(data: &[u8], scratch: &Path) {
         }
     }
 }
+
+/// `tfrecord`: the bytes as a TFRecord file — the index pass, then every record it finds decoded
+/// as a `tf.train.Example` (first byte: the streams' dtypes, lengths and defaults, and the
+/// precision); every record is a sample of each stream or an error, never a panic.
+pub fn tfrecord(data: &[u8], _scratch: &Path) {
+    use minibatchd_engine::format::tfrecord::{self, example::ExampleDecoder};
+    use minibatchd_engine::options::{ExampleFeature, FeatureLength, FeatureType};
+    let Some((&sel, body)) = data.split_first() else { return };
+    let dtype = |bit: u8| if sel & bit != 0 { FeatureType::Int64 } else { FeatureType::Float };
+    let features = vec![
+        ExampleFeature {
+            stream: "a".into(),
+            key: "a".into(),
+            dtype: dtype(1),
+            length: FeatureLength::Fixed { default: (sel & 2 != 0).then(|| vec![1.0, 2.0]) },
+            dim: 2,
+        },
+        ExampleFeature { stream: "b".into(), key: "b".into(), dtype: dtype(4), length: FeatureLength::Var, dim: 3 },
+    ];
+    let path: Arc<Path> = Arc::from(Path::new("fuzz.tfrecord"));
+    let limits = minibatchd_engine::options::IndexLimits::UNBOUNDED;
+    let Ok(idx) = tfrecord::index_reader(body, path.clone(), body.len() as u64, limits, &mut |_| {}) else { return };
+    let dec = ExampleDecoder::new(&features);
+    if sel & 8 != 0 {
+        tfrecord_decode_as::<f64>(&dec, &idx, body, &path);
+    } else {
+        tfrecord_decode_as::<f32>(&dec, &idx, body, &path);
+    }
+}
+
+fn tfrecord_decode_as<T: DeepxElement>(
+    dec: &minibatchd_engine::format::tfrecord::example::ExampleDecoder,
+    idx: &minibatchd_engine::format::FileIndex,
+    body: &[u8],
+    path: &Arc<Path>,
+) {
+    let mut bufs: Vec<StreamBuf<T>> = (0..2).map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    for seq in &idx.sequences {
+        let start = usize::try_from(seq.offset).expect("an offset inside the input");
+        let frame = &body[start..start + seq.size as usize];
+        let at = minibatchd_engine::format::tfrecord::example::record_location(path, seq.line, seq.offset);
+        dec.decode_record(frame, &at, &mut bufs, &mut errors);
+    }
+    for b in &bufs {
+        assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1, "a record is one sequence");
+        assert_eq!(b.samples + errors.len(), idx.sequences.len(), "a record is a sample or an error");
+    }
+    assert_eq!(bufs[0].values.len(), bufs[0].samples * 2, "a fixed-length stream holds dim values a sample");
+}
