@@ -5,6 +5,7 @@ TFRecord framing (masked CRC-32C) and the Example wire format, without TensorFlo
 itself reads from such files is checked by tests/tfrecord_oracle.rs."""
 
 import struct
+import urllib.request
 
 import numpy as np
 
@@ -53,9 +54,7 @@ def _frame(data: bytes) -> bytes:
     return length + struct.pack("<I", _masked(length)) + data + struct.pack("<I", _masked(data))
 
 
-def test_a_tfrecord_dataset_is_served_dense_and_sparse_every_record_once(tmp_path):
-    records = 50
-    (tmp_path / "a.tfrecord").write_bytes(b"".join(_frame(_example(i)) for i in range(records)))
+def _daemon(tmp_path) -> Daemon:
     d = Daemon.__new__(Daemon)
     d.tmp, d.socket, d.config = tmp_path, str(tmp_path / "mbd.sock"), tmp_path / "minibatchd.toml"
     d.config.write_text(daemon_section(tmp_path, d.socket) + f"""
@@ -73,6 +72,51 @@ dtype = "int64"
 format = "sparse"
 dim = 4
 """)
+    return d
+
+
+def _read(d: Daemon, **options) -> list:
+    """(first x value, x, tags) of every sample of a session with `options`."""
+    src = minibatchd.connect(d.socket).open("t", minibatch_size=8, **options)
+    out = []
+    for mb in src:
+        tags = mb["tags"]
+        for k in range(mb["x"].num_samples):
+            start, end = tags.sample_offsets[k], tags.sample_offsets[k + 1]
+            out.append((tuple(np.asarray(mb["x"].values[k]).tolist()), tuple(np.asarray(tags.values[start:end]).tolist())))
+    src.close()
+    return out
+
+
+def test_a_tfrecord_dataset_after_a_restart_reads_its_persisted_chunks_unchanged(tmp_path):
+    """The persisted parsed-chunk cache holds a TFRecord dataset's chunks: after a restart the
+    same session options give the same samples, read from the cache's entries."""
+    (tmp_path / "a.tfrecord").write_bytes(b"".join(_frame(_example(i)) for i in range(200)))
+    d = _daemon(tmp_path)
+    d._start()
+    try:
+        first = _read(d, max_sweeps=1, seed=11)
+    finally:
+        d.stop()
+    entries = list((tmp_path / "state" / "parsed").rglob("*"))
+    assert any(e.is_file() and e.stat().st_size > 0 for e in entries), entries
+    d._start()
+    try:
+        again = _read(d, max_sweeps=1, seed=11)
+        addr = (tmp_path / "state" / "metrics.addr").read_text().strip()
+        text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
+    finally:
+        d.stop()
+    assert again == first
+    hits = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("minibatchd_parsed_cache_hits_total")]
+    assert hits and hits[0] > 0, "the second run read its chunks from the persisted cache"
+    assert sorted(x[0] for x, _ in first) == list(range(200))
+
+
+def test_a_tfrecord_dataset_is_served_dense_and_sparse_every_record_once(tmp_path):
+    records = 50
+    (tmp_path / "a.tfrecord").write_bytes(b"".join(_frame(_example(i)) for i in range(records)))
+    d = _daemon(tmp_path)
     d._start()
     try:
         src = minibatchd.connect(d.socket).open("t", minibatch_size=8, max_sweeps=2, seed=3)
