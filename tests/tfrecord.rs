@@ -198,3 +198,36 @@ fn a_gzip_file_reads_as_the_plain_one_and_workers_split_its_records_exactly_once
     all.sort_by(f64::total_cmp);
     assert_eq!(all, (0..60).map(f64::from).collect::<Vec<_>>());
 }
+
+/// Resume holds for TFRecord as for every format: restoring at the position after any minibatch
+/// of a randomized two-sweep run continues with exactly the samples the run went on with; and
+/// with equal steps every worker gets as many minibatches.
+#[test]
+fn a_restore_at_any_minibatch_continues_the_run_exactly_and_equal_steps_hold() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records: Vec<Vec<u8>> = (0..37).map(record).collect();
+    write(dir.path(), "a.tfrecord", file_of(&records));
+    let c = config(dir.path(), r#""a.tfrecord""#, "");
+    let (mbs, err, code) = dump(&c, &["--max-sweeps", "2", "--seed", "9"]);
+    assert_eq!(code, 0, "{err}");
+    let all = xs(&mbs);
+    assert_eq!(all.len(), 74);
+    let mut seen = 0;
+    for m in &mbs[..mbs.len() - 1] {
+        seen += usize::try_from(m["streams"]["x"]["num_samples"].as_u64().expect("samples")).expect("usize");
+        let position = m["position"].as_u64().expect("position").to_string();
+        let (rest, err, code) = dump(&c, &["--max-sweeps", "2", "--seed", "9", "--restore", &position]);
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(xs(&rest), all[seen..], "restored at {position}");
+    }
+    let steps: Vec<usize> = (0..3)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let args = ["--full-sweep", "--seed", "9", "--workers", "3", "--rank", &rank, "--equal-steps"];
+            let (mbs, err, code) = dump(&c, &args);
+            assert_eq!(code, 0, "{err}");
+            mbs.len()
+        })
+        .collect();
+    assert!(steps.iter().all(|&s| s == steps[0]), "equal steps: {steps:?}");
+}
