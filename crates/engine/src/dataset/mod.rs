@@ -20,13 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
-use crate::format::ctf::{self, CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
-use crate::format::deepx::{self, DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
+use crate::format::ctf::{CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
+use crate::format::deepx::{DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
-use crate::format::tfrecord::{self, example::ExampleDecoder};
+use crate::format::record::{CtfReader, LineReader, RecordReader, TfRecordReader};
+use crate::format::tfrecord::example::ExampleDecoder;
 use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
@@ -216,10 +217,10 @@ impl Dataset {
         let mut sources = Vec::new();
         let mut first_stream = 0;
         for (src, files) in config.sources.iter().zip(resolved) {
-            let options = CtfIndexOptions {
+            let reader = CtfReader(CtfIndexOptions {
                 skip_sequence_ids: src.skip_sequence_ids,
                 main_alias: src.streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone()),
-            };
+            });
             let mut indexes = Vec::new();
             let mut paths = Vec::new();
             let mut versions = Vec::new();
@@ -229,42 +230,19 @@ impl Dataset {
                 let mut stored = Stored::of(&input)?;
                 let base = done;
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
-                let shared: Arc<Path> = Arc::from(f.as_path());
                 let left = limits.left_after(sequences, index_bytes, lengths_kept);
-                let fingerprint = options.fingerprint();
                 let cache = config.cache_index.then_some(state_dir);
-                let idx = match &stored {
-                    Stored::Remote(object) => {
-                        let r = remote::require(remote, f)?;
-                        let left = left.for_shared_index();
-                        remote::index_object(
-                            r,
-                            object,
-                            &fingerprint,
-                            cache,
-                            left.max_sequences,
-                            &mut report,
-                            &mut |p| {
-                                let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
-                                ctf::index_reader(r.chunks.tee(object, reader), &shared, object.size, &options, left, p)
-                            },
-                        )?
-                        .0
-                    }
-                    Stored::Local(_) => {
-                        let (idx, version) = index_with_cache(
-                            &shared,
-                            f,
-                            &fingerprint,
-                            cache,
-                            left.max_sequences,
-                            &mut report,
-                            &mut |p| ctf::index_file(f, &options, left, config.index_threads, p),
-                        )?;
-                        stored = Stored::Local(version);
-                        idx
-                    }
-                };
+                let idx = index_input(
+                    &reader,
+                    &input,
+                    f,
+                    &mut stored,
+                    cache,
+                    remote,
+                    left,
+                    config.index_threads,
+                    &mut report,
+                )?;
                 versions.push(stored);
                 index_bytes += within_index_budget(&idx, &left)?;
                 done += idx.size;
@@ -311,8 +289,7 @@ impl Dataset {
         let inputs = resolve_inputs(patterns, remote)?;
         let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
-        let options = LineIndexOptions { comments: schema.comments };
-        let fingerprint = options.fingerprint();
+        let reader = LineReader(LineIndexOptions { comments: schema.comments });
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
@@ -321,33 +298,12 @@ impl Dataset {
         let mut chunks = Vec::new();
         let mut file_versions = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
-            let f = &input.name;
             file_versions.push(Stored::of(input)?);
-            let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = match &*stored {
-                Stored::Remote(object) => {
-                    let r = remote::require(remote, f)?;
-                    let left = left.for_shared_index();
-                    remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                        let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
-                        let reader = std::io::BufReader::with_capacity(1 << 16, r.chunks.tee(object, reader));
-                        deepx::index_reader(reader, name.clone(), object.size, options, left, p)
-                    })?
-                    .0
-                }
-                Stored::Local(_) => {
-                    let (idx, version) =
-                        index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            deepx::index_file(d, name.clone(), options, left, config.index_threads, p)
-                        })?;
-                    *stored = Stored::Local(version);
-                    idx
-                }
-            };
+            let idx = index_input(&reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
             // The file's index whole must fit beside what the earlier files keep (its sizes are
             // held until it is chunked)...
             within_index_budget(&idx, &left)?;
@@ -399,37 +355,17 @@ impl Dataset {
         // A GZIP TFRecord file (TensorFlow's compression_type="GZIP") is read from its copy.
         let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
-        let fingerprint = tfrecord::fingerprint();
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
         let mut lengths_kept = false;
         let (mut indexes, mut file_versions) = (Vec::new(), Vec::new());
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
-            let f = &input.name;
             file_versions.push(Stored::of(input)?);
-            let name: Arc<Path> = Arc::from(f.as_path());
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = match &*stored {
-                Stored::Remote(object) => {
-                    let r = remote::require(remote, f)?;
-                    let left = left.for_shared_index();
-                    remote::index_object(r, object, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                        let reader = r.store.open(object).map_err(remote::RemoteError::into_data)?;
-                        tfrecord::index_reader(r.chunks.tee(object, reader), name.clone(), object.size, left, p)
-                    })?
-                    .0
-                }
-                Stored::Local(_) => {
-                    let (idx, version) =
-                        index_with_cache(&name, d, &fingerprint, cache, left.max_sequences, &mut report, &mut |p| {
-                            tfrecord::index_file(d, name.clone(), left, config.index_threads, p)
-                        })?;
-                    *stored = Stored::Local(version);
-                    idx
-                }
-            };
+            let idx =
+                index_input(&TfRecordReader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
@@ -899,7 +835,8 @@ impl Dataset {
             usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
         let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
         for (loc, seq) in self.chunk_sequences(chunk, si) {
-            let at = tfrecord::example::record_location(&src.files[loc.file as usize], seq.line, seq.offset);
+            let at =
+                crate::format::tfrecord::example::record_location(&src.files[loc.file as usize], seq.line, seq.offset);
             d.decode_record(window.bytes(seq.offset, seq.size)?, &at, &mut bufs, errors);
             let dense: usize =
                 bufs.iter().zip(&specs).filter(|(_, s)| s.kind == StreamKind::Dense).map(|(b, _)| b.values.len()).sum();
@@ -1005,6 +942,47 @@ impl Dataset {
             s.shrink_to_fit();
         }
         Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
+    }
+}
+
+/// Indexes `input` with `reader`: its bytes at `data` (the input itself, or a decompressed copy)
+/// through the index cache in `cache`, or, for an object, through object storage's shared index;
+/// `stored` becomes the version indexed.
+///
+/// # Errors
+/// The reader's, the file changing while it is read, and object storage's.
+#[allow(clippy::too_many_arguments)]
+fn index_input(
+    reader: &dyn RecordReader,
+    input: &Input,
+    data: &Path,
+    stored: &mut Stored,
+    cache: Option<&Path>,
+    remote: Option<&Remote>,
+    left: IndexLimits,
+    threads: usize,
+    report: &mut dyn FnMut(u64),
+) -> Result<FileIndex> {
+    let name: Arc<Path> = Arc::from(input.name.as_path());
+    let fingerprint = reader.fingerprint();
+    match &*stored {
+        Stored::Remote(object) => {
+            let r = remote::require(remote, &input.name)?;
+            let left = left.for_shared_index();
+            let built = remote::index_object(r, object, &fingerprint, cache, left.max_sequences, report, &mut |p| {
+                let mut stream = r.chunks.tee(object, r.store.open(object).map_err(remote::RemoteError::into_data)?);
+                reader.index_stream(&mut stream, name.clone(), object.size, left, p)
+            })?;
+            Ok(built.0)
+        }
+        Stored::Local(_) => {
+            let (idx, version) =
+                index_with_cache(&name, data, &fingerprint, cache, left.max_sequences, report, &mut |p| {
+                    reader.index_file(data, name.clone(), left, threads, p)
+                })?;
+            *stored = Stored::Local(version);
+            Ok(idx)
+        }
     }
 }
 

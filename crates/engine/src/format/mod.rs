@@ -9,6 +9,7 @@
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`;
 //! * [`tfrecord`]: TensorFlow's TFRecord files, and `tf.train.Example` records;
+//! * [`record`]: the record reader every format implements (the index pass behind one trait);
 //! * `parts`: the index pass of one large file on several threads.
 
 pub mod chunk;
@@ -20,6 +21,7 @@ pub mod index_cache;
 pub mod inflate;
 pub mod parsed_cache;
 pub(crate) mod parts;
+pub mod record;
 pub mod tfrecord;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
