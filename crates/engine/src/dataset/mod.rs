@@ -21,12 +21,12 @@ use std::sync::Arc;
 
 use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
 use crate::format::ctf::{CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
-use crate::format::deepx::{DeepxDecoder, DeepxElement, LineContext, LineIndexOptions, Schema};
+use crate::format::deepx::{DeepxDecoder, DeepxElement, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
-use crate::format::record::{CtfReader, LineReader, RecordReader, TfRecordReader};
+use crate::format::record::{CtfReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader};
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::hash::Fnv1a;
 use crate::options::{
@@ -773,13 +773,16 @@ impl Dataset {
         }
     }
 
-    /// Decodes chunk `chunk` of deepx source `si` with `d`, its malformed places into `errors`:
-    /// by its sequences' places, or, where the index let go of their sizes, as its lines.
-    fn decode_deepx<T: DeepxElement>(
+    /// Decodes chunk `chunk` of source `si` — a source of one record format, deepx's or
+    /// TFRecord's — with `d`, its malformed places into `errors`: record by record at the places
+    /// its index gives, or, where a line index let go of their sizes, as its lines. The dense
+    /// values stay within the chunk's share of the memory limit (a short record may cost many:
+    /// a default of `dim` values, a deepx label).
+    fn decode_records<D: RecordDecoder, T: DeepxElement>(
         &self,
         chunk: usize,
         si: usize,
-        d: &DeepxDecoder,
+        d: &D,
         errors: &mut Vec<Malformed>,
     ) -> Result<Vec<StreamData>> {
         let src = &self.sources[si];
@@ -787,14 +790,29 @@ impl Dataset {
         let count = self.timeline.chunk_start[chunk + 1] - self.timeline.chunk_start[chunk];
         let chunk_bytes =
             usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
-        let mut bufs = d.buffers_for::<T>(chunk_bytes, count);
+        let max_values =
+            usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
+        let within = |out: &D::Buffers<T>, at: &RecordAt<'_>| {
+            if d.dense_values(out) <= max_values {
+                return Ok(());
+            }
+            Err(DataError::Fatal {
+                at: crate::format::Location { file: at.file.clone(), line: at.line + 1, offset: at.offset },
+                message: format!(
+                    "the chunk's dense values pass {max_values}, its share of the memory limit \
+                     (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit"
+                ),
+            })
+        };
+        let mut out = d.buffers::<T>(chunk_bytes, count);
         let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
         if !src.indexes[desc.file].sequences.sizes_follow_lines() {
             for (loc, seq) in self.chunk_sequences(chunk, si) {
-                let ctx = LineContext { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
-                d.decode_line(window.bytes(seq.offset, seq.size)?, &ctx, &mut bufs, errors);
+                let at = RecordAt { file: &src.files[loc.file as usize], line: seq.line, offset: seq.offset };
+                d.decode(window.bytes(seq.offset, seq.size)?, &at, &mut out, errors);
+                within(&out, &at)?;
             }
-            return Ok(d.into_streams(bufs));
+            return Ok(d.finish(out));
         }
         // Its sequences are the chunk's lines, in order, one each: sequence `i` of the file is
         // its line `i`.
@@ -802,9 +820,10 @@ impl Dataset {
         let mut offset = desc.start;
         for line in desc.first_seq as u64..(desc.first_seq + count) as u64 {
             let bytes = window.line(offset)?;
-            let ctx = LineContext { file, line, offset };
+            let at = RecordAt { file, line, offset };
             offset += bytes.len() as u64;
-            d.decode_line(bytes, &ctx, &mut bufs, errors);
+            d.decode(bytes, &at, &mut out, errors);
+            within(&out, &at)?;
         }
         if offset != desc.end {
             let what = format!(
@@ -814,43 +833,7 @@ impl Dataset {
             );
             return Err(DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what)));
         }
-        Ok(d.into_streams(bufs))
-    }
-
-    /// Decodes chunk `chunk` of TFRecord source `si` with `d`, its malformed records into
-    /// `errors`. The dense values stay within the chunk's share of the memory limit (a record
-    /// that lacks a feature with a default costs `dim` values however short it is).
-    fn decode_examples<T: DeepxElement>(
-        &self,
-        chunk: usize,
-        si: usize,
-        d: &ExampleDecoder,
-        errors: &mut Vec<Malformed>,
-    ) -> Result<Vec<StreamData>> {
-        let src = &self.sources[si];
-        let desc = &self.chunks[chunk];
-        let specs = d.specs();
-        let mut bufs: Vec<StreamBuf<T>> = specs.iter().map(|_| StreamBuf::new()).collect();
-        let max_values =
-            usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
-        let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
-        for (loc, seq) in self.chunk_sequences(chunk, si) {
-            let at =
-                crate::format::tfrecord::example::record_location(&src.files[loc.file as usize], seq.line, seq.offset);
-            d.decode_record(window.bytes(seq.offset, seq.size)?, &at, &mut bufs, errors);
-            let dense: usize =
-                bufs.iter().zip(&specs).filter(|(_, s)| s.kind == StreamKind::Dense).map(|(b, _)| b.values.len()).sum();
-            if dense > max_values {
-                return Err(DataError::Fatal {
-                    at,
-                    message: format!(
-                        "the chunk's dense values pass {max_values}, its share of the memory limit \
-                         (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit"
-                    ),
-                });
-            }
-        }
-        Ok(bufs.into_iter().zip(&specs).map(|(b, s)| into_stream_data(b, s.dim, s.kind != StreamKind::Dense)).collect())
+        Ok(d.finish(out))
     }
 
     /// Decodes chunk `chunk`; the errors come back by source (`[s]`: source `s`'s, in order).
@@ -863,16 +846,15 @@ impl Dataset {
             let mut errors = Vec::new();
             let decoder = match &src.decoder {
                 SourceDecoder::Ctf(d) => d,
+                // A deepx or TFRecord dataset has a single source, read a window at a time like
+                // CTF's primary source (below).
                 SourceDecoder::Deepx(d) => {
-                    // A deepx dataset has a single source, read a window at a time like CTF's
-                    // primary source (below).
-                    streams.extend(self.decode_deepx::<T>(chunk, si, d, &mut errors)?);
+                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;
                 }
                 SourceDecoder::Example(d) => {
-                    // So has a TFRecord dataset.
-                    streams.extend(self.decode_examples::<T>(chunk, si, d, &mut errors)?);
+                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;
                 }

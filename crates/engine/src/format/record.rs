@@ -1,21 +1,25 @@
-//! The record reader: the half of a format that splits a file into records and says where each
-//! is — the index pass, which chunking, the index cache, object storage and every error location
-//! rely on. Every format implements [`RecordReader`]; the dataset indexes each input through it
-//! (local files through the index cache, objects through the shared index of object storage)
-//! without knowing the format.
+//! A format's two halves, as TensorFlow splits them.
 //!
-//! The other half, the record decoder, is still one path per format in the dataset's chunk
-//! loading (`docs/formats.md`, "Adding a format").
+//! * [`RecordReader`]: splits a file into records and says where each is — the index pass, which
+//!   chunking, the index cache, object storage and every error location rely on. Every format
+//!   implements it; the dataset indexes each input through it (local files through the index
+//!   cache, objects through the shared index of object storage) without knowing the format.
+//! * [`RecordDecoder`]: turns one record's bytes into a sample of each stream, or a malformed
+//!   place charged to `max_errors`. The deepx formats and TFRecord's Example decoder implement
+//!   it, and the dataset loads their chunks through one generic loop; CTF's decoder (whose
+//!   sources are joined by sequence key) has its own loop still.
 
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::format::ctf::{self, CtfIndexOptions};
-use crate::format::deepx::{self, LineIndexOptions};
-use crate::format::errors::DataError;
+use crate::format::chunk::{StreamData, StreamSpec};
+use crate::format::ctf::{self, CtfIndexOptions, StreamBuf};
+use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineIndexOptions};
+use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::index::FileIndex;
 use crate::format::tfrecord;
+use crate::format::tfrecord::example::ExampleDecoder;
 use crate::options::IndexLimits;
 
 /// Splits a file into records: one [`crate::format::SequenceDesc`] (key, byte offset, line or
@@ -150,5 +154,109 @@ impl RecordReader for TfRecordReader {
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError> {
         tfrecord::index_reader(reader, name, size, limits, progress)
+    }
+}
+
+/// Where a record is, for its errors: the file as configured (a `.gz` input, not its copy), its
+/// 0-based line or record number, and its byte offset (in the decompressed data).
+pub use crate::format::deepx::LineContext as RecordAt;
+
+/// Turns records into samples of the dataset's streams, a chunk at a time.
+pub trait RecordDecoder: Send + Sync {
+    /// The growing buffers of one chunk being decoded.
+    type Buffers<T: DeepxElement>;
+
+    /// The streams, in the order of the parsed chunk's.
+    fn streams(&self) -> Vec<StreamSpec>;
+
+    /// Empty buffers for a chunk of `bytes` bytes and `records` records.
+    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize) -> Self::Buffers<T>;
+
+    /// Decodes one record (at `at`) into a sample of each stream, or pushes its malformed place
+    /// to `errors` and leaves a sequence of 0 samples: either way one sequence more.
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut Self::Buffers<T>,
+        errors: &mut Vec<Malformed>,
+    );
+
+    /// Dense values the buffers hold (a chunk's are bounded by its share of the memory limit).
+    fn dense_values<T: DeepxElement>(&self, out: &Self::Buffers<T>) -> usize;
+
+    /// The chunk's streams.
+    fn finish<T: DeepxElement>(&self, out: Self::Buffers<T>) -> Vec<StreamData>;
+}
+
+impl RecordDecoder for DeepxDecoder {
+    type Buffers<T: DeepxElement> = DeepxBufs<T>;
+
+    fn streams(&self) -> Vec<StreamSpec> {
+        self.schema().specs()
+    }
+
+    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize) -> DeepxBufs<T> {
+        self.buffers_for(bytes, records)
+    }
+
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut DeepxBufs<T>,
+        errors: &mut Vec<Malformed>,
+    ) {
+        self.decode_line(record, at, out, errors);
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &DeepxBufs<T>) -> usize {
+        out.y.len() + out.w.len() + out.hist_size.len() + out.qid.len()
+    }
+
+    fn finish<T: DeepxElement>(&self, out: DeepxBufs<T>) -> Vec<StreamData> {
+        self.into_streams(out)
+    }
+}
+
+impl RecordDecoder for ExampleDecoder {
+    type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
+
+    fn streams(&self) -> Vec<StreamSpec> {
+        self.specs()
+    }
+
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
+        self.specs()
+            .iter()
+            .map(|_| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b
+            })
+            .collect()
+    }
+
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut Vec<StreamBuf<T>>,
+        errors: &mut Vec<Malformed>,
+    ) {
+        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
+        self.decode_record(record, &at, out, errors);
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+        out.iter()
+            .zip(self.specs())
+            .filter(|(_, s)| s.kind == crate::format::StreamKind::Dense)
+            .map(|(b, _)| b.values.len())
+            .sum()
+    }
+
+    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        self.into_streams(out)
     }
 }

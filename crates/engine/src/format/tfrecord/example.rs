@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::format::chunk::{StreamKind, StreamSpec};
+use crate::format::chunk::{Indices, StreamData, StreamKind, StreamSpec, StreamValues};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{ErrorKind, Location, Malformed};
@@ -146,6 +146,26 @@ impl ExampleDecoder {
                     FeatureLength::Var => StreamKind::SparseI32,
                 },
                 dim: f.dim,
+            })
+            .collect()
+    }
+
+    /// The chunk's streams from its buffers (dense or sparse, by each feature's length).
+    #[must_use]
+    pub fn into_streams<T: DeepxElement>(&self, bufs: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        bufs.into_iter()
+            .zip(&self.features)
+            .map(|(b, f)| {
+                let values = T::into_values(b.values);
+                let data = match f.length {
+                    FeatureLength::Fixed { .. } => StreamValues::Dense { dim: f.dim, values },
+                    FeatureLength::Var => StreamValues::Sparse {
+                        sample_offsets: b.sample_offsets,
+                        indices: Indices::I32(b.indices.into()),
+                        values,
+                    },
+                };
+                StreamData::new(b.seq_offsets, data)
             })
             .collect()
     }
