@@ -249,11 +249,7 @@ impl RecordDecoder for ExampleDecoder {
     }
 
     fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
-        out.iter()
-            .zip(self.specs())
-            .filter(|(_, s)| s.kind == crate::format::StreamKind::Dense)
-            .map(|(b, _)| b.values.len())
-            .sum()
+        ExampleDecoder::dense_values(self, out)
     }
 
     fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {

@@ -150,6 +150,17 @@ impl ExampleDecoder {
             .collect()
     }
 
+    /// The values the dense (fixed-length) streams of `bufs` hold; allocates nothing (it runs
+    /// after every record).
+    #[must_use]
+    pub fn dense_values<T>(&self, bufs: &[StreamBuf<T>]) -> usize {
+        bufs.iter()
+            .zip(&self.features)
+            .filter(|(_, f)| matches!(f.length, FeatureLength::Fixed { .. }))
+            .map(|(b, _)| b.values.len())
+            .sum()
+    }
+
     /// The chunk's streams from its buffers (dense or sparse, by each feature's length).
     #[must_use]
     pub fn into_streams<T: DeepxElement>(&self, bufs: Vec<StreamBuf<T>>) -> Vec<StreamData> {
