@@ -23,7 +23,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
@@ -71,21 +70,8 @@ def run_minibatchd(a, data: Path, work: Path) -> dict:
                    "parser_threads": a.threads},
         "datasets": {"svm": {"format": "libsvm", "files": [str(data)]}},
     })
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts" / "lib"))
-    consumer = subprocess.Popen([PY, "-c", CONSUMER, str(ROOT / "clients" / "python"), str(sock), str(a.minibatch_size),
-                                 "1" if a.randomize else "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if consumer.stdout.readline().strip() != "ready":
-        sys.exit(f"the consumer failed: {consumer.communicate()[1]}")
-    t0 = time.time()
-    daemon = daemon_kit.spawn(cfg, binary=DAEMON, env={"MINIBATCHD_LOG": "warn"})
-    try:
-        out, err = consumer.communicate(timeout=600)
-        if consumer.returncode != 0:
-            sys.exit(f"the consumer failed:\n{err}")
-        r = json.loads(out)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=60)
+    r, t0 = daemon_kit.consumer_first(cfg, [PY, "-c", CONSUMER, str(ROOT / "clients" / "python"), str(sock),
+                                            str(a.minibatch_size), "1" if a.randomize else "0"], binary=DAEMON)
     return {"first": r["first"] - t0, "last": r["last"] - t0, "samples": r["samples"]}
 
 

@@ -22,7 +22,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
@@ -122,21 +121,8 @@ def run_mbd(data: Path, work: Path, batch: int) -> dict:
             "y": {"format": "dense", "dim": 1, "dtype": "int64"},
         }}},
     })
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts" / "lib"))
-    consumer = subprocess.Popen([PY, "-c", MBD_CONSUMER, str(ROOT / "clients" / "python"), str(sock), str(batch)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    if consumer.stdout.readline().strip() != "ready":
-        sys.exit(f"the consumer failed: {consumer.communicate()[1]}")
-    t0 = time.time()
-    daemon = daemon_kit.spawn(cfg, binary=DAEMON, env={"MINIBATCHD_LOG": "warn"})
-    try:
-        out, err = consumer.communicate(timeout=1200)
-        if consumer.returncode != 0:
-            sys.exit(f"the consumer failed:\n{err}")
-        r = json.loads(out)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=60)
+    r, t0 = daemon_kit.consumer_first(cfg, [PY, "-c", MBD_CONSUMER, str(ROOT / "clients" / "python"), str(sock),
+                                            str(batch)], binary=DAEMON)
     return {"secs": r["last"] - t0, "first": r["first"] - t0, "samples": r["samples"]}
 
 

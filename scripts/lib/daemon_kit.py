@@ -92,3 +92,24 @@ def stop(daemon: subprocess.Popen, timeout: float = 60) -> int:
     except subprocess.TimeoutExpired:
         daemon.kill()
         return daemon.wait()
+
+
+def consumer_first(config: Path, consumer: list, *, binary=DAEMON, timeout: float = 1200) -> tuple:
+    """The user's clock with a trainer that is up first: starts `consumer` (a command that prints
+    `ready` once its imports are done, then connects as soon as the daemon listens and prints one
+    JSON object), then `minibatchd run --config CONFIG`; returns (the consumer's JSON, the Unix
+    time the daemon was started). Exits when the consumer fails; stops the daemon either way."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts" / "lib"))
+    proc = subprocess.Popen(consumer, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if proc.stdout.readline().strip() != "ready":
+        sys.exit(f"the consumer failed: {proc.communicate()[1]}")
+    t0 = time.time()
+    daemon = spawn(config, binary=binary, env={"MINIBATCHD_LOG": "warn"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            sys.exit(f"the consumer failed:\n{err}")
+        return json.loads(out), t0
+    finally:
+        daemon.terminate()
+        daemon.wait(timeout=60)
