@@ -19,8 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues};
-use crate::format::ctf::{CtfDecoder, CtfIndexOptions, Element, SeqContext, StreamBuf};
+use crate::format::chunk::{ParsedChunk, StreamData, StreamKind, StreamSpec};
+use crate::format::ctf::{CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
 use crate::format::deepx::{DeepxDecoder, DeepxElement, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
@@ -916,7 +916,7 @@ impl Dataset {
             let cfg: &SourceConfig = &self.config.sources[si];
             debug_assert_eq!(streams.len(), src.first_stream);
             for (buf, sc) in bufs.into_iter().zip(&cfg.streams) {
-                streams.push(into_stream_data(buf, sc.dim, sc.format == StreamFormat::Sparse));
+                streams.push(buf.into_stream_data(sc.dim, sc.format == StreamFormat::Sparse));
             }
             by_source.push(errors);
         }
@@ -1029,17 +1029,4 @@ fn within_index_budget(idx: &FileIndex, left: &IndexLimits) -> Result<u64> {
 /// An input's size now (an object's as listed), for progress.
 fn input_size(input: &Input) -> u64 {
     input.object.as_ref().map_or_else(|| std::fs::metadata(&input.name).map_or(0, |m| m.len()), |o| o.size)
-}
-
-fn into_stream_data<T: Element>(buf: StreamBuf<T>, dim: usize, sparse: bool) -> StreamData {
-    let data = if sparse {
-        StreamValues::Sparse {
-            sample_offsets: buf.sample_offsets,
-            indices: Indices::I32(buf.indices.into()),
-            values: T::into_values(buf.values),
-        }
-    } else {
-        StreamValues::Dense { dim, values: T::into_values(buf.values) }
-    };
-    StreamData::new(buf.seq_offsets, data)
 }

@@ -30,6 +30,7 @@ use std::sync::Arc;
 use super::element::Element;
 use super::index::show_byte;
 use super::number::{parse_index, parse_real, IndexError};
+use crate::format::chunk::{Indices, StreamData, StreamValues};
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::SequenceDesc;
 use crate::options::{StreamConfig, StreamFormat};
@@ -95,6 +96,25 @@ impl<T> StreamBuf<T> {
             over_limit: false,
             chunk_max_values: usize::MAX,
         }
+    }
+}
+
+impl<T: Element> StreamBuf<T> {
+    /// The chunk's stream from these buffers: `dim` values a sample, or (`sparse`) CSR entries
+    /// with 32-bit indices.
+    #[must_use]
+    pub fn into_stream_data(self, dim: usize, sparse: bool) -> StreamData {
+        let values = T::into_values(self.values);
+        let data = if sparse {
+            StreamValues::Sparse {
+                sample_offsets: self.sample_offsets,
+                indices: Indices::I32(self.indices.into()),
+                values,
+            }
+        } else {
+            StreamValues::Dense { dim, values }
+        };
+        StreamData::new(self.seq_offsets, data)
     }
 }
 

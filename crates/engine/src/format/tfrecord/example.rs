@@ -19,7 +19,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::format::chunk::{Indices, StreamData, StreamKind, StreamSpec, StreamValues};
+use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{ErrorKind, Location, Malformed};
@@ -166,18 +166,7 @@ impl ExampleDecoder {
     pub fn into_streams<T: DeepxElement>(&self, bufs: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         bufs.into_iter()
             .zip(&self.features)
-            .map(|(b, f)| {
-                let values = T::into_values(b.values);
-                let data = match f.length {
-                    FeatureLength::Fixed { .. } => StreamValues::Dense { dim: f.dim, values },
-                    FeatureLength::Var => StreamValues::Sparse {
-                        sample_offsets: b.sample_offsets,
-                        indices: Indices::I32(b.indices.into()),
-                        values,
-                    },
-                };
-                StreamData::new(b.seq_offsets, data)
-            })
+            .map(|(b, f)| b.into_stream_data(f.dim, matches!(f.length, FeatureLength::Var)))
             .collect()
     }
 
