@@ -45,5 +45,16 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 if [ -f clients/python/requirements-test.txt ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-cache-dir -r clients/python/requirements-test.txt
+  # torch from PyPI brings CUDA's libraries (about 5 GiB unpacked, more while its wheels unpack):
+  # pip unpacks into a folder of the project's rather than /tmp, which may be a small tmpfs, and
+  # on failure says how much disk there was.
+  mkdir -p target/pip-tmp
+  if ! TMPDIR="$PWD/target/pip-tmp" .venv/bin/python -m pip install -q --disable-pip-version-check \
+      --no-cache-dir -r clients/python/requirements-test.txt; then
+    echo "setup: installing the Python test packages failed; free disk here and in /tmp:" >&2
+    df -h . /tmp >&2
+    rm -rf target/pip-tmp
+    exit 1
+  fi
+  rm -rf target/pip-tmp
 fi
