@@ -13,6 +13,7 @@
 //! * a position is a count of nominal samples on the global timeline (all workers together);
 //!   [`Sampler::restore`] to a position reproduces what an uninterrupted run delivers after it.
 
+pub mod mixture;
 pub mod mt64;
 mod plan;
 pub mod randomizer;

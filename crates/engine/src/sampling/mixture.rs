@@ -1,0 +1,679 @@
+//! Weighted mixtures of datasets: which source fills each place of a minibatch, with an exact,
+//! resumable order, also through a change of weights (`docs/mixtures.md`).
+//!
+//! A mixture draws from several sources, each a dataset with its own [`Timeline`] and CNTK
+//! sampling (randomization, window, seed). Each source keeps its own timeline of sweeps, one
+//! after the other, endlessly: over each of its sweeps every sequence comes exactly once, in the
+//! order a single-dataset session with the source's options gets (one worker).
+//!
+//! **The schedule is over sequences.** The mixture's global stream is a sequence of *slots*;
+//! slot `g` takes the next sequence of the source a smooth weighted round-robin picks: every
+//! source's credit grows by its weight, the source with the largest credit (the lowest index on a
+//! tie) is picked and its credit falls by the sum of the weights. A source's credit is `n·w − c·W`
+//! after `n` slots of which it got `c` (weights `w`, their sum `W`), so the realised share of every
+//! source stays within one sequence of its weight at every prefix (tested, `mixture/tests.rs`).
+//! Sequences, not samples, because a source yields whole sequences: a schedule over samples would
+//! owe a source the rest of a long sequence. For one-sample sequences (libsvm lines, CTF line
+//! mode, `tf.Example` records) the two are the same.
+//!
+//! **Weights** are quantized to integer parts of [`WEIGHT_UNITS`] (2^30) by largest remainder; a
+//! positive weight gets at least one part. A [`WeightSchedule`] changes them by step (minibatch
+//! index): from the first minibatch whose weights differ from those the credits were built under,
+//! every credit restarts at 0, so from the change on the shares follow the new weights; the
+//! sources' positions do not move, so nothing is lost or repeated within any source.
+//!
+//! **Ranks and workers.** Minibatches are global: minibatch `k` is the slots that fit into the
+//! global minibatch size (samples, at least one slot), and slot `g` belongs to worker
+//! `g mod num_workers`. Every worker walks every slot (no data is read for that) and keeps its
+//! own, so all workers take the same steps, each slot is delivered by exactly one worker, and the
+//! state after a minibatch — [`MixtureState`], a few integers per source — is the same on every
+//! worker: resuming from it at any world size continues the uninterrupted global stream.
+//! (A single-dataset session follows CNTK's distributed rules instead, where workers keep
+//! positions of their own; a mixture is not a CNTK feature.)
+
+use std::sync::Arc;
+
+use super::{EpochLimit, Sampler, SamplingError, SamplingOptions, SeqRef, Timeline, Window};
+
+#[cfg(test)]
+mod tests;
+
+/// The integer parts that a mixture's weights are quantized to, in all.
+pub const WEIGHT_UNITS: u64 = 1 << 30;
+
+/// Most sources in one mixture.
+pub const MAX_SOURCES: usize = 256;
+
+/// Why a mixture cannot be built or restored.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MixtureError {
+    /// No source.
+    #[error("a mixture needs at least one source")]
+    NoSources,
+    /// More than [`MAX_SOURCES`] sources.
+    #[error("a mixture has at most {MAX_SOURCES} sources, not {0}")]
+    TooManySources(usize),
+    /// A weight that is negative, not finite, or that the schedule lists for another number of
+    /// sources.
+    #[error("weight {index} is {value}: weights are finite numbers ≥ 0")]
+    BadWeight {
+        /// Index of the weight (its source).
+        index: usize,
+        /// The weight given.
+        value: f64,
+    },
+    /// Every weight is 0.
+    #[error("at least one weight must be positive")]
+    AllZero,
+    /// The weights' sum is not a finite number.
+    #[error("the weights' sum is too large: scale them down")]
+    SumTooLarge,
+    /// A stage of the schedule has another number of weights than the mixture has sources.
+    #[error("a weight stage lists {given} weights for {sources} sources")]
+    WeightCount {
+        /// Weights given.
+        given: usize,
+        /// Sources of the mixture.
+        sources: usize,
+    },
+    /// The schedule's stages do not start at step 0 with strictly increasing steps.
+    #[error("the weight schedule must start at step 0 and its steps must increase strictly (stage {stage} starts at step {step})")]
+    BadSchedule {
+        /// Index of the offending stage.
+        stage: usize,
+        /// Its first step.
+        step: u64,
+    },
+    /// A source's sampler refused its options or timeline.
+    #[error("source {source_index}: {error}")]
+    Source {
+        /// Index of the source.
+        source_index: usize,
+        /// What its sampler said.
+        error: String,
+    },
+    /// A state that this mixture cannot have produced.
+    #[error("not a state of this mixture: {0}")]
+    BadState(String),
+}
+
+/// A mixture's weights, quantized to integer parts summing to [`WEIGHT_UNITS`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Weights(Vec<u64>);
+
+impl Weights {
+    /// Quantizes `weights` (any positive scale; shares are `w / Σw`) by largest remainder; a
+    /// positive weight gets at least one part.
+    ///
+    /// # Errors
+    /// No weight, more than [`MAX_SOURCES`], a negative or non-finite weight, or all zero.
+    pub fn new(weights: &[f64]) -> Result<Self, MixtureError> {
+        if weights.is_empty() {
+            return Err(MixtureError::NoSources);
+        }
+        if weights.len() > MAX_SOURCES {
+            return Err(MixtureError::TooManySources(weights.len()));
+        }
+        if let Some((index, &value)) = weights.iter().enumerate().find(|(_, w)| !w.is_finite() || **w < 0.0) {
+            return Err(MixtureError::BadWeight { index, value });
+        }
+        let total: f64 = weights.iter().sum();
+        if !total.is_finite() {
+            return Err(MixtureError::SumTooLarge);
+        }
+        if total <= 0.0 {
+            return Err(MixtureError::AllZero);
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let units = WEIGHT_UNITS as f64;
+        let exact: Vec<f64> = weights.iter().map(|w| w / total * units).collect();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let mut parts: Vec<u64> = exact.iter().map(|e| (e.floor() as u64).min(WEIGHT_UNITS)).collect();
+        // Largest remainder: the parts still missing go to the largest fractions, lowest index
+        // first on a tie.
+        let mut by_fraction: Vec<usize> = (0..parts.len()).collect();
+        by_fraction
+            .sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
+        let mut missing = WEIGHT_UNITS.saturating_sub(parts.iter().sum());
+        for &i in by_fraction.iter().cycle() {
+            if missing == 0 {
+                break;
+            }
+            parts[i] += 1;
+            missing -= 1;
+        }
+        // Rounding may leave one over (the floors of shares close to 1); take it from the largest.
+        while parts.iter().sum::<u64>() > WEIGHT_UNITS {
+            let largest = largest_index(&parts);
+            parts[largest] -= 1;
+        }
+        // A positive weight is never rounded away.
+        for i in 0..parts.len() {
+            if weights[i] > 0.0 && parts[i] == 0 {
+                let largest = largest_index(&parts);
+                parts[largest] -= 1;
+                parts[i] = 1;
+            }
+        }
+        Ok(Self(parts))
+    }
+
+    /// The parts of each source; they sum to [`WEIGHT_UNITS`].
+    #[must_use]
+    pub fn parts(&self) -> &[u64] {
+        &self.0
+    }
+
+    /// The share of source `source` (its parts over [`WEIGHT_UNITS`]).
+    #[must_use]
+    pub fn share(&self, source: usize) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let share = self.0.get(source).copied().unwrap_or(0) as f64 / WEIGHT_UNITS as f64;
+        share
+    }
+
+    /// Number of sources.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: [`Weights::new`] refuses an empty list.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn largest_index(parts: &[u64]) -> usize {
+    let mut best = 0;
+    for (i, &p) in parts.iter().enumerate() {
+        if p > parts[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Weights in force from a step (minibatch index) on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightStage {
+    /// The first minibatch that these weights fill.
+    pub from_step: u64,
+    /// The weights.
+    pub weights: Weights,
+}
+
+/// The weights of a mixture by step: stages starting at step 0, their steps strictly increasing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightSchedule(Vec<WeightStage>);
+
+impl WeightSchedule {
+    /// One set of weights for the whole run.
+    #[must_use]
+    pub fn constant(weights: Weights) -> Self {
+        Self(vec![WeightStage { from_step: 0, weights }])
+    }
+
+    /// A schedule of stages.
+    ///
+    /// # Errors
+    /// No stage, a first stage after step 0, steps not strictly increasing, or stages of different
+    /// source counts.
+    pub fn new(stages: Vec<WeightStage>) -> Result<Self, MixtureError> {
+        let Some(first) = stages.first() else { return Err(MixtureError::NoSources) };
+        let sources = first.weights.len();
+        for (i, stage) in stages.iter().enumerate() {
+            let step_ok = if i == 0 { stage.from_step == 0 } else { stage.from_step > stages[i - 1].from_step };
+            if !step_ok {
+                return Err(MixtureError::BadSchedule { stage: i, step: stage.from_step });
+            }
+            if stage.weights.len() != sources {
+                return Err(MixtureError::WeightCount { given: stage.weights.len(), sources });
+            }
+        }
+        Ok(Self(stages))
+    }
+
+    /// The weights in force at `step`.
+    #[must_use]
+    pub fn at(&self, step: u64) -> &Weights {
+        let after = self.0.partition_point(|s| s.from_step <= step);
+        // The first stage starts at step 0, so `after ≥ 1`.
+        &self.0[after.max(1) - 1].weights
+    }
+
+    /// The stages.
+    #[must_use]
+    pub fn stages(&self) -> &[WeightStage] {
+        &self.0
+    }
+
+    /// Number of sources.
+    #[must_use]
+    pub fn sources(&self) -> usize {
+        self.0[0].weights.len()
+    }
+}
+
+/// When a mixture's epoch ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MixtureEpoch {
+    /// Never: each source starts its next sweep when it ends one.
+    Endless,
+    /// With the minibatch holding the slot that completes a sweep of any source (the first source
+    /// to run out, as tf.data's `stop_on_empty_dataset`). The next epoch
+    /// ([`MixtureState::next_epoch`]) goes on from there: that source starts its next sweep, the
+    /// others go on in theirs.
+    FirstSweepEnd,
+    /// At the first slot that starts at or after this many global samples of the epoch (CNTK's
+    /// `max_samples` rule).
+    Samples(u64),
+}
+
+/// A source of a mixture: its timeline and the CNTK sampling of its sequences.
+#[derive(Debug, Clone)]
+pub struct MixtureSource {
+    /// The source's sequences and chunks.
+    pub timeline: Arc<Timeline>,
+    /// Randomize (block randomizer) or file order.
+    pub randomize: bool,
+    /// Randomization window.
+    pub window: Window,
+    /// Sweep `k` of this source is randomized with `seed + k`.
+    pub seed: u64,
+}
+
+/// Everything that decides a mixture's order and this worker's share of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixtureOptions {
+    /// Weights by step.
+    pub schedule: WeightSchedule,
+    /// When the epoch ends.
+    pub epoch: MixtureEpoch,
+    /// Workers (ranks × `DataLoader` workers) sharing the mixture, ≥ 1.
+    pub num_workers: usize,
+    /// This worker, `< num_workers`.
+    pub rank: usize,
+}
+
+/// Where one source of a mixture stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceState {
+    /// The source's position: nominal samples on its own timeline, over all its sweeps (a
+    /// single-dataset checkpoint position of the source).
+    pub position: u64,
+    /// Sequences the mixture took from this source, in all.
+    pub taken: u64,
+    /// The source's credit in the round-robin (see the module's documentation).
+    pub credit: i64,
+    /// The weight parts the credit was built under.
+    pub weight: u64,
+}
+
+/// A mixture's checkpoint: the same on every worker after the same minibatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixtureState {
+    /// Minibatches taken in this epoch (the next one's step).
+    pub step: u64,
+    /// Slots (sequences) taken in this epoch, by all workers.
+    pub slots: u64,
+    /// Nominal samples taken in this epoch, by all workers.
+    pub samples: u64,
+    /// The epoch has ended: the next minibatch is none.
+    pub ended: bool,
+    /// Each source.
+    pub sources: Vec<SourceState>,
+}
+
+impl MixtureState {
+    /// The state of a fresh mixture of `sources` sources.
+    #[must_use]
+    pub fn start(sources: usize) -> Self {
+        Self {
+            step: 0,
+            slots: 0,
+            samples: 0,
+            ended: false,
+            sources: vec![SourceState { position: 0, taken: 0, credit: 0, weight: 0 }; sources],
+        }
+    }
+
+    /// The start of the next epoch after this one: the sources stay where they are (with their
+    /// credits), the epoch's counts start again.
+    #[must_use]
+    pub fn next_epoch(&self) -> Self {
+        Self { step: 0, slots: 0, samples: 0, ended: false, sources: self.sources.clone() }
+    }
+}
+
+/// One sequence of a mixture's minibatch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MixRef {
+    /// Index of its source.
+    pub source: u32,
+    /// The source's sweep it comes from.
+    pub sweep: u64,
+    /// Its sequence and chunk in the source.
+    pub seq: SeqRef,
+    /// Its nominal length.
+    pub samples: u32,
+}
+
+/// What one minibatch of a mixture holds for this worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixturePlan {
+    /// The minibatch's index in the epoch.
+    pub step: u64,
+    /// This worker's sequences, in slot order. Empty when the minibatch has fewer slots than
+    /// there are workers and none is this worker's.
+    pub sequences: Vec<MixRef>,
+    /// Nominal samples of `sequences`.
+    pub samples: u64,
+    /// Slots of the whole minibatch (all workers).
+    pub slots: u64,
+    /// Sources that completed a sweep within this minibatch (with any worker's slot).
+    pub sweeps_ended: Vec<u32>,
+    /// `(source, chunk)` whose last use in the source's sweep (by any worker) is in this
+    /// minibatch: their parsed data may go once this minibatch is built.
+    pub retire: Vec<(u32, u32)>,
+    /// The state after this minibatch.
+    pub state: MixtureState,
+}
+
+impl MixturePlan {
+    /// The ledger fingerprint: FNV-1a (64-bit) over each sequence's source, sweep and index in
+    /// its source, in order (a single dataset's fingerprint hashes the sweep once, then the
+    /// indices; a mixture's names the source and sweep of each).
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        let mut h = crate::hash::Fnv1a::new();
+        h.field(b"mixture");
+        for r in &self.sequences {
+            h.u64(u64::from(r.source));
+            h.u64(r.sweep);
+            h.u64(u64::from(r.seq.seq));
+        }
+        h.finish()
+    }
+}
+
+/// A slot picked ahead that did not fit into the minibatch that picked it.
+#[derive(Debug, Clone)]
+struct Pending {
+    slot: MixRef,
+    ended_sweep: bool,
+    retire: Vec<u32>,
+    /// The state with the slot taken.
+    after: MixtureState,
+}
+
+/// One worker's deterministic cursor over a mixture.
+pub struct Mixture {
+    samplers: Vec<Sampler>,
+    options: MixtureOptions,
+    state: MixtureState,
+    pending: Option<Pending>,
+}
+
+/// Largest credit a source can have in a state (in absolute value): credits sum to 0 and each
+/// stays within [`WEIGHT_UNITS`] of its fair share; a state beyond this bound is not one of a
+/// mixture's.
+fn credit_bound(sources: usize) -> i64 {
+    i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX).saturating_mul(i64::try_from(sources).unwrap_or(i64::MAX).max(1))
+}
+
+impl Mixture {
+    /// A mixture at the start of its first epoch.
+    ///
+    /// # Errors
+    /// The options and sources disagree on the number of sources, a bad worker count or rank, or
+    /// a source's sampler refuses its timeline.
+    pub fn new(sources: &[MixtureSource], options: MixtureOptions) -> Result<Self, MixtureError> {
+        if sources.is_empty() {
+            return Err(MixtureError::NoSources);
+        }
+        if sources.len() > MAX_SOURCES {
+            return Err(MixtureError::TooManySources(sources.len()));
+        }
+        if options.schedule.sources() != sources.len() {
+            return Err(MixtureError::WeightCount { given: options.schedule.sources(), sources: sources.len() });
+        }
+        if options.num_workers == 0 || options.rank >= options.num_workers {
+            let error = if options.num_workers == 0 {
+                SamplingError::NoWorkers
+            } else {
+                SamplingError::RankOutOfRange { rank: options.rank, num_workers: options.num_workers }
+            };
+            return Err(MixtureError::Source { source_index: 0, error: error.to_string() });
+        }
+        let mut samplers = Vec::with_capacity(sources.len());
+        for (i, source) in sources.iter().enumerate() {
+            let sampling = SamplingOptions {
+                randomize: source.randomize,
+                window: source.window,
+                seed: source.seed,
+                limit: EpochLimit::Infinite,
+                num_workers: 1,
+                rank: 0,
+            };
+            let sampler = Sampler::new(source.timeline.clone(), sampling)
+                .map_err(|e| MixtureError::Source { source_index: i, error: e.to_string() })?;
+            samplers.push(sampler);
+        }
+        let state = MixtureState::start(sources.len());
+        Ok(Self { samplers, options, state, pending: None })
+    }
+
+    /// The state after the last minibatch (or the one restored).
+    #[must_use]
+    pub fn state(&self) -> &MixtureState {
+        &self.state
+    }
+
+    /// The options.
+    #[must_use]
+    pub fn options(&self) -> &MixtureOptions {
+        &self.options
+    }
+
+    /// Nominal samples per sweep of source `source`.
+    #[must_use]
+    pub fn sweep_size(&self, source: usize) -> u64 {
+        self.samplers.get(source).map_or(0, Sampler::sweep_size)
+    }
+
+    /// Continues from `state`, which a mixture of the same sources produced — under any weights,
+    /// worker count or rank: the next minibatch is the one the uninterrupted run (under these
+    /// options' weights from that step on) would have produced.
+    ///
+    /// # Errors
+    /// A state of another number of sources, or with values no mixture state has.
+    pub fn restore(&mut self, state: &MixtureState) -> Result<(), MixtureError> {
+        let n = self.samplers.len();
+        if state.sources.len() != n {
+            return Err(MixtureError::BadState(format!("{} sources, this mixture has {n}", state.sources.len())));
+        }
+        let bound = credit_bound(n);
+        let mut credits = 0i64;
+        for (i, s) in state.sources.iter().enumerate() {
+            if s.credit.unsigned_abs() > bound.unsigned_abs() || s.weight > WEIGHT_UNITS {
+                return Err(MixtureError::BadState(format!(
+                    "source {i}: credit {} or weight {} out of range",
+                    s.credit, s.weight
+                )));
+            }
+            if s.position > super::scheduler::MAX_EPOCH_SAMPLES {
+                return Err(MixtureError::BadState(format!("source {i}: position {} out of range", s.position)));
+            }
+            credits += s.credit;
+        }
+        if credits != 0 {
+            return Err(MixtureError::BadState(format!("the credits sum to {credits}, not 0")));
+        }
+        for (sampler, s) in self.samplers.iter_mut().zip(&state.sources) {
+            sampler.restore(s.position).map_err(|e| MixtureError::BadState(e.to_string()))?;
+        }
+        // A position that is no sequence start moves to the next one; the state says where the
+        // samplers really stand.
+        let mut state = state.clone();
+        for (sampler, s) in self.samplers.iter().zip(&mut state.sources) {
+            s.position = sampler.position();
+        }
+        self.state = state;
+        self.pending = None;
+        Ok(())
+    }
+
+    /// The next minibatch of `minibatch_size` global samples (at least one slot), or `None` at the
+    /// epoch's end (and on every later call until [`Mixture::restore`]).
+    ///
+    /// # Errors
+    /// A source's sampler ended, which an endless source never does.
+    pub fn next_minibatch(&mut self, minibatch_size: usize) -> Result<Option<MixturePlan>, MixtureError> {
+        if self.epoch_over() {
+            return Ok(None);
+        }
+        let step = self.state.step;
+        self.enter_stage(step)?;
+        let size = (minibatch_size as u64).max(1);
+        let workers = self.options.num_workers as u64;
+        let rank = self.options.rank as u64;
+        let mut plan = MixturePlan {
+            step,
+            sequences: Vec::new(),
+            samples: 0,
+            slots: 0,
+            sweeps_ended: Vec::new(),
+            retire: Vec::new(),
+            state: self.state.clone(),
+        };
+        let mut global_samples = 0u64;
+        loop {
+            if self.slot_limit_reached() {
+                break;
+            }
+            let mut picked = match self.pending.take() {
+                // Picked during the previous minibatch: only the step has moved since.
+                Some(p) => p,
+                None => self.pick()?,
+            };
+            picked.after.step = self.state.step;
+            let len = u64::from(picked.slot.samples);
+            if plan.slots > 0 && global_samples + len > size {
+                self.pending = Some(picked);
+                break;
+            }
+            let slot_index = self.state.slots;
+            self.state = picked.after;
+            global_samples += len;
+            plan.slots += 1;
+            if slot_index % workers == rank {
+                plan.samples += len;
+                plan.sequences.push(picked.slot);
+            }
+            let source = picked.slot.source;
+            plan.retire.extend(picked.retire.iter().map(|&c| (source, c)));
+            if picked.ended_sweep {
+                if !plan.sweeps_ended.contains(&source) {
+                    plan.sweeps_ended.push(source);
+                }
+                if self.options.epoch == MixtureEpoch::FirstSweepEnd {
+                    self.state.ended = true;
+                    break;
+                }
+            }
+            if global_samples >= size {
+                break;
+            }
+        }
+        if plan.slots == 0 {
+            // The sample limit was reached before this minibatch took anything.
+            self.state.ended = true;
+            return Ok(None);
+        }
+        self.state.step += 1;
+        if self.slot_limit_reached() {
+            self.state.ended = true;
+        }
+        plan.state = self.state.clone();
+        Ok(Some(plan))
+    }
+
+    fn epoch_over(&self) -> bool {
+        self.state.ended || self.slot_limit_reached()
+    }
+
+    /// With [`MixtureEpoch::Samples`], whether the next slot would start at or after the limit.
+    fn slot_limit_reached(&self) -> bool {
+        matches!(self.options.epoch, MixtureEpoch::Samples(n) if self.state.samples >= n)
+    }
+
+    /// Puts the weights in force at `step` into the state: when they differ from those the
+    /// credits were built under, every credit restarts at 0 (and a slot picked ahead under the old
+    /// weights is given back to its source).
+    fn enter_stage(&mut self, step: u64) -> Result<(), MixtureError> {
+        let weights = self.options.schedule.at(step).parts();
+        if self.state.sources.iter().zip(weights).all(|(s, &w)| s.weight == w) {
+            return Ok(());
+        }
+        if let Some(p) = self.pending.take() {
+            let source = p.slot.source as usize;
+            let back = self.state.sources[source].position;
+            self.samplers[source]
+                .restore(back)
+                .map_err(|e| MixtureError::Source { source_index: source, error: e.to_string() })?;
+        }
+        for (s, &w) in self.state.sources.iter_mut().zip(weights) {
+            s.credit = 0;
+            s.weight = w;
+        }
+        Ok(())
+    }
+
+    /// Picks the next slot's source and takes its next sequence; the state with it taken goes
+    /// into the result, `self.state` is unchanged.
+    fn pick(&mut self) -> Result<Pending, MixtureError> {
+        let mut after = self.state.clone();
+        let total = i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX);
+        for s in &mut after.sources {
+            s.credit += i64::try_from(s.weight).unwrap_or(0);
+        }
+        let mut best = 0;
+        for i in 1..after.sources.len() {
+            if after.sources[i].credit > after.sources[best].credit {
+                best = i;
+            }
+        }
+        after.sources[best].credit -= total;
+        after.sources[best].taken += 1;
+        let source_sampler = &mut self.samplers[best];
+        let mut taken = None;
+        // An endless sampler gives an empty minibatch at most once in a row (at a sweep's start,
+        // block randomizer, a first sequence longer than one sample); then it takes one.
+        for _ in 0..3 {
+            match source_sampler.next_minibatch(1) {
+                Some(p) if !p.sequences.is_empty() => {
+                    taken = Some(p);
+                    break;
+                }
+                Some(_) => {}
+                None => break,
+            }
+        }
+        let Some(p) = taken else {
+            return Err(MixtureError::Source { source_index: best, error: "the source's sampler ended".into() });
+        };
+        let seq = p.sequences[0];
+        let samples = u32::try_from(p.samples).unwrap_or(u32::MAX);
+        after.sources[best].position = p.position;
+        after.slots += 1;
+        after.samples += p.samples;
+        Ok(Pending {
+            slot: MixRef { source: super::to_u32(best), sweep: p.sweep, seq, samples },
+            ended_sweep: p.end_of_sweep,
+            retire: p.retire,
+            after,
+        })
+    }
+}
