@@ -21,6 +21,8 @@ use minibatchd_engine::minibatch::{MbData, MbStream, MbValues as Values, Minibat
 use minibatchd_engine::sampling::{MinibatchPlan, Sampler, SamplingOptions, Tail};
 use minibatchd_shm::Indices;
 
+pub mod mixture;
+
 /// What `dump` (or a session) asks for besides the sampling options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpOptions {
@@ -54,6 +56,12 @@ pub enum DumpError {
     /// The sampling options are invalid.
     #[error(transparent)]
     Sampling(#[from] minibatchd_engine::sampling::SamplingError),
+    /// The mixture's options, state or sources are invalid.
+    #[error(transparent)]
+    MixtureOptions(#[from] minibatchd_engine::sampling::mixture::MixtureError),
+    /// The mixture's datasets cannot be dumped together.
+    #[error("{0}")]
+    Mixture(String),
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
@@ -247,6 +255,13 @@ fn write_sequences(out: &mut String, s: &MbStream) {
         if q > 0 {
             out.push_str(", ");
         }
+        write_sequence(out, s, q);
+    }
+}
+
+/// Appends sequence `q` of `s` as the JSON array of its samples.
+fn write_sequence(out: &mut String, s: &MbStream, q: usize) {
+    {
         out.push('[');
         let (a, b) = (at(s.sequence_offsets[q]), at(s.sequence_offsets[q + 1]));
         for j in a..b {

@@ -83,8 +83,18 @@ struct DumpArgs {
     #[arg(long)]
     config: PathBuf,
     /// The dataset.
-    #[arg(long)]
-    dataset: String,
+    #[arg(long, required_unless_present = "mixture", conflicts_with = "mixture")]
+    dataset: Option<String>,
+    /// A mixture of datasets (`[mixtures.NAME]`) instead of a dataset: each line names the source
+    /// of each sequence and ends with the state to restore from (`--restore-state`).
+    #[arg(long, conflicts_with_all = [
+        "max_sweeps", "full_sweep", "equal_steps", "sweep", "randomize", "window_chunks",
+        "window_samples", "seed", "frame_mode", "restore", "restore_before",
+    ])]
+    mixture: Option<String>,
+    /// With --mixture: start from this state, the JSON object a line's `state` holds.
+    #[arg(long, value_name = "JSON", requires = "mixture")]
+    restore_state: Option<String>,
     /// Minibatch size in samples (CNTK's definition).
     #[arg(long, conflicts_with = "minibatch_sizes")]
     minibatch_size: Option<usize>,
@@ -207,7 +217,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // The same check a SIGHUP reload makes before applying a file.
             let c = minibatchd::pipeline::ops::reload::validate(&config)?;
             let names: Vec<&str> = c.datasets.keys().map(String::as_str).collect();
-            println!("{}: valid ({} dataset(s): {})", config.display(), names.len(), names.join(", "));
+            let mixtures: Vec<&str> = c.mixtures.keys().map(String::as_str).collect();
+            let mixtures = if mixtures.is_empty() {
+                String::new()
+            } else {
+                format!("; {} mixture(s): {}", mixtures.len(), mixtures.join(", "))
+            };
+            println!("{}: valid ({} dataset(s): {}{mixtures})", config.display(), names.len(), names.join(", "));
             Ok(ExitCode::SUCCESS)
         }
         Command::Index { config, dataset, parsed } => {
@@ -229,7 +245,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Dump(args) => {
             let c = Config::load(&args.config)?;
-            let d = open_dataset(&c, &args.dataset, false)?;
+            let Some(dataset) = args.dataset.as_deref() else { return dump_mixture(&c, &args) };
+            let d = open_dataset(&c, dataset, false)?;
             let options = match dump_options(&args, d.config()) {
                 Ok(o) => o,
                 Err(e) => {
@@ -361,6 +378,54 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
         tail: if a.tail.as_deref() == Some("pad") { Tail::Pad } else { Tail::Drop },
         frame_mode: a.frame_mode,
     })
+}
+
+/// `dump --mixture NAME`.
+fn dump_mixture(c: &Config, args: &DumpArgs) -> anyhow::Result<ExitCode> {
+    use minibatchd::dump::mixture::{self, MixtureDumpOptions};
+    use minibatchd_engine::sampling::mixture::{MixtureEpoch, MixtureOptions};
+    let name = args.mixture.as_deref().unwrap_or_default();
+    let Some(m) = c.mixtures.get(name) else {
+        let known: Vec<&str> = c.mixtures.keys().map(String::as_str).collect();
+        bail!("no mixture '{name}' in {} (known: {})", c.path.display(), known.join(", "));
+    };
+    let usage = |message: String| {
+        eprintln!("minibatchd: usage error: {message}");
+        Ok(ExitCode::from(2))
+    };
+    let sizes = match (&args.minibatch_sizes, args.minibatch_size) {
+        (Some(v), _) => v.clone(),
+        (None, Some(n)) => vec![n],
+        (None, None) => return usage("give --minibatch-size N or --minibatch-sizes N,M,...".into()),
+    };
+    if sizes.is_empty() || sizes.contains(&0) {
+        return usage("minibatch sizes must be at least 1".into());
+    }
+    let restore = match args.restore_state.as_deref().map(mixture::parse_state) {
+        Some(Err(e)) => return usage(format!("--restore-state: {e}")),
+        Some(Ok(state)) => Some(state),
+        None => None,
+    };
+    let datasets = m.datasets.iter().map(|d| open_dataset(c, d, false)).collect::<anyhow::Result<Vec<_>>>()?;
+    let options = MixtureDumpOptions {
+        mixture: MixtureOptions {
+            schedule: m.schedule.clone(),
+            epoch: args.max_samples.map_or(m.epoch, MixtureEpoch::Samples),
+            num_workers: args.workers,
+            rank: args.rank,
+        },
+        minibatch_sizes: sizes,
+        num_minibatches: args.num_minibatches,
+        restore,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
+    if args.ledger {
+        mixture::ledger(&datasets, &options, &mut out)?;
+    } else {
+        mixture::dump(&datasets, &options, &mut out)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Parses `--restore-before MB:POS`.

@@ -11,6 +11,7 @@
 //! of the config file, so a config can travel with its data.
 
 mod deepx;
+mod mixture;
 mod tfrecord;
 pub(crate) mod walk;
 
@@ -19,6 +20,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use walk::{Node, Walker};
+
+pub use mixture::MixtureConfig;
 
 pub use minibatchd_engine::options::*;
 use minibatchd_engine::sampling::Window;
@@ -84,6 +87,8 @@ pub struct Config {
     pub daemon: DaemonConfig,
     /// `[datasets.NAME]`, by name.
     pub datasets: BTreeMap<String, DatasetConfig>,
+    /// `[mixtures.NAME]`, by name (`docs/mixtures.md`).
+    pub mixtures: BTreeMap<String, MixtureConfig>,
 }
 
 /// `[daemon]`: process-wide settings.
@@ -212,8 +217,8 @@ impl Config {
         let root = Node::root(tree);
         let parsed = parse_root(&mut w, &root);
         match (w.into_issues(), parsed) {
-            (issues, Some((daemon, datasets))) if issues.is_empty() => {
-                Ok(Self { path: path.to_owned(), daemon, datasets })
+            (issues, Some((daemon, datasets, mixtures))) if issues.is_empty() => {
+                Ok(Self { path: path.to_owned(), daemon, datasets, mixtures })
             }
             (mut issues, _) => {
                 if issues.is_empty() {
@@ -309,7 +314,10 @@ fn toml_to_json(text: &str) -> Result<serde_json::Value, ::config::ConfigError> 
         .try_deserialize()
 }
 
-fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap<String, DatasetConfig>)> {
+/// What [`parse_root`] reads: `[daemon]`, the datasets and the mixtures.
+type Sections = (DaemonConfig, BTreeMap<String, DatasetConfig>, BTreeMap<String, MixtureConfig>);
+
+fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<Sections> {
     let mut t = w.table(root)?;
     let daemon = match t.take("daemon") {
         Some(n) => parse_daemon(w, &n),
@@ -324,10 +332,12 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap
         n => n,
     };
     let mut datasets = BTreeMap::new();
+    let mut dataset_names = Vec::new();
     match t.take("datasets") {
         Some(n) => {
             if let Some(mut dt) = w.table(&n) {
                 for (name, node) in dt.drain() {
+                    dataset_names.push(name.clone());
                     if let Some(d) = parse_dataset(w, &name, &node, inflate, index_threads) {
                         datasets.insert(name, d);
                     }
@@ -337,8 +347,12 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<(DaemonConfig, BTreeMap
         }
         None => w.issue(root.path(), "no [datasets.NAME] table: at least one dataset is required"),
     }
+    let mixtures = match t.take("mixtures") {
+        Some(n) => mixture::parse_mixtures(w, &n, &datasets, &dataset_names),
+        None => BTreeMap::new(),
+    };
     w.finish(t);
-    Some((daemon?.0, datasets))
+    Some((daemon?.0, datasets, mixtures))
 }
 
 /// `[daemon]`, and its limits on decompressing `.gz` inputs (`max_inflated_bytes`,

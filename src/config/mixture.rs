@@ -1,0 +1,185 @@
+//! `[mixtures.NAME]`: a weighted mixture of configured datasets (`docs/mixtures.md`).
+//!
+//! ```toml
+//! [mixtures.blend]
+//! datasets = ["web", "books"]
+//! weights = [3, 1]
+//! epoch = "first_sweep_end"        # or "endless" (the default), or max_samples = N
+//! [[mixtures.blend.schedule]]
+//! from_step = 1000
+//! weights = [1, 1]
+//! ```
+
+use std::collections::BTreeMap;
+
+use minibatchd_engine::sampling::mixture::{MixtureEpoch, WeightSchedule, WeightStage, Weights, MAX_SOURCES};
+use serde_json::Value;
+
+use super::walk::{Node, Walker};
+use super::DatasetConfig;
+
+/// A validated `[mixtures.NAME]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixtureConfig {
+    /// The datasets mixed, in source order (source `i` is `datasets[i]`).
+    pub datasets: Vec<String>,
+    /// The weights by step: `weights` from step 0, then each `[[schedule]]` stage.
+    pub schedule: WeightSchedule,
+    /// When an epoch ends.
+    pub epoch: MixtureEpoch,
+}
+
+/// Reads every `[mixtures.NAME]`; `datasets` are the valid datasets (a mixture naming one that
+/// is missing or invalid is an issue).
+pub(crate) fn parse_mixtures(
+    w: &mut Walker,
+    node: &Node<'_>,
+    datasets: &BTreeMap<String, DatasetConfig>,
+    dataset_names: &[String],
+) -> BTreeMap<String, MixtureConfig> {
+    let mut out = BTreeMap::new();
+    let Some(mut t) = w.table(node) else { return out };
+    for (name, n) in t.drain() {
+        if dataset_names.contains(&name) {
+            w.issue(n.path(), &format!("'{name}' names a dataset too: clients open datasets and mixtures by one name"));
+            continue;
+        }
+        if let Some(m) = parse_mixture(w, &n, datasets, dataset_names) {
+            out.insert(name, m);
+        }
+    }
+    w.finish(t);
+    out
+}
+
+fn parse_mixture(
+    w: &mut Walker,
+    node: &Node<'_>,
+    datasets: &BTreeMap<String, DatasetConfig>,
+    dataset_names: &[String],
+) -> Option<MixtureConfig> {
+    let mut t = w.table(node)?;
+    let names = if let Some(n) = t.take("datasets") {
+        dataset_list(w, &n, datasets, dataset_names)
+    } else {
+        w.issue(&t.key_path("datasets"), "required: the datasets mixed, as an array of their names");
+        None
+    };
+    let first = if let Some(n) = t.take("weights") {
+        weights(w, &n, names.as_ref().map(Vec::len))
+    } else {
+        w.issue(&t.key_path("weights"), "required: one weight (a number ≥ 0) per dataset");
+        None
+    };
+    let mut stages = first.map(|weights| vec![WeightStage { from_step: 0, weights }]);
+    if let Some(n) = t.take("schedule") {
+        for (i, item) in w.array(&n).unwrap_or_default().into_iter().enumerate() {
+            let Some(mut s) = w.table(&item) else {
+                stages = None;
+                continue;
+            };
+            let from = s.uint(w, "from_step", 1, u64::MAX);
+            if from.is_none() && !s.had("from_step") {
+                w.issue(&s.key_path("from_step"), "required: the first step (minibatch, from 0) these weights fill");
+            }
+            let ws = if let Some(wn) = s.take("weights") {
+                weights(w, &wn, names.as_ref().map(Vec::len))
+            } else {
+                w.issue(&s.key_path("weights"), "required: one weight per dataset");
+                None
+            };
+            w.finish(s);
+            match (from, ws, stages.as_mut()) {
+                (Some(from_step), Some(_), Some(v)) if v.last().is_some_and(|l| l.from_step >= from_step) => {
+                    w.issue(
+                        item.path(),
+                        &format!("stage {i} starts at step {from_step}: the stages' steps must increase"),
+                    );
+                    stages = None;
+                }
+                (Some(from_step), Some(weights), Some(v)) => v.push(WeightStage { from_step, weights }),
+                _ => stages = None,
+            }
+        }
+    }
+    let epoch_name = t.string(w, "epoch");
+    let max_samples = t.uint(w, "max_samples", 1, u64::MAX / 2);
+    let epoch = match (epoch_name.as_deref(), max_samples) {
+        (Some(_), Some(_)) => {
+            w.issue(&t.key_path("max_samples"), "give `epoch` or `max_samples`, not both");
+            None
+        }
+        (None, Some(n)) => Some(MixtureEpoch::Samples(n)),
+        (None | Some("endless"), None) => Some(MixtureEpoch::Endless),
+        (Some("first_sweep_end"), None) => Some(MixtureEpoch::FirstSweepEnd),
+        (Some(other), None) => {
+            w.issue(&t.key_path("epoch"), &format!("'{other}': expected \"endless\" or \"first_sweep_end\""));
+            None
+        }
+    };
+    w.finish(t);
+    let schedule = match WeightSchedule::new(stages?) {
+        Ok(s) => s,
+        Err(e) => {
+            w.issue(node.path(), &e.to_string());
+            return None;
+        }
+    };
+    Some(MixtureConfig { datasets: names?, schedule, epoch: epoch? })
+}
+
+fn dataset_list(
+    w: &mut Walker,
+    node: &Node<'_>,
+    datasets: &BTreeMap<String, DatasetConfig>,
+    dataset_names: &[String],
+) -> Option<Vec<String>> {
+    let items = w.array(node)?;
+    if items.is_empty() || items.len() > MAX_SOURCES {
+        w.issue(node.path(), &format!("expected 1..={MAX_SOURCES} dataset names, found {}", items.len()));
+        return None;
+    }
+    let mut names = Vec::new();
+    let mut ok = true;
+    for item in &items {
+        match item.json() {
+            Some(Value::String(s)) if names.contains(s) => {
+                w.issue(item.path(), &format!("'{s}' is listed twice: a dataset is one source of a mixture"));
+                ok = false;
+            }
+            Some(Value::String(s)) if datasets.contains_key(s) => names.push(s.clone()),
+            Some(Value::String(s)) if dataset_names.contains(s) => {
+                // Its own issues are reported under `datasets.NAME`.
+                ok = false;
+            }
+            Some(Value::String(s)) => {
+                w.issue(item.path(), &format!("no dataset '{s}' is configured (known: {})", dataset_names.join(", ")));
+                ok = false;
+            }
+            _ => {
+                w.issue(item.path(), "expected a dataset's name (a string)");
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(names)
+}
+
+fn weights(w: &mut Walker, node: &Node<'_>, sources: Option<usize>) -> Option<Weights> {
+    let items = w.array(node)?;
+    let mut values = Vec::with_capacity(items.len());
+    for item in &items {
+        let Some(v) = item.json().and_then(Value::as_f64) else {
+            w.issue(item.path(), "expected a number ≥ 0");
+            return None;
+        };
+        values.push(v);
+    }
+    if let Some(n) = sources {
+        if values.len() != n {
+            w.issue(node.path(), &format!("{} weights for {n} datasets", values.len()));
+            return None;
+        }
+    }
+    Weights::new(&values).map_err(|e| w.issue(node.path(), &e.to_string())).ok()
+}

@@ -1,0 +1,254 @@
+//! `minibatchd dump --mixture NAME`: a mixture's minibatches, or its ledger, as JSON lines
+//! (`docs/mixtures.md`, "Reading a mixture with dump").
+//!
+//! The loop is the engine's [`Mixture`]; each minibatch's sequences are gathered per source (the
+//! source's chunks parsed in-process when a slot first needs them, dropped when the source's
+//! sweep is done with them) and written in slot order.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::sync::Arc;
+
+use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_engine::minibatch::{gather, Minibatch};
+use minibatchd_engine::sampling::mixture::{
+    Mixture, MixtureError, MixtureOptions, MixturePlan, MixtureSource, MixtureState, SourceState, MAX_SOURCES,
+};
+use minibatchd_engine::sampling::{MinibatchPlan, SeqRef};
+
+use super::{write_sequence, write_str, DumpError};
+
+/// What `dump --mixture` asks for.
+#[derive(Debug, Clone)]
+pub struct MixtureDumpOptions {
+    /// Weights, epoch, workers and rank.
+    pub mixture: MixtureOptions,
+    /// Minibatch sizes in samples, cycled.
+    pub minibatch_sizes: Vec<usize>,
+    /// Stop after this many minibatches.
+    pub num_minibatches: Option<u64>,
+    /// Start from this state (a `state` a previous line printed).
+    pub restore: Option<MixtureState>,
+}
+
+/// The sources of a mixture of `datasets` (in source order), each sampled by its own dataset's
+/// `[sampling]` table.
+#[must_use]
+pub fn sources_of(datasets: &[Dataset]) -> Vec<MixtureSource> {
+    datasets
+        .iter()
+        .map(|d| MixtureSource {
+            timeline: d.timeline().clone(),
+            randomize: d.config().sampling.randomize,
+            window: d.config().sampling.window,
+            seed: d.config().sampling.seed,
+        })
+        .collect()
+}
+
+fn mixture_of(datasets: &[Dataset], options: &MixtureDumpOptions) -> Result<Mixture, DumpError> {
+    let mut mixture = Mixture::new(&sources_of(datasets), options.mixture.clone())?;
+    if let Some(state) = &options.restore {
+        mixture.restore(state)?;
+    }
+    Ok(mixture)
+}
+
+/// Runs the mixture's plans (no data read), calling `each(index, plan)`; returns their number.
+fn for_each_plan(
+    datasets: &[Dataset],
+    options: &MixtureDumpOptions,
+    each: &mut dyn FnMut(u64, &MixturePlan) -> Result<(), DumpError>,
+) -> Result<u64, DumpError> {
+    let mut mixture = mixture_of(datasets, options)?;
+    let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
+    let mut count = 0u64;
+    while options.num_minibatches.is_none_or(|n| count < n) {
+        let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
+        let Some(plan) = mixture.next_minibatch(size)? else { break };
+        each(count, &plan)?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Writes the mixture's ledger: per minibatch its index, step, the sources whose sweep ended in
+/// it, the fingerprint, `[source, sweep, sequence]` of each of this worker's sequences, and the
+/// state after it. No data is read.
+///
+/// # Errors
+/// Invalid options or state, and write errors.
+pub fn ledger(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
+    let mut line = String::new();
+    let n = for_each_plan(datasets, options, &mut |index, plan| {
+        line.clear();
+        head(&mut line, index, plan);
+        line.push_str(", \"sequences\": [");
+        for (i, r) in plan.sequences.iter().enumerate() {
+            let _ = write!(line, "{}[{}, {}, {}]", if i > 0 { ", " } else { "" }, r.source, r.sweep, r.seq.seq);
+        }
+        line.push(']');
+        tail(&mut line, &plan.state);
+        out.write_all(line.as_bytes())?;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(n)
+}
+
+/// Writes the mixture's minibatches with their data. Every source must have the same streams
+/// (names, kinds, dimensions and precision).
+///
+/// # Errors
+/// Sources with other streams, invalid options or state, data errors, and write errors.
+pub fn dump(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
+    let first = &datasets[0];
+    for d in &datasets[1..] {
+        if d.stream_names() != first.stream_names() || d.stream_shapes() != first.stream_shapes() {
+            return Err(DumpError::Mixture(format!(
+                "the mixture's datasets have different streams ({:?} and {:?}): dumping its data needs the same stream names, kinds, dimensions and precision in every dataset",
+                first.stream_names(),
+                d.stream_names()
+            )));
+        }
+    }
+    let names = first.stream_names().to_vec();
+    let mut held: Vec<HashMap<u32, Arc<ParsedChunk>>> = vec![HashMap::new(); datasets.len()];
+    let mut line = String::new();
+    let n = for_each_plan(datasets, options, &mut |index, plan| {
+        // Each source's sequences of this minibatch, gathered as one minibatch of that source.
+        let mut parts: Vec<Option<Minibatch>> = vec![None; datasets.len()];
+        for (s, d) in datasets.iter().enumerate() {
+            let refs: Vec<SeqRef> = plan.sequences.iter().filter(|r| r.source as usize == s).map(|r| r.seq).collect();
+            if refs.is_empty() {
+                continue;
+            }
+            for r in &refs {
+                if let std::collections::hash_map::Entry::Vacant(e) = held[s].entry(r.chunk) {
+                    let (parsed, fresh) = d.load_chunk(r.chunk as usize)?;
+                    for m in &fresh {
+                        tracing::warn!("{m}");
+                    }
+                    e.insert(Arc::new(parsed));
+                }
+            }
+            let sub = MinibatchPlan {
+                samples: plan.sequences.iter().filter(|r| r.source as usize == s).map(|r| u64::from(r.samples)).sum(),
+                sequences: refs,
+                sweep: 0,
+                end_of_sweep: false,
+                position: 0,
+                retire: Vec::new(),
+            };
+            let g = gather(index, &sub, d.timeline(), &d.stream_shapes(), false, &mut held[s])?;
+            parts[s] = Some(g.to_minibatch());
+        }
+        for &(s, c) in &plan.retire {
+            held[s as usize].remove(&c);
+        }
+        line.clear();
+        head(&mut line, index, plan);
+        line.push_str(", \"sources\": [");
+        for (i, r) in plan.sequences.iter().enumerate() {
+            let _ = write!(line, "{}{}", if i > 0 { ", " } else { "" }, r.source);
+        }
+        line.push_str("], \"streams\": {");
+        for (k, name) in names.iter().enumerate() {
+            if k > 0 {
+                line.push_str(", ");
+            }
+            write_str(&mut line, name);
+            let samples: usize = parts.iter().flatten().map(|m| m.streams[k].num_samples()).sum();
+            let _ = write!(
+                line,
+                ": {{\"num_samples\": {samples}, \"num_sequences\": {}, \"sequences\": [",
+                plan.sequences.len()
+            );
+            let mut next = vec![0usize; datasets.len()];
+            for (i, r) in plan.sequences.iter().enumerate() {
+                let s = r.source as usize;
+                if i > 0 {
+                    line.push_str(", ");
+                }
+                if let Some(m) = &parts[s] {
+                    write_sequence(&mut line, &m.streams[k], next[s]);
+                }
+                next[s] += 1;
+            }
+            line.push_str("]}");
+        }
+        line.push('}');
+        tail(&mut line, &plan.state);
+        out.write_all(line.as_bytes())?;
+        Ok(())
+    })?;
+    out.flush()?;
+    Ok(n)
+}
+
+fn head(line: &mut String, index: u64, plan: &MixturePlan) {
+    let _ = write!(line, "{{\"minibatch\": {index}, \"step\": {}, \"sweeps_ended\": [", plan.step);
+    for (i, s) in plan.sweeps_ended.iter().enumerate() {
+        let _ = write!(line, "{}{s}", if i > 0 { ", " } else { "" });
+    }
+    let _ = write!(line, "], \"fingerprint\": \"{:016x}\"", plan.fingerprint());
+}
+
+fn tail(line: &mut String, state: &MixtureState) {
+    line.push_str(", \"state\": ");
+    line.push_str(&state_json(state).to_string());
+    line.push_str("}\n");
+}
+
+/// A mixture state as the JSON object `dump` prints and `--restore-state` reads.
+#[must_use]
+pub fn state_json(state: &MixtureState) -> serde_json::Value {
+    serde_json::json!({
+        "step": state.step,
+        "slots": state.slots,
+        "samples": state.samples,
+        "ended": state.ended,
+        "sources": state.sources.iter().map(|s| serde_json::json!({
+            "position": s.position, "taken": s.taken, "credit": s.credit, "weight": s.weight,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Reads a mixture state from the JSON object [`state_json`] writes.
+///
+/// # Errors
+/// Text that is not such an object, naming the field.
+pub fn parse_state(text: &str) -> Result<MixtureState, MixtureError> {
+    let bad = |what: &str| MixtureError::BadState(format!("{what} (expected the \"state\" object a dump line prints)"));
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(&format!("not JSON: {e}")))?;
+    let uint = |v: &serde_json::Value, key: &str| {
+        v.get(key)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| bad(&format!("`{key}` is not an unsigned integer")))
+    };
+    let sources = v.get("sources").and_then(serde_json::Value::as_array).ok_or_else(|| bad("no `sources` array"))?;
+    if sources.is_empty() || sources.len() > MAX_SOURCES {
+        return Err(bad(&format!("{} sources: a mixture has 1..={MAX_SOURCES}", sources.len())));
+    }
+    let mut out = Vec::with_capacity(sources.len());
+    for s in sources {
+        out.push(SourceState {
+            position: uint(s, "position")?,
+            taken: uint(s, "taken")?,
+            credit: s
+                .get("credit")
+                .and_then(serde_json::Value::as_i64)
+                .ok_or_else(|| bad("`credit` is not an integer"))?,
+            weight: uint(s, "weight")?,
+        });
+    }
+    Ok(MixtureState {
+        step: uint(&v, "step")?,
+        slots: uint(&v, "slots")?,
+        samples: uint(&v, "samples")?,
+        ended: v.get("ended").and_then(serde_json::Value::as_bool).ok_or_else(|| bad("`ended` is not a boolean"))?,
+        sources: out,
+    })
+}
