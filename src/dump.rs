@@ -225,9 +225,17 @@ pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
     use std::fmt::Write as _;
     let _ = write!(
         out,
-        "{{\"minibatch\": {}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"fingerprint\": \"{:016x}\", \"streams\": {{",
+        "{{\"minibatch\": {}, \"sweep\": {}, \"end_of_sweep\": {}, \"position\": {}, \"fingerprint\": \"{:016x}\", ",
         mb.index, mb.sweep, mb.end_of_sweep, mb.position, mb.fingerprint
     );
+    write_streams(out, mb, names);
+    out.push('}');
+}
+
+/// Appends `"streams": {...}`, the streams of `mb` named `names`.
+fn write_streams(out: &mut String, mb: &Minibatch, names: &[String]) {
+    use std::fmt::Write as _;
+    out.push_str("\"streams\": {");
     for (i, (name, s)) in names.iter().zip(&mb.streams).enumerate() {
         if i > 0 {
             out.push_str(", ");
@@ -242,7 +250,7 @@ pub fn write_json(out: &mut String, mb: &Minibatch, names: &[String]) {
         write_sequences(out, s);
         out.push_str("]}");
     }
-    out.push_str("}}");
+    out.push('}');
 }
 
 /// An offset of a minibatch as an index (offsets are non-negative and index in-memory arrays).
@@ -255,13 +263,6 @@ fn write_sequences(out: &mut String, s: &MbStream) {
         if q > 0 {
             out.push_str(", ");
         }
-        write_sequence(out, s, q);
-    }
-}
-
-/// Appends sequence `q` of `s` as the JSON array of its samples.
-fn write_sequence(out: &mut String, s: &MbStream, q: usize) {
-    {
         out.push('[');
         let (a, b) = (at(s.sequence_offsets[q]), at(s.sequence_offsets[q + 1]));
         for j in a..b {

@@ -423,7 +423,8 @@ fn dump_mixture(c: &Config, args: &DumpArgs) -> anyhow::Result<ExitCode> {
     if args.ledger {
         mixture::ledger(&datasets, &options, &mut out)?;
     } else {
-        mixture::dump(&datasets, &options, &mut out)?;
+        let layout = mixture::stream_layout(&m.datasets, &datasets, &m.streams)?;
+        mixture::dump(&datasets, &layout, &options, &mut out)?;
     }
     Ok(ExitCode::SUCCESS)
 }

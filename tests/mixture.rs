@@ -31,6 +31,10 @@ fn config(dir: &Path, mixtures: &str) -> PathBuf {
         "c.toml",
         format!(
             "[daemon]\nstate_dir = \"state\"\n\
+             [datasets.d]\nformat = \"ctf\"\nfiles = [\"b.ctf\"]\n\
+             [datasets.d.streams.x]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n\
+             [datasets.d.streams.y]\nalias = \"L\"\ndim = 3\nformat = \"sparse\"\n\
+             [datasets.d.sampling]\nrandomize = false\n\
              [datasets.a]\nformat = \"ctf\"\nfiles = [\"a.ctf\"]\nchunk_size_bytes = 60\n{}\
              [datasets.a.sampling]\nwindow_chunks = 3\nseed = 5\n\
              [datasets.b]\nformat = \"ctf\"\nfiles = [\"b.ctf\"]\n{}\
@@ -206,10 +210,10 @@ fn data_of_datasets_with_other_streams_and_damaged_states_are_refused() {
     let c = config(dir.path(), MIXTURES);
     let out = run(&c, &["--mixture", "abc", "--minibatch-size", "4"]);
     assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("different streams"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        stderr.contains("dataset 'c' has no stream 'features'") && stderr.contains("[mixtures.NAME.streams]"),
+        "{stderr}"
     );
     // Its ledger needs no data.
     assert!(!lines(&c, &["--mixture", "abc", "--minibatch-size", "4", "--ledger"]).is_empty());
@@ -233,5 +237,57 @@ fn data_of_datasets_with_other_streams_and_damaged_states_are_refused() {
         assert_eq!(out.status.code(), Some(status), "{state}: {stderr}");
         assert!(stderr.contains(message), "{state}: {stderr}");
         assert!(out.stdout.is_empty(), "nothing is printed from a state that is refused");
+    }
+}
+
+#[test]
+fn streams_of_other_names_are_mapped_onto_the_mixtures_and_other_shapes_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mapped = "[mixtures.ad]\ndatasets = [\"a\", \"d\"]\nweights = [1, 1]\nmax_samples = 12\n\
+        [mixtures.ad.streams]\nvalues = [\"features\", \"x\"]\nclasses = [\"labels\", \"y\"]\n\
+        [mixtures.bad]\ndatasets = [\"a\", \"d\"]\nweights = [1, 1]\n\
+        [mixtures.bad.streams]\nvalues = [\"features\", \"y\"]\n";
+    let c = config(dir.path(), mapped);
+    let data = lines(&c, &["--mixture", "ad", "--minibatch-size", "4"]);
+    let ledger = lines(&c, &["--mixture", "ad", "--minibatch-size", "4", "--ledger"]);
+    assert_eq!(data.len(), 3);
+    for (d, l) in data.iter().zip(&ledger) {
+        let streams: Vec<&String> = d["streams"].as_object().expect("streams").keys().collect();
+        assert_eq!(streams, ["classes", "values"], "the mixture's streams, in name order");
+        for ((source, _, index), f) in
+            refs(l).iter().zip(d["streams"]["values"]["sequences"].as_array().expect("sequences"))
+        {
+            // Dataset d reads b.ctf, whose line i holds [i, 1].
+            let second = if *source == 0 { "0" } else { "1" };
+            assert_eq!(f[0][0].as_f64().map(|x| x.to_string()), Some(index.to_string()));
+            assert_eq!(f[0][1].as_f64().map(|x| x.to_string()), Some(second.to_owned()));
+        }
+        for ((_, _, index), c) in
+            refs(l).iter().zip(d["streams"]["classes"]["sequences"].as_array().expect("sequences"))
+        {
+            assert_eq!(c[0]["indices"], serde_json::json!([index % 3]));
+        }
+    }
+    let out = run(&c, &["--mixture", "bad", "--minibatch-size", "4"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("stream 'values' of the mixture") && stderr.contains("same kind, dimension and precision"),
+        "{stderr}"
+    );
+
+    for (toml, message) in [
+        ("[mixtures.m]\ndatasets = [\"a\", \"d\"]\nweights = [1, 1]\n[mixtures.m.streams]\nv = [\"features\"]\n", "1 stream names for 2 datasets"),
+        (
+            "[mixtures.m]\ndatasets = [\"a\", \"d\"]\nweights = [1, 1]\n[mixtures.m.streams]\nv = [\"features\", \"x\"]\nw = [\"features\", \"y\"]\n",
+            "stream 'features' of dataset 0 fills two streams",
+        ),
+        ("[mixtures.m]\ndatasets = [\"a\", \"d\"]\nweights = [1, 1]\n[mixtures.m.streams]\n", "no stream: map at least one"),
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let c = config(dir.path(), toml);
+        let out = Command::new(BIN).arg("validate").arg("--config").arg(&c).output().expect("run minibatchd");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("mixtures.m.streams") && stderr.contains(message), "{toml}: {stderr}");
     }
 }

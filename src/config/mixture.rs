@@ -27,6 +27,10 @@ pub struct MixtureConfig {
     pub schedule: WeightSchedule,
     /// When an epoch ends.
     pub epoch: MixtureEpoch,
+    /// `[mixtures.NAME.streams]`: each stream of the mixture (by name, in name order) and the
+    /// stream of each dataset (in `datasets` order) that fills it. Empty: the streams of the first
+    /// dataset, which every dataset has under the same names.
+    pub streams: BTreeMap<String, Vec<String>>,
 }
 
 /// Reads every `[mixtures.NAME]`; `datasets` are the valid datasets (a mixture naming one that
@@ -102,6 +106,10 @@ fn parse_mixture(
             }
         }
     }
+    let streams = match t.take("streams") {
+        Some(n) => stream_map(w, &n, names.as_ref().map(Vec::len)),
+        None => Some(BTreeMap::new()),
+    };
     let epoch_name = t.string(w, "epoch");
     let max_samples = t.uint(w, "max_samples", 1, u64::MAX / 2);
     let epoch = match (epoch_name.as_deref(), max_samples) {
@@ -125,7 +133,7 @@ fn parse_mixture(
             return None;
         }
     };
-    Some(MixtureConfig { datasets: names?, schedule, epoch: epoch? })
+    Some(MixtureConfig { datasets: names?, schedule, epoch: epoch?, streams: streams? })
 }
 
 fn dataset_list(
@@ -182,4 +190,44 @@ fn weights(w: &mut Walker, node: &Node<'_>, sources: Option<usize>) -> Option<We
         }
     }
     Weights::new(&values).map_err(|e| w.issue(node.path(), &e.to_string())).ok()
+}
+
+/// `[mixtures.NAME.streams]`: `common = ["stream of dataset 0", "stream of dataset 1", ...]`.
+fn stream_map(w: &mut Walker, node: &Node<'_>, sources: Option<usize>) -> Option<BTreeMap<String, Vec<String>>> {
+    let mut t = w.table(node)?;
+    let mut out = BTreeMap::new();
+    let mut ok = true;
+    for (name, n) in t.drain() {
+        let items = w.array(&n).unwrap_or_default();
+        let names: Vec<String> =
+            items.iter().filter_map(|i| i.json().and_then(Value::as_str).map(str::to_owned)).collect();
+        if names.len() != items.len() || items.is_empty() {
+            w.issue(n.path(), "expected an array of stream names, one per dataset of the mixture");
+            ok = false;
+            continue;
+        }
+        if let Some(k) = sources.filter(|&k| k != names.len()) {
+            w.issue(n.path(), &format!("{} stream names for {k} datasets", names.len()));
+            ok = false;
+            continue;
+        }
+        out.insert(name, names);
+    }
+    w.finish(t);
+    // A dataset's stream fills one stream of the mixture at most.
+    if let Some(k) = sources {
+        for source in 0..k {
+            let mut used: Vec<&str> = out.values().filter_map(|v| v.get(source).map(String::as_str)).collect();
+            used.sort_unstable();
+            if let Some(twice) = used.windows(2).find_map(|p| (p[0] == p[1]).then_some(p[0])) {
+                w.issue(node.path(), &format!("stream '{twice}' of dataset {source} fills two streams of the mixture"));
+                ok = false;
+            }
+        }
+    }
+    if out.is_empty() && ok {
+        w.issue(node.path(), "no stream: map at least one, or leave the table out to use the datasets' own streams");
+        ok = false;
+    }
+    ok.then_some(out)
 }

@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::chunk::ParsedChunk;
-use minibatchd_engine::minibatch::{gather, Minibatch};
+use minibatchd_engine::minibatch::gather_mixture;
 use minibatchd_engine::sampling::mixture::{
     Mixture, MixtureError, MixtureOptions, MixturePlan, MixtureSource, MixtureState, SourceState, MAX_SOURCES,
 };
-use minibatchd_engine::sampling::{MinibatchPlan, SeqRef};
 
-use super::{write_sequence, write_str, DumpError};
+use super::{write_streams, DumpError};
 
 /// What `dump --mixture` asks for.
 #[derive(Debug, Clone)]
@@ -98,53 +97,96 @@ pub fn ledger(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn 
     Ok(n)
 }
 
-/// Writes the mixture's minibatches with their data. Every source must have the same streams
-/// (names, kinds, dimensions and precision).
+/// How a mixture's streams come from its datasets' streams: the mixture's stream names and
+/// shapes, and for each dataset the index of its stream that fills each of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLayout {
+    /// The mixture's streams, in order.
+    pub names: Vec<String>,
+    /// Their shapes (every dataset's stream has the same).
+    pub shapes: Vec<minibatchd_engine::minibatch::StreamShape>,
+    /// Per dataset, per mixture stream: the dataset's stream index.
+    pub order: Vec<Vec<usize>>,
+}
+
+/// The mixture's stream layout: `map` (`[mixtures.NAME.streams]`), or when it is empty the first
+/// dataset's streams, looked up by name in every dataset.
 ///
 /// # Errors
-/// Sources with other streams, invalid options or state, data errors, and write errors.
-pub fn dump(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
-    let first = &datasets[0];
-    for d in &datasets[1..] {
-        if d.stream_names() != first.stream_names() || d.stream_shapes() != first.stream_shapes() {
-            return Err(DumpError::Mixture(format!(
-                "the mixture's datasets have different streams ({:?} and {:?}): dumping its data needs the same stream names, kinds, dimensions and precision in every dataset",
-                first.stream_names(),
-                d.stream_names()
-            )));
+/// A stream a dataset does not have, or datasets whose streams filling one mixture stream differ
+/// in kind, dimension or precision — naming the stream and the datasets.
+pub fn stream_layout(
+    names_of_datasets: &[String],
+    datasets: &[Dataset],
+    map: &std::collections::BTreeMap<String, Vec<String>>,
+) -> Result<StreamLayout, DumpError> {
+    let names: Vec<String> =
+        if map.is_empty() { datasets[0].stream_names().to_vec() } else { map.keys().cloned().collect() };
+    let mut order = Vec::with_capacity(datasets.len());
+    for (s, d) in datasets.iter().enumerate() {
+        let mut mine = Vec::with_capacity(names.len());
+        for name in &names {
+            let wanted = map.get(name).and_then(|v| v.get(s)).unwrap_or(name);
+            let Some(i) = d.stream_names().iter().position(|n| n == wanted) else {
+                return Err(DumpError::Mixture(format!(
+                    "dataset '{}' has no stream '{wanted}' (its streams: {}){}",
+                    names_of_datasets[s],
+                    d.stream_names().join(", "),
+                    if map.is_empty() { "; map the datasets' streams with [mixtures.NAME.streams]" } else { "" }
+                )));
+            };
+            mine.push(i);
+        }
+        order.push(mine);
+    }
+    let first = datasets[0].stream_shapes();
+    let shapes: Vec<_> = order[0].iter().map(|&i| first[i]).collect();
+    for (s, d) in datasets.iter().enumerate().skip(1) {
+        let theirs = d.stream_shapes();
+        for (k, &i) in order[s].iter().enumerate() {
+            if theirs[i] != shapes[k] {
+                return Err(DumpError::Mixture(format!(
+                    "stream '{}' of the mixture: dataset '{}' gives {:?}, dataset '{}' gives {:?} (the streams mixed into one must have the same kind, dimension and precision)",
+                    names[k], names_of_datasets[0], shapes[k], names_of_datasets[s], theirs[i]
+                )));
+            }
         }
     }
-    let names = first.stream_names().to_vec();
+    Ok(StreamLayout { names, shapes, order })
+}
+
+/// Writes the mixture's minibatches with their data, in the streams of `layout`.
+///
+/// # Errors
+/// Invalid options or state, data errors, and write errors.
+pub fn dump(
+    datasets: &[Dataset],
+    layout: &StreamLayout,
+    options: &MixtureDumpOptions,
+    out: &mut dyn Write,
+) -> Result<u64, DumpError> {
     let mut held: Vec<HashMap<u32, Arc<ParsedChunk>>> = vec![HashMap::new(); datasets.len()];
+    let timelines: Vec<&minibatchd_engine::sampling::Timeline> =
+        datasets.iter().map(|d| d.timeline().as_ref()).collect();
     let mut line = String::new();
     let n = for_each_plan(datasets, options, &mut |index, plan| {
-        // Each source's sequences of this minibatch, gathered as one minibatch of that source.
-        let mut parts: Vec<Option<Minibatch>> = vec![None; datasets.len()];
-        for (s, d) in datasets.iter().enumerate() {
-            let refs: Vec<SeqRef> = plan.sequences.iter().filter(|r| r.source as usize == s).map(|r| r.seq).collect();
-            if refs.is_empty() {
-                continue;
-            }
-            for r in &refs {
-                if let std::collections::hash_map::Entry::Vacant(e) = held[s].entry(r.chunk) {
-                    let (parsed, fresh) = d.load_chunk(r.chunk as usize)?;
-                    for m in &fresh {
-                        tracing::warn!("{m}");
-                    }
-                    e.insert(Arc::new(parsed));
+        for r in &plan.sequences {
+            let s = r.source as usize;
+            if let std::collections::hash_map::Entry::Vacant(e) = held[s].entry(r.seq.chunk) {
+                let (parsed, fresh) = datasets[s].load_chunk(r.seq.chunk as usize)?;
+                for m in &fresh {
+                    tracing::warn!("{m}");
                 }
+                let parsed = parsed.with_streams(&layout.order[s]).ok_or_else(|| {
+                    DumpError::Mixture(format!("chunk {} of source {s} lacks a stream of the mixture", r.seq.chunk))
+                })?;
+                e.insert(Arc::new(parsed));
             }
-            let sub = MinibatchPlan {
-                samples: plan.sequences.iter().filter(|r| r.source as usize == s).map(|r| u64::from(r.samples)).sum(),
-                sequences: refs,
-                sweep: 0,
-                end_of_sweep: false,
-                position: 0,
-                retire: Vec::new(),
-            };
-            let g = gather(index, &sub, d.timeline(), &d.stream_shapes(), false, &mut held[s])?;
-            parts[s] = Some(g.to_minibatch());
         }
+        let mut sources: Vec<&mut dyn minibatchd_engine::minibatch::ChunkSource> =
+            held.iter_mut().map(|h| h as &mut dyn minibatchd_engine::minibatch::ChunkSource).collect();
+        let g = gather_mixture(index, plan, &layout.shapes, &timelines, &mut sources)?;
+        let mb = g.to_minibatch();
         for &(s, c) in &plan.retire {
             held[s as usize].remove(&c);
         }
@@ -154,32 +196,8 @@ pub fn dump(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn Wr
         for (i, r) in plan.sequences.iter().enumerate() {
             let _ = write!(line, "{}{}", if i > 0 { ", " } else { "" }, r.source);
         }
-        line.push_str("], \"streams\": {");
-        for (k, name) in names.iter().enumerate() {
-            if k > 0 {
-                line.push_str(", ");
-            }
-            write_str(&mut line, name);
-            let samples: usize = parts.iter().flatten().map(|m| m.streams[k].num_samples()).sum();
-            let _ = write!(
-                line,
-                ": {{\"num_samples\": {samples}, \"num_sequences\": {}, \"sequences\": [",
-                plan.sequences.len()
-            );
-            let mut next = vec![0usize; datasets.len()];
-            for (i, r) in plan.sequences.iter().enumerate() {
-                let s = r.source as usize;
-                if i > 0 {
-                    line.push_str(", ");
-                }
-                if let Some(m) = &parts[s] {
-                    write_sequence(&mut line, &m.streams[k], next[s]);
-                }
-                next[s] += 1;
-            }
-            line.push_str("]}");
-        }
-        line.push('}');
+        line.push_str("], ");
+        write_streams(&mut line, &mb, &layout.names);
         tail(&mut line, &plan.state);
         out.write_all(line.as_bytes())?;
         Ok(())

@@ -186,6 +186,67 @@ pub fn gather(
     assemble(index, plan, shapes, frame_mode, held, &located)
 }
 
+/// A mixture's minibatch ([`crate::sampling::mixture`]) from the chunks of its sources: sequence
+/// `i` of `plan` comes from source `plan.sequences[i].source`, whose timeline is `timelines[s]`
+/// and whose chunks `chunks[s]` gives — each already in the mixture's stream layout (`shapes`,
+/// the same streams in the same order for every source). The minibatch's fingerprint is the
+/// mixture's; its position is the number of slots taken.
+///
+/// # Errors
+/// A chunk that cannot be loaded, a sequence of a source that `plan` does not have, or a chunk
+/// not in the mixture's stream layout.
+pub fn gather_mixture(
+    index: u64,
+    plan: &crate::sampling::mixture::MixturePlan,
+    shapes: &[StreamShape],
+    timelines: &[&Timeline],
+    chunks: &mut [&mut dyn ChunkSource],
+) -> Result<Gathered> {
+    let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
+    let mut local_of: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
+    for r in &plan.sequences {
+        let s = r.source as usize;
+        let (Some(timeline), Some(source)) = (timelines.get(s), chunks.get_mut(s)) else {
+            return Err(DataError::Dataset(format!("the mixture has no source {s}")));
+        };
+        let at = if let Some(&at) = local_of.get(&(r.source, r.seq.chunk)) {
+            at
+        } else {
+            let chunk = source.chunk(r.seq.chunk)?;
+            if chunk.streams.len() != shapes.len() {
+                return Err(DataError::Dataset(format!(
+                    "chunk {} of source {s} has {} streams, the mixture {}",
+                    r.seq.chunk,
+                    chunk.streams.len(),
+                    shapes.len()
+                )));
+            }
+            held.push(chunk);
+            local_of.insert((r.source, r.seq.chunk), held.len() - 1);
+            held.len() - 1
+        };
+        let local = (r.seq.seq as usize)
+            .checked_sub(timeline.chunk_start.get(r.seq.chunk as usize).copied().unwrap_or(usize::MAX))
+            .filter(|&l| l < held[at].num_sequences)
+            .ok_or_else(|| {
+                DataError::Dataset(format!("sequence {} is not in chunk {} of source {s}", r.seq.seq, r.seq.chunk))
+            })?;
+        located.push((at, local));
+    }
+    let single = MinibatchPlan {
+        sequences: plan.sequences.iter().map(|r| r.seq).collect(),
+        sweep: 0,
+        end_of_sweep: !plan.sweeps_ended.is_empty(),
+        position: plan.state.slots,
+        retire: Vec::new(),
+        samples: plan.samples,
+    };
+    let mut gathered = assemble(index, &single, shapes, false, held, &located)?;
+    gathered.fingerprint = plan.fingerprint();
+    Ok(gathered)
+}
+
 /// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
 /// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`.
 fn assemble(
