@@ -216,25 +216,33 @@ fn head(line: &mut String, index: u64, plan: &MixturePlan) {
 
 fn tail(line: &mut String, state: &MixtureState) {
     line.push_str(", \"state\": ");
-    line.push_str(&state_json(state).to_string());
+    write_state(line, state);
     line.push_str("}\n");
 }
 
-/// A mixture state as the JSON object `dump` prints and `--restore-state` reads.
-#[must_use]
-pub fn state_json(state: &MixtureState) -> serde_json::Value {
-    serde_json::json!({
-        "step": state.step,
-        "slots": state.slots,
-        "samples": state.samples,
-        "ended": state.ended,
-        "sources": state.sources.iter().map(|s| serde_json::json!({
-            "position": s.position, "taken": s.taken, "credit": s.credit, "weight": s.weight,
-        })).collect::<Vec<_>>(),
-    })
+/// Appends `state` as the JSON object `dump` prints and `--restore-state` reads (spaced as the
+/// rest of a line).
+pub fn write_state(line: &mut String, state: &MixtureState) {
+    let _ = write!(
+        line,
+        "{{\"step\": {}, \"slots\": {}, \"samples\": {}, \"ended\": {}, \"sources\": [",
+        state.step, state.slots, state.samples, state.ended
+    );
+    for (i, s) in state.sources.iter().enumerate() {
+        let _ = write!(
+            line,
+            "{}{{\"position\": {}, \"taken\": {}, \"credit\": {}, \"weight\": {}}}",
+            if i > 0 { ", " } else { "" },
+            s.position,
+            s.taken,
+            s.credit,
+            s.weight
+        );
+    }
+    line.push_str("]}");
 }
 
-/// Reads a mixture state from the JSON object [`state_json`] writes.
+/// Reads a mixture state from the JSON object [`write_state`] writes.
 ///
 /// # Errors
 /// Text that is not such an object, naming the field.
