@@ -9,6 +9,10 @@ world size) must see, with the sequences behind each fingerprint. Compare the tw
     want = expected("conf/minibatchd.toml", "train", minibatch_size=256, sweep=0, workers=8, rank=3)
     step = first_divergence(recorded, want)          # None: the run saw exactly that
     once = exactly_once([expected(..., rank=r) for r in range(8)])   # every sequence once per sweep
+
+A mixture of datasets (``docs/mixtures.md``) has a ledger of its own shape, ``[source, sweep,
+index]`` per sequence: ``expected_mixture`` runs ``minibatchd dump --mixture --ledger``, and
+``exactly_once`` then counts per ``(source, sweep)``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,34 @@ def expected(config: str, dataset: str, *, binary: Optional[str] = None, **optio
             args += [_FLAGS[key], str(value).lower() if isinstance(value, bool) else str(value)]
         else:
             raise ValueError(f"unknown ledger option {key!r}")
+    return _run_ledger(args)
+
+
+_MIXTURE_FLAGS = {
+    "minibatch_size": "--minibatch-size", "max_samples": "--max-samples", "workers": "--workers",
+    "rank": "--rank", "num_minibatches": "--num-minibatches",
+}
+
+
+def expected_mixture(config: str, mixture: str, *, binary: Optional[str] = None,
+                     restore_state: Optional[Dict[str, Any]] = None, **options: Any) -> List[Dict[str, Any]]:
+    """The ledger ``minibatchd dump --mixture NAME --ledger`` prints: per minibatch its step, the
+    sources whose sweep ended in it, the fingerprint, ``[source, sweep, index]`` per sequence and
+    the ``state`` after it, which ``restore_state`` takes to continue from there (at any
+    ``workers``)."""
+    args = [binary or os.environ.get("MINIBATCHD_BIN") or "minibatchd", "dump", "--config", str(config),
+            "--mixture", mixture, "--ledger"]
+    for key, value in options.items():
+        if key not in _MIXTURE_FLAGS:
+            raise ValueError(f"unknown mixture ledger option {key!r} (each source samples with its dataset's "
+                             "[sampling]; the options are " + ", ".join(sorted(_MIXTURE_FLAGS)) + ")")
+        args += [_MIXTURE_FLAGS[key], str(value)]
+    if restore_state is not None:
+        args += ["--restore-state", json.dumps(restore_state)]
+    return _run_ledger(args)
+
+
+def _run_ledger(args: List[str]) -> List[Dict[str, Any]]:
     try:
         out = subprocess.run(args, capture_output=True, text=True, check=False)
     except FileNotFoundError:
@@ -61,12 +93,17 @@ def first_divergence(recorded: Sequence[Dict[str, Any]], want: Sequence[Dict[str
     return None if len(recorded) == len(want) else min(len(recorded), len(want))
 
 
-def exactly_once(ledgers: Iterable[Sequence[Dict[str, Any]]]) -> Dict[int, Counter]:
+def exactly_once(ledgers: Iterable[Sequence[Dict[str, Any]]]) -> Dict[Any, Counter]:
     """Per sweep, how often each sequence occurs over the given ledgers (one per rank or worker,
     from ``expected``). Every count is 1 when the ranks together saw each sequence exactly once
-    in that sweep; a sequence that is missing does not appear."""
-    counts: Dict[int, Counter] = defaultdict(Counter)
+    in that sweep; a sequence that is missing does not appear. For a mixture's ledgers (from
+    ``expected_mixture``) the keys are ``(source, sweep)``: each source's sweeps, counted apart."""
+    counts: Dict[Any, Counter] = defaultdict(Counter)
     for ledger in ledgers:
         for entry in ledger:
-            counts[entry["sweep"]].update(entry["sequences"])
+            if "sweep" in entry:
+                counts[entry["sweep"]].update(entry["sequences"])
+            else:
+                for source, sweep, index in entry["sequences"]:
+                    counts[(source, sweep)][index] += 1
     return dict(counts)
