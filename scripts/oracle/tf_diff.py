@@ -32,8 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def ensure_tensorflow(venv: Path) -> None:
-    """Re-runs this script under `venv`'s Python with TensorFlow, making it first if needed."""
+def ensure_tensorflow(venv: Path, script: str = __file__) -> None:
+    """Re-runs `script` (this one by default) under `venv`'s Python with TensorFlow, making it
+    first if needed."""
     try:
         import tensorflow  # noqa: F401
 
@@ -45,7 +46,7 @@ def ensure_tensorflow(venv: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if subprocess.run([str(py), "-c", "import tensorflow"], capture_output=True).returncode != 0:
         subprocess.run([str(py), "-m", "pip", "install", "--quiet", "tensorflow-cpu"], check=True)
-    os.execv(str(py), [str(py), __file__] + sys.argv[1:])
+    os.execv(str(py), [str(py), script] + sys.argv[1:])
 
 
 def random_feature(rng: random.Random, k: int) -> dict:

@@ -11,6 +11,7 @@
 //! of the config file, so a config can travel with its data.
 
 mod deepx;
+mod fixed;
 mod mixture;
 mod tfrecord;
 pub(crate) mod walk;
@@ -447,14 +448,11 @@ fn parse_dataset(
     let mut t = w.table(node)?;
     let format = if let Some(s) = t.string(w, "format") {
         FormatKind::parse(&s).or_else(|| {
-            w.issue(
-                &t.key_path("format"),
-                &format!("unknown format '{s}': expected ctf, libsvm, libsvm_ex, uch or tfrecord"),
-            );
+            w.issue(&t.key_path("format"), &format!("unknown format '{s}': expected {}", FormatKind::NAMES));
             None
         })
     } else {
-        w.issue(&t.key_path("format"), "missing: expected ctf, libsvm, libsvm_ex, uch or tfrecord");
+        w.issue(&t.key_path("format"), &format!("missing: expected {}", FormatKind::NAMES));
         None
     };
     let chunk_size_bytes = t.uint(w, "chunk_size_bytes", 1, u64::from(u32::MAX)).unwrap_or(DEFAULT_CHUNK_SIZE_BYTES);
@@ -477,9 +475,12 @@ fn parse_dataset(
     let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     // A tfrecord dataset's streams are features of its Examples: taken before the sources.
     let tfrecord = (format == Some(FormatKind::TfRecord)).then(|| tfrecord::parse(w, &mut t));
+    let fixed = (format == Some(FormatKind::FixedLength)).then(|| fixed::parse(w, &mut t));
     let sources = parse_sources(w, &mut t, is_ctf);
     let deepx = match format {
-        Some(f) if !is_ctf && f != FormatKind::TfRecord => Some(deepx::parse(w, &mut t, f)),
+        Some(f) if !is_ctf && f != FormatKind::TfRecord && f != FormatKind::FixedLength => {
+            Some(deepx::parse(w, &mut t, f))
+        }
         _ => None,
     };
     w.finish(t);
@@ -491,6 +492,16 @@ fn parse_dataset(
                 s.streams = streams;
             }
             Some(features)
+        }
+        None => None,
+    };
+    let fixed = match fixed {
+        Some(parsed) => {
+            let (streams, config) = parsed?;
+            if let Some(s) = sources.first_mut() {
+                s.streams = streams;
+            }
+            Some(config)
         }
         None => None,
     };
@@ -507,6 +518,7 @@ fn parse_dataset(
         sampling: sampling?,
         deepx,
         tfrecord,
+        fixed,
         inflate,
         index_threads,
     })

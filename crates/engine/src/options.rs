@@ -179,10 +179,15 @@ pub enum FormatKind {
     Uch,
     /// TensorFlow's TFRecord files of `tf.train.Example` records.
     TfRecord,
+    /// Fixed-length binary records (`FixedLengthRecordDataset`), decoded raw (`decode_raw`).
+    FixedLength,
 }
 
 impl FormatKind {
-    /// The format named `s` in a config (`ctf`, `libsvm`, `libsvm_ex`, `uch`).
+    /// The formats' names in a config, for messages.
+    pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord or fixed_length";
+
+    /// The format named `s` in a config ([`FormatKind::NAMES`]).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         match s {
@@ -191,6 +196,7 @@ impl FormatKind {
             "libsvm_ex" => Some(Self::LibsvmEx),
             "uch" => Some(Self::Uch),
             "tfrecord" => Some(Self::TfRecord),
+            "fixed_length" => Some(Self::FixedLength),
             _ => None,
         }
     }
@@ -283,6 +289,8 @@ pub struct DatasetConfig {
     pub inflate: InflateLimits,
     /// `tfrecord` datasets: the feature of each stream, in the streams' order; `None` otherwise.
     pub tfrecord: Option<Vec<ExampleFeature>>,
+    /// `fixed_length` datasets: the files' layout and each stream's slice of a record.
+    pub fixed: Option<FixedConfig>,
     /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
     /// one per core when 0: the index pass runs before anything is parsed).
     pub index_threads: usize,
@@ -438,4 +446,13 @@ mod tests {
         let joined = IndexLimits::within(8 << 30, 0, 2);
         assert!(joined.max_sequences < small.max_sequences / 60, "{}", joined.max_sequences);
     }
+}
+
+/// A `fixed_length` dataset: how its files are laid out, and the streams a record holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FixedConfig {
+    /// Header, record and footer bytes.
+    pub layout: crate::format::fixed::FixedLengthOptions,
+    /// The streams, in name order.
+    pub streams: Vec<crate::format::fixed::RawStream>,
 }

@@ -23,10 +23,13 @@ use crate::format::chunk::{ParsedChunk, StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::{CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
 use crate::format::deepx::{DeepxDecoder, DeepxElement, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
+use crate::format::fixed::RawDecoder;
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
-use crate::format::record::{CtfReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader};
+use crate::format::record::{
+    CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader,
+};
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::hash::Fnv1a;
 use crate::options::{
@@ -60,6 +63,7 @@ enum SourceDecoder {
     Ctf(CtfDecoder),
     Deepx(DeepxDecoder),
     Example(ExampleDecoder),
+    Raw(RawDecoder),
 }
 
 /// Where a file's bytes are, at the version indexed.
@@ -193,6 +197,7 @@ impl Dataset {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
             FormatKind::TfRecord => Self::open_tfrecord(config, state_dir, limits, r, progress),
+            FormatKind::FixedLength => Self::open_fixed(config, state_dir, limits, r, progress),
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
         ds.remote = remote;
@@ -350,9 +355,53 @@ impl Dataset {
         let features = config.tfrecord.as_deref().ok_or_else(|| {
             DataError::Dataset(format!("dataset '{}': a tfrecord dataset without features", config.name))
         })?;
+        let decoder = ExampleDecoder::new(features);
+        let streams = decoder.specs();
+        // A GZIP TFRecord file (TensorFlow's compression_type="GZIP") is read from its copy.
+        Self::open_records(
+            config,
+            state_dir,
+            limits,
+            remote,
+            progress,
+            &TfRecordReader,
+            SourceDecoder::Example(decoder),
+            streams,
+        )
+    }
+
+    /// A dataset of fixed-length records: one source, every record a sequence of one sample.
+    fn open_fixed(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let fixed = config.fixed.as_ref().ok_or_else(|| {
+            DataError::Dataset(format!("dataset '{}': a fixed_length dataset without its layout", config.name))
+        })?;
+        let decoder = RawDecoder::new(fixed.streams.clone());
+        let streams = decoder.specs();
+        let reader = FixedLengthReader(fixed.layout);
+        Self::open_records(config, state_dir, limits, remote, progress, &reader, SourceDecoder::Raw(decoder), streams)
+    }
+
+    /// A dataset of one source whose files `reader` splits into records that `decoder` decodes
+    /// (gzip inputs read from their decompressed copies).
+    #[allow(clippy::too_many_arguments)] // the open's context, then the format's two halves
+    fn open_records(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+        reader: &dyn RecordReader,
+        decoder: SourceDecoder,
+        streams: Vec<StreamSpec>,
+    ) -> Result<Self> {
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        // A GZIP TFRecord file (TensorFlow's compression_type="GZIP") is read from its copy.
         let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
@@ -364,23 +413,20 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx =
-                index_input(&TfRecordReader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            let idx = index_input(reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             lengths_kept |= idx.sequences.columns().samples;
             indexes.push(idx);
         }
-        let decoder = ExampleDecoder::new(features);
-        let streams = decoder.specs();
         let source = OpenSource {
             files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
             data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
             data_versions,
             file_versions,
             indexes,
-            decoder: SourceDecoder::Example(decoder),
+            decoder,
             first_stream: 0,
         };
         Self::assemble(config, vec![source], None, None, streams)
@@ -457,6 +503,10 @@ impl Dataset {
         h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.sources, c.precision, c.deepx).as_bytes());
         if let Some(t) = &c.tfrecord {
             h.field(format!("{t:?}").as_bytes());
+        }
+        // The raw streams' types, offsets and byte orders: another decode of the same bytes.
+        if let Some(f) = &c.fixed {
+            h.field(format!("{f:?}").as_bytes());
         }
         h.u64(c.chunk_size_bytes);
         for s in &self.sources {
@@ -858,6 +908,11 @@ impl Dataset {
                     by_source.push(errors);
                     continue;
                 }
+                SourceDecoder::Raw(d) => {
+                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
+                    by_source.push(errors);
+                    continue;
+                }
             };
             let mut bufs: Vec<StreamBuf<T>> = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
             // Dense streams hold `dim` values per sample, and most sequences are one sample: reserve
@@ -978,8 +1033,12 @@ fn readable_inputs(
 ) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
     let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
     let mut versions = Vec::with_capacity(inputs.len());
+    // Fixed-length records are binary: their first bytes may be gzip's magic, so such a file is
+    // read as it is (TensorFlow's FixedLengthRecordDataset does not look either).
+    let as_they_are = config.format == FormatKind::FixedLength;
     for input in inputs {
         let copy = match &input.object {
+            _ if as_they_are => None,
             None => Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name),
             Some(object) => {
                 remote::inflated_object(object, remote::require(remote, &input.name)?, state_dir, &config.inflate)?

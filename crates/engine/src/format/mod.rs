@@ -9,6 +9,7 @@
 //! * [`deepx`]: deepx's `libsvm`, `libsvm_ex` and `uch` (and svmlight variants);
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`;
 //! * [`tfrecord`]: TensorFlow's TFRecord files, and `tf.train.Example` records;
+//! * [`fixed`]: fixed-length records and their raw decoder (`decode_raw`);
 //! * [`record`]: the record reader every format implements (the index pass behind one trait);
 //! * `parts`: the index pass of one large file on several threads.
 
@@ -16,6 +17,7 @@ pub mod chunk;
 pub mod ctf;
 pub mod deepx;
 pub mod errors;
+pub mod fixed;
 pub mod index;
 pub mod index_cache;
 pub mod inflate;

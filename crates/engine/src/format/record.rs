@@ -6,7 +6,8 @@
 //!   cache, objects through the shared index of object storage) without knowing the format.
 //! * [`RecordDecoder`]: turns one record's bytes into a sample of each stream, or a malformed
 //!   place charged to `max_errors`. The deepx formats and TFRecord's Example decoder implement
-//!   it, and the dataset loads their chunks through one generic loop; CTF's decoder (whose
+//!   it (and the raw decoder of fixed-length records), and the dataset loads their chunks through
+//!   one generic loop; CTF's decoder (whose
 //!   sources are joined by sequence key) has its own loop still.
 
 use std::io::Read;
@@ -17,6 +18,7 @@ use crate::format::chunk::{StreamData, StreamSpec};
 use crate::format::ctf::{self, CtfIndexOptions, StreamBuf};
 use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineIndexOptions};
 use crate::format::errors::{DataError, Location, Malformed};
+use crate::format::fixed::{self, FixedLengthOptions, RawDecoder};
 use crate::format::index::FileIndex;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
@@ -157,6 +159,38 @@ impl RecordReader for TfRecordReader {
     }
 }
 
+/// Fixed-length records: a record is `record_bytes` at `header_bytes + i × record_bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct FixedLengthReader(pub FixedLengthOptions);
+
+impl RecordReader for FixedLengthReader {
+    fn fingerprint(&self) -> String {
+        self.0.fingerprint()
+    }
+
+    fn index_file(
+        &self,
+        data: &Path,
+        name: Arc<Path>,
+        limits: IndexLimits,
+        _threads: usize,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        fixed::index_file(data, name, self.0, limits, progress)
+    }
+
+    fn index_stream(
+        &self,
+        reader: &mut dyn Read,
+        name: Arc<Path>,
+        size: u64,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        fixed::index_reader(reader, name, size, self.0, limits, progress)
+    }
+}
+
 /// Where a record is, for its errors: the file as configured (a `.gz` input, not its copy), its
 /// 0-based line or record number, and its byte offset (in the decompressed data).
 pub use crate::format::deepx::LineContext as RecordAt;
@@ -250,6 +284,37 @@ impl RecordDecoder for ExampleDecoder {
 
     fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
         ExampleDecoder::dense_values(self, out)
+    }
+
+    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        self.into_streams(out)
+    }
+}
+
+impl RecordDecoder for RawDecoder {
+    type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
+
+    fn streams(&self) -> Vec<StreamSpec> {
+        self.specs()
+    }
+
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
+        RawDecoder::buffers(self, records)
+    }
+
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut Vec<StreamBuf<T>>,
+        errors: &mut Vec<Malformed>,
+    ) {
+        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
+        self.decode_record(record, &at, out, errors);
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+        RawDecoder::dense_values(self, out)
     }
 
     fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {

@@ -1,0 +1,448 @@
+//! Fixed-length records (TensorFlow's `FixedLengthRecordDataset`) and their raw decoder
+//! (`tf.io.decode_raw`): the small format that `docs/formats.md` walks through as the example of
+//! adding one.
+//!
+//! **Reader.** A file is `header_bytes`, then records of exactly `record_bytes` each, then
+//! `footer_bytes`. As TensorFlow, a file smaller than its header and footer, or whose body (what
+//! lies between them) is not a whole number of records, is refused — the whole file, naming it,
+//! its body length and the record length; so is an empty body, which TensorFlow reads as no record
+//! (a dataset with an input of no record is a configuration mistake worth a word). Record `i`
+//! (0-based) is at byte `header_bytes + i × record_bytes`; its key and "line" are `i`. The index
+//! pass reads the whole file once for its CRC-32 digest (the dataset's identity, as for every
+//! format).
+//!
+//! **Decoder.** Each stream is a dense stream of `dim` values of one type (`decode_raw`'s
+//! `out_type`: 8- to 64-bit integers, `float16`, `bfloat16`, `float32`, `float64`, `bool`; and
+//! `uint32` and `uint64`, which TensorFlow's `decode_raw` lacks) at a byte offset of the record,
+//! little- or big-endian. An integer that the dataset's precision does
+//! not hold exactly (beyond ±2^24 in `float32`, ±2^53 in `float64`) makes the record a malformed
+//! place charged to `max_errors` (a sequence of 0 samples), never a rounded value; floats are
+//! converted as a cast (a `float64` value in a `float32` dataset rounds to nearest).
+
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
+use crate::format::ctf::StreamBuf;
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::options::IndexLimits;
+
+/// Size of the read buffer of the index pass.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Largest `record_bytes`: a record is one sequence, whose size the index keeps in a `u32`.
+pub const MAX_RECORD_BYTES: u32 = 1 << 30;
+
+/// How a fixed-length file is laid out (`FixedLengthRecordDataset`'s arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedLengthOptions {
+    /// Bytes of each record, 1..=[`MAX_RECORD_BYTES`].
+    pub record_bytes: u32,
+    /// Bytes before the first record.
+    pub header_bytes: u64,
+    /// Bytes after the last record.
+    pub footer_bytes: u64,
+}
+
+impl FixedLengthOptions {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("fixed;record={};header={};footer={}", self.record_bytes, self.header_bytes, self.footer_bytes)
+    }
+
+    /// The number of records of a file of `size` bytes, or why it has none that can be read.
+    ///
+    /// # Errors
+    /// A file smaller than its header and footer, a body that is not whole records, or no record.
+    pub fn records(&self, size: u64) -> Result<u64, String> {
+        let around = self.header_bytes.saturating_add(self.footer_bytes);
+        if size < around {
+            return Err(format!(
+                "the file holds {size} bytes, fewer than its header ({} bytes) and footer ({} bytes)",
+                self.header_bytes, self.footer_bytes
+            ));
+        }
+        let body = size - around;
+        let record = u64::from(self.record_bytes.max(1));
+        if !body.is_multiple_of(record) {
+            return Err(format!(
+                "excluding the header ({} bytes) and footer ({} bytes), the file has a body of {body} bytes, which is \
+                 not a multiple of the record length ({record} bytes): {} bytes are left after the last whole record",
+                self.header_bytes,
+                self.footer_bytes,
+                body % record
+            ));
+        }
+        if body == 0 {
+            return Err(format!(
+                "the file holds no record (its {size} bytes are its header and footer): remove it from the dataset's files"
+            ));
+        }
+        Ok(body / record)
+    }
+}
+
+/// Indexes the local file `data` (named `name` in errors).
+///
+/// # Errors
+/// I/O errors, a layout the file does not have ([`FixedLengthOptions::records`]), a limit exceeded.
+pub fn index_file(
+    data: &Path,
+    name: Arc<Path>,
+    options: FixedLengthOptions,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&name, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(&name, e))?.len();
+    index_reader(file, name, size, options, limits, progress)
+}
+
+/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
+///
+/// # Errors
+/// As [`index_file`]; also a reader that yields other than `size` bytes.
+pub fn index_reader(
+    mut reader: impl Read,
+    name: Arc<Path>,
+    size: u64,
+    options: FixedLengthOptions,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let fatal = |offset: u64, message: String| DataError::Fatal {
+        at: Location { file: name.clone(), line: 0, offset },
+        message,
+    };
+    let records = options.records(size).map_err(|m| fatal(0, m))?;
+    let record = options.record_bytes;
+    let mut sequences = Sequences::default();
+    for i in 0..records {
+        let s = SequenceDesc {
+            key: i,
+            offset: options.header_bytes + i * u64::from(record),
+            line: i,
+            size: record,
+            samples: 1,
+        };
+        room_for_one_more(&sequences, &s, &limits, || Location { file: name.clone(), line: i + 1, offset: s.offset })?;
+        sequences.push(s);
+    }
+    sequences.shrink_to_fit();
+    // The digest: every byte of the file, as the other formats' passes have it.
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    let mut digest = crc32fast::Hasher::new();
+    let mut read = 0u64;
+    loop {
+        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&name, e))?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+        read += n as u64;
+        progress(read);
+    }
+    if read != size {
+        return Err(DataError::io(
+            &name,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("read {read} bytes of a file of {size} (changed while it was indexed?)"),
+            ),
+        ));
+    }
+    Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
+}
+
+/// `decode_raw`'s value types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawType {
+    /// `int8`.
+    I8,
+    /// `uint8`.
+    U8,
+    /// `int16`.
+    I16,
+    /// `uint16`.
+    U16,
+    /// `int32`.
+    I32,
+    /// `uint32`.
+    U32,
+    /// `int64`.
+    I64,
+    /// `uint64`.
+    U64,
+    /// `float16` (IEEE half).
+    F16,
+    /// `bfloat16` (the upper half of a `float32`).
+    Bf16,
+    /// `bool`: a byte, 0 false (0.0), anything else true (1.0).
+    Bool,
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+}
+
+impl RawType {
+    /// The type named `name` (TensorFlow's names; `half`, `float` and `double` too).
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "int8" => Self::I8,
+            "uint8" => Self::U8,
+            "int16" => Self::I16,
+            "uint16" => Self::U16,
+            "int32" => Self::I32,
+            "uint32" => Self::U32,
+            "int64" => Self::I64,
+            "uint64" => Self::U64,
+            "float16" | "half" => Self::F16,
+            "bfloat16" => Self::Bf16,
+            "bool" => Self::Bool,
+            "float32" | "float" => Self::F32,
+            "float64" | "double" => Self::F64,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per value.
+    #[must_use]
+    pub fn size(self) -> usize {
+        match self {
+            Self::I8 | Self::U8 | Self::Bool => 1,
+            Self::I16 | Self::U16 | Self::F16 | Self::Bf16 => 2,
+            Self::I32 | Self::U32 | Self::F32 => 4,
+            Self::I64 | Self::U64 | Self::F64 => 8,
+        }
+    }
+
+    /// The type's name in a config.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::I8 => "int8",
+            Self::U8 => "uint8",
+            Self::I16 => "int16",
+            Self::U16 => "uint16",
+            Self::I32 => "int32",
+            Self::U32 => "uint32",
+            Self::I64 => "int64",
+            Self::U64 => "uint64",
+            Self::F16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+            Self::Bool => "bool",
+        }
+    }
+
+    /// The names [`RawType::parse`] takes, for messages.
+    pub const NAMES: &'static str =
+        "int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, bool";
+}
+
+/// One stream of a fixed-length record: `dim` values of `dtype` from byte `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStream {
+    /// The stream's name.
+    pub name: String,
+    /// The values' type.
+    pub dtype: RawType,
+    /// Byte offset in the record.
+    pub offset: usize,
+    /// Values per record.
+    pub dim: usize,
+    /// Byte order (`decode_raw`'s `little_endian`).
+    pub little_endian: bool,
+}
+
+impl RawStream {
+    /// Bytes of the record it reads.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.dim.saturating_mul(self.dtype.size())
+    }
+}
+
+/// Decodes fixed-length records into dense streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawDecoder {
+    streams: Vec<RawStream>,
+}
+
+/// One value as read: an integer (exactness checked) or a float (cast).
+enum Raw {
+    Int(i128),
+    Float(f64),
+}
+
+impl RawDecoder {
+    /// A decoder of `streams` (each within the record: checked by the configuration).
+    #[must_use]
+    pub fn new(streams: Vec<RawStream>) -> Self {
+        Self { streams }
+    }
+
+    /// The streams' specs, in order.
+    #[must_use]
+    pub fn specs(&self) -> Vec<StreamSpec> {
+        self.streams.iter().map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.dim }).collect()
+    }
+
+    /// Empty buffers for `records` records.
+    #[must_use]
+    pub fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        self.streams
+            .iter()
+            .map(|s| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b.values.reserve(records.saturating_mul(s.dim));
+                b
+            })
+            .collect()
+    }
+
+    /// Decodes one record into a sample of each stream; a record shorter than the streams need,
+    /// or an integer the precision does not hold exactly, is a malformed place (a sequence of 0
+    /// samples).
+    pub fn decode_record<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) {
+        for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
+            if let Err(message) = Self::decode_stream(s, record, buf) {
+                // What the earlier records hold: `dim` values each.
+                for (b, s) in out.iter_mut().zip(&self.streams) {
+                    b.values.truncate(b.samples * s.dim);
+                    b.seq_offsets.push(b.samples);
+                }
+                errors.push(Malformed { kind: ErrorKind::BadRecord, at: at.clone(), message });
+                return;
+            }
+        }
+        for b in out.iter_mut() {
+            b.samples += 1;
+            b.sample_offsets.push(0);
+            b.seq_offsets.push(b.samples);
+        }
+    }
+
+    fn decode_stream<T: DeepxElement>(s: &RawStream, record: &[u8], buf: &mut StreamBuf<T>) -> Result<(), String> {
+        let bytes = record.get(s.offset..s.offset.saturating_add(s.bytes())).ok_or_else(|| {
+            format!(
+                "the record holds {} bytes; stream '{}' reads {} bytes from byte {}",
+                record.len(),
+                s.name,
+                s.bytes(),
+                s.offset
+            )
+        })?;
+        let limit: i128 = if std::mem::size_of::<T>() == 4 { 1 << 24 } else { 1 << 53 };
+        for (k, v) in bytes.chunks_exact(s.dtype.size()).enumerate() {
+            let value = match read_value(s.dtype, v, s.little_endian) {
+                Raw::Float(f) => T::from_f64(f),
+                Raw::Int(i) => {
+                    #[allow(clippy::cast_precision_loss)]
+                    let wide = i as f64;
+                    let t = T::from_f64(wide);
+                    let back: f64 = t.into();
+                    #[allow(clippy::cast_possible_truncation)]
+                    let exact = i.abs() <= limit || (back.is_finite() && back as i128 == i);
+                    if !exact {
+                        return Err(format!(
+                            "value {k} of stream '{}' is {i}, which the dataset's precision cannot hold exactly \
+                             (integers up to ±{limit}); use precision = \"float64\"",
+                            s.name
+                        ));
+                    }
+                    t
+                }
+            };
+            buf.values.push(value);
+        }
+        Ok(())
+    }
+
+    /// Dense values the buffers hold.
+    #[must_use]
+    pub fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
+        out.iter().map(|b| b.values.len()).sum()
+    }
+
+    /// The chunk's streams.
+    #[must_use]
+    pub fn into_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        out.into_iter().zip(&self.streams).map(|(b, s)| b.into_stream_data(s.dim, false)).collect()
+    }
+}
+
+fn read_value(dtype: RawType, v: &[u8], little_endian: bool) -> Raw {
+    macro_rules! int {
+        ($t:ty) => {{
+            let a = v.try_into().unwrap_or([0; std::mem::size_of::<$t>()]);
+            Raw::Int(i128::from(if little_endian { <$t>::from_le_bytes(a) } else { <$t>::from_be_bytes(a) }))
+        }};
+    }
+    match dtype {
+        RawType::I8 => int!(i8),
+        RawType::U8 => int!(u8),
+        RawType::I16 => int!(i16),
+        RawType::U16 => int!(u16),
+        RawType::I32 => int!(i32),
+        RawType::U32 => int!(u32),
+        RawType::I64 => int!(i64),
+        RawType::U64 => int!(u64),
+        RawType::F16 => {
+            let a = v.try_into().unwrap_or([0; 2]);
+            Raw::Float(f64::from(f16_to_f32(if little_endian { u16::from_le_bytes(a) } else { u16::from_be_bytes(a) })))
+        }
+        RawType::Bf16 => {
+            let a = v.try_into().unwrap_or([0; 2]);
+            let h = if little_endian { u16::from_le_bytes(a) } else { u16::from_be_bytes(a) };
+            Raw::Float(f64::from(f32::from_bits(u32::from(h) << 16)))
+        }
+        RawType::Bool => Raw::Int(i128::from(v.first().is_some_and(|&b| b != 0))),
+        RawType::F32 => {
+            let a = v.try_into().unwrap_or([0; 4]);
+            Raw::Float(f64::from(if little_endian { f32::from_le_bytes(a) } else { f32::from_be_bytes(a) }))
+        }
+        RawType::F64 => {
+            let a = v.try_into().unwrap_or([0; 8]);
+            Raw::Float(if little_endian { f64::from_le_bytes(a) } else { f64::from_be_bytes(a) })
+        }
+    }
+}
+
+/// An IEEE half (binary16) as the `f32` of the same value (exact: every half is an `f32`).
+#[must_use]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = u32::from(h >> 15) << 31;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let frac = u32::from(h & 0x3ff);
+    let bits = match (exp, frac) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: normalize into an f32 exponent.
+            let shift = frac.leading_zeros() - 21;
+            let frac = (frac << shift) & 0x3ff;
+            sign | ((127 - 15 + 1 - shift) << 23) | (frac << 13)
+        }
+        (0x1f, 0) => sign | 0x7f80_0000,
+        (0x1f, _) => sign | 0x7fc0_0000 | (frac << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (frac << 13),
+    };
+    f32::from_bits(bits)
+}
+
+#[cfg(test)]
+mod tests;
