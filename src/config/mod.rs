@@ -10,6 +10,7 @@
 //! Relative paths in the file (`files`, `socket`, `state_dir`) are resolved against the directory
 //! of the config file, so a config can travel with its data.
 
+mod csv;
 mod deepx;
 mod fixed;
 mod mixture;
@@ -476,6 +477,7 @@ fn parse_dataset(
     // A tfrecord dataset's streams are features of its Examples: taken before the sources.
     let tfrecord = (format == Some(FormatKind::TfRecord)).then(|| tfrecord::parse(w, &mut t));
     let fixed = (format == Some(FormatKind::FixedLength)).then(|| fixed::parse(w, &mut t));
+    let csv = (format == Some(FormatKind::Csv)).then(|| csv::parse(w, &mut t));
     let sources = parse_sources(w, &mut t, is_ctf);
     let deepx = match format {
         Some(f) if !is_ctf && f != FormatKind::TfRecord && f != FormatKind::FixedLength => {
@@ -505,6 +507,16 @@ fn parse_dataset(
         }
         None => None,
     };
+    let csv = match csv {
+        Some(parsed) => {
+            let (streams, config) = parsed?;
+            if let Some(s) = sources.first_mut() {
+                s.streams = streams;
+            }
+            Some(config)
+        }
+        None => None,
+    };
     check_streams(w, node.path(), &sources);
     Some(DatasetConfig {
         name: name.to_owned(),
@@ -519,6 +531,7 @@ fn parse_dataset(
         deepx,
         tfrecord,
         fixed,
+        csv,
         inflate,
         index_threads,
     })

@@ -181,11 +181,13 @@ pub enum FormatKind {
     TfRecord,
     /// Fixed-length binary records (`FixedLengthRecordDataset`), decoded raw (`decode_raw`).
     FixedLength,
+    /// CSV lines (`TextLineDataset`) decoded by `decode_csv`'s rules.
+    Csv,
 }
 
 impl FormatKind {
     /// The formats' names in a config, for messages.
-    pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord or fixed_length";
+    pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord, fixed_length or csv";
 
     /// The format named `s` in a config ([`FormatKind::NAMES`]).
     #[must_use]
@@ -197,6 +199,7 @@ impl FormatKind {
             "uch" => Some(Self::Uch),
             "tfrecord" => Some(Self::TfRecord),
             "fixed_length" => Some(Self::FixedLength),
+            "csv" => Some(Self::Csv),
             _ => None,
         }
     }
@@ -291,6 +294,8 @@ pub struct DatasetConfig {
     pub tfrecord: Option<Vec<ExampleFeature>>,
     /// `fixed_length` datasets: the files' layout and each stream's slice of a record.
     pub fixed: Option<FixedConfig>,
+    /// `csv` datasets: the header lines, how fields split, and each stream's columns.
+    pub csv: Option<CsvConfig>,
     /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
     /// one per core when 0: the index pass runs before anything is parsed).
     pub index_threads: usize,
@@ -455,4 +460,15 @@ pub struct FixedConfig {
     pub layout: crate::format::fixed::FixedLengthOptions,
     /// The streams, in name order.
     pub streams: Vec<crate::format::fixed::RawStream>,
+}
+
+/// A `csv` dataset: the header lines skipped, how records split into fields, and the streams.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvConfig {
+    /// Header lines skipped in each file.
+    pub layout: crate::format::csv::CsvLayout,
+    /// Fields per record, delimiter, quoting, `na_value`.
+    pub options: crate::format::csv::CsvOptions,
+    /// The streams, in name order.
+    pub streams: Vec<crate::format::csv::CsvStream>,
 }

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::format::chunk::{ParsedChunk, StreamData, StreamKind, StreamSpec};
+use crate::format::csv::CsvDecoder;
 use crate::format::ctf::{CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
 use crate::format::deepx::{DeepxDecoder, DeepxElement, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
@@ -28,7 +29,7 @@ use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, Seque
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
 use crate::format::record::{
-    CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader,
+    CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader,
 };
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::hash::Fnv1a;
@@ -64,6 +65,7 @@ enum SourceDecoder {
     Deepx(DeepxDecoder),
     Example(ExampleDecoder),
     Raw(RawDecoder),
+    Csv(CsvDecoder),
 }
 
 /// Where a file's bytes are, at the version indexed.
@@ -198,6 +200,7 @@ impl Dataset {
             }
             FormatKind::TfRecord => Self::open_tfrecord(config, state_dir, limits, r, progress),
             FormatKind::FixedLength => Self::open_fixed(config, state_dir, limits, r, progress),
+            FormatKind::Csv => Self::open_csv(config, state_dir, limits, r, progress),
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
         ds.remote = remote;
@@ -387,6 +390,23 @@ impl Dataset {
         Self::open_records(config, state_dir, limits, remote, progress, &reader, SourceDecoder::Raw(decoder), streams)
     }
 
+    /// A CSV dataset: one source, every line (after the header) a sequence of one sample.
+    fn open_csv(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let csv = config.csv.as_ref().ok_or_else(|| {
+            DataError::Dataset(format!("dataset '{}': a csv dataset without its columns", config.name))
+        })?;
+        let decoder = CsvDecoder::new(csv.options.clone(), csv.streams.clone());
+        let streams = decoder.specs();
+        let reader = CsvReader(csv.layout);
+        Self::open_records(config, state_dir, limits, remote, progress, &reader, SourceDecoder::Csv(decoder), streams)
+    }
+
     /// A dataset of one source whose files `reader` splits into records that `decoder` decodes
     /// (gzip inputs read from their decompressed copies).
     #[allow(clippy::too_many_arguments)] // the open's context, then the format's two halves
@@ -506,6 +526,9 @@ impl Dataset {
         }
         // The raw streams' types, offsets and byte orders: another decode of the same bytes.
         if let Some(f) = &c.fixed {
+            h.field(format!("{f:?}").as_bytes());
+        }
+        if let Some(f) = &c.csv {
             h.field(format!("{f:?}").as_bytes());
         }
         h.u64(c.chunk_size_bytes);
@@ -909,6 +932,11 @@ impl Dataset {
                     continue;
                 }
                 SourceDecoder::Raw(d) => {
+                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
+                    by_source.push(errors);
+                    continue;
+                }
+                SourceDecoder::Csv(d) => {
                     streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;

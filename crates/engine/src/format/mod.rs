@@ -10,10 +10,12 @@
 //! * [`inflate`]: `.gz` inputs, decompressed once into `state_dir`;
 //! * [`tfrecord`]: TensorFlow's TFRecord files, and `tf.train.Example` records;
 //! * [`fixed`]: fixed-length records and their raw decoder (`decode_raw`);
+//! * [`csv`]: CSV lines and `decode_csv`'s fields;
 //! * [`record`]: the record reader every format implements (the index pass behind one trait);
 //! * `parts`: the index pass of one large file on several threads.
 
 pub mod chunk;
+pub mod csv;
 pub mod ctf;
 pub mod deepx;
 pub mod errors;

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::chunk::{StreamData, StreamSpec};
+use crate::format::csv::{self, CsvDecoder, CsvLayout};
 use crate::format::ctf::{self, CtfIndexOptions, StreamBuf};
 use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineIndexOptions};
 use crate::format::errors::{DataError, Location, Malformed};
@@ -191,6 +192,38 @@ impl RecordReader for FixedLengthReader {
     }
 }
 
+/// CSV: a record is a line (an empty one too), after the header lines.
+#[derive(Debug, Clone, Copy)]
+pub struct CsvReader(pub CsvLayout);
+
+impl RecordReader for CsvReader {
+    fn fingerprint(&self) -> String {
+        self.0.fingerprint()
+    }
+
+    fn index_file(
+        &self,
+        data: &Path,
+        name: Arc<Path>,
+        limits: IndexLimits,
+        _threads: usize,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        csv::index_file(data, name, self.0, limits, progress)
+    }
+
+    fn index_stream(
+        &self,
+        reader: &mut dyn Read,
+        name: Arc<Path>,
+        size: u64,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        csv::index_reader(reader, name, size, self.0, limits, progress)
+    }
+}
+
 /// Where a record is, for its errors: the file as configured (a `.gz` input, not its copy), its
 /// 0-based line or record number, and its byte offset (in the decompressed data).
 pub use crate::format::deepx::LineContext as RecordAt;
@@ -315,6 +348,37 @@ impl RecordDecoder for RawDecoder {
 
     fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
         RawDecoder::dense_values(self, out)
+    }
+
+    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        self.into_streams(out)
+    }
+}
+
+impl RecordDecoder for CsvDecoder {
+    type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
+
+    fn streams(&self) -> Vec<StreamSpec> {
+        self.specs()
+    }
+
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
+        CsvDecoder::buffers(self, records)
+    }
+
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut Vec<StreamBuf<T>>,
+        errors: &mut Vec<Malformed>,
+    ) {
+        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
+        self.decode_record(record, &at, out, errors);
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+        CsvDecoder::dense_values(self, out)
     }
 
     fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {

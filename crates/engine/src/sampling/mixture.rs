@@ -494,6 +494,13 @@ impl Mixture {
         if state.sources.len() != n {
             return Err(MixtureError::BadState(format!("{} sources, this mixture has {n}", state.sources.len())));
         }
+        let max = super::scheduler::MAX_EPOCH_SAMPLES;
+        if state.step > max || state.slots > max || state.samples > max {
+            return Err(MixtureError::BadState(format!(
+                "step {}, slots {} or samples {} out of range",
+                state.step, state.slots, state.samples
+            )));
+        }
         let bound = credit_bound(n);
         let mut credits = 0i64;
         for (i, s) in state.sources.iter().enumerate() {
@@ -503,8 +510,11 @@ impl Mixture {
                     s.credit, s.weight
                 )));
             }
-            if s.position > super::scheduler::MAX_EPOCH_SAMPLES {
-                return Err(MixtureError::BadState(format!("source {i}: position {} out of range", s.position)));
+            if s.position > max || s.taken > max {
+                return Err(MixtureError::BadState(format!(
+                    "source {i}: position {} or sequences taken {} out of range",
+                    s.position, s.taken
+                )));
             }
             credits += s.credit;
         }
@@ -592,7 +602,7 @@ impl Mixture {
             self.state.ended = true;
             return Ok(None);
         }
-        self.state.step += 1;
+        self.state.step = self.state.step.saturating_add(1);
         if self.slot_limit_reached() {
             self.state.ended = true;
         }
@@ -646,7 +656,7 @@ impl Mixture {
             }
         }
         after.sources[best].credit -= total;
-        after.sources[best].taken += 1;
+        after.sources[best].taken = after.sources[best].taken.saturating_add(1);
         let source_sampler = &mut self.samplers[best];
         let mut taken = None;
         // An endless sampler gives an empty minibatch at most once in a row (at a sweep's start,
@@ -667,8 +677,8 @@ impl Mixture {
         let seq = p.sequences[0];
         let samples = u32::try_from(p.samples).unwrap_or(u32::MAX);
         after.sources[best].position = p.position;
-        after.slots += 1;
-        after.samples += p.samples;
+        after.slots = after.slots.saturating_add(1);
+        after.samples = after.samples.saturating_add(p.samples);
         Ok(Pending {
             slot: MixRef { source: super::to_u32(best), sweep: p.sweep, seq, samples },
             ended_sweep: p.end_of_sweep,

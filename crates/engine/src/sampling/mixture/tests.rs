@@ -381,6 +381,16 @@ fn states_no_mixture_produces_are_refused() {
     let mut bad = good.clone();
     bad.sources[1].position = u64::MAX;
     assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(_))));
+    for field in 0..4 {
+        let mut bad = good.clone();
+        match field {
+            0 => bad.step = u64::MAX,
+            1 => bad.slots = u64::MAX,
+            2 => bad.samples = u64::MAX,
+            _ => bad.sources[0].taken = u64::MAX,
+        }
+        assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(_))), "field {field}");
+    }
     let mut bad = good.clone();
     bad.sources[1].weight = u64::MAX;
     assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(_))));

@@ -1,0 +1,523 @@
+//! CSV as TensorFlow reads it: `tf.data.TextLineDataset` (every line a record) and
+//! `tf.io.decode_csv` (fields, quotes, defaults, numbers).
+//!
+//! **Reader.** Every line is a record — an empty line too — after the first `skip_header_lines`
+//! lines of each file; a last line without a newline is a record, a file's final newline ends
+//! its last record. Record keys and "lines" are 0-based line numbers, so every error names the
+//! file's own line. The index pass reads the file once (line ends and the CRC-32 digest).
+//!
+//! **Decoder** (`decode_csv`'s rules, checked against TensorFlow 2.21):
+//! * every `\r` of a line is dropped first (`TextLineDataset` drops them all, not only before the
+//!   newline);
+//! * an empty line has no field; otherwise fields are split at `field_delim`, a trailing
+//!   delimiter making one more (empty) field; a record must have exactly `columns` fields;
+//! * with `use_quote_delim`, a field that starts with `"` is quoted: it ends at a `"` followed by
+//!   the delimiter or the line's end, and `""` inside is one `"`; a quoted field that does not end
+//!   so, and an unquoted field holding a `"`, are malformed;
+//! * a field that is empty or equal to `na_value` takes its stream's default, or is malformed when
+//!   the stream has none (a required column);
+//! * `float32` and `float64` fields: decimal numbers with optional sign, exponent and ASCII
+//!   whitespace around, `inf`, `infinity` and `nan` in any case, hexadecimal (`0x1p3`); a value
+//!   beyond the type's range is infinity, one below it zero. `int32` and `int64` fields: decimal
+//!   integers with optional sign and whitespace around, within the type's range;
+//! * deliberate differences (`docs/differences.md`): an integer the dataset's precision cannot hold
+//!   exactly, and a hexadecimal float that its type cannot hold exactly, make the record malformed
+//!   rather than a rounded value.
+//!
+//! A malformed record is a place charged to `max_errors` (`bad_line`), delivered as a sequence of
+//! 0 samples, its message naming the field and what was expected.
+
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
+use crate::format::ctf::StreamBuf;
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::options::IndexLimits;
+
+/// Size of the read buffer of the index pass.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// Longest line: a record is one sequence, whose size the index keeps in a `u32`.
+pub const MAX_LINE_BYTES: u64 = u32::MAX as u64;
+
+/// What shapes a CSV file's index: the header lines skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvLayout {
+    /// Lines skipped at the start of each file.
+    pub skip_header_lines: u64,
+}
+
+impl CsvLayout {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("csv;header={}", self.skip_header_lines)
+    }
+}
+
+/// Indexes the local file `data` (named `name` in errors).
+///
+/// # Errors
+/// I/O errors, a line longer than [`MAX_LINE_BYTES`], a limit exceeded.
+pub fn index_file(
+    data: &Path,
+    name: Arc<Path>,
+    layout: CsvLayout,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&name, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(&name, e))?.len();
+    index_reader(file, name, size, layout, limits, progress)
+}
+
+/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
+///
+/// # Errors
+/// As [`index_file`].
+pub fn index_reader(
+    mut reader: impl Read,
+    name: Arc<Path>,
+    size: u64,
+    layout: CsvLayout,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    let mut digest = crc32fast::Hasher::new();
+    let mut sequences = Sequences::default();
+    // The current line: its number and first byte.
+    let (mut line, mut start) = (0u64, 0u64);
+    let mut read = 0u64;
+    let push = |line: u64, start: u64, end: u64, sequences: &mut Sequences| -> Result<(), DataError> {
+        if line < layout.skip_header_lines {
+            return Ok(());
+        }
+        let at = || Location { file: name.clone(), line: line + 1, offset: start };
+        let size = u32::try_from(end - start).map_err(|_| DataError::Fatal {
+            at: at(),
+            message: format!("a line of {} bytes; at most {MAX_LINE_BYTES} are read", end - start),
+        })?;
+        let s = SequenceDesc { key: line, offset: start, line, size, samples: 1 };
+        room_for_one_more(sequences, &s, &limits, at)?;
+        sequences.push(s);
+        Ok(())
+    };
+    loop {
+        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&name, e))?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+        for nl in memchr::memchr_iter(b'\n', &buf[..n]) {
+            let end = read + nl as u64 + 1;
+            push(line, start, end, &mut sequences)?;
+            line += 1;
+            start = end;
+        }
+        read += n as u64;
+        progress(read);
+    }
+    // A last line without a newline.
+    if start < read {
+        push(line, start, read, &mut sequences)?;
+    }
+    if read != size {
+        return Err(DataError::io(
+            &name,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("read {read} bytes of a file of {size} (changed while it was indexed?)"),
+            ),
+        ));
+    }
+    sequences.shrink_to_fit();
+    Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
+}
+
+/// A column's type (`decode_csv`'s `record_defaults` types, numbers only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CsvType {
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+    /// `int32`.
+    I32,
+    /// `int64`.
+    I64,
+}
+
+impl CsvType {
+    /// The type named `name`.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "float32" | "float" => Self::F32,
+            "float64" | "double" => Self::F64,
+            "int32" => Self::I32,
+            "int64" => Self::I64,
+            _ => return None,
+        })
+    }
+
+    /// Its name in a config.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+            Self::I32 => "int32",
+            Self::I64 => "int64",
+        }
+    }
+}
+
+/// A value a CSV field holds (or a default): an integer, exactness checked, or a float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CsvValue {
+    /// An `int32` or `int64` value.
+    Int(i64),
+    /// A `float32` or `float64` value (a `float32` one widened exactly).
+    Float(f64),
+}
+
+/// A dense stream of CSV columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvStream {
+    /// The stream's name.
+    pub name: String,
+    /// The columns' type.
+    pub dtype: CsvType,
+    /// The columns (0-based), in the stream's order: `dim` is their number.
+    pub columns: Vec<usize>,
+    /// The value of an empty or `na_value` field; `None`: such a field is malformed.
+    pub default: Option<CsvValue>,
+}
+
+/// How records split into fields (`decode_csv`'s options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsvOptions {
+    /// Fields per record.
+    pub columns: usize,
+    /// The field delimiter.
+    pub field_delim: u8,
+    /// Double quotes quote fields.
+    pub use_quote_delim: bool,
+    /// A field equal to this is missing (as an empty one is).
+    pub na_value: Vec<u8>,
+}
+
+/// Decodes CSV records into dense streams.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvDecoder {
+    options: CsvOptions,
+    streams: Vec<CsvStream>,
+}
+
+impl CsvDecoder {
+    /// A decoder of `streams` (their columns below `options.columns`: checked by the config).
+    #[must_use]
+    pub fn new(options: CsvOptions, streams: Vec<CsvStream>) -> Self {
+        Self { options, streams }
+    }
+
+    /// The streams' specs, in order.
+    #[must_use]
+    pub fn specs(&self) -> Vec<StreamSpec> {
+        self.streams
+            .iter()
+            .map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.columns.len() })
+            .collect()
+    }
+
+    /// Empty buffers for `records` records.
+    #[must_use]
+    pub fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        self.streams
+            .iter()
+            .map(|s| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b.values.reserve(records.saturating_mul(s.columns.len()));
+                b
+            })
+            .collect()
+    }
+
+    /// Decodes one line (its newline included or not) into a sample of each stream, or a
+    /// malformed place and a sequence of 0 samples.
+    pub fn decode_record<T: DeepxElement>(
+        &self,
+        line: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) {
+        let result = self.fill(line, out);
+        if let Err(message) = result {
+            for (b, s) in out.iter_mut().zip(&self.streams) {
+                b.values.truncate(b.samples * s.columns.len());
+                b.seq_offsets.push(b.samples);
+            }
+            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.clone(), message });
+            return;
+        }
+        for b in out.iter_mut() {
+            b.samples += 1;
+            b.sample_offsets.push(0);
+            b.seq_offsets.push(b.samples);
+        }
+    }
+
+    fn fill<T: DeepxElement>(&self, line: &[u8], out: &mut [StreamBuf<T>]) -> Result<(), String> {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let line: Cow<'_, [u8]> = if line.contains(&b'\r') {
+            Cow::Owned(line.iter().copied().filter(|&b| b != b'\r').collect())
+        } else {
+            Cow::Borrowed(line)
+        };
+        let fields = split_fields(&line, self.options.field_delim, self.options.use_quote_delim)?;
+        if fields.len() != self.options.columns {
+            return Err(format!("expected {} fields, found {}", self.options.columns, fields.len()));
+        }
+        let limit: i64 = if std::mem::size_of::<T>() == 4 { 1 << 24 } else { 1 << 53 };
+        for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
+            for &c in &s.columns {
+                let field: &[u8] = &fields[c];
+                let missing = field.is_empty()
+                    || (!self.options.na_value.is_empty() && field == self.options.na_value.as_slice());
+                let value = if missing {
+                    s.default.ok_or_else(|| format!("field {c} (stream '{}') is required but missing", s.name))?
+                } else {
+                    parse_field(field, s.dtype).ok_or_else(|| {
+                        format!(
+                            "field {c} (stream '{}') is not a valid {}: {}",
+                            s.name,
+                            s.dtype.name(),
+                            String::from_utf8_lossy(field)
+                        )
+                    })?
+                };
+                let v = match value {
+                    CsvValue::Float(f) => T::from_f64(f),
+                    CsvValue::Int(i) => {
+                        #[allow(clippy::cast_precision_loss)]
+                        let t = T::from_f64(i as f64);
+                        let back: f64 = t.into();
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+                        let exact = i.unsigned_abs() <= limit.unsigned_abs()
+                            || (back.is_finite() && back as i128 == i128::from(i));
+                        if !exact {
+                            return Err(format!(
+                                "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
+                                 (integers up to ±{limit}); use precision = \"float64\"",
+                                s.name
+                            ));
+                        }
+                        t
+                    }
+                };
+                buf.values.push(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Dense values the buffers hold.
+    #[must_use]
+    pub fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
+        out.iter().map(|b| b.values.len()).sum()
+    }
+
+    /// The chunk's streams.
+    #[must_use]
+    pub fn into_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        out.into_iter().zip(&self.streams).map(|(b, s)| b.into_stream_data(s.columns.len(), false)).collect()
+    }
+}
+
+/// The fields of a line (its `\r`s and newline removed), as `decode_csv` splits them; a quoted
+/// field unescaped.
+///
+/// # Errors
+/// A quoted field that does not end with a quote before the delimiter or the end, or an unquoted
+/// field holding a quote (with `quotes`).
+pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, [u8]>>, String> {
+    let mut fields = Vec::new();
+    if line.is_empty() {
+        return Ok(fields);
+    }
+    let n = line.len();
+    let mut i = 0;
+    loop {
+        if quotes && line[i..].first() == Some(&b'"') {
+            let mut value = Vec::new();
+            let mut j = i + 1;
+            loop {
+                match line.get(j) {
+                    None => {
+                        return Err(format!(
+                            "the quoted field {} does not end with a quote before the delimiter or the line's end",
+                            fields.len()
+                        ))
+                    }
+                    Some(b'"') if line.get(j + 1) == Some(&b'"') => {
+                        value.push(b'"');
+                        j += 2;
+                    }
+                    Some(b'"') if j + 1 == n || line[j + 1] == delim => {
+                        j += 1;
+                        break;
+                    }
+                    Some(b'"') => {
+                        return Err(format!(
+                        "a quote inside the quoted field {} that is not doubled (\"\") nor followed by the delimiter",
+                        fields.len()
+                    ))
+                    }
+                    Some(&b) => {
+                        value.push(b);
+                        j += 1;
+                    }
+                }
+            }
+            fields.push(Cow::Owned(value));
+            i = j;
+        } else {
+            let end = memchr::memchr(delim, &line[i..]).map_or(n, |k| i + k);
+            let field = &line[i..end];
+            if quotes && field.contains(&b'"') {
+                return Err(format!(
+                    "the unquoted field {} holds a quote (quote the field and double the quote)",
+                    fields.len()
+                ));
+            }
+            fields.push(Cow::Borrowed(field));
+            i = end;
+        }
+        // At the delimiter after a field, or the line's end.
+        if i >= n {
+            return Ok(fields);
+        }
+        i += 1;
+        if i == n {
+            // A trailing delimiter: one more, empty field.
+            fields.push(Cow::Borrowed(&line[n..]));
+            return Ok(fields);
+        }
+    }
+}
+
+/// Whitespace around a number, as TensorFlow's number parsing skips it.
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+fn trim(field: &[u8]) -> &[u8] {
+    let start = field.iter().position(|&b| !is_space(b)).unwrap_or(field.len());
+    let end = field.iter().rposition(|&b| !is_space(b)).map_or(start, |e| e + 1);
+    &field[start..end]
+}
+
+/// A non-empty field as a value of `dtype`, or `None` when it is not one.
+#[must_use]
+pub fn parse_field(field: &[u8], dtype: CsvType) -> Option<CsvValue> {
+    let text = std::str::from_utf8(trim(field)).ok()?;
+    if text.is_empty() {
+        return None;
+    }
+    match dtype {
+        CsvType::I32 => text.parse::<i32>().ok().map(|v| CsvValue::Int(i64::from(v))),
+        CsvType::I64 => text.parse::<i64>().ok().map(CsvValue::Int),
+        CsvType::F32 => parse_float(text, true),
+        CsvType::F64 => parse_float(text, false),
+    }
+}
+
+fn parse_float(text: &str, single: bool) -> Option<CsvValue> {
+    let (sign, body) = match text.as_bytes()[0] {
+        b'-' => (-1.0, &text[1..]),
+        b'+' => (1.0, &text[1..]),
+        _ => (1.0, text),
+    };
+    if body.len() > 2 && body.as_bytes()[0] == b'0' && matches!(body.as_bytes()[1], b'x' | b'X') {
+        return parse_hex(&body[2..], single).map(|v| CsvValue::Float(sign * v));
+    }
+    // Rust's parser takes what TensorFlow's does otherwise (signs, exponents, inf, infinity,
+    // nan in any case), rounding correctly to the type; it refuses "1_0", "1e", ".".
+    if body.starts_with(['+', '-']) {
+        return None;
+    }
+    if single {
+        text.parse::<f32>().ok().map(|v| CsvValue::Float(f64::from(v)))
+    } else {
+        text.parse::<f64>().ok().map(CsvValue::Float)
+    }
+}
+
+/// A hexadecimal float's digits after `0x` (`1.8p3`, `10`), when its type holds it exactly.
+fn parse_hex(digits: &str, single: bool) -> Option<f64> {
+    let (mantissa_text, exponent) = match digits.find(['p', 'P']) {
+        Some(p) => (&digits[..p], digits[p + 1..].parse::<i32>().ok()?),
+        None => (digits, 0),
+    };
+    let (int, frac) = mantissa_text.split_once('.').unwrap_or((mantissa_text, ""));
+    if int.is_empty() && frac.is_empty() {
+        return None;
+    }
+    let mut m: u64 = 0;
+    let mut exp = i64::from(exponent);
+    for (k, c) in int.chars().chain(frac.chars()).enumerate() {
+        let d = u64::from(c.to_digit(16)?);
+        if m >> 60 != 0 {
+            // More significant bits than a u64: not exact in any float.
+            return None;
+        }
+        m = m * 16 + d;
+        if k >= int.len() {
+            exp -= 4;
+        }
+    }
+    let bits = 64 - m.leading_zeros();
+    if bits > if single { 24 } else { 53 } {
+        return None;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mut v = m as f64;
+    let e = i32::try_from(exp.clamp(-2200, 2200)).ok()?;
+    v *= 2f64.powi(e.clamp(-1000, 1000));
+    if e.abs() > 1000 {
+        v *= 2f64.powi(e - e.clamp(-1000, 1000));
+    }
+    // Exact only if nothing was lost to the range: the value scales back to the mantissa.
+    let exact = v.is_finite() && (m == 0 || v != 0.0);
+    #[allow(clippy::cast_possible_truncation)]
+    let fits = !single || f64::from(v as f32).to_bits() == v.to_bits();
+    (exact && fits && (m == 0 || is_exact_scale(v, m, e))).then_some(v)
+}
+
+/// Whether `v` is exactly `m × 2^e`.
+fn is_exact_scale(v: f64, m: u64, e: i32) -> bool {
+    let mut back = v;
+    let mut k = e;
+    while k > 0 {
+        back /= 2.0;
+        k -= 1;
+    }
+    while k < 0 {
+        back *= 2.0;
+        k += 1;
+    }
+    #[allow(clippy::cast_precision_loss, clippy::float_cmp)]
+    let same = back == m as f64;
+    same
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,176 @@
+//! CSV: lines as `TextLineDataset` yields them, fields as `decode_csv` splits them, numbers as
+//! TensorFlow parses them (each case seen on TensorFlow 2.21), and no panic on any line.
+
+use super::*;
+use crate::format::chunk::{StreamValues, Values};
+use proptest::prelude::*;
+
+fn name() -> Arc<Path> {
+    Arc::from(Path::new("data.csv"))
+}
+
+fn index(bytes: &[u8], header: u64) -> Vec<(u64, u64, u32)> {
+    let layout = CsvLayout { skip_header_lines: header };
+    let idx =
+        index_reader(bytes, name(), bytes.len() as u64, layout, IndexLimits::UNBOUNDED, &mut |_| {}).expect("indexed");
+    assert_eq!(idx.digest, crc32fast::hash(bytes));
+    idx.sequences.iter().map(|s| (s.line, s.offset, s.size)).collect()
+}
+
+#[test]
+fn every_line_is_a_record_after_the_header_empty_ones_too() {
+    assert_eq!(index(b"h\na,1\n\nb,2", 1), vec![(1, 2, 4), (2, 6, 1), (3, 7, 3)]);
+    assert_eq!(index(b"a\n", 0), vec![(0, 0, 2)]);
+    assert_eq!(index(b"", 0), vec![]);
+    assert_eq!(index(b"h1\nh2\n", 5), vec![]);
+    assert_eq!(index(b"\n\n", 0), vec![(0, 0, 1), (1, 1, 1)]);
+}
+
+fn fields(line: &str) -> Result<Vec<String>, String> {
+    split_fields(line.as_bytes(), b',', true)
+        .map(|v| v.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect())
+}
+
+#[test]
+fn fields_split_as_decode_csv_splits_them() {
+    assert_eq!(fields(""), Ok(vec![]));
+    assert_eq!(fields("1,"), Ok(vec!["1".into(), String::new()]));
+    assert_eq!(fields(",2"), Ok(vec![String::new(), "2".into()]));
+    assert_eq!(fields(","), Ok(vec![String::new(), String::new()]));
+    assert_eq!(fields("\"a,b\",1"), Ok(vec!["a,b".into(), "1".into()]));
+    assert_eq!(fields("\"a\"\"b\",1"), Ok(vec!["a\"b".into(), "1".into()]));
+    assert_eq!(fields("\"\",2"), Ok(vec![String::new(), "2".into()]));
+    assert_eq!(fields("\"1\",2 "), Ok(vec!["1".into(), "2 ".into()]));
+    for bad in ["1\"2\",3", "\"1\"x,2", "\"1", "1,\"2", "a\"b,1", "\"1\"\",2", " \"1\",2", "\"1\" ,2"] {
+        assert!(fields(bad).is_err(), "{bad:?} is refused by TensorFlow");
+    }
+    // Without quoting, quotes are characters.
+    let plain = split_fields(b"\"1\",2", b',', false).expect("fields");
+    assert_eq!(plain[0].as_ref(), b"\"1\"");
+}
+
+fn float(s: &str) -> Option<f64> {
+    match parse_field(s.as_bytes(), CsvType::F32) {
+        Some(CsvValue::Float(f)) => Some(f),
+        _ => None,
+    }
+}
+
+#[test]
+fn numbers_parse_as_tensorflow_parses_them() {
+    for (text, want) in [
+        (" 1", 1.0),
+        ("1 ", 1.0),
+        ("+1", 1.0),
+        ("1e3", 1000.0),
+        (".5", 0.5),
+        ("5.", 5.0),
+        ("0x10", 16.0),
+        ("0x1p3", 8.0),
+        ("-0x1.8p1", -3.0),
+        ("1e-50", 0.0),
+        ("\t2", 2.0),
+    ] {
+        assert_eq!(float(text).map(f64::to_bits), Some(f64::to_bits(want)), "{text:?}");
+    }
+    assert_eq!(float("1.5e400"), Some(f64::INFINITY));
+    assert_eq!(float("-inf"), Some(f64::NEG_INFINITY));
+    assert_eq!(float("infinity"), Some(f64::INFINITY));
+    assert!(float("nAn").is_some_and(f64::is_nan));
+    for bad in ["--1", "1_0", "1d", "1e", ".", "1.0f", "  ", "a", "0x", "\u{661}"] {
+        assert_eq!(float(bad), None, "{bad:?} is no float for TensorFlow");
+    }
+    // float32 rounds once, to nearest.
+    assert_eq!(float("0.1").map(f64::to_bits), Some(f64::from(0.1f32).to_bits()));
+    // A hexadecimal float its type cannot hold exactly is refused (deliberate).
+    assert_eq!(float("0x1000001"), None);
+    assert!(parse_field(b"0x1000001", CsvType::F64).is_some());
+    let int = |s: &str, t| parse_field(s.as_bytes(), t);
+    assert_eq!(int(" 7 ", CsvType::I32), Some(CsvValue::Int(7)));
+    assert_eq!(int("007", CsvType::I32), Some(CsvValue::Int(7)));
+    assert_eq!(int("-0", CsvType::I32), Some(CsvValue::Int(0)));
+    assert_eq!(int("2147483648", CsvType::I32), None);
+    assert_eq!(int("2147483648", CsvType::I64), Some(CsvValue::Int(2_147_483_648)));
+    assert_eq!(int("9223372036854775808", CsvType::I64), None);
+    for bad in ["1.0", "0x10", "1e2", ""] {
+        assert_eq!(int(bad, CsvType::I64), None, "{bad:?}");
+    }
+}
+
+fn decoder(columns: usize, streams: Vec<CsvStream>) -> CsvDecoder {
+    CsvDecoder::new(CsvOptions { columns, field_delim: b',', use_quote_delim: true, na_value: b"NA".to_vec() }, streams)
+}
+
+fn stream(name: &str, dtype: CsvType, columns: &[usize], default: Option<CsvValue>) -> CsvStream {
+    CsvStream { name: name.into(), dtype, columns: columns.to_vec(), default }
+}
+
+fn decode(d: &CsvDecoder, lines: &[&str]) -> (Vec<Vec<f64>>, Vec<Malformed>, Vec<Vec<usize>>) {
+    let mut out = d.buffers::<f32>(lines.len());
+    let mut errors = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let at = Location { file: name(), line: i as u64 + 1, offset: 0 };
+        d.decode_record(l.as_bytes(), &at, &mut out, &mut errors);
+    }
+    let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();
+    let values = d
+        .into_streams(out)
+        .into_iter()
+        .map(|sd| match sd.data {
+            StreamValues::Dense { values: Values::F32(v), .. } => v.iter().map(|&x| f64::from(x)).collect(),
+            other => panic!("dense float32, not {other:?}"),
+        })
+        .collect();
+    (values, errors, offsets)
+}
+
+#[test]
+fn records_fill_streams_with_defaults_required_columns_and_crs_dropped() {
+    let d = decoder(
+        3,
+        vec![stream("y", CsvType::I64, &[0], None), stream("x", CsvType::F32, &[2, 1], Some(CsvValue::Float(-1.0)))],
+    );
+    let (v, errors, offsets) =
+        decode(&d, &["1,2,3\n", "4,,NA\r\n", ",5,6\n", "7,8\n", "9,1\r0,11", "12,\"13\",\"1\"\"\"\n", "1<<30,1,1"]);
+    assert_eq!(v[0], vec![1.0, 4.0, 9.0]);
+    assert_eq!(v[1], vec![3.0, 2.0, -1.0, -1.0, 11.0, 10.0]);
+    assert_eq!(offsets[0], vec![0, 1, 2, 2, 2, 3, 3, 3]);
+    let messages: Vec<(u64, &str)> = errors.iter().map(|e| (e.at.line, e.message.as_str())).collect();
+    assert_eq!(messages.len(), 4, "{messages:?}");
+    assert!(messages[0].1.contains("field 0 (stream 'y') is required but missing"), "{messages:?}");
+    assert!(messages[1].1.contains("expected 3 fields, found 2"), "{messages:?}");
+    assert!(messages[2].1.contains("is not a valid float32: 1\""), "{messages:?}");
+    assert!(messages[3].1.contains("is not a valid int64: 1<<30"), "{messages:?}");
+    assert_eq!(errors[0].kind, ErrorKind::BadLine);
+}
+
+#[test]
+fn an_integer_the_precision_cannot_hold_is_malformed() {
+    let d = decoder(1, vec![stream("id", CsvType::I64, &[0], None)]);
+    let (v, errors, _) = decode(&d, &["16777216", "16777217", "1099511627776"]);
+    assert_eq!(v[0], vec![16_777_216.0, 1_099_511_627_776.0]);
+    assert_eq!(errors.len(), 1);
+    assert!(errors[0].message.contains("16777217") && errors[0].message.contains("float64"));
+}
+
+proptest! {
+    #[test]
+    fn no_line_panics_and_every_line_is_one_sequence(lines in prop::collection::vec("[0-9a-z,\"\\r .+-]{0,16}", 1..10)) {
+        let d = decoder(2, vec![stream("a", CsvType::F32, &[0], Some(CsvValue::Float(0.0))), stream("b", CsvType::I32, &[1], None)]);
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let (v, errors, offsets) = decode(&d, &refs);
+        prop_assert_eq!(offsets[0].len(), lines.len() + 1);
+        let samples = offsets[0].last().copied().unwrap_or(0);
+        prop_assert_eq!(v[0].len(), samples);
+        prop_assert_eq!(samples + errors.len(), lines.len());
+    }
+
+    #[test]
+    fn any_bytes_index_into_their_lines(bytes in prop::collection::vec(prop_oneof![Just(b'\n'), Just(b'a'), Just(b',')], 0..60), header in 0u64..3) {
+        let got = index(&bytes, header);
+        let lines = bytes.split_inclusive(|&b| b == b'\n').count() as u64;
+        prop_assert_eq!(got.len() as u64, lines.saturating_sub(header));
+        let covered: u64 = got.iter().map(|&(_, _, s)| u64::from(s)).sum();
+        prop_assert_eq!(got.first().map_or(bytes.len() as u64, |&(_, o, _)| o) + covered, bytes.len() as u64);
+    }
+}
