@@ -390,7 +390,8 @@ pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, 
             fields.push(Cow::Owned(value));
             i = j;
         } else {
-            let end = memchr::memchr(delim, &line[i..]).map_or(n, |k| i + k);
+            // Fields are short: a loop beats a vector search's set-up.
+            let end = line[i..].iter().position(|&b| b == delim).map_or(n, |k| i + k);
             let field = &line[i..end];
             if quotes && field.contains(&b'"') {
                 return Err(format!(
@@ -440,8 +441,54 @@ pub fn parse_field(field: &[u8], dtype: CsvType) -> Option<CsvValue> {
     }
 }
 
+/// Powers of ten exact in `f64` (and, to 10^10, in `f32`).
+const POW10: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20,
+    1e21, 1e22,
+];
+
+/// The common case without the general parser: `[+-]digits[.digits]` (no exponent) whose digits
+/// and scale make the result one correctly rounded operation on exact operands (Clinger's fast
+/// path: an integer mantissa within the type's precision divided by an exact power of ten).
+/// `None` when the text is not of that shape or too long: the general parser decides.
+fn fast_decimal(text: &[u8], single: bool) -> Option<f64> {
+    let (negative, digits) = match text.first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let mut mantissa: u64 = 0;
+    let (mut seen, mut scale, mut dot) = (0usize, 0usize, false);
+    for &b in digits {
+        match b {
+            b'0'..=b'9' => {
+                mantissa = mantissa.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+                seen += 1;
+                scale += usize::from(dot);
+            }
+            b'.' if !dot => dot = true,
+            _ => return None,
+        }
+    }
+    let (max_mantissa, max_scale) = if single { (1u64 << 24, 10) } else { (1u64 << 53, 22) };
+    if seen == 0 || mantissa > max_mantissa || scale > max_scale {
+        return None;
+    }
+    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+    let magnitude = if single {
+        // Both operands exact in f32: one rounding, to f32.
+        f64::from(mantissa as f32 / POW10[scale] as f32)
+    } else {
+        mantissa as f64 / POW10[scale]
+    };
+    Some(if negative { -magnitude } else { magnitude })
+}
+
 fn parse_float(text: &str, single: bool) -> Option<CsvValue> {
-    let (sign, body) = match text.as_bytes()[0] {
+    if let Some(v) = fast_decimal(text.as_bytes(), single) {
+        return Some(CsvValue::Float(v));
+    }
+    let (sign, body) = match text.as_bytes().first()? {
         b'-' => (-1.0, &text[1..]),
         b'+' => (1.0, &text[1..]),
         _ => (1.0, text),

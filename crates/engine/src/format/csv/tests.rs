@@ -155,6 +155,23 @@ fn an_integer_the_precision_cannot_hold_is_malformed() {
 
 proptest! {
     #[test]
+    fn the_fast_path_gives_the_general_parsers_bits(
+        sign in prop::sample::select(vec!["", "-", "+"]),
+        int in "[0-9]{0,12}",
+        frac in prop::option::of("[0-9]{0,12}"),
+    ) {
+        let text = format!("{sign}{int}{}", frac.map(|f| format!(".{f}")).unwrap_or_default());
+        for single in [true, false] {
+            let general = if single { text.parse::<f32>().ok().map(f64::from) } else { text.parse::<f64>().ok() };
+            if let Some(fast) = fast_decimal(text.as_bytes(), single) {
+                prop_assert_eq!(Some(fast.to_bits()), general.map(f64::to_bits), "{} (single {})", text, single);
+            }
+            let parsed = parse_float(&text, single).map(|v| match v { CsvValue::Float(f) => f.to_bits(), CsvValue::Int(_) => 0 });
+            prop_assert_eq!(parsed, general.map(f64::to_bits), "{}", text);
+        }
+    }
+
+    #[test]
     fn no_line_panics_and_every_line_is_one_sequence(lines in prop::collection::vec("[0-9a-z,\"\\r .+-]{0,16}", 1..10)) {
         let d = decoder(2, vec![stream("a", CsvType::F32, &[0], Some(CsvValue::Float(0.0))), stream("b", CsvType::I32, &[1], None)]);
         let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
