@@ -65,3 +65,9 @@ fn parsed_cache_corpus() {
 fn tfrecord_corpus() {
     replay("tfrecord", harness::tfrecord);
 }
+
+#[test]
+fn tabular_corpus() {
+    replay("tabular", harness::tabular);
+}
+

@@ -451,3 +451,70 @@ fn tfrecord_decode_as<T: DeepxElement>(
     }
     assert_eq!(bufs[0].values.len(), bufs[0].samples * 2, "a fixed-length stream holds dim values a sample");
 }
+
+/// CSV and fixed-length records: the input's first byte picks the options (delimiter, quoting,
+/// header lines, record layout, types, byte order, precision), the rest is a file; it is indexed
+/// and every record decoded. Every record is one sequence of one sample or one error, whatever
+/// the bytes; nothing panics.
+pub fn tabular(data: &[u8], _scratch: &Path) {
+    use minibatchd_engine::format::csv::{self, CsvDecoder, CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
+    use minibatchd_engine::format::fixed::{self, FixedLengthOptions, RawDecoder, RawStream, RawType};
+    let Some((&sel, body)) = data.split_first() else { return };
+    let path: Arc<Path> = Arc::from(Path::new("fuzz.bin"));
+    let limits = minibatchd_engine::options::IndexLimits::UNBOUNDED;
+    let size = body.len() as u64;
+    let (idx, records): (minibatchd_engine::format::FileIndex, Vec<&[u8]>) = if sel & 1 == 0 {
+        let layout = CsvLayout { skip_header_lines: u64::from(sel >> 6) };
+        let Ok(idx) = csv::index_reader(body, path.clone(), size, layout, limits, &mut |_| {}) else { return };
+        let records = slices(&idx, body);
+        (idx, records)
+    } else {
+        let layout = FixedLengthOptions {
+            record_bytes: u32::from(sel >> 4) + 1,
+            header_bytes: u64::from((sel >> 1) & 1),
+            footer_bytes: u64::from((sel >> 2) & 1),
+        };
+        let Ok(idx) = fixed::index_reader(body, path.clone(), size, layout, limits, &mut |_| {}) else { return };
+        let records = slices(&idx, body);
+        (idx, records)
+    };
+    let csv_decoder = CsvDecoder::new(
+        CsvOptions { columns: 3, field_delim: if sel & 2 != 0 { b';' } else { b',' }, use_quote_delim: sel & 4 == 0, na_value: b"NA".to_vec() },
+        vec![
+            CsvStream { name: "a".into(), dtype: CsvType::F32, columns: vec![0, 2], default: Some(CsvValue::Float(0.5)) },
+            CsvStream { name: "b".into(), dtype: if sel & 8 != 0 { CsvType::I64 } else { CsvType::I32 }, columns: vec![1], default: None },
+        ],
+    );
+    let raw_decoder = RawDecoder::new(vec![
+        RawStream { name: "x".into(), dtype: RawType::F16, offset: 0, dim: 1, little_endian: sel & 8 != 0 },
+        RawStream { name: "y".into(), dtype: RawType::I64, offset: 1, dim: 1, little_endian: sel & 32 != 0 },
+    ]);
+    let decode = |record: &[u8], i: usize, out: &mut Vec<StreamBuf<f32>>, errors: &mut Vec<minibatchd_engine::format::Malformed>| {
+        let at = minibatchd_engine::format::Location { file: path.clone(), line: i as u64 + 1, offset: 0 };
+        if sel & 1 == 0 {
+            csv_decoder.decode_record(record, &at, out, errors);
+        } else {
+            raw_decoder.decode_record(record, &at, out, errors);
+        }
+    };
+    let mut out: Vec<StreamBuf<f32>> = (0..2).map(|_| StreamBuf::new()).collect();
+    let mut errors = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        decode(r, i, &mut out, &mut errors);
+    }
+    for b in &out {
+        assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1, "a record is one sequence");
+        assert_eq!(b.samples + errors.len(), idx.sequences.len(), "a record is a sample or an error");
+    }
+}
+
+/// The bytes of each record an index names in `body`.
+fn slices<'a>(idx: &minibatchd_engine::format::FileIndex, body: &'a [u8]) -> Vec<&'a [u8]> {
+    idx.sequences
+        .iter()
+        .map(|s| {
+            let start = usize::try_from(s.offset).expect("an offset inside the input");
+            &body[start..start + s.size as usize]
+        })
+        .collect()
+}
