@@ -134,3 +134,50 @@ fn columns_and_options_that_cannot_be_read_are_refused_naming_the_key() {
         assert!(!out.status.success() && stderr.contains(key) && stderr.contains(message), "{extra}: {stderr}");
     }
 }
+
+#[test]
+fn a_zlib_file_is_read_when_the_dataset_says_so_and_a_wrong_compression_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    data(dir.path());
+    let text = "id,a,b\n1,2,3\n4,5,6\n";
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(text.as_bytes()).expect("zlib");
+    write(dir.path(), "z.csv.z", z.finish().expect("zlib"));
+    write(dir.path(), "plain.csv", text);
+    let one = |file: &str, compression: &str| {
+        let body = std::fs::read_to_string(config(dir.path(), compression)).expect("config");
+        let c = write(
+            dir.path(),
+            "one.toml",
+            body.replace("files = [\"a.csv\", \"b.csv.gz\"]", &format!("files = [\"{file}\"]")),
+        );
+        Command::new(BIN)
+            .arg("dump")
+            .arg("--config")
+            .arg(&c)
+            .args(["--dataset", "c", "--minibatch-size", "10", "--full-sweep", "--randomize", "false"])
+            .output()
+            .expect("run minibatchd")
+    };
+    let plain = one("plain.csv", "");
+    let zlib = one("z.csv.z", "compression = \"zlib\"");
+    assert!(plain.status.success() && zlib.status.success(), "{}", String::from_utf8_lossy(&zlib.stderr));
+    assert_eq!(plain.stdout, zlib.stdout);
+    let wrong = one("plain.csv", "compression = \"gzip\"");
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains("not gzip data"),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    let broken = one("plain.csv", "compression = \"zlib\"");
+    assert_eq!(broken.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&broken.stderr).contains("invalid zlib data"),
+        "{}",
+        String::from_utf8_lossy(&broken.stderr)
+    );
+    let c = config(dir.path(), "compression = \"brotli\"");
+    let out = Command::new(BIN).arg("validate").arg("--config").arg(&c).output().expect("run minibatchd");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown compression 'brotli'"));
+}

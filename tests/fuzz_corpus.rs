@@ -70,4 +70,3 @@ fn tfrecord_corpus() {
 fn tabular_corpus() {
     replay("tabular", harness::tabular);
 }
-

@@ -912,7 +912,8 @@ fn csv_and_fixed_length_datasets_from_s3_dump_as_the_local_ones() {
     let server = S3Server::start();
     server.create_bucket(BUCKET);
     let work = tempfile::tempdir().expect("tempdir");
-    let csv: String = std::iter::once("a,b\n".to_owned()).chain((0..200).map(|i| format!("{i},\"{}.5\"\n", i * 3))).collect();
+    let csv: String =
+        std::iter::once("a,b\n".to_owned()).chain((0..200).map(|i| format!("{i},\"{}.5\"\n", i * 3))).collect();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
     gz.write_all(csv.as_bytes()).expect("gzip");
     let gz = gz.finish().expect("gzip");
@@ -933,8 +934,13 @@ fn csv_and_fixed_length_datasets_from_s3_dump_as_the_local_ones() {
     let remote = write(work.path(), "s3.toml", formats(&format!("s3://{BUCKET}/tab/")));
     for dataset in ["c", "f"] {
         let dump = |config: &Path, state: &str| {
-            let args = ["dump", "--config", config.to_str().expect("utf-8"), "--dataset", dataset, "--minibatch-size", "9"];
-            let out = minibatchd(&server, &[&args[..], &["--max-sweeps", "2", "--seed", "5"]].concat(), &work.path().join(state));
+            let args =
+                ["dump", "--config", config.to_str().expect("utf-8"), "--dataset", dataset, "--minibatch-size", "9"];
+            let out = minibatchd(
+                &server,
+                &[&args[..], &["--max-sweeps", "2", "--seed", "5"]].concat(),
+                &work.path().join(state),
+            );
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
             out.stdout
         };

@@ -32,6 +32,11 @@ fn config(dir: &Path, data: &Path, case: &Value) -> std::path::PathBuf {
         data.display(),
         case["precision"].as_str().expect("precision")
     );
+    // A ZLIB file has no magic to be recognised by: the dataset says so, as TensorFlow's reader
+    // is told.
+    if data.extension().is_some_and(|e| e == "zlib") {
+        toml.push_str("compression = \"zlib\"\n");
+    }
     for f in case["features"].as_array().expect("features") {
         let stream = f["stream"].as_str().expect("stream");
         let (key, dtype, format, dim) = (&f["key"], &f["dtype"], &f["format"], &f["dim"]);

@@ -479,17 +479,35 @@ pub fn tabular(data: &[u8], _scratch: &Path) {
         (idx, records)
     };
     let csv_decoder = CsvDecoder::new(
-        CsvOptions { columns: 3, field_delim: if sel & 2 != 0 { b';' } else { b',' }, use_quote_delim: sel & 4 == 0, na_value: b"NA".to_vec() },
+        CsvOptions {
+            columns: 3,
+            field_delim: if sel & 2 != 0 { b';' } else { b',' },
+            use_quote_delim: sel & 4 == 0,
+            na_value: b"NA".to_vec(),
+        },
         vec![
-            CsvStream { name: "a".into(), dtype: CsvType::F32, columns: vec![0, 2], default: Some(CsvValue::Float(0.5)) },
-            CsvStream { name: "b".into(), dtype: if sel & 8 != 0 { CsvType::I64 } else { CsvType::I32 }, columns: vec![1], default: None },
+            CsvStream {
+                name: "a".into(),
+                dtype: CsvType::F32,
+                columns: vec![0, 2],
+                default: Some(CsvValue::Float(0.5)),
+            },
+            CsvStream {
+                name: "b".into(),
+                dtype: if sel & 8 != 0 { CsvType::I64 } else { CsvType::I32 },
+                columns: vec![1],
+                default: None,
+            },
         ],
     );
     let raw_decoder = RawDecoder::new(vec![
         RawStream { name: "x".into(), dtype: RawType::F16, offset: 0, dim: 1, little_endian: sel & 8 != 0 },
         RawStream { name: "y".into(), dtype: RawType::I64, offset: 1, dim: 1, little_endian: sel & 32 != 0 },
     ]);
-    let decode = |record: &[u8], i: usize, out: &mut Vec<StreamBuf<f32>>, errors: &mut Vec<minibatchd_engine::format::Malformed>| {
+    let decode = |record: &[u8],
+                  i: usize,
+                  out: &mut Vec<StreamBuf<f32>>,
+                  errors: &mut Vec<minibatchd_engine::format::Malformed>| {
         let at = minibatchd_engine::format::Location { file: path.clone(), line: i as u64 + 1, offset: 0 };
         if sel & 1 == 0 {
             csv_decoder.decode_record(record, &at, out, errors);

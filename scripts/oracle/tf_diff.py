@@ -13,7 +13,7 @@ writes one directory per case (`data.tfrecord`, `case.json`: the streams' featur
 precision, and per record TensorFlow's values or its error, or the record where TensorFlow
 stops reading a damaged file) and finally runs the replay test, which fails on any difference.
 
-Cases: some files GZIP-compressed by TensorFlow's writer; 1–4 features of `float32`/`int64`, fixed-length (`tf.io.FixedLenFeature([dim])`, with or
+Cases: some files GZIP-compressed by TensorFlow's writer (and `--zlib-cases` more, ZLIB-compressed); 1–4 features of `float32`/`int64`, fixed-length (`tf.io.FixedLenFeature([dim])`, with or
 without a default) or var-length (`tf.io.VarLenFeature`); records that lack a feature, hold a
 list of the wrong type or length, or an int64 too large for float32; and files damaged by a
 flipped byte or a cut tail.
@@ -82,7 +82,7 @@ def message(e: Exception) -> str:
     return text.split("}} ", 1)[-1][:200]
 
 
-def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
+def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False) -> None:
     features = [random_feature(rng, k) for k in range(rng.randint(1, 4))]
     precision = rng.choice(["float32", "float64"])
     spec = {}
@@ -121,13 +121,15 @@ def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
     d.mkdir(parents=True)
     # Some files GZIP-compressed by TensorFlow's writer (compression_type="GZIP").
     gzip = rng.random() < 0.15
-    path = d / ("data.tfrecord.gz" if gzip else "data.tfrecord")
-    with tf.io.TFRecordWriter(str(path), options="GZIP" if gzip else None) as w:
+    # Or ZLIB-compressed (compression_type="ZLIB"; the cases after --cases, --zlib-cases of them).
+    compression = "ZLIB" if zlib else "GZIP" if gzip else None
+    path = d / {"ZLIB": "data.tfrecord.zlib", "GZIP": "data.tfrecord.gz", None: "data.tfrecord"}[compression]
+    with tf.io.TFRecordWriter(str(path), options=compression) as w:
         for r in records:
             w.write(r)
     damage = None
     data = bytearray(path.read_bytes())
-    if not gzip and rng.random() < 0.2 and len(data) > 16:
+    if not gzip and not zlib and rng.random() < 0.2 and len(data) > 16:
         if rng.random() < 0.5:
             at = rng.randrange(len(data))
             data[at] ^= 1 << rng.randrange(8)
@@ -140,7 +142,7 @@ def make_case(rng: random.Random, tf, out: Path, i: int) -> None:
     answers = []
     stopped = None
     try:
-        for k, raw in enumerate(tf.data.TFRecordDataset(str(path), compression_type="GZIP" if gzip else None)):
+        for k, raw in enumerate(tf.data.TFRecordDataset(str(path), compression_type=compression or "")):
             try:
                 parsed = tf.io.parse_single_example(raw, spec)
             except (tf.errors.InvalidArgumentError, ValueError) as e:
@@ -167,6 +169,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures_tfrecord"))
     ap.add_argument("--venv", default=str(ROOT / "target" / "tf-venv"))
+    ap.add_argument("--zlib-cases", type=int, default=0, help="more cases, ZLIB-compressed, after --cases")
     ap.add_argument("--no-replay", action="store_true", help="record only; do not run the replay test")
     a = ap.parse_args()
     ensure_tensorflow(Path(a.venv))
@@ -178,7 +181,9 @@ def main() -> None:
     rng = random.Random(a.seed)
     for i in range(a.cases):
         make_case(rng, tf, out, i)
-    print(f"{a.cases} cases recorded in {out} (TensorFlow {tf.__version__})")
+    for j in range(a.zlib_cases):
+        make_case(random.Random(a.seed * 1000 + j), tf, out, a.cases + j, zlib=True)
+    print(f"{a.cases + a.zlib_cases} cases recorded in {out} (TensorFlow {tf.__version__})")
     if not a.no_replay:
         subprocess.run(["cargo", "test", "-q", "--test", "tfrecord_oracle"], cwd=ROOT, check=True)
 

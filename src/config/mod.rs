@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use minibatchd_engine::format::inflate::Compression;
 use walk::{Node, Walker};
 
 pub use mixture::MixtureConfig;
@@ -468,6 +469,7 @@ fn parse_dataset(
             Precision::Float32
         }
     };
+    let compression = parse_compression(w, &mut t, format);
     let sampling = match t.take("sampling") {
         Some(n) => parse_sampling(w, &n),
         None => Some(SamplingDefaults { randomize: true, window: Window::Chunks(DEFAULT_WINDOW_CHUNKS), seed: 0 }),
@@ -487,36 +489,9 @@ fn parse_dataset(
     };
     w.finish(t);
     let mut sources = sources?;
-    let tfrecord = match tfrecord {
-        Some(parsed) => {
-            let (streams, features) = parsed?;
-            if let Some(s) = sources.first_mut() {
-                s.streams = streams;
-            }
-            Some(features)
-        }
-        None => None,
-    };
-    let fixed = match fixed {
-        Some(parsed) => {
-            let (streams, config) = parsed?;
-            if let Some(s) = sources.first_mut() {
-                s.streams = streams;
-            }
-            Some(config)
-        }
-        None => None,
-    };
-    let csv = match csv {
-        Some(parsed) => {
-            let (streams, config) = parsed?;
-            if let Some(s) = sources.first_mut() {
-                s.streams = streams;
-            }
-            Some(config)
-        }
-        None => None,
-    };
+    let tfrecord = with_streams(tfrecord, &mut sources)?;
+    let fixed = with_streams(fixed, &mut sources)?;
+    let csv = with_streams(csv, &mut sources)?;
     check_streams(w, node.path(), &sources);
     Some(DatasetConfig {
         name: name.to_owned(),
@@ -532,9 +507,45 @@ fn parse_dataset(
         tfrecord,
         fixed,
         csv,
+        compression,
         inflate,
         index_threads,
     })
+}
+
+/// A format's own table (`tfrecord`, `fixed_length`, `csv`) read by its module: its streams go to
+/// the dataset's one source and its options are returned. `None` (outer) when the module found
+/// an issue; `Some(None)` when the dataset is of another format.
+#[allow(clippy::option_option)] // the outer `None` is an issue, the inner one another format
+fn with_streams<T>(parsed: Option<Option<(Vec<StreamConfig>, T)>>, sources: &mut [SourceConfig]) -> Option<Option<T>> {
+    match parsed {
+        None => Some(None),
+        Some(parsed) => {
+            let (streams, options) = parsed?;
+            if let Some(s) = sources.first_mut() {
+                s.streams = streams;
+            }
+            Some(Some(options))
+        }
+    }
+}
+
+/// `compression`: how the inputs are compressed; not for CTF (read as it is), none by default for
+/// `fixed_length` (binary records may begin with gzip's magic), else gzip recognised by its magic.
+fn parse_compression(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<FormatKind>) -> Compression {
+    let path = t.key_path("compression");
+    match t.string(w, "compression") {
+        None if format == Some(FormatKind::FixedLength) => Compression::None,
+        None => Compression::Auto,
+        Some(_) if format == Some(FormatKind::Ctf) => {
+            w.issue(&path, "CTF inputs are read as they are: no compression key");
+            Compression::None
+        }
+        Some(c) => Compression::parse(&c).unwrap_or_else(|| {
+            w.issue(&path, &format!("unknown compression '{c}': expected auto, none, gzip or zlib"));
+            Compression::None
+        }),
+    }
 }
 
 /// A dataset is either `files` + `streams` (one source) or `[[datasets.NAME.sources]]` tables,

@@ -296,6 +296,9 @@ pub struct DatasetConfig {
     pub fixed: Option<FixedConfig>,
     /// `csv` datasets: the header lines, how fields split, and each stream's columns.
     pub csv: Option<CsvConfig>,
+    /// How the inputs are compressed (`compression`): gzip recognised by its magic bytes unless
+    /// the dataset says otherwise (`fixed_length`: none, binary records may begin with them).
+    pub compression: crate::format::inflate::Compression,
     /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
     /// one per core when 0: the index pass runs before anything is parsed).
     pub index_threads: usize,

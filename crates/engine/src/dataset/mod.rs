@@ -1061,16 +1061,18 @@ fn readable_inputs(
 ) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
     let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
     let mut versions = Vec::with_capacity(inputs.len());
-    // Fixed-length records are binary: their first bytes may be gzip's magic, so such a file is
-    // read as it is (TensorFlow's FixedLengthRecordDataset does not look either).
-    let as_they_are = config.format == FormatKind::FixedLength;
+    let compression = config.compression;
     for input in inputs {
         let copy = match &input.object {
-            _ if as_they_are => None,
-            None => Some(inflate::readable_path(&input.name, state_dir, &config.inflate)?).filter(|c| *c != input.name),
-            Some(object) => {
-                remote::inflated_object(object, remote::require(remote, &input.name)?, state_dir, &config.inflate)?
-            }
+            None => Some(inflate::readable_path_as(&input.name, compression, state_dir, &config.inflate)?)
+                .filter(|c| *c != input.name),
+            Some(object) => remote::inflated_object(
+                object,
+                remote::require(remote, &input.name)?,
+                compression,
+                state_dir,
+                &config.inflate,
+            )?,
         };
         if let Some(copy) = copy {
             versions.push(Stored::Local(version_of(&copy)?));

@@ -53,6 +53,59 @@ const SIDECAR_MAGIC: &[u8; 8] = b"MBDINFL\0";
 /// 2: the source's and the copy's status-change time, device and inode.
 const SIDECAR_VERSION: u32 = 2;
 
+/// How an input is compressed (a dataset's `compression` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// gzip when the input starts with gzip's magic bytes, else as it is.
+    #[default]
+    Auto,
+    /// As it is.
+    None,
+    /// gzip (one or more members): refused when it is not.
+    Gzip,
+    /// One zlib stream (RFC 1950; TensorFlow's `compression_type="ZLIB"`), which has no magic to
+    /// recognise it by.
+    Zlib,
+}
+
+impl Compression {
+    /// The compression named `name` in a config.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "auto" => Self::Auto,
+            "none" | "" => Self::None,
+            "gzip" => Self::Gzip,
+            "zlib" => Self::Zlib,
+            _ => return None,
+        })
+    }
+}
+
+/// A decompressor of a copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Codec {
+    Gzip,
+    Zlib,
+}
+
+impl Codec {
+    /// What the copy's name adds for it (gzip copies keep the names they always had).
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Gzip => "",
+            Self::Zlib => ".zlib",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Gzip => "gzip",
+            Self::Zlib => "zlib",
+        }
+    }
+}
+
 /// Whether `path` starts with the gzip magic.
 ///
 /// # Errors
@@ -82,7 +135,7 @@ fn hash_parts(parts: &[&[u8]]) -> u64 {
 
 /// The names of the copy of the source `stamp`: the prefix shared by every copy of that source,
 /// and the copy's own file name.
-fn copy_names(stamp: &FileStamp) -> (String, String) {
+fn copy_names(stamp: &FileStamp, codec: Codec) -> (String, String) {
     let name = stamp.path.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
     let stamp_hash = {
@@ -91,7 +144,7 @@ fn copy_names(stamp: &FileStamp) -> (String, String) {
         h.finish()
     };
     let prefix = format!("{name}.{path_hash:016x}.");
-    let file = format!("{prefix}{stamp_hash:016x}");
+    let file = format!("{prefix}{stamp_hash:016x}{}", codec.suffix());
     (prefix, file)
 }
 
@@ -101,11 +154,35 @@ fn copy_names(stamp: &FileStamp) -> (String, String) {
 /// I/O errors, corrupt gzip data, a copy beyond `limits`, or `state_dir/inflated` not writable
 /// by this user.
 pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) -> Result<PathBuf, DataError> {
-    if !is_gzip(source).map_err(|e| DataError::io(source, e))? {
-        return Ok(source.to_owned());
-    }
+    readable_path_as(source, Compression::Auto, state_dir, limits)
+}
+
+/// The decompressed copy of `source` as `compression` says (`Auto`: [`readable_path`]), or
+/// `source` itself.
+///
+/// # Errors
+/// As [`readable_path`]; `Gzip` data without gzip's magic.
+pub fn readable_path_as(
+    source: &Path,
+    compression: Compression,
+    state_dir: &Path,
+    limits: &InflateLimits,
+) -> Result<PathBuf, DataError> {
+    let gzip = || is_gzip(source).map_err(|e| DataError::io(source, e));
+    let codec = match compression {
+        Compression::None => return Ok(source.to_owned()),
+        Compression::Auto if !gzip()? => return Ok(source.to_owned()),
+        Compression::Gzip if !gzip()? => {
+            return Err(DataError::Dataset(format!(
+                "{}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes 1f 8b",
+                source.display()
+            )))
+        }
+        Compression::Auto | Compression::Gzip => Codec::Gzip,
+        Compression::Zlib => Codec::Zlib,
+    };
     let stamp = FileStamp::of(source).map_err(|e| DataError::io(source, e))?;
-    inflated_copy(source, &stamp, state_dir, limits, &mut || {
+    inflated_copy(source, &stamp, codec, state_dir, limits, &mut || {
         let f = minibatchd_sys::files::open_regular(source).map_err(|e| DataError::io(source, e))?;
         Ok(Box::new(f))
     })
@@ -116,6 +193,7 @@ pub fn readable_path(source: &Path, state_dir: &Path, limits: &InflateLimits) ->
 pub(crate) fn inflated_copy(
     source: &Path,
     stamp: &FileStamp,
+    codec: Codec,
     state_dir: &Path,
     limits: &InflateLimits,
     open: &mut dyn FnMut() -> Result<Box<dyn Read + Send>, DataError>,
@@ -124,7 +202,7 @@ pub(crate) fn inflated_copy(
     let wanted = state_dir.join(INFLATED_DIR);
     let dir =
         persist::private_subdir(state_dir, INFLATED_DIR).map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
-    let (_, file) = copy_names(&stamp);
+    let (_, file) = copy_names(&stamp, codec);
     let target = dir.join(&file);
     let sidecar = dir.join(format!("{file}{SIDECAR_SUFFIX}"));
     let (allowed, bound) = limits.allowed(stamp.size);
@@ -142,17 +220,18 @@ pub(crate) fn inflated_copy(
         }
     }
     let (tmp, out) = persist::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
-    let written = match open().map_err(Failure::Source).and_then(|input| copy_inflated(source, input, out, allowed)) {
-        Ok(n) => n,
-        Err(f) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(match f {
-                Failure::Target(e) => cannot_write(source, &dir, state_dir, &e),
-                Failure::Source(e) => e,
-                Failure::Limit => over_limit(source, &stamp, limits, allowed, bound),
-            });
-        }
-    };
+    let written =
+        match open().map_err(Failure::Source).and_then(|input| copy_inflated(source, codec, input, out, allowed)) {
+            Ok(n) => n,
+            Err(f) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(match f {
+                    Failure::Target(e) => cannot_write(source, &dir, state_dir, &e),
+                    Failure::Source(e) => e,
+                    Failure::Limit => over_limit(source, &stamp, limits, allowed, bound),
+                });
+            }
+        };
     let finish = || -> std::io::Result<()> {
         fs::rename(&tmp, &target)?;
         persist::sync_dir(&dir);
@@ -168,7 +247,7 @@ pub(crate) fn inflated_copy(
     // Older copies of the same source stay until no dataset reads them: a version of the dataset
     // still served (sessions of the version before a reload, or the old version kept when the new
     // one fails to open) reads its chunks from its copy. `remove_unused` removes them then.
-    tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, "decompressed gzip input");
+    tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, codec = codec.name(), "decompressed input");
     Ok(target)
 }
 
@@ -463,8 +542,18 @@ enum Failure {
 }
 
 /// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
-fn copy_inflated(source: &Path, input: Box<dyn Read + Send>, out: File, allowed: u64) -> Result<u64, Failure> {
-    let mut decoder = flate2::read::MultiGzDecoder::new(std::io::BufReader::with_capacity(1 << 20, input));
+fn copy_inflated(
+    source: &Path,
+    codec: Codec,
+    input: Box<dyn Read + Send>,
+    out: File,
+    allowed: u64,
+) -> Result<u64, Failure> {
+    let input = std::io::BufReader::with_capacity(1 << 20, input);
+    let mut decoder: Box<dyn Read> = match codec {
+        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+        Codec::Zlib => Box::new(flate2::read::ZlibDecoder::new(input)),
+    };
     let mut writer = BufWriter::with_capacity(1 << 20, out);
     let mut buf = vec![0u8; 1 << 20];
     let mut written = 0u64;
@@ -475,8 +564,9 @@ fn copy_inflated(source: &Path, input: Box<dyn Read + Send>, out: File, allowed:
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 return Err(Failure::Source(DataError::Dataset(format!(
-                    "{}: invalid gzip data: {e}",
-                    source.display()
+                    "{}: invalid {} data: {e}",
+                    source.display(),
+                    codec.name()
                 ))));
             }
         };
@@ -680,7 +770,7 @@ mod tests {
         {
             assert!(e.contains(part), "{part:?} missing from: {e}");
         }
-        let (prefix, _) = copy_names(&FileStamp::of(&src).expect("stamp"));
+        let (prefix, _) = copy_names(&FileStamp::of(&src).expect("stamp"), Codec::Gzip);
         let shared = std::env::temp_dir().join("minibatchd-inflated");
         if shared.is_dir() {
             assert!(
@@ -772,7 +862,7 @@ mod tests {
         let state = dir.path().join("state");
         let inflated = state.join(INFLATED_DIR);
         fs::create_dir_all(&inflated).expect("mkdir");
-        let (_, file) = copy_names(&FileStamp::of(&src).expect("stamp"));
+        let (_, file) = copy_names(&FileStamp::of(&src).expect("stamp"), Codec::Gzip);
         let pid = std::process::id();
         let mut planted = vec![file.clone(), format!("{file}{SIDECAR_SUFFIX}"), format!(".{file}.tmp.{pid}")];
         planted.extend((0..4).map(|n| format!(".{file}.{pid}.{n}.tmp")));
