@@ -459,6 +459,7 @@ fn tfrecord_decode_as<T: DeepxElement>(
 pub fn tabular(data: &[u8], _scratch: &Path) {
     use minibatchd_engine::format::csv::{self, CsvDecoder, CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
     use minibatchd_engine::format::fixed::{self, FixedLengthOptions, RawDecoder, RawStream, RawType};
+    use minibatchd_engine::format::record::StreamBufDecoder as _;
     let Some((&sel, body)) = data.split_first() else { return };
     let path: Arc<Path> = Arc::from(Path::new("fuzz.bin"));
     let limits = minibatchd_engine::options::IndexLimits::UNBOUNDED;

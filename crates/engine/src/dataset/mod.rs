@@ -29,7 +29,8 @@ use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, Seque
 use crate::format::inflate;
 use crate::format::parsed_cache::ParsedCache;
 use crate::format::record::{
-    CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, TfRecordReader,
+    CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, StreamBufDecoder,
+    TfRecordReader,
 };
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::hash::Fnv1a;

@@ -37,6 +37,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::record::StreamBufDecoder;
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -227,54 +228,6 @@ impl CsvDecoder {
         Self { options, streams }
     }
 
-    /// The streams' specs, in order.
-    #[must_use]
-    pub fn specs(&self) -> Vec<StreamSpec> {
-        self.streams
-            .iter()
-            .map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.columns.len() })
-            .collect()
-    }
-
-    /// Empty buffers for `records` records.
-    #[must_use]
-    pub fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
-        self.streams
-            .iter()
-            .map(|s| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
-                b.values.reserve(records.saturating_mul(s.columns.len()));
-                b
-            })
-            .collect()
-    }
-
-    /// Decodes one line (its newline included or not) into a sample of each stream, or a
-    /// malformed place and a sequence of 0 samples.
-    pub fn decode_record<T: DeepxElement>(
-        &self,
-        line: &[u8],
-        at: &Location,
-        out: &mut [StreamBuf<T>],
-        errors: &mut Vec<Malformed>,
-    ) {
-        let result = self.fill(line, out);
-        if let Err(message) = result {
-            for (b, s) in out.iter_mut().zip(&self.streams) {
-                b.values.truncate(b.samples * s.columns.len());
-                b.seq_offsets.push(b.samples);
-            }
-            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.clone(), message });
-            return;
-        }
-        for b in out.iter_mut() {
-            b.samples += 1;
-            b.sample_offsets.push(0);
-            b.seq_offsets.push(b.samples);
-        }
-    }
-
     fn fill<T: DeepxElement>(&self, line: &[u8], out: &mut [StreamBuf<T>]) -> Result<(), String> {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         let line: Cow<'_, [u8]> = if line.contains(&b'\r') {
@@ -328,16 +281,54 @@ impl CsvDecoder {
         }
         Ok(())
     }
+}
 
-    /// Dense values the buffers hold.
-    #[must_use]
-    pub fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
-        out.iter().map(|b| b.values.len()).sum()
+impl StreamBufDecoder for CsvDecoder {
+    fn specs(&self) -> Vec<StreamSpec> {
+        self.streams
+            .iter()
+            .map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.columns.len() })
+            .collect()
     }
 
-    /// The chunk's streams.
-    #[must_use]
-    pub fn into_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        self.streams
+            .iter()
+            .map(|s| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b.values.reserve(records.saturating_mul(s.columns.len()));
+                b
+            })
+            .collect()
+    }
+
+    /// Decodes one line (its newline included or not) into a sample of each stream, or a
+    /// malformed place and a sequence of 0 samples.
+    fn decode_record<T: DeepxElement>(
+        &self,
+        line: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) {
+        let result = self.fill(line, out);
+        if let Err(message) = result {
+            for (b, s) in out.iter_mut().zip(&self.streams) {
+                b.values.truncate(b.samples * s.columns.len());
+                b.seq_offsets.push(b.samples);
+            }
+            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.clone(), message });
+            return;
+        }
+        for b in out.iter_mut() {
+            b.samples += 1;
+            b.sample_offsets.push(0);
+            b.seq_offsets.push(b.samples);
+        }
+    }
+
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         out.into_iter().zip(&self.streams).map(|(b, s)| b.into_stream_data(s.columns.len(), false)).collect()
     }
 }

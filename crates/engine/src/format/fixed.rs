@@ -28,6 +28,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::record::StreamBufDecoder;
 use crate::options::IndexLimits;
 
 /// Size of the read buffer of the index pass.
@@ -289,54 +290,6 @@ impl RawDecoder {
         Self { streams }
     }
 
-    /// The streams' specs, in order.
-    #[must_use]
-    pub fn specs(&self) -> Vec<StreamSpec> {
-        self.streams.iter().map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.dim }).collect()
-    }
-
-    /// Empty buffers for `records` records.
-    #[must_use]
-    pub fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
-        self.streams
-            .iter()
-            .map(|s| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
-                b.values.reserve(records.saturating_mul(s.dim));
-                b
-            })
-            .collect()
-    }
-
-    /// Decodes one record into a sample of each stream; a record shorter than the streams need,
-    /// or an integer the precision does not hold exactly, is a malformed place (a sequence of 0
-    /// samples).
-    pub fn decode_record<T: DeepxElement>(
-        &self,
-        record: &[u8],
-        at: &Location,
-        out: &mut [StreamBuf<T>],
-        errors: &mut Vec<Malformed>,
-    ) {
-        for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
-            if let Err(message) = Self::decode_stream(s, record, buf) {
-                // What the earlier records hold: `dim` values each.
-                for (b, s) in out.iter_mut().zip(&self.streams) {
-                    b.values.truncate(b.samples * s.dim);
-                    b.seq_offsets.push(b.samples);
-                }
-                errors.push(Malformed { kind: ErrorKind::BadRecord, at: at.clone(), message });
-                return;
-            }
-        }
-        for b in out.iter_mut() {
-            b.samples += 1;
-            b.sample_offsets.push(0);
-            b.seq_offsets.push(b.samples);
-        }
-    }
-
     fn decode_stream<T: DeepxElement>(s: &RawStream, record: &[u8], buf: &mut StreamBuf<T>) -> Result<(), String> {
         let bytes = record.get(s.offset..s.offset.saturating_add(s.bytes())).ok_or_else(|| {
             format!(
@@ -372,16 +325,54 @@ impl RawDecoder {
         }
         Ok(())
     }
+}
 
-    /// Dense values the buffers hold.
-    #[must_use]
-    pub fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
-        out.iter().map(|b| b.values.len()).sum()
+impl StreamBufDecoder for RawDecoder {
+    fn specs(&self) -> Vec<StreamSpec> {
+        self.streams.iter().map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.dim }).collect()
     }
 
-    /// The chunk's streams.
-    #[must_use]
-    pub fn into_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        self.streams
+            .iter()
+            .map(|s| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b.values.reserve(records.saturating_mul(s.dim));
+                b
+            })
+            .collect()
+    }
+
+    /// Decodes one record into a sample of each stream; a record shorter than the streams need,
+    /// or an integer the precision does not hold exactly, is a malformed place (a sequence of 0
+    /// samples).
+    fn decode_record<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    ) {
+        for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
+            if let Err(message) = Self::decode_stream(s, record, buf) {
+                // What the earlier records hold: `dim` values each.
+                for (b, s) in out.iter_mut().zip(&self.streams) {
+                    b.values.truncate(b.samples * s.dim);
+                    b.seq_offsets.push(b.samples);
+                }
+                errors.push(Malformed { kind: ErrorKind::BadRecord, at: at.clone(), message });
+                return;
+            }
+        }
+        for b in out.iter_mut() {
+            b.samples += 1;
+            b.sample_offsets.push(0);
+            b.seq_offsets.push(b.samples);
+        }
+    }
+
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         out.into_iter().zip(&self.streams).map(|(b, s)| b.into_stream_data(s.dim, false)).collect()
     }
 }

@@ -6,8 +6,8 @@
 //!   cache, objects through the shared index of object storage) without knowing the format.
 //! * [`RecordDecoder`]: turns one record's bytes into a sample of each stream, or a malformed
 //!   place charged to `max_errors`. The deepx formats and TFRecord's Example decoder implement
-//!   it (and the raw decoder of fixed-length records), and the dataset loads their chunks through
-//!   one generic loop; CTF's decoder (whose
+//!   it (and the raw and CSV decoders, through [`StreamBufDecoder`]), and the dataset loads their
+//!   chunks through one generic loop; CTF's decoder (whose
 //!   sources are joined by sequence key) has its own loop still.
 
 use std::io::Read;
@@ -15,11 +15,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::chunk::{StreamData, StreamSpec};
-use crate::format::csv::{self, CsvDecoder, CsvLayout};
+use crate::format::csv::{self, CsvLayout};
 use crate::format::ctf::{self, CtfIndexOptions, StreamBuf};
 use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineIndexOptions};
 use crate::format::errors::{DataError, Location, Malformed};
-use crate::format::fixed::{self, FixedLengthOptions, RawDecoder};
+use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
@@ -286,7 +286,35 @@ impl RecordDecoder for DeepxDecoder {
     }
 }
 
-impl RecordDecoder for ExampleDecoder {
+/// A decoder whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time —
+/// the Example, raw and CSV decoders. Implementing it makes a decoder a [`RecordDecoder`].
+pub trait StreamBufDecoder: Send + Sync {
+    /// The streams, in the order of the parsed chunk's.
+    fn specs(&self) -> Vec<StreamSpec>;
+
+    /// Empty buffers for a chunk of `records` records.
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>>;
+
+    /// Decodes one record (at `at`, its line or record number 1-based) into a sample of each
+    /// stream, or pushes its malformed place to `errors` and leaves a sequence of 0 samples.
+    fn decode_record<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    );
+
+    /// Dense values the buffers hold.
+    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
+        out.iter().map(|b| b.values.len()).sum()
+    }
+
+    /// The chunk's streams.
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData>;
+}
+
+impl<D: StreamBufDecoder> RecordDecoder for D {
     type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
 
     fn streams(&self) -> Vec<StreamSpec> {
@@ -294,7 +322,36 @@ impl RecordDecoder for ExampleDecoder {
     }
 
     fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
-        self.specs()
+        StreamBufDecoder::buffers(self, records)
+    }
+
+    fn decode<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &RecordAt<'_>,
+        out: &mut Vec<StreamBuf<T>>,
+        errors: &mut Vec<Malformed>,
+    ) {
+        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
+        self.decode_record(record, &at, out, errors);
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+        StreamBufDecoder::dense_values(self, out)
+    }
+
+    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        self.chunk_streams(out)
+    }
+}
+
+impl StreamBufDecoder for ExampleDecoder {
+    fn specs(&self) -> Vec<StreamSpec> {
+        ExampleDecoder::specs(self)
+    }
+
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        ExampleDecoder::specs(self)
             .iter()
             .map(|_| {
                 let mut b = StreamBuf::new();
@@ -304,84 +361,21 @@ impl RecordDecoder for ExampleDecoder {
             .collect()
     }
 
-    fn decode<T: DeepxElement>(
+    fn decode_record<T: DeepxElement>(
         &self,
         record: &[u8],
-        at: &RecordAt<'_>,
-        out: &mut Vec<StreamBuf<T>>,
+        at: &Location,
+        out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {
-        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
-        self.decode_record(record, &at, out, errors);
+        ExampleDecoder::decode_record(self, record, at, out, errors);
     }
 
-    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
         ExampleDecoder::dense_values(self, out)
     }
 
-    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
-        self.into_streams(out)
-    }
-}
-
-impl RecordDecoder for RawDecoder {
-    type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
-
-    fn streams(&self) -> Vec<StreamSpec> {
-        self.specs()
-    }
-
-    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
-        RawDecoder::buffers(self, records)
-    }
-
-    fn decode<T: DeepxElement>(
-        &self,
-        record: &[u8],
-        at: &RecordAt<'_>,
-        out: &mut Vec<StreamBuf<T>>,
-        errors: &mut Vec<Malformed>,
-    ) {
-        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
-        self.decode_record(record, &at, out, errors);
-    }
-
-    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
-        RawDecoder::dense_values(self, out)
-    }
-
-    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
-        self.into_streams(out)
-    }
-}
-
-impl RecordDecoder for CsvDecoder {
-    type Buffers<T: DeepxElement> = Vec<StreamBuf<T>>;
-
-    fn streams(&self) -> Vec<StreamSpec> {
-        self.specs()
-    }
-
-    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
-        CsvDecoder::buffers(self, records)
-    }
-
-    fn decode<T: DeepxElement>(
-        &self,
-        record: &[u8],
-        at: &RecordAt<'_>,
-        out: &mut Vec<StreamBuf<T>>,
-        errors: &mut Vec<Malformed>,
-    ) {
-        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
-        self.decode_record(record, &at, out, errors);
-    }
-
-    fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
-        CsvDecoder::dense_values(self, out)
-    }
-
-    fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
-        self.into_streams(out)
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        ExampleDecoder::into_streams(self, out)
     }
 }

@@ -114,7 +114,7 @@ fn decode(d: &CsvDecoder, lines: &[&str]) -> (Vec<Vec<f64>>, Vec<Malformed>, Vec
     }
     let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();
     let values = d
-        .into_streams(out)
+        .chunk_streams(out)
         .into_iter()
         .map(|sd| match sd.data {
             StreamValues::Dense { values: Values::F32(v), .. } => v.iter().map(|&x| f64::from(x)).collect(),

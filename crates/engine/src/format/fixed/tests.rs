@@ -35,7 +35,7 @@ fn decode<T: DeepxElement>(
     }
     let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();
     let values = d
-        .into_streams(out)
+        .chunk_streams(out)
         .into_iter()
         .map(|sd| match sd.data {
             StreamValues::Dense { values: Values::F32(v), .. } => v.iter().map(|&x| f64::from(x)).collect(),
