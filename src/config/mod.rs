@@ -21,7 +21,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use minibatchd_engine::format::inflate::Compression;
 use walk::{Node, Walker};
 
 pub use mixture::MixtureConfig;

@@ -298,7 +298,7 @@ pub struct DatasetConfig {
     pub csv: Option<CsvConfig>,
     /// How the inputs are compressed (`compression`): gzip recognised by its magic bytes unless
     /// the dataset says otherwise (`fixed_length`: none, binary records may begin with them).
-    pub compression: crate::format::inflate::Compression,
+    pub compression: Compression,
     /// Threads the index pass of one large file may use (from the daemon's `parser_threads`,
     /// one per core when 0: the index pass runs before anything is parsed).
     pub index_threads: usize,
@@ -460,18 +460,304 @@ mod tests {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FixedConfig {
     /// Header, record and footer bytes.
-    pub layout: crate::format::fixed::FixedLengthOptions,
+    pub layout: FixedLengthOptions,
     /// The streams, in name order.
-    pub streams: Vec<crate::format::fixed::RawStream>,
+    pub streams: Vec<RawStream>,
 }
 
 /// A `csv` dataset: the header lines skipped, how records split into fields, and the streams.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CsvConfig {
     /// Header lines skipped in each file.
-    pub layout: crate::format::csv::CsvLayout,
+    pub layout: CsvLayout,
     /// Fields per record, delimiter, quoting, `na_value`.
-    pub options: crate::format::csv::CsvOptions,
+    pub options: CsvOptions,
     /// The streams, in name order.
-    pub streams: Vec<crate::format::csv::CsvStream>,
+    pub streams: Vec<CsvStream>,
+}
+
+// Fixed-length records (`crate::format::fixed`).
+
+/// Largest `record_bytes`: a record is one sequence, whose size the index keeps in a `u32`.
+pub const MAX_RECORD_BYTES: u32 = 1 << 30;
+
+/// How a fixed-length file is laid out (`FixedLengthRecordDataset`'s arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FixedLengthOptions {
+    /// Bytes of each record, 1..=[`MAX_RECORD_BYTES`].
+    pub record_bytes: u32,
+    /// Bytes before the first record.
+    pub header_bytes: u64,
+    /// Bytes after the last record.
+    pub footer_bytes: u64,
+}
+
+impl FixedLengthOptions {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("fixed;record={};header={};footer={}", self.record_bytes, self.header_bytes, self.footer_bytes)
+    }
+
+    /// The number of records of a file of `size` bytes, or why it has none that can be read.
+    ///
+    /// # Errors
+    /// A file smaller than its header and footer, a body that is not whole records, or no record.
+    pub fn records(&self, size: u64) -> Result<u64, String> {
+        let around = self.header_bytes.saturating_add(self.footer_bytes);
+        if size < around {
+            return Err(format!(
+                "the file holds {size} bytes, fewer than its header ({} bytes) and footer ({} bytes)",
+                self.header_bytes, self.footer_bytes
+            ));
+        }
+        let body = size - around;
+        let record = u64::from(self.record_bytes.max(1));
+        if !body.is_multiple_of(record) {
+            return Err(format!(
+                "excluding the header ({} bytes) and footer ({} bytes), the file has a body of {body} bytes, which is \
+                 not a multiple of the record length ({record} bytes): {} bytes are left after the last whole record",
+                self.header_bytes,
+                self.footer_bytes,
+                body % record
+            ));
+        }
+        if body == 0 {
+            return Err(format!(
+                "the file holds no record (its {size} bytes are its header and footer): remove it from the dataset's files"
+            ));
+        }
+        Ok(body / record)
+    }
+}
+
+/// `decode_raw`'s value types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawType {
+    /// `int8`.
+    I8,
+    /// `uint8`.
+    U8,
+    /// `int16`.
+    I16,
+    /// `uint16`.
+    U16,
+    /// `int32`.
+    I32,
+    /// `uint32`.
+    U32,
+    /// `int64`.
+    I64,
+    /// `uint64`.
+    U64,
+    /// `float16` (IEEE half).
+    F16,
+    /// `bfloat16` (the upper half of a `float32`).
+    Bf16,
+    /// `bool`: a byte, 0 false (0.0), anything else true (1.0).
+    Bool,
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+}
+
+impl RawType {
+    /// The type named `name` (TensorFlow's names; `half`, `float` and `double` too).
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "int8" => Self::I8,
+            "uint8" => Self::U8,
+            "int16" => Self::I16,
+            "uint16" => Self::U16,
+            "int32" => Self::I32,
+            "uint32" => Self::U32,
+            "int64" => Self::I64,
+            "uint64" => Self::U64,
+            "float16" | "half" => Self::F16,
+            "bfloat16" => Self::Bf16,
+            "bool" => Self::Bool,
+            "float32" | "float" => Self::F32,
+            "float64" | "double" => Self::F64,
+            _ => return None,
+        })
+    }
+
+    /// Bytes per value.
+    #[must_use]
+    pub fn size(self) -> usize {
+        match self {
+            Self::I8 | Self::U8 | Self::Bool => 1,
+            Self::I16 | Self::U16 | Self::F16 | Self::Bf16 => 2,
+            Self::I32 | Self::U32 | Self::F32 => 4,
+            Self::I64 | Self::U64 | Self::F64 => 8,
+        }
+    }
+
+    /// The type's name in a config.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::I8 => "int8",
+            Self::U8 => "uint8",
+            Self::I16 => "int16",
+            Self::U16 => "uint16",
+            Self::I32 => "int32",
+            Self::U32 => "uint32",
+            Self::I64 => "int64",
+            Self::U64 => "uint64",
+            Self::F16 => "float16",
+            Self::Bf16 => "bfloat16",
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+            Self::Bool => "bool",
+        }
+    }
+
+    /// The names [`RawType::parse`] takes, for messages.
+    pub const NAMES: &'static str =
+        "int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, bool";
+}
+
+/// One stream of a fixed-length record: `dim` values of `dtype` from byte `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawStream {
+    /// The stream's name.
+    pub name: String,
+    /// The values' type.
+    pub dtype: RawType,
+    /// Byte offset in the record.
+    pub offset: usize,
+    /// Values per record.
+    pub dim: usize,
+    /// Byte order (`decode_raw`'s `little_endian`).
+    pub little_endian: bool,
+}
+
+impl RawStream {
+    /// Bytes of the record it reads.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.dim.saturating_mul(self.dtype.size())
+    }
+}
+
+// CSV (`crate::format::csv`).
+
+/// What shapes a CSV file's index: the header lines skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvLayout {
+    /// Lines skipped at the start of each file.
+    pub skip_header_lines: u64,
+}
+
+impl CsvLayout {
+    /// A stable description, part of the index cache key.
+    #[must_use]
+    pub fn fingerprint(&self) -> String {
+        format!("csv;header={}", self.skip_header_lines)
+    }
+}
+
+/// A column's type (`decode_csv`'s `record_defaults` types, numbers only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CsvType {
+    /// `float32`.
+    F32,
+    /// `float64`.
+    F64,
+    /// `int32`.
+    I32,
+    /// `int64`.
+    I64,
+}
+
+impl CsvType {
+    /// The type named `name`.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "float32" | "float" => Self::F32,
+            "float64" | "double" => Self::F64,
+            "int32" => Self::I32,
+            "int64" => Self::I64,
+            _ => return None,
+        })
+    }
+
+    /// Its name in a config.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::F64 => "float64",
+            Self::I32 => "int32",
+            Self::I64 => "int64",
+        }
+    }
+}
+
+/// A value a CSV field holds (or a default): an integer, exactness checked, or a float.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CsvValue {
+    /// An `int32` or `int64` value.
+    Int(i64),
+    /// A `float32` or `float64` value (a `float32` one widened exactly).
+    Float(f64),
+}
+
+/// A dense stream of CSV columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CsvStream {
+    /// The stream's name.
+    pub name: String,
+    /// The columns' type.
+    pub dtype: CsvType,
+    /// The columns (0-based), in the stream's order: `dim` is their number.
+    pub columns: Vec<usize>,
+    /// The value of an empty or `na_value` field; `None`: such a field is malformed.
+    pub default: Option<CsvValue>,
+}
+
+/// How records split into fields (`decode_csv`'s options).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsvOptions {
+    /// Fields per record.
+    pub columns: usize,
+    /// The field delimiter.
+    pub field_delim: u8,
+    /// Double quotes quote fields.
+    pub use_quote_delim: bool,
+    /// A field equal to this is missing (as an empty one is).
+    pub na_value: Vec<u8>,
+}
+
+/// How an input is compressed (a dataset's `compression` key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// gzip when the input starts with gzip's magic bytes, else as it is.
+    #[default]
+    Auto,
+    /// As it is.
+    None,
+    /// gzip (one or more members): refused when it is not.
+    Gzip,
+    /// One zlib stream (RFC 1950; TensorFlow's `compression_type="ZLIB"`), which has no magic to
+    /// recognise it by.
+    Zlib,
+}
+
+impl Compression {
+    /// The compression named `name` in a config.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "auto" => Self::Auto,
+            "none" | "" => Self::None,
+            "gzip" => Self::Gzip,
+            "zlib" => Self::Zlib,
+            _ => return None,
+        })
+    }
 }

@@ -37,29 +37,15 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::record::StreamBufDecoder;
+use crate::format::stream_buf::StreamBufDecoder;
 use crate::options::IndexLimits;
+pub use crate::options::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 256 << 10;
 
 /// Longest line: a record is one sequence, whose size the index keeps in a `u32`.
 pub const MAX_LINE_BYTES: u64 = u32::MAX as u64;
-
-/// What shapes a CSV file's index: the header lines skipped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CsvLayout {
-    /// Lines skipped at the start of each file.
-    pub skip_header_lines: u64,
-}
-
-impl CsvLayout {
-    /// A stable description, part of the index cache key.
-    #[must_use]
-    pub fn fingerprint(&self) -> String {
-        format!("csv;header={}", self.skip_header_lines)
-    }
-}
 
 /// Indexes the local file `data` (named `name` in errors).
 ///
@@ -139,79 +125,6 @@ pub fn index_reader(
     }
     sequences.shrink_to_fit();
     Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
-}
-
-/// A column's type (`decode_csv`'s `record_defaults` types, numbers only).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CsvType {
-    /// `float32`.
-    F32,
-    /// `float64`.
-    F64,
-    /// `int32`.
-    I32,
-    /// `int64`.
-    I64,
-}
-
-impl CsvType {
-    /// The type named `name`.
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "float32" | "float" => Self::F32,
-            "float64" | "double" => Self::F64,
-            "int32" => Self::I32,
-            "int64" => Self::I64,
-            _ => return None,
-        })
-    }
-
-    /// Its name in a config.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "float32",
-            Self::F64 => "float64",
-            Self::I32 => "int32",
-            Self::I64 => "int64",
-        }
-    }
-}
-
-/// A value a CSV field holds (or a default): an integer, exactness checked, or a float.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum CsvValue {
-    /// An `int32` or `int64` value.
-    Int(i64),
-    /// A `float32` or `float64` value (a `float32` one widened exactly).
-    Float(f64),
-}
-
-/// A dense stream of CSV columns.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CsvStream {
-    /// The stream's name.
-    pub name: String,
-    /// The columns' type.
-    pub dtype: CsvType,
-    /// The columns (0-based), in the stream's order: `dim` is their number.
-    pub columns: Vec<usize>,
-    /// The value of an empty or `na_value` field; `None`: such a field is malformed.
-    pub default: Option<CsvValue>,
-}
-
-/// How records split into fields (`decode_csv`'s options).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CsvOptions {
-    /// Fields per record.
-    pub columns: usize,
-    /// The field delimiter.
-    pub field_delim: u8,
-    /// Double quotes quote fields.
-    pub use_quote_delim: bool,
-    /// A field equal to this is missing (as an empty one is).
-    pub na_value: Vec<u8>,
 }
 
 /// Decodes CSV records into dense streams.

@@ -28,64 +28,12 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::record::StreamBufDecoder;
+use crate::format::stream_buf::StreamBufDecoder;
 use crate::options::IndexLimits;
+pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
 
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 256 << 10;
-
-/// Largest `record_bytes`: a record is one sequence, whose size the index keeps in a `u32`.
-pub const MAX_RECORD_BYTES: u32 = 1 << 30;
-
-/// How a fixed-length file is laid out (`FixedLengthRecordDataset`'s arguments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FixedLengthOptions {
-    /// Bytes of each record, 1..=[`MAX_RECORD_BYTES`].
-    pub record_bytes: u32,
-    /// Bytes before the first record.
-    pub header_bytes: u64,
-    /// Bytes after the last record.
-    pub footer_bytes: u64,
-}
-
-impl FixedLengthOptions {
-    /// A stable description, part of the index cache key.
-    #[must_use]
-    pub fn fingerprint(&self) -> String {
-        format!("fixed;record={};header={};footer={}", self.record_bytes, self.header_bytes, self.footer_bytes)
-    }
-
-    /// The number of records of a file of `size` bytes, or why it has none that can be read.
-    ///
-    /// # Errors
-    /// A file smaller than its header and footer, a body that is not whole records, or no record.
-    pub fn records(&self, size: u64) -> Result<u64, String> {
-        let around = self.header_bytes.saturating_add(self.footer_bytes);
-        if size < around {
-            return Err(format!(
-                "the file holds {size} bytes, fewer than its header ({} bytes) and footer ({} bytes)",
-                self.header_bytes, self.footer_bytes
-            ));
-        }
-        let body = size - around;
-        let record = u64::from(self.record_bytes.max(1));
-        if !body.is_multiple_of(record) {
-            return Err(format!(
-                "excluding the header ({} bytes) and footer ({} bytes), the file has a body of {body} bytes, which is \
-                 not a multiple of the record length ({record} bytes): {} bytes are left after the last whole record",
-                self.header_bytes,
-                self.footer_bytes,
-                body % record
-            ));
-        }
-        if body == 0 {
-            return Err(format!(
-                "the file holds no record (its {size} bytes are its header and footer): remove it from the dataset's files"
-            ));
-        }
-        Ok(body / record)
-    }
-}
 
 /// Indexes the local file `data` (named `name` in errors).
 ///
@@ -157,118 +105,6 @@ pub fn index_reader(
         ));
     }
     Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
-}
-
-/// `decode_raw`'s value types.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RawType {
-    /// `int8`.
-    I8,
-    /// `uint8`.
-    U8,
-    /// `int16`.
-    I16,
-    /// `uint16`.
-    U16,
-    /// `int32`.
-    I32,
-    /// `uint32`.
-    U32,
-    /// `int64`.
-    I64,
-    /// `uint64`.
-    U64,
-    /// `float16` (IEEE half).
-    F16,
-    /// `bfloat16` (the upper half of a `float32`).
-    Bf16,
-    /// `bool`: a byte, 0 false (0.0), anything else true (1.0).
-    Bool,
-    /// `float32`.
-    F32,
-    /// `float64`.
-    F64,
-}
-
-impl RawType {
-    /// The type named `name` (TensorFlow's names; `half`, `float` and `double` too).
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "int8" => Self::I8,
-            "uint8" => Self::U8,
-            "int16" => Self::I16,
-            "uint16" => Self::U16,
-            "int32" => Self::I32,
-            "uint32" => Self::U32,
-            "int64" => Self::I64,
-            "uint64" => Self::U64,
-            "float16" | "half" => Self::F16,
-            "bfloat16" => Self::Bf16,
-            "bool" => Self::Bool,
-            "float32" | "float" => Self::F32,
-            "float64" | "double" => Self::F64,
-            _ => return None,
-        })
-    }
-
-    /// Bytes per value.
-    #[must_use]
-    pub fn size(self) -> usize {
-        match self {
-            Self::I8 | Self::U8 | Self::Bool => 1,
-            Self::I16 | Self::U16 | Self::F16 | Self::Bf16 => 2,
-            Self::I32 | Self::U32 | Self::F32 => 4,
-            Self::I64 | Self::U64 | Self::F64 => 8,
-        }
-    }
-
-    /// The type's name in a config.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::I8 => "int8",
-            Self::U8 => "uint8",
-            Self::I16 => "int16",
-            Self::U16 => "uint16",
-            Self::I32 => "int32",
-            Self::U32 => "uint32",
-            Self::I64 => "int64",
-            Self::U64 => "uint64",
-            Self::F16 => "float16",
-            Self::Bf16 => "bfloat16",
-            Self::F32 => "float32",
-            Self::F64 => "float64",
-            Self::Bool => "bool",
-        }
-    }
-
-    /// The names [`RawType::parse`] takes, for messages.
-    pub const NAMES: &'static str =
-        "int8, uint8, int16, uint16, int32, uint32, int64, uint64, float16, bfloat16, float32, float64, bool";
-}
-
-/// One stream of a fixed-length record: `dim` values of `dtype` from byte `offset`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RawStream {
-    /// The stream's name.
-    pub name: String,
-    /// The values' type.
-    pub dtype: RawType,
-    /// Byte offset in the record.
-    pub offset: usize,
-    /// Values per record.
-    pub dim: usize,
-    /// Byte order (`decode_raw`'s `little_endian`).
-    pub little_endian: bool,
-}
-
-impl RawStream {
-    /// Bytes of the record it reads.
-    #[must_use]
-    pub fn bytes(&self) -> usize {
-        self.dim.saturating_mul(self.dtype.size())
-    }
 }
 
 /// Decodes fixed-length records into dense streams.

@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use crate::format::errors::DataError;
 use crate::format::index_cache::{FileStamp, Removed};
 use crate::hash::Fnv1a;
+pub use crate::options::Compression;
 use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
 use crate::persist;
 
@@ -52,35 +53,6 @@ const SIDECAR_SUFFIX: &str = ".meta";
 const SIDECAR_MAGIC: &[u8; 8] = b"MBDINFL\0";
 /// 2: the source's and the copy's status-change time, device and inode.
 const SIDECAR_VERSION: u32 = 2;
-
-/// How an input is compressed (a dataset's `compression` key).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Compression {
-    /// gzip when the input starts with gzip's magic bytes, else as it is.
-    #[default]
-    Auto,
-    /// As it is.
-    None,
-    /// gzip (one or more members): refused when it is not.
-    Gzip,
-    /// One zlib stream (RFC 1950; TensorFlow's `compression_type="ZLIB"`), which has no magic to
-    /// recognise it by.
-    Zlib,
-}
-
-impl Compression {
-    /// The compression named `name` in a config.
-    #[must_use]
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name.to_ascii_lowercase().as_str() {
-            "auto" => Self::Auto,
-            "none" | "" => Self::None,
-            "gzip" => Self::Gzip,
-            "zlib" => Self::Zlib,
-            _ => return None,
-        })
-    }
-}
 
 /// A decompressor of a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,6 +12,7 @@
 //! * [`fixed`]: fixed-length records and their raw decoder (`decode_raw`);
 //! * [`csv`]: CSV lines and `decode_csv`'s fields;
 //! * [`record`]: the record reader every format implements (the index pass behind one trait);
+//! * [`stream_buf`]: the decoders that fill one `StreamBuf` per stream;
 //! * `parts`: the index pass of one large file on several threads.
 
 pub mod chunk;
@@ -26,6 +27,7 @@ pub mod inflate;
 pub mod parsed_cache;
 pub(crate) mod parts;
 pub mod record;
+pub mod stream_buf;
 pub mod tfrecord;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};

@@ -21,6 +21,7 @@ use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineInde
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
+pub use crate::format::stream_buf::StreamBufDecoder;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::options::IndexLimits;
@@ -284,34 +285,6 @@ impl RecordDecoder for DeepxDecoder {
     fn finish<T: DeepxElement>(&self, out: DeepxBufs<T>) -> Vec<StreamData> {
         self.into_streams(out)
     }
-}
-
-/// A decoder whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time —
-/// the Example, raw and CSV decoders. Implementing it makes a decoder a [`RecordDecoder`].
-pub trait StreamBufDecoder: Send + Sync {
-    /// The streams, in the order of the parsed chunk's.
-    fn specs(&self) -> Vec<StreamSpec>;
-
-    /// Empty buffers for a chunk of `records` records.
-    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>>;
-
-    /// Decodes one record (at `at`, its line or record number 1-based) into a sample of each
-    /// stream, or pushes its malformed place to `errors` and leaves a sequence of 0 samples.
-    fn decode_record<T: DeepxElement>(
-        &self,
-        record: &[u8],
-        at: &Location,
-        out: &mut [StreamBuf<T>],
-        errors: &mut Vec<Malformed>,
-    );
-
-    /// Dense values the buffers hold.
-    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
-        out.iter().map(|b| b.values.len()).sum()
-    }
-
-    /// The chunk's streams.
-    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData>;
 }
 
 impl<D: StreamBufDecoder> RecordDecoder for D {

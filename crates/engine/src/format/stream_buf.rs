@@ -1,0 +1,38 @@
+//! The decoders whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time
+//! (the Example, raw and CSV decoders): [`StreamBufDecoder`], which `crate::format::record`
+//! makes a `RecordDecoder`. Apart from `record`, so that the formats that implement it do not
+//! depend on the module that names every format.
+
+use crate::format::chunk::{StreamData, StreamSpec};
+use crate::format::ctf::StreamBuf;
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::{Location, Malformed};
+
+/// A decoder whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time —
+/// the Example, raw and CSV decoders. Implementing it makes a decoder a
+/// `crate::format::record::RecordDecoder`.
+pub trait StreamBufDecoder: Send + Sync {
+    /// The streams, in the order of the parsed chunk's.
+    fn specs(&self) -> Vec<StreamSpec>;
+
+    /// Empty buffers for a chunk of `records` records.
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>>;
+
+    /// Decodes one record (at `at`, its line or record number 1-based) into a sample of each
+    /// stream, or pushes its malformed place to `errors` and leaves a sequence of 0 samples.
+    fn decode_record<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        errors: &mut Vec<Malformed>,
+    );
+
+    /// Dense values the buffers hold.
+    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
+        out.iter().map(|b| b.values.len()).sum()
+    }
+
+    /// The chunk's streams.
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData>;
+}
