@@ -114,14 +114,7 @@ def ensure_venv(venv: Path) -> str:
 
 
 def run_consumer(py: str, script: str, *args: str) -> dict:
-    p = subprocess.Popen([py, "-c", script, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    if p.stdout.readline().strip() != "ready":
-        sys.exit(f"a consumer failed: {p.communicate()[1][-2000:]}")
-    out, err = p.communicate("go\n", timeout=1200)
-    if p.returncode != 0:
-        sys.exit(f"a consumer failed: {err[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    return daemon_kit.go_when_told([py, "-c", script, *args])
 
 
 def run_mbd(data: Path, work: Path, batch: int) -> dict:

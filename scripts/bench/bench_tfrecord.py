@@ -101,14 +101,7 @@ def ensure_tf(venv: Path) -> str:
 
 
 def run_tf(tf_py: str, data: Path, batch: int) -> dict:
-    p = subprocess.Popen([tf_py, "-c", TF_CONSUMER, str(data), str(batch)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if p.stdout.readline().strip() != "ready":
-        sys.exit(f"the tf.data consumer failed: {p.communicate()[1][-2000:]}")
-    out, err = p.communicate("go\n", timeout=1200)
-    if p.returncode != 0:
-        sys.exit(f"the tf.data consumer failed: {err[-2000:]}")
-    return json.loads(out.strip().splitlines()[-1])
+    return daemon_kit.go_when_told([tf_py, "-c", TF_CONSUMER, str(data), str(batch)])
 
 
 def run_mbd(data: Path, work: Path, batch: int) -> dict:

@@ -113,3 +113,17 @@ def consumer_first(config: Path, consumer: list, *, binary=DAEMON, timeout: floa
     finally:
         daemon.terminate()
         daemon.wait(timeout=60)
+
+
+def go_when_told(argv: list, timeout: float = 1200) -> dict:
+    """Runs a peer's consumer (`argv`) that prints `ready` once its imports are done and waits for
+    a line on stdin before its clock starts; tells it to go and returns the JSON object of its
+    last output line (the bench scripts' peers: tf.data, pyarrow)."""
+    p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if p.stdout.readline().strip() != "ready":
+        sys.exit(f"a consumer failed: {p.communicate()[1][-2000:]}")
+    out, err = p.communicate("go\n", timeout=timeout)
+    if p.returncode != 0:
+        sys.exit(f"a consumer failed: {err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
