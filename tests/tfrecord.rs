@@ -231,3 +231,64 @@ fn a_restore_at_any_minibatch_continues_the_run_exactly_and_equal_steps_hold() {
         .collect();
     assert!(steps.iter().all(|&s| s == steps[0]), "equal steps: {steps:?}");
 }
+
+/// A plain TFRecord file whose first record is 35,615 bytes long starts with gzip's magic bytes
+/// (`1f 8b`): its header's CRC says it is TFRecord, so it is read as it is, not refused as bad
+/// gzip data; with `compression = "gzip"` it is refused as not gzip.
+#[test]
+fn a_tfrecord_file_that_begins_with_gzips_magic_is_read_as_tfrecord() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // An Example whose serialized size is 0x8b1f: one float feature padded by an unused bytes one.
+    let base = example(&[("x", Value::Floats(&[1.0, 2.0])), ("label", Value::Ints(&[1]))]);
+    // The padding feature's size that makes the whole Example 35,615 bytes (its length prefixes
+    // grow with it, so it is found by trying).
+    let big = (0..0x8b1f)
+        .map(|n| example_with_padding(&base, n))
+        .find(|e| e.len() == 0x8b1f)
+        .expect("an Example of 35,615 bytes");
+    let bytes = file_of(&[big, record(1), record(2)]);
+    assert_eq!(&bytes[..2], &[0x1f, 0x8b]);
+    write(dir.path(), "magic.tfrecord", &bytes);
+    let c = config(dir.path(), "\"magic.tfrecord\"", "max_errors = 10");
+    let (mbs, stderr, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_eq!(code, 0, "{stderr}");
+    let ys: Vec<serde_json::Value> =
+        mbs.iter().flat_map(|m| m["streams"]["y"]["sequences"].as_array().expect("ys").clone()).collect();
+    assert_eq!(ys, vec![serde_json::json!([[1.0]]), serde_json::json!([[1.0]]), serde_json::json!([[2.0]])]);
+    let c = config(dir.path(), "\"magic.tfrecord\"", "compression = \"gzip\"");
+    let (_, stderr, code) = dump(&c, &["--full-sweep"]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("invalid gzip data"), "{stderr}");
+}
+
+/// `base` (a serialized Example) with one more feature, `pad`, holding `n` bytes.
+fn example_with_padding(base: &[u8], n: usize) -> Vec<u8> {
+    fn varint(mut v: usize, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push(u8::try_from(v & 0x7f).expect("7 bits") | 0x80);
+            v >>= 7;
+        }
+        out.push(u8::try_from(v).expect("7 bits"));
+    }
+    fn field(number: usize, payload: &[u8], out: &mut Vec<u8>) {
+        varint(number << 3 | 2, out);
+        varint(payload.len(), out);
+        out.extend_from_slice(payload);
+    }
+    // Example { features (1) { feature (1) map entry { key (1) "pad", value (2) Feature { bytes_list (1) { value (1) n bytes } } } } }
+    let mut bytes_list = Vec::new();
+    field(1, &vec![0u8; n], &mut bytes_list);
+    let mut feature = Vec::new();
+    field(1, &bytes_list, &mut feature);
+    let mut entry = Vec::new();
+    field(1, b"pad", &mut entry);
+    field(2, &feature, &mut entry);
+    let mut features = Vec::new();
+    field(1, &entry, &mut features);
+    let mut extra = Vec::new();
+    field(1, &features, &mut extra);
+    // Concatenated messages merge: `features` is a message field, so its entries add up.
+    let mut out = base.to_vec();
+    out.extend(extra);
+    out
+}

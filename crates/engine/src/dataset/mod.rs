@@ -27,12 +27,13 @@ use crate::format::errors::{DataError, ErrorBudget, Malformed};
 use crate::format::fixed::RawDecoder;
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
+use crate::format::inflate::Compression;
 use crate::format::parsed_cache::ParsedCache;
 use crate::format::record::{
     CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, StreamBufDecoder,
     TfRecordReader,
 };
-use crate::format::tfrecord::example::ExampleDecoder;
+use crate::format::tfrecord::{self, example::ExampleDecoder};
 use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
@@ -1062,8 +1063,15 @@ fn readable_inputs(
 ) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
     let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
     let mut versions = Vec::with_capacity(inputs.len());
-    let compression = config.compression;
     for input in inputs {
+        let compression = match config.compression {
+            // A TFRecord file whose first record's length begins with gzip's magic bytes is still
+            // plain TFRecord when its header's CRC holds.
+            Compression::Auto if config.format == FormatKind::TfRecord && plain_tfrecord(input, remote)? => {
+                Compression::None
+            }
+            other => other,
+        };
         let copy = match &input.object {
             None => Some(inflate::readable_path_as(&input.name, compression, state_dir, &config.inflate)?)
                 .filter(|c| *c != input.name),
@@ -1084,6 +1092,28 @@ fn readable_inputs(
         }
     }
     Ok((data, versions))
+}
+
+/// Whether `input` starts with a valid TFRecord header ([`tfrecord::starts_with_frame`]).
+///
+/// # Errors
+/// I/O and object-storage errors reading its first bytes.
+fn plain_tfrecord(input: &Input, remote: Option<&Remote>) -> Result<bool> {
+    use std::io::Read as _;
+    let mut head = Vec::with_capacity(tfrecord::HEADER_BYTES);
+    match &input.object {
+        None => {
+            let f = minibatchd_sys::files::open_regular(&input.name).map_err(|e| DataError::io(&input.name, e))?;
+            f.take(tfrecord::HEADER_BYTES as u64).read_to_end(&mut head).map_err(|e| DataError::io(&input.name, e))?;
+        }
+        Some(object) => {
+            let r = remote::require(remote, &input.name)?;
+            r.store
+                .read_range(object, 0, object.size.min(tfrecord::HEADER_BYTES as u64), &mut head)
+                .map_err(crate::remote::RemoteError::into_data)?;
+        }
+    }
+    Ok(tfrecord::starts_with_frame(&head))
 }
 
 /// The bytes the index pass reads from `data` (a decompressed copy's, not its `.gz`'s), for

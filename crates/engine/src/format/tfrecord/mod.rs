@@ -355,6 +355,16 @@ pub fn frame_data<'a>(frame: &'a [u8], at: &Location) -> Result<&'a [u8], Malfor
     Ok(data)
 }
 
+/// Whether `head` (a file's first bytes) starts with a TFRecord header whose length CRC holds:
+/// such a file is a plain TFRecord file even when its first two bytes happen to be gzip's magic
+/// (a first record of 35,615 bytes, or any length with those low bytes), which gzip data almost
+/// never is (the CRC holds by chance once in 2^32).
+#[must_use]
+pub fn starts_with_frame(head: &[u8]) -> bool {
+    let (Some(len), Some(crc)) = (head.get(..8), head.get(8..12)) else { return false };
+    crc.try_into().is_ok_and(|c: [u8; 4]| u32::from_le_bytes(c) == masked_crc32c(len))
+}
+
 /// A TFRecord frame around `data` (for tests and tools that write records).
 #[must_use]
 pub fn frame(data: &[u8]) -> Vec<u8> {
