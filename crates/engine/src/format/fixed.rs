@@ -28,7 +28,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::stream_buf::StreamBufDecoder;
+use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
 
@@ -174,7 +174,7 @@ impl StreamBufDecoder for RawDecoder {
             .map(|s| {
                 let mut b = StreamBuf::new();
                 b.seq_offsets.reserve(records);
-                b.values.reserve(records.saturating_mul(s.dim));
+                b.values.reserve(records.saturating_mul(s.dim).min(MAX_RESERVED_VALUES));
                 b
             })
             .collect()

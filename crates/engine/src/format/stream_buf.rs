@@ -8,6 +8,11 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{Location, Malformed};
 
+/// Most values a stream's buffer reserves before its chunk is decoded: beyond it the buffer grows
+/// as values come (within the chunk's memory share, checked record by record), so a chunk of many
+/// records that hold nothing — empty lines of a CSV file of wide rows — reserves no more than this.
+pub const MAX_RESERVED_VALUES: usize = 1 << 22;
+
 /// A decoder whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time —
 /// the Example, raw and CSV decoders. Implementing it makes a decoder a
 /// `crate::format::record::RecordDecoder`.

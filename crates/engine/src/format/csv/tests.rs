@@ -145,6 +145,15 @@ fn records_fill_streams_with_defaults_required_columns_and_crs_dropped() {
 }
 
 #[test]
+fn a_chunk_of_empty_lines_with_wide_rows_reserves_a_bounded_buffer() {
+    // 33 million records of a 65,536-column stream would be 2^41 values reserved up front.
+    let columns: Vec<usize> = (0..65_536).collect();
+    let d = decoder(65_536, vec![stream("wide", CsvType::F32, &columns, None)]);
+    let out = StreamBufDecoder::buffers::<f32>(&d, 33_554_432);
+    assert!(out[0].values.capacity() <= crate::format::stream_buf::MAX_RESERVED_VALUES);
+}
+
+#[test]
 fn an_integer_the_precision_cannot_hold_is_malformed() {
     let d = decoder(1, vec![stream("id", CsvType::I64, &[0], None)]);
     let (v, errors, _) = decode(&d, &["16777216", "16777217", "1099511627776"]);
