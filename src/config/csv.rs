@@ -13,9 +13,10 @@
 //! | stream `default` | — | the value of a missing field; without it the columns are required |
 
 use minibatchd_engine::format::csv::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
-use minibatchd_engine::options::{CsvConfig, StreamConfig, StreamFormat};
+use minibatchd_engine::options::{CsvConfig, StreamConfig};
 use serde_json::Value;
 
+use super::dense_streams;
 use super::walk::{Node, Table, Walker};
 
 /// Most fields per record.
@@ -42,35 +43,16 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>) -> Option<(Vec<StreamConf
     };
     let use_quote_delim = t.boolean(w, "use_quote_delim").unwrap_or(true);
     let na_value = t.string(w, "na_value").unwrap_or_default().into_bytes();
-    let Some(node) = t.take("streams") else {
-        w.issue(&t.key_path("streams"), "missing: a csv dataset needs at least one stream (some of its columns)");
-        return None;
-    };
-    let mut st = w.table(&node)?;
-    let (mut configs, mut streams) = (Vec::new(), Vec::new());
-    let mut ok = true;
-    for (name, n) in st.drain() {
-        match stream(w, &name, &n, columns) {
-            Some(s) => {
-                configs.push(StreamConfig {
-                    name: name.clone(),
-                    alias: name.clone(),
-                    dim: s.columns.len(),
-                    format: StreamFormat::Dense,
-                    defines_mb_size: false,
-                });
-                streams.push(s);
-            }
-            None => ok = false,
-        }
-    }
-    w.finish(st);
-    if streams.is_empty() && ok {
-        w.issue(node.path(), "expected at least one stream");
-        return None;
-    }
+    let streams =
+        dense_streams(w, t, "missing: a csv dataset needs at least one stream (some of its columns)", |w, name, n| {
+            stream(w, name, n, columns).map(|s| {
+                let dim = s.columns.len();
+                (s, dim)
+            })
+        });
     let options = CsvOptions { columns: columns?, field_delim: field_delim?, use_quote_delim, na_value };
-    ok.then_some((configs, CsvConfig { layout: CsvLayout { skip_header_lines }, options, streams }))
+    let (configs, streams) = streams?;
+    Some((configs, CsvConfig { layout: CsvLayout { skip_header_lines }, options, streams }))
 }
 
 fn stream(w: &mut Walker, name: &str, node: &Node<'_>, columns: Option<usize>) -> Option<CsvStream> {

@@ -11,8 +11,9 @@
 //! | stream `little_endian` | true | byte order of the values |
 
 use minibatchd_engine::format::fixed::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
-use minibatchd_engine::options::{FixedConfig, StreamConfig, StreamFormat};
+use minibatchd_engine::options::{FixedConfig, StreamConfig};
 
+use super::dense_streams;
 use super::walk::{Node, Table, Walker};
 use super::MAX_DENSE_DIM;
 
@@ -25,38 +26,20 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>) -> Option<(Vec<StreamConf
     }
     let header_bytes = t.uint(w, "header_bytes", 0, u64::MAX / 4).unwrap_or(0);
     let footer_bytes = t.uint(w, "footer_bytes", 0, u64::MAX / 4).unwrap_or(0);
-    let Some(node) = t.take("streams") else {
-        w.issue(
-            &t.key_path("streams"),
-            "missing: a fixed_length dataset needs at least one stream (a slice of its records)",
-        );
-        return None;
-    };
-    let mut st = w.table(&node)?;
-    let (mut configs, mut streams) = (Vec::new(), Vec::new());
-    let mut ok = true;
-    for (name, n) in st.drain() {
-        match stream(w, &name, &n, record_bytes) {
-            Some(s) => {
-                configs.push(StreamConfig {
-                    name: name.clone(),
-                    alias: name.clone(),
-                    dim: s.dim,
-                    format: StreamFormat::Dense,
-                    defines_mb_size: false,
-                });
-                streams.push(s);
-            }
-            None => ok = false,
-        }
-    }
-    w.finish(st);
-    if streams.is_empty() && ok {
-        w.issue(node.path(), "expected at least one stream");
-        return None;
-    }
+    let streams = dense_streams(
+        w,
+        t,
+        "missing: a fixed_length dataset needs at least one stream (a slice of its records)",
+        |w, name, n| {
+            stream(w, name, n, record_bytes).map(|s| {
+                let dim = s.dim;
+                (s, dim)
+            })
+        },
+    );
     let layout = FixedLengthOptions { record_bytes: record_bytes?, header_bytes, footer_bytes };
-    ok.then_some((configs, FixedConfig { layout, streams }))
+    let (configs, streams) = streams?;
+    Some((configs, FixedConfig { layout, streams }))
 }
 
 fn stream(w: &mut Walker, name: &str, node: &Node<'_>, record_bytes: Option<u32>) -> Option<RawStream> {

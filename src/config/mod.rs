@@ -529,6 +529,44 @@ fn with_streams<T>(parsed: Option<Option<(Vec<StreamConfig>, T)>>, sources: &mut
     }
 }
 
+/// A format's `streams` table of dense streams (fixed-length slices, CSV columns): each entry
+/// read by `stream` into its options and `dim`; the stream configs and the options, in name
+/// order. `missing` says what a dataset without the table lacks. `None` after an issue.
+pub(crate) fn dense_streams<S>(
+    w: &mut Walker,
+    t: &mut walk::Table<'_>,
+    missing: &str,
+    mut stream: impl FnMut(&mut Walker, &str, &Node<'_>) -> Option<(S, usize)>,
+) -> Option<(Vec<StreamConfig>, Vec<S>)> {
+    let Some(node) = t.take("streams") else {
+        w.issue(&t.key_path("streams"), missing);
+        return None;
+    };
+    let mut st = w.table(&node)?;
+    let (mut configs, mut streams) = (Vec::new(), Vec::new());
+    let mut ok = true;
+    for (name, n) in st.drain() {
+        if let Some((s, dim)) = stream(w, &name, &n) {
+            configs.push(StreamConfig {
+                name: name.clone(),
+                alias: name,
+                dim,
+                format: StreamFormat::Dense,
+                defines_mb_size: false,
+            });
+            streams.push(s);
+        } else {
+            ok = false;
+        }
+    }
+    w.finish(st);
+    if streams.is_empty() && ok {
+        w.issue(node.path(), "expected at least one stream");
+        return None;
+    }
+    ok.then_some((configs, streams))
+}
+
 /// `compression`: how the inputs are compressed; not for CTF (read as it is), none by default for
 /// `fixed_length` (binary records may begin with gzip's magic), else gzip recognised by its magic.
 fn parse_compression(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<FormatKind>) -> Compression {

@@ -200,9 +200,9 @@ impl Dataset {
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
-            FormatKind::TfRecord => Self::open_tfrecord(config, state_dir, limits, r, progress),
-            FormatKind::FixedLength => Self::open_fixed(config, state_dir, limits, r, progress),
-            FormatKind::Csv => Self::open_csv(config, state_dir, limits, r, progress),
+            FormatKind::TfRecord | FormatKind::FixedLength | FormatKind::Csv => {
+                Self::open_records(config, state_dir, limits, r, progress)
+            }
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
         ds.remote = remote;
@@ -348,80 +348,46 @@ impl Dataset {
         Self::assemble(config, vec![source], Some(chunks), None, streams)
     }
 
-    /// A TFRecord dataset of `tf.train.Example` records: one source, every record a sequence of
-    /// one sample.
-    fn open_tfrecord(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        limits: IndexLimits,
-        remote: Option<&Remote>,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self> {
-        let features = config.tfrecord.as_deref().ok_or_else(|| {
-            DataError::Dataset(format!("dataset '{}': a tfrecord dataset without features", config.name))
-        })?;
-        let decoder = ExampleDecoder::new(features);
-        let streams = decoder.specs();
-        // A GZIP TFRecord file (TensorFlow's compression_type="GZIP") is read from its copy.
-        Self::open_records(
-            config,
-            state_dir,
-            limits,
-            remote,
-            progress,
-            &TfRecordReader,
-            SourceDecoder::Example(decoder),
-            streams,
-        )
+    /// The reader, decoder and streams of a single-source record format: TFRecord of
+    /// `tf.train.Example`s, fixed-length records, CSV — every record a sequence of one sample.
+    fn record_format(config: &DatasetConfig) -> Result<(Box<dyn RecordReader>, SourceDecoder, Vec<StreamSpec>)> {
+        let missing = |what: &str| DataError::Dataset(format!("dataset '{}': a {what}", config.name));
+        Ok(match config.format {
+            FormatKind::TfRecord => {
+                let features =
+                    config.tfrecord.as_deref().ok_or_else(|| missing("tfrecord dataset without features"))?;
+                let decoder = ExampleDecoder::new(features);
+                let streams = decoder.specs();
+                (Box::new(TfRecordReader), SourceDecoder::Example(decoder), streams)
+            }
+            FormatKind::FixedLength => {
+                let fixed = config.fixed.as_ref().ok_or_else(|| missing("fixed_length dataset without its layout"))?;
+                let decoder = RawDecoder::new(fixed.streams.clone());
+                let streams = decoder.specs();
+                (Box::new(FixedLengthReader(fixed.layout)), SourceDecoder::Raw(decoder), streams)
+            }
+            FormatKind::Csv => {
+                let csv = config.csv.as_ref().ok_or_else(|| missing("csv dataset without its columns"))?;
+                let decoder = CsvDecoder::new(csv.options.clone(), csv.streams.clone());
+                let streams = decoder.specs();
+                (Box::new(CsvReader(csv.layout)), SourceDecoder::Csv(decoder), streams)
+            }
+            other => {
+                return Err(DataError::Dataset(format!("dataset '{}': {other:?} is not a record format", config.name)))
+            }
+        })
     }
 
-    /// A dataset of fixed-length records: one source, every record a sequence of one sample.
-    fn open_fixed(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        limits: IndexLimits,
-        remote: Option<&Remote>,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self> {
-        let fixed = config.fixed.as_ref().ok_or_else(|| {
-            DataError::Dataset(format!("dataset '{}': a fixed_length dataset without its layout", config.name))
-        })?;
-        let decoder = RawDecoder::new(fixed.streams.clone());
-        let streams = decoder.specs();
-        let reader = FixedLengthReader(fixed.layout);
-        Self::open_records(config, state_dir, limits, remote, progress, &reader, SourceDecoder::Raw(decoder), streams)
-    }
-
-    /// A CSV dataset: one source, every line (after the header) a sequence of one sample.
-    fn open_csv(
-        config: &DatasetConfig,
-        state_dir: &Path,
-        limits: IndexLimits,
-        remote: Option<&Remote>,
-        progress: &mut dyn FnMut(IndexProgress),
-    ) -> Result<Self> {
-        let csv = config.csv.as_ref().ok_or_else(|| {
-            DataError::Dataset(format!("dataset '{}': a csv dataset without its columns", config.name))
-        })?;
-        let decoder = CsvDecoder::new(csv.options.clone(), csv.streams.clone());
-        let streams = decoder.specs();
-        let reader = CsvReader(csv.layout);
-        Self::open_records(config, state_dir, limits, remote, progress, &reader, SourceDecoder::Csv(decoder), streams)
-    }
-
-    /// A dataset of one source whose files `reader` splits into records that `decoder` decodes
-    /// (gzip inputs read from their decompressed copies).
-    #[allow(clippy::too_many_arguments)] // the open's context, then the format's two halves
+    /// A dataset of one source whose files its format's reader splits into records that its
+    /// decoder decodes ([`Dataset::record_format`]; compressed inputs read from their copies).
     fn open_records(
         config: &DatasetConfig,
         state_dir: &Path,
         limits: IndexLimits,
         remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
-        reader: &dyn RecordReader,
-        decoder: SourceDecoder,
-        streams: Vec<StreamSpec>,
     ) -> Result<Self> {
+        let (reader, decoder, streams) = Self::record_format(config)?;
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
         let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
@@ -435,7 +401,7 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = index_input(reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            let idx = index_input(&*reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;

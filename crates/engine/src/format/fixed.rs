@@ -27,7 +27,9 @@ use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
-use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::index::{
+    index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
+};
 use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
@@ -46,9 +48,7 @@ pub fn index_file(
     limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
-    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&name, e))?;
-    let size = file.metadata().map_err(|e| DataError::io(&name, e))?.len();
-    index_reader(file, name, size, options, limits, progress)
+    index_local(data, &name.clone(), |file, size| index_reader(file, name, size, options, limits, progress))
 }
 
 /// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
@@ -95,15 +95,7 @@ pub fn index_reader(
         read += n as u64;
         progress(read);
     }
-    if read != size {
-        return Err(DataError::io(
-            &name,
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("read {read} bytes of a file of {size} (changed while it was indexed?)"),
-            ),
-        ));
-    }
+    read_as_sized(&name, read, size)?;
     Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
 }
 

@@ -458,6 +458,38 @@ pub fn build_chunks(files: &[FileIndex], chunk_size_bytes: u64) -> Vec<ChunkDesc
     chunks
 }
 
+/// Opens the local file `data` (named `name` in errors) and hands it, with its size, to `index`:
+/// the `index_file` of a format whose pass reads one stream (CSV, fixed-length records).
+///
+/// # Errors
+/// I/O errors opening the file, and what `index` returns.
+pub(crate) fn index_local(
+    data: &Path,
+    name: &Arc<Path>,
+    index: impl FnOnce(std::fs::File, u64) -> Result<FileIndex, DataError>,
+) -> Result<FileIndex, DataError> {
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(name, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(name, e))?.len();
+    index(file, size)
+}
+
+/// An error when a pass read `read` bytes of a file of `size`: it changed while it was indexed.
+///
+/// # Errors
+/// `read != size`.
+pub(crate) fn read_as_sized(name: &Arc<Path>, read: u64, size: u64) -> Result<(), DataError> {
+    if read == size {
+        return Ok(());
+    }
+    Err(DataError::io(
+        name,
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("read {read} bytes of a file of {size} (changed while it was indexed?)"),
+        ),
+    ))
+}
+
 /// Fills `buf` from `reader` as far as it can (short only at the end of the input); the index
 /// passes read fixed-size blocks with it.
 ///

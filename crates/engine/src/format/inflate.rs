@@ -140,23 +140,39 @@ pub fn readable_path_as(
     state_dir: &Path,
     limits: &InflateLimits,
 ) -> Result<PathBuf, DataError> {
-    let gzip = || is_gzip(source).map_err(|e| DataError::io(source, e));
-    let codec = match compression {
-        Compression::None => return Ok(source.to_owned()),
-        Compression::Auto if !gzip()? => return Ok(source.to_owned()),
-        Compression::Gzip if !gzip()? => {
-            return Err(DataError::Dataset(format!(
-                "{}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes 1f 8b",
-                source.display()
-            )))
-        }
-        Compression::Auto | Compression::Gzip => Codec::Gzip,
-        Compression::Zlib => Codec::Zlib,
+    let Some(codec) = codec_for(compression, &source.display().to_string(), || {
+        is_gzip(source).map_err(|e| DataError::io(source, e))
+    })?
+    else {
+        return Ok(source.to_owned());
     };
     let stamp = FileStamp::of(source).map_err(|e| DataError::io(source, e))?;
     inflated_copy(source, &stamp, codec, state_dir, limits, &mut || {
         let f = minibatchd_sys::files::open_regular(source).map_err(|e| DataError::io(source, e))?;
         Ok(Box::new(f))
+    })
+}
+
+/// How an input named `name` is decompressed, as `compression` says: `None` when it is read as
+/// it is; `gzip` tells whether it starts with gzip's magic (asked only when needed).
+///
+/// # Errors
+/// What `gzip` returns; `Gzip` data without the magic.
+pub(crate) fn codec_for(
+    compression: Compression,
+    name: &str,
+    gzip: impl FnOnce() -> Result<bool, DataError>,
+) -> Result<Option<Codec>, DataError> {
+    Ok(match compression {
+        Compression::None => None,
+        Compression::Zlib => Some(Codec::Zlib),
+        Compression::Auto => gzip()?.then_some(Codec::Gzip),
+        Compression::Gzip if gzip()? => Some(Codec::Gzip),
+        Compression::Gzip => {
+            return Err(DataError::Dataset(format!(
+                "{name}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes 1f 8b"
+            )))
+        }
     })
 }
 

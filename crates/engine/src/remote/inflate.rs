@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::{shared_index_stamp, ObjectMeta, Remote, RemoteError};
 use crate::format::errors::DataError;
-use crate::format::inflate::{inflated_copy, Codec, Compression, GZIP_MAGIC};
+use crate::format::inflate::{codec_for, inflated_copy, Compression, GZIP_MAGIC};
 use crate::options::InflateLimits;
 
 /// The decompressed copy of the object `object` as `compression` says (`Auto`: if it is gzip
@@ -27,18 +27,7 @@ pub fn inflated_object(
         remote.store.read_range(object, 0, object.size.min(2), &mut magic).map_err(RemoteError::into_data)?;
         Ok(magic == GZIP_MAGIC)
     };
-    let codec = match compression {
-        Compression::None => return Ok(None),
-        Compression::Auto if !gzip()? => return Ok(None),
-        Compression::Gzip if !gzip()? => {
-            return Err(DataError::Dataset(format!(
-                "{}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes 1f 8b",
-                object.url
-            )))
-        }
-        Compression::Auto | Compression::Gzip => Codec::Gzip,
-        Compression::Zlib => Codec::Zlib,
-    };
+    let Some(codec) = codec_for(compression, &object.url, gzip)? else { return Ok(None) };
     let stamp = shared_index_stamp(object);
     let name = PathBuf::from(&object.url);
     inflated_copy(&name, &stamp, codec, state_dir, limits, &mut || {
