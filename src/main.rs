@@ -88,7 +88,7 @@ struct DumpArgs {
     /// A mixture of datasets (`[mixtures.NAME]`) instead of a dataset: each line names the source
     /// of each sequence and ends with the state to restore from (`--restore-state`).
     #[arg(long, conflicts_with_all = [
-        "max_sweeps", "full_sweep", "equal_steps", "sweep", "randomize", "window_chunks",
+        "max_sweeps", "full_sweep", "equal_steps", "randomize", "window_chunks",
         "window_samples", "seed", "frame_mode", "restore", "restore_before",
     ])]
     mixture: Option<String>,
@@ -417,13 +417,16 @@ fn dump_mixture(c: &Config, args: &DumpArgs) -> anyhow::Result<ExitCode> {
         minibatch_sizes: sizes,
         num_minibatches: args.num_minibatches,
         restore,
+        epoch: args.sweep,
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::with_capacity(1 << 20, stdout.lock());
     if args.ledger {
         mixture::ledger(&datasets, &options, &mut out)?;
     } else {
-        let layout = mixture::stream_layout(&m.datasets, &datasets, &m.streams)?;
+        let refs: Vec<&_> = datasets.iter().collect();
+        let layout = minibatchd::config::mixture::stream_layout(&m.datasets, &refs, &m.streams)
+            .map_err(minibatchd::dump::DumpError::Mixture)?;
         mixture::dump(&datasets, &layout, &options, &mut out)?;
     }
     Ok(ExitCode::SUCCESS)

@@ -12,7 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use minibatchd_engine::sampling::mixture::{MixtureEpoch, WeightSchedule, WeightStage, Weights, MAX_SOURCES};
+use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::sampling::mixture::{
+    MixtureEpoch, MixtureSource, WeightSchedule, WeightStage, Weights, MAX_SOURCES,
+};
 use serde_json::Value;
 
 use super::walk::{Node, Walker};
@@ -230,4 +233,77 @@ fn stream_map(w: &mut Walker, node: &Node<'_>, sources: Option<usize>) -> Option
         ok = false;
     }
     ok.then_some(out)
+}
+
+/// The sources of a mixture of `datasets` (in source order), each sampled by its own dataset's
+/// `[sampling]` table.
+#[must_use]
+pub fn sources_of(datasets: &[&Dataset]) -> Vec<MixtureSource> {
+    datasets
+        .iter()
+        .map(|d| MixtureSource {
+            timeline: d.timeline().clone(),
+            randomize: d.config().sampling.randomize,
+            window: d.config().sampling.window,
+            seed: d.config().sampling.seed,
+        })
+        .collect()
+}
+
+/// How a mixture's streams come from its datasets' streams: the mixture's stream names and
+/// shapes, and for each dataset the index of its stream that fills each of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLayout {
+    /// The mixture's streams, in order.
+    pub names: Vec<String>,
+    /// Their shapes (every dataset's stream has the same).
+    pub shapes: Vec<minibatchd_engine::minibatch::StreamShape>,
+    /// Per dataset, per mixture stream: the dataset's stream index.
+    pub order: Vec<Vec<usize>>,
+}
+
+/// The mixture's stream layout: `map` (`[mixtures.NAME.streams]`), or when it is empty the first
+/// dataset's streams, looked up by name in every dataset.
+///
+/// # Errors
+/// A message: a stream a dataset does not have, or datasets whose streams filling one mixture stream differ
+/// in kind, dimension or precision — naming the stream and the datasets.
+pub fn stream_layout(
+    names_of_datasets: &[String],
+    datasets: &[&Dataset],
+    map: &BTreeMap<String, Vec<String>>,
+) -> Result<StreamLayout, String> {
+    let names: Vec<String> =
+        if map.is_empty() { datasets[0].stream_names().to_vec() } else { map.keys().cloned().collect() };
+    let mut order = Vec::with_capacity(datasets.len());
+    for (s, d) in datasets.iter().enumerate() {
+        let mut mine = Vec::with_capacity(names.len());
+        for name in &names {
+            let wanted = map.get(name).and_then(|v| v.get(s)).unwrap_or(name);
+            let Some(i) = d.stream_names().iter().position(|n| n == wanted) else {
+                return Err(format!(
+                    "dataset '{}' has no stream '{wanted}' (its streams: {}){}",
+                    names_of_datasets[s],
+                    d.stream_names().join(", "),
+                    if map.is_empty() { "; map the datasets' streams with [mixtures.NAME.streams]" } else { "" }
+                ));
+            };
+            mine.push(i);
+        }
+        order.push(mine);
+    }
+    let first = datasets[0].stream_shapes();
+    let shapes: Vec<_> = order[0].iter().map(|&i| first[i]).collect();
+    for (s, d) in datasets.iter().enumerate().skip(1) {
+        let theirs = d.stream_shapes();
+        for (k, &i) in order[s].iter().enumerate() {
+            if theirs[i] != shapes[k] {
+                return Err(format!(
+                    "stream '{}' of the mixture: dataset '{}' gives {:?}, dataset '{}' gives {:?} (the streams mixed into one must have the same kind, dimension and precision)",
+                    names[k], names_of_datasets[0], shapes[k], names_of_datasets[s], theirs[i]
+                ));
+            }
+        }
+    }
+    Ok(StreamLayout { names, shapes, order })
 }

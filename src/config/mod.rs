@@ -13,7 +13,7 @@
 mod csv;
 mod deepx;
 mod fixed;
-mod mixture;
+pub mod mixture;
 mod tfrecord;
 pub(crate) mod walk;
 

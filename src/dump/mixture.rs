@@ -14,8 +14,10 @@ use minibatchd_engine::dataset::Dataset;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::minibatch::gather_mixture;
 use minibatchd_engine::sampling::mixture::{
-    Mixture, MixtureError, MixtureOptions, MixturePlan, MixtureSource, MixtureState, SourceState, MAX_SOURCES,
+    Mixture, MixtureError, MixtureOptions, MixturePlan, MixtureState, SourceState, MAX_SOURCES, MAX_WALK_SLOTS,
 };
+
+use crate::config::mixture::{sources_of, StreamLayout};
 
 use super::{write_streams, DumpError};
 
@@ -30,25 +32,18 @@ pub struct MixtureDumpOptions {
     pub num_minibatches: Option<u64>,
     /// Start from this state (a `state` a previous line printed).
     pub restore: Option<MixtureState>,
-}
-
-/// The sources of a mixture of `datasets` (in source order), each sampled by its own dataset's
-/// `[sampling]` table.
-#[must_use]
-pub fn sources_of(datasets: &[Dataset]) -> Vec<MixtureSource> {
-    datasets
-        .iter()
-        .map(|d| MixtureSource {
-            timeline: d.timeline().clone(),
-            randomize: d.config().sampling.randomize,
-            window: d.config().sampling.window,
-            seed: d.config().sampling.seed,
-        })
-        .collect()
+    /// Start at this epoch (`--sweep K`): the epochs before it walked with the first minibatch
+    /// size, as a daemon session's `sweep` does; then `restore`, if given.
+    pub epoch: Option<u64>,
 }
 
 fn mixture_of(datasets: &[Dataset], options: &MixtureDumpOptions) -> Result<Mixture, DumpError> {
-    let mut mixture = Mixture::new(&sources_of(datasets), options.mixture.clone())?;
+    let refs: Vec<&Dataset> = datasets.iter().collect();
+    let mut mixture = Mixture::new(&sources_of(&refs), options.mixture.clone())?;
+    if let Some(k) = options.epoch {
+        let size = options.minibatch_sizes.first().copied().unwrap_or(1);
+        mixture.skip_epochs(k, size, MAX_WALK_SLOTS)?;
+    }
     if let Some(state) = &options.restore {
         mixture.restore(state)?;
     }
@@ -97,64 +92,6 @@ pub fn ledger(datasets: &[Dataset], options: &MixtureDumpOptions, out: &mut dyn 
     Ok(n)
 }
 
-/// How a mixture's streams come from its datasets' streams: the mixture's stream names and
-/// shapes, and for each dataset the index of its stream that fills each of them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StreamLayout {
-    /// The mixture's streams, in order.
-    pub names: Vec<String>,
-    /// Their shapes (every dataset's stream has the same).
-    pub shapes: Vec<minibatchd_engine::minibatch::StreamShape>,
-    /// Per dataset, per mixture stream: the dataset's stream index.
-    pub order: Vec<Vec<usize>>,
-}
-
-/// The mixture's stream layout: `map` (`[mixtures.NAME.streams]`), or when it is empty the first
-/// dataset's streams, looked up by name in every dataset.
-///
-/// # Errors
-/// A stream a dataset does not have, or datasets whose streams filling one mixture stream differ
-/// in kind, dimension or precision — naming the stream and the datasets.
-pub fn stream_layout(
-    names_of_datasets: &[String],
-    datasets: &[Dataset],
-    map: &std::collections::BTreeMap<String, Vec<String>>,
-) -> Result<StreamLayout, DumpError> {
-    let names: Vec<String> =
-        if map.is_empty() { datasets[0].stream_names().to_vec() } else { map.keys().cloned().collect() };
-    let mut order = Vec::with_capacity(datasets.len());
-    for (s, d) in datasets.iter().enumerate() {
-        let mut mine = Vec::with_capacity(names.len());
-        for name in &names {
-            let wanted = map.get(name).and_then(|v| v.get(s)).unwrap_or(name);
-            let Some(i) = d.stream_names().iter().position(|n| n == wanted) else {
-                return Err(DumpError::Mixture(format!(
-                    "dataset '{}' has no stream '{wanted}' (its streams: {}){}",
-                    names_of_datasets[s],
-                    d.stream_names().join(", "),
-                    if map.is_empty() { "; map the datasets' streams with [mixtures.NAME.streams]" } else { "" }
-                )));
-            };
-            mine.push(i);
-        }
-        order.push(mine);
-    }
-    let first = datasets[0].stream_shapes();
-    let shapes: Vec<_> = order[0].iter().map(|&i| first[i]).collect();
-    for (s, d) in datasets.iter().enumerate().skip(1) {
-        let theirs = d.stream_shapes();
-        for (k, &i) in order[s].iter().enumerate() {
-            if theirs[i] != shapes[k] {
-                return Err(DumpError::Mixture(format!(
-                    "stream '{}' of the mixture: dataset '{}' gives {:?}, dataset '{}' gives {:?} (the streams mixed into one must have the same kind, dimension and precision)",
-                    names[k], names_of_datasets[0], shapes[k], names_of_datasets[s], theirs[i]
-                )));
-            }
-        }
-    }
-    Ok(StreamLayout { names, shapes, order })
-}
-
 /// Writes the mixture's minibatches with their data, in the streams of `layout`.
 ///
 /// # Errors
@@ -177,15 +114,12 @@ pub fn dump(
                 for m in &fresh {
                     tracing::warn!("{m}");
                 }
-                let parsed = parsed.with_streams(&layout.order[s]).ok_or_else(|| {
-                    DumpError::Mixture(format!("chunk {} of source {s} lacks a stream of the mixture", r.seq.chunk))
-                })?;
                 e.insert(Arc::new(parsed));
             }
         }
         let mut sources: Vec<&mut dyn minibatchd_engine::minibatch::ChunkSource> =
             held.iter_mut().map(|h| h as &mut dyn minibatchd_engine::minibatch::ChunkSource).collect();
-        let g = gather_mixture(index, plan, &layout.shapes, &timelines, &mut sources)?;
+        let g = gather_mixture(index, plan, &layout.shapes, &timelines, &layout.order, &mut sources)?;
         let mb = g.to_minibatch();
         for &(s, c) in &plan.retire {
             held[s as usize].remove(&c);

@@ -46,6 +46,9 @@ fn i64_of(x: usize) -> i64 {
 struct Piece {
     /// Index into [`Gathered::chunks`].
     chunk: usize,
+    /// Index of the stream in that chunk (a mixture's sources may order their streams
+    /// differently: [`gather_mixture`]).
+    stream: usize,
     /// Sample range in the chunk's stream.
     s0: usize,
     s1: usize,
@@ -66,7 +69,7 @@ enum Shape {
 #[derive(Debug, Clone)]
 struct GatheredStream {
     shape: Shape,
-    /// Index of the stream in each chunk.
+    /// Index of the stream in the minibatch.
     index: usize,
     pieces: Vec<Piece>,
     samples: usize,
@@ -183,46 +186,50 @@ pub fn gather(
         }
         located.push((at, local));
     }
-    assemble(index, plan, shapes, frame_mode, held, &located)
+    assemble(index, plan, shapes, frame_mode, held, &located, &[])
 }
 
 /// A mixture's minibatch ([`crate::sampling::mixture`]) from the chunks of its sources: sequence
 /// `i` of `plan` comes from source `plan.sequences[i].source`, whose timeline is `timelines[s]`
-/// and whose chunks `chunks[s]` gives — each already in the mixture's stream layout (`shapes`,
-/// the same streams in the same order for every source). The minibatch's fingerprint is the
-/// mixture's; its position is the number of slots taken.
+/// and whose chunks `chunks[s]` gives, each in its dataset's own streams; stream `k` of the
+/// minibatch is stream `orders[s][k]` of source `s`'s chunks (read in place, nothing moved or
+/// copied before the slot). The minibatch's fingerprint is the mixture's; its position is the
+/// number of slots taken.
 ///
 /// # Errors
 /// A chunk that cannot be loaded, a sequence of a source that `plan` does not have, or a chunk
-/// not in the mixture's stream layout.
+/// without a stream its order names.
 pub fn gather_mixture(
     index: u64,
     plan: &crate::sampling::mixture::MixturePlan,
     shapes: &[StreamShape],
     timelines: &[&Timeline],
+    orders: &[Vec<usize>],
     chunks: &mut [&mut dyn ChunkSource],
 ) -> Result<Gathered> {
     let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
+    let mut maps: Vec<&[usize]> = Vec::new();
     let mut local_of: HashMap<(u32, u32), usize> = HashMap::new();
     let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
     for r in &plan.sequences {
         let s = r.source as usize;
-        let (Some(timeline), Some(source)) = (timelines.get(s), chunks.get_mut(s)) else {
+        let (Some(timeline), Some(order), Some(source)) = (timelines.get(s), orders.get(s), chunks.get_mut(s)) else {
             return Err(DataError::Dataset(format!("the mixture has no source {s}")));
         };
         let at = if let Some(&at) = local_of.get(&(r.source, r.seq.chunk)) {
             at
         } else {
             let chunk = source.chunk(r.seq.chunk)?;
-            if chunk.streams.len() != shapes.len() {
+            if order.len() != shapes.len() || order.iter().any(|&i| i >= chunk.streams.len()) {
                 return Err(DataError::Dataset(format!(
-                    "chunk {} of source {s} has {} streams, the mixture {}",
+                    "chunk {} of source {s} has {} streams, which the mixture's {} streams do not map onto",
                     r.seq.chunk,
                     chunk.streams.len(),
                     shapes.len()
                 )));
             }
             held.push(chunk);
+            maps.push(order);
             local_of.insert((r.source, r.seq.chunk), held.len() - 1);
             held.len() - 1
         };
@@ -242,13 +249,15 @@ pub fn gather_mixture(
         retire: Vec::new(),
         samples: plan.samples,
     };
-    let mut gathered = assemble(index, &single, shapes, false, held, &located)?;
+    let mut gathered = assemble(index, &single, shapes, false, held, &located, &maps)?;
     gathered.fingerprint = plan.fingerprint();
     Ok(gathered)
 }
 
 /// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
-/// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`.
+/// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`. Stream `k` of the
+/// minibatch is stream `maps[c][k]` of held chunk `c`, or stream `k` where `maps` has no entry
+/// for it (a single dataset's chunks).
 fn assemble(
     index: u64,
     plan: &MinibatchPlan,
@@ -256,6 +265,7 @@ fn assemble(
     frame_mode: bool,
     held: Vec<Arc<ParsedChunk>>,
     located: &[(usize, usize)],
+    maps: &[&[usize]],
 ) -> Result<Gathered> {
     let mut streams: Vec<GatheredStream> = shapes
         .iter()
@@ -270,7 +280,12 @@ fn assemble(
         .collect();
     // Pass 2: sample ranges (and prefetch the entry offsets of sparse and string streams).
     for (&(at, local), r) in located.iter().zip(&plan.sequences) {
-        for (out, sd) in streams.iter_mut().zip(&held[at].streams) {
+        let map = maps.get(at).copied();
+        for (k, out) in streams.iter_mut().enumerate() {
+            let stream = map.and_then(|m| m.get(k).copied()).unwrap_or(k);
+            let Some(sd) = held[at].streams.get(stream) else {
+                return Err(DataError::Dataset(format!("chunk {} has no stream {stream}", r.chunk)));
+            };
             if shape_of_kind(shape_of(&sd.data)) != shape_of_kind(out.shape) {
                 return Err(DataError::Dataset(format!(
                     "stream {} of chunk {} is not stored as the dataset declares (kind or precision)",
@@ -302,14 +317,14 @@ fn assemble(
                 }
                 _ => {}
             }
-            out.pieces.push(Piece { chunk: at, s0, s1, e0: 0, e1: 0 });
+            out.pieces.push(Piece { chunk: at, stream, s0, s1, e0: 0, e1: 0 });
             out.samples += s1 - s0;
         }
     }
     // Pass 3: entry ranges.
     for s in &mut streams {
         for p in &mut s.pieces {
-            let sd = &held[p.chunk].streams[s.index];
+            let sd = &held[p.chunk].streams[p.stream];
             (p.e0, p.e1) = match &sd.data {
                 StreamValues::Dense { dim, .. } => (p.s0 * dim, p.s1 * dim),
                 StreamValues::Sparse { .. } | StreamValues::Strings { .. } if sd.unit_entries() => (p.s0, p.s1),
@@ -464,7 +479,7 @@ impl Parts {
                         (at, j)
                     })
                     .collect();
-                assemble(index, plan, shapes, frame_mode, own, &located)
+                assemble(index, plan, shapes, frame_mode, own, &located, &[])
             })
             .collect()
     }
@@ -639,7 +654,7 @@ impl SlotSource for Gathered {
 
     fn fill(&self, t: &TensorDesc, out: &mut [u8]) {
         let s = &self.streams[t.stream];
-        let data = |p: &Piece| &self.chunks[p.chunk].streams[s.index].data;
+        let data = |p: &Piece| &self.chunks[p.chunk].streams[p.stream].data;
         match t.field {
             Field::SequenceOffsets => {
                 let mut at = 0usize;
@@ -658,7 +673,7 @@ impl SlotSource for Gathered {
                 }
                 let mut at = 0usize;
                 for p in &s.pieces {
-                    let sd = &self.chunks[p.chunk].streams[s.index];
+                    let sd = &self.chunks[p.chunk].streams[p.stream];
                     if sd.unit_entries() {
                         // Entry k of the piece is sample k: its end offset is known.
                         for (k, dst) in (1..=p.s1 - p.s0).zip(&mut rows) {

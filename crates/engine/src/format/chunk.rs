@@ -359,19 +359,6 @@ pub struct ParsedChunk {
 }
 
 impl ParsedChunk {
-    /// The chunk with its streams in another layout: stream `i` of the result is stream
-    /// `order[i]` of this one (moved, not copied) — a mixture's common streams from a source's.
-    /// `None` when `order` names a stream twice or one this chunk does not have.
-    #[must_use]
-    pub fn with_streams(self, order: &[usize]) -> Option<Self> {
-        let mut streams: Vec<Option<StreamData>> = self.streams.into_iter().map(Some).collect();
-        let mut out = Vec::with_capacity(order.len());
-        for &i in order {
-            out.push(streams.get_mut(i)?.take()?);
-        }
-        Some(Self { chunk: self.chunk, num_sequences: self.num_sequences, streams: out })
-    }
-
     /// Whether any column is a mapped file's (read from the persisted cache).
     #[must_use]
     pub fn is_mapped(&self) -> bool {

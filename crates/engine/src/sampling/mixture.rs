@@ -44,6 +44,10 @@ pub const WEIGHT_UNITS: u64 = 1 << 30;
 /// Most sources in one mixture.
 pub const MAX_SOURCES: usize = 256;
 
+/// Most slots [`Mixture::skip_epochs`] walks when a session of a later epoch opens (a bounded
+/// wait, seconds to minutes on a blocking thread of the daemon, whatever a client asks).
+pub const MAX_WALK_SLOTS: u64 = 1 << 28;
+
 /// Why a mixture cannot be built or restored.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum MixtureError {
@@ -532,6 +536,52 @@ impl Mixture {
         }
         self.state = state;
         self.pending = None;
+        Ok(())
+    }
+
+    /// Moves to the start of epoch `epoch` (0-based, from this mixture's state at the start of
+    /// an epoch: a fresh one, or one restored at an epoch's start) by walking the epochs before it
+    /// with minibatches of `minibatch_size` — which the weight schedule's steps depend on — each
+    /// next epoch continuing from the last one's final state ([`MixtureState::next_epoch`]). No
+    /// data is read; the cost is one sampler step per slot walked, refused beyond `max_slots`.
+    ///
+    /// # Errors
+    /// An endless mixture has one epoch; a walk longer than `max_slots` slots; a source's
+    /// sampler ended.
+    pub fn skip_epochs(&mut self, epoch: u64, minibatch_size: usize, max_slots: u64) -> Result<(), MixtureError> {
+        if epoch == 0 {
+            return Ok(());
+        }
+        if self.options.epoch == MixtureEpoch::Endless {
+            return Err(MixtureError::BadState(format!(
+                "epoch {epoch} of an endless mixture: it has one epoch (set `epoch = \"first_sweep_end\"` or \
+                 `max_samples` to have epochs)"
+            )));
+        }
+        let too_far = || {
+            MixtureError::BadState(format!(
+                "epoch {epoch} starts after more than {max_slots} slots, too many to walk at `open`: resume from \
+                 the state at the previous epoch's end instead"
+            ))
+        };
+        // Each epoch's restart counts as a slot per source besides its slots: a walk of many
+        // short epochs is bounded too.
+        let restart = self.samplers.len() as u64 + 1;
+        let mut walked = 0u64;
+        for _ in 0..epoch {
+            while let Some(plan) = self.next_minibatch(minibatch_size)? {
+                walked = walked.saturating_add(plan.slots);
+                if walked > max_slots {
+                    return Err(too_far());
+                }
+            }
+            walked = walked.saturating_add(restart);
+            if walked > max_slots {
+                return Err(too_far());
+            }
+            let next = self.state.next_epoch();
+            self.restore(&next)?;
+        }
         Ok(())
     }
 

@@ -402,3 +402,48 @@ fn states_no_mixture_produces_are_refused() {
     assert!(Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::Endless, 2, 2)).is_err());
     assert!(Mixture::new(&[], options(&[1.0], MixtureEpoch::Endless, 1, 0)).is_err());
 }
+
+#[test]
+fn a_later_epoch_is_the_walk_of_the_ones_before_it_at_every_world_size() {
+    let sources = [source(&[vec![1, 2, 1], vec![1, 1]], true, 3), source(&[vec![1, 1, 1]], false, 0)];
+    for epoch in [MixtureEpoch::FirstSweepEnd, MixtureEpoch::Samples(7)] {
+        // The epochs one after the other, each continuing from the last one's final state.
+        let mut m = Mixture::new(&sources, options(&[2.0, 1.0], epoch, 1, 0)).expect("a valid mixture");
+        let mut epochs = Vec::new();
+        for _ in 0..4 {
+            epochs.push(run(&mut m, &[3], 1000));
+            let next = m.state().next_epoch();
+            m.restore(&next).expect("a state of this mixture");
+        }
+        for k in 0..4u64 {
+            for workers in [1usize, 2] {
+                let mut got = Vec::new();
+                for rank in 0..workers {
+                    let mut w = Mixture::new(&sources, options(&[2.0, 1.0], epoch, workers, rank)).expect("a mixture");
+                    w.skip_epochs(k, 3, u64::MAX).expect("a walk");
+                    got.push(run(&mut w, &[3], 1000));
+                }
+                let want = &epochs[usize::try_from(k).expect("k")];
+                assert!(got.iter().all(|g| g.len() == want.len()), "{epoch:?}, epoch {k}, {workers} workers");
+                for (step, plan) in want.iter().enumerate() {
+                    let mut dealt: Vec<MixRef> = Vec::new();
+                    for g in &got {
+                        assert_eq!(g[step].state, plan.state, "the state after each minibatch");
+                        dealt.extend(&g[step].sequences);
+                    }
+                    dealt.sort_by_key(|r| (r.source, r.seq.seq, r.sweep));
+                    let mut whole = plan.sequences.clone();
+                    whole.sort_by_key(|r| (r.source, r.seq.seq, r.sweep));
+                    assert_eq!(dealt, whole, "{epoch:?}, epoch {k}, step {step}: each slot once");
+                }
+            }
+        }
+    }
+    let mut endless = Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::Endless, 1, 0)).expect("a mixture");
+    assert!(endless.skip_epochs(0, 3, 10).is_ok());
+    let e = endless.skip_epochs(1, 3, 10).expect_err("an endless mixture has one epoch");
+    assert!(e.to_string().contains("endless mixture"), "{e}");
+    let mut long = Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::Samples(100), 1, 0)).expect("a mixture");
+    let e = long.skip_epochs(2, 3, 50).expect_err("a walk past its bound");
+    assert!(e.to_string().contains("more than 50 slots"), "{e}");
+}
