@@ -39,8 +39,12 @@ pub use data::DataPlaneMetrics;
 pub use ops::OpsMetrics;
 
 /// Every label name a metric may carry: bounded sets only (never a file, a session or a sample).
-pub const LABEL_NAMES: [&str; 15] = [
+pub const LABEL_NAMES: [&str; 17] = [
     "dataset",
+    // A configured mixture and one of its datasets (`minibatchd_mixture_*`): bounded by the
+    // configuration.
+    "mixture",
+    "source",
     "tail",
     "outcome",
     "stage",
@@ -362,6 +366,16 @@ impl Metrics {
             first_minibatch_seconds: self.control.session_first_minibatch_seconds.with_label_values(&l),
             clients: self.control.session_clients.with_label_values(&l),
             slots: [slot(SlotState::Free), slot(SlotState::Filled), slot(SlotState::Leased)],
+        }
+    }
+
+    /// Makes the series of mixture `mixture` exist before its first session: each source's
+    /// samples (0) and its share at step 0 (`sources`: dataset name, share), so that a dashboard
+    /// shows every configured mixture.
+    pub fn mixture_series(&self, mixture: &str, sources: &[(&str, f64)]) {
+        for &(source, share) in sources {
+            let _ = self.control.mixture_samples.with_label_values(&[mixture, source]);
+            self.control.mixture_target_share.with_label_values(&[mixture, source]).set(share);
         }
     }
 

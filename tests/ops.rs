@@ -579,11 +579,19 @@ fn metric_names(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// Adds a mixture of `train` alone to the config `cfg`: its series exist from the start (the
+/// dashboard queries them).
+fn with_mixture(cfg: &Path) {
+    let text =
+        std::fs::read_to_string(cfg).expect("config") + "[mixtures.solo]\ndatasets = [\"train\"]\nweights = [1]\n";
+    std::fs::write(cfg, text).expect("config");
+}
+
 #[test]
 fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     let tmp = tempfile::tempdir().expect("tempdir");
     write_data(tmp.path());
-    write_config(tmp.path(), "checkpoint_interval_secs = 1", &["train"]);
+    with_mixture(&write_config(tmp.path(), "checkpoint_interval_secs = 1", &["train"]));
     let mut d = Daemon::start(tmp.path(), &[]);
     let (status, body) = d.http_get("/healthz");
     assert!(status.contains("200") && body == "ok\n", "{status} {body}");
@@ -621,6 +629,8 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     );
     assert_eq!(during.sum("minibatchd_stage_queue_capacity", &[("stage", "parsers")]), 4.0);
     assert!(during.sum("minibatchd_process_resident_memory_bytes", &[]) > 0.0);
+    let solo = [("mixture", "solo"), ("source", "train")];
+    assert_eq!(during.sum("minibatchd_mixture_target_share", &solo), 1.0, "a configured mixture's series exist");
     assert!(during.sum("minibatchd_host_memory_total_bytes", &[]) > 0.0);
     assert_eq!(during.sum("minibatchd_memory_limit_bytes", &[]), 1_073_741_824.0);
     assert!(during.sum("minibatchd_memory_used_bytes", &[("part", "rings")]) >= 3.0 * 65536.0);

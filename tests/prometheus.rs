@@ -120,7 +120,10 @@ fn write_config(dir: &Path) {
          memory_limit_bytes = 268435456\nring_slots = 4\nslot_size_bytes = 65536\nsession_linger_secs = 600\n\
          checkpoint_interval_secs = 1\nhost_memory_reserve_bytes = 0\n\n\
          [datasets.train]\nformat = \"ctf\"\nfiles = [\"{d}/train.ctf\"]\nchunk_size_bytes = 300\nmax_errors = 100\n{TRAIN_STREAMS_TOML}\n\
-         [datasets.broken]\nformat = \"ctf\"\nfiles = [\"{d}/missing.ctf\"]\n[datasets.broken.streams.x]\ndim = 1\nformat = \"dense\"\n"
+         [datasets.broken]\nformat = \"ctf\"\nfiles = [\"{d}/missing.ctf\"]\n[datasets.broken.streams.x]\ndim = 1\nformat = \"dense\"\n\
+         [datasets.again]\nformat = \"ctf\"\nfiles = [\"{d}/train.ctf\"]\nchunk_size_bytes = 300\nmax_errors = 100\n{again}\n\
+         [mixtures.blend]\ndatasets = [\"train\", \"again\"]\nweights = [3, 1]\n",
+        again = TRAIN_STREAMS_TOML.replace("datasets.train.", "datasets.again.")
     );
     write(dir, "minibatchd.toml", cfg);
 }
@@ -223,7 +226,20 @@ fn every_panel_and_alert_returns_finite_data_from_a_real_prometheus() {
             }
         }
     });
+    // A mixture of `train` and another dataset of the same file, read meanwhile (its per-source
+    // panels).
+    let mixing = std::thread::spawn({
+        let socket = d.socket.clone();
+        move || {
+            let mut s = Client::connect(&socket).and_then(|c| c.open("blend", &options(4))).expect("open blend");
+            let until = Instant::now() + Duration::from_secs(16);
+            while Instant::now() < until && s.next_owned().expect("next").is_some() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    });
     reading.join().expect("reader");
+    mixing.join().expect("mixture reader");
     std::thread::sleep(Duration::from_secs(3));
     let end = unix_now();
 

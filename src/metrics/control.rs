@@ -1,6 +1,6 @@
 //! The control plane's metrics ([`ControlPlaneMetrics`]).
 
-use prometheus::{CounterVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use super::{counter_vec, gauge_vec, reg, seconds_vec};
 
@@ -49,6 +49,12 @@ pub struct ControlPlaneMetrics {
     /// `minibatchd_connections_refused_total{code}`: connections closed by a limit
     /// ([`CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
     pub connections_refused: IntCounterVec,
+    /// `minibatchd_mixture_samples_total{mixture,source}`: nominal samples a mixture's sessions
+    /// delivered from each source (a dataset); over all of them, the realised shares.
+    pub mixture_samples: IntCounterVec,
+    /// `minibatchd_mixture_target_share{mixture,source}`: the share of each source under the
+    /// weights in force (quantized, as the mixture follows them) at the last minibatch delivered.
+    pub mixture_target_share: GaugeVec,
 }
 
 impl ControlPlaneMetrics {
@@ -150,6 +156,22 @@ impl ControlPlaneMetrics {
                     "minibatchd_connections_refused_total",
                     "Client connections closed by a limit: max_connections, max_connections_per_uid or handshake_timeout.",
                     &["code"],
+                )?,
+                mixture_samples: counter_vec(
+                    r,
+                    "minibatchd_mixture_samples_total",
+                    "Nominal samples mixtures delivered, by source dataset (their ratio is the realised share).",
+                    &["mixture", "source"],
+                )?,
+                mixture_target_share: reg(
+                    r,
+                    GaugeVec::new(
+                        Opts::new(
+                            "minibatchd_mixture_target_share",
+                            "Share of each source under the weights in force at a mixture's last minibatch.",
+                        ),
+                        &["mixture", "source"],
+                    )?,
                 )?,
         })
     }

@@ -438,6 +438,9 @@ class Source:
             self._where[info["name"]] = (info, k, count)
             k += count
         self.sweep_size: int = opened["sweep_size"]
+        # A mixture's session: its sources, in source order ({"dataset", "sweep_size"} each);
+        # None for a dataset's session.
+        self.mixture_sources: Optional[List[dict]] = (opened.get("mixture") or {}).get("sources")
         # Set when the session continued one the daemon kept by name: {"from": "lingering" |
         # "checkpoint", "checkpoint_unix_secs": ..., "exact": bool}. exact False: the trainer may
         # have taken minibatches past this position (an earlier connection ended without saying
@@ -581,7 +584,15 @@ class Source:
         t = msg.get("type")
         if t == "ready":
             meta = msg["minibatch"]
-            return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
+            mb = self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
+            mixture = msg.get("mixture")
+            if mixture is not None:
+                # A mixture's minibatch: its state is the mixture's after it (the same on every
+                # worker), and each sequence names its source.
+                self._last_state["mixture"] = mixture["state"]
+                mb.sources = mixture["sources"]
+                mb.sweeps_ended = mixture["sweeps_ended"]
+            return mb
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
@@ -878,6 +889,10 @@ class Minibatch:
         self.sweep = sweep
         self.end_of_sweep = end_of_sweep
         self.position = position
+        # A mixture's minibatch: the source (index into ``Source.mixture_sources``) of each
+        # sequence, and the sources that completed a sweep in it. None for a dataset's.
+        self.sources: Optional[List[int]] = None
+        self.sweeps_ended: Optional[List[int]] = None
         self._fingerprint = fingerprint
         # The slot's tensor table as (shape, dtype, offset); None once released.
         self._specs: Optional[list] = specs

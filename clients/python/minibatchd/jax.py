@@ -59,7 +59,10 @@ class MinibatchIterator:
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         resume, self._resume = self._resume, None
         if resume is not None:
-            if (resume.get("worker"), resume.get("workers")) != (self.process_index, self.process_count):
+            # A mixture's state is the same on every process after the same step: any process's
+            # resumes any process, at any process count (docs/mixtures.md).
+            mixture = isinstance(resume.get("source"), dict) and "mixture" in resume["source"]
+            if not mixture and (resume.get("worker"), resume.get("workers")) != (self.process_index, self.process_count):
                 raise ValueError(f"this state belongs to process {resume.get('worker')} of {resume.get('workers')}")
             self._epoch = int(resume["epoch"])
         epoch, self._current = self._epoch, self._epoch
@@ -81,6 +84,8 @@ class MinibatchIterator:
                 meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
                         "fingerprint": mb.fingerprint,
                         "index": mb.index, "worker": self.process_index, "workers": self.process_count}
+                if mb.sources is not None:
+                    meta["sources"], meta["sweeps_ended"] = mb.sources, mb.sweeps_ended
                 mb.release()
                 item[META] = meta
                 yield item

@@ -51,7 +51,7 @@ def expected(config: str, dataset: str, *, binary: Optional[str] = None, **optio
 
 _MIXTURE_FLAGS = {
     "minibatch_size": "--minibatch-size", "max_samples": "--max-samples", "workers": "--workers",
-    "rank": "--rank", "num_minibatches": "--num-minibatches",
+    "rank": "--rank", "num_minibatches": "--num-minibatches", "sweep": "--sweep",
 }
 
 
@@ -60,7 +60,8 @@ def expected_mixture(config: str, mixture: str, *, binary: Optional[str] = None,
     """The ledger ``minibatchd dump --mixture NAME --ledger`` prints: per minibatch its step, the
     sources whose sweep ended in it, the fingerprint, ``[source, sweep, index]`` per sequence and
     the ``state`` after it, which ``restore_state`` takes to continue from there (at any
-    ``workers``)."""
+    ``workers``). ``sweep=K`` is the mixture's epoch K, as a session opened with ``sweep=K``
+    (or the torch adapter's epoch K) gets it."""
     args = [binary or os.environ.get("MINIBATCHD_BIN") or "minibatchd", "dump", "--config", str(config),
             "--mixture", mixture, "--ledger"]
     for key, value in options.items():

@@ -63,6 +63,8 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     DataLoader workers. Every worker must have been in the same epoch. A (Stateful)
     ``StatefulDataLoader``'s own ``state_dict()`` — one per rank — may stand for its workers'."""
     states = _dataset_states(states)
+    if states and all(isinstance(st.get("source"), dict) and "mixture" in st["source"] for st in states):
+        return _mixture_job(states)
     by_worker = {}
     for st in states:
         by_worker[int(st["worker"])] = st
@@ -81,6 +83,23 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     if any(st.get("source") is None for st in ordered):
         raise ValueError("a worker's state was taken before its first minibatch: resume each worker by its own state")
     return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered], **extra}
+
+
+def _mixture_job(states: list) -> Dict[str, Any]:
+    """``job_state_dict`` of a mixture's workers: a mixture's state is the same on every worker
+    after the same step, and then any worker's resumes every worker of any world size. Workers
+    that stopped at different steps (a checkpoint taken when the DataLoader had given the
+    trainer items of some workers only) have no common state."""
+    epochs = {int(st["epoch"]) for st in states}
+    if len(epochs) != 1:
+        raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
+    mixtures = {repr(st["source"]["mixture"]) for st in states}
+    if len(mixtures) != 1:
+        raise ValueError(
+            "the workers of this mixture stopped at different steps, so no one state resumes them all: take the "
+            "checkpoint when every worker has given the trainer as many minibatches (a multiple of the DataLoader's "
+            "num_workers items on every rank), or resume at the same world size, each worker by its own state")
+    return {"epoch": epochs.pop(), "source": states[0]["source"], "any_worker": True}
 
 
 def _dataset_states(states: list) -> list:
@@ -354,7 +373,8 @@ class MinibatchIterableDataset(IterableDataset):
         epoch, resume = self._begin_pass()
         if resume is not None and not _continues(resume):
             resume = None  # saved before its first minibatch: that epoch from its start
-        if resume is not None and "job" not in resume and (resume.get("worker"), resume.get("workers")) != (worker, workers):
+        if (resume is not None and "job" not in resume and not resume.get("any_worker")
+                and (resume.get("worker"), resume.get("workers")) != (worker, workers)):
             raise ValueError(
                 f"this state belongs to worker {resume.get('worker')} of {resume.get('workers')}; "
                 f"this is worker {worker} of {workers}: to resume at another world size or number of "
@@ -402,6 +422,11 @@ class MinibatchIterableDataset(IterableDataset):
                 item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
                               "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
                               "worker": worker, "workers": workers}
+                if mb.sources is not None:
+                    # A mixture's minibatch: the source of each sequence, the sources whose sweep
+                    # ended in it.
+                    item[META]["sources"] = mb.sources
+                    item[META]["sweeps_ended"] = mb.sweeps_ended
                 yield item
         finally:
             source.close()

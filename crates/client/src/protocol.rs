@@ -152,6 +152,68 @@ pub struct SessionState {
     /// run's workers stood. Not sent when unset, so states without it read as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobBase>,
+    /// A mixture's session (`dataset` names a mixture): where the mixture stands after the last
+    /// minibatch taken — the same on every worker after the same minibatch, so any worker's
+    /// state resumes every worker, at any worker count. `position` is then the mixture's slots
+    /// (sequences) taken in the epoch. Not sent for a dataset's session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<MixtureState>,
+}
+
+/// Where a mixture stands (`docs/mixtures.md`, "State and resume"): a few integers per source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureState {
+    /// Minibatches taken in the epoch, by all workers (the next one's step).
+    pub step: u64,
+    /// Slots (sequences) taken in the epoch, by all workers.
+    pub slots: u64,
+    /// Nominal samples taken in the epoch, by all workers.
+    pub samples: u64,
+    /// The epoch has ended.
+    pub ended: bool,
+    /// Each source, in the mixture's source order.
+    pub sources: Vec<MixtureSourceState>,
+}
+
+/// Where one source of a mixture stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureSourceState {
+    /// Nominal samples on the source's own timeline, over all its sweeps.
+    pub position: u64,
+    /// Sequences the mixture took from the source, in all.
+    pub taken: u64,
+    /// The source's credit in the weighted round-robin.
+    pub credit: i64,
+    /// The weight parts (of 2^30) the credit was built under.
+    pub weight: u64,
+}
+
+/// Weights from a step (minibatch index of the epoch) on: `SessionOptions::weight_schedule`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightStageOption {
+    /// The first step these weights fill (the first stage's is 0).
+    pub from_step: u64,
+    /// One weight (≥ 0) per source.
+    pub weights: Vec<f64>,
+}
+
+/// A mixture's sources, as `opened` describes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MixtureInfo {
+    /// Each source, in source order.
+    pub sources: Vec<MixtureSourceInfo>,
+}
+
+/// One source of a mixture (`opened.mixture.sources`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MixtureSourceInfo {
+    /// The source's dataset.
+    pub dataset: String,
+    /// Nominal samples per sweep of the source.
+    pub sweep_size: u64,
 }
 
 /// The earlier run a session continues (`SessionOptions::resume_job`): the positions its workers
@@ -176,7 +238,7 @@ pub enum TailPolicy {
 }
 
 /// Session options of `open` (`docs/daemon.md`, "Session options"). Unknown fields are refused.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionOptions {
     /// Global minibatch size in samples (required).
@@ -229,13 +291,21 @@ pub struct SessionOptions {
     pub slot_size_bytes: Option<u64>,
     /// A name under which a disconnected session stays resumable for `session_linger_secs`.
     pub session: Option<String>,
+    /// A mixture's session: its weights (one per source, ≥ 0) for the whole epoch, instead of
+    /// the configured ones. Not sent when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Vec<f64>>,
+    /// A mixture's session: its weights by step, instead of the configured ones (the first stage
+    /// from step 0). Not sent when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_schedule: Option<Vec<WeightStageOption>>,
 }
 
 /// Messages from the client.
 // `Open` is much larger than the others; a message is parsed once per frame, so boxing it would
 // buy nothing.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ClientMessage {
     /// First message: the client's protocol version.
@@ -369,6 +439,9 @@ pub enum ServerMessage {
         /// than workers. The clients show them (Python: `warnings.warn`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         warnings: Vec<String>,
+        /// A mixture's session: its sources. Absent for a dataset's session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mixture: Option<MixtureInfo>,
     },
     /// A slot holds the next minibatch.
     Ready {
@@ -378,6 +451,11 @@ pub enum ServerMessage {
         generation: u64,
         /// Minibatch metadata.
         minibatch: MinibatchMeta,
+        /// A mixture's session: the mixture's state after this minibatch (what `state()` holds
+        /// once it is taken), and the source of each of its sequences. Such a `ready` is always
+        /// JSON. Absent for a dataset's session.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mixture: Option<Box<MixtureReady>>,
     },
     /// The epoch is over; no more `ready` will come.
     End {
@@ -405,6 +483,18 @@ pub enum ServerMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<ErrorDetail>,
     },
+}
+
+/// What a mixture's `ready` carries besides the minibatch's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MixtureReady {
+    /// The mixture's state after this minibatch.
+    pub state: MixtureState,
+    /// The source (index into `opened.mixture.sources`) of each sequence of the minibatch, in
+    /// order.
+    pub sources: Vec<u32>,
+    /// Sources that completed a sweep within this minibatch (any worker's slot).
+    pub sweeps_ended: Vec<u32>,
 }
 
 /// How a session resumed by name got its starting state (`opened.resumed`).
@@ -631,6 +721,7 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
                     end_of_sweep: body[1] == 1,
                     position: u64_at(body, 32),
                 },
+                mixture: None,
             })
         }
         Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
@@ -737,7 +828,7 @@ mod tests {
         let body = fb.next_frame().expect("ok").expect("a frame");
         assert_eq!(
             decode_server(&body).expect("ready"),
-            ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta }
+            ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta, mixture: None }
         );
         // The layout, byte for byte, as documented (and as the Python client packs it).
         assert_eq!(&frame[..12], &[40, 0, 0, 0, 1, 1, 0, 0, 5, 0, 0, 0]);

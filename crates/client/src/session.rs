@@ -31,8 +31,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, Resumed, ServerMessage,
-    SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, PROTOCOL_VERSION,
+    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, MixtureReady, Resumed,
+    ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX,
+    PROTOCOL_VERSION,
 };
 use crate::Result;
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
@@ -265,6 +266,9 @@ pub struct Delivered {
     pub generation: u64,
     /// Metadata.
     pub meta: MinibatchMeta,
+    /// A mixture's session: the mixture's state after this minibatch and the source of each
+    /// sequence. `None` for a dataset's session.
+    pub mixture: Option<Box<MixtureReady>>,
 }
 
 /// An open session.
@@ -368,11 +372,14 @@ impl Session {
             m?
         };
         match msg {
-            ServerMessage::Ready { slot, generation, minibatch } => {
+            ServerMessage::Ready { slot, generation, minibatch, mixture } => {
                 self.taken = minibatch.index.saturating_add(1);
                 self.last.position = minibatch.position;
                 self.last.minibatches = self.taken;
-                Ok(Some(Delivered { slot, generation, meta: minibatch }))
+                if let Some(m) = &mixture {
+                    self.last.mixture = Some(m.state.clone());
+                }
+                Ok(Some(Delivered { slot, generation, meta: minibatch, mixture }))
             }
             ServerMessage::End { state } => {
                 self.end = Some(state);

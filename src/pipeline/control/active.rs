@@ -14,7 +14,8 @@ use std::time::Instant;
 
 use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
-    hex64, JobBase, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, STATE_VERSION,
+    hex64, JobBase, MixtureInfo, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, StreamInfo,
+    STATE_VERSION,
 };
 use minibatchd_engine::sampling::{randomizer, window_sequences, Sampler, SamplingOptions, Tail, Timeline, Window};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
@@ -35,7 +36,13 @@ use crate::pipeline::data::producer::{FreeSlot, Producer, ProducerEvent, Produce
 /// A session open on this connection.
 pub(super) struct Active {
     pub(super) name: String,
-    pub(super) runtime: Arc<DatasetRuntime>,
+    /// The dataset or mixture the session reads.
+    pub(super) dataset: String,
+    /// Its data identity.
+    pub(super) identity: u64,
+    /// The datasets it reads: the dataset, or the mixture's sources. The session ends when a
+    /// reload removes one.
+    pub(super) sources: Vec<String>,
     pub(super) options_hash: u64,
     pub(super) slots: SlotTable,
     pub(super) progress: Progress,
@@ -75,8 +82,8 @@ pub(super) struct Active {
 /// dropped. It grows with the randomization window and the number of chunks, not with the
 /// dataset: 16 bytes per sequence of the widest window, 128 per chunk.
 pub(super) struct SamplingReservation {
-    shared: Arc<ControlPlane>,
-    bytes: u64,
+    pub(super) shared: Arc<ControlPlane>,
+    pub(super) bytes: u64,
 }
 
 /// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
@@ -107,9 +114,15 @@ impl SamplingReservation {
     /// Reserves `bytes` in all: more (refused when it does not fit; the reservation is then
     /// unchanged) or less (the rest given back to the chunk cache).
     fn resize(&mut self, timeline: &Timeline, options: &SamplingOptions, bytes: u64) -> Result<(), Refusal> {
+        self.resize_to(bytes, window_sequences(timeline, options))
+    }
+
+    /// Reserves `bytes` in all, for sweep orders that keep up to `window_sequences` sequences at
+    /// once (for the refusal's message).
+    pub(super) fn resize_to(&mut self, bytes: u64, window_sequences: u64) -> Result<(), Refusal> {
         let mut reg = self.shared.registry();
         if bytes > self.bytes {
-            reg.reserve_sampling(bytes - self.bytes, window_sequences(timeline, options))?;
+            reg.reserve_sampling(bytes - self.bytes, window_sequences)?;
         } else {
             reg.unreserve_sampling(self.bytes - bytes);
         }
@@ -133,12 +146,13 @@ impl Active {
     pub(super) fn state(&self) -> SessionState {
         SessionState {
             version: STATE_VERSION,
-            dataset: self.runtime.name.clone(),
+            dataset: self.dataset.clone(),
             position: self.progress.position(),
             minibatches: self.progress.taken_count(),
-            data_identity: hex64(self.runtime.identity),
+            data_identity: hex64(self.identity),
             options_hash: hex64(self.options_hash),
             job: self.job.clone(),
+            mixture: self.progress.mixture().cloned(),
         }
     }
 
@@ -197,17 +211,29 @@ impl Active {
     }
 }
 
+/// What `opened` says of the data besides the ring and the state.
+pub(super) struct Described {
+    /// The dataset or mixture.
+    pub(super) dataset: String,
+    /// Streams in tensor order.
+    pub(super) streams: Vec<StreamInfo>,
+    /// Nominal samples per sweep (a mixture: of all its sources).
+    pub(super) sweep_size: u64,
+    /// A mixture's sources.
+    pub(super) mixture: Option<MixtureInfo>,
+}
+
 /// The `opened` reply.
-fn opened_message(
+pub(super) fn opened_message(
     name: &str,
     header: &RingHeader,
-    rt: &DatasetRuntime,
+    data: Described,
     start: &SessionState,
     resumed: Option<Resumed>,
     warnings: Vec<String>,
 ) -> ServerMessage {
     for w in &warnings {
-        tracing::warn!(session = %name, dataset = %rt.name, "{w}");
+        tracing::warn!(session = %name, dataset = %data.dataset, "{w}");
     }
     ServerMessage::Opened {
         session: name.to_owned(),
@@ -218,11 +244,12 @@ fn opened_message(
             slots_offset: header.slots_offset,
             layout_version: LAYOUT_VERSION,
         },
-        streams: rt.streams.clone(),
+        streams: data.streams,
         state: start.clone(),
-        sweep_size: rt.dataset.timeline().samples(..),
+        sweep_size: data.sweep_size,
         resumed,
         warnings,
+        mixture: data.mixture,
     }
 }
 
@@ -271,7 +298,7 @@ fn data_warnings(
 }
 
 /// The host-memory guard's verdict for a new session: `Some((shortfall, reserve))` when it refuses.
-fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
+pub(super) fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
     shared.host.refuse.load(Ordering::Relaxed).then(|| (shared.host.shortfall.load(Ordering::Relaxed), reserve))
 }
@@ -279,7 +306,7 @@ fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
 /// Logs that a session resumed by name may give its trainer minibatches again: from a
 /// checkpoint written before an unclean stop, or after a connection that ended without saying
 /// what its trainer took.
-fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>, given_up_to: u64) {
+pub(super) fn warn_if_replaying(name: &str, start: &SessionState, resumed: Option<&Resumed>, given_up_to: u64) {
     let Some(r) = resumed.filter(|r| !r.exact) else { return };
     let known = (given_up_to != super::session::GIVEN_UNKNOWN).then_some(given_up_to);
     tracing::warn!(
@@ -309,8 +336,78 @@ struct Prepared {
     working: DemandMark,
 }
 
+/// What an opened session's [`Active`] is made of, a dataset's or a mixture's.
+pub(super) struct Launch {
+    /// The session's name.
+    pub(super) session: String,
+    /// The dataset or mixture.
+    pub(super) dataset: String,
+    /// Its data identity.
+    pub(super) identity: u64,
+    /// The datasets it reads.
+    pub(super) sources: Vec<String>,
+    /// Its options hash.
+    pub(super) options_hash: u64,
+    /// The earlier run it continues (`resume_job`).
+    pub(super) job: Option<JobBase>,
+    /// Where it starts.
+    pub(super) start: SessionState,
+    /// How far its trainer may have been given minibatches before this connection.
+    pub(super) given_up_to: u64,
+    /// Bytes of its ring.
+    pub(super) ring_bytes: u64,
+    /// Slots of its ring.
+    pub(super) slot_count: usize,
+    /// Its metrics.
+    pub(super) metrics: SessionMetrics,
+    /// Its sweep orders' memory, reserved.
+    pub(super) sampling: SamplingReservation,
+}
+
+impl Launch {
+    /// Starts `producer` on the delivery stage (every slot free) and makes the session's
+    /// [`Active`].
+    pub(super) async fn start(self, conn: &ConnShared, producer: Producer) -> Result<Active, Refusal> {
+        let slots = SlotTable::new(self.slot_count);
+        let (events_tx, events_rx) = flume::bounded(self.slot_count + 2);
+        let free = every_slot(&slots, self.slot_count as u64);
+        let start = StartProducer {
+            name: self.session.clone(),
+            producer,
+            free,
+            slot_count: self.slot_count,
+            events: events_tx,
+        };
+        let producer = conn.delivery.send(start).await.map_err(|e| Refusal::Delivery(e.to_string()))?;
+        Ok(Active {
+            name: self.session,
+            dataset: self.dataset,
+            identity: self.identity,
+            sources: self.sources,
+            options_hash: self.options_hash,
+            slots,
+            progress: Progress::new(&self.start),
+            producer,
+            events: events_rx,
+            ring_bytes: self.ring_bytes,
+            producing: true,
+            binary: false,
+            _attached: self.metrics.attached(),
+            metrics: self.metrics,
+            slot_count: self.slot_count,
+            published: [0; 3],
+            reported_wait_ns: 0,
+            recorded: (self.start.minibatches, self.given_up_to),
+            given_before: self.given_up_to,
+            closed: false,
+            job: self.job,
+            _sampling: self.sampling,
+        })
+    }
+}
+
 /// A session's ring in a new memfd of `bytes`, for its fillers, and the memfd for its client.
-fn new_ring(
+pub(super) fn new_ring(
     name: &str,
     bytes: u64,
     geometry: RingGeometry,
@@ -428,6 +525,7 @@ fn job_start(
         data_identity: hex64(rt.identity),
         options_hash: hex64(ohash),
         job: Some(JobBase { positions }),
+        mixture: None,
     })
 }
 
@@ -466,7 +564,7 @@ fn place_sampler(
 /// Runs `work` (a session's sweep orders, equal steps, a job's walk: bounded, but up to seconds on
 /// a large dataset) on the runtime's blocking threads, so that the event loop goes on serving the
 /// other connections meanwhile.
-async fn off_the_event_loop<T: Send + 'static>(
+pub(super) async fn off_the_event_loop<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
 ) -> Result<T, Refusal> {
     tokio::task::spawn_blocking(work)
@@ -519,13 +617,14 @@ fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u64) -> Sessi
         data_identity: hex64(identity),
         options_hash: hex64(ohash),
         job: None,
+        mixture: None,
     }
 }
 
 /// Writes the daemon checkpoint with the admitted session in it, before its client hears of it:
 /// after a crash, a session the client knows is resumable by name, and its replay is signalled
 /// (`resumed`). When it cannot be written, there is no session.
-async fn checkpoint_opening(shared: &Arc<ControlPlane>) -> Result<(), Refusal> {
+pub(super) async fn checkpoint_opening(shared: &Arc<ControlPlane>) -> Result<(), Refusal> {
     let shared = shared.clone();
     off_the_event_loop(move || shared.write_checkpoint("open").map_err(Refusal::Checkpoint)).await
 }
@@ -595,9 +694,6 @@ pub(super) async fn open(
 
     // At most MAX_RING_SLOTS (validated in resolve_options).
     let slot_count = usize::try_from(resolved.slots).unwrap_or(usize::MAX);
-    let slots = SlotTable::new(slot_count);
-    let (events_tx, events_rx) = flume::bounded(slot_count + 2);
-    let free = every_slot(&slots, resolved.slots);
     let metrics = shared.data.metrics.session(dataset, resolved.sampling.rank as u64);
     let producer = Producer::new(
         rt.clone(),
@@ -607,39 +703,32 @@ pub(super) async fn open(
         resolved.minibatch_size,
         resolved.frame_mode,
         start.minibatches,
+        pad_to,
         metrics.clone(),
     )
-    .padded_to(pad_to)
     .counted(working);
-    let started =
-        conn.delivery.send(StartProducer { name: name.clone(), producer, free, slot_count, events: events_tx }).await;
-    let producer = match started {
-        Ok(handle) => handle,
-        Err(e) => return Err(undo(Refusal::Delivery(e.to_string()))),
-    };
     warn_if_replaying(&name, &start, admitted.resumed.as_ref(), admitted.given_up_to);
-    let opened = opened_message(&name, &header, &rt, &start, admitted.resumed.clone(), warnings);
-    let active = Active {
-        name,
-        runtime: rt,
-        options_hash: ohash,
-        slots,
-        progress: Progress::new(&start),
-        producer,
-        events: events_rx,
-        ring_bytes,
-        producing: true,
-        binary: false,
-        _attached: metrics.attached(),
-        metrics,
-        slot_count,
-        published: [0; 3],
-        reported_wait_ns: 0,
-        recorded: (start.minibatches, admitted.given_up_to),
-        given_before: admitted.given_up_to,
-        closed: false,
-        job: start.job.clone(),
-        _sampling: sampling,
+    let described = Described {
+        dataset: rt.name.clone(),
+        streams: rt.streams.clone(),
+        sweep_size: rt.dataset.timeline().samples(..),
+        mixture: None,
     };
+    let opened = opened_message(&name, &header, described, &start, admitted.resumed.clone(), warnings);
+    let launch = Launch {
+        session: name,
+        dataset: rt.name.clone(),
+        identity: rt.identity,
+        sources: vec![rt.name.clone()],
+        options_hash: ohash,
+        job: start.job.clone(),
+        start,
+        given_up_to: admitted.given_up_to,
+        ring_bytes,
+        slot_count,
+        metrics,
+        sampling,
+    };
+    let active = launch.start(conn, producer).await.map_err(undo)?;
     Ok((active, opened, fd))
 }

@@ -102,6 +102,30 @@ pub enum Refusal {
         /// The cache's share of the limit, in bytes.
         share: u64,
     },
+    /// A mixture that cannot be served as configured or asked: its streams, weights or state.
+    #[error("mixture '{name}': {message}")]
+    Mixture {
+        /// The mixture.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A mixture's sources' randomization windows cannot fit the memory limit together.
+    #[error(
+        "mixture '{name}': its sources' randomization windows need at least {} MiB of parsed chunks together ({sources}), more than the chunk cache's share of memory_limit_bytes ({} MiB); give those datasets smaller windows (their [sampling] window_chunks or window_samples) or raise memory_limit_bytes",
+        floor.div_ceil(1 << 20),
+        share >> 20
+    )]
+    MixtureTooLarge {
+        /// The mixture.
+        name: String,
+        /// Each source's floor, for the message.
+        sources: String,
+        /// The least the windows hold together, in bytes.
+        floor: u64,
+        /// The cache's share of the limit, in bytes.
+        share: u64,
+    },
 }
 
 impl Refusal {
@@ -111,11 +135,12 @@ impl Refusal {
         match self {
             Self::Dataset(HubError::Indexing { .. }) => ErrorCode::DatasetIndexing,
             Self::Dataset(_) => ErrorCode::UnknownDataset,
-            Self::Options(_) | Self::Sampling(_) => ErrorCode::InvalidOptions,
+            Self::Options(_) | Self::Sampling(_) | Self::Mixture { .. } => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
             Self::Registry(RegistryError::Busy(_) | RegistryError::NotOwner(_)) => ErrorCode::SessionBusy,
             Self::TooManySessions { .. }
             | Self::WindowTooLarge { .. }
+            | Self::MixtureTooLarge { .. }
             | Self::Registry(RegistryError::Memory { .. } | RegistryError::SamplingMemory { .. })
             | Self::HostMemory { .. }
             | Self::Ring(_) => ErrorCode::ResourceExhausted,
@@ -296,6 +321,7 @@ mod tests {
             data_identity: "id".into(),
             options_hash: options_hash.into(),
             job: None,
+            mixture: None,
         }
     }
 

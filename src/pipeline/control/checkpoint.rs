@@ -28,7 +28,7 @@ use crate::pipeline::control::session::SavedSession;
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
 
 /// Version 1 of the checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointV1 {
     /// Unix time of the write, in seconds.
@@ -42,7 +42,7 @@ pub struct CheckpointV1 {
 }
 
 /// A checkpoint of any supported version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "version")]
 pub enum Checkpoint {
     /// Version 1.
@@ -181,6 +181,7 @@ mod tests {
                 data_identity: "3f0c5e2a9b1d7c44".into(),
                 options_hash: "9a1e00c2d4b7f613".into(),
                 job: None,
+                mixture: None,
             },
             owner: None,
             given_up_to: None,

@@ -36,6 +36,7 @@ use minibatchd_client::protocol::{
 
 use super::active::{open, Active};
 use super::admission::Refusal;
+use super::mixture::open_mixture;
 use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
@@ -51,7 +52,7 @@ const READ_BUFFER_BYTES: usize = 16 * 1024;
 /// poll interval later, and still hears the progress this often.
 const OPEN_WAITS_FOR_INDEX: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// [`open`], waiting up to [`OPEN_WAITS_FOR_INDEX`] while the dataset is being indexed: every
+/// [`open_either`], waiting up to [`OPEN_WAITS_FOR_INDEX`] while the dataset is being indexed: every
 /// change of the datasets in force (an index pass ending puts its dataset in force) is a new try.
 async fn open_when_indexed(
     dataset: &str,
@@ -63,13 +64,13 @@ async fn open_when_indexed(
     let mut hub = conn.shared.data.hub_changes();
     let deadline = tokio::time::Instant::now() + OPEN_WAITS_FOR_INDEX;
     loop {
-        match open(dataset, options, conn, peer).await {
+        match open_either(dataset, options, conn, peer).await {
             Err(Refusal::Dataset(HubError::Indexing { .. })) if tokio::time::Instant::now() < deadline => {
                 tokio::select! {
                     changed = hub.changed() => {
                         if changed.is_err() {
                             // No more changes to wait for: answer with what there is.
-                            return open(dataset, options, conn, peer).await;
+                            return open_either(dataset, options, conn, peer).await;
                         }
                     }
                     () = tokio::time::sleep_until(deadline) => {}
@@ -77,6 +78,21 @@ async fn open_when_indexed(
             }
             other => return other,
         }
+    }
+}
+
+/// Opens a session of a dataset ([`open`]) or of a mixture ([`open_mixture`]), by what the name
+/// is in the configuration in force.
+async fn open_either(
+    name: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+    peer: &Peer,
+) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+    if conn.shared.config().mixtures.contains_key(name) {
+        open_mixture(name, options, conn, peer).await
+    } else {
+        open(name, options, conn, peer).await
     }
 }
 
@@ -197,10 +213,10 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     continue;
                 }
                 if let Phase::Serving(a) = &phase {
-                    if !conn.shared.data.hub().contains(&a.runtime.name) {
+                    let hub = conn.shared.data.hub();
+                    if let Some(gone) = a.sources.iter().find(|d| !hub.contains(d)) {
                         let m = format!(
-                            "dataset '{}' was removed by a configuration reload; report the minibatches taken with close{{taken}}: the session is kept resumable by name from there",
-                            a.runtime.name
+                            "dataset '{gone}' was removed by a configuration reload; report the minibatches taken with close{{taken}}: the session is kept resumable by name from there",
                         );
                         tracing::info!(peer = %peer, session = %a.name, "{m}");
                         let ending = Ending { code: ErrorCode::UnknownDataset, message: m };
@@ -359,19 +375,25 @@ async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedW
 /// Appends the reply to `event` to `out`; `true` while the producer goes on.
 fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> bool {
     match event {
-        Some(ProducerEvent::Filled { slot, generation, meta }) => {
+        Some(ProducerEvent::Filled { slot, generation, meta, mixture }) => {
             a.slots.announce(usize::try_from(slot).unwrap_or(usize::MAX), generation, meta.index);
-            a.progress.announced(meta);
+            a.progress.announced(meta, mixture.as_ref().map(|m| m.state.clone()));
             a.publish_slots(false);
-            if a.binary {
+            if mixture.is_none() && a.binary {
                 out.extend_from_slice(&protocol::encode_ready_binary(slot, generation, &meta));
             } else {
-                out.extend_from_slice(&protocol::encode(&ServerMessage::Ready { slot, generation, minibatch: meta }));
+                // A mixture's `ready` carries the mixture's state: always JSON.
+                out.extend_from_slice(&protocol::encode(&ServerMessage::Ready {
+                    slot,
+                    generation,
+                    minibatch: meta,
+                    mixture,
+                }));
             }
             return true;
         }
-        Some(ProducerEvent::End { position, minibatches }) => {
-            let state = SessionState { position, minibatches, ..a.state() };
+        Some(ProducerEvent::End { position, minibatches, mixture }) => {
+            let state = SessionState { position, minibatches, mixture, ..a.state() };
             out.extend_from_slice(&protocol::encode(&ServerMessage::End { state }));
         }
         Some(ProducerEvent::Failed { code, message, detail }) => {

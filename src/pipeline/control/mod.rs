@@ -15,6 +15,7 @@ mod active;
 pub mod admission;
 pub mod checkpoint;
 pub mod connection;
+mod mixture;
 pub mod peer;
 pub mod server;
 pub mod session;
@@ -195,6 +196,17 @@ pub struct ControlPlane {
     pub checkpoints: AtomicBool,
 }
 
+/// The series of every configured mixture, before its first session (its sources' shares at
+/// step 0).
+fn announce_mixtures(config: &Config, metrics: &crate::metrics::Metrics) {
+    for (name, m) in &config.mixtures {
+        let weights = m.schedule.at(0);
+        let sources: Vec<(&str, f64)> =
+            m.datasets.iter().enumerate().map(|(i, d)| (d.as_str(), weights.share(i))).collect();
+        metrics.mixture_series(name, &sources);
+    }
+}
+
 impl ControlPlane {
     /// The control plane for `config` over the opened `hub`, counting into `metrics`.
     #[must_use]
@@ -203,6 +215,7 @@ impl ControlPlane {
         let mut registry = Registry::new(0, 0, Duration::ZERO);
         apply_memory_limits(&mut registry, &config, &hub, threads);
         let data = Arc::new(DataPlane::new(&config, hub, metrics, threads, registry.cache_budget()));
+        announce_mixtures(&config, &data.metrics);
         let limits = Limits::of(&config);
         Self {
             config: RwLock::new(Arc::new(config)),
@@ -259,6 +272,7 @@ impl ControlPlane {
 
     /// Swaps in a reloaded configuration and its datasets, and tells the connections.
     pub fn replace(&self, config: Config, hub: Hub) {
+        announce_mixtures(&config, &self.data.metrics);
         self.data.replace_hub(hub);
         *self.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
     }

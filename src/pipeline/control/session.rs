@@ -21,14 +21,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DatasetConfig;
 use minibatchd_client::protocol::{
-    hex64, MinibatchMeta, Resumed, SessionOptions, SessionState, TailPolicy, STATE_VERSION,
+    hex64, MinibatchMeta, MixtureState, Resumed, SessionOptions, SessionState, TailPolicy, STATE_VERSION,
 };
 
 use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Tail, Window};
 
 /// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
 /// of the checkpoint format: fields are only ever added, with defaults).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SavedSession {
     /// The session name (given by the client or generated).
@@ -177,6 +177,9 @@ pub fn resolve_options(
     if o.equal_steps && limits == 0 {
         problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
     }
+    if o.weights.is_some() || o.weight_schedule.is_some() {
+        problems.push("weights and weight_schedule apply to a mixture's session, not to a dataset's".to_owned());
+    }
     if !problems.is_empty() {
         return Err(InvalidOptions(problems));
     }
@@ -274,6 +277,26 @@ pub enum ResumeError {
         "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
     )]
     Options,
+    /// A mixture's state given to a dataset's session, or the reverse.
+    #[error("the state is of a {saved}'s session, and '{opened}' is a {kind}")]
+    Kind {
+        /// `mixture` or `dataset`: what the state is of.
+        saved: &'static str,
+        /// The name being opened.
+        opened: String,
+        /// What that name is.
+        kind: &'static str,
+    },
+    /// A mixture's state of another number of sources.
+    #[error("the state is of a mixture of {saved} sources, '{opened}' has {current}")]
+    Sources {
+        /// Sources in the state.
+        saved: usize,
+        /// Sources of the mixture now.
+        current: usize,
+        /// The mixture.
+        opened: String,
+    },
     /// `resume_job` with states of a run that itself continued another one and is still within
     /// that run's ragged band.
     #[error("the states continue an earlier run and the earliest ({earliest}) is still before the end of its ragged band ({band_end}): resume at the same worker count until every worker is past {band_end}, or resume each worker by its own state")]
@@ -306,9 +329,50 @@ pub fn check_resume(
     if state.dataset != dataset {
         return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: dataset.to_owned() });
     }
+    if state.mixture.is_some() {
+        return Err(ResumeError::Kind { saved: "mixture", opened: dataset.to_owned(), kind: "dataset" });
+    }
     if state.data_identity == hex64(legacy) && legacy != identity {
         tracing::info!(dataset, identity = %state.data_identity, "a state written before file contents were part of the data identity: accepted by its earlier identity");
     } else if state.data_identity != hex64(identity) {
+        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
+    }
+    if state.options_hash != hex64(options) {
+        return Err(ResumeError::Options);
+    }
+    Ok(())
+}
+
+/// Checks a `resume` state against the mixture session being opened: `identity` is the
+/// mixture's ([`super::mixture`]: its sources' data identities in order), `options` the hash of
+/// what shapes its order besides the weights (which may change across a resume), `sources` its
+/// number of sources.
+///
+/// # Errors
+/// [`ResumeError`]: what differs.
+pub fn check_mixture_resume(
+    state: &SessionState,
+    mixture: &str,
+    identity: u64,
+    options: u64,
+    sources: usize,
+) -> Result<(), ResumeError> {
+    if state.version != STATE_VERSION {
+        return Err(ResumeError::Version(state.version));
+    }
+    if state.dataset != mixture {
+        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: mixture.to_owned() });
+    }
+    let Some(m) = &state.mixture else {
+        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
+    };
+    if state.job.is_some() {
+        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
+    }
+    if m.sources.len() != sources {
+        return Err(ResumeError::Sources { saved: m.sources.len(), current: sources, opened: mixture.to_owned() });
+    }
+    if state.data_identity != hex64(identity) {
         return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
     if state.options_hash != hex64(options) {
@@ -391,9 +455,12 @@ impl SlotTable {
 /// The minibatches announced to the client and how many it has taken.
 #[derive(Debug, Clone)]
 pub struct Progress {
-    announced: VecDeque<MinibatchMeta>,
+    /// With a mixture's state after each, for a mixture's session.
+    announced: VecDeque<(MinibatchMeta, Option<MixtureState>)>,
     taken: u64,
     position: u64,
+    /// A mixture's state after the last minibatch taken.
+    mixture: Option<MixtureState>,
     /// One past the highest minibatch index announced (the starting count before any).
     announced_up_to: u64,
 }
@@ -406,14 +473,15 @@ impl Progress {
             announced: VecDeque::new(),
             taken: start.minibatches,
             position: start.position,
+            mixture: start.mixture.clone(),
             announced_up_to: start.minibatches,
         }
     }
 
-    /// A `ready` went out.
-    pub fn announced(&mut self, meta: MinibatchMeta) {
+    /// A `ready` went out (with the mixture's state after it, for a mixture's session).
+    pub fn announced(&mut self, meta: MinibatchMeta, mixture: Option<MixtureState>) {
         self.announced_up_to = self.announced_up_to.max(meta.index.saturating_add(1));
-        self.announced.push_back(meta);
+        self.announced.push_back((meta, mixture));
     }
 
     /// One past the highest minibatch index announced on this connection (the starting count
@@ -427,9 +495,12 @@ impl Progress {
     /// are clamped; smaller counts than already known are ignored.
     pub fn taken(&mut self, taken: u64) {
         while self.taken < taken {
-            let Some(m) = self.announced.pop_front() else { break };
+            let Some((m, mixture)) = self.announced.pop_front() else { break };
             self.taken = m.index.saturating_add(1);
             self.position = m.position;
+            if mixture.is_some() {
+                self.mixture = mixture;
+            }
         }
     }
 
@@ -449,6 +520,12 @@ impl Progress {
     #[must_use]
     pub fn position(&self) -> u64 {
         self.position
+    }
+
+    /// A mixture's state after the last minibatch taken (`None` for a dataset's session).
+    #[must_use]
+    pub fn mixture(&self) -> Option<&MixtureState> {
+        self.mixture.as_ref()
     }
 }
 
@@ -476,6 +553,8 @@ struct ActiveEntry {
 }
 
 /// How an `open` with a session name starts.
+// One per `open`: boxing the large variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// A new session.
@@ -935,6 +1014,7 @@ mod tests {
             data_identity: hex64(7),
             options_hash: hex64(9),
             job: None,
+            mixture: None,
         };
         assert!(check_resume(&s, "t", 7, 7, 9).is_ok());
         assert_eq!(check_resume(&s, "u", 7, 7, 9), Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() }));
@@ -970,10 +1050,11 @@ mod tests {
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
+            mixture: None,
         };
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
-            p.announced(MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: pos });
+            p.announced(MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: pos }, None);
         }
         assert_eq!((p.taken_count(), p.position()), (2, 10), "prefetched minibatches do not count");
         p.taken(3);
@@ -1037,6 +1118,7 @@ mod tests {
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
+            mixture: None,
         }
     }
 
@@ -1160,6 +1242,7 @@ mod tests {
             data_identity: "i".into(),
             options_hash: "o".into(),
             job: None,
+            mixture: None,
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));

@@ -21,6 +21,7 @@ pub mod chunk_cache_stage;
 pub mod delivery;
 pub mod hub;
 pub mod indexing;
+pub mod mixing;
 pub mod parsers;
 pub mod persister;
 pub mod pool;

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
-use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta};
+use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureReady, MixtureState};
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
@@ -60,8 +60,8 @@ struct Pending {
     parts: Option<PartsAhead>,
 }
 
-/// What [`Planner::locate`] found.
-enum Found {
+/// What [`Locate::locate`] found.
+pub(super) enum Found {
     Minibatch(Located),
     End,
     /// Waiting for memory: yield the thread and call again.
@@ -93,6 +93,8 @@ pub enum ProducerEvent {
         generation: u64,
         /// The minibatch.
         meta: MinibatchMeta,
+        /// A mixture's minibatch: the mixture's state after it and its sequences' sources.
+        mixture: Option<Box<MixtureReady>>,
     },
     /// The epoch is over: the sampler's position and the next minibatch index at the end.
     End {
@@ -100,6 +102,8 @@ pub enum ProducerEvent {
         position: u64,
         /// Minibatches produced in total (index of the next one).
         minibatches: u64,
+        /// A mixture's state at the end.
+        mixture: Option<MixtureState>,
     },
     /// The session cannot go on.
     Failed {
@@ -143,6 +147,9 @@ pub enum ProduceError {
     /// The minibatch does not fit a slot (or another layout problem).
     #[error(transparent)]
     Layout(#[from] LayoutError),
+    /// A minibatch's own chunks do not fit the memory limit together (a mixture's session).
+    #[error("{0}")]
+    Memory(String),
 }
 
 impl ProduceError {
@@ -152,20 +159,25 @@ impl ProduceError {
             Self::Data(_) => ErrorCode::DataError,
             Self::Layout(LayoutError::TooLarge { .. }) => ErrorCode::MinibatchTooLarge,
             Self::Layout(_) => ErrorCode::Internal,
+            Self::Memory(_) => ErrorCode::ResourceExhausted,
         }
     }
 
     fn detail(&self) -> Option<ErrorDetail> {
         match self {
             Self::Data(e) => Some(error_detail(e)),
-            Self::Stopped | Self::Layout(_) => None,
+            Self::Stopped | Self::Layout(_) | Self::Memory(_) => None,
         }
     }
 }
 
 /// One session's producer state: the planner and the ring its fillers write.
 pub struct Producer {
-    planner: Planner,
+    planner: Box<dyn Locate>,
+    /// The session's dataset or mixture.
+    name: String,
+    /// Stream names, in tensor order.
+    names: Arc<Vec<String>>,
     ring: SharedRing<MemfdMemory>,
     /// Its count in the daemon's demand, handed to the planner when it starts.
     working: Option<DemandMark>,
@@ -173,22 +185,58 @@ pub struct Producer {
 
 impl std::fmt::Debug for Producer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Producer")
-            .field("dataset", &self.planner.runtime.name)
-            .field("next_index", &self.planner.feeder.next_index())
-            .finish_non_exhaustive()
+        f.debug_struct("Producer").field("session_of", &self.name).finish_non_exhaustive()
     }
 }
 
 /// A minibatch located in its chunks, to be copied into `slot` by a filler.
-struct Located {
-    slot: FreeSlot,
-    mb: Gathered,
+pub(super) struct Located {
+    pub(super) slot: FreeSlot,
+    pub(super) mb: Gathered,
     /// Nominal samples, for the metrics.
-    samples: u64,
+    pub(super) samples: u64,
     /// A minibatch gathered a chunk at a time: its copies, counted against the cache until the
     /// last minibatch gathered with it is copied into its slot.
-    charged: Option<Arc<Charged>>,
+    pub(super) charged: Option<Arc<Charged>>,
+    /// A mixture's minibatch: what its `ready` carries besides the metadata.
+    pub(super) mixture: Option<Box<MixtureReady>>,
+}
+
+/// What plans a session's minibatches for its [`Producer`]: one dataset's sampler ([`Planner`])
+/// or a mixture's (`mixing::MixturePlanner`). The planner task calls it; the fillers
+/// copy what it located.
+pub(super) trait Locate: Send {
+    /// Locates the next minibatch for `slot` (or goes on with the one waiting for memory).
+    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError>;
+    /// The event that ends the epoch.
+    fn end(&self) -> ProducerEvent;
+    /// The slot of the minibatch waiting for memory, if any.
+    fn waiting(&self) -> Option<FreeSlot>;
+    /// Lets go of every chunk held (an idle session, when another waits for memory).
+    fn shed_all(&mut self);
+    /// Since when every slot has been leased.
+    fn idle_since(&mut self) -> &mut Option<Instant>;
+    /// Every slot is leased: back-pressure from the client, from now on until [`Locate::busy`].
+    /// While it lasts, the chunks this session holds are of no use to it: when another session
+    /// waits for memory, they go (and are loaded again when the client moves on).
+    fn idle(&mut self) {
+        self.idle_since().get_or_insert_with(Instant::now);
+        if self.cache().short_of_memory() {
+            self.shed_all();
+        }
+    }
+    /// A slot is free again: the time every slot was leased counts as producer-blocked.
+    fn busy(&mut self) {
+        if let Some(since) = self.idle_since().take() {
+            self.metrics().producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
+        }
+    }
+    /// The shared chunk cache.
+    fn cache(&self) -> &Arc<SharedCache>;
+    /// The producer's id in the cache's lists.
+    fn id(&self) -> u64;
+    /// The session's metrics.
+    fn metrics(&self) -> &SessionMetrics;
 }
 
 /// Most minibatches gathered a chunk at a time together ([`Parts`]).
@@ -240,7 +288,8 @@ struct Planner {
 
 impl Producer {
     /// A producer that continues `sampler` (already restored) with minibatch `next_index`,
-    /// counting into `metrics`.
+    /// counting into `metrics`; with equal steps padded, empty minibatches after the epoch's last
+    /// one until minibatch index `pad_to` ([`Feeder::pad_to`]).
     #[must_use]
     #[allow(clippy::too_many_arguments)] // one constructor call site, in `connection::open`
     pub fn new(
@@ -251,28 +300,41 @@ impl Producer {
         minibatch_size: usize,
         frame_mode: bool,
         next_index: u64,
+        pad_to: Option<u64>,
         metrics: SessionMetrics,
     ) -> Self {
-        let feeder =
+        let mut feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
-        Self {
-            planner: Planner {
-                runtime,
-                cache,
-                feeder,
-                minibatch_size,
-                metrics,
-                idle_since: None,
-                next_sweep: None,
-                id: NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed),
-                pending: None,
-                told_parts: false,
-                gathered_ahead: std::collections::VecDeque::new(),
-                parts_ahead: 8,
-            },
-            ring,
-            working: None,
+        if let Some(end) = pad_to {
+            feeder.pad_to(end);
         }
+        let (name, names) = (runtime.name.clone(), Arc::new(runtime.names.clone()));
+        let planner = Planner {
+            runtime,
+            cache,
+            feeder,
+            minibatch_size,
+            metrics,
+            idle_since: None,
+            next_sweep: None,
+            id: next_producer_id(),
+            pending: None,
+            told_parts: false,
+            gathered_ahead: std::collections::VecDeque::new(),
+            parts_ahead: 8,
+        };
+        Self { planner: Box::new(planner), name, names, ring, working: None }
+    }
+
+    /// A producer of the minibatches `planner` plans (a mixture's: `name`, streams `names`).
+    #[must_use]
+    pub(super) fn planned(
+        planner: Box<dyn Locate>,
+        name: String,
+        names: Vec<String>,
+        ring: SharedRing<MemfdMemory>,
+    ) -> Self {
+        Self { planner, name, names: Arc::new(names), ring, working: None }
     }
 
     /// Counted by `working` (taken when the session's `open` began) while it works: from its
@@ -280,16 +342,6 @@ impl Producer {
     #[must_use]
     pub fn counted(mut self, working: DemandMark) -> Self {
         self.working = Some(working);
-        self
-    }
-
-    /// With equal steps padded: empty minibatches after the epoch's last one until minibatch
-    /// index `end` ([`Feeder::pad_to`]).
-    #[must_use]
-    pub fn padded_to(mut self, end: Option<u64>) -> Self {
-        if let Some(end) = end {
-            self.planner.feeder.pad_to(end);
-        }
         self
     }
 
@@ -313,7 +365,7 @@ impl Producer {
         slot_count: usize,
         events: flume::Sender<ProducerEvent>,
     ) -> ProducerHandle {
-        let Self { planner, ring, working } = self;
+        let Self { planner, name: _, names, ring, working } = self;
         let stop = Arc::new(AtomicBool::new(false));
         let (free_tx, free_rx) = flume::bounded(slot_count.max(1));
         for slot in free {
@@ -327,7 +379,7 @@ impl Producer {
             events,
             over: false,
             opened: Some(Instant::now()),
-            metrics: planner.metrics.clone(),
+            metrics: planner.metrics().clone(),
         }));
         let mut queues = Vec::with_capacity(FILLERS);
         let mut fillers = Vec::with_capacity(FILLERS);
@@ -335,8 +387,8 @@ impl Producer {
             let (steps_tx, steps_rx) = flume::bounded::<(u64, Step)>(TURN_MINIBATCHES);
             let task = pool.task(format!("fill {name} {k}"));
             let mut filling = Filling {
-                runtime: planner.runtime.clone(),
-                metrics: planner.metrics.clone(),
+                names: names.clone(),
+                metrics: planner.metrics().clone(),
                 ring: ring.clone(),
                 steps: Some(steps_rx),
                 announcer: announcer.clone(),
@@ -348,7 +400,7 @@ impl Producer {
             queues.push(steps_tx);
             fillers.push(task);
         }
-        let idle = planner.cache.enlist(planner.id, &planner_task);
+        let idle = planner.cache().enlist(planner.id(), &planner_task);
         let mut planning = Planning {
             planner,
             working,
@@ -446,7 +498,7 @@ pub const FILLERS: usize = 2;
 /// The planner task: takes free slots and hands located minibatches (then the end, or a failure)
 /// to the fillers, numbered, in turn.
 struct Planning {
-    planner: Planner,
+    planner: Box<dyn Locate>,
     /// Counted in the daemon's demand while this producer works, until the task ends (its closure,
     /// and this with it, is dropped at `Turn::Done`).
     working: Option<DemandMark>,
@@ -482,36 +534,28 @@ impl Planning {
                 self.queue_full.store(false, Ordering::SeqCst);
             }
             // A minibatch waiting for memory has its slot already.
-            let waiting = self.planner.pending.as_ref().map(|p| p.slot);
+            let waiting = self.planner.waiting();
             let slot = match waiting.map_or_else(|| self.free.try_recv(), Ok) {
                 Ok(slot) => slot,
                 Err(flume::TryRecvError::Empty) => {
                     // Every slot is leased: back-pressure from the client. While it lasts, the
                     // chunks this session holds are of no use to it: when another session waits
                     // for memory, they go (and are loaded again when the client moves on).
-                    self.planner.idle_since.get_or_insert_with(Instant::now);
+                    self.planner.idle();
                     set_working(&mut self.working, false);
                     self.idle.store(true, Ordering::SeqCst);
-                    if self.planner.cache.short_of_memory() {
-                        self.planner.shed(None);
-                    }
                     return Turn::Idle;
                 }
                 Err(flume::TryRecvError::Disconnected) => return self.finish(),
             };
             self.idle.store(false, Ordering::Relaxed);
             set_working(&mut self.working, true);
-            if let Some(since) = self.planner.idle_since.take() {
-                self.planner.metrics.producer_blocked_seconds.inc_by(since.elapsed().as_secs_f64());
-            }
+            self.planner.busy();
             let next = match self.planner.locate(slot, &self.stop) {
                 Ok(Found::Minibatch(located)) => Step::Fill(Box::new(located)),
                 // Waiting for memory that tasks of this pool may free: let them run.
                 Ok(Found::Wait) => return Turn::Again,
-                Ok(Found::End) => Step::Event(ProducerEvent::End {
-                    position: self.planner.feeder.position(),
-                    minibatches: self.planner.feeder.next_index(),
-                }),
+                Ok(Found::End) => Step::Event(self.planner.end()),
                 Err(ProduceError::Stopped) => return self.finish(),
                 Err(e) => Step::Event(ProducerEvent::failed(&e)),
             };
@@ -541,7 +585,7 @@ impl Drop for Planning {
     fn drop(&mut self) {
         // However the task ends (its work done, stopped, or a panic the pool caught): out of the
         // cache's lists, so that no session waits behind it for good.
-        self.planner.cache.dismiss(self.planner.id);
+        self.planner.cache().dismiss(self.planner.id());
     }
 }
 
@@ -624,8 +668,8 @@ impl Announcer {
 
 /// A filler task: copies each minibatch handed to it into its slot and announces it.
 struct Filling {
-    /// The dataset (its stream names, in tensor order).
-    runtime: Arc<DatasetRuntime>,
+    /// Stream names, in tensor order.
+    names: Arc<Vec<String>>,
     metrics: SessionMetrics,
     ring: Arc<SharedRing<MemfdMemory>>,
     /// `None` once the filler is finished.
@@ -670,8 +714,8 @@ impl Filling {
         let started = Instant::now();
         // A minibatch gathered a chunk at a time: its copies stay counted until it is in its slot
         // (and the minibatches gathered with it in theirs), at the end of this call.
-        let Located { slot, mb, samples, charged: _charged } = job;
-        match self.ring.write(slot.slot, slot.generation, &mb, &self.runtime.names) {
+        let Located { slot, mb, samples, charged: _charged, mixture } = job;
+        match self.ring.write(slot.slot, slot.generation, &mb, &self.names) {
             Ok(_) => {
                 self.metrics.delivery_busy_seconds.inc_by(started.elapsed().as_secs_f64());
                 let meta = MinibatchMeta {
@@ -680,7 +724,7 @@ impl Filling {
                     end_of_sweep: mb.end_of_sweep,
                     position: mb.position,
                 };
-                (ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta }, samples)
+                (ProducerEvent::Filled { slot: slot.slot, generation: slot.generation, meta, mixture }, samples)
             }
             Err(e) => (ProducerEvent::failed(&ProduceError::from(e)), 0),
         }
@@ -828,7 +872,7 @@ impl Planner {
     /// run on the same pool) and calls again.
     fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
         if let Some((mb, samples, charged)) = self.gathered_ahead.pop_front() {
-            return Ok(Found::Minibatch(Located { slot, mb, samples, charged: Some(charged) }));
+            return Ok(Found::Minibatch(Located { slot, mb, samples, charged: Some(charged), mixture: None }));
         }
         let mut p = if let Some(p) = self.pending.take() {
             p
@@ -923,8 +967,47 @@ impl Planner {
         let samples = p.plan.samples;
         let busy = p.started.elapsed().saturating_sub(p.cache_wait).saturating_sub(p.memory_wait);
         self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
-        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples, charged }))
+        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples, charged, mixture: None }))
     }
+}
+
+impl Locate for Planner {
+    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
+        Planner::locate(self, slot, stop)
+    }
+
+    fn end(&self) -> ProducerEvent {
+        ProducerEvent::End { position: self.feeder.position(), minibatches: self.feeder.next_index(), mixture: None }
+    }
+
+    fn waiting(&self) -> Option<FreeSlot> {
+        self.pending.as_ref().map(|p| p.slot)
+    }
+
+    fn shed_all(&mut self) {
+        self.shed(None);
+    }
+
+    fn idle_since(&mut self) -> &mut Option<Instant> {
+        &mut self.idle_since
+    }
+
+    fn cache(&self) -> &Arc<SharedCache> {
+        &self.cache
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn metrics(&self) -> &SessionMetrics {
+        &self.metrics
+    }
+}
+
+/// A new producer's id, for the cache's lists of idle and waiting producers.
+pub(super) fn next_producer_id() -> u64 {
+    NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The loader a producer gathers through: each chunk from the shared cache (asking for the

@@ -1,0 +1,402 @@
+//! Opening a mixture's session (`docs/mixtures.md`): a client's `open` of a `[mixtures.NAME]`.
+//!
+//! The same steps as a dataset's session ([`super::active::open`]) — options, a `resume` state's
+//! fit, admission, the ring, the checkpoint, the producer — with the engine's
+//! [`Mixture`] in place of a sampler, planned by [`MixturePlanner`]. What differs:
+//! * **Options.** `minibatch_size`, `max_samples` (the epoch, instead of the mixture's own),
+//!   `sweep` (epoch `k` of the mixture: the epochs before it walked, no data read),
+//!   `weights` or `weight_schedule` (instead of the configured weights), `num_workers`, `rank`,
+//!   `resume`, `prefetch`, `slot_size_bytes`, `session`; `equal_steps` and `tail` are accepted
+//!   and change nothing (a mixture's workers always take equal steps). The options that shape a
+//!   dataset's sampling do not apply: each source samples with its dataset's `[sampling]` table.
+//! * **State.** `SessionState::mixture` carries the mixture's state after the last minibatch
+//!   taken; it is the same on every worker, so any worker's state resumes any worker, at any
+//!   worker count (there is no `resume_job`). The data identity covers every source's data in
+//!   order; the options hash every source's randomization, window and seed, and the epoch — not
+//!   the weights, which may change across a resume.
+//! * **Memory.** The sources' sweep orders are reserved as a dataset session's are; the sources'
+//!   randomization windows must fit the chunk cache's share together, or the `open` is refused.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use minibatchd_client::protocol::{
+    hex64, MixtureInfo, MixtureSourceInfo, ServerMessage, SessionOptions, SessionState, StreamInfo, STATE_VERSION,
+};
+use minibatchd_engine::feed::window_floor_bytes;
+use minibatchd_engine::minibatch::StreamShape;
+use minibatchd_engine::sampling::mixture::{
+    Mixture, MixtureEpoch, MixtureOptions, WeightSchedule, WeightStage, Weights, MAX_WALK_SLOTS,
+};
+use minibatchd_engine::sampling::{window_sequences, EpochLimit, Sampler, SamplingOptions, Tail};
+use minibatchd_shm::RingGeometry;
+
+use super::active::{
+    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, warn_if_replaying, Active,
+    Described, Launch, SamplingReservation,
+};
+use super::admission::{self, Refusal};
+use super::peer::{ConnShared, Peer};
+use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
+use super::ControlPlane;
+use crate::config::mixture::{sources_of, stream_layout, MixtureConfig};
+use crate::pipeline::data::hub::DatasetRuntime;
+use crate::pipeline::data::mixing::{from_wire, to_wire, MixturePlanner, PlannedSource};
+
+/// A mixture's `open` resolved, before anything shared is touched.
+struct Prepared {
+    runtimes: Vec<Arc<DatasetRuntime>>,
+    /// Per source, its dataset's stream filling each of the mixture's streams.
+    orders: Vec<Vec<usize>>,
+    streams: Vec<StreamInfo>,
+    shapes: Vec<StreamShape>,
+    names: Vec<String>,
+    mixture: Mixture,
+    minibatch_size: usize,
+    rank: u64,
+    slots: u64,
+    geometry: RingGeometry,
+    identity: u64,
+    options_hash: u64,
+    session: Option<String>,
+    /// The sources' sweep orders, reserved.
+    sampling: SamplingReservation,
+    /// The least the sources' windows hold together, and each source's, for the check once the
+    /// ring is reserved.
+    floors: Vec<u64>,
+}
+
+/// The mixture's data identity: its sources' data identities, in source order.
+fn identity(runtimes: &[Arc<DatasetRuntime>]) -> u64 {
+    let mut h = minibatchd_engine::hash::Fnv1a::new();
+    h.field(b"mixture");
+    for rt in runtimes {
+        h.u64(rt.identity);
+    }
+    h.finish()
+}
+
+/// What shapes a mixture's order besides its weights: each source's sampling, the epoch, and
+/// which epoch (`sweep`) when asked for.
+fn mixture_options_hash(runtimes: &[Arc<DatasetRuntime>], epoch: MixtureEpoch, which: Option<u64>) -> u64 {
+    let mut h = minibatchd_engine::hash::Fnv1a::new();
+    h.field(b"mixture");
+    for rt in runtimes {
+        h.u64(options_hash(&source_sampling(rt), false, Tail::Drop));
+    }
+    match epoch {
+        MixtureEpoch::Endless => h.u64(1),
+        MixtureEpoch::FirstSweepEnd => h.u64(2),
+        MixtureEpoch::Samples(n) => {
+            h.u64(3);
+            h.u64(n);
+        }
+    }
+    if let Some(k) = which {
+        h.u64(4);
+        h.u64(k);
+    }
+    h.finish()
+}
+
+/// How a source samples: its dataset's `[sampling]`, one worker, endlessly.
+fn source_sampling(rt: &DatasetRuntime) -> SamplingOptions {
+    let s = &rt.dataset.config().sampling;
+    SamplingOptions {
+        randomize: s.randomize,
+        window: s.window,
+        seed: s.seed,
+        limit: EpochLimit::Infinite,
+        num_workers: 1,
+        rank: 0,
+    }
+}
+
+/// The options of a dataset's sampling that a mixture's session does not take.
+fn refused_options(o: &SessionOptions) -> Vec<&'static str> {
+    let given = [
+        ("max_sweeps", o.max_sweeps.is_some()),
+        ("full_sweep", o.full_sweep),
+        ("randomize", o.randomize.is_some()),
+        ("window_chunks", o.window_chunks.is_some()),
+        ("window_samples", o.window_samples.is_some()),
+        ("seed", o.seed.is_some()),
+        ("frame_mode", o.frame_mode),
+        ("resume_job", o.resume_job.is_some()),
+    ];
+    given.iter().filter(|(_, on)| *on).map(|(k, _)| *k).collect()
+}
+
+/// The weights a session follows: the `open`'s, else the configured ones.
+fn schedule_of(o: &SessionOptions, config: &MixtureConfig) -> Result<WeightSchedule, String> {
+    let sources = config.datasets.len();
+    let weights = |w: &[f64]| {
+        if w.len() != sources {
+            return Err(format!("{} weights for {sources} sources", w.len()));
+        }
+        Weights::new(w).map_err(|e| e.to_string())
+    };
+    match (&o.weights, &o.weight_schedule) {
+        (Some(_), Some(_)) => Err("give weights or weight_schedule, not both".into()),
+        (Some(w), None) => Ok(WeightSchedule::constant(weights(w).map_err(|e| format!("weights: {e}"))?)),
+        (None, Some(stages)) => {
+            let mut out = Vec::with_capacity(stages.len());
+            for (i, s) in stages.iter().enumerate() {
+                let w = weights(&s.weights).map_err(|e| format!("weight_schedule[{i}]: {e}"))?;
+                out.push(WeightStage { from_step: s.from_step, weights: w });
+            }
+            WeightSchedule::new(out).map_err(|e| format!("weight_schedule: {e}"))
+        }
+        (None, None) => Ok(config.schedule.clone()),
+    }
+}
+
+/// Resolves a mixture's `open`: its sources (each indexed), options, streams, the mixture and the
+/// ring's geometry, and reserves its sources' sweep orders.
+fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>) -> Result<Prepared, Refusal> {
+    let config = shared.config();
+    let refuse = |message: String| Refusal::Mixture { name: name.to_owned(), message };
+    let Some(m) = config.mixtures.get(name).cloned() else {
+        return Err(refuse("no longer configured (a configuration reload removed it)".into()));
+    };
+    let runtimes = m.datasets.iter().map(|d| shared.data.dataset(d)).collect::<Result<Vec<_>, _>>()?;
+    let refused = refused_options(options);
+    if !refused.is_empty() {
+        return Err(refuse(format!(
+            "{} do(es) not apply to a mixture's session: each source samples with its dataset's [sampling] table \
+             (docs/mixtures.md)",
+            refused.join(", ")
+        )));
+    }
+    // The options a mixture shares with a dataset's session, checked the same way (the first
+    // source stands in for the dataset; none of its defaults is used).
+    let d = &config.daemon;
+    // Equal steps are a mixture's own (every worker walks every slot), with or without them.
+    let common = SessionOptions {
+        weights: None,
+        weight_schedule: None,
+        max_samples: None,
+        sweep: None,
+        equal_steps: false,
+        tail: None,
+        resume: None,
+        ..options.clone()
+    };
+    let resolved = resolve_options(&common, runtimes[0].dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
+    let schedule = schedule_of(options, &m).map_err(refuse)?;
+    let epoch = match options.max_samples {
+        Some(0) => return Err(refuse("max_samples must be at least 1".into())),
+        Some(n) => MixtureEpoch::Samples(n),
+        None => m.epoch,
+    };
+    let datasets: Vec<&minibatchd_engine::dataset::Dataset> = runtimes.iter().map(|rt| &rt.dataset).collect();
+    let layout = stream_layout(&m.datasets, &datasets, &m.streams).map_err(refuse)?;
+    let streams: Vec<StreamInfo> = layout
+        .names
+        .iter()
+        .zip(&layout.order[0])
+        .map(|(n, &i)| StreamInfo { name: n.clone(), ..runtimes[0].streams[i].clone() })
+        .collect();
+    // The sources' sweep orders, reserved before they are built.
+    let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
+    let mut bytes = 0u64;
+    let mut widest = 0u64;
+    for rt in &runtimes {
+        let o = source_sampling(rt);
+        bytes = bytes.saturating_add(Sampler::memory_bound(rt.dataset.timeline(), &o, false));
+        widest = widest.max(window_sequences(rt.dataset.timeline(), &o));
+    }
+    sampling.resize_to(bytes, widest)?;
+    let floors: Vec<u64> = runtimes
+        .iter()
+        .map(|rt| {
+            let timeline = rt.dataset.timeline();
+            window_floor_bytes(timeline, timeline.samples(..), &rt.shapes, &source_sampling(rt))
+        })
+        .collect();
+    let mixture_options =
+        MixtureOptions { schedule, epoch, num_workers: resolved.sampling.num_workers, rank: resolved.sampling.rank };
+    let mut mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
+    if let Some(k) = options.sweep {
+        mixture.skip_epochs(k, resolved.minibatch_size, MAX_WALK_SLOTS).map_err(|e| refuse(e.to_string()))?;
+    }
+    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
+    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0);
+    let slot_size = resolved.slot_size_bytes.max(dense).min(MAX_SLOT_SIZE_BYTES);
+    Ok(Prepared {
+        identity: identity(&runtimes),
+        options_hash: mixture_options_hash(&runtimes, epoch, options.sweep),
+        orders: layout.order,
+        shapes: layout.shapes,
+        names: layout.names,
+        streams,
+        runtimes,
+        mixture,
+        minibatch_size: resolved.minibatch_size,
+        rank: resolved.sampling.rank as u64,
+        slots: resolved.slots,
+        geometry: RingGeometry::new(resolved.slots, slot_size),
+        session: resolved.session,
+        sampling,
+        floors,
+    })
+}
+
+/// Refuses sources whose windows cannot fit the cache's share together (once the ring is
+/// reserved).
+fn windows_fit(name: &str, p: &Prepared, shared: &ControlPlane) -> Result<(), Refusal> {
+    let floor = p.floors.iter().fold(0u64, |a, &b| a.saturating_add(b));
+    let share = shared.registry().cache_budget();
+    if floor <= share {
+        return Ok(());
+    }
+    let sources = p
+        .runtimes
+        .iter()
+        .zip(&p.floors)
+        .map(|(rt, f)| format!("'{}' {} MiB", rt.name, f.div_ceil(1 << 20)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(Refusal::MixtureTooLarge { name: name.to_owned(), sources, floor, share })
+}
+
+/// Admits a mixture's session ([`admission::admit`]): its name, its starting state (fresh, the
+/// client's `resume`, or a lingering session's) and its ring's memory.
+fn admit(
+    name: &str,
+    options: &SessionOptions,
+    prepared: &Prepared,
+    shared: &Arc<ControlPlane>,
+    peer: &Peer,
+) -> Result<admission::Admitted, Refusal> {
+    let sources = prepared.runtimes.len();
+    let (identity, ohash) = (prepared.identity, prepared.options_hash);
+    let fresh = SessionState {
+        version: STATE_VERSION,
+        dataset: name.to_owned(),
+        position: 0,
+        minibatches: 0,
+        data_identity: hex64(identity),
+        options_hash: hex64(ohash),
+        job: None,
+        mixture: Some(to_wire(prepared.mixture.state())),
+    };
+    if let Some(s) = &options.resume {
+        check_mixture_resume(s, name, identity, ohash, sources)?;
+    }
+    let request = admission::Request {
+        dataset: name,
+        name: prepared.session.as_deref(),
+        resume: options.resume.as_ref(),
+        fresh,
+        fits: &|s: &SessionState| check_mixture_resume(s, name, identity, ohash, sources),
+        ring_bytes: prepared.geometry.total_bytes(),
+        host_short: host_shortfall(shared),
+        uid: peer.uid,
+        limits: shared.limits.sessions,
+        nonce: super::random_u64(),
+        options,
+    };
+    let mut reg = shared.registry();
+    let admitted = admission::admit(&mut reg, &request, Instant::now())?;
+    shared.rebudget(&reg);
+    Ok(admitted)
+}
+
+/// Opens a mixture's session: see the module's documentation.
+pub(super) async fn open_mixture(
+    name: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+    peer: &Peer,
+) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+    let shared = &conn.shared;
+    let prepared = {
+        let (name, options, shared) = (name.to_owned(), options.clone(), shared.clone());
+        off_the_event_loop(move || prepare_now(&name, &options, &shared)).await?
+    };
+    let (identity, ohash) = (prepared.identity, prepared.options_hash);
+    let admitted = admit(name, options, &prepared, shared, peer)?;
+    let undo = |refusal: Refusal| {
+        let mut reg = shared.registry();
+        admission::withdraw(&mut reg, &admitted, Instant::now());
+        shared.rebudget(&reg);
+        refusal
+    };
+    windows_fit(name, &prepared, shared).map_err(undo)?;
+    let Prepared {
+        runtimes,
+        orders,
+        streams,
+        shapes,
+        names,
+        mut mixture,
+        minibatch_size,
+        rank,
+        slots,
+        geometry,
+        sampling,
+        ..
+    } = prepared;
+    let (id, session, start, ring_bytes) =
+        (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
+    if let Some(state) = &start.mixture {
+        mixture
+            .restore(&from_wire(state))
+            .map_err(|e| undo(Refusal::Mixture { name: name.to_owned(), message: e.to_string() }))?;
+    }
+    let (ring, fd) = new_ring(&session, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
+    let header = *ring.header();
+    checkpoint_opening(shared).await.map_err(undo)?;
+
+    let slot_count = usize::try_from(slots).unwrap_or(usize::MAX);
+    let metrics = shared.data.metrics.session(name, rank);
+    let info = MixtureInfo {
+        sources: runtimes
+            .iter()
+            .map(|rt| MixtureSourceInfo { dataset: rt.name.clone(), sweep_size: rt.dataset.timeline().samples(..) })
+            .collect(),
+    };
+    let producer = {
+        let control = &shared.data.metrics.control;
+        let sources = runtimes
+            .iter()
+            .zip(orders)
+            .map(|(rt, order)| PlannedSource {
+                runtime: rt.clone(),
+                order,
+                samples: control.mixture_samples.with_label_values(&[name, rt.name.as_str()]),
+                target_share: control.mixture_target_share.with_label_values(&[name, rt.name.as_str()]),
+            })
+            .collect();
+        let cache = shared.data.cache.clone();
+        let plans =
+            MixturePlanner::new(sources, shapes, cache, mixture, minibatch_size, start.minibatches, metrics.clone());
+        plans.into_producer(name.to_owned(), names, ring).counted(shared.data.demand.working())
+    };
+    warn_if_replaying(&session, &start, admitted.resumed.as_ref(), admitted.given_up_to);
+    let described = Described {
+        dataset: name.to_owned(),
+        streams,
+        sweep_size: info.sources.iter().map(|s| s.sweep_size).sum(),
+        mixture: Some(info),
+    };
+    let opened = opened_message(&session, &header, described, &start, admitted.resumed.clone(), Vec::new());
+    let launch = Launch {
+        session,
+        dataset: name.to_owned(),
+        identity,
+        sources: runtimes.iter().map(|rt| rt.name.clone()).collect(),
+        options_hash: ohash,
+        job: None,
+        start,
+        given_up_to: admitted.given_up_to,
+        ring_bytes,
+        slot_count,
+        metrics,
+        sampling,
+    };
+    let active = launch.start(conn, producer).await.map_err(undo)?;
+    Ok((active, opened, fd))
+}

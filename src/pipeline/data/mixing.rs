@@ -1,0 +1,356 @@
+//! A mixture session's planner (`docs/mixtures.md`): the engine's [`Mixture`] over the shared
+//! chunk cache, for the session's [`super::producer::Producer`] — which writes what it locates
+//! into the ring as it does a dataset's minibatches.
+//!
+//! Each minibatch's chunks come from the cache under their own dataset's key (a mixture shares
+//! the parsed chunks, the parser pool and the persisted cache with every session of its
+//! datasets). A chunk stays held until its source's sweep is done with it (the plan's `retire`),
+//! as a dataset's session holds its window. The next [`AHEAD`] minibatches are planned ahead and
+//! their chunks asked for, so that the parser pool works while this one is gathered.
+//!
+//! Memory: at `open` the sources' windows must fit the chunk cache's share together
+//! (`control::mixture`); during the run, when the chunks sessions hold fill it, the planner lets
+//! go of what its minibatch does not need, then waits in line with the other sessions
+//! (`minibatchd_session_memory_wait_seconds_total`). A minibatch whose own chunks cannot fit
+//! together fails with `resource_exhausted` (a dataset's session gathers such a minibatch a chunk
+//! at a time; a mixture's does not yet).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use minibatchd_client::protocol::{self as wire, MixtureReady};
+use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::minibatch::{gather_mixture, ChunkSource, StreamShape};
+use minibatchd_engine::sampling::mixture::{Mixture, MixturePlan, MixtureState, SourceState};
+use minibatchd_engine::sampling::Timeline;
+use prometheus::{Gauge, IntCounter};
+
+use super::chunk_cache::{ChunkKey, FetchError, SharedCache};
+use super::hub::DatasetRuntime;
+use super::producer::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, Producer, ProducerEvent};
+use crate::metrics::SessionMetrics;
+use minibatchd_shm::SharedRing;
+use minibatchd_sys::MemfdMemory;
+
+/// Minibatches planned ahead of the one being gathered, whose chunks are asked for.
+const AHEAD: usize = 2;
+
+/// How long a planner waiting for memory blocks its pool thread at a time.
+const MEMORY_WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// The engine's mixture state as the protocol carries it.
+#[must_use]
+pub fn to_wire(s: &MixtureState) -> wire::MixtureState {
+    wire::MixtureState {
+        step: s.step,
+        slots: s.slots,
+        samples: s.samples,
+        ended: s.ended,
+        sources: s
+            .sources
+            .iter()
+            .map(|x| wire::MixtureSourceState {
+                position: x.position,
+                taken: x.taken,
+                credit: x.credit,
+                weight: x.weight,
+            })
+            .collect(),
+    }
+}
+
+/// A protocol mixture state as the engine's (checked by [`Mixture::restore`]).
+#[must_use]
+pub fn from_wire(s: &wire::MixtureState) -> MixtureState {
+    MixtureState {
+        step: s.step,
+        slots: s.slots,
+        samples: s.samples,
+        ended: s.ended,
+        sources: s
+            .sources
+            .iter()
+            .map(|x| SourceState { position: x.position, taken: x.taken, credit: x.credit, weight: x.weight })
+            .collect(),
+    }
+}
+
+/// One source as the planner reads it.
+pub struct PlannedSource {
+    /// The source's dataset (the version the session opened on).
+    pub runtime: Arc<DatasetRuntime>,
+    /// The dataset's stream filling each of the mixture's streams.
+    pub order: Vec<usize>,
+    /// `minibatchd_mixture_samples_total{mixture, source}`.
+    pub samples: IntCounter,
+    /// `minibatchd_mixture_target_share{mixture, source}`.
+    pub target_share: Gauge,
+}
+
+/// A minibatch planned, waiting for its chunks (or for memory).
+struct Pending {
+    slot: FreeSlot,
+    plan: MixturePlan,
+    started: Instant,
+    cache_wait: Duration,
+    memory_wait: Duration,
+    /// It let go of the chunks it does not need.
+    shed: bool,
+}
+
+/// Plans a mixture session's minibatches: see the module's documentation.
+pub struct MixturePlanner {
+    sources: Vec<PlannedSource>,
+    /// The mixture's stream shapes (every source's mapped streams have them).
+    shapes: Vec<StreamShape>,
+    cache: Arc<SharedCache>,
+    mixture: Mixture,
+    minibatch_size: usize,
+    /// The next minibatch's index in the session.
+    next_index: u64,
+    /// Planned ahead, in order; `None` after them: the epoch ended.
+    ahead: VecDeque<MixturePlan>,
+    ended: bool,
+    /// Per source, the chunks held.
+    held: Vec<HashMap<u32, Arc<ParsedChunk>>>,
+    pending: Option<Pending>,
+    metrics: SessionMetrics,
+    idle_since: Option<Instant>,
+    id: u64,
+}
+
+impl MixturePlanner {
+    /// A planner that continues `mixture` (already restored) with minibatch `next_index`.
+    #[must_use]
+    pub fn new(
+        sources: Vec<PlannedSource>,
+        shapes: Vec<StreamShape>,
+        cache: Arc<SharedCache>,
+        mixture: Mixture,
+        minibatch_size: usize,
+        next_index: u64,
+        metrics: SessionMetrics,
+    ) -> Self {
+        let held = vec![HashMap::new(); sources.len()];
+        Self {
+            sources,
+            shapes,
+            cache,
+            mixture,
+            minibatch_size,
+            next_index,
+            ahead: VecDeque::new(),
+            ended: false,
+            held,
+            pending: None,
+            metrics,
+            idle_since: None,
+            id: next_producer_id(),
+        }
+    }
+
+    /// The session's producer (of mixture `name`, streams `names`, into `ring`), planned by this.
+    #[must_use]
+    pub fn into_producer(self, name: String, names: Vec<String>, ring: SharedRing<MemfdMemory>) -> Producer {
+        Producer::planned(Box::new(self), name, names, ring)
+    }
+
+    fn key(&self, source: u32, chunk: u32) -> ChunkKey {
+        ChunkKey::new(self.sources[source as usize].runtime.index, chunk)
+    }
+
+    /// Plans up to [`AHEAD`] minibatches past the next one and asks for their chunks not held.
+    fn plan_ahead(&mut self) -> Result<(), ProduceError> {
+        while !self.ended && self.ahead.len() <= AHEAD {
+            match self.mixture.next_minibatch(self.minibatch_size) {
+                Ok(Some(plan)) => {
+                    let keys: Vec<ChunkKey> = self.missing(&plan).into_iter().map(|(s, c)| self.key(s, c)).collect();
+                    self.cache.prefetch(keys);
+                    self.ahead.push_back(plan);
+                }
+                Ok(None) => self.ended = true,
+                Err(e) => return Err(ProduceError::Data(DataError::Dataset(format!("the mixture: {e}")))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The `(source, chunk)` of `plan` not held, in order of first need.
+    fn missing(&self, plan: &MixturePlan) -> Vec<(u32, u32)> {
+        let mut out: Vec<(u32, u32)> = Vec::new();
+        for r in &plan.sequences {
+            let k = (r.source, r.seq.chunk);
+            if !self.held[r.source as usize].contains_key(&k.1) && !out.contains(&k) {
+                out.push(k);
+            }
+        }
+        out
+    }
+
+    /// Lets go of the chunks held that `plan` does not need (all, without a plan); their count.
+    fn shed(&mut self, plan: Option<&MixturePlan>) -> usize {
+        let mut n = 0;
+        for (s, held) in self.held.iter_mut().enumerate() {
+            let before = held.len();
+            held.retain(|&c, _| {
+                plan.is_some_and(|p| p.sequences.iter().any(|r| r.source as usize == s && r.seq.chunk == c))
+            });
+            n += before - held.len();
+        }
+        self.cache.shed(n);
+        n
+    }
+
+    /// Loads the chunks of `plan` not held. `Ok(None)` when done; `Ok(Some(e))` when one was
+    /// refused at the memory limit.
+    fn load(
+        &mut self,
+        plan: &MixturePlan,
+        stop: &AtomicBool,
+        wait: &mut Duration,
+    ) -> Result<Option<FetchError>, ProduceError> {
+        let missing = self.missing(plan);
+        self.cache.prefetch(missing.iter().map(|&(s, c)| self.key(s, c)));
+        for (s, c) in missing {
+            let asked = Instant::now();
+            let got = self.cache.get(self.key(s, c), stop);
+            *wait += asked.elapsed();
+            match got {
+                Ok(chunk) => {
+                    self.held[s as usize].insert(c, chunk);
+                }
+                Err(e @ FetchError::OverLimit { .. }) => return Ok(Some(e)),
+                Err(FetchError::Stopped) => return Err(ProduceError::Stopped),
+                Err(FetchError::Failed(e)) => return Err(ProduceError::Data(e)),
+                Err(e) => {
+                    let name = &self.sources[s as usize].runtime.name;
+                    return Err(ProduceError::Data(DataError::Dataset(format!("dataset '{name}', chunk {c}: {e}"))));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits for memory other sessions hold, one slice; whether there is room now.
+    fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) -> bool {
+        self.cache.queue_for_memory(self.id);
+        if !self.cache.first_in_line(self.id) {
+            self.shed(None);
+        }
+        let since = Instant::now();
+        let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
+        let waited = since.elapsed();
+        self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
+        *memory_wait += waited;
+        room
+    }
+
+    fn located(&mut self, p: Pending) -> Result<Found, ProduceError> {
+        let Pending { slot, plan, started, cache_wait, memory_wait, shed } = p;
+        if shed {
+            self.cache.leave_line(self.id);
+        }
+        let timelines: Vec<&Timeline> = self.sources.iter().map(|s| s.runtime.dataset.timeline().as_ref()).collect();
+        let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
+        let mut chunks: Vec<&mut dyn ChunkSource> = self.held.iter_mut().map(|h| h as &mut dyn ChunkSource).collect();
+        let mb = gather_mixture(self.next_index, &plan, &self.shapes, &timelines, &orders, &mut chunks)?;
+        self.next_index += 1;
+        for &(s, c) in &plan.retire {
+            if let Some(h) = self.held.get_mut(s as usize) {
+                h.remove(&c);
+            }
+        }
+        let weights = self.mixture.options().schedule.at(plan.step);
+        for (i, source) in self.sources.iter().enumerate() {
+            source.target_share.set(weights.share(i));
+        }
+        for r in &plan.sequences {
+            self.sources[r.source as usize].samples.inc_by(u64::from(r.samples));
+        }
+        self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
+        let busy = started.elapsed().saturating_sub(cache_wait).saturating_sub(memory_wait);
+        self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
+        let mixture = Box::new(MixtureReady {
+            state: to_wire(&plan.state),
+            sources: plan.sequences.iter().map(|r| r.source).collect(),
+            sweeps_ended: plan.sweeps_ended.clone(),
+        });
+        Ok(Found::Minibatch(Located { slot, mb, samples: plan.samples, charged: None, mixture: Some(mixture) }))
+    }
+}
+
+impl Locate for MixturePlanner {
+    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
+        let mut p = if let Some(p) = self.pending.take() {
+            p
+        } else {
+            let started = Instant::now();
+            self.plan_ahead()?;
+            let Some(plan) = self.ahead.pop_front() else { return Ok(Found::End) };
+            Pending { slot, plan, started, cache_wait: Duration::ZERO, memory_wait: Duration::ZERO, shed: false }
+        };
+        loop {
+            let refused = self.load(&p.plan, stop, &mut p.cache_wait)?;
+            if stop.load(Ordering::Relaxed) {
+                self.cache.leave_line(self.id);
+                return Err(ProduceError::Stopped);
+            }
+            let Some(e) = refused else { break };
+            // The chunks sessions hold fill the cache's share: first let go of what this
+            // minibatch does not need; then wait, in line, for what others hold.
+            if !p.shed {
+                p.shed = true;
+                self.shed(Some(&p.plan));
+                continue;
+            }
+            let own: u64 = self.held.iter().flat_map(HashMap::values).map(|c| c.size_bytes() as u64).sum();
+            let FetchError::OverLimit { held, .. } = e else { break };
+            if held > own {
+                if self.wait_for_memory(stop, &mut p.memory_wait) {
+                    continue;
+                }
+                self.pending = Some(p);
+                return Ok(Found::Wait);
+            }
+            self.cache.leave_line(self.id);
+            return Err(ProduceError::Memory(format!(
+                "minibatch {} of the mixture: its own chunks do not fit in memory together ({e}); give its datasets \
+                 smaller randomization windows or chunks, or raise memory_limit_bytes",
+                self.next_index
+            )));
+        }
+        self.located(p)
+    }
+
+    fn end(&self) -> ProducerEvent {
+        let state = self.mixture.state();
+        ProducerEvent::End { position: state.slots, minibatches: self.next_index, mixture: Some(to_wire(state)) }
+    }
+
+    fn waiting(&self) -> Option<FreeSlot> {
+        self.pending.as_ref().map(|p| p.slot)
+    }
+
+    fn shed_all(&mut self) {
+        self.shed(None);
+    }
+
+    fn idle_since(&mut self) -> &mut Option<Instant> {
+        &mut self.idle_since
+    }
+
+    fn cache(&self) -> &Arc<SharedCache> {
+        &self.cache
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn metrics(&self) -> &SessionMetrics {
+        &self.metrics
+    }
+}

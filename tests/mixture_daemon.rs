@@ -1,0 +1,297 @@
+//! Weighted mixtures served by the real daemon (issue 40) through the Rust client: every worker
+//! of every world size gets exactly the minibatches `minibatchd dump --mixture` prints for it —
+//! fingerprints, data and the state after each; a state taken at any minibatch resumes at another
+//! world size; a session resumed by name continues across a daemon restart; weights given at
+//! `open` replace the configured ones; what does not fit a mixture is refused; the per-source
+//! metrics count what was delivered.
+
+mod support;
+
+use std::path::Path;
+
+use minibatchd_client::protocol::{ErrorCode, SessionOptions, SessionState, WeightStageOption};
+use minibatchd_client::{ClientError, Session};
+use support::daemon::{json, options, write_config, Daemon};
+use support::{parse_dump, write};
+
+/// Datasets `a` (23 lines in chunks of a few lines, randomized), `b` (7 lines, file order), `d`
+/// (b's file under other stream names) — a feature of each line holds its index and its file —
+/// and the mixtures of them.
+fn start(dir: &Path) -> Daemon {
+    let a = (0..23).map(|i| format!("|F {i} 0 |L {}:1\n", i % 3)).collect::<Vec<_>>().concat();
+    let b = (0..7).map(|i| format!("|F {i} 1 |L {}:1\n", i % 3)).collect::<Vec<_>>().concat();
+    write(dir, "a.ctf", a);
+    write(dir, "b.ctf", b);
+    let d = dir.display();
+    let streams = |n: &str, x: &str, y: &str| {
+        format!(
+            "[datasets.{n}.streams.{x}]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n\
+             [datasets.{n}.streams.{y}]\nalias = \"L\"\ndim = 3\nformat = \"sparse\"\n"
+        )
+    };
+    let datasets = format!(
+        "[datasets.a]\nformat = \"ctf\"\nfiles = [\"{d}/a.ctf\"]\nchunk_size_bytes = 60\n{}\
+         [datasets.a.sampling]\nwindow_chunks = 3\nseed = 5\n\
+         [datasets.b]\nformat = \"ctf\"\nfiles = [\"{d}/b.ctf\"]\n{}\
+         [datasets.b.sampling]\nrandomize = false\n\
+         [datasets.d]\nformat = \"ctf\"\nfiles = [\"{d}/b.ctf\"]\n{}\
+         [datasets.d.sampling]\nrandomize = false\n\
+         [mixtures.ab]\ndatasets = [\"a\", \"b\"]\nweights = [2.5, 1]\nepoch = \"first_sweep_end\"\n\
+         [[mixtures.ab.schedule]]\nfrom_step = 4\nweights = [1, 3]\n\
+         [mixtures.even]\ndatasets = [\"a\", \"b\"]\nweights = [1, 1]\nepoch = \"first_sweep_end\"\n\
+         [mixtures.ad]\ndatasets = [\"a\", \"d\"]\nweights = [1, 2]\nmax_samples = 40\n\
+         [mixtures.ad.streams]\nvalues = [\"features\", \"x\"]\nclasses = [\"labels\", \"y\"]\n",
+        streams("a", "features", "labels"),
+        streams("b", "features", "labels"),
+        streams("d", "x", "y"),
+    );
+    write_config(dir, "", &datasets);
+    Daemon::start(dir, &[])
+}
+
+/// What the daemon delivered to one worker: per minibatch its dump-format line (fingerprint,
+/// streams) and the session's state after it.
+struct Read {
+    lines: Vec<serde_json::Value>,
+    states: Vec<SessionState>,
+}
+
+fn read(mut s: Session, names: &[&str]) -> Read {
+    let (mut lines, mut states) = (Vec::new(), Vec::new());
+    while let Some(mb) = s.next_owned().expect("next") {
+        lines.push(serde_json::from_str(&json(&mb, names)).expect("a JSON line"));
+        states.push(s.state().expect("state"));
+    }
+    Read { lines, states }
+}
+
+fn open(d: &Daemon, mixture: &str, o: &SessionOptions) -> Session {
+    d.client().open(mixture, o).unwrap_or_else(|e| panic!("open {mixture}: {e}"))
+}
+
+fn worker(minibatch_size: u64, workers: u64, rank: u64) -> SessionOptions {
+    SessionOptions { num_workers: Some(workers), rank: Some(rank), ..options(minibatch_size) }
+}
+
+/// `dump --mixture` of the daemon's config with `args`, as JSON values.
+fn dump(d: &Daemon, args: &[&str]) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(support::BIN)
+        .arg("dump")
+        .arg("--config")
+        .arg(d.config())
+        .args(args)
+        .output()
+        .expect("dump");
+    assert!(out.status.success(), "dump {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    parse_dump(&String::from_utf8_lossy(&out.stdout)).expect("JSON lines")
+}
+
+/// Checks what the daemon gave one worker against what dump prints for it.
+fn same_as_dump(got: &Read, want: &[serde_json::Value], what: &str) {
+    assert_eq!(got.lines.len(), want.len(), "{what}: minibatches");
+    for (k, ((line, state), w)) in got.lines.iter().zip(&got.states).zip(want).enumerate() {
+        assert_eq!(line["fingerprint"], w["fingerprint"], "{what}, minibatch {k}");
+        assert_eq!(line["streams"], w["streams"], "{what}, minibatch {k}: data");
+        let mixture = serde_json::to_value(state.mixture.as_ref().expect("a mixture's state")).expect("JSON");
+        assert_eq!(mixture, w["state"], "{what}, minibatch {k}: the state after it");
+        assert_eq!(state.position, w["state"]["slots"].as_u64().expect("slots"), "{what}: position = slots");
+    }
+}
+
+#[test]
+fn every_worker_gets_what_dump_prints_and_any_state_resumes_at_another_world_size() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    for (mixture, names) in [("ab", ["features", "labels"]), ("ad", ["classes", "values"])] {
+        let mut whole = None;
+        for workers in [1u64, 2, 3] {
+            for rank in 0..workers {
+                let got = read(open(&d, mixture, &worker(3, workers, rank)), &names);
+                let (w, r) = (workers.to_string(), rank.to_string());
+                let want = dump(&d, &["--mixture", mixture, "--minibatch-size", "3", "--workers", &w, "--rank", &r]);
+                same_as_dump(&got, &want, &format!("{mixture}, worker {rank} of {workers}"));
+                if workers == 1 {
+                    whole = Some(got);
+                }
+            }
+        }
+        // A state taken after any minibatch of one worker resumes two: each gets what dump
+        // prints from that state, its minibatches numbered on.
+        let whole = whole.expect("the one-worker run");
+        assert!(whole.states.len() > 3, "{mixture}: {} minibatches", whole.states.len());
+        for cut in [0, whole.states.len() / 2, whole.states.len() - 2] {
+            let state = &whole.states[cut];
+            let restore = serde_json::to_string(state.mixture.as_ref().expect("mixture")).expect("JSON");
+            for rank in 0..2u64 {
+                let o = SessionOptions { resume: Some(state.clone()), ..worker(3, 2, rank) };
+                let got = read(open(&d, mixture, &o), &names);
+                let r = rank.to_string();
+                let want = dump(
+                    &d,
+                    &[
+                        "--mixture",
+                        mixture,
+                        "--minibatch-size",
+                        "3",
+                        "--workers",
+                        "2",
+                        "--rank",
+                        &r,
+                        "--restore-state",
+                        &restore,
+                    ],
+                );
+                same_as_dump(&got, &want, &format!("{mixture} resumed after minibatch {cut}, worker {rank} of 2"));
+                if let Some(first) = got.lines.first() {
+                    assert_eq!(first["minibatch"].as_u64(), Some(cut as u64 + 1), "minibatches are numbered on");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn weights_at_open_replace_the_configured_ones_and_the_metrics_count_each_source() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let names = ["features", "labels"];
+    let o = SessionOptions { weights: Some(vec![1.0, 1.0]), ..options(4) };
+    let got = read(open(&d, "ab", &o), &names);
+    same_as_dump(&got, &dump(&d, &["--mixture", "even", "--minibatch-size", "4"]), "ab with weights 1:1");
+    // A schedule at open: the configured one's stages, as `ab` has them.
+    let stages = vec![
+        WeightStageOption { from_step: 0, weights: vec![2.5, 1.0] },
+        WeightStageOption { from_step: 4, weights: vec![1.0, 3.0] },
+    ];
+    let o = SessionOptions { weight_schedule: Some(stages), ..options(4) };
+    let scheduled = read(open(&d, "ab", &o), &names);
+    let configured = dump(&d, &["--mixture", "ab", "--minibatch-size", "4"]);
+    same_as_dump(&scheduled, &configured, "ab with its schedule given at open");
+    // The per-source samples of the three sessions of `ab`: both read by the first two; the
+    // third (the configured weights) adds its own counts.
+    let plain = read(open(&d, "ab", &options(4)), &names);
+    same_as_dump(&plain, &configured, "ab");
+    let mut from = [0u64; 2];
+    for line in dump(&d, &["--mixture", "even", "--minibatch-size", "4"]).iter().chain(&configured).chain(&configured) {
+        for s in line["sources"].as_array().expect("sources") {
+            from[usize::try_from(s.as_u64().expect("source")).expect("index")] += 1;
+        }
+    }
+    let metric =
+        |source: &str| d.metric(&format!("minibatchd_mixture_samples_total{{mixture=\"ab\",source=\"{source}\"}}"));
+    let count = |n: u64| f64::from(u32::try_from(n).expect("a small count"));
+    assert_eq!((metric("a"), metric("b")), (count(from[0]), count(from[1])));
+    // The weights in force at the last minibatch (the schedule's second stage): 1 : 3.
+    let share = d.metric("minibatchd_mixture_target_share{mixture=\"ab\",source=\"b\"}");
+    assert!((share - 0.75).abs() < 1e-6, "{share}");
+}
+
+#[test]
+fn what_does_not_fit_a_mixture_is_refused_with_a_reason() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let refused = |name: &str, o: &SessionOptions| match d.client().open(name, o) {
+        Err(ClientError::Daemon { code, message, .. }) => (code, message),
+        Ok(_) => panic!("{name} {o:?} was opened"),
+        Err(e) => panic!("{e}"),
+    };
+    let (code, message) = refused("ab", &SessionOptions { seed: Some(3), window_chunks: Some(2), ..options(4) });
+    assert_eq!(code, ErrorCode::InvalidOptions);
+    assert!(message.contains("window_chunks, seed") && message.contains("[sampling]"), "{message}");
+    let (code, message) = refused("ab", &SessionOptions { weights: Some(vec![1.0]), ..options(4) });
+    assert_eq!(code, ErrorCode::InvalidOptions);
+    assert!(message.contains("1 weights for 2 sources"), "{message}");
+    let (code, message) = refused("a", &SessionOptions { weights: Some(vec![1.0]), ..options(4) });
+    assert_eq!(code, ErrorCode::InvalidOptions);
+    assert!(message.contains("apply to a mixture's session"), "{message}");
+
+    let mut s = open(&d, "a", &options(4));
+    let _ = s.next_owned().expect("next");
+    let dataset_state = s.state().expect("state");
+    drop(s);
+    let mut s = open(&d, "ab", &options(4));
+    let _ = s.next_owned().expect("next");
+    let mixture_state = s.state().expect("state");
+    drop(s);
+    let renamed = SessionState { dataset: "ab".into(), ..dataset_state.clone() };
+    let mut fewer = mixture_state.clone();
+    fewer.mixture.as_mut().expect("mixture").sources.pop();
+    let mut unbalanced = mixture_state.clone();
+    unbalanced.mixture.as_mut().expect("mixture").sources[0].credit += 1;
+    for (name, state, code, text) in [
+        ("ab", dataset_state.clone(), ErrorCode::ResumeMismatch, "belongs to dataset 'a'"),
+        ("ab", renamed, ErrorCode::ResumeMismatch, "is of a dataset's session"),
+        (
+            "a",
+            SessionState { dataset: "a".into(), ..mixture_state.clone() },
+            ErrorCode::ResumeMismatch,
+            "is of a mixture's session",
+        ),
+        ("ab", fewer, ErrorCode::ResumeMismatch, "a mixture of 1 sources"),
+        ("ab", unbalanced, ErrorCode::InvalidOptions, "credits sum to 1"),
+        ("even", mixture_state, ErrorCode::ResumeMismatch, "belongs to dataset 'ab'"),
+    ] {
+        let (code_got, message) = refused(name, &SessionOptions { resume: Some(state), ..options(4) });
+        assert_eq!(code_got, code, "{name}: {message}");
+        assert!(message.contains(text), "{name}: {message}");
+    }
+}
+
+#[test]
+fn a_session_resumed_by_name_continues_across_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut d = start(dir.path());
+    let names = ["features", "labels"];
+    let o = SessionOptions { session: Some("blend".into()), ..options(3) };
+    let mut s = open(&d, "ab", &o);
+    for _ in 0..2 {
+        let _ = s.next_owned().expect("next").expect("a minibatch");
+    }
+    let taken = s.close().expect("close");
+    assert_eq!(taken.minibatches, 2);
+    d.stop();
+    let d = Daemon::start(dir.path(), &[]);
+    let s = open(&d, "ab", &o);
+    let got = read(s, &names);
+    let want = dump(&d, &["--mixture", "ab", "--minibatch-size", "3"]);
+    let rest: Vec<serde_json::Value> = want[2..].to_vec();
+    same_as_dump(&got, &rest, "ab resumed by name after a restart");
+}
+
+#[test]
+fn epoch_k_continues_where_epoch_k_minus_1_ended_at_any_world_size() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let names = ["features", "labels"];
+    for mixture in ["ab", "ad"] {
+        let names = if mixture == "ab" { names } else { ["classes", "values"] };
+        // Epoch k + 1 starts from epoch k's final state, its counts of the epoch at 0.
+        let mut state = None::<serde_json::Value>;
+        for k in 0..4u64 {
+            let mut args = vec!["--mixture".to_owned(), mixture.to_owned(), "--minibatch-size".into(), "3".into()];
+            if let Some(s) = &state {
+                let mut next = s.clone();
+                for key in ["step", "slots", "samples"] {
+                    next[key] = serde_json::json!(0);
+                }
+                next["ended"] = serde_json::json!(false);
+                args.extend(["--restore-state".to_owned(), next.to_string()]);
+            }
+            for workers in [1u64, 2] {
+                for rank in 0..workers {
+                    let mut a = args.clone();
+                    a.extend(["--workers".to_owned(), workers.to_string(), "--rank".into(), rank.to_string()]);
+                    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+                    let want = dump(&d, &a);
+                    let o = SessionOptions { sweep: Some(k), equal_steps: true, ..worker(3, workers, rank) };
+                    let got = read(open(&d, mixture, &o), &names);
+                    same_as_dump(&got, &want, &format!("{mixture}, epoch {k}, worker {rank} of {workers}"));
+                    if workers == 1 {
+                        assert_eq!(got.states.last().and_then(|s| s.mixture.as_ref()).map(|m| m.ended), Some(true));
+                        state = Some(want.last().expect("a minibatch")["state"].clone());
+                    }
+                }
+            }
+        }
+    }
+}
