@@ -9,7 +9,7 @@ mod support;
 
 use std::path::Path;
 
-use minibatchd_client::protocol::{ErrorCode, SessionOptions, SessionState, WeightStageOption};
+use minibatchd_client::protocol::{ErrorCode, MixtureSlot, SessionOptions, SessionState, WeightStageOption};
 use minibatchd_client::{ClientError, Session};
 use support::daemon::{json, options, write_config, Daemon};
 use support::{parse_dump, write};
@@ -50,19 +50,24 @@ fn start(dir: &Path) -> Daemon {
 }
 
 /// What the daemon delivered to one worker: per minibatch its dump-format line (fingerprint,
-/// streams) and the session's state after it.
+/// streams), what its slot carries of the mixture, and the session's state after it (the
+/// daemon's).
 struct Read {
     lines: Vec<serde_json::Value>,
+    slots: Vec<MixtureSlot>,
     states: Vec<SessionState>,
 }
 
 fn read(mut s: Session, names: &[&str]) -> Read {
-    let (mut lines, mut states) = (Vec::new(), Vec::new());
-    while let Some(mb) = s.next_owned().expect("next") {
+    let (mut lines, mut slots, mut states) = (Vec::new(), Vec::new(), Vec::new());
+    while let Some(d) = s.next_minibatch().expect("next") {
+        let mb = s.copy(&d).expect("copy");
+        slots.push(*d.mixture.clone().expect("a mixture's minibatch carries the mixture's tensors"));
+        s.release(d);
         lines.push(serde_json::from_str(&json(&mb, names)).expect("a JSON line"));
         states.push(s.state().expect("state"));
     }
-    Read { lines, states }
+    Read { lines, slots, states }
 }
 
 fn open(d: &Daemon, mixture: &str, o: &SessionOptions) -> Session {
@@ -94,6 +99,14 @@ fn same_as_dump(got: &Read, want: &[serde_json::Value], what: &str) {
         assert_eq!(line["streams"], w["streams"], "{what}, minibatch {k}: data");
         let mixture = serde_json::to_value(state.mixture.as_ref().expect("a mixture's state")).expect("JSON");
         assert_eq!(mixture, w["state"], "{what}, minibatch {k}: the state after it");
+        let slot = &got.slots[k];
+        assert_eq!(
+            serde_json::to_value(&slot.state).expect("JSON"),
+            w["state"],
+            "{what}, minibatch {k}: the slot's state"
+        );
+        assert_eq!(serde_json::json!(slot.sources), w["sources"], "{what}, minibatch {k}: the sources");
+        assert_eq!(serde_json::json!(slot.sweeps_ended), w["sweeps_ended"], "{what}, minibatch {k}");
         assert_eq!(state.position, w["state"]["slots"].as_u64().expect("slots"), "{what}: position = slots");
     }
 }
@@ -294,4 +307,29 @@ fn epoch_k_continues_where_epoch_k_minus_1_ended_at_any_world_size() {
             }
         }
     }
+}
+
+#[test]
+fn a_minibatch_of_many_sequences_carries_every_source_in_its_slot() {
+    // 30,000 one-sample lines in each of two files: a minibatch of 40,000 sequences, whose sources
+    // are far more than a protocol message may carry (64 KiB), ride in the slot.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    for (name, mark) in [("p.ctf", 0), ("q.ctf", 1)] {
+        write(root, name, (0..30_000).map(|i| format!("|F {i} {mark}\n")).collect::<Vec<_>>().concat());
+    }
+    let table = |n: &str, f: &str| {
+        format!(
+            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{f}\"]\n[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n",
+            root.display()
+        )
+    };
+    let mixtures = "[mixtures.pq]\ndatasets = [\"p\", \"q\"]\nweights = [1, 3]\nmax_samples = 50000\n";
+    write_config(root, "", &format!("{}{}{mixtures}", table("p", "p.ctf"), table("q", "q.ctf")));
+    let d = Daemon::start(root, &[]);
+    let got = read(open(&d, "pq", &options(40_000)), &["features"]);
+    let want = dump(&d, &["--mixture", "pq", "--minibatch-size", "40000"]);
+    assert_eq!(want.len(), 2);
+    assert_eq!(got.slots[0].sources.len(), 40_000);
+    same_as_dump(&got, &want, "pq, 40,000 sequences a minibatch");
 }

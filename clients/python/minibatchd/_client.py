@@ -441,6 +441,8 @@ class Source:
         # A mixture's session: its sources, in source order ({"dataset", "sweep_size"} each);
         # None for a dataset's session.
         self.mixture_sources: Optional[List[dict]] = (opened.get("mixture") or {}).get("sources")
+        # Where a mixture's own tensors start in a slot's table: after every stream's.
+        self._mix_at: Optional[int] = k if self.mixture_sources is not None else None
         # Set when the session continued one the daemon kept by name: {"from": "lingering" |
         # "checkpoint", "checkpoint_unix_secs": ..., "exact": bool}. exact False: the trainer may
         # have taken minibatches past this position (an earlier connection ended without saying
@@ -584,15 +586,7 @@ class Source:
         t = msg.get("type")
         if t == "ready":
             meta = msg["minibatch"]
-            mb = self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
-            mixture = msg.get("mixture")
-            if mixture is not None:
-                # A mixture's minibatch: its state is the mixture's after it (the same on every
-                # worker), and each sequence names its source.
-                self._last_state["mixture"] = mixture["state"]
-                mb.sources = mixture["sources"]
-                mb.sweeps_ended = mixture["sweeps_ended"]
-            return mb
+            return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
@@ -636,7 +630,28 @@ class Source:
         state = self._last_state
         state["position"] = position
         state["minibatches"] = index + 1
-        return Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
+        mb = Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
+        if self._mix_at is not None:
+            self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3], state)
+        return mb
+
+    @staticmethod
+    def _mixture(mb: "Minibatch", owner: np.ndarray, specs: list, state: dict) -> None:
+        """A mixture's minibatch: its slot's ``mixture/sources``, ``mixture/sweeps_ended`` and
+        ``mixture/state`` (the mixture's state after it, the same on every worker), read out."""
+        if len(specs) != 3:
+            raise MinibatchdError("client_layout", "a mixture's minibatch without its mixture tensors")
+        (n_src,), _, at_src = specs[0]
+        (n_end,), _, at_end = specs[1]
+        (n_st,), _, at_st = specs[2]
+        mb.sources = np.frombuffer(owner, np.int32, n_src, at_src).copy()
+        mb.sweeps_ended = np.frombuffer(owner, np.int32, n_end, at_end).tolist()
+        v = np.frombuffer(owner, np.int64, n_st, at_st).tolist()
+        state["mixture"] = {
+            "step": v[0], "slots": v[1], "samples": v[2], "ended": bool(v[3]),
+            "sources": [{"position": v[i], "taken": v[i + 1], "credit": v[i + 2], "weight": v[i + 3]}
+                        for i in range(4, len(v), 4)],
+        }
 
     def _report_final(self) -> None:
         """The daemon is stopping: tell it what was taken (``close``), so its checkpoint holds this
@@ -890,8 +905,9 @@ class Minibatch:
         self.end_of_sweep = end_of_sweep
         self.position = position
         # A mixture's minibatch: the source (index into ``Source.mixture_sources``) of each
-        # sequence, and the sources that completed a sweep in it. None for a dataset's.
-        self.sources: Optional[List[int]] = None
+        # sequence (an int32 array), and the sources that completed a sweep in it. None for a
+        # dataset's.
+        self.sources: Optional[np.ndarray] = None
         self.sweeps_ended: Optional[List[int]] = None
         self._fingerprint = fingerprint
         # The slot's tensor table as (shape, dtype, offset); None once released.

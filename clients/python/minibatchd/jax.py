@@ -85,7 +85,7 @@ class MinibatchIterator:
                         "fingerprint": mb.fingerprint,
                         "index": mb.index, "worker": self.process_index, "workers": self.process_count}
                 if mb.sources is not None:
-                    meta["sources"], meta["sweeps_ended"] = mb.sources, mb.sweeps_ended
+                    meta["sources"], meta["sweeps_ended"] = mb.sources.tolist(), mb.sweeps_ended
                 mb.release()
                 item[META] = meta
                 yield item

@@ -425,7 +425,7 @@ class MinibatchIterableDataset(IterableDataset):
                 if mb.sources is not None:
                     # A mixture's minibatch: the source of each sequence, the sources whose sweep
                     # ended in it.
-                    item[META]["sources"] = mb.sources
+                    item[META]["sources"] = mb.sources.tolist()
                     item[META]["sweeps_ended"] = mb.sweeps_ended
                 yield item
         finally:

@@ -90,7 +90,7 @@ def test_the_client_reads_each_worker_and_resumes_any_state_at_any_world_size(mi
     whole = []
     states = []
     for mb in src:
-        whole.append((mb.fingerprint, mb.sources, mb["features"].values.copy()))
+        whole.append((mb.fingerprint, mb.sources.tolist(), mb["features"].values.copy()))
         states.append(src.state())
     want = mixture.dump_mixture("--minibatch-size", "5")
     assert [w[0] for w in whole] == [e["fingerprint"] for e in want]

@@ -451,11 +451,6 @@ pub enum ServerMessage {
         generation: u64,
         /// Minibatch metadata.
         minibatch: MinibatchMeta,
-        /// A mixture's session: the mixture's state after this minibatch (what `state()` holds
-        /// once it is taken), and the source of each of its sequences. Such a `ready` is always
-        /// JSON. Absent for a dataset's session.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        mixture: Option<Box<MixtureReady>>,
     },
     /// The epoch is over; no more `ready` will come.
     End {
@@ -485,16 +480,34 @@ pub enum ServerMessage {
     },
 }
 
-/// What a mixture's `ready` carries besides the minibatch's metadata.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MixtureReady {
-    /// The mixture's state after this minibatch.
+/// What a mixture's minibatch carries in its slot after its streams (`mixture/sources`,
+/// `mixture/sweeps_ended`, `mixture/state`), read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixtureSlot {
+    /// The mixture's state after the minibatch.
     pub state: MixtureState,
-    /// The source (index into `opened.mixture.sources`) of each sequence of the minibatch, in
-    /// order.
+    /// The source (index into `opened.mixture.sources`) of each sequence, in order.
     pub sources: Vec<u32>,
-    /// Sources that completed a sweep within this minibatch (any worker's slot).
+    /// Sources that completed a sweep within the minibatch (any worker's slot).
     pub sweeps_ended: Vec<u32>,
+}
+
+impl MixtureState {
+    /// The state from the `mixture/state` tensor of a slot: `[step, slots, samples, ended, then
+    /// per source position, taken, credit, weight]`; `None` when it is not that shape.
+    #[must_use]
+    pub fn from_tensor(v: &[i64]) -> Option<Self> {
+        let (head, rest) = v.split_at_checked(4)?;
+        if rest.len() % 4 != 0 {
+            return None;
+        }
+        let u = |x: i64| u64::try_from(x).ok();
+        let sources = rest
+            .chunks_exact(4)
+            .map(|s| Some(MixtureSourceState { position: u(s[0])?, taken: u(s[1])?, credit: s[2], weight: u(s[3])? }))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { step: u(head[0])?, slots: u(head[1])?, samples: u(head[2])?, ended: head[3] != 0, sources })
+    }
 }
 
 /// How a session resumed by name got its starting state (`opened.resumed`).
@@ -721,7 +734,6 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
                     end_of_sweep: body[1] == 1,
                     position: u64_at(body, 32),
                 },
-                mixture: None,
             })
         }
         Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
@@ -828,7 +840,7 @@ mod tests {
         let body = fb.next_frame().expect("ok").expect("a frame");
         assert_eq!(
             decode_server(&body).expect("ready"),
-            ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta, mixture: None }
+            ServerMessage::Ready { slot: 5, generation: 1 << 40, minibatch: meta }
         );
         // The layout, byte for byte, as documented (and as the Python client packs it).
         assert_eq!(&frame[..12], &[40, 0, 0, 0, 1, 1, 0, 0, 5, 0, 0, 0]);

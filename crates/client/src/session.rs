@@ -31,9 +31,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
-    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, MixtureReady, Resumed,
-    ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX,
-    PROTOCOL_VERSION,
+    self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, MixtureSlot,
+    MixtureSourceInfo, MixtureState, Resumed, ServerMessage, SessionOptions, SessionState, StreamInfo,
+    FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, PROTOCOL_VERSION,
 };
 use crate::Result;
 use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
@@ -224,7 +224,7 @@ impl Client {
             fd = fd.or(got);
             self.frames.push(&buf[..n]);
         };
-        let ServerMessage::Opened { session, ring, streams, state, resumed, warnings, .. } = opened else {
+        let ServerMessage::Opened { session, ring, streams, state, resumed, warnings, mixture, .. } = opened else {
             return Err(daemon_error(opened));
         };
         let fd = fd.ok_or_else(|| ClientError::Protocol("opened without a memfd".into()))?;
@@ -242,6 +242,7 @@ impl Client {
             streams,
             resumed,
             warnings,
+            mixture_sources: mixture.map(|m| m.sources),
             taken: state.minibatches,
             last: state,
             pending: Vec::new(),
@@ -266,9 +267,10 @@ pub struct Delivered {
     pub generation: u64,
     /// Metadata.
     pub meta: MinibatchMeta,
-    /// A mixture's session: the mixture's state after this minibatch and the source of each
-    /// sequence. `None` for a dataset's session.
-    pub mixture: Option<Box<MixtureReady>>,
+    /// A mixture's session: the mixture's state after this minibatch, the source of each
+    /// sequence and the sources whose sweep ended in it (read from its slot). `None` for a
+    /// dataset's session.
+    pub mixture: Option<Box<MixtureSlot>>,
 }
 
 /// An open session.
@@ -288,6 +290,9 @@ pub struct Session {
     /// What the daemon said the trainer should know about this session (`opened.warnings`):
     /// e.g. that this worker gets no data.
     pub warnings: Vec<String>,
+    /// A mixture's session (`opened.mixture`): its sources, in source order. `None` for a
+    /// dataset's session.
+    pub mixture_sources: Option<Vec<MixtureSourceInfo>>,
     taken: u64,
     /// The state after the last minibatch returned, as this client knows it.
     last: SessionState,
@@ -372,14 +377,17 @@ impl Session {
             m?
         };
         match msg {
-            ServerMessage::Ready { slot, generation, minibatch, mixture } => {
+            ServerMessage::Ready { slot, generation, minibatch } => {
+                let mut delivered = Delivered { slot, generation, meta: minibatch, mixture: None };
+                if self.mixture_sources.is_some() {
+                    let m = self.mixture_slot(&delivered)?;
+                    self.last.mixture = Some(m.state.clone());
+                    delivered.mixture = Some(Box::new(m));
+                }
                 self.taken = minibatch.index.saturating_add(1);
                 self.last.position = minibatch.position;
                 self.last.minibatches = self.taken;
-                if let Some(m) = &mixture {
-                    self.last.mixture = Some(m.state.clone());
-                }
-                Ok(Some(Delivered { slot, generation, meta: minibatch, mixture }))
+                Ok(Some(delivered))
             }
             ServerMessage::End { state } => {
                 self.end = Some(state);
@@ -410,6 +418,32 @@ impl Session {
         {
             self.final_state = Some(state);
         }
+    }
+
+    /// What a mixture's minibatch carries in its slot after the streams.
+    fn mixture_slot(&self, mb: &Delivered) -> Result<MixtureSlot> {
+        let tensors = self.tensors(mb)?;
+        let find = |name: &str| {
+            tensors
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| t.data)
+                .ok_or_else(|| ClientError::Protocol(format!("a mixture's minibatch without its {name} tensor")))
+        };
+        let ints = |name: &str| -> Result<Vec<u32>> {
+            find(name)?
+                .chunks_exact(4)
+                .map(|b| u32::try_from(i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|_| ClientError::Protocol(format!("a negative source in {name}")))
+        };
+        let state: Vec<i64> = find("mixture/state")?
+            .chunks_exact(8)
+            .map(|b| i64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
+        let state = MixtureState::from_tensor(&state)
+            .ok_or_else(|| ClientError::Protocol("a mixture's state tensor of another shape".into()))?;
+        Ok(MixtureSlot { state, sources: ints("mixture/sources")?, sweeps_ended: ints("mixture/sweeps_ended")? })
     }
 
     /// The slot's tensors (zero-copy views on the ring), in table order.

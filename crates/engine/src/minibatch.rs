@@ -97,6 +97,41 @@ pub struct Gathered {
     pub fingerprint: u64,
     chunks: Vec<Arc<ParsedChunk>>,
     streams: Vec<GatheredStream>,
+    /// A mixture's minibatch: what its slot carries after the streams ([`MixtureTensors`]).
+    pub mixture: Option<MixtureTensors>,
+}
+
+/// What a mixture's minibatch carries in its slot after its streams, under the name `mixture`
+/// (`minibatchd_shm::table`): the source of each sequence, the sources that completed a sweep in
+/// it, and the mixture's state after it as `[step, slots, samples, ended, then per source
+/// position, taken, credit, weight]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MixtureTensors {
+    /// The source of each sequence, in order.
+    pub sources: Vec<i32>,
+    /// The sources that completed a sweep in the minibatch.
+    pub sweeps_ended: Vec<i32>,
+    /// The mixture's state after the minibatch, flattened.
+    pub state: Vec<i64>,
+}
+
+impl MixtureTensors {
+    /// The tensors of `plan`.
+    #[must_use]
+    pub fn of(plan: &crate::sampling::mixture::MixturePlan) -> Self {
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        let small = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
+        let st = &plan.state;
+        let mut state = vec![int(st.step), int(st.slots), int(st.samples), i64::from(st.ended)];
+        for s in &st.sources {
+            state.extend([int(s.position), int(s.taken), s.credit, int(s.weight)]);
+        }
+        Self {
+            sources: plan.sequences.iter().map(|r| small(r.source)).collect(),
+            sweeps_ended: plan.sweeps_ended.iter().map(|&s| small(s)).collect(),
+            state,
+        }
+    }
 }
 
 fn shape_of(sd: &StreamValues) -> Shape {
@@ -251,6 +286,7 @@ pub fn gather_mixture(
     };
     let mut gathered = assemble(index, &single, shapes, false, held, &located, &maps)?;
     gathered.fingerprint = plan.fingerprint();
+    gathered.mixture = Some(MixtureTensors::of(plan));
     Ok(gathered)
 }
 
@@ -343,6 +379,7 @@ fn assemble(
         fingerprint: plan.fingerprint(),
         chunks: held,
         streams,
+        mixture: None,
     })
 }
 
@@ -538,6 +575,13 @@ fn index_bytes(v: &Indices, range: std::ops::Range<usize>) -> &[u8] {
     }
 }
 
+/// Writes `values` as native-endian `i32`s into `out`.
+fn put_i32s(out: &mut [u8], values: &[i32]) {
+    for (dst, v) in out.chunks_exact_mut(4).zip(values) {
+        dst.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
 /// Writes the 32-bit feature ids `ids` as native-endian `u64`s into `out`.
 fn widen_ids(out: &mut [u8], ids: &[u32]) {
     for (dst, &id) in out.chunks_exact_mut(8).zip(ids) {
@@ -649,10 +693,26 @@ impl SlotSource for Gathered {
                 }
             }
         }
+        if let Some(m) = &self.mixture {
+            let at = self.streams.len();
+            out.push(TensorDesc::vector(at, Field::MixtureSources, DType::I32, m.sources.len()));
+            out.push(TensorDesc::vector(at, Field::MixtureSweepsEnded, DType::I32, m.sweeps_ended.len()));
+            out.push(TensorDesc::vector(at, Field::MixtureState, DType::I64, m.state.len()));
+        }
         out
     }
 
     fn fill(&self, t: &TensorDesc, out: &mut [u8]) {
+        if let (Some(m), Field::MixtureSources | Field::MixtureSweepsEnded | Field::MixtureState) =
+            (&self.mixture, t.field)
+        {
+            match t.field {
+                Field::MixtureSources => put_i32s(out, &m.sources),
+                Field::MixtureSweepsEnded => put_i32s(out, &m.sweeps_ended),
+                _ => put_i64s(out, m.state.iter().copied()),
+            }
+            return;
+        }
         let s = &self.streams[t.stream];
         let data = |p: &Piece| &self.chunks[p.chunk].streams[p.stream].data;
         match t.field {
@@ -727,6 +787,8 @@ impl SlotSource for Gathered {
                     at += bytes.len();
                 }
             }
+            // Written above, with the mixture's tensors.
+            Field::MixtureSources | Field::MixtureSweepsEnded | Field::MixtureState => {}
         }
     }
 }

@@ -8,6 +8,12 @@
 //! * sparse: `S/sample_offsets` int64 `[num_samples + 1]`, `S/indices` int32|uint64 `[nnz]`,
 //!   `S/values` float32|float64 `[nnz]`;
 //! * strings: `S/offsets` int64 `[num_samples + 1]`, `S/bytes` uint8 `[len]`.
+//!
+//! A mixture's minibatch then carries, under the name `mixture`: `mixture/sources` int32
+//! `[num_sequences]` (the source of each sequence), `mixture/sweeps_ended` int32 `[k]` (the
+//! sources that completed a sweep in it) and `mixture/state` int64 `[4 + 4 × sources]` (the
+//! mixture's state after it: step, slots, samples, ended, then per source its position, sequences
+//! taken, credit and weight parts).
 
 pub use crate::layout::DType;
 
@@ -28,6 +34,12 @@ pub enum Field {
     StringOffsets,
     /// Strings `bytes`.
     StringBytes,
+    /// A mixture's `sources`, int32 `[num_sequences]`.
+    MixtureSources,
+    /// A mixture's `sweeps_ended`, int32 `[k]`.
+    MixtureSweepsEnded,
+    /// A mixture's `state`, int64 `[4 + 4 × sources]`.
+    MixtureState,
 }
 
 impl Field {
@@ -41,6 +53,9 @@ impl Field {
             Self::Indices => "indices",
             Self::StringOffsets => "offsets",
             Self::StringBytes => "bytes",
+            Self::MixtureSources => "sources",
+            Self::MixtureSweepsEnded => "sweeps_ended",
+            Self::MixtureState => "state",
         }
     }
 }

@@ -377,18 +377,14 @@ fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> 
     match event {
         Some(ProducerEvent::Filled { slot, generation, meta, mixture }) => {
             a.slots.announce(usize::try_from(slot).unwrap_or(usize::MAX), generation, meta.index);
-            a.progress.announced(meta, mixture.as_ref().map(|m| m.state.clone()));
+            // A mixture's state after it rides in its slot (`mixture/state`) and here, for the
+            // session's progress.
+            a.progress.announced(meta, mixture.map(|m| *m));
             a.publish_slots(false);
-            if mixture.is_none() && a.binary {
+            if a.binary {
                 out.extend_from_slice(&protocol::encode_ready_binary(slot, generation, &meta));
             } else {
-                // A mixture's `ready` carries the mixture's state: always JSON.
-                out.extend_from_slice(&protocol::encode(&ServerMessage::Ready {
-                    slot,
-                    generation,
-                    minibatch: meta,
-                    mixture,
-                }));
+                out.extend_from_slice(&protocol::encode(&ServerMessage::Ready { slot, generation, minibatch: meta }));
             }
             return true;
         }

@@ -222,7 +222,11 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         mixture.skip_epochs(k, resolved.minibatch_size, MAX_WALK_SLOTS).map_err(|e| refuse(e.to_string()))?;
     }
     let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
-    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0);
+    // The mixture's own tensors after the streams: a source per sequence, the sweeps ended, the
+    // state (and their table entries and names).
+    let sources = runtimes.len() as u64;
+    let own = 1024 + 4 * local + 4 * sources + 8 * (4 + 4 * sources);
+    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0).saturating_add(own);
     let slot_size = resolved.slot_size_bytes.max(dense).min(MAX_SLOT_SIZE_BYTES);
     Ok(Prepared {
         identity: identity(&runtimes),
@@ -373,6 +377,8 @@ pub(super) async fn open_mixture(
         let cache = shared.data.cache.clone();
         let plans =
             MixturePlanner::new(sources, shapes, cache, mixture, minibatch_size, start.minibatches, metrics.clone());
+        // The tensor names: the streams', then `mixture` for the mixture's own.
+        let names = names.into_iter().chain(std::iter::once("mixture".to_owned())).collect();
         plans.into_producer(name.to_owned(), names, ring).counted(shared.data.demand.working())
     };
     warn_if_replaying(&session, &start, admitted.resumed.as_ref(), admitted.given_up_to);

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use minibatchd_client::protocol::{self as wire, MixtureReady};
+use minibatchd_client::protocol as wire;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::minibatch::{gather_mixture, ChunkSource, StreamShape};
@@ -273,12 +273,10 @@ impl MixturePlanner {
         self.metrics.chunk_wait_seconds.inc_by(cache_wait.as_secs_f64());
         let busy = started.elapsed().saturating_sub(cache_wait).saturating_sub(memory_wait);
         self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
-        let mixture = Box::new(MixtureReady {
-            state: to_wire(&plan.state),
-            sources: plan.sequences.iter().map(|r| r.source).collect(),
-            sweeps_ended: plan.sweeps_ended.clone(),
-        });
-        Ok(Found::Minibatch(Located { slot, mb, samples: plan.samples, charged: None, mixture: Some(mixture) }))
+        // The slot carries the sources, the sweeps ended and the state too (`MixtureTensors`); the
+        // state goes with the event for the session's progress.
+        let mixture = Some(Box::new(to_wire(&plan.state)));
+        Ok(Found::Minibatch(Located { slot, mb, samples: plan.samples, charged: None, mixture }))
     }
 }
 

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
-use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureReady, MixtureState};
+use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureState};
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
@@ -93,8 +93,8 @@ pub enum ProducerEvent {
         generation: u64,
         /// The minibatch.
         meta: MinibatchMeta,
-        /// A mixture's minibatch: the mixture's state after it and its sequences' sources.
-        mixture: Option<Box<MixtureReady>>,
+        /// A mixture's minibatch: the mixture's state after it.
+        mixture: Option<Box<MixtureState>>,
     },
     /// The epoch is over: the sampler's position and the next minibatch index at the end.
     End {
@@ -198,8 +198,8 @@ pub(super) struct Located {
     /// A minibatch gathered a chunk at a time: its copies, counted against the cache until the
     /// last minibatch gathered with it is copied into its slot.
     pub(super) charged: Option<Arc<Charged>>,
-    /// A mixture's minibatch: what its `ready` carries besides the metadata.
-    pub(super) mixture: Option<Box<MixtureReady>>,
+    /// A mixture's minibatch: the mixture's state after it (for the session's progress).
+    pub(super) mixture: Option<Box<MixtureState>>,
 }
 
 /// What plans a session's minibatches for its [`Producer`]: one dataset's sampler ([`Planner`])

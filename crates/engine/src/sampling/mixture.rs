@@ -402,14 +402,17 @@ impl MixturePlan {
     }
 }
 
-/// A slot picked ahead that did not fit into the minibatch that picked it.
+/// A slot picked: its sequence taken from its source's sampler, not yet from the mixture's state
+/// (a slot that does not fit into the minibatch that picked it waits for the next one).
 #[derive(Debug, Clone)]
 struct Pending {
     slot: MixRef,
     ended_sweep: bool,
     retire: Vec<u32>,
-    /// The state with the slot taken.
-    after: MixtureState,
+    /// The source's position after the slot.
+    position: u64,
+    /// The slot's nominal samples.
+    samples: u64,
 }
 
 /// One worker's deterministic cursor over a mixture.
@@ -613,19 +616,18 @@ impl Mixture {
             if self.slot_limit_reached() {
                 break;
             }
-            let mut picked = match self.pending.take() {
-                // Picked during the previous minibatch: only the step has moved since.
+            let picked = match self.pending.take() {
+                // Picked during the previous minibatch: the state has not moved since.
                 Some(p) => p,
                 None => self.pick()?,
             };
-            picked.after.step = self.state.step;
             let len = u64::from(picked.slot.samples);
             if plan.slots > 0 && global_samples + len > size {
                 self.pending = Some(picked);
                 break;
             }
             let slot_index = self.state.slots;
-            self.state = picked.after;
+            self.take(&picked);
             global_samples += len;
             plan.slots += 1;
             if slot_index % workers == rank {
@@ -691,22 +693,32 @@ impl Mixture {
         Ok(())
     }
 
-    /// Picks the next slot's source and takes its next sequence; the state with it taken goes
-    /// into the result, `self.state` is unchanged.
-    fn pick(&mut self) -> Result<Pending, MixtureError> {
-        let mut after = self.state.clone();
+    /// Puts slot `p` into the state: every credit grows by its weight, the slot's source's falls
+    /// by the weights' sum; its position and count, and the epoch's slots and samples, move.
+    fn take(&mut self, p: &Pending) {
         let total = i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX);
-        for s in &mut after.sources {
+        for s in &mut self.state.sources {
             s.credit += i64::try_from(s.weight).unwrap_or(0);
         }
+        let s = &mut self.state.sources[p.slot.source as usize];
+        s.credit -= total;
+        s.taken = s.taken.saturating_add(1);
+        s.position = p.position;
+        self.state.slots = self.state.slots.saturating_add(1);
+        self.state.samples = self.state.samples.saturating_add(p.samples);
+    }
+
+    /// Picks the next slot's source — the largest credit once every credit has grown by its
+    /// weight, the lowest index on a tie — and takes its next sequence; the state is unchanged
+    /// ([`Mixture::take`] puts the slot into it).
+    fn pick(&mut self) -> Result<Pending, MixtureError> {
+        let grown = |s: &SourceState| s.credit + i64::try_from(s.weight).unwrap_or(0);
         let mut best = 0;
-        for i in 1..after.sources.len() {
-            if after.sources[i].credit > after.sources[best].credit {
+        for i in 1..self.state.sources.len() {
+            if grown(&self.state.sources[i]) > grown(&self.state.sources[best]) {
                 best = i;
             }
         }
-        after.sources[best].credit -= total;
-        after.sources[best].taken = after.sources[best].taken.saturating_add(1);
         let source_sampler = &mut self.samplers[best];
         let mut taken = None;
         // An endless sampler gives an empty minibatch at most once in a row (at a sweep's start,
@@ -726,14 +738,12 @@ impl Mixture {
         };
         let seq = p.sequences[0];
         let samples = u32::try_from(p.samples).unwrap_or(u32::MAX);
-        after.sources[best].position = p.position;
-        after.slots = after.slots.saturating_add(1);
-        after.samples = after.samples.saturating_add(p.samples);
         Ok(Pending {
             slot: MixRef { source: super::to_u32(best), sweep: p.sweep, seq, samples },
             ended_sweep: p.end_of_sweep,
             retire: p.retire,
-            after,
+            position: p.position,
+            samples: p.samples,
         })
     }
 }

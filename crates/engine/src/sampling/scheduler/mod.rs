@@ -403,6 +403,10 @@ impl Fill {
 
     /// Chunks whose final occurrence in this minibatch is a last use, in order of that occurrence.
     fn retired_chunks(&self) -> Vec<u32> {
+        if let ([seq], [last], []) = (&self.sequences[..], &self.last_use[..], &self.retire_extra[..]) {
+            // One sequence (a mixture takes its sources' sequences one at a time): no set.
+            return if *last { vec![seq.chunk] } else { Vec::new() };
+        }
         let mut seen = ChunkSet::default();
         let mut retire: Vec<u32> = Vec::new();
         for (seq, &last) in self.sequences.iter().zip(&self.last_use).rev() {
