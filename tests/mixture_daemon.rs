@@ -9,7 +9,9 @@ mod support;
 
 use std::path::Path;
 
-use minibatchd_client::protocol::{ErrorCode, MixtureSlot, SessionOptions, SessionState, WeightStageOption};
+use minibatchd_client::protocol::{
+    ErrorCode, MixtureSlot, MixtureSpec, SessionOptions, SessionState, WeightStageOption,
+};
 use minibatchd_client::{ClientError, Session};
 use support::daemon::{json, options, write_config, Daemon};
 use support::{parse_dump, write};
@@ -332,4 +334,76 @@ fn a_minibatch_of_many_sequences_carries_every_source_in_its_slot() {
     assert_eq!(want.len(), 2);
     assert_eq!(got.slots[0].sources.len(), 40_000);
     same_as_dump(&got, &want, "pq, 40,000 sequences a minibatch");
+}
+
+#[test]
+fn a_mixture_given_at_open_is_served_as_a_configured_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let names = ["features", "labels"];
+    let spec = MixtureSpec {
+        datasets: vec!["a".into(), "b".into()],
+        epoch: Some("first_sweep_end".into()),
+        streams: std::collections::BTreeMap::new(),
+    };
+    // `o`'s mixture, or `spec`; weights 1 : 1.
+    let given = |o: SessionOptions| SessionOptions {
+        mixture: o.mixture.clone().or_else(|| Some(spec.clone())),
+        weights: Some(vec![1.0, 1.0]),
+        ..o
+    };
+    // The same as the configured `even` (a and b at 1 : 1, first sweep end), at 1 and 2 workers.
+    for workers in [1u64, 2] {
+        for rank in 0..workers {
+            let got = read(open(&d, "blend-at-open", &given(worker(4, workers, rank))), &names);
+            let (w, r) = (workers.to_string(), rank.to_string());
+            let want = dump(&d, &["--mixture", "even", "--minibatch-size", "4", "--workers", &w, "--rank", &r]);
+            same_as_dump(&got, &want, &format!("a mixture given at open, worker {rank} of {workers}"));
+        }
+    }
+    // Its state resumes it, given again.
+    let whole = read(open(&d, "blend-at-open", &given(options(4))), &names);
+    let cut = whole.states[2].clone();
+    let rest = read(open(&d, "blend-at-open", &given(SessionOptions { resume: Some(cut), ..options(4) })), &names);
+    assert_eq!(rest.lines, whole.lines[3..]);
+    // Counted under one label, whatever the name.
+    assert!(d.metric("minibatchd_mixture_samples_total{mixture=\"at_open\"") > 0.0);
+    let refused = |name: &str, o: SessionOptions| match d.client().open(name, &o) {
+        Err(ClientError::Daemon { code, message, .. }) => (code, message),
+        Ok(_) => panic!("{name} {o:?} was opened"),
+        Err(e) => panic!("{e}"),
+    };
+    for (name, o, text) in [
+        ("a", given(options(4)), "a configured dataset's name"),
+        ("even", given(options(4)), "a configured mixture's name"),
+        ("x", SessionOptions { mixture: Some(spec.clone()), ..options(4) }, "needs weights"),
+        (
+            "x",
+            given(SessionOptions {
+                mixture: Some(MixtureSpec { datasets: vec!["a".into(), "a".into()], ..spec.clone() }),
+                ..options(4)
+            }),
+            "listed twice",
+        ),
+        (
+            "x",
+            given(SessionOptions {
+                mixture: Some(MixtureSpec { datasets: vec!["a".into(), "nope".into()], ..spec.clone() }),
+                ..options(4)
+            }),
+            "no dataset 'nope'",
+        ),
+        (
+            "x",
+            given(SessionOptions {
+                mixture: Some(MixtureSpec { epoch: Some("never".into()), ..spec.clone() }),
+                ..options(4)
+            }),
+            "'never'",
+        ),
+    ] {
+        let (code, message) = refused(name, o);
+        assert_eq!(code, ErrorCode::InvalidOptions, "{name}: {message}");
+        assert!(message.contains(text), "{name}: {message}");
+    }
 }

@@ -280,7 +280,10 @@ class Client:
         """Opens a session on ``dataset``. Options (docs/daemon.md, "Session options"): ``minibatch_size`` (required),
         ``max_samples`` | ``max_sweeps`` | ``full_sweep``, ``randomize``, ``window_chunks`` |
         ``window_samples``, ``seed``, ``frame_mode``, ``num_workers``, ``rank``, ``resume`` (a
-        ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name).
+        ``state()``), ``prefetch`` (ring slots), ``slot_size_bytes``, ``session`` (a name). A
+        mixture of datasets (docs/mixtures.md) is opened by its name, with ``weights`` or
+        ``weight_schedule`` and ``sweep`` besides; one not configured is given as
+        ``mixture={"datasets": [...], "epoch": ..., "streams": {...}}`` with ``weights``.
         ``use_torchrun_env=True`` takes ``rank``/``num_workers`` from ``RANK``/``WORLD_SIZE`` and,
         when there is more than one worker, turns ``equal_steps`` on unless it is given (as the
         PyTorch and JAX adapters do: DistributedDataParallel hangs when ranks run different

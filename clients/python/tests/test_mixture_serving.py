@@ -109,6 +109,10 @@ def test_the_client_reads_each_worker_and_resumes_any_state_at_any_world_size(mi
         rest = mixture.dump_mixture("--minibatch-size", "5", "--workers", "3", "--rank", str(rank),
                                     "--restore-state", json.dumps(states[cut]["mixture"]))
         assert got == [e["fingerprint"] for e in rest], rank
+    # The same mixture given at open instead of configured.
+    adhoc = client_of().open("adhoc", minibatch_size=5, weights=[3, 1],
+                             mixture={"datasets": ["train", "extra"], "epoch": "first_sweep_end"})
+    assert [mb.fingerprint for mb in adhoc] == [w[0] for w in whole]
     # The next epoch: the last state with its epoch's counts restarted, or `sweep=1`.
     last = dict(states[-1], mixture=next_epoch(states[-1]["mixture"]), position=0, minibatches=0)
     resumed = [mb.fingerprint for mb in client_of().open("blend", minibatch_size=5, resume=last)]

@@ -299,6 +299,27 @@ pub struct SessionOptions {
     /// from step 0). Not sent when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_schedule: Option<Vec<WeightStageOption>>,
+    /// A mixture given at `open` rather than configured: `open`'s `dataset` names it (a name no
+    /// dataset or mixture of the configuration has), its weights are `weights` or
+    /// `weight_schedule`. Not sent when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<MixtureSpec>,
+}
+
+/// A mixture given at `open` (`SessionOptions::mixture`), as a `[mixtures.NAME]` table has it
+/// but the weights.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MixtureSpec {
+    /// The configured datasets mixed, in source order.
+    pub datasets: Vec<String>,
+    /// `endless` (the default) or `first_sweep_end`; or `max_samples` among the options.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
+    /// The mixture's streams from the datasets' own: each stream's name and the stream of each
+    /// dataset that fills it (default: the first dataset's streams, by name in every dataset).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub streams: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 /// Messages from the client.

@@ -36,7 +36,7 @@ use minibatchd_client::protocol::{
 
 use super::active::{open, Active};
 use super::admission::Refusal;
-use super::mixture::open_mixture;
+use super::mixture::{open_mixture, AT_OPEN};
 use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
@@ -89,7 +89,7 @@ async fn open_either(
     conn: &ConnShared,
     peer: &Peer,
 ) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
-    if conn.shared.config().mixtures.contains_key(name) {
+    if options.mixture.is_some() || conn.shared.config().mixtures.contains_key(name) {
         open_mixture(name, options, conn, peer).await
     } else {
         open(name, options, conn, peer).await
@@ -461,7 +461,9 @@ async fn on_frame(
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
                     tracing::info!(peer = %peer, session = %active.name, dataset = %dataset, "session opened");
-                    conn.shared.data.metrics.control.sessions_opened.with_label_values(&[dataset.as_str()]).inc();
+                    // A mixture given at open is counted under one label, whatever its name.
+                    let label = if options.mixture.is_some() { AT_OPEN } else { dataset.as_str() };
+                    conn.shared.data.metrics.control.sessions_opened.with_label_values(&[label]).inc();
                     active.publish_slots(false);
                     *phase = Phase::Serving(Box::new(active));
                     send_with_fd(wr, &opened, &fd).await?;

@@ -44,6 +44,9 @@ use crate::config::mixture::{sources_of, stream_layout, MixtureConfig};
 use crate::pipeline::data::hub::DatasetRuntime;
 use crate::pipeline::data::mixing::{from_wire, to_wire, MixturePlanner, PlannedSource};
 
+/// The `dataset` and `mixture` label of the sessions of mixtures given at `open`.
+pub(super) const AT_OPEN: &str = "at_open";
+
 /// A mixture's `open` resolved, before anything shared is touched.
 struct Prepared {
     runtimes: Vec<Arc<DatasetRuntime>>,
@@ -152,13 +155,71 @@ fn schedule_of(o: &SessionOptions, config: &MixtureConfig) -> Result<WeightSched
     }
 }
 
+/// A mixture given at `open` ([`SessionOptions::mixture`]): its datasets (configured, each
+/// once), its weights (`weights` or `weight_schedule`, required), its epoch and streams — checked
+/// as a `[mixtures.NAME]` table is.
+fn given_at_open(
+    spec: &minibatchd_client::protocol::MixtureSpec,
+    options: &SessionOptions,
+    config: &crate::config::Config,
+) -> Result<MixtureConfig, String> {
+    if spec.datasets.is_empty() || spec.datasets.len() > minibatchd_engine::sampling::mixture::MAX_SOURCES {
+        return Err(format!(
+            "mixture.datasets: expected 1..={} dataset names, found {}",
+            minibatchd_engine::sampling::mixture::MAX_SOURCES,
+            spec.datasets.len()
+        ));
+    }
+    for (i, d) in spec.datasets.iter().enumerate() {
+        if !config.datasets.contains_key(d) {
+            return Err(format!("mixture.datasets[{i}]: no dataset '{d}' is configured"));
+        }
+        if spec.datasets[..i].contains(d) {
+            return Err(format!("mixture.datasets[{i}]: '{d}' is listed twice: a dataset is one source of a mixture"));
+        }
+    }
+    if options.weights.is_none() && options.weight_schedule.is_none() {
+        return Err("a mixture given at open needs weights (or weight_schedule): one weight per dataset".into());
+    }
+    let epoch = match spec.epoch.as_deref() {
+        None | Some("endless") => MixtureEpoch::Endless,
+        Some("first_sweep_end") => MixtureEpoch::FirstSweepEnd,
+        Some(other) => return Err(format!("mixture.epoch '{other}': expected \"endless\" or \"first_sweep_end\"")),
+    };
+    for (stream, names) in &spec.streams {
+        if names.len() != spec.datasets.len() {
+            return Err(format!(
+                "mixture.streams.{stream}: {} stream names for {} datasets",
+                names.len(),
+                spec.datasets.len()
+            ));
+        }
+    }
+    // The weights are the options' (`schedule_of`); a placeholder schedule of the right length.
+    let even = Weights::new(&vec![1.0; spec.datasets.len()]).map_err(|e| e.to_string())?;
+    Ok(MixtureConfig {
+        datasets: spec.datasets.clone(),
+        schedule: WeightSchedule::constant(even),
+        epoch,
+        streams: spec.streams.clone(),
+    })
+}
+
 /// Resolves a mixture's `open`: its sources (each indexed), options, streams, the mixture and the
 /// ring's geometry, and reserves its sources' sweep orders.
 fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>) -> Result<Prepared, Refusal> {
     let config = shared.config();
     let refuse = |message: String| Refusal::Mixture { name: name.to_owned(), message };
-    let Some(m) = config.mixtures.get(name).cloned() else {
-        return Err(refuse("no longer configured (a configuration reload removed it)".into()));
+    let m = match (&options.mixture, config.mixtures.get(name)) {
+        (Some(_), None) if config.datasets.contains_key(name) => {
+            return Err(refuse("a configured dataset's name: give the mixture at open under a name of its own".into()))
+        }
+        (Some(spec), None) => given_at_open(spec, options, &config).map_err(refuse)?,
+        (Some(_), Some(_)) => {
+            return Err(refuse("a configured mixture's name: give the mixture at open under a name of its own".into()))
+        }
+        (None, Some(m)) => m.clone(),
+        (None, None) => return Err(refuse("no longer configured (a configuration reload removed it)".into())),
     };
     let runtimes = m.datasets.iter().map(|d| shared.data.dataset(d)).collect::<Result<Vec<_>, _>>()?;
     let refused = refused_options(options);
@@ -181,6 +242,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         equal_steps: false,
         tail: None,
         resume: None,
+        mixture: None,
         ..options.clone()
     };
     let resolved = resolve_options(&common, runtimes[0].dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
@@ -355,7 +417,10 @@ pub(super) async fn open_mixture(
     checkpoint_opening(shared).await.map_err(undo)?;
 
     let slot_count = usize::try_from(slots).unwrap_or(usize::MAX);
-    let metrics = shared.data.metrics.session(name, rank);
+    // A mixture given at open is counted under one label whatever its name: names a client
+    // chooses would make series without bound.
+    let label = if options.mixture.is_some() { AT_OPEN } else { name };
+    let metrics = shared.data.metrics.session(label, rank);
     let info = MixtureInfo {
         sources: runtimes
             .iter()
@@ -370,8 +435,8 @@ pub(super) async fn open_mixture(
             .map(|(rt, order)| PlannedSource {
                 runtime: rt.clone(),
                 order,
-                samples: control.mixture_samples.with_label_values(&[name, rt.name.as_str()]),
-                target_share: control.mixture_target_share.with_label_values(&[name, rt.name.as_str()]),
+                samples: control.mixture_samples.with_label_values(&[label, rt.name.as_str()]),
+                target_share: control.mixture_target_share.with_label_values(&[label, rt.name.as_str()]),
             })
             .collect();
         let cache = shared.data.cache.clone();

@@ -180,6 +180,12 @@ pub fn resolve_options(
     if o.weights.is_some() || o.weight_schedule.is_some() {
         problems.push("weights and weight_schedule apply to a mixture's session, not to a dataset's".to_owned());
     }
+    if o.mixture.is_some() {
+        problems.push(
+            "mixture gives a mixture at open: the name opened must then be one no dataset of the configuration has"
+                .to_owned(),
+        );
+    }
     if !problems.is_empty() {
         return Err(InvalidOptions(problems));
     }
