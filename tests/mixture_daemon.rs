@@ -292,6 +292,7 @@ fn epoch_k_continues_where_epoch_k_minus_1_ended_at_any_world_size() {
                 next["ended"] = serde_json::json!(false);
                 args.extend(["--restore-state".to_owned(), next.to_string()]);
             }
+            let previous = state.clone();
             for workers in [1u64, 2] {
                 for rank in 0..workers {
                     let mut a = args.clone();
@@ -301,6 +302,18 @@ fn epoch_k_continues_where_epoch_k_minus_1_ended_at_any_world_size() {
                     let o = SessionOptions { sweep: Some(k), equal_steps: true, ..worker(3, workers, rank) };
                     let got = read(open(&d, mixture, &o), &names);
                     same_as_dump(&got, &want, &format!("{mixture}, epoch {k}, worker {rank} of {workers}"));
+                    // The same epoch from the last one's final state, its counts restarted: a
+                    // state of any epoch resumes a session opened for any.
+                    if let Some(s) = &previous {
+                        let mut next: minibatchd_client::protocol::MixtureState =
+                            serde_json::from_value(s.clone()).expect("a mixture state");
+                        (next.step, next.slots, next.samples, next.ended) = (0, 0, 0, false);
+                        let resume =
+                            SessionState { position: 0, minibatches: 0, mixture: Some(next), ..got.states[0].clone() };
+                        let o = SessionOptions { sweep: Some(k), resume: Some(resume), ..worker(3, workers, rank) };
+                        let again = read(open(&d, mixture, &o), &names);
+                        same_as_dump(&again, &want, &format!("{mixture}, epoch {k} resumed, worker {rank}"));
+                    }
                     if workers == 1 {
                         assert_eq!(got.states.last().and_then(|s| s.mixture.as_ref()).map(|m| m.ended), Some(true));
                         state = Some(want.last().expect("a minibatch")["state"].clone());
@@ -406,4 +419,44 @@ fn a_mixture_given_at_open_is_served_as_a_configured_one() {
         assert_eq!(code, ErrorCode::InvalidOptions, "{name}: {message}");
         assert!(message.contains(text), "{name}: {message}");
     }
+}
+
+#[test]
+fn a_mixture_of_an_object_store_dataset_and_a_local_one_is_read_again_from_the_persisted_cache() {
+    // `a` lives in S3 (a real S3 server on loopback), `b` on disk; after a restart the chunks come
+    // from the persisted parsed-chunk cache, and the data is the same.
+    let server = support::s3::S3Server::start();
+    server.create_bucket("mixed");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    server.put("mixed", "a.ctf", (0..23).map(|i| format!("|F {i} 0\n")).collect::<Vec<_>>().concat().as_bytes());
+    write(root, "b.ctf", (0..7).map(|i| format!("|F {i} 1\n")).collect::<Vec<_>>().concat());
+    let stream = |n: &str| format!("[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n");
+    let tables = format!(
+        "[datasets.a]\nformat = \"ctf\"\nfiles = [\"s3://mixed/a.ctf\"]\nchunk_size_bytes = 40\n{}\
+         [datasets.a.sampling]\nwindow_chunks = 2\nseed = 3\n\
+         [datasets.b]\nformat = \"ctf\"\nfiles = [\"{}/b.ctf\"]\n{}\
+         [mixtures.ab]\ndatasets = [\"a\", \"b\"]\nweights = [2, 1]\nepoch = \"first_sweep_end\"\n",
+        stream("a"),
+        root.display(),
+        stream("b")
+    );
+    write_config(root, "", &tables);
+    let env = server.env();
+    let out = std::process::Command::new(support::BIN)
+        .args(["dump", "--mixture", "ab", "--minibatch-size", "3", "--config"])
+        .arg(root.join("minibatchd.toml"))
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("dump");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let want = parse_dump(&String::from_utf8_lossy(&out.stdout)).expect("JSON lines");
+    let mut d = Daemon::start(root, &env);
+    let first = read(open(&d, "ab", &options(3)), &["features"]);
+    same_as_dump(&first, &want, "from S3 and disk");
+    d.stop();
+    let d = Daemon::start(root, &env);
+    let again = read(open(&d, "ab", &options(3)), &["features"]);
+    same_as_dump(&again, &want, "after a restart");
+    assert!(d.metric("minibatchd_parsed_cache_hits_total") > 0.0, "the chunks were read back from the persisted cache");
 }

@@ -629,19 +629,21 @@ class Source:
         ref = self._releaser.track(owner, (slot, gen))
         # The arrays themselves are made when their stream is first asked for.
         # Taken now: the state the client keeps (and a reconnect resumes from) is after it.
+        mb = Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
+        mixture = None if self._mix_at is None else self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3])
         self._taken = index + 1
         state = self._last_state
         state["position"] = position
         state["minibatches"] = index + 1
-        mb = Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
-        if self._mix_at is not None:
-            self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3], state)
+        if mixture is not None:
+            state["mixture"] = mixture
         return mb
 
     @staticmethod
-    def _mixture(mb: "Minibatch", owner: np.ndarray, specs: list, state: dict) -> None:
-        """A mixture's minibatch: its slot's ``mixture/sources``, ``mixture/sweeps_ended`` and
-        ``mixture/state`` (the mixture's state after it, the same on every worker), read out."""
+    def _mixture(mb: "Minibatch", owner: np.ndarray, specs: list) -> dict:
+        """A mixture's minibatch: its slot's ``mixture/sources`` and ``mixture/sweeps_ended`` read
+        into ``mb``; its ``mixture/state`` (the mixture's state after it, the same on every
+        worker) returned."""
         if len(specs) != 3:
             raise MinibatchdError("client_layout", "a mixture's minibatch without its mixture tensors")
         (n_src,), _, at_src = specs[0]
@@ -650,7 +652,7 @@ class Source:
         mb.sources = np.frombuffer(owner, np.int32, n_src, at_src).copy()
         mb.sweeps_ended = np.frombuffer(owner, np.int32, n_end, at_end).tolist()
         v = np.frombuffer(owner, np.int64, n_st, at_st).tolist()
-        state["mixture"] = {
+        return {
             "step": v[0], "slots": v[1], "samples": v[2], "ended": bool(v[3]),
             "sources": [{"position": v[i], "taken": v[i + 1], "credit": v[i + 2], "weight": v[i + 3]}
                         for i in range(4, len(v), 4)],

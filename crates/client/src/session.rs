@@ -380,7 +380,14 @@ impl Session {
             ServerMessage::Ready { slot, generation, minibatch } => {
                 let mut delivered = Delivered { slot, generation, meta: minibatch, mixture: None };
                 if self.mixture_sources.is_some() {
-                    let m = self.mixture_slot(&delivered)?;
+                    let m = match self.mixture_slot(&delivered) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            // The slot goes back; the session's count and state stay before it.
+                            self.pending.push((slot, generation));
+                            return Err(e);
+                        }
+                    };
                     self.last.mixture = Some(m.state.clone());
                     delivered.mixture = Some(Box::new(m));
                 }

@@ -68,6 +68,8 @@ struct Prepared {
     /// The least the sources' windows hold together, and each source's, for the check once the
     /// ring is reserved.
     floors: Vec<u64>,
+    /// Its epochs' starts' key ([`epoch_key`]).
+    walk_key: u64,
 }
 
 /// The mixture's data identity: its sources' data identities, in source order.
@@ -80,9 +82,10 @@ fn identity(runtimes: &[Arc<DatasetRuntime>]) -> u64 {
     h.finish()
 }
 
-/// What shapes a mixture's order besides its weights: each source's sampling, the epoch, and
-/// which epoch (`sweep`) when asked for.
-fn mixture_options_hash(runtimes: &[Arc<DatasetRuntime>], epoch: MixtureEpoch, which: Option<u64>) -> u64 {
+/// What shapes a mixture's order besides its weights: each source's sampling and the epoch. Not
+/// which epoch (`sweep`): a mixture's state says where it stands, so a state of any epoch resumes
+/// a session opened for any (the next epoch from the last one's final state).
+fn mixture_options_hash(runtimes: &[Arc<DatasetRuntime>], epoch: MixtureEpoch) -> u64 {
     let mut h = minibatchd_engine::hash::Fnv1a::new();
     h.field(b"mixture");
     for rt in runtimes {
@@ -96,11 +99,49 @@ fn mixture_options_hash(runtimes: &[Arc<DatasetRuntime>], epoch: MixtureEpoch, w
             h.u64(n);
         }
     }
-    if let Some(k) = which {
-        h.u64(4);
-        h.u64(k);
+    h.finish()
+}
+
+/// What the start of a mixture's epoch depends on besides the epoch: its data and order options
+/// (`identity`, `ohash`), the minibatch size and the weights by step (a schedule's steps are
+/// minibatches). The key of [`super::session::EpochStarts`].
+fn epoch_key(identity: u64, ohash: u64, minibatch_size: usize, schedule: &WeightSchedule) -> u64 {
+    let mut h = minibatchd_engine::hash::Fnv1a::new();
+    h.u64(identity);
+    h.u64(ohash);
+    h.u64(minibatch_size as u64);
+    for stage in schedule.stages() {
+        h.u64(stage.from_step);
+        for &p in stage.weights.parts() {
+            h.u64(p);
+        }
     }
     h.finish()
+}
+
+/// The state at the start of epoch `epoch` (`sweep`) of `mixture` (at the start of epoch 0):
+/// from the latest epoch start before it that a session walked to (`starts`), the epochs between
+/// walked ([`Mixture::skip_epochs`], bounded by [`MAX_WALK_SLOTS`] slots), and the result kept.
+fn epoch_start(
+    mixture: &mut Mixture,
+    epoch: u64,
+    minibatch_size: usize,
+    key: u64,
+    starts: &std::sync::Mutex<super::session::EpochStarts>,
+) -> Result<minibatchd_client::protocol::MixtureState, String> {
+    let lock = || starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let known = lock().nearest(key, epoch);
+    let from = match known {
+        Some((e, state)) => {
+            mixture.restore(&from_wire(&state)).map_err(|e| e.to_string())?;
+            e
+        }
+        None => 0,
+    };
+    mixture.skip_epochs(epoch - from, minibatch_size, MAX_WALK_SLOTS).map_err(|e| e.to_string())?;
+    let state = to_wire(mixture.state());
+    lock().insert(key, epoch, state.clone());
+    Ok(state)
 }
 
 /// How a source samples: its dataset's `[sampling]`, one worker, endlessly.
@@ -195,6 +236,16 @@ fn given_at_open(
             ));
         }
     }
+    // A dataset's stream fills one stream of the mixture at most.
+    for (source, dataset) in spec.datasets.iter().enumerate() {
+        let mut used: Vec<&str> = spec.streams.values().map(|v| v[source].as_str()).collect();
+        used.sort_unstable();
+        if let Some(twice) = used.windows(2).find_map(|p| (p[0] == p[1]).then_some(p[0])) {
+            return Err(format!(
+                "mixture.streams: stream '{twice}' of dataset '{dataset}' fills two streams of the mixture"
+            ));
+        }
+    }
     // The weights are the options' (`schedule_of`); a placeholder schedule of the right length.
     let even = Weights::new(&vec![1.0; spec.datasets.len()]).map_err(|e| e.to_string())?;
     Ok(MixtureConfig {
@@ -279,20 +330,21 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         .collect();
     let mixture_options =
         MixtureOptions { schedule, epoch, num_workers: resolved.sampling.num_workers, rank: resolved.sampling.rank };
-    let mut mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
-    if let Some(k) = options.sweep {
-        mixture.skip_epochs(k, resolved.minibatch_size, MAX_WALK_SLOTS).map_err(|e| refuse(e.to_string()))?;
+    if options.sweep.is_some_and(|k| k > 0) && epoch == MixtureEpoch::Endless {
+        return Err(refuse("an endless mixture has one epoch: sweep 0 only (set `epoch = \"first_sweep_end\"` or max_samples to have epochs)".into()));
     }
-    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
-    // The mixture's own tensors after the streams: a source per sequence, the sweeps ended, the
-    // state (and their table entries and names).
-    let sources = runtimes.len() as u64;
-    let own = 1024 + 4 * local + 4 * sources + 8 * (4 + 4 * sources);
-    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0).saturating_add(own);
-    let slot_size = resolved.slot_size_bytes.max(dense).min(MAX_SLOT_SIZE_BYTES);
+    let walk_key = epoch_key(
+        identity(&runtimes),
+        mixture_options_hash(&runtimes, epoch),
+        resolved.minibatch_size,
+        &mixture_options.schedule,
+    );
+    let mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
+    let slot_size = slot_size(&runtimes, &resolved);
     Ok(Prepared {
         identity: identity(&runtimes),
-        options_hash: mixture_options_hash(&runtimes, epoch, options.sweep),
+        options_hash: mixture_options_hash(&runtimes, epoch),
+        walk_key,
         orders: layout.order,
         shapes: layout.shapes,
         names: layout.names,
@@ -307,6 +359,24 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         sampling,
         floors,
     })
+}
+
+/// A slot of a mixture's ring: what the options ask, raised to fit a dense minibatch of this
+/// worker and the mixture's own tensors.
+fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::ResolvedOptions) -> u64 {
+    // A worker's share of a minibatch: the global slots are dealt round-robin, so a worker may
+    // get the long sequences of one source and the others the short ones of another — up to
+    // its count of slots times the longest sequence, and never more than the whole minibatch.
+    let mbs = resolved.minibatch_size as u64;
+    let longest = runtimes.iter().map(|rt| rt.max_seq_len).max().unwrap_or(1).max(1);
+    let slots_here = mbs / resolved.sampling.num_workers as u64 + 1;
+    let local = slots_here.saturating_mul(longest).min(mbs.saturating_add(longest));
+    // The mixture's own tensors after the streams: a source per sequence, the sweeps ended, the
+    // state (and their table entries and names).
+    let sources = runtimes.len() as u64;
+    let own = 1024 + 4 * slots_here + 4 * sources + 8 * (4 + 4 * sources);
+    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0).saturating_add(own);
+    resolved.slot_size_bytes.max(dense).min(MAX_SLOT_SIZE_BYTES)
 }
 
 /// Refuses sources whose windows cannot fit the cache's share together (once the ring is
@@ -370,6 +440,24 @@ fn admit(
     Ok(admitted)
 }
 
+/// [`epoch_start`] on a blocking thread: `mixture` (at epoch 0's start) at the start of `epoch`,
+/// and that state.
+async fn walk(
+    name: &str,
+    mut mixture: Mixture,
+    epoch: u64,
+    minibatch_size: usize,
+    key: u64,
+    shared: Arc<ControlPlane>,
+) -> Result<(Mixture, minibatchd_client::protocol::MixtureState), Refusal> {
+    let name = name.to_owned();
+    off_the_event_loop(move || {
+        let state = epoch_start(&mut mixture, epoch, minibatch_size, key, &shared.mixture_epochs);
+        state.map(|s| (mixture, s)).map_err(|message| Refusal::Mixture { name, message })
+    })
+    .await
+}
+
 /// Opens a mixture's session: see the module's documentation.
 pub(super) async fn open_mixture(
     name: &str,
@@ -403,10 +491,21 @@ pub(super) async fn open_mixture(
         slots,
         geometry,
         sampling,
+        walk_key,
         ..
     } = prepared;
-    let (id, session, start, ring_bytes) =
+    let (id, session, mut start, ring_bytes) =
         (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
+    // A fresh session of a later epoch: walked to it now that it is admitted (a resumed one
+    // starts from its state), the daemon's checkpoint told where it starts.
+    let fresh = options.resume.is_none() && admitted.resumed.is_none();
+    if let Some(epoch) = options.sweep.filter(|&k| k > 0 && fresh) {
+        let (walked, state) =
+            walk(name, mixture, epoch, minibatch_size, walk_key, shared.clone()).await.map_err(undo)?;
+        mixture = walked;
+        start.mixture = Some(state);
+        shared.registry().update_state(&session, &start, admitted.given_up_to);
+    }
     if let Some(state) = &start.mixture {
         mixture
             .restore(&from_wire(state))

@@ -194,6 +194,8 @@ pub struct ControlPlane {
     /// control plane made for a test writes none): a new session is in a checkpoint before its
     /// client hears of it.
     pub checkpoints: AtomicBool,
+    /// Where the epochs of mixtures start, as sessions walked to them.
+    pub mixture_epochs: Mutex<session::EpochStarts>,
 }
 
 /// The series of every configured mixture, before its first session (its sources' shares at
@@ -227,6 +229,7 @@ impl ControlPlane {
             limits,
             checkpoint_lock: Mutex::new(()),
             checkpoints: AtomicBool::new(false),
+            mixture_epochs: Mutex::new(session::EpochStarts::default()),
         }
     }
 

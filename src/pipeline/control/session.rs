@@ -303,6 +303,9 @@ pub enum ResumeError {
         /// The mixture.
         opened: String,
     },
+    /// A count of minibatches no session reaches.
+    #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
+    Minibatches(u64),
     /// `resume_job` with states of a run that itself continued another one and is still within
     /// that run's ragged band.
     #[error("the states continue an earlier run and the earliest ({earliest}) is still before the end of its ragged band ({band_end}): resume at the same worker count until every worker is past {band_end}, or resume each worker by its own state")]
@@ -349,6 +352,9 @@ pub fn check_resume(
     Ok(())
 }
 
+/// Most minibatches a state may count (a session numbers its minibatches on from there).
+pub const MAX_MINIBATCHES: u64 = 1 << 62;
+
 /// Checks a `resume` state against the mixture session being opened: `identity` is the
 /// mixture's ([`super::mixture`]: its sources' data identities in order), `options` the hash of
 /// what shapes its order besides the weights (which may change across a resume), `sources` its
@@ -378,6 +384,9 @@ pub fn check_mixture_resume(
     if m.sources.len() != sources {
         return Err(ResumeError::Sources { saved: m.sources.len(), current: sources, opened: mixture.to_owned() });
     }
+    if state.minibatches > MAX_MINIBATCHES {
+        return Err(ResumeError::Minibatches(state.minibatches));
+    }
     if state.data_identity != hex64(identity) {
         return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
@@ -385,6 +394,50 @@ pub fn check_mixture_resume(
         return Err(ResumeError::Options);
     }
     Ok(())
+}
+
+/// Where epochs of mixtures start, as sessions opened with `sweep` walked to them
+/// (`control::mixture`): each key (a mixture's data, order options, minibatch size and weights)
+/// keeps the epochs found, so that the session of epoch `k + 1` walks one epoch from epoch `k`'s
+/// start instead of every epoch from the first. Bounded: [`EpochStarts::KEYS`] keys of
+/// [`EpochStarts::EPOCHS`] epochs each, the oldest going first.
+#[derive(Debug, Default)]
+pub struct EpochStarts {
+    by_key: VecDeque<(u64, std::collections::BTreeMap<u64, MixtureState>)>,
+}
+
+impl EpochStarts {
+    /// Most keys kept.
+    pub const KEYS: usize = 64;
+    /// Most epochs kept per key.
+    pub const EPOCHS: usize = 16;
+
+    /// The latest epoch at or before `epoch` whose start is known for `key`, and its state.
+    #[must_use]
+    pub fn nearest(&self, key: u64, epoch: u64) -> Option<(u64, MixtureState)> {
+        let (_, starts) = self.by_key.iter().find(|(k, _)| *k == key)?;
+        starts.range(..=epoch).next_back().map(|(&e, s)| (e, s.clone()))
+    }
+
+    /// Epoch `epoch` of `key` starts at `state`.
+    pub fn insert(&mut self, key: u64, epoch: u64, state: MixtureState) {
+        let at = if let Some(at) = self.by_key.iter().position(|(k, _)| *k == key) {
+            at
+        } else {
+            if self.by_key.len() >= Self::KEYS {
+                self.by_key.pop_front();
+            }
+            self.by_key.push_back((key, std::collections::BTreeMap::new()));
+            self.by_key.len() - 1
+        };
+        let starts = &mut self.by_key[at].1;
+        starts.insert(epoch, state);
+        while starts.len() > Self::EPOCHS {
+            // The earliest go first: later sessions ask for later epochs.
+            let first = *starts.keys().next().unwrap_or(&epoch);
+            starts.remove(&first);
+        }
+    }
 }
 
 /// Who holds a ring slot.
@@ -1290,5 +1343,28 @@ mod tests {
             0,
             "no lingering: nothing to restore"
         );
+    }
+
+    #[test]
+    fn epoch_starts_give_the_latest_known_epoch_and_stay_bounded() {
+        let state = |step: u64| MixtureState { step, slots: 0, samples: 0, ended: false, sources: Vec::new() };
+        let mut starts = EpochStarts::default();
+        assert_eq!(starts.nearest(1, 5), None);
+        starts.insert(1, 2, state(2));
+        starts.insert(1, 4, state(4));
+        assert_eq!(starts.nearest(1, 5), Some((4, state(4))));
+        assert_eq!(starts.nearest(1, 3), Some((2, state(2))));
+        assert_eq!(starts.nearest(1, 1), None);
+        assert_eq!(starts.nearest(2, 5), None, "another key");
+        for e in 0..100 {
+            starts.insert(1, e, state(e));
+        }
+        assert_eq!(starts.nearest(1, 99), Some((99, state(99))));
+        assert_eq!(starts.nearest(1, 50), None, "the earliest epochs went first");
+        for key in 0..200 {
+            starts.insert(key + 10, 1, state(1));
+        }
+        assert_eq!(starts.by_key.len(), EpochStarts::KEYS);
+        assert_eq!(starts.nearest(1, 99), None, "the oldest keys went first");
     }
 }

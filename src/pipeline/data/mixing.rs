@@ -15,7 +15,7 @@
 //! together fails with `resource_exhausted` (a dataset's session gathers such a minibatch a chunk
 //! at a time; a mixture's does not yet).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -180,24 +180,23 @@ impl MixturePlanner {
 
     /// The `(source, chunk)` of `plan` not held, in order of first need.
     fn missing(&self, plan: &MixturePlan) -> Vec<(u32, u32)> {
-        let mut out: Vec<(u32, u32)> = Vec::new();
-        for r in &plan.sequences {
-            let k = (r.source, r.seq.chunk);
-            if !self.held[r.source as usize].contains_key(&k.1) && !out.contains(&k) {
-                out.push(k);
-            }
-        }
-        out
+        let mut seen: HashSet<(u32, u32)> = HashSet::new();
+        plan.sequences
+            .iter()
+            .map(|r| (r.source, r.seq.chunk))
+            .filter(|&(s, c)| !self.held[s as usize].contains_key(&c) && seen.insert((s, c)))
+            .collect()
     }
 
     /// Lets go of the chunks held that `plan` does not need (all, without a plan); their count.
     fn shed(&mut self, plan: Option<&MixturePlan>) -> usize {
+        let needed: HashSet<(u32, u32)> =
+            plan.map(|p| p.sequences.iter().map(|r| (r.source, r.seq.chunk)).collect()).unwrap_or_default();
         let mut n = 0;
         for (s, held) in self.held.iter_mut().enumerate() {
             let before = held.len();
-            held.retain(|&c, _| {
-                plan.is_some_and(|p| p.sequences.iter().any(|r| r.source as usize == s && r.seq.chunk == c))
-            });
+            let source = u32::try_from(s).unwrap_or(u32::MAX);
+            held.retain(|&c, _| needed.contains(&(source, c)));
             n += before - held.len();
         }
         self.cache.shed(n);
@@ -257,7 +256,7 @@ impl MixturePlanner {
         let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
         let mut chunks: Vec<&mut dyn ChunkSource> = self.held.iter_mut().map(|h| h as &mut dyn ChunkSource).collect();
         let mb = gather_mixture(self.next_index, &plan, &self.shapes, &timelines, &orders, &mut chunks)?;
-        self.next_index += 1;
+        self.next_index = self.next_index.saturating_add(1);
         for &(s, c) in &plan.retire {
             if let Some(h) = self.held.get_mut(s as usize) {
                 h.remove(&c);
@@ -291,7 +290,13 @@ impl Locate for MixturePlanner {
             Pending { slot, plan, started, cache_wait: Duration::ZERO, memory_wait: Duration::ZERO, shed: false }
         };
         loop {
-            let refused = self.load(&p.plan, stop, &mut p.cache_wait)?;
+            let refused = match self.load(&p.plan, stop, &mut p.cache_wait) {
+                Ok(refused) => refused,
+                Err(e) => {
+                    self.cache.leave_line(self.id);
+                    return Err(e);
+                }
+            };
             if stop.load(Ordering::Relaxed) {
                 self.cache.leave_line(self.id);
                 return Err(ProduceError::Stopped);
@@ -305,7 +310,10 @@ impl Locate for MixturePlanner {
                 continue;
             }
             let own: u64 = self.held.iter().flat_map(HashMap::values).map(|c| c.size_bytes() as u64).sum();
-            let FetchError::OverLimit { held, .. } = e else { break };
+            let FetchError::OverLimit { held, .. } = e else {
+                self.cache.leave_line(self.id);
+                return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
+            };
             if held > own {
                 if self.wait_for_memory(stop, &mut p.memory_wait) {
                     continue;

@@ -568,20 +568,16 @@ impl Mixture {
             ))
         };
         // Each epoch's restart counts as a slot per source besides its slots: a walk of many
-        // short epochs is bounded too.
+        // short epochs is bounded too. The budget is checked at every slot, and nothing is kept
+        // of the minibatches walked.
         let restart = self.samplers.len() as u64 + 1;
-        let mut walked = 0u64;
+        let mut budget = max_slots;
         for _ in 0..epoch {
-            while let Some(plan) = self.next_minibatch(minibatch_size)? {
-                walked = walked.saturating_add(plan.slots);
-                if walked > max_slots {
-                    return Err(too_far());
-                }
-            }
-            walked = walked.saturating_add(restart);
-            if walked > max_slots {
+            while self.step(minibatch_size, false, &mut budget)?.is_some() {}
+            if budget == 0 {
                 return Err(too_far());
             }
+            budget = budget.checked_sub(restart).ok_or_else(too_far)?;
             let next = self.state.next_epoch();
             self.restore(&next)?;
         }
@@ -594,6 +590,19 @@ impl Mixture {
     /// # Errors
     /// A source's sampler ended, which an endless source never does.
     pub fn next_minibatch(&mut self, minibatch_size: usize) -> Result<Option<MixturePlan>, MixtureError> {
+        let mut unbounded = u64::MAX;
+        self.step(minibatch_size, true, &mut unbounded)
+    }
+
+    /// [`Mixture::next_minibatch`]; with `collect` false the plan keeps no sequence, chunk or
+    /// source (a walk). Each slot taken spends one of `budget`; at 0 the minibatch stops where it
+    /// is and `None` comes back (the state is then of no use: the walk is refused).
+    fn step(
+        &mut self,
+        minibatch_size: usize,
+        collect: bool,
+        budget: &mut u64,
+    ) -> Result<Option<MixturePlan>, MixtureError> {
         if self.epoch_over() {
             return Ok(None);
         }
@@ -609,12 +618,15 @@ impl Mixture {
             slots: 0,
             sweeps_ended: Vec::new(),
             retire: Vec::new(),
-            state: self.state.clone(),
+            state: MixtureState::start(0),
         };
         let mut global_samples = 0u64;
         loop {
             if self.slot_limit_reached() {
                 break;
+            }
+            if *budget == 0 {
+                return Ok(None);
             }
             let picked = match self.pending.take() {
                 // Picked during the previous minibatch: the state has not moved since.
@@ -626,18 +638,23 @@ impl Mixture {
                 self.pending = Some(picked);
                 break;
             }
+            *budget -= 1;
             let slot_index = self.state.slots;
             self.take(&picked);
             global_samples += len;
             plan.slots += 1;
             if slot_index % workers == rank {
                 plan.samples += len;
-                plan.sequences.push(picked.slot);
+                if collect {
+                    plan.sequences.push(picked.slot);
+                }
             }
             let source = picked.slot.source;
-            plan.retire.extend(picked.retire.iter().map(|&c| (source, c)));
+            if collect {
+                plan.retire.extend(picked.retire.iter().map(|&c| (source, c)));
+            }
             if picked.ended_sweep {
-                if !plan.sweeps_ended.contains(&source) {
+                if collect && !plan.sweeps_ended.contains(&source) {
                     plan.sweeps_ended.push(source);
                 }
                 if self.options.epoch == MixtureEpoch::FirstSweepEnd {
@@ -658,7 +675,9 @@ impl Mixture {
         if self.slot_limit_reached() {
             self.state.ended = true;
         }
-        plan.state = self.state.clone();
+        if collect {
+            plan.state = self.state.clone();
+        }
         Ok(Some(plan))
     }
 
