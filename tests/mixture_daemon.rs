@@ -199,6 +199,33 @@ fn weights_at_open_replace_the_configured_ones_and_the_metrics_count_each_source
     // The weights in force at the last minibatch (the schedule's second stage): 1 : 3.
     let share = d.metric("minibatchd_mixture_target_share{mixture=\"ab\",source=\"b\"}");
     assert!((share - 0.75).abs() < 1e-6, "{share}");
+    // A state taken under `ab`'s weights resumed under others (1 : 1, `even`'s), at 2 workers:
+    // from there each worker gets what `even` gives from that state — nothing lost or repeated
+    // within a source, the shares the new weights'.
+    let under_ab = read(open(&d, "ab", &options(4)), &names);
+    let cut = under_ab.states[2].clone();
+    let restore = serde_json::to_string(cut.mixture.as_ref().expect("mixture")).expect("JSON");
+    for rank in 0..2u64 {
+        let o = SessionOptions { resume: Some(cut.clone()), weights: Some(vec![1.0, 1.0]), ..worker(4, 2, rank) };
+        let got = read(open(&d, "ab", &o), &names);
+        let r = rank.to_string();
+        let want = dump(
+            &d,
+            &[
+                "--mixture",
+                "even",
+                "--minibatch-size",
+                "4",
+                "--workers",
+                "2",
+                "--rank",
+                &r,
+                "--restore-state",
+                &restore,
+            ],
+        );
+        same_as_dump(&got, &want, &format!("ab resumed under other weights, worker {rank} of 2"));
+    }
 }
 
 #[test]
