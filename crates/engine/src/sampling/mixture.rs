@@ -46,7 +46,7 @@ pub const MAX_SOURCES: usize = 256;
 
 /// Most slots [`Mixture::skip_epochs`] walks when a session of a later epoch opens (a bounded
 /// wait, seconds to minutes on a blocking thread of the daemon, whatever a client asks).
-pub const MAX_WALK_SLOTS: u64 = 1 << 28;
+pub const MAX_WALK_SLOTS: u64 = 1 << 30;
 
 /// Why a mixture cannot be built or restored.
 #[derive(Debug, thiserror::Error, PartialEq)]
