@@ -487,3 +487,44 @@ fn a_mixture_of_an_object_store_dataset_and_a_local_one_is_read_again_from_the_p
     same_as_dump(&again, &want, "after a restart");
     assert!(d.metric("minibatchd_parsed_cache_hits_total") > 0.0, "the chunks were read back from the persisted cache");
 }
+
+#[test]
+fn a_minibatch_whose_chunks_do_not_fit_together_is_gathered_a_chunk_at_a_time() {
+    // Sparse-heavy lines (the windows' floor counts dense values only, so the open is admitted),
+    // two sources whose parsed chunks together pass the cache's share of a small limit, and a
+    // minibatch that draws from all of them: gathered a chunk at a time, the same as dump's.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    for (name, mark) in [("p.ctf", 0u32), ("q.ctf", 1)] {
+        let lines = (0..3000u32)
+            .map(|i| {
+                let entries: Vec<String> = (0..100).map(|k| format!("{}:{}", (i + k * 7) % 1000, mark + 1)).collect();
+                format!("|D {i} {mark} |S {}\n", entries.join(" "))
+            })
+            .collect::<Vec<_>>()
+            .concat();
+        write(root, name, lines);
+    }
+    let table = |n: &str, f: &str| {
+        format!(
+            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{f}\"]\nchunk_size_bytes = 65536\n\
+             [datasets.{n}.streams.d]\nalias = \"D\"\ndim = 2\nformat = \"dense\"\n\
+             [datasets.{n}.streams.s]\nalias = \"S\"\ndim = 1000\nformat = \"sparse\"\n",
+            root.display()
+        )
+    };
+    let mixtures = "[mixtures.pq]\ndatasets = [\"p\", \"q\"]\nweights = [1, 1]\nepoch = \"first_sweep_end\"\n";
+    write_config(
+        root,
+        "memory_limit_bytes = 8388608\nhost_memory_reserve_bytes = 0\nparser_threads = 1\nring_slots = 2\nslot_size_bytes = 2097152\n",
+        &format!("{}{}{mixtures}", table("p", "p.ctf"), table("q", "q.ctf")),
+    );
+    let d = Daemon::start(root, &[]);
+    let got = read(open(&d, "pq", &options(1500)), &["d", "s"]);
+    let want = dump(&d, &["--mixture", "pq", "--minibatch-size", "1500"]);
+    same_as_dump(&got, &want, "pq, a chunk at a time");
+    assert!(
+        d.metric("minibatchd_session_minibatches_in_parts_total{dataset=\"pq\"") > 0.0,
+        "no minibatch was gathered a chunk at a time"
+    );
+}

@@ -290,6 +290,65 @@ pub fn gather_mixture(
     Ok(gathered)
 }
 
+/// A mixture's minibatch from copies of its sequences instead of whole chunks — gathered a chunk
+/// at a time, when its chunks do not fit in memory together: `copies[(source, chunk)]` holds the
+/// plan's sequences of that chunk, in the plan's order ([`ParsedChunk::select`]), in the
+/// source's own streams (`orders` maps them as in [`gather_mixture`]). The same minibatch
+/// [`gather_mixture`] makes, byte for byte.
+///
+/// # Errors
+/// A chunk without its copy, or a copy of fewer sequences than the plan takes from the chunk.
+pub fn gather_mixture_copied<S: std::hash::BuildHasher>(
+    index: u64,
+    plan: &crate::sampling::mixture::MixturePlan,
+    shapes: &[StreamShape],
+    orders: &[Vec<usize>],
+    copies: &HashMap<(u32, u32), Arc<ParsedChunk>, S>,
+) -> Result<Gathered> {
+    let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
+    let mut maps: Vec<&[usize]> = Vec::new();
+    // Per (source, chunk): its place in `held` and how many of its sequences are located.
+    let mut at_of: HashMap<(u32, u32), (usize, usize)> = HashMap::new();
+    let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
+    for r in &plan.sequences {
+        let key = (r.source, r.seq.chunk);
+        let entry = if let Some(e) = at_of.get_mut(&key) {
+            e
+        } else {
+            let copy = copies
+                .get(&key)
+                .ok_or_else(|| DataError::Dataset(format!("chunk {} of source {} was not copied", key.1, key.0)))?;
+            let order = orders.get(r.source as usize).filter(|o| o.len() == shapes.len()).ok_or_else(|| {
+                DataError::Dataset(format!("the mixture's streams do not map onto source {}", r.source))
+            })?;
+            held.push(copy.clone());
+            maps.push(order);
+            at_of.entry(key).or_insert((held.len() - 1, 0))
+        };
+        let (at, next) = *entry;
+        if next >= held[at].num_sequences {
+            return Err(DataError::Dataset(format!(
+                "the copy of chunk {} of source {} holds fewer sequences than the minibatch takes",
+                key.1, key.0
+            )));
+        }
+        entry.1 += 1;
+        located.push((at, next));
+    }
+    let single = MinibatchPlan {
+        sequences: plan.sequences.iter().map(|r| r.seq).collect(),
+        sweep: 0,
+        end_of_sweep: !plan.sweeps_ended.is_empty(),
+        position: plan.state.slots,
+        retire: Vec::new(),
+        samples: plan.samples,
+    };
+    let mut gathered = assemble(index, &single, shapes, false, held, &located, &maps)?;
+    gathered.fingerprint = plan.fingerprint();
+    gathered.mixture = Some(MixtureTensors::of(plan));
+    Ok(gathered)
+}
+
 /// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
 /// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`. Stream `k` of the
 /// minibatch is stream `maps[c][k]` of held chunk `c`, or stream `k` where `maps` has no entry

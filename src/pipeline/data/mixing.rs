@@ -12,8 +12,9 @@
 //! (`control::mixture`); during the run, when the chunks sessions hold fill it, the planner lets
 //! go of what its minibatch does not need, then waits in line with the other sessions
 //! (`minibatchd_session_memory_wait_seconds_total`). A minibatch whose own chunks cannot fit
-//! together fails with `resource_exhausted` (a dataset's session gathers such a minibatch a chunk
-//! at a time; a mixture's does not yet).
+//! together is gathered a chunk at a time, as a dataset's session does: each chunk loaded in turn,
+//! the minibatch's sequences copied out of it and the chunk let go
+//! (`minibatchd_session_minibatches_in_parts_total`).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,12 +24,12 @@ use std::time::{Duration, Instant};
 use minibatchd_client::protocol as wire;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::{gather_mixture, ChunkSource, StreamShape};
+use minibatchd_engine::minibatch::{gather_mixture, gather_mixture_copied, ChunkSource, Gathered, StreamShape};
 use minibatchd_engine::sampling::mixture::{Mixture, MixturePlan, MixtureState, SourceState};
 use minibatchd_engine::sampling::Timeline;
 use prometheus::{Gauge, IntCounter};
 
-use super::chunk_cache::{ChunkKey, FetchError, SharedCache};
+use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
 use super::hub::DatasetRuntime;
 use super::producer::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, Producer, ProducerEvent};
 use crate::metrics::SessionMetrics;
@@ -99,7 +100,13 @@ struct Pending {
     memory_wait: Duration,
     /// It let go of the chunks it does not need.
     shed: bool,
+    /// Gathered a chunk at a time (its chunks do not fit in memory together): the copies of its
+    /// sequences made so far, by (source, chunk), and what they are charged against the cache.
+    parts: Option<(Copies, Vec<Charged>)>,
 }
+
+/// Copies of a minibatch's sequences, by (source, chunk).
+type Copies = HashMap<(u32, u32), Arc<ParsedChunk>>;
 
 /// Plans a mixture session's minibatches: see the module's documentation.
 pub struct MixturePlanner {
@@ -120,6 +127,8 @@ pub struct MixturePlanner {
     metrics: SessionMetrics,
     idle_since: Option<Instant>,
     id: u64,
+    /// It said in the log that a minibatch was gathered a chunk at a time.
+    told_parts: bool,
 }
 
 impl MixturePlanner {
@@ -149,6 +158,7 @@ impl MixturePlanner {
             metrics,
             idle_since: None,
             id: next_producer_id(),
+            told_parts: false,
         }
     }
 
@@ -247,15 +257,106 @@ impl MixturePlanner {
         room
     }
 
-    fn located(&mut self, p: Pending) -> Result<Found, ProduceError> {
-        let Pending { slot, plan, started, cache_wait, memory_wait, shed } = p;
-        if shed {
-            self.cache.leave_line(self.id);
+    /// Gathers `p` a chunk at a time, its own chunks not fitting in memory together: each chunk
+    /// loaded in turn, the plan's sequences copied out of it ([`ParsedChunk::select`], charged
+    /// against the cache until the minibatch is in its slot), the chunk let go. `Found::Wait`
+    /// while a load waits for memory other sessions hold (the copies made are kept).
+    fn gather_parts(&mut self, mut p: Pending, stop: &AtomicBool) -> Result<Found, ProduceError> {
+        if !self.told_parts {
+            self.told_parts = true;
+            tracing::warn!(
+                minibatch = self.next_index,
+                "a mixture's minibatch's chunks do not fit in memory together; it and any other such minibatch of this \
+                 session are gathered a chunk at a time, which is slower (minibatchd_session_minibatches_in_parts_total): \
+                 smaller randomization windows for its datasets or a larger memory_limit_bytes avoid it"
+            );
         }
+        self.shed(None);
+        let (mut copies, mut charges) = p.parts.take().unwrap_or_default();
+        let mut wanted: Vec<(u32, u32)> = Vec::new();
+        for r in &p.plan.sequences {
+            let k = (r.source, r.seq.chunk);
+            if !copies.contains_key(&k) && !wanted.contains(&k) {
+                wanted.push(k);
+            }
+        }
+        for (s, c) in wanted {
+            let asked = Instant::now();
+            let got = self.cache.get(self.key(s, c), stop);
+            p.cache_wait += asked.elapsed();
+            let chunk = match got {
+                Ok(chunk) => chunk,
+                Err(FetchError::OverLimit { .. }) => {
+                    // Others hold the memory: wait in line, keeping the copies made.
+                    self.wait_for_memory(stop, &mut p.memory_wait);
+                    p.shed = true;
+                    p.parts = Some((copies, charges));
+                    if stop.load(Ordering::Relaxed) {
+                        self.cache.leave_line(self.id);
+                        return Err(ProduceError::Stopped);
+                    }
+                    self.pending = Some(p);
+                    return Ok(Found::Wait);
+                }
+                Err(FetchError::Stopped) => {
+                    self.cache.leave_line(self.id);
+                    return Err(ProduceError::Stopped);
+                }
+                Err(FetchError::Failed(e)) => {
+                    self.cache.leave_line(self.id);
+                    return Err(ProduceError::Data(e));
+                }
+                Err(e) => {
+                    self.cache.leave_line(self.id);
+                    let name = &self.sources[s as usize].runtime.name;
+                    return Err(ProduceError::Data(DataError::Dataset(format!("dataset '{name}', chunk {c}: {e}"))));
+                }
+            };
+            let timeline = self.sources[s as usize].runtime.dataset.timeline();
+            let start = timeline.chunk_start.get(c as usize).copied().unwrap_or(usize::MAX);
+            let locals = p
+                .plan
+                .sequences
+                .iter()
+                .filter(|r| (r.source, r.seq.chunk) == (s, c))
+                .map(|r| {
+                    (r.seq.seq as usize).checked_sub(start).filter(|&l| l < chunk.num_sequences).ok_or_else(|| {
+                        DataError::Dataset(format!("sequence {} is not in chunk {c} of source {s}", r.seq.seq))
+                    })
+                })
+                .collect::<Result<Vec<usize>, DataError>>()?;
+            let copy = chunk.select(&locals);
+            drop(chunk);
+            charges.push(self.cache.charge(copy.size_bytes() as u64));
+            copies.insert((s, c), Arc::new(copy));
+        }
+        self.metrics.minibatches_in_parts.inc();
+        let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
+        let mb = gather_mixture_copied(self.next_index, &p.plan, &self.shapes, &orders, &copies)?;
+        // The copies are the minibatch's now: charged, as one, until it is in its slot.
+        let bytes: u64 = copies.values().map(|c| c.size_bytes() as u64).sum();
+        drop(copies);
+        let whole = Arc::new(self.cache.charge(bytes));
+        drop(charges);
+        p.parts = None;
+        Ok(self.finish(p, mb, Some(whole)))
+    }
+
+    fn located(&mut self, p: Pending) -> Result<Found, ProduceError> {
         let timelines: Vec<&Timeline> = self.sources.iter().map(|s| s.runtime.dataset.timeline().as_ref()).collect();
         let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
         let mut chunks: Vec<&mut dyn ChunkSource> = self.held.iter_mut().map(|h| h as &mut dyn ChunkSource).collect();
-        let mb = gather_mixture(self.next_index, &plan, &self.shapes, &timelines, &orders, &mut chunks)?;
+        let mb = gather_mixture(self.next_index, &p.plan, &self.shapes, &timelines, &orders, &mut chunks)?;
+        Ok(self.finish(p, mb, None))
+    }
+
+    /// A minibatch gathered: the chunks its sources' sweeps are done with go, the metrics count
+    /// it, and it goes to a filler.
+    fn finish(&mut self, p: Pending, mb: Gathered, charged: Option<Arc<Charged>>) -> Found {
+        let Pending { slot, plan, started, cache_wait, memory_wait, shed, .. } = p;
+        if shed {
+            self.cache.leave_line(self.id);
+        }
         self.next_index = self.next_index.saturating_add(1);
         for &(s, c) in &plan.retire {
             if let Some(h) = self.held.get_mut(s as usize) {
@@ -275,7 +376,7 @@ impl MixturePlanner {
         // The slot carries the sources, the sweeps ended and the state too (`MixtureTensors`); the
         // state goes with the event for the session's progress.
         let mixture = Some(Box::new(to_wire(&plan.state)));
-        Ok(Found::Minibatch(Located { slot, mb, samples: plan.samples, charged: None, mixture }))
+        Found::Minibatch(Located { slot, mb, samples: plan.samples, charged, mixture })
     }
 }
 
@@ -287,8 +388,19 @@ impl Locate for MixturePlanner {
             let started = Instant::now();
             self.plan_ahead()?;
             let Some(plan) = self.ahead.pop_front() else { return Ok(Found::End) };
-            Pending { slot, plan, started, cache_wait: Duration::ZERO, memory_wait: Duration::ZERO, shed: false }
+            Pending {
+                slot,
+                plan,
+                started,
+                cache_wait: Duration::ZERO,
+                memory_wait: Duration::ZERO,
+                shed: false,
+                parts: None,
+            }
         };
+        if p.parts.is_some() {
+            return self.gather_parts(p, stop);
+        }
         loop {
             let refused = match self.load(&p.plan, stop, &mut p.cache_wait) {
                 Ok(refused) => refused,
@@ -321,12 +433,8 @@ impl Locate for MixturePlanner {
                 self.pending = Some(p);
                 return Ok(Found::Wait);
             }
-            self.cache.leave_line(self.id);
-            return Err(ProduceError::Memory(format!(
-                "minibatch {} of the mixture: its own chunks do not fit in memory together ({e}); give its datasets \
-                 smaller randomization windows or chunks, or raise memory_limit_bytes",
-                self.next_index
-            )));
+            // This minibatch's own chunks do not fit together: a chunk at a time.
+            return self.gather_parts(p, stop);
         }
         self.located(p)
     }

@@ -147,9 +147,6 @@ pub enum ProduceError {
     /// The minibatch does not fit a slot (or another layout problem).
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    /// A minibatch's own chunks do not fit the memory limit together (a mixture's session).
-    #[error("{0}")]
-    Memory(String),
 }
 
 impl ProduceError {
@@ -159,14 +156,13 @@ impl ProduceError {
             Self::Data(_) => ErrorCode::DataError,
             Self::Layout(LayoutError::TooLarge { .. }) => ErrorCode::MinibatchTooLarge,
             Self::Layout(_) => ErrorCode::Internal,
-            Self::Memory(_) => ErrorCode::ResourceExhausted,
         }
     }
 
     fn detail(&self) -> Option<ErrorDetail> {
         match self {
             Self::Data(e) => Some(error_detail(e)),
-            Self::Stopped | Self::Layout(_) | Self::Memory(_) => None,
+            Self::Stopped | Self::Layout(_) => None,
         }
     }
 }
