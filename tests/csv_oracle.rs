@@ -83,20 +83,15 @@ fn inexact(v: i64, precision: &str) -> bool {
 
 #[test]
 fn minibatchd_reads_csv_as_tensorflow_does() {
-    let root = support::package_root().join(CORPUS);
-    let mut cases: Vec<_> = std::fs::read_dir(&root).expect("the corpus").map(|e| e.expect("entry").path()).collect();
-    cases.sort();
-    assert!(cases.len() >= 50, "{} cases in {CORPUS}", cases.len());
+    let cases = support::oracle_cases(CORPUS, 50);
     let (mut same, mut tf_refused, mut by_design) = (0, 0, 0);
     for dir in cases {
         let case: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).expect("case.json")).expect("JSON");
         let tmp = tempfile::tempdir().expect("temp dir");
         let c = config(tmp.path(), &dir.join("data.csv"), &case);
-        let out = std::process::Command::new(support::BIN)
-            .args(["dump", "--config"])
-            .arg(&c)
-            .args(["--dataset", "c", "--minibatch-size", "1000", "--full-sweep", "--randomize", "false"])
+        let out = support::command("dump", &c, "c")
+            .args(["--minibatch-size", "1000", "--full-sweep", "--randomize", "false"])
             .output()
             .expect("run minibatchd");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -72,20 +72,15 @@ fn expected_bits(v: &Value, dtype: &str, precision: &str) -> u64 {
 
 #[test]
 fn minibatchd_reads_fixed_length_records_as_tensorflow_does() {
-    let root = support::package_root().join(CORPUS);
-    let mut cases: Vec<_> = std::fs::read_dir(&root).expect("the corpus").map(|e| e.expect("entry").path()).collect();
-    cases.sort();
-    assert!(cases.len() >= 30, "{} cases in {CORPUS}", cases.len());
+    let cases = support::oracle_cases(CORPUS, 30);
     let (mut records_checked, mut refused_files, mut refused_records) = (0, 0, 0);
     for dir in cases {
         let case: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("case.json")).expect("case.json")).expect("JSON");
         let tmp = tempfile::tempdir().expect("temp dir");
         let c = config(tmp.path(), &dir.join("data.bin"), &case);
-        let out = std::process::Command::new(support::BIN)
-            .args(["dump", "--config"])
-            .arg(&c)
-            .args(["--dataset", "f", "--minibatch-size", "1000", "--full-sweep", "--randomize", "false"])
+        let out = support::command("dump", &c, "f")
+            .args(["--minibatch-size", "1000", "--full-sweep", "--randomize", "false"])
             .output()
             .expect("run minibatchd");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -194,11 +194,7 @@ fn check_case(dir: &Path) -> Result<(), String> {
 
 #[test]
 fn minibatchd_reads_tfrecords_as_tensorflow_does() {
-    let root = support::package_root().join(CORPUS);
-    let mut cases: Vec<_> =
-        std::fs::read_dir(&root).expect("the recorded corpus").map(|e| e.expect("entry").path()).collect();
-    cases.sort();
-    assert!(cases.len() >= 50, "{} cases", cases.len());
+    let cases = support::oracle_cases(CORPUS, 50);
     let failures: Vec<String> =
         cases.iter().filter_map(|c| check_case(c).err().map(|e| format!("{}: {e}", c.display()))).collect();
     assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));

@@ -83,6 +83,17 @@ pub fn command(subcommand: &str, config: &Path, dataset: &str) -> Command {
     c
 }
 
+/// The cases of a recorded oracle corpus (`tests/fixtures_*`): each directory under `corpus`, in
+/// name order — at least `at_least` of them, else the corpus is not there.
+pub fn oracle_cases(corpus: &str, at_least: usize) -> Vec<PathBuf> {
+    let root = package_root().join(corpus);
+    let mut cases: Vec<PathBuf> =
+        std::fs::read_dir(&root).expect("the recorded corpus").map(|e| e.expect("entry").path()).collect();
+    cases.sort();
+    assert!(cases.len() >= at_least, "{} cases in {corpus}", cases.len());
+    cases
+}
+
 /// Writes `dir/name` and returns its path.
 pub fn write(dir: &Path, name: &str, contents: impl AsRef<[u8]>) -> PathBuf {
     let p = dir.join(name);

@@ -276,18 +276,7 @@ pub fn gather_mixture(
             })?;
         located.push((at, local));
     }
-    let single = MinibatchPlan {
-        sequences: plan.sequences.iter().map(|r| r.seq).collect(),
-        sweep: 0,
-        end_of_sweep: !plan.sweeps_ended.is_empty(),
-        position: plan.state.slots,
-        retire: Vec::new(),
-        samples: plan.samples,
-    };
-    let mut gathered = assemble(index, &single, shapes, false, held, &located, &maps)?;
-    gathered.fingerprint = plan.fingerprint();
-    gathered.mixture = Some(MixtureTensors::of(plan));
-    Ok(gathered)
+    assemble_mixture(index, plan, shapes, held, &located, &maps)
 }
 
 /// A mixture's minibatch from copies of its sequences instead of whole chunks — gathered a chunk
@@ -335,6 +324,20 @@ pub fn gather_mixture_copied<S: std::hash::BuildHasher>(
         entry.1 += 1;
         located.push((at, next));
     }
+    assemble_mixture(index, plan, shapes, held, &located, &maps)
+}
+
+/// [`assemble`] for a mixture's plan: its sequences located in `held` (stream `k` of the
+/// minibatch is stream `maps[c][k]` of held chunk `c`), with the mixture's fingerprint, position
+/// (its slots taken) and tensors.
+fn assemble_mixture(
+    index: u64,
+    plan: &crate::sampling::mixture::MixturePlan,
+    shapes: &[StreamShape],
+    held: Vec<Arc<ParsedChunk>>,
+    located: &[(usize, usize)],
+    maps: &[&[usize]],
+) -> Result<Gathered> {
     let single = MinibatchPlan {
         sequences: plan.sequences.iter().map(|r| r.seq).collect(),
         sweep: 0,
@@ -343,7 +346,7 @@ pub fn gather_mixture_copied<S: std::hash::BuildHasher>(
         retire: Vec::new(),
         samples: plan.samples,
     };
-    let mut gathered = assemble(index, &single, shapes, false, held, &located, &maps)?;
+    let mut gathered = assemble(index, &single, shapes, false, held, located, maps)?;
     gathered.fingerprint = plan.fingerprint();
     gathered.mixture = Some(MixtureTensors::of(plan));
     Ok(gathered)

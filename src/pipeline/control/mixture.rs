@@ -333,17 +333,13 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     if options.sweep.is_some_and(|k| k > 0) && epoch == MixtureEpoch::Endless {
         return Err(refuse("an endless mixture has one epoch: sweep 0 only (set `epoch = \"first_sweep_end\"` or max_samples to have epochs)".into()));
     }
-    let walk_key = epoch_key(
-        identity(&runtimes),
-        mixture_options_hash(&runtimes, epoch),
-        resolved.minibatch_size,
-        &mixture_options.schedule,
-    );
+    let (identity, options_hash) = (identity(&runtimes), mixture_options_hash(&runtimes, epoch));
+    let walk_key = epoch_key(identity, options_hash, resolved.minibatch_size, &mixture_options.schedule);
     let mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
     let slot_size = slot_size(&runtimes, &resolved);
     Ok(Prepared {
-        identity: identity(&runtimes),
-        options_hash: mixture_options_hash(&runtimes, epoch),
+        identity,
+        options_hash,
         walk_key,
         orders: layout.order,
         shapes: layout.shapes,

@@ -113,6 +113,8 @@ pub struct MixturePlanner {
     sources: Vec<PlannedSource>,
     /// The mixture's stream shapes (every source's mapped streams have them).
     shapes: Vec<StreamShape>,
+    /// Per source, its dataset's stream filling each of the mixture's streams.
+    orders: Vec<Vec<usize>>,
     cache: Arc<SharedCache>,
     mixture: Mixture,
     minibatch_size: usize,
@@ -144,9 +146,11 @@ impl MixturePlanner {
         metrics: SessionMetrics,
     ) -> Self {
         let held = vec![HashMap::new(); sources.len()];
+        let orders = sources.iter().map(|s| s.order.clone()).collect();
         Self {
             sources,
             shapes,
+            orders,
             cache,
             mixture,
             minibatch_size,
@@ -331,8 +335,7 @@ impl MixturePlanner {
             copies.insert((s, c), Arc::new(copy));
         }
         self.metrics.minibatches_in_parts.inc();
-        let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
-        let mb = gather_mixture_copied(self.next_index, &p.plan, &self.shapes, &orders, &copies)?;
+        let mb = gather_mixture_copied(self.next_index, &p.plan, &self.shapes, &self.orders, &copies)?;
         // The copies are the minibatch's now: charged, as one, until it is in its slot.
         let bytes: u64 = copies.values().map(|c| c.size_bytes() as u64).sum();
         drop(copies);
@@ -344,9 +347,9 @@ impl MixturePlanner {
 
     fn located(&mut self, p: Pending) -> Result<Found, ProduceError> {
         let timelines: Vec<&Timeline> = self.sources.iter().map(|s| s.runtime.dataset.timeline().as_ref()).collect();
-        let orders: Vec<Vec<usize>> = self.sources.iter().map(|s| s.order.clone()).collect();
+
         let mut chunks: Vec<&mut dyn ChunkSource> = self.held.iter_mut().map(|h| h as &mut dyn ChunkSource).collect();
-        let mb = gather_mixture(self.next_index, &p.plan, &self.shapes, &timelines, &orders, &mut chunks)?;
+        let mb = gather_mixture(self.next_index, &p.plan, &self.shapes, &timelines, &self.orders, &mut chunks)?;
         Ok(self.finish(p, mb, None))
     }
 
