@@ -283,10 +283,7 @@ fn write_sequences(out: &mut String, s: &MbStream) {
                     write_values(out, values, e0..e1);
                     out.push_str("]}");
                 }
-                MbData::Strings { offsets, bytes } => {
-                    let text = String::from_utf8_lossy(&bytes[at(offsets[j])..at(offsets[j + 1])]);
-                    write_str(out, &text);
-                }
+                MbData::Strings { offsets, bytes } => write_bytes(out, &bytes[at(offsets[j])..at(offsets[j + 1])]),
             }
         }
         out.push(']');
@@ -327,6 +324,21 @@ fn non_finite(x: f64) -> &'static str {
         "Infinity"
     } else {
         "-Infinity"
+    }
+}
+
+/// A strings sample: a JSON string when its bytes are UTF-8, else `{"hex": "…"}` — every byte
+/// as two lowercase hex digits, so that no byte is lost or replaced.
+fn write_bytes(out: &mut String, b: &[u8]) {
+    use std::fmt::Write as _;
+    if let Ok(text) = std::str::from_utf8(b) {
+        write_str(out, text);
+    } else {
+        out.push_str("{\"hex\": \"");
+        for byte in b {
+            let _ = write!(out, "{byte:02x}");
+        }
+        out.push_str("\"}");
     }
 }
 

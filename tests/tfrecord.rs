@@ -153,22 +153,128 @@ files = ["a.tfrecord"]
 [datasets.t.streams.x]
 format = "dense"
 dim = 2
-dtype = "bytes"
+dtype = "text"
 default = [1, 2, 3]
 [datasets.t.streams.s]
 format = "sparse"
 dim = 2
 default = 0
+[datasets.t.streams.b]
+dtype = "bytes"
+format = "sparse"
+dim = 4
+[datasets.t.streams.q]
+dtype = "bytes"
+format = "sequence"
+dim = 3
+[datasets.t.streams.r]
+format = "sequence"
+default = 1
+[datasets.t.streams.d]
+dtype = "bytes"
+format = "dense"
+dim = 2
+default = [1, 2]
 "#,
     );
     let out = std::process::Command::new(support::BIN).args(["validate", "--config"]).arg(&c).output().expect("run");
     let err = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    for want in
-        ["datasets.t.streams.x.dtype", "unknown dtype 'bytes'", "datasets.t.streams.s.default", "has no default"]
-    {
+    for want in [
+        "datasets.t.streams.x.dtype",
+        "unknown dtype 'text'",
+        "datasets.t.streams.s.default",
+        "has a default",
+        "datasets.t.streams.b.format",
+        "read a tf.io.VarLenFeature(tf.string) as format = \"sequence\"",
+        "datasets.t.streams.q.dim",
+        "one byte string a sample",
+        "datasets.t.streams.r.default",
+        "datasets.t.streams.d.default",
+        "expected strings",
+    ] {
         assert!(err.contains(want), "{want}: {err}");
     }
+}
+
+/// Bytes features (`tf.string`) as strings streams, one sample per byte string — exactly `dim`
+/// a record with a default, or any number as a sequence — and numeric sequences
+/// (`FixedLenSequenceFeature`), `dim` values a sample. `minibatch_size` counts records; bytes
+/// that are not UTF-8 come out of `dump` as hex, unchanged; a sequence whose values are no
+/// multiple of `dim` is a malformed record.
+#[test]
+fn bytes_and_sequence_features_are_served_a_sample_per_string_or_per_dim_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let jpeg: &[u8] = &[0xff, 0xd8, 0xff, 0x00, 0x80];
+    let rec = |i: i64, tags: &[&[u8]], steps: &[f32], image: Option<&[u8]>| {
+        let image = image.map(|im| [im]);
+        let mut f: Vec<(&str, Value)> = vec![("id", Value::Ints(std::slice::from_ref(&i)))];
+        f.push(("tags", Value::Bytes(tags)));
+        f.push(("steps", Value::Floats(steps)));
+        if let Some(im) = &image {
+            f.push(("image", Value::Bytes(im)));
+        }
+        example(&f)
+    };
+    let records = vec![
+        rec(0, &[b"a", b"bc"], &[1.0, 2.0, 3.0, 4.0], Some(jpeg)),
+        rec(1, &[], &[], None),
+        rec(2, &[b""], &[5.0, 6.0], Some(b"plain")),
+        rec(3, &[b"x"], &[7.0, 8.0, 9.0], Some(b"odd")),
+        rec(4, &[b"y", b"z", b"w"], &[0.5, 0.25], Some(b"last")),
+    ];
+    write(dir.path(), "a.tfrecord", file_of(&records));
+    let c = write(
+        dir.path(),
+        "c.toml",
+        format!(
+            r#"[daemon]
+state_dir = "{state}"
+[datasets.t]
+format = "tfrecord"
+files = ["a.tfrecord"]
+max_errors = 1
+[datasets.t.streams.id]
+dtype = "int64"
+format = "dense"
+dim = 1
+[datasets.t.streams.tags]
+dtype = "bytes"
+format = "sequence"
+[datasets.t.streams.steps]
+format = "sequence"
+dim = 2
+[datasets.t.streams.image]
+dtype = "bytes"
+format = "dense"
+dim = 1
+default = "none"
+"#,
+            state = dir.path().join("state").display()
+        ),
+    );
+    let (mbs, err, code) = dump(&c, &["--full-sweep", "--randomize", "false"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("a.tfrecord:4:") && err.contains("not a multiple of the stream 'steps''s dim 2"), "{err}");
+    // Three records a minibatch, whatever their sequences' lengths.
+    let per: Vec<u64> = mbs.iter().map(|m| m["streams"]["id"]["num_sequences"].as_u64().expect("n")).collect();
+    assert_eq!(per, vec![3, 2]);
+    let seqs = |name: &str| -> Vec<serde_json::Value> {
+        mbs.iter().flat_map(|m| m["streams"][name]["sequences"].as_array().expect("sequences").clone()).collect()
+    };
+    let j = |s: &str| serde_json::from_str::<serde_json::Value>(s).expect("json");
+    assert_eq!(seqs("tags"), vec![j(r#"["a", "bc"]"#), j("[]"), j(r#"[""]"#), j("[]"), j(r#"["y", "z", "w"]"#)]);
+    assert_eq!(
+        seqs("image"),
+        vec![j(r#"[{"hex": "ffd8ff0080"}]"#), j(r#"["none"]"#), j(r#"["plain"]"#), j("[]"), j(r#"["last"]"#)]
+    );
+    assert_eq!(
+        seqs("steps"),
+        vec![j("[[1.0, 2.0], [3.0, 4.0]]"), j("[]"), j("[[5.0, 6.0]]"), j("[]"), j("[[0.5, 0.25]]")]
+    );
+    assert_eq!(seqs("id"), vec![j("[[0.0]]"), j("[[1.0]]"), j("[[2.0]]"), j("[]"), j("[[4.0]]")]);
+    let samples: Vec<u64> = mbs.iter().map(|m| m["streams"]["tags"]["num_samples"].as_u64().expect("n")).collect();
+    assert_eq!(samples, vec![3, 3], "a byte string a sample");
 }
 
 /// A GZIP TFRecord file (TensorFlow's `compression_type="GZIP"`) reads as the plain one, from a

@@ -3,7 +3,8 @@
 //! TensorFlow itself (`scripts/oracle/tf_diff.py`, which records it and runs this test): per
 //! case the streams' features, the dataset's precision, and per record TensorFlow's values (float
 //! bits, exact integers) or its error, or the record where TensorFlow stops reading a damaged
-//! file.
+//! file. A second corpus (`tests/fixtures_tfrecord_seq`, `--kinds sequence`) adds bytes features
+//! (their strings compared byte for byte, as hex) and sequences.
 //!
 //! Record by record: where TensorFlow parses a record, minibatchd serves the same values, floats
 //! bitwise; where TensorFlow refuses a record, minibatchd leaves it out and reports it (an empty
@@ -24,6 +25,9 @@ use serde_json::Value;
 use support::{parse_dump, write};
 
 const CORPUS: &str = "tests/fixtures_tfrecord";
+/// Bytes features (fixed-length and sequences) and numeric sequences
+/// (`scripts/oracle/tf_diff.py --kinds sequence`).
+const SEQUENCE_CORPUS: &str = "tests/fixtures_tfrecord_seq";
 
 fn config(dir: &Path, data: &Path, case: &Value) -> std::path::PathBuf {
     let mut toml = format!(
@@ -70,6 +74,27 @@ fn sequences(mbs: &[Value], stream: &str, sparse: bool) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// Per bytes stream, its sequences in record order: each a list of its byte strings as hex (a
+/// sample is a JSON string of UTF-8 bytes, or `{"hex": …}`).
+fn byte_sequences(mbs: &[Value], stream: &str) -> Vec<Vec<String>> {
+    mbs.iter()
+        .flat_map(|m| m["streams"][stream]["sequences"].as_array().expect("sequences").clone())
+        .map(|seq| {
+            let samples = seq.as_array().expect("samples");
+            samples
+                .iter()
+                .map(|s| match s {
+                    Value::String(text) => text.bytes().fold(String::new(), |mut h, b| {
+                        write!(h, "{b:02x}").expect("write");
+                        h
+                    }),
+                    other => other["hex"].as_str().expect("a string or hex").to_owned(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// Whether TensorFlow's `values` of a feature are a deliberate difference: minibatchd refuses
 /// them (an int64 the precision does not hold exactly, more values than a sparse stream's dim).
 fn refused_by_design(f: &Value, values: &[Value], precision: &str) -> bool {
@@ -90,6 +115,28 @@ fn refused_by_design(f: &Value, values: &[Value], precision: &str) -> bool {
             }
         });
     too_many || inexact
+}
+
+/// Whether minibatchd's values `have` of numeric feature `f` are TensorFlow's `want`: floats
+/// bitwise (and, in float64, exactly the float32 widened), integers exactly.
+fn same_numbers(f: &Value, have: &[f64], want: &[Value], precision: &str) -> Result<(), String> {
+    for (h, w) in have.iter().zip(want) {
+        let same = if f["dtype"] == "float32" {
+            #[allow(clippy::cast_possible_truncation)]
+            let bits = (*h as f32).to_bits();
+            Some(u64::from(bits)) == w.as_u64()
+                && (precision != "float64" || f64::from(f32::from_bits(bits)).to_bits() == h.to_bits())
+        } else {
+            // An integer exactly: the float has no fraction and is the value.
+            #[allow(clippy::cast_possible_truncation)]
+            let (i, wide) = (*h as i64, *h as i128);
+            Some(i) == w.as_i64() && h.fract() == 0.0 && i128::from(i) == wide
+        };
+        if !same {
+            return Err(format!("{h} where TensorFlow has {w}"));
+        }
+    }
+    Ok(())
 }
 
 fn check_case(dir: &Path) -> Result<(), String> {
@@ -132,17 +179,30 @@ fn check_case(dir: &Path) -> Result<(), String> {
         return Err(format!("dump failed: {stderr}"));
     }
     let mbs = parse_dump(&String::from_utf8_lossy(&out.stdout))?;
-    let got: Vec<Vec<Vec<f64>>> =
-        features.iter().map(|f| sequences(&mbs, f["stream"].as_str().unwrap_or(""), f["format"] == "sparse")).collect();
+    let got: Vec<Vec<Vec<f64>>> = features
+        .iter()
+        .map(|f| match f["dtype"].as_str() {
+            Some("bytes") => Vec::new(),
+            _ => sequences(&mbs, f["stream"].as_str().unwrap_or(""), f["format"] == "sparse"),
+        })
+        .collect();
+    let got_bytes: Vec<Vec<Vec<String>>> = features
+        .iter()
+        .map(|f| match f["dtype"].as_str() {
+            Some("bytes") => byte_sequences(&mbs, f["stream"].as_str().unwrap_or("")),
+            _ => Vec::new(),
+        })
+        .collect();
+    let is_bytes = |f: &Value| f["dtype"] == "bytes";
+    // A record's sequence in stream `k` is empty (left out, or no values).
+    let empty =
+        |k: usize, r: usize| got[k].get(r).is_none_or(Vec::is_empty) && got_bytes[k].get(r).is_none_or(Vec::is_empty);
     for (r, answer) in records.iter().enumerate() {
         let what = |f: &Value| format!("record {} stream {}", r + 1, f["stream"]);
-        let left_out = got.iter().all(|s| s.get(r).is_none_or(Vec::is_empty));
+        let left_out = (0..features.len()).all(|k| empty(k, r));
         let Some(values) = answer["values"].as_object() else {
             // TensorFlow refuses the record: minibatchd leaves it out.
-            let has_values = features
-                .iter()
-                .zip(&got)
-                .any(|(f, s)| s.get(r).is_some_and(|v| !v.is_empty()) && f["format"] == "dense");
+            let has_values = features.iter().enumerate().any(|(k, f)| !empty(k, r) && f["format"] == "dense");
             if has_values {
                 return Err(format!(
                     "record {}: TensorFlow refuses it ({}), minibatchd serves it",
@@ -164,38 +224,41 @@ fn check_case(dir: &Path) -> Result<(), String> {
             }
             continue;
         }
-        for (f, seqs) in features.iter().zip(&got) {
+        for (k, (f, seqs)) in features.iter().zip(&got).enumerate() {
             let want = values.get(f["stream"].as_str().unwrap_or("")).and_then(Value::as_array).ok_or("values")?;
+            if is_bytes(f) {
+                let have = got_bytes[k].get(r).ok_or_else(|| format!("{}: minibatchd has no such record", what(f)))?;
+                let want: Vec<&str> = want.iter().filter_map(Value::as_str).collect();
+                if *have != want {
+                    return Err(format!("{}: {have:?} where TensorFlow has {want:?}", what(f)));
+                }
+                continue;
+            }
             let have = seqs.get(r).ok_or_else(|| format!("{}: minibatchd has no such record", what(f)))?;
             if have.len() != want.len() {
                 return Err(format!("{}: {} values, TensorFlow {}", what(f), have.len(), want.len()));
             }
-            for (h, w) in have.iter().zip(want) {
-                let same = if f["dtype"] == "float32" {
-                    // The float32's bits, and (in float64) exactly that float32 widened.
-                    #[allow(clippy::cast_possible_truncation)]
-                    let bits = (*h as f32).to_bits();
-                    Some(u64::from(bits)) == w.as_u64()
-                        && (precision != "float64" || f64::from(f32::from_bits(bits)).to_bits() == h.to_bits())
-                } else {
-                    // An integer exactly: the float has no fraction and is the value.
-                    #[allow(clippy::cast_possible_truncation)]
-                    let (i, wide) = (*h as i64, *h as i128);
-                    Some(i) == w.as_i64() && h.fract() == 0.0 && i128::from(i) == wide
-                };
-                if !same {
-                    return Err(format!("{}: {h} where TensorFlow has {w}", what(f)));
-                }
-            }
+            same_numbers(f, have, want, precision).map_err(|e| format!("{}: {e}", what(f)))?;
         }
     }
     Ok(())
 }
 
-#[test]
-fn minibatchd_reads_tfrecords_as_tensorflow_does() {
-    let cases = support::oracle_cases(CORPUS, 50);
+fn check_corpus(corpus: &str, at_least: usize) {
+    let cases = support::oracle_cases(corpus, at_least);
     let failures: Vec<String> =
         cases.iter().filter_map(|c| check_case(c).err().map(|e| format!("{}: {e}", c.display()))).collect();
     assert!(failures.is_empty(), "{} of {} cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
+fn minibatchd_reads_tfrecords_as_tensorflow_does() {
+    check_corpus(CORPUS, 50);
+}
+
+/// Bytes features and sequences: each byte string exactly as TensorFlow's, each sequence's
+/// values in order.
+#[test]
+fn minibatchd_reads_bytes_and_sequence_features_as_tensorflow_does() {
+    check_corpus(SEQUENCE_CORPUS, 50);
 }

@@ -407,7 +407,7 @@ pub fn parsed_cache(data: &[u8], scratch: &Path) {
 /// precision); every record is a sample of each stream or an error, never a panic.
 pub fn tfrecord(data: &[u8], _scratch: &Path) {
     use minibatchd_engine::format::tfrecord::{self, example::ExampleDecoder};
-    use minibatchd_engine::options::{ExampleFeature, FeatureLength, FeatureType};
+    use minibatchd_engine::options::{ExampleFeature, FeatureDefault, FeatureLength, FeatureType};
     let Some((&sel, body)) = data.split_first() else { return };
     let dtype = |bit: u8| if sel & bit != 0 { FeatureType::Int64 } else { FeatureType::Float };
     let features = vec![
@@ -415,10 +415,29 @@ pub fn tfrecord(data: &[u8], _scratch: &Path) {
             stream: "a".into(),
             key: "a".into(),
             dtype: dtype(1),
-            length: FeatureLength::Fixed { default: (sel & 2 != 0).then(|| vec![1.0, 2.0]) },
+            length: FeatureLength::Fixed { default: (sel & 2 != 0).then(|| FeatureDefault::Numbers(vec![1.0, 2.0])) },
             dim: 2,
         },
         ExampleFeature { stream: "b".into(), key: "b".into(), dtype: dtype(4), length: FeatureLength::Var, dim: 3 },
+        // Bytes: a sequence of byte strings, or exactly one with a default.
+        ExampleFeature {
+            stream: "c".into(),
+            key: "c".into(),
+            dtype: FeatureType::Bytes,
+            length: if sel & 16 != 0 {
+                FeatureLength::Sequence
+            } else {
+                FeatureLength::Fixed { default: Some(FeatureDefault::Bytes(vec![b"none".to_vec()])) }
+            },
+            dim: 1,
+        },
+        ExampleFeature {
+            stream: "d".into(),
+            key: "d".into(),
+            dtype: dtype(32),
+            length: FeatureLength::Sequence,
+            dim: 2,
+        },
     ];
     let path: Arc<Path> = Arc::from(Path::new("fuzz.tfrecord"));
     let limits = minibatchd_engine::options::IndexLimits::UNBOUNDED;
@@ -437,7 +456,7 @@ fn tfrecord_decode_as<T: DeepxElement>(
     body: &[u8],
     path: &Arc<Path>,
 ) {
-    let mut bufs: Vec<StreamBuf<T>> = (0..2).map(|_| StreamBuf::new()).collect();
+    let mut bufs: Vec<StreamBuf<T>> = (0..4).map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for seq in &idx.sequences {
         let start = usize::try_from(seq.offset).expect("an offset inside the input");
@@ -447,9 +466,17 @@ fn tfrecord_decode_as<T: DeepxElement>(
     }
     for b in &bufs {
         assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1, "a record is one sequence");
+        assert!(b.seq_offsets.windows(2).all(|w| w[0] <= w[1]), "sequences in order");
+        assert_eq!(b.seq_offsets.last().copied(), Some(b.samples), "every sample in a sequence");
+    }
+    for b in &bufs[..2] {
         assert_eq!(b.samples + errors.len(), idx.sequences.len(), "a record is a sample or an error");
     }
     assert_eq!(bufs[0].values.len(), bufs[0].samples * 2, "a fixed-length stream holds dim values a sample");
+    let c = &bufs[2];
+    assert_eq!(c.sample_offsets.len(), c.samples + 1, "a byte string a sample");
+    assert_eq!(c.sample_offsets.last().copied(), Some(c.bytes.len()), "every byte in a sample");
+    assert_eq!(bufs[3].values.len(), bufs[3].samples * 2, "a sequence stream holds dim values a sample");
 }
 
 /// CSV and fixed-length records: the input's first byte picks the options (delimiter, quoting,

@@ -17,6 +17,12 @@ Cases: some files GZIP-compressed by TensorFlow's writer (and `--zlib-cases` mor
 without a default) or var-length (`tf.io.VarLenFeature`); records that lack a feature, hold a
 list of the wrong type or length, or an int64 too large for float32; and files damaged by a
 flipped byte or a cut tail.
+
+`--kinds sequence` (its own corpus, `tests/fixtures_tfrecord_seq`) adds `bytes` features —
+fixed-length (`FixedLenFeature([dim], tf.string)`, with or without a default) and sequences
+(`VarLenFeature(tf.string)` or `FixedLenSequenceFeature([], tf.string, allow_missing=True)`), with
+random bytes, empty strings and invalid UTF-8 — and numeric sequences
+(`FixedLenSequenceFeature([dim], allow_missing=True)`), whose values may be no multiple of `dim`.
 """
 
 import argparse
@@ -63,7 +69,41 @@ def random_feature(rng: random.Random, k: int) -> dict:
     return f
 
 
+def random_sequence_feature(rng: random.Random, k: int) -> dict:
+    """A feature of the `sequence` corpus: bytes (dense or sequence), a numeric sequence, or a
+    numeric feature of the first corpus."""
+    key = rng.choice([f"s{k}", f"feat/{k}", f"f{k}"])
+    r = rng.random()
+    if r < 0.25:
+        f = {"stream": f"s{k}", "key": key, "dtype": "bytes", "format": "dense", "dim": rng.randint(1, 3)}
+        if rng.random() < 0.4:
+            f["default"] = rng.choice(["", "none", "ü"]) if rng.random() < 0.5 else [rng.choice(["a", "", "é"]) for _ in range(f["dim"])]
+        return f
+    if r < 0.5:
+        return {"stream": f"s{k}", "key": key, "dtype": "bytes", "format": "sequence", "dim": 1,
+                "tf": rng.choice(["varlen", "sequence"])}
+    if r < 0.8:
+        return {"stream": f"s{k}", "key": key, "dtype": rng.choice(["float32", "int64"]), "format": "sequence",
+                "dim": rng.randint(1, 3)}
+    return random_feature(rng, k)
+
+
+def random_bytes(rng: random.Random, n: int) -> list:
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.15:
+            out.append(b"")
+        elif r < 0.5:
+            out.append(rng.choice([b"cat", b"dog", "ünï".encode(), b"a b"]))
+        else:
+            out.append(bytes(rng.randrange(256) for _ in range(rng.randint(1, 40))))
+    return out
+
+
 def random_values(rng: random.Random, f: dict, precision: str, n: int):
+    if f["dtype"] == "bytes":
+        return random_bytes(rng, n)
     if f["dtype"] == "float32":
         out = []
         for _ in range(n):
@@ -82,18 +122,24 @@ def message(e: Exception) -> str:
     return text.split("}} ", 1)[-1][:200]
 
 
-def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False) -> None:
-    features = [random_feature(rng, k) for k in range(rng.randint(1, 4))]
+def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False, kinds: str = "numeric") -> None:
+    pick = random_sequence_feature if kinds == "sequence" else random_feature
+    features = [pick(rng, k) for k in range(rng.randint(1, 4))]
     precision = rng.choice(["float32", "float64"])
     spec = {}
     for f in features:
-        dt = tf.float32 if f["dtype"] == "float32" else tf.int64
-        if f["format"] == "sparse":
+        dt = {"float32": tf.float32, "int64": tf.int64, "bytes": tf.string}[f["dtype"]]
+        if f["format"] == "sparse" or f.get("tf") == "varlen":
             spec[f["key"]] = tf.io.VarLenFeature(dt)
+        elif f["format"] == "sequence":
+            shape = [] if f["dtype"] == "bytes" else [f["dim"]]
+            spec[f["key"]] = tf.io.FixedLenSequenceFeature(shape, dt, allow_missing=True)
         else:
             default = f.get("default")
-            if isinstance(default, (int, float)):
+            if isinstance(default, (int, float, str)):
                 default = [default] * f["dim"]
+            if f["dtype"] == "bytes" and default is not None:
+                default = [d.encode() for d in default]
             spec[f["key"]] = tf.io.FixedLenFeature([f["dim"]], dt, default_value=default)
     records = []
     for _ in range(rng.randint(1, 20)):
@@ -102,18 +148,28 @@ def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False) -> 
             r = rng.random()
             if r < 0.12:
                 continue  # missing
-            n = f["dim"] if f["format"] == "dense" else rng.randint(0, f["dim"])
-            if r < 0.2:
-                n = rng.randint(0, f["dim"] + 2)  # perhaps a wrong length
+            if f["format"] == "dense":
+                n = f["dim"]
+            elif f["format"] == "sequence":
+                n = f["dim"] * rng.randint(0, 4)
+            else:
+                n = rng.randint(0, f["dim"])
+            if r < 0.2:  # perhaps a wrong length
+                n = rng.randint(0, f["dim"] * 2 + 2 if kinds == "sequence" else f["dim"] + 2)
             kind = f["dtype"]
-            if r > 0.96:
-                kind = "int64" if kind == "float32" else "float32"  # the wrong type
+            if r > 0.96:  # the wrong type
+                if kinds == "sequence":
+                    kind = rng.choice([k for k in ("float32", "int64", "bytes") if k != kind])
+                else:
+                    kind = "int64" if kind == "float32" else "float32"
             feat = ex.features.feature[f["key"]]
             vals = random_values(rng, dict(f, dtype=kind), precision, n)
             if kind == "float32":
                 feat.float_list.value.extend(vals)
-            else:
+            elif kind == "int64":
                 feat.int64_list.value.extend(vals)
+            else:
+                feat.bytes_list.value.extend(vals)
         if rng.random() < 0.1:
             ex.features.feature["unused"].bytes_list.value.append(b"x")
         records.append(ex.SerializeToString())
@@ -151,7 +207,10 @@ def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False) -> 
             rec = {}
             for f in features:
                 t = parsed[f["key"]]
-                vals = (t.values if f["format"] == "sparse" else t).numpy().tolist()
+                sparse = f["format"] == "sparse" or f.get("tf") == "varlen"
+                vals = (t.values if sparse else t).numpy().reshape(-1).tolist()
+                if f["dtype"] == "bytes":
+                    vals = [v.hex() for v in vals]  # the bytes, as hex
                 if f["dtype"] == "float32":
                     vals = [struct.unpack("<I", struct.pack("<f", v))[0] for v in vals]  # bits
                 rec[f["stream"]] = vals
@@ -171,6 +230,9 @@ def main() -> None:
     ap.add_argument("--venv", default=str(ROOT / "target" / "tf-venv"))
     ap.add_argument("--zlib-cases", type=int, default=0, help="more cases, ZLIB-compressed, after --cases")
     ap.add_argument("--no-replay", action="store_true", help="record only; do not run the replay test")
+    ap.add_argument("--kinds", choices=["numeric", "sequence"], default="numeric",
+                    help="numeric: float32/int64 fixed- and var-length features (tests/fixtures_tfrecord); sequence: "
+                         "bytes features and sequences too (record it into tests/fixtures_tfrecord_seq)")
     a = ap.parse_args()
     ensure_tensorflow(Path(a.venv))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -180,7 +242,7 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     rng = random.Random(a.seed)
     for i in range(a.cases):
-        make_case(rng, tf, out, i)
+        make_case(rng, tf, out, i, kinds=a.kinds)
     for j in range(a.zlib_cases):
         make_case(random.Random(a.seed * 1000 + j), tf, out, a.cases + j, zlib=True)
     print(f"{a.cases + a.zlib_cases} cases recorded in {out} (TensorFlow {tf.__version__})")

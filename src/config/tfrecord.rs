@@ -4,12 +4,14 @@
 //! | stream key | default | rule |
 //! |---|---|---|
 //! | `feature` | the stream's name | the feature's key in the Example |
-//! | `dtype` | `float32` | `float32` (a `float_list`) or `int64` (an `int64_list`) |
-//! | `format` | — | `dense`: `tf.io.FixedLenFeature([dim])`; `sparse`: `tf.io.VarLenFeature`, at most `dim` values |
-//! | `dim` | — | values per record: exactly (dense) or at most (sparse) |
-//! | `default` | — | dense only: a number, or `dim` numbers, for a record without the feature (integers for `int64`); without it the feature is required |
+//! | `dtype` | `float32` | `float32` (a `float_list`), `int64` (an `int64_list`) or `bytes` (a `bytes_list`: a strings stream, one sample per byte string) |
+//! | `format` | — | `dense`: `tf.io.FixedLenFeature([dim])`; `sparse`: `tf.io.VarLenFeature`, at most `dim` values (not for bytes); `sequence`: `tf.io.FixedLenSequenceFeature([dim], allow_missing=True)`, a sample per `dim` values |
+//! | `dim` | — (sequence: 1) | values per record: exactly (dense) or at most (sparse); values per sample (sequence; 1 for bytes) |
+//! | `default` | — | dense only: a number or string, or `dim` of them, for a record without the feature (integers for `int64`, strings for `bytes`); without it the feature is required |
 
-use minibatchd_engine::options::{ExampleFeature, FeatureLength, FeatureType, StreamConfig, StreamFormat};
+use minibatchd_engine::options::{
+    ExampleFeature, FeatureDefault, FeatureLength, FeatureType, StreamConfig, StreamFormat,
+};
 use serde_json::Value;
 
 use super::walk::{Node, Table, Walker};
@@ -45,59 +47,105 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>) -> Option<(Vec<StreamConf
     ok.then_some((streams, features))
 }
 
+/// What `format` may be.
+const FORMATS: &str =
+    "expected dense (a fixed-length feature), sparse (a var-length one) or sequence (any multiple of dim values, \
+     each dim of them a sample)";
+
 fn stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<(StreamConfig, ExampleFeature)> {
     let mut t = w.table(node)?;
     let key = t.string(w, "feature").unwrap_or_else(|| name.to_owned());
     let dtype = match t.string(w, "dtype").as_deref() {
         None | Some("float32" | "float") => Some(FeatureType::Float),
         Some("int64") => Some(FeatureType::Int64),
+        Some("bytes" | "string") => Some(FeatureType::Bytes),
         Some(other) => {
-            w.issue(
-                &t.key_path("dtype"),
-                &format!("unknown dtype '{other}': expected float32 or int64 (bytes features are not read yet)"),
-            );
+            w.issue(&t.key_path("dtype"), &format!("unknown dtype '{other}': expected float32, int64 or bytes"));
             None
         }
     };
-    let format = match t.string(w, "format").map(|s| s.to_ascii_lowercase()).as_deref() {
-        Some("dense") => Some(StreamFormat::Dense),
-        Some("sparse") => Some(StreamFormat::Sparse),
+    let length = match t.string(w, "format").map(|s| s.to_ascii_lowercase()).as_deref() {
+        Some("dense") => Some(FeatureLength::Fixed { default: None }),
+        Some("sparse") if dtype == Some(FeatureType::Bytes) => {
+            w.issue(
+                &t.key_path("format"),
+                "a bytes feature is dense (exactly dim byte strings) or sequence (any number of them), each byte \
+                 string one sample of a strings stream: read a tf.io.VarLenFeature(tf.string) as format = \"sequence\"",
+            );
+            None
+        }
+        Some("sparse") => Some(FeatureLength::Var),
+        Some("sequence") => Some(FeatureLength::Sequence),
         Some(other) => {
-            w.issue(&t.key_path("format"), &format!("unknown stream format '{other}': expected dense (a fixed-length feature) or sparse (a var-length one)"));
+            w.issue(&t.key_path("format"), &format!("unknown stream format '{other}': {FORMATS}"));
             None
         }
         None => {
-            w.issue(
-                &t.key_path("format"),
-                "missing: expected dense (a fixed-length feature) or sparse (a var-length one)",
-            );
+            w.issue(&t.key_path("format"), &format!("missing: {FORMATS}"));
             None
         }
     };
-    let max_dim = if format == Some(StreamFormat::Sparse) { MAX_SPARSE_DIM } else { MAX_DENSE_DIM };
-    let dim = t.uint(w, "dim", 1, max_dim).and_then(|d| usize::try_from(d).ok());
+    let max_dim = if length == Some(FeatureLength::Var) { MAX_SPARSE_DIM } else { MAX_DENSE_DIM };
+    let mut dim = t.uint(w, "dim", 1, max_dim).and_then(|d| usize::try_from(d).ok());
     if dim.is_none() && !t.had("dim") {
-        w.issue(&t.key_path("dim"), "missing: values per record (exactly for dense, at most for sparse)");
+        if length == Some(FeatureLength::Sequence) {
+            // A sequence's samples are one value (or byte string) each unless said.
+            dim = Some(1);
+        } else {
+            w.issue(
+                &t.key_path("dim"),
+                "missing: values per record (exactly for dense, at most for sparse; byte strings for a dense bytes \
+                 feature)",
+            );
+        }
+    }
+    if dtype == Some(FeatureType::Bytes) && length == Some(FeatureLength::Sequence) && dim.is_some_and(|d| d != 1) {
+        w.issue(&t.key_path("dim"), "a bytes sequence has one byte string a sample: dim is 1 (or left out)");
     }
     let default_path = t.key_path("default");
     let default = match t.take("default") {
         None => None,
-        Some(n) if format == Some(StreamFormat::Sparse) => {
-            w.issue(n.path(), "a var-length (sparse) feature has no default: a record without it has no values");
+        Some(n) if !matches!(length, Some(FeatureLength::Fixed { .. })) => {
+            w.issue(
+                n.path(),
+                "only a fixed-length (dense) feature has a default: a record without a sparse or sequence feature has \
+                 no values",
+            );
             None
         }
-        Some(n) => default_values(w, &default_path, n.json(), dim?, dtype?),
+        Some(n) if dtype == Some(FeatureType::Bytes) => default_strings(w, &default_path, n.json(), dim?),
+        Some(n) => default_values(w, &default_path, n.json(), dim?, dtype?).map(FeatureDefault::Numbers),
     };
     w.finish(t);
-    let (dim, format, dtype) = (dim?, format?, dtype?);
-    let length = match format {
-        StreamFormat::Dense => FeatureLength::Fixed { default },
-        StreamFormat::Sparse => FeatureLength::Var,
-    };
+    let (dim, dtype, mut length) = (dim?, dtype?, length?);
+    if let FeatureLength::Fixed { default: d } = &mut length {
+        *d = default;
+    }
+    let format = if length == FeatureLength::Var { StreamFormat::Sparse } else { StreamFormat::Dense };
     let stream = StreamConfig { name: name.to_owned(), alias: key.clone(), dim, format, defines_mb_size: false };
     Some((stream, ExampleFeature { stream: name.to_owned(), key, dtype, length, dim }))
 }
 
+/// A bytes feature's `default`: one string for every value, or `dim` of them (as UTF-8 bytes).
+fn default_strings(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize) -> Option<FeatureDefault> {
+    let strings: Vec<Option<&str>> = match v {
+        Some(Value::String(s)) => vec![Some(s.as_str()); dim],
+        Some(Value::Array(a)) if a.len() == dim => a.iter().map(Value::as_str).collect(),
+        Some(Value::Array(a)) => {
+            w.issue(path, &format!("{} strings, expected one string or dim = {dim} of them", a.len()));
+            return None;
+        }
+        _ => {
+            w.issue(path, "expected a string or a list of dim strings (a bytes feature's default)");
+            return None;
+        }
+    };
+    let Some(strings) = strings.into_iter().collect::<Option<Vec<&str>>>() else {
+        w.issue(path, "expected strings (a bytes feature's default)");
+        return None;
+    };
+    Some(FeatureDefault::Bytes(strings.into_iter().map(|s| s.as_bytes().to_vec()).collect()))
+}
 /// `default`: one number for every value, or `dim` of them; integers for `int64`.
 fn default_values(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize, dtype: FeatureType) -> Option<Vec<f64>> {
     let numbers: Vec<Option<f64>> = match v {

@@ -828,9 +828,16 @@ class Stream:
         return scipy.sparse.csr_matrix((np.array(values), indices.astype(np.int64), indptr.astype(np.int64)), shape=(self.num_samples, num_features))
 
     def strings(self) -> List[str]:
-        """The samples of a `strings` stream, decoded as UTF-8 (invalid bytes replaced)."""
+        """The samples of a `strings` stream, decoded as UTF-8 (invalid bytes replaced; for
+        binary data — a TFRecord ``bytes`` feature — use ``byte_strings()``)."""
+        return [b.decode("utf-8", errors="replace") for b in self.byte_strings()]
+
+    def byte_strings(self) -> List[bytes]:
+        """The samples of a `strings` stream as they were read, one ``bytes`` each (a copy)."""
+        if self.kind != "strings":
+            raise TypeError(f"stream {self.name!r} is {self.kind}, not strings")
         raw, offs = self.values.tobytes(), self.offsets.tolist()
-        return [raw[offs[j] : offs[j + 1]].decode("utf-8", errors="replace") for j in range(len(offs) - 1)]
+        return [raw[offs[j] : offs[j + 1]] for j in range(len(offs) - 1)]
 
     def dense(self) -> np.ndarray:
         """``[num_samples, dim]`` values (a copy for sparse streams, the view for dense ones)."""
@@ -863,7 +870,13 @@ class Stream:
         seqs = []
         so = self.sequence_offsets.tolist()
         if self.kind == "strings":
-            texts = self.strings()
+            # As `dump` writes them: UTF-8 as a string, other bytes as {"hex": ...}.
+            texts = []
+            for b in self.byte_strings():
+                try:
+                    texts.append(b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    texts.append({"hex": b.hex()})
             for q in range(len(so) - 1):
                 seqs.append(texts[so[q] : so[q + 1]])
         elif self.kind == "sparse":

@@ -313,6 +313,18 @@ pub enum FeatureType {
     /// `tf.int64`: an `int64_list`; each value must be exact in the dataset's precision (a
     /// larger one is a malformed record, never a rounded value).
     Int64,
+    /// `tf.string`: a `bytes_list`; each byte string is one sample of a strings stream, its
+    /// bytes as written (no text decoding).
+    Bytes,
+}
+
+/// What a fixed-length feature holds when a record lacks it (`default_value`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FeatureDefault {
+    /// `dim` numbers (integers for an `int64` feature).
+    Numbers(Vec<f64>),
+    /// `dim` byte strings, for a `bytes` feature.
+    Bytes(Vec<Vec<u8>>),
 }
 
 /// How many values a feature has per record.
@@ -320,14 +332,20 @@ pub enum FeatureType {
 pub enum FeatureLength {
     /// `tf.io.FixedLenFeature([dim])`: exactly the stream's `dim` values, or `default` (its
     /// `default_value`) when the record lacks the feature; without a default the feature is
-    /// required. A dense stream.
+    /// required. A dense stream of one sample a record, or for `bytes` a strings stream of `dim`
+    /// samples a record (one byte string each).
     Fixed {
         /// The values of a record without the feature (`dim` of them).
-        default: Option<Vec<f64>>,
+        default: Option<FeatureDefault>,
     },
     /// `tf.io.VarLenFeature`: any number of values up to the stream's `dim`, none when the record
     /// lacks it. A sparse stream whose sample holds value `i` at index `i`.
     Var,
+    /// `tf.io.FixedLenSequenceFeature([dim], allow_missing=True)` (or a `VarLenFeature` read as
+    /// a sequence): any multiple of `dim` values, none when the record lacks the feature, each
+    /// `dim` of them one sample — the record's sequence in this stream has that many samples. A
+    /// dense stream; for `bytes` (`dim` 1) a strings stream of one sample per byte string.
+    Sequence,
 }
 
 /// A stream of a `tfrecord` dataset: the `tf.train.Example` feature that fills it.
@@ -341,7 +359,7 @@ pub struct ExampleFeature {
     pub dtype: FeatureType,
     /// Its length.
     pub length: FeatureLength,
-    /// Values per record: exactly (fixed) or at most (var).
+    /// Values per record: exactly (fixed) or at most (var); values per sample (sequence).
     pub dim: usize,
 }
 

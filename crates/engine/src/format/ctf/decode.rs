@@ -60,8 +60,10 @@ pub struct StreamBuf<T> {
     pub values: Vec<T>,
     /// Sparse: entry indices.
     pub indices: Vec<i32>,
-    /// Sparse: entry offsets per sample (starts with 0).
+    /// Sparse: entry offsets per sample (starts with 0); strings: byte offsets per sample.
     pub sample_offsets: Vec<usize>,
+    /// Strings (a `tf.train.Example`'s `bytes` feature): the samples' bytes, concatenated.
+    pub bytes: Vec<u8>,
     /// Sample offsets per sequence (starts with 0).
     pub seq_offsets: Vec<usize>,
     /// Samples so far.
@@ -90,6 +92,7 @@ impl<T> StreamBuf<T> {
             values: Vec::new(),
             indices: Vec::new(),
             sample_offsets: vec![0],
+            bytes: Vec::new(),
             seq_offsets: vec![0],
             samples: 0,
             max_values: usize::MAX,
@@ -115,6 +118,12 @@ impl<T: Element> StreamBuf<T> {
             StreamValues::Dense { dim, values }
         };
         StreamData::new(self.seq_offsets, data)
+    }
+
+    /// The chunk's strings stream from these buffers: one byte string a sample.
+    #[must_use]
+    pub fn into_strings_data(self) -> StreamData {
+        StreamData::new(self.seq_offsets, StreamValues::Strings { offsets: self.sample_offsets, bytes: self.bytes })
     }
 }
 

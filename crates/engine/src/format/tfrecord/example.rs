@@ -1,6 +1,9 @@
 //! The record decoder of `tf.train.Example`: each configured feature of a record's Example into
 //! a stream, as `tf.io.parse_single_example` reads a `FixedLenFeature` (a dense stream of `dim`
-//! values) or a `VarLenFeature` (a sparse stream whose sample holds value `i` at index `i`).
+//! values), a `VarLenFeature` (a sparse stream whose sample holds value `i` at index `i`) or a
+//! `FixedLenSequenceFeature([dim], allow_missing=True)` (a dense stream whose record has one
+//! sample per `dim` values). A `bytes` feature is a strings stream, one sample per byte string:
+//! exactly `dim` of them (fixed-length) or any number (sequence).
 //!
 //! The protobuf wire format is read directly (no generated code, no copy): `Example.features`
 //! (field 1) is a `Features`, whose `feature` map (field 1) holds entries of a key (1) and a
@@ -13,7 +16,8 @@
 //! bad line of the other formats is — when its data CRC fails, its bytes are no valid Example,
 //! a feature has another type than configured, a fixed-length feature has another number of
 //! values than `dim` (or is missing without a default), a var-length one has more than `dim`,
-//! or an `int64` value is not exact in the dataset's precision. A feature present but with no
+//! a sequence one a number of values that is no multiple of `dim`, or an `int64` value is not
+//! exact in the dataset's precision. A feature present but with no
 //! list set counts as an empty list.
 
 use std::path::Path;
@@ -23,7 +27,7 @@ use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{ErrorKind, Location, Malformed};
-use crate::options::{ExampleFeature, FeatureLength, FeatureType};
+use crate::options::{ExampleFeature, FeatureDefault, FeatureLength, FeatureType};
 
 /// A protobuf wire-format reader over one message's bytes.
 struct Wire<'a> {
@@ -134,45 +138,48 @@ impl ExampleDecoder {
         Self { features: features.to_vec() }
     }
 
-    /// The streams, in order: fixed-length features dense, var-length ones sparse.
+    /// The streams, in order: fixed-length and sequence features dense, var-length ones
+    /// sparse, bytes features strings.
     #[must_use]
     pub fn specs(&self) -> Vec<StreamSpec> {
         self.features
             .iter()
-            .map(|f| StreamSpec {
-                name: f.stream.clone(),
-                kind: match f.length {
-                    FeatureLength::Fixed { .. } => StreamKind::Dense,
-                    FeatureLength::Var => StreamKind::SparseI32,
-                },
-                dim: f.dim,
+            .map(|f| {
+                let (kind, dim) = match (f.dtype, &f.length) {
+                    (FeatureType::Bytes, _) => (StreamKind::Strings, 0),
+                    (_, FeatureLength::Var) => (StreamKind::SparseI32, f.dim),
+                    _ => (StreamKind::Dense, f.dim),
+                };
+                StreamSpec { name: f.stream.clone(), kind, dim }
             })
             .collect()
     }
 
-    /// The values the dense (fixed-length) streams of `bufs` hold; allocates nothing (it runs
+    /// What the buffers of `bufs` hold, in values of `T` (entries, indices and bytes counted
+    /// too: a chunk's are bounded by its share of the memory limit); allocates nothing (it runs
     /// after every record).
     #[must_use]
     pub fn dense_values<T>(&self, bufs: &[StreamBuf<T>]) -> usize {
-        bufs.iter()
-            .zip(&self.features)
-            .filter(|(_, f)| matches!(f.length, FeatureLength::Fixed { .. }))
-            .map(|(b, _)| b.values.len())
-            .sum()
+        let size = std::mem::size_of::<T>().max(1);
+        bufs.iter().map(|b| b.values.len() + b.indices.len() + b.bytes.len() / size).sum()
     }
 
-    /// The chunk's streams from its buffers (dense or sparse, by each feature's length).
+    /// The chunk's streams from its buffers (dense, sparse or strings, by each feature).
     #[must_use]
     pub fn into_streams<T: DeepxElement>(&self, bufs: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         bufs.into_iter()
             .zip(&self.features)
-            .map(|(b, f)| b.into_stream_data(f.dim, matches!(f.length, FeatureLength::Var)))
+            .map(|(b, f)| match (f.dtype, &f.length) {
+                (FeatureType::Bytes, _) => b.into_strings_data(),
+                (_, length) => b.into_stream_data(f.dim, matches!(length, FeatureLength::Var)),
+            })
             .collect()
     }
 
     /// Decodes the record whose whole frame is `frame` (at `at`: the file, its record number
-    /// from 1 as the line, its offset) into one sample per stream; a malformed record goes to
-    /// `errors` and leaves an empty sequence.
+    /// from 1 as the line, its offset) into one sequence: a sample per fixed-length or
+    /// var-length stream, as many as the feature has per sequence or bytes stream; a malformed
+    /// record goes to `errors` and leaves an empty sequence.
     pub fn decode_record<T: DeepxElement>(
         &self,
         frame: &[u8],
@@ -183,31 +190,30 @@ impl ExampleDecoder {
         let result = super::frame_data(frame, at).and_then(|data| {
             self.fill(data, bufs).map_err(|message| Malformed { kind: ErrorKind::BadExample, at: at.clone(), message })
         });
-        match result {
-            Ok(()) => {
-                for b in bufs.iter_mut() {
-                    b.samples += 1;
-                    b.sample_offsets.push(b.indices.len());
-                    b.seq_offsets.push(b.samples);
+        if let Err(m) = result {
+            // Back to what the earlier records hold: the samples before this record, and their
+            // values, entries or bytes.
+            for (b, f) in bufs.iter_mut().zip(&self.features) {
+                let before = b.seq_offsets.last().copied().unwrap_or(0);
+                b.samples = before;
+                match (f.dtype, &f.length) {
+                    (FeatureType::Bytes, _) => {
+                        b.sample_offsets.truncate(before + 1);
+                        b.bytes.truncate(b.sample_offsets.last().copied().unwrap_or(0));
+                    }
+                    (_, FeatureLength::Var) => {
+                        b.sample_offsets.truncate(before + 1);
+                        let end = b.sample_offsets.last().copied().unwrap_or(0);
+                        b.values.truncate(end);
+                        b.indices.truncate(end);
+                    }
+                    _ => b.values.truncate(before * f.dim),
                 }
             }
-            Err(m) => {
-                // What the earlier records hold: `dim` values each in a dense stream, up to the
-                // last sample's end in a sparse one.
-                for (b, f) in bufs.iter_mut().zip(&self.features) {
-                    let (values, indices) = match f.length {
-                        FeatureLength::Fixed { .. } => (b.samples * f.dim, 0),
-                        FeatureLength::Var => {
-                            let end = b.sample_offsets.last().copied().unwrap_or(0);
-                            (end, end)
-                        }
-                    };
-                    b.values.truncate(values);
-                    b.indices.truncate(indices);
-                    b.seq_offsets.push(b.samples);
-                }
-                errors.push(m);
-            }
+            errors.push(m);
+        }
+        for b in bufs.iter_mut() {
+            b.seq_offsets.push(b.samples);
         }
     }
 
@@ -250,10 +256,7 @@ impl ExampleDecoder {
                     }
                     if found[i].kind == 0 {
                         // Present with no list set: an empty list of the configured type.
-                        found[i].kind = match self.features[i].dtype {
-                            FeatureType::Float => 2,
-                            FeatureType::Int64 => 3,
-                        };
+                        found[i].kind = list_kind(self.features[i].dtype);
                     }
                 }
             }
@@ -265,42 +268,30 @@ impl ExampleDecoder {
     }
 }
 
-/// Feature `f`'s values (`found`) into its stream's buffer, checked against its type and length.
-fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
-    let start = buf.values.len();
-    let type_name = |kind: u64| match kind {
+/// The field number of a `Feature`'s list of `dtype`: 1 `bytes_list`, 2 `float_list`, 3
+/// `int64_list`.
+fn list_kind(dtype: FeatureType) -> u64 {
+    match dtype {
+        FeatureType::Bytes => 1,
+        FeatureType::Float => 2,
+        FeatureType::Int64 => 3,
+    }
+}
+
+fn type_name(kind: u64) -> &'static str {
+    match kind {
         1 => "bytes",
         2 => "float",
         _ => "int64",
-    };
-    let want = match f.dtype {
-        FeatureType::Float => 2,
-        FeatureType::Int64 => 3,
-    };
+    }
+}
+
+/// Feature `f`'s values (`found`) into its stream's buffer as this record's samples, checked
+/// against its type and length.
+fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
+    let want = list_kind(f.dtype);
     if found.kind == 0 {
-        match &f.length {
-            FeatureLength::Fixed { default: Some(d) } => match f.dtype {
-                // A float feature's default is a float32, as TensorFlow casts it.
-                #[allow(clippy::cast_possible_truncation)]
-                FeatureType::Float => buf.values.extend(d.iter().map(|&v| T::from_f32(v as f32))),
-                FeatureType::Int64 => {
-                    for &v in d {
-                        // An integer (the config checks it), exact in the precision or refused.
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                        buf.values.push(exact::<T>(f, v as i64 as u64)?);
-                    }
-                }
-            },
-            FeatureLength::Fixed { default: None } => {
-                return Err(format!(
-                    "feature '{}' ({}) is required but the Example lacks it (give it a default to allow that)",
-                    f.key,
-                    type_name(want)
-                ))
-            }
-            FeatureLength::Var => {}
-        }
-        return Ok(());
+        return fill_missing(f, buf);
     }
     if found.kind != want {
         return Err(format!(
@@ -311,6 +302,10 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
             f.stream
         ));
     }
+    if f.dtype == FeatureType::Bytes {
+        return fill_bytes(f, found, buf);
+    }
+    let start = buf.values.len();
     for list in found.lists() {
         let mut w = Wire::new(list);
         while let Some((number, value)) = w.next()? {
@@ -352,15 +347,104 @@ fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mu
             f.dim,
             f.dim
         )),
+        FeatureLength::Fixed { .. } => {
+            buf.samples += 1;
+            Ok(())
+        }
         FeatureLength::Var if n > f.dim => {
             Err(format!("feature '{}' has {n} values, more than the stream '{}''s dim {}", f.key, f.stream, f.dim))
         }
         FeatureLength::Var => {
             // A var-length list: value i at index i (dim bounds n, which fits i32).
             buf.indices.extend((0..n).map(|i| i32::try_from(i).unwrap_or(i32::MAX)));
+            buf.sample_offsets.push(buf.indices.len());
+            buf.samples += 1;
             Ok(())
         }
-        FeatureLength::Fixed { .. } => Ok(()),
+        FeatureLength::Sequence if !n.is_multiple_of(f.dim) => Err(format!(
+            "feature '{}' has {n} {} values, not a multiple of the stream '{}''s dim {} \
+             (tf.io.FixedLenSequenceFeature([{}]))",
+            f.key,
+            type_name(want),
+            f.stream,
+            f.dim,
+            f.dim
+        )),
+        FeatureLength::Sequence => {
+            buf.samples += n / f.dim;
+            Ok(())
+        }
+    }
+}
+
+/// A record without feature `f`: its default, an empty sample (var-length), no samples
+/// (sequence), or the error of a required feature.
+fn fill_missing<T: DeepxElement>(f: &ExampleFeature, buf: &mut StreamBuf<T>) -> Result<(), String> {
+    match &f.length {
+        FeatureLength::Fixed { default: Some(FeatureDefault::Numbers(d)) } => {
+            match f.dtype {
+                // A float feature's default is a float32, as TensorFlow casts it.
+                #[allow(clippy::cast_possible_truncation)]
+                FeatureType::Float | FeatureType::Bytes => buf.values.extend(d.iter().map(|&v| T::from_f32(v as f32))),
+                FeatureType::Int64 => {
+                    for &v in d {
+                        // An integer (the config checks it), exact in the precision or refused.
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        buf.values.push(exact::<T>(f, v as i64 as u64)?);
+                    }
+                }
+            }
+            buf.samples += 1;
+        }
+        FeatureLength::Fixed { default: Some(FeatureDefault::Bytes(d)) } => {
+            for s in d {
+                push_string(buf, s);
+            }
+        }
+        FeatureLength::Fixed { default: None } => {
+            return Err(format!(
+                "feature '{}' ({}) is required but the Example lacks it (give it a default to allow that)",
+                f.key,
+                type_name(list_kind(f.dtype))
+            ))
+        }
+        FeatureLength::Var => {
+            buf.sample_offsets.push(buf.indices.len());
+            buf.samples += 1;
+        }
+        FeatureLength::Sequence => {}
+    }
+    Ok(())
+}
+
+/// One byte string as the next sample of a strings stream.
+fn push_string<T>(buf: &mut StreamBuf<T>, s: &[u8]) {
+    buf.bytes.extend_from_slice(s);
+    buf.sample_offsets.push(buf.bytes.len());
+    buf.samples += 1;
+}
+
+/// A `bytes_list`'s strings, each a sample: exactly `dim` of them (fixed-length), or any number
+/// (sequence).
+fn fill_bytes<T>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
+    let start = buf.samples;
+    for list in found.lists() {
+        let mut w = Wire::new(list);
+        while let Some((number, value)) = w.next()? {
+            match (number, value) {
+                (1, Field::Bytes(s)) => push_string(buf, s),
+                (1, _) => return Err(format!("feature '{}': a bytes_list value of the wrong wire type", f.key)),
+                _ => {}
+            }
+        }
+    }
+    let n = buf.samples - start;
+    match f.length {
+        FeatureLength::Fixed { .. } if n != f.dim => Err(format!(
+            "feature '{}' has {n} bytes values, the stream '{}' takes exactly {} (tf.io.FixedLenFeature([{}], tf.string))",
+            f.key, f.stream, f.dim, f.dim
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -487,7 +571,7 @@ mod tests {
                 stream: "y".into(),
                 key: "label".into(),
                 dtype: FeatureType::Int64,
-                length: FeatureLength::Fixed { default: Some(vec![-1.0]) },
+                length: FeatureLength::Fixed { default: Some(FeatureDefault::Numbers(vec![-1.0])) },
                 dim: 1,
             },
         ]
@@ -594,6 +678,61 @@ mod tests {
             }
             proptest::prop_assert_eq!(bufs[0].values.len(), if errors.is_empty() { 3 } else { 0 });
         }
+    }
+
+    /// A record left out for a later feature's error keeps nothing of its earlier bytes or
+    /// sequence streams; the records around it keep theirs.
+    #[test]
+    fn a_bad_record_leaves_nothing_in_bytes_and_sequence_streams() {
+        let features = vec![
+            ExampleFeature {
+                stream: "w".into(),
+                key: "w".into(),
+                dtype: FeatureType::Bytes,
+                length: FeatureLength::Sequence,
+                dim: 1,
+            },
+            ExampleFeature {
+                stream: "s".into(),
+                key: "s".into(),
+                dtype: FeatureType::Float,
+                length: FeatureLength::Sequence,
+                dim: 2,
+            },
+            ExampleFeature {
+                stream: "b".into(),
+                key: "b".into(),
+                dtype: FeatureType::Bytes,
+                length: FeatureLength::Fixed { default: Some(FeatureDefault::Bytes(vec![b"d".to_vec()])) },
+                dim: 1,
+            },
+        ];
+        let d = ExampleDecoder::new(&features);
+        let mut bufs: Vec<StreamBuf<f32>> = (0..3).map(|_| StreamBuf::new()).collect();
+        let mut errors = Vec::new();
+        let file: Arc<Path> = Arc::from(Path::new("t"));
+        let records = [
+            example(&[("w", Value::Bytes(&[b"ab", b"c"])), ("s", Value::Floats(&[1.0, 2.0]))]),
+            // Bytes and a sequence read, then `b` has two strings: the record is left out.
+            example(&[
+                ("w", Value::Bytes(&[b"zz"])),
+                ("s", Value::Floats(&[3.0, 4.0])),
+                ("b", Value::Bytes(&[b"1", b"2"])),
+            ]),
+            example(&[("s", Value::Floats(&[5.0, 6.0, 7.0]))]),
+            example(&[("w", Value::Bytes(&[b""])), ("b", Value::Bytes(&[b"\xff"]))]),
+        ];
+        for (i, r) in records.iter().enumerate() {
+            d.decode_record(&frame(r), &record_location(&file, i as u64, 0), &mut bufs, &mut errors);
+        }
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors[0].message.contains("has 2 bytes values"), "{errors:?}");
+        assert!(errors[1].message.contains("not a multiple"), "{errors:?}");
+        assert_eq!((bufs[0].bytes.clone(), bufs[0].sample_offsets.clone()), (b"abc".to_vec(), vec![0, 2, 3, 3]));
+        assert_eq!(bufs[0].seq_offsets, vec![0, 2, 2, 2, 3]);
+        assert_eq!((bufs[1].values.clone(), bufs[1].seq_offsets.clone()), (vec![1.0, 2.0], vec![0, 1, 1, 1, 1]));
+        assert_eq!((bufs[2].bytes.clone(), bufs[2].sample_offsets.clone()), (b"d\xff".to_vec(), vec![0, 1, 2]));
+        assert_eq!(bufs[2].seq_offsets, vec![0, 1, 1, 1, 2]);
     }
 
     #[test]
