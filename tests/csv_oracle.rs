@@ -19,6 +19,8 @@ use serde_json::Value;
 use support::{parse_dump, write};
 
 const CORPUS: &str = "tests/fixtures_csv";
+/// Text columns read as `string` streams too (`scripts/oracle/tf_csv.py --kinds strings`).
+const TEXT_CORPUS: &str = "tests/fixtures_csv_text";
 
 fn config(dir: &Path, data: &Path, case: &Value) -> std::path::PathBuf {
     let mut toml = format!(
@@ -81,9 +83,35 @@ fn inexact(v: i64, precision: &str) -> bool {
     held != i128::from(v)
 }
 
+/// A strings sample of `dump` (a JSON string of UTF-8 bytes, or `{"hex": …}`) as hex.
+fn sample_hex(v: &Value) -> String {
+    match v {
+        Value::String(text) => text.bytes().fold(String::new(), |mut h, b| {
+            write!(h, "{b:02x}").expect("write");
+            h
+        }),
+        other => other["hex"].as_str().expect("a string or hex").to_owned(),
+    }
+}
+
 #[test]
 fn minibatchd_reads_csv_as_tensorflow_does() {
-    let cases = support::oracle_cases(CORPUS, 50);
+    let (same, tf_refused) = check_corpus(CORPUS);
+    assert!(same > 200 && tf_refused > 50, "the corpus exercises too little");
+}
+
+/// `string` columns: each field's bytes exactly as TensorFlow's `decode_csv` gives them.
+#[test]
+fn minibatchd_reads_csv_string_columns_as_tensorflow_does() {
+    let (same, tf_refused) = check_corpus(TEXT_CORPUS);
+    assert!(same > 200 && tf_refused > 50, "the corpus exercises too little");
+}
+
+/// Replays `corpus`; returns the records read as TensorFlow reads them and those refused as it
+/// refuses them.
+#[allow(clippy::too_many_lines)]
+fn check_corpus(corpus: &str) -> (usize, usize) {
+    let cases = support::oracle_cases(corpus, 50);
     let (mut same, mut tf_refused, mut by_design) = (0, 0, 0);
     for dir in cases {
         let case: Value =
@@ -139,6 +167,15 @@ fn minibatchd_reads_csv_as_tensorflow_does() {
                     );
                     continue;
                 };
+                if s["dtype"] == "string" {
+                    // A sample a column, its bytes as TensorFlow's.
+                    let columns = s["columns"].as_array().expect("columns");
+                    let got: Vec<String> = samples.iter().map(sample_hex).collect();
+                    let want: Vec<&str> =
+                        columns.iter().map(|c| values[c.to_string()].as_str().expect("hex")).collect();
+                    assert_eq!(got, want, "{}: record {r}, stream {name}; {stderr}", dir.display());
+                    continue;
+                }
                 assert_eq!(samples.len(), 1, "{}: record {r} ({tf}): {seq}; {stderr}", dir.display());
                 for (k, c) in s["columns"].as_array().expect("columns").iter().enumerate() {
                     let want = &values[c.to_string()];
@@ -166,7 +203,8 @@ fn minibatchd_reads_csv_as_tensorflow_does() {
         }
     }
     println!(
-        "{same} records as TensorFlow, {tf_refused} refused as TensorFlow refuses them, {by_design} refused by design"
+        "{corpus}: {same} records as TensorFlow, {tf_refused} refused as TensorFlow refuses them, {by_design} refused \
+         by design"
     );
-    assert!(same > 200 && tf_refused > 50, "the corpus exercises too little");
+    (same, tf_refused)
 }

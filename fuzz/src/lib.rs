@@ -526,6 +526,12 @@ pub fn tabular(data: &[u8], _scratch: &Path) {
                 columns: vec![1],
                 default: None,
             },
+            CsvStream {
+                name: "c".into(),
+                dtype: CsvType::String,
+                columns: vec![2],
+                default: (sel & 16 != 0).then(|| CsvValue::Text(b"-".to_vec())),
+            },
         ],
     );
     let raw_decoder = RawDecoder::new(vec![
@@ -543,7 +549,8 @@ pub fn tabular(data: &[u8], _scratch: &Path) {
             raw_decoder.decode_record(record, &at, out, errors);
         }
     };
-    let mut out: Vec<StreamBuf<f32>> = (0..2).map(|_| StreamBuf::new()).collect();
+    let streams = if sel & 1 == 0 { 3 } else { 2 };
+    let mut out: Vec<StreamBuf<f32>> = (0..streams).map(|_| StreamBuf::new()).collect();
     let mut errors = Vec::new();
     for (i, r) in records.iter().enumerate() {
         decode(r, i, &mut out, &mut errors);
@@ -551,6 +558,10 @@ pub fn tabular(data: &[u8], _scratch: &Path) {
     for b in &out {
         assert_eq!(b.seq_offsets.len(), idx.sequences.len() + 1, "a record is one sequence");
         assert_eq!(b.samples + errors.len(), idx.sequences.len(), "a record is a sample or an error");
+    }
+    if let Some(c) = out.get(2) {
+        assert_eq!(c.sample_offsets.len(), c.samples + 1, "a string a sample");
+        assert_eq!(c.sample_offsets.last().copied(), Some(c.bytes.len()), "every byte in a sample");
     }
 }
 

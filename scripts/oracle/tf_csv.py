@@ -18,6 +18,9 @@ delimiters `,` `;` `|` and tab, quoting on or off, `na_value` "", "NA" or "?", 0
 fields written plainly, quoted (with doubled quotes inside), with spaces, signs, exponents,
 hexadecimal floats, `inf` and `nan` in several spellings, numbers beyond the type's range, empty,
 `na_value`, bad numbers, broken quotes; ragged rows, empty lines and `\\r` in lines.
+
+`--kinds strings` (its own corpus, `tests/fixtures_csv_text`) also reads the text columns, as
+`string` streams of one or two columns, required or with a default string.
 """
 
 import argparse
@@ -33,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tf_diff import ROOT, ensure_tensorflow  # noqa: E402
 
 TYPES = ["float32", "float64", "int32", "int64", "text"]
+# What a text field holds (`--kinds strings` adds spaces, non-ASCII, a quote and a tab).
+TEXTS = ["hello", "a b", "x-1", "42", ""]
 
 
 def number(rng: random.Random, dtype: str) -> str:
@@ -60,7 +65,7 @@ def field(rng: random.Random, dtype: str, na: str, delim: str, quotes: bool) -> 
     elif r < 0.1:
         text = rng.choice(["abc", "1x", "--1", "1e", " ", "1.2.3", "0x", "1_0", "..", "+-2", "1 2"])
     elif dtype == "text":
-        text = rng.choice(["hello", "a b", "x-1", "42", ""])
+        text = rng.choice(TEXTS)
     else:
         text = number(rng, dtype)
         if rng.random() < 0.15:
@@ -76,7 +81,7 @@ def field(rng: random.Random, dtype: str, na: str, delim: str, quotes: bool) -> 
     return text.replace(delim, "")
 
 
-def make_case(rng: random.Random, case_dir: Path) -> dict:
+def make_case(rng: random.Random, case_dir: Path, kinds: str = "numeric") -> dict:
     ncols = rng.randint(1, 6)
     col_types = [rng.choice(TYPES) for _ in range(ncols)]
     delim = rng.choice([",", ",", ";", "|", "\t"])
@@ -94,6 +99,16 @@ def make_case(rng: random.Random, case_dir: Path) -> dict:
         s = {"name": f"s{k}", "dtype": dtype, "columns": cols}
         if rng.random() < 0.5:
             s["default"] = rng.choice([0, -1, 7]) if dtype.startswith("int") else rng.choice([0.0, -1.5, 0.25])
+        streams.append(s)
+        k += 1
+    text = [c for c in range(ncols) if col_types[c] == "text"] if kinds == "strings" else []
+    rng.shuffle(text)
+    while text:
+        cols = text[: rng.randint(1, 2)]
+        text = text[len(cols):]
+        s = {"name": f"s{k}", "dtype": "string", "columns": cols}
+        if rng.random() < 0.5:
+            s["default"] = rng.choice(["", "none", "ü"])
         streams.append(s)
         k += 1
     lines = [f"header {i}{delim}x" for i in range(header)]
@@ -117,12 +132,13 @@ def tf_answers(case: dict, path: Path) -> list:
     defaults = []
     for c, t in enumerate(case["column_types"]):
         stream = next((s for s in case["streams"] if c in s["columns"]), None)
+        tf_type = tf.string if t == "text" else getattr(tf, t)
         if stream is None:
             defaults.append([""])
         elif "default" in stream:
-            defaults.append(tf.constant([stream["default"]], getattr(tf, t)))
+            defaults.append(tf.constant([stream["default"]], tf_type))
         else:
-            defaults.append(tf.constant([], getattr(tf, t)))
+            defaults.append(tf.constant([], tf_type))
     out = []
     for line in tf.data.TextLineDataset([str(path)]).skip(case["skip_header_lines"]):
         try:
@@ -132,8 +148,11 @@ def tf_answers(case: dict, path: Path) -> list:
             out.append({"error": e.message.split("\n")[0][:200]})
             continue
         values = {}
+        read = {c for s in case["streams"] for c in s["columns"]}
         for c, t in enumerate(case["column_types"]):
             if t == "text":
+                if c in read:
+                    values[str(c)] = cols[c].numpy().hex()  # the bytes, as hex
                 continue
             v = cols[c].numpy()
             if t.startswith("float"):
@@ -150,6 +169,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures_csv"))
     ap.add_argument("--venv", default=str(ROOT / "target" / "tf-venv"))
+    ap.add_argument("--kinds", choices=["numeric", "strings"], default="numeric",
+                    help="strings: read text columns as string streams too (record into tests/fixtures_csv_text)")
     args = ap.parse_args()
     ensure_tensorflow(Path(args.venv), __file__)
     import tensorflow as tf
@@ -157,10 +178,12 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     rng = random.Random(args.seed)
+    if args.kinds == "strings":
+        TEXTS.extend([" sp ", "ünï", "q\"t", "\t"])
     for i in range(args.cases):
         d = out / f"case_{i:03d}"
         d.mkdir(parents=True)
-        case = make_case(rng, d)
+        case = make_case(rng, d, args.kinds)
         case["records"] = tf_answers(case, d / "data.csv")
         case["tensorflow"] = tf.__version__
         (d / "case.json").write_text(json.dumps(case, indent=1) + "\n")

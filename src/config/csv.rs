@@ -9,8 +9,8 @@
 //! | `use_quote_delim` | true | `"` quotes a field |
 //! | `na_value` | `""` | a field equal to it is missing |
 //! | stream `columns` | — | the stream's columns (0-based), each below `columns` |
-//! | stream `dtype` | `float32` | `float32`, `float64`, `int32`, `int64` |
-//! | stream `default` | — | the value of a missing field; without it the columns are required |
+//! | stream `dtype` | `float32` | `float32`, `float64`, `int32`, `int64`, `string` (a strings stream, a sample per column) |
+//! | stream `default` | — | the value of a missing field (a string for `string`); without it the columns are required |
 
 use minibatchd_engine::format::csv::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
 use minibatchd_engine::options::{CsvConfig, StreamConfig};
@@ -60,7 +60,10 @@ fn stream(w: &mut Walker, name: &str, node: &Node<'_>, columns: Option<usize>) -
     let dtype = match t.string(w, "dtype") {
         None => Some(CsvType::F32),
         Some(d) => CsvType::parse(&d).or_else(|| {
-            w.issue(&t.key_path("dtype"), &format!("unknown dtype '{d}': expected float32, float64, int32 or int64"));
+            w.issue(
+                &t.key_path("dtype"),
+                &format!("unknown dtype '{d}': expected float32, float64, int32, int64 or string"),
+            );
             None
         }),
     };
@@ -111,6 +114,7 @@ fn default(w: &mut Walker, node: &Node<'_>, dtype: CsvType) -> Option<CsvValue> 
             CsvValue::Float(f64::from(single))
         }),
         CsvType::F64 => v.and_then(Value::as_f64).map(CsvValue::Float),
+        CsvType::String => v.and_then(Value::as_str).map(|s| CsvValue::Text(s.as_bytes().to_vec())),
     };
     if value.is_none() {
         w.issue(node.path(), &format!("expected a {} value", dtype.name()));

@@ -94,3 +94,44 @@ def test_a_csv_dataset_after_a_restart_reads_its_persisted_chunks_unchanged(tmp_
     assert again == first
     hits = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("minibatchd_parsed_cache_hits_total")]
     assert hits and hits[0] > 0, "the second run read its chunks from the persisted cache"
+
+
+def test_csv_string_columns_reach_the_client_as_written(tmp_path):
+    """`string` columns: a strings stream of one sample per column, each field's bytes as they
+    are (quotes undone, spaces and non-ASCII kept), an empty field its default."""
+    names = ["ann", " bo ", 'c"d', "", "zoë"]
+    lines = "".join(f'{i},"{names[i % 5].replace(chr(34), chr(34) * 2)}",t{i}\n' for i in range(40))
+    (tmp_path / "s.csv").write_bytes(lines.encode())
+    d = Daemon.__new__(Daemon)
+    d.tmp, d.socket, d.config = tmp_path, str(tmp_path / "mbd.sock"), tmp_path / "minibatchd.toml"
+    d.config.write_text(daemon_section(tmp_path, d.socket) + f"""
+[datasets.s]
+format = "csv"
+files = ["{tmp_path / 's.csv'}"]
+columns = 3
+chunk_size_bytes = 200
+[datasets.s.streams.id]
+columns = [0]
+dtype = "int64"
+[datasets.s.streams.text]
+columns = [1, 2]
+dtype = "string"
+default = "?"
+""")
+    d._start()
+    try:
+        src = minibatchd.connect(d.socket).open("s", minibatch_size=7, max_sweeps=1, seed=2)
+        seen = []
+        for mb in src:
+            ids = np.asarray(mb["id"].values)[:, 0].astype(int).tolist()
+            text = mb["text"]
+            assert text.kind == "strings" and text.sequence_offsets.tolist() == list(range(0, 2 * len(ids) + 1, 2))
+            strings = text.byte_strings()
+            for q, i in enumerate(ids):
+                assert strings[2 * q] == (names[i % 5] or "?").encode()
+                assert strings[2 * q + 1] == f"t{i}".encode()
+                seen.append(i)
+        src.close()
+    finally:
+        d.stop()
+    assert sorted(seen) == list(range(40)) and seen != list(range(40))

@@ -678,7 +678,7 @@ impl CsvLayout {
     }
 }
 
-/// A column's type (`decode_csv`'s `record_defaults` types, numbers only).
+/// A column's type (`decode_csv`'s `record_defaults` types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CsvType {
     /// `float32`.
@@ -689,6 +689,9 @@ pub enum CsvType {
     I32,
     /// `int64`.
     I64,
+    /// `string`: the field's bytes as they are (unquoted, nothing trimmed), a strings stream of
+    /// one sample per column.
+    String,
 }
 
 impl CsvType {
@@ -700,6 +703,7 @@ impl CsvType {
             "float64" | "double" => Self::F64,
             "int32" => Self::I32,
             "int64" => Self::I64,
+            "string" | "bytes" => Self::String,
             _ => return None,
         })
     }
@@ -712,20 +716,25 @@ impl CsvType {
             Self::F64 => "float64",
             Self::I32 => "int32",
             Self::I64 => "int64",
+            Self::String => "string",
         }
     }
 }
 
-/// A value a CSV field holds (or a default): an integer, exactness checked, or a float.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A value a CSV field holds (or a default): an integer, exactness checked, a float, or a
+/// string's bytes.
+#[derive(Debug, Clone, PartialEq)]
 pub enum CsvValue {
     /// An `int32` or `int64` value.
     Int(i64),
     /// A `float32` or `float64` value (a `float32` one widened exactly).
     Float(f64),
+    /// A `string` value.
+    Text(Vec<u8>),
 }
 
-/// A dense stream of CSV columns.
+/// A stream of CSV columns: dense (`dim` numbers a record), or for `string` columns a strings
+/// stream of one sample per column.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CsvStream {
     /// The stream's name.

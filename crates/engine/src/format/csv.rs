@@ -150,8 +150,20 @@ impl CsvDecoder {
                 let field: &[u8] = &fields[c];
                 let missing = field.is_empty()
                     || (!self.options.na_value.is_empty() && field == self.options.na_value.as_slice());
+                let required = || format!("field {c} (stream '{}') is required but missing", s.name);
+                if s.dtype == CsvType::String {
+                    // The field as it is; a missing one is the default string or an error.
+                    let text = match (&s.default, missing) {
+                        (_, false) => field,
+                        (Some(CsvValue::Text(d)), true) => d.as_slice(),
+                        (_, true) => return Err(required()),
+                    };
+                    buf.bytes.extend_from_slice(text);
+                    buf.sample_offsets.push(buf.bytes.len());
+                    continue;
+                }
                 let value = if missing {
-                    s.default.ok_or_else(|| format!("field {c} (stream '{}') is required but missing", s.name))?
+                    s.default.clone().ok_or_else(required)?
                 } else {
                     parse_field(field, s.dtype).ok_or_else(|| {
                         format!(
@@ -180,6 +192,7 @@ impl CsvDecoder {
                         }
                         t
                     }
+                    CsvValue::Text(_) => return Err(format!("field {c} (stream '{}'): a string default", s.name)),
                 };
                 buf.values.push(v);
             }
@@ -192,7 +205,10 @@ impl StreamBufDecoder for CsvDecoder {
     fn specs(&self) -> Vec<StreamSpec> {
         self.streams
             .iter()
-            .map(|s| StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.columns.len() })
+            .map(|s| match s.dtype {
+                CsvType::String => StreamSpec { name: s.name.clone(), kind: StreamKind::Strings, dim: 0 },
+                _ => StreamSpec { name: s.name.clone(), kind: StreamKind::Dense, dim: s.columns.len() },
+            })
             .collect()
     }
 
@@ -202,7 +218,9 @@ impl StreamBufDecoder for CsvDecoder {
             .map(|s| {
                 let mut b = StreamBuf::new();
                 b.seq_offsets.reserve(records);
-                b.values.reserve(records.saturating_mul(s.columns.len()).min(MAX_RESERVED_VALUES));
+                if s.dtype != CsvType::String {
+                    b.values.reserve(records.saturating_mul(s.columns.len()).min(MAX_RESERVED_VALUES));
+                }
                 b
             })
             .collect()
@@ -220,21 +238,32 @@ impl StreamBufDecoder for CsvDecoder {
         let result = self.fill(line, out);
         if let Err(message) = result {
             for (b, s) in out.iter_mut().zip(&self.streams) {
-                b.values.truncate(b.samples * s.columns.len());
+                if s.dtype == CsvType::String {
+                    b.sample_offsets.truncate(b.samples + 1);
+                    b.bytes.truncate(b.sample_offsets.last().copied().unwrap_or(0));
+                } else {
+                    b.values.truncate(b.samples * s.columns.len());
+                }
                 b.seq_offsets.push(b.samples);
             }
             errors.push(Malformed { kind: ErrorKind::BadLine, at: at.clone(), message });
             return;
         }
-        for b in out.iter_mut() {
-            b.samples += 1;
-            b.sample_offsets.push(0);
+        for (b, s) in out.iter_mut().zip(&self.streams) {
+            // A sample a record, or a string a column.
+            b.samples += if s.dtype == CsvType::String { s.columns.len() } else { 1 };
             b.seq_offsets.push(b.samples);
         }
     }
 
     fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
-        out.into_iter().zip(&self.streams).map(|(b, s)| b.into_stream_data(s.columns.len(), false)).collect()
+        out.into_iter()
+            .zip(&self.streams)
+            .map(|(b, s)| match s.dtype {
+                CsvType::String => b.into_strings_data(),
+                _ => b.into_stream_data(s.columns.len(), false),
+            })
+            .collect()
     }
 }
 
@@ -325,11 +354,15 @@ fn trim(field: &[u8]) -> &[u8] {
 /// A non-empty field as a value of `dtype`, or `None` when it is not one.
 #[must_use]
 pub fn parse_field(field: &[u8], dtype: CsvType) -> Option<CsvValue> {
+    if dtype == CsvType::String {
+        return Some(CsvValue::Text(field.to_vec()));
+    }
     let text = std::str::from_utf8(trim(field)).ok()?;
     if text.is_empty() {
         return None;
     }
     match dtype {
+        CsvType::String => None,
         CsvType::I32 => text.parse::<i32>().ok().map(|v| CsvValue::Int(i64::from(v))),
         CsvType::I64 => text.parse::<i64>().ok().map(CsvValue::Int),
         CsvType::F32 => parse_float(text, true),

@@ -175,7 +175,7 @@ proptest! {
             if let Some(fast) = fast_decimal(text.as_bytes(), single) {
                 prop_assert_eq!(Some(fast.to_bits()), general.map(f64::to_bits), "{} (single {})", text, single);
             }
-            let parsed = parse_float(&text, single).map(|v| match v { CsvValue::Float(f) => f.to_bits(), CsvValue::Int(_) => 0 });
+            let parsed = parse_float(&text, single).map(|v| match v { CsvValue::Float(f) => f.to_bits(), CsvValue::Int(_) | CsvValue::Text(_) => 0 });
             prop_assert_eq!(parsed, general.map(f64::to_bits), "{}", text);
         }
     }
@@ -199,4 +199,39 @@ proptest! {
         let covered: u64 = got.iter().map(|&(_, _, s)| u64::from(s)).sum();
         prop_assert_eq!(got.first().map_or(bytes.len() as u64, |&(_, o, _)| o) + covered, bytes.len() as u64);
     }
+}
+
+/// `string` columns: a strings stream of one sample per column, each field's bytes as they are
+/// (unquoted, spaces kept, any bytes); a missing one takes the default string or fails the line,
+/// and a failed line keeps nothing of its strings.
+#[test]
+fn string_columns_are_strings_samples_a_column_each() {
+    let d = decoder(
+        3,
+        vec![
+            stream("w", CsvType::String, &[2, 0], Some(CsvValue::Text(b"?".to_vec()))),
+            stream("t", CsvType::String, &[1], None),
+        ],
+    );
+    let mut out = d.buffers::<f32>(4);
+    let mut errors = Vec::new();
+    let lines: [&[u8]; 4] = [b"a, b ,\"c\"\"d\"\n", b",x,NA\n", b"p,,q\n", b"\xff,\xfe,\n"];
+    for (i, l) in lines.iter().enumerate() {
+        let at = Location { file: name(), line: i as u64 + 1, offset: 0 };
+        d.decode_record(l, &at, &mut out, &mut errors);
+    }
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].message.contains("field 1 (stream 't') is required"), "{errors:?}");
+    let streams = d.chunk_streams(out);
+    let strings = |k: usize| match &streams[k].data {
+        StreamValues::Strings { offsets, bytes } => {
+            offsets.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).collect::<Vec<Vec<u8>>>()
+        }
+        other => panic!("strings, not {other:?}"),
+    };
+    let w: Vec<&[u8]> = vec![b"c\"d", b"a", b"?", b"?", b"?", b"\xff"];
+    assert_eq!(strings(0), w);
+    assert_eq!(strings(1), vec![b" b ".to_vec(), b"x".to_vec(), b"\xfe".to_vec()]);
+    assert_eq!(streams[0].seq_offsets, vec![0, 2, 4, 4, 6]);
+    assert_eq!(streams[1].seq_offsets, vec![0, 1, 2, 2, 3]);
 }
