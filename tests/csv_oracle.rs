@@ -83,17 +83,6 @@ fn inexact(v: i64, precision: &str) -> bool {
     held != i128::from(v)
 }
 
-/// A strings sample of `dump` (a JSON string of UTF-8 bytes, or `{"hex": …}`) as hex.
-fn sample_hex(v: &Value) -> String {
-    match v {
-        Value::String(text) => text.bytes().fold(String::new(), |mut h, b| {
-            write!(h, "{b:02x}").expect("write");
-            h
-        }),
-        other => other["hex"].as_str().expect("a string or hex").to_owned(),
-    }
-}
-
 #[test]
 fn minibatchd_reads_csv_as_tensorflow_does() {
     let (same, tf_refused) = check_corpus(CORPUS);
@@ -170,7 +159,7 @@ fn check_corpus(corpus: &str) -> (usize, usize) {
                 if s["dtype"] == "string" {
                     // A sample a column, its bytes as TensorFlow's.
                     let columns = s["columns"].as_array().expect("columns");
-                    let got: Vec<String> = samples.iter().map(sample_hex).collect();
+                    let got: Vec<String> = samples.iter().map(|v| support::hex(&support::dump_bytes(v))).collect();
                     let want: Vec<&str> =
                         columns.iter().map(|c| values[c.to_string()].as_str().expect("hex")).collect();
                     assert_eq!(got, want, "{}: record {r}, stream {name}; {stderr}", dir.display());

@@ -949,3 +949,44 @@ fn csv_and_fixed_length_datasets_from_s3_dump_as_the_local_ones() {
         assert!(from_local == dump(&remote, "s3.state"), "{dataset}: the dump from s3:// differs from the local one");
     }
 }
+
+/// Issue 39: whole-file objects (`format = "whole_file"`) from `s3://` give each object's bytes
+/// exactly, named by its URL — binary, empty and larger than a range request's block alike.
+#[test]
+fn whole_file_objects_from_s3_are_their_exact_bytes_named_by_url() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let work = tempfile::tempdir().expect("tempdir");
+    let objects: Vec<(String, Vec<u8>)> = vec![
+        ("img/a.jpg".into(), vec![0xff, 0xd8, 0xff, 0xe0, 0x00]),
+        ("img/b.jpg".into(), Vec::new()),
+        ("img/c.jpg".into(), (0..3_000_000u32).map(|k| (k.wrapping_mul(2_654_435_761) >> 24) as u8).collect()),
+        ("img/d.jpg".into(), b"plain text".to_vec()),
+    ];
+    for (key, bytes) in &objects {
+        server.put(BUCKET, key, bytes);
+    }
+    let config = write(
+        work.path(),
+        "s3.toml",
+        format!("[datasets.w]\nformat = \"whole_file\"\nfiles = [\"s3://{BUCKET}/img/\"]\n"),
+    );
+    let args = ["dump", "--config", config.to_str().expect("utf-8"), "--dataset", "w", "--minibatch-size", "3"];
+    let out =
+        minibatchd(&server, &[&args[..], &["--full-sweep", "--randomize", "false"]].concat(), &work.path().join("st"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mbs = support::parse_dump(&String::from_utf8_lossy(&out.stdout)).expect("dump");
+    let mut got = Vec::new();
+    for m in &mbs {
+        let paths = m["streams"]["path"]["sequences"].as_array().expect("paths");
+        let contents = m["streams"]["contents"]["sequences"].as_array().expect("contents");
+        for (p, c) in paths.iter().zip(contents) {
+            got.push((String::from_utf8(support::dump_bytes(&p[0])).expect("url"), support::dump_bytes(&c[0])));
+        }
+    }
+    let want: Vec<(String, Vec<u8>)> = objects.iter().map(|(k, b)| (format!("s3://{BUCKET}/{k}"), b.clone())).collect();
+    assert_eq!(got.len(), want.len());
+    for (g, w) in got.iter().zip(&want) {
+        assert!(g == w, "{}: {} bytes, want {} bytes of {}", g.0, g.1.len(), w.1.len(), w.0);
+    }
+}

@@ -81,16 +81,7 @@ fn byte_sequences(mbs: &[Value], stream: &str) -> Vec<Vec<String>> {
         .flat_map(|m| m["streams"][stream]["sequences"].as_array().expect("sequences").clone())
         .map(|seq| {
             let samples = seq.as_array().expect("samples");
-            samples
-                .iter()
-                .map(|s| match s {
-                    Value::String(text) => text.bytes().fold(String::new(), |mut h, b| {
-                        write!(h, "{b:02x}").expect("write");
-                        h
-                    }),
-                    other => other["hex"].as_str().expect("a string or hex").to_owned(),
-                })
-                .collect()
+            samples.iter().map(|s| support::hex(&support::dump_bytes(s))).collect()
         })
         .collect()
 }

@@ -479,9 +479,13 @@ fn parse_dataset(
     let tfrecord = (format == Some(FormatKind::TfRecord)).then(|| tfrecord::parse(w, &mut t));
     let fixed = (format == Some(FormatKind::FixedLength)).then(|| fixed::parse(w, &mut t));
     let csv = (format == Some(FormatKind::Csv)).then(|| csv::parse(w, &mut t));
+    // A whole file's streams are its contents and its path: nothing to configure.
+    let whole_file = (format == Some(FormatKind::WholeFile)).then(|| Some((whole_file_streams(), ())));
     let sources = parse_sources(w, &mut t, is_ctf);
     let deepx = match format {
-        Some(f) if !is_ctf && f != FormatKind::TfRecord && f != FormatKind::FixedLength => {
+        Some(f)
+            if !is_ctf && f != FormatKind::TfRecord && f != FormatKind::FixedLength && f != FormatKind::WholeFile =>
+        {
             Some(deepx::parse(w, &mut t, f))
         }
         _ => None,
@@ -491,6 +495,7 @@ fn parse_dataset(
     let tfrecord = with_streams(tfrecord, &mut sources)?;
     let fixed = with_streams(fixed, &mut sources)?;
     let csv = with_streams(csv, &mut sources)?;
+    with_streams(whole_file, &mut sources)?;
     check_streams(w, node.path(), &sources);
     Some(DatasetConfig {
         name: name.to_owned(),
@@ -510,6 +515,20 @@ fn parse_dataset(
         inflate,
         index_threads,
     })
+}
+
+/// The streams of a `whole_file` dataset (`minibatchd_engine::format::whole_file`): strings.
+fn whole_file_streams() -> Vec<StreamConfig> {
+    minibatchd_engine::format::whole_file::STREAMS
+        .iter()
+        .map(|n| StreamConfig {
+            name: (*n).to_owned(),
+            alias: (*n).to_owned(),
+            dim: 0,
+            format: StreamFormat::Dense,
+            defines_mb_size: false,
+        })
+        .collect()
 }
 
 /// A format's own table (`tfrecord`, `fixed_length`, `csv`) read by its module: its streams go to
@@ -572,7 +591,7 @@ pub(crate) fn dense_streams<S>(
 fn parse_compression(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<FormatKind>) -> Compression {
     let path = t.key_path("compression");
     match t.string(w, "compression") {
-        None if format == Some(FormatKind::FixedLength) => Compression::None,
+        None if matches!(format, Some(FormatKind::FixedLength | FormatKind::WholeFile)) => Compression::None,
         None => Compression::Auto,
         Some(_) if format == Some(FormatKind::Ctf) => {
             w.issue(&path, "CTF inputs are read as they are: no compression key");

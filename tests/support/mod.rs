@@ -139,6 +139,30 @@ pub fn dump_options(sampling: SamplingOptions, minibatch_size: usize, frame_mode
 }
 
 /// The minibatches of `minibatchd dump` output, one JSON object per line.
+/// A strings sample of `dump` (`docs/dump.md`: a JSON string of UTF-8 bytes, else
+/// `{"hex": "…"}`) as its bytes.
+///
+/// # Panics
+/// On anything else.
+#[must_use]
+pub fn dump_bytes(v: &serde_json::Value) -> Vec<u8> {
+    if let Some(s) = v.as_str() {
+        return s.as_bytes().to_vec();
+    }
+    let hex = v["hex"].as_str().expect("a strings sample: a string or {\"hex\": …}");
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digits")).collect()
+}
+
+/// `bytes` as lowercase hex digits, as the oracle scripts record byte strings.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes.iter().fold(String::new(), |mut h, b| {
+        let _ = write!(h, "{b:02x}");
+        h
+    })
+}
+
 pub fn parse_dump(text: &str) -> Result<Vec<serde_json::Value>, String> {
     text.lines().map(|l| serde_json::from_str(l).map_err(|e| format!("dump printed {l:?}: {e}"))).collect()
 }

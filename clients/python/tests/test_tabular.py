@@ -135,3 +135,46 @@ default = "?"
     finally:
         d.stop()
     assert sorted(seen) == list(range(40)) and seen != list(range(40))
+
+
+def test_whole_files_reach_the_client_as_their_bytes_and_paths(tmp_path):
+    """`format = "whole_file"`: every file one record, `contents` its exact bytes and `path`
+    its name; a randomized sweep gives each file once, and a restart serves the same."""
+    (tmp_path / "img").mkdir()
+    want = {}
+    for i in range(30):
+        data = bytes([0xFF, 0xD8, i]) + bytes((i * k) % 256 for k in range(i * 50)) if i % 5 else b""
+        p = tmp_path / "img" / f"{i:02d}.jpg"
+        p.write_bytes(data)
+        want[str(p)] = data
+    d = Daemon.__new__(Daemon)
+    d.tmp, d.socket, d.config = tmp_path, str(tmp_path / "mbd.sock"), tmp_path / "minibatchd.toml"
+    d.config.write_text(daemon_section(tmp_path, d.socket) + f"""
+[datasets.w]
+format = "whole_file"
+files = ["{tmp_path / 'img' / '*.jpg'}"]
+[datasets.w.sampling]
+window_samples = 1000
+""")
+
+    def read():
+        src = minibatchd.connect(d.socket).open("w", minibatch_size=4, max_sweeps=1, seed=3)
+        got = []
+        for mb in src:
+            assert mb["contents"].kind == "strings" and mb["path"].kind == "strings"
+            got += zip((p.decode() for p in mb["path"].byte_strings()), mb["contents"].byte_strings())
+        src.close()
+        return got
+
+    d._start()
+    try:
+        first = read()
+    finally:
+        d.stop()
+    assert dict(first) == want and len(first) == len(want)
+    assert [p for p, _ in first] != sorted(want), "randomized"
+    d._start()
+    try:
+        assert read() == first
+    finally:
+        d.stop()

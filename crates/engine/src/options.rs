@@ -183,11 +183,14 @@ pub enum FormatKind {
     FixedLength,
     /// CSV lines (`TextLineDataset`) decoded by `decode_csv`'s rules.
     Csv,
+    /// Whole files (`WholeFileReader`, `tf.io.read_file`): each file one record, its bytes and
+    /// its path.
+    WholeFile,
 }
 
 impl FormatKind {
     /// The formats' names in a config, for messages.
-    pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord, fixed_length or csv";
+    pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord, fixed_length, csv or whole_file";
 
     /// The format named `s` in a config ([`FormatKind::NAMES`]).
     #[must_use]
@@ -200,6 +203,7 @@ impl FormatKind {
             "tfrecord" => Some(Self::TfRecord),
             "fixed_length" => Some(Self::FixedLength),
             "csv" => Some(Self::Csv),
+            "whole_file" => Some(Self::WholeFile),
             _ => None,
         }
     }

@@ -31,9 +31,10 @@ use crate::format::inflate::Compression;
 use crate::format::parsed_cache::ParsedCache;
 use crate::format::record::{
     CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, StreamBufDecoder,
-    TfRecordReader,
+    TfRecordReader, WholeFileReader,
 };
 use crate::format::tfrecord::{self, example::ExampleDecoder};
+use crate::format::whole_file::WholeFileDecoder;
 use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
@@ -68,6 +69,7 @@ enum SourceDecoder {
     Example(ExampleDecoder),
     Raw(RawDecoder),
     Csv(CsvDecoder),
+    WholeFile(WholeFileDecoder),
 }
 
 /// Where a file's bytes are, at the version indexed.
@@ -200,7 +202,7 @@ impl Dataset {
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
-            FormatKind::TfRecord | FormatKind::FixedLength | FormatKind::Csv => {
+            FormatKind::TfRecord | FormatKind::FixedLength | FormatKind::Csv | FormatKind::WholeFile => {
                 Self::open_records(config, state_dir, limits, r, progress)
             }
         }?;
@@ -371,6 +373,10 @@ impl Dataset {
                 let decoder = CsvDecoder::new(csv.options.clone(), csv.streams.clone());
                 let streams = decoder.specs();
                 (Box::new(CsvReader(csv.layout)), SourceDecoder::Csv(decoder), streams)
+            }
+            FormatKind::WholeFile => {
+                let decoder = WholeFileDecoder;
+                (Box::new(WholeFileReader), SourceDecoder::WholeFile(decoder), decoder.specs())
             }
             other => {
                 return Err(DataError::Dataset(format!("dataset '{}': {other:?} is not a record format", config.name)))
@@ -905,6 +911,11 @@ impl Dataset {
                     continue;
                 }
                 SourceDecoder::Csv(d) => {
+                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
+                    by_source.push(errors);
+                    continue;
+                }
+                SourceDecoder::WholeFile(d) => {
                     streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
                     by_source.push(errors);
                     continue;

@@ -11,6 +11,7 @@
 //! * [`tfrecord`]: TensorFlow's TFRecord files, and `tf.train.Example` records;
 //! * [`fixed`]: fixed-length records and their raw decoder (`decode_raw`);
 //! * [`csv`]: CSV lines and `decode_csv`'s fields;
+//! * [`whole_file`]: whole files, each one record of its bytes and path;
 //! * [`record`]: the record reader every format implements (the index pass behind one trait);
 //! * [`stream_buf`]: the decoders that fill one `StreamBuf` per stream;
 //! * `parts`: the index pass of one large file on several threads.
@@ -29,6 +30,7 @@ pub(crate) mod parts;
 pub mod record;
 pub mod stream_buf;
 pub mod tfrecord;
+pub mod whole_file;
 
 pub use chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 pub use errors::{DataError, ErrorBudget, ErrorKind, Location, Malformed};

@@ -24,6 +24,7 @@ use crate::format::index::FileIndex;
 pub use crate::format::stream_buf::StreamBufDecoder;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
+use crate::format::whole_file;
 use crate::options::IndexLimits;
 
 /// Splits a file into records: one [`crate::format::SequenceDesc`] (key, byte offset, line or
@@ -222,6 +223,38 @@ impl RecordReader for CsvReader {
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError> {
         csv::index_reader(reader, name, size, self.0, limits, progress)
+    }
+}
+
+/// Whole files: a record is a file.
+#[derive(Debug, Clone, Copy)]
+pub struct WholeFileReader;
+
+impl RecordReader for WholeFileReader {
+    fn fingerprint(&self) -> String {
+        whole_file::fingerprint()
+    }
+
+    fn index_file(
+        &self,
+        data: &Path,
+        name: Arc<Path>,
+        limits: IndexLimits,
+        _threads: usize,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        whole_file::index_file(data, name, limits, progress)
+    }
+
+    fn index_stream(
+        &self,
+        reader: &mut dyn Read,
+        name: Arc<Path>,
+        size: u64,
+        limits: IndexLimits,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<FileIndex, DataError> {
+        whole_file::index_reader(reader, name, size, limits, progress)
     }
 }
 

@@ -1,0 +1,144 @@
+//! Whole files (TensorFlow's `WholeFileReader` and `tf.io.read_file`): every input file — an
+//! image, an audio clip, a serialized document — is one record, decoded into two strings
+//! streams of one sample each: `contents`, the file's bytes as they are, and `path`, the file as
+//! the dataset names it (the reader's key: a local path, or `s3://bucket/key`).
+//!
+//! **Reader.** A file of `n` bytes is one record at byte 0 of `n` bytes (an empty file too: its
+//! contents are empty); a file of 4 GiB or more is refused, naming it. The index pass reads the
+//! file once for its CRC-32 digest (the dataset's identity, as for every format).
+//!
+//! **Decoder.** Never fails: any bytes are a file's contents. A file whose contents do not fit a
+//! parsed chunk's share of `memory_limit_bytes` fails its chunk, naming the file.
+//!
+//! Every file is its own chunk (chunks never span files), so a randomization window of `w`
+//! chunks shuffles within `w` files: give such a dataset a window in samples
+//! (`sampling.window_samples`) or of many chunks.
+
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
+use crate::format::ctf::StreamBuf;
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::{DataError, Location, Malformed};
+use crate::format::index::{
+    index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
+};
+use crate::format::stream_buf::StreamBufDecoder;
+use crate::options::IndexLimits;
+
+/// The streams' names: the file's bytes, and its path.
+pub const STREAMS: [&str; 2] = ["contents", "path"];
+
+/// Size of the read buffer of the index pass.
+const BLOCK_BYTES: usize = 256 << 10;
+
+/// What shapes the index: nothing but the format.
+#[must_use]
+pub fn fingerprint() -> String {
+    "whole_file v1".to_owned()
+}
+
+/// Indexes the local file `data` (named `name` in errors).
+///
+/// # Errors
+/// I/O errors, a file of 4 GiB or more, a limit exceeded.
+pub fn index_file(
+    data: &Path,
+    name: Arc<Path>,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    index_local(data, &name.clone(), |file, size| index_reader(file, name, size, limits, progress))
+}
+
+/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage):
+/// one record of them all.
+///
+/// # Errors
+/// As [`index_file`]; also a reader that yields other than `size` bytes.
+pub fn index_reader(
+    mut reader: impl Read,
+    name: Arc<Path>,
+    size: u64,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let at = || Location { file: name.clone(), line: 1, offset: 0 };
+    let record = u32::try_from(size).map_err(|_| DataError::Fatal {
+        at: at(),
+        message: format!("a whole file is one record of at most {} bytes; this one has {size}", u32::MAX),
+    })?;
+    let mut sequences = Sequences::default();
+    let s = SequenceDesc { key: 0, offset: 0, line: 0, size: record, samples: 1 };
+    room_for_one_more(&sequences, &s, &limits, at)?;
+    sequences.push(s);
+    sequences.shrink_to_fit();
+    let mut buf = vec![0u8; BLOCK_BYTES];
+    let mut digest = crc32fast::Hasher::new();
+    let mut read = 0u64;
+    loop {
+        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&name, e))?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+        read += n as u64;
+        progress(read);
+    }
+    read_as_sized(&name, read, size)?;
+    Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
+}
+
+/// Decodes a whole file into its `contents` and `path` streams.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WholeFileDecoder;
+
+fn push_string<T>(buf: &mut StreamBuf<T>, s: &[u8]) {
+    buf.bytes.extend_from_slice(s);
+    buf.sample_offsets.push(buf.bytes.len());
+    buf.samples += 1;
+    buf.seq_offsets.push(buf.samples);
+}
+
+impl StreamBufDecoder for WholeFileDecoder {
+    fn specs(&self) -> Vec<StreamSpec> {
+        STREAMS.iter().map(|n| StreamSpec { name: (*n).to_owned(), kind: StreamKind::Strings, dim: 0 }).collect()
+    }
+
+    fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
+        STREAMS
+            .iter()
+            .map(|_| {
+                let mut b = StreamBuf::new();
+                b.seq_offsets.reserve(records);
+                b.sample_offsets.reserve(records);
+                b
+            })
+            .collect()
+    }
+
+    fn decode_record<T: DeepxElement>(
+        &self,
+        record: &[u8],
+        at: &Location,
+        out: &mut [StreamBuf<T>],
+        _errors: &mut Vec<Malformed>,
+    ) {
+        if let [contents, path] = out {
+            push_string(contents, record);
+            push_string(path, at.file.as_os_str().as_bytes());
+        }
+    }
+
+    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
+        let size = std::mem::size_of::<T>().max(1);
+        out.iter().map(|b| b.bytes.len() / size + b.sample_offsets.len()).sum()
+    }
+
+    fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
+        out.into_iter().map(StreamBuf::into_strings_data).collect()
+    }
+}
