@@ -108,9 +108,14 @@ fn columns_and_options_that_cannot_be_read_are_refused_naming_the_key() {
         ("[datasets.c.streams.y]\ncolumns = [3]", "datasets.c.streams.y.columns[0]", "column 3 of records of 3 fields"),
         ("[datasets.c.streams.y]\ncolumns = []", "datasets.c.streams.y.columns", "at least one column"),
         (
-            "[datasets.c.streams.y]\ncolumns = [1]\ndtype = \"string\"",
+            "[datasets.c.streams.y]\ncolumns = [1]\ndtype = \"text\"",
             "datasets.c.streams.y.dtype",
-            "unknown dtype 'string'",
+            "unknown dtype 'text': expected float32, float64, int32, int64 or string",
+        ),
+        (
+            "[datasets.c.streams.y]\ncolumns = [1]\ndtype = \"string\"\ndefault = 0",
+            "datasets.c.streams.y.default",
+            "expected a string value",
         ),
         (
             "[datasets.c.streams.y]\ncolumns = [1]\ndtype = \"int32\"\ndefault = 1.5",
