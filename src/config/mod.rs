@@ -475,27 +475,13 @@ fn parse_dataset(
     };
     // An unknown format is validated as CTF, so its other problems are reported too.
     let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
-    // A tfrecord dataset's streams are features of its Examples: taken before the sources.
-    let tfrecord = (format == Some(FormatKind::TfRecord)).then(|| tfrecord::parse(w, &mut t));
-    let fixed = (format == Some(FormatKind::FixedLength)).then(|| fixed::parse(w, &mut t));
-    let csv = (format == Some(FormatKind::Csv)).then(|| csv::parse(w, &mut t));
-    // A whole file's streams are its contents and its path: nothing to configure.
-    let whole_file = (format == Some(FormatKind::WholeFile)).then(|| Some((whole_file_streams(), ())));
+    // A record format's streams come from its own table: taken before the sources.
+    let records = format.and_then(|f| record_format(w, &mut t, f));
     let sources = parse_sources(w, &mut t, is_ctf);
-    let deepx = match format {
-        Some(f)
-            if !is_ctf && f != FormatKind::TfRecord && f != FormatKind::FixedLength && f != FormatKind::WholeFile =>
-        {
-            Some(deepx::parse(w, &mut t, f))
-        }
-        _ => None,
-    };
+    let deepx = format.filter(|f| f.is_deepx()).map(|f| deepx::parse(w, &mut t, f));
     w.finish(t);
     let mut sources = sources?;
-    let tfrecord = with_streams(tfrecord, &mut sources)?;
-    let fixed = with_streams(fixed, &mut sources)?;
-    let csv = with_streams(csv, &mut sources)?;
-    with_streams(whole_file, &mut sources)?;
+    let records = with_streams(records, &mut sources)?;
     check_streams(w, node.path(), &sources);
     Some(DatasetConfig {
         name: name.to_owned(),
@@ -508,18 +494,37 @@ fn parse_dataset(
         precision,
         sampling: sampling?,
         deepx,
-        tfrecord,
-        fixed,
-        csv,
+        records,
         compression,
         inflate,
         index_threads,
     })
 }
 
-/// The streams of a `whole_file` dataset (`minibatchd_engine::format::whole_file`): strings.
-fn whole_file_streams() -> Vec<StreamConfig> {
-    minibatchd_engine::format::whole_file::STREAMS
+/// The record formats' own dataset tables, one arm each (the engine's `format::registry` maps the
+/// options to a reader and decoder): the streams and options of a record format's dataset, or
+/// `None` for CTF and the deepx formats; `Some(None)` after an issue.
+#[allow(clippy::option_option)] // the inner `None` is an issue, the outer one another format
+fn record_format(
+    w: &mut Walker,
+    t: &mut walk::Table<'_>,
+    format: FormatKind,
+) -> Option<Option<(Vec<StreamConfig>, RecordOptions)>> {
+    Some(match format {
+        FormatKind::TfRecord => tfrecord::parse(w, t).map(|(s, f)| (s, RecordOptions::TfRecord(f))),
+        FormatKind::FixedLength => fixed::parse(w, t).map(|(s, f)| (s, RecordOptions::FixedLength(f))),
+        FormatKind::Csv => csv::parse(w, t).map(|(s, c)| (s, RecordOptions::Csv(c))),
+        // A whole file's streams are its contents and its path: nothing to configure.
+        FormatKind::WholeFile => {
+            Some((strings_streams(&minibatchd_engine::format::whole_file::STREAMS), RecordOptions::WholeFile))
+        }
+        FormatKind::Ctf | FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => return None,
+    })
+}
+
+/// Stream configs of strings streams named `names` (a format whose streams are fixed).
+fn strings_streams(names: &[&str]) -> Vec<StreamConfig> {
+    names
         .iter()
         .map(|n| StreamConfig {
             name: (*n).to_owned(),
@@ -531,9 +536,9 @@ fn whole_file_streams() -> Vec<StreamConfig> {
         .collect()
 }
 
-/// A format's own table (`tfrecord`, `fixed_length`, `csv`) read by its module: its streams go to
-/// the dataset's one source and its options are returned. `None` (outer) when the module found
-/// an issue; `Some(None)` when the dataset is of another format.
+/// A record format's streams go to the dataset's one source and its options are returned.
+/// `None` (outer) when its table had an issue; `Some(None)` when the dataset is of another
+/// format.
 #[allow(clippy::option_option)] // the outer `None` is an issue, the inner one another format
 fn with_streams<T>(parsed: Option<Option<(Vec<StreamConfig>, T)>>, sources: &mut [SourceConfig]) -> Option<Option<T>> {
     match parsed {
@@ -591,7 +596,7 @@ pub(crate) fn dense_streams<S>(
 fn parse_compression(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<FormatKind>) -> Compression {
     let path = t.key_path("compression");
     match t.string(w, "compression") {
-        None if matches!(format, Some(FormatKind::FixedLength | FormatKind::WholeFile)) => Compression::None,
+        None if format.is_some_and(FormatKind::read_as_is_by_default) => Compression::None,
         None => Compression::Auto,
         Some(_) if format == Some(FormatKind::Ctf) => {
             w.issue(&path, "CTF inputs are read as they are: no compression key");

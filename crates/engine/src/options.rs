@@ -189,6 +189,19 @@ pub enum FormatKind {
 }
 
 impl FormatKind {
+    /// Whether its inputs are read as they are unless the dataset names a `compression`: binary
+    /// records and whole files may begin with gzip's magic bytes.
+    #[must_use]
+    pub fn read_as_is_by_default(self) -> bool {
+        matches!(self, Self::FixedLength | Self::WholeFile)
+    }
+
+    /// One of deepx's instance formats.
+    #[must_use]
+    pub fn is_deepx(self) -> bool {
+        matches!(self, Self::Libsvm | Self::LibsvmEx | Self::Uch)
+    }
+
     /// The formats' names in a config, for messages.
     pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord, fixed_length, csv or whole_file";
 
@@ -294,12 +307,9 @@ pub struct DatasetConfig {
     /// Limits on decompressing `.gz` inputs (from the daemon's `[daemon]` section: they are the
     /// same for every dataset).
     pub inflate: InflateLimits,
-    /// `tfrecord` datasets: the feature of each stream, in the streams' order; `None` otherwise.
-    pub tfrecord: Option<Vec<ExampleFeature>>,
-    /// `fixed_length` datasets: the files' layout and each stream's slice of a record.
-    pub fixed: Option<FixedConfig>,
-    /// `csv` datasets: the header lines, how fields split, and each stream's columns.
-    pub csv: Option<CsvConfig>,
+    /// A record format's options (`tfrecord`, `fixed_length`, `csv`, `whole_file`: the formats of
+    /// `crate::format::registry`); `None` for CTF and the deepx formats.
+    pub records: Option<RecordOptions>,
     /// How the inputs are compressed (`compression`): gzip recognised by its magic bytes unless
     /// the dataset says otherwise (`fixed_length`: none, binary records may begin with them).
     pub compression: Compression,
@@ -485,6 +495,21 @@ pub struct FixedConfig {
     pub layout: FixedLengthOptions,
     /// The streams, in name order.
     pub streams: Vec<RawStream>,
+}
+
+/// The options of a record format: one whose files a `RecordReader` splits into records that one
+/// `RecordDecoder` turns into the dataset's streams. `crate::format::registry` maps each to its
+/// reader and decoder; the daemon's configuration reads each from its dataset table.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordOptions {
+    /// TFRecord files of `tf.train.Example`s: the feature of each stream, in the streams' order.
+    TfRecord(Vec<ExampleFeature>),
+    /// Fixed-length records: the files' layout and each stream's slice of a record.
+    FixedLength(FixedConfig),
+    /// CSV: the header lines, how fields split, and each stream's columns.
+    Csv(CsvConfig),
+    /// Whole files: nothing to configure.
+    WholeFile,
 }
 
 /// A `csv` dataset: the header lines skipped, how records split into fields, and the streams.

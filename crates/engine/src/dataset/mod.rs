@@ -16,25 +16,20 @@
 //! `state_dir` ([`crate::format::inflate`]); [`Dataset::streams`] describes the streams of every
 //! format.
 
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::format::chunk::{ParsedChunk, StreamData, StreamKind, StreamSpec};
-use crate::format::csv::CsvDecoder;
 use crate::format::ctf::{CtfDecoder, CtfIndexOptions, SeqContext, StreamBuf};
 use crate::format::deepx::{DeepxDecoder, DeepxElement, LineIndexOptions, Schema};
 use crate::format::errors::{DataError, ErrorBudget, Malformed};
-use crate::format::fixed::RawDecoder;
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex, SequenceDesc};
 use crate::format::inflate;
 use crate::format::inflate::Compression;
 use crate::format::parsed_cache::ParsedCache;
-use crate::format::record::{
-    CsvReader, CtfReader, FixedLengthReader, LineReader, RecordAt, RecordDecoder, RecordReader, StreamBufDecoder,
-    TfRecordReader, WholeFileReader,
-};
-use crate::format::tfrecord::{self, example::ExampleDecoder};
-use crate::format::whole_file::WholeFileDecoder;
+use crate::format::record::{CtfReader, LineReader, RecordAt, RecordDecoder, RecordReader};
+use crate::format::registry::{self, DecoderVisitor, RecordFormat, RecordFormatDecoder};
 use crate::hash::Fnv1a;
 use crate::options::{
     DatasetConfig, FormatKind, IndexLimits, Precision, SourceConfig, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT,
@@ -66,10 +61,26 @@ pub struct IndexProgress {
 enum SourceDecoder {
     Ctf(CtfDecoder),
     Deepx(DeepxDecoder),
-    Example(ExampleDecoder),
-    Raw(RawDecoder),
-    Csv(CsvDecoder),
-    WholeFile(WholeFileDecoder),
+    /// A record format of `crate::format::registry`.
+    Records(RecordFormatDecoder),
+}
+
+/// A record format's chunk decode, run with its decoder's own type
+/// ([`RecordFormatDecoder::visit`]).
+struct DecodeChunk<'a, T> {
+    dataset: &'a Dataset,
+    chunk: usize,
+    source: usize,
+    errors: &'a mut Vec<Malformed>,
+    element: PhantomData<T>,
+}
+
+impl<T: DeepxElement> DecoderVisitor for DecodeChunk<'_, T> {
+    type Out = Result<Vec<StreamData>>;
+
+    fn visit<D: RecordDecoder>(self, d: &D) -> Self::Out {
+        self.dataset.decode_records::<D, T>(self.chunk, self.source, d, self.errors)
+    }
 }
 
 /// Where a file's bytes are, at the version indexed.
@@ -202,8 +213,12 @@ impl Dataset {
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
+            _ if config.records.is_some() => Self::open_records(config, state_dir, limits, r, progress),
             FormatKind::TfRecord | FormatKind::FixedLength | FormatKind::Csv | FormatKind::WholeFile => {
-                Self::open_records(config, state_dir, limits, r, progress)
+                Err(DataError::Dataset(format!(
+                    "dataset '{}': a {:?} dataset without its options",
+                    config.name, config.format
+                )))
             }
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
@@ -299,9 +314,9 @@ impl Dataset {
         let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
-        let bytes_total = readable_bytes(&data, &data_versions);
         let reader = LineReader(LineIndexOptions { comments: schema.comments });
+        let (data, mut data_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
+        let bytes_total = readable_bytes(&data, &data_versions);
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
@@ -350,40 +365,6 @@ impl Dataset {
         Self::assemble(config, vec![source], Some(chunks), None, streams)
     }
 
-    /// The reader, decoder and streams of a single-source record format: TFRecord of
-    /// `tf.train.Example`s, fixed-length records, CSV — every record a sequence of one sample.
-    fn record_format(config: &DatasetConfig) -> Result<(Box<dyn RecordReader>, SourceDecoder, Vec<StreamSpec>)> {
-        let missing = |what: &str| DataError::Dataset(format!("dataset '{}': a {what}", config.name));
-        Ok(match config.format {
-            FormatKind::TfRecord => {
-                let features =
-                    config.tfrecord.as_deref().ok_or_else(|| missing("tfrecord dataset without features"))?;
-                let decoder = ExampleDecoder::new(features);
-                let streams = decoder.specs();
-                (Box::new(TfRecordReader), SourceDecoder::Example(decoder), streams)
-            }
-            FormatKind::FixedLength => {
-                let fixed = config.fixed.as_ref().ok_or_else(|| missing("fixed_length dataset without its layout"))?;
-                let decoder = RawDecoder::new(fixed.streams.clone());
-                let streams = decoder.specs();
-                (Box::new(FixedLengthReader(fixed.layout)), SourceDecoder::Raw(decoder), streams)
-            }
-            FormatKind::Csv => {
-                let csv = config.csv.as_ref().ok_or_else(|| missing("csv dataset without its columns"))?;
-                let decoder = CsvDecoder::new(csv.options.clone(), csv.streams.clone());
-                let streams = decoder.specs();
-                (Box::new(CsvReader(csv.layout)), SourceDecoder::Csv(decoder), streams)
-            }
-            FormatKind::WholeFile => {
-                let decoder = WholeFileDecoder;
-                (Box::new(WholeFileReader), SourceDecoder::WholeFile(decoder), decoder.specs())
-            }
-            other => {
-                return Err(DataError::Dataset(format!("dataset '{}': {other:?} is not a record format", config.name)))
-            }
-        })
-    }
-
     /// A dataset of one source whose files its format's reader splits into records that its
     /// decoder decodes ([`Dataset::record_format`]; compressed inputs read from their copies).
     fn open_records(
@@ -393,10 +374,13 @@ impl Dataset {
         remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
-        let (reader, decoder, streams) = Self::record_format(config)?;
+        let options = config.records.as_ref().ok_or_else(|| {
+            DataError::Dataset(format!("dataset '{}': {:?} is not a record format", config.name, config.format))
+        })?;
+        let RecordFormat { reader, decoder, streams } = registry::open(options);
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        let (data, mut data_versions) = readable_inputs(&inputs, config, state_dir, remote)?;
+        let (data, mut data_versions) = readable_inputs(&inputs, config, &*reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
         let mut lengths_kept = false;
@@ -420,7 +404,7 @@ impl Dataset {
             data_versions,
             file_versions,
             indexes,
-            decoder,
+            decoder: SourceDecoder::Records(decoder),
             first_stream: 0,
         };
         Self::assemble(config, vec![source], None, None, streams)
@@ -495,15 +479,9 @@ impl Dataset {
         h.field(b"minibatchd parsed chunk");
         h.field(env!("CARGO_PKG_VERSION").as_bytes());
         h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.sources, c.precision, c.deepx).as_bytes());
-        if let Some(t) = &c.tfrecord {
-            h.field(format!("{t:?}").as_bytes());
-        }
-        // The raw streams' types, offsets and byte orders: another decode of the same bytes.
-        if let Some(f) = &c.fixed {
-            h.field(format!("{f:?}").as_bytes());
-        }
-        if let Some(f) = &c.csv {
-            h.field(format!("{f:?}").as_bytes());
+        // A record format's options: another decode of the same bytes.
+        if let Some(r) = &c.records {
+            h.field(format!("{r:?}").as_bytes());
         }
         h.u64(c.chunk_size_bytes);
         for s in &self.sources {
@@ -900,23 +878,15 @@ impl Dataset {
                     by_source.push(errors);
                     continue;
                 }
-                SourceDecoder::Example(d) => {
-                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
-                    by_source.push(errors);
-                    continue;
-                }
-                SourceDecoder::Raw(d) => {
-                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
-                    by_source.push(errors);
-                    continue;
-                }
-                SourceDecoder::Csv(d) => {
-                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
-                    by_source.push(errors);
-                    continue;
-                }
-                SourceDecoder::WholeFile(d) => {
-                    streams.extend(self.decode_records::<_, T>(chunk, si, d, &mut errors)?);
+                SourceDecoder::Records(d) => {
+                    let visit = DecodeChunk::<T> {
+                        dataset: self,
+                        chunk,
+                        source: si,
+                        errors: &mut errors,
+                        element: PhantomData,
+                    };
+                    streams.extend(d.visit(visit)?);
                     by_source.push(errors);
                     continue;
                 }
@@ -1035,6 +1005,7 @@ fn index_input(
 fn readable_inputs(
     inputs: &[Input],
     config: &DatasetConfig,
+    reader: &dyn RecordReader,
     state_dir: &Path,
     remote: Option<&Remote>,
 ) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
@@ -1042,9 +1013,10 @@ fn readable_inputs(
     let mut versions = Vec::with_capacity(inputs.len());
     for input in inputs {
         let compression = match config.compression {
-            // A TFRecord file whose first record's length begins with gzip's magic bytes is still
-            // plain TFRecord when its header's CRC holds.
-            Compression::Auto if config.format == FormatKind::TfRecord && plain_tfrecord(input, remote)? => {
+            // A file the format's reader recognises as plain data, whatever its first bytes.
+            Compression::Auto
+                if reader.plain_head_bytes() > 0 && reader.plain_head(&head_of(input, reader, remote)?) =>
+            {
                 Compression::None
             }
             other => other,
@@ -1071,26 +1043,27 @@ fn readable_inputs(
     Ok((data, versions))
 }
 
-/// Whether `input` starts with a valid TFRecord header ([`tfrecord::starts_with_frame`]).
+/// The first [`RecordReader::plain_head_bytes`] bytes of `input` (fewer in a shorter file).
 ///
 /// # Errors
 /// I/O and object-storage errors reading its first bytes.
-fn plain_tfrecord(input: &Input, remote: Option<&Remote>) -> Result<bool> {
+fn head_of(input: &Input, reader: &dyn RecordReader, remote: Option<&Remote>) -> Result<Vec<u8>> {
     use std::io::Read as _;
-    let mut head = Vec::with_capacity(tfrecord::HEADER_BYTES);
+    let n = reader.plain_head_bytes();
+    let mut head = Vec::with_capacity(n);
     match &input.object {
         None => {
             let f = minibatchd_sys::files::open_regular(&input.name).map_err(|e| DataError::io(&input.name, e))?;
-            f.take(tfrecord::HEADER_BYTES as u64).read_to_end(&mut head).map_err(|e| DataError::io(&input.name, e))?;
+            f.take(n as u64).read_to_end(&mut head).map_err(|e| DataError::io(&input.name, e))?;
         }
         Some(object) => {
             let r = remote::require(remote, &input.name)?;
             r.store
-                .read_range(object, 0, object.size.min(tfrecord::HEADER_BYTES as u64), &mut head)
+                .read_range(object, 0, object.size.min(n as u64), &mut head)
                 .map_err(crate::remote::RemoteError::into_data)?;
         }
     }
-    Ok(tfrecord::starts_with_frame(&head))
+    Ok(head)
 }
 
 /// The bytes the index pass reads from `data` (a decompressed copy's, not its `.gz`'s), for

@@ -13,6 +13,7 @@
 //! * [`csv`]: CSV lines and `decode_csv`'s fields;
 //! * [`whole_file`]: whole files, each one record of its bytes and path;
 //! * [`record`]: the record reader every format implements (the index pass behind one trait);
+//! * [`registry`]: the record formats' readers and decoders, in one place;
 //! * [`stream_buf`]: the decoders that fill one `StreamBuf` per stream;
 //! * `parts`: the index pass of one large file on several threads.
 
@@ -28,6 +29,7 @@ pub mod inflate;
 pub mod parsed_cache;
 pub(crate) mod parts;
 pub mod record;
+pub mod registry;
 pub mod stream_buf;
 pub mod tfrecord;
 pub mod whole_file;

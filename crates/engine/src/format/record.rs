@@ -50,6 +50,19 @@ pub trait RecordReader: Send + Sync {
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError>;
 
+    /// How many of a file's first bytes [`RecordReader::plain_head`] reads; 0 (the default): the
+    /// format has no such test.
+    fn plain_head_bytes(&self) -> usize {
+        0
+    }
+
+    /// Whether a file that begins with `head` (its first [`RecordReader::plain_head_bytes`]
+    /// bytes) is plain data of the format — read as it is where `compression = "auto"` would
+    /// take gzip's magic bytes at its start for a compressed file.
+    fn plain_head(&self, _head: &[u8]) -> bool {
+        false
+    }
+
     /// Indexes the `size` bytes `reader` yields (an object streamed from object storage).
     ///
     /// # Errors
@@ -137,6 +150,16 @@ pub struct TfRecordReader;
 impl RecordReader for TfRecordReader {
     fn fingerprint(&self) -> String {
         tfrecord::fingerprint()
+    }
+
+    fn plain_head_bytes(&self) -> usize {
+        tfrecord::HEADER_BYTES
+    }
+
+    /// A TFRecord file whose first record's length begins with gzip's magic bytes is still plain
+    /// TFRecord when its header's CRC holds.
+    fn plain_head(&self, head: &[u8]) -> bool {
+        tfrecord::starts_with_frame(head)
     }
 
     fn index_file(
