@@ -124,16 +124,129 @@ pub fn index_reader(
 pub struct CsvDecoder {
     options: CsvOptions,
     streams: Vec<CsvStream>,
+    /// Each column's type as the fast path reads it, when it can read this dataset's lines
+    /// ([`CsvDecoder::fill_fast`]); `None` for a column no stream reads.
+    fast: Option<Vec<Option<CsvType>>>,
+}
+
+/// Most columns the fast path reads a line of (its values sit on the stack).
+const FAST_COLUMNS: usize = 64;
+
+/// A number of a line the fast path read, before it goes to its streams.
+#[derive(Clone, Copy)]
+enum FastValue {
+    Float(f64),
+    Int(i64),
+}
+
+/// The integer `i` as a `T`, when `T` holds it exactly (`limit`: the precision's exact range).
+fn exact_int<T: DeepxElement>(i: i64, limit: i64) -> Option<T> {
+    #[allow(clippy::cast_precision_loss)]
+    let t = T::from_f64(i as f64);
+    let back: f64 = t.into();
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let exact = i.unsigned_abs() <= limit.unsigned_abs() || (back.is_finite() && back as i128 == i128::from(i));
+    exact.then_some(t)
 }
 
 impl CsvDecoder {
     /// A decoder of `streams` (their columns below `options.columns`: checked by the config).
     #[must_use]
     pub fn new(options: CsvOptions, streams: Vec<CsvStream>) -> Self {
-        Self { options, streams }
+        // The fast path reads numbers only, and never a field that could equal `na_value`.
+        let na_is_number = !options.na_value.is_empty() && options.na_value.iter().all(|&b| is_fast_byte(b));
+        let mut types: Vec<Option<CsvType>> = vec![None; options.columns];
+        let mut fast = options.columns <= FAST_COLUMNS && !na_is_number;
+        for s in &streams {
+            for &c in &s.columns {
+                match types.get_mut(c) {
+                    Some(t @ None) if s.dtype != CsvType::String => *t = Some(s.dtype),
+                    Some(Some(t)) if *t == s.dtype => {}
+                    _ => fast = false,
+                }
+            }
+        }
+        Self { options, streams, fast: fast.then_some(types) }
+    }
+
+    /// The same decoder without its fast path (for tests that compare the two).
+    #[must_use]
+    pub fn without_fast_path(mut self) -> Self {
+        self.fast = None;
+        self
+    }
+
+    /// Whether lines may take the fast path ([`CsvDecoder::fill_fast`]).
+    #[must_use]
+    pub fn has_fast_path(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// The common line without splitting it into fields: every field a plain number
+    /// (`[+-]digits[.digits]` for floats, within the fast decimal's digits; `[+-]digits` for
+    /// integers), no quote, no `\r`, no empty field, exactly `columns` fields, and every integer
+    /// exact in the precision — then the values are what [`CsvDecoder::fill`] reads, bit for bit,
+    /// and go to the streams; anything else returns false with nothing written, and the general
+    /// path decides.
+    fn fill_fast<T: DeepxElement>(&self, types: &[Option<CsvType>], line: &[u8], out: &mut [StreamBuf<T>]) -> bool {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        let delim = self.options.field_delim;
+        let mut values = [FastValue::Int(0); FAST_COLUMNS];
+        let mut p = 0;
+        for (c, ty) in types.iter().enumerate() {
+            let start = p;
+            while p < line.len() && line[p] != delim {
+                p += 1;
+            }
+            let field = &line[start..p];
+            let last = c + 1 == types.len();
+            // Each field ends at a delimiter, the last one at the line's end.
+            if last != (p == line.len()) {
+                return false;
+            }
+            p += 1;
+            values[c] = match ty {
+                None => {
+                    if field.iter().any(|&b| b == b'"' || b == b'\r') {
+                        return false;
+                    }
+                    continue;
+                }
+                Some(CsvType::F32) => match fast_decimal(field, true) {
+                    Some(v) => FastValue::Float(v),
+                    None => return false,
+                },
+                Some(CsvType::F64) => match fast_decimal(field, false) {
+                    Some(v) => FastValue::Float(v),
+                    None => return false,
+                },
+                Some(t @ (CsvType::I32 | CsvType::I64)) => match fast_int(field, *t == CsvType::I32) {
+                    Some(v) => FastValue::Int(v),
+                    None => return false,
+                },
+                Some(CsvType::String) => return false,
+            };
+        }
+        let limit: i64 = if std::mem::size_of::<T>() == 4 { 1 << 24 } else { 1 << 53 };
+        // Every integer exact in the precision before anything is written.
+        if values[..types.len()].iter().any(|v| matches!(*v, FastValue::Int(i) if exact_int::<T>(i, limit).is_none())) {
+            return false;
+        }
+        for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
+            buf.values.extend(s.columns.iter().map(|&c| match values[c] {
+                FastValue::Float(f) => T::from_f64(f),
+                FastValue::Int(i) => exact_int::<T>(i, limit).unwrap_or_else(|| T::from_f64(0.0)),
+            }));
+        }
+        true
     }
 
     fn fill<T: DeepxElement>(&self, line: &[u8], out: &mut [StreamBuf<T>]) -> Result<(), String> {
+        if let Some(types) = &self.fast {
+            if self.fill_fast(types, line, out) {
+                return Ok(());
+            }
+        }
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         let line: Cow<'_, [u8]> = if line.contains(&b'\r') {
             Cow::Owned(line.iter().copied().filter(|&b| b != b'\r').collect())
@@ -176,22 +289,13 @@ impl CsvDecoder {
                 };
                 let v = match value {
                     CsvValue::Float(f) => T::from_f64(f),
-                    CsvValue::Int(i) => {
-                        #[allow(clippy::cast_precision_loss)]
-                        let t = T::from_f64(i as f64);
-                        let back: f64 = t.into();
-                        #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
-                        let exact = i.unsigned_abs() <= limit.unsigned_abs()
-                            || (back.is_finite() && back as i128 == i128::from(i));
-                        if !exact {
-                            return Err(format!(
-                                "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
-                                 (integers up to ±{limit}); use precision = \"float64\"",
-                                s.name
-                            ));
-                        }
-                        t
-                    }
+                    CsvValue::Int(i) => exact_int::<T>(i, limit).ok_or_else(|| {
+                        format!(
+                            "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
+                             (integers up to ±{limit}); use precision = \"float64\"",
+                            s.name
+                        )
+                    })?,
                     CsvValue::Text(_) => return Err(format!("field {c} (stream '{}'): a string default", s.name)),
                 };
                 buf.values.push(v);
@@ -338,6 +442,33 @@ pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, 
             return Ok(fields);
         }
     }
+}
+
+/// A byte of a field the fast path reads as a number.
+fn is_fast_byte(b: u8) -> bool {
+    b.is_ascii_digit() || matches!(b, b'+' | b'-' | b'.')
+}
+
+/// `[+-]digits` as an integer within `i32` (`narrow`) or `i64`, as `str::parse` reads it.
+fn fast_int(field: &[u8], narrow: bool) -> Option<i64> {
+    let (negative, digits) = match field.first()? {
+        b'-' => (true, &field[1..]),
+        b'+' => (false, &field[1..]),
+        _ => (false, field),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    // Accumulated negative, so that i64::MIN is read as str::parse reads it.
+    let mut v: i64 = 0;
+    for &b in digits {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_sub(i64::from(b - b'0'))?;
+    }
+    let v = if negative { v } else { v.checked_neg()? };
+    (!narrow || i32::try_from(v).is_ok()).then_some(v)
 }
 
 /// Whitespace around a number, as TensorFlow's number parsing skips it.
