@@ -398,3 +398,28 @@ fn example_with_padding(base: &[u8], n: usize) -> Vec<u8> {
     out.extend(extra);
     out
 }
+
+/// A record of many empty byte strings costs 8 bytes of offsets for each 2 bytes of file: its
+/// chunk is refused for its share of `memory_limit_bytes`, naming the record, instead of
+/// growing past it.
+#[test]
+fn many_empty_byte_strings_stay_within_the_chunks_memory_share() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each record within the largest one allowed (memory_limit_bytes / 16), together past the
+    // chunk's share (a half).
+    let empties: Vec<&[u8]> = vec![b""; 60_000];
+    let records = vec![example(&[("w", Value::Bytes(&empties))]); 4];
+    write(dir.path(), "a.tfrecord", file_of(&records));
+    let c = write(
+        dir.path(),
+        "c.toml",
+        format!(
+            "[daemon]\nstate_dir = \"{}\"\nmemory_limit_bytes = 2097152\n[datasets.t]\nformat = \"tfrecord\"\n\
+             files = [\"a.tfrecord\"]\n[datasets.t.streams.w]\ndtype = \"bytes\"\nformat = \"sequence\"\n",
+            dir.path().join("state").display()
+        ),
+    );
+    let (_, err, code) = dump(&c, &["--full-sweep"]);
+    assert_ne!(code, 0, "refused");
+    assert!(err.contains("a.tfrecord:") && err.contains("share of the memory limit"), "{err}");
+}

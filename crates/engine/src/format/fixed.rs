@@ -195,7 +195,6 @@ impl StreamBufDecoder for RawDecoder {
         }
         for b in out.iter_mut() {
             b.samples += 1;
-            b.sample_offsets.push(0);
             b.seq_offsets.push(b.samples);
         }
     }

@@ -400,10 +400,6 @@ impl StreamBufDecoder for ExampleDecoder {
         ExampleDecoder::decode_record(self, record, at, out, errors);
     }
 
-    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
-        ExampleDecoder::dense_values(self, out)
-    }
-
     fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         ExampleDecoder::into_streams(self, out)
     }

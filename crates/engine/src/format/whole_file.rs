@@ -133,11 +133,6 @@ impl StreamBufDecoder for WholeFileDecoder {
         }
     }
 
-    fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
-        let size = std::mem::size_of::<T>().max(1);
-        out.iter().map(|b| b.bytes.len() / size + b.sample_offsets.len()).sum()
-    }
-
     fn chunk_streams<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {
         out.into_iter().map(StreamBuf::into_strings_data).collect()
     }

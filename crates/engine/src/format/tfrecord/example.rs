@@ -155,15 +155,6 @@ impl ExampleDecoder {
             .collect()
     }
 
-    /// What the buffers of `bufs` hold, in values of `T` (entries, indices and bytes counted
-    /// too: a chunk's are bounded by its share of the memory limit); allocates nothing (it runs
-    /// after every record).
-    #[must_use]
-    pub fn dense_values<T>(&self, bufs: &[StreamBuf<T>]) -> usize {
-        let size = std::mem::size_of::<T>().max(1);
-        bufs.iter().map(|b| b.values.len() + b.indices.len() + b.bytes.len() / size).sum()
-    }
-
     /// The chunk's streams from its buffers (dense, sparse or strings, by each feature).
     #[must_use]
     pub fn into_streams<T: DeepxElement>(&self, bufs: Vec<StreamBuf<T>>) -> Vec<StreamData> {

@@ -17,7 +17,8 @@
 //!   fails the read there).
 //! * A GZIP TFRecord file (TensorFlow's `compression_type="GZIP"`) is decompressed once into
 //!   `state_dir` and read from the copy, as the deepx formats' `.gz` inputs are
-//!   ([`crate::format::inflate`]); ZLIB files are not read (their first length fails its CRC).
+//!   ([`crate::format::inflate`]); so is a ZLIB file, which the dataset names (`compression =
+//!   "zlib"`).
 //!
 //! The records' payload is decoded by a record decoder: [`example`] for `tf.train.Example`.
 
