@@ -39,6 +39,7 @@ use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{
     index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
+use crate::format::parts;
 use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
@@ -49,7 +50,10 @@ const BLOCK_BYTES: usize = 256 << 10;
 /// Longest line: a record is one sequence, whose size the index keeps in a `u32`.
 pub const MAX_LINE_BYTES: u64 = u32::MAX as u64;
 
-/// Indexes the local file `data` (named `name` in errors).
+/// Indexes the local file `data` (named `name` in errors): a large file in parts on up to
+/// `threads` threads (every line is a record, so a part may start at any line); the same index
+/// as the one-thread pass, which runs where the parts cannot (a part that fails, a header longer
+/// than the first part).
 ///
 /// # Errors
 /// I/O errors, a line longer than [`MAX_LINE_BYTES`], a limit exceeded.
@@ -58,9 +62,86 @@ pub fn index_file(
     name: Arc<Path>,
     layout: CsvLayout,
     limits: IndexLimits,
+    threads: usize,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&name, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(&name, e))?.len();
+    if let Some(index) = index_in_parts(&file, &name, size, layout, limits, threads, progress)? {
+        return Ok(index);
+    }
     index_local(data, &name.clone(), |file, size| index_reader(file, name, size, layout, limits, progress))
+}
+
+/// One part's lines: every line a record, but the first part's header lines.
+struct LinePass {
+    path: Arc<Path>,
+    line_no: u64,
+    skip: u64,
+    sequences: Sequences,
+    limits: IndexLimits,
+}
+
+impl LinePass {
+    fn line(&mut self, line: &[u8], offset: u64) -> Result<(), DataError> {
+        let line_no = self.line_no;
+        self.line_no += 1;
+        if line_no < self.skip {
+            return Ok(());
+        }
+        let at = || Location { file: self.path.clone(), line: line_no + 1, offset };
+        let size = u32::try_from(line.len()).map_err(|_| DataError::Fatal {
+            at: at(),
+            message: format!("a line of {} bytes; at most {MAX_LINE_BYTES} are read", line.len()),
+        })?;
+        let s = SequenceDesc { key: line_no, offset, line: line_no, size, samples: 1 };
+        room_for_one_more(&self.sequences, &s, &self.limits, at)?;
+        self.sequences.push(s);
+        Ok(())
+    }
+}
+
+/// [`index_file`]'s pass in parts; `None` when the file is too small for parts or a part
+/// cannot be trusted (the one-thread pass then runs and reports any error).
+fn index_in_parts(
+    file: &std::fs::File,
+    name: &Arc<Path>,
+    size: u64,
+    layout: CsvLayout,
+    limits: IndexLimits,
+    threads: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Option<FileIndex>, DataError> {
+    let parts = parts::parts_for(size, threads);
+    if parts < 2 {
+        return Ok(None);
+    }
+    let cuts = parts::cuts(file, size, parts, |_, at| Ok(Some(at))).map_err(|e| DataError::io(name, e))?;
+    if cuts.is_empty() {
+        return Ok(None);
+    }
+    let share = parts::part_limits(limits, cuts.len() + 1);
+    let passes = (0..=cuts.len())
+        .map(|i| LinePass {
+            path: name.clone(),
+            line_no: 0,
+            // Header lines are the file's first: only the first part has them.
+            skip: if i == 0 { layout.skip_header_lines } else { 0 },
+            sequences: Sequences::default(),
+            limits: share,
+        })
+        .collect();
+    let max_line = limits.max_sequence_bytes.min(MAX_LINE_BYTES);
+    let reading = parts::Parts { file, path: name, cuts, block_bytes: BLOCK_BYTES, max_line_bytes: max_line };
+    let Some((scanned, digest)) = parts::scan(&reading, passes, progress, LinePass::line) else { return Ok(None) };
+    if scanned.first().is_some_and(|s| s.lines < layout.skip_header_lines) {
+        // More header lines than the first part holds: the one-thread pass skips them.
+        return Ok(None);
+    }
+    let end = scanned.last().map_or(0, |s| s.end);
+    let found = scanned.into_iter().map(|s| (s.pass.sequences, s.lines)).collect();
+    let sequences = parts::merge(found, true, &limits, name)?;
+    Ok(Some(FileIndex { path: name.clone(), size: size.max(end), digest, sequences }))
 }
 
 /// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).

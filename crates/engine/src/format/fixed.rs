@@ -30,6 +30,7 @@ use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{
     index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
+use crate::format::parts;
 use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
@@ -37,7 +38,8 @@ pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTE
 /// Size of the read buffer of the index pass.
 const BLOCK_BYTES: usize = 256 << 10;
 
-/// Indexes the local file `data` (named `name` in errors).
+/// Indexes the local file `data` (named `name` in errors): its records from the layout, its
+/// digest read in parts on up to `threads` threads.
 ///
 /// # Errors
 /// I/O errors, a layout the file does not have ([`FixedLengthOptions::records`]), a limit exceeded.
@@ -46,23 +48,31 @@ pub fn index_file(
     name: Arc<Path>,
     options: FixedLengthOptions,
     limits: IndexLimits,
+    threads: usize,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
-    index_local(data, &name.clone(), |file, size| index_reader(file, name, size, options, limits, progress))
+    let file = minibatchd_sys::files::open_regular(data).map_err(|e| DataError::io(&name, e))?;
+    let size = file.metadata().map_err(|e| DataError::io(&name, e))?.len();
+    let parts = parts::parts_for(size, threads);
+    if parts < 2 {
+        return index_local(data, &name.clone(), |file, size| {
+            index_reader(file, name, size, options, limits, progress)
+        });
+    }
+    let sequences = records(&name, size, options, limits)?;
+    let (digest, read) =
+        parts::digest(&file, size, parts, BLOCK_BYTES, progress).map_err(|e| DataError::io(&name, e))?;
+    read_as_sized(&name, read, size)?;
+    Ok(FileIndex { path: name, size, digest, sequences })
 }
 
-/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
-///
-/// # Errors
-/// As [`index_file`]; also a reader that yields other than `size` bytes.
-pub fn index_reader(
-    mut reader: impl Read,
-    name: Arc<Path>,
+/// The records of a file of `size` bytes laid out as `options` says.
+fn records(
+    name: &Arc<Path>,
     size: u64,
     options: FixedLengthOptions,
     limits: IndexLimits,
-    progress: &mut dyn FnMut(u64),
-) -> Result<FileIndex, DataError> {
+) -> Result<Sequences, DataError> {
     let fatal = |offset: u64, message: String| DataError::Fatal {
         at: Location { file: name.clone(), line: 0, offset },
         message,
@@ -82,6 +92,22 @@ pub fn index_reader(
         sequences.push(s);
     }
     sequences.shrink_to_fit();
+    Ok(sequences)
+}
+
+/// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
+///
+/// # Errors
+/// As [`index_file`]; also a reader that yields other than `size` bytes.
+pub fn index_reader(
+    mut reader: impl Read,
+    name: Arc<Path>,
+    size: u64,
+    options: FixedLengthOptions,
+    limits: IndexLimits,
+    progress: &mut dyn FnMut(u64),
+) -> Result<FileIndex, DataError> {
+    let sequences = records(&name, size, options, limits)?;
     // The digest: every byte of the file, as the other formats' passes have it.
     let mut buf = vec![0u8; BLOCK_BYTES];
     let mut digest = crc32fast::Hasher::new();

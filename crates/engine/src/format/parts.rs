@@ -63,6 +63,64 @@ impl std::io::Read for PartReader<'_> {
     }
 }
 
+/// The CRC-32 and length of `file`'s bytes, read in `parts` equal parts on threads of their own
+/// (the calling thread reads the first; `progress` gets its bytes times `parts`, an estimate),
+/// the parts' CRCs combined: what one pass over the file gives.
+///
+/// # Errors
+/// I/O errors.
+pub(crate) fn digest(
+    file: &File,
+    size: u64,
+    parts: usize,
+    block_bytes: usize,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<(u32, u64)> {
+    let parts = parts.max(1) as u64;
+    let bounds: Vec<(u64, Option<u64>)> =
+        (0..parts).map(|i| (size / parts * i, (i + 1 < parts).then(|| size / parts * (i + 1)))).collect();
+    let part = |(at, end): (u64, Option<u64>), report: &mut dyn FnMut(u64)| -> std::io::Result<(u32, u64)> {
+        let mut reader = PartReader { file, at, end };
+        let mut buf = vec![0u8; block_bytes];
+        let (mut crc, mut len) = (crc32fast::Hasher::new(), 0u64);
+        loop {
+            let n = crate::format::index::read_full(&mut reader, &mut buf)?;
+            if n == 0 {
+                return Ok((crc.finalize(), len));
+            }
+            crc.update(&buf[..n]);
+            len += n as u64;
+            report(len);
+        }
+    };
+    let results: Vec<std::io::Result<(u32, u64)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bounds[1..]
+            .iter()
+            .map(|&b| {
+                let part = &part;
+                scope.spawn(move || part(b, &mut |_| {}))
+            })
+            .collect();
+        let mut all = vec![part(bounds[0], &mut |n| progress(n * parts))];
+        for h in handles {
+            all.push(h.join().unwrap_or_else(|_| Err(std::io::Error::other("a digest thread panicked"))));
+        }
+        all
+    });
+    let mut crc: Option<crc32fast::Hasher> = None;
+    let mut total = 0u64;
+    for r in results {
+        let (c, len) = r?;
+        let h = crc32fast::Hasher::new_with_initial_len(c, len);
+        match crc.as_mut() {
+            Some(crc) => crc.combine(&h),
+            None => crc = Some(h),
+        }
+        total += len;
+    }
+    Ok((crc.map_or(0, crc32fast::Hasher::finalize), total))
+}
+
 /// Up to `len` bytes of `file` from `at` (fewer at its end).
 pub(crate) fn read_window(file: &File, at: u64, len: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; len];

@@ -199,10 +199,10 @@ impl RecordReader for FixedLengthReader {
         data: &Path,
         name: Arc<Path>,
         limits: IndexLimits,
-        _threads: usize,
+        threads: usize,
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError> {
-        fixed::index_file(data, name, self.0, limits, progress)
+        fixed::index_file(data, name, self.0, limits, threads, progress)
     }
 
     fn index_stream(
@@ -231,10 +231,10 @@ impl RecordReader for CsvReader {
         data: &Path,
         name: Arc<Path>,
         limits: IndexLimits,
-        _threads: usize,
+        threads: usize,
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError> {
-        csv::index_file(data, name, self.0, limits, progress)
+        csv::index_file(data, name, self.0, limits, threads, progress)
     }
 
     fn index_stream(

@@ -312,3 +312,65 @@ proptest! {
         prop_assert_eq!(run(&d), run(&general));
     }
 }
+
+/// `text` indexed from a file on `threads` threads: its records, digest and size, or the error.
+fn index_on(
+    text: &[u8],
+    header: u64,
+    limits: IndexLimits,
+    threads: usize,
+) -> Result<(Vec<crate::format::SequenceDesc>, u32, u64), String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("t.csv");
+    std::fs::write(&p, text).expect("write");
+    let layout = CsvLayout { skip_header_lines: header };
+    let idx = index_file(&p, name(), layout, limits, threads, &mut |_| {}).map_err(|e| e.to_string())?;
+    Ok((idx.sequences.iter().collect(), idx.digest, idx.size))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A file indexed in parts on several threads gives the one-thread index — every line a
+    /// record, empty ones too, after the header lines (more of them than a part holds too) — and
+    /// fails alike.
+    #[test]
+    fn an_index_in_parts_is_the_one_thread_index(
+        lines in prop::collection::vec(0u8..5, 1..300),
+        header in prop_oneof![3 => 0u64..3, 1 => 0u64..400],
+        newline_at_end in any::<bool>(),
+        max_sequences in prop::option::of(1u64..200),
+        max_sequence_bytes in prop::option::of(4u64..40),
+        threads in 2usize..6,
+    ) {
+        let mut text = String::new();
+        for (k, kind) in lines.iter().enumerate() {
+            use std::fmt::Write as _;
+            let _ = match kind {
+                0 => writeln!(text),
+                1 => write!(text, "a,\"b\nc\",d\r\n"),
+                2 => writeln!(text, "{k},{}.5,x", k * 3),
+                _ => writeln!(text, "{k}"),
+            };
+        }
+        if !newline_at_end {
+            text.pop();
+        }
+        let limits = IndexLimits {
+            max_sequences: max_sequences.unwrap_or(u64::MAX),
+            max_sequence_bytes: max_sequence_bytes.unwrap_or(1 << 20),
+            ..IndexLimits::UNBOUNDED
+        };
+        let one = index_on(text.as_bytes(), header, limits, 1);
+        prop_assert_eq!(one, index_on(text.as_bytes(), header, limits, threads));
+    }
+}
+
+/// A file of many parts is indexed in parts (the digest and every record as the one-thread pass).
+#[test]
+fn a_large_file_is_indexed_in_parts_as_on_one_thread() {
+    let text: String = std::iter::once("h\n".to_owned()).chain((0..5000).map(|i| format!("{i},{}\n", i * 2))).collect();
+    let one = index_on(text.as_bytes(), 1, IndexLimits::UNBOUNDED, 1).expect("one thread");
+    assert_eq!(one.0.len(), 5000);
+    assert_eq!(index_on(text.as_bytes(), 1, IndexLimits::UNBOUNDED, 4).expect("parts"), one);
+}

@@ -185,4 +185,30 @@ proptest! {
             Err(_) => prop_assert!(o.records(size).is_err()),
         }
     }
+
+    /// A file indexed from disk in parts on several threads (its digest read in parts) gives the
+    /// one-thread index — records, digest, size — or the same refusal.
+    #[test]
+    fn an_index_in_parts_is_the_one_thread_index(
+        bytes in prop::collection::vec(any::<u8>(), 0..2000),
+        record in 1u32..20,
+        header in 0u64..20,
+        footer in 0u64..20,
+        threads in 2usize..6,
+    ) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("r.bin");
+        std::fs::write(&p, &bytes).expect("write");
+        let o = options(record, header, footer);
+        let on = |threads: usize| {
+            index_file(&p, name(), o, limits(), threads, &mut |_| {})
+                .map(|i| (i.sequences.iter().collect::<Vec<_>>(), i.digest, i.size))
+                .map_err(|e| e.to_string())
+        };
+        let one = on(1);
+        if let Ok((_, digest, _)) = &one {
+            prop_assert_eq!(*digest, crc32fast::hash(&bytes));
+        }
+        prop_assert_eq!(one, on(threads));
+    }
 }
