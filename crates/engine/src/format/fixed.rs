@@ -28,7 +28,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
 use crate::format::index::{
-    index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
+    index_local, read_as_sized, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
 use crate::format::parts;
 use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
@@ -109,20 +109,8 @@ pub fn index_reader(
 ) -> Result<FileIndex, DataError> {
     let sequences = records(&name, size, options, limits)?;
     // The digest: every byte of the file, as the other formats' passes have it.
-    let mut buf = vec![0u8; BLOCK_BYTES];
-    let mut digest = crc32fast::Hasher::new();
-    let mut read = 0u64;
-    loop {
-        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&name, e))?;
-        if n == 0 {
-            break;
-        }
-        digest.update(&buf[..n]);
-        read += n as u64;
-        progress(read);
-    }
-    read_as_sized(&name, read, size)?;
-    Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
+    let digest = read_digest(&mut reader, &name, size, BLOCK_BYTES, progress)?;
+    Ok(FileIndex { path: name, size, digest, sequences })
 }
 
 /// Decodes fixed-length records into dense streams.

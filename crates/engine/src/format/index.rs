@@ -490,6 +490,36 @@ pub(crate) fn read_as_sized(name: &Arc<Path>, read: u64, size: u64) -> Result<()
     ))
 }
 
+/// The content digest of a format whose index needs nothing else from the bytes (fixed-length
+/// records, whole files): the CRC-32 of everything `reader` yields, `block_bytes` at a time,
+/// `progress` told the bytes read after each block; then checked to be the `size` bytes the file
+/// had ([`read_as_sized`]).
+///
+/// # Errors
+/// I/O errors, and a reader that yields other than `size` bytes.
+pub(crate) fn read_digest(
+    reader: &mut impl std::io::Read,
+    name: &Arc<Path>,
+    size: u64,
+    block_bytes: usize,
+    progress: &mut dyn FnMut(u64),
+) -> Result<u32, DataError> {
+    let mut buf = vec![0u8; block_bytes];
+    let mut digest = crc32fast::Hasher::new();
+    let mut read = 0u64;
+    loop {
+        let n = read_full(reader, &mut buf).map_err(|e| DataError::io(name, e))?;
+        if n == 0 {
+            break;
+        }
+        digest.update(&buf[..n]);
+        read += n as u64;
+        progress(read);
+    }
+    read_as_sized(name, read, size)?;
+    Ok(digest.finalize())
+}
+
 /// Fills `buf` from `reader` as far as it can (short only at the end of the input); the index
 /// passes read fixed-size blocks with it.
 ///

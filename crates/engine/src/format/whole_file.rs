@@ -23,9 +23,7 @@ use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, Location, Malformed};
-use crate::format::index::{
-    index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
-};
+use crate::format::index::{index_local, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences};
 use crate::format::stream_buf::StreamBufDecoder;
 use crate::options::IndexLimits;
 
@@ -76,20 +74,9 @@ pub fn index_reader(
     room_for_one_more(&sequences, &s, &limits, at)?;
     sequences.push(s);
     sequences.shrink_to_fit();
-    let mut buf = vec![0u8; BLOCK_BYTES];
-    let mut digest = crc32fast::Hasher::new();
-    let mut read = 0u64;
-    loop {
-        let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(&name, e))?;
-        if n == 0 {
-            break;
-        }
-        digest.update(&buf[..n]);
-        read += n as u64;
-        progress(read);
-    }
-    read_as_sized(&name, read, size)?;
-    Ok(FileIndex { path: name, size, digest: digest.finalize(), sequences })
+    // The digest: every byte of the file, as the other formats' passes have it.
+    let digest = read_digest(&mut reader, &name, size, BLOCK_BYTES, progress)?;
+    Ok(FileIndex { path: name, size, digest, sequences })
 }
 
 /// Decodes a whole file into its `contents` and `path` streams.
