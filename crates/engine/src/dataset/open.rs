@@ -1,0 +1,350 @@
+//! Opening a dataset: its inputs resolved (globs, directories, `s3://` prefixes), compressed ones
+//! decompressed once into `state_dir`, every input indexed through its format's reader (and the
+//! index cache or object storage's shared index) within the index budget, and the sources
+//! assembled — CTF's joined by sequence key.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::files::{index_with_cache, resolve_inputs, Input};
+use super::read::version_of;
+use super::{Dataset, IndexProgress, OpenSource, SourceDecoder, Stored};
+use crate::format::chunk::{StreamKind, StreamSpec};
+use crate::format::ctf::{CtfDecoder, CtfIndexOptions};
+use crate::format::deepx::{DeepxDecoder, LineIndexOptions, Schema};
+use crate::format::errors::DataError;
+use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex};
+use crate::format::inflate::{self, Compression};
+use crate::format::record::{CtfReader, LineReader, RecordReader};
+use crate::format::registry::{self, RecordFormat};
+use crate::options::{DatasetConfig, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
+use crate::remote::{self, Remote};
+use crate::Result;
+
+impl Dataset {
+    pub(super) fn open_ctf(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let main_source = config.sources.iter().position(|s| s.streams.iter().any(|st| st.defines_mb_size));
+        let resolved: Vec<Vec<Input>> =
+            config.sources.iter().map(|s| resolve_inputs(&s.files, remote)).collect::<Result<_, _>>()?;
+        let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
+        let mut done = 0u64;
+        let (mut sequences, mut index_bytes) = (0u64, 0u64);
+        // A file of the dataset keeps a samples column, so the timeline keeps every length.
+        let mut lengths_kept = false;
+        let mut sources = Vec::new();
+        let mut first_stream = 0;
+        for (src, files) in config.sources.iter().zip(resolved) {
+            let reader = CtfReader(CtfIndexOptions {
+                skip_sequence_ids: src.skip_sequence_ids,
+                main_alias: src.streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone()),
+            });
+            let mut indexes = Vec::new();
+            let mut paths = Vec::new();
+            let mut versions = Vec::new();
+            for input in files {
+                let f = &input.name;
+                // An object's ETag, or the file's version as the index pass (or its cache) saw it.
+                let mut stored = Stored::of(&input)?;
+                let base = done;
+                let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+                let left = limits.left_after(sequences, index_bytes, lengths_kept);
+                let cache = config.cache_index.then_some(state_dir);
+                let idx = index_input(
+                    &reader,
+                    &input,
+                    f,
+                    &mut stored,
+                    cache,
+                    remote,
+                    left,
+                    config.index_threads,
+                    &mut report,
+                )?;
+                versions.push(stored);
+                index_bytes += within_index_budget(&idx, &left)?;
+                done += idx.size;
+                sequences += idx.sequences.len() as u64;
+                lengths_kept |= idx.sequences.columns().samples;
+                paths.push(idx.path.clone());
+                indexes.push(idx);
+            }
+            sources.push(OpenSource {
+                files: paths.clone(),
+                data: paths,
+                data_versions: versions.clone(),
+                file_versions: versions,
+                indexes,
+                decoder: SourceDecoder::Ctf(CtfDecoder::new(&src.streams)),
+                first_stream,
+            });
+            first_stream += src.streams.len();
+        }
+        let streams = config
+            .streams()
+            .map(|s| StreamSpec {
+                name: s.name.clone(),
+                kind: match s.format {
+                    StreamFormat::Dense => StreamKind::Dense,
+                    StreamFormat::Sparse => StreamKind::SparseI32,
+                },
+                dim: s.dim,
+            })
+            .collect();
+        Self::assemble(config, sources, None, main_source, streams)
+    }
+
+    /// A deepx dataset: one source, every line a sequence of one sample.
+    pub(super) fn open_deepx(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let schema = Schema::new(config.format, &config.deepx.clone().unwrap_or_default());
+        let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
+        let inputs = resolve_inputs(patterns, remote)?;
+        let reader = LineReader(LineIndexOptions { comments: schema.comments });
+        let (data, mut data_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
+        let bytes_total = readable_bytes(&data, &data_versions);
+        let mut done = 0u64;
+        let (mut sequences, mut index_bytes) = (0u64, 0u64);
+        // A file of the dataset keeps a samples column, so the timeline keeps every length.
+        let mut lengths_kept = false;
+        let mut indexes: Vec<FileIndex> = Vec::new();
+        let mut chunks = Vec::new();
+        let mut file_versions = Vec::new();
+        for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
+            file_versions.push(Stored::of(input)?);
+            let base = done;
+            let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+            let left = limits.left_after(sequences, index_bytes, lengths_kept);
+            let cache = config.cache_index.then_some(state_dir);
+            let idx = index_input(&reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            // The file's index whole must fit beside what the earlier files keep (its sizes are
+            // held until it is chunked)...
+            within_index_budget(&idx, &left)?;
+            // ... and once chunked (chunks never cross files), a file whose sequences are its
+            // lines keeps an offset every 64 of them: the next file's pass does not find every
+            // earlier file's sizes still held.
+            let mut idx = idx;
+            let file = indexes.len();
+            chunks.extend(
+                build_chunks(std::slice::from_ref(&idx), config.chunk_size_bytes)
+                    .into_iter()
+                    .map(|c| ChunkDesc { file, ..c }),
+            );
+            idx.sequences.let_go_of_line_sizes();
+            idx.sequences.shrink_to_fit();
+            index_bytes += index_cost(&idx.sequences, &left);
+            done += idx.size;
+            sequences += idx.sequences.len() as u64;
+            lengths_kept |= idx.sequences.columns().samples;
+            indexes.push(idx);
+        }
+        let streams = schema.specs();
+        let source = OpenSource {
+            files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
+            data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            data_versions,
+            file_versions,
+            indexes,
+            decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
+            first_stream: 0,
+        };
+        Self::assemble(config, vec![source], Some(chunks), None, streams)
+    }
+
+    /// A dataset of one source whose files its format's reader splits into records that its
+    /// decoder decodes ([`Dataset::record_format`]; compressed inputs read from their copies).
+    pub(super) fn open_records(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        limits: IndexLimits,
+        remote: Option<&Remote>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
+        let options = config.records.as_ref().ok_or_else(|| {
+            DataError::Dataset(format!("dataset '{}': {:?} is not a record format", config.name, config.format))
+        })?;
+        let RecordFormat { reader, decoder, streams } = registry::open(options);
+        let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
+        let inputs = resolve_inputs(patterns, remote)?;
+        let (data, mut data_versions) = readable_inputs(&inputs, config, &*reader, state_dir, remote)?;
+        let bytes_total = readable_bytes(&data, &data_versions);
+        let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
+        let mut lengths_kept = false;
+        let (mut indexes, mut file_versions) = (Vec::new(), Vec::new());
+        for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
+            file_versions.push(Stored::of(input)?);
+            let base = done;
+            let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
+            let left = limits.left_after(sequences, index_bytes, lengths_kept);
+            let cache = config.cache_index.then_some(state_dir);
+            let idx = index_input(&*reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            index_bytes += within_index_budget(&idx, &left)?;
+            done += idx.size;
+            sequences += idx.sequences.len() as u64;
+            lengths_kept |= idx.sequences.columns().samples;
+            indexes.push(idx);
+        }
+        let source = OpenSource {
+            files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
+            data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
+            data_versions,
+            file_versions,
+            indexes,
+            decoder: SourceDecoder::Records(decoder),
+            first_stream: 0,
+        };
+        Self::assemble(config, vec![source], None, None, streams)
+    }
+}
+
+/// Indexes `input` with `reader`: its bytes at `data` (the input itself, or a decompressed copy)
+/// through the index cache in `cache`, or, for an object, through object storage's shared index;
+/// `stored` becomes the version indexed.
+///
+/// # Errors
+/// The reader's, the file changing while it is read, and object storage's.
+#[allow(clippy::too_many_arguments)]
+fn index_input(
+    reader: &dyn RecordReader,
+    input: &Input,
+    data: &Path,
+    stored: &mut Stored,
+    cache: Option<&Path>,
+    remote: Option<&Remote>,
+    left: IndexLimits,
+    threads: usize,
+    report: &mut dyn FnMut(u64),
+) -> Result<FileIndex> {
+    let name: Arc<Path> = Arc::from(input.name.as_path());
+    let fingerprint = reader.fingerprint();
+    match &*stored {
+        Stored::Remote(object) => {
+            let r = remote::require(remote, &input.name)?;
+            let left = left.for_shared_index();
+            let built = remote::index_object(r, object, &fingerprint, cache, left.max_sequences, report, &mut |p| {
+                let mut stream = r.chunks.tee(object, r.store.open(object).map_err(remote::RemoteError::into_data)?);
+                reader.index_stream(&mut stream, name.clone(), object.size, left, p)
+            })?;
+            Ok(built.0)
+        }
+        Stored::Local(_) => {
+            let (idx, version) =
+                index_with_cache(&name, data, &fingerprint, cache, left.max_sequences, report, &mut |p| {
+                    reader.index_file(data, name.clone(), left, threads, p)
+                })?;
+            *stored = Stored::Local(version);
+            Ok(idx)
+        }
+    }
+}
+
+/// Where each input's bytes are read: the file or object itself, or — for a gzip input — a copy
+/// decompressed once into `state_dir` ([`inflate`]), with the version of what is read.
+fn readable_inputs(
+    inputs: &[Input],
+    config: &DatasetConfig,
+    reader: &dyn RecordReader,
+    state_dir: &Path,
+    remote: Option<&Remote>,
+) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
+    let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
+    let mut versions = Vec::with_capacity(inputs.len());
+    for input in inputs {
+        let compression = match config.compression {
+            // A file the format's reader recognises as plain data, whatever its first bytes.
+            Compression::Auto
+                if reader.plain_head_bytes() > 0 && reader.plain_head(&head_of(input, reader, remote)?) =>
+            {
+                Compression::None
+            }
+            other => other,
+        };
+        let copy = match &input.object {
+            None => Some(inflate::readable_path_as(&input.name, compression, state_dir, &config.inflate)?)
+                .filter(|c| *c != input.name),
+            Some(object) => remote::inflated_object(
+                object,
+                remote::require(remote, &input.name)?,
+                compression,
+                state_dir,
+                &config.inflate,
+            )?,
+        };
+        if let Some(copy) = copy {
+            versions.push(Stored::Local(version_of(&copy)?));
+            data.push(copy);
+        } else {
+            versions.push(Stored::of(input)?);
+            data.push(input.name.clone());
+        }
+    }
+    Ok((data, versions))
+}
+
+/// The first [`RecordReader::plain_head_bytes`] bytes of `input` (fewer in a shorter file).
+///
+/// # Errors
+/// I/O and object-storage errors reading its first bytes.
+fn head_of(input: &Input, reader: &dyn RecordReader, remote: Option<&Remote>) -> Result<Vec<u8>> {
+    use std::io::Read as _;
+    let n = reader.plain_head_bytes();
+    let mut head = Vec::with_capacity(n);
+    match &input.object {
+        None => {
+            let f = minibatchd_sys::files::open_regular(&input.name).map_err(|e| DataError::io(&input.name, e))?;
+            f.take(n as u64).read_to_end(&mut head).map_err(|e| DataError::io(&input.name, e))?;
+        }
+        Some(object) => {
+            let r = remote::require(remote, &input.name)?;
+            r.store
+                .read_range(object, 0, object.size.min(n as u64), &mut head)
+                .map_err(crate::remote::RemoteError::into_data)?;
+        }
+    }
+    Ok(head)
+}
+
+/// The bytes the index pass reads from `data` (a decompressed copy's, not its `.gz`'s), for
+/// progress.
+fn readable_bytes(data: &[PathBuf], versions: &[Stored]) -> u64 {
+    data.iter()
+        .zip(versions)
+        .map(|(d, v)| match v {
+            Stored::Remote(o) => o.size,
+            Stored::Local(_) => std::fs::metadata(d).map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+/// What the index of a file costs the dataset ([`index_cost`]), or an error naming the file when
+/// that passes what `left` leaves: an index read from its cache file (made under a larger limit,
+/// perhaps) is checked here, one built now was checked sequence by sequence as it grew.
+fn within_index_budget(idx: &FileIndex, left: &IndexLimits) -> Result<u64> {
+    let cost = index_cost(&idx.sequences, left);
+    if cost > left.max_index_bytes {
+        return Err(DataError::Dataset(format!(
+            "{}: its index holds {cost} bytes ({} sequences), more than the {} bytes the memory limit leaves it \
+             (daemon.memory_limit_bytes / {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets); raise \
+             daemon.memory_limit_bytes",
+            idx.path.display(),
+            idx.sequences.len(),
+            left.max_index_bytes
+        )));
+    }
+    Ok(cost)
+}
+
+/// An input's size now (an object's as listed), for progress.
+fn input_size(input: &Input) -> u64 {
+    input.object.as_ref().map_or_else(|| std::fs::metadata(&input.name).map_or(0, |m| m.len()), |o| o.size)
+}
