@@ -18,47 +18,28 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::metrics::SessionMetrics;
 use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureState};
 use minibatchd_engine::feed::Feeder;
-use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::DataError;
-use minibatchd_engine::minibatch::{Gathered, Parts};
-use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan, Sampler};
+use minibatchd_engine::minibatch::Gathered;
+use minibatchd_engine::sampling::Sampler;
 use minibatchd_shm::{LayoutError, SharedRing};
 use minibatchd_sys::MemfdMemory;
 
-use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
+mod planner;
+
+use super::chunk_cache::{Charged, SharedCache};
 use super::hub::DatasetRuntime;
 use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
+use planner::Planner;
 
 /// Chunks a producer asks the pipeline to load ahead of need (bounded further by the request
 /// channel's capacity and the cache budget).
 pub const PREFETCH_CHUNKS: usize = 8;
-
-/// How long a producer waiting for memory blocks its pool thread at a time: then it yields the
-/// thread to the pool's other tasks — among them the sessions that can free the memory — and
-/// looks again whether it is first in line (and logs, every [`MEMORY_WAIT_LOG`], that it still
-/// waits).
-const MEMORY_WAIT_SLICE: Duration = Duration::from_millis(20);
-
-/// A minibatch planned but not gathered yet: it waits for memory other sessions hold.
-struct Pending {
-    slot: FreeSlot,
-    plan: MinibatchPlan,
-    wanted: Vec<u32>,
-    started: Instant,
-    cache_wait: Duration,
-    /// It let go of the chunks it does not need.
-    shed: bool,
-    memory_wait: Duration,
-    /// Its chunks do not fit in memory together: it is gathered a chunk at a time, with the
-    /// minibatches after it.
-    parts: Option<PartsAhead>,
-}
 
 /// What [`Locate::locate`] found.
 pub(super) enum Found {
@@ -67,9 +48,6 @@ pub(super) enum Found {
     /// Waiting for memory: yield the thread and call again.
     Wait,
 }
-/// How often a session that still waits for memory says so in the log.
-const MEMORY_WAIT_LOG: Duration = Duration::from_secs(60);
-
 /// Ids of producers, for the cache's list of idle ones.
 static NEXT_PRODUCER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -235,51 +213,12 @@ pub(super) trait Locate: Send {
     fn metrics(&self) -> &SessionMetrics;
 }
 
-/// Most minibatches gathered a chunk at a time together ([`Parts`]).
-const PARTS_AHEAD_MAX: usize = 256;
-
-/// The copies that minibatches gathered a chunk at a time together may take: as many minibatches
-/// are planned ahead as fit, going by the size of those gathered before (counted against the
-/// cache while they wait for their slots).
-const PARTS_AHEAD_BYTES: usize = 16 << 20;
-
-/// Minibatches planned ahead and gathered a chunk at a time together.
-struct PartsAhead {
-    plans: Vec<MinibatchPlan>,
-    parts: Parts,
-}
-
 /// What the planner hands a filler, numbered in minibatch order.
 enum Step {
     /// Copy a minibatch into its slot, then announce it.
     Fill(Box<Located>),
     /// Pass an event on once every minibatch before it is announced.
     Event(ProducerEvent),
-}
-
-/// The half of a producer that locates minibatches: the engine's [`Feeder`] (the sampler and
-/// the session's chunks) over the shared chunk cache.
-struct Planner {
-    runtime: Arc<DatasetRuntime>,
-    cache: Arc<SharedCache>,
-    feeder: Feeder,
-    minibatch_size: usize,
-    metrics: SessionMetrics,
-    /// Since when every slot has been leased (the time counts as producer-blocked).
-    idle_since: Option<Instant>,
-    /// The next sweep's order being built on a thread of its own ([`Planner::next_sweep`]).
-    next_sweep: Option<flume::Receiver<BuiltSweep>>,
-    /// This producer's id in the cache's list of idle producers.
-    id: u64,
-    /// The minibatch waiting for memory, if any.
-    pending: Option<Pending>,
-    /// It said in the log that a minibatch was gathered a chunk at a time.
-    told_parts: bool,
-    /// Minibatches gathered a chunk at a time with one before them, for the next slots.
-    gathered_ahead: std::collections::VecDeque<(Gathered, u64, Arc<Charged>)>,
-    /// How many minibatches to gather a chunk at a time together: [`PARTS_AHEAD_BYTES`] over the
-    /// size of those gathered so before.
-    parts_ahead: usize,
 }
 
 impl Producer {
@@ -305,20 +244,7 @@ impl Producer {
             feeder.pad_to(end);
         }
         let (name, names) = (runtime.name.clone(), Arc::new(runtime.names.clone()));
-        let planner = Planner {
-            runtime,
-            cache,
-            feeder,
-            minibatch_size,
-            metrics,
-            idle_since: None,
-            next_sweep: None,
-            id: next_producer_id(),
-            pending: None,
-            told_parts: false,
-            gathered_ahead: std::collections::VecDeque::new(),
-            parts_ahead: 8,
-        };
+        let planner = Planner::new(runtime, cache, feeder, minibatch_size, metrics);
         Self { planner: Box::new(planner), name, names, ring, working: None }
     }
 
@@ -734,307 +660,9 @@ impl Filling {
     }
 }
 
-impl Planner {
-    /// Has the next sweep's order built on a thread of its own from the start of each sweep
-    /// (shuffling a sweep of a large dataset takes tens of milliseconds: on the planner, near the
-    /// sweep's end, it held every minibatch back that long), and installs it once built
-    /// — waiting for it when the current sweep is about to end, so that it is never built twice.
-    fn next_sweep(&mut self) {
-        if let Some(building) = &self.next_sweep {
-            let sampler = self.feeder.sampler();
-            let left = sampler.left_in_sweep();
-            let soon = left <= sampler.sweep_size() / 8 || left <= 4 * self.minibatch_size as u64;
-            let built = if soon {
-                building.recv().ok()
-            } else {
-                match building.try_recv() {
-                    Ok(built) => Some(built),
-                    Err(flume::TryRecvError::Empty) => return,
-                    Err(flume::TryRecvError::Disconnected) => None,
-                }
-            };
-            self.next_sweep = None;
-            // A job that failed (its thread panicked): the sampler builds the sweep at its switch.
-            if let Some(built) = built {
-                let _ = sampler.install_next_sweep(built);
-            }
-        }
-        let Some(job) = self.feeder.sampler().next_sweep_job() else { return };
-        let (tx, rx) = flume::bounded(1);
-        let spawned = std::thread::Builder::new().name("mbd-sweep".into()).spawn(move || {
-            let _ = tx.send(job.build());
-        });
-        match spawned {
-            Ok(_) => self.next_sweep = Some(rx),
-            Err(e) => tracing::debug!(error = %e, "no thread for the next sweep's order; built at the switch"),
-        }
-    }
-
-    /// Gathers `plan`, loading the chunks it does not hold through the cache (asking for the
-    /// `wanted` ones ahead, `cache_wait` counting the time it waits for them); with the chunk
-    /// whose load was refused at the memory limit, the bytes sessions held then, and why.
-    #[allow(clippy::type_complexity)] // one private caller
-    fn gather(
-        &mut self,
-        plan: &MinibatchPlan,
-        wanted: &[u32],
-        stop: &AtomicBool,
-        cache_wait: &mut Duration,
-    ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
-        let mut over_limit = None;
-        let mut load = load_through(&self.cache, self.runtime.index, wanted, stop, cache_wait, &mut over_limit);
-        let built = self.feeder.gather(plan, &mut load);
-        drop(load);
-        (built, over_limit)
-    }
-
-    /// [`Planner::gather`] a chunk at a time ([`Feeder::gather_parts`]): the chunks ready in the
-    /// cache first, the others asked for ahead.
-    #[allow(clippy::type_complexity)] // one private caller
-    fn gather_parts(
-        &mut self,
-        ahead: &mut PartsAhead,
-        stop: &AtomicBool,
-        cache_wait: &mut Duration,
-    ) -> (Result<(Gathered, Arc<Charged>), DataError>, Option<(u32, u64, FetchError)>) {
-        let ds = self.runtime.index;
-        let wanted: Vec<u32> = ahead.parts.missing().collect();
-        let cache = self.cache.clone();
-        let mut over_limit = None;
-        let mut load = load_through(&cache, ds, &wanted, stop, cache_wait, &mut over_limit);
-        let built = self.feeder.gather_parts(
-            &ahead.plans,
-            &mut ahead.parts,
-            &|c| cache.is_ready(ChunkKey::new(ds, c)),
-            &mut load,
-        );
-        drop(load);
-        let built = built.and_then(|gathered| {
-            let bytes = ahead.parts.size_bytes();
-            let count = gathered.len();
-            self.parts_ahead = (PARTS_AHEAD_BYTES * count.max(1) / bytes.max(1)).clamp(1, PARTS_AHEAD_MAX);
-            let charged = Arc::new(cache.charge(bytes as u64));
-            self.metrics.minibatches_in_parts.inc_by(count as u64);
-            let mut gathered = gathered.into_iter();
-            let first = gathered
-                .next()
-                .ok_or_else(|| DataError::Dataset("no minibatch was gathered a chunk at a time".into()))?;
-            for (mb, plan) in gathered.zip(&ahead.plans[1..]) {
-                self.gathered_ahead.push_back((mb, plan.samples, charged.clone()));
-            }
-            Ok((first, charged))
-        });
-        (built, over_limit)
-    }
-
-    /// Waits for the memory other sessions hold, for one slice: in line with the other waiting
-    /// sessions, the oldest first — one that is not first lets go of every chunk it holds (its
-    /// minibatch's too: it gathers them again when its turn comes), so that sessions waiting on
-    /// each other cannot stall for good. Counted in `memory_wait`, and in the session's metrics;
-    /// logged every [`MEMORY_WAIT_LOG`]. Whether there is room now.
-    fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) -> bool {
-        self.cache.queue_for_memory(self.id);
-        if !self.cache.first_in_line(self.id) && self.feeder.held_chunks() > 0 {
-            self.shed(None);
-        }
-        let since = Instant::now();
-        let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
-        let waited = since.elapsed();
-        self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
-        let before = *memory_wait;
-        *memory_wait += waited;
-        if before.as_secs() / MEMORY_WAIT_LOG.as_secs() != memory_wait.as_secs() / MEMORY_WAIT_LOG.as_secs() {
-            tracing::warn!(
-                dataset = %self.runtime.name,
-                minibatch = self.feeder.next_index(),
-                waited_secs = memory_wait.as_secs(),
-                "a session still waits for memory that other sessions hold (memory_limit_bytes is short for the sessions open)"
-            );
-        }
-        room
-    }
-
-    /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
-    /// waiting for memory.
-    fn shed(&mut self, plan: Option<&MinibatchPlan>) {
-        let before = self.feeder.held_chunks();
-        self.feeder.shed(plan);
-        self.cache.shed(before - self.feeder.held_chunks());
-    }
-
-    /// Locates the next minibatch for `slot` (or goes on with the one waiting for memory):
-    /// [`Found::End`] at the end of the epoch, [`Found::Wait`] while it waits for memory other
-    /// sessions hold — the caller then yields its thread (the sessions that can free that memory
-    /// run on the same pool) and calls again.
-    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
-        if let Some((mb, samples, charged)) = self.gathered_ahead.pop_front() {
-            return Ok(Found::Minibatch(Located { slot, mb, samples, charged: Some(charged), mixture: None }));
-        }
-        let mut p = if let Some(p) = self.pending.take() {
-            p
-        } else {
-            let started = Instant::now();
-            self.next_sweep();
-            let Some(plan) = self.feeder.plan(self.minibatch_size) else { return Ok(Found::End) };
-            // Ask for every chunk of this minibatch first (parsed in parallel by the pool), then
-            // for the ones coming next. Offered again before every wait: the request queue is
-            // short, so a one-shot prefetch of a minibatch spread over many chunks would leave the
-            // parser pool idle but for the chunk being waited for.
-            let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
-            let ds = self.runtime.index;
-            self.cache.prefetch(wanted.iter().map(|&c| ChunkKey::new(ds, c)));
-            Pending {
-                slot,
-                plan,
-                wanted,
-                started,
-                cache_wait: Duration::ZERO,
-                shed: false,
-                memory_wait: Duration::ZERO,
-                parts: None,
-            }
-        };
-        let built = loop {
-            let (built, over_limit) = if let Some(ahead) = &mut p.parts {
-                let (built, over_limit) = self.gather_parts(ahead, stop, &mut p.cache_wait);
-                (built.map(|(mb, charged)| (mb, Some(charged))), over_limit)
-            } else {
-                let (built, over_limit) = self.gather(&p.plan, &p.wanted, stop, &mut p.cache_wait);
-                (built.map(|mb| (mb, None)), over_limit)
-            };
-            if stop.load(Ordering::Relaxed) {
-                self.cache.leave_line(self.id);
-                return Err(ProduceError::Stopped);
-            }
-            let (Err(_), Some((chunk, held, e))) = (&built, over_limit) else { break built };
-            // The chunks sessions hold fill the cache's share of the limit. First let go of what
-            // this minibatch does not need, and try again; then, if others hold the rest, wait
-            // for them (idle sessions let go of theirs at once), for as long as it takes.
-            if !p.shed {
-                p.shed = true;
-                self.shed(Some(&p.plan));
-                continue;
-            }
-            let own = self.feeder.held_bytes() as u64;
-            if held > own || p.parts.is_some() {
-                // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
-                // once; sessions waiting behind the first let go of everything) — a slice at a
-                // time, then the thread goes to the pool's other tasks.
-                if self.wait_for_memory(stop, &mut p.memory_wait) {
-                    continue;
-                }
-                self.pending = Some(p);
-                return Ok(Found::Wait);
-            }
-            // This minibatch's own chunks do not fit together: gather it a chunk at a time, which
-            // holds one chunk and the minibatches' own data at once — with the next few, so that
-            // each chunk the cache cannot keep is loaded once for all of them.
-            if !self.told_parts {
-                self.told_parts = true;
-                tracing::warn!(
-                    dataset = %self.runtime.name,
-                    minibatch = self.feeder.next_index(),
-                    held_mib = self.feeder.held_bytes().div_ceil(1 << 20),
-                    chunk,
-                    "a minibatch's chunks do not fit in memory together ({e}); it and any other such minibatch of this \
-                     session are gathered a chunk at a time, which is slower (minibatchd_session_minibatches_in_parts_total): \
-                     a smaller randomization window (window_chunks or window_samples) or a larger memory_limit_bytes avoids it"
-                );
-            }
-            let mut plans = vec![p.plan.clone()];
-            // Up to an empty plan: the padding after the epoch's end comes one at a time.
-            while plans.len() < self.parts_ahead && !plans[plans.len() - 1].sequences.is_empty() {
-                self.next_sweep();
-                let Some(plan) = self.feeder.plan(self.minibatch_size) else { break };
-                plans.push(plan);
-            }
-            let mut parts = Parts::new(&plans);
-            match self.feeder.start_parts(&plans, &mut parts) {
-                Ok(shed) => self.cache.shed(shed),
-                Err(e) => break Err(e),
-            }
-            p.parts = Some(PartsAhead { plans, parts });
-        };
-        if p.shed {
-            self.cache.leave_line(self.id);
-        }
-        self.metrics.chunk_wait_seconds.inc_by(p.cache_wait.as_secs_f64());
-        let (mb, charged) = built?;
-        let samples = p.plan.samples;
-        let busy = p.started.elapsed().saturating_sub(p.cache_wait).saturating_sub(p.memory_wait);
-        self.metrics.delivery_busy_seconds.inc_by(busy.as_secs_f64());
-        Ok(Found::Minibatch(Located { slot: p.slot, mb, samples, charged, mixture: None }))
-    }
-}
-
-impl Locate for Planner {
-    fn locate(&mut self, slot: FreeSlot, stop: &AtomicBool) -> Result<Found, ProduceError> {
-        Planner::locate(self, slot, stop)
-    }
-
-    fn end(&self) -> ProducerEvent {
-        ProducerEvent::End { position: self.feeder.position(), minibatches: self.feeder.next_index(), mixture: None }
-    }
-
-    fn waiting(&self) -> Option<FreeSlot> {
-        self.pending.as_ref().map(|p| p.slot)
-    }
-
-    fn shed_all(&mut self) {
-        self.shed(None);
-    }
-
-    fn idle_since(&mut self) -> &mut Option<Instant> {
-        &mut self.idle_since
-    }
-
-    fn cache(&self) -> &Arc<SharedCache> {
-        &self.cache
-    }
-
-    fn id(&self) -> u64 {
-        self.id
-    }
-
-    fn metrics(&self) -> &SessionMetrics {
-        &self.metrics
-    }
-}
-
 /// A new producer's id, for the cache's lists of idle and waiting producers.
 pub(super) fn next_producer_id() -> u64 {
     NEXT_PRODUCER.fetch_add(1, Ordering::Relaxed)
-}
-
-/// The loader a producer gathers through: each chunk from the shared cache (asking for the
-/// `wanted` ones not loaded yet ahead of it), the time it waits counted in `cache_wait`; a load
-/// refused at the memory limit is an error, with the chunk, the bytes held and why in
-/// `over_limit`.
-fn load_through<'a>(
-    cache: &'a SharedCache,
-    ds: u32,
-    wanted: &'a [u32],
-    stop: &'a AtomicBool,
-    cache_wait: &'a mut Duration,
-    over_limit: &'a mut Option<(u32, u64, FetchError)>,
-) -> impl FnMut(u32) -> Result<Arc<ParsedChunk>, DataError> + 'a {
-    let mut loaded: Vec<u32> = Vec::new();
-    move |chunk| {
-        let asked = Instant::now();
-        cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| ChunkKey::new(ds, c)));
-        let got = cache.get(ChunkKey::new(ds, chunk), stop);
-        *cache_wait += asked.elapsed();
-        loaded.push(chunk);
-        got.map_err(|e| match e {
-            FetchError::Failed(e) => e,
-            e @ FetchError::OverLimit { held, .. } => {
-                let message = format!("chunk {chunk}: {e}");
-                *over_limit = Some((chunk, held, e));
-                DataError::Dataset(message)
-            }
-            other => DataError::Dataset(format!("chunk {chunk}: {other}")),
-        })
-    }
 }
 
 #[cfg(test)]
