@@ -1,7 +1,9 @@
 //! Sessions as plain, synchronous logic (no actors, no sockets), unit-tested here:
-//! * [`resolve_options`]: `open` options + dataset defaults → sampling options, with every
-//!   violation reported as one message;
-//! * [`options_hash`]: what a resume must match besides the data;
+//! * [`resolve_options`] (`session/options.rs`): `open` options + dataset defaults → sampling
+//!   options, with every violation reported as one message;
+//! * [`options_hash`] (the same file): what a resume must match besides the data;
+//! * [`check_resume`], [`check_mixture_resume`] (`session/resume.rs`): whether a saved state
+//!   resumes the session being opened;
 //! * [`SlotTable`]: who owns each ring slot, generations, stale releases;
 //! * [`Progress`]: which announced minibatches the client has taken, hence the session position;
 //! * [`Registry`]: session names, lingering (resumable) sessions and the memory reserved by rings;
@@ -19,12 +21,16 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::DatasetConfig;
-use minibatchd_client::protocol::{
-    hex64, MinibatchMeta, MixtureState, Resumed, SessionOptions, SessionState, TailPolicy, STATE_VERSION,
-};
+use minibatchd_client::protocol::{MinibatchMeta, MixtureState, Resumed, SessionOptions, SessionState};
 
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Tail, Window};
+mod options;
+mod resume;
+
+pub use options::{
+    options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
+    MAX_SLOT_SIZE_BYTES,
+};
+pub use resume::{check_mixture_resume, check_resume, EpochStarts, ResumeError, MAX_MINIBATCHES};
 
 /// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
 /// of the checkpoint format: fields are only ever added, with defaults).
@@ -63,380 +69,6 @@ impl SavedSession {
     #[must_use]
     pub fn exact(&self) -> bool {
         self.given_up_to.is_none_or(|g| g <= self.state.minibatches)
-    }
-}
-
-/// Most slots a session may ask for.
-pub const MAX_RING_SLOTS: u64 = 1024;
-/// Largest slot a session may ask for (1 TiB, as the config's bound).
-pub const MAX_SLOT_SIZE_BYTES: u64 = 1 << 40;
-/// Longest session name.
-pub const MAX_SESSION_NAME: usize = 128;
-
-/// `open` options resolved against the dataset's defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedOptions {
-    /// Sampling options for the [`minibatchd_engine::sampling::Sampler`].
-    pub sampling: SamplingOptions,
-    /// Global minibatch size in samples.
-    pub minibatch_size: usize,
-    /// CNTK frame mode.
-    pub frame_mode: bool,
-    /// Equal step counts over the workers ([`minibatchd_engine::sampling::Sampler::equalize_steps`]).
-    pub equal_steps: bool,
-    /// What equal steps do with the ragged tails.
-    pub tail: Tail,
-    /// Ring slots.
-    pub slots: u64,
-    /// Requested bytes per slot (before raising it to fit dense minibatches).
-    pub slot_size_bytes: u64,
-    /// Session name, if given.
-    pub session: Option<String>,
-}
-
-/// Every invalid `open` option, each named with what was expected.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", .0.join("; "))]
-pub struct InvalidOptions(pub Vec<String>);
-
-/// Resolves `o` for dataset `d`; `default_slots` and `default_slot_size` come from `[daemon]`.
-///
-/// # Errors
-/// [`InvalidOptions`], naming every invalid option.
-pub fn resolve_options(
-    o: &SessionOptions,
-    d: &DatasetConfig,
-    default_slots: u64,
-    default_slot_size: u64,
-) -> Result<ResolvedOptions, InvalidOptions> {
-    let mut problems = Vec::new();
-    let minibatch_size = match o.minibatch_size {
-        Some(n) if n >= 1 && i32::try_from(n).is_ok() => usize::try_from(n).unwrap_or(1),
-        Some(n) => {
-            problems.push(format!("minibatch_size {n} is out of range 1..=2147483647"));
-            1
-        }
-        None => {
-            problems.push("minibatch_size is required".to_owned());
-            1
-        }
-    };
-    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()]
-        .iter()
-        .filter(|&&b| b)
-        .count();
-    if limits > 1 {
-        problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
-    }
-    let limit = match (o.max_samples, o.max_sweeps, o.full_sweep, o.sweep) {
-        (Some(n), ..) => EpochLimit::Samples(n),
-        (_, Some(k), ..) => EpochLimit::Sweeps(k),
-        (_, _, true, _) => EpochLimit::FullSweep,
-        (.., Some(k)) => EpochLimit::Sweep(k),
-        _ => EpochLimit::Infinite,
-    };
-    let window = match (o.window_chunks, o.window_samples) {
-        (Some(_), Some(_)) => {
-            problems.push("give window_chunks or window_samples, not both".to_owned());
-            d.sampling.window
-        }
-        (c, s) => Window::from_options(c.map(|c| usize::try_from(c).unwrap_or(usize::MAX)), s, d.sampling.window),
-    };
-    let num_workers = o.num_workers.unwrap_or(1);
-    let rank = o.rank.unwrap_or(0);
-    if num_workers == 0 || num_workers > 1 << 20 {
-        problems.push(format!("num_workers {num_workers} is out of range 1..=1048576"));
-    } else if rank >= num_workers {
-        problems.push(format!("rank {rank} is out of range for {num_workers} worker(s)"));
-    }
-    let slots = o.prefetch.unwrap_or(default_slots);
-    if !(2..=MAX_RING_SLOTS).contains(&slots) {
-        problems.push(format!("prefetch {slots} is out of range 2..={MAX_RING_SLOTS} (ring slots)"));
-    }
-    let slot_size_bytes = o.slot_size_bytes.unwrap_or(default_slot_size);
-    if !(4096..=MAX_SLOT_SIZE_BYTES).contains(&slot_size_bytes) {
-        problems.push(format!("slot_size_bytes {slot_size_bytes} is out of range 4096..={MAX_SLOT_SIZE_BYTES}"));
-    }
-    if let Some(name) = &o.session {
-        if name.is_empty()
-            || name.len() > MAX_SESSION_NAME
-            || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b))
-        {
-            problems.push(format!("session name must be 1..={MAX_SESSION_NAME} characters of [A-Za-z0-9-_.:@]"));
-        }
-    }
-    if o.tail.is_some() && !o.equal_steps {
-        problems.push("tail applies to equal_steps: set equal_steps = true".to_owned());
-    }
-    if o.resume.is_some() && o.resume_job.is_some() {
-        problems.push("give either resume (this worker's state) or resume_job (every worker's), not both".to_owned());
-    }
-    if o.resume_job.as_ref().is_some_and(|states| states.is_empty() || states.len() > 1 << 20) {
-        problems.push("resume_job needs the states of 1..=1048576 workers".to_owned());
-    }
-    if o.equal_steps && limits == 0 {
-        problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
-    }
-    if o.weights.is_some() || o.weight_schedule.is_some() {
-        problems.push("weights and weight_schedule apply to a mixture's session, not to a dataset's".to_owned());
-    }
-    if o.mixture.is_some() {
-        problems.push(
-            "mixture gives a mixture at open: the name opened must then be one no dataset of the configuration has"
-                .to_owned(),
-        );
-    }
-    if !problems.is_empty() {
-        return Err(InvalidOptions(problems));
-    }
-    Ok(ResolvedOptions {
-        sampling: SamplingOptions {
-            randomize: o.randomize.unwrap_or(d.sampling.randomize),
-            window,
-            seed: o.seed.unwrap_or(d.sampling.seed),
-            limit,
-            // Both validated below 2^20 above (else the options are refused).
-            num_workers: usize::try_from(num_workers).unwrap_or(1),
-            rank: usize::try_from(rank).unwrap_or(0),
-        },
-        minibatch_size,
-        frame_mode: o.frame_mode,
-        equal_steps: o.equal_steps,
-        tail: match o.tail {
-            Some(TailPolicy::Pad) => Tail::Pad,
-            Some(TailPolicy::Drop) | None => Tail::Drop,
-        },
-        slots,
-        slot_size_bytes,
-        session: o.session.clone(),
-    })
-}
-
-/// Hash of the options that shape the global order and the epoch: randomize, window, seed,
-/// epoch limit, and equal steps when on (so states saved without it keep their hash).
-/// (Minibatch size, workers and rank may change across a resume, as in CNTK.)
-#[must_use]
-pub fn options_hash(s: &SamplingOptions, equal_steps: bool, tail: Tail) -> u64 {
-    let mut h = minibatchd_engine::hash::Fnv1a::new();
-    h.u64(u64::from(s.randomize));
-    match s.window.normalized() {
-        Window::Chunks(c) => {
-            h.u64(1);
-            h.u64(c as u64);
-        }
-        Window::Samples(n) => {
-            h.u64(2);
-            h.u64(n);
-        }
-    }
-    h.u64(s.seed);
-    match s.limit {
-        EpochLimit::Infinite => h.u64(10),
-        EpochLimit::FullSweep => h.u64(11),
-        EpochLimit::Sweeps(k) => {
-            h.u64(12);
-            h.u64(k);
-        }
-        EpochLimit::Samples(n) => {
-            h.u64(13);
-            h.u64(n);
-        }
-        EpochLimit::Sweep(k) => {
-            h.u64(14);
-            h.u64(k);
-        }
-    }
-    if equal_steps {
-        h.u64(20);
-        // Padding changes the epoch's length (states of dropping runs keep their hash).
-        if tail == Tail::Pad {
-            h.u64(21);
-        }
-    }
-    h.finish()
-}
-
-/// Why a saved state cannot resume the session being opened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ResumeError {
-    /// A state format this daemon does not read.
-    #[error("state version {0} is not supported (expected {STATE_VERSION})")]
-    Version(u32),
-    /// The state is of another dataset.
-    #[error("the state belongs to dataset '{saved}', not '{opened}'")]
-    Dataset {
-        /// The state's dataset.
-        saved: String,
-        /// The dataset being opened.
-        opened: String,
-    },
-    /// The data changed since the state was saved.
-    #[error("the state was saved on other data (identity {saved} vs {current}): the dataset's files, their contents, sizes, nominal sequence lengths or chunking differ — a file replaced or rewritten since, or other files")]
-    Data {
-        /// The state's data identity.
-        saved: String,
-        /// The dataset's identity now.
-        current: String,
-    },
-    /// The order-shaping options differ.
-    #[error(
-        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
-    )]
-    Options,
-    /// A mixture's state given to a dataset's session, or the reverse.
-    #[error("the state is of a {saved}'s session, and '{opened}' is a {kind}")]
-    Kind {
-        /// `mixture` or `dataset`: what the state is of.
-        saved: &'static str,
-        /// The name being opened.
-        opened: String,
-        /// What that name is.
-        kind: &'static str,
-    },
-    /// A mixture's state of another number of sources.
-    #[error("the state is of a mixture of {saved} sources, '{opened}' has {current}")]
-    Sources {
-        /// Sources in the state.
-        saved: usize,
-        /// Sources of the mixture now.
-        current: usize,
-        /// The mixture.
-        opened: String,
-    },
-    /// A count of minibatches no session reaches.
-    #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
-    Minibatches(u64),
-    /// `resume_job` with states of a run that itself continued another one and is still within
-    /// that run's ragged band.
-    #[error("the states continue an earlier run and the earliest ({earliest}) is still before the end of its ragged band ({band_end}): resume at the same worker count until every worker is past {band_end}, or resume each worker by its own state")]
-    JobBand {
-        /// The earliest position of the states.
-        earliest: u64,
-        /// The latest position of the run they continue.
-        band_end: u64,
-    },
-}
-
-/// Checks a `resume` state against the session being opened.
-///
-/// # Errors
-/// [`ResumeError`]: what differs.
-///
-/// `identity` is the dataset's ([`minibatchd_engine::dataset::Dataset::identity`]); `legacy` the
-/// one states written before local files' contents were part of it carry
-/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted.
-pub fn check_resume(
-    state: &SessionState,
-    dataset: &str,
-    identity: u64,
-    legacy: u64,
-    options: u64,
-) -> Result<(), ResumeError> {
-    if state.version != STATE_VERSION {
-        return Err(ResumeError::Version(state.version));
-    }
-    if state.dataset != dataset {
-        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: dataset.to_owned() });
-    }
-    if state.mixture.is_some() {
-        return Err(ResumeError::Kind { saved: "mixture", opened: dataset.to_owned(), kind: "dataset" });
-    }
-    if state.data_identity == hex64(legacy) && legacy != identity {
-        tracing::info!(dataset, identity = %state.data_identity, "a state written before file contents were part of the data identity: accepted by its earlier identity");
-    } else if state.data_identity != hex64(identity) {
-        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
-    }
-    if state.options_hash != hex64(options) {
-        return Err(ResumeError::Options);
-    }
-    Ok(())
-}
-
-/// Most minibatches a state may count (a session numbers its minibatches on from there).
-pub const MAX_MINIBATCHES: u64 = 1 << 62;
-
-/// Checks a `resume` state against the mixture session being opened: `identity` is the
-/// mixture's ([`super::mixture`]: its sources' data identities in order), `options` the hash of
-/// what shapes its order besides the weights (which may change across a resume), `sources` its
-/// number of sources.
-///
-/// # Errors
-/// [`ResumeError`]: what differs.
-pub fn check_mixture_resume(
-    state: &SessionState,
-    mixture: &str,
-    identity: u64,
-    options: u64,
-    sources: usize,
-) -> Result<(), ResumeError> {
-    if state.version != STATE_VERSION {
-        return Err(ResumeError::Version(state.version));
-    }
-    if state.dataset != mixture {
-        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: mixture.to_owned() });
-    }
-    let Some(m) = &state.mixture else {
-        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
-    };
-    if state.job.is_some() {
-        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
-    }
-    if m.sources.len() != sources {
-        return Err(ResumeError::Sources { saved: m.sources.len(), current: sources, opened: mixture.to_owned() });
-    }
-    if state.minibatches > MAX_MINIBATCHES {
-        return Err(ResumeError::Minibatches(state.minibatches));
-    }
-    if state.data_identity != hex64(identity) {
-        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
-    }
-    if state.options_hash != hex64(options) {
-        return Err(ResumeError::Options);
-    }
-    Ok(())
-}
-
-/// Where epochs of mixtures start, as sessions opened with `sweep` walked to them
-/// (`control::mixture`): each key (a mixture's data, order options, minibatch size and weights)
-/// keeps the epochs found, so that the session of epoch `k + 1` walks one epoch from epoch `k`'s
-/// start instead of every epoch from the first. Bounded: [`EpochStarts::KEYS`] keys of
-/// [`EpochStarts::EPOCHS`] epochs each, the oldest going first.
-#[derive(Debug, Default)]
-pub struct EpochStarts {
-    by_key: VecDeque<(u64, std::collections::BTreeMap<u64, MixtureState>)>,
-}
-
-impl EpochStarts {
-    /// Most keys kept.
-    pub const KEYS: usize = 64;
-    /// Most epochs kept per key.
-    pub const EPOCHS: usize = 16;
-
-    /// The latest epoch at or before `epoch` whose start is known for `key`, and its state.
-    #[must_use]
-    pub fn nearest(&self, key: u64, epoch: u64) -> Option<(u64, MixtureState)> {
-        let (_, starts) = self.by_key.iter().find(|(k, _)| *k == key)?;
-        starts.range(..=epoch).next_back().map(|(&e, s)| (e, s.clone()))
-    }
-
-    /// Epoch `epoch` of `key` starts at `state`.
-    pub fn insert(&mut self, key: u64, epoch: u64, state: MixtureState) {
-        let at = if let Some(at) = self.by_key.iter().position(|(k, _)| *k == key) {
-            at
-        } else {
-            if self.by_key.len() >= Self::KEYS {
-                self.by_key.pop_front();
-            }
-            self.by_key.push_back((key, std::collections::BTreeMap::new()));
-            self.by_key.len() - 1
-        };
-        let starts = &mut self.by_key[at].1;
-        starts.insert(epoch, state);
-        while starts.len() > Self::EPOCHS {
-            // The earliest go first: later sessions ask for later epochs.
-            let first = *starts.keys().next().unwrap_or(&epoch);
-            starts.remove(&first);
-        }
     }
 }
 
@@ -1002,6 +634,9 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DatasetConfig;
+    use minibatchd_client::protocol::hex64;
+    use minibatchd_engine::sampling::{EpochLimit, Tail};
 
     fn dataset() -> DatasetConfig {
         let text = "[datasets.t]\nformat = \"ctf\"\nfiles = [\"x.ctf\"]\n[datasets.t.streams.f]\ndim = 2\nformat = \"dense\"\n";

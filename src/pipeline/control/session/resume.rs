@@ -1,0 +1,190 @@
+//! Whether a saved state resumes the session being opened ([`check_resume`],
+//! [`check_mixture_resume`]), and where mixtures' epochs start ([`EpochStarts`]).
+
+use std::collections::VecDeque;
+
+use minibatchd_client::protocol::{hex64, MixtureState, SessionState, STATE_VERSION};
+
+/// Why a saved state cannot resume the session being opened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResumeError {
+    /// A state format this daemon does not read.
+    #[error("state version {0} is not supported (expected {STATE_VERSION})")]
+    Version(u32),
+    /// The state is of another dataset.
+    #[error("the state belongs to dataset '{saved}', not '{opened}'")]
+    Dataset {
+        /// The state's dataset.
+        saved: String,
+        /// The dataset being opened.
+        opened: String,
+    },
+    /// The data changed since the state was saved.
+    #[error("the state was saved on other data (identity {saved} vs {current}): the dataset's files, their contents, sizes, nominal sequence lengths or chunking differ — a file replaced or rewritten since, or other files")]
+    Data {
+        /// The state's data identity.
+        saved: String,
+        /// The dataset's identity now.
+        current: String,
+    },
+    /// The order-shaping options differ.
+    #[error(
+        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
+    )]
+    Options,
+    /// A mixture's state given to a dataset's session, or the reverse.
+    #[error("the state is of a {saved}'s session, and '{opened}' is a {kind}")]
+    Kind {
+        /// `mixture` or `dataset`: what the state is of.
+        saved: &'static str,
+        /// The name being opened.
+        opened: String,
+        /// What that name is.
+        kind: &'static str,
+    },
+    /// A mixture's state of another number of sources.
+    #[error("the state is of a mixture of {saved} sources, '{opened}' has {current}")]
+    Sources {
+        /// Sources in the state.
+        saved: usize,
+        /// Sources of the mixture now.
+        current: usize,
+        /// The mixture.
+        opened: String,
+    },
+    /// A count of minibatches no session reaches.
+    #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
+    Minibatches(u64),
+    /// `resume_job` with states of a run that itself continued another one and is still within
+    /// that run's ragged band.
+    #[error("the states continue an earlier run and the earliest ({earliest}) is still before the end of its ragged band ({band_end}): resume at the same worker count until every worker is past {band_end}, or resume each worker by its own state")]
+    JobBand {
+        /// The earliest position of the states.
+        earliest: u64,
+        /// The latest position of the run they continue.
+        band_end: u64,
+    },
+}
+
+/// Checks a `resume` state against the session being opened.
+///
+/// # Errors
+/// [`ResumeError`]: what differs.
+///
+/// `identity` is the dataset's ([`minibatchd_engine::dataset::Dataset::identity`]); `legacy` the
+/// one states written before local files' contents were part of it carry
+/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted.
+pub fn check_resume(
+    state: &SessionState,
+    dataset: &str,
+    identity: u64,
+    legacy: u64,
+    options: u64,
+) -> Result<(), ResumeError> {
+    if state.version != STATE_VERSION {
+        return Err(ResumeError::Version(state.version));
+    }
+    if state.dataset != dataset {
+        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: dataset.to_owned() });
+    }
+    if state.mixture.is_some() {
+        return Err(ResumeError::Kind { saved: "mixture", opened: dataset.to_owned(), kind: "dataset" });
+    }
+    if state.data_identity == hex64(legacy) && legacy != identity {
+        tracing::info!(dataset, identity = %state.data_identity, "a state written before file contents were part of the data identity: accepted by its earlier identity");
+    } else if state.data_identity != hex64(identity) {
+        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
+    }
+    if state.options_hash != hex64(options) {
+        return Err(ResumeError::Options);
+    }
+    Ok(())
+}
+
+/// Most minibatches a state may count (a session numbers its minibatches on from there).
+pub const MAX_MINIBATCHES: u64 = 1 << 62;
+
+/// Checks a `resume` state against the mixture session being opened: `identity` is the
+/// mixture's ([`super::mixture`]: its sources' data identities in order), `options` the hash of
+/// what shapes its order besides the weights (which may change across a resume), `sources` its
+/// number of sources.
+///
+/// # Errors
+/// [`ResumeError`]: what differs.
+pub fn check_mixture_resume(
+    state: &SessionState,
+    mixture: &str,
+    identity: u64,
+    options: u64,
+    sources: usize,
+) -> Result<(), ResumeError> {
+    if state.version != STATE_VERSION {
+        return Err(ResumeError::Version(state.version));
+    }
+    if state.dataset != mixture {
+        return Err(ResumeError::Dataset { saved: state.dataset.clone(), opened: mixture.to_owned() });
+    }
+    let Some(m) = &state.mixture else {
+        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
+    };
+    if state.job.is_some() {
+        return Err(ResumeError::Kind { saved: "dataset", opened: mixture.to_owned(), kind: "mixture" });
+    }
+    if m.sources.len() != sources {
+        return Err(ResumeError::Sources { saved: m.sources.len(), current: sources, opened: mixture.to_owned() });
+    }
+    if state.minibatches > MAX_MINIBATCHES {
+        return Err(ResumeError::Minibatches(state.minibatches));
+    }
+    if state.data_identity != hex64(identity) {
+        return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
+    }
+    if state.options_hash != hex64(options) {
+        return Err(ResumeError::Options);
+    }
+    Ok(())
+}
+
+/// Where epochs of mixtures start, as sessions opened with `sweep` walked to them
+/// (`control::mixture`): each key (a mixture's data, order options, minibatch size and weights)
+/// keeps the epochs found, so that the session of epoch `k + 1` walks one epoch from epoch `k`'s
+/// start instead of every epoch from the first. Bounded: [`EpochStarts::KEYS`] keys of
+/// [`EpochStarts::EPOCHS`] epochs each, the oldest going first.
+#[derive(Debug, Default)]
+pub struct EpochStarts {
+    pub(super) by_key: VecDeque<(u64, std::collections::BTreeMap<u64, MixtureState>)>,
+}
+
+impl EpochStarts {
+    /// Most keys kept.
+    pub const KEYS: usize = 64;
+    /// Most epochs kept per key.
+    pub const EPOCHS: usize = 16;
+
+    /// The latest epoch at or before `epoch` whose start is known for `key`, and its state.
+    #[must_use]
+    pub fn nearest(&self, key: u64, epoch: u64) -> Option<(u64, MixtureState)> {
+        let (_, starts) = self.by_key.iter().find(|(k, _)| *k == key)?;
+        starts.range(..=epoch).next_back().map(|(&e, s)| (e, s.clone()))
+    }
+
+    /// Epoch `epoch` of `key` starts at `state`.
+    pub fn insert(&mut self, key: u64, epoch: u64, state: MixtureState) {
+        let at = if let Some(at) = self.by_key.iter().position(|(k, _)| *k == key) {
+            at
+        } else {
+            if self.by_key.len() >= Self::KEYS {
+                self.by_key.pop_front();
+            }
+            self.by_key.push_back((key, std::collections::BTreeMap::new()));
+            self.by_key.len() - 1
+        };
+        let starts = &mut self.by_key[at].1;
+        starts.insert(epoch, state);
+        while starts.len() > Self::EPOCHS {
+            // The earliest go first: later sessions ask for later epochs.
+            let first = *starts.keys().next().unwrap_or(&epoch);
+            starts.remove(&first);
+        }
+    }
+}
