@@ -1,6 +1,7 @@
 //! CSV: lines as `TextLineDataset` yields them, fields as `decode_csv` splits them, numbers as
 //! TensorFlow parses them (each case seen on TensorFlow 2.21), and no panic on any line.
 
+use super::number::{fast_decimal, parse_float};
 use super::*;
 use crate::format::chunk::{StreamValues, Values};
 use proptest::prelude::*;
