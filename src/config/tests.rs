@@ -1,4 +1,5 @@
 use super::*;
+use minibatchd_engine::sampling::Window;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::from_toml_str(text, Path::new("/cfg"))
