@@ -14,6 +14,12 @@ use crate::Result;
 
 pub use crate::hash::{ChunkMap, ChunkSet, IdHasher};
 
+mod mixture;
+mod parts;
+
+pub use mixture::{gather_mixture, gather_mixture_copied, MixtureTensors};
+pub use parts::Parts;
+
 /// The sparse indices of a minibatch ([`MbData::Sparse`]): int32 for CTF, u64 for deepx ids
 /// (a chunk's [`Indices`] widened).
 pub use minibatchd_shm::owned::Indices as MbIndices;
@@ -99,39 +105,6 @@ pub struct Gathered {
     streams: Vec<GatheredStream>,
     /// A mixture's minibatch: what its slot carries after the streams ([`MixtureTensors`]).
     pub mixture: Option<MixtureTensors>,
-}
-
-/// What a mixture's minibatch carries in its slot after its streams, under the name `mixture`
-/// (`minibatchd_shm::table`): the source of each sequence, the sources that completed a sweep in
-/// it, and the mixture's state after it as `[step, slots, samples, ended, then per source
-/// position, taken, credit, weight]`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MixtureTensors {
-    /// The source of each sequence, in order.
-    pub sources: Vec<i32>,
-    /// The sources that completed a sweep in the minibatch.
-    pub sweeps_ended: Vec<i32>,
-    /// The mixture's state after the minibatch, flattened.
-    pub state: Vec<i64>,
-}
-
-impl MixtureTensors {
-    /// The tensors of `plan`.
-    #[must_use]
-    pub fn of(plan: &crate::sampling::mixture::MixturePlan) -> Self {
-        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        let small = |v: u32| i32::try_from(v).unwrap_or(i32::MAX);
-        let st = &plan.state;
-        let mut state = vec![int(st.step), int(st.slots), int(st.samples), i64::from(st.ended)];
-        for s in &st.sources {
-            state.extend([int(s.position), int(s.taken), s.credit, int(s.weight)]);
-        }
-        Self {
-            sources: plan.sequences.iter().map(|r| small(r.source)).collect(),
-            sweeps_ended: plan.sweeps_ended.iter().map(|&s| small(s)).collect(),
-            state,
-        }
-    }
 }
 
 fn shape_of(sd: &StreamValues) -> Shape {
@@ -222,134 +195,6 @@ pub fn gather(
         located.push((at, local));
     }
     assemble(index, plan, shapes, frame_mode, held, &located, &[])
-}
-
-/// A mixture's minibatch ([`crate::sampling::mixture`]) from the chunks of its sources: sequence
-/// `i` of `plan` comes from source `plan.sequences[i].source`, whose timeline is `timelines[s]`
-/// and whose chunks `chunks[s]` gives, each in its dataset's own streams; stream `k` of the
-/// minibatch is stream `orders[s][k]` of source `s`'s chunks (read in place, nothing moved or
-/// copied before the slot). The minibatch's fingerprint is the mixture's; its position is the
-/// number of slots taken.
-///
-/// # Errors
-/// A chunk that cannot be loaded, a sequence of a source that `plan` does not have, or a chunk
-/// without a stream its order names.
-pub fn gather_mixture(
-    index: u64,
-    plan: &crate::sampling::mixture::MixturePlan,
-    shapes: &[StreamShape],
-    timelines: &[&Timeline],
-    orders: &[Vec<usize>],
-    chunks: &mut [&mut dyn ChunkSource],
-) -> Result<Gathered> {
-    let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
-    let mut maps: Vec<&[usize]> = Vec::new();
-    let mut local_of: HashMap<(u32, u32), usize> = HashMap::new();
-    let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
-    for r in &plan.sequences {
-        let s = r.source as usize;
-        let (Some(timeline), Some(order), Some(source)) = (timelines.get(s), orders.get(s), chunks.get_mut(s)) else {
-            return Err(DataError::Dataset(format!("the mixture has no source {s}")));
-        };
-        let at = if let Some(&at) = local_of.get(&(r.source, r.seq.chunk)) {
-            at
-        } else {
-            let chunk = source.chunk(r.seq.chunk)?;
-            if order.len() != shapes.len() || order.iter().any(|&i| i >= chunk.streams.len()) {
-                return Err(DataError::Dataset(format!(
-                    "chunk {} of source {s} has {} streams, which the mixture's {} streams do not map onto",
-                    r.seq.chunk,
-                    chunk.streams.len(),
-                    shapes.len()
-                )));
-            }
-            held.push(chunk);
-            maps.push(order);
-            local_of.insert((r.source, r.seq.chunk), held.len() - 1);
-            held.len() - 1
-        };
-        let local = (r.seq.seq as usize)
-            .checked_sub(timeline.chunk_start.get(r.seq.chunk as usize).copied().unwrap_or(usize::MAX))
-            .filter(|&l| l < held[at].num_sequences)
-            .ok_or_else(|| {
-                DataError::Dataset(format!("sequence {} is not in chunk {} of source {s}", r.seq.seq, r.seq.chunk))
-            })?;
-        located.push((at, local));
-    }
-    assemble_mixture(index, plan, shapes, held, &located, &maps)
-}
-
-/// A mixture's minibatch from copies of its sequences instead of whole chunks — gathered a chunk
-/// at a time, when its chunks do not fit in memory together: `copies[(source, chunk)]` holds the
-/// plan's sequences of that chunk, in the plan's order ([`ParsedChunk::select`]), in the
-/// source's own streams (`orders` maps them as in [`gather_mixture`]). The same minibatch
-/// [`gather_mixture`] makes, byte for byte.
-///
-/// # Errors
-/// A chunk without its copy, or a copy of fewer sequences than the plan takes from the chunk.
-pub fn gather_mixture_copied<S: std::hash::BuildHasher>(
-    index: u64,
-    plan: &crate::sampling::mixture::MixturePlan,
-    shapes: &[StreamShape],
-    orders: &[Vec<usize>],
-    copies: &HashMap<(u32, u32), Arc<ParsedChunk>, S>,
-) -> Result<Gathered> {
-    let mut held: Vec<Arc<ParsedChunk>> = Vec::new();
-    let mut maps: Vec<&[usize]> = Vec::new();
-    // Per (source, chunk): its place in `held` and how many of its sequences are located.
-    let mut at_of: HashMap<(u32, u32), (usize, usize)> = HashMap::new();
-    let mut located: Vec<(usize, usize)> = Vec::with_capacity(plan.sequences.len());
-    for r in &plan.sequences {
-        let key = (r.source, r.seq.chunk);
-        let entry = if let Some(e) = at_of.get_mut(&key) {
-            e
-        } else {
-            let copy = copies
-                .get(&key)
-                .ok_or_else(|| DataError::Dataset(format!("chunk {} of source {} was not copied", key.1, key.0)))?;
-            let order = orders.get(r.source as usize).filter(|o| o.len() == shapes.len()).ok_or_else(|| {
-                DataError::Dataset(format!("the mixture's streams do not map onto source {}", r.source))
-            })?;
-            held.push(copy.clone());
-            maps.push(order);
-            at_of.entry(key).or_insert((held.len() - 1, 0))
-        };
-        let (at, next) = *entry;
-        if next >= held[at].num_sequences {
-            return Err(DataError::Dataset(format!(
-                "the copy of chunk {} of source {} holds fewer sequences than the minibatch takes",
-                key.1, key.0
-            )));
-        }
-        entry.1 += 1;
-        located.push((at, next));
-    }
-    assemble_mixture(index, plan, shapes, held, &located, &maps)
-}
-
-/// [`assemble`] for a mixture's plan: its sequences located in `held` (stream `k` of the
-/// minibatch is stream `maps[c][k]` of held chunk `c`), with the mixture's fingerprint, position
-/// (its slots taken) and tensors.
-fn assemble_mixture(
-    index: u64,
-    plan: &crate::sampling::mixture::MixturePlan,
-    shapes: &[StreamShape],
-    held: Vec<Arc<ParsedChunk>>,
-    located: &[(usize, usize)],
-    maps: &[&[usize]],
-) -> Result<Gathered> {
-    let single = MinibatchPlan {
-        sequences: plan.sequences.iter().map(|r| r.seq).collect(),
-        sweep: 0,
-        end_of_sweep: !plan.sweeps_ended.is_empty(),
-        position: plan.state.slots,
-        retire: Vec::new(),
-        samples: plan.samples,
-    };
-    let mut gathered = assemble(index, &single, shapes, false, held, located, maps)?;
-    gathered.fingerprint = plan.fingerprint();
-    gathered.mixture = Some(MixtureTensors::of(plan));
-    Ok(gathered)
 }
 
 /// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
@@ -443,145 +288,6 @@ fn assemble(
         streams,
         mixture: None,
     })
-}
-
-/// Minibatches gathered a chunk at a time, for when a minibatch's chunks do not fit in memory
-/// together: each chunk is loaded in turn, the plans' sequences are copied out of it
-/// ([`ParsedChunk::select`]) and the chunk is let go, so that gathering holds one chunk and the
-/// copies — the minibatches' own data — at a time. Several consecutive plans gathered together
-/// share each chunk's load (a chunk the cache cannot keep is parsed once for all of them, not once
-/// per minibatch). The minibatches are the ones [`gather`] makes, byte for byte.
-#[derive(Debug)]
-pub struct Parts {
-    /// Per chunk of the plans, in order of first need: the (plan, position) pairs it serves.
-    wanted: Vec<(u32, Vec<(usize, usize)>)>,
-    /// Per entry of `wanted` taken so far: the copy of its sequences, in the order of its pairs.
-    taken: Vec<Option<Arc<ParsedChunk>>>,
-    /// Bytes of the copies taken (kept after [`Parts::finish`] hands them on).
-    bytes: usize,
-}
-
-impl Parts {
-    /// The parts of `plans` (consecutive minibatches, gathered together).
-    #[must_use]
-    pub fn new(plans: &[MinibatchPlan]) -> Self {
-        let mut wanted: Vec<(u32, Vec<(usize, usize)>)> = Vec::new();
-        let mut at: ChunkMap<usize> = ChunkMap::default();
-        for (k, plan) in plans.iter().enumerate() {
-            for (position, r) in plan.sequences.iter().enumerate() {
-                let i = *at.entry(r.chunk).or_insert_with(|| {
-                    wanted.push((r.chunk, Vec::new()));
-                    wanted.len() - 1
-                });
-                wanted[i].1.push((k, position));
-            }
-        }
-        let taken = vec![None; wanted.len()];
-        Self { wanted, taken, bytes: 0 }
-    }
-
-    /// The chunks whose sequences are not copied yet, in order of first need.
-    pub fn missing(&self) -> impl Iterator<Item = u32> + '_ {
-        self.wanted.iter().zip(&self.taken).filter(|(_, t)| t.is_none()).map(|((c, _), _)| *c)
-    }
-
-    /// Copies the sequences of `plans` (those given to [`Parts::new`]) out of `parsed`, chunk
-    /// `chunk` of `timeline` (no other chunk need be held meanwhile); nothing if no plan uses it.
-    ///
-    /// # Errors
-    /// A plan sequence that `parsed` does not hold.
-    pub fn take(
-        &mut self,
-        plans: &[MinibatchPlan],
-        timeline: &Timeline,
-        chunk: u32,
-        parsed: &ParsedChunk,
-    ) -> Result<()> {
-        let Some(i) = self.wanted.iter().position(|(c, _)| *c == chunk) else { return Ok(()) };
-        let start = timeline.chunk_start.get(chunk as usize).copied().unwrap_or(usize::MAX);
-        let locals = self.wanted[i]
-            .1
-            .iter()
-            .map(|&(k, position)| {
-                let seq = plans.get(k).and_then(|p| p.sequences.get(position)).map_or(u32::MAX, |r| r.seq);
-                (seq as usize)
-                    .checked_sub(start)
-                    .filter(|&l| l < parsed.num_sequences)
-                    .ok_or_else(|| DataError::Dataset(format!("sequence {seq} is not in chunk {chunk}")))
-            })
-            .collect::<Result<Vec<usize>>>()?;
-        let copy = parsed.select(&locals);
-        self.bytes += copy.size_bytes();
-        if let Some(old) = self.taken[i].replace(Arc::new(copy)) {
-            self.bytes -= old.size_bytes();
-        }
-        Ok(())
-    }
-
-    /// Bytes of the copies taken so far — also once [`Parts::finish`] has handed them to the
-    /// minibatches (what they hold until they are copied into their slots).
-    #[must_use]
-    pub fn size_bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// The minibatches of `plans`, numbered from `first_index`, once every chunk is taken; the
-    /// copies pass to them (`self` is left empty).
-    ///
-    /// # Errors
-    /// A chunk not taken yet, or what [`gather`] refuses (streams not as `shapes` say, a
-    /// non-frame sequence in frame mode).
-    pub fn finish(
-        &mut self,
-        first_index: u64,
-        plans: &[MinibatchPlan],
-        shapes: &[StreamShape],
-        frame_mode: bool,
-    ) -> Result<Vec<Gathered>> {
-        if let Some(((chunk, _), _)) = self.wanted.iter().zip(&self.taken).find(|(_, t)| t.is_none()) {
-            return Err(DataError::Dataset(format!("chunk {chunk} is not loaded")));
-        }
-        let mut located: Vec<Vec<(usize, usize)>> = plans.iter().map(|p| vec![(0, 0); p.sequences.len()]).collect();
-        let mut held = Vec::with_capacity(self.taken.len());
-        let wanted = std::mem::take(&mut self.wanted);
-        for (i, ((chunk, pairs), taken)) in wanted.iter().zip(std::mem::take(&mut self.taken)).enumerate() {
-            let taken = taken.ok_or_else(|| DataError::Dataset(format!("chunk {chunk} is not loaded")))?;
-            if taken.streams.len() != shapes.len() {
-                return Err(DataError::Dataset(format!(
-                    "chunk {chunk} has {} streams but {} stream shapes were given",
-                    taken.streams.len(),
-                    shapes.len()
-                )));
-            }
-            held.push(taken);
-            for (j, &(k, position)) in pairs.iter().enumerate() {
-                if let Some(slot) = located.get_mut(k).and_then(|l| l.get_mut(position)) {
-                    *slot = (i, j);
-                }
-            }
-        }
-        plans
-            .iter()
-            .zip(&located)
-            .zip(first_index..)
-            .map(|((plan, located), index)| {
-                // Each minibatch keeps only the copies it reads.
-                let mut mine: ChunkMap<usize> = ChunkMap::default();
-                let mut own: Vec<Arc<ParsedChunk>> = Vec::new();
-                let located: Vec<(usize, usize)> = located
-                    .iter()
-                    .map(|&(i, j)| {
-                        let at = *mine.entry(u32::try_from(i).unwrap_or(u32::MAX)).or_insert_with(|| {
-                            own.push(held[i].clone());
-                            own.len() - 1
-                        });
-                        (at, j)
-                    })
-                    .collect();
-                assemble(index, plan, shapes, frame_mode, own, &located, &[])
-            })
-            .collect()
-    }
 }
 
 /// The shape a chunk's stream reports, for comparing kinds and precisions (dims aside).
