@@ -1,6 +1,9 @@
 use std::os::unix::fs::PermissionsExt as _;
 
+use super::entry::{HEADER_BYTES, MAP_AT_LEAST, WRITE_PIECE};
 use super::*;
+use crate::format::chunk::{Indices, StreamData, StreamKind, StreamValues, Values};
+use std::io::Write;
 
 fn specs() -> Vec<StreamSpec> {
     vec![
