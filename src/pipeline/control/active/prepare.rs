@@ -1,0 +1,229 @@
+//! Preparing a dataset session's `open` off the event loop: the dataset in force, its options
+//! resolved, the saved state checked, the sampler placed (a fresh start, a resume, or a job's
+//! continuation), and the window and ring checked against the memory they need.
+
+use std::sync::Arc;
+
+use minibatchd_client::protocol::{hex64, JobBase, SessionOptions, SessionState, STATE_VERSION};
+use minibatchd_engine::sampling::{randomizer, Sampler, SamplingOptions, Tail, Window};
+use minibatchd_shm::RingGeometry;
+
+use super::{data_warnings, off_the_event_loop, SamplingReservation};
+use crate::pipeline::control::admission::Refusal;
+use crate::pipeline::control::session::{
+    check_resume, options_hash, resolve_options, ResolvedOptions, ResumeError, MAX_SLOT_SIZE_BYTES,
+};
+use crate::pipeline::control::ControlPlane;
+use crate::pipeline::data::chunk_cache::ChunkKey;
+use crate::pipeline::data::hub::DatasetRuntime;
+use crate::pipeline::data::persister::DemandMark;
+use crate::pipeline::data::producer::PREFETCH_CHUNKS;
+
+/// An `open` resolved against its dataset, before anything shared is touched.
+pub(super) struct Prepared {
+    pub(super) rt: Arc<DatasetRuntime>,
+    pub(super) resolved: ResolvedOptions,
+    pub(super) options_hash: u64,
+    pub(super) sampler: Sampler,
+    /// The sampler's memory, reserved before it was built.
+    pub(super) sampling: SamplingReservation,
+    pub(super) geometry: RingGeometry,
+    /// With `resume_job`: the state this session starts from (the earliest position of the
+    /// earlier run, and that run's positions).
+    pub(super) job_start: Option<SessionState>,
+    /// The session counts as a producer at work from here on (its first chunks are being parsed).
+    pub(super) working: DemandMark,
+}
+
+/// [`prepare_now`] on a blocking thread: the sweep orders a session starts from, and a
+/// `resume_job`'s walk, take time on a large dataset, and the connections of every other client
+/// share the event loop.
+pub(super) async fn prepare(
+    dataset: &str,
+    options: &SessionOptions,
+    shared: &Arc<ControlPlane>,
+) -> Result<Prepared, Refusal> {
+    let (dataset, options, shared) = (dataset.to_owned(), options.clone(), shared.clone());
+    off_the_event_loop(move || prepare_now(&dataset, &options, &shared)).await
+}
+
+/// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
+/// applied) and the ring's geometry (slots raised to fit a dense minibatch).
+pub(super) fn prepare_now(
+    dataset: &str,
+    options: &SessionOptions,
+    shared: &Arc<ControlPlane>,
+) -> Result<Prepared, Refusal> {
+    let rt = shared.data.dataset(dataset)?;
+    let config = shared.config();
+    let d = &config.daemon;
+    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
+    let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
+    if let Some(s) = &options.resume {
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+    }
+    let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
+    let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
+    sampling.opening(rt.dataset.timeline(), &resolved.sampling, job, resolved.equal_steps)?;
+    // From here the session waits for data: the persister paces its writes.
+    let working = shared.data.demand.working();
+    let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
+    if options.resume.is_none() && options.resume_job.is_none() && !lingering {
+        // Parsing starts now, while the sampler computes the sweep's sequence order (a tenth of a
+        // second per million sequences, all of it before the first chunk was asked for): the
+        // chunks this worker reads, in the order the sweep first needs them, as many as the
+        // cache takes. Not for a session that starts elsewhere (a resumed one).
+        let sweep = resolved.sampling.first_sweep();
+        let order = randomizer::chunk_need_order(rt.dataset.timeline(), &resolved.sampling, sweep);
+        shared.data.cache.prefetch(order.into_iter().take(PREFETCH_CHUNKS).map(|c| ChunkKey::new(rt.index, c)));
+    }
+    let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
+    // The walks a `resume` state's job and equal steps will take, refused now if too long: after
+    // admission a refusal would park the session's name with a state these options no longer fit.
+    let resumed_job = options.resume.as_ref().and_then(|s| s.job.as_ref()).map(|j| j.positions.as_slice());
+    if let Some(positions) = resumed_job {
+        sampler.job_walk_fits(positions)?;
+    }
+    let job_from = match (&options.resume_job, resumed_job) {
+        (Some(states), _) => Some(states.iter().map(|s| s.position).min().unwrap_or(0)),
+        (None, Some(p)) => Some(p.iter().copied().min().unwrap_or(0)),
+        (None, None) => None,
+    };
+    if resolved.equal_steps {
+        sampler.equal_steps_walk_fits(job_from)?;
+    }
+    let job_start = match &options.resume_job {
+        Some(states) => Some(job_start(
+            states,
+            dataset,
+            &rt,
+            ohash,
+            Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?,
+        )?),
+        None => None,
+    };
+    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
+    let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
+    let geometry = RingGeometry::new(resolved.slots, slot_size);
+    Ok(Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start, working })
+}
+
+/// The state a session that continues the earlier run of `states` (`resume_job`, rank order)
+/// starts from: each state checked as a `resume` state is, then the earliest of their positions,
+/// minibatch 0, and their positions as the job base. A state that continues a run itself
+/// (`job`) is taken only when every position is past that run's ragged band: the band of two
+/// earlier runs is not composed.
+pub(super) fn job_start(
+    states: &[SessionState],
+    dataset: &str,
+    rt: &DatasetRuntime,
+    ohash: u64,
+    fresh: Sampler,
+) -> Result<SessionState, Refusal> {
+    for s in states {
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+    }
+    let positions: Vec<u64> = states.iter().map(|s| s.position).collect();
+    let earliest = positions.iter().copied().min().unwrap_or(0);
+    for s in states {
+        if let Some(base) = &s.job {
+            let band_end = base.positions.iter().copied().max().unwrap_or(0);
+            if earliest < band_end {
+                return Err(Refusal::Resume(ResumeError::JobBand { earliest, band_end }));
+            }
+        }
+    }
+    let mut probe = fresh;
+    probe.resume_job(&positions)?;
+    Ok(SessionState {
+        version: STATE_VERSION,
+        dataset: dataset.to_owned(),
+        position: probe.position(),
+        minibatches: 0,
+        data_identity: hex64(rt.identity),
+        options_hash: hex64(ohash),
+        job: Some(JobBase { positions }),
+        mixture: None,
+    })
+}
+
+/// Puts `sampler` where the session starts (`start`: the earlier run it continues, its
+/// position) and applies equal steps; the sampler and the minibatch index to pad the epoch to, if
+/// padded.
+pub(super) fn place_sampler(
+    mut sampler: Sampler,
+    start: &SessionState,
+    resolved: &ResolvedOptions,
+    dataset: &str,
+    shared: &ControlPlane,
+    rt: &DatasetRuntime,
+) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
+    if let Some(job) = &start.job {
+        sampler.resume_job(&job.positions)?;
+    }
+    sampler.restore(start.position)?;
+    if !resolved.equal_steps {
+        let warnings = data_warnings(&sampler, rt, resolved, None);
+        return Ok((sampler, None, warnings));
+    }
+    let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
+    let warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
+    let m = &shared.data.metrics.control.equal_steps_minibatches;
+    tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
+    if resolved.tail == Tail::Pad {
+        m.with_label_values(&[dataset, "pad"]).inc_by(equal.padding);
+        Ok((sampler, Some(equal.steps), warnings))
+    } else {
+        m.with_label_values(&[dataset, "drop"]).inc_by(equal.dropped);
+        Ok((sampler, None, warnings))
+    }
+}
+
+/// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
+/// cache's ceiling would stop it there, after parsing the limit's worth of chunks). Called once
+/// the session's ring is reserved: the cache's share is what the limit leaves beside it.
+pub(super) fn window_fits(
+    rt: &DatasetRuntime,
+    sweep_size: u64,
+    resolved: &ResolvedOptions,
+    shared: &ControlPlane,
+) -> Result<(), Refusal> {
+    use minibatchd_engine::feed::{window_floor_bytes, window_in_chunks};
+    let timeline = rt.dataset.timeline();
+    let floor = window_floor_bytes(timeline, sweep_size, &rt.shapes, &resolved.sampling);
+    let share = shared.registry().cache_budget();
+    if floor <= share {
+        return Ok(());
+    }
+    let window_chunks = window_in_chunks(timeline, sweep_size, &resolved.sampling).min(timeline.num_chunks());
+    // The floor grows with the window: the largest window in chunks under the share, by halving.
+    let fits = |w: usize| {
+        let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
+        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options) <= share
+    };
+    let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share })
+}
+
+/// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at
+/// `position`.
+pub(super) fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u64) -> SessionState {
+    SessionState {
+        version: STATE_VERSION,
+        dataset: dataset.to_owned(),
+        position,
+        minibatches: 0,
+        data_identity: hex64(identity),
+        options_hash: hex64(ohash),
+        job: None,
+        mixture: None,
+    }
+}
