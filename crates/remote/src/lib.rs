@@ -26,21 +26,22 @@
 #![forbid(unsafe_code)]
 
 pub mod aws;
+mod body;
 mod capped;
+mod reach;
+
+use body::{Body, PIPE_DEPTH};
+use reach::{short, transport, Deadline, Reach};
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::remote::{ObjectMeta, ObjectStore, RemoteError, SCHEME};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::client::{HttpError, HttpErrorKind};
 use object_store::path::Path as Key;
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
@@ -126,20 +127,6 @@ fn other(url: &str, message: impl Into<String>) -> RemoteError {
     RemoteError::Other { url: url.to_owned(), message: message.into() }
 }
 
-/// The transport failure behind `e`, if it is one (through its chain of sources): a connection
-/// refused or reset, a name that does not resolve, a request or body that timed out. A body
-/// refused for its size is not one.
-fn transport<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a HttpError> {
-    std::iter::successors(Some(e), |e| e.source()).find_map(<dyn std::error::Error>::downcast_ref::<HttpError>).filter(
-        |h| {
-            matches!(
-                h.kind(),
-                HttpErrorKind::Connect | HttpErrorKind::Request | HttpErrorKind::Timeout | HttpErrorKind::Interrupted
-            )
-        },
-    )
-}
-
 /// Whether `e` is a response body that broke off midway (a reset), worth requesting again; a
 /// body past its bound (`capped`) is not: a server that sent one would send it again.
 fn broken_body(e: &object_store::Error) -> bool {
@@ -152,152 +139,6 @@ fn same_version(object: &ObjectMeta, size: u64, etag: Option<&str>) -> bool {
     let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_owned();
     size == object.size
         && (object.etag.starts_with("last-modified:") || etag.is_none_or(|t| bare(t) == bare(&object.etag)))
-}
-
-/// The first line of an error, without the XML body servers attach.
-fn short(text: &str) -> String {
-    let t = text.split("body: Some(").next().unwrap_or(text);
-    t.chars().take(400).collect()
-}
-
-/// Seconds, as a person writes them (`2`, `0.5`).
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
-/// Where requests go and how long they may take: what the errors say.
-#[derive(Debug, Clone)]
-struct Reach {
-    /// The endpoint, as the errors name it.
-    endpoint: Arc<str>,
-    timeouts: Timeouts,
-}
-
-impl Reach {
-    /// An operation on `url` that made no progress for [`Timeouts::patience`]: `what` it waited
-    /// for.
-    fn stalled(&self, url: &str, what: &str) -> RemoteError {
-        let t = self.timeouts;
-        other(
-            url,
-            format!(
-                "cannot reach the object store at {}: {what}: no answer within {} s (object_retry_secs {} + object_request_timeout_secs {})",
-                self.endpoint,
-                secs(t.patience()),
-                secs(t.retry),
-                secs(t.request)
-            ),
-        )
-    }
-
-    /// A transport failure of `what` on `url`: the store cannot be reached.
-    fn unreachable(&self, url: &str, what: &str, cause: &str) -> RemoteError {
-        other(url, format!("cannot reach the object store at {}: {what}: {}", self.endpoint, short(cause)))
-    }
-
-    /// What an `object_store` error of `what` on `url` means.
-    fn classify(&self, url: &str, what: &str, e: &object_store::Error) -> RemoteError {
-        let text = e.to_string();
-        if transport(e).is_some() {
-            return self.unreachable(url, what, &text);
-        }
-        match e {
-            object_store::Error::NotFound { .. } if text.contains("NoSuchBucket") => {
-                RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
-            }
-            object_store::Error::NotFound { .. } => {
-                RemoteError::NotFound { url: url.to_owned(), message: "no such object".into() }
-            }
-            object_store::Error::Precondition { .. } => {
-                RemoteError::Changed { url: url.to_owned(), indexed: String::new() }
-            }
-            object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
-                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
-            }
-            _ if text.contains("NoSuchBucket") => {
-                RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
-            }
-            // An answer of the server (a listing's failure is not mapped to a variant by
-            // `object_store`): its status, or S3's error codes. Never digits alone: the elapsed
-            // time and the port in the message hold digits too.
-            _ if text.contains("403 Forbidden")
-                || text.contains("AccessDenied")
-                || text.contains("InvalidAccessKeyId")
-                || text.contains("SignatureDoesNotMatch") =>
-            {
-                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
-            }
-            _ => RemoteError::Other { url: url.to_owned(), message: short(&text) },
-        }
-    }
-
-    /// Runs the request `op` until it answers, and again, with backoff, while its response body
-    /// breaks off (the client retries a request that fails, up to `object_retry_secs`, but not a
-    /// body that fails midway): up to [`BODY_RETRIES`] times, and never past `deadline` — the
-    /// operation then fails as stalled on `what`.
-    async fn again<T, F: Future<Output = object_store::Result<T>>>(
-        &self,
-        url: &str,
-        what: &str,
-        deadline: &Deadline,
-        mut op: impl FnMut() -> F,
-    ) -> Result<T, RemoteError> {
-        let mut failures = 0;
-        loop {
-            let e = match deadline.within(op()).await {
-                None => return Err(self.stalled(url, what)),
-                Some(Ok(v)) => return Ok(v),
-                Some(Err(e)) => e,
-            };
-            if failures >= BODY_RETRIES || !broken_body(&e) {
-                return Err(self.classify(url, what, &e));
-            }
-            failures += 1;
-            tracing::debug!(url, error = %e, "request failed; trying again");
-            if deadline.within(tokio::time::sleep(Duration::from_millis(100 << failures.min(6)))).await.is_none() {
-                return Err(self.stalled(url, what));
-            }
-        }
-    }
-}
-
-/// An operation's deadline: `patience` after its start or its last progress (bytes received).
-/// Shared by reference with the futures that report progress (hence atomic).
-struct Deadline {
-    base: tokio::time::Instant,
-    patience: Duration,
-    /// Nanoseconds from `base` to the last progress.
-    progress: AtomicU64,
-}
-
-impl Deadline {
-    fn new(patience: Duration) -> Self {
-        Self { base: tokio::time::Instant::now(), patience, progress: AtomicU64::new(0) }
-    }
-
-    /// Bytes arrived (or a reader took them): the clock starts again.
-    fn progress(&self) {
-        let nanos = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.progress.store(nanos, Ordering::Relaxed);
-    }
-
-    fn at(&self) -> tokio::time::Instant {
-        self.base + Duration::from_nanos(self.progress.load(Ordering::Relaxed)) + self.patience
-    }
-
-    /// `f`'s output, or `None` once the deadline passes first (it moves with the progress `f`
-    /// reports meanwhile).
-    async fn within<F: Future>(&self, f: F) -> Option<F::Output> {
-        let mut f = std::pin::pin!(f);
-        loop {
-            let at = self.at();
-            match tokio::time::timeout_at(at, f.as_mut()).await {
-                Ok(v) => return Some(v),
-                Err(_) if self.at() > at => {}
-                Err(_) => return None,
-            }
-        }
-    }
 }
 
 impl S3Objects {
@@ -728,82 +569,10 @@ impl Inner {
     }
 }
 
-const PIPE_DEPTH: usize = 64;
-
-/// The receiving end of [`Inner::pipe`], as a [`Read`] (the index pass's stream of a whole object)
-/// or piece by piece (a range written to the cache).
-struct Body {
-    rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>,
-    current: bytes::Bytes,
-    /// Bytes received, and the range's length: the channel closing before it is whole is an
-    /// error, not the end (a streaming task that stopped must not look like the object's end).
-    received: u64,
-    expected: u64,
-}
-
-impl Body {
-    fn new(rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>, expected: u64) -> Self {
-        Self { rx, current: bytes::Bytes::new(), received: 0, expected }
-    }
-
-    /// The next piece; empty at the end.
-    fn next(&mut self) -> std::io::Result<bytes::Bytes> {
-        if !self.current.is_empty() {
-            return Ok(std::mem::take(&mut self.current));
-        }
-        loop {
-            return match self.rx.blocking_recv() {
-                Some(Ok(b)) if b.is_empty() => continue,
-                Some(Ok(b)) => {
-                    self.received += b.len() as u64;
-                    Ok(b)
-                }
-                Some(Err(e)) => Err(std::io::Error::other(e)),
-                None if self.received < self.expected => Err(std::io::Error::other(format!(
-                    "the object's stream stopped after {} of {} bytes",
-                    self.received, self.expected
-                ))),
-                None => Ok(bytes::Bytes::new()),
-            };
-        }
-    }
-}
-
-/// An error of the stream for its reader, who names the object itself (as the engine's
-/// `DataError::Io`): the store's words without the URL they start with.
-fn for_reader(e: std::io::Error) -> std::io::Error {
-    match e.downcast::<RemoteError>() {
-        Ok(remote) => match remote.into_data() {
-            DataError::Io { source, .. } => {
-                Arc::try_unwrap(source).unwrap_or_else(|s| std::io::Error::new(s.kind(), s.to_string()))
-            }
-            other => std::io::Error::other(other.to_string()),
-        },
-        Err(e) => e,
-    }
-}
-
-impl Read for Body {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        loop {
-            if !self.current.is_empty() {
-                let n = buf.len().min(self.current.len());
-                buf[..n].copy_from_slice(&self.current[..n]);
-                self.current = self.current.slice(n..);
-                return Ok(n);
-            }
-            let piece = self.next().map_err(for_reader)?;
-            if piece.is_empty() {
-                return Ok(0);
-            }
-            self.current = piece;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use object_store::client::{HttpError, HttpErrorKind};
 
     fn reach(retry_ms: u64, request_ms: u64) -> Reach {
         Reach {
