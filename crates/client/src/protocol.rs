@@ -1,6 +1,10 @@
 //! The control protocol between a trainer (client) and the daemon (`docs/daemon.md`), version
 //! [`PROTOCOL_VERSION`].
 //!
+//! One file on purpose, though past 600 lines: it is the whole wire contract — every message,
+//! option, state and error code with its serde names — that the daemon and the Rust client both
+//! compile, and a reader (or a reviewer of a protocol change) checks it in one place.
+//!
 //! **Framing.** A Unix stream socket carries frames: a 4-byte little-endian length, then that many
 //! bytes of UTF-8 JSON, one object with a `"type"` tag. A frame longer than
 //! [`MAX_MESSAGE_BYTES`] is refused: the daemon replies `error{code: "message_too_large"}` and
