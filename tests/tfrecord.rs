@@ -423,3 +423,26 @@ fn many_empty_byte_strings_stay_within_the_chunks_memory_share() {
     assert_ne!(code, 0, "refused");
     assert!(err.contains("a.tfrecord:") && err.contains("share of the memory limit"), "{err}");
 }
+
+/// Empty Examples under many sequence streams hold nothing but a sequence offset per stream:
+/// those count against the chunk's share of `memory_limit_bytes` too, so the chunk is refused
+/// instead of growing past it.
+#[test]
+fn sequence_offsets_of_many_streams_count_against_the_chunks_memory_share() {
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let records = vec![Vec::new(); 4096];
+    write(dir.path(), "a.tfrecord", file_of(&records));
+    let mut toml = format!(
+        "[daemon]\nstate_dir = \"{}\"\nmemory_limit_bytes = 2097152\n[datasets.t]\nformat = \"tfrecord\"\n\
+         files = [\"a.tfrecord\"]\n",
+        dir.path().join("state").display()
+    );
+    for k in 0..64 {
+        writeln!(toml, "[datasets.t.streams.s{k}]\nformat = \"sequence\"").expect("write");
+    }
+    let c = write(dir.path(), "c.toml", toml);
+    let (_, err, code) = dump(&c, &["--full-sweep"]);
+    assert_ne!(code, 0, "refused");
+    assert!(err.contains("a.tfrecord:") && err.contains("share of the memory limit"), "{err}");
+}

@@ -2,7 +2,8 @@
 //! binary: every file of a dataset is one record whose `contents` are its bytes exactly —
 //! binary, empty, larger than a chunk — and whose `path` names it; a randomized sweep gives every
 //! file once, at every worker count; a file rewritten after its index was cached is served as it
-//! is now; a file of 4 GiB or more is refused at its index pass. (A file that changes while the
+//! is now; a file of 4 GiB or more, or past a sixteenth of `memory_limit_bytes`, is refused at its
+//! index pass. (A file that changes while the
 //! daemon serves it is an error naming it, for every format: `tests/hostile_files.rs`.)
 
 mod support;
@@ -115,5 +116,39 @@ fn a_file_of_four_gib_or_more_is_refused_naming_it() {
     let f = std::fs::File::create(dir.path().join("img/huge.bin")).expect("create");
     f.set_len(4 << 30).expect("set_len");
     let err = dump(&config(dir.path(), ""), &["--full-sweep"]).expect_err("refused");
-    assert!(err.contains("huge.bin") && err.contains("at most 4294967295 bytes"), "{err}");
+    assert!(
+        err.contains("huge.bin") && err.contains("4 GiB at most") && err.contains("this one has 4294967296"),
+        "{err}"
+    );
+}
+
+/// A file larger than a sequence may be (a sixteenth of `memory_limit_bytes`) is refused at its
+/// index pass, naming it and the limit, before it is read into memory.
+#[test]
+fn a_file_past_a_sixteenth_of_the_memory_limit_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    files(dir.path(), 2);
+    write(&dir.path().join("img"), "big.bin", vec![7u8; 70_000]);
+    let c = config(dir.path(), "");
+    let text = std::fs::read_to_string(&c).expect("config");
+    let c = write(dir.path(), "c.toml", text.replace("[datasets.w]", "memory_limit_bytes = 1048576\n[datasets.w]"));
+    let err = dump(&c, &["--full-sweep"]).expect_err("refused");
+    assert!(err.contains("big.bin") && err.contains("daemon.memory_limit_bytes / 16"), "{err}");
+}
+
+/// A `streams` table or `skip_sequence_ids` on a whole-file dataset is refused, naming the
+/// format.
+#[test]
+fn streams_and_sequence_ids_are_refused_naming_the_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = write(
+        dir.path(),
+        "c.toml",
+        "[datasets.w]\nformat = \"whole_file\"\nfiles = [\"img/*\"]\nskip_sequence_ids = true\n[datasets.w.streams]\n",
+    );
+    let out = std::process::Command::new(support::BIN).args(["validate", "--config"]).arg(&c).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("datasets.w.streams") && err.contains("streams are fixed (contents and path)"), "{err}");
+    assert!(err.contains("datasets.w.skip_sequence_ids") && err.contains("whole_file has no sequence ids"), "{err}");
 }

@@ -47,11 +47,9 @@ pub(super) fn parse_dataset(
         Some(n) => parse_sampling(w, &n),
         None => Some(SamplingDefaults { randomize: true, window: Window::Chunks(DEFAULT_WINDOW_CHUNKS), seed: 0 }),
     };
-    // An unknown format is validated as CTF, so its other problems are reported too.
-    let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     // A record format's streams come from its own table: taken before the sources.
     let records = format.and_then(|f| record_format(w, &mut t, f));
-    let sources = parse_sources(w, &mut t, is_ctf);
+    let sources = parse_sources(w, &mut t, format);
     let deepx = format.filter(|f| f.is_deepx()).map(|f| deepx::parse(w, &mut t, f));
     w.finish(t);
     let mut sources = sources?;
@@ -147,12 +145,17 @@ fn parse_compression(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<For
 
 /// A dataset is either `files` + `streams` (one source) or `[[datasets.NAME.sources]]` tables,
 /// each with `files`, `streams` and optionally `skip_sequence_ids`.
-fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Option<Vec<SourceConfig>> {
+fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, format: Option<FormatKind>) -> Option<Vec<SourceConfig>> {
+    // An unknown format is validated as CTF, so its other problems are reported too.
+    let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     let top_skip = t.boolean(w, "skip_sequence_ids");
-    if top_skip.is_some() && !is_ctf {
-        // deepx formats have one instance per line and no sequence ids: accepting the key would
-        // suggest an effect it cannot have.
-        w.issue(&t.key_path("skip_sequence_ids"), "exists for format ctf only (deepx formats have no sequence ids)");
+    if let (Some(_), Some(f)) = (top_skip, format.filter(|_| !is_ctf)) {
+        // The other formats have one record per sequence and no sequence ids: accepting the key
+        // would suggest an effect it cannot have.
+        w.issue(
+            &t.key_path("skip_sequence_ids"),
+            &format!("exists for format ctf only ({} has no sequence ids)", f.name()),
+        );
     }
     let files = t.take("files");
     let streams = t.take("streams");
@@ -169,7 +172,7 @@ fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Optio
         (Some(files), None) => {
             let files = w.path_list(&files)?;
             let streams = match streams {
-                Some(s) => parse_streams(w, &s, is_ctf)?,
+                Some(s) => parse_streams(w, &s, format)?,
                 None if is_ctf => {
                     w.issue(&t.key_path("streams"), "missing: a CTF dataset needs at least one stream");
                     return None;
@@ -198,7 +201,7 @@ fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Optio
                 }
                 let skip = st.boolean(w, "skip_sequence_ids").or(top_skip).unwrap_or(false);
                 let streams = if let Some(s) = st.take("streams") {
-                    parse_streams(w, &s, true)
+                    parse_streams(w, &s, Some(FormatKind::Ctf))
                 } else {
                     w.issue(&st.key_path("streams"), "missing: each source needs at least one stream");
                     None
@@ -213,11 +216,19 @@ fn parse_sources(w: &mut Walker, t: &mut walk::Table<'_>, is_ctf: bool) -> Optio
     }
 }
 
-fn parse_streams(w: &mut Walker, node: &Node<'_>, is_ctf: bool) -> Option<Vec<StreamConfig>> {
+fn parse_streams(w: &mut Walker, node: &Node<'_>, format: Option<FormatKind>) -> Option<Vec<StreamConfig>> {
+    let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     let mut t = w.table(node)?;
     let mut out = Vec::new();
     let mut ok = true;
+    if format == Some(FormatKind::WholeFile) {
+        w.issue(node.path(), "a whole_file dataset's streams are fixed (contents and path): no streams table");
+        ok = false;
+    }
     for (name, n) in t.drain() {
+        if format == Some(FormatKind::WholeFile) {
+            continue;
+        }
         if !is_ctf {
             w.issue(n.path(), "streams are fixed by the deepx formats; configure them with label_size, w, uuid, x_size, x_hist_item_size");
             ok = false;

@@ -205,6 +205,21 @@ impl FormatKind {
     /// The formats' names in a config, for messages.
     pub const NAMES: &'static str = "ctf, libsvm, libsvm_ex, uch, tfrecord, fixed_length, csv or whole_file";
 
+    /// Its name in a config.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ctf => "ctf",
+            Self::Libsvm => "libsvm",
+            Self::LibsvmEx => "libsvm_ex",
+            Self::Uch => "uch",
+            Self::TfRecord => "tfrecord",
+            Self::FixedLength => "fixed_length",
+            Self::Csv => "csv",
+            Self::WholeFile => "whole_file",
+        }
+    }
+
     /// The format named `s` in a config ([`FormatKind::NAMES`]).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {

@@ -89,8 +89,9 @@ impl Dataset {
             Err(DataError::Fatal {
                 at: crate::format::Location { file: at.file.clone(), line: at.line + 1, offset: at.offset },
                 message: format!(
-                    "the chunk's dense values pass {max_values}, its share of the memory limit \
-                     (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit"
+                    "the chunk's decoded data (values, strings and offsets) pass {} bytes, its share of the memory \
+                     limit (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit",
+                    self.max_parsed_chunk_bytes
                 ),
             })
         };

@@ -194,12 +194,10 @@ impl Dataset {
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
                 Self::open_deepx(config, state_dir, limits, r, progress)
             }
+            // Every other format is a record format of `format::registry`, opened from its options.
             _ if config.records.is_some() => Self::open_records(config, state_dir, limits, r, progress),
-            FormatKind::TfRecord | FormatKind::FixedLength | FormatKind::Csv | FormatKind::WholeFile => {
-                Err(DataError::Dataset(format!(
-                    "dataset '{}': a {:?} dataset without its options",
-                    config.name, config.format
-                )))
+            other => {
+                Err(DataError::Dataset(format!("dataset '{}': a {other:?} dataset without its options", config.name)))
             }
         }?;
         ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;

@@ -138,10 +138,13 @@ fn index_in_parts(
         // More header lines than the first part holds: the one-thread pass skips them.
         return Ok(None);
     }
-    let end = scanned.last().map_or(0, |s| s.end);
+    if scanned.last().map_or(0, |s| s.end) != size {
+        // The file changed size while it was read: the one-thread pass says so.
+        return Ok(None);
+    }
     let found = scanned.into_iter().map(|s| (s.pass.sequences, s.lines)).collect();
     let sequences = parts::merge(found, true, &limits, name)?;
-    Ok(Some(FileIndex { path: name.clone(), size: size.max(end), digest, sequences }))
+    Ok(Some(FileIndex { path: name.clone(), size, digest, sequences }))
 }
 
 /// Indexes the `size` bytes `reader` yields (a file, or an object streamed from object storage).
@@ -402,7 +405,7 @@ impl StreamBufDecoder for CsvDecoder {
             .iter()
             .map(|s| {
                 let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
+                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
                 if s.dtype != CsvType::String {
                     b.values.reserve(records.saturating_mul(s.columns.len()).min(MAX_RESERVED_VALUES));
                 }

@@ -179,7 +179,7 @@ impl StreamBufDecoder for RawDecoder {
             .iter()
             .map(|s| {
                 let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
+                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
                 b.values.reserve(records.saturating_mul(s.dim).min(MAX_RESERVED_VALUES));
                 b
             })

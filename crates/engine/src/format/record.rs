@@ -22,6 +22,7 @@ use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
 pub use crate::format::stream_buf::StreamBufDecoder;
+use crate::format::stream_buf::MAX_RESERVED_VALUES;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::format::whole_file;
@@ -384,7 +385,7 @@ impl StreamBufDecoder for ExampleDecoder {
             .iter()
             .map(|_| {
                 let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
+                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
                 b
             })
             .collect()

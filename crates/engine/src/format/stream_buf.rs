@@ -33,14 +33,15 @@ pub trait StreamBufDecoder: Send + Sync {
         errors: &mut Vec<Malformed>,
     );
 
-    /// What the buffers hold, in values of `T`: values, sparse indices, strings' bytes and
-    /// offsets (a chunk's are bounded by its share of the memory limit, checked after every
-    /// record: a short record may cost many — a default of `dim` values, empty byte strings).
+    /// What the buffers hold, in values of `T`: values, sparse indices, strings' bytes, and the
+    /// sample and sequence offsets (a chunk's are bounded by its share of the memory limit,
+    /// checked after every record: a short record may cost many — a default of `dim` values,
+    /// empty byte strings, a sequence offset in every stream).
     fn dense_values<T: DeepxElement>(&self, out: &[StreamBuf<T>]) -> usize {
         let size = std::mem::size_of::<T>().max(1);
         out.iter()
             .map(|b| {
-                let offsets = if b.sample_offsets.len() > 1 { b.sample_offsets.len() * 8 } else { 0 };
+                let offsets = (b.sample_offsets.len() + b.seq_offsets.len()) * 8;
                 b.values.len() + (b.indices.len() * 4 + b.bytes.len() + offsets) / size
             })
             .sum()

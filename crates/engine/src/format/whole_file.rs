@@ -4,7 +4,8 @@
 //! the dataset names it (the reader's key: a local path, or `s3://bucket/key`).
 //!
 //! **Reader.** A file of `n` bytes is one record at byte 0 of `n` bytes (an empty file too: its
-//! contents are empty); a file of 4 GiB or more is refused, naming it. The index pass reads the
+//! contents are empty); a file larger than a sequence may be (4 GiB, and a sixteenth of
+//! `memory_limit_bytes`) is refused at its index pass, naming it. The index pass reads the
 //! file once for its CRC-32 digest (the dataset's identity, as for every format).
 //!
 //! **Decoder.** Never fails: any bytes are a file's contents. A file whose contents do not fit a
@@ -24,7 +25,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::index::{index_local, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::stream_buf::StreamBufDecoder;
+use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 
 /// The streams' names: the file's bytes, and its path.
@@ -65,9 +66,14 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let at = || Location { file: name.clone(), line: 1, offset: 0 };
-    let record = u32::try_from(size).map_err(|_| DataError::Fatal {
+    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let record = u32::try_from(size).ok().filter(|_| size <= largest).ok_or_else(|| DataError::Fatal {
         at: at(),
-        message: format!("a whole file is one record of at most {} bytes; this one has {size}", u32::MAX),
+        message: format!(
+            "a whole file is one record of at most {largest} bytes (4 GiB at most, and daemon.memory_limit_bytes / \
+             {}); this one has {size}",
+            crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+        ),
     })?;
     let mut sequences = Sequences::default();
     let s = SequenceDesc { key: 0, offset: 0, line: 0, size: record, samples: 1 };
@@ -100,8 +106,8 @@ impl StreamBufDecoder for WholeFileDecoder {
             .iter()
             .map(|_| {
                 let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records);
-                b.sample_offsets.reserve(records);
+                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
+                b.sample_offsets.reserve(records.min(MAX_RESERVED_VALUES));
                 b
             })
             .collect()

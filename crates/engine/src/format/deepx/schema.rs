@@ -79,12 +79,8 @@ impl Schema {
         let layout = match format {
             FormatKind::LibsvmEx => Layout::LibsvmEx { groups: o.x_size.unwrap_or(1) },
             FormatKind::Uch => Layout::Uch { hist: o.x_hist_item_size.unwrap_or(1) },
-            FormatKind::Libsvm
-            | FormatKind::Ctf
-            | FormatKind::TfRecord
-            | FormatKind::FixedLength
-            | FormatKind::Csv
-            | FormatKind::WholeFile => Layout::Libsvm,
+            // `libsvm`; no other format has a deepx schema.
+            _ => Layout::Libsvm,
         };
         Self {
             layout,
