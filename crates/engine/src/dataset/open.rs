@@ -162,7 +162,7 @@ impl Dataset {
     }
 
     /// A dataset of one source whose files its format's reader splits into records that its
-    /// decoder decodes ([`Dataset::record_format`]; compressed inputs read from their copies).
+    /// decoder decodes (`crate::format::registry`; compressed inputs read from their copies).
     pub(super) fn open_records(
         config: &DatasetConfig,
         state_dir: &Path,
