@@ -172,7 +172,7 @@ def make_case(rng: random.Random, tf, out: Path, i: int, zlib: bool = False, kin
                 feat.bytes_list.value.extend(vals)
         if rng.random() < 0.1:
             ex.features.feature["unused"].bytes_list.value.append(b"x")
-        records.append(ex.SerializeToString())
+        records.append(ex.SerializeToString(deterministic=True))  # map entries in key order: reproducible files
     d = out / f"case_{i:03d}"
     d.mkdir(parents=True)
     # Some files GZIP-compressed by TensorFlow's writer (compression_type="GZIP").
