@@ -40,7 +40,7 @@ use crate::format::index::{
     index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
 use crate::format::parts;
-use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
+use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
 
@@ -404,8 +404,7 @@ impl StreamBufDecoder for CsvDecoder {
         self.streams
             .iter()
             .map(|s| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
+                let mut b = record_buffer(records);
                 if s.dtype != CsvType::String {
                     b.values.reserve(records.saturating_mul(s.columns.len()).min(MAX_RESERVED_VALUES));
                 }

@@ -31,7 +31,7 @@ use crate::format::index::{
     index_local, read_as_sized, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
 use crate::format::parts;
-use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
+use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
 
@@ -178,8 +178,7 @@ impl StreamBufDecoder for RawDecoder {
         self.streams
             .iter()
             .map(|s| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
+                let mut b = record_buffer(records);
                 b.values.reserve(records.saturating_mul(s.dim).min(MAX_RESERVED_VALUES));
                 b
             })

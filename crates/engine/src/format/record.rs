@@ -21,8 +21,8 @@ use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineInde
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
+use crate::format::stream_buf::record_buffer;
 pub use crate::format::stream_buf::StreamBufDecoder;
-use crate::format::stream_buf::MAX_RESERVED_VALUES;
 use crate::format::tfrecord;
 use crate::format::tfrecord::example::ExampleDecoder;
 use crate::format::whole_file;
@@ -381,14 +381,7 @@ impl StreamBufDecoder for ExampleDecoder {
     }
 
     fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>> {
-        ExampleDecoder::specs(self)
-            .iter()
-            .map(|_| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
-                b
-            })
-            .collect()
+        ExampleDecoder::specs(self).iter().map(|_| record_buffer(records)).collect()
     }
 
     fn decode_record<T: DeepxElement>(

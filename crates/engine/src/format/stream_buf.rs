@@ -13,6 +13,15 @@ use crate::format::errors::{Location, Malformed};
 /// records that hold nothing — empty lines of a CSV file of wide rows — reserves no more than this.
 pub const MAX_RESERVED_VALUES: usize = 1 << 22;
 
+/// An empty stream buffer for a chunk of `records` records: its sequence offsets reserved
+/// (at most [`MAX_RESERVED_VALUES`] of them up front), as every record decoder's buffers start.
+#[must_use]
+pub fn record_buffer<T>(records: usize) -> StreamBuf<T> {
+    let mut b = StreamBuf::new();
+    b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
+    b
+}
+
 /// A decoder whose chunk buffers are one [`StreamBuf`] per stream, filled a record at a time —
 /// the Example, raw and CSV decoders. Implementing it makes a decoder a
 /// `crate::format::record::RecordDecoder`.

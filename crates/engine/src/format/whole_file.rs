@@ -25,7 +25,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::index::{index_local, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::stream_buf::{StreamBufDecoder, MAX_RESERVED_VALUES};
+use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 
 /// The streams' names: the file's bytes, and its path.
@@ -105,8 +105,7 @@ impl StreamBufDecoder for WholeFileDecoder {
         STREAMS
             .iter()
             .map(|_| {
-                let mut b = StreamBuf::new();
-                b.seq_offsets.reserve(records.min(MAX_RESERVED_VALUES));
+                let mut b = record_buffer(records);
                 b.sample_offsets.reserve(records.min(MAX_RESERVED_VALUES));
                 b
             })
