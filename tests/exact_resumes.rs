@@ -20,11 +20,18 @@ use support::daemon::{options, train_ctf, write_config, Daemon, DEADLINE, TRAIN_
 use support::disk::SmallDisk;
 use support::write;
 
+/// Writes the data file and returns the dataset's config.
 fn dataset(dir: &Path) -> String {
-    let data = write(dir, "data.ctf", train_ctf().repeat(4));
+    write(dir, "data.ctf", train_ctf().repeat(4));
+    dataset_config(dir)
+}
+
+/// The dataset's config, over the data file `dataset` wrote (a reload does not write it again:
+/// a rewrite while a session reads it is, rightly, a data error instead of the reload's effect).
+fn dataset_config(dir: &Path) -> String {
     format!(
         "[datasets.train]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 2000\n{TRAIN_STREAMS_TOML}",
-        data.display()
+        dir.join("data.ctf").display()
     )
 }
 
@@ -114,8 +121,11 @@ fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_
 /// Rewrites the config with the dataset `train` or with another in its place, reloads, and
 /// waits until the daemon serves `train` or refuses it as unknown.
 fn reload(d: &Daemon, with_train: bool) {
-    let datasets =
-        if with_train { dataset(&d.dir) } else { dataset(&d.dir).replace("datasets.train", "datasets.other") };
+    let datasets = if with_train {
+        dataset_config(&d.dir)
+    } else {
+        dataset_config(&d.dir).replace("datasets.train", "datasets.other")
+    };
     write_config(&d.dir, DAEMON, &datasets);
     d.signal(rustix::process::Signal::HUP);
     let start = Instant::now();
