@@ -27,14 +27,19 @@
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
 
-use super::plan::{window_sequences, SweepPlan, PLAN_BYTES_PER_CHUNK, PLAN_FIXED_BYTES, SLOT_BYTES};
+use super::plan::SweepPlan;
 use super::randomizer::uses_block_randomizer;
 use super::Timeline;
 use crate::hash::ChunkSet;
 
+mod memory;
+mod next_sweep;
 mod options;
+mod validate;
 
+pub use next_sweep::{BuiltSweep, NextSweepJob};
 pub use options::{EpochLimit, SamplingError, SamplingOptions, Window, DEFAULT_WINDOW_CHUNKS};
+use validate::{epoch_end, validate_options, validate_timeline};
 
 /// One sequence of a minibatch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,17 +105,6 @@ const PER_WORKER_SETUP: u64 = 1024;
 /// earliest of their positions (one entry each, ~25 MiB at most; a job's workers stand a few
 /// minibatches apart).
 pub const MAX_JOB_DELIVERED: usize = 1 << 20;
-
-/// Heap bytes per chunk of one sweep plan at most: its tables ([`PLAN_BYTES_PER_CHUNK`]) and what
-/// building it holds for a moment (chunk sizes, sample counts and window starts).
-const PLAN_BOUND_BYTES_PER_CHUNK: u64 = PLAN_BYTES_PER_CHUNK + 24;
-
-/// Heap bytes of a sampler whatever the timeline (its own fields, a walk's small vectors).
-const SAMPLER_FIXED_BYTES: u64 = 4 << 10;
-
-/// Heap bytes per sequence remembered by [`Sampler::resume_job`]: a `(u64, u32)` key of a hash
-/// set, with its control byte, at the set's lowest load.
-const DELIVERED_ENTRY_BYTES: u64 = 40;
 
 /// Largest local minibatch size honoured; larger requests are clamped (CNTK raises "Global and
 /// local size of the minibatch cannot exceed max int" instead).
@@ -253,72 +247,7 @@ impl Fill {
     }
 }
 
-/// The building of a sweep's order away from its sampler ([`Sampler::next_sweep_job`]): owned,
-/// `Send`, run anywhere.
-#[derive(Debug)]
-pub struct NextSweepJob {
-    timeline: Arc<Timeline>,
-    options: SamplingOptions,
-    sweep: u64,
-    sweep_size: u64,
-    epoch_end: u64,
-}
-
-impl NextSweepJob {
-    /// The sweep it builds.
-    #[must_use]
-    pub fn sweep(&self) -> u64 {
-        self.sweep
-    }
-
-    /// Builds the order's first window (what the sampler would have built).
-    #[must_use]
-    pub fn build(self) -> BuiltSweep {
-        BuiltSweep(SweepPlan::build(&self.timeline, &self.options, self.sweep, self.sweep_size, self.epoch_end))
-    }
-}
-
-/// A sweep's order built by a [`NextSweepJob`], for [`Sampler::install_next_sweep`].
-#[derive(Debug)]
-pub struct BuiltSweep(SweepPlan);
-
 impl Sampler {
-    /// An upper bound on the heap a sampler over `timeline` with `options` holds: two sweep
-    /// plans (the current one, and the next, which a prefetch looks into near a sweep's end and a
-    /// sweep's switch builds while the current one lives), each keeping at most one randomization
-    /// window's positions ([`window_sequences`], [`SLOT_BYTES`] each) and a few numbers per chunk;
-    /// with `job` (it continues a job: [`Sampler::resume_job`]), the set of sequences the earlier
-    /// workers delivered. It does not grow with the dataset beyond its chunk count and widest
-    /// window. The minibatches it returns are the caller's.
-    #[must_use]
-    pub fn memory_bound(timeline: &Timeline, options: &SamplingOptions, job: bool) -> u64 {
-        let plans = Self::plan_bound(timeline, options).saturating_mul(2).saturating_add(SAMPLER_FIXED_BYTES);
-        if !job {
-            return plans;
-        }
-        let num_sequences = timeline.num_sequences() as u64;
-        let delivered = (MAX_JOB_DELIVERED as u64).min(num_sequences.saturating_mul(2)) * DELIVERED_ENTRY_BYTES;
-        plans.saturating_add(delivered)
-    }
-
-    /// What one sweep plan holds at most, with what building it takes for a moment.
-    fn plan_bound(timeline: &Timeline, options: &SamplingOptions) -> u64 {
-        let chunks = (timeline.num_chunks() as u64).saturating_mul(PLAN_BOUND_BYTES_PER_CHUNK);
-        window_sequences(timeline, options)
-            .saturating_mul(SLOT_BYTES)
-            .saturating_add(chunks)
-            .saturating_add(PLAN_FIXED_BYTES)
-    }
-
-    /// What the walks of [`Sampler::resume_job`] and [`Sampler::equalize_steps`] hold beside
-    /// [`Sampler::memory_bound`] while they run, at most: another worker's sampler (which, in a
-    /// continued job, `job`, holds the set of sequences the earlier workers delivered too) and
-    /// one sweep plan of the earlier run's workers.
-    #[must_use]
-    pub fn walk_memory_bound(timeline: &Timeline, options: &SamplingOptions, job: bool) -> u64 {
-        Self::memory_bound(timeline, options, job).saturating_add(Self::plan_bound(timeline, options))
-    }
-
     /// A sampler at position 0 of the epoch described by `options`.
     ///
     /// # Errors
@@ -496,32 +425,6 @@ impl Sampler {
         SweepPlan::build(&self.timeline, &self.options, sweep, self.sweep_size, self.epoch_end)
     }
 
-    /// The work of building the next sweep's order, to run on another thread while this sampler
-    /// goes on (a sweep of millions of sequences takes tens of milliseconds); `None` when it is
-    /// built already or the epoch ends before it. Install the result with
-    /// [`Sampler::install_next_sweep`]; the next sweep's order is then the same as if this
-    /// sampler had built it itself.
-    #[must_use]
-    pub fn next_sweep_job(&self) -> Option<NextSweepJob> {
-        let sweep = self.current.sweep + 1;
-        if self.next.get().is_some() || sweep.saturating_mul(self.sweep_size) >= self.epoch_end {
-            return None;
-        }
-        Some(NextSweepJob {
-            timeline: self.timeline.clone(),
-            options: self.options.clone(),
-            sweep,
-            sweep_size: self.sweep_size,
-            epoch_end: self.epoch_end,
-        })
-    }
-
-    /// Takes the order a [`NextSweepJob`] of this sampler built, if it is still the next sweep's
-    /// and none is there yet; whether it was taken.
-    pub fn install_next_sweep(&self, built: BuiltSweep) -> bool {
-        built.0.sweep == self.current.sweep + 1 && self.next.set(built.0).is_ok()
-    }
-
     /// Samples (positions) left in the current sweep before the next one starts.
     #[must_use]
     pub fn left_in_sweep(&self) -> u64 {
@@ -611,63 +514,6 @@ impl Sampler {
         if self.block && self.options.rank >= self.timeline.num_chunks() {
             self.position = self.epoch_end;
         }
-    }
-}
-
-fn validate_options(options: &SamplingOptions) -> Result<(), SamplingError> {
-    if options.num_workers == 0 {
-        return Err(SamplingError::NoWorkers);
-    }
-    if options.rank >= options.num_workers {
-        return Err(SamplingError::RankOutOfRange { rank: options.rank, num_workers: options.num_workers });
-    }
-    Ok(())
-}
-
-/// Checks the timeline's shape and returns its sweep size in samples.
-fn validate_timeline(timeline: &Timeline) -> Result<u64, SamplingError> {
-    let count = timeline.num_sequences();
-    if count == 0 {
-        return Err(SamplingError::EmptyTimeline);
-    }
-    if u32::try_from(count).is_err() {
-        return Err(SamplingError::TooManySequences { count });
-    }
-    let starts = &timeline.chunk_start;
-    if starts.first() != Some(&0) {
-        return Err(SamplingError::MalformedChunks { reason: "chunk_start must begin with 0" });
-    }
-    if starts.last() != Some(&count) {
-        return Err(SamplingError::MalformedChunks {
-            reason: "the last chunk_start entry must equal the number of sequences",
-        });
-    }
-    for (chunk, pair) in starts.windows(2).enumerate() {
-        if pair[1] < pair[0] {
-            return Err(SamplingError::MalformedChunks { reason: "chunk_start must not decrease" });
-        }
-        if pair[1] == pair[0] {
-            return Err(SamplingError::EmptyChunk { chunk });
-        }
-    }
-    if let Some(seq) = timeline.seq_len.first_zero() {
-        return Err(SamplingError::ZeroLengthSequence { seq });
-    }
-    Ok(timeline.samples(..))
-}
-
-/// The epoch end position (CNTK `StartEpoch`; the V2 epoch always starts at 0).
-fn epoch_end(limit: EpochLimit, sweep_size: u64) -> Result<u64, SamplingError> {
-    let samples = match limit {
-        EpochLimit::Infinite => Some(MAX_EPOCH_SAMPLES),
-        EpochLimit::FullSweep => Some(sweep_size),
-        EpochLimit::Sweeps(k) => k.checked_mul(sweep_size),
-        EpochLimit::Samples(n) => Some(n),
-        EpochLimit::Sweep(k) => k.checked_add(1).and_then(|n| n.checked_mul(sweep_size)),
-    };
-    match samples {
-        Some(samples) if samples <= MAX_EPOCH_SAMPLES => Ok(samples),
-        _ => Err(SamplingError::EpochTooLarge { limit, sweep_size }),
     }
 }
 
