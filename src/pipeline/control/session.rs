@@ -16,21 +16,25 @@
 //! reconnect by session name within `session_linger_secs`) continues with exactly the first
 //! minibatch not taken.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use minibatchd_client::protocol::{MinibatchMeta, MixtureState, Resumed, SessionOptions, SessionState};
+use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState};
 
 mod options;
+mod progress;
 mod resume;
+mod slots;
 
 pub use options::{
     options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
     MAX_SLOT_SIZE_BYTES,
 };
+pub use progress::Progress;
 pub use resume::{check_mixture_resume, check_resume, EpochStarts, ResumeError, MAX_MINIBATCHES};
+pub use slots::{Release, SlotOwner, SlotTable};
 
 /// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
 /// of the checkpoint format: fields are only ever added, with defaults).
@@ -69,154 +73,6 @@ impl SavedSession {
     #[must_use]
     pub fn exact(&self) -> bool {
         self.given_up_to.is_none_or(|g| g <= self.state.minibatches)
-    }
-}
-
-/// Who holds a ring slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SlotOwner {
-    /// The producer may write it (free, or being filled).
-    Producer,
-    /// Announced to the client with this generation; it holds it until `release`.
-    Client {
-        /// Generation announced.
-        generation: u64,
-        /// Index of the minibatch in it.
-        minibatch: u64,
-    },
-}
-
-/// Ring slot bookkeeping of one session: generations and ownership.
-#[derive(Debug, Clone)]
-pub struct SlotTable {
-    owner: Vec<SlotOwner>,
-    generation: Vec<u64>,
-}
-
-/// What a `release` did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    /// The slot goes back to the producer; it held minibatch `minibatch`.
-    Freed {
-        /// The minibatch index that was in the slot.
-        minibatch: u64,
-    },
-    /// Unknown slot, a slot not held by the client, or an old generation: ignored.
-    Stale,
-}
-
-impl SlotTable {
-    /// `n` slots, all the producer's, generation 0.
-    #[must_use]
-    pub fn new(n: usize) -> Self {
-        Self { owner: vec![SlotOwner::Producer; n], generation: vec![0; n] }
-    }
-
-    /// The generation the producer should write into `slot` next (the current one + 1).
-    #[must_use]
-    pub fn next_generation(&self, slot: usize) -> u64 {
-        self.generation[slot] + 1
-    }
-
-    /// The producer filled `slot` with `generation`: it now belongs to the client.
-    pub fn announce(&mut self, slot: usize, generation: u64, minibatch: u64) {
-        self.generation[slot] = generation;
-        self.owner[slot] = SlotOwner::Client { generation, minibatch };
-    }
-
-    /// The client gives `slot` back.
-    pub fn release(&mut self, slot: u64, generation: u64) -> Release {
-        let Ok(i) = usize::try_from(slot) else { return Release::Stale };
-        match self.owner.get(i) {
-            Some(&SlotOwner::Client { generation: g, minibatch }) if g == generation => {
-                self.owner[i] = SlotOwner::Producer;
-                Release::Freed { minibatch }
-            }
-            _ => Release::Stale,
-        }
-    }
-
-    /// Slots the client holds.
-    #[must_use]
-    pub fn leased(&self) -> usize {
-        self.owner.iter().filter(|o| matches!(o, SlotOwner::Client { .. })).count()
-    }
-}
-
-/// The minibatches announced to the client and how many it has taken.
-#[derive(Debug, Clone)]
-pub struct Progress {
-    /// With a mixture's state after each, for a mixture's session.
-    announced: VecDeque<(MinibatchMeta, Option<MixtureState>)>,
-    taken: u64,
-    position: u64,
-    /// A mixture's state after the last minibatch taken.
-    mixture: Option<MixtureState>,
-    /// One past the highest minibatch index announced (the starting count before any).
-    announced_up_to: u64,
-}
-
-impl Progress {
-    /// Progress of a session that starts at `start`.
-    #[must_use]
-    pub fn new(start: &SessionState) -> Self {
-        Self {
-            announced: VecDeque::new(),
-            taken: start.minibatches,
-            position: start.position,
-            mixture: start.mixture.clone(),
-            announced_up_to: start.minibatches,
-        }
-    }
-
-    /// A `ready` went out (with the mixture's state after it, for a mixture's session).
-    pub fn announced(&mut self, meta: MinibatchMeta, mixture: Option<MixtureState>) {
-        self.announced_up_to = self.announced_up_to.max(meta.index.saturating_add(1));
-        self.announced.push_back((meta, mixture));
-    }
-
-    /// One past the highest minibatch index announced on this connection (the starting count
-    /// before any): the client may have handed every one of them to its trainer.
-    #[must_use]
-    pub fn announced_up_to(&self) -> u64 {
-        self.announced_up_to
-    }
-
-    /// The client reports `taken` minibatches taken in total. Counts beyond what was announced
-    /// are clamped; smaller counts than already known are ignored.
-    pub fn taken(&mut self, taken: u64) {
-        while self.taken < taken {
-            let Some((m, mixture)) = self.announced.pop_front() else { break };
-            self.taken = m.index.saturating_add(1);
-            self.position = m.position;
-            if mixture.is_some() {
-                self.mixture = mixture;
-            }
-        }
-    }
-
-    /// Minibatches announced whose taking the client has not reported (yet).
-    #[must_use]
-    pub fn unacknowledged(&self) -> usize {
-        self.announced.len()
-    }
-
-    /// Minibatches taken so far.
-    #[must_use]
-    pub fn taken_count(&self) -> u64 {
-        self.taken
-    }
-
-    /// Checkpoint position after the last minibatch taken.
-    #[must_use]
-    pub fn position(&self) -> u64 {
-        self.position
-    }
-
-    /// A mixture's state after the last minibatch taken (`None` for a dataset's session).
-    #[must_use]
-    pub fn mixture(&self) -> Option<&MixtureState> {
-        self.mixture.as_ref()
     }
 }
 
@@ -635,7 +491,7 @@ impl Registry {
 mod tests {
     use super::*;
     use crate::config::DatasetConfig;
-    use minibatchd_client::protocol::hex64;
+    use minibatchd_client::protocol::{hex64, MinibatchMeta, MixtureState};
     use minibatchd_engine::sampling::{EpochLimit, Tail};
 
     fn dataset() -> DatasetConfig {
