@@ -1,0 +1,151 @@
+//! Which version of a data file an index was built from ([`FileStamp`]: size, times, device and
+//! inode): what the index cache, the decompressed copies, the persisted parsed chunks and every
+//! read check a file against, so a type of its own beside the cache file's format.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use crate::hash::Fnv1a;
+
+/// Which data file, and which version of it: what the index cache, the decompressed copies, the
+/// persisted parsed chunks and every read check a data file against. A file is the same only if
+/// all of it is: its size, its modification time, its status-change time (`st_ctime`: set by the
+/// kernel on every write, rename, `chmod` or link, and never settable by users — so a file
+/// rewritten with its mtime restored, as `cp -p`, `rsync -t`, `tar --mtime` and
+/// `SOURCE_DATE_EPOCH` builds do, still differs), and its device and inode (another file put
+/// under the same path differs). An object in object storage has its ETag in place of the times,
+/// and no device or inode (0).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Canonical path (or an object's URL).
+    pub path: PathBuf,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime_secs: i64,
+    /// Sub-second part of the modification time.
+    pub mtime_nanos: u32,
+    /// Status-change time, seconds since the epoch.
+    pub ctime_secs: i64,
+    /// Sub-second part of the status-change time.
+    pub ctime_nanos: u32,
+    /// The device holding the file.
+    pub dev: u64,
+    /// The file's inode.
+    pub ino: u64,
+}
+
+impl FileStamp {
+    /// Stats `path` now.
+    ///
+    /// # Errors
+    /// I/O errors from `canonicalize` or `metadata`.
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        let canonical = fs::canonicalize(path)?;
+        let meta = fs::metadata(&canonical)?;
+        Ok(Self::from_meta(canonical, &meta))
+    }
+
+    /// The stamp of the file whose metadata is `meta`, named `path`.
+    #[must_use]
+    pub fn from_meta(path: PathBuf, meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        let (mtime_secs, mtime_nanos) = match meta.modified().map(|m| m.duration_since(UNIX_EPOCH)) {
+            Ok(Ok(d)) => (i64::try_from(d.as_secs()).unwrap_or(i64::MAX), d.subsec_nanos()),
+            Ok(Err(e)) => (-i64::try_from(e.duration().as_secs()).unwrap_or(i64::MAX), e.duration().subsec_nanos()),
+            Err(_) => (meta.mtime(), u32::try_from(meta.mtime_nsec()).unwrap_or(0)),
+        };
+        Self {
+            path,
+            size: meta.len(),
+            mtime_secs,
+            mtime_nanos,
+            ctime_secs: meta.ctime(),
+            ctime_nanos: u32::try_from(meta.ctime_nsec()).unwrap_or(0),
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+
+    /// Whether `other` is the same version of a file (the path aside).
+    #[must_use]
+    pub fn same_version(&self, other: &Self) -> bool {
+        self.version_bytes() == other.version_bytes()
+    }
+
+    /// Bytes in [`Self::version_bytes`].
+    pub const VERSION_BYTES: usize = 48;
+
+    /// The version (size, mtime, ctime, device, inode; not the path) as the state directory's
+    /// files store it: little-endian, in that order, each time as i64 seconds and u32 nanoseconds.
+    #[must_use]
+    pub fn version_bytes(&self) -> [u8; Self::VERSION_BYTES] {
+        let mut out = [0u8; Self::VERSION_BYTES];
+        let fields: [&[u8]; 7] = [
+            &self.size.to_le_bytes(),
+            &self.mtime_secs.to_le_bytes(),
+            &self.mtime_nanos.to_le_bytes(),
+            &self.ctime_secs.to_le_bytes(),
+            &self.ctime_nanos.to_le_bytes(),
+            &self.dev.to_le_bytes(),
+            &self.ino.to_le_bytes(),
+        ];
+        let mut at = 0;
+        for f in fields {
+            out[at..at + f.len()].copy_from_slice(f);
+            at += f.len();
+        }
+        out
+    }
+
+    /// The stamp named `path` whose version is `bytes` ([`Self::version_bytes`]).
+    #[must_use]
+    pub fn from_version_bytes(path: PathBuf, bytes: &[u8; Self::VERSION_BYTES]) -> Self {
+        let mut at = 0;
+        let mut take = |n: usize| {
+            let field = &bytes[at..at + n];
+            at += n;
+            field
+        };
+        let u64_at = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap_or_default());
+        let u32_at = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or_default());
+        Self {
+            path,
+            size: u64_at(take(8)),
+            mtime_secs: u64_at(take(8)).cast_signed(),
+            mtime_nanos: u32_at(take(4)),
+            ctime_secs: u64_at(take(8)).cast_signed(),
+            ctime_nanos: u32_at(take(4)),
+            dev: u64_at(take(8)),
+            ino: u64_at(take(8)),
+        }
+    }
+
+    /// Feeds the version (size, times, device and inode; not the path) to `h`.
+    pub fn hash_version(&self, h: &mut Fnv1a) {
+        h.u64(self.size);
+        h.u64(self.mtime_secs.cast_unsigned());
+        h.u64(u64::from(self.mtime_nanos));
+        h.u64(self.ctime_secs.cast_unsigned());
+        h.u64(u64::from(self.ctime_nanos));
+        h.u64(self.dev);
+        h.u64(self.ino);
+    }
+
+    /// What changed from `self` to `now`, in words (for errors and logs).
+    #[must_use]
+    pub fn change(&self, now: &Self) -> String {
+        if (now.dev, now.ino) != (self.dev, self.ino) {
+            "replaced by another file".to_owned()
+        } else if now.size != self.size {
+            format!("rewritten ({} bytes, {} when indexed)", now.size, self.size)
+        } else if (now.mtime_secs, now.mtime_nanos) != (self.mtime_secs, self.mtime_nanos) {
+            "rewritten in place (same size, another modification time)".to_owned()
+        } else {
+            "changed in place (same size and modification time, but a newer status-change time: rewritten \
+             with its modification time set back, or its mode or links changed)"
+                .to_owned()
+        }
+    }
+}
