@@ -37,7 +37,7 @@ fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(
     text: &[u8],
     idx: &FileIndex,
 ) -> usize {
-    let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len());
+    let mut bufs = dec.buffers_for::<T>(text.len(), idx.sequences.len(), true);
     let mut errors = Vec::new();
     for seq in &idx.sequences {
         let start = usize::try_from(seq.offset).expect("the text is in memory");

@@ -18,7 +18,7 @@
 //!   the control plane (server, connections, sessions, admission) and operations (signals,
 //!   checkpoint, reload, notify, memory guard), as supervised actix actors over bounded flume
 //!   channels;
-//! * [`parsed`] — the persisted parsed-chunk cache of the process, handed to every dataset;
+//! * [`parsed`] — the parsed cache of the process, handed to every dataset;
 //! * [`metrics`] — every Prometheus metric in one registry, and the `/metrics` endpoint;
 //! * [`stage`] — the supervised stages, named once (supervisor, health, metric labels).
 
@@ -28,7 +28,7 @@ pub mod config;
 pub mod dump;
 pub mod metrics;
 pub mod objects;
-pub mod parsed;
+pub mod parsed_cache;
 pub mod pipeline;
 pub mod stage;
 

@@ -69,7 +69,7 @@ enum Command {
         /// The dataset.
         #[arg(long)]
         dataset: String,
-        /// Also parse every chunk into the persisted parsed-chunk cache (`[daemon]
+        /// Also parse every chunk into the parsed cache (`[daemon]
         /// parsed_cache_dir`), so the daemon's first sweep reads parsed chunks instead of text.
         #[arg(long)]
         parsed: bool,
@@ -272,7 +272,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// `index --parsed`: every chunk into the persisted parsed-chunk cache, with a progress bar on a
+/// `index --parsed`: every chunk into the parsed cache, with a progress bar on a
 /// terminal and a line per tenth otherwise.
 fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result<()> {
     let threads = match c.daemon.parser_threads {
@@ -288,7 +288,7 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
         b
     });
     let started = std::time::Instant::now();
-    let report = minibatchd::parsed::fill(d, threads, &|done, total| match &bar {
+    let report = minibatchd::parsed_cache::fill(d, threads, &|done, total| match &bar {
         Some(b) => {
             b.set_length(total);
             b.set_position(done);
@@ -303,7 +303,7 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
     }
     let cache = d.parsed_cache().map(|p| p.dir().display().to_string()).unwrap_or_default();
     println!(
-        "{name}: {} chunks in the persisted parsed-chunk cache {cache} ({} already there, {} written, {} not kept: malformed lines, a failed write or past parsed_cache_bytes) in {:.1} s",
+        "{name}: {} chunks in the parsed cache {cache} ({} already there, {} written, {} not kept: malformed lines, a failed write or past parsed_cache_bytes) in {:.1} s",
         report.present + report.written,
         report.present,
         report.written,
@@ -314,8 +314,6 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
 }
 
 fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
-    // `dump` and `index --parsed` parse chunks as the daemon does, under the same policy.
-    minibatchd_sys::huge::set_huge_pages(c.daemon.huge_pages);
     let cfg = c.dataset(name)?;
     let bar = progress_bar.then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -336,8 +334,11 @@ fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Da
     // Object storage, when the configuration reads objects: this run's own.
     let remote = minibatchd::objects::open(c)?;
     let mut d = Dataset::open_in(cfg, &c.daemon.state_dir, limits, remote, &mut report)?;
-    let parsed = minibatchd::parsed::open(&c.daemon);
-    minibatchd::parsed::attach(&mut d, parsed.as_ref(), minibatchd_engine::dataset::Persist::OnLoad);
+    // `dump` and `index --parsed` parse chunks as the daemon does, under the same policy.
+    let huge = minibatchd_sys::HugePages::new(c.daemon.huge_pages);
+    d.set_huge_pages(huge.clone());
+    let parsed = minibatchd::parsed_cache::open(&c.daemon, &huge);
+    minibatchd::parsed_cache::attach(&mut d, parsed.as_ref(), minibatchd_engine::dataset::Persist::OnLoad);
     if let Some(b) = bar {
         b.finish_and_clear();
     }

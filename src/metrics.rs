@@ -6,7 +6,7 @@
 //! worker rank), `kind` ([`ERROR_KINDS`]), `state`/`part`/`result`/`code` (small fixed sets).
 //! Never a file name, a session name or a sample id.
 //!
-//! Emission: the data plane counts per chunk (reader, parsers, cache stage) and per minibatch
+//! Emission: the data plane counts per chunk (prefetch, parsers, cache stage) and per minibatch
 //! (producers, connections) through handles resolved once (a [`DatasetMetrics`] per dataset, a
 //! [`SessionMetrics`] per session), never per sample. Gauges that mirror state owned elsewhere
 //! (queue depths, cache size, session counts, checkpoint age) are set by the daemon's refresh
@@ -162,7 +162,7 @@ pub struct Metrics {
     ranks: Mutex<HashMap<String, HashSet<u64>>>,
 }
 
-/// Per-dataset counters of the reader and parser stages (resolved once per dataset).
+/// Per-dataset counters of the prefetch and parser stages (resolved once per dataset).
 #[derive(Debug, Clone)]
 pub struct DatasetMetrics {
     /// Bytes read.
@@ -423,13 +423,37 @@ impl Metrics {
         }
     }
 
-    /// The text exposition of every metric.
+    /// The text exposition of every metric, with the old names of renamed ones ([`RENAMED`]).
     #[must_use]
     pub fn render(&self) -> String {
         prometheus::TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
+            .encode_to_string(&with_old_names(self.registry.gather()))
             .unwrap_or_else(|e| format!("# encoding the metrics failed: {e}\n"))
     }
+}
+
+/// Metrics renamed in this release, `(prefix now, prefix before)`: each is served under its old
+/// name too, as a copy whose help names the new one, until the next release drops the old names
+/// (`docs/metrics.md`, "Renamed"). The chunk cache's series were `minibatchd_cache_*`, which read
+/// as any of the daemon's caches (the parsed cache and the object cache are on disk).
+pub const RENAMED: [(&str, &str); 1] = [("minibatchd_chunk_cache_", "minibatchd_cache_")];
+
+/// `families` and, after them, a copy of each family whose name a [`RENAMED`] prefix renamed,
+/// under its old name.
+fn with_old_names(mut families: Vec<prometheus::proto::MetricFamily>) -> Vec<prometheus::proto::MetricFamily> {
+    let mut old = Vec::new();
+    for f in &families {
+        for (now, before) in RENAMED {
+            if let Some(rest) = f.name().strip_prefix(now) {
+                let mut copy = f.clone();
+                copy.set_name(format!("{before}{rest}"));
+                copy.set_help(format!("Deprecated: the old name of {}, served until the next release.", f.name()));
+                old.push(copy);
+            }
+        }
+    }
+    families.extend(old);
+    families
 }
 
 #[cfg(test)]
@@ -496,6 +520,32 @@ mod tests {
         // Another dataset has its own allowance.
         m.session("test", 4242).minibatches.inc();
         assert!(m.render().contains("minibatchd_session_minibatches_total{dataset=\"test\",rank=\"4242\"} 1"));
+    }
+
+    /// A renamed metric is scraped under both names with the same value; the old name's help
+    /// says which metric replaces it.
+    #[test]
+    fn renamed_metrics_keep_their_old_names_for_a_release() {
+        let m = Metrics::new().expect("metrics");
+        m.data.cache_hits.inc_by(7);
+        m.data.cache_bytes.set(4096);
+        let text = m.render();
+        for (now, before) in [
+            ("minibatchd_chunk_cache_hits_total", "minibatchd_cache_hits_total"),
+            ("minibatchd_chunk_cache_bytes", "minibatchd_cache_bytes"),
+        ] {
+            let value = |name: &str| {
+                text.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' '))).map(str::to_owned)
+            };
+            assert!(value(now).is_some(), "{now} missing:\n{text}");
+            assert_eq!(value(now), value(before), "{before} mirrors {now}");
+            assert!(text.contains(&format!("# HELP {before} Deprecated: the old name of {now}")), "{text}");
+        }
+        let families = with_old_names(m.registry.gather());
+        let names: HashSet<&str> = families.iter().map(prometheus::proto::MetricFamily::name).collect();
+        assert_eq!(names.len(), families.len(), "no name served twice");
+        assert!(!names.iter().any(|n| n.starts_with("minibatchd_chunk_cache_")
+            && !names.contains(&n.replacen("minibatchd_chunk_cache_", "minibatchd_cache_", 1).as_str())));
     }
 
     #[test]

@@ -1,13 +1,13 @@
 //! Object storage: when a configured dataset reads `s3://` inputs, the S3 store
 //! ([`minibatchd_remote::S3Objects`], settings from the AWS environment and files) is set up once,
-//! with the chunk-range cache and the shared-index place of `[daemon]` (`docs/object-storage.md`),
-//! into a cell that whoever opens datasets keeps (the daemon's hub, and through it every reload;
+//! with the object cache and the shared-index place of `[daemon]` (`docs/object-storage.md`),
+//! into a cell that whoever opens datasets keeps (the daemon's catalog, and through it every reload;
 //! `dump`, `index` and `validate` their own) and that hands it to each dataset it opens.
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use minibatchd_engine::remote::{self, ChunkFiles, IndexPlace, Remote};
+use minibatchd_engine::remote::{self, IndexPlace, ObjectCache, Remote};
 
 use crate::config::Config;
 
@@ -55,7 +55,7 @@ pub fn open(config: &Config) -> std::io::Result<Option<Arc<Remote>>> {
     );
     Ok(Some(Arc::new(Remote::new(
         Arc::new(store),
-        ChunkFiles::new(o.cache_dir.clone(), o.cache_bytes),
+        ObjectCache::new(o.cache_dir.clone(), o.cache_bytes),
         IndexPlace { prefix: o.index_prefix.clone(), wait: Duration::from_secs(o.index_wait_secs) },
     ))))
 }

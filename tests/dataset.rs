@@ -339,7 +339,7 @@ fn chunks_read_a_window_at_a_time_equal_one_read_and_a_shrunk_file_is_a_clear_er
     assert!(err.contains("big.ctf") && err.contains("rewritten") && err.contains("when indexed"), "{err}");
 }
 
-/// The persisted parsed-chunk cache at the engine's seam: clean chunks are written (on load, or
+/// The parsed cache at the engine's seam: clean chunks are written (on load, or
 /// later and once), a chunk with malformed places never is — so a new process charges and
 /// reports its errors again — and chunks read back equal the parse bit for bit.
 #[test]

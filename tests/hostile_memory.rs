@@ -411,7 +411,7 @@ fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the
         d.metric("minibatchd_session_minibatches_in_parts_total{") > 0.0,
         "no minibatch was gathered a chunk at a time"
     );
-    assert!(d.metric("minibatchd_cache_refused_loads_total ") > 0.0, "no refused load counted");
+    assert!(d.metric("minibatchd_chunk_cache_refused_loads_total ") > 0.0, "no refused load counted");
     assert_within_limit(&d, LIMIT, "and an 82 MB window");
 }
 
@@ -569,7 +569,7 @@ fn idle_sessions_holding_chunks_do_not_starve_a_session_that_reads() {
         assert_eq!(*got, want(name), "{name}");
     }
     assert_within_limit(&d, LIMIT, "with two idle sessions holding their windows");
-    assert!(d.metric("minibatchd_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
+    assert!(d.metric("minibatchd_chunk_cache_shed_chunks_total ") > 0.0, "the idle sessions let go of their chunks");
 }
 
 /// Issue 37: sessions that all read, whose windows together need more than the limit (on one
@@ -623,10 +623,10 @@ fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_fail
         assert_eq!(&got.unwrap_or_else(|e| panic!("a reading session failed: {e}")), want, "{name}");
     }
     assert_within_limit(&d, limit, "with three sessions reading past it");
-    assert!(d.metric("minibatchd_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
+    assert!(d.metric("minibatchd_chunk_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
 }
 
-/// Issue 37: the persisted parsed-chunk cache did not fill when memory was short — exactly when
+/// Issue 37: the parsed cache did not fill when memory was short — exactly when
 /// it matters: chunks evicted before their paced write were lost (a 512 MiB file under a
 /// 256 MiB limit: 107 of ~280 MB written after a sweep). A chunk is now kept until it is
 /// written, so one sweep of a dataset twice the limit leaves every chunk persisted, within the
@@ -677,5 +677,5 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
     assert_eq!(sweep(&d), want);
     // A counter: at most zero is zero.
     let misses = d.metric("minibatchd_parsed_cache_misses_total ");
-    assert!(misses <= 0.0, "every chunk came from the persisted cache, but {misses} were parsed");
+    assert!(misses <= 0.0, "every chunk came from the parsed cache, but {misses} were parsed");
 }

@@ -451,7 +451,7 @@ fn a_mixture_given_at_open_is_served_as_a_configured_one() {
 #[test]
 fn a_mixture_of_an_object_store_dataset_and_a_local_one_is_read_again_from_the_persisted_cache() {
     // `a` lives in S3 (a real S3 server on loopback), `b` on disk; after a restart the chunks come
-    // from the persisted parsed-chunk cache, and the data is the same.
+    // from the parsed cache, and the data is the same.
     let server = support::s3::S3Server::start();
     server.create_bucket("mixed");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -485,7 +485,7 @@ fn a_mixture_of_an_object_store_dataset_and_a_local_one_is_read_again_from_the_p
     let d = Daemon::start(root, &env);
     let again = read(open(&d, "ab", &options(3)), &["features"]);
     same_as_dump(&again, &want, "after a restart");
-    assert!(d.metric("minibatchd_parsed_cache_hits_total") > 0.0, "the chunks were read back from the persisted cache");
+    assert!(d.metric("minibatchd_parsed_cache_hits_total") > 0.0, "the chunks were read back from the parsed cache");
 }
 
 #[test]

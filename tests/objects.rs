@@ -315,7 +315,7 @@ fn a_stream_that_stalls_midway_is_an_error_within_the_timeouts() {
 
 /// An object of 120,000 lines (about 1 MB) at `s3://BUCKET/<key>`, and a daemon reading it
 /// through a fault proxy (returned to stall it) with `daemon_extra` in `[daemon]`: 8 KiB chunks,
-/// a 1 MiB chunk-range cache (the object is larger than half of it, so the index pass does not
+/// a 1 MiB object cache (the object is larger than half of it, so the index pass does not
 /// keep it and every chunk is fetched by its range).
 fn daemon_behind_a_proxy(
     server: &S3Server,
@@ -425,7 +425,7 @@ fn a_sigterm_during_a_stall_ends_the_process_within_the_stop_bound() {
     let took = signalled.elapsed();
     println!("SIGTERM during a stall: the process ended after {took:.2?} (bound {bound:?})");
     assert!(status.success(), "{status:?}");
-    // Nor did a stage wait out the supervisor's margin (the reader waiting for a fetch to free
+    // Nor did a stage wait out the supervisor's margin (the prefetch stage waiting for a fetch to free
     // while every one hung on the store took 20 s).
     assert!(took < std::time::Duration::from_secs(grace + 10), "the stop took {took:?}");
     let _ = reader.join();
@@ -743,7 +743,7 @@ fn the_index_caches_of_objects_that_rotate_out_of_a_dataset_are_removed() {
 }
 
 /// A further source of a joined dataset is read in its key order, a sequence at a time. Its
-/// object was fetched whole into the chunk-range cache even when larger than the cache (written
+/// object was fetched whole into the object cache even when larger than the cache (written
 /// past the bound, evicted, and fetched whole again for the next sequence); now a sequence's range
 /// at a time straight from the store when the cache cannot hold it. This exercises that path: the
 /// output is the local files' own, and nothing of the object is left in the cache (the transient
@@ -802,7 +802,7 @@ fn a_joined_source_larger_than_the_object_cache_is_read_by_range() {
     assert_eq!(String::from_utf8_lossy(&expected).lines().count(), 2_000 / 64 + 1);
     assert_eq!(dump(&remote, "s3-state"), expected);
     let cached: u64 = walk_sizes(&dir.path().join("s3-state/objects"));
-    assert!(cached < 64 << 10, "the chunk-range cache holds {cached} bytes: more than the features' object");
+    assert!(cached < 64 << 10, "the object cache holds {cached} bytes: more than the features' object");
 }
 
 /// Total size of the regular files under `dir`.
@@ -856,7 +856,7 @@ fn a_reload_adding_the_first_object_dataset_keeps_the_running_object_settings() 
 
 /// Issue 39: a TFRecord dataset of Examples, plain and GZIP objects, dumped from `s3://` prints
 /// exactly what the same files print locally (the reader streams the object once for its index;
-/// the decoder reads chunks through the chunk-range cache).
+/// the decoder reads chunks through the object cache).
 #[test]
 fn a_tfrecord_dataset_from_s3_dumps_as_the_local_one() {
     use minibatchd_engine::format::tfrecord::example::write::{example, Value};

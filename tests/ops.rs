@@ -286,17 +286,17 @@ fn preload_parses_every_chunk_before_any_session_and_sessions_then_only_hit() {
     let chunks = index_chunks(&cfg, "train");
     assert!(chunks > 4.0, "several chunks: {chunks}");
     // No session yet: the preload alone fills the cache with every chunk.
-    let m = d.wait_metrics("every chunk preloaded", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
+    let m = d.wait_metrics("every chunk preloaded", |m| m.sum("minibatchd_chunk_cache_chunks", &[]) == chunks);
     assert_eq!(m.sum("minibatchd_chunks_parsed_total", &[("dataset", "train")]), chunks, "each chunk parsed once");
-    let misses = m.sum("minibatchd_cache_misses_total", &[]);
+    let misses = m.sum("minibatchd_chunk_cache_misses_total", &[]);
     // A session reads what dump prints, and finds every chunk parsed already.
     let want = d.dump("train", &["--minibatch-size", "6", "--full-sweep"]);
     let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(6) }).expect("open");
     assert_eq!(drain(&mut s, 10_000), want);
     let after = d.scrape();
-    assert_eq!(after.sum("minibatchd_cache_misses_total", &[]), misses, "the session loaded nothing itself");
+    assert_eq!(after.sum("minibatchd_chunk_cache_misses_total", &[]), misses, "the session loaded nothing itself");
     assert_eq!(after.sum("minibatchd_chunks_parsed_total", &[("dataset", "train")]), chunks, "nothing parsed twice");
-    assert!(after.sum("minibatchd_cache_hits_total", &[]) >= chunks);
+    assert!(after.sum("minibatchd_chunk_cache_hits_total", &[]) >= chunks);
 }
 
 #[test]
@@ -310,7 +310,7 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     let d = Daemon::start(tmp.path(), &[]);
     let m =
         d.wait_metrics("the dataset failed to open", |m| m.sum("minibatchd_datasets", &[("state", "failed")]) == 1.0);
-    assert_eq!(m.sum("minibatchd_cache_chunks", &[]), 0.0);
+    assert_eq!(m.sum("minibatchd_chunk_cache_chunks", &[]), 0.0);
     // The same configuration, now with its file: the reload opens the dataset, and the preload
     // runs for it although the reload neither added nor changed it.
     std::fs::rename(&hidden, &data).expect("restore the data");
@@ -318,7 +318,7 @@ fn preload_starts_after_a_reload_for_a_dataset_that_failed_to_open_before() {
     let m = d.wait_metrics("the dataset opened", |m| m.sum("minibatchd_datasets", &[("state", "ready")]) == 1.0);
     assert_eq!(m.sum("minibatchd_sessions", &[]), 0.0, "no session asks for anything");
     let chunks = index_chunks(&cfg, "train");
-    d.wait_metrics("every chunk preloaded after the reload", |m| m.sum("minibatchd_cache_chunks", &[]) == chunks);
+    d.wait_metrics("every chunk preloaded after the reload", |m| m.sum("minibatchd_chunk_cache_chunks", &[]) == chunks);
 }
 
 #[test]
@@ -614,7 +614,7 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
         ("minibatchd_read_bytes_total", &rank[..1]),
         ("minibatchd_stage_busy_seconds_total", &[("stage", "parsers")][..]),
         ("minibatchd_stage_busy_seconds_total", &[("stage", "delivery")][..]),
-        ("minibatchd_cache_hits_total", &[][..]),
+        ("minibatchd_chunk_cache_hits_total", &[][..]),
         ("minibatchd_sessions_opened_total", &rank[..1]),
     ] {
         assert!(during.sum(name, labels) > before.sum(name, labels), "{name}{labels:?} did not move:\n{}", during.text);
@@ -717,8 +717,8 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
         other => panic!("expected resource_exhausted, got {other:?}"),
     }
     let mut got = drain(&mut first, 3);
-    let before = d.wait_metrics("the cache holds chunks", |m| m.sum("minibatchd_cache_bytes", &[]) > 0.0);
-    assert!(before.sum("minibatchd_cache_budget_bytes", &[]) > 0.0);
+    let before = d.wait_metrics("the cache holds chunks", |m| m.sum("minibatchd_chunk_cache_bytes", &[]) > 0.0);
+    assert!(before.sum("minibatchd_chunk_cache_budget_bytes", &[]) > 0.0);
     // The host is "short": a reserve larger than any host's memory.
     std::fs::write(
         &config,
@@ -727,10 +727,11 @@ fn memory_budget_refuses_clearly_and_host_pressure_shrinks_the_cache_first() {
     .expect("write");
     d.signal(rustix::process::Signal::HUP);
     let m = d.wait_metrics("the host guard", |m| {
-        m.sum("minibatchd_host_memory_shortfall_bytes", &[]) > 0.0 && m.sum("minibatchd_cache_budget_bytes", &[]) == 0.0
+        m.sum("minibatchd_host_memory_shortfall_bytes", &[]) > 0.0
+            && m.sum("minibatchd_chunk_cache_budget_bytes", &[]) == 0.0
     });
     assert!(
-        m.sum("minibatchd_cache_bytes", &[]) <= before.sum("minibatchd_cache_bytes", &[]),
+        m.sum("minibatchd_chunk_cache_bytes", &[]) <= before.sum("minibatchd_chunk_cache_bytes", &[]),
         "the cache shrank (or held only what the session holds)"
     );
     let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(4096), ..options(2) };
@@ -920,7 +921,7 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     write_data(tmp.path());
     let cfg = write_config(tmp.path(), "", &["train"]);
     let chunks = index_chunks(&cfg, "train");
-    // The truth: dump with the persisted cache off.
+    // The truth: dump with the parsed cache off.
     let want_out = command("dump", &cfg, "train")
         .args(["--minibatch-size", "5", "--full-sweep", "--seed", "3"])
         .env("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0")
@@ -972,7 +973,7 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     assert!(d.stop().success());
 }
 
-/// Parsed chunks are written to the persisted cache at full speed while no session's producer
+/// Parsed chunks are written to the parsed cache at full speed while no session's producer
 /// works (and more slowly while one does): with a session open whose client takes nothing (its
 /// ring full, its producer waiting for a free slot), and with one whose client took its whole
 /// epoch and keeps it open (its producer finished), every parsed chunk is written.
@@ -1076,9 +1077,9 @@ fn chunks_mapped_from_large_persisted_entries_deliver_what_the_parse_delivers() 
             let m = d.wait_metrics("both chunks mapped", |m| m.sum("minibatchd_parsed_cache_mapped_total", &[]) >= 2.0);
             assert_eq!(m.sum("minibatchd_parsed_cache_hits_total", &[]), 2.0);
             assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 0.0);
-            assert_eq!(m.sum("minibatchd_cache_mapped_copies_total", &[]), 0.0, "copied at the first use");
+            assert_eq!(m.sum("minibatchd_chunk_cache_mapped_copies_total", &[]), 0.0, "copied at the first use");
         } else if round == "mapped, copies made" {
-            d.wait_metrics("both chunks copied", |m| m.sum("minibatchd_cache_mapped_copies_total", &[]) == 2.0);
+            d.wait_metrics("both chunks copied", |m| m.sum("minibatchd_chunk_cache_mapped_copies_total", &[]) == 2.0);
         }
     }
     assert!(d.stop().success());

@@ -161,7 +161,7 @@ fn run_fixture(f: &Fixture) -> Result<(), String> {
     }
     let config = write(dir.path(), "config.toml", &f.config);
     // Twice on the same files and state: the second run reads the chunks the first persisted
-    // (the parsed-chunk cache) and must give CNTK's answer all the same.
+    // (the parsed cache) and must give CNTK's answer all the same.
     check_run(f, &config).map_err(|e| format!("cold: {e}"))?;
     check_run(f, &config).map_err(|e| format!("from the persisted parsed chunks: {e}"))
 }

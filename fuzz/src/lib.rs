@@ -195,7 +195,7 @@ fn deepx_decode_as<T: DeepxElement>(format: FormatKind, options: &DeepxOptions, 
         return;
     };
     let dec = DeepxDecoder::new(schema);
-    let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len());
+    let mut bufs = dec.buffers_for::<T>(body.len(), idx.sequences.len(), true);
     let mut errors = Vec::new();
     // The reference for the plain-feature fast path: the general readers alone.
     let general = dec.clone().general_only();
@@ -277,7 +277,7 @@ pub fn protocol(data: &[u8], _scratch: &Path) {
 pub fn index_cache(data: &[u8], scratch: &Path) {
     use minibatchd_engine::format::index_cache::{cache_path, load, FileStamp, INDEX_DIR};
     use minibatchd_engine::hash::Fnv1a;
-    use minibatchd_engine::persist;
+    use minibatchd_engine::state_file;
     let Some((&sel, body)) = data.split_first() else { return };
     let file = scratch.join("indexed.ctf");
     if !file.exists() {
@@ -285,7 +285,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
     }
     let Ok(stamp) = FileStamp::of(&file) else { return };
     let state = scratch.join("state");
-    if persist::private_subdir(&state, INDEX_DIR).is_err() {
+    if state_file::private_subdir(&state, INDEX_DIR).is_err() {
         return;
     }
     let fingerprint = "fuzz;v1";
@@ -309,7 +309,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
         }
         out
     };
-    if persist::write_atomic(&cache_path(&state, &stamp, fingerprint), &bytes).is_err() {
+    if state_file::write_atomic(&cache_path(&state, &stamp, fingerprint), &bytes).is_err() {
         return;
     }
     let max = if sel & 4 == 0 { u64::MAX } else { 3 };

@@ -7,7 +7,7 @@ sees (issue 37, item 5):
 
 One dense CTF file (`minibatchd-gen ctf-dense`: 128 floats and a one-hot label of 10 classes per
 line), `memory_limit_bytes` half its size. First one cold sweep of `minibatchd` from an empty
-state directory under that limit (it parses the text and fills the persisted parsed-chunk cache —
+state directory under that limit (it parses the text and fills the parsed cache —
 under the same limit, as a user's first run would), then, alternated `--runs` times:
 
 * CNTK 2.7 (`scripts/bench/cntk_throughput.py` under the oracle of ../shared/tools/cntk-oracle, its

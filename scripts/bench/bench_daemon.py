@@ -284,7 +284,7 @@ def main() -> None:
             last, since = -1.0, time.perf_counter()
             while True:
                 text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=10).read().decode()
-                held = [float(l.split()[-1]) for l in text.splitlines() if l.startswith("minibatchd_cache_chunks ")]
+                held = [float(l.split()[-1]) for l in text.splitlines() if l.startswith("minibatchd_chunk_cache_chunks ")]
                 now = held[0] if held else 0.0
                 if now >= chunks:
                     break

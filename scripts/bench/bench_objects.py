@@ -14,7 +14,7 @@ about 70 MB/s per request here, and a ranged GET costs in proportion to the whol
 s3s-fs (`cargo install s3s-fs@0.14.1 --features binary`, which hashes the whole object for every
 request: about 100 MB/s for 32 MiB objects). With the last two the server, not minibatchd, bounds
 the result on a 2-core machine. Each object-storage
-run starts cold: a fresh state directory (no chunk-range cache, no local index) and no shared
+run starts cold: a fresh state directory (no object cache, no local index) and no shared
 index in the bucket, so its first sweep includes the streaming index pass as the local run's
 includes the local one; a second figure is taken with the shared index present (a second node).
 Prints samples/s of the first sweep for each run, the median of each kind, and the ratio.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Peers side by side on one dense CTF file, in one run: CNTK 2.7, a PyTorch DataLoader parsing
 the text with NumPy (0 and 2 workers), and minibatchd — cold (text parsed), warm (second sweep,
-chunks in memory), after a restart from the persisted parsed-chunk cache, after a restart with
+chunks in memory), after a restart from the parsed cache, after a restart with
 that cache off, and a dataset larger than the memory limit (every sweep loads its chunks again)
 with and without it. Prints samples/s, MB/s of text, peak RSS and each figure's ratio to CNTK 2.7
 in the same run; with --runs N the kinds alternate and the median and range are printed. The
@@ -194,7 +194,7 @@ def main() -> None:
             restart = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=True)
             add("minibatchd after a restart, persisted parsed chunks", restart["sweeps"][0], restart["peak_mib"], restart)
             off = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {"MINIBATCHD__DAEMON__PARSED_CACHE_BYTES": "0"}, keep_state=True)
-            add("minibatchd after a restart, persisted cache off (parsed again)", off["sweeps"][0], off["peak_mib"])
+            add("minibatchd after a restart, parsed cache off (parsed again)", off["sweeps"][0], off["peak_mib"])
             small = ["--sweeps", "3", "--window-chunks", "4", "--memory-limit", str(384 << 20)]
             big = mbd(work, a.size_bytes, a.minibatch_size, small, {}, keep_state=True)
             add("minibatchd, parsed data larger than a 384 MiB memory limit, sweeps 2-3 (persisted chunks)", statistics.mean(big["sweeps"][1:]), big["peak_mib"])

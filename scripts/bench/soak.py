@@ -380,7 +380,7 @@ def main() -> None:
         summary = {"minutes": round(span / 60, 1), "workers": a.workers, "sessions": soak.done, "reloads": reloads,
                    "minibatches": total(m, "minibatchd_session_minibatches_total"),
                    "chunks_parsed": total(m, "minibatchd_chunks_parsed_total"),
-                   "cache_evictions": total(m, "minibatchd_cache_evictions_total"),
+                   "cache_evictions": total(m, "minibatchd_chunk_cache_evictions_total"),
                    "lingering": lingering, "growth": growth, "failures": soak.failures,
                    "rss_mib": [round(s["rss"] / 2**20, 1) for s in samples[:: max(1, len(samples) // 30)]]}
         (out / "soak.json").write_text(json.dumps({**summary, "samples": samples}, indent=1))

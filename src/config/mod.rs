@@ -137,9 +137,9 @@ pub struct DaemonConfig {
     /// Seconds a connection may stay without an open session (`hello`, then `open`) before it
     /// is closed.
     pub handshake_timeout_secs: u64,
-    /// Object storage inputs (`s3://`): the chunk-range cache and shared indexes.
+    /// Object storage inputs (`s3://`): the object cache and shared indexes.
     pub objects: ObjectsConfig,
-    /// Directory of the persisted parsed-chunk cache (default `state_dir/parsed`).
+    /// Directory of the parsed cache (default `state_dir/parsed`).
     pub parsed_cache_dir: PathBuf,
     /// Its bound in bytes; 0 turns it off.
     pub parsed_cache_bytes: u64,
@@ -147,7 +147,7 @@ pub struct DaemonConfig {
     pub huge_pages: bool,
 }
 
-/// The default bound of the persisted parsed-chunk cache (`parsed_cache_bytes`): 8 GiB.
+/// The default bound of the parsed cache (`parsed_cache_bytes`): 8 GiB.
 pub const DEFAULT_PARSED_CACHE_BYTES: u64 = 8 << 30;
 
 /// `[daemon]` keys for datasets in object storage (`docs/object-storage.md`).
@@ -161,7 +161,7 @@ pub struct ObjectsConfig {
     pub index_prefix: Option<String>,
     /// How long to wait for another node's index before indexing an object here too.
     pub index_wait_secs: u64,
-    /// Chunk ranges the reader stage fetches ahead of the parsers at once.
+    /// Chunk ranges the prefetch stage fetches ahead of the parsers at once.
     pub fetches: usize,
     /// How long a failed request is retried (with backoff) before it is an error, in seconds.
     pub retry_secs: u64,

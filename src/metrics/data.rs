@@ -5,7 +5,7 @@ use prometheus::{Counter, CounterVec, GaugeVec, IntCounter, IntCounterVec, IntGa
 use super::{counter, counter_vec, float_gauge_vec, gauge, gauge_vec, seconds, seconds_vec};
 
 /// The data plane's metrics: reading, parsing and the stages, the chunk cache, object storage,
-/// the persisted parsed-chunk cache and the datasets' index passes.
+/// the parsed cache and the datasets' index passes.
 #[derive(Debug)]
 pub struct DataPlaneMetrics {
     /// `minibatchd_read_bytes_total{dataset}`: bytes of data files read for parsed chunks.
@@ -27,9 +27,9 @@ pub struct DataPlaneMetrics {
     pub stage_restarts: IntCounterVec,
     /// `minibatchd_stage_up{stage}`: 1 while the stage runs.
     pub stage_up: IntGaugeVec,
-    /// `minibatchd_cache_bytes`: parsed bytes in the chunk cache.
+    /// `minibatchd_chunk_cache_bytes`: parsed bytes in the chunk cache.
     pub cache_bytes: IntGauge,
-    /// `minibatchd_object_cache_bytes`: bytes of object ranges in the on-disk chunk-range cache.
+    /// `minibatchd_object_cache_bytes`: bytes of object ranges in the on-disk object cache.
     pub object_cache_bytes: IntGauge,
     /// `minibatchd_object_cache_limit_bytes`: that cache's limit (`object_cache_bytes`).
     pub object_cache_limit_bytes: IntGauge,
@@ -43,11 +43,11 @@ pub struct DataPlaneMetrics {
     /// (`local_cache`), was downloaded from object storage (`downloaded`), or was built here
     /// (`indexed`, `indexed_after_wait`), since start.
     pub object_indexes: IntGaugeVec,
-    /// `minibatchd_cache_chunks`.
+    /// `minibatchd_chunk_cache_chunks`.
     pub cache_chunks: IntGauge,
-    /// `minibatchd_cache_budget_bytes`: what the cache may hold now.
+    /// `minibatchd_chunk_cache_budget_bytes`: what the cache may hold now.
     pub cache_budget_bytes: IntGauge,
-    /// `minibatchd_parsed_cache_bytes`: bytes of entries in the persisted parsed-chunk cache.
+    /// `minibatchd_parsed_cache_bytes`: bytes of entries in the parsed cache.
     pub parsed_cache_bytes: IntGauge,
     /// `minibatchd_parsed_cache_limit_bytes`: its bound (`parsed_cache_bytes`; 0 when off).
     pub parsed_cache_limit_bytes: IntGauge,
@@ -78,20 +78,20 @@ pub struct DataPlaneMetrics {
     /// `minibatchd_sessions_wanting_data`: sessions whose producer is at work (a free slot to
     /// fill, or chunks to wait for): their trainers may be waiting for data.
     pub sessions_wanting_data: IntGauge,
-    /// `minibatchd_cache_hits_total`.
+    /// `minibatchd_chunk_cache_hits_total`.
     pub cache_hits: IntCounter,
-    /// `minibatchd_cache_misses_total`.
+    /// `minibatchd_chunk_cache_misses_total`.
     pub cache_misses: IntCounter,
-    /// `minibatchd_cache_evictions_total`.
+    /// `minibatchd_chunk_cache_evictions_total`.
     pub cache_evictions: IntCounter,
-    /// `minibatchd_cache_over_budget_loads_total`.
+    /// `minibatchd_chunk_cache_over_budget_loads_total`.
     pub cache_over_budget_loads: IntCounter,
-    /// `minibatchd_cache_refused_loads_total`.
+    /// `minibatchd_chunk_cache_refused_loads_total`.
     pub cache_refused_loads: IntCounter,
-    /// `minibatchd_cache_shed_chunks_total`: chunks sessions let go while they waited and memory
+    /// `minibatchd_chunk_cache_shed_chunks_total`: chunks sessions let go while they waited and memory
     /// was short.
     pub cache_shed_chunks: IntCounter,
-    /// `minibatchd_cache_mapped_copies_total`.
+    /// `minibatchd_chunk_cache_mapped_copies_total`.
     pub cache_mapped_copies: IntCounter,
     /// `minibatchd_datasets{state}`: `indexing`, `ready` and `failed` datasets.
     pub datasets: IntGaugeVec,
@@ -161,16 +161,16 @@ impl DataPlaneMetrics {
                     &["stage"],
                 )?,
                 stage_up: gauge_vec(r, "minibatchd_stage_up", "1 while the stage runs.", &["stage"])?,
-                cache_bytes: gauge(r, "minibatchd_cache_bytes", "Parsed bytes held by the chunk cache.")?,
+                cache_bytes: gauge(r, "minibatchd_chunk_cache_bytes", "Parsed bytes held by the chunk cache.")?,
                 object_cache_bytes: gauge(
                     r,
                     "minibatchd_object_cache_bytes",
-                    "Bytes of object ranges in the on-disk chunk-range cache.",
+                    "Bytes of object ranges in the on-disk object cache.",
                 )?,
                 object_cache_limit_bytes: gauge(
                     r,
                     "minibatchd_object_cache_limit_bytes",
-                    "Limit of the on-disk chunk-range cache (object_cache_bytes).",
+                    "Limit of the on-disk object cache (object_cache_bytes).",
                 )?,
                 object_cache_lookups: gauge_vec(
                     r,
@@ -181,7 +181,7 @@ impl DataPlaneMetrics {
                 object_fetched_bytes: gauge(
                     r,
                     "minibatchd_object_fetched_bytes",
-                    "Bytes fetched from object storage into the chunk-range cache since start.",
+                    "Bytes fetched from object storage into the object cache since start.",
                 )?,
                 object_indexes: gauge_vec(
                     r,
@@ -189,36 +189,36 @@ impl DataPlaneMetrics {
                     "Object indexes from the local cache, downloaded, or built here, since start.",
                     &["outcome"],
                 )?,
-                cache_chunks: gauge(r, "minibatchd_cache_chunks", "Parsed chunks held by the chunk cache.")?,
+                cache_chunks: gauge(r, "minibatchd_chunk_cache_chunks", "Parsed chunks held by the chunk cache.")?,
                 cache_budget_bytes: gauge(
                     r,
-                    "minibatchd_cache_budget_bytes",
+                    "minibatchd_chunk_cache_budget_bytes",
                     "Bytes the chunk cache may hold now (limit minus rings, less any host-memory shrink).",
                 )?,
                 parsed_cache_bytes: gauge(
                     r,
                     "minibatchd_parsed_cache_bytes",
-                    "Bytes of entries in the persisted parsed-chunk cache.",
+                    "Bytes of entries in the parsed cache.",
                 )?,
                 parsed_cache_limit_bytes: gauge(
                     r,
                     "minibatchd_parsed_cache_limit_bytes",
-                    "Bound of the persisted parsed-chunk cache (parsed_cache_bytes; 0 when off).",
+                    "Bound of the parsed cache (parsed_cache_bytes; 0 when off).",
                 )?,
                 parsed_cache_entries: gauge(
                     r,
                     "minibatchd_parsed_cache_entries",
-                    "Chunks in the persisted parsed-chunk cache.",
+                    "Chunks in the parsed cache.",
                 )?,
                 parsed_cache_hits: counter(
                     r,
                     "minibatchd_parsed_cache_hits_total",
-                    "Chunks read back from the persisted parsed-chunk cache instead of parsed.",
+                    "Chunks read back from the parsed cache instead of parsed.",
                 )?,
                 parsed_cache_misses: counter(
                     r,
                     "minibatchd_parsed_cache_misses_total",
-                    "Chunk loads that found no usable entry in the persisted parsed-chunk cache.",
+                    "Chunk loads that found no usable entry in the parsed cache.",
                 )?,
                 parsed_cache_rejected: counter(
                     r,
@@ -238,7 +238,7 @@ impl DataPlaneMetrics {
                 parsed_cache_mapped: counter(
                     r,
                     "minibatchd_parsed_cache_mapped_total",
-                    "Chunks read back from the persisted cache whose columns are the entry's mapped pages.",
+                    "Chunks read back from the parsed cache whose columns are the entry's mapped pages.",
                 )?,
                 parsed_cache_revoked: counter(
                     r,
@@ -248,12 +248,12 @@ impl DataPlaneMetrics {
                 parsed_cache_read_bytes: counter(
                     r,
                     "minibatchd_parsed_cache_read_bytes_total",
-                    "Bytes read from the persisted parsed-chunk cache.",
+                    "Bytes read from the parsed cache.",
                 )?,
                 parsed_cache_written_bytes: counter(
                     r,
                     "minibatchd_parsed_cache_written_bytes_total",
-                    "Bytes written to the persisted parsed-chunk cache.",
+                    "Bytes written to the parsed cache.",
                 )?,
                 parsed_cache_deferred_seconds: seconds(
                     r,
@@ -265,28 +265,28 @@ impl DataPlaneMetrics {
                     "minibatchd_sessions_wanting_data",
                     "Sessions whose producer is at work (a free slot to fill, or chunks to wait for): their trainers may wait for data.",
                 )?,
-                cache_hits: counter(r, "minibatchd_cache_hits_total", "Chunk lookups answered by the cache.")?,
-                cache_misses: counter(r, "minibatchd_cache_misses_total", "Chunk lookups that had to load.")?,
-                cache_evictions: counter(r, "minibatchd_cache_evictions_total", "Chunks evicted from the cache.")?,
+                cache_hits: counter(r, "minibatchd_chunk_cache_hits_total", "Chunk lookups answered by the cache.")?,
+                cache_misses: counter(r, "minibatchd_chunk_cache_misses_total", "Chunk lookups that had to load.")?,
+                cache_evictions: counter(r, "minibatchd_chunk_cache_evictions_total", "Chunks evicted from the cache.")?,
                 cache_over_budget_loads: counter(
                     r,
-                    "minibatchd_cache_over_budget_loads_total",
+                    "minibatchd_chunk_cache_over_budget_loads_total",
                     "Demand loads admitted over the cache budget.",
                 )?,
                 cache_refused_loads: counter(
                     r,
-                    "minibatchd_cache_refused_loads_total",
+                    "minibatchd_chunk_cache_refused_loads_total",
                     "Demand loads refused at the memory limit: the chunks sessions hold filled the cache's share (the session then let go of the chunks it did not need and waited, or failed with resource_exhausted when its own minibatch could not fit).",
                 )?,
                 cache_shed_chunks: counter(
                     r,
-                    "minibatchd_cache_shed_chunks_total",
+                    "minibatchd_chunk_cache_shed_chunks_total",
                     "Parsed chunks that sessions let go while they waited (for a free slot, or for memory) and the chunks other sessions hold filled the cache's share of memory_limit_bytes; loaded again when next needed.",
                 )?,
                 cache_mapped_copies: counter(
                     r,
-                    "minibatchd_cache_mapped_copies_total",
-                    "Chunks mapped from the persisted cache replaced by a copy in the daemon's memory at their second use.",
+                    "minibatchd_chunk_cache_mapped_copies_total",
+                    "Chunks mapped from the parsed cache replaced by a copy in the daemon's memory at their second use.",
                 )?,
                 datasets: gauge_vec(
                     r,

@@ -40,7 +40,7 @@ use crate::metrics::Metrics;
 
 use control::checkpoint;
 use control::ControlPlane;
-use data::hub::Hub;
+use data::catalog::Catalog;
 use lifecycle::Phase;
 use ops::{notify, reload, signals};
 
@@ -81,7 +81,7 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
     let addr = listener.local_addr()?;
     let path = metrics_addr_path(&d.state_dir);
     std::fs::create_dir_all(&d.state_dir)
-        .and_then(|()| minibatchd_engine::persist::write_atomic(&path, format!("{addr}\n").as_bytes()))
+        .and_then(|()| minibatchd_engine::state_file::write_atomic(&path, format!("{addr}\n").as_bytes()))
         .map_err(|e| PipelineError::Fatal(format!("cannot write {} (daemon.state_dir): {e}", path.display())))?;
     tracing::info!(addr = %addr, "metrics endpoint listening on http://{addr}/metrics");
     Ok(listener)
@@ -142,14 +142,14 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     // Held until the process ends: one daemon per state_dir.
     let _lock = lock_state_dir(&config.daemon.state_dir)?;
     raise_descriptor_limit(&config);
-    ops::reload::apply_huge_pages(config.daemon.huge_pages);
     let metrics_listener = bind_metrics(&config)?;
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
     // them get `dataset_indexing` with the progress.
-    let hub = Hub::default();
-    crate::objects::ensure(hub.remote_cell(), &config)
+    let catalog = Catalog::default();
+    ops::reload::apply_huge_pages(catalog.huge_pages(), config.daemon.huge_pages);
+    crate::objects::ensure(catalog.remote_cell(), &config)
         .map_err(|e| PipelineError::Fatal(format!("object storage: {e}")))?;
-    let shared = Arc::new(ControlPlane::new(config, hub, metrics));
+    let shared = Arc::new(ControlPlane::new(config, catalog, metrics));
     for name in shared.config().datasets.keys() {
         shared.data.indexing.begin(name, &shared.data.metrics);
     }

@@ -93,7 +93,7 @@ def test_a_csv_dataset_after_a_restart_reads_its_persisted_chunks_unchanged(tmp_
         d.stop()
     assert again == first
     hits = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("minibatchd_parsed_cache_hits_total")]
-    assert hits and hits[0] > 0, "the second run read its chunks from the persisted cache"
+    assert hits and hits[0] > 0, "the second run read its chunks from the parsed cache"
 
 
 def test_csv_string_columns_reach_the_client_as_written(tmp_path):

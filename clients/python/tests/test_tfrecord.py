@@ -129,7 +129,7 @@ def _read(d: Daemon, **options) -> list:
 
 
 def test_a_tfrecord_dataset_after_a_restart_reads_its_persisted_chunks_unchanged(tmp_path):
-    """The persisted parsed-chunk cache holds a TFRecord dataset's chunks: after a restart the
+    """The parsed cache holds a TFRecord dataset's chunks: after a restart the
     same session options give the same samples, read from the cache's entries."""
     (tmp_path / "a.tfrecord").write_bytes(b"".join(_frame(_example(i)) for i in range(200)))
     d = _daemon(tmp_path)
@@ -149,7 +149,7 @@ def test_a_tfrecord_dataset_after_a_restart_reads_its_persisted_chunks_unchanged
         d.stop()
     assert again == first
     hits = [float(line.split()[-1]) for line in text.splitlines() if line.startswith("minibatchd_parsed_cache_hits_total")]
-    assert hits and hits[0] > 0, "the second run read its chunks from the persisted cache"
+    assert hits and hits[0] > 0, "the second run read its chunks from the parsed cache"
     assert sorted(x[0] for x, _ in first) == list(range(200))
 
 

@@ -25,7 +25,7 @@
 //!   or an owned minibatch, through the one tensor table of `minibatchd-shm`.
 //! * [`feed`] — the sampling → load → gather → retire loop that `dump` and the daemon's producer
 //!   share.
-//! * [`hash`] — the one stable hash; [`persist`] — atomic file writes.
+//! * [`hash`] — the one stable hash; [`state_file`] — atomic file writes.
 //!
 //! `#![forbid(unsafe_code)]`: byte views and SIMD come from `minibatchd-sys`.
 
@@ -38,9 +38,9 @@ pub mod format;
 pub mod hash;
 pub mod minibatch;
 pub mod options;
-pub mod persist;
 pub mod remote;
 pub mod sampling;
+pub mod state_file;
 
 pub use dataset::Dataset;
 

@@ -10,35 +10,59 @@
 //! slower, and a restart either, from one round of runs to the next (the figures are in
 //! `docs/benchmarks.md`, "Huge pages and memory the host took back"): hence a setting, not a
 //! rule.
+//!
+//! The setting is a [`HugePages`] handle that whoever opens datasets holds and hands on (the
+//! daemon's catalog to each dataset, the parsed cache and the persister; `dump` and `index` their
+//! own), not process state: two daemons' worth of datasets in one process (the tests) each follow
+//! their own. The allocating code asks the handle once per buffer it makes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Bytes of a transparent huge page on `x86_64` and `aarch64` (4 KiB base pages).
 const HUGE_PAGE: usize = 2 << 20;
 
-static ENABLED: AtomicBool = AtomicBool::new(true);
+/// `[daemon] huge_pages`: whether buffers allocated from now on are advised huge pages. Clones
+/// share one setting, so a reload that [`HugePages::set`]s it reaches every holder at once (for
+/// chunks parsed from then on). On by default.
+#[derive(Debug, Clone)]
+pub struct HugePages(Arc<AtomicBool>);
 
-/// Turns the advice on or off for buffers allocated from now on (the daemon sets it at start
-/// and on reload; `dump` and `index` from the configuration; on by default).
-pub fn set_huge_pages(enabled: bool) {
-    ENABLED.store(enabled, Ordering::Relaxed);
+impl HugePages {
+    /// A setting of its own, `enabled` or not.
+    #[must_use]
+    pub fn new(enabled: bool) -> Self {
+        Self(Arc::new(AtomicBool::new(enabled)))
+    }
+
+    /// Turns the advice on or off for every holder of this setting, for buffers allocated from
+    /// now on.
+    pub fn set(&self, enabled: bool) {
+        self.0.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether new buffers are advised huge pages now.
+    #[must_use]
+    pub fn enabled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
-/// Whether new parsed-chunk buffers are advised huge pages.
-#[must_use]
-pub fn huge_pages() -> bool {
-    ENABLED.load(Ordering::Relaxed)
+impl Default for HugePages {
+    fn default() -> Self {
+        Self::new(true)
+    }
 }
 
 /// Asks the kernel to back the whole 2 MiB pages inside `v`'s allocation with transparent huge
-/// pages (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode), unless turned off
-/// ([`set_huge_pages`]). Parsed chunks are tens of MiB, written once and then read at random by
-/// the gather. A hint: when the kernel declines, nothing changes. Call it on a vector that has
+/// pages (`MADV_HUGEPAGE`; THP is commonly in `madvise` mode), when `enabled` (the caller's
+/// [`HugePages::enabled`]). Parsed chunks are tens of MiB, written once and then read at random
+/// by the gather. A hint: when the kernel declines, nothing changes. Call it on a vector that has
 /// its capacity and nothing written yet. Returns whether the range was advised.
 #[allow(clippy::must_use_candidate)] // informational (tests); callers go on the same either way
-pub fn advise_huge_pages<T>(v: &Vec<T>) -> bool {
+pub fn advise_huge_pages<T>(v: &Vec<T>, enabled: bool) -> bool {
     let bytes = v.capacity().saturating_mul(std::mem::size_of::<T>());
-    if bytes < 2 * HUGE_PAGE || !huge_pages() {
+    if bytes < 2 * HUGE_PAGE || !enabled {
         return false;
     }
     let start = v.as_ptr() as usize;
@@ -85,16 +109,18 @@ mod tests {
 
     #[test]
     fn the_setting_decides_whether_the_kernel_is_asked() {
-        // One test owns the process-wide setting from start to end.
         let small: Vec<u8> = Vec::with_capacity(HUGE_PAGE);
-        assert!(!advise_huge_pages(&small), "less than two huge pages: never");
-        set_huge_pages(false);
+        assert!(!advise_huge_pages(&small, true), "less than two huge pages: never");
+        let setting = HugePages::default();
+        let holder = setting.clone();
+        setting.set(false);
+        assert!(!holder.enabled(), "clones share the setting");
         let off: Vec<u8> = Vec::with_capacity(16 * HUGE_PAGE);
-        assert!(!advise_huge_pages(&off));
+        assert!(!advise_huge_pages(&off, holder.enabled()));
         assert!(!vm_flags(off.as_ptr() as usize + 8 * HUGE_PAGE).split(' ').any(|f| f == "hg"));
-        set_huge_pages(true);
+        setting.set(true);
         let on: Vec<u8> = Vec::with_capacity(16 * HUGE_PAGE);
-        if advise_huge_pages(&on) {
+        if advise_huge_pages(&on, holder.enabled()) {
             // The kernel keeps the advice as the mapping's `hg` flag (the middle of the buffer
             // lies in the advised range whatever the allocation's alignment).
             assert!(vm_flags(on.as_ptr() as usize + 8 * HUGE_PAGE).split(' ').any(|f| f == "hg"));
@@ -102,6 +128,7 @@ mod tests {
             // Only a kernel without transparent huge pages declines.
             assert!(!std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists());
         }
-        assert!(huge_pages());
+        assert!(holder.enabled());
+        assert!(!HugePages::new(false).enabled(), "a new setting is its own");
     }
 }

@@ -47,6 +47,12 @@ pub(crate) trait Guarded: Send + Sync {
     fn len(&self) -> usize;
 }
 
+// Process state, deliberately: a lease break arrives as `SIGIO`, a signal of the whole process
+// with one handler, which can reach nothing but statics; the mappings it may concern are any the
+// process made, whoever holds them. So the handler's pipe, the guarded mappings and the counts
+// live here, once per process. Elsewhere the crates pass state rather than keep it in statics;
+// this state cannot be passed.
+
 /// The write end of the wake-up pipe, for the signal handler (-1 until set up).
 static WAKE: AtomicI32 = AtomicI32::new(-1);
 

@@ -29,7 +29,7 @@ pub mod memory;
 pub mod simd;
 
 pub use column::{Column, FileMapping};
-pub use huge::advise_huge_pages;
+pub use huge::{advise_huge_pages, HugePages};
 pub use memory::{
     return_large_frees_to_the_kernel, LocalMemory, MemfdMemory, ReadOnlyMapping, SharedSlots, ShmError, SlotMemory,
 };
@@ -111,17 +111,18 @@ pub fn cast_slice<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
 }
 
 /// The values of `T` whose bytes are `bytes` (any alignment), copied into a new vector written
-/// once (no zeroing first); large vectors are backed by huge pages ([`advise_huge_pages`]), as a
-/// parse's columns are. `None` unless `bytes` is a whole number of `T`s.
+/// once (no zeroing first); large vectors are backed by huge pages when `huge` says
+/// ([`advise_huge_pages`]), as a parse's columns are. `None` unless `bytes` is a whole number of
+/// `T`s.
 #[must_use]
-pub fn copy_from_bytes<T: Pod>(bytes: &[u8]) -> Option<Vec<T>> {
+pub fn copy_from_bytes<T: Pod>(bytes: &[u8], huge: bool) -> Option<Vec<T>> {
     let size = std::mem::size_of::<T>();
     if !bytes.len().is_multiple_of(size) {
         return None;
     }
     let len = bytes.len() / size;
     let mut v: Vec<T> = Vec::with_capacity(len);
-    advise_huge_pages(&v);
+    advise_huge_pages(&v, huge);
     // SAFETY: the vector's allocation holds at least `len` values, `bytes.len()` bytes, and does
     // not overlap `bytes` (it is new); a byte copy needs no alignment; all `len` values are then
     // initialised, and every byte pattern is a valid `T` (`T: Pod`).
@@ -141,10 +142,10 @@ mod tests {
         let v: Vec<u64> = vec![1, u64::MAX, 7];
         let mut b = vec![0u8];
         b.extend_from_slice(as_bytes(&v));
-        assert_eq!(copy_from_bytes::<u64>(&b[1..]), Some(v));
-        assert_eq!(copy_from_bytes::<u64>(&b[1..9]).map(|x| x.len()), Some(1));
-        assert!(copy_from_bytes::<u64>(&b[1..5]).is_none(), "not a whole u64");
-        assert_eq!(copy_from_bytes::<f32>(&[]), Some(Vec::new()));
+        assert_eq!(copy_from_bytes::<u64>(&b[1..], true), Some(v));
+        assert_eq!(copy_from_bytes::<u64>(&b[1..9], false).map(|x| x.len()), Some(1));
+        assert!(copy_from_bytes::<u64>(&b[1..5], true).is_none(), "not a whole u64");
+        assert_eq!(copy_from_bytes::<f32>(&[], true), Some(Vec::new()));
     }
 
     #[test]

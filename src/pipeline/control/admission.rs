@@ -19,7 +19,7 @@ use minibatchd_shm::LayoutError;
 use minibatchd_sys::ShmError;
 
 use super::session::{Claim, InvalidOptions, Kept, Registry, RegistryError, ResumeError, SavedSession};
-use crate::pipeline::data::hub::HubError;
+use crate::pipeline::data::catalog::CatalogError;
 use crate::pipeline::data::producer::error_detail;
 
 /// Why an `open` is refused.
@@ -27,7 +27,7 @@ use crate::pipeline::data::producer::error_detail;
 pub enum Refusal {
     /// The dataset is unknown or failed to open.
     #[error(transparent)]
-    Dataset(#[from] HubError),
+    Dataset(#[from] CatalogError),
     /// Invalid options.
     #[error(transparent)]
     Options(#[from] InvalidOptions),
@@ -133,7 +133,7 @@ impl Refusal {
     #[must_use]
     pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Dataset(HubError::Indexing { .. }) => ErrorCode::DatasetIndexing,
+            Self::Dataset(CatalogError::Indexing { .. }) => ErrorCode::DatasetIndexing,
             Self::Dataset(_) => ErrorCode::UnknownDataset,
             Self::Options(_) | Self::Sampling(_) | Self::Mixture { .. } => ErrorCode::InvalidOptions,
             Self::Resume(_) | Self::Lingering { .. } => ErrorCode::ResumeMismatch,
@@ -153,7 +153,7 @@ impl Refusal {
     #[must_use]
     pub fn detail(&self) -> Option<ErrorDetail> {
         match self {
-            Self::Dataset(HubError::Failed { source, .. }) => Some(error_detail(source)),
+            Self::Dataset(CatalogError::Failed { source, .. }) => Some(error_detail(source)),
             _ => None,
         }
     }

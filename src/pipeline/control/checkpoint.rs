@@ -3,7 +3,7 @@
 //!
 //! Written at start (what was restored), every `checkpoint_interval_secs`, and on SIGTERM/SIGINT
 //! after the connected clients had [`shutdown_grace_secs`](crate::config::DaemonConfig) to report
-//! their last position — always through [`minibatchd_engine::persist::write_atomic`] (tmp → fsync → rename →
+//! their last position — always through [`minibatchd_engine::state_file::write_atomic`] (tmp → fsync → rename →
 //! fsync dir), so a reader sees the old file or the new one, never a torn one. Read once at
 //! start: its sessions become lingering sessions (resumable by name for `session_linger_secs`),
 //! so a client that reconnects with its session name after a restart continues exactly where it
@@ -116,7 +116,7 @@ pub fn write(state_dir: &Path, c: &Checkpoint) -> std::io::Result<()> {
     std::fs::create_dir_all(state_dir)?;
     let mut bytes = serde_json::to_vec_pretty(c).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    minibatchd_engine::persist::write_atomic(&path(state_dir), &bytes)
+    minibatchd_engine::state_file::write_atomic(&path(state_dir), &bytes)
 }
 
 /// Reads the checkpoint of `state_dir`; `Ok(None)` when there is none.
@@ -128,7 +128,7 @@ pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
     let p = path(state_dir);
     // Only a file no one else could have written: it says which uid owns which session.
     let mut bytes = Vec::new();
-    match minibatchd_engine::persist::open_trusted(&p).and_then(|(mut f, _)| f.read_to_end(&mut bytes)) {
+    match minibatchd_engine::state_file::open_trusted(&p).and_then(|(mut f, _)| f.read_to_end(&mut bytes)) {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path: p, source }),

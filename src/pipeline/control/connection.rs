@@ -34,13 +34,13 @@ use minibatchd_client::protocol::{
     FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
-use super::active::{open, Active};
 use super::admission::Refusal;
 use super::mixture::{open_mixture, AT_OPEN};
+use super::open_session::{open, OpenSession};
 use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
-use crate::pipeline::data::hub::HubError;
+use crate::pipeline::data::catalog::CatalogError;
 use crate::pipeline::data::producer::{FreeSlot, ProducerEvent};
 
 /// Bytes read from the socket at a time.
@@ -59,15 +59,15 @@ async fn open_when_indexed(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     // Subscribed before the first try: a change between the try and the wait is not missed.
-    let mut hub = conn.shared.data.hub_changes();
+    let mut catalog = conn.shared.data.catalog_changes();
     let deadline = tokio::time::Instant::now() + OPEN_WAITS_FOR_INDEX;
     loop {
         match open_either(dataset, options, conn, peer).await {
-            Err(Refusal::Dataset(HubError::Indexing { .. })) if tokio::time::Instant::now() < deadline => {
+            Err(Refusal::Dataset(CatalogError::Indexing { .. })) if tokio::time::Instant::now() < deadline => {
                 tokio::select! {
-                    changed = hub.changed() => {
+                    changed = catalog.changed() => {
                         if changed.is_err() {
                             // No more changes to wait for: answer with what there is.
                             return open_either(dataset, options, conn, peer).await;
@@ -88,7 +88,7 @@ async fn open_either(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     if options.mixture.is_some() || conn.shared.config().mixtures.contains_key(name) {
         open_mixture(name, options, conn, peer).await
     } else {
@@ -101,7 +101,7 @@ enum Phase {
     Hello,
     /// Hello done, with this protocol version.
     Open(u32),
-    Serving(Box<Active>),
+    Serving(Box<OpenSession>),
 }
 
 /// What to do after a frame.
@@ -178,7 +178,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
     let mut frames = FrameBuffer::default();
     let mut buf = vec![0u8; READ_BUFFER_BYTES];
     let mut phase = Phase::Hello;
-    let mut reloads = conn.shared.data.hub_changes();
+    let mut reloads = conn.shared.data.catalog_changes();
     'conn: loop {
         let events = match &phase {
             Phase::Serving(a) if a.producing => Some(a.events.clone()),
@@ -213,8 +213,8 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     continue;
                 }
                 if let Phase::Serving(a) = &phase {
-                    let hub = conn.shared.data.hub();
-                    if let Some(gone) = a.sources.iter().find(|d| !hub.contains(d)) {
+                    let catalog = conn.shared.data.catalog();
+                    if let Some(gone) = a.sources.iter().find(|d| !catalog.contains(d)) {
                         let m = format!(
                             "dataset '{gone}' was removed by a configuration reload; report the minibatches taken with close{{taken}}: the session is kept resumable by name from there",
                         );
@@ -329,7 +329,7 @@ async fn drain(
 
 /// Stops the producer (reclaiming every slot with the ring), parks the session for resuming and
 /// gives its ring memory back.
-fn finish(mut active: Active, shared: &ControlPlane, peer: &Peer) {
+fn finish(mut active: OpenSession, shared: &ControlPlane, peer: &Peer) {
     active.producer.stop();
     active.publish_slots(true);
     let state = active.state();
@@ -355,7 +355,7 @@ const READY_BATCH: usize = 64;
 
 /// Handles `event` and whatever else the producer has queued already (up to [`READY_BATCH`]),
 /// then sends the replies in one write.
-async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
+async fn on_events(event: Option<ProducerEvent>, a: &mut OpenSession, wr: &mut OwnedWriteHalf) -> std::io::Result<()> {
     let mut out = Vec::new();
     let mut more = on_event(event, a, &mut out);
     let mut batched = 1;
@@ -373,7 +373,7 @@ async fn on_events(event: Option<ProducerEvent>, a: &mut Active, wr: &mut OwnedW
 }
 
 /// Appends the reply to `event` to `out`; `true` while the producer goes on.
-fn on_event(event: Option<ProducerEvent>, a: &mut Active, out: &mut Vec<u8>) -> bool {
+fn on_event(event: Option<ProducerEvent>, a: &mut OpenSession, out: &mut Vec<u8>) -> bool {
     match event {
         Some(ProducerEvent::Filled { slot, generation, meta, mixture }) => {
             a.slots.announce(usize::try_from(slot).unwrap_or(usize::MAX), generation, meta.index);
@@ -474,7 +474,7 @@ async fn on_frame(
                         serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
                     conn.shared.data.metrics.control.sessions_refused.with_label_values(&[label.as_str()]).inc();
                     tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
-                    if let Refusal::Dataset(HubError::Unknown { known, .. }) = &refusal {
+                    if let Refusal::Dataset(CatalogError::Unknown { known, .. }) = &refusal {
                         tracing::info!(configured = %known.join(", "), "the datasets a client may open");
                     }
                     send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await?;

@@ -1,6 +1,6 @@
 //! Opening a mixture's session (`docs/mixtures.md`): a client's `open` of a `[mixtures.NAME]`.
 //!
-//! The same steps as a dataset's session ([`super::active::open`]) — options, a `resume` state's
+//! The same steps as a dataset's session ([`super::open_session::open`]) — options, a `resume` state's
 //! fit, admission, the ring, the checkpoint, the producer — with the engine's
 //! [`Mixture`] in place of a sampler, planned by [`MixturePlanner`]. What differs:
 //! * **Options.** `minibatch_size`, `max_samples` (the epoch, instead of the mixture's own),
@@ -32,16 +32,16 @@ use minibatchd_engine::sampling::mixture::{
 use minibatchd_engine::sampling::{window_sequences, EpochLimit, Sampler, SamplingOptions, Tail};
 use minibatchd_shm::RingGeometry;
 
-use super::active::{
-    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, warn_if_replaying, Active,
-    Described, Launch, SamplingReservation,
-};
 use super::admission::{self, Refusal};
+use super::open_session::{
+    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, warn_if_replaying, Described,
+    Launch, OpenSession, SamplingReservation,
+};
 use super::peer::{ConnShared, Peer};
 use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
 use super::ControlPlane;
 use crate::config::mixture::{sources_of, stream_layout, MixtureConfig};
-use crate::pipeline::data::hub::DatasetRuntime;
+use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::mixing::{from_wire, to_wire, MixturePlanner, PlannedSource};
 
 /// The `dataset` and `mixture` label of the sessions of mixtures given at `open`.
@@ -460,7 +460,7 @@ pub(super) async fn open_mixture(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let prepared = {
         let (name, options, shared) = (name.to_owned(), options.clone(), shared.clone());

@@ -4,18 +4,18 @@
 //! Plain logic: [`session`] (options, resume checks, slot leases, positions, the registry) and
 //! [`admission`] (the decision of `open`: name, starting state, memory — and its undo). Thin
 //! adapters: [`server`] (the session-manager actor that owns the socket), [`connection`] (the
-//! async task per client) and `active` (opening a session for a connection: ring, producer,
+//! async task per client) and `open_session` (opening a session for a connection: ring, producer,
 //! `opened`).
 //!
 //! [`ControlPlane`] is what they share: the configuration in force, the registry, the host-memory
 //! guard's verdict, the live connections, and the [`DataPlane`] whose producers they start. It
 //! imports the data plane, never the other way round; operations import both.
 
-mod active;
 pub mod admission;
 pub mod checkpoint;
 pub mod connection;
 mod mixture;
+mod open_session;
 pub mod peer;
 pub mod server;
 pub mod session;
@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 
-use super::data::hub::Hub;
+use super::data::catalog::Catalog;
 use super::data::{read_buffer_bytes, DataPlane};
 use admission::SessionLimits;
 use session::Registry;
@@ -210,13 +210,13 @@ fn announce_mixtures(config: &Config, metrics: &crate::metrics::Metrics) {
 }
 
 impl ControlPlane {
-    /// The control plane for `config` over the opened `hub`, counting into `metrics`.
+    /// The control plane for `config` over the opened `catalog`, counting into `metrics`.
     #[must_use]
-    pub fn new(config: Config, hub: Hub, metrics: crate::metrics::Metrics) -> Self {
+    pub fn new(config: Config, catalog: Catalog, metrics: crate::metrics::Metrics) -> Self {
         let threads = super::data::parser_threads(&config);
         let mut registry = Registry::new(0, 0, Duration::ZERO);
-        apply_memory_limits(&mut registry, &config, &hub, threads);
-        let data = Arc::new(DataPlane::new(&config, hub, metrics, threads, registry.cache_budget()));
+        apply_memory_limits(&mut registry, &config, &catalog, threads);
+        let data = Arc::new(DataPlane::new(&config, catalog, metrics, threads, registry.cache_budget()));
         announce_mixtures(&config, &data.metrics);
         let limits = Limits::of(&config);
         Self {
@@ -274,9 +274,9 @@ impl ControlPlane {
     }
 
     /// Swaps in a reloaded configuration and its datasets, and tells the connections.
-    pub fn replace(&self, config: Config, hub: Hub) {
+    pub fn replace(&self, config: Config, catalog: Catalog) {
         announce_mixtures(&config, &self.data.metrics);
-        self.data.replace_hub(hub);
+        self.data.replace_catalog(catalog);
         *self.config.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(config);
     }
 
@@ -292,15 +292,15 @@ impl ControlPlane {
 
 /// Sets `registry`'s memory limits from `config` (at start and on a reload): the limit, the
 /// chunk cache's floor (one [`CACHE_FLOOR_DIVISOR`]th of it), the linger time, and the parser threads'
-/// read buffers over `hub`'s datasets.
-pub fn apply_memory_limits(registry: &mut Registry, config: &Config, hub: &Hub, threads: usize) {
+/// read buffers over `catalog`'s datasets.
+pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &Catalog, threads: usize) {
     let d = &config.daemon;
     let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
     registry.set_max_lingering(d.max_sessions);
     // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
     // the chunk cache gets what they and the rings leave.
-    registry.set_buffers(read_buffer_bytes(config, hub, threads).saturating_add(hub.index_bytes()));
+    registry.set_buffers(read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes()));
 }
 
 /// 64 bits from the kernel's random source (`/dev/urandom`), for names nobody may guess; the

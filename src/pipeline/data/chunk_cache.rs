@@ -54,14 +54,14 @@ impl Drop for Charged {
 /// A chunk of a dataset, as the daemon's caches and stages name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ChunkKey {
-    /// The dataset's index in the hub ([`super::hub::DatasetRuntime::index`]).
+    /// The dataset's index in the catalog ([`super::catalog::DatasetRuntime::index`]).
     pub dataset: u32,
     /// The chunk's index in the dataset.
     pub chunk: u32,
 }
 
 impl ChunkKey {
-    /// Chunk `chunk` of the dataset with hub index `dataset`.
+    /// Chunk `chunk` of the dataset with catalog index `dataset`.
     #[must_use]
     pub const fn new(dataset: u32, chunk: u32) -> Self {
         Self { dataset, chunk }
@@ -72,17 +72,17 @@ impl ChunkKey {
 /// hands it, and the stop's drain ([`super::persister::drain`]).
 #[derive(Debug)]
 pub enum PersistJob {
-    /// Write a chunk as the parser made it to the persisted cache; the chunk cache keeps it
+    /// Write a chunk as the parser made it to the parsed cache; the chunk cache keeps it
     /// until then ([`SharedCache::written`]).
     Persist {
         /// Its dataset.
-        dataset: Weak<super::hub::DatasetRuntime>,
+        dataset: Weak<super::catalog::DatasetRuntime>,
         /// The chunk.
         chunk: Weak<ParsedChunk>,
         /// Its place in the chunk cache.
         key: ChunkKey,
     },
-    /// Copy a chunk mapped from the persisted cache into the daemon's memory, in the cache.
+    /// Copy a chunk mapped from the parsed cache into the daemon's memory, in the cache.
     Own {
         /// Its place in the chunk cache.
         key: ChunkKey,
@@ -113,10 +113,10 @@ pub struct ParsedMsg {
     pub key: ChunkKey,
     /// The chunk, or why it could not be read or parsed.
     pub result: Result<Arc<ParsedChunk>, DataError>,
-    /// The dataset whose persisted cache the chunk goes to (parsed from the text, not read back
+    /// The dataset whose parsed cache the chunk goes to (parsed from the text, not read back
     /// from an entry): the cache keeps the chunk from eviction until the persister has written
     /// it ([`SharedCache::written`]).
-    pub persist: Option<Weak<super::hub::DatasetRuntime>>,
+    pub persist: Option<Weak<super::catalog::DatasetRuntime>>,
 }
 
 /// How long a producer waits on a loading chunk before it asks again (a request can be lost when
@@ -125,7 +125,7 @@ pub const REQUEST_RETRY: Duration = Duration::from_secs(10);
 /// How often a blocked producer wakes to check whether it should stop.
 const WAIT_TICK: Duration = Duration::from_millis(50);
 
-/// Counters for logs and metrics (`minibatchd_cache_*`).
+/// Counters for logs and metrics (`minibatchd_chunk_cache_*`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Lookups answered from the cache.
@@ -140,7 +140,7 @@ pub struct CacheStats {
     pub over_budget_loads: u64,
     /// Demand loads refused because the chunks sessions hold reached the ceiling.
     pub refused_loads: u64,
-    /// Chunks mapped from the persisted cache replaced by a copy in the daemon's memory.
+    /// Chunks mapped from the parsed cache replaced by a copy in the daemon's memory.
     pub mapped_copies: u64,
     /// Chunks sessions let go while they waited and memory was short ([`SharedCache::shed`]).
     pub shed_chunks: u64,
@@ -181,7 +181,7 @@ pub enum FetchError {
     #[error(transparent)]
     Failed(DataError),
     /// The pipeline's request channel is gone (the daemon is stopping).
-    #[error("the reader stage is gone")]
+    #[error("the prefetch stage is gone")]
     Disconnected,
     /// Loading the chunk would pass the memory limit ([`Lookup::OverLimit`]).
     #[error("the chunks that sessions hold ({} MiB) fill the chunk cache's share of memory_limit_bytes ({} MiB)", mib(*held), mib(*ceiling))]
@@ -235,7 +235,7 @@ impl SharedCache {
         }
     }
 
-    /// Sends the chunks mapped from the persisted cache that are used a second time to `owner`
+    /// Sends the chunks mapped from the parsed cache that are used a second time to `owner`
     /// (the persister), which copies them into the daemon's memory ([`CacheCore::take_to_own`]).
     #[must_use]
     pub fn with_owner(mut self, owner: flume::Sender<PersistJob>) -> Self {
@@ -596,7 +596,7 @@ mod tests {
         );
     }
 
-    /// A chunk whose values are a mapped file's (as read back from the persisted cache).
+    /// A chunk whose values are a mapped file's (as read back from the parsed cache).
     fn mapped_chunk(n: usize) -> Arc<ParsedChunk> {
         use minibatchd_engine::format::chunk::{Column, StreamData, StreamValues, Values};
         use std::io::Write as _;
@@ -606,7 +606,8 @@ mod tests {
         f.write_all(minibatchd_sys::as_bytes(&values)).expect("write");
         // Mapped under a read lease: through a read-only descriptor, the writer's closed.
         let (_, path) = f.keep().expect("keep");
-        let map = minibatchd_sys::FileMapping::map(std::fs::File::open(&path).expect("open"), n * 4).expect("map");
+        let map =
+            minibatchd_sys::FileMapping::map(std::fs::File::open(&path).expect("open"), n * 4, true).expect("map");
         std::fs::remove_file(&path).expect("unlink");
         let column = Column::mapped(&map, 0, n).expect("in bounds");
         Arc::new(ParsedChunk {
@@ -734,7 +735,7 @@ mod tests {
     }
 
     /// Issue 37: a parsed chunk waiting for the persister is not evicted before it is written,
-    /// so one sweep fills the persisted cache whatever the memory limit; meanwhile it counts
+    /// so one sweep fills the parsed cache whatever the memory limit; meanwhile it counts
     /// against the ceiling like a held chunk, and the persister is told to hurry.
     #[test]
     fn a_chunk_waiting_for_its_write_is_not_evicted_until_written() {

@@ -48,7 +48,7 @@ struct Entry {
     logged: Instant,
     scanned: u64,
     total: u64,
-    /// The pass is over, but the hub that holds the result is not in force yet.
+    /// The pass is over, but the catalog that holds the result is not in force yet.
     finished: bool,
 }
 
@@ -88,7 +88,7 @@ impl Indexing {
     }
 
     /// The opening of `name` is over (open or failed): returns how long it took. Sessions keep
-    /// being told `dataset_indexing` until [`Indexing::clear_finished`], once the hub holding the
+    /// being told `dataset_indexing` until [`Indexing::clear_finished`], once the catalog holding the
     /// result is in force — else an `open` between the two would find the dataset nowhere.
     pub fn finish(&self, name: &str, metrics: &Metrics) -> Duration {
         let mut entries = self.entries();
@@ -99,7 +99,7 @@ impl Indexing {
         elapsed
     }
 
-    /// Forgets the finished openings (their hub is in force now).
+    /// Forgets the finished openings (their catalog is in force now).
     pub fn clear_finished(&self, metrics: &Metrics) {
         self.entries().retain(|_, e| !e.finished);
         self.publish(metrics);
@@ -117,7 +117,7 @@ impl Indexing {
         self.entries().get(name).map(|e| Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() })
     }
 
-    /// Datasets being opened now (or opened, until their hub is in force).
+    /// Datasets being opened now (or opened, until their catalog is in force).
     #[must_use]
     pub fn count(&self) -> usize {
         self.entries().len()
@@ -148,7 +148,7 @@ mod tests {
         assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
         assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 1);
         board.finish("a", &metrics);
-        assert!(board.get("a").is_some(), "told indexing until its hub is in force");
+        assert!(board.get("a").is_some(), "told indexing until its catalog is in force");
         board.clear_finished(&metrics);
         assert!(board.get("a").is_none());
         assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 0);

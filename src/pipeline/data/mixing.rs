@@ -3,7 +3,7 @@
 //! into the ring as it does a dataset's minibatches.
 //!
 //! Each minibatch's chunks come from the cache under their own dataset's key (a mixture shares
-//! the parsed chunks, the parser pool and the persisted cache with every session of its
+//! the parsed chunks, the parser pool and the parsed cache with every session of its
 //! datasets). A chunk stays held until its source's sweep is done with it (the plan's `retire`),
 //! as a dataset's session holds its window. The next [`AHEAD`] minibatches are planned ahead and
 //! their chunks asked for, so that the parser pool works while this one is gathered.
@@ -29,8 +29,8 @@ use minibatchd_engine::sampling::mixture::{Mixture, MixturePlan, MixtureState, S
 use minibatchd_engine::sampling::Timeline;
 use prometheus::{Gauge, IntCounter};
 
+use super::catalog::DatasetRuntime;
 use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
-use super::hub::DatasetRuntime;
 use super::producer::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, Producer, ProducerEvent};
 use crate::metrics::SessionMetrics;
 use minibatchd_shm::SharedRing;

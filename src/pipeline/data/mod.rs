@@ -8,26 +8,26 @@
 //!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
 //! ```
 //!
-//! Plain logic: [`chunk_cache`] (the budgeted LRU and its waiters), [`hub`] (the datasets in force),
-//! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`reader`],
+//! Plain logic: [`chunk_cache`] (the budgeted LRU and its waiters), [`catalog`] (the datasets in force),
+//! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`prefetch`],
 //! [`parsers`], [`chunk_cache_stage`], [`delivery`] (the producer pool, [`pool`]); [`preload`] warms the cache.
 //!
 //! [`DataPlane`] is what they share. It also carries the daemon-wide services every plane reports
 //! to — the metrics registry and the stages' health — so the data plane imports nothing of the
 //! control plane or of operations.
 
+pub mod catalog;
 pub mod chunk_cache;
 pub mod chunk_cache_stage;
 pub mod delivery;
-pub mod hub;
 pub mod indexing;
 pub mod mixing;
 pub mod parsers;
 pub mod persister;
 pub mod pool;
+pub mod prefetch;
 pub mod preload;
 pub mod producer;
-pub mod reader;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
@@ -36,8 +36,8 @@ use crate::config::Config;
 use crate::metrics::Metrics;
 
 use super::lifecycle::Health;
+use catalog::{Catalog, CatalogError, DatasetRuntime};
 use chunk_cache::{ChunkRequest, ParsedMsg, SharedCache};
-use hub::{DatasetRuntime, Hub, HubError};
 use indexing::Indexing;
 
 /// The data-plane channels, created once and owned for the daemon's lifetime, so that a
@@ -67,15 +67,15 @@ impl Channels {
 /// What the data plane's stages share.
 #[derive(Debug)]
 pub struct DataPlane {
-    hub: RwLock<Arc<Hub>>,
-    hub_generation: tokio::sync::watch::Sender<u64>,
+    catalog: RwLock<Arc<Catalog>>,
+    catalog_generation: tokio::sync::watch::Sender<u64>,
     /// The chunk cache.
     pub cache: Arc<SharedCache>,
     /// Channels between the stages.
     pub channels: Channels,
     /// Parser threads.
     pub parser_threads: usize,
-    /// Object chunk ranges the reader fetches ahead of the parsers at once (`object_fetches`).
+    /// Object chunk ranges the prefetch stage fetches ahead of the parsers at once (`object_fetches`).
     pub object_fetches: usize,
     /// Every metric.
     pub metrics: Metrics,
@@ -85,7 +85,7 @@ pub struct DataPlane {
     pub indexing: Indexing,
     /// Set once the datasets configured at start have been opened (or failed to).
     pub opened_at_start: std::sync::atomic::AtomicBool,
-    /// Hub indices of the datasets whose preload has been started (each dataset version once).
+    /// Catalog indices of the datasets whose preload has been started (each dataset version once).
     preloaded: Mutex<HashSet<u32>>,
     /// Parsed chunks to the persister ([`persister`]).
     pub persist: flume::Sender<chunk_cache::PersistJob>,
@@ -94,9 +94,9 @@ pub struct DataPlane {
 }
 
 impl DataPlane {
-    /// The data plane over the opened `hub`, its cache holding `cache_budget` bytes.
+    /// The data plane over the opened `catalog`, its cache holding `cache_budget` bytes.
     #[must_use]
-    pub fn new(config: &Config, hub: Hub, metrics: Metrics, parser_threads: usize, cache_budget: u64) -> Self {
+    pub fn new(config: &Config, catalog: Catalog, metrics: Metrics, parser_threads: usize, cache_budget: u64) -> Self {
         let d = &config.daemon;
         let channels = Channels::new(d.read_queue_chunks, d.parsed_queue_chunks);
         let (persist, jobs) = persister::channel();
@@ -108,10 +108,11 @@ impl DataPlane {
             Arc::downgrade(&cache),
             demand.clone(),
             metrics.data.parsed_cache_deferred_seconds.clone(),
+            catalog.huge_pages().clone(),
         );
         Self {
-            hub: RwLock::new(Arc::new(hub)),
-            hub_generation: tokio::sync::watch::channel(0).0,
+            catalog: RwLock::new(Arc::new(catalog)),
+            catalog_generation: tokio::sync::watch::channel(0).0,
             cache,
             channels,
             parser_threads,
@@ -127,44 +128,44 @@ impl DataPlane {
     }
 
     /// The datasets in force.
-    pub fn hub(&self) -> Arc<Hub> {
-        self.hub.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    pub fn catalog(&self) -> Arc<Catalog> {
+        self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// The dataset `name` for a new session: open, or why not — [`HubError::Indexing`] (with its
+    /// The dataset `name` for a new session: open, or why not — [`CatalogError::Indexing`] (with its
     /// progress) while it is being opened, even if an earlier attempt failed.
     ///
     /// # Errors
-    /// [`HubError`].
-    pub fn dataset(&self, name: &str) -> Result<Arc<DatasetRuntime>, HubError> {
-        // The indexing table first: a reload puts the new hub in force before it forgets the
+    /// [`CatalogError`].
+    pub fn dataset(&self, name: &str) -> Result<Arc<DatasetRuntime>, CatalogError> {
+        // The indexing table first: a reload puts the new catalog in force before it forgets the
         // dataset there, so reading them in this order never finds the dataset in neither.
         let progress = self.indexing.get(name);
-        match self.hub().get(name) {
+        match self.catalog().get(name) {
             Ok(rt) => Ok(rt),
             Err(e) => match progress {
-                Some(progress) => Err(HubError::Indexing { name: name.to_owned(), progress }),
+                Some(progress) => Err(CatalogError::Indexing { name: name.to_owned(), progress }),
                 None => Err(e),
             },
         }
     }
 
-    /// The runtime with hub index `index` (current, or a replaced version a session still reads).
+    /// The runtime with catalog index `index` (current, or a replaced version a session still reads).
     #[must_use]
     pub fn runtime(&self, index: u32) -> Option<Arc<DatasetRuntime>> {
-        self.hub().by_index(index)
+        self.catalog().by_index(index)
     }
 
     /// Swaps in the datasets of a reloaded configuration and tells the connections.
-    pub fn replace_hub(&self, hub: Hub) {
-        *self.hub.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(hub);
-        self.hub_generation.send_modify(|g| *g += 1);
+    pub fn replace_catalog(&self, catalog: Catalog) {
+        *self.catalog.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(catalog);
+        self.catalog_generation.send_modify(|g| *g += 1);
     }
 
-    /// Notified after every [`DataPlane::replace_hub`].
+    /// Notified after every [`DataPlane::replace_catalog`].
     #[must_use]
-    pub fn hub_changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.hub_generation.subscribe()
+    pub fn catalog_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.catalog_generation.subscribe()
     }
 }
 
@@ -191,11 +192,11 @@ fn per_core(n: usize) -> usize {
 /// that grows to the longest sequence it has read; counted as `threads` × the largest chunk of
 /// the open datasets, a bound that holds whatever the sequences.
 #[must_use]
-pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
+pub fn read_buffer_bytes(config: &Config, catalog: &Catalog, threads: usize) -> u64 {
     let largest = config
         .datasets
         .keys()
-        .filter_map(|name| hub.get(name).ok())
+        .filter_map(|name| catalog.get(name).ok())
         .filter_map(|rt| rt.dataset.chunks().iter().map(|c| c.end.saturating_sub(c.start)).max())
         .max()
         .unwrap_or(0);
@@ -208,10 +209,10 @@ pub fn read_buffer_bytes(config: &Config, hub: &Hub, threads: usize) -> u64 {
 /// been preloaded in this version yet: at start, and after a reload for the datasets it added or
 /// changed and for those that failed to open before and open now.
 pub fn preload_datasets(data: &Arc<DataPlane>, config: &Config) {
-    let hub = data.hub();
+    let catalog = data.catalog();
     let mut started = data.preloaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for name in config.datasets.keys() {
-        if let Ok(rt) = hub.get(name) {
+        if let Ok(rt) = catalog.get(name) {
             if rt.dataset.config().preload && started.insert(rt.index) {
                 preload::spawn(data.clone(), rt);
             }

@@ -74,7 +74,7 @@ impl ParserWorker {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
                 }
                 let chunk = Arc::new(chunk);
-                // A chunk read back from the persisted cache (mapped) has nothing to persist; the
+                // A chunk read back from the parsed cache (mapped) has nothing to persist; the
                 // others go to the persister once in the chunk cache (`SharedCache::insert`).
                 if rt.dataset.parsed_cache().is_some() && !chunk.is_mapped() {
                     persist = Some(Arc::downgrade(&rt));

@@ -2,7 +2,7 @@
 //! priority (nice 19), so that it stays off the path of the first minibatch: on a cold sweep both
 //! cores parse, then deliver, and the persister takes what CPU they leave. Two jobs:
 //!
-//! * **Persist**: write a chunk the parser pool parsed to the persisted parsed-chunk cache
+//! * **Persist**: write a chunk the parser pool parsed to the parsed cache
 //!   (`minibatchd_engine::format::parsed_cache`). The dataset decides what is written
 //!   ([`minibatchd_engine::dataset::Dataset::persist_later`]: chunks parsed without a malformed
 //!   place, once). While any session's producer is at work ([`Demand`]) the writes are paced to a
@@ -17,8 +17,8 @@
 //!   its write is done ([`super::chunk_cache::SharedCache::written`]): when chunks waiting for
 //!   their writes keep the cache from its budget (a dataset larger than the memory limit), the
 //!   writes go at full speed, and the sessions that need room wait for them — so one sweep fills
-//!   the persisted cache whatever the memory. A job dropped by a full queue lets its chunk go.
-//! * **Own**: copy a chunk read back from the persisted cache — its columns the entry's mapped
+//!   the parsed cache whatever the memory. A job dropped by a full queue lets its chunk go.
+//! * **Own**: copy a chunk read back from the parsed cache — its columns the entry's mapped
 //!   page-cache pages — into the daemon's own memory and swap the copy into the chunk cache
 //!   ([`super::chunk_cache::SharedCache::replace`]), unless the mapping is on huge pages. The
 //!   mapping serves the first sweep without a copy or fresh memory to touch; where the kernel
@@ -38,9 +38,10 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use minibatchd_engine::format::chunk::ParsedChunk;
+use minibatchd_sys::HugePages;
 
+use super::catalog::DatasetRuntime;
 use super::chunk_cache::{ChunkKey, PersistJob, SharedCache};
-use super::hub::DatasetRuntime;
 
 /// Jobs waiting for the persister at most.
 pub const QUEUE: usize = 4096;
@@ -179,12 +180,13 @@ pub fn channel() -> (flume::Sender<PersistJob>, flume::Receiver<PersistJob>) {
 
 /// Starts the persister thread (`mbd-persist`) for the chunks of `cache`; it ends when every
 /// sender is gone. Writes are paced by `demand` ([`Writes`]), the time they wait for it counted
-/// in `deferred`; copies (`Own`) run as they come.
+/// in `deferred`; copies (`Own`) run as they come, while `huge` is on.
 pub fn spawn(
     jobs: flume::Receiver<PersistJob>,
     cache: Weak<SharedCache>,
     demand: Arc<Demand>,
     deferred: prometheus::Counter,
+    huge: HugePages,
 ) {
     let spawned = std::thread::Builder::new().name("mbd-persist".into()).spawn(move || {
         // This thread only: on Linux a thread id names one thread to setpriority.
@@ -255,7 +257,7 @@ pub fn spawn(
                 Some(PersistJob::Own { key, chunk }) => {
                     if let Some(cache) = cache.upgrade() {
                         let copied =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| own(&cache, key, &chunk)));
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| own(&cache, key, &chunk, &huge)));
                         if copied.is_err() {
                             tracing::error!(?key, "copying a mapped chunk panicked; it stays mapped");
                         }
@@ -273,7 +275,7 @@ pub fn spawn(
 /// A chunk to write: its dataset, the chunk, its place in the chunk cache.
 type WriteJob = (Weak<DatasetRuntime>, Weak<ParsedChunk>, ChunkKey);
 
-/// Writes the chunk of `job` to its dataset's persisted cache unless its dataset or chunk is gone
+/// Writes the chunk of `job` to its dataset's parsed cache unless its dataset or chunk is gone
 /// (`None`); whether it was written (false: written already, not to be persisted, or the write
 /// panicked — logged: the persister goes on, and the chunk cache lets the chunk go).
 fn persist(job: &WriteJob) -> Option<bool> {
@@ -393,11 +395,11 @@ impl<J> Writes<J> {
 /// Copies the mapped chunk `chunk` into the daemon's memory and puts the copy in its place in
 /// `cache` (unless the cache let it go meanwhile) — unless the mapping is on huge pages already
 /// (the entry in 2 MiB page-cache folios), where the gather reads it as fast as a copy, or huge
-/// pages are turned off (`huge_pages = false`: a copy on 4 KiB pages would gain nothing). The
+/// pages are turned off (`huge`, `huge_pages = false`: a copy on 4 KiB pages would gain nothing). The
 /// chunk is held only to take a clone of it (whose columns share the mapping), so that the copy,
 /// at nice 19, does not keep it from eviction or count it as held by a session.
-fn own(cache: &SharedCache, key: ChunkKey, chunk: &Weak<ParsedChunk>) {
-    if !minibatchd_sys::huge::huge_pages() || !cache.holds(key, chunk) {
+fn own(cache: &SharedCache, key: ChunkKey, chunk: &Weak<ParsedChunk>, huge: &HugePages) {
+    if !huge.enabled() || !cache.holds(key, chunk) {
         return;
     }
     let Some(snapshot) = chunk.upgrade().map(|c| (*c).clone()) else { return };

@@ -6,7 +6,7 @@
 //! A daemon started ahead of its trainers (systemd, at boot) can do that parse while it is idle.
 //!
 //! One thread per preloaded dataset walks the chunks in file order through the ordinary cache
-//! path ([`SharedCache::get`]: read by the reader stage, parsed by the pool, inserted by the cache
+//! path ([`SharedCache::get`]: read ahead by the prefetch stage, parsed by the pool, inserted by the cache
 //! stage), keeping one more chunk requested than it waits for, so both parser threads of a 2-core
 //! node stay busy. It stops at the cache budget (never evicting what sessions hold or will need:
 //! it only loads while the cache has room for another chunk), when the daemon stops, or when a
@@ -19,15 +19,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::catalog::DatasetRuntime;
 use super::chunk_cache::{ChunkKey, FetchError};
-use super::hub::DatasetRuntime;
 use super::DataPlane;
 use crate::pipeline::lifecycle::Phase;
 
 /// How often a preload blocked on a chunk checks whether it should stop.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
-/// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-INDEX`: the hub
+/// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-INDEX`: the catalog
 /// index, not the dataset's name, which may hold any character, NUL included).
 pub fn spawn(shared: Arc<DataPlane>, runtime: Arc<DatasetRuntime>) {
     let name = format!("mbd-preload-{}", runtime.index);
@@ -55,7 +55,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
         if shared.health.phase() == Phase::Stopping {
             return Err(Ended::Stopping);
         }
-        match shared.hub().get(&rt.name) {
+        match shared.catalog().get(&rt.name) {
             Ok(current) if current.index == rt.index => Ok(()),
             _ => Err(Ended::Replaced),
         }

@@ -31,8 +31,8 @@ use minibatchd_sys::MemfdMemory;
 mod filler;
 mod planner;
 
+use super::catalog::DatasetRuntime;
 use super::chunk_cache::{Charged, SharedCache};
-use super::hub::DatasetRuntime;
 use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
 use filler::{Announcer, Filling, Reorder};

@@ -27,7 +27,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     let m = &shared.data.metrics;
     let c = &shared.data.channels;
     for (stage, len, cap) in [
-        ("reader", c.requests.1.len(), c.requests.1.capacity()),
+        ("prefetch", c.requests.1.len(), c.requests.1.capacity()),
         ("parsers", c.to_parse.1.len(), c.to_parse.1.capacity()),
         ("cache", c.parsed.1.len(), c.parsed.1.capacity()),
     ] {
@@ -37,8 +37,8 @@ pub fn refresh_metrics(shared: &ControlPlane) {
             .with_label_values(&[stage])
             .set(cap.and_then(|c| i64::try_from(c).ok()).unwrap_or(0));
     }
-    let hub = shared.data.hub();
-    if let Some(r) = hub.remote_cell().get() {
+    let catalog = shared.data.catalog();
+    if let Some(r) = catalog.remote_cell().get() {
         let s = r.chunks.stats();
         m.data.object_cache_bytes.set(to_i64(s.bytes));
         m.data.object_cache_limit_bytes.set(to_i64(r.chunks.max_bytes()));
@@ -50,7 +50,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
             m.data.object_indexes.with_label_values(&[o.name()]).set(to_i64(n));
         }
     }
-    if let Some(p) = hub.parsed_cache() {
+    if let Some(p) = catalog.parsed_cache() {
         let s = p.stats();
         m.data.parsed_cache_bytes.set(to_i64(s.bytes));
         m.data.parsed_cache_limit_bytes.set(to_i64(p.limit()));
@@ -88,9 +88,9 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     m.ops.memory_used_bytes.with_label_values(&["cache"]).set(to_i64(stats.bytes));
     m.ops.memory_used_bytes.with_label_values(&["rings"]).set(to_i64(rings));
     m.ops.memory_used_bytes.with_label_values(&["sampling"]).set(to_i64(sampling));
-    let hub = shared.data.hub();
-    m.ops.memory_used_bytes.with_label_values(&["index"]).set(to_i64(hub.index_bytes()));
-    let (ready, failed) = hub.counts();
+    let catalog = shared.data.catalog();
+    m.ops.memory_used_bytes.with_label_values(&["index"]).set(to_i64(catalog.index_bytes()));
+    let (ready, failed) = catalog.counts();
     m.data.datasets.with_label_values(&["ready"]).set(to_i64(ready as u64));
     m.data.datasets.with_label_values(&["failed"]).set(to_i64(failed as u64));
     m.refresh_checkpoint_age();
@@ -137,7 +137,7 @@ fn dir_usage(dir: &std::path::Path) -> Usage {
 
 /// The `STATUS=` line for `sd_notify`.
 pub fn status_line(shared: &ControlPlane) -> String {
-    let (ready, failed) = shared.data.hub().counts();
+    let (ready, failed) = shared.data.catalog().counts();
     let indexing = shared.data.indexing.count();
     format!(
         "serving {ready} dataset(s){}{}",
@@ -231,16 +231,16 @@ const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     let opening = !shared.data.opened_at_start.load(Ordering::Acquire) || shared.data.indexing.count() > 0;
     let config = shared.config();
-    let hub = shared.data.hub();
+    let catalog = shared.data.catalog();
     // What the datasets read is known only once every configured dataset is open: until then
     // (datasets being indexed, or failed) no cache of an existing file or object and no
     // decompressed copy counts as unused. Replaced versions that sessions still read count as
-    // open. The indexing table is read on both sides of taking the hub, so that a reload swapping
-    // hubs in between is seen.
+    // open. The indexing table is read on both sides of taking the catalog, so that a reload swapping
+    // catalogs in between is seen.
     let opening = opening || shared.data.indexing.count() > 0;
-    let settled = !opening && config.datasets.keys().all(|name| hub.get(name).is_ok());
+    let settled = !opening && config.datasets.keys().all(|name| catalog.get(name).is_ok());
     // (A path per input and its canonical form: only worth it when they decide something.)
-    let inputs = if settled { hub.inputs() } else { std::collections::HashSet::new() };
+    let inputs = if settled { catalog.inputs() } else { std::collections::HashSet::new() };
     // A reload that starts indexing while this runs makes everything count as in use again from
     // then on: the datasets it adds read files that `inputs` does not list.
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input) || shared.data.indexing.count() > 0;
@@ -308,15 +308,15 @@ impl Housekeeping {
             let mut next_tidy = Instant::now();
             // A reload that swapped the datasets leaves older decompressed copies and caches
             // behind: tidy soon after it rather than within the hour.
-            let mut hub_changes = shared.data.hub_changes();
+            let mut catalog_changes = shared.data.catalog_changes();
             loop {
                 match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
                 sample_memory(&shared, &mut sampler, &mut guard);
-                if hub_changes.has_changed().unwrap_or(false) {
-                    hub_changes.borrow_and_update();
+                if catalog_changes.has_changed().unwrap_or(false) {
+                    catalog_changes.borrow_and_update();
                     next_tidy = Instant::now();
                 }
                 if Instant::now() >= next_tidy {

@@ -4,7 +4,7 @@
 //! logged, counted in `minibatchd_config_reloads_total{result="failure"}` and the running
 //! configuration is kept) → open the added and changed datasets off the event loop (indexing can
 //! take a while; sessions keep being served meanwhile) → swap the configuration and the dataset
-//! hub in one step → `READY=1`.
+//! catalog in one step → `READY=1`.
 //!
 //! What changes: datasets are added, removed or replaced; sessions on unchanged datasets never
 //! notice. A session on a removed dataset ends with `error{unknown_dataset}` (it stays resumable
@@ -25,7 +25,7 @@ use minibatchd_engine::format::errors::DataError;
 
 use super::notify::Notifier;
 use crate::pipeline::control::ControlPlane;
-use crate::pipeline::data::hub::{Hub, HubChanges};
+use crate::pipeline::data::catalog::{Catalog, CatalogChanges};
 
 /// Why a configuration file is not acceptable.
 #[derive(Debug, thiserror::Error)]
@@ -131,7 +131,7 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
     keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
     // Object storage is set up once per process (its cache, shared indexes and fetches).
     keep!(objects);
-    // The persisted parsed-chunk cache is opened once per process.
+    // The parsed cache is opened once per process.
     keep!(parsed_cache_dir, parsed_cache_bytes);
     (out, restart)
 }
@@ -139,19 +139,19 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
 /// A validated configuration with its datasets opened, ready to swap in.
 struct Prepared {
     config: Config,
-    hub: Hub,
-    changes: HubChanges,
+    catalog: Catalog,
+    changes: CatalogChanges,
     restart: Vec<&'static str>,
 }
 
 fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let old = shared.config();
-    let running = shared.data.hub();
+    let running = shared.data.catalog();
     let mut config = validate_in(&old.path, Some(&old.daemon), running.remote_cell())?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
-    let (hub, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
-    Ok(Prepared { config, hub, changes, restart })
+    let (catalog, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
+    Ok(Prepared { config, catalog, changes, restart })
 }
 
 /// Runs `work` (an index pass: seconds to minutes) on a thread of its own and waits for it without
@@ -211,14 +211,14 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     let s = shared.clone();
     let opened = off_the_loop(move || {
         let config = s.config();
-        let (hub, changes) = s.data.hub().reopen(&config, &s.data.metrics, &s.data.indexing);
-        (Config::clone(&config), hub, changes)
+        let (catalog, changes) = s.data.catalog().reopen(&config, &s.data.metrics, &s.data.indexing);
+        (Config::clone(&config), catalog, changes)
     })
     .await;
     match opened {
-        Ok((config, hub, changes)) => {
-            let (ready, failed) = hub.counts();
-            apply(&shared, Prepared { config, hub, changes, restart: Vec::new() });
+        Ok((config, catalog, changes)) => {
+            let (ready, failed) = catalog.counts();
+            apply(&shared, Prepared { config, catalog, changes, restart: Vec::new() });
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ready, failed, elapsed_ms, "datasets opened");
             if ready == 0 && failed > 0 {
@@ -236,9 +236,10 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     shared.data.opened_at_start.store(true, std::sync::atomic::Ordering::Release);
 }
 
-/// Sets whether parsed chunks from now on are advised huge pages (`[daemon] huge_pages`).
-pub fn apply_huge_pages(enabled: bool) {
-    minibatchd_sys::huge::set_huge_pages(enabled);
+/// Sets whether chunks parsed from now on are advised huge pages (`[daemon] huge_pages`): `huge`
+/// is the catalog's setting, which every dataset, the parsed cache and the persister share.
+pub fn apply_huge_pages(huge: &minibatchd_sys::HugePages, enabled: bool) {
+    huge.set(enabled);
     tracing::info!(huge_pages = enabled, "transparent huge pages for parsed chunks");
 }
 
@@ -251,13 +252,13 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
     }
     {
         let mut reg = shared.registry();
-        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.hub, shared.data.parser_threads);
+        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, shared.data.parser_threads);
         shared.rebudget(&reg);
     }
     if p.config.daemon.huge_pages != shared.config().daemon.huge_pages {
-        apply_huge_pages(p.config.daemon.huge_pages);
+        apply_huge_pages(p.catalog.huge_pages(), p.config.daemon.huge_pages);
     }
-    shared.replace(p.config, p.hub);
+    shared.replace(p.config, p.catalog);
     shared.data.indexing.clear_finished(&shared.data.metrics);
     // A chunk that failed (a file that was unreadable or malformed) is read again when next
     // asked: the reload is how an operator says the data was repaired.

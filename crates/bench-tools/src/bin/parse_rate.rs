@@ -10,7 +10,7 @@
 //! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
 //! ```
 //!
-//! With `persisted`, chunks go through the persisted parsed-chunk cache in `STATE_DIR/parsed`:
+//! With `persisted`, chunks go through the parsed cache in `STATE_DIR/parsed`:
 //! the first such run parses and writes each chunk, the next ones read every chunk from it.
 
 #![forbid(unsafe_code)]
@@ -74,7 +74,7 @@ fn parse(
         path.display().to_string()
     );
     let config = Config::from_toml_str(&text, state).map_err(|e| e.to_string())?;
-    // The persisted parsed-chunk cache under STATE_DIR: the first run writes it as it parses, a
+    // The parsed cache under STATE_DIR: the first run writes it as it parses, a
     // later run reads every chunk from it.
     let cache = if persisted {
         Some(ParsedCache::open(&state.join(PARSED_DIR), u64::MAX).map_err(|e| e.to_string())?)

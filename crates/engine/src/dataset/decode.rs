@@ -1,5 +1,5 @@
 //! Loading a chunk: its bytes read a window at a time (a local file checked against the version
-//! indexed, or an object's range through the chunk-range cache), decoded source by source — CTF
+//! indexed, or an object's range through the object cache), decoded source by source — CTF
 //! sources joined by sequence key, every other format through its record decoder — into one
 //! [`ParsedChunk`].
 
@@ -95,7 +95,7 @@ impl Dataset {
                 ),
             })
         };
-        let mut out = d.buffers::<T>(chunk_bytes, count);
+        let mut out = d.buffers::<T>(chunk_bytes, count, self.huge.enabled());
         let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
         if !src.indexes[desc.file].sequences.sizes_follow_lines() {
             for (loc, seq) in self.chunk_sequences(chunk, si) {
@@ -133,6 +133,7 @@ impl Dataset {
         let seqs = self.timeline.chunk_start[chunk]..self.timeline.chunk_start[chunk + 1];
         let mut by_source: Vec<Vec<Malformed>> = Vec::with_capacity(self.sources.len());
         let mut streams = Vec::new();
+        let huge = self.huge.enabled();
         for (si, src) in self.sources.iter().enumerate() {
             let mut errors = Vec::new();
             let decoder = match &src.decoder {
@@ -168,7 +169,7 @@ impl Dataset {
                 buf.seq_offsets.reserve(seqs.len());
                 if let Some(dim) = decoder.dense_dim(i) {
                     buf.values.reserve(seqs.len().saturating_mul(dim).min(max_values));
-                    minibatchd_sys::advise_huge_pages(&buf.values);
+                    minibatchd_sys::advise_huge_pages(&buf.values, huge);
                 }
             }
             decoder.dense_room(&mut bufs, max_values);
@@ -225,7 +226,7 @@ impl Dataset {
     }
 
     /// Windows over bytes `start..end` of `src`'s file `file`: the file (checked against the
-    /// version indexed), or the object's range from the chunk-range cache (fetched if needed).
+    /// version indexed), or the object's range from the object cache (fetched if needed).
     pub(super) fn window<'a>(
         src: &'a OpenSource,
         remote: Option<&Remote>,

@@ -2,7 +2,7 @@
 //! joined by sequence key, chunks built, and the [`Timeline`] the sampler works on.
 //!
 //! This is the seam between the formats and everything above them. The `dump` command and the
-//! daemon's reader stage both call [`Dataset::load_chunk`], which reads a chunk's bytes, decodes
+//! daemon's parser threads both call [`Dataset::load_chunk`], which reads a chunk's bytes, decodes
 //! them into a [`ParsedChunk`] and charges the malformed places to the dataset's error budget.
 //!
 //! Several sources (CNTK's bundler, reference §3.6): the first source drives chunking; a sequence
@@ -22,6 +22,8 @@
 
 use std::path::Path;
 use std::sync::Arc;
+
+use minibatchd_sys::HugePages;
 
 use crate::format::chunk::{ParsedChunk, StreamSpec};
 use crate::format::ctf::CtfDecoder;
@@ -69,7 +71,7 @@ enum SourceDecoder {
 enum Stored {
     /// A local file (or a decompressed copy): checked against this version before a read.
     Local(FileVersion),
-    /// An object at this ETag, read through the chunk-range cache with `If-Match`.
+    /// An object at this ETag, read through the object cache with `If-Match`.
     Remote(ObjectMeta),
 }
 
@@ -113,15 +115,17 @@ pub struct Dataset {
     budgets: Vec<ErrorBudget>,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
-    /// The persisted parsed-chunk cache, if this dataset uses one.
+    /// The parsed cache, if this dataset uses one.
     parsed: Option<ParsedUse>,
     /// [`IndexLimits::max_parsed_chunk_bytes`] of the open.
     max_parsed_chunk_bytes: u64,
     /// The object storage its objects are read from (none for a dataset of local files).
     remote: Option<Arc<Remote>>,
+    /// Whether the buffers of the chunks it parses are advised huge pages (`[daemon] huge_pages`).
+    huge: HugePages,
 }
 
-/// When a dataset writes the chunks it parses to the persisted parsed-chunk cache.
+/// When a dataset writes the chunks it parses to the parsed cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Persist {
     /// In [`Dataset::load_chunk`], before it returns (`dump`, `index --parsed`).
@@ -131,7 +135,7 @@ pub enum Persist {
     Later,
 }
 
-/// A dataset's use of the persisted parsed-chunk cache.
+/// A dataset's use of the parsed cache.
 struct ParsedUse {
     cache: Arc<ParsedCache>,
     /// [`Dataset::parse_identity`].
@@ -229,6 +233,7 @@ impl Dataset {
             parsed: None,
             max_parsed_chunk_bytes: u64::MAX,
             remote: None,
+            huge: HugePages::default(),
         })
     }
 
@@ -240,14 +245,20 @@ impl Dataset {
         self.parsed = Some(ParsedUse { cache, identity: self.parse_identity(), persist, pending });
     }
 
-    /// The persisted parsed-chunk cache this dataset uses, if any.
+    /// Follows `huge` (shared with whoever opened the dataset, who may change it) for the buffers
+    /// of the chunks it parses from now on; on by default.
+    pub fn set_huge_pages(&mut self, huge: HugePages) {
+        self.huge = huge;
+    }
+
+    /// The parsed cache this dataset uses, if any.
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
         self.parsed.as_ref().map(|p| &p.cache)
     }
 
     /// With [`Persist::Later`]: writes `chunk` (as [`Dataset::load_chunk`] returned it) to the
-    /// persisted cache if it was parsed without a malformed place and has not been written since.
+    /// parsed cache if it was parsed without a malformed place and has not been written since.
     /// Returns whether it wrote it.
     #[must_use = "false: nothing was written (persisted already, a chunk with errors, or no cache)"]
     pub fn persist_later(&self, chunk: &ParsedChunk) -> bool {
@@ -353,7 +364,7 @@ impl Dataset {
     }
 
     /// The file and byte range `start..end` of chunk `chunk` in the primary source (for
-    /// readahead by the daemon's reader stage); for a gzip input, its decompressed copy.
+    /// readahead by the daemon's prefetch stage); for a gzip input, its decompressed copy.
     #[must_use]
     pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
         let c = self.chunks.get(chunk)?;
@@ -497,7 +508,7 @@ impl Dataset {
         }
     }
 
-    /// Whether chunk `chunk`'s bytes are in object storage and not in the chunk-range cache.
+    /// Whether chunk `chunk`'s bytes are in object storage and not in the object cache.
     #[must_use]
     pub fn object_range_missing(&self, chunk: usize) -> bool {
         let Some(c) = self.chunks.get(chunk) else { return false };
@@ -506,8 +517,8 @@ impl Dataset {
         self.remote.as_deref().is_some_and(|r| !r.chunks.contains(object, c.start, c.end))
     }
 
-    /// For a chunk whose bytes are in object storage: fetches them into the chunk-range cache
-    /// now (the daemon's reader stage does this ahead of the parsers, several at a time), and
+    /// For a chunk whose bytes are in object storage: fetches them into the object cache
+    /// now (the daemon's prefetch stage does this ahead of the parsers, several at a time), and
     /// says whether they had to be fetched. `None` for a chunk of a local file.
     #[must_use]
     pub fn prefetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {

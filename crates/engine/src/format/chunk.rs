@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub use minibatchd_sys::{Column, FileMapping};
 
 /// Element values of a stream of a chunk, in the dataset's precision: owned when parsed, a
-/// mapped range of the entry when read from the persisted cache ([`Column`]).
+/// mapped range of the entry when read from the parsed cache ([`Column`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Values {
     /// `precision = "float32"`.
@@ -66,8 +66,8 @@ impl Values {
 
     fn own(&mut self) {
         match self {
-            Self::F32(x) => x.own(),
-            Self::F64(x) => x.own(),
+            Self::F32(x) => x.own(true),
+            Self::F64(x) => x.own(true),
         }
     }
     fn select(&self, ranges: &[(usize, usize)]) -> Self {
@@ -126,9 +126,9 @@ impl Indices {
 
     fn own(&mut self) {
         match self {
-            Self::I32(x) => x.own(),
-            Self::U32(x) => x.own(),
-            Self::U64(x) => x.own(),
+            Self::I32(x) => x.own(true),
+            Self::U32(x) => x.own(true),
+            Self::U64(x) => x.own(true),
         }
     }
 
@@ -254,7 +254,7 @@ impl StreamData {
         }
     }
 
-    /// The mapping a column of the stream is read from (read from the persisted cache), if any.
+    /// The mapping a column of the stream is read from (read from the parsed cache), if any.
     #[must_use]
     pub fn mapping(&self) -> Option<&Arc<FileMapping>> {
         match &self.data {
@@ -359,7 +359,7 @@ pub struct ParsedChunk {
 }
 
 impl ParsedChunk {
-    /// Whether any column is a mapped file's (read from the persisted cache).
+    /// Whether any column is a mapped file's (read from the parsed cache).
     #[must_use]
     pub fn is_mapped(&self) -> bool {
         self.mapping().is_some()
@@ -376,7 +376,8 @@ impl ParsedChunk {
     /// share the mapping, not the chunk): a mapped entry's pages are the page cache's 4 KiB pages,
     /// which the gather's random reads miss in the TLB more often than huge pages of the
     /// process's own; the daemon swaps the copy in, in the background, for the sweeps after the
-    /// first.
+    /// first. The copy is made for huge pages: its columns are always advised them (a caller
+    /// whose `huge_pages` is off has no reason to copy).
     #[must_use]
     pub fn into_owned_memory(mut self) -> Self {
         self.streams.iter_mut().for_each(StreamData::own_memory);

@@ -25,10 +25,10 @@
 //! modification and status-change times, device and inode); anything else — another version, a
 //! truncated or corrupt file, a file rewritten (even with its mtime restored) or replaced by
 //! another of the same size and mtime — makes the caller rebuild. A cache is read only if it is a regular file (not a symbolic link) owned by this
-//! process's user and not writable by group or others ([`persist::open_trusted`]): the checksum
+//! process's user and not writable by group or others ([`state_file::open_trusted`]): the checksum
 //! guards against damage, not against someone who can recompute it. Writes go through
-//! [`persist::write_atomic`] into `state_dir/index/`, a private directory
-//! ([`persist::private_subdir`], `0700`): a temporary file (`0600`, `O_CREAT|O_EXCL`) that is
+//! [`state_file::write_atomic`] into `state_dir/index/`, a private directory
+//! ([`state_file::private_subdir`], `0700`): a temporary file (`0600`, `O_CREAT|O_EXCL`) that is
 //! fsynced and renamed, then the directory is fsynced, so a crash never leaves a half-written cache
 //! under the final name.
 
@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use crate::format::index::{Columns, FileIndex, SequenceDesc, Sequences};
 use crate::hash::Fnv1a;
-use crate::persist;
+use crate::state_file;
 
 mod stamp;
 
@@ -311,9 +311,9 @@ pub fn load(
     max_sequences: u64,
 ) -> Result<FileIndex, Miss> {
     let path = cache_path(state_dir, stamp, fingerprint);
-    let f = match persist::open_trusted(&path) {
+    let f = match state_file::open_trusted(&path) {
         Ok((f, _)) => f,
-        Err(e) if persist::is_untrusted(&e) => {
+        Err(e) if state_file::is_untrusted(&e) => {
             return Err(Miss::Stale("not a private file of this user (owner, mode or symbolic link)"));
         }
         Err(_) => return Err(Miss::Absent),
@@ -386,12 +386,12 @@ pub fn decode_bytes(
 /// fsync, rename, fsync of the directory.
 ///
 /// # Errors
-/// I/O errors, or a state directory of another user ([`persist::private_subdir`]); the caller
+/// I/O errors, or a state directory of another user ([`state_file::private_subdir`]); the caller
 /// logs them and goes on without a cache.
 pub fn store(state_dir: &Path, stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<PathBuf> {
     let path = cache_path(state_dir, stamp, fingerprint);
-    persist::private_subdir(state_dir, INDEX_DIR)?;
-    persist::write_atomic_with(&path, &mut |out| encode(out, stamp, fingerprint, index))?;
+    state_file::private_subdir(state_dir, INDEX_DIR)?;
+    state_file::write_atomic_with(&path, &mut |out| encode(out, stamp, fingerprint, index))?;
     Ok(path)
 }
 
@@ -440,14 +440,14 @@ pub fn remove_orphans(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remov
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
-        // Both names are ours, in lower case (`cache_path`, `persist::create_temp`).
+        // Both names are ours, in lower case (`cache_path`, `state_file::create_temp`).
         let ext = Path::new(&name).extension().and_then(|x| x.to_str()).unwrap_or("");
         let is_temp = name.starts_with('.') && ext == "tmp";
         if !is_temp && ext != "idx" {
             continue;
         }
-        let Ok((f, meta)) = persist::open_trusted(&path) else { continue };
-        let orphan = if is_temp { !persist::writer_alive(&name) } else { !still_used(f, &meta, in_use) };
+        let Ok((f, meta)) = state_file::open_trusted(&path) else { continue };
+        let orphan = if is_temp { !state_file::writer_alive(&name) } else { !still_used(f, &meta, in_use) };
         if orphan && fs::remove_file(&path).is_ok() {
             removed.files += 1;
             removed.bytes += meta.len();

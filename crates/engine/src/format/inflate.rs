@@ -10,7 +10,7 @@
 //!   temporary directory, where another user could plant a copy or a symbolic link. When that
 //!   directory cannot be written (a user running `dump` with the daemon's config), opening fails
 //!   with an error that says so and what to do. The directory is private
-//!   ([`crate::persist::private_subdir`]: `0700`, owned by this user); the copy is created `0600`
+//!   ([`crate::state_file::private_subdir`]: `0700`, owned by this user); the copy is created `0600`
 //!   under a fresh temporary name with `O_CREAT|O_EXCL`, fsynced and renamed.
 //! * **Names and reuse.** A copy's name holds a hash of the canonical source path and one of the
 //!   source's version ([`FileStamp`]: size, modification and status-change times, device and
@@ -42,7 +42,7 @@ use crate::format::index_cache::{FileStamp, Removed};
 use crate::hash::Fnv1a;
 pub use crate::options::Compression;
 use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
-use crate::persist;
+use crate::state_file;
 
 /// The gzip magic bytes.
 pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
@@ -188,8 +188,8 @@ pub(crate) fn inflated_copy(
 ) -> Result<PathBuf, DataError> {
     let stamp = stamp.clone();
     let wanted = state_dir.join(INFLATED_DIR);
-    let dir =
-        persist::private_subdir(state_dir, INFLATED_DIR).map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
+    let dir = state_file::private_subdir(state_dir, INFLATED_DIR)
+        .map_err(|e| cannot_write(source, &wanted, state_dir, &e))?;
     let (_, file) = copy_names(&stamp, codec);
     let target = dir.join(&file);
     let sidecar = dir.join(format!("{file}{SIDECAR_SUFFIX}"));
@@ -207,7 +207,7 @@ pub(crate) fn inflated_copy(
             tracing::warn!(file = %source.display(), copy = %target.display(), why, "not reusing the decompressed copy; decompressing again");
         }
     }
-    let (tmp, out) = persist::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
+    let (tmp, out) = state_file::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
     let written =
         match open().map_err(Failure::Source).and_then(|input| copy_inflated(source, codec, input, out, allowed)) {
             Ok(n) => n,
@@ -222,11 +222,11 @@ pub(crate) fn inflated_copy(
         };
     let finish = || -> std::io::Result<()> {
         fs::rename(&tmp, &target)?;
-        persist::sync_dir(&dir);
+        state_file::sync_dir(&dir);
         let meta = fs::symlink_metadata(&target)?;
         let record = Record { source: stamp.clone(), copy: FileStamp::from_meta(target.clone(), &meta) };
         debug_assert_eq!(record.copy.size, written);
-        persist::write_atomic(&sidecar, &record.encode())
+        state_file::write_atomic(&sidecar, &record.encode())
     };
     if let Err(e) = finish() {
         let _ = fs::remove_file(&tmp);
@@ -297,7 +297,7 @@ fn lock_dir_shared(dir: &Path) -> Option<File> {
 
 /// The size of the copy at `target` if it can be reused for the source `stamp`.
 fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reuse> {
-    let (side, record) = match persist::open_trusted(sidecar) {
+    let (side, record) = match state_file::open_trusted(sidecar) {
         Ok((mut f, _)) => {
             let record = read_record(&mut f).map_err(Reuse::Refused)?;
             (f, record)
@@ -313,7 +313,7 @@ fn reusable(target: &Path, sidecar: &Path, stamp: &FileStamp) -> Result<u64, Reu
     if record.source != *stamp {
         return Err(Reuse::Refused("the sidecar describes another source".into()));
     }
-    let (_, meta) = persist::open_trusted(target).map_err(|e| Reuse::Refused(e.to_string()))?;
+    let (_, meta) = state_file::open_trusted(target).map_err(|e| Reuse::Refused(e.to_string()))?;
     let now = FileStamp::from_meta(target.to_owned(), &meta);
     if !now.same_version(&record.copy) {
         return Err(Reuse::Refused(format!("{} since it was written", record.copy.change(&now))));
@@ -345,7 +345,7 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
     if fs::symlink_metadata(state_dir.join(INFLATED_DIR)).is_err() {
         return removed;
     }
-    let Ok(dir) = persist::private_subdir(state_dir, INFLATED_DIR) else { return removed };
+    let Ok(dir) = state_file::private_subdir(state_dir, INFLATED_DIR) else { return removed };
     let Ok(entries) = fs::read_dir(&dir) else { return removed };
     // First what to remove, without the lock (the sources' stamps may take a while on a slow
     // file system, and datasets taking up copies would wait on it)...
@@ -354,15 +354,15 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
         // Only names this module writes: `NAME.HASH.HASH` copies (`copy_names`), their sidecars,
-        // and temporary files (`persist::create_temp`, in lower case).
+        // and temporary files (`state_file::create_temp`, in lower case).
         let is_temp = name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp");
         let sidecar_of = name.strip_suffix(SIDECAR_SUFFIX);
         if !is_temp && !is_copy_name(sidecar_of.unwrap_or(&name)) {
             continue;
         }
-        let Ok((_, meta)) = persist::open_trusted(&path) else { continue };
+        let Ok((_, meta)) = state_file::open_trusted(&path) else { continue };
         if is_temp {
-            if !persist::writer_alive(&name) {
+            if !state_file::writer_alive(&name) {
                 doomed.push(Doomed { file: (path, Seen::of(&meta)), sidecar: None });
             }
             continue;
@@ -457,7 +457,7 @@ fn is_copy_name(name: &str) -> bool {
 
 /// A sidecar's record and metadata, if it is ours and whole.
 fn read_sidecar(sidecar: &Path) -> Option<(Record, fs::Metadata)> {
-    let (mut f, side) = persist::open_trusted(sidecar).ok()?;
+    let (mut f, side) = state_file::open_trusted(sidecar).ok()?;
     Some((read_record(&mut f).ok()?, side))
 }
 

@@ -1,6 +1,6 @@
-//! The persisted parsed-chunk cache: the columnar form of a chunk ([`ParsedChunk`]) written to
+//! The parsed cache: the columnar form of a chunk ([`ParsedChunk`]) written to
 //! disk the first time the chunk is parsed, and read back instead of parsing the text again —
-//! after an eviction from the in-memory cache, after a daemon restart, by another job or by
+//! after an eviction from the chunk cache, after a daemon restart, by another job or by
 //! `dump`.
 //!
 //! One file per (dataset parse identity, chunk) in a private directory (`state_dir/parsed` by
@@ -28,7 +28,7 @@
 //! consistent (offsets start at 0, never decrease, and end at the lengths they index; sparse CTF
 //! indices lie below the stream's dimension): a truncated, corrupt, stale or foreign entry is a
 //! miss, removed, and the chunk is parsed again — never served. Entries are read only if they are
-//! regular files owned by this user and not writable by others ([`persist::open_trusted`]). The
+//! regular files owned by this user and not writable by others ([`state_file::open_trusted`]). The
 //! checksum is computed the first time this process reads a version of an entry's file (its
 //! device, inode, size, modification and status-change times, taken once the bytes are mapped
 //! under the lease or read — a write in place or a replacement makes a new one); a later read of
@@ -75,7 +75,7 @@ use std::sync::Mutex;
 
 use crate::format::chunk::{ParsedChunk, StreamSpec};
 use crate::options::Precision;
-use crate::persist;
+use crate::state_file;
 
 const EXT: &str = "mbp";
 /// The default subdirectory of `state_dir`.
@@ -218,6 +218,8 @@ pub struct ParsedCache {
     counters: Counters,
     /// Unix seconds now ([`FileVersion::settled_by`]); another clock in tests.
     clock: fn() -> i64,
+    /// Whether entries mapped, and columns copied, are advised huge pages.
+    huge: minibatchd_sys::HugePages,
 }
 
 fn unix_now() -> i64 {
@@ -232,9 +234,9 @@ impl ParsedCache {
     /// left by a crashed writer are removed, and entries are evicted down to the bound.
     ///
     /// # Errors
-    /// I/O errors, or a directory that is not this user's ([`persist::is_untrusted`]).
+    /// I/O errors, or a directory that is not this user's ([`state_file::is_untrusted`]).
     pub fn open(dir: &Path, limit: u64) -> io::Result<Self> {
-        persist::secure_dir(dir)?;
+        state_file::secure_dir(dir)?;
         let mut found = Vec::new();
         for e in std::fs::read_dir(dir)? {
             let e = e?;
@@ -244,7 +246,7 @@ impl ParsedCache {
                 continue;
             }
             if name.starts_with('.') && Path::new(&name).extension().is_some_and(|x| x == "tmp") {
-                if !persist::writer_alive(&name) {
+                if !state_file::writer_alive(&name) {
                     let _ = std::fs::remove_file(e.path());
                 }
                 continue;
@@ -258,10 +260,24 @@ impl ParsedCache {
         for (_, name, len) in found {
             lru.touch(&name, len, None);
         }
-        let cache =
-            Self { dir: dir.to_owned(), limit, lru: Mutex::new(lru), counters: Counters::default(), clock: unix_now };
+        let cache = Self {
+            dir: dir.to_owned(),
+            limit,
+            lru: Mutex::new(lru),
+            counters: Counters::default(),
+            clock: unix_now,
+            huge: minibatchd_sys::HugePages::default(),
+        };
         cache.evict_to(limit, "");
         Ok(cache)
+    }
+
+    /// Follows `huge` (shared with whoever opened the cache, who may change it) for the entries
+    /// it maps and the columns it copies from now on; on by default.
+    #[must_use]
+    pub fn with_huge_pages(mut self, huge: minibatchd_sys::HugePages) -> Self {
+        self.huge = huge;
+        self
     }
 
     /// The directory.
@@ -326,13 +342,13 @@ impl ParsedCache {
         // Before anything of the entry is read: a version settled by then was not being written
         // while it was read.
         let now = (self.clock)();
-        let opened = persist::open_trusted(&path);
+        let opened = state_file::open_trusted(&path);
         let (file, meta) = match opened {
             Ok(x) => x,
             Err(e) => {
                 // An entry that is not ours is removed; one that cannot be opened now (no
                 // descriptor left, an I/O error) is only a miss.
-                if persist::is_untrusted(&e) {
+                if state_file::is_untrusted(&e) {
                     self.reject(&name, &path);
                 }
                 self.lock().forget(&name);
@@ -357,7 +373,7 @@ impl ParsedCache {
             }
             checked
         };
-        if let Some((parsed, version, summed)) = decode(file, meta.len(), &expect, &already) {
+        if let Some((parsed, version, summed)) = decode(file, meta.len(), &expect, &already, self.huge.enabled()) {
             let checked = (!summed || version.settled_by(now)).then_some(version);
             self.lock().touch(&name, meta.len(), checked);
             self.counters.hits.fetch_add(1, Ordering::Relaxed);
@@ -391,7 +407,7 @@ impl ParsedCache {
         let name = Self::name(identity, chunk.chunk);
         self.evict_to(self.limit - len, &name);
         let path = self.dir.join(&name);
-        let written = persist::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
+        let written = state_file::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
         match written {
             Ok(()) => {
                 self.lock().touch(&name, len, None);

@@ -294,8 +294,9 @@ pub trait RecordDecoder: Send + Sync {
     /// The streams, in the order of the parsed chunk's.
     fn streams(&self) -> Vec<StreamSpec>;
 
-    /// Empty buffers for a chunk of `bytes` bytes and `records` records.
-    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize) -> Self::Buffers<T>;
+    /// Empty buffers for a chunk of `bytes` bytes and `records` records; the large ones advised
+    /// huge pages when `huge` (the dataset's [`minibatchd_sys::HugePages`] now) says so.
+    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize, huge: bool) -> Self::Buffers<T>;
 
     /// Decodes one record (at `at`) into a sample of each stream, or pushes its malformed place
     /// to `errors` and leaves a sequence of 0 samples: either way one sequence more.
@@ -321,8 +322,8 @@ impl RecordDecoder for DeepxDecoder {
         self.schema().specs()
     }
 
-    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize) -> DeepxBufs<T> {
-        self.buffers_for(bytes, records)
+    fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize, huge: bool) -> DeepxBufs<T> {
+        self.buffers_for(bytes, records, huge)
     }
 
     fn decode<T: DeepxElement>(
@@ -351,7 +352,7 @@ impl<D: StreamBufDecoder> RecordDecoder for D {
         self.specs()
     }
 
-    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize) -> Vec<StreamBuf<T>> {
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize, _huge: bool) -> Vec<StreamBuf<T>> {
         StreamBufDecoder::buffers(self, records)
     }
 

@@ -3,7 +3,7 @@
 //! of the dataset's streams) and those streams. The dataset indexes, chunks, decodes, caches and
 //! serves every record format through this module alone, so a new one needs its reader and
 //! decoder module, a variant here (and in [`RecordOptions`] and `FormatKind`), and its dataset
-//! table in the daemon's configuration — nothing in the daemon, `dump`, the persisted cache,
+//! table in the daemon's configuration — nothing in the daemon, `dump`, the parsed cache,
 //! object storage or the clients (`docs/formats.md`, "Adding a format").
 
 use crate::format::chunk::StreamSpec;

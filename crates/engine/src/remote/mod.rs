@@ -3,7 +3,7 @@
 //! The engine stays synchronous and knows no HTTP: it speaks to object storage through the
 //! [`ObjectStore`] trait, which the `minibatchd-remote` crate implements over S3 (and tests over
 //! memory). One store is installed per process ([`install`]) with the on-disk cache of chunk
-//! byte ranges ([`ChunkFiles`]) and where shared indexes live ([`IndexPlace`]).
+//! byte ranges ([`ObjectCache`]) and where shared indexes live ([`IndexPlace`]).
 //!
 //! What the engine does with an object (`crate::dataset`):
 //!
@@ -14,7 +14,7 @@
 //!   once with a conditional put, so other nodes download it instead of indexing again.
 //! * **Chunks** are read with ranged GETs that name the ETag (`If-Match`): an object that changed
 //!   since it was indexed is an error naming its URL, never read through the old index. Each
-//!   range is kept in [`ChunkFiles`] under `state_dir`, bounded in bytes, least recently used
+//!   range is kept in [`ObjectCache`] under `state_dir`, bounded in bytes, least recently used
 //!   first out, and parsed from there like a local file.
 //! * **gzip objects** are decompressed once into `state_dir/inflated`, as local ones are.
 
@@ -25,12 +25,12 @@ use std::time::Duration;
 
 use crate::format::errors::DataError;
 
-mod chunks;
 mod inflate;
+mod object_cache;
 mod shared_index;
 
-pub use chunks::{Cached, ChunkFiles, ChunkFilesStats};
 pub use inflate::inflated_object;
+pub use object_cache::{Cached, ObjectCache, ObjectCacheStats};
 pub use shared_index::{
     index_object, index_url, is_index_key, stamp as shared_index_stamp, IndexPlace, SharedIndexOutcome,
 };
@@ -163,15 +163,15 @@ pub trait ObjectStore: Send + Sync + std::fmt::Debug {
     fn delete(&self, url: &str) -> Result<(), RemoteError>;
 }
 
-/// Object storage as datasets use it: the store, the chunk-range cache and where shared
-/// indexes go. Whoever opens datasets (the daemon's hub, `dump`, `index`) makes one and hands it
+/// Object storage as datasets use it: the store, the object cache and where shared
+/// indexes go. Whoever opens datasets (the daemon's catalog, `dump`, `index`) makes one and hands it
 /// to each dataset that reads objects ([`crate::dataset::Dataset::open_in`]).
 #[derive(Debug)]
 pub struct Remote {
     /// The store.
     pub store: Arc<dyn ObjectStore>,
     /// The on-disk cache of chunk byte ranges.
-    pub chunks: ChunkFiles,
+    pub chunks: ObjectCache,
     /// Where shared indexes are kept and how long to wait for another node's.
     pub index: IndexPlace,
     /// How each object's index was obtained, by [`SharedIndexOutcome`].
@@ -179,9 +179,9 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// Object storage over `store`, with its chunk-range cache and shared-index place.
+    /// Object storage over `store`, with its object cache and shared-index place.
     #[must_use]
-    pub fn new(store: Arc<dyn ObjectStore>, chunks: ChunkFiles, index: IndexPlace) -> Self {
+    pub fn new(store: Arc<dyn ObjectStore>, chunks: ObjectCache, index: IndexPlace) -> Self {
         Self { store, chunks, index, outcomes: Default::default() }
     }
 

@@ -26,11 +26,11 @@ pub(super) enum Entry {
         bytes: u64,
         used: u64,
         pinned_until: Option<Instant>,
-        /// Lookups that found it (a chunk mapped from the persisted cache is copied into the
+        /// Lookups that found it (a chunk mapped from the parsed cache is copied into the
         /// daemon's memory at its second: [`CacheCore::take_to_own`]).
         hits: u32,
         /// Waiting for the persister: not evicted before it is written (or the persister let
-        /// it go), so that one sweep fills the persisted cache whatever the memory limit.
+        /// it go), so that one sweep fills the parsed cache whatever the memory limit.
         unwritten: bool,
     },
     Failed(DataError),
@@ -48,7 +48,7 @@ pub struct CacheCore {
     loading: u64,
     tick: u64,
     pub(super) stats: CacheStats,
-    /// Chunks mapped from the persisted cache found a second time: to be copied into the
+    /// Chunks mapped from the parsed cache found a second time: to be copied into the
     /// daemon's memory in the background ([`CacheCore::take_to_own`]).
     to_own: Vec<(ChunkKey, Weak<ParsedChunk>)>,
 }
@@ -204,7 +204,7 @@ impl CacheCore {
     }
 
     /// The persister is done with `chunk` (the one `key` holds, if it still does): written to
-    /// the persisted cache, or let go (not to be persisted, or the write failed). It may now be
+    /// the parsed cache, or let go (not to be persisted, or the write failed). It may now be
     /// evicted.
     pub fn written(&mut self, key: ChunkKey, chunk: &Weak<ParsedChunk>) {
         if let Some(Entry::Ready { chunk: c, unwritten, .. }) = self.entries.get_mut(&key) {
@@ -227,7 +227,7 @@ impl CacheCore {
             .sum()
     }
 
-    /// The chunks mapped from the persisted cache that lookups found a second time since the last
+    /// The chunks mapped from the parsed cache that lookups found a second time since the last
     /// call. Their first use (a sweep after a restart, or after the chunk was evicted) reads the
     /// mapping: no copy, no fresh memory to touch; uses after it gain from a copy on huge pages
     /// (fewer TLB misses), made in the background by the persister and swapped in with
@@ -237,7 +237,7 @@ impl CacheCore {
     }
 
     /// Puts `new` in the place of `old` if `key` still holds `old` (the same data in other memory:
-    /// a chunk mapped from the persisted cache, copied into the daemon's own); sessions holding
+    /// a chunk mapped from the parsed cache, copied into the daemon's own); sessions holding
     /// `old` go on with it until they let it go. Returns whether it was swapped.
     ///
     /// `old` is a weak reference, so that whoever makes the copy need not hold the chunk (which

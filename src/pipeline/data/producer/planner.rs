@@ -15,8 +15,8 @@ use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan};
 
 use super::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, ProducerEvent, PREFETCH_CHUNKS};
 use crate::metrics::SessionMetrics;
+use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
-use crate::pipeline::data::hub::DatasetRuntime;
 
 /// How long a producer waiting for memory blocks its pool thread at a time: then it yields the
 /// thread to the pool's other tasks — among them the sessions that can free the memory — and

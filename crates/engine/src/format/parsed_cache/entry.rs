@@ -1,4 +1,4 @@
-//! An entry of the persisted parsed-chunk cache as bytes: its encoding ([`encode`]: header,
+//! An entry of the parsed cache as bytes: its encoding ([`encode`]: header,
 //! payload per stream, trailer — the layout in the parent module's documentation) and its
 //! decoding ([`decode`]: every header field, length and offset checked before an array is
 //! used, the checksum where the caller asks for it), mapping the arrays in place where the
@@ -202,11 +202,12 @@ enum Bytes {
 
 impl Bytes {
     /// The entry's `len` bytes, and the version of its file once they are loaded (mapped
-    /// under the lease, which holds writers off from then on, or read).
-    fn load(mut file: File, len: u64) -> Option<(Self, FileVersion)> {
+    /// under the lease, which holds writers off from then on, or read); a mapping advised huge
+    /// pages with `huge`.
+    fn load(mut file: File, len: u64, huge: bool) -> Option<(Self, FileVersion)> {
         let size = usize::try_from(len).ok()?;
         if len >= MAP_AT_LEAST {
-            match file.try_clone().and_then(|f| FileMapping::map(f, size)) {
+            match file.try_clone().and_then(|f| FileMapping::map(f, size, huge)) {
                 Ok(map) => return Some((Self::Mapped(map), FileVersion::of(&file.metadata().ok()?))),
                 // No lease (a file system without leases, the entry open for writing elsewhere),
                 // too many mappings (`vm.max_map_count`) or no address space: read it instead.
@@ -231,6 +232,8 @@ struct Src<'a> {
     bytes: &'a Bytes,
     at: usize,
     end: usize,
+    /// Whether copies are advised huge pages.
+    huge: bool,
 }
 
 impl Src<'_> {
@@ -250,7 +253,7 @@ impl Src<'_> {
     /// `len` values of `T`, copied (offsets, which the entry's checks read anyway).
     fn array<T: Pod>(&mut self, len: u64) -> Option<Vec<T>> {
         let r = self.take(Self::byte_len::<T>(len)?)?;
-        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r])
+        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r], self.huge)
     }
 
     /// `len` values of `T`: the mapped bytes themselves when the entry is mapped and they are
@@ -262,7 +265,7 @@ impl Src<'_> {
                 return Some(c);
             }
         }
-        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r]).map(Column::from)
+        minibatchd_sys::copy_from_bytes(&self.bytes.as_slice()[r], self.huge).map(Column::from)
     }
 
     fn u64s<const N: usize>(&mut self) -> Option<[u64; N]> {
@@ -285,18 +288,20 @@ pub(super) fn offsets_ok(o: &[usize], end: usize) -> bool {
 /// The entry's chunk, the version of its file its bytes were loaded as, and whether its checksum
 /// was checked: not when `checked_before` says that version's was ([`LruEntry::checked`]; asked
 /// once, after the bytes are loaded, so that a write before the load is a new version). The
-/// header and the arrays' structure are checked either way.
+/// header and the arrays' structure are checked either way. With `huge`, the mapping and the
+/// columns copied out of the entry are advised huge pages.
 pub(super) fn decode(
     file: File,
     len: u64,
     want: &Expect<'_>,
     checked_before: &dyn Fn(&FileVersion) -> bool,
+    huge: bool,
 ) -> Option<(ParsedChunk, FileVersion, bool)> {
     if !cfg!(all(target_endian = "little", target_pointer_width = "64")) {
         return None;
     }
     let payload_max = len.checked_sub(HEADER_BYTES + TRAILER_BYTES)?;
-    let (bytes, loaded_as) = Bytes::load(file, len)?;
+    let (bytes, loaded_as) = Bytes::load(file, len, huge)?;
     let checksum = !checked_before(&loaded_as);
     let all = bytes.as_slice();
     let (checked, trailer) = all.split_at(all.len().checked_sub(8)?); // TRAILER_BYTES
@@ -304,7 +309,7 @@ pub(super) fn decode(
     if &trailer[4..] != END || (checksum && trailer[..4] != crc32fast::hash(checked).to_ne_bytes()) {
         return None;
     }
-    let mut r = Src { bytes: &bytes, at: 0, end: checked.len() };
+    let mut r = Src { bytes: &bytes, at: 0, end: checked.len(), huge };
     let magic = r.take(8)?;
     let words = r.take(8)?;
     let [identity, chunk, num_sequences, num_streams, payload] = r.u64s::<5>()?;

@@ -18,6 +18,8 @@ pub struct SparseBuf<T> {
     pub(super) widened_at: Option<usize>,
     /// Whether a rollback narrowed the ids back once already in this chunk.
     pub(super) renarrowed: bool,
+    /// Whether its large vectors are advised huge pages.
+    huge: bool,
 }
 
 /// Feature ids as parsed: 32 bits wide until one does not fit, then every id widened once.
@@ -28,13 +30,14 @@ pub(super) enum Ids {
 }
 
 impl<T> SparseBuf<T> {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(huge: bool) -> Self {
         Self {
             sample_offsets: vec![0],
             ids: Ids::Narrow(Vec::new()),
             values: Vec::new(),
             widened_at: None,
             renarrowed: false,
+            huge,
         }
     }
 
@@ -71,7 +74,7 @@ impl<T> SparseBuf<T> {
     pub(super) fn widen(&mut self) {
         if let Ids::Narrow(v) = &self.ids {
             let mut wide = Vec::with_capacity(v.capacity());
-            minibatchd_sys::advise_huge_pages(&wide);
+            minibatchd_sys::advise_huge_pages(&wide, self.huge);
             wide.extend(v.iter().map(|&x| u64::from(x)));
             self.ids = Ids::Wide(wide);
             self.widened_at = self.sample_offsets.last().copied();
@@ -88,7 +91,7 @@ impl<T> SparseBuf<T> {
         }
         if let Ids::Wide(v) = &self.ids {
             let mut narrow = Vec::with_capacity(v.capacity());
-            minibatchd_sys::advise_huge_pages(&narrow);
+            minibatchd_sys::advise_huge_pages(&narrow, self.huge);
             for &id in v {
                 let Ok(id) = u32::try_from(id) else { return };
                 narrow.push(id);
@@ -103,15 +106,15 @@ impl<T> SparseBuf<T> {
         match &mut self.ids {
             Ids::Narrow(v) => {
                 v.reserve(entries);
-                minibatchd_sys::advise_huge_pages(v);
+                minibatchd_sys::advise_huge_pages(v, self.huge);
             }
             Ids::Wide(v) => {
                 v.reserve(entries);
-                minibatchd_sys::advise_huge_pages(v);
+                minibatchd_sys::advise_huge_pages(v, self.huge);
             }
         }
         self.values.reserve(entries);
-        minibatchd_sys::advise_huge_pages(&self.values);
+        minibatchd_sys::advise_huge_pages(&self.values, self.huge);
     }
 
     pub(super) fn truncate(&mut self, len: usize) {

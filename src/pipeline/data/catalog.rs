@@ -1,11 +1,11 @@
 //! The datasets the daemon serves, opened (indexed) at start and again by a configuration reload,
-//! shared by every stage: the reader and parsers look chunks up here, sessions their timeline and
+//! shared by every stage: the prefetch stage and parsers look chunks up here, sessions their timeline and
 //! stream schema.
 //!
-//! A hub is immutable; a reload builds a new one with [`Hub::reopen`] and the daemon swaps it in.
+//! A catalog is immutable; a reload builds a new one with [`Catalog::reopen`] and the daemon swaps it in.
 //! A dataset whose configuration is unchanged keeps its runtime (same `Arc`: its sessions and
-//! cached chunks are untouched); an added or changed one is opened anew under a fresh hub index.
-//! Indices are never reused: the new hub keeps weak references to every runtime of the old one,
+//! cached chunks are untouched); an added or changed one is opened anew under a fresh catalog index.
+//! Indices are never reused: the new catalog keeps weak references to every runtime of the old one,
 //! so a session still reading a replaced or removed version finds its chunks until it ends, and
 //! the version is freed with its last session.
 
@@ -20,12 +20,13 @@ use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::options::IndexLimits;
 use minibatchd_engine::remote::Remote;
+use minibatchd_sys::HugePages;
 
 use super::indexing::Indexing;
 
 /// Why a session cannot have a dataset.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum HubError {
+pub enum CatalogError {
     /// The dataset is configured but failed to open (its error, with place and kind).
     #[error("dataset '{name}' failed to open: {source}")]
     Failed {
@@ -61,7 +62,7 @@ pub enum HubError {
 /// An opened dataset and what sessions need to know about it.
 #[derive(Debug)]
 pub struct DatasetRuntime {
-    /// Index in the hub (the first half of a chunk key).
+    /// Index in the catalog (the first half of a chunk key).
     pub index: u32,
     /// Configured name.
     pub name: String,
@@ -139,7 +140,7 @@ impl DatasetRuntime {
 
 /// What a reload did to the datasets.
 #[derive(Debug, Clone, Default)]
-pub struct HubChanges {
+pub struct CatalogChanges {
     /// Newly configured datasets (opened, or failed: see `failed`).
     pub added: Vec<String>,
     /// Datasets no longer configured.
@@ -182,26 +183,31 @@ pub fn diff(old: &BTreeMap<String, DatasetConfig>, new: &BTreeMap<String, Datase
 
 /// All configured datasets by name; the ones that failed to open keep their error.
 #[derive(Debug, Default)]
-pub struct Hub {
+pub struct Catalog {
     by_name: BTreeMap<String, Result<Arc<DatasetRuntime>, DataError>>,
     by_index: Vec<Weak<DatasetRuntime>>,
     /// The configurations the datasets were opened with (failed ones included).
     configs: BTreeMap<String, DatasetConfig>,
-    /// The persisted parsed-chunk cache, opened when the first dataset opens and handed on by
+    /// The parsed cache, opened when the first dataset opens and handed on by
     /// every reload (its directory and bound change with a restart); `None` inside when
     /// `parsed_cache_bytes` is 0 or it could not be opened.
     parsed: Arc<std::sync::OnceLock<Option<Arc<ParsedCache>>>>,
     /// Object storage, set up by the first configuration that reads objects (at start or at a
     /// reload; `crate::objects::ensure`) and handed on by every reload.
     remote: Arc<std::sync::OnceLock<Arc<Remote>>>,
+    /// `[daemon] huge_pages`, shared with every dataset, the parsed cache and the persister,
+    /// and handed on by every reload, which sets it.
+    huge: HugePages,
 }
 
-impl Hub {
+impl Catalog {
     /// Opens every dataset of `config` (indexing through the cache in `state_dir`). A dataset
     /// that fails is logged and refused to clients; the others are served.
     #[must_use]
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
-        Self::default().reopen(config, metrics, &Indexing::default()).0
+        let catalog = Self::default();
+        catalog.huge.set(config.daemon.huge_pages);
+        catalog.reopen(config, metrics, &Indexing::default()).0
     }
 
     /// Where object storage is kept once set up (`crate::objects::ensure` fills it).
@@ -210,7 +216,14 @@ impl Hub {
         &self.remote
     }
 
-    /// The persisted parsed-chunk cache the datasets use, if one is open.
+    /// `[daemon] huge_pages` as the datasets, the parsed cache and the persister follow it
+    /// (one setting: [`HugePages::set`] reaches them all).
+    #[must_use]
+    pub fn huge_pages(&self) -> &HugePages {
+        &self.huge
+    }
+
+    /// The parsed cache the datasets use, if one is open.
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
         self.parsed.get().and_then(Option::as_ref)
@@ -227,8 +240,8 @@ impl Hub {
         with_canonical(inputs)
     }
 
-    /// Opens dataset `name` into this hub, within what `daemon.memory_limit_bytes` leaves to its
-    /// index after the datasets already in this hub, reporting its progress to `indexing`.
+    /// Opens dataset `name` into this catalog, within what `daemon.memory_limit_bytes` leaves to its
+    /// index after the datasets already in this catalog, reporting its progress to `indexing`.
     fn open_one(
         &mut self,
         name: &str,
@@ -244,8 +257,9 @@ impl Hub {
             indexing.advance(name, p, metrics);
         })
         .map(|mut ds| {
-            let parsed = self.parsed.get_or_init(|| crate::parsed::open(&config.daemon));
-            crate::parsed::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
+            ds.set_huge_pages(self.huge.clone());
+            let parsed = self.parsed.get_or_init(|| crate::parsed_cache::open(&config.daemon, &self.huge));
+            crate::parsed_cache::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
             ds
         });
         let elapsed = indexing.finish(name, metrics);
@@ -273,22 +287,23 @@ impl Hub {
         }
     }
 
-    /// The hub for `config` after a reload: unchanged datasets carried over, added and changed
+    /// The catalog for `config` after a reload: unchanged datasets carried over, added and changed
     /// ones opened (a changed one that fails keeps its old version), removed ones dropped (their
     /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
     /// again, and datasets whose files changed are opened again as changed ones
     /// ([`Dataset::is_current`]). Blocking: indexing happens here.
     #[must_use]
-    pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, HubChanges) {
-        let mut hub = Self {
+    pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, CatalogChanges) {
+        let mut catalog = Self {
             by_name: BTreeMap::new(),
             by_index: self.by_index.clone(),
             configs: BTreeMap::new(),
             parsed: self.parsed.clone(),
             remote: self.remote.clone(),
+            huge: self.huge.clone(),
         };
         let d = diff(&self.configs, &config.datasets);
-        let mut changes = HubChanges { removed: d.removed, ..HubChanges::default() };
+        let mut changes = CatalogChanges { removed: d.removed, ..CatalogChanges::default() };
         // `diff` took every name from `config.datasets`, so each lookup finds its entry.
         let configured = |names: Vec<String>| names.into_iter().filter_map(|n| config.datasets.get(&n).map(|c| (n, c)));
         // A dataset whose files changed (rewritten, replaced, or its patterns match others now)
@@ -301,11 +316,11 @@ impl Hub {
                     to_reopen.push(name);
                 }
                 Some(Ok(rt)) => {
-                    hub.by_name.insert(name.clone(), Ok(rt.clone()));
-                    hub.configs.insert(name, cfg.clone());
+                    catalog.by_name.insert(name.clone(), Ok(rt.clone()));
+                    catalog.configs.insert(name, cfg.clone());
                 }
                 _ => {
-                    if let Err(e) = hub.open_one(&name, cfg, config, metrics, indexing) {
+                    if let Err(e) = catalog.open_one(&name, cfg, config, metrics, indexing) {
                         changes.failed.push((name, e));
                     }
                 }
@@ -313,18 +328,18 @@ impl Hub {
         }
         for (name, cfg) in configured(d.added) {
             changes.added.push(name.clone());
-            if let Err(e) = hub.open_one(&name, cfg, config, metrics, indexing) {
+            if let Err(e) = catalog.open_one(&name, cfg, config, metrics, indexing) {
                 changes.failed.push((name, e));
             }
         }
         for (name, cfg) in configured(to_reopen) {
-            match hub.open_one(&name, cfg, config, metrics, indexing) {
+            match catalog.open_one(&name, cfg, config, metrics, indexing) {
                 Ok(_) => changes.changed.push(name),
                 Err(e) => {
                     if let Some(Ok(old)) = self.by_name.get(&name) {
-                        hub.by_name.insert(name.clone(), Ok(old.clone()));
+                        catalog.by_name.insert(name.clone(), Ok(old.clone()));
                         if let Some(c) = self.configs.get(&name) {
-                            hub.configs.insert(name.clone(), c.clone());
+                            catalog.configs.insert(name.clone(), c.clone());
                         }
                         changes.kept_old.push(name.clone());
                     }
@@ -332,18 +347,18 @@ impl Hub {
                 }
             }
         }
-        (hub, changes)
+        (catalog, changes)
     }
 
     /// The dataset `name`.
     ///
     /// # Errors
-    /// [`HubError`] for an unknown dataset or one that failed to open.
-    pub fn get(&self, name: &str) -> Result<Arc<DatasetRuntime>, HubError> {
+    /// [`CatalogError`] for an unknown dataset or one that failed to open.
+    pub fn get(&self, name: &str) -> Result<Arc<DatasetRuntime>, CatalogError> {
         match self.by_name.get(name) {
             Some(Ok(d)) => Ok(d.clone()),
-            Some(Err(e)) => Err(HubError::Failed { name: name.to_owned(), source: e.clone() }),
-            None => Err(HubError::Unknown { name: name.to_owned(), known: self.by_name.keys().cloned().collect() }),
+            Some(Err(e)) => Err(CatalogError::Failed { name: name.to_owned(), source: e.clone() }),
+            None => Err(CatalogError::Unknown { name: name.to_owned(), known: self.by_name.keys().cloned().collect() }),
         }
     }
 
@@ -353,7 +368,7 @@ impl Hub {
         self.by_name.contains_key(name)
     }
 
-    /// The runtime with hub index `index`, if it is still alive (current, or kept by a session).
+    /// The runtime with catalog index `index`, if it is still alive (current, or kept by a session).
     #[must_use]
     pub fn by_index(&self, index: u32) -> Option<Arc<DatasetRuntime>> {
         self.by_index.get(index as usize).and_then(Weak::upgrade)
@@ -415,11 +430,11 @@ mod tests {
         std::fs::write(dir.path().join("real/a.ctf"), "|f 1\n|f 2\n").expect("write");
         std::os::unix::fs::symlink(dir.path().join("real"), dir.path().join("current")).expect("symlink");
         let metrics = Metrics::new().expect("metrics");
-        let hub = Hub::open(&config(dir.path(), &[("a", "current/../current/a.ctf", 100)]), &metrics);
-        assert_eq!(hub.counts(), (1, 0));
+        let catalog = Catalog::open(&config(dir.path(), &[("a", "current/../current/a.ctf", 100)]), &metrics);
+        assert_eq!(catalog.counts(), (1, 0));
         let recorded = FileStamp::of(&dir.path().join("current/a.ctf")).expect("stamp").path;
         assert!(recorded.ends_with("real/a.ctf"), "{}", recorded.display());
-        let inputs = hub.inputs();
+        let inputs = catalog.inputs();
         assert!(inputs.contains(&recorded), "{recorded:?} not in {inputs:?}");
     }
 
@@ -430,19 +445,19 @@ mod tests {
             std::fs::write(dir.path().join(f), "|f 1\n|f 2\n|f 3\n").expect("write");
         }
         let metrics = Metrics::new().expect("metrics");
-        let hub = Hub::open(
+        let catalog = Catalog::open(
             &config(dir.path(), &[("a", "a.ctf", 100), ("b", "b.ctf", 100), ("gone", "missing.ctf", 100)]),
             &metrics,
         );
-        assert_eq!(hub.counts(), (2, 1));
-        let a = hub.get("a").expect("a");
-        let b = hub.get("b").expect("b");
+        assert_eq!(catalog.counts(), (2, 1));
+        let a = catalog.get("a").expect("a");
+        let b = catalog.get("b").expect("b");
         std::fs::write(dir.path().join("missing.ctf"), "|f 4\n").expect("write");
         let new = config(
             dir.path(),
             &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
         );
-        let (hub2, changes) = hub.reopen(&new, &metrics, &Indexing::default());
+        let (hub2, changes) = catalog.reopen(&new, &metrics, &Indexing::default());
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
         assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
@@ -455,7 +470,7 @@ mod tests {
         let (hub3, changes) = hub2.reopen(&only_a, &metrics, &Indexing::default());
         assert_eq!(changes.removed.len(), 3);
         assert!(!hub3.contains("b") && hub3.get("b").is_err());
-        drop((hub, hub2, b));
+        drop((catalog, hub2, b));
         assert!(hub3.by_index(b2.index).is_some(), "held by a session");
         let idx = b2.index;
         drop(b2);

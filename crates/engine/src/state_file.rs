@@ -251,7 +251,7 @@ pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> i
 
 /// [`write_atomic_with`] without the fsyncs: atomic for readers and against a crash of the
 /// process (a reader sees the old file or the whole new one), not against a crash of the
-/// machine. For caches that are dropped after a reboot (`remote::ChunkFiles`).
+/// machine. For caches that are dropped after a reboot (`remote::ObjectCache`).
 ///
 /// # Errors
 /// As [`write_atomic`].

@@ -1,15 +1,15 @@
-//! The on-disk cache of object byte ranges (chunks), under `state_dir/objects` (or a configured
+//! The object cache: object byte ranges (chunks) on disk, under `state_dir/objects` (or a configured
 //! directory, typically local NVMe), bounded in bytes, least recently used out first.
 //!
 //! One file per (object URL, ETag, start, end), named by a hash of the four, written privately
-//! and atomically for readers ([`persist::write_replacing_unsynced`]: `0600`, `O_CREAT|O_EXCL`,
+//! and atomically for readers ([`state_file::write_replacing_unsynced`]: `0600`, `O_CREAT|O_EXCL`,
 //! rename; not fsynced, which would cost more than the fetch) and read back only if trusted
-//! ([`persist::open_trusted`]) and of the expected length: an interrupted or foreign file is
+//! ([`state_file::open_trusted`]) and of the expected length: an interrupted or foreign file is
 //! fetched again, never served. The cache records the kernel's boot id (`.boot-id`); after a
 //! reboot (when unsynced bytes may not have reached the disk) every entry is dropped. Two threads that want the same
 //! range fetch it once (the second waits). A fetch that the store failed (after its retries and
 //! deadlines) fails the same way, without a request, for whoever asks for the range within
-//! [`FAILED_HOLD`]: the reader stage's fetch ahead and the parser that then wants the range do not
+//! [`FAILED_HOLD`]: the prefetch stage's fetch and the parser that then wants the range do not
 //! wait for a stalled store twice. An entry is evicted by unlinking its file: a reader
 //! that opened it keeps reading it. After a restart the directory is scanned, and its files count
 //! as used in the order of their modification times.
@@ -24,19 +24,19 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::{ObjectMeta, ObjectStore};
 use crate::format::errors::DataError;
 use crate::hash::Fnv1a;
-use crate::persist;
+use crate::state_file;
 
 /// The file that records the boot the cache's files were written in.
 const BOOT_ID: &str = ".boot-id";
 
 /// How long a range whose fetch the store failed fails at once, without a request: long enough
-/// for the parser to take the range the reader stage failed to fetch ahead of it, short against
+/// for the parser to take the range the prefetch stage failed to fetch ahead of it, short against
 /// the retries the failed fetch made (`object_retry_secs`).
 pub const FAILED_HOLD: Duration = Duration::from_secs(10);
 
 /// What the cache holds and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ChunkFilesStats {
+pub struct ObjectCacheStats {
     /// Ranges found on disk.
     pub hits: u64,
     /// Ranges fetched.
@@ -65,19 +65,19 @@ struct State {
     /// Ranges whose fetch the store failed, and when.
     failed: HashMap<String, (DataError, Instant)>,
     tick: u64,
-    stats: ChunkFilesStats,
+    stats: ObjectCacheStats,
 }
 
 /// The cache (see the module documentation).
 #[derive(Debug)]
-pub struct ChunkFiles {
+pub struct ObjectCache {
     dir: PathBuf,
     max_bytes: u64,
     state: Mutex<State>,
     fetched: Condvar,
 }
 
-impl ChunkFiles {
+impl ObjectCache {
     /// A cache in `dir` (created `0700` when first written) of at most `max_bytes`.
     #[must_use]
     pub fn new(dir: PathBuf, max_bytes: u64) -> Self {
@@ -102,9 +102,13 @@ impl ChunkFiles {
 
     /// Counters and sizes now.
     #[must_use]
-    pub fn stats(&self) -> ChunkFilesStats {
+    pub fn stats(&self) -> ObjectCacheStats {
         let s = self.lock();
-        ChunkFilesStats { bytes: s.entries.values().map(|e| e.bytes).sum(), entries: s.entries.len() as u64, ..s.stats }
+        ObjectCacheStats {
+            bytes: s.entries.values().map(|e| e.bytes).sum(),
+            entries: s.entries.len() as u64,
+            ..s.stats
+        }
     }
 
     fn key(object: &ObjectMeta, start: u64, end: u64) -> String {
@@ -137,10 +141,10 @@ impl ChunkFiles {
         if object.size == 0 || object.size > self.max_bytes / 2 || self.contains(object, 0, object.size) {
             return reader;
         }
-        if persist::secure_dir(&self.dir).is_err() {
+        if state_file::secure_dir(&self.dir).is_err() {
             return reader;
         }
-        match persist::create_temp(&self.dir, "whole") {
+        match state_file::create_temp(&self.dir, "whole") {
             Ok((tmp, file)) => Box::new(Tee {
                 cache: self,
                 object: object.clone(),
@@ -191,7 +195,7 @@ impl ChunkFiles {
             s.entries.insert(name, Entry { bytes, used: s.tick });
         }
         if !same_boot && !boot.is_empty() {
-            let _ = persist::write_atomic(&marker, boot.as_bytes());
+            let _ = state_file::write_atomic(&marker, boot.as_bytes());
         }
     }
 
@@ -314,7 +318,7 @@ impl ChunkFiles {
     ) -> Result<(), DataError> {
         let url = Path::new(&object.url);
         let mut failure = None;
-        let written = persist::write_replacing_unsynced(path, &mut |out| {
+        let written = state_file::write_replacing_unsynced(path, &mut |out| {
             store.read_range(object, start, end, out).map_err(|e| {
                 let io = std::io::Error::other(e.to_string());
                 failure = Some(e);
@@ -369,7 +373,7 @@ pub struct Cached {
 
 /// The index pass's stream of a whole object, copied into the cache as it is read.
 struct Tee<'a> {
-    cache: &'a ChunkFiles,
+    cache: &'a ObjectCache,
     object: ObjectMeta,
     reader: Box<dyn Read + Send + 'a>,
     out: Option<std::io::BufWriter<File>>,
@@ -413,7 +417,7 @@ impl Drop for Tee<'_> {
 
 /// The cached file at `path` if it is trusted and `len` long.
 fn open_range(path: &Path, len: u64) -> Option<File> {
-    let (file, meta) = persist::open_trusted(path).ok()?;
+    let (file, meta) = state_file::open_trusted(path).ok()?;
     (meta.len() == len).then_some(file)
 }
 
@@ -473,7 +477,7 @@ mod tests {
     fn a_range_is_fetched_once_then_served_from_disk_and_the_cache_stays_within_its_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
-        let cache = ChunkFiles::new(dir.path().join("objects"), 50);
+        let cache = ObjectCache::new(dir.path().join("objects"), 50);
         let o = object();
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again").file), (10..30u8).collect::<Vec<_>>());
@@ -488,30 +492,30 @@ mod tests {
         let newer = ObjectMeta { etag: "\"e2\"".into(), ..o.clone() };
         assert!(!cache.contains(&newer, 50, 70));
         // A restart finds what is on disk.
-        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 50);
         assert!(again.contains(&o, 50, 70));
         // Written in another boot (the machine restarted: unsynced writes may be torn): dropped.
         std::fs::write(dir.path().join("objects").join(BOOT_ID), "another boot").expect("marker");
-        let rebooted = ChunkFiles::new(dir.path().join("objects"), 50);
+        let rebooted = ObjectCache::new(dir.path().join("objects"), 50);
         assert!(!rebooted.contains(&o, 50, 70), "an entry of an earlier boot was kept");
-        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 50);
         again.fetch(&store, &o, 50, 70).expect("fetch");
-        let again = ChunkFiles::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 50);
         assert!(again.contains(&o, 50, 70), "an entry of this boot is found after a restart");
         // A damaged file (wrong length) is fetched again, not served.
-        let name = ChunkFiles::key(&o, 50, 70);
+        let name = ObjectCache::key(&o, 50, 70);
         std::fs::write(dir.path().join("objects").join(&name), b"short").expect("damage");
         assert_eq!(read(again.fetch(&store, &o, 50, 70).expect("refetch").file), (50..70u8).collect::<Vec<_>>());
     }
 
     /// A range the store failed to deliver fails again at once for the next thread that wants
-    /// it (the parser after the reader stage's fetch ahead), not after another wait on the store;
+    /// it (the parser after the prefetch stage's fetch), not after another wait on the store;
     /// later it is fetched again, and another range is not concerned.
     #[test]
     fn a_failed_fetch_fails_the_next_asker_at_once_for_a_while() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { fail: true, ..Memory::default() };
-        let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
+        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
         let o = object();
         let first = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
         let second = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
@@ -529,7 +533,7 @@ mod tests {
     fn the_index_pass_stream_keeps_the_whole_object_and_every_range_is_read_from_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
-        let cache: &'static ChunkFiles = Box::leak(Box::new(ChunkFiles::new(dir.path().join("objects"), 1000)));
+        let cache: &'static ObjectCache = Box::leak(Box::new(ObjectCache::new(dir.path().join("objects"), 1000)));
         let o = object();
         // Read to the end: kept.
         let mut streamed = Vec::new();
@@ -555,7 +559,7 @@ mod tests {
     fn threads_that_want_the_same_range_fetch_it_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: vec![7; 100], ..Memory::default() };
-        let cache = ChunkFiles::new(dir.path().join("objects"), 1000);
+        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
         let o = object();
         std::thread::scope(|s| {
             for _ in 0..8 {

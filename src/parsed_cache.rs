@@ -1,6 +1,6 @@
-//! The persisted parsed-chunk cache (`minibatchd_engine::format::parsed_cache`): opened from
+//! The parsed cache (`minibatchd_engine::format::parsed_cache`): opened from
 //! `[daemon] parsed_cache_dir` / `parsed_cache_bytes` by whoever opens datasets — the daemon's
-//! hub once at start, `dump` and `index` once per run — and handed to each dataset it opens. A cache that cannot be opened (a directory of
+//! catalog once at start, `dump` and `index` once per run — and handed to each dataset it opens. A cache that cannot be opened (a directory of
 //! another user, a read-only file system) is logged and left out: chunks are parsed as without
 //! it.
 
@@ -8,25 +8,28 @@ use std::sync::Arc;
 
 use minibatchd_engine::dataset::{Dataset, Persist};
 use minibatchd_engine::format::parsed_cache::ParsedCache;
+use minibatchd_sys::HugePages;
 
 use crate::config::DaemonConfig;
 
-/// Opens the persisted cache `daemon` configures (its directory and bound are read once: they
-/// change with a restart); `None` when `parsed_cache_bytes` is 0 or the directory could not be
-/// opened (logged). The daemon opens it once, with its hub; `dump` and `index` once per run.
+/// Opens the parsed cache `daemon` configures (its directory and bound are read once: they
+/// change with a restart), following `huge` for what it maps and copies; `None` when
+/// `parsed_cache_bytes` is 0 or the directory could not be opened (logged). The daemon opens it
+/// once, with its catalog; `dump` and `index` once per run.
 #[must_use]
-pub fn open(daemon: &DaemonConfig) -> Option<Arc<ParsedCache>> {
+pub fn open(daemon: &DaemonConfig, huge: &HugePages) -> Option<Arc<ParsedCache>> {
     if daemon.parsed_cache_bytes == 0 {
         return None;
     }
     match ParsedCache::open(&daemon.parsed_cache_dir, daemon.parsed_cache_bytes) {
         Ok(c) => {
+            let c = c.with_huge_pages(huge.clone());
             let s = c.stats();
-            tracing::info!(dir = %daemon.parsed_cache_dir.display(), entries = s.entries, bytes = s.bytes, limit = daemon.parsed_cache_bytes, "persisted parsed-chunk cache");
+            tracing::info!(dir = %daemon.parsed_cache_dir.display(), entries = s.entries, bytes = s.bytes, limit = daemon.parsed_cache_bytes, "parsed cache");
             Some(Arc::new(c))
         }
         Err(e) => {
-            tracing::warn!(dir = %daemon.parsed_cache_dir.display(), error = %e, "cannot open the persisted parsed-chunk cache; chunks are parsed every time they are loaded");
+            tracing::warn!(dir = %daemon.parsed_cache_dir.display(), error = %e, "cannot open the parsed cache; chunks are parsed every time they are loaded");
             None
         }
     }
@@ -54,11 +57,11 @@ pub struct FillReport {
     pub not_kept: u64,
 }
 
-/// Parses every chunk of `dataset` that is not in its persisted cache yet, on `threads` threads,
+/// Parses every chunk of `dataset` that is not in its parsed cache yet, on `threads` threads,
 /// calling `progress(done, total)` after each chunk (`minibatchd index --parsed`).
 ///
 /// # Errors
-/// The dataset has no persisted cache (`parsed_cache_bytes = 0` or its directory unusable), or
+/// The dataset has no parsed cache (`parsed_cache_bytes = 0` or its directory unusable), or
 /// a chunk fails to load (I/O, a fatal data error, or more malformed places than `max_errors`).
 pub fn fill(
     dataset: &Dataset,
@@ -68,7 +71,8 @@ pub fn fill(
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     let Some(cache) = dataset.parsed_cache() else {
         return Err(minibatchd_engine::format::errors::DataError::Dataset(
-            "no persisted parsed-chunk cache: [daemon] parsed_cache_bytes is 0, or its directory could not be opened (see the log)".into(),
+            "no parsed cache: [daemon] parsed_cache_bytes is 0, or its directory could not be opened (see the log)"
+                .into(),
         ));
     };
     let total = dataset.timeline().num_chunks();

@@ -1,16 +1,16 @@
-//! Stage 1, the chunk reader: takes chunk requests from the producers (`requests`, bounded) and
+//! Stage 1, prefetch: takes chunk requests from the producers (`requests`, bounded) and
 //! hands them to the parser pool (`to_parse`, bounded; a full queue holds further requests — the
 //! back-pressure). It does not copy bytes: `Dataset::load_chunk` reads and decodes in one call on a
-//! parser thread, so the reader's job is I/O scheduling — it starts kernel readahead
+//! parser thread, so the prefetch stage's job is I/O scheduling — it starts kernel readahead
 //! (`posix_fadvise(WILLNEED)`) for the chunk's byte range, so the parser finds the bytes in the page
-//! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="reader"}`.
+//! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="prefetch"}`.
 //!
-//! A chunk of an object in object storage is fetched into the chunk-range cache first (a ranged
+//! A chunk of an object in object storage is fetched into the object cache first (a ranged
 //! GET, `object_fetches` at a time, on the blocking pool), then handed to the parsers: they
-//! never wait on the network for a chunk the reader saw coming. A fetch that fails is handed on
-//! all the same: the parser gets the same error from the chunk-range cache at once (a failure is
+//! never wait on the network for a chunk the prefetch stage saw coming. A fetch that fails is handed on
+//! all the same: the parser gets the same error from the object cache at once (a failure is
 //! held there a few seconds, so a stalled store is not waited for twice) and reports it with the
-//! object's URL. While every fetch is taken the reader waits for one, but not once the daemon
+//! object's URL. While every fetch is taken the stage waits for one, but not once the daemon
 //! stops: a stalled store would hold the stop for its whole deadline.
 
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use crate::pipeline::lifecycle::{Phase, StageStopped, StopStage};
 use crate::stage::Stage;
 
 /// Stage 1: schedules reads.
-pub struct ChunkReader {
+pub struct Prefetcher {
     data: Arc<DataPlane>,
     supervisor: Recipient<StageStopped>,
     busy: prometheus::Counter,
@@ -33,16 +33,16 @@ pub struct ChunkReader {
     fetches: Arc<tokio::sync::Semaphore>,
 }
 
-impl ChunkReader {
-    /// A reader over the shared channels.
+impl Prefetcher {
+    /// The prefetch stage over the shared channels.
     #[must_use]
     pub fn new(data: Arc<DataPlane>, supervisor: Recipient<StageStopped>) -> Self {
-        let busy = data.metrics.stage_busy(Stage::Reader.name());
+        let busy = data.metrics.stage_busy(Stage::Prefetch.name());
         let fetches = Arc::new(tokio::sync::Semaphore::new(data.object_fetches));
         Self { data, supervisor, busy, fetches }
     }
 
-    /// Whether chunk `req` is a range of an object that is not in the chunk-range cache yet.
+    /// Whether chunk `req` is a range of an object that is not in the object cache yet.
     fn needs_fetch(&self, req: ChunkRequest) -> bool {
         self.data.runtime(req.key.dataset).is_some_and(|rt| rt.dataset.object_range_missing(req.key.chunk as usize))
     }
@@ -60,14 +60,14 @@ impl ChunkReader {
 }
 
 /// Resolves once the daemon stops (the phase is looked at every 50 ms: this runs only while the
-/// reader waits for a fetch, every one being taken).
+/// stage waits for a fetch, every one being taken).
 async fn stopping(data: &DataPlane) {
     while data.health.phase() != Phase::Stopping {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-impl Actor for ChunkReader {
+impl Actor for Prefetcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
@@ -75,11 +75,11 @@ impl Actor for ChunkReader {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.supervisor.do_send(StageStopped(Stage::Reader));
+        self.supervisor.do_send(StageStopped(Stage::Prefetch));
     }
 }
 
-impl StreamHandler<ChunkRequest> for ChunkReader {
+impl StreamHandler<ChunkRequest> for Prefetcher {
     fn handle(&mut self, req: ChunkRequest, ctx: &mut Self::Context) {
         if self.needs_fetch(req) {
             // Wait for a free fetch (holding further requests: back-pressure), then fetch on the
@@ -120,14 +120,14 @@ impl StreamHandler<ChunkRequest> for ChunkReader {
         // `wait` holds further requests until the parser queue takes this one: back-pressure.
         ctx.wait(async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
             if sent.is_err() {
-                tracing::error!("the parser queue is gone; the reader stops");
+                tracing::error!("the parser queue is gone; the prefetch stage stops");
                 ctx.stop();
             }
         }));
     }
 }
 
-impl Handler<StopStage> for ChunkReader {
+impl Handler<StopStage> for Prefetcher {
     type Result = ();
     fn handle(&mut self, _: StopStage, ctx: &mut Self::Context) {
         ctx.stop();

@@ -14,8 +14,8 @@ use crate::pipeline::control::session::{
     check_resume, options_hash, resolve_options, ResolvedOptions, ResumeError, MAX_SLOT_SIZE_BYTES,
 };
 use crate::pipeline::control::ControlPlane;
+use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::chunk_cache::ChunkKey;
-use crate::pipeline::data::hub::DatasetRuntime;
 use crate::pipeline::data::persister::DemandMark;
 use crate::pipeline::data::producer::PREFETCH_CHUNKS;
 

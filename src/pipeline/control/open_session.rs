@@ -4,7 +4,7 @@
 //! the sampler, the ring's geometry), admits it ([`admission::admit`]: name, starting state, ring
 //! memory, host guard — all or nothing), then creates the ring, starts the producer on the
 //! delivery stage and builds the `opened` reply; a failure after admission withdraws it.
-//! [`Active`] is what the connection task keeps of the open session: its slot leases, progress,
+//! [`OpenSession`] is what the connection task keeps of the open session: its slot leases, progress,
 //! the producer's channels and the metrics it reports.
 
 use std::os::fd::OwnedFd;
@@ -28,13 +28,13 @@ use super::ControlPlane;
 
 mod prepare;
 
+use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::delivery::StartProducer;
-use crate::pipeline::data::hub::DatasetRuntime;
 use crate::pipeline::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle};
 use prepare::{fresh_state, place_sampler, prepare, window_fits, Prepared};
 
 /// A session open on this connection.
-pub(super) struct Active {
+pub(super) struct OpenSession {
     pub(super) name: String,
     /// The dataset or mixture the session reads.
     pub(super) dataset: String,
@@ -142,7 +142,7 @@ impl Drop for SamplingReservation {
     }
 }
 
-impl Active {
+impl OpenSession {
     pub(super) fn state(&self) -> SessionState {
         SessionState {
             version: STATE_VERSION,
@@ -320,7 +320,7 @@ pub(super) fn warn_if_replaying(name: &str, start: &SessionState, resumed: Optio
     );
 }
 
-/// What an opened session's [`Active`] is made of, a dataset's or a mixture's.
+/// What an opened session's [`OpenSession`] is made of, a dataset's or a mixture's.
 pub(super) struct Launch {
     /// The session's name.
     pub(super) session: String,
@@ -350,8 +350,8 @@ pub(super) struct Launch {
 
 impl Launch {
     /// Starts `producer` on the delivery stage (every slot free) and makes the session's
-    /// [`Active`].
-    pub(super) async fn start(self, conn: &ConnShared, producer: Producer) -> Result<Active, Refusal> {
+    /// [`OpenSession`].
+    pub(super) async fn start(self, conn: &ConnShared, producer: Producer) -> Result<OpenSession, Refusal> {
         let slots = SlotTable::new(self.slot_count);
         let (events_tx, events_rx) = flume::bounded(self.slot_count + 2);
         let free = every_slot(&slots, self.slot_count as u64);
@@ -363,7 +363,7 @@ impl Launch {
             events: events_tx,
         };
         let producer = conn.delivery.send(start).await.map_err(|e| Refusal::Delivery(e.to_string()))?;
-        Ok(Active {
+        Ok(OpenSession {
             name: self.session,
             dataset: self.dataset,
             identity: self.identity,
@@ -435,7 +435,7 @@ pub(super) async fn open(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
-) -> Result<(Active, ServerMessage, OwnedFd), Refusal> {
+) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start, working } =
         prepare(dataset, options, shared).await?;
