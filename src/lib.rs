@@ -14,11 +14,11 @@
 //! * [`config`] — TOML + environment overrides, validated into the engine's option types and the
 //!   daemon's settings, every problem reported at once;
 //! * [`dump`] — `minibatchd dump`, the in-process consumer (JSON lines, the ledger);
-//! * [`pipeline`] — `minibatchd run`: the data plane (reader, parser pool, chunk cache, producer),
+//! * [`pipeline`] — `minibatchd run`: the data plane (readahead, parser pool, chunk cache, producer),
 //!   the control plane (server, connections, sessions, admission) and operations (signals,
 //!   checkpoint, reload, notify, memory guard), as supervised actix actors over bounded flume
 //!   channels;
-//! * [`parsed`] — the parsed cache of the process, handed to every dataset;
+//! * [`parsed_cache`] — the parsed cache of the process, handed to every dataset;
 //! * [`metrics`] — every Prometheus metric in one registry, and the `/metrics` endpoint;
 //! * [`stage`] — the supervised stages, named once (supervisor, health, metric labels).
 

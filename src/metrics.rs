@@ -6,7 +6,7 @@
 //! worker rank), `kind` ([`ERROR_KINDS`]), `state`/`part`/`result`/`code` (small fixed sets).
 //! Never a file name, a session name or a sample id.
 //!
-//! Emission: the data plane counts per chunk (prefetch, parsers, cache stage) and per minibatch
+//! Emission: the data plane counts per chunk (readahead, parsers, cache stage) and per minibatch
 //! (producers, connections) through handles resolved once (a [`DatasetMetrics`] per dataset, a
 //! [`SessionMetrics`] per session), never per sample. Gauges that mirror state owned elsewhere
 //! (queue depths, cache size, session counts, checkpoint age) are set by the daemon's refresh
@@ -162,7 +162,7 @@ pub struct Metrics {
     ranks: Mutex<HashMap<String, HashSet<u64>>>,
 }
 
-/// Per-dataset counters of the prefetch and parser stages (resolved once per dataset).
+/// Per-dataset counters of the readahead and parser stages (resolved once per dataset).
 #[derive(Debug, Clone)]
 pub struct DatasetMetrics {
     /// Bytes read.
@@ -432,21 +432,31 @@ impl Metrics {
     }
 }
 
-/// Metrics renamed in this release, `(prefix now, prefix before)`: each is served under its old
+/// Metrics renamed in this release, `(name now, name before)`: each is served under its old
 /// name too, as a copy whose help names the new one, until the next release drops the old names
 /// (`docs/metrics.md`, "Renamed"). The chunk cache's series were `minibatchd_cache_*`, which read
 /// as any of the daemon's caches (the parsed cache and the object cache are on disk).
-pub const RENAMED: [(&str, &str); 1] = [("minibatchd_chunk_cache_", "minibatchd_cache_")];
+pub const RENAMED: [(&str, &str); 10] = [
+    ("minibatchd_chunk_cache_bytes", "minibatchd_cache_bytes"),
+    ("minibatchd_chunk_cache_chunks", "minibatchd_cache_chunks"),
+    ("minibatchd_chunk_cache_budget_bytes", "minibatchd_cache_budget_bytes"),
+    ("minibatchd_chunk_cache_hits_total", "minibatchd_cache_hits_total"),
+    ("minibatchd_chunk_cache_misses_total", "minibatchd_cache_misses_total"),
+    ("minibatchd_chunk_cache_evictions_total", "minibatchd_cache_evictions_total"),
+    ("minibatchd_chunk_cache_over_budget_loads_total", "minibatchd_cache_over_budget_loads_total"),
+    ("minibatchd_chunk_cache_refused_loads_total", "minibatchd_cache_refused_loads_total"),
+    ("minibatchd_chunk_cache_shed_chunks_total", "minibatchd_cache_shed_chunks_total"),
+    ("minibatchd_chunk_cache_mapped_copies_total", "minibatchd_cache_mapped_copies_total"),
+];
 
-/// `families` and, after them, a copy of each family whose name a [`RENAMED`] prefix renamed,
-/// under its old name.
+/// `families` and, after them, a copy of each family [`RENAMED`] renamed, under its old name.
 fn with_old_names(mut families: Vec<prometheus::proto::MetricFamily>) -> Vec<prometheus::proto::MetricFamily> {
     let mut old = Vec::new();
     for f in &families {
         for (now, before) in RENAMED {
-            if let Some(rest) = f.name().strip_prefix(now) {
+            if f.name() == now {
                 let mut copy = f.clone();
-                copy.set_name(format!("{before}{rest}"));
+                copy.set_name(before.to_owned());
                 copy.set_help(format!("Deprecated: the old name of {}, served until the next release.", f.name()));
                 old.push(copy);
             }
@@ -544,8 +554,9 @@ mod tests {
         let families = with_old_names(m.registry.gather());
         let names: HashSet<&str> = families.iter().map(prometheus::proto::MetricFamily::name).collect();
         assert_eq!(names.len(), families.len(), "no name served twice");
-        assert!(!names.iter().any(|n| n.starts_with("minibatchd_chunk_cache_")
-            && !names.contains(&n.replacen("minibatchd_chunk_cache_", "minibatchd_cache_", 1).as_str())));
+        for (now, before) in RENAMED {
+            assert!(names.contains(now) && names.contains(before), "{now} is served under both names");
+        }
     }
 
     #[test]

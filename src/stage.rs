@@ -4,9 +4,9 @@
 /// A supervised stage of the daemon, in start order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
-    /// Prefetch: has the bytes of requested chunks read ahead (kernel readahead for a file, a
+    /// Readahead: has the bytes of requested chunks read ahead (kernel readahead for a file, a
     /// fetch into the object cache for an object) before the parsers need them.
-    Prefetch,
+    Readahead,
     /// Parser pool: a thread per core parsing chunks.
     Parsers,
     /// Chunk cache: moves parsed chunks into the shared cache.
@@ -23,7 +23,7 @@ impl Stage {
 
     /// All stages in start order.
     pub const ALL: [Stage; Self::COUNT] =
-        [Stage::Prefetch, Stage::Parsers, Stage::Cache, Stage::Delivery, Stage::Sessions];
+        [Stage::Readahead, Stage::Parsers, Stage::Cache, Stage::Delivery, Stage::Sessions];
 
     /// Position in [`Stage::ALL`].
     #[must_use]
@@ -35,7 +35,7 @@ impl Stage {
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
-            Self::Prefetch => "prefetch",
+            Self::Readahead => "readahead",
             Self::Parsers => "parsers",
             Self::Cache => "cache",
             Self::Delivery => "delivery",
@@ -54,6 +54,6 @@ mod tests {
             assert_eq!(s.index(), i);
         }
         let names: Vec<&str> = Stage::ALL.iter().map(|s| s.name()).collect();
-        assert_eq!(names, ["prefetch", "parsers", "cache", "delivery", "sessions"]);
+        assert_eq!(names, ["readahead", "parsers", "cache", "delivery", "sessions"]);
     }
 }

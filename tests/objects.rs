@@ -425,7 +425,7 @@ fn a_sigterm_during_a_stall_ends_the_process_within_the_stop_bound() {
     let took = signalled.elapsed();
     println!("SIGTERM during a stall: the process ended after {took:.2?} (bound {bound:?})");
     assert!(status.success(), "{status:?}");
-    // Nor did a stage wait out the supervisor's margin (the prefetch stage waiting for a fetch to free
+    // Nor did a stage wait out the supervisor's margin (the readahead stage waiting for a fetch to free
     // while every one hung on the store took 20 s).
     assert!(took < std::time::Duration::from_secs(grace + 10), "the stop took {took:?}");
     let _ = reader.join();

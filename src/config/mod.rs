@@ -104,7 +104,7 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Budget for parsed chunks plus shared-memory rings, in bytes.
     pub memory_limit_bytes: u64,
-    /// Capacity of the bounded channel between chunk reader and parser pool, in chunks.
+    /// Capacity of the bounded channel between the readahead stage and the parser pool, in chunks.
     pub read_queue_chunks: usize,
     /// Capacity of each bounded channel that carries parsed chunks, in chunks.
     pub parsed_queue_chunks: usize,
@@ -161,7 +161,7 @@ pub struct ObjectsConfig {
     pub index_prefix: Option<String>,
     /// How long to wait for another node's index before indexing an object here too.
     pub index_wait_secs: u64,
-    /// Chunk ranges the prefetch stage fetches ahead of the parsers at once.
+    /// Chunk ranges the readahead stage fetches ahead of the parsers at once.
     pub fetches: usize,
     /// How long a failed request is retried (with backoff) before it is an error, in seconds.
     pub retry_secs: u64,

@@ -96,7 +96,7 @@ mod tests {
         h.set_stage_up(&metrics, Stage::Cache, false);
         assert_eq!(h.down(), vec![Stage::Cache]);
         assert_eq!(metrics.data.stage_up.with_label_values(&["cache"]).get(), 0);
-        assert_eq!(metrics.data.stage_up.with_label_values(&["prefetch"]).get(), 1);
+        assert_eq!(metrics.data.stage_up.with_label_values(&["readahead"]).get(), 1);
         h.set_phase(Phase::Stopping);
         assert_eq!(h.phase(), Phase::Stopping);
     }

@@ -9,10 +9,10 @@
 //!                                  data::delivery: the producer pool (a Feeder + ring per session)
 //!                                            │ misses/prefetch          ▲ Arc<ParsedChunk>
 //!                                            ▼ (bounded)                │
-//!   data::reader ─to_parse─► data::parsers (SyncArbiter) ─parsed─► data::chunk_cache_stage ─► SharedCache
+//!   data::readahead ─to_parse─► data::parsers (SyncArbiter) ─parsed─► data::chunk_cache_stage ─► SharedCache
 //! ```
 //!
-//! * [`data`] — the data plane: reader, parser pool, chunk cache, producers ([`data::DataPlane`]).
+//! * [`data`] — the data plane: readahead, parser pool, chunk cache, producers ([`data::DataPlane`]).
 //! * [`control`] — the control plane: socket, connections, sessions, admission
 //!   ([`control::ControlPlane`], which holds the data plane).
 //! * [`ops`] — operations: signals, the daemon checkpoint, reload, `sd_notify`, the host-memory guard,
@@ -167,7 +167,7 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     tracing::info!(daemon_id = %minibatchd_client::protocol::hex64(shared.daemon_id), parser_threads = shared.data.parser_threads, "starting");
     // The event loop's runtime (actix's own kind: one thread, every driver), held here as well so
     // that the exit can leave its blocking pool behind instead of waiting for it: a chunk fetch
-    // ahead of the parsers (`data::reader`) runs there, and on a stalled object store it waits
+    // ahead of the parsers (`data::readahead`) runs there, and on a stalled object store it waits
     // up to `object_retry_secs` + `object_request_timeout_secs`. Dropping the runtime waits for
     // such tasks whatever they wait for, with `daemon.lock` still held.
     let runtime = Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build()?);

@@ -2,7 +2,7 @@
 //! running (with exponential backoff, at most [`RestartPolicy::max_restarts`] times within
 //! [`RestartPolicy::window`], each restart logged and counted), and stops them in reverse order.
 //!
-//! Start order: prefetch → parser pool → chunk cache → delivery → session manager. The
+//! Start order: readahead → parser pool → chunk cache → delivery → session manager. The
 //! session manager (which opens the control socket) comes last, after delivery, so no client can
 //! open a session before every stage that serves it runs; it is also the first to stop, so no
 //! session is opened during shutdown. A stage that cannot be kept running (restart limit
@@ -19,7 +19,7 @@ use super::control::ControlPlane;
 use super::data::chunk_cache_stage::CacheStage;
 use super::data::delivery::Delivery;
 use super::data::parsers::ParserPool;
-use super::data::prefetch::Prefetcher;
+use super::data::readahead::Readahead;
 use super::lifecycle::{StageStopped, StopStage};
 use crate::stage::Stage;
 
@@ -98,7 +98,7 @@ pub struct RestartCounts;
 
 #[derive(Default)]
 struct Addrs {
-    prefetch: Option<Addr<Prefetcher>>,
+    readahead: Option<Addr<Readahead>>,
     parsers: Option<Addr<ParserPool>>,
     cache: Option<Addr<CacheStage>>,
     delivery: Option<Addr<Delivery>>,
@@ -139,7 +139,7 @@ impl Supervisor {
             self.set_up(stage, true);
         }
         match stage {
-            Stage::Prefetch => self.addrs.prefetch = Some(Prefetcher::new(shared.data.clone(), me).start()),
+            Stage::Readahead => self.addrs.readahead = Some(Readahead::new(shared.data.clone(), me).start()),
             Stage::Parsers => self.addrs.parsers = Some(ParserPool::new(shared.data.clone(), me).start()),
             Stage::Cache => self.addrs.cache = Some(CacheStage::new(shared.data.clone(), me).start()),
             Stage::Delivery => {
@@ -217,7 +217,7 @@ impl Handler<FailStage> for Supervisor {
     type Result = bool;
     fn handle(&mut self, FailStage(stage): FailStage, _: &mut Self::Context) -> bool {
         match stage {
-            Stage::Prefetch => self.addrs.prefetch.as_ref().map(|a| a.do_send(StopStage)).is_some(),
+            Stage::Readahead => self.addrs.readahead.as_ref().map(|a| a.do_send(StopStage)).is_some(),
             Stage::Parsers => self.addrs.parsers.as_ref().map(|a| a.do_send(StopStage)).is_some(),
             Stage::Cache => self.addrs.cache.as_ref().map(|a| a.do_send(StopStage)).is_some(),
             Stage::Delivery => self.addrs.delivery.as_ref().map(|a| a.do_send(StopStage)).is_some(),
@@ -241,7 +241,7 @@ impl Handler<Shutdown> for Supervisor {
         let delivery = self.addrs.delivery.take();
         let cache = self.addrs.cache.take();
         let parsers = self.addrs.parsers.take();
-        let prefetch = self.addrs.prefetch.take();
+        let readahead = self.addrs.readahead.take();
         let shared = self.shared.clone();
         Box::pin(
             async move {
@@ -267,7 +267,7 @@ impl Handler<Shutdown> for Supervisor {
                 if let Some(a) = parsers {
                     let _ = a.send(StopStage).await;
                 }
-                if let Some(a) = prefetch {
+                if let Some(a) = readahead {
                     let _ = a.send(StopStage).await;
                 }
                 tracing::info!("all stages stopped");
@@ -316,13 +316,13 @@ mod tests {
                 assert!(Instant::now() < deadline, "the session manager did not bind");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            for stage in [Stage::Prefetch, Stage::Sessions] {
+            for stage in [Stage::Readahead, Stage::Sessions] {
                 assert!(sup.send(FailStage(stage)).await.expect("send"));
             }
             loop {
                 let counts = sup.send(RestartCounts).await.expect("counts");
                 let restarted = |s: Stage| counts.iter().any(|&(st, n)| st == s && n == 1);
-                if restarted(Stage::Prefetch)
+                if restarted(Stage::Readahead)
                     && restarted(Stage::Sessions)
                     && socket.exists()
                     && shared_probe.data.health.stage_up(Stage::Sessions)
@@ -331,9 +331,9 @@ mod tests {
                         .data
                         .metrics
                         .render()
-                        .contains("minibatchd_stage_restarts_total{stage=\"prefetch\"} 1"));
+                        .contains("minibatchd_stage_restarts_total{stage=\"readahead\"} 1"));
                     assert!(
-                        counts.iter().all(|&(st, n)| n == 0 || st == Stage::Prefetch || st == Stage::Sessions),
+                        counts.iter().all(|&(st, n)| n == 0 || st == Stage::Readahead || st == Stage::Sessions),
                         "{counts:?}"
                     );
                     break;

@@ -4,7 +4,7 @@
 //! * **Settings** come from the standard AWS environment and files ([`aws`]), never from the
 //!   dataset configuration.
 //! * **One small runtime** (two `mbd-s3` threads) runs `object_store`'s futures; callers block on
-//!   them from their own threads (parser threads, the prefetch stage's fetches), so several
+//!   them from their own threads (parser threads, the readahead stage's fetches), so several
 //!   requests are in flight at once and the engine stays synchronous.
 //! * **Retries**: `object_store` retries a request on 5xx, 429 and connection errors with
 //!   exponential backoff (100 ms doubling to 15 s, up to 10 times within `object_retry_secs`, 3

@@ -1,5 +1,5 @@
 //! A column of plain numbers that is either owned (a `Vec`, what a parse writes) or a range of a
-//! read-only mapping of a persisted parsed-chunk file (what a read from the parsed cache
+//! read-only mapping of a parsed cache entry (what a read from the parsed cache
 //! gives): the gather reads both as `&[T]`.
 //!
 //! Mapping an entry instead of copying it into fresh memory saves the copy and, more, the first
@@ -28,8 +28,9 @@ pub struct FileMapping {
     len: usize,
     /// The file, holding the lease, while the mapping is the file's; `None` once detached.
     lease: std::sync::Mutex<Option<File>>,
-    /// Whether the mapping, and the memory it is detached into, are advised huge pages.
-    huge: bool,
+    /// Whether the mapping, and the memory it is detached into (later, maybe after a reload
+    /// changed it), are advised huge pages.
+    huge: crate::HugePages,
 }
 
 // SAFETY: the mapping is read-only memory owned by this value; moving it to another thread moves
@@ -43,16 +44,16 @@ impl FileMapping {
     /// Takes a read lease on `file` (opened read-only), maps its first `len` bytes (its whole
     /// length, as the caller checked) and has the kernel populate the page tables with them,
     /// reading what is not in the page cache: an I/O error surfaces here as an error, not later
-    /// as a fault in the reader. The mapping holds `file` while it is the file's. With `huge`
-    /// (the caller's [`crate::HugePages::enabled`]) it is advised huge pages, and so is the memory
-    /// [`FileMapping::detach`] moves it into.
+    /// as a fault in the reader. The mapping holds `file` while it is the file's. It follows
+    /// `huge`: advised huge pages when it is on now, and so is the memory
+    /// [`FileMapping::detach`] moves it into when it is on then.
     ///
     /// # Errors
     /// `InvalidInput` for an empty mapping or one past the file's end; the lease's error when the
     /// file cannot be guarded ([`crate::lease`]: the caller reads it instead); the `mmap` or
     /// `madvise(MADV_POPULATE_READ)` error (a kernel older than 5.14 without that advice is not
     /// an error: pages then fault in on first use).
-    pub fn map(file: File, len: usize, huge: bool) -> std::io::Result<Arc<Self>> {
+    pub fn map(file: File, len: usize, huge: &crate::HugePages) -> std::io::Result<Arc<Self>> {
         // Leased first: from here no one can be writing the file, so what is mapped (and checked
         // by the caller) is what is read until the mapping goes.
         crate::lease::take(&file)?;
@@ -72,12 +73,12 @@ impl FileMapping {
             crate::lease::release(&file);
             return Err(mapped.err().map_or_else(|| std::io::ErrorKind::InvalidInput.into(), Into::into));
         };
-        let map = Arc::new(Self { ptr, len, lease: std::sync::Mutex::new(Some(file)), huge });
+        let map = Arc::new(Self { ptr, len, lease: std::sync::Mutex::new(Some(file)), huge: huge.clone() });
         // Watched from here, before the populate reads the file in (seconds for a large one from
         // disk): a writer that comes meanwhile breaks the lease once, and its one SIGIO must find
         // the mapping.
         crate::lease::guard(&map);
-        if huge {
+        if huge.enabled() {
             // Pages not in the page cache are then read ahead into 2 MiB folios, which the
             // mapping maps as huge pages (as those of entries written in 2 MiB pieces).
             // SAFETY: the range is exactly the mapping made above, owned by `map`;
@@ -134,7 +135,7 @@ impl FileMapping {
                 MapFlags::PRIVATE,
             )
         }?;
-        if self.huge {
+        if self.huge.enabled() {
             // SAFETY: exactly the fresh mapping above; the advice only changes its backing.
             let _ = unsafe { rustix::mm::madvise(copy, self.len, Advice::LinuxHugepage) };
         }
@@ -412,7 +413,7 @@ mod tests {
     fn a_mapped_column_reads_the_files_values_and_outlives_its_file_handle() {
         let values: Vec<u64> = (0..1000).map(|i| i * 3 + 1).collect();
         let f = file_of(crate::as_bytes(&values));
-        let map = FileMapping::map(f, values.len() * 8, true).expect("map");
+        let map = FileMapping::map(f, values.len() * 8, &crate::HugePages::default()).expect("map");
         let col = Column::<u64>::mapped(&map, 8, 10).expect("in bounds and aligned");
         drop(map);
         assert!(col.is_mapped());
@@ -426,22 +427,25 @@ mod tests {
 
     #[test]
     fn out_of_bounds_or_misaligned_ranges_are_refused() {
-        let map = FileMapping::map(file_of(&[7u8; 64]), 64, true).expect("map");
+        let map = FileMapping::map(file_of(&[7u8; 64]), 64, &crate::HugePages::default()).expect("map");
         assert!(Column::<u64>::mapped(&map, 0, 8).is_some());
         assert!(Column::<u64>::mapped(&map, 8, 8).is_none(), "past the end");
         assert!(Column::<u64>::mapped(&map, 4, 1).is_none(), "misaligned for u64");
         assert!(Column::<u32>::mapped(&map, 4, 1).is_some());
         assert!(Column::<u64>::mapped(&map, usize::MAX - 3, 1).is_none(), "overflow");
         assert!(Column::<u8>::mapped(&map, 64, 0).is_some(), "an empty range at the end");
-        assert!(FileMapping::map(file_of(&[7u8; 64]), 0, true).is_err());
-        assert!(FileMapping::map(file_of(&[7u8; 64]), 65, true).is_err(), "past the file's end");
+        assert!(FileMapping::map(file_of(&[7u8; 64]), 0, &crate::HugePages::default()).is_err());
+        assert!(
+            FileMapping::map(file_of(&[7u8; 64]), 65, &crate::HugePages::default()).is_err(),
+            "past the file's end"
+        );
     }
 
     /// `FilePmdMapped` is found for the mapping itself (not another one): a small file mapping
     /// has none.
     #[test]
     fn a_small_mapping_is_not_huge_page_backed() {
-        let map = FileMapping::map(file_of(&[1u8; 8192]), 8192, true).expect("map");
+        let map = FileMapping::map(file_of(&[1u8; 8192]), 8192, &crate::HugePages::default()).expect("map");
         assert_eq!(map.huge_page_backed(), Some(false));
     }
 
@@ -475,7 +479,7 @@ mod tests {
             ["truncate -s 0 \"$1\"", "printf 'XXXXXXXXXXXXXXXX' | dd of=\"$1\" bs=4096 seek=1 conv=notrunc 2>/dev/null"]
         {
             let (path, f) = named_file_of(bytes);
-            let map = FileMapping::map(f, bytes.len(), true).expect("map");
+            let map = FileMapping::map(f, bytes.len(), &crate::HugePages::default()).expect("map");
             let col = Column::<u64>::mapped(&map, 0, values.len()).expect("column");
             assert!(map.is_file_backed());
             let before = crate::lease::revoked();
@@ -496,11 +500,12 @@ mod tests {
     fn a_file_open_for_writing_is_not_mapped() {
         let (path, f) = named_file_of(&[5u8; 8192]);
         let writer = std::fs::OpenOptions::new().write(true).open(&path).expect("open for writing");
-        let e = FileMapping::map(f, 8192, true).expect_err("no lease while a writer has it open");
+        let e =
+            FileMapping::map(f, 8192, &crate::HugePages::default()).expect_err("no lease while a writer has it open");
         assert_eq!(e.raw_os_error(), Some(libc::EAGAIN), "{e}");
         drop(writer);
-        let map =
-            FileMapping::map(File::open(&path).expect("open"), 8192, true).expect("mapped once the writer is gone");
+        let map = FileMapping::map(File::open(&path).expect("open"), 8192, &crate::HugePages::default())
+            .expect("mapped once the writer is gone");
         assert_eq!(map.bytes(), &[5u8; 8192][..]);
         std::fs::remove_file(&path).expect("rm");
     }

@@ -14,7 +14,7 @@
 //! The setting is a [`HugePages`] handle that whoever opens datasets holds and hands on (the
 //! daemon's catalog to each dataset, the parsed cache and the persister; `dump` and `index` their
 //! own), not process state: two daemons' worth of datasets in one process (the tests) each follow
-//! their own. The allocating code asks the handle once per buffer it makes.
+//! their own. The setting is read when a chunk's parse, a mapping or a copy begins.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

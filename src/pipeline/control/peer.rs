@@ -1,5 +1,5 @@
 //! Who a connection is with, and what every connection task shares: kept apart from
-//! [`super::connection`] (the conversation) so that a session ([`super::active`]) can name them
+//! [`super::connection`] (the conversation) so that a session ([`super::open_session`]) can name them
 //! without naming the conversation that runs it.
 
 use std::sync::Arc;

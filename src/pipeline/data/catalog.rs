@@ -1,8 +1,8 @@
 //! The datasets the daemon serves, opened (indexed) at start and again by a configuration reload,
-//! shared by every stage: the prefetch stage and parsers look chunks up here, sessions their timeline and
+//! shared by every stage: the readahead stage and parsers look chunks up here, sessions their timeline and
 //! stream schema.
 //!
-//! A catalog is immutable; a reload builds a new one with [`Catalog::reopen`] and the daemon swaps it in.
+//! A catalog's datasets are fixed; a reload builds a new catalog with [`Catalog::reopen`] and the daemon swaps it in.
 //! A dataset whose configuration is unchanged keeps its runtime (same `Arc`: its sessions and
 //! cached chunks are untouched); an added or changed one is opened anew under a fresh catalog index.
 //! Indices are never reused: the new catalog keeps weak references to every runtime of the old one,
@@ -457,24 +457,24 @@ mod tests {
             dir.path(),
             &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
         );
-        let (hub2, changes) = catalog.reopen(&new, &metrics, &Indexing::default());
+        let (catalog2, changes) = catalog.reopen(&new, &metrics, &Indexing::default());
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
         assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
-        assert!(Arc::ptr_eq(&a, &hub2.get("a").expect("a")), "unchanged: the same runtime");
-        let b2 = hub2.get("b").expect("b");
+        assert!(Arc::ptr_eq(&a, &catalog2.get("a").expect("a")), "unchanged: the same runtime");
+        let b2 = catalog2.get("b").expect("b");
         assert!(!Arc::ptr_eq(&b, &b2) && b2.index > b.index, "changed: a new runtime and index");
-        assert!(hub2.get("gone").is_ok(), "a failed dataset is tried again");
-        assert!(Arc::ptr_eq(&hub2.by_index(b.index).expect("the old version is alive while held"), &b));
+        assert!(catalog2.get("gone").is_ok(), "a failed dataset is tried again");
+        assert!(Arc::ptr_eq(&catalog2.by_index(b.index).expect("the old version is alive while held"), &b));
         let only_a = config(dir.path(), &[("a", "a.ctf", 100)]);
-        let (hub3, changes) = hub2.reopen(&only_a, &metrics, &Indexing::default());
+        let (catalog3, changes) = catalog2.reopen(&only_a, &metrics, &Indexing::default());
         assert_eq!(changes.removed.len(), 3);
-        assert!(!hub3.contains("b") && hub3.get("b").is_err());
-        drop((catalog, hub2, b));
-        assert!(hub3.by_index(b2.index).is_some(), "held by a session");
+        assert!(!catalog3.contains("b") && catalog3.get("b").is_err());
+        drop((catalog, catalog2, b));
+        assert!(catalog3.by_index(b2.index).is_some(), "held by a session");
         let idx = b2.index;
         drop(b2);
-        assert!(hub3.by_index(idx).is_none(), "freed with its last holder");
+        assert!(catalog3.by_index(idx).is_none(), "freed with its last holder");
     }
 
     #[test]

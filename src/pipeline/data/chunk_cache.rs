@@ -99,7 +99,7 @@ pub enum PersistJob {
     },
 }
 
-/// A request to read and parse a chunk (session → reader → parser pool).
+/// A request to read and parse a chunk (session → readahead → parser pool).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRequest {
     /// Which chunk.
@@ -181,7 +181,7 @@ pub enum FetchError {
     #[error(transparent)]
     Failed(DataError),
     /// The pipeline's request channel is gone (the daemon is stopping).
-    #[error("the prefetch stage is gone")]
+    #[error("the readahead stage is gone")]
     Disconnected,
     /// Loading the chunk would pass the memory limit ([`Lookup::OverLimit`]).
     #[error("the chunks that sessions hold ({} MiB) fill the chunk cache's share of memory_limit_bytes ({} MiB)", mib(*held), mib(*ceiling))]
@@ -606,8 +606,12 @@ mod tests {
         f.write_all(minibatchd_sys::as_bytes(&values)).expect("write");
         // Mapped under a read lease: through a read-only descriptor, the writer's closed.
         let (_, path) = f.keep().expect("keep");
-        let map =
-            minibatchd_sys::FileMapping::map(std::fs::File::open(&path).expect("open"), n * 4, true).expect("map");
+        let map = minibatchd_sys::FileMapping::map(
+            std::fs::File::open(&path).expect("open"),
+            n * 4,
+            &minibatchd_sys::HugePages::default(),
+        )
+        .expect("map");
         std::fs::remove_file(&path).expect("unlink");
         let column = Column::mapped(&map, 0, n).expect("in bounds");
         Arc::new(ParsedChunk {

@@ -2,14 +2,14 @@
 //! kept in the shared cache, from which each producer gathers its minibatches into its ring.
 //!
 //! ```text
-//!  producer pool ──requests─────► reader ──to_parse──► parsers (SyncArbiter) ──parsed──► cache stage
+//!  producer pool ──requests─────► readahead ─to_parse► parsers (SyncArbiter) ──parsed──► cache stage
 //!  (misses, prefetch)   (bounded)  (readahead)  (bounded)  (Dataset::load_chunk)  (bounded)  (SharedCache)
 //!        ▲                                                                                     │
 //!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
 //! ```
 //!
 //! Plain logic: [`chunk_cache`] (the budgeted LRU and its waiters), [`catalog`] (the datasets in force),
-//! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`prefetch`],
+//! [`producer`] (a session's loop over the engine's `Feeder`). Thin actors: [`readahead`],
 //! [`parsers`], [`chunk_cache_stage`], [`delivery`] (the producer pool, [`pool`]); [`preload`] warms the cache.
 //!
 //! [`DataPlane`] is what they share. It also carries the daemon-wide services every plane reports
@@ -25,9 +25,9 @@ pub mod mixing;
 pub mod parsers;
 pub mod persister;
 pub mod pool;
-pub mod prefetch;
 pub mod preload;
 pub mod producer;
+pub mod readahead;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
@@ -44,7 +44,7 @@ use indexing::Indexing;
 /// restarted stage reattaches to the same queues. Every one is bounded.
 #[derive(Debug)]
 pub struct Channels {
-    /// Producers → reader: chunk requests (`read_queue_chunks`).
+    /// Producers → readahead: chunk requests (`read_queue_chunks`).
     pub requests: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
     /// Reader → parser pool (`read_queue_chunks`).
     pub to_parse: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
@@ -75,7 +75,7 @@ pub struct DataPlane {
     pub channels: Channels,
     /// Parser threads.
     pub parser_threads: usize,
-    /// Object chunk ranges the prefetch stage fetches ahead of the parsers at once (`object_fetches`).
+    /// Object chunk ranges the readahead stage fetches ahead of the parsers at once (`object_fetches`).
     pub object_fetches: usize,
     /// Every metric.
     pub metrics: Metrics,

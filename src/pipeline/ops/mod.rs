@@ -27,7 +27,7 @@ pub fn refresh_metrics(shared: &ControlPlane) {
     let m = &shared.data.metrics;
     let c = &shared.data.channels;
     for (stage, len, cap) in [
-        ("prefetch", c.requests.1.len(), c.requests.1.capacity()),
+        ("readahead", c.requests.1.len(), c.requests.1.capacity()),
         ("parsers", c.to_parse.1.len(), c.to_parse.1.capacity()),
         ("cache", c.parsed.1.len(), c.parsed.1.capacity()),
     ] {

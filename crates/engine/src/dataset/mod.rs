@@ -237,8 +237,8 @@ impl Dataset {
         })
     }
 
-    /// Serves chunks from, and persists parsed chunks into, `cache` (the persisted parsed-chunk
-    /// cache, [`ParsedCache`]) under this dataset's [`Dataset::parse_identity`].
+    /// Serves chunks from, and persists parsed chunks into, `cache` (the parsed cache,
+    /// [`ParsedCache`]) under this dataset's [`Dataset::parse_identity`].
     /// Chunks parsed without a malformed place are written when `persist` says.
     pub fn use_parsed_cache(&mut self, cache: Arc<ParsedCache>, persist: Persist) {
         let pending = (0..self.chunks.len()).map(|_| std::sync::atomic::AtomicBool::new(false)).collect();
@@ -364,7 +364,7 @@ impl Dataset {
     }
 
     /// The file and byte range `start..end` of chunk `chunk` in the primary source (for
-    /// readahead by the daemon's prefetch stage); for a gzip input, its decompressed copy.
+    /// readahead by the daemon's readahead stage); for a gzip input, its decompressed copy.
     #[must_use]
     pub fn chunk_byte_range(&self, chunk: usize) -> Option<(&Path, u64, u64)> {
         let c = self.chunks.get(chunk)?;
@@ -518,7 +518,7 @@ impl Dataset {
     }
 
     /// For a chunk whose bytes are in object storage: fetches them into the object cache
-    /// now (the daemon's prefetch stage does this ahead of the parsers, several at a time), and
+    /// now (the daemon's readahead stage does this ahead of the parsers, several at a time), and
     /// says whether they had to be fetched. `None` for a chunk of a local file.
     #[must_use]
     pub fn prefetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {

@@ -397,8 +397,8 @@ impl ParsedChunk {
         }
     }
 
-    /// Bytes held by the buffers (for the memory budget). A chunk read from the persisted
-    /// cache counts its whole mapping beside the copies made from it (its offsets): the
+    /// Bytes held by the buffers (for the memory budget). A chunk read from the parsed cache
+    /// counts its whole mapping beside the copies made from it (its offsets): the
     /// checksum read every page of the mapping in, and a page of offsets that shares a 2 MiB
     /// folio with a column stays mapped as long as the column (counting only the mapped
     /// columns, a 26 GiB file's mapped chunks held ~4 % more than counted).

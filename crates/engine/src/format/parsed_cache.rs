@@ -373,7 +373,7 @@ impl ParsedCache {
             }
             checked
         };
-        if let Some((parsed, version, summed)) = decode(file, meta.len(), &expect, &already, self.huge.enabled()) {
+        if let Some((parsed, version, summed)) = decode(file, meta.len(), &expect, &already, &self.huge) {
             let checked = (!summed || version.settled_by(now)).then_some(version);
             self.lock().touch(&name, meta.len(), checked);
             self.counters.hits.fetch_add(1, Ordering::Relaxed);

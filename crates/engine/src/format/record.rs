@@ -352,8 +352,12 @@ impl<D: StreamBufDecoder> RecordDecoder for D {
         self.specs()
     }
 
-    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize, _huge: bool) -> Vec<StreamBuf<T>> {
-        StreamBufDecoder::buffers(self, records)
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize, huge: bool) -> Vec<StreamBuf<T>> {
+        let bufs = StreamBufDecoder::buffers(self, records);
+        for b in &bufs {
+            minibatchd_sys::advise_huge_pages(&b.values, huge);
+        }
+        bufs
     }
 
     fn decode<T: DeepxElement>(

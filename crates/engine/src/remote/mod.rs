@@ -2,8 +2,9 @@
 //!
 //! The engine stays synchronous and knows no HTTP: it speaks to object storage through the
 //! [`ObjectStore`] trait, which the `minibatchd-remote` crate implements over S3 (and tests over
-//! memory). One store is installed per process ([`install`]) with the on-disk cache of chunk
-//! byte ranges ([`ObjectCache`]) and where shared indexes live ([`IndexPlace`]).
+//! memory). Whoever opens datasets makes one [`Remote`] — the store, the object cache of chunk
+//! byte ranges ([`ObjectCache`]) and where shared indexes live ([`IndexPlace`]) — and hands it to
+//! each dataset that reads objects: no process global.
 //!
 //! What the engine does with an object (`crate::dataset`):
 //!

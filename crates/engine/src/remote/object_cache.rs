@@ -9,7 +9,7 @@
 //! reboot (when unsynced bytes may not have reached the disk) every entry is dropped. Two threads that want the same
 //! range fetch it once (the second waits). A fetch that the store failed (after its retries and
 //! deadlines) fails the same way, without a request, for whoever asks for the range within
-//! [`FAILED_HOLD`]: the prefetch stage's fetch and the parser that then wants the range do not
+//! [`FAILED_HOLD`]: the readahead stage's fetch and the parser that then wants the range do not
 //! wait for a stalled store twice. An entry is evicted by unlinking its file: a reader
 //! that opened it keeps reading it. After a restart the directory is scanned, and its files count
 //! as used in the order of their modification times.
@@ -30,7 +30,7 @@ use crate::state_file;
 const BOOT_ID: &str = ".boot-id";
 
 /// How long a range whose fetch the store failed fails at once, without a request: long enough
-/// for the parser to take the range the prefetch stage failed to fetch ahead of it, short against
+/// for the parser to take the range the readahead stage failed to fetch ahead of it, short against
 /// the retries the failed fetch made (`object_retry_secs`).
 pub const FAILED_HOLD: Duration = Duration::from_secs(10);
 
@@ -509,7 +509,7 @@ mod tests {
     }
 
     /// A range the store failed to deliver fails again at once for the next thread that wants
-    /// it (the parser after the prefetch stage's fetch), not after another wait on the store;
+    /// it (the parser after the readahead stage's fetch), not after another wait on the store;
     /// later it is fetched again, and another range is not concerned.
     #[test]
     fn a_failed_fetch_fails_the_next_asker_at_once_for_a_while() {

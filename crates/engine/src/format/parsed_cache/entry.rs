@@ -203,8 +203,8 @@ enum Bytes {
 impl Bytes {
     /// The entry's `len` bytes, and the version of its file once they are loaded (mapped
     /// under the lease, which holds writers off from then on, or read); a mapping advised huge
-    /// pages with `huge`.
-    fn load(mut file: File, len: u64, huge: bool) -> Option<(Self, FileVersion)> {
+    /// pages as `huge` says.
+    fn load(mut file: File, len: u64, huge: &minibatchd_sys::HugePages) -> Option<(Self, FileVersion)> {
         let size = usize::try_from(len).ok()?;
         if len >= MAP_AT_LEAST {
             match file.try_clone().and_then(|f| FileMapping::map(f, size, huge)) {
@@ -288,14 +288,14 @@ pub(super) fn offsets_ok(o: &[usize], end: usize) -> bool {
 /// The entry's chunk, the version of its file its bytes were loaded as, and whether its checksum
 /// was checked: not when `checked_before` says that version's was ([`LruEntry::checked`]; asked
 /// once, after the bytes are loaded, so that a write before the load is a new version). The
-/// header and the arrays' structure are checked either way. With `huge`, the mapping and the
-/// columns copied out of the entry are advised huge pages.
+/// header and the arrays' structure are checked either way. The mapping and the columns copied
+/// out of the entry are advised huge pages as `huge` says.
 pub(super) fn decode(
     file: File,
     len: u64,
     want: &Expect<'_>,
     checked_before: &dyn Fn(&FileVersion) -> bool,
-    huge: bool,
+    huge: &minibatchd_sys::HugePages,
 ) -> Option<(ParsedChunk, FileVersion, bool)> {
     if !cfg!(all(target_endian = "little", target_pointer_width = "64")) {
         return None;
@@ -309,7 +309,7 @@ pub(super) fn decode(
     if &trailer[4..] != END || (checksum && trailer[..4] != crc32fast::hash(checked).to_ne_bytes()) {
         return None;
     }
-    let mut r = Src { bytes: &bytes, at: 0, end: checked.len(), huge };
+    let mut r = Src { bytes: &bytes, at: 0, end: checked.len(), huge: huge.enabled() };
     let magic = r.take(8)?;
     let words = r.take(8)?;
     let [identity, chunk, num_sequences, num_streams, payload] = r.u64s::<5>()?;

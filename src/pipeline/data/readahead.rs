@@ -1,13 +1,13 @@
-//! Stage 1, prefetch: takes chunk requests from the producers (`requests`, bounded) and
+//! Stage 1, readahead: takes chunk requests from the producers (`requests`, bounded) and
 //! hands them to the parser pool (`to_parse`, bounded; a full queue holds further requests — the
 //! back-pressure). It does not copy bytes: `Dataset::load_chunk` reads and decodes in one call on a
-//! parser thread, so the prefetch stage's job is I/O scheduling — it starts kernel readahead
+//! parser thread, so the readahead stage's job is I/O scheduling — it starts kernel readahead
 //! (`posix_fadvise(WILLNEED)`) for the chunk's byte range, so the parser finds the bytes in the page
-//! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="prefetch"}`.
+//! cache. Busy seconds go to `minibatchd_stage_busy_seconds_total{stage="readahead"}`.
 //!
 //! A chunk of an object in object storage is fetched into the object cache first (a ranged
 //! GET, `object_fetches` at a time, on the blocking pool), then handed to the parsers: they
-//! never wait on the network for a chunk the prefetch stage saw coming. A fetch that fails is handed on
+//! never wait on the network for a chunk the readahead stage saw coming. A fetch that fails is handed on
 //! all the same: the parser gets the same error from the object cache at once (a failure is
 //! held there a few seconds, so a stalled store is not waited for twice) and reports it with the
 //! object's URL. While every fetch is taken the stage waits for one, but not once the daemon
@@ -25,7 +25,7 @@ use crate::pipeline::lifecycle::{Phase, StageStopped, StopStage};
 use crate::stage::Stage;
 
 /// Stage 1: schedules reads.
-pub struct Prefetcher {
+pub struct Readahead {
     data: Arc<DataPlane>,
     supervisor: Recipient<StageStopped>,
     busy: prometheus::Counter,
@@ -33,11 +33,11 @@ pub struct Prefetcher {
     fetches: Arc<tokio::sync::Semaphore>,
 }
 
-impl Prefetcher {
-    /// The prefetch stage over the shared channels.
+impl Readahead {
+    /// The readahead stage over the shared channels.
     #[must_use]
     pub fn new(data: Arc<DataPlane>, supervisor: Recipient<StageStopped>) -> Self {
-        let busy = data.metrics.stage_busy(Stage::Prefetch.name());
+        let busy = data.metrics.stage_busy(Stage::Readahead.name());
         let fetches = Arc::new(tokio::sync::Semaphore::new(data.object_fetches));
         Self { data, supervisor, busy, fetches }
     }
@@ -67,7 +67,7 @@ async fn stopping(data: &DataPlane) {
     }
 }
 
-impl Actor for Prefetcher {
+impl Actor for Readahead {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
@@ -75,11 +75,11 @@ impl Actor for Prefetcher {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.supervisor.do_send(StageStopped(Stage::Prefetch));
+        self.supervisor.do_send(StageStopped(Stage::Readahead));
     }
 }
 
-impl StreamHandler<ChunkRequest> for Prefetcher {
+impl StreamHandler<ChunkRequest> for Readahead {
     fn handle(&mut self, req: ChunkRequest, ctx: &mut Self::Context) {
         if self.needs_fetch(req) {
             // Wait for a free fetch (holding further requests: back-pressure), then fetch on the
@@ -120,14 +120,14 @@ impl StreamHandler<ChunkRequest> for Prefetcher {
         // `wait` holds further requests until the parser queue takes this one: back-pressure.
         ctx.wait(async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
             if sent.is_err() {
-                tracing::error!("the parser queue is gone; the prefetch stage stops");
+                tracing::error!("the parser queue is gone; the readahead stage stops");
                 ctx.stop();
             }
         }));
     }
 }
 
-impl Handler<StopStage> for Prefetcher {
+impl Handler<StopStage> for Readahead {
     type Result = ();
     fn handle(&mut self, _: StopStage, ctx: &mut Self::Context) {
         ctx.stop();
