@@ -8,7 +8,10 @@
 //!   `DataLoader` workers are one `num_workers` to the sampler), randomized or in file order;
 //! * the order a worker gets does not depend on the minibatch sizes (one size or several, cycled);
 //! * a restore at the position after any minibatch continues with exactly the records the
-//!   uninterrupted run went on with.
+//!   uninterrupted run went on with;
+//! * with equal steps every worker gets as many minibatches — padded, every record once per
+//!   sweep; dropped, none twice;
+//! * a second run reads every chunk back from the parsed cache and gets the same minibatches.
 //!
 //! The sampler's own property tests check these on synthetic timelines; here they are checked
 //! through each format's reader and decoder, so that none loses, doubles or reorders a record on
@@ -20,11 +23,14 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use minibatchd::dump::{for_each_minibatch, DumpOptions};
-use minibatchd_engine::dataset::Dataset;
+use std::sync::Arc;
+
+use minibatchd_engine::dataset::{Dataset, Persist};
+use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::format::tfrecord::example::write::{example, Value};
 use minibatchd_engine::format::tfrecord::frame;
 use minibatchd_engine::minibatch::{MbData, MbValues, Minibatch};
-use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Window};
+use minibatchd_engine::sampling::{EpochLimit, SamplingOptions, Tail, Window};
 use proptest::prelude::*;
 use support::{dump_options, open, write};
 
@@ -200,7 +206,7 @@ proptest! {
     #[test]
     fn every_format_keeps_the_orders_promises(c in case()) {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (ds, stream) = dataset(dir.path(), c.format, c.records, c.chunk_bytes);
+        let (mut ds, stream) = dataset(dir.path(), c.format, c.records, c.chunk_bytes);
         let all: Vec<usize> = (0..c.records).collect();
 
         // Every record once per sweep over the workers, each sweep on its own.
@@ -225,12 +231,50 @@ proptest! {
         // A restore after any minibatch goes on with exactly what the run went on with.
         if !baseline.is_empty() {
             let k = c.restore_after % baseline.len();
-            let restored = DumpOptions { restore: Some(baseline[k].1), ..one };
+            let restored = DumpOptions { restore: Some(baseline[k].1), ..one.clone() };
             prop_assert_eq!(
                 flat(&run(&ds, stream, &restored)),
                 flat(&baseline[k + 1..]),
                 "{:?} restored after minibatch {} of {}", c.format, k, baseline.len()
             );
         }
+
+        // Equal steps: as many minibatches on every worker; padded, nothing lost or repeated;
+        // dropped, nothing repeated.
+        for tail in [Tail::Pad, Tail::Drop] {
+            let (mut counts, mut seen) = (Vec::new(), Vec::new());
+            for rank in 0..c.workers {
+                let options = DumpOptions {
+                    equal_steps: true,
+                    tail,
+                    ..dump_options(sampling(&c, EpochLimit::Sweep(0), rank), c.sizes[0], false)
+                };
+                let mbs = run(&ds, stream, &options);
+                counts.push(mbs.len());
+                seen.extend(flat(&mbs));
+            }
+            prop_assert!(counts.windows(2).all(|w| w[0] == w[1]), "{:?} {:?}: steps {:?}", c.format, tail, counts);
+            seen.sort_unstable();
+            if tail == Tail::Pad {
+                prop_assert_eq!(&seen, &all, "{:?} padded", c.format);
+            } else {
+                prop_assert!(seen.windows(2).all(|w| w[0] < w[1]), "{:?} dropped: a record twice", c.format);
+            }
+        }
+
+        // The parsed cache: the first run writes every chunk, the second reads them back, and
+        // the minibatches are the same.
+        let cache = Arc::new(ParsedCache::open(&dir.path().join("parsed"), 1 << 30).expect("parsed cache"));
+        ds.use_parsed_cache(cache.clone(), Persist::OnLoad);
+        let parsed = run(&ds, stream, &one);
+        let hits = cache.stats().hits;
+        prop_assert_eq!(&run(&ds, stream, &one), &parsed, "{:?} from the parsed cache", c.format);
+        prop_assert_eq!(&parsed, &baseline, "{:?} with the parsed cache", c.format);
+        // (A worker whose share is empty loads no chunk.)
+        prop_assert!(
+            parsed.is_empty() || cache.stats().hits > hits,
+            "{:?}: nothing read back from the parsed cache",
+            c.format
+        );
     }
 }
