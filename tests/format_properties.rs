@@ -11,7 +11,9 @@
 //!   uninterrupted run went on with;
 //! * with equal steps every worker gets as many minibatches — padded, every record once per
 //!   sweep; dropped, none twice;
-//! * a second run reads every chunk back from the parsed cache and gets the same minibatches.
+//! * a second run reads every chunk back from the parsed cache and gets the same minibatches;
+//! * the data-order ledger, computed from the index alone, names exactly the records delivered,
+//!   minibatch by minibatch, with the same fingerprints.
 //!
 //! The sampler's own property tests check these on synthetic timelines; here they are checked
 //! through each format's reader and decoder, so that none loses, doubles or reorders a record on
@@ -22,7 +24,7 @@ mod support;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use minibatchd::dump::{for_each_minibatch, DumpOptions};
+use minibatchd::dump::{for_each_minibatch, for_each_plan, DumpOptions};
 use std::sync::Arc;
 
 use minibatchd_engine::dataset::{Dataset, Persist};
@@ -130,20 +132,35 @@ fn as_id(x: f64) -> usize {
     id
 }
 
-/// Every minibatch of the run `options` describes: its ids and the position after it.
-fn run(ds: &Dataset, stream: &str, options: &DumpOptions) -> Vec<(Vec<usize>, u64)> {
+/// A minibatch as the tests compare it: its ids, the position after it, its fingerprint.
+type Seen = (Vec<usize>, u64, u64);
+
+/// Every minibatch of the run `options` describes.
+fn run(ds: &Dataset, stream: &str, options: &DumpOptions) -> Vec<Seen> {
     let at = ds.stream_names().iter().position(|s| s == stream).expect("the id stream");
     let mut out = Vec::new();
     for_each_minibatch(ds, options, &mut |mb| {
-        out.push((ids(mb, at), mb.position));
+        out.push((ids(mb, at), mb.position, mb.fingerprint));
         Ok(())
     })
     .expect("the run");
     out
 }
 
-fn flat(run: &[(Vec<usize>, u64)]) -> Vec<usize> {
-    run.iter().flat_map(|(ids, _)| ids.iter().copied()).collect()
+/// The ledger of the same run, from the index alone: each minibatch's sequences (global
+/// file-order indices, which are the ids here), position and fingerprint.
+fn ledger(ds: &Dataset, options: &DumpOptions) -> Vec<Seen> {
+    let mut out = Vec::new();
+    for_each_plan(ds, options, &mut |_, plan| {
+        out.push((plan.sequences.iter().map(|r| r.seq as usize).collect(), plan.position, plan.fingerprint()));
+        Ok(())
+    })
+    .expect("the ledger");
+    out
+}
+
+fn flat(run: &[Seen]) -> Vec<usize> {
+    run.iter().flat_map(|(ids, _, _)| ids.iter().copied()).collect()
 }
 
 /// One random case: a format's dataset and a job reading it.
@@ -225,6 +242,7 @@ proptest! {
         // The order a worker gets does not depend on the minibatch sizes.
         let one = dump_options(sampling(&c, EpochLimit::Sweeps(2), c.rank), c.sizes[0], false);
         let baseline = run(&ds, stream, &one);
+        prop_assert_eq!(&ledger(&ds, &one), &baseline, "{:?}: the ledger against the minibatches", c.format);
         let cycled = DumpOptions { minibatch_sizes: c.sizes.clone(), ..one.clone() };
         prop_assert_eq!(flat(&run(&ds, stream, &cycled)), flat(&baseline), "{:?} with sizes {:?}", c.format, c.sizes);
 
