@@ -104,7 +104,8 @@ pub struct DaemonConfig {
     pub state_dir: PathBuf,
     /// Budget for parsed chunks plus shared-memory rings, in bytes.
     pub memory_limit_bytes: u64,
-    /// Capacity of the bounded channel between the readahead stage and the parser pool, in chunks.
+    /// Capacity, in chunks, of the bounded channels from the sessions to the readahead stage and
+    /// from it to the parser pool.
     pub read_queue_chunks: usize,
     /// Capacity of each bounded channel that carries parsed chunks, in chunks.
     pub parsed_queue_chunks: usize,

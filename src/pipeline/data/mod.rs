@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  producer pool ──requests─────► readahead ─to_parse► parsers (SyncArbiter) ──parsed──► cache stage
-//!  (misses, prefetch)   (bounded)  (readahead)  (bounded)  (Dataset::load_chunk)  (bounded)  (SharedCache)
+//!  (misses, prefetch)   (bounded)  (fadvise)    (bounded)  (Dataset::load_chunk)  (bounded)  (SharedCache)
 //!        ▲                                                                                     │
 //!        └──────────────────────────── Arc<ParsedChunk> (condvar wake-up) ◄───────────────────┘
 //! ```
@@ -46,7 +46,7 @@ use indexing::Indexing;
 pub struct Channels {
     /// Producers → readahead: chunk requests (`read_queue_chunks`).
     pub requests: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
-    /// Reader → parser pool (`read_queue_chunks`).
+    /// Readahead → parser pool (`read_queue_chunks`).
     pub to_parse: (flume::Sender<ChunkRequest>, flume::Receiver<ChunkRequest>),
     /// Parser pool → cache stage (`parsed_queue_chunks`).
     pub parsed: (flume::Sender<ParsedMsg>, flume::Receiver<ParsedMsg>),

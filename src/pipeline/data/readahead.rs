@@ -100,7 +100,7 @@ impl StreamHandler<ChunkRequest> for Readahead {
                         let data = data.clone();
                         move || {
                             let rt = data.runtime(req.key.dataset)?;
-                            rt.dataset.prefetch_object_range(req.key.chunk as usize)
+                            rt.dataset.fetch_object_range(req.key.chunk as usize)
                         }
                     })
                     .await;

@@ -521,7 +521,7 @@ impl Dataset {
     /// now (the daemon's readahead stage does this ahead of the parsers, several at a time), and
     /// says whether they had to be fetched. `None` for a chunk of a local file.
     #[must_use]
-    pub fn prefetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {
+    pub fn fetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {
         let c = self.chunks.get(chunk)?;
         let src = self.sources.first()?;
         let Stored::Remote(object) = src.data_versions.get(c.file)? else { return None };
