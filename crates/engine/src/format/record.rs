@@ -294,8 +294,9 @@ pub trait RecordDecoder: Send + Sync {
     /// The streams, in the order of the parsed chunk's.
     fn streams(&self) -> Vec<StreamSpec>;
 
-    /// Empty buffers for a chunk of `bytes` bytes and `records` records; the large ones advised
-    /// huge pages when `huge` (the dataset's [`minibatchd_sys::HugePages`] now) says so.
+    /// Empty buffers for a chunk of `bytes` bytes and `records` records; a decoder that advises
+    /// its large ones huge pages (deepx's) does so when `huge` (the dataset's
+    /// [`minibatchd_sys::HugePages`] now) says so.
     fn buffers<T: DeepxElement>(&self, bytes: usize, records: usize, huge: bool) -> Self::Buffers<T>;
 
     /// Decodes one record (at `at`) into a sample of each stream, or pushes its malformed place
@@ -352,12 +353,11 @@ impl<D: StreamBufDecoder> RecordDecoder for D {
         self.specs()
     }
 
-    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize, huge: bool) -> Vec<StreamBuf<T>> {
-        let bufs = StreamBufDecoder::buffers(self, records);
-        for b in &bufs {
-            minibatchd_sys::advise_huge_pages(&b.values, huge);
-        }
-        bufs
+    // Not advised huge pages: on the project's VM first touch of huge pages was several times
+    // slower (`docs/daemon.md`, "Huge pages"), and these formats' sweeps were measured without
+    // the advice; turning it on for them waits for a measurement.
+    fn buffers<T: DeepxElement>(&self, _bytes: usize, records: usize, _huge: bool) -> Vec<StreamBuf<T>> {
+        StreamBufDecoder::buffers(self, records)
     }
 
     fn decode<T: DeepxElement>(
