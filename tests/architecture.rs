@@ -4,7 +4,11 @@
 //!   modules (`stage`, `pipeline::lifecycle`, `metrics`, `config`) import none of the planes;
 //! * `unsafe` appears only in `crates/sys`, and every other crate root forbids it;
 //! * in no crate do sibling modules refer to each other in a circle (`a` naming something of
-//!   `b` and `b`, through any others, something of `a`), test code aside.
+//!   `b` and `b`, through any others, something of `a`), test code aside;
+//! * no process-wide mutable state (a `static` atomic, lock or once-cell) outside the few places
+//!   listed here with the reason it cannot be passed instead;
+//! * no source file holds more than [`MAX_FILE_LINES`] lines before its tests, unless listed here
+//!   with the reason it stays whole.
 //!
 //! Crate boundaries themselves are the compiler's: each crate's manifest lists what it may use
 //! (`ARCHITECTURE.md`).
@@ -347,4 +351,96 @@ fn no_crate_has_a_module_cycle() {
         all.extend(sibling_cycles(&root().join(src)));
     }
     assert!(all.is_empty(), "modules that refer to each other in a circle:\n{}", all.join("\n"));
+}
+
+/// The non-test lines of `path`: those before its first `#[cfg(test)]`; none for a file of tests.
+fn non_test_lines(path: &Path) -> Vec<String> {
+    let is_test_file = path.file_name().is_some_and(|n| n == "tests.rs" || n == "proptests.rs")
+        || path.components().any(|c| c.as_os_str() == "tests");
+    if is_test_file {
+        return Vec::new();
+    }
+    let text = std::fs::read_to_string(path).expect("read");
+    text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).map(str::to_owned).collect()
+}
+
+/// Process-wide mutable state that stays, each with why it cannot be passed: (file, static).
+const ALLOWED_STATICS: [(&str, &str, &str); 8] = [
+    ("crates/sys/src/lease.rs", "WAKE", "the SIGIO handler's pipe: a signal handler reaches only statics"),
+    ("crates/sys/src/lease.rs", "SETUP", "the one SIGIO handler of the process"),
+    ("crates/sys/src/lease.rs", "GUARDED", "the mappings a lease break (a process-wide signal) may concern"),
+    ("crates/sys/src/lease.rs", "REVOKED", "counted by the lease thread, which serves the whole process"),
+    ("crates/sys/src/lease.rs", "HELD", "leases held by the process, bounded by its descriptor limit"),
+    ("crates/sys/src/lease.rs", "MAX", "the process's descriptor limit, read once"),
+    ("crates/sys/src/simd.rs", "HAS", "whether this CPU has the instructions: a fact of the machine, detected once"),
+    ("src/pipeline/data/producer.rs", "NEXT_PRODUCER", "ids unique in the process, so none is reused"),
+];
+
+/// Statics of mutable process state (atomics, locks, once-cells) in `path`'s non-test lines.
+fn mutable_statics(path: &Path) -> Vec<String> {
+    const KINDS: [&str; 6] = ["Atomic", "Mutex", "RwLock", "OnceLock", "LazyLock", "OnceCell"];
+    non_test_lines(path)
+        .iter()
+        .filter_map(|l| {
+            let rest = l.trim_start().strip_prefix("pub ").unwrap_or(l.trim_start());
+            let rest = rest.strip_prefix("pub(crate) ").unwrap_or(rest);
+            let (name, ty) = rest.strip_prefix("static ")?.split_once(':')?;
+            KINDS.iter().any(|k| ty.contains(k)).then(|| name.trim().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn no_process_wide_mutable_state_but_what_is_listed() {
+    let root = root();
+    let mut found = Vec::new();
+    for src in CRATE_SOURCES {
+        for file in rust_files(&root.join(src)) {
+            let rel = file.strip_prefix(&root).expect("below the root").to_string_lossy().into_owned();
+            for name in mutable_statics(&file) {
+                if !ALLOWED_STATICS.iter().any(|(f, n, _)| *f == rel && *n == name) {
+                    found.push(format!("{rel}: static {name}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "process-wide mutable state: pass it instead (or list it in ALLOWED_STATICS with why it cannot be):\n{}",
+        found.join("\n")
+    );
+    // The check sees what it looks for: every listed static is found where it is listed.
+    for (file, name, _) in ALLOWED_STATICS {
+        assert!(mutable_statics(&root.join(file)).iter().any(|n| n == name), "{file}: {name} no longer there");
+    }
+}
+
+/// The most lines a source file holds before its tests.
+const MAX_FILE_LINES: usize = 600;
+
+/// Files that stay whole past [`MAX_FILE_LINES`], with why.
+const LONG_FILES: [(&str, &str); 1] =
+    [("crates/client/src/protocol.rs", "the wire contract, every message and its framing, read in one place")];
+
+#[test]
+fn no_source_file_is_longer_than_the_limit_but_those_listed() {
+    let root = root();
+    let mut long = Vec::new();
+    for src in CRATE_SOURCES {
+        for file in rust_files(&root.join(src)) {
+            let rel = file.strip_prefix(&root).expect("below the root").to_string_lossy().into_owned();
+            let n = non_test_lines(&file).len();
+            if n > MAX_FILE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == rel) {
+                long.push(format!("{rel}: {n} lines before its tests"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these by what they do (or list them with why they stay whole):\n{}",
+        long.join("\n")
+    );
+    for (file, _) in LONG_FILES {
+        assert!(non_test_lines(&root.join(file)).len() > MAX_FILE_LINES, "{file} is short now: unlist it");
+    }
 }
