@@ -220,20 +220,23 @@ impl FormatKind {
         }
     }
 
-    /// The format named `s` in a config ([`FormatKind::NAMES`]).
+    /// Every format, in [`FormatKind::NAMES`]'s order.
+    pub const ALL: [Self; 8] = [
+        Self::Ctf,
+        Self::Libsvm,
+        Self::LibsvmEx,
+        Self::Uch,
+        Self::TfRecord,
+        Self::FixedLength,
+        Self::Csv,
+        Self::WholeFile,
+    ];
+
+    /// The format named `s` in a config ([`FormatKind::NAMES`]): the one whose
+    /// [`FormatKind::name`] it is.
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "ctf" => Some(Self::Ctf),
-            "libsvm" => Some(Self::Libsvm),
-            "libsvm_ex" => Some(Self::LibsvmEx),
-            "uch" => Some(Self::Uch),
-            "tfrecord" => Some(Self::TfRecord),
-            "fixed_length" => Some(Self::FixedLength),
-            "csv" => Some(Self::Csv),
-            "whole_file" => Some(Self::WholeFile),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|k| k.name() == s)
     }
 }
 
@@ -483,7 +486,17 @@ impl DatasetConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::IndexLimits;
+    use super::{FormatKind, IndexLimits};
+
+    /// Every format is parsed back from its name, and the message's list names each once.
+    #[test]
+    fn every_format_is_read_back_from_its_name() {
+        for k in FormatKind::ALL {
+            assert_eq!(FormatKind::parse(k.name()), Some(k));
+            assert_eq!(FormatKind::NAMES.matches(k.name()).count(), 1 + usize::from(k == FormatKind::Libsvm), "{k:?}");
+        }
+        assert_eq!(FormatKind::parse("svm"), None);
+    }
 
     /// A byte a sequence at the least, but never more sequences than a timeline counts (32 bits),
     /// and an object whose index is shared in its encoded form (4 bytes a size) no more than the

@@ -329,11 +329,11 @@ impl<T: Pod> Column<T> {
     }
 
     /// Puts a mapped column's values in memory of this process's own: a new vector, written
-    /// once, huge pages advised as a parse's columns when `huge` says. An owned column stays as
-    /// it is.
-    pub fn own(&mut self, huge: bool) {
+    /// once, advised huge pages (the copy is made for them: a caller whose setting is off has no
+    /// reason to copy). An owned column stays as it is.
+    pub fn own(&mut self) {
         if self.is_mapped() {
-            let copy = crate::copy_from_bytes(crate::as_bytes(self.as_slice()), huge);
+            let copy = crate::copy_from_bytes(crate::as_bytes(self.as_slice()), true);
             self.0 = Repr::Owned(copy.unwrap_or_else(|| self.as_slice().to_vec()));
         }
     }
@@ -420,7 +420,7 @@ mod tests {
         assert_eq!(&col[..], &values[1..11]);
         assert_eq!(col, Column::from(values[1..11].to_vec()));
         let mut owned = col.clone();
-        owned.own(true);
+        owned.own();
         assert!(!owned.is_mapped());
         assert_eq!(owned, col);
     }

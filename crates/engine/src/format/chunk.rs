@@ -66,8 +66,8 @@ impl Values {
 
     fn own(&mut self) {
         match self {
-            Self::F32(x) => x.own(true),
-            Self::F64(x) => x.own(true),
+            Self::F32(x) => x.own(),
+            Self::F64(x) => x.own(),
         }
     }
     fn select(&self, ranges: &[(usize, usize)]) -> Self {
@@ -126,9 +126,9 @@ impl Indices {
 
     fn own(&mut self) {
         match self {
-            Self::I32(x) => x.own(true),
-            Self::U32(x) => x.own(true),
-            Self::U64(x) => x.own(true),
+            Self::I32(x) => x.own(),
+            Self::U32(x) => x.own(),
+            Self::U64(x) => x.own(),
         }
     }
 
