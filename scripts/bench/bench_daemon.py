@@ -26,6 +26,10 @@ same way) and connect as soon as it listens; without it they start once it liste
 clock includes their start. `BENCH_TORCH_WORKERS=N` makes the consumer read through the PyTorch
 adapter (`MinibatchIterableDataset` in a `DataLoader(batch_size=None, num_workers=N)`, one pass
 per sweep) instead of the plain client; it leaves out the client-overhead probe.
+`BENCH_TORCH_LOADER=owning` reads it through `MinibatchDataLoader(ds, num_workers=N)` instead, as
+README shows it (the N workers' splits read in the consumer's process), and `owning-processes`
+through `MinibatchDataLoader(ds, num_workers=N, worker_processes=True)`. `BENCH_JAX=1` reads
+through the JAX adapter (`MinibatchIterator`, arrays on the CPU device).
 """
 
 import argparse
@@ -66,6 +70,9 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
         extra["window_chunks"] = int(os.environ["BENCH_WINDOW_CHUNKS"])
     if os.environ.get("BENCH_TORCH_WORKERS"):
         consume_torch(sock, minibatch_size, sweeps, int(os.environ["BENCH_TORCH_WORKERS"]), extra)
+        return
+    if os.environ.get("BENCH_JAX"):
+        consume_jax(sock, minibatch_size, sweeps, extra)
         return
     source = minibatchd.connect(sock).open("bench", minibatch_size=minibatch_size, max_sweeps=sweeps, randomize=True, **extra)
     samples = payload = count = 0
@@ -137,11 +144,15 @@ def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, ext
     only counted (data only)."""
     from torch.utils.data import DataLoader
 
-    from minibatchd.torch import MinibatchIterableDataset
+    from minibatchd.torch import MinibatchDataLoader, MinibatchIterableDataset
 
     ds = MinibatchIterableDataset("bench", socket=sock, minibatch_size=minibatch_size, randomize=True,
                                   use_torchrun_env=False, **extra)
-    loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    kind = os.environ.get("BENCH_TORCH_LOADER", "dataloader")
+    if kind == "dataloader":
+        loader = DataLoader(ds, batch_size=None, num_workers=workers)
+    else:
+        loader = MinibatchDataLoader(ds, num_workers=workers, worker_processes=kind == "owning-processes")
     samples = payload = count = 0
     per_sweep, sweep_ends = [], []
     first = None
@@ -149,6 +160,33 @@ def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, ext
     for _ in range(sweeps):
         at, mark = time.perf_counter(), (samples, payload, count)
         for item in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            x = item["features"]["values"]
+            samples += x.shape[0]
+            payload += x.nbytes + item["labels"]["values"].nbytes + item["labels"]["indices"].nbytes
+            count += 1
+        per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
+        sweep_ends.append(time.time())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
+
+
+def consume_jax(sock: str, minibatch_size: int, sweeps: int, extra: dict) -> None:
+    """The consumer through the JAX adapter (`MinibatchIterator`, one pass per sweep, arrays
+    copied to the default device, here the CPU); the arrays are only counted (data only)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from minibatchd.jax import MinibatchIterator
+
+    it = MinibatchIterator("bench", socket=sock, minibatch_size=minibatch_size, randomize=True, process_index=0,
+                           process_count=1, **extra)
+    samples = payload = count = 0
+    per_sweep, sweep_ends = [], []
+    first = None
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(sweeps):
+        at, mark = time.perf_counter(), (samples, payload, count)
+        for item in it:
             if first is None:
                 first = time.perf_counter() - t0
             x = item["features"]["values"]

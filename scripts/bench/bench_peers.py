@@ -11,7 +11,7 @@ compared with each other; the others leave the index pass out (and say so) and a
 CNTK's on that clock.
 
     scripts/bench/bench_peers.py [--size-bytes 1073741824] [--runs 3] [--minibatch-size 256]
-                           [--only cntk,torch0,torch2,adapter0,adapter2,mbd] [--libsvm]
+                           [--only cntk,torch0,torch2,adapter0,adapter2,loader0,loader2,jax,mbd] [--libsvm]
 
 The file is minibatchd-gen's ctf-dense (128 floats and a one-hot label of 10 classes per line),
 as in scripts/bench/bench_daemon.py, which runs every minibatchd figure (a separate Python consumer,
@@ -23,7 +23,10 @@ file by byte ranges over the workers and parses each line with NumPy (`np.fromst
 by the DataLoader — in file order, which spares it the randomization the others do. `adapter0`
 and `adapter2` read minibatchd through its PyTorch adapter (`MinibatchIterableDataset` in a
 `DataLoader(batch_size=None, num_workers=0 or 2)`, as README shows it), after a restart on the
-persisted chunks, consumer up before the daemon.
+persisted chunks, consumer up before the daemon; `loader0` and `loader2` the same through
+`MinibatchDataLoader(ds, num_workers=0 or 2)`, as README shows it (its workers' splits read in the
+consumer's process); `jax` the same through the JAX adapter (`MinibatchIterator`, arrays
+copied to the CPU device).
 --libsvm adds scripts/bench/bench_libsvm.sh (minibatchd's libsvm parse against xgboost's at 2 threads,
 on its own Criteo-like file). Figures are from the same run only: the machine's speed moves
 between runs.
@@ -185,6 +188,25 @@ def main() -> None:
                     ad["sweeps"][0], ad["peak_mib"])
                 add(f"minibatchd through MinibatchIterableDataset, DataLoader of {w} workers, second sweep",
                     ad["sweeps"][1], ad["peak_mib"])
+            if f"loader{w}" in only:
+                # The same through MinibatchDataLoader, which reads its workers' splits here.
+                if not (work / "state" / "parsed").exists():
+                    mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
+                ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
+                         {"BENCH_TORCH_WORKERS": str(w), "BENCH_TORCH_LOADER": "owning", "BENCH_NO_PROBE": "1"},
+                         keep_state=True)
+                add(f"minibatchd through MinibatchDataLoader(num_workers={w}), first sweep after a restart",
+                    ad["sweeps"][0], ad["peak_mib"])
+                add(f"minibatchd through MinibatchDataLoader(num_workers={w}), second sweep",
+                    ad["sweeps"][1], ad["peak_mib"])
+        if "jax" in only:
+            if not (work / "state" / "parsed").exists():
+                mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
+            ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
+                     {"BENCH_JAX": "1", "BENCH_NO_PROBE": "1"}, keep_state=True)
+            add("minibatchd through the JAX adapter (MinibatchIterator), first sweep after a restart",
+                ad["sweeps"][0], ad["peak_mib"])
+            add("minibatchd through the JAX adapter (MinibatchIterator), second sweep", ad["sweeps"][1], ad["peak_mib"])
         if "mbd" in only:
             cold = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"], {}, keep_state=False)
             add(f"minibatchd cold {USER}: from `minibatchd run` on an empty state directory (index pass, open and parse included) to the sweep's last minibatch",

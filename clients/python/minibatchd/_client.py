@@ -772,6 +772,9 @@ def _lazy_array(name: str, doc: str) -> Any:
 
 # The arrays of a stream, in the order `Stream.torch()` and the torch adapter give them.
 STREAM_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
+# Per kind, the arrays it has in that order, with their places among its tensors.
+_ORDERED_ARRAYS = {kind: [(key, places[key]) for key in STREAM_ARRAYS if key in places]
+                   for kind, places in _STREAM_ARRAYS.items()}
 
 
 class Stream:
@@ -794,6 +797,16 @@ class Stream:
     indices = _lazy_array("indices", "Entry indices of a sparse stream; else None.")
     offsets = _lazy_array("offsets", "Byte offsets per sample of a strings stream (bytes[offsets[j]:offsets[j + 1]], deepx uuids); else None.")
     values = _lazy_array("values", "The values (dense: ``[num_samples, dim]``; sparse: one per entry; strings: the bytes).")
+
+    def arrays(self) -> List[Tuple[str, np.ndarray]]:
+        """The stream's arrays, (name, view on shared memory), in ``STREAM_ARRAYS`` order: those
+        its kind has, made anew without keeping them (the adapters' per-item path)."""
+        specs, owner = self._specs, self._owner
+        out = []
+        for key, i in _ORDERED_ARRAYS.get(self.kind, _ORDERED_ARRAYS["dense"]):
+            shape, dtype, offset = specs[i]
+            out.append((key, np.ndarray(shape, dtype, owner, offset)))
+        return out
 
     @property
     def num_sequences(self) -> int:

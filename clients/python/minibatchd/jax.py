@@ -20,13 +20,11 @@ from typing import Any, Dict, Iterator, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ._adapter import user_options
 from ._client import connect
 
 META = "meta"
-_ARRAYS = ("sequence_offsets", "sample_offsets", "indices", "offsets", "values")
 
 
 class MinibatchIterator:
@@ -79,8 +77,7 @@ class MinibatchIterator:
                 for name, stream in mb.streams.items():
                     if name == META:
                         raise ValueError(f"a stream is named {META!r}, which the JAX adapter uses for metadata")
-                    item[name] = {key: jnp.asarray(np.asarray(arr)) for key in _ARRAYS
-                                  if (arr := getattr(stream, key)) is not None}
+                    item[name] = {key: jnp.asarray(arr) for key, arr in stream.arrays()}
                 meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
                         "fingerprint": mb.fingerprint,
                         "index": mb.index, "worker": self.process_index, "workers": self.process_count}

@@ -14,7 +14,10 @@ pass reaches its ``iter()`` (see docs/client.md, "Epochs", for the two cases whe
 ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
 ``W`` workers each) is CNTK worker ``r * W + w`` of ``world * W``, so over every worker of every
 rank each sweep is delivered exactly once, in an order that depends only on the data, the
-sampling options, ``world`` and ``W``.
+sampling options, ``world`` and ``W``. ``MinibatchDataLoader(num_workers=W)`` reads the ``W``
+splits in the main process, in the order ``W`` worker processes would give them (the daemon
+already parses in parallel; an item crossing between processes costs more than reading it);
+``worker_processes=True`` makes the processes.
 
 Each item is one minibatch: ``{stream: {"values": tensor, ...}}`` (see ``Stream.torch``) plus
 ``item["meta"]``: ``{"epoch", "sweep", "end_of_sweep", "position", "index", "worker",
@@ -39,6 +42,7 @@ from __future__ import annotations
 import array
 import contextlib
 import fcntl
+import inspect
 import mmap
 import os
 import tempfile
@@ -52,7 +56,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._adapter import user_options
-from ._client import STREAM_ARRAYS, connect, torchrun_env
+from ._client import connect, torchrun_env
 
 META = "meta"
 
@@ -117,7 +121,9 @@ def _dataset_states(states: list) -> list:
         if any(s is None for s in found):
             raise ValueError("a StatefulDataLoader state without its dataset's state: take state_dict() after the "
                              "first minibatch")
-        out += found
+        for s in found:
+            # Several splits read in one process stand for as many workers.
+            out += s["local"] if s.get("local") is not None else [s]
     return out
 
 
@@ -174,6 +180,12 @@ class MinibatchIterableDataset(IterableDataset):
         self._source = None
         self._epoch: Optional[int] = None
         self._split: Tuple[int, int] = (0, 1)
+        # Set by a MinibatchDataLoader while it makes an iterator that reads its W workers'
+        # splits in the main process; then the splits of the current pass with their sessions
+        # (None before the pass's first next()), and the split whose turn is next.
+        self._local: Optional[int] = None
+        self._many: Optional[list] = None
+        self._next = 0
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -196,20 +208,6 @@ class MinibatchIterableDataset(IterableDataset):
             self._resume_gen = gen
         else:
             self._resume = None
-
-    def _split_of_this_worker(self) -> Tuple[int, int, int]:
-        """(global worker index, global worker count, world size)."""
-        if self.world_size is not None or self.rank is not None:
-            rank, world = self.rank or 0, self.world_size or 1
-        elif self.use_torchrun_env:
-            rank, world = torchrun_env()
-        else:
-            rank, world = 0, 1
-        if not 0 <= rank < world:
-            raise ValueError(f"rank {rank} is out of range for world size {world}")
-        info = get_worker_info()
-        per_rank, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        return rank * per_rank + worker, world * per_rank, world
 
     def _pass_here(self, gen: int, info: Any) -> Optional[int]:
         """The pass this process begins in generation ``gen`` without a loader's plan (under the
@@ -369,17 +367,41 @@ class MinibatchIterableDataset(IterableDataset):
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         # Not a generator: the pass is decided here, when the DataLoader makes the iterator,
         # not at the first next() (which a worker of an abandoned pass may never reach).
-        worker, workers, world = self._split_of_this_worker()
+        splits, world = self._splits_here()
         epoch, resume = self._begin_pass()
         if resume is not None and not _continues(resume):
             resume = None  # saved before its first minibatch: that epoch from its start
-        if (resume is not None and "job" not in resume and not resume.get("any_worker")
-                and (resume.get("worker"), resume.get("workers")) != (worker, workers)):
-            raise ValueError(
-                f"this state belongs to worker {resume.get('worker')} of {resume.get('workers')}; "
-                f"this is worker {worker} of {workers}: to resume at another world size or number of "
-                f"DataLoader workers, give load_state_dict a job_state_dict() of every worker's state")
-        self._epoch, self._split, self._source = epoch, (worker, workers), None
+        resumes, first = _resumes_of(resume, splits)
+        self._epoch, self._source, self._next = epoch, None, first
+        self._split = splits[0]
+        options = [self._session_options(epoch, w, n, world, r) for (w, n), r in zip(splits, resumes)]
+        if len(splits) == 1:
+            self._many = None
+            return self._stream(epoch, *splits[0], options[0])
+        self._many = [(w, n, None) for w, n in splits]
+        return self._stream_many(epoch, splits, options, first)
+
+    def _splits_here(self) -> Tuple[list, int]:
+        """The (global worker index, global worker count) of each split this iterator reads, and
+        the world size: one split in a DataLoader worker process or without workers; ``W`` when
+        a ``MinibatchDataLoader`` reads its ``W`` workers' splits in the main process."""
+        if self.world_size is not None or self.rank is not None:
+            rank, world = self.rank or 0, self.world_size or 1
+        elif self.use_torchrun_env:
+            rank, world = torchrun_env()
+        else:
+            rank, world = 0, 1
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is out of range for world size {world}")
+        info = get_worker_info()
+        if info is not None:
+            return [(rank * info.num_workers + info.id, world * info.num_workers)], world
+        local = self._local or 1
+        return [(rank * local + w, world * local) for w in range(local)], world
+
+    def _session_options(self, epoch: int, worker: int, workers: int, world: int, resume: Optional[dict]) -> dict:
+        """The options of the session that delivers worker ``worker`` of ``workers``'s share of
+        ``epoch``, continuing from ``resume`` (None: from the epoch's start)."""
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
         equal = self.equal_steps
         if equal is None and resume is not None and resume.get("equal_steps") is not None:
@@ -398,44 +420,79 @@ class MinibatchIterableDataset(IterableDataset):
             options["resume_job"] = resume["job"]
         elif resume is not None:
             options["resume"] = resume["source"]
-        return self._stream(epoch, worker, workers, options)
+        return options
 
     def _stream(self, epoch: int, worker: int, workers: int, options: dict) -> Iterator[Dict[str, Any]]:
         client = connect(self.socket)
-        packed = get_worker_info() is not None
         self._source = source = client.open(self.dataset, **options)
         try:
             for mb in source:
-                if META in mb:
-                    raise ValueError(f"a stream is named {META!r}, which the torch adapter uses for metadata")
-                item: Dict[str, Any]
-                if self.copy and packed:
-                    # In a DataLoader worker, one buffer per item, laid out to cross to the main
-                    # process; in the main process, a clone per tensor costs fewer Python steps.
-                    item = _worker_copy(mb)
-                    mb.release()
-                elif self.copy:
-                    item = {s: {k: t.clone() for k, t in d.items()} for s, d in mb.to_torch().items()}
-                    mb.release()
-                else:
-                    item = mb.to_torch()
-                item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
-                              "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
-                              "worker": worker, "workers": workers}
-                if mb.sources is not None:
-                    # A mixture's minibatch: the source of each sequence, the sources whose sweep
-                    # ended in it.
-                    item[META]["sources"] = mb.sources.tolist()
-                    item[META]["sweeps_ended"] = mb.sweeps_ended
-                yield item
+                yield self._item(mb, epoch, worker, workers)
         finally:
             source.close()
 
+    def _stream_many(self, epoch: int, splits: list, options: list, first: int) -> Iterator[Dict[str, Any]]:
+        """The items of several splits read in this process, in the order a DataLoader with one
+        worker process per split gives them: one from each split in turn, beginning with split
+        ``first``, a split that has ended left out."""
+        sources: list = []
+        try:
+            for opts in options:
+                sources.append(connect(self.socket).open(self.dataset, **opts))
+            self._many = [(w, n, source) for (w, n), source in zip(splits, sources)]
+            ended = [False] * len(splits)
+            at = first
+            while not all(ended):
+                w, at = at, (at + 1) % len(splits)
+                if ended[w]:
+                    continue
+                try:
+                    mb = next(sources[w])
+                except StopIteration:
+                    ended[w] = True
+                    continue
+                self._next = at
+                yield self._item(mb, epoch, *splits[w])
+        finally:
+            for source in sources:
+                source.close()
+
+    def _item(self, mb: Any, epoch: int, worker: int, workers: int) -> Dict[str, Any]:
+        """The item of minibatch ``mb`` of worker ``worker`` of ``workers`` in ``epoch``."""
+        if META in mb:
+            raise ValueError(f"a stream is named {META!r}, which the torch adapter uses for metadata")
+        item: Dict[str, Any]
+        if self.copy and get_worker_info() is not None:
+            # In a DataLoader worker, one buffer per item, laid out to cross to the main
+            # process; in the main process, a clone per tensor costs fewer Python steps.
+            item = _worker_copy(mb)
+            mb.release()
+        elif self.copy:
+            # A NumPy copy of each array and a tensor on it: a torch clone and the zero-copy
+            # tensors' warning filter cost several times as much per array.
+            item = {name: {key: torch.from_numpy(arr.copy()) for key, arr in stream.arrays()}
+                    for name, stream in mb.streams.items()}
+            mb.release()
+        else:
+            item = mb.to_torch()
+        item[META] = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep,
+                      "position": mb.position, "index": mb.index, "fingerprint": mb.fingerprint,
+                      "worker": worker, "workers": workers}
+        if mb.sources is not None:
+            # A mixture's minibatch: the source of each sequence, the sources whose sweep
+            # ended in it.
+            item[META]["sources"] = mb.sources.tolist()
+            item[META]["sweeps_ended"] = mb.sweeps_ended
+        return item
+
     # -- checkpoints ----------------------------------------------------------------------------
 
-    def state(self) -> Optional[dict]:
+    def state(self) -> Any:
         """The session state after the last minibatch this process yielded (``None`` before the
-        first pass); ``state_dict()`` is the checkpoint to save."""
+        first pass; a list, one per split, when a ``MinibatchDataLoader`` reads several splits in
+        this process); ``state_dict()`` is the checkpoint to save."""
+        if self._many is not None:
+            return [None if source is None else source.state() for _, _, source in self._many]
         return None if self._source is None else self._source.state()
 
     def state_dict(self) -> Dict[str, Any]:
@@ -461,6 +518,13 @@ class MinibatchIterableDataset(IterableDataset):
                     "processes holds only the next epoch, not a position within one: to resume mid-epoch, "
                     "use torchdata's StatefulDataLoader (its state_dict() keeps every worker's)", stacklevel=2)
             source = None
+        elif self._many is not None:
+            # Several splits read here (a MinibatchDataLoader's workers in its main process):
+            # each split's own state, and whose turn is next.
+            local = [{"epoch": self._epoch, "source": None if source is None else source.state(), "worker": w,
+                      "workers": n, "equal_steps": self._equal, "tail": self._tail} for w, n, source in self._many]
+            return {"epoch": self._epoch, "local": local, "next": self._next, "equal_steps": self._equal,
+                    "tail": self._tail}
         else:
             epoch, source = self._epoch, None if self._source is None else self._source.state()
         return {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
@@ -500,14 +564,39 @@ class _OwnsTheEpoch:
     starts late, never starts, or belongs to an iterator still alive beside a newer one cannot
     move a pass."""
 
-    def __init__(self, dataset: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, dataset: Any, *args: Any, worker_processes: bool = False, **kwargs: Any) -> None:
         if not isinstance(dataset, MinibatchIterableDataset):
             raise TypeError(f"{type(self).__name__} needs a MinibatchIterableDataset, not {type(dataset).__name__}")
-        if not args:
-            kwargs.setdefault("batch_size", None)  # the daemon already batches
-        super().__init__(dataset, *args, **kwargs)  # type: ignore[call-arg]
+        bound = inspect.signature(super().__init__).bind(dataset, *args, **kwargs)
+        given = bound.arguments
+        given.setdefault("batch_size", None)  # the daemon already batches
+        if given["batch_size"] is None and given.get("collate_fn") is None:
+            # Items are made of tensors already: DataLoader's default_convert would only walk
+            # and copy their dicts (a quarter of the main process's time per item).
+            given["collate_fn"] = _as_is
+        local = None
+        if not worker_processes and given.get("num_workers", 0) > 0:
+            # num_workers splits the data as that many worker processes would, and the splits
+            # are read here: the daemon parses in parallel, and an item crossing between
+            # processes costs more than reading it (docs/client.md, "Workers").
+            if given.get("worker_init_fn") is not None:
+                raise ValueError(
+                    f"{type(self).__name__} reads its workers' splits in this process, where no worker_init_fn "
+                    f"runs: pass worker_processes=True for DataLoader worker processes")
+            local = given["num_workers"]
+            given["num_workers"] = 0
+            for key in ("prefetch_factor", "persistent_workers", "multiprocessing_context", "timeout"):
+                given.pop(key, None)  # settings of worker processes, of which there are none
+        super().__init__(*bound.args, **bound.kwargs)  # type: ignore[call-arg]
         self._minibatchd_token = self.dataset._new_token()
         self._minibatchd_passes = 0
+        self._minibatchd_local = local
+
+    @property
+    def split_workers(self) -> int:
+        """How many workers' splits of the data this loader reads: ``num_workers`` as given,
+        whether they are read in this process (the default) or by worker processes."""
+        return self._minibatchd_local or self.num_workers
 
     def _minibatchd_plan(self) -> None:
         self.dataset._plan_pass(self._minibatchd_token, self._minibatchd_passes, self.num_workers)
@@ -515,10 +604,12 @@ class _OwnsTheEpoch:
 
     def _get_iterator(self):  # noqa: ANN202 (the DataLoader's own iterator type)
         self._minibatchd_plan()
+        self.dataset._local = self._minibatchd_local
         try:
             it = super()._get_iterator()  # type: ignore[misc]
         finally:
-            self.dataset._plan = None  # made: the workers' copies keep it, later loaders do not
+            # Made: the workers' copies keep the plan, later loaders do not.
+            self.dataset._plan = self.dataset._local = None
         if self.num_workers > 0 and self.persistent_workers:
             reset = it._reset
 
@@ -536,8 +627,17 @@ class MinibatchDataLoader(_OwnsTheEpoch, DataLoader):
     it iterates: pass ``k`` of the loader is planned in the main process when the pass begins,
     so its workers deliver one epoch whatever they do — start late, never start (a loop left
     while a worker was still in its ``worker_init_fn``), or run beside a newer iterator. The
-    arguments are ``DataLoader``'s; ``batch_size`` defaults to None (the daemon batches). A
-    plain ``DataLoader`` works too: see the module's notes for when its passes are exact."""
+    arguments are ``DataLoader``'s; ``batch_size`` defaults to None (the daemon batches), and
+    with it ``collate_fn`` to one that gives each item as it is (its tensors need no conversion).
+
+    ``num_workers=W`` splits the data ``W`` ways as ``W`` worker processes would, and reads the
+    splits in this process, one item from each in turn as the DataLoader takes them from its
+    workers: the same items in the same order, with no process made and no item copied between
+    processes (``num_workers`` is then 0 to the DataLoader; ``split_workers`` is ``W``). Worker
+    process settings (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``,
+    ``timeout``) have nothing to set then, and a ``worker_init_fn`` is refused.
+    ``worker_processes=True`` makes the ``W`` worker processes instead. A plain ``DataLoader``
+    works too: see the module's notes for when its passes are exact."""
 
 
 def __getattr__(name: str) -> Any:
@@ -588,8 +688,7 @@ def _worker_copy(mb: Any) -> Dict[str, Any]:
     The copy and the views are NumPy's (a torch operation costs several times as much per call).
     In the main process the tensors are views on that one buffer: a tensor kept from an item keeps
     the whole item's memory (clone it to keep it alone)."""
-    arrays = [(name, key, arr) for name, stream in mb.streams.items() for key in STREAM_ARRAYS
-              if (arr := getattr(stream, key)) is not None]
+    arrays = [(name, key, arr) for name, stream in mb.streams.items() for key, arr in stream.arrays()]
     spans = [(arr.nbytes + 63) & ~63 for _, _, arr in arrays]
     total = sum(spans)
     out: Dict[str, Any] = {name: {} for name in mb.streams}
@@ -655,10 +754,45 @@ def _unpiped(blob: bytearray, table: list, rest: dict) -> Dict[str, Any]:
     return out
 
 
+def _as_is(item: Any) -> Any:
+    """The owning loaders' ``collate_fn`` with ``batch_size=None``: the item as the dataset made
+    it (its tensors need no conversion)."""
+    return item
+
+
 def _continues(state: dict) -> bool:
-    """Whether a state resumes a session (a worker's, or a whole job's), rather than only naming
-    the epoch to start."""
-    return state.get("source") is not None or state.get("job") is not None
+    """Whether a state resumes a session (a worker's, any of several splits', or a whole job's),
+    rather than only naming the epoch to start."""
+    return (state.get("source") is not None or state.get("job") is not None
+            or any(_continues(st) for st in state.get("local") or ()))
+
+
+def _resumes_of(resume: Optional[dict], splits: list) -> Tuple[list, int]:
+    """The state each of ``splits`` (global worker index and count) continues from (None: its
+    epoch's start), and the split whose turn is first, for a pass that continues from
+    ``resume``. A state of several splits read in one process gives each split its own when it
+    has them all — in that process, or in DataLoader worker processes of the same split —
+    and is otherwise combined into a job's state, which resumes any split."""
+    n = len(splits)
+    if resume is None:
+        return [None] * n, 0
+    if resume.get("local") is not None:
+        by_split = {(int(st["worker"]), int(st["workers"])): st for st in resume["local"]}
+        if all(split in by_split for split in splits):
+            mine = [by_split[split] for split in splits]
+            first = int(resume.get("next", 0)) if n == len(by_split) else 0
+            return [st if _continues(st) else None for st in mine], first % n
+        resume = job_state_dict(resume["local"])
+    if resume.get("job") is not None or resume.get("any_worker"):
+        return [resume] * n, 0
+    if n == 1 and (resume.get("worker"), resume.get("workers")) == splits[0]:
+        return [resume], 0
+    here = (f"worker {splits[0][0]} of {splits[0][1]}" if n == 1
+            else f"workers {splits[0][0]}-{splits[-1][0]} of {splits[0][1]}")
+    raise ValueError(
+        f"this state belongs to worker {resume.get('worker')} of {resume.get('workers')}; this is {here}: to "
+        f"resume at another world size or number of DataLoader workers, give load_state_dict a job_state_dict() "
+        f"of every worker's state")
 
 
 class _SharedTable:

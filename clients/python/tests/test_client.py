@@ -60,6 +60,14 @@ def test_arrays_are_zero_copy_views_with_the_slot_layout(daemon):
     # The first value of a sequence's first sample is its id: the sequence offsets line up.
     ids = f.values[f.sequence_offsets[:-1], 0]
     assert len(set(ids.tolist())) == f.num_sequences
+    # arrays(): the same views as the named arrays, those the stream has, in STREAM_ARRAYS order.
+    for stream in (f, l):
+        named = [(k, getattr(stream, k)) for k in minibatchd._client.STREAM_ARRAYS if getattr(stream, k) is not None]
+        listed = stream.arrays()
+        assert [k for k, _ in listed] == [k for k, _ in named]
+        for (_, a), (_, b) in zip(listed, named):
+            assert a.dtype == b.dtype and a.shape == b.shape and a.ctypes.data == b.ctypes.data
+    assert [k for k, _ in l.arrays()] == ["sequence_offsets", "sample_offsets", "indices", "values"]
     source.close()
 
 

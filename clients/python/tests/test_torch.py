@@ -3,6 +3,7 @@ StatefulDataLoader): epochs continue the timeline, DataLoader workers and ranks 
 exactly once, state dicts resume mid-epoch exactly, metadata rides along, and a model trains."""
 
 import fcntl
+import functools
 import os
 
 import numpy as np
@@ -120,6 +121,63 @@ def test_dataloader_workers_split_each_sweep_exactly_once(daemon, workers):
             assert item_ids(mine) == dump_ids(want)
 
 
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_owning_loader_reads_its_workers_splits_in_this_process_in_the_dataloaders_order(daemon, workers):
+    """MinibatchDataLoader(num_workers=W) reads the W splits in the main process (no item crosses
+    between processes): the same items, in the same order, as W worker processes give — one from
+    each worker in turn, a worker whose share ended left out (minibatch 7 over W workers leaves
+    them with different counts) — pass after pass."""
+    def run(loader):
+        return [[(item["meta"]["worker"], item["meta"]["index"], ids(item)) for item in loader] for _ in range(2)]
+
+    def dataset():
+        return MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=5)
+
+    here = MinibatchDataLoader(dataset(), num_workers=workers, prefetch_factor=4, persistent_workers=True)
+    assert (here.num_workers, here.split_workers) == (0, workers)
+    got = run(here)
+    want = run(DataLoader(dataset(), batch_size=None, num_workers=workers))
+    assert got == want
+    assert run(MinibatchDataLoader(dataset(), num_workers=workers, worker_processes=True)) == want
+    counts = {w: sum(1 for item in got[0] if item[0] == w) for w in range(workers)}
+    assert len(set(counts.values())) > 1, "the case must have workers with different counts"
+    for epoch in got:
+        assert sorted(i for *_, batch in epoch for i in batch) == list(range(SEQUENCES))
+
+
+@pytest.mark.parametrize("processes", [False, True], ids=["same-loader", "worker-processes"])
+def test_a_state_of_splits_read_in_one_process_resumes_each_split(daemon, processes):
+    """The state dict of a MinibatchDataLoader reading two splits in the main process holds
+    each split's position and whose turn is next: the same loader continues in the
+    uninterrupted order, and DataLoader worker processes of the same splits each take their own
+    position — nothing twice, nothing lost."""
+    def dataset():
+        return MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=6)
+
+    uninterrupted = [ids(item) for item in MinibatchDataLoader(dataset(), num_workers=2)]
+    ds = dataset()
+    it = iter(MinibatchDataLoader(ds, num_workers=2))
+    taken = [ids(next(it)) for _ in range(5)]
+    saved = ds.state_dict()
+    assert [(st["worker"], st["workers"]) for st in saved["local"]] == [(0, 2), (1, 2)] and saved["next"] == 1
+    del it
+    resumed = dataset()
+    resumed.load_state_dict(saved)
+    rest = [ids(item) for item in MinibatchDataLoader(resumed, num_workers=2, worker_processes=processes)]
+    if processes:
+        assert sorted(i for batch in taken + rest for i in batch) == list(range(SEQUENCES))
+    else:
+        assert taken + rest == uninterrupted
+
+
+def test_the_owning_loader_refuses_what_only_worker_processes_run(daemon):
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7)
+    with pytest.raises(ValueError, match="worker_processes=True"):
+        MinibatchDataLoader(ds, num_workers=2, worker_init_fn=lambda _: None)
+    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=lambda _: None, worker_processes=True)
+    assert (loader.num_workers, loader.split_workers) == (2, 2)
+
+
 def test_a_new_dataloader_after_persistent_workers_goes_on_with_the_next_epoch(daemon):
     """Persistent workers count their later passes in their own processes; a DataLoader made
     afterwards (Lightning's reload_dataloaders_every_n_epochs) with new workers, or iterated in the
@@ -171,7 +229,7 @@ def test_a_late_worker_of_a_replaced_iterator_does_not_split_the_new_pass(daemon
     worker, released afterwards, keeps to epoch 0."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=4)
     gate = Gate(tmp_path / "gate", held={1})
-    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate)
+    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate, worker_processes=True)
     old = iter(loader)
     first = next(old)
     assert first["meta"]["epoch"] == 0
@@ -206,17 +264,29 @@ def test_limits_and_splits_are_the_adapters_own(daemon):
         MinibatchIterableDataset("train", daemon.socket)
 
 
+def processes(cls):
+    """``cls`` (an owning loader) with DataLoader worker processes instead of its workers' splits
+    read in the main process."""
+    return functools.partial(cls, worker_processes=True)
+
+
 def stateful_loader(owning):
+    """torchdata's StatefulDataLoader (owning False), StatefulMinibatchDataLoader reading its
+    workers' splits in the main process (True), or with worker processes ("processes")."""
     require("torchdata")
     if owning:
         from minibatchd.torch import StatefulMinibatchDataLoader
-        return StatefulMinibatchDataLoader
+        return processes(StatefulMinibatchDataLoader) if owning == "processes" else StatefulMinibatchDataLoader
     from torchdata.stateful_dataloader import StatefulDataLoader
     return StatefulDataLoader
 
 
-@pytest.mark.parametrize("owning", [False, True], ids=["StatefulDataLoader", "StatefulMinibatchDataLoader"])
-@pytest.mark.parametrize("workers", [0, 2])
+OWNING = pytest.mark.parametrize("owning", [False, True, "processes"], ids=[
+    "StatefulDataLoader", "StatefulMinibatchDataLoader", "StatefulMinibatchDataLoader-processes"])
+
+
+@OWNING
+@pytest.mark.parametrize("workers", [0, 2, 3])
 def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers, owning):
     cls = stateful_loader(owning)
 
@@ -249,7 +319,7 @@ def test_a_pass_left_early_counts_once_for_every_worker(daemon, tmp_path, worker
     passes are epochs 1 and 2 on every worker, each exactly once."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3)
     gate = Gate(tmp_path / "gate", held=range(max(taken, 1), workers))
-    loader = (MinibatchDataLoader if owning else DataLoader)(
+    loader = (processes(MinibatchDataLoader) if owning else DataLoader)(
         ds, batch_size=None, num_workers=workers, worker_init_fn=gate, persistent_workers=persistent)
     it = iter(loader)
     for _ in range(taken):
@@ -268,7 +338,7 @@ def test_with_the_owning_loader_a_worker_that_never_began_its_pass_moves_nothing
     pass. MinibatchDataLoader planned every pass, so the next passes are still epochs 1 and 2."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3)
     gate = Gate(tmp_path / "gate", held={1})
-    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate)
+    loader = MinibatchDataLoader(ds, num_workers=2, worker_init_fn=gate, worker_processes=True)
     it = iter(loader)
     assert next(it)["meta"]["epoch"] == 0
     del it  # worker 1 is terminated in its worker_init_fn
@@ -284,7 +354,7 @@ def test_spawned_workers_share_the_pass_table(daemon, context, owning):
     """Workers started with the spawn or forkserver method (the shared table is a mapped file,
     not a fork-context lock): each pass is one epoch, exactly once."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=1)
-    loader = (MinibatchDataLoader if owning else DataLoader)(
+    loader = (processes(MinibatchDataLoader) if owning else DataLoader)(
         ds, batch_size=None, num_workers=2, multiprocessing_context=context, persistent_workers=owning)
     for epoch in range(2):
         items = list(loader)
@@ -306,7 +376,7 @@ def test_a_dataloader_recreated_with_the_same_seed_still_moves_on(daemon):
     assert seen[0] != seen[1] != seen[2]
 
 
-@pytest.mark.parametrize("owning", [False, True], ids=["StatefulDataLoader", "StatefulMinibatchDataLoader"])
+@OWNING
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_checkpoint_early_in_a_later_epoch_resumes_exactly(daemon, persistent, owning):
     """StatefulDataLoader with two workers, saved one step into epoch 1 (one worker has not
@@ -588,7 +658,9 @@ def test_a_workers_item_is_one_buffer_and_crosses_as_one(monkeypatch, pipe_limit
     monkeypatch.setattr(adapter, "_PIPE_ITEM_BYTES", pipe_limit)
 
     def stream(**arrays):
-        return SimpleNamespace(**{k: arrays.get(k) for k in STREAM_ARRAYS})
+        # A Stream's arrays by name, and arrays(): those it has, in STREAM_ARRAYS order.
+        return SimpleNamespace(**{k: arrays.get(k) for k in STREAM_ARRAYS},
+                               arrays=lambda: [(k, arrays[k]) for k in STREAM_ARRAYS if arrays.get(k) is not None])
 
     mb = SimpleNamespace(streams={
         "features": stream(values=np.arange(12, dtype=np.float32).reshape(3, 4),
@@ -685,7 +757,8 @@ def test_the_owning_loader_follows_set_epoch_before_every_pass(daemon, tmp_path,
     every pass is the epoch set, each worker's share exactly dump's."""
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=5)
     gate = Gate(tmp_path / "gate", held={1})
-    loader = MinibatchDataLoader(ds, num_workers=2, persistent_workers=persistent, worker_init_fn=gate)
+    loader = MinibatchDataLoader(ds, num_workers=2, persistent_workers=persistent, worker_init_fn=gate,
+                                 worker_processes=True)
     ds.set_epoch(2)
     it = iter(loader)
     assert next(it)["meta"]["epoch"] == 2
