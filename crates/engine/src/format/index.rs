@@ -37,8 +37,9 @@ pub struct FileIndex {
     pub path: Arc<Path>,
     /// Its size in bytes when indexed.
     pub size: u64,
-    /// CRC-32 (ISO-HDLC) of the bytes the index pass read: what the file held, part of the
-    /// dataset's identity (a resume refuses other content, wherever the file lives).
+    /// CRC-32 (ISO-HDLC) of the file's content — of every byte, or for a TFRecord file of every
+    /// record's header and footer (its length and its data's CRC-32C) —, part of the dataset's
+    /// identity (a resume refuses other content, wherever the file lives).
     pub digest: u32,
     /// Sequences in file order.
     pub sequences: Sequences,

@@ -10,7 +10,7 @@
 //! opts_len u32, opts bytes    CtfIndexOptions::fingerprint()
 //! size u64, mtime_secs i64, mtime_nanos u32,
 //! ctime_secs i64, ctime_nanos u32, dev u64, ino u64    of the data file when indexed
-//! digest u32                  CRC-32 of the bytes indexed
+//! digest u32                  CRC-32 of the content (FileIndex::digest)
 //! count u64
 //! columns u8                  which columns the records hold (`Columns::bits`)
 //! first_offset u64            the first sequence's offset

@@ -4,10 +4,12 @@
 //! number (the `line` of error locations counts records from 1) and whose bytes are the whole
 //! frame, so CNTK's chunk rule cuts between records.
 //!
-//! * The index pass reads the file once: it checks every length's CRC (a damaged length would
-//!   send every later record astray) and a file that ends inside a frame, naming the byte offset
-//!   of the frame; both are fatal, as TensorFlow refuses such a file. The bytes also feed the
-//!   content digest every format's index carries (the dataset's identity, which resumes check).
+//! * The index pass reads each record's header and footer ([`scan`]): it checks every length's
+//!   CRC (a damaged length would send every later record astray) and a file that ends inside a
+//!   frame, naming the byte offset of the frame; both are fatal, as TensorFlow refuses such a
+//!   file. From a local file it skips the data of records larger than a page; a stream is read
+//!   through. The headers and footers — each record's length and its data's CRC-32C — feed the
+//!   digest every format's index carries (the dataset's identity, which resumes check).
 //! * A large local file is indexed in parts on every parser thread: each part starts where a
 //!   record seems to start (a length whose CRC matches, and the next few after it), and the guess
 //!   is proven when the part before ends exactly there; a part that does not, or fails, makes the
@@ -23,28 +25,28 @@
 //! The records' payload is decoded by a record decoder: [`example`] for `tf.train.Example`.
 
 pub mod example;
+mod scan;
 
 use std::io::Read;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
-use crate::format::index::{read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::index::FileIndex;
 use crate::format::parts;
 use crate::options::IndexLimits;
+use scan::{scan, FileAt, Scanned, Through};
 
 /// Bytes before a record's data: its length and the length's masked CRC.
 pub const HEADER_BYTES: usize = 12;
 /// Bytes after a record's data: the data's masked CRC.
 pub const FOOTER_BYTES: usize = 4;
 
-/// Size of the read buffer of the index pass (within a core's L2).
-const BLOCK_BYTES: usize = 256 << 10;
-
 /// The index cache key of TFRecord files.
 #[must_use]
 pub fn fingerprint() -> String {
-    "tfrecord;v1".to_owned()
+    // v2: the digest is of the records' headers and footers (v1: of every byte).
+    "tfrecord;v2".to_owned()
 }
 
 /// TensorFlow's masked CRC-32C (Castagnoli) of `data`: the CRC rotated right by 15 bits plus
@@ -83,7 +85,8 @@ pub fn index_file(
     if let Some(index) = index_in_parts(&file, &path, size, limits, threads, progress)? {
         return Ok(index);
     }
-    index_reader(file, path, size, limits, progress)
+    let scanned = scan(&mut FileAt::new(&file, 0, None), &path, 0, limits, progress)?;
+    Ok(into_index(scanned, path, size))
 }
 
 /// Headers that must follow a candidate cut, where the window holds them, for it to be taken.
@@ -150,8 +153,8 @@ fn index_in_parts(
     let ends: Vec<Option<u64>> = cuts.iter().copied().map(Some).chain(std::iter::once(None)).collect();
     let done: Vec<std::sync::atomic::AtomicU64> = starts.iter().map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
     let run = |i: usize, report: &mut dyn FnMut(u64)| {
-        let reader = parts::PartReader::new(file, starts[i], ends[i]);
-        scan_records(reader, path, starts[i], share, &mut |b| {
+        let mut source = FileAt::new(file, starts[i], ends[i]);
+        scan(&mut source, path, starts[i], share, &mut |b| {
             done[i].store(b, std::sync::atomic::Ordering::Relaxed);
             report(b);
         })
@@ -168,8 +171,10 @@ fn index_in_parts(
     });
     let Some(scanned) = scanned.into_iter().collect::<Option<Vec<Scanned>>>() else { return Ok(None) };
     let mut crc = crc32fast::Hasher::new();
-    for (s, start) in scanned.iter().zip(&starts) {
-        crc.combine(&crc32fast::Hasher::new_with_initial_len(s.crc, s.end - start));
+    for s in &scanned {
+        // Each part's digest is of its records' headers and footers.
+        let digested = s.records * (HEADER_BYTES + FOOTER_BYTES) as u64;
+        crc.combine(&crc32fast::Hasher::new_with_initial_len(s.crc, digested));
     }
     let end = scanned.last().map_or(0, |s| s.end);
     let found = scanned.into_iter().map(|s| (s.sequences, s.records)).collect();
@@ -188,107 +193,15 @@ pub fn index_reader(
     limits: IndexLimits,
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
-    let scanned = scan_records(reader, &path, 0, limits, progress)?;
+    let scanned = scan(&mut Through::new(reader, 0), &path, 0, limits, progress)?;
+    Ok(into_index(scanned, path, size))
+}
+
+/// The index of a whole file, `size` bytes as its metadata said, from its one scan.
+fn into_index(scanned: Scanned, path: Arc<Path>, size: u64) -> FileIndex {
     let mut sequences = scanned.sequences;
     sequences.shrink_to_fit();
-    Ok(FileIndex { path, size: size.max(scanned.end), digest: scanned.crc, sequences })
-}
-
-/// The records of one run of bytes.
-struct Scanned {
-    sequences: Sequences,
-    /// The file offset after the last byte read.
-    end: u64,
-    /// CRC-32 of the bytes read.
-    crc: u32,
-    /// Records found.
-    records: u64,
-}
-
-/// Indexes the records `reader` yields, its first byte at file offset `origin` (record numbers
-/// count from there); `progress` gets the bytes read.
-fn scan_records(
-    mut reader: impl Read,
-    path: &Arc<Path>,
-    origin: u64,
-    limits: IndexLimits,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Scanned, DataError> {
-    let mut buf = vec![0u8; BLOCK_BYTES];
-    let mut digest = crc32fast::Hasher::new();
-    let mut sequences = Sequences::default();
-    // Bytes of `buf` filled and consumed; `base`: the file offset of `buf[0]`.
-    let (mut filled, mut at, mut base) = (0usize, 0usize, origin);
-    let mut record: u64 = 0;
-    let fatal = |record: u64, offset: u64, message: String| DataError::Fatal {
-        at: Location { file: path.clone(), line: record + 1, offset },
-        message,
-    };
-    loop {
-        // A whole header in the buffer, or the end of the file.
-        if filled - at < HEADER_BYTES {
-            buf.copy_within(at..filled, 0);
-            base += at as u64;
-            filled -= at;
-            at = 0;
-            let n = read_full(&mut reader, &mut buf[filled..]).map_err(|e| DataError::io(path, e))?;
-            digest.update(&buf[filled..filled + n]);
-            filled += n;
-            progress(base - origin + filled as u64);
-            if filled == 0 {
-                break;
-            }
-            if filled < HEADER_BYTES {
-                return Err(fatal(
-                    record,
-                    base,
-                    format!(
-                        "the file ends inside record {}'s header: {filled} of its {HEADER_BYTES} bytes (a truncated \
-                         TFRecord file)",
-                        record + 1
-                    ),
-                ));
-            }
-        }
-        let offset = base + at as u64;
-        let (len, frame) =
-            frame_of(&buf[at..at + HEADER_BYTES], record, limits).map_err(|message| fatal(record, offset, message))?;
-        // Skip the data and footer, reading through them (they are digested).
-        let mut skip = frame - HEADER_BYTES as u64;
-        at += HEADER_BYTES;
-        while skip > 0 {
-            let here = skip.min((filled - at) as u64);
-            at += usize::try_from(here).unwrap_or(0);
-            skip -= here;
-            if skip == 0 {
-                break;
-            }
-            base += filled as u64;
-            at = 0;
-            let n = read_full(&mut reader, &mut buf).map_err(|e| DataError::io(path, e))?;
-            digest.update(&buf[..n]);
-            filled = n;
-            progress(base - origin + filled as u64);
-            if n == 0 {
-                return Err(fatal(
-                    record,
-                    offset,
-                    format!(
-                        "the file ends inside record {} ({len} bytes of data declared, {} missing: a truncated \
-                         TFRecord file)",
-                        record + 1,
-                        skip.saturating_sub(FOOTER_BYTES as u64)
-                    ),
-                ));
-            }
-        }
-        let size = u32::try_from(frame).unwrap_or(u32::MAX);
-        let seq = SequenceDesc { key: record, offset, line: record, size, samples: 1 };
-        room_for_one_more(&sequences, &seq, &limits, || Location { file: path.clone(), line: record + 1, offset })?;
-        sequences.push(seq);
-        record += 1;
-    }
-    Ok(Scanned { sequences, end: base + filled as u64, crc: digest.finalize(), records: record })
+    FileIndex { path, size: size.max(scanned.end), digest: scanned.crc, sequences }
 }
 
 /// The data length and whole frame size of the record whose header is `head` (record `record`,
@@ -381,6 +294,7 @@ pub fn frame(data: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::index::SequenceDesc;
 
     fn index(bytes: &[u8]) -> Result<FileIndex, DataError> {
         index_reader(bytes, Arc::from(Path::new("t.tfrecord")), bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {})
@@ -404,7 +318,12 @@ mod tests {
         let idx = index(&bytes).expect("index");
         let seqs: Vec<_> = idx.sequences.iter().map(|s| (s.key, s.offset, s.size)).collect();
         assert_eq!(seqs, vec![(0, 0, 19), (1, 19, 16), (2, 35, 1016)]);
-        assert_eq!(idx.digest, crc32fast::hash(&bytes));
+        // The digest is of the headers and footers, in order.
+        let framing: Vec<u8> = [(0usize, 19usize), (19, 16), (35, 1016)]
+            .iter()
+            .flat_map(|&(at, size)| bytes[at..at + 12].iter().chain(&bytes[at + size - 4..at + size]).copied())
+            .collect();
+        assert_eq!(idx.digest, crc32fast::hash(&framing));
         let at = Location { file: Arc::from(Path::new("t")), line: 1, offset: 0 };
         assert_eq!(frame_data(&bytes[..19], &at).expect("data"), b"abc");
     }
@@ -430,6 +349,22 @@ mod tests {
         let s = idx.sequences.get(0);
         let m = frame_data(&data_flip[..s.size as usize], &at).expect_err("bad data CRC");
         assert!(m.message.contains("corrupted record 1"), "{m}");
+    }
+
+    /// The digest (the dataset's identity) tells valid records of other content apart — at the
+    /// same lengths, by their data's CRC-32C in the footers —, and it is the same for data
+    /// damaged under a stale footer, which the record's decode refuses instead.
+    #[test]
+    fn the_digest_tells_other_content_apart() {
+        let a: Vec<u8> = [frame(b"abc"), frame(b"defg")].concat();
+        let b: Vec<u8> = [frame(b"abd"), frame(b"defg")].concat();
+        assert_eq!(a.len(), b.len());
+        assert_ne!(index(&a).expect("a").digest, index(&b).expect("b").digest);
+        let mut damaged = a.clone();
+        damaged[13] ^= 1;
+        assert_eq!(index(&damaged).expect("damaged").digest, index(&a).expect("a").digest);
+        let at = Location { file: Arc::from(Path::new("t")), line: 1, offset: 0 };
+        assert!(frame_data(&damaged[..19], &at).is_err(), "the decode refuses it");
     }
 
     #[test]
@@ -516,7 +451,45 @@ mod tests {
                 bytes.truncate(cut.max(1));
             }
             proptest::prop_assert_eq!(index_on(&bytes, 1), index_on(&bytes, threads));
+            proptest::prop_assert_eq!(index_on(&bytes, 1), index_stream(&bytes));
         }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// Records larger than a page, whose data a local file's pass skips (reading each footer
+        /// and the next header at their offsets), give the index of a pass that reads every
+        /// byte — or its error, with the same record, offset and count of missing bytes — also
+        /// with a damaged length or a tail cut anywhere.
+        #[test]
+        fn skipping_the_data_of_large_records_gives_the_index_of_reading_them(
+            sizes in proptest::collection::vec(proptest::sample::select(vec![0usize, 3, 4090, 5000, 70_000, 300_000]), 1..8),
+            flip in proptest::option::of((0usize..700_000, 0u8..8)),
+            cut in proptest::option::of(0usize..700_000),
+            threads in 1usize..4,
+        ) {
+            let mut bytes: Vec<u8> = Vec::new();
+            for (i, size) in sizes.iter().enumerate() {
+                bytes.extend(frame(&vec![u8::try_from(i % 251).unwrap_or(0); *size]));
+            }
+            if let Some((at, bit)) = flip {
+                let at = at % bytes.len();
+                bytes[at] ^= 1 << bit;
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.max(1));
+            }
+            proptest::prop_assert_eq!(index_on(&bytes, threads), index_stream(&bytes));
+        }
+    }
+
+    /// [`index_stream`]'s index of `bytes`, as [`index_on`] gives it.
+    fn index_stream(bytes: &[u8]) -> Result<(Vec<SequenceDesc>, u32, u64), String> {
+        let name: Arc<Path> = Arc::from(Path::new("t"));
+        let idx = index_reader(bytes, name, bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {})
+            .map_err(|e| e.to_string())?;
+        Ok((idx.sequences.iter().collect(), idx.digest, idx.size))
     }
 
     /// The pass in parts runs on a clean file (it is not the one-thread pass under another name).
