@@ -7,7 +7,7 @@
 
 The loader is StatefulMinibatchDataLoader (torchdata's StatefulDataLoader, owning the epoch) over
 a MinibatchIterableDataset: its state_dict (the epoch and the daemon session's position, per
-DataLoader worker) goes into the checkpoint with the model and the optimizer. Started again with the same --checkpoint, the script continues from the
+worker split — read in the main process, or by worker processes) goes into the checkpoint with the model and the optimizer. Started again with the same --checkpoint, the script continues from the
 last checkpoint: the minibatches after it are exactly those an uninterrupted run would have seen.
 --stop-after N stops (as a crash would) after N steps; --step-log FILE writes one JSON line per
 step (epoch, worker, minibatch index, position, samples, loss).

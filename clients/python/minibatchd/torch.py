@@ -14,8 +14,8 @@ pass reaches its ``iter()`` (see docs/client.md, "Epochs", for the two cases whe
 ``DataLoader`` workers split the data: worker ``w`` of rank ``r`` (of ``world`` ranks with
 ``W`` workers each) is CNTK worker ``r * W + w`` of ``world * W``, so over every worker of every
 rank each sweep is delivered exactly once, in an order that depends only on the data, the
-sampling options, ``world`` and ``W``. ``MinibatchDataLoader(num_workers=W)`` reads the ``W``
-splits in the main process, in the order ``W`` worker processes would give them (the daemon
+sampling options, ``world`` and ``W``. ``MinibatchDataLoader(num_workers=W)`` (``batch_size=None``)
+reads the ``W`` splits in the main process, in the order ``W`` worker processes would give them (the daemon
 already parses in parallel; an item crossing between processes costs more than reading it);
 ``worker_processes=True`` makes the processes.
 
@@ -186,6 +186,9 @@ class MinibatchIterableDataset(IterableDataset):
         self._local: Optional[int] = None
         self._many: Optional[list] = None
         self._next = 0
+        # The state the current pass continues from, whole and per split (None: its epoch's
+        # start): its position until its sessions are open.
+        self._pending: Tuple[Optional[dict], list] = (None, [])
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -373,6 +376,8 @@ class MinibatchIterableDataset(IterableDataset):
             resume = None  # saved before its first minibatch: that epoch from its start
         resumes, first = _resumes_of(resume, splits)
         self._epoch, self._source, self._next = epoch, None, first
+        # Until this pass opens its sessions, its position is the state it continues from.
+        self._pending = (resume, resumes)
         self._split = splits[0]
         options = [self._session_options(epoch, w, n, world, r) for (w, n), r in zip(splits, resumes)]
         if len(splits) == 1:
@@ -464,7 +469,7 @@ class MinibatchIterableDataset(IterableDataset):
         item: Dict[str, Any]
         if self.copy and get_worker_info() is not None:
             # In a DataLoader worker, one buffer per item, laid out to cross to the main
-            # process; in the main process, a clone per tensor costs fewer Python steps.
+            # process; in the main process, a NumPy copy per array costs fewer Python steps.
             item = _worker_copy(mb)
             mb.release()
         elif self.copy:
@@ -518,6 +523,11 @@ class MinibatchIterableDataset(IterableDataset):
                     "processes holds only the next epoch, not a position within one: to resume mid-epoch, "
                     "use torchdata's StatefulDataLoader (its state_dict() keeps every worker's)", stacklevel=2)
             source = None
+        elif self._unopened() and self._pending[0] is not None:
+            # Resumed, but no session of this pass open yet (nothing taken since): where it
+            # continues from.
+            whole, per_split = self._pending
+            return dict(whole if self._many is not None or per_split[0] is None else per_split[0])
         elif self._many is not None:
             # Several splits read here (a MinibatchDataLoader's workers in its main process):
             # each split's own state, and whose turn is next.
@@ -529,6 +539,18 @@ class MinibatchIterableDataset(IterableDataset):
             epoch, source = self._epoch, None if self._source is None else self._source.state()
         return {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
                 "tail": self._tail}
+
+    def _unopened(self) -> bool:
+        """Whether the current pass has opened no session yet."""
+        if self._many is not None:
+            return all(source is None for _, _, source in self._many)
+        return self._source is None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # A copy for another process (a spawned DataLoader worker) takes no session of this one.
+        state = self.__dict__.copy()
+        state["_source"] = state["_many"] = None
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
@@ -575,10 +597,12 @@ class _OwnsTheEpoch:
             # and copy their dicts (a quarter of the main process's time per item).
             given["collate_fn"] = _as_is
         local = None
-        if not worker_processes and given.get("num_workers", 0) > 0:
+        if not worker_processes and given.get("num_workers", 0) > 0 and given["batch_size"] is None:
             # num_workers splits the data as that many worker processes would, and the splits
             # are read here: the daemon parses in parallel, and an item crossing between
-            # processes costs more than reading it (docs/client.md, "Workers").
+            # processes costs more than reading it (docs/client.md, "Workers"). Not with a
+            # batch_size: each worker process would batch its own items, which one process
+            # taking them in turn cannot.
             if given.get("worker_init_fn") is not None:
                 raise ValueError(
                     f"{type(self).__name__} reads its workers' splits in this process, where no worker_init_fn "
@@ -630,14 +654,15 @@ class MinibatchDataLoader(_OwnsTheEpoch, DataLoader):
     arguments are ``DataLoader``'s; ``batch_size`` defaults to None (the daemon batches), and
     with it ``collate_fn`` to one that gives each item as it is (its tensors need no conversion).
 
-    ``num_workers=W`` splits the data ``W`` ways as ``W`` worker processes would, and reads the
-    splits in this process, one item from each in turn as the DataLoader takes them from its
+    ``num_workers=W`` (with ``batch_size=None``) splits the data ``W`` ways as ``W`` worker
+    processes would, and reads the splits in this process, one item from each in turn as the DataLoader takes them from its
     workers: the same items in the same order, with no process made and no item copied between
     processes (``num_workers`` is then 0 to the DataLoader; ``split_workers`` is ``W``). Worker
     process settings (``prefetch_factor``, ``persistent_workers``, ``multiprocessing_context``,
     ``timeout``) have nothing to set then, and a ``worker_init_fn`` is refused.
-    ``worker_processes=True`` makes the ``W`` worker processes instead. A plain ``DataLoader``
-    works too: see the module's notes for when its passes are exact."""
+    ``worker_processes=True`` makes the ``W`` worker processes instead, and so does a
+    ``batch_size`` (each worker process batches its own items). A plain ``DataLoader`` works
+    too: see the module's notes for when its passes are exact."""
 
 
 def __getattr__(name: str) -> Any:
@@ -646,8 +671,23 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    def load_state_dict(self: Any, state_dict: Dict[str, Any]) -> None:
+        """torchdata's ``load_state_dict``; a state saved in the other mode — with worker
+        processes, or with the workers' splits read in the main process — goes to the dataset,
+        and the loader starts a fresh iterator that continues from it (each split from its own
+        position; which split comes first, the loader's own)."""
+        if ("_snapshot" in state_dict) == (self.num_workers > 0):
+            StatefulDataLoader.load_state_dict(self, state_dict)
+        elif "_snapshot" in state_dict:
+            self.dataset.load_state_dict(_splits_state(_dataset_states([state_dict])))
+        elif state_dict.get("dataset_state") is not None:
+            self.dataset.load_state_dict(state_dict["dataset_state"])
+        else:
+            raise ValueError("a StatefulDataLoader state without its dataset's state: take state_dict() after the "
+                             "first minibatch")
+
     cls = type(name, (_OwnsTheEpoch, StatefulDataLoader), {
-        "__module__": __name__, "__qualname__": name,
+        "__module__": __name__, "__qualname__": name, "load_state_dict": load_state_dict,
         "__doc__": "torchdata's ``StatefulDataLoader`` that owns the epoch, as ``MinibatchDataLoader`` does: "
                    "its ``state_dict()`` keeps every worker's position, and a restored loader goes on exactly.",
     })
@@ -754,6 +794,19 @@ def _unpiped(blob: bytearray, table: list, rest: dict) -> Dict[str, Any]:
     return out
 
 
+def _splits_state(states: list) -> Dict[str, Any]:
+    """One state for the workers' ``states`` (each worker's ``state_dict()``, as worker processes
+    keep them), as a loader reading those splits in one process saves it: each split resumes
+    from its own."""
+    if len(states) == 1:
+        return dict(states[0])
+    epochs = {int(st["epoch"]) for st in states}
+    if len(epochs) != 1:
+        raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
+    return {"epoch": epochs.pop(), "local": list(states), "next": 0, "equal_steps": states[0].get("equal_steps"),
+            "tail": states[0].get("tail")}
+
+
 def _as_is(item: Any) -> Any:
     """The owning loaders' ``collate_fn`` with ``batch_size=None``: the item as the dataset made
     it (its tensors need no conversion)."""
@@ -782,7 +835,13 @@ def _resumes_of(resume: Optional[dict], splits: list) -> Tuple[list, int]:
             mine = [by_split[split] for split in splits]
             first = int(resume.get("next", 0)) if n == len(by_split) else 0
             return [st if _continues(st) else None for st in mine], first % n
-        resume = job_state_dict(resume["local"])
+        try:
+            resume = job_state_dict(resume["local"])
+        except ValueError as e:
+            raise ValueError(
+                f"this state holds workers {min(by_split)[0]}-{max(by_split)[0]} of {min(by_split)[1]}, read in one "
+                f"process; to resume them as other splits, give load_state_dict a job_state_dict() of every "
+                f"rank's state ({e})") from e
     if resume.get("job") is not None or resume.get("any_worker"):
         return [resume] * n, 0
     if n == 1 and (resume.get("worker"), resume.get("workers")) == splits[0]:

@@ -149,25 +149,103 @@ def test_the_owning_loader_reads_its_workers_splits_in_this_process_in_the_datal
 def test_a_state_of_splits_read_in_one_process_resumes_each_split(daemon, processes):
     """The state dict of a MinibatchDataLoader reading two splits in the main process holds
     each split's position and whose turn is next: the same loader continues in the
-    uninterrupted order, and DataLoader worker processes of the same splits each take their own
-    position — nothing twice, nothing lost."""
+    uninterrupted order; DataLoader worker processes of the same splits each continue from their
+    own position, the DataLoader's turns starting again at worker 0."""
     def dataset():
         return MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=6)
 
-    uninterrupted = [ids(item) for item in MinibatchDataLoader(dataset(), num_workers=2)]
+    def split_ids(item):
+        return item["meta"]["worker"], ids(item)
+
+    uninterrupted = [split_ids(item) for item in MinibatchDataLoader(dataset(), num_workers=2)]
     ds = dataset()
     it = iter(MinibatchDataLoader(ds, num_workers=2))
-    taken = [ids(next(it)) for _ in range(5)]
+    taken = [split_ids(next(it)) for _ in range(5)]
     saved = ds.state_dict()
     assert [(st["worker"], st["workers"]) for st in saved["local"]] == [(0, 2), (1, 2)] and saved["next"] == 1
     del it
     resumed = dataset()
     resumed.load_state_dict(saved)
-    rest = [ids(item) for item in MinibatchDataLoader(resumed, num_workers=2, worker_processes=processes)]
-    if processes:
-        assert sorted(i for batch in taken + rest for i in batch) == list(range(SEQUENCES))
-    else:
+    rest = [split_ids(item) for item in MinibatchDataLoader(resumed, num_workers=2, worker_processes=processes)]
+    if not processes:
         assert taken + rest == uninterrupted
+        return
+    # Each split's remaining items, taken in turn from worker 0, an ended split left out.
+    left = [[x for x in uninterrupted if x[0] == w][sum(1 for t in taken if t[0] == w):] for w in (0, 1)]
+    want = []
+    while any(left):
+        for w in (0, 1):
+            if left[w]:
+                want.append(left[w].pop(0))
+    assert rest == want
+    assert sorted(i for _, batch in taken + rest for i in batch) == list(range(SEQUENCES))
+
+
+@pytest.mark.parametrize("saved_with,loaded_with", [("processes", True), (True, "processes")])
+def test_a_stateful_loaders_state_loads_in_the_other_mode(daemon, saved_with, loaded_with):
+    """A StatefulMinibatchDataLoader state saved with worker processes loads into one reading
+    the splits in the main process, and the other way round (torchdata's formats differ): each
+    split continues from its own position — every sequence of the epoch exactly once."""
+    def loader(mode):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=8)
+        return stateful_loader(mode)(ds, batch_size=None, num_workers=2)
+
+    first = loader(saved_with)
+    it = iter(first)
+    taken = [ids(next(it)) for _ in range(5)]
+    saved = first.state_dict()
+    del it, first
+    resumed = loader(loaded_with)
+    resumed.load_state_dict(saved)
+    rest = [ids(item) for item in resumed]
+    assert sorted(i for batch in taken + rest for i in batch) == list(range(SEQUENCES))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_before_the_resumed_pass_opens_keeps_its_position(daemon, workers):
+    """state_dict() after a restore but before the pass's first minibatch (its sessions not
+    open yet) is the restored position, not the epoch's start: restored again, nothing twice."""
+    cls = stateful_loader(True)
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return cls(ds, batch_size=None, num_workers=workers)
+
+    uninterrupted = [ids(item) for item in loader()]
+    first = loader()
+    it = iter(first)
+    taken = [ids(next(it)) for _ in range(5)]
+    saved = first.state_dict()
+    del it, first
+    second = loader()
+    second.load_state_dict(saved)
+    it = iter(second)
+    again = second.state_dict()  # nothing taken since the restore
+    del it, second
+    third = loader()
+    third.load_state_dict(again)
+    assert taken + [ids(item) for item in third] == uninterrupted
+
+
+def test_with_a_batch_size_the_owning_loader_makes_worker_processes(daemon):
+    """Each worker process batches its own items, which one process taking the splits in turn
+    could not: with a batch_size the loader keeps its worker processes."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=1)
+    loader = MinibatchDataLoader(ds, batch_size=2, num_workers=2, collate_fn=lambda items: items)
+    assert (loader.num_workers, loader.split_workers) == (2, 2)
+    batches = list(loader)
+    assert all(len({item["meta"]["worker"] for item in batch}) == 1 for batch in batches)
+    assert sorted(i for batch in batches for item in batch for i in ids(item)) == list(range(SEQUENCES))
+
+
+def test_a_dataset_iterated_here_still_goes_to_spawned_workers(daemon):
+    """After a pass in the main process the dataset holds its sessions; a spawned worker's copy
+    leaves them behind (their sockets cannot be pickled)."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=1)
+    assert sorted(item_ids(list(MinibatchDataLoader(ds)))) == list(range(SEQUENCES))
+    items = list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    assert {item["meta"]["epoch"] for item in items} == {1}
+    assert sorted(item_ids(items)) == list(range(SEQUENCES))
 
 
 def test_the_owning_loader_refuses_what_only_worker_processes_run(daemon):
