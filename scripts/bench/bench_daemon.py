@@ -81,9 +81,10 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     sweep_ends = []  # wall-clock time (Unix seconds) at the end of each sweep
     cpu0, t0 = time.process_time(), time.perf_counter()
     mark, at = (0, 0, 0), t0
+    first_unix = None
     for mb in source:
         if first is None:
-            first = time.perf_counter() - t0
+            first, first_unix = time.perf_counter() - t0, time.time()
         f = mb["features"]
         samples += f.num_samples
         payload += f.values.nbytes + mb["labels"].values.nbytes + mb["labels"].indices.nbytes
@@ -102,7 +103,7 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     times = []
     if os.environ.get("BENCH_NO_PROBE"):
         # A small memory limit has no room for the probe's ring of PROBE slots.
-        report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages)
+        report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages, first_unix=first_unix)
         return
     # Twice PROBE minibatches through a ring of PROBE + 2 slots: the first PROBE read every slot
     # once (a fresh slot's first read maps its pages: a page fault or two), the second PROBE are
@@ -126,16 +127,41 @@ def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) 
     ready_us = sum(times) / max(len(times), 1) / 1e3
     median_us = times[len(times) // 2] / 1e3 if times else 0.0
     report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages,
-           probe=(ready_us, median_us, probe._wait_ns / 1e3))
+           probe=(ready_us, median_us, probe._wait_ns / 1e3), first_unix=first_unix)
 
 
-def report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages, probe=(0.0, 0.0, 0.0)) -> None:
+def report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, stages, probe=(0.0, 0.0, 0.0),
+           first_unix=None) -> None:
     """The consumer's figures, one JSON line on stdout (`probe`: the client-overhead probe's mean
-    and median µs per ready next() and its waits, 0 when it did not run)."""
+    and median µs per ready next() and its waits, 0 when it did not run; `first_unix`: when the
+    first minibatch arrived, Unix seconds)."""
     print(json.dumps({"minibatches": count, "samples": samples, "payload_bytes": payload, "wall_s": wall, "cpu_s": cpu,
+                      "first_unix": first_unix,
                       "first_minibatch_s": first, "ready_next_us": probe[0], "ready_next_median_us": probe[1],
                       "probe_waited_us": probe[2], "per_sweep": per_sweep, "sweep_ends_unix": sweep_ends,
                       "stages": stages}))
+
+
+def count_passes(items, sweeps: int) -> None:
+    """Reads `sweeps` passes over an adapter's `items` (iterated once per sweep), counting the
+    samples and bytes of each item's arrays (data only), and reports them."""
+    samples = payload = count = 0
+    per_sweep, sweep_ends = [], []
+    first = None
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(sweeps):
+        at, mark = time.perf_counter(), (samples, payload, count)
+        for item in items:
+            if first is None:
+                first = time.perf_counter() - t0
+            x = item["features"]["values"]
+            samples += x.shape[0]
+            payload += x.nbytes + item["labels"]["values"].nbytes + item["labels"]["indices"].nbytes
+            count += 1
+        per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
+        sweep_ends.append(time.time())
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
 
 
 def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, extra: dict) -> None:
@@ -153,23 +179,7 @@ def consume_torch(sock: str, minibatch_size: int, sweeps: int, workers: int, ext
         loader = DataLoader(ds, batch_size=None, num_workers=workers)
     else:
         loader = MinibatchDataLoader(ds, num_workers=workers, worker_processes=kind == "owning-processes")
-    samples = payload = count = 0
-    per_sweep, sweep_ends = [], []
-    first = None
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(sweeps):
-        at, mark = time.perf_counter(), (samples, payload, count)
-        for item in loader:
-            if first is None:
-                first = time.perf_counter() - t0
-            x = item["features"]["values"]
-            samples += x.shape[0]
-            payload += x.nbytes + item["labels"]["values"].nbytes + item["labels"]["indices"].nbytes
-            count += 1
-        per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
-        sweep_ends.append(time.time())
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
+    count_passes(loader, sweeps)
 
 
 def consume_jax(sock: str, minibatch_size: int, sweeps: int, extra: dict) -> None:
@@ -180,23 +190,7 @@ def consume_jax(sock: str, minibatch_size: int, sweeps: int, extra: dict) -> Non
 
     it = MinibatchIterator("bench", socket=sock, minibatch_size=minibatch_size, randomize=True, process_index=0,
                            process_count=1, **extra)
-    samples = payload = count = 0
-    per_sweep, sweep_ends = [], []
-    first = None
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    for _ in range(sweeps):
-        at, mark = time.perf_counter(), (samples, payload, count)
-        for item in it:
-            if first is None:
-                first = time.perf_counter() - t0
-            x = item["features"]["values"]
-            samples += x.shape[0]
-            payload += x.nbytes + item["labels"]["values"].nbytes + item["labels"]["indices"].nbytes
-            count += 1
-        per_sweep.append((time.perf_counter() - at, samples - mark[0], payload - mark[1], count - mark[2]))
-        sweep_ends.append(time.time())
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    report(count, samples, payload, wall, cpu, first, per_sweep, sweep_ends, {})
+    count_passes(it, sweeps)
 
 
 def scrape_stages() -> dict:
@@ -360,6 +354,8 @@ def main() -> None:
     print(f"all sweeps: {r['samples'] / r['wall_s']:,.0f} samples/s over {r['wall_s']:.2f} s")
     # The clock a user sees: from `minibatchd run` (index pass or its cache, the consumer's start
     # and `open` included) to the end of each sweep.
+    if r.get("first_unix"):
+        print(f"user clock: first minibatch {r['first_unix'] - t0_unix:.3f} s after minibatchd run")
     for k, end in enumerate(r.get("sweep_ends_unix", [])):
         print(f"user clock: sweep {k} ended {end - t0_unix:.3f} s after minibatchd run")
     if a.sessions > 1:
