@@ -141,6 +141,14 @@ impl IndexLimits {
         paid.saturating_mul(TIMELINE_BYTES_PER_SEQUENCE)
     }
 
+    /// The most bytes of one sequence — a line, a record, a whole file —: `max_sequence_bytes`,
+    /// and 4 GiB at most (an index keeps a sequence's size in 32 bits). Errors give the reason as
+    /// [`largest_sequence_why`] says it.
+    #[must_use]
+    pub fn largest_sequence(&self) -> u64 {
+        self.max_sequence_bytes.min(u64::from(u32::MAX))
+    }
+
     /// The limits of a dataset of `sources` sources under `daemon.memory_limit_bytes =
     /// memory_limit`, when the indexes of the datasets already open hold `in_use` bytes: the
     /// indexes of all datasets share a [`INDEX_SHARE_OF_MEMORY_LIMIT`]th of the limit, and a
@@ -164,6 +172,13 @@ impl IndexLimits {
             max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
         }
     }
+}
+
+/// Why one sequence may hold at most [`IndexLimits::largest_sequence`] bytes, as every format's
+/// error for a larger one says it.
+#[must_use]
+pub fn largest_sequence_why() -> String {
+    format!("4 GiB at most, and daemon.memory_limit_bytes / {SEQUENCE_SHARE_OF_MEMORY_LIMIT}")
 }
 
 /// Text formats. A closed set: every `match` on it is exhaustive.

@@ -66,13 +66,12 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let at = || Location { file: name.clone(), line: 1, offset: 0 };
-    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let largest = limits.largest_sequence();
     let record = u32::try_from(size).ok().filter(|_| size <= largest).ok_or_else(|| DataError::Fatal {
         at: at(),
         message: format!(
-            "a whole file is one record of at most {largest} bytes (4 GiB at most, and daemon.memory_limit_bytes / \
-             {}); this one has {size}",
-            crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+            "a whole file is one record of at most {largest} bytes ({}); this one has {size}",
+            crate::options::largest_sequence_why()
         ),
     })?;
     let mut sequences = Sequences::default();

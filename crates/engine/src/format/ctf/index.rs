@@ -370,10 +370,9 @@ impl Indexer {
         DataError::Fatal {
             at: Location { file: self.path.clone(), line: line + 1, offset },
             message: format!(
-                "a sequence of {bytes} bytes or more exceeds the largest allowed, {} bytes (4 GiB at most, and \
-                 daemon.memory_limit_bytes / {})",
+                "a sequence of {bytes} bytes or more exceeds the largest allowed, {} bytes ({})",
                 self.limits.max_sequence_bytes,
-                crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+                crate::options::largest_sequence_why()
             ),
         }
     }

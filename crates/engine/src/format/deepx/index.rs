@@ -63,7 +63,7 @@ pub fn index_reader(
 ) -> Result<FileIndex, DataError> {
     let name = path.clone();
     let mut ix = LineIndexer { path, options, line_no: 0, sequences: Sequences::default(), limits };
-    let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let max_line = limits.largest_sequence();
     let (consumed, digest) =
         for_each_line(reader, BLOCK_BYTES, &name, max_line, progress, |line, offset| ix.line(line, offset))?;
     let mut sequences = ix.sequences;
@@ -103,7 +103,7 @@ pub fn index_file(
                     limits: share,
                 })
                 .collect();
-            let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+            let max_line = limits.largest_sequence();
             let parts =
                 parts::Parts { file: &file, path: &path, cuts, block_bytes: BLOCK_BYTES, max_line_bytes: max_line };
             if let Some((scanned, digest)) = parts::scan(&parts, passes, progress, LineIndexer::line) {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use super::FileIndex;
 use crate::format::errors::DataError;
-use crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT;
 
 /// Opens the local file `data` (named `name` in errors) and hands it, with its size, to `index`:
 /// the `index_file` of a format whose pass reads one stream (CSV, fixed-length records).
@@ -119,7 +118,8 @@ pub(crate) fn for_each_line(
         at: crate::format::errors::Location { file: std::sync::Arc::from(path), line: lines + 1, offset },
         message: format!(
             "a line of more than {max_line_bytes} bytes (at least {len}); the largest sequence the memory limit allows \
-             is {max_line_bytes} bytes (daemon.memory_limit_bytes / {SEQUENCE_SHARE_OF_MEMORY_LIMIT}, 4 GiB at most)"
+             is {max_line_bytes} bytes ({})",
+            crate::options::largest_sequence_why()
         ),
     };
     loop {

@@ -142,7 +142,7 @@ fn index_in_parts(
     if n < 2 {
         return Ok(None);
     }
-    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let largest = limits.largest_sequence();
     let cuts = parts::cuts_where(file, size, n, |f, at| next_frame(f, at, size, largest))
         .map_err(|e| DataError::io(path, e))?;
     if cuts.is_empty() {
@@ -222,13 +222,12 @@ fn frame_of(head: &[u8], record: u64, limits: IndexLimits) -> Result<(u64, u64),
         ));
     }
     let frame = len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64);
-    let largest = limits.max_sequence_bytes.min(u64::from(u32::MAX));
+    let largest = limits.largest_sequence();
     if frame > largest {
         return Err(format!(
-            "record {} of {len} bytes exceeds the largest allowed, {largest} bytes (4 GiB at most, and \
-             daemon.memory_limit_bytes / {})",
+            "record {} of {len} bytes exceeds the largest allowed, {largest} bytes ({})",
             record + 1,
-            crate::options::SEQUENCE_SHARE_OF_MEMORY_LIMIT
+            crate::options::largest_sequence_why()
         ));
     }
     Ok((len, frame))
