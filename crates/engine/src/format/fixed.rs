@@ -108,7 +108,8 @@ pub fn index_reader(
     progress: &mut dyn FnMut(u64),
 ) -> Result<FileIndex, DataError> {
     let sequences = records(&name, size, options, limits)?;
-    // The digest: every byte of the file, as the other formats' passes have it.
+    // The digest: every byte of the file, as the text formats' passes have it (a TFRecord
+    // file's is of its records' headers and footers).
     let digest = read_digest(&mut reader, &name, size, BLOCK_BYTES, progress)?;
     Ok(FileIndex { path: name, size, digest, sequences })
 }

@@ -6,7 +6,8 @@
 //! **Reader.** A file of `n` bytes is one record at byte 0 of `n` bytes (an empty file too: its
 //! contents are empty); a file larger than a sequence may be (4 GiB, and a sixteenth of
 //! `memory_limit_bytes`) is refused at its index pass, naming it. The index pass reads the
-//! file once for its CRC-32 digest (the dataset's identity, as for every format).
+//! file once for its CRC-32 digest (the dataset's identity; every byte, as the text formats'
+//! passes digest them).
 //!
 //! **Decoder.** Never fails: any bytes are a file's contents. A file whose contents do not fit a
 //! parsed chunk's share of `memory_limit_bytes` fails its chunk, naming the file.
@@ -79,7 +80,8 @@ pub fn index_reader(
     room_for_one_more(&sequences, &s, &limits, at)?;
     sequences.push(s);
     sequences.shrink_to_fit();
-    // The digest: every byte of the file, as the other formats' passes have it.
+    // The digest: every byte of the file, as the text formats' passes have it (a TFRecord
+    // file's is of its records' headers and footers).
     let digest = read_digest(&mut reader, &name, size, BLOCK_BYTES, progress)?;
     Ok(FileIndex { path: name, size, digest, sequences })
 }

@@ -162,7 +162,7 @@ fn index_in_parts(
             ix
         })
         .collect();
-    let parts = parts::Parts { file, path, cuts, block_bytes: BLOCK_BYTES, max_line_bytes: limits.max_sequence_bytes };
+    let parts = parts::Parts { file, path, cuts, block_bytes: BLOCK_BYTES, max_line_bytes: limits.largest_sequence() };
     let Some((scanned, digest)) = parts::scan(&parts, passes, progress, Indexer::line) else {
         return Ok(None);
     };
@@ -196,7 +196,7 @@ pub fn index_reader(
 ) -> Result<FileIndex, DataError> {
     let mut indexer = Indexer::new(path.clone(), options, size, limits);
     let (consumed, digest) =
-        for_each_line(reader, BLOCK_BYTES, path, limits.max_sequence_bytes, progress, |line, offset| {
+        for_each_line(reader, BLOCK_BYTES, path, limits.largest_sequence(), progress, |line, offset| {
             indexer.line(line, offset)
         })?;
     // A file that grew during the pass yields more than `size` bytes: the open sequence ends
@@ -341,7 +341,7 @@ impl Indexer {
             }
             if let Some(o) = self.open.as_ref().filter(|o| o.key == id) {
                 // A sequence grows line by line: bound it before it is whole.
-                if offset - o.offset > self.limits.max_sequence_bytes {
+                if offset - o.offset > self.limits.largest_sequence() {
                     return Err(self.too_large(o.line, o.offset, offset - o.offset));
                 }
             }
@@ -360,7 +360,7 @@ impl Indexer {
 
     fn seq_size(&self, offset: u64, end: u64) -> Result<u32, DataError> {
         match u32::try_from(end - offset) {
-            Ok(size) if u64::from(size) <= self.limits.max_sequence_bytes => Ok(size),
+            Ok(size) if u64::from(size) <= self.limits.largest_sequence() => Ok(size),
             _ => Err(self.too_large(self.line_no, offset, end - offset)),
         }
     }
@@ -371,7 +371,7 @@ impl Indexer {
             at: Location { file: self.path.clone(), line: line + 1, offset },
             message: format!(
                 "a sequence of {bytes} bytes or more exceeds the largest allowed, {} bytes ({})",
-                self.limits.max_sequence_bytes,
+                self.limits.largest_sequence(),
                 crate::options::largest_sequence_why()
             ),
         }
@@ -395,7 +395,7 @@ impl Indexer {
             return Ok(());
         }
         let size = match u32::try_from(end - o.offset) {
-            Ok(size) if u64::from(size) <= self.limits.max_sequence_bytes => size,
+            Ok(size) if u64::from(size) <= self.limits.largest_sequence() => size,
             _ => return Err(self.too_large(o.line, o.offset, end - o.offset)),
         };
         let samples = u32::try_from(o.samples).map_err(|_| DataError::Fatal {

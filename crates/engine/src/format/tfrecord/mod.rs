@@ -483,6 +483,41 @@ mod tests {
         }
     }
 
+    /// A reader that gives at most a few bytes a call, as a network stream may.
+    struct Dribble<'a>(&'a [u8], usize);
+
+    impl Read for Dribble<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.1 = self.1 % 7 + 1;
+            let n = self.1.min(buf.len()).min(self.0.len());
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..proptest::prelude::ProptestConfig::default() })]
+
+        /// A stream that comes a few bytes at a time gives the index of one read whole.
+        #[test]
+        fn a_stream_in_small_pieces_gives_the_same_index(
+            sizes in proptest::collection::vec(0usize..600, 1..30),
+            cut in proptest::option::of(0usize..10_000),
+        ) {
+            let mut bytes: Vec<u8> = sizes.iter().flat_map(|n| frame(&vec![7u8; *n])).collect();
+            if let Some(cut) = cut {
+                bytes.truncate(cut);
+            }
+            let name: Arc<Path> = Arc::from(Path::new("t"));
+            let whole = index_reader(&bytes[..], name.clone(), bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {})
+                .map_err(|e| e.to_string());
+            let pieces = index_reader(Dribble(&bytes, 0), name, bytes.len() as u64, IndexLimits::UNBOUNDED, &mut |_| {})
+                .map_err(|e| e.to_string());
+            proptest::prop_assert_eq!(whole, pieces);
+        }
+    }
+
     /// [`index_stream`]'s index of `bytes`, as [`index_on`] gives it.
     fn index_stream(bytes: &[u8]) -> Result<(Vec<SequenceDesc>, u32, u64), String> {
         let name: Arc<Path> = Arc::from(Path::new("t"));

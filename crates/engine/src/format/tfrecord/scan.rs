@@ -2,9 +2,10 @@
 //!
 //! A record's place, length and footer are all the index needs: the length's CRC is checked
 //! (a damaged length would send every later record astray), the data's CRC is checked when the
-//! record is decoded. So from a local file the pass reads each header and footer, and skips the
-//! data between them when a record is larger than a page ([`FileAt`]); a stream (an object, a
-//! decompressed file) is read through ([`Through`]). The digest every format's index carries —
+//! record is decoded. So from a local file (a decompressed copy included) the pass reads each
+//! header and footer, and skips the data between them when a record is larger than a page
+//! ([`FileAt`]); a stream (an object read from S3 as it is indexed) is read through
+//! ([`Through`]). The digest every format's index carries —
 //! the dataset's identity, which resumes check — is the CRC-32 of every record's header and
 //! footer, in order: it covers each record's length and its data's CRC-32C, so any other content
 //! of valid records is another identity (but for a collision of the data's CRC-32C, one in 2^32
@@ -91,28 +92,30 @@ impl Source for FileAt<'_> {
 }
 
 /// A stream read through from offset `from`: every byte passes, the ones between headers and
-/// footers unused.
+/// footers unused. Bytes are moved within the buffer only when fewer than a request's remain.
 pub(super) struct Through<R> {
     reader: R,
     buf: Vec<u8>,
+    /// The input's bytes from offset `base` on are `buf[start..filled]`.
     base: u64,
+    start: usize,
     filled: usize,
     end: Option<u64>,
 }
 
 impl<R: Read> Through<R> {
     pub(super) fn new(reader: R, from: u64) -> Self {
-        Through { reader, buf: vec![0; BLOCK_BYTES], base: from, filled: 0, end: None }
+        Through { reader, buf: vec![0; BLOCK_BYTES], base: from, start: 0, filled: 0, end: None }
     }
 
     /// Reads into `buf[filled..]`; notes the end of the input when it meets it.
-    fn fill(&mut self) -> io::Result<usize> {
+    fn fill(&mut self) -> io::Result<()> {
         let got = read_full(&mut self.reader, &mut self.buf[self.filled..])?;
         self.filled += got;
         if got == 0 {
-            self.end = Some(self.base + self.filled as u64);
+            self.end = Some(self.base + (self.filled - self.start) as u64);
         }
-        Ok(got)
+        Ok(())
     }
 }
 
@@ -122,19 +125,23 @@ impl<R: Read> Source for Through<R> {
             return Err(io::Error::other("the TFRecord index pass went back in a stream"));
         }
         // Drop what lies before `pos`, reading through it.
-        while pos >= self.base + self.filled as u64 && self.end.is_none() {
-            self.base += self.filled as u64;
-            self.filled = 0;
+        while pos >= self.base + (self.filled - self.start) as u64 && self.end.is_none() {
+            self.base += (self.filled - self.start) as u64;
+            (self.start, self.filled) = (0, 0);
             self.fill()?;
         }
-        let skip = usize::try_from(pos - self.base).unwrap_or(usize::MAX).min(self.filled);
-        self.buf.copy_within(skip..self.filled, 0);
+        let skip = usize::try_from(pos - self.base).unwrap_or(usize::MAX).min(self.filled - self.start);
+        self.start += skip;
         self.base += skip as u64;
-        self.filled -= skip;
-        while self.filled < n && self.end.is_none() {
-            self.fill()?;
+        if self.filled - self.start < n && self.end.is_none() {
+            // The few bytes left to the buffer's front, and more after them.
+            self.buf.copy_within(self.start..self.filled, 0);
+            (self.start, self.filled) = (0, self.filled - self.start);
+            while self.filled < n && self.end.is_none() {
+                self.fill()?;
+            }
         }
-        let from = usize::try_from(pos - self.base).unwrap_or(usize::MAX).min(self.filled);
+        let from = self.start + usize::try_from(pos - self.base).unwrap_or(usize::MAX).min(self.filled - self.start);
         Ok(&self.buf[from..self.filled.min(from + n)])
     }
 
