@@ -74,6 +74,8 @@ fn bench(c: &mut Criterion) {
             ("sequential", false, Window::Chunks(1)),
             ("window_128_chunks", true, Window::Chunks(128)),
             ("window_4_chunks", true, Window::Chunks(4)),
+            // CNTK's default: one window over the whole sweep (every draw anywhere in it).
+            ("whole_sweep_window", true, Window::Chunks(1 << 20)),
         ] {
             g.bench_with_input(BenchmarkId::new(label, name), &t, |b, t| {
                 b.iter(|| sweep(t, randomize, window, 256, false));

@@ -13,6 +13,9 @@ use crate::sampling::{to_u32, SeqRef, Timeline, Window};
 /// Marks a chunk not used yet.
 const UNSEEN: u32 = u32::MAX;
 
+/// How many positions ahead a sweep-wide window's shuffle draws its swaps (a prefetch each).
+const DRAWS_AHEAD: usize = 8;
+
 /// CNTK's windowed sequence shuffle, run a chunk of positions at a time as the reader needs them.
 pub(super) struct Shuffle {
     /// `chunk_order[k]` is the original chunk at randomized position `k`.
@@ -198,21 +201,37 @@ impl Shuffle {
         let slots = &mut self.kept;
         let window_first = &self.first[window.begin as usize..=window.end as usize];
         let chunks_in_window = window_first.len() - 1;
-        for t in self.first[k]..self.first[k + 1] {
-            if self.whole {
-                let j = self.rng.rand_range(0, total);
-                slots.swap(t - base, j - base);
-                continue;
+        let (start, end) = (self.first[k], self.first[k + 1]);
+        if self.whole {
+            // One window over the sweep: each position swaps with one anywhere in it. The draws
+            // are made a few positions ahead — the same draws in the same order — so the slot
+            // each swap reads is on its way into the cache before the swap needs it.
+            let mut ahead = [0usize; DRAWS_AHEAD];
+            for j in ahead.iter_mut().take(end - start) {
+                *j = self.rng.rand_range(0, total);
+                minibatchd_sys::prefetch(std::slice::from_ref(&slots[*j - base]));
             }
-            loop {
-                let j = self.rng.rand_range(lo, hi);
-                let j_chunk = window.begin as usize + chunk_within(window_first, chunks_in_window, j);
-                let j_window = self.windows[j_chunk];
-                // Each sequence must stay within the window of the chunk it lands in. j == t is
-                // always valid, so the loop ends.
-                if window.contains(slots[j - base].origin) && j_window.contains(slots[t - base].origin) {
-                    slots.swap(t - base, j - base);
-                    break;
+            for t in start..end {
+                let at = (t - start) % DRAWS_AHEAD;
+                let j = ahead[at];
+                if t + DRAWS_AHEAD < end {
+                    ahead[at] = self.rng.rand_range(0, total);
+                    minibatchd_sys::prefetch(std::slice::from_ref(&slots[ahead[at] - base]));
+                }
+                slots.swap(t - base, j - base);
+            }
+        } else {
+            for t in start..end {
+                loop {
+                    let j = self.rng.rand_range(lo, hi);
+                    let j_chunk = window.begin as usize + chunk_within(window_first, chunks_in_window, j);
+                    let j_window = self.windows[j_chunk];
+                    // Each sequence must stay within the window of the chunk it lands in. j == t is
+                    // always valid, so the loop ends.
+                    if window.contains(slots[j - base].origin) && j_window.contains(slots[t - base].origin) {
+                        slots.swap(t - base, j - base);
+                        break;
+                    }
                 }
             }
         }
