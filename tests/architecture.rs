@@ -31,6 +31,18 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Every `.rs` file of the crates' sources, with its path from `root` (as the lists name it).
+fn crate_files(root: &Path) -> Vec<(PathBuf, String)> {
+    CRATE_SOURCES
+        .iter()
+        .flat_map(|src| rust_files(&root.join(src)))
+        .map(|file| {
+            let rel = file.strip_prefix(root).expect("below the root").to_string_lossy().into_owned();
+            (file, rel)
+        })
+        .collect()
+}
+
 /// Every `.rs` file below `dir`.
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -394,13 +406,10 @@ fn mutable_statics(path: &Path) -> Vec<String> {
 fn no_process_wide_mutable_state_but_what_is_listed() {
     let root = root();
     let mut found = Vec::new();
-    for src in CRATE_SOURCES {
-        for file in rust_files(&root.join(src)) {
-            let rel = file.strip_prefix(&root).expect("below the root").to_string_lossy().into_owned();
-            for name in mutable_statics(&file) {
-                if !ALLOWED_STATICS.iter().any(|(f, n, _)| *f == rel && *n == name) {
-                    found.push(format!("{rel}: static {name}"));
-                }
+    for (file, rel) in crate_files(&root) {
+        for name in mutable_statics(&file) {
+            if !ALLOWED_STATICS.iter().any(|(f, n, _)| *f == rel && *n == name) {
+                found.push(format!("{rel}: static {name}"));
             }
         }
     }
@@ -426,13 +435,10 @@ const LONG_FILES: [(&str, &str); 1] =
 fn no_source_file_is_longer_than_the_limit_but_those_listed() {
     let root = root();
     let mut long = Vec::new();
-    for src in CRATE_SOURCES {
-        for file in rust_files(&root.join(src)) {
-            let rel = file.strip_prefix(&root).expect("below the root").to_string_lossy().into_owned();
-            let n = non_test_lines(&file).len();
-            if n > MAX_FILE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == rel) {
-                long.push(format!("{rel}: {n} lines before its tests"));
-            }
+    for (file, rel) in crate_files(&root) {
+        let n = non_test_lines(&file).len();
+        if n > MAX_FILE_LINES && !LONG_FILES.iter().any(|(f, _)| *f == rel) {
+            long.push(format!("{rel}: {n} lines before its tests"));
         }
     }
     assert!(

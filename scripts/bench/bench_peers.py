@@ -165,6 +165,17 @@ def main() -> None:
     def add(kind, rate, peak, note=None):
         results.setdefault(kind, []).append((rate, peak, note))
 
+    def restarted(through, env_extra):
+        """Two sweeps read through an adapter (`through`, set by `env_extra`) by a consumer up
+        before the daemon, restarted on its persisted chunks (a cold run fills them first if the
+        state is empty)."""
+        if not (work / "state" / "parsed").exists():
+            mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
+        ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
+                 dict(env_extra, BENCH_NO_PROBE="1"), keep_state=True)
+        add(f"minibatchd through {through}, first sweep after a restart", ad["sweeps"][0], ad["peak_mib"])
+        add(f"minibatchd through {through}, second sweep", ad["sweeps"][1], ad["peak_mib"])
+
     # Seconds to the first minibatch on the user's clock (CNTK: its constructor, which indexes
     # the file, and its first next_minibatch; minibatchd: from `minibatchd run`, cold).
     firsts: dict = {}
@@ -186,35 +197,14 @@ def main() -> None:
                 r = json.loads(out.strip().splitlines()[-1])
                 add(f"PyTorch DataLoader + NumPy, {w} workers (file order)", r["samples"] / r["wall_s"], peak)
             if f"adapter{w}" in only:
-                # minibatchd through its PyTorch adapter in a DataLoader of w workers, restarted on
-                # its persisted chunks (a cold run fills them first if the state is empty).
-                if not (work / "state" / "parsed").exists():
-                    mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
-                ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
-                         {"BENCH_TORCH_WORKERS": str(w), "BENCH_NO_PROBE": "1"}, keep_state=True)
-                add(f"minibatchd through MinibatchIterableDataset, DataLoader of {w} workers, first sweep after a restart",
-                    ad["sweeps"][0], ad["peak_mib"])
-                add(f"minibatchd through MinibatchIterableDataset, DataLoader of {w} workers, second sweep",
-                    ad["sweeps"][1], ad["peak_mib"])
+                # minibatchd through its PyTorch adapter in a DataLoader of w workers.
+                restarted(f"MinibatchIterableDataset, DataLoader of {w} workers", {"BENCH_TORCH_WORKERS": str(w)})
             if f"loader{w}" in only:
                 # The same through MinibatchDataLoader, which reads its workers' splits here.
-                if not (work / "state" / "parsed").exists():
-                    mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
-                ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
-                         {"BENCH_TORCH_WORKERS": str(w), "BENCH_TORCH_LOADER": "owning", "BENCH_NO_PROBE": "1"},
-                         keep_state=True)
-                add(f"minibatchd through MinibatchDataLoader(num_workers={w}), first sweep after a restart",
-                    ad["sweeps"][0], ad["peak_mib"])
-                add(f"minibatchd through MinibatchDataLoader(num_workers={w}), second sweep",
-                    ad["sweeps"][1], ad["peak_mib"])
+                restarted(f"MinibatchDataLoader(num_workers={w})",
+                          {"BENCH_TORCH_WORKERS": str(w), "BENCH_TORCH_LOADER": "owning"})
         if "jax" in only:
-            if not (work / "state" / "parsed").exists():
-                mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "1"], {}, keep_state=False)
-            ad = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"],
-                     {"BENCH_JAX": "1", "BENCH_NO_PROBE": "1"}, keep_state=True)
-            add("minibatchd through the JAX adapter (MinibatchIterator), first sweep after a restart",
-                ad["sweeps"][0], ad["peak_mib"])
-            add("minibatchd through the JAX adapter (MinibatchIterator), second sweep", ad["sweeps"][1], ad["peak_mib"])
+            restarted("the JAX adapter (MinibatchIterator)", {"BENCH_JAX": "1"})
         if "mbd" in only:
             cold = mbd(work, a.size_bytes, a.minibatch_size, ["--sweeps", "2", "--consumer-first"], {}, keep_state=False)
             if cold["first_s"] is not None:
