@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--socket", default=None, help="the daemon's socket (default: $MINIBATCHD_SOCKET)")
     ap.add_argument("--dataset", default="train")
     ap.add_argument("--stream", default="features", help="a dense stream to train on")
-    ap.add_argument("--minibatch-size", type=int, default=64, help="global minibatch size, in samples")
+    ap.add_argument("--minibatch-size", type=int, default=64, help="global minibatch size, in samples (each rank's items hold its share, whatever --workers)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     ap.add_argument("--seed", type=int, default=0)

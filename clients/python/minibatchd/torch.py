@@ -134,6 +134,8 @@ class MinibatchIterableDataset(IterableDataset):
     ``seed``, ``frame_mode``, ``prefetch``, ``slot_size_bytes``; ``full_sweep=True`` is accepted
     and means what a pass does anyway). The epoch limit and the worker split are the dataset's
     to set: ``max_samples``, ``max_sweeps``, ``sweep``, ``num_workers`` and ``rank`` are refused.
+    An item holds the rank's share of ``minibatch_size`` with or without DataLoader workers (each
+    of ``W`` workers reads its split with the global minibatch ``minibatch_size × W``).
     ``use_torchrun_env`` (default True) takes the rank and the world size from torchrun's
     ``RANK``/``WORLD_SIZE``; ``world_size``/``rank`` set them explicitly. ``equal_steps``
     (default: on when the world size is above 1) gives every rank the same number of minibatches
@@ -408,6 +410,12 @@ class MinibatchIterableDataset(IterableDataset):
         """The options of the session that delivers worker ``worker`` of ``workers``'s share of
         ``epoch``, continuing from ``resume`` (None: from the epoch's start)."""
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
+        local = workers // world
+        if local > 1 and "minibatch_size" in options:
+            # A DataLoader worker's items hold what the rank's would without workers: the
+            # session's global minibatch is the rank's times its W workers (docs/client.md,
+            # "Split"); a worker's stream of samples does not depend on it, only the cut.
+            options["minibatch_size"] = options["minibatch_size"] * local
         equal = self.equal_steps
         if equal is None and resume is not None and resume.get("equal_steps") is not None:
             equal = bool(resume["equal_steps"])  # the earlier run's, so that its state fits

@@ -114,24 +114,27 @@ def test_dataloader_workers_split_each_sweep_exactly_once(daemon, workers):
         got = item_ids(items)
         assert sorted(got) == list(range(SEQUENCES)), f"epoch {epoch}"
         assert {item["meta"]["epoch"] for item in items} == {epoch}
-        # Worker w is CNTK worker w of `workers`: its minibatches are dump's for that rank.
+        # Worker w is CNTK worker w of `workers` with the global minibatch 8 × `workers`: its
+        # items are dump's minibatches for that rank, one for one (a share of 8 samples each,
+        # as without workers).
         for w in range(workers):
             mine = [item for item in items if item["meta"]["worker"] == w]
-            want = daemon.dump("--minibatch-size", "8", "--seed", "1", "--sweep", str(epoch), "--workers", str(workers), "--rank", str(w))
-            assert item_ids(mine) == dump_ids(want)
+            want = daemon.dump("--minibatch-size", str(8 * workers), "--seed", "1", "--sweep", str(epoch),
+                               "--workers", str(workers), "--rank", str(w))
+            assert [ids(item) for item in mine] == [dump_ids([mb]) for mb in want]
 
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_the_owning_loader_reads_its_workers_splits_in_this_process_in_the_dataloaders_order(daemon, workers):
     """MinibatchDataLoader(num_workers=W) reads the W splits in the main process (no item crosses
     between processes): the same items, in the same order, as W worker processes give — one from
-    each worker in turn, a worker whose share ended left out (minibatch 7 over W workers leaves
+    each worker in turn, a worker whose share ended left out (minibatch 5 for each of W workers leaves
     them with different counts) — pass after pass."""
     def run(loader):
         return [[(item["meta"]["worker"], item["meta"]["index"], ids(item)) for item in loader] for _ in range(2)]
 
     def dataset():
-        return MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=5)
+        return MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=5)
 
     here = MinibatchDataLoader(dataset(), num_workers=workers, prefetch_factor=4, persistent_workers=True)
     assert (here.num_workers, here.split_workers) == (0, workers)
@@ -143,6 +146,41 @@ def test_the_owning_loader_reads_its_workers_splits_in_this_process_in_the_datal
     assert len(set(counts.values())) > 1, "the case must have workers with different counts"
     for epoch in got:
         assert sorted(i for *_, batch in epoch for i in batch) == list(range(SEQUENCES))
+
+
+def test_a_state_taken_at_the_smaller_cut_of_earlier_builds_resumes_each_split_exactly(daemon):
+    """Earlier builds cut a worker's items at minibatch_size / W (its session had the global
+    minibatch minibatch_size); a worker's samples do not depend on the cut, so a state taken there
+    resumes every split exactly: each worker's items before the stop and after it are its
+    uninterrupted split, now cut at minibatch_size."""
+    import minibatchd
+
+    whole = {w: ids_of_splits(daemon, w) for w in range(2)}
+    before, local = {}, []
+    for w in range(2):
+        # The old cut: worker w of 2 with the global minibatch 7 (items of 3 or 4), after 3 of them.
+        src = minibatchd.connect(daemon.socket).open("train", minibatch_size=7, seed=6, sweep=0, num_workers=2, rank=w)
+        it = iter(src)
+        items = [next(it).to_torch() for _ in range(3)]
+        assert max(len(item["features"]["values"]) for item in items) <= 4, "the old cut: 3 or 4 samples"
+        before[w] = [i for item in items for i in ids(item)]
+        local.append({"epoch": 0, "source": src.state(), "worker": w, "workers": 2, "equal_steps": False, "tail": None})
+        src.close()
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=6)
+    ds.load_state_dict({"epoch": 0, "local": local, "next": 0, "equal_steps": False, "tail": None})
+    after, samples = {w: [] for w in range(2)}, {w: [] for w in range(2)}
+    for item in MinibatchDataLoader(ds, num_workers=2):
+        after[item["meta"]["worker"]] += ids(item)
+        samples[item["meta"]["worker"]].append(len(item["features"]["values"]))
+    for w in range(2):
+        assert before[w] + after[w] == whole[w], w
+        assert max(samples[w]) > 4, "the new cut: the rank's share of 7"
+
+
+def ids_of_splits(daemon, worker):
+    """The sequence ids of worker ``worker`` of 2's share of sweep 0 (seed 6), in order."""
+    return dump_ids(daemon.dump("--minibatch-size", "14", "--seed", "6", "--sweep", "0", "--workers", "2",
+                                "--rank", str(worker)))
 
 
 @pytest.mark.parametrize("processes", [False, True], ids=["same-loader", "worker-processes"])
@@ -586,14 +624,16 @@ def test_equal_steps_give_every_rank_the_same_count(daemon):
         items = list(DataLoader(ds, batch_size=None, num_workers=2))
         counts.append(len(items))
         seen += item_ids(items)
-        # Each worker's minibatches are dump's for its rank of 6, cut to the common count.
+        # Each worker's minibatches are dump's for its rank of 6, cut to the common count: a
+        # worker's items hold what its rank's would without workers (the global minibatch 10
+        # times the rank's 2 workers).
         for w in range(2):
-            want = daemon.dump("--minibatch-size", "10", "--seed", "4", "--sweep", "0", "--workers", "6",
+            want = daemon.dump("--minibatch-size", "20", "--seed", "4", "--sweep", "0", "--workers", "6",
                                "--rank", str(2 * rank + w), "--equal-steps")
             assert item_ids([i for i in items if i["meta"]["worker"] == 2 * rank + w]) == dump_ids(want)
     assert len(set(counts)) == 1, counts
     assert len(seen) == len(set(seen)), "a sequence came twice"
-    uncut = [len(daemon.dump("--minibatch-size", "10", "--seed", "4", "--sweep", "0", "--workers", "6", "--rank", str(r)))
+    uncut = [len(daemon.dump("--minibatch-size", "20", "--seed", "4", "--sweep", "0", "--workers", "6", "--rank", str(r)))
              for r in range(6)]
     assert len(set(uncut)) > 1, "this case should have a ragged tail to cut"
     assert counts[0] == 2 * min(uncut)
@@ -675,7 +715,8 @@ def test_the_ledger_proves_what_each_worker_saw(daemon):
 
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=6)
     items = list(DataLoader(ds, batch_size=None, num_workers=2))
-    want = {w: ledger.expected(daemon.config, "train", minibatch_size=8, seed=6, sweep=0, workers=2, rank=w)
+    # Worker w is worker w of 2 with the global minibatch 8 × 2: its items hold 8 samples.
+    want = {w: ledger.expected(daemon.config, "train", minibatch_size=16, seed=6, sweep=0, workers=2, rank=w)
             for w in range(2)}
     for w in range(2):
         recorded = [i["meta"] for i in items if i["meta"]["worker"] == w]
@@ -833,7 +874,7 @@ def test_the_owning_loader_follows_set_epoch_before_every_pass(daemon, tmp_path,
     """The DistributedSampler habit with MinibatchDataLoader: set_epoch(e) before each pass, a
     pass left after one minibatch while the other worker had not begun (held), epochs skipped:
     every pass is the epoch set, each worker's share exactly dump's."""
-    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=5)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=5)
     gate = Gate(tmp_path / "gate", held={1})
     loader = MinibatchDataLoader(ds, num_workers=2, persistent_workers=persistent, worker_init_fn=gate,
                                  worker_processes=True)
