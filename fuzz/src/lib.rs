@@ -542,7 +542,7 @@ pub fn tabular(data: &[u8], _scratch: &Path) {
                   i: usize,
                   out: &mut Vec<StreamBuf<f32>>,
                   errors: &mut Vec<minibatchd_engine::format::Malformed>| {
-        let at = minibatchd_engine::format::Location { file: path.clone(), line: i as u64 + 1, offset: 0 };
+        let at = minibatchd_engine::format::deepx::LineContext { file: &path, line: i as u64, offset: 0 };
         if sel & 1 == 0 {
             csv_decoder.decode_record(record, &at, out, errors);
         } else {

@@ -15,12 +15,14 @@
 //!   its file ([`column::FileMapping`], [`column::Column`]), guarded by a read lease
 //!   ([`lease`]: another process's write or truncation waits until the mapping is the process's
 //!   own memory);
-//! * [`fdpass`] — passing the memfd over the control socket (`SCM_RIGHTS`).
+//! * [`fdpass`] — passing the memfd over the control socket (`SCM_RIGHTS`);
+//! * [`crc32c`] — CRC-32C of short inputs with SSE 4.2's `crc32` instruction (TFRecord frames).
 //!
 //! Depends on no other crate of the workspace. What the bytes of a ring *mean* is
 //! `minibatchd-shm`'s business.
 
 pub mod column;
+pub mod crc32c;
 pub mod fdpass;
 pub mod files;
 pub mod huge;

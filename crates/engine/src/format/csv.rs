@@ -35,11 +35,12 @@ use std::sync::Arc;
 use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
-use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::errors::{DataError, ErrorKind, Locate, Location, Malformed};
 use crate::format::index::{
     index_local, read_as_sized, read_full, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
 use crate::format::parts;
+use crate::format::record::RecordAt;
 use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{CsvLayout, CsvOptions, CsvStream, CsvType, CsvValue};
@@ -418,7 +419,7 @@ impl StreamBufDecoder for CsvDecoder {
     fn decode_record<T: DeepxElement>(
         &self,
         line: &[u8],
-        at: &Location,
+        at: &RecordAt<'_>,
         out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {
@@ -433,7 +434,7 @@ impl StreamBufDecoder for CsvDecoder {
                 }
                 b.seq_offsets.push(b.samples);
             }
-            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.clone(), message });
+            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.location(), message });
             return;
         }
         for (b, s) in out.iter_mut().zip(&self.streams) {

@@ -22,6 +22,20 @@ pub struct Location {
     pub offset: u64,
 }
 
+/// Where a record is, made into a [`Location`] only when an error names it: a decoder's hot path
+/// takes no share of the file's name per record (an atomic count that the parser threads
+/// contend for).
+pub trait Locate {
+    /// The location.
+    fn location(&self) -> Location;
+}
+
+impl Locate for Location {
+    fn location(&self) -> Location {
+        self.clone()
+    }
+}
+
 impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}: byte offset {}", self.file.display(), self.line, self.offset)

@@ -26,11 +26,12 @@ use std::sync::Arc;
 use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
-use crate::format::errors::{DataError, ErrorKind, Location, Malformed};
+use crate::format::errors::{DataError, ErrorKind, Locate, Location, Malformed};
 use crate::format::index::{
     index_local, read_as_sized, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences,
 };
 use crate::format::parts;
+use crate::format::record::RecordAt;
 use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 pub use crate::options::{FixedLengthOptions, RawStream, RawType, MAX_RECORD_BYTES};
@@ -192,7 +193,7 @@ impl StreamBufDecoder for RawDecoder {
     fn decode_record<T: DeepxElement>(
         &self,
         record: &[u8],
-        at: &Location,
+        at: &RecordAt<'_>,
         out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {
@@ -203,7 +204,7 @@ impl StreamBufDecoder for RawDecoder {
                     b.values.truncate(b.samples * s.dim);
                     b.seq_offsets.push(b.samples);
                 }
-                errors.push(Malformed { kind: ErrorKind::BadRecord, at: at.clone(), message });
+                errors.push(Malformed { kind: ErrorKind::BadRecord, at: at.location(), message });
                 return;
             }
         }

@@ -18,7 +18,7 @@ use crate::format::chunk::{StreamData, StreamSpec};
 use crate::format::csv::{self, CsvLayout};
 use crate::format::ctf::{self, CtfIndexOptions, StreamBuf};
 use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineIndexOptions};
-use crate::format::errors::{DataError, Location, Malformed};
+use crate::format::errors::{DataError, Malformed};
 use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
 use crate::format::stream_buf::record_buffer;
@@ -367,8 +367,7 @@ impl<D: StreamBufDecoder> RecordDecoder for D {
         out: &mut Vec<StreamBuf<T>>,
         errors: &mut Vec<Malformed>,
     ) {
-        let at = Location { file: at.file.clone(), line: at.line + 1, offset: at.offset };
-        self.decode_record(record, &at, out, errors);
+        self.decode_record(record, at, out, errors);
     }
 
     fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
@@ -392,7 +391,7 @@ impl StreamBufDecoder for ExampleDecoder {
     fn decode_record<T: DeepxElement>(
         &self,
         record: &[u8],
-        at: &Location,
+        at: &RecordAt<'_>,
         out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {

@@ -6,7 +6,8 @@
 use crate::format::chunk::{StreamData, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
-use crate::format::errors::{Location, Malformed};
+use crate::format::errors::Malformed;
+use crate::format::record::RecordAt;
 
 /// Most values a stream's buffer reserves before its chunk is decoded: beyond it the buffer grows
 /// as values come (within the chunk's memory share, checked record by record), so a chunk of many
@@ -32,12 +33,13 @@ pub trait StreamBufDecoder: Send + Sync {
     /// Empty buffers for a chunk of `records` records.
     fn buffers<T: DeepxElement>(&self, records: usize) -> Vec<StreamBuf<T>>;
 
-    /// Decodes one record (at `at`, its line or record number 1-based) into a sample of each
-    /// stream, or pushes its malformed place to `errors` and leaves a sequence of 0 samples.
+    /// Decodes one record (at `at`, its line or record number 0-based; its [`Locate::location`](crate::format::errors::Locate::location)
+    /// names it 1-based in an error) into a sample of each stream, or pushes its malformed place
+    /// to `errors` and leaves a sequence of 0 samples.
     fn decode_record<T: DeepxElement>(
         &self,
         record: &[u8],
-        at: &Location,
+        at: &RecordAt<'_>,
         out: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     );

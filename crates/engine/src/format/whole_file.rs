@@ -26,6 +26,7 @@ use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::index::{index_local, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences};
+use crate::format::record::RecordAt;
 use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 
@@ -116,7 +117,7 @@ impl StreamBufDecoder for WholeFileDecoder {
     fn decode_record<T: DeepxElement>(
         &self,
         record: &[u8],
-        at: &Location,
+        at: &RecordAt<'_>,
         out: &mut [StreamBuf<T>],
         _errors: &mut Vec<Malformed>,
     ) {

@@ -110,7 +110,8 @@ fn decode(d: &CsvDecoder, lines: &[&str]) -> (Vec<Vec<f64>>, Vec<Malformed>, Vec
     let mut out = d.buffers::<f32>(lines.len());
     let mut errors = Vec::new();
     for (i, l) in lines.iter().enumerate() {
-        let at = Location { file: name(), line: i as u64 + 1, offset: 0 };
+        let file = name();
+        let at = RecordAt { file: &file, line: i as u64, offset: 0 };
         d.decode_record(l.as_bytes(), &at, &mut out, &mut errors);
     }
     let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();
@@ -218,7 +219,8 @@ fn string_columns_are_strings_samples_a_column_each() {
     let mut errors = Vec::new();
     let lines: [&[u8]; 4] = [b"a, b ,\"c\"\"d\"\n", b",x,NA\n", b"p,,q\n", b"\xff,\xfe,\n"];
     for (i, l) in lines.iter().enumerate() {
-        let at = Location { file: name(), line: i as u64 + 1, offset: 0 };
+        let file = name();
+        let at = RecordAt { file: &file, line: i as u64, offset: 0 };
         d.decode_record(l, &at, &mut out, &mut errors);
     }
     assert_eq!(errors.len(), 1, "{errors:?}");
@@ -246,7 +248,7 @@ fn decode_bits<T: DeepxElement>(dec: &CsvDecoder, lines: &[String], bits: fn(T) 
     for (i, l) in lines.iter().enumerate() {
         dec.decode_record(
             l.as_bytes(),
-            &Location { file: name(), line: i as u64 + 1, offset: 0 },
+            &RecordAt { file: &name(), line: i as u64, offset: 0 },
             &mut out,
             &mut errors,
         );

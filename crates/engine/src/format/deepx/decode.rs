@@ -31,7 +31,7 @@ mod buffers;
 mod sparse;
 
 use crate::format::ctf::Element;
-use crate::format::errors::{ErrorKind, Location, Malformed};
+use crate::format::errors::{ErrorKind, Locate, Location, Malformed};
 use buffers::rollback;
 pub use buffers::DeepxBufs;
 pub use sparse::SparseBuf;
@@ -74,6 +74,13 @@ pub struct LineContext<'a> {
     pub line: u64,
     /// Byte offset of the line's first byte (in the decompressed data for `.gz`).
     pub offset: u64,
+}
+
+impl Locate for LineContext<'_> {
+    /// The record's location, its line 1-based.
+    fn location(&self) -> Location {
+        Location { file: self.file.clone(), line: self.line + 1, offset: self.offset }
+    }
 }
 
 /// A parse failure: where in the line, and what.

@@ -30,7 +30,8 @@ fn decode<T: DeepxElement>(
     let mut out = d.buffers::<T>(records.len());
     let mut errors = Vec::new();
     for (i, r) in records.iter().enumerate() {
-        let at = Location { file: name(), line: i as u64 + 1, offset: 0 };
+        let file = name();
+        let at = RecordAt { file: &file, line: i as u64, offset: 0 };
         d.decode_record(r, &at, &mut out, &mut errors);
     }
     let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();

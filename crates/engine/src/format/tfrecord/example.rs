@@ -26,7 +26,7 @@ use std::sync::Arc;
 use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
-use crate::format::errors::{ErrorKind, Location, Malformed};
+use crate::format::errors::{ErrorKind, Locate, Location, Malformed};
 use crate::options::{ExampleFeature, FeatureDefault, FeatureLength, FeatureType};
 
 /// A protobuf wire-format reader over one message's bytes.
@@ -48,7 +48,20 @@ impl<'a> Wire<'a> {
         Self { b, p: 0 }
     }
 
+    /// A varint; one of a single byte (field keys, lengths under 128: most of an Example's)
+    /// without the loop.
+    #[inline]
     fn varint(&mut self) -> Result<u64, String> {
+        match self.b.get(self.p) {
+            Some(&byte) if byte < 0x80 => {
+                self.p += 1;
+                Ok(u64::from(byte))
+            }
+            _ => self.long_varint(),
+        }
+    }
+
+    fn long_varint(&mut self) -> Result<u64, String> {
         let mut v: u64 = 0;
         for shift in (0..70).step_by(7) {
             let Some(&byte) = self.b.get(self.p) else { return Err("a varint runs past the end".into()) };
@@ -72,6 +85,7 @@ impl<'a> Wire<'a> {
     }
 
     /// The next field (number and value), or `None` at the end of the message.
+    #[inline]
     fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, String> {
         if self.p == self.b.len() {
             return Ok(None);
@@ -174,12 +188,16 @@ impl ExampleDecoder {
     pub fn decode_record<T: DeepxElement>(
         &self,
         frame: &[u8],
-        at: &Location,
+        at: &impl Locate,
         bufs: &mut [StreamBuf<T>],
         errors: &mut Vec<Malformed>,
     ) {
         let result = super::frame_data(frame, at).and_then(|data| {
-            self.fill(data, bufs).map_err(|message| Malformed { kind: ErrorKind::BadExample, at: at.clone(), message })
+            self.fill(data, bufs).map_err(|message| Malformed {
+                kind: ErrorKind::BadExample,
+                at: at.location(),
+                message,
+            })
         });
         if let Err(m) = result {
             // Back to what the earlier records hold: the samples before this record, and their
