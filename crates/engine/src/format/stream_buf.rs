@@ -6,8 +6,8 @@
 use crate::format::chunk::{StreamData, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
+use crate::format::deepx::LineContext as RecordAt;
 use crate::format::errors::Malformed;
-use crate::format::record::RecordAt;
 
 /// Most values a stream's buffer reserves before its chunk is decoded: beyond it the buffer grows
 /// as values come (within the chunk's memory share, checked record by record), so a chunk of many

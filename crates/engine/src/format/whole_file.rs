@@ -24,9 +24,9 @@ use std::sync::Arc;
 use crate::format::chunk::{StreamData, StreamKind, StreamSpec};
 use crate::format::ctf::StreamBuf;
 use crate::format::deepx::DeepxElement;
+use crate::format::deepx::LineContext as RecordAt;
 use crate::format::errors::{DataError, Location, Malformed};
 use crate::format::index::{index_local, read_digest, room_for_one_more, FileIndex, SequenceDesc, Sequences};
-use crate::format::record::RecordAt;
 use crate::format::stream_buf::{record_buffer, StreamBufDecoder, MAX_RESERVED_VALUES};
 use crate::options::IndexLimits;
 

@@ -246,12 +246,7 @@ fn decode_bits<T: DeepxElement>(dec: &CsvDecoder, lines: &[String], bits: fn(T) 
     let mut errors = Vec::new();
     let mut out = dec.buffers::<T>(lines.len());
     for (i, l) in lines.iter().enumerate() {
-        dec.decode_record(
-            l.as_bytes(),
-            &RecordAt { file: &name(), line: i as u64, offset: 0 },
-            &mut out,
-            &mut errors,
-        );
+        dec.decode_record(l.as_bytes(), &RecordAt { file: &name(), line: i as u64, offset: 0 }, &mut out, &mut errors);
     }
     let values = out.iter().map(|b| b.values.iter().map(|&x| bits(x)).collect()).collect();
     let offsets = out.iter().map(|b| b.seq_offsets.clone()).collect();
