@@ -47,7 +47,9 @@ fn i64_of(x: usize) -> i64 {
     i64::try_from(x).unwrap_or(i64::MAX)
 }
 
-/// Where one sequence of a stream lies: a chunk of the [`Gathered`] and its ranges there.
+/// Where a run of sequences of a stream lies that follow each other in one chunk (one sequence
+/// of a randomized minibatch; many of one read in file order): a chunk of the [`Gathered`] and
+/// its ranges there.
 #[derive(Debug, Clone, Copy)]
 struct Piece {
     /// Index into [`Gathered::chunks`].
@@ -78,6 +80,9 @@ struct GatheredStream {
     /// Index of the stream in the minibatch.
     index: usize,
     pieces: Vec<Piece>,
+    /// Samples of the stream up to the end of each sequence, in order (the sequence offsets
+    /// after the leading 0): a piece may hold several sequences.
+    sequence_ends: Vec<usize>,
     samples: usize,
     entries: usize,
 }
@@ -217,6 +222,7 @@ fn assemble(
             shape: sh.shape(),
             index: si,
             pieces: Vec::with_capacity(plan.sequences.len()),
+            sequence_ends: Vec::with_capacity(plan.sequences.len()),
             samples: 0,
             entries: 0,
         })
@@ -260,8 +266,13 @@ fn assemble(
                 }
                 _ => {}
             }
-            out.pieces.push(Piece { chunk: at, stream, s0, s1, e0: 0, e1: 0 });
+            match out.pieces.last_mut() {
+                // The sequence right after the last one in the same chunk: one copy for both.
+                Some(last) if last.chunk == at && last.stream == stream && last.s1 == s0 => last.s1 = s1,
+                _ => out.pieces.push(Piece { chunk: at, stream, s0, s1, e0: 0, e1: 0 }),
+            }
             out.samples += s1 - s0;
+            out.sequence_ends.push(out.samples);
         }
     }
     // Pass 3: entry ranges.
@@ -444,7 +455,7 @@ impl SlotSource for Gathered {
     fn tensors(&self) -> Vec<TensorDesc> {
         let mut out = Vec::with_capacity(self.streams.len() * 4);
         for (si, s) in self.streams.iter().enumerate() {
-            out.push(TensorDesc::vector(si, Field::SequenceOffsets, DType::I64, s.pieces.len() + 1));
+            out.push(TensorDesc::vector(si, Field::SequenceOffsets, DType::I64, s.sequence_ends.len() + 1));
             match s.shape {
                 Shape::Dense { dim, f64 } => {
                     out.push(TensorDesc::matrix(si, Field::DenseValues, float_dtype(f64), s.samples, dim));
@@ -485,14 +496,7 @@ impl SlotSource for Gathered {
         let data = |p: &Piece| &self.chunks[p.chunk].streams[p.stream].data;
         match t.field {
             Field::SequenceOffsets => {
-                let mut at = 0usize;
-                put_i64s(
-                    out,
-                    std::iter::once(0).chain(s.pieces.iter().map(|p| {
-                        at += p.s1 - p.s0;
-                        i64_of(at)
-                    })),
-                );
+                put_i64s(out, std::iter::once(0).chain(s.sequence_ends.iter().map(|&end| i64_of(end))));
             }
             Field::SampleOffsets | Field::StringOffsets => {
                 let mut rows = out.chunks_exact_mut(8);

@@ -192,7 +192,10 @@ fn naive(
 #[test]
 fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
     use crate::sampling::{MinibatchPlan, SeqRef};
-    let orders: [&[u32]; 4] = [&[6, 0, 3, 1, 5, 2, 4], &[2], &[], &[1, 1, 4]];
+    // File order (runs of sequences one after the other in a chunk, one copy each) and runs
+    // that break and start again, beside random orders.
+    let orders: [&[u32]; 6] =
+        [&[6, 0, 3, 1, 5, 2, 4], &[2], &[], &[1, 1, 4], &[0, 1, 2, 3, 4, 5, 6], &[2, 3, 1, 2, 3, 5, 6, 4]];
     for (f64, ids, unit) in [
         (false, Ids::Ctf, [false; 2]),
         (true, Ids::Wide, [false; 2]),
