@@ -155,9 +155,7 @@ def check(args: argparse.Namespace, config: Path, seen: list) -> None:
     whole and exactly once, the sweep in progress at most once."""
     everything = []
     for epoch, recorded in enumerate(seen):
-        # Each of the 2 DataLoader workers is worker w of 2 with the global minibatch
-        # minibatch_size × 2: its items hold what the loader's would without workers.
-        want = [ledger.expected_mixture(str(config), "blend", binary=args.binary, minibatch_size=2 * args.minibatch_size,
+        want = [ledger.expected_mixture(str(config), "blend", binary=args.binary, minibatch_size=args.minibatch_size,
                                         workers=2, rank=w, sweep=epoch) for w in range(2)]
         for w in range(2):
             # Empty shares (a minibatch of fewer sequences than workers) were skipped in training.

@@ -49,7 +49,7 @@ import tempfile
 import threading
 import warnings
 import weakref
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -77,7 +77,7 @@ def job_state_dict(states: list) -> Dict[str, Any]:
         raise ValueError("job_state_dict needs the state_dict() of every worker of the run, each once")
     ordered = [by_worker[w] for w in sorted(by_worker)]
     extra = {}
-    for key in ("equal_steps", "tail"):
+    for key in ("equal_steps", "tail", "minibatch_size"):
         values = {st.get(key) for st in ordered}
         if len(values) == 1:
             extra[key] = values.pop()
@@ -127,6 +127,10 @@ def _dataset_states(states: list) -> list:
     return out
 
 
+# The daemon's largest minibatch_size (docs/daemon.md, "Session options").
+_MAX_MINIBATCH = 2_147_483_647
+
+
 class MinibatchIterableDataset(IterableDataset):
     """Streams minibatches of ``dataset`` from the daemon at ``socket``, one sweep per pass.
 
@@ -135,7 +139,8 @@ class MinibatchIterableDataset(IterableDataset):
     and means what a pass does anyway). The epoch limit and the worker split are the dataset's
     to set: ``max_samples``, ``max_sweeps``, ``sweep``, ``num_workers`` and ``rank`` are refused.
     An item holds the rank's share of ``minibatch_size`` with or without DataLoader workers (each
-    of ``W`` workers reads its split with the global minibatch ``minibatch_size × W``).
+    of ``W`` workers reads its split with the global minibatch ``minibatch_size × W``; a resumed
+    epoch keeps the one its state recorded; a mixture's workers share ``minibatch_size``).
     ``use_torchrun_env`` (default True) takes the rank and the world size from torchrun's
     ``RANK``/``WORLD_SIZE``; ``world_size``/``rank`` set them explicitly. ``equal_steps``
     (default: on when the world size is above 1) gives every rank the same number of minibatches
@@ -186,6 +191,8 @@ class MinibatchIterableDataset(IterableDataset):
         # splits in the main process; then the splits of the current pass with their sessions
         # (None before the pass's first next()), and the split whose turn is next.
         self._local: Optional[int] = None
+        # The global minibatch of each split's session this pass (for the state dicts).
+        self._minibatches: List[Optional[int]] = [None]
         self._many: Optional[list] = None
         self._next = 0
         # The state the current pass continues from, whole and per split (None: its epoch's
@@ -382,6 +389,7 @@ class MinibatchIterableDataset(IterableDataset):
         self._pending = (resume, resumes)
         self._split = splits[0]
         options = [self._session_options(epoch, w, n, world, r) for (w, n), r in zip(splits, resumes)]
+        self._minibatches = [o.get("minibatch_size") for o in options]
         if len(splits) == 1:
             self._many = None
             return self._stream(epoch, *splits[0], options[0])
@@ -410,12 +418,20 @@ class MinibatchIterableDataset(IterableDataset):
         """The options of the session that delivers worker ``worker`` of ``workers``'s share of
         ``epoch``, continuing from ``resume`` (None: from the epoch's start)."""
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
-        local = workers // world
-        if local > 1 and "minibatch_size" in options:
+        asked = options.get("minibatch_size")
+        if isinstance(asked, int) and resume is not None:
+            # A resumed epoch keeps the global minibatch its state was taken with (equal steps
+            # go on counting the state's minibatches); a state of a build that did not record it
+            # was taken with minibatch_size itself.
+            options["minibatch_size"] = int(resume.get("minibatch_size") or asked)
+        elif isinstance(asked, int):
             # A DataLoader worker's items hold what the rank's would without workers: the
             # session's global minibatch is the rank's times its W workers (docs/client.md,
             # "Split"); a worker's stream of samples does not depend on it, only the cut.
-            options["minibatch_size"] = options["minibatch_size"] * local
+            options["minibatch_size"] = asked * (workers // world)
+            if options["minibatch_size"] > _MAX_MINIBATCH:
+                raise ValueError(f"minibatch_size {asked} with {workers // world} DataLoader workers is a global "
+                                 f"minibatch of {options['minibatch_size']}, above the daemon's {_MAX_MINIBATCH}")
         equal = self.equal_steps
         if equal is None and resume is not None and resume.get("equal_steps") is not None:
             equal = bool(resume["equal_steps"])  # the earlier run's, so that its state fits
@@ -435,9 +451,22 @@ class MinibatchIterableDataset(IterableDataset):
             options["resume"] = resume["source"]
         return options
 
+    def _open(self, split: int, options: dict) -> Any:
+        """A session with ``options``; a mixture's keeps sharing ``minibatch_size`` among the
+        workers, as its weight schedule counts its global minibatches (docs/mixtures.md). The
+        global minibatch used is kept for the state dicts."""
+        source = connect(self.socket).open(self.dataset, **options)
+        asked = self.options.get("minibatch_size")
+        fresh = "resume" not in options and "resume_job" not in options
+        if source.mixture_sources is not None and fresh and options.get("minibatch_size") != asked:
+            source.close()
+            options = dict(options, minibatch_size=asked)
+            source = connect(self.socket).open(self.dataset, **options)
+        self._minibatches[split] = options.get("minibatch_size")
+        return source
+
     def _stream(self, epoch: int, worker: int, workers: int, options: dict) -> Iterator[Dict[str, Any]]:
-        client = connect(self.socket)
-        self._source = source = client.open(self.dataset, **options)
+        self._source = source = self._open(0, options)
         try:
             for mb in source:
                 yield self._item(mb, epoch, worker, workers)
@@ -451,7 +480,7 @@ class MinibatchIterableDataset(IterableDataset):
         sources: list = []
         try:
             for opts in options:
-                sources.append(connect(self.socket).open(self.dataset, **opts))
+                sources.append(self._open(len(sources), opts))
             self._many = [(w, n, source) for (w, n), source in zip(splits, sources)]
             ended = [False] * len(splits)
             at = first
@@ -540,13 +569,18 @@ class MinibatchIterableDataset(IterableDataset):
             # Several splits read here (a MinibatchDataLoader's workers in its main process):
             # each split's own state, and whose turn is next.
             local = [{"epoch": self._epoch, "source": None if source is None else source.state(), "worker": w,
-                      "workers": n, "equal_steps": self._equal, "tail": self._tail} for w, n, source in self._many]
+                      "workers": n, "equal_steps": self._equal, "tail": self._tail, "minibatch_size": mb}
+                     for (w, n, source), mb in zip(self._many, self._minibatches)]
             return {"epoch": self._epoch, "local": local, "next": self._next, "equal_steps": self._equal,
                     "tail": self._tail}
         else:
             epoch, source = self._epoch, None if self._source is None else self._source.state()
-        return {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
-                "tail": self._tail}
+        state = {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
+                 "tail": self._tail}
+        if source is not None:
+            # The global minibatch the session had: a resume keeps it for the rest of the epoch.
+            state["minibatch_size"] = self._minibatches[0]
+        return state
 
     def _unopened(self) -> bool:
         """Whether the current pass has opened no session yet."""

@@ -146,12 +146,11 @@ def test_every_dataloader_worker_gets_what_dump_prints_epoch_after_epoch(mixture
         got = by_worker(items)
         restore = ["--restore-state", json.dumps(next_epoch(start))] if start is not None else []
         for w in range(2):
-            # Worker w of 2 with the global minibatch 8 × 2: items of the 8 samples asked for.
-            want = mixture.dump_mixture("--minibatch-size", "16", "--workers", "2", "--rank", str(w), *restore)
+            want = mixture.dump_mixture("--minibatch-size", "8", "--workers", "2", "--rank", str(w), *restore)
             assert [m["fingerprint"] for m in got[w]] == [e["fingerprint"] for e in want], (epoch, w)
             assert [m["sources"] for m in got[w]] == [[s[0] for s in e["sequences"]] for e in want]
             assert all(m["epoch"] == epoch for m in got[w])
-        whole = mixture.dump_mixture("--minibatch-size", "16", *restore)
+        whole = mixture.dump_mixture("--minibatch-size", "8", *restore)
         assert whole[-1]["state"]["ended"] and len(whole[-1]["sweeps_ended"]) == 1
         # Each sequence of a source's sweep comes at most once in an epoch, and the source that
         # ended the epoch delivered its whole sweep.
@@ -187,7 +186,7 @@ def test_a_stateful_loader_resumes_exactly_and_one_common_state_at_another_world
     state = job["source"]["mixture"]
     assert state["step"] == 2 and {m["index"] for m in seen} == {0, 1}
     for w in range(3):
-        want = mixture.dump_mixture("--minibatch-size", "18", "--workers", "3", "--rank", str(w),
+        want = mixture.dump_mixture("--minibatch-size", "6", "--workers", "3", "--rank", str(w),
                                     "--restore-state", json.dumps(state))
         assert [m["fingerprint"] for m in wider[w]] == [e["fingerprint"] for e in want], w
         assert wider[w][0]["index"] == 2, "minibatches are numbered on"

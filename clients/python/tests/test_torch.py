@@ -150,9 +150,9 @@ def test_the_owning_loader_reads_its_workers_splits_in_this_process_in_the_datal
 
 def test_a_state_taken_at_the_smaller_cut_of_earlier_builds_resumes_each_split_exactly(daemon):
     """Earlier builds cut a worker's items at minibatch_size / W (its session had the global
-    minibatch minibatch_size); a worker's samples do not depend on the cut, so a state taken there
-    resumes every split exactly: each worker's items before the stop and after it are its
-    uninterrupted split, now cut at minibatch_size."""
+    minibatch minibatch_size) and recorded no minibatch size in the state: such a state resumes
+    every split exactly, the rest of its epoch at that cut (equal steps go on counting its
+    minibatches), and the next epoch comes at the rank's share."""
     import minibatchd
 
     whole = {w: ids_of_splits(daemon, w) for w in range(2)}
@@ -168,18 +168,50 @@ def test_a_state_taken_at_the_smaller_cut_of_earlier_builds_resumes_each_split_e
         src.close()
     ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=6)
     ds.load_state_dict({"epoch": 0, "local": local, "next": 0, "equal_steps": False, "tail": None})
-    after, samples = {w: [] for w in range(2)}, {w: [] for w in range(2)}
-    for item in MinibatchDataLoader(ds, num_workers=2):
-        after[item["meta"]["worker"]] += ids(item)
-        samples[item["meta"]["worker"]].append(len(item["features"]["values"]))
-    for w in range(2):
-        assert before[w] + after[w] == whole[w], w
-        assert max(samples[w]) > 4, "the new cut: the rank's share of 7"
+    loader = MinibatchDataLoader(ds, num_workers=2)
+    for epoch in range(2):
+        after, samples = {w: [] for w in range(2)}, {w: [] for w in range(2)}
+        for item in loader:
+            after[item["meta"]["worker"]] += ids(item)
+            samples[item["meta"]["worker"]].append(len(item["features"]["values"]))
+        for w in range(2):
+            if epoch == 0:
+                assert before[w] + after[w] == whole[w], w
+                assert max(samples[w]) <= 4, "the rest of the epoch at the state's cut"
+            else:
+                assert after[w] == ids_of_splits(daemon, w, sweep=1), w
+                assert max(samples[w]) > 4, "the next epoch at the rank's share of 7"
 
 
-def ids_of_splits(daemon, worker):
-    """The sequence ids of worker ``worker`` of 2's share of sweep 0 (seed 6), in order."""
-    return dump_ids(daemon.dump("--minibatch-size", "14", "--seed", "6", "--sweep", "0", "--workers", "2",
+def test_a_resumed_epoch_keeps_its_cut_so_padded_equal_steps_stay_equal_at_another_number_of_workers(daemon):
+    """A job state taken with two DataLoader workers (a global minibatch of 2 × 5) resumed with
+    three: the rest of that epoch keeps the global minibatch of 10 its state counted its
+    minibatches in (items of 3 or 4 samples, not 5), equal steps with tail="pad" give every
+    worker as many items, and every sequence comes once."""
+    from minibatchd.torch import job_state_dict
+
+    def dataset():
+        return MinibatchIterableDataset("train", daemon.socket, minibatch_size=5, seed=3, equal_steps=True, tail="pad")
+
+    ds = dataset()
+    it = iter(MinibatchDataLoader(ds, num_workers=2))
+    taken = [next(it) for _ in range(4)]  # two items of each worker
+    saved = ds.state_dict()
+    assert all(st["minibatch_size"] == 10 for st in saved["local"]), saved
+    del it
+    resumed = dataset()
+    resumed.load_state_dict(job_state_dict(saved["local"]))
+    rest = list(MinibatchDataLoader(resumed, num_workers=3))
+    counts = {w: sum(1 for item in rest if item["meta"]["worker"] == w) for w in range(3)}
+    assert len(set(counts.values())) == 1, counts
+    assert max(len(item["features"]["values"]) for item in rest) <= 4, "the state's global minibatch of 10 over 3"
+    seen = item_ids(taken) + item_ids(rest)
+    assert sorted(seen) == list(range(SEQUENCES))
+
+
+def ids_of_splits(daemon, worker, sweep=0):
+    """The sequence ids of worker ``worker`` of 2's share of ``sweep`` (seed 6), in order."""
+    return dump_ids(daemon.dump("--minibatch-size", "14", "--seed", "6", "--sweep", str(sweep), "--workers", "2",
                                 "--rank", str(worker)))
 
 

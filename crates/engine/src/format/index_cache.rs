@@ -89,11 +89,11 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// Writes the cache file's bytes to `out` a buffer at a time: what the index pass holds in
-/// memory is the index, not the index twice.
 /// Bytes of records [`encode`] gathers before it writes them.
 const ENCODE_BLOCK_BYTES: usize = 64 << 10;
 
+/// Writes the cache file's bytes to `out` a buffer at a time: what the index pass holds in
+/// memory is the index, not the index twice.
 fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &FileIndex) -> std::io::Result<()> {
     let mut w = Hashing { inner: std::io::BufWriter::with_capacity(1 << 16, out), hash: Fnv1a::new() };
     let path = stamp.path.as_os_str().as_encoded_bytes();
