@@ -191,8 +191,10 @@ class MinibatchIterableDataset(IterableDataset):
         # splits in the main process; then the splits of the current pass with their sessions
         # (None before the pass's first next()), and the split whose turn is next.
         self._local: Optional[int] = None
-        # The global minibatch of each split's session this pass (for the state dicts).
+        # The global minibatch of each split's session this pass (for the state dicts), and
+        # whether the dataset's name is a mixture's (None until a session says).
         self._minibatches: List[Optional[int]] = [None]
+        self._mixture: Optional[bool] = True if "mixture" in options else None
         self._many: Optional[list] = None
         self._next = 0
         # The state the current pass continues from, whole and per split (None: its epoch's
@@ -424,7 +426,7 @@ class MinibatchIterableDataset(IterableDataset):
             # go on counting the state's minibatches); a state of a build that did not record it
             # was taken with minibatch_size itself.
             options["minibatch_size"] = int(resume.get("minibatch_size") or asked)
-        elif isinstance(asked, int):
+        elif isinstance(asked, int) and not self._mixture:
             # A DataLoader worker's items hold what the rank's would without workers: the
             # session's global minibatch is the rank's times its W workers (docs/client.md,
             # "Split"); a worker's stream of samples does not depend on it, only the cut.
@@ -453,12 +455,14 @@ class MinibatchIterableDataset(IterableDataset):
 
     def _open(self, split: int, options: dict) -> Any:
         """A session with ``options``; a mixture's keeps sharing ``minibatch_size`` among the
-        workers, as its weight schedule counts its global minibatches (docs/mixtures.md). The
-        global minibatch used is kept for the state dicts."""
+        workers, as its weight schedule counts its global minibatches (docs/mixtures.md): the
+        first session of a name not yet known for one is opened again if it is one. The global
+        minibatch used is kept for the state dicts."""
         source = connect(self.socket).open(self.dataset, **options)
+        self._mixture = source.mixture_sources is not None
         asked = self.options.get("minibatch_size")
         fresh = "resume" not in options and "resume_job" not in options
-        if source.mixture_sources is not None and fresh and options.get("minibatch_size") != asked:
+        if self._mixture and fresh and options.get("minibatch_size") != asked:
             source.close()
             options = dict(options, minibatch_size=asked)
             source = connect(self.socket).open(self.dataset, **options)

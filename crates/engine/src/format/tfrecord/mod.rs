@@ -264,17 +264,14 @@ pub fn frame_data<'a>(frame: &'a [u8], at: &impl Locate) -> Result<&'a [u8], Mal
     let want = u32::from_le_bytes(frame[frame.len() - FOOTER_BYTES..].try_into().unwrap_or_default());
     if masked_crc32c(data) != want {
         // At the data's offset, as TensorFlow names it ("corrupted record at N").
-        let at = at.location();
-        let at = Location { offset: at.offset + HEADER_BYTES as u64, ..at };
-        return Err(Malformed {
-            kind: ErrorKind::BadRecord,
-            at: at.clone(),
-            message: format!(
-                "corrupted record {}: the CRC of its {} bytes of data (from this offset) does not match",
-                at.line,
-                data.len()
-            ),
-        });
+        let record = at.location();
+        let message = format!(
+            "corrupted record {}: the CRC of its {} bytes of data (from this offset) does not match",
+            record.line,
+            data.len()
+        );
+        let at = Location { offset: record.offset + HEADER_BYTES as u64, ..record };
+        return Err(Malformed { kind: ErrorKind::BadRecord, at, message });
     }
     Ok(data)
 }
