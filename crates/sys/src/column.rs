@@ -485,6 +485,12 @@ mod tests {
             let before = crate::lease::revoked();
             other_process(cmd, &path);
             assert!(!map.is_file_backed(), "{cmd}: moved into memory before the other process went on");
+            // The lease thread counts a revocation right after the move, which the other
+            // process may already have gone on from: wait for the count (at most a second).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+            while crate::lease::revoked() <= before && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
             assert!(crate::lease::revoked() > before);
             // No SIGBUS, and the values the mapping was made with.
             assert!(col.iter().copied().eq(values.iter().copied()), "{cmd}: the values changed");
