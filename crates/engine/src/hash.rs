@@ -16,6 +16,17 @@
 const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
 const PRIME: u64 = 0x0100_0000_01b3;
 
+/// `PRIME^i` modulo 2^64, `i` in `0..=8`: `i` multiplies of FNV-1a by zero bytes in one.
+const PRIME_POWERS: [u64; 9] = {
+    let mut p = [1u64; 9];
+    let mut i = 1;
+    while i < 9 {
+        p[i] = p[i - 1].wrapping_mul(PRIME);
+        i += 1;
+    }
+    p
+};
+
 /// A streaming 64-bit FNV-1a hasher.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fnv1a(u64);
@@ -57,8 +68,22 @@ impl Fnv1a {
     }
 
     /// Feeds `v` as a field of 8 little-endian bytes.
+    ///
+    /// Exactly [`Fnv1a::field`] of the bytes, in fewer steps: a zero byte leaves the state as it
+    /// is before its multiply (`h ^ 0 == h`), so the high zero bytes of a small value — most
+    /// values fed, sequence lengths and offsets — fold into one multiply by a power of the prime.
+    /// (A dataset's identity feeds one value per sequence: 4.5 M of them took 30 ms a walk.)
+    #[inline]
     pub fn u64(&mut self, v: u64) {
-        self.field(&v.to_le_bytes());
+        // Bytes up to the highest non-zero one (at least one: the last multiply takes the
+        // power of the zero bytes after it).
+        let k = (8 - v.leading_zeros() as usize / 8).max(1);
+        let mut h = self.0;
+        for i in 0..k - 1 {
+            h = (h ^ ((v >> (8 * i)) & 0xff)).wrapping_mul(PRIME);
+        }
+        h = (h ^ ((v >> (8 * (k - 1))) & 0xff)).wrapping_mul(PRIME_POWERS[9 - k]);
+        self.0 = h ^ 0xff;
     }
 
     /// The hash so far.
@@ -78,6 +103,29 @@ mod tests {
         assert_eq!(Fnv1a::of(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(Fnv1a::of(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(Fnv1a::of(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    /// `u64`'s folded multiplies give exactly the field of its eight bytes, for values of every
+    /// width.
+    #[test]
+    fn a_u64_is_the_field_of_its_bytes() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut values = vec![0, 1, 0xff, 0x100, 0x1_0000, u64::MAX, 1 << 63, 0x0100_0000_0000_0001];
+        for shift in 0..64 {
+            // A few values of each width, some with zero bytes inside.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.extend([x >> shift, (x >> shift) & 0xff00_ff00_00ff_00ff, 1u64 << shift]);
+        }
+        for v in values {
+            let mut a = Fnv1a::new();
+            a.field(b"state");
+            let mut b = a;
+            a.u64(v);
+            b.field(&v.to_le_bytes());
+            assert_eq!(a, b, "{v:#x}");
+        }
     }
 
     #[test]

@@ -123,6 +123,8 @@ pub struct Dataset {
     remote: Option<Arc<Remote>>,
     /// Whether the buffers of the chunks it parses are advised huge pages (`[daemon] huge_pages`).
     huge: HugePages,
+    /// [`Dataset::identities`], once computed.
+    identities: std::sync::OnceLock<[u64; 2]>,
 }
 
 /// When a dataset writes the chunks it parses to the parsed cache.
@@ -234,6 +236,7 @@ impl Dataset {
             max_parsed_chunk_bytes: u64::MAX,
             remote: None,
             huge: HugePages::default(),
+            identities: std::sync::OnceLock::new(),
         })
     }
 
@@ -411,7 +414,7 @@ impl Dataset {
     /// does not depend on devices, inodes or times.
     #[must_use]
     pub fn identity(&self) -> u64 {
-        self.identity_with(true)
+        self.identities()[0]
     }
 
     /// The identity as minibatchd computed it before local files' contents were part of it
@@ -419,31 +422,43 @@ impl Dataset {
     /// against the same data. Equal to [`Dataset::identity`] for a dataset of objects only.
     #[must_use]
     pub fn legacy_identity(&self) -> u64 {
-        self.identity_with(false)
+        self.identities()[1]
     }
 
-    fn identity_with(&self, contents: bool) -> u64 {
-        let mut h = Fnv1a::new();
-        for s in &self.sources {
-            for ((f, idx), v) in s.files.iter().zip(&s.indexes).zip(&s.file_versions) {
-                h.field(f.as_os_str().as_encoded_bytes());
-                h.u64(idx.size);
-                match v {
-                    // An object's version is part of its identity (a rewrite at the same size is
-                    // other data).
-                    Stored::Remote(o) => h.field(o.etag.as_bytes()),
-                    Stored::Local(_) if contents => h.u64(u64::from(idx.digest)),
-                    Stored::Local(_) => {}
+    /// [`Dataset::identity`] and [`Dataset::legacy_identity`], computed once (they walk every
+    /// sequence's length) and in one walk: the two hashes' steps are independent, so the core
+    /// runs them side by side.
+    fn identities(&self) -> [u64; 2] {
+        *self.identities.get_or_init(|| {
+            let (mut h, mut legacy) = (Fnv1a::new(), Fnv1a::new());
+            for s in &self.sources {
+                for ((f, idx), v) in s.files.iter().zip(&s.indexes).zip(&s.file_versions) {
+                    for h in [&mut h, &mut legacy] {
+                        h.field(f.as_os_str().as_encoded_bytes());
+                        h.u64(idx.size);
+                    }
+                    match v {
+                        // An object's version is part of its identity (a rewrite at the same
+                        // size is other data).
+                        Stored::Remote(o) => {
+                            h.field(o.etag.as_bytes());
+                            legacy.field(o.etag.as_bytes());
+                        }
+                        // Local files' contents only in the current identity.
+                        Stored::Local(_) => h.u64(u64::from(idx.digest)),
+                    }
                 }
             }
-        }
-        for l in self.timeline.seq_len.iter() {
-            h.u64(u64::from(l));
-        }
-        for &c in &self.timeline.chunk_start {
-            h.u64(c as u64);
-        }
-        h.finish()
+            for l in self.timeline.seq_len.iter() {
+                h.u64(u64::from(l));
+                legacy.u64(u64::from(l));
+            }
+            for &c in &self.timeline.chunk_start {
+                h.u64(c as u64);
+                legacy.u64(c as u64);
+            }
+            [h.finish(), legacy.finish()]
+        })
     }
 
     /// Reads and decodes chunk `chunk`, charging its malformed places to their source's budget.
