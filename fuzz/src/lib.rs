@@ -275,8 +275,7 @@ pub fn protocol(data: &[u8], _scratch: &Path) {
 /// checksum. Bit 2 caps the sequences at 3. A
 /// loaded index must describe only sequences inside the data file.
 pub fn index_cache(data: &[u8], scratch: &Path) {
-    use minibatchd_engine::format::index_cache::{cache_path, load, FileStamp, INDEX_DIR};
-    use minibatchd_engine::hash::Fnv1a;
+    use minibatchd_engine::format::index_cache::{self, cache_path, load, FileStamp, INDEX_DIR};
     use minibatchd_engine::state_file;
     let Some((&sel, body)) = data.split_first() else { return };
     let file = scratch.join("indexed.ctf");
@@ -294,7 +293,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
     } else {
         let mut out = Vec::new();
         out.extend_from_slice(b"MBDINDEX");
-        out.extend_from_slice(&3u32.to_le_bytes()); // the cache format's version
+        out.extend_from_slice(&index_cache::VERSION.to_le_bytes());
         let path = stamp.path.as_os_str().as_encoded_bytes();
         for field in [path, fingerprint.as_bytes()] {
             out.extend_from_slice(&u32::try_from(field.len()).unwrap_or(u32::MAX).to_le_bytes());
@@ -304,7 +303,7 @@ pub fn index_cache(data: &[u8], scratch: &Path) {
         out.extend_from_slice(&0u32.to_le_bytes()); // the content's digest
         out.extend_from_slice(body);
         if sel & 2 == 0 {
-            let sum = Fnv1a::of(&out);
+            let sum = index_cache::checksum(&out);
             out.extend_from_slice(&sum.to_le_bytes());
         }
         out

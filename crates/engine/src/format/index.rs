@@ -325,6 +325,16 @@ impl Sequences {
         })
     }
 
+    /// Every sequence's size, in order.
+    ///
+    /// # Panics
+    /// If the sizes were let go ([`Sequences::let_go_of_line_sizes`]).
+    pub fn sizes(&self) -> impl Iterator<Item = u32> + '_ {
+        assert!(!self.sizes_follow_lines, "the sizes were let go: a chunk's lines are its sequences");
+        let mut sizes = self.sizes.from(0);
+        (0..self.len).map(move |_| sizes.next_size())
+    }
+
     /// Every sequence, in order.
     pub fn iter(&self) -> impl Iterator<Item = SequenceDesc> + '_ {
         self.range(0, self.len)
