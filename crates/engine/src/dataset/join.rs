@@ -60,14 +60,12 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     let mut missing = vec![0u64; sources.len().saturating_sub(1)];
     for c in primary_chunks {
         let idx = &sources[0].indexes[c.file];
-        if one_source && idx.sequences.sizes_follow_lines() {
-            // Its sequences are its lines (a deepx file chunked as it was indexed): one sample
-            // each, all kept.
+        if one_source && (idx.sequences.sizes_follow_lines() || !idx.sequences.columns().samples) {
+            // One sample each (its sequences are its lines — a deepx file chunked as it was
+            // indexed — or its index keeps no lengths), all kept: nothing to read per sequence.
             if c.num_seqs > 0 {
                 SeqLoc::new(c.file, c.first_seq + c.num_seqs - 1)?;
-                for _ in 0..c.num_seqs {
-                    seq_len.push(1, total);
-                }
+                seq_len.push_ones(c.num_seqs);
                 chunks.push(ChunkDesc { num_samples: c.num_seqs as u64, ..*c });
                 chunk_start.push(seq_len.len());
             }

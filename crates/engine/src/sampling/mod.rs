@@ -126,6 +126,14 @@ impl Lengths {
         }
     }
 
+    /// Appends `n` sequences of one sample each.
+    pub fn push_ones(&mut self, n: usize) {
+        match &mut self.0 {
+            Repr::Ones(k) => *k += n,
+            Repr::Each(v) => v.resize(v.len() + n, 1),
+        }
+    }
+
     /// Lengths in order.
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let (ones, each) = match &self.0 {
