@@ -2,12 +2,15 @@
 //! pool does it: the dataset is opened (index pass, cached in a state directory), then every chunk
 //! is loaded (`Dataset::load_chunk`: read + decode into columnar buffers) by N threads taking
 //! chunks in turn. Used by `scripts/bench/bench_libsvm.sh`; `ctf` reads the file of
-//! `scripts/bench/bench_daemon.py` (128 dense floats `features` + a sparse `labels` of dim 10).
+//! `scripts/bench/bench_daemon.py` (128 dense floats `features` + a sparse `labels` of dim 10);
+//! `tfrecord` the `tf.train.Example` records of `scripts/bench/bench_tfrecord.py` (64 floats `x`
+//! and an int64 `y`).
 //!
 //! ```text
 //! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)
 //! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
 //! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
+//! minibatchd-parse-rate tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
 //! ```
 //!
 //! With `persisted`, chunks go through the parsed cache in `STATE_DIR/parsed`:
@@ -50,6 +53,7 @@ fn generate(path: &Path, bytes: u64) -> std::io::Result<()> {
 enum Kind {
     Libsvm,
     Ctf,
+    TfRecord,
 }
 
 fn parse(
@@ -67,6 +71,10 @@ fn parse(
         Kind::Ctf => (
             "ctf",
             "[datasets.d.streams.features]\ndim = 128\nformat = \"dense\"\n[datasets.d.streams.labels]\ndim = 10\nformat = \"sparse\"\n",
+        ),
+        Kind::TfRecord => (
+            "tfrecord",
+            "[datasets.d.streams.x]\ndim = 64\nformat = \"dense\"\n[datasets.d.streams.y]\ndim = 1\nformat = \"dense\"\ndtype = \"int64\"\n",
         ),
     };
     let text = format!(
@@ -134,8 +142,12 @@ fn main() {
             Ok(bytes) => generate(Path::new(&args[2]), bytes).map_err(|e| e.to_string()),
             Err(e) => Err(format!("BYTES: {e}")),
         },
-        Some(cmd @ ("parse" | "ctf")) if args.len() >= 3 => {
-            let kind = if cmd == "ctf" { Kind::Ctf } else { Kind::Libsvm };
+        Some(cmd @ ("parse" | "ctf" | "tfrecord")) if args.len() >= 3 => {
+            let kind = match cmd {
+                "ctf" => Kind::Ctf,
+                "tfrecord" => Kind::TfRecord,
+                _ => Kind::Libsvm,
+            };
             let threads = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
             let chunk = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(32 << 20);
             // Never a fixed name in the shared temp dir: beside the data, which the user owns.
@@ -145,7 +157,7 @@ fn main() {
             parse(kind, Path::new(&args[2]), threads, chunk, &state, persisted)
         }
         _ => {
-            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]"
+            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf|tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]"
                 .into())
         }
     };

@@ -36,11 +36,46 @@ struct Wire<'a> {
 }
 
 /// A field's value as the wire carries it.
+#[derive(Clone, Copy)]
 enum Field<'a> {
     Varint(u64),
     Fixed64,
     Bytes(&'a [u8]),
     Fixed32(u32),
+}
+
+/// Why bytes are no valid message: small and `Copy`, so that the per-field calls of a record's
+/// decode return a few words (a `String` error made each call's result a large value moved
+/// through memory); it becomes the record's message only when a record is malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WireError {
+    VarintPastEnd,
+    VarintOver64Bits,
+    VarintOverTenBytes,
+    FieldPastEnd,
+    LengthPastMessage,
+    FieldNumberZero,
+    WireType(u64),
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::VarintPastEnd => f.write_str("a varint runs past the end"),
+            WireError::VarintOver64Bits => f.write_str("a varint of more than 64 bits"),
+            WireError::VarintOverTenBytes => f.write_str("a varint of more than ten bytes"),
+            WireError::FieldPastEnd => f.write_str("a field runs past the end"),
+            WireError::LengthPastMessage => f.write_str("a length past the message"),
+            WireError::FieldNumberZero => f.write_str("a field number 0"),
+            WireError::WireType(w) => write!(f, "wire type {w} (groups are not in Example)"),
+        }
+    }
+}
+
+impl From<WireError> for String {
+    fn from(e: WireError) -> Self {
+        e.to_string()
+    }
 }
 
 impl<'a> Wire<'a> {
@@ -51,7 +86,7 @@ impl<'a> Wire<'a> {
     /// A varint; one of a single byte (field keys, lengths under 128: most of an Example's)
     /// without the loop.
     #[inline]
-    fn varint(&mut self) -> Result<u64, String> {
+    fn varint(&mut self) -> Result<u64, WireError> {
         match self.b.get(self.p) {
             Some(&byte) if byte < 0x80 => {
                 self.p += 1;
@@ -61,24 +96,25 @@ impl<'a> Wire<'a> {
         }
     }
 
-    fn long_varint(&mut self) -> Result<u64, String> {
+    fn long_varint(&mut self) -> Result<u64, WireError> {
         let mut v: u64 = 0;
         for shift in (0..70).step_by(7) {
-            let Some(&byte) = self.b.get(self.p) else { return Err("a varint runs past the end".into()) };
+            let Some(&byte) = self.b.get(self.p) else { return Err(WireError::VarintPastEnd) };
             self.p += 1;
             if shift == 63 && byte > 1 {
-                return Err("a varint of more than 64 bits".into());
+                return Err(WireError::VarintOver64Bits);
             }
             v |= u64::from(byte & 0x7f) << shift;
             if byte & 0x80 == 0 {
                 return Ok(v);
             }
         }
-        Err("a varint of more than ten bytes".into())
+        Err(WireError::VarintOverTenBytes)
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.p.checked_add(n).filter(|&e| e <= self.b.len()).ok_or("a field runs past the end")?;
+    #[inline]
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.p.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(WireError::FieldPastEnd)?;
         let s = &self.b[self.p..end];
         self.p = end;
         Ok(s)
@@ -86,14 +122,14 @@ impl<'a> Wire<'a> {
 
     /// The next field (number and value), or `None` at the end of the message.
     #[inline]
-    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, String> {
+    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, WireError> {
         if self.p == self.b.len() {
             return Ok(None);
         }
         let key = self.varint()?;
         let (number, wire) = (key >> 3, key & 7);
         if number == 0 {
-            return Err("a field number 0".into());
+            return Err(WireError::FieldNumberZero);
         }
         let value = match wire {
             0 => Field::Varint(self.varint()?),
@@ -102,37 +138,53 @@ impl<'a> Wire<'a> {
                 Field::Fixed64
             }
             2 => {
-                let n = usize::try_from(self.varint()?).map_err(|_| "a length past the message".to_owned())?;
+                let n = usize::try_from(self.varint()?).map_err(|_| WireError::LengthPastMessage)?;
                 Field::Bytes(self.take(n)?)
             }
             5 => Field::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default())),
-            w => return Err(format!("wire type {w} (groups are not in Example)")),
+            w => return Err(WireError::WireType(w)),
         };
         Ok(Some((number, value)))
     }
 }
 
-/// A feature's list as found: its kind (1 bytes, 2 float, 3 int64; 0 none) and the list
-/// messages seen for it (merged: their values concatenate) — the first in place, any later ones
-/// (rare: a writer that split a list) in `more`, so a record allocates nothing for them.
-#[derive(Default)]
+/// A feature's list as found: its kind (1 bytes, 2 float, 3 int64; 0 none) and the first list
+/// message seen for it; any later ones of the same kind (rare: a writer that split a list; their
+/// values concatenate) are in the record's [`Split`], so a record's table is plain words that
+/// need no drop.
+#[derive(Default, Clone, Copy)]
 struct Found<'a> {
     kind: u64,
     first: Option<&'a [u8]>,
-    more: Vec<&'a [u8]>,
+    split: bool,
 }
 
+/// The list messages after the first of each feature, in the order seen: `(feature, list)`.
+type Split<'a> = Vec<(usize, &'a [u8])>;
+
 impl<'a> Found<'a> {
-    fn push(&mut self, list: &'a [u8]) {
+    /// Feature `i` starts over as `kind` (a repeated map key, another list kind): its lists so
+    /// far are dropped.
+    fn reset(&mut self, i: usize, kind: u64, split: &mut Split<'a>) {
+        if self.split {
+            split.retain(|&(j, _)| j != i);
+        }
+        *self = Found { kind, first: None, split: false };
+    }
+
+    fn push(&mut self, i: usize, list: &'a [u8], split: &mut Split<'a>) {
         if self.first.is_none() {
             self.first = Some(list);
         } else {
-            self.more.push(list);
+            split.push((i, list));
+            self.split = true;
         }
     }
 
-    fn lists(&self) -> impl Iterator<Item = &'a [u8]> + '_ {
-        self.first.into_iter().chain(self.more.iter().copied())
+    /// Feature `i`'s list messages, in order.
+    fn lists<'s>(&self, i: usize, split: &'s Split<'a>) -> impl Iterator<Item = &'a [u8]> + 's {
+        let more = if self.split { &split[..] } else { &[][..] };
+        self.first.into_iter().chain(more.iter().filter(move |&&(j, _)| j == i).map(|&(_, l)| l))
     }
 }
 
@@ -228,14 +280,15 @@ impl ExampleDecoder {
 
     /// Each feature's values of the Example `data` into `bufs`.
     fn fill<T: DeepxElement>(&self, data: &[u8], bufs: &mut [StreamBuf<T>]) -> Result<(), String> {
-        let mut inline: [Found<'_>; INLINE_FEATURES] = Default::default();
+        let mut inline: [Found<'_>; INLINE_FEATURES] = [Found::default(); INLINE_FEATURES];
         let mut spilled: Vec<Found<'_>> = Vec::new();
         let found: &mut [Found<'_>] = if self.features.len() <= INLINE_FEATURES {
             &mut inline[..self.features.len()]
         } else {
-            spilled.resize_with(self.features.len(), Found::default);
+            spilled.resize(self.features.len(), Found::default());
             &mut spilled
         };
+        let mut split: Split<'_> = Vec::new();
         let mut example = Wire::new(data);
         while let Some((number, value)) = example.next()? {
             let (1, Field::Bytes(features)) = (number, value) else { continue };
@@ -253,14 +306,14 @@ impl ExampleDecoder {
                 }
                 if let Some(i) = self.features.iter().position(|f| f.key.as_bytes() == key) {
                     // A map's last entry of a key wins.
-                    found[i] = Found::default();
+                    found[i].reset(i, 0, &mut split);
                     let mut kind = Wire::new(feature);
                     while let Some((number, value)) = kind.next()? {
                         if let (1..=3, Field::Bytes(list)) = (number, value) {
                             if found[i].kind != number {
-                                found[i] = Found { kind: number, ..Found::default() };
+                                found[i].reset(i, number, &mut split);
                             }
-                            found[i].push(list);
+                            found[i].push(i, list, &mut split);
                         }
                     }
                     if found[i].kind == 0 {
@@ -270,8 +323,8 @@ impl ExampleDecoder {
                 }
             }
         }
-        for ((f, found), buf) in self.features.iter().zip(found.iter()).zip(bufs.iter_mut()) {
-            fill_feature(f, found, buf)?;
+        for (i, ((f, found), buf)) in self.features.iter().zip(found.iter()).zip(bufs.iter_mut()).enumerate() {
+            fill_feature(f, found.lists(i, &split), found.kind, buf)?;
         }
         Ok(())
     }
@@ -297,25 +350,30 @@ fn type_name(kind: u64) -> &'static str {
 
 /// Feature `f`'s values (`found`) into its stream's buffer as this record's samples, checked
 /// against its type and length.
-fn fill_feature<T: DeepxElement>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
+fn fill_feature<'a, T: DeepxElement>(
+    f: &ExampleFeature,
+    lists: impl Iterator<Item = &'a [u8]>,
+    kind: u64,
+    buf: &mut StreamBuf<T>,
+) -> Result<(), String> {
     let want = list_kind(f.dtype);
-    if found.kind == 0 {
+    if kind == 0 {
         return fill_missing(f, buf);
     }
-    if found.kind != want {
+    if kind != want {
         return Err(format!(
             "feature '{}' holds a {}_list, not the {} the stream '{}' is configured with",
             f.key,
-            type_name(found.kind),
+            type_name(kind),
             type_name(want),
             f.stream
         ));
     }
     if f.dtype == FeatureType::Bytes {
-        return fill_bytes(f, found, buf);
+        return fill_bytes(f, lists, buf);
     }
     let start = buf.values.len();
-    for list in found.lists() {
+    for list in lists {
         let mut w = Wire::new(list);
         while let Some((number, value)) = w.next()? {
             if number != 1 {
@@ -435,9 +493,13 @@ fn push_string<T>(buf: &mut StreamBuf<T>, s: &[u8]) {
 
 /// A `bytes_list`'s strings, each a sample: exactly `dim` of them (fixed-length), or any number
 /// (sequence).
-fn fill_bytes<T>(f: &ExampleFeature, found: &Found<'_>, buf: &mut StreamBuf<T>) -> Result<(), String> {
+fn fill_bytes<'a, T>(
+    f: &ExampleFeature,
+    lists: impl Iterator<Item = &'a [u8]>,
+    buf: &mut StreamBuf<T>,
+) -> Result<(), String> {
     let start = buf.samples;
-    for list in found.lists() {
+    for list in lists {
         let mut w = Wire::new(list);
         while let Some((number, value)) = w.next()? {
             match (number, value) {

@@ -25,6 +25,9 @@ use crate::options::IndexLimits;
 /// Bytes read at once while records lie close together (within a core's L2).
 const BLOCK_BYTES: usize = 256 << 10;
 
+/// Headers and footers gathered before they go into the digest.
+const DIGEST_BLOCK_BYTES: usize = 16 << 10;
+
 /// Bytes read at a record's footer when the window left it more than this far behind: the
 /// footer, the next header, and the rest of the page or so.
 const JUMP_BYTES: usize = 4 << 10;
@@ -174,6 +177,10 @@ pub(super) fn scan(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Scanned, DataError> {
     let mut digest = crc32fast::Hasher::new();
+    // Each record's header and footer, gathered and hashed a block at a time: the CRC of the
+    // concatenation, as hashing them one by one, but through the wide loop rather than the byte
+    // loop that inputs of 12 and 4 bytes take (a tenth of the pass).
+    let mut framing: Vec<u8> = Vec::with_capacity(DIGEST_BLOCK_BYTES + HEADER_BYTES + FOOTER_BYTES);
     let mut sequences = Sequences::default();
     let (mut at, mut record, mut reported) = (origin, 0u64, origin);
     let fatal = |record: u64, offset: u64, message: String| DataError::Fatal {
@@ -213,8 +220,12 @@ pub(super) fn scan(
                 ),
             ));
         }
-        digest.update(&head);
-        digest.update(foot);
+        framing.extend_from_slice(&head);
+        framing.extend_from_slice(foot);
+        if framing.len() >= DIGEST_BLOCK_BYTES {
+            digest.update(&framing);
+            framing.clear();
+        }
         let size = u32::try_from(frame).unwrap_or(u32::MAX);
         let seq = SequenceDesc { key: record, offset: at, line: record, size, samples: 1 };
         room_for_one_more(&sequences, &seq, &limits, || Location { file: path.clone(), line: record + 1, offset: at })?;
@@ -227,5 +238,6 @@ pub(super) fn scan(
         }
     }
     progress(at - origin);
+    digest.update(&framing);
     Ok(Scanned { sequences, end: at, crc: digest.finalize(), records: record })
 }
