@@ -70,35 +70,48 @@ fn swar_digits(w: u64) -> (u64, usize) {
     (v, n)
 }
 
-/// Bytes [`plain_feature`] reads at once: an 8-digit id, `:`, a digit, `.`, 7 digits and a
-/// blank (19), with room for its 8-byte loads.
+/// Bytes [`plain_feature`] reads at once: an 8-digit id, `:`, `-`, a digit, `.`, 7 digits and a
+/// blank (20), with room for its 8-byte loads (the fraction's starts at byte 12 at most).
 pub const FEATURE_WINDOW: usize = 24;
 
 /// The feature at the start of `w` when it has the shape of most features of hashed categorical
 /// and normalised numeric data (Criteo's in libsvm form, for one) — `id:d` or `id:d.ddddddd`
 /// (1–8 id digits, one integer digit, 1–7 fraction digits) followed by a space or a tab — as
-/// `(id, value, offset of that blank)`; `None` for anything else (signs, longer integer parts,
+/// `(id, value, offset of that blank)`, the value perhaps negative (`id:-d.ddd`: read on a path
+/// of its own, [`negative_plain_value`]); `None` for anything else (`+`, longer integer parts,
 /// exponents, ids of 9 digits and more), which the caller reads with [`parse_id`] and
-/// [`parse_real`]: accepting a sign and two integer digits here cost 10–15 % on plain data. The value is
+/// [`parse_real`]: accepting a sign and two integer digits in the one path cost 10–15 % on plain
+/// data. The value is
 /// bit for bit what [`parse_real`] returns for the same bytes (its fast path: the mantissa's
 /// digits times `POW10`), and within every range check (`|v| < 10`).
 #[must_use]
 #[inline(always)]
 pub fn plain_feature(w: &[u8; FEATURE_WINDOW]) -> Option<(u64, f64, usize)> {
     let (id, n) = swar_digits(u64::from_le_bytes(w[..8].try_into().ok()?));
-    // No digit, or more than eight (the ninth byte is then a digit, not ':'): the general
-    // reader decides.
+    // No digit, or more than eight (the ninth byte is then a digit, not ':'): the general reader
+    // decides. (Reading a ninth and tenth digit here, for hashed ids up to 2^32, made files of
+    // nine-digit ids 1.6x faster to parse but files of seven- and eight-digit ids 8-17 % slower,
+    // however it was placed: a test in the loop, a selected second word, a call on the way out.)
     if n == 0 || w[n] != b':' {
         return None;
     }
     let d = w[n + 1].wrapping_sub(b'0');
     if d > 9 {
-        return None;
+        // Not a digit: a negative value of the same shape (normalised numeric features are
+        // signed), read apart so that the unsigned path stays as it was; anything else, `None`.
+        return if w[n + 1] == b'-' { negative_plain_value(w, id, n + 2) } else { None };
     }
-    match w[n + 2] {
-        b' ' | b'\t' => Some((id, f64::from(d), n + 2)),
+    plain_value(w, id, d, n + 2)
+}
+
+/// The rest of a plain feature whose integer digit `d` is read, from `at` (`<= 11`): a blank, or
+/// `.` and 1–7 fraction digits then a blank.
+#[inline(always)]
+fn plain_value(w: &[u8; FEATURE_WINDOW], id: u64, d: u8, at: usize) -> Option<(u64, f64, usize)> {
+    match w[at] {
+        b' ' | b'\t' => Some((id, f64::from(d), at)),
         b'.' => {
-            let at = n + 3; // <= 11
+            let at = at + 1; // <= 12
             let (frac, k) = swar_digits(u64::from_le_bytes(w[at..at + 8].try_into().ok()?));
             if k == 0 || k == 8 || !matches!(w[at + k], b' ' | b'\t') {
                 return None;
@@ -107,6 +120,17 @@ pub fn plain_feature(w: &[u8; FEATURE_WINDOW]) -> Option<(u64, f64, usize)> {
         }
         _ => None,
     }
+}
+
+/// [`plain_feature`] past `id:-` (the value's digits from `at`, `<= 10`): the value negated, as
+/// [`parse_real`] negates it (so `-0` is `-0.0`).
+#[inline(never)]
+fn negative_plain_value(w: &[u8; FEATURE_WINDOW], id: u64, at: usize) -> Option<(u64, f64, usize)> {
+    let d = w[at].wrapping_sub(b'0');
+    if d > 9 {
+        return None;
+    }
+    plain_value(w, id, d, at + 1).map(|(id, v, end)| (id, -v, end))
 }
 
 /// All leading digits at `bytes[q..]`: their value (meaningful up to 19 digits; wraps beyond)
@@ -464,7 +488,7 @@ mod tests {
     }
 
     /// Every answer of the plain-feature reader is the general readers' answer for the same
-    /// bytes, ending at a blank; it answers for every `id:d` and `id:d.f` of up to 8 id and 7
+    /// bytes, ending at a blank; it answers for every `id:d`, `id:d.f` and `id:-d.f` of up to 8 id and 7
     /// fraction digits followed by a blank, and for nothing else.
     #[test]
     #[allow(clippy::cast_possible_truncation)] // random digits and indices below 32
@@ -497,9 +521,9 @@ mod tests {
                     t.extend((0..frac).map(|_| b'0' + (next() % 10) as u8));
                 }
                 t.push(if next() % 2 == 0 { b' ' } else { b'\t' });
-                // The shapes of the fast path; signs and longer integer parts are read by the
-                // general readers (handling them on the fast path slowed plain data down).
-                let is_plain = id_digits <= 8 && !negative && int_digits == 1 && frac <= 7;
+                // The shapes of the fast path (a `-` included); longer integer parts are read by
+                // the general readers (handling them on the fast path slowed plain data down).
+                let is_plain = id_digits <= 8 && int_digits == 1 && frac <= 7;
                 plain += usize::from(is_plain);
                 t.resize(FEATURE_WINDOW, b'7');
                 w.copy_from_slice(&t[..FEATURE_WINDOW]);
@@ -518,10 +542,26 @@ mod tests {
             }
         }
         assert!(taken >= plain && plain > 15_000, "{taken} taken, {plain} plain");
-        // The edges: nine id digits, eight fraction digits, a sign, an exponent, no blank.
-        for text in
-            ["123456789:1 ", "1:0.12345678 ", "1:-0.5 ", "1:+0.5 ", "1:1e2 ", "1:5. ", "1:5|", ":1 ", "1:12 ", "1 "]
-        {
+        // The edges: nine id digits, eight fraction digits, a `+`, an exponent, no blank, a
+        // sign alone or twice.
+        for text in [
+            "123456789:1 ",
+            "123456789:-0.5 ",
+            "1:0.12345678 ",
+            "1:-0.12345678 ",
+            "1:+0.5 ",
+            "1:1e2 ",
+            "1:-1e2 ",
+            "1:5. ",
+            "1:-5. ",
+            "1:5|",
+            ":1 ",
+            "1:12 ",
+            "1:-12 ",
+            "1:- ",
+            "1:--1 ",
+            "1 ",
+        ] {
             let mut w = [b'7'; FEATURE_WINDOW];
             w[..text.len()].copy_from_slice(text.as_bytes());
             assert_eq!(plain_feature(&w), None, "{text:?}");
@@ -530,6 +570,18 @@ mod tests {
         w[..20].copy_from_slice(b"12345678:9.1234567\t ");
         assert_eq!(plain_feature(&w).map(|(id, v, end)| (id, v.to_bits(), end)), general_feature(&w));
         assert_eq!(plain_feature(&w).map(|f| f.2), Some(18));
+
+        // The longest negative one, and `-0` (negative zero, as the general reader has it).
+        for (text, end) in
+            [(&b"12345678:-9.1234567\t"[..], 19), (b"7:-0 ", 4), (b"7:-0.000 ", 8), (b"3:-0.318712 ", 11)]
+        {
+            let mut w = [b'7'; FEATURE_WINDOW];
+            w[..text.len()].copy_from_slice(text);
+            let read = plain_feature(&w).map(|(id, v, end)| (id, v.to_bits(), end));
+            assert_eq!(read, general_feature(&w), "{:?}", String::from_utf8_lossy(text));
+            assert_eq!(read.map(|f| f.2), Some(end), "{:?}", String::from_utf8_lossy(text));
+            assert!(read.is_some_and(|(_, bits, _)| f64::from_bits(bits).is_sign_negative()));
+        }
     }
 
     #[test]
