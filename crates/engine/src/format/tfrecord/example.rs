@@ -29,154 +29,38 @@ use crate::format::deepx::DeepxElement;
 use crate::format::errors::{ErrorKind, Locate, Location, Malformed};
 use crate::options::{ExampleFeature, FeatureDefault, FeatureLength, FeatureType};
 
-/// A protobuf wire-format reader over one message's bytes.
-struct Wire<'a> {
-    b: &'a [u8],
-    p: usize,
-}
-
-/// A field's value as the wire carries it.
-#[derive(Clone, Copy)]
-enum Field<'a> {
-    Varint(u64),
-    Fixed64,
-    Bytes(&'a [u8]),
-    Fixed32(u32),
-}
-
-/// Why bytes are no valid message: small and `Copy`, so that the per-field calls of a record's
-/// decode return a few words (a `String` error made each call's result a large value moved
-/// through memory); it becomes the record's message only when a record is malformed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WireError {
-    VarintPastEnd,
-    VarintOver64Bits,
-    VarintOverTenBytes,
-    FieldPastEnd,
-    LengthPastMessage,
-    FieldNumberZero,
-    WireType(u64),
-}
-
-impl std::fmt::Display for WireError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WireError::VarintPastEnd => f.write_str("a varint runs past the end"),
-            WireError::VarintOver64Bits => f.write_str("a varint of more than 64 bits"),
-            WireError::VarintOverTenBytes => f.write_str("a varint of more than ten bytes"),
-            WireError::FieldPastEnd => f.write_str("a field runs past the end"),
-            WireError::LengthPastMessage => f.write_str("a length past the message"),
-            WireError::FieldNumberZero => f.write_str("a field number 0"),
-            WireError::WireType(w) => write!(f, "wire type {w} (groups are not in Example)"),
-        }
-    }
-}
-
-impl From<WireError> for String {
-    fn from(e: WireError) -> Self {
-        e.to_string()
-    }
-}
-
-impl<'a> Wire<'a> {
-    fn new(b: &'a [u8]) -> Self {
-        Self { b, p: 0 }
-    }
-
-    /// A varint; one of a single byte (field keys, lengths under 128: most of an Example's)
-    /// without the loop.
-    #[inline]
-    fn varint(&mut self) -> Result<u64, WireError> {
-        match self.b.get(self.p) {
-            Some(&byte) if byte < 0x80 => {
-                self.p += 1;
-                Ok(u64::from(byte))
-            }
-            _ => self.long_varint(),
-        }
-    }
-
-    fn long_varint(&mut self) -> Result<u64, WireError> {
-        let mut v: u64 = 0;
-        for shift in (0..70).step_by(7) {
-            let Some(&byte) = self.b.get(self.p) else { return Err(WireError::VarintPastEnd) };
-            self.p += 1;
-            if shift == 63 && byte > 1 {
-                return Err(WireError::VarintOver64Bits);
-            }
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err(WireError::VarintOverTenBytes)
-    }
-
-    #[inline]
-    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
-        let end = self.p.checked_add(n).filter(|&e| e <= self.b.len()).ok_or(WireError::FieldPastEnd)?;
-        let s = &self.b[self.p..end];
-        self.p = end;
-        Ok(s)
-    }
-
-    /// The next field (number and value), or `None` at the end of the message.
-    #[inline]
-    fn next(&mut self) -> Result<Option<(u64, Field<'a>)>, WireError> {
-        if self.p == self.b.len() {
-            return Ok(None);
-        }
-        let key = self.varint()?;
-        let (number, wire) = (key >> 3, key & 7);
-        if number == 0 {
-            return Err(WireError::FieldNumberZero);
-        }
-        let value = match wire {
-            0 => Field::Varint(self.varint()?),
-            1 => {
-                self.take(8)?;
-                Field::Fixed64
-            }
-            2 => {
-                let n = usize::try_from(self.varint()?).map_err(|_| WireError::LengthPastMessage)?;
-                Field::Bytes(self.take(n)?)
-            }
-            5 => Field::Fixed32(u32::from_le_bytes(self.take(4)?.try_into().unwrap_or_default())),
-            w => return Err(WireError::WireType(w)),
-        };
-        Ok(Some((number, value)))
-    }
-}
+use super::wire::{Field, Wire};
 
 /// A feature's list as found: its kind (1 bytes, 2 float, 3 int64; 0 none) and the first list
 /// message seen for it; any later ones of the same kind (rare: a writer that split a list; their
 /// values concatenate) are in the record's [`Split`], so a record's table is plain words that
-/// need no drop.
+/// need no drop. `round` counts the feature's starts over (a repeated map key, another list
+/// kind): the split lists of earlier rounds stay in [`Split`], ignored, so starting over costs the
+/// same however many lists the record holds (removing them made a crafted record quadratic). A
+/// start over takes two bytes at least, so a record (4 GiB at most) never wraps the count.
 #[derive(Default, Clone, Copy)]
 struct Found<'a> {
     kind: u64,
     first: Option<&'a [u8]>,
     split: bool,
+    round: u32,
 }
 
-/// The list messages after the first of each feature, in the order seen: `(feature, list)`.
-type Split<'a> = Vec<(usize, &'a [u8])>;
+/// The list messages after the first of each feature, in the order seen: `(feature, its round,
+/// list)`.
+type Split<'a> = Vec<(usize, u32, &'a [u8])>;
 
 impl<'a> Found<'a> {
-    /// Feature `i` starts over as `kind` (a repeated map key, another list kind): its lists so
-    /// far are dropped.
-    fn reset(&mut self, i: usize, kind: u64, split: &mut Split<'a>) {
-        if self.split {
-            split.retain(|&(j, _)| j != i);
-        }
-        *self = Found { kind, first: None, split: false };
+    /// The feature starts over as `kind`: its lists so far are dropped.
+    fn reset(&mut self, kind: u64) {
+        *self = Found { kind, first: None, split: false, round: self.round.wrapping_add(1) };
     }
 
     fn push(&mut self, i: usize, list: &'a [u8], split: &mut Split<'a>) {
         if self.first.is_none() {
             self.first = Some(list);
         } else {
-            split.push((i, list));
+            split.push((i, self.round, list));
             self.split = true;
         }
     }
@@ -184,7 +68,8 @@ impl<'a> Found<'a> {
     /// Feature `i`'s list messages, in order.
     fn lists<'s>(&self, i: usize, split: &'s Split<'a>) -> impl Iterator<Item = &'a [u8]> + 's {
         let more = if self.split { &split[..] } else { &[][..] };
-        self.first.into_iter().chain(more.iter().filter(move |&&(j, _)| j == i).map(|&(_, l)| l))
+        let round = self.round;
+        self.first.into_iter().chain(more.iter().filter(move |&&(j, r, _)| j == i && r == round).map(|&(_, _, l)| l))
     }
 }
 
@@ -306,12 +191,12 @@ impl ExampleDecoder {
                 }
                 if let Some(i) = self.features.iter().position(|f| f.key.as_bytes() == key) {
                     // A map's last entry of a key wins.
-                    found[i].reset(i, 0, &mut split);
+                    found[i].reset(0);
                     let mut kind = Wire::new(feature);
                     while let Some((number, value)) = kind.next()? {
                         if let (1..=3, Field::Bytes(list)) = (number, value) {
                             if found[i].kind != number {
-                                found[i].reset(i, number, &mut split);
+                                found[i].reset(number);
                             }
                             found[i].push(i, list, &mut split);
                         }
@@ -395,7 +280,7 @@ fn fill_feature<'a, T: DeepxElement>(
                 }
                 (FeatureType::Int64, Field::Bytes(packed)) => {
                     let mut p = Wire::new(packed);
-                    while p.p < packed.len() {
+                    while !p.at_end() {
                         buf.values.push(exact::<T>(f, p.varint()?)?);
                     }
                 }
@@ -720,6 +605,51 @@ mod tests {
         let (b, errors) = decode(&[example(&[("x", Value::Floats(&[1.0, 2.0, 3.0])), ("tokens", Value::Empty)])]);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(b[1].sample_offsets, vec![0, 0]);
+    }
+
+    /// A writer that split a feature's list, changed its kind, or repeated its map key: the
+    /// values are those of the feature's last start, its lists concatenated in order, whatever
+    /// another feature's split lists are.
+    #[test]
+    fn split_lists_and_starts_over_keep_the_last_round_in_order() {
+        fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+            out.push(number << 3 | 2);
+            out.push(u8::try_from(bytes.len()).expect("short"));
+            out.extend_from_slice(bytes);
+        }
+        // A `Feature` of these lists: (1 bytes, 2 float, 3 int64; its values packed).
+        let feature = |lists: &[(u8, Vec<u8>)]| {
+            let mut f = Vec::new();
+            for (kind, packed) in lists {
+                let mut list = Vec::new();
+                field(&mut list, 1, packed);
+                field(&mut f, *kind, &list);
+            }
+            f
+        };
+        let floats = |v: &[f32]| (2u8, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let ints = |v: &[u8]| (3u8, v.to_vec());
+        let entries: Vec<(&str, Vec<u8>)> = vec![
+            ("tokens", feature(&[ints(&[7]), ints(&[8]), ints(&[9])])),
+            ("x", feature(&[floats(&[9.0]), floats(&[9.0]), ints(&[5]), floats(&[1.0]), floats(&[2.0, 3.0])])),
+            ("label", feature(&[ints(&[1]), ints(&[2])])),
+            // The label's key again: its earlier lists (split ones included) are dropped.
+            ("label", feature(&[ints(&[4])])),
+        ];
+        let mut map = Vec::new();
+        for (key, f) in &entries {
+            let mut entry = Vec::new();
+            field(&mut entry, 1, key.as_bytes());
+            field(&mut entry, 2, f);
+            field(&mut map, 1, &entry);
+        }
+        let mut record = Vec::new();
+        field(&mut record, 1, &map);
+        let (b, errors) = decode(&[record]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[0].values, vec![1.0, 2.0, 3.0]);
+        assert_eq!(b[1].values, vec![7.0, 8.0, 9.0]);
+        assert_eq!(b[2].values, vec![4.0]);
     }
 
     proptest::proptest! {

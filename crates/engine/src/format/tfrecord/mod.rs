@@ -26,6 +26,7 @@
 
 pub mod example;
 mod scan;
+mod wire;
 
 use std::io::Read;
 use std::path::Path;
