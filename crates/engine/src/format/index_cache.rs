@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! magic  b"MBDINDEX"          8 bytes
-//! version u32 = 3
+//! version u32 = 4
 //! path_len u32, path bytes    the canonical data path (guards against hash collisions)
 //! opts_len u32, opts bytes    CtfIndexOptions::fingerprint()
 //! size u64, mtime_secs i64, mtime_nanos u32,

@@ -84,13 +84,16 @@ pub fn stamp(object: &ObjectMeta) -> FileStamp {
     }
 }
 
-/// The URL of `object`'s shared index for `fingerprint`.
+/// The URL of `object`'s shared index for `fingerprint`, in the index cache's format version: a
+/// node of another version writes and reads its own (under the same URL, a node would wait for a
+/// lock holder's index and find only one it cannot read, and could never replace it).
 #[must_use]
 pub fn index_url(place: &IndexPlace, object: &ObjectMeta, fingerprint: &str) -> String {
     let mut h = Fnv1a::new();
     h.field(object.etag.as_bytes());
     h.u64(object.size);
     h.field(fingerprint.as_bytes());
+    h.u64(u64::from(index_cache::VERSION));
     let version = h.finish();
     match &place.prefix {
         None => format!("{}.mbdidx.{version:016x}", object.url),
