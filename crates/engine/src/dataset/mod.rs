@@ -433,19 +433,18 @@ impl Dataset {
             let (mut h, mut legacy) = (Fnv1a::new(), Fnv1a::new());
             for s in &self.sources {
                 for ((f, idx), v) in s.files.iter().zip(&s.indexes).zip(&s.file_versions) {
-                    for h in [&mut h, &mut legacy] {
-                        h.field(f.as_os_str().as_encoded_bytes());
-                        h.u64(idx.size);
-                    }
-                    match v {
+                    for each in [&mut h, &mut legacy] {
+                        each.field(f.as_os_str().as_encoded_bytes());
+                        each.u64(idx.size);
                         // An object's version is part of its identity (a rewrite at the same
                         // size is other data).
-                        Stored::Remote(o) => {
-                            h.field(o.etag.as_bytes());
-                            legacy.field(o.etag.as_bytes());
+                        if let Stored::Remote(o) = v {
+                            each.field(o.etag.as_bytes());
                         }
-                        // Local files' contents only in the current identity.
-                        Stored::Local(_) => h.u64(u64::from(idx.digest)),
+                    }
+                    // A local file's contents only in the current identity.
+                    if let Stored::Local(_) = v {
+                        h.u64(u64::from(idx.digest));
                     }
                 }
             }

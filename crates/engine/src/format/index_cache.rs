@@ -103,11 +103,17 @@ impl<R: Read> Read for Hashing<R> {
     }
 }
 
-/// Bytes of records [`encode`] gathers before it writes them.
-const ENCODE_BLOCK_BYTES: usize = 64 << 10;
+/// Bytes of records [`encode`] gathers before it writes them, and [`decode`] reads at once.
+const BLOCK_BYTES: usize = 64 << 10;
 
-/// Bytes of records [`decode`] reads at once.
-const DECODE_BLOCK_BYTES: usize = 64 << 10;
+/// Writes `block` once it holds [`BLOCK_BYTES`], and empties it.
+fn write_when_full(w: &mut impl Write, block: &mut Vec<u8>) -> std::io::Result<()> {
+    if block.len() >= BLOCK_BYTES {
+        w.write_all(block)?;
+        block.clear();
+    }
+    Ok(())
+}
 
 /// Writes the cache file's bytes to `out` a buffer at a time: what the index pass holds in
 /// memory is the index, not the index twice.
@@ -129,16 +135,13 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
     w.write_all(&first.to_le_bytes())?;
     // The records a block at a time: one write (and one call into the hash) per block, not per
     // sequence (a file of millions of short lines spent a seventh of its index pass there).
-    let mut block = Vec::with_capacity(ENCODE_BLOCK_BYTES + RECORD_BYTES);
+    let mut block = Vec::with_capacity(BLOCK_BYTES + RECORD_BYTES);
     if columns == Columns::default() {
         // Sizes alone (sequences that follow each other, one sample each, keyed by line: every
         // deepx file and most text): read from their column without making each sequence.
         for size in index.sequences.sizes() {
             block.extend_from_slice(&size.to_le_bytes());
-            if block.len() >= ENCODE_BLOCK_BYTES {
-                w.write_all(&block)?;
-                block.clear();
-            }
+            write_when_full(&mut w, &mut block)?;
         }
     } else {
         encode_records(&mut w, index, columns, &mut block)?;
@@ -166,10 +169,7 @@ fn encode_records(w: &mut impl Write, index: &FileIndex, columns: Columns, block
         if columns.keys {
             block.extend_from_slice(&s.key.to_le_bytes());
         }
-        if block.len() >= ENCODE_BLOCK_BYTES {
-            w.write_all(block)?;
-            block.clear();
-        }
+        write_when_full(w, block)?;
     }
     Ok(())
 }
@@ -300,7 +300,7 @@ fn decode(
         }
         // The records a block at a time: one read (and one call into the checksum, whose
         // set-up is not for 4 bytes) per block.
-        let per_block = (DECODE_BLOCK_BYTES / record_bytes) as u64;
+        let per_block = (BLOCK_BYTES / record_bytes) as u64;
         let mut block = vec![0u8; usize::try_from(count.min(per_block)).unwrap_or(0) * record_bytes];
         let mut i = 0u64;
         while i < count {

@@ -440,7 +440,8 @@ pub mod write {
         out.push(u8::try_from(v).unwrap_or(0));
     }
 
-    fn bytes_field(out: &mut Vec<u8>, number: u64, bytes: &[u8]) {
+    /// A length-delimited field (wire type 2) `number` holding `bytes`.
+    pub fn bytes_field(out: &mut Vec<u8>, number: u64, bytes: &[u8]) {
         varint(out, number << 3 | 2);
         varint(out, bytes.len() as u64);
         out.extend_from_slice(bytes);
@@ -612,13 +613,9 @@ mod tests {
     /// another feature's split lists are.
     #[test]
     fn split_lists_and_starts_over_keep_the_last_round_in_order() {
-        fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
-            out.push(number << 3 | 2);
-            out.push(u8::try_from(bytes.len()).expect("short"));
-            out.extend_from_slice(bytes);
-        }
+        use super::write::bytes_field as field;
         // A `Feature` of these lists: (1 bytes, 2 float, 3 int64; its values packed).
-        let feature = |lists: &[(u8, Vec<u8>)]| {
+        let feature = |lists: &[(u64, Vec<u8>)]| {
             let mut f = Vec::new();
             for (kind, packed) in lists {
                 let mut list = Vec::new();
@@ -627,8 +624,8 @@ mod tests {
             }
             f
         };
-        let floats = |v: &[f32]| (2u8, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-        let ints = |v: &[u8]| (3u8, v.to_vec());
+        let floats = |v: &[f32]| (2u64, v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+        let ints = |v: &[u8]| (3u64, v.to_vec());
         let entries: Vec<(&str, Vec<u8>)> = vec![
             ("tokens", feature(&[ints(&[7]), ints(&[8]), ints(&[9])])),
             ("x", feature(&[floats(&[9.0]), floats(&[9.0]), ints(&[5]), floats(&[1.0]), floats(&[2.0, 3.0])])),
