@@ -485,8 +485,8 @@ fn the_index_budget_counts_what_an_index_holds_built_now_or_read_from_its_cache(
 }
 
 /// The timeline keeps a length for every sequence of a dataset once one file has a sequence of
-/// several samples, and the budget pays for them there: 300 one-line CTF sequences in `a.ctf`
-/// cost their sizes (a byte each), and the one two-line sequence of `b.ctf` then costs the
+/// several samples, and the budget pays for them there: the 300 one-line CTF sequences of `a.ctf`
+/// cost an offset every 64 once chunked, and the one two-line sequence of `b.ctf` then costs the
 /// lengths of all 301 (found in review: the check counted only b's own).
 #[test]
 fn the_first_file_with_longer_sequences_pays_for_every_length() {
@@ -502,11 +502,12 @@ fn the_first_file_with_longer_sequences_pays_for_every_length() {
     let open = Dataset::open_within(dataset, &p.join("state"), IndexLimits::UNBOUNDED, &mut |_| {}).expect("open");
     assert!(!open.timeline().seq_len.all_ones());
     assert_eq!(open.timeline().seq_len.heap_bytes(), 301 * 4);
-    // a.ctf: 380 bytes (a byte a size, and a mark and an offset every 64), which leaves b.ctf
-    // 1,120 of 1,500: too little for its columns and 301 lengths (1,204 bytes).
-    let tight = IndexLimits { max_index_bytes: 1500, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
+    // a.ctf, once chunked, lets go of its sizes (its sequences are its lines): 40 bytes (an
+    // offset every 64), which leaves b.ctf 1,160 of 1,200: too little for its columns and 301
+    // lengths (1,204 bytes).
+    let tight = IndexLimits { max_index_bytes: 1200, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
     let e = Dataset::open_within(dataset, &p.join("state"), tight, &mut |_| {}).expect_err("over").to_string();
-    assert!(e.contains("b.ctf:1: byte offset 0") && e.contains("more than 1120 bytes with 1 sequences"), "{e}");
+    assert!(e.contains("b.ctf:1: byte offset 0") && e.contains("more than 1160 bytes with 1 sequences"), "{e}");
     let roomy = IndexLimits { max_index_bytes: 2600, max_sequences: 1000, ..IndexLimits::UNBOUNDED };
     Dataset::open_within(dataset, &p.join("state"), roomy, &mut |_| {}).expect("2,600 bytes hold them");
 }

@@ -187,13 +187,33 @@ impl Dataset {
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
                 let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
-                for (_, seq) in self.chunk_sequences(chunk, 0) {
-                    let seq = &seq;
-                    let slice = window.bytes(seq.offset, seq.size)?;
-                    decoder
-                        .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
-                        .and_then(|()| within(&mut bufs, path, seq))
-                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                if src.indexes[desc.file].sequences.sizes_follow_lines() {
+                    // Its sequences are the chunk's lines, one each, the last to the chunk's end.
+                    let mut offset = desc.start;
+                    for (k, line) in (desc.first_seq as u64..).take(seqs.len()).enumerate() {
+                        let bytes = if k + 1 == seqs.len() {
+                            let size = desc.end.checked_sub(offset).and_then(|n| u32::try_from(n).ok());
+                            window.bytes(offset, size.ok_or_else(|| changed(path, chunk))?)?
+                        } else {
+                            window.line(offset)?
+                        };
+                        let size = u32::try_from(bytes.len()).map_err(|_| changed(path, chunk))?;
+                        let seq = &crate::format::SequenceDesc { key: line, offset, line, size, samples: 1 };
+                        decoder
+                            .decode_sequence(bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                            .and_then(|()| within(&mut bufs, path, seq))
+                            .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                        offset += u64::from(size);
+                    }
+                } else {
+                    for (_, seq) in self.chunk_sequences(chunk, 0) {
+                        let seq = &seq;
+                        let slice = window.bytes(seq.offset, seq.size)?;
+                        decoder
+                            .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                            .and_then(|()| within(&mut bufs, path, seq))
+                            .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                    }
                 }
             } else {
                 for (loc, seq) in self.chunk_sequences(chunk, si) {
@@ -281,4 +301,13 @@ impl Dataset {
             }
         }
     }
+}
+
+/// The error of chunk `chunk` of `file` whose lines are not where its index says they are.
+fn changed(file: &Path, chunk: usize) -> DataError {
+    let what = format!(
+        "chunk {chunk}'s lines are not where its index says they are: the file holds other lines than it did \
+         (changed since it was indexed?)"
+    );
+    DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what))
 }

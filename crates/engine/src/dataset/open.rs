@@ -39,6 +39,10 @@ impl Dataset {
         let mut lengths_kept = false;
         let mut sources = Vec::new();
         let mut first_stream = 0;
+        // A dataset of one source is chunked a file at a time, as each file is indexed: a file
+        // whose sequences are its lines then lets go of their sizes, as a deepx file does.
+        let one_source = config.sources.len() == 1;
+        let mut chunks = Vec::new();
         for (src, files) in config.sources.iter().zip(resolved) {
             let reader = CtfReader(CtfIndexOptions {
                 skip_sequence_ids: src.skip_sequence_ids,
@@ -67,7 +71,10 @@ impl Dataset {
                     &mut report,
                 )?;
                 versions.push(stored);
-                index_bytes += within_index_budget(&idx, &left)?;
+                let cost = within_index_budget(&idx, &left)?;
+                let mut idx = idx;
+                index_bytes +=
+                    if one_source { chunk_by_lines(&mut idx, indexes.len(), config, &left, &mut chunks) } else { cost };
                 done += idx.size;
                 sequences += idx.sequences.len() as u64;
                 lengths_kept |= idx.sequences.columns().samples;
@@ -96,7 +103,7 @@ impl Dataset {
                 dim: s.dim,
             })
             .collect();
-        Self::assemble(config, sources, None, main_source, streams)
+        Self::assemble(config, sources, one_source.then_some(chunks), main_source, streams)
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
@@ -134,15 +141,7 @@ impl Dataset {
             // lines keeps an offset every 64 of them: the next file's pass does not find every
             // earlier file's sizes still held.
             let mut idx = idx;
-            let file = indexes.len();
-            chunks.extend(
-                build_chunks(std::slice::from_ref(&idx), config.chunk_size_bytes)
-                    .into_iter()
-                    .map(|c| ChunkDesc { file, ..c }),
-            );
-            idx.sequences.let_go_of_line_sizes();
-            idx.sequences.shrink_to_fit();
-            index_bytes += index_cost(&idx.sequences, &left);
+            index_bytes += chunk_by_lines(&mut idx, indexes.len(), config, &left, &mut chunks);
             done += idx.size;
             sequences += idx.sequences.len() as u64;
             lengths_kept |= idx.sequences.columns().samples;
@@ -342,6 +341,25 @@ fn within_index_budget(idx: &FileIndex, left: &IndexLimits) -> Result<u64> {
         )));
     }
     Ok(cost)
+}
+
+/// Chunks file `file` of a dataset of one source (`idx`, its index; chunks never cross files)
+/// into `chunks`, then lets go of its sequences' sizes where its sequences are its lines
+/// ([`crate::format::index::Sequences::let_go_of_line_sizes`]; a chunk's decode then finds them
+/// in its bytes). Returns what the index keeps then ([`index_cost`]).
+fn chunk_by_lines(
+    idx: &mut FileIndex,
+    file: usize,
+    config: &DatasetConfig,
+    left: &IndexLimits,
+    chunks: &mut Vec<ChunkDesc>,
+) -> u64 {
+    chunks.extend(
+        build_chunks(std::slice::from_ref(idx), config.chunk_size_bytes).into_iter().map(|c| ChunkDesc { file, ..c }),
+    );
+    idx.sequences.let_go_of_line_sizes();
+    idx.sequences.shrink_to_fit();
+    index_cost(&idx.sequences, left)
 }
 
 /// An input's size now (an object's as listed), for progress.

@@ -256,10 +256,12 @@ impl Sequences {
         self.len += 1;
     }
 
-    /// Lets go of the sizes of a file whose every sequence is one line (a deepx file; the caller
-    /// knows) when nothing but them is kept: then sequence `i` is line `i`, each starts where the
-    /// one before ended, and a chunk's sequences are its lines, which its reader finds in its
-    /// bytes. What is left is an offset every [`OFFSET_STRIDE`] sequences. Whether it did.
+    /// Lets go of the sizes of a file of one-line sequences (a deepx file, a CTF file of one
+    /// line a sequence; the caller knows) when nothing but them is kept: then sequence `i` is
+    /// line `i`, each starts where the one before ended, and a chunk's sequences are its lines,
+    /// which its reader finds in its bytes (a CTF file's last sequence runs to the end of its
+    /// chunk: it may hold blank lines after its own). What is left is an offset every
+    /// [`OFFSET_STRIDE`] sequences. Whether it did.
     pub fn let_go_of_line_sizes(&mut self) -> bool {
         if self.len == 0 || self.columns() != Columns::default() {
             return false;
