@@ -243,3 +243,73 @@ fn a_full_state_dir_at_start_names_the_file_once() {
     assert!(err.contains(&format!("{}/", dir.path().join("state").display())), "names the file: {err}");
     drop(disk);
 }
+
+/// A state says which of several workers it is: workers stop at different places, so one
+/// worker's state given to another worker (or at another worker count) would repeat and skip
+/// sequences, and is refused; the same worker at the same count resumes exactly, and a
+/// one-worker session's state resumes any worker of any count (found by a hostile probe: a
+/// 3-worker run resumed at 2 from each rank's own state repeated two sequences and skipped two).
+#[test]
+fn a_worker_state_resumes_only_its_worker_at_its_worker_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path());
+    let worker = |rank: u32, of: u32| SessionOptions {
+        rank: Some(rank.into()),
+        num_workers: Some(of.into()),
+        randomize: Some(false),
+        max_sweeps: Some(1),
+        ..options(4)
+    };
+    let keys = |s: &mut Session, n: Option<usize>| -> Vec<u64> {
+        let mut out = Vec::new();
+        while n.is_none_or(|n| out.len() < n) {
+            let Some(mb) = s.next_minibatch().expect("next") else { break };
+            out.push(mb.meta.position);
+            s.release(mb);
+        }
+        out
+    };
+    // Three workers, three minibatches each; their states.
+    let mut states = Vec::new();
+    for rank in 0..3 {
+        let mut s = d.client().open("train", &worker(rank, 3)).expect("open");
+        keys(&mut s, Some(3));
+        let st = s.close().expect("close");
+        assert_eq!(st.worker.map(|w| (w.rank, w.of)), Some((u64::from(rank), 3)), "{st:?}");
+        states.push(st);
+    }
+    // Another worker's state, or the same worker at another count: refused, naming both.
+    for (state, rank, of) in [(&states[0], 1, 3), (&states[1], 1, 2), (&states[2], 0, 1)] {
+        let o = SessionOptions { resume: Some(state.clone()), ..worker(rank, of) };
+        match d.client().open("train", &o) {
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+                assert!(message.contains("worker's position is its own"), "{message}");
+            }
+            other => panic!("a foreign worker's state must be refused, got {:?}", other.map(|mut s| s.state())),
+        }
+    }
+    // Its own worker at its count: exactly where it stopped.
+    let o = SessionOptions { resume: Some(states[1].clone()), ..worker(1, 3) };
+    let mut s = d.client().open("train", &o).expect("its own state");
+    let next = keys(&mut s, Some(1));
+    let mut fresh = d.client().open("train", &worker(1, 3)).expect("fresh");
+    assert_eq!(next, keys(&mut fresh, Some(4))[3..].to_vec(), "the fourth minibatch of worker 1");
+    // A one-worker session's state carries no worker and resumes a worker of any count.
+    let mut one = d.client().open("train", &worker(0, 1)).expect("one worker");
+    keys(&mut one, Some(2));
+    let st = one.close().expect("close");
+    assert_eq!(st.worker, None);
+    let o = SessionOptions { resume: Some(st), ..worker(1, 2) };
+    d.client().open("train", &o).expect("a one-worker state resumes worker 1 of 2");
+    // resume_job takes every worker's state in rank order, and refuses them out of it.
+    let o = SessionOptions { resume_job: Some(states.clone()), ..worker(0, 2) };
+    d.client().open("train", &o).expect("every worker's state, in rank order");
+    let swapped = vec![states[1].clone(), states[0].clone(), states[2].clone()];
+    let o = SessionOptions { resume_job: Some(swapped), ..worker(0, 2) };
+    match d.client().open("train", &o) {
+        Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+            assert!(message.contains("in rank order"), "{message}");
+        }
+        other => panic!("states out of rank order must be refused, got {:?}", other.map(|mut s| s.state())),
+    }
+}

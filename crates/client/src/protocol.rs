@@ -136,7 +136,9 @@ pub enum ErrorCode {
 /// user); `minibatches` counts the minibatches taken since the session started (so a resumed
 /// session numbers its minibatches on). The hashes identify the data and the sampling options
 /// that shape the order (randomize, window, seed, epoch limit), so a resume against anything
-/// else is refused. The minibatch size, worker count and rank may change across a resume.
+/// else is refused. The minibatch size may change across a resume; the worker count and rank may
+/// change across a resume of a one-worker session's state (`worker` unset), and across
+/// `resume_job` (every worker's state) for a run of several.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionState {
@@ -156,12 +158,42 @@ pub struct SessionState {
     /// run's workers stood. Not sent when unset, so states without it read as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<JobBase>,
+    /// Set when the session is one of several workers (`num_workers` > 1): which one. Workers
+    /// stop at different places, so `position` is this worker's own: the state resumes this
+    /// worker at this worker count, and `resume_job` (every worker's state) changes the count.
+    /// Not sent for a session of one worker, whose state resumes any worker count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerOf>,
     /// A mixture's session (`dataset` names a mixture): where the mixture stands after the last
     /// minibatch taken — the same on every worker after the same minibatch, so any worker's
     /// state resumes every worker, at any worker count. `position` is then the mixture's slots
     /// (sequences) taken in the epoch. Not sent for a dataset's session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixture: Option<MixtureState>,
+}
+
+/// Which of several workers a session is ([`SessionState::worker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerOf {
+    /// The worker's rank.
+    pub rank: u64,
+    /// The worker count.
+    pub of: u64,
+}
+
+impl WorkerOf {
+    /// Worker `rank` of `of`, or `None` for a session of one worker.
+    #[must_use]
+    pub fn of_session(rank: u64, of: u64) -> Option<Self> {
+        (of > 1).then_some(Self { rank, of })
+    }
+}
+
+impl std::fmt::Display for WorkerOf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "worker {} of {}", self.rank, self.of)
+    }
 }
 
 /// Where a mixture stands (`docs/mixtures.md`, "State and resume"): a few integers per source.

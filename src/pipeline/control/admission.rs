@@ -321,6 +321,7 @@ mod tests {
             data_identity: "id".into(),
             options_hash: options_hash.into(),
             job: None,
+            worker: None,
             mixture: None,
         }
     }

@@ -181,6 +181,7 @@ mod tests {
                 data_identity: "3f0c5e2a9b1d7c44".into(),
                 options_hash: "9a1e00c2d4b7f613".into(),
                 job: None,
+                worker: None,
                 mixture: None,
             },
             owner: None,

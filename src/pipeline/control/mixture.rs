@@ -412,6 +412,7 @@ fn admit(
         data_identity: hex64(identity),
         options_hash: hex64(ohash),
         job: None,
+        worker: None,
         mixture: Some(to_wire(prepared.mixture.state())),
     };
     if let Some(s) = &options.resume {

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::metrics::{Attached, SessionMetrics, SlotState};
 use minibatchd_client::protocol::{
-    hex64, JobBase, MixtureInfo, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, StreamInfo,
+    hex64, JobBase, MixtureInfo, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, StreamInfo, WorkerOf,
     STATE_VERSION,
 };
 use minibatchd_engine::sampling::{window_sequences, Sampler, SamplingOptions, Timeline};
@@ -23,7 +23,7 @@ use minibatchd_sys::MemfdMemory;
 
 use super::admission::{self, Refusal};
 use super::peer::{ConnShared, Peer};
-use super::session::{check_resume, Progress, ResolvedOptions, SlotTable};
+use super::session::{check_resume, check_worker, Progress, ResolvedOptions, SlotTable};
 use super::ControlPlane;
 
 mod prepare;
@@ -71,6 +71,8 @@ pub(super) struct OpenSession {
     pub(super) closed: bool,
     /// The earlier run this session continues (`resume_job`), carried in every state.
     pub(super) job: Option<JobBase>,
+    /// Which of several workers it is, carried in every state (`None`: one worker).
+    pub(super) worker: Option<WorkerOf>,
     /// Its sampler's memory, reserved against `memory_limit_bytes` until the session ends.
     pub(super) _sampling: SamplingReservation,
 }
@@ -152,6 +154,7 @@ impl OpenSession {
             data_identity: hex64(self.identity),
             options_hash: hex64(self.options_hash),
             job: self.job.clone(),
+            worker: self.worker,
             mixture: self.progress.mixture().cloned(),
         }
     }
@@ -385,9 +388,15 @@ impl Launch {
             given_before: self.given_up_to,
             closed: false,
             job: self.job,
+            worker: self.start.worker,
             _sampling: self.sampling,
         })
     }
+}
+
+/// Which of several workers a session of `resolved` is (`None`: one worker).
+pub(super) fn session_worker(resolved: &ResolvedOptions) -> Option<WorkerOf> {
+    WorkerOf::of_session(resolved.sampling.rank as u64, resolved.sampling.num_workers as u64)
 }
 
 /// A session's ring in a new memfd of `bytes`, for its fillers, and the memfd for its client.
@@ -439,6 +448,7 @@ pub(super) async fn open(
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start, working } =
         prepare(dataset, options, shared).await?;
+    let worker = session_worker(&resolved);
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();
     let request = admission::Request {
@@ -446,7 +456,10 @@ pub(super) async fn open(
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
         fresh: fresh_state(dataset, fresh_position, rt.identity, ohash),
-        fits: &|s: &SessionState| check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash),
+        fits: &|s: &SessionState| {
+            check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+            check_worker(s, worker)
+        },
         ring_bytes: geometry.total_bytes(),
         host_short: host_shortfall(shared),
         uid: peer.uid,
@@ -477,8 +490,10 @@ pub(super) async fn open(
     sampling
         .opening(rt.dataset.timeline(), &resolved.sampling, admitted.start.job.is_some(), resolved.equal_steps)
         .map_err(undo)?;
+    // Its every state says which worker it is (a state it resumed from may be a one-worker
+    // session's, or a job's start).
     let (id, name, start, ring_bytes) =
-        (admitted.id, admitted.name.clone(), admitted.start.clone(), admitted.ring_bytes());
+        (admitted.id, admitted.name.clone(), SessionState { worker, ..admitted.start.clone() }, admitted.ring_bytes());
     let (sampler, pad_to, warnings) = {
         let (start, resolved, dataset, shared, rt) =
             (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone());

@@ -33,7 +33,9 @@ pub use options::{
     MAX_SLOT_SIZE_BYTES,
 };
 pub use progress::Progress;
-pub use resume::{check_mixture_resume, check_resume, EpochStarts, ResumeError, MAX_MINIBATCHES};
+pub use resume::{
+    check_job_order, check_mixture_resume, check_resume, check_worker, EpochStarts, ResumeError, MAX_MINIBATCHES,
+};
 pub use slots::{Release, SlotOwner, SlotTable};
 
 /// One session as the registry keeps it and the daemon checkpoint saves it (its JSON form is part
@@ -564,6 +566,7 @@ mod tests {
             data_identity: hex64(7),
             options_hash: hex64(9),
             job: None,
+            worker: None,
             mixture: None,
         };
         assert!(check_resume(&s, "t", 7, 7, 9).is_ok());
@@ -572,6 +575,10 @@ mod tests {
         assert_eq!(check_resume(&s, "t", 7, 7, 1), Err(ResumeError::Options));
         assert!(check_resume(&s, "t", 8, 8, 9).expect_err("data").to_string().contains("other data"));
         assert!(check_resume(&s, "t", 8, 7, 9).is_ok(), "a state of the identity before contents counted");
+        // A count no session reaches (found by a hostile probe: 2^64 - 1 was taken, and the
+        // minibatch index stopped growing at u64::MAX).
+        let far = SessionState { minibatches: u64::MAX, ..s.clone() };
+        assert_eq!(check_resume(&far, "t", 7, 7, 9), Err(ResumeError::Minibatches(u64::MAX)));
     }
 
     #[test]
@@ -600,6 +607,7 @@ mod tests {
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
+            worker: None,
             mixture: None,
         };
         let mut p = Progress::new(&start);
@@ -668,6 +676,7 @@ mod tests {
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
+            worker: None,
             mixture: None,
         }
     }
@@ -792,6 +801,7 @@ mod tests {
             data_identity: "i".into(),
             options_hash: "o".into(),
             job: None,
+            worker: None,
             mixture: None,
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };

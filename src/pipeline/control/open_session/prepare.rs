@@ -11,7 +11,8 @@ use minibatchd_shm::RingGeometry;
 use super::{data_warnings, off_the_event_loop, SamplingReservation};
 use crate::pipeline::control::admission::Refusal;
 use crate::pipeline::control::session::{
-    check_resume, options_hash, resolve_options, ResolvedOptions, ResumeError, MAX_SLOT_SIZE_BYTES,
+    check_job_order, check_resume, check_worker, options_hash, resolve_options, ResolvedOptions, ResumeError,
+    MAX_SLOT_SIZE_BYTES,
 };
 use crate::pipeline::control::ControlPlane;
 use crate::pipeline::data::catalog::DatasetRuntime;
@@ -61,6 +62,7 @@ pub(super) fn prepare_now(
     let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+        check_worker(s, super::session_worker(&resolved))?;
     }
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
     let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
@@ -120,6 +122,7 @@ pub(super) fn job_start(
     ohash: u64,
     fresh: Sampler,
 ) -> Result<SessionState, Refusal> {
+    check_job_order(states)?;
     for s in states {
         check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
     }
@@ -143,6 +146,7 @@ pub(super) fn job_start(
         data_identity: hex64(rt.identity),
         options_hash: hex64(ohash),
         job: Some(JobBase { positions }),
+        worker: None,
         mixture: None,
     })
 }
@@ -224,6 +228,7 @@ pub(super) fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u6
         data_identity: hex64(identity),
         options_hash: hex64(ohash),
         job: None,
+        worker: None,
         mixture: None,
     }
 }

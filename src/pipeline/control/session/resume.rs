@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use minibatchd_client::protocol::{hex64, MixtureState, SessionState, STATE_VERSION};
+use minibatchd_client::protocol::{hex64, MixtureState, SessionState, WorkerOf, STATE_VERSION};
 
 /// Why a saved state cannot resume the session being opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +52,31 @@ pub enum ResumeError {
         /// The mixture.
         opened: String,
     },
+    /// The state of one of several workers, given to another worker or at another worker count.
+    #[error(
+        "the state is {saved}'s and this session is {}: a worker's position is its own (workers stop at \
+         different places) — resume each worker from its own state at the same worker count, or give every \
+         worker's state as resume_job to change the worker count",
+        opened.map_or_else(|| "a session of one worker".to_owned(), |w| w.to_string())
+    )]
+    Worker {
+        /// The state's worker.
+        saved: WorkerOf,
+        /// The session being opened (`None`: one worker).
+        opened: Option<WorkerOf>,
+    },
+    /// `resume_job` states that are not every worker's of one run in rank order.
+    #[error(
+        "resume_job's state {index} of {count} is {saved}'s: give the state of every worker of one run, in rank order"
+    )]
+    JobOrder {
+        /// Where the state is in the list.
+        index: usize,
+        /// How many states were given.
+        count: usize,
+        /// The state's worker.
+        saved: WorkerOf,
+    },
     /// A count of minibatches no session reaches.
     #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
     Minibatches(u64),
@@ -97,6 +122,40 @@ pub fn check_resume(
     }
     if state.options_hash != hex64(options) {
         return Err(ResumeError::Options);
+    }
+    if state.minibatches > MAX_MINIBATCHES {
+        return Err(ResumeError::Minibatches(state.minibatches));
+    }
+    Ok(())
+}
+
+/// Checks that a `resume` state (or a lingering session's) is of the worker being opened
+/// (`opened`; `None`: a session of one worker): a state of one of several workers resumes only
+/// that worker at that worker count, a one-worker session's state any.
+///
+/// # Errors
+/// [`ResumeError::Worker`].
+pub fn check_worker(state: &SessionState, opened: Option<WorkerOf>) -> Result<(), ResumeError> {
+    match state.worker {
+        Some(saved) if Some(saved) != opened => Err(ResumeError::Worker { saved, opened }),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that `resume_job`'s states are those of every worker of one run, in rank order (where
+/// they say which worker they are: states of one-worker sessions, or written before states said
+/// it, are taken as given).
+///
+/// # Errors
+/// [`ResumeError::JobOrder`].
+pub fn check_job_order(states: &[SessionState]) -> Result<(), ResumeError> {
+    let count = states.len();
+    for (index, s) in states.iter().enumerate() {
+        if let Some(saved) = s.worker {
+            if saved.rank != index as u64 || saved.of != count as u64 {
+                return Err(ResumeError::JobOrder { index, count, saved });
+            }
+        }
     }
     Ok(())
 }
