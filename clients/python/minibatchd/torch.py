@@ -721,8 +721,11 @@ def __getattr__(name: str) -> Any:
         """torchdata's ``load_state_dict``; a state saved in the other mode — with worker
         processes, or with the workers' splits read in the main process — goes to the dataset,
         and the loader starts a fresh iterator that continues from it (each split from its own
-        position; which split comes first, the loader's own)."""
-        if ("_snapshot" in state_dict) == (self.num_workers > 0):
+        position; which split comes first, the loader's own). So does a whole run's
+        ``job_state_dict(...)`` (another world size or number of workers)."""
+        if "job" in state_dict or state_dict.get("any_worker"):
+            self.dataset.load_state_dict(state_dict)
+        elif ("_snapshot" in state_dict) == (self.num_workers > 0):
             StatefulDataLoader.load_state_dict(self, state_dict)
         elif "_snapshot" in state_dict:
             self.dataset.load_state_dict(_splits_state(_dataset_states([state_dict])))

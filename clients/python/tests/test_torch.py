@@ -880,6 +880,31 @@ def test_a_stateful_loaders_own_state_dict_resumes_at_another_world_size(daemon,
     assert {item["meta"]["epoch"] for item in rest} == {0}
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_stateful_loader_loads_a_job_state_itself(daemon, workers):
+    """docs/multi-node.md has every rank call ``load_state_dict(job_state_dict(all_states))``:
+    on the StatefulMinibatchDataLoader, not only on its dataset (found by a probe: torchdata's
+    own load_state_dict failed on it with "State doesn't contain key '_num_yielded'"). Two ranks
+    stop after different numbers of minibatches; one rank's loader continues the run."""
+    from minibatchd.torch import StatefulMinibatchDataLoader, job_state_dict
+
+    require("torchdata")
+    states, first = [], []
+    for rank in range(2):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2, rank=rank,
+                                      tail="pad")
+        loader = StatefulMinibatchDataLoader(ds, num_workers=workers)
+        it = iter(loader)
+        first += [next(it) for _ in range(2 + rank)]
+        states.append(loader.state_dict())
+        del it, loader
+    one = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=1, rank=0)
+    loader = StatefulMinibatchDataLoader(one, num_workers=workers)
+    loader.load_state_dict(job_state_dict(states))
+    rest = list(loader)
+    assert sorted(item_ids(first + rest)) == list(range(SEQUENCES))
+
+
 def test_the_ledger_of_a_padded_run_is_what_every_rank_saw(daemon):
     """tail="pad": the ledger (dump --equal-steps --tail pad) has the padding's empty minibatches
     too, so each rank's recorded fingerprints, padding included, are the expected ones; a missing
