@@ -103,6 +103,7 @@ impl Dataset {
                 d.decode(window.bytes(seq.offset, seq.size)?, &at, &mut out, errors);
                 within(&out, &at)?;
             }
+            window.unchanged()?;
             return Ok(d.finish(out));
         }
         // Its sequences are the chunk's lines, in order, one each: sequence `i` of the file is
@@ -124,6 +125,7 @@ impl Dataset {
             );
             return Err(DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what)));
         }
+        window.unchanged()?;
         Ok(d.finish(out))
     }
 
@@ -215,6 +217,7 @@ impl Dataset {
                             .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
                     }
                 }
+                window.unchanged()?;
             } else {
                 for (loc, seq) in self.chunk_sequences(chunk, si) {
                     let path = &src.files[loc.file as usize];
