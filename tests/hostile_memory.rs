@@ -114,8 +114,9 @@ fn refusal(d: &Daemon, dataset: &str) -> (ErrorCode, String) {
 fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    // 15 million instances of 6 bytes: 90 MB, an index of about 19 MB (1.25 bytes a line), over
-    // the quarter of the limit the indexes may hold (16 MiB).
+    // 15 million instances of 6 bytes: 90 MB, indexed by its three chunks (the index of one
+    // sequence a line was about 19 MB, over the quarter of the limit the indexes may hold, 16
+    // MiB); a session's sweep orders over them (16 bytes a sequence of the window) do not fit.
     let short = write(p, "short.txt", "1 1:1\n".repeat(15_000_000));
     // A bomb: 60 MB of instances in about 100 KB of gzip.
     let bomb = write(p, "bomb.txt.gz", gz("0 7:1\n".repeat(10_000_000).as_bytes()));
@@ -143,8 +144,8 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     config(p, LIMIT, &datasets);
     let d = Daemon::start(p, &[]);
     let (code, message) = refusal(&d, "short");
-    assert_eq!(code, ErrorCode::UnknownDataset, "{message}");
-    assert!(message.contains("short.txt:") && message.contains("sequences, the most its index may hold"), "{message}");
+    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+    assert!(message.contains("sweep orders") && message.contains("raise memory_limit_bytes"), "{message}");
     let (code, message) = refusal(&d, "bomb");
     assert_eq!(code, ErrorCode::UnknownDataset, "{message}");
     assert!(message.contains("bomb.txt.gz") && message.contains("max_inflate_ratio"), "{message}");

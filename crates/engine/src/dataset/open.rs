@@ -15,6 +15,7 @@ use crate::format::deepx::{DeepxDecoder, LineIndexOptions, Schema};
 use crate::format::errors::DataError;
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex};
 use crate::format::inflate::{self, Compression};
+use crate::format::line_chunks;
 use crate::format::record::{CtfReader, LineReader, RecordReader};
 use crate::format::registry::{self, RecordFormat};
 use crate::options::{DatasetConfig, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
@@ -59,6 +60,7 @@ impl Dataset {
                 let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
                 let left = limits.left_after(sequences, index_bytes, lengths_kept);
                 let cache = config.cache_index.then_some(state_dir);
+                let lines = one_source.then_some(config.chunk_size_bytes);
                 let idx = index_input(
                     &reader,
                     &input,
@@ -67,7 +69,7 @@ impl Dataset {
                     cache,
                     remote,
                     left,
-                    config.index_threads,
+                    (config.index_threads, lines),
                     &mut report,
                 )?;
                 versions.push(stored);
@@ -133,7 +135,8 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = index_input(&reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            let threads = (config.index_threads, Some(config.chunk_size_bytes));
+            let idx = index_input(&reader, input, d, stored, cache, remote, left, threads, &mut report)?;
             // The file's index whole must fit beside what the earlier files keep (its sizes are
             // held until it is chunked)...
             within_index_budget(&idx, &left)?;
@@ -186,7 +189,8 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let idx = index_input(&*reader, input, d, stored, cache, remote, left, config.index_threads, &mut report)?;
+            let threads = (config.index_threads, None);
+            let idx = index_input(&*reader, input, d, stored, cache, remote, left, threads, &mut report)?;
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
@@ -208,7 +212,9 @@ impl Dataset {
 
 /// Indexes `input` with `reader`: its bytes at `data` (the input itself, or a decompressed copy)
 /// through the index cache in `cache`, or, for an object, through object storage's shared index;
-/// `stored` becomes the version indexed.
+/// `stored` becomes the version indexed. `threads`: the threads the pass may use, and, for a file
+/// chunked as it is indexed (a dataset of one source), its chunk size: a local file of one-line
+/// sequences is then indexed by its chunks alone ([`line_chunks`]), and its cache is of them.
 ///
 /// # Errors
 /// The reader's, the file changing while it is read, and object storage's.
@@ -221,11 +227,12 @@ fn index_input(
     cache: Option<&Path>,
     remote: Option<&Remote>,
     left: IndexLimits,
-    threads: usize,
+    (threads, chunked): (usize, Option<u64>),
     report: &mut dyn FnMut(u64),
 ) -> Result<FileIndex> {
     let name: Arc<Path> = Arc::from(input.name.as_path());
     let fingerprint = reader.fingerprint();
+    let by_chunks = reader.line_kind().zip(chunked);
     match &*stored {
         Stored::Remote(object) => {
             let r = remote::require(remote, &input.name)?;
@@ -237,8 +244,18 @@ fn index_input(
             Ok(built.0)
         }
         Stored::Local(_) => {
+            // An index of chunks is of one chunk size: it keys the cache too.
+            let fingerprint = match by_chunks {
+                Some((_, size)) => format!("{fingerprint};line-chunks={size}"),
+                None => fingerprint,
+            };
             let (idx, version) =
                 index_with_cache(&name, data, &fingerprint, cache, left.max_sequences, report, &mut |p| {
+                    if let Some((kind, size)) = by_chunks {
+                        if let Some(idx) = line_chunks::index_file(data, &name, kind, size, left, threads, p)? {
+                            return Ok(idx);
+                        }
+                    }
                     reader.index_file(data, name.clone(), left, threads, p)
                 })?;
             *stored = Stored::Local(version);
@@ -354,9 +371,22 @@ fn chunk_by_lines(
     left: &IndexLimits,
     chunks: &mut Vec<ChunkDesc>,
 ) -> u64 {
-    chunks.extend(
-        build_chunks(std::slice::from_ref(idx), config.chunk_size_bytes).into_iter().map(|c| ChunkDesc { file, ..c }),
-    );
+    match idx.sequences.line_chunks() {
+        // Indexed by its chunks, for this chunk size (the cache's key holds it).
+        Some(lc) => {
+            let (mut start, mut first_seq) = (lc.first_offset, 0usize);
+            for &(end, lines) in &lc.chunks {
+                let num_seqs = usize::try_from(lines).unwrap_or(usize::MAX);
+                chunks.push(ChunkDesc { file, start, end, first_seq, num_seqs, num_samples: lines });
+                (start, first_seq) = (end, first_seq.saturating_add(num_seqs));
+            }
+        }
+        None => chunks.extend(
+            build_chunks(std::slice::from_ref(idx), config.chunk_size_bytes)
+                .into_iter()
+                .map(|c| ChunkDesc { file, ..c }),
+        ),
+    }
     idx.sequences.let_go_of_line_sizes();
     idx.sequences.shrink_to_fit();
     index_cost(&idx.sequences, left)

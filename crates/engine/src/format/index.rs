@@ -196,6 +196,36 @@ pub struct Sequences {
     /// The sizes were let go: every sequence is one line of its own, so a chunk's lines are its
     /// sequences ([`Sequences::let_go_of_line_sizes`]).
     sizes_follow_lines: bool,
+    /// A file indexed by its chunks alone ([`Sequences::of_line_chunks`]).
+    line_chunks: Option<Box<LineChunks>>,
+}
+
+/// A file of one-line sequences indexed by its chunks alone
+/// ([`crate::format::line_chunks`]): its sequences' sizes were never held.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineChunks {
+    /// The chunk size they were cut for.
+    pub chunk_size: u64,
+    /// Where the first sequence begins.
+    pub first_offset: u64,
+    /// Each chunk's end and line count, in order; a chunk begins where the one before ended.
+    pub chunks: Vec<(u64, u64)>,
+}
+
+impl LineChunks {
+    /// Whether the chunks follow each other from the first offset to `size`, each of at least a
+    /// line, and hold `lines` lines (what a cache file read back must say).
+    #[must_use]
+    pub fn tile(&self, size: u64, lines: u64) -> bool {
+        let (mut start, mut seen) = (self.first_offset, 0u64);
+        for &(end, n) in &self.chunks {
+            if end <= start || n == 0 {
+                return false;
+            }
+            (start, seen) = (end, seen.saturating_add(n));
+        }
+        start == size && seen == lines
+    }
 }
 
 impl Sequences {
@@ -269,6 +299,26 @@ impl Sequences {
         self.sizes = SizeColumn::default();
         self.sizes_follow_lines = true;
         true
+    }
+
+    /// The sequences of a file indexed by its chunks alone: each chunk's lines, one sequence each
+    /// (sizes let go, [`Sequences::let_go_of_line_sizes`]).
+    #[must_use]
+    pub fn of_line_chunks(chunks: LineChunks) -> Self {
+        let len = chunks.chunks.iter().map(|&(_, lines)| lines).sum::<u64>();
+        Self {
+            len: usize::try_from(len).unwrap_or(usize::MAX),
+            end: chunks.chunks.last().map_or(chunks.first_offset, |&(end, _)| end),
+            sizes_follow_lines: true,
+            line_chunks: Some(Box::new(chunks)),
+            ..Self::default()
+        }
+    }
+
+    /// The chunks of a file indexed by them alone ([`Sequences::of_line_chunks`]).
+    #[must_use]
+    pub fn line_chunks(&self) -> Option<&LineChunks> {
+        self.line_chunks.as_deref()
     }
 
     /// Whether the sizes were let go ([`Sequences::let_go_of_line_sizes`]): [`Sequences::get`]
@@ -349,6 +399,9 @@ impl Sequences {
         }
         self.sizes.shrink_to_fit();
         self.samples.shrink_to_fit();
+        if let Some(lc) = &mut self.line_chunks {
+            lc.chunks.shrink_to_fit();
+        }
     }
 
     /// Which columns it keeps beside the sizes (the others follow from the rules of
@@ -369,7 +422,8 @@ impl Sequences {
     #[must_use]
     pub fn footprint(&self) -> u64 {
         let others = self.columns().record_bytes() - 4;
-        (self.sizes.len_bytes() + self.len * others + self.strided.len() * 8) as u64
+        let chunks = self.line_chunks.as_ref().map_or(0, |c| c.chunks.len() * 16);
+        (self.sizes.len_bytes() + self.len * others + self.strided.len() * 8 + chunks) as u64
     }
 
     /// [`Sequences::footprint`] once `s` is pushed: a column that `s` is the first to need then
@@ -412,6 +466,7 @@ impl Sequences {
         (self.offsets.capacity() + self.strided.capacity() + self.lines.capacity() + self.keys.capacity()) * 8
             + self.sizes.heap_bytes()
             + self.samples.capacity() * 4
+            + self.line_chunks.as_ref().map_or(0, |c| c.chunks.capacity() * 16)
     }
 }
 

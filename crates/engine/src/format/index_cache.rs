@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! magic  b"MBDINDEX"          8 bytes
-//! version u32 = 4
+//! version u32 = 5
 //! path_len u32, path bytes    the canonical data path (guards against hash collisions)
 //! opts_len u32, opts bytes    CtfIndexOptions::fingerprint()
 //! size u64, mtime_secs i64, mtime_nanos u32,
@@ -19,7 +19,10 @@
 //! ```
 //!
 //! A record holds the columns the index keeps ([`crate::format::Sequences`]): a file of one-line
-//! sequences without gaps costs 4 bytes a sequence on disk, one that needs every column 32.
+//! sequences without gaps costs 4 bytes a sequence on disk, one that needs every column 32. A file
+//! indexed by its chunks alone ([`crate::format::line_chunks`]; its fingerprint names the chunk
+//! size) has the columns byte `0x10`, and after `first_offset` its chunk size, their number and
+//! each chunk's end and line count (u64 each): 16 bytes a chunk, whatever its lines.
 //!
 //! A cache is used only if every field matches the data file as it is now ([`FileStamp`]: size,
 //! modification and status-change times, device and inode); anything else — another version, a
@@ -39,7 +42,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::format::index::{Columns, FileIndex, SequenceDesc, Sequences};
+use crate::format::index::{Columns, FileIndex, LineChunks, SequenceDesc, Sequences};
 use crate::hash::Fnv1a;
 use crate::state_file;
 
@@ -61,8 +64,13 @@ pub use stamp::FileStamp;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
 /// 2: the file's status-change time, device and inode, and the content's digest. 3: records of
-/// the columns the index keeps, not of every field. 4: the checksum is CRC-64/NVME.
-pub const VERSION: u32 = 4;
+/// the columns the index keeps, not of every field. 4: the checksum is CRC-64/NVME. 5: a file of
+/// one-line sequences indexed by its chunks alone is stored as them ([`LINE_CHUNKS`]).
+pub const VERSION: u32 = 5;
+/// The columns byte of a file indexed by its chunks alone
+/// ([`crate::format::Sequences::of_line_chunks`]): its records are its chunks' ends and line
+/// counts (16 bytes a chunk), after the chunk size and their number.
+const LINE_CHUNKS: u8 = 0x10;
 /// The largest record: every column.
 const RECORD_BYTES: usize = 32;
 /// The subdirectory of `state_dir` that holds index caches.
@@ -129,6 +137,20 @@ fn encode(out: &mut dyn Write, stamp: &FileStamp, fingerprint: &str, index: &Fil
     w.write_all(&stamp.version_bytes())?;
     w.write_all(&index.digest.to_le_bytes())?;
     w.write_all(&(index.sequences.len() as u64).to_le_bytes())?;
+    if let Some(lc) = index.sequences.line_chunks() {
+        // A file indexed by its chunks alone: their ends and line counts.
+        w.write_all(&[LINE_CHUNKS])?;
+        for v in [lc.first_offset, lc.chunk_size, lc.chunks.len() as u64] {
+            w.write_all(&v.to_le_bytes())?;
+        }
+        for &(end, lines) in &lc.chunks {
+            w.write_all(&end.to_le_bytes())?;
+            w.write_all(&lines.to_le_bytes())?;
+        }
+        let sum = w.hash.finalize();
+        w.inner.write_all(&sum.to_le_bytes())?;
+        return w.inner.flush();
+    }
     let columns = index.sequences.columns();
     w.write_all(&[columns.bits()])?;
     let first = index.sequences.iter().next().map_or(0, |s| s.offset);
@@ -285,6 +307,26 @@ fn decode(
     let mut sequences = Sequences::default();
     let mut bits = [0u8; 1];
     body.fill(&mut bits)?;
+    if bits[0] == LINE_CHUNKS {
+        let (first_offset, chunk_size, n) = (body.u64()?, body.u64()?, body.u64()?);
+        if n.checked_mul(16) != Some(body.left) {
+            problem.get_or_insert("malformed");
+        }
+        let mut lc = LineChunks { chunk_size, first_offset, chunks: Vec::new() };
+        for _ in 0..if problem.is_none() { n } else { 0 } {
+            lc.chunks.push((body.u64()?, body.u64()?));
+        }
+        if problem.is_none() && !lc.tile(stamp.size, count) {
+            problem.get_or_insert("malformed");
+        }
+        body.verify()?;
+        lc.chunks.shrink_to_fit();
+        let sequences = Sequences::of_line_chunks(lc);
+        return match problem {
+            Some(why) => Err(Miss::Stale(why)),
+            None => Ok(FileIndex { path: file.clone(), size: stamp.size, digest, sequences }),
+        };
+    }
     let columns = Columns::from_bits(bits[0]).unwrap_or_else(|| {
         problem.get_or_insert("malformed");
         Columns::default()
@@ -754,6 +796,37 @@ mod tests {
         );
         assert!(rewritten.change(&replaced).contains("status-change time"), "{}", rewritten.change(&replaced));
         assert!(matches!(load(dir.path(), &rewritten, "opts", &index.path, u64::MAX), Err(Miss::Stale(_))));
+    }
+
+    /// A file indexed by its chunks alone is stored as them and read back the same; chunks that
+    /// do not follow each other to the file's end, or whose lines do not add up, are refused
+    /// even under a valid checksum, and so is a count over the limit.
+    #[test]
+    fn an_index_of_chunks_alone_round_trips_and_a_malformed_one_is_refused() {
+        use crate::format::index::LineChunks;
+        let (dir, _data, stamp, index) = setup();
+        // `|a 1\n|a 2\n`: two chunks of a line each.
+        let chunks = |chunks: Vec<(u64, u64)>| FileIndex {
+            sequences: Sequences::of_line_chunks(LineChunks { chunk_size: 5, first_offset: 0, chunks }),
+            ..index.clone()
+        };
+        let good = chunks(vec![(5, 1), (10, 1)]);
+        let path = store(dir.path(), &stamp, "opts", &good).expect("store");
+        assert!(fs::metadata(&path).expect("meta").len() < 200, "a few bytes a chunk");
+        assert_eq!(load(dir.path(), &stamp, "opts", &good.path, u64::MAX), Ok(good.clone()));
+        assert_eq!(load(dir.path(), &stamp, "opts", &good.path, 1), Err(Miss::Stale(TOO_MANY_SEQUENCES)));
+        for bad in [vec![(5, 1), (5, 1)], vec![(5, 1), (9, 1)], vec![(5, 0), (10, 2)], vec![(11, 2)]] {
+            let bytes = encode_to_vec(&stamp, "opts", &chunks(bad.clone())).expect("encode");
+            assert_eq!(
+                decode_bytes(&bytes, &stamp, "opts", &good.path, u64::MAX),
+                Err(Miss::Stale("malformed")),
+                "{bad:?}"
+            );
+        }
+        let mut bytes = fs::read(&path).expect("read");
+        let at = bytes.len() - 12;
+        bytes[at] ^= 1;
+        assert_eq!(decode_bytes(&bytes, &stamp, "opts", &good.path, u64::MAX), Err(Miss::Stale("checksum mismatch")));
     }
 
     #[test]

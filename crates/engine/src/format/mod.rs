@@ -26,6 +26,7 @@ pub mod fixed;
 pub mod index;
 pub mod index_cache;
 pub mod inflate;
+pub mod line_chunks;
 pub mod parsed_cache;
 pub(crate) mod parts;
 pub mod record;

@@ -43,6 +43,13 @@ pub(crate) struct PartReader<'a> {
     end: Option<u64>,
 }
 
+impl<'a> PartReader<'a> {
+    /// The bytes of `file` from `at` to `end` (its end when `None`).
+    pub(crate) fn new(file: &'a File, at: u64, end: Option<u64>) -> Self {
+        Self { file, at, end }
+    }
+}
+
 impl std::io::Read for PartReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let left = self.end.map_or(u64::MAX, |e| e.saturating_sub(self.at));

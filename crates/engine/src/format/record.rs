@@ -21,6 +21,7 @@ use crate::format::deepx::{self, DeepxBufs, DeepxDecoder, DeepxElement, LineInde
 use crate::format::errors::{DataError, Malformed};
 use crate::format::fixed::{self, FixedLengthOptions};
 use crate::format::index::FileIndex;
+use crate::format::line_chunks::LineKind;
 use crate::format::stream_buf::record_buffer;
 pub use crate::format::stream_buf::StreamBufDecoder;
 use crate::format::tfrecord;
@@ -50,6 +51,12 @@ pub trait RecordReader: Send + Sync {
         threads: usize,
         progress: &mut dyn FnMut(u64),
     ) -> Result<FileIndex, DataError>;
+
+    /// The lines a file of this format holds when every line is a sequence
+    /// ([`crate::format::line_chunks`]); `None` (the default): its records are not lines.
+    fn line_kind(&self) -> Option<LineKind> {
+        None
+    }
 
     /// How many of a file's first bytes [`RecordReader::plain_head`] reads; 0 (the default): the
     /// format has no such test.
@@ -87,6 +94,11 @@ impl RecordReader for CtfReader {
         self.0.fingerprint()
     }
 
+    fn line_kind(&self) -> Option<LineKind> {
+        // With a `defines_mb_size` stream a line without it is no sequence.
+        self.0.main_alias.is_none().then_some(LineKind::Ctf { skip_ids: self.0.skip_sequence_ids })
+    }
+
     fn index_file(
         &self,
         data: &Path,
@@ -118,6 +130,10 @@ pub struct LineReader(pub LineIndexOptions);
 impl RecordReader for LineReader {
     fn fingerprint(&self) -> String {
         self.0.fingerprint()
+    }
+
+    fn line_kind(&self) -> Option<LineKind> {
+        Some(LineKind::Deepx { comments: self.0.comments })
     }
 
     fn index_file(
