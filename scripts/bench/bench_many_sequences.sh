@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Many sequences on one node (issue 37, item 4): a generated libsvm file of N short lines
 # (`1 1:1`, 6 bytes each), and on it, each on the clock a user sees:
-#   * `minibatchd index`: time, peak RSS, the index cache's size on disk;
+#   * `minibatchd index`: time, peak RSS, the index cache's size on disk; then again, from that
+#     cache;
 #   * the daemon started on that cache: RSS once the dataset is ready;
 #   * one session from the Python client (minibatch 1024, randomized, window of 4 chunks, one
 #     sweep): time to its first minibatch from `open`, samples/s over the sweep, the daemon's RSS
@@ -48,7 +49,10 @@ TOML
 /usr/bin/time -f "%e %M" -o "$W/index.time" "$BIN" index --config "$W/c.toml" --dataset short > "$W/index.out"
 read -r index_s index_kb < "$W/index.time"
 cache_bytes=$(du -sb "$W/state/index" | cut -f1)
-echo "$LINES lines ($(du -b "$W/short.txt" | cut -f1) bytes): index ${index_s} s, peak $((index_kb / 1024)) MiB, cache on disk $((cache_bytes / 1048576)) MiB ($(python3 -c "print(f'{$cache_bytes / $LINES:.1f}')") B/seq)"
+echo "$LINES lines ($(du -b "$W/short.txt" | cut -f1) bytes): index ${index_s} s, peak $((index_kb / 1024)) MiB, cache on disk $((cache_bytes / 1048576)) MiB ($(python3 -c "print(f'{$cache_bytes / $LINES:.1f}')") B/seq; $cache_bytes bytes)"
+/usr/bin/time -f "%e %M" -o "$W/cached.time" "$BIN" index --config "$W/c.toml" --dataset short > /dev/null
+read -r cached_s cached_kb < "$W/cached.time"
+echo "index from its cache: ${cached_s} s, peak $((cached_kb / 1024)) MiB"
 mbd_start "$W/c.toml" "$W/log"
 mbd_wait_log "$W/log" "datasets opened"
 ready_kb=$(awk '/VmRSS/ {print $2}' "/proc/$MBD_PID/status")

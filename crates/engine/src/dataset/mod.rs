@@ -426,8 +426,8 @@ impl Dataset {
     }
 
     /// [`Dataset::identity`] and [`Dataset::legacy_identity`], computed once (they walk every
-    /// sequence's length) and in one walk: the two hashes' steps are independent, so the core
-    /// runs them side by side.
+    /// sequence's length, unless every one is 1: [`Fnv1a::ones`]) and in one walk: the two
+    /// hashes' steps are independent, so the core runs them side by side.
     fn identities(&self) -> [u64; 2] {
         *self.identities.get_or_init(|| {
             let (mut h, mut legacy) = (Fnv1a::new(), Fnv1a::new());
@@ -448,9 +448,16 @@ impl Dataset {
                     }
                 }
             }
-            for l in self.timeline.seq_len.iter() {
-                h.u64(u64::from(l));
-                legacy.u64(u64::from(l));
+            if self.timeline.seq_len.all_ones() {
+                // One sample each: the same hash as one field of 1 a sequence, without the walk.
+                let n = self.timeline.seq_len.len() as u64;
+                h.ones(n);
+                legacy.ones(n);
+            } else {
+                for l in self.timeline.seq_len.iter() {
+                    h.u64(u64::from(l));
+                    legacy.u64(u64::from(l));
+                }
             }
             for &c in &self.timeline.chunk_start {
                 h.u64(c as u64);
