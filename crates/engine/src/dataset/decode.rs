@@ -14,7 +14,7 @@ use crate::format::chunk::{ParsedChunk, StreamData};
 use crate::format::ctf::{SeqContext, StreamBuf};
 use crate::format::deepx::DeepxElement;
 use crate::format::errors::{DataError, Malformed};
-use crate::format::index::SequenceDesc;
+use crate::format::index::{ChunkDesc, SequenceDesc};
 use crate::format::record::{RecordAt, RecordDecoder};
 use crate::format::registry::DecoderVisitor;
 use crate::options::{SourceConfig, StreamFormat};
@@ -189,32 +189,18 @@ impl Dataset {
                 // still in the core's cache (one pass over memory instead of three).
                 let path = &src.files[desc.file];
                 let mut window = Self::window(src, self.remote.as_deref(), desc.file, desc.start, desc.end)?;
+                let mut each = |bytes: &[u8], seq: &SequenceDesc| {
+                    decoder
+                        .decode_sequence(bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
+                        .and_then(|()| within(&mut bufs, path, seq))
+                        .map_err(|e| self.fatal_after(e, &by_source, &errors))
+                };
                 if src.indexes[desc.file].sequences.sizes_follow_lines() {
-                    // Its sequences are the chunk's lines, one each, the last to the chunk's end.
-                    let mut offset = desc.start;
-                    for (k, line) in (desc.first_seq as u64..).take(seqs.len()).enumerate() {
-                        let bytes = if k + 1 == seqs.len() {
-                            let size = desc.end.checked_sub(offset).and_then(|n| u32::try_from(n).ok());
-                            window.bytes(offset, size.ok_or_else(|| changed(path, chunk))?)?
-                        } else {
-                            window.line(offset)?
-                        };
-                        let size = u32::try_from(bytes.len()).map_err(|_| changed(path, chunk))?;
-                        let seq = &crate::format::SequenceDesc { key: line, offset, line, size, samples: 1 };
-                        decoder
-                            .decode_sequence(bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
-                            .and_then(|()| within(&mut bufs, path, seq))
-                            .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
-                        offset += u64::from(size);
-                    }
+                    let last = desc.end == src.indexes[desc.file].size;
+                    ctf_lines(chunk, desc, seqs.len(), last, path, &mut window, &mut each)?;
                 } else {
                     for (_, seq) in self.chunk_sequences(chunk, 0) {
-                        let seq = &seq;
-                        let slice = window.bytes(seq.offset, seq.size)?;
-                        decoder
-                            .decode_sequence(slice, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
-                            .and_then(|()| within(&mut bufs, path, seq))
-                            .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                        each(window.bytes(seq.offset, seq.size)?, &seq)?;
                     }
                 }
                 window.unchanged()?;
@@ -313,4 +299,36 @@ fn changed(file: &Path, chunk: usize) -> DataError {
          (changed since it was indexed?)"
     );
     DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what))
+}
+
+/// Decodes the sequences of chunk `chunk` (`desc`, `count` sequences; the file's last when
+/// `last`) of a CTF file whose sequences are its lines (its sizes let go): each line one, the
+/// file's last sequence to its end (blank lines after it are its); `each` gets a sequence's bytes
+/// and descriptor.
+fn ctf_lines(
+    chunk: usize,
+    desc: &ChunkDesc,
+    count: usize,
+    last: bool,
+    path: &Path,
+    window: &mut ReadWindow<'_>,
+    each: &mut dyn FnMut(&[u8], &SequenceDesc) -> Result<()>,
+) -> Result<()> {
+    let mut offset = desc.start;
+    for (k, line) in (desc.first_seq as u64..).take(count).enumerate() {
+        let bytes = if k + 1 == count && last {
+            let size = desc.end.checked_sub(offset).and_then(|n| u32::try_from(n).ok());
+            window.bytes(offset, size.ok_or_else(|| changed(path, chunk))?)?
+        } else {
+            window.line(offset)?
+        };
+        let size = u32::try_from(bytes.len()).map_err(|_| changed(path, chunk))?;
+        each(bytes, &SequenceDesc { key: line, offset, line, size, samples: 1 })?;
+        offset += u64::from(size);
+    }
+    if offset == desc.end {
+        Ok(())
+    } else {
+        Err(changed(path, chunk))
+    }
 }

@@ -305,7 +305,7 @@ impl Sequences {
     /// (sizes let go, [`Sequences::let_go_of_line_sizes`]).
     #[must_use]
     pub fn of_line_chunks(chunks: LineChunks) -> Self {
-        let len = chunks.chunks.iter().map(|&(_, lines)| lines).sum::<u64>();
+        let len = chunks.chunks.iter().fold(0u64, |n, &(_, lines)| n.saturating_add(lines));
         Self {
             len: usize::try_from(len).unwrap_or(usize::MAX),
             end: chunks.chunks.last().map_or(chunks.first_offset, |&(end, _)| end),

@@ -309,7 +309,9 @@ fn decode(
     body.fill(&mut bits)?;
     if bits[0] == LINE_CHUNKS {
         let (first_offset, chunk_size, n) = (body.u64()?, body.u64()?, body.u64()?);
-        if n.checked_mul(16) != Some(body.left) {
+        // Only where an index of chunks of this size was asked for (its fingerprint says so):
+        // no other reader of an index can use one.
+        if n.checked_mul(16) != Some(body.left) || !fingerprint.ends_with(&format!(";line-chunks={chunk_size}")) {
             problem.get_or_insert("malformed");
         }
         let mut lc = LineChunks { chunk_size, first_offset, chunks: Vec::new() };
@@ -804,6 +806,7 @@ mod tests {
     #[test]
     fn an_index_of_chunks_alone_round_trips_and_a_malformed_one_is_refused() {
         use crate::format::index::LineChunks;
+        const FP: &str = "opts;line-chunks=5";
         let (dir, _data, stamp, index) = setup();
         // `|a 1\n|a 2\n`: two chunks of a line each.
         let chunks = |chunks: Vec<(u64, u64)>| FileIndex {
@@ -811,22 +814,31 @@ mod tests {
             ..index.clone()
         };
         let good = chunks(vec![(5, 1), (10, 1)]);
-        let path = store(dir.path(), &stamp, "opts", &good).expect("store");
+        let path = store(dir.path(), &stamp, FP, &good).expect("store");
         assert!(fs::metadata(&path).expect("meta").len() < 200, "a few bytes a chunk");
-        assert_eq!(load(dir.path(), &stamp, "opts", &good.path, u64::MAX), Ok(good.clone()));
-        assert_eq!(load(dir.path(), &stamp, "opts", &good.path, 1), Err(Miss::Stale(TOO_MANY_SEQUENCES)));
+        assert_eq!(load(dir.path(), &stamp, FP, &good.path, u64::MAX), Ok(good.clone()));
+        assert_eq!(load(dir.path(), &stamp, FP, &good.path, 1), Err(Miss::Stale(TOO_MANY_SEQUENCES)));
         for bad in [vec![(5, 1), (5, 1)], vec![(5, 1), (9, 1)], vec![(5, 0), (10, 2)], vec![(11, 2)]] {
-            let bytes = encode_to_vec(&stamp, "opts", &chunks(bad.clone())).expect("encode");
+            let bytes = encode_to_vec(&stamp, FP, &chunks(bad.clone())).expect("encode");
             assert_eq!(
-                decode_bytes(&bytes, &stamp, "opts", &good.path, u64::MAX),
+                decode_bytes(&bytes, &stamp, FP, &good.path, u64::MAX),
                 Err(Miss::Stale("malformed")),
                 "{bad:?}"
+            );
+        }
+        // Where no index of chunks of that size was asked for (another reader, another size).
+        for other in ["opts", "opts;line-chunks=6"] {
+            let bytes = encode_to_vec(&stamp, other, &good).expect("encode");
+            assert_eq!(
+                decode_bytes(&bytes, &stamp, other, &good.path, u64::MAX),
+                Err(Miss::Stale("malformed")),
+                "{other}"
             );
         }
         let mut bytes = fs::read(&path).expect("read");
         let at = bytes.len() - 12;
         bytes[at] ^= 1;
-        assert_eq!(decode_bytes(&bytes, &stamp, "opts", &good.path, u64::MAX), Err(Miss::Stale("checksum mismatch")));
+        assert_eq!(decode_bytes(&bytes, &stamp, FP, &good.path, u64::MAX), Err(Miss::Stale("checksum mismatch")));
     }
 
     #[test]

@@ -74,7 +74,10 @@ pub fn index_file(
     let file = minibatchd_sys::files::open_regular(data).map_err(io)?;
     let size = file.metadata().map_err(io)?.len();
     let Some(first) = first_line(&file, kind).map_err(io)? else { return Ok(None) };
-    let cuts = cut(&file, first, size, chunk_size.max(1)).map_err(io)?;
+    // Each chunk holds a line at least, and costs 16 bytes: no more of them than the budget has
+    // room for (the one-line pass then stops where it passes it).
+    let most = limits.max_sequences.min(limits.max_index_bytes / 16);
+    let Some(cuts) = cut(&file, first, size, chunk_size.max(1), most).map_err(io)? else { return Ok(None) };
     // A line may be no longer than a sequence may (a chunk only longer than that is looked at
     // line by line).
     let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
@@ -100,6 +103,9 @@ pub fn index_file(
 /// one this pass takes.
 fn first_line(file: &File, kind: LineKind) -> std::io::Result<Option<u64>> {
     let head = read_window(file, 0, 4)?;
+    if head.starts_with(&[0xFF, 0xFE]) {
+        return Ok(None); // UTF-16: CTF's pass refuses it, saying so
+    }
     let at = if head.starts_with(&[0xEF, 0xBB, 0xBF]) { 3 } else { 0 };
     let Some(&b) = head.get(at) else { return Ok(None) };
     let taken = match kind {
@@ -110,11 +116,14 @@ fn first_line(file: &File, kind: LineKind) -> std::io::Result<Option<u64>> {
 }
 
 /// The chunks of the file's bytes `first..size`, as `(start, end)`, by CNTK's rule over lines
-/// that tile them.
-fn cut(file: &File, first: u64, size: u64, chunk_size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+/// that tile them; `None` past `most` of them.
+fn cut(file: &File, first: u64, size: u64, chunk_size: u64, most: u64) -> std::io::Result<Option<Vec<(u64, u64)>>> {
     let mut cuts = Vec::new();
     let mut c = first;
     while c < size {
+        if cuts.len() as u64 >= most {
+            return Ok(None);
+        }
         let p = c.saturating_add(chunk_size);
         if p >= size {
             cuts.push((c, size));
@@ -129,7 +138,7 @@ fn cut(file: &File, first: u64, size: u64, chunk_size: u64) -> std::io::Result<V
         cuts.push((c, end));
         c = end;
     }
-    Ok(cuts)
+    Ok(Some(cuts))
 }
 
 /// The last newline in bytes `lo..hi`.
@@ -192,7 +201,9 @@ fn count_chunks(
         while !stop.load(Ordering::Relaxed) {
             let k = next.fetch_add(1, Ordering::Relaxed);
             let Some(&(start, end)) = cuts.get(k) else { return Ok(()) };
-            let lines = Lines { kind, last: end == size, max: (end - start >= max_line).then_some(max_line) };
+            // A line's length counts a byte-order mark before it, as the one-line pass does.
+            let from = if k == 0 { 0 } else { start };
+            let lines = Lines { kind, last: end == size, from, max: (end - from >= max_line).then_some(max_line) };
             let counted = count(file, start, end, lines, &mut buf, &mut |n| {
                 read.fetch_add(n, Ordering::Relaxed);
                 report();
@@ -227,6 +238,8 @@ struct Lines {
     kind: LineKind,
     /// The chunk ends the file (its last line may lack a newline).
     last: bool,
+    /// Where its first line's length is counted from.
+    from: u64,
     /// Each line shorter than this, where the chunk is not.
     max: Option<u64>,
 }
@@ -237,7 +250,7 @@ fn count(
     file: &File,
     start: u64,
     end: u64,
-    Lines { kind, last, max }: Lines,
+    Lines { kind, last, from, max }: Lines,
     buf: &mut [u8],
     report: &mut dyn FnMut(u64),
 ) -> std::io::Result<Option<Counted>> {
@@ -245,7 +258,7 @@ fn count(
     let mut crc = crc32fast::Hasher::new();
     let (mut len, mut lines, mut line_start) = (0u64, 0u64, true);
     // Where the current line began (looked at only with `max`).
-    let mut line_from = start;
+    let mut line_from = from;
     loop {
         let n = read_full(&mut reader, buf)?;
         if n == 0 {
