@@ -109,22 +109,11 @@ impl Dataset {
         // Its sequences are the chunk's lines, in order, one each: sequence `i` of the file is
         // its line `i`.
         let file = &src.files[desc.file];
-        let mut offset = desc.start;
-        for line in desc.first_seq as u64..(desc.first_seq + count) as u64 {
-            let bytes = window.line(offset)?;
+        chunk_lines(chunk, desc, count, false, file, &mut window, |bytes, line, offset| {
             let at = RecordAt { file, line, offset };
-            offset += bytes.len() as u64;
             d.decode(bytes, &at, &mut out, errors);
-            within(&out, &at)?;
-        }
-        if offset != desc.end {
-            let what = format!(
-                "chunk {chunk}'s {count} lines end at byte {offset}, the chunk at {}: the file holds other lines than \
-                 its index says (changed since it was indexed?)",
-                desc.end
-            );
-            return Err(DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what)));
-        }
+            within(&out, &at)
+        })?;
         window.unchanged()?;
         Ok(d.finish(out))
     }
@@ -196,8 +185,13 @@ impl Dataset {
                         .map_err(|e| self.fatal_after(e, &by_source, &errors))
                 };
                 if src.indexes[desc.file].sequences.sizes_follow_lines() {
+                    // The file's last sequence runs to its end: blank lines after it are its.
                     let last = desc.end == src.indexes[desc.file].size;
-                    ctf_lines(chunk, desc, seqs.len(), last, path, &mut window, &mut each)?;
+                    chunk_lines(chunk, desc, seqs.len(), last, path, &mut window, |bytes, line, offset| {
+                        let size =
+                            u32::try_from(bytes.len()).map_err(|_| DataError::Dataset("sequence too large".into()))?;
+                        each(bytes, &SequenceDesc { key: line, offset, line, size, samples: 1 })
+                    })?;
                 } else {
                     for (_, seq) in self.chunk_sequences(chunk, 0) {
                         each(window.bytes(seq.offset, seq.size)?, &seq)?;
@@ -292,43 +286,40 @@ impl Dataset {
     }
 }
 
-/// The error of chunk `chunk` of `file` whose lines are not where its index says they are.
-fn changed(file: &Path, chunk: usize) -> DataError {
-    let what = format!(
-        "chunk {chunk}'s lines are not where its index says they are: the file holds other lines than it did \
-         (changed since it was indexed?)"
-    );
-    DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what))
-}
-
-/// Decodes the sequences of chunk `chunk` (`desc`, `count` sequences; the file's last when
-/// `last`) of a CTF file whose sequences are its lines (its sizes let go): each line one, the
-/// file's last sequence to its end (blank lines after it are its); `each` gets a sequence's bytes
-/// and descriptor.
-fn ctf_lines(
+/// Reads chunk `chunk` (`desc`, `count` sequences) of a file whose sequences are its lines (its
+/// sizes let go): `each` gets every line's bytes, line number and offset — with `last`, the
+/// chunk's last sequence runs to the chunk's end (a CTF file's last sequence holds the blank
+/// lines after it). An error unless the lines end where the chunk does.
+fn chunk_lines(
     chunk: usize,
     desc: &ChunkDesc,
     count: usize,
     last: bool,
-    path: &Path,
+    file: &Path,
     window: &mut ReadWindow<'_>,
-    each: &mut dyn FnMut(&[u8], &SequenceDesc) -> Result<()>,
+    mut each: impl FnMut(&[u8], u64, u64) -> Result<()>,
 ) -> Result<()> {
     let mut offset = desc.start;
     for (k, line) in (desc.first_seq as u64..).take(count).enumerate() {
-        let bytes = if k + 1 == count && last {
-            let size = desc.end.checked_sub(offset).and_then(|n| u32::try_from(n).ok());
-            window.bytes(offset, size.ok_or_else(|| changed(path, chunk))?)?
+        let to_end = if k + 1 == count && last {
+            desc.end.checked_sub(offset).and_then(|n| u32::try_from(n).ok())
         } else {
-            window.line(offset)?
+            None
         };
-        let size = u32::try_from(bytes.len()).map_err(|_| changed(path, chunk))?;
-        each(bytes, &SequenceDesc { key: line, offset, line, size, samples: 1 })?;
-        offset += u64::from(size);
+        let bytes = match to_end {
+            Some(size) => window.bytes(offset, size)?,
+            None => window.line(offset)?,
+        };
+        each(bytes, line, offset)?;
+        offset += bytes.len() as u64;
     }
     if offset == desc.end {
-        Ok(())
-    } else {
-        Err(changed(path, chunk))
+        return Ok(());
     }
+    let what = format!(
+        "chunk {chunk}'s {count} lines end at byte {offset}, the chunk at {}: the file holds other lines than its \
+         index says (changed since it was indexed?)",
+        desc.end
+    );
+    Err(DataError::io(file, std::io::Error::new(std::io::ErrorKind::InvalidData, what)))
 }

@@ -246,7 +246,7 @@ fn index_input(
         Stored::Local(_) => {
             // An index of chunks is of one chunk size: it keys the cache too.
             let fingerprint = match by_chunks {
-                Some((_, size)) => format!("{fingerprint};line-chunks={size}"),
+                Some((_, size)) => fingerprint + &line_chunks::fingerprint_suffix(size),
                 None => fingerprint,
             };
             let (idx, version) =

@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::format::index::{Columns, FileIndex, LineChunks, SequenceDesc, Sequences};
+use crate::format::line_chunks::fingerprint_suffix;
 use crate::hash::Fnv1a;
 use crate::state_file;
 
@@ -67,9 +68,7 @@ const MAGIC: &[u8; 8] = b"MBDINDEX";
 /// the columns the index keeps, not of every field. 4: the checksum is CRC-64/NVME. 5: a file of
 /// one-line sequences indexed by its chunks alone is stored as them ([`LINE_CHUNKS`]).
 pub const VERSION: u32 = 5;
-/// The columns byte of a file indexed by its chunks alone
-/// ([`crate::format::Sequences::of_line_chunks`]): its records are its chunks' ends and line
-/// counts (16 bytes a chunk), after the chunk size and their number.
+/// The columns byte of an index of chunks alone ([`crate::format::Sequences::of_line_chunks`]).
 const LINE_CHUNKS: u8 = 0x10;
 /// The largest record: every column.
 const RECORD_BYTES: usize = 32;
@@ -309,9 +308,9 @@ fn decode(
     body.fill(&mut bits)?;
     if bits[0] == LINE_CHUNKS {
         let (first_offset, chunk_size, n) = (body.u64()?, body.u64()?, body.u64()?);
-        // Only where an index of chunks of this size was asked for (its fingerprint says so):
-        // no other reader of an index can use one.
-        if n.checked_mul(16) != Some(body.left) || !fingerprint.ends_with(&format!(";line-chunks={chunk_size}")) {
+        // Only where the fingerprint asked for chunks of this size: no other reader can use them.
+        let asked = fingerprint.ends_with(&fingerprint_suffix(chunk_size));
+        if n.checked_mul(16) != Some(body.left) || !asked {
             problem.get_or_insert("malformed");
         }
         let mut lc = LineChunks { chunk_size, first_offset, chunks: Vec::new() };

@@ -45,6 +45,13 @@ pub enum LineKind {
     },
 }
 
+/// What an index cache's fingerprint ends with when it holds an index of chunks of `chunk_size`
+/// bytes: an index of chunks is of one chunk size, and no other reader of an index can use one.
+#[must_use]
+pub fn fingerprint_suffix(chunk_size: u64) -> String {
+    format!(";line-chunks={chunk_size}")
+}
+
 /// Bytes read at a time: within a core's L2, so the line scan reads what the copy just brought.
 const BLOCK_BYTES: usize = 256 << 10;
 /// Bytes read at a time looking for a cut's line end.
