@@ -41,6 +41,7 @@ pub mod options;
 pub mod remote;
 pub mod sampling;
 pub mod state_file;
+pub mod throttle;
 
 pub use dataset::Dataset;
 

@@ -154,6 +154,10 @@ async fn send_with_fd_now(wr: &mut OwnedWriteHalf, msg: &ServerMessage, fd: &Own
     wr.write_all(&bytes[sent..]).await
 }
 
+/// The refused connections' warning: a line every 10 s at most.
+static REFUSED_LOG: minibatchd_engine::throttle::LogThrottle =
+    minibatchd_engine::throttle::LogThrottle::new(std::time::Duration::from_secs(10));
+
 /// Serves one client until it goes, errs fatally, or the daemon stops.
 pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     let peer = Peer::of(&stream);
@@ -162,7 +166,11 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
     let _alive = match conn.shared.connections.enter(peer.uid, &limits) {
         Ok(guard) => guard,
         Err(e) => {
-            tracing::warn!(peer = %peer, "{e}; connection closed");
+            // A client in a reconnect loop is refused thousands of times: one line a while
+            // (the metric counts every refusal).
+            if let Some(left_out) = REFUSED_LOG.admit(std::time::Instant::now()) {
+                tracing::warn!(peer = %peer, refused_since_last_line = left_out, "{e}; connection closed");
+            }
             conn.shared.data.metrics.control.connections_refused.with_label_values(&[e.key]).inc();
             let _ = send(&mut wr, &ServerMessage::error(ErrorCode::ResourceExhausted, e.to_string())).await;
             return;
