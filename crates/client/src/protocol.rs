@@ -607,14 +607,33 @@ impl ServerMessage {
     /// An `error` reply.
     #[must_use]
     pub fn error(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self::Error { code, message: message.into(), detail: None }
+        Self::Error { code, message: bounded_message(message.into()), detail: None }
     }
 
     /// An `error` reply with a data error's place and kind.
     #[must_use]
     pub fn error_with(code: ErrorCode, message: impl Into<String>, detail: Option<ErrorDetail>) -> Self {
-        Self::Error { code, message: message.into(), detail }
+        Self::Error { code, message: bounded_message(message.into()), detail }
     }
+}
+
+/// Most bytes of an error reply's message: it may quote what the client sent (a dataset name, an
+/// option's name), and the reply must stay within [`MAX_MESSAGE_BYTES`].
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 8 << 10;
+
+/// `message` cut to [`MAX_ERROR_MESSAGE_BYTES`] at a character boundary, saying so.
+fn bounded_message(mut message: String) -> String {
+    if message.len() <= MAX_ERROR_MESSAGE_BYTES {
+        return message;
+    }
+    let total = message.len();
+    let mut end = MAX_ERROR_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    message.truncate(end);
+    let cut = total - end;
+    message + &format!(" … ({cut} of {total} bytes cut)")
 }
 
 /// A framing or decoding failure.
@@ -834,6 +853,18 @@ pub fn hex64(v: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by a hostile probe: an unknown dataset name of 65,000 bytes came back quoted in a
+    /// reply of 65,724 bytes, past the frame limit, which the clients refuse.
+    #[test]
+    fn an_error_quoting_what_the_client_sent_stays_within_a_frame() {
+        let name = "é".repeat(40_000);
+        let reply = ServerMessage::error(ErrorCode::UnknownDataset, format!("unknown dataset '{name}'"));
+        let bytes = encode(&reply);
+        assert!(bytes.len() <= 4 + MAX_MESSAGE_BYTES, "{} bytes", bytes.len());
+        let ServerMessage::Error { message, .. } = reply else { panic!("an error") };
+        assert!(message.starts_with("unknown dataset 'é") && message.ends_with("bytes cut)"), "{message:.40}");
+    }
 
     #[test]
     fn messages_round_trip_through_frames() {
