@@ -55,6 +55,19 @@ fn untrusted(path: &Path, why: impl fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, Untrusted(format!("{}: {why}", path.display())))
 }
 
+/// `name` for a file name that has a hash beside it and `room` more bytes around it (suffixes,
+/// a temporary file's decorations): as it is while the whole stays within a file name's 255
+/// bytes, else its first 48 characters (an object key may be 1,024 bytes: its cache file could not
+/// be written, and was built again on every run).
+#[must_use]
+pub fn short_name(name: &str, room: usize) -> String {
+    if name.len() + room <= 255 {
+        name.to_owned()
+    } else {
+        name.chars().take(48).collect()
+    }
+}
+
 /// Whether `e` says that a state file or directory exists but is not trusted (wrong owner, mode,
 /// type, or a symbolic link), as opposed to an I/O error.
 #[must_use]

@@ -81,7 +81,7 @@ pub fn cache_path(state_dir: &Path, stamp: &FileStamp, fingerprint: &str) -> Pat
     let mut key = stamp.path.as_os_str().as_encoded_bytes().to_vec();
     key.push(0);
     key.extend_from_slice(fingerprint.as_bytes());
-    let name = stamp.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = stamp.path.file_name().map_or(String::new(), |n| state_file::short_name(&n.to_string_lossy(), 48));
     state_dir.join(INDEX_DIR).join(format!("{name}.{:016x}.idx", Fnv1a::of(&key)))
 }
 
@@ -600,6 +600,22 @@ fn still_used(f: fs::File, meta: &fs::Metadata, in_use: &dyn Fn(&Path) -> bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by a hostile probe: an object of a 900-byte key named its index cache after it, a
+    /// file name past 255 bytes that could not be written, so the object was indexed again on
+    /// every run. Long names are cut; the hash beside them tells them apart.
+    #[test]
+    fn a_long_object_key_names_a_cache_file_that_can_be_written() {
+        let key = "k".repeat(900);
+        let stamp = FileStamp { path: format!("s3://bucket/{key}").into(), size: 1, ..FileStamp::default() };
+        let path = cache_path(Path::new("/state"), &stamp, "fp");
+        let name = path.file_name().expect("a name").len();
+        assert!(name <= 255, "{name} bytes");
+        let other = FileStamp { path: format!("s3://bucket/{key}x").into(), size: 1, ..FileStamp::default() };
+        assert_ne!(cache_path(Path::new("/state"), &other, "fp"), path);
+        let short = FileStamp { path: "/data/train.ctf".into(), ..FileStamp::default() };
+        assert!(cache_path(Path::new("/s"), &short, "fp").to_string_lossy().starts_with("/s/index/train.ctf."));
+    }
 
     /// The stored version is little-endian size, mtime, ctime, device, inode, and reads back
     /// as it was (the layout of the index cache and the inflate sidecar, version 2).

@@ -108,7 +108,9 @@ fn hash_parts(parts: &[&[u8]]) -> u64 {
 /// The names of the copy of the source `stamp`: the prefix shared by every copy of that source,
 /// and the copy's own file name.
 fn copy_names(stamp: &FileStamp, codec: Codec) -> (String, String) {
-    let name = stamp.path.file_name().map_or_else(|| "data".into(), |n| n.to_string_lossy().into_owned());
+    // Two hashes, a suffix and a temporary file's decorations beside it (`state_file::short_name`).
+    let name =
+        stamp.path.file_name().map_or_else(|| "data".into(), |n| state_file::short_name(&n.to_string_lossy(), 72));
     let path_hash = hash_parts(&[stamp.path.as_os_str().as_encoded_bytes()]);
     let stamp_hash = {
         let mut h = Fnv1a::new();
