@@ -543,7 +543,7 @@ fn a_server_that_fails_resets_and_stalls_is_survived_with_retries() {
 
 #[test]
 fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index() {
-    overwritten_after_indexing(false);
+    overwritten_after_indexing(&[]);
 }
 
 /// The same through a server that ignores `If-Match` (a proxy drops the header): the response's
@@ -551,10 +551,19 @@ fn an_object_overwritten_after_indexing_is_an_error_naming_it_not_the_old_index(
 /// joined to the old index (they were served, silently, before the check).
 #[test]
 fn an_object_overwritten_behind_a_server_that_ignores_if_match_is_still_an_error() {
-    overwritten_after_indexing(true);
+    overwritten_after_indexing(&["--strip-if-match"]);
 }
 
-fn overwritten_after_indexing(ignoring_if_match: bool) {
+/// Found by a hostile probe: a server that ignores `If-Match` and sends no ETag had its
+/// responses taken as the version indexed (an answer without an ETag passed the check), and a
+/// same-size overwrite was served mixed with the old bytes, exit status 0. An answer without an
+/// ETag for an object listed with one is now refused, naming the object.
+#[test]
+fn an_object_read_behind_a_server_that_drops_etags_is_refused_not_served_unproven() {
+    overwritten_after_indexing(&["--strip-if-match", "--strip-etag"]);
+}
+
+fn overwritten_after_indexing(faults: &[&str]) {
     use support::daemon::{options, Daemon};
     let server = S3Server::start();
     server.create_bucket(BUCKET);
@@ -571,7 +580,8 @@ fn overwritten_after_indexing(ignoring_if_match: bool) {
              [datasets.d.sampling]\nrandomize = false\n"
         ),
     );
-    let proxy = ignoring_if_match.then(|| FaultProxy::start(&server, &["--strip-if-match"]));
+    let proxy = (!faults.is_empty()).then(|| FaultProxy::start(&server, faults));
+    let no_etags = faults.contains(&"--strip-etag");
     let env: Vec<_> = server
         .env()
         .into_iter()
@@ -583,6 +593,16 @@ fn overwritten_after_indexing(ignoring_if_match: bool) {
     let daemon = Daemon::start(dir.path(), &env);
     let mut opts = options(16);
     opts.full_sweep = true;
+    if no_etags {
+        // Nothing unproven is read: the index pass's first range is refused, and with it the
+        // dataset, naming the object and why.
+        let Err(error) = daemon.client().open("d", &opts) else { panic!("a dataset read without ETags opened") };
+        let error = error.to_string();
+        assert!(error.contains("s3://train-data/changing/data.txt") && error.contains("carries no ETag"), "{error}");
+        let stats = proxy.as_ref().expect("a proxy").stats().expect("stats");
+        assert!(stats["etag_stripped"].as_u64().is_some_and(|n| n > 0), "no ETag was dropped: {stats}");
+        return;
+    }
     let mut s = daemon.client().open("d", &opts).expect("open");
     for _ in 0..4 {
         assert!(s.next_owned().expect("served before the change").is_some());
@@ -624,6 +644,50 @@ fn read_only_credentials_index_the_object_here_without_sharing() {
     assert!(stderr.contains("without sharing its index"), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
     assert!(proxy.stats().expect("stats")["denied"].as_u64().is_some_and(|n| n > 0));
+}
+
+/// Found by a hostile probe: with the file system under `object_cache_dir` full, every read of a
+/// chunk failed ("writing the range: No space left on device") on every run, the object
+/// unreadable on that node until someone cleaned up. A range the cache cannot keep is now read
+/// into memory and served, the disk's failure logged; the whole sweep is the file's.
+#[test]
+fn a_full_object_cache_disk_reads_ranges_into_memory_instead_of_failing() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    let text = megabyte_libsvm();
+    server.put(BUCKET, "full/data.txt", text.as_bytes());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("objects");
+    let disk = support::disk::SmallDisk::mount_sized(&cache, "256k");
+    disk.fill();
+    let list = serde_json::to_string(&["s3://train-data/full/data.txt"]).expect("json");
+    let config = write(
+        dir.path(),
+        "c.toml",
+        format!(
+            "[daemon]\nobject_cache_dir = \"{}\"\nobject_cache_bytes = 1048576\n[datasets.d]\nformat = \"libsvm\"\n\
+             files = {list}\nchunk_size_bytes = 65536\n[datasets.d.sampling]\nrandomize = false\n",
+            cache.display()
+        ),
+    );
+    let args = [
+        "dump",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--dataset",
+        "d",
+        "--minibatch-size",
+        "4096",
+        "--full-sweep",
+    ];
+    let out = minibatchd(&server, &args, &dir.path().join("state"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot keep a range in the object cache"), "{stderr}");
+    let mbs = support::parse_dump(&String::from_utf8_lossy(&out.stdout)).expect("dump output");
+    let sequences: u64 =
+        mbs.iter().filter_map(|m| m["streams"].as_object()?.values().next()?["num_sequences"].as_u64()).sum();
+    assert_eq!(sequences, 120_000, "every line once");
 }
 
 /// A server whose response claims a body of 100 TB (a broken or hostile endpoint) for the shared

@@ -4,29 +4,32 @@ object-storage tests (tests/objects.rs) and benchmarks (scripts/bench/bench_obje
 
     scripts/dev/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
-        [--strip-if-match] [--huge-length-for SUBSTRING] [--deny-writes] [--stall-after-bytes N]
+        [--strip-if-match] [--strip-etag] [--huge-length-for SUBSTRING] [--deny-writes] \\
+        [--stall-after-bytes N]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
 every --reset-every-th GET with a body has its response cut off in the middle and the connection
 closed (a reset); every --slow-every-th response trickles its body, a quarter of every 64 KiB
-at a time with a pause of 1/64 s. Two faults of a broken server: --strip-if-match drops the
+at a time with a pause of 1/64 s. Three faults of a broken server: --strip-if-match drops the
 `If-Match` header from every request (the server then answers whatever version it holds);
+--strip-etag drops the `ETag` header from every GET's response;
 --huge-length-for answers every GET whose path contains SUBSTRING with `Content-Length:
 100000000000000` over its real body, sent in two pieces before the connection closes. And
 read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`.
 And a stalled server: after `GET /__proxy_stall`, or once --stall-after-bytes bytes of response
 bodies were sent in all, every request is read and never answered, and every response being sent
 stops where it is, its connection held open (a server that accepts TCP and goes silent).
-`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped, lied,
-denied, stalled). Responses are sent with `Connection: close`. Standard library only.
+`GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped,
+etag_stripped, lied, denied, stalled). Responses are sent with `Connection: close`. Standard library only.
 """
 
 import argparse
 import asyncio
 import json
 
-STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "lied": 0, "denied": 0, "stalled": 0}
+STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "etag_stripped": 0, "lied": 0, "denied": 0,
+         "stalled": 0}
 # Set by `GET /__proxy_stall` (or --stall-after-bytes): from then on nothing is answered.
 STALLING = False
 # Bytes of response bodies sent, in all.
@@ -140,6 +143,9 @@ async def serve(client_r, client_w, args):
         client_w.transport.abort()
         up_w.close()
         return
+    if method == "GET" and args.strip_etag and b"\r\netag:" in resp_head.lower():
+        STATS["etag_stripped"] += 1
+        resp_head = b"\r\n".join(l for l in resp_head.split(b"\r\n") if not l.lower().startswith(b"etag:"))
     reset = method == "GET" and args.reset_every and n % args.reset_every == 0 and (length or 0) > 1
     slow = not reset and args.slow_every and n % args.slow_every == 0
     client_w.write(with_connection_close(resp_head))
@@ -195,6 +201,7 @@ async def main():
     p.add_argument("--reset-every", type=int, default=0)
     p.add_argument("--slow-every", type=int, default=0)
     p.add_argument("--strip-if-match", action="store_true")
+    p.add_argument("--strip-etag", action="store_true", help="drop the ETag header of GET responses")
     p.add_argument("--huge-length-for", default="")
     p.add_argument("--deny-writes", action="store_true")
     p.add_argument("--stall-after-bytes", type=int, default=0)

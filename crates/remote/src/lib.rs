@@ -135,10 +135,12 @@ fn broken_body(e: &object_store::Error) -> bool {
 
 /// Whether a response's object (`size`, `etag`) is the version `object` was listed as. ETags are
 /// compared without quotes and a weak `W/` mark; an object listed without one is checked by size.
+/// A response without an ETag for an object listed with one is not proven to be that version (a
+/// server or proxy that drops `If-Match` and the ETag could send any version of the same size).
 fn same_version(object: &ObjectMeta, size: u64, etag: Option<&str>) -> bool {
     let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_owned();
     size == object.size
-        && (object.etag.starts_with("last-modified:") || etag.is_none_or(|t| bare(t) == bare(&object.etag)))
+        && (object.etag.starts_with("last-modified:") || etag.is_some_and(|t| bare(t) == bare(&object.etag)))
 }
 
 impl S3Objects {
@@ -316,6 +318,15 @@ impl Inner {
         match store.get_opts(&Key::from(key), options).await {
             // A server that ignores `If-Match` could answer with another version: its size and
             // ETag are checked against the listing's before a byte is used.
+            Ok(r) if r.meta.e_tag.is_none() && !object.etag.starts_with("last-modified:") => Err(other(
+                &object.url,
+                format!(
+                    "the answer to GET bytes {from}..{end} carries no ETag, so the version sent cannot be told from \
+                     the one indexed (ETag {}); a server or proxy that drops ETags and If-Match may send another \
+                     version's bytes, which are not read",
+                    object.etag
+                ),
+            )),
             Ok(r) if !same_version(object, r.meta.size, r.meta.e_tag.as_deref()) => {
                 Err(RemoteError::Changed { url: object.url.clone(), indexed: object.etag.clone() })
             }
@@ -722,7 +733,7 @@ mod tests {
         assert!(same_version(&listed, 10, Some("\"abc\"")));
         assert!(same_version(&listed, 10, Some("abc")));
         assert!(same_version(&listed, 10, Some("W/\"abc\"")));
-        assert!(same_version(&listed, 10, None));
+        assert!(!same_version(&listed, 10, None), "an answer without an ETag is no proof");
         assert!(!same_version(&listed, 10, Some("\"abd\"")));
         assert!(!same_version(&listed, 11, Some("\"abc\"")));
         let no_etag = ObjectMeta { etag: "last-modified:2026-01-01T00:00:00+00:00".into(), ..listed };

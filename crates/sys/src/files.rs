@@ -35,6 +35,16 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{what}, not a regular file")))
 }
 
+/// An anonymous file in memory (`memfd_create`), gone once closed: bytes that need a `File` but
+/// have no place on disk.
+///
+/// # Errors
+/// The kernel's, as an I/O error.
+pub fn anonymous_file(name: &str) -> io::Result<File> {
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+    Ok(File::from(fd))
+}
+
 /// Takes a shared advisory lock (`flock(LOCK_SH)`) on `file` (a file or a directory opened for
 /// reading), waiting while another holds it exclusively; released when the file is closed.
 ///

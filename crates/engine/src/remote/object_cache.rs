@@ -34,6 +34,10 @@ const BOOT_ID: &str = ".boot-id";
 /// the retries the failed fetch made (`object_retry_secs`).
 pub const FAILED_HOLD: Duration = Duration::from_secs(10);
 
+/// The warning of ranges read into memory because the cache could not keep them: a line every
+/// 10 s at most (a full disk fails every range).
+static MEMORY_READS_LOG: crate::throttle::LogThrottle = crate::throttle::LogThrottle::new(Duration::from_secs(10));
+
 /// What the cache holds and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ObjectCacheStats {
@@ -55,6 +59,69 @@ pub struct ObjectCacheStats {
 struct Entry {
     bytes: u64,
     used: u64,
+    /// Its bytes were checked against its trailer in this run (or written in it).
+    verified: bool,
+}
+
+/// What follows a cached range on disk: the CRC-32 of its entry's name (object, ETag, range)
+/// and bytes, and this mark. An entry whose bytes changed on disk (a bit flipped, another entry's
+/// file of the same length) fails the check at its first use in a run and is fetched again, never
+/// served.
+const TRAILER_MARK: [u8; 4] = *b"MBOC";
+/// Bytes of the trailer.
+const TRAILER_BYTES: u64 = 8;
+
+/// The trailer of a range whose bytes have CRC-32 `crc`.
+fn trailer(crc: u32) -> [u8; 8] {
+    let mut t = [0u8; 8];
+    t[..4].copy_from_slice(&crc.to_le_bytes());
+    t[4..].copy_from_slice(&TRAILER_MARK);
+    t
+}
+
+/// The checksum of entry `name`'s bytes, before them.
+fn entry_sum(name: &str) -> crc32fast::Hasher {
+    let mut h = crc32fast::Hasher::new();
+    h.update(name.as_bytes());
+    h
+}
+
+/// Whether `file`, entry `name`, holds `len` bytes that its trailer (after them) says it does.
+fn holds_its_trailer(file: &File, name: &str, len: u64) -> bool {
+    use std::os::unix::fs::FileExt as _;
+    let mut h = entry_sum(name);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        let n = usize::try_from((len - at).min(buf.len() as u64)).unwrap_or(buf.len());
+        if file.read_exact_at(&mut buf[..n], at).is_err() {
+            return false;
+        }
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    let mut t = [0u8; 8];
+    file.read_exact_at(&mut t, len).is_ok() && t == trailer(h.finalize())
+}
+
+/// A writer that passes bytes on and keeps their CRC-32, and whether writing them failed (the
+/// cache's disk, not the store).
+struct Summing<'a> {
+    out: &'a mut dyn Write,
+    crc: crc32fast::Hasher,
+    failed: bool,
+}
+
+impl Write for Summing<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf).inspect_err(|_| self.failed = true)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +161,12 @@ impl ObjectCache {
     #[must_use]
     pub fn max_bytes(&self) -> u64 {
         self.max_bytes
+    }
+
+    /// Whether a range of `len` bytes fits the cache as an entry (its trailer included).
+    #[must_use]
+    pub fn keeps(&self, len: u64) -> bool {
+        len.saturating_add(TRAILER_BYTES) <= self.max_bytes
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -152,6 +225,7 @@ impl ObjectCache {
                 out: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
                 tmp,
                 written: 0,
+                crc: entry_sum(&Self::key(object, 0, object.size)),
             }),
             Err(_) => reader,
         }
@@ -192,7 +266,7 @@ impl ObjectCache {
         found.sort();
         for (_, name, bytes) in found {
             s.tick += 1;
-            s.entries.insert(name, Entry { bytes, used: s.tick });
+            s.entries.insert(name, Entry { bytes, used: s.tick, verified: false });
         }
         if !same_boot && !boot.is_empty() {
             let _ = state_file::write_atomic(&marker, boot.as_bytes());
@@ -211,6 +285,17 @@ impl ObjectCache {
         start: u64,
         end: u64,
     ) -> Result<Cached, DataError> {
+        self.fetch_kept(store, object, start, end).map_err(|(e, _)| e)
+    }
+
+    /// [`ObjectCache::fetch`], its error with whether the store failed (else the directory).
+    fn fetch_kept(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> Result<Cached, (DataError, bool)> {
         let key = Self::key(object, start, end);
         let path = self.dir.join(&key);
         let url = Path::new(&object.url);
@@ -221,30 +306,20 @@ impl ObjectCache {
             loop {
                 // The whole object (kept by the index pass) holds every range of it.
                 if whole != key && s.entries.contains_key(&whole) {
-                    if let Some(file) = open_range(&self.dir.join(&whole), object.size) {
-                        s.tick += 1;
-                        let tick = s.tick;
-                        if let Some(e) = s.entries.get_mut(&whole) {
-                            e.used = tick;
-                        }
-                        s.stats.hits += 1;
+                    let (back, file) = self.hit(s, &whole, object.size, &object.url);
+                    s = back;
+                    if let Some(file) = file {
                         return Ok(Cached { file, base: 0 });
                     }
-                    s.entries.remove(&whole);
+                    continue;
                 }
                 if s.entries.contains_key(&key) {
-                    if let Some(file) = open_range(&path, end - start) {
-                        s.tick += 1;
-                        let tick = s.tick;
-                        if let Some(e) = s.entries.get_mut(&key) {
-                            e.used = tick;
-                        }
-                        s.stats.hits += 1;
+                    let (back, file) = self.hit(s, &key, end - start, &object.url);
+                    s = back;
+                    if let Some(file) = file {
                         return Ok(Cached { file, base: start });
                     }
-                    // Damaged, foreign or gone: fetched again.
-                    s.entries.remove(&key);
-                    let _ = std::fs::remove_file(&path);
+                    continue;
                 }
                 if s.fetching.contains(&key) {
                     s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -252,7 +327,7 @@ impl ObjectCache {
                 }
                 if let Some((e, when)) = s.failed.get(&key) {
                     if when.elapsed() < FAILED_HOLD {
-                        return Err(e.clone());
+                        return Err((e.clone(), true));
                     }
                     s.failed.remove(&key);
                 }
@@ -281,16 +356,98 @@ impl ObjectCache {
         if result.is_ok() {
             s.tick += 1;
             let tick = s.tick;
-            s.entries.insert(key.clone(), Entry { bytes: end - start, used: tick });
+            s.entries.insert(key.clone(), Entry { bytes: end - start + TRAILER_BYTES, used: tick, verified: true });
             s.stats.fetched_bytes += end - start;
             self.evict(&mut s, &key);
         }
         self.fetched.notify_all();
-        result.map(|file| Cached { file, base: start })
+        drop(s);
+        result.map(|file| Cached { file, base: start }).map_err(|e| (e, by_the_store))
+    }
+
+    /// [`ObjectCache::fetch`] of a chunk a parser reads now: when the cache's directory fails
+    /// (a full disk), not the store, the range is read into memory instead, uncached, so that
+    /// the object stays readable on this node (one warning a while).
+    ///
+    /// # Errors
+    /// The store's errors (naming the URL), and the directory's when the read into memory fails
+    /// too.
+    pub fn fetch_or_read(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> Result<Cached, DataError> {
+        match self.fetch_kept(store, object, start, end) {
+            Ok(cached) => Ok(cached),
+            Err((e, false)) => {
+                if let Some(left_out) = MEMORY_READS_LOG.admit(Instant::now()) {
+                    tracing::warn!(url = %object.url, start, end, error = %e, left_out, "cannot keep a range in the object cache; read from the store into memory instead");
+                }
+                let file = Self::in_memory(store, object, start, end).map_err(|_| e)?;
+                Ok(Cached { file, base: start })
+            }
+            Err((e, true)) => Err(e),
+        }
+    }
+
+    /// Bytes `start..end` of `object` from `store` in an anonymous in-memory file.
+    fn in_memory(store: &dyn ObjectStore, object: &ObjectMeta, start: u64, end: u64) -> Result<File, DataError> {
+        let url = Path::new(&object.url);
+        let mut file = minibatchd_sys::files::anonymous_file("minibatchd-range").map_err(|e| DataError::io(url, e))?;
+        let written = store.read_range(object, start, end, &mut file).map_err(super::RemoteError::into_data)?;
+        if written != end - start {
+            return Err(DataError::io(url, std::io::Error::other("a short range from object storage")));
+        }
+        Ok(file)
+    }
+
+    /// Entry `name` (on disk and in `s`) of a range of `len` bytes, opened: checked against its
+    /// trailer at its first use in this run (outside the lock: a whole object may be large), and
+    /// counted as used. `None` when it is damaged, foreign or gone: the entry is dropped (and
+    /// fetched again by the caller).
+    fn hit<'s>(
+        &'s self,
+        mut s: MutexGuard<'s, State>,
+        name: &str,
+        len: u64,
+        url: &str,
+    ) -> (MutexGuard<'s, State>, Option<File>) {
+        let path = self.dir.join(name);
+        let file = open_range(&path, len);
+        let checked = s.entries.get(name).is_some_and(|e| e.verified);
+        let file = match file {
+            Some(file) if checked => Some(file),
+            Some(file) => {
+                drop(s);
+                let good = holds_its_trailer(&file, name, len);
+                s = self.lock();
+                if !good {
+                    tracing::warn!(url, entry = %path.display(), "an object cache entry does not hold what it was written with; fetched again");
+                }
+                good.then_some(file)
+            }
+            None => None,
+        };
+        if file.is_some() {
+            s.tick += 1;
+            let tick = s.tick;
+            if let Some(e) = s.entries.get_mut(name) {
+                e.used = tick;
+                e.verified = true;
+            }
+            s.stats.hits += 1;
+        } else if s.entries.get(name).is_some_and(|e| !e.verified) {
+            // Not if another thread fetched it again meanwhile: that entry is a new file.
+            s.entries.remove(name);
+            let _ = std::fs::remove_file(&path);
+        }
+        (s, file)
     }
 
     /// Registers a whole object the index pass streamed into `tmp` (complete: `object.size`
-    /// bytes).
+    /// bytes and its trailer).
     fn keep_whole(&self, object: &ObjectMeta, tmp: &Path) {
         let key = Self::key(object, 0, object.size);
         if std::fs::rename(tmp, self.dir.join(&key)).is_err() {
@@ -301,7 +458,7 @@ impl ObjectCache {
         self.scan(&mut s);
         s.tick += 1;
         let tick = s.tick;
-        s.entries.insert(key.clone(), Entry { bytes: object.size, used: tick });
+        s.entries.insert(key.clone(), Entry { bytes: object.size + TRAILER_BYTES, used: tick, verified: true });
         self.evict(&mut s, &key);
     }
 
@@ -318,16 +475,23 @@ impl ObjectCache {
     ) -> Result<(), DataError> {
         let url = Path::new(&object.url);
         let mut failure = None;
+        let mut disk = false;
         let written = state_file::write_replacing_unsynced(path, &mut |out| {
-            store.read_range(object, start, end, out).map_err(|e| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let mut summing = Summing { out, crc: entry_sum(&name), failed: false };
+            let read = store.read_range(object, start, end, &mut summing);
+            disk = summing.failed;
+            read.map_err(|e| {
                 let io = std::io::Error::other(e.to_string());
                 failure = Some(e);
                 io
             })?;
-            Ok(())
+            let crc = summing.crc.finalize();
+            out.write_all(&trailer(crc))
         });
         if let Some(e) = failure {
-            *by_the_store = true;
+            // A write into the cache that failed (a full disk) is the directory's failure.
+            *by_the_store = !disk;
             return Err(e.into_data());
         }
         written.map_err(|e| {
@@ -379,6 +543,7 @@ struct Tee<'a> {
     out: Option<std::io::BufWriter<File>>,
     tmp: PathBuf,
     written: u64,
+    crc: crc32fast::Hasher,
 }
 
 impl Read for Tee<'_> {
@@ -391,10 +556,12 @@ impl Read for Tee<'_> {
                     self.out = None;
                     let _ = std::fs::remove_file(&self.tmp);
                 }
+                self.crc.update(&buf[..n]);
                 self.written += n as u64;
             } else if self.written == self.object.size {
-                if let Some(out) = self.out.take() {
-                    if out.into_inner().is_ok() {
+                if let Some(mut out) = self.out.take() {
+                    let crc = std::mem::take(&mut self.crc).finalize();
+                    if out.write_all(&trailer(crc)).is_ok() && out.into_inner().is_ok() {
                         self.cache.keep_whole(&self.object, &self.tmp);
                     } else {
                         let _ = std::fs::remove_file(&self.tmp);
@@ -415,10 +582,10 @@ impl Drop for Tee<'_> {
     }
 }
 
-/// The cached file at `path` if it is trusted and `len` long.
+/// The cached file at `path` if it is trusted and holds `len` bytes and a trailer.
 fn open_range(path: &Path, len: u64) -> Option<File> {
     let (file, meta) = state_file::open_trusted(path).ok()?;
-    (meta.len() == len).then_some(file)
+    (meta.len() == len + TRAILER_BYTES).then_some(file)
 }
 
 #[cfg(test)]
@@ -467,9 +634,13 @@ mod tests {
         ObjectMeta { url: "s3://b/data.txt".into(), size: 100, etag: "\"e1\"".into() }
     }
 
+    /// A cached file's range: its bytes before the trailer.
     fn read(mut f: File) -> Vec<u8> {
         let mut v = Vec::new();
         f.read_to_end(&mut v).expect("read");
+        let at = v.len() - TRAILER_MARK.len() - 4;
+        assert_eq!(v[at + 4..], TRAILER_MARK, "a trailer");
+        v.truncate(at);
         v
     }
 
@@ -477,30 +648,31 @@ mod tests {
     fn a_range_is_fetched_once_then_served_from_disk_and_the_cache_stays_within_its_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
-        let cache = ObjectCache::new(dir.path().join("objects"), 50);
+        let cache = ObjectCache::new(dir.path().join("objects"), 66);
         let o = object();
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), 1, "the second read came from disk");
-        // Two more ranges of 20: the least recently used one goes.
+        // Two more ranges of 20 (28 bytes each with their trailers): the least recently used one
+        // goes.
         cache.fetch(&store, &o, 30, 50).expect("fetch");
         cache.fetch(&store, &o, 50, 70).expect("fetch");
         let s = cache.stats();
-        assert_eq!((s.entries, s.bytes, s.evictions, s.hits, s.misses), (2, 40, 1, 1, 3));
+        assert_eq!((s.entries, s.bytes, s.evictions, s.hits, s.misses), (2, 56, 1, 1, 3));
         assert!(!cache.contains(&o, 10, 30) && cache.contains(&o, 50, 70));
         // Another ETag is another object: never served from the old one's range.
         let newer = ObjectMeta { etag: "\"e2\"".into(), ..o.clone() };
         assert!(!cache.contains(&newer, 50, 70));
         // A restart finds what is on disk.
-        let again = ObjectCache::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 66);
         assert!(again.contains(&o, 50, 70));
         // Written in another boot (the machine restarted: unsynced writes may be torn): dropped.
         std::fs::write(dir.path().join("objects").join(BOOT_ID), "another boot").expect("marker");
-        let rebooted = ObjectCache::new(dir.path().join("objects"), 50);
+        let rebooted = ObjectCache::new(dir.path().join("objects"), 66);
         assert!(!rebooted.contains(&o, 50, 70), "an entry of an earlier boot was kept");
-        let again = ObjectCache::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 66);
         again.fetch(&store, &o, 50, 70).expect("fetch");
-        let again = ObjectCache::new(dir.path().join("objects"), 50);
+        let again = ObjectCache::new(dir.path().join("objects"), 66);
         assert!(again.contains(&o, 50, 70), "an entry of this boot is found after a restart");
         // A damaged file (wrong length) is fetched again, not served.
         let name = ObjectCache::key(&o, 50, 70);
@@ -527,6 +699,49 @@ mod tests {
         cache.lock().failed.values_mut().for_each(|(_, when)| *when -= FAILED_HOLD);
         cache.fetch(&store, &o, 10, 30).expect_err("failed");
         assert_eq!(store.reads.load(Ordering::SeqCst), 3);
+    }
+
+    /// Found by a hostile probe: an entry was checked for its owner, mode and length only; one
+    /// byte changed, or another entry's bytes of the same length, was served after a restart
+    /// (293 samples twice and 293 never in a sweep) and then kept in the parsed cache. Each entry
+    /// now carries its bytes' CRC-32, checked at its first use in a run: a changed one is
+    /// fetched again.
+    #[test]
+    fn an_entry_changed_on_disk_is_fetched_again_not_served() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let o = object();
+        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        cache.fetch(&store, &o, 10, 30).expect("fetch");
+        cache.fetch(&store, &o, 30, 50).expect("fetch");
+        let path = |start: u64, end: u64| dir.path().join("objects").join(ObjectCache::key(&o, start, end));
+        // A bit flipped in place.
+        let mut bytes = std::fs::read(path(10, 30)).expect("entry");
+        bytes[5] ^= 1;
+        std::fs::write(path(10, 30), &bytes).expect("flip");
+        // Another entry's bytes, trailer and all, of the same length.
+        std::fs::copy(path(30, 50), path(50, 70)).expect("copy");
+        let restarted = ObjectCache::new(dir.path().join("objects"), 1000);
+        assert!(restarted.contains(&o, 50, 70), "a planted entry of the right name and length");
+        let reads = store.reads.load(Ordering::SeqCst);
+        assert_eq!(read(restarted.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(read(restarted.fetch(&store, &o, 50, 70).expect("fetch").file), (50..70u8).collect::<Vec<_>>());
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads + 2, "both fetched again");
+        // A good entry is served from disk, checked once.
+        assert_eq!(read(restarted.fetch(&store, &o, 30, 50).expect("fetch").file), (30..50u8).collect::<Vec<_>>());
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads + 2);
+        // The whole object kept by the index pass, changed on disk: each range is fetched instead.
+        let whole = ObjectCache::new(dir.path().join("whole"), 1000);
+        let mut streamed = Vec::new();
+        whole.tee(&o, Box::new(std::io::Cursor::new(store.data.clone()))).read_to_end(&mut streamed).expect("read");
+        let kept = dir.path().join("whole").join(ObjectCache::key(&o, 0, 100));
+        let mut bytes = std::fs::read(&kept).expect("whole entry");
+        bytes[40] ^= 0x80;
+        std::fs::write(&kept, &bytes).expect("flip");
+        let whole = ObjectCache::new(dir.path().join("whole"), 1000);
+        assert_eq!(read(whole.fetch(&store, &o, 35, 45).expect("fetch").file), (35..45u8).collect::<Vec<_>>());
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads + 3, "the range fetched, the whole object dropped");
+        assert!(!whole.contains(&o, 0, 100));
     }
 
     #[test]
