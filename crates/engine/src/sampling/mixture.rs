@@ -418,16 +418,23 @@ struct Pending {
 /// One worker's deterministic cursor over a mixture.
 pub struct Mixture {
     samplers: Vec<Sampler>,
+    /// Each source's longest sequence, in samples, and whether every one is a sample (what a
+    /// restored position may be), found once: a restore per epoch walked will not walk them.
+    longest: Vec<(u64, bool)>,
     options: MixtureOptions,
     state: MixtureState,
     pending: Option<Pending>,
 }
 
-/// Largest credit a source can have in a state (in absolute value): credits sum to 0 and each
-/// stays within [`WEIGHT_UNITS`] of its fair share; a state beyond this bound is not one of a
+/// The credits a source can have in a state, `(lowest, highest)`, both excluded: a credit falls
+/// only when its source is picked — with the largest credit, at least `W / sources` once the
+/// weights (their sum `W` = [`WEIGHT_UNITS`]) are added — by `W`, so it stays above `-W`; the
+/// credits sum to 0, so none reaches `(sources - 1) · W`. A state beyond them is not one of a
 /// mixture's.
-fn credit_bound(sources: usize) -> i64 {
-    i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX).saturating_mul(i64::try_from(sources).unwrap_or(i64::MAX).max(1))
+fn credit_bounds(sources: usize) -> (i64, i64) {
+    let w = i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX);
+    let others = i64::try_from(sources.saturating_sub(1)).unwrap_or(i64::MAX).max(1);
+    (-w, w.saturating_mul(others))
 }
 
 impl Mixture {
@@ -469,7 +476,9 @@ impl Mixture {
             samplers.push(sampler);
         }
         let state = MixtureState::start(sources.len());
-        Ok(Self { samplers, options, state, pending: None })
+        let longest =
+            samplers.iter().map(|s| (u64::from(s.timeline().seq_len.max()), s.timeline().seq_len.all_ones())).collect();
+        Ok(Self { samplers, longest, options, state, pending: None })
     }
 
     /// The state after the last minibatch (or the one restored).
@@ -508,10 +517,11 @@ impl Mixture {
                 state.step, state.slots, state.samples
             )));
         }
-        let bound = credit_bound(n);
+        let (lowest, highest) = credit_bounds(n);
         let mut credits = 0i64;
-        for (i, s) in state.sources.iter().enumerate() {
-            if s.credit.unsigned_abs() > bound.unsigned_abs() || s.weight > WEIGHT_UNITS {
+        let mut taken = 0u64;
+        for (i, (s, &(longest, ones))) in state.sources.iter().zip(&self.longest).enumerate() {
+            if s.credit <= lowest || s.credit >= highest || s.weight > WEIGHT_UNITS {
                 return Err(MixtureError::BadState(format!(
                     "source {i}: credit {} or weight {} out of range",
                     s.credit, s.weight
@@ -523,10 +533,27 @@ impl Mixture {
                     s.position, s.taken
                 )));
             }
+            // A source starts at 0 and moves by the samples of each sequence taken: one each
+            // where every sequence is one sample, at most the longest otherwise.
+            let reachable = if ones { s.position == s.taken } else { s.position <= s.taken.saturating_mul(longest) };
+            if !reachable {
+                return Err(MixtureError::BadState(format!(
+                    "source {i}: position {} is not where {} sequences taken from its start lead",
+                    s.position, s.taken
+                )));
+            }
             credits += s.credit;
+            taken = taken.saturating_add(s.taken);
         }
         if credits != 0 {
             return Err(MixtureError::BadState(format!("the credits sum to {credits}, not 0")));
+        }
+        // The epoch's slots are sequences taken from the sources (earlier epochs took more).
+        if state.slots > taken {
+            return Err(MixtureError::BadState(format!(
+                "{} slots in this epoch, but {taken} sequences taken from the sources in all",
+                state.slots
+            )));
         }
         for (sampler, s) in self.samplers.iter_mut().zip(&state.sources) {
             sampler.restore(s.position).map_err(|e| MixtureError::BadState(e.to_string()))?;

@@ -403,6 +403,52 @@ fn states_no_mixture_produces_are_refused() {
     assert!(Mixture::new(&[], options(&[1.0], MixtureEpoch::Endless, 1, 0)).is_err());
 }
 
+/// Found by a hostile probe: states edited within the old bounds were served — a credit of
+/// `-2W` (three sources: the bound was `3W` either way), a source's position moved by a few
+/// sequences (they were skipped or served twice), slots no source took.
+#[test]
+fn edited_states_no_run_reaches_are_refused() {
+    let w = i64::try_from(WEIGHT_UNITS).expect("fits");
+    // Sources 0 and 1 of one-sample sequences, source 2 of sequences of 1 to 3 samples.
+    let sources = [
+        source(&[vec![1; 5], vec![1; 5]], true, 1),
+        source(&[vec![1; 7]], false, 0),
+        source(&[vec![1, 3, 2, 2]], true, 2),
+    ];
+    let mut m =
+        Mixture::new(&sources, options(&[1.0, 2.0, 1.0], MixtureEpoch::Endless, 1, 0)).expect("a valid mixture");
+    let good = run(&mut m, &[4], 5).pop().expect("a minibatch").state;
+    let refused = |m: &mut Mixture, edit: &dyn Fn(&mut MixtureState)| {
+        let mut bad = good.clone();
+        edit(&mut bad);
+        matches!(m.restore(&bad), Err(MixtureError::BadState(_)))
+    };
+    // Credits summing to 0 but past what the round-robin reaches.
+    assert!(refused(&mut m, &|s| {
+        s.sources[0].credit = -w;
+        s.sources[1].credit = w;
+        s.sources[2].credit = 0;
+    }));
+    assert!(refused(&mut m, &|s| {
+        s.sources[0].credit = 2 * w;
+        s.sources[1].credit = -w / 2;
+        s.sources[2].credit = -w - w / 2;
+    }));
+    // A one-sample source's position is its sequences taken.
+    assert!(refused(&mut m, &|s| s.sources[1].position += 3));
+    assert!(refused(&mut m, &|s| s.sources[0].position -= 2));
+    // Another source's position at most three samples a sequence taken.
+    assert!(refused(&mut m, &|s| s.sources[2].position = 3 * s.sources[2].taken + 1));
+    // Slots no source took.
+    assert!(refused(&mut m, &|s| s.slots = s.sources.iter().map(|x| x.taken).sum::<u64>() + 1));
+    // Every state a run reaches restores, with the credits at their extremes over a long run.
+    let mut fresh =
+        Mixture::new(&sources, options(&[1.0, 2.0, 1.0], MixtureEpoch::Endless, 1, 0)).expect("a valid mixture");
+    for plan in run(&mut fresh, &[1, 3, 2], 300) {
+        m.restore(&plan.state).expect("a state of this mixture");
+    }
+}
+
 #[test]
 fn a_later_epoch_is_the_walk_of_the_ones_before_it_at_every_world_size() {
     let sources = [source(&[vec![1, 2, 1], vec![1, 1]], true, 3), source(&[vec![1, 1, 1]], false, 0)];

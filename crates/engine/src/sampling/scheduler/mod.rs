@@ -368,6 +368,12 @@ impl Sampler {
         self.sweep_size
     }
 
+    /// The timeline it walks.
+    #[must_use]
+    pub fn timeline(&self) -> &Timeline {
+        &self.timeline
+    }
+
     /// CNTK `SetState`: moves to the first sequence whose start is at or after
     /// `position % sweep_size` in that sweep's order; the position becomes
     /// `sweep * sweep_size + that start`. The epoch keeps its end, and a worker that the block
