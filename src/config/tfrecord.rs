@@ -129,7 +129,8 @@ fn stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<(StreamConfig, 
 /// A bytes feature's `default`: one string for every value, or `dim` of them (as UTF-8 bytes).
 fn default_strings(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize) -> Option<FeatureDefault> {
     let strings: Vec<Option<&str>> = match v {
-        Some(Value::String(s)) => vec![Some(s.as_str()); dim],
+        // One string for all: kept as one (`FeatureDefault`).
+        Some(Value::String(s)) => vec![Some(s.as_str())],
         Some(Value::Array(a)) if a.len() == dim => a.iter().map(Value::as_str).collect(),
         Some(Value::Array(a)) => {
             w.issue(path, &format!("{} strings, expected one string or dim = {dim} of them", a.len()));
@@ -149,7 +150,8 @@ fn default_strings(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize) ->
 /// `default`: one number for every value, or `dim` of them; integers for `int64`.
 fn default_values(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize, dtype: FeatureType) -> Option<Vec<f64>> {
     let numbers: Vec<Option<f64>> = match v {
-        Some(Value::Number(n)) => vec![n.as_f64(); dim],
+        // One number for all: kept as one (`FeatureDefault`).
+        Some(Value::Number(n)) => vec![n.as_f64()],
         Some(Value::Array(a)) if a.len() == dim => a.iter().map(Value::as_f64).collect(),
         Some(Value::Array(a)) => {
             w.issue(path, &format!("{} values, expected one number or dim = {dim} of them", a.len()));

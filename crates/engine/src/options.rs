@@ -365,13 +365,23 @@ pub enum FeatureType {
     Bytes,
 }
 
-/// What a fixed-length feature holds when a record lacks it (`default_value`).
+/// What a fixed-length feature holds when a record lacks it (`default_value`): `dim` values, or
+/// one that every value takes (kept as one: a default of 2^24 values costs no memory until a
+/// record needs it).
 #[derive(Debug, Clone, PartialEq)]
 pub enum FeatureDefault {
-    /// `dim` numbers (integers for an `int64` feature).
+    /// One or `dim` numbers (integers for an `int64` feature).
     Numbers(Vec<f64>),
-    /// `dim` byte strings, for a `bytes` feature.
+    /// One or `dim` byte strings, for a `bytes` feature.
     Bytes(Vec<Vec<u8>>),
+}
+
+impl FeatureDefault {
+    /// Value `i` of `dim`: the `i`th, or the one every value takes.
+    #[must_use]
+    pub fn at<T>(values: &[T], i: usize) -> &T {
+        &values[if values.len() == 1 { 0 } else { i }]
+    }
 }
 
 /// How many values a feature has per record.
@@ -382,7 +392,7 @@ pub enum FeatureLength {
     /// required. A dense stream of one sample a record, or for `bytes` a strings stream of `dim`
     /// samples a record (one byte string each).
     Fixed {
-        /// The values of a record without the feature (`dim` of them).
+        /// The values of a record without the feature (`dim` of them, or one for all).
         default: Option<FeatureDefault>,
     },
     /// `tf.io.VarLenFeature`: any number of values up to the stream's `dim`, none when the record

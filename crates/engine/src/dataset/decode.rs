@@ -242,7 +242,7 @@ impl Dataset {
             Stored::Remote(object) => {
                 let name = &src.files[file];
                 let r = remote::require(remote, name)?;
-                let cached = r.chunks.fetch(r.store.as_ref(), object, start, end)?;
+                let cached = r.chunks.fetch_or_read(r.store.as_ref(), object, start, end)?;
                 Ok(ReadWindow::over(name, cached.file, cached.base, end))
             }
         }
@@ -269,7 +269,7 @@ impl Dataset {
                 // its key order, sequences from all over it); else only this sequence's bytes,
                 // straight from the store: the cache never holds more than its bound, nor a file
                 // per sequence.
-                if object.size > r.chunks.max_bytes() {
+                if !r.chunks.keeps(object.size) {
                     let mut buf = Vec::with_capacity(len);
                     r.store.read_range(object, start, end, &mut buf).map_err(remote::RemoteError::into_data)?;
                     if buf.len() != len {

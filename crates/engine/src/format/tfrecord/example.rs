@@ -18,7 +18,7 @@
 //! values than `dim` (or is missing without a default), a var-length one has more than `dim`,
 //! a sequence one a number of values that is no multiple of `dim`, or an `int64` value is not
 //! exact in the dataset's precision. A feature present but with no
-//! list set counts as an empty list.
+//! list set counts as missing, as `tf.io.parse_single_example` reads it (its default applies).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -201,10 +201,8 @@ impl ExampleDecoder {
                             found[i].push(i, list, &mut split);
                         }
                     }
-                    if found[i].kind == 0 {
-                        // Present with no list set: an empty list of the configured type.
-                        found[i].kind = list_kind(self.features[i].dtype);
-                    }
+                    // Present with no list set: `kind` stays 0, the feature missing, as
+                    // TensorFlow's parser reads it (a default, or the required feature's error).
                 }
             }
         }
@@ -337,9 +335,11 @@ fn fill_missing<T: DeepxElement>(f: &ExampleFeature, buf: &mut StreamBuf<T>) -> 
             match f.dtype {
                 // A float feature's default is a float32, as TensorFlow casts it.
                 #[allow(clippy::cast_possible_truncation)]
-                FeatureType::Float | FeatureType::Bytes => buf.values.extend(d.iter().map(|&v| T::from_f32(v as f32))),
+                FeatureType::Float | FeatureType::Bytes => {
+                    buf.values.extend((0..f.dim).map(|i| T::from_f32(*FeatureDefault::at(d, i) as f32)));
+                }
                 FeatureType::Int64 => {
-                    for &v in d {
+                    for &v in (0..f.dim).map(|i| FeatureDefault::at(d, i)) {
                         // An integer (the config checks it), exact in the precision or refused.
                         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                         buf.values.push(exact::<T>(f, v as i64 as u64)?);
@@ -349,8 +349,8 @@ fn fill_missing<T: DeepxElement>(f: &ExampleFeature, buf: &mut StreamBuf<T>) -> 
             buf.samples += 1;
         }
         FeatureLength::Fixed { default: Some(FeatureDefault::Bytes(d)) } => {
-            for s in d {
-                push_string(buf, s);
+            for i in 0..f.dim {
+                push_string(buf, FeatureDefault::at::<Vec<u8>>(d, i));
             }
         }
         FeatureLength::Fixed { default: None } => {
@@ -602,10 +602,18 @@ mod tests {
         let (b, errors) = decode(&[r]);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(b[0].values, vec![1.0, 2.0, 3.0]);
-        // A present feature with no list set is an empty list: the var-length stream has none.
-        let (b, errors) = decode(&[example(&[("x", Value::Floats(&[1.0, 2.0, 3.0])), ("tokens", Value::Empty)])]);
+        // A present feature with no list set is missing, as TensorFlow reads it: the var-length
+        // stream has none, a fixed-length one its default, or the required feature's error.
+        let (b, errors) = decode(&[example(&[
+            ("x", Value::Floats(&[1.0, 2.0, 3.0])),
+            ("tokens", Value::Empty),
+            ("label", Value::Empty),
+        ])]);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(b[1].sample_offsets, vec![0, 0]);
+        assert_eq!(b[2].values, vec![-1.0]);
+        let (_, errors) = decode(&[example(&[("x", Value::Empty)])]);
+        assert!(errors.len() == 1 && errors[0].contains("is required"), "{errors:?}");
     }
 
     /// A writer that split a feature's list, changed its kind, or repeated its map key: the
