@@ -115,7 +115,14 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
         );
     }
     if seq_len.is_empty() {
-        return Err(DataError::Dataset("the dataset has no sequence (after joining its sources by key)".into()));
+        let all = &sources[0].files;
+        let mut names = all.iter().take(3).map(|f| f.display().to_string()).collect::<Vec<_>>();
+        if all.len() > 3 {
+            names.push(format!("{} more", all.len() - 3));
+        }
+        let files = names.join(", ");
+        let why = if one_source { "" } else { " after joining its sources by key" };
+        return Err(DataError::Dataset(format!("the dataset has no sequence{why} (files: {files})")));
     }
     locs.shrink_to_fit();
     seq_len.shrink_to_fit();
