@@ -256,6 +256,100 @@ fn sigterm_mid_sweep_checkpoints_and_a_restarted_daemon_continues_exactly() {
     assert_eq!(got_b, want, "by saved state: the same minibatches, by content");
 }
 
+/// A SIGTERM while the parser queue is full — a session has asked for more chunks than one
+/// parser thread has taken — stops the daemon at once. The readahead stage waited for room in
+/// that queue holding its mailbox, so once the parsers had stopped the stop itself waited out its
+/// bound (`shutdown_grace_secs` + 20 s).
+#[test]
+fn sigterm_with_the_parser_queue_full_does_not_wait_out_the_stop_bound() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    // 16 chunks of 512 KiB of 64-value dense lines: the first minibatch of a randomized sweep
+    // asks for eight of them, which one parser thread takes one at a time.
+    let line = format!("|x {}\n", vec!["0.123456"; 64].join(" "));
+    write(d, "big.ctf", line.repeat((8 << 20) / line.len()));
+    support::daemon::write_config(
+        d,
+        "parser_threads = 1\nread_queue_chunks = 1\nshutdown_grace_secs = 0",
+        &format!(
+            "[datasets.big]\nformat = \"ctf\"\nfiles = [\"{}/big.ctf\"]\nchunk_size_bytes = 524288\n\
+             [datasets.big.streams.x]\ndim = 64\nformat = \"dense\"\n",
+            d.display()
+        ),
+    );
+    let mut daemon = Daemon::start(d, &[]);
+    // An open refused for its ring asks for no chunk.
+    let huge = SessionOptions { prefetch: Some(1000), slot_size_bytes: Some(1 << 30), ..options(64) };
+    let Err(refused) = daemon.client().open("big", &huge) else { panic!("a ring of 1000 GiB is refused") };
+    assert!(matches!(&refused, ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. }), "{refused}");
+    assert_eq!(daemon.metric("minibatchd_chunk_cache_misses_total"), 0.0, "chunk loads started");
+    let session = daemon.client().open("big", &SessionOptions { randomize: Some(true), ..options(64) }).expect("open");
+    let asked = Instant::now();
+    daemon.signal(rustix::process::Signal::TERM);
+    drop(session);
+    let status = daemon.wait();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(asked.elapsed() < Duration::from_secs(10), "the stop took {:?}", asked.elapsed());
+}
+
+/// Found by a hostile probe: a SIGHUP that lowered `memory_limit_bytes` below what two open
+/// sessions' rings reserve left the chunk cache nothing, and both sessions waited for memory for
+/// good (no error, a warning a minute). The old limit now stays while they need it.
+#[test]
+fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let text = (0..100_000).fold(String::new(), |mut t, i| {
+        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
+        t
+    });
+    write(d, "rows.ctf", text);
+    let config = |limit: u64| {
+        support::daemon::write_config(
+            d,
+            &format!("memory_limit_bytes = {limit}"),
+            &format!(
+                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\nchunk_size_bytes = 4096\n\
+                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
+                d.display()
+            ),
+        )
+    };
+    config(256 << 20);
+    let daemon = Daemon::start(d, &[]);
+    // Two sessions of 16 slots of 4 MiB: 128 MiB of rings; windows of 128 chunks of 4 KiB.
+    let opts = SessionOptions {
+        prefetch: Some(16),
+        slot_size_bytes: Some(4 << 20),
+        max_samples: Some(48_000),
+        randomize: Some(true),
+        ..options(32)
+    };
+    let sessions: Vec<Session> = (0..2).map(|_| daemon.client().open("rows", &opts).expect("open")).collect();
+    config(100_000_000);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for mut s in sessions {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while let Ok(Some(mb)) = s.next_owned() {
+                n += mb.streams[0].sequence_offsets.len() as u64 - 1;
+            }
+            let _ = tx.send(n);
+        });
+    }
+    for _ in 0..2 {
+        let n = rx.recv_timeout(DEADLINE).expect("a session still served after the reload");
+        assert_eq!(n, 48_000, "every sequence asked for");
+    }
+    // The chunk cache kept its share: no session waited for memory (before, they waited in turns
+    // for as long as they read — most of the 27 s these 3,000 minibatches then took).
+    let waited = daemon.metric("minibatchd_session_memory_wait_seconds_total");
+    assert!(waited < 0.5, "sessions waited {waited} s for memory");
+}
+
 /// Writes the config of `train` with `preload = true`; returns its path.
 fn write_preload_config(dir: &Path) -> PathBuf {
     let cfg = write_config(dir, "", &["train"]);

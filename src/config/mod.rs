@@ -171,6 +171,24 @@ pub struct ObjectsConfig {
     pub request_timeout_secs: u64,
 }
 
+/// The most bytes a configuration file may hold: a file of every dataset and key a node serves
+/// is a few kilobytes; past this it is some other file.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+
+/// The text of configuration file `path`: a regular file (a FIFO or a device, `/dev/zero` behind
+/// a link, would block the reload or grow the daemon's memory without end) of at most
+/// [`MAX_CONFIG_BYTES`], in UTF-8.
+fn read_config_file(path: &Path) -> Result<String, String> {
+    use std::io::Read as _;
+    let file = minibatchd_sys::files::open_regular(path).map_err(|e| e.to_string())?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!("larger than {MAX_CONFIG_BYTES} bytes: not a configuration file"));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text: {e}"))
+}
+
 impl Config {
     /// Loads `path` and applies `MINIBATCHD__SECTION__KEY` environment overrides.
     ///
@@ -180,8 +198,7 @@ impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         // Read once here (the `config` crate would read it again): its keys are checked before
         // the crate, which reads `a[N]` in a key as an index and builds an N-element array.
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::Load { path: path.to_owned(), message: e.to_string() })?;
+        let text = read_config_file(path).map_err(|message| ConfigError::Load { path: path.to_owned(), message })?;
         check_keys(path, &text, std::env::vars_os().map(|(k, _)| k))?;
         let layered = ::config::Config::builder()
             .add_source(::config::File::from_str(&text, ::config::FileFormat::Toml))

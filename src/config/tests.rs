@@ -399,3 +399,24 @@ fn relative_paths_resolve_without_leading_dot_dot() {
     assert_eq!(c.daemon.state_dir, root.join("state/a/../b"), "a .. after a name is kept");
     assert_eq!(c.dataset("t").expect("t").sources[0].files, [root.join("conf/data.ctf")]);
 }
+
+/// Found by a hostile probe: a configuration replaced by a link to `/dev/zero` grew the daemon
+/// to 6 GB at the next SIGHUP, and a FIFO blocked the reload for good. Only a regular file of at
+/// most `MAX_CONFIG_BYTES` is read.
+#[test]
+fn only_a_regular_file_of_bounded_size_is_read_as_a_configuration() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let zero = dir.path().join("zero.toml");
+    std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+    let fifo = dir.path().join("fifo.toml");
+    rustix::fs::mkfifoat(rustix::fs::CWD, &fifo, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR).expect("mkfifo");
+    let large = dir.path().join("large.toml");
+    let file = std::fs::File::create(&large).expect("create");
+    file.set_len(MAX_CONFIG_BYTES + 1).expect("set_len");
+    for (path, want) in [(&zero, "a device"), (&fifo, "a FIFO"), (&large, "larger than")] {
+        match Config::load(path) {
+            Err(ConfigError::Load { message, .. }) => assert!(message.contains(want), "{}: {message}", path.display()),
+            other => panic!("{}: {:?}", path.display(), other.map(|_| ())),
+        }
+    }
+}

@@ -303,6 +303,18 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &C
     registry.set_buffers(read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes()));
 }
 
+/// What a reload's `memory_limit_bytes` of `config` would need beside the open sessions'
+/// reservations in `registry`: `Some(bytes)` when it is lower than the rings, samplers, read
+/// buffers, indexes and the chunk cache's floor take together — applied, it would leave the
+/// cache nothing and every open session waiting for memory for good.
+#[must_use]
+pub fn limit_short_of_sessions(registry: &Registry, config: &Config, catalog: &Catalog, threads: usize) -> Option<u64> {
+    let limit = config.daemon.memory_limit_bytes;
+    let held = crate::pipeline::data::read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes());
+    let needed = registry.reserved().saturating_add(held).saturating_add(limit / CACHE_FLOOR_DIVISOR);
+    (registry.reserved() > 0 && needed > limit).then_some(needed)
+}
+
 /// 64 bits from the kernel's random source (`/dev/urandom`), for names nobody may guess; the
 /// clock and the pid mixed by FNV where the source cannot be read (logged).
 #[must_use]

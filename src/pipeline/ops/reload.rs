@@ -243,7 +243,7 @@ pub fn apply_huge_pages(huge: &minibatchd_sys::HugePages, enabled: bool) {
     tracing::info!(huge_pages = enabled, "transparent huge pages for parsed chunks");
 }
 
-fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
+fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) {
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
@@ -252,7 +252,26 @@ fn apply(shared: &Arc<ControlPlane>, p: Prepared) {
     }
     {
         let mut reg = shared.registry();
-        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, shared.data.parser_threads);
+        let threads = shared.data.parser_threads;
+        let old = shared.config().daemon.memory_limit_bytes;
+        if p.config.daemon.memory_limit_bytes < old {
+            if let Some(needed) =
+                crate::pipeline::control::limit_short_of_sessions(&reg, &p.config, &p.catalog, threads)
+            {
+                // Applied, the chunk cache would get nothing and every open session would wait
+                // for memory for good: the old limit stays until they have ended.
+                tracing::error!(
+                    new = p.config.daemon.memory_limit_bytes,
+                    kept = old,
+                    needed,
+                    "daemon.memory_limit_bytes lowered below what the open sessions' rings and sweep orders, the read \
+                     buffers, the indexes and the chunk cache's floor need together; the old limit stays (reload again \
+                     once sessions have ended, or lower it less)"
+                );
+                p.config.daemon.memory_limit_bytes = old;
+            }
+        }
+        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, threads);
         shared.rebudget(&reg);
     }
     if p.config.daemon.huge_pages != shared.config().daemon.huge_pages {
