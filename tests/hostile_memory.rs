@@ -680,3 +680,39 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
     let misses = d.metric("minibatchd_parsed_cache_misses_total ");
     assert!(misses <= 0.0, "every chunk came from the parsed cache, but {misses} were parsed");
 }
+
+/// Found by a hostile probe: a dense TFRecord feature of 2^24 values with `default = 0.0` held
+/// that default as 2^24 `f64`s, copied in every layer of the configuration (`dump` peaked at
+/// 662 MB under a 256 MiB limit before its chunk was refused). One default for every value is now
+/// kept as one; a chunk of records that lack the feature is refused at its share of the limit,
+/// naming the record, and the daemon stays within the limit.
+#[test]
+fn a_dense_default_of_millions_of_values_costs_nothing_until_a_record_needs_it() {
+    use minibatchd_engine::format::tfrecord::example::write::{example, Value};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 2^22 values a record (16 MiB as float32): the fifth record of a chunk passes its share, a
+    // half of the 128 MiB limit.
+    let records: Vec<u8> = (0..8i64)
+        .flat_map(|i| minibatchd_engine::format::tfrecord::frame(&example(&[("id", Value::Ints(&[i]))])))
+        .collect();
+    let file = write(p, "lacking.tfrecord", records);
+    let datasets = format!(
+        "[datasets.t]\nformat = \"tfrecord\"\nfiles = [\"{}\"]\ncache_index = false\n\
+         [datasets.t.sampling]\nrandomize = false\n\
+         [datasets.t.streams.big]\nformat = \"dense\"\ndim = 4194304\ndefault = 0.0\n\
+         [datasets.t.streams.id]\ndtype = \"int64\"\nformat = \"dense\"\ndim = 1\n",
+        file.display()
+    );
+    let limit = 128 << 20;
+    config(p, limit, &datasets);
+    let d = Daemon::start(p, &[]);
+    let mut s = Client::connect(&d.socket)
+        .expect("connect")
+        .open("t", &SessionOptions { prefetch: Some(2), ..options(1) })
+        .expect("open");
+    let err = s.next_owned().expect_err("the chunk passes its share of the limit");
+    let text = err.to_string();
+    assert!(text.contains("lacking.tfrecord:") && text.contains("share of the memory limit"), "{text}");
+    assert_within_limit(&d, limit, "with a default of 2^22 values");
+}

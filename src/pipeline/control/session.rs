@@ -170,6 +170,10 @@ pub enum RegistryError {
 pub struct Registry {
     active: HashMap<String, ActiveEntry>,
     lingering: HashMap<String, Lingering>,
+    /// No lingering session expires before this (a lower bound: the earliest expiry when last
+    /// looked, or of any parked since), so that [`Registry::expire`] at every `open` passes over
+    /// the lingering sessions only when one may be due.
+    next_expiry: Option<Instant>,
     linger: Duration,
     /// Most lingering sessions kept (`max_sessions`): beyond it the one that would expire first
     /// goes.
@@ -192,6 +196,7 @@ impl Registry {
         Self {
             active: HashMap::new(),
             lingering: HashMap::new(),
+            next_expiry: None,
             linger,
             max_lingering: usize::MAX,
             limit,
@@ -220,22 +225,50 @@ impl Registry {
     /// Drops lingering sessions until at most `max_lingering` are left: of the owner with the most
     /// lingering sessions, the one that would expire first. So a user who opens and ends sessions
     /// in a loop gives up its own, not everyone else's resumable sessions.
+    ///
+    /// Each owner's sessions are sorted once, so that a checkpoint of many more sessions than the
+    /// limit (the limit lowered since) trims in O(n log n), not a pass over every session for
+    /// each one dropped (30,000 took minutes, the socket closed meanwhile).
     fn trim_lingering(&mut self) {
-        while self.lingering.len() > self.max_lingering {
-            let mut per_owner: HashMap<Option<u32>, usize> = HashMap::new();
-            for l in self.lingering.values() {
-                *per_owner.entry(l.saved.owner).or_default() += 1;
+        let excess = self.lingering.len().saturating_sub(self.max_lingering);
+        if excess == 0 {
+            return;
+        }
+        // Per owner, its sessions in the order they go: the one that would expire first, then
+        // by name.
+        let mut per_owner: HashMap<Option<u32>, Vec<(Instant, &str)>> = HashMap::new();
+        for (n, l) in &self.lingering {
+            per_owner.entry(l.saved.owner).or_default().push((l.expires, n.as_str()));
+        }
+        for v in per_owner.values_mut() {
+            v.sort_unstable_by(|a, b| b.cmp(a)); // the next to go last, popped
+        }
+        let mut dropped: Vec<String> = Vec::with_capacity(excess);
+        for _ in 0..excess {
+            // Of the owners with the most sessions left, the one whose next session goes first.
+            let Some(v) = per_owner
+                .values_mut()
+                .filter(|v| !v.is_empty())
+                .min_by_key(|v| (std::cmp::Reverse(v.len()), v[v.len() - 1]))
+            else {
+                break;
+            };
+            if let Some((_, n)) = v.pop() {
+                dropped.push(n.to_owned());
             }
-            let most = |l: &Lingering| std::cmp::Reverse(per_owner.get(&l.saved.owner).copied().unwrap_or(0));
-            let first =
-                self.lingering.iter().min_by_key(|(n, l)| (most(l), l.expires, n.as_str())).map(|(n, _)| n.clone());
-            match first {
-                Some(n) => {
-                    tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
-                    self.lingering.remove(&n);
-                }
-                None => return,
+        }
+        if dropped.len() > 16 {
+            tracing::info!(
+                count = dropped.len(),
+                max = self.max_lingering,
+                "lingering sessions were dropped to keep at most max_sessions lingering"
+            );
+        }
+        for n in dropped {
+            if self.lingering.len() <= self.max_lingering + 16 {
+                tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
             }
+            self.lingering.remove(&n);
         }
     }
 
@@ -338,13 +371,23 @@ impl Registry {
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
             let saved = SavedSession { name: name.to_owned(), options, state, owner, given_up_to: Some(given_up_to) };
             self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin, generated });
+            self.lingers_until(now + self.linger);
             self.trim_lingering();
         }
     }
 
     /// Drops lingering sessions whose time is up.
     pub fn expire(&mut self, now: Instant) {
+        if self.next_expiry.is_some_and(|t| t > now) {
+            return;
+        }
         self.lingering.retain(|_, l| l.expires > now);
+        self.next_expiry = self.lingering.values().map(|l| l.expires).min();
+    }
+
+    /// Notes that a session lingering until `expires` was parked.
+    fn lingers_until(&mut self, expires: Instant) {
+        self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
     }
 
     /// Every connected (opened) session and every lingering session the client named, by name,
@@ -389,6 +432,7 @@ impl Registry {
             let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
             self.lingering
                 .insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin, generated: false });
+            self.lingers_until(now + self.linger);
             n += 1;
         }
         self.trim_lingering();
@@ -419,6 +463,12 @@ impl Registry {
         }
         self.rings += bytes;
         Ok(())
+    }
+
+    /// Whether [`Registry::reserve`] of `bytes` would succeed now.
+    #[must_use]
+    pub fn ring_fits(&self, bytes: u64) -> bool {
+        bytes <= self.free_for_sessions()
     }
 
     /// Gives back ring memory.
@@ -461,6 +511,12 @@ impl Registry {
     #[must_use]
     pub fn sampling_bytes(&self) -> u64 {
         self.sampling
+    }
+
+    /// Bytes the open sessions' rings and samplers reserve.
+    #[must_use]
+    pub fn reserved(&self) -> u64 {
+        self.rings.saturating_add(self.sampling)
     }
 
     /// Sets the bytes held outside the cache and the rings (the parser threads' read buffers:
@@ -736,6 +792,35 @@ mod tests {
         let mut left = names(&mut r);
         left.sort();
         assert_eq!(left, ["churn-8", "churn-9", "victim"]);
+    }
+
+    /// Found by a hostile probe: a checkpoint of 30,000 sessions read under `max_sessions` = 256
+    /// trimmed one session per pass over all of them (minutes, the socket closed meanwhile). The
+    /// trim is one sort: the same sessions go, the owner with the most first, each owner's that
+    /// would expire first.
+    #[test]
+    fn many_more_lingering_sessions_than_the_limit_are_trimmed_in_one_pass() {
+        let t0 = Instant::now();
+        let st = one_minibatch_in();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(600));
+        r.set_max_lingering(65_536);
+        for i in 0..30_000u64 {
+            let name = format!("s-{i:05}");
+            let owner = u32::from(i % 3 == 0); // owner 1 has 10,000, owner 0 20,000
+            let at = t0 + Duration::from_millis(i);
+            assert_eq!(r.claim(&name, i, owner, at), Ok(Claim::Fresh));
+            r.park(&name, st.clone(), at);
+        }
+        r.set_max_lingering(256);
+        assert_eq!(r.counts(), (0, 256));
+        // Owner 0 gives up sessions until it has as many as owner 1; then they take turns: 128
+        // each are left, the latest of each.
+        let mut left = r.lingering.keys().cloned().collect::<Vec<_>>();
+        left.sort();
+        let want = |owner: u64| (0..30_000u64).filter(move |i| u64::from(i % 3 == 0) == owner).rev().take(128);
+        let mut expected: Vec<String> = want(0).chain(want(1)).map(|i| format!("s-{i:05}")).collect();
+        expected.sort();
+        assert_eq!(left, expected);
     }
 
     /// The exact flag never says more than the registry knows: a session parked with minibatches

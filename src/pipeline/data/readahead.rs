@@ -60,7 +60,7 @@ impl Readahead {
 }
 
 /// Resolves once the daemon stops (the phase is looked at every 50 ms: this runs only while the
-/// stage waits for a fetch, every one being taken).
+/// stage waits for a fetch, every one being taken, or for room in the parser queue).
 async fn stopping(data: &DataPlane) {
     while data.health.phase() != Phase::Stopping {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -117,12 +117,23 @@ impl StreamHandler<ChunkRequest> for Readahead {
         self.readahead(req);
         self.busy.inc_by(started.elapsed().as_secs_f64());
         let tx = self.data.channels.to_parse.0.clone();
+        let data = self.data.clone();
         // `wait` holds further requests until the parser queue takes this one: back-pressure.
-        ctx.wait(async move { tx.send_async(req).await }.into_actor(self).map(|sent, _, ctx| {
-            if sent.is_err() {
+        // Not once the daemon stops: the parsers stop taking requests then, and a wait on their
+        // full queue would hold this stage's mailbox, and with it the stop, for good.
+        let sent = async move {
+            tokio::select! {
+                sent = tx.send_async(req) => Some(sent.is_ok()),
+                () = stopping(&data) => None,
+            }
+        };
+        ctx.wait(sent.into_actor(self).map(|sent, _, ctx| match sent {
+            Some(true) => {}
+            Some(false) => {
                 tracing::error!("the parser queue is gone; the readahead stage stops");
                 ctx.stop();
             }
+            None => ctx.stop(),
         }));
     }
 }

@@ -70,7 +70,12 @@ pub(super) fn prepare_now(
     // From here the session waits for data: the persister paces its writes.
     let working = shared.data.demand.working();
     let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
-    if options.resume.is_none() && options.resume_job.is_none() && !lingering {
+    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
+    let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
+    let geometry = RingGeometry::new(resolved.slots, slot_size);
+    // An `open` whose ring cannot fit now is refused at admission: it asks for no chunk.
+    let ring_fits = shared.registry().ring_fits(geometry.total_bytes());
+    if options.resume.is_none() && options.resume_job.is_none() && !lingering && ring_fits {
         // Parsing starts now, while the sampler computes the sweep's sequence order (a tenth of a
         // second per million sequences, all of it before the first chunk was asked for): the
         // chunks this worker reads, in the order the sweep first needs them, as many as the
@@ -104,9 +109,6 @@ pub(super) fn prepare_now(
         )?),
         None => None,
     };
-    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
-    let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
-    let geometry = RingGeometry::new(resolved.slots, slot_size);
     Ok(Prepared { rt, resolved, options_hash: ohash, sampler, sampling, geometry, job_start, working })
 }
 
