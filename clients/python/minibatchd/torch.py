@@ -725,6 +725,14 @@ def __getattr__(name: str) -> Any:
         ``job_state_dict(...)`` (another world size or number of workers)."""
         if "job" in state_dict or state_dict.get("any_worker"):
             self.dataset.load_state_dict(state_dict)
+        elif ("_snapshot" in state_dict) == (self.num_workers > 0) and state_dict.get("_iterator_finished"):
+            # Saved after a whole pass: torchdata's iter() would make the restored (finished)
+            # iterator and at once a fresh one — a pass this loader counts, the next epoch's —
+            # so that a loop's set_epoch(e) of the saved epoch served the next epoch twice (found
+            # by a probe). The dataset continues instead: the rest of the pass, empty, then the
+            # next epoch, as the docs say.
+            self.dataset.load_state_dict(_splits_state(_dataset_states([state_dict])))
+            StatefulDataLoader.load_state_dict(self, {})
         elif ("_snapshot" in state_dict) == (self.num_workers > 0):
             StatefulDataLoader.load_state_dict(self, state_dict)
         elif "_snapshot" in state_dict:

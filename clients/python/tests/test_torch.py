@@ -459,6 +459,32 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers, owning):
     assert taken + rest == uninterrupted
 
 
+@pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
+                         ids=["no-workers", "splits", "processes"])
+def test_a_stateful_loaders_state_after_a_whole_pass_resumes_with_the_next_epoch_once(daemon, workers, owning):
+    """Found by a probe: a StatefulMinibatchDataLoader state saved after its pass ended, restored,
+    then the usual loop from the saved epoch (set_epoch(0), set_epoch(1)) served sweep 1 twice —
+    torchdata's iter() made a fresh iterator at once after the finished one. The restored loader
+    finishes the (empty) pass of epoch 0, then serves epoch 1 once."""
+    cls = stateful_loader(owning)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=workers)
+    ds.set_epoch(0)
+    assert sorted(item_ids(list(loader))) == list(range(SEQUENCES))
+    saved = loader.state_dict()
+    del loader, ds
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=workers)
+    loader.load_state_dict(saved)
+    passes = []
+    for epoch in (0, 1):
+        ds.set_epoch(epoch)
+        passes.append(list(loader))
+    assert passes[0] == [], "the rest of epoch 0 is empty"
+    assert {item["meta"]["epoch"] for item in passes[1]} == {1}
+    assert sorted(item_ids(passes[1])) == list(range(SEQUENCES)), "epoch 1 once"
+
+
 @pytest.mark.parametrize("owning", [False, True], ids=["DataLoader", "MinibatchDataLoader"])
 @pytest.mark.parametrize("workers,taken,persistent", [(3, 0, False), (2, 1, False), (3, 2, True)])
 def test_a_pass_left_early_counts_once_for_every_worker(daemon, tmp_path, workers, taken, persistent, owning):
