@@ -119,15 +119,19 @@ fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_
 }
 
 /// Rewrites the config with the dataset `train` or with another in its place, reloads, and
-/// waits until the daemon serves `train` or refuses it as unknown.
+/// waits until the reload is applied and the daemon serves `train` or refuses it as unknown. (It
+/// once only opened `train` until it was refused: under load an open before the reload landed
+/// left one more session lingering, and the test that counts lingering sessions waited for good.)
 fn reload(d: &Daemon, with_train: bool) {
     let datasets = if with_train {
         dataset_config(&d.dir)
     } else {
         dataset_config(&d.dir).replace("datasets.train", "datasets.other")
     };
+    let before = d.reloads();
     write_config(&d.dir, DAEMON, &datasets);
     d.signal(rustix::process::Signal::HUP);
+    d.wait_reloads(before + 1);
     let start = Instant::now();
     loop {
         match d.client().open("train", &options(4)) {
