@@ -344,6 +344,10 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     assert_eq!(code(reply(&mut s).as_ref()), "invalid_options");
     s.write_all(&frame(br#"{"type":"open","dataset":"nope","options":{"minibatch_size":1}}"#)).expect("write");
     assert_eq!(code(reply(&mut s).as_ref()), "unknown_dataset");
+    // A close with no session open is answered before the connection ends.
+    s.write_all(&frame(br#"{"type":"close"}"#)).expect("write");
+    assert_eq!(code(reply(&mut s).as_ref()), "unexpected_message");
+    assert!(reply(&mut s).is_none(), "the connection is closed after a close");
     // Oversized: an error reply and a disconnect.
     let mut s = raw(&d.socket);
     s.write_all(&u32::MAX.to_le_bytes()).expect("write");

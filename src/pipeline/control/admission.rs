@@ -211,6 +211,9 @@ pub struct Admitted {
     /// ([`SavedSession::given_up_to`]): a lingering session's, else the starting state's count
     /// (a client's own `resume` state says where that client is).
     pub given_up_to: u64,
+    /// A warning for the client when a lingering session of this name was let go (its linger
+    /// time ran out) and this one, named the same, starts afresh ([`Registry::take_forgotten`]).
+    pub forgotten: Option<String>,
     /// The lingering session it took over, if any (restored by [`withdraw`]).
     lingered: Option<Kept>,
     ring_bytes: u64,
@@ -259,6 +262,9 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
     if req.name.is_none() {
         reg.mark_generated(&name);
     }
+    // Taken for every named open, so a note outlives no later session of that name.
+    let forgotten = req.name.and_then(|n| reg.take_forgotten(n, now));
+    let forgotten = forgotten.filter(|_| lingered.is_none() && req.resume.is_none());
     let (start, resumed, given_up_to) = match (req.resume, &lingered) {
         (Some(s), _) => (s.clone(), None, s.minibatches),
         (None, Some(kept)) => {
@@ -291,7 +297,7 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         owner: Some(req.uid),
         given_up_to: Some(given_up_to),
     });
-    Ok(Admitted { id, name, start, resumed, given_up_to, lingered, ring_bytes: req.ring_bytes })
+    Ok(Admitted { id, name, start, resumed, given_up_to, forgotten, lingered, ring_bytes: req.ring_bytes })
 }
 
 /// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
@@ -383,6 +389,39 @@ mod tests {
         assert_eq!(reg.counts(), (0, 1), "lingering again");
         let third = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("resumed again");
         assert_eq!(third.start.position, 70, "withdraw kept the lingering state");
+    }
+
+    #[test]
+    fn a_named_open_after_its_lingering_session_expired_is_warned_once() {
+        let mut reg = registry(); // 60 s of linger
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let first = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("first");
+        assert_eq!(first.forgotten, None, "a first open by a name is no news");
+        reg.park("s", state(70, "opts"), t0);
+        reg.unreserve(first.ring_bytes());
+        let later = t0 + Duration::from_secs(90);
+        let again = admit(&mut reg, &request(Some("s"), 100, &options), later).expect("fresh");
+        assert_eq!(again.start.position, 0, "the lingering state is gone");
+        let note = again.forgotten.clone().expect("told that it starts afresh");
+        assert!(note.contains("\"s\"") && note.contains("30 s ago") && note.contains("60 s"), "{note}");
+        reg.park("s", state(5, "opts"), later);
+        reg.unreserve(again.ring_bytes());
+        let resumed = admit(&mut reg, &request(Some("s"), 100, &options), later).expect("resumed");
+        assert_eq!(
+            (resumed.start.position, resumed.forgotten.as_deref()),
+            (5, None),
+            "a resume by name is no news either"
+        );
+        // A generated name, or a resume the client brings, needs no warning.
+        reg.park("s", state(5, "opts"), later);
+        reg.unreserve(resumed.ring_bytes());
+        let much_later = later + Duration::from_secs(120);
+        let mut with_state = request(Some("s"), 100, &options);
+        let saved = state(5, "opts");
+        with_state.resume = Some(&saved);
+        let own = admit(&mut reg, &with_state, much_later).expect("its own state");
+        assert_eq!((own.start.position, own.forgotten), (5, None));
     }
 
     #[test]

@@ -425,6 +425,9 @@ fn on_event(event: Option<ProducerEvent>, a: &mut OpenSession, out: &mut Vec<u8>
     false
 }
 
+/// The error for a message that needs a session, on a connection that has none.
+const NO_SESSION: &str = "no session is open on this connection";
+
 async fn on_frame(
     body: &[u8],
     phase: &mut Phase,
@@ -518,12 +521,16 @@ async fn on_frame(
             send(wr, &ServerMessage::Closed { state: a.state() }).await?;
             return Ok(Flow::Close);
         }
-        (ClientMessage::Close { .. }, _) => return Ok(Flow::Close),
+        (ClientMessage::Close { .. }, _) => {
+            // Answered before the connection ends: a client waiting for `closed` need not guess.
+            send(wr, &ServerMessage::error(ErrorCode::UnexpectedMessage, NO_SESSION)).await?;
+            return Ok(Flow::Close);
+        }
         (m, _) => {
             let what = match m {
                 ClientMessage::Hello { .. } => "hello was already received",
                 ClientMessage::Open { .. } => "a session is already open on this connection",
-                _ => "no session is open on this connection",
+                _ => NO_SESSION,
             };
             send(wr, &ServerMessage::error(ErrorCode::UnexpectedMessage, what)).await?;
         }

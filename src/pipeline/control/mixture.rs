@@ -549,7 +549,7 @@ pub(super) async fn open_mixture(
         sweep_size: info.sources.iter().map(|s| s.sweep_size).sum(),
         mixture: Some(info),
     };
-    let opened = opened_message(&session, &header, described, &start, admitted.resumed.clone(), Vec::new());
+    let opened = opened_message(&session, &header, described, &start, &admitted, Vec::new());
     let launch = Launch {
         session,
         dataset: name.to_owned(),

@@ -21,7 +21,7 @@ use minibatchd_engine::sampling::{window_sequences, Sampler, SamplingOptions, Ti
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::MemfdMemory;
 
-use super::admission::{self, Refusal};
+use super::admission::{self, Admitted, Refusal};
 use super::peer::{ConnShared, Peer};
 use super::session::{check_resume, check_worker, Progress, ResolvedOptions, SlotTable};
 use super::ControlPlane;
@@ -232,9 +232,11 @@ pub(super) fn opened_message(
     header: &RingHeader,
     data: Described,
     start: &SessionState,
-    resumed: Option<Resumed>,
-    warnings: Vec<String>,
+    admitted: &Admitted,
+    data_warnings: Vec<String>,
 ) -> ServerMessage {
+    // That a lingering session of its name was let go comes first: it says where it starts.
+    let warnings: Vec<String> = admitted.forgotten.iter().cloned().chain(data_warnings).collect();
     for w in &warnings {
         tracing::warn!(session = %name, dataset = %data.dataset, "{w}");
     }
@@ -250,7 +252,7 @@ pub(super) fn opened_message(
         streams: data.streams,
         state: start.clone(),
         sweep_size: data.sweep_size,
-        resumed,
+        resumed: admitted.resumed.clone(),
         warnings,
         mixture: data.mixture,
     }
@@ -528,7 +530,7 @@ pub(super) async fn open(
         sweep_size: rt.dataset.timeline().samples(..),
         mixture: None,
     };
-    let opened = opened_message(&name, &header, described, &start, admitted.resumed.clone(), warnings);
+    let opened = opened_message(&name, &header, described, &start, &admitted, warnings);
     let launch = Launch {
         session: name,
         dataset: rt.name.clone(),

@@ -90,6 +90,45 @@ struct Lingering {
     generated: bool,
 }
 
+/// Names of lingering sessions the registry let go that it remembers ([`Registry::take_forgotten`]).
+pub const FORGOTTEN_KEPT: usize = 4096;
+
+/// Why a lingering session is no longer kept.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    /// Its linger time ran out at this instant.
+    Expired(Instant),
+    /// Dropped to keep at most `max_sessions` lingering.
+    Pushed,
+}
+
+/// The last [`FORGOTTEN_KEPT`] lingering sessions let go, by name (bounded: the oldest note goes
+/// first, so no number of sessions makes it grow).
+#[derive(Debug, Default)]
+struct Forgotten {
+    by_name: HashMap<String, Gone>,
+    order: std::collections::VecDeque<String>,
+}
+
+impl Forgotten {
+    fn note(&mut self, name: String, gone: Gone) {
+        if self.by_name.insert(name.clone(), gone).is_none() {
+            self.order.push_back(name);
+        }
+        while self.order.len() > FORGOTTEN_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.by_name.remove(&old);
+            }
+        }
+    }
+
+    fn take(&mut self, name: &str) -> Option<Gone> {
+        let gone = self.by_name.remove(name)?;
+        self.order.retain(|n| n != name);
+        Some(gone)
+    }
+}
+
 /// A connected session: its id and, once opened, what a checkpoint saves of it.
 #[derive(Debug, Clone)]
 struct ActiveEntry {
@@ -175,6 +214,9 @@ pub struct Registry {
     /// the lingering sessions only when one may be due.
     next_expiry: Option<Instant>,
     linger: Duration,
+    /// Lingering sessions let go (their linger time ran out, or `max_sessions` pushed them out),
+    /// remembered so that an `open` by one of those names is told it starts afresh.
+    forgotten: Forgotten,
     /// Most lingering sessions kept (`max_sessions`): beyond it the one that would expire first
     /// goes.
     max_lingering: usize,
@@ -197,6 +239,7 @@ impl Registry {
             active: HashMap::new(),
             lingering: HashMap::new(),
             next_expiry: None,
+            forgotten: Forgotten::default(),
             linger,
             max_lingering: usize::MAX,
             limit,
@@ -269,6 +312,7 @@ impl Registry {
                 tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
             }
             self.lingering.remove(&n);
+            self.forgotten.note(n, Gone::Pushed);
         }
     }
 
@@ -284,6 +328,22 @@ impl Registry {
         let id = self.next_id;
         self.next_id += 1;
         id
+    }
+
+    /// Why a session `name` that lingered is no longer kept, if the registry let it go since the
+    /// daemon started (the most recent [`FORGOTTEN_KEPT`] names): a warning for an `open` that
+    /// names it and so starts afresh. Asked once: the note is dropped.
+    pub fn take_forgotten(&mut self, name: &str, now: Instant) -> Option<String> {
+        let linger = self.linger.as_secs();
+        self.forgotten.take(name).map(|gone| match gone {
+            Gone::Expired(at) => format!(
+                "session {name:?} was kept for resuming by name until {} s ago, when its session_linger_secs ({linger} s) ran out; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)",
+                now.saturating_duration_since(at).as_secs()
+            ),
+            Gone::Pushed => format!(
+                "session {name:?} was kept for resuming by name until more sessions lingered than max_sessions allows; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)"
+            ),
+        })
     }
 
     /// Whether a session of this name lingers, to be resumed by an `open` that names it.
@@ -381,7 +441,14 @@ impl Registry {
         if self.next_expiry.is_some_and(|t| t > now) {
             return;
         }
-        self.lingering.retain(|_, l| l.expires > now);
+        let forgotten = &mut self.forgotten;
+        self.lingering.retain(|n, l| {
+            let keep = l.expires > now;
+            if !keep {
+                forgotten.note(n.clone(), Gone::Expired(l.expires));
+            }
+            keep
+        });
         self.next_expiry = self.lingering.values().map(|l| l.expires).min();
     }
 
