@@ -327,6 +327,41 @@ fn code(v: Option<&serde_json::Value>) -> String {
 }
 
 #[test]
+fn a_close_that_does_not_say_what_was_taken_is_not_resumed_as_exact() {
+    let d = start();
+    // A raw client of its own (the clients always say): three minibatches announced, none
+    // released, then `close` without `taken`.
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+    let open = br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"session":"quiet","max_sweeps":10}}"#;
+    s.write_all(&frame(open)).expect("write");
+    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    let mut announced = 0;
+    while announced < 3 {
+        let m = reply(&mut s).expect("a ready");
+        assert_eq!(m["type"], "ready", "{m}");
+        announced += 1;
+    }
+    s.write_all(&frame(br#"{"type":"close"}"#)).expect("write");
+    loop {
+        let m = reply(&mut s).expect("closed");
+        if m["type"] == "closed" {
+            assert_eq!(m["state"]["minibatches"], 0, "nothing reported taken: {m}");
+            break;
+        }
+    }
+    drop(s);
+    // Its trainer may hold all three: a resume by name starts over them and must say so.
+    let named = SessionOptions { session: Some("quiet".into()), max_sweeps: Some(10), ..options(4) };
+    let mut again = open_retrying(&d, "train", &named, ErrorCode::SessionBusy);
+    let resumed = again.resumed.clone().expect("resumed by name");
+    assert_eq!(resumed.from, "lingering");
+    assert!(!resumed.exact, "minibatches 0..3 come again: not exact ({resumed:?})");
+    assert_eq!(again.next_minibatch().expect("next").expect("a minibatch").meta.index, 0);
+}
+
+#[test]
 fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     use std::os::unix::fs::PermissionsExt;
     let mut d = start();

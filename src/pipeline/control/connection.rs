@@ -515,8 +515,9 @@ async fn on_frame(
         (ClientMessage::Close { taken, wait_ns }, Phase::Serving(a)) => {
             a.taken(taken);
             a.waited(wait_ns);
-            // What it took is all its trainer has: the minibatches announced after are not.
-            a.closed = true;
+            // What it took is all its trainer has: the minibatches announced after are not. A
+            // close that does not say (`taken` is optional) leaves them as possibly given.
+            a.closed = taken.is_some();
             a.record(&conn.shared);
             send(wr, &ServerMessage::Closed { state: a.state() }).await?;
             return Ok(Flow::Close);
