@@ -327,6 +327,38 @@ fn code(v: Option<&serde_json::Value>) -> String {
 }
 
 #[test]
+fn an_equal_steps_state_resumes_only_at_its_minibatch_size() {
+    let d = start();
+    let equal = |mb: u64| SessionOptions {
+        equal_steps: true,
+        max_sweeps: Some(2),
+        num_workers: Some(2),
+        rank: Some(1),
+        ..options(mb)
+    };
+    let mut s = d.client().open("train", &equal(3)).expect("open");
+    for _ in 0..2 {
+        let mb = s.next_minibatch().expect("next").expect("a minibatch");
+        s.release(mb);
+    }
+    let saved = s.state().expect("state");
+    drop(s);
+    // The cut that equal steps made is a count of minibatches of this size: at another size the
+    // ranks would get unequal step counts.
+    let at = |mb: u64| SessionOptions { resume: Some(saved.clone()), ..equal(mb) };
+    match d.client().open("train", &at(5)) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::ResumeMismatch);
+            assert!(message.contains("minibatch_size"), "{message}");
+        }
+        Ok(_) => panic!("a resume at another minibatch size under equal_steps was accepted"),
+        Err(e) => panic!("{e}"),
+    }
+    let mut same = d.client().open("train", &at(3)).expect("the same size resumes");
+    assert_eq!(same.next_minibatch().expect("next").expect("a minibatch").meta.index, 2);
+}
+
+#[test]
 fn a_close_that_does_not_say_what_was_taken_is_not_resumed_as_exact() {
     let d = start();
     // A raw client of its own (the clients always say): three minibatches announced, none

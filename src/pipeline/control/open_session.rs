@@ -457,7 +457,7 @@ pub(super) async fn open(
         dataset,
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
-        fresh: fresh_state(dataset, fresh_position, rt.identity, ohash),
+        fresh: fresh_state(dataset, fresh_position, rt.identity, ohash.current),
         fits: &|s: &SessionState| {
             check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
             check_worker(s, worker)
@@ -536,7 +536,7 @@ pub(super) async fn open(
         dataset: rt.name.clone(),
         identity: rt.identity,
         sources: vec![rt.name.clone()],
-        options_hash: ohash,
+        options_hash: ohash.current,
         job: start.job.clone(),
         start,
         given_up_to: admitted.given_up_to,

@@ -11,8 +11,8 @@ use minibatchd_shm::RingGeometry;
 use super::{data_warnings, off_the_event_loop, SamplingReservation};
 use crate::pipeline::control::admission::Refusal;
 use crate::pipeline::control::session::{
-    check_job_order, check_resume, check_worker, options_hash, resolve_options, ResolvedOptions, ResumeError,
-    MAX_SLOT_SIZE_BYTES,
+    check_job_order, check_resume, check_worker, resolve_options, session_options_hash, OptionsHash, ResolvedOptions,
+    ResumeError, MAX_SLOT_SIZE_BYTES,
 };
 use crate::pipeline::control::ControlPlane;
 use crate::pipeline::data::catalog::DatasetRuntime;
@@ -24,7 +24,7 @@ use crate::pipeline::data::producer::PREFETCH_CHUNKS;
 pub(super) struct Prepared {
     pub(super) rt: Arc<DatasetRuntime>,
     pub(super) resolved: ResolvedOptions,
-    pub(super) options_hash: u64,
+    pub(super) options_hash: OptionsHash,
     pub(super) sampler: Sampler,
     /// The sampler's memory, reserved before it was built.
     pub(super) sampling: SamplingReservation,
@@ -59,7 +59,7 @@ pub(super) fn prepare_now(
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
-    let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
+    let ohash = session_options_hash(&resolved);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
         check_worker(s, super::session_worker(&resolved))?;
@@ -121,7 +121,7 @@ pub(super) fn job_start(
     states: &[SessionState],
     dataset: &str,
     rt: &DatasetRuntime,
-    ohash: u64,
+    ohash: OptionsHash,
     fresh: Sampler,
 ) -> Result<SessionState, Refusal> {
     check_job_order(states)?;
@@ -146,7 +146,7 @@ pub(super) fn job_start(
         position: probe.position(),
         minibatches: 0,
         data_identity: hex64(rt.identity),
-        options_hash: hex64(ohash),
+        options_hash: hex64(ohash.current),
         job: Some(JobBase { positions }),
         worker: None,
         mixture: None,

@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 
+use super::OptionsHash;
 use minibatchd_client::protocol::{hex64, MixtureState, SessionState, WorkerOf, STATE_VERSION};
 
 /// Why a saved state cannot resume the session being opened.
@@ -29,7 +30,7 @@ pub enum ResumeError {
     },
     /// The order-shaping options differ.
     #[error(
-        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
+        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail; with equal_steps also minibatch_size, which the epoch's step count depends on)"
     )]
     Options,
     /// A mixture's state given to a dataset's session, or the reverse.
@@ -98,13 +99,14 @@ pub enum ResumeError {
 ///
 /// `identity` is the dataset's ([`minibatchd_engine::dataset::Dataset::identity`]); `legacy` the
 /// one states written before local files' contents were part of it carry
-/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted.
+/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted; `options` the
+/// session's options hash, and the one earlier builds computed for them (also accepted).
 pub fn check_resume(
     state: &SessionState,
     dataset: &str,
     identity: u64,
     legacy: u64,
-    options: u64,
+    options: OptionsHash,
 ) -> Result<(), ResumeError> {
     if state.version != STATE_VERSION {
         return Err(ResumeError::Version(state.version));
@@ -120,7 +122,9 @@ pub fn check_resume(
     } else if state.data_identity != hex64(identity) {
         return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
-    if state.options_hash != hex64(options) {
+    if state.options_hash == hex64(options.before_sizes) && options.before_sizes != options.current {
+        tracing::info!(dataset, "a state written before the minibatch size counted with equal_steps: accepted; resumed at another minibatch size than it was saved with, its ranks' step counts may differ");
+    } else if state.options_hash != hex64(options.current) {
         return Err(ResumeError::Options);
     }
     if state.minibatches > MAX_MINIBATCHES {
