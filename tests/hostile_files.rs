@@ -308,6 +308,74 @@ fn a_data_file_rewritten_since_it_was_indexed_is_never_read_with_the_old_index()
     ds.load_chunk(0).expect("the new version");
 }
 
+/// Found by a hostile probe: a chunk served from the parsed cache skipped the version check a
+/// read of the file makes, so after a rewrite (no SIGHUP) new sessions got the old data without a
+/// word while a chunk parsed again failed; and a `.gz` input replaced was not noticed at all (its
+/// decompressed copy was what was checked). Now the parsed cache's entries are served only while
+/// the files are as indexed, and a new session on a dataset whose files changed is refused at
+/// `open` with `data_error` naming the file.
+#[test]
+fn a_changed_file_is_served_neither_from_the_parsed_cache_nor_to_new_sessions() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::ClientError;
+    use minibatchd_engine::dataset::Persist;
+    use minibatchd_engine::format::parsed_cache::ParsedCache;
+    use std::sync::Arc;
+    use support::daemon::{options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = "[datasets.d]\nformat = \"ctf\"\nfiles = [\"d.ctf\"]\ncache_index = false\nchunk_size_bytes = 12\n\
+                [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n";
+    let data = write(dir.path(), "d.ctf", "|a 1\n|a 2\n|a 3\n|a 4\n");
+    let state = dir.path().join("state");
+    let cache = Arc::new(ParsedCache::open(&dir.path().join("parsed"), 1 << 20).expect("cache"));
+    let mut first = support::open(toml, "d", dir.path(), &state);
+    first.use_parsed_cache(cache.clone(), Persist::OnLoad);
+    let chunks = first.chunks().len();
+    (0..chunks).for_each(|c| drop(first.load_chunk(c).expect("parsed and persisted")));
+    let mut ds = support::open(toml, "d", dir.path(), &state);
+    ds.use_parsed_cache(cache.clone(), Persist::OnLoad);
+    ds.load_chunk(0).expect("a hit");
+    assert_eq!(cache.stats().hits, 1);
+    ds.files_unchanged().expect("as indexed");
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&data, "|a 9\n|a 8\n|a 7\n|a 6\n").expect("rewrite at the same size");
+    for c in 0..chunks {
+        let e = ds.load_chunk(c).expect_err("not served as the file no longer is").to_string();
+        assert!(e.contains("d.ctf") && e.contains("since it was indexed"), "{e}");
+    }
+    assert_eq!(cache.stats().hits, 1 + chunks as u64, "found, and refused");
+    let e = ds.files_unchanged().expect_err("changed").to_string();
+    assert!(e.contains("d.ctf") && e.contains("rewritten in place"), "{e}");
+
+    // A `.gz` input replaced under a running daemon: the next session is refused, and after a
+    // reload it reads the new content.
+    let p = dir.path();
+    let gz_path = write(p, "data.gz", gz(b"1 1:1\n0 2:1\n1 3:1\n"));
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.g]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n[datasets.g.sampling]\nrandomize = false\n",
+            gz_path.display()
+        ),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(1) };
+    let before = daemon.read_all("g", &opts, &["__instX"]);
+    let other = write(p, "other.gz", gz(b"0 7:1\n1 8:1\n0 9:1\n"));
+    std::fs::rename(&other, &gz_path).expect("replace");
+    match daemon.client().open("g", &opts) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::DataError);
+            assert!(message.contains("data.gz") && message.contains("since it was indexed"), "{message}");
+        }
+        other => panic!("a session on a replaced .gz input: {:?}", other.map(|_| ())),
+    }
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    assert_ne!(daemon.read_all("g", &opts, &["__instX"]), before, "the new content after a reload");
+}
+
 /// #15 item 6, with the daemon: after a data file is rewritten, SIGHUP opens the dataset again
 /// (its configuration did not change, its files did), and new sessions read the new file —
 /// never its bytes through the old index, nor the old chunks from the cache.

@@ -80,6 +80,14 @@ pub enum Refusal {
     /// The delivery stage is gone (the daemon is stopping).
     #[error("delivery stage unavailable: {0}")]
     Delivery(String),
+    /// A file of the dataset changed since it was indexed: no session is opened on the old index.
+    #[error("dataset '{name}' changed since it was indexed: {source}")]
+    Changed {
+        /// The dataset.
+        name: String,
+        /// The file and what changed.
+        source: minibatchd_engine::format::errors::DataError,
+    },
     /// The session could not be written to the daemon checkpoint (a full or read-only
     /// `state_dir`): without it, a crash would lose the session's name and position silently.
     #[error("{0}; the session is refused, since after a crash it could not be resumed by name (free space in daemon.state_dir)")]
@@ -146,6 +154,7 @@ impl Refusal {
             | Self::Ring(_) => ErrorCode::ResourceExhausted,
             Self::Descriptor(_) | Self::Layout(_) | Self::Checkpoint(_) => ErrorCode::Internal,
             Self::Delivery(_) => ErrorCode::ShuttingDown,
+            Self::Changed { .. } => ErrorCode::DataError,
         }
     }
 
@@ -153,7 +162,9 @@ impl Refusal {
     #[must_use]
     pub fn detail(&self) -> Option<ErrorDetail> {
         match self {
-            Self::Dataset(CatalogError::Failed { source, .. }) => Some(error_detail(source)),
+            Self::Dataset(CatalogError::Failed { source, .. }) | Self::Changed { source, .. } => {
+                Some(error_detail(source))
+            }
             _ => None,
         }
     }

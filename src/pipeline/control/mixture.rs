@@ -273,6 +273,9 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         (None, None) => return Err(refuse("no longer configured (a configuration reload removed it)".into())),
     };
     let runtimes = m.datasets.iter().map(|d| shared.data.dataset(d)).collect::<Result<Vec<_>, _>>()?;
+    for (d, rt) in m.datasets.iter().zip(&runtimes) {
+        rt.dataset.files_unchanged().map_err(|source| Refusal::Changed { name: d.clone(), source })?;
+    }
     let refused = refused_options(options);
     if !refused.is_empty() {
         return Err(refuse(format!(

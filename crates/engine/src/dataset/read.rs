@@ -45,6 +45,17 @@ pub(super) fn version_of(path: &Path) -> Result<FileVersion> {
 /// An error unless `file` (opened from `path`) is still `version`.
 pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> Result<()> {
     let now = FileStamp::from_meta(PathBuf::new(), &file.metadata().map_err(|e| DataError::io(path, e))?);
+    unchanged_since(version, &now, path)
+}
+
+/// An error unless the file at `path` is still `version`, looked up by its path: a `.gz` input
+/// whose decompressed copy is what is read, or a file whose chunk is served from the parsed
+/// cache (its bytes as they were indexed, which a file changed since no longer holds).
+pub(super) fn check_path_version(version: &FileVersion, path: &Path) -> Result<()> {
+    unchanged_since(version, &version_of(path)?, path)
+}
+
+fn unchanged_since(version: &FileVersion, now: &FileVersion, path: &Path) -> Result<()> {
     if now.same_version(version) {
         return Ok(());
     }
@@ -53,7 +64,7 @@ pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> 
         std::io::Error::other(format!(
             "the file was {} since it was indexed; its chunks are not read with the old index \
              (send SIGHUP: a reload indexes a dataset whose files changed again)",
-            version.change(&now)
+            version.change(now)
         )),
     ))
 }

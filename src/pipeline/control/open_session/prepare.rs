@@ -56,6 +56,9 @@ pub(super) fn prepare_now(
     shared: &Arc<ControlPlane>,
 ) -> Result<Prepared, Refusal> {
     let rt = shared.data.dataset(dataset)?;
+    // Its files as indexed, or no session: one on changed files would fail mid-run as chunks are
+    // read, or be served what the caches hold of files that no longer hold it.
+    rt.dataset.files_unchanged().map_err(|source| Refusal::Changed { name: dataset.to_owned(), source })?;
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
