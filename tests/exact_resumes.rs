@@ -103,6 +103,36 @@ fn a_sigterm_during_a_step_longer_than_the_grace_is_not_resumed_as_exact() {
     assert!(!exact, "minibatches {first}..={last} come again: the resume must not say exact");
 }
 
+/// Found by a hostile probe: one flipped digit of a position in the checkpoint (60 → 61)
+/// resumed the session a sample past where its trainer was, as exact; a checkpoint that could
+/// not be read at all made a named session start afresh without a word. Now the checkpoint's
+/// checksum sets the damaged file aside, and a named open is told its session may have been lost.
+#[test]
+fn a_checkpoint_damaged_on_disk_is_not_resumed_and_a_named_open_is_told() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path());
+    let mut s = d.client().open("train", &named("flipped")).expect("open");
+    take(&mut s, 3);
+    s.close().expect("close");
+    assert_eq!(d.stop().code(), Some(0));
+    let ckpt = dir.path().join("state/checkpoint.json");
+    let text = std::fs::read_to_string(&ckpt).expect("checkpoint");
+    let at = text.find("\"minibatches\": 3").expect("the session's count") + "\"minibatches\": ".len();
+    let mut bytes = text.into_bytes();
+    bytes[at] = b'4';
+    std::fs::write(&ckpt, &bytes).expect("flip a digit");
+    let d = Daemon::start(dir.path(), &[]);
+    let mut again = d.client().open("train", &named("flipped")).expect("open by name");
+    assert_eq!(again.resumed, None, "not resumed from a damaged checkpoint");
+    assert!(
+        again.warnings.iter().any(|w| w.contains("checkpoint could not be read") && w.contains("flipped")),
+        "{:?}",
+        again.warnings
+    );
+    assert_eq!(again.next_minibatch().expect("next").expect("a minibatch").meta.index, 0);
+    assert!(dir.path().join("state/checkpoint.json.unreadable").exists(), "the damaged file is kept aside");
+}
+
 #[test]
 fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_taken() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -154,8 +154,11 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
         shared.data.indexing.begin(name, &shared.data.metrics);
     }
     let state_dir = shared.config().daemon.state_dir.clone();
-    let (saved, written, exact) = checkpoint::restore(&state_dir);
-    let restored = shared.registry().restore(saved, written, exact, Instant::now());
+    let found = checkpoint::restore(&state_dir);
+    if let Some(aside) = &found.set_aside {
+        shared.registry().checkpoint_lost(aside, Instant::now());
+    }
+    let restored = shared.registry().restore(found.sessions, found.written, found.clean, Instant::now());
     if restored > 0 {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }

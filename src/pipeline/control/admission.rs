@@ -436,6 +436,23 @@ mod tests {
     }
 
     #[test]
+    fn a_named_open_after_the_checkpoint_was_lost_is_warned_for_a_linger_time() {
+        let mut reg = registry(); // 60 s of linger
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        reg.checkpoint_lost(std::path::Path::new("/state/checkpoint.json.unreadable"), t0);
+        let a = admit(&mut reg, &request(Some("s"), 100, &options), t0 + Duration::from_secs(5)).expect("fresh");
+        let note = a.forgotten.clone().expect("told");
+        assert!(note.contains("checkpoint.json.unreadable") && note.contains("\"s\""), "{note}");
+        reg.unreserve(a.ring_bytes());
+        let unnamed = admit(&mut reg, &request(None, 100, &options), t0).expect("unnamed");
+        assert_eq!(unnamed.forgotten, None, "a generated name was in no checkpoint");
+        reg.unreserve(unnamed.ring_bytes());
+        let late = admit(&mut reg, &request(Some("t"), 100, &options), t0 + Duration::from_secs(61)).expect("late");
+        assert_eq!(late.forgotten, None, "its sessions would have expired by now");
+    }
+
+    #[test]
     fn a_busy_name_is_refused_and_changes_nothing() {
         let mut reg = registry();
         let options = SessionOptions::default();

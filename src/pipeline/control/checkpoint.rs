@@ -17,6 +17,11 @@
 //! and the daemon starts without it — so is one that others could have written (a symbolic link,
 //! a file of another user, or one writable by group or others, as `UMask=0007` made them before
 //! state files were created `0600`).
+//!
+//! **Checksum.** A checkpoint carries `checksum`, the CRC-32 of its content (its compact JSON
+//! without the checksum): a file damaged on disk — one flipped digit of a position would resume
+//! a session past samples it never took, as exact — is set aside like any unreadable one. A file
+//! without it (written before it was kept, as the golden file) is read as before.
 
 use std::path::{Path, PathBuf};
 
@@ -39,6 +44,20 @@ pub struct CheckpointV1 {
     pub reason: String,
     /// Connected and lingering sessions.
     pub sessions: Vec<SavedSession>,
+    /// `crc32:` and 8 hex digits: [`content_checksum`] of the rest. Absent in checkpoints
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+}
+
+/// The checksum of `c`'s content: CRC-32 of its compact JSON with no checksum, as `crc32:` and 8
+/// hex digits. The JSON of what a checkpoint holds is the same whenever it is written (structs
+/// and ordered maps; numbers written as read back), so the reader recomputes it from what it
+/// parsed.
+fn content_checksum(c: &CheckpointV1) -> String {
+    let unsigned = CheckpointV1 { checksum: None, ..c.clone() };
+    let bytes = serde_json::to_vec(&Checkpoint::V1(unsigned)).unwrap_or_default();
+    format!("crc32:{:08x}", crc32fast::hash(&bytes))
 }
 
 /// A checkpoint of any supported version.
@@ -55,12 +74,15 @@ impl Checkpoint {
     #[must_use]
     pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        Self::V1(CheckpointV1 {
+        let mut c = CheckpointV1 {
             written_unix_secs: now.as_secs(),
             daemon_id: minibatchd_client::protocol::hex64(daemon_id),
             reason: reason.to_owned(),
             sessions,
-        })
+            checksum: None,
+        };
+        c.checksum = Some(content_checksum(&c));
+        Self::V1(c)
     }
 
     /// When it was written (Unix seconds), and whether at a clean stop (`reason` `shutdown`: every
@@ -133,27 +155,49 @@ pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path: p, source }),
     }
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| CheckpointError::Format { path: p, message: e.to_string() })
+    let c: Checkpoint = serde_json::from_slice(&bytes)
+        .map_err(|e| CheckpointError::Format { path: p.clone(), message: e.to_string() })?;
+    let Checkpoint::V1(v1) = &c;
+    if let Some(saved) = &v1.checksum {
+        let now = content_checksum(v1);
+        if *saved != now {
+            let message = format!("its checksum is {saved}, its content's {now}: damaged since it was written");
+            return Err(CheckpointError::Format { path: p, message });
+        }
+    }
+    Ok(Some(c))
+}
+
+/// What a start found in the checkpoint.
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Its sessions.
+    pub sessions: Vec<SavedSession>,
+    /// When it was written (Unix seconds).
+    pub written: u64,
+    /// Written at a clean stop.
+    pub clean: bool,
+    /// A checkpoint was there but could not be read: set aside at this path. Its sessions are
+    /// lost, so an `open` by a name that may have been among them is told it starts afresh.
+    pub set_aside: Option<PathBuf>,
 }
 
 /// Reads the checkpoint for a start: an unreadable one is logged and renamed to
 /// `checkpoint.json.unreadable` (so the next write cannot destroy the evidence).
-///
-/// Returns the sessions, when the checkpoint was written and whether at a clean stop.
 #[must_use]
-pub fn restore(state_dir: &Path) -> (Vec<SavedSession>, u64, bool) {
+pub fn restore(state_dir: &Path) -> Restored {
     match read(state_dir) {
         Ok(Some(c)) => {
-            let (written, exact) = c.written();
-            (c.into_sessions(), written, exact)
+            let (written, clean) = c.written();
+            Restored { sessions: c.into_sessions(), written, clean, set_aside: None }
         }
-        Ok(None) => (Vec::new(), 0, true),
+        Ok(None) => Restored { clean: true, ..Restored::default() },
         Err(e) => {
             let p = path(state_dir);
             let aside = state_dir.join(format!("{CHECKPOINT_FILE}.unreadable"));
-            tracing::error!(error = %e, moved_to = %aside.display(), "ignoring the daemon checkpoint");
+            tracing::error!(error = %e, moved_to = %aside.display(), "ignoring the daemon checkpoint: its sessions cannot be resumed by name (a named open that may have been one of them is told so)");
             let _ = std::fs::rename(&p, &aside);
-            (Vec::new(), 0, true)
+            Restored { clean: true, set_aside: Some(aside), ..Restored::default() }
         }
     }
 }
@@ -213,14 +257,17 @@ mod tests {
     #[test]
     fn unknown_versions_and_garbage_are_set_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(restore(dir.path()).0.is_empty(), "no checkpoint: nothing to restore");
+        assert!(restore(dir.path()).sessions.is_empty(), "no checkpoint: nothing to restore");
+        assert_eq!(restore(dir.path()).set_aside, None);
         std::fs::write(path(dir.path()), br#"{"version": "99", "sessions": []}"#).expect("write");
         assert!(matches!(read(dir.path()), Err(CheckpointError::Format { .. })));
-        assert!(restore(dir.path()).0.is_empty());
+        let r = restore(dir.path());
+        assert!(r.sessions.is_empty());
+        assert_eq!(r.set_aside, Some(dir.path().join("checkpoint.json.unreadable")));
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
         assert!(!path(dir.path()).exists());
         std::fs::write(path(dir.path()), b"\x00garbage").expect("write");
-        assert!(restore(dir.path()).0.is_empty());
+        assert!(restore(dir.path()).sessions.is_empty());
     }
 
     /// Issue #15: under `UMask=0007` state files were group-writable; a checkpoint a group member
@@ -235,7 +282,32 @@ mod tests {
         std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
         let e = read(dir.path()).expect_err("group-writable");
         assert!(e.to_string().contains("writable by group or others"), "{e}");
-        assert!(restore(dir.path()).0.is_empty());
+        assert!(restore(dir.path()).sessions.is_empty());
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
+    }
+
+    /// Found by a hostile probe: one flipped digit of a position (60 → 61) resumed a session a
+    /// sample past where its trainer was, as exact. Every byte of content is now checked.
+    #[test]
+    fn a_checkpoint_damaged_on_disk_is_set_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()])).expect("write");
+        let good = std::fs::read(path(dir.path())).expect("read");
+        assert!(String::from_utf8_lossy(&good).contains("\"checksum\": \"crc32:"));
+        assert_eq!(restore(dir.path()).sessions, vec![session()]);
+        // Every digit of the file, changed: each change is refused.
+        let digits: Vec<usize> = (0..good.len()).filter(|&i| good[i].is_ascii_digit()).collect();
+        assert!(digits.len() > 20);
+        for i in digits {
+            let mut bad = good.clone();
+            bad[i] = if bad[i] == b'9' { b'8' } else { bad[i] + 1 };
+            std::fs::write(path(dir.path()), &bad).expect("write");
+            let r = restore(dir.path());
+            assert!(r.sessions.is_empty() && r.set_aside.is_some(), "digit at byte {i} changed: {r:?}");
+        }
+        // Whitespace is not content: reformatted, the same checkpoint.
+        let compact: serde_json::Value = serde_json::from_slice(&good).expect("json");
+        std::fs::write(path(dir.path()), serde_json::to_vec(&compact).expect("json")).expect("write");
+        assert_eq!(restore(dir.path()).sessions, vec![session()]);
     }
 }

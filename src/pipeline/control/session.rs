@@ -217,6 +217,10 @@ pub struct Registry {
     /// Lingering sessions let go (their linger time ran out, or `max_sessions` pushed them out),
     /// remembered so that an `open` by one of those names is told it starts afresh.
     forgotten: Forgotten,
+    /// The checkpoint found at start could not be read (set aside at this path): until this
+    /// instant (a linger time from start, as long as its sessions would have lingered), an `open`
+    /// by a name that lingers nowhere is told it may have been one of them.
+    lost_checkpoint: Option<(String, Instant)>,
     /// Most lingering sessions kept (`max_sessions`): beyond it the one that would expire first
     /// goes.
     max_lingering: usize,
@@ -240,6 +244,7 @@ impl Registry {
             lingering: HashMap::new(),
             next_expiry: None,
             forgotten: Forgotten::default(),
+            lost_checkpoint: None,
             linger,
             max_lingering: usize::MAX,
             limit,
@@ -335,7 +340,13 @@ impl Registry {
     /// names it and so starts afresh. Asked once: the note is dropped.
     pub fn take_forgotten(&mut self, name: &str, now: Instant) -> Option<String> {
         let linger = self.linger.as_secs();
-        self.forgotten.take(name).map(|gone| match gone {
+        let Some(gone) = self.forgotten.take(name) else {
+            let (aside, until) = self.lost_checkpoint.as_ref()?;
+            return (now < *until).then(|| format!(
+                "the daemon's checkpoint could not be read when it started (it was set aside as {aside}), so the sessions it held cannot be resumed by name: if session {name:?} was one of them, this session starts afresh, not where that one ended; to continue it, open with the state its client saved (resume)"
+            ));
+        };
+        Some(match gone {
             Gone::Expired(at) => format!(
                 "session {name:?} was kept for resuming by name until {} s ago, when its session_linger_secs ({linger} s) ran out; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)",
                 now.saturating_duration_since(at).as_secs()
@@ -344,6 +355,11 @@ impl Registry {
                 "session {name:?} was kept for resuming by name until more sessions lingered than max_sessions allows; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)"
             ),
         })
+    }
+
+    /// The checkpoint found at start at `now` could not be read and was set aside at `aside`.
+    pub fn checkpoint_lost(&mut self, aside: &std::path::Path, now: Instant) {
+        self.lost_checkpoint = Some((aside.display().to_string(), now + self.linger));
     }
 
     /// Whether a session of this name lingers, to be resumed by an `open` that names it.
