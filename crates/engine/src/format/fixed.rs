@@ -74,8 +74,9 @@ fn records(
     options: FixedLengthOptions,
     limits: IndexLimits,
 ) -> Result<Sequences, DataError> {
+    // About the file's layout as a whole: named at its start, record 1 (places are 1-based).
     let fatal = |offset: u64, message: String| DataError::Fatal {
-        at: Location { file: name.clone(), line: 0, offset },
+        at: Location { file: name.clone(), line: 1, offset },
         message,
     };
     let records = options.records(size).map_err(|m| fatal(0, m))?;

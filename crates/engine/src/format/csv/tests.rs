@@ -146,6 +146,20 @@ fn records_fill_streams_with_defaults_required_columns_and_crs_dropped() {
     assert_eq!(errors[0].kind, ErrorKind::BadLine);
 }
 
+/// Found by a hostile probe: a field with a NUL or a BOM was echoed raw into the message (and
+/// so to a terminal or a log).
+#[test]
+fn messages_escape_the_control_bytes_of_a_field() {
+    let d = decoder(1, vec![stream("x", CsvType::F32, &[0], None)]);
+    let (_, errors, _) = decode(&d, &["1\u{0}2\n", "\u{feff}3\n", "\u{1b}[2J\n"]);
+    let messages: Vec<&str> = errors.iter().map(|e| e.message.as_str()).collect();
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert!(messages[0].ends_with("is not a valid float32: 1\\02"), "{messages:?}");
+    assert!(messages[1].ends_with("is not a valid float32: \\u{feff}3"), "{messages:?}");
+    assert!(messages[2].ends_with("is not a valid float32: \\u{1b}[2J"), "{messages:?}");
+    assert!(messages.iter().all(|m| !m.chars().any(char::is_control)), "{messages:?}");
+}
+
 #[test]
 fn a_chunk_of_empty_lines_with_wide_rows_reserves_a_bounded_buffer() {
     // 33 million records of a 65,536-column stream would be 2^41 values reserved up front.

@@ -347,6 +347,9 @@ mod tests {
         let cut = &bytes[..bytes.len() - 2];
         let e = index(cut).expect_err("a cut tail").to_string();
         assert!(e.contains("t.tfrecord:2: byte offset 19") && e.contains("ends inside record 2"), "{e}");
+        assert!(e.contains("4 bytes of data declared, all of them there, but 2 of the footer's 4 bytes"), "{e}");
+        let e = index(&bytes[..bytes.len() - 6]).expect_err("a cut record").to_string();
+        assert!(e.contains("4 bytes of data declared, 2 of them missing, and the 4-byte footer"), "{e}");
         let e = index(&bytes[..25]).expect_err("a cut header").to_string();
         assert!(e.contains("ends inside record 2's header"), "{e}");
         // A flipped data byte passes the index and fails the record's decode.

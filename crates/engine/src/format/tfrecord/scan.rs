@@ -209,13 +209,19 @@ pub(super) fn scan(
         let foot = src.at(foot_at, FOOTER_BYTES).map_err(|e| DataError::io(path, e))?;
         if foot.len() < FOOTER_BYTES {
             let input_end = src.end_seen().unwrap_or(foot_at);
-            let missing = (at + frame).saturating_sub(input_end).saturating_sub(FOOTER_BYTES as u64);
+            // What is missing: some of the data and the footer, or only (some of) the footer.
+            let short = (at + frame).saturating_sub(input_end);
+            let what = match short.checked_sub(FOOTER_BYTES as u64) {
+                Some(data) if data > 0 => format!("{data} of them missing, and the {FOOTER_BYTES}-byte footer"),
+                _ => format!(
+                    "all of them there, but {short} of the footer's {FOOTER_BYTES} bytes (the data's CRC) missing"
+                ),
+            };
             return Err(fatal(
                 record,
                 at,
                 format!(
-                    "the file ends inside record {} ({len} bytes of data declared, {missing} missing: a truncated \
-                     TFRecord file)",
+                    "the file ends inside record {} ({len} bytes of data declared, {what}: a truncated TFRecord file)",
                     record + 1
                 ),
             ));
