@@ -11,7 +11,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+use minibatchd_client::protocol::{ErrorCode, SessionOptions, SessionState};
 use minibatchd_client::{Client, ClientError};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
 use support::daemon::{
@@ -336,26 +336,38 @@ fn an_equal_steps_state_resumes_only_at_its_minibatch_size() {
         rank: Some(1),
         ..options(mb)
     };
-    let mut s = d.client().open("train", &equal(3)).expect("open");
-    for _ in 0..2 {
-        let mb = s.next_minibatch().expect("next").expect("a minibatch");
-        s.release(mb);
-    }
-    let saved = s.state().expect("state");
-    drop(s);
+    let state_after_two = |rank: u64| {
+        let mut s = d.client().open("train", &SessionOptions { rank: Some(rank), ..equal(3) }).expect("open");
+        for _ in 0..2 {
+            let mb = s.next_minibatch().expect("next").expect("a minibatch");
+            s.release(mb);
+        }
+        s.state().expect("state")
+    };
+    let first = state_after_two(0);
+    let saved = state_after_two(1);
+    assert_eq!(saved.equal_steps_minibatch, Some(3), "the state says the size it was cut for");
     // The cut that equal steps made is a count of minibatches of this size: at another size the
     // ranks would get unequal step counts.
     let at = |mb: u64| SessionOptions { resume: Some(saved.clone()), ..equal(mb) };
     match d.client().open("train", &at(5)) {
         Err(ClientError::Daemon { code, message, .. }) => {
             assert_eq!(code, ErrorCode::ResumeMismatch);
-            assert!(message.contains("minibatch_size"), "{message}");
+            assert!(message.contains("minibatch_size 3, not 5"), "{message}");
         }
         Ok(_) => panic!("a resume at another minibatch size under equal_steps was accepted"),
         Err(e) => panic!("{e}"),
     }
     let mut same = d.client().open("train", &at(3)).expect("the same size resumes");
     assert_eq!(same.next_minibatch().expect("next").expect("a minibatch").meta.index, 2);
+    drop(same);
+    // A state of an earlier build (no size recorded) resumes at any size, as it did.
+    let earlier = SessionState { equal_steps_minibatch: None, ..saved.clone() };
+    let old = SessionOptions { resume: Some(earlier), ..equal(5) };
+    d.client().open("train", &old).expect("an earlier build's state");
+    // resume_job counts equal steps afresh from where the run stood: any size.
+    let job = SessionOptions { resume_job: Some(vec![first, saved]), rank: Some(0), ..equal(4) };
+    d.client().open("train", &job).expect("resume_job at another size");
 }
 
 #[test]

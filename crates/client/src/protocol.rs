@@ -136,7 +136,8 @@ pub enum ErrorCode {
 /// user); `minibatches` counts the minibatches taken since the session started (so a resumed
 /// session numbers its minibatches on). The hashes identify the data and the sampling options
 /// that shape the order (randomize, window, seed, epoch limit), so a resume against anything
-/// else is refused. The minibatch size may change across a resume; the worker count and rank may
+/// else is refused. The minibatch size may change across a resume (not with equal steps:
+/// `equal_steps_minibatch`); the worker count and rank may
 /// change across a resume of a one-worker session's state (`worker` unset), and across
 /// `resume_job` (every worker's state) for a run of several.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +171,13 @@ pub struct SessionState {
     /// (sequences) taken in the epoch. Not sent for a dataset's session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mixture: Option<MixtureState>,
+    /// Set when the session has `equal_steps`: the minibatch size its epoch's equal step count
+    /// was cut for. The cut is a count of minibatches of that size, so the state resumes only at
+    /// that size (another would give the workers unequal step counts); `resume_job`, which counts
+    /// equal steps afresh from where the earlier run stood, may change it. Not sent otherwise, so
+    /// states without it read as before (and resume at any size, as they did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equal_steps_minibatch: Option<u64>,
 }
 
 /// Which of several workers a session is ([`SessionState::worker`]).

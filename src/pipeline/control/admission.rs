@@ -340,6 +340,7 @@ mod tests {
             job: None,
             worker: None,
             mixture: None,
+            equal_steps_minibatch: None,
         }
     }
 

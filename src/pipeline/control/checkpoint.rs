@@ -227,6 +227,7 @@ mod tests {
                 job: None,
                 worker: None,
                 mixture: None,
+                equal_steps_minibatch: None,
             },
             owner: None,
             given_up_to: None,

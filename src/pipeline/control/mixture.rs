@@ -417,6 +417,7 @@ fn admit(
         job: None,
         worker: None,
         mixture: Some(to_wire(prepared.mixture.state())),
+        equal_steps_minibatch: None,
     };
     if let Some(s) = &options.resume {
         check_mixture_resume(s, name, identity, ohash, sources)?;

@@ -31,7 +31,7 @@ mod prepare;
 use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::delivery::StartProducer;
 use crate::pipeline::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle};
-use prepare::{fresh_state, place_sampler, prepare, window_fits, Prepared};
+use prepare::{equal_steps_minibatch, fresh_state, place_sampler, prepare, window_fits, Prepared};
 
 /// A session open on this connection.
 pub(super) struct OpenSession {
@@ -73,6 +73,9 @@ pub(super) struct OpenSession {
     pub(super) job: Option<JobBase>,
     /// Which of several workers it is, carried in every state (`None`: one worker).
     pub(super) worker: Option<WorkerOf>,
+    /// With equal steps, the minibatch size carried in every state
+    /// ([`SessionState::equal_steps_minibatch`]).
+    pub(super) equal_steps_minibatch: Option<u64>,
     /// Its sampler's memory, reserved against `memory_limit_bytes` until the session ends.
     pub(super) _sampling: SamplingReservation,
 }
@@ -156,6 +159,7 @@ impl OpenSession {
             job: self.job.clone(),
             worker: self.worker,
             mixture: self.progress.mixture().cloned(),
+            equal_steps_minibatch: self.equal_steps_minibatch,
         }
     }
 
@@ -391,6 +395,7 @@ impl Launch {
             closed: false,
             job: self.job,
             worker: self.start.worker,
+            equal_steps_minibatch: self.start.equal_steps_minibatch,
             _sampling: self.sampling,
         })
     }
@@ -457,9 +462,9 @@ pub(super) async fn open(
         dataset,
         name: resolved.session.as_deref(),
         resume: options.resume.as_ref().or(job_start.as_ref()),
-        fresh: fresh_state(dataset, fresh_position, rt.identity, ohash.current),
+        fresh: fresh_state(dataset, fresh_position, rt.identity, ohash, equal_steps_minibatch(&resolved)),
         fits: &|s: &SessionState| {
-            check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+            check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash, equal_steps_minibatch(&resolved))?;
             check_worker(s, worker)
         },
         ring_bytes: geometry.total_bytes(),
@@ -493,9 +498,11 @@ pub(super) async fn open(
         .opening(rt.dataset.timeline(), &resolved.sampling, admitted.start.job.is_some(), resolved.equal_steps)
         .map_err(undo)?;
     // Its every state says which worker it is (a state it resumed from may be a one-worker
-    // session's, or a job's start).
-    let (id, name, start, ring_bytes) =
-        (admitted.id, admitted.name.clone(), SessionState { worker, ..admitted.start.clone() }, admitted.ring_bytes());
+    // session's, or a job's start) and, with equal steps, the minibatch size it cuts for (a state
+    // of an earlier build says none).
+    let equal_steps_minibatch = equal_steps_minibatch(&resolved);
+    let start = SessionState { worker, equal_steps_minibatch, ..admitted.start.clone() };
+    let (id, name, ring_bytes) = (admitted.id, admitted.name.clone(), admitted.ring_bytes());
     let (sampler, pad_to, warnings) = {
         let (start, resolved, dataset, shared, rt) =
             (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone());
@@ -536,7 +543,7 @@ pub(super) async fn open(
         dataset: rt.name.clone(),
         identity: rt.identity,
         sources: vec![rt.name.clone()],
-        options_hash: ohash.current,
+        options_hash: ohash,
         job: start.job.clone(),
         start,
         given_up_to: admitted.given_up_to,

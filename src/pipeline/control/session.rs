@@ -29,8 +29,8 @@ mod resume;
 mod slots;
 
 pub use options::{
-    options_hash, resolve_options, session_options_hash, InvalidOptions, OptionsHash, ResolvedOptions, MAX_RING_SLOTS,
-    MAX_SESSION_NAME, MAX_SLOT_SIZE_BYTES,
+    options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
+    MAX_SLOT_SIZE_BYTES,
 };
 pub use progress::Progress;
 pub use resume::{
@@ -693,31 +693,6 @@ mod tests {
         assert_ne!(options_hash(&a.sampling, true, Tail::Drop), options_hash(&a.sampling, true, Tail::Pad));
         assert_eq!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&a.sampling, false, Tail::Pad));
         assert_ne!(options_hash(&a.sampling, false, Tail::Drop), options_hash(&c.sampling, false, Tail::Drop));
-        // With equal steps the minibatch size counts (the step count depends on it; found by a
-        // hostile probe: ranks resumed at another size got 90, 90 and 85 steps); states of
-        // earlier builds, written without it, are still accepted.
-        assert_eq!(session_options_hash(&a), OptionsHash::same(options_hash(&a.sampling, false, Tail::Drop)));
-        let equal = |r: &ResolvedOptions| session_options_hash(&ResolvedOptions { equal_steps: true, ..r.clone() });
-        let (a8, b3) = (equal(&a), equal(&b));
-        assert_ne!(a8.current, b3.current, "another minibatch size");
-        assert_eq!(a8.before_sizes, b3.before_sizes);
-        assert_eq!(a8.before_sizes, options_hash(&a.sampling, true, Tail::Drop));
-        let at_3 = ResolvedOptions { minibatch_size: 3, ..a.clone() };
-        assert_eq!(equal(&at_3), b3, "workers and rank still do not count");
-        let state = |hash: u64| SessionState {
-            version: minibatchd_client::protocol::STATE_VERSION,
-            dataset: "t".into(),
-            position: 0,
-            minibatches: 0,
-            data_identity: hex64(7),
-            options_hash: hex64(hash),
-            job: None,
-            worker: None,
-            mixture: None,
-        };
-        assert_eq!(check_resume(&state(a8.current), "t", 7, 7, b3), Err(ResumeError::Options));
-        assert!(check_resume(&state(a8.current), "t", 7, 7, a8).is_ok());
-        assert!(check_resume(&state(a8.before_sizes), "t", 7, 7, b3).is_ok(), "a state of an earlier build");
     }
 
     #[test]
@@ -732,26 +707,32 @@ mod tests {
             job: None,
             worker: None,
             mixture: None,
+            equal_steps_minibatch: None,
         };
-        assert!(check_resume(&s, "t", 7, 7, OptionsHash::same(9)).is_ok());
+        assert!(check_resume(&s, "t", 7, 7, 9, None).is_ok());
         assert_eq!(
-            check_resume(&s, "u", 7, 7, OptionsHash::same(9)),
+            check_resume(&s, "u", 7, 7, 9, None),
             Err(ResumeError::Dataset { saved: "t".into(), opened: "u".into() })
         );
-        assert!(matches!(check_resume(&s, "t", 8, 8, OptionsHash::same(9)), Err(ResumeError::Data { .. })));
-        assert_eq!(check_resume(&s, "t", 7, 7, OptionsHash::same(1)), Err(ResumeError::Options));
-        assert!(check_resume(&s, "t", 8, 8, OptionsHash::same(9))
-            .expect_err("data")
-            .to_string()
-            .contains("other data"));
-        assert!(
-            check_resume(&s, "t", 8, 7, OptionsHash::same(9)).is_ok(),
-            "a state of the identity before contents counted"
-        );
+        assert!(matches!(check_resume(&s, "t", 8, 8, 9, None), Err(ResumeError::Data { .. })));
+        assert_eq!(check_resume(&s, "t", 7, 7, 1, None), Err(ResumeError::Options));
+        assert!(check_resume(&s, "t", 8, 8, 9, None).expect_err("data").to_string().contains("other data"));
+        assert!(check_resume(&s, "t", 8, 7, 9, None).is_ok(), "a state of the identity before contents counted");
         // A count no session reaches (found by a hostile probe: 2^64 - 1 was taken, and the
         // minibatch index stopped growing at u64::MAX).
         let far = SessionState { minibatches: u64::MAX, ..s.clone() };
-        assert_eq!(check_resume(&far, "t", 7, 7, OptionsHash::same(9)), Err(ResumeError::Minibatches(u64::MAX)));
+        assert_eq!(check_resume(&far, "t", 7, 7, 9, None), Err(ResumeError::Minibatches(u64::MAX)));
+        // With equal steps, the minibatch size the state's epoch was cut for (found by a hostile
+        // probe: ranks resumed at another size got 90, 90 and 85 steps). A state without one (an
+        // earlier build's) resumes at any size, as it did; a session without equal steps has
+        // another options hash anyway.
+        let cut = SessionState { equal_steps_minibatch: Some(9), ..s.clone() };
+        assert!(check_resume(&cut, "t", 7, 7, 9, Some(9)).is_ok());
+        let e = check_resume(&cut, "t", 7, 7, 9, Some(5)).expect_err("another size");
+        assert_eq!(e, ResumeError::EqualStepsMinibatch { saved: 9, opened: 5 });
+        assert!(e.to_string().contains("minibatch_size 9"), "{e}");
+        assert!(check_resume(&s, "t", 7, 7, 9, Some(5)).is_ok(), "an earlier build's state");
+        assert!(check_resume(&cut, "t", 7, 7, 9, None).is_ok(), "resume_job: any size");
     }
 
     #[test]
@@ -782,6 +763,7 @@ mod tests {
             job: None,
             worker: None,
             mixture: None,
+            equal_steps_minibatch: None,
         };
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
@@ -851,6 +833,7 @@ mod tests {
             job: None,
             worker: None,
             mixture: None,
+            equal_steps_minibatch: None,
         }
     }
 
@@ -1005,6 +988,7 @@ mod tests {
             job: None,
             worker: None,
             mixture: None,
+            equal_steps_minibatch: None,
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));

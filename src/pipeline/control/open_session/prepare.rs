@@ -11,8 +11,8 @@ use minibatchd_shm::RingGeometry;
 use super::{data_warnings, off_the_event_loop, SamplingReservation};
 use crate::pipeline::control::admission::Refusal;
 use crate::pipeline::control::session::{
-    check_job_order, check_resume, check_worker, resolve_options, session_options_hash, OptionsHash, ResolvedOptions,
-    ResumeError, MAX_SLOT_SIZE_BYTES,
+    check_job_order, check_resume, check_worker, options_hash, resolve_options, ResolvedOptions, ResumeError,
+    MAX_SLOT_SIZE_BYTES,
 };
 use crate::pipeline::control::ControlPlane;
 use crate::pipeline::data::catalog::DatasetRuntime;
@@ -24,7 +24,7 @@ use crate::pipeline::data::producer::PREFETCH_CHUNKS;
 pub(super) struct Prepared {
     pub(super) rt: Arc<DatasetRuntime>,
     pub(super) resolved: ResolvedOptions,
-    pub(super) options_hash: OptionsHash,
+    pub(super) options_hash: u64,
     pub(super) sampler: Sampler,
     /// The sampler's memory, reserved before it was built.
     pub(super) sampling: SamplingReservation,
@@ -62,9 +62,9 @@ pub(super) fn prepare_now(
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
-    let ohash = session_options_hash(&resolved);
+    let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
     if let Some(s) = &options.resume {
-        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash, equal_steps_minibatch(&resolved))?;
         check_worker(s, super::session_worker(&resolved))?;
     }
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
@@ -124,12 +124,13 @@ pub(super) fn job_start(
     states: &[SessionState],
     dataset: &str,
     rt: &DatasetRuntime,
-    ohash: OptionsHash,
+    ohash: u64,
     fresh: Sampler,
 ) -> Result<SessionState, Refusal> {
     check_job_order(states)?;
     for s in states {
-        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash)?;
+        // Any minibatch size: equal steps are counted afresh from where the earlier run stood.
+        check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash, None)?;
     }
     let positions: Vec<u64> = states.iter().map(|s| s.position).collect();
     let earliest = positions.iter().copied().min().unwrap_or(0);
@@ -149,10 +150,12 @@ pub(super) fn job_start(
         position: probe.position(),
         minibatches: 0,
         data_identity: hex64(rt.identity),
-        options_hash: hex64(ohash.current),
+        options_hash: hex64(ohash),
         job: Some(JobBase { positions }),
         worker: None,
         mixture: None,
+        // Set by the session that starts from it (`open`).
+        equal_steps_minibatch: None,
     })
 }
 
@@ -222,9 +225,21 @@ pub(super) fn window_fits(
     Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share })
 }
 
+/// The minibatch size a session's states carry when it has equal steps
+/// ([`SessionState::equal_steps_minibatch`]).
+pub(super) fn equal_steps_minibatch(resolved: &ResolvedOptions) -> Option<u64> {
+    resolved.equal_steps.then_some(resolved.minibatch_size as u64)
+}
+
 /// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at
-/// `position`.
-pub(super) fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u64) -> SessionState {
+/// `position`; with equal steps, cut for `equal_steps_minibatch`.
+pub(super) fn fresh_state(
+    dataset: &str,
+    position: u64,
+    identity: u64,
+    ohash: u64,
+    equal_steps_minibatch: Option<u64>,
+) -> SessionState {
     SessionState {
         version: STATE_VERSION,
         dataset: dataset.to_owned(),
@@ -235,5 +250,6 @@ pub(super) fn fresh_state(dataset: &str, position: u64, identity: u64, ohash: u6
         job: None,
         worker: None,
         mixture: None,
+        equal_steps_minibatch,
     }
 }

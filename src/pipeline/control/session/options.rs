@@ -153,46 +153,9 @@ pub fn resolve_options(
     })
 }
 
-/// What a resume state's `options_hash` must be for a session of these options: `current`, or
-/// `before_sizes`, the hash builds before the minibatch size counted with `equal_steps` wrote
-/// (accepted, and logged). The two are one without `equal_steps`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OptionsHash {
-    /// What this build writes in every state.
-    pub current: u64,
-    /// What earlier builds wrote for the same options.
-    pub before_sizes: u64,
-}
-
-impl OptionsHash {
-    /// For a hash that no earlier build computed otherwise.
-    #[must_use]
-    pub fn same(hash: u64) -> Self {
-        Self { current: hash, before_sizes: hash }
-    }
-}
-
-/// [`options_hash`] of a session's resolved options, with the minibatch size in it when
-/// `equal_steps` is on: the epoch's step count, and so the cut that a resume keeps, depends on
-/// it — a state resumed at another size would give its ranks unequal step counts (or deliver
-/// the tails the cut dropped), so it is refused with `resume_mismatch`.
-#[must_use]
-pub fn session_options_hash(r: &ResolvedOptions) -> OptionsHash {
-    let before_sizes = options_hash(&r.sampling, r.equal_steps, r.tail);
-    if !r.equal_steps {
-        return OptionsHash::same(before_sizes);
-    }
-    let mut h = minibatchd_engine::hash::Fnv1a::new();
-    h.u64(before_sizes);
-    h.u64(22);
-    h.u64(r.minibatch_size as u64);
-    OptionsHash { current: h.finish(), before_sizes }
-}
-
 /// Hash of the options that shape the global order and the epoch: randomize, window, seed,
 /// epoch limit, and equal steps when on (so states saved without it keep their hash).
-/// (Minibatch size, workers and rank may change across a resume, as in CNTK; with equal steps the
-/// minibatch size may not: [`session_options_hash`].)
+/// (Minibatch size, workers and rank may change across a resume, as in CNTK.)
 #[must_use]
 pub fn options_hash(s: &SamplingOptions, equal_steps: bool, tail: Tail) -> u64 {
     let mut h = minibatchd_engine::hash::Fnv1a::new();

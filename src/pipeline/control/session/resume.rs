@@ -3,12 +3,21 @@
 
 use std::collections::VecDeque;
 
-use super::OptionsHash;
 use minibatchd_client::protocol::{hex64, MixtureState, SessionState, WorkerOf, STATE_VERSION};
 
 /// Why a saved state cannot resume the session being opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ResumeError {
+    /// With equal steps, the state's epoch was cut for minibatches of another size.
+    #[error(
+        "the state's epoch has equal steps counted for minibatch_size {saved}, not {opened}: resume it at minibatch_size {saved} (at another size the workers would get unequal step counts), or continue the run at the new size with resume_job"
+    )]
+    EqualStepsMinibatch {
+        /// The state's minibatch size.
+        saved: u64,
+        /// The session's.
+        opened: u64,
+    },
     /// A state format this daemon does not read.
     #[error("state version {0} is not supported (expected {STATE_VERSION})")]
     Version(u32),
@@ -30,7 +39,7 @@ pub enum ResumeError {
     },
     /// The order-shaping options differ.
     #[error(
-        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail; with equal_steps also minibatch_size, which the epoch's step count depends on)"
+        "the state was saved with other sampling options (randomize, window, seed, epoch limit, equal_steps or tail)"
     )]
     Options,
     /// A mixture's state given to a dataset's session, or the reverse.
@@ -99,14 +108,14 @@ pub enum ResumeError {
 ///
 /// `identity` is the dataset's ([`minibatchd_engine::dataset::Dataset::identity`]); `legacy` the
 /// one states written before local files' contents were part of it carry
-/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted; `options` the
-/// session's options hash, and the one earlier builds computed for them (also accepted).
+/// ([`minibatchd_engine::dataset::Dataset::legacy_identity`]), also accepted.
 pub fn check_resume(
     state: &SessionState,
     dataset: &str,
     identity: u64,
     legacy: u64,
-    options: OptionsHash,
+    options: u64,
+    equal_steps_minibatch: Option<u64>,
 ) -> Result<(), ResumeError> {
     if state.version != STATE_VERSION {
         return Err(ResumeError::Version(state.version));
@@ -122,13 +131,16 @@ pub fn check_resume(
     } else if state.data_identity != hex64(identity) {
         return Err(ResumeError::Data { saved: state.data_identity.clone(), current: hex64(identity) });
     }
-    if state.options_hash == hex64(options.before_sizes) && options.before_sizes != options.current {
-        tracing::info!(dataset, "a state written before the minibatch size counted with equal_steps: accepted; resumed at another minibatch size than it was saved with, its ranks' step counts may differ");
-    } else if state.options_hash != hex64(options.current) {
+    if state.options_hash != hex64(options) {
         return Err(ResumeError::Options);
     }
     if state.minibatches > MAX_MINIBATCHES {
         return Err(ResumeError::Minibatches(state.minibatches));
+    }
+    if let (Some(saved), Some(opened)) = (state.equal_steps_minibatch, equal_steps_minibatch) {
+        if saved != opened {
+            return Err(ResumeError::EqualStepsMinibatch { saved, opened });
+        }
     }
     Ok(())
 }
