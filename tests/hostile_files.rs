@@ -374,6 +374,21 @@ fn a_changed_file_is_served_neither_from_the_parsed_cache_nor_to_new_sessions() 
     daemon.signal(rustix::process::Signal::HUP);
     daemon.wait_reloads(1);
     assert_ne!(daemon.read_all("g", &opts, &["__instX"]), before, "the new content after a reload");
+    drop(daemon);
+
+    // A `.gz` input's decompressed copy rewritten (its `.gz` as it was): no new session on it,
+    // and the dataset is not current, so a reload opens it again.
+    let gtoml = format!("[datasets.g]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n", gz_path.display());
+    let copies = dir.path().join("copies");
+    let g = support::open(&gtoml, "g", dir.path(), &copies);
+    g.files_unchanged().expect("as indexed");
+    assert!(g.is_current());
+    let copy = the_copy(&copies);
+    std::thread::sleep(Duration::from_millis(20));
+    let text = std::fs::read(&copy).expect("the copy");
+    std::fs::write(&copy, text).expect("rewrite the copy");
+    assert!(!g.is_current(), "a reload must open it again");
+    assert!(g.files_unchanged().is_err());
 }
 
 /// #15 item 6, with the daemon: after a data file is rewritten, SIGHUP opens the dataset again

@@ -274,7 +274,7 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         reg.mark_generated(&name);
     }
     // Taken for every named open, so a note outlives no later session of that name.
-    let forgotten = req.name.and_then(|n| reg.take_forgotten(n, now));
+    let forgotten = req.name.and_then(|n| reg.take_forgotten(n, req.uid, now));
     let forgotten = forgotten.filter(|_| lingered.is_none() && req.resume.is_none());
     let (start, resumed, given_up_to) = match (req.resume, &lingered) {
         (Some(s), _) => (s.clone(), None, s.minibatches),
@@ -287,9 +287,10 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         }
         (None, None) => (req.fresh.clone(), None, req.fresh.minibatches),
     };
-    let back = |reg: &mut Registry| match &lingered {
-        Some(kept) => reg.park_kept(&name, kept.clone(), now),
-        None => reg.park(&name, start.clone(), now),
+    let back = |reg: &mut Registry| match (&lingered, &forgotten) {
+        (Some(kept), _) => reg.park_kept(&name, kept.clone(), now),
+        (None, Some(note)) => reg.unclaim_told(&name, note.clone()),
+        (None, None) => reg.park(&name, start.clone(), now),
     };
     if let Err(e) = reg.reserve(req.ring_bytes) {
         back(reg);
@@ -312,11 +313,14 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
 }
 
 /// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
-/// session had before (the one it took over, or the one it would have started from).
+/// session had before (the one it took over, or the one it would have started from) — but for
+/// a session told that the one of its name was let go, whose name then lingers nowhere and whose
+/// note waits for the next `open`.
 pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
-    match &a.lingered {
-        Some(kept) => reg.park_kept(&a.name, kept.clone(), now),
-        None => reg.park(&a.name, a.start.clone(), now),
+    match (&a.lingered, &a.forgotten) {
+        (Some(kept), _) => reg.park_kept(&a.name, kept.clone(), now),
+        (None, Some(note)) => reg.unclaim_told(&a.name, note.clone()),
+        (None, None) => reg.park(&a.name, a.start.clone(), now),
     }
     reg.unreserve(a.ring_bytes);
 }
@@ -434,6 +438,32 @@ mod tests {
         with_state.resume = Some(&saved);
         let own = admit(&mut reg, &with_state, much_later).expect("its own state");
         assert_eq!((own.start.position, own.forgotten), (5, None));
+    }
+
+    #[test]
+    fn the_note_of_a_session_let_go_is_its_owners_and_outlives_a_refused_open() {
+        let mut reg = registry(); // 60 s of linger, 750 bytes for rings
+        let t0 = Instant::now();
+        let options = SessionOptions::default();
+        let first = admit(&mut reg, &request(Some("s"), 100, &options), t0).expect("first");
+        reg.park("s", state(70, "opts"), t0);
+        reg.unreserve(first.ring_bytes());
+        let later = t0 + Duration::from_secs(90);
+        // The owner's open is refused (its ring does not fit): the note is not used up, and
+        // the name is not parked with a fresh start that a retry would resume untold.
+        let too_big = admit(&mut reg, &request(Some("s"), 10_000, &options), later);
+        assert!(too_big.is_err());
+        let retry = admit(&mut reg, &request(Some("s"), 100, &options), later).expect("retried");
+        assert_eq!((retry.resumed.clone(), retry.start.position), (None, 0));
+        assert!(retry.forgotten.as_deref().is_some_and(|n| n.contains("ran out")), "{:?}", retry.forgotten);
+        // Withdrawn after admission (a ring or checkpoint failure): the same.
+        withdraw(&mut reg, &retry, later);
+        // Another user opening the name is not told of the owner's session, nor uses the note up.
+        let other = Request { uid: 2000, ..request(Some("s"), 100, &options) };
+        let theirs = admit(&mut reg, &other, later).expect("another user's fresh session");
+        assert_eq!(theirs.forgotten, None);
+        let note = reg.take_forgotten("s", 1000, later).expect("still the owner's to be told");
+        assert!(note.contains("ran out"), "{note}");
     }
 
     #[test]

@@ -34,8 +34,8 @@ use minibatchd_shm::RingGeometry;
 
 use super::admission::{self, Refusal};
 use super::open_session::{
-    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, warn_if_replaying, Described,
-    Launch, OpenSession, SamplingReservation,
+    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, unchanged_dataset,
+    warn_if_replaying, Described, Launch, OpenSession, SamplingReservation,
 };
 use super::peer::{ConnShared, Peer};
 use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
@@ -272,10 +272,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         (None, Some(m)) => m.clone(),
         (None, None) => return Err(refuse("no longer configured (a configuration reload removed it)".into())),
     };
-    let runtimes = m.datasets.iter().map(|d| shared.data.dataset(d)).collect::<Result<Vec<_>, _>>()?;
-    for (d, rt) in m.datasets.iter().zip(&runtimes) {
-        rt.dataset.files_unchanged().map_err(|source| Refusal::Changed { name: d.clone(), source })?;
-    }
+    let runtimes = m.datasets.iter().map(|d| unchanged_dataset(shared, d)).collect::<Result<Vec<_>, _>>()?;
     let refused = refused_options(options);
     if !refused.is_empty() {
         return Err(refuse(format!(

@@ -23,11 +23,14 @@ use serde::{Deserialize, Serialize};
 
 use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState};
 
+mod forgotten;
 mod options;
 mod progress;
 mod resume;
 mod slots;
 
+pub use forgotten::FORGOTTEN_KEPT;
+use forgotten::{Forgotten, Gone};
 pub use options::{
     options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
     MAX_SLOT_SIZE_BYTES,
@@ -88,45 +91,6 @@ struct Lingering {
     /// Its name was generated (the client gave none): it lingers in memory for a client that
     /// kept the name, but is not written to a checkpoint once it has ended.
     generated: bool,
-}
-
-/// Names of lingering sessions the registry let go that it remembers ([`Registry::take_forgotten`]).
-pub const FORGOTTEN_KEPT: usize = 4096;
-
-/// Why a lingering session is no longer kept.
-#[derive(Debug, Clone, Copy)]
-enum Gone {
-    /// Its linger time ran out at this instant.
-    Expired(Instant),
-    /// Dropped to keep at most `max_sessions` lingering.
-    Pushed,
-}
-
-/// The last [`FORGOTTEN_KEPT`] lingering sessions let go, by name (bounded: the oldest note goes
-/// first, so no number of sessions makes it grow).
-#[derive(Debug, Default)]
-struct Forgotten {
-    by_name: HashMap<String, Gone>,
-    order: std::collections::VecDeque<String>,
-}
-
-impl Forgotten {
-    fn note(&mut self, name: String, gone: Gone) {
-        if self.by_name.insert(name.clone(), gone).is_none() {
-            self.order.push_back(name);
-        }
-        while self.order.len() > FORGOTTEN_KEPT {
-            if let Some(old) = self.order.pop_front() {
-                self.by_name.remove(&old);
-            }
-        }
-    }
-
-    fn take(&mut self, name: &str) -> Option<Gone> {
-        let gone = self.by_name.remove(name)?;
-        self.order.retain(|n| n != name);
-        Some(gone)
-    }
 }
 
 /// A connected session: its id and, once opened, what a checkpoint saves of it.
@@ -316,8 +280,11 @@ impl Registry {
             if self.lingering.len() <= self.max_lingering + 16 {
                 tracing::info!(session = %n, max = self.max_lingering, "a lingering session was dropped to keep at most max_sessions lingering");
             }
-            self.lingering.remove(&n);
-            self.forgotten.note(n, Gone::Pushed);
+            if let Some(l) = self.lingering.remove(&n) {
+                if !l.generated {
+                    self.forgotten.note(n, l.saved.owner, Gone::Pushed);
+                }
+            }
         }
     }
 
@@ -335,26 +302,26 @@ impl Registry {
         id
     }
 
-    /// Why a session `name` that lingered is no longer kept, if the registry let it go since the
-    /// daemon started (the most recent [`FORGOTTEN_KEPT`] names): a warning for an `open` that
-    /// names it and so starts afresh. Asked once: the note is dropped.
-    pub fn take_forgotten(&mut self, name: &str, now: Instant) -> Option<String> {
-        let linger = self.linger.as_secs();
-        let Some(gone) = self.forgotten.take(name) else {
-            let (aside, until) = self.lost_checkpoint.as_ref()?;
-            return (now < *until).then(|| format!(
-                "the daemon's checkpoint could not be read when it started (it was set aside as {aside}), so the sessions it held cannot be resumed by name: if session {name:?} was one of them, this session starts afresh, not where that one ended; to continue it, open with the state its client saved (resume)"
-            ));
-        };
-        Some(match gone {
-            Gone::Expired(at) => format!(
-                "session {name:?} was kept for resuming by name until {} s ago, when its session_linger_secs ({linger} s) ran out; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)",
-                now.saturating_duration_since(at).as_secs()
-            ),
-            Gone::Pushed => format!(
-                "session {name:?} was kept for resuming by name until more sessions lingered than max_sessions allows; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)"
-            ),
-        })
+    /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
+    /// let it go since the daemon started (the most recent [`FORGOTTEN_KEPT`] names), or lost it
+    /// with an unreadable checkpoint: a warning for an `open` that names it and so starts
+    /// afresh. Asked once: the note is dropped ([`Registry::unclaim_told`] puts it back).
+    pub fn take_forgotten(&mut self, name: &str, uid: u32, now: Instant) -> Option<String> {
+        if let Some(gone) = self.forgotten.take(name, uid) {
+            return Some(gone.message(name, self.linger.as_secs(), now));
+        }
+        let (aside, until) = self.lost_checkpoint.as_ref()?;
+        (now < *until).then(|| format!(
+            "the daemon's checkpoint could not be read when it started (it was set aside as {aside}), so the sessions it held cannot be resumed by name: if session {name:?} was one of them, this session starts afresh, not where that one ended; to continue it, open with the state its client saved (resume)"
+        ))
+    }
+
+    /// Gives up the claim on `name` of an `open` that was refused after it was told `note`
+    /// ([`Registry::take_forgotten`]): the name lingers nowhere (a fresh start parked under it
+    /// would resume, untold, as a lingering session) and the note is kept for the next `open`.
+    pub fn unclaim_told(&mut self, name: &str, note: String) {
+        let owner = self.active.remove(name).map(|e| e.owner);
+        self.forgotten.note(name.to_owned(), owner, Gone::Said(note));
     }
 
     /// The checkpoint found at start at `now` could not be read and was set aside at `aside`.
@@ -460,8 +427,9 @@ impl Registry {
         let forgotten = &mut self.forgotten;
         self.lingering.retain(|n, l| {
             let keep = l.expires > now;
-            if !keep {
-                forgotten.note(n.clone(), Gone::Expired(l.expires));
+            // A generated name is no one's to open again by name.
+            if !keep && !l.generated {
+                forgotten.note(n.clone(), l.saved.owner, Gone::Expired(l.expires));
             }
             keep
         });

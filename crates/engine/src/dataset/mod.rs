@@ -42,12 +42,13 @@ mod files;
 mod join;
 mod open;
 mod read;
+mod versions;
 
 use crate::Result;
 pub use files::{resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
-use read::{check_path_version, version_of, FileVersion};
+use read::{version_of, FileVersion};
 
 /// The decodes' own version, in every parsed chunk's identity: raised when a decode reads the
 /// same bytes otherwise (2: a `tf.Example` feature present with no list set is missing), so that
@@ -103,27 +104,6 @@ struct OpenSource {
     decoder: SourceDecoder,
     /// First stream of this source in the dataset's stream order.
     first_stream: usize,
-}
-
-impl OpenSource {
-    /// An error unless file `f` is still the version indexed: where its bytes are read, and for a
-    /// `.gz` input the file it was decompressed from (the copy stays as it was when that is
-    /// replaced). Objects are checked by their ETag when read, not here.
-    fn unchanged(&self, f: usize) -> Result<()> {
-        if let (Some(Stored::Local(v)), Some(data)) = (self.data_versions.get(f), self.data.get(f)) {
-            check_path_version(v, data)?;
-        }
-        self.original_unchanged(f)
-    }
-
-    /// For a `.gz` input read from its decompressed copy: an error unless the `.gz` is still the
-    /// version indexed (a plain file is checked as its bytes are read).
-    fn original_unchanged(&self, f: usize) -> Result<()> {
-        match (self.file_versions.get(f), self.files.get(f), self.data.get(f)) {
-            (Some(Stored::Local(v)), Some(file), Some(data)) if file != data => check_path_version(v, file),
-            _ => Ok(()),
-        }
-    }
 }
 
 /// An opened dataset.
@@ -351,24 +331,6 @@ impl Dataset {
         bytes as u64
     }
 
-    /// Whether the dataset's files are still those it indexed: the patterns match the same
-    /// files, and none was rewritten or replaced since. A reload opens a dataset that is not
-    /// current again, even if its configuration did not change.
-    #[must_use]
-    pub fn is_current(&self) -> bool {
-        self.config.sources.iter().zip(&self.sources).all(|(cfg, src)| {
-            let Ok(now) = resolve_inputs(&cfg.files, self.remote.as_deref()) else { return false };
-            now.len() == src.files.len()
-                && now.iter().zip(src.files.iter().zip(&src.file_versions)).all(|(input, (f, v))| {
-                    input.name == **f
-                        && match v {
-                            Stored::Local(v) => version_of(f).is_ok_and(|now| now.same_version(v)),
-                            Stored::Remote(o) => input.object.as_ref() == Some(o),
-                        }
-                })
-        })
-    }
-
     /// Every file it reads, of every source: paths and object URLs as listed, and where their
     /// bytes are read (a gzip input's decompressed copy).
     pub fn inputs(&self) -> impl Iterator<Item = &Path> {
@@ -534,32 +496,6 @@ impl Dataset {
             }
         }
         Ok((parsed, fresh))
-    }
-
-    /// An error unless the files chunk `chunk` is read from are still the versions indexed: its
-    /// file of the primary source, and every file of the others (a joined source's sequences
-    /// come from anywhere in them).
-    fn chunk_inputs_unchanged(&self, chunk: usize) -> Result<()> {
-        for (i, src) in self.sources.iter().enumerate() {
-            if i == 0 {
-                src.unchanged(self.chunks.get(chunk).map_or(0, |c| c.file))?;
-            } else {
-                (0..src.files.len()).try_for_each(|f| src.unchanged(f))?;
-            }
-        }
-        Ok(())
-    }
-
-    /// An error, naming the first such file and what changed, unless every local file of the
-    /// dataset is still the version indexed (by size, times, device and inode: no byte is read).
-    /// A new session is refused on a dataset whose files changed since it was indexed — its
-    /// chunks would fail as they are read, or be served from caches as the files no longer are
-    /// — until a reload (SIGHUP) indexes it again.
-    ///
-    /// # Errors
-    /// [`DataError::Io`] for a file rewritten, replaced or gone.
-    pub fn files_unchanged(&self) -> Result<()> {
-        self.sources.iter().try_for_each(|src| (0..src.files.len()).try_for_each(|f| src.unchanged(f)))
     }
 
     /// Charges each source's errors (`by_source[s]`, in the order they were found) to source

@@ -120,7 +120,7 @@ impl Dataset {
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
         let reader = LineReader(LineIndexOptions { comments: schema.comments });
-        let (data, mut data_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
+        let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
@@ -128,9 +128,7 @@ impl Dataset {
         let mut lengths_kept = false;
         let mut indexes: Vec<FileIndex> = Vec::new();
         let mut chunks = Vec::new();
-        let mut file_versions = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
-            file_versions.push(Stored::of(input)?);
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
@@ -178,13 +176,12 @@ impl Dataset {
         let RecordFormat { reader, decoder, streams } = registry::open(options);
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
-        let (data, mut data_versions) = readable_inputs(&inputs, config, &*reader, state_dir, remote)?;
+        let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &*reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
         let mut lengths_kept = false;
-        let (mut indexes, mut file_versions) = (Vec::new(), Vec::new());
+        let mut indexes = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
-            file_versions.push(Stored::of(input)?);
             let base = done;
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
@@ -265,17 +262,23 @@ fn index_input(
 }
 
 /// Where each input's bytes are read: the file or object itself, or — for a gzip input — a copy
-/// decompressed once into `state_dir` ([`inflate`]), with the version of what is read.
+/// decompressed once into `state_dir` ([`inflate`]), with the version of what is read; and the
+/// version of each input, taken before anything of it is read (an input replaced while it is
+/// decompressed then no longer matches it: the dataset is not current, and no session is opened
+/// on it, rather than the copy of the old content passing for the new).
+#[allow(clippy::type_complexity)] // three columns, one entry per input
 fn readable_inputs(
     inputs: &[Input],
     config: &DatasetConfig,
     reader: &dyn RecordReader,
     state_dir: &Path,
     remote: Option<&Remote>,
-) -> Result<(Vec<PathBuf>, Vec<Stored>)> {
+) -> Result<(Vec<PathBuf>, Vec<Stored>, Vec<Stored>)> {
     let mut data: Vec<PathBuf> = Vec::with_capacity(inputs.len());
     let mut versions = Vec::with_capacity(inputs.len());
+    let mut originals = Vec::with_capacity(inputs.len());
     for input in inputs {
+        originals.push(Stored::of(input)?);
         let compression = match config.compression {
             // A file the format's reader recognises as plain data, whatever its first bytes.
             Compression::Auto
@@ -304,7 +307,7 @@ fn readable_inputs(
             data.push(input.name.clone());
         }
     }
-    Ok((data, versions))
+    Ok((data, versions, originals))
 }
 
 /// The first [`RecordReader::plain_head_bytes`] bytes of `input` (fewer in a shorter file).

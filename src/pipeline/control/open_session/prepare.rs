@@ -15,7 +15,7 @@ use crate::pipeline::control::session::{
     MAX_SLOT_SIZE_BYTES,
 };
 use crate::pipeline::control::ControlPlane;
-use crate::pipeline::data::catalog::DatasetRuntime;
+use crate::pipeline::data::catalog::{CatalogError, DatasetRuntime};
 use crate::pipeline::data::chunk_cache::ChunkKey;
 use crate::pipeline::data::persister::DemandMark;
 use crate::pipeline::data::producer::PREFETCH_CHUNKS;
@@ -55,10 +55,7 @@ pub(super) fn prepare_now(
     options: &SessionOptions,
     shared: &Arc<ControlPlane>,
 ) -> Result<Prepared, Refusal> {
-    let rt = shared.data.dataset(dataset)?;
-    // Its files as indexed, or no session: one on changed files would fail mid-run as chunks are
-    // read, or be served what the caches hold of files that no longer hold it.
-    rt.dataset.files_unchanged().map_err(|source| Refusal::Changed { name: dataset.to_owned(), source })?;
+    let rt = unchanged_dataset(shared, dataset)?;
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
@@ -229,6 +226,29 @@ pub(super) fn window_fits(
 /// ([`SessionState::equal_steps_minibatch`]).
 pub(super) fn equal_steps_minibatch(resolved: &ResolvedOptions) -> Option<u64> {
     resolved.equal_steps.then_some(resolved.minibatch_size as u64)
+}
+
+/// The runtime of `name`, its files as it indexed them — or no session: one on changed files
+/// would fail mid-run as chunks are read, or be served what the caches hold of files that no
+/// longer hold it ([`Refusal::Changed`]). While a reload indexes it again the open waits for the
+/// new version (`dataset_indexing`), and one the reload has just put in force is taken.
+///
+/// # Errors
+/// The catalog's refusals; [`Refusal::Changed`].
+pub(in crate::pipeline::control) fn unchanged_dataset(
+    shared: &ControlPlane,
+    name: &str,
+) -> Result<Arc<DatasetRuntime>, Refusal> {
+    let rt = shared.data.dataset(name)?;
+    let Err(source) = rt.dataset.files_unchanged() else { return Ok(rt) };
+    if let Some(progress) = shared.data.indexing.get(name) {
+        return Err(Refusal::Dataset(CatalogError::Indexing { name: name.to_owned(), progress }));
+    }
+    let now = shared.data.dataset(name)?;
+    if !Arc::ptr_eq(&now, &rt) && now.dataset.files_unchanged().is_ok() {
+        return Ok(now);
+    }
+    Err(Refusal::Changed { name: name.to_owned(), source })
 }
 
 /// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at
