@@ -167,11 +167,17 @@ class _Conn:
         return MinibatchdError("client_disconnected", f"the daemon closed the connection ({cause.strerror})")
 
     def _fill(self, with_fds: bool) -> None:
-        if with_fds:
-            data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 4)
-            self.fds.extend(fds)
-        else:
-            data = self.sock.recv(1 << 16)
+        try:
+            if with_fds:
+                data, fds, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 4)
+                self.fds.extend(fds)
+            else:
+                data = self.sock.recv(1 << 16)
+        except socket.timeout as e:
+            raise MinibatchdError("client_timeout", f"no answer from the daemon within the connection's timeout ({e})") from e
+        except (ConnectionResetError, BrokenPipeError) as e:
+            # The daemon went (killed): the same error as a connection it closed.
+            raise MinibatchdError("client_disconnected", f"the daemon closed the connection ({e.strerror})") from e
         if not data:
             raise MinibatchdError("client_disconnected", "the daemon closed the connection")
         self.buf += data
@@ -398,6 +404,10 @@ class Source:
         self._stopped = False
         self._releaser = _Releaser()
         self._pending = self._releaser.pending
+        # The state before the minibatch next() returned last, and its slot (_untake_last); the
+        # slots of minibatches given back untaken, whose release is never sent.
+        self._before_last: Optional[tuple] = None
+        self._unreported: set = set()
         self._live = self._releaser.live
         self._queued: collections.deque = collections.deque()
         self._ended = False
@@ -502,6 +512,8 @@ class Source:
             flag, wait = (1, self._wait_ns) if self._report_wait else (0, 0)
             while self._pending:
                 slot, gen = self._pending.popleft()
+                if (slot, gen) in self._unreported:
+                    continue
                 out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
             if not extra:
                 self._conn.sendall(out)
@@ -509,7 +521,8 @@ class Source:
             self._conn.sendall(out)
         while self._pending:
             slot, gen = self._pending.popleft()
-            frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
+            if (slot, gen) not in self._unreported:
+                frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
         if extra:
             frames.extend(self._report(m) for m in extra)
         if frames:
@@ -631,13 +644,37 @@ class Source:
         # Taken now: the state the client keeps (and a reconnect resumes from) is after it.
         mb = Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
         mixture = None if self._mix_at is None else self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3])
-        self._taken = index + 1
         state = self._last_state
+        self._before_last = (self._taken, state.get("position"), state.get("minibatches"), state.get("mixture"),
+                             (slot, gen))
+        self._taken = index + 1
         state["position"] = position
         state["minibatches"] = index + 1
         if mixture is not None:
             state["mixture"] = mixture
         return mb
+
+    def _untake_last(self) -> None:
+        """The minibatch ``next()`` returned last never reached its consumer: an exception (a
+        ``KeyboardInterrupt``, say) ended the consumer's step while it was being made into an item.
+        The state goes back to before it, its slot is never reported (a release says its
+        minibatch was taken), and the session only closes from here: ``close()`` and ``state()``
+        give the state before it, so a resume delivers it again — nothing skipped. Used by the
+        adapters, which close the session on any exception."""
+        before, self._before_last = self._before_last, None
+        if before is None:
+            return
+        taken, position, minibatches, mixture, key = before
+        self._taken = taken
+        state = self._last_state
+        state["position"], state["minibatches"] = position, minibatches
+        if mixture is not None:
+            state["mixture"] = mixture
+        self._unreported.add(key)
+        if self._failed is None:
+            self._failed = MinibatchdError(
+                "client_interrupted", "a minibatch was lost to an exception in its consumer: close the session and "
+                "resume it from its state(), which continues with that minibatch")
 
     @staticmethod
     def _mixture(mb: "Minibatch", owner: np.ndarray, specs: list) -> dict:

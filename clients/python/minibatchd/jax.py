@@ -91,7 +91,12 @@ class MinibatchIterator:
 
     def state_dict(self) -> Dict[str, Any]:
         """The position after the last minibatch yielded: the epoch and the session state (a
-        fresh epoch when no minibatch of it was taken yet)."""
+        fresh epoch when no minibatch of it was taken yet); after ``load_state_dict`` and before
+        the restored pass's first minibatch, the state loaded."""
+        if self._resume is not None:
+            # Restored, no pass begun from it yet (found by a probe: the state said epoch 0, and a
+            # resume from it repeated every epoch since).
+            return dict(self._resume)
         source = None if self._source is None else self._source.state()
         epoch = self._current if self._current is not None else self._epoch
         if self._source is not None and getattr(self._source, "_ended", False):

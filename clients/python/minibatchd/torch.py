@@ -200,6 +200,9 @@ class MinibatchIterableDataset(IterableDataset):
         # The state the current pass continues from, whole and per split (None: its epoch's
         # start): its position until its sessions are open.
         self._pending: Tuple[Optional[dict], list] = (None, [])
+        # A state saved after a complete pass of this epoch, restored as the start of the next
+        # (_load_finished): set_epoch of that very epoch restores it as saved instead.
+        self._finished: Optional[Tuple[int, dict]] = None
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -213,6 +216,12 @@ class MinibatchIterableDataset(IterableDataset):
         drops it."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        finished, self._finished = self._finished, None
+        if finished is not None and finished[0] == epoch:
+            # A loop that counts from the saved epoch: that epoch's pass is the rest of it (none),
+            # and its next set_epoch the epoch after.
+            self.load_state_dict(finished[1])
+            return
         # A pending load_state_dict of this very epoch stays (the usual loop calls set_epoch
         # before every pass, the resumed one included); another epoch replaces it.
         resume = self._resume
@@ -472,8 +481,11 @@ class MinibatchIterableDataset(IterableDataset):
     def _stream(self, epoch: int, worker: int, workers: int, options: dict) -> Iterator[Dict[str, Any]]:
         self._source = source = self._open(0, options)
         try:
-            for mb in source:
-                yield self._item(mb, epoch, worker, workers)
+            while True:
+                item = _next_item(source, lambda mb: self._item(mb, epoch, worker, workers))
+                if item is None:
+                    return
+                yield item
         finally:
             source.close()
 
@@ -492,13 +504,13 @@ class MinibatchIterableDataset(IterableDataset):
                 w, at = at, (at + 1) % len(splits)
                 if ended[w]:
                     continue
-                try:
-                    mb = next(sources[w])
-                except StopIteration:
+                split = splits[w]
+                item = _next_item(sources[w], lambda mb: self._item(mb, epoch, *split))
+                if item is None:
                     ended[w] = True
                     continue
                 self._next = at
-                yield self._item(mb, epoch, *splits[w])
+                yield item
         finally:
             for source in sources:
                 source.close()
@@ -545,8 +557,15 @@ class MinibatchIterableDataset(IterableDataset):
         """This process's position: the epoch, the session state after the last minibatch
         yielded, and the worker split it was taken at. With DataLoader workers,
         ``StatefulDataLoader`` calls this in each worker and keeps one per worker. After a
-        complete pass it is the end of that epoch: a StatefulDataLoader restored from it finishes
-        that (empty) pass and goes on with the next epoch."""
+        complete pass it is the end of that epoch: a StatefulDataLoader restored from it begins
+        the next epoch (torchdata's own protocol; ``set_epoch`` of the saved epoch first gives
+        that epoch's rest, none). After ``load_state_dict`` and before the restored pass's first
+        minibatch, it is the state loaded."""
+        pending = self._pending_load()
+        if pending is not None:
+            # Restored, and no pass begun from it yet: where the next pass continues (found by a
+            # probe: the position was lost, and a resume from this state replayed the epoch).
+            return pending
         worker, workers = self._split
         if self._epoch is None:
             sh = self._shared
@@ -602,11 +621,36 @@ class MinibatchIterableDataset(IterableDataset):
         """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
         the rest of its epoch, then the following epochs. Called in a DataLoader worker (as
         torchdata's ``StatefulDataLoader`` does), it applies to that worker's next pass."""
+        self._finished = None
         if get_worker_info() is not None:
             self._resume, self._resume_local = dict(state), True
             return
         gen = self._new_generation(int(state.get("epoch", 0)), resuming=_continues(state))
         self._resume, self._resume_gen, self._resume_local = dict(state), gen, False
+
+    def _load_finished(self, state: Dict[str, Any]) -> None:
+        """Restores a state saved after a complete pass of epoch *e* as torchdata's
+        ``StatefulDataLoader`` restores one: the next pass is epoch *e* + 1 from its start — unless
+        ``set_epoch(e)`` comes first (a loop counting from the saved epoch), which restores the
+        state as saved: the rest of epoch *e* (nothing), then *e* + 1 at the next ``set_epoch``."""
+        epoch = int(state.get("epoch", 0))
+        self.set_epoch(epoch + 1)
+        self._finished = (epoch, dict(state))
+
+    def _pending_load(self) -> Optional[Dict[str, Any]]:
+        """The state ``load_state_dict`` gave, while no pass has begun from it: what a
+        ``state_dict()`` taken before the restored pass's first minibatch must say."""
+        resume = self._resume
+        if resume is None:
+            return None
+        if self._resume_local:
+            return dict(resume)
+        sh = self._shared
+        with sh.get_lock():
+            gen = sh[_GEN]
+            self._sync(gen)
+            begun = sh[_BEGUN]
+        return dict(resume) if self._resume_gen == gen and begun == 0 else None
 
     def _new_generation(self, epoch: int, resuming: bool) -> int:
         """Starts a generation whose pass 0 is ``epoch`` (``resuming``: a main-process state
@@ -726,12 +770,13 @@ def __getattr__(name: str) -> Any:
         if "job" in state_dict or state_dict.get("any_worker"):
             self.dataset.load_state_dict(state_dict)
         elif ("_snapshot" in state_dict) == (self.num_workers > 0) and state_dict.get("_iterator_finished"):
-            # Saved after a whole pass: torchdata's iter() would make the restored (finished)
-            # iterator and at once a fresh one — a pass this loader counts, the next epoch's —
-            # so that a loop's set_epoch(e) of the saved epoch served the next epoch twice (found
-            # by a probe). The dataset continues instead: the rest of the pass, empty, then the
-            # next epoch, as the docs say.
-            self.dataset.load_state_dict(_splits_state(_dataset_states([state_dict])))
+            # Saved after a whole pass: the next pass is the next epoch, as torchdata restores one
+            # (a loop counting from the epoch after the saved one, as examples/torch_train.py
+            # does, read one epoch fewer when this pass was the saved epoch's empty rest: found
+            # by a probe) — and a loop whose set_epoch(e) names the saved epoch gets that epoch's
+            # rest, empty, so it never reads the next epoch twice (found by an earlier probe;
+            # torchdata's own iter() would make both).
+            self.dataset._load_finished(_splits_state(_dataset_states([state_dict])))
             StatefulDataLoader.load_state_dict(self, {})
         elif ("_snapshot" in state_dict) == (self.num_workers > 0):
             StatefulDataLoader.load_state_dict(self, state_dict)
@@ -849,6 +894,22 @@ def _unpiped(blob: bytearray, table: list, rest: dict) -> Dict[str, Any]:
         out.setdefault(name, {})[key] = torch.from_numpy(buf[at:at + nbytes].view(np.dtype(dtype)).reshape(shape))
     out.update(rest)
     return out
+
+
+def _next_item(source: Any, make: Any) -> Optional[Dict[str, Any]]:
+    """The item ``make`` makes of ``source``'s next minibatch, or None at its end. An exception
+    on the way (a ``KeyboardInterrupt`` while the item is copied, say) takes the minibatch back
+    (``Source._untake_last``) before it propagates: the session then closes with the state before
+    it, and a resume delivers it — a checkpoint saved in the handler skips nothing."""
+    before = source._taken
+    try:
+        return make(next(source))
+    except StopIteration:
+        return None
+    except BaseException:
+        if source._taken != before:
+            source._untake_last()
+        raise
 
 
 def _splits_state(states: list) -> Dict[str, Any]:

@@ -485,6 +485,96 @@ def test_a_stateful_loaders_state_after_a_whole_pass_resumes_with_the_next_epoch
     assert sorted(item_ids(passes[1])) == list(range(SEQUENCES)), "epoch 1 once"
 
 
+@pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
+                         ids=["no-workers", "splits", "processes"])
+def test_a_state_after_a_whole_pass_restored_without_set_epoch_begins_the_next_epoch(daemon, workers, owning):
+    """Found by a probe: examples/torch_train.py, resumed from its end-of-epoch checkpoint, read
+    one epoch fewer — its loop counts from the epoch after the saved one and calls no set_epoch,
+    and the restored loader's first pass was the saved epoch's empty rest. As torchdata restores
+    such a state, the next pass is the next epoch."""
+    cls = stateful_loader(owning)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=workers)
+    reference = [list(loader) for _ in range(3)]
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    first = cls(ds, batch_size=None, num_workers=workers)
+    assert [ids(i) for i in first] == [ids(i) for i in reference[0]]
+    saved = first.state_dict()
+    del first, ds
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    resumed = cls(ds, batch_size=None, num_workers=workers)
+    resumed.load_state_dict(saved)
+    after = [list(resumed) for _ in range(2)]
+    assert [[ids(i) for i in p] for p in after] == [[ids(i) for i in p] for p in reference[1:]]
+    assert {i["meta"]["epoch"] for i in after[0]} == {1}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_dict_taken_after_a_restore_and_before_its_first_item_is_the_state_restored(daemon, workers):
+    """Found by a probe: the dataset's state_dict() after load_state_dict() and before the
+    restored pass's first item said {"epoch": e, "source": None}, and a resume from it replayed
+    the epoch from its start (a checkpoint saved at once after a restore: preempted again, a save
+    at each epoch's start). torchdata's loaders kept theirs."""
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return ds, MinibatchDataLoader(ds, num_workers=workers)
+
+    _, reference = loader()
+    uninterrupted = [ids(item) for item in reference]
+    ds, first = loader()
+    it = iter(first)
+    taken = [ids(next(it)) for _ in range(5)]
+    saved = ds.state_dict()
+    del it, first
+    ds, _ = loader()
+    ds.load_state_dict(saved)
+    resaved = ds.state_dict()
+    assert resaved == saved
+    ds, third = loader()
+    ds.load_state_dict(resaved)
+    rest = [ids(item) for item in third]
+    assert taken + rest == uninterrupted, "nothing repeated, nothing skipped"
+
+
+class Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt (which pytest would take for the user's)."""
+
+
+def test_an_exception_while_an_item_is_made_takes_its_minibatch_back(daemon, monkeypatch):
+    """Found by a probe: a KeyboardInterrupt inside the loader's next(), while the item was
+    copied, lost that minibatch, while state_dict() (saved in the handler) counted it: the resume
+    skipped it. The minibatch is taken back: the state is before it, and the resume delivers it."""
+    from minibatchd import torch as adapter
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    uninterrupted = [ids(item) for item in MinibatchDataLoader(ds, num_workers=0)]
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = MinibatchDataLoader(ds, num_workers=0)
+    made = adapter.MinibatchIterableDataset._item
+    calls = []
+
+    def item_or_interrupt(self, mb, *args):
+        calls.append(mb.index)
+        if len(calls) == 4:
+            raise Interrupt
+        return made(self, mb, *args)
+
+    monkeypatch.setattr(adapter.MinibatchIterableDataset, "_item", item_or_interrupt)
+    taken, it = [], iter(loader)
+    with pytest.raises(Interrupt):
+        while True:
+            taken.append(ids(next(it)))
+    saved = ds.state_dict()
+    monkeypatch.setattr(adapter.MinibatchIterableDataset, "_item", made)
+    del it, loader
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    resumed = MinibatchDataLoader(ds, num_workers=0)
+    ds.load_state_dict(saved)
+    rest = [ids(item) for item in resumed]
+    assert len(taken) == 3
+    assert taken + rest == uninterrupted, "the interrupted minibatch comes first on resume"
+
+
 @pytest.mark.parametrize("owning", [False, True], ids=["DataLoader", "MinibatchDataLoader"])
 @pytest.mark.parametrize("workers,taken,persistent", [(3, 0, False), (2, 1, False), (3, 2, True)])
 def test_a_pass_left_early_counts_once_for_every_worker(daemon, tmp_path, workers, taken, persistent, owning):
