@@ -287,10 +287,9 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         }
         (None, None) => (req.fresh.clone(), None, req.fresh.minibatches),
     };
-    let back = |reg: &mut Registry| match (&lingered, &forgotten) {
-        (Some(kept), _) => reg.park_kept(&name, kept.clone(), now),
-        (None, Some(note)) => reg.unclaim_told(&name, note.clone()),
-        (None, None) => reg.park(&name, start.clone(), now),
+    let back = |reg: &mut Registry| match &lingered {
+        Some(kept) => reg.park_kept(&name, kept.clone(), now),
+        None => reg.unclaim(&name, forgotten.clone()),
     };
     if let Err(e) = reg.reserve(req.ring_bytes) {
         back(reg);
@@ -312,15 +311,13 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
     Ok(Admitted { id, name, start, resumed, given_up_to, forgotten, lingered, ring_bytes: req.ring_bytes })
 }
 
-/// Undoes `a` at `now`: the ring's memory goes back and the name lingers with the state the
-/// session had before (the one it took over, or the one it would have started from) — but for
-/// a session told that the one of its name was let go, whose name then lingers nowhere and whose
-/// note waits for the next `open`.
+/// Undoes `a` at `now`: the ring's memory goes back, and a lingering session it took over
+/// lingers again as it was; a session that started afresh (or from the client's own state)
+/// leaves nothing behind (its note, if it was told one, waits for the next `open`).
 pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
-    match (&a.lingered, &a.forgotten) {
-        (Some(kept), _) => reg.park_kept(&a.name, kept.clone(), now),
-        (None, Some(note)) => reg.unclaim_told(&a.name, note.clone()),
-        (None, None) => reg.park(&a.name, a.start.clone(), now),
+    match &a.lingered {
+        Some(kept) => reg.park_kept(&a.name, kept.clone(), now),
+        None => reg.unclaim(&a.name, a.forgotten.clone()),
     }
     reg.unreserve(a.ring_bytes);
 }
@@ -453,6 +450,7 @@ mod tests {
         // the name is not parked with a fresh start that a retry would resume untold.
         let too_big = admit(&mut reg, &request(Some("s"), 10_000, &options), later);
         assert!(too_big.is_err());
+        assert_eq!(reg.counts(), (0, 0), "a refused open leaves no session behind, lingering or not");
         let retry = admit(&mut reg, &request(Some("s"), 100, &options), later).expect("retried");
         assert_eq!((retry.resumed.clone(), retry.start.position), (None, 0));
         assert!(retry.forgotten.as_deref().is_some_and(|n| n.contains("ran out")), "{:?}", retry.forgotten);

@@ -246,11 +246,13 @@ impl Registry {
         if excess == 0 {
             return;
         }
-        // Per owner, its sessions in the order they go: the one that would expire first, then
-        // by name.
-        let mut per_owner: HashMap<Option<u32>, Vec<(Instant, &str)>> = HashMap::new();
+        // Per owner, its sessions in the order they go: those of generated names first (only a
+        // client that kept the random name resumes one: a user's unnamed sessions that failed
+        // or were abandoned do not push out its named ones), then the one that would expire
+        // first, then by name.
+        let mut per_owner: HashMap<Option<u32>, Vec<(bool, Instant, &str)>> = HashMap::new();
         for (n, l) in &self.lingering {
-            per_owner.entry(l.saved.owner).or_default().push((l.expires, n.as_str()));
+            per_owner.entry(l.saved.owner).or_default().push((!l.generated, l.expires, n.as_str()));
         }
         for v in per_owner.values_mut() {
             v.sort_unstable_by(|a, b| b.cmp(a)); // the next to go last, popped
@@ -265,7 +267,7 @@ impl Registry {
             else {
                 break;
             };
-            if let Some((_, n)) = v.pop() {
+            if let Some((_, _, n)) = v.pop() {
                 dropped.push(n.to_owned());
             }
         }
@@ -305,7 +307,7 @@ impl Registry {
     /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
     /// let it go since the daemon started (the most recent [`FORGOTTEN_KEPT`] names), or lost it
     /// with an unreadable checkpoint: a warning for an `open` that names it and so starts
-    /// afresh. Asked once: the note is dropped ([`Registry::unclaim_told`] puts it back).
+    /// afresh. Asked once: the note is dropped ([`Registry::unclaim`] puts it back).
     pub fn take_forgotten(&mut self, name: &str, uid: u32, now: Instant) -> Option<String> {
         if let Some(gone) = self.forgotten.take(name, uid) {
             return Some(gone.message(name, self.linger.as_secs(), now));
@@ -316,12 +318,16 @@ impl Registry {
         ))
     }
 
-    /// Gives up the claim on `name` of an `open` that was refused after it was told `note`
-    /// ([`Registry::take_forgotten`]): the name lingers nowhere (a fresh start parked under it
-    /// would resume, untold, as a lingering session) and the note is kept for the next `open`.
-    pub fn unclaim_told(&mut self, name: &str, note: String) {
+    /// Gives up the claim on `name` of an `open` that was refused after it claimed a fresh
+    /// session: the name lingers nowhere — a session that never was leaves nothing to resume,
+    /// and parked it would count against `max_sessions` lingering and push out sessions that
+    /// can be resumed (found by a probe: forty refused opens dropped a user's named session).
+    /// `told`: the note the `open` was given ([`Registry::take_forgotten`]), kept for the next.
+    pub fn unclaim(&mut self, name: &str, told: Option<String>) {
         let owner = self.active.remove(name).map(|e| e.owner);
-        self.forgotten.note(name.to_owned(), owner, Gone::Said(note));
+        if let Some(note) = told {
+            self.forgotten.note(name.to_owned(), owner, Gone::Said(note));
+        }
     }
 
     /// The checkpoint found at start at `now` could not be read and was set aside at `aside`.
@@ -860,6 +866,19 @@ mod tests {
         let mut left = names(&mut r);
         left.sort();
         assert_eq!(left, ["churn-8", "churn-9", "victim"]);
+
+        // Unnamed sessions go before named ones, however late they were parked (found by a
+        // probe: a user's refused or failed unnamed opens pushed out its named session).
+        let at = at + Duration::from_secs(60);
+        for (i, name) in ["u-0000000000000001", "u-0000000000000002", "u-0000000000000003"].into_iter().enumerate() {
+            assert_eq!(r.claim(name, 50 + i as u64, 0, at), Ok(Claim::Fresh));
+            r.mark_generated(name);
+            r.park(name, st.clone(), at);
+        }
+        let mut left = names(&mut r);
+        left.sort();
+        assert_eq!(left, ["churn-8", "churn-9", "victim"], "the named sessions stay");
+        assert_eq!(r.counts(), (0, 3));
     }
 
     /// Found by a hostile probe: a checkpoint of 30,000 sessions read under `max_sessions` = 256
