@@ -658,6 +658,19 @@ fn sighup_adds_and_removes_datasets_while_sessions_on_unchanged_ones_continue() 
     let m = d.scrape();
     assert_eq!(m.sum("minibatchd_config_reloads_total", &[("result", "success")]), 1.0);
     assert_eq!(m.sum("minibatchd_datasets", &[("state", "ready")]), 2.0);
+    // The removed dataset's index gauges are gone with it (they went on saying what it held).
+    assert_eq!(
+        m.series
+            .keys()
+            .filter(
+                |(n, l)| n.starts_with("minibatchd_dataset_") && l.iter().any(|(k, v)| k == "dataset" && v == "wide")
+            )
+            .count(),
+        0,
+        "{}",
+        m.text
+    );
+    assert!(m.sum("minibatchd_dataset_index_memory_bytes", &[("dataset", "extra")]) > 0.0);
 }
 
 /// Metric names in `text`: every `minibatchd_…` token.

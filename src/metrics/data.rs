@@ -109,6 +109,21 @@ pub struct DataPlaneMetrics {
 }
 
 impl DataPlaneMetrics {
+    /// Drops the series that describe dataset `name` as it is now (its index pass, its index's
+    /// memory, how long it took to open), once a reload removed it: kept, they went on saying
+    /// what a dataset no longer configured holds (found by a probe: the index memory gauges of
+    /// removed datasets summed to 70 times what the daemon held), and a configuration that
+    /// renames its datasets at every reload grew them without bound. Counters stay (a
+    /// dataset's totals, as Prometheus keeps them), one series per name ever configured.
+    pub fn forget_dataset(&self, name: &str) {
+        for vec in
+            [&self.dataset_index_scanned_bytes, &self.dataset_index_total_bytes, &self.dataset_index_memory_bytes]
+        {
+            let _ = vec.remove_label_values(&[name]);
+        }
+        let _ = self.dataset_ready_seconds.remove_label_values(&[name]);
+    }
+
     #[allow(clippy::too_many_lines)] // a table: one declaration (name, help, labels) per metric
     pub(super) fn new(r: &Registry) -> prometheus::Result<Self> {
         Ok(Self {

@@ -250,6 +250,9 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) {
     for name in &p.changes.kept_old {
         tracing::warn!(dataset = %name, "the new version failed to open; the old version goes on serving");
     }
+    for name in &p.changes.removed {
+        shared.data.metrics.data.forget_dataset(name);
+    }
     {
         let mut reg = shared.registry();
         let threads = shared.data.parser_threads;
