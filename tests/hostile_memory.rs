@@ -161,6 +161,35 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
     assert_within_limit(&d, LIMIT, "on hostile inputs");
 }
 
+/// Found by a probe: a session in file order on a dataset whose chunk cannot be parsed within the
+/// limit (short lines of a wide dense stream: 6 bytes of text, 1 KB parsed each) was admitted and
+/// failed at its first minibatch with data_error; a randomized one was refused at `open`. Both
+/// are now refused at `open`, saying which chunk and what to change.
+#[test]
+fn a_chunk_that_cannot_be_parsed_within_the_limit_is_refused_at_open_in_any_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let text = write(p, "short.ctf", "|a 1 2\n".repeat(200_000));
+    let datasets = format!(
+        "[datasets.w]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\n\
+         [datasets.w.streams.a]\ndim = 256\nformat = \"dense\"\n",
+        text.display()
+    );
+    config(p, LIMIT, &datasets);
+    let d = Daemon::start(p, &[]);
+    for randomize in [false, true] {
+        let opts = SessionOptions { randomize: Some(randomize), ..options(4) };
+        match Client::connect(&d.socket).expect("connect").open("w", &opts) {
+            Err(ClientError::Daemon { code, message, .. }) => {
+                assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+                assert!(message.contains("chunk 0") && message.contains("chunk_size_bytes"), "{message}");
+            }
+            Ok(_) => panic!("randomize = {randomize}: opened"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// #15 item 3: indexing ran before the socket opened, with no word to systemd or the trainers.
 /// The socket now opens at once; an `open` on a dataset still indexing gets `dataset_indexing`
 /// with the progress, and `open_when_indexed` waits for it.

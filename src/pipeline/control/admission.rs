@@ -80,6 +80,20 @@ pub enum Refusal {
     /// The delivery stage is gone (the daemon is stopping).
     #[error("delivery stage unavailable: {0}")]
     Delivery(String),
+    /// A chunk of the dataset cannot be parsed within the memory limit.
+    #[error(
+        "chunk {chunk} of the dataset holds {sequences} sequences, whose dense values alone (one sample each, one dense stream) take {bytes} bytes, more than a parsed chunk may hold within daemon.memory_limit_bytes ({limit} bytes): every dense sample costs dim values however short its text; lower the dataset's chunk_size_bytes or raise memory_limit_bytes"
+    )]
+    ChunkTooLarge {
+        /// The chunk.
+        chunk: usize,
+        /// Its sequences.
+        sequences: u64,
+        /// Their dense values' bytes at least.
+        bytes: u64,
+        /// What a parsed chunk may hold.
+        limit: u64,
+    },
     /// A file of the dataset changed since it was indexed: no session is opened on the old index.
     #[error("dataset '{name}' changed since it was indexed: {source}")]
     Changed {
@@ -148,6 +162,7 @@ impl Refusal {
             Self::Registry(RegistryError::Busy(_) | RegistryError::NotOwner(_)) => ErrorCode::SessionBusy,
             Self::TooManySessions { .. }
             | Self::WindowTooLarge { .. }
+            | Self::ChunkTooLarge { .. }
             | Self::MixtureTooLarge { .. }
             | Self::Registry(RegistryError::Memory { .. } | RegistryError::SamplingMemory { .. })
             | Self::HostMemory { .. }

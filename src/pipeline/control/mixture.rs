@@ -34,7 +34,7 @@ use minibatchd_shm::RingGeometry;
 
 use super::admission::{self, Refusal};
 use super::open_session::{
-    checkpoint_opening, host_shortfall, new_ring, off_the_event_loop, opened_message, unchanged_dataset,
+    checkpoint_opening, chunks_fit, host_shortfall, new_ring, off_the_event_loop, opened_message, unchanged_dataset,
     warn_if_replaying, Described, Launch, OpenSession, SamplingReservation,
 };
 use super::peer::{ConnShared, Peer};
@@ -273,6 +273,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         (None, None) => return Err(refuse("no longer configured (a configuration reload removed it)".into())),
     };
     let runtimes = m.datasets.iter().map(|d| unchanged_dataset(shared, d)).collect::<Result<Vec<_>, _>>()?;
+    runtimes.iter().try_for_each(|rt| chunks_fit(rt))?;
     let refused = refused_options(options);
     if !refused.is_empty() {
         return Err(refuse(format!(

@@ -343,6 +343,13 @@ impl Dataset {
         &self.config
     }
 
+    /// The most bytes one parsed chunk may hold ([`IndexLimits::max_parsed_chunk_bytes`] of the
+    /// open): a chunk whose dense values would pass it fails as it is parsed.
+    #[must_use]
+    pub fn max_parsed_chunk_bytes(&self) -> u64 {
+        self.max_parsed_chunk_bytes
+    }
+
     /// What the sampler works on.
     #[must_use]
     pub fn timeline(&self) -> &Arc<Timeline> {

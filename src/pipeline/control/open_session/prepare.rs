@@ -56,6 +56,7 @@ pub(super) fn prepare_now(
     shared: &Arc<ControlPlane>,
 ) -> Result<Prepared, Refusal> {
     let rt = unchanged_dataset(shared, dataset)?;
+    chunks_fit(&rt)?;
     let config = shared.config();
     let d = &config.daemon;
     let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
@@ -191,6 +192,34 @@ pub(super) fn place_sampler(
 /// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
 /// cache's ceiling would stop it there, after parsing the limit's worth of chunks). Called once
 /// the session's ring is reserved: the cache's share is what the limit leaves beside it.
+/// Refuses a dataset one of whose chunks cannot be parsed within the memory limit, whatever
+/// the session's options: the dense values of its sequences, at one sample each, in one dense
+/// stream alone, pass what a parsed chunk may hold ([`Refusal::ChunkTooLarge`]). Found by a
+/// probe: a session in file order was admitted and failed at its first minibatch (a randomized
+/// one was refused at `open` by its window's floor).
+pub(in crate::pipeline::control) fn chunks_fit(rt: &DatasetRuntime) -> Result<(), Refusal> {
+    let timeline = rt.dataset.timeline();
+    let per_sequence = rt
+        .shapes
+        .iter()
+        .filter(|s| s.kind == minibatchd_engine::format::chunk::StreamKind::Dense)
+        .map(|s| s.dim as u64 * if s.float64 { 8 } else { 4 })
+        .max()
+        .unwrap_or(0);
+    let limit = rt.dataset.max_parsed_chunk_bytes();
+    if per_sequence == 0 {
+        return Ok(());
+    }
+    let largest = timeline.chunk_start.windows(2).enumerate().max_by_key(|(_, w)| w[1] - w[0]);
+    match largest {
+        Some((chunk, w)) if ((w[1] - w[0]) as u64).saturating_mul(per_sequence) > limit => {
+            let sequences = (w[1] - w[0]) as u64;
+            Err(Refusal::ChunkTooLarge { chunk, sequences, bytes: sequences.saturating_mul(per_sequence), limit })
+        }
+        _ => Ok(()),
+    }
+}
+
 pub(super) fn window_fits(
     rt: &DatasetRuntime,
     sweep_size: u64,
