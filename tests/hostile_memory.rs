@@ -163,7 +163,7 @@ fn memory_limit_bytes_bounds_the_daemon_on_hostile_inputs() {
 
 /// Found by a probe: a session in file order on a dataset whose chunk cannot be parsed within the
 /// limit (short lines of a wide dense stream: 6 bytes of text, 1 KB parsed each) was admitted and
-/// failed at its first minibatch with data_error; a randomized one was refused at `open`. Both
+/// failed at its first minibatch with `data_error`; a randomized one was refused at `open`. Both
 /// are now refused at `open`, saying which chunk and what to change.
 #[test]
 fn a_chunk_that_cannot_be_parsed_within_the_limit_is_refused_at_open_in_any_order() {
