@@ -1,6 +1,7 @@
 //! Lingering sessions the registry let go, remembered by name ([`Forgotten`]), so that an `open`
 //! by one of those names — which starts afresh — is told so (`opened.warnings`) instead of
-//! repeating its trainer's data without a word ([`super::Registry::take_forgotten`]).
+//! repeating its trainer's data without a word ([`super::Registry::take_forgotten`]); and the
+//! registry's part of it: the notes taken, put back, and the checkpoint lost at start.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -69,6 +70,39 @@ impl Forgotten {
         let (_, gone) = self.by_name.remove(name)?;
         self.order.retain(|n| n != name);
         Some(gone)
+    }
+}
+
+impl super::Registry {
+    /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
+    /// let it go since the daemon started (the most recent [`FORGOTTEN_KEPT`] names), or lost it
+    /// with an unreadable checkpoint: a warning for an `open` that names it and so starts
+    /// afresh. Asked once: the note is dropped ([`Registry::unclaim`] puts it back).
+    pub fn take_forgotten(&mut self, name: &str, uid: u32, now: Instant) -> Option<String> {
+        if let Some(gone) = self.forgotten.take(name, uid) {
+            return Some(gone.message(name, self.linger.as_secs(), now));
+        }
+        let (aside, until) = self.lost_checkpoint.as_ref()?;
+        (now < *until).then(|| format!(
+            "the daemon's checkpoint could not be read when it started (it was set aside as {aside}), so the sessions it held cannot be resumed by name: if session {name:?} was one of them, this session starts afresh, not where that one ended; to continue it, open with the state its client saved (resume)"
+        ))
+    }
+
+    /// Gives up the claim on `name` of an `open` that was refused after it claimed a fresh
+    /// session: the name lingers nowhere — a session that never was leaves nothing to resume,
+    /// and parked it would count against `max_sessions` lingering and push out sessions that
+    /// can be resumed (found by a probe: forty refused opens dropped a user's named session).
+    /// `told`: the note the `open` was given ([`Registry::take_forgotten`]), kept for the next.
+    pub fn unclaim(&mut self, name: &str, told: Option<String>) {
+        let owner = self.active.remove(name).map(|e| e.owner);
+        if let Some(note) = told {
+            self.forgotten.note(name.to_owned(), owner, Gone::Said(note));
+        }
+    }
+
+    /// The checkpoint found at start at `now` could not be read and was set aside at `aside`.
+    pub fn checkpoint_lost(&mut self, aside: &std::path::Path, now: Instant) {
+        self.lost_checkpoint = Some((aside.display().to_string(), now + self.linger));
     }
 }
 
