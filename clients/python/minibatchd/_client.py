@@ -654,6 +654,22 @@ class Source:
             state["mixture"] = mixture
         return mb
 
+    def _next_made(self, make: Any) -> Any:
+        """What ``make`` makes of the next minibatch (an adapter's item), or None at the end. An
+        exception on the way (a ``KeyboardInterrupt`` while the item is copied, say) takes the
+        minibatch back (``_untake_last``) before it propagates: the session then closes with the
+        state before it, and a resume delivers it — a checkpoint saved in the handler skips
+        nothing."""
+        before = self._taken
+        try:
+            return make(next(self))
+        except StopIteration:
+            return None
+        except BaseException:
+            if self._taken != before:
+                self._untake_last()
+            raise
+
     def _untake_last(self) -> None:
         """The minibatch ``next()`` returned last never reached its consumer: an exception (a
         ``KeyboardInterrupt``, say) ended the consumer's step while it was being made into an item.

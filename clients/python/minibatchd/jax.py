@@ -70,24 +70,32 @@ class MinibatchIterator:
             options["equal_steps"] = True
         if resume is not None and resume.get("source") is not None:
             options["resume"] = resume["source"]
-        self._source = connect(self.socket).open(self.dataset, **options)
+        self._source = source = connect(self.socket).open(self.dataset, **options)
         try:
-            for mb in self._source:
-                item: Dict[str, Any] = {}
-                for name, stream in mb.streams.items():
-                    if name == META:
-                        raise ValueError(f"a stream is named {META!r}, which the JAX adapter uses for metadata")
-                    item[name] = {key: jnp.asarray(arr) for key, arr in stream.arrays()}
-                meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
-                        "fingerprint": mb.fingerprint,
-                        "index": mb.index, "worker": self.process_index, "workers": self.process_count}
-                if mb.sources is not None:
-                    meta["sources"], meta["sweeps_ended"] = mb.sources.tolist(), mb.sweeps_ended
-                mb.release()
-                item[META] = meta
+            while True:
+                # An exception while an item is made takes its minibatch back (Source._next_made).
+                item = source._next_made(lambda mb: self._item(mb, epoch))
+                if item is None:
+                    return
                 yield item
         finally:
-            self._source.close()
+            source.close()
+
+    def _item(self, mb: Any, epoch: int) -> Dict[str, Any]:
+        """The item of minibatch ``mb`` in ``epoch``: its arrays on the device, its metadata."""
+        item: Dict[str, Any] = {}
+        for name, stream in mb.streams.items():
+            if name == META:
+                raise ValueError(f"a stream is named {META!r}, which the JAX adapter uses for metadata")
+            item[name] = {key: jnp.asarray(arr) for key, arr in stream.arrays()}
+        meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
+                "fingerprint": mb.fingerprint,
+                "index": mb.index, "worker": self.process_index, "workers": self.process_count}
+        if mb.sources is not None:
+            meta["sources"], meta["sweeps_ended"] = mb.sources.tolist(), mb.sweeps_ended
+        mb.release()
+        item[META] = meta
+        return item
 
     def state_dict(self) -> Dict[str, Any]:
         """The position after the last minibatch yielded: the epoch and the session state (a

@@ -482,7 +482,7 @@ class MinibatchIterableDataset(IterableDataset):
         self._source = source = self._open(0, options)
         try:
             while True:
-                item = _next_item(source, lambda mb: self._item(mb, epoch, worker, workers))
+                item = source._next_made(lambda mb: self._item(mb, epoch, worker, workers))
                 if item is None:
                     return
                 yield item
@@ -505,7 +505,7 @@ class MinibatchIterableDataset(IterableDataset):
                 if ended[w]:
                     continue
                 split = splits[w]
-                item = _next_item(sources[w], lambda mb: self._item(mb, epoch, *split))
+                item = sources[w]._next_made(lambda mb: self._item(mb, epoch, *split))
                 if item is None:
                     ended[w] = True
                     continue
@@ -894,22 +894,6 @@ def _unpiped(blob: bytearray, table: list, rest: dict) -> Dict[str, Any]:
         out.setdefault(name, {})[key] = torch.from_numpy(buf[at:at + nbytes].view(np.dtype(dtype)).reshape(shape))
     out.update(rest)
     return out
-
-
-def _next_item(source: Any, make: Any) -> Optional[Dict[str, Any]]:
-    """The item ``make`` makes of ``source``'s next minibatch, or None at its end. An exception
-    on the way (a ``KeyboardInterrupt`` while the item is copied, say) takes the minibatch back
-    (``Source._untake_last``) before it propagates: the session then closes with the state before
-    it, and a resume delivers it — a checkpoint saved in the handler skips nothing."""
-    before = source._taken
-    try:
-        return make(next(source))
-    except StopIteration:
-        return None
-    except BaseException:
-        if source._taken != before:
-            source._untake_last()
-        raise
 
 
 def _splits_state(states: list) -> Dict[str, Any]:

@@ -69,6 +69,36 @@ def test_state_dict_resumes_mid_epoch(daemon):
     assert taken + ids(list(again)) + ids(list(again)) == uninterrupted
 
 
+class Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt (which pytest would take for the user's)."""
+
+
+def test_an_exception_while_an_item_is_made_takes_its_minibatch_back(daemon, monkeypatch):
+    """As for the torch adapter (found by a probe there): a KeyboardInterrupt while an item's
+    arrays were made lost the minibatch while state_dict() counted it."""
+    uninterrupted = ids(list(MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)))
+    made = MinibatchIterator._item
+    calls = []
+
+    def item_or_interrupt(self, mb, epoch):
+        calls.append(mb.index)
+        if len(calls) == 4:
+            raise Interrupt
+        return made(self, mb, epoch)
+
+    monkeypatch.setattr(MinibatchIterator, "_item", item_or_interrupt)
+    first = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    taken, it = [], iter(first)
+    with pytest.raises(Interrupt):
+        while True:
+            taken += ids([next(it)])
+    saved = first.state_dict()
+    monkeypatch.setattr(MinibatchIterator, "_item", made)
+    again = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    again.load_state_dict(saved)
+    assert taken + ids(list(again)) == uninterrupted, "the interrupted minibatch comes first on resume"
+
+
 def test_jax_example_trains_and_resumes_exactly(daemon, tmp_path):
     def run(name, *extra):
         run_example("jax_train.py", "--socket", daemon.socket, "--dataset", "train", "--minibatch-size", "9",
