@@ -52,7 +52,10 @@ pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> 
 /// whose decompressed copy is what is read, or a file whose chunk is served from the parsed
 /// cache (its bytes as they were indexed, which a file changed since no longer holds).
 pub(super) fn check_path_version(version: &FileVersion, path: &Path) -> Result<()> {
-    unchanged_since(version, &version_of(path)?, path)
+    // One stat (the version compares no path: no canonical name to resolve, a call per open
+    // of a dataset of many files).
+    let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &meta), path)
 }
 
 fn unchanged_since(version: &FileVersion, now: &FileVersion, path: &Path) -> Result<()> {
