@@ -713,15 +713,15 @@ fn one_sweep_larger_than_the_memory_limit_persists_every_chunk() {
 /// Found by a hostile probe: a dense TFRecord feature of 2^24 values with `default = 0.0` held
 /// that default as 2^24 `f64`s, copied in every layer of the configuration (`dump` peaked at
 /// 662 MB under a 256 MiB limit before its chunk was refused). One default for every value is now
-/// kept as one; a chunk of records that lack the feature is refused at its share of the limit,
-/// naming the record, and the daemon stays within the limit.
+/// kept as one; a chunk of records that lack the feature, whose defaults pass what a parsed chunk
+/// may hold, is refused at `open` naming the chunk, and the daemon stays within the limit.
 #[test]
 fn a_dense_default_of_millions_of_values_costs_nothing_until_a_record_needs_it() {
     use minibatchd_engine::format::tfrecord::example::write::{example, Value};
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    // 2^22 values a record (16 MiB as float32): the fifth record of a chunk passes its share, a
-    // half of the 128 MiB limit.
+    // 2^22 values a record (16 MiB as float32): eight records in a chunk pass its share, a half
+    // of the 128 MiB limit.
     let records: Vec<u8> = (0..8i64)
         .flat_map(|i| minibatchd_engine::format::tfrecord::frame(&example(&[("id", Value::Ints(&[i]))])))
         .collect();
@@ -736,12 +736,16 @@ fn a_dense_default_of_millions_of_values_costs_nothing_until_a_record_needs_it()
     let limit = 128 << 20;
     config(p, limit, &datasets);
     let d = Daemon::start(p, &[]);
-    let mut s = Client::connect(&d.socket)
-        .expect("connect")
-        .open("t", &SessionOptions { prefetch: Some(2), ..options(1) })
-        .expect("open");
-    let err = s.next_owned().expect_err("the chunk passes its share of the limit");
-    let text = err.to_string();
-    assert!(text.contains("lacking.tfrecord:") && text.contains("share of the memory limit"), "{text}");
+    // Eight records that lack the feature in one chunk: 128 MiB of defaults, more than a parsed
+    // chunk may hold. Refused at `open` (a session in file order used to be admitted and fail at
+    // its first minibatch, the chunk passing its share of the limit as it was parsed).
+    match Client::connect(&d.socket).expect("connect").open("t", &SessionOptions { prefetch: Some(2), ..options(1) }) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+            assert!(message.contains("chunk 0") && message.contains("chunk_size_bytes"), "{message}");
+        }
+        Ok(_) => panic!("a chunk of 128 MiB of defaults was admitted under a 128 MiB limit"),
+        Err(e) => panic!("{e}"),
+    }
     assert_within_limit(&d, limit, "with a default of 2^22 values");
 }
