@@ -1507,11 +1507,21 @@ fn a_session_on_a_rewritten_gzip_input_finishes_from_its_copy_which_goes_after()
     // Wait until the new version is served: a fresh session's sweep is the 300 new samples.
     let start = Instant::now();
     loop {
-        let mut fresh = d.client().open("day", &SessionOptions { full_sweep: true, ..options(100) }).expect("open");
-        let sweep: usize =
-            std::iter::from_fn(|| fresh.next_owned().expect("next")).map(|mb| mb.streams[0].num_samples()).sum();
-        if sweep == 300 {
-            break;
+        // Until the reload begins, the dataset's file changed under its index: no new session
+        // (data_error, "send SIGHUP"); while it indexes, the open waits for the new version.
+        match d.client().open("day", &SessionOptions { full_sweep: true, ..options(100) }) {
+            Ok(mut fresh) => {
+                let sweep: usize = std::iter::from_fn(|| fresh.next_owned().expect("next"))
+                    .map(|mb| mb.streams[0].num_samples())
+                    .sum();
+                if sweep == 300 {
+                    break;
+                }
+            }
+            Err(ClientError::Daemon { code: ErrorCode::DataError, message, .. }) => {
+                assert!(message.contains("day.svm.gz") && message.contains("SIGHUP"), "{message}");
+            }
+            Err(e) => panic!("open: {e}"),
         }
         assert!(start.elapsed() < DEADLINE, "the reload did not open the new version");
         std::thread::sleep(Duration::from_millis(50));
