@@ -168,7 +168,14 @@ fn threads_do_not_grow_with_the_session_count_and_the_daemon_wide_limits_hold() 
         assert!(s.next_owned().expect("served").is_some());
     }
     let after = threads(d.pid());
-    assert!(after.len() <= before.len() + 2, "{before:?} with one session, {after:?} with 40");
+    // tokio's blocking pool grows with the blocking work in flight at once (opens being prepared,
+    // checkpoints written), not with the sessions, and no further than its bound (the object
+    // fetches, 8 by default, and 8 opens): counted apart, since a loaded machine catches more of
+    // its threads alive.
+    let (pool, own): (Vec<String>, Vec<String>) = after.iter().cloned().partition(|n| n == "tokio-rt-worker");
+    let own_before = before.iter().filter(|n| *n != "tokio-rt-worker").count();
+    assert!(own.len() <= own_before + 2, "{before:?} with one session, {after:?} with 40");
+    assert!(pool.len() <= 8 + minibatchd::pipeline::OPENS_PREPARED, "{after:?}");
     // The 41st session is refused by the daemon-wide limit, naming the key.
     match d.client().open("train", &options(8)) {
         Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {

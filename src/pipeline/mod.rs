@@ -50,6 +50,10 @@ pub const METRICS_ADDR_FILE: &str = "metrics.addr";
 /// Time allowed, beyond `shutdown_grace_secs`, for the stages to stop.
 pub const STOP_MARGIN: Duration = Duration::from_secs(20);
 
+/// Opens prepared (and checkpoints written for them) at once on the event loop's blocking pool,
+/// beside its object fetches: more wait for a thread.
+pub const OPENS_PREPARED: usize = 8;
+
 /// The daemon failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -173,7 +177,12 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     // ahead of the parsers (`data::readahead`) runs there, and on a stalled object store it waits
     // up to `object_retry_secs` + `object_request_timeout_secs`. Dropping the runtime waits for
     // such tasks whatever they wait for, with `daemon.lock` still held.
-    let runtime = Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().build()?);
+    // Its blocking pool is bounded: the object fetches in flight and OPENS_PREPARED at once of
+    // the opens' preparations and checkpoint writes — tokio's default of 512 let a burst of costly
+    // opens (equal steps over 2^20 workers) take a thread and a core each.
+    let blocking = shared.data.object_fetches.saturating_add(OPENS_PREPARED);
+    let runtime =
+        Arc::new(tokio::runtime::Builder::new_current_thread().enable_all().max_blocking_threads(blocking).build()?);
     let system = actix::System::with_tokio_rt({
         let runtime = runtime.clone();
         move || runtime
