@@ -54,9 +54,15 @@ pub struct CheckpointV1 {
 /// hex digits. The JSON of what a checkpoint holds is the same whenever it is written (structs
 /// and ordered maps; numbers written as read back), so the reader recomputes it from what it
 /// parsed.
-fn content_checksum(c: &CheckpointV1) -> String {
-    let unsigned = CheckpointV1 { checksum: None, ..c.clone() };
-    let bytes = serde_json::to_vec(&Checkpoint::V1(unsigned)).unwrap_or_default();
+///
+/// The checksum is taken out for the hash and put back: no copy of the sessions (a checkpoint is
+/// written at every `open`).
+fn content_checksum(c: &mut Checkpoint) -> String {
+    let Checkpoint::V1(v1) = c;
+    let checksum = v1.checksum.take();
+    let bytes = serde_json::to_vec(&*c).unwrap_or_default();
+    let Checkpoint::V1(v1) = c;
+    v1.checksum = checksum;
     format!("crc32:{:08x}", crc32fast::hash(&bytes))
 }
 
@@ -74,15 +80,17 @@ impl Checkpoint {
     #[must_use]
     pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        let mut c = CheckpointV1 {
+        let mut c = Self::V1(CheckpointV1 {
             written_unix_secs: now.as_secs(),
             daemon_id: minibatchd_client::protocol::hex64(daemon_id),
             reason: reason.to_owned(),
             sessions,
             checksum: None,
-        };
-        c.checksum = Some(content_checksum(&c));
-        Self::V1(c)
+        });
+        let checksum = content_checksum(&mut c);
+        let Self::V1(v1) = &mut c;
+        v1.checksum = Some(checksum);
+        c
     }
 
     /// When it was written (Unix seconds), and whether at a clean stop (`reason` `shutdown`: every
@@ -155,12 +163,12 @@ pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path: p, source }),
     }
-    let c: Checkpoint = serde_json::from_slice(&bytes)
+    let mut c: Checkpoint = serde_json::from_slice(&bytes)
         .map_err(|e| CheckpointError::Format { path: p.clone(), message: e.to_string() })?;
     let Checkpoint::V1(v1) = &c;
-    if let Some(saved) = &v1.checksum {
-        let now = content_checksum(v1);
-        if *saved != now {
+    if let Some(saved) = v1.checksum.clone() {
+        let now = content_checksum(&mut c);
+        if saved != now {
             let message = format!("its checksum is {saved}, its content's {now}: damaged since it was written");
             return Err(CheckpointError::Format { path: p, message });
         }

@@ -300,7 +300,12 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &C
     registry.set_max_lingering(d.max_sessions);
     // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
     // the chunk cache gets what they and the rings leave.
-    registry.set_buffers(read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes()));
+    registry.set_buffers(held_outside_the_cache(config, catalog, threads));
+}
+
+/// What the parsers' read buffers and the datasets' indexes hold, whatever the sessions do.
+fn held_outside_the_cache(config: &Config, catalog: &Catalog, threads: usize) -> u64 {
+    read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes())
 }
 
 /// What a reload's `memory_limit_bytes` of `config` would need beside the open sessions'
@@ -310,8 +315,10 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &C
 #[must_use]
 pub fn limit_short_of_sessions(registry: &Registry, config: &Config, catalog: &Catalog, threads: usize) -> Option<u64> {
     let limit = config.daemon.memory_limit_bytes;
-    let held = crate::pipeline::data::read_buffer_bytes(config, catalog, threads).saturating_add(catalog.index_bytes());
-    let needed = registry.reserved().saturating_add(held).saturating_add(limit / CACHE_FLOOR_DIVISOR);
+    let needed = registry
+        .reserved()
+        .saturating_add(held_outside_the_cache(config, catalog, threads))
+        .saturating_add(limit / CACHE_FLOOR_DIVISOR);
     (registry.reserved() > 0 && needed > limit).then_some(needed)
 }
 
