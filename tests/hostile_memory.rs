@@ -626,7 +626,7 @@ fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_fail
         ],
     );
     let opts =
-        SessionOptions { max_sweeps: Some(1), prefetch: Some(2), slot_size_bytes: Some(300_000), ..options(256) };
+        SessionOptions { max_sweeps: Some(1), prefetch: Some(2), slot_size_bytes: Some(150_000), ..options(256) };
     let dumps: Vec<Vec<String>> =
         names.iter().map(|n| d.dump(n, &["--minibatch-size", "256", "--max-sweeps", "1"])).collect();
     let got: Vec<Result<Vec<String>, String>> = std::thread::scope(|scope| {
@@ -748,4 +748,145 @@ fn a_dense_default_of_millions_of_values_costs_nothing_until_a_record_needs_it()
         Err(e) => panic!("{e}"),
     }
     assert_within_limit(&d, limit, "with a default of 2^22 values");
+}
+
+/// A dense CTF dataset `d64` and a libsvm one `sp` in `p`: 48,000 samples of 64 values (6 MB of
+/// text, 12 MB parsed) and 40,000 libsvm lines of 40 features (8 MB of text, 13 MB parsed), in
+/// chunks of 256 and 512 KiB.
+fn mixed_datasets(p: &Path) -> String {
+    let mut dense = String::new();
+    for i in 0..48_000 {
+        let _ = writeln!(dense, "|a {i} {}", "1 ".repeat(63));
+    }
+    let dense = write(p, "d64.ctf", dense);
+    let mut sparse = String::new();
+    for i in 0..40_000 {
+        let _ = write!(sparse, "{}", i % 2);
+        for j in 0..40 {
+            let _ = write!(sparse, " {}:{}", j * 7 + i % 7, (i + j) % 9 + 1);
+        }
+        sparse.push('\n');
+    }
+    let sparse = write(p, "sp.libsvm", sparse);
+    format!(
+        "[datasets.d64]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 262144\n\
+         [datasets.d64.streams.a]\ndim = 64\nformat = \"dense\"\n\
+         [datasets.sp]\nformat = \"libsvm\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 524288\n",
+        dense.display(),
+        sparse.display()
+    )
+}
+
+/// Found by a hostile probe: sessions of every shape reading at once under a small limit — windows
+/// of 1 to 16 chunks, 1 to 4 workers, a dense CTF and a libsvm dataset — stalled for minutes: the
+/// sessions behind the longest-waiting one loaded chunks with the room that was freed, were
+/// refused the next, let go of them and asked again, so the parsers re-parsed chunks let go
+/// before use and no session got all of its minibatch's chunks. Those behind now take no memory
+/// (and no thread) until their turn. Every session delivers exactly its `dump`, within the limit.
+#[test]
+fn sessions_of_every_shape_reading_at_once_under_a_small_limit_each_get_their_turn() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 25 MB parsed: more than the chunk cache gets of a 24 MiB limit beside ten rings.
+    let datasets = mixed_datasets(p);
+    let limit = 24u64 << 20;
+    config(p, limit, &datasets);
+    let d = Daemon::start(
+        p,
+        &[
+            ("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned()),
+            ("MINIBATCHD__DAEMON__PRODUCER_THREADS", "2".to_owned()),
+            ("MINIBATCHD__DAEMON__PARSER_THREADS", "2".to_owned()),
+            ("MINIBATCHD__DAEMON__MAX_SESSIONS_PER_UID", "64".to_owned()),
+        ],
+    );
+    // (dataset, minibatch size, window in chunks, workers, rank, seed)
+    let shapes: [(&str, u64, u64, u64, u64, u64); 10] = [
+        ("sp", 64, 2, 4, 0, 0),
+        ("d64", 256, 8, 4, 0, 1),
+        ("d64", 512, 8, 2, 1, 2),
+        ("sp", 256, 16, 1, 0, 3),
+        ("d64", 64, 8, 4, 2, 4),
+        ("d64", 512, 16, 2, 0, 5),
+        ("sp", 64, 8, 2, 1, 6),
+        ("d64", 256, 1, 4, 3, 7),
+        ("d64", 512, 4, 1, 0, 8),
+        ("sp", 256, 16, 2, 1, 9),
+    ];
+    let names = ["a"];
+    let libsvm = ["__instX", "__instY"];
+    let dumps: Vec<Vec<String>> = shapes
+        .iter()
+        .map(|&(ds, mb, window, workers, rank, seed)| {
+            let [mb, window, workers, rank, seed] = [mb, window, workers, rank, seed].map(|v| v.to_string());
+            d.dump(
+                ds,
+                &[
+                    "--minibatch-size",
+                    &mb,
+                    "--max-sweeps",
+                    "1",
+                    "--window-chunks",
+                    &window,
+                    "--workers",
+                    &workers,
+                    "--rank",
+                    &rank,
+                    "--seed",
+                    &seed,
+                ],
+            )
+        })
+        .collect();
+    // A stall is a failure, not a hang: past four minutes (28 s measured in a debug build) the
+    // daemon is killed and the readers fail.
+    let stalled = std::sync::atomic::AtomicBool::new(false);
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let got: Vec<Result<Vec<String>, String>> = std::thread::scope(|scope| {
+        let (d, stalled) = (&d, &stalled);
+        scope.spawn(move || {
+            if finished.recv_timeout(std::time::Duration::from_secs(240))
+                == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                stalled.store(true, std::sync::atomic::Ordering::SeqCst);
+                d.signal(rustix::process::Signal::KILL);
+            }
+        });
+        let readers: Vec<_> = shapes
+            .iter()
+            .map(|&(ds, mb, window, workers, rank, seed)| {
+                let streams: &[&str] = if ds == "sp" { &libsvm } else { &names };
+                scope.spawn(move || {
+                    let opts = SessionOptions {
+                        max_sweeps: Some(1),
+                        window_chunks: Some(window),
+                        num_workers: Some(workers),
+                        rank: Some(rank),
+                        seed: Some(seed),
+                        slot_size_bytes: Some(150_000),
+                        ..options(mb)
+                    };
+                    let mut s = support::daemon::open_retrying(d, ds, &opts, ErrorCode::DatasetIndexing);
+                    let mut got = Vec::new();
+                    loop {
+                        match s.next_owned() {
+                            Ok(Some(mb)) => got.push(support::daemon::json(&mb, streams)),
+                            Ok(None) => return Ok(got),
+                            Err(e) => return Err(format!("{ds} seed {seed}: {e}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let got = readers.into_iter().map(|r| r.join().expect("reader")).collect();
+        drop(done);
+        got
+    });
+    assert!(!stalled.into_inner(), "the sessions stalled: no session finished in four minutes");
+    for ((shape, got), want) in shapes.iter().zip(got).zip(&dumps) {
+        let got = got.unwrap_or_else(|e| panic!("a reading session failed: {e}"));
+        assert!(got == *want, "{shape:?}: {} minibatches, the dump has {}", got.len(), want.len());
+    }
+    assert_within_limit(&d, limit, "with ten sessions of every shape reading at once");
+    assert!(d.metric("minibatchd_chunk_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
 }

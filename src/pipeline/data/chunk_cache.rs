@@ -161,6 +161,9 @@ pub enum Lookup {
     Miss,
     /// Loading failed.
     Failed(DataError),
+    /// Other sessions wait for memory ahead of the one asking: it is to take none (load nothing,
+    /// take no chunk that no session holds) and wait its turn.
+    Behind,
     /// Not there, and the chunks that sessions hold or wait for (`held` bytes) already reach the
     /// `ceiling`: loading it would pass the memory limit.
     OverLimit {
@@ -183,6 +186,9 @@ pub enum FetchError {
     /// The pipeline's request channel is gone (the daemon is stopping).
     #[error("the readahead stage is gone")]
     Disconnected,
+    /// Other sessions wait for memory first ([`Lookup::Behind`]).
+    #[error("other sessions wait for memory first")]
+    Behind,
     /// Loading the chunk would pass the memory limit ([`Lookup::OverLimit`]).
     #[error("the chunks that sessions hold ({} MiB) fill the chunk cache's share of memory_limit_bytes ({} MiB)", mib(*held), mib(*ceiling))]
     OverLimit {
@@ -303,13 +309,22 @@ impl SharedCache {
         }
     }
 
-    /// Producer `id` waits for memory no longer (it got its chunks, or it ended).
+    /// Producer `id` waits for memory no longer (it got its chunks, or it ended); the one that
+    /// comes first in line is woken (those behind it wait without a thread).
     pub fn leave_line(&self, id: u64) {
         let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = line.first().copied();
         line.retain(|&i| i != id);
         self.queued.store(line.len(), Ordering::SeqCst);
+        let next = line.first().copied().filter(|&next| Some(next) != first);
         drop(line);
         self.arrived.notify_all();
+        if let Some(next) = next {
+            let producers = self.producers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some((task, _)) = producers.get(&next) {
+                task.wake();
+            }
+        }
     }
 
     /// Whether producer `id` has waited for memory longest of those waiting: the others let go
@@ -320,10 +335,25 @@ impl SharedCache {
         self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).first() == Some(&id)
     }
 
-    /// Waits until the chunks sessions hold leave room below the ceiling, `stop` is set or
-    /// `until` passes; wakes the idle producers first, so that they let go of theirs. `true` when
-    /// there is room.
-    pub fn wait_for_memory(&self, stop: &AtomicBool, until: Instant) -> bool {
+    /// Whether the producer `by` (`None`: no session's — the preload, an open's first requests)
+    /// is behind the sessions waiting for memory: someone waits and it is not the first in line.
+    /// Then it takes no memory ([`CacheCore::lookup_for`]), so that the room freed goes to the
+    /// first in line, then the next: without it, the sessions behind load chunks with the room
+    /// freed, are refused the next, let go of them and ask again, and no session gets all of its
+    /// minibatch's chunks.
+    #[must_use]
+    pub fn behind(&self, by: Option<u64>) -> bool {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        line.first().is_some_and(|&first| Some(first) != by)
+    }
+
+    /// Waits until producer `id` is first in line and the chunks sessions hold leave room below
+    /// the ceiling, `stop` is set or `until` passes; wakes the idle producers first, so that they
+    /// let go of theirs. `true` when there is room for it.
+    pub fn wait_for_memory(&self, id: u64, stop: &AtomicBool, until: Instant) -> bool {
         self.waiting.fetch_add(1, Ordering::SeqCst);
         let idle: Vec<Task> = self
             .producers
@@ -339,7 +369,8 @@ impl SharedCache {
         let mut core = self.lock();
         let room = loop {
             core.evict();
-            if core.held_bytes() < core.ceiling {
+            // Under the cache's lock, the line's (the only order the two are taken in).
+            if core.held_bytes() < core.ceiling && !self.behind(Some(id)) {
                 break true;
             }
             if stop.load(Ordering::Relaxed) || Instant::now() >= until {
@@ -425,9 +456,13 @@ impl SharedCache {
         (core.stats(), core.budget(), core.evictable_bytes())
     }
 
-    /// Asks for `keys` to be loaded ahead of need, as far as the budget and the request channel
-    /// allow (never blocks).
-    pub fn prefetch(&self, keys: impl IntoIterator<Item = ChunkKey>) {
+    /// Asks for `keys` to be loaded ahead of need for producer `by` (`None`: no session's), as
+    /// far as the budget and the request channel allow, and not while it is behind sessions
+    /// waiting for memory ([`Self::behind`]); never blocks.
+    pub fn prefetch(&self, by: Option<u64>, keys: impl IntoIterator<Item = ChunkKey>) {
+        if self.behind(by) {
+            return;
+        }
         for key in keys {
             if !self.lock().begin_prefetch(key, Instant::now()) {
                 continue;
@@ -457,13 +492,14 @@ impl SharedCache {
         }
     }
 
-    /// The chunk `key`, loading it if needed; blocks until it is parsed, it fails, or `stop` is
-    /// set.
+    /// The chunk `key` for producer `by`, loading it if needed; blocks until it is parsed, it
+    /// fails, or `stop` is set — or, while `by` is behind sessions waiting for memory, refuses
+    /// what would take memory ([`FetchError::Behind`]).
     ///
     /// # Errors
     /// [`FetchError`].
-    pub fn get(&self, key: ChunkKey, stop: &AtomicBool) -> Result<Arc<ParsedChunk>, FetchError> {
-        self.get_for(key, stop, true)
+    pub fn get(&self, key: ChunkKey, stop: &AtomicBool, by: u64) -> Result<Arc<ParsedChunk>, FetchError> {
+        self.get_for(key, stop, Some(by))
     }
 
     /// [`SharedCache::get`] for the preload: not a session's use of the chunk
@@ -472,14 +508,16 @@ impl SharedCache {
     /// # Errors
     /// [`FetchError`].
     pub fn get_for_preload(&self, key: ChunkKey, stop: &AtomicBool) -> Result<Arc<ParsedChunk>, FetchError> {
-        self.get_for(key, stop, false)
+        self.get_for(key, stop, None)
     }
 
-    fn get_for(&self, key: ChunkKey, stop: &AtomicBool, session: bool) -> Result<Arc<ParsedChunk>, FetchError> {
+    fn get_for(&self, key: ChunkKey, stop: &AtomicBool, by: Option<u64>) -> Result<Arc<ParsedChunk>, FetchError> {
         let mut core = self.lock();
         loop {
             let now = Instant::now();
-            match core.lookup_for(key, now, session) {
+            // Under the cache's lock, the line's (the only order the two are taken in).
+            let behind = self.behind(by);
+            match core.lookup_for(key, now, by.is_some(), behind) {
                 Lookup::Hit(c) => {
                     let to_own = core.take_to_own();
                     drop(core);
@@ -492,6 +530,7 @@ impl SharedCache {
                     return Ok(c);
                 }
                 Lookup::Failed(m) => return Err(FetchError::Failed(m)),
+                Lookup::Behind => return Err(FetchError::Behind),
                 Lookup::OverLimit { held, ceiling } => return Err(FetchError::OverLimit { held, ceiling }),
                 Lookup::Miss => {
                     drop(core);
@@ -631,8 +670,8 @@ mod tests {
         let mapped = mapped_chunk(1024);
         assert!(mapped.is_mapped());
         c.insert(ChunkKey::new(0, 1), Ok(mapped.clone()));
-        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false), Lookup::Hit(_)));
-        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false), Lookup::Hit(_)));
+        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false, false), Lookup::Hit(_)));
+        assert!(matches!(c.lookup_for(ChunkKey::new(0, 1), t, false, false), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "the preload's lookups are no use");
         assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Hit(_)));
         assert!(c.take_to_own().is_empty(), "first use");
@@ -806,7 +845,7 @@ mod tests {
         let cache = Arc::new(SharedCache::new(1 << 20, tx));
         let stop = AtomicBool::new(false);
         let c2 = cache.clone();
-        let waiter = std::thread::spawn(move || c2.get(ChunkKey::new(1, 2), &AtomicBool::new(false)));
+        let waiter = std::thread::spawn(move || c2.get(ChunkKey::new(1, 2), &AtomicBool::new(false), 0));
         let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
         assert_eq!(req.key, ChunkKey::new(1, 2));
         let at = Location { file: Path::new("/data/train.ctf").into(), line: 7, offset: 123 };
@@ -815,7 +854,7 @@ mod tests {
             result: Err(DataError::Fatal { at, message: "bad data".into() }),
             persist: None,
         });
-        for got in [waiter.join().expect("joined"), cache.get(ChunkKey::new(1, 2), &stop)] {
+        for got in [waiter.join().expect("joined"), cache.get(ChunkKey::new(1, 2), &stop, 0)] {
             let Err(FetchError::Failed(e)) = &got else { panic!("expected a data error, got {got:?}") };
             let place = e.place().expect("a place");
             assert_eq!((&*place.file, place.line, place.offset), (Path::new("/data/train.ctf"), 7, 123));
@@ -840,7 +879,7 @@ mod tests {
         let (tx, _rx) = flume::bounded(4);
         let cache = SharedCache::new(1 << 20, tx);
         let stop = AtomicBool::new(true);
-        assert!(matches!(cache.get(ChunkKey::new(0, 0), &stop), Err(FetchError::Stopped)));
+        assert!(matches!(cache.get(ChunkKey::new(0, 0), &stop, 0), Err(FetchError::Stopped)));
     }
 
     /// A session waiting for memory wakes the idle producers (which let go of their chunks) and
@@ -857,16 +896,19 @@ mod tests {
         let mut held = Vec::new();
         for k in 0..2 {
             let c2 = cache.clone();
-            let t = std::thread::spawn(move || c2.get(ChunkKey::new(0, k), &AtomicBool::new(false)));
+            let t = std::thread::spawn(move || c2.get(ChunkKey::new(0, k), &AtomicBool::new(false), 0));
             let req = rx.recv_timeout(Duration::from_secs(10)).expect("a request");
             cache.insert(ParsedMsg { key: req.key, result: Ok(chunk(1000)), persist: None });
             held.push(t.join().expect("joined").expect("the chunk"));
         }
         assert!(!cache.short_of_memory());
-        assert!(!cache.wait_for_memory(&stop, Instant::now() + Duration::from_millis(100)), "no room, no one lets go");
+        assert!(
+            !cache.wait_for_memory(0, &stop, Instant::now() + Duration::from_millis(100)),
+            "no room, no one lets go"
+        );
         // Stopped: no room, and no wait for the deadline.
         let started = Instant::now();
-        assert!(!cache.wait_for_memory(&AtomicBool::new(true), started + DEADLINE), "no room while stopped");
+        assert!(!cache.wait_for_memory(0, &AtomicBool::new(true), started + DEADLINE), "no room while stopped");
         assert!(started.elapsed() < DEADLINE, "a stopped wait returns at once");
         // The idle producer: woken when someone waits, it lets go of its chunks.
         let pool = crate::pipeline::data::pool::Pool::new(1, "test-idle").expect("pool");
@@ -878,7 +920,8 @@ mod tests {
         });
         cache.enlist(7, &task).store(true, Ordering::SeqCst);
         let c2 = cache.clone();
-        let waiter = std::thread::spawn(move || c2.wait_for_memory(&AtomicBool::new(false), Instant::now() + DEADLINE));
+        let waiter =
+            std::thread::spawn(move || c2.wait_for_memory(0, &AtomicBool::new(false), Instant::now() + DEADLINE));
         woken_rx.recv_timeout(Duration::from_secs(10)).expect("the idle producer was woken");
         assert!(cache.short_of_memory());
         drop(held);
@@ -887,7 +930,7 @@ mod tests {
         assert!(!cache.short_of_memory());
         assert_eq!(cache.lock().stats.shed_chunks, 2);
         cache.dismiss(7);
-        assert!(cache.wait_for_memory(&AtomicBool::new(true), Instant::now() + DEADLINE), "room now");
+        assert!(cache.wait_for_memory(0, &AtomicBool::new(true), Instant::now() + DEADLINE), "room now");
     }
 
     /// Sessions waiting for memory go in line, the longest-waiting first; leaving the line (its
@@ -906,6 +949,58 @@ mod tests {
         assert!(cache.first_in_line(1));
         cache.leave_line(1);
         assert!(!cache.first_in_line(1));
+    }
+
+    /// Behind the first in line, a lookup takes no memory: it starts no load, waits for none and
+    /// takes no chunk that no session holds; a chunk another session holds costs nothing.
+    #[test]
+    fn behind_the_line_a_lookup_takes_no_memory() {
+        let mut c = CacheCore::new(1 << 20);
+        let (t, key) = (Instant::now(), ChunkKey::new(0, 0));
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no load");
+        assert!(matches!(c.lookup(key, t), Lookup::Miss));
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no wait for a load");
+        c.insert(key, Ok(chunk(100)));
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no chunk no session holds");
+        let Lookup::Hit(held) = c.lookup(key, t) else { panic!("its waiter takes it") };
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Hit(_)), "a chunk held elsewhere is shared");
+        drop(held);
+        assert_eq!((c.stats().misses, c.stats().refused_loads), (1, 3));
+    }
+
+    /// While sessions wait for memory, the ones behind the first load nothing (not even ahead)
+    /// and get no room; the first's leaving wakes the next, which then loads.
+    #[test]
+    fn the_first_in_line_gets_the_room_and_its_leaving_wakes_the_next() {
+        let (tx, rx) = flume::bounded(16);
+        let cache = Arc::new(SharedCache::new(1 << 20, tx));
+        let stop = AtomicBool::new(false);
+        let key = ChunkKey::new(0, 0);
+        cache.queue_for_memory(3);
+        cache.queue_for_memory(1);
+        assert!(!cache.behind(Some(3)) && cache.behind(Some(1)) && cache.behind(Some(5)) && cache.behind(None));
+        assert!(matches!(cache.get(key, &stop, 1), Err(FetchError::Behind)));
+        cache.prefetch(Some(1), [ChunkKey::new(0, 1)]);
+        cache.prefetch(None, [ChunkKey::new(0, 2)]);
+        assert!(rx.is_empty(), "nothing is loaded for those behind");
+        assert!(!cache.wait_for_memory(1, &stop, Instant::now() + Duration::from_millis(50)), "no turn, no room");
+        assert!(cache.wait_for_memory(3, &stop, Instant::now() + DEADLINE), "room for the first");
+        // Producer 1 waits without a thread: the first's leaving wakes it.
+        let pool = crate::pipeline::data::pool::Pool::new(1, "test-line").expect("pool");
+        let task = pool.task("behind");
+        let (woken_tx, woken_rx) = flume::bounded::<()>(4);
+        task.set_work(move || {
+            let _ = woken_tx.try_send(());
+            crate::pipeline::data::pool::Turn::Idle
+        });
+        let _ = cache.enlist(1, &task);
+        cache.leave_line(3);
+        woken_rx.recv_timeout(DEADLINE).expect("the next in line was woken");
+        assert!(!cache.behind(Some(1)));
+        cache.prefetch(Some(1), [ChunkKey::new(0, 1)]);
+        assert_eq!(rx.try_recv().map(|r| r.key), Ok(ChunkKey::new(0, 1)), "its turn: it loads");
+        cache.dismiss(1);
+        assert!(!cache.behind(None), "nobody waits");
     }
 
     const DEADLINE: Duration = Duration::from_secs(30);

@@ -103,6 +103,8 @@ struct Pending {
     /// Gathered a chunk at a time (its chunks do not fit in memory together): the copies of its
     /// sequences made so far, by (source, chunk), and what they are charged against the cache.
     parts: Option<(Copies, Vec<Charged>)>,
+    /// Since when it has waited behind other sessions in line for memory, without a thread.
+    behind_since: Option<Instant>,
 }
 
 /// Copies of a minibatch's sequences, by (source, chunk).
@@ -182,7 +184,7 @@ impl MixturePlanner {
             match self.mixture.next_minibatch(self.minibatch_size) {
                 Ok(Some(plan)) => {
                     let keys: Vec<ChunkKey> = self.missing(&plan).into_iter().map(|(s, c)| self.key(s, c)).collect();
-                    self.cache.prefetch(keys);
+                    self.cache.prefetch(Some(self.id), keys);
                     self.ahead.push_back(plan);
                 }
                 Ok(None) => self.ended = true,
@@ -226,16 +228,16 @@ impl MixturePlanner {
         wait: &mut Duration,
     ) -> Result<Option<FetchError>, ProduceError> {
         let missing = self.missing(plan);
-        self.cache.prefetch(missing.iter().map(|&(s, c)| self.key(s, c)));
+        self.cache.prefetch(Some(self.id), missing.iter().map(|&(s, c)| self.key(s, c)));
         for (s, c) in missing {
             let asked = Instant::now();
-            let got = self.cache.get(self.key(s, c), stop);
+            let got = self.cache.get(self.key(s, c), stop, self.id);
             *wait += asked.elapsed();
             match got {
                 Ok(chunk) => {
                     self.held[s as usize].insert(c, chunk);
                 }
-                Err(e @ FetchError::OverLimit { .. }) => return Ok(Some(e)),
+                Err(e @ (FetchError::OverLimit { .. } | FetchError::Behind)) => return Ok(Some(e)),
                 Err(FetchError::Stopped) => return Err(ProduceError::Stopped),
                 Err(FetchError::Failed(e)) => return Err(ProduceError::Data(e)),
                 Err(e) => {
@@ -254,7 +256,7 @@ impl MixturePlanner {
             self.shed(None);
         }
         let since = Instant::now();
-        let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
+        let room = self.cache.wait_for_memory(self.id, stop, since + MEMORY_WAIT_SLICE);
         let waited = since.elapsed();
         self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
         *memory_wait += waited;
@@ -286,11 +288,11 @@ impl MixturePlanner {
         }
         for (s, c) in wanted {
             let asked = Instant::now();
-            let got = self.cache.get(self.key(s, c), stop);
+            let got = self.cache.get(self.key(s, c), stop, self.id);
             p.cache_wait += asked.elapsed();
             let chunk = match got {
                 Ok(chunk) => chunk,
-                Err(FetchError::OverLimit { .. }) => {
+                Err(FetchError::OverLimit { .. } | FetchError::Behind) => {
                     // Others hold the memory: wait in line, keeping the copies made.
                     self.wait_for_memory(stop, &mut p.memory_wait);
                     p.shed = true;
@@ -399,8 +401,23 @@ impl Locate for MixturePlanner {
                 memory_wait: Duration::ZERO,
                 shed: false,
                 parts: None,
+                behind_since: None,
             }
         };
+        // Behind other sessions waiting for memory: it waits for its turn without a thread (it
+        // is woken when it comes first).
+        if p.shed && self.cache.behind(Some(self.id)) {
+            self.cache.queue_for_memory(self.id);
+            self.shed(None);
+            p.behind_since.get_or_insert_with(Instant::now);
+            self.pending = Some(p);
+            return Ok(Found::Queued);
+        }
+        if let Some(since) = p.behind_since.take() {
+            let waited = since.elapsed();
+            self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
+            p.memory_wait += waited;
+        }
         if p.parts.is_some() {
             return self.gather_parts(p, stop);
         }
@@ -425,9 +442,13 @@ impl Locate for MixturePlanner {
                 continue;
             }
             let own: u64 = self.held.iter().flat_map(HashMap::values).map(|c| c.size_bytes() as u64).sum();
-            let FetchError::OverLimit { held, .. } = e else {
-                self.cache.leave_line(self.id);
-                return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
+            let held = match e {
+                FetchError::OverLimit { held, .. } => held,
+                FetchError::Behind => u64::MAX,
+                e => {
+                    self.cache.leave_line(self.id);
+                    return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
+                }
             };
             if held > own {
                 if self.wait_for_memory(stop, &mut p.memory_wait) {

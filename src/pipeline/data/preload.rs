@@ -90,7 +90,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
             // The next chunk is requested ahead only when it fits beside this one.
             let room_for_two = stats.bytes.saturating_add(average.saturating_mul(2)) <= budget;
             if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
-                shared.cache.prefetch([ChunkKey::new(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
+                shared.cache.prefetch(None, [ChunkKey::new(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
             match shared.cache.get_for_preload(key, &stop) {
                 Ok(_) => loaded += 1,
@@ -98,8 +98,9 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
                     failed += 1;
                     tracing::warn!(dataset = %rt.name, chunk, error = %m, "preload: chunk failed to parse; a session that needs it gets the error");
                 }
-                Err(FetchError::OverLimit { .. }) => {
-                    // The chunks sessions hold fill the limit: no room to preload.
+                Err(FetchError::OverLimit { .. } | FetchError::Behind) => {
+                    // The chunks sessions hold fill the limit (sessions wait for memory): no
+                    // room to preload.
                     ended = Some(Ended::Budget);
                     break;
                 }

@@ -48,6 +48,9 @@ pub(super) enum Found {
     End,
     /// Waiting for memory: yield the thread and call again.
     Wait,
+    /// Behind other sessions waiting for memory: idle until woken (the cache wakes a producer
+    /// when it comes first in line, [`SharedCache::leave_line`]).
+    Queued,
 }
 /// Ids of producers, for the cache's list of idle ones.
 static NEXT_PRODUCER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -478,6 +481,10 @@ impl Planning {
                 Ok(Found::Minibatch(located)) => Step::Fill(Box::new(located)),
                 // Waiting for memory that tasks of this pool may free: let them run.
                 Ok(Found::Wait) => return Turn::Again,
+                Ok(Found::Queued) => {
+                    set_working(&mut self.working, false);
+                    return Turn::Idle;
+                }
                 Ok(Found::End) => Step::Event(self.planner.end()),
                 Err(ProduceError::Stopped) => return self.finish(),
                 Err(e) => Step::Event(ProducerEvent::failed(&e)),

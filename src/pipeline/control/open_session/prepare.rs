@@ -83,7 +83,7 @@ pub(super) fn prepare_now(
         // cache takes. Not for a session that starts elsewhere (a resumed one).
         let sweep = resolved.sampling.first_sweep();
         let order = randomizer::chunk_need_order(rt.dataset.timeline(), &resolved.sampling, sweep);
-        shared.data.cache.prefetch(order.into_iter().take(PREFETCH_CHUNKS).map(|c| ChunkKey::new(rt.index, c)));
+        shared.data.cache.prefetch(None, order.into_iter().take(PREFETCH_CHUNKS).map(|c| ChunkKey::new(rt.index, c)));
     }
     let sampler = Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?;
     // The walks a `resume` state's job and equal steps will take, refused now if too long: after

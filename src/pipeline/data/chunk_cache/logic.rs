@@ -81,13 +81,25 @@ impl CacheCore {
 
     /// Looks `key` up for a session that needs it now; a miss marks it `Loading`.
     pub fn lookup(&mut self, key: ChunkKey, now: Instant) -> Lookup {
-        self.lookup_for(key, now, true)
+        self.lookup_for(key, now, true, false)
     }
 
     /// [`CacheCore::lookup`]; `session` false for a lookup that is not a session's use of the
-    /// chunk (the preload), which does not count towards copying a mapped chunk.
-    pub fn lookup_for(&mut self, key: ChunkKey, now: Instant, session: bool) -> Lookup {
+    /// chunk (the preload), which does not count towards copying a mapped chunk. `behind`: other
+    /// sessions wait for memory ahead of the one asking, which then takes no memory — it loads
+    /// nothing, waits for no load and takes no chunk that no one else holds
+    /// ([`Lookup::Behind`]) — so that the first in line gets the room that is freed.
+    pub fn lookup_for(&mut self, key: ChunkKey, now: Instant, session: bool, behind: bool) -> Lookup {
         self.tick += 1;
+        let takes_memory = match self.entries.get(&key) {
+            Some(Entry::Ready { chunk, .. }) => Arc::strong_count(chunk) == 1,
+            Some(Entry::Failed(_)) => false,
+            Some(Entry::Loading { .. }) | None => true,
+        };
+        if behind && takes_memory {
+            self.stats.refused_loads += 1;
+            return Lookup::Behind;
+        }
         match self.entries.get_mut(&key) {
             Some(Entry::Ready { chunk, used, pinned_until, hits, .. }) => {
                 *used = self.tick;

@@ -37,6 +37,8 @@ struct Pending {
     /// Its chunks do not fit in memory together: it is gathered a chunk at a time, with the
     /// minibatches after it.
     parts: Option<PartsAhead>,
+    /// Since when it has waited behind other sessions in line for memory, without a thread.
+    behind_since: Option<Instant>,
 }
 
 /// How often a session that still waits for memory says so in the log.
@@ -153,7 +155,8 @@ impl Planner {
         cache_wait: &mut Duration,
     ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
         let mut over_limit = None;
-        let mut load = load_through(&self.cache, self.runtime.index, wanted, stop, cache_wait, &mut over_limit);
+        let mut load =
+            load_through(&self.cache, self.id, self.runtime.index, wanted, stop, cache_wait, &mut over_limit);
         let built = self.feeder.gather(plan, &mut load);
         drop(load);
         (built, over_limit)
@@ -172,7 +175,7 @@ impl Planner {
         let wanted: Vec<u32> = ahead.parts.missing().collect();
         let cache = self.cache.clone();
         let mut over_limit = None;
-        let mut load = load_through(&cache, ds, &wanted, stop, cache_wait, &mut over_limit);
+        let mut load = load_through(&cache, self.id, ds, &wanted, stop, cache_wait, &mut over_limit);
         let built = self.feeder.gather_parts(
             &ahead.plans,
             &mut ahead.parts,
@@ -209,8 +212,14 @@ impl Planner {
             self.shed(None);
         }
         let since = Instant::now();
-        let room = self.cache.wait_for_memory(stop, since + MEMORY_WAIT_SLICE);
-        let waited = since.elapsed();
+        let room = self.cache.wait_for_memory(self.id, stop, since + MEMORY_WAIT_SLICE);
+        self.count_memory_wait(since.elapsed(), memory_wait);
+        room
+    }
+
+    /// Counts `waited` for memory in `memory_wait` and the session's metrics; logs every
+    /// [`MEMORY_WAIT_LOG`] of it.
+    fn count_memory_wait(&self, waited: Duration, memory_wait: &mut Duration) {
         self.metrics.memory_wait_seconds.inc_by(waited.as_secs_f64());
         let before = *memory_wait;
         *memory_wait += waited;
@@ -222,7 +231,6 @@ impl Planner {
                 "a session still waits for memory that other sessions hold (memory_limit_bytes is short for the sessions open)"
             );
         }
-        room
     }
 
     /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
@@ -253,7 +261,7 @@ impl Planner {
             // parser pool idle but for the chunk being waited for.
             let wanted = self.feeder.missing(&plan, PREFETCH_CHUNKS);
             let ds = self.runtime.index;
-            self.cache.prefetch(wanted.iter().map(|&c| ChunkKey::new(ds, c)));
+            self.cache.prefetch(Some(self.id), wanted.iter().map(|&c| ChunkKey::new(ds, c)));
             Pending {
                 slot,
                 plan,
@@ -263,8 +271,21 @@ impl Planner {
                 shed: false,
                 memory_wait: Duration::ZERO,
                 parts: None,
+                behind_since: None,
             }
         };
+        // Behind other sessions waiting for memory: it waits for its turn without a thread (it
+        // is woken when it comes first; gathering now would take nothing but the lookups).
+        if p.shed && self.cache.behind(Some(self.id)) {
+            self.cache.queue_for_memory(self.id);
+            p.behind_since.get_or_insert_with(Instant::now);
+            // Its turn may have come meanwhile: then the wake that says so runs it again.
+            self.pending = Some(p);
+            return Ok(Found::Queued);
+        }
+        if let Some(since) = p.behind_since.take() {
+            self.count_memory_wait(since.elapsed(), &mut p.memory_wait);
+        }
         let built = loop {
             let (built, over_limit) = if let Some(ahead) = &mut p.parts {
                 let (built, over_limit) = self.gather_parts(ahead, stop, &mut p.cache_wait);
@@ -287,7 +308,7 @@ impl Planner {
                 continue;
             }
             let own = self.feeder.held_bytes() as u64;
-            if held > own || p.parts.is_some() {
+            if matches!(e, FetchError::Behind) || held > own || p.parts.is_some() {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
                 // time, then the thread goes to the pool's other tasks.
@@ -378,6 +399,7 @@ impl Locate for Planner {
 /// `over_limit`.
 fn load_through<'a>(
     cache: &'a SharedCache,
+    by: u64,
     ds: u32,
     wanted: &'a [u32],
     stop: &'a AtomicBool,
@@ -387,14 +409,16 @@ fn load_through<'a>(
     let mut loaded: Vec<u32> = Vec::new();
     move |chunk| {
         let asked = Instant::now();
-        cache.prefetch(wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c)).map(|&c| ChunkKey::new(ds, c)));
-        let got = cache.get(ChunkKey::new(ds, chunk), stop);
+        let ahead = wanted.iter().filter(|&&c| c != chunk && !loaded.contains(&c));
+        cache.prefetch(Some(by), ahead.map(|&c| ChunkKey::new(ds, c)));
+        let got = cache.get(ChunkKey::new(ds, chunk), stop, by);
         *cache_wait += asked.elapsed();
         loaded.push(chunk);
         got.map_err(|e| match e {
             FetchError::Failed(e) => e,
-            e @ FetchError::OverLimit { held, .. } => {
+            e @ (FetchError::OverLimit { .. } | FetchError::Behind) => {
                 let message = format!("chunk {chunk}: {e}");
+                let held = if let FetchError::OverLimit { held, .. } = e { held } else { 0 };
                 *over_limit = Some((chunk, held, e));
                 DataError::Dataset(message)
             }
