@@ -245,6 +245,13 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     // then on: the datasets it adds read files that `inputs` does not list.
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input) || shared.data.indexing.count() > 0;
     let state_dir = &config.daemon.state_dir;
+    // `[daemon]`'s `max_inflated_bytes` (every dataset carries it): what the copies no dataset
+    // reads may take together.
+    let keep_inflated = config
+        .datasets
+        .values()
+        .next()
+        .map_or(minibatchd_engine::options::DEFAULT_MAX_INFLATED_BYTES, |d| d.inflate.max_bytes);
     let mut busy = false;
     for (removed, what) in [
         (
@@ -252,7 +259,7 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
             "removed the index caches of data files that are gone and of files and objects no dataset reads",
         ),
         (
-            minibatchd_engine::format::inflate::remove_unused(state_dir, &in_use),
+            minibatchd_engine::format::inflate::remove_unused(state_dir, &in_use, keep_inflated),
             "removed the decompressed copies of gzip inputs no dataset reads",
         ),
     ] {

@@ -333,15 +333,18 @@ pub const UNUSED_COPY_GRACE: std::time::Duration = std::time::Duration::from_sec
 
 /// Removes from `state_dir/inflated/` the decompressed copies (with their sidecars) that no open
 /// dataset reads (`in_use(copy)` is false) and whose source is gone or changed since (an older
-/// copy of a rewritten file) or that were not used for [`UNUSED_COPY_GRACE`]; sidecars whose copy is gone; and the temporary files of writers that
-/// are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
+/// copy of a rewritten file) or that were not used for [`UNUSED_COPY_GRACE`] — or, the least
+/// recently used first, while those kept for reuse pass `keep_unused_bytes` together (the
+/// daemon's `max_inflated_bytes`: without it, datasets rotated through reloads each left a copy
+/// for a day, however many); sidecars whose copy is gone; and the temporary files of writers
+/// that are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
 /// from it. Without this, every gzip file a dataset ever read — rotated daily data, a dataset
 /// removed from the configuration — kept a copy of up to `max_inflated_bytes` for good.
 ///
 /// Files that are not this user's private regular files are left alone. Errors are skipped: this
 /// only tidies.
 #[must_use]
-pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Removed {
+pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool, keep_unused_bytes: u64) -> Removed {
     let mut removed = Removed::default();
     // Only a private directory of ours (as when copies are written), and never created here.
     if fs::symlink_metadata(state_dir.join(INFLATED_DIR)).is_err() {
@@ -352,6 +355,8 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
     // First what to remove, without the lock (the sources' stamps may take a while on a slow
     // file system, and datasets taking up copies would wait on it)...
     let mut doomed: Vec<Doomed> = Vec::new();
+    // The copies no dataset reads that are kept for now, with when they were last used.
+    let mut kept: Vec<(std::time::SystemTime, Doomed)> = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
@@ -393,9 +398,22 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Remove
                     Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                 }
         });
+        let when = last_used.modified().unwrap_or(std::time::UNIX_EPOCH);
+        let sidecar = record.map(|(_, side)| (sidecar, Seen::of(&side)));
+        let copy = Doomed { file: (path, Seen::of(&meta)), sidecar };
         if outdated || idle {
-            let sidecar = record.map(|(_, side)| (sidecar, Seen::of(&side)));
-            doomed.push(Doomed { file: (path, Seen::of(&meta)), sidecar });
+            doomed.push(copy);
+        } else {
+            kept.push((when, copy));
+        }
+    }
+    // The most recently used are kept while they fit the bound; the rest go.
+    kept.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut total = 0u64;
+    for (_, copy) in kept {
+        total = total.saturating_add(copy.file.1.len);
+        if total > keep_unused_bytes {
+            doomed.push(copy);
         }
     }
     if doomed.is_empty() {
@@ -641,11 +659,11 @@ mod tests {
         // the directory), nothing is removed.
         let held = fs::File::open(&inflated).expect("open the directory");
         minibatchd_sys::files::lock_shared(&held).expect("lock");
-        let busy = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
+        let busy = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX);
         assert_eq!(busy, Removed { busy: true, ..Removed::default() });
         assert!(idle.exists() && gone.exists(), "removed while a copy was being taken up");
         drop(held);
-        let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p));
+        let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX);
         for p in [&read_old, &read_gone, &recent, &reused] {
             assert!(p.exists() && sidecar(p).exists(), "{} removed", p.display());
         }
@@ -655,7 +673,38 @@ mod tests {
         assert!(!inflated.join(lost).exists() && !inflated.join(".x.4294967.0.tmp").exists());
         assert!(inflated.join("notes.txt").exists(), "a file of another kind was removed");
         assert_eq!(removed.files, 6, "{removed:?}");
-        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p)), Removed::default());
+        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX), Removed::default());
+    }
+
+    /// Found by a hostile probe: datasets rotated through reloads each left their copy for a day
+    /// (177 MB after nine reloads, no bound). The copies no dataset reads are kept only while they
+    /// fit `max_inflated_bytes` together, the least recently used going first; a copy a dataset
+    /// reads neither counts nor goes.
+    #[test]
+    fn copies_no_dataset_reads_are_kept_within_a_bound_the_least_recently_used_going_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let now = std::time::SystemTime::now();
+        let copies: Vec<PathBuf> = (0..4u64)
+            .map(|i| {
+                let src = dir.path().join(format!("day{i}.gz"));
+                fs::write(&src, gz(&[b'x'; 1000])).expect("write");
+                let copy = inflate(&src, &state).expect("inflate");
+                // Copy i was last used 4 - i minutes ago: the last is the most recent.
+                let side = fs::File::options()
+                    .write(true)
+                    .open(format!("{}{SIDECAR_SUFFIX}", copy.display()))
+                    .expect("open sidecar");
+                side.set_modified(now - std::time::Duration::from_secs(60 * (4 - i))).expect("set mtime");
+                copy
+            })
+            .collect();
+        // Copy 0 is read (the oldest, and kept); of the others, 2000 bytes fit.
+        let removed = remove_unused(&state, &|p: &Path| p == copies[0], 2000);
+        let exists: Vec<bool> = copies.iter().map(|c| c.exists()).collect();
+        assert_eq!(exists, [true, false, true, true], "{removed:?}");
+        assert_eq!(removed.files, 2, "the copy and its sidecar");
+        assert_eq!(remove_unused(&state, &|p: &Path| p == copies[0], 2000), Removed::default());
     }
 
     /// A dataset taking up a copy while the tidy removes it waits for the tidy's lock, then finds
@@ -735,9 +784,9 @@ mod tests {
         // The older copy stays while a dataset reads it (the version served before a reload),
         // and goes once none does; the current one stays.
         let inflated = dir.path().join(INFLATED_DIR);
-        assert_eq!(remove_unused(dir.path(), &|p: &Path| p == first), Removed::default());
+        assert_eq!(remove_unused(dir.path(), &|p: &Path| p == first, u64::MAX), Removed::default());
         assert_eq!(names(&inflated).len(), 4, "both copies and their sidecars");
-        assert_eq!(remove_unused(dir.path(), &|_: &Path| false).files, 2);
+        assert_eq!(remove_unused(dir.path(), &|_: &Path| false, u64::MAX).files, 2);
         assert!(!first.exists() && second.exists());
         assert_eq!(names(&inflated).len(), 2, "one copy and its sidecar remain");
     }
