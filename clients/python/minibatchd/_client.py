@@ -562,8 +562,13 @@ class Source:
             and not self._ended
         ):
             _tag, flags, slot, gen, index, sweep, position = _READY.unpack_from(buf, 4)
-            del buf[:_READY_FRAME]
-            return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
+            taken = self._taken
+            try:
+                del buf[:_READY_FRAME]
+                return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
+            except BaseException:
+                self._lost(slot, gen, taken)
+                raise
         if self._ended or self._mm is None:
             raise StopIteration
         if self._failed is not None:
@@ -598,11 +603,21 @@ class Source:
             msg = self._next_message()
             self._wait_ns += time.perf_counter_ns() - waiting
         if type(msg) is tuple:
-            return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
+            taken = self._taken
+            try:
+                return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
+            except BaseException:
+                self._lost(msg[2], msg[3], taken)
+                raise
         t = msg.get("type")
         if t == "ready":
             meta = msg["minibatch"]
-            return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
+            taken = self._taken
+            try:
+                return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
+            except BaseException:
+                self._lost(msg["slot"], msg["generation"], taken)
+                raise
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
@@ -653,6 +668,21 @@ class Source:
         if mixture is not None:
             state["mixture"] = mixture
         return mb
+
+    def _lost(self, slot: int, gen: int, taken: int) -> None:
+        """A ``ready`` was read but an exception (a ``KeyboardInterrupt``, say) came before its
+        minibatch reached the caller: the minibatch is taken back as ``_untake_last`` does — its
+        slot is never reported, the state is the one before it and every later ``next()`` raises
+        ``client_interrupted`` — rather than its slot being lost for good (after a ring's worth,
+        ``next()`` waited forever on a daemon with no free slot)."""
+        if self._taken != taken:
+            self._untake_last()
+            return
+        self._unreported.add((slot, gen))
+        if self._failed is None:
+            self._failed = MinibatchdError(
+                "client_interrupted", "a minibatch was lost to an exception while it was received: close the session "
+                "and resume it from its state(), which continues with that minibatch")
 
     def _next_made(self, make: Any) -> Any:
         """What ``make`` makes of the next minibatch (an adapter's item), or None at the end. An

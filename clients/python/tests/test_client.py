@@ -113,6 +113,38 @@ def test_state_and_resume_continue_exactly(daemon):
         assert source.state()["position"] == want[-1]["position"]
 
 
+def test_an_interrupt_while_a_minibatch_is_received_loses_no_slot_and_no_minibatch(daemon):
+    """Found by a probe: a KeyboardInterrupt after a ``ready`` was read but before its slot was
+    tracked lost that slot for good; after a ring's worth of such interrupts next() waited forever.
+    The minibatch is now taken back: next() says so (``client_interrupted``), and the state resumes
+    with exactly that minibatch."""
+    options = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
+    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
+    client = minibatchd.connect(daemon.socket)
+    for interrupted in (0, 3):
+        source = client.open("train", **options)
+        got = [next(source).to_dump() for _ in range(interrupted)]
+        releaser = source._releaser
+
+        class Interrupting:
+            def track(self, owner, key):
+                raise KeyboardInterrupt  # as if Ctrl-C came just before the slot was tracked
+
+        source._releaser = Interrupting()
+        with pytest.raises(KeyboardInterrupt):
+            next(source)
+        source._releaser = releaser
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            next(source)
+        assert e.value.code == "client_interrupted"
+        state = source.state()
+        assert state["minibatches"] == interrupted
+        source.close()
+        source = client.open("train", resume=state, **options)
+        got.extend(mb.to_dump() for mb in source)
+        assert got == want, f"interrupted after {interrupted}"
+
+
 def test_resume_against_other_options_is_refused(daemon):
     client = minibatchd.connect(daemon.socket)
     source = client.open("train", minibatch_size=5, seed=3)
