@@ -725,12 +725,15 @@ class _OwnsTheEpoch:
             # Made: the workers' copies keep the plan, later loaders do not.
             self.dataset._plan = self.dataset._local = None
         if self.num_workers > 0 and self.persistent_workers:
-            reset = it._reset
+            # Neither the loader nor the iterator is held by what the iterator keeps: a cycle
+            # would keep the persistent worker processes alive after `del loader` until the
+            # garbage collector ran (found by a probe); the DataLoader hands `_reset` itself.
+            reset, made = type(it)._reset, weakref.ref(it)
 
             def _reset(loader: Any, *args: Any, **kwargs: Any) -> Any:
                 if not kwargs.get("first_iter", args[0] if args else False):
-                    self._minibatchd_plan()  # persistent workers resumed: a pass of its own
-                return reset(loader, *args, **kwargs)
+                    loader._minibatchd_plan()  # persistent workers resumed: a pass of its own
+                return reset(made(), loader, *args, **kwargs)
 
             it._reset = _reset
         return it

@@ -4,6 +4,7 @@ exactly once, state dicts resume mid-epoch exactly, metadata rides along, and a 
 
 import fcntl
 import functools
+import gc
 import os
 
 import numpy as np
@@ -1064,3 +1065,21 @@ def test_the_owning_loader_follows_set_epoch_before_every_pass(daemon, tmp_path,
             want = daemon.dump("--minibatch-size", "8", "--seed", "5", "--sweep", str(epoch), "--workers", "2",
                                "--rank", str(w))
             assert item_ids([i for i in items if i["meta"]["worker"] == w]) == dump_ids(want), (epoch, w)
+
+
+def test_persistent_workers_end_with_their_loader_without_the_garbage_collector(daemon):
+    """Found by a probe: the persistent worker processes of a ``MinibatchDataLoader`` outlived
+    ``del loader`` until the garbage collector ran (a cycle through the iterator's ``_reset``)."""
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=5)
+    loader = MinibatchDataLoader(ds, num_workers=2, persistent_workers=True, worker_processes=True)
+    assert len(list(loader)) > 0 and len(list(loader)) > 0, "two passes on the same workers"
+    workers = [w for w in loader._iterator._workers]
+    assert all(w.is_alive() for w in workers)
+    gc.disable()
+    try:
+        del loader
+        for w in workers:
+            w.join(timeout=30)
+        assert not any(w.is_alive() for w in workers), "the workers outlived their loader"
+    finally:
+        gc.enable()
