@@ -408,7 +408,7 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool, keep_unus
         }
     }
     // The most recently used are kept while they fit the bound; the rest go.
-    kept.sort_by(|a, b| b.0.cmp(&a.0));
+    kept.sort_by_key(|k| std::cmp::Reverse(k.0));
     let mut total = 0u64;
     for (_, copy) in kept {
         total = total.saturating_add(copy.file.1.len);
