@@ -17,7 +17,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
 use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureState};
@@ -52,6 +52,11 @@ pub(super) enum Found {
     /// when it comes first in line, [`SharedCache::leave_line`]).
     Queued,
 }
+/// How long every slot of a session must stay leased before its chunks go to the sessions that
+/// wait for memory ([`Locate::idle`]): longer than a trainer's step, shorter than what a trainer
+/// busy elsewhere (an evaluation) takes.
+const IDLE_SHED_GRACE: Duration = Duration::from_secs(1);
+
 /// Ids of producers, for the cache's list of idle ones.
 static NEXT_PRODUCER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -197,9 +202,15 @@ pub(super) trait Locate: Send {
     /// Every slot is leased: back-pressure from the client, from now on until [`Locate::busy`].
     /// While it lasts, the chunks this session holds are of no use to it: when another session
     /// waits for memory, they go (and are loaded again when the client moves on).
+    ///
+    /// Only after [`IDLE_SHED_GRACE`]: a ring filled faster than the client empties it is full for
+    /// a moment between two minibatches — shedding then made every session under memory pressure
+    /// parse its window again for each ring's worth of minibatches (a hostile probe: six sessions
+    /// together 20× slower than one after another). An idle producer is woken whenever a session
+    /// waits for memory, and looks again.
     fn idle(&mut self) {
-        self.idle_since().get_or_insert_with(Instant::now);
-        if self.cache().short_of_memory() {
+        let since = *self.idle_since().get_or_insert_with(Instant::now);
+        if since.elapsed() >= IDLE_SHED_GRACE && self.cache().short_of_memory() {
             self.shed_all();
         }
     }
