@@ -626,7 +626,7 @@ fn sessions_that_read_at_once_past_the_limit_wait_for_each_other_instead_of_fail
         ],
     );
     let opts =
-        SessionOptions { max_sweeps: Some(1), prefetch: Some(2), slot_size_bytes: Some(150_000), ..options(256) };
+        SessionOptions { max_sweeps: Some(1), prefetch: Some(2), slot_size_bytes: Some(300_000), ..options(256) };
     let dumps: Vec<Vec<String>> =
         names.iter().map(|n| d.dump(n, &["--minibatch-size", "256", "--max-sweeps", "1"])).collect();
     let got: Vec<Result<Vec<String>, String>> = std::thread::scope(|scope| {

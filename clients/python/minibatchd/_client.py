@@ -566,8 +566,8 @@ class Source:
             try:
                 del buf[:_READY_FRAME]
                 return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
-            except BaseException:
-                self._lost(slot, gen, taken)
+            except BaseException as e:
+                self._lost(slot, gen, taken, e)
                 raise
         if self._ended or self._mm is None:
             raise StopIteration
@@ -606,8 +606,8 @@ class Source:
             taken = self._taken
             try:
                 return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
-            except BaseException:
-                self._lost(msg[2], msg[3], taken)
+            except BaseException as e:
+                self._lost(msg[2], msg[3], taken, e)
                 raise
         t = msg.get("type")
         if t == "ready":
@@ -615,8 +615,8 @@ class Source:
             taken = self._taken
             try:
                 return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
-            except BaseException:
-                self._lost(msg["slot"], msg["generation"], taken)
+            except BaseException as e:
+                self._lost(msg["slot"], msg["generation"], taken, e)
                 raise
         if t == "end":
             self._ended = True
@@ -669,7 +669,7 @@ class Source:
             state["mixture"] = mixture
         return mb
 
-    def _lost(self, slot: int, gen: int, taken: int) -> None:
+    def _lost(self, slot: int, gen: int, taken: int, error: BaseException) -> None:
         """A ``ready`` was read but an exception (a ``KeyboardInterrupt``, say) came before its
         minibatch reached the caller: the minibatch is taken back as ``_untake_last`` does — its
         slot is never reported, the state is the one before it and every later ``next()`` raises
@@ -681,8 +681,8 @@ class Source:
         self._unreported.add((slot, gen))
         if self._failed is None:
             self._failed = MinibatchdError(
-                "client_interrupted", "a minibatch was lost to an exception while it was received: close the session "
-                "and resume it from its state(), which continues with that minibatch")
+                "client_interrupted", f"a minibatch was lost to {type(error).__name__} while it was received ({error}): "
+                "close the session and resume it from its state(), which continues with that minibatch")
 
     def _next_made(self, make: Any) -> Any:
         """What ``make`` makes of the next minibatch (an adapter's item), or None at the end. An

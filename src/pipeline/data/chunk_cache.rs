@@ -958,14 +958,21 @@ mod tests {
         let mut c = CacheCore::new(1 << 20);
         let (t, key) = (Instant::now(), ChunkKey::new(0, 0));
         assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no load");
-        assert!(matches!(c.lookup(key, t), Lookup::Miss));
-        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no wait for a load");
+        assert!(c.begin_prefetch(key, t));
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no wait for a prefetch");
         c.insert(key, Ok(chunk(100)));
-        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no chunk no session holds");
-        let Lookup::Hit(held) = c.lookup(key, t) else { panic!("its waiter takes it") };
+        assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Behind), "no chunk eviction could free");
+        let Lookup::Hit(held) = c.lookup(key, t) else { panic!("a session takes it") };
         assert!(matches!(c.lookup_for(key, t, true, true), Lookup::Hit(_)), "a chunk held elsewhere is shared");
         drop(held);
-        assert_eq!((c.stats().misses, c.stats().refused_loads), (1, 3));
+        // A load a session waits for is pinned when it arrives: waiting for it, and taking it,
+        // cost nothing more (abandoned, it would stay pinned for REQUEST_RETRY).
+        let other = ChunkKey::new(0, 1);
+        assert!(matches!(c.lookup(other, t), Lookup::Miss));
+        assert!(matches!(c.lookup_for(other, t, true, true), Lookup::Pending(_)), "its own load, waited for");
+        c.insert(other, Ok(chunk(100)));
+        assert!(matches!(c.lookup_for(other, Instant::now(), true, true), Lookup::Hit(_)), "and taken");
+        assert_eq!((c.stats().misses, c.stats().refused_loads), (2, 3));
     }
 
     /// While sessions wait for memory, the ones behind the first load nothing (not even ahead)

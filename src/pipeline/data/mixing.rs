@@ -444,7 +444,15 @@ impl Locate for MixturePlanner {
             let own: u64 = self.held.iter().flat_map(HashMap::values).map(|c| c.size_bytes() as u64).sum();
             let held = match e {
                 FetchError::OverLimit { held, .. } => held,
-                FetchError::Behind => u64::MAX,
+                FetchError::Behind => {
+                    // Behind sessions waiting for memory: in line, with nothing held, idle until
+                    // its turn.
+                    self.cache.queue_for_memory(self.id);
+                    self.shed(None);
+                    p.behind_since.get_or_insert_with(Instant::now);
+                    self.pending = Some(p);
+                    return Ok(Found::Queued);
+                }
                 e => {
                     self.cache.leave_line(self.id);
                     return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));

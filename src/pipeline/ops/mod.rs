@@ -228,7 +228,12 @@ const INDEX_TIDY_RETRY: Duration = Duration::from_secs(60);
 /// whose files or objects rotate would otherwise leave one of each behind per file, for good.
 /// Returns whether every configured dataset was open, so that what no dataset reads could be
 /// judged too ([`Tidied`]).
-fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
+///
+/// `ours` collects the decompressed copies the daemon's datasets have read since it started: of
+/// those that no dataset reads any more, the most recently used are kept for reuse within
+/// `max_inflated_bytes` and the rest removed; the copies of other processes (a `dump` or `index`
+/// on this host, which may be reading theirs) keep their day.
+fn tidy_index_cache(shared: &ControlPlane, ours: &mut std::collections::HashSet<std::path::PathBuf>) -> Tidied {
     let opening = !shared.data.opened_at_start.load(Ordering::Acquire) || shared.data.indexing.count() > 0;
     let config = shared.config();
     let catalog = shared.data.catalog();
@@ -245,6 +250,11 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
     // then on: the datasets it adds read files that `inputs` does not list.
     let in_use = |input: &std::path::Path| !settled || inputs.contains(input) || shared.data.indexing.count() > 0;
     let state_dir = &config.daemon.state_dir;
+    let inflated = state_dir.join(minibatchd_engine::format::inflate::INFLATED_DIR);
+    let inflated_canonical = inflated.canonicalize().unwrap_or_else(|_| inflated.clone());
+    let is_copy = |p: &std::path::Path| p.starts_with(&inflated) || p.starts_with(&inflated_canonical);
+    ours.extend(catalog.inputs().into_iter().filter(|p| is_copy(p)));
+    ours.retain(|p| p.exists());
     // `[daemon]`'s `max_inflated_bytes` (every dataset carries it): what the copies no dataset
     // reads may take together.
     let keep_inflated = config
@@ -259,7 +269,12 @@ fn tidy_index_cache(shared: &ControlPlane) -> Tidied {
             "removed the index caches of data files that are gone and of files and objects no dataset reads",
         ),
         (
-            minibatchd_engine::format::inflate::remove_unused(state_dir, &in_use, keep_inflated),
+            minibatchd_engine::format::inflate::remove_unused(
+                state_dir,
+                &in_use,
+                &|p: &std::path::Path| ours.contains(p),
+                keep_inflated,
+            ),
             "removed the decompressed copies of gzip inputs no dataset reads",
         ),
     ] {
@@ -313,6 +328,8 @@ impl Housekeeping {
             let mut last_checkpoint = Instant::now();
             let mut next_usage = Instant::now() + STATE_DIR_USAGE_INTERVAL;
             let mut next_tidy = Instant::now();
+            // The decompressed copies the datasets have read since the start (tidy_index_cache).
+            let mut copies_read = std::collections::HashSet::new();
             // A reload that swapped the datasets leaves older decompressed copies and caches
             // behind: tidy soon after it rather than within the hour.
             let mut catalog_changes = shared.data.catalog_changes();
@@ -327,7 +344,7 @@ impl Housekeeping {
                     next_tidy = Instant::now();
                 }
                 if Instant::now() >= next_tidy {
-                    let retry = tidy_index_cache(&shared) == Tidied::Opening;
+                    let retry = tidy_index_cache(&shared, &mut copies_read) == Tidied::Opening;
                     next_tidy = Instant::now() + if retry { INDEX_TIDY_RETRY } else { INDEX_TIDY_INTERVAL };
                     next_usage = Instant::now(); // measured again right after each tidy
                 }

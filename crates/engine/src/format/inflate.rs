@@ -333,18 +333,24 @@ pub const UNUSED_COPY_GRACE: std::time::Duration = std::time::Duration::from_sec
 
 /// Removes from `state_dir/inflated/` the decompressed copies (with their sidecars) that no open
 /// dataset reads (`in_use(copy)` is false) and whose source is gone or changed since (an older
-/// copy of a rewritten file) or that were not used for [`UNUSED_COPY_GRACE`] — or, the least
-/// recently used first, while those kept for reuse pass `keep_unused_bytes` together (the
-/// daemon's `max_inflated_bytes`: without it, datasets rotated through reloads each left a copy
-/// for a day, however many); sidecars whose copy is gone; and the temporary files of writers
-/// that are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
+/// copy of a rewritten file) or that were not used for [`UNUSED_COPY_GRACE`] — or, of the copies
+/// the caller read before (`ours`: the daemon's datasets, not a `dump` or `index` that may be
+/// reading its own right now), the least recently used first while those kept for reuse pass
+/// `keep_unused_bytes` together (the daemon's `max_inflated_bytes`: without it, datasets rotated
+/// through reloads each left a copy for a day, however many); sidecars whose copy is gone; and
+/// the temporary files of writers that are gone. A copy a dataset reads is never removed, whatever its source: sessions read chunks
 /// from it. Without this, every gzip file a dataset ever read — rotated daily data, a dataset
 /// removed from the configuration — kept a copy of up to `max_inflated_bytes` for good.
 ///
 /// Files that are not this user's private regular files are left alone. Errors are skipped: this
 /// only tidies.
 #[must_use]
-pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool, keep_unused_bytes: u64) -> Removed {
+pub fn remove_unused(
+    state_dir: &Path,
+    in_use: &dyn Fn(&Path) -> bool,
+    ours: &dyn Fn(&Path) -> bool,
+    keep_unused_bytes: u64,
+) -> Removed {
     let mut removed = Removed::default();
     // Only a private directory of ours (as when copies are written), and never created here.
     if fs::symlink_metadata(state_dir.join(INFLATED_DIR)).is_err() {
@@ -355,7 +361,8 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool, keep_unus
     // First what to remove, without the lock (the sources' stamps may take a while on a slow
     // file system, and datasets taking up copies would wait on it)...
     let mut doomed: Vec<Doomed> = Vec::new();
-    // The copies no dataset reads that are kept for now, with when they were last used.
+    // The copies the caller read before and no dataset reads now that are kept for now, with when
+    // they were last used.
     let mut kept: Vec<(std::time::SystemTime, Doomed)> = Vec::new();
     for e in entries.flatten() {
         let path = e.path();
@@ -403,7 +410,7 @@ pub fn remove_unused(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool, keep_unus
         let copy = Doomed { file: (path, Seen::of(&meta)), sidecar };
         if outdated || idle {
             doomed.push(copy);
-        } else {
+        } else if ours(&copy.file.0) {
             kept.push((when, copy));
         }
     }
@@ -659,11 +666,11 @@ mod tests {
         // the directory), nothing is removed.
         let held = fs::File::open(&inflated).expect("open the directory");
         minibatchd_sys::files::lock_shared(&held).expect("lock");
-        let busy = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX);
+        let busy = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), &|_: &Path| true, u64::MAX);
         assert_eq!(busy, Removed { busy: true, ..Removed::default() });
         assert!(idle.exists() && gone.exists(), "removed while a copy was being taken up");
         drop(held);
-        let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX);
+        let removed = remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), &|_: &Path| true, u64::MAX);
         for p in [&read_old, &read_gone, &recent, &reused] {
             assert!(p.exists() && sidecar(p).exists(), "{} removed", p.display());
         }
@@ -673,7 +680,10 @@ mod tests {
         assert!(!inflated.join(lost).exists() && !inflated.join(".x.4294967.0.tmp").exists());
         assert!(inflated.join("notes.txt").exists(), "a file of another kind was removed");
         assert_eq!(removed.files, 6, "{removed:?}");
-        assert_eq!(remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), u64::MAX), Removed::default());
+        assert_eq!(
+            remove_unused(&state, &|p: &Path| read.iter().any(|r| r == p), &|_: &Path| true, u64::MAX),
+            Removed::default()
+        );
     }
 
     /// Found by a hostile probe: datasets rotated through reloads each left their copy for a day
@@ -699,12 +709,18 @@ mod tests {
                 copy
             })
             .collect();
-        // Copy 0 is read (the oldest, and kept); of the others, 2000 bytes fit.
-        let removed = remove_unused(&state, &|p: &Path| p == copies[0], 2000);
+        // Copy 0 is read (the oldest, and kept); of the others, 1000 bytes fit. Only the copies
+        // the caller read before count: another process's (a `dump` reading its own) keep their
+        // day.
+        let read = |p: &Path| p == copies[0];
+        let removed = remove_unused(&state, &read, &|p: &Path| p != copies[1], 1000);
         let exists: Vec<bool> = copies.iter().map(|c| c.exists()).collect();
-        assert_eq!(exists, [true, false, true, true], "{removed:?}");
+        assert_eq!(exists, [true, true, false, true], "another's copy is not the caller's to bound: {removed:?}");
+        let removed = remove_unused(&state, &read, &|_: &Path| true, 1000);
+        let exists: Vec<bool> = copies.iter().map(|c| c.exists()).collect();
+        assert_eq!(exists, [true, false, false, true], "{removed:?}");
         assert_eq!(removed.files, 2, "the copy and its sidecar");
-        assert_eq!(remove_unused(&state, &|p: &Path| p == copies[0], 2000), Removed::default());
+        assert_eq!(remove_unused(&state, &read, &|_: &Path| true, 1000), Removed::default());
     }
 
     /// A dataset taking up a copy while the tidy removes it waits for the tidy's lock, then finds
@@ -784,9 +800,9 @@ mod tests {
         // The older copy stays while a dataset reads it (the version served before a reload),
         // and goes once none does; the current one stays.
         let inflated = dir.path().join(INFLATED_DIR);
-        assert_eq!(remove_unused(dir.path(), &|p: &Path| p == first, u64::MAX), Removed::default());
+        assert_eq!(remove_unused(dir.path(), &|p: &Path| p == first, &|_: &Path| true, u64::MAX), Removed::default());
         assert_eq!(names(&inflated).len(), 4, "both copies and their sidecars");
-        assert_eq!(remove_unused(dir.path(), &|_: &Path| false, u64::MAX).files, 2);
+        assert_eq!(remove_unused(dir.path(), &|_: &Path| false, &|_: &Path| true, u64::MAX).files, 2);
         assert!(!first.exists() && second.exists());
         assert_eq!(names(&inflated).len(), 2, "one copy and its sidecar remain");
     }

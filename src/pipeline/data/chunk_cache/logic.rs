@@ -86,15 +86,21 @@ impl CacheCore {
 
     /// [`CacheCore::lookup`]; `session` false for a lookup that is not a session's use of the
     /// chunk (the preload), which does not count towards copying a mapped chunk. `behind`: other
-    /// sessions wait for memory ahead of the one asking, which then takes no memory — it loads
-    /// nothing, waits for no load and takes no chunk that no one else holds
-    /// ([`Lookup::Behind`]) — so that the first in line gets the room that is freed.
+    /// sessions wait for memory ahead of the one asking, which then takes no memory
+    /// ([`Lookup::Behind`]) — it starts no load, waits for no prefetch and takes no chunk that
+    /// eviction could free — so that the first in line gets the room that is freed. What is held
+    /// already costs nothing more: a chunk a session holds, one pinned for a waiting session or
+    /// waiting for the persister, a load a session waits for (pinned when it arrives: abandoned,
+    /// it would stay so for [`REQUEST_RETRY`]).
     pub fn lookup_for(&mut self, key: ChunkKey, now: Instant, session: bool, behind: bool) -> Lookup {
         self.tick += 1;
         let takes_memory = match self.entries.get(&key) {
-            Some(Entry::Ready { chunk, .. }) => Arc::strong_count(chunk) == 1,
+            Some(Entry::Ready { chunk, pinned_until, unwritten, .. }) => {
+                Arc::strong_count(chunk) == 1 && !*unwritten && pinned_until.is_none_or(|t| t <= now)
+            }
+            Some(Entry::Loading { demanded, .. }) => !*demanded,
             Some(Entry::Failed(_)) => false,
-            Some(Entry::Loading { .. }) | None => true,
+            None => true,
         };
         if behind && takes_memory {
             self.stats.refused_loads += 1;

@@ -233,6 +233,19 @@ impl Planner {
         }
     }
 
+    /// Waits behind the sessions waiting for memory ahead of it: in line, holding nothing, idle
+    /// (no thread) until its turn — the cache wakes it when it comes first
+    /// ([`SharedCache::leave_line`]); a wake that came meanwhile runs it again.
+    fn queue_behind(&mut self, mut p: Pending) -> Found {
+        self.cache.queue_for_memory(self.id);
+        if self.feeder.held_chunks() > 0 {
+            self.shed(None);
+        }
+        p.behind_since.get_or_insert_with(Instant::now);
+        self.pending = Some(p);
+        Found::Queued
+    }
+
     /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
     /// waiting for memory.
     fn shed(&mut self, plan: Option<&MinibatchPlan>) {
@@ -277,11 +290,7 @@ impl Planner {
         // Behind other sessions waiting for memory: it waits for its turn without a thread (it
         // is woken when it comes first; gathering now would take nothing but the lookups).
         if p.shed && self.cache.behind(Some(self.id)) {
-            self.cache.queue_for_memory(self.id);
-            p.behind_since.get_or_insert_with(Instant::now);
-            // Its turn may have come meanwhile: then the wake that says so runs it again.
-            self.pending = Some(p);
-            return Ok(Found::Queued);
+            return Ok(self.queue_behind(p));
         }
         if let Some(since) = p.behind_since.take() {
             self.count_memory_wait(since.elapsed(), &mut p.memory_wait);
@@ -307,8 +316,11 @@ impl Planner {
                 self.shed(Some(&p.plan));
                 continue;
             }
+            if matches!(e, FetchError::Behind) {
+                return Ok(self.queue_behind(p));
+            }
             let own = self.feeder.held_bytes() as u64;
-            if matches!(e, FetchError::Behind) || held > own || p.parts.is_some() {
+            if held > own || p.parts.is_some() {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
                 // time, then the thread goes to the pool's other tasks.
