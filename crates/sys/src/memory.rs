@@ -317,6 +317,29 @@ pub fn return_large_frees_to_the_kernel() -> bool {
     }
 }
 
+/// Gives the free pages of the allocator's heaps back to the kernel (glibc's `malloc_trim`).
+///
+/// Blocks under [`OWN_MAPPING_THRESHOLD`] — the parsed columns of chunks of a few MiB — come from
+/// glibc's heaps, one per thread that allocates; a column freed by another thread (the cache
+/// evicting it) leaves its pages in that heap, where only that heap's next allocations reuse
+/// them. Under churn (sessions letting go of their windows and loading them again) that kept tens
+/// of MiB beyond what the cache counted. Called periodically: it walks the heaps (well under a
+/// millisecond for the daemon's). Returns whether any memory was released (always false where the
+/// C library is not glibc).
+#[allow(clippy::must_use_candidate)] // informational
+pub fn trim_heaps() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: `malloc_trim` takes the allocator's own locks and releases only free pages; it
+        // touches no memory that is allocated.
+        unsafe { libc::malloc_trim(0) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        false
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

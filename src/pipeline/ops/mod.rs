@@ -212,6 +212,10 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
     shared.host.refuse.store(v.refuse, Ordering::Relaxed);
     let reg = shared.registry();
     shared.rebudget(&reg);
+    drop(reg);
+    // The heaps' free pages (chunks freed by another thread than the one that parsed them) go
+    // back to the kernel, so RSS stays near what the accounting counts.
+    let _ = minibatchd_sys::memory::trim_heaps();
 }
 
 /// How often the housekeeping thread removes the index caches of data files that are gone and
