@@ -122,6 +122,9 @@ pub struct ParsedMsg {
 /// How long a producer waits on a loading chunk before it asks again (a request can be lost when
 /// a stage restarts; a duplicate parse is harmless).
 pub const REQUEST_RETRY: Duration = Duration::from_secs(10);
+/// How long the first in line for memory waits before sessions whose every slot is leased let
+/// go of their chunks without their grace ([`SharedCache::head_waited`]).
+pub const LINE_PATIENCE: Duration = Duration::from_secs(5);
 /// How often a blocked producer wakes to check whether it should stop.
 const WAIT_TICK: Duration = Duration::from_millis(50);
 
@@ -214,6 +217,8 @@ pub struct SharedCache {
     /// The producers waiting for memory, by id, in the order they began: the first goes first
     /// ([`SharedCache::first_in_line`]).
     line: Mutex<Vec<u64>>,
+    /// Since when the first in line has been first (taken under `line`'s lock).
+    head_since: Mutex<Option<Instant>>,
     /// The length of `line`, for [`SharedCache::short_of_memory`] to read without its lock.
     queued: std::sync::atomic::AtomicUsize,
     /// The producers, by id ([`SharedCache::enlist`]): their task, and whether they are idle for
@@ -234,6 +239,7 @@ impl SharedCache {
             arrived: Condvar::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
             line: Mutex::new(Vec::new()),
+            head_since: Mutex::new(None),
             queued: std::sync::atomic::AtomicUsize::new(0),
             producers: Mutex::new(HashMap::new()),
             requests,
@@ -306,7 +312,22 @@ impl SharedCache {
         if !line.contains(&id) {
             line.push(id);
             self.queued.store(line.len(), Ordering::SeqCst);
+            if line.len() == 1 {
+                *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            }
         }
+    }
+
+    /// How long the first in line has waited as first (zero when nobody waits): past
+    /// [`LINE_PATIENCE`], sessions whose every slot is leased let go of their chunks at once,
+    /// without their grace (`producer::Locate::idle`), so that a session never waits long for
+    /// others whose trainers keep their rings full.
+    #[must_use]
+    pub fn head_waited(&self) -> Duration {
+        self.head_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     /// Producer `id` waits for memory no longer (it got its chunks, or it ended); the one that
@@ -317,6 +338,10 @@ impl SharedCache {
         line.retain(|&i| i != id);
         self.queued.store(line.len(), Ordering::SeqCst);
         let next = line.first().copied().filter(|&next| Some(next) != first);
+        if line.first().copied() != first {
+            *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                line.first().map(|_| Instant::now());
+        }
         drop(line);
         self.arrived.notify_all();
         if let Some(next) = next {
@@ -940,15 +965,23 @@ mod tests {
         let (tx, _rx) = flume::bounded(1);
         let cache = SharedCache::new(1 << 20, tx);
         assert!(!cache.first_in_line(1), "nobody waits");
+        assert_eq!(cache.head_waited(), Duration::ZERO);
         cache.queue_for_memory(3);
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(20));
         cache.queue_for_memory(1);
         cache.queue_for_memory(3); // again: keeps its place
         assert!(cache.first_in_line(3) && !cache.first_in_line(1));
+        let waited = cache.head_waited();
+        assert!(waited >= Duration::from_millis(20), "the first has waited since it came first");
+        cache.leave_line(1);
+        assert!(cache.head_waited() >= waited, "the first is the same");
+        cache.queue_for_memory(1);
         cache.leave_line(3);
         assert!(cache.first_in_line(1));
+        assert!(cache.head_waited() < waited, "the next first's wait counts from its turn");
         cache.leave_line(1);
         assert!(!cache.first_in_line(1));
+        assert_eq!(cache.head_waited(), Duration::ZERO, "nobody waits");
     }
 
     /// Behind the first in line, a lookup takes no memory: it starts no load, waits for none and

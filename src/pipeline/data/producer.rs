@@ -32,7 +32,7 @@ mod filler;
 mod planner;
 
 use super::catalog::DatasetRuntime;
-use super::chunk_cache::{Charged, SharedCache};
+use super::chunk_cache::{Charged, SharedCache, LINE_PATIENCE};
 use super::persister::DemandMark;
 use super::pool::{Pool, Task, Turn};
 use filler::{Announcer, Filling, Reorder};
@@ -206,11 +206,15 @@ pub(super) trait Locate: Send {
     /// Only after [`IDLE_SHED_GRACE`]: a ring filled faster than the client empties it is full for
     /// a moment between two minibatches — shedding then made every session under memory pressure
     /// parse its window again for each ring's worth of minibatches (a hostile probe: six sessions
-    /// together 20× slower than one after another). An idle producer is woken whenever a session
-    /// waits for memory, and looks again.
+    /// together 20× slower than one after another) — unless the first in line has waited
+    /// [`LINE_PATIENCE`]: a trainer that keeps its ring full, its steps shorter than the grace,
+    /// would otherwise keep its window while another session waits for as long as it needs no new
+    /// chunk (up to a sweep). An idle producer is woken whenever a session waits for memory, and
+    /// looks again.
     fn idle(&mut self) {
         let since = *self.idle_since().get_or_insert_with(Instant::now);
-        if since.elapsed() >= IDLE_SHED_GRACE && self.cache().short_of_memory() {
+        let cache = self.cache();
+        if cache.short_of_memory() && (since.elapsed() >= IDLE_SHED_GRACE || cache.head_waited() >= LINE_PATIENCE) {
             self.shed_all();
         }
     }
