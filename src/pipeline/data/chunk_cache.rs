@@ -463,6 +463,12 @@ impl SharedCache {
         core.set_budget(budget);
     }
 
+    /// The ceiling in force: what the chunks sessions hold may reach.
+    #[must_use]
+    pub fn ceiling(&self) -> u64 {
+        self.lock().ceiling
+    }
+
     /// [`CacheCore::forget_failures`].
     pub fn forget_failures(&self) -> usize {
         self.lock().forget_failures()

@@ -30,7 +30,7 @@ use minibatchd_engine::sampling::Timeline;
 use prometheus::{Gauge, IntCounter};
 
 use super::catalog::DatasetRuntime;
-use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
+use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache, LINE_PATIENCE};
 use super::producer::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, Producer, ProducerEvent};
 use crate::metrics::SessionMetrics;
 use minibatchd_shm::SharedRing;
@@ -458,7 +458,10 @@ impl Locate for MixturePlanner {
                     return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
                 }
             };
-            if held > own {
+            // Not past LINE_PATIENCE as the first in line: what others hold may never go while
+            // they are idle (see the planner); then a chunk at a time, which needs room for one.
+            let patient = !(self.cache.first_in_line(self.id) && self.cache.head_waited() >= LINE_PATIENCE);
+            if held > own && patient {
                 if self.wait_for_memory(stop, &mut p.memory_wait) {
                     continue;
                 }
