@@ -562,13 +562,7 @@ class Source:
             and not self._ended
         ):
             _tag, flags, slot, gen, index, sweep, position = _READY.unpack_from(buf, 4)
-            taken = self._taken
-            try:
-                del buf[:_READY_FRAME]
-                return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position)
-            except BaseException as e:
-                self._lost(slot, gen, taken, e)
-                raise
+            return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position, _READY_FRAME)
         if self._ended or self._mm is None:
             raise StopIteration
         if self._failed is not None:
@@ -603,21 +597,11 @@ class Source:
             msg = self._next_message()
             self._wait_ns += time.perf_counter_ns() - waiting
         if type(msg) is tuple:
-            taken = self._taken
-            try:
-                return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
-            except BaseException as e:
-                self._lost(msg[2], msg[3], taken, e)
-                raise
+            return self._minibatch(msg[2], msg[3], msg[4], msg[5], bool(msg[1] & 1), msg[6])
         t = msg.get("type")
         if t == "ready":
             meta = msg["minibatch"]
-            taken = self._taken
-            try:
-                return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
-            except BaseException as e:
-                self._lost(msg["slot"], msg["generation"], taken, e)
-                raise
+            return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
@@ -631,7 +615,21 @@ class Source:
             raise self._failed
         raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
 
-    def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int) -> "Minibatch":
+    def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int,
+                   consume: int = 0) -> "Minibatch":
+        """The minibatch of a ``ready`` (the binary one still in the buffer when ``consume`` is its
+        length: taken out here). An exception before it is returned takes it back (``_lost``)."""
+        taken = self._taken
+        try:
+            if consume:
+                del self._conn.buf[:consume]
+            return self._make_minibatch(slot, gen, index, sweep, end_of_sweep, position)
+        except BaseException as e:
+            self._lost(slot, gen, taken, e)
+            raise
+
+    def _make_minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool,
+                        position: int) -> "Minibatch":
         base = self._slots_offset + slot * self._slot_size
         mm = self._mm
         magic, n, sgen, _index, _used, fingerprint = _SLOT.unpack_from(mm, base)

@@ -318,6 +318,14 @@ impl SharedCache {
         }
     }
 
+    /// Whether producer `id` is first in line and has waited [`LINE_PATIENCE`] as first: it
+    /// stops waiting for what others hold (which may never go while they are idle) and gathers
+    /// its minibatch a chunk at a time.
+    #[must_use]
+    pub fn out_of_patience(&self, id: u64) -> bool {
+        self.first_in_line(id) && self.head_waited() >= LINE_PATIENCE
+    }
+
     /// How long the first in line has waited as first (zero when nobody waits): past
     /// [`LINE_PATIENCE`], sessions whose every slot is leased let go of their chunks at once,
     /// without their grace (`producer::Locate::idle`), so that a session never waits long for
@@ -337,10 +345,11 @@ impl SharedCache {
         let first = line.first().copied();
         line.retain(|&i| i != id);
         self.queued.store(line.len(), Ordering::SeqCst);
-        let next = line.first().copied().filter(|&next| Some(next) != first);
-        if line.first().copied() != first {
-            *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                line.first().map(|_| Instant::now());
+        let head = line.first().copied();
+        // A new first (or none): its wait as first counts from now.
+        let next = head.filter(|_| head != first);
+        if head != first {
+            *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = head.map(|_| Instant::now());
         }
         drop(line);
         self.arrived.notify_all();

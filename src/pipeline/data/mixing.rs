@@ -30,7 +30,7 @@ use minibatchd_engine::sampling::Timeline;
 use prometheus::{Gauge, IntCounter};
 
 use super::catalog::DatasetRuntime;
-use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache, LINE_PATIENCE};
+use super::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
 use super::producer::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, Producer, ProducerEvent};
 use crate::metrics::SessionMetrics;
 use minibatchd_shm::SharedRing;
@@ -249,6 +249,16 @@ impl MixturePlanner {
         Ok(None)
     }
 
+    /// Waits behind the sessions waiting for memory ahead of it: in line, holding nothing, idle
+    /// (no thread) until the cache wakes it as the first ([`SharedCache::leave_line`]).
+    fn queue_behind(&mut self, mut p: Pending) -> Found {
+        self.cache.queue_for_memory(self.id);
+        self.shed(None);
+        p.behind_since.get_or_insert_with(Instant::now);
+        self.pending = Some(p);
+        Found::Queued
+    }
+
     /// Waits for memory other sessions hold, one slice; whether there is room now.
     fn wait_for_memory(&mut self, stop: &AtomicBool, memory_wait: &mut Duration) -> bool {
         self.cache.queue_for_memory(self.id);
@@ -407,11 +417,7 @@ impl Locate for MixturePlanner {
         // Behind other sessions waiting for memory: it waits for its turn without a thread (it
         // is woken when it comes first).
         if p.shed && self.cache.behind(Some(self.id)) {
-            self.cache.queue_for_memory(self.id);
-            self.shed(None);
-            p.behind_since.get_or_insert_with(Instant::now);
-            self.pending = Some(p);
-            return Ok(Found::Queued);
+            return Ok(self.queue_behind(p));
         }
         if let Some(since) = p.behind_since.take() {
             let waited = since.elapsed();
@@ -444,24 +450,15 @@ impl Locate for MixturePlanner {
             let own: u64 = self.held.iter().flat_map(HashMap::values).map(|c| c.size_bytes() as u64).sum();
             let held = match e {
                 FetchError::OverLimit { held, .. } => held,
-                FetchError::Behind => {
-                    // Behind sessions waiting for memory: in line, with nothing held, idle until
-                    // its turn.
-                    self.cache.queue_for_memory(self.id);
-                    self.shed(None);
-                    p.behind_since.get_or_insert_with(Instant::now);
-                    self.pending = Some(p);
-                    return Ok(Found::Queued);
-                }
+                FetchError::Behind => return Ok(self.queue_behind(p)),
                 e => {
                     self.cache.leave_line(self.id);
                     return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
                 }
             };
-            // Not past LINE_PATIENCE as the first in line: what others hold may never go while
-            // they are idle (see the planner); then a chunk at a time, which needs room for one.
-            let patient = !(self.cache.first_in_line(self.id) && self.cache.head_waited() >= LINE_PATIENCE);
-            if held > own && patient {
+            // Not past the first in line's patience: what others hold may never go while they
+            // are idle (see the planner); then a chunk at a time, which needs room for one.
+            if held > own && !self.cache.out_of_patience(self.id) {
                 if self.wait_for_memory(stop, &mut p.memory_wait) {
                     continue;
                 }

@@ -395,7 +395,8 @@ pub fn remove_unused(
         // Last used: the sidecar's time, or the copy's where there is no sidecar (a copy being
         // finished has none for a moment).
         let last_used = record.as_ref().map_or(&meta, |(_, side)| side);
-        let idle = last_used.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE);
+        let when = last_used.modified().ok();
+        let idle = when.and_then(|t| t.elapsed().ok()).is_some_and(|i| i >= UNUSED_COPY_GRACE);
         // A local source that is gone, or that changed since (a copy is reused only for the
         // source it records, so nothing will reuse this one).
         let outdated = record.as_ref().is_some_and(|(r, _)| {
@@ -405,13 +406,12 @@ pub fn remove_unused(
                     Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                 }
         });
-        let when = last_used.modified().unwrap_or(std::time::UNIX_EPOCH);
         let sidecar = record.map(|(_, side)| (sidecar, Seen::of(&side)));
         let copy = Doomed { file: (path, Seen::of(&meta)), sidecar };
         if outdated || idle {
             doomed.push(copy);
         } else if ours(&copy.file.0) {
-            kept.push((when, copy));
+            kept.push((when.unwrap_or(std::time::UNIX_EPOCH), copy));
         }
     }
     // The most recently used are kept while they fit the bound; the rest go.

@@ -94,15 +94,7 @@ impl CacheCore {
     /// it would stay so for [`REQUEST_RETRY`]).
     pub fn lookup_for(&mut self, key: ChunkKey, now: Instant, session: bool, behind: bool) -> Lookup {
         self.tick += 1;
-        let takes_memory = match self.entries.get(&key) {
-            Some(Entry::Ready { chunk, pinned_until, unwritten, .. }) => {
-                Arc::strong_count(chunk) == 1 && !*unwritten && pinned_until.is_none_or(|t| t <= now)
-            }
-            Some(Entry::Loading { demanded, .. }) => !*demanded,
-            Some(Entry::Failed(_)) => false,
-            None => true,
-        };
-        if behind && takes_memory {
+        if behind && self.takes_memory(key, now) {
             self.stats.refused_loads += 1;
             return Lookup::Behind;
         }
@@ -142,6 +134,20 @@ impl CacheCore {
                 self.loading += 1;
                 Lookup::Miss
             }
+        }
+    }
+
+    /// Whether taking `key` now adds to what is held: a load started or a prefetch waited for (it
+    /// is pinned when it arrives), or a chunk eviction could free. A chunk a session holds, one
+    /// pinned or waiting for the persister, a load a session waits for, are held already.
+    fn takes_memory(&self, key: ChunkKey, now: Instant) -> bool {
+        match self.entries.get(&key) {
+            Some(Entry::Ready { chunk, pinned_until, unwritten, .. }) => {
+                Arc::strong_count(chunk) == 1 && !*unwritten && pinned_until.is_none_or(|t| t <= now)
+            }
+            Some(Entry::Loading { demanded, .. }) => !*demanded,
+            Some(Entry::Failed(_)) => false,
+            None => true,
         }
     }
 

@@ -16,7 +16,7 @@ use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan};
 use super::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, ProducerEvent, PREFETCH_CHUNKS};
 use crate::metrics::SessionMetrics;
 use crate::pipeline::data::catalog::DatasetRuntime;
-use crate::pipeline::data::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache, LINE_PATIENCE};
+use crate::pipeline::data::chunk_cache::{Charged, ChunkKey, FetchError, SharedCache};
 
 /// How long a producer waiting for memory blocks its pool thread at a time: then it yields the
 /// thread to the pool's other tasks — among them the sessions that can free the memory — and
@@ -323,13 +323,11 @@ impl Planner {
                 return Ok(self.queue_behind(p));
             }
             let own = self.feeder.held_bytes() as u64;
-            // Others hold the rest: wait for it — but not past LINE_PATIENCE as the first in
-            // line. What they hold may never go while they are idle (the copies of minibatches a
+            // Others hold the rest: wait for it — but not past the first in line's patience. What they hold may never go while they are idle (the copies of minibatches a
             // session gathered a chunk at a time, waiting for its trainer's slots; a hostile probe
             // stalled six sessions behind one such for as long as its trainer held its slots):
             // then this minibatch too is gathered a chunk at a time, which needs room for one.
-            let patient = !(self.cache.first_in_line(self.id) && self.cache.head_waited() >= LINE_PATIENCE);
-            if (held > own && patient) || p.parts.is_some() {
+            if (held > own && !self.cache.out_of_patience(self.id)) || p.parts.is_some() {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
                 // time, then the thread goes to the pool's other tasks.
