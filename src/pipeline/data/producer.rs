@@ -205,8 +205,9 @@ pub(super) trait Locate: Send {
     ///
     /// Only after [`IDLE_SHED_GRACE`]: a ring filled faster than the client empties it is full for
     /// a moment between two minibatches — shedding then made every session under memory pressure
-    /// parse its window again for each ring's worth of minibatches (a hostile probe: six sessions
-    /// together 20× slower than one after another) — unless the first in line has waited
+    /// parse its window again for each ring's worth of minibatches (a hostile probe's sessions ran
+    /// far slower together than one after another: `docs/daemon.md`, "Memory") — unless the first
+    /// in line has waited
     /// [`LINE_PATIENCE`]: a trainer that keeps its ring full, its steps shorter than the grace,
     /// would otherwise keep its window while another session waits for as long as it needs no new
     /// chunk (up to a sweep). An idle producer is woken whenever a session waits for memory, and
