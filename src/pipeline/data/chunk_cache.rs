@@ -369,11 +369,9 @@ impl SharedCache {
         self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).first() == Some(&id)
     }
 
-    /// Whether the producer `by` (`None`: no session's — the preload, an open's first requests)
-    /// is behind the sessions waiting for memory: someone waits and it is not the first in line.
-    /// Then it takes no memory ([`CacheCore::lookup_for`]), so that the room freed goes to the
-    /// first in line, then the next: without it, the sessions behind load chunks with the room
-    /// freed, are refused the next, let go of them and ask again, and no session gets all of its
+    /// Whether producer `by` (`None`: the preload, an open's first requests) is behind the
+    /// sessions waiting for memory, which then takes none ([`CacheCore::lookup_for`]): else those
+    /// behind take the room freed, are refused the next chunk and let go, and none gets all of its
     /// minibatch's chunks.
     #[must_use]
     pub fn behind(&self, by: Option<u64>) -> bool {
