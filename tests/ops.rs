@@ -350,6 +350,75 @@ fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
     assert!(waited < 0.5, "sessions waited {waited} s for memory");
 }
 
+/// A reload that adds a dataset of one 40 MiB chunk: two parser threads' read buffers of it,
+/// beside the open sessions' rings, would leave the chunk cache less than its floor. Refused
+/// whole (counted as a failed reload, the dataset not added); before, it was applied and the open
+/// sessions were left a cache smaller than the floor their windows were admitted against.
+#[test]
+fn a_reload_whose_datasets_would_starve_the_open_sessions_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let rows = (0..20_000).fold(String::new(), |mut t, i| {
+        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
+        t
+    });
+    write(d, "rows.ctf", rows);
+    let line = "|x 1 2 3\n";
+    write(d, "big.ctf", line.repeat((40 << 20) / line.len()));
+    let dataset = |name: &str, chunk: u64| {
+        format!(
+            "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}/{name}.ctf\"]\nchunk_size_bytes = {chunk}\n\
+             [datasets.{name}.streams.x]\ndim = 3\nformat = \"dense\"\n",
+            d.display()
+        )
+    };
+    let limit = "memory_limit_bytes = 268435456\nparser_threads = 2";
+    support::daemon::write_config(d, limit, &dataset("rows", 4096));
+    let daemon = Daemon::start(d, &[]);
+    // Two sessions of 16 slots of 4 MiB: 128 MiB of rings beside the cache's floor of 64 MiB.
+    let opts = SessionOptions {
+        prefetch: Some(16),
+        slot_size_bytes: Some(4 << 20),
+        max_samples: Some(20_000),
+        randomize: Some(true),
+        ..options(32)
+    };
+    let sessions: Vec<Session> = (0..2).map(|_| daemon.client().open("rows", &opts).expect("open")).collect();
+    support::daemon::write_config(d, limit, &format!("{}{}", dataset("rows", 4096), dataset("big", 64 << 20)));
+    daemon.signal(rustix::process::Signal::HUP);
+    let failed = || {
+        let (_, body) = support::daemon::http_get(&d.join("state"), "/metrics").expect("/metrics");
+        body.contains("minibatchd_config_reloads_total{result=\"failure\"} 1")
+    };
+    let start = Instant::now();
+    while !failed() {
+        assert!(start.elapsed() < DEADLINE, "the reload was not refused");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(daemon.reloads(), 0, "refused whole");
+    let Err(e) = daemon.client().open("big", &options(32)) else { panic!("the refused reload's dataset is open") };
+    assert!(matches!(&e, ClientError::Daemon { code: ErrorCode::UnknownDataset, .. }), "{e}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for mut s in sessions {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while let Ok(Some(mb)) = s.next_owned() {
+                n += mb.streams[0].sequence_offsets.len() as u64 - 1;
+            }
+            let _ = tx.send(n);
+        });
+    }
+    for _ in 0..2 {
+        assert_eq!(rx.recv_timeout(DEADLINE).expect("a session still served"), 20_000, "every sequence asked for");
+    }
+    // With the sessions gone, the same file applies.
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    let small = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(1 << 20), ..options(32) };
+    daemon.client().open("big", &small).expect("open once the reload applied");
+}
+
 /// Writes the config of `train` with `preload = true`; returns its path.
 fn write_preload_config(dir: &Path) -> PathBuf {
     let cfg = write_config(dir, "", &["train"]);

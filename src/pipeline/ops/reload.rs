@@ -183,10 +183,12 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
         Ok(Ok(p)) => {
             let c = &p.changes;
             let (added, removed, changed) = (c.added.clone(), c.removed.clone(), c.changed.clone());
-            apply(&shared, p);
-            let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            tracing::info!(?added, ?removed, ?changed, elapsed_ms, "configuration reloaded");
-            true
+            let applied = apply(&shared, p);
+            if applied {
+                let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                tracing::info!(?added, ?removed, ?changed, elapsed_ms, "configuration reloaded");
+            }
+            applied
         }
         Ok(Err(e)) => {
             tracing::error!("configuration reload refused; the running configuration is kept:\n{e}");
@@ -218,7 +220,8 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     match opened {
         Ok((config, catalog, changes)) => {
             let (ready, failed) = catalog.counts();
-            apply(&shared, Prepared { config, catalog, changes, restart: Vec::new() });
+            // No session is open before the datasets are: nothing to refuse.
+            let _ = apply(&shared, Prepared { config, catalog, changes, restart: Vec::new() });
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ready, failed, elapsed_ms, "datasets opened");
             if ready == 0 && failed > 0 {
@@ -243,7 +246,24 @@ pub fn apply_huge_pages(huge: &minibatchd_sys::HugePages, enabled: bool) {
     tracing::info!(huge_pages = enabled, "transparent huge pages for parsed chunks");
 }
 
-fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) {
+/// Swaps `p` in; `false` (nothing changed) where its datasets' indexes and read buffers would
+/// leave the chunk cache less than its floor beside the open sessions ([`memory_refusal`]).
+fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
+    {
+        let mut reg = shared.registry();
+        let threads = shared.data.parser_threads;
+        if let Some(refusal) = memory_refusal(shared, &reg, &mut p, threads) {
+            for name in &p.changes.added {
+                shared.data.metrics.data.forget_dataset(name);
+            }
+            drop(p);
+            shared.data.indexing.clear_finished(&shared.data.metrics);
+            tracing::error!("configuration reload refused; the running configuration is kept: {refusal}");
+            return false;
+        }
+        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, threads);
+        shared.rebudget(&reg);
+    }
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
@@ -252,30 +272,6 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) {
     }
     for name in &p.changes.removed {
         shared.data.metrics.data.forget_dataset(name);
-    }
-    {
-        let mut reg = shared.registry();
-        let threads = shared.data.parser_threads;
-        let old = shared.config().daemon.memory_limit_bytes;
-        if p.config.daemon.memory_limit_bytes < old {
-            if let Some(needed) =
-                crate::pipeline::control::limit_short_of_sessions(&reg, &p.config, &p.catalog, threads)
-            {
-                // Applied, the chunk cache would get nothing and every open session would wait
-                // for memory for good: the old limit stays until they have ended.
-                tracing::error!(
-                    new = p.config.daemon.memory_limit_bytes,
-                    kept = old,
-                    needed,
-                    "daemon.memory_limit_bytes lowered below what the open sessions' rings and sweep orders, the read \
-                     buffers, the indexes and the chunk cache's floor need together; the old limit stays (reload again \
-                     once sessions have ended, or lower it less)"
-                );
-                p.config.daemon.memory_limit_bytes = old;
-            }
-        }
-        crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, threads);
-        shared.rebudget(&reg);
     }
     if p.config.daemon.huge_pages != shared.config().daemon.huge_pages {
         apply_huge_pages(p.catalog.huge_pages(), p.config.daemon.huge_pages);
@@ -289,6 +285,48 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) {
         tracing::info!(chunks = forgotten, "failed chunks will be read again");
     }
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
+    true
+}
+
+/// Why `p` cannot be applied beside the sessions open in `reg`, if it cannot. A lowered
+/// `memory_limit_bytes` that the open sessions' rings and sweep orders, the read buffers, the
+/// indexes and the chunk cache's floor do not fit in is not applied (the old limit stays, said in
+/// the log); a reload whose datasets alone would leave the cache less than its floor (added
+/// datasets' indexes, at the limit that applies) is refused whole: applied, every open session
+/// would wait for memory for good, or gather a chunk at a time.
+fn memory_refusal(
+    shared: &ControlPlane,
+    reg: &crate::pipeline::control::session::Registry,
+    p: &mut Prepared,
+    threads: usize,
+) -> Option<String> {
+    use crate::pipeline::control::limit_short_of_sessions;
+    let running = shared.config();
+    let old = running.daemon.memory_limit_bytes;
+    if p.config.daemon.memory_limit_bytes < old {
+        if let Some(needed) = limit_short_of_sessions(reg, &p.config, &p.catalog, threads) {
+            tracing::error!(
+                new = p.config.daemon.memory_limit_bytes,
+                kept = old,
+                needed,
+                "daemon.memory_limit_bytes lowered below what the open sessions' rings and sweep orders, the read \
+                 buffers, the indexes and the chunk cache's floor need together; the old limit stays (reload again \
+                 once sessions have ended, or lower it less)"
+            );
+            p.config.daemon.memory_limit_bytes = old;
+        }
+    }
+    let needed = limit_short_of_sessions(reg, &p.config, &p.catalog, threads)?;
+    // Short already before (nothing this reload adds): applied as the limit rule above left it.
+    if limit_short_of_sessions(reg, &running, &shared.data.catalog(), threads).is_some_and(|before| needed <= before) {
+        return None;
+    }
+    Some(format!(
+        "the datasets' indexes and read buffers, the open sessions' rings and sweep orders and the chunk cache's \
+         floor would need {needed} bytes together, more than daemon.memory_limit_bytes ({}); raise the limit, or \
+         reload once sessions have ended",
+        p.config.daemon.memory_limit_bytes
+    ))
 }
 
 #[cfg(test)]
