@@ -32,8 +32,10 @@ use minibatchd_engine::format::errors::DataError;
 
 use super::pool::Task;
 
+mod line;
 mod logic;
 
+use line::MemoryLine;
 pub use logic::CacheCore;
 use logic::{is, Entry};
 
@@ -162,6 +164,9 @@ pub enum Lookup {
     Pending(Instant),
     /// Not there: the caller must request it (the entry is now `Loading`).
     Miss,
+    /// Not there, and chunks whose size nothing in the cache tells yet are loading under a
+    /// ceiling: wait for one to arrive, then ask again (nothing is marked).
+    Unsized,
     /// Loading failed.
     Failed(DataError),
     /// Other sessions wait for memory ahead of the one asking: it is to take none (load nothing,
@@ -214,13 +219,9 @@ pub struct SharedCache {
     arrived: Condvar,
     /// Sessions waiting for memory other sessions hold ([`SharedCache::wait_for_memory`]).
     waiting: std::sync::atomic::AtomicUsize,
-    /// The producers waiting for memory, by id, in the order they began: the first goes first
-    /// ([`SharedCache::first_in_line`]).
-    line: Mutex<Vec<u64>>,
-    /// Since when the first in line has been first (taken under `line`'s lock).
-    head_since: Mutex<Option<Instant>>,
-    /// The length of `line`, for [`SharedCache::short_of_memory`] to read without its lock.
-    queued: std::sync::atomic::AtomicUsize,
+    /// The producers waiting for memory, in the order they began: the first goes first
+    /// ([`SharedCache::first_in_line`]), then has its turn.
+    line: MemoryLine,
     /// The producers, by id ([`SharedCache::enlist`]): their task, and whether they are idle for
     /// want of a free slot. The idle ones are woken when a session starts waiting for memory, so
     /// that they let go of their chunks.
@@ -238,9 +239,7 @@ impl SharedCache {
             core: Mutex::new(CacheCore::new(budget)),
             arrived: Condvar::new(),
             waiting: std::sync::atomic::AtomicUsize::new(0),
-            line: Mutex::new(Vec::new()),
-            head_since: Mutex::new(None),
-            queued: std::sync::atomic::AtomicUsize::new(0),
+            line: MemoryLine::default(),
             producers: Mutex::new(HashMap::new()),
             requests,
             owner: None,
@@ -267,7 +266,7 @@ impl SharedCache {
     pub fn short_of_memory(&self) -> bool {
         // The line, not the waits in progress: a waiting producer yields its thread between
         // slices, and the idle ones that run meanwhile must still see it waiting.
-        self.waiting.load(Ordering::SeqCst) > 0 || self.queued.load(Ordering::SeqCst) > 0
+        self.waiting.load(Ordering::SeqCst) > 0 || !self.line.is_empty()
     }
 
     /// Lists producer `id`, run by `task`, until [`Self::dismiss`]. The flag returned says
@@ -286,7 +285,8 @@ impl SharedCache {
     /// Producer `id` is over: off the list, and out of the line for memory.
     pub fn dismiss(&self, id: u64) {
         self.producers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&id);
-        self.leave_line(id);
+        let next = self.line.forget(id);
+        self.woken(next);
     }
 
     /// Counts `bytes` of copies made from chunks (minibatches gathered a chunk at a time) against
@@ -308,14 +308,7 @@ impl SharedCache {
     /// Producer `id` waits for memory (from now, if it was not already waiting): in line, the
     /// oldest first.
     pub fn queue_for_memory(&self, id: u64) {
-        let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !line.contains(&id) {
-            line.push(id);
-            self.queued.store(line.len(), Ordering::SeqCst);
-            if line.len() == 1 {
-                *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-            }
-        }
+        self.line.queue(id);
     }
 
     /// Whether producer `id` is first in line and has waited [`LINE_PATIENCE`] as first: it
@@ -332,26 +325,19 @@ impl SharedCache {
     /// others whose trainers keep their rings full.
     #[must_use]
     pub fn head_waited(&self) -> Duration {
-        self.head_since
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .map_or(Duration::ZERO, |t| t.elapsed())
+        self.line.head_waited()
     }
 
     /// Producer `id` waits for memory no longer (it got its chunks, or it ended); the one that
-    /// comes first in line is woken (those behind it wait without a thread).
+    /// comes first in line is woken (those behind it wait without a thread). One that got its
+    /// chunks as the first has its turn ([`line::TURN`]).
     pub fn leave_line(&self, id: u64) {
-        let mut line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let first = line.first().copied();
-        line.retain(|&i| i != id);
-        self.queued.store(line.len(), Ordering::SeqCst);
-        let head = line.first().copied();
-        // A new first (or none): its wait as first counts from now.
-        let next = head.filter(|_| head != first);
-        if head != first {
-            *self.head_since.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = head.map(|_| Instant::now());
-        }
-        drop(line);
+        let next = self.line.leave(id);
+        self.woken(next);
+    }
+
+    /// Wakes the waiters, and `next`, the new first in line, if any.
+    fn woken(&self, next: Option<u64>) {
         self.arrived.notify_all();
         if let Some(next) = next {
             let producers = self.producers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -366,20 +352,25 @@ impl SharedCache {
     /// the first in line gets its minibatch's chunks, then the next.
     #[must_use]
     pub fn first_in_line(&self, id: u64) -> bool {
-        self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner).first() == Some(&id)
+        self.line.first(id)
     }
 
     /// Whether producer `by` (`None`: the preload, an open's first requests) is behind the
     /// sessions waiting for memory, which then takes none ([`CacheCore::lookup_for`]): else those
     /// behind take the room freed, are refused the next chunk and let go, and none gets all of its
-    /// minibatch's chunks.
+    /// minibatch's chunks. Not in its turn, the time after it got its memory as the first
+    /// ([`line::TURN`]).
     #[must_use]
     pub fn behind(&self, by: Option<u64>) -> bool {
-        if self.queued.load(Ordering::SeqCst) == 0 {
-            return false;
+        self.line.behind(by)
+    }
+
+    /// Waits until producer `id`, first in line, is behind no other session's turn, or `until`.
+    pub fn wait_out_turn(&self, id: u64, until: Instant) {
+        let mut core = self.lock();
+        while self.behind(Some(id)) && Instant::now() < until {
+            core = self.arrived.wait_timeout(core, WAIT_TICK).map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
-        let line = self.line.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        line.first().is_some_and(|&first| Some(first) != by)
     }
 
     /// Waits until producer `id` is first in line and the chunks sessions hold leave room below
@@ -586,7 +577,7 @@ impl SharedCache {
                     self.send(key, stop)?;
                     core = self.lock();
                 }
-                Lookup::Pending(_) => {
+                Lookup::Pending(_) | Lookup::Unsized => {
                     if stop.load(Ordering::Relaxed) {
                         return Err(FetchError::Stopped);
                     }
@@ -724,6 +715,36 @@ mod tests {
         assert!(!copy.is_mapped());
         assert_eq!(*copy, *mapped);
         assert!(c.replace(ChunkKey::new(0, 1), &to_own[0].1, copy));
+    }
+
+    /// Found by a probe: four sessions opened at once on 66 MB chunks under a 256 MiB limit
+    /// held 352 MiB of chunks — every session's first loads and the open's prefetches began
+    /// before any chunk was there to size them (the prefetches' budget counts loads in flight at
+    /// the mean size of the chunks in the cache: none).
+    #[test]
+    fn before_any_chunk_is_in_the_cache_two_load_at_once_under_a_ceiling() {
+        let size = chunk(1000).size_bytes() as u64;
+        let t = Instant::now();
+        let mut c = CacheCore::new(3 * size);
+        c.set_ceiling(3 * size);
+        // Nothing in the cache: two loads start, a third (demand or prefetch) waits for one.
+        assert!(c.begin_prefetch(ChunkKey::new(0, 0), t));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 1), t), Lookup::Miss));
+        assert!(!c.begin_prefetch(ChunkKey::new(0, 2), t), "a third chunk of unknown size");
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Unsized));
+        c.insert(ChunkKey::new(0, 1), Ok(chunk(1000)));
+        let held = match c.lookup(ChunkKey::new(0, 1), t) {
+            Lookup::Hit(h) => h,
+            other => panic!("{other:?}"),
+        };
+        // Sized now: loads start again.
+        assert!(matches!(c.lookup(ChunkKey::new(0, 2), t), Lookup::Miss));
+        assert!(matches!(c.lookup(ChunkKey::new(0, 3), t), Lookup::Miss));
+        drop(held);
+        let mut open = CacheCore::new(u64::MAX);
+        for k in 0..4 {
+            assert!(matches!(open.lookup(ChunkKey::new(0, k), t), Lookup::Miss), "no ceiling: chunk {k} loads");
+        }
     }
 
     #[test]
@@ -1049,7 +1070,11 @@ mod tests {
         let _ = cache.enlist(1, &task);
         cache.leave_line(3);
         woken_rx.recv_timeout(DEADLINE).expect("the next in line was woken");
-        assert!(!cache.behind(Some(1)));
+        assert!(cache.behind(Some(1)) && !cache.behind(Some(3)), "3's turn: 1, first, waits for it to end");
+        cache.wait_out_turn(1, Instant::now() + Duration::from_millis(50));
+        assert!(cache.behind(Some(1)), "a turn lasts a second");
+        cache.dismiss(3);
+        assert!(!cache.behind(Some(1)), "3 ended, and its turn");
         cache.prefetch(Some(1), [ChunkKey::new(0, 1)]);
         assert_eq!(rx.try_recv().map(|r| r.key), Ok(ChunkKey::new(0, 1)), "its turn: it loads");
         cache.dismiss(1);

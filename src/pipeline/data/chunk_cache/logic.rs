@@ -36,6 +36,10 @@ pub(super) enum Entry {
     Failed(DataError),
 }
 
+/// Chunks loading at once before any is in the cache (their size unknown): one per parser
+/// thread of a small machine; more start as soon as one arrives and sizes them.
+const UNSIZED_LOADS: u64 = 2;
+
 /// The cache's logic.
 #[derive(Debug)]
 pub struct CacheCore {
@@ -118,6 +122,9 @@ impl CacheCore {
             Some(Entry::Failed(m)) => Lookup::Failed(m.clone()),
             None => {
                 self.evict();
+                if self.unsized_loads_in_flight() {
+                    return Lookup::Unsized;
+                }
                 if self.stats.bytes >= self.ceiling {
                     // Whatever eviction left is held by sessions (or pinned for them).
                     let held = self.held_bytes();
@@ -161,7 +168,7 @@ impl CacheCore {
             return false;
         }
         self.evict();
-        if self.stats.bytes >= self.budget {
+        if self.stats.bytes >= self.budget || self.unsized_loads_in_flight() {
             return false;
         }
         let mean = self.stats.bytes.checked_div(self.stats.chunks).unwrap_or(0);
@@ -337,6 +344,13 @@ impl CacheCore {
     /// Ends a [`CacheCore::charge`] of `bytes`.
     pub fn discharge(&mut self, bytes: u64) {
         self.stats.bytes = self.stats.bytes.saturating_sub(bytes);
+    }
+
+    /// Whether [`UNSIZED_LOADS`] chunks are loading under a ceiling while none is in the cache
+    /// to size them by: no more start until one arrives (a cold start's first chunks, asked for
+    /// by every session and prefetch at once, all arrived over the limit).
+    fn unsized_loads_in_flight(&self) -> bool {
+        self.ceiling < u64::MAX && self.stats.chunks == 0 && self.loading >= UNSIZED_LOADS
     }
 
     /// Parsed bytes that sessions hold or wait for, or that wait for the persister (what

@@ -52,6 +52,12 @@ const PARTS_AHEAD_MAX: usize = 256;
 /// cache while they wait for their slots).
 const PARTS_AHEAD_BYTES: usize = 16 << 20;
 
+/// Chunks let go of before their last use per minibatch gathered whole ([`Planner::shed_rate`]),
+/// from which a minibatch refused a load is gathered a chunk at a time (a property test's case:
+/// a libsvm window wider than the cache let go of and loaded 18 chunks a minibatch, 9
+/// minibatches a second in a debug build).
+const PARTS_SHED_RATE: f32 = 1.0;
+
 /// Minibatches planned ahead and gathered a chunk at a time together.
 struct PartsAhead {
     plans: Vec<MinibatchPlan>,
@@ -81,6 +87,12 @@ pub(super) struct Planner {
     /// How many minibatches to gather a chunk at a time together: [`PARTS_AHEAD_BYTES`] over the
     /// size of those gathered so before.
     parts_ahead: usize,
+    /// Chunks it let go of before their last use (for other sessions, or to fit its
+    /// minibatch), in all and as of the last minibatch gathered whole; and per minibatch gathered
+    /// whole, a moving average over about the last eight.
+    shed_total: u64,
+    shed_counted: u64,
+    shed_rate: f32,
 }
 
 impl Planner {
@@ -105,6 +117,9 @@ impl Planner {
             told_parts: false,
             gathered_ahead: std::collections::VecDeque::new(),
             parts_ahead: 8,
+            shed_total: 0,
+            shed_counted: 0,
+            shed_rate: 0.0,
         }
     }
 
@@ -246,7 +261,36 @@ impl Planner {
         }
         p.behind_since.get_or_insert_with(Instant::now);
         self.pending = Some(p);
+        // First, behind another session's turn: nobody wakes it when the turn ends.
+        if self.cache.first_in_line(self.id) {
+            self.cache.wait_out_turn(self.id, Instant::now() + MEMORY_WAIT_SLICE);
+            return Found::Wait;
+        }
         Found::Queued
+    }
+
+    /// Counts the chunks let go of since the last minibatch gathered whole into
+    /// [`Planner::shed_rate`].
+    fn count_shed(&mut self) {
+        let shed = self.shed_total - std::mem::replace(&mut self.shed_counted, self.shed_total);
+        self.shed_rate = self.shed_rate * 0.875 + f32::from(u16::try_from(shed).unwrap_or(u16::MAX)) * 0.125;
+    }
+
+    /// Says once per session that its minibatches are gathered a chunk at a time.
+    fn tell_parts(&mut self, chunk: u32, e: &FetchError) {
+        if !self.told_parts {
+            self.told_parts = true;
+            tracing::warn!(
+                dataset = %self.runtime.name,
+                minibatch = self.feeder.next_index(),
+                held_mib = self.feeder.held_bytes().div_ceil(1 << 20),
+                chunk,
+                "a minibatch's chunks, or the randomization window they come from, do not fit in memory ({e}); such \
+                 minibatches of this session are gathered a chunk at a time, which is slower \
+                 (minibatchd_session_minibatches_in_parts_total): a smaller randomization window (window_chunks or \
+                 window_samples) or a larger memory_limit_bytes avoids it"
+            );
+        }
     }
 
     /// Lets go of the chunks held that `plan` does not need ([`Feeder::shed`]), for the sessions
@@ -254,7 +298,9 @@ impl Planner {
     fn shed(&mut self, plan: Option<&MinibatchPlan>) {
         let before = self.feeder.held_chunks();
         self.feeder.shed(plan);
-        self.cache.shed(before - self.feeder.held_chunks());
+        let shed = before - self.feeder.held_chunks();
+        self.shed_total += shed as u64;
+        self.cache.shed(shed);
     }
 
     /// Locates the next minibatch for `slot` (or goes on with the one waiting for memory):
@@ -314,10 +360,17 @@ impl Planner {
             // The chunks sessions hold fill the cache's share of the limit. First let go of what
             // this minibatch does not need, and try again; then, if others hold the rest, wait
             // for them (idle sessions let go of theirs at once), for as long as it takes.
+            // Minibatches that let go of chunks they load again, one or more each: the window
+            // does not fit the memory the session gets (or its turns at memory are short) —
+            // gathered a chunk at a time, each chunk is loaded once for many minibatches.
+            let mut too_wide = false;
             if !p.shed {
                 p.shed = true;
                 self.shed(Some(&p.plan));
-                continue;
+                if self.shed_rate < PARTS_SHED_RATE {
+                    continue;
+                }
+                too_wide = p.parts.is_none();
             }
             if matches!(e, FetchError::Behind) {
                 return Ok(self.queue_behind(p));
@@ -327,7 +380,7 @@ impl Planner {
             // session gathered a chunk at a time, waiting for its trainer's slots; a hostile probe
             // stalled six sessions behind one such for as long as its trainer held its slots):
             // then this minibatch too is gathered a chunk at a time, which needs room for one.
-            if (held > own && !self.cache.out_of_patience(self.id)) || p.parts.is_some() {
+            if !too_wide && ((held > own && !self.cache.out_of_patience(self.id)) || p.parts.is_some()) {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
                 // time, then the thread goes to the pool's other tasks.
@@ -340,18 +393,7 @@ impl Planner {
             // This minibatch's own chunks do not fit together: gather it a chunk at a time, which
             // holds one chunk and the minibatches' own data at once — with the next few, so that
             // each chunk the cache cannot keep is loaded once for all of them.
-            if !self.told_parts {
-                self.told_parts = true;
-                tracing::warn!(
-                    dataset = %self.runtime.name,
-                    minibatch = self.feeder.next_index(),
-                    held_mib = self.feeder.held_bytes().div_ceil(1 << 20),
-                    chunk,
-                    "a minibatch's chunks do not fit in memory together ({e}); it and any other such minibatch of this \
-                     session are gathered a chunk at a time, which is slower (minibatchd_session_minibatches_in_parts_total): \
-                     a smaller randomization window (window_chunks or window_samples) or a larger memory_limit_bytes avoids it"
-                );
-            }
+            self.tell_parts(chunk, &e);
             let mut plans = vec![p.plan.clone()];
             // Up to an empty plan: the padding after the epoch's end comes one at a time.
             while plans.len() < self.parts_ahead && !plans[plans.len() - 1].sequences.is_empty() {
@@ -368,6 +410,9 @@ impl Planner {
         };
         if p.shed {
             self.cache.leave_line(self.id);
+        }
+        if p.parts.is_none() {
+            self.count_shed();
         }
         self.metrics.chunk_wait_seconds.inc_by(p.cache_wait.as_secs_f64());
         let (mb, charged) = built?;
