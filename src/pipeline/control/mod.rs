@@ -300,7 +300,17 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &C
     registry.set_max_lingering(d.max_sessions);
     // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
     // the chunk cache gets what they and the rings leave.
-    registry.set_buffers(held_outside_the_cache(config, catalog, threads));
+    let outside = held_outside_the_cache(config, catalog, threads);
+    registry.set_buffers(outside);
+    if outside.saturating_add(floor) >= d.memory_limit_bytes && !config.datasets.is_empty() {
+        tracing::warn!(
+            memory_limit_bytes = d.memory_limit_bytes,
+            read_buffers_and_indexes = outside,
+            "the parser threads' read buffers (parser_threads × the largest chunk, 64 MiB each at most) and the \
+             datasets' indexes leave no memory for sessions beside the chunk cache's quarter of the limit: every open \
+             will be refused; lower chunk_size_bytes or parser_threads, or raise memory_limit_bytes"
+        );
+    }
 }
 
 /// What the parsers' read buffers and the datasets' indexes hold, whatever the sessions do.

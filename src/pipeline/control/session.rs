@@ -144,7 +144,7 @@ pub enum RegistryError {
     #[error("session '{0}' belongs to another user")]
     NotOwner(String),
     /// The ring does not fit.
-    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache)")]
+    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache{})", outside_note(*outside))]
     Memory {
         /// Bytes asked.
         needed: u64,
@@ -152,9 +152,11 @@ pub enum RegistryError {
         available: u64,
         /// The limit.
         limit: u64,
+        /// What the read buffers and the indexes hold.
+        outside: u64,
     },
     /// The sampler's sweep orders do not fit.
-    #[error("the session's sweep orders need {needed} bytes (they keep up to {window_sequences} sequences of a randomization window at once), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache): raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions")]
+    #[error("the session's sweep orders need {needed} bytes (they keep up to {window_sequences} sequences of a randomization window at once), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache{}): raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions", outside_note(*outside))]
     SamplingMemory {
         /// Bytes asked.
         needed: u64,
@@ -164,7 +166,22 @@ pub enum RegistryError {
         available: u64,
         /// The limit.
         limit: u64,
+        /// What the read buffers and the indexes hold.
+        outside: u64,
     },
+}
+
+/// The part of a memory refusal that names what the parser threads' read buffers and the
+/// datasets' indexes hold, where it is much (a probe: 16 MiB chunks' buffers took a 32 MiB
+/// limit, and the refusal named only the window).
+fn outside_note(outside: u64) -> String {
+    if outside == 0 {
+        return String::new();
+    }
+    format!(
+        ", and {outside} are the parser threads' read buffers and the datasets' indexes: parser_threads × the largest \
+         chunk, 64 MiB each at most — a smaller chunk_size_bytes or fewer parser_threads leaves more"
+    )
 }
 
 /// Session names, lingering sessions and ring memory, shared by all connections; what the daemon
@@ -485,7 +502,7 @@ impl Registry {
     pub fn reserve(&mut self, bytes: u64) -> Result<(), RegistryError> {
         let available = self.free_for_sessions();
         if bytes > available {
-            return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit });
+            return Err(RegistryError::Memory { needed: bytes, available, limit: self.limit, outside: self.buffers });
         }
         self.rings += bytes;
         Ok(())
@@ -522,6 +539,7 @@ impl Registry {
                 window_sequences,
                 available,
                 limit: self.limit,
+                outside: self.buffers,
             });
         }
         self.sampling += bytes;
