@@ -120,7 +120,9 @@ struct DumpArgs {
     #[arg(long, value_name = "drop|pad", requires = "equal_steps", value_parser = ["drop", "pad"])]
     tail: Option<String>,
     /// Exactly sweep K (0-based): a trainer's epoch K.
-    #[arg(long, value_name = "K", conflicts_with_all = ["max_samples", "max_sweeps", "full_sweep"])]
+    /// With --mixture, also with --max-samples (epoch K of epochs of that many samples), as a
+    /// mixture's session takes them.
+    #[arg(long, value_name = "K", conflicts_with_all = ["max_sweeps", "full_sweep"])]
     sweep: Option<u64>,
     /// Randomize (default: the dataset's [sampling] setting).
     #[arg(long, action = clap::ArgAction::Set)]
@@ -362,6 +364,9 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
     if sizes.is_empty() || sizes.contains(&0) {
         bail!("minibatch sizes must be at least 1");
     }
+    if a.sweep.is_some() && a.max_samples.is_some() {
+        bail!("give at most one of --max-samples, --max-sweeps, --full-sweep, --sweep (both go together for a mixture only)");
+    }
     Ok(DumpOptions {
         sampling: SamplingOptions {
             randomize: a.randomize.unwrap_or(d.sampling.randomize),
@@ -401,6 +406,10 @@ fn dump_mixture(c: &Config, args: &DumpArgs) -> anyhow::Result<ExitCode> {
     };
     if sizes.is_empty() || sizes.contains(&0) {
         return usage("minibatch sizes must be at least 1".into());
+    }
+    if args.max_samples == Some(0) {
+        // As a mixture's session and `[mixtures]` refuse it.
+        return usage("--max-samples must be at least 1".into());
     }
     let restore = match args.restore_state.as_deref().map(mixture::parse_state) {
         Some(Err(e)) => return usage(format!("--restore-state: {e}")),

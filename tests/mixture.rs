@@ -291,3 +291,36 @@ fn streams_of_other_names_are_mapped_onto_the_mixtures_and_other_shapes_refused(
         assert!(!out.status.success() && stderr.contains("mixtures.m.streams") && stderr.contains(message), "{toml}: {stderr}");
     }
 }
+
+/// Found by a probe: a mixture's session takes `sweep` with `max_samples` (epoch K of epochs of
+/// that many samples), but `dump --mixture` refused the pair, so no ledger could check such a
+/// session; and `dump --mixture --max-samples 0` printed nothing and succeeded, where the session
+/// and `[mixtures]` refuse it. For a dataset the pair stays refused, as its session refuses it.
+#[test]
+fn a_mixtures_dump_takes_sweep_with_max_samples_as_its_session_does() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let c = config(
+        dir.path(),
+        &format!(
+            "{MIXTURES}[mixtures.ab11]\ndatasets = [\"a\", \"b\"]\nweights = [2.5, 1]\nmax_samples = 11\n\
+             [[mixtures.ab11.schedule]]\nfrom_step = 4\nweights = [1, 3]\n"
+        ),
+    );
+    let given =
+        lines(&c, &["--mixture", "ab", "--minibatch-size", "5", "--max-samples", "11", "--sweep", "2", "--ledger"]);
+    let configured = lines(&c, &["--mixture", "ab11", "--minibatch-size", "5", "--sweep", "2", "--ledger"]);
+    assert!(!given.is_empty());
+    assert_eq!(given.len(), configured.len());
+    for (g, k) in given.iter().zip(&configured) {
+        assert_eq!((&g["fingerprint"], refs(g)), (&k["fingerprint"], refs(k)));
+    }
+    let refused = |args: &[&str]| {
+        let out = run(&c, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = refused(&["--mixture", "ab", "--minibatch-size", "4", "--max-samples", "0", "--ledger"]);
+    assert!(e.contains("--max-samples must be at least 1"), "{e}");
+    let e = refused(&["--dataset", "a", "--minibatch-size", "4", "--max-samples", "5", "--sweep", "1"]);
+    assert!(e.contains("at most one of"), "{e}");
+}
