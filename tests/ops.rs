@@ -1145,6 +1145,8 @@ fn a_restarted_daemon_serves_persisted_parsed_chunks_and_parses_a_corrupt_one_ag
     assert_eq!(m.sum("minibatchd_parsed_cache_misses_total", &[]), 1.0);
     assert_eq!(m.sum("minibatchd_parsed_cache_rejected_total", &[]), 1.0);
     assert!(m.sum("minibatchd_parsed_cache_read_bytes_total", &[]) > 0.0);
+    // Found by a probe: a chunk read back counted as parsed, and its text as read.
+    assert_eq!(m.sum("minibatchd_chunks_parsed_total", &[("dataset", "train")]), 1.0, "only the damaged one parsed");
     assert_eq!(m.sum("minibatchd_parsed_cache_entries", &[]), chunks, "the damaged entry was written again");
     assert!(d.stop().success());
 }

@@ -55,14 +55,24 @@ impl ParserWorker {
         };
         let started = Instant::now();
         // A decoder bug must not take a parser thread (and so the daemon) down: the chunk fails.
-        let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| rt.dataset.load_chunk(req.key.chunk as usize)));
+        // Read back from the parsed cache, or parsed: only a parse counts as one, and its text
+        // as read (a probe: a sweep served whole from the cache counted every chunk parsed).
+        let loaded = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let c = req.key.chunk as usize;
+            match rt.dataset.cached_chunk(c)? {
+                Some(chunk) => Ok((chunk, Vec::new(), false)),
+                None => rt.dataset.parse_chunk(c).map(|(chunk, fresh)| (chunk, fresh, true)),
+            }
+        }));
         let m = &rt.metrics;
         let mut persist = None;
         let result = match loaded {
-            Ok(Ok((chunk, fresh))) => {
-                m.chunks_parsed.inc();
-                if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.chunk as usize) {
-                    m.read_bytes.inc_by(end.saturating_sub(start));
+            Ok(Ok((chunk, fresh, parsed))) => {
+                if parsed {
+                    m.chunks_parsed.inc();
+                    if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.chunk as usize) {
+                        m.read_bytes.inc_by(end.saturating_sub(start));
+                    }
                 }
                 for e in &fresh {
                     m.parse_error(e.kind).inc();

@@ -471,18 +471,35 @@ impl Dataset {
     /// I/O errors, fatal data errors, and [`DataError::TooManyErrors`] once a source's budget is
     /// spent.
     pub fn load_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        if let Some(p) = &self.parsed {
-            let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
-            if let Some((end, start)) = sequences {
-                let hit = p.cache.get(p.identity, chunk, end - start, &self.streams, self.config.precision);
-                if let Some(parsed) = hit {
-                    // An entry holds the bytes as indexed: served only while the files still
-                    // are, as a read of them would be (a file rewritten since fails the chunk).
-                    self.chunk_inputs_unchanged(chunk)?;
-                    return Ok((parsed, Vec::new()));
-                }
-            }
+        match self.cached_chunk(chunk)? {
+            Some(parsed) => Ok((parsed, Vec::new())),
+            None => self.parse_chunk(chunk),
         }
+    }
+
+    /// Chunk `chunk` read back from the parsed cache, if it holds it (no text read or parsed).
+    ///
+    /// # Errors
+    /// A file of the chunk that changed since it was indexed.
+    pub fn cached_chunk(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
+        let Some(p) = &self.parsed else { return Ok(None) };
+        let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
+        let Some((end, start)) = sequences else { return Ok(None) };
+        let Some(parsed) = p.cache.get(p.identity, chunk, end - start, &self.streams, self.config.precision) else {
+            return Ok(None);
+        };
+        // An entry holds the bytes as indexed: served only while the files still are, as a read
+        // of them would be (a file rewritten since fails the chunk).
+        self.chunk_inputs_unchanged(chunk)?;
+        Ok(Some(parsed))
+    }
+
+    /// Chunk `chunk` parsed from its text, whatever the parsed cache holds (which it then fills),
+    /// with the malformed places charged to the error budget for the first time.
+    ///
+    /// # Errors
+    /// As [`Self::load_chunk`].
+    pub fn parse_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
         let (parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
