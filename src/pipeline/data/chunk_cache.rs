@@ -717,6 +717,41 @@ mod tests {
         assert!(c.replace(ChunkKey::new(0, 1), &to_own[0].1, copy));
     }
 
+    /// Found by a probe: a sequential reader under a tight limit parsed its chunks up to three
+    /// times — each prefetch evicted the one before it, needed next, as the least recently used.
+    /// Chunks a session used go first; of those loaded ahead and unused, the furthest ahead.
+    #[test]
+    fn eviction_takes_used_chunks_first_then_the_furthest_ahead_and_prefetch_keeps_what_it_loaded() {
+        let size = chunk(1000).size_bytes() as u64;
+        let t = Instant::now();
+        let mut c = CacheCore::new(3 * size);
+        let key = |k| ChunkKey::new(0, k);
+        let use_once = |c: &mut CacheCore, k: u32| {
+            assert!(matches!(c.lookup(key(k), t), Lookup::Miss));
+            c.insert(key(k), Ok(chunk(1000)));
+            assert!(matches!(c.lookup(key(k), t), Lookup::Hit(_)));
+        };
+        use_once(&mut c, 0);
+        for k in [1, 2] {
+            assert!(c.begin_prefetch(key(k), t));
+            c.insert(key(k), Ok(chunk(1000)));
+        }
+        assert!(!c.begin_prefetch(key(5), t), "unused chunks loaded ahead are no room for more");
+        // A demand load: the used chunk goes, not the ones loaded ahead.
+        use_once(&mut c, 3);
+        let present = |c: &CacheCore| {
+            let mut v: Vec<u32> = c.entries.keys().map(|k| k.chunk).collect();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(present(&c), [1, 2, 3]);
+        // Another chunk over the budget, none used but 3: 3 goes; then, of the unused, the last.
+        c.insert(key(4), Ok(chunk(1000)));
+        assert_eq!(present(&c), [1, 2, 4]);
+        c.insert(key(5), Ok(chunk(1000)));
+        assert_eq!(present(&c), [1, 2, 4], "the furthest ahead went");
+    }
+
     /// Found by a probe: four sessions opened at once on 66 MB chunks under a 256 MiB limit
     /// held 352 MiB of chunks — every session's first loads and the open's prefetches began
     /// before any chunk was there to size them (the prefetches' budget counts loads in flight at

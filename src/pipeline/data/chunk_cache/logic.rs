@@ -173,9 +173,10 @@ impl CacheCore {
         }
         let mean = self.stats.bytes.checked_div(self.stats.chunks).unwrap_or(0);
         let in_flight = self.loading.saturating_mul(mean);
-        // The exact test (held bytes, a pass over the entries) only when the cheap one fails.
+        // The exact test (held bytes, a pass over the entries) only when the cheap one fails;
+        // chunks loaded ahead and not used yet are not room for more.
         if self.stats.bytes.saturating_add(in_flight) >= self.budget
-            && self.held_bytes().saturating_add(in_flight) >= self.budget
+            && self.held_bytes().saturating_add(self.unused_bytes()).saturating_add(in_flight) >= self.budget
         {
             return false;
         }
@@ -297,15 +298,19 @@ impl CacheCore {
                 .entries
                 .iter()
                 .filter_map(|(k, e)| match e {
-                    Entry::Ready { chunk, used, pinned_until, unwritten: false, .. }
+                    // Chunks a session used first, least recently used first; then those loaded
+                    // ahead and not used yet, the last loaded first (the furthest ahead): a
+                    // prefetch pushed out the ones before it, and a sequential reader under a
+                    // tight limit parsed each chunk three times (a probe).
+                    Entry::Ready { chunk, used, pinned_until, unwritten: false, hits, .. }
                         if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
                     {
-                        Some((*used, *k))
+                        Some(if *hits == 0 { (true, u64::MAX - *used, *k) } else { (false, *used, *k) })
                     }
                     _ => None,
                 })
                 .min();
-            let Some((_, key)) = victim else { return };
+            let Some((_, _, key)) = victim else { return };
             if let Some(Entry::Ready { bytes, .. }) = self.entries.remove(&key) {
                 self.stats.bytes -= bytes;
                 self.stats.chunks -= 1;
@@ -357,6 +362,22 @@ impl CacheCore {
     /// eviction cannot free now).
     pub(super) fn held_bytes(&self) -> u64 {
         self.stats.bytes - self.evictable_bytes()
+    }
+
+    /// Of [`Self::evictable_bytes`], the chunks no session has used yet (loaded ahead).
+    fn unused_bytes(&self) -> u64 {
+        let now = Instant::now();
+        self.entries
+            .values()
+            .map(|e| match e {
+                Entry::Ready { chunk, bytes, pinned_until, unwritten: false, hits: 0, .. }
+                    if Arc::strong_count(chunk) == 1 && pinned_until.is_none_or(|t| t <= now) =>
+                {
+                    *bytes
+                }
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Parsed bytes that no session holds or waits for and that are written (what eviction
