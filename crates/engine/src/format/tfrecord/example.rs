@@ -416,9 +416,13 @@ fn exact<T: DeepxElement>(f: &ExampleFeature, raw: u64) -> Result<T, String> {
     if back.to_bits() == wide.to_bits() && (wide as i128) == i128::from(v) {
         Ok(t)
     } else {
+        // Found by a probe: on a float32 dataset the message read as if it were float64.
+        let (name, limit) = if std::mem::size_of::<T>() == 4 { ("float32", "2^24") } else { ("float64", "2^53") };
+        let fix =
+            if std::mem::size_of::<T>() == 4 { "; precision = \"float64\" holds integers up to 2^53" } else { "" };
         Err(format!(
-            "feature '{}': the int64 value {v} is not exact in the dataset's precision (precision = \"float64\" holds \
-             integers up to 2^53)",
+            "feature '{}': the int64 value {v} is not exact in the dataset's precision ({name}, exact for integers up to \
+             {limit}){fix}",
             f.key
         ))
     }
@@ -582,7 +586,10 @@ mod tests {
             (example(&[("x", Value::Ints(&[1, 2, 3]))]), "holds a int64_list, not the float"),
             (example(&[("x", Value::Floats(&[1.0, 2.0]))]), "has 2 float values"),
             (example(&[("x", Value::Floats(&[1.0; 3])), ("tokens", Value::Ints(&[1; 5]))]), "more than the stream"),
-            (example(&[("x", Value::Floats(&[1.0; 3])), ("label", Value::Ints(&[(1 << 24) + 1]))]), "not exact"),
+            (
+                example(&[("x", Value::Floats(&[1.0; 3])), ("label", Value::Ints(&[(1 << 24) + 1]))]),
+                "not exact in the dataset's precision (float32, exact for integers up to 2^24); precision = \"float64\"",
+            ),
             (vec![0x0a, 0x05, 0x01], "runs past the end"),
         ];
         for (record, want) in cases {
