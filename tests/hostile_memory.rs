@@ -1,7 +1,8 @@
 //! Issue #15, item 3 and acceptance 2: memory is bounded by the configuration for every input,
 //! indexing and decompression included, and the socket opens before the datasets are indexed.
 //! The real binary runs on hostile inputs; its peak resident memory (`VmHWM`, read from
-//! `/proc` while it runs) must stay within `memory_limit_bytes` plus [`DAEMON_OVERHEAD_BYTES`].
+//! `/proc` while it runs) must stay within `memory_limit_bytes` plus
+//! `support::daemon::DAEMON_OVERHEAD_BYTES`.
 //! Each test is named after the finding and failed on the code before the fix (2 GB of RSS
 //! for 200 MB of short lines with a 64 MiB limit; the socket opened only after indexing).
 
@@ -18,10 +19,6 @@ use minibatchd_client::{Client, ClientError};
 use support::daemon::{options, Daemon, DEADLINE};
 use support::write;
 
-/// What the daemon may hold beyond `memory_limit_bytes`: its code, runtime and thread stacks
-/// (about 30 MB measured, `docs/daemon.md`, "Memory"), with room for the allocator. The same
-/// constant is documented for operators.
-const DAEMON_OVERHEAD_BYTES: u64 = 64 << 20;
 const LIMIT: u64 = 64 << 20;
 
 fn gz(bytes: &[u8]) -> Vec<u8> {
@@ -30,28 +27,9 @@ fn gz(bytes: &[u8]) -> Vec<u8> {
     e.finish().expect("finish")
 }
 
-/// Peak resident memory of process `pid`, in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM");
-    kb * 1024
-}
-
-/// Checks the daemon's peak RSS against `memory_limit_bytes` (`limit`) +
-/// [`DAEMON_OVERHEAD_BYTES`] and prints it for `case`.
+/// [`support::daemon::assert_within_limit`], printed for `case`.
 fn assert_within_limit(d: &Daemon, limit: u64, case: &str) {
-    let peak = peak_rss(d.pid());
-    assert!(
-        peak <= limit + DAEMON_OVERHEAD_BYTES,
-        "peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB {case}",
-        peak >> 20,
-        limit >> 20,
-        DAEMON_OVERHEAD_BYTES >> 20
-    );
+    let peak = support::daemon::assert_within_limit(d, limit, case);
     eprintln!("peak RSS with a {} MiB limit {case}: {} MiB", limit >> 20, peak >> 20);
 }
 

@@ -3,7 +3,7 @@
 //! session the daemon admits at `open` (first open or resume) delivers exactly what `minibatchd
 //! dump` gives for its options — it never fails after `open`, for memory or anything else, and
 //! never stalls — and the daemon's peak RSS stays within `memory_limit_bytes` plus
-//! [`DAEMON_OVERHEAD_BYTES`] (`docs/daemon.md`, "Memory"). An `open` may be refused, at once and
+//! `support::daemon::DAEMON_OVERHEAD_BYTES` (`docs/daemon.md`, "Memory"). An `open` may be refused, at once and
 //! only with `resource_exhausted`.
 //!
 //! Each case starts the real daemon. The cases come from a seeded generator: `MINIBATCHD_PROPERTY_SEED`
@@ -21,10 +21,6 @@ use minibatchd_client::protocol::{ErrorCode, SessionOptions};
 use minibatchd_client::{Client, ClientError, Session};
 use support::daemon::{json, options, Daemon};
 use support::write;
-
-/// What the daemon may hold beyond `memory_limit_bytes` (the constant `docs/daemon.md` gives
-/// operators; `tests/hostile_memory.rs` holds the daemon to the same).
-const DAEMON_OVERHEAD_BYTES: u64 = 64 << 20;
 
 /// A case past this is a stall: the daemon is killed and the case fails.
 const CASE_DEADLINE: Duration = Duration::from_secs(240);
@@ -195,17 +191,6 @@ fn random_shapes(rng: &mut Rng, chunks: u64) -> Vec<Shape> {
         .collect()
 }
 
-/// Peak resident memory of process `pid`, in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM");
-    kb * 1024
-}
-
 /// One case from `seed`: (sessions admitted, sessions refused at open, chunks evicted, seconds
 /// sessions waited for memory).
 fn run_case(seed: u64) -> (u64, u64, f64, f64) {
@@ -285,14 +270,7 @@ fn run_case(seed: u64) -> (u64, u64, f64, f64) {
         drop(done);
         admitted
     });
-    let peak = peak_rss(d.pid());
-    assert!(
-        peak <= limit + DAEMON_OVERHEAD_BYTES,
-        "{case}: peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB",
-        peak >> 20,
-        limit >> 20,
-        DAEMON_OVERHEAD_BYTES >> 20
-    );
+    let peak = support::daemon::assert_within_limit(&d, limit, &case);
     let evictions = d.metric("minibatchd_chunk_cache_evictions_total ");
     let waited = d.metric("minibatchd_session_memory_wait_seconds_total");
     let n = admitted.iter().filter(|a| **a).count() as u64;

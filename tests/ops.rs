@@ -292,6 +292,24 @@ fn sigterm_with_the_parser_queue_full_does_not_wait_out_the_stop_bound() {
     assert!(asked.elapsed() < Duration::from_secs(10), "the stop took {:?}", asked.elapsed());
 }
 
+/// Reads each of `sessions` to its end on a thread of its own, all at once: the sequences each
+/// delivered (of its first stream), within [`DEADLINE`] — a session no longer served fails it.
+fn read_each_in_a_thread(sessions: Vec<Session>) -> Vec<u64> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let count = sessions.len();
+    for mut s in sessions {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while let Ok(Some(mb)) = s.next_owned() {
+                n += mb.streams[0].sequence_offsets.len() as u64 - 1;
+            }
+            let _ = tx.send(n);
+        });
+    }
+    (0..count).map(|_| rx.recv_timeout(DEADLINE).expect("a session still served after the reload")).collect()
+}
+
 /// Found by a hostile probe: a SIGHUP that lowered `memory_limit_bytes` below what two open
 /// sessions' rings reserve left the chunk cache nothing, and both sessions waited for memory for
 /// good (no error, a warning a minute). The old limit now stays while they need it.
@@ -329,19 +347,7 @@ fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
     config(100_000_000);
     daemon.signal(rustix::process::Signal::HUP);
     daemon.wait_reloads(1);
-    let (tx, rx) = std::sync::mpsc::channel();
-    for mut s in sessions {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while let Ok(Some(mb)) = s.next_owned() {
-                n += mb.streams[0].sequence_offsets.len() as u64 - 1;
-            }
-            let _ = tx.send(n);
-        });
-    }
-    for _ in 0..2 {
-        let n = rx.recv_timeout(DEADLINE).expect("a session still served after the reload");
+    for n in read_each_in_a_thread(sessions) {
         assert_eq!(n, 48_000, "every sequence asked for");
     }
     // The chunk cache kept its share: no session waited for memory (before, they waited in turns
@@ -398,19 +404,8 @@ fn a_reload_whose_datasets_would_starve_the_open_sessions_is_refused() {
     assert_eq!(daemon.reloads(), 0, "refused whole");
     let Err(e) = daemon.client().open("big", &options(32)) else { panic!("the refused reload's dataset is open") };
     assert!(matches!(&e, ClientError::Daemon { code: ErrorCode::UnknownDataset, .. }), "{e}");
-    let (tx, rx) = std::sync::mpsc::channel();
-    for mut s in sessions {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            let mut n = 0u64;
-            while let Ok(Some(mb)) = s.next_owned() {
-                n += mb.streams[0].sequence_offsets.len() as u64 - 1;
-            }
-            let _ = tx.send(n);
-        });
-    }
-    for _ in 0..2 {
-        assert_eq!(rx.recv_timeout(DEADLINE).expect("a session still served"), 20_000, "every sequence asked for");
+    for n in read_each_in_a_thread(sessions) {
+        assert_eq!(n, 20_000, "every sequence asked for");
     }
     // With the sessions gone, the same file applies.
     daemon.signal(rustix::process::Signal::HUP);

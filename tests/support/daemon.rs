@@ -335,3 +335,33 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Peak resident memory (`VmHWM`) of process `pid`, in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+/// What the daemon may hold beyond `memory_limit_bytes`: its code, runtime and thread stacks
+/// (about 30 MB measured, `docs/daemon.md`, "Memory"), with room for the allocator. The same
+/// constant is documented for operators.
+pub const DAEMON_OVERHEAD_BYTES: u64 = 64 << 20;
+
+/// Checks `d`'s peak RSS against `memory_limit_bytes` (`limit`) + [`DAEMON_OVERHEAD_BYTES`],
+/// naming `case` when it is above; the peak.
+pub fn assert_within_limit(d: &Daemon, limit: u64, case: &str) -> u64 {
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak <= limit + DAEMON_OVERHEAD_BYTES,
+        "{case}: peak RSS {} MiB > memory_limit_bytes {} MiB + {} MiB",
+        peak >> 20,
+        limit >> 20,
+        DAEMON_OVERHEAD_BYTES >> 20
+    );
+    peak
+}
