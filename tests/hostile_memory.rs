@@ -358,13 +358,13 @@ fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the
         for part in [
             "randomization window needs at least 71 MiB",
             "its 40 smallest chunks at their peak",
-            "the largest window that fits is ",
+            "the largest window that can fit is ",
         ] {
             assert!(message.contains(part), "{part:?} missing from: {message}");
         }
         // Issue 37: the refusal names the largest window that fits; that one opens, one more does not.
         let largest: u64 = message
-            .split("the largest window that fits is ")
+            .split("the largest window that can fit is ")
             .nth(1)
             .and_then(|rest| rest.split(' ').next())
             .and_then(|n| n.parse().ok())

@@ -112,7 +112,7 @@ pub enum Refusal {
         "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
         floor.div_ceil(1 << 20),
         share >> 20,
-        if *largest > 0 { format!("the largest window that fits is {largest} chunk(s): open the session with window_chunks = {largest} (or a window_samples as small), or raise memory_limit_bytes") } else { "no window fits: raise memory_limit_bytes".to_owned() }
+        if *largest > 0 { format!("the largest window that can fit is {largest} chunk(s) — the check counts only the dense values every window surely holds, so a window that wide may still be gathered a chunk at a time, more slowly (minibatchd_session_minibatches_in_parts_total); a smaller one less often: open the session with window_chunks = {largest} or fewer (or a window_samples as small), or raise memory_limit_bytes") } else { "no window fits: raise memory_limit_bytes".to_owned() }
     )]
     WindowTooLarge {
         /// The window in chunks.
