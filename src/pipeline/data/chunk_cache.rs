@@ -365,6 +365,15 @@ impl SharedCache {
         self.line.behind(by)
     }
 
+    /// Producer `id` takes no more minibatches for now (every slot leased): its turn, if it has
+    /// it, goes — the first in line waited it out while its trainer did not read (a probe: the
+    /// others slowed to 5 minibatches a second, with gaps of 5–14 s).
+    pub fn end_turn(&self, id: u64) {
+        if self.line.end_turn(id) {
+            self.arrived.notify_all();
+        }
+    }
+
     /// Waits until producer `id`, first in line, is behind no other session's turn, or `until`.
     pub fn wait_out_turn(&self, id: u64, until: Instant) {
         let mut core = self.lock();

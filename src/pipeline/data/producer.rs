@@ -215,6 +215,7 @@ pub(super) trait Locate: Send {
     fn idle(&mut self) {
         let since = *self.idle_since().get_or_insert_with(Instant::now);
         let cache = self.cache();
+        cache.end_turn(self.id());
         if cache.short_of_memory() && (since.elapsed() >= IDLE_SHED_GRACE || cache.head_waited() >= LINE_PATIENCE) {
             self.shed_all();
         }

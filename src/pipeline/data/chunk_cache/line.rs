@@ -97,11 +97,18 @@ impl MemoryLine {
     /// changed.
     pub(super) fn forget(&self, id: u64) -> Option<u64> {
         let next = self.leave(id);
+        self.end_turn(id);
+        next
+    }
+
+    /// `id`'s turn, if it has it, is over; whether it had it.
+    pub(super) fn end_turn(&self, id: u64) -> bool {
         let mut turn = locked(&self.turn);
-        if turn.is_some_and(|(holder, _)| holder == id) {
+        let had = turn.is_some_and(|(holder, _)| holder == id);
+        if had {
             *turn = None;
         }
-        next
+        had
     }
 
     /// How long the first has waited as first (zero when nobody waits).
@@ -138,6 +145,18 @@ mod tests {
         assert!(!line.behind(Some(1)) && line.behind(Some(3)));
         assert_eq!(line.leave(1), None, "nobody left");
         assert!(line.is_empty() && !line.behind(Some(7)) && line.head_waited() == Duration::ZERO);
+    }
+
+    #[test]
+    fn a_holder_that_stops_taking_minibatches_ends_its_turn() {
+        let line = MemoryLine::default();
+        line.queue(1);
+        line.queue(2);
+        line.leave(1);
+        assert!(line.behind(Some(2)), "1's turn");
+        assert!(!line.end_turn(2), "2 has no turn to end");
+        assert!(line.end_turn(1));
+        assert!(!line.behind(Some(2)) && line.behind(Some(1)));
     }
 
     #[test]
