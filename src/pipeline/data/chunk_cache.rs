@@ -355,31 +355,32 @@ impl SharedCache {
         self.line.first(id)
     }
 
-    /// Whether producer `by` (`None`: the preload, an open's first requests) is behind the
-    /// sessions waiting for memory, which then takes none ([`CacheCore::lookup_for`]): else those
-    /// behind take the room freed, are refused the next chunk and let go, and none gets all of its
-    /// minibatch's chunks. Not in its turn, the time after it got its memory as the first
-    /// ([`line::TURN`]).
+    /// Whether producer `by` (`None`: the preload, an open's first requests) is to take no memory
+    /// ([`CacheCore::lookup_for`], [`MemoryLine::behind`]): else those behind took the room
+    /// freed, were refused the next chunk and let go, and none got all of its minibatch's chunks.
     #[must_use]
     pub fn behind(&self, by: Option<u64>) -> bool {
         self.line.behind(by)
     }
 
     /// Producer `id` takes no more minibatches for now (every slot leased): its turn, if it has
-    /// it, goes — the first in line waited it out while its trainer did not read (a probe: the
-    /// others slowed to 5 minibatches a second, with gaps of 5–14 s).
+    /// it, goes (kept, the first in line waited it out while its trainer did not read).
     pub fn end_turn(&self, id: u64) {
         if self.line.end_turn(id) {
             self.arrived.notify_all();
         }
     }
 
-    /// Waits until producer `id`, first in line, is behind no other session's turn, or `until`.
-    pub fn wait_out_turn(&self, id: u64, until: Instant) {
+    /// Whether `id` is first in line; if so, waits out another's turn (no wake comes), to `until`.
+    pub fn wait_out_turn(&self, id: u64, until: Instant) -> bool {
+        if !self.line.first(id) {
+            return false;
+        }
         let mut core = self.lock();
         while self.behind(Some(id)) && Instant::now() < until {
             core = self.arrived.wait_timeout(core, WAIT_TICK).map_or_else(|e| e.into_inner().0, |(g, _)| g);
         }
+        true
     }
 
     /// Waits until producer `id` is first in line and the chunks sessions hold leave room below
@@ -1115,7 +1116,7 @@ mod tests {
         cache.leave_line(3);
         woken_rx.recv_timeout(DEADLINE).expect("the next in line was woken");
         assert!(cache.behind(Some(1)) && !cache.behind(Some(3)), "3's turn: 1, first, waits for it to end");
-        cache.wait_out_turn(1, Instant::now() + Duration::from_millis(50));
+        assert!(cache.wait_out_turn(1, Instant::now() + Duration::from_millis(50)), "1 is first");
         assert!(cache.behind(Some(1)), "a turn lasts a second");
         cache.dismiss(3);
         assert!(!cache.behind(Some(1)), "3 ended, and its turn");

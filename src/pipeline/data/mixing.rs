@@ -256,9 +256,7 @@ impl MixturePlanner {
         self.shed(None);
         p.behind_since.get_or_insert_with(Instant::now);
         self.pending = Some(p);
-        // First, behind another session's turn: nobody wakes it when the turn ends.
-        if self.cache.first_in_line(self.id) {
-            self.cache.wait_out_turn(self.id, Instant::now() + MEMORY_WAIT_SLICE);
+        if self.cache.wait_out_turn(self.id, Instant::now() + MEMORY_WAIT_SLICE) {
             return Found::Wait;
         }
         Found::Queued
