@@ -85,6 +85,14 @@ fn bench(c: &mut Criterion) {
             b.iter(|| sweep(t, false, Window::Chunks(1), 256, true));
         });
     }
+    // The shape of `scripts/bench/bench_beyond_limit.py`: 433,659 one-sample sequences in 16
+    // chunks, a window of 4 (about 108 k positions, past a core's L2): every draw of the swap loop
+    // reads a random position of the window and is rejected when its sequence may not move.
+    let t = Arc::new(timeline(433_659, 16, false));
+    g.throughput(Throughput::Elements(433_659));
+    g.bench_with_input(BenchmarkId::new("window_4_chunks", "434k_frames_16_chunks"), &t, |b, t| {
+        b.iter(|| sweep(t, true, Window::Chunks(4), 256, true));
+    });
     // Equal steps for 8 data-parallel workers, as each rank's `open` computes them (the counts
     // and this worker's cut), over 2 sweeps of 1M one-sample sequences, window of 4 chunks.
     let t = Arc::new(timeline(1_000_000, 500, false));
