@@ -273,6 +273,33 @@ fn a_named_session_is_resumable_after_its_connection_dies() {
 }
 
 #[test]
+fn a_closed_session_reopens_by_name_at_once() {
+    // Room for one ring only (as in `ring_memory_is_reserved_and_given_back`): the reopen right
+    // after `closed` neither finds the name busy nor the memory held by the closed session.
+    let d = start_with_limit(3 << 19);
+    let opts = SessionOptions {
+        full_sweep: true,
+        session: Some("trainer-0".into()),
+        prefetch: Some(3),
+        slot_size_bytes: Some(128 << 10),
+        ..options(4)
+    };
+    let want = d.dump("train", &["--minibatch-size", "4", "--full-sweep"]);
+    let mut got = Vec::new();
+    for cut in [1usize, 2, 5] {
+        let mut s = d.client().open("train", &opts).expect("reopen by name right after close");
+        if let Some(r) = &s.resumed {
+            assert!(r.exact, "closed with what it took: exact ({r:?})");
+        }
+        got.extend(drain(&mut s, cut));
+        s.close().expect("close");
+    }
+    let mut s = d.client().open("train", &opts).expect("reopen by name right after close");
+    got.extend(drain(&mut s, 10_000));
+    assert_eq!(got, want);
+}
+
+#[test]
 fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
     let d = start();
     let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };

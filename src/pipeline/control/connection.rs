@@ -519,7 +519,14 @@ async fn on_frame(
             // close that does not say (`taken` is optional) leaves them as possibly given.
             a.closed = taken.is_some();
             a.record(&conn.shared);
-            send(wr, &ServerMessage::Closed { state: a.state() }).await?;
+            let state = a.state();
+            // Parked, its name free and its ring's memory given back before the reply: a client
+            // that reopens the session as soon as `closed` arrives finds it resumable, not busy
+            // or refused for memory its own closed session still held.
+            if let Phase::Serving(active) = std::mem::replace(phase, Phase::Hello) {
+                finish(*active, &conn.shared, peer);
+            }
+            send(wr, &ServerMessage::Closed { state }).await?;
             return Ok(Flow::Close);
         }
         (ClientMessage::Close { .. }, _) => {
