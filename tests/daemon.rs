@@ -300,6 +300,47 @@ fn a_closed_session_reopens_by_name_at_once() {
 }
 
 #[test]
+fn a_state_past_the_end_of_its_epoch_is_refused() {
+    // Found by a probe: a hand-edited position past the epoch's end was taken and the session
+    // ended at once, having delivered nothing — an endless one too (its epoch is 2^63 samples).
+    let d = start();
+    let full = SessionOptions { full_sweep: true, ..options(5) };
+    let mut s = d.client().open("train", &full).expect("open");
+    drain(&mut s, 10_000);
+    let at_end = s.close().expect("close");
+    // A full sweep's end: the sweep's samples (a sweep past it is past the last position).
+    let sweep = at_end.position;
+    assert!(sweep > 0, "{at_end:?}");
+    // The state at the end resumes, and ends at once.
+    let mut again = d
+        .client()
+        .open("train", &SessionOptions { resume: Some(at_end.clone()), ..full.clone() })
+        .expect("resume at the end");
+    assert!(again.next_minibatch().expect("next").is_none(), "nothing after the end");
+    let mut s = d.client().open("train", &options(5)).expect("open");
+    drain(&mut s, 3);
+    let endless = s.close().expect("close");
+    for (opts, state) in [
+        (&full, SessionState { position: sweep + sweep, ..at_end.clone() }),
+        (&full, SessionState { position: u64::MAX, ..at_end.clone() }),
+        (&options(5), SessionState { position: 1 << 63, ..endless.clone() }),
+        (&options(5), SessionState { position: u64::MAX / 2, ..endless.clone() }),
+    ] {
+        let position = state.position;
+        match d.client().open("train", &SessionOptions { resume: Some(state), ..opts.clone() }) {
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+                assert!(message.contains("past the last"), "{message}");
+            }
+            other => panic!("position {position}: expected resume_mismatch, got {other:?}"),
+        }
+    }
+    // An endless session's state far on still resumes.
+    let state = SessionState { position: 1 << 62, ..endless };
+    let mut far = d.client().open("train", &SessionOptions { resume: Some(state), ..options(5) }).expect("far on");
+    assert!(far.next_minibatch().expect("next").is_some());
+}
+
+#[test]
 fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
     let d = start();
     let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };

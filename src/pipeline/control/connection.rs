@@ -425,6 +425,31 @@ fn on_event(event: Option<ProducerEvent>, a: &mut OpenSession, out: &mut Vec<u8>
     false
 }
 
+/// `close{taken}` on a serving connection: records what was taken, parks the session and gives
+/// its ring's memory back, then answers `closed` — in that order, so that a client that reopens
+/// the session as soon as `closed` arrives finds it resumable, not busy or refused for memory its
+/// own closed session still held.
+async fn close(
+    phase: &mut Phase,
+    taken: Option<u64>,
+    wait_ns: Option<u64>,
+    conn: &ConnShared,
+    wr: &mut OwnedWriteHalf,
+    peer: &Peer,
+) -> std::io::Result<Flow> {
+    let Phase::Serving(mut active) = std::mem::replace(phase, Phase::Hello) else { return Ok(Flow::Close) };
+    active.taken(taken);
+    active.waited(wait_ns);
+    // What it took is all its trainer has: the minibatches announced after are not. A close that
+    // does not say (`taken` is optional) leaves them as possibly given.
+    active.closed = taken.is_some();
+    active.record(&conn.shared);
+    let state = active.state();
+    finish(*active, &conn.shared, peer);
+    send(wr, &ServerMessage::Closed { state }).await?;
+    Ok(Flow::Close)
+}
+
 /// The error for a message that needs a session, on a connection that has none.
 const NO_SESSION: &str = "no session is open on this connection";
 
@@ -512,22 +537,8 @@ async fn on_frame(
             a.record(&conn.shared);
             send(wr, &ServerMessage::State { state: a.state() }).await?;
         }
-        (ClientMessage::Close { taken, wait_ns }, Phase::Serving(a)) => {
-            a.taken(taken);
-            a.waited(wait_ns);
-            // What it took is all its trainer has: the minibatches announced after are not. A
-            // close that does not say (`taken` is optional) leaves them as possibly given.
-            a.closed = taken.is_some();
-            a.record(&conn.shared);
-            let state = a.state();
-            // Parked, its name free and its ring's memory given back before the reply: a client
-            // that reopens the session as soon as `closed` arrives finds it resumable, not busy
-            // or refused for memory its own closed session still held.
-            if let Phase::Serving(active) = std::mem::replace(phase, Phase::Hello) {
-                finish(*active, &conn.shared, peer);
-            }
-            send(wr, &ServerMessage::Closed { state }).await?;
-            return Ok(Flow::Close);
+        (ClientMessage::Close { taken, wait_ns }, Phase::Serving(_)) => {
+            return close(phase, taken, wait_ns, conn, wr, peer).await;
         }
         (ClientMessage::Close { .. }, _) => {
             // Answered before the connection ends: a client waiting for `closed` need not guess.

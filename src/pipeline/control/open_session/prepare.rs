@@ -171,6 +171,12 @@ pub(super) fn place_sampler(
     if let Some(job) = &start.job {
         sampler.resume_job(&job.positions)?;
     }
+    if start.position > sampler.latest_position() {
+        // Found by a probe: a hand-edited state past the epoch's end was taken, and the session
+        // ended at once having delivered nothing (an endless one, an epoch of 2^63 samples).
+        let past = ResumeError::PastEpoch { position: start.position, latest: sampler.latest_position() };
+        return Err(Refusal::Resume(past));
+    }
     sampler.restore(start.position)?;
     if !resolved.equal_steps {
         let warnings = data_warnings(&sampler, rt, resolved, None);

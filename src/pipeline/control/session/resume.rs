@@ -87,6 +87,17 @@ pub enum ResumeError {
         /// The state's worker.
         saved: WorkerOf,
     },
+    /// A position past the last one a session with these options reaches.
+    #[error(
+        "the state's position {position} is past the last a session with these options reaches ({latest}): \
+         not a state of such a session"
+    )]
+    PastEpoch {
+        /// The state's position.
+        position: u64,
+        /// [`minibatchd_engine::sampling::Sampler::latest_position`].
+        latest: u64,
+    },
     /// A count of minibatches no session reaches.
     #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
     Minibatches(u64),

@@ -374,6 +374,19 @@ impl Sampler {
         &self.timeline
     }
 
+    /// The last position a session with these options can be at: its epoch's end, or past it by
+    /// less than a sequence (the last minibatch takes the sequence it began whole) — less than a
+    /// sweep; an endless epoch's end (`u64::MAX / 2` samples) is never reached. A state past it
+    /// was not written by such a session.
+    #[must_use]
+    pub fn latest_position(&self) -> u64 {
+        if self.options.limit == EpochLimit::Infinite {
+            self.epoch_end - 1
+        } else {
+            self.epoch_end.saturating_add(self.sweep_size - 1)
+        }
+    }
+
     /// CNTK `SetState`: moves to the first sequence whose start is at or after
     /// `position % sweep_size` in that sweep's order; the position becomes
     /// `sweep * sweep_size + that start`. The epoch keeps its end, and a worker that the block
