@@ -133,6 +133,44 @@ fn a_checkpoint_damaged_on_disk_is_not_resumed_and_a_named_open_is_told() {
     assert!(dir.path().join("state/checkpoint.json.unreadable").exists(), "the damaged file is kept aside");
 }
 
+/// Found by a hostile probe: a named session whose linger ran out, then a restart, started over
+/// from minibatch 0 without a word (within one run the `open` is warned). The checkpoint now
+/// carries the names let go, so the warning survives the restart — and the one after it.
+#[test]
+fn a_name_let_go_before_a_restart_is_still_told_it_starts_afresh() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let datasets = dataset(dir.path());
+    let short = DAEMON.replace("session_linger_secs = 600", "session_linger_secs = 1");
+    write_config(dir.path(), &short, &datasets);
+    let mut d = Daemon::start(dir.path(), &[]);
+    let mut s = d.client().open("train", &named("expired")).expect("open");
+    take(&mut s, 3);
+    s.close().expect("close");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(d.stop().code(), Some(0));
+    let mut restarts = 0;
+    while restarts < 2 {
+        // A second restart before anyone opens the name: the note goes from checkpoint to checkpoint.
+        let mut d = Daemon::start(dir.path(), &[]);
+        restarts += 1;
+        if restarts == 2 {
+            let mut again = d.client().open("train", &named("expired")).expect("open by name");
+            assert_eq!(again.resumed, None, "its linger ran out");
+            assert!(
+                again.warnings.iter().any(|w| w.contains("\"expired\"") && w.contains("starts afresh")),
+                "{:?}",
+                again.warnings
+            );
+            assert_eq!(again.next_minibatch().expect("next").expect("a minibatch").meta.index, 0);
+        }
+        assert_eq!(d.stop().code(), Some(0));
+    }
+    // Told once: the next open of the name is no news.
+    let d = Daemon::start(dir.path(), &[]);
+    let again = d.client().open("train", &named("expired")).expect("open by name");
+    assert!(again.warnings.iter().all(|w| !w.contains("starts afresh")), "{:?}", again.warnings);
+}
+
 #[test]
 fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_taken() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -162,7 +162,11 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     if let Some(aside) = &found.set_aside {
         shared.registry().checkpoint_lost(aside, Instant::now());
     }
-    let restored = shared.registry().restore(found.sessions, found.written, found.clean, Instant::now());
+    let restored = {
+        let mut registry = shared.registry();
+        registry.restore_forgotten(found.forgotten, Instant::now());
+        registry.restore(found.sessions, found.written, found.clean, Instant::now())
+    };
     if restored > 0 {
         tracing::info!(sessions = restored, "sessions restored from the checkpoint; resumable by name");
     }

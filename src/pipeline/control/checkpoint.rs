@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::pipeline::control::session::SavedSession;
+use crate::pipeline::control::session::{ForgottenNote, SavedSession};
 
 /// File name in `state_dir`.
 pub const CHECKPOINT_FILE: &str = "checkpoint.json";
@@ -44,6 +44,11 @@ pub struct CheckpointV1 {
     pub reason: String,
     /// Connected and lingering sessions.
     pub sessions: Vec<SavedSession>,
+    /// Lingering sessions let go, the most recent first: an `open` by one of their names after a
+    /// restart is told it starts afresh. Absent when there are none (and in checkpoints written
+    /// before it was kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forgotten: Vec<ForgottenNote>,
     /// `crc32:` and 8 hex digits: [`content_checksum`] of the rest. Absent in checkpoints
     /// written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,13 +83,14 @@ pub enum Checkpoint {
 impl Checkpoint {
     /// A checkpoint of the current version.
     #[must_use]
-    pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>) -> Self {
+    pub fn new(daemon_id: u64, reason: &str, sessions: Vec<SavedSession>, forgotten: Vec<ForgottenNote>) -> Self {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let mut c = Self::V1(CheckpointV1 {
             written_unix_secs: now.as_secs(),
             daemon_id: minibatchd_client::protocol::hex64(daemon_id),
             reason: reason.to_owned(),
             sessions,
+            forgotten,
             checksum: None,
         });
         let checksum = content_checksum(&mut c);
@@ -105,8 +111,14 @@ impl Checkpoint {
     /// The sessions, whatever the version.
     #[must_use]
     pub fn into_sessions(self) -> Vec<SavedSession> {
+        self.into_parts().0
+    }
+
+    /// The sessions and the notes of sessions let go.
+    #[must_use]
+    pub fn into_parts(self) -> (Vec<SavedSession>, Vec<ForgottenNote>) {
         match self {
-            Self::V1(c) => c.sessions,
+            Self::V1(c) => (c.sessions, c.forgotten),
         }
     }
 }
@@ -181,6 +193,8 @@ pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
 pub struct Restored {
     /// Its sessions.
     pub sessions: Vec<SavedSession>,
+    /// Its notes of sessions let go.
+    pub forgotten: Vec<ForgottenNote>,
     /// When it was written (Unix seconds).
     pub written: u64,
     /// Written at a clean stop.
@@ -197,7 +211,8 @@ pub fn restore(state_dir: &Path) -> Restored {
     match read(state_dir) {
         Ok(Some(c)) => {
             let (written, clean) = c.written();
-            Restored { sessions: c.into_sessions(), written, clean, set_aside: None }
+            let (sessions, forgotten) = c.into_parts();
+            Restored { sessions, forgotten, written, clean, set_aside: None }
         }
         Ok(None) => Restored { clean: true, ..Restored::default() },
         Err(e) => {
@@ -245,7 +260,7 @@ mod tests {
     #[test]
     fn round_trips_atomically_with_a_version_tag() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let c = Checkpoint::new(0xabc, "shutdown", vec![session()]);
+        let c = Checkpoint::new(0xabc, "shutdown", vec![session()], Vec::new());
         write(dir.path(), &c).expect("write");
         let text = std::fs::read_to_string(path(dir.path())).expect("read");
         assert!(text.contains("\"version\": \"1\""), "{text}");
@@ -285,7 +300,7 @@ mod tests {
     fn a_checkpoint_others_could_write_is_set_aside() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().expect("tempdir");
-        write(dir.path(), &Checkpoint::new(1, "periodic", vec![session()])).expect("write");
+        write(dir.path(), &Checkpoint::new(1, "periodic", vec![session()], Vec::new())).expect("write");
         let mode = std::fs::metadata(path(dir.path())).expect("stat").permissions().mode() & 0o7777;
         assert_eq!(mode, 0o600);
         std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
@@ -300,7 +315,7 @@ mod tests {
     #[test]
     fn a_checkpoint_damaged_on_disk_is_set_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
-        write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()])).expect("write");
+        write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()], Vec::new())).expect("write");
         let good = std::fs::read(path(dir.path())).expect("read");
         assert!(String::from_utf8_lossy(&good).contains("\"checksum\": \"crc32:"));
         assert_eq!(restore(dir.path()).sessions, vec![session()]);

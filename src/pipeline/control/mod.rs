@@ -245,10 +245,15 @@ impl ControlPlane {
         }
         // One writer at a time: the temporary file's name is per process.
         let _writing = self.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let sessions = self.registry().snapshot(std::time::Instant::now());
+        let (sessions, forgotten) = {
+            let now = std::time::Instant::now();
+            let mut registry = self.registry();
+            (registry.snapshot(now), registry.forgotten_notes(now))
+        };
         let n = sessions.len();
         let state_dir = self.config().daemon.state_dir.clone();
-        let result = checkpoint::write(&state_dir, &checkpoint::Checkpoint::new(self.daemon_id, reason, sessions));
+        let c = checkpoint::Checkpoint::new(self.daemon_id, reason, sessions, forgotten);
+        let result = checkpoint::write(&state_dir, &c);
         self.data.metrics.checkpoint_written(result.is_ok());
         match result {
             Ok(()) => {

@@ -29,8 +29,8 @@ mod progress;
 mod resume;
 mod slots;
 
-pub use forgotten::FORGOTTEN_KEPT;
 use forgotten::{Forgotten, Gone};
+pub use forgotten::{ForgottenNote, FORGOTTEN_CHECKPOINTED, FORGOTTEN_KEPT};
 pub use options::{
     options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
     MAX_SLOT_SIZE_BYTES,

@@ -4,10 +4,35 @@
 //! registry's part of it: the notes taken, put back, and the checkpoint lost at start.
 
 use std::collections::{HashMap, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
 
 /// Names of lingering sessions the registry let go that it remembers.
 pub const FORGOTTEN_KEPT: usize = 4096;
+
+/// Of those, the most recent the checkpoint carries across a restart (it is written at every
+/// `open`: a few hundred short notes keep it small).
+pub const FORGOTTEN_CHECKPOINTED: usize = 256;
+
+/// A note of [`Forgotten`] as the checkpoint carries it, so that after a restart an `open` by
+/// the name of a session let go before it is still told it starts afresh (found by a probe: a
+/// name whose linger ran out, then a restart, started over from minibatch 0 without a word).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForgottenNote {
+    /// The session's name.
+    pub name: String,
+    /// Its owner's uid, where known.
+    #[serde(default)]
+    pub owner: Option<u32>,
+    /// Its linger time ran out at this Unix time (seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expired_unix_secs: Option<u64>,
+    /// The warning as told (pushed out by `max_sessions`, or told to a refused `open`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
 
 /// Why a lingering session is no longer kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +72,45 @@ pub struct Forgotten {
 }
 
 impl Forgotten {
+    /// The most recent [`FORGOTTEN_CHECKPOINTED`] notes, oldest first, as of `now`.
+    fn notes(&self, now: Instant, linger_secs: u64) -> Vec<ForgottenNote> {
+        let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let skip = self.order.len().saturating_sub(FORGOTTEN_CHECKPOINTED);
+        self.order
+            .iter()
+            .skip(skip)
+            .filter_map(|name| {
+                let (owner, gone) = self.by_name.get(name)?;
+                let (expired_unix_secs, message) = match gone {
+                    Gone::Expired(at) => {
+                        (Some(unix_now.saturating_sub(now.saturating_duration_since(*at).as_secs())), None)
+                    }
+                    other => (None, Some(other.message(name, linger_secs, now))),
+                };
+                Some(ForgottenNote { name: name.clone(), owner: *owner, expired_unix_secs, message })
+            })
+            .collect()
+    }
+
+    /// Takes back the notes of a checkpoint written by an earlier start, at `now`.
+    fn restore(&mut self, notes: Vec<ForgottenNote>, now: Instant) {
+        let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        for n in notes.into_iter().rev().take(FORGOTTEN_CHECKPOINTED).rev() {
+            let gone = match (n.expired_unix_secs, n.message) {
+                (Some(at), _) => match now.checked_sub(Duration::from_secs(unix_now.saturating_sub(at))) {
+                    Some(at) => Gone::Expired(at),
+                    None => Gone::Said(format!(
+                        "session {:?} was kept for resuming by name until its session_linger_secs ran out, before the daemon last started; this session starts afresh, not where that one ended: to continue it, open with the state its client saved (resume)",
+                        n.name
+                    )),
+                },
+                (None, Some(m)) => Gone::Said(m),
+                (None, None) => continue,
+            };
+            self.note(n.name, n.owner, gone);
+        }
+    }
+
     /// Remembers that `name`, of peer uid `owner` (`None`: unknown), was let go.
     pub fn note(&mut self, name: String, owner: Option<u32>, gone: Gone) {
         if self.by_name.insert(name.clone(), (owner, gone)).is_none() {
@@ -74,6 +138,25 @@ impl Forgotten {
 }
 
 impl super::Registry {
+    /// The notes of sessions let go that a checkpoint carries ([`FORGOTTEN_CHECKPOINTED`]).
+    #[must_use]
+    pub fn forgotten_notes(&self, now: Instant) -> Vec<ForgottenNote> {
+        self.forgotten.notes(now, self.linger.as_secs())
+    }
+
+    /// Takes back the notes of the checkpoint found at start (a name already noted keeps its own).
+    pub fn restore_forgotten(&mut self, notes: Vec<ForgottenNote>, now: Instant) {
+        let mut earlier = Forgotten::default();
+        earlier.restore(notes, now);
+        for name in earlier.order {
+            if let Some((owner, gone)) = earlier.by_name.remove(&name) {
+                if !self.forgotten.by_name.contains_key(&name) {
+                    self.forgotten.note(name, owner, gone);
+                }
+            }
+        }
+    }
+
     /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
     /// let it go since the daemon started (the most recent [`FORGOTTEN_KEPT`] names), or lost it
     /// with an unreadable checkpoint: a warning for an `open` that names it and so starts
@@ -109,6 +192,28 @@ impl super::Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checkpoint_carries_the_latest_notes_and_gives_them_back() {
+        let t0 = Instant::now();
+        let mut f = Forgotten::default();
+        for i in 0..FORGOTTEN_CHECKPOINTED + 3 {
+            f.note(format!("p{i}"), Some(7), Gone::Pushed);
+        }
+        f.note("e".into(), None, Gone::Expired(t0));
+        let notes = f.notes(t0 + Duration::from_secs(30), 60);
+        assert_eq!(notes.len(), FORGOTTEN_CHECKPOINTED, "the most recent only");
+        assert_eq!(notes.last().map(|n| (n.name.as_str(), n.message.is_none())), Some(("e", true)));
+        assert!(notes[0].message.as_deref().is_some_and(|m| m.contains("max_sessions")), "{:?}", notes[0]);
+        let mut back = Forgotten::default();
+        back.restore(notes, t0 + Duration::from_secs(40));
+        assert_eq!(back.take("p3", 7), None, "left out of the checkpoint");
+        let told = back.take("e", 1).expect("the expired note").message("e", 60, t0 + Duration::from_secs(40));
+        // The age comes from the wall clock, which did not move between the two calls.
+        assert!(told.contains("until 30 s ago") || told.contains("until 31 s ago"), "{told}");
+        let pushed = back.take(&format!("p{}", FORGOTTEN_CHECKPOINTED + 2), 7).expect("a pushed note");
+        assert!(pushed.message("x", 60, t0).contains("max_sessions"));
+    }
 
     #[test]
     fn notes_are_bounded_owned_and_taken_once() {
