@@ -391,6 +391,63 @@ fn a_changed_file_is_served_neither_from_the_parsed_cache_nor_to_new_sessions() 
     assert!(g.files_unchanged().is_err());
 }
 
+/// Found by a hostile probe: a file added to a directory dataset was left out of every new
+/// session's sweep until a reload, without a word (a file removed or replaced was refused). Now
+/// the directory's and the glob's matches are listed at `open`: a new file refuses new sessions,
+/// naming it, until a reload indexes it; a reload then serves it.
+#[test]
+fn a_file_added_to_a_directory_dataset_refuses_new_sessions_until_a_reload() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::ClientError;
+    use support::daemon::{options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let parts = p.join("parts");
+    std::fs::create_dir(&parts).expect("mkdir");
+    write(&parts, "a.svm", "1 1:1\n0 2:1\n");
+    write(&parts, "b.svm", "1 3:1\n");
+    write(p, "c.svm", "0 4:1\n");
+    let toml = "[datasets.dir]\nformat = \"libsvm\"\nfiles = [\"parts\"]\n\
+                [datasets.glob]\nformat = \"libsvm\"\nfiles = [\"*.svm\"]\n";
+    let state = p.join("state");
+    let by_dir = support::open(toml, "dir", p, &state);
+    let by_glob = support::open(toml, "glob", p, &state);
+    by_dir.files_unchanged().expect("as indexed");
+    by_glob.files_unchanged().expect("as indexed");
+    write(&parts, "new.svm", "1 5:1\n");
+    write(p, "d.svm", "1 6:1\n");
+    let e = by_dir.files_unchanged().expect_err("a file more in the directory").to_string();
+    assert!(e.contains("new.svm is new") && e.contains("3 files now, 2 when indexed"), "{e}");
+    let e = by_glob.files_unchanged().expect_err("a file more matches the glob").to_string();
+    assert!(e.contains("d.svm is new"), "{e}");
+    std::fs::remove_file(parts.join("new.svm")).expect("rm");
+    by_dir.files_unchanged().expect("the same files again");
+
+    // With the daemon: refused with data_error, then served after a reload.
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.dir]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n[datasets.dir.sampling]\nrandomize = false\n",
+            parts.display()
+        ),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(1) };
+    assert_eq!(daemon.read_all("dir", &opts, &["__instX"]).len(), 3);
+    write(&parts, "new.svm", "1 5:1\n");
+    match daemon.client().open("dir", &opts) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::DataError);
+            assert!(message.contains("new.svm is new"), "{message}");
+        }
+        other => panic!("a session on a directory with a file more: {:?}", other.map(|_| ())),
+    }
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    assert_eq!(daemon.read_all("dir", &opts, &["__instX"]).len(), 4, "the new file after a reload");
+}
+
 /// #15 item 6, with the daemon: after a data file is rewritten, SIGHUP opens the dataset again
 /// (its configuration did not change, its files did), and new sessions read the new file —
 /// never its bytes through the old index, nor the old chunks from the cache.

@@ -120,6 +120,22 @@ pub fn resolve_inputs(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<V
     Ok(out)
 }
 
+/// The local files `patterns` match now, in the order [`resolve_inputs`] gives them (patterns in
+/// object storage are left out: listing them is a request, made by a reload, not at every
+/// `open`); `None` when none of the local patterns can match other files than before — a plain
+/// file's name can only stop matching, which a stat of the file finds.
+///
+/// # Errors
+/// As [`resolve_inputs`] (a directory gone, more files than allowed).
+pub fn local_matches_now(patterns: &[PathBuf]) -> Result<Option<Vec<PathBuf>>> {
+    let local: Vec<PathBuf> = patterns.iter().filter(|p| !remote::is_remote(p)).cloned().collect();
+    let open_ended = |p: &PathBuf| p.to_string_lossy().contains(['*', '?', '[']) || p.is_dir();
+    if !local.iter().any(open_ended) {
+        return Ok(None);
+    }
+    resolve_with(&local, LIMITS).map(Some)
+}
+
 fn resolve_with(patterns: &[PathBuf], limits: Limits) -> Result<Vec<PathBuf>> {
     let mut r = Resolver { limits, out: Vec::new(), seen: HashMap::new(), entries: 0 };
     for p in patterns {

@@ -4,8 +4,13 @@
 //! which holds the bytes as they were indexed ([`Dataset::chunk_inputs_unchanged`]). A read of a
 //! file's bytes checks its version itself (`read::check_version`).
 
+use std::path::Path;
+
+use super::files::local_matches_now;
 use super::read::{check_path_version, version_of};
 use super::{resolve_inputs, Dataset, OpenSource, Stored};
+use crate::format::errors::DataError;
+use crate::remote;
 use crate::Result;
 
 impl OpenSource {
@@ -63,7 +68,35 @@ impl Dataset {
     pub fn files_unchanged(&self) -> Result<()> {
         self.sources.iter().try_for_each(|src| {
             (0..src.files.len()).try_for_each(|f| src.original_unchanged(f).and_then(|()| src.data_unchanged(f)))
-        })
+        })?;
+        self.file_sets_unchanged()
+    }
+
+    /// An error unless every source's local directories and globs still match the files indexed
+    /// (a listing of each, made only where a pattern is one). Found by a probe: a file added to a
+    /// directory dataset was left out of every new session's sweep until a reload, without a word.
+    fn file_sets_unchanged(&self) -> Result<()> {
+        for (cfg, src) in self.config.sources.iter().zip(&self.sources) {
+            let Some(now) = local_matches_now(&cfg.files)? else { continue };
+            let indexed: Vec<&Path> = src.files.iter().map(|f| &**f).filter(|f| !remote::is_remote(f)).collect();
+            if now.len() == indexed.len() && now.iter().zip(&indexed).all(|(a, b)| a == b) {
+                continue;
+            }
+            let added = now.iter().find(|f| !indexed.contains(&f.as_path()));
+            let what = match added {
+                Some(f) => format!("{} is new", f.display()),
+                None => "a file it held is gone".to_owned(),
+            };
+            let pattern =
+                cfg.files.iter().find(|p| !remote::is_remote(p)).map_or_else(|| Path::new(""), |p| p.as_path());
+            let message = format!(
+                "its files changed: the local patterns match {} files now, {} when indexed ({what})",
+                now.len(),
+                indexed.len()
+            );
+            return Err(DataError::io(pattern, std::io::Error::other(message)));
+        }
+        Ok(())
     }
 
     /// An error unless the bytes chunk `chunk` is read from are still the versions indexed: its
