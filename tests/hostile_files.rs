@@ -482,6 +482,40 @@ fn a_reload_indexes_again_a_dataset_whose_file_changed() {
     assert_ne!(after, before, "the new file's values");
 }
 
+/// Found by a hostile probe: after a reload failed to index a changed file (emptied), every
+/// `open` was refused with the file's change and told to send SIGHUP — the reload that had just
+/// failed — without why. The refusal now says why the last reload could not index it.
+#[test]
+fn a_session_refused_after_a_failed_reload_is_told_why_it_failed() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::ClientError;
+    use support::daemon::{options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let data = write(p, "d.svm", libsvm_text());
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!("[datasets.d]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n", data.display()),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(8) };
+    assert!(!daemon.read_all("d", &opts, &["__instX"]).is_empty());
+    std::fs::write(&data, "").expect("empty the file");
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    match daemon.client().open("d", &opts) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::DataError);
+            assert!(
+                message.contains("the last reload could not index it again") && message.contains("no sequence"),
+                "{message}"
+            );
+        }
+        other => panic!("a session on an emptied file: {:?}", other.map(|_| ())),
+    }
+}
+
 /// Puts `bytes` at `path` as another file (a new inode, renamed over it) with `path`'s size and
 /// modification time, as a build that normalises mtimes (`cp -p`, `rsync -t`, `tar --mtime`,
 /// `SOURCE_DATE_EPOCH`) does.

@@ -95,12 +95,14 @@ pub enum Refusal {
         limit: u64,
     },
     /// A file of the dataset changed since it was indexed: no session is opened on the old index.
-    #[error("dataset '{name}' changed since it was indexed: {source}")]
+    #[error("dataset '{name}' changed since it was indexed: {source}{}", reopen_failure.as_ref().map_or_else(String::new, |e| format!("; the last reload could not index it again: {e}")))]
     Changed {
         /// The dataset.
         name: String,
         /// The file and what changed.
         source: minibatchd_engine::format::errors::DataError,
+        /// Why the last reload could not index its files again, if it tried.
+        reopen_failure: Option<String>,
     },
     /// The session could not be written to the daemon checkpoint (a full or read-only
     /// `state_dir`): without it, a crash would lose the session's name and position silently.

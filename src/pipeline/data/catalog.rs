@@ -86,6 +86,10 @@ pub struct DatasetRuntime {
     pub value_bytes: u64,
     /// Reader and parser counters of this dataset.
     pub metrics: DatasetMetrics,
+    /// Why the last reload could not open a new version of it (its files changed), while this
+    /// version goes on serving: said to a session refused on the changed files, which would
+    /// otherwise be told to send the SIGHUP that just failed.
+    pub reopen_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl DatasetRuntime {
@@ -118,6 +122,7 @@ impl DatasetRuntime {
             value_bytes,
             dataset,
             metrics,
+            reopen_failure: std::sync::Mutex::new(None),
         }
     }
 
@@ -280,7 +285,7 @@ impl Catalog {
                 Ok(rt)
             }
             Err(e) => {
-                tracing::error!(dataset = %name, error = %e, elapsed_ms, "cannot open dataset; sessions on it are refused");
+                tracing::error!(dataset = %name, error = %e, elapsed_ms, "cannot open dataset");
                 self.by_name.insert(name.to_owned(), Err(e.clone()));
                 Err(e)
             }
@@ -337,6 +342,8 @@ impl Catalog {
                 Ok(_) => changes.changed.push(name),
                 Err(e) => {
                     if let Some(Ok(old)) = self.by_name.get(&name) {
+                        *old.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                            Some(e.to_string());
                         catalog.by_name.insert(name.clone(), Ok(old.clone()));
                         if let Some(c) = self.configs.get(&name) {
                             catalog.configs.insert(name.clone(), c.clone());

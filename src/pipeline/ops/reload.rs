@@ -268,7 +268,11 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
     for name in &p.changes.kept_old {
-        tracing::warn!(dataset = %name, "the new version failed to open; the old version goes on serving");
+        let error = p.changes.failed.iter().find(|(n, _)| n == name).map(|(_, e)| e.to_string()).unwrap_or_default();
+        tracing::warn!(dataset = %name, %error, "the new version failed to open; the old version goes on serving its open sessions (new ones on changed files are refused, saying why)");
+    }
+    for (name, _) in p.changes.failed.iter().filter(|(n, _)| !p.changes.kept_old.contains(n)) {
+        tracing::warn!(dataset = %name, "sessions on it are refused until a reload opens it");
     }
     for name in &p.changes.removed {
         shared.data.metrics.data.forget_dataset(name);

@@ -283,7 +283,8 @@ pub(in crate::pipeline::control) fn unchanged_dataset(
     if !Arc::ptr_eq(&now, &rt) && now.dataset.files_unchanged().is_ok() {
         return Ok(now);
     }
-    Err(Refusal::Changed { name: name.to_owned(), source })
+    let reopen_failure = rt.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    Err(Refusal::Changed { name: name.to_owned(), source, reopen_failure })
 }
 
 /// The state of a fresh session of `dataset` (identity `identity`, options hash `ohash`) at
