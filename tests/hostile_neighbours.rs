@@ -498,3 +498,76 @@ fn a_client_that_never_reads_is_disconnected() {
     let mut s = d.client().open("train", &options(8)).expect("open");
     assert!(s.next_minibatch().expect("served").is_some());
 }
+
+/// Found by a hostile probe: `max_errors` was one budget per dataset in the daemon, spent by every
+/// session together — with `max_errors = 1` and a bad line in each rank's chunks, the second rank
+/// failed at its first minibatch, where `dump` of each rank delivers its whole sweep; and once
+/// spent, the chunk failed every later session until a restart. Each session now charges its own
+/// budget, as `dump` of its options (or one CNTK process) does: each rank equals its dump, again
+/// and again, and a session whose own budget runs out fails where its dump fails.
+#[test]
+fn each_session_has_its_own_error_budget_as_dump_does() {
+    use minibatchd_client::protocol::SessionOptions;
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let mut text = String::new();
+    for i in 1..=200u32 {
+        let value = if i == 10 || i == 190 { "bad".to_owned() } else { "1".to_owned() };
+        let _ = writeln!(text, "1 {i}:{value}");
+    }
+    let data = write(p, "two.svm", text);
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.two]\nformat = \"libsvm\"\nfiles = [\"{}\"]\nmax_errors = 1\nchunk_size_bytes = 100\n\
+             [datasets.strict]\nformat = \"libsvm\"\nfiles = [\"{}\"]\nmax_errors = 0\nchunk_size_bytes = 100\n",
+            data.display(),
+            data.display()
+        ),
+    );
+    let d = Daemon::start(p, &[]);
+    for round in 0..2 {
+        for rank in 0..2u64 {
+            let opts = SessionOptions {
+                full_sweep: true,
+                seed: Some(1),
+                num_workers: Some(2),
+                rank: Some(rank),
+                ..options(8)
+            };
+            let r = rank.to_string();
+            let want = d
+                .dump("two", &["--minibatch-size", "8", "--full-sweep", "--seed", "1", "--workers", "2", "--rank", &r]);
+            assert!(!want.is_empty());
+            assert_eq!(d.read_all("two", &opts, &["__instX", "__instY"]), want, "round {round}, rank {rank}");
+        }
+    }
+    // With no error allowed, a session fails at the minibatch its dump fails at, whatever the
+    // sessions before it found.
+    let out = Command::new(support::BIN)
+        .args(["dump", "--config"])
+        .arg(p.join("minibatchd.toml"))
+        .args(["--dataset", "strict", "--minibatch-size", "8", "--full-sweep", "--seed", "1"])
+        .output()
+        .expect("dump");
+    assert!(!out.status.success(), "the strict dump fails");
+    let dumped = String::from_utf8_lossy(&out.stdout).lines().count();
+    for _ in 0..2 {
+        let opts = SessionOptions { full_sweep: true, seed: Some(1), ..options(8) };
+        let mut s = d.client().open("strict", &opts).expect("open");
+        let mut got = 0;
+        let failure = loop {
+            match s.next_minibatch() {
+                Ok(Some(_)) => got += 1,
+                Ok(None) => panic!("the strict session ended without its error"),
+                Err(ClientError::Daemon { code, message, .. }) => break (code, message),
+                Err(e) => panic!("{e}"),
+            }
+        };
+        assert_eq!(failure.0, ErrorCode::DataError, "{failure:?}");
+        assert!(failure.1.contains("two.svm"), "{failure:?}");
+        assert_eq!(got, dumped, "fails where its dump fails");
+    }
+}

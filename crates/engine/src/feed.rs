@@ -405,6 +405,7 @@ mod tests {
                 Arc::new(ParsedChunk {
                     chunk: c,
                     num_sequences: n,
+                    malformed: Vec::new(),
                     streams: vec![StreamData::new(
                         (0..=n).collect(),
                         StreamValues::Dense { dim: 1, values: Values::F32(values) },

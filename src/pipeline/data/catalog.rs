@@ -262,6 +262,8 @@ impl Catalog {
             indexing.advance(name, p, metrics);
         })
         .map(|mut ds| {
+            // `max_errors` counts per session, as per `dump` of the session's options.
+            ds.charge_per_reader();
             ds.set_huge_pages(self.huge.clone());
             let parsed = self.parsed.get_or_init(|| crate::parsed_cache::open(&config.daemon, &self.huge));
             crate::parsed_cache::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);

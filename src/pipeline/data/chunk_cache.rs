@@ -609,6 +609,7 @@ mod tests {
         Arc::new(ParsedChunk {
             chunk: 0,
             num_sequences: 1,
+            malformed: Vec::new(),
             streams: vec![StreamData::new(
                 vec![0, 1],
                 StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n].into()) },
@@ -695,6 +696,7 @@ mod tests {
         Arc::new(ParsedChunk {
             chunk: 0,
             num_sequences: 1,
+            malformed: Vec::new(),
             streams: vec![StreamData::new(vec![0, 1], StreamValues::Dense { dim: n, values: Values::F32(column) })],
         })
     }

@@ -22,8 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use minibatchd_client::protocol as wire;
+use minibatchd_engine::dataset::charge_chunk;
 use minibatchd_engine::format::chunk::ParsedChunk;
-use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::format::errors::{DataError, ErrorBudget};
 use minibatchd_engine::minibatch::{gather_mixture, gather_mixture_copied, ChunkSource, Gathered, StreamShape};
 use minibatchd_engine::sampling::mixture::{Mixture, MixturePlan, MixtureState, SourceState};
 use minibatchd_engine::sampling::Timeline;
@@ -133,6 +134,9 @@ pub struct MixturePlanner {
     id: u64,
     /// It said in the log that a minibatch was gathered a chunk at a time.
     told_parts: bool,
+    /// Per source, the session's own error budgets (one per source of its dataset): the
+    /// malformed places of the chunks it loads are charged to them, as `dump` does.
+    budgets: Vec<Vec<ErrorBudget>>,
 }
 
 impl MixturePlanner {
@@ -149,7 +153,9 @@ impl MixturePlanner {
     ) -> Self {
         let held = vec![HashMap::new(); sources.len()];
         let orders = sources.iter().map(|s| s.order.clone()).collect();
+        let budgets = sources.iter().map(|s| s.runtime.dataset.reader_budgets()).collect();
         Self {
+            budgets,
             sources,
             shapes,
             orders,
@@ -235,6 +241,7 @@ impl MixturePlanner {
             *wait += asked.elapsed();
             match got {
                 Ok(chunk) => {
+                    charge_chunk(&self.budgets[s as usize], &chunk)?;
                     self.held[s as usize].insert(c, chunk);
                 }
                 Err(e @ (FetchError::OverLimit { .. } | FetchError::Behind)) => return Ok(Some(e)),
@@ -304,7 +311,10 @@ impl MixturePlanner {
             let got = self.cache.get(self.key(s, c), stop, self.id);
             p.cache_wait += asked.elapsed();
             let chunk = match got {
-                Ok(chunk) => chunk,
+                Ok(chunk) => {
+                    charge_chunk(&self.budgets[s as usize], &chunk)?;
+                    chunk
+                }
                 Err(FetchError::OverLimit { .. } | FetchError::Behind) => {
                     // Others hold the memory: wait in line, keeping the copies made.
                     self.wait_for_memory(stop, &mut p.memory_wait);

@@ -225,7 +225,7 @@ impl Dataset {
         for s in &mut streams {
             s.shrink_to_fit();
         }
-        Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams }, by_source))
+        Ok((ParsedChunk { chunk, num_sequences: seqs.len(), streams, malformed: Vec::new() }, by_source))
     }
 
     /// Windows over bytes `start..end` of `src`'s file `file`: the file (checked against the

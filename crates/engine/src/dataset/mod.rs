@@ -106,6 +106,18 @@ struct OpenSource {
     first_stream: usize,
 }
 
+/// Charges `chunk`'s malformed places ([`ParsedChunk::malformed`]) to one reader's `budgets`
+/// ([`Dataset::reader_budgets`]); a place charged before (the chunk loaded again) costs nothing.
+///
+/// # Errors
+/// [`crate::format::errors::DataError::TooManyErrors`] with the first place past a budget.
+pub fn charge_chunk(budgets: &[ErrorBudget], chunk: &ParsedChunk) -> Result<()> {
+    for (budget, places) in budgets.iter().zip(&chunk.malformed) {
+        budget.charge(places)?;
+    }
+    Ok(())
+}
+
 /// An opened dataset.
 pub struct Dataset {
     config: DatasetConfig,
@@ -119,6 +131,8 @@ pub struct Dataset {
     timeline: Arc<Timeline>,
     /// One error budget per source: CNTK's `maxErrors` is a per-deserializer counter.
     budgets: Vec<ErrorBudget>,
+    /// Each reader charges a budget of its own ([`Dataset::charge_per_reader`]).
+    per_reader: bool,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
     /// The parsed cache, if this dataset uses one.
@@ -236,6 +250,7 @@ impl Dataset {
             locs,
             timeline: Arc::new(timeline),
             budgets,
+            per_reader: false,
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
             parsed: None,
@@ -396,10 +411,31 @@ impl Dataset {
     }
 
     /// The error budgets, one per source (each source is one CNTK deserializer, and
-    /// `max_errors` is counted per deserializer), shared by every reader of this dataset.
+    /// `max_errors` is counted per deserializer), shared by every reader of this dataset — unless
+    /// each reader has its own ([`Dataset::charge_per_reader`]): then these only say which places
+    /// were found before (each is logged and counted once), and never run out.
     #[must_use]
     pub fn budgets(&self) -> &[ErrorBudget] {
         &self.budgets
+    }
+
+    /// Each reader of this dataset — a daemon's session — charges the malformed places of the
+    /// chunks it uses to budgets of its own ([`Dataset::reader_budgets`], [`charge_chunk`]), as
+    /// one `dump` (or one CNTK process) with its options would: a parse keeps the places with the
+    /// chunk ([`ParsedChunk::malformed`]) instead of failing once the dataset's shared budget
+    /// runs out. Found by a probe: with `max_errors = 1` and a bad line in each rank's chunks,
+    /// the second rank failed at its first minibatch, its budget spent by the first rank's line,
+    /// where `dump` of each rank delivers its sweep; and once spent, the chunk failed every later
+    /// session until a restart.
+    pub fn charge_per_reader(&mut self) {
+        self.per_reader = true;
+        self.budgets = self.budgets.iter().map(|_| ErrorBudget::new(u64::MAX)).collect();
+    }
+
+    /// Fresh budgets for one reader ([`Dataset::charge_per_reader`]): `max_errors` per source.
+    #[must_use]
+    pub fn reader_budgets(&self) -> Vec<ErrorBudget> {
+        self.sources.iter().map(|_| ErrorBudget::new(self.config.max_errors)).collect()
     }
 
     /// A stable identity of the data and the options that shape the timeline: the files' paths,
@@ -505,6 +541,11 @@ impl Dataset {
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
         let fresh = self.charge(&errors)?;
+        let mut parsed = parsed;
+        if self.per_reader {
+            let keep = usize::try_from(self.config.max_errors.saturating_add(1)).unwrap_or(usize::MAX);
+            parsed.malformed = errors.iter().map(|e| e[..e.len().min(keep)].to_vec()).collect();
+        }
         // Only a chunk without malformed places is persisted: one with errors is parsed again
         // each time, so its errors reach the budget and the logs exactly as without the cache.
         if let Some(p) = &self.parsed {

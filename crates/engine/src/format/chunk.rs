@@ -11,6 +11,8 @@
 
 use std::sync::Arc;
 
+use crate::format::errors::Malformed;
+
 pub use minibatchd_sys::{Column, FileMapping};
 
 /// Element values of a stream of a chunk, in the dataset's precision: owned when parsed, a
@@ -356,6 +358,11 @@ pub struct ParsedChunk {
     pub num_sequences: usize,
     /// One entry per configured stream.
     pub streams: Vec<StreamData>,
+    /// The malformed places its parse found and left out, per source in file order (the first
+    /// `max_errors + 1` of each: more cannot change where a budget runs out): kept with the chunk
+    /// where each reader charges its own budget ([`crate::dataset::Dataset::charge_per_reader`]);
+    /// empty otherwise, and for a chunk of the parsed cache (only clean chunks are persisted).
+    pub malformed: Vec<Vec<Malformed>>,
 }
 
 impl ParsedChunk {
@@ -394,6 +401,8 @@ impl ParsedChunk {
             chunk: self.chunk,
             num_sequences: locals.len(),
             streams: self.streams.iter().map(|s| s.select(locals)).collect(),
+            // Charged when the chunk was loaded.
+            malformed: Vec::new(),
         }
     }
 

@@ -84,7 +84,7 @@ fn chunks(
         assert_eq!(streams[1].unit_entries() && streams[2].unit_entries(), unit[c]);
         map.insert(
             u32::try_from(c).expect("two chunks"),
-            std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams }),
+            std::sync::Arc::new(ParsedChunk { chunk: c, num_sequences: lens.len(), streams, malformed: Vec::new() }),
         );
     }
     (crate::sampling::Timeline { seq_len: vec![1; 7].into(), chunk_start: vec![0, 4, 7] }, map)

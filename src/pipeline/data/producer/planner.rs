@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use minibatchd_engine::dataset::charge_chunk;
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
-use minibatchd_engine::format::errors::DataError;
+use minibatchd_engine::format::errors::{DataError, ErrorBudget};
 use minibatchd_engine::minibatch::{Gathered, Parts};
 use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan};
 
@@ -93,6 +94,9 @@ pub(super) struct Planner {
     shed_total: u64,
     shed_counted: u64,
     shed_rate: f32,
+    /// The session's own error budgets, one per source: the malformed places of the chunks it
+    /// uses are charged to them as it loads each ([`charge_chunk`]), as `dump` does.
+    budgets: Arc<[ErrorBudget]>,
 }
 
 impl Planner {
@@ -105,7 +109,6 @@ impl Planner {
         metrics: SessionMetrics,
     ) -> Self {
         Self {
-            runtime,
             cache,
             feeder,
             minibatch_size,
@@ -120,6 +123,8 @@ impl Planner {
             shed_total: 0,
             shed_counted: 0,
             shed_rate: 0.0,
+            budgets: runtime.dataset.reader_budgets().into(),
+            runtime,
         }
     }
 
@@ -170,8 +175,15 @@ impl Planner {
         cache_wait: &mut Duration,
     ) -> (Result<Gathered, DataError>, Option<(u32, u64, FetchError)>) {
         let mut over_limit = None;
-        let mut load =
-            load_through(&self.cache, self.id, self.runtime.index, wanted, stop, cache_wait, &mut over_limit);
+        let mut load = load_through(
+            &self.cache,
+            (self.id, &self.budgets),
+            self.runtime.index,
+            wanted,
+            stop,
+            cache_wait,
+            &mut over_limit,
+        );
         let built = self.feeder.gather(plan, &mut load);
         drop(load);
         (built, over_limit)
@@ -190,7 +202,8 @@ impl Planner {
         let wanted: Vec<u32> = ahead.parts.missing().collect();
         let cache = self.cache.clone();
         let mut over_limit = None;
-        let mut load = load_through(&cache, self.id, ds, &wanted, stop, cache_wait, &mut over_limit);
+        let budgets = self.budgets.clone();
+        let mut load = load_through(&cache, (self.id, &budgets), ds, &wanted, stop, cache_wait, &mut over_limit);
         let built = self.feeder.gather_parts(
             &ahead.plans,
             &mut ahead.parts,
@@ -456,12 +469,12 @@ impl Locate for Planner {
 }
 
 /// The loader a producer gathers through: each chunk from the shared cache (asking for the
-/// `wanted` ones not loaded yet ahead of it), the time it waits counted in `cache_wait`; a load
-/// refused at the memory limit is an error, with the chunk, the bytes held and why in
-/// `over_limit`.
+/// `wanted` ones not loaded yet ahead of it), its malformed places charged to the session's
+/// `budgets`, the time it waits counted in `cache_wait`; a load refused at the memory limit is an
+/// error, with the chunk, the bytes held and why in `over_limit`.
 fn load_through<'a>(
     cache: &'a SharedCache,
-    by: u64,
+    (by, budgets): (u64, &'a [ErrorBudget]),
     ds: u32,
     wanted: &'a [u32],
     stop: &'a AtomicBool,
@@ -476,6 +489,9 @@ fn load_through<'a>(
         let got = cache.get(ChunkKey::new(ds, chunk), stop, by);
         *cache_wait += asked.elapsed();
         loaded.push(chunk);
+        if let Ok(c) = &got {
+            charge_chunk(budgets, c)?;
+        }
         got.map_err(|e| match e {
             FetchError::Failed(e) => e,
             e @ (FetchError::OverLimit { .. } | FetchError::Behind) => {

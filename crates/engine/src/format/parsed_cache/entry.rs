@@ -394,5 +394,9 @@ pub(super) fn decode(
     if r.at != r.end {
         return None;
     }
-    Some((ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams }, loaded_as, checksum))
+    Some((
+        ParsedChunk { chunk: want.chunk, num_sequences: want.num_sequences, streams, malformed: Vec::new() },
+        loaded_as,
+        checksum,
+    ))
 }

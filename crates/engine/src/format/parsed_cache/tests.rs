@@ -21,6 +21,7 @@ fn chunk(n: usize) -> ParsedChunk {
     ParsedChunk {
         chunk: n,
         num_sequences: 2,
+        malformed: Vec::new(),
         streams: vec![
             StreamData::new(
                 vec![0, 2, 3],
@@ -277,6 +278,7 @@ fn large_f64_chunk(n: usize) -> (ParsedChunk, Vec<StreamSpec>) {
     let chunk = ParsedChunk {
         chunk: 5,
         num_sequences: 2,
+        malformed: Vec::new(),
         streams: vec![
             StreamData::new(vec![0, 1, n], StreamValues::Dense { dim: 2, values: Values::F64(dense.into()) }),
             StreamData::new(
