@@ -27,6 +27,35 @@ fn every_line_is_a_record_after_the_header_empty_ones_too() {
     assert_eq!(index(b"\n\n", 0), vec![(0, 0, 1), (1, 1, 1)]);
 }
 
+/// Found by a probe: a line of many empty fields cost 24 bytes a field, parsed, before it was
+/// found malformed (985 MB for a line of 40 MB). The index refuses a line past the largest
+/// sequence, and the split stops at the first field past the columns.
+#[test]
+fn a_line_past_the_largest_sequence_or_the_columns_costs_no_more_than_the_columns() {
+    let line = format!("1,2\n{}\n3,4\n", ",".repeat(100));
+    let limits = IndexLimits { max_sequence_bytes: 64, ..IndexLimits::UNBOUNDED };
+    let e = index_reader(
+        line.as_bytes(),
+        name(),
+        line.len() as u64,
+        CsvLayout { skip_header_lines: 0 },
+        limits,
+        &mut |_| {},
+    )
+    .expect_err("a line of 101 bytes past 64")
+    .to_string();
+    assert!(e.contains("data.csv:2: byte offset 4") && e.contains("exceeds the largest allowed, 64 bytes"), "{e}");
+    assert_eq!(index(line.as_bytes(), 0).len(), 3, "within the limits: a record");
+    let many = ",".repeat(1 << 20);
+    assert_eq!(
+        split_fields_upto(many.as_bytes(), b',', true, 2).map(|f| f.len()),
+        Err("expected 2 fields, found more".into())
+    );
+    assert_eq!(split_fields_upto(b"1,2", b',', true, 2).map(|f| f.len()), Ok(2));
+    assert_eq!(split_fields_upto(b"1,", b',', true, 2).map(|f| f.len()), Ok(2));
+    assert!(split_fields_upto(b"1,2,", b',', true, 2).is_err());
+}
+
 fn fields(line: &str) -> Result<Vec<String>, String> {
     split_fields(line.as_bytes(), b',', true)
         .map(|v| v.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect())
