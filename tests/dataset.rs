@@ -583,3 +583,23 @@ files = ["big.svm"]
         assert!(one == two, "{name}: the index in parts differs from the one-thread index");
     }
 }
+
+/// Found by a probe: a place left out as `max_errors` allows can be what makes a chunk fail (a
+/// sparse index past the dimension drops the stream's only sample, and the sequence then lacks
+/// the stream); the fatal error said only the consequence, and the charged place was never
+/// logged (a failed chunk's warnings are not). The fatal error now names the first of them.
+#[test]
+fn a_fatal_error_names_the_tolerated_place_that_led_to_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "a.ctf", "|a 0:1 4:1\n");
+    let toml =
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"a.ctf\"]\nmax_errors = 10\n\
+        [datasets.d.streams.a]\ndim = 4\nformat = \"sparse\"\n";
+    let e = open(dir.path(), toml).load_chunk(0).expect_err("the sequence lacks stream a").to_string();
+    assert!(e.contains("has no sample in sequence 0"), "{e}");
+    assert!(e.contains("the first: ") && e.contains("byte offset 7: sparse index 4 exceeds the maximum 3"), "{e}");
+    // With no error allowed, the place itself stops the read, as before.
+    let strict = toml.replace("max_errors = 10", "max_errors = 0");
+    let e = open(dir.path(), &strict).load_chunk(0).expect_err("the place stops the read").to_string();
+    assert!(e.contains("byte offset 7: sparse index 4 exceeds the maximum 3") && !e.contains("the first: "), "{e}");
+}

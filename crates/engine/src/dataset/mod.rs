@@ -580,9 +580,24 @@ impl Dataset {
         let result = self
             .charge(by_source)
             .and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
-        match result {
-            Ok(_) => fatal,
-            Err(too_many) => too_many,
+        match (result, fatal) {
+            (Err(too_many), _) => too_many,
+            // Found by a probe: a place left out as `max_errors` allows can be what makes the fatal
+            // condition (a sparse index past the dimension drops a stream's only sample, and the
+            // sequence then lacks the stream): the fatal error names the first of them, which the
+            // log would not show (a failed chunk's warnings are not logged).
+            (Ok(_), DataError::Fatal { at, message }) => {
+                let tolerated: Vec<&Malformed> = by_source.iter().flatten().chain(current).collect();
+                let message = match tolerated.first() {
+                    Some(first) => format!(
+                        "{message} (before it in this chunk, {} malformed place(s) left out as max_errors allows, the first: {first})",
+                        tolerated.len()
+                    ),
+                    None => message,
+                };
+                DataError::Fatal { at, message }
+            }
+            (Ok(_), fatal) => fatal,
         }
     }
 
