@@ -410,12 +410,14 @@ impl ParsedChunk {
     /// counts its whole mapping beside the copies made from it (its offsets): the
     /// checksum read every page of the mapping in, and a page of offsets that shares a 2 MiB
     /// folio with a column stays mapped as long as the column (counting only the mapped
-    /// columns, a 26 GiB file's mapped chunks held ~4 % more than counted).
+    /// columns, a 26 GiB file's mapped chunks held ~4 % more than counted). The malformed places
+    /// kept with it count too.
     #[must_use]
     pub fn size_bytes(&self) -> usize {
         self.streams.iter().map(StreamData::size_bytes).sum::<usize>()
             + self.mapping().map_or(0, |m| m.len())
             + std::mem::size_of::<Self>()
+            + self.malformed.iter().flatten().map(|m| std::mem::size_of::<Malformed>() + m.message.len()).sum::<usize>()
     }
 }
 
