@@ -285,10 +285,17 @@ impl Indexer {
             } else if first.is_ascii_digit() {
                 Mode::Ids
             } else {
+                // A compressed file's magic bytes: say so (found by a probe: a gzipped CTF file was
+                // told only that 0x1f is not a digit).
+                let hint = if line.starts_with(&[0x1f, 0x8b]) {
+                    " (the file starts as gzip data does: CTF inputs are read as text, not decompressed; decompress it first)"
+                } else {
+                    ""
+                };
                 return Err(self.fatal(
                     offset,
                     format!(
-                        "expected a sequence id (a decimal number) at the start of the first line, found {}",
+                        "expected a sequence id (a decimal number) at the start of the first line, found {}{hint}",
                         show_byte(first)
                     ),
                 ));

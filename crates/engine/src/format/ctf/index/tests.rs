@@ -42,6 +42,7 @@ fn byte_ranges_cover_the_sequence_up_to_the_next() {
 fn boms_and_leading_whitespace() {
     assert_eq!(shape("\u{feff}|a 1\n", false, None), vec![(0, 1)]);
     assert!(fatal(b"\xff\xfe|\x00a").contains("UTF-16"));
+    assert!(fatal(b"\x1f\x8b\x08\x00").contains("starts as gzip data does"));
     // Leading blank lines are skipped; line-mode keys still count them.
     assert_eq!(shape("\n\n  |a 1\n|a 2\n", false, None), vec![(2, 1), (3, 1)]);
 }
