@@ -390,6 +390,12 @@ impl Catalog {
         self.by_name.values().filter_map(|r| r.as_ref().ok()).map(|rt| rt.dataset.index_bytes()).sum()
     }
 
+    /// The parse identities of the datasets in force ([`Dataset::parse_identity`]).
+    #[must_use]
+    pub fn parse_identities(&self) -> std::collections::HashSet<u64> {
+        self.by_name.values().filter_map(|r| r.as_ref().ok()).map(|rt| rt.dataset.parse_identity()).collect()
+    }
+
     /// Datasets (ready, failed).
     #[must_use]
     pub fn counts(&self) -> (usize, usize) {

@@ -280,7 +280,17 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
     if p.config.daemon.huge_pages != shared.config().daemon.huge_pages {
         apply_huge_pages(p.catalog.huge_pages(), p.config.daemon.huge_pages);
     }
+    // The parsed-cache entries of the versions that changed datasets replace, unless a dataset
+    // in force still reads them (a configuration change that leaves the parse alone).
+    let replaced: Vec<u64> = p
+        .changes
+        .changed
+        .iter()
+        .filter_map(|name| shared.data.dataset(name).ok())
+        .map(|old| old.dataset.parse_identity())
+        .collect();
     shared.replace(p.config, p.catalog);
+    forget_replaced_entries(shared, &replaced);
     shared.data.indexing.clear_finished(&shared.data.metrics);
     // A chunk that failed (a file that was unreadable or malformed) is read again when next
     // asked: the reload is how an operator says the data was repaired.
@@ -290,6 +300,20 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
     }
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
     true
+}
+
+/// Removes the parsed-cache entries of the dataset versions with parse identities `replaced`
+/// that no dataset now in force reads.
+fn forget_replaced_entries(shared: &ControlPlane, replaced: &[u64]) {
+    let catalog = shared.data.catalog();
+    let Some(cache) = catalog.parsed_cache() else { return };
+    let in_force: std::collections::HashSet<u64> = catalog.parse_identities();
+    for &identity in replaced.iter().filter(|i| !in_force.contains(i)) {
+        let removed = cache.forget_identity(identity);
+        if removed > 0 {
+            tracing::info!(entries = removed, identity = %format!("{identity:016x}"), "parsed-cache entries of a replaced dataset version removed");
+        }
+    }
 }
 
 /// Why `p` cannot be applied beside the sessions open in `reg`, if it cannot. A lowered

@@ -423,6 +423,20 @@ impl ParsedCache {
         }
     }
 
+    /// Removes every entry of the dataset with `identity` (its files changed and it was opened
+    /// again: no reader asks for them any more); returns how many. Found by a probe: 573
+    /// rewrites of a 760 KB file left 294 MB of entries that could never be served again, until
+    /// the cache's bound pushed them out.
+    pub fn forget_identity(&self, identity: u64) -> usize {
+        let prefix = format!("{identity:016x}-");
+        let names: Vec<String> = self.lock().entries.keys().filter(|n| n.starts_with(&prefix)).cloned().collect();
+        for name in &names {
+            let _ = std::fs::remove_file(self.dir.join(name));
+            self.lock().forget(name);
+        }
+        names.len()
+    }
+
     /// Removes least-recently-used entries (not `keep`) until at most `target` bytes are left.
     fn evict_to(&self, target: u64, keep: &str) {
         loop {

@@ -440,3 +440,21 @@ fn a_version_settles_two_seconds_after_its_last_change() {
     assert!(!v.settled_by(106));
     assert!(v.settled_by(107));
 }
+
+#[test]
+fn the_entries_of_a_replaced_identity_are_removed_and_no_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = open(dir.path(), 1 << 30);
+    let other = ID ^ 1;
+    for n in 0..3 {
+        c.put(ID, &chunk(n));
+        c.put(other, &chunk(n));
+    }
+    let before = c.stats();
+    assert_eq!(c.forget_identity(ID), 3);
+    assert!(get(&c, 0).is_none(), "gone");
+    assert!(c.get(other, 1, 2, &specs(), Precision::Float32).is_some(), "another identity's entry stays");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 3, "its files removed");
+    assert!(c.stats().bytes < before.bytes, "{:?} then {:?}", before, c.stats());
+    assert_eq!(c.forget_identity(ID), 0);
+}
