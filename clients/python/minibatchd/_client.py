@@ -306,6 +306,9 @@ class Client:
             options.setdefault("num_workers", world)
             if (options.get("num_workers") or 1) > 1 and options.get("resume_job") is None:
                 options.setdefault("equal_steps", True)
+            if not options.get("equal_steps"):
+                # tail only shapes equal steps: one script serves 1 and N ranks (as the adapters).
+                options.pop("tail", None)
         options = {k: v for k, v in options.items() if v is not None}
         source = _open_when_indexed(lambda: Source(self.path, self.timeout, dataset, options), dataset, wait_indexing)
         source._warn(stacklevel=2)

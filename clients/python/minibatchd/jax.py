@@ -68,6 +68,8 @@ class MinibatchIterator:
         options = dict(self.options, sweep=epoch, num_workers=self.process_count, rank=self.process_index)
         if self.equal_steps:
             options["equal_steps"] = True
+        else:
+            options.pop("tail", None)  # tail only shapes equal steps: one script serves 1 and N processes
         if resume is not None and resume.get("source") is not None:
             options["resume"] = resume["source"]
         self._source = source = connect(self.socket).open(self.dataset, **options)

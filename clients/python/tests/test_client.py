@@ -201,6 +201,13 @@ def test_rank_and_world_size_from_torchrun_env(daemon, monkeypatch):
                                                     equal_steps=False)
     assert [mb.to_dump() for mb in source] == daemon.dump("--minibatch-size", "6", "--full-sweep", "--workers", "3",
                                                           "--rank", "1")
+    # One rank: no equal steps, and `tail` (which only shapes them) is dropped, so that one script
+    # serves 1 and N ranks (found by a probe: refused with invalid_options).
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=6, full_sweep=True, use_torchrun_env=True,
+                                                    tail="pad")
+    assert [mb.to_dump() for mb in source] == daemon.dump("--minibatch-size", "6", "--full-sweep")
 
 
 def test_no_daemon_names_the_socket_and_how_to_start_one(tmp_path):

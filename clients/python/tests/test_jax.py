@@ -49,6 +49,10 @@ def test_processes_split_each_sweep_with_equal_steps(daemon):
     whole = [list(MinibatchIterator("train", daemon.socket, minibatch_size=10, process_index=p, process_count=3,
                                     equal_steps=False)) for p in range(3)]
     assert sorted(i for r in whole for i in ids(r)) == list(range(SEQUENCES))
+    # `tail` shapes equal steps only: one process (no equal steps) takes it too, as the torch
+    # adapter does, so that one script serves 1 and N processes (found by a probe: refused).
+    one = list(MinibatchIterator("train", daemon.socket, minibatch_size=10, process_index=0, process_count=1, tail="pad"))
+    assert ids(one) == dump_ids(daemon.dump("--minibatch-size", "10", "--sweep", "0"))
 
 
 def test_state_dict_resumes_mid_epoch(daemon):
