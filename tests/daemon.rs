@@ -340,6 +340,27 @@ fn a_state_past_the_end_of_its_epoch_is_refused() {
     assert!(far.next_minibatch().expect("next").is_some());
 }
 
+/// Found by a probe: a `minibatch_size` far past a finite epoch sized the ring for it (206 GB for
+/// 2^31 - 1) and the open was refused, where dump gives the epoch as one minibatch. A slot holds
+/// no more than the epoch.
+#[test]
+fn a_minibatch_size_past_a_finite_epoch_is_served_as_dump_serves_it() {
+    let d = start();
+    let huge = (1u64 << 31) - 1;
+    let opts = SessionOptions { full_sweep: true, ..options(huge) };
+    let want = d.dump("train", &["--minibatch-size", &huge.to_string(), "--full-sweep"]);
+    assert_eq!(want.len(), 1, "the sweep in one minibatch");
+    let mut s = d.client().open("train", &opts).expect("open");
+    assert_eq!(drain(&mut s, 10), want);
+    // An endless epoch has no such bound: refused for memory, saying what sizes the ring.
+    match d.client().open("train", &options(huge)) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            assert!(message.contains("minibatch_size"), "{message}");
+        }
+        other => panic!("expected resource_exhausted, got {other:?}"),
+    }
+}
+
 #[test]
 fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
     let d = start();

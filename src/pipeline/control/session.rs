@@ -144,7 +144,7 @@ pub enum RegistryError {
     #[error("session '{0}' belongs to another user")]
     NotOwner(String),
     /// The ring does not fit.
-    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache{})", outside_note(*outside))]
+    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache{}); the ring is `prefetch` slots of `slot_size_bytes`, each raised to hold a minibatch of `minibatch_size` dense samples: a smaller prefetch or minibatch_size, or a larger memory_limit_bytes, fits it", outside_note(*outside))]
     Memory {
         /// Bytes asked.
         needed: u64,

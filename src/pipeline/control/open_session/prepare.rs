@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use minibatchd_client::protocol::{hex64, JobBase, SessionOptions, SessionState, STATE_VERSION};
-use minibatchd_engine::sampling::{randomizer, Sampler, SamplingOptions, Tail, Window};
+use minibatchd_engine::sampling::{randomizer, EpochLimit, Sampler, SamplingOptions, Tail, Window};
 use minibatchd_shm::RingGeometry;
 
 use super::{data_warnings, off_the_event_loop, SamplingReservation};
@@ -71,7 +71,18 @@ pub(super) fn prepare_now(
     // From here the session waits for data: the persister paces its writes.
     let working = shared.data.demand.working();
     let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
-    let local = resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1;
+    // A minibatch holds no more samples than its epoch (found by a probe: a minibatch_size of
+    // 2^31 - 1 over a full sweep of 353 samples asked for a ring of 206 GB, where dump gives one
+    // minibatch); `dense_slot_bound` adds room for the longest sequence.
+    let sweep = rt.dataset.timeline().samples(..);
+    let epoch = match resolved.sampling.limit {
+        EpochLimit::FullSweep | EpochLimit::Sweep(_) => Some(sweep),
+        EpochLimit::Sweeps(k) => k.checked_mul(sweep),
+        EpochLimit::Samples(n) => Some(n),
+        EpochLimit::Infinite => None,
+    };
+    let local = (resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1)
+        .min(epoch.map_or(u64::MAX, |e| e.saturating_add(1)));
     let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
     // An `open` whose ring cannot fit now is refused at admission: it asks for no chunk.
