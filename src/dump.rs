@@ -173,8 +173,10 @@ fn walk(options: &DumpOptions, step: &mut dyn FnMut(Step) -> Result<bool, DumpEr
 }
 
 /// Writes the session's data-order ledger to `out`, one JSON object per minibatch: `minibatch`,
-/// `sweep`, `end_of_sweep`, `position`, `fingerprint` (as in `dump` and in the slot header) and
-/// `sequences`, the global file-order indices of its sequences. No data is read.
+/// `sweep`, `end_of_sweep`, `position`, `fingerprint` (as in `dump` and in the slot header),
+/// `sequences`, the global file-order indices of its sequences, and — for a minibatch that
+/// crosses sweep ends — `next_sweeps_at`, where in `sequences` each later sweep begins. No data
+/// is read.
 ///
 /// # Errors
 /// As [`for_each_plan`], and write errors.
@@ -194,7 +196,16 @@ pub fn ledger(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> 
         for (i, r) in plan.sequences.iter().enumerate() {
             let _ = write!(line, "{}{}", if i > 0 { ", " } else { "" }, r.seq);
         }
-        line.push_str("]}\n");
+        line.push(']');
+        if !plan.next_sweeps_at.is_empty() {
+            // Where each later sweep's sequences begin, in a minibatch that crosses sweep ends.
+            line.push_str(", \"next_sweeps_at\": [");
+            for (i, at) in plan.next_sweeps_at.iter().enumerate() {
+                let _ = write!(line, "{}{at}", if i > 0 { ", " } else { "" });
+            }
+            line.push(']');
+        }
+        line.push_str("}\n");
         out.write_all(line.as_bytes())?;
         Ok(())
     })?;

@@ -97,13 +97,18 @@ def first_divergence(recorded: Sequence[Dict[str, Any]], want: Sequence[Dict[str
 def exactly_once(ledgers: Iterable[Sequence[Dict[str, Any]]]) -> Dict[Any, Counter]:
     """Per sweep, how often each sequence occurs over the given ledgers (one per rank or worker,
     from ``expected``). Every count is 1 when the ranks together saw each sequence exactly once
-    in that sweep; a sequence that is missing does not appear. For a mixture's ledgers (from
+    in that sweep; a sequence that is missing does not appear. A minibatch that crosses sweep
+    ends counts each sequence under its own sweep (``next_sweeps_at``). For a mixture's ledgers (from
     ``expected_mixture``) the keys are ``(source, sweep)``: each source's sweeps, counted apart."""
     counts: Dict[Any, Counter] = defaultdict(Counter)
     for ledger in ledgers:
         for entry in ledger:
             if "sweep" in entry:
-                counts[entry["sweep"]].update(entry["sequences"])
+                # A minibatch that crosses sweep ends: each later sweep's sequences under it.
+                sequences, starts = entry["sequences"], entry.get("next_sweeps_at") or []
+                bounds = [0, *starts, len(sequences)]
+                for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+                    counts[entry["sweep"] + k].update(sequences[lo:hi])
             else:
                 for source, sweep, index in entry["sequences"]:
                     counts[(source, sweep)][index] += 1

@@ -536,3 +536,18 @@ def test_a_long_wait_for_the_index_pass_is_logged_where_python_shows_it(monkeypa
         assert _client._open_when_indexed(open_source, "train", None) == "opened"
     levels = [r.levelno for r in caplog.records if "waiting for dataset 'train'" in r.getMessage()]
     assert levels[0] == logging.INFO and logging.WARNING in levels[1:], levels
+
+
+def test_exactly_once_counts_a_minibatch_across_sweep_ends_under_each_sweep(daemon):
+    """Found by a probe: `exactly_once` counted a minibatch's next-sweep sequences under the sweep
+    it started in, reporting duplicates in one sweep and a gap in the next where the data was
+    right. The ledger says where each later sweep begins (`next_sweeps_at`)."""
+    from minibatchd import ledger
+    from conftest import BIN
+    runs = [ledger.expected(str(daemon.config), "train", binary=BIN, minibatch_size=10, max_sweeps=3, workers=2,
+                            rank=r) for r in range(2)]
+    assert any(e.get("next_sweeps_at") for r in runs for e in r), "some minibatch crosses a sweep end"
+    once = ledger.exactly_once(runs)
+    assert sorted(once) == [0, 1, 2]
+    assert all(set(c.values()) == {1} for c in once.values()), once
+    assert once[0].keys() == once[1].keys() == once[2].keys()

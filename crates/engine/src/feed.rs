@@ -124,6 +124,7 @@ impl Feeder {
                 position,
                 retire: Vec::new(),
                 samples: 0,
+                next_sweeps_at: Vec::new(),
             });
         }
         None

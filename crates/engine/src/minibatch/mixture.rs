@@ -166,6 +166,7 @@ fn assemble_mixture(
         position: plan.state.slots,
         retire: Vec::new(),
         samples: plan.samples,
+        next_sweeps_at: Vec::new(),
     };
     let mut gathered = assemble(index, &single, shapes, false, held, located, maps)?;
     gathered.fingerprint = plan.fingerprint();

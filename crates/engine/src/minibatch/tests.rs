@@ -214,6 +214,7 @@ fn gathered_writes_the_bytes_of_the_assembled_minibatch() {
                 position: 9,
                 retire: Vec::new(),
                 samples: order.len() as u64,
+                next_sweeps_at: Vec::new(),
             };
             let names = vec!["d".to_owned(), "s".to_owned(), "u".to_owned()];
             let gathered = super::gather(4, &plan, &timeline, &shapes(f64, ids), false, &mut map).expect("gather");
@@ -262,6 +263,7 @@ fn a_gathered_minibatch_too_large_for_the_slot_is_refused_before_any_copy() {
         position: 0,
         retire: Vec::new(),
         samples: 700,
+        next_sweeps_at: Vec::new(),
     };
     let gathered = super::gather(0, &plan, &timeline, &shapes(true, Ids::Ctf), false, &mut map).expect("gather");
     let geometry = RingGeometry::new(1, 64);
@@ -287,6 +289,7 @@ fn parts_refuse_to_finish_before_every_chunk_is_taken_and_a_plan_sequence_a_chun
         position: 2,
         retire: Vec::new(),
         samples: 2,
+        next_sweeps_at: Vec::new(),
     };
     let plans = std::slice::from_ref(&plan);
     let mut parts = super::Parts::new(plans);

@@ -70,6 +70,10 @@ pub struct MinibatchPlan {
     pub retire: Vec<u32>,
     /// Nominal samples of `sequences` (the sum of their lengths).
     pub samples: u64,
+    /// For a minibatch that crosses sweep ends: where in `sequences` each later sweep's begin
+    /// (sweep `sweep + 1 + i` from `next_sweeps_at[i]`); empty for a minibatch within one sweep.
+    /// Not part of the fingerprint (it follows from the order).
+    pub next_sweeps_at: Vec<usize>,
 }
 
 impl MinibatchPlan {
@@ -300,8 +304,16 @@ impl Sampler {
             last_use: Vec::new(),
             retire_extra: Vec::new(),
         };
+        // The minibatch's sweep: where it starts (a cursor at the end of the last one enters the
+        // next before its first sequence).
+        let first_sweep = start / self.sweep_size;
+        let mut next_sweeps_at = Vec::new();
         loop {
+            let before = self.current.sweep;
             self.enter_next_sweep_if_at_end();
+            if self.current.sweep != before && self.current.sweep > first_sweep {
+                next_sweeps_at.push(fill.sequences.len());
+            }
             match self.walk_sweep(&mut fill) {
                 Stop::Full | Stop::EpochEnd => break,
                 Stop::SweepEnd if self.position >= self.epoch_end => break,
@@ -317,6 +329,10 @@ impl Sampler {
         if fill.sequences.is_empty() && self.position >= self.epoch_end {
             return None;
         }
+        // A sweep entered with no sequence of this minibatch after it holds none of them.
+        while next_sweeps_at.last() == Some(&fill.sequences.len()) {
+            next_sweeps_at.pop();
+        }
         let crossed = self.position / self.sweep_size != start / self.sweep_size;
         Some(MinibatchPlan {
             end_of_sweep: crossed && !fill.sequences.is_empty(),
@@ -325,6 +341,7 @@ impl Sampler {
             sequences: fill.sequences,
             sweep: start / self.sweep_size,
             position: self.position,
+            next_sweeps_at,
         })
     }
 

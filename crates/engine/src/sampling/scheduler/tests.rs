@@ -700,6 +700,7 @@ fn fingerprint_names_sequences_order_and_sweep() {
         position: 9,
         retire: Vec::new(),
         samples: seqs.len() as u64,
+        next_sweeps_at: Vec::new(),
     };
     let a = plan(1, &[3, 1, 4]);
     assert_eq!(
@@ -842,5 +843,37 @@ mod counted_equal_steps {
                 }
             }
         }
+    }
+}
+
+/// A minibatch that crosses sweep ends says where each later sweep's sequences begin, so that a
+/// ledger can count each sequence under its own sweep (found by a probe: `exactly_once` counted
+/// a crossing minibatch's next-sweep sequences under the sweep it started in).
+#[test]
+fn a_minibatch_across_sweep_ends_says_where_each_later_sweep_begins() {
+    let t = mock(2, 5, 1);
+    let mut s = sampler(&t, sequential(EpochLimit::Sweeps(3)));
+    let plans = drain(&mut s, 4);
+    let at: Vec<(u64, Vec<usize>)> = plans.iter().map(|p| (p.sweep, p.next_sweeps_at.clone())).collect();
+    // Positions 0-4, 4-8, 8-12 (crosses at 10: two of sweep 0, then sweep 1), 12-16, 16-20
+    // (ends at 20: within sweep 1), 20-24 (sweep 2), 24-28, 28-30.
+    assert_eq!(at[2], (0, vec![2]));
+    assert_eq!(at[4], (1, vec![]), "ending at a sweep end is not crossing it");
+    assert_eq!(at[5], (2, vec![]), "a minibatch that starts a sweep is in it");
+    // Several sweep ends in one minibatch, across workers too.
+    let mut s = sampler(&t, SamplingOptions { num_workers: 2, rank: 1, ..whole_window(3, EpochLimit::Sweeps(3)) });
+    let plans = drain(&mut s, 25);
+    let first = &plans[0];
+    assert_eq!(first.next_sweeps_at.len(), 2, "{:?}", first.next_sweeps_at);
+    // This worker's share of each sweep: each sequence once per sweep within its part.
+    let mut bounds = vec![0];
+    bounds.extend(&first.next_sweeps_at);
+    bounds.push(first.sequences.len());
+    for w in bounds.windows(2) {
+        let part: Vec<u32> = first.sequences[w[0]..w[1]].iter().map(|r| r.seq).collect();
+        let mut unique = part.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), part.len(), "a sweep's part repeats no sequence: {part:?}");
     }
 }
