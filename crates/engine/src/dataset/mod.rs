@@ -37,6 +37,7 @@ use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision};
 use crate::remote::{self, ObjectMeta, Remote};
 use crate::sampling::Timeline;
 
+mod budgets;
 mod decode;
 mod files;
 mod join;
@@ -45,6 +46,7 @@ mod read;
 mod versions;
 
 use crate::Result;
+pub use budgets::charge_chunk;
 pub use files::{resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
@@ -104,18 +106,6 @@ struct OpenSource {
     decoder: SourceDecoder,
     /// First stream of this source in the dataset's stream order.
     first_stream: usize,
-}
-
-/// Charges `chunk`'s malformed places ([`ParsedChunk::malformed`]) to one reader's `budgets`
-/// ([`Dataset::reader_budgets`]); a place charged before (the chunk loaded again) costs nothing.
-///
-/// # Errors
-/// [`crate::format::errors::DataError::TooManyErrors`] with the first place past a budget.
-pub fn charge_chunk(budgets: &[ErrorBudget], chunk: &ParsedChunk) -> Result<()> {
-    for (budget, places) in budgets.iter().zip(&chunk.malformed) {
-        budget.charge(places)?;
-    }
-    Ok(())
 }
 
 /// An opened dataset.
@@ -410,34 +400,6 @@ impl Dataset {
         crate::minibatch::StreamShape::of(self.streams(), self.config.precision == crate::options::Precision::Float64)
     }
 
-    /// The error budgets, one per source (each source is one CNTK deserializer, and
-    /// `max_errors` is counted per deserializer), shared by every reader of this dataset — unless
-    /// each reader has its own ([`Dataset::charge_per_reader`]): then these only say which places
-    /// were found before (each is logged and counted once), and never run out.
-    #[must_use]
-    pub fn budgets(&self) -> &[ErrorBudget] {
-        &self.budgets
-    }
-
-    /// Each reader of this dataset — a daemon's session — charges the malformed places of the
-    /// chunks it uses to budgets of its own ([`Dataset::reader_budgets`], [`charge_chunk`]), as
-    /// one `dump` (or one CNTK process) with its options would: a parse keeps the places with the
-    /// chunk ([`ParsedChunk::malformed`]) instead of failing once the dataset's shared budget
-    /// runs out. Found by a probe: with `max_errors = 1` and a bad line in each rank's chunks,
-    /// the second rank failed at its first minibatch, its budget spent by the first rank's line,
-    /// where `dump` of each rank delivers its sweep; and once spent, the chunk failed every later
-    /// session until a restart.
-    pub fn charge_per_reader(&mut self) {
-        self.per_reader = true;
-        self.budgets = self.budgets.iter().map(|_| ErrorBudget::new(u64::MAX)).collect();
-    }
-
-    /// Fresh budgets for one reader ([`Dataset::charge_per_reader`]): `max_errors` per source.
-    #[must_use]
-    pub fn reader_budgets(&self) -> Vec<ErrorBudget> {
-        self.sources.iter().map(|_| ErrorBudget::new(self.config.max_errors)).collect()
-    }
-
     /// A stable identity of the data and the options that shape the timeline: the files' paths,
     /// sizes and contents (a local file's [`FileIndex::digest`], an object's ETag), the
     /// per-sequence nominal lengths and the chunking. Used to refuse a resume against other data
@@ -561,44 +523,6 @@ impl Dataset {
             }
         }
         Ok((parsed, fresh))
-    }
-
-    /// Charges each source's errors (`by_source[s]`, in the order they were found) to source
-    /// `s`'s budget; returns the newly charged ones.
-    fn charge(&self, by_source: &[Vec<Malformed>]) -> Result<Vec<Malformed>> {
-        let mut fresh = Vec::new();
-        for (budget, errors) in self.budgets.iter().zip(by_source) {
-            fresh.extend(budget.charge(errors)?);
-        }
-        Ok(fresh)
-    }
-
-    /// CNTK charges each error as it occurs, so an error that exhausts a budget is reported
-    /// before a fatal condition found later: charge what was found first (`by_source`: the
-    /// sources decoded so far, then the current one's errors up to the fatal condition).
-    fn fatal_after(&self, fatal: DataError, by_source: &[Vec<Malformed>], current: &[Malformed]) -> DataError {
-        let result = self
-            .charge(by_source)
-            .and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));
-        match (result, fatal) {
-            (Err(too_many), _) => too_many,
-            // Found by a probe: a place left out as `max_errors` allows can be what makes the fatal
-            // condition (a sparse index past the dimension drops a stream's only sample, and the
-            // sequence then lacks the stream): the fatal error names the first of them, which the
-            // log would not show (a failed chunk's warnings are not logged).
-            (Ok(_), DataError::Fatal { at, message }) => {
-                let tolerated: Vec<&Malformed> = by_source.iter().flatten().chain(current).collect();
-                let message = match tolerated.first() {
-                    Some(first) => format!(
-                        "{message} (before it in this chunk, {} malformed place(s) left out as max_errors allows, the first: {first})",
-                        tolerated.len()
-                    ),
-                    None => message,
-                };
-                DataError::Fatal { at, message }
-            }
-            (Ok(_), fatal) => fatal,
-        }
     }
 
     /// Whether chunk `chunk`'s bytes are in object storage and not in the object cache.
