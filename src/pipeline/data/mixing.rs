@@ -246,7 +246,14 @@ impl MixturePlanner {
                 }
                 Err(e @ (FetchError::OverLimit { .. } | FetchError::Behind)) => return Ok(Some(e)),
                 Err(FetchError::Stopped) => return Err(ProduceError::Stopped),
-                Err(FetchError::Failed(e)) => return Err(ProduceError::Data(e)),
+                Err(FetchError::Failed(e)) => {
+                    let dataset = &self.sources[s as usize].runtime.dataset;
+                    return Err(ProduceError::Data(dataset.charge_failed_chunk(
+                        &self.budgets[s as usize],
+                        c as usize,
+                        e,
+                    )));
+                }
                 Err(e) => {
                     let name = &self.sources[s as usize].runtime.name;
                     return Err(ProduceError::Data(DataError::Dataset(format!("dataset '{name}', chunk {c}: {e}"))));
@@ -333,7 +340,12 @@ impl MixturePlanner {
                 }
                 Err(FetchError::Failed(e)) => {
                     self.cache.leave_line(self.id);
-                    return Err(ProduceError::Data(e));
+                    let dataset = &self.sources[s as usize].runtime.dataset;
+                    return Err(ProduceError::Data(dataset.charge_failed_chunk(
+                        &self.budgets[s as usize],
+                        c as usize,
+                        e,
+                    )));
                 }
                 Err(e) => {
                     self.cache.leave_line(self.id);

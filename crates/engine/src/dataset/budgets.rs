@@ -42,6 +42,22 @@ impl Dataset {
         self.budgets = self.budgets.iter().map(|_| ErrorBudget::new(u64::MAX)).collect();
     }
 
+    /// `error`, the failure of chunk `chunk`, as one reader with `budgets` is told it: the places
+    /// left out before a fatal error in the chunk are charged first, so a reader whose budget
+    /// they spend gets [`DataError::TooManyErrors`] with the place past it — as `dump` does —
+    /// and the fatal error otherwise. (Found by CI: with `max_errors = 0` a bad value that
+    /// emptied a stream was reported as the stream's absence, not as the value.)
+    #[must_use]
+    pub fn charge_failed_chunk(&self, budgets: &[ErrorBudget], chunk: usize, error: DataError) -> DataError {
+        let places = self.failed_places.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&chunk).cloned();
+        for (budget, p) in budgets.iter().zip(places.iter().flatten()) {
+            if let Err(too_many) = budget.charge(p) {
+                return too_many;
+            }
+        }
+        error
+    }
+
     /// Fresh budgets for one reader ([`Dataset::charge_per_reader`]): `max_errors` per source.
     #[must_use]
     pub fn reader_budgets(&self) -> Vec<ErrorBudget> {
@@ -63,10 +79,24 @@ impl Dataset {
     /// sources decoded so far, then the current one's errors up to the fatal condition).
     pub(super) fn fatal_after(
         &self,
+        chunk: usize,
         fatal: DataError,
         by_source: &[Vec<Malformed>],
         current: &[Malformed],
     ) -> DataError {
+        if self.per_reader && matches!(fatal, DataError::Fatal { .. }) {
+            // Each reader charges them before it is told the fatal error, as `dump` does here.
+            let keep = usize::try_from(self.config.max_errors.saturating_add(1)).unwrap_or(usize::MAX);
+            let places: Vec<Vec<Malformed>> = by_source
+                .iter()
+                .map(Vec::as_slice)
+                .chain(std::iter::once(current))
+                .map(|e| e[..e.len().min(keep)].to_vec())
+                .collect();
+            if places.iter().any(|p| !p.is_empty()) {
+                self.failed_places.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(chunk, places);
+            }
+        }
         let result = self
             .charge(by_source)
             .and_then(|_| self.budgets.get(by_source.len()).map_or(Ok(Vec::new()), |b| b.charge(current)));

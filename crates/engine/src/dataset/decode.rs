@@ -182,7 +182,7 @@ impl Dataset {
                     decoder
                         .decode_sequence(bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .and_then(|()| within(&mut bufs, path, seq))
-                        .map_err(|e| self.fatal_after(e, &by_source, &errors))
+                        .map_err(|e| self.fatal_after(chunk, e, &by_source, &errors))
                 };
                 if src.indexes[desc.file].sequences.sizes_follow_lines() {
                     // The file's last sequence runs to its end: blank lines after it are its.
@@ -212,7 +212,7 @@ impl Dataset {
                     decoder
                         .decode_sequence(&bytes, &SeqContext { file: path, seq }, &mut bufs, &mut errors)
                         .and_then(|()| within(&mut bufs, path, seq))
-                        .map_err(|e| self.fatal_after(e, &by_source, &errors))?;
+                        .map_err(|e| self.fatal_after(chunk, e, &by_source, &errors))?;
                 }
             }
             let cfg: &SourceConfig = &self.config.sources[si];

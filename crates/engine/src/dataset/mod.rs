@@ -123,6 +123,10 @@ pub struct Dataset {
     budgets: Vec<ErrorBudget>,
     /// Each reader charges a budget of its own ([`Dataset::charge_per_reader`]).
     per_reader: bool,
+    /// With `per_reader`: per chunk that failed with a fatal error, the places left out before
+    /// it (the first `max_errors + 1` per source), which a reader charges before it is told the
+    /// fatal error ([`Dataset::charge_failed_chunk`]).
+    failed_places: std::sync::Mutex<std::collections::HashMap<usize, Vec<Vec<Malformed>>>>,
     streams: Vec<StreamSpec>,
     stream_names: Vec<String>,
     /// The parsed cache, if this dataset uses one.
@@ -241,6 +245,7 @@ impl Dataset {
             timeline: Arc::new(timeline),
             budgets,
             per_reader: false,
+            failed_places: std::sync::Mutex::default(),
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
             parsed: None,

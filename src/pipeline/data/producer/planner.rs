@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use minibatchd_engine::dataset::charge_chunk;
+use minibatchd_engine::dataset::{charge_chunk, Dataset};
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::{DataError, ErrorBudget};
@@ -177,7 +177,7 @@ impl Planner {
         let mut over_limit = None;
         let mut load = load_through(
             &self.cache,
-            (self.id, &self.budgets),
+            (self.id, &self.budgets, &self.runtime.dataset),
             self.runtime.index,
             wanted,
             stop,
@@ -202,8 +202,9 @@ impl Planner {
         let wanted: Vec<u32> = ahead.parts.missing().collect();
         let cache = self.cache.clone();
         let mut over_limit = None;
-        let budgets = self.budgets.clone();
-        let mut load = load_through(&cache, (self.id, &budgets), ds, &wanted, stop, cache_wait, &mut over_limit);
+        let (budgets, runtime) = (self.budgets.clone(), self.runtime.clone());
+        let mut load =
+            load_through(&cache, (self.id, &budgets, &runtime.dataset), ds, &wanted, stop, cache_wait, &mut over_limit);
         let built = self.feeder.gather_parts(
             &ahead.plans,
             &mut ahead.parts,
@@ -474,7 +475,7 @@ impl Locate for Planner {
 /// error, with the chunk, the bytes held and why in `over_limit`.
 fn load_through<'a>(
     cache: &'a SharedCache,
-    (by, budgets): (u64, &'a [ErrorBudget]),
+    (by, budgets, dataset): (u64, &'a [ErrorBudget], &'a Dataset),
     ds: u32,
     wanted: &'a [u32],
     stop: &'a AtomicBool,
@@ -493,7 +494,7 @@ fn load_through<'a>(
             charge_chunk(budgets, c)?;
         }
         got.map_err(|e| match e {
-            FetchError::Failed(e) => e,
+            FetchError::Failed(e) => dataset.charge_failed_chunk(budgets, chunk as usize, e),
             e @ (FetchError::OverLimit { .. } | FetchError::Behind) => {
                 let message = format!("chunk {chunk}: {e}");
                 let held = if let FetchError::OverLimit { held, .. } = e { held } else { 0 };
