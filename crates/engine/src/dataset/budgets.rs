@@ -58,6 +58,13 @@ impl Dataset {
         error
     }
 
+    /// The malformed places a reader may be charged, per source: the first `max_errors + 1` of
+    /// each (more cannot change where a budget runs out).
+    pub(super) fn places_kept<'a>(&self, by_source: impl Iterator<Item = &'a [Malformed]>) -> Vec<Vec<Malformed>> {
+        let keep = usize::try_from(self.config.max_errors.saturating_add(1)).unwrap_or(usize::MAX);
+        by_source.map(|e| e[..e.len().min(keep)].to_vec()).collect()
+    }
+
     /// Fresh budgets for one reader ([`Dataset::charge_per_reader`]): `max_errors` per source.
     #[must_use]
     pub fn reader_budgets(&self) -> Vec<ErrorBudget> {
@@ -86,13 +93,7 @@ impl Dataset {
     ) -> DataError {
         if self.per_reader && matches!(fatal, DataError::Fatal { .. }) {
             // Each reader charges them before it is told the fatal error, as `dump` does here.
-            let keep = usize::try_from(self.config.max_errors.saturating_add(1)).unwrap_or(usize::MAX);
-            let places: Vec<Vec<Malformed>> = by_source
-                .iter()
-                .map(Vec::as_slice)
-                .chain(std::iter::once(current))
-                .map(|e| e[..e.len().min(keep)].to_vec())
-                .collect();
+            let places = self.places_kept(by_source.iter().map(Vec::as_slice).chain(std::iter::once(current)));
             if places.iter().any(|p| !p.is_empty()) {
                 self.failed_places.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(chunk, places);
             }

@@ -503,15 +503,13 @@ impl Dataset {
     /// # Errors
     /// As [`Self::load_chunk`].
     pub fn parse_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        let (parsed, errors) = match self.config.precision {
+        let (mut parsed, errors) = match self.config.precision {
             Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
             Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
         let fresh = self.charge(&errors)?;
-        let mut parsed = parsed;
         if self.per_reader {
-            let keep = usize::try_from(self.config.max_errors.saturating_add(1)).unwrap_or(usize::MAX);
-            parsed.malformed = errors.iter().map(|e| e[..e.len().min(keep)].to_vec()).collect();
+            parsed.malformed = self.places_kept(errors.iter().map(Vec::as_slice));
         }
         // Only a chunk without malformed places is persisted: one with errors is parsed again
         // each time, so its errors reach the budget and the logs exactly as without the cache.

@@ -92,7 +92,8 @@ impl Forgotten {
             .collect()
     }
 
-    /// Takes back the notes of a checkpoint written by an earlier start, at `now`.
+    /// Takes back the notes of a checkpoint written by an earlier start, at `now` (a name noted
+    /// already keeps its own).
     fn restore(&mut self, notes: Vec<ForgottenNote>, now: Instant) {
         let unix_now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         for n in notes.into_iter().rev().take(FORGOTTEN_CHECKPOINTED).rev() {
@@ -107,7 +108,10 @@ impl Forgotten {
                 (None, Some(m)) => Gone::Said(m),
                 (None, None) => continue,
             };
-            self.note(n.name, n.owner, gone);
+            // A name noted since the start keeps its own note.
+            if !self.by_name.contains_key(&n.name) {
+                self.note(n.name, n.owner, gone);
+            }
         }
     }
 
@@ -146,15 +150,7 @@ impl super::Registry {
 
     /// Takes back the notes of the checkpoint found at start (a name already noted keeps its own).
     pub fn restore_forgotten(&mut self, notes: Vec<ForgottenNote>, now: Instant) {
-        let mut earlier = Forgotten::default();
-        earlier.restore(notes, now);
-        for name in earlier.order {
-            if let Some((owner, gone)) = earlier.by_name.remove(&name) {
-                if !self.forgotten.by_name.contains_key(&name) {
-                    self.forgotten.note(name, owner, gone);
-                }
-            }
-        }
+        self.forgotten.restore(notes, now);
     }
 
     /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
