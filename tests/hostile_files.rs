@@ -480,9 +480,10 @@ fn a_reload_indexes_again_a_dataset_whose_file_changed() {
             .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default()
     };
+    // Every chunk of it (two), so that no write of the first version is still under way.
     let start = Instant::now();
-    while entries().is_empty() {
-        assert!(start.elapsed() < support::daemon::DEADLINE, "no chunk persisted");
+    while entries().len() < 2 {
+        assert!(start.elapsed() < support::daemon::DEADLINE, "not every chunk persisted");
         std::thread::sleep(Duration::from_millis(20));
     }
     let first_version = entries();

@@ -429,7 +429,17 @@ impl ParsedCache {
     /// the cache's bound pushed them out.
     pub fn forget_identity(&self, identity: u64) -> usize {
         let prefix = format!("{identity:016x}-");
-        let names: Vec<String> = self.lock().entries.keys().filter(|n| n.starts_with(&prefix)).cloned().collect();
+        // The directory, not only the entries counted: a write that was being renamed into place
+        // is on disk before it is counted.
+        let mut names: Vec<String> = self.lock().entries.keys().filter(|n| n.starts_with(&prefix)).cloned().collect();
+        if let Ok(dir) = std::fs::read_dir(&self.dir) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&prefix) && name.ends_with(EXT) && !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
         for name in &names {
             let _ = std::fs::remove_file(self.dir.join(name));
             self.lock().forget(name);
