@@ -117,6 +117,28 @@ fn sources_join_by_key_and_missing_keys_drop_the_sequence() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("left out of the dataset") && stderr.contains("sequences=1"), "{stderr}");
     assert!(stderr.contains("l.ctf"), "{stderr}");
+    // The first key left out, and where it is: sequence 1 at line 3, byte 14 of f.ctf.
+    assert!(stderr.contains("first_key=1") && stderr.contains("f.ctf:3 (byte 14)"), "{stderr}");
+}
+
+#[test]
+fn a_key_repeated_in_a_joined_source_joins_its_first_sequence_and_is_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Labels repeat key 0 after key 1 (a second sequence of that key): CNTK 2.7 joins the first
+    // and never reads the later one (checked with it); so does minibatchd, and it says so.
+    write(dir.path(), "f.ctf", "0 |f 1\n1 |f 2\n2 |f 3\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1\n1 |l 1:1\n0 |l 2:1\n0 |l 2:1\n2 |l 1:1\n");
+    let ds = open(dir.path(), &BUNDLE.replace("DEFINES", ""));
+    assert_eq!(ds.timeline().seq_len, vec![1, 1, 1]);
+    let cfg = write(dir.path(), "c.toml", BUNDLE.replace("DEFINES", ""));
+    let (out, stderr, code) = dump_text(&cfg, &["--randomize", "false"]);
+    assert_eq!(code, 0, "{stderr}");
+    // Key 0's label is its first sequence's (index 0); the repeats' (index 2) are never read.
+    let first = out.lines().next().expect("a minibatch");
+    assert!(first.contains(r#"[[{"indices": [0], "values": [1.0]}], [{"indices": [1], "values": [1.0]}]]"#), "{out}");
+    assert!(!out.contains(r#""indices": [2]"#), "{out}");
+    assert!(stderr.contains("repeat a key") && stderr.contains("sequences=1"), "{stderr}");
+    assert!(stderr.contains("first_key=0") && stderr.contains("l.ctf:3 (byte 18)"), "{stderr}");
 }
 
 #[test]

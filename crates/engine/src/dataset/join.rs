@@ -35,19 +35,7 @@ pub(super) type Joined = (Vec<ChunkDesc>, Vec<SeqLoc>, Timeline);
 /// source keeps no places (the places are empty): every sequence is kept, so a sequence's place
 /// follows from its chunk ([`place_in_chunk`]) — 8 bytes per sequence less.
 pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_source: Option<usize>) -> Result<Joined> {
-    // Key → location maps of the secondary sources; the first occurrence of a key wins.
-    let maps: Vec<HashMap<u64, SeqLoc>> = sources[1..]
-        .iter()
-        .map(|s| {
-            let mut m = HashMap::new();
-            for (fi, idx) in s.indexes.iter().enumerate() {
-                for (qi, q) in idx.sequences.iter().enumerate() {
-                    m.entry(q.key).or_insert(SeqLoc::new(fi, qi)?);
-                }
-            }
-            Ok(m)
-        })
-        .collect::<Result<_, DataError>>()?;
+    let maps = key_maps(&sources[1..])?;
     // Reserved exactly (no doubling: the index's memory is what `Dataset::index_bytes` counts).
     let total: usize = primary_chunks.iter().map(|c| c.num_seqs).sum();
     let mut chunks = Vec::with_capacity(primary_chunks.len());
@@ -56,8 +44,10 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     let mut seq_len = Lengths::new();
     let mut chunk_start = vec![0usize];
     let (mut loc, mut lens) = (Vec::new(), Vec::new());
-    // Per further source: the first source's sequences it has no key for (left out, as CNTK does).
+    // Per further source: the first source's sequences it has no key for (left out, as CNTK
+    // does), and the first of them (key, file, line, byte).
     let mut missing = vec![0u64; sources.len().saturating_sub(1)];
+    let mut first_missing: Vec<Option<(u64, usize, u64, u64)>> = vec![None; missing.len()];
     for c in primary_chunks {
         let idx = &sources[0].indexes[c.file];
         if one_source && (idx.sequences.sizes_follow_lines() || !idx.sequences.columns().samples) {
@@ -83,6 +73,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             for (i, (m, s)) in maps.iter().zip(&sources[1..]).enumerate() {
                 let Some(&l) = m.get(&q.key) else {
                     missing[i] += 1;
+                    first_missing[i].get_or_insert((q.key, c.file, q.line + 1, q.offset));
                     continue 'seqs;
                 };
                 lens.push(s.indexes[l.file as usize].sequences.get(l.seq as usize).samples);
@@ -105,11 +96,13 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
         }
     }
     for (i, &n) in missing.iter().enumerate().filter(|(_, &n)| n > 0) {
-        let first = sources[0].files.first().map(|f| f.display().to_string()).unwrap_or_default();
         let other = sources[i + 1].files.first().map(|f| f.display().to_string()).unwrap_or_default();
+        let Some((key, file, line, offset)) = first_missing[i] else { continue };
+        let file = sources[0].files.get(file).map(|f| f.display().to_string()).unwrap_or_default();
         tracing::warn!(
             sequences = n,
-            first_source = %first,
+            first_key = key,
+            first_at = %format_args!("{file}:{line} (byte {offset})"),
             source = %other,
             "sequences of the first source have no sequence of the same key in another source: they are left out of the dataset"
         );
@@ -129,6 +122,42 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     chunk_start.shrink_to_fit();
     chunks.shrink_to_fit();
     Ok((chunks, locs, Timeline { seq_len, chunk_start }))
+}
+
+/// Key → location maps of the secondary sources (`sources`, the dataset's after the first).
+fn key_maps(sources: &[OpenSource]) -> Result<Vec<HashMap<u64, SeqLoc>>> {
+    // Key → location maps of the secondary sources; the first occurrence of a key wins, as in
+    // CNTK 2.7 (checked with it: a later sequence of the same key is never read). Not silently:
+    // the operator is told how many repeat and where the first repeat is.
+    sources
+        .iter()
+        .map(|s| {
+            let mut m = HashMap::new();
+            let mut repeats = 0u64;
+            let mut first_repeat = None;
+            for (fi, idx) in s.indexes.iter().enumerate() {
+                for (qi, q) in idx.sequences.iter().enumerate() {
+                    let loc = SeqLoc::new(fi, qi)?;
+                    if let std::collections::hash_map::Entry::Vacant(e) = m.entry(q.key) {
+                        e.insert(loc);
+                    } else {
+                        repeats += 1;
+                        first_repeat.get_or_insert((q.key, fi, q.line + 1, q.offset));
+                    }
+                }
+            }
+            if let Some((key, fi, line, offset)) = first_repeat {
+                let file = s.files.get(fi).map(|f| f.display().to_string()).unwrap_or_default();
+                tracing::warn!(
+                    sequences = repeats,
+                    first_key = key,
+                    first_at = %format_args!("{file}:{line} (byte {offset})"),
+                    "sequences of a joined source repeat a key that an earlier sequence of that source has: only the first sequence of a key is joined, the later ones are left out of the dataset"
+                );
+            }
+            Ok(m)
+        })
+        .collect::<Result<_, DataError>>()
 }
 
 /// The place of sequence `g` of the timeline in a dataset of one source: sequence
