@@ -22,11 +22,12 @@
 //! by state; the acknowledged state goes to the registry, whence the checkpoints take it.
 
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
 use minibatchd_client::protocol::{
@@ -59,18 +60,21 @@ async fn open_when_indexed(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
+    cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     // Subscribed before the first try: a change between the try and the wait is not missed.
     let mut catalog = conn.shared.data.catalog_changes();
     let deadline = tokio::time::Instant::now() + OPEN_WAITS_FOR_INDEX;
     loop {
-        match open_either(dataset, options, conn, peer).await {
-            Err(Refusal::Dataset(CatalogError::Indexing { .. })) if tokio::time::Instant::now() < deadline => {
+        match open_either(dataset, options, conn, peer, cancelled).await {
+            Err(Refusal::Dataset(CatalogError::Indexing { .. }))
+                if tokio::time::Instant::now() < deadline && !cancelled.load(Ordering::Relaxed) =>
+            {
                 tokio::select! {
                     changed = catalog.changed() => {
                         if changed.is_err() {
                             // No more changes to wait for: answer with what there is.
-                            return open_either(dataset, options, conn, peer).await;
+                            return open_either(dataset, options, conn, peer, cancelled).await;
                         }
                     }
                     () = tokio::time::sleep_until(deadline) => {}
@@ -88,11 +92,68 @@ async fn open_either(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
+    cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     if options.mixture.is_some() || conn.shared.config().mixtures.contains_key(name) {
         open_mixture(name, options, conn, peer).await
     } else {
-        open(name, options, conn, peer).await
+        open(name, options, conn, peer, cancelled).await
+    }
+}
+
+/// [`open_when_indexed`], watching the client meanwhile: a client that goes away while its open
+/// is prepared cancels the preparation's walks (found by a probe: an equal-steps walk kept a core
+/// busy for 65 s after its client had gone); the open then ends as a refusal would, undoing what
+/// it reserved. `true` beside the outcome when the client went.
+async fn open_watching(
+    dataset: &str,
+    options: &SessionOptions,
+    conn: &ConnShared,
+    rd: &OwnedReadHalf,
+    peer: &Peer,
+) -> (Result<(OpenSession, ServerMessage, OwnedFd), Refusal>, bool) {
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let opening = open_when_indexed(dataset, options, conn, peer, &cancelled);
+    tokio::pin!(opening);
+    tokio::select! {
+        done = &mut opening => (done, false),
+        () = hung_up(rd) => {
+            cancelled.store(true, Ordering::Relaxed);
+            tracing::info!(peer = %peer, dataset = %dataset, "the client went away while its session was being opened: the opening is cancelled");
+            (opening.await, true)
+        }
+    }
+}
+
+/// Answers a refused `open`: counted, logged, and the error to the client.
+async fn refuse(
+    refusal: &Refusal,
+    dataset: &str,
+    conn: &ConnShared,
+    wr: &mut OwnedWriteHalf,
+    peer: &Peer,
+) -> std::io::Result<()> {
+    let code = refusal.code();
+    let label = serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
+    conn.shared.data.metrics.control.sessions_refused.with_label_values(&[label.as_str()]).inc();
+    tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
+    if let Refusal::Dataset(CatalogError::Unknown { known, .. }) = refusal {
+        tracing::info!(configured = %known.join(", "), "the datasets a client may open");
+    }
+    send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await
+}
+
+/// The `code` under which `minibatchd_sessions_refused_total` counts the opens whose client went
+/// away before they were answered.
+const CLIENT_GONE: &str = "client_gone";
+
+/// Resolves when the client has shut its end of the socket (or it failed), without reading: a
+/// client waits for the reply to its `open`, so nothing but the end is expected meanwhile. Bytes
+/// sent ahead of the reply are left for the frame reader, and the end is then no longer watched.
+async fn hung_up(rd: &OwnedReadHalf) {
+    match rd.ready(tokio::io::Interest::READABLE).await {
+        Ok(ready) if !ready.is_read_closed() => std::future::pending().await,
+        _ => {}
     }
 }
 
@@ -199,7 +260,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     Ok(n) => n,
                 };
                 frames.push(&buf[..n]);
-                if !on_frames(&mut frames, &mut phase, &conn, &mut wr, &peer).await {
+                if !on_frames(&mut frames, &mut phase, &conn, &rd, &mut wr, &peer).await {
                     break 'conn;
                 }
             }
@@ -265,6 +326,7 @@ async fn on_frames(
     frames: &mut FrameBuffer,
     phase: &mut Phase,
     conn: &ConnShared,
+    rd: &OwnedReadHalf,
     wr: &mut OwnedWriteHalf,
     peer: &Peer,
 ) -> bool {
@@ -278,7 +340,7 @@ async fn on_frames(
                 return false;
             }
         };
-        match on_frame(&body, phase, conn, wr, peer).await {
+        match on_frame(&body, phase, conn, rd, wr, peer).await {
             Ok(Flow::Continue) => {}
             Ok(Flow::Close) | Err(_) => return false,
         }
@@ -329,7 +391,7 @@ async fn drain(
             }
         };
         frames.push(&buf[..n]);
-        if !on_frames(frames, phase, conn, wr, peer).await {
+        if !on_frames(frames, phase, conn, rd, wr, peer).await {
             return;
         }
     }
@@ -457,6 +519,7 @@ async fn on_frame(
     body: &[u8],
     phase: &mut Phase,
     conn: &ConnShared,
+    rd: &OwnedReadHalf,
     wr: &mut OwnedWriteHalf,
     peer: &Peer,
 ) -> std::io::Result<Flow> {
@@ -493,7 +556,20 @@ async fn on_frame(
             return Ok(Flow::Close);
         }
         (ClientMessage::Open { dataset, options }, Phase::Open(version)) => {
-            match open_when_indexed(&dataset, &options, conn, peer).await {
+            let (opening, gone) = open_watching(&dataset, &options, conn, rd, peer).await;
+            match opening {
+                Ok((active, ..)) if gone => {
+                    // Opened before the cancellation was seen: parked like any session whose
+                    // client went.
+                    *phase = Phase::Serving(Box::new(active));
+                    return Ok(Flow::Close);
+                }
+                Err(refusal) if gone => {
+                    // Counted apart from the refusals a client hears: no one hears this one.
+                    conn.shared.data.metrics.control.sessions_refused.with_label_values(&[CLIENT_GONE]).inc();
+                    tracing::debug!(peer = %peer, dataset = %dataset, reason = %refusal, "cancelled open ended");
+                    return Ok(Flow::Close);
+                }
                 Ok((mut active, opened, fd)) => {
                     active.binary = *version >= 2;
                     tracing::info!(peer = %peer, session = %active.name, dataset = %dataset, "session opened");
@@ -504,17 +580,7 @@ async fn on_frame(
                     *phase = Phase::Serving(Box::new(active));
                     send_with_fd(wr, &opened, &fd).await?;
                 }
-                Err(refusal) => {
-                    let code = refusal.code();
-                    let label =
-                        serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
-                    conn.shared.data.metrics.control.sessions_refused.with_label_values(&[label.as_str()]).inc();
-                    tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
-                    if let Refusal::Dataset(CatalogError::Unknown { known, .. }) = &refusal {
-                        tracing::info!(configured = %known.join(", "), "the datasets a client may open");
-                    }
-                    send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await?;
-                }
+                Err(refusal) => refuse(&refusal, &dataset, conn, wr, peer).await?,
             }
         }
         (ClientMessage::Release { slot, generation, taken, wait_ns }, Phase::Serving(a)) => {

@@ -8,7 +8,7 @@
 //! the producer's channels and the metrics it reports.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -446,12 +446,14 @@ pub(super) async fn checkpoint_opening(shared: &Arc<ControlPlane>) -> Result<(),
 }
 
 /// Opens a session: [`prepare`], [`admission::admit`], then the ring, the checkpoint and the
-/// producer (undoing the admission when any fails).
+/// producer (undoing the admission when any fails). The walk for equal steps gives up when
+/// `cancelled` turns true (its client went away), and the admission is undone as for any refusal.
 pub(super) async fn open(
     dataset: &str,
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
+    cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start, working } =
@@ -505,9 +507,9 @@ pub(super) async fn open(
     let start = SessionState { worker, equal_steps_minibatch, ..admitted.start.clone() };
     let (id, name, ring_bytes) = (admitted.id, admitted.name.clone(), admitted.ring_bytes());
     let (sampler, pad_to, warnings) = {
-        let (start, resolved, dataset, shared, rt) =
-            (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone());
-        off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared, &rt))
+        let (start, resolved, dataset, shared, rt, cancelled) =
+            (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone(), cancelled.clone());
+        off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared, &rt, &cancelled))
             .await
             .map_err(undo)?
     };

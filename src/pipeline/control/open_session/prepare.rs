@@ -2,6 +2,7 @@
 //! resolved, the saved state checked, the sampler placed (a fresh start, a resume, or a job's
 //! continuation), and the window and ring checked against the memory they need.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use minibatchd_client::protocol::{hex64, JobBase, SessionOptions, SessionState, STATE_VERSION};
@@ -178,6 +179,7 @@ pub(super) fn place_sampler(
     dataset: &str,
     shared: &ControlPlane,
     rt: &DatasetRuntime,
+    cancelled: &AtomicBool,
 ) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
     if let Some(job) = &start.job {
         sampler.resume_job(&job.positions)?;
@@ -193,7 +195,7 @@ pub(super) fn place_sampler(
         let warnings = data_warnings(&sampler, rt, resolved, None);
         return Ok((sampler, None, warnings));
     }
-    let equal = sampler.equalize_steps(resolved.minibatch_size, resolved.tail)?;
+    let equal = sampler.equalize_steps_unless(resolved.minibatch_size, resolved.tail, cancelled)?;
     let warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
     let m = &shared.data.metrics.control.equal_steps_minibatches;
     tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");

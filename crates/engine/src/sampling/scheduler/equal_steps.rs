@@ -4,6 +4,7 @@
 //! only this one's.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{
     congruent_in, EpochLimit, EqualSteps, JobResume, Sampler, SamplingError, SamplingOptions, Tail, MAX_JOB_DELIVERED,
@@ -11,6 +12,10 @@ use super::{
 };
 use crate::sampling::plan::walk_owners;
 use crate::sampling::randomizer::shuffle_chunks;
+
+/// How often a walk of [`Sampler::equalize_steps_unless`] looks whether it was cancelled, in
+/// minibatches walked (a few milliseconds of walking).
+const CANCEL_CHECK_MINIBATCHES: u64 = 1024;
 
 impl Sampler {
     /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
@@ -33,6 +38,21 @@ impl Sampler {
     /// # Errors
     /// [`SamplingError::EqualStepsNeedAFiniteEpoch`] for an infinite epoch.
     pub fn equalize_steps(&mut self, minibatch_size: usize, tail: Tail) -> Result<EqualSteps, SamplingError> {
+        self.equalize_steps_unless(minibatch_size, tail, &AtomicBool::new(false))
+    }
+
+    /// [`Sampler::equalize_steps`], given up when `cancelled` turns true while the workers are
+    /// walked (checked every [`CANCEL_CHECK_MINIBATCHES`] minibatches): a walk takes up to
+    /// seconds, and its `open`'s client may have gone meanwhile.
+    ///
+    /// # Errors
+    /// Those of [`Sampler::equalize_steps`]; [`SamplingError::Cancelled`].
+    pub fn equalize_steps_unless(
+        &mut self,
+        minibatch_size: usize,
+        tail: Tail,
+        cancelled: &AtomicBool,
+    ) -> Result<EqualSteps, SamplingError> {
         if self.options.limit == EpochLimit::Infinite {
             return Err(SamplingError::EqualStepsNeedAFiniteEpoch);
         }
@@ -40,7 +60,7 @@ impl Sampler {
         if self.counts_steps() {
             return Ok(self.equalize_steps_counted(minibatch_size, tail));
         }
-        self.equalize_steps_walked(minibatch_size, tail)
+        self.equalize_steps_walked(minibatch_size, tail, cancelled)
     }
 
     /// Whether [`Sampler::equalize_steps`] counts instead of walking.
@@ -199,6 +219,7 @@ impl Sampler {
         &mut self,
         minibatch_size: usize,
         tail: Tail,
+        cancelled: &AtomicBool,
     ) -> Result<EqualSteps, SamplingError> {
         // Each worker walked from the start of the (resumed) epoch.
         let start = |rank: usize| -> Result<Sampler, SamplingError> {
@@ -216,6 +237,9 @@ impl Sampler {
             let mut count = 0u64;
             while count < stop && s.next_minibatch(minibatch_size).is_some() {
                 count += 1;
+                if count.is_multiple_of(CANCEL_CHECK_MINIBATCHES) && cancelled.load(Ordering::Relaxed) {
+                    return Err(SamplingError::Cancelled);
+                }
             }
             Ok((count, s.position))
         };

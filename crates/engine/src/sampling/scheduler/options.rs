@@ -167,6 +167,10 @@ pub enum SamplingError {
         /// Which bound.
         what: String,
     },
+    /// The walk was given up: whoever asked for it no longer waits
+    /// ([`Sampler::equalize_steps_unless`]).
+    #[error("the walk over the workers' epochs was cancelled: the client that opened the session went away")]
+    Cancelled,
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
     /// overflow").
     #[error("epoch limit {limit:?} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
