@@ -29,7 +29,9 @@
 //!   most `daemon.max_inflate_ratio` times the compressed size (a gzip bomb; small files always
 //!   get [`INFLATE_RATIO_GRACE_BYTES`]). Exceeding either is an error naming the file, the limit
 //!   and the key; the partial copy is removed. A reused copy is held to the same limits.
-//! * **Errors** name the `.gz` file; their byte offsets are offsets in the decompressed data.
+//! * **Errors** name the `.gz` file. Corrupt, truncated or appended-to compressed data names the
+//!   compressed byte offset the decoder had reached and the bytes decompressed before it; a parse
+//!   error's byte offset is an offset in the decompressed data.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Read, Write};
@@ -556,6 +558,31 @@ enum Failure {
     Limit,
 }
 
+/// A buffered reader that counts the bytes its reader consumes.
+struct Consumed<R> {
+    inner: R,
+    count: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::BufRead> Read for Consumed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: std::io::BufRead> std::io::BufRead for Consumed<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.count.set(self.count.get() + amt as u64);
+        self.inner.consume(amt);
+    }
+}
+
 /// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
 fn copy_inflated(
     source: &Path,
@@ -564,10 +591,12 @@ fn copy_inflated(
     out: File,
     allowed: u64,
 ) -> Result<u64, Failure> {
-    let input = std::io::BufReader::with_capacity(1 << 20, input);
+    // The compressed bytes the decoder has taken, for the offset an error names.
+    let consumed = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let input = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, input), count: consumed.clone() };
     let mut decoder: Box<dyn Read> = match codec {
-        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
-        Codec::Zlib => Box::new(flate2::read::ZlibDecoder::new(input)),
+        Codec::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
+        Codec::Zlib => Box::new(flate2::bufread::ZlibDecoder::new(input)),
     };
     let mut writer = BufWriter::with_capacity(1 << 20, out);
     let mut buf = vec![0u8; 1 << 20];
@@ -578,10 +607,18 @@ fn copy_inflated(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
+                let what = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    "the file ends inside compressed data (truncated?)".to_owned()
+                } else if written > 0 && codec == Codec::Gzip && e.to_string().contains("header") {
+                    format!("{e}: the bytes after a complete gzip member are not another member (data appended to the file?)")
+                } else {
+                    e.to_string()
+                };
                 return Err(Failure::Source(DataError::Dataset(format!(
-                    "{}: invalid {} data: {e}",
+                    "{}: invalid {} data at compressed byte offset {} or just before it, after {written} bytes decompressed: {what}",
                     source.display(),
-                    codec.name()
+                    codec.name(),
+                    consumed.get(),
                 ))));
             }
         };
@@ -785,6 +822,26 @@ mod tests {
         let e = inflate(&src, dir.path()).expect_err("corrupt").to_string();
         assert!(e.contains("bad.gz") && e.contains("invalid gzip"), "{e}");
         assert!(names(&dir.path().join(INFLATED_DIR)).is_empty(), "no partial copy left");
+        // Where: the CRC is checked at the member's end, so the offset is the trailer's end.
+        assert!(e.contains(&format!("compressed byte offset {n}")) && e.contains("after 8 bytes decompressed"), "{e}");
+    }
+
+    #[test]
+    fn truncated_gzip_and_trailing_garbage_say_where() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let whole = gz(&b"1 2\n".repeat(1000));
+        let src = dir.path().join("cut.gz");
+        fs::write(&src, &whole[..whole.len() / 2]).expect("write");
+        let e = inflate(&src, dir.path()).expect_err("truncated").to_string();
+        let half = whole.len() / 2;
+        assert!(e.contains(&format!("compressed byte offset {half}")) && e.contains("truncated"), "{e}");
+        let src = dir.path().join("tail.gz");
+        let mut data = whole.clone();
+        data.extend_from_slice(b"garbage after the member");
+        fs::write(&src, &data).expect("write");
+        let e = inflate(&src, dir.path()).expect_err("garbage").to_string();
+        assert!(e.contains("tail.gz") && e.contains("after 4000 bytes decompressed"), "{e}");
+        assert!(e.contains("not another member"), "{e}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub(super) fn read_dense<T: Element>(
     fast: bool,
     kernel: bool,
 ) -> Result<usize, SampleError> {
-    let mark = buf.values.len();
+    let (mark, start) = (buf.values.len(), p);
     if mark.saturating_add(dim) > buf.max_values {
         // The sequence fails once its rows are read; nothing more is stored.
         buf.over_limit = true;
@@ -70,10 +70,36 @@ pub(super) fn read_dense<T: Element>(
         }
     } else if count > dim {
         buf.values.truncate(mark);
-        return Err((p, ErrorKind::DenseTooLong, format!("dense sample has {count} values, more than dim = {dim}")));
+        // Where the first value past `dim` is (found again only here, off the hot loop).
+        let at = value_start(bytes, start, dim).unwrap_or(p);
+        let message =
+            format!("dense sample has {count} values, more than dim = {dim}: the first extra value starts here");
+        return Err((at, ErrorKind::DenseTooLong, message));
     }
     buf.samples += 1;
     Ok(p)
+}
+
+/// Where value `i` (0-based) of a dense sample whose values start at or after `from` starts,
+/// read as [`read_dense`]'s byte loop reads them (numbers may touch: `3-4` is two values).
+fn value_start(bytes: &[u8], from: usize, i: usize) -> Option<usize> {
+    let mut seen = 0;
+    let mut p = from;
+    while let Some(&c) = bytes.get(p) {
+        if is_value_delim(c) {
+            p += 1;
+            continue;
+        }
+        if is_non_printable(c) || c == b'|' {
+            return None;
+        }
+        if seen == i {
+            return Some(p);
+        }
+        seen += 1;
+        p = parse_real(bytes, p).ok()?.1;
+    }
+    None
 }
 
 /// `TryReadSparseSample`: `index:value` entries, `index < dim`; an empty sample is valid.

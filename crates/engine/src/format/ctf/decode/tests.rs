@@ -126,6 +126,12 @@ fn too_many_dense_values_drop_the_sample_with_one_error() {
     // The first row still has a sample (b): 1 error for the sample + 1 for the short length of a.
     assert_eq!(o.errors, vec![ErrorKind::DenseTooLong]);
     assert_eq!(o.seqs[0][0], vec![S::D(vec![1.0, 0.0, 0.0])]);
+    // The error points at the first extra value ('4', byte 11), not at the end of the sample.
+    assert!(o.messages[0].contains("t.ctf:1: byte offset 11"), "{}", o.messages[0]);
+    // Also with values that touch the next bar, tabs between them, and glued signs.
+    let o = ok("0 |a 1\t2  3-4|b 1:1\n0 |a 1 |b 1:1\n", &ab());
+    assert_eq!(o.errors, vec![ErrorKind::DenseTooLong]);
+    assert!(o.messages[0].contains("byte offset 11"), "{}", o.messages[0]);
 }
 
 #[test]
