@@ -376,6 +376,21 @@ fn a_minibatch_of_many_sequences_carries_every_source_in_its_slot() {
     same_as_dump(&got, &want, "pq, 40,000 sequences a minibatch");
 }
 
+/// A minibatch holds no more than its epoch: a `minibatch_size` of 2^31 - 1 over a mixture of 30
+/// or 40 samples is one minibatch, as `dump` prints, not a refusal for a ring of hundreds of GB.
+#[test]
+fn a_huge_minibatch_over_a_finite_mixture_epoch_is_the_epoch_in_one_minibatch() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let size = (1u64 << 31) - 1;
+    for (mixture, names) in [("ad", ["classes", "values"]), ("even", ["features", "labels"])] {
+        let got = read(open(&d, mixture, &options(size)), &names);
+        let want = dump(&d, &["--mixture", mixture, "--minibatch-size", &size.to_string()]);
+        assert_eq!(want.len(), 1, "{mixture}: one minibatch");
+        same_as_dump(&got, &want, mixture);
+    }
+}
+
 #[test]
 fn a_mixture_given_at_open_is_served_as_a_configured_one() {
     let dir = tempfile::tempdir().expect("temp dir");

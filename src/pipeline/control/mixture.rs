@@ -337,7 +337,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     let (identity, options_hash) = (identity(&runtimes), mixture_options_hash(&runtimes, epoch));
     let walk_key = epoch_key(identity, options_hash, resolved.minibatch_size, &mixture_options.schedule);
     let mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
-    let slot_size = slot_size(&runtimes, &resolved);
+    let slot_size = slot_size(&runtimes, &resolved, epoch);
     Ok(Prepared {
         identity,
         options_hash,
@@ -360,11 +360,22 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
 
 /// A slot of a mixture's ring: what the options ask, raised to fit a dense minibatch of this
 /// worker and the mixture's own tensors.
-fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::ResolvedOptions) -> u64 {
+fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::ResolvedOptions, epoch: MixtureEpoch) -> u64 {
+    // A minibatch holds no more samples than its epoch (as a dataset's session, found by a probe:
+    // a minibatch_size of 2^31 - 1 asked for a ring of hundreds of GB): an epoch of `max_samples`
+    // ends at the first slot that starts at or past them; one that ends at the first sweep's end
+    // holds less than a sweep of each source.
+    let bound = match epoch {
+        MixtureEpoch::Samples(n) => n,
+        MixtureEpoch::FirstSweepEnd => {
+            runtimes.iter().fold(0u64, |sum, rt| sum.saturating_add(rt.dataset.timeline().samples(..)))
+        }
+        MixtureEpoch::Endless => u64::MAX,
+    };
     // A worker's share of a minibatch: the global slots are dealt round-robin, so a worker may
     // get the long sequences of one source and the others the short ones of another — up to
     // its count of slots times the longest sequence, and never more than the whole minibatch.
-    let mbs = resolved.minibatch_size as u64;
+    let mbs = (resolved.minibatch_size as u64).min(bound);
     let longest = runtimes.iter().map(|rt| rt.max_seq_len).max().unwrap_or(1).max(1);
     let slots_here = mbs / resolved.sampling.num_workers as u64 + 1;
     let local = slots_here.saturating_mul(longest).min(mbs.saturating_add(longest));
