@@ -323,6 +323,8 @@ fn a_state_past_the_end_of_its_epoch_is_refused() {
     let endless = s.close().expect("close");
     for (opts, state) in [
         (&full, SessionState { position: sweep + sweep, ..at_end.clone() }),
+        // Past the end by the longest sequence (3 samples): no session's last minibatch ends there.
+        (&full, SessionState { position: sweep + 3, ..at_end.clone() }),
         (&full, SessionState { position: u64::MAX, ..at_end.clone() }),
         (&options(5), SessionState { position: 1 << 63, ..endless.clone() }),
         (&options(5), SessionState { position: u64::MAX / 2, ..endless.clone() }),
@@ -339,6 +341,12 @@ fn a_state_past_the_end_of_its_epoch_is_refused() {
     let state = SessionState { position: 1 << 62, ..endless };
     let mut far = d.client().open("train", &SessionOptions { resume: Some(state), ..options(5) }).expect("far on");
     assert!(far.next_minibatch().expect("next").is_some());
+    // Found by a probe: a fresh endless session of a worker the block randomizer gives no chunk
+    // starts at the epoch's end, and was refused for it as a resume past the end.
+    let idle = SessionOptions { num_workers: Some(1000), rank: Some(999), ..options(5) };
+    let mut s = d.client().open("train", &idle).expect("a worker without data opens");
+    assert!(s.warnings.iter().any(|w| w.contains("gets no data")), "{:?}", s.warnings);
+    assert!(s.next_minibatch().expect("next").is_none(), "nothing for a worker without data");
 }
 
 /// Found by a probe: a `minibatch_size` far past a finite epoch sized the ring for it (206 GB for

@@ -893,3 +893,41 @@ fn an_equal_steps_walk_stops_when_cancelled() {
     let equal = s.equalize_steps_unless(1, Tail::Drop, &AtomicBool::new(false)).expect("walked");
     assert!(equal.steps > 1024, "{equal:?}");
 }
+
+/// No session's position passes [`Sampler::latest_position`] (the bound an `open` refuses a
+/// resume state past, now by less than a sequence instead of a sweep): every finite epoch kind,
+/// sequences of several lengths, one and three workers, randomized or not, minibatch sizes from
+/// one sample to past the sweep.
+#[test]
+fn no_position_passes_the_latest_position() {
+    let t = timeline(&[1, 4, 2, 7, 1, 3, 5, 1, 2, 6, 1, 1], &[3, 2, 4, 3]);
+    let sweep = t.samples(..);
+    for limit in [
+        EpochLimit::FullSweep,
+        EpochLimit::Sweep(1),
+        EpochLimit::Sweeps(2),
+        EpochLimit::Samples(5),
+        EpochLimit::Samples(sweep + 1),
+        EpochLimit::Samples(2 * sweep - 1),
+    ] {
+        for randomize in [false, true] {
+            for workers in [1, 3] {
+                for rank in 0..workers {
+                    for mb in [1, 3, 8, 50] {
+                        let o = SamplingOptions {
+                            num_workers: workers,
+                            rank,
+                            ..options(randomize, Window::Chunks(2), 3, limit)
+                        };
+                        let mut s = sampler(&t, o);
+                        let latest = s.latest_position();
+                        while s.next_minibatch(mb).is_some() {
+                            assert!(s.position() <= latest, "{limit:?} {randomize} {workers}/{rank} mb {mb}");
+                        }
+                        assert!(s.position() <= latest, "{limit:?} {randomize} {workers}/{rank} mb {mb}: the end");
+                    }
+                }
+            }
+        }
+    }
+}
