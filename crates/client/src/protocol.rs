@@ -787,7 +787,20 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
             })
         }
         Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
-            Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}")))
+            // Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client
+            // that sent JSON.
+            let json = match b {
+                b'[' => Some("an array"),
+                b'"' => Some("a string"),
+                b'n' => Some("null"),
+                b't' | b'f' => Some("a boolean"),
+                b'-' | b'0'..=b'9' => Some("a number"),
+                _ => None,
+            };
+            Err(FrameError::Invalid(match json {
+                Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
+                None => format!("unknown binary message tag 0x{b:02x}"),
+            }))
         }
         _ => decode(body),
     }
@@ -821,7 +834,20 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
             })
         }
         Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
-            Err(FrameError::Invalid(format!("unknown binary message tag 0x{b:02x}")))
+            // Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client
+            // that sent JSON.
+            let json = match b {
+                b'[' => Some("an array"),
+                b'"' => Some("a string"),
+                b'n' => Some("null"),
+                b't' | b'f' => Some("a boolean"),
+                b'-' | b'0'..=b'9' => Some("a number"),
+                _ => None,
+            };
+            Err(FrameError::Invalid(match json {
+                Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
+                None => format!("unknown binary message tag 0x{b:02x}"),
+            }))
         }
         _ => decode(body),
     }
@@ -1000,5 +1026,17 @@ mod tests {
         assert!(decode::<ClientMessage>(br#"{"type":"open","dataset":"t","options":{"minibatch_sizes":3}}"#).is_err());
         assert!(decode::<ClientMessage>(br#"{"type":"launch"}"#).is_err());
         assert!(decode::<ClientMessage>(br"[1,2,3]").is_err());
+    }
+
+    #[test]
+    fn json_that_is_not_an_object_is_told_so() {
+        for (body, what) in
+            [(&b"[1,2]"[..], "an array"), (b"\"x\"", "a string"), (b"null", "null"), (b"1e400", "a number")]
+        {
+            let Err(FrameError::Invalid(e)) = decode_client(body) else { panic!("{body:?} decoded") };
+            assert!(e.contains("JSON object") && e.contains(what), "{e}");
+        }
+        let Err(FrameError::Invalid(e)) = decode_client(b"\x07abc") else { panic!("decoded") };
+        assert!(e.contains("unknown binary message tag 0x07"), "{e}");
     }
 }
