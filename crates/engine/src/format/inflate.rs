@@ -2,7 +2,7 @@
 //! file is therefore decompressed once, in full, into a cache directory, and the decompressed copy
 //! is what the index pass and every chunk read use.
 //!
-//! * **Detection** is by content — the gzip magic `1f 8b` — not by the `.gz` suffix (deepx's rule),
+//! * **Detection** is by content — the gzip magic and method `1f 8b 08` — not by the `.gz` suffix (deepx's rule),
 //!   so a renamed file still works and a text file called `x.gz` is read as text.
 //! * **Multi-member** gzip (`cat a.gz b.gz`, which hangs deepx's reader) is decompressed member
 //!   after member ([`flate2::read::MultiGzDecoder`]); each member's CRC and length are checked.
@@ -46,8 +46,11 @@ pub use crate::options::Compression;
 use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
 use crate::state_file;
 
-/// The gzip magic bytes.
-pub(crate) const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+/// How gzip data starts: its magic bytes and the compression method, deflate (the only one gzip
+/// defines). The method byte too: a file that starts `1f 8b` by chance (found by a probe: a
+/// damaged TFRecord file whose first record is 35,615 bytes long) is not taken for gzip and
+/// told of a bad gzip header.
+pub(crate) const GZIP_MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
 /// The subdirectory of `state_dir` that holds decompressed copies.
 pub const INFLATED_DIR: &str = "inflated";
 /// Suffix of a copy's sidecar.
@@ -85,10 +88,10 @@ impl Codec {
 /// # Errors
 /// I/O errors opening or reading the file.
 pub fn is_gzip(path: &Path) -> std::io::Result<bool> {
-    let mut magic = [0u8; 2];
+    let mut magic = [0u8; GZIP_MAGIC.len()];
     let mut f = minibatchd_sys::files::open_regular(path)?;
     let mut got = 0;
-    while got < 2 {
+    while got < magic.len() {
         match f.read(&mut magic[got..])? {
             0 => return Ok(false),
             n => got += n,
@@ -174,7 +177,7 @@ pub(crate) fn codec_for(
         Compression::Gzip if gzip()? => Some(Codec::Gzip),
         Compression::Gzip => {
             return Err(DataError::Dataset(format!(
-                "{name}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes 1f 8b"
+                "{name}: not gzip data (compression = \"gzip\"), it does not start with gzip's magic bytes and method 1f 8b 08"
             )))
         }
     })
@@ -594,16 +597,50 @@ fn copy_inflated(
     // The compressed bytes the decoder has taken, for the offset an error names.
     let consumed = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let input = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, input), count: consumed.clone() };
-    let mut decoder: Box<dyn Read> = match codec {
-        Codec::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
-        Codec::Zlib => Box::new(flate2::bufread::ZlibDecoder::new(input)),
-    };
     let mut writer = BufWriter::with_capacity(1 << 20, out);
+    let invalid = |written: u64, what: &str| {
+        Failure::Source(DataError::Dataset(format!(
+            "{}: invalid {} data at compressed byte offset {} or just before it, after {written} bytes decompressed: {what}",
+            source.display(),
+            codec.name(),
+            consumed.get(),
+        )))
+    };
+    let written = match codec {
+        Codec::Gzip => pump(&mut flate2::bufread::MultiGzDecoder::new(input), &mut writer, allowed, codec, &invalid)?,
+        Codec::Zlib => {
+            let mut decoder = flate2::bufread::ZlibDecoder::new(input);
+            let written = pump(&mut decoder, &mut writer, allowed, codec, &invalid)?;
+            // A zlib stream ends where its checksum does: bytes after it were left out (found by a
+            // probe: a second stream appended was dropped without a word, as TensorFlow drops it).
+            let rest = std::io::BufRead::fill_buf(decoder.get_mut()).map_err(|e| invalid(written, &e.to_string()))?;
+            if !rest.is_empty() {
+                return Err(invalid(
+                    written,
+                    "bytes follow the end of the zlib stream (data appended to the file, or a second stream?): a ZLIB input is one stream",
+                ));
+            }
+            written
+        }
+    };
+    let file = writer.into_inner().map_err(|e| Failure::Target(e.into_error()))?;
+    file.sync_all().map_err(Failure::Target)?;
+    Ok(written)
+}
+
+/// Copies what `decoder` yields into `writer`, at most `allowed` bytes; the bytes written.
+fn pump(
+    decoder: &mut dyn Read,
+    writer: &mut BufWriter<File>,
+    allowed: u64,
+    codec: Codec,
+    invalid: &dyn Fn(u64, &str) -> Failure,
+) -> Result<u64, Failure> {
     let mut buf = vec![0u8; 1 << 20];
     let mut written = 0u64;
     loop {
         let n = match decoder.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => return Ok(written),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -614,12 +651,7 @@ fn copy_inflated(
                 } else {
                     e.to_string()
                 };
-                return Err(Failure::Source(DataError::Dataset(format!(
-                    "{}: invalid {} data at compressed byte offset {} or just before it, after {written} bytes decompressed: {what}",
-                    source.display(),
-                    codec.name(),
-                    consumed.get(),
-                ))));
+                return Err(invalid(written, &what));
             }
         };
         written += n as u64;
@@ -628,9 +660,6 @@ fn copy_inflated(
         }
         writer.write_all(&buf[..n]).map_err(Failure::Target)?;
     }
-    let file = writer.into_inner().map_err(|e| Failure::Target(e.into_error()))?;
-    file.sync_all().map_err(Failure::Target)?;
-    Ok(written)
 }
 
 #[cfg(test)]
@@ -824,6 +853,33 @@ mod tests {
         assert!(names(&dir.path().join(INFLATED_DIR)).is_empty(), "no partial copy left");
         // Where: the CRC is checked at the member's end, so the offset is the trailer's end.
         assert!(e.contains(&format!("compressed byte offset {n}")) && e.contains("after 8 bytes decompressed"), "{e}");
+    }
+
+    #[test]
+    fn bytes_after_a_zlib_stream_are_an_error() {
+        use flate2::write::ZlibEncoder;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let zlib = |bytes: &[u8]| {
+            let mut e = ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(bytes).expect("compress");
+            e.finish().expect("finish")
+        };
+        let one = zlib(b"1 2\n3 4\n");
+        let limits = InflateLimits::default();
+        let read = |name: &str, bytes: &[u8]| {
+            let src = dir.path().join(name);
+            fs::write(&src, bytes).expect("write");
+            readable_path_as(&src, Compression::Zlib, dir.path(), &limits)
+        };
+        let copy = read("one.z", &one).expect("one stream");
+        assert_eq!(fs::read(copy).expect("read"), b"1 2\n3 4\n");
+        for (name, tail) in [("two.z", zlib(b"5 6\n")), ("junk.z", b"abc".to_vec())] {
+            let mut data = one.clone();
+            data.extend_from_slice(&tail);
+            let e = read(name, &data).expect_err("appended").to_string();
+            assert!(e.contains(name) && e.contains("bytes follow the end of the zlib stream"), "{e}");
+            assert!(e.contains(&format!("compressed byte offset {}", one.len())), "{e}");
+        }
     }
 
     #[test]

@@ -24,7 +24,10 @@ pub fn inflated_object(
 ) -> Result<Option<PathBuf>, DataError> {
     let gzip = || -> Result<bool, DataError> {
         let mut magic = Vec::new();
-        remote.store.read_range(object, 0, object.size.min(2), &mut magic).map_err(RemoteError::into_data)?;
+        remote
+            .store
+            .read_range(object, 0, object.size.min(GZIP_MAGIC.len() as u64), &mut magic)
+            .map_err(RemoteError::into_data)?;
         Ok(magic == GZIP_MAGIC)
     };
     let Some(codec) = codec_for(compression, &object.url, gzip)? else { return Ok(None) };

@@ -222,7 +222,7 @@ fn frame_of(head: &[u8], record: u64, limits: IndexLimits) -> Result<(u64, u64),
     let len = u64::from_le_bytes(len_bytes);
     let want = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default());
     if masked_crc32c(&len_bytes) != want {
-        if record == 0 && head.starts_with(&[0x1f, 0x8b]) {
+        if record == 0 && head.starts_with(&crate::format::inflate::GZIP_MAGIC) {
             return Err("the file holds a gzip stream inside: a GZIP TFRecord file is one gzip stream from its \
                         first byte (TensorFlow's compression_type=\"GZIP\")"
                 .into());
