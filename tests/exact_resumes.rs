@@ -171,6 +171,38 @@ fn a_name_let_go_before_a_restart_is_still_told_it_starts_afresh() {
     assert!(again.warnings.iter().all(|w| !w.contains("starts afresh")), "{:?}", again.warnings);
 }
 
+/// Found by a probe: with `session_linger_secs = 0` a restart dropped the checkpoint's named
+/// sessions, and an open of one started again from minibatch 0 without a word; so did a name
+/// opened again within one run. Both are now told they start afresh.
+#[test]
+fn with_no_linger_a_name_opened_again_is_told_it_starts_afresh() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let datasets = dataset(dir.path());
+    write_config(dir.path(), DAEMON, &datasets);
+    let mut d = Daemon::start(dir.path(), &[]);
+    let mut s = d.client().open("train", &named("kept")).expect("open");
+    take(&mut s, 5);
+    s.close().expect("close");
+    assert_eq!(d.stop().code(), Some(0));
+    let none = DAEMON.replace("session_linger_secs = 600", "session_linger_secs = 0");
+    write_config(dir.path(), &none, &datasets);
+    let d = Daemon::start(dir.path(), &[]);
+    let told = |s: &Session, name: &str| {
+        s.warnings.iter().any(|w| w.contains(&format!("{name:?}")) && w.contains("session_linger_secs is 0"))
+    };
+    for name in ["kept", "in_run"] {
+        if name == "in_run" {
+            let mut s = d.client().open("train", &named(name)).expect("open");
+            take(&mut s, 2);
+            s.close().expect("close");
+        }
+        let mut again = d.client().open("train", &named(name)).expect("open by name");
+        assert_eq!(again.resumed, None, "{name}: nothing is kept");
+        assert!(told(&again, name), "{name}: {:?}", again.warnings);
+        assert_eq!(again.next_minibatch().expect("next").expect("a minibatch").meta.index, 0);
+    }
+}
+
 #[test]
 fn a_sigterm_answered_within_the_grace_resumes_exactly_after_the_last_minibatch_taken() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -26,6 +26,7 @@ use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState};
 mod forgotten;
 mod options;
 mod progress;
+mod restore;
 mod resume;
 mod slots;
 
@@ -238,10 +239,19 @@ impl Registry {
     }
 
     /// Applies new limits (a configuration reload). Rings already reserved stay; a lower limit
-    /// only refuses new rings until enough have gone.
+    /// only refuses new rings until enough have gone. A shorter linger applies to the sessions
+    /// lingering already, from when they were parked (found by a probe: they kept the old one,
+    /// where the key is documented to apply at once); a longer one only to sessions parked from
+    /// now on.
     pub fn set_limits(&mut self, limit: u64, cache_floor: u64, linger: Duration) {
         self.limit = limit;
         self.cache_floor = cache_floor.min(limit);
+        if let Some(shorter) = self.linger.checked_sub(linger).filter(|d| !d.is_zero()) {
+            for l in self.lingering.values_mut() {
+                l.expires = l.expires.checked_sub(shorter).unwrap_or(l.expires);
+            }
+            self.next_expiry = self.lingering.values().map(|l| l.expires).min();
+        }
         self.linger = linger;
     }
 
@@ -400,7 +410,12 @@ impl Registry {
         if let Some(e) = &entry {
             tracing::debug!(session = name, id = e.id, position = state.position, given_up_to, "session parked");
         }
-        if !self.linger.is_zero() {
+        if self.linger.is_zero() {
+            // Found by a probe: with no linger a name opened again started afresh without a word.
+            if let Some(e) = entry.as_ref().filter(|e| !e.generated) {
+                self.forgotten.note(name.to_owned(), Some(e.owner), Gone::NotKept);
+            }
+        } else {
             let owner = entry.as_ref().map(|e| e.owner);
             let generated = entry.as_ref().is_some_and(|e| e.generated);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
@@ -446,40 +461,6 @@ impl Registry {
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
-    }
-
-    /// Makes checkpointed sessions lingering (resumable by name for the linger time from `now`);
-    /// a name already in use is left alone. Returns how many were restored.
-    ///
-    /// `written_unix_secs` is when the checkpoint was written; `clean` whether it was written at a
-    /// clean stop. After an unclean one nobody knows how far a trainer got since the checkpoint
-    /// ([`GIVEN_UNKNOWN`]); after a clean one a session is exact when its trainer was given
-    /// nothing past its state ([`SavedSession::exact`]). A session resumed from it says so
-    /// (`opened.resumed`).
-    pub fn restore(&mut self, sessions: Vec<SavedSession>, written_unix_secs: u64, clean: bool, now: Instant) -> usize {
-        if self.linger.is_zero() {
-            return 0;
-        }
-        let mut n = 0;
-        for mut saved in sessions {
-            if self.active.contains_key(&saved.name) || self.lingering.contains_key(&saved.name) {
-                continue;
-            }
-            saved.given_up_to = match saved.given_up_to {
-                _ if !clean => Some(GIVEN_UNKNOWN),
-                // Written before the field existed, at a clean stop: every position was exact.
-                None => Some(saved.state.minibatches),
-                given => given,
-            };
-            let exact = saved.exact();
-            let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
-            self.lingering
-                .insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin, generated: false });
-            self.lingers_until(now + self.linger);
-            n += 1;
-        }
-        self.trim_lingering();
-        n
     }
 
     /// Connected sessions of peer uid `owner`.
@@ -780,6 +761,25 @@ mod tests {
         ));
         r.unreserve_sampling(300);
         assert_eq!((r.sampling_bytes(), r.cache_budget()), (0, 700));
+    }
+
+    #[test]
+    fn a_shorter_linger_applies_to_the_sessions_lingering_already() {
+        let t0 = Instant::now();
+        let mut r = Registry::new(1000, 200, Duration::from_secs(60));
+        for name in ["a", "b"] {
+            assert_eq!(r.claim(name, 1, 0, t0), Ok(Claim::Fresh));
+        }
+        r.park("a", one_minibatch_in(), t0);
+        r.park("b", one_minibatch_in(), t0 + Duration::from_secs(5));
+        r.set_limits(1000, 200, Duration::from_secs(10));
+        // Parked at 0 s and 5 s: now kept until 10 s and 15 s, not 60 s and 65 s.
+        assert!(matches!(r.claim("a", 2, 0, t0 + Duration::from_secs(11)), Ok(Claim::Fresh)));
+        assert!(matches!(r.claim("b", 2, 0, t0 + Duration::from_secs(11)), Ok(Claim::Resume(_))));
+        // A longer one leaves them as they are.
+        r.park("b", one_minibatch_in(), t0 + Duration::from_secs(12));
+        r.set_limits(1000, 200, Duration::from_secs(100));
+        assert!(matches!(r.claim("b", 3, 0, t0 + Duration::from_secs(23)), Ok(Claim::Fresh)));
     }
 
     /// A state on dataset `t` after one minibatch of 4 samples.

@@ -41,6 +41,9 @@ pub enum Gone {
     Expired(Instant),
     /// Dropped to keep at most `max_sessions` lingering.
     Pushed,
+    /// Not kept at all: `session_linger_secs` is 0 (when it was parked, or restored from a
+    /// checkpoint).
+    NotKept,
     /// Told to an `open` that was then refused: told again, as it was.
     Said(String),
 }
@@ -57,6 +60,9 @@ impl Gone {
             ),
             Self::Pushed => format!(
                 "session {name:?} was kept for resuming by name until more sessions lingered than max_sessions allows; {afresh}"
+            ),
+            Self::NotKept => format!(
+                "session {name:?} ended (or was restored from the checkpoint) while session_linger_secs is 0, which keeps no session for resuming by name; {afresh}"
             ),
             Self::Said(m) => m.clone(),
         }

@@ -1,0 +1,120 @@
+//! The decompression itself: a compressed input copied out through its decoder, within the
+//! allowed size, with the compressed offset an error names.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::Path;
+
+use super::Codec;
+use crate::format::errors::DataError;
+
+/// Why decompressing failed.
+pub(super) enum Failure {
+    /// Writing the copy.
+    Target(std::io::Error),
+    /// Reading the source (I/O or corrupt gzip data).
+    Source(DataError),
+    /// The copy would exceed the allowed size.
+    Limit,
+}
+
+/// A buffered reader that counts the bytes its reader consumes.
+struct Consumed<R> {
+    inner: R,
+    count: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::BufRead> Read for Consumed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.set(self.count.get() + n as u64);
+        Ok(n)
+    }
+}
+
+impl<R: std::io::BufRead> std::io::BufRead for Consumed<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, amt: usize) {
+        self.count.set(self.count.get() + amt as u64);
+        self.inner.consume(amt);
+    }
+}
+
+/// Decompresses `source` into `out`, at most `allowed` bytes; the bytes written.
+pub(super) fn copy_inflated(
+    source: &Path,
+    codec: Codec,
+    input: Box<dyn Read + Send>,
+    out: File,
+    allowed: u64,
+) -> Result<u64, Failure> {
+    // The compressed bytes the decoder has taken, for the offset an error names.
+    let consumed = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let input = Consumed { inner: std::io::BufReader::with_capacity(1 << 20, input), count: consumed.clone() };
+    let mut writer = BufWriter::with_capacity(1 << 20, out);
+    let invalid = |written: u64, what: &str| {
+        Failure::Source(DataError::Dataset(format!(
+            "{}: invalid {} data at compressed byte offset {} or just before it, after {written} bytes decompressed: {what}",
+            source.display(),
+            codec.name(),
+            consumed.get(),
+        )))
+    };
+    let written = match codec {
+        Codec::Gzip => pump(&mut flate2::bufread::MultiGzDecoder::new(input), &mut writer, allowed, codec, &invalid)?,
+        Codec::Zlib => {
+            let mut decoder = flate2::bufread::ZlibDecoder::new(input);
+            let written = pump(&mut decoder, &mut writer, allowed, codec, &invalid)?;
+            // A zlib stream ends where its checksum does: bytes after it were left out (found by a
+            // probe: a second stream appended was dropped without a word, as TensorFlow drops it).
+            let rest = std::io::BufRead::fill_buf(decoder.get_mut()).map_err(|e| invalid(written, &e.to_string()))?;
+            if !rest.is_empty() {
+                return Err(invalid(
+                    written,
+                    "bytes follow the end of the zlib stream (data appended to the file, or a second stream?): a ZLIB input is one stream",
+                ));
+            }
+            written
+        }
+    };
+    let file = writer.into_inner().map_err(|e| Failure::Target(e.into_error()))?;
+    file.sync_all().map_err(Failure::Target)?;
+    Ok(written)
+}
+
+/// Copies what `decoder` yields into `writer`, at most `allowed` bytes; the bytes written.
+fn pump(
+    decoder: &mut dyn Read,
+    writer: &mut BufWriter<File>,
+    allowed: u64,
+    codec: Codec,
+    invalid: &dyn Fn(u64, &str) -> Failure,
+) -> Result<u64, Failure> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        let n = match decoder.read(&mut buf) {
+            Ok(0) => return Ok(written),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let what = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    "the file ends inside compressed data (truncated?)".to_owned()
+                } else if written > 0 && codec == Codec::Gzip && e.to_string().contains("header") {
+                    format!("{e}: the bytes after a complete gzip member are not another member (data appended to the file?)")
+                } else {
+                    e.to_string()
+                };
+                return Err(invalid(written, &what));
+            }
+        };
+        written += n as u64;
+        if written > allowed {
+            return Err(Failure::Limit);
+        }
+        writer.write_all(&buf[..n]).map_err(Failure::Target)?;
+    }
+}
