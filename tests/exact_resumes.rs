@@ -257,6 +257,50 @@ fn a_reload_that_removes_and_re_adds_a_dataset_resumes_exactly_when_the_client_r
     assert_eq!(resume(&d, "moved"), (("lingering".to_owned(), true), last + 1));
 }
 
+/// Found by a probe: a reload that swapped two streams' columns left positions and identity as
+/// they were, and a session resumed by name went on `exact` with the other column in each stream,
+/// told nothing. A resume under definitions that decode the values otherwise is now told so (the
+/// position stays exact); one under the same definitions is not.
+#[test]
+fn a_resume_after_a_reload_that_decodes_otherwise_is_told_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path());
+    let mut s = d.client().open("train", &named("decoded")).expect("open");
+    let last = take(&mut s, 3);
+    let saved = s.close().expect("close");
+    assert!(saved.decode_digest.is_some(), "{saved:?}");
+    let again = d.client().open("train", &named("decoded")).expect("resume, same definitions");
+    assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+    let saved = again.close().expect("close");
+    let before = d.reloads();
+    let datasets = dataset_config(&d.dir)
+        .replace("chunk_size_bytes = 2000\n", "chunk_size_bytes = 2000\nprecision = \"float64\"\n");
+    write_config(&d.dir, DAEMON, &datasets);
+    d.signal(rustix::process::Signal::HUP);
+    d.wait_reloads(before + 1);
+    let told = |s: &Session| s.warnings.iter().any(|w| w.contains("decodes its values otherwise"));
+    let start = Instant::now();
+    let mut again = loop {
+        // The reload indexes the dataset again: until then the old version serves.
+        let s = d.client().open("train", &named("decoded")).expect("resume by name");
+        if told(&s) {
+            break s;
+        }
+        let warnings = s.warnings.clone();
+        s.close().expect("close");
+        assert!(start.elapsed() < DEADLINE, "never told: {warnings:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(again.resumed.as_ref().map(|r| r.exact), Some(true), "the position is exact");
+    assert_eq!(again.next_minibatch().expect("next").expect("a minibatch").meta.index, last + 1);
+    drop(again);
+    let by_state = d
+        .client()
+        .open("train", &SessionOptions { resume: Some(saved), ..named("by_state") })
+        .expect("resume by state");
+    assert!(told(&by_state), "{:?}", by_state.warnings);
+}
+
 #[test]
 fn a_reload_that_removes_and_re_adds_a_dataset_under_a_silent_trainer_is_not_resumed_as_exact() {
     let dir = tempfile::tempdir().expect("tempdir");

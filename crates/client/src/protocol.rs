@@ -178,6 +178,13 @@ pub struct SessionState {
     /// states without it read as before (and resume at any size, as they did).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub equal_steps_minibatch: Option<u64>,
+    /// How the dataset decoded its values when the state was written (its streams, format and
+    /// precision options: 16 hex digits). A resume under a configuration that decodes them
+    /// otherwise (a reload swapped two streams' columns, say) continues at the exact position
+    /// and is warned that the values from there are decoded by the new definitions. Not sent by
+    /// a mixture's session; a state without it resumes without the check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode_digest: Option<String>,
 }
 
 /// Which of several workers a session is ([`SessionState::worker`]).

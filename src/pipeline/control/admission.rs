@@ -359,6 +359,7 @@ mod tests {
             worker: None,
             mixture: None,
             equal_steps_minibatch: None,
+            decode_digest: None,
         }
     }
 

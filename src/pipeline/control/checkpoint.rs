@@ -251,6 +251,7 @@ mod tests {
                 worker: None,
                 mixture: None,
                 equal_steps_minibatch: None,
+                decode_digest: None,
             },
             owner: None,
             given_up_to: None,

@@ -427,6 +427,7 @@ fn admit(
         worker: None,
         mixture: Some(to_wire(prepared.mixture.state())),
         equal_steps_minibatch: None,
+        decode_digest: None,
     };
     if let Some(s) = &options.resume {
         check_mixture_resume(s, name, identity, ohash, sources)?;

@@ -77,6 +77,8 @@ pub(super) struct OpenSession {
     /// With equal steps, the minibatch size carried in every state
     /// ([`SessionState::equal_steps_minibatch`]).
     pub(super) equal_steps_minibatch: Option<u64>,
+    /// [`SessionState::decode_digest`] (`None` for a mixture's session).
+    pub(super) decode_digest: Option<String>,
     /// Its sampler's memory, reserved against `memory_limit_bytes` until the session ends.
     pub(super) _sampling: SamplingReservation,
 }
@@ -161,6 +163,7 @@ impl OpenSession {
             worker: self.worker,
             mixture: self.progress.mixture().cloned(),
             equal_steps_minibatch: self.equal_steps_minibatch,
+            decode_digest: self.decode_digest.clone(),
         }
     }
 
@@ -397,6 +400,7 @@ impl Launch {
             job: self.job,
             worker: self.start.worker,
             equal_steps_minibatch: self.start.equal_steps_minibatch,
+            decode_digest: self.start.decode_digest.clone(),
             _sampling: self.sampling,
         })
     }
@@ -504,15 +508,24 @@ pub(super) async fn open(
     // session's, or a job's start) and, with equal steps, the minibatch size it cuts for (a state
     // of an earlier build says none).
     let equal_steps_minibatch = equal_steps_minibatch(&resolved);
-    let start = SessionState { worker, equal_steps_minibatch, ..admitted.start.clone() };
+    let decode_digest = Some(hex64(rt.dataset.decode_digest()));
+    let decoded_otherwise = admitted.start.decode_digest.as_ref().is_some_and(|d| Some(d) != decode_digest.as_ref());
+    let start = SessionState { worker, equal_steps_minibatch, decode_digest, ..admitted.start.clone() };
     let (id, name, ring_bytes) = (admitted.id, admitted.name.clone(), admitted.ring_bytes());
-    let (sampler, pad_to, warnings) = {
+    let (sampler, pad_to, mut warnings) = {
         let (start, resolved, dataset, shared, rt, cancelled) =
             (start.clone(), resolved.clone(), dataset.to_owned(), shared.clone(), rt.clone(), cancelled.clone());
         off_the_event_loop(move || place_sampler(sampler, &start, &resolved, &dataset, &shared, &rt, &cancelled))
             .await
             .map_err(undo)?
     };
+    if decoded_otherwise {
+        // Found by a probe: a reload swapped two streams' columns, and a session resumed by name
+        // went on at the exact position with the other column in each stream, told nothing.
+        warnings.push(format!(
+            "dataset {dataset:?} decodes its values otherwise than when this state was written (its streams, format or precision options changed): the session goes on at the exact position, and the minibatches from here are decoded by the definitions in force now"
+        ));
+    }
     sampling.opened(rt.dataset.timeline(), &resolved.sampling, start.job.is_some()).map_err(undo)?;
     let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();

@@ -650,6 +650,7 @@ mod tests {
             worker: None,
             mixture: None,
             equal_steps_minibatch: None,
+            decode_digest: None,
         };
         assert!(check_resume(&s, "t", 7, 7, 9, None).is_ok());
         assert_eq!(
@@ -706,6 +707,7 @@ mod tests {
             worker: None,
             mixture: None,
             equal_steps_minibatch: None,
+            decode_digest: None,
         };
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
@@ -795,6 +797,7 @@ mod tests {
             worker: None,
             mixture: None,
             equal_steps_minibatch: None,
+            decode_digest: None,
         }
     }
 
@@ -963,6 +966,7 @@ mod tests {
             worker: None,
             mixture: None,
             equal_steps_minibatch: None,
+            decode_digest: None,
         };
         let opts = SessionOptions { minibatch_size: Some(4), session: Some("a".into()), ..SessionOptions::default() };
         assert_eq!(r.claim("a", 1, 0, t0), Ok(Claim::Fresh));

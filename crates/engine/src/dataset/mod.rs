@@ -326,6 +326,22 @@ impl Dataset {
         h.finish()
     }
 
+    /// A digest of how this dataset's bytes are decoded into values: the format, each source's
+    /// streams and sequence-id mode, the precision and the format's options — not its files,
+    /// chunking or sampling (which [`Dataset::identity`] and the options hash cover). A session's
+    /// state carries it, so a resume after a reload that decodes the same positions otherwise
+    /// (streams swapped, a dimension or default changed) is told so.
+    #[must_use]
+    pub fn decode_digest(&self) -> u64 {
+        let c = &self.config;
+        let mut h = Fnv1a::new();
+        h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.precision, c.deepx, c.records).as_bytes());
+        for s in &c.sources {
+            h.field(format!("{}|{:?}", s.skip_sequence_ids, s.streams).as_bytes());
+        }
+        h.finish()
+    }
+
     /// Bytes its index holds in memory: every source's sequence descriptors, the joined
     /// sequences' places and nominal lengths, and the chunks (what `daemon.memory_limit_bytes`
     /// counts for an open dataset).

@@ -166,6 +166,7 @@ pub(super) fn job_start(
         mixture: None,
         // Set by the session that starts from it (`open`).
         equal_steps_minibatch: None,
+        decode_digest: None,
     })
 }
 
@@ -320,5 +321,7 @@ pub(super) fn fresh_state(
         worker: None,
         mixture: None,
         equal_steps_minibatch,
+        // Set by the session that starts from it (`open`).
+        decode_digest: None,
     }
 }
