@@ -532,6 +532,47 @@ fn a_session_refused_after_a_failed_reload_is_told_why_it_failed() {
         }
         other => panic!("a session on an emptied file: {:?}", other.map(|_| ())),
     }
+    // Found by a probe: such a reload was counted a success, and the gauge said 1.
+    let (_, metrics) = support::daemon::http_get(&p.join("state"), "/metrics").expect("/metrics");
+    assert!(metrics.contains("minibatchd_config_reloads_total{result=\"partial\"} 1"), "{metrics}");
+    assert!(metrics.contains("minibatchd_config_last_reload_successful 0"), "{metrics}");
+}
+
+/// Found by a probe: a reload whose changed configuration of a dataset failed to open (its files
+/// unchanged: the old version serves on) gave new sessions the old version, told nothing. They
+/// are now warned, until a reload puts a configuration that opens in force.
+#[test]
+fn a_session_on_the_version_before_a_failed_reload_is_warned() {
+    use support::daemon::{options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // An empty CTF file is fatal to its dataset's index pass.
+    let data = write(p, "d.ctf", support::daemon::train_ctf());
+    write(p, "empty.ctf", "");
+    let table = |files: &str| {
+        format!(
+            "[datasets.d]\nformat = \"ctf\"\nfiles = [{files}]\n{}",
+            support::daemon::TRAIN_STREAMS_TOML.replace("datasets.train", "datasets.d")
+        )
+    };
+    let good = table(&format!("\"{}\"", data.display()));
+    support::daemon::write_config(p, "ring_slots = 2\nslot_size_bytes = 65536\n", &good);
+    let daemon = Daemon::start(p, &[]);
+    let told = |s: &minibatchd_client::Session| {
+        s.warnings.iter().any(|w| w.contains("could not be opened at the last reload"))
+    };
+    assert!(!told(&daemon.client().open("d", &options(8)).expect("open")));
+    let bad = table(&format!("\"{}\", \"{}\"", data.display(), p.join("empty.ctf").display()));
+    support::daemon::write_config(p, "ring_slots = 2\nslot_size_bytes = 65536\n", &bad);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    let s = daemon.client().open("d", &options(8)).expect("the old version opens");
+    assert!(told(&s), "{:?}", s.warnings);
+    drop(s);
+    support::daemon::write_config(p, "ring_slots = 2\nslot_size_bytes = 65536\n", &good);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(2);
+    assert!(!told(&daemon.client().open("d", &options(8)).expect("open")), "its configuration is in force again");
 }
 
 /// Puts `bytes` at `path` as another file (a new inode, renamed over it) with `path`'s size and

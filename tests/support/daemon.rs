@@ -214,15 +214,21 @@ impl Daemon {
         std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, streams)).collect()
     }
 
-    /// Successful configuration reloads so far (none before the first).
+    /// Configuration reloads applied so far (`success`, or `partial`: a dataset of the new
+    /// configuration failed to open; none before the first).
     pub fn reloads(&self) -> u32 {
         let (_, body) = http_get(&self.dir.join("state"), "/metrics").expect("/metrics");
-        body.lines()
-            .find_map(|l| l.strip_prefix("minibatchd_config_reloads_total{result=\"success\"} "))
-            .map_or(0, |v| v.trim().parse().expect("a count"))
+        ["success", "partial"]
+            .iter()
+            .filter_map(|r| {
+                let series = format!("minibatchd_config_reloads_total{{result=\"{r}\"}} ");
+                body.lines()
+                    .find_map(|l| l.strip_prefix(series.as_str()).map(|v| v.trim().parse::<u32>().expect("a count")))
+            })
+            .sum()
     }
 
-    /// Waits until the configuration has been reloaded successfully `n` times.
+    /// Waits until the configuration has been reloaded (applied) `n` times.
     pub fn wait_reloads(&self, n: u32) {
         let start = Instant::now();
         while self.reloads() < n {

@@ -449,6 +449,27 @@ pub(super) async fn checkpoint_opening(shared: &Arc<ControlPlane>) -> Result<(),
     off_the_event_loop(move || shared.write_checkpoint("open").map_err(Refusal::Checkpoint)).await
 }
 
+/// What an `open` is told of the dataset's version: that it is the one before a reload whose
+/// configuration failed to open, or that it decodes the values otherwise than the state it
+/// resumes from was written under (`decoded_otherwise`).
+fn version_warnings(dataset: &str, rt: &DatasetRuntime, decoded_otherwise: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(e) = rt.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() {
+        // Found by a probe: new sessions got the version before a failed reload, told nothing.
+        out.push(format!(
+            "the configuration in force for dataset {dataset:?} could not be opened at the last reload ({e}): this session reads the version before that reload"
+        ));
+    }
+    if decoded_otherwise {
+        // Found by a probe: a reload swapped two streams' columns, and a session resumed by name
+        // went on at the exact position with the other column in each stream, told nothing.
+        out.push(format!(
+            "dataset {dataset:?} decodes its values otherwise than when this state was written (its streams, format or precision options changed): the session goes on at the exact position, and the minibatches from here are decoded by the definitions in force now"
+        ));
+    }
+    out
+}
+
 /// Opens a session: [`prepare`], [`admission::admit`], then the ring, the checkpoint and the
 /// producer (undoing the admission when any fails). The walk for equal steps gives up when
 /// `cancelled` turns true (its client went away), and the admission is undone as for any refusal.
@@ -519,13 +540,7 @@ pub(super) async fn open(
             .await
             .map_err(undo)?
     };
-    if decoded_otherwise {
-        // Found by a probe: a reload swapped two streams' columns, and a session resumed by name
-        // went on at the exact position with the other column in each stream, told nothing.
-        warnings.push(format!(
-            "dataset {dataset:?} decodes its values otherwise than when this state was written (its streams, format or precision options changed): the session goes on at the exact position, and the minibatches from here are decoded by the definitions in force now"
-        ));
-    }
+    warnings.extend(version_warnings(dataset, &rt, decoded_otherwise));
     sampling.opened(rt.dataset.timeline(), &resolved.sampling, start.job.is_some()).map_err(undo)?;
     let (ring, fd) = new_ring(&name, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();

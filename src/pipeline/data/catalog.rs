@@ -323,6 +323,8 @@ impl Catalog {
                     to_reopen.push(name);
                 }
                 Some(Ok(rt)) => {
+                    // Its configuration is the one in force again: no failed reopen to tell of.
+                    *rt.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                     catalog.by_name.insert(name.clone(), Ok(rt.clone()));
                     catalog.configs.insert(name, cfg.clone());
                 }
