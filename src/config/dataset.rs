@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use minibatchd_engine::options::{
-    Compression, DatasetConfig, FormatKind, InflateLimits, Precision, RecordOptions, SamplingDefaults, SourceConfig,
-    StreamConfig, StreamFormat, DEFAULT_CHUNK_SIZE_BYTES, MAX_DENSE_DIM, MAX_SPARSE_DIM,
+    Compression, CsvValue, DatasetConfig, FeatureDefault, FeatureLength, FeatureType, FormatKind, InflateLimits,
+    Precision, RecordOptions, SamplingDefaults, SourceConfig, StreamConfig, StreamFormat, DEFAULT_CHUNK_SIZE_BYTES,
+    MAX_DENSE_DIM, MAX_SPARSE_DIM,
 };
 use minibatchd_engine::sampling::{Window, DEFAULT_WINDOW_CHUNKS};
 
@@ -55,6 +56,7 @@ pub(super) fn parse_dataset(
     let mut sources = sources?;
     let records = with_streams(records, &mut sources)?;
     check_streams(w, node.path(), &sources);
+    check_defaults_exact(w, node.path(), records.as_ref(), precision);
     Some(DatasetConfig {
         name: name.to_owned(),
         format: format?,
@@ -71,6 +73,50 @@ pub(super) fn parse_dataset(
         inflate,
         index_threads,
     })
+}
+
+/// Refuses an integer `default` the dataset's precision cannot hold exactly (above 2^24 for
+/// `float32`, 2^53 for `float64`). Found by a probe: such a default was accepted, then every
+/// record that used it failed as malformed data, blaming a value no record held.
+fn check_defaults_exact(w: &mut Walker, path: &str, records: Option<&RecordOptions>, precision: Precision) {
+    // Exact, bit for bit: a round trip through the precision, and an integer within its range.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let exact = |x: f64| match precision {
+        Precision::Float32 => f64::from(x as f32).to_bits() == x.to_bits(),
+        Precision::Float64 => ((x as i64) as f64).to_bits() == x.to_bits() && x.abs() <= 9_007_199_254_740_992.0,
+    };
+    let (limit, fix) = match precision {
+        Precision::Float32 => ("2^24", "; precision = \"float64\" holds integers up to 2^53"),
+        Precision::Float64 => ("2^53", ""),
+    };
+    let mut refuse = |stream: &str, value: f64| {
+        w.issue(
+            &format!("{path}.streams.{stream}.default"),
+            &format!("{value} is not exact in the dataset's precision (integers are exact up to {limit}){fix}"),
+        );
+    };
+    match records {
+        Some(RecordOptions::TfRecord(features)) => {
+            for f in features.iter().filter(|f| f.dtype == FeatureType::Int64) {
+                if let FeatureLength::Fixed { default: Some(FeatureDefault::Numbers(values)) } = &f.length {
+                    if let Some(&v) = values.iter().find(|&&v| !exact(v)) {
+                        refuse(&f.stream, v);
+                    }
+                }
+            }
+        }
+        Some(RecordOptions::Csv(csv)) => {
+            for s in &csv.streams {
+                #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation)]
+                if let Some(CsvValue::Int(i)) = s.default {
+                    if !exact(i as f64) || (i as f64) as i64 != i {
+                        refuse(&s.name, i as f64);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
 }
 
 /// The record formats' own dataset tables, one arm each (the engine's `format::registry` maps the

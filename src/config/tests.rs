@@ -420,3 +420,34 @@ fn only_a_regular_file_of_bounded_size_is_read_as_a_configuration() {
         }
     }
 }
+
+/// Found by a probe: an integer default the precision cannot hold was accepted, then every record
+/// that used it failed as malformed data. It is refused at its key, saying what holds it.
+#[test]
+fn an_integer_default_the_precision_cannot_hold_is_refused() {
+    let tfrecord = |precision: &str, default: &str| {
+        format!(
+            "[datasets.t]\nformat = \"tfrecord\"\nfiles = [\"x\"]\n{precision}\n[datasets.t.streams.label]\ndtype = \"int64\"\nformat = \"dense\"\ndim = 1\ndefault = {default}\n"
+        )
+    };
+    let csv = |precision: &str, default: &str| {
+        format!(
+            "[datasets.c]\nformat = \"csv\"\nfiles = [\"x\"]\ncolumns = 2\n{precision}\n[datasets.c.streams.n]\ncolumns = [1]\ndtype = \"int32\"\ndefault = {default}\n"
+        )
+    };
+    for (text, key) in [
+        (tfrecord("", "16777217"), "datasets.t.streams.label.default"),
+        (csv("", "16777217"), "datasets.c.streams.n.default"),
+    ] {
+        let e = parse(&text).expect_err("refused").to_string();
+        assert!(e.contains(key) && e.contains("not exact") && e.contains("float64"), "{e}");
+    }
+    for text in [
+        tfrecord("", "16777216"),
+        tfrecord("precision = \"float64\"", "16777217"),
+        csv("", "-16777216"),
+        csv("precision = \"float64\"", "2147483647"),
+    ] {
+        assert!(parse(&text).is_ok(), "{text}: {:?}", parse(&text).err().map(|e| e.to_string()));
+    }
+}

@@ -749,6 +749,39 @@ mod tests {
     }
 
     #[test]
+    fn unknown_fields_are_skipped_and_a_varint_past_64_bits_is_malformed() {
+        use super::write::bytes_field;
+        // An unknown field (number 5, a varint) inside `Features` and inside the Example: skipped,
+        // as protobuf does (TensorFlow's parser refuses the record).
+        let plain = example(&[("x", Value::Floats(&[1.0, 2.0, 3.0])), ("label", Value::Ints(&[4]))]);
+        assert!(plain[1] < 0x80, "a one-byte length");
+        let mut features = plain[2..].to_vec();
+        features.extend_from_slice(&[5 << 3, 1]);
+        let mut with_unknown = Vec::new();
+        bytes_field(&mut with_unknown, 1, &features);
+        with_unknown.extend_from_slice(&[9 << 3, 7]);
+        let (b, errors) = decode(&[with_unknown]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!((b[0].values.clone(), b[2].values.clone()), (vec![1.0, 2.0, 3.0], vec![4.0]));
+        // An int64 of ten varint bytes whose last is above 1 (TensorFlow drops the bits past 64
+        // and reads -1): more than 64 bits, a malformed record.
+        let (mut list, mut feature, mut entry, mut map, mut out) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut long = vec![0xff; 9];
+        long.push(0x7f);
+        bytes_field(&mut list, 1, &long);
+        bytes_field(&mut feature, 3, &list);
+        bytes_field(&mut entry, 1, b"label");
+        bytes_field(&mut entry, 2, &feature);
+        bytes_field(&mut map, 1, &entry);
+        let mut x = example(&[("x", Value::Floats(&[1.0, 2.0, 3.0]))])[2..].to_vec();
+        x.extend_from_slice(&map);
+        bytes_field(&mut out, 1, &x);
+        let (_, errors) = decode(&[out]);
+        assert!(errors.len() == 1 && errors[0].contains("more than 64 bits"), "{errors:?}");
+    }
+
+    #[test]
     fn a_damaged_record_is_malformed_not_decoded() {
         let d = ExampleDecoder::new(&features());
         let mut bufs: Vec<StreamBuf<f32>> = (0..3).map(|_| StreamBuf::new()).collect();
