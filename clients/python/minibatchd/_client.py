@@ -11,6 +11,7 @@ import mmap
 import os
 import socket
 import struct
+import threading
 import time
 import warnings
 import weakref
@@ -368,28 +369,46 @@ def _open_when_indexed(open_source: Any, dataset: str, wait: Optional[float]) ->
 
 
 class _Releaser:
-    """Queues a slot's release when its owner array dies (weakref callback) or on demand.
-    Runs in whatever thread drops the last view, so it only appends to a deque; the source sends
-    the queued releases with its next request."""
+    """Queues a slot's release when its owner array dies or on demand; the source sends the
+    queued releases with its next request.
 
-    __slots__ = ("pending", "live", "refs")
+    A dying owner's weak reference is appended to ``dead`` by the weakref machinery calling
+    ``deque.append`` itself: a call into C, which no signal handler can interrupt halfway. (A
+    Python callback could be: found by a probe, a ``KeyboardInterrupt`` raised inside it was
+    swallowed by the interpreter, the slot was neither live nor queued, and ``next()`` later
+    waited for ever.) ``drain`` turns dead references into releases in the source's own calls,
+    in an order that an interruption anywhere leaves to be completed by the next call (a slot
+    queued twice is released once: the daemon ignores the second, stale release)."""
+
+    __slots__ = ("pending", "live", "refs", "dead")
 
     def __init__(self) -> None:
         self.pending: collections.deque = collections.deque()
         self.live: set = set()
         self.refs: Dict[int, Tuple[Any, Tuple[int, int]]] = {}
+        self.dead: collections.deque = collections.deque()
 
     def track(self, owner: np.ndarray, key: Tuple[int, int]) -> Any:
-        ref = weakref.ref(owner, self)
+        ref = weakref.ref(owner, self.dead.append)
         self.refs[id(ref)] = (ref, key)
         self.live.add(key)
         return ref
 
     def __call__(self, ref: Any) -> None:
-        entry = self.refs.pop(id(ref), None)
-        if entry is not None:
-            self.live.discard(entry[1])
-            self.pending.append(entry[1])
+        """Releases the slot of ``ref`` now (``Minibatch.release``)."""
+        self.dead.append(ref)
+
+    def drain(self) -> None:
+        dead, refs = self.dead, self.refs
+        while dead:
+            ref = dead[0]
+            # The reference is held by ``dead`` until here, so its id names no other one.
+            entry = refs.get(id(ref))
+            if entry is not None and entry[0] is ref:
+                self.pending.append(entry[1])
+                self.live.discard(entry[1])
+                del refs[id(ref)]
+            dead.popleft()
 
 
 class Source:
@@ -407,6 +426,12 @@ class Source:
         self._stopped = False
         self._releaser = _Releaser()
         self._pending = self._releaser.pending
+        self._dead = self._releaser.dead
+        # While a next() runs: the minibatches taken when it began and its thread; None between
+        # calls. Still set when a call begins, the last one ended in an exception it did not
+        # mean (a KeyboardInterrupt, say) somewhere a minibatch may have been lost — or another
+        # thread is inside next() now.
+        self._in_next: Optional[Tuple[int, int]] = None
         # The state before the minibatch next() returned last, and its slot (_untake_last); the
         # slots of minibatches given back untaken, whose release is never sent.
         self._before_last: Optional[tuple] = None
@@ -508,28 +533,35 @@ class Source:
         return msg
 
     def _flush(self, extra: Optional[List[dict]] = None) -> None:
+        self._releaser.drain()
         frames = []
-        if self._binary and self._pending:
+        pending = self._pending
+        # Taken off the queue once sent: an interruption before that sends them again (stale
+        # releases, which the daemon ignores), never loses one.
+        if self._binary and pending:
             out = bytearray()
             pack, taken = _RELEASE.pack, self._taken
             flag, wait = (1, self._wait_ns) if self._report_wait else (0, 0)
-            while self._pending:
-                slot, gen = self._pending.popleft()
-                if (slot, gen) in self._unreported:
-                    continue
-                out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
-            if not extra:
-                self._conn.sendall(out)
-                return
+            sent = 0
+            for slot, gen in pending:
+                sent += 1
+                if (slot, gen) not in self._unreported:
+                    out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
             self._conn.sendall(out)
-        while self._pending:
-            slot, gen = self._pending.popleft()
+            for _ in range(sent):
+                pending.popleft()
+            if not extra:
+                return
+        sent = len(pending)
+        for slot, gen in pending:
             if (slot, gen) not in self._unreported:
                 frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
         if extra:
             frames.extend(self._report(m) for m in extra)
         if frames:
             self._conn.send(frames)
+        for _ in range(sent):
+            pending.popleft()
 
     def _next_message(self) -> dict:
         if self._queued:
@@ -552,6 +584,49 @@ class Source:
         return self
 
     def __next__(self) -> "Minibatch":
+        if self._in_next is not None:
+            self._interrupted()
+        self._in_next = (self._taken, threading.get_ident())
+        try:
+            mb = self._next()
+        except (StopIteration, MinibatchdError):
+            self._in_next = None
+            raise
+        # No signal handler runs between these two steps (the interpreter checks for them at
+        # calls and backward jumps): the caller has the minibatch once the flag is down.
+        self._in_next = None
+        return mb
+
+    def _interrupted(self) -> None:
+        """next() was entered while a call was still marked running: another thread's (refused:
+        a source is not thread-safe), or a call that an exception ended where a minibatch may
+        have been received and lost (found by a probe: one interrupted between taking a `ready`
+        off the socket and making its minibatch, then iterated on, skipped that minibatch
+        without a word). The session only closes from here, at the state before anything lost."""
+        _taken, thread = self._in_next or (self._taken, 0)
+        if thread != threading.get_ident():
+            raise MinibatchdError("client_concurrent_use", "next() was called from two threads at once: a Source is "
+                                  "not thread-safe; iterate it from one thread (or give each thread its own session)")
+        self._settle()
+        if self._failed is None:
+            self._failed = MinibatchdError(
+                "client_interrupted", "an exception interrupted next() while it received a minibatch, which may have been "
+                "lost: close the session and resume it from its state(), which continues after the last minibatch "
+                "next() returned")
+        raise self._failed
+
+    def _settle(self) -> None:
+        """After a next() that an exception ended (``_in_next`` still set): a minibatch it took
+        but never returned is taken back, so that ``state()`` and ``close()`` report the position
+        after the last minibatch the caller got."""
+        if self._in_next is None:
+            return
+        taken, _thread = self._in_next
+        self._in_next = None
+        if self._taken != taken:
+            self._untake_last()
+
+    def _next(self) -> "Minibatch":
         # The common case first: a binary `ready` already received, nothing queued before it,
         # no releases due (the general path below does the same, in more steps).
         buf = self._conn.buf
@@ -560,17 +635,22 @@ class Source:
             and len(buf) >= _READY_FRAME
             and not self._queued
             and self._failed is None
-            and len(self._pending) * 2 < self._slot_count
+            and (len(self._pending) + len(self._dead)) * 2 < self._slot_count
             and self._mm is not None
             and not self._ended
         ):
             _tag, flags, slot, gen, index, sweep, position = _READY.unpack_from(buf, 4)
             return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position, _READY_FRAME)
-        if self._ended or self._mm is None:
+        if self._ended:
             raise StopIteration
+        if self._mm is None:
+            # Found by a probe: a loop over a closed source looked like an empty epoch.
+            raise MinibatchdError("client_closed", "the session was closed before its epoch ended: open it again "
+                                  "(resume=its state) to go on")
         if self._failed is not None:
             raise self._failed
         ready = bool(self._queued) or self._conn.has_frame()
+        self._releaser.drain()
         # Releases are batched: sent before this client would wait for the daemon, or once half
         # the ring waits to be given back — never one syscall per minibatch on a backlog.
         if not ready or len(self._pending) * 2 >= self._slot_count:
@@ -758,6 +838,7 @@ class Source:
         options and session name, continuing exactly after the last minibatch this iterator
         returned (``resume=`` its state, which the client keeps itself). Waits up to ``timeout``
         seconds for the daemon to accept it. This source is closed."""
+        self._settle()
         state = dict(self._last_state)
         self.close()
         options = dict(self._options, resume=state)
@@ -783,6 +864,7 @@ class Source:
     def state(self) -> dict:
         """The session's state: the position after the last minibatch this iterator returned
         (prefetched ones never count). Pass it as ``resume=`` to continue exactly after it."""
+        self._settle()
         if self._ended or self._stopped or self._mm is None:
             return dict(self._last_state)
         try:
@@ -800,6 +882,7 @@ class Source:
     def close(self) -> dict:
         """Ends the session (it stays resumable by name for the daemon's linger time) and
         returns the final state."""
+        self._settle()
         if self._mm is None or self._stopped:
             self._conn.close()
             self._mm = None

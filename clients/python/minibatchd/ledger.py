@@ -103,6 +103,11 @@ def exactly_once(ledgers: Iterable[Sequence[Dict[str, Any]]]) -> Dict[Any, Count
     counts: Dict[Any, Counter] = defaultdict(Counter)
     for ledger in ledgers:
         for entry in ledger:
+            if "sequences" not in entry:
+                # Found by a probe: entries from ``Minibatch.ledger_entry()`` raised a bare KeyError.
+                raise ValueError("exactly_once counts the sequences of ledgers from expected() (or expected_mixture()), "
+                                 "whose entries list them; a trainer's recorded entries (ledger_entry()) hold "
+                                 "fingerprints: compare them with expected() by first_divergence()")
             if "sweep" in entry:
                 # A minibatch that crosses sweep ends: each later sweep's sequences under it.
                 sequences, starts = entry["sequences"], entry.get("next_sweeps_at") or []

@@ -2,6 +2,7 @@
 
 import gc
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -81,6 +82,10 @@ def test_a_slot_is_released_when_the_last_view_dies(daemon):
     assert key in source._live, "a live view keeps the lease"
     del values
     gc.collect()
+    # The dead reference is queued by the weakref machinery itself; the source turns it into a
+    # release in its own next call (here, at once).
+    assert len(source._releaser.dead) == 1
+    source._releaser.drain()
     assert key not in source._live, "the last view gone releases the slot"
     # With 2 slots, holding 2 minibatches would block forever: the client says so instead.
     a, b = next(source), next(source)
@@ -130,6 +135,9 @@ def test_an_interrupt_while_a_minibatch_is_received_loses_no_slot_and_no_minibat
             def track(self, owner, key):
                 raise KeyboardInterrupt  # as if Ctrl-C came just before the slot was tracked
 
+            def drain(self):
+                releaser.drain()
+
         source._releaser = Interrupting()
         with pytest.raises(KeyboardInterrupt):
             next(source)
@@ -143,6 +151,93 @@ def test_an_interrupt_while_a_minibatch_is_received_loses_no_slot_and_no_minibat
         source = client.open("train", resume=state, **options)
         got.extend(mb.to_dump() for mb in source)
         assert got == want, f"interrupted after {interrupted}"
+
+
+def test_a_minibatch_lost_inside_next_is_never_skipped_by_iterating_on(daemon):
+    """Found by a probe: an exception raised after a ``ready`` was taken off the socket but before
+    its minibatch was made (here from the socket read itself) was caught by the caller, who went
+    on iterating: that minibatch was skipped without a word, and the state counted past it. The
+    next call now says the session was interrupted, and the state resumes with that minibatch."""
+    options = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
+    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
+    client = minibatchd.connect(daemon.socket)
+    source = client.open("train", **options)
+    got = [next(source).to_dump() for _ in range(3)]
+    conn = source._conn
+    real = conn.recv
+
+    def recv_then_interrupt(*args, **kwargs):
+        msg = real(*args, **kwargs)
+        conn.recv = real
+        raise KeyboardInterrupt  # the ready is off the socket: a careless caller goes on
+    conn.buf.clear()  # every ready arrives through recv from here
+    conn.recv = recv_then_interrupt
+    try:
+        next(source)
+    except KeyboardInterrupt:
+        pass
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        next(source)
+    assert e.value.code == "client_interrupted"
+    state = source.close()
+    assert state["minibatches"] == 3
+    source = client.open("train", resume=state, **options)
+    got.extend(mb.to_dump() for mb in source)
+    assert got == want
+
+
+def test_a_minibatch_taken_but_not_returned_is_taken_back(daemon):
+    """An exception after next() made a minibatch (the state counts it) but before the caller got
+    it: the state and close() report the position before it, and a resume delivers it."""
+    options = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
+    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
+    client = minibatchd.connect(daemon.socket)
+    source = client.open("train", **options)
+    got = [next(source).to_dump() for _ in range(2)]
+    made = source._minibatch
+
+    def made_then_interrupted(*args, **kwargs):
+        made(*args, **kwargs)
+        raise KeyboardInterrupt  # as if Ctrl-C came as the minibatch was handed back
+    source._minibatch = made_then_interrupted
+    with pytest.raises(KeyboardInterrupt):
+        next(source)
+    del source._minibatch
+    assert source.state()["minibatches"] == 2
+    state = source.close()
+    assert state["minibatches"] == 2
+    source = client.open("train", resume=state, **options)
+    got.extend(mb.to_dump() for mb in source)
+    assert got == want
+
+
+def test_next_from_two_threads_at_once_is_refused(daemon):
+    """Found by a probe: two threads iterating one source got correct data, but at the end one of
+    them waited for ever. A source is not thread-safe: a second thread inside next() is told."""
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=4, full_sweep=True)
+    source._in_next = (source._taken, threading.get_ident() + 1)  # another thread is inside next()
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        next(source)
+    assert e.value.code == "client_concurrent_use"
+    source._in_next = None
+    assert next(source).index == 0, "the source goes on for the thread that owns it"
+    source.close()
+
+
+def test_next_on_a_closed_source_says_so(daemon):
+    """Found by a probe: next() after close() stopped iteration, so a loop over a closed source
+    looked like an empty epoch. Closed before its end, it now says so; after its end it stops."""
+    client = minibatchd.connect(daemon.socket)
+    source = client.open("train", minibatch_size=4, full_sweep=True)
+    next(source)
+    source.close()
+    with pytest.raises(minibatchd.MinibatchdError) as e:
+        next(source)
+    assert e.value.code == "client_closed"
+    source = client.open("train", minibatch_size=1000, full_sweep=True)
+    assert len(list(source)) > 0
+    source.close()
+    assert list(source) == [], "an ended epoch stops iteration, closed or not"
 
 
 def test_resume_against_other_options_is_refused(daemon):
