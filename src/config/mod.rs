@@ -217,7 +217,14 @@ impl Config {
         // Canonical, so that relative paths resolve to paths without `..` where that is exact.
         let dir = if base.as_os_str().is_empty() { Path::new(".") } else { base.as_path() };
         let base = std::fs::canonicalize(dir).unwrap_or(base);
-        Self::from_tree(path, &base, &tree)
+        Self::from_tree(path, &base, &tree).map_err(|e| match e {
+            ConfigError::Invalid { path, mut issues } => {
+                let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
+                name_environment(&mut issues, &names);
+                ConfigError::Invalid { path, issues }
+            }
+            other => other,
+        })
     }
 
     /// Parses a TOML string (tests, tools). Relative paths resolve against `base_dir`.
@@ -258,6 +265,37 @@ impl Config {
             name: name.to_owned(),
             known: self.datasets.keys().cloned().collect(),
         })
+    }
+}
+
+/// Adds to each issue in a table that a `MINIBATCHD__…` variable among `env` also sets the
+/// variable's name. Found by a probe: with `MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED` set, a
+/// file without `train` was refused for `datasets.train.files: missing`, with no word of where
+/// the table came from.
+fn name_environment(issues: &mut [ConfigIssue], env: &[String]) {
+    let keys: Vec<(String, &String)> = env
+        .iter()
+        .filter_map(|name| {
+            let rest = name.strip_prefix("MINIBATCHD__")?;
+            Some((rest.split("__").map(str::to_lowercase).collect::<Vec<_>>().join("."), name))
+        })
+        .collect();
+    for issue in issues {
+        let Some((table, _)) = issue.path.rsplit_once('.') else { continue };
+        let from_env: Vec<&str> = keys
+            .iter()
+            .filter(|(key, _)| key.strip_prefix(table).is_some_and(|rest| rest.starts_with('.')))
+            .map(|(_, name)| name.as_str())
+            .collect();
+        if !from_env.is_empty() {
+            let _ = std::fmt::Write::write_fmt(
+                &mut issue.message,
+                format_args!(
+                    " (the table {table} is also set by the environment: {}; unset it to drop the table)",
+                    from_env.join(", ")
+                ),
+            );
+        }
     }
 }
 

@@ -451,3 +451,14 @@ fn an_integer_default_the_precision_cannot_hold_is_refused() {
         assert!(parse(&text).is_ok(), "{text}: {:?}", parse(&text).err().map(|e| e.to_string()));
     }
 }
+
+#[test]
+fn an_issue_in_a_table_the_environment_sets_names_the_variable() {
+    let mut issues = vec![
+        ConfigIssue { path: "datasets.train.files".into(), message: "missing".into() },
+        ConfigIssue { path: "datasets.trainer.files".into(), message: "missing".into() },
+    ];
+    name_environment(&mut issues, &["MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED".into(), "PATH".into()]);
+    assert!(issues[0].message.contains("MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED"), "{}", issues[0].message);
+    assert_eq!(issues[1].message, "missing", "another table");
+}

@@ -129,8 +129,25 @@ pub fn merge_daemon(old: &DaemonConfig, new: &DaemonConfig) -> (DaemonConfig, Ve
     keep!(socket, metrics_listen, state_dir, read_queue_chunks, parsed_queue_chunks, parser_threads, producer_threads);
     // The connection and session limits are read once, at start.
     keep!(max_connections, max_connections_per_uid, max_sessions, max_sessions_per_uid, handshake_timeout_secs);
-    // Object storage is set up once per process (its cache, shared indexes and fetches).
-    keep!(objects);
+    // Object storage is set up once per process (its cache, shared indexes and fetches): named
+    // by their keys (found by a probe: the warning named `daemon.objects`, which is no key).
+    if old.objects != new.objects {
+        let (o, n) = (&old.objects, &new.objects);
+        for (changed, key) in [
+            (o.cache_dir != n.cache_dir, "object_cache_dir"),
+            (o.cache_bytes != n.cache_bytes, "object_cache_bytes"),
+            (o.index_prefix != n.index_prefix, "object_index_prefix"),
+            (o.index_wait_secs != n.index_wait_secs, "object_index_wait_secs"),
+            (o.fetches != n.fetches, "object_fetches"),
+            (o.retry_secs != n.retry_secs, "object_retry_secs"),
+            (o.request_timeout_secs != n.request_timeout_secs, "object_request_timeout_secs"),
+        ] {
+            if changed {
+                restart.push(key);
+            }
+        }
+        out.objects = old.objects.clone();
+    }
     // The parsed cache is opened once per process.
     keep!(parsed_cache_dir, parsed_cache_bytes);
     (out, restart)
@@ -142,6 +159,9 @@ struct Prepared {
     catalog: Catalog,
     changes: CatalogChanges,
     restart: Vec<&'static str>,
+    /// Set when a lower `memory_limit_bytes` was not applied ([`memory_refusal`]): the old limit
+    /// stays, and the reload is partial.
+    kept_limit: bool,
 }
 
 fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
@@ -151,7 +171,7 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
     let (catalog, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
-    Ok(Prepared { config, catalog, changes, restart })
+    Ok(Prepared { config, catalog, changes, restart, kept_limit: false })
 }
 
 /// Runs `work` (an index pass: seconds to minutes) on a thread of its own and waits for it without
@@ -185,19 +205,20 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
             let (added, removed, changed) = (c.added.clone(), c.removed.clone(), c.changed.clone());
             let failed: Vec<String> = c.failed.iter().map(|(n, _)| n.clone()).collect();
             let applied = apply(&shared, p);
-            if applied {
+            if applied.is_some() {
                 let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                 tracing::info!(?added, ?removed, ?changed, ?failed, elapsed_ms, "configuration reloaded");
             }
             // Found by a probe: a reload whose changed dataset failed to open (its old version
-            // serving on) was counted a success, and the gauge an operator watches said 1.
-            if applied && !failed.is_empty() {
+            // serving on), or whose lower memory limit was not applied, was counted a success,
+            // and the gauge an operator watches said 1.
+            if applied == Some(false) || (applied.is_some() && !failed.is_empty()) {
                 shared.data.metrics.ops.config_reloads.with_label_values(&["partial"]).inc();
                 shared.data.metrics.ops.config_last_reload_successful.set(0);
                 notifier.ready(&super::status_line(&shared));
                 return;
             }
-            applied
+            applied.is_some()
         }
         Ok(Err(e)) => {
             tracing::error!("configuration reload refused; the running configuration is kept:\n{e}");
@@ -230,7 +251,7 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
         Ok((config, catalog, changes)) => {
             let (ready, failed) = catalog.counts();
             // No session is open before the datasets are: nothing to refuse.
-            let _ = apply(&shared, Prepared { config, catalog, changes, restart: Vec::new() });
+            let _ = apply(&shared, Prepared { config, catalog, changes, restart: Vec::new(), kept_limit: false });
             let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
             tracing::info!(ready, failed, elapsed_ms, "datasets opened");
             if ready == 0 && failed > 0 {
@@ -255,9 +276,10 @@ pub fn apply_huge_pages(huge: &minibatchd_sys::HugePages, enabled: bool) {
     tracing::info!(huge_pages = enabled, "transparent huge pages for parsed chunks");
 }
 
-/// Swaps `p` in; `false` (nothing changed) where its datasets' indexes and read buffers would
-/// leave the chunk cache less than its floor beside the open sessions ([`memory_refusal`]).
-fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
+/// Swaps `p` in; `None` (nothing changed) where its datasets' indexes and read buffers would
+/// leave the chunk cache less than its floor beside the open sessions ([`memory_refusal`]), else
+/// whether it was applied whole (`false`: the old memory limit was kept).
+fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
     {
         let mut reg = shared.registry();
         let threads = shared.data.parser_threads;
@@ -268,11 +290,12 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
             drop(p);
             shared.data.indexing.clear_finished(&shared.data.metrics);
             tracing::error!("configuration reload refused; the running configuration is kept: {refusal}");
-            return false;
+            return None;
         }
         crate::pipeline::control::apply_memory_limits(&mut reg, &p.config, &p.catalog, threads);
         shared.rebudget(&reg);
     }
+    let kept_limit = p.kept_limit;
     for key in &p.restart {
         tracing::warn!(key = %format!("daemon.{key}"), "changed in the configuration file; takes effect at the next restart");
     }
@@ -308,7 +331,7 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> bool {
         tracing::info!(chunks = forgotten, "failed chunks will be read again");
     }
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
-    true
+    Some(!kept_limit)
 }
 
 /// Removes the parsed-cache entries of the dataset versions with parse identities `replaced`
@@ -351,6 +374,7 @@ fn memory_refusal(
                  once sessions have ended, or lower it less)"
             );
             p.config.daemon.memory_limit_bytes = old;
+            p.kept_limit = true;
         }
     }
     let needed = limit_short_of_sessions(reg, &p.config, &p.catalog, threads)?;
@@ -384,7 +408,12 @@ mod tests {
         assert_eq!(merged.parser_threads, 2);
         assert_eq!((merged.memory_limit_bytes, merged.session_linger_secs), (2_097_152, 5));
         let (same, none) = merge_daemon(&old, &old);
-        assert_eq!((same, none.len()), (old, 0));
+        assert_eq!((same, none.len()), (old.clone(), 0));
+        // Object storage's keys are named as the file spells them (not `objects`).
+        let objects = daemon("[daemon]\nsocket = \"/run/a.sock\"\nmemory_limit_bytes = 1048576\nparser_threads = 2\nobject_fetches = 3\nobject_retry_secs = 9");
+        let (merged, restart) = merge_daemon(&old, &objects);
+        assert_eq!(restart, vec!["object_fetches", "object_retry_secs"]);
+        assert_eq!(merged.objects, old.objects);
     }
 
     #[test]
