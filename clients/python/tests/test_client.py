@@ -153,21 +153,36 @@ def test_an_interrupt_while_a_minibatch_is_received_loses_no_slot_and_no_minibat
         assert got == want, f"interrupted after {interrupted}"
 
 
+SWEEP = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
+
+
+def _sweep_so_far(daemon, taken):
+    """A session of one sweep of minibatches of 4: the client, the source, its first ``taken``
+    minibatches (as dump objects) and dump's whole sweep."""
+    client = minibatchd.connect(daemon.socket)
+    source = client.open("train", **SWEEP)
+    got = [next(source).to_dump() for _ in range(taken)]
+    return client, source, got, daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
+
+
+def _rest_resumed_from(client, state, got, want):
+    """Reads the rest of the sweep resumed from ``state`` after ``got``: the whole equals dump's."""
+    source = client.open("train", resume=state, **SWEEP)
+    got.extend(mb.to_dump() for mb in source)
+    assert got == want
+
+
 def test_a_minibatch_lost_inside_next_is_never_skipped_by_iterating_on(daemon):
     """Found by a probe: an exception raised after a ``ready`` was taken off the socket but before
     its minibatch was made (here from the socket read itself) was caught by the caller, who went
     on iterating: that minibatch was skipped without a word, and the state counted past it. The
     next call now says the session was interrupted, and the state resumes with that minibatch."""
-    options = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
-    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
-    client = minibatchd.connect(daemon.socket)
-    source = client.open("train", **options)
-    got = [next(source).to_dump() for _ in range(3)]
+    client, source, got, want = _sweep_so_far(daemon, 3)
     conn = source._conn
     real = conn.recv
 
     def recv_then_interrupt(*args, **kwargs):
-        msg = real(*args, **kwargs)
+        real(*args, **kwargs)
         conn.recv = real
         raise KeyboardInterrupt  # the ready is off the socket: a careless caller goes on
     conn.buf.clear()  # every ready arrives through recv from here
@@ -181,19 +196,13 @@ def test_a_minibatch_lost_inside_next_is_never_skipped_by_iterating_on(daemon):
     assert e.value.code == "client_interrupted"
     state = source.close()
     assert state["minibatches"] == 3
-    source = client.open("train", resume=state, **options)
-    got.extend(mb.to_dump() for mb in source)
-    assert got == want
+    _rest_resumed_from(client, state, got, want)
 
 
 def test_a_minibatch_taken_but_not_returned_is_taken_back(daemon):
     """An exception after next() made a minibatch (the state counts it) but before the caller got
     it: the state and close() report the position before it, and a resume delivers it."""
-    options = dict(minibatch_size=4, max_sweeps=1, prefetch=2)
-    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
-    client = minibatchd.connect(daemon.socket)
-    source = client.open("train", **options)
-    got = [next(source).to_dump() for _ in range(2)]
+    client, source, got, want = _sweep_so_far(daemon, 2)
     made = source._minibatch
 
     def made_then_interrupted(*args, **kwargs):
@@ -206,9 +215,7 @@ def test_a_minibatch_taken_but_not_returned_is_taken_back(daemon):
     assert source.state()["minibatches"] == 2
     state = source.close()
     assert state["minibatches"] == 2
-    source = client.open("train", resume=state, **options)
-    got.extend(mb.to_dump() for mb in source)
-    assert got == want
+    _rest_resumed_from(client, state, got, want)
 
 
 def test_next_from_two_threads_at_once_is_refused(daemon):

@@ -769,6 +769,24 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(v)
 }
 
+/// The error for a frame body that starts with `b`: no binary message's tag, and no JSON object.
+/// Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client that sent
+/// JSON; a JSON value that is not an object is named as such.
+fn neither_binary_nor_object(b: u8) -> FrameError {
+    let json = match b {
+        b'[' => Some("an array"),
+        b'"' => Some("a string"),
+        b'n' => Some("null"),
+        b't' | b'f' => Some("a boolean"),
+        b'-' | b'0'..=b'9' => Some("a number"),
+        _ => None,
+    };
+    FrameError::Invalid(match json {
+        Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
+        None => format!("unknown binary message tag 0x{b:02x}"),
+    })
+}
+
 /// Decodes a client frame body: a binary `release` or a JSON message.
 ///
 /// # Errors
@@ -793,22 +811,7 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
                 wait_ns: (body[1] == 1).then(|| u64_at(body, 24)),
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
-            // Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client
-            // that sent JSON.
-            let json = match b {
-                b'[' => Some("an array"),
-                b'"' => Some("a string"),
-                b'n' => Some("null"),
-                b't' | b'f' => Some("a boolean"),
-                b'-' | b'0'..=b'9' => Some("a number"),
-                _ => None,
-            };
-            Err(FrameError::Invalid(match json {
-                Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
-                None => format!("unknown binary message tag 0x{b:02x}"),
-            }))
-        }
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(b)),
         _ => decode(body),
     }
 }
@@ -840,22 +843,7 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
                 },
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => {
-            // Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client
-            // that sent JSON.
-            let json = match b {
-                b'[' => Some("an array"),
-                b'"' => Some("a string"),
-                b'n' => Some("null"),
-                b't' | b'f' => Some("a boolean"),
-                b'-' | b'0'..=b'9' => Some("a number"),
-                _ => None,
-            };
-            Err(FrameError::Invalid(match json {
-                Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
-                None => format!("unknown binary message tag 0x{b:02x}"),
-            }))
-        }
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(b)),
         _ => decode(body),
     }
 }
