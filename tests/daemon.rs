@@ -452,6 +452,20 @@ fn an_open_whose_client_went_away_is_given_up() {
         max_sweeps: Some(1),
         ..options(1)
     };
+    // A client that only shuts its writing side still reads its answer (found by a review): the
+    // cancelled walk's refusal, or a quick open's `opened`.
+    let half_closed = |open: &[u8]| {
+        let mut s = raw(&d.socket);
+        s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+        assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+        s.write_all(&frame(open)).expect("write");
+        s.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        reply(&mut s).expect("an answer")
+    };
+    let answer = half_closed(open);
+    assert!(answer["message"].as_str().is_some_and(|m| m.contains("cancelled")), "{answer}");
+    let answer = half_closed(br#"{"type":"open","dataset":"train","options":{"minibatch_size":1,"full_sweep":true}}"#);
+    assert_eq!(answer["type"], "opened", "{answer}");
     let got = d.read_all("train", &again, TRAIN_STREAMS);
     assert_eq!(
         got,

@@ -296,9 +296,15 @@ fn a_resume_after_a_reload_that_decodes_otherwise_is_told_so() {
     drop(again);
     let by_state = d
         .client()
-        .open("train", &SessionOptions { resume: Some(saved), ..named("by_state") })
+        .open("train", &SessionOptions { resume: Some(saved.clone()), ..named("by_state") })
         .expect("resume by state");
     assert!(told(&by_state), "{:?}", by_state.warnings);
+    // A job continued from its workers' states is told too.
+    let by_job = d
+        .client()
+        .open("train", &SessionOptions { resume_job: Some(vec![saved]), ..named("by_job") })
+        .expect("resume_job");
+    assert!(told(&by_job), "{:?}", by_job.warnings);
 }
 
 #[test]

@@ -220,7 +220,8 @@ impl Config {
         Self::from_tree(path, &base, &tree).map_err(|e| match e {
             ConfigError::Invalid { path, mut issues } => {
                 let names: Vec<String> = std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).collect();
-                name_environment(&mut issues, &names);
+                let file = toml_to_json(&text).ok();
+                name_environment(&mut issues, &names, file.as_ref());
                 ConfigError::Invalid { path, issues }
             }
             other => other,
@@ -268,11 +269,11 @@ impl Config {
     }
 }
 
-/// Adds to each issue in a table that a `MINIBATCHD__…` variable among `env` also sets the
-/// variable's name. Found by a probe: with `MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED` set, a
-/// file without `train` was refused for `datasets.train.files: missing`, with no word of where
-/// the table came from.
-fn name_environment(issues: &mut [ConfigIssue], env: &[String]) {
+/// Adds to each issue in a table that the file (`file`, its tree) does not hold and a
+/// `MINIBATCHD__…` variable among `env` sets the variable's name. Found by a probe: with
+/// `MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED` set, a file without `train` was refused for
+/// `datasets.train.files: missing`, with no word of where the table came from.
+fn name_environment(issues: &mut [ConfigIssue], env: &[String], file: Option<&serde_json::Value>) {
     let keys: Vec<(String, &String)> = env
         .iter()
         .filter_map(|name| {
@@ -282,6 +283,10 @@ fn name_environment(issues: &mut [ConfigIssue], env: &[String]) {
         .collect();
     for issue in issues {
         let Some((table, _)) = issue.path.rsplit_once('.') else { continue };
+        // A table the file holds is the file's, whatever the environment adds to it.
+        if file.is_some_and(|tree| table.split('.').try_fold(tree, |node, key| node.get(key)).is_some()) {
+            continue;
+        }
         let from_env: Vec<&str> = keys
             .iter()
             .filter(|(key, _)| key.strip_prefix(table).is_some_and(|rest| rest.starts_with('.')))

@@ -442,6 +442,9 @@ fn an_integer_default_the_precision_cannot_hold_is_refused() {
         let e = parse(&text).expect_err("refused").to_string();
         assert!(e.contains(key) && e.contains("not exact") && e.contains("float64"), "{e}");
     }
+    // Past 2^53 no precision holds it: read as a float it was rounded and served as 2^53.
+    let e = parse(&tfrecord("precision = \"float64\"", "9007199254740993")).expect_err("refused").to_string();
+    assert!(e.contains("datasets.t.streams.label.default") && e.contains("not exact"), "{e}");
     for text in [
         tfrecord("", "16777216"),
         tfrecord("precision = \"float64\"", "16777217"),
@@ -458,7 +461,13 @@ fn an_issue_in_a_table_the_environment_sets_names_the_variable() {
         ConfigIssue { path: "datasets.train.files".into(), message: "missing".into() },
         ConfigIssue { path: "datasets.trainer.files".into(), message: "missing".into() },
     ];
-    name_environment(&mut issues, &["MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED".into(), "PATH".into()]);
+    let env = ["MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED".to_owned(), "MINIBATCHD__DAEMON__RING_SLOTS".into()];
+    let file = serde_json::json!({"daemon": {"memory_limit_bytes": 0}, "datasets": {"other": {}}});
+    name_environment(&mut issues, &env, Some(&file));
     assert!(issues[0].message.contains("MINIBATCHD__DATASETS__TRAIN__SAMPLING__SEED"), "{}", issues[0].message);
     assert_eq!(issues[1].message, "missing", "another table");
+    // A table the file holds is not blamed on the environment.
+    let mut issues = vec![ConfigIssue { path: "daemon.memory_limit_bytes".into(), message: "out of range".into() }];
+    name_environment(&mut issues, &env, Some(&file));
+    assert_eq!(issues[0].message, "out of range");
 }

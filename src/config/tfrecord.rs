@@ -170,5 +170,27 @@ fn default_values(w: &mut Walker, path: &str, v: Option<&Value>, dim: usize, dty
         w.issue(path, "an int64 feature's default holds integers");
         return None;
     }
+    // Read as a float, an integer past 2^53 was already rounded (found by a review: a default
+    // of 2^53 + 1 was served as 2^53): the written integers are checked as written.
+    let written: Vec<&Value> = match v {
+        Some(Value::Array(a)) => a.iter().collect(),
+        Some(n) => vec![n],
+        None => Vec::new(),
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+    let inexact = written.iter().find_map(|n| {
+        let exact = match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => (i as f64) as i64 == i && i.unsigned_abs() <= 1 << 53,
+            (None, Some(u)) => u <= 1 << 53,
+            _ => true,
+        };
+        (!exact).then(|| n.to_string())
+    });
+    if dtype == FeatureType::Int64 {
+        if let Some(n) = inexact {
+            w.issue(path, &format!("{n} is not exact in any precision (integers are exact up to 2^53)"));
+            return None;
+        }
+    }
     Some(values)
 }

@@ -621,7 +621,9 @@ class Source:
         after the last minibatch the caller got."""
         if self._in_next is None:
             return
-        taken, _thread = self._in_next
+        taken, thread = self._in_next
+        if thread != threading.get_ident():
+            return  # another thread's next() is running (unsupported): not this one's to settle
         self._in_next = None
         if self._taken != taken:
             self._untake_last()
@@ -635,7 +637,9 @@ class Source:
             and len(buf) >= _READY_FRAME
             and not self._queued
             and self._failed is None
-            and (len(self._pending) + len(self._dead)) * 2 < self._slot_count
+            # A released minibatch's reference may be queued twice (its release, then its
+            # array's death): dead references count half.
+            and len(self._pending) * 2 + len(self._dead) < self._slot_count
             and self._mm is not None
             and not self._ended
         ):

@@ -34,13 +34,14 @@ use minibatchd_client::protocol::{
     FEATURE_OPEN_WAITS_FOR_INDEX, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 
+use super::admission::Refusal;
 use super::mixture::AT_OPEN;
 use super::open_session::OpenSession;
 use super::peer::{ConnShared, Peer};
 use super::session::Release;
 use super::ControlPlane;
 use crate::pipeline::data::producer::{FreeSlot, ProducerEvent};
-use opening::{open_watching, refuse, CLIENT_GONE};
+use opening::{open_watching, refuse, CANCELLED, CLIENT_GONE};
 
 mod opening;
 
@@ -446,18 +447,17 @@ async fn on_frame(
             return Ok(Flow::Close);
         }
         (ClientMessage::Open { dataset, options }, Phase::Open(version)) => {
+            // Answered whether or not the client shut its side meanwhile (found by a review: a
+            // client that half-closes after `open` can still read its answer); a client that has
+            // really gone makes the send fail, which closes the connection, and a session that
+            // opened all the same is parked, as for any client that goes.
             let (opening, gone) = open_watching(&dataset, &options, conn, rd, peer).await;
             match opening {
-                Ok((active, ..)) if gone => {
-                    // Opened before the cancellation was seen: parked like any session whose
-                    // client went.
-                    *phase = Phase::Serving(Box::new(active));
-                    return Ok(Flow::Close);
-                }
-                Err(refusal) if gone => {
-                    // Counted apart from the refusals a client hears: no one hears this one.
+                Err(Refusal::Sampling(minibatchd_engine::sampling::SamplingError::Cancelled)) => {
+                    // Only a client that shut its side cancels: its answer is counted apart.
                     conn.shared.data.metrics.control.sessions_refused.with_label_values(&[CLIENT_GONE]).inc();
-                    tracing::debug!(peer = %peer, dataset = %dataset, reason = %refusal, "cancelled open ended");
+                    let cancelled = ServerMessage::error(ErrorCode::ResourceExhausted, CANCELLED.to_owned());
+                    let _ = send(wr, &cancelled).await;
                     return Ok(Flow::Close);
                 }
                 Ok((mut active, opened, fd)) => {
@@ -471,6 +471,10 @@ async fn on_frame(
                     send_with_fd(wr, &opened, &fd).await?;
                 }
                 Err(refusal) => refuse(&refusal, &dataset, conn, wr, peer).await?,
+            }
+            if gone {
+                // The client sends nothing more: what it was answered is all it gets.
+                return Ok(Flow::Close);
             }
         }
         (ClientMessage::Release { slot, generation, taken, wait_ns }, Phase::Serving(a)) => {

@@ -128,6 +128,7 @@ fn epoch_start(
     minibatch_size: usize,
     key: u64,
     starts: &std::sync::Mutex<super::session::EpochStarts>,
+    cancelled: &std::sync::atomic::AtomicBool,
 ) -> Result<minibatchd_client::protocol::MixtureState, String> {
     let lock = || starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let known = lock().nearest(key, epoch);
@@ -138,7 +139,7 @@ fn epoch_start(
         }
         None => 0,
     };
-    mixture.skip_epochs(epoch - from, minibatch_size, MAX_WALK_SLOTS).map_err(|e| e.to_string())?;
+    mixture.skip_epochs_unless(epoch - from, minibatch_size, MAX_WALK_SLOTS, cancelled).map_err(|e| e.to_string())?;
     let state = to_wire(mixture.state());
     lock().insert(key, epoch, state.clone());
     Ok(state)
@@ -460,10 +461,11 @@ async fn walk(
     minibatch_size: usize,
     key: u64,
     shared: Arc<ControlPlane>,
+    cancelled: Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(Mixture, minibatchd_client::protocol::MixtureState), Refusal> {
     let name = name.to_owned();
     off_the_event_loop(move || {
-        let state = epoch_start(&mut mixture, epoch, minibatch_size, key, &shared.mixture_epochs);
+        let state = epoch_start(&mut mixture, epoch, minibatch_size, key, &shared.mixture_epochs, &cancelled);
         state.map(|s| (mixture, s)).map_err(|message| Refusal::Mixture { name, message })
     })
     .await
@@ -475,6 +477,7 @@ pub(super) async fn open_mixture(
     options: &SessionOptions,
     conn: &ConnShared,
     peer: &Peer,
+    cancelled: &Arc<std::sync::atomic::AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let prepared = {
@@ -511,8 +514,8 @@ pub(super) async fn open_mixture(
     // starts from its state), the daemon's checkpoint told where it starts.
     let fresh = options.resume.is_none() && admitted.resumed.is_none();
     if let Some(epoch) = options.sweep.filter(|&k| k > 0 && fresh) {
-        let (walked, state) =
-            walk(name, mixture, epoch, minibatch_size, walk_key, shared.clone()).await.map_err(undo)?;
+        let walking = walk(name, mixture, epoch, minibatch_size, walk_key, shared.clone(), cancelled.clone());
+        let (walked, state) = walking.await.map_err(undo)?;
         mixture = walked;
         start.mixture = Some(state);
         shared.registry().update_state(&session, &start, admitted.given_up_to);

@@ -482,7 +482,7 @@ pub(super) async fn open(
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let shared = &conn.shared;
     let Prepared { rt, resolved, options_hash: ohash, sampler, mut sampling, geometry, job_start, working } =
-        prepare(dataset, options, shared).await?;
+        prepare(dataset, options, shared, cancelled).await?;
     let worker = session_worker(&resolved);
     // A fresh session starts where its sampler does: 0, or the first sample of `sweep`.
     let fresh_position = sampler.position();

@@ -86,6 +86,8 @@ impl SavedSession {
 #[derive(Debug, Clone)]
 struct Lingering {
     saved: SavedSession,
+    /// When it was parked (or restored from the checkpoint): a shorter linger counts from here.
+    parked: Instant,
     expires: Instant,
     /// Where its state came from.
     origin: Resumed,
@@ -246,9 +248,12 @@ impl Registry {
     pub fn set_limits(&mut self, limit: u64, cache_floor: u64, linger: Duration) {
         self.limit = limit;
         self.cache_floor = cache_floor.min(limit);
-        if let Some(shorter) = self.linger.checked_sub(linger).filter(|d| !d.is_zero()) {
+        // Each keeps the earlier of its own expiry and its parking plus the new linger (found by
+        // a review: taking the difference of the lingers off every expiry cut sessions parked
+        // under another, shorter linger still).
+        if linger < self.linger {
             for l in self.lingering.values_mut() {
-                l.expires = l.expires.checked_sub(shorter).unwrap_or(l.expires);
+                l.expires = l.expires.min(l.parked + linger);
             }
             self.next_expiry = self.lingering.values().map(|l| l.expires).min();
         }
@@ -420,7 +425,8 @@ impl Registry {
             let generated = entry.as_ref().is_some_and(|e| e.generated);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
             let saved = SavedSession { name: name.to_owned(), options, state, owner, given_up_to: Some(given_up_to) };
-            self.lingering.insert(name.to_owned(), Lingering { saved, expires: now + self.linger, origin, generated });
+            let lingering = Lingering { saved, parked: now, expires: now + self.linger, origin, generated };
+            self.lingering.insert(name.to_owned(), lingering);
             self.lingers_until(now + self.linger);
             self.trim_lingering();
         }
@@ -782,6 +788,14 @@ mod tests {
         r.park("b", one_minibatch_in(), t0 + Duration::from_secs(12));
         r.set_limits(1000, 200, Duration::from_secs(100));
         assert!(matches!(r.claim("b", 3, 0, t0 + Duration::from_secs(23)), Ok(Claim::Fresh)));
+        // Parked under a short linger, lengthened, then shortened less: its own expiry stands
+        // (parked at 30 s under 10 s: until 40 s, not 30 + 10 - 50 s).
+        r.set_limits(1000, 200, Duration::from_secs(10));
+        assert!(matches!(r.claim("c", 4, 0, t0), Ok(Claim::Fresh)));
+        r.park("c", one_minibatch_in(), t0 + Duration::from_secs(30));
+        r.set_limits(1000, 200, Duration::from_secs(60));
+        r.set_limits(1000, 200, Duration::from_secs(20));
+        assert!(matches!(r.claim("c", 5, 0, t0 + Duration::from_secs(35)), Ok(Claim::Resume(_))));
     }
 
     /// A state on dataset `t` after one minibatch of 4 samples.

@@ -323,8 +323,6 @@ impl Catalog {
                     to_reopen.push(name);
                 }
                 Some(Ok(rt)) => {
-                    // Its configuration is the one in force again: no failed reopen to tell of.
-                    *rt.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
                     catalog.by_name.insert(name.clone(), Ok(rt.clone()));
                     catalog.configs.insert(name, cfg.clone());
                 }
@@ -346,8 +344,6 @@ impl Catalog {
                 Ok(_) => changes.changed.push(name),
                 Err(e) => {
                     if let Some(Ok(old)) = self.by_name.get(&name) {
-                        *old.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                            Some(e.to_string());
                         catalog.by_name.insert(name.clone(), Ok(old.clone()));
                         if let Some(c) = self.configs.get(&name) {
                             catalog.configs.insert(name.clone(), c.clone());
@@ -390,6 +386,21 @@ impl Catalog {
     #[must_use]
     pub fn index_bytes(&self) -> u64 {
         self.by_name.values().filter_map(|r| r.as_ref().ok()).map(|rt| rt.dataset.index_bytes()).sum()
+    }
+
+    /// Notes on each dataset of this catalog why the reload that made it could not open its
+    /// configuration (`changes.kept_old`: the version before serves on), or that nothing failed.
+    /// Called once the reload is applied (found by a review: set while it was prepared, a
+    /// reload then refused whole left the note on the version still in force).
+    pub fn note_reopen_failures(&self, changes: &CatalogChanges) {
+        for (name, rt) in self.by_name.iter().filter_map(|(n, r)| Some((n, r.as_ref().ok()?))) {
+            let failure = changes
+                .kept_old
+                .contains(name)
+                .then(|| changes.failed.iter().find(|(n, _)| n == name).map(|(_, e)| e.to_string()))
+                .flatten();
+            *rt.reopen_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = failure;
+        }
     }
 
     /// The parse identities of the datasets in force ([`Dataset::parse_identity`]).

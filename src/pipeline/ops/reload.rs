@@ -321,6 +321,7 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
         .filter_map(|name| shared.data.dataset(name).ok())
         .map(|old| old.dataset.parse_identity())
         .collect();
+    p.catalog.note_reopen_failures(&p.changes);
     shared.replace(p.config, p.catalog);
     forget_replaced_entries(shared, &replaced);
     shared.data.indexing.clear_finished(&shared.data.metrics);

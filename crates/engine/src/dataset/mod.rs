@@ -335,7 +335,9 @@ impl Dataset {
     pub fn decode_digest(&self) -> u64 {
         let c = &self.config;
         let mut h = Fnv1a::new();
-        h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.precision, c.deepx, c.records).as_bytes());
+        // deepx's `batch` only suggests a minibatch size: not how values decode.
+        let deepx = c.deepx.clone().map(|d| crate::options::DeepxOptions { batch: None, ..d });
+        h.field(format!("{:?}|{:?}|{:?}|{:?}", c.format, c.precision, deepx, c.records).as_bytes());
         for s in &c.sources {
             h.field(format!("{}|{:?}", s.skip_sequence_ids, s.streams).as_bytes());
         }

@@ -54,6 +54,9 @@ use copy::{copy_inflated, Failure};
 /// damaged TFRecord file whose first record is 35,615 bytes long) is not taken for gzip and
 /// told of a bad gzip header.
 pub(crate) const GZIP_MAGIC: [u8; 3] = [0x1f, 0x8b, 0x08];
+/// The version of what a decompressed copy is checked for (bytes after a zlib stream refused
+/// since 2): part of the copy's name, so that a copy an earlier version made is not reused.
+const COPY_RULES: &str = "inflate copy rules 2";
 /// The subdirectory of `state_dir` that holds decompressed copies.
 pub const INFLATED_DIR: &str = "inflated";
 /// Suffix of a copy's sidecar.
@@ -123,6 +126,10 @@ fn copy_names(stamp: &FileStamp, codec: Codec) -> (String, String) {
     let stamp_hash = {
         let mut h = Fnv1a::new();
         stamp.hash_version(&mut h);
+        // What the decompression checks: a copy made by an earlier one is made again (found by a
+        // review: a ZLIB copy made before bytes after the stream were refused kept being reused,
+        // those bytes silently left out).
+        h.field(COPY_RULES.as_bytes());
         h.finish()
     };
     let prefix = format!("{name}.{path_hash:016x}.");

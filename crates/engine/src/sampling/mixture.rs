@@ -579,6 +579,22 @@ impl Mixture {
     /// An endless mixture has one epoch; a walk longer than `max_slots` slots; a source's
     /// sampler ended.
     pub fn skip_epochs(&mut self, epoch: u64, minibatch_size: usize, max_slots: u64) -> Result<(), MixtureError> {
+        self.skip_epochs_unless(epoch, minibatch_size, max_slots, &std::sync::atomic::AtomicBool::new(false))
+    }
+
+    /// [`Mixture::skip_epochs`], given up when `cancelled` turns true (checked every 1,024
+    /// minibatches walked): its `open`'s client may have gone meanwhile.
+    ///
+    /// # Errors
+    /// Those of [`Mixture::skip_epochs`]; [`MixtureError::BadState`] saying the walk was
+    /// cancelled.
+    pub fn skip_epochs_unless(
+        &mut self,
+        epoch: u64,
+        minibatch_size: usize,
+        max_slots: u64,
+        cancelled: &std::sync::atomic::AtomicBool,
+    ) -> Result<(), MixtureError> {
         if epoch == 0 {
             return Ok(());
         }
@@ -599,8 +615,16 @@ impl Mixture {
         // of the minibatches walked.
         let restart = self.samplers.len() as u64 + 1;
         let mut budget = max_slots;
+        let mut walked = 0u64;
         for _ in 0..epoch {
-            while self.step(minibatch_size, false, &mut budget)?.is_some() {}
+            while self.step(minibatch_size, false, &mut budget)?.is_some() {
+                walked += 1;
+                if walked.is_multiple_of(1024) && cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(MixtureError::BadState(
+                        "the walk to the epoch was cancelled: the client that opened the session went away".into(),
+                    ));
+                }
+            }
             if budget == 0 {
                 return Err(too_far());
             }

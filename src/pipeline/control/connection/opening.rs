@@ -64,7 +64,7 @@ async fn open_either(
     cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     if options.mixture.is_some() || conn.shared.config().mixtures.contains_key(name) {
-        open_mixture(name, options, conn, peer).await
+        open_mixture(name, options, conn, peer, cancelled).await
     } else {
         open(name, options, conn, peer, cancelled).await
     }
@@ -88,7 +88,7 @@ pub(super) async fn open_watching(
         done = &mut opening => (done, false),
         () = hung_up(rd) => {
             cancelled.store(true, Ordering::Relaxed);
-            tracing::info!(peer = %peer, dataset = %dataset, "the client went away while its session was being opened: the opening is cancelled");
+            tracing::info!(peer = %peer, dataset = %dataset, "the client shut its side of the socket while its session was being opened: the preparation's walks are cancelled");
             (opening.await, true)
         }
     }
@@ -112,9 +112,13 @@ pub(super) async fn refuse(
     send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await
 }
 
-/// The `code` under which `minibatchd_sessions_refused_total` counts the opens whose client went
-/// away before they were answered.
+/// The `code` under which `minibatchd_sessions_refused_total` counts the opens whose preparation
+/// was cancelled because their client shut its side of the socket before they were answered.
 pub(super) const CLIENT_GONE: &str = "client_gone";
+
+/// What such an open is answered, should its client still read.
+pub(super) const CANCELLED: &str =
+    "the session's preparation was cancelled: this client shut its side of the socket while the session was being opened";
 
 /// Resolves when the client has shut its end of the socket (or it failed), without reading: a
 /// client waits for the reply to its `open`, so nothing but the end is expected meanwhile. Bytes

@@ -44,9 +44,11 @@ pub(super) async fn prepare(
     dataset: &str,
     options: &SessionOptions,
     shared: &Arc<ControlPlane>,
+    cancelled: &Arc<AtomicBool>,
 ) -> Result<Prepared, Refusal> {
-    let (dataset, options, shared) = (dataset.to_owned(), options.clone(), shared.clone());
-    off_the_event_loop(move || prepare_now(&dataset, &options, &shared)).await
+    let (dataset, options, shared, cancelled) =
+        (dataset.to_owned(), options.clone(), shared.clone(), cancelled.clone());
+    off_the_event_loop(move || prepare_now(&dataset, &options, &shared, &cancelled)).await
 }
 
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
@@ -55,6 +57,7 @@ pub(super) fn prepare_now(
     dataset: &str,
     options: &SessionOptions,
     shared: &Arc<ControlPlane>,
+    cancelled: &AtomicBool,
 ) -> Result<Prepared, Refusal> {
     let rt = unchanged_dataset(shared, dataset)?;
     chunks_fit(&rt)?;
@@ -119,6 +122,7 @@ pub(super) fn prepare_now(
             &rt,
             ohash,
             Sampler::new(rt.dataset.timeline().clone(), resolved.sampling.clone())?,
+            cancelled,
         )?),
         None => None,
     };
@@ -136,6 +140,7 @@ pub(super) fn job_start(
     rt: &DatasetRuntime,
     ohash: u64,
     fresh: Sampler,
+    cancelled: &AtomicBool,
 ) -> Result<SessionState, Refusal> {
     check_job_order(states)?;
     for s in states {
@@ -153,7 +158,7 @@ pub(super) fn job_start(
         }
     }
     let mut probe = fresh;
-    probe.resume_job(&positions)?;
+    probe.resume_job_unless(&positions, cancelled)?;
     Ok(SessionState {
         version: STATE_VERSION,
         dataset: dataset.to_owned(),
@@ -166,7 +171,13 @@ pub(super) fn job_start(
         mixture: None,
         // Set by the session that starts from it (`open`).
         equal_steps_minibatch: None,
-        decode_digest: None,
+        // A worker's state written under other decoding, if any, for `open` to tell of (found
+        // by a review: the job's start said none, so a resume_job after such a reload was not
+        // told); `open` then puts the dataset's own.
+        decode_digest: {
+            let now = hex64(rt.dataset.decode_digest());
+            states.iter().find_map(|s| s.decode_digest.clone().filter(|d| *d != now))
+        },
     })
 }
 
@@ -183,7 +194,7 @@ pub(super) fn place_sampler(
     cancelled: &AtomicBool,
 ) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
     if let Some(job) = &start.job {
-        sampler.resume_job(&job.positions)?;
+        sampler.resume_job_unless(&job.positions, cancelled)?;
     }
     if start.position > sampler.latest_position() {
         // Found by a probe: a hand-edited state past the epoch's end was taken, and the session

@@ -38,8 +38,10 @@ impl Registry {
             };
             let exact = saved.exact();
             let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
-            self.lingering
-                .insert(saved.name.clone(), Lingering { saved, expires: now + self.linger, origin, generated: false });
+            self.lingering.insert(
+                saved.name.clone(),
+                Lingering { saved, parked: now, expires: now + self.linger, origin, generated: false },
+            );
             self.lingers_until(now + self.linger);
             n += 1;
         }

@@ -493,3 +493,17 @@ fn a_later_epoch_is_the_walk_of_the_ones_before_it_at_every_world_size() {
     let e = long.skip_epochs(2, 3, 50).expect_err("a walk past its bound");
     assert!(e.to_string().contains("more than 50 slots"), "{e}");
 }
+
+/// A walk to epoch K whose `open`'s client went away stops within 1,024 minibatches; not
+/// cancelled, the same walk ends at the epoch.
+#[test]
+fn a_walk_to_an_epoch_stops_when_cancelled() {
+    use std::sync::atomic::AtomicBool;
+    let sources = vec![source(&[vec![1; 600], vec![1; 600]], true, 3), source(&[vec![1; 500]], false, 0)];
+    let opts = || options(&[1.0, 1.0], MixtureEpoch::Samples(3000), 1, 0);
+    let mut m = Mixture::new(&sources, opts()).expect("a mixture");
+    let e = m.skip_epochs_unless(1, 1, u64::MAX, &AtomicBool::new(true)).expect_err("cancelled");
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    let mut m = Mixture::new(&sources, opts()).expect("a mixture");
+    assert!(m.skip_epochs_unless(1, 1, u64::MAX, &AtomicBool::new(false)).is_ok());
+}

@@ -17,6 +17,9 @@ use crate::sampling::randomizer::shuffle_chunks;
 /// minibatches walked (a few milliseconds of walking).
 const CANCEL_CHECK_MINIBATCHES: u64 = 1024;
 
+/// How often [`Sampler::resume_job_unless`] looks whether it was cancelled, in sequences walked.
+const CANCEL_CHECK_SEQUENCES: u64 = 1 << 16;
+
 impl Sampler {
     /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
     /// run different numbers of steps): every worker gets as many minibatches of
@@ -336,6 +339,16 @@ impl Sampler {
     /// # Errors
     /// [`SamplingError::NoWorkers`] for an empty `positions`.
     pub fn resume_job(&mut self, positions: &[u64]) -> Result<(), SamplingError> {
+        self.resume_job_unless(positions, &AtomicBool::new(false))
+    }
+
+    /// [`Sampler::resume_job`], given up when `cancelled` turns true (checked every
+    /// [`CANCEL_CHECK_SEQUENCES`] sequences walked): the walk takes up to minutes, and its
+    /// `open`'s client may have gone meanwhile.
+    ///
+    /// # Errors
+    /// Those of [`Sampler::resume_job`]; [`SamplingError::Cancelled`].
+    pub fn resume_job_unless(&mut self, positions: &[u64], cancelled: &AtomicBool) -> Result<(), SamplingError> {
         let (Some(&from), Some(&until)) = (positions.iter().min(), positions.iter().max()) else {
             return Err(SamplingError::NoWorkers);
         };
@@ -345,9 +358,14 @@ impl Sampler {
         if until > from {
             for sweep in from / self.sweep_size..=(until - 1) / self.sweep_size {
                 let mut at = sweep * self.sweep_size;
-                let mut too_many = false;
+                let (mut too_many, mut walked, mut gave_up) = (false, 0u64, false);
                 walk_owners(&self.timeline, &earlier, sweep, self.sweep_size, |entry| {
                     if at >= until {
+                        return false;
+                    }
+                    walked += 1;
+                    if walked.is_multiple_of(CANCEL_CHECK_SEQUENCES) && cancelled.load(Ordering::Relaxed) {
+                        gave_up = true;
                         return false;
                     }
                     // The owner is below the earlier worker count, `positions.len()`.
@@ -362,6 +380,9 @@ impl Sampler {
                     at = at.saturating_add(u64::from(self.timeline.seq_len[entry.seq.seq as usize]));
                     true
                 });
+                if gave_up {
+                    return Err(SamplingError::Cancelled);
+                }
                 if too_many {
                     let what = format!("more than {MAX_JOB_DELIVERED} sequences delivered past the earliest");
                     return Err(SamplingError::JobSpreadTooWide { from, until, what });

@@ -931,3 +931,17 @@ fn no_position_passes_the_latest_position() {
         }
     }
 }
+
+/// A job's resume whose `open`'s client went away stops within 65,536 sequences walked; not
+/// cancelled, the same resume walks to the latest position.
+#[test]
+fn a_job_resume_walk_stops_when_cancelled() {
+    use std::sync::atomic::AtomicBool;
+    let t = mock(70, 1000, 1);
+    let o = SamplingOptions { num_workers: 2, rank: 0, ..whole_window(3, EpochLimit::FullSweep) };
+    let positions = [10, 69_000];
+    let mut s = sampler(&t, o.clone());
+    assert!(matches!(s.resume_job_unless(&positions, &AtomicBool::new(true)), Err(SamplingError::Cancelled)));
+    let mut s = sampler(&t, o);
+    assert!(s.resume_job_unless(&positions, &AtomicBool::new(false)).is_ok());
+}
