@@ -28,6 +28,7 @@
 pub mod aws;
 mod body;
 mod capped;
+mod names;
 mod reach;
 
 use body::{Body, PIPE_DEPTH};
@@ -42,7 +43,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use minibatchd_engine::remote::{ObjectMeta, ObjectStore, RemoteError, SCHEME};
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::path::Path as Key;
+
+use names::{key_of, modified_tag, same_version, NO_ETAG};
 use object_store::{
     BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore as _, ObjectStoreExt as _, PutMode, PutOptions,
     PutPayload, RetryConfig,
@@ -131,16 +133,6 @@ fn other(url: &str, message: impl Into<String>) -> RemoteError {
 /// body past its bound (`capped`) is not: a server that sent one would send it again.
 fn broken_body(e: &object_store::Error) -> bool {
     matches!(e, object_store::Error::Generic { .. }) && e.to_string().contains("body") && !capped::is_too_large(e)
-}
-
-/// Whether a response's object (`size`, `etag`) is the version `object` was listed as. ETags are
-/// compared without quotes and a weak `W/` mark; an object listed without one is checked by size.
-/// A response without an ETag for an object listed with one is not proven to be that version (a
-/// server or proxy that drops `If-Match` and the ETag could send any version of the same size).
-fn same_version(object: &ObjectMeta, size: u64, etag: Option<&str>) -> bool {
-    let bare = |t: &str| t.trim_start_matches("W/").trim_matches('"').to_owned();
-    size == object.size
-        && (object.etag.starts_with("last-modified:") || etag.is_some_and(|t| bare(t) == bare(&object.etag)))
 }
 
 impl S3Objects {
@@ -254,7 +246,7 @@ impl Inner {
 
     fn meta(bucket: &str, m: &object_store::ObjectMeta) -> ObjectMeta {
         let url = format!("{SCHEME}{bucket}/{}", m.location);
-        let etag = m.e_tag.clone().unwrap_or_else(|| format!("last-modified:{}", m.last_modified.to_rfc3339()));
+        let etag = m.e_tag.clone().unwrap_or_else(|| modified_tag(m.last_modified.timestamp()));
         ObjectMeta { url, size: m.size, etag }
     }
 
@@ -278,7 +270,7 @@ impl Inner {
     fn list_prefix(&self, url: &str, bucket: &str, prefix: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
         let store = self.bucket(url, bucket)?;
         let prefix = prefix.trim_end_matches('/');
-        let key = (!prefix.is_empty()).then(|| Key::from(prefix));
+        let key = if prefix.is_empty() { None } else { Some(key_of(url, prefix)?) };
         let what = format!("listing {SCHEME}{bucket}/{prefix}");
         let deadline = self.deadline();
         let found = self.runtime.block_on(self.reach.again(url, &what, &deadline, || async {
@@ -311,14 +303,14 @@ impl Inner {
     ) -> Result<BoxStream<'static, object_store::Result<bytes::Bytes>>, RemoteError> {
         let (_, key) = split_url(&object.url)?;
         let options = GetOptions {
-            if_match: (!object.etag.starts_with("last-modified:")).then(|| object.etag.clone()),
+            if_match: (!object.etag.starts_with(NO_ETAG)).then(|| object.etag.clone()),
             range: Some(GetRange::Bounded(from..end)),
             ..GetOptions::default()
         };
-        match store.get_opts(&Key::from(key), options).await {
+        match store.get_opts(&key_of(&object.url, key)?, options).await {
             // A server that ignores `If-Match` could answer with another version: its size and
             // ETag are checked against the listing's before a byte is used.
-            Ok(r) if r.meta.e_tag.is_none() && !object.etag.starts_with("last-modified:") => Err(other(
+            Ok(r) if r.meta.e_tag.is_none() && !object.etag.starts_with(NO_ETAG) => Err(other(
                 &object.url,
                 format!(
                     "the answer to GET bytes {from}..{end} carries no ETag, so the version sent cannot be told from \
@@ -327,7 +319,7 @@ impl Inner {
                     object.etag
                 ),
             )),
-            Ok(r) if !same_version(object, r.meta.size, r.meta.e_tag.as_deref()) => {
+            Ok(r) if !same_version(object, r.meta.size, r.meta.e_tag.as_deref(), r.meta.last_modified.timestamp()) => {
                 Err(RemoteError::Changed { url: object.url.clone(), indexed: object.etag.clone() })
             }
             Ok(r) => Ok(r.into_stream()),
@@ -474,7 +466,7 @@ impl Inner {
             Self::visible(self.list_prefix(pattern, bucket, rest)?, pattern.len())
         } else {
             let store = self.bucket(pattern, bucket)?;
-            let key = Key::from(rest);
+            let key = key_of(pattern, rest)?;
             let deadline = self.deadline();
             let head = self.runtime.block_on(self.reach.again(pattern, "HEAD", &deadline, || async {
                 match store.head(&key).await {
@@ -518,7 +510,7 @@ impl Inner {
         }
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
-        let key = Key::from(key);
+        let key = key_of(url, key)?;
         let deadline = self.deadline();
         let got = self.runtime.block_on(self.reach.again(url, "GET", &deadline, || async {
             let r = match store.get(&key).await {
@@ -553,7 +545,7 @@ impl Inner {
     fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
-        let key = Key::from(key);
+        let key = key_of(url, key)?;
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let payload = PutPayload::from(bytes);
         let deadline = self.deadline();
@@ -569,7 +561,7 @@ impl Inner {
     fn delete(&self, url: &str) -> Result<(), RemoteError> {
         let (bucket, key) = split_url(url)?;
         let store = self.bucket(url, bucket)?;
-        let key = Key::from(key);
+        let key = key_of(url, key)?;
         let deadline = self.deadline();
         self.runtime.block_on(self.reach.again(url, "DELETE", &deadline, || async {
             match store.delete(&key).await {
@@ -730,14 +722,17 @@ mod tests {
     #[test]
     fn a_response_of_another_version_is_told_by_size_and_etag() {
         let listed = ObjectMeta { url: "s3://b/k".into(), size: 10, etag: "\"abc\"".into() };
-        assert!(same_version(&listed, 10, Some("\"abc\"")));
-        assert!(same_version(&listed, 10, Some("abc")));
-        assert!(same_version(&listed, 10, Some("W/\"abc\"")));
-        assert!(!same_version(&listed, 10, None), "an answer without an ETag is no proof");
-        assert!(!same_version(&listed, 10, Some("\"abd\"")));
-        assert!(!same_version(&listed, 11, Some("\"abc\"")));
-        let no_etag = ObjectMeta { etag: "last-modified:2026-01-01T00:00:00+00:00".into(), ..listed };
-        assert!(same_version(&no_etag, 10, Some("\"anything\"")));
-        assert!(!same_version(&no_etag, 9, None));
+        assert!(same_version(&listed, 10, Some("\"abc\""), 0));
+        assert!(same_version(&listed, 10, Some("abc"), 0));
+        assert!(same_version(&listed, 10, Some("W/\"abc\""), 0));
+        assert!(!same_version(&listed, 10, None, 0), "an answer without an ETag is no proof");
+        assert!(!same_version(&listed, 10, Some("\"abd\""), 0));
+        assert!(!same_version(&listed, 11, Some("\"abc\""), 0));
+        // Listed without an ETag: its size and modification time.
+        let no_etag = ObjectMeta { etag: modified_tag(1_767_225_600), ..listed };
+        assert!(same_version(&no_etag, 10, Some("\"anything\""), 1_767_225_600));
+        assert!(same_version(&no_etag, 10, None, 1_767_225_600));
+        assert!(!same_version(&no_etag, 10, None, 1_767_225_601), "rewritten at the same size: another version");
+        assert!(!same_version(&no_etag, 9, None, 1_767_225_600));
     }
 }

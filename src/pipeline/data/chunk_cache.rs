@@ -978,6 +978,14 @@ mod tests {
         assert!(matches!(core.lookup(ChunkKey::new(0, 1), now), Lookup::Failed(_)), "a failure sticks");
         assert_eq!(core.forget_failures(), 1);
         assert!(matches!(core.lookup(ChunkKey::new(0, 1), now), Lookup::Miss), "asked again, it is loaded again");
+        // An I/O failure (an object store that did not answer) is told for a while, then the
+        // chunk is read again without a reload; bad data sticks (above).
+        let key = ChunkKey::new(0, 2);
+        assert!(matches!(core.lookup(key, now), Lookup::Miss));
+        core.insert(key, Err(DataError::io(Path::new("s3://b/k"), std::io::Error::other("no answer within 2 s"))));
+        assert!(matches!(core.lookup(key, Instant::now()), Lookup::Failed(_)), "told at first");
+        let later = Instant::now() + std::time::Duration::from_secs(11);
+        assert!(matches!(core.lookup(key, later), Lookup::Miss), "read again once the hold is over");
     }
 
     #[test]

@@ -14,10 +14,7 @@ use super::{CacheStats, ChunkKey, Lookup, REQUEST_RETRY};
 #[derive(Debug)]
 pub(super) enum Entry {
     /// Requested at `since`; `demanded` once a session waits for it (not just a prefetch).
-    Loading {
-        since: Instant,
-        demanded: bool,
-    },
+    Loading { since: Instant, demanded: bool },
     /// Parsed. `pinned_until`: a session waits for it — it may not be evicted before that
     /// session takes it (first hit) or the pin expires, or a budget below one chunk would
     /// evict every chunk on arrival and the waiting session would never progress.
@@ -33,8 +30,15 @@ pub(super) enum Entry {
         /// it go), so that one sweep fills the parsed cache whatever the memory limit.
         unwritten: bool,
     },
-    Failed(DataError),
+    /// A read or parse that failed: told to whoever asks for the chunk, until a reload forgets it
+    /// ([`CacheCore::forget_failures`]) — or, for an I/O error (an object store that did not
+    /// answer, a read that failed), until `until`: found by a probe, a chunk that failed during a
+    /// store's short stall kept failing every later session after the store had recovered.
+    Failed { error: DataError, until: Option<Instant> },
 }
+
+/// How long an I/O failure of a chunk is told before the chunk is read again.
+const IO_FAILURE_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Chunks loading at once before any is in the cache (their size unknown): one per parser
 /// thread of a small machine; more start as soon as one arrives and sizes them.
@@ -102,6 +106,9 @@ impl CacheCore {
             self.stats.refused_loads += 1;
             return Lookup::Behind;
         }
+        if matches!(self.entries.get(&key), Some(Entry::Failed { until: Some(t), .. }) if *t <= now) {
+            self.entries.remove(&key);
+        }
         match self.entries.get_mut(&key) {
             Some(Entry::Ready { chunk, used, pinned_until, hits, .. }) => {
                 *used = self.tick;
@@ -119,7 +126,7 @@ impl CacheCore {
                 *demanded = true;
                 Lookup::Pending(*since)
             }
-            Some(Entry::Failed(m)) => Lookup::Failed(m.clone()),
+            Some(Entry::Failed { error, .. }) => Lookup::Failed(error.clone()),
             None => {
                 self.evict();
                 if self.unsized_loads_in_flight() {
@@ -153,7 +160,7 @@ impl CacheCore {
                 Arc::strong_count(chunk) == 1 && !*unwritten && pinned_until.is_none_or(|t| t <= now)
             }
             Some(Entry::Loading { demanded, .. }) => !*demanded,
-            Some(Entry::Failed(_)) => false,
+            Some(Entry::Failed { .. }) => false,
             None => true,
         }
     }
@@ -222,7 +229,10 @@ impl CacheCore {
                 let pinned_until = demanded.then(|| Instant::now() + REQUEST_RETRY);
                 Entry::Ready { chunk, bytes, used: self.tick, pinned_until, hits: 0, unwritten }
             }
-            Err(e) => Entry::Failed(e),
+            Err(error) => {
+                let until = matches!(error, DataError::Io { .. }).then(|| Instant::now() + IO_FAILURE_HOLD);
+                Entry::Failed { error, until }
+            }
         };
         match self.entries.insert(key, entry) {
             Some(Entry::Ready { bytes, .. }) => {
@@ -329,7 +339,7 @@ impl CacheCore {
     /// the operator may have repaired the file). Returns how many were forgotten.
     pub fn forget_failures(&mut self) -> usize {
         let before = self.entries.len();
-        self.entries.retain(|_, e| !matches!(e, Entry::Failed(_)));
+        self.entries.retain(|_, e| !matches!(e, Entry::Failed { .. }));
         before - self.entries.len()
     }
 
