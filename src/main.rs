@@ -248,6 +248,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dump(args) => {
             let c = Config::load(&args.config)?;
             let Some(dataset) = args.dataset.as_deref() else { return dump_mixture(&c, &args) };
+            if args.restore_state.is_some() {
+                // Found by a probe: clap's `requires` let it through with --dataset, and the dump
+                // silently started from the beginning.
+                eprintln!(
+                    "minibatchd: usage error: --restore-state is a mixture's state (with --mixture); a dataset's dump \
+                     starts where --restore (a position) or --sweep says"
+                );
+                return Ok(ExitCode::from(2));
+            }
             let d = open_dataset(&c, dataset, false)?;
             let options = match dump_options(&args, d.config()) {
                 Ok(o) => o,

@@ -238,6 +238,12 @@ fn data_of_datasets_with_other_streams_and_damaged_states_are_refused() {
         assert!(stderr.contains(message), "{state}: {stderr}");
         assert!(out.stdout.is_empty(), "nothing is printed from a state that is refused");
     }
+    // Found by a probe: with --dataset the state was ignored and the dump started afresh.
+    let out =
+        run(&c, &["--dataset", "a", "--minibatch-size", "4", "--full-sweep", "--restore-state", &good.to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--restore-state is a mixture's state") && out.stdout.is_empty(), "{stderr}");
 }
 
 #[test]
