@@ -529,7 +529,7 @@ pub(super) async fn open(
     // session's, or a job's start) and, with equal steps, the minibatch size it cuts for (a state
     // of an earlier build says none).
     let equal_steps_minibatch = equal_steps_minibatch(&resolved);
-    let decode_digest = Some(hex64(rt.dataset.decode_digest()));
+    let decode_digest = Some(hex64(rt.decode_digest));
     let decoded_otherwise = admitted.start.decode_digest.as_ref().is_some_and(|d| Some(d) != decode_digest.as_ref());
     let start = SessionState { worker, equal_steps_minibatch, decode_digest, ..admitted.start.clone() };
     let (id, name, ring_bytes) = (admitted.id, admitted.name.clone(), admitted.ring_bytes());

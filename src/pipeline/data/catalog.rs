@@ -80,6 +80,8 @@ pub struct DatasetRuntime {
     pub identity: u64,
     /// [`Dataset::legacy_identity`]: what states written before file contents counted carry.
     pub legacy_identity: u64,
+    /// [`Dataset::decode_digest`], computed once (a session's state carries it).
+    pub decode_digest: u64,
     /// Longest sequence, in nominal samples (bounds a dense minibatch).
     pub max_seq_len: u64,
     /// Bytes per value.
@@ -118,6 +120,7 @@ impl DatasetRuntime {
             streams,
             identity: dataset.identity(),
             legacy_identity: dataset.legacy_identity(),
+            decode_digest: dataset.decode_digest(),
             max_seq_len: u64::from(dataset.timeline().seq_len.max().max(1)),
             value_bytes,
             dataset,

@@ -175,7 +175,7 @@ pub(super) fn job_start(
         // by a review: the job's start said none, so a resume_job after such a reload was not
         // told); `open` then puts the dataset's own.
         decode_digest: {
-            let now = hex64(rt.dataset.decode_digest());
+            let now = hex64(rt.decode_digest);
             states.iter().find_map(|s| s.decode_digest.clone().filter(|d| *d != now))
         },
     })
@@ -196,10 +196,10 @@ pub(super) fn place_sampler(
     if let Some(job) = &start.job {
         sampler.resume_job_unless(&job.positions, cancelled)?;
     }
-    if start.position > sampler.latest_position() {
+    if start.position > sampler.latest_position(rt.max_seq_len) {
         // Found by a probe: a hand-edited state past the epoch's end was taken, and the session
         // ended at once having delivered nothing (an endless one, an epoch of 2^63 samples).
-        let past = ResumeError::PastEpoch { position: start.position, latest: sampler.latest_position() };
+        let past = ResumeError::PastEpoch { position: start.position, latest: sampler.latest_position(rt.max_seq_len) };
         return Err(Refusal::Resume(past));
     }
     sampler.restore(start.position)?;

@@ -395,17 +395,17 @@ impl Sampler {
     /// less than a sequence (the last minibatch takes the sequence it began whole); an endless
     /// epoch's end (`u64::MAX / 2` samples) is reached only by a worker that the block randomizer
     /// gives no chunk, which stands there from the start. A state past it was not written by such
-    /// a session. Looks at every sequence's length once (called when a session opens).
+    /// a session. `longest` is the timeline's longest sequence, in samples (the caller keeps it:
+    /// finding it walks every sequence's length).
     #[must_use]
-    pub fn latest_position(&self) -> u64 {
+    pub fn latest_position(&self, longest: u64) -> u64 {
         if self.options.limit == EpochLimit::Infinite {
             // Found by a probe: a fresh endless session of a worker without data was refused
             // for the position it starts at.
             let without_data = self.block && self.options.rank >= self.timeline.num_chunks();
             self.epoch_end - u64::from(!without_data)
         } else {
-            let longest = u64::from(self.timeline.seq_len.max().max(1));
-            self.epoch_end.saturating_add(longest - 1)
+            self.epoch_end.saturating_add(longest.max(1) - 1)
         }
     }
 

@@ -920,7 +920,7 @@ fn no_position_passes_the_latest_position() {
                             ..options(randomize, Window::Chunks(2), 3, limit)
                         };
                         let mut s = sampler(&t, o);
-                        let latest = s.latest_position();
+                        let latest = s.latest_position(u64::from(t.seq_len.max()));
                         while s.next_minibatch(mb).is_some() {
                             assert!(s.position() <= latest, "{limit:?} {randomize} {workers}/{rank} mb {mb}");
                         }
