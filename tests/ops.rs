@@ -1699,3 +1699,70 @@ fn no_rate_on_the_dashboard_is_drawn_as_a_fraction() {
     assert!(rates > 5, "the check sees the dashboard's rates ({rates})");
     assert!(wrong.is_empty(), "rates drawn as fractions:\n{}", wrong.join("\n"));
 }
+
+/// Starts `minibatchd run` on `cfg` with `signals` (Python's names) already pending before its
+/// first instruction: blocked by the launcher, raised, and kept across `exec`. Its log goes to
+/// `log`.
+fn start_with_pending(cfg: &Path, signals: &str, log: &Path) -> KillOnDrop {
+    let launcher = format!(
+        "import os, signal, sys\n\
+         pending = [{signals}]\n\
+         signal.pthread_sigmask(signal.SIG_BLOCK, pending)\n\
+         [os.kill(os.getpid(), s) for s in pending]\n\
+         os.execv(sys.argv[1], sys.argv[1:])\n"
+    );
+    let child = Command::new(python())
+        .args(["-c", &launcher, BIN, "run", "--config"])
+        .arg(cfg)
+        .env("MINIBATCHD_LOG", "info")
+        .env_remove("NOTIFY_SOCKET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log"))
+        .spawn()
+        .expect("spawn");
+    KillOnDrop(child)
+}
+
+/// Found by a probe: a SIGTERM or SIGHUP in the first milliseconds of `minibatchd run` (a
+/// supervisor's stop or reload while the daemon starts) met the default disposition and killed
+/// it, leaving `metrics.addr` behind. Here they are pending before the daemon's first
+/// instruction, so the daemon must catch them at its start and unblock them: a SIGHUP is a
+/// reload and the daemon serves on; a SIGTERM a clean stop with a checkpoint, exit 0.
+#[test]
+fn a_sighup_or_sigterm_pending_at_exec_is_a_reload_or_a_clean_stop() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_config(tmp.path(), "", &["train"]);
+    let log = tmp.path().join("daemon.log");
+    let wait_exit = |child: &mut std::process::Child| {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(start.elapsed() < DEADLINE, "the daemon did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    let mut daemon = start_with_pending(&cfg, "signal.SIGHUP", &log);
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log).unwrap_or_default().contains("SIGHUP: reloading") {
+        assert!(daemon.0.try_wait().expect("try_wait").is_none(), "a SIGHUP at start killed the daemon");
+        assert!(start.elapsed() < DEADLINE, "the SIGHUP pending at start was never taken");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = rustix::process::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("kill");
+    let status = wait_exit(&mut daemon.0);
+    assert!(status.success(), "{status:?}");
+
+    let mut daemon = start_with_pending(&cfg, "signal.SIGTERM", &log);
+    let status = wait_exit(&mut daemon.0);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "a clean stop, not a death by signal: {status:?}\n{text}");
+    assert!(text.contains("SIGTERM: stopping"), "{text}");
+    assert!(!tmp.path().join("state/metrics.addr").exists(), "metrics.addr is removed at a clean stop");
+    assert_eq!(read_checkpoint(tmp.path())["reason"], "shutdown");
+}

@@ -136,11 +136,13 @@ fn o_nofollow() -> i32 {
 }
 
 /// Runs the daemon until SIGTERM or SIGINT (clean stop: socket removed, checkpoint written,
-/// `Ok`) or a fatal stage error.
+/// `Ok`) or a fatal stage error. `signals` were caught from before the configuration was read
+/// ([`signals::Caught::install`]); one that came early is acted on once the daemon runs.
 ///
 /// # Errors
 /// [`PipelineError`].
-pub fn run(config: Config) -> Result<(), PipelineError> {
+pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError> {
+    let signals::Caught { listener: mut signal_thread, received: sig_rx } = signals;
     let notifier = Arc::new(notify::Notifier::from_env());
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
     // Held until the process ends: one daemon per state_dir.
@@ -172,8 +174,6 @@ pub fn run(config: Config) -> Result<(), PipelineError> {
     }
     shared.checkpoints.store(true, std::sync::atomic::Ordering::Release);
     let _ = shared.write_checkpoint("start");
-    let (sig_tx, sig_rx) = tokio::sync::mpsc::channel(signals::SIGNAL_QUEUE);
-    let mut signal_thread = signals::Listener::start(sig_tx)?;
     let mut housekeeping = ops::Housekeeping::start(shared.clone())?;
     tracing::info!(daemon_id = %minibatchd_client::protocol::hex64(shared.daemon_id), parser_threads = shared.data.parser_threads, "starting");
     // The event loop's runtime (actix's own kind: one thread, every driver), held here as well so

@@ -17,6 +17,7 @@
 //!   own memory);
 //! * [`fdpass`] — passing the memfd over the control socket (`SCM_RIGHTS`);
 //! * [`crc32c`] — CRC-32C of short inputs with SSE 4.2's `crc32` instruction (TFRecord frames).
+//! * [`signals`] — unblocking the signals the daemon handles (a blocked mask survives `exec`).
 //!
 //! Depends on no other crate of the workspace. What the bytes of a ring *mean* is
 //! `minibatchd-shm`'s business.
@@ -28,6 +29,7 @@ pub mod files;
 pub mod huge;
 pub mod lease;
 pub mod memory;
+pub mod signals;
 pub mod simd;
 
 pub use column::{Column, FileMapping};

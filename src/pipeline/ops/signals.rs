@@ -46,6 +46,9 @@ impl Listener {
     /// Installing the handlers or spawning the thread failed.
     pub fn start(tx: tokio::sync::mpsc::Sender<Signal>) -> std::io::Result<Self> {
         let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+        // Handled from here on, even if the parent started us with them blocked (a blocked mask
+        // survives `exec`); any already pending reaches the handlers now.
+        minibatchd_sys::signals::unblock(&[SIGTERM, SIGINT, SIGHUP])?;
         let handle = signals.handle();
         let thread = std::thread::Builder::new().name("mbd-signals".into()).spawn(move || {
             for raw in signals.forever() {
@@ -71,6 +74,30 @@ impl Listener {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// The signals caught from the first moments of `minibatchd run`: the forwarding thread and the
+/// daemon's end of its channel. Installed before the configuration is read, so a SIGTERM or
+/// SIGHUP that a supervisor sends while the daemon starts is a stop or a reload, never the
+/// default disposition's death with `daemon.lock` and `metrics.addr` left behind; the daemon's
+/// loop takes what came early as soon as it runs.
+#[derive(Debug)]
+pub struct Caught {
+    /// The forwarding thread.
+    pub listener: Listener,
+    /// What it forwarded.
+    pub received: tokio::sync::mpsc::Receiver<Signal>,
+}
+
+impl Caught {
+    /// Installs the handlers.
+    ///
+    /// # Errors
+    /// As [`Listener::start`].
+    pub fn install() -> std::io::Result<Self> {
+        let (tx, received) = tokio::sync::mpsc::channel(SIGNAL_QUEUE);
+        Ok(Self { listener: Listener::start(tx)?, received })
     }
 }
 
