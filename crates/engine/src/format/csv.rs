@@ -389,8 +389,13 @@ impl CsvDecoder {
                     CsvValue::Int(i) => exact_int::<T>(i, limit).ok_or_else(|| {
                         format!(
                             "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
-                             (integers up to ±{limit}); use precision = \"float64\"",
-                            s.name
+                             (integers up to ±{limit}); {}",
+                            s.name,
+                            if std::mem::size_of::<T>() == 4 {
+                                "use precision = \"float64\""
+                            } else {
+                                "no precision holds it exactly: read the column as a string (dtype = \"string\")"
+                            }
                         )
                     })?,
                     CsvValue::Text(_) => return Err(format!("field {c} (stream '{}'): a string default", s.name)),

@@ -159,8 +159,13 @@ impl RawDecoder {
                     if !exact {
                         return Err(format!(
                             "value {k} of stream '{}' is {i}, which the dataset's precision cannot hold exactly \
-                             (integers up to ±{limit}); use precision = \"float64\"",
-                            s.name
+                             (integers up to ±{limit}); {}",
+                            s.name,
+                            if std::mem::size_of::<T>() == 4 {
+                                "use precision = \"float64\""
+                            } else {
+                                "no precision holds it exactly (float64 is the widest)"
+                            }
                         ));
                     }
                     t

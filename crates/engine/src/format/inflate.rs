@@ -5,7 +5,8 @@
 //! * **Detection** is by content — the gzip magic and method `1f 8b 08` — not by the `.gz` suffix (deepx's rule),
 //!   so a renamed file still works and a text file called `x.gz` is read as text.
 //! * **Multi-member** gzip (`cat a.gz b.gz`, which hangs deepx's reader) is decompressed member
-//!   after member ([`flate2::read::MultiGzDecoder`]); each member's CRC and length are checked.
+//!   after member (a [`flate2::bufread::GzDecoder`] each); each member's CRC and length are
+//!   checked, and bytes after a member that do not start another are an error at the member's end.
 //! * **Where.** The copy lives in `state_dir/inflated/` and nowhere else: never in a shared
 //!   temporary directory, where another user could plant a copy or a symbolic link. When that
 //!   directory cannot be written (a user running `dump` with the daemon's config), opening fails
@@ -791,13 +792,30 @@ mod tests {
         let e = inflate(&src, dir.path()).expect_err("truncated").to_string();
         let half = whole.len() / 2;
         assert!(e.contains(&format!("compressed byte offset {half}")) && e.contains("truncated"), "{e}");
-        let src = dir.path().join("tail.gz");
+        // Appended bytes, however few (fewer than a gzip header's 10 were once called a
+        // truncation), are named where the member ends.
+        for tail in [&b"garbage after the member"[..], b"garbage!", b"x"] {
+            let src = dir.path().join("tail.gz");
+            let mut data = whole.clone();
+            data.extend_from_slice(tail);
+            fs::write(&src, &data).expect("write");
+            let e = inflate(&src, dir.path()).expect_err("garbage").to_string();
+            assert!(e.contains("tail.gz") && e.contains("after 4000 bytes decompressed"), "{e}");
+            assert!(e.contains("not another member"), "{e}");
+            assert!(e.contains(&format!("compressed byte offset {} ", whole.len())), "{e}");
+        }
+        // A second member cut short is a truncation; a whole one is read.
+        let src = dir.path().join("two.gz");
         let mut data = whole.clone();
-        data.extend_from_slice(b"garbage after the member");
+        data.extend_from_slice(&whole[..3]);
         fs::write(&src, &data).expect("write");
-        let e = inflate(&src, dir.path()).expect_err("garbage").to_string();
-        assert!(e.contains("tail.gz") && e.contains("after 4000 bytes decompressed"), "{e}");
-        assert!(e.contains("not another member"), "{e}");
+        let e = inflate(&src, dir.path()).expect_err("cut member").to_string();
+        assert!(e.contains("truncated"), "{e}");
+        data.truncate(whole.len());
+        data.extend_from_slice(&whole);
+        fs::write(&src, &data).expect("write");
+        let copy = inflate(&src, dir.path()).expect("two members");
+        assert_eq!(fs::read(copy).expect("read"), b"1 2\n".repeat(2000));
     }
 
     #[test]

@@ -64,10 +64,29 @@ pub(super) fn copy_inflated(
         )))
     };
     let written = match codec {
-        Codec::Gzip => pump(&mut flate2::bufread::MultiGzDecoder::new(input), &mut writer, allowed, codec, &invalid)?,
+        Codec::Gzip => {
+            // Member by member (as `MultiGzDecoder` reads them), so that what follows a complete
+            // member is judged where it starts: fewer bytes than a gzip header after the last
+            // member read as a member cut short ("truncated?"), found by a probe.
+            let mut input = input;
+            let mut written = 0;
+            loop {
+                written = pump(&mut flate2::bufread::GzDecoder::new(&mut input), &mut writer, allowed, written, &invalid)?;
+                let rest = std::io::BufRead::fill_buf(&mut input).map_err(|e| invalid(written, &e.to_string()))?;
+                if rest.is_empty() {
+                    break written;
+                }
+                if !rest.starts_with(&super::GZIP_MAGIC[..2]) {
+                    return Err(invalid(
+                        written,
+                        "the bytes after a complete gzip member are not another member (data appended to the file?)",
+                    ));
+                }
+            }
+        }
         Codec::Zlib => {
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
-            let written = pump(&mut decoder, &mut writer, allowed, codec, &invalid)?;
+            let written = pump(&mut decoder, &mut writer, allowed, 0, &invalid)?;
             // A zlib stream ends where its checksum does: bytes after it were left out (found by a
             // probe: a second stream appended was dropped without a word, as TensorFlow drops it).
             let rest = std::io::BufRead::fill_buf(decoder.get_mut()).map_err(|e| invalid(written, &e.to_string()))?;
@@ -85,16 +104,16 @@ pub(super) fn copy_inflated(
     Ok(written)
 }
 
-/// Copies what `decoder` yields into `writer`, at most `allowed` bytes; the bytes written.
+/// Copies what `decoder` yields into `writer`, the total (from `written`, already written) at most
+/// `allowed` bytes; the new total.
 fn pump(
     decoder: &mut dyn Read,
     writer: &mut BufWriter<File>,
     allowed: u64,
-    codec: Codec,
+    mut written: u64,
     invalid: &dyn Fn(u64, &str) -> Failure,
 ) -> Result<u64, Failure> {
     let mut buf = vec![0u8; 1 << 20];
-    let mut written = 0u64;
     loop {
         let n = match decoder.read(&mut buf) {
             Ok(0) => return Ok(written),
@@ -103,8 +122,6 @@ fn pump(
             Err(e) => {
                 let what = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     "the file ends inside compressed data (truncated?)".to_owned()
-                } else if written > 0 && codec == Codec::Gzip && e.to_string().contains("header") {
-                    format!("{e}: the bytes after a complete gzip member are not another member (data appended to the file?)")
                 } else {
                     e.to_string()
                 };
