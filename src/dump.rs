@@ -131,7 +131,12 @@ fn new_feeder(dataset: &Dataset, options: &DumpOptions) -> Result<Feeder, DumpEr
     let mut sampler = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
     let mut pad_to = None;
     if options.equal_steps {
-        let equal = sampler.equalize_steps(options.minibatch_sizes.first().copied().unwrap_or(1), options.tail)?;
+        let size = options.minibatch_sizes.first().copied().unwrap_or(1);
+        let equal = sampler.equalize_steps(size, options.tail)?;
+        if let Some(w) = equal.drop_warning(&sampler, size, options.tail) {
+            // What the session's `opened.warnings` says, on standard error.
+            tracing::warn!("{w}");
+        }
         if options.tail == Tail::Pad {
             pad_to = Some(equal.steps);
         }

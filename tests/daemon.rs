@@ -215,8 +215,11 @@ fn a_worker_that_gets_no_data_is_told_at_open() {
     for randomize in [true, false] {
         let mut empty = open(100_000, 99_999, randomize);
         assert_eq!(empty.warnings.len(), 1, "{:?}", empty.warnings);
+        // Randomized, the chunks bound the workers that get data before the sequences do.
+        let most = if randomize { chunks } else { 150 };
         assert!(
-            empty.warnings[0].contains("gets no data") && empty.warnings[0].contains("use at most 150 workers"),
+            empty.warnings[0].contains("gets no data")
+                && empty.warnings[0].contains(&format!("use at most {most} workers")),
             "{}",
             empty.warnings[0]
         );
@@ -226,6 +229,44 @@ fn a_worker_that_gets_no_data_is_told_at_open() {
     let mut file_order = open(149, 148, false);
     assert!(file_order.warnings.is_empty(), "{:?}", file_order.warnings);
     assert!(file_order.next_owned().expect("next").is_some());
+}
+
+/// Found by a probe: with `minibatch_size` 7 over 5 workers the shares are 2, 2, 1, 1, 1 samples a
+/// minibatch; the workers of 1 need about twice the steps, and equal steps cut them to the fewest
+/// without a word — a third of the epoch dropped. Every worker is now told at `open` how many
+/// minibatches are kept, the most any worker had, why, and what keeps every sample; each then
+/// gets exactly the count it was told. With `tail = "pad"` nothing is dropped: no such warning.
+#[test]
+fn equal_steps_that_drop_more_than_a_tail_say_so_at_every_worker() {
+    let d = start();
+    let open = |rank: u64, tail: Option<&str>| {
+        let opts = SessionOptions {
+            max_sweeps: Some(2),
+            num_workers: Some(5),
+            rank: Some(rank),
+            equal_steps: true,
+            tail: tail.map(|t| serde_json::from_value(serde_json::Value::String(t.to_owned())).expect("tail")),
+            ..options(7)
+        };
+        d.client().open("train", &opts).expect("open")
+    };
+    let mut kept = BTreeSet::new();
+    for rank in 0..5 {
+        let mut s = open(rank, None);
+        let told: Vec<&String> = s.warnings.iter().filter(|w| w.contains("equal steps keep")).collect();
+        assert_eq!(told.len(), 1, "rank {rank}: {:?}", s.warnings);
+        let w = told[0].clone();
+        assert!(w.contains("shares of 2 and 1 samples") && w.contains("tail = \"pad\""), "{w}");
+        let said: u64 =
+            w.split("keep ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).expect(&w);
+        assert_eq!(drain(&mut s, 100_000).len() as u64, said, "rank {rank} got what it was told: {w}");
+        kept.insert(said);
+    }
+    assert_eq!(kept.len(), 1, "every worker keeps as many");
+    for rank in 0..5 {
+        let s = open(rank, Some("pad"));
+        assert!(s.warnings.iter().all(|w| !w.contains("equal steps keep")), "{:?}", s.warnings);
+    }
 }
 
 #[test]

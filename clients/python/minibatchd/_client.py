@@ -143,6 +143,17 @@ class _Conn:
         out = bytearray()
         for obj in frames:
             body = json.dumps(obj, separators=(",", ":")).encode()
+            if len(body) > MAX_MESSAGE_BYTES:
+                # Said here, with what to do, rather than by the daemon closing the connection.
+                job = ((obj.get("options") or {}).get("resume_job") if isinstance(obj, dict) else None) or []
+                hint = ""
+                if job:
+                    fit = MAX_MESSAGE_BYTES * len(job) // len(body)
+                    hint = (f": its resume_job holds {len(job)} states, about {fit} fit; continue the job at the "
+                            f"same worker count by each worker's own state instead")
+                raise MinibatchdError("message_too_large",
+                                      f"a {obj.get('type')!r} message of {len(body)} bytes is over the protocol's "
+                                      f"{MAX_MESSAGE_BYTES} bytes{hint}")
             out += _LEN.pack(len(body))
             out += body
         self.sendall(out)

@@ -145,8 +145,9 @@ class MinibatchIterableDataset(IterableDataset):
     ``RANK``/``WORLD_SIZE``; ``world_size``/``rank`` set them explicitly. ``equal_steps``
     (default: on when the world size is above 1) gives every rank the same number of minibatches
     per epoch, as ``DistributedDataParallel`` needs: every worker of every rank gets as many as
-    the one that gets the fewest, and the ragged tails are dropped (at most a few minibatches a
-    worker per epoch; the same ones every run); ``tail="pad"`` instead gives every worker as many
+    the one that gets the fewest, and the ragged tails are dropped (the same ones every run; a
+    few minibatches a worker when the chunks are many; the daemon warns when far more are);
+    ``tail="pad"`` instead gives every worker as many
     as the one that gets the most, the others getting empty minibatches (no sample) at the end:
     nothing dropped. ``resume=`` takes a ``state_dict()`` (or a ``job_state_dict()``) and
     continues from it."""

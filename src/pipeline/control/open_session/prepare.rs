@@ -208,7 +208,8 @@ pub(super) fn place_sampler(
         return Ok((sampler, None, warnings));
     }
     let equal = sampler.equalize_steps_unless(resolved.minibatch_size, resolved.tail, cancelled)?;
-    let warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
+    let mut warnings = data_warnings(&sampler, rt, resolved, Some(equal.steps));
+    warnings.extend(equal.drop_warning(&sampler, resolved.minibatch_size, resolved.tail));
     let m = &shared.data.metrics.control.equal_steps_minibatches;
     tracing::debug!(dataset, steps = equal.steps, dropped = equal.dropped, padding = equal.padding, "equal steps");
     if resolved.tail == Tail::Pad {

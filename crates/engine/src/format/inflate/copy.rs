@@ -71,7 +71,8 @@ pub(super) fn copy_inflated(
             let mut input = input;
             let mut written = 0;
             loop {
-                written = pump(&mut flate2::bufread::GzDecoder::new(&mut input), &mut writer, allowed, written, &invalid)?;
+                written =
+                    pump(&mut flate2::bufread::GzDecoder::new(&mut input), &mut writer, allowed, written, &invalid)?;
                 let rest = std::io::BufRead::fill_buf(&mut input).map_err(|e| invalid(written, &e.to_string()))?;
                 if rest.is_empty() {
                     break written;

@@ -20,6 +20,46 @@ const CANCEL_CHECK_MINIBATCHES: u64 = 1024;
 /// How often [`Sampler::resume_job_unless`] looks whether it was cancelled, in sequences walked.
 const CANCEL_CHECK_SEQUENCES: u64 = 1 << 16;
 
+impl EqualSteps {
+    /// What equal steps with [`Tail::Drop`] cost when that is more than a ragged tail (more than
+    /// 2 minibatches and 1 % of the worker that has the most), for every worker alike: how many are
+    /// kept, the most any worker had, why, and what keeps every sample. `None` when they cost a
+    /// tail or nothing, and when no worker keeps any (a warning of its own). Found by a probe: a
+    /// `minibatch_size` of 7 over 5 workers gives shares of 2 and 1 samples, the workers of 1 need
+    /// twice the steps, and equal steps cut them to half their data without a word.
+    #[must_use]
+    pub fn drop_warning(&self, sampler: &Sampler, minibatch_size: usize, tail: Tail) -> Option<String> {
+        let spread = self.most - self.fewest;
+        if tail != Tail::Drop || self.fewest == 0 || spread <= 2 || spread.saturating_mul(100) <= self.most {
+            return None;
+        }
+        let workers = sampler.options.num_workers;
+        let why = if !minibatch_size.is_multiple_of(workers) && minibatch_size > workers {
+            format!(
+                "minibatch_size {minibatch_size} over {workers} workers gives shares of {} and {} samples a \
+                 minibatch, and the smaller shares need more steps (a multiple of {workers} gives equal shares)",
+                minibatch_size / workers + 1,
+                minibatch_size / workers
+            )
+        } else if sampler.block {
+            format!(
+                "randomized, the dataset's {} chunks go whole to the workers, so their shares differ by chunks (a \
+                 smaller chunk_size_bytes evens them)",
+                sampler.timeline.num_chunks()
+            )
+        } else {
+            "the workers' shares of the epoch differ".to_owned()
+        };
+        let pct = spread.saturating_mul(100) / self.most.max(1);
+        Some(format!(
+            "equal steps keep {} minibatches a worker, the fewest any worker has, where the most is {}: up to \
+             {spread} ({pct} %) of a worker's minibatches are dropped, {} of this worker's; {why}; tail = \"pad\" \
+             keeps every sample, giving the workers with fewer empty minibatches instead",
+            self.fewest, self.most, self.dropped
+        ))
+    }
+}
+
 impl Sampler {
     /// Equal step counts for data-parallel training (`DistributedDataParallel` hangs when ranks
     /// run different numbers of steps): every worker gets as many minibatches of
@@ -88,7 +128,7 @@ impl Sampler {
         let rank = self.options.rank;
         let (own, own_samples) = (steps(rank), samples(rank));
         match tail {
-            Tail::Pad => EqualSteps { steps: most, dropped: 0, padding: most - own },
+            Tail::Pad => EqualSteps { steps: most, dropped: 0, padding: most - own, fewest, most },
             Tail::Drop => {
                 let limit = self.local_limit(minibatch_size);
                 let kept = fewest.saturating_mul(limit).min(own_samples);
@@ -108,7 +148,7 @@ impl Sampler {
                 } else {
                     self.end_after_local_sample(kept, kept == own_samples)
                 });
-                EqualSteps { steps: fewest, dropped: own - fewest, padding: 0 }
+                EqualSteps { steps: fewest, dropped: own - fewest, padding: 0, fewest, most }
             }
         }
     }
@@ -257,13 +297,13 @@ impl Sampler {
             most = most.max(n);
         }
         match tail {
-            Tail::Pad => Ok(EqualSteps { steps: most, dropped: 0, padding: most - own }),
+            Tail::Pad => Ok(EqualSteps { steps: most, dropped: 0, padding: most - own, fewest, most }),
             Tail::Drop => {
                 // After `fewest` minibatches this worker stands where its `fewest`th ends; with
                 // none at all it stops where it starts.
                 let (_, cutoff) = walk(self.options.rank, fewest)?;
                 self.step_cutoff = Some(cutoff);
-                Ok(EqualSteps { steps: fewest, dropped: own - fewest, padding: 0 })
+                Ok(EqualSteps { steps: fewest, dropped: own - fewest, padding: 0, fewest, most })
             }
         }
     }

@@ -180,6 +180,10 @@ pub struct EqualSteps {
     pub dropped: u64,
     /// Empty minibatches this worker gets at the end ([`Tail::Pad`]).
     pub padding: u64,
+    /// The fewest minibatches any worker has in the epoch, before equal steps.
+    pub fewest: u64,
+    /// The most any worker has.
+    pub most: u64,
 }
 
 impl std::fmt::Debug for Sampler {
