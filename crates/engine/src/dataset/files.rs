@@ -481,6 +481,7 @@ pub(super) fn index_with_cache(
             Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
         }
     }
+    let began = crate::format::index_cache::unix_now_nanos();
     let idx = build(progress)?;
     let after = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if !after.same_version(&stamp) {
@@ -492,7 +493,12 @@ pub(super) fn index_with_cache(
             )),
         ));
     }
-    if let Some(state_dir) = cache {
+    if !stamp.settled_by(began) {
+        // A version changed in the last seconds: another write in the same tick of the file
+        // system's clock would leave the stamp as it is, and a later run would take this index
+        // for the new bytes. Indexed again by the next run instead.
+        tracing::debug!(file = %name.display(), "changed in the last seconds: its index is not cached");
+    } else if let Some(state_dir) = cache {
         if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }

@@ -61,7 +61,7 @@ fn checksum_digest() -> crc_fast::Digest {
 
 mod stamp;
 
-pub use stamp::FileStamp;
+pub use stamp::{unix_now_nanos, FileStamp, SETTLED_FINE, SETTLED_SECS};
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
 /// 2: the file's status-change time, device and inode, and the content's digest. 3: records of

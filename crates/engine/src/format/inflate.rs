@@ -226,6 +226,7 @@ pub(crate) fn inflated_copy(
         }
     }
     let (tmp, out) = state_file::create_temp(&dir, &file).map_err(|e| cannot_write(source, &dir, state_dir, &e))?;
+    let began = crate::format::index_cache::unix_now_nanos();
     let written =
         match open().map_err(Failure::Source).and_then(|input| copy_inflated(source, codec, input, out, allowed)) {
             Ok(n) => n,
@@ -244,6 +245,12 @@ pub(crate) fn inflated_copy(
         let meta = fs::symlink_metadata(&target)?;
         let record = Record { source: stamp.clone(), copy: FileStamp::from_meta(target.clone(), &meta) };
         debug_assert_eq!(record.copy.size, written);
+        if !stamp.settled_by(began) {
+            // A source changed in the last seconds (`FileStamp::settled_by`): the copy serves this
+            // open, but without its sidecar no later one takes it for the source by the stamp.
+            let _ = fs::remove_file(&sidecar);
+            return Ok(());
+        }
         state_file::write_atomic(&sidecar, &record.encode())
     };
     if let Err(e) = finish() {
@@ -564,6 +571,14 @@ impl Record {
 
 #[cfg(test)]
 mod tests {
+    /// `fs::write`, then the wait after which the written version counts as settled
+    /// (`FileStamp::settled_by`): a copy of a source younger than that is not kept for reuse.
+    fn write_settled(path: impl AsRef<std::path::Path>, bytes: impl AsRef<[u8]>) -> std::io::Result<()> {
+        std::fs::write(path, bytes)?;
+        std::thread::sleep(crate::format::index_cache::SETTLED_FINE + std::time::Duration::from_millis(5));
+        Ok(())
+    }
+
     use super::*;
     use flate2::write::GzEncoder;
     use std::io::Write;
@@ -601,7 +616,7 @@ mod tests {
         let state = dir.path().join("state");
         let copy_of = |name: &str| {
             let src = dir.path().join(name);
-            fs::write(&src, gz(name.as_bytes())).expect("write");
+            write_settled(&src, gz(name.as_bytes())).expect("write");
             (src.clone(), inflate(&src, &state).expect("inflate"))
         };
         let sidecar = |copy: &Path| PathBuf::from(format!("{}{SIDECAR_SUFFIX}", copy.display()));
@@ -624,10 +639,10 @@ mod tests {
         assert_eq!(inflate(&reused_src, &state).expect("reuse"), reused);
         let inflated = state.join(INFLATED_DIR);
         let lost = "lost.0123456789abcdef.0123456789abcdef.meta";
-        fs::write(inflated.join(lost), b"sidecar of a copy that is gone").expect("write");
+        write_settled(inflated.join(lost), b"sidecar of a copy that is gone").expect("write");
         // Not a name this module writes: left alone.
-        fs::write(inflated.join("notes.txt"), b"keep").expect("write");
-        fs::write(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
+        write_settled(inflated.join("notes.txt"), b"keep").expect("write");
+        write_settled(inflated.join(".x.4294967.0.tmp"), b"a dead writer's").expect("write");
         let read = [read_old.clone(), read_gone.clone()];
         // While a copy is being taken up or written (the shared lock `inflated_copy` holds on
         // the directory), nothing is removed.
@@ -665,7 +680,7 @@ mod tests {
         let copies: Vec<PathBuf> = (0..4u64)
             .map(|i| {
                 let src = dir.path().join(format!("day{i}.gz"));
-                fs::write(&src, gz(&[b'x'; 1000])).expect("write");
+                write_settled(&src, gz(&[b'x'; 1000])).expect("write");
                 let copy = inflate(&src, &state).expect("inflate");
                 // Copy i was last used 4 - i minutes ago: the last is the most recent.
                 let side = fs::File::options()
@@ -699,7 +714,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("state");
         let src = dir.path().join("day.gz");
-        fs::write(&src, gz(b"1 2\n0 3\n")).expect("write");
+        write_settled(&src, gz(b"1 2\n0 3\n")).expect("write");
         let copy = inflate(&src, &state).expect("inflate");
         let sidecar = PathBuf::from(format!("{}{SIDECAR_SUFFIX}", copy.display()));
         // The tidy's side: the directory locked exclusively while the copy is removed.
@@ -723,7 +738,7 @@ mod tests {
         let src = dir.path().join("a.txt.gz");
         let mut data = gz(b"1 2\n");
         data.extend(gz(b"0 3\n"));
-        fs::write(&src, &data).expect("write");
+        write_settled(&src, &data).expect("write");
         let state = dir.path().join("state");
         let copy = inflate(&src, &state).expect("inflate");
         assert!(copy.starts_with(&state));
@@ -737,7 +752,7 @@ mod tests {
     fn plain_files_are_read_in_place_whatever_their_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("plain.gz");
-        fs::write(&src, b"1 2\n").expect("write");
+        write_settled(&src, b"1 2\n").expect("write");
         assert_eq!(inflate(&src, dir.path()).expect("plain"), src);
     }
 
@@ -748,7 +763,7 @@ mod tests {
         let mut data = gz(b"1 2\n0 3\n");
         let n = data.len();
         data[n - 6] ^= 0xff; // the CRC
-        fs::write(&src, &data).expect("write");
+        write_settled(&src, &data).expect("write");
         let e = inflate(&src, dir.path()).expect_err("corrupt").to_string();
         assert!(e.contains("bad.gz") && e.contains("invalid gzip"), "{e}");
         assert!(names(&dir.path().join(INFLATED_DIR)).is_empty(), "no partial copy left");
@@ -769,7 +784,7 @@ mod tests {
         let limits = InflateLimits::default();
         let read = |name: &str, bytes: &[u8]| {
             let src = dir.path().join(name);
-            fs::write(&src, bytes).expect("write");
+            write_settled(&src, bytes).expect("write");
             readable_path_as(&src, Compression::Zlib, dir.path(), &limits)
         };
         let copy = read("one.z", &one).expect("one stream");
@@ -788,7 +803,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let whole = gz(&b"1 2\n".repeat(1000));
         let src = dir.path().join("cut.gz");
-        fs::write(&src, &whole[..whole.len() / 2]).expect("write");
+        write_settled(&src, &whole[..whole.len() / 2]).expect("write");
         let e = inflate(&src, dir.path()).expect_err("truncated").to_string();
         let half = whole.len() / 2;
         assert!(e.contains(&format!("compressed byte offset {half}")) && e.contains("truncated"), "{e}");
@@ -798,7 +813,7 @@ mod tests {
             let src = dir.path().join("tail.gz");
             let mut data = whole.clone();
             data.extend_from_slice(tail);
-            fs::write(&src, &data).expect("write");
+            write_settled(&src, &data).expect("write");
             let e = inflate(&src, dir.path()).expect_err("garbage").to_string();
             assert!(e.contains("tail.gz") && e.contains("after 4000 bytes decompressed"), "{e}");
             assert!(e.contains("not another member"), "{e}");
@@ -808,12 +823,12 @@ mod tests {
         let src = dir.path().join("two.gz");
         let mut data = whole.clone();
         data.extend_from_slice(&whole[..3]);
-        fs::write(&src, &data).expect("write");
+        write_settled(&src, &data).expect("write");
         let e = inflate(&src, dir.path()).expect_err("cut member").to_string();
         assert!(e.contains("truncated"), "{e}");
         data.truncate(whole.len());
         data.extend_from_slice(&whole);
-        fs::write(&src, &data).expect("write");
+        write_settled(&src, &data).expect("write");
         let copy = inflate(&src, dir.path()).expect("two members");
         assert_eq!(fs::read(copy).expect("read"), b"1 2\n".repeat(2000));
     }
@@ -822,9 +837,9 @@ mod tests {
     fn a_changed_source_gets_a_new_copy() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("c.gz");
-        fs::write(&src, gz(b"1\n")).expect("write");
+        write_settled(&src, gz(b"1\n")).expect("write");
         let first = inflate(&src, dir.path()).expect("first");
-        fs::write(&src, gz(b"1\n2\n")).expect("rewrite");
+        write_settled(&src, gz(b"1\n2\n")).expect("rewrite");
         let second = inflate(&src, dir.path()).expect("second");
         assert_eq!(fs::read(&second).expect("read"), b"1\n2\n");
         assert_ne!(first, second);
@@ -845,11 +860,11 @@ mod tests {
     fn gzip_never_uses_a_shared_temp_directory() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("shared.txt.gz");
-        fs::write(&src, gz(b"1 2\n")).expect("write");
+        write_settled(&src, gz(b"1 2\n")).expect("write");
         let state = dir.path().join("state");
         fs::create_dir(&state).expect("mkdir");
         // `inflated` cannot be made a directory (the earlier code then fell back to $TMPDIR).
-        fs::write(state.join(INFLATED_DIR), b"").expect("write");
+        write_settled(state.join(INFLATED_DIR), b"").expect("write");
         let e = inflate(&src, &state).expect_err("no writable state_dir").to_string();
         for part in
             ["shared.txt.gz", &state.join(INFLATED_DIR).display().to_string(), "daemon.state_dir", "never a shared"]
@@ -873,27 +888,27 @@ mod tests {
     fn a_tampered_inflated_copy_is_not_served() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("t.txt.gz");
-        fs::write(&src, gz(b"1 2\n0 3\n")).expect("write");
+        write_settled(&src, gz(b"1 2\n0 3\n")).expect("write");
         let state = dir.path().join("state");
         let copy = inflate(&src, &state).expect("inflate");
         let tamper: [Tamper<'_>; 5] = [
             ("same size, group-writable", &|p| {
                 fs::set_permissions(p, fs::Permissions::from_mode(0o660)).expect("chmod");
-                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+                write_settled(p, b"9 9\n9 9\n").expect("rewrite");
             }),
             ("same size, private", &|p| {
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+                write_settled(p, b"9 9\n9 9\n").expect("rewrite");
             }),
-            ("longer", &|p| fs::write(p, b"9 9\n9 9\n9 9\n").expect("rewrite")),
+            ("longer", &|p| write_settled(p, b"9 9\n9 9\n9 9\n").expect("rewrite")),
             ("a symbolic link", &|p| {
                 let other = p.with_extension("planted");
-                fs::write(&other, b"9 9\n9 9\n").expect("write");
+                write_settled(&other, b"9 9\n9 9\n").expect("write");
                 fs::remove_file(p).expect("rm");
                 std::os::unix::fs::symlink(&other, p).expect("symlink");
             }),
             ("no sidecar", &|p| {
-                fs::write(p, b"9 9\n9 9\n").expect("rewrite");
+                write_settled(p, b"9 9\n9 9\n").expect("rewrite");
                 let mut side = p.as_os_str().to_owned();
                 side.push(SIDECAR_SUFFIX);
                 fs::remove_file(side).expect("rm");
@@ -916,7 +931,7 @@ mod tests {
         let state = dir.path().join("state");
         // 8 MiB of one byte: about 1000× in a few KiB, beyond the ratio (its grace is 1 MiB).
         let bomb = dir.path().join("bomb.gz");
-        fs::write(&bomb, gz(&vec![b'1'; 8 << 20])).expect("write");
+        write_settled(&bomb, gz(&vec![b'1'; 8 << 20])).expect("write");
         let e = inflate(&bomb, &state).expect_err("a bomb").to_string();
         assert!(e.contains("bomb.gz") && e.contains("daemon.max_inflate_ratio") && e.contains("gzip bomb"), "{e}");
         assert!(names(&state.join(INFLATED_DIR)).is_empty(), "the partial copy is removed");
@@ -924,7 +939,7 @@ mod tests {
         // The absolute cap, on ordinary data; raising it is enough.
         let text: Vec<u8> = (0..20_000u32).flat_map(|i| format!("{i} 1:{}\n", i % 7).into_bytes()).collect();
         let src = dir.path().join("big.txt.gz");
-        fs::write(&src, gz(&text)).expect("write");
+        write_settled(&src, gz(&text)).expect("write");
         let small = InflateLimits { max_bytes: 4096, ..InflateLimits::default() };
         let e = readable_path(&src, &state, &small).expect_err("over the cap").to_string();
         assert!(e.contains("big.txt.gz") && e.contains("daemon.max_inflated_bytes (4096 bytes)"), "{e}");
@@ -942,9 +957,9 @@ mod tests {
     fn a_planted_symlink_is_never_followed_when_writing_state() {
         let dir = tempfile::tempdir().expect("tempdir");
         let victim = dir.path().join("victim");
-        fs::write(&victim, b"precious").expect("write");
+        write_settled(&victim, b"precious").expect("write");
         let src = dir.path().join("s.txt.gz");
-        fs::write(&src, gz(b"1 2\n")).expect("write");
+        write_settled(&src, gz(b"1 2\n")).expect("write");
         let state = dir.path().join("state");
         let inflated = state.join(INFLATED_DIR);
         fs::create_dir_all(&inflated).expect("mkdir");
@@ -968,7 +983,7 @@ mod tests {
     fn state_files_are_private_whatever_the_umask() {
         let dir = tempfile::tempdir().expect("tempdir");
         let src = dir.path().join("p.txt.gz");
-        fs::write(&src, gz(b"1 2\n")).expect("write");
+        write_settled(&src, gz(b"1 2\n")).expect("write");
         let state = dir.path().join("state");
         // What `UMask=0007` left behind: a group-writable `inflated/`.
         fs::create_dir_all(state.join(INFLATED_DIR)).expect("mkdir");

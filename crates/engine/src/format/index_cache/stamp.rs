@@ -8,6 +8,32 @@ use std::time::UNIX_EPOCH;
 
 use crate::hash::Fnv1a;
 
+/// How long a version with one-second timestamps must have stood unchanged for what is built from
+/// it to be kept ([`FileStamp::settled_by`]).
+pub const SETTLED_SECS: i64 = 2;
+
+/// The same with finer timestamps: twice the longest tick of a kernel's coarse clock.
+pub const SETTLED_FINE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Whether this kernel gives a change after a `stat` a time of its own (multigrain timestamps,
+/// Linux 6.13 and later, on the file systems that keep nanoseconds): there a version stamped with
+/// nanoseconds cannot be racily clean.
+fn fine_times_are_unique() -> bool {
+    static UNIQUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNIQUE.get_or_init(|| {
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (6, 13)
+    })
+}
+
+/// The wall clock in nanoseconds since the Unix epoch (the clock file times are set from).
+#[must_use]
+pub fn unix_now_nanos() -> i128 {
+    std::time::SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos().try_into().unwrap_or(i128::MAX))
+}
+
 /// Which data file, and which version of it: what the index cache, the decompressed copies, the
 /// persisted parsed chunks and every read check a data file against. A file is the same only if
 /// all of it is: its size, its modification time, its status-change time (`st_ctime`: set by the
@@ -66,6 +92,32 @@ impl FileStamp {
             dev: meta.dev(),
             ino: meta.ino(),
         }
+    }
+
+    /// Whether this version had stood unchanged long enough before `now` ([`unix_now_nanos`],
+    /// taken before the read that this stamp describes began) that no later write can leave its
+    /// stamp as it is. A write within the same tick of the file system's clock as the change
+    /// before it can leave every field as it was — "racily clean", as git calls it: on a file
+    /// system of one-second timestamps (ext4 with 128-byte inodes, and others: both times' nanoseconds 0)
+    /// for up to a second, so [`SETTLED_SECS`] there; elsewhere for one tick of the kernel's coarse
+    /// clock on kernels before 6.13 (at most 10 ms at `HZ=100`), so [`SETTLED_FINE`] there, and
+    /// not at all on later ones (multigrain timestamps). What is built from a
+    /// younger version (an index, a decompressed copy) serves the process that built it, but is
+    /// not kept for another to take by the stamp alone (found by a probe: an in-place rewrite in
+    /// the second a file on such a file system was indexed was served stale by every later run).
+    #[must_use]
+    pub fn settled_by(&self, now: i128) -> bool {
+        let at = |secs: i64, nanos: u32| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
+        let changed = at(self.mtime_secs, self.mtime_nanos).max(at(self.ctime_secs, self.ctime_nanos));
+        let coarse = self.mtime_nanos == 0 && self.ctime_nanos == 0;
+        let window = if coarse {
+            i128::from(SETTLED_SECS) * 1_000_000_000
+        } else if fine_times_are_unique() {
+            0
+        } else {
+            i128::try_from(SETTLED_FINE.as_nanos()).unwrap_or(i128::MAX)
+        };
+        changed.saturating_add(window) <= now
     }
 
     /// Whether `other` is the same version of a file (the path aside).
@@ -147,5 +199,31 @@ impl FileStamp {
              with its modification time set back, or its mode or links changed)"
                 .to_owned()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A version is settled once its last change is older than the window of its file system's
+    /// timestamps: a second's worth and more with one-second timestamps (both nanoseconds 0),
+    /// [`SETTLED_FINE`] with finer ones.
+    #[test]
+    fn a_version_settles_after_its_timestamps_window() {
+        let s = 1_000_000_000i128;
+        let coarse = FileStamp { mtime_secs: 100, ctime_secs: 100, ..FileStamp::default() };
+        assert!(!coarse.settled_by(100 * s));
+        assert!(!coarse.settled_by(101 * s + s / 2), "within the second after the change's second");
+        assert!(coarse.settled_by(102 * s));
+        let fine = FileStamp { mtime_secs: 100, mtime_nanos: 5, ctime_secs: 100, ctime_nanos: 7, ..coarse.clone() };
+        let window = if fine_times_are_unique() { 0 } else { i128::try_from(SETTLED_FINE.as_nanos()).expect("small") };
+        assert!(!fine.settled_by(100 * s + 6), "not before its change");
+        assert!(window == 0 || !fine.settled_by(100 * s + 7 + window - 1));
+        assert!(fine.settled_by(100 * s + 7 + window));
+        // The later of the two times counts: a `chmod` (ctime only) is a change too.
+        let chmod = FileStamp { ctime_secs: 200, ctime_nanos: 1, ..fine };
+        assert!(!chmod.settled_by(150 * s));
+        assert!(chmod.settled_by(200 * s + 1 + window));
     }
 }
