@@ -418,9 +418,10 @@ struct Pending {
 /// One worker's deterministic cursor over a mixture.
 pub struct Mixture {
     samplers: Vec<Sampler>,
-    /// Each source's longest sequence, in samples, and whether every one is a sample (what a
-    /// restored position may be), found once: a restore per epoch walked will not walk them.
-    longest: Vec<(u64, bool)>,
+    /// Each source's shortest and longest sequence, in samples, and whether every one is a
+    /// sample (what a restored position may be), found once: a restore per epoch walked will not
+    /// walk them.
+    longest: Vec<(u64, u64, bool)>,
     options: MixtureOptions,
     state: MixtureState,
     pending: Option<Pending>,
@@ -476,8 +477,13 @@ impl Mixture {
             samplers.push(sampler);
         }
         let state = MixtureState::start(sources.len());
-        let longest =
-            samplers.iter().map(|s| (u64::from(s.timeline().seq_len.max()), s.timeline().seq_len.all_ones())).collect();
+        let longest = samplers
+            .iter()
+            .map(|s| {
+                let l = &s.timeline().seq_len;
+                (u64::from(l.min()), u64::from(l.max()), l.all_ones())
+            })
+            .collect();
         Ok(Self { samplers, longest, options, state, pending: None })
     }
 
@@ -520,7 +526,7 @@ impl Mixture {
         let (lowest, highest) = credit_bounds(n);
         let mut credits = 0i64;
         let mut taken = 0u64;
-        for (i, (s, &(longest, ones))) in state.sources.iter().zip(&self.longest).enumerate() {
+        for (i, (s, &(shortest, longest, ones))) in state.sources.iter().zip(&self.longest).enumerate() {
             if s.credit <= lowest || s.credit >= highest || s.weight > WEIGHT_UNITS {
                 return Err(MixtureError::BadState(format!(
                     "source {i}: credit {} or weight {} out of range",
@@ -534,8 +540,13 @@ impl Mixture {
                 )));
             }
             // A source starts at 0 and moves by the samples of each sequence taken: one each
-            // where every sequence is one sample, at most the longest otherwise.
-            let reachable = if ones { s.position == s.taken } else { s.position <= s.taken.saturating_mul(longest) };
+            // where every sequence is one sample, at least the shortest and at most the longest
+            // otherwise (found by a probe: a position far below its sequences taken was served).
+            let reachable = if ones {
+                s.position == s.taken
+            } else {
+                (s.taken.saturating_mul(shortest)..=s.taken.saturating_mul(longest)).contains(&s.position)
+            };
             if !reachable {
                 return Err(MixtureError::BadState(format!(
                     "source {i}: position {} is not where {} sequences taken from its start lead",
@@ -555,16 +566,20 @@ impl Mixture {
                 state.slots
             )));
         }
-        for (sampler, s) in self.samplers.iter_mut().zip(&state.sources) {
+        for (i, (sampler, s)) in self.samplers.iter_mut().zip(&state.sources).enumerate() {
             sampler.restore(s.position).map_err(|e| MixtureError::BadState(e.to_string()))?;
+            // A source stops only where a sequence starts (found by a probe: a position inside a
+            // sequence moved on to the next start, and the sequence was skipped).
+            if sampler.position() != s.position {
+                return Err(MixtureError::BadState(format!(
+                    "source {i}: position {} is inside a sequence (the next starts at {}); a mixture's sources \
+                     stand where sequences start",
+                    s.position,
+                    sampler.position()
+                )));
+            }
         }
-        // A position that is no sequence start moves to the next one; the state says where the
-        // samplers really stand.
-        let mut state = state.clone();
-        for (sampler, s) in self.samplers.iter().zip(&mut state.sources) {
-            s.position = sampler.position();
-        }
-        self.state = state;
+        self.state = state.clone();
         self.pending = None;
         Ok(())
     }

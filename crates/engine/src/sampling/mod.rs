@@ -181,6 +181,15 @@ impl Lengths {
         }
     }
 
+    /// The shortest sequence's length (0 for none at all, or where a sequence has no sample).
+    #[must_use]
+    pub fn min(&self) -> u32 {
+        match &self.0 {
+            Repr::Ones(n) => u32::from(*n > 0),
+            Repr::Each(v) => v.iter().copied().min().unwrap_or(0),
+        }
+    }
+
     /// Bytes it holds on the heap.
     #[must_use]
     pub fn heap_bytes(&self) -> usize {

@@ -394,7 +394,7 @@ fn states_no_mixture_produces_are_refused() {
     let mut bad = good.clone();
     bad.sources[1].weight = u64::MAX;
     assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(_))));
-    // The good state still restores, and a position inside a sequence moves to the next start.
+    // The good state still restores.
     m.restore(&good).expect("a state of this mixture");
     assert_eq!(m.state(), &good);
     assert!(Mixture::new(&sources, options(&[1.0], MixtureEpoch::Endless, 1, 0)).is_err());
@@ -437,8 +437,20 @@ fn edited_states_no_run_reaches_are_refused() {
     // A one-sample source's position is its sequences taken.
     assert!(refused(&mut m, &|s| s.sources[1].position += 3));
     assert!(refused(&mut m, &|s| s.sources[0].position -= 2));
-    // Another source's position at most three samples a sequence taken.
+    // Another source's position at most three samples a sequence taken, at least one.
     assert!(refused(&mut m, &|s| s.sources[2].position = 3 * s.sources[2].taken + 1));
+    assert!(good.sources[2].taken > 0, "{good:?}");
+    assert!(refused(&mut m, &|s| s.sources[2].position = s.sources[2].taken - 1));
+    assert!(refused(&mut m, &|s| s.sources[2].taken = 1 << 53));
+    // A position inside a sequence (the source's second sequence is 3 samples: 1 is its start, 2
+    // and 3 are inside it) is no place a run stops.
+    let inside = (1..=3 * good.sources[2].taken).find(|&p| {
+        let mut probe = Mixture::new(&sources, options(&[1.0, 2.0, 1.0], MixtureEpoch::Endless, 1, 0)).expect("valid");
+        let mut st = good.clone();
+        st.sources[2].position = p;
+        probe.restore(&st).is_err() && st.sources[2].taken <= p
+    });
+    assert!(inside.is_some(), "some position inside a sequence is refused");
     // Slots no source took.
     assert!(refused(&mut m, &|s| s.slots = s.sources.iter().map(|x| x.taken).sum::<u64>() + 1));
     // Every state a run reaches restores, with the credits at their extremes over a long run.
