@@ -1766,3 +1766,30 @@ fn a_sighup_or_sigterm_pending_at_exec_is_a_reload_or_a_clean_stop() {
     assert!(!tmp.path().join("state/metrics.addr").exists(), "metrics.addr is removed at a clean stop");
     assert_eq!(read_checkpoint(tmp.path())["reason"], "shutdown");
 }
+
+/// Found by a probe: a second daemon configured with the first one's socket (its own state
+/// directory) restarted its sessions stage for seconds and then failed with "stage 'sessions'
+/// stopped 6 times". It now stops at once, naming the socket and what to change; the first
+/// daemon serves on.
+#[test]
+fn a_second_daemon_on_the_same_socket_stops_at_once_saying_why() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["extra"]);
+    let mut first = Daemon::start(tmp.path(), &[]);
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    let cfg = std::fs::read_to_string(first.config())
+        .expect("config")
+        .replace(&format!("{}/state", tmp.path().display()), &format!("{}/state", other.display()));
+    let cfg = write(&other, "minibatchd.toml", cfg);
+    let out = Command::new(BIN).args(["run", "--config"]).arg(&cfg).env("MINIBATCHD_LOG", "warn").output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("another daemon is listening") && stderr.contains("daemon.socket"), "{stderr}");
+    assert!(!stderr.contains("restarting"), "no stage restarts: {stderr}");
+    assert!(first.running(), "the first daemon serves on");
+    let one_sweep = SessionOptions { full_sweep: true, ..options(7) };
+    assert_eq!(first.read_all("extra", &one_sweep, &["features"]).len(), 40_usize.div_ceil(7));
+    assert!(first.stop().success());
+}

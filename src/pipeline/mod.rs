@@ -147,6 +147,8 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
     // Held until the process ends: one daemon per state_dir.
     let _lock = lock_state_dir(&config.daemon.state_dir)?;
+    control::server::check_free(&config.daemon.socket)
+        .map_err(|e| PipelineError::Fatal(format!("daemon.socket {}: {e}", config.daemon.socket.display())))?;
     raise_descriptor_limit(&config);
     let metrics_listener = bind_metrics(&config)?;
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on

@@ -49,6 +49,24 @@ pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixL
             std::fs::create_dir_all(dir)?;
         }
     }
+    check_free(path)?;
+    if std::fs::symlink_metadata(path).is_ok() {
+        std::fs::remove_file(path)?;
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Whether the control socket can be bound at `path`: nothing there, or a socket nobody listens
+/// on (a stale one, left by a daemon that was killed). Checked once at start too, so that a
+/// second daemon configured with the first one's socket stops at once, saying so, rather than
+/// restart its sessions stage until it gives up (found by a probe).
+///
+/// # Errors
+/// Something other than a socket is there, or a live daemon listens on it.
+pub fn check_free(path: &std::path::Path) -> std::io::Result<()> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if !meta.file_type().is_socket() {
@@ -60,15 +78,11 @@ pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixL
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::AddrInUse,
-                format!("another daemon is listening on {}", path.display()),
+                format!("another daemon is listening on {}; give each daemon its own daemon.socket", path.display()),
             ));
         }
-        std::fs::remove_file(path)?;
     }
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
+    Ok(())
 }
 
 impl Actor for SessionManager {
