@@ -142,7 +142,13 @@ class _Conn:
     def send(self, frames: List[dict]) -> None:
         out = bytearray()
         for obj in frames:
-            body = json.dumps(obj, separators=(",", ":")).encode()
+            try:
+                body = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+            except ValueError as e:
+                # Python writes NaN and infinities as `NaN`/`Infinity`, which are not JSON (found by
+                # a probe: `weights=[nan, 1]` reached the daemon as an unreadable message).
+                raise MinibatchdError("invalid_options", f"a {obj.get('type')!r} message holds NaN or an infinity "
+                                      f"({e}): every number of the protocol is finite") from None
             if len(body) > MAX_MESSAGE_BYTES:
                 # Said here, with what to do, rather than by the daemon closing the connection.
                 job = ((obj.get("options") or {}).get("resume_job") if isinstance(obj, dict) else None) or []

@@ -203,3 +203,14 @@ def test_a_stateful_loader_resumes_exactly_and_one_common_state_at_another_world
 def test_the_mixture_example_trains_on_a_ctf_and_a_libsvm_derived_dataset():
     out = run_example("mixture_torch.py")
     assert "exactly once" in out.stdout, out.stdout
+
+
+def test_weights_that_are_not_finite_are_refused_by_the_client_saying_so(mixture):
+    """Found by a probe: ``weights=[nan, 1]`` went out as ``NaN``, which is not JSON, and the daemon
+    answered an unreadable message. The client says what is wrong before sending."""
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(minibatchd.MinibatchdError) as e:
+            minibatchd.Client(mixture.socket).open("blend", minibatch_size=5, weights=[bad, 1.0])
+        assert e.value.code == "invalid_options" and "NaN or an infinity" in str(e.value), e.value
+    src = minibatchd.Client(mixture.socket).open("blend", minibatch_size=5, weights=[1.0, 1.0])
+    assert next(iter(src)).fingerprint
