@@ -1783,7 +1783,8 @@ fn a_second_daemon_on_the_same_socket_stops_at_once_saying_why() {
         .expect("config")
         .replace(&format!("{}/state", tmp.path().display()), &format!("{}/state", other.display()));
     let cfg = write(&other, "minibatchd.toml", cfg);
-    let out = Command::new(BIN).args(["run", "--config"]).arg(&cfg).env("MINIBATCHD_LOG", "warn").output().expect("run");
+    let out =
+        Command::new(BIN).args(["run", "--config"]).arg(&cfg).env("MINIBATCHD_LOG", "warn").output().expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("another daemon is listening") && stderr.contains("daemon.socket"), "{stderr}");

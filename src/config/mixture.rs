@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 
 use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::minibatch::StreamShape;
 use minibatchd_engine::sampling::mixture::{
     MixtureEpoch, MixtureSource, WeightSchedule, WeightStage, Weights, MAX_SOURCES,
 };
@@ -136,7 +137,12 @@ fn parse_mixture(
             return None;
         }
     };
-    Some(MixtureConfig { datasets: names?, schedule, epoch: epoch?, streams: streams? })
+    let (datasets_mixed, streams) = (names?, streams?);
+    if let Err(e) = check_streams(&datasets_mixed, datasets, &streams) {
+        w.issue(node.path(), &e);
+        return None;
+    }
+    Some(MixtureConfig { datasets: datasets_mixed, schedule, epoch: epoch?, streams })
 }
 
 fn dataset_list(
@@ -273,18 +279,47 @@ pub fn stream_layout(
     datasets: &[&Dataset],
     map: &BTreeMap<String, Vec<String>>,
 ) -> Result<StreamLayout, String> {
-    let names: Vec<String> =
-        if map.is_empty() { datasets[0].stream_names().to_vec() } else { map.keys().cloned().collect() };
+    let streams: Vec<DatasetStreams> = datasets
+        .iter()
+        .map(|d| DatasetStreams { names: d.stream_names().to_vec(), shapes: d.stream_shapes() })
+        .collect();
+    layout_of(names_of_datasets, &streams, map)
+}
+
+/// A dataset's stream names and shapes, in its order.
+struct DatasetStreams {
+    names: Vec<String>,
+    shapes: Vec<StreamShape>,
+}
+
+impl DatasetStreams {
+    /// What a dataset of `config` will have, from the configuration alone.
+    fn configured(config: &DatasetConfig) -> Self {
+        let specs = Dataset::configured_streams(config);
+        Self {
+            names: specs.iter().map(|s| s.name.clone()).collect(),
+            shapes: StreamShape::of(&specs, config.precision == minibatchd_engine::options::Precision::Float64),
+        }
+    }
+}
+
+/// [`stream_layout`] over the datasets' streams.
+fn layout_of(
+    names_of_datasets: &[String],
+    datasets: &[DatasetStreams],
+    map: &BTreeMap<String, Vec<String>>,
+) -> Result<StreamLayout, String> {
+    let names: Vec<String> = if map.is_empty() { datasets[0].names.clone() } else { map.keys().cloned().collect() };
     let mut order = Vec::with_capacity(datasets.len());
     for (s, d) in datasets.iter().enumerate() {
         let mut mine = Vec::with_capacity(names.len());
         for name in &names {
             let wanted = map.get(name).and_then(|v| v.get(s)).unwrap_or(name);
-            let Some(i) = d.stream_names().iter().position(|n| n == wanted) else {
+            let Some(i) = d.names.iter().position(|n| n == wanted) else {
                 return Err(format!(
                     "dataset '{}' has no stream '{wanted}' (its streams: {}){}",
                     names_of_datasets[s],
-                    d.stream_names().join(", "),
+                    d.names.join(", "),
                     if map.is_empty() { "; map the datasets' streams with [mixtures.NAME.streams]" } else { "" }
                 ));
             };
@@ -292,18 +327,31 @@ pub fn stream_layout(
         }
         order.push(mine);
     }
-    let first = datasets[0].stream_shapes();
-    let shapes: Vec<_> = order[0].iter().map(|&i| first[i]).collect();
+    let shapes: Vec<_> = order[0].iter().map(|&i| datasets[0].shapes[i]).collect();
     for (s, d) in datasets.iter().enumerate().skip(1) {
-        let theirs = d.stream_shapes();
         for (k, &i) in order[s].iter().enumerate() {
-            if theirs[i] != shapes[k] {
+            if d.shapes[i] != shapes[k] {
                 return Err(format!(
-                    "stream '{}' of the mixture: dataset '{}' gives {:?}, dataset '{}' gives {:?} (the streams mixed into one must have the same kind, dimension and precision)",
-                    names[k], names_of_datasets[0], shapes[k], names_of_datasets[s], theirs[i]
+                    "stream '{}' of the mixture: dataset '{}' gives {}, dataset '{}' gives {} (the streams mixed into one must have the same kind, dimension and precision)",
+                    names[k], names_of_datasets[0], shapes[k], names_of_datasets[s], d.shapes[i]
                 ));
             }
         }
     }
     Ok(StreamLayout { names, shapes, order })
+}
+
+/// The configuration check of a mixture's streams ([`stream_layout`] on what its datasets'
+/// configurations say), so that `validate` and a reload refuse what every `open` would.
+pub(crate) fn check_streams(
+    names_of_datasets: &[String],
+    datasets: &BTreeMap<String, DatasetConfig>,
+    map: &BTreeMap<String, Vec<String>>,
+) -> Result<(), String> {
+    let streams: Option<Vec<DatasetStreams>> =
+        names_of_datasets.iter().map(|n| datasets.get(n).map(DatasetStreams::configured)).collect();
+    match streams {
+        Some(streams) if !streams.is_empty() => layout_of(names_of_datasets, &streams, map).map(|_| ()),
+        _ => Ok(()),
+    }
 }

@@ -135,6 +135,19 @@ pub struct StreamShape {
     pub float64: bool,
 }
 
+impl std::fmt::Display for StreamShape {
+    /// As a configuration says it: `dense, dim 2, float32`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let precision = if self.float64 { "float64" } else { "float32" };
+        match self.kind {
+            StreamKind::Dense => write!(f, "dense, dim {}, {precision}", self.dim),
+            StreamKind::SparseI32 => write!(f, "sparse, dim {}, {precision}", self.dim),
+            StreamKind::SparseU64 => write!(f, "sparse with 64-bit ids, {precision}"),
+            StreamKind::Strings => write!(f, "strings"),
+        }
+    }
+}
+
 impl StreamShape {
     /// The shapes of `streams` in a dataset of the given precision.
     #[must_use]

@@ -18,7 +18,7 @@ use crate::format::inflate::{self, Compression};
 use crate::format::line_chunks;
 use crate::format::record::{CtfReader, LineReader, RecordReader};
 use crate::format::registry::{self, RecordFormat};
-use crate::options::{DatasetConfig, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
+use crate::options::{DatasetConfig, FormatKind, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
 use crate::remote::{self, Remote};
 use crate::Result;
 
@@ -94,18 +94,31 @@ impl Dataset {
             });
             first_stream += src.streams.len();
         }
-        let streams = config
-            .streams()
-            .map(|s| StreamSpec {
-                name: s.name.clone(),
-                kind: match s.format {
-                    StreamFormat::Dense => StreamKind::Dense,
-                    StreamFormat::Sparse => StreamKind::SparseI32,
-                },
-                dim: s.dim,
-            })
-            .collect();
-        Self::assemble(config, sources, one_source.then_some(chunks), main_source, streams)
+        Self::assemble(config, sources, one_source.then_some(chunks), main_source, Self::configured_streams(config))
+    }
+
+    /// The streams a dataset of `config` has, without reading any data: a CTF dataset's configured
+    /// streams, deepx's tensors, a record format's decoded streams. What [`Dataset::streams`]
+    /// will be once it is open (a configuration check compares mixtures' sources with it).
+    #[must_use]
+    pub fn configured_streams(config: &DatasetConfig) -> Vec<StreamSpec> {
+        match config.format {
+            FormatKind::Ctf => config
+                .streams()
+                .map(|s| StreamSpec {
+                    name: s.name.clone(),
+                    kind: match s.format {
+                        StreamFormat::Dense => StreamKind::Dense,
+                        StreamFormat::Sparse => StreamKind::SparseI32,
+                    },
+                    dim: s.dim,
+                })
+                .collect(),
+            FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
+                Schema::new(config.format, &config.deepx.clone().unwrap_or_default()).specs()
+            }
+            _ => config.records.as_ref().map(|o| registry::open(o).streams).unwrap_or_default(),
+        }
     }
 
     /// A deepx dataset: one source, every line a sequence of one sample.
