@@ -188,7 +188,21 @@ fn walk(options: &DumpOptions, step: &mut dyn FnMut(Step) -> Result<bool, DumpEr
 pub fn ledger(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> Result<u64, DumpError> {
     use std::fmt::Write as _;
     let mut line = String::new();
+    let lengths = &dataset.timeline().seq_len;
     let n = for_each_plan(dataset, options, &mut |index, plan| {
+        // Frame mode fails where the data would (found by a probe: the ledger printed the
+        // minibatches a `--frame-mode` session never gets). The ledger reads no data: a sequence's
+        // nominal length is what it knows.
+        if options.frame_mode {
+            if let Some(r) = plan.sequences.iter().find(|r| lengths.samples(r.seq as usize..=r.seq as usize) > 1) {
+                return Err(DumpError::Data(DataError::Dataset(format!(
+                    "detected a non-frame sequence of size {} in frame mode (sequence {} of the timeline, in chunk {})",
+                    lengths.samples(r.seq as usize..=r.seq as usize),
+                    r.seq,
+                    r.chunk
+                ))));
+            }
+        }
         line.clear();
         let _ = write!(
             line,

@@ -625,3 +625,26 @@ fn a_fatal_error_names_the_tolerated_place_that_led_to_it() {
     let e = open(dir.path(), &strict).load_chunk(0).expect_err("the place stops the read").to_string();
     assert!(e.contains("byte offset 7: sparse index 4 exceeds the maximum 3") && !e.contains("the first: "), "{e}");
 }
+
+/// Found by a probe: `dump --frame-mode --ledger` printed minibatches a frame-mode session never
+/// gets (its data fails at the first sequence of more than one sample). The ledger now fails
+/// where the data does, with the same message; on one-sample sequences both agree.
+#[test]
+fn a_frame_mode_ledger_fails_where_the_data_does() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.ctf", "0 |a 1\n1 |a 2\n1 |a 3\n2 |a 4\n");
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
+         [datasets.d.sampling]\nrandomize = false\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let (data, data_err, data_code) = dump_text(&cfg, &["--frame-mode"]);
+    let (ledger, ledger_err, ledger_code) = dump_text(&cfg, &["--frame-mode", "--ledger"]);
+    assert_eq!((data_code, ledger_code), (1, 1), "{data_err} / {ledger_err}");
+    let message = "detected a non-frame sequence of size 2 in frame mode (sequence 1 of the timeline";
+    assert!(data_err.contains(message) && ledger_err.contains(message), "{data_err} / {ledger_err}");
+    // Both print the minibatch before the failing one (sequence 0 alone), and only that.
+    assert_eq!((data.lines().count(), ledger.lines().count()), (1, 1), "{data}\n{ledger}");
+    assert!(ledger.contains("\"sequences\": [0]"), "{ledger}");
+}
