@@ -473,7 +473,7 @@ fn version_warnings(dataset: &str, rt: &DatasetRuntime, decoded_otherwise: bool)
         // Found by a probe: a reload swapped two streams' columns, and a session resumed by name
         // went on at the exact position with the other column in each stream, told nothing.
         out.push(format!(
-            "dataset {dataset:?} decodes its values otherwise than when this state was written (its streams, format or precision options changed): the session goes on at the exact position, and the minibatches from here are decoded by the definitions in force now"
+            "dataset {dataset:?} decodes its values otherwise than when this state was written (its streams, format or precision options changed — or the state was written by another build of minibatchd, whose digest of those options may differ): the session goes on at the exact position, and the minibatches from here are decoded by the definitions in force now"
         ));
     }
     out
