@@ -8,7 +8,13 @@ share, every process gets the same number of minibatches per epoch (``equal_step
 default then), and over all processes each sweep comes exactly once (less the dropped ragged
 tail). Each item is ``{stream: {"values": jax.Array, "sequence_offsets": jax.Array, ...},
 "meta": {"epoch", "sweep", "end_of_sweep", "position", "index", "worker", "workers"}}``: the
-arrays are copied to the default device, so the shared-memory slot goes back at once.
+arrays are copied to the default device, and the shared-memory slot goes back once the copies
+are complete (a transfer still reading the slot when the daemon refills it would be other data).
+
+JAX keeps 32-bit types unless ``jax_enable_x64`` is on: then the offsets are int32 (they always
+fit), but 64-bit values — a ``precision = "float64"`` dataset's values, deepx's uint64 feature
+ids — would be narrowed, which changes them; the iterator raises ``MinibatchdError``
+(``client_jax_x64``) rather than deliver them, saying to enable x64.
 
 ``state_dict()`` after a minibatch, and ``load_state_dict()`` before the next pass, resume
 mid-epoch exactly (save it with the model, e.g. with orbax or pickle).
@@ -22,9 +28,17 @@ import jax
 import jax.numpy as jnp
 
 from ._adapter import user_options
-from ._client import connect
+from ._client import MinibatchdError, connect
 
 META = "meta"
+
+
+def _fits_32(key: str, arr: Any) -> bool:
+    """Whether a 64-bit array of a minibatch keeps its values in JAX's 32-bit types: offsets
+    (counts within one slot) do; values and feature ids are not narrowed at all."""
+    if not key.endswith("offsets") or arr.dtype.kind not in "iu":
+        return False
+    return arr.size == 0 or int(arr.max()) < 2**31
 
 
 class MinibatchIterator:
@@ -86,10 +100,25 @@ class MinibatchIterator:
     def _item(self, mb: Any, epoch: int) -> Dict[str, Any]:
         """The item of minibatch ``mb`` in ``epoch``: its arrays on the device, its metadata."""
         item: Dict[str, Any] = {}
+        x64 = bool(jax.config.jax_enable_x64)
         for name, stream in mb.streams.items():
             if name == META:
                 raise ValueError(f"a stream is named {META!r}, which the JAX adapter uses for metadata")
-            item[name] = {key: jnp.asarray(arr) for key, arr in stream.arrays()}
+            arrays = {}
+            for key, arr in stream.arrays():
+                if not x64 and arr.dtype.itemsize == 8 and not _fits_32(key, arr):
+                    mb.release()
+                    # Found by a probe: jnp.asarray narrowed uint64 feature ids (2^40 + 125 became
+                    # 125) and float64 values to 32 bits without a word.
+                    raise MinibatchdError(
+                        "client_jax_x64", f"stream {name!r} holds {arr.dtype} {key}, which JAX would narrow to 32 bits "
+                        "(changing them) while jax_enable_x64 is off: enable it before iterating "
+                        "(jax.config.update('jax_enable_x64', True), or JAX_ENABLE_X64=1)")
+                arrays[key] = jnp.asarray(arr)
+            item[name] = arrays
+        # The copies may still be in flight (an accelerator's transfer from the slot): the slot
+        # goes back only once they are done.
+        jax.block_until_ready(item)
         meta = {"epoch": epoch, "sweep": mb.sweep, "end_of_sweep": mb.end_of_sweep, "position": mb.position,
                 "fingerprint": mb.fingerprint,
                 "index": mb.index, "worker": self.process_index, "workers": self.process_count}

@@ -118,3 +118,35 @@ def test_jax_example_trains_and_resumes_exactly(daemon, tmp_path):
     assert all(abs(a["loss"] - b["loss"]) < 1e-6 for a, b in zip(resumed[13:], whole[10:]))
     epoch_loss = [sum(s["loss"] for s in whole if s["epoch"] == e) for e in range(2)]
     assert epoch_loss[1] < epoch_loss[0]
+
+
+def test_64_bit_values_are_refused_while_x64_is_off_and_delivered_with_it(tmp_path):
+    """Found by a probe: with JAX's default 32-bit types, deepx's uint64 feature ids were narrowed
+    (2^40 + 125 became 125, another feature's id) without a word. The iterator refuses such a
+    stream while x64 is off, saying how to enable it; with x64 on the ids arrive whole. 32-bit
+    streams are delivered either way."""
+    from conftest import Daemon
+    from minibatchd import MinibatchdError
+
+    d = Daemon(tmp_path)
+    d.stop()
+    svm = tmp_path / "wide.svm"
+    svm.write_text("1 1099511627901:0.5 125:1\n0 3:0.25\n")
+    d.config.write_text(d.config.read_text() + f'\n[datasets.wide]\nformat = "libsvm"\nfiles = ["{svm}"]\n'
+                        '[datasets.wide.sampling]\nrandomize = false\n')
+    d._start()
+    was = bool(jax.config.jax_enable_x64)
+    try:
+        jax.config.update("jax_enable_x64", False)
+        with pytest.raises(MinibatchdError) as e:
+            list(MinibatchIterator("wide", d.socket, minibatch_size=2, full_sweep=True))
+        assert e.value.code == "client_jax_x64" and "uint64" in str(e.value) and "jax_enable_x64" in str(e.value)
+        assert ids(list(MinibatchIterator("train", d.socket, minibatch_size=8, full_sweep=True)))
+        jax.config.update("jax_enable_x64", True)
+        items = list(MinibatchIterator("wide", d.socket, minibatch_size=2, full_sweep=True))
+        (stream,) = [k for k in items[0] if k != "meta" and "indices" in items[0][k]]
+        got = [int(i) for item in items for i in item[stream]["indices"]]
+        assert got == [1099511627901, 125, 3], got
+    finally:
+        jax.config.update("jax_enable_x64", was)
+        d.stop()
