@@ -62,6 +62,9 @@ pub enum DumpError {
     /// The mixture's datasets cannot be dumped together.
     #[error("{0}")]
     Mixture(String),
+    /// `--restore` names no position a session can stand at.
+    #[error("{0}")]
+    Restore(String),
     /// Writing the output failed.
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
@@ -142,7 +145,33 @@ fn new_feeder(dataset: &Dataset, options: &DumpOptions) -> Result<Feeder, DumpEr
         }
     }
     if let Some(p) = options.restore {
+        let latest = sampler.latest_position(u64::from(dataset.timeline().seq_len.max()));
+        if p > latest {
+            // As a session refuses such a state (found by a probe: the dump printed nothing and
+            // exited 0).
+            return Err(DumpError::Restore(format!(
+                "--restore {p} is past where a session with these options can stand (at most {latest}): no \
+                 position this dump or a session prints"
+            )));
+        }
         sampler.restore(p)?;
+        if let Some(steps) = pad_to {
+            // The padding fills the epoch to `steps` minibatches counted from its start, as a
+            // resumed session counts them from its state's (found by a probe: counted from the
+            // restore, the dump printed a whole epoch's padding again). This worker's minibatches
+            // before `p`, walked without data.
+            let mut walker = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
+            let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
+            let mut before = 0u64;
+            while walker.position() < p {
+                let size = sizes[usize::try_from(before % sizes.len() as u64).unwrap_or(0)];
+                if walker.next_minibatch(size).is_none() {
+                    break;
+                }
+                before += 1;
+            }
+            pad_to = Some(steps.saturating_sub(before));
+        }
     }
     let mut feeder = Feeder::new(sampler, dataset.timeline().clone(), dataset.stream_shapes(), options.frame_mode, 0);
     if let Some(end) = pad_to {

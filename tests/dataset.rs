@@ -648,3 +648,60 @@ fn a_frame_mode_ledger_fails_where_the_data_does() {
     assert_eq!((data.lines().count(), ledger.lines().count()), (1, 1), "{data}\n{ledger}");
     assert!(ledger.contains("\"sequences\": [0]"), "{ledger}");
 }
+
+/// Found by a probe: with `--equal-steps --tail pad`, `dump --restore POS` counted the padding
+/// from the restore, printing a whole epoch's worth of empty minibatches again, where a session
+/// resumed at that state gets the epoch's rest. From every cut, the restored dump is the rest of
+/// the uninterrupted one (its fingerprints and positions), for every worker.
+#[test]
+fn a_padded_dump_restored_anywhere_is_the_rest_of_the_uninterrupted_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text: String = (0..40).flat_map(|i| (0..=(i * 7 % 4)).map(move |_| format!("{i} |a {i}\n"))).collect();
+    write(dir.path(), "data.ctf", text);
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\nchunk_size_bytes = 40\n\
+         [datasets.d.sampling]\nrandomize = true\nwindow_chunks = 3\n[datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let key = |l: &serde_json::Value| (l["fingerprint"].clone(), l["position"].clone());
+    let mut padded = false;
+    for rank in ["0", "1", "2"] {
+        let args = ["--workers", "3", "--rank", rank, "--equal-steps", "--tail", "pad", "--ledger"];
+        let (whole, err, code) = dump_text(&cfg, &args);
+        assert_eq!(code, 0, "{err}");
+        let whole = parse_dump(&whole).expect("ledger");
+        padded |= whole.iter().any(|l| l["sequences"].as_array().is_some_and(Vec::is_empty));
+        // A cut inside the padding has the position of the last real minibatch: a position alone
+        // names the place after that one (a session's state counts its minibatches too).
+        let real = whole.iter().take_while(|l| l["sequences"].as_array().is_some_and(|s| !s.is_empty())).count();
+        for cut in 0..real {
+            let at = whole[cut]["position"].to_string();
+            let (rest, err, code) = dump_text(&cfg, &[&args[..], &["--restore", &at]].concat());
+            assert_eq!(code, 0, "{err}");
+            let rest: Vec<_> = parse_dump(&rest).expect("ledger").iter().map(key).collect();
+            let want: Vec<_> = whole[cut + 1..].iter().map(key).collect();
+            assert_eq!(rest, want, "rank {rank}, restored after minibatch {cut}");
+        }
+    }
+    assert!(padded, "some worker's epoch is padded");
+}
+
+/// Found by a probe: `dump --restore` past the epoch's end printed nothing and exited 0, where a
+/// session given that position is refused.
+#[test]
+fn a_dump_restored_past_the_epoch_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "data.ctf", "|a 1\n|a 2\n|a 3\n");
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
+         [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let (out, err, code) = dump_text(&cfg, &["--restore", "100000"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(err.contains("--restore 100000 is past where a session with these options can stand (at most 3)"), "{err}");
+    let (out, err, code) = dump_text(&cfg, &["--restore", "2"]);
+    assert_eq!((code, out.lines().count()), (0, 1), "{err}");
+}
