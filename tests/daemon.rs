@@ -789,3 +789,34 @@ fn python_client_suite() {
     println!("{text}");
     assert!(out.status.success(), "the Python client tests failed:\n{text}");
 }
+
+/// Found by a probe: `minibatchd_session_consumer_wait_seconds_total` took a client's cumulative
+/// `wait_ns` as it came — one release saying 2^64 − 1 ns added 584 years to a series every
+/// session of the (dataset, rank) shares, pinning others' input-bound alerts. A report counts at
+/// most the time since the session opened on that connection.
+#[test]
+fn a_consumer_wait_report_counts_no_more_than_the_session_has_lasted() {
+    let d = start();
+    let series = r#"minibatchd_session_consumer_wait_seconds_total{dataset="train",rank="0"}"#;
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+    let started = Instant::now();
+    s.write_all(&frame(br#"{"type":"open","dataset":"train","options":{"minibatch_size":2,"full_sweep":true}}"#))
+        .expect("write");
+    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    let ready = reply(&mut s).expect("ready");
+    assert_eq!(ready["type"], "ready", "{ready}");
+    let release = format!(
+        r#"{{"type":"release","slot":{},"generation":{},"taken":1,"wait_ns":{}}}"#,
+        ready["slot"], ready["generation"], u64::MAX
+    );
+    s.write_all(&frame(release.as_bytes())).expect("write");
+    let deadline = Instant::now();
+    while d.metric(series) == 0.0 {
+        assert!(deadline.elapsed() < DEADLINE, "the report was not counted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counted = d.metric(series);
+    assert!(counted <= started.elapsed().as_secs_f64(), "{counted} s counted in {:?}", started.elapsed());
+}

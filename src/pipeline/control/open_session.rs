@@ -60,8 +60,10 @@ pub(super) struct OpenSession {
     pub(super) slot_count: usize,
     /// Slot counts last added to the gauges (free, filled, leased).
     pub(super) published: [i64; 3],
-    /// The client's last cumulative `wait_ns`.
+    /// The client's last cumulative `wait_ns`, and when the session opened on this connection
+    /// (no client waits longer than that).
     pub(super) reported_wait_ns: u64,
+    pub(super) opened: Instant,
     /// `taken` and `given_up_to` last written to the registry.
     pub(super) recorded: (u64, u64),
     /// How many minibatches the session's trainer may have been given before this connection
@@ -176,6 +178,9 @@ impl OpenSession {
     /// A client report: consumer wait (cumulative nanoseconds).
     pub(super) fn waited(&mut self, wait_ns: Option<u64>) {
         if let Some(w) = wait_ns {
+            // At most the time since the session opened here (found by a probe: one report of
+            // 2^64 − 1 ns added 584 years to a series every session of the rank shares).
+            let w = w.min(u64::try_from(self.opened.elapsed().as_nanos()).unwrap_or(u64::MAX));
             if w > self.reported_wait_ns {
                 self.metrics
                     .consumer_wait_seconds
@@ -266,59 +271,6 @@ pub(super) fn opened_message(
     }
 }
 
-/// What a trainer should be told at `open` about the data its session will get (logged too): a
-/// worker that gets nothing ([`Sampler::gets_no_data`]), and equal steps that give every worker
-/// nothing, with what to change.
-fn data_warnings(
-    sampler: &Sampler,
-    rt: &DatasetRuntime,
-    resolved: &ResolvedOptions,
-    steps: Option<u64>,
-) -> Vec<String> {
-    let mut out = Vec::new();
-    let none_here = sampler.gets_no_data();
-    let none_anywhere = steps == Some(0) && sampler.sweep_size() > 0;
-    if !none_here && !none_anywhere {
-        return out;
-    }
-    let workers = resolved.sampling.num_workers;
-    let chunks = rt.dataset.chunks();
-    let sequences = rt.dataset.timeline().num_sequences();
-    let bytes: u64 = chunks.iter().map(|c| c.end - c.start).sum();
-    let advice = if sampler.deals_chunks() && chunks.len() < workers && sequences < workers {
-        // Randomized, the chunks bound first (found by a probe: 36 chunks, 3,000 sequences, and
-        // the advice was 3,000 workers).
-        format!(
-            "randomized, each of the dataset's {} chunk(s) goes whole to one worker: use at most {} workers (the \
-             dataset has {sequences} sequence(s))",
-            chunks.len(),
-            chunks.len()
-        )
-    } else if sequences < workers {
-        format!("the dataset has {sequences} sequence(s): use at most {sequences} workers")
-    } else if sampler.deals_chunks() {
-        format!(
-            "randomized, each of the dataset's {} chunk(s) goes whole to one worker: set its chunk_size_bytes to at \
-             most about {} (its {bytes} bytes over {workers} workers), or use fewer workers",
-            chunks.len(),
-            (bytes / workers.max(1) as u64).max(1),
-        )
-    } else {
-        "in file order the epoch's sequences are dealt one by one: a longer epoch or fewer workers".to_owned()
-    };
-    if none_here {
-        out.push(format!("worker {} of {workers} gets no data: {advice}", resolved.sampling.rank));
-    }
-    if none_anywhere {
-        let short = sequences < workers || (sampler.deals_chunks() && chunks.len() < workers);
-        out.push(format!(
-            "equal steps give every worker 0 minibatches in this epoch, as the worker that gets the fewest gets none{}",
-            if short { format!(" ({advice})") } else { String::new() }
-        ));
-    }
-    out
-}
-
 /// The host-memory guard's verdict for a new session: `Some((shortfall, reserve))` when it refuses.
 pub(super) fn host_shortfall(shared: &ControlPlane) -> Option<(u64, u64)> {
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
@@ -403,6 +355,7 @@ impl Launch {
             slot_count: self.slot_count,
             published: [0; 3],
             reported_wait_ns: 0,
+            opened: Instant::now(),
             recorded: (self.start.minibatches, self.given_up_to),
             given_before: self.given_up_to,
             closed: false,

@@ -9,7 +9,7 @@ use minibatchd_client::protocol::{hex64, JobBase, SessionOptions, SessionState, 
 use minibatchd_engine::sampling::{randomizer, EpochLimit, Sampler, SamplingOptions, Tail, Window};
 use minibatchd_shm::RingGeometry;
 
-use super::{data_warnings, off_the_event_loop, SamplingReservation};
+use super::{off_the_event_loop, SamplingReservation};
 use crate::pipeline::control::admission::Refusal;
 use crate::pipeline::control::session::{
     check_job_order, check_resume, check_worker, options_hash, resolve_options, ResolvedOptions, ResumeError,
@@ -219,6 +219,59 @@ pub(super) fn place_sampler(
         m.with_label_values(&[dataset, "drop"]).inc_by(equal.dropped);
         Ok((sampler, None, warnings))
     }
+}
+
+/// What a trainer should be told at `open` about the data its session will get (logged too): a
+/// worker that gets nothing ([`Sampler::gets_no_data`]), and equal steps that give every worker
+/// nothing, with what to change.
+fn data_warnings(
+    sampler: &Sampler,
+    rt: &DatasetRuntime,
+    resolved: &ResolvedOptions,
+    steps: Option<u64>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let none_here = sampler.gets_no_data();
+    let none_anywhere = steps == Some(0) && sampler.sweep_size() > 0;
+    if !none_here && !none_anywhere {
+        return out;
+    }
+    let workers = resolved.sampling.num_workers;
+    let chunks = rt.dataset.chunks();
+    let sequences = rt.dataset.timeline().num_sequences();
+    let bytes: u64 = chunks.iter().map(|c| c.end - c.start).sum();
+    let advice = if sampler.deals_chunks() && chunks.len() < workers && sequences < workers {
+        // Randomized, the chunks bound first (found by a probe: 36 chunks, 3,000 sequences, and
+        // the advice was 3,000 workers).
+        format!(
+            "randomized, each of the dataset's {} chunk(s) goes whole to one worker: use at most {} workers (the \
+             dataset has {sequences} sequence(s))",
+            chunks.len(),
+            chunks.len()
+        )
+    } else if sequences < workers {
+        format!("the dataset has {sequences} sequence(s): use at most {sequences} workers")
+    } else if sampler.deals_chunks() {
+        format!(
+            "randomized, each of the dataset's {} chunk(s) goes whole to one worker: set its chunk_size_bytes to at \
+             most about {} (its {bytes} bytes over {workers} workers), or use fewer workers",
+            chunks.len(),
+            (bytes / workers.max(1) as u64).max(1),
+        )
+    } else {
+        "in file order the epoch's sequences are dealt one by one: a longer epoch or fewer workers".to_owned()
+    };
+    if none_here {
+        out.push(format!("worker {} of {workers} gets no data: {advice}", resolved.sampling.rank));
+    }
+    if none_anywhere {
+        let short = sequences < workers || (sampler.deals_chunks() && chunks.len() < workers);
+        out.push(format!(
+            "equal steps give every worker 0 minibatches in this epoch, as the worker that gets the fewest gets none{}",
+            if short { format!(" ({advice})") } else { String::new() }
+        ));
+    }
+    out
 }
 
 /// Refuses a window that cannot fit the limit now rather than at its first minibatch (the
