@@ -272,7 +272,7 @@ impl Catalog {
             crate::parsed_cache::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
             ds
         });
-        let elapsed = indexing.finish(name, metrics);
+        let elapsed = indexing.finish(name);
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
             Ok(ds) => {
@@ -284,7 +284,7 @@ impl Catalog {
                     .dataset_index_memory_bytes
                     .with_label_values(&[name])
                     .set(i64::try_from(index_bytes).unwrap_or(i64::MAX));
-                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), index_bytes, elapsed_ms, "dataset ready");
+                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), index_bytes, elapsed_ms, "dataset indexed");
                 self.by_index.push(Arc::downgrade(&rt));
                 self.by_name.insert(name.to_owned(), Ok(rt.clone()));
                 Ok(rt)

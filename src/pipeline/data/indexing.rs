@@ -27,10 +27,22 @@ pub struct Progress {
     pub total: u64,
     /// Since the pass began.
     pub elapsed: Duration,
+    /// The pass is over: the dataset opens with the other datasets being opened now, this many
+    /// of them still indexing.
+    pub waiting_for: Option<usize>,
 }
 
 impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(others) = self.waiting_for {
+            // Found by a probe: a finished pass read "100 %, 0 of 1 MB scanned in 2.0 s", its
+            // seconds growing while it waited for the larger datasets opened with it.
+            return write!(
+                f,
+                "indexed in {:.1} s; it opens with the other datasets being opened, {others} of them still indexing",
+                self.elapsed.as_secs_f64()
+            );
+        }
         let percent = self.scanned.saturating_mul(100).checked_div(self.total).unwrap_or(0);
         write!(
             f,
@@ -48,8 +60,9 @@ struct Entry {
     logged: Instant,
     scanned: u64,
     total: u64,
-    /// The pass is over, but the catalog that holds the result is not in force yet.
-    finished: bool,
+    /// The pass is over (after this long), but the catalog that holds the result is not in
+    /// force yet.
+    finished: Option<Duration>,
 }
 
 /// The datasets being opened now.
@@ -67,7 +80,7 @@ impl Indexing {
     pub fn begin(&self, name: &str, metrics: &Metrics) {
         let now = Instant::now();
         self.entries()
-            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: false });
+            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: None });
         metrics.data.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
         self.publish(metrics);
     }
@@ -82,26 +95,39 @@ impl Indexing {
         metrics.data.dataset_index_total_bytes.with_label_values(&[name]).set(to_i64(p.bytes_total));
         if e.logged.elapsed() >= LOG_EVERY {
             e.logged = Instant::now();
-            let progress = Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() };
+            let progress = Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed(), waiting_for: None };
             tracing::info!(dataset = %name, "indexing: {progress}");
         }
     }
 
-    /// The opening of `name` is over (open or failed): returns how long it took. Sessions keep
+    /// The index pass of `name` is over (open or failed): returns how long it took. Sessions keep
     /// being told `dataset_indexing` until [`Indexing::clear_finished`], once the catalog holding the
     /// result is in force — else an `open` between the two would find the dataset nowhere.
-    pub fn finish(&self, name: &str, metrics: &Metrics) -> Duration {
+    pub fn finish(&self, name: &str) -> Duration {
         let mut entries = self.entries();
         let Some(e) = entries.get_mut(name) else { return Duration::ZERO };
-        e.finished = true;
         let elapsed = e.started.elapsed();
-        metrics.data.dataset_ready_seconds.with_label_values(&[name]).set(elapsed.as_secs_f64());
+        e.finished = Some(elapsed);
         elapsed
     }
 
-    /// Forgets the finished openings (their catalog is in force now).
-    pub fn clear_finished(&self, metrics: &Metrics) {
-        self.entries().retain(|_, e| !e.finished);
+    /// Forgets the finished openings. `in_force`: their catalog is in force now, so each is
+    /// ready from now on — logged as such, with `minibatchd_dataset_ready_seconds` the time from
+    /// its pass's start to now (not to its pass's end: until now its sessions were told
+    /// `dataset_indexing`). Otherwise (a reload refused) they were never served.
+    pub fn clear_finished(&self, metrics: &Metrics, in_force: bool) {
+        self.entries().retain(|name, e| {
+            if e.finished.is_none() {
+                return true;
+            }
+            if in_force {
+                let ready = e.started.elapsed();
+                metrics.data.dataset_ready_seconds.with_label_values(&[name]).set(ready.as_secs_f64());
+                let elapsed_ms = u64::try_from(ready.as_millis()).unwrap_or(u64::MAX);
+                tracing::info!(dataset = %name, elapsed_ms, "dataset ready");
+            }
+            false
+        });
         self.publish(metrics);
     }
 
@@ -114,7 +140,14 @@ impl Indexing {
     /// The progress of `name`, if it is being opened.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<Progress> {
-        self.entries().get(name).map(|e| Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed() })
+        let entries = self.entries();
+        let indexing = entries.values().filter(|e| e.finished.is_none()).count();
+        entries.get(name).map(|e| Progress {
+            scanned: e.scanned,
+            total: e.total,
+            elapsed: e.finished.unwrap_or_else(|| e.started.elapsed()),
+            waiting_for: e.finished.map(|_| indexing),
+        })
     }
 
     /// Datasets being opened now (or opened, until their catalog is in force).
@@ -147,9 +180,13 @@ mod tests {
         assert_eq!((p.scanned, p.total), (50_000_000, 200_000_000));
         assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
         assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 1);
-        board.finish("a", &metrics);
-        assert!(board.get("a").is_some(), "told indexing until its catalog is in force");
-        board.clear_finished(&metrics);
+        board.begin("b", &metrics);
+        board.finish("a");
+        let told = board.get("a").expect("told indexing until its catalog is in force").to_string();
+        assert!(told.starts_with("indexed in ") && told.ends_with("1 of them still indexing"), "{told}");
+        board.finish("b");
+        board.clear_finished(&metrics, true);
+        assert!(metrics.data.dataset_ready_seconds.with_label_values(&["a"]).get() > 0.0);
         assert!(board.get("a").is_none());
         assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 0);
     }

@@ -288,7 +288,7 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
                 shared.data.metrics.data.forget_dataset(name);
             }
             drop(p);
-            shared.data.indexing.clear_finished(&shared.data.metrics);
+            shared.data.indexing.clear_finished(&shared.data.metrics, false);
             tracing::error!("configuration reload refused; the running configuration is kept: {refusal}");
             return None;
         }
@@ -324,7 +324,7 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
     p.catalog.note_reopen_failures(&p.changes);
     shared.replace(p.config, p.catalog);
     forget_replaced_entries(shared, &replaced);
-    shared.data.indexing.clear_finished(&shared.data.metrics);
+    shared.data.indexing.clear_finished(&shared.data.metrics, true);
     // A chunk that failed (a file that was unreadable or malformed) is read again when next
     // asked: the reload is how an operator says the data was repaired.
     let forgotten = shared.data.cache.forget_failures();
