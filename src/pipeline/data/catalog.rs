@@ -272,7 +272,7 @@ impl Catalog {
             crate::parsed_cache::attach(&mut ds, parsed.as_ref(), minibatchd_engine::dataset::Persist::Later);
             ds
         });
-        let elapsed = indexing.finish(name);
+        let elapsed = indexing.finish(name, opened.is_ok());
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
             Ok(ds) => {

@@ -63,6 +63,8 @@ struct Entry {
     /// The pass is over (after this long), but the catalog that holds the result is not in
     /// force yet.
     finished: Option<Duration>,
+    /// It opened (else it failed and is refused).
+    opened: bool,
 }
 
 /// The datasets being opened now.
@@ -80,7 +82,7 @@ impl Indexing {
     pub fn begin(&self, name: &str, metrics: &Metrics) {
         let now = Instant::now();
         self.entries()
-            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: None });
+            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: None, opened: false });
         metrics.data.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
         self.publish(metrics);
     }
@@ -103,11 +105,12 @@ impl Indexing {
     /// The index pass of `name` is over (open or failed): returns how long it took. Sessions keep
     /// being told `dataset_indexing` until [`Indexing::clear_finished`], once the catalog holding the
     /// result is in force — else an `open` between the two would find the dataset nowhere.
-    pub fn finish(&self, name: &str) -> Duration {
+    pub fn finish(&self, name: &str, opened: bool) -> Duration {
         let mut entries = self.entries();
         let Some(e) = entries.get_mut(name) else { return Duration::ZERO };
         let elapsed = e.started.elapsed();
         e.finished = Some(elapsed);
+        e.opened = opened;
         elapsed
     }
 
@@ -123,8 +126,10 @@ impl Indexing {
             if in_force {
                 let ready = e.started.elapsed();
                 metrics.data.dataset_ready_seconds.with_label_values(&[name]).set(ready.as_secs_f64());
-                let elapsed_ms = u64::try_from(ready.as_millis()).unwrap_or(u64::MAX);
-                tracing::info!(dataset = %name, elapsed_ms, "dataset ready");
+                if e.opened {
+                    let elapsed_ms = u64::try_from(ready.as_millis()).unwrap_or(u64::MAX);
+                    tracing::info!(dataset = %name, elapsed_ms, "dataset ready");
+                }
             }
             false
         });
@@ -181,10 +186,10 @@ mod tests {
         assert!(p.to_string().starts_with("25 %, 50 of 200 MB scanned"), "{p}");
         assert_eq!(metrics.data.datasets.with_label_values(&["indexing"]).get(), 1);
         board.begin("b", &metrics);
-        board.finish("a");
+        board.finish("a", true);
         let told = board.get("a").expect("told indexing until its catalog is in force").to_string();
         assert!(told.starts_with("indexed in ") && told.ends_with("1 of them still indexing"), "{told}");
-        board.finish("b");
+        board.finish("b", false);
         board.clear_finished(&metrics, true);
         assert!(metrics.data.dataset_ready_seconds.with_label_values(&["a"]).get() > 0.0);
         assert!(board.get("a").is_none());
