@@ -67,7 +67,7 @@ pub const LABEL_NAMES: [&str; 17] = [
 pub const CONNECTION_REFUSALS: [&str; 3] = ["max_connections", "max_connections_per_uid", "handshake_timeout"];
 
 /// Error codes an `open` can be refused with (`minibatchd_sessions_refused_total{code}`).
-pub const REFUSAL_CODES: [&str; 8] = [
+pub const REFUSAL_CODES: [&str; 9] = [
     "unknown_dataset",
     "dataset_indexing",
     "invalid_options",
@@ -76,6 +76,8 @@ pub const REFUSAL_CODES: [&str; 8] = [
     "resource_exhausted",
     "shutting_down",
     "internal",
+    // An `open` given up because its client went away (no reply is sent: not a protocol code).
+    "client_gone",
 ];
 
 /// Every parse-error kind, in [`kind_slot`] order.
@@ -313,7 +315,17 @@ impl Metrics {
         }
         for result in ["success", "failure"] {
             m.ops.checkpoint_writes.with_label_values(&[result]);
+        }
+        // Found by a probe: `partial`, `client_gone` and the object series first appeared at 1,
+        // so an `increase()` over them missed their first event.
+        for result in ["success", "failure", "partial"] {
             m.ops.config_reloads.with_label_values(&[result]);
+        }
+        for result in ["hit", "miss"] {
+            m.data.object_cache_lookups.with_label_values(&[result]);
+        }
+        for outcome in minibatchd_engine::remote::SharedIndexOutcome::ALL {
+            m.data.object_indexes.with_label_values(&[outcome.name()]);
         }
         m.ops.config_last_reload_successful.set(1);
         let protocol = minibatchd_client::protocol::PROTOCOL_VERSION.to_string();
