@@ -1794,3 +1794,34 @@ fn a_second_daemon_on_the_same_socket_stops_at_once_saying_why() {
     assert_eq!(first.read_all("extra", &one_sweep, &["features"]).len(), 40_usize.div_ceil(7));
     assert!(first.stop().success());
 }
+
+/// Found by a probe: `/healthz` said `200 ok` while every `open` was refused because the
+/// checkpoint could not be written, and while the control socket had been removed from under
+/// the daemon (no client could connect). Both are `503` now, saying why, and `200` again once
+/// a checkpoint is written.
+#[test]
+fn healthz_is_503_while_no_session_can_be_opened() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["extra"]);
+    let mut d = Daemon::start(tmp.path(), &[]);
+    assert!(d.http_get("/healthz").0.contains("200"), "healthy at start");
+    // The checkpoint's name taken by a directory: the write (a rename onto it) fails.
+    let checkpoint = tmp.path().join("state/checkpoint.json");
+    std::fs::remove_file(&checkpoint).expect("rm checkpoint");
+    std::fs::create_dir(&checkpoint).expect("mkdir");
+    let refused = d.client().open("extra", &SessionOptions { full_sweep: true, ..options(7) });
+    assert!(matches!(refused, Err(ClientError::Daemon { code: ErrorCode::Internal, .. })), "refused");
+    let (status, body) = d.http_get("/healthz");
+    assert!(status.contains("503") && body.contains("cannot write the daemon checkpoint"), "{status}: {body}");
+    std::fs::remove_dir(&checkpoint).expect("rmdir");
+    let mut s = d.client().open("extra", &SessionOptions { full_sweep: true, ..options(7) }).expect("open");
+    assert!(!drain(&mut s, 100).is_empty());
+    assert!(d.http_get("/healthz").0.contains("200"), "healthy again once a checkpoint is written");
+    // The socket removed from under the daemon.
+    std::fs::remove_file(&d.socket).expect("rm socket");
+    let (status, body) = d.http_get("/healthz");
+    assert!(status.contains("503") && body.contains("control socket") && body.contains("gone"), "{status}: {body}");
+    drop(s);
+    assert!(d.stop().success());
+}

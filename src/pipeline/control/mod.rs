@@ -196,6 +196,12 @@ pub struct ControlPlane {
     pub checkpoints: AtomicBool,
     /// Where the epochs of mixtures start, as sessions walked to them.
     pub mixture_epochs: Mutex<session::EpochStarts>,
+    /// Why the last checkpoint write failed (opens are refused meanwhile); `None` after one
+    /// that succeeded. `/healthz` says it.
+    pub checkpoint_failure: Mutex<Option<String>>,
+    /// The inode of the control socket this daemon bound (0 before it has): `/healthz` checks
+    /// that the path still leads to it.
+    pub socket_inode: std::sync::atomic::AtomicU64,
 }
 
 /// The series of every configured mixture, before its first session (its sources' shares at
@@ -228,6 +234,8 @@ impl ControlPlane {
             connections: Connections::default(),
             limits,
             checkpoint_lock: Mutex::new(()),
+            checkpoint_failure: Mutex::new(None),
+            socket_inode: std::sync::atomic::AtomicU64::new(0),
             checkpoints: AtomicBool::new(false),
             mixture_epochs: Mutex::new(session::EpochStarts::default()),
         }
@@ -255,7 +263,7 @@ impl ControlPlane {
         let c = checkpoint::Checkpoint::new(self.daemon_id, reason, sessions, forgotten);
         let result = checkpoint::write(&state_dir, &c);
         self.data.metrics.checkpoint_written(result.is_ok());
-        match result {
+        let result = match result {
             Ok(()) => {
                 tracing::debug!(reason, sessions = n, "checkpoint written");
                 Ok(())
@@ -265,7 +273,9 @@ impl ControlPlane {
                 tracing::error!(reason, error = %e, path = %path.display(), "cannot write the daemon checkpoint");
                 Err(format!("cannot write the daemon checkpoint {}: {e}", path.display()))
             }
-        }
+        };
+        *self.checkpoint_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = result.clone().err();
+        result
     }
 
     /// The session registry.

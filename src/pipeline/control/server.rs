@@ -98,6 +98,11 @@ impl Actor for SessionManager {
                 return;
             }
         };
+        {
+            use std::os::unix::fs::MetadataExt as _;
+            let inode = std::fs::symlink_metadata(&path).map_or(0, |m| m.ino());
+            self.shared.socket_inode.store(inode, std::sync::atomic::Ordering::Relaxed);
+        }
         // The canonical path (the configured one may read `conf/../run/x.sock`).
         let shown = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
         tracing::info!(socket = %shown.display(), "listening");

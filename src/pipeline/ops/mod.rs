@@ -162,6 +162,13 @@ pub enum Unhealthy {
     /// Serving, but these stages do not run (the supervisor is restarting them).
     #[error("stage(s) not running: {}", .0.iter().map(|s| s.name()).collect::<Vec<_>>().join(", "))]
     StagesDown(Vec<Stage>),
+    /// The last checkpoint write failed: every `open` is refused until one succeeds.
+    #[error("{0}: sessions cannot be opened")]
+    Checkpoint(String),
+    /// The control socket's path no longer leads to the socket this daemon listens on: no
+    /// client can connect.
+    #[error("the control socket {0} is gone or replaced: no client can connect (restart the daemon)")]
+    SocketGone(String),
 }
 
 /// `Ok` while the daemon serves with every stage running.
@@ -175,11 +182,23 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
         Phase::Serving => {}
     }
     let down = shared.data.health.down();
-    if down.is_empty() {
-        Ok(())
-    } else {
-        Err(Unhealthy::StagesDown(down))
+    if !down.is_empty() {
+        return Err(Unhealthy::StagesDown(down));
     }
+    // Found by a probe: `200 ok` while every open was refused for the checkpoint, or while the
+    // socket had been removed from under the daemon.
+    if let Some(e) = shared.checkpoint_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
+        return Err(Unhealthy::Checkpoint(e));
+    }
+    let bound = shared.socket_inode.load(Ordering::Relaxed);
+    let socket = shared.config().daemon.socket.clone();
+    if bound != 0 {
+        use std::os::unix::fs::MetadataExt as _;
+        if std::fs::symlink_metadata(&socket).map_or(true, |m| m.ino() != bound) {
+            return Err(Unhealthy::SocketGone(socket.display().to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Applies one memory sample: gauges, then the host guard (cache cap first, refusal only if the
