@@ -133,6 +133,27 @@ fn a_checkpoint_damaged_on_disk_is_not_resumed_and_a_named_open_is_told() {
     assert!(dir.path().join("state/checkpoint.json.unreadable").exists(), "the damaged file is kept aside");
 }
 
+/// Found by a probe: a checkpoint edited with its checksum taken out read as one of a build
+/// before checksums, and an edited position resumed as exact. A checkpoint without a checksum
+/// is still read (an older build's), but its resumes by name are not labelled exact.
+#[test]
+fn a_checkpoint_without_its_checksum_resumes_but_not_as_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = start(dir.path());
+    let mut s = d.client().open("train", &named("edited")).expect("open");
+    take(&mut s, 3);
+    s.close().expect("close");
+    assert_eq!(d.stop().code(), Some(0));
+    let ckpt = dir.path().join("state/checkpoint.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&ckpt).expect("read")).expect("json");
+    assert!(v.as_object_mut().expect("object").remove("checksum").is_some(), "{v}");
+    std::fs::write(&ckpt, serde_json::to_vec_pretty(&v).expect("json")).expect("write");
+    let d = Daemon::start(dir.path(), &[]);
+    let again = d.client().open("train", &named("edited")).expect("open by name");
+    let resumed = again.resumed.clone().expect("resumed from the checkpoint");
+    assert!(!resumed.exact, "{resumed:?}");
+}
+
 /// Found by a hostile probe: a named session whose linger ran out, then a restart, started over
 /// from minibatch 0 without a word (within one run the `open` is warned). The checkpoint now
 /// carries the names let go, so the warning survives the restart — and the one after it.

@@ -211,6 +211,15 @@ pub fn restore(state_dir: &Path) -> Restored {
     match read(state_dir) {
         Ok(Some(c)) => {
             let (written, clean) = c.written();
+            let Checkpoint::V1(v1) = &c;
+            // Without its checksum, nothing says it is the file the daemon wrote: a build before
+            // checksums wrote it, or someone edited it and took the checksum out (found by a
+            // probe: an edited position then resumed with `exact: true`). Its resumes are not
+            // labelled exact.
+            let clean = clean && v1.checksum.is_some();
+            if v1.checksum.is_none() {
+                tracing::warn!(path = %path(state_dir).display(), "the checkpoint has no checksum (an older build's, or edited): resumes by name from it are not exact");
+            }
             let (sessions, forgotten) = c.into_parts();
             Restored { sessions, forgotten, written, clean, set_aside: None }
         }
