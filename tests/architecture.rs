@@ -388,9 +388,9 @@ const ALLOWED_STATICS: [(&str, &str, &str); 10] = [
     ("crates/sys/src/crc32c.rs", "HAS", "whether this CPU has SSE 4.2: a fact of the machine, detected once"),
     ("src/pipeline/data/producer.rs", "NEXT_PRODUCER", "ids unique in the process, so none is reused"),
     (
-        "crates/engine/src/format/index_cache/stamp.rs",
-        "UNIQUE",
-        "whether the kernel gives every change a time of its own: a fact of the machine, read once",
+        "crates/sys/src/files.rs",
+        "HAS",
+        "whether the kernel has multigrain timestamps: a fact of the machine, read once",
     ),
 ];
 

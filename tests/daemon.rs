@@ -809,7 +809,9 @@ fn a_consumer_wait_report_counts_no_more_than_the_session_has_lasted() {
     assert_eq!(ready["type"], "ready", "{ready}");
     let release = format!(
         r#"{{"type":"release","slot":{},"generation":{},"taken":1,"wait_ns":{}}}"#,
-        ready["slot"], ready["generation"], u64::MAX
+        ready["slot"],
+        ready["generation"],
+        u64::MAX
     );
     s.write_all(&frame(release.as_bytes())).expect("write");
     let deadline = Instant::now();

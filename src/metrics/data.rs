@@ -12,8 +12,7 @@ pub struct DataPlaneMetrics {
     pub read_bytes: IntCounterVec,
     /// `minibatchd_chunks_parsed_total{dataset}`.
     pub chunks_parsed: IntCounterVec,
-    /// `minibatchd_chunk_failures_total{dataset}`: chunks that failed (I/O, fatal data error,
-    /// error budget spent).
+    /// `minibatchd_chunk_failures_total{dataset}`: chunks that failed (I/O, fatal data error).
     pub chunk_failures: IntCounterVec,
     /// `minibatchd_parse_errors_total{dataset,kind}`: malformed places charged to `max_errors`.
     pub parse_errors: IntCounterVec,
@@ -142,7 +141,7 @@ impl DataPlaneMetrics {
                 chunk_failures: counter_vec(
                     r,
                     "minibatchd_chunk_failures_total",
-                    "Chunks that could not be loaded (I/O, fatal data error, max_errors spent).",
+                    "Chunks that could not be loaded (I/O, fatal data error).",
                     &["dataset"],
                 )?,
                 parse_errors: counter_vec(

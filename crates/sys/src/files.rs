@@ -72,6 +72,37 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     }
 }
 
+/// Whether a change to the file at `path` after a `stat` of it always gets a change time of its
+/// own: Linux's multigrain timestamps (6.13 and later), which only the file systems that opt in
+/// have — ext4, XFS, Btrfs and tmpfs. Elsewhere (NFS and other network file systems, FUSE,
+/// ZFS, older kernels) two writes within one tick of the clock that stamps them can leave the
+/// same times. `false` when unsure.
+#[must_use]
+pub fn change_times_are_unique(path: &Path) -> bool {
+    const EXT4: i64 = 0xEF53;
+    const XFS: i64 = 0x5846_5342;
+    const BTRFS: i64 = 0x9123_683E;
+    const TMPFS: i64 = 0x0102_1994;
+    if !kernel_has_multigrain_times() {
+        return false;
+    }
+    rustix::fs::statfs(path).is_ok_and(|s| {
+        #[allow(clippy::useless_conversion)] // `f_type`'s width differs between targets
+        let kind = i64::from(s.f_type);
+        [EXT4, XFS, BTRFS, TMPFS].contains(&kind)
+    })
+}
+
+/// Whether this kernel has multigrain timestamps (6.13 and later), read once.
+fn kernel_has_multigrain_times() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (6, 13)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -202,6 +202,8 @@ pub struct ControlPlane {
     /// The inode of the control socket this daemon bound (0 before it has): `/healthz` checks
     /// that the path still leads to it.
     pub socket_inode: std::sync::atomic::AtomicU64,
+    /// The device of that socket (an inode number alone may be reused).
+    pub socket_device: std::sync::atomic::AtomicU64,
 }
 
 /// The series of every configured mixture, before its first session (its sources' shares at
@@ -236,6 +238,7 @@ impl ControlPlane {
             checkpoint_lock: Mutex::new(()),
             checkpoint_failure: Mutex::new(None),
             socket_inode: std::sync::atomic::AtomicU64::new(0),
+            socket_device: std::sync::atomic::AtomicU64::new(0),
             checkpoints: AtomicBool::new(false),
             mixture_epochs: Mutex::new(session::EpochStarts::default()),
         }

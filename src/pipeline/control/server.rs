@@ -100,8 +100,9 @@ impl Actor for SessionManager {
         };
         {
             use std::os::unix::fs::MetadataExt as _;
-            let inode = std::fs::symlink_metadata(&path).map_or(0, |m| m.ino());
-            self.shared.socket_inode.store(inode, std::sync::atomic::Ordering::Relaxed);
+            let (dev, ino) = std::fs::symlink_metadata(&path).map_or((0, 0), |m| (m.dev(), m.ino()));
+            self.shared.socket_device.store(dev, std::sync::atomic::Ordering::Relaxed);
+            self.shared.socket_inode.store(ino, std::sync::atomic::Ordering::Relaxed);
         }
         // The canonical path (the configured one may read `conf/../run/x.sock`).
         let shown = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());

@@ -36,8 +36,8 @@ mod line;
 mod logic;
 
 use line::MemoryLine;
-pub use logic::CacheCore;
 use logic::{is, Entry};
+pub use logic::{CacheCore, CacheStats, Lookup};
 
 /// Bytes counted against the cache while it lives ([`SharedCache::charge`]).
 #[derive(Debug)]
@@ -129,58 +129,6 @@ pub const REQUEST_RETRY: Duration = Duration::from_secs(10);
 pub const LINE_PATIENCE: Duration = Duration::from_secs(5);
 /// How often a blocked producer wakes to check whether it should stop.
 const WAIT_TICK: Duration = Duration::from_millis(50);
-
-/// Counters for logs and metrics (`minibatchd_chunk_cache_*`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CacheStats {
-    /// Chunk uses (a session's, or the preload's) that found the chunk ready at once.
-    pub hits: u64,
-    /// Chunk uses that waited for its load (started by the use, or ahead of it by a prefetch
-    /// not done yet). So `hits / (hits + misses)` is the share of chunk uses that did not wait
-    /// for a load; loads themselves are `minibatchd_chunks_parsed_total` and the parsed cache's.
-    pub misses: u64,
-    /// Chunks evicted.
-    pub evictions: u64,
-    /// Demand loads admitted over the budget.
-    pub over_budget_loads: u64,
-    /// Demand loads refused because the chunks sessions hold reached the ceiling.
-    pub refused_loads: u64,
-    /// Chunks mapped from the parsed cache replaced by a copy in the daemon's memory.
-    pub mapped_copies: u64,
-    /// Chunks sessions let go while they waited and memory was short ([`SharedCache::shed`]).
-    pub shed_chunks: u64,
-    /// Parsed bytes held now.
-    pub bytes: u64,
-    /// Chunks held now.
-    pub chunks: u64,
-}
-
-/// What a lookup found.
-#[derive(Debug, Clone)]
-pub enum Lookup {
-    /// The chunk.
-    Hit(Arc<ParsedChunk>),
-    /// Being loaded since then.
-    Pending(Instant),
-    /// Not there: the caller must request it (the entry is now `Loading`).
-    Miss,
-    /// Not there, and chunks whose size nothing in the cache tells yet are loading under a
-    /// ceiling: wait for one to arrive, then ask again (nothing is marked).
-    Unsized,
-    /// Loading failed.
-    Failed(DataError),
-    /// Other sessions wait for memory ahead of the one asking: it is to take none (load nothing,
-    /// take no chunk that no session holds) and wait its turn.
-    Behind,
-    /// Not there, and the chunks that sessions hold or wait for (`held` bytes) already reach the
-    /// `ceiling`: loading it would pass the memory limit.
-    OverLimit {
-        /// Parsed bytes held by sessions (not evictable).
-        held: u64,
-        /// The ceiling in force.
-        ceiling: u64,
-    },
-}
 
 /// Why a producer could not get a chunk.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -580,6 +528,7 @@ impl SharedCache {
                     core = self.lock();
                 }
                 Lookup::Pending(since) if now.duration_since(since) > REQUEST_RETRY => {
+                    waited = true;
                     core.retried(key, now);
                     drop(core);
                     tracing::warn!(

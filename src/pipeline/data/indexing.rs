@@ -30,10 +30,20 @@ pub struct Progress {
     /// The pass is over: the dataset opens with the other datasets being opened now, this many
     /// of them still indexing.
     pub waiting_for: Option<usize>,
+    /// The pass ended in failure (the dataset is refused, with the reason, from then on).
+    pub failed: bool,
 }
 
 impl std::fmt::Display for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let (Some(others), true) = (self.waiting_for, self.failed) {
+            return write!(
+                f,
+                "its opening failed after {:.1} s; the reason comes with the other datasets being opened, {others} of \
+                 them still indexing",
+                self.elapsed.as_secs_f64()
+            );
+        }
         if let Some(others) = self.waiting_for {
             // Found by a probe: a finished pass read "100 %, 0 of 1 MB scanned in 2.0 s", its
             // seconds growing while it waited for the larger datasets opened with it.
@@ -81,8 +91,10 @@ impl Indexing {
     /// `name` is about to be opened (its sessions get `dataset_indexing` until [`Indexing::clear_finished`]).
     pub fn begin(&self, name: &str, metrics: &Metrics) {
         let now = Instant::now();
-        self.entries()
-            .insert(name.to_owned(), Entry { started: now, logged: now, scanned: 0, total: 0, finished: None, opened: false });
+        self.entries().insert(
+            name.to_owned(),
+            Entry { started: now, logged: now, scanned: 0, total: 0, finished: None, opened: false },
+        );
         metrics.data.dataset_index_scanned_bytes.with_label_values(&[name]).set(0);
         self.publish(metrics);
     }
@@ -97,7 +109,13 @@ impl Indexing {
         metrics.data.dataset_index_total_bytes.with_label_values(&[name]).set(to_i64(p.bytes_total));
         if e.logged.elapsed() >= LOG_EVERY {
             e.logged = Instant::now();
-            let progress = Progress { scanned: e.scanned, total: e.total, elapsed: e.started.elapsed(), waiting_for: None };
+            let progress = Progress {
+                scanned: e.scanned,
+                total: e.total,
+                elapsed: e.started.elapsed(),
+                waiting_for: None,
+                failed: false,
+            };
             tracing::info!(dataset = %name, "indexing: {progress}");
         }
     }
@@ -152,6 +170,7 @@ impl Indexing {
             total: e.total,
             elapsed: e.finished.unwrap_or_else(|| e.started.elapsed()),
             waiting_for: e.finished.map(|_| indexing),
+            failed: e.finished.is_some() && !e.opened,
         })
     }
 

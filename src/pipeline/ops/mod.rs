@@ -193,8 +193,12 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
     let bound = shared.socket_inode.load(Ordering::Relaxed);
     let socket = shared.config().daemon.socket.clone();
     if bound != 0 {
+        use std::os::unix::fs::FileTypeExt as _;
         use std::os::unix::fs::MetadataExt as _;
-        if std::fs::symlink_metadata(&socket).map_or(true, |m| m.ino() != bound) {
+        let (dev, ino) = (shared.socket_device.load(Ordering::Relaxed), bound);
+        if std::fs::symlink_metadata(&socket)
+            .map_or(true, |m| m.ino() != ino || m.dev() != dev || !m.file_type().is_socket())
+        {
             return Err(Unhealthy::SocketGone(socket.display().to_string()));
         }
     }

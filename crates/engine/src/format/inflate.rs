@@ -833,6 +833,39 @@ mod tests {
         assert_eq!(fs::read(copy).expect("read"), b"1 2\n".repeat(2000));
     }
 
+    /// Found by a review: after a member, the check of what follows looked at the buffered bytes
+    /// only, and a buffer ending one byte into the next member failed a valid file ("not another
+    /// member"). A source that returns one byte at a time puts every boundary there.
+    #[test]
+    fn members_split_anywhere_by_the_reads_are_read_whole() {
+        struct Trickle(std::io::Cursor<Vec<u8>>);
+        impl std::io::Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                let n = buf.len().min(1);
+                self.0.read(&mut buf[..n])
+            }
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut data = Vec::new();
+        for part in [&b"1 2\n"[..], b"3 4\n", b"5 6\n"] {
+            data.extend_from_slice(&gz(part));
+        }
+        let out = std::fs::File::create(dir.path().join("copy")).expect("create");
+        let source = dir.path().join("three.gz");
+        let input: Box<dyn std::io::Read + Send> = Box::new(Trickle(std::io::Cursor::new(data.clone())));
+        let n = copy_inflated(&source, super::Codec::Gzip, input, out, 1 << 20).ok().expect("three members");
+        assert_eq!(n, 12);
+        assert_eq!(fs::read(dir.path().join("copy")).expect("read"), b"1 2\n3 4\n5 6\n");
+        // A byte like a member's first after the last one, then something else: appended data.
+        data.extend_from_slice(&[0x1f, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00]);
+        let out = std::fs::File::create(dir.path().join("copy2")).expect("create");
+        let input: Box<dyn std::io::Read + Send> = Box::new(Trickle(std::io::Cursor::new(data)));
+        match copy_inflated(&source, super::Codec::Gzip, input, out, 1 << 20) {
+            Err(Failure::Source(e)) => assert!(e.to_string().contains("not another member"), "{e}"),
+            _ => panic!("appended bytes accepted"),
+        }
+    }
+
     #[test]
     fn a_changed_source_gets_a_new_copy() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -15,19 +15,6 @@ pub const SETTLED_SECS: i64 = 2;
 /// The same with finer timestamps: twice the longest tick of a kernel's coarse clock.
 pub const SETTLED_FINE: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Whether this kernel gives a change after a `stat` a time of its own (multigrain timestamps,
-/// Linux 6.13 and later, on the file systems that keep nanoseconds): there a version stamped with
-/// nanoseconds cannot be racily clean.
-fn fine_times_are_unique() -> bool {
-    static UNIQUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *UNIQUE.get_or_init(|| {
-        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
-        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-        (major, minor) >= (6, 13)
-    })
-}
-
 /// The wall clock in nanoseconds since the Unix epoch (the clock file times are set from).
 #[must_use]
 pub fn unix_now_nanos() -> i128 {
@@ -100,8 +87,10 @@ impl FileStamp {
     /// before it can leave every field as it was — "racily clean", as git calls it: on a file
     /// system of one-second timestamps (ext4 with 128-byte inodes, and others: both times' nanoseconds 0)
     /// for up to a second, so [`SETTLED_SECS`] there; elsewhere for one tick of the kernel's coarse
-    /// clock on kernels before 6.13 (at most 10 ms at `HZ=100`), so [`SETTLED_FINE`] there, and
-    /// not at all on later ones (multigrain timestamps). What is built from a
+    /// clock (at most 10 ms at `HZ=100`), so [`SETTLED_FINE`] — except on Linux 6.13 and later
+    /// on the file systems with multigrain timestamps (ext4, XFS, Btrfs, tmpfs), where a change
+    /// after a `stat` always gets a time of its own (a network file system's server stamps its
+    /// files by its own clock: never taken as unique). What is built from a
     /// younger version (an index, a decompressed copy) serves the process that built it, but is
     /// not kept for another to take by the stamp alone (found by a probe: an in-place rewrite in
     /// the second a file on such a file system was indexed was served stale by every later run).
@@ -112,7 +101,7 @@ impl FileStamp {
         let coarse = self.mtime_nanos == 0 && self.ctime_nanos == 0;
         let window = if coarse {
             i128::from(SETTLED_SECS) * 1_000_000_000
-        } else if fine_times_are_unique() {
+        } else if minibatchd_sys::files::change_times_are_unique(&self.path) {
             0
         } else {
             i128::try_from(SETTLED_FINE.as_nanos()).unwrap_or(i128::MAX)
@@ -217,7 +206,8 @@ mod tests {
         assert!(!coarse.settled_by(101 * s + s / 2), "within the second after the change's second");
         assert!(coarse.settled_by(102 * s));
         let fine = FileStamp { mtime_secs: 100, mtime_nanos: 5, ctime_secs: 100, ctime_nanos: 7, ..coarse.clone() };
-        let window = if fine_times_are_unique() { 0 } else { i128::try_from(SETTLED_FINE.as_nanos()).expect("small") };
+        let unique = minibatchd_sys::files::change_times_are_unique(&fine.path);
+        let window = if unique { 0 } else { i128::try_from(SETTLED_FINE.as_nanos()).expect("small") };
         assert!(!fine.settled_by(100 * s + 6), "not before its change");
         assert!(window == 0 || !fine.settled_by(100 * s + 7 + window - 1));
         assert!(fine.settled_by(100 * s + 7 + window));

@@ -70,24 +70,24 @@ pub(super) fn copy_inflated(
             // member read as a member cut short ("truncated?"), found by a probe.
             let mut input = input;
             let mut written = 0;
+            let mut member = 0u64;
             loop {
-                written =
-                    pump(&mut flate2::bufread::GzDecoder::new(&mut input), &mut writer, allowed, written, &invalid)?;
+                let mut decoder = flate2::bufread::GzDecoder::new(&mut input);
+                written = pump(&mut decoder, &mut writer, allowed, written, member > 0, &invalid)?;
+                member += 1;
+                // Only the first byte is judged here: the buffer may hold just one byte of the
+                // next member, whose header its decoder judges (found by a review).
                 let rest = std::io::BufRead::fill_buf(&mut input).map_err(|e| invalid(written, &e.to_string()))?;
-                if rest.is_empty() {
-                    break written;
-                }
-                if !rest.starts_with(&super::GZIP_MAGIC[..2]) {
-                    return Err(invalid(
-                        written,
-                        "the bytes after a complete gzip member are not another member (data appended to the file?)",
-                    ));
+                match rest.first() {
+                    None => break written,
+                    Some(&b) if b != super::GZIP_MAGIC[0] => return Err(invalid(written, NOT_A_MEMBER)),
+                    Some(_) => {}
                 }
             }
         }
         Codec::Zlib => {
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
-            let written = pump(&mut decoder, &mut writer, allowed, 0, &invalid)?;
+            let written = pump(&mut decoder, &mut writer, allowed, 0, false, &invalid)?;
             // A zlib stream ends where its checksum does: bytes after it were left out (found by a
             // probe: a second stream appended was dropped without a word, as TensorFlow drops it).
             let rest = std::io::BufRead::fill_buf(decoder.get_mut()).map_err(|e| invalid(written, &e.to_string()))?;
@@ -105,16 +105,22 @@ pub(super) fn copy_inflated(
     Ok(written)
 }
 
+/// What follows a complete gzip member, when it does not start another.
+const NOT_A_MEMBER: &str = "the bytes after a complete gzip member are not another member (data appended to the file?)";
+
 /// Copies what `decoder` yields into `writer`, the total (from `written`, already written) at most
-/// `allowed` bytes; the new total.
+/// `allowed` bytes; the new total. `after_member`: the decoder reads a member that follows
+/// another, so a header it cannot read is bytes appended to the file.
 fn pump(
     decoder: &mut dyn Read,
     writer: &mut BufWriter<File>,
     allowed: u64,
     mut written: u64,
+    after_member: bool,
     invalid: &dyn Fn(u64, &str) -> Failure,
 ) -> Result<u64, Failure> {
     let mut buf = vec![0u8; 1 << 20];
+    let start = written;
     loop {
         let n = match decoder.read(&mut buf) {
             Ok(0) => return Ok(written),
@@ -123,6 +129,8 @@ fn pump(
             Err(e) => {
                 let what = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     "the file ends inside compressed data (truncated?)".to_owned()
+                } else if after_member && written == start && e.to_string().contains("header") {
+                    format!("{e}: {NOT_A_MEMBER}")
                 } else {
                     e.to_string()
                 };
