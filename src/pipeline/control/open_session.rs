@@ -98,7 +98,7 @@ pub(super) struct SamplingReservation {
 
 /// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
 /// with `walks`, the walks made while the session opens.
-fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job: bool, walks: bool) -> u64 {
+pub(super) fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job: bool, walks: bool) -> u64 {
     let walk = if walks { Sampler::walk_memory_bound(timeline, options, job) } else { 0 };
     Sampler::memory_bound(timeline, options, job).saturating_add(walk)
 }
@@ -481,7 +481,7 @@ pub(super) async fn open(
     // end of its last sweep) may hold much less, so only fresh sessions are checked at `open`; the
     // cache's ceiling holds the others.
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
-        window_fits(&rt, sampler.sweep_size(), &resolved, shared).map_err(undo)?;
+        window_fits(&rt, sampler.sweep_size(), &resolved, shared, sampling.bytes).map_err(undo)?;
     }
     // A lingering session's state may continue a job, which `prepare` could not know.
     sampling

@@ -305,11 +305,16 @@ pub(in crate::pipeline::control) fn chunks_fit(rt: &DatasetRuntime) -> Result<()
     }
 }
 
+/// `reserved`: what this session's sweep orders hold reserved now (for the requested window),
+/// which a smaller window would reserve less of: the largest window named is the largest whose
+/// floor and sweep orders together fit (found by a probe: the share shrank with the window asked
+/// for, so the window named depended on it, and windows above it were admitted).
 pub(super) fn window_fits(
     rt: &DatasetRuntime,
     sweep_size: u64,
     resolved: &ResolvedOptions,
     shared: &ControlPlane,
+    reserved: u64,
 ) -> Result<(), Refusal> {
     use minibatchd_engine::feed::{window_floor_bytes, window_in_chunks};
     let timeline = rt.dataset.timeline();
@@ -320,9 +325,11 @@ pub(super) fn window_fits(
     }
     let window_chunks = window_in_chunks(timeline, sweep_size, &resolved.sampling).min(timeline.num_chunks());
     // The floor grows with the window: the largest window in chunks under the share, by halving.
+    let free = share.saturating_add(reserved);
     let fits = |w: usize| {
         let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
-        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options) <= share
+        let orders = super::sampling_bound(timeline, &options, false, resolved.equal_steps);
+        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options).saturating_add(orders) <= free
     };
     let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
     while hi - lo > 1 {
