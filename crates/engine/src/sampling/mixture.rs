@@ -559,6 +559,15 @@ impl Mixture {
         if credits != 0 {
             return Err(MixtureError::BadState(format!("the credits sum to {credits}, not 0")));
         }
+        // Every slot is a sequence of at least the shortest any source has (found by a probe: a
+        // state with fewer samples than slots lengthened a `max_samples` epoch).
+        let shortest = self.longest.iter().map(|&(s, _, _)| s).min().unwrap_or(0);
+        if state.samples < state.slots.saturating_mul(shortest) {
+            return Err(MixtureError::BadState(format!(
+                "{} samples in {} slots of sequences of at least {shortest} sample(s)",
+                state.samples, state.slots
+            )));
+        }
         // The epoch's slots are sequences taken from the sources (earlier epochs took more).
         if state.slots > taken {
             return Err(MixtureError::BadState(format!(

@@ -453,6 +453,9 @@ fn edited_states_no_run_reaches_are_refused() {
     assert!(inside.is_some(), "some position inside a sequence is refused");
     // Slots no source took.
     assert!(refused(&mut m, &|s| s.slots = s.sources.iter().map(|x| x.taken).sum::<u64>() + 1));
+    // Fewer samples than slots (every sequence here is at least one sample).
+    assert!(good.slots > 0, "{good:?}");
+    assert!(refused(&mut m, &|s| s.samples = s.slots - 1));
     // Every state a run reaches restores, with the credits at their extremes over a long run.
     let mut fresh =
         Mixture::new(&sources, options(&[1.0, 2.0, 1.0], MixtureEpoch::Endless, 1, 0)).expect("a valid mixture");
