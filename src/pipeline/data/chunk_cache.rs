@@ -614,7 +614,9 @@ mod tests {
             "another chunk than the one cached"
         );
         assert!(c.replace(ChunkKey::new(0, 1), &weak, copy.clone()));
-        assert_eq!((c.stats().bytes, c.stats().chunks, c.stats().mapped_copies), (bytes, 1, 1));
+        // The session still holds the old one: both are resident, both counted (and held).
+        assert_eq!((c.stats().bytes, c.stats().chunks, c.stats().mapped_copies), (2 * bytes, 1, 1));
+        assert_eq!(c.held_bytes(), 2 * bytes, "the old one, and the copy (this test holds it too)");
         assert!(Arc::ptr_eq(&held, &first), "the session's chunk is untouched");
         match c.lookup(ChunkKey::new(0, 1), t) {
             Lookup::Hit(now) => assert!(Arc::ptr_eq(&now, &copy)),
@@ -624,6 +626,10 @@ mod tests {
             !c.replace(ChunkKey::new(0, 1), &weak, Arc::new((*first).clone().into_owned_memory())),
             "replaced already"
         );
+        // Once it is let go, only the copy is counted.
+        drop((held, first));
+        c.evict();
+        assert_eq!(c.stats().bytes, bytes);
     }
 
     /// A chunk whose values are a mapped file's (as read back from the parsed cache).

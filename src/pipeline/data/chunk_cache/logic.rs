@@ -59,6 +59,11 @@ pub struct CacheCore {
     /// Chunks mapped from the parsed cache found a second time: to be copied into the
     /// daemon's memory in the background ([`CacheCore::take_to_own`]).
     to_own: Vec<(ChunkKey, Weak<ParsedChunk>)>,
+    /// Chunks [`CacheCore::replace`]d while sessions still held them, and their bytes: resident
+    /// beside their copies until the sessions let go, so counted in `stats.bytes` (and held)
+    /// until then (found by a probe: a cold pass's second sweep held mapped entries and their
+    /// copies at once, RSS near twice the limit).
+    displaced: Vec<(Weak<ParsedChunk>, u64)>,
 }
 
 impl CacheCore {
@@ -73,6 +78,7 @@ impl CacheCore {
             tick: 0,
             stats: CacheStats::default(),
             to_own: Vec::new(),
+            displaced: Vec::new(),
         }
     }
 
@@ -298,7 +304,13 @@ impl CacheCore {
         match self.entries.get_mut(&key) {
             Some(Entry::Ready { chunk, bytes, .. }) if is(chunk, old) => {
                 let size = new.size_bytes() as u64;
-                self.stats.bytes = self.stats.bytes - *bytes + size;
+                if Arc::strong_count(chunk) > 1 {
+                    // Sessions hold the old one: it stays counted until they let go.
+                    self.displaced.push((Arc::downgrade(chunk), *bytes));
+                    self.stats.bytes += size;
+                } else {
+                    self.stats.bytes = self.stats.bytes - *bytes + size;
+                }
                 *bytes = size;
                 *chunk = new;
                 self.stats.mapped_copies += 1;
@@ -311,6 +323,14 @@ impl CacheCore {
     /// Evicts least recently used chunks that no session holds (and none waits for) until under
     /// budget.
     pub(super) fn evict(&mut self) {
+        let stats = &mut self.stats;
+        self.displaced.retain(|(old, bytes)| {
+            let held = old.strong_count() > 0;
+            if !held {
+                stats.bytes -= bytes;
+            }
+            held
+        });
         let now = Instant::now();
         while self.stats.bytes > self.budget {
             let victim = self
