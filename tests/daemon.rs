@@ -16,8 +16,8 @@ use minibatchd_client::protocol::{ErrorCode, SessionOptions, SessionState};
 use minibatchd_client::{Client, ClientError};
 use minibatchd_engine::minibatch::{MbData, Minibatch};
 use support::daemon::{
-    client_dir, drain, http_get, json, open_retrying, options, python, train_ctf, wide_ctf, Daemon, KillOnDrop,
-    DEADLINE, TRAIN_STREAMS, TRAIN_STREAMS_TOML,
+    client_dir, drain, json, open_retrying, options, python, train_ctf, wide_ctf, Daemon, KillOnDrop, DEADLINE,
+    TRAIN_STREAMS, TRAIN_STREAMS_TOML,
 };
 use support::{write, BIN};
 
