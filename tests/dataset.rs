@@ -687,21 +687,3 @@ fn a_padded_dump_restored_anywhere_is_the_rest_of_the_uninterrupted_one() {
     assert!(padded, "some worker's epoch is padded");
 }
 
-/// Found by a probe: `dump --restore` past the epoch's end printed nothing and exited 0, where a
-/// session given that position is refused.
-#[test]
-fn a_dump_restored_past_the_epoch_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write(dir.path(), "data.ctf", "|a 1\n|a 2\n|a 3\n");
-    let cfg = write(
-        dir.path(),
-        "c.toml",
-        "[daemon]\nstate_dir = \"state\"\n[datasets.d]\nformat = \"ctf\"\nfiles = [\"data.ctf\"]\n\
-         [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
-    );
-    let (out, err, code) = dump_text(&cfg, &["--restore", "100000"]);
-    assert_eq!(code, 1, "{out}");
-    assert!(err.contains("--restore 100000 is past where a session with these options can stand (at most 3)"), "{err}");
-    let (out, err, code) = dump_text(&cfg, &["--restore", "2"]);
-    assert_eq!((code, out.lines().count()), (0, 1), "{err}");
-}
