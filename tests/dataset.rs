@@ -686,4 +686,3 @@ fn a_padded_dump_restored_anywhere_is_the_rest_of_the_uninterrupted_one() {
     }
     assert!(padded, "some worker's epoch is padded");
 }
-
