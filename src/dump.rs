@@ -151,11 +151,9 @@ fn new_feeder(dataset: &Dataset, options: &DumpOptions) -> Result<Feeder, DumpEr
             // restore, the dump printed a whole epoch's padding again). This worker's minibatches
             // before `p`, walked without data.
             let mut walker = Sampler::new(dataset.timeline().clone(), options.sampling.clone())?;
-            let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
             let mut before = 0u64;
             while walker.position() < p {
-                let size = sizes[usize::try_from(before % sizes.len() as u64).unwrap_or(0)];
-                if walker.next_minibatch(size).is_none() {
+                if walker.next_minibatch(size_of_minibatch(options, before)).is_none() {
                     break;
                 }
                 before += 1;
@@ -170,6 +168,12 @@ fn new_feeder(dataset: &Dataset, options: &DumpOptions) -> Result<Feeder, DumpEr
     Ok(feeder)
 }
 
+/// The size of minibatch `index` of a dump: `options.minibatch_sizes` cycled (1 when none).
+fn size_of_minibatch(options: &DumpOptions, index: u64) -> usize {
+    let sizes = &options.minibatch_sizes;
+    usize::try_from(index % (sizes.len().max(1) as u64)).ok().and_then(|i| sizes.get(i).copied()).unwrap_or(1)
+}
+
 /// One step of a dump's schedule.
 enum Step {
     /// Restore the sampler to this position (a trainer's mid-run restore).
@@ -181,14 +185,12 @@ enum Step {
 /// The schedule of a dump: before minibatch `i`, the restores `options` asks for; then the next
 /// minibatch with the cycled size, until `step` returns `false` or the minibatch limit.
 fn walk(options: &DumpOptions, step: &mut dyn FnMut(Step) -> Result<bool, DumpError>) -> Result<u64, DumpError> {
-    let sizes = if options.minibatch_sizes.is_empty() { vec![1] } else { options.minibatch_sizes.clone() };
     let mut count = 0u64;
     while options.num_minibatches.is_none_or(|n| count < n) {
         for &(_, p) in options.restore_before.iter().filter(|&&(i, _)| i == count) {
             step(Step::Restore(p))?;
         }
-        let size = sizes[usize::try_from(count % sizes.len() as u64).unwrap_or(0)];
-        if !step(Step::Next(size))? {
+        if !step(Step::Next(size_of_minibatch(options, count)))? {
             break;
         }
         count += 1;
