@@ -339,6 +339,17 @@ impl<T: Pod> Column<T> {
     }
 }
 
+impl<T: Pod> Drop for Column<T> {
+    fn drop(&mut self) {
+        // Freed first, then counted: the count may trim the heaps, which must find it free.
+        if let Repr::Owned(v) = &mut self.0 {
+            let bytes = v.capacity() * std::mem::size_of::<T>();
+            drop(std::mem::take(v));
+            crate::memory::freed_into_heaps(bytes);
+        }
+    }
+}
+
 impl<T: Pod> std::ops::Deref for Column<T> {
     type Target = [T];
 

@@ -317,6 +317,32 @@ pub fn return_large_frees_to_the_kernel() -> bool {
     }
 }
 
+/// Bytes of blocks under [`OWN_MAPPING_THRESHOLD`] freed into the allocator's heaps since they
+/// were last trimmed. The heaps are the process's, so this count is too.
+static FREED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many bytes freed into the heaps start a trim ([`freed_into_heaps`]).
+pub const TRIM_AFTER_FREED: usize = 8 << 20;
+
+/// Notes that a block of `bytes` was freed; once blocks under [`OWN_MAPPING_THRESHOLD`] add up to
+/// [`TRIM_AFTER_FREED`] since the last trim, trims the heaps ([`trim_heaps`]) on the calling
+/// thread. Call it after the block is freed.
+///
+/// A periodic trim alone left a cold pass over chunks of 2 MiB at twice `memory_limit_bytes`:
+/// the chunks the cache evicted went back to the heaps, while the chunks that replaced them were
+/// read from the parsed cache as mappings, which reuse none of that memory (a probe: 201 MiB of
+/// RSS under a limit of 100 MiB, 124 MiB of it anonymous).
+pub fn freed_into_heaps(bytes: usize) {
+    use std::sync::atomic::Ordering;
+    if bytes == 0 || bytes >= OWN_MAPPING_THRESHOLD {
+        return;
+    }
+    let before = FREED.fetch_add(bytes, Ordering::Relaxed);
+    if before.saturating_add(bytes) >= TRIM_AFTER_FREED && FREED.swap(0, Ordering::Relaxed) >= TRIM_AFTER_FREED {
+        let _ = trim_heaps();
+    }
+}
+
 /// Gives the free pages of the allocator's heaps back to the kernel (glibc's `malloc_trim`).
 ///
 /// Blocks under [`OWN_MAPPING_THRESHOLD`] — the parsed columns of chunks of a few MiB — come from
@@ -330,6 +356,7 @@ pub fn return_large_frees_to_the_kernel() -> bool {
 pub fn trim_heaps() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        FREED.store(0, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: `malloc_trim` takes the allocator's own locks and releases only free pages; it
         // touches no memory that is allocated.
         unsafe { libc::malloc_trim(0) == 1 }
