@@ -443,3 +443,27 @@ fn the_dense_fast_path_changes_nothing_the_byte_loop_decides() {
     assert!(decoded > 200 && with_errors > 50, "{decoded} cases decoded, {with_errors} of them with errors");
     assert!(cut_in_dense > 100, "{cut_in_dense} cases cut in a dense sample");
 }
+
+/// Found by a probe against the CNTK 2.7 oracle: CNTK delivers a negative zero — `-0`, `-0.0`,
+/// `-0e5`, a negative number below the element type's smallest — as `+0.0`, bit for bit, where
+/// minibatchd delivered `-0.0`. Every path (the vector kernel, the windows, the byte loop), dense
+/// and sparse; the smallest negative subnormal stays negative.
+#[test]
+fn a_negative_zero_is_delivered_as_positive_zero_as_cntk_does() {
+    let streams = [stream("a", "a", 4, false), stream("b", "b", 9, true)];
+    let text = "|a -0 -0.0 -0e5 -1e-50 |b 1:-0 2:-7e-46 3:-1e-45\n|a -0.0 -0.5 -0 -0.000 |b 4:-0.0\n";
+    for path in [Path::Kernel, Path::Windows, Path::ByteLoop] {
+        let o = decode_with(text.as_bytes(), &streams, path).expect("decodes");
+        assert!(o.errors.is_empty(), "{:?}", o.messages);
+        let bits = |s: &S| match s {
+            S::D(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            S::Sp(v) => v.iter().map(|(_, x)| x.to_bits()).collect(),
+        };
+        let zero = 0f64.to_bits();
+        assert_eq!(bits(&o.seqs[0][0][0]), [zero; 4], "{path:?}");
+        assert_eq!(bits(&o.seqs[0][1][0]), [zero, (-0.5f64).to_bits(), zero, zero], "{path:?}");
+        let tiny = f64::from(-f32::from_bits(1)).to_bits();
+        assert_eq!(bits(&o.seqs[1][0][0]), [zero, zero, tiny], "{path:?}");
+        assert_eq!(bits(&o.seqs[1][1][0]), [zero], "{path:?}");
+    }
+}
