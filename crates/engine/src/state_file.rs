@@ -235,6 +235,32 @@ pub fn writer_alive(name: &str) -> bool {
     }
 }
 
+/// Removes from `dir` the temporary files of `base` ([`create_temp`]) that a crash between
+/// their creation and their rename left: those whose writer is gone, and those of this process's
+/// own id (a daemon restarted in a container often gets the id its crashed predecessor had).
+/// For a start, before this process writes any; a link is removed, never followed. Returns how
+/// many were removed.
+#[allow(clippy::must_use_candidate)] // the count is for a log line; removing is the point
+pub fn remove_dead_temps(dir: &Path, base: &str) -> usize {
+    let Ok(entries) = fs::read_dir(dir) else { return 0 };
+    let prefix = format!(".{base}.");
+    let own = format!(".{base}.{}.", std::process::id());
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let ours = name.starts_with(&prefix) && Path::new(name).extension().is_some_and(|e| e == "tmp");
+        if ours
+            && (name.starts_with(&own) || !writer_alive(name))
+            && entry.file_type().is_ok_and(|t| !t.is_dir())
+            && fs::remove_file(entry.path()).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Fsyncs the directory `dir` (makes a rename in it durable). Errors are ignored: some file
 /// systems cannot fsync a directory.
 pub fn sync_dir(dir: &Path) {

@@ -208,6 +208,11 @@ pub struct Restored {
 /// `checkpoint.json.unreadable` (so the next write cannot destroy the evidence).
 #[must_use]
 pub fn restore(state_dir: &Path) -> Restored {
+    // Found by a probe: every kill -9 during a write left its temporary file, for ever.
+    let removed = minibatchd_engine::state_file::remove_dead_temps(state_dir, CHECKPOINT_FILE);
+    if removed > 0 {
+        tracing::info!(removed, "removed the temporary checkpoint files of crashed daemons");
+    }
     match read(state_dir) {
         Ok(Some(c)) => {
             let (written, clean) = c.written();
@@ -264,6 +269,7 @@ mod tests {
             },
             owner: None,
             given_up_to: None,
+            generated: false,
         }
     }
 
@@ -277,6 +283,26 @@ mod tests {
         assert_eq!(read(dir.path()).expect("read"), Some(c));
         let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from(CHECKPOINT_FILE)], "no temporary left behind");
+    }
+
+    #[test]
+    fn a_start_removes_the_temporary_files_crashed_writers_left() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path();
+        let dead = format!(".{CHECKPOINT_FILE}.4294967.0.tmp");
+        // A crashed daemon that had this process's id (a container's daemon gets the same one).
+        let own = format!(".{CHECKPOINT_FILE}.{}.3.tmp", std::process::id());
+        // A live writer's, and another file's: left alone.
+        let live = format!(".{CHECKPOINT_FILE}.1.0.tmp");
+        let other = ".index.4294967.0.tmp";
+        for name in [&dead, &own, &live, other] {
+            std::fs::write(p.join(name), b"partial").expect("write");
+        }
+        write(p, &Checkpoint::new(0xabc, "shutdown", vec![session()], Vec::new())).expect("write");
+        assert_eq!(restore(p).sessions, vec![session()]);
+        for (name, kept) in [(dead.as_str(), false), (own.as_str(), false), (live.as_str(), true), (other, true)] {
+            assert_eq!(p.join(name).exists(), kept, "{name}");
+        }
     }
 
     #[test]
