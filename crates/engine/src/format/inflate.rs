@@ -264,8 +264,19 @@ pub(crate) fn inflated_copy(
     Ok(target)
 }
 
-/// `source`'s copy cannot be written into `dir`.
+/// `source`'s copy cannot be written into `dir`: the advice follows the cause (found by a probe:
+/// a full disk was told to change the directory's owner).
 fn cannot_write(source: &Path, dir: &Path, state_dir: &Path, e: &std::io::Error) -> DataError {
+    if matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) {
+        return DataError::Dataset(format!(
+            "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
+             state_dir/inflated/: free space on the file system of {} (the copies no dataset reads are removed \
+             within the hour; daemon.max_inflated_bytes bounds them), or move daemon.state_dir to one with room",
+            source.display(),
+            dir.display(),
+            state_dir.display()
+        ));
+    }
     DataError::Dataset(format!(
         "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
          state_dir/inflated/, a private directory of the user running minibatchd (never a shared temporary \
@@ -583,6 +594,17 @@ mod tests {
     use flate2::write::GzEncoder;
     use std::io::Write;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_full_disk_is_told_to_free_space_not_to_change_owners() {
+        let (source, dir, state) = (Path::new("/d/a.gz"), Path::new("/s/inflated"), Path::new("/s"));
+        // ENOSPC.
+        let full = cannot_write(source, dir, state, &std::io::Error::from_raw_os_error(28)).to_string();
+        assert!(full.contains("/d/a.gz") && full.contains("free space") && !full.contains("owns"), "{full}");
+        // EACCES.
+        let denied = cannot_write(source, dir, state, &std::io::Error::from_raw_os_error(13)).to_string();
+        assert!(denied.contains("this user owns"), "{denied}");
+    }
 
     /// A way of tampering with a copy, and its name.
     type Tamper<'a> = (&'a str, &'a dyn Fn(&Path));
