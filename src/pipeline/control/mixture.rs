@@ -485,7 +485,7 @@ pub(super) async fn open_mixture(
         off_the_event_loop(move || prepare_now(&name, &options, &shared)).await?
     };
     let (identity, ohash) = (prepared.identity, prepared.options_hash);
-    let admitted = admit(name, options, &prepared, shared, peer)?;
+    let admitted = admission::retry_busy(|| admit(name, options, &prepared, shared, peer)).await?;
     let undo = |refusal: Refusal| {
         let mut reg = shared.registry();
         admission::withdraw(&mut reg, &admitted, Instant::now());

@@ -249,7 +249,8 @@ pub(super) fn opened_message(
     data_warnings: Vec<String>,
 ) -> ServerMessage {
     // That a lingering session of its name was let go comes first: it says where it starts.
-    let warnings: Vec<String> = admitted.forgotten.iter().cloned().chain(data_warnings).collect();
+    let warnings: Vec<String> =
+        admitted.forgotten.iter().chain(&admitted.replay).cloned().chain(data_warnings).collect();
     for w in &warnings {
         tracing::warn!(session = %name, dataset = %data.dataset, "{w}");
     }
@@ -464,12 +465,13 @@ pub(super) async fn open(
         nonce: super::random_u64(),
         options,
     };
-    let admitted = {
+    let admitted = admission::retry_busy(|| {
         let mut reg = shared.registry();
         let admitted = admission::admit(&mut reg, &request, Instant::now())?;
         shared.rebudget(&reg);
-        admitted
-    };
+        Ok(admitted)
+    })
+    .await?;
     // Any later failure gives the name and the memory back.
     let undo = |refusal: Refusal| {
         let mut reg = shared.registry();

@@ -67,6 +67,13 @@ pub struct SavedSession {
     /// `shutdown` checkpoint's sessions then read as exact, any other's as unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub given_up_to: Option<u64>,
+    /// The daemon generated its name (the client gave none). Such a session is in a checkpoint
+    /// only while connected (for a client that kept its name across a crash); restored, it stays
+    /// one: it goes first when `max_sessions` trims, is not remembered as forgotten, and once it
+    /// has ended is left out of later checkpoints (found by a probe: after a kill -9, connected
+    /// unnamed sessions came back as named ones, written again at every stop).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub generated: bool,
 }
 
 /// [`SavedSession::given_up_to`] when nobody knows how far the trainer got: after a kill -9, a
@@ -424,7 +431,14 @@ impl Registry {
             let owner = entry.as_ref().map(|e| e.owner);
             let generated = entry.as_ref().is_some_and(|e| e.generated);
             let options = entry.and_then(|e| e.saved).map(|s| s.options).unwrap_or_default();
-            let saved = SavedSession { name: name.to_owned(), options, state, owner, given_up_to: Some(given_up_to) };
+            let saved = SavedSession {
+                name: name.to_owned(),
+                options,
+                state,
+                owner,
+                given_up_to: Some(given_up_to),
+                generated,
+            };
             let lingering = Lingering { saved, parked: now, expires: now + self.linger, origin, generated };
             self.lingering.insert(name.to_owned(), lingering);
             self.lingers_until(now + self.linger);
@@ -462,7 +476,7 @@ impl Registry {
         let mut out: Vec<SavedSession> = self
             .active
             .values()
-            .filter_map(|e| e.saved.clone())
+            .filter_map(|e| e.saved.clone().map(|saved| SavedSession { generated: e.generated, ..saved }))
             .chain(self.lingering.values().filter(|l| !l.generated).map(|l| l.saved.clone()))
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -826,6 +840,7 @@ mod tests {
             state: st.clone(),
             owner: Some(0),
             given_up_to: None,
+            generated: false,
         };
         // Connected, both are checkpointed; once ended, only the named one.
         for (i, name) in ["named", "t-0123456789abcdef"].into_iter().enumerate() {
@@ -835,6 +850,18 @@ mod tests {
         r.mark_generated("t-0123456789abcdef");
         let names = |r: &mut Registry| r.snapshot(t0).into_iter().map(|s| s.name).collect::<Vec<_>>();
         assert_eq!(names(&mut r), ["named", "t-0123456789abcdef"]);
+        // A checkpoint taken now (the daemon then killed) restores the unnamed one as unnamed:
+        // resumable by its name, but once it has ended (or never comes back) out of later
+        // checkpoints (found by a probe: it came back as a named session, written at every stop).
+        let crashed = r.snapshot(t0);
+        assert_eq!(crashed.iter().map(|s| s.generated).collect::<Vec<_>>(), [false, true]);
+        let mut after = Registry::new(1000, 200, Duration::from_secs(600));
+        assert_eq!(after.restore(crashed, 1_700_000_000, false, t0), 2);
+        assert_eq!(names(&mut after), ["named"]);
+        assert!(matches!(after.claim("t-0123456789abcdef", 5, 0, t0), Ok(Claim::Resume(..))));
+        assert_eq!(names(&mut after), ["named", "t-0123456789abcdef"], "connected again, it is checkpointed");
+        after.park("t-0123456789abcdef", st.clone(), t0);
+        assert_eq!(names(&mut after), ["named"]);
         r.park("named", st.clone(), t0);
         r.park("t-0123456789abcdef", st.clone(), t0);
         assert_eq!(names(&mut r), ["named"]);
@@ -990,6 +1017,7 @@ mod tests {
             state: st(0),
             owner: Some(0),
             given_up_to: None,
+            generated: false,
         });
         r.update_state("a", &st(8), 2);
         assert_eq!(r.claim("b", 2, 0, t0), Ok(Claim::Fresh));

@@ -38,9 +38,10 @@ impl Registry {
             };
             let exact = saved.exact();
             let origin = Resumed { from: "checkpoint".into(), checkpoint_unix_secs: Some(written_unix_secs), exact };
+            let generated = saved.generated;
             self.lingering.insert(
                 saved.name.clone(),
-                Lingering { saved, parked: now, expires: now + self.linger, origin, generated: false },
+                Lingering { saved, parked: now, expires: now + self.linger, origin, generated },
             );
             self.lingers_until(now + self.linger);
             n += 1;
