@@ -862,7 +862,9 @@ class Source:
         self._settle()
         state = dict(self._last_state)
         self.close()
-        options = dict(self._options, resume=state)
+        # The state carries the earlier run a ``resume_job`` continued; both together are refused.
+        options = {k: v for k, v in self._options.items() if k != "resume_job"}
+        options["resume"] = state
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -670,3 +670,28 @@ def test_a_resume_job_too_large_for_one_message_is_refused_before_sending(daemon
     assert e.value.code == "message_too_large", e.value
     assert "holds 400 states" in str(e.value) and "fit" in str(e.value), e.value
     assert sum(mb["features"].num_samples for mb in client.open("train", minibatch_size=4, full_sweep=True)) > 0
+
+
+def test_reconnect_continues_a_session_that_resumed_a_job(daemon):
+    """Found by a probe: ``reconnect()`` of a session opened with ``resume_job`` sent both
+    ``resume_job`` and ``resume`` and was refused (``invalid_options``): every rank of a job resumed
+    at another world size could not continue after a daemon restart. Its state carries the job."""
+    client = minibatchd.connect(daemon.socket)
+    states = []
+    for rank in range(2):
+        worker = client.open("train", minibatch_size=4, full_sweep=True, num_workers=2, rank=rank)
+        it = iter(worker)
+        next(it), next(it)
+        states.append(worker.state())
+        worker.close()
+
+    def key(mb):
+        return mb.position, mb["features"].values.tobytes()
+
+    whole = [key(mb) for mb in client.open("train", minibatch_size=4, full_sweep=True, resume_job=states)]
+    assert len(whole) > 4
+    source = client.open("train", minibatch_size=4, full_sweep=True, resume_job=states)
+    it = iter(source)
+    first = [key(next(it)) for _ in range(3)]
+    again = source.reconnect(timeout=10)
+    assert first + [key(mb) for mb in again] == whole
