@@ -200,16 +200,18 @@ pub fn open_trusted(path: &Path) -> io::Result<(File, Metadata)> {
     Ok((file, meta))
 }
 
-/// Creates a new, empty file mode `0600` in `dir`, named `.{base}.{pid}.{n}.tmp` for the first
-/// `n` whose name does not exist. `O_CREAT|O_EXCL`: an existing name, a symbolic link included,
+/// Creates a new, empty file mode `0600` in `dir`, named `.{base}.{writer}.{n}.tmp` for the first
+/// `n` whose name does not exist, where `writer` is this process: its id and its start time
+/// (`PID-TICKS`, [`writer_alive`]). `O_CREAT|O_EXCL`: an existing name, a symbolic link included,
 /// is never opened, so nothing is written through a planted link.
 ///
 /// # Errors
 /// I/O errors, or no free name after many tries.
 pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
     let pid = std::process::id();
+    let writer = started_at(pid).map_or_else(|| pid.to_string(), |ticks| format!("{pid}-{ticks}"));
     for n in 0..1000u32 {
-        let path = dir.join(format!(".{base}.{pid}.{n}.tmp"));
+        let path = dir.join(format!(".{base}.{writer}.{n}.tmp"));
         match OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&path) {
             Ok(file) => {
                 // The umask may have taken bits off 0600; fchmod on the open file.
@@ -224,22 +226,40 @@ pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
 }
 
 /// Whether the process that named temporary file `name` ([`create_temp`]:
-/// `.{base}.{pid}.{n}.tmp`) still runs: a temporary file whose writer is gone was left by a crash.
+/// `.{base}.{pid}-{ticks}.{n}.tmp`) still runs: a temporary file whose writer is gone was left by
+/// a crash. The writer is its process id and start time, so a later process that got the same id
+/// — a daemon restarted in a container gets its crashed predecessor's — is not taken for it
+/// (found by a probe: such temporary files were kept for ever). A name of an older build
+/// (`.{base}.{pid}.{n}.tmp`) is alive while a process of that id runs.
 #[must_use]
 pub fn writer_alive(name: &str) -> bool {
     let mut parts = name.trim_end_matches(".tmp").rsplit('.');
     let _n = parts.next();
-    match parts.next().and_then(|p| p.parse::<u32>().ok()) {
-        Some(pid) => Path::new(&format!("/proc/{pid}")).exists(),
-        None => false,
+    let Some(writer) = parts.next() else { return false };
+    match writer.split_once('-') {
+        Some((pid, ticks)) => match (pid.parse::<u32>(), ticks.parse::<u64>()) {
+            (Ok(pid), Ok(ticks)) => started_at(pid) == Some(ticks),
+            _ => false,
+        },
+        None => writer.parse::<u32>().is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists()),
     }
 }
 
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`'s 22nd field), if it
+/// runs.
+fn started_at(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces and parentheses itself.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Fields 3 onwards: the 22nd is the 20th of them.
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// Removes from `dir` the temporary files of `base` ([`create_temp`]) that a crash between
-/// their creation and their rename left: those whose writer is gone, and those of this process's
-/// own id (a daemon restarted in a container often gets the id its crashed predecessor had).
-/// For a start, before this process writes any; a link is removed, never followed. Returns how
-/// many were removed.
+/// their creation and their rename left: those whose writer is gone ([`writer_alive`]), and
+/// those an older build named with this process's own id (a daemon restarted in a container
+/// often gets the id its crashed predecessor had). For a start, before this process writes any;
+/// a link is removed, never followed. Returns how many were removed.
 #[allow(clippy::must_use_candidate)] // the count is for a log line; removing is the point
 pub fn remove_dead_temps(dir: &Path, base: &str) -> usize {
     let Ok(entries) = fs::read_dir(dir) else { return 0 };
@@ -333,6 +353,24 @@ mod tests {
 
     fn mode(p: &Path) -> u32 {
         fs::symlink_metadata(p).expect("stat").mode() & 0o7777
+    }
+
+    #[test]
+    fn a_temporary_file_is_alive_only_while_the_process_that_named_it_runs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (path, _file) = create_temp(dir.path(), "x").expect("temp");
+        let name = path.file_name().expect("a name").to_string_lossy().into_owned();
+        assert!(writer_alive(&name), "{name}: this process writes it");
+        let pid = std::process::id();
+        let ticks = started_at(pid).expect("this process runs");
+        assert!(name.starts_with(&format!(".x.{pid}-{ticks}.")), "{name}");
+        // This process's id with another start: a crashed predecessor of the same id (a container's
+        // daemon restarted), whose file must go.
+        assert!(!writer_alive(&format!(".x.{pid}-{}.0.tmp", ticks + 1)));
+        // Names of an older build: alive while a process of that id runs.
+        assert!(writer_alive(&format!(".x.{pid}.0.tmp")));
+        assert!(!writer_alive(".x.4294967.0.tmp"));
+        assert!(!writer_alive(".x.junk-1.0.tmp") && !writer_alive(".x.tmp"));
     }
 
     #[test]
