@@ -101,7 +101,7 @@ impl Sampler {
         }
         self.equal_steps_walk_fits(self.job.as_ref().map(|j| j.positions.iter().copied().min().unwrap_or(0)))?;
         if self.counts_steps() {
-            return Ok(self.equalize_steps_counted(minibatch_size, tail));
+            return self.equalize_steps_counted(minibatch_size, tail, cancelled);
         }
         self.equalize_steps_walked(minibatch_size, tail, cancelled)
     }
@@ -111,11 +111,19 @@ impl Sampler {
         self.unit_lengths && self.job.is_none()
     }
 
-    /// [`Sampler::equalize_steps`] by counting each worker's samples in the epoch.
-    fn equalize_steps_counted(&mut self, minibatch_size: usize, tail: Tail) -> EqualSteps {
+    /// [`Sampler::equalize_steps`] by counting each worker's samples in the epoch; with the block
+    /// randomizer each sweep's chunk order is dealt, so the count, given up when `cancelled`
+    /// turns true, takes seconds for millions of sweeps (found by a probe: the counted path never
+    /// looked, and an `open` whose client had gone counted on for minutes).
+    fn equalize_steps_counted(
+        &mut self,
+        minibatch_size: usize,
+        tail: Tail,
+        cancelled: &AtomicBool,
+    ) -> Result<EqualSteps, SamplingError> {
         let workers = self.options.num_workers;
         let (from, until) = (self.epoch_start(), self.epoch_end);
-        let dealt = self.block_samples_between(from, until);
+        let dealt = self.block_samples_between(from, until, cancelled)?;
         let samples = |rank: usize| {
             if self.block {
                 dealt.get(rank).copied().unwrap_or(0)
@@ -127,7 +135,7 @@ impl Sampler {
         let (fewest, most) = (0..workers).map(steps).fold((u64::MAX, 0u64), |(lo, hi), n| (lo.min(n), hi.max(n)));
         let rank = self.options.rank;
         let (own, own_samples) = (steps(rank), samples(rank));
-        match tail {
+        Ok(match tail {
             Tail::Pad => EqualSteps { steps: most, dropped: 0, padding: most - own, fewest, most },
             Tail::Drop => {
                 let limit = self.local_limit(minibatch_size);
@@ -146,11 +154,11 @@ impl Sampler {
                 } else if partial {
                     self.epoch_end
                 } else {
-                    self.end_after_local_sample(kept, kept == own_samples)
+                    self.end_after_local_sample(kept, kept == own_samples, cancelled)?
                 });
                 EqualSteps { steps: fewest, dropped: own - fewest, padding: 0, fewest, most }
             }
-        }
+        })
     }
 
     /// Where a minibatch that ends with this worker's `k`th sample of the epoch (`k >= 1`, every
@@ -160,14 +168,14 @@ impl Sampler {
     /// sequences up to its next one, the end of the sweep, or the epoch end, whichever comes
     /// first. `last`: the `k`th is this worker's last sample of the epoch, so the place is the end
     /// of its sweep or the epoch end, found without walking the sweep.
-    fn end_after_local_sample(&self, k: u64, last: bool) -> u64 {
+    fn end_after_local_sample(&self, k: u64, last: bool, cancelled: &AtomicBool) -> Result<u64, SamplingError> {
         let rank = self.options.rank;
         if !self.block {
             // Sequence `g` of the timeline is worker `g % W`'s.
             let workers = self.options.num_workers as u64;
             let start = self.epoch_start();
             let first = start + (rank as u64 + workers - start % workers) % workers;
-            return (first + (k - 1) * workers + 1).min(self.epoch_end);
+            return Ok((first + (k - 1) * workers + 1).min(self.epoch_end));
         }
         let size = self.sweep_size.max(1);
         let mut before = 0u64;
@@ -175,6 +183,9 @@ impl Sampler {
         let workers = self.options.num_workers.max(1);
         // The sweep holding the kth: whole sweeps before it are counted, not walked.
         loop {
+            if cancelled.load(Ordering::Relaxed) {
+                return Err(SamplingError::Cancelled);
+            }
             let here: u64 = self.dealt_samples(sweep).into_iter().skip(rank).step_by(workers).sum();
             if before + here >= k || (sweep + 1) * size >= self.epoch_end {
                 break;
@@ -186,7 +197,7 @@ impl Sampler {
         let sweep_start = sweep * size;
         let sweep_end = (sweep_start + size).min(self.epoch_end);
         if last {
-            return sweep_end;
+            return Ok(sweep_end);
         }
         let mut plan = self.build_plan(sweep);
         let mut seen = 0u64;
@@ -197,14 +208,14 @@ impl Sampler {
             }
             if at.is_some() {
                 // The next sequence of this worker.
-                return (sweep_start + index as u64).min(sweep_end);
+                return Ok((sweep_start + index as u64).min(sweep_end));
             }
             seen += 1;
             if seen == nth {
                 at = Some(index);
             }
         }
-        sweep_end
+        Ok(sweep_end)
     }
 
     /// Where the epoch starts: its sweep's start for [`EpochLimit::Sweep`], else 0.
@@ -220,18 +231,22 @@ impl Sampler {
     /// (every sequence one sample, so a position is a sequence): whole sweeps are counted per
     /// chunk (the chunk at randomized position `k` is worker `k % W`'s), and a sweep that `until`
     /// ends inside is walked up to it. Empty in file order, where sequence `g` of the timeline is
-    /// worker `g % W`'s ([`congruent_in`]).
-    fn block_samples_between(&self, from: u64, until: u64) -> Vec<u64> {
+    /// worker `g % W`'s ([`congruent_in`]). Given up when `cancelled` turns true (looked at every
+    /// sweep).
+    fn block_samples_between(&self, from: u64, until: u64, cancelled: &AtomicBool) -> Result<Vec<u64>, SamplingError> {
         if !self.block {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let workers = self.options.num_workers.max(1);
         let mut samples = vec![0u64; workers.min(self.timeline.num_chunks())];
         if until <= from {
-            return samples;
+            return Ok(samples);
         }
         let size = self.sweep_size.max(1);
         for sweep in from / size..until / size {
+            if cancelled.load(Ordering::Relaxed) {
+                return Err(SamplingError::Cancelled);
+            }
             for (k, n) in self.dealt_samples(sweep).into_iter().enumerate() {
                 samples[k % workers] += n;
             }
@@ -244,7 +259,7 @@ impl Sampler {
                 samples[usize::try_from(owner).unwrap_or(0) % workers] += 1;
             }
         }
-        samples
+        Ok(samples)
     }
 
     /// The samples of the chunk at each randomized position of sweep `sweep` (every sequence one

@@ -878,6 +878,24 @@ fn a_minibatch_across_sweep_ends_says_where_each_later_sweep_begins() {
     }
 }
 
+/// Equal steps counted (every sequence one sample) over many sweeps with the block randomizer
+/// deal every sweep's chunks: given up when cancelled too (found by a probe: only the walk looked,
+/// and an `open` of 2^23 sweeps whose client had gone counted on for 15 s).
+#[test]
+fn an_equal_steps_count_stops_when_cancelled() {
+    use std::sync::atomic::AtomicBool;
+    let options =
+        SamplingOptions { num_workers: 3, rank: 1, ..options(true, Window::Chunks(2), 7, EpochLimit::Sweeps(1 << 20)) };
+    let mut s = Sampler::new(mock(16, 4, 1), options.clone()).expect("sampler");
+    assert!(s.counts_steps());
+    assert!(matches!(s.equalize_steps_unless(5, Tail::Drop, &AtomicBool::new(true)), Err(SamplingError::Cancelled)));
+    assert!(matches!(s.equalize_steps_unless(5, Tail::Pad, &AtomicBool::new(true)), Err(SamplingError::Cancelled)));
+    let few = SamplingOptions { limit: EpochLimit::Sweeps(3), ..options };
+    let mut s = Sampler::new(mock(16, 4, 1), few).expect("sampler");
+    let equal = s.equalize_steps_unless(5, Tail::Drop, &AtomicBool::new(false)).expect("counted");
+    assert!(equal.steps > 0, "{equal:?}");
+}
+
 /// A walk for equal steps whose `open` was given up stops within a few thousand minibatches
 /// (found by a probe: a client that went away left a core busy for 65 s); not cancelled, the same
 /// sampler walks to the counts.
