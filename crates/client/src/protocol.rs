@@ -783,6 +783,11 @@ fn neither_binary_nor_object(b: u8) -> FrameError {
     };
     FrameError::Invalid(match json {
         Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
+        // Found by a probe: `hello world` was told of a binary tag 0x68.
+        None if b.is_ascii_graphic() => format!(
+            "a message is a JSON object ({{\"type\": ...}}) or a binary message; this frame starts with {:?}",
+            char::from(b)
+        ),
         None => format!("unknown binary message tag 0x{b:02x}"),
     })
 }
@@ -801,8 +806,11 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
                     body.len()
                 )));
             }
-            if body[1] > 1 || body[2] != 0 || body[3] != 0 {
-                return Err(FrameError::Invalid("binary release with unknown flags".into()));
+            if body[1] > 1 {
+                return Err(FrameError::Invalid(format!("binary release with unknown flags 0x{:02x}", body[1])));
+            }
+            if body[2] != 0 || body[3] != 0 {
+                return Err(FrameError::Invalid("binary release with its reserved bytes (2 and 3) not zero".into()));
             }
             Ok(ClientMessage::Release {
                 slot: u64::from(u32_at(body, 4)),
@@ -1033,5 +1041,17 @@ mod tests {
         }
         let Err(FrameError::Invalid(e)) = decode_client(b"\x07abc") else { panic!("decoded") };
         assert!(e.contains("unknown binary message tag 0x07"), "{e}");
+        let Err(FrameError::Invalid(e)) = decode_client(b"hello world") else { panic!("decoded") };
+        assert!(e.contains("JSON object") && e.contains("'h'"), "{e}");
+        // A binary release whose reserved bytes are not zero is told so, not of its flags.
+        let mut release = [0u8; BINARY_RELEASE_BYTES];
+        release[0] = BINARY_RELEASE;
+        release[2] = 1;
+        let Err(FrameError::Invalid(e)) = decode_client(&release) else { panic!("decoded") };
+        assert!(e.contains("reserved"), "{e}");
+        release[2] = 0;
+        release[1] = 9;
+        let Err(FrameError::Invalid(e)) = decode_client(&release) else { panic!("decoded") };
+        assert!(e.contains("flags 0x09"), "{e}");
     }
 }

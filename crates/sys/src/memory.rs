@@ -219,8 +219,10 @@ pub struct MemfdMemory {
 }
 
 impl MemfdMemory {
-    /// Creates a memfd named `name` of `len` bytes, seals it against shrinking, growing and
-    /// further sealing, and maps it.
+    /// Creates a memfd named `name` of `len` bytes, maps it, then seals it against shrinking,
+    /// growing, writes other than through this mapping (`F_SEAL_FUTURE_WRITE`, Linux 5.1+: a
+    /// client that got the descriptor can neither map it writable, nor write or punch holes in
+    /// it; found by a probe, which did all three) and further sealing.
     ///
     /// # Errors
     /// [`ShmError::Sys`] if a system call fails (e.g. out of memory for the tmpfs).
@@ -229,9 +231,18 @@ impl MemfdMemory {
         let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .map_err(sys("memfd_create"))?;
         rustix::fs::ftruncate(&fd, len).map_err(sys("ftruncate"))?;
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
-            .map_err(sys("fcntl(F_ADD_SEALS)"))?;
+        // Mapped writable first: the write seal leaves mappings made before it writable.
         let map = Mapping::map(fd.as_fd(), size, true)?;
+        let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL;
+        match rustix::fs::fcntl_add_seals(&fd, seals | SealFlags::FUTURE_WRITE) {
+            Ok(()) => {}
+            // A kernel before 5.1 knows no such seal: the client's read-only mapping then rests on
+            // the client.
+            Err(rustix::io::Errno::INVAL) => {
+                rustix::fs::fcntl_add_seals(&fd, seals).map_err(sys("fcntl(F_ADD_SEALS)"))?;
+            }
+            Err(e) => return Err(sys("fcntl(F_ADD_SEALS)")(e)),
+        }
         Ok(Self { fd, map })
     }
 
@@ -378,6 +389,19 @@ mod tests {
         let dup = m.fd().try_clone_to_owned().expect("dup");
         assert!(rustix::fs::ftruncate(&dup, 4096).is_err(), "shrinking must be refused");
         assert!(rustix::fs::ftruncate(&dup, 1 << 20).is_err(), "growing must be refused");
+        // Nobody else writes it: no writable mapping, no write, no hole punched.
+        let writable = unsafe {
+            // SAFETY: a fresh mapping chosen by the kernel, unmapped below if it is made at all.
+            rustix::mm::mmap(std::ptr::null_mut(), 8192, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &dup, 0)
+        };
+        if let Ok(p) = writable {
+            // SAFETY: the mapping just made, of 8192 bytes.
+            let _ = unsafe { rustix::mm::munmap(p, 8192) };
+            panic!("a writable mapping of the ring was made");
+        }
+        assert!(rustix::io::pwrite(&dup, b"x", 100).is_err(), "a write must be refused");
+        let punch = rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE;
+        assert!(rustix::fs::fallocate(&dup, punch, 0, 8192).is_err(), "a hole must be refused");
         let ro = ReadOnlyMapping::map(dup, 8192).expect("map");
         assert_eq!(ro.bytes()[100], 42);
         m.bytes_mut()[101] = 7;
