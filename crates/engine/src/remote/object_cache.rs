@@ -417,18 +417,26 @@ impl ObjectCache {
         let path = self.dir.join(name);
         let file = open_range(&path, len);
         let checked = s.entries.get(name).is_some_and(|e| e.verified);
-        let file = match file {
-            Some(file) if checked => Some(file),
-            Some(file) => {
-                drop(s);
-                let good = holds_its_trailer(&file, name, len);
-                s = self.lock();
-                if !good {
-                    tracing::warn!(url, entry = %path.display(), "an object cache entry does not hold what it was written with; fetched again");
-                }
-                good.then_some(file)
+        let Some(file) = file else {
+            // Gone or cut since it was written (checked or not): removed from the cache, so the
+            // caller fetches it again. Found by a probe: a checked entry whose file another
+            // process had removed stayed, and the caller's loop opened it again for ever,
+            // holding the lock (the daemon hung, SIGTERM included).
+            tracing::warn!(url, entry = %path.display(), "an object cache entry is gone or cut short on disk; fetched again");
+            s.entries.remove(name);
+            let _ = std::fs::remove_file(&path);
+            return (s, None);
+        };
+        let file = if checked {
+            Some(file)
+        } else {
+            drop(s);
+            let good = holds_its_trailer(&file, name, len);
+            s = self.lock();
+            if !good {
+                tracing::warn!(url, entry = %path.display(), "an object cache entry does not hold what it was written with; fetched again");
             }
-            None => None,
+            good.then_some(file)
         };
         if file.is_some() {
             s.tick += 1;
@@ -742,6 +750,31 @@ mod tests {
         assert_eq!(read(whole.fetch(&store, &o, 35, 45).expect("fetch").file), (35..45u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), reads + 3, "the range fetched, the whole object dropped");
         assert!(!whole.contains(&o, 0, 100));
+    }
+
+    /// Found by a probe: an entry already checked in this run whose file then went (another
+    /// process sharing the directory evicted it, or someone cleaned it) was opened again and
+    /// again for ever, the cache's lock held: the session hung, and SIGTERM with it. It is
+    /// fetched again.
+    #[test]
+    fn a_checked_entry_whose_file_went_is_fetched_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let o = object();
+        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        let path = |start: u64, end: u64| dir.path().join("objects").join(ObjectCache::key(&o, start, end));
+        for (start, end) in [(10, 30), (30, 50)] {
+            assert_eq!(read(cache.fetch(&store, &o, start, end).expect("fetch").file).len(), 20);
+            assert_eq!(read(cache.fetch(&store, &o, start, end).expect("checked").file).len(), 20);
+        }
+        let reads = store.reads.load(Ordering::SeqCst);
+        // One removed, one cut short.
+        std::fs::remove_file(path(10, 30)).expect("rm");
+        std::fs::File::options().write(true).open(path(30, 50)).and_then(|f| f.set_len(7)).expect("cut");
+        assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
+        assert_eq!(read(cache.fetch(&store, &o, 30, 50).expect("fetch").file), (30..50u8).collect::<Vec<_>>());
+        assert_eq!(store.reads.load(Ordering::SeqCst), reads + 2, "both fetched again");
+        assert!(cache.contains(&o, 10, 30) && cache.contains(&o, 30, 50), "and kept again");
     }
 
     #[test]
