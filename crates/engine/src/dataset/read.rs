@@ -66,7 +66,7 @@ fn unchanged_since(version: &FileVersion, now: &FileVersion, path: &Path) -> Res
         path,
         std::io::Error::other(format!(
             "the file was {} since it was indexed; its chunks are not read with the old index \
-             (send SIGHUP: a reload indexes a dataset whose files changed again)",
+             (a daemon indexes it again at a reload, SIGHUP; `dump` and `index` when run again)",
             version.change(now)
         )),
     ))

@@ -68,7 +68,7 @@ pub enum RemoteError {
         message: String,
     },
     /// The object's ETag is not the one indexed: it was overwritten.
-    #[error("{url}: the object changed since it was indexed (ETag {indexed} then, now another); its chunks are not read with the old index (send SIGHUP: a reload indexes a dataset whose objects changed again)")]
+    #[error("{url}: the object changed since it was indexed (ETag {indexed} then, now another); its chunks are not read with the old index (a daemon indexes it again at a reload, SIGHUP; `dump` and `index` when run again)")]
     Changed {
         /// The URL.
         url: String,
