@@ -359,6 +359,86 @@ fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
     assert!(daemon.metric("minibatchd_config_last_reload_successful ") < 0.5);
 }
 
+/// Found by a probe: with no session open, a reload that lowered `memory_limit_bytes` below what
+/// the read buffers and the indexes alone hold was applied, counted a success, and every `open`
+/// was refused from then on. The old limit stays, as with sessions open.
+#[test]
+fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let text = (0..100_000).fold(String::new(), |mut t, i| {
+        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
+        t
+    });
+    write(d, "rows.ctf", text);
+    // One chunk of 1.7 MB: two parser threads' read buffers of it pass a 2 MB limit.
+    let config = |limit: u64| {
+        support::daemon::write_config(
+            d,
+            &format!("memory_limit_bytes = {limit}\nparser_threads = 2"),
+            &format!(
+                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\n\
+                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
+                d.display()
+            ),
+        )
+    };
+    config(256 << 20);
+    let daemon = Daemon::start(d, &[]);
+    config(2_000_000);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    assert_eq!(daemon.metric("minibatchd_memory_limit_bytes "), f64::from(256u32 << 20), "the old limit stays");
+    assert!(daemon.metric("minibatchd_config_reloads_total{result=\"partial\"}") > 0.5);
+    let mut s = daemon.client().open("rows", &SessionOptions { full_sweep: true, ..options(1000) }).expect("open");
+    let mut n = 0;
+    while let Some(mb) = s.next_owned().expect("next") {
+        n += mb.streams[0].sequence_offsets.len() - 1;
+    }
+    assert_eq!(n, 100_000);
+}
+
+/// Found by a probe: a reload that changed only `parser_threads` (a restart key) reopened every
+/// dataset; and the chunks of a version a reload replaced stayed in the chunk cache until
+/// evicted (950 MB after 40 reloads), where a new version's preload, which never evicts, then
+/// loaded nothing.
+#[test]
+fn a_reload_keeps_unchanged_datasets_chunks_and_drops_a_replaced_versions() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let text = (0..20_000).fold(String::new(), |mut t, i| {
+        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
+        t
+    });
+    write(d, "rows.ctf", text);
+    let config = |threads: u32, chunk: u32| {
+        support::daemon::write_config(
+            d,
+            &format!("parser_threads = {threads}"),
+            &format!(
+                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\nchunk_size_bytes = {chunk}\n\
+                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
+                d.display()
+            ),
+        )
+    };
+    config(2, 16_384);
+    let daemon = Daemon::start(d, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(1000) };
+    assert_eq!(daemon.read_all("rows", &opts, &["x"]).len(), 20);
+    let cached = daemon.metric("minibatchd_chunk_cache_chunks ");
+    assert!(cached > 10.0, "{cached} chunks cached");
+    config(1, 16_384);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    assert_eq!(daemon.metric("minibatchd_chunk_cache_chunks "), cached, "the dataset was not reopened");
+    config(1, 8_192);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(2);
+    assert_eq!(daemon.metric("minibatchd_chunk_cache_chunks "), 0.0, "the replaced version's chunks went");
+    assert_eq!(daemon.read_all("rows", &opts, &["x"]).len(), 20);
+}
+
 /// A reload that adds a dataset of one 40 MiB chunk: two parser threads' read buffers of it,
 /// beside the open sessions' rings, would leave the chunk cache less than its floor. Refused
 /// whole (counted as a failed reload, the dataset not added); before, it was applied and the open

@@ -350,6 +350,15 @@ pub fn limit_short_of_sessions(registry: &Registry, config: &Config, catalog: &C
     (registry.reserved() > 0 && needed > limit).then_some(needed)
 }
 
+/// What `config`'s `memory_limit_bytes` would need for the read buffers, the indexes and the
+/// chunk cache's floor alone: `Some(bytes)` when it is lower — every `open` would be refused.
+#[must_use]
+pub fn limit_short_of_data(config: &Config, catalog: &Catalog, threads: usize) -> Option<u64> {
+    let limit = config.daemon.memory_limit_bytes;
+    let needed = held_outside_the_cache(config, catalog, threads).saturating_add(limit / CACHE_FLOOR_DIVISOR);
+    (needed > limit).then_some(needed)
+}
+
 /// 64 bits from the kernel's random source (`/dev/urandom`), for names nobody may guess; the
 /// clock and the pid mixed by FNV where the source cannot be read (logged).
 #[must_use]

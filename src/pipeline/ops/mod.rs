@@ -215,6 +215,8 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
     m.ops.host_memory_total_bytes.set(to_i64(s.host_total));
     m.ops.host_memory_available_bytes.set(to_i64(s.host_available));
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
+    // The chunks of dataset versions a reload replaced go once their last session has ended.
+    shared.data.cache.forget_datasets(|i| shared.data.runtime(i).is_some());
     let (stats, _, evictable) = shared.data.cache.snapshot();
     let limit = shared.registry().limit();
     let v = guard.judge(s.host_available, reserve, stats.bytes, evictable, limit);

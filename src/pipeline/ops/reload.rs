@@ -170,6 +170,11 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     let mut config = validate_in(&old.path, Some(&old.daemon), running.remote_cell())?;
     let (daemon, restart) = merge_daemon(&old.daemon, &config.daemon);
     config.daemon = daemon;
+    // `parser_threads` keeps its running value, so does what each dataset takes from it (found
+    // by a probe: a reload that changed only that key reopened every dataset).
+    if let Some(threads) = old.datasets.values().next().map(|d| d.index_threads) {
+        config.datasets.values_mut().for_each(|d| d.index_threads = threads);
+    }
     let (catalog, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
     Ok(Prepared { config, catalog, changes, restart, kept_limit: false })
 }
@@ -331,6 +336,9 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
     if forgotten > 0 {
         tracing::info!(chunks = forgotten, "failed chunks will be read again");
     }
+    // The chunks of the versions replaced or removed that no session reads any more go now (the
+    // others once their sessions end: `ops::sample_memory`), before the new versions' preloads.
+    shared.data.cache.forget_datasets(|i| shared.data.runtime(i).is_some());
     crate::pipeline::data::preload_datasets(&shared.data, &shared.config());
     Some(!kept_limit)
 }
@@ -361,11 +369,16 @@ fn memory_refusal(
     p: &mut Prepared,
     threads: usize,
 ) -> Option<String> {
-    use crate::pipeline::control::limit_short_of_sessions;
+    use crate::pipeline::control::{limit_short_of_data, limit_short_of_sessions};
     let running = shared.config();
     let old = running.daemon.memory_limit_bytes;
     if p.config.daemon.memory_limit_bytes < old {
-        if let Some(needed) = limit_short_of_sessions(reg, &p.config, &p.catalog, threads) {
+        // Without open sessions too (found by a probe: a limit of 2 MB under 122 MB of indexes
+        // was applied while no session was open, the reload counted a success and every open
+        // then refused).
+        let short = limit_short_of_sessions(reg, &p.config, &p.catalog, threads)
+            .or_else(|| limit_short_of_data(&p.config, &p.catalog, threads));
+        if let Some(needed) = short {
             tracing::error!(
                 new = p.config.daemon.memory_limit_bytes,
                 kept = old,

@@ -2,7 +2,7 @@
 //! the byte budget, the LRU of chunks no session holds, pins for waiting sessions, the ceiling of
 //! what sessions hold, and the chunks kept until the persister has written them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -369,6 +369,33 @@ impl CacheCore {
     pub fn forget_failures(&mut self) -> usize {
         let before = self.entries.len();
         self.entries.retain(|_, e| !matches!(e, Entry::Failed { .. }));
+        before - self.entries.len()
+    }
+
+    /// Drops the chunks of the datasets `dead` (catalog indices of versions that no catalog nor
+    /// session holds any more: a reload replaced or removed them) that nobody holds, and their
+    /// failures: no session can ask for them again. Chunks still loading land and go at the next
+    /// call. Returns how many were dropped.
+    pub fn forget_datasets(&mut self, dead: &HashSet<u32>) -> usize {
+        let before = self.entries.len();
+        let stats = &mut self.stats;
+        self.entries.retain(|k, e| {
+            if !dead.contains(&k.dataset) {
+                return true;
+            }
+            match e {
+                Entry::Ready { chunk, bytes, .. } => {
+                    let held = Arc::strong_count(chunk) > 1;
+                    if !held {
+                        stats.bytes -= *bytes;
+                        stats.chunks -= 1;
+                    }
+                    held
+                }
+                Entry::Loading { .. } => true,
+                Entry::Failed { .. } => false,
+            }
+        });
         before - self.entries.len()
     }
 
