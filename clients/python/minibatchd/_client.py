@@ -709,6 +709,10 @@ class Source:
         if t == "end":
             self._ended = True
             self._last_state = msg["state"]
+            # Tell the daemon the last minibatch was taken (found by a probe: a trainer that read
+            # to the end and exited without close() left its session one minibatch short, so a
+            # resume by name was not exact and gave it again).
+            self._report_final()
             raise StopIteration
         if t == "error":
             # The session cannot go on (its producer stopped): every later next() says so too;

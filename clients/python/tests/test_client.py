@@ -695,3 +695,25 @@ def test_reconnect_continues_a_session_that_resumed_a_job(daemon):
     first = [key(next(it)) for _ in range(3)]
     again = source.reconnect(timeout=10)
     assert first + [key(mb) for mb in again] == whole
+
+
+def test_a_session_read_to_its_end_and_dropped_resumes_by_name_exactly(daemon):
+    """Found by a probe: a trainer that read to the end and exited without ``close()`` left its
+    session a minibatch short (the daemon had not heard that the last one was taken): a resume by
+    name was not exact and gave that minibatch again. The client reports it at the end."""
+    name = "read-to-the-end"
+    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=16, full_sweep=True, session=name)
+    assert sum(1 for _ in source) > 1
+    source._conn.close()  # the process goes: no close()
+    del source
+    again = None
+    for _ in range(100):
+        try:
+            again = minibatchd.connect(daemon.socket).open("train", minibatch_size=16, full_sweep=True, session=name)
+            break
+        except minibatchd.MinibatchdError as e:
+            assert e.code == "session_busy", e
+            time.sleep(0.05)
+    assert again is not None
+    assert again.resumed["from"] == "lingering" and again.resumed["exact"] is True, again.resumed
+    assert list(again) == []

@@ -397,6 +397,10 @@ impl Session {
                 Ok(Some(delivered))
             }
             ServerMessage::End { state } => {
+                // Tell the daemon the last minibatch was taken: a client that reads to the end
+                // and goes without `close` would leave its session a minibatch short (a resume
+                // by name then not exact).
+                self.report_final();
                 self.end = Some(state);
                 Ok(None)
             }

@@ -71,6 +71,9 @@ const TRAILER_MARK: [u8; 4] = *b"MBOC";
 /// Bytes of the trailer.
 const TRAILER_BYTES: u64 = 8;
 
+/// The file system block the bound counts an entry in ([`ObjectCache::on_disk`]).
+const BLOCK_BYTES: u64 = 4096;
+
 /// The trailer of a range whose bytes have CRC-32 `crc`.
 fn trailer(crc: u32) -> [u8; 8] {
     let mut t = [0u8; 8];
@@ -140,6 +143,8 @@ struct State {
 pub struct ObjectCache {
     dir: PathBuf,
     max_bytes: u64,
+    /// What the bound counts an entry in: [`BLOCK_BYTES`] (1 in unit tests of tiny ranges).
+    block: u64,
     state: Mutex<State>,
     fetched: Condvar,
 }
@@ -148,7 +153,14 @@ impl ObjectCache {
     /// A cache in `dir` (created `0700` when first written) of at most `max_bytes`.
     #[must_use]
     pub fn new(dir: PathBuf, max_bytes: u64) -> Self {
-        Self { dir, max_bytes, state: Mutex::new(State::default()), fetched: Condvar::new() }
+        Self { dir, max_bytes, block: BLOCK_BYTES, state: Mutex::new(State::default()), fetched: Condvar::new() }
+    }
+
+    /// What an entry file of `len` bytes (trailer included) takes on disk, as the bound counts it:
+    /// whole blocks (found by a probe: 3,000 ranges of 30–90 bytes, counted by their lengths,
+    /// took 35 times the bound on disk).
+    fn on_disk(&self, len: u64) -> u64 {
+        len.div_ceil(self.block).saturating_mul(self.block)
     }
 
     /// The directory.
@@ -166,7 +178,7 @@ impl ObjectCache {
     /// Whether a range of `len` bytes fits the cache as an entry (its trailer included).
     #[must_use]
     pub fn keeps(&self, len: u64) -> bool {
-        len.saturating_add(TRAILER_BYTES) <= self.max_bytes
+        self.on_disk(len.saturating_add(TRAILER_BYTES)) <= self.max_bytes
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -266,7 +278,7 @@ impl ObjectCache {
         found.sort();
         for (_, name, bytes) in found {
             s.tick += 1;
-            s.entries.insert(name, Entry { bytes, used: s.tick, verified: false });
+            s.entries.insert(name, Entry { bytes: self.on_disk(bytes), used: s.tick, verified: false });
         }
         if !same_boot && !boot.is_empty() {
             let _ = state_file::write_atomic(&marker, boot.as_bytes());
@@ -356,7 +368,8 @@ impl ObjectCache {
         if result.is_ok() {
             s.tick += 1;
             let tick = s.tick;
-            s.entries.insert(key.clone(), Entry { bytes: end - start + TRAILER_BYTES, used: tick, verified: true });
+            let bytes = self.on_disk(end - start + TRAILER_BYTES);
+            s.entries.insert(key.clone(), Entry { bytes, used: tick, verified: true });
             s.stats.fetched_bytes += end - start;
             self.evict(&mut s, &key);
         }
@@ -466,7 +479,10 @@ impl ObjectCache {
         self.scan(&mut s);
         s.tick += 1;
         let tick = s.tick;
-        s.entries.insert(key.clone(), Entry { bytes: object.size + TRAILER_BYTES, used: tick, verified: true });
+        s.entries.insert(
+            key.clone(),
+            Entry { bytes: self.on_disk(object.size + TRAILER_BYTES), used: tick, verified: true },
+        );
         self.evict(&mut s, &key);
     }
 
@@ -603,6 +619,28 @@ mod tests {
     use super::*;
     use crate::remote::RemoteError;
 
+    /// A cache of at most `max_bytes` that counts its entries by their lengths (the tests' ranges
+    /// are tens of bytes).
+    fn tiny(dir: PathBuf, max_bytes: u64) -> ObjectCache {
+        ObjectCache { block: 1, ..ObjectCache::new(dir, max_bytes) }
+    }
+
+    /// Found by a probe: 3,000 ranges of tens of bytes, counted by their lengths, took 35 times
+    /// the bound on disk. Each counts its 4 KiB blocks.
+    #[test]
+    fn an_entry_counts_its_blocks_on_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let o = object();
+        let cache = ObjectCache::new(dir.path().join("objects"), 3 * 4096);
+        for k in 0..5u64 {
+            cache.fetch(&store, &o, 10 * k, 10 * k + 10).expect("fetch");
+        }
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes), (3, 3 * 4096), "three blocks' worth kept");
+        assert!(cache.keeps(3 * 4096 - TRAILER_BYTES) && !cache.keeps(3 * 4096 - TRAILER_BYTES + 1));
+    }
+
     /// A store in memory; with `fail`, every read fails.
     #[derive(Debug, Default)]
     struct Memory {
@@ -656,7 +694,7 @@ mod tests {
     fn a_range_is_fetched_once_then_served_from_disk_and_the_cache_stays_within_its_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
-        let cache = ObjectCache::new(dir.path().join("objects"), 66);
+        let cache = tiny(dir.path().join("objects"), 66);
         let o = object();
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("again").file), (10..30u8).collect::<Vec<_>>());
@@ -672,15 +710,15 @@ mod tests {
         let newer = ObjectMeta { etag: "\"e2\"".into(), ..o.clone() };
         assert!(!cache.contains(&newer, 50, 70));
         // A restart finds what is on disk.
-        let again = ObjectCache::new(dir.path().join("objects"), 66);
+        let again = tiny(dir.path().join("objects"), 66);
         assert!(again.contains(&o, 50, 70));
         // Written in another boot (the machine restarted: unsynced writes may be torn): dropped.
         std::fs::write(dir.path().join("objects").join(BOOT_ID), "another boot").expect("marker");
-        let rebooted = ObjectCache::new(dir.path().join("objects"), 66);
+        let rebooted = tiny(dir.path().join("objects"), 66);
         assert!(!rebooted.contains(&o, 50, 70), "an entry of an earlier boot was kept");
-        let again = ObjectCache::new(dir.path().join("objects"), 66);
+        let again = tiny(dir.path().join("objects"), 66);
         again.fetch(&store, &o, 50, 70).expect("fetch");
-        let again = ObjectCache::new(dir.path().join("objects"), 66);
+        let again = tiny(dir.path().join("objects"), 66);
         assert!(again.contains(&o, 50, 70), "an entry of this boot is found after a restart");
         // A damaged file (wrong length) is fetched again, not served.
         let name = ObjectCache::key(&o, 50, 70);
@@ -695,7 +733,7 @@ mod tests {
     fn a_failed_fetch_fails_the_next_asker_at_once_for_a_while() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { fail: true, ..Memory::default() };
-        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        let cache = tiny(dir.path().join("objects"), 1000);
         let o = object();
         let first = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
         let second = cache.fetch(&store, &o, 10, 30).expect_err("failed").to_string();
@@ -719,7 +757,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let o = object();
-        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        let cache = tiny(dir.path().join("objects"), 1000);
         cache.fetch(&store, &o, 10, 30).expect("fetch");
         cache.fetch(&store, &o, 30, 50).expect("fetch");
         let path = |start: u64, end: u64| dir.path().join("objects").join(ObjectCache::key(&o, start, end));
@@ -729,7 +767,7 @@ mod tests {
         std::fs::write(path(10, 30), &bytes).expect("flip");
         // Another entry's bytes, trailer and all, of the same length.
         std::fs::copy(path(30, 50), path(50, 70)).expect("copy");
-        let restarted = ObjectCache::new(dir.path().join("objects"), 1000);
+        let restarted = tiny(dir.path().join("objects"), 1000);
         assert!(restarted.contains(&o, 50, 70), "a planted entry of the right name and length");
         let reads = store.reads.load(Ordering::SeqCst);
         assert_eq!(read(restarted.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
@@ -739,14 +777,14 @@ mod tests {
         assert_eq!(read(restarted.fetch(&store, &o, 30, 50).expect("fetch").file), (30..50u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), reads + 2);
         // The whole object kept by the index pass, changed on disk: each range is fetched instead.
-        let whole = ObjectCache::new(dir.path().join("whole"), 1000);
+        let whole = tiny(dir.path().join("whole"), 1000);
         let mut streamed = Vec::new();
         whole.tee(&o, Box::new(std::io::Cursor::new(store.data.clone()))).read_to_end(&mut streamed).expect("read");
         let kept = dir.path().join("whole").join(ObjectCache::key(&o, 0, 100));
         let mut bytes = std::fs::read(&kept).expect("whole entry");
         bytes[40] ^= 0x80;
         std::fs::write(&kept, &bytes).expect("flip");
-        let whole = ObjectCache::new(dir.path().join("whole"), 1000);
+        let whole = tiny(dir.path().join("whole"), 1000);
         assert_eq!(read(whole.fetch(&store, &o, 35, 45).expect("fetch").file), (35..45u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), reads + 3, "the range fetched, the whole object dropped");
         assert!(!whole.contains(&o, 0, 100));
@@ -761,7 +799,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let o = object();
-        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        let cache = tiny(dir.path().join("objects"), 1000);
         let path = |start: u64, end: u64| dir.path().join("objects").join(ObjectCache::key(&o, start, end));
         for (start, end) in [(10, 30), (30, 50)] {
             assert_eq!(read(cache.fetch(&store, &o, start, end).expect("fetch").file).len(), 20);
@@ -781,7 +819,7 @@ mod tests {
     fn the_index_pass_stream_keeps_the_whole_object_and_every_range_is_read_from_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
-        let cache: &'static ObjectCache = Box::leak(Box::new(ObjectCache::new(dir.path().join("objects"), 1000)));
+        let cache: &'static ObjectCache = Box::leak(Box::new(tiny(dir.path().join("objects"), 1000)));
         let o = object();
         // Read to the end: kept.
         let mut streamed = Vec::new();
@@ -807,7 +845,7 @@ mod tests {
     fn threads_that_want_the_same_range_fetch_it_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: vec![7; 100], ..Memory::default() };
-        let cache = ObjectCache::new(dir.path().join("objects"), 1000);
+        let cache = tiny(dir.path().join("objects"), 1000);
         let o = object();
         std::thread::scope(|s| {
             for _ in 0..8 {
