@@ -345,6 +345,11 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
 /// (found by a probe: a named session reopened with an older state repeated 188 sequences
 /// without a word).
 fn replay_note(name: &str, resume: &SessionState, kept: &Kept) -> Option<String> {
+    // Counts compare only within one run: a `resume_job` start counts from 0 again, so a session
+    // of that name from the run it continues is no replay (found by a review).
+    if resume.job != kept.state.job {
+        return None;
+    }
     let given = if kept.given_up_to == super::session::GIVEN_UNKNOWN {
         kept.state.minibatches
     } else {
@@ -361,15 +366,16 @@ fn replay_note(name: &str, resume: &SessionState, kept: &Kept) -> Option<String>
     })
 }
 
-/// How long an `open` whose session name is connected waits for that connection to end before
-/// it is refused `session_busy`: a trainer restarted right after its predecessor was killed opens
-/// before the daemon has read the dead connection's end (found by a soak probe: 14 of 232 such
-/// opens were refused, within a millisecond of the kill).
+/// How long an `open` whose session name is connected (or that the session limits refuse) waits
+/// for a connection to end before it is refused `session_busy` (`resource_exhausted`): a trainer
+/// restarted right after its predecessor was killed opens before the daemon has read the dead
+/// connection's end (found by a soak probe: 14 of 232 such opens were refused, within a
+/// millisecond of the kill).
 pub const BUSY_GRACE: Duration = Duration::from_millis(500);
 
 /// `attempt()` (an admission), tried again every few milliseconds while it is refused because its
-/// name is connected, for up to [`BUSY_GRACE`]; the event loop meanwhile handles the end of the
-/// connection that holds the name.
+/// name is connected or the session limits are reached, for up to [`BUSY_GRACE`]; the event loop
+/// meanwhile handles the end of a connection that holds the name or counts against the limits.
 ///
 /// # Errors
 /// `attempt`'s refusal.
@@ -377,7 +383,10 @@ pub async fn retry_busy<T>(mut attempt: impl FnMut() -> Result<T, Refusal>) -> R
     let start = Instant::now();
     loop {
         match attempt() {
-            Err(Refusal::Registry(RegistryError::Busy(_))) if start.elapsed() < BUSY_GRACE => {
+            // The dying connection's session still counts against the session limits too.
+            Err(Refusal::Registry(RegistryError::Busy(_)) | Refusal::TooManySessions { .. })
+                if start.elapsed() < BUSY_GRACE =>
+            {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             other => return other,
@@ -497,6 +506,17 @@ mod tests {
         assert!(note.contains("delivered 10 minibatches") && note.contains("at minibatch 5"), "{note}");
         reg.park("s", state(100, "opts"), t0);
         reg.unreserve(again.ring_bytes());
+        // A `resume_job` start counts from 0 in another run than the lingering session's: no
+        // replay to tell (found by a review).
+        let job = SessionState {
+            job: Some(minibatchd_client::protocol::JobBase { positions: vec![40, 60] }),
+            ..state(0, "opts")
+        };
+        let req = Request { resume: Some(&job), ..request(Some("s"), 100, &options) };
+        let continued = admit(&mut reg, &req, t0).expect("admitted");
+        assert_eq!(continued.replay, None);
+        reg.park("s", state(100, "opts"), t0);
+        reg.unreserve(continued.ring_bytes());
         // A state as far as the lingering one, or further (the daemon's checkpoint was older),
         // repeats nothing.
         for position in [100, 120] {

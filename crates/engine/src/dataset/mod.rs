@@ -53,9 +53,10 @@ pub use read::MAX_REUSED_READ_BUFFER;
 use read::{version_of, FileVersion};
 
 /// The decodes' own version, in every parsed chunk's identity: raised when a decode reads the
-/// same bytes otherwise (2: a `tf.Example` feature present with no list set is missing), so that
-/// chunks persisted by an earlier build are parsed again, not served.
-const PARSE_VERSION: &str = "parse 2";
+/// same bytes otherwise (2: a `tf.Example` feature present with no list set is missing; 3: a CTF
+/// negative zero is `+0.0`), so that chunks persisted by an earlier build are parsed again, not
+/// served.
+const PARSE_VERSION: &str = "parse 3";
 
 /// Progress of the index pass, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1021,8 +1021,11 @@ mod tests {
         let (_, file) = copy_names(&FileStamp::of(&src).expect("stamp"), Codec::Gzip);
         let pid = std::process::id();
         let mut planted = vec![file.clone(), format!("{file}{SIDECAR_SUFFIX}"), format!(".{file}.tmp.{pid}")];
-        planted.extend((0..4).map(|n| format!(".{file}.{pid}.{n}.tmp")));
-        planted.extend((0..4).map(|n| format!(".{file}{SIDECAR_SUFFIX}.{pid}.{n}.tmp")));
+        // Older builds' temporary names and this build's (`PID-TICKS`).
+        for writer in [pid.to_string(), state_file::temp_writer()] {
+            planted.extend((0..4).map(|n| format!(".{file}.{writer}.{n}.tmp")));
+            planted.extend((0..4).map(|n| format!(".{file}{SIDECAR_SUFFIX}.{writer}.{n}.tmp")));
+        }
         for name in &planted {
             std::os::unix::fs::symlink(&victim, inflated.join(name)).expect("symlink");
         }
