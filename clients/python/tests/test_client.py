@@ -3,6 +3,7 @@
 import gc
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -702,14 +703,18 @@ def test_a_session_read_to_its_end_and_dropped_resumes_by_name_exactly(daemon):
     session a minibatch short (the daemon had not heard that the last one was taken): a resume by
     name was not exact and gave that minibatch again. The client reports it at the end."""
     name = "read-to-the-end"
-    source = minibatchd.connect(daemon.socket).open("train", minibatch_size=16, full_sweep=True, session=name)
-    assert sum(1 for _ in source) > 1
+    opts = dict(minibatch_size=64, full_sweep=True, session=name, prefetch=16)
+    source = minibatchd.connect(daemon.socket).open("train", **opts)
+    # Every minibatch and the end arrive before the first is read: the client has no reason to
+    # send its releases on the way (it reports when it would wait, or when half the ring waits).
+    time.sleep(0.5)
+    assert 1 < sum(1 for _ in source) < 8
     source._conn.close()  # the process goes: no close()
     del source
     again = None
     for _ in range(100):
         try:
-            again = minibatchd.connect(daemon.socket).open("train", minibatch_size=16, full_sweep=True, session=name)
+            again = minibatchd.connect(daemon.socket).open("train", **opts)
             break
         except minibatchd.MinibatchdError as e:
             assert e.code == "session_busy", e
