@@ -456,6 +456,9 @@ class Source:
         self._live = self._releaser.live
         self._queued: collections.deque = collections.deque()
         self._ended = False
+        # The state the daemon confirmed when this client reported the end (what close() returns
+        # then, as it did when close() sent the report itself).
+        self._closed_state: Optional[dict] = None
         self._failed: Optional[MinibatchdError] = None
         self._mm: Optional[mmap.mmap] = None
         self._conn, hello = _handshake(path, timeout)
@@ -708,11 +711,14 @@ class Source:
             return self._minibatch(msg["slot"], msg["generation"], meta["index"], meta["sweep"], meta["end_of_sweep"], meta["position"])
         if t == "end":
             self._ended = True
-            self._last_state = msg["state"]
             # Tell the daemon the last minibatch was taken (found by a probe: a trainer that read
             # to the end and exited without close() left its session one minibatch short, so a
-            # resume by name was not exact and gave it again).
+            # resume by name was not exact and gave it again). state() stays the end's.
+            before = self._last_state
             self._report_final()
+            # Confirmed (a new state), or the report failed and close() returns the end's.
+            self._closed_state = self._last_state if self._last_state is not before else None
+            self._last_state = msg["state"]
             raise StopIteration
         if t == "error":
             # The session cannot go on (its producer stopped): every later next() says so too;
@@ -913,6 +919,8 @@ class Source:
         if self._mm is None or self._stopped:
             self._conn.close()
             self._mm = None
+            if self._closed_state is not None:
+                self._last_state = self._closed_state
             return dict(self._last_state)
         try:
             self._flush([{"type": "close"}])
