@@ -310,6 +310,26 @@ fn read_each_in_a_thread(sessions: Vec<Session>) -> Vec<u64> {
     (0..count).map(|_| rx.recv_timeout(DEADLINE).expect("a session still served after the reload")).collect()
 }
 
+/// Writes `d/rows.ctf`: `lines` one-line sequences of the 3-value dense stream `x`.
+fn write_rows(d: &Path, lines: u32) {
+    let text = (0..lines).fold(String::new(), |mut t, i| {
+        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
+        t
+    });
+    write(d, "rows.ctf", text);
+}
+
+/// The `rows` dataset over `d/rows.ctf` ([`write_rows`]), in chunks of `chunk` bytes (the default
+/// when `None`).
+fn rows_dataset(d: &Path, chunk: Option<u64>) -> String {
+    let chunk = chunk.map_or_else(String::new, |c| format!("chunk_size_bytes = {c}\n"));
+    format!(
+        "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\n{chunk}[datasets.rows.streams.x]\ndim = 3\n\
+         format = \"dense\"\n",
+        d.display()
+    )
+}
+
 /// Found by a hostile probe: a SIGHUP that lowered `memory_limit_bytes` below what two open
 /// sessions' rings reserve left the chunk cache nothing, and both sessions waited for memory for
 /// good (no error, a warning a minute). The old limit now stays while they need it.
@@ -317,21 +337,9 @@ fn read_each_in_a_thread(sessions: Vec<Session>) -> Vec<u64> {
 fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    let text = (0..100_000).fold(String::new(), |mut t, i| {
-        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
-        t
-    });
-    write(d, "rows.ctf", text);
+    write_rows(d, 100_000);
     let config = |limit: u64| {
-        support::daemon::write_config(
-            d,
-            &format!("memory_limit_bytes = {limit}"),
-            &format!(
-                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\nchunk_size_bytes = 4096\n\
-                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
-                d.display()
-            ),
-        )
+        support::daemon::write_config(d, &format!("memory_limit_bytes = {limit}"), &rows_dataset(d, Some(4096)))
     };
     config(256 << 20);
     let daemon = Daemon::start(d, &[]);
@@ -366,21 +374,13 @@ fn a_reload_that_lowers_the_limit_below_the_open_sessions_keeps_them_served() {
 fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    let text = (0..100_000).fold(String::new(), |mut t, i| {
-        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
-        t
-    });
-    write(d, "rows.ctf", text);
+    write_rows(d, 100_000);
     // One chunk of 1.7 MB: two parser threads' read buffers of it pass a 2 MB limit.
     let config = |limit: u64| {
         support::daemon::write_config(
             d,
             &format!("memory_limit_bytes = {limit}\nparser_threads = 2"),
-            &format!(
-                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\n\
-                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
-                d.display()
-            ),
+            &rows_dataset(d, None),
         )
     };
     config(256 << 20);
@@ -406,21 +406,9 @@ fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
 fn a_reload_keeps_unchanged_datasets_chunks_and_drops_a_replaced_versions() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    let text = (0..20_000).fold(String::new(), |mut t, i| {
-        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
-        t
-    });
-    write(d, "rows.ctf", text);
-    let config = |threads: u32, chunk: u32| {
-        support::daemon::write_config(
-            d,
-            &format!("parser_threads = {threads}"),
-            &format!(
-                "[datasets.rows]\nformat = \"ctf\"\nfiles = [\"{}/rows.ctf\"]\nchunk_size_bytes = {chunk}\n\
-                 [datasets.rows.streams.x]\ndim = 3\nformat = \"dense\"\n",
-                d.display()
-            ),
-        )
+    write_rows(d, 20_000);
+    let config = |threads: u32, chunk: u64| {
+        support::daemon::write_config(d, &format!("parser_threads = {threads}"), &rows_dataset(d, Some(chunk)))
     };
     config(2, 16_384);
     let daemon = Daemon::start(d, &[]);
@@ -447,11 +435,7 @@ fn a_reload_keeps_unchanged_datasets_chunks_and_drops_a_replaced_versions() {
 fn a_reload_whose_datasets_would_starve_the_open_sessions_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    let rows = (0..20_000).fold(String::new(), |mut t, i| {
-        writeln!(t, "|x {i} {} 0.5", i % 7).expect("writing to a String");
-        t
-    });
-    write(d, "rows.ctf", rows);
+    write_rows(d, 20_000);
     let line = "|x 1 2 3\n";
     write(d, "big.ctf", line.repeat((40 << 20) / line.len()));
     let dataset = |name: &str, chunk: u64| {
