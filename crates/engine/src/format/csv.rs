@@ -381,7 +381,12 @@ impl CsvDecoder {
                     s.default.clone().ok_or_else(required)?
                 } else {
                     parse_field(field, s.dtype).ok_or_else(|| {
-                        format!("field {c} (stream '{}') is not a valid {}: {}", s.name, s.dtype.name(), shown(field))
+                        format!(
+                            "field {c} (stream '{}') is not a valid {}: {}",
+                            s.name,
+                            s.dtype.name(),
+                            crate::format::errors::quoted(field)
+                        )
                     })?
                 };
                 let v = match value {
@@ -470,22 +475,6 @@ impl StreamBufDecoder for CsvDecoder {
             })
             .collect()
     }
-}
-
-/// A field's bytes for a message: as text, with control characters, a BOM and a zero-width
-/// space escaped (`\0`, `\u{1b}`), so that an error never writes raw control bytes
-/// to a terminal or a log.
-fn shown(field: &[u8]) -> String {
-    String::from_utf8_lossy(field)
-        .chars()
-        .map(|c| {
-            if c.is_control() || c == '\u{feff}' || c == '\u{200b}' {
-                c.escape_debug().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 /// The fields of a line (its `\r`s and newline removed), as `decode_csv` splits them; a quoted

@@ -237,6 +237,33 @@ impl ErrorBudget {
     }
 }
 
+/// Characters of the input a message quotes at most ([`quoted`]).
+pub const QUOTED_CHARS: usize = 64;
+
+/// Bytes of the input quoted in a message: as text, with control characters, a BOM and a
+/// zero-width space escaped (`\0`, `\u{1b}`), so that an error never writes raw control bytes
+/// to a terminal or a log — and at most [`QUOTED_CHARS`] characters, then how long the whole
+/// is: a token of 2 MB quoted whole filled the log with each error and pushed the reason out of
+/// what a client is told (found by a hostile probe).
+#[must_use]
+pub fn quoted(bytes: &[u8]) -> String {
+    // Four bytes a character at most: enough for the characters shown, without converting the rest.
+    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(QUOTED_CHARS * 4)]);
+    let mut chars = head.chars();
+    let mut out = String::new();
+    for c in chars.by_ref().take(QUOTED_CHARS) {
+        if c.is_control() || c == '\u{feff}' || c == '\u{200b}' {
+            out.extend(c.escape_debug());
+        } else {
+            out.push(c);
+        }
+    }
+    if chars.next().is_some() || bytes.len() > QUOTED_CHARS * 4 {
+        let _ = std::fmt::Write::write_fmt(&mut out, format_args!("… ({} bytes)", bytes.len()));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +274,21 @@ mod tests {
             at: Location { file: Arc::from(Path::new("f.ctf")), line: 1, offset },
             message: "x".into(),
         }
+    }
+
+    #[test]
+    fn quoted_input_is_short_and_escaped() {
+        assert_eq!(quoted(b"0.5x"), "0.5x");
+        assert_eq!(quoted(b"a\x1b[2Jb\0"), "a\\u{1b}[2Jb\\0");
+        let long = quoted("é".repeat(1000).as_bytes());
+        assert_eq!(long, format!("{}… (2000 bytes)", "é".repeat(QUOTED_CHARS)));
+        assert_eq!(quoted("x".repeat(QUOTED_CHARS).as_bytes()), "x".repeat(QUOTED_CHARS));
+        assert_eq!(
+            quoted("x".repeat(QUOTED_CHARS + 1).as_bytes()),
+            format!("{}… (65 bytes)", "x".repeat(QUOTED_CHARS))
+        );
+        // Cut inside a character, and invalid bytes: no panic, the length told.
+        assert!(quoted(&[0xffu8; 10_000]).ends_with("… (10000 bytes)"));
     }
 
     #[test]

@@ -399,7 +399,7 @@ impl CtfDecoder {
             } else {
                 format!(
                     "the sequence ends inside the input name '{}' (no newline at the end of the file): no sample is read",
-                    String::from_utf8_lossy(&bytes[name_start..p])
+                    crate::format::errors::quoted(&bytes[name_start..p])
                 )
             };
             errors.push(ctx.malformed(bytes, p, ErrorKind::DanglingName, message));

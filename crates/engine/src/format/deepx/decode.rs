@@ -108,7 +108,7 @@ fn found(s: &[u8], at: usize) -> String {
 fn token(s: &[u8], from: usize) -> String {
     let end =
         s[from.min(s.len())..].iter().position(|&b| b == b' ' || b == b'\t' || b == b'|').map_or(s.len(), |i| from + i);
-    String::from_utf8_lossy(&s[from.min(end)..end]).into_owned()
+    crate::format::errors::quoted(&s[from.min(end)..end])
 }
 
 #[inline]
@@ -305,7 +305,7 @@ impl DeepxDecoder {
             if q < s.len() && s[q] != b' ' && s[q] != b'\t' {
                 return Err(bad(
                     q,
-                    format!("unexpected {} after label '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])),
+                    format!("unexpected {} after label '{}'", found(s, q), crate::format::errors::quoted(&s[p..q])),
                 ));
             }
             out.y.push(label);
@@ -475,7 +475,11 @@ impl DeepxDecoder {
                 _ => {
                     return Err(bad(
                         q,
-                        format!("unexpected {} after feature '{}'", found(s, q), String::from_utf8_lossy(&s[p..q])),
+                        format!(
+                            "unexpected {} after feature '{}'",
+                            found(s, q),
+                            crate::format::errors::quoted(&s[p..q])
+                        ),
                     ))
                 }
             }

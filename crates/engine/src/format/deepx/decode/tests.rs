@@ -298,6 +298,24 @@ fn errors_name_the_line_and_the_byte_offset() {
     assert_eq!(e.at.file.as_ref(), Path::new("t.txt"));
 }
 
+/// A token of 2 MB in a bad line is quoted by its first characters and its length: the reason
+/// stays in the message (a hostile probe's 2 MB value was quoted whole, and a client, told 8 KiB
+/// of it, never learnt it was out of range).
+#[test]
+fn a_long_token_is_quoted_short_and_the_reason_kept() {
+    let s = schema(FormatKind::Libsvm, 1, 0);
+    let long = "1".repeat(2_000_000);
+    for (line, reason) in [
+        (format!("1 2:{long}"), "of feature 2 is out of range [-100, 100]"),
+        (format!("1 {long}:1"), "overflows 64 bits"),
+        (format!("1 2:0.5{long}x"), "unexpected 'x' after feature"),
+    ] {
+        let e = decode(&s, &line).expect_err("bad");
+        assert!(e.message.contains(reason), "{}", &e.message[..e.message.len().min(300)]);
+        assert!(e.message.len() < 300, "{} bytes: {}", e.message.len(), &e.message[..300]);
+    }
+}
+
 /// Decodes `lines` in turn into one chunk's buffers.
 fn decode_lines(s: Schema, lines: &[&str]) -> (DeepxDecoder, DeepxBufs<f32>, Vec<Malformed>) {
     let d = DeepxDecoder::new(s);
