@@ -136,23 +136,33 @@ pub(super) fn parse_hex(digits: &str, single: bool) -> Option<f64> {
         None => (digits, 0),
     };
     let (int, frac) = mantissa_text.split_once('.').unwrap_or((mantissa_text, ""));
-    if int.is_empty() && frac.is_empty() {
+    if int.is_empty() && frac.is_empty() || !int.chars().chain(frac.chars()).all(|c| c.is_ascii_hexdigit()) {
         return None;
     }
+    // Zeros before the integer digits and after the fraction's change nothing.
+    let (int, frac) = (int.trim_start_matches('0'), frac.trim_end_matches('0'));
     let mut m: u64 = 0;
     let mut exp = i64::from(exponent);
     for (k, c) in int.chars().chain(frac.chars()).enumerate() {
         let d = u64::from(c.to_digit(16)?);
         if m >> 60 != 0 {
-            // More significant bits than a u64: not exact in any float.
-            return None;
+            // A 61st bit and more: exact in no float unless what follows is zeros of the integer
+            // part (`0x10000000000000000`), which scale it; a fraction's digit here is followed by
+            // a non-zero one (its trailing zeros are gone).
+            if d != 0 || k >= int.len() {
+                return None;
+            }
+            exp += 4;
+            continue;
         }
         m = m * 16 + d;
         if k >= int.len() {
             exp -= 4;
         }
     }
-    let bits = 64 - m.leading_zeros();
+    // The significant bits, from the highest set to the lowest: `0x1.fffffep0` has 24, which a
+    // float32 holds (counting from bit 0 made it 25, and refused float32's largest values).
+    let bits = if m == 0 { 0 } else { 64 - m.leading_zeros() - m.trailing_zeros() };
     if bits > if single { 24 } else { 53 } {
         return None;
     }

@@ -115,6 +115,32 @@ fn numbers_parse_as_tensorflow_parses_them() {
     // A hexadecimal float its type cannot hold exactly is refused (deliberate).
     assert_eq!(float("0x1000001"), None);
     assert!(parse_field(b"0x1000001", CsvType::F64).is_some());
+    // One that it holds, whatever its zeros: 24 significant bits with a zero bit below them
+    // (float32's largest, its largest subnormal — refused once, by counting bits from bit 0),
+    // leading and trailing zeros, more zeros than a u64 holds.
+    for (text, want) in [
+        ("0x1.fffffep127", f64::from(f32::MAX)),
+        ("0x1.fffffep0", f64::from(f32::from_bits(0x3fff_ffff))),
+        ("0x1.fffffcp-127", f64::from(f32::from_bits(0x007f_ffff))),
+        ("0xffffff.0p0", 16_777_215.0),
+        ("0x1fffffe", 33_554_430.0),
+        ("0x0001.80000000000000000000p0", 1.5),
+        ("0x100000000000000000000", 2f64.powi(80)),
+        ("0x0", 0.0),
+        ("0x.8", 0.5),
+    ] {
+        assert_eq!(float(text).map(f64::to_bits), Some(want.to_bits()), "{text:?}");
+    }
+    for bad in ["0x1.000001p0", "0x1fffffff", "0x1.0000000000000000001", "0x1g", "0x1.fffffep128"] {
+        assert_eq!(float(bad), None, "{bad:?} is not held exactly by a float32");
+    }
+    let double = |s: &str| match parse_field(s.as_bytes(), CsvType::F64) {
+        Some(CsvValue::Float(f)) => Some(f),
+        _ => None,
+    };
+    assert_eq!(double("0x1.fffffffffffffp1023"), Some(f64::MAX));
+    assert_eq!(double("0x1.ffffffffffffe0p0").map(f64::to_bits), Some(f64::from_bits(0x3fff_ffff_ffff_fffe).to_bits()));
+    assert_eq!(double("0x1.00000000000008p0"), None);
     let int = |s: &str, t| parse_field(s.as_bytes(), t);
     assert_eq!(int(" 7 ", CsvType::I32), Some(CsvValue::Int(7)));
     assert_eq!(int("007", CsvType::I32), Some(CsvValue::Int(7)));
