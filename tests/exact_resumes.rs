@@ -463,6 +463,19 @@ fn a_worker_state_resumes_only_its_worker_at_its_worker_count() {
             other => panic!("a foreign worker's state must be refused, got {:?}", other.map(|mut s| s.state())),
         }
     }
+    // A worker no session writes (an edited state: a rank past its count, a count under 2) is
+    // called that, not another worker's (a probe's `rank 0 of 1` read "worker 0 of 1's and this
+    // session is a session of one worker").
+    for (rank, of, session) in [(0, 1, worker(0, 1)), (3, 2, worker(1, 2)), (0, 0, worker(0, 1))] {
+        let mut forged = states[0].clone();
+        forged.worker = Some(minibatchd_client::protocol::WorkerOf { rank, of });
+        match d.client().open("train", &SessionOptions { resume: Some(forged), ..session }) {
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+                assert!(message.contains(&format!("(rank {rank}, of {of}) is not one a session writes")), "{message}");
+            }
+            other => panic!("a forged worker must be refused, got {:?}", other.map(|mut s| s.state())),
+        }
+    }
     // Its own worker at its count: exactly where it stopped.
     let o = SessionOptions { resume: Some(states[1].clone()), ..worker(1, 3) };
     let mut s = d.client().open("train", &o).expect("its own state");

@@ -75,6 +75,18 @@ pub enum ResumeError {
         /// The session being opened (`None`: one worker).
         opened: Option<WorkerOf>,
     },
+    /// A state's worker that no session writes: a rank past its count, or a count under 2 (a
+    /// one-worker session's state has no worker).
+    #[error(
+        "the state's worker (rank {}, of {}) is not one a session writes: a state of one of several workers has \
+         a rank below its count of at least 2 (an edited state?)",
+        saved.rank,
+        saved.of
+    )]
+    WorkerInvalid {
+        /// The state's worker.
+        saved: WorkerOf,
+    },
     /// `resume_job` states that are not every worker's of one run in rank order.
     #[error(
         "resume_job's state {index} of {count} is {saved}'s: give the state of every worker of one run, in rank order"
@@ -161,9 +173,10 @@ pub fn check_resume(
 /// that worker at that worker count, a one-worker session's state any.
 ///
 /// # Errors
-/// [`ResumeError::Worker`].
+/// [`ResumeError::Worker`], or [`ResumeError::WorkerInvalid`] for a worker no session writes.
 pub fn check_worker(state: &SessionState, opened: Option<WorkerOf>) -> Result<(), ResumeError> {
     match state.worker {
+        Some(saved) if saved.of < 2 || saved.rank >= saved.of => Err(ResumeError::WorkerInvalid { saved }),
         Some(saved) if Some(saved) != opened => Err(ResumeError::Worker { saved, opened }),
         _ => Ok(()),
     }
