@@ -46,6 +46,9 @@ struct FromString {
     uuid: Option<bool>,
     x_size: Option<u64>,
     x_hist_item_size: Option<u64>,
+    /// `x_size` or a history size was given, valid or not (an invalid one is reported as such,
+    /// not again as missing).
+    sizes_given: bool,
 }
 
 /// Reads the deepx keys of a dataset table of format `format` (not `ctf`).
@@ -81,13 +84,15 @@ pub(crate) fn parse(w: &mut Walker, t: &mut Table<'_>, format: FormatKind) -> De
     only(w, "comments", comments.is_some(), libsvm, "libsvm");
     only(w, "qid", qid.is_some(), libsvm, "libsvm");
     only(w, "feature_index_base", base.is_some(), libsvm, "libsvm");
-    if format == FormatKind::LibsvmEx && x_size.is_none() {
+    // A size given but invalid was reported as such (a probe saw `x_size = 129` also called missing).
+    let given = |key: &str| t.had(key) || from_string.sizes_given;
+    if format == FormatKind::LibsvmEx && x_size.is_none() && !given("x_size") {
         w.issue(
             &t.key_path("x_size"),
             "missing: libsvm_ex needs the number of feature groups, 1..=128 (deepx: \"Please specify x_size.\")",
         );
     }
-    if format == FormatKind::Uch && x_hist.is_none() {
+    if format == FormatKind::Uch && x_hist.is_none() && !given("x_hist_item_size") {
         w.issue(
             &t.key_path("x_hist_item_size"),
             "missing: uch needs the number of history slots, 1..=128 (deepx: \"Please specify x_hist_item_size.\")",
@@ -177,9 +182,13 @@ fn parse_reader_config(w: &mut Walker, path: &str, text: &str, format: FormatKin
             "label_size" => out.label_size = bounded(w, 1, i64::try_from(MAX_LABEL_SIZE).unwrap_or(i64::MAX)),
             "w" | "has_w" => out.w = Some(v != 0),
             "uuid" | "has_uuid" => out.uuid = Some(v != 0),
-            "x_size" if format == FormatKind::LibsvmEx => out.x_size = bounded(w, 1, max_x),
+            "x_size" if format == FormatKind::LibsvmEx => {
+                out.x_size = bounded(w, 1, max_x);
+                out.sizes_given = true;
+            }
             "x_hist_item_size" | "hist_item_size" | "history_item_size" if format == FormatKind::Uch => {
                 out.x_hist_item_size = bounded(w, 1, max_x);
+                out.sizes_given = true;
             }
             other => w.issue(
                 path,

@@ -208,7 +208,16 @@ fn deepx_validation_follows_deepx_rules() {
     let e = deepx("libsvm", "x_size = 2\nlabel_size = 33").expect_err("limits");
     assert!(e.contains("datasets.d.x_size: exists for format libsvm_ex only"), "{e}");
     assert!(e.contains("datasets.d.label_size: 33 is out of range: expected 1..=32"), "{e}");
-    assert!(deepx("libsvm_ex", "x_size = 129").expect_err("x_size").contains("expected 1..=128"));
+    // A size out of range is that, not also missing (a probe saw both for `x_size = 129`).
+    for (format, extra) in [
+        ("libsvm_ex", "x_size = 129"),
+        ("libsvm_ex", "instance_reader_config = \"x_size=0\""),
+        ("uch", "x_hist_item_size = 0"),
+        ("uch", "instance_reader_config = \"hist_item_size=129\""),
+    ] {
+        let e = deepx(format, extra).expect_err(extra);
+        assert!(e.contains("is out of range: expected 1..=128") && !e.contains("missing"), "{extra}: {e}");
+    }
     for (bad, needle) in [
         ("batch=", "is not key=value"),
         ("batch=3=2", "is not key=value"),
