@@ -409,14 +409,13 @@ fn load8(w: &[u8; DENSE_WINDOW], at: u32) -> i64 {
 /// Four values (`from..from + 4` in `lanes`) from their words: CNTK's `int + frac / 10^k`, where
 /// the fraction word read as eight digits is `frac * 10^(8 - k)` — over 10^8 the same rational as
 /// `frac` over 10^k, both parts exact, so the correctly rounded quotient is the same `f64` — then
-/// signed; a zero always positive (`-0` and `-0.0` are `+0.0`, as CNTK 2.7 delivers them).
+/// signed.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_group(lanes: &Lanes, from: usize) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{
         _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
-        _mm256_setzero_pd,
     };
     // Values `from..from + 4`: `from` is a multiple of four, so they do not wrap around.
     let at = (from % LANES) & !3;
@@ -424,8 +423,7 @@ fn avx2_group(lanes: &Lanes, from: usize) -> std::arch::x86_64::__m256d {
     let int = avx2_sum4(_mm256_setr_epi64x(a[0], b[0], c[0], d[0]));
     let frac = avx2_sum4_leading(_mm256_setr_epi64x(a[1], b[1], c[1], d[1]));
     let v = _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)));
-    let signed = _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(a[2], b[2], c[2], d[2])));
-    _mm256_add_pd(signed, _mm256_setzero_pd())
+    _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(a[2], b[2], c[2], d[2])))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -496,7 +494,7 @@ mod tests {
         }
     }
 
-    /// CNTK's value of a plain decimal, the slow way, as CNTK 2.7 delivers it (a zero positive).
+    /// CNTK's value of a plain decimal, the slow way.
     fn cntk(token: &str) -> f64 {
         let (negative, digits) = match token.as_bytes()[0] {
             b'-' => (true, &token[1..]),
@@ -510,7 +508,7 @@ mod tests {
         #[allow(clippy::cast_precision_loss)] // small integers
         let v = int as f64 + frac as f64 / 10f64.powi(k);
         if negative {
-            -v + 0.0
+            -v
         } else {
             v
         }

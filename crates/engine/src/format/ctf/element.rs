@@ -7,12 +7,8 @@ use crate::format::chunk::Values;
 
 /// An element type values are stored as.
 pub trait Element: Copy + Default + Send + Sync + 'static {
-    /// Narrows an `f64`, as `static_cast<ElemType>`.
+    /// Narrows CNTK's `f64` accumulator, as `static_cast<ElemType>`.
     fn from_f64(v: f64) -> Self;
-    /// Narrows CNTK's `f64` accumulator as CNTK 2.7 delivers it: as [`Element::from_f64`], a
-    /// zero always positive — `-0`, `-0.0` and a negative number that rounds to zero come as
-    /// `+0.0` (the oracle, bit for bit; found by a probe). Adding `+0.0` changes nothing else.
-    fn from_cntk(v: f64) -> Self;
     /// A stored `f32` (a TFRecord `float_list` value): its bits as they are in `f32`, widened
     /// exactly in `f64`.
     fn from_f32(v: f32) -> Self;
@@ -28,11 +24,6 @@ impl Element for f32 {
     #[allow(clippy::cast_possible_truncation)]
     fn from_f64(v: f64) -> Self {
         v as f32
-    }
-    #[inline]
-    #[allow(clippy::cast_possible_truncation)]
-    fn from_cntk(v: f64) -> Self {
-        v as f32 + 0.0
     }
     #[inline]
     fn from_f32(v: f32) -> Self {
@@ -51,10 +42,6 @@ impl Element for f64 {
     #[inline]
     fn from_f64(v: f64) -> Self {
         v
-    }
-    #[inline]
-    fn from_cntk(v: f64) -> Self {
-        v + 0.0
     }
     #[inline]
     fn from_f32(v: f32) -> Self {

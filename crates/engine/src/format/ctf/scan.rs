@@ -167,7 +167,7 @@ impl<T: Element> DenseOut<'_, T> {
     #[inline(always)]
     pub fn push(&mut self, v: f64) {
         if let Some(slot) = self.slots.get_mut(self.count) {
-            *slot = T::from_cntk(v);
+            *slot = T::from_f64(v);
         }
         self.count += 1;
     }
@@ -260,8 +260,7 @@ mod tests {
                 continue;
             }
             let (v, np) = parse_real(bytes, p).expect("the fast path took only valid values");
-            // As stored: a zero positive (`Element::from_cntk`).
-            out.push((v + 0.0).to_bits());
+            out.push(v.to_bits());
             p = np;
         }
         assert_eq!(p, until, "the fast path stopped inside a value");

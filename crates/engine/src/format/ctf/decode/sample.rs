@@ -170,7 +170,7 @@ pub(super) fn read_sparse<T: Element>(
         }
         match parse_real(bytes, p) {
             Ok((v, np)) => {
-                buf.values.push(T::from_cntk(v));
+                buf.values.push(T::from_f64(v));
                 #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
                 buf.indices.push(index as i32); // index < dim <= i32::MAX (validated config)
                 p = np;
