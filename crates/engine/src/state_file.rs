@@ -224,6 +224,23 @@ pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
     Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{}: no free temporary name for {base}", dir.display())))
 }
 
+/// Whether `name` is a temporary file's name as [`create_temp`] makes them
+/// (`.{base}.{pid}-{ticks}.{n}.tmp`, or an older build's `.{base}.{pid}.{n}.tmp`): a cache's
+/// directory removes no other file, whatever its name (found by a probe: `.x.tmp` and other
+/// files of a directory shared by mistake were removed).
+#[must_use]
+pub fn is_temp_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
+    let mut parts = inner.rsplitn(3, '.');
+    let (Some(n), Some(writer), Some(base)) = (parts.next(), parts.next(), parts.next()) else { return false };
+    let writer_ok = match writer.split_once('-') {
+        Some((pid, ticks)) => digits(pid) && digits(ticks),
+        None => digits(writer),
+    };
+    !base.is_empty() && digits(n) && writer_ok
+}
+
 /// Whether the process that named temporary file `name` ([`create_temp`]:
 /// `.{base}.{pid}-{ticks}.{n}.tmp`) still runs: a temporary file whose writer is gone was left by
 /// a crash. The writer is its process id and start time, so a later process that got the same id
@@ -378,6 +395,13 @@ mod tests {
         assert!(writer_alive(&format!(".x.{pid}.0.tmp")));
         assert!(!writer_alive(".x.4294967.0.tmp"));
         assert!(!writer_alive(".x.junk-1.0.tmp") && !writer_alive(".x.tmp"));
+        // Which names are temporary files at all: a cache removes no other file.
+        assert!(is_temp_name(&name) && is_temp_name(".a.ctf.0-9.00ff.chunk.12.3.tmp") && is_temp_name(".x.7.0.tmp"));
+        for other in
+            [".x.tmp", "x.1.0.tmp", ".x.1.tmp", "..1.0.tmp", ".x.a-1.0.tmp", ".x.1-.0.tmp", ".x.1.0.tmp~", ".tmp"]
+        {
+            assert!(!is_temp_name(other), "{other}");
+        }
     }
 
     #[test]

@@ -225,12 +225,15 @@ impl ObjectCache {
             if name == BOOT_ID {
                 continue;
             }
-            if name.starts_with('.') {
+            // Only the cache's own files: a directory shared by mistake keeps everything else.
+            if state_file::is_temp_name(&name) {
                 // A temporary file of an interrupted write.
-                let _ = std::fs::remove_file(entry.path());
+                if !state_file::writer_alive(&name) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
                 continue;
             }
-            if !meta.is_file() || std::path::Path::new(&name).extension().is_none_or(|e| e != "chunk") {
+            if !meta.is_file() || !is_entry_name(&name) {
                 continue;
             }
             if !same_boot {
@@ -572,6 +575,17 @@ impl Drop for Tee<'_> {
 }
 
 /// The cached file at `path` if it is trusted and holds `len` bytes and a trailer.
+/// Whether `name` is an entry's name ([`ObjectCache::key`]: `{name}.{start}-{end}.{hash:016x}.chunk`).
+fn is_entry_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = name.strip_suffix(".chunk") else { return false };
+    let mut parts = rest.rsplitn(3, '.');
+    let (Some(hash), Some(range), Some(_object)) = (parts.next(), parts.next(), parts.next()) else { return false };
+    hash.len() == 16
+        && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        && range.split_once('-').is_some_and(|(a, b)| digits(a) && digits(b))
+}
+
 fn open_range(path: &Path, len: u64) -> Option<(File, Stamp)> {
     let (file, meta) = state_file::open_trusted(path).ok()?;
     (meta.len() == len + TRAILER_BYTES).then(|| (file, Stamp::of(&meta)))
@@ -808,6 +822,35 @@ mod tests {
         assert_eq!(store.reads.load(Ordering::SeqCst), reads + 1, "fetched again, not served");
         assert_eq!(read(cache.fetch(&store, &o, 10, 30).expect("fetch").file), (10..30u8).collect::<Vec<_>>());
         assert_eq!(store.reads.load(Ordering::SeqCst), reads + 1, "the new entry served from disk");
+    }
+
+    /// Found by a probe: an object cache pointed at a shared directory (by mistake) removed
+    /// `.x.tmp` and `foo.chunk` there, files it never wrote. Only names the cache makes are its
+    /// own: entries (`{name}.{start}-{end}.{hash}.chunk`) and temporary files of dead writers.
+    #[test]
+    fn a_shared_directory_keeps_every_file_the_cache_did_not_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let objects = dir.path().join("objects");
+        std::fs::create_dir(&objects).expect("mkdir");
+        let foreign = [".x.tmp", "foo.chunk", "a.ctf.0-100.chunk", "a.1-2.XYZ.chunk", "notes.txt", ".hidden"];
+        for name in foreign {
+            std::fs::write(objects.join(name), b"not the cache's").expect("write");
+        }
+        let dead = ".a.ctf.0-9.00ff00ff00ff00ff.chunk.4294967.0.tmp";
+        std::fs::write(objects.join(dead), b"left by a crashed writer").expect("write");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let o = object();
+        let cache = tiny(objects.clone(), 45);
+        for start in [0u64, 20, 40, 60] {
+            cache.fetch(&store, &o, start, start + 20).expect("fetch");
+        }
+        drop(cache);
+        let again = tiny(objects.clone(), 45);
+        again.fetch(&store, &o, 80, 100).expect("fetch");
+        for name in foreign {
+            assert!(objects.join(name).exists(), "{name} was removed");
+        }
+        assert!(!objects.join(dead).exists(), "a dead writer's temporary file is removed");
     }
 
     #[test]

@@ -458,3 +458,28 @@ fn the_entries_of_a_replaced_identity_are_removed_and_no_others() {
     assert!(c.stats().bytes < before.bytes, "{:?} then {:?}", before, c.stats());
     assert_eq!(c.forget_identity(ID), 0);
 }
+
+/// Found by a probe: a parsed cache pointed at a directory of other files (by mistake) removed
+/// `.x.tmp`, `foo.mbp` and `1234-5.mbp` there. Only names the cache makes are its own: entries
+/// (`{identity:016x}-{chunk}.mbp`) and temporary files of dead writers.
+#[test]
+fn a_shared_directory_keeps_every_file_the_cache_did_not_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let foreign = [".x.tmp", "foo.mbp", "1234-5.mbp", "DEADBEEFDEADBEEF-0.mbp", "notes.txt", ".hidden"];
+    for name in foreign {
+        std::fs::write(dir.path().join(name), b"not the cache's").expect("write");
+    }
+    let one = encoded_len(&chunk(0));
+    let c = open(dir.path(), one);
+    for n in 0..3 {
+        c.put(ID, &chunk(n));
+    }
+    assert_eq!(c.stats().entries, 1, "evicted down to its bound");
+    assert_eq!(c.forget_identity(ID), 1);
+    drop(c);
+    let c = open(dir.path(), 0);
+    assert_eq!(c.stats().entries, 0);
+    for name in foreign {
+        assert!(dir.path().join(name).exists(), "{name} was removed");
+    }
+}
