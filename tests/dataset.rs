@@ -141,6 +141,31 @@ fn a_key_repeated_in_a_joined_source_joins_its_first_sequence_and_is_reported() 
     assert!(stderr.contains("first_key=0") && stderr.contains("l.ctf:3 (byte 18)"), "{stderr}");
 }
 
+/// Found by a probe: a joined source's sequences whose key the first source lacks are never read
+/// — their malformed lines are not found, where CNTK 2.7 parses them with their chunk — and
+/// nothing said so. The open says how many and where the first is (`docs/differences.md`).
+#[test]
+fn a_joined_sources_keys_the_first_source_lacks_are_reported() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "f.ctf", "0 |f 1\n1 |f 2\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1\n5 |l 1:x\n1 |l 1:1\n7 |l 2:1\n");
+    let cfg = write(
+        dir.path(),
+        "c.toml",
+        BUNDLE.replace("DEFINES", "").replace("cache_index = false", "cache_index = false\nmax_errors = 0"),
+    );
+    let (out, stderr, code) = dump_text(&cfg, &["--randomize", "false"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(stderr.contains("never read") && stderr.contains("sequences=2"), "{stderr}");
+    assert!(stderr.contains("first_key=5") && stderr.contains("l.ctf:2 (byte 9)"), "{stderr}");
+    // Every key joined: no such warning.
+    write(dir.path(), "l.ctf", "1 |l 1:1\n0 |l 0:1\n");
+    let (_out, stderr, code) = dump_text(&cfg, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stderr.contains("never read"), "{stderr}");
+}
+
 #[test]
 fn the_defines_mb_size_source_sets_the_length() {
     let dir = tempfile::tempdir().expect("tempdir");
