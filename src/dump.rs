@@ -92,7 +92,9 @@ pub fn for_each_minibatch(
         Step::Restore(position) => Ok(feeder.restore(position).map(|()| true)?),
         Step::Next(size) => {
             let Some(plan) = feeder.plan(size) else { return Ok(false) };
-            each(&feeder.gather(&plan, &mut load)?.to_minibatch())?;
+            let gathered =
+                feeder.gather(&plan, &mut load).map_err(|e| e.locate_sequence(|g| dataset.sequence_location(g)))?;
+            each(&gathered.to_minibatch())?;
             Ok(true)
         }
     })?;
@@ -216,12 +218,9 @@ pub fn ledger(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> 
         // nominal length is what it knows.
         if options.frame_mode {
             if let Some(r) = plan.sequences.iter().find(|r| lengths.samples(r.seq as usize..=r.seq as usize) > 1) {
-                return Err(DumpError::Data(DataError::Dataset(format!(
-                    "detected a non-frame sequence of size {} in frame mode (sequence {} of the timeline, in chunk {})",
-                    lengths.samples(r.seq as usize..=r.seq as usize),
-                    r.seq,
-                    r.chunk
-                ))));
+                let samples = lengths.samples(r.seq as usize..=r.seq as usize);
+                let e = DataError::NonFrame { seq: u64::from(r.seq), chunk: r.chunk, samples };
+                return Err(DumpError::Data(e.locate_sequence(|g| dataset.sequence_location(g))));
             }
         }
         line.clear();

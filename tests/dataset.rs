@@ -669,6 +669,9 @@ fn a_frame_mode_ledger_fails_where_the_data_does() {
     assert_eq!((data_code, ledger_code), (1, 1), "{data_err} / {ledger_err}");
     let message = "detected a non-frame sequence of size 2 in frame mode (sequence 1 of the timeline";
     assert!(data_err.contains(message) && ledger_err.contains(message), "{data_err} / {ledger_err}");
+    // And where the sequence is (found by a probe: the timeline's number alone named no file).
+    let place = format!("{}:2: byte offset 7: ", dir.path().join("data.ctf").display());
+    assert!(data_err.contains(&place) && ledger_err.contains(&place), "{data_err} / {ledger_err}");
     // Both print the minibatch before the failing one (sequence 0 alone), and only that.
     assert_eq!((data.lines().count(), ledger.lines().count()), (1, 1), "{data}\n{ledger}");
     assert!(ledger.contains("\"sequences\": [0]"), "{ledger}");

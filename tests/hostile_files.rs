@@ -737,3 +737,49 @@ fn a_gz_input_replaced_with_its_size_and_mtime_kept_is_decompressed_again() {
     assert_eq!(read_all(&daemon), after);
     assert!(matches!(resume(&daemon), Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, .. })));
 }
+
+/// Found by a probe: a sequence of several samples in frame mode failed the session with
+/// "sequence 1 of the timeline, in chunk 0", which names no file; with several files or joined
+/// sources the user could not find it. The session's error names the file, line and byte offset
+/// where that sequence begins, in its message and its detail.
+#[test]
+fn a_frame_mode_violation_names_the_sequences_place() {
+    use minibatchd_client::protocol::{ErrorCode, SessionOptions};
+    use minibatchd_client::ClientError;
+    use support::daemon::{options, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    write(p, "a.ctf", "0 |a 1\n1 |a 2\n");
+    let b = write(p, "b.ctf", "7 |a 3\n8 |a 4\n8 |a 5\n9 |a 6\n");
+    support::daemon::write_config(
+        p,
+        "ring_slots = 2\nslot_size_bytes = 65536\n",
+        &format!(
+            "[datasets.d]\nformat = \"ctf\"\nfiles = [\"{}\", \"{}\"]\n[datasets.d.sampling]\nrandomize = false\n\
+             [datasets.d.streams.a]\ndim = 1\nformat = \"dense\"\n",
+            p.join("a.ctf").display(),
+            b.display()
+        ),
+    );
+    let daemon = Daemon::start(p, &[]);
+    let opts = SessionOptions { frame_mode: true, full_sweep: true, ..options(1) };
+    let mut s = daemon.client().open("d", &opts).expect("open");
+    let err = loop {
+        match s.next_minibatch() {
+            Ok(Some(mb)) => s.release(mb),
+            Ok(None) => panic!("the sweep ended without the frame-mode error"),
+            Err(e) => break e,
+        }
+    };
+    let ClientError::Daemon { code, message, detail } = err else { panic!("a daemon error, got {err}") };
+    assert_eq!(code, ErrorCode::DataError, "{message}");
+    assert!(
+        message.contains(&format!("{}:2: byte offset 7: detected a non-frame sequence of size 2", b.display())),
+        "{message}"
+    );
+    let detail = detail.expect("a detail");
+    assert_eq!(
+        (detail.file.as_deref(), detail.line, detail.offset),
+        (Some(b.to_str().expect("utf-8")), Some(2), Some(7))
+    );
+}

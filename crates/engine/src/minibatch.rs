@@ -264,12 +264,7 @@ fn assemble(
             }
             let (s0, s1) = sd.sample_range(local);
             if frame_mode && s1 - s0 > 1 {
-                return Err(DataError::Dataset(format!(
-                    "detected a non-frame sequence of size {} in frame mode (sequence {} of the timeline, in chunk {})",
-                    s1 - s0,
-                    r.seq,
-                    r.chunk
-                )));
+                return Err(DataError::NonFrame { seq: u64::from(r.seq), chunk: r.chunk, samples: (s1 - s0) as u64 });
             }
             match &sd.data {
                 StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. }

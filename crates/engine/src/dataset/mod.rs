@@ -385,6 +385,27 @@ impl Dataset {
         &self.timeline
     }
 
+    /// Where sequence `g` of the timeline begins in its file of the first source (its first
+    /// line, 1-based, and byte offset); `None` past the timeline, or in a file indexed by its
+    /// chunks alone (whose sequences are lines of one sample each).
+    #[must_use]
+    pub fn sequence_location(&self, g: u64) -> Option<crate::format::Location> {
+        let g = usize::try_from(g).ok()?;
+        let starts = &self.timeline.chunk_start;
+        let chunk = starts.partition_point(|&s| s <= g).checked_sub(1)?;
+        if chunk + 1 >= starts.len() {
+            return None;
+        }
+        let src = &self.sources[0];
+        let file = self.chunks.get(chunk)?.file;
+        if src.indexes.get(file)?.sequences.sizes_follow_lines() {
+            return None;
+        }
+        let (loc, seq) = self.chunk_sequences(chunk, 0).nth(g - starts[chunk])?;
+        let path = src.files.get(loc.file as usize)?;
+        Some(crate::format::Location { file: path.clone(), line: seq.line + 1, offset: seq.offset })
+    }
+
     /// The chunks (of the primary source).
     #[must_use]
     pub fn chunks(&self) -> &[ChunkDesc] {

@@ -146,6 +146,17 @@ pub enum DataError {
     /// A dataset-level problem (no file matches a glob, a resume against other data, …).
     #[error("{0}")]
     Dataset(String),
+    /// A sequence of more than one sample in frame mode (CNTK's `FramePacker`), before its place
+    /// is known ([`DataError::locate_sequence`] makes it a [`DataError::Fatal`] at its place).
+    #[error("detected a non-frame sequence of size {samples} in frame mode (sequence {seq} of the timeline, in chunk {chunk})")]
+    NonFrame {
+        /// The sequence, in the dataset's timeline.
+        seq: u64,
+        /// Its chunk.
+        chunk: u32,
+        /// Its samples (in the stream that has more than one).
+        samples: u64,
+    },
 }
 
 impl DataError {
@@ -155,13 +166,28 @@ impl DataError {
         Self::Io { path: path.to_owned(), source: Arc::new(source) }
     }
 
+    /// This error with the place of its sequence where `locate` knows it: a
+    /// [`DataError::NonFrame`] becomes a [`DataError::Fatal`] naming its file, line and byte
+    /// offset (found by a probe: the message named only the sequence's number in the timeline,
+    /// useless to find it in several files or joined sources). Any other error is returned as is.
+    #[must_use]
+    pub fn locate_sequence(self, locate: impl FnOnce(u64) -> Option<Location>) -> Self {
+        match self {
+            Self::NonFrame { seq, .. } => match locate(seq) {
+                Some(at) => Self::Fatal { message: self.to_string(), at },
+                None => self,
+            },
+            other => other,
+        }
+    }
+
     /// The file, 1-based line and byte offset the error is about, when it is about one place.
     #[must_use]
     pub fn place(&self) -> Option<&Location> {
         match self {
             Self::Fatal { at, .. } => Some(at),
             Self::TooManyErrors { last, .. } => Some(&last.at),
-            Self::Io { .. } | Self::Dataset(_) => None,
+            Self::Io { .. } | Self::Dataset(_) | Self::NonFrame { .. } => None,
         }
     }
 
@@ -180,7 +206,7 @@ impl DataError {
     pub fn kind_name(&self) -> &'static str {
         match self {
             Self::Io { .. } => "io",
-            Self::Fatal { .. } => "fatal",
+            Self::Fatal { .. } | Self::NonFrame { .. } => "fatal",
             Self::TooManyErrors { last, .. } => last.kind.as_str(),
             Self::Dataset(_) => "dataset",
         }
