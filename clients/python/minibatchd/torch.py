@@ -299,12 +299,14 @@ class MinibatchIterableDataset(IterableDataset):
         last = self._last
         return last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else None
 
-    def _plan_pass(self, token: int, k: int, workers: int) -> None:
+    def _plan_pass(self, token: int, k: int, workers: int) -> Tuple[list, list, int]:
         """``MinibatchDataLoader`` begins its ``k``-th pass (main process, before its workers are
         made or resumed): which pass and epoch it is, decided once here, goes into the table
-        under the loader's ``token``, and the copies of this dataset the workers get name it."""
+        under the loader's ``token``, and the copies of this dataset the workers get name it.
+        Returns what ``_unplan_pass`` needs to take it back."""
         sh = self._shared
         with sh.get_lock():
+            before = sh[_SEEN_GEN:_PLANS]
             gen = sh[_GEN]
             self._sync(gen)
             p = max(sh[_BEGUN], self._next_pass_here(gen) or 0)
@@ -315,7 +317,20 @@ class MinibatchIterableDataset(IterableDataset):
             at = _PLANS + _PLAN_FIELDS * (sh[_PLAN_AT] % _PLANS_LEN)
             sh[at:at + _PLAN_FIELDS] = [token, k, gen, p, sh[_BASE] + p, resumes]
             sh[_PLAN_AT] += 1
+            after = sh[_SEEN_GEN:_PLANS]
         self._plan = (token, k)
+        return before, after, at
+
+    def _unplan_pass(self, undo: Tuple[list, list, int]) -> None:
+        """Takes back the pass ``_plan_pass`` planned (returning ``undo``) when its iterator was
+        never made: the next pass the loader begins is that one again. The pass's plan is voided;
+        the table's passes go back to before it unless a worker moved them meanwhile."""
+        before, after, at = undo
+        sh = self._shared
+        with sh.get_lock():
+            sh[at] = 0  # no loader's token
+            if sh[_SEEN_GEN:_PLANS] == after:
+                sh[_SEEN_GEN:_PLANS] = before
 
     def _new_token(self) -> int:
         sh = self._shared
@@ -713,15 +728,23 @@ class _OwnsTheEpoch:
         whether they are read in this process (the default) or by worker processes."""
         return self._minibatchd_local or self.num_workers
 
-    def _minibatchd_plan(self) -> None:
-        self.dataset._plan_pass(self._minibatchd_token, self._minibatchd_passes, self.num_workers)
+    def _minibatchd_plan(self) -> Tuple[list, list, int]:
+        undo = self.dataset._plan_pass(self._minibatchd_token, self._minibatchd_passes, self.num_workers)
         self._minibatchd_passes += 1
+        return undo
 
     def _get_iterator(self):  # noqa: ANN202 (the DataLoader's own iterator type)
-        self._minibatchd_plan()
+        undo = self._minibatchd_plan()
         self.dataset._local = self._minibatchd_local
         try:
             it = super()._get_iterator()  # type: ignore[misc]
+        except BaseException:
+            # No iterator was made (an exception, a Ctrl-C while its workers started): no pass
+            # began, and the next is this one again. Found by a probe: a checkpoint saved in the
+            # handler named the next epoch, and a resume from it never read this one.
+            self._minibatchd_passes -= 1
+            self.dataset._unplan_pass(undo)
+            raise
         finally:
             # Made: the workers' copies keep the plan, later loaders do not.
             self.dataset._plan = self.dataset._local = None

@@ -576,6 +576,42 @@ def test_an_exception_while_an_item_is_made_takes_its_minibatch_back(daemon, mon
     assert taken + rest == uninterrupted, "the interrupted minibatch comes first on resume"
 
 
+@pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
+                         ids=["no-workers", "splits", "processes"])
+def test_an_iterator_that_was_never_made_begins_no_pass(daemon, monkeypatch, workers, owning):
+    """Found by a probe: a Ctrl-C while StatefulMinibatchDataLoader's iter() made its iterator
+    (starting its worker processes) counted the pass all the same: the checkpoint saved in the
+    handler named epoch 1, and the resume never read epoch 0. A pass whose iterator was never made
+    is not begun: the checkpoint resumes epoch 0 from its start, and the loader's next pass is
+    epoch 0 too."""
+    import torch.utils.data.dataloader as torch_loader
+    import torchdata.stateful_dataloader.stateful_dataloader as stateful
+    cls = stateful_loader(owning)
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return cls(ds, batch_size=None, num_workers=workers)
+
+    uninterrupted = [[ids(item) for item in p] for p in (lambda r: [list(r), list(r)])(loader())]
+    kinds = [stateful._StatefulSingleProcessDataLoaderIter, stateful._StatefulMultiProcessingDataLoaderIter,
+             torch_loader._SingleProcessDataLoaderIter, torch_loader._MultiProcessingDataLoaderIter]
+
+    def interrupted(self, *args, **kwargs):
+        raise Interrupt
+
+    first = loader()
+    with monkeypatch.context() as m:
+        for kind in kinds:
+            m.setattr(kind, "__init__", interrupted)
+        with pytest.raises(Interrupt):
+            iter(first)
+    saved = first.state_dict()
+    assert [ids(item) for item in first] == uninterrupted[0], "the loader's next pass is epoch 0"
+    resumed = loader()
+    resumed.load_state_dict(saved)
+    assert [[ids(item) for item in resumed] for _ in range(2)] == uninterrupted, "epoch 0, then epoch 1"
+
+
 @pytest.mark.parametrize("owning", [False, True], ids=["DataLoader", "MinibatchDataLoader"])
 @pytest.mark.parametrize("workers,taken,persistent", [(3, 0, False), (2, 1, False), (3, 2, True)])
 def test_a_pass_left_early_counts_once_for_every_worker(daemon, tmp_path, workers, taken, persistent, owning):
