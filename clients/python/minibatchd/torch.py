@@ -1011,6 +1011,8 @@ class _SharedTable:
         # whose flock would then be the parent's too.
         if self._pid != os.getpid():
             self._file = open(self._path, "r+b")  # noqa: SIM115 (kept open with the mapping)
+            # Closed with the table (found by a probe: a ResourceWarning for every process's file).
+            weakref.finalize(self, self._file.close)
             self._view = memoryview(mmap.mmap(self._file.fileno(), 8 * self._n)).cast("q")
             self._threads = threading.Lock()  # flock excludes processes, not threads of one
             self._pid = os.getpid()

@@ -1119,3 +1119,19 @@ def test_persistent_workers_end_with_their_loader_without_the_garbage_collector(
         assert not any(w.is_alive() for w in workers), "the workers outlived their loader"
     finally:
         gc.enable()
+
+
+def test_the_shared_table_closes_its_file_with_it():
+    """Found by a probe: each process's handle on the table's /dev/shm file was left to the
+    garbage collector, with a ResourceWarning ("unclosed file")."""
+    import gc
+    import warnings
+    from minibatchd.torch import _SharedTable
+    table = _SharedTable(4)
+    table[1] = 7
+    assert table[1] == 7
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del table
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
