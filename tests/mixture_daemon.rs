@@ -243,6 +243,10 @@ fn what_does_not_fit_a_mixture_is_refused_with_a_reason() {
     let (code, message) = refused("ab", &SessionOptions { weights: Some(vec![1.0]), ..options(4) });
     assert_eq!(code, ErrorCode::InvalidOptions);
     assert!(message.contains("1 weights for 2 sources"), "{message}");
+    // resume_job is told what to use instead (found by a probe: it was told of [sampling] tables).
+    let (code, message) = refused("ab", &SessionOptions { resume_job: Some(Vec::new()), ..options(4) });
+    assert_eq!(code, ErrorCode::InvalidOptions);
+    assert!(message.contains("resume_job does not apply") && message.contains("as resume"), "{message}");
     let (code, message) = refused("a", &SessionOptions { weights: Some(vec![1.0]), ..options(4) });
     assert_eq!(code, ErrorCode::InvalidOptions);
     assert!(message.contains("apply to a mixture's session"), "{message}");
@@ -419,8 +423,18 @@ fn a_mixture_given_at_open_is_served_as_a_configured_one() {
     // Its state resumes it, given again.
     let whole = read(open(&d, "blend-at-open", &given(options(4))), &names);
     let cut = whole.states[2].clone();
-    let rest = read(open(&d, "blend-at-open", &given(SessionOptions { resume: Some(cut), ..options(4) })), &names);
+    let rest =
+        read(open(&d, "blend-at-open", &given(SessionOptions { resume: Some(cut.clone()), ..options(4) })), &names);
     assert_eq!(rest.lines, whole.lines[3..]);
+    // Not given again: told so (found by a probe: told only that no dataset has that name).
+    match d.client().open("blend-at-open", &SessionOptions { resume: Some(cut), ..options(4) }) {
+        Err(ClientError::Daemon { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::InvalidOptions, "{message}");
+            assert!(message.contains("given again (mixture=...)"), "{message}");
+        }
+        Ok(_) => panic!("a mixture's state opened a name nothing configures"),
+        Err(e) => panic!("{e}"),
+    }
     // Counted under one label, whatever the name.
     assert!(d.metric("minibatchd_mixture_samples_total{mixture=\"at_open\"") > 0.0);
     let refused = |name: &str, o: SessionOptions| match d.client().open(name, &o) {

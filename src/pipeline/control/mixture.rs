@@ -168,7 +168,6 @@ fn refused_options(o: &SessionOptions) -> Vec<&'static str> {
         ("window_samples", o.window_samples.is_some()),
         ("seed", o.seed.is_some()),
         ("frame_mode", o.frame_mode),
-        ("resume_job", o.resume_job.is_some()),
     ];
     given.iter().filter(|(_, on)| *on).map(|(k, _)| *k).collect()
 }
@@ -275,6 +274,15 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     };
     let runtimes = m.datasets.iter().map(|d| unchanged_dataset(shared, d)).collect::<Result<Vec<_>, _>>()?;
     runtimes.iter().try_for_each(|rt| chunks_fit(rt))?;
+    if options.resume_job.is_some() {
+        // Found by a probe: told that "each source samples with its dataset's [sampling] table",
+        // which says nothing of what to do instead.
+        return Err(refuse(
+            "resume_job does not apply to a mixture's session: give any one worker's state() as resume, which \
+             resumes a mixture at any worker count (docs/mixtures.md)"
+                .into(),
+        ));
+    }
     let refused = refused_options(options);
     if !refused.is_empty() {
         return Err(refuse(format!(

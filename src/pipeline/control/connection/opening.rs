@@ -63,7 +63,22 @@ async fn open_either(
     peer: &Peer,
     cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
-    if options.mixture.is_some() || conn.shared.config().mixtures.contains_key(name) {
+    let config = conn.shared.config();
+    let unknown = !config.mixtures.contains_key(name) && !config.datasets.contains_key(name);
+    let as_a_mixture = options.weights.is_some()
+        || options.weight_schedule.is_some()
+        || options.resume.as_ref().is_some_and(|s| s.mixture.is_some());
+    if options.mixture.is_none() && unknown && as_a_mixture {
+        // Found by a probe: the resume of a mixture given at open, without its definition, was
+        // told only that no dataset of that name is configured.
+        return Err(Refusal::Mixture {
+            name: name.to_owned(),
+            message: "no mixture or dataset of this name is configured: a mixture given at open is given again \
+                      (mixture=...) at every open of it, its resumes included"
+                .into(),
+        });
+    }
+    if options.mixture.is_some() || config.mixtures.contains_key(name) {
         open_mixture(name, options, conn, peer, cancelled).await
     } else {
         open(name, options, conn, peer, cancelled).await
