@@ -572,25 +572,35 @@ pub(crate) fn room_for_one_more(
     let cost = sequences.footprint_after(next)
         + (n + 1) * limits.bytes_per_sequence
         + limits.lengths_bytes(n + 1, sequences.columns_after(next).samples);
-    if n >= limits.max_sequences || cost > limits.max_index_bytes {
+    if n >= limits.max_sequences {
+        return Err(too_many_sequences(at(), limits.max_sequences));
+    }
+    if cost > limits.max_index_bytes {
         return Err(DataError::Fatal {
             at: at(),
-            message: if n >= limits.max_sequences {
-                format!("the dataset has more than {} sequences", limits.max_sequences)
-            } else {
-                format!(
-                    "the dataset's index would hold more than {} bytes with {} sequences",
-                    limits.max_index_bytes,
-                    n + 1
-                )
-            } + &format!(
-                ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
-                 {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 1.25 to 37 bytes per \
-                 sequence of one source); raise daemon.memory_limit_bytes"
+            message: format!(
+                "the dataset's index would hold more than {} bytes with {} sequences{}",
+                limits.max_index_bytes,
+                n + 1,
+                budget_advice()
             ),
         });
     }
     Ok(())
+}
+
+/// The end of a message about the index's budget.
+fn budget_advice() -> String {
+    format!(
+        ", the most its index may hold within the memory limit (daemon.memory_limit_bytes / \
+         {INDEX_SHARE_OF_MEMORY_LIMIT} for the indexes of all datasets; an index holds 1.25 to 37 bytes per \
+         sequence of one source); raise daemon.memory_limit_bytes"
+    )
+}
+
+/// The error of a sequence at `at` past the `max` sequences the index may count.
+pub(crate) fn too_many_sequences(at: crate::format::errors::Location, max: u64) -> DataError {
+    DataError::Fatal { at, message: format!("the dataset has more than {max} sequences{}", budget_advice()) }
 }
 
 #[cfg(test)]

@@ -92,7 +92,14 @@ pub fn index_file(
         return Ok(None);
     };
     if counted.iter().map(|c| c.lines).sum::<u64>() > limits.max_sequences {
-        return Ok(None);
+        // The line past the count, named as the one-line pass would name it (found by a probe:
+        // left to that pass, such a file was refused at another line, for the bytes its index
+        // would hold, where an index of chunks holds a few KB).
+        let at = first_past(&file, &cuts, &counted, limits.max_sequences).map_err(io)?;
+        return Err(crate::format::index::too_many_sequences(
+            crate::format::errors::Location { file: name.clone(), line: limits.max_sequences + 1, offset: at },
+            limits.max_sequences,
+        ));
     }
     // The digest of every byte: the ones before the first line (a byte-order mark), then each
     // chunk's, combined in order.
@@ -104,6 +111,36 @@ pub fn index_file(
     let chunks = cuts.iter().zip(&counted).map(|(&(_, end), c)| (end, c.lines)).collect();
     let sequences = Sequences::of_line_chunks(LineChunks { chunk_size, first_offset: first, chunks });
     Ok(Some(FileIndex { path: name.clone(), size, digest: digest.finalize(), sequences }))
+}
+
+/// Where line `past + 1` (1-based) begins: the first line past a count of `past`, in the chunk
+/// that holds it (read up to it).
+fn first_past(file: &File, cuts: &[(u64, u64)], counted: &[Counted], past: u64) -> std::io::Result<u64> {
+    let mut before = 0u64;
+    for (&(start, end), c) in cuts.iter().zip(counted) {
+        if before + c.lines <= past {
+            before += c.lines;
+            continue;
+        }
+        // Lines of this chunk before the one sought, each ended by a newline.
+        let mut left = past - before;
+        let mut at = start;
+        while left > 0 && at < end {
+            let w = read_window(file, at, usize::try_from((end - at).min(PROBE_BYTES)).unwrap_or(0))?;
+            if w.is_empty() {
+                break;
+            }
+            for nl in memchr::memchr_iter(b'\n', &w) {
+                left -= 1;
+                if left == 0 {
+                    return Ok(at + nl as u64 + 1);
+                }
+            }
+            at += w.len() as u64;
+        }
+        return Ok(start);
+    }
+    Ok(cuts.last().map_or(0, |&(_, end)| end))
 }
 
 /// Where the first sequence begins (after a UTF-8 byte-order mark), if the file's first line is
@@ -431,16 +468,35 @@ mod tests {
         }
     }
 
-    /// More lines than the index may hold: left to the one-line pass, whose error says where.
+    /// More lines than the index may count: refused at the first line past the count, as the
+    /// one-line pass refuses it (found by a probe: left to that pass, a file of one-line
+    /// sequences was refused at another line, for bytes an index of chunks never holds).
     #[test]
-    fn too_many_lines_are_left_to_the_one_line_pass() {
+    fn too_many_lines_are_refused_at_the_first_past_the_count() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("f");
         std::fs::write(&path, "1 1:1\n".repeat(10)).expect("write");
         let name: Arc<Path> = Arc::from(path.as_path());
         let kind = LineKind::Deepx { comments: false };
-        let limits = IndexLimits { max_sequences: 9, ..IndexLimits::UNBOUNDED };
-        assert!(index_file(&path, &name, kind, 16, limits, 2, &mut |_| {}).expect("read").is_none());
+        // (Fewer chunks than the count: more chunks than it are more lines than it, left to the
+        // one-line pass before a line is counted.)
+        for (max, chunk) in [(9u64, 16u64), (5, 16), (6, 32), (7, 1000)] {
+            let limits = IndexLimits { max_sequences: max, ..IndexLimits::UNBOUNDED };
+            let e = index_file(&path, &name, kind, chunk, limits, 2, &mut |_| {}).expect_err("past the count");
+            let at = e.place().expect("a place");
+            assert_eq!((at.line, at.offset), (max + 1, 6 * max), "{e}");
+            assert!(e.to_string().contains(&format!("more than {max} sequences")), "{e}");
+            let classic = crate::format::deepx::index_file(
+                &path,
+                name.clone(),
+                LineIndexOptions { comments: false },
+                limits,
+                1,
+                &mut |_| {},
+            )
+            .expect_err("the one-line pass too");
+            assert_eq!(classic.to_string(), e.to_string());
+        }
         let limits = IndexLimits { max_sequences: 10, ..IndexLimits::UNBOUNDED };
         assert!(index_file(&path, &name, kind, 16, limits, 2, &mut |_| {}).expect("read").is_some());
     }
