@@ -159,11 +159,44 @@ fn a_joined_sources_keys_the_first_source_lacks_are_reported() {
     assert_eq!(out.lines().count(), 1, "{out}");
     assert!(stderr.contains("never read") && stderr.contains("sequences=2"), "{stderr}");
     assert!(stderr.contains("first_key=5") && stderr.contains("l.ctf:2 (byte 9)"), "{stderr}");
+    // Three sources: a key the first source has, left out because the third lacks it, is no
+    // unread key of the second (the review of the first version counted it as one).
+    write(dir.path(), "f.ctf", "0 |f 1\n1 |f 2\n2 |f 3\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1\n1 |l 1:1\n2 |l 1:1\n5 |l 1:1\n");
+    write(dir.path(), "m.ctf", "0 |m 1\n2 |m 2\n");
+    let three = BUNDLE.replace(
+        "DEFINES",
+        "[[datasets.d.sources]]\nfiles = [\"m.ctf\"]\n[datasets.d.sources.streams.m]\ndim = 1\nformat = \"dense\"\n",
+    );
+    let cfg3 = write(dir.path(), "c3.toml", three);
+    let (_out, stderr, code) = dump_text(&cfg3, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("left out of the dataset") && stderr.contains("first_key=1"), "{stderr}");
+    assert!(
+        stderr.contains("never read") && stderr.contains("sequences=1") && stderr.contains("first_key=5"),
+        "{stderr}"
+    );
     // Every key joined: no such warning.
+    write(dir.path(), "f.ctf", "0 |f 1\n1 |f 2\n");
     write(dir.path(), "l.ctf", "1 |l 1:1\n0 |l 0:1\n");
     let (_out, stderr, code) = dump_text(&cfg, &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(!stderr.contains("never read"), "{stderr}");
+}
+
+/// Frame mode's error names the place of the sequence in the source whose stream has the
+/// samples (a review found it named the first source's line, which holds one).
+#[test]
+fn a_frame_mode_violation_in_a_joined_source_names_that_source() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(dir.path(), "f.ctf", "0 |f 1\n1 |f 2\n2 |f 3\n");
+    write(dir.path(), "l.ctf", "0 |l 0:1\n1 |l 1:1\n1 |l 2:1\n2 |l 0:1\n");
+    let cfg = write(dir.path(), "c.toml", BUNDLE.replace("DEFINES", ""));
+    let (_out, stderr, code) = dump_text(&cfg, &["--randomize", "false", "--frame-mode"]);
+    assert_eq!(code, 1, "{stderr}");
+    let place =
+        format!("{}:2: byte offset 9: detected a non-frame sequence of size 2", dir.path().join("l.ctf").display());
+    assert!(stderr.contains(&place), "{stderr}");
 }
 
 #[test]

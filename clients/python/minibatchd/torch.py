@@ -299,12 +299,14 @@ class MinibatchIterableDataset(IterableDataset):
         last = self._last
         return last[2] + 1 if last is not None and last[0] == os.getpid() and last[1] == gen else None
 
-    def _plan_pass(self, token: int, k: int, workers: int) -> Tuple[list, list, int]:
+    def _plan_pass(self, token: int, k: int, workers: int) -> Tuple[list, list, int, tuple]:
         """``MinibatchDataLoader`` begins its ``k``-th pass (main process, before its workers are
         made or resumed): which pass and epoch it is, decided once here, goes into the table
         under the loader's ``token``, and the copies of this dataset the workers get name it.
         Returns what ``_unplan_pass`` needs to take it back."""
         sh = self._shared
+        # What a pass begun in this process (no worker processes) changes here, as it begins.
+        here = (self._last, self._resume, self._pending)
         with sh.get_lock():
             before = sh[_SEEN_GEN:_PLANS]
             gen = sh[_GEN]
@@ -319,18 +321,24 @@ class MinibatchIterableDataset(IterableDataset):
             sh[_PLAN_AT] += 1
             after = sh[_SEEN_GEN:_PLANS]
         self._plan = (token, k)
-        return before, after, at
+        return before, after, at, here
 
-    def _unplan_pass(self, undo: Tuple[list, list, int]) -> None:
+    def _unplan_pass(self, undo: Tuple[list, list, int, tuple]) -> None:
         """Takes back the pass ``_plan_pass`` planned (returning ``undo``) when its iterator was
         never made: the next pass the loader begins is that one again. The pass's plan is voided;
-        the table's passes go back to before it unless a worker moved them meanwhile."""
-        before, after, at = undo
+        the table's passes, and what a pass begun in this process took (the last pass, a state to
+        resume), go back to before it unless a worker moved the passes meanwhile. (The loader's
+        tokens are not compared: one made meanwhile moves no pass.)"""
+        before, after, at, here = undo
         sh = self._shared
+        tokens = _TOKENS - _SEEN_GEN
         with sh.get_lock():
             sh[at] = 0  # no loader's token
-            if sh[_SEEN_GEN:_PLANS] == after:
+            now = sh[_SEEN_GEN:_PLANS]
+            if now[:tokens] + now[tokens + 1:] == after[:tokens] + after[tokens + 1:]:
+                before[tokens] = now[tokens]
                 sh[_SEEN_GEN:_PLANS] = before
+                self._last, self._resume, self._pending = here
 
     def _new_token(self) -> int:
         sh = self._shared

@@ -46,7 +46,7 @@ pub struct Feeder {
 
 /// Where sequence `g` of the timeline is in its file ([`crate::dataset::Dataset::sequence_location`]).
 #[derive(Clone)]
-pub struct Locator(pub Arc<dyn Fn(u64) -> Option<crate::format::Location> + Send + Sync>);
+pub struct Locator(pub Arc<dyn Fn(u64, Option<usize>) -> Option<crate::format::Location> + Send + Sync>);
 
 impl std::fmt::Debug for Locator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,7 +91,7 @@ impl Feeder {
     /// `e`, with its sequence's place where the locator knows it.
     fn located(&self, e: DataError) -> DataError {
         match &self.locate {
-            Some(locate) => e.locate_sequence(|g| (locate.0)(g)),
+            Some(locate) => e.locate_sequence(|g, s| (locate.0)(g, s)),
             None => e,
         }
     }

@@ -264,7 +264,12 @@ fn assemble(
             }
             let (s0, s1) = sd.sample_range(local);
             if frame_mode && s1 - s0 > 1 {
-                return Err(DataError::NonFrame { seq: u64::from(r.seq), chunk: r.chunk, samples: (s1 - s0) as u64 });
+                return Err(DataError::NonFrame {
+                    seq: u64::from(r.seq),
+                    chunk: r.chunk,
+                    samples: (s1 - s0) as u64,
+                    stream: Some(k),
+                });
             }
             match &sd.data {
                 StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. }

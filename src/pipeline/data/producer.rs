@@ -262,7 +262,7 @@ impl Producer {
         let place = Arc::clone(&runtime);
         let mut feeder =
             Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index)
-                .locate_with(Locator(Arc::new(move |g| place.dataset.sequence_location(g))));
+                .locate_with(Locator(Arc::new(move |g, s| place.dataset.sequence_location(g, s))));
         if let Some(end) = pad_to {
             feeder.pad_to(end);
         }

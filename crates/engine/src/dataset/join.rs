@@ -48,6 +48,9 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     // does), and the first of them (key, file, line, byte).
     let mut missing = vec![0u64; sources.len().saturating_sub(1)];
     let mut first_missing: Vec<Option<(u64, usize, u64, u64)>> = vec![None; missing.len()];
+    // Per further source, which of its sequences a sequence of the first source has the key of
+    // (joined or not: another source may lack it), a bit each.
+    let mut keyed: Vec<Keyed> = sources[1..].iter().map(Keyed::new).collect();
     for c in primary_chunks {
         let idx = &sources[0].indexes[c.file];
         if one_source && (idx.sequences.sizes_follow_lines() || !idx.sequences.columns().samples) {
@@ -70,14 +73,24 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             lens.clear();
             loc.push(SeqLoc::new(c.file, qi)?);
             lens.push(q.samples);
+            let mut dropped = false;
             for (i, (m, s)) in maps.iter().zip(&sources[1..]).enumerate() {
                 let Some(&l) = m.get(&q.key) else {
-                    missing[i] += 1;
-                    first_missing[i].get_or_insert((q.key, c.file, q.line + 1, q.offset));
-                    continue 'seqs;
+                    if !dropped {
+                        missing[i] += 1;
+                        first_missing[i].get_or_insert((q.key, c.file, q.line + 1, q.offset));
+                    }
+                    dropped = true;
+                    continue;
                 };
-                lens.push(s.indexes[l.file as usize].sequences.get(l.seq as usize).samples);
-                loc.push(l);
+                keyed[i].set(l);
+                if !dropped {
+                    lens.push(s.indexes[l.file as usize].sequences.get(l.seq as usize).samples);
+                    loc.push(l);
+                }
+            }
+            if dropped {
+                continue 'seqs;
             }
             let len = match main_source {
                 Some(m) => lens[m],
@@ -107,7 +120,7 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
             "sequences of the first source have no sequence of the same key in another source: they are left out of the dataset"
         );
     }
-    warn_unjoined(sources, &maps, &locs);
+    warn_unjoined(sources, &maps, &keyed);
     if seq_len.is_empty() {
         let all = &sources[0].files;
         let mut names = all.iter().take(3).map(|f| f.display().to_string()).collect::<Vec<_>>();
@@ -125,45 +138,60 @@ pub(super) fn join(sources: &[OpenSource], primary_chunks: &[ChunkDesc], main_so
     Ok((chunks, locs, Timeline { seq_len, chunk_start }))
 }
 
-/// Logs, per further source, its sequences whose key no sequence of the first source has: they
-/// are never read — their malformed lines are not found either, where CNTK 2.7 parses them with
-/// the rest of their chunk (`docs/differences.md`). Found by a probe: they went without a word.
-fn warn_unjoined(sources: &[OpenSource], maps: &[HashMap<u64, SeqLoc>], locs: &[SeqLoc]) {
-    let n = sources.len();
-    for (i, (m, s)) in maps.iter().zip(&sources[1..]).enumerate() {
-        // Where each file's sequences start in one flat numbering of the source's sequences.
+/// Which sequences of a further source a sequence of the first source has the key of: a bit
+/// each, in one numbering of the source's files' sequences.
+struct Keyed {
+    starts: Vec<usize>,
+    bits: Vec<u64>,
+}
+
+impl Keyed {
+    fn new(s: &OpenSource) -> Self {
         let mut starts = Vec::with_capacity(s.indexes.len());
         let mut total = 0usize;
         for idx in &s.indexes {
             starts.push(total);
             total += idx.sequences.len();
         }
-        let flat = |l: &SeqLoc| starts.get(l.file as usize).map_or(0, |&at| at + l.seq as usize);
-        let mut joined = vec![0u64; total.div_ceil(64)];
-        for l in locs.iter().skip(i + 1).step_by(n) {
-            let k = flat(l);
-            if let Some(w) = joined.get_mut(k / 64) {
-                *w |= 1 << (k % 64);
+        Self { starts, bits: vec![0; total.div_ceil(64)] }
+    }
+
+    fn flat(&self, l: SeqLoc) -> usize {
+        self.starts.get(l.file as usize).map_or(0, |&at| at + l.seq as usize)
+    }
+
+    fn set(&mut self, l: SeqLoc) {
+        let k = self.flat(l);
+        if let Some(w) = self.bits.get_mut(k / 64) {
+            *w |= 1 << (k % 64);
+        }
+    }
+
+    fn get(&self, l: SeqLoc) -> bool {
+        let k = self.flat(l);
+        self.bits.get(k / 64).is_some_and(|w| w & (1 << (k % 64)) != 0)
+    }
+}
+
+/// Logs, per further source, its sequences whose key no sequence of the first source has: they
+/// are never read — their malformed lines are not found either, where CNTK 2.7 parses them with
+/// the rest of their chunk (`docs/differences.md`). Found by a probe: they went without a word.
+fn warn_unjoined(sources: &[OpenSource], maps: &[HashMap<u64, SeqLoc>], keyed: &[Keyed]) {
+    for ((m, s), keyed) in maps.iter().zip(&sources[1..]).zip(keyed) {
+        let (mut unjoined, mut first) = (0u64, None::<SeqLoc>);
+        for l in m.values().filter(|&&l| !keyed.get(l)) {
+            unjoined += 1;
+            if first.is_none_or(|f| (l.file, l.seq) < (f.file, f.seq)) {
+                first = Some(*l);
             }
         }
-        let is_joined = |l: &SeqLoc| joined.get(flat(l) / 64).is_some_and(|w| w & (1 << (flat(l) % 64)) != 0);
-        let unjoined = m.values().filter(|l| !is_joined(l)).count();
-        if unjoined == 0 {
-            continue;
-        }
-        // The first of them in file order.
-        let first = s.indexes.iter().enumerate().find_map(|(fi, idx)| {
-            idx.sequences.iter().enumerate().find_map(|(qi, q)| {
-                let here = SeqLoc::new(fi, qi).ok()?;
-                (m.get(&q.key) == Some(&here) && !is_joined(&here)).then_some((q.key, fi, q.line + 1, q.offset))
-            })
-        });
-        let Some((key, fi, line, offset)) = first else { continue };
-        let file = s.files.get(fi).map(|f| f.display().to_string()).unwrap_or_default();
+        let Some(l) = first else { continue };
+        let q = s.indexes[l.file as usize].sequences.get(l.seq as usize);
+        let file = s.files.get(l.file as usize).map(|f| f.display().to_string()).unwrap_or_default();
         tracing::warn!(
             sequences = unjoined,
-            first_key = key,
-            first_at = %format_args!("{file}:{line} (byte {offset})"),
+            first_key = q.key,
+            first_at = %format_args!("{file}:{} (byte {})", q.line + 1, q.offset),
             "sequences of a joined source have a key that no sequence of the first source has: they are never read (nor checked for malformed lines)"
         );
     }

@@ -156,6 +156,8 @@ pub enum DataError {
         chunk: u32,
         /// Its samples (in the stream that has more than one).
         samples: u64,
+        /// That stream (in the dataset's stream order), where known.
+        stream: Option<usize>,
     },
 }
 
@@ -171,9 +173,9 @@ impl DataError {
     /// offset (found by a probe: the message named only the sequence's number in the timeline,
     /// useless to find it in several files or joined sources). Any other error is returned as is.
     #[must_use]
-    pub fn locate_sequence(self, locate: impl FnOnce(u64) -> Option<Location>) -> Self {
+    pub fn locate_sequence(self, locate: impl FnOnce(u64, Option<usize>) -> Option<Location>) -> Self {
         match self {
-            Self::NonFrame { seq, .. } => match locate(seq) {
+            Self::NonFrame { seq, stream, .. } => match locate(seq, stream) {
                 Some(at) => Self::Fatal { message: self.to_string(), at },
                 None => self,
             },

@@ -387,8 +387,8 @@ impl ObjectCache {
     }
 
     /// Entry `name` (on disk and in `s`) of a range of `len` bytes, opened: checked against its
-    /// trailer at its first use in this run (outside the lock: a whole object may be large), and
-    /// counted as used. `None` when it is damaged, foreign or gone: the entry is dropped (and
+    /// trailer at its first use in this run and again whenever its file's stamp changed since
+    /// (outside the lock: a whole object may be large), and counted as used. `None` when it is damaged, foreign or gone: the entry is dropped (and
     /// fetched again by the caller).
     fn hit<'s>(
         &'s self,
@@ -429,10 +429,19 @@ impl ObjectCache {
                 e.verified = Some(stamp);
             }
             s.stats.hits += 1;
-        } else if std::fs::symlink_metadata(&path).map_or(true, |m| Stamp::of(&m) == stamp) {
-            // Not if another thread fetched it again meanwhile: that entry is a new file.
-            s.entries.remove(name);
-            let _ = std::fs::remove_file(&path);
+        } else if !s.fetching.contains(name) {
+            // Not if another thread fetches it again (its new file may be renamed in at any time)
+            // or has (that entry is a new file). The lock is held: no fetch begins meanwhile.
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if Stamp::of(&m) == stamp => {
+                    s.entries.remove(name);
+                    let _ = std::fs::remove_file(&path);
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    s.entries.remove(name);
+                }
+            }
         }
         (s, file)
     }
@@ -574,7 +583,6 @@ impl Drop for Tee<'_> {
     }
 }
 
-/// The cached file at `path` if it is trusted and holds `len` bytes and a trailer.
 /// Whether `name` is an entry's name ([`ObjectCache::key`]: `{name}.{start}-{end}.{hash:016x}.chunk`).
 fn is_entry_name(name: &str) -> bool {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
@@ -586,6 +594,7 @@ fn is_entry_name(name: &str) -> bool {
         && range.split_once('-').is_some_and(|(a, b)| digits(a) && digits(b))
 }
 
+/// The cached file at `path` if it is trusted and holds `len` bytes and a trailer, with its stamp.
 fn open_range(path: &Path, len: u64) -> Option<(File, Stamp)> {
     let (file, meta) = state_file::open_trusted(path).ok()?;
     (meta.len() == len + TRAILER_BYTES).then(|| (file, Stamp::of(&meta)))

@@ -65,16 +65,16 @@ async fn open_either(
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
     let config = conn.shared.config();
     let unknown = !config.mixtures.contains_key(name) && !config.datasets.contains_key(name);
-    let as_a_mixture = options.weights.is_some()
-        || options.weight_schedule.is_some()
-        || options.resume.as_ref().is_some_and(|s| s.mixture.is_some());
-    if options.mixture.is_none() && unknown && as_a_mixture {
+    // A mixture's state (weights alone may be a misspelt configured mixture's name).
+    let a_mixtures_state = options.resume.as_ref().is_some_and(|s| s.mixture.is_some());
+    if options.mixture.is_none() && unknown && a_mixtures_state {
         // Found by a probe: the resume of a mixture given at open, without its definition, was
         // told only that no dataset of that name is configured.
         return Err(Refusal::Mixture {
             name: name.to_owned(),
-            message: "no mixture or dataset of this name is configured: a mixture given at open is given again \
-                      (mixture=...) at every open of it, its resumes included"
+            message: "no mixture or dataset of this name is configured, and the state resumed is a mixture's: a \
+                      mixture given at open is given again (mixture=...) at every open of it, its resumes included \
+                      (else: is the name misspelt, or did a reload remove the mixture?)"
                 .into(),
         });
     }
