@@ -1895,3 +1895,98 @@ fn healthz_is_503_while_no_session_can_be_opened() {
     drop(s);
     assert!(d.stop().success());
 }
+
+/// Found by a probe: the directories the daemon made for its socket took their mode from the
+/// umask (`0777` under `umask 000`, `0770` under the unit's `0007`), so another user could remove
+/// the socket and bind an impostor in its place. They are `0750` whatever the umask; a socket
+/// directory that others may write (and is not sticky, as `/tmp` is) is warned about.
+#[test]
+fn the_sockets_directories_are_made_0750_and_a_writable_one_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["extra"]);
+    let cfg = tmp.path().join("minibatchd.toml");
+    let text = std::fs::read_to_string(&cfg).expect("config");
+    let nested = tmp.path().join("run/a/b");
+    let at = |socket: &Path| text.replace(&format!("{}/mbd.sock", tmp.path().display()), &socket.display().to_string());
+    // Made under umask 000: 0750 each.
+    std::fs::write(&cfg, at(&nested.join("x.sock"))).expect("config");
+    let run = |cfg: &Path| {
+        support::daemon::KillOnDrop(
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!("umask 000; exec {} run --config {}", support::BIN, cfg.display()))
+                .env("MINIBATCHD_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("run"),
+        )
+    };
+    let wait_for = |socket: &Path| {
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            assert!(start.elapsed() < support::daemon::DEADLINE, "no socket at {}", socket.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let wait_exit = |child: &mut std::process::Child| {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(start.elapsed() < support::daemon::DEADLINE, "the daemon did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut daemon = run(&cfg);
+    wait_for(&nested.join("x.sock"));
+    for d in [tmp.path().join("run"), tmp.path().join("run/a"), nested.clone()] {
+        let mode = std::fs::metadata(&d).expect("stat").permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o750, "{}", d.display());
+    }
+    let pid = rustix::process::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("term");
+    assert!(wait_exit(&mut daemon.0).success());
+    // An existing directory others may write: warned about, and served all the same.
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    std::fs::write(&cfg, at(&open.join("x.sock"))).expect("config");
+    let mut daemon = run(&cfg);
+    wait_for(&open.join("x.sock"));
+    let pid = rustix::process::Pid::from_raw(i32::try_from(daemon.0.id()).expect("pid")).expect("pid");
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).expect("term");
+    assert!(wait_exit(&mut daemon.0).success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut daemon.0.stderr.take().expect("stderr"), &mut err).expect("stderr");
+    assert!(err.contains("lets other users remove the socket"), "{err}");
+}
+
+/// Found by a probe: a `state_dir` of another user was refused only after the daemon had
+/// written its pid into a `daemon.lock` there (another user's file, cut and rewritten). It is
+/// refused before anything is written into it.
+#[test]
+fn another_users_state_dir_is_refused_before_anything_is_written_into_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    let cfg = write_config(tmp.path(), "", &["extra"]);
+    let state = tmp.path().join("state");
+    std::fs::create_dir(&state).expect("mkdir");
+    let theirs = state.join(minibatchd::pipeline::LOCK_FILE);
+    std::fs::write(&theirs, "theirs\n").expect("their file");
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let nobody = rustix::process::Uid::from_raw(65534);
+    rustix::fs::chown(&state, Some(nobody), None).expect("chown");
+    rustix::fs::chown(&theirs, Some(nobody), None).expect("chown");
+    let out =
+        Command::new(BIN).args(["run", "--config"]).arg(&cfg).env("MINIBATCHD_LOG", "warn").output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("owned by uid 65534"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&theirs).expect("read"), "theirs\n", "their file is untouched");
+    assert_eq!(std::fs::read_dir(&state).expect("ls").count(), 1, "nothing else written there");
+}

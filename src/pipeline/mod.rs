@@ -98,14 +98,12 @@ pub const LOCK_FILE: &str = "daemon.lock";
 /// first one's checkpoint and caches under it.
 fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
     use std::io::Write as _;
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    // Created private (whatever the umask); an existing one keeps its mode (systemd's
-    // StateDirectoryMode), the engine refuses it if others may write it.
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(state_dir)
-        .map_err(|e| PipelineError::Fatal(format!("cannot create daemon.state_dir {}: {e}", state_dir.display())))?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    // Created private (whatever the umask); an existing one must be this user's (its group and
+    // other write bits are taken off) before anything is written into it: found by a probe, the
+    // lock file was written into another user's directory before that directory was refused.
+    minibatchd_engine::state_file::secure_dir(state_dir)
+        .map_err(|e| PipelineError::Fatal(format!("cannot use daemon.state_dir {}: {e}", state_dir.display())))?;
     let path = state_dir.join(LOCK_FILE);
     let mut file = std::fs::OpenOptions::new()
         .read(true)

@@ -1,8 +1,8 @@
 //! Stage 5': the session manager — owns the control socket (mode 0660, peer credentials logged),
 //! accepts clients and runs one connection task per client ([`super::connection`]).
 //!
-//! Binding: a stale socket file (nobody accepts on it) is replaced; a live one (another daemon)
-//! is an error. Stopping closes the socket, removes its file and tells every connection to end:
+//! Binding: a stale socket file (nobody accepts on it) is replaced; a live one (another daemon),
+//! or one this user cannot connect to, is an error; directories made for it are `0750`. Stopping closes the socket, removes its file and tells every connection to end:
 //! each stops its producer, sends `error{shutting_down}` and gives its client
 //! `shutdown_grace_secs` to report its last position (`close{taken}`) before it parks the session.
 
@@ -46,7 +46,8 @@ impl SessionManager {
 pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
-            std::fs::create_dir_all(dir)?;
+            create_socket_dir(dir)?;
+            warn_if_others_may_replace(dir);
         }
     }
     check_free(path)?;
@@ -57,6 +58,42 @@ pub fn bind(path: &std::path::Path) -> std::io::Result<std::os::unix::net::UnixL
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))?;
     listener.set_nonblocking(true)?;
     Ok(listener)
+}
+
+/// Mode of the directories the daemon makes for its socket: the group may reach the socket,
+/// nobody else may add or remove files there (found by a probe: made under the umask, `0777` or
+/// `0770`, another user could remove the socket and bind an impostor in its place).
+pub const SOCKET_DIR_MODE: u32 = 0o750;
+
+/// Makes `dir` and its missing parents, each of them [`SOCKET_DIR_MODE`] whatever the umask.
+fn create_socket_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    let missing: Vec<&std::path::Path> =
+        dir.ancestors().take_while(|d| !d.as_os_str().is_empty() && std::fs::symlink_metadata(d).is_err()).collect();
+    std::fs::create_dir_all(dir)?;
+    for d in missing.iter().rev() {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(SOCKET_DIR_MODE))?;
+    }
+    Ok(())
+}
+
+/// Warns when users other than this one may remove the socket from `dir` and bind their own:
+/// a directory writable by its group or others, without the sticky bit (as `/tmp` has), or
+/// another user's.
+fn warn_if_others_may_replace(dir: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(meta) = std::fs::metadata(dir) else { return };
+    let mode = meta.mode();
+    let sticky = mode & 0o1000 != 0;
+    let writable_by_others = mode & 0o022 != 0 && !sticky;
+    let foreign = meta.uid() != rustix::process::geteuid().as_raw() && meta.uid() != 0;
+    if writable_by_others || foreign {
+        tracing::warn!(
+            dir = %dir.display(),
+            mode = %format_args!("{:o}", mode & 0o7777),
+            owner = meta.uid(),
+            "the control socket's directory lets other users remove the socket and listen in its place (a client would then be served by them): give daemon.socket a directory only this user may write"
+        );
+    }
 }
 
 /// Whether the control socket can be bound at `path`: nothing there, or a socket nobody listens
@@ -75,11 +112,30 @@ pub fn check_free(path: &std::path::Path) -> std::io::Result<()> {
                 format!("{} exists and is not a socket", path.display()),
             ));
         }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("another daemon is listening on {}; give each daemon its own daemon.socket", path.display()),
-            ));
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!(
+                        "another daemon is listening on {}; give each daemon its own daemon.socket",
+                        path.display()
+                    ),
+                ))
+            }
+            // Nobody listens: stale, replaced.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            // Found by a probe: a socket this user may not connect to (another user's, live) was
+            // taken for stale and replaced.
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!(
+                        "{} is a socket this user cannot connect to ({e}): maybe another user's, live; it is not \
+                         replaced — give each daemon its own daemon.socket, or remove it if it is stale",
+                        path.display()
+                    ),
+                ))
+            }
         }
     }
     Ok(())
