@@ -371,6 +371,51 @@ fn write_replacing(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Res
     result
 }
 
+/// What identifies one version of a cache entry's file (the parsed cache's, the object cache's): a write in place changes the modification
+/// and status-change times, a replacement the inode. The status-change time cannot be set by a
+/// user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileVersion {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+    pub(crate) len: u64,
+    pub(crate) mtime: (i64, i64),
+    pub(crate) ctime: (i64, i64),
+}
+
+impl FileVersion {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file was last changed [`STABLE_SECS`] whole seconds before `now` (Unix
+    /// seconds, taken before the read that checks it; more than a second before it, then): a
+    /// write within one tick of the kernel's coarse clock after that change could leave both
+    /// times as they were ("racily clean", as git calls it), so a version that young is checked
+    /// again at its next read.
+    pub(crate) fn settled_by(&self, now: i64) -> bool {
+        self.mtime.0.max(self.ctime.0).saturating_add(STABLE_SECS) <= now
+    }
+}
+
+/// How long an entry's file must have stayed unchanged for its checked version to be trusted
+/// without its checksum ([`FileVersion::settled_by`]).
+const STABLE_SECS: i64 = 2;
+
+/// Unix seconds now ([`FileVersion::settled_by`]).
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

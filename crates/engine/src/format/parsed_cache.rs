@@ -75,7 +75,7 @@ use std::sync::Mutex;
 
 use crate::format::chunk::{ParsedChunk, StreamSpec};
 use crate::options::Precision;
-use crate::state_file;
+use crate::state_file::{self, unix_now, FileVersion};
 
 const EXT: &str = "mbp";
 /// The default subdirectory of `state_dir`.
@@ -123,44 +123,6 @@ struct Counters {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
 }
-
-/// What identifies one version of an entry's file: a write in place changes the modification
-/// and status-change times, a replacement the inode. The status-change time cannot be set by a
-/// user.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileVersion {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileVersion {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt;
-        Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-
-    /// Whether the file was last changed [`STABLE_SECS`] whole seconds before `now` (Unix
-    /// seconds, taken before the read that checks it; more than a second before it, then): a
-    /// write within one tick of the kernel's coarse clock after that change could leave both
-    /// times as they were ("racily clean", as git calls it), so a version that young is checked
-    /// again at its next read.
-    fn settled_by(&self, now: i64) -> bool {
-        self.mtime.0.max(self.ctime.0).saturating_add(STABLE_SECS) <= now
-    }
-}
-
-/// How long an entry's file must have stayed unchanged for its checked version to be trusted
-/// without its checksum ([`FileVersion::settled_by`]).
-const STABLE_SECS: i64 = 2;
 
 #[derive(Debug)]
 struct LruEntry {
@@ -220,12 +182,6 @@ pub struct ParsedCache {
     clock: fn() -> i64,
     /// Whether entries mapped, and columns copied, are advised huge pages.
     huge: minibatchd_sys::HugePages,
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 impl ParsedCache {

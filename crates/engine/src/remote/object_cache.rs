@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use super::{ObjectMeta, ObjectStore};
 use crate::format::errors::DataError;
 use crate::hash::Fnv1a;
-use crate::state_file;
+use crate::state_file::{self, unix_now, FileVersion};
 
 mod trailer;
 use trailer::{entry_sum, holds_its_trailer, trailer, Summing, TRAILER_BYTES};
@@ -62,32 +62,12 @@ pub struct ObjectCacheStats {
 struct Entry {
     bytes: u64,
     used: u64,
-    /// Its file as it was when its bytes were last checked against its trailer in this run (or
-    /// written in it); `None`: not checked yet.
-    verified: Option<Stamp>,
-}
-
-/// What an entry's file is: its inode and the times it was last modified and changed. A write to
-/// the file moves both times, and putting the modification time back (`touch -d`) moves the
-/// change time: an entry whose stamp differs from the one it was checked with is checked again
-/// before it is served (found by a probe: bytes changed on disk after an entry's first check,
-/// their modification time put back, were served for the rest of the run).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    ino: u64,
-    modified: (i64, i64),
-    changed: (i64, i64),
-}
-
-impl Stamp {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        use std::os::unix::fs::MetadataExt as _;
-        Self {
-            ino: meta.ino(),
-            modified: (meta.mtime(), meta.mtime_nsec()),
-            changed: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
+    /// Its file's version when its bytes were last checked against its trailer in this run, once
+    /// that version had settled ([`FileVersion::settled_by`]); `None`: to be checked at its next
+    /// use (also one written in this run). Found by a probe: bytes changed on disk after an
+    /// entry's first check, their modification time put back, were served for the rest of the
+    /// run; an entry whose version differs is checked again before it is served.
+    verified: Option<FileVersion>,
 }
 
 /// The file system block the bound counts an entry in ([`ObjectCache::on_disk`]).
@@ -321,7 +301,7 @@ impl ObjectCache {
         // unlinked at once, and read through this descriptor).
         let mut by_the_store = false;
         let result = self.download(store, object, start, end, &path, &mut by_the_store).and_then(|()| {
-            open_range(&path, end - start).map(|(file, stamp)| (file, Some(stamp))).ok_or_else(|| {
+            open_range(&path, end - start).map(|(file, _)| file).ok_or_else(|| {
                 DataError::io(
                     url,
                     std::io::Error::other(format!("the cached range {} could not be read back", path.display())),
@@ -338,14 +318,14 @@ impl ObjectCache {
             s.tick += 1;
             let tick = s.tick;
             let bytes = self.on_disk(end - start + TRAILER_BYTES);
-            let verified = result.as_ref().ok().and_then(|&(_, stamp)| stamp);
-            s.entries.insert(key.clone(), Entry { bytes, used: tick, verified });
+            // Written just now: not settled, checked at its next use.
+            s.entries.insert(key.clone(), Entry { bytes, used: tick, verified: None });
             s.stats.fetched_bytes += end - start;
             self.evict(&mut s, &key);
         }
         self.fetched.notify_all();
         drop(s);
-        result.map(|(file, _)| Cached { file, base: start }).map_err(|e| (e, by_the_store))
+        result.map(|file| Cached { file, base: start }).map_err(|e| (e, by_the_store))
     }
 
     /// [`ObjectCache::fetch`] of a chunk a parser reads now: when the cache's directory fails
@@ -387,7 +367,7 @@ impl ObjectCache {
     }
 
     /// Entry `name` (on disk and in `s`) of a range of `len` bytes, opened: checked against its
-    /// trailer at its first use in this run and again whenever its file's stamp changed since
+    /// trailer at its first use in this run and again whenever its file's version changed since
     /// (outside the lock: a whole object may be large), and counted as used. `None` when it is damaged, foreign or gone: the entry is dropped (and
     /// fetched again by the caller).
     fn hit<'s>(
@@ -398,8 +378,10 @@ impl ObjectCache {
         url: &str,
     ) -> (MutexGuard<'s, State>, Option<File>) {
         let path = self.dir.join(name);
+        // Before the open: a version is trusted only if it had settled by then.
+        let now = unix_now();
         let file = open_range(&path, len);
-        let Some((file, stamp)) = file else {
+        let Some((file, version)) = file else {
             // Gone or cut since it was written (checked or not): removed from the cache, so the
             // caller fetches it again. Found by a probe: a checked entry whose file another
             // process had removed stayed, and the caller's loop opened it again for ever,
@@ -410,7 +392,7 @@ impl ObjectCache {
             return (s, None);
         };
         // Checked in this run, and its file unchanged since.
-        let file = if s.entries.get(name).is_some_and(|e| e.verified == Some(stamp)) {
+        let file = if s.entries.get(name).is_some_and(|e| e.verified == Some(version)) {
             Some(file)
         } else {
             drop(s);
@@ -426,14 +408,14 @@ impl ObjectCache {
             let tick = s.tick;
             if let Some(e) = s.entries.get_mut(name) {
                 e.used = tick;
-                e.verified = Some(stamp);
+                e.verified = version.settled_by(now).then_some(version);
             }
             s.stats.hits += 1;
         } else if !s.fetching.contains(name) {
             // Not if another thread fetches it again (its new file may be renamed in at any time)
             // or has (that entry is a new file). The lock is held: no fetch begins meanwhile.
             match std::fs::symlink_metadata(&path) {
-                Ok(m) if Stamp::of(&m) == stamp => {
+                Ok(m) if FileVersion::of(&m) == version => {
                     s.entries.remove(name);
                     let _ = std::fs::remove_file(&path);
                 }
@@ -458,8 +440,11 @@ impl ObjectCache {
         self.scan(&mut s);
         s.tick += 1;
         let tick = s.tick;
-        let verified = std::fs::symlink_metadata(self.dir.join(&key)).ok().map(|m| Stamp::of(&m));
-        s.entries.insert(key.clone(), Entry { bytes: self.on_disk(object.size + TRAILER_BYTES), used: tick, verified });
+        // Written just now: not settled, checked at its next use.
+        s.entries.insert(
+            key.clone(),
+            Entry { bytes: self.on_disk(object.size + TRAILER_BYTES), used: tick, verified: None },
+        );
         self.evict(&mut s, &key);
     }
 
@@ -594,10 +579,11 @@ fn is_entry_name(name: &str) -> bool {
         && range.split_once('-').is_some_and(|(a, b)| digits(a) && digits(b))
 }
 
-/// The cached file at `path` if it is trusted and holds `len` bytes and a trailer, with its stamp.
-fn open_range(path: &Path, len: u64) -> Option<(File, Stamp)> {
+/// The cached file at `path` if it is trusted and holds `len` bytes and a trailer, with its
+/// version.
+fn open_range(path: &Path, len: u64) -> Option<(File, FileVersion)> {
     let (file, meta) = state_file::open_trusted(path).ok()?;
-    (meta.len() == len + TRAILER_BYTES).then(|| (file, Stamp::of(&meta)))
+    (meta.len() == len + TRAILER_BYTES).then(|| (file, FileVersion::of(&meta)))
 }
 
 #[cfg(test)]
