@@ -54,9 +54,10 @@ use read::{version_of, FileVersion};
 
 /// The decodes' own version, in every parsed chunk's identity: raised when a decode reads the
 /// same bytes otherwise (2: a `tf.Example` feature present with no list set is missing; 3: a CTF
-/// negative zero was `+0.0`; 4: it is `-0.0` again, as parsed), so that chunks persisted by an
-/// earlier build are parsed again, not served.
-const PARSE_VERSION: &str = "parse 4";
+/// negative zero was `+0.0`; 4: it is `-0.0` again, as parsed; 5: a `tf.Example` map entry's
+/// value written twice is merged), so that chunks persisted by an earlier build are parsed again,
+/// not served.
+const PARSE_VERSION: &str = "parse 5";
 
 /// Progress of the index pass, for progress bars.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

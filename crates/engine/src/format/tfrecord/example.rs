@@ -180,25 +180,31 @@ impl ExampleDecoder {
             let mut features = Wire::new(features);
             while let Some((number, value)) = features.next()? {
                 let (1, Field::Bytes(entry)) = (number, value) else { continue };
-                let (mut key, mut feature): (&[u8], &[u8]) = (b"", b"");
+                // An entry's value seen twice is one `Feature` merged from both, as protobuf
+                // merges a message field: read in turn as one (found by a probe: the last alone
+                // was kept, a list's first part dropped without a word).
+                let (mut key, mut feature, mut more): (&[u8], Option<&[u8]>, Vec<&[u8]>) = (b"", None, Vec::new());
                 let mut entry = Wire::new(entry);
                 while let Some((number, value)) = entry.next()? {
                     match (number, value) {
                         (1, Field::Bytes(k)) => key = k,
-                        (2, Field::Bytes(f)) => feature = f,
+                        (2, Field::Bytes(f)) if feature.is_none() => feature = Some(f),
+                        (2, Field::Bytes(f)) => more.push(f),
                         _ => {}
                     }
                 }
                 if let Some(i) = self.features.iter().position(|f| f.key.as_bytes() == key) {
                     // A map's last entry of a key wins.
                     found[i].reset(0);
-                    let mut kind = Wire::new(feature);
-                    while let Some((number, value)) = kind.next()? {
-                        if let (1..=3, Field::Bytes(list)) = (number, value) {
-                            if found[i].kind != number {
-                                found[i].reset(number);
+                    for part in feature.into_iter().chain(more) {
+                        let mut kind = Wire::new(part);
+                        while let Some((number, value)) = kind.next()? {
+                            if let (1..=3, Field::Bytes(list)) = (number, value) {
+                                if found[i].kind != number {
+                                    found[i].reset(number);
+                                }
+                                found[i].push(i, list, &mut split);
                             }
-                            found[i].push(i, list, &mut split);
                         }
                     }
                     // Present with no list set: `kind` stays 0, the feature missing, as
@@ -662,6 +668,30 @@ mod tests {
         assert_eq!(b[0].values, vec![1.0, 2.0, 3.0]);
         assert_eq!(b[1].values, vec![7.0, 8.0, 9.0]);
         assert_eq!(b[2].values, vec![4.0]);
+
+        // One entry whose value (its `Feature`) is written twice, or three times: merged as
+        // protobuf merges a message field, not the last alone (found by a probe: `x`'s first
+        // part was dropped without a word); an empty `Feature` after a list adds nothing.
+        let entry = |key: &str, values: &[Vec<u8>]| {
+            let mut entry = Vec::new();
+            field(&mut entry, 1, key.as_bytes());
+            for v in values {
+                field(&mut entry, 2, v);
+            }
+            let mut map = Vec::new();
+            field(&mut map, 1, &entry);
+            map
+        };
+        let mut map = entry("x", &[feature(&[floats(&[1.0])]), feature(&[floats(&[2.0, 3.0])])]);
+        map.extend(entry("tokens", &[feature(&[ints(&[7])]), Vec::new()]));
+        map.extend(entry("label", &[feature(&[floats(&[9.0])]), feature(&[ints(&[4])]), Vec::new()]));
+        let mut record = Vec::new();
+        field(&mut record, 1, &map);
+        let (b, errors) = decode(&[record]);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(b[0].values, vec![1.0, 2.0, 3.0]);
+        assert_eq!(b[1].values, vec![7.0]);
+        assert_eq!(b[2].values, vec![4.0], "the oneof's last member");
     }
 
     proptest::proptest! {
