@@ -92,9 +92,7 @@ pub fn for_each_minibatch(
         Step::Restore(position) => Ok(feeder.restore(position).map(|()| true)?),
         Step::Next(size) => {
             let Some(plan) = feeder.plan(size) else { return Ok(false) };
-            let gathered = feeder
-                .gather(&plan, &mut load)
-                .map_err(|e| e.locate_sequence(|g, s| dataset.sequence_location(g, s)))?;
+            let gathered = feeder.gather(&plan, &mut load).map_err(|e| dataset.locate(e))?;
             each(&gathered.to_minibatch())?;
             Ok(true)
         }
@@ -221,7 +219,7 @@ pub fn ledger(dataset: &Dataset, options: &DumpOptions, out: &mut dyn Write) -> 
             if let Some(r) = plan.sequences.iter().find(|r| lengths.samples(r.seq as usize..=r.seq as usize) > 1) {
                 let samples = lengths.samples(r.seq as usize..=r.seq as usize);
                 let e = DataError::NonFrame { seq: u64::from(r.seq), chunk: r.chunk, samples, stream: None };
-                return Err(DumpError::Data(e.locate_sequence(|g, s| dataset.sequence_location(g, s))));
+                return Err(DumpError::Data(dataset.locate(e)));
             }
         }
         line.clear();

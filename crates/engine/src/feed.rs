@@ -40,18 +40,6 @@ pub struct Feeder {
     held_bytes: usize,
     peak_chunks: usize,
     peak_bytes: usize,
-    /// Where a sequence of the timeline is, for errors about one ([`Feeder::locate_with`]).
-    locate: Option<Locator>,
-}
-
-/// Where sequence `g` of the timeline is in its file ([`crate::dataset::Dataset::sequence_location`]).
-#[derive(Clone)]
-pub struct Locator(pub Arc<dyn Fn(u64, Option<usize>) -> Option<crate::format::Location> + Send + Sync>);
-
-impl std::fmt::Debug for Locator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Locator")
-    }
 }
 
 impl Feeder {
@@ -77,22 +65,6 @@ impl Feeder {
             held_bytes: 0,
             peak_chunks: 0,
             peak_bytes: 0,
-            locate: None,
-        }
-    }
-
-    /// Names the place of a sequence an error is about (a frame-mode violation) with `locate`.
-    #[must_use]
-    pub fn locate_with(mut self, locate: Locator) -> Self {
-        self.locate = Some(locate);
-        self
-    }
-
-    /// `e`, with its sequence's place where the locator knows it.
-    fn located(&self, e: DataError) -> DataError {
-        match &self.locate {
-            Some(locate) => e.locate_sequence(|g, s| (locate.0)(g, s)),
-            None => e,
         }
     }
 
@@ -191,8 +163,7 @@ impl Feeder {
     /// What `load` returns, or a frame-mode violation. Chunks loaded before the error stay held.
     pub fn gather(&mut self, plan: &MinibatchPlan, load: &mut LoadChunk<'_>) -> Result<Gathered> {
         let mut source = HeldOrLoaded { held: &mut self.held, bytes: &mut self.held_bytes, load };
-        let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)
-            .map_err(|e| self.located(e))?;
+        let gathered = gather(self.next_index, plan, &self.timeline, &self.shapes, self.frame_mode, &mut source)?;
         self.peak_chunks = self.peak_chunks.max(self.held.len());
         self.peak_bytes = self.peak_bytes.max(self.held_bytes);
         for c in &plan.retire {
@@ -244,8 +215,7 @@ impl Feeder {
             self.peak_bytes = self.peak_bytes.max(self.held_bytes + chunk.size_bytes());
             parts.take(plans, &self.timeline, c, &chunk)?;
         }
-        let gathered =
-            parts.finish(self.next_index, plans, &self.shapes, self.frame_mode).map_err(|e| self.located(e))?;
+        let gathered = parts.finish(self.next_index, plans, &self.shapes, self.frame_mode)?;
         for c in plans.iter().flat_map(|p| &p.retire) {
             if let Some(chunk) = self.held.remove(c) {
                 self.held_bytes -= chunk.size_bytes();

@@ -230,15 +230,24 @@ pub fn create_temp(dir: &Path, base: &str) -> io::Result<(PathBuf, File)> {
 /// files of a directory shared by mistake were removed).
 #[must_use]
 pub fn is_temp_name(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else { return false };
     let mut parts = inner.rsplitn(3, '.');
     let (Some(n), Some(writer), Some(base)) = (parts.next(), parts.next(), parts.next()) else { return false };
     let writer_ok = match writer.split_once('-') {
-        Some((pid, ticks)) => digits(pid) && digits(ticks),
-        None => digits(writer),
+        Some((pid, ticks)) => is_number(pid) && is_number(ticks),
+        None => is_number(writer),
     };
-    !base.is_empty() && digits(n) && writer_ok
+    !base.is_empty() && is_number(n) && writer_ok
+}
+
+/// Whether `s` is a decimal number as the caches write them in names (digits, at least one).
+pub(crate) fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `s` is a 64-bit hash as the caches write them in names (`{:016x}`).
+pub(crate) fn is_hex64(s: &str) -> bool {
+    s.len() == 16 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Whether the process that named temporary file `name` ([`create_temp`]:

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::metrics::SessionMetrics;
 use minibatchd_client::protocol::{ErrorCode, ErrorDetail, MinibatchMeta, MixtureState};
-use minibatchd_engine::feed::{Feeder, Locator};
+use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::minibatch::Gathered;
 use minibatchd_engine::sampling::Sampler;
@@ -259,10 +259,8 @@ impl Producer {
         pad_to: Option<u64>,
         metrics: SessionMetrics,
     ) -> Self {
-        let place = Arc::clone(&runtime);
         let mut feeder =
-            Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index)
-                .locate_with(Locator(Arc::new(move |g, s| place.dataset.sequence_location(g, s))));
+            Feeder::new(sampler, runtime.dataset.timeline().clone(), runtime.shapes.clone(), frame_mode, next_index);
         if let Some(end) = pad_to {
             feeder.pad_to(end);
         }

@@ -386,30 +386,6 @@ impl Dataset {
         &self.timeline
     }
 
-    /// Where sequence `g` of the timeline begins in its file (its first line, 1-based, and byte
-    /// offset): in the source of stream `stream` (of the dataset's stream order), else the first;
-    /// `None` past the timeline, or in a file indexed by its chunks alone (whose sequences are
-    /// lines of one sample each).
-    #[must_use]
-    pub fn sequence_location(&self, g: u64, stream: Option<usize>) -> Option<crate::format::Location> {
-        let g = usize::try_from(g).ok()?;
-        let starts = &self.timeline.chunk_start;
-        let chunk = starts.partition_point(|&s| s <= g).checked_sub(1)?;
-        if chunk + 1 >= starts.len() {
-            return None;
-        }
-        // The source holding the stream: the last whose first stream is at or before it.
-        let si = stream.map_or(0, |k| self.sources.iter().rposition(|s| s.first_stream <= k).unwrap_or(0));
-        let src = &self.sources[si];
-        let file = self.chunks.get(chunk)?.file;
-        if si == 0 && src.indexes.get(file)?.sequences.sizes_follow_lines() {
-            return None;
-        }
-        let (loc, seq) = self.chunk_sequences(chunk, si).nth(g - starts[chunk])?;
-        let path = src.files.get(loc.file as usize)?;
-        Some(crate::format::Location { file: path.clone(), line: seq.line + 1, offset: seq.offset })
-    }
-
     /// The chunks (of the primary source).
     #[must_use]
     pub fn chunks(&self) -> &[ChunkDesc] {

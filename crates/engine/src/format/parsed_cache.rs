@@ -208,7 +208,7 @@ impl ParsedCache {
                 }
                 continue;
             }
-            if is_entry_name(&name) {
+            if Self::is_name(&name) {
                 found.push((meta.modified().ok(), name, meta.len()));
             }
         }
@@ -281,22 +281,17 @@ impl ParsedCache {
     fn name(identity: u64, chunk: usize) -> String {
         format!("{identity:016x}-{chunk}.{EXT}")
     }
-}
 
-/// Whether `name` is an entry's name ([`ParsedCache::name`]: `{identity:016x}-{chunk}.mbp`).
-fn is_entry_name(name: &str) -> bool {
-    let Some((identity, chunk)) =
-        name.strip_suffix(EXT).and_then(|n| n.strip_suffix('.')).and_then(|n| n.split_once('-'))
-    else {
-        return false;
-    };
-    identity.len() == 16
-        && identity.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        && !chunk.is_empty()
-        && chunk.bytes().all(|b| b.is_ascii_digit())
-}
+    /// Whether `name` is an entry's name ([`ParsedCache::name`]: `{identity:016x}-{chunk}.mbp`).
+    fn is_name(name: &str) -> bool {
+        let Some((identity, chunk)) =
+            name.strip_suffix(EXT).and_then(|n| n.strip_suffix('.')).and_then(|n| n.split_once('-'))
+        else {
+            return false;
+        };
+        state_file::is_hex64(identity) && state_file::is_number(chunk)
+    }
 
-impl ParsedCache {
     /// The entry of chunk `chunk` of the dataset with `identity`, if there is a usable one for
     /// `streams` at `precision` with `num_sequences` sequences. Anything unusable is removed and
     /// counted as a miss.
@@ -407,7 +402,7 @@ impl ParsedCache {
         if let Ok(dir) = std::fs::read_dir(&self.dir) {
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with(&prefix) && is_entry_name(&name) && !names.contains(&name) {
+                if name.starts_with(&prefix) && Self::is_name(&name) && !names.contains(&name) {
                     names.push(name);
                 }
             }

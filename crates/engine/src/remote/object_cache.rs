@@ -368,8 +368,8 @@ impl ObjectCache {
 
     /// Entry `name` (on disk and in `s`) of a range of `len` bytes, opened: checked against its
     /// trailer at its first use in this run and again whenever its file's version changed since
-    /// (outside the lock: a whole object may be large), and counted as used. `None` when it is damaged, foreign or gone: the entry is dropped (and
-    /// fetched again by the caller).
+    /// (outside the lock: a whole object may be large), and counted as used. `None` when it is
+    /// damaged, foreign or gone: the entry is dropped (and fetched again by the caller).
     fn hit<'s>(
         &'s self,
         mut s: MutexGuard<'s, State>,
@@ -570,13 +570,11 @@ impl Drop for Tee<'_> {
 
 /// Whether `name` is an entry's name ([`ObjectCache::key`]: `{name}.{start}-{end}.{hash:016x}.chunk`).
 fn is_entry_name(name: &str) -> bool {
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let Some(rest) = name.strip_suffix(".chunk") else { return false };
     let mut parts = rest.rsplitn(3, '.');
     let (Some(hash), Some(range), Some(_object)) = (parts.next(), parts.next(), parts.next()) else { return false };
-    hash.len() == 16
-        && hash.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-        && range.split_once('-').is_some_and(|(a, b)| digits(a) && digits(b))
+    state_file::is_hex64(hash)
+        && range.split_once('-').is_some_and(|(a, b)| state_file::is_number(a) && state_file::is_number(b))
 }
 
 /// The cached file at `path` if it is trusted and holds `len` bytes and a trailer, with its

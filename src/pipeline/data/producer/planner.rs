@@ -184,7 +184,7 @@ impl Planner {
             cache_wait,
             &mut over_limit,
         );
-        let built = self.feeder.gather(plan, &mut load);
+        let built = self.feeder.gather(plan, &mut load).map_err(|e| self.runtime.dataset.locate(e));
         drop(load);
         (built, over_limit)
     }
@@ -212,7 +212,7 @@ impl Planner {
             &mut load,
         );
         drop(load);
-        let built = built.and_then(|gathered| {
+        let built = built.map_err(|e| runtime.dataset.locate(e)).and_then(|gathered| {
             let bytes = ahead.parts.size_bytes();
             let count = gathered.len();
             // At most an eighth of the cache's share too: the copies wait for the trainer's
