@@ -397,6 +397,40 @@ fn a_state_past_the_end_of_its_epoch_is_refused() {
     assert!(s.next_minibatch().expect("next").is_none(), "nothing for a worker without data");
 }
 
+#[test]
+fn a_state_before_the_start_of_its_sweep_is_refused() {
+    // Found by a probe: a `sweep = 2` session resumed from a state edited to stand before sweep 2
+    // delivered sweeps 0, 1 and 2 as its one epoch.
+    let d = start();
+    let mut s = d.client().open("train", &SessionOptions { full_sweep: true, ..options(5) }).expect("open");
+    drain(&mut s, 10_000);
+    let sweep = s.close().expect("close").position;
+    let second = SessionOptions { sweep: Some(2), ..options(5) };
+    let mut s = d.client().open("train", &second).expect("open");
+    let first = s.next_minibatch().expect("next").expect("a minibatch");
+    assert_eq!(first.meta.sweep, 2);
+    let state = s.close().expect("close");
+    assert!(sweep > 1 && state.position > 2 * sweep, "{state:?}");
+    for position in [0, 100.min(sweep - 1), 2 * sweep - 1] {
+        let edited = SessionState { position, ..state.clone() };
+        match d.client().open("train", &SessionOptions { resume: Some(edited), ..second.clone() }) {
+            Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+                assert!(message.contains("before the first"), "{message}");
+            }
+            other => panic!("position {position}: expected resume_mismatch, got {other:?}"),
+        }
+    }
+    // The sweep's own start resumes, and the session delivers that sweep alone.
+    let at_start = SessionState { position: 2 * sweep, ..state };
+    let mut again = d.client().open("train", &SessionOptions { resume: Some(at_start), ..second }).expect("resume");
+    let mut sweeps = std::collections::BTreeSet::new();
+    while let Some(mb) = again.next_minibatch().expect("next") {
+        sweeps.insert(mb.meta.sweep);
+        again.release(mb);
+    }
+    assert_eq!(sweeps.into_iter().collect::<Vec<_>>(), [2]);
+}
+
 /// Found by a probe: a `minibatch_size` far past a finite epoch sized the ring for it (206 GB for
 /// 2^31 - 1) and the open was refused, where dump gives the epoch as one minibatch. A slot holds
 /// no more than the epoch.

@@ -193,6 +193,17 @@ pub(super) fn place_sampler(
     rt: &DatasetRuntime,
     cancelled: &AtomicBool,
 ) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
+    // Found by a probe: a `sweep = 2` session resumed from an edited state at position 100 (before
+    // sweep 2) delivered sweeps 0 to 2 as its one epoch.
+    let earliest_in_state = start
+        .job
+        .as_ref()
+        .and_then(|j| j.positions.iter().copied().min())
+        .map_or(start.position, |p| p.min(start.position));
+    if earliest_in_state < sampler.earliest_position() {
+        let before = ResumeError::BeforeEpoch { position: earliest_in_state, earliest: sampler.earliest_position() };
+        return Err(Refusal::Resume(before));
+    }
     if let Some(job) = &start.job {
         sampler.resume_job_unless(&job.positions, cancelled)?;
     }

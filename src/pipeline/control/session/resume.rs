@@ -110,6 +110,18 @@ pub enum ResumeError {
         /// [`minibatchd_engine::sampling::Sampler::latest_position`].
         latest: u64,
     },
+    /// A position (the state's, or a job worker's) before the epoch's first: a session opened
+    /// with `sweep = k` never stands before sweep `k`'s start.
+    #[error(
+        "the state's position {position} is before the first a session with these options stands at ({earliest}, \
+         the start of its sweep): not a state of such a session"
+    )]
+    BeforeEpoch {
+        /// The earliest position in the state.
+        position: u64,
+        /// [`minibatchd_engine::sampling::Sampler::earliest_position`].
+        earliest: u64,
+    },
     /// A count of minibatches no session reaches.
     #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
     Minibatches(u64),

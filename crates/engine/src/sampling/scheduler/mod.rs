@@ -419,8 +419,13 @@ impl Sampler {
     /// randomizer gives no chunk (`rank >= chunks`) is moved to the epoch end, as in CNTK.
     ///
     /// # Errors
-    /// None at present: every position is valid (past the epoch end the sampler just ends).
+    /// [`SamplingError::BeforeEpoch`]: with [`EpochLimit::Sweep`], a position before that
+    /// sweep's start. Every later position is valid (past the epoch end the sampler just ends).
     pub fn restore(&mut self, position: u64) -> Result<(), SamplingError> {
+        let start = self.epoch_start();
+        if position < start {
+            return Err(SamplingError::BeforeEpoch { position, start, sweep: start / self.sweep_size });
+        }
         let sweep = position / self.sweep_size;
         self.switch_to_sweep(sweep);
         let (index, start) = self.current.seek(&self.timeline, position % self.sweep_size);
@@ -440,6 +445,13 @@ impl Sampler {
             (next_sweep.saturating_mul(s.sweep_size) < s.epoch_end)
                 .then(|| s.next.get_or_init(|| s.build_plan(next_sweep)))
         })
+    }
+
+    /// The earliest position of the epoch: the start of its one sweep for [`EpochLimit::Sweep`],
+    /// else 0. [`Sampler::restore`] refuses a position before it.
+    #[must_use]
+    pub fn earliest_position(&self) -> u64 {
+        self.epoch_start()
     }
 
     /// [`Sampler::upcoming_chunks`] that looks past the current sweep only when the next sweep's

@@ -167,6 +167,21 @@ pub enum SamplingError {
         /// Which bound.
         what: String,
     },
+    /// A position before the start of an epoch of exactly one sweep ([`EpochLimit::Sweep`]):
+    /// restored there, the run would deliver the sweeps before it too (found by a probe: a
+    /// `sweep = 2` session resumed from an edited state at position 100 delivered sweeps 0–2).
+    #[error(
+        "position {position} is before the epoch's start ({start}, the first sample of sweep {sweep}): a run of \
+         exactly sweep {sweep} starts there and never stands before it"
+    )]
+    BeforeEpoch {
+        /// The position asked for.
+        position: u64,
+        /// The epoch's first position.
+        start: u64,
+        /// The epoch's sweep.
+        sweep: u64,
+    },
     /// The walk was given up: whoever asked for it no longer waits
     /// ([`Sampler::equalize_steps_unless`]).
     #[error("the walk over the workers' epochs was cancelled: the client that opened the session went away")]

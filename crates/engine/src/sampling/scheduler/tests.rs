@@ -273,6 +273,25 @@ fn restore_in_the_middle_of_a_sequence_moves_to_the_next_start() {
     assert_eq!((s.position(), ids(&s.next_minibatch(3).expect("data"))), (21, vec![1]));
 }
 
+#[test]
+fn restore_before_the_one_sweep_of_its_epoch_is_refused() {
+    // Found by a probe: with an epoch of exactly sweep 2, a restore to position 100 delivered
+    // sweeps 0 to 2.
+    let t = timeline(&[3, 3, 3], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::Sweep(2)));
+    assert_eq!(s.earliest_position(), 18);
+    for position in [0, 4, 17] {
+        match s.restore(position) {
+            Err(SamplingError::BeforeEpoch { position: p, start: 18, sweep: 2 }) => assert_eq!(p, position),
+            other => panic!("restore({position}): {other:?}"),
+        }
+    }
+    assert_eq!(s.position(), 18, "a refused restore leaves the sampler where it was");
+    s.restore(19).expect("inside sweep 2");
+    assert_eq!(s.position(), 21);
+    assert_eq!(sampler(&t, sequential(EpochLimit::FullSweep)).earliest_position(), 0);
+}
+
 /// Reference ownership of the block randomizer: rank of the randomized chunk position.
 fn block_owner(t: &Timeline, opts: &SamplingOptions, sweep: u64, chunk: u32) -> usize {
     let sweep_data = randomize_sweep(t, opts.window, opts.seed, sweep);
