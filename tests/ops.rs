@@ -398,6 +398,46 @@ fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
     assert_eq!(n, 100_000);
 }
 
+/// Found by a probe: an open dataset kept the bound on a parsed chunk of the limit it was opened
+/// under, so after a reload raised `memory_limit_bytes` — as the refusal advises — the same `open`
+/// was still refused, naming the old bound, until a restart.
+#[test]
+fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    // 64 one-digit values a line: 128 bytes of text, 256 of parsed values; chunks of 1 MiB of
+    // text hold 2 MiB of values, more than half of a 3 MiB limit.
+    let line = format!("|x{}\n", " 1".repeat(64));
+    write(d, "wide.ctf", line.repeat(20_000));
+    let config = |limit: u64| {
+        support::daemon::write_config(
+            d,
+            &format!("memory_limit_bytes = {limit}\nparser_threads = 1"),
+            &format!(
+                "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
+                 [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
+                d.display()
+            ),
+        )
+    };
+    config(3 << 20);
+    let daemon = Daemon::start(d, &[]);
+    let opts = SessionOptions { full_sweep: true, ..options(500) };
+    match daemon.client().open("wide", &opts) {
+        Err(e) => assert!(e.to_string().contains("more than a parsed chunk may hold"), "{e}"),
+        Ok(_) => panic!("a chunk of 2 MiB of values admitted under a 3 MiB limit"),
+    }
+    config(256 << 20);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    let mut s = daemon.client().open("wide", &opts).expect("admitted under the raised limit");
+    let mut n = 0;
+    while let Some(mb) = s.next_owned().expect("next") {
+        n += mb.streams[0].sequence_offsets.len() - 1;
+    }
+    assert_eq!(n, 20_000);
+}
+
 /// Found by a probe: a reload that changed only `parser_threads` (a restart key) reopened every
 /// dataset; and the chunks of a version a reload replaced stayed in the chunk cache until
 /// evicted (950 MB after 40 reloads), where a new version's preload, which never evicts, then

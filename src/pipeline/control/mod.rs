@@ -316,6 +316,7 @@ pub fn apply_memory_limits(registry: &mut Registry, config: &Config, catalog: &C
     let floor = d.memory_limit_bytes / CACHE_FLOOR_DIVISOR;
     registry.set_limits(d.memory_limit_bytes, floor, Duration::from_secs(d.session_linger_secs));
     registry.set_max_lingering(d.max_sessions);
+    catalog.set_memory_limit(d.memory_limit_bytes);
     // The parsers' read buffers and the datasets' indexes are held whatever the sessions do:
     // the chunk cache gets what they and the rings leave.
     let outside = held_outside_the_cache(config, catalog, threads);

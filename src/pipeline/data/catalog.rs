@@ -231,6 +231,15 @@ impl Catalog {
         &self.huge
     }
 
+    /// Bounds every open dataset's parsed chunks (the current versions, and the replaced ones
+    /// sessions still read) by `memory_limit` ([`minibatchd_engine::dataset::Dataset::set_memory_limit`]): a reload's limit
+    /// reaches the datasets it did not open again.
+    pub fn set_memory_limit(&self, memory_limit: u64) {
+        for rt in self.by_index.iter().filter_map(Weak::upgrade) {
+            rt.dataset.set_memory_limit(memory_limit);
+        }
+    }
+
     /// The parsed cache the datasets use, if one is open.
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {

@@ -112,7 +112,7 @@ impl Dataset {
         let chunk_bytes =
             usize::try_from(desc.end - desc.start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
         let max_values =
-            usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
+            usize::try_from(self.max_parsed_chunk_bytes() / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
         let within = |out: &D::Buffers<T>, at: &RecordAt<'_>| {
             if d.dense_values(out) <= max_values {
                 return Ok(());
@@ -122,7 +122,7 @@ impl Dataset {
                 message: format!(
                     "the chunk's decoded data (values, strings and offsets) pass {} bytes, its share of the memory \
                      limit (daemon.memory_limit_bytes); lower chunk_size_bytes or raise the limit",
-                    self.max_parsed_chunk_bytes
+                    self.max_parsed_chunk_bytes()
                 ),
             })
         };
@@ -186,7 +186,7 @@ impl Dataset {
             // A chunk's dense values (all its dense streams of this source) stay within its share
             // of the memory limit, however many empty samples its bytes hold.
             let max_values =
-                usize::try_from(self.max_parsed_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
+                usize::try_from(self.max_parsed_chunk_bytes() / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX);
             for (i, buf) in bufs.iter_mut().enumerate() {
                 buf.seq_offsets.reserve(seqs.len());
                 if let Some(dim) = decoder.dense_dim(i) {

@@ -133,8 +133,9 @@ pub struct Dataset {
     stream_names: Vec<String>,
     /// The parsed cache, if this dataset uses one.
     parsed: Option<ParsedUse>,
-    /// [`IndexLimits::max_parsed_chunk_bytes`] of the open.
-    max_parsed_chunk_bytes: u64,
+    /// [`IndexLimits::max_parsed_chunk_bytes`] of the open, or of the memory limit a reload set
+    /// since ([`Dataset::set_max_parsed_chunk_bytes`]).
+    max_parsed_chunk_bytes: std::sync::atomic::AtomicU64,
     /// The object storage its objects are read from (none for a dataset of local files).
     remote: Option<Arc<Remote>>,
     /// Whether the buffers of the chunks it parses are advised huge pages (`[daemon] huge_pages`).
@@ -222,7 +223,7 @@ impl Dataset {
                 Err(DataError::Dataset(format!("dataset '{}': a {other:?} dataset without its options", config.name)))
             }
         }?;
-        ds.max_parsed_chunk_bytes = limits.max_parsed_chunk_bytes;
+        *ds.max_parsed_chunk_bytes.get_mut() = limits.max_parsed_chunk_bytes;
         ds.remote = remote;
         Ok(ds)
     }
@@ -251,7 +252,7 @@ impl Dataset {
             stream_names: streams.iter().map(|s| s.name.clone()).collect(),
             streams,
             parsed: None,
-            max_parsed_chunk_bytes: u64::MAX,
+            max_parsed_chunk_bytes: std::sync::atomic::AtomicU64::new(u64::MAX),
             remote: None,
             huge: HugePages::default(),
             identities: std::sync::OnceLock::new(),
@@ -374,10 +375,19 @@ impl Dataset {
     }
 
     /// The most bytes one parsed chunk may hold ([`IndexLimits::max_parsed_chunk_bytes`] of the
-    /// open): a chunk whose dense values would pass it fails as it is parsed.
+    /// open, or as set since): a chunk whose dense values would pass it fails as it is parsed.
     #[must_use]
     pub fn max_parsed_chunk_bytes(&self) -> u64 {
-        self.max_parsed_chunk_bytes
+        self.max_parsed_chunk_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets [`Dataset::max_parsed_chunk_bytes`] for the memory limit `memory_limit` (a reload
+    /// changed it: found by a probe, the open dataset kept the bound of the limit it was opened
+    /// under, so a chunk refused for the old limit stayed refused after the limit was raised, as
+    /// its error advised, and one within the new, lower limit's bound was parsed at twice it).
+    pub fn set_memory_limit(&self, memory_limit: u64) {
+        let bytes = IndexLimits::within(memory_limit, 0, 1).max_parsed_chunk_bytes;
+        self.max_parsed_chunk_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// What the sampler works on.
