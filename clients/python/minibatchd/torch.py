@@ -137,7 +137,8 @@ class MinibatchIterableDataset(IterableDataset):
     ``options`` are session options (``minibatch_size`` is required; ``randomize``, windows,
     ``seed``, ``frame_mode``, ``prefetch``, ``slot_size_bytes``; ``full_sweep=True`` is accepted
     and means what a pass does anyway). The epoch limit and the worker split are the dataset's
-    to set: ``max_samples``, ``max_sweeps``, ``sweep``, ``num_workers`` and ``rank`` are refused.
+    to set: ``max_samples``, ``max_sweeps``, ``sweep`` and ``num_workers`` are refused (``rank`` is
+    the trainer's rank, the argument below).
     An item holds the rank's share of ``minibatch_size`` with or without DataLoader workers (each
     of ``W`` workers reads its split with the global minibatch ``minibatch_size × W``; a resumed
     epoch keeps the one its state recorded; a mixture's workers share ``minibatch_size``).
