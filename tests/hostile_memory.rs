@@ -426,6 +426,70 @@ fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the
     assert_within_limit(&d, LIMIT, "and an 82 MB window");
 }
 
+/// Found by a probe: the ranks of one job that read through one daemon (a `DataLoader`'s splits
+/// read in one process, or several ranks on one node) hold their windows here together, but each
+/// `open` was checked for its own share of the window alone: eight splits were admitted with a
+/// window the eight together could not hold, and then took turns for memory a hundred times
+/// slower than one. The floor now counts the job's workers connected here.
+#[test]
+fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // The dataset of the test above: 40 chunks of 1 MiB, 82 MB parsed.
+    let ones = "1 ".repeat(511);
+    let mut text = String::new();
+    for i in 0..40_000 {
+        writeln!(text, "|a {i} {ones}").expect("a String takes any write");
+    }
+    let file = write(p, "wide.ctf", text);
+    let datasets = format!(
+        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+         [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
+        file.display()
+    );
+    config(p, LIMIT, &datasets);
+    let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
+    let open = |window: u64, rank: u64| {
+        let opts = SessionOptions {
+            max_sweeps: Some(1),
+            window_chunks: Some(window),
+            num_workers: Some(2),
+            rank: Some(rank),
+            ..options(256)
+        };
+        let start = Instant::now();
+        loop {
+            match Client::connect(&d.socket).expect("connect").open("wide", &opts) {
+                Err(ClientError::Daemon { code: ErrorCode::DatasetIndexing, .. }) if start.elapsed() < DEADLINE => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                other => break other,
+            }
+        }
+    };
+    // The widest window rank 0 of 2 opens alone; its floor is more than half the cache's share
+    // (the chunks are all about 1 MiB, so one chunk more passes the share), so rank 1 beside it
+    // is refused, naming both workers.
+    let (window, rank0) = (2..=40)
+        .rev()
+        .find_map(|w| open(w, 0).ok().map(|s| (w, s)))
+        .expect("some window of two chunks or more fits one of two workers");
+    match open(window, 1) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            assert!(message.contains("for the 2 workers of this job that read through this daemon"), "{message}");
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("two workers of a window of {window} chunks admitted together"),
+    }
+    // Alone again, rank 1 opens with that window.
+    drop(rank0);
+    let start = Instant::now();
+    while open(window, 1).is_err() {
+        assert!(start.elapsed() < DEADLINE, "rank 1 alone refused a window of {window} chunks");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The first value of every sample of a minibatch's dense stream `a` of 512 values.
 fn first_of_each_sample(mb: &minibatchd_engine::minibatch::Minibatch) -> Vec<u32> {
     match &mb.streams[0].data {

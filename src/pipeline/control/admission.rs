@@ -111,8 +111,9 @@ pub enum Refusal {
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
     #[error(
-        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
+        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak{}), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
         floor.div_ceil(1 << 20),
+        if *workers_here > 1 { format!(", for the {workers_here} workers of this job that read through this daemon: their windows are held here together") } else { String::new() },
         share >> 20,
         if *largest > 0 { format!("the largest window that can fit is {largest} chunk(s) — the check counts only the dense values every window surely holds, so a window that wide may still be gathered a chunk at a time, more slowly (minibatchd_session_minibatches_in_parts_total); a smaller one less often: open the session with window_chunks = {largest} or fewer (or a window_samples as small), or raise memory_limit_bytes") } else { "no window fits: raise memory_limit_bytes".to_owned() }
     )]
@@ -125,6 +126,9 @@ pub enum Refusal {
         floor: u64,
         /// The cache's share of the limit, in bytes.
         share: u64,
+        /// Workers of the session's job reading through this daemon, the session's own included
+        /// (their floors are held together).
+        workers_here: u64,
     },
     /// A mixture that cannot be served as configured or asked: its streams, weights or state.
     #[error("mixture '{name}': {message}")]

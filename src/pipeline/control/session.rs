@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState};
+use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState, WorkerOf};
 
 mod forgotten;
 mod options;
@@ -373,6 +373,31 @@ impl Registry {
         };
         self.active.insert(name.to_owned(), ActiveEntry { id, owner, saved: lingered, generated });
         Ok(claim)
+    }
+
+    /// How many other ranks of one job read `dataset` through this daemon now: connected sessions
+    /// of its order options (`options_hash`) whose workers are as many as `worker`'s, at other
+    /// ranks, each rank counted once. Their randomization windows are held here together
+    /// (a `DataLoader`'s workers read in one process, or several ranks on one node), which a
+    /// window's floor for one worker leaves out.
+    #[must_use]
+    pub fn other_workers_here(&self, dataset: &str, options_hash: &str, worker: WorkerOf) -> u64 {
+        let ranks: std::collections::BTreeSet<u64> = self
+            .active
+            .values()
+            .filter_map(|e| e.saved.as_ref())
+            .filter(|s| s.state.dataset == dataset && s.state.options_hash == options_hash)
+            // The state says its worker once the session took a minibatch; the options say it
+            // from the `open` on.
+            .filter_map(|s| {
+                s.state
+                    .worker
+                    .or_else(|| WorkerOf::of_session(s.options.rank.unwrap_or(0), s.options.num_workers.unwrap_or(1)))
+            })
+            .filter(|w| w.of == worker.of && w.rank != worker.rank)
+            .map(|w| w.rank)
+            .collect();
+        ranks.len() as u64
     }
 
     /// Records what a checkpoint saves of the connected session `name` (at open).

@@ -316,6 +316,13 @@ pub(in crate::pipeline::control) fn chunks_fit(rt: &DatasetRuntime) -> Result<()
     }
 }
 
+/// `workers_here`: the workers of the session's job that read through this daemon, its own
+/// included (one more than
+/// [`Registry::other_workers_here`](crate::pipeline::control::session::Registry::other_workers_here)):
+/// their floors are held together (found by a probe: eight `DataLoader` splits read in one
+/// process were each admitted with a window whose floor, one eighth of it, fitted, and then took
+/// turns for memory a hundred times slower than one split).
+///
 /// `reserved`: what this session's sweep orders hold reserved now (for the requested window),
 /// which a smaller window would reserve less of: the largest window named is the largest whose
 /// floor and sweep orders together fit (found by a probe: the share shrank with the window asked
@@ -326,10 +333,12 @@ pub(super) fn window_fits(
     resolved: &ResolvedOptions,
     shared: &ControlPlane,
     reserved: u64,
+    workers_here: u64,
 ) -> Result<(), Refusal> {
     use minibatchd_engine::feed::{window_floor_bytes, window_in_chunks};
     let timeline = rt.dataset.timeline();
-    let floor = window_floor_bytes(timeline, sweep_size, &rt.shapes, &resolved.sampling);
+    let workers_here = workers_here.max(1);
+    let floor = window_floor_bytes(timeline, sweep_size, &rt.shapes, &resolved.sampling).saturating_mul(workers_here);
     let share = shared.registry().cache_budget();
     if floor <= share {
         return Ok(());
@@ -340,7 +349,10 @@ pub(super) fn window_fits(
     let fits = |w: usize| {
         let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
         let orders = super::sampling_bound(timeline, &options, false, resolved.equal_steps);
-        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options).saturating_add(orders) <= free
+        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options)
+            .saturating_mul(workers_here)
+            .saturating_add(orders)
+            <= free
     };
     let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
     while hi - lo > 1 {
@@ -351,7 +363,7 @@ pub(super) fn window_fits(
             hi = mid;
         }
     }
-    Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share })
+    Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share, workers_here })
 }
 
 /// The minibatch size a session's states carry when it has equal steps
