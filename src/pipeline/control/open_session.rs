@@ -103,6 +103,33 @@ pub(super) fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job
     Sampler::memory_bound(timeline, options, job).saturating_add(walk)
 }
 
+/// A refusal of sweep orders' memory with the share of it a continued job's delivered sequences
+/// take (`job` bytes), for its message.
+fn job_part(refusal: Refusal, job: u64) -> Refusal {
+    use crate::pipeline::control::session::RegistryError;
+    match refusal {
+        Refusal::Registry(RegistryError::SamplingMemory {
+            needed,
+            window_sequences,
+            available,
+            limit,
+            outside,
+            ..
+        }) => {
+            let job = job.min(needed);
+            Refusal::Registry(RegistryError::SamplingMemory {
+                needed,
+                job,
+                window_sequences,
+                available,
+                limit,
+                outside,
+            })
+        }
+        other => other,
+    }
+}
+
 impl SamplingReservation {
     /// While a session with (`job`) or without a job, with equal steps or not, opens: its
     /// sampler and its walks.
@@ -113,12 +140,16 @@ impl SamplingReservation {
         job: bool,
         equal_steps: bool,
     ) -> Result<(), Refusal> {
-        self.resize(timeline, options, sampling_bound(timeline, options, job, job || equal_steps))
+        let bytes = sampling_bound(timeline, options, job, job || equal_steps);
+        let without_job = if job { sampling_bound(timeline, options, false, equal_steps) } else { bytes };
+        self.resize(timeline, options, bytes).map_err(|e| job_part(e, bytes.saturating_sub(without_job)))
     }
 
     /// Once the session is open (its walks done): what its sampler keeps.
     fn opened(&mut self, timeline: &Timeline, options: &SamplingOptions, job: bool) -> Result<(), Refusal> {
-        self.resize(timeline, options, sampling_bound(timeline, options, job, false))
+        let bytes = sampling_bound(timeline, options, job, false);
+        let without_job = if job { sampling_bound(timeline, options, false, false) } else { bytes };
+        self.resize(timeline, options, bytes).map_err(|e| job_part(e, bytes.saturating_sub(without_job)))
     }
 
     /// Reserves `bytes` in all: more (refused when it does not fit; the reservation is then

@@ -166,10 +166,13 @@ pub enum RegistryError {
         outside: u64,
     },
     /// The sampler's sweep orders do not fit.
-    #[error("the session's sweep orders need {needed} bytes (they keep up to {window_sequences} sequences of a randomization window at once), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache{}): raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions", outside_note(*outside))]
+    #[error("the session's sweep orders need {needed} bytes ({}), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache{}): {}", sampling_parts(*window_sequences, *job), outside_note(*outside), sampling_advice(*job))]
     SamplingMemory {
         /// Bytes asked.
         needed: u64,
+        /// Of them, what a session that continues a job keeps of the sequences its earlier
+        /// workers delivered, and the walk that finds them (0 for any other session).
+        job: u64,
         /// Sequences of a randomization window the sweep orders keep at once.
         window_sequences: u64,
         /// Bytes left.
@@ -179,6 +182,30 @@ pub enum RegistryError {
         /// What the read buffers and the indexes hold.
         outside: u64,
     },
+}
+
+/// What a session's sweep orders keep, for [`RegistryError::SamplingMemory`].
+fn sampling_parts(window_sequences: u64, job: u64) -> String {
+    let window = format!("they keep up to {window_sequences} sequences of a randomization window at once");
+    if job == 0 {
+        return window;
+    }
+    format!(
+        "{job} of them for the sequences the earlier workers of the job it continues delivered, which it keeps \
+         while their positions differ, and the walk that finds them; {window}"
+    )
+}
+
+/// What to change, for [`RegistryError::SamplingMemory`]: a session that continues a job cannot
+/// narrow its window (part of the options its states were written with; found by a probe: the
+/// refusal of a `resume_job` advised it, where the job's delivered sequences took the memory).
+fn sampling_advice(job: u64) -> &'static str {
+    if job == 0 {
+        "raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions"
+    } else {
+        "raise memory_limit_bytes or close other sessions, or resume each worker by its own state (at the same \
+         worker count), which keeps no such set"
+    }
 }
 
 /// The part of a memory refusal that names what the parser threads' read buffers and the
@@ -562,6 +589,7 @@ impl Registry {
         if bytes > available {
             return Err(RegistryError::SamplingMemory {
                 needed: bytes,
+                job: 0,
                 window_sequences,
                 available,
                 limit: self.limit,
@@ -808,6 +836,28 @@ mod tests {
         ));
         r.unreserve_sampling(300);
         assert_eq!((r.sampling_bytes(), r.cache_budget()), (0, 700));
+    }
+
+    #[test]
+    fn a_continued_jobs_refusal_names_its_delivered_sequences_not_the_window() {
+        // Found by a probe: a `resume_job` refused for the memory of the sequences the job's
+        // earlier workers delivered was told to narrow its window, which its options fix.
+        let refusal = |job| {
+            RegistryError::SamplingMemory {
+                needed: 16_000_000,
+                job,
+                window_sequences: 1002,
+                available: 9_000_000,
+                limit: 10 << 20,
+                outside: 0,
+            }
+            .to_string()
+        };
+        let plain = refusal(0);
+        assert!(plain.contains("narrow the randomization window") && !plain.contains("earlier workers"), "{plain}");
+        let job = refusal(15_000_000);
+        assert!(job.contains("15000000 of them for the sequences the earlier workers of the job"), "{job}");
+        assert!(job.contains("resume each worker by its own state") && !job.contains("narrow"), "{job}");
     }
 
     #[test]
