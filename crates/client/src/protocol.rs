@@ -772,12 +772,16 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// The error for a frame body that starts with `b`: no binary message's tag, and no JSON object.
 /// Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client that sent
 /// JSON; a JSON value that is not an object is named as such.
-fn neither_binary_nor_object(b: u8) -> FrameError {
+/// A body that starts as a literal does only when it is one (found by a probe: `not json` was
+/// told it is `null`).
+fn neither_binary_nor_object(body: &[u8]) -> FrameError {
+    let b = body[0];
+    let literal = body.trim_ascii();
     let json = match b {
         b'[' => Some("an array"),
         b'"' => Some("a string"),
-        b'n' => Some("null"),
-        b't' | b'f' => Some("a boolean"),
+        b'n' if literal == b"null" => Some("null"),
+        b't' | b'f' if literal == b"true" || literal == b"false" => Some("a boolean"),
         b'-' | b'0'..=b'9' => Some("a number"),
         _ => None,
     };
@@ -819,7 +823,7 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
                 wait_ns: (body[1] == 1).then(|| u64_at(body, 24)),
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(b)),
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(body)),
         _ => decode(body),
     }
 }
@@ -851,7 +855,7 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
                 },
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(b)),
+        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(body)),
         _ => decode(body),
     }
 }
@@ -1043,6 +1047,12 @@ mod tests {
         assert!(e.contains("unknown binary message tag 0x07"), "{e}");
         let Err(FrameError::Invalid(e)) = decode_client(b"hello world") else { panic!("decoded") };
         assert!(e.contains("JSON object") && e.contains("'h'"), "{e}");
+        for body in [&b"not json"[..], b"nonsense", b"falsehood", b"t"] {
+            let Err(FrameError::Invalid(e)) = decode_client(body) else { panic!("{body:?} decoded") };
+            assert!(e.contains("this frame starts with") && !e.contains(", not "), "{e}");
+        }
+        let Err(FrameError::Invalid(e)) = decode_client(b"true") else { panic!("decoded") };
+        assert!(e.contains("not a boolean"), "{e}");
         // A binary release whose reserved bytes are not zero is told so, not of its flags.
         let mut release = [0u8; BINARY_RELEASE_BYTES];
         release[0] = BINARY_RELEASE;
