@@ -494,7 +494,10 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         }
     }
     if let Err(e) = d.metrics_listen.parse::<std::net::SocketAddr>() {
-        w.issue(&format!("{}.metrics_listen", node.path()), &format!("expected an IP address and a port (host names are not looked up), e.g. 127.0.0.1:9464 ({e})"));
+        w.issue(
+            &format!("{}.metrics_listen", node.path()),
+            &format!("expected an IP address and a port (host names are not looked up), e.g. 127.0.0.1:9464 ({e})"),
+        );
     }
     w.finish(t);
     Some((d, inflate))

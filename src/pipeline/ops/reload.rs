@@ -210,9 +210,24 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
             let (added, removed, changed) = (c.added.clone(), c.removed.clone(), c.changed.clone());
             let failed: Vec<String> = c.failed.iter().map(|(n, _)| n.clone()).collect();
             let applied = apply(&shared, p);
-            if applied.is_some() {
+            if let Some(whole) = applied {
                 let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                tracing::info!(?added, ?removed, ?changed, ?failed, elapsed_ms, "configuration reloaded");
+                if whole && failed.is_empty() {
+                    tracing::info!(?added, ?removed, ?changed, elapsed_ms, "configuration reloaded");
+                } else {
+                    // Found by a probe: a reload whose lower memory limit was not applied logged
+                    // `failed=[]` as if it were whole.
+                    let memory_limit_kept = !whole;
+                    tracing::warn!(
+                        ?added,
+                        ?removed,
+                        ?changed,
+                        ?failed,
+                        memory_limit_kept,
+                        elapsed_ms,
+                        "configuration reloaded in part (counted as partial)"
+                    );
+                }
             }
             // Found by a probe: a reload whose changed dataset failed to open (its old version
             // serving on), or whose lower memory limit was not applied, was counted a success,
