@@ -100,6 +100,26 @@ fn ctf_dataset(name: &str, files: &[&Path]) -> String {
     )
 }
 
+/// Found by a probe: an environment override that is no number was told to write numbers
+/// without quotes, advice for the file; it is told which variable it came from.
+#[test]
+fn a_number_key_overridden_by_text_names_the_variable() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
+    let text = format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data]));
+    let cfg = write(tmp.path(), "minibatchd.toml", &text);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "abc");
+    let out = output_within(cmd, "validate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("found the string 'abc' (from MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS)"), "{stderr}");
+    // In the file, quoted: the advice for the file.
+    let quoted = write(tmp.path(), "quoted.toml", text.replace("chunk_size_bytes = 300", "chunk_size_bytes = \"300\""));
+    let (status, stderr) = validate(&quoted);
+    assert!(!status.success() && stderr.contains("(write numbers without quotes)"), "{stderr}");
+}
+
 /// `dir/looping/` holding `part.ctf` and two symbolic links back to itself (`a` at the top,
 /// `sub/b` below): the old walk went through 2^40 paths before `ELOOP` stopped it.
 fn two_loops(dir: &Path) -> PathBuf {

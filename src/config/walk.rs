@@ -272,12 +272,15 @@ impl<'a> Table<'a> {
                 None
             })?,
             // Environment overrides arrive parsed (`try_parsing`), so a string here is a quoted
-            // value in the file: `dim = "4"` is a mistake worth a word, not a number.
+            // value in the file — `dim = "4"` is a mistake worth a word, not a number — or an
+            // override that is no number (found by a probe: `..__MAX_ERRORS=abc` was told to
+            // write numbers without quotes).
             Some(Value::String(s)) => {
-                w.issue(
-                    &n.path,
-                    &format!("expected a non-negative integer, found the string '{s}' (write numbers without quotes)"),
-                );
+                let why = match override_of(&n.path) {
+                    Some(var) => format!("from {var}"),
+                    None => "write numbers without quotes".to_owned(),
+                };
+                w.issue(&n.path, &format!("expected a non-negative integer, found the string '{s}' ({why})"));
                 return None;
             }
             Some(other) => {
@@ -332,4 +335,11 @@ fn edits(a: &str, b: &str) -> usize {
         }
     }
     rows[a.len()][b.len()]
+}
+
+/// The environment variable that overrides the key at `path` (`MINIBATCHD__SECTION__KEY`), if
+/// it is set: a value's error then names it rather than the file.
+fn override_of(path: &str) -> Option<String> {
+    let var = format!("MINIBATCHD__{}", path.replace('.', "__").to_uppercase());
+    std::env::var_os(&var).map(|_| var)
 }
