@@ -302,15 +302,21 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
         b
     });
     let started = std::time::Instant::now();
-    let report = minibatchd::parsed_cache::fill(d, threads, &|done, total| match &bar {
-        Some(b) => {
+    // The last count printed: the parser threads report in any order (found by a probe: 8/8 was
+    // printed before 7/8), and a line never goes back.
+    let printed = std::sync::Mutex::new(0u64);
+    let report = minibatchd::parsed_cache::fill(d, threads, &|done, total| {
+        if let Some(b) = &bar {
             b.set_length(total);
             b.set_position(done);
+            return;
         }
-        None if done == total || done * 10 / total.max(1) != (done - 1) * 10 / total.max(1) => {
+        let mut last = printed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let tenth = |n: u64| n * 10 / total.max(1);
+        if done > *last && (done == total || tenth(done) != tenth(*last)) {
+            *last = done;
             eprintln!("parsing {name}: {done}/{total} chunks");
         }
-        None => {}
     })?;
     if let Some(b) = bar {
         b.finish_and_clear();
