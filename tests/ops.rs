@@ -408,11 +408,11 @@ fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
     // 64 one-digit values a line: 128 bytes of text, 256 of parsed values; chunks of 1 MiB of
     // text hold 2 MiB of values, more than half of a 3 MiB limit.
     let line = format!("|x{}\n", " 1".repeat(64));
-    write(d, "wide.ctf", line.repeat(20_000));
+    write(d, "wide.ctf", line.repeat(40_000));
     let config = |limit: u64| {
         support::daemon::write_config(
             d,
-            &format!("memory_limit_bytes = {limit}\nparser_threads = 1"),
+            &format!("memory_limit_bytes = {limit}\nparser_threads = 1\nparsed_cache_bytes = 0"),
             &format!(
                 "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
                  [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
@@ -435,7 +435,22 @@ fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
     while let Some(mb) = s.next_owned().expect("next") {
         n += mb.streams[0].sequence_offsets.len() - 1;
     }
-    assert_eq!(n, 20_000);
+    assert_eq!(n, 40_000);
+    // Found by a probe of the first version of this: a reload that lowered the limit lowered the
+    // bound too, and a session admitted under the larger one failed at its next chunk. A lower
+    // limit now bounds only the versions opened after it.
+    let small_ring = SessionOptions { prefetch: Some(2), slot_size_bytes: Some(65536), randomize: Some(false), ..opts };
+    let mut s = daemon.client().open("wide", &small_ring).expect("open");
+    let mut n = 0;
+    n += s.next_owned().expect("next").expect("a minibatch").streams[0].sequence_offsets.len() - 1;
+    config(3 << 20);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(2);
+    assert_eq!(daemon.metric("minibatchd_memory_limit_bytes "), f64::from(3u32 << 20), "the lower limit applies");
+    while let Some(mb) = s.next_owned().expect("the session admitted before the reload goes on") {
+        n += mb.streams[0].sequence_offsets.len() - 1;
+    }
+    assert_eq!(n, 40_000);
 }
 
 /// Found by a probe: a reload that changed only `parser_threads` (a restart key) reopened every

@@ -231,9 +231,10 @@ impl Catalog {
         &self.huge
     }
 
-    /// Bounds every open dataset's parsed chunks (the current versions, and the replaced ones
-    /// sessions still read) by `memory_limit` ([`minibatchd_engine::dataset::Dataset::set_memory_limit`]): a reload's limit
-    /// reaches the datasets it did not open again.
+    /// Raises every open dataset's bound on a parsed chunk (the current versions, and the replaced
+    /// ones sessions still read) to that of `memory_limit`
+    /// ([`minibatchd_engine::dataset::Dataset::set_memory_limit`]): a reload's higher limit reaches
+    /// the datasets it did not open again; a lower one, only the versions opened after it.
     pub fn set_memory_limit(&self, memory_limit: u64) {
         for rt in self.by_index.iter().filter_map(Weak::upgrade) {
             rt.dataset.set_memory_limit(memory_limit);

@@ -381,13 +381,15 @@ impl Dataset {
         self.max_parsed_chunk_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Sets [`Dataset::max_parsed_chunk_bytes`] for the memory limit `memory_limit` (a reload
-    /// changed it: found by a probe, the open dataset kept the bound of the limit it was opened
-    /// under, so a chunk refused for the old limit stayed refused after the limit was raised, as
-    /// its error advised, and one within the new, lower limit's bound was parsed at twice it).
+    /// Raises [`Dataset::max_parsed_chunk_bytes`] to the bound of the memory limit
+    /// `memory_limit` (a reload raised it: found by a probe, the open dataset kept the bound of
+    /// the limit it was opened under, so a chunk refused for the old limit stayed refused after
+    /// the limit was raised, as its error advised). Never lowers it: a session admitted under the
+    /// larger bound would then fail at a chunk it was admitted for (found by a probe of the first
+    /// version of this, which lowered it); a lower limit bounds the versions opened after it.
     pub fn set_memory_limit(&self, memory_limit: u64) {
         let bytes = IndexLimits::within(memory_limit, 0, 1).max_parsed_chunk_bytes;
-        self.max_parsed_chunk_bytes.store(bytes, std::sync::atomic::Ordering::Relaxed);
+        self.max_parsed_chunk_bytes.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// What the sampler works on.
