@@ -447,7 +447,8 @@ fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together(
          [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
         file.display()
     );
-    config(p, LIMIT, &datasets);
+    // Under 40 MiB one worker of two cannot hold the window of every chunk (36 MiB of floor).
+    config(p, 40 << 20, &datasets);
     let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
     let open = |window: u64, rank: u64| {
         let opts = SessionOptions {
@@ -467,6 +468,23 @@ fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together(
             }
         }
     };
+    // Rank 0 alone at the window of every chunk: refused, it names the window that fits both
+    // workers too (found by a probe: each refusal named the window for the workers connected so
+    // far, and a job of eight took four restarts), and both open at that one.
+    match open(40, 0) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            let both: u64 = message
+                .split(" if all 2 of its workers read through this daemon")
+                .next()
+                .and_then(|head| head.rsplit('(').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no window for both workers in: {message}"));
+            let together = [open(both, 0).expect("rank 0 at the window named"), open(both, 1).expect("rank 1 too")];
+            drop(together);
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("one of two workers held the window of every chunk under 40 MiB"),
+    }
     // The widest window rank 0 of 2 opens alone; its floor is more than half the cache's share
     // (the chunks are all about 1 MiB, so one chunk more passes the share), so rank 1 beside it
     // is refused, naming both workers.
@@ -477,6 +495,7 @@ fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together(
     match open(window, 1) {
         Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
             assert!(message.contains("for the 2 workers of this job that read through this daemon"), "{message}");
+            assert!(message.contains("every worker of the job with the same window"), "{message}");
         }
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("two workers of a window of {window} chunks admitted together"),

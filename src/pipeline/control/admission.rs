@@ -115,7 +115,7 @@ pub enum Refusal {
         floor.div_ceil(1 << 20),
         if *workers_here > 1 { format!(", for the {workers_here} workers of this job that read through this daemon: their windows are held here together") } else { String::new() },
         share >> 20,
-        if *largest > 0 { format!("the largest window that can fit is {largest} chunk(s) — the check counts only the dense values every window surely holds, so a window that wide may still be gathered a chunk at a time, more slowly (minibatchd_session_minibatches_in_parts_total); a smaller one less often: open the session with window_chunks = {largest} or fewer (or a window_samples as small), or raise memory_limit_bytes") } else { "no window fits: raise memory_limit_bytes".to_owned() }
+        window_advice(*largest, *workers_here, *largest_all)
     )]
     WindowTooLarge {
         /// The window in chunks.
@@ -129,6 +129,9 @@ pub enum Refusal {
         /// Workers of the session's job reading through this daemon, the session's own included
         /// (their floors are held together).
         workers_here: u64,
+        /// The job's worker count and the largest window that fits them all here, when the job
+        /// has more workers than read here now.
+        largest_all: Option<(u64, usize)>,
     },
     /// A mixture that cannot be served as configured or asked: its streams, weights or state.
     #[error("mixture '{name}': {message}")]
@@ -154,6 +157,40 @@ pub enum Refusal {
         /// The cache's share of the limit, in bytes.
         share: u64,
     },
+}
+
+/// What a [`Refusal::WindowTooLarge`] advises: the largest window that fits (for the workers of
+/// the job here, and for all of them when more may come), and that every worker of a job opens
+/// with the same window.
+fn window_advice(largest: usize, workers_here: u64, largest_all: Option<(u64, usize)>) -> String {
+    use std::fmt::Write as _;
+    if largest == 0 {
+        return "no window fits: raise memory_limit_bytes".to_owned();
+    }
+    let mut out = format!("the largest window that can fit is {largest} chunk(s)");
+    if workers_here > 1 {
+        write!(out, " for the {workers_here} workers of this job here").ok();
+    }
+    if let Some((all, fits_all)) = largest_all {
+        write!(
+            out,
+            " ({fits_all} if all {all} of its workers read through this daemon, as a DataLoader's workers in one \
+             process do)"
+        )
+        .ok();
+    }
+    write!(
+        out,
+        " — the check counts only the dense values every window surely holds, so a window that wide may still be \
+         gathered a chunk at a time, more slowly (minibatchd_session_minibatches_in_parts_total); a smaller one less \
+         often: open the session with window_chunks = {largest} or fewer (or a window_samples as small)"
+    )
+    .ok();
+    if workers_here > 1 || largest_all.is_some() {
+        out.push_str(", every worker of the job with the same window (its workers share one order)");
+    }
+    out.push_str(", or raise memory_limit_bytes");
+    out
 }
 
 impl Refusal {

@@ -515,7 +515,8 @@ pub(super) async fn open(
     // cache's ceiling holds the others.
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
         let workers_here = worker.map_or(1, |w| 1 + shared.registry().other_workers_here(dataset, &hex64(ohash), w));
-        window_fits(&rt, sampler.sweep_size(), &resolved, shared, sampling.bytes, workers_here).map_err(undo)?;
+        let here = (workers_here, geometry.total_bytes());
+        window_fits(&rt, sampler.sweep_size(), &resolved, shared, sampling.bytes, here).map_err(undo)?;
     }
     // A lingering session's state may continue a job, which `prepare` could not know.
     sampling

@@ -316,6 +316,8 @@ pub(in crate::pipeline::control) fn chunks_fit(rt: &DatasetRuntime) -> Result<()
     }
 }
 
+/// `ring_bytes`: the session's ring, which each worker of the job that is not here yet will
+/// reserve too (for the window named for all of them).
 /// `workers_here`: the workers of the session's job that read through this daemon, its own
 /// included (one more than
 /// [`Registry::other_workers_here`](crate::pipeline::control::session::Registry::other_workers_here)):
@@ -333,7 +335,7 @@ pub(super) fn window_fits(
     resolved: &ResolvedOptions,
     shared: &ControlPlane,
     reserved: u64,
-    workers_here: u64,
+    (workers_here, ring_bytes): (u64, u64),
 ) -> Result<(), Refusal> {
     use minibatchd_engine::feed::{window_floor_bytes, window_in_chunks};
     let timeline = rt.dataset.timeline();
@@ -346,24 +348,42 @@ pub(super) fn window_fits(
     let window_chunks = window_in_chunks(timeline, sweep_size, &resolved.sampling).min(timeline.num_chunks());
     // The floor grows with the window: the largest window in chunks under the share, by halving.
     let free = share.saturating_add(reserved);
-    let fits = |w: usize| {
-        let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
-        let orders = super::sampling_bound(timeline, &options, false, resolved.equal_steps);
-        window_floor_bytes(timeline, sweep_size, &rt.shapes, &options)
-            .saturating_mul(workers_here)
-            .saturating_add(orders)
-            <= free
-    };
-    let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid;
+    // The largest window whose floor for `workers` workers here fits, each worker that is not
+    // here yet taking a ring like this session's out of the share when it comes.
+    let largest_for = |workers: u64| {
+        let free = free.saturating_sub(workers.saturating_sub(workers_here).saturating_mul(ring_bytes));
+        let fits = |w: usize| {
+            let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
+            let orders = super::sampling_bound(timeline, &options, false, resolved.equal_steps);
+            window_floor_bytes(timeline, sweep_size, &rt.shapes, &options)
+                .saturating_mul(workers)
+                .saturating_add(orders)
+                <= free
+        };
+        let (mut lo, mut hi) = (0usize, window_chunks); // fits(lo) (0: nothing), !fits(hi)
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
-    }
-    Err(Refusal::WindowTooLarge { window_chunks, largest: lo, floor, share, workers_here })
+        lo
+    };
+    // Found by a probe: with the job's workers opening in turn, each refusal named the window for
+    // the workers connected so far, and a job took four restarts to find one that fits all eight.
+    // The window for every worker of the job here is named too.
+    let all = resolved.sampling.num_workers as u64;
+    let largest_all = (all > workers_here).then(|| (all, largest_for(all)));
+    Err(Refusal::WindowTooLarge {
+        window_chunks,
+        largest: largest_for(workers_here),
+        floor,
+        share,
+        workers_here,
+        largest_all,
+    })
 }
 
 /// The minibatch size a session's states carry when it has equal steps
