@@ -772,18 +772,30 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 /// The error for a frame body that starts with `b`: no binary message's tag, and no JSON object.
 /// Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client that sent
 /// JSON; a JSON value that is not an object is named as such.
-/// A body that starts as a literal does only when it is one (found by a probe: `not json` was
-/// told it is `null`).
+/// A JSON message: a body that is a JSON object (after any blanks), or the error for one that is
+/// not (its kind named only when the body is JSON of that kind; found by probes: `not json` was
+/// told it is `null`, `1abc` a number, and ` null` was answered in serde's words).
+fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    match body.trim_ascii_start().first() {
+        Some(&b'{') | None => decode(body),
+        Some(_) => Err(neither_binary_nor_object(body.trim_ascii_start())),
+    }
+}
+
+/// The error for a body that is neither a binary message nor a JSON object.
 fn neither_binary_nor_object(body: &[u8]) -> FrameError {
     let b = body[0];
-    let literal = body.trim_ascii();
-    let json = match b {
-        b'[' => Some("an array"),
-        b'"' => Some("a string"),
-        b'n' if literal == b"null" => Some("null"),
-        b't' | b'f' if literal == b"true" || literal == b"false" => Some("a boolean"),
-        b'-' | b'0'..=b'9' => Some("a number"),
-        _ => None,
+    let number =
+        |t: &[u8]| t.iter().any(u8::is_ascii_digit) && t.iter().all(|c| c.is_ascii_digit() || b"+-.eE".contains(c));
+    let json = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(_)) => Some("an array"),
+        Ok(serde_json::Value::String(_)) => Some("a string"),
+        Ok(serde_json::Value::Null) => Some("null"),
+        Ok(serde_json::Value::Bool(_)) => Some("a boolean"),
+        Ok(serde_json::Value::Number(_)) => Some("a number"),
+        // Out of `f64`'s range (`1e400`): a number all the same.
+        Err(_) if number(body.trim_ascii()) => Some("a number"),
+        Ok(serde_json::Value::Object(_)) | Err(_) => None,
     };
     FrameError::Invalid(match json {
         Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
@@ -823,8 +835,7 @@ pub fn decode_client(body: &[u8]) -> Result<ClientMessage, FrameError> {
                 wait_ns: (body[1] == 1).then(|| u64_at(body, 24)),
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(body)),
-        _ => decode(body),
+        _ => json_object(body),
     }
 }
 
@@ -855,8 +866,7 @@ pub fn decode_server(body: &[u8]) -> Result<ServerMessage, FrameError> {
                 },
             })
         }
-        Some(&b) if b != b'{' && !b.is_ascii_whitespace() => Err(neither_binary_nor_object(body)),
-        _ => decode(body),
+        _ => json_object(body),
     }
 }
 
@@ -1047,12 +1057,18 @@ mod tests {
         assert!(e.contains("unknown binary message tag 0x07"), "{e}");
         let Err(FrameError::Invalid(e)) = decode_client(b"hello world") else { panic!("decoded") };
         assert!(e.contains("JSON object") && e.contains("'h'"), "{e}");
-        for body in [&b"not json"[..], b"nonsense", b"falsehood", b"t"] {
+        for body in
+            [&b"not json"[..], b"nonsense", b"falsehood", b"t", b"-x", b"0x10", b"1abc", b"-", b"[1,2", b"\"abc"]
+        {
             let Err(FrameError::Invalid(e)) = decode_client(body) else { panic!("{body:?} decoded") };
             assert!(e.contains("this frame starts with") && !e.contains(", not "), "{e}");
         }
         let Err(FrameError::Invalid(e)) = decode_client(b"true") else { panic!("decoded") };
         assert!(e.contains("not a boolean"), "{e}");
+        for body in [&b" null"[..], b"\tnull\n"] {
+            let Err(FrameError::Invalid(e)) = decode_client(body) else { panic!("{body:?} decoded") };
+            assert!(e.contains("JSON object") && e.contains("not null"), "{e}");
+        }
         // A binary release whose reserved bytes are not zero is told so, not of its flags.
         let mut release = [0u8; BINARY_RELEASE_BYTES];
         release[0] = BINARY_RELEASE;
