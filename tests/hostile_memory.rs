@@ -507,6 +507,20 @@ fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together(
         assert!(start.elapsed() < DEADLINE, "rank 1 alone refused a window of {window} chunks");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // Two jobs of the same options hold two windows too (found by a probe: counted by rank, their
+    // two ranks 0 were one worker).
+    let first = loop {
+        match open(window, 0) {
+            Ok(s) => break s,
+            Err(e) => assert!(start.elapsed() < DEADLINE, "rank 0 alone refused: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(
+        matches!(open(window, 0), Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, .. })),
+        "another job's rank 0 admitted beside the first's"
+    );
+    drop(first);
 }
 
 /// The first value of every sample of a minibatch's dense stream `a` of 512 values.

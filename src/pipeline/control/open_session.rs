@@ -514,7 +514,8 @@ pub(super) async fn open(
     // end of its last sweep) may hold much less, so only fresh sessions are checked at `open`; the
     // cache's ceiling holds the others.
     if admitted.start.job.is_none() && admitted.start.position == fresh_position {
-        let workers_here = worker.map_or(1, |w| 1 + shared.registry().other_workers_here(dataset, &hex64(ohash), w));
+        let workers_here =
+            worker.map_or(1, |w| 1 + shared.registry().other_workers_here(&admitted.name, dataset, &hex64(ohash), w));
         let here = (workers_here, geometry.total_bytes());
         window_fits(&rt, sampler.sweep_size(), &resolved, shared, sampling.bytes, here).map_err(undo)?;
     }

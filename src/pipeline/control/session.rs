@@ -402,17 +402,19 @@ impl Registry {
         Ok(claim)
     }
 
-    /// How many other ranks of one job read `dataset` through this daemon now: connected sessions
-    /// of its order options (`options_hash`) whose workers are as many as `worker`'s, at other
-    /// ranks, each rank counted once. Their randomization windows are held here together
-    /// (a `DataLoader`'s workers read in one process, or several ranks on one node), which a
-    /// window's floor for one worker leaves out.
+    /// How many other workers of jobs like session `name`'s read `dataset` through this daemon
+    /// now: connected sessions other than `name` of its order options (`options_hash`) whose
+    /// workers are as many as `worker`'s — its job's other ranks, and those of another job with
+    /// the same options (found by a probe: counted by rank, two such jobs counted as one). Their
+    /// randomization windows are held here together (a `DataLoader`'s workers read in one
+    /// process, or several ranks on one node), which a window's floor for one worker leaves out.
     #[must_use]
-    pub fn other_workers_here(&self, dataset: &str, options_hash: &str, worker: WorkerOf) -> u64 {
-        let ranks: std::collections::BTreeSet<u64> = self
+    pub fn other_workers_here(&self, name: &str, dataset: &str, options_hash: &str, worker: WorkerOf) -> u64 {
+        let others = self
             .active
-            .values()
-            .filter_map(|e| e.saved.as_ref())
+            .iter()
+            .filter(|(n, _)| n.as_str() != name)
+            .filter_map(|(_, e)| e.saved.as_ref())
             .filter(|s| s.state.dataset == dataset && s.state.options_hash == options_hash)
             // The state says its worker once the session took a minibatch; the options say it
             // from the `open` on.
@@ -421,10 +423,9 @@ impl Registry {
                     .worker
                     .or_else(|| WorkerOf::of_session(s.options.rank.unwrap_or(0), s.options.num_workers.unwrap_or(1)))
             })
-            .filter(|w| w.of == worker.of && w.rank != worker.rank)
-            .map(|w| w.rank)
-            .collect();
-        ranks.len() as u64
+            .filter(|w| w.of == worker.of)
+            .count();
+        others as u64
     }
 
     /// Records what a checkpoint saves of the connected session `name` (at open).
