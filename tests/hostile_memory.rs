@@ -311,6 +311,22 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
     assert_within_limit(&d, LIMIT, "with 256 sessions and 1024 connections");
 }
 
+/// The `wide` dataset over `dir/wide.ctf`: 40,000 samples of 512 values (the line's number, then
+/// ones), 41 MB of text in 40 chunks of 1 MiB, 82 MB parsed.
+fn wide_dataset(dir: &Path) -> String {
+    let ones = "1 ".repeat(511);
+    let mut text = String::new();
+    for i in 0..40_000 {
+        writeln!(text, "|a {i} {ones}").expect("a String takes any write");
+    }
+    let file = write(dir, "wide.ctf", text);
+    format!(
+        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
+         [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
+        file.display()
+    )
+}
+
 /// #17 acceptance 4 (memory bounded at every size): a randomization window whose parsed chunks
 /// exceed the limit was served over it (a 384 MiB limit peaked at 543–554 MiB in the benchmark:
 /// a demand load was admitted whenever nothing was evictable). Now an `open` whose window's dense
@@ -324,19 +340,8 @@ fn a_flood_of_connections_and_sessions_stays_within_the_memory_limit() {
 fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the_limit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    // 40,000 samples of 512 values (the line's number, then ones): 41 MB of text, 82 MB parsed
-    // — more than the 64 MiB limit.
-    let ones = "1 ".repeat(511);
-    let mut text = String::new();
-    for i in 0..40_000 {
-        writeln!(text, "|a {i} {ones}").expect("a String takes any write");
-    }
-    let file = write(p, "wide.ctf", text);
-    let datasets = format!(
-        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
-         [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
-        file.display()
-    );
+    // 82 MB parsed: more than the 64 MiB limit.
+    let datasets = wide_dataset(p);
     config(p, LIMIT, &datasets);
     let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
     // CNTK's default window covers the file: its dense values alone pass the limit, so the open
@@ -435,18 +440,7 @@ fn a_window_larger_than_the_memory_limit_is_refused_at_open_or_served_within_the
 fn the_workers_of_one_job_on_one_daemon_are_admitted_for_their_windows_together() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = dir.path();
-    // The dataset of the test above: 40 chunks of 1 MiB, 82 MB parsed.
-    let ones = "1 ".repeat(511);
-    let mut text = String::new();
-    for i in 0..40_000 {
-        writeln!(text, "|a {i} {ones}").expect("a String takes any write");
-    }
-    let file = write(p, "wide.ctf", text);
-    let datasets = format!(
-        "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 1048576\n\
-         [datasets.wide.streams.a]\ndim = 512\nformat = \"dense\"\n",
-        file.display()
-    );
+    let datasets = wide_dataset(p);
     // Under 40 MiB one worker of two cannot hold the window of every chunk (36 MiB of floor).
     config(p, 40 << 20, &datasets);
     let d = Daemon::start(p, &[("MINIBATCHD__DAEMON__PARSED_CACHE_BYTES", "0".to_owned())]);
