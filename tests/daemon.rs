@@ -420,6 +420,14 @@ fn a_state_before_the_start_of_its_sweep_is_refused() {
             other => panic!("position {position}: expected resume_mismatch, got {other:?}"),
         }
     }
+    // So is a job's worker there (found by a review: resume_job told it invalid_options).
+    let job = vec![SessionState { position: 2 * sweep - 1, ..state.clone() }];
+    match d.client().open("train", &SessionOptions { resume_job: Some(job), ..second.clone() }) {
+        Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+            assert!(message.contains("before the first"), "{message}");
+        }
+        other => panic!("resume_job before the sweep: expected resume_mismatch, got {other:?}"),
+    }
     // The sweep's own start resumes, and the session delivers that sweep alone.
     let at_start = SessionState { position: 2 * sweep, ..state };
     let mut again = d.client().open("train", &SessionOptions { resume: Some(at_start), ..second }).expect("resume");

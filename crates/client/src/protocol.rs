@@ -769,40 +769,38 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(v)
 }
 
-/// The error for a frame body that starts with `b`: no binary message's tag, and no JSON object.
-/// Found by a probe: `[1,2]` or `null` was told of a binary tag, a puzzle to a client that sent
-/// JSON; a JSON value that is not an object is named as such.
 /// A JSON message: a body that is a JSON object (after any blanks), or the error for one that is
-/// not (its kind named only when the body is JSON of that kind; found by probes: `not json` was
-/// told it is `null`, `1abc` a number, and ` null` was answered in serde's words).
+/// not (its kind named only when the body is JSON of that kind; found by probes: `[1,2]` or
+/// `null` was told of a binary tag, `not json` that it is `null`, `1abc` that it is not a number,
+/// and ` null` was answered in serde's words).
 fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
     match body.trim_ascii_start().first() {
         Some(&b'{') | None => decode(body),
-        Some(_) => Err(neither_binary_nor_object(body.trim_ascii_start())),
+        Some(_) => Err(neither_binary_nor_object(body)),
     }
 }
 
-/// The error for a body that is neither a binary message nor a JSON object.
+/// The error for a body that is neither a binary message (its first byte no tag) nor a JSON
+/// object.
 fn neither_binary_nor_object(body: &[u8]) -> FrameError {
-    let b = body[0];
-    let number =
-        |t: &[u8]| t.iter().any(u8::is_ascii_digit) && t.iter().all(|c| c.is_ascii_digit() || b"+-.eE".contains(c));
     let json = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(serde_json::Value::Array(_)) => Some("an array"),
         Ok(serde_json::Value::String(_)) => Some("a string"),
         Ok(serde_json::Value::Null) => Some("null"),
         Ok(serde_json::Value::Bool(_)) => Some("a boolean"),
         Ok(serde_json::Value::Number(_)) => Some("a number"),
-        // Out of `f64`'s range (`1e400`): a number all the same.
-        Err(_) if number(body.trim_ascii()) => Some("a number"),
+        // A number past `f64`'s range (`1e400`) is JSON's all the same.
+        Err(e) if e.to_string().starts_with("number out of range") => Some("a number"),
         Ok(serde_json::Value::Object(_)) | Err(_) => None,
     };
+    let b = body[0];
+    let first = body.trim_ascii_start().first().copied().unwrap_or(b);
     FrameError::Invalid(match json {
         Some(what) => format!("a message is a JSON object ({{\"type\": ...}}), not {what}"),
         // Found by a probe: `hello world` was told of a binary tag 0x68.
-        None if b.is_ascii_graphic() => format!(
+        None if first.is_ascii_graphic() => format!(
             "a message is a JSON object ({{\"type\": ...}}) or a binary message; this frame starts with {:?}",
-            char::from(b)
+            char::from(first)
         ),
         None => format!("unknown binary message tag 0x{b:02x}"),
     })
@@ -1057,12 +1055,26 @@ mod tests {
         assert!(e.contains("unknown binary message tag 0x07"), "{e}");
         let Err(FrameError::Invalid(e)) = decode_client(b"hello world") else { panic!("decoded") };
         assert!(e.contains("JSON object") && e.contains("'h'"), "{e}");
-        for body in
-            [&b"not json"[..], b"nonsense", b"falsehood", b"t", b"-x", b"0x10", b"1abc", b"-", b"[1,2", b"\"abc"]
-        {
+        for body in [
+            &b"not json"[..],
+            b"nonsense",
+            b"falsehood",
+            b"t",
+            b"-x",
+            b"0x10",
+            b"1abc",
+            b"-",
+            b"[1,2",
+            b"\"abc",
+            b"1.2.3",
+            b"+1",
+        ] {
             let Err(FrameError::Invalid(e)) = decode_client(body) else { panic!("{body:?} decoded") };
             assert!(e.contains("this frame starts with") && !e.contains(", not "), "{e}");
         }
+        // A binary tag is the first byte's, blanks included.
+        let Err(FrameError::Invalid(e)) = decode_client(b" \x07") else { panic!("decoded") };
+        assert!(e.contains("unknown binary message tag 0x20"), "{e}");
         let Err(FrameError::Invalid(e)) = decode_client(b"true") else { panic!("decoded") };
         assert!(e.contains("not a boolean"), "{e}");
         for body in [&b" null"[..], b"\tnull\n"] {

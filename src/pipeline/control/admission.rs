@@ -113,7 +113,7 @@ pub enum Refusal {
     #[error(
         "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak{}), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
         floor.div_ceil(1 << 20),
-        if *workers_here > 1 { format!(", for the {workers_here} workers of this job that read through this daemon: their windows are held here together") } else { String::new() },
+        if *workers_here > 1 { format!(", for the {workers_here} workers of this job (or of jobs of its options) that read through this daemon: their windows are held here together") } else { String::new() },
         share >> 20,
         window_advice(*largest, *workers_here, *largest_all)
     )]
@@ -169,16 +169,18 @@ fn window_advice(largest: usize, workers_here: u64, largest_all: Option<(u64, us
     }
     let mut out = format!("the largest window that can fit is {largest} chunk(s)");
     if workers_here > 1 {
-        write!(out, " for the {workers_here} workers of this job here").ok();
+        write!(out, " for the {workers_here} workers here").ok();
     }
-    if let Some((all, fits_all)) = largest_all {
-        write!(
+    match largest_all {
+        Some((all, 0)) => write!(out, " (none if all {all} of its job's workers read through this daemon)").ok(),
+        Some((all, fits_all)) => write!(
             out,
-            " ({fits_all} if all {all} of its workers read through this daemon, as a DataLoader's workers in one \
+            " ({fits_all} if all {all} of its job's workers read through this daemon, as a DataLoader's workers in one \
              process do)"
         )
-        .ok();
-    }
+        .ok(),
+        None => None,
+    };
     write!(
         out,
         " — the check counts only the dense values every window surely holds, so a window that wide may still be \

@@ -225,7 +225,7 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
                         ?failed,
                         memory_limit_kept,
                         elapsed_ms,
-                        "configuration reloaded in part (counted as partial)"
+                        "configuration partially reloaded (counted as partial)"
                     );
                 }
             }

@@ -134,7 +134,7 @@ pub struct Dataset {
     /// The parsed cache, if this dataset uses one.
     parsed: Option<ParsedUse>,
     /// [`IndexLimits::max_parsed_chunk_bytes`] of the open, or of the memory limit a reload set
-    /// since ([`Dataset::set_max_parsed_chunk_bytes`]).
+    /// since ([`Dataset::set_memory_limit`]).
     max_parsed_chunk_bytes: std::sync::atomic::AtomicU64,
     /// The object storage its objects are read from (none for a dataset of local files).
     remote: Option<Arc<Remote>>,

@@ -157,6 +157,14 @@ pub(super) fn job_start(
             }
         }
     }
+    // A worker's position before the epoch's first (a `sweep = k` job's states edited): told as
+    // a `resume` state before it is (found by a review: it came back as invalid_options).
+    if earliest < fresh.earliest_position() {
+        return Err(Refusal::Resume(ResumeError::BeforeEpoch {
+            position: earliest,
+            earliest: fresh.earliest_position(),
+        }));
+    }
     let mut probe = fresh;
     probe.resume_job_unless(&positions, cancelled)?;
     Ok(SessionState {
@@ -349,12 +357,14 @@ pub(super) fn window_fits(
     // The floor grows with the window: the largest window in chunks under the share, by halving.
     let free = share.saturating_add(reserved);
     // The largest window whose floor for `workers` workers here fits, each worker that is not
-    // here yet taking a ring like this session's out of the share when it comes.
+    // here yet taking a ring and sweep orders like this session's out of the share when it comes
+    // (found by a review: the orders were counted once).
     let largest_for = |workers: u64| {
-        let free = free.saturating_sub(workers.saturating_sub(workers_here).saturating_mul(ring_bytes));
+        let coming = workers.saturating_sub(workers_here);
         let fits = |w: usize| {
             let options = SamplingOptions { window: Window::Chunks(w), ..resolved.sampling.clone() };
             let orders = super::sampling_bound(timeline, &options, false, resolved.equal_steps);
+            let free = free.saturating_sub(coming.saturating_mul(ring_bytes.saturating_add(orders)));
             window_floor_bytes(timeline, sweep_size, &rt.shapes, &options)
                 .saturating_mul(workers)
                 .saturating_add(orders)

@@ -113,7 +113,7 @@ pub enum ResumeError {
     /// A position (the state's, or a job worker's) before the epoch's first: a session opened
     /// with `sweep = k` never stands before sweep `k`'s start.
     #[error(
-        "the state's position {position} is before the first a session with these options stands at ({earliest}, \
+        "position {position} of the state is before the first a session with these options stands at ({earliest}, \
          the start of its sweep): not a state of such a session"
     )]
     BeforeEpoch {
