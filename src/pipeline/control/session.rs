@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use minibatchd_client::protocol::{Resumed, SessionOptions, SessionState, WorkerOf};
 
+mod errors;
 mod forgotten;
 mod options;
 mod progress;
@@ -30,6 +31,7 @@ mod restore;
 mod resume;
 mod slots;
 
+pub use errors::RegistryError;
 use forgotten::{Forgotten, Gone};
 pub use forgotten::{ForgottenNote, FORGOTTEN_CHECKPOINTED, FORGOTTEN_KEPT};
 pub use options::{
@@ -142,83 +144,6 @@ pub struct Kept {
 /// reached the trainer.
 fn lingered(exact: bool) -> Resumed {
     Resumed { from: "lingering".into(), checkpoint_unix_secs: None, exact }
-}
-
-/// Registry errors.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RegistryError {
-    /// The name is connected elsewhere.
-    #[error("session '{0}' is connected on another socket")]
-    Busy(String),
-    /// The name belongs to a session another user opened (lingering, resumable only by it).
-    #[error("session '{0}' belongs to another user")]
-    NotOwner(String),
-    /// The ring does not fit.
-    #[error("the session's ring needs {needed} bytes, but only {available} of memory_limit_bytes ({limit}) are free for rings (a quarter of the limit stays with the chunk cache{}); the ring is `prefetch` slots of `slot_size_bytes`, each raised to hold a minibatch of `minibatch_size` dense samples: a smaller prefetch or minibatch_size, or a larger memory_limit_bytes, fits it", outside_note(*outside))]
-    Memory {
-        /// Bytes asked.
-        needed: u64,
-        /// Bytes left.
-        available: u64,
-        /// The limit.
-        limit: u64,
-        /// What the read buffers and the indexes hold.
-        outside: u64,
-    },
-    /// The sampler's sweep orders do not fit.
-    #[error("the session's sweep orders need {needed} bytes ({}), but only {available} of memory_limit_bytes ({limit}) are free for sessions (a quarter of the limit stays with the chunk cache{}): {}", sampling_parts(*window_sequences, *job), outside_note(*outside), sampling_advice(*job))]
-    SamplingMemory {
-        /// Bytes asked.
-        needed: u64,
-        /// Of them, what a session that continues a job keeps of the sequences its earlier
-        /// workers delivered, and the walk that finds them (0 for any other session).
-        job: u64,
-        /// Sequences of a randomization window the sweep orders keep at once.
-        window_sequences: u64,
-        /// Bytes left.
-        available: u64,
-        /// The limit.
-        limit: u64,
-        /// What the read buffers and the indexes hold.
-        outside: u64,
-    },
-}
-
-/// What a session's sweep orders keep, for [`RegistryError::SamplingMemory`].
-fn sampling_parts(window_sequences: u64, job: u64) -> String {
-    let window = format!("they keep up to {window_sequences} sequences of a randomization window at once");
-    if job == 0 {
-        return window;
-    }
-    format!(
-        "{job} of them for the sequences the earlier workers of the job it continues delivered, which it keeps \
-         while their positions differ, and the walk that finds them; {window}"
-    )
-}
-
-/// What to change, for [`RegistryError::SamplingMemory`]: a session that continues a job cannot
-/// narrow its window (part of the options its states were written with; found by a probe: the
-/// refusal of a `resume_job` advised it, where the job's delivered sequences took the memory).
-fn sampling_advice(job: u64) -> &'static str {
-    if job == 0 {
-        "raise memory_limit_bytes, narrow the randomization window (window_chunks, window_samples) or close other sessions"
-    } else {
-        "raise memory_limit_bytes or close other sessions, or resume each worker by its own state (at the same \
-         worker count), which keeps no such set"
-    }
-}
-
-/// The part of a memory refusal that names what the parser threads' read buffers and the
-/// datasets' indexes hold, where it is much (a probe: 16 MiB chunks' buffers took a 32 MiB
-/// limit, and the refusal named only the window).
-fn outside_note(outside: u64) -> String {
-    if outside == 0 {
-        return String::new();
-    }
-    format!(
-        ", and {outside} are the parser threads' read buffers and the datasets' indexes: parser_threads × the largest \
-         chunk, 64 MiB each at most — a smaller chunk_size_bytes or fewer parser_threads leaves more"
-    )
 }
 
 /// Session names, lingering sessions and ring memory, shared by all connections; what the daemon
