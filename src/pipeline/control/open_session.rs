@@ -105,29 +105,12 @@ pub(super) fn sampling_bound(timeline: &Timeline, options: &SamplingOptions, job
 
 /// A refusal of sweep orders' memory with the share of it a continued job's delivered sequences
 /// take (`job` bytes), for its message.
-fn job_part(refusal: Refusal, job: u64) -> Refusal {
+fn job_part(mut refusal: Refusal, job: u64) -> Refusal {
     use crate::pipeline::control::session::RegistryError;
-    match refusal {
-        Refusal::Registry(RegistryError::SamplingMemory {
-            needed,
-            window_sequences,
-            available,
-            limit,
-            outside,
-            ..
-        }) => {
-            let job = job.min(needed);
-            Refusal::Registry(RegistryError::SamplingMemory {
-                needed,
-                job,
-                window_sequences,
-                available,
-                limit,
-                outside,
-            })
-        }
-        other => other,
+    if let Refusal::Registry(RegistryError::SamplingMemory { needed, job: part, .. }) = &mut refusal {
+        *part = job.min(*needed);
     }
+    refusal
 }
 
 impl SamplingReservation {

@@ -157,14 +157,8 @@ pub(super) fn job_start(
             }
         }
     }
-    // A worker's position before the epoch's first (a `sweep = k` job's states edited): told as
-    // a `resume` state before it is (found by a review: it came back as invalid_options).
-    if earliest < fresh.earliest_position() {
-        return Err(Refusal::Resume(ResumeError::BeforeEpoch {
-            position: earliest,
-            earliest: fresh.earliest_position(),
-        }));
-    }
+    // Before the walk (found by a review: the walk's restore told it invalid_options).
+    within_epoch(&fresh, earliest)?;
     let mut probe = fresh;
     probe.resume_job_unless(&positions, cancelled)?;
     Ok(SessionState {
@@ -189,6 +183,17 @@ pub(super) fn job_start(
     })
 }
 
+/// Refuses a state whose earliest position (`earliest`: its own, or a job worker's) stands before
+/// the first that `sampler`'s epoch reaches, as a `resume` that does not fit (found by a probe: a
+/// `sweep = 2` session resumed from an edited state at position 100 delivered sweeps 0 to 2).
+fn within_epoch(sampler: &Sampler, earliest: u64) -> Result<(), Refusal> {
+    let first = sampler.earliest_position();
+    if earliest < first {
+        return Err(Refusal::Resume(ResumeError::BeforeEpoch { position: earliest, earliest: first }));
+    }
+    Ok(())
+}
+
 /// Puts `sampler` where the session starts (`start`: the earlier run it continues, its
 /// position) and applies equal steps; the sampler and the minibatch index to pad the epoch to, if
 /// padded.
@@ -201,17 +206,8 @@ pub(super) fn place_sampler(
     rt: &DatasetRuntime,
     cancelled: &AtomicBool,
 ) -> Result<(Sampler, Option<u64>, Vec<String>), Refusal> {
-    // Found by a probe: a `sweep = 2` session resumed from an edited state at position 100 (before
-    // sweep 2) delivered sweeps 0 to 2 as its one epoch.
-    let earliest_in_state = start
-        .job
-        .as_ref()
-        .and_then(|j| j.positions.iter().copied().min())
-        .map_or(start.position, |p| p.min(start.position));
-    if earliest_in_state < sampler.earliest_position() {
-        let before = ResumeError::BeforeEpoch { position: earliest_in_state, earliest: sampler.earliest_position() };
-        return Err(Refusal::Resume(before));
-    }
+    let job_positions = start.job.iter().flat_map(|j| j.positions.iter().copied());
+    within_epoch(&sampler, job_positions.fold(start.position, u64::min))?;
     if let Some(job) = &start.job {
         sampler.resume_job_unless(&job.positions, cancelled)?;
     }
