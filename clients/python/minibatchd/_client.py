@@ -771,6 +771,7 @@ class Source:
         # Taken now: the state the client keeps (and a reconnect resumes from) is after it.
         mb = Minibatch(self, owner, ref, index, sweep, end_of_sweep, position, specs, fingerprint)
         mixture = None if self._mix_at is None else self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3])
+        mb._mixture_state = mixture
         state = self._last_state
         self._before_last = (self._taken, state.get("position"), state.get("minibatches"), state.get("mixture"),
                              (slot, gen))
@@ -1142,6 +1143,8 @@ class Minibatch:
         # dataset's.
         self.sources: Optional[np.ndarray] = None
         self.sweeps_ended: Optional[List[int]] = None
+        # A mixture's minibatch: the mixture's state after it (its slot's ``mixture/state``).
+        self._mixture_state: Optional[dict] = None
         self._fingerprint = fingerprint
         # The slot's tensor table as (shape, dtype, offset); None once released.
         self._specs: Optional[list] = specs
@@ -1197,7 +1200,19 @@ class Minibatch:
         return {"minibatch": self.index, "sweep": self.sweep, "position": self.position, "fingerprint": self.fingerprint}
 
     def to_dump(self) -> dict:
-        """The same object ``json.loads`` gives for this minibatch's ``minibatchd dump`` line."""
+        """The same object ``json.loads`` gives for this minibatch's ``minibatchd dump`` line (a
+        mixture's: the line of ``minibatchd dump --mixture``, ``docs/mixtures.md``)."""
+        state = self._mixture_state
+        if state is not None and self.sources is not None:
+            return {
+                "minibatch": self.index,
+                "step": state["step"] - 1,
+                "sweeps_ended": list(self.sweeps_ended or []),
+                "fingerprint": self.fingerprint,
+                "sources": self.sources.tolist(),
+                "streams": {n: s.to_dump() for n, s in self.streams.items()},
+                "state": dict(state, sources=[dict(source) for source in state["sources"]]),
+            }
         return {
             "minibatch": self.index,
             "sweep": self.sweep,

@@ -121,6 +121,25 @@ def test_the_client_reads_each_worker_and_resumes_any_state_at_any_world_size(mi
     assert resumed == opened == [e["fingerprint"] for e in epoch1]
 
 
+def test_to_dump_of_a_mixture_minibatch_is_its_dump_line(mixture):
+    """Found by a probe: `to_dump()` gave a mixture's minibatch a dataset's shape, so it never
+    compared equal to the `dump --mixture` line `docs/dump.md` says it equals."""
+    out = subprocess.run([BIN, "dump", "--config", str(mixture.config), "--mixture", "blend", "--minibatch-size", "5",
+                          "--workers", "2", "--rank", "1"], capture_output=True, text=True, timeout=DEADLINE)
+    assert out.returncode == 0, out.stderr
+    want = [json.loads(line) for line in out.stdout.splitlines()]
+    src = minibatchd.Client(mixture.socket).open("blend", minibatch_size=5, num_workers=2, rank=1)
+    got, states = [], []
+    for mb in src:
+        got.append(mb.to_dump())
+        states.append(src.state())
+    assert len(got) == len(want) > 3
+    assert got == want
+    # From a state in the middle: the steps go on from it.
+    src = minibatchd.Client(mixture.socket).open("blend", minibatch_size=5, num_workers=2, rank=1, resume=states[2])
+    assert [mb.to_dump() for mb in src] == want[3:]
+
+
 def test_the_jax_adapter_reads_a_mixture(mixture):
     require("jax")
     from minibatchd.jax import MinibatchIterator
