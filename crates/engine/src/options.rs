@@ -616,10 +616,13 @@ impl FixedLengthOptions {
         if !body.is_multiple_of(record) {
             return Err(format!(
                 "excluding the header ({} bytes) and footer ({} bytes), the file has a body of {body} bytes, which is \
-                 not a multiple of the record length ({record} bytes): {} bytes are left after the last whole record",
+                 not a multiple of the record length ({record} bytes): {} left after the last whole record",
                 self.header_bytes,
                 self.footer_bytes,
-                body % record
+                match body % record {
+                    1 => "1 byte is".to_owned(),
+                    n => format!("{n} bytes are"),
+                }
             ));
         }
         if body == 0 {

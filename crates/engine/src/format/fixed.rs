@@ -74,13 +74,21 @@ fn records(
     options: FixedLengthOptions,
     limits: IndexLimits,
 ) -> Result<Sequences, DataError> {
-    // About the file's layout as a whole: named at its start, record 1 (places are 1-based).
-    let fatal = |offset: u64, message: String| DataError::Fatal {
-        at: Location { file: name.clone(), line: 1, offset },
-        message,
-    };
-    let records = options.records(size).map_err(|m| fatal(0, m))?;
     let record = options.record_bytes;
+    // About the file's layout as a whole: named at its start, record 1 (places are 1-based) —
+    // or, for bytes left after the last whole record, where they start, as the record they
+    // would begin (found by a probe: they were named at byte 0).
+    let records = options.records(size).map_err(|message| {
+        let around = options.header_bytes.saturating_add(options.footer_bytes);
+        let (body, length) = (size.saturating_sub(around), u64::from(record.max(1)));
+        let (line, offset) = if size >= around && !body.is_multiple_of(length) {
+            let whole = body / length;
+            (whole + 1, options.header_bytes + whole * length)
+        } else {
+            (1, 0)
+        };
+        DataError::Fatal { at: Location { file: name.clone(), line, offset }, message }
+    })?;
     let mut sequences = Sequences::default();
     for i in 0..records {
         let s = SequenceDesc {

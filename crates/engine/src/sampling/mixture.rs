@@ -80,6 +80,9 @@ pub enum MixtureError {
         /// Sources of the mixture.
         sources: usize,
     },
+    /// A weight schedule without a stage.
+    #[error("a weight schedule needs at least one stage, the first from step 0")]
+    NoStages,
     /// The schedule's stages do not start at step 0 with strictly increasing steps.
     #[error("the weight schedule must start at step 0 and its steps must increase strictly (stage {stage} starts at step {step})")]
     BadSchedule {
@@ -225,7 +228,7 @@ impl WeightSchedule {
     /// No stage, a first stage after step 0, steps not strictly increasing, or stages of different
     /// source counts.
     pub fn new(stages: Vec<WeightStage>) -> Result<Self, MixtureError> {
-        let Some(first) = stages.first() else { return Err(MixtureError::NoSources) };
+        let Some(first) = stages.first() else { return Err(MixtureError::NoStages) };
         let sources = first.weights.len();
         for (i, stage) in stages.iter().enumerate() {
             let step_ok = if i == 0 { stage.from_step == 0 } else { stage.from_step > stages[i - 1].from_step };
@@ -574,6 +577,13 @@ impl Mixture {
                 "{} slots in this epoch, but {taken} sequences taken from the sources in all",
                 state.slots
             )));
+        }
+        // An endless mixture's epoch never ends (found by a probe: such a state, edited, was
+        // served as an epoch with nothing left, and a trainer's loop ended without a word).
+        if state.ended && self.options.epoch == MixtureEpoch::Endless {
+            return Err(MixtureError::BadState(
+                "the epoch has ended, but this mixture's epoch is endless and never ends".into(),
+            ));
         }
         for (i, (sampler, s)) in self.samplers.iter_mut().zip(&state.sources).enumerate() {
             sampler.restore(s.position).map_err(|e| MixtureError::BadState(e.to_string()))?;

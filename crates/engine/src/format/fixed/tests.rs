@@ -66,6 +66,14 @@ fn a_file_is_header_records_and_footer_as_tensorflow_reads_it() {
     assert_eq!(idx.digest, crc32fast::hash(&bytes));
     let e = index_reader(&bytes[..12], name(), 12, o, limits(), &mut |_| {}).expect_err("a cut file");
     assert!(e.to_string().contains("data.bin") && e.to_string().contains("body of 9 bytes"), "{e}");
+    // Found by a probe: the bytes left over were named at byte 0; they start after record 1,
+    // at byte 7, where record 2 would.
+    match &e {
+        DataError::Fatal { at, .. } => assert_eq!((at.line, at.offset), (2, 7), "{e}"),
+        other => panic!("not a fatal data error: {other}"),
+    }
+    let e = o.records(9).expect_err("one byte left");
+    assert!(e.contains("1 byte is left"), "{e}");
     // A reader that yields fewer bytes than the size said.
     let e = index_reader(&bytes[..8], name(), 13, o, limits(), &mut |_| {}).expect_err("short");
     assert!(e.to_string().contains("read 8 bytes of a file of 13"), "{e}");

@@ -251,8 +251,9 @@ fn fill_feature<'a, T: DeepxElement>(
     }
     if kind != want {
         return Err(format!(
-            "feature '{}' holds a {}_list, not the {} the stream '{}' is configured with",
+            "feature '{}' holds {} {}_list, not the {} the stream '{}' is configured with",
             f.key,
+            if kind == 3 { "an" } else { "a" },
             type_name(kind),
             type_name(want),
             f.stream
@@ -589,7 +590,7 @@ mod tests {
     #[test]
     fn wrong_types_counts_and_inexact_integers_are_malformed_records() {
         let cases: Vec<(Vec<u8>, &str)> = vec![
-            (example(&[("x", Value::Ints(&[1, 2, 3]))]), "holds a int64_list, not the float"),
+            (example(&[("x", Value::Ints(&[1, 2, 3]))]), "holds an int64_list, not the float"),
             (example(&[("x", Value::Floats(&[1.0, 2.0]))]), "has 2 float values"),
             (example(&[("x", Value::Floats(&[1.0; 3])), ("tokens", Value::Ints(&[1; 5]))]), "more than the stream"),
             (

@@ -46,8 +46,10 @@ impl std::fmt::Display for WireError {
 }
 
 impl From<WireError> for String {
+    /// The record's message: what is wrong, said to be about the record's protobuf (found by a
+    /// probe: "a field runs past the end" alone did not say that the record is no Example).
     fn from(e: WireError) -> Self {
-        e.to_string()
+        format!("the record is not a valid tf.train.Example protobuf: {e}")
     }
 }
 

@@ -334,7 +334,8 @@ fn weights_quantize_to_the_units_and_keep_small_positive_weights() {
 #[test]
 fn schedules_start_at_zero_and_increase() {
     let w = || Weights::new(&[1.0, 2.0]).expect("valid weights");
-    assert!(WeightSchedule::new(vec![]).is_err());
+    // Found by a probe: an empty schedule was refused as a mixture without a source.
+    assert_eq!(WeightSchedule::new(vec![]), Err(MixtureError::NoStages));
     assert!(matches!(
         WeightSchedule::new(vec![WeightStage { from_step: 3, weights: w() }]),
         Err(MixtureError::BadSchedule { stage: 0, step: 3 })
@@ -394,6 +395,14 @@ fn states_no_mixture_produces_are_refused() {
     let mut bad = good.clone();
     bad.sources[1].weight = u64::MAX;
     assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(_))));
+    // Found by a probe: an endless epoch that says it ended was served as an epoch with nothing
+    // left; the same state ends a mixture whose epoch ends with a sweep.
+    let mut bad = good.clone();
+    bad.ended = true;
+    assert!(matches!(m.restore(&bad), Err(MixtureError::BadState(e)) if e.contains("endless")));
+    let mut first_end =
+        Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::FirstSweepEnd, 1, 0)).expect("a valid mixture");
+    first_end.restore(&bad).expect("an ended epoch of a mixture whose epochs end");
     // The good state still restores.
     m.restore(&good).expect("a state of this mixture");
     assert_eq!(m.state(), &good);
