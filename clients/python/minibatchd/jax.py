@@ -63,9 +63,16 @@ class MinibatchIterator:
         self._source = None
 
     def set_epoch(self, epoch: int) -> None:
-        """The next pass delivers sweep ``epoch``."""
+        """The next pass delivers sweep ``epoch``; the passes after it continue from there. After
+        ``load_state_dict``, ``set_epoch`` of the saved epoch keeps the resume; of another epoch,
+        drops it (as the PyTorch adapter's ``set_epoch``)."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        # Found by a probe: a pending resume overrode the epoch set after it, so a loop resumed
+        # "from the next epoch" got the rest of the saved one (none, or the wrong epoch's data
+        # labelled as it) and never the epoch it asked for.
+        if self._resume is not None and int(self._resume.get("epoch", 0)) != epoch:
+            self._resume = None
         self._epoch = epoch
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:

@@ -73,6 +73,38 @@ def test_state_dict_resumes_mid_epoch(daemon):
     assert taken + ids(list(again)) + ids(list(again)) == uninterrupted
 
 
+def test_set_epoch_after_load_state_dict_keeps_the_saved_epoch_and_drops_another(daemon):
+    """Found by a probe: the pending resume overrode `set_epoch`, so a loop resumed "from the next
+    epoch" got the saved epoch's empty rest and never epoch 1, and `set_epoch(2)` after a mid-epoch
+    state got epoch 0's rest labelled epoch 0."""
+    sweep = lambda k: dump_ids(daemon.dump("--minibatch-size", "7", "--seed", "1", "--sweep", str(k)))
+    first = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    items = []
+    for item in first:
+        items.append(item)
+        last = first.state_dict()  # a per-step checkpoint: the last one is at the epoch's end
+        if len(items) == 4:
+            middle = first.state_dict()
+    assert last["source"] is not None and ids(items) == sweep(0)
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    it.load_state_dict(last)
+    for epoch in (1, 2):
+        it.set_epoch(epoch)
+        got = list(it)
+        assert ids(got) == sweep(epoch), epoch
+        assert {i["meta"]["epoch"] for i in got} == {epoch}
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    it.load_state_dict(middle)
+    it.set_epoch(2)
+    assert ids(list(it)) == sweep(2)
+    # The saved epoch keeps the resume: its rest, then the next epoch.
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    it.load_state_dict(middle)
+    it.set_epoch(0)
+    assert ids(items[:4]) + ids(list(it)) == sweep(0)
+    assert ids(list(it)) == sweep(1)
+
+
 class Interrupt(BaseException):
     """Stands for a KeyboardInterrupt (which pytest would take for the user's)."""
 
