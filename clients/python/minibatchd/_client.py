@@ -513,6 +513,14 @@ class Source:
         # gets no data: fewer chunks than workers); raised as warnings by whoever made this
         # source (`Client.open`, `reconnect`), once it is whole.
         self.warnings: List[str] = list(opened.get("warnings") or [])
+        # Found by a probe: a resume by name that may give minibatches again was said only in
+        # `resumed`, which a trainer that does not look at it never saw.
+        if self.resumed is not None and self.resumed.get("exact") is False:
+            self.warnings.append(
+                f"resumed by name from the daemon's {self.resumed.get('from', 'record')} at minibatch "
+                f"{opened['state'].get('minibatches')} with exact: false — the trainer may already have been given "
+                "minibatches after this position (its client did not report them before it stopped), and those come "
+                "again; resume from the trainer's own saved state() (resume=) to continue exactly")
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
         self._last_state: dict = dict(opened["state"])
