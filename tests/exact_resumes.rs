@@ -487,6 +487,7 @@ fn a_worker_state_resumes_only_its_worker_at_its_worker_count() {
     keys(&mut one, Some(2));
     let st = one.close().expect("close");
     assert_eq!(st.worker, None);
+    let st_one = st.clone();
     let o = SessionOptions { resume: Some(st), ..worker(1, 2) };
     d.client().open("train", &o).expect("a one-worker state resumes worker 1 of 2");
     // resume_job takes every worker's state in rank order, and refuses them out of it.
@@ -500,4 +501,17 @@ fn a_worker_state_resumes_only_its_worker_at_its_worker_count() {
         }
         other => panic!("states out of rank order must be refused, got {:?}", other.map(|mut s| s.state())),
     }
+    // Found by a probe: a one-worker session's state in place of worker 0 was taken with workers
+    // 1 and 2 of 3 (it names no worker, and such states were taken as given).
+    let mixed = vec![st_one.clone(), states[1].clone(), states[2].clone()];
+    let o = SessionOptions { resume_job: Some(mixed), ..worker(0, 2) };
+    match d.client().open("train", &o) {
+        Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+            assert!(message.contains("state 0 of 3 is worker 0 of 1's"), "{message}");
+        }
+        other => panic!("a one-worker state among a job's must be refused, got {:?}", other.map(|mut s| s.state())),
+    }
+    // Alone, it is a one-worker run's whole job.
+    let o = SessionOptions { resume_job: Some(vec![st_one]), ..worker(0, 2) };
+    d.client().open("train", &o).expect("a one-worker run continued on two workers");
 }

@@ -195,18 +195,24 @@ pub fn check_worker(state: &SessionState, opened: Option<WorkerOf>) -> Result<()
 }
 
 /// Checks that `resume_job`'s states are those of every worker of one run, in rank order (where
-/// they say which worker they are: states of one-worker sessions, or written before states said
-/// it, are taken as given).
+/// they say which worker they are: states written before states said it are taken as given).
+/// Where any state names its worker, one that names none is a one-worker session's — worker 0 of
+/// 1 — which no run of several workers wrote (found by a probe: one was taken as a job's worker
+/// 0 beside workers 1 and 2 of 3).
 ///
 /// # Errors
 /// [`ResumeError::JobOrder`].
 pub fn check_job_order(states: &[SessionState]) -> Result<(), ResumeError> {
     let count = states.len();
+    let named = states.iter().any(|s| s.worker.is_some());
     for (index, s) in states.iter().enumerate() {
-        if let Some(saved) = s.worker {
-            if saved.rank != index as u64 || saved.of != count as u64 {
-                return Err(ResumeError::JobOrder { index, count, saved });
-            }
+        let saved = match s.worker {
+            Some(saved) => saved,
+            None if named => WorkerOf { rank: 0, of: 1 },
+            None => continue,
+        };
+        if saved.rank != index as u64 || saved.of != count as u64 {
+            return Err(ResumeError::JobOrder { index, count, saved });
         }
     }
     Ok(())
