@@ -161,19 +161,37 @@ pub fn write(state_dir: &Path, c: &Checkpoint) -> std::io::Result<()> {
     minibatchd_engine::state_file::write_atomic(&path(state_dir), &bytes)
 }
 
-/// Reads the checkpoint of `state_dir`; `Ok(None)` when there is none.
+/// The largest checkpoint a daemon with `memory_limit` reads: a quarter of it (at least 4 MiB),
+/// so that the file and what it parses into stay within the limit (found by a probe: a
+/// checkpoint padded to 300 MiB was read whole, past a 256 MiB limit, before anything ran).
+#[must_use]
+pub fn max_bytes(memory_limit: u64) -> u64 {
+    (memory_limit / 4).max(4 << 20)
+}
+
+/// Reads the checkpoint of `state_dir`, of at most `max_bytes` ([`max_bytes`]); `Ok(None)` when
+/// there is none.
 ///
 /// # Errors
-/// [`CheckpointError`].
-pub fn read(state_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
+/// [`CheckpointError`]; a larger file is a [`CheckpointError::Format`].
+pub fn read(state_dir: &Path, max_bytes: u64) -> Result<Option<Checkpoint>, CheckpointError> {
     use std::io::Read as _;
     let p = path(state_dir);
     // Only a file no one else could have written: it says which uid owns which session.
     let mut bytes = Vec::new();
-    match minibatchd_engine::state_file::open_trusted(&p).and_then(|(mut f, _)| f.read_to_end(&mut bytes)) {
+    let read = minibatchd_engine::state_file::open_trusted(&p)
+        .and_then(|(f, _)| f.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes));
+    match read {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(CheckpointError::Io { path: p, source }),
+    }
+    if bytes.len() as u64 > max_bytes {
+        let message = format!(
+            "it is larger than {max_bytes} bytes, the most a daemon with this memory_limit_bytes reads (a quarter \
+             of it): not a checkpoint such a daemon wrote"
+        );
+        return Err(CheckpointError::Format { path: p, message });
     }
     let mut c: Checkpoint = serde_json::from_slice(&bytes)
         .map_err(|e| CheckpointError::Format { path: p.clone(), message: e.to_string() })?;
@@ -207,13 +225,13 @@ pub struct Restored {
 /// Reads the checkpoint for a start: an unreadable one is logged and renamed to
 /// `checkpoint.json.unreadable` (so the next write cannot destroy the evidence).
 #[must_use]
-pub fn restore(state_dir: &Path) -> Restored {
+pub fn restore(state_dir: &Path, max_bytes: u64) -> Restored {
     // Found by a probe: every kill -9 during a write left its temporary file, for ever.
     let removed = minibatchd_engine::state_file::remove_dead_temps(state_dir, CHECKPOINT_FILE);
     if removed > 0 {
         tracing::info!(removed, "removed the temporary checkpoint files of crashed daemons");
     }
-    match read(state_dir) {
+    match read(state_dir, max_bytes) {
         Ok(Some(c)) => {
             let (written, clean) = c.written();
             let Checkpoint::V1(v1) = &c;
@@ -280,7 +298,7 @@ mod tests {
         write(dir.path(), &c).expect("write");
         let text = std::fs::read_to_string(path(dir.path())).expect("read");
         assert!(text.contains("\"version\": \"1\""), "{text}");
-        assert_eq!(read(dir.path()).expect("read"), Some(c));
+        assert_eq!(read(dir.path(), max_bytes(8 << 30)).expect("read"), Some(c));
         let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from(CHECKPOINT_FILE)], "no temporary left behind");
     }
@@ -299,7 +317,7 @@ mod tests {
             std::fs::write(p.join(name), b"partial").expect("write");
         }
         write(p, &Checkpoint::new(0xabc, "shutdown", vec![session()], Vec::new())).expect("write");
-        assert_eq!(restore(p).sessions, vec![session()]);
+        assert_eq!(restore(p, max_bytes(8 << 30)).sessions, vec![session()]);
         for (name, kept) in [(dead.as_str(), false), (own.as_str(), false), (live.as_str(), true), (other, true)] {
             assert_eq!(p.join(name).exists(), kept, "{name}");
         }
@@ -317,17 +335,40 @@ mod tests {
     #[test]
     fn unknown_versions_and_garbage_are_set_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(restore(dir.path()).sessions.is_empty(), "no checkpoint: nothing to restore");
-        assert_eq!(restore(dir.path()).set_aside, None);
+        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty(), "no checkpoint: nothing to restore");
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).set_aside, None);
         std::fs::write(path(dir.path()), br#"{"version": "99", "sessions": []}"#).expect("write");
-        assert!(matches!(read(dir.path()), Err(CheckpointError::Format { .. })));
-        let r = restore(dir.path());
+        assert!(matches!(read(dir.path(), max_bytes(8 << 30)), Err(CheckpointError::Format { .. })));
+        let r = restore(dir.path(), max_bytes(8 << 30));
         assert!(r.sessions.is_empty());
         assert_eq!(r.set_aside, Some(dir.path().join("checkpoint.json.unreadable")));
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
         assert!(!path(dir.path()).exists());
         std::fs::write(path(dir.path()), b"\x00garbage").expect("write");
-        assert!(restore(dir.path()).sessions.is_empty());
+        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty());
+    }
+
+    /// Found by a probe: a checkpoint padded to 300 MiB was read whole before anything ran, past
+    /// the memory limit. One larger than a quarter of the limit is set aside unread.
+    #[test]
+    fn a_checkpoint_larger_than_the_limit_allows_is_set_aside() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()], Vec::new())).expect("write");
+        let mut text = std::fs::read(path(dir.path())).expect("read");
+        let size = text.len();
+        assert_eq!(max_bytes(16 << 20), 4 << 20, "at least 4 MiB");
+        assert_eq!(max_bytes(8 << 30), 2 << 30);
+        assert!(read(dir.path(), size as u64).expect("exactly the bound").is_some());
+        let e = read(dir.path(), size as u64 - 1).expect_err("one byte over");
+        assert!(e.to_string().contains("larger than"), "{e}");
+        // Padded with whitespace past the bound: the JSON is valid, its size is not.
+        let end = text.iter().rposition(|&b| b == b'}').expect("an object");
+        text.splice(end..end, std::iter::repeat_n(b' ', 5 << 20));
+        std::fs::write(path(dir.path()), &text).expect("write");
+        assert!(read(dir.path(), max_bytes(8 << 30)).expect("under a large limit").is_some());
+        let r = restore(dir.path(), max_bytes(16 << 20));
+        assert!(r.sessions.is_empty());
+        assert_eq!(r.set_aside, Some(dir.path().join("checkpoint.json.unreadable")));
     }
 
     /// Issue #15: under `UMask=0007` state files were group-writable; a checkpoint a group member
@@ -340,9 +381,9 @@ mod tests {
         let mode = std::fs::metadata(path(dir.path())).expect("stat").permissions().mode() & 0o7777;
         assert_eq!(mode, 0o600);
         std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
-        let e = read(dir.path()).expect_err("group-writable");
+        let e = read(dir.path(), max_bytes(8 << 30)).expect_err("group-writable");
         assert!(e.to_string().contains("writable by group or others"), "{e}");
-        assert!(restore(dir.path()).sessions.is_empty());
+        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty());
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
     }
 
@@ -354,7 +395,7 @@ mod tests {
         write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()], Vec::new())).expect("write");
         let good = std::fs::read(path(dir.path())).expect("read");
         assert!(String::from_utf8_lossy(&good).contains("\"checksum\": \"crc32:"));
-        assert_eq!(restore(dir.path()).sessions, vec![session()]);
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).sessions, vec![session()]);
         // Every digit of the file, changed: each change is refused.
         let digits: Vec<usize> = (0..good.len()).filter(|&i| good[i].is_ascii_digit()).collect();
         assert!(digits.len() > 20);
@@ -362,12 +403,12 @@ mod tests {
             let mut bad = good.clone();
             bad[i] = if bad[i] == b'9' { b'8' } else { bad[i] + 1 };
             std::fs::write(path(dir.path()), &bad).expect("write");
-            let r = restore(dir.path());
+            let r = restore(dir.path(), max_bytes(8 << 30));
             assert!(r.sessions.is_empty() && r.set_aside.is_some(), "digit at byte {i} changed: {r:?}");
         }
         // Whitespace is not content: reformatted, the same checkpoint.
         let compact: serde_json::Value = serde_json::from_slice(&good).expect("json");
         std::fs::write(path(dir.path()), serde_json::to_vec(&compact).expect("json")).expect("write");
-        assert_eq!(restore(dir.path()).sessions, vec![session()]);
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).sessions, vec![session()]);
     }
 }
