@@ -488,7 +488,8 @@ pub(super) fn index_with_cache(
         return Err(DataError::io(
             name,
             std::io::Error::other(format!(
-                "the file was {} while it was being indexed; it is indexed again at the next reload (SIGHUP) or start",
+                "the file was {} while it was being indexed; it is indexed again at the next reload (SIGHUP) or start of \
+                 a daemon, and when `dump` or `index` is run again",
                 stamp.change(&after)
             )),
         ));

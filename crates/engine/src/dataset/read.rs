@@ -42,9 +42,23 @@ pub(super) fn version_of(path: &Path) -> Result<FileVersion> {
     FileStamp::of(path).map_err(|e| DataError::io(path, e))
 }
 
-/// An error unless `file` (opened from `path`) is still `version`.
+/// An error unless `file` (opened from `path`) is still `version`. A file unlinked since it was
+/// opened is said to be deleted, or replaced where another file now has its path (found by a
+/// probe: both were told "changed in place", from the open file's new status-change time).
 pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> Result<()> {
-    let now = FileStamp::from_meta(PathBuf::new(), &file.metadata().map_err(|e| DataError::io(path, e))?);
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = file.metadata().map_err(|e| DataError::io(path, e))?;
+    let now = FileStamp::from_meta(PathBuf::new(), &meta);
+    if now.same_version(version) {
+        return Ok(());
+    }
+    if meta.nlink() == 0 {
+        return match std::fs::metadata(path) {
+            Ok(there) => unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &there), path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(changed(path, "deleted")),
+            Err(e) => Err(DataError::io(path, e)),
+        };
+    }
     unchanged_since(version, &now, path)
 }
 
@@ -62,14 +76,18 @@ fn unchanged_since(version: &FileVersion, now: &FileVersion, path: &Path) -> Res
     if now.same_version(version) {
         return Ok(());
     }
-    Err(DataError::io(
+    Err(changed(path, &version.change(now)))
+}
+
+/// The error of a file `how` (what became of it) since it was indexed.
+fn changed(path: &Path, how: &str) -> DataError {
+    DataError::io(
         path,
         std::io::Error::other(format!(
-            "the file was {} since it was indexed; its chunks are not read with the old index \
-             (a daemon indexes it again at a reload, SIGHUP; `dump` and `index` when run again)",
-            version.change(now)
+            "the file was {how} since it was indexed; its chunks are not read with the old index \
+             (a daemon indexes it again at a reload, SIGHUP; `dump` and `index` when run again)"
         )),
-    ))
+    )
 }
 
 /// Bytes a [`ReadWindow`] reads at once: well inside a core's L2 (1 MiB here), so what it
@@ -222,5 +240,28 @@ mod tests {
         assert_eq!(w.bytes(3000, 6).expect("a later line"), b"1 1:1\n");
         let e = w.unchanged().expect_err("changed while read").to_string();
         assert!(e.contains("since it was indexed"), "{e}");
+    }
+
+    /// Found by a probe: a file deleted, or replaced by a rename, under a chunk's open reader was
+    /// said to be "changed in place" (the open file's status-change time moved as its link went).
+    #[test]
+    fn a_file_deleted_or_replaced_under_its_reader_is_said_to_be() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.txt");
+        for replace in [false, true] {
+            std::fs::write(&path, "1 1:1\n".repeat(100)).expect("write");
+            let version = version_of(&path).expect("version");
+            let w = ReadWindow::new(&path, 600, &version).expect("open");
+            if replace {
+                let other = dir.path().join("other.txt");
+                std::fs::write(&other, "1 1:1\n".repeat(100)).expect("write");
+                std::fs::rename(&other, &path).expect("rename over it");
+            } else {
+                std::fs::remove_file(&path).expect("delete");
+            }
+            let e = w.unchanged().expect_err("gone").to_string();
+            let want = if replace { "was replaced by another file" } else { "was deleted since it was indexed" };
+            assert!(e.contains(want), "{e}");
+        }
     }
 }
