@@ -382,6 +382,9 @@ fn dump_options(a: &DumpArgs, d: &minibatchd::config::DatasetConfig) -> anyhow::
     if sizes.is_empty() || sizes.contains(&0) {
         bail!("minibatch sizes must be at least 1");
     }
+    if a.max_samples == Some(0) {
+        bail!("--max-samples must be at least 1 (an epoch of 0 samples would print nothing)");
+    }
     if a.sweep.is_some() && a.max_samples.is_some() {
         bail!("give at most one of --max-samples, --max-sweeps, --full-sweep, --sweep (both go together for a mixture only)");
     }

@@ -339,4 +339,8 @@ fn a_mixtures_dump_takes_sweep_with_max_samples_as_its_session_does() {
     assert!(e.contains("--max-samples must be at least 1"), "{e}");
     let e = refused(&["--dataset", "a", "--minibatch-size", "4", "--max-samples", "5", "--sweep", "1"]);
     assert!(e.contains("at most one of"), "{e}");
+    // Found by a probe: a dataset's epoch of 0 samples printed nothing and succeeded (CNTK 2.7
+    // refuses it: "Epoch size cannot be 0"), as a mixture's did before.
+    let e = refused(&["--dataset", "a", "--minibatch-size", "4", "--max-samples", "0"]);
+    assert!(e.contains("--max-samples must be at least 1"), "{e}");
 }

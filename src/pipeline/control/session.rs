@@ -603,6 +603,11 @@ mod tests {
         for part in ["minibatch_size is required", "at most one", "rank 2", "prefetch 1"] {
             assert!(e.to_string().contains(part), "{e}");
         }
+        // Found by a probe: an epoch of 0 samples was an empty epoch without a word (CNTK 2.7:
+        // "Epoch size cannot be 0"; a mixture's session refused it already).
+        let none = SessionOptions { minibatch_size: Some(8), max_samples: Some(0), ..SessionOptions::default() };
+        let e = resolve_options(&none, &d, 4, 1 << 20).expect_err("an epoch of 0 samples");
+        assert!(e.to_string().contains("max_samples must be at least 1"), "{e}");
     }
 
     #[test]

@@ -69,6 +69,11 @@ pub fn resolve_options(
     if limits > 1 {
         problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
     }
+    // Found by a probe: an epoch of 0 samples was served as an empty one, without a word, where
+    // CNTK 2.7 says "Epoch size cannot be 0" and a mixture's session refuses it.
+    if o.max_samples == Some(0) {
+        problems.push("max_samples must be at least 1 (an epoch of 0 samples would deliver nothing)".to_owned());
+    }
     let limit = match (o.max_samples, o.max_sweeps, o.full_sweep, o.sweep) {
         (Some(n), ..) => EpochLimit::Samples(n),
         (_, Some(k), ..) => EpochLimit::Sweeps(k),
