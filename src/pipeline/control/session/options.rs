@@ -40,6 +40,29 @@ pub struct ResolvedOptions {
 #[error("{}", .0.join("; "))]
 pub struct InvalidOptions(pub Vec<String>);
 
+/// The epoch `o` asks for, with what is wrong with it in `problems`.
+fn epoch_limit(o: &SessionOptions, problems: &mut Vec<String>) -> EpochLimit {
+    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()]
+        .iter()
+        .filter(|&&b| b)
+        .count();
+    if limits > 1 {
+        problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
+    }
+    // Found by a probe: an epoch of 0 samples was served as an empty one, without a word, where
+    // CNTK 2.7 says "Epoch size cannot be 0" and a mixture's session refuses it.
+    if o.max_samples == Some(0) {
+        problems.push("max_samples must be at least 1 (an epoch of 0 samples would deliver nothing)".to_owned());
+    }
+    match (o.max_samples, o.max_sweeps, o.full_sweep, o.sweep) {
+        (Some(n), ..) => EpochLimit::Samples(n),
+        (_, Some(k), ..) => EpochLimit::Sweeps(k),
+        (_, _, true, _) => EpochLimit::FullSweep,
+        (.., Some(k)) => EpochLimit::Sweep(k),
+        _ => EpochLimit::Infinite,
+    }
+}
+
 /// Resolves `o` for dataset `d`; `default_slots` and `default_slot_size` come from `[daemon]`.
 ///
 /// # Errors
@@ -62,25 +85,7 @@ pub fn resolve_options(
             1
         }
     };
-    let limits = [o.max_samples.is_some(), o.max_sweeps.is_some(), o.full_sweep, o.sweep.is_some()]
-        .iter()
-        .filter(|&&b| b)
-        .count();
-    if limits > 1 {
-        problems.push("give at most one of max_samples, max_sweeps, full_sweep, sweep".to_owned());
-    }
-    // Found by a probe: an epoch of 0 samples was served as an empty one, without a word, where
-    // CNTK 2.7 says "Epoch size cannot be 0" and a mixture's session refuses it.
-    if o.max_samples == Some(0) {
-        problems.push("max_samples must be at least 1 (an epoch of 0 samples would deliver nothing)".to_owned());
-    }
-    let limit = match (o.max_samples, o.max_sweeps, o.full_sweep, o.sweep) {
-        (Some(n), ..) => EpochLimit::Samples(n),
-        (_, Some(k), ..) => EpochLimit::Sweeps(k),
-        (_, _, true, _) => EpochLimit::FullSweep,
-        (.., Some(k)) => EpochLimit::Sweep(k),
-        _ => EpochLimit::Infinite,
-    };
+    let limit = epoch_limit(o, &mut problems);
     let window = match (o.window_chunks, o.window_samples) {
         (Some(_), Some(_)) => {
             problems.push("give window_chunks or window_samples, not both".to_owned());
