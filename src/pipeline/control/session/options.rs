@@ -125,7 +125,7 @@ pub fn resolve_options(
     if o.resume_job.as_ref().is_some_and(|states| states.is_empty() || states.len() > 1 << 20) {
         problems.push("resume_job needs the states of 1..=1048576 workers".to_owned());
     }
-    if o.equal_steps && limits == 0 {
+    if o.equal_steps && limit == EpochLimit::Infinite {
         problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
     }
     if o.weights.is_some() || o.weight_schedule.is_some() {
