@@ -95,11 +95,11 @@ struct DumpArgs {
     /// With --mixture: start from this state, the JSON object a line's `state` holds.
     #[arg(long, value_name = "JSON", requires = "mixture")]
     restore_state: Option<String>,
-    /// Minibatch size in samples (CNTK's definition).
-    #[arg(long, conflicts_with = "minibatch_sizes")]
+    /// Minibatch size in samples (CNTK's definition), 1..=2147483647 as a session's.
+    #[arg(long, conflicts_with = "minibatch_sizes", value_parser = minibatch_size)]
     minibatch_size: Option<usize>,
     /// Minibatch sizes, cycled: minibatch i uses entry i mod len.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = minibatch_size)]
     minibatch_sizes: Option<Vec<usize>>,
     /// Epoch size in samples (overshoots to the end of the last started sequence).
     #[arg(long, conflicts_with_all = ["max_sweeps", "full_sweep"])]
@@ -178,10 +178,38 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("minibatchd: error: {}", causes(&e));
+            note(format_args!("minibatchd: error: {}", causes(&e)));
             ExitCode::from(1)
         }
     }
+}
+
+/// A minibatch size in a session's range, 1..=2^31 − 1 (found by a probe: `dump` took any
+/// `u64`, and a minibatch that never fills — an endless epoch — gathered sweep after sweep into
+/// memory).
+fn minibatch_size(arg: &str) -> Result<usize, String> {
+    match arg.parse::<usize>() {
+        Ok(n) if (1..=2_147_483_647).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("minibatch size {n} is out of range 1..=2147483647")),
+        Err(e) => Err(format!("{arg:?} is not a minibatch size: {e}")),
+    }
+}
+
+/// Writes a line of the command's output. A write that fails (a closed pipe, a full disk) is the
+/// command's error, as `dump`'s are (found by a probe: `println!` panicked, exit 101).
+fn say(line: std::fmt::Arguments<'_>) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    out.write_fmt(line).and_then(|()| out.write_all(b"\n")).and_then(|()| out.flush()).context("writing output")
+}
+
+/// Writes a line to stderr (progress, errors): where even that cannot be written, nothing is
+/// left to tell, and the exit status says it.
+fn note(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(line).and_then(|()| err.write_all(b"\n"));
 }
 
 /// `e` and its causes, each that says something new: errors whose message already includes their
@@ -225,7 +253,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 format!("; {} mixture(s): {}", mixtures.len(), mixtures.join(", "))
             };
-            println!("{}: valid ({} dataset(s): {}{mixtures})", config.display(), names.len(), names.join(", "));
+            say(format_args!(
+                "{}: valid ({} dataset(s): {}{mixtures})",
+                config.display(),
+                names.len(),
+                names.join(", ")
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Index { config, dataset, parsed } => {
@@ -233,13 +266,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let tty = std::io::stderr().is_terminal();
             let d = open_dataset(&c, &dataset, tty)?;
             let t = d.timeline();
-            println!(
+            say(format_args!(
                 "{}: {} sequences, {} samples, {} chunks",
                 dataset,
                 t.num_sequences(),
                 t.samples(..),
                 t.num_chunks()
-            );
+            ))?;
             if parsed {
                 fill_parsed(&c, &d, &dataset, tty)?;
             }
@@ -251,10 +284,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if args.restore_state.is_some() {
                 // Found by a probe: clap's `requires` let it through with --dataset, and the dump
                 // silently started from the beginning.
-                eprintln!(
+                note(format_args!(
                     "minibatchd: usage error: --restore-state is a mixture's state (with --mixture); a dataset's dump \
                      starts where --restore (a position) or --sweep says"
-                );
+                ));
                 return Ok(ExitCode::from(2));
             }
             let d = open_dataset(&c, dataset, false)?;
@@ -262,7 +295,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(o) => o,
                 Err(e) => {
                     // Usage errors, like clap's own, exit with 2.
-                    eprintln!("minibatchd: usage error: {}", causes(&e));
+                    note(format_args!("minibatchd: usage error: {}", causes(&e)));
                     return Ok(ExitCode::from(2));
                 }
             };
@@ -315,22 +348,21 @@ fn fill_parsed(c: &Config, d: &Dataset, name: &str, tty: bool) -> anyhow::Result
         let tenth = |n: u64| n * 10 / total.max(1);
         if done > *last && (done == total || tenth(done) != tenth(*last)) {
             *last = done;
-            eprintln!("parsing {name}: {done}/{total} chunks");
+            note(format_args!("parsing {name}: {done}/{total} chunks"));
         }
     })?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     let cache = d.parsed_cache().map(|p| p.dir().display().to_string()).unwrap_or_default();
-    println!(
+    say(format_args!(
         "{name}: {} chunks in the parsed cache {cache} ({} already there, {} written, {} not kept: malformed lines, a failed write or past parsed_cache_bytes) in {:.1} s",
         report.present + report.written,
         report.present,
         report.written,
         report.not_kept,
         started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    ))
 }
 
 fn open_dataset(c: &Config, name: &str, progress_bar: bool) -> anyhow::Result<Dataset> {
@@ -417,7 +449,7 @@ fn dump_mixture(c: &Config, args: &DumpArgs) -> anyhow::Result<ExitCode> {
         bail!("no mixture '{name}' in {} (known: {})", c.path.display(), known.join(", "));
     };
     let usage = |message: String| {
-        eprintln!("minibatchd: usage error: {message}");
+        note(format_args!("minibatchd: usage error: {message}"));
         Ok(ExitCode::from(2))
     };
     let sizes = match (&args.minibatch_sizes, args.minibatch_size) {

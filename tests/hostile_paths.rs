@@ -120,6 +120,59 @@ fn a_number_key_overridden_by_text_names_the_variable() {
     assert!(!status.success() && stderr.contains("(write numbers without quotes)"), "{stderr}");
 }
 
+/// Found by a probe: `files = [""]` (an unset variable in an override) named the config's own
+/// directory, and every file beside the config was read as data; it is refused, named.
+#[test]
+fn an_empty_path_in_files_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
+    let text = format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data]));
+    let cfg = write(tmp.path(), "minibatchd.toml", &text);
+    let mut cmd = Command::new(BIN);
+    cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__FILES", "");
+    let out = output_within(cmd, "validate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("datasets.train.files: an empty path"), "{stderr}");
+    let listed = write(tmp.path(), "listed.toml", text.replace("files = [", "files = [\"\", "));
+    let (status, stderr) = validate(&listed);
+    assert!(!status.success() && stderr.contains("datasets.train.files[0]: an empty path"), "{stderr}");
+}
+
+/// Found by a probe: `validate` and `index` panicked (exit 101) when their output could not be
+/// written (`| head -0`, a full disk); they exit 1 naming the error, as `dump` does, and a closed
+/// pipe is a success.
+#[test]
+fn validate_and_index_report_output_they_cannot_write() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
+    let cfg =
+        write(tmp.path(), "minibatchd.toml", format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data])));
+    for args in [&["validate"][..], &["index", "--dataset", "train"][..]] {
+        let full = std::fs::File::options().write(true).open("/dev/full").expect("/dev/full");
+        let mut cmd = Command::new(BIN);
+        cmd.args(&args[..1]).arg("--config").arg(&cfg).args(&args[1..]);
+        let out = cmd.stdin(Stdio::null()).stdout(full).stderr(Stdio::piped()).output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("writing output") && !stderr.contains("panicked"), "{args:?}: {stderr}");
+        // A reader that went away: what it wanted was written.
+        let mut child = Command::new(BIN)
+            .args(&args[..1])
+            .arg("--config")
+            .arg(&cfg)
+            .args(&args[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.code() == Some(0) && !stderr.contains("panicked"), "{args:?}: {:?} {stderr}", out.status);
+    }
+}
+
 /// `dir/looping/` holding `part.ctf` and two symbolic links back to itself (`a` at the top,
 /// `sub/b` below): the old walk went through 2^40 paths before `ELOOP` stopped it.
 fn two_loops(dir: &Path) -> PathBuf {

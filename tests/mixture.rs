@@ -343,4 +343,10 @@ fn a_mixtures_dump_takes_sweep_with_max_samples_as_its_session_does() {
     // refuses it: "Epoch size cannot be 0"), as a mixture's did before.
     let e = refused(&["--dataset", "a", "--minibatch-size", "4", "--max-samples", "0"]);
     assert!(e.contains("--max-samples must be at least 1"), "{e}");
+    // Found by a probe: any u64 was taken, and a minibatch that an endless epoch never fills
+    // gathered sweep after sweep into memory. A session's range, as the daemon's.
+    for args in [&["--minibatch-size", "2147483648"][..], &["--minibatch-sizes", "4,18446744073709551615"][..]] {
+        let e = refused(&[&["--dataset", "a"][..], args].concat());
+        assert!(e.contains("out of range 1..=2147483647"), "{e}");
+    }
 }

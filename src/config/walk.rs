@@ -166,6 +166,17 @@ impl Walker {
             self.issue(&node.path, "expected at least one path");
             return None;
         }
+        // Found by a probe: "" (an unset variable in an override) resolved to the config's own
+        // directory, and every file beside the config was read as data.
+        if let Some(i) = strings.iter().position(String::is_empty) {
+            let at = if matches!(node.value(), Some(Value::Array(_))) {
+                format!("{}[{i}]", node.path)
+            } else {
+                node.path.clone()
+            };
+            self.issue(&at, "an empty path (an unset variable?): it would name the config's own directory");
+            return None;
+        }
         Some(strings.iter().map(|s| self.resolve(s)).collect())
     }
 
