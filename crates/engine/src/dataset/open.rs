@@ -72,6 +72,9 @@ impl Dataset {
                     (config.index_threads, lines),
                     &mut report,
                 )?;
+                // The file's end, which a pass need not report (found by a probe: the scanned
+                // bytes stayed at 96.8 % of the total once a dataset was open).
+                report(idx.size);
                 versions.push(stored);
                 let cost = within_index_budget(&idx, &left)?;
                 let mut idx = idx;
@@ -148,6 +151,7 @@ impl Dataset {
             let cache = config.cache_index.then_some(state_dir);
             let threads = (config.index_threads, Some(config.chunk_size_bytes));
             let idx = index_input(&reader, input, d, stored, cache, remote, left, threads, &mut report)?;
+            report(idx.size);
             // The file's index whole must fit beside what the earlier files keep (its sizes are
             // held until it is chunked)...
             within_index_budget(&idx, &left)?;
@@ -201,6 +205,7 @@ impl Dataset {
             let cache = config.cache_index.then_some(state_dir);
             let threads = (config.index_threads, None);
             let idx = index_input(&*reader, input, d, stored, cache, remote, left, threads, &mut report)?;
+            report(idx.size);
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
             sequences += idx.sequences.len() as u64;
