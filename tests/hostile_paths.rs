@@ -100,14 +100,19 @@ fn ctf_dataset(name: &str, files: &[&Path]) -> String {
     )
 }
 
+/// A config in `dir` of dataset `train`, one line of CTF: its path and its text.
+fn one_line_dataset(dir: &Path) -> (PathBuf, String) {
+    let data = write(dir, "d.ctf", "0 |F 1 2 3\n");
+    let text = format!("{}{}", daemon_table(dir), ctf_dataset("train", &[&data]));
+    (write(dir, "minibatchd.toml", &text), text)
+}
+
 /// Found by a probe: an environment override that is no number was told to write numbers
 /// without quotes, advice for the file; it is told which variable it came from.
 #[test]
 fn a_number_key_overridden_by_text_names_the_variable() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
-    let text = format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data]));
-    let cfg = write(tmp.path(), "minibatchd.toml", &text);
+    let (cfg, text) = one_line_dataset(tmp.path());
     let mut cmd = Command::new(BIN);
     cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "abc");
     let out = output_within(cmd, "validate");
@@ -125,9 +130,7 @@ fn a_number_key_overridden_by_text_names_the_variable() {
 #[test]
 fn an_empty_path_in_files_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
-    let text = format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data]));
-    let cfg = write(tmp.path(), "minibatchd.toml", &text);
+    let (cfg, text) = one_line_dataset(tmp.path());
     let mut cmd = Command::new(BIN);
     cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__FILES", "");
     let out = output_within(cmd, "validate");
@@ -144,9 +147,7 @@ fn an_empty_path_in_files_is_refused() {
 #[test]
 fn validate_and_index_report_output_they_cannot_write() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = write(tmp.path(), "d.ctf", "0 |F 1 2 3\n");
-    let cfg =
-        write(tmp.path(), "minibatchd.toml", format!("{}{}", daemon_table(tmp.path()), ctf_dataset("train", &[&data])));
+    let (cfg, _) = one_line_dataset(tmp.path());
     for args in [&["validate"][..], &["index", "--dataset", "train"][..]] {
         let full = std::fs::File::options().write(true).open("/dev/full").expect("/dev/full");
         let mut cmd = Command::new(BIN);
