@@ -42,8 +42,13 @@ fn output_within(mut cmd: Command, what: &str) -> Output {
 
 /// `minibatchd validate --config CONFIG`'s exit status and stderr, within the deadline.
 fn validate(config: &Path) -> (ExitStatus, String) {
+    validate_with(config, None)
+}
+
+/// [`validate`] with an environment variable set to a value.
+fn validate_with(config: &Path, env: Option<(&str, &str)>) -> (ExitStatus, String) {
     let mut cmd = Command::new(BIN);
-    cmd.arg("validate").arg("--config").arg(config);
+    cmd.arg("validate").arg("--config").arg(config).envs(env);
     let out = output_within(cmd, "validate");
     (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -113,11 +118,8 @@ fn one_line_dataset(dir: &Path) -> (PathBuf, String) {
 fn a_number_key_overridden_by_text_names_the_variable() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (cfg, text) = one_line_dataset(tmp.path());
-    let mut cmd = Command::new(BIN);
-    cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "abc");
-    let out = output_within(cmd, "validate");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "abc")));
+    assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("found the string 'abc' (from MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS)"), "{stderr}");
     // In the file, quoted: the advice for the file.
     let quoted = write(tmp.path(), "quoted.toml", text.replace("chunk_size_bytes = 300", "chunk_size_bytes = \"300\""));
@@ -131,11 +133,8 @@ fn a_number_key_overridden_by_text_names_the_variable() {
 fn an_empty_path_in_files_is_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (cfg, text) = one_line_dataset(tmp.path());
-    let mut cmd = Command::new(BIN);
-    cmd.arg("validate").arg("--config").arg(&cfg).env("MINIBATCHD__DATASETS__TRAIN__FILES", "");
-    let out = output_within(cmd, "validate");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("datasets.train.files: an empty path"), "{stderr}");
+    let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__FILES", "")));
+    assert!(!status.success() && stderr.contains("datasets.train.files: an empty path"), "{stderr}");
     let listed = write(tmp.path(), "listed.toml", text.replace("files = [", "files = [\"\", "));
     let (status, stderr) = validate(&listed);
     assert!(!status.success() && stderr.contains("datasets.train.files[0]: an empty path"), "{stderr}");
