@@ -160,7 +160,8 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
         shared.data.indexing.begin(name, &shared.data.metrics);
     }
     let state_dir = shared.config().daemon.state_dir.clone();
-    let found = checkpoint::restore(&state_dir, checkpoint::max_bytes(shared.config().daemon.memory_limit_bytes));
+    let cap = checkpoint::max_bytes(shared.config().daemon.memory_limit_bytes, shared.config().daemon.max_sessions);
+    let found = checkpoint::restore(&state_dir, cap);
     if let Some(aside) = &found.set_aside {
         shared.registry().checkpoint_lost(aside, Instant::now());
     }

@@ -161,12 +161,20 @@ pub fn write(state_dir: &Path, c: &Checkpoint) -> std::io::Result<()> {
     minibatchd_engine::state_file::write_atomic(&path(state_dir), &bytes)
 }
 
-/// The largest checkpoint a daemon with `memory_limit` reads: a quarter of it (at least 4 MiB),
-/// so that the file and what it parses into stay within the limit (found by a probe: a
-/// checkpoint padded to 300 MiB was read whole, past a 256 MiB limit, before anything ran).
+/// What one session's record in a checkpoint may take at most: its `open` options (a message
+/// of at most 64 KiB, several times that once pretty-printed: a long `weight_schedule`'s numbers
+/// one to a line) and its state.
+const MAX_SESSION_RECORD: u64 = 1 << 20;
+
+/// The largest checkpoint a daemon with `memory_limit` and `max_sessions` reads: a quarter of the
+/// limit (at least 4 MiB), or what its sessions — connected and lingering, twice `max_sessions`
+/// — can have written, whichever is more (found by a probe: a checkpoint padded to 300 MiB was
+/// read whole, past a 256 MiB limit, before anything ran; a review: a cap of the limit alone
+/// could set aside one the daemon wrote itself, with many sessions under a small limit).
 #[must_use]
-pub fn max_bytes(memory_limit: u64) -> u64 {
-    (memory_limit / 4).max(4 << 20)
+pub fn max_bytes(memory_limit: u64, max_sessions: usize) -> u64 {
+    let sessions = (max_sessions as u64).saturating_mul(2).saturating_mul(MAX_SESSION_RECORD);
+    (memory_limit / 4).max(4 << 20).max(sessions.saturating_add(1 << 20))
 }
 
 /// Reads the checkpoint of `state_dir`, of at most `max_bytes` ([`max_bytes`]); `Ok(None)` when
@@ -298,7 +306,7 @@ mod tests {
         write(dir.path(), &c).expect("write");
         let text = std::fs::read_to_string(path(dir.path())).expect("read");
         assert!(text.contains("\"version\": \"1\""), "{text}");
-        assert_eq!(read(dir.path(), max_bytes(8 << 30)).expect("read"), Some(c));
+        assert_eq!(read(dir.path(), max_bytes(8 << 30, 1)).expect("read"), Some(c));
         let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from(CHECKPOINT_FILE)], "no temporary left behind");
     }
@@ -317,7 +325,7 @@ mod tests {
             std::fs::write(p.join(name), b"partial").expect("write");
         }
         write(p, &Checkpoint::new(0xabc, "shutdown", vec![session()], Vec::new())).expect("write");
-        assert_eq!(restore(p, max_bytes(8 << 30)).sessions, vec![session()]);
+        assert_eq!(restore(p, max_bytes(8 << 30, 1)).sessions, vec![session()]);
         for (name, kept) in [(dead.as_str(), false), (own.as_str(), false), (live.as_str(), true), (other, true)] {
             assert_eq!(p.join(name).exists(), kept, "{name}");
         }
@@ -335,17 +343,17 @@ mod tests {
     #[test]
     fn unknown_versions_and_garbage_are_set_aside() {
         let dir = tempfile::tempdir().expect("tempdir");
-        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty(), "no checkpoint: nothing to restore");
-        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).set_aside, None);
+        assert!(restore(dir.path(), max_bytes(8 << 30, 1)).sessions.is_empty(), "no checkpoint: nothing to restore");
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30, 1)).set_aside, None);
         std::fs::write(path(dir.path()), br#"{"version": "99", "sessions": []}"#).expect("write");
-        assert!(matches!(read(dir.path(), max_bytes(8 << 30)), Err(CheckpointError::Format { .. })));
-        let r = restore(dir.path(), max_bytes(8 << 30));
+        assert!(matches!(read(dir.path(), max_bytes(8 << 30, 1)), Err(CheckpointError::Format { .. })));
+        let r = restore(dir.path(), max_bytes(8 << 30, 1));
         assert!(r.sessions.is_empty());
         assert_eq!(r.set_aside, Some(dir.path().join("checkpoint.json.unreadable")));
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
         assert!(!path(dir.path()).exists());
         std::fs::write(path(dir.path()), b"\x00garbage").expect("write");
-        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty());
+        assert!(restore(dir.path(), max_bytes(8 << 30, 1)).sessions.is_empty());
     }
 
     /// Found by a probe: a checkpoint padded to 300 MiB was read whole before anything ran, past
@@ -356,8 +364,10 @@ mod tests {
         write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()], Vec::new())).expect("write");
         let mut text = std::fs::read(path(dir.path())).expect("read");
         let size = text.len();
-        assert_eq!(max_bytes(16 << 20), 4 << 20, "at least 4 MiB");
-        assert_eq!(max_bytes(8 << 30), 2 << 30);
+        assert_eq!(max_bytes(16 << 20, 1), 4 << 20, "at least 4 MiB");
+        assert_eq!(max_bytes(8 << 30, 1), 2 << 30);
+        // Whatever the limit, what the sessions can have written is read.
+        assert_eq!(max_bytes(16 << 20, 256), 513 << 20);
         assert!(read(dir.path(), size as u64).expect("exactly the bound").is_some());
         let e = read(dir.path(), size as u64 - 1).expect_err("one byte over");
         assert!(e.to_string().contains("larger than"), "{e}");
@@ -365,8 +375,8 @@ mod tests {
         let end = text.iter().rposition(|&b| b == b'}').expect("an object");
         text.splice(end..end, std::iter::repeat_n(b' ', 5 << 20));
         std::fs::write(path(dir.path()), &text).expect("write");
-        assert!(read(dir.path(), max_bytes(8 << 30)).expect("under a large limit").is_some());
-        let r = restore(dir.path(), max_bytes(16 << 20));
+        assert!(read(dir.path(), max_bytes(8 << 30, 1)).expect("under a large limit").is_some());
+        let r = restore(dir.path(), max_bytes(16 << 20, 1));
         assert!(r.sessions.is_empty());
         assert_eq!(r.set_aside, Some(dir.path().join("checkpoint.json.unreadable")));
     }
@@ -381,9 +391,9 @@ mod tests {
         let mode = std::fs::metadata(path(dir.path())).expect("stat").permissions().mode() & 0o7777;
         assert_eq!(mode, 0o600);
         std::fs::set_permissions(path(dir.path()), std::fs::Permissions::from_mode(0o660)).expect("chmod");
-        let e = read(dir.path(), max_bytes(8 << 30)).expect_err("group-writable");
+        let e = read(dir.path(), max_bytes(8 << 30, 1)).expect_err("group-writable");
         assert!(e.to_string().contains("writable by group or others"), "{e}");
-        assert!(restore(dir.path(), max_bytes(8 << 30)).sessions.is_empty());
+        assert!(restore(dir.path(), max_bytes(8 << 30, 1)).sessions.is_empty());
         assert!(dir.path().join("checkpoint.json.unreadable").exists());
     }
 
@@ -395,7 +405,7 @@ mod tests {
         write(dir.path(), &Checkpoint::new(1, "shutdown", vec![session()], Vec::new())).expect("write");
         let good = std::fs::read(path(dir.path())).expect("read");
         assert!(String::from_utf8_lossy(&good).contains("\"checksum\": \"crc32:"));
-        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).sessions, vec![session()]);
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30, 1)).sessions, vec![session()]);
         // Every digit of the file, changed: each change is refused.
         let digits: Vec<usize> = (0..good.len()).filter(|&i| good[i].is_ascii_digit()).collect();
         assert!(digits.len() > 20);
@@ -403,12 +413,12 @@ mod tests {
             let mut bad = good.clone();
             bad[i] = if bad[i] == b'9' { b'8' } else { bad[i] + 1 };
             std::fs::write(path(dir.path()), &bad).expect("write");
-            let r = restore(dir.path(), max_bytes(8 << 30));
+            let r = restore(dir.path(), max_bytes(8 << 30, 1));
             assert!(r.sessions.is_empty() && r.set_aside.is_some(), "digit at byte {i} changed: {r:?}");
         }
         // Whitespace is not content: reformatted, the same checkpoint.
         let compact: serde_json::Value = serde_json::from_slice(&good).expect("json");
         std::fs::write(path(dir.path()), serde_json::to_vec(&compact).expect("json")).expect("write");
-        assert_eq!(restore(dir.path(), max_bytes(8 << 30)).sessions, vec![session()]);
+        assert_eq!(restore(dir.path(), max_bytes(8 << 30, 1)).sessions, vec![session()]);
     }
 }
