@@ -48,10 +48,8 @@ pub(super) fn version_of(path: &Path) -> Result<FileVersion> {
 pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = file.metadata().map_err(|e| DataError::io(path, e))?;
-    let now = FileStamp::from_meta(PathBuf::new(), &meta);
-    if now.same_version(version) {
-        return Ok(());
-    }
+    // Unlinked is changed, whether or not its status-change time could tell (a review: with
+    // coarse timestamps an unlink in the tick of the last change leaves the stamp as it was).
     if meta.nlink() == 0 {
         return match std::fs::metadata(path) {
             Ok(there) => unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &there), path),
@@ -59,7 +57,7 @@ pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> 
             Err(e) => Err(DataError::io(path, e)),
         };
     }
-    unchanged_since(version, &now, path)
+    unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &meta), path)
 }
 
 /// An error unless the file at `path` is still `version`, looked up by its path: a `.gz` input
@@ -68,7 +66,11 @@ pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> 
 pub(super) fn check_path_version(version: &FileVersion, path: &Path) -> Result<()> {
     // One stat (the version compares no path: no canonical name to resolve, a call per open
     // of a dataset of many files).
-    let meta = std::fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(changed(path, "deleted")),
+        Err(e) => return Err(DataError::io(path, e)),
+    };
     unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &meta), path)
 }
 
