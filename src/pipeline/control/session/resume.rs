@@ -87,6 +87,18 @@ pub enum ResumeError {
         /// The state's worker.
         saved: WorkerOf,
     },
+    /// A `resume_job` state that names no worker among states that name theirs.
+    #[error(
+        "resume_job's state {index} of {count} names no worker (a one-worker session's, or saved by a build before \
+         states named their worker) while others name theirs: give the state of every worker of one run, in rank \
+         order, each saved by this build"
+    )]
+    JobUnnamed {
+        /// Where the state is in the list.
+        index: usize,
+        /// How many states were given.
+        count: usize,
+    },
     /// `resume_job` states that are not every worker's of one run in rank order.
     #[error(
         "resume_job's state {index} of {count} is {saved}'s: give the state of every worker of one run, in rank order"
@@ -196,19 +208,20 @@ pub fn check_worker(state: &SessionState, opened: Option<WorkerOf>) -> Result<()
 
 /// Checks that `resume_job`'s states are those of every worker of one run, in rank order (where
 /// they say which worker they are: states written before states said it are taken as given).
-/// Where any state names its worker, one that names none is a one-worker session's — worker 0 of
-/// 1 — which no run of several workers wrote (found by a probe: one was taken as a job's worker
-/// 0 beside workers 1 and 2 of 3).
+/// Where any state names its worker, one that names none — a one-worker session's, or an older
+/// build's — is refused (found by a probe: a one-worker state was taken as a job's worker 0
+/// beside workers 1 and 2 of 3).
 ///
 /// # Errors
-/// [`ResumeError::JobOrder`].
+/// [`ResumeError::JobOrder`], [`ResumeError::JobUnnamed`].
 pub fn check_job_order(states: &[SessionState]) -> Result<(), ResumeError> {
     let count = states.len();
     let named = states.iter().any(|s| s.worker.is_some());
     for (index, s) in states.iter().enumerate() {
         let saved = match s.worker {
             Some(saved) => saved,
-            None if named => WorkerOf { rank: 0, of: 1 },
+            // Alone, a one-worker run's whole job (of one state).
+            None if named && count > 1 => return Err(ResumeError::JobUnnamed { index, count }),
             None => continue,
         };
         if saved.rank != index as u64 || saved.of != count as u64 {
