@@ -266,16 +266,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let tty = std::io::stderr().is_terminal();
             let d = open_dataset(&c, &dataset, tty)?;
             let t = d.timeline();
-            say(format_args!(
+            let said = say(format_args!(
                 "{}: {} sequences, {} samples, {} chunks",
                 dataset,
                 t.num_sequences(),
                 t.samples(..),
                 t.num_chunks()
-            ))?;
+            ));
+            // The fill is what `--parsed` is for: a reader of the summary that went away does not
+            // stop it (a review: the closed pipe ended the command before the fill).
             if parsed {
                 fill_parsed(&c, &d, &dataset, tty)?;
             }
+            said?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dump(args) => {

@@ -517,7 +517,7 @@ class Source:
         # `resumed`, which a trainer that does not look at it never saw.
         if self.resumed is not None and self.resumed.get("exact") is False:
             self.warnings.append(
-                f"resumed by name from the daemon's {self.resumed.get('from', 'record')} at minibatch "
+                f"resumed by name (from its {self.resumed.get('from', 'record')} record) at minibatch "
                 f"{opened['state'].get('minibatches')} with exact: false — the trainer may already have been given "
                 "minibatches after this position (its client did not report them before it stopped), and those come "
                 "again; resume from the trainer's own saved state() (resume=) to continue exactly")
