@@ -61,6 +61,11 @@ class MinibatchIterator:
         self._epoch = 0
         self._current: Optional[int] = None
         self._source = None
+        # A state loaded after a complete pass: (its epoch, the state). `set_epoch` of that very
+        # epoch makes the next pass its rest, empty, as the PyTorch adapter does.
+        self._finished: Optional[tuple] = None
+        # That empty pass, pending: the state it stands at.
+        self._empty_pass: Optional[dict] = None
 
     def set_epoch(self, epoch: int) -> None:
         """The next pass delivers sweep ``epoch``; the passes after it continue from there. After
@@ -68,6 +73,13 @@ class MinibatchIterator:
         drops it (as the PyTorch adapter's ``set_epoch``)."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        finished, self._finished = self._finished, None
+        self._empty_pass = None
+        if finished is not None and finished[0] == epoch:
+            # A loop that counts from the saved epoch, saved once its pass was complete (found by
+            # a probe: the epoch came again whole, where the PyTorch adapter gives its rest, none).
+            self._resume, self._empty_pass, self._epoch = None, finished[1], epoch + 1
+            return
         # Found by a probe: a pending resume overrode the epoch set after it, so a loop resumed
         # "from the next epoch" got the rest of the saved one (none, or the wrong epoch's data
         # labelled as it) and never the epoch it asked for.
@@ -76,6 +88,10 @@ class MinibatchIterator:
         self._epoch = epoch
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
+        if self._empty_pass is not None:
+            # The rest of an epoch saved complete: nothing; the next pass is the epoch after.
+            self._empty_pass = None
+            return
         resume, self._resume = self._resume, None
         if resume is not None:
             # A mixture's state is the same on every process after the same step: any process's
@@ -143,15 +159,22 @@ class MinibatchIterator:
             # Restored, no pass begun from it yet (found by a probe: the state said epoch 0, and a
             # resume from it repeated every epoch since).
             return dict(self._resume)
+        if self._empty_pass is not None:
+            return dict(self._empty_pass)
         source = None if self._source is None else self._source.state()
         epoch = self._current if self._current is not None else self._epoch
+        state = {"epoch": epoch, "source": source, "worker": self.process_index, "workers": self.process_count}
         if self._source is not None and getattr(self._source, "_ended", False):
-            epoch, source = epoch + 1, None  # the pass is complete: the next one starts fresh
-        return {"epoch": epoch, "source": source, "worker": self.process_index, "workers": self.process_count}
+            # The pass is complete: the next one starts fresh, and `finished` names the epoch done.
+            state.update(epoch=epoch + 1, source=None, finished=epoch)
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """The next pass continues from ``state``: the rest of its epoch, then the next ones."""
         if state.get("source") is None:
             self.set_epoch(int(state.get("epoch", 0)))
+            if state.get("finished") is not None:
+                self._finished = (int(state["finished"]), dict(state))
         else:
+            self._finished = self._empty_pass = None
             self._resume = dict(state)

@@ -103,6 +103,22 @@ def test_set_epoch_after_load_state_dict_keeps_the_saved_epoch_and_drops_another
     it.set_epoch(0)
     assert ids(items[:4]) + ids(list(it)) == sweep(0)
     assert ids(list(it)) == sweep(1)
+    # Found by a probe: saved once the epoch's pass was complete (after the inner loop), a loop
+    # that counts from the saved epoch got that epoch again whole; as with the PyTorch adapter,
+    # its rest is empty and the next pass the epoch after.
+    done = first.state_dict()
+    assert (done["epoch"], done["source"], done["finished"]) == (1, None, 0), done
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    it.load_state_dict(done)
+    got = []
+    for epoch in (0, 1):
+        it.set_epoch(epoch)
+        got.append(ids(list(it)))
+    assert got == [[], sweep(1)], [len(g) for g in got]
+    # Without set_epoch, the next pass is the epoch after.
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    it.load_state_dict(done)
+    assert ids(list(it)) == sweep(1)
 
 
 class Interrupt(BaseException):

@@ -196,8 +196,8 @@ pub fn read(state_dir: &Path, max_bytes: u64) -> Result<Option<Checkpoint>, Chec
     }
     if bytes.len() as u64 > max_bytes {
         let message = format!(
-            "it is larger than {max_bytes} bytes, the most a daemon with this memory_limit_bytes reads (a quarter \
-             of it): not a checkpoint such a daemon wrote"
+            "it is larger than {max_bytes} bytes, the most this daemon reads (a quarter of memory_limit_bytes, or \
+             what twice max_sessions sessions can write, whichever is more): not a checkpoint such a daemon wrote"
         );
         return Err(CheckpointError::Format { path: p, message });
     }
