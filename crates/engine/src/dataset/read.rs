@@ -114,7 +114,7 @@ pub(super) struct ReadWindow<'a> {
 
 impl<'a> ReadWindow<'a> {
     pub(super) fn new(path: &'a Path, end: u64, version: &'a FileVersion) -> Result<Self> {
-        let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
+        let file = open_indexed(path)?;
         check_version(version, path, &file)?;
         Ok(Self { version: Some(version), ..Self::over(path, file, 0, end) })
     }
@@ -203,8 +203,20 @@ impl<'a> ReadWindow<'a> {
     }
 }
 
+/// Opens a data file that was indexed: one that is no longer there was deleted since (found by a
+/// probe: the error was the bare "No such file or directory").
+fn open_indexed(path: &Path) -> Result<File> {
+    minibatchd_sys::files::open_regular(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            changed(path, "deleted")
+        } else {
+            DataError::io(path, e)
+        }
+    })
+}
+
 pub(super) fn read_range(path: &Path, start: u64, end: u64, version: &FileVersion) -> Result<Vec<u8>> {
-    let file = minibatchd_sys::files::open_regular(path).map_err(|e| DataError::io(path, e))?;
+    let file = open_indexed(path)?;
     check_version(version, path, &file)?;
     let len = usize::try_from(end - start).map_err(|_| DataError::Dataset("chunk too large".into()))?;
     let mut buf = vec![0u8; len];
@@ -265,5 +277,9 @@ mod tests {
             let want = if replace { "was replaced by another file" } else { "was deleted since it was indexed" };
             assert!(e.contains(want), "{e}");
         }
+        // Deleted before a chunk's reader opens it.
+        std::fs::remove_file(&path).expect("delete");
+        let e = ReadWindow::new(&path, 600, &super::FileVersion::default()).err().expect("gone").to_string();
+        assert!(e.contains("was deleted since it was indexed"), "{e}");
     }
 }
