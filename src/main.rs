@@ -188,9 +188,10 @@ fn main() -> ExitCode {
 /// `u64`, and a minibatch that never fills — an endless epoch — gathered sweep after sweep into
 /// memory).
 fn minibatch_size(arg: &str) -> Result<usize, String> {
-    match arg.parse::<usize>() {
-        Ok(n) if (1..=2_147_483_647).contains(&n) => Ok(n),
-        Ok(n) => Err(format!("minibatch size {n} is out of range 1..=2147483647")),
+    use minibatchd::pipeline::control::session::MAX_MINIBATCH_SIZE;
+    match arg.parse::<u64>() {
+        Ok(n) if (1..=MAX_MINIBATCH_SIZE).contains(&n) => usize::try_from(n).map_err(|e| e.to_string()),
+        Ok(n) => Err(format!("minibatch size {n} is out of range 1..={MAX_MINIBATCH_SIZE}")),
         Err(e) => Err(format!("{arg:?} is not a minibatch size: {e}")),
     }
 }

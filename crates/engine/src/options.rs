@@ -599,6 +599,17 @@ impl FixedLengthOptions {
         format!("fixed;record={};header={};footer={}", self.record_bytes, self.header_bytes, self.footer_bytes)
     }
 
+    /// Where the bytes after the last whole record of a file of `size` bytes start (its offset)
+    /// and how many there are; `None` when its body is whole records (or it has no body).
+    #[must_use]
+    pub fn leftover(&self, size: u64) -> Option<(u64, u64)> {
+        let around = self.header_bytes.saturating_add(self.footer_bytes);
+        let body = size.checked_sub(around)?;
+        let record = u64::from(self.record_bytes.max(1));
+        let left = body % record;
+        (left != 0).then(|| (self.header_bytes + (body - left), left))
+    }
+
     /// The number of records of a file of `size` bytes, or why it has none that can be read.
     ///
     /// # Errors
@@ -613,13 +624,13 @@ impl FixedLengthOptions {
         }
         let body = size - around;
         let record = u64::from(self.record_bytes.max(1));
-        if !body.is_multiple_of(record) {
+        if let Some((_, left)) = self.leftover(size) {
             return Err(format!(
                 "excluding the header ({} bytes) and footer ({} bytes), the file has a body of {body} bytes, which is \
                  not a multiple of the record length ({record} bytes): {} left after the last whole record",
                 self.header_bytes,
                 self.footer_bytes,
-                match body % record {
+                match left {
                     1 => "1 byte is".to_owned(),
                     n => format!("{n} bytes are"),
                 }

@@ -35,8 +35,8 @@ pub use errors::RegistryError;
 use forgotten::{Forgotten, Gone};
 pub use forgotten::{ForgottenNote, FORGOTTEN_CHECKPOINTED, FORGOTTEN_KEPT};
 pub use options::{
-    options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_RING_SLOTS, MAX_SESSION_NAME,
-    MAX_SLOT_SIZE_BYTES,
+    options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_MINIBATCH_SIZE, MAX_RING_SLOTS,
+    MAX_SESSION_NAME, MAX_SLOT_SIZE_BYTES,
 };
 pub use progress::Progress;
 pub use resume::{

@@ -79,14 +79,9 @@ fn records(
     // or, for bytes left after the last whole record, where they start, as the record they
     // would begin (found by a probe: they were named at byte 0).
     let records = options.records(size).map_err(|message| {
-        let around = options.header_bytes.saturating_add(options.footer_bytes);
-        let (body, length) = (size.saturating_sub(around), u64::from(record.max(1)));
-        let (line, offset) = if size >= around && !body.is_multiple_of(length) {
-            let whole = body / length;
-            (whole + 1, options.header_bytes + whole * length)
-        } else {
-            (1, 0)
-        };
+        let (line, offset) = options
+            .leftover(size)
+            .map_or((1, 0), |(at, _)| ((at - options.header_bytes) / u64::from(record.max(1)) + 1, at));
         DataError::Fatal { at: Location { file: name.clone(), line, offset }, message }
     })?;
     let mut sequences = Sequences::default();

@@ -11,6 +11,8 @@ use crate::config::DatasetConfig;
 pub const MAX_RING_SLOTS: u64 = 1024;
 /// Largest slot a session may ask for (1 TiB, as the config's bound).
 pub const MAX_SLOT_SIZE_BYTES: u64 = 1 << 40;
+/// Largest minibatch a session (and `dump`) may ask for, in samples: 2^31 − 1.
+pub const MAX_MINIBATCH_SIZE: u64 = i32::MAX.unsigned_abs() as u64;
 /// Longest session name.
 pub const MAX_SESSION_NAME: usize = 128;
 
@@ -75,9 +77,9 @@ pub fn resolve_options(
 ) -> Result<ResolvedOptions, InvalidOptions> {
     let mut problems = Vec::new();
     let minibatch_size = match o.minibatch_size {
-        Some(n) if n >= 1 && i32::try_from(n).is_ok() => usize::try_from(n).unwrap_or(1),
+        Some(n) if (1..=MAX_MINIBATCH_SIZE).contains(&n) => usize::try_from(n).unwrap_or(1),
         Some(n) => {
-            problems.push(format!("minibatch_size {n} is out of range 1..=2147483647"));
+            problems.push(format!("minibatch_size {n} is out of range 1..={MAX_MINIBATCH_SIZE}"));
             1
         }
         None => {
