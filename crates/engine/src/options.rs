@@ -85,6 +85,12 @@ pub struct IndexLimits {
     /// Most bytes of one chunk's parsed dense values (a dense sample costs `dim` values however
     /// short its text): past it, loading the chunk fails with the file, line and offset.
     pub max_parsed_chunk_bytes: u64,
+    /// Bytes of parsed chunks the index pass may keep: a file whose every line is a sequence is
+    /// then parsed in the pass that indexes it (the daemon gives the chunk cache's room; 0, the
+    /// default, parses nothing ahead).
+    pub parse_ahead_bytes: u64,
+    /// Whether the buffers of chunks parsed ahead are advised huge pages (`[daemon] huge_pages`).
+    pub parse_ahead_huge_pages: bool,
 }
 
 impl IndexLimits {
@@ -98,6 +104,8 @@ impl IndexLimits {
         lengths_kept: false,
         max_sequence_bytes: u32::MAX as u64,
         max_parsed_chunk_bytes: u64::MAX,
+        parse_ahead_bytes: 0,
+        parse_ahead_huge_pages: false,
     };
 
     /// What is left for the next file of a dataset once its earlier files' indexes hold
@@ -170,6 +178,8 @@ impl IndexLimits {
             lengths_kept: false,
             max_sequence_bytes: (memory_limit / SEQUENCE_SHARE_OF_MEMORY_LIMIT).clamp(1, u64::from(u32::MAX)),
             max_parsed_chunk_bytes: (memory_limit / PARSED_CHUNK_SHARE_OF_MEMORY_LIMIT).max(1),
+            parse_ahead_bytes: 0,
+            parse_ahead_huge_pages: false,
         }
     }
 }

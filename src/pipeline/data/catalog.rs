@@ -206,6 +206,10 @@ pub struct Catalog {
     /// `[daemon] huge_pages`, shared with every dataset, the parsed cache and the persister,
     /// and handed on by every reload, which sets it.
     huge: HugePages,
+    /// Bytes of parsed chunks the index passes of this reopening may still keep
+    /// ([`IndexLimits::parse_ahead_bytes`]): the chunk cache's room when it began, less what the
+    /// datasets opened since keep.
+    parse_ahead: u64,
 }
 
 impl Catalog {
@@ -215,7 +219,7 @@ impl Catalog {
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
         let catalog = Self::default();
         catalog.huge.set(config.daemon.huge_pages);
-        catalog.reopen(config, metrics, &Indexing::default()).0
+        catalog.reopen(config, metrics, &Indexing::default(), 0).0
     }
 
     /// Where object storage is kept once set up (`crate::objects::ensure` fills it).
@@ -269,7 +273,9 @@ impl Catalog {
         indexing: &Indexing,
     ) -> Result<Arc<DatasetRuntime>, DataError> {
         self.configs.insert(name.to_owned(), d.clone());
-        let limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
+        let mut limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
+        limits.parse_ahead_bytes = self.parse_ahead;
+        limits.parse_ahead_huge_pages = self.huge.enabled();
         indexing.begin(name, metrics);
         let opened = Dataset::open_in(d, &config.daemon.state_dir, limits, self.remote.get().cloned(), &mut |p| {
             indexing.advance(name, p, metrics);
@@ -286,6 +292,7 @@ impl Catalog {
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
             Ok(ds) => {
+                self.parse_ahead = self.parse_ahead.saturating_sub(ds.parsed_ahead_bytes());
                 let index = u32::try_from(self.by_index.len()).unwrap_or(u32::MAX);
                 let rt = Arc::new(DatasetRuntime::new(index, ds, metrics.dataset(name)));
                 let index_bytes = rt.dataset.index_bytes();
@@ -294,7 +301,8 @@ impl Catalog {
                     .dataset_index_memory_bytes
                     .with_label_values(&[name])
                     .set(i64::try_from(index_bytes).unwrap_or(i64::MAX));
-                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), index_bytes, elapsed_ms, "dataset indexed");
+                let parsed_in_pass = rt.dataset.parsed_ahead().len();
+                tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), parsed_in_pass, index_bytes, elapsed_ms, "dataset indexed");
                 self.by_index.push(Arc::downgrade(&rt));
                 self.by_name.insert(name.to_owned(), Ok(rt.clone()));
                 Ok(rt)
@@ -312,8 +320,16 @@ impl Catalog {
     /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
     /// again, and datasets whose files changed are opened again as changed ones
     /// ([`Dataset::is_current`]). Blocking: indexing happens here.
+    /// The index passes of line-based files parse their chunks too, keeping up to `parse_ahead`
+    /// bytes of them for the chunk cache ([`IndexLimits::parse_ahead_bytes`]).
     #[must_use]
-    pub fn reopen(&self, config: &Config, metrics: &Metrics, indexing: &Indexing) -> (Self, CatalogChanges) {
+    pub fn reopen(
+        &self,
+        config: &Config,
+        metrics: &Metrics,
+        indexing: &Indexing,
+        parse_ahead: u64,
+    ) -> (Self, CatalogChanges) {
         let mut catalog = Self {
             by_name: BTreeMap::new(),
             by_index: self.by_index.clone(),
@@ -321,6 +337,7 @@ impl Catalog {
             parsed: self.parsed.clone(),
             remote: self.remote.clone(),
             huge: self.huge.clone(),
+            parse_ahead,
         };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = CatalogChanges { removed: d.removed, ..CatalogChanges::default() };
@@ -498,7 +515,7 @@ mod tests {
             dir.path(),
             &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
         );
-        let (catalog2, changes) = catalog.reopen(&new, &metrics, &Indexing::default());
+        let (catalog2, changes) = catalog.reopen(&new, &metrics, &Indexing::default(), 0);
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
         assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
@@ -508,7 +525,7 @@ mod tests {
         assert!(catalog2.get("gone").is_ok(), "a failed dataset is tried again");
         assert!(Arc::ptr_eq(&catalog2.by_index(b.index).expect("the old version is alive while held"), &b));
         let only_a = config(dir.path(), &[("a", "a.ctf", 100)]);
-        let (catalog3, changes) = catalog2.reopen(&only_a, &metrics, &Indexing::default());
+        let (catalog3, changes) = catalog2.reopen(&only_a, &metrics, &Indexing::default(), 0);
         assert_eq!(changes.removed.len(), 3);
         assert!(!catalog3.contains("b") && catalog3.get("b").is_err());
         drop((catalog, catalog2, b));

@@ -449,6 +449,14 @@ impl SharedCache {
         self.lock().stats()
     }
 
+    /// Bytes the cache can take before it passes its budget (what chunks parsed in an index
+    /// pass may hold until they are moved into it).
+    #[must_use]
+    pub fn room(&self) -> u64 {
+        let core = self.lock();
+        core.budget().saturating_sub(core.stats().bytes)
+    }
+
     /// The counters, the budget in force and the evictable bytes, under one lock.
     #[must_use]
     pub fn snapshot(&self) -> (CacheStats, u64, u64) {

@@ -207,14 +207,18 @@ pub fn read_buffer_bytes(config: &Config, catalog: &Catalog, threads: usize) -> 
 
 /// Starts [`preload`] for each configured dataset that is open, has `preload = true`, and has not
 /// been preloaded in this version yet: at start, and after a reload for the datasets it added or
-/// changed and for those that failed to open before and open now.
+/// changed and for those that failed to open before and open now. A dataset whose index pass
+/// parsed chunks ([`minibatchd_engine::options::IndexLimits::parse_ahead_bytes`]) has those moved
+/// into the chunk cache the same way.
 pub fn preload_datasets(data: &Arc<DataPlane>, config: &Config) {
     let catalog = data.catalog();
     let mut started = data.preloaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for name in config.datasets.keys() {
         if let Ok(rt) = catalog.get(name) {
             if rt.dataset.config().preload && started.insert(rt.index) {
-                preload::spawn(data.clone(), rt);
+                preload::spawn(data.clone(), rt, preload::Load::All);
+            } else if !rt.dataset.parsed_ahead().is_empty() && started.insert(rt.index) {
+                preload::spawn(data.clone(), rt, preload::Load::ParsedAhead);
             }
         }
     }

@@ -27,12 +27,30 @@ use crate::pipeline::lifecycle::Phase;
 /// How often a preload blocked on a chunk checks whether it should stop.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
+/// Which chunks a preload loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Every chunk (`preload = true`).
+    All,
+    /// Only those the index pass parsed ([`Dataset::parsed_ahead`]): they move into the chunk
+    /// cache without a parse, where sessions find them.
+    ///
+    /// [`Dataset::parsed_ahead`]: minibatchd_engine::dataset::Dataset::parsed_ahead
+    ParsedAhead,
+}
+
 /// Starts preloading `runtime`'s chunks on a thread of its own (`mbd-preload-INDEX`: the catalog
-/// index, not the dataset's name, which may hold any character, NUL included).
-pub fn spawn(shared: Arc<DataPlane>, runtime: Arc<DatasetRuntime>) {
+/// index, not the dataset's name, which may hold any character, NUL included). However it ends,
+/// the chunks its index pass parsed that did not reach the cache are let go.
+pub fn spawn(shared: Arc<DataPlane>, runtime: Arc<DatasetRuntime>, load: Load) {
     let name = format!("mbd-preload-{}", runtime.index);
-    let spawned = std::thread::Builder::new().name(name).spawn(move || run(&shared, &runtime));
+    let rt = runtime.clone();
+    let spawned = std::thread::Builder::new().name(name).spawn(move || {
+        run(&shared, &runtime, load);
+        runtime.dataset.drop_parsed_ahead();
+    });
     if let Err(e) = spawned {
+        rt.dataset.drop_parsed_ahead();
         tracing::warn!(error = %e, "cannot start the preload thread; the dataset is parsed on demand");
     }
 }
@@ -45,9 +63,13 @@ enum Ended {
     Replaced,
 }
 
-fn run(shared: &DataPlane, rt: &DatasetRuntime) {
+fn run(shared: &DataPlane, rt: &DatasetRuntime, load: Load) {
     let started = Instant::now();
-    let chunks = rt.dataset.chunks().len();
+    let list: Vec<usize> = match load {
+        Load::All => (0..rt.dataset.chunks().len()).collect(),
+        Load::ParsedAhead => rt.dataset.parsed_ahead(),
+    };
+    let chunks = list.len();
     let stop = AtomicBool::new(false);
     // Raised by a watcher of the daemon's phase and the dataset's presence, so a preload blocked
     // on a chunk notices promptly.
@@ -73,7 +95,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
                 std::thread::sleep(STOP_POLL);
             }
         });
-        for chunk in 0..chunks {
+        for (i, &chunk) in list.iter().enumerate() {
             if let Err(e) = still_wanted() {
                 ended = Some(e);
                 break;
@@ -89,7 +111,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
             let key = ChunkKey::new(rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
             // The next chunk is requested ahead only when it fits beside this one.
             let room_for_two = stats.bytes.saturating_add(average.saturating_mul(2)) <= budget;
-            if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
+            if let Some(&next) = list.get(i + 1).filter(|_| room_for_two) {
                 shared.cache.prefetch(None, [ChunkKey::new(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
             match shared.cache.get_for_preload(key, &stop) {

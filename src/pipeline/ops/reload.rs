@@ -175,7 +175,8 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
     if let Some(threads) = old.datasets.values().next().map(|d| d.index_threads) {
         config.datasets.values_mut().for_each(|d| d.index_threads = threads);
     }
-    let (catalog, changes) = running.reopen(&config, &shared.data.metrics, &shared.data.indexing);
+    let (catalog, changes) =
+        running.reopen(&config, &shared.data.metrics, &shared.data.indexing, shared.data.cache.room());
     Ok(Prepared { config, catalog, changes, restart, kept_limit: false })
 }
 
@@ -263,7 +264,8 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     let s = shared.clone();
     let opened = off_the_loop(move || {
         let config = s.config();
-        let (catalog, changes) = s.data.catalog().reopen(&config, &s.data.metrics, &s.data.indexing);
+        let (catalog, changes) =
+            s.data.catalog().reopen(&config, &s.data.metrics, &s.data.indexing, s.data.cache.room());
         (Config::clone(&config), catalog, changes)
     })
     .await;

@@ -37,6 +37,7 @@ use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision};
 use crate::remote::{self, ObjectMeta, Remote};
 use crate::sampling::Timeline;
 
+mod ahead;
 mod budgets;
 mod decode;
 mod files;
@@ -142,6 +143,8 @@ pub struct Dataset {
     huge: HugePages,
     /// [`Dataset::identities`], once computed.
     identities: std::sync::OnceLock<[u64; 2]>,
+    /// The chunks its index pass parsed, until taken ([`ahead`]).
+    ahead: Option<ahead::Ahead>,
 }
 
 /// When a dataset writes the chunks it parses to the parsed cache.
@@ -256,6 +259,7 @@ impl Dataset {
             remote: None,
             huge: HugePages::default(),
             identities: std::sync::OnceLock::new(),
+            ahead: None,
         })
     }
 
@@ -535,9 +539,13 @@ impl Dataset {
     /// # Errors
     /// As [`Self::load_chunk`].
     pub fn parse_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        let (mut parsed, errors) = match self.config.precision {
-            Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
-            Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
+        let (mut parsed, errors) = match self.take_parsed_ahead(chunk)? {
+            // Parsed in the index pass without a malformed place.
+            Some(parsed) => (parsed, vec![Vec::new(); self.sources.len()]),
+            None => match self.config.precision {
+                Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
+                Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
+            },
         };
         let fresh = self.charge(&errors)?;
         if self.per_reader {
@@ -558,6 +566,45 @@ impl Dataset {
             }
         }
         Ok((parsed, fresh))
+    }
+
+    /// Chunk `chunk` as the index pass parsed it ([`IndexLimits::parse_ahead_bytes`]), taken:
+    /// a later parse reads its text. Served only while its file is unchanged since it was
+    /// indexed, as a parse of its text would be.
+    ///
+    /// # Errors
+    /// The chunk's file changed since it was indexed.
+    fn take_parsed_ahead(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
+        let (Some(ahead), Some(desc)) = (&self.ahead, self.chunks.get(chunk)) else { return Ok(None) };
+        let Some(mut parsed) = ahead.take(desc.file, desc.start) else { return Ok(None) };
+        let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
+        if sequences.map(|(end, start)| end - start) != Some(parsed.num_sequences) {
+            return Ok(None);
+        }
+        self.chunk_inputs_unchanged(chunk)?;
+        parsed.chunk = chunk;
+        Ok(Some(parsed))
+    }
+
+    /// The chunks its index pass parsed and still holds, in file order: what the daemon moves
+    /// into its chunk cache once the dataset is open.
+    #[must_use]
+    pub fn parsed_ahead(&self) -> Vec<usize> {
+        let Some(ahead) = &self.ahead else { return Vec::new() };
+        (0..self.chunks.len()).filter(|&c| ahead.holds(self.chunks[c].file, self.chunks[c].start)).collect()
+    }
+
+    /// Bytes of the chunks its index pass parsed and still holds.
+    #[must_use]
+    pub fn parsed_ahead_bytes(&self) -> u64 {
+        self.ahead.as_ref().map_or(0, ahead::Ahead::bytes)
+    }
+
+    /// Lets go of the chunks its index pass parsed and nobody took.
+    pub fn drop_parsed_ahead(&self) {
+        if let Some(ahead) = &self.ahead {
+            ahead.clear();
+        }
     }
 
     /// Whether chunk `chunk`'s bytes are in object storage and not in the object cache.

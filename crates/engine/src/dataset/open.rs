@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::ahead::{Ahead, FileAhead};
 use super::files::{index_with_cache, resolve_inputs, Input};
 use super::read::version_of;
 use super::{Dataset, IndexProgress, OpenSource, SourceDecoder, Stored};
@@ -15,10 +16,10 @@ use crate::format::deepx::{DeepxDecoder, LineIndexOptions, Schema};
 use crate::format::errors::DataError;
 use crate::format::index::{build_chunks, index_cost, ChunkDesc, FileIndex};
 use crate::format::inflate::{self, Compression};
-use crate::format::line_chunks;
+use crate::format::line_chunks::{self, ParseAhead};
 use crate::format::record::{CtfReader, LineReader, RecordReader};
 use crate::format::registry::{self, RecordFormat};
-use crate::options::{DatasetConfig, FormatKind, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
+use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
 use crate::remote::{self, Remote};
 use crate::Result;
 
@@ -44,7 +45,13 @@ impl Dataset {
         // whose sequences are its lines then lets go of their sizes, as a deepx file does.
         let one_source = config.sources.len() == 1;
         let mut chunks = Vec::new();
+        // A dataset of one source in line mode is parsed in its index pass, within the room given.
+        let ahead = (one_source && limits.parse_ahead_bytes > 0).then(|| Ahead::new(limits.parse_ahead_bytes));
+        let no_ahead = Ahead::default();
         for (src, files) in config.sources.iter().zip(resolved) {
+            let decoder = CtfDecoder::new(&src.streams);
+            let shapes: Vec<(usize, bool)> =
+                src.streams.iter().map(|s| (s.dim, s.format == StreamFormat::Sparse)).collect();
             let reader = CtfReader(CtfIndexOptions {
                 skip_sequence_ids: src.skip_sequence_ids,
                 main_alias: src.streams.iter().find(|s| s.defines_mb_size).map(|s| s.alias.clone()),
@@ -61,6 +68,23 @@ impl Dataset {
                 let left = limits.left_after(sequences, index_bytes, lengths_kept);
                 let cache = config.cache_index.then_some(state_dir);
                 let lines = one_source.then_some(config.chunk_size_bytes);
+                let name: Arc<Path> = Arc::from(input.name.as_path());
+                let file = FileAhead {
+                    ahead: ahead.as_ref().unwrap_or(&no_ahead),
+                    file: indexes.len(),
+                    path: &name,
+                    max_chunk_bytes: limits.max_parsed_chunk_bytes,
+                    huge: limits.parse_ahead_huge_pages,
+                };
+                let f64 = config.precision == Precision::Float64;
+                let parse = |_: usize, start: u64, end: u64| {
+                    if f64 {
+                        file.ctf::<f64>(&decoder, &shapes, start, end)
+                    } else {
+                        file.ctf::<f32>(&decoder, &shapes, start, end)
+                    }
+                };
+                let parse: Option<ParseAhead<'_>> = ahead.as_ref().map(|_| &parse as ParseAhead<'_>);
                 let idx = index_input(
                     &reader,
                     &input,
@@ -69,7 +93,7 @@ impl Dataset {
                     cache,
                     remote,
                     left,
-                    (config.index_threads, lines),
+                    (config.index_threads, lines, parse),
                     &mut report,
                 )?;
                 // The file's end, which a pass need not report (found by a probe: the scanned
@@ -92,12 +116,20 @@ impl Dataset {
                 data_versions: versions.clone(),
                 file_versions: versions,
                 indexes,
-                decoder: SourceDecoder::Ctf(CtfDecoder::new(&src.streams)),
+                decoder: SourceDecoder::Ctf(decoder),
                 first_stream,
             });
             first_stream += src.streams.len();
         }
-        Self::assemble(config, sources, one_source.then_some(chunks), main_source, Self::configured_streams(config))
+        let mut ds = Self::assemble(
+            config,
+            sources,
+            one_source.then_some(chunks),
+            main_source,
+            Self::configured_streams(config),
+        )?;
+        ds.ahead = ahead.filter(|a| !a.is_empty());
+        Ok(ds)
     }
 
     /// The streams a dataset of `config` has, without reading any data: a CTF dataset's configured
@@ -136,6 +168,9 @@ impl Dataset {
         let patterns = config.sources.first().map(|s| s.files.as_slice()).unwrap_or_default();
         let inputs = resolve_inputs(patterns, remote)?;
         let reader = LineReader(LineIndexOptions { comments: schema.comments });
+        let decoder = DeepxDecoder::new(schema.clone());
+        let ahead = (limits.parse_ahead_bytes > 0).then(|| Ahead::new(limits.parse_ahead_bytes));
+        let no_ahead = Ahead::default();
         let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let mut done = 0u64;
@@ -149,7 +184,24 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let threads = (config.index_threads, Some(config.chunk_size_bytes));
+            let name: Arc<Path> = Arc::from(input.name.as_path());
+            let file = FileAhead {
+                ahead: ahead.as_ref().unwrap_or(&no_ahead),
+                file: indexes.len(),
+                path: &name,
+                max_chunk_bytes: limits.max_parsed_chunk_bytes,
+                huge: limits.parse_ahead_huge_pages,
+            };
+            let f64 = config.precision == Precision::Float64;
+            let parse = |_: usize, start: u64, end: u64| {
+                if f64 {
+                    file.records::<_, f64>(&decoder, start, end)
+                } else {
+                    file.records::<_, f32>(&decoder, start, end)
+                }
+            };
+            let parse: Option<ParseAhead<'_>> = ahead.as_ref().map(|_| &parse as ParseAhead<'_>);
+            let threads = (config.index_threads, Some(config.chunk_size_bytes), parse);
             let idx = index_input(&reader, input, d, stored, cache, remote, left, threads, &mut report)?;
             report(idx.size);
             // The file's index whole must fit beside what the earlier files keep (its sizes are
@@ -172,10 +224,12 @@ impl Dataset {
             data_versions,
             file_versions,
             indexes,
-            decoder: SourceDecoder::Deepx(DeepxDecoder::new(schema)),
+            decoder: SourceDecoder::Deepx(decoder),
             first_stream: 0,
         };
-        Self::assemble(config, vec![source], Some(chunks), None, streams)
+        let mut ds = Self::assemble(config, vec![source], Some(chunks), None, streams)?;
+        ds.ahead = ahead.filter(|a| !a.is_empty());
+        Ok(ds)
     }
 
     /// A dataset of one source whose files its format's reader splits into records that its
@@ -203,7 +257,7 @@ impl Dataset {
             let mut report = |b: u64| progress(IndexProgress { bytes_done: base + b, bytes_total });
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
-            let threads = (config.index_threads, None);
+            let threads = (config.index_threads, None, None);
             let idx = index_input(&*reader, input, d, stored, cache, remote, left, threads, &mut report)?;
             report(idx.size);
             index_bytes += within_index_budget(&idx, &left)?;
@@ -242,7 +296,7 @@ fn index_input(
     cache: Option<&Path>,
     remote: Option<&Remote>,
     left: IndexLimits,
-    (threads, chunked): (usize, Option<u64>),
+    (threads, chunked, parse): (usize, Option<u64>, Option<ParseAhead<'_>>),
     report: &mut dyn FnMut(u64),
 ) -> Result<FileIndex> {
     let name: Arc<Path> = Arc::from(input.name.as_path());
@@ -267,7 +321,7 @@ fn index_input(
             let (idx, version) =
                 index_with_cache(&name, data, &fingerprint, cache, left.max_sequences, report, &mut |p| {
                     if let Some((kind, size)) = by_chunks {
-                        if let Some(idx) = line_chunks::index_file(data, &name, kind, size, left, threads, p)? {
+                        if let Some(idx) = line_chunks::index_file(data, &name, kind, size, left, threads, p, parse)? {
                             return Ok(idx);
                         }
                     }

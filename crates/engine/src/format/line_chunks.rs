@@ -14,6 +14,11 @@
 //! and [`crate::format::index::build_chunks`] give (a property test compares them), without a
 //! step per line beyond finding it — and an index of O(chunks) in memory and in its cache.
 //!
+//! On a cold start the daemon parses the chunks in the same pass ([`LineSink`]): each line the
+//! count finds goes to the chunk's parser while its bytes are still in the core's cache, so the
+//! text is read from the page cache once and parsing starts with the first chunk, not after the
+//! last one is counted.
+//!
 //! Anything else — a blank or comment line, a first line that decides CTF's id mode, leading
 //! whitespace, a line of 4 GiB, more lines than the index may hold, a file that changed under
 //! the pass — returns `None`, and the caller runs the format's own pass, whose index and errors
@@ -63,11 +68,28 @@ fn doubtful(kind: LineKind, b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c) || (kind == LineKind::Deepx { comments: true } && b == b'#')
 }
 
+/// What parses one chunk's lines as the pass counts them ([`ParseAhead`]).
+pub trait LineSink {
+    /// The next line of the chunk (with its `\n`, the file's last without when it has none) at
+    /// byte `offset` of the file. `false`: this chunk is not parsed ahead after all (a malformed
+    /// line, a chunk past its bound); no more lines come.
+    fn line(&mut self, bytes: &[u8], offset: u64) -> bool;
+
+    /// The chunk was counted whole, `lines` lines, each given to [`LineSink::line`].
+    fn done(self: Box<Self>, lines: u64);
+}
+
+/// Makes the [`LineSink`] of chunk `k` of the file, bytes `start..end`; `None`: that chunk is
+/// only counted.
+pub type ParseAhead<'a> = &'a (dyn Fn(usize, u64, u64) -> Option<Box<dyn LineSink + 'a>> + Sync);
+
 /// Indexes `data` (named `name`) by its chunks of `chunk_size` bytes, on up to `threads` threads;
-/// `None` when the file is not one this pass reads (above). `progress` gets the bytes read.
+/// `None` when the file is not one this pass reads (above). `progress` gets the bytes read. With
+/// `parse`, each chunk's lines also go to the sink it makes for the chunk, as they are counted.
 ///
 /// # Errors
 /// I/O errors.
+#[allow(clippy::too_many_arguments)] // the file, its names, the chunking, and its two consumers
 pub fn index_file(
     data: &Path,
     name: &Arc<Path>,
@@ -76,6 +98,7 @@ pub fn index_file(
     limits: IndexLimits,
     threads: usize,
     progress: &mut dyn FnMut(u64),
+    parse: Option<ParseAhead<'_>>,
 ) -> Result<Option<FileIndex>, DataError> {
     let io = |e| DataError::io(name, e);
     let file = minibatchd_sys::files::open_regular(data).map_err(io)?;
@@ -88,7 +111,8 @@ pub fn index_file(
     // A line may be no longer than a sequence may (a chunk only longer than that is looked at
     // line by line).
     let max_line = limits.max_sequence_bytes.min(u64::from(u32::MAX));
-    let Some(counted) = count_chunks(&file, &cuts, size, kind, max_line, threads, progress).map_err(io)? else {
+    let Some(counted) = count_chunks(&file, &cuts, (size, kind, max_line), threads, progress, parse).map_err(io)?
+    else {
         return Ok(None);
     };
     if counted.iter().map(|c| c.lines).sum::<u64>() > limits.max_sequences {
@@ -226,16 +250,16 @@ struct Counted {
     lines: u64,
 }
 
-/// Reads every chunk once, on up to `threads` threads (the calling thread reports `progress`);
-/// `None` as soon as one holds a line this pass does not take.
+/// Reads every chunk once, on up to `threads` threads (the calling thread reports `progress`),
+/// its lines to the sink `parse` makes for it; `None` as soon as one holds a line this pass does
+/// not take.
 fn count_chunks(
     file: &File,
     cuts: &[(u64, u64)],
-    size: u64,
-    kind: LineKind,
-    max_line: u64,
+    (size, kind, max_line): (u64, LineKind, u64),
     threads: usize,
     progress: &mut dyn FnMut(u64),
+    parse: Option<ParseAhead<'_>>,
 ) -> std::io::Result<Option<Vec<Counted>>> {
     let next = AtomicUsize::new(0);
     let (read, stop) = (AtomicU64::new(0), AtomicBool::new(false));
@@ -248,12 +272,18 @@ fn count_chunks(
             // A line's length counts a byte-order mark before it, as the one-line pass does.
             let from = if k == 0 { 0 } else { start };
             let lines = Lines { kind, last: end == size, from, max: (end - from >= max_line).then_some(max_line) };
-            let counted = count(file, start, end, lines, &mut buf, &mut |n| {
+            let mut sink = parse.and_then(|make| make(k, start, end));
+            let counted = count(file, start, end, lines, &mut buf, &mut sink, &mut |n| {
                 read.fetch_add(n, Ordering::Relaxed);
                 report();
             })?;
             match counted {
-                Some(c) => results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[k] = Some(c),
+                Some(c) => {
+                    if let Some(sink) = sink {
+                        sink.done(c.lines);
+                    }
+                    results.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[k] = Some(c);
+                }
                 None => stop.store(true, Ordering::Relaxed),
             }
         }
@@ -288,14 +318,56 @@ struct Lines {
     max: Option<u64>,
 }
 
+/// A chunk's lines on their way to its [`LineSink`]: those cut by a block's end are put together.
+struct Feed<'s, 'a> {
+    sink: &'s mut Option<Box<dyn LineSink + 'a>>,
+    /// The start of the line cut by the last block's end.
+    carry: Vec<u8>,
+    /// The file offset of the current block's first byte.
+    at: u64,
+    /// Where the current line begins in the current block (`carry` holds any bytes before it).
+    from: usize,
+}
+
+impl Feed<'_, '_> {
+    /// The line that ends at `b[nl]` (a newline, or the block's last byte at the file's end).
+    fn line(&mut self, b: &[u8], nl: usize) {
+        let Some(sink) = self.sink.as_mut() else { return };
+        let kept = if self.carry.is_empty() {
+            sink.line(&b[self.from..=nl], self.at + self.from as u64)
+        } else {
+            self.carry.extend_from_slice(&b[..=nl]);
+            let offset = self.at - (self.carry.len() - nl - 1) as u64;
+            let kept = sink.line(&self.carry, offset);
+            self.carry.clear();
+            kept
+        };
+        self.from = nl + 1;
+        if !kept {
+            *self.sink = None;
+        }
+    }
+
+    /// The block `b` ends: its unfinished line waits for the next.
+    fn block_end(&mut self, b: &[u8]) {
+        if self.sink.is_some() {
+            self.carry.extend_from_slice(&b[self.from..]);
+        }
+        self.at += b.len() as u64;
+        self.from = 0;
+    }
+}
+
 /// Reads bytes `start..end`: their CRC-32, length and lines, or `None` when a line begins with
 /// what may not begin a sequence, is too long, or runs past `end`, or the bytes are not all there.
-fn count(
+/// Each line goes to `sink` while there is one.
+fn count<'a>(
     file: &File,
     start: u64,
     end: u64,
     Lines { kind, last, from, max }: Lines,
     buf: &mut [u8],
+    sink: &mut Option<Box<dyn LineSink + 'a>>,
     report: &mut dyn FnMut(u64),
 ) -> std::io::Result<Option<Counted>> {
     let mut reader = PartReader::new(file, start, Some(end));
@@ -303,6 +375,7 @@ fn count(
     let (mut len, mut lines, mut line_start) = (0u64, 0u64, true);
     // Where the current line began (looked at only with `max`).
     let mut line_from = from;
+    let mut feed = Feed { sink, carry: Vec::new(), at: start, from: 0 };
     loop {
         let n = read_full(&mut reader, buf)?;
         if n == 0 {
@@ -314,6 +387,7 @@ fn count(
             return Ok(None);
         }
         for nl in memchr::memchr_iter(b'\n', b) {
+            feed.line(b, nl);
             lines += 1;
             if b.get(nl + 1).is_some_and(|&c| doubtful(kind, c)) {
                 return Ok(None);
@@ -327,6 +401,7 @@ fn count(
             }
         }
         line_start = b[n - 1] == b'\n';
+        feed.block_end(b);
         len += n as u64;
         report(n as u64);
     }
@@ -337,6 +412,12 @@ fn count(
         // A last line without a newline: a sequence at the file's end, a change anywhere else.
         if !last || max.is_some_and(|max| end - line_from >= max) {
             return Ok(None);
+        }
+        if let Some(sink) = feed.sink.as_mut() {
+            let offset = feed.at - feed.carry.len() as u64;
+            if !sink.line(&feed.carry, offset) {
+                *feed.sink = None;
+            }
         }
         lines += 1;
     }
@@ -434,7 +515,7 @@ mod tests {
             let kind = if ctf { LineKind::Ctf { skip_ids: false } } else { LineKind::Deepx { comments } };
             let name: Arc<Path> = Arc::from(path.as_path());
             let limits = IndexLimits { max_sequence_bytes: max_line.unwrap_or(u64::MAX), ..IndexLimits::UNBOUNDED };
-            let fast = index_file(&path, &name, kind, chunk_size, limits, threads, &mut |_| {}).expect("read");
+            let fast = index_file(&path, &name, kind, chunk_size, limits, threads, &mut |_| {}, None).expect("read");
             // A line as long as the longest a sequence may be is left to the one-line pass.
             let longest = text.split_inclusive('\n').map(str::len).max().unwrap_or(0) as u64;
             let too_long = max_line.is_some_and(|max| longest >= max);
@@ -482,7 +563,7 @@ mod tests {
         // one-line pass before a line is counted.)
         for (max, chunk) in [(9u64, 16u64), (5, 16), (6, 32), (7, 1000)] {
             let limits = IndexLimits { max_sequences: max, ..IndexLimits::UNBOUNDED };
-            let e = index_file(&path, &name, kind, chunk, limits, 2, &mut |_| {}).expect_err("past the count");
+            let e = index_file(&path, &name, kind, chunk, limits, 2, &mut |_| {}, None).expect_err("past the count");
             let at = e.place().expect("a place");
             assert_eq!((at.line, at.offset), (max + 1, 6 * max), "{e}");
             assert!(e.to_string().contains(&format!("more than {max} sequences")), "{e}");
@@ -498,6 +579,6 @@ mod tests {
             assert_eq!(classic.to_string(), e.to_string());
         }
         let limits = IndexLimits { max_sequences: 10, ..IndexLimits::UNBOUNDED };
-        assert!(index_file(&path, &name, kind, 16, limits, 2, &mut |_| {}).expect("read").is_some());
+        assert!(index_file(&path, &name, kind, 16, limits, 2, &mut |_| {}, None).expect("read").is_some());
     }
 }

@@ -1,0 +1,271 @@
+//! Chunks parsed in the index pass (`IndexLimits::parse_ahead_bytes`): on a cold start, a file
+//! whose every line is a sequence is chunked before it is read ([`line_chunks`]), so each chunk's
+//! lines can be parsed as the pass counts them — the text read from the page cache once, parsing
+//! from the first chunk on instead of after the last one is counted.
+//!
+//! A chunk is kept only when its parse found nothing to report: no malformed place, no fatal
+//! error, every line parsed. Any other chunk is parsed again when a session needs it, as without
+//! this, so what reaches the error budgets, the logs and the sessions does not change. The kept
+//! chunks stay within the bytes the pass was given (the chunk cache's room when it began); the
+//! daemon moves them into its chunk cache once the dataset is open, and a chunk is served only
+//! while its file is unchanged since it was indexed, as a parse of its text would be.
+//!
+//! [`line_chunks`]: crate::format::line_chunks
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::format::chunk::{ParsedChunk, StreamData};
+use crate::format::ctf::{CtfDecoder, SeqContext, StreamBuf};
+use crate::format::deepx::DeepxElement;
+use crate::format::errors::Malformed;
+use crate::format::index::SequenceDesc;
+use crate::format::line_chunks::LineSink;
+use crate::format::record::{RecordAt, RecordDecoder};
+
+/// The chunks one dataset's index pass parsed, until the daemon takes them.
+#[derive(Debug, Default)]
+pub(super) struct Ahead {
+    /// Bytes the kept chunks may still take.
+    room: AtomicU64,
+    /// A chunk did not fit: the rest are only counted.
+    full: AtomicBool,
+    /// The kept chunks, by their file and first byte.
+    chunks: Mutex<HashMap<(usize, u64), ParsedChunk>>,
+}
+
+impl Ahead {
+    /// Room for `bytes` of parsed chunks.
+    pub(super) fn new(bytes: u64) -> Self {
+        Self { room: AtomicU64::new(bytes), ..Self::default() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u64), ParsedChunk>> {
+        self.chunks.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a chunk should still be parsed in the pass.
+    pub(super) fn wanted(&self) -> bool {
+        !self.full.load(Ordering::Relaxed) && self.room.load(Ordering::Relaxed) > 0
+    }
+
+    /// Keeps `chunk`, the one of file `file` that begins at byte `start`, if it fits.
+    fn keep(&self, file: usize, start: u64, chunk: ParsedChunk) {
+        let size = chunk.size_bytes() as u64;
+        let fits = self.room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| room.checked_sub(size)).is_ok();
+        if fits {
+            self.lock().insert((file, start), chunk);
+        } else {
+            self.full.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The chunk of file `file` that begins at byte `start`, taken (each is taken once).
+    pub(super) fn take(&self, file: usize, start: u64) -> Option<ParsedChunk> {
+        self.lock().remove(&(file, start))
+    }
+
+    /// Whether it holds the chunk of file `file` that begins at byte `start`.
+    pub(super) fn holds(&self, file: usize, start: u64) -> bool {
+        self.lock().contains_key(&(file, start))
+    }
+
+    /// Bytes of the chunks it holds.
+    pub(super) fn bytes(&self) -> u64 {
+        self.lock().values().map(|c| c.size_bytes() as u64).sum()
+    }
+
+    /// Lets go of every chunk not taken.
+    pub(super) fn clear(&self) {
+        let dropped = std::mem::take(&mut *self.lock());
+        drop(dropped);
+    }
+
+    /// Whether it holds none.
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+}
+
+/// Lines per chunk expected from its size and its first line's: buffers reserved once, so they
+/// are not copied as they grow, with a quarter more for shorter lines.
+fn expected_lines(chunk_bytes: u64, first_line: usize) -> usize {
+    let n = chunk_bytes / (first_line.max(1) as u64);
+    usize::try_from(n.saturating_add(n / 4).saturating_add(1)).unwrap_or(usize::MAX)
+}
+
+/// Where a chunk's parse goes: the dataset's [`Ahead`], its place, and its bounds.
+pub(super) struct Target<'a> {
+    pub ahead: &'a Ahead,
+    /// The file's index in its source.
+    pub file: usize,
+    /// The file as configured (named in messages, which a kept chunk never has).
+    pub path: &'a Arc<Path>,
+    /// The chunk's first byte and size.
+    pub start: u64,
+    pub bytes: u64,
+    /// Most dense values the chunk may hold (its share of the memory limit).
+    pub max_values: usize,
+    /// Buffers advised huge pages.
+    pub huge: bool,
+}
+
+/// A CTF chunk's parse (a dataset of one source, in line mode), as `Dataset::decode_chunk` parses
+/// a primary source's chunk.
+pub(super) struct CtfLines<'a, T> {
+    pub target: Target<'a>,
+    pub decoder: &'a CtfDecoder,
+    /// Per stream: its dimension and whether it is sparse.
+    pub shapes: &'a [(usize, bool)],
+    pub bufs: Vec<StreamBuf<T>>,
+    pub errors: Vec<Malformed>,
+    /// Lines parsed.
+    pub lines: u64,
+}
+
+impl<'a, T: crate::format::ctf::Element> CtfLines<'a, T> {
+    pub(super) fn new(target: Target<'a>, decoder: &'a CtfDecoder, shapes: &'a [(usize, bool)]) -> Self {
+        let bufs = (0..decoder.num_streams()).map(|_| StreamBuf::new()).collect();
+        Self { target, decoder, shapes, bufs, errors: Vec::new(), lines: 0 }
+    }
+
+    fn reserve(&mut self, first_line: usize) {
+        let n = expected_lines(self.target.bytes, first_line);
+        for (i, buf) in self.bufs.iter_mut().enumerate() {
+            buf.seq_offsets.reserve(n);
+            if let Some(dim) = self.decoder.dense_dim(i) {
+                buf.values.reserve(n.saturating_mul(dim).min(self.target.max_values));
+                minibatchd_sys::advise_huge_pages(&buf.values, self.target.huge);
+            }
+        }
+        self.decoder.dense_room(&mut self.bufs, self.target.max_values);
+    }
+}
+
+impl<T: crate::format::ctf::Element> LineSink for CtfLines<'_, T> {
+    fn line(&mut self, bytes: &[u8], offset: u64) -> bool {
+        if self.lines == 0 {
+            self.reserve(bytes.len());
+        }
+        let Ok(size) = u32::try_from(bytes.len()) else { return false };
+        let seq = SequenceDesc { key: self.lines, offset, line: self.lines, size, samples: 1 };
+        let ctx = SeqContext { file: self.target.path, seq: &seq };
+        if self.decoder.decode_sequence(bytes, &ctx, &mut self.bufs, &mut self.errors).is_err()
+            || !self.errors.is_empty()
+        {
+            return false;
+        }
+        let dense = (0..self.bufs.len()).any(|i| self.decoder.dense_dim(i).is_some());
+        if dense && !self.decoder.dense_room(&mut self.bufs, self.target.max_values) {
+            return false;
+        }
+        self.lines += 1;
+        true
+    }
+
+    fn done(self: Box<Self>, lines: u64) {
+        if lines != self.lines {
+            return;
+        }
+        let streams = self
+            .bufs
+            .into_iter()
+            .zip(self.shapes)
+            .map(|(buf, &(dim, sparse))| buf.into_stream_data(dim, sparse))
+            .collect();
+        keep(&self.target, streams, lines);
+    }
+}
+
+/// A deepx chunk's parse, as `Dataset::decode_records` parses a chunk of lines.
+pub(super) struct RecordLines<'a, D: RecordDecoder, T: DeepxElement> {
+    pub target: Target<'a>,
+    pub decoder: &'a D,
+    pub out: Option<D::Buffers<T>>,
+    pub errors: Vec<Malformed>,
+    pub lines: u64,
+}
+
+impl<D: RecordDecoder, T: DeepxElement> LineSink for RecordLines<'_, D, T> {
+    fn line(&mut self, bytes: &[u8], offset: u64) -> bool {
+        let (target, d) = (&self.target, self.decoder);
+        let out = self.out.get_or_insert_with(|| {
+            let chunk_bytes = usize::try_from(target.bytes).unwrap_or(usize::MAX);
+            d.buffers::<T>(chunk_bytes, expected_lines(target.bytes, bytes.len()), target.huge)
+        });
+        let at = RecordAt { file: target.path, line: self.lines, offset };
+        d.decode(bytes, &at, out, &mut self.errors);
+        if !self.errors.is_empty() || d.dense_values(out) > target.max_values {
+            return false;
+        }
+        self.lines += 1;
+        true
+    }
+
+    fn done(self: Box<Self>, lines: u64) {
+        let Some(out) = self.out.filter(|_| lines == self.lines) else { return };
+        keep(&self.target, self.decoder.finish(out), lines);
+    }
+}
+
+/// Keeps a chunk of `lines` sequences parsed into `streams`, if it fits.
+fn keep(target: &Target<'_>, mut streams: Vec<StreamData>, lines: u64) {
+    let Ok(num_sequences) = usize::try_from(lines) else { return };
+    for s in &mut streams {
+        s.shrink_to_fit();
+    }
+    // The dataset's chunk number is set when it is taken.
+    let chunk = ParsedChunk { chunk: 0, num_sequences, streams, malformed: Vec::new() };
+    target.ahead.keep(target.file, target.start, chunk);
+}
+
+/// What the pass over one file of a dataset of one source needs to parse its chunks ahead.
+pub(super) struct FileAhead<'a> {
+    pub ahead: &'a Ahead,
+    /// The file's index in its source.
+    pub file: usize,
+    /// The file as configured.
+    pub path: &'a Arc<Path>,
+    /// Most bytes of one chunk's dense values.
+    pub max_chunk_bytes: u64,
+    pub huge: bool,
+}
+
+impl<'a> FileAhead<'a> {
+    fn target<T>(&self, start: u64, end: u64) -> Option<Target<'a>> {
+        self.ahead.wanted().then(|| Target {
+            ahead: self.ahead,
+            file: self.file,
+            path: self.path,
+            start,
+            bytes: end.saturating_sub(start),
+            max_values: usize::try_from(self.max_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX),
+            huge: self.huge,
+        })
+    }
+
+    /// The sink of a CTF chunk `start..end`, its values of `T`.
+    pub(super) fn ctf<T: crate::format::ctf::Element>(
+        &self,
+        decoder: &'a CtfDecoder,
+        shapes: &'a [(usize, bool)],
+        start: u64,
+        end: u64,
+    ) -> Option<Box<dyn LineSink + 'a>> {
+        let target = self.target::<T>(start, end)?;
+        Some(Box::new(CtfLines::<T>::new(target, decoder, shapes)))
+    }
+
+    /// The sink of a chunk `start..end` of records of `decoder`, its values of `T`.
+    pub(super) fn records<D: RecordDecoder, T: DeepxElement>(
+        &self,
+        decoder: &'a D,
+        start: u64,
+        end: u64,
+    ) -> Option<Box<dyn LineSink + 'a>> {
+        let target = self.target::<T>(start, end)?;
+        Some(Box::new(RecordLines::<D, T> { target, decoder, out: None, errors: Vec::new(), lines: 0 }))
+    }
+}
