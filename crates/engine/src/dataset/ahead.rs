@@ -24,6 +24,50 @@ use crate::format::errors::Malformed;
 use crate::format::index::SequenceDesc;
 use crate::format::line_chunks::LineSink;
 use crate::format::record::{RecordAt, RecordDecoder};
+use crate::Result;
+
+use super::Dataset;
+
+impl Dataset {
+    /// Chunk `chunk` as the index pass parsed it ([`crate::options::IndexLimits::parse_ahead_bytes`]), taken:
+    /// a later parse reads its text. Served only while its file is unchanged since it was
+    /// indexed, as a parse of its text would be.
+    ///
+    /// # Errors
+    /// The chunk's file changed since it was indexed.
+    pub(super) fn take_parsed_ahead(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
+        let (Some(ahead), Some(desc)) = (&self.ahead, self.chunks.get(chunk)) else { return Ok(None) };
+        let Some(mut parsed) = ahead.take(desc.file, desc.start) else { return Ok(None) };
+        let sequences = self.timeline.chunk_start.get(chunk + 1).zip(self.timeline.chunk_start.get(chunk));
+        if sequences.map(|(end, start)| end - start) != Some(parsed.num_sequences) {
+            return Ok(None);
+        }
+        self.chunk_inputs_unchanged(chunk)?;
+        parsed.chunk = chunk;
+        Ok(Some(parsed))
+    }
+
+    /// The chunks its index pass parsed and still holds, in file order: what the daemon moves
+    /// into its chunk cache once the dataset is open.
+    #[must_use]
+    pub fn parsed_ahead(&self) -> Vec<usize> {
+        let Some(ahead) = &self.ahead else { return Vec::new() };
+        (0..self.chunks.len()).filter(|&c| ahead.holds(self.chunks[c].file, self.chunks[c].start)).collect()
+    }
+
+    /// Bytes of the chunks its index pass parsed and still holds.
+    #[must_use]
+    pub fn parsed_ahead_bytes(&self) -> u64 {
+        self.ahead.as_ref().map_or(0, Ahead::bytes)
+    }
+
+    /// Lets go of the chunks its index pass parsed and nobody took.
+    pub fn drop_parsed_ahead(&self) {
+        if let Some(ahead) = &self.ahead {
+            ahead.clear();
+        }
+    }
+}
 
 /// The chunks one dataset's index pass parsed, until the daemon takes them.
 #[derive(Debug, Default)]

@@ -37,7 +37,6 @@
 //! before anything in it is used) turns into a rebuild — and the fsyncs were 15 ms of a
 //! 890,000-record file's 100 ms index pass, on the path to its first minibatch.
 
-use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,8 +59,10 @@ fn checksum_digest() -> crc_fast::Digest {
 }
 
 mod stamp;
+mod tidy;
 
 pub use stamp::{unix_now_nanos, FileStamp, SETTLED_FINE, SETTLED_SECS};
+pub use tidy::remove_orphans;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";
 /// 2: the file's status-change time, device and inode, and the content's digest. 3: records of
@@ -526,80 +527,10 @@ pub struct Removed {
 /// configuration change do not lose theirs.
 pub const OBJECT_CACHE_GRACE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
-/// Removes from `state_dir/index/` the cache files that will not be used again:
-///
-/// * those whose data file no longer exists (a cache is named by its data file's path and
-///   options, so a file that is rewritten replaces its cache, but one that is deleted — rotated
-///   data, a renamed directory — left its cache behind for good);
-/// * those of files and of objects in object storage (named by URL) that no opened dataset reads
-///   (`in_use(path)` is false) and that were not used for [`OBJECT_CACHE_GRACE`]: whether an
-///   object still exists is not a local question, but objects that rotate out of a dataset's
-///   prefix or glob left theirs behind as deleted files did; and the caches of existing files
-///   that a dataset read once — another directory, a dataset removed from the configuration —
-///   would otherwise stay as long as the files do;
-/// * those that are not cache files of this version, and the temporary files of writers that
-///   are gone (a crash during a write).
-///
-/// Caches of files that a dataset reads are kept whatever their options (another dataset, or the
-/// same one configured again, may use them). So the directory holds the caches of the opened
-/// datasets' files and objects, one per set of index options, and those used within the grace.
-///
-/// Files that are not this user's private regular files are left alone (they are never read
-/// either). Errors are skipped: this only tidies.
-#[must_use]
-pub fn remove_orphans(state_dir: &Path, in_use: &dyn Fn(&Path) -> bool) -> Removed {
-    let mut removed = Removed::default();
-    let Ok(entries) = fs::read_dir(state_dir.join(INDEX_DIR)) else { return removed };
-    for e in entries.flatten() {
-        let path = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        // Both names are ours, in lower case (`cache_path`, `state_file::create_temp`).
-        let ext = Path::new(&name).extension().and_then(|x| x.to_str()).unwrap_or("");
-        let is_temp = name.starts_with('.') && ext == "tmp";
-        if !is_temp && ext != "idx" {
-            continue;
-        }
-        let Ok((f, meta)) = state_file::open_trusted(&path) else { continue };
-        let orphan = if is_temp { !state_file::writer_alive(&name) } else { !still_used(f, &meta, in_use) };
-        if orphan && fs::remove_file(&path).is_ok() {
-            removed.files += 1;
-            removed.bytes += meta.len();
-        }
-    }
-    removed
-}
-
-/// Whether the cache file `f` (`meta` its metadata) may be used again (see [`remove_orphans`]);
-/// `false` for a file that is not a cache file of this version. Reads only the header, through
-/// the cache's own reader.
-fn still_used(f: fs::File, meta: &fs::Metadata, in_use: &dyn Fn(&Path) -> bool) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let mut body = BodyReader {
-        r: Hashing { inner: std::io::BufReader::with_capacity(4096, f), hash: checksum_digest() },
-        left: meta.len().saturating_sub(8),
-    };
-    let mut magic = [0u8; 8];
-    let header = body.fill(&mut magic).and_then(|()| body.u32()).and_then(|v| Ok((v, body.field()?)));
-    let Ok((version, data)) = header else { return false };
-    if &magic != MAGIC || version != VERSION || data.is_empty() {
-        return false;
-    }
-    let path = Path::new(std::ffi::OsStr::from_bytes(&data));
-    // Kept while a dataset reads it, or within the grace of its last use.
-    let idle = meta.modified().ok().and_then(|m| m.elapsed().ok());
-    let wanted = in_use(path) || idle.is_none_or(|idle| idle < OBJECT_CACHE_GRACE);
-    if !path.is_absolute() {
-        // An object's URL: whether it still exists is not a local question.
-        return wanted;
-    }
-    // A data file that cannot be stat'ed for another reason (permissions) is judged as one that
-    // exists.
-    wanted && !matches!(fs::symlink_metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     /// Found by a hostile probe: an object of a 900-byte key named its index cache after it, a
     /// file name past 255 bytes that could not be written, so the object was indexed again on
@@ -701,6 +632,14 @@ mod tests {
         let name: Arc<Path> = Arc::from(Path::new("s3://bucket/read.ctf"));
         load(&state, &stamp, "opts", &name, u64::MAX).expect("the cache loads");
         assert_eq!(remove_orphans(&state, &|p: &Path| p == data), Removed::default(), "a cache just read was removed");
+        // The file a dataset reads rewritten: its caches index a version that is gone, whatever
+        // their options, and go (found by a probe).
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        fs::write(&data, "|a 1\n|a 2\n|a 3\n").expect("rewrite");
+        let fresh = store(&state, &FileStamp::of(&data).expect("stamp"), "new", &index).expect("store");
+        let removed = remove_orphans(&state, &|p: &Path| p == data);
+        assert_eq!(removed.files, 2, "{removed:?}");
+        assert!(!kept.exists() && !other_options.exists() && fresh.exists());
     }
 
     fn setup() -> (tempfile::TempDir, PathBuf, FileStamp, FileIndex) {
