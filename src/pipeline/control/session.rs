@@ -1051,6 +1051,12 @@ mod tests {
             Some(opts),
             "options survive a re-park"
         );
+        // Under a smaller `max_sessions` the count is of the ones kept (found by a probe: the
+        // log called those just dropped resumable too).
+        let mut fewer = Registry::new(1000, 200, Duration::from_secs(10));
+        fewer.set_max_lingering(1);
+        assert_eq!(fewer.restore(snap.clone(), 1_700_000_000, true, t0), 1);
+        assert_eq!(fewer.counts(), (0, 1));
         assert_eq!(
             Registry::new(1000, 200, Duration::ZERO).restore(snap, 0, true, t0),
             0,
