@@ -342,7 +342,9 @@ impl CsvDecoder {
         true
     }
 
-    fn fill<T: DeepxElement>(&self, line: &[u8], out: &mut [StreamBuf<T>]) -> Result<(), String> {
+    /// Fills a sample of each stream from `line`; or what is wrong, and in which field (its byte
+    /// offset in the line is then the error's).
+    fn fill<T: DeepxElement>(&self, line: &[u8], out: &mut [StreamBuf<T>]) -> Result<(), (String, Option<usize>)> {
         if let Some(types) = &self.fast {
             if self.fill_fast(types, line, out) {
                 return Ok(());
@@ -355,57 +357,62 @@ impl CsvDecoder {
             Cow::Borrowed(line)
         };
         let fields =
-            split_fields_upto(&line, self.options.field_delim, self.options.use_quote_delim, self.options.columns)?;
+            split_fields_upto(&line, self.options.field_delim, self.options.use_quote_delim, self.options.columns)
+                .map_err(|e| (e.message, Some(e.field)))?;
         if fields.len() != self.options.columns {
-            return Err(format!("expected {} fields, found {}", self.options.columns, fields.len()));
+            return Err((format!("expected {} fields, found {}", self.options.columns, fields.len()), None));
         }
         let limit: i64 = if std::mem::size_of::<T>() == 4 { 1 << 24 } else { 1 << 53 };
         for (s, buf) in self.streams.iter().zip(out.iter_mut()) {
             for &c in &s.columns {
-                let field: &[u8] = &fields[c];
-                let missing = field.is_empty()
-                    || (!self.options.na_value.is_empty() && field == self.options.na_value.as_slice());
-                let required = || format!("field {c} (stream '{}') is required but missing", s.name);
-                if s.dtype == CsvType::String {
-                    // The field as it is; a missing one is the default string or an error.
-                    let text = match (&s.default, missing) {
-                        (_, false) => field,
-                        (Some(CsvValue::Text(d)), true) => d.as_slice(),
-                        (_, true) => return Err(required()),
+                let mut one = || -> Result<(), String> {
+                    let field: &[u8] = &fields[c];
+                    let missing = field.is_empty()
+                        || (!self.options.na_value.is_empty() && field == self.options.na_value.as_slice());
+                    let required = || format!("field {c} (stream '{}') is required but missing", s.name);
+                    if s.dtype == CsvType::String {
+                        // The field as it is; a missing one is the default string or an error.
+                        let text = match (&s.default, missing) {
+                            (_, false) => field,
+                            (Some(CsvValue::Text(d)), true) => d.as_slice(),
+                            (_, true) => return Err(required()),
+                        };
+                        buf.bytes.extend_from_slice(text);
+                        buf.sample_offsets.push(buf.bytes.len());
+                        return Ok(());
+                    }
+                    let value = if missing {
+                        s.default.clone().ok_or_else(required)?
+                    } else {
+                        parse_field(field, s.dtype).ok_or_else(|| {
+                            format!(
+                                "field {c} (stream '{}') is not a valid {}: {}",
+                                s.name,
+                                s.dtype.name(),
+                                crate::format::errors::quoted(field)
+                            )
+                        })?
                     };
-                    buf.bytes.extend_from_slice(text);
-                    buf.sample_offsets.push(buf.bytes.len());
-                    continue;
-                }
-                let value = if missing {
-                    s.default.clone().ok_or_else(required)?
-                } else {
-                    parse_field(field, s.dtype).ok_or_else(|| {
-                        format!(
-                            "field {c} (stream '{}') is not a valid {}: {}",
-                            s.name,
-                            s.dtype.name(),
-                            crate::format::errors::quoted(field)
-                        )
-                    })?
+                    let v = match value {
+                        CsvValue::Float(f) => T::from_f64(f),
+                        CsvValue::Int(i) => exact_int::<T>(i, limit).ok_or_else(|| {
+                            format!(
+                                "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
+                                 (integers up to ±{limit}); {}",
+                                s.name,
+                                if std::mem::size_of::<T>() == 4 {
+                                    "use precision = \"float64\""
+                                } else {
+                                    "no precision holds it exactly: read the column as a string (dtype = \"string\")"
+                                }
+                            )
+                        })?,
+                        CsvValue::Text(_) => return Err(format!("field {c} (stream '{}'): a string default", s.name)),
+                    };
+                    buf.values.push(v);
+                    Ok(())
                 };
-                let v = match value {
-                    CsvValue::Float(f) => T::from_f64(f),
-                    CsvValue::Int(i) => exact_int::<T>(i, limit).ok_or_else(|| {
-                        format!(
-                            "field {c} (stream '{}') is {i}, which the dataset's precision cannot hold exactly \
-                             (integers up to ±{limit}); {}",
-                            s.name,
-                            if std::mem::size_of::<T>() == 4 {
-                                "use precision = \"float64\""
-                            } else {
-                                "no precision holds it exactly: read the column as a string (dtype = \"string\")"
-                            }
-                        )
-                    })?,
-                    CsvValue::Text(_) => return Err(format!("field {c} (stream '{}'): a string default", s.name)),
-                };
-                buf.values.push(v);
+                one().map_err(|m| (m, Some(c)))?;
             }
         }
         Ok(())
@@ -446,7 +453,7 @@ impl StreamBufDecoder for CsvDecoder {
         errors: &mut Vec<Malformed>,
     ) {
         let result = self.fill(line, out);
-        if let Err(message) = result {
+        if let Err((message, field)) = result {
             for (b, s) in out.iter_mut().zip(&self.streams) {
                 if s.dtype == CsvType::String {
                     b.sample_offsets.truncate(b.samples + 1);
@@ -456,7 +463,14 @@ impl StreamBufDecoder for CsvDecoder {
                 }
                 b.seq_offsets.push(b.samples);
             }
-            errors.push(Malformed { kind: ErrorKind::BadLine, at: at.location(), message });
+            // The field's first byte (found by a probe: every error named the line's).
+            let mut place = at.location();
+            if let Some(k) = field {
+                let text = line.strip_suffix(b"\n").unwrap_or(line);
+                let (delim, quotes) = (self.options.field_delim, self.options.use_quote_delim);
+                place.offset += field_starts(text, delim, quotes).nth(k).unwrap_or(0) as u64;
+            }
+            errors.push(Malformed { kind: ErrorKind::BadLine, at: place, message });
             return;
         }
         for (b, s) in out.iter_mut().zip(&self.streams) {
@@ -483,7 +497,7 @@ impl StreamBufDecoder for CsvDecoder {
 /// # Errors
 /// A quoted field that does not end with a quote before the delimiter or the end, or an unquoted
 /// field holding a quote (with `quotes`).
-pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, [u8]>>, String> {
+pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, [u8]>>, FieldError> {
     split_fields_upto(line, delim, quotes, usize::MAX)
 }
 
@@ -493,7 +507,12 @@ pub fn split_fields(line: &[u8], delim: u8, quotes: bool) -> Result<Vec<Cow<'_, 
 ///
 /// # Errors
 /// As [`split_fields`], and more than `columns` fields.
-pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -> Result<Vec<Cow<'_, [u8]>>, String> {
+pub fn split_fields_upto(
+    line: &[u8],
+    delim: u8,
+    quotes: bool,
+    columns: usize,
+) -> Result<Vec<Cow<'_, [u8]>>, FieldError> {
     let mut fields = Vec::new();
     if line.is_empty() {
         return Ok(fields);
@@ -507,9 +526,10 @@ pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -
             loop {
                 match line.get(j) {
                     None => {
-                        return Err(format!(
-                            "the quoted field {} does not end with a quote before the delimiter or the line's end",
-                            fields.len()
+                        return Err(FieldError::at(
+                            fields.len(),
+                            "does not end with a quote before the delimiter or the line's end",
+                            "the quoted",
                         ))
                     }
                     Some(b'"') if line.get(j + 1) == Some(&b'"') => {
@@ -521,10 +541,11 @@ pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -
                         break;
                     }
                     Some(b'"') => {
-                        return Err(format!(
-                        "a quote inside the quoted field {} that is not doubled (\"\") nor followed by the delimiter",
-                        fields.len()
-                    ))
+                        return Err(FieldError::at(
+                            fields.len(),
+                            "holds a quote that is not doubled (\"\") nor followed by the delimiter",
+                            "the quoted",
+                        ))
                     }
                     Some(&b) => {
                         value.push(b);
@@ -539,9 +560,10 @@ pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -
             let end = line[i..].iter().position(|&b| b == delim).map_or(n, |k| i + k);
             let field = &line[i..end];
             if quotes && field.contains(&b'"') {
-                return Err(format!(
-                    "the unquoted field {} holds a quote (quote the field and double the quote)",
-                    fields.len()
+                return Err(FieldError::at(
+                    fields.len(),
+                    "holds a quote (quote the field and double the quote)",
+                    "the unquoted",
                 ));
             }
             fields.push(Cow::Borrowed(field));
@@ -552,7 +574,9 @@ pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -
             return Ok(fields);
         }
         if fields.len() >= columns {
-            return Err(format!("expected {columns} fields, found more"));
+            // Counted, not split: a line of many empty fields costs no memory (above).
+            let found = field_starts(line, delim, quotes).count();
+            return Err(FieldError { field: columns, message: format!("expected {columns} fields, found {found}") });
         }
         i += 1;
         if i == n {
@@ -561,6 +585,55 @@ pub fn split_fields_upto(line: &[u8], delim: u8, quotes: bool, columns: usize) -
             return Ok(fields);
         }
     }
+}
+
+/// A line that does not split into fields: the field where it goes wrong (counted from 0), and
+/// what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// The field the problem is in (or, for too many fields, the first one too many).
+    pub field: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    fn at(field: usize, what: &str, kind: &str) -> Self {
+        Self { field, message: format!("{kind} field {field} {what}") }
+    }
+}
+
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Where each field of `line` begins, as [`split_fields`] splits it (quoted fields skipped whole,
+/// a doubled quote inside one included), without allocating: for the byte offset of an error in
+/// a field, and to count a line's fields.
+fn field_starts(line: &[u8], delim: u8, quotes: bool) -> impl Iterator<Item = usize> + '_ {
+    let mut next = (!line.is_empty()).then_some(0usize);
+    std::iter::from_fn(move || {
+        let start = next?;
+        let mut i = start;
+        if quotes && line.get(i) == Some(&b'"') {
+            i += 1;
+            loop {
+                match line.get(i) {
+                    None => break,
+                    Some(b'"') if line.get(i + 1) == Some(&b'"') => i += 2,
+                    Some(b'"') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(_) => i += 1,
+                }
+            }
+        }
+        next = line.get(i..).and_then(|rest| memchr::memchr(delim, rest)).map(|k| i + k + 1);
+        Some(start)
+    })
 }
 
 mod number;

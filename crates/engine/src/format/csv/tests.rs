@@ -48,16 +48,17 @@ fn a_line_past_the_largest_sequence_or_the_columns_costs_no_more_than_the_column
     assert_eq!(index(line.as_bytes(), 0).len(), 3, "within the limits: a record");
     let many = ",".repeat(1 << 20);
     assert_eq!(
-        split_fields_upto(many.as_bytes(), b',', true, 2).map(|f| f.len()),
-        Err("expected 2 fields, found more".into())
+        split_fields_upto(many.as_bytes(), b',', true, 2).map(|f| f.len()).map_err(|e| e.message),
+        Err(format!("expected 2 fields, found {}", (1 << 20) + 1))
     );
-    assert_eq!(split_fields_upto(b"1,2", b',', true, 2).map(|f| f.len()), Ok(2));
-    assert_eq!(split_fields_upto(b"1,", b',', true, 2).map(|f| f.len()), Ok(2));
+    assert_eq!(split_fields_upto(b"1,2", b',', true, 2).map(|f| f.len()).map_err(|e| e.message), Ok(2));
+    assert_eq!(split_fields_upto(b"1,", b',', true, 2).map(|f| f.len()).map_err(|e| e.message), Ok(2));
     assert!(split_fields_upto(b"1,2,", b',', true, 2).is_err());
 }
 
 fn fields(line: &str) -> Result<Vec<String>, String> {
     split_fields(line.as_bytes(), b',', true)
+        .map_err(|e| e.message)
         .map(|v| v.iter().map(|f| String::from_utf8_lossy(f).into_owned()).collect())
 }
 
@@ -440,4 +441,27 @@ fn a_large_file_is_indexed_in_parts_as_on_one_thread() {
     let one = index_on(text.as_bytes(), 1, IndexLimits::UNBOUNDED, 1).expect("one thread");
     assert_eq!(one.0.len(), 5000);
     assert_eq!(index_on(text.as_bytes(), 1, IndexLimits::UNBOUNDED, 4).expect("parts"), one);
+}
+
+/// Found by a hostile probe: every error named the line's first byte as its offset; it names
+/// the first byte of the field it is about (quoted fields with the delimiter inside skipped
+/// whole, `\r`s counted), and a line of too many fields says how many.
+#[test]
+fn an_error_names_the_byte_where_its_field_begins() {
+    let d = decoder(3, vec![stream("x", CsvType::F32, &[0, 2], None), stream("s", CsvType::String, &[1], None)]);
+    let lines = ["1,2\0,3\n", "1,\"a,b\",zz\n", "1,\"a\"x,2\n", "1,b,2,3\n", "1\r,b,q\n", "1,b\n"];
+    let mut out = d.buffers::<f32>(lines.len());
+    let mut errors = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let file = name();
+        d.decode_record(l.as_bytes(), &RecordAt { file: &file, line: i as u64, offset: 1000 }, &mut out, &mut errors);
+    }
+    // Lines 1-based.
+    let got: Vec<(u64, u64, &str)> = errors.iter().map(|e| (e.at.line, e.at.offset, e.message.as_str())).collect();
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert_eq!((got[0].0, got[0].1), (2, 1008), "{got:?}"); // zz after `1,"a,b",`
+    assert_eq!((got[1].0, got[1].1), (3, 1002), "{got:?}"); // the quoted field 1
+    assert_eq!((got[2].0, got[2].1, got[2].2), (4, 1006, "expected 3 fields, found 4"), "{got:?}");
+    assert_eq!((got[3].0, got[3].1), (5, 1005), "{got:?}"); // q after `1\r,b,`
+    assert_eq!((got[4].0, got[4].1, got[4].2), (6, 1000, "expected 3 fields, found 2"), "{got:?}");
 }
