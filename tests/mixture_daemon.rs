@@ -557,3 +557,26 @@ fn a_minibatch_whose_chunks_do_not_fit_together_is_gathered_a_chunk_at_a_time() 
         "no minibatch was gathered a chunk at a time"
     );
 }
+
+/// Found by a probe: an epoch of fewer slots than workers, dealt one a worker in turn, gave the
+/// last workers nothing, in every epoch, without the warning a dataset's session gets.
+#[test]
+fn a_worker_whose_turn_does_not_come_in_the_epoch_is_warned_at_open() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    // `even`'s epoch ends with b's sweep: 7 slots of b, about as many of a.
+    let slots: usize = dump(&d, &["--mixture", "even", "--minibatch-size", "1", "--ledger"])
+        .iter()
+        .map(|l| l["sequences"].as_array().expect("sequences").len())
+        .sum();
+    assert!((8..20).contains(&slots), "{slots} slots");
+    let workers = 20u64;
+    for rank in [0, slots as u64 - 1, slots as u64, workers - 1] {
+        let s = open(&d, "even", &worker(1, workers, rank));
+        let warned = s.warnings.iter().any(|w| w.contains(&format!("worker {rank} of {workers} gets no data")));
+        let got = read(s, &["features", "labels"]);
+        let empty = got.slots.iter().all(|slot| slot.sources.is_empty());
+        assert_eq!(warned, rank >= slots as u64, "rank {rank}");
+        assert_eq!(empty, rank >= slots as u64, "rank {rank}: warned exactly when it gets nothing");
+    }
+}

@@ -479,6 +479,39 @@ async fn walk(
     .await
 }
 
+/// The warning of a worker that gets nothing more in this epoch: the slots left are fewer than
+/// the workers, and they are dealt one a worker in turn (found by a probe: a mixture whose epoch
+/// ends with a short source's sweep gave the last workers nothing in every epoch, without the
+/// word a dataset's session gets). Walks at most as many slots as there are workers.
+fn no_data_warning(mixture: &mut Mixture, minibatch_size: usize) -> Result<Vec<String>, String> {
+    let (workers, rank) = (mixture.options().num_workers as u64, mixture.options().rank as u64);
+    if workers < 2 {
+        return Ok(Vec::new());
+    }
+    let Some(left) = mixture.slots_left_below(minibatch_size, workers).map_err(|e| e.to_string())? else {
+        return Ok(Vec::new());
+    };
+    let first = mixture.state().slots;
+    if (0..left).any(|i| (first + i) % workers == rank) {
+        return Ok(Vec::new());
+    }
+    Ok(vec![format!(
+        "worker {rank} of {workers} gets no data in the rest of this epoch: it has {left} slot(s) left, dealt one a \
+         worker in turn (slot g of an epoch to worker g mod {workers}); use fewer workers or a longer epoch \
+         (max_samples, or weights that end the first sweep later)"
+    )])
+}
+
+/// What `opened` says of a mixture's sources.
+fn mixture_info(runtimes: &[Arc<DatasetRuntime>]) -> MixtureInfo {
+    MixtureInfo {
+        sources: runtimes
+            .iter()
+            .map(|rt| MixtureSourceInfo { dataset: rt.name.clone(), sweep_size: rt.dataset.timeline().samples(..) })
+            .collect(),
+    }
+}
+
 /// Opens a mixture's session: see the module's documentation.
 pub(super) async fn open_mixture(
     name: &str,
@@ -533,6 +566,8 @@ pub(super) async fn open_mixture(
             .restore(&from_wire(state))
             .map_err(|e| undo(Refusal::Mixture { name: name.to_owned(), message: e.to_string() }))?;
     }
+    let warnings = no_data_warning(&mut mixture, minibatch_size)
+        .map_err(|message| undo(Refusal::Mixture { name: name.to_owned(), message }))?;
     let (ring, fd) = new_ring(&session, ring_bytes, geometry, shared.daemon_id, id).map_err(undo)?;
     let header = *ring.header();
     checkpoint_opening(shared).await.map_err(undo)?;
@@ -542,12 +577,7 @@ pub(super) async fn open_mixture(
     // chooses would make series without bound.
     let label = if options.mixture.is_some() { AT_OPEN } else { name };
     let metrics = shared.data.metrics.session(label, rank);
-    let info = MixtureInfo {
-        sources: runtimes
-            .iter()
-            .map(|rt| MixtureSourceInfo { dataset: rt.name.clone(), sweep_size: rt.dataset.timeline().samples(..) })
-            .collect(),
-    };
+    let info = mixture_info(&runtimes);
     let producer = {
         let control = &shared.data.metrics.control;
         let sources = runtimes
@@ -574,7 +604,7 @@ pub(super) async fn open_mixture(
         sweep_size: info.sources.iter().map(|s| s.sweep_size).sum(),
         mixture: Some(info),
     };
-    let opened = opened_message(&session, &header, described, &start, &admitted, Vec::new());
+    let opened = opened_message(&session, &header, described, &start, &admitted, warnings);
     let launch = Launch {
         session,
         dataset: name.to_owned(),

@@ -669,6 +669,30 @@ impl Mixture {
         Ok(())
     }
 
+    /// The slots left in this epoch when fewer than `most` (`None`: at least `most`, or an endless
+    /// mixture): walked from the state, which is then restored. With fewer slots left than
+    /// workers, the workers whose turn does not come get nothing more in the epoch.
+    ///
+    /// # Errors
+    /// A source's sampler ended.
+    pub fn slots_left_below(&mut self, minibatch_size: usize, most: u64) -> Result<Option<u64>, MixtureError> {
+        if self.options.epoch == MixtureEpoch::Endless || most == 0 {
+            return Ok(None);
+        }
+        let saved = self.state.clone();
+        let mut budget = most;
+        let mut left = 0u64;
+        let walked = loop {
+            match self.step(minibatch_size, false, &mut budget) {
+                Ok(Some(plan)) => left += plan.slots,
+                Ok(None) => break Ok((budget > 0).then_some(left)),
+                Err(e) => break Err(e),
+            }
+        };
+        self.restore(&saved)?;
+        walked
+    }
+
     /// The next minibatch of `minibatch_size` global samples (at least one slot), or `None` at the
     /// epoch's end (and on every later call until [`Mixture::restore`]).
     ///
