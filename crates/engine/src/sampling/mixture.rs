@@ -99,6 +99,10 @@ pub enum MixtureError {
         /// What its sampler said.
         error: String,
     },
+    /// No worker, or a rank out of range: the mixture's own options, not a source's (found by a
+    /// probe: it was told as source 0's).
+    #[error("{0}")]
+    Workers(String),
     /// A state that this mixture cannot have produced.
     #[error("not a state of this mixture: {0}")]
     BadState(String),
@@ -463,7 +467,7 @@ impl Mixture {
             } else {
                 SamplingError::RankOutOfRange { rank: options.rank, num_workers: options.num_workers }
             };
-            return Err(MixtureError::Source { source_index: 0, error: error.to_string() });
+            return Err(MixtureError::Workers(error.to_string()));
         }
         let mut samplers = Vec::with_capacity(sources.len());
         for (i, source) in sources.iter().enumerate() {

@@ -531,3 +531,35 @@ fn a_walk_to_an_epoch_stops_when_cancelled() {
     let mut m = Mixture::new(&sources, opts()).expect("a mixture");
     assert!(m.skip_epochs_unless(1, 1, u64::MAX, &AtomicBool::new(false)).is_ok());
 }
+
+/// Found by a probe: a rank out of range was told as source 0's problem.
+#[test]
+fn a_bad_rank_or_worker_count_is_the_mixtures_not_a_sources() {
+    let sources = vec![source(&[vec![1, 1]], false, 1), source(&[vec![1]], false, 2)];
+    for (workers, rank) in [(3, 3), (0, 0)] {
+        let e = Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::FirstSweepEnd, workers, rank))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(!e.contains("source"), "{e}");
+        assert!(e.contains("worker"), "{e}");
+    }
+}
+
+/// The slots left in an epoch are counted up to a bound, and the mixture is where it was.
+#[test]
+fn the_slots_left_in_an_epoch_are_counted_without_moving_the_mixture() {
+    // The second source's sweep (one sequence) ends the epoch within a few slots.
+    let sources = vec![source(&[vec![1; 6]], false, 1), source(&[vec![1]], false, 2)];
+    let mut m = Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::FirstSweepEnd, 1, 0)).expect("mixture");
+    let all = run(
+        &mut Mixture::new(&sources, options(&[1.0, 1.0], MixtureEpoch::FirstSweepEnd, 1, 0)).expect("m"),
+        &[1],
+        100,
+    );
+    let slots: u64 = all.iter().map(|p| p.slots).sum();
+    assert_eq!(m.slots_left_below(1, 100).expect("walk"), Some(slots));
+    assert_eq!(m.slots_left_below(1, slots).expect("walk"), None, "at least as many as asked");
+    assert_eq!(m.slots_left_below(7, slots + 1).expect("walk"), Some(slots), "whatever the minibatch size");
+    assert_eq!(run(&mut m, &[1], 100), all, "the walk moved nothing");
+}
