@@ -475,13 +475,18 @@ fn a_reload_keeps_unchanged_datasets_chunks_and_drops_a_replaced_versions() {
     daemon.signal(rustix::process::Signal::HUP);
     daemon.wait_reloads(1);
     assert_eq!(daemon.metric("minibatchd_chunk_cache_chunks "), cached, "the dataset was not reopened");
+    let parsed_before = daemon.metric("minibatchd_chunks_parsed_total{");
     config(1, 8_192);
     daemon.signal(rustix::process::Signal::HUP);
     daemon.wait_reloads(2);
     // At the reload, or, where the session read_all closed was still going away then, once it
-    // has (the daemon's memory sample, each second): a CI run read the gauge too soon (18).
+    // has (the daemon's memory sample, each second): a CI run read the gauge too soon (18). The
+    // cache then holds only the new version's chunks: those its index pass parsed and moved in
+    // (each counted as parsed), none of the old version's.
     let start = Instant::now();
-    while daemon.metric("minibatchd_chunk_cache_chunks ") != 0.0 {
+    while daemon.metric("minibatchd_chunk_cache_chunks ")
+        != daemon.metric("minibatchd_chunks_parsed_total{") - parsed_before
+    {
         assert!(start.elapsed() < support::daemon::DEADLINE, "the replaced version's chunks stayed");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -1553,22 +1558,22 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
         text.push('\n');
     }
     write(dir, "big.ctf", text);
-    // The same file twice: the second dataset's chunk is parsed after the reload.
-    let mut datasets = String::new();
-    for name in ["before", "after"] {
-        let _ = write!(
-            datasets,
+    // The same file twice: the second dataset, added by the reload, is parsed after it (a
+    // dataset's chunks are parsed in its index pass on a cold start, so one configured from the
+    // start would have been parsed under the old setting).
+    let dataset = |name: &str| {
+        format!(
             "[datasets.{name}]\nformat = \"ctf\"\nfiles = [\"{}/big.ctf\"]\nchunk_size_bytes = 67108864\n\
              [datasets.{name}.streams.features]\nalias = \"F\"\ndim = 128\nformat = \"dense\"\n",
             dir.display()
-        );
-    }
-    let configure = |setting: &str| {
+        )
+    };
+    let configure = |setting: &str, names: &[&str]| {
         let cfg = write_config(dir, &format!("parsed_cache_bytes = 0\n{setting}"), &[]);
         let text = std::fs::read_to_string(&cfg).expect("config");
-        std::fs::write(&cfg, text + &datasets).expect("write config");
+        std::fs::write(&cfg, text + &names.iter().map(|n| dataset(n)).collect::<String>()).expect("write config");
     };
-    configure("huge_pages = false");
+    configure("huge_pages = false", &["before"]);
     let mut d = Daemon::start(dir, &[]);
     let advised_after_a_parse = |d: &Daemon, dataset: &str| {
         let mut s = open_retrying(d, dataset, &options(64), ErrorCode::DatasetIndexing);
@@ -1578,7 +1583,7 @@ fn huge_pages_setting_decides_how_parsed_chunks_are_backed() {
     };
     assert_eq!(huge_page_advised_mappings(d.pid()), 0, "nothing advised before a chunk was parsed");
     assert_eq!(advised_after_a_parse(&d, "before"), 0, "huge_pages = false: no mapping advised");
-    configure("");
+    configure("", &["before", "after"]);
     d.signal(rustix::process::Signal::HUP);
     d.wait_metrics("the reload", |m| m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0);
     assert!(advised_after_a_parse(&d, "after") > 0, "huge_pages = true: the parsed chunk's values are advised");

@@ -2,6 +2,8 @@
 //! sequence is parsed chunk by chunk in the index pass that counts its lines. What the pass parsed
 //! must be exactly what a later parse of the chunk gives — values, lengths and errors — and it is
 //! kept within the bytes it was given, and never served once its file changed.
+// Metrics are counts, exact in f64.
+#![allow(clippy::float_cmp)]
 
 mod support;
 
@@ -135,4 +137,50 @@ fn chunks_parsed_ahead_stay_within_their_room_and_are_not_served_once_the_file_c
     write(p, "a.ctf", ctf_text(20_000, usize::MAX).replace("|x 0 0.5", "|x 9 0.5"));
     let e = stale.load_chunk(0).expect_err("changed").to_string();
     assert!(e.contains("a.ctf") && e.contains("since it was indexed"), "{e}");
+}
+
+/// The daemon on a cold state directory: the chunks its index pass parsed reach the chunk cache
+/// before any session asks (counted as parsed, once), a session reads exactly what `dump` prints,
+/// and the malformed chunk is parsed when needed, its error charged once.
+#[test]
+fn a_cold_daemon_serves_the_chunks_its_index_pass_parsed() {
+    use support::daemon::{options, write_config, Daemon};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let mut text = String::new();
+    for i in 0..2_000 {
+        let _ = write!(text, "|x {i} {} |y {}:1", i % 7, i % 5);
+        text.push_str(if i == 1_234 { " |x 1 oops\n" } else { "\n" });
+    }
+    write(p, "a.ctf", &text);
+    let datasets = format!(
+        "[datasets.d]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 4000\nmax_errors = 10\n\
+         [datasets.d.streams.x]\ndim = 2\nformat = \"dense\"\n[datasets.d.streams.y]\ndim = 5\nformat = \"sparse\"\n\
+         [datasets.d.sampling]\nrandomize = false\n",
+        p.join("a.ctf").display()
+    );
+    write_config(p, "", &datasets);
+    let d = Daemon::start(p, &[]);
+    let chunks = open(p, &std::fs::read_to_string(p.join("minibatchd.toml")).expect("config"), "d", 0).chunks().len();
+    assert!(chunks > 5, "{chunks} chunks");
+    let chunks = f64::from(u32::try_from(chunks).expect("a few chunks"));
+    // Every clean chunk moves into the cache with no session open.
+    let start = std::time::Instant::now();
+    while d.metric("minibatchd_chunk_cache_chunks ") < chunks - 1.0 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the chunks parsed in the pass did not reach the cache"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(d.metric("minibatchd_chunks_parsed_total{"), chunks - 1.0);
+    let opts = minibatchd_client::protocol::SessionOptions { full_sweep: true, ..options(64) };
+    let got = d.read_all("d", &opts, &["x", "y"]);
+    assert_eq!(got, d.dump("d", &["--minibatch-size", "64", "--full-sweep"]));
+    assert_eq!(
+        d.metric("minibatchd_chunks_parsed_total{"),
+        chunks as f64,
+        "the malformed chunk parsed once, on demand"
+    );
+    assert_eq!(d.metric("minibatchd_parse_errors_total{"), 1.0);
 }

@@ -275,7 +275,8 @@ impl Catalog {
         self.configs.insert(name.to_owned(), d.clone());
         let mut limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
         limits.parse_ahead_bytes = self.parse_ahead;
-        limits.parse_ahead_huge_pages = self.huge.enabled();
+        // The setting being applied: a reload sets it only once its datasets are open.
+        limits.parse_ahead_huge_pages = config.daemon.huge_pages;
         indexing.begin(name, metrics);
         let opened = Dataset::open_in(d, &config.daemon.state_dir, limits, self.remote.get().cloned(), &mut |p| {
             indexing.advance(name, p, metrics);

@@ -14,13 +14,17 @@
 //! a session's load would be, and reported to the session that needs it; the preload logs it
 //! and goes on. Errors are charged once per place however often a chunk is parsed
 //! (docs/differences.md), so preloading changes no error budget.
+//!
+//! The same thread moves the chunks a dataset's index pass parsed (a cold start's one pass) into
+//! the cache ([`Load::ParsedAhead`]): straight in, as the pool would insert them, while there is
+//! room; those left are let go, and parsed when a session needs them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::catalog::DatasetRuntime;
-use super::chunk_cache::{ChunkKey, FetchError};
+use super::chunk_cache::{ChunkKey, FetchError, ParsedMsg};
 use super::DataPlane;
 use crate::pipeline::lifecycle::Phase;
 
@@ -46,7 +50,10 @@ pub fn spawn(shared: Arc<DataPlane>, runtime: Arc<DatasetRuntime>, load: Load) {
     let name = format!("mbd-preload-{}", runtime.index);
     let rt = runtime.clone();
     let spawned = std::thread::Builder::new().name(name).spawn(move || {
-        run(&shared, &runtime, load);
+        match load {
+            Load::All => run(&shared, &runtime),
+            Load::ParsedAhead => adopt(&shared, &runtime),
+        }
         runtime.dataset.drop_parsed_ahead();
     });
     if let Err(e) = spawned {
@@ -63,12 +70,59 @@ enum Ended {
     Replaced,
 }
 
-fn run(shared: &DataPlane, rt: &DatasetRuntime, load: Load) {
+/// Moves the chunks `rt`'s index pass parsed into the chunk cache, in file order, while it has
+/// room for each (evicting nothing) and the dataset is still the one in force: straight into the
+/// cache, as the parser pool would put them there (counted as parsed, handed to the persister),
+/// without a trip through its queues. A chunk a session's load took first is in the cache already.
+fn adopt(shared: &DataPlane, rt: &Arc<DatasetRuntime>) {
     let started = Instant::now();
-    let list: Vec<usize> = match load {
-        Load::All => (0..rt.dataset.chunks().len()).collect(),
-        Load::ParsedAhead => rt.dataset.parsed_ahead(),
-    };
+    let (mut moved, mut failed) = (0usize, 0usize);
+    let mut ended = None;
+    for chunk in rt.dataset.parsed_ahead() {
+        if shared.health.phase() == Phase::Stopping {
+            ended = Some(Ended::Stopping);
+            break;
+        }
+        if !matches!(shared.catalog().get(&rt.name), Ok(current) if current.index == rt.index) {
+            ended = Some(Ended::Replaced);
+            break;
+        }
+        let key = ChunkKey::new(rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
+        if shared.cache.is_ready(key) {
+            continue;
+        }
+        let parsed = match rt.dataset.take_parsed_in_pass(chunk) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => continue,
+            Err(e) => {
+                // Its file changed: a session's load of it gets the error from its own read.
+                failed += 1;
+                tracing::warn!(dataset = %rt.name, chunk, error = %e, "a chunk parsed in the index pass is not used");
+                continue;
+            }
+        };
+        let (stats, budget, _) = shared.cache.snapshot();
+        if stats.bytes.saturating_add(parsed.size_bytes() as u64) > budget {
+            ended = Some(Ended::Budget);
+            break;
+        }
+        let m = &rt.metrics;
+        m.chunks_parsed.inc();
+        if let Some((_, start, end)) = rt.dataset.chunk_byte_range(chunk) {
+            m.read_bytes.inc_by(end.saturating_sub(start));
+        }
+        let parsed = Arc::new(parsed);
+        let persist = rt.dataset.parsed_cache().is_some().then(|| Arc::downgrade(rt));
+        shared.cache.insert(ParsedMsg { key, result: Ok(parsed), persist });
+        moved += 1;
+    }
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    tracing::info!(dataset = %rt.name, chunks = moved, failed, elapsed_ms, stopped = ?ended, "chunks parsed in the index pass moved into the chunk cache");
+}
+
+fn run(shared: &DataPlane, rt: &DatasetRuntime) {
+    let started = Instant::now();
+    let list: Vec<usize> = (0..rt.dataset.chunks().len()).collect();
     let chunks = list.len();
     let stop = AtomicBool::new(false);
     // Raised by a watcher of the daemon's phase and the dataset's presence, so a preload blocked

@@ -8,13 +8,16 @@
 //!
 //! ```text
 //! minibatchd-parse-rate generate PATH BYTES        # seeded Criteo-like lines (benches/support/criteo_gen.rs)
-//! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
-//! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
-//! minibatchd-parse-rate tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]
+//! minibatchd-parse-rate parse PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted|one-pass]
+//! minibatchd-parse-rate ctf PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted|one-pass]
+//! minibatchd-parse-rate tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted|one-pass]
 //! ```
 //!
 //! With `persisted`, chunks go through the parsed cache in `STATE_DIR/parsed`:
 //! the first such run parses and writes each chunk, the next ones read every chunk from it.
+//! With `one-pass` (and a `STATE_DIR` without the file's index cache), the index pass parses
+//! the chunks as it counts them, as the daemon's cold start does: "parse" is then the time to take
+//! the chunks it kept.
 
 #![forbid(unsafe_code)]
 
@@ -62,7 +65,7 @@ fn parse(
     threads: usize,
     chunk_bytes: u64,
     state: &Path,
-    persisted: bool,
+    (persisted, one_pass): (bool, bool),
 ) -> Result<(), String> {
     let path = &std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let size = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
@@ -90,7 +93,12 @@ fn parse(
         None
     };
     let t0 = Instant::now();
-    let mut ds = Dataset::open(config.dataset("d").map_err(|e| e.to_string())?, state, &mut |_| {})
+    let limits = minibatchd_engine::options::IndexLimits {
+        parse_ahead_bytes: if one_pass { u64::MAX } else { 0 },
+        parse_ahead_huge_pages: true,
+        ..minibatchd_engine::options::IndexLimits::UNBOUNDED
+    };
+    let mut ds = Dataset::open_within(config.dataset("d").map_err(|e| e.to_string())?, state, limits, &mut |_| {})
         .map_err(|e| e.to_string())?;
     let index_s = t0.elapsed().as_secs_f64();
     if let Some(cache) = cache {
@@ -99,6 +107,9 @@ fn parse(
     let chunks = ds.chunks().len();
     let next = AtomicUsize::new(0);
     let nnz = AtomicUsize::new(0);
+    // Kept until the end, as the daemon's chunk cache keeps them: every chunk's buffers are
+    // fresh memory (its first touch counted), not the last one's freed pages.
+    let kept = std::sync::Mutex::new(Vec::with_capacity(chunks));
     let t1 = Instant::now();
     let failed = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
@@ -113,6 +124,7 @@ fn parse(
                         if let StreamValues::Sparse { values, .. } = &parsed.streams[0].data {
                             nnz.fetch_add(values.len(), Ordering::Relaxed);
                         }
+                        kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(parsed);
                     }
                 })
             })
@@ -154,10 +166,11 @@ fn main() {
             let state =
                 args.get(5).map_or_else(|| PathBuf::from(format!("{}.parse-rate-state", args[2])), PathBuf::from);
             let persisted = args.get(6).is_some_and(|a| a == "persisted");
-            parse(kind, Path::new(&args[2]), threads, chunk, &state, persisted)
+            let one_pass = args.get(6).is_some_and(|a| a == "one-pass");
+            parse(kind, Path::new(&args[2]), threads, chunk, &state, (persisted, one_pass))
         }
         _ => {
-            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf|tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted]"
+            Err("usage: minibatchd-parse-rate generate PATH BYTES | parse|ctf|tfrecord PATH [THREADS] [CHUNK_BYTES] [STATE_DIR] [persisted|one-pass]"
                 .into())
         }
     };

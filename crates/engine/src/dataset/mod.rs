@@ -539,15 +539,39 @@ impl Dataset {
     /// # Errors
     /// As [`Self::load_chunk`].
     pub fn parse_chunk(&self, chunk: usize) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        let (mut parsed, errors) = match self.take_parsed_ahead(chunk)? {
-            // Parsed in the index pass without a malformed place.
-            Some(parsed) => (parsed, vec![Vec::new(); self.sources.len()]),
-            None => match self.config.precision {
-                Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
-                Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
-            },
+        if let Some(parsed) = self.take_parsed_in_pass(chunk)? {
+            return Ok((parsed, Vec::new()));
+        }
+        let (parsed, errors) = match self.config.precision {
+            Precision::Float32 => self.decode_chunk::<f32>(chunk)?,
+            Precision::Float64 => self.decode_chunk::<f64>(chunk)?,
         };
-        let fresh = self.charge(&errors)?;
+        self.settle(chunk, parsed, &errors)
+    }
+
+    /// Chunk `chunk` as its index pass parsed it ([`IndexLimits::parse_ahead_bytes`]), taken
+    /// (a later load parses its text), as [`Dataset::parse_chunk`] would return it; `None` when
+    /// the pass did not keep it.
+    ///
+    /// # Errors
+    /// The chunk's file changed since it was indexed.
+    pub fn take_parsed_in_pass(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
+        let Some(parsed) = self.take_parsed_ahead(chunk)? else { return Ok(None) };
+        // Kept only without a malformed place.
+        let none = vec![Vec::new(); self.sources.len()];
+        self.settle(chunk, parsed, &none).map(|(parsed, _)| Some(parsed))
+    }
+
+    /// A parsed chunk with the malformed places its parse found (`errors`, by source): charged,
+    /// kept with it for a reader that charges its own budget, and its write to the parsed cache
+    /// when it has none. Returns it with the places charged for the first time.
+    fn settle(
+        &self,
+        chunk: usize,
+        mut parsed: ParsedChunk,
+        errors: &[Vec<Malformed>],
+    ) -> Result<(ParsedChunk, Vec<Malformed>)> {
+        let fresh = self.charge(errors)?;
         if self.per_reader {
             parsed.malformed = self.places_kept(errors.iter().map(Vec::as_slice));
         }
