@@ -139,9 +139,10 @@ fn chunks_parsed_ahead_stay_within_their_room_and_are_not_served_once_the_file_c
     assert!(e.contains("a.ctf") && e.contains("since it was indexed"), "{e}");
 }
 
-/// The daemon on a cold state directory: the chunks its index pass parsed reach the chunk cache
-/// before any session asks (counted as parsed, once), a session reads exactly what `dump` prints,
-/// and the malformed chunk is parsed when needed, its error charged once.
+/// The daemon on a cold state directory, a dataset randomized over a window that spans it (the
+/// default): the chunks its index pass parsed reach the chunk cache before any session asks
+/// (counted as parsed, once), a session reads exactly what `dump` prints, and the malformed chunk
+/// is parsed when needed, its error charged once.
 #[test]
 fn a_cold_daemon_serves_the_chunks_its_index_pass_parsed() {
     use support::daemon::{options, write_config, Daemon};
@@ -155,8 +156,7 @@ fn a_cold_daemon_serves_the_chunks_its_index_pass_parsed() {
     write(p, "a.ctf", &text);
     let datasets = format!(
         "[datasets.d]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 4000\nmax_errors = 10\n\
-         [datasets.d.streams.x]\ndim = 2\nformat = \"dense\"\n[datasets.d.streams.y]\ndim = 5\nformat = \"sparse\"\n\
-         [datasets.d.sampling]\nrandomize = false\n",
+         [datasets.d.streams.x]\ndim = 2\nformat = \"dense\"\n[datasets.d.streams.y]\ndim = 5\nformat = \"sparse\"\n",
         p.join("a.ctf").display()
     );
     write_config(p, "", &datasets);
@@ -177,10 +177,40 @@ fn a_cold_daemon_serves_the_chunks_its_index_pass_parsed() {
     let opts = minibatchd_client::protocol::SessionOptions { full_sweep: true, ..options(64) };
     let got = d.read_all("d", &opts, &["x", "y"]);
     assert_eq!(got, d.dump("d", &["--minibatch-size", "64", "--full-sweep"]));
+    assert_eq!(got.len(), 2_000_usize.div_ceil(64));
     assert_eq!(
         d.metric("minibatchd_chunks_parsed_total{"),
         chunks as f64,
         "the malformed chunk parsed once, on demand"
     );
     assert_eq!(d.metric("minibatchd_parse_errors_total{"), 1.0);
+}
+
+/// A dataset whose first minibatch needs a chunk or a few (file order, or a window smaller than
+/// the text) is counted first and parsed on demand: a session's first minibatch then waits for
+/// the count, not for the parse of every chunk. `preload` parses every chunk anyway: in the pass.
+#[test]
+fn only_a_dataset_whose_first_minibatch_needs_every_chunk_is_parsed_in_its_pass() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    write(p, "a.ctf", ctf_text(20_000, usize::MAX));
+    let base = ctf_toml("float32", 300_000);
+    let cases = [
+        ("", true),
+        ("[datasets.d.sampling]\nrandomize = false\n", false),
+        ("[datasets.d.sampling]\nwindow_chunks = 2\n", false),
+        ("[datasets.d.sampling]\nwindow_chunks = 1000\n", true),
+        ("[datasets.d.sampling]\nwindow_samples = 1000000\n", false),
+        ("preload = true\n[datasets.d.sampling]\nrandomize = false\n", true),
+    ];
+    for (extra, parsed) in cases {
+        // `preload` belongs to the dataset's table, before its streams.
+        let toml = match extra.strip_prefix("preload = true\n") {
+            Some(rest) => base.replacen("cache_index = false\n", "cache_index = false\npreload = true\n", 1) + rest,
+            None => base.clone() + extra,
+        };
+        let ds = open(p, &toml, "d", u64::MAX);
+        assert_eq!(ds.parsed_ahead().len() == ds.chunks().len(), parsed, "{extra:?}");
+        assert_eq!(ds.parsed_ahead().is_empty(), !parsed, "{extra:?}");
+    }
 }

@@ -517,6 +517,22 @@ impl DatasetConfig {
     pub fn streams(&self) -> impl Iterator<Item = &StreamConfig> {
         self.sources.iter().flat_map(|s| s.streams.iter())
     }
+
+    /// Whether every chunk of its `bytes` of text is parsed before a session with its defaults
+    /// gets its first minibatch: with `preload`, or randomized with a chunk window that spans the
+    /// text (CNTK's default, 128 chunks of 32 MiB, spans up to 4 GiB). Then its index pass parses
+    /// the chunks as it counts them ([`IndexLimits::parse_ahead_bytes`]) at no cost to that first
+    /// minibatch; otherwise the first minibatch needs a chunk or a few, which it gets sooner from
+    /// a count of every chunk (fast) followed by the parse of what it needs.
+    #[must_use]
+    pub fn first_minibatch_needs_every_chunk(&self, bytes: u64) -> bool {
+        let spans = match self.sampling.window {
+            Window::Chunks(n) => (n as u64).saturating_mul(self.chunk_size_bytes) >= bytes,
+            // In samples, which the text's size does not tell.
+            Window::Samples(_) => false,
+        };
+        self.preload || (self.sampling.randomize && spans)
+    }
 }
 
 #[cfg(test)]

@@ -46,7 +46,9 @@ impl Dataset {
         let one_source = config.sources.len() == 1;
         let mut chunks = Vec::new();
         // A dataset of one source in line mode is parsed in its index pass, within the room given.
-        let ahead = (one_source && limits.parse_ahead_bytes > 0).then(|| Ahead::new(limits.parse_ahead_bytes));
+        let ahead =
+            (one_source && limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
+                .then(|| Ahead::new(limits.parse_ahead_bytes));
         let no_ahead = Ahead::default();
         for (src, files) in config.sources.iter().zip(resolved) {
             let decoder = CtfDecoder::new(&src.streams);
@@ -169,10 +171,11 @@ impl Dataset {
         let inputs = resolve_inputs(patterns, remote)?;
         let reader = LineReader(LineIndexOptions { comments: schema.comments });
         let decoder = DeepxDecoder::new(schema.clone());
-        let ahead = (limits.parse_ahead_bytes > 0).then(|| Ahead::new(limits.parse_ahead_bytes));
-        let no_ahead = Ahead::default();
         let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
+        let ahead = (limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
+            .then(|| Ahead::new(limits.parse_ahead_bytes));
+        let no_ahead = Ahead::default();
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
