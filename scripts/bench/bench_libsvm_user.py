@@ -68,7 +68,9 @@ def run_minibatchd(a, data: Path, work: Path) -> dict:
     cfg = daemon_kit.write_config(work / "svm.toml", {
         "daemon": {"socket": str(sock), "state_dir": str(work / "state"), "metrics_listen": "127.0.0.1:0",
                    "parser_threads": a.threads},
-        "datasets": {"svm": {"format": "libsvm", "files": [str(data)]}},
+        # The dataset's default order is the sessions' (a cold start parses in its index pass
+        # only where that order needs every chunk before the first minibatch: docs/daemon.md).
+        "datasets": {"svm": {"format": "libsvm", "files": [str(data)], "sampling": {"randomize": a.randomize}}},
     })
     r, t0 = daemon_kit.consumer_first(cfg, [PY, "-c", CONSUMER, str(ROOT / "clients" / "python"), str(sock),
                                             str(a.minibatch_size), "1" if a.randomize else "0"], binary=DAEMON)
