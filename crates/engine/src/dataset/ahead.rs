@@ -267,20 +267,48 @@ fn keep(target: &Target<'_>, mut streams: Vec<StreamData>, lines: u64) {
 
 /// What the pass over one file of a dataset of one source needs to parse its chunks ahead.
 pub(super) struct FileAhead<'a> {
-    pub ahead: &'a Ahead,
+    /// Where kept chunks go; `None`: nothing is parsed in this pass.
+    ahead: Option<&'a Ahead>,
     /// The file's index in its source.
-    pub file: usize,
+    file: usize,
     /// The file as configured.
-    pub path: &'a Arc<Path>,
+    path: &'a Arc<Path>,
     /// Most bytes of one chunk's dense values.
-    pub max_chunk_bytes: u64,
-    pub huge: bool,
+    max_chunk_bytes: u64,
+    huge: bool,
+    /// Values are `f64` (else `f32`).
+    f64: bool,
 }
 
 impl<'a> FileAhead<'a> {
+    /// File `file` (named `path`) of a dataset of `precision` opened within `limits`, its kept
+    /// chunks to `ahead`.
+    pub(super) fn new(
+        ahead: Option<&'a Ahead>,
+        file: usize,
+        path: &'a Arc<Path>,
+        limits: &crate::options::IndexLimits,
+        precision: crate::options::Precision,
+    ) -> Self {
+        Self {
+            ahead,
+            file,
+            path,
+            max_chunk_bytes: limits.max_parsed_chunk_bytes,
+            huge: limits.parse_ahead_huge_pages,
+            f64: precision == crate::options::Precision::Float64,
+        }
+    }
+
+    /// Whether this pass parses anything.
+    pub(super) fn active(&self) -> bool {
+        self.ahead.is_some()
+    }
+
     fn target<T>(&self, start: u64, end: u64) -> Option<Target<'a>> {
-        self.ahead.wanted().then(|| Target {
-            ahead: self.ahead,
+        let ahead = self.ahead.filter(|a| a.wanted())?;
+        Some(Target {
+            ahead,
             file: self.file,
             path: self.path,
             start,
@@ -290,26 +318,37 @@ impl<'a> FileAhead<'a> {
         })
     }
 
-    /// The sink of a CTF chunk `start..end`, its values of `T`.
-    pub(super) fn ctf<T: crate::format::ctf::Element>(
+    /// The sink of a CTF chunk `start..end`.
+    pub(super) fn ctf(
         &self,
         decoder: &'a CtfDecoder,
         shapes: &'a [(usize, bool)],
         start: u64,
         end: u64,
     ) -> Option<Box<dyn LineSink + 'a>> {
-        let target = self.target::<T>(start, end)?;
-        Some(Box::new(CtfLines::<T>::new(target, decoder, shapes)))
+        if self.f64 {
+            let target = self.target::<f64>(start, end)?;
+            Some(Box::new(CtfLines::<f64>::new(target, decoder, shapes)))
+        } else {
+            let target = self.target::<f32>(start, end)?;
+            Some(Box::new(CtfLines::<f32>::new(target, decoder, shapes)))
+        }
     }
 
-    /// The sink of a chunk `start..end` of records of `decoder`, its values of `T`.
-    pub(super) fn records<D: RecordDecoder, T: DeepxElement>(
+    /// The sink of a chunk `start..end` of records of `decoder`.
+    pub(super) fn records<D: RecordDecoder>(
         &self,
         decoder: &'a D,
         start: u64,
         end: u64,
     ) -> Option<Box<dyn LineSink + 'a>> {
-        let target = self.target::<T>(start, end)?;
-        Some(Box::new(RecordLines::<D, T> { target, decoder, out: None, errors: Vec::new(), lines: 0 }))
+        fn sink<'a, D: RecordDecoder, T: DeepxElement>(target: Target<'a>, decoder: &'a D) -> Box<dyn LineSink + 'a> {
+            Box::new(RecordLines::<D, T> { target, decoder, out: None, errors: Vec::new(), lines: 0 })
+        }
+        if self.f64 {
+            Some(sink::<D, f64>(self.target::<f64>(start, end)?, decoder))
+        } else {
+            Some(sink::<D, f32>(self.target::<f32>(start, end)?, decoder))
+        }
     }
 }

@@ -19,7 +19,7 @@ use crate::format::inflate::{self, Compression};
 use crate::format::line_chunks::{self, ParseAhead};
 use crate::format::record::{CtfReader, LineReader, RecordReader};
 use crate::format::registry::{self, RecordFormat};
-use crate::options::{DatasetConfig, FormatKind, IndexLimits, Precision, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
+use crate::options::{DatasetConfig, FormatKind, IndexLimits, StreamFormat, INDEX_SHARE_OF_MEMORY_LIMIT};
 use crate::remote::{self, Remote};
 use crate::Result;
 
@@ -49,7 +49,6 @@ impl Dataset {
         let ahead =
             (one_source && limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
                 .then(|| Ahead::new(limits.parse_ahead_bytes));
-        let no_ahead = Ahead::default();
         for (src, files) in config.sources.iter().zip(resolved) {
             let decoder = CtfDecoder::new(&src.streams);
             let shapes: Vec<(usize, bool)> =
@@ -71,22 +70,9 @@ impl Dataset {
                 let cache = config.cache_index.then_some(state_dir);
                 let lines = one_source.then_some(config.chunk_size_bytes);
                 let name: Arc<Path> = Arc::from(input.name.as_path());
-                let file = FileAhead {
-                    ahead: ahead.as_ref().unwrap_or(&no_ahead),
-                    file: indexes.len(),
-                    path: &name,
-                    max_chunk_bytes: limits.max_parsed_chunk_bytes,
-                    huge: limits.parse_ahead_huge_pages,
-                };
-                let f64 = config.precision == Precision::Float64;
-                let parse = |_: usize, start: u64, end: u64| {
-                    if f64 {
-                        file.ctf::<f64>(&decoder, &shapes, start, end)
-                    } else {
-                        file.ctf::<f32>(&decoder, &shapes, start, end)
-                    }
-                };
-                let parse: Option<ParseAhead<'_>> = ahead.as_ref().map(|_| &parse as ParseAhead<'_>);
+                let file = FileAhead::new(ahead.as_ref(), indexes.len(), &name, &limits, config.precision);
+                let parse = |_: usize, start: u64, end: u64| file.ctf(&decoder, &shapes, start, end);
+                let parse = file.active().then_some(&parse as ParseAhead<'_>);
                 let idx = index_input(
                     &reader,
                     &input,
@@ -175,7 +161,6 @@ impl Dataset {
         let bytes_total = readable_bytes(&data, &data_versions);
         let ahead = (limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
             .then(|| Ahead::new(limits.parse_ahead_bytes));
-        let no_ahead = Ahead::default();
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
@@ -188,22 +173,9 @@ impl Dataset {
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
             let name: Arc<Path> = Arc::from(input.name.as_path());
-            let file = FileAhead {
-                ahead: ahead.as_ref().unwrap_or(&no_ahead),
-                file: indexes.len(),
-                path: &name,
-                max_chunk_bytes: limits.max_parsed_chunk_bytes,
-                huge: limits.parse_ahead_huge_pages,
-            };
-            let f64 = config.precision == Precision::Float64;
-            let parse = |_: usize, start: u64, end: u64| {
-                if f64 {
-                    file.records::<_, f64>(&decoder, start, end)
-                } else {
-                    file.records::<_, f32>(&decoder, start, end)
-                }
-            };
-            let parse: Option<ParseAhead<'_>> = ahead.as_ref().map(|_| &parse as ParseAhead<'_>);
+            let file = FileAhead::new(ahead.as_ref(), indexes.len(), &name, &limits, config.precision);
+            let parse = |_: usize, start: u64, end: u64| file.records(&decoder, start, end);
+            let parse = file.active().then_some(&parse as ParseAhead<'_>);
             let threads = (config.index_threads, Some(config.chunk_size_bytes), parse);
             let idx = index_input(&reader, input, d, stored, cache, remote, left, threads, &mut report)?;
             report(idx.size);
