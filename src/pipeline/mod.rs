@@ -113,7 +113,7 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
         .mode(0o600)
         .custom_flags(o_nofollow())
         .open(&path)
-        .map_err(|e| PipelineError::Fatal(format!("cannot open {}: {e}", path.display())))?;
+        .map_err(|e| PipelineError::Fatal(lock_refusal(&path, &e)))?;
     if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         let holder = std::fs::read_to_string(&path).unwrap_or_default();
         return Err(PipelineError::Fatal(format!(
@@ -126,6 +126,19 @@ fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
         .and_then(|()| writeln!(file, "{}", std::process::id()))
         .map_err(|e| PipelineError::Fatal(format!("cannot write {} (daemon.state_dir): {e}", path.display())))?;
     Ok(file)
+}
+
+/// Why the lock file `path` could not be opened (`e`): a link or a directory in its place said as
+/// such (found by a probe: a link gave only "Too many levels of symbolic links").
+fn lock_refusal(path: &Path, e: &std::io::Error) -> String {
+    let what = match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => {
+            "; it is a symbolic link, which the daemon never follows there: remove it (the daemon creates the file)"
+        }
+        Ok(m) if m.is_dir() => "; it is a directory: remove it (the daemon creates the file)",
+        _ => "",
+    };
+    format!("cannot open {}: {e}{what}", path.display())
 }
 
 /// `O_NOFOLLOW`: the lock file is never a link planted by someone else.
@@ -328,5 +341,29 @@ fn raise_descriptor_limit(config: &Config) {
             needed,
             "the descriptor limit (RLIMIT_NOFILE) is below max_connections + max_sessions + 256: raise it (LimitNOFILE= in the unit) or lower those keys"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by a probe: a link at the lock file's place gave only "Too many levels of symbolic
+    /// links"; a link or a directory there is now named as such, with what to do.
+    #[test]
+    fn a_link_or_a_directory_in_the_lock_files_place_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).expect("state");
+        std::fs::write(dir.path().join("target"), "").expect("target");
+        std::os::unix::fs::symlink(dir.path().join("target"), state.join(LOCK_FILE)).expect("link");
+        let e = lock_state_dir(&state).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("it is a symbolic link") && e.contains("remove it"), "{e}");
+        std::fs::remove_file(state.join(LOCK_FILE)).expect("unlink");
+        std::fs::create_dir(state.join(LOCK_FILE)).expect("dir");
+        let e = lock_state_dir(&state).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("it is a directory"), "{e}");
+        std::fs::remove_dir(state.join(LOCK_FILE)).expect("rmdir");
+        assert!(lock_state_dir(&state).is_ok(), "a plain lock file is taken");
     }
 }
