@@ -214,3 +214,56 @@ fn only_a_dataset_whose_first_minibatch_needs_every_chunk_is_parsed_in_its_pass(
         assert_eq!(ds.parsed_ahead().is_empty(), !parsed, "{extra:?}");
     }
 }
+
+/// What the pass keeps is also counted by the caller's reserve (the daemon's chunk cache, whose
+/// room moves while sessions on other datasets run: found by a probe, a reload's pass kept a
+/// whole room beside a full cache): kept only while the reserve has room, and held until taken
+/// or let go.
+#[test]
+fn chunks_parsed_ahead_are_held_by_the_reserve_until_taken_or_let_go() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    struct Held(Arc<AtomicU64>, u64);
+    impl Drop for Held {
+        fn drop(&mut self) {
+            self.0.fetch_sub(self.1, Ordering::SeqCst);
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    write(p, "a.ctf", ctf_text(20_000, usize::MAX));
+    let toml = ctf_toml("float32", 300_000);
+    let config = minibatchd::config::Config::from_toml_str(&toml, p).expect("config");
+    let all = open(p, &toml, "d", u64::MAX);
+    let (n, total) = (all.chunks().len(), all.parsed_ahead_bytes());
+    for cap in [0, total / 3, total] {
+        let held = Arc::new(AtomicU64::new(0));
+        let h = held.clone();
+        let reserve: minibatchd_engine::dataset::Reserve = Box::new(move |bytes| {
+            let now = h.load(Ordering::SeqCst);
+            (now + bytes <= cap).then(|| {
+                h.fetch_add(bytes, Ordering::SeqCst);
+                Box::new(Held(h.clone(), bytes)) as Box<dyn std::any::Any + Send + Sync>
+            })
+        });
+        let limits = IndexLimits { parse_ahead_bytes: u64::MAX, ..IndexLimits::UNBOUNDED };
+        let ds = Dataset::open_reserving(
+            config.dataset("d").expect("d"),
+            &p.join("state"),
+            (limits, Some(reserve)),
+            None,
+            &mut |_| {},
+        )
+        .expect("open");
+        let kept = ds.parsed_ahead();
+        assert_eq!(held.load(Ordering::SeqCst), ds.parsed_ahead_bytes(), "cap {cap}: every kept byte is held");
+        assert!(ds.parsed_ahead_bytes() <= cap, "cap {cap}");
+        assert_eq!(kept.len() == n, cap == total, "cap {cap}: {} of {n}", kept.len());
+        if let Some(&first) = kept.first() {
+            assert_eq!(ds.load_chunk(first).expect("chunk"), all.load_chunk(first).expect("chunk"));
+        }
+        ds.drop_parsed_ahead();
+        assert_eq!(held.load(Ordering::SeqCst), 0, "cap {cap}: all let go");
+    }
+}

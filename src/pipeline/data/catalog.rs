@@ -15,13 +15,14 @@ use std::sync::{Arc, Weak};
 use crate::config::{Config, DatasetConfig, Precision};
 use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
-use minibatchd_engine::dataset::Dataset;
+use minibatchd_engine::dataset::{Dataset, Reserve};
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::options::IndexLimits;
 use minibatchd_engine::remote::Remote;
 use minibatchd_sys::HugePages;
 
+use super::chunk_cache::SharedCache;
 use super::indexing::Indexing;
 
 /// Why a session cannot have a dataset.
@@ -206,10 +207,10 @@ pub struct Catalog {
     /// `[daemon] huge_pages`, shared with every dataset, the parsed cache and the persister,
     /// and handed on by every reload, which sets it.
     huge: HugePages,
-    /// Bytes of parsed chunks the index passes of this reopening may still keep
-    /// ([`IndexLimits::parse_ahead_bytes`]): the chunk cache's room when it began, less what the
-    /// datasets opened since keep.
-    parse_ahead: u64,
+    /// The chunk cache the index passes of this reopening count the chunks they parse against
+    /// ([`Dataset::open_reserving`]): kept only while it has room for them, as if they were in it;
+    /// `None`: nothing is parsed in a pass.
+    parse_ahead: Option<Arc<SharedCache>>,
 }
 
 impl Catalog {
@@ -219,7 +220,7 @@ impl Catalog {
     pub fn open(config: &Config, metrics: &Metrics) -> Self {
         let catalog = Self::default();
         catalog.huge.set(config.daemon.huge_pages);
-        catalog.reopen(config, metrics, &Indexing::default(), 0).0
+        catalog.reopen(config, metrics, &Indexing::default(), None).0
     }
 
     /// Where object storage is kept once set up (`crate::objects::ensure` fills it).
@@ -274,11 +275,18 @@ impl Catalog {
     ) -> Result<Arc<DatasetRuntime>, DataError> {
         self.configs.insert(name.to_owned(), d.clone());
         let mut limits = IndexLimits::within(config.daemon.memory_limit_bytes, self.index_bytes(), d.sources.len());
-        limits.parse_ahead_bytes = self.parse_ahead;
+        limits.parse_ahead_bytes = if self.parse_ahead.is_some() { u64::MAX } else { 0 };
         // The setting being applied: a reload sets it only once its datasets are open.
         limits.parse_ahead_huge_pages = config.daemon.huge_pages;
         indexing.begin(name, metrics);
-        let opened = Dataset::open_in(d, &config.daemon.state_dir, limits, self.remote.get().cloned(), &mut |p| {
+        // Each chunk a pass keeps is counted in the cache until the cache takes it: sessions on the
+        // other datasets fill it meanwhile (found by a probe: a reload's pass kept a whole room of
+        // chunks beside a full cache, twice the budget).
+        let reserve = self.parse_ahead.clone().map(|cache| -> Reserve {
+            Box::new(move |bytes| cache.try_charge(bytes).map(|c| Box::new(c) as Box<dyn std::any::Any + Send + Sync>))
+        });
+        let remote = self.remote.get().cloned();
+        let opened = Dataset::open_reserving(d, &config.daemon.state_dir, (limits, reserve), remote, &mut |p| {
             indexing.advance(name, p, metrics);
         })
         .map(|mut ds| {
@@ -293,7 +301,6 @@ impl Catalog {
         let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         match opened {
             Ok(ds) => {
-                self.parse_ahead = self.parse_ahead.saturating_sub(ds.parsed_ahead_bytes());
                 let index = u32::try_from(self.by_index.len()).unwrap_or(u32::MAX);
                 let rt = Arc::new(DatasetRuntime::new(index, ds, metrics.dataset(name)));
                 let index_bytes = rt.dataset.index_bytes();
@@ -321,15 +328,15 @@ impl Catalog {
     /// open sessions keep the runtime alive until they end). Datasets that had failed are tried
     /// again, and datasets whose files changed are opened again as changed ones
     /// ([`Dataset::is_current`]). Blocking: indexing happens here.
-    /// The index passes of line-based files parse their chunks too, keeping up to `parse_ahead`
-    /// bytes of them for the chunk cache ([`IndexLimits::parse_ahead_bytes`]).
+    /// The index passes of line-based files parse their chunks too, keeping them while
+    /// `parse_ahead` (the chunk cache) has room ([`IndexLimits::parse_ahead_bytes`]).
     #[must_use]
     pub fn reopen(
         &self,
         config: &Config,
         metrics: &Metrics,
         indexing: &Indexing,
-        parse_ahead: u64,
+        parse_ahead: Option<&Arc<SharedCache>>,
     ) -> (Self, CatalogChanges) {
         let mut catalog = Self {
             by_name: BTreeMap::new(),
@@ -338,7 +345,7 @@ impl Catalog {
             parsed: self.parsed.clone(),
             remote: self.remote.clone(),
             huge: self.huge.clone(),
-            parse_ahead,
+            parse_ahead: parse_ahead.cloned(),
         };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = CatalogChanges { removed: d.removed, ..CatalogChanges::default() };
@@ -516,7 +523,7 @@ mod tests {
             dir.path(),
             &[("a", "a.ctf", 100), ("b", "b.ctf", 4), ("c", "c.ctf", 100), ("gone", "missing.ctf", 100)],
         );
-        let (catalog2, changes) = catalog.reopen(&new, &metrics, &Indexing::default(), 0);
+        let (catalog2, changes) = catalog.reopen(&new, &metrics, &Indexing::default(), None);
         assert_eq!(changes.added, vec!["c".to_owned()]);
         assert_eq!(changes.changed, vec!["b".to_owned()]);
         assert!(changes.removed.is_empty() && changes.failed.is_empty(), "{changes:?}");
@@ -526,7 +533,7 @@ mod tests {
         assert!(catalog2.get("gone").is_ok(), "a failed dataset is tried again");
         assert!(Arc::ptr_eq(&catalog2.by_index(b.index).expect("the old version is alive while held"), &b));
         let only_a = config(dir.path(), &[("a", "a.ctf", 100)]);
-        let (catalog3, changes) = catalog2.reopen(&only_a, &metrics, &Indexing::default(), 0);
+        let (catalog3, changes) = catalog2.reopen(&only_a, &metrics, &Indexing::default(), None);
         assert_eq!(changes.removed.len(), 3);
         assert!(!catalog3.contains("b") && catalog3.get("b").is_err());
         drop((catalog, catalog2, b));

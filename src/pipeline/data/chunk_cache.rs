@@ -449,12 +449,17 @@ impl SharedCache {
         self.lock().stats()
     }
 
-    /// Bytes the cache can take before it passes its budget (what chunks parsed in an index
-    /// pass may hold until they are moved into it).
-    #[must_use]
-    pub fn room(&self) -> u64 {
-        let core = self.lock();
-        core.budget().saturating_sub(core.stats().bytes)
+    /// [`SharedCache::charge`] when `bytes` more stay within the budget (nothing is evicted for
+    /// them); `None` otherwise. What an index pass keeps of the chunks it parsed is counted so
+    /// until the cache takes them.
+    pub fn try_charge(self: &Arc<Self>, bytes: u64) -> Option<Charged> {
+        let mut core = self.lock();
+        if core.stats().bytes.saturating_add(bytes) > core.budget() {
+            return None;
+        }
+        core.charge(bytes);
+        drop(core);
+        Some(Charged { cache: self.clone(), bytes })
     }
 
     /// The counters, the budget in force and the evictable bytes, under one lock.
@@ -589,6 +594,19 @@ mod tests {
                 StreamValues::Dense { dim: n, values: Values::F32(vec![0.0; n].into()) },
             )],
         })
+    }
+
+    /// What an index pass keeps is charged only within the budget, and counted until let go.
+    #[test]
+    fn a_charge_is_taken_only_within_the_budget_and_held_until_dropped() {
+        let (tx, _rx) = flume::bounded(4);
+        let cache = Arc::new(SharedCache::new(100, tx));
+        let first = cache.try_charge(60).expect("60 of 100");
+        assert!(cache.try_charge(50).is_none(), "60 + 50 pass 100");
+        assert_eq!(cache.stats().bytes, 60);
+        drop(first);
+        assert_eq!(cache.stats().bytes, 0);
+        assert!(cache.try_charge(100).is_some(), "the whole budget once let go");
     }
 
     #[test]

@@ -95,9 +95,13 @@ fn adopt(shared: &DataPlane, rt: &Arc<DatasetRuntime>) {
             Ok(Some(parsed)) => parsed,
             Ok(None) => continue,
             Err(e) => {
-                // Its file changed: a session's load of it gets the error from its own read.
+                // Its file changed: a session's load of it gets the error from its own read. Said
+                // once (found by a probe: a line per chunk, thousands for a large file); the
+                // count ends the log's last line.
+                if failed == 0 {
+                    tracing::warn!(dataset = %rt.name, chunk, error = %e, "chunks parsed in the index pass are not used");
+                }
                 failed += 1;
-                tracing::warn!(dataset = %rt.name, chunk, error = %e, "a chunk parsed in the index pass is not used");
                 continue;
             }
         };

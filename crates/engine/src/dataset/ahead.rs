@@ -69,24 +69,34 @@ impl Dataset {
     }
 }
 
+/// What counts the chunks an index pass keeps against the process's memory bound, beyond the pass's
+/// own cap (the daemon's chunk cache, whose room moves while sessions on other datasets run): a
+/// guard that holds `bytes` until dropped, or `None` when there is no room for them now.
+pub type Reserve = Box<dyn Fn(u64) -> Option<Box<dyn std::any::Any + Send + Sync>> + Send + Sync>;
+
+/// A kept chunk, with what holds its bytes against the memory bound until it is taken.
+type Kept = (ParsedChunk, Option<Box<dyn std::any::Any + Send + Sync>>);
+
 /// The chunks one dataset's index pass parsed, until the daemon takes them.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(super) struct Ahead {
     /// Bytes the kept chunks may still take.
     room: AtomicU64,
+    /// Counts each kept chunk against the process's memory bound.
+    reserve: Option<Reserve>,
     /// A chunk did not fit: the rest are only counted.
     full: AtomicBool,
     /// The kept chunks, by their file and first byte.
-    chunks: Mutex<HashMap<(usize, u64), ParsedChunk>>,
+    chunks: Mutex<HashMap<(usize, u64), Kept>>,
 }
 
 impl Ahead {
-    /// Room for `bytes` of parsed chunks.
-    pub(super) fn new(bytes: u64) -> Self {
-        Self { room: AtomicU64::new(bytes), ..Self::default() }
+    /// Room for `bytes` of parsed chunks, each also counted by `reserve` when given.
+    pub(super) fn new(bytes: u64, reserve: Option<Reserve>) -> Self {
+        Self { room: AtomicU64::new(bytes), reserve, ..Self::default() }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u64), ParsedChunk>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(usize, u64), Kept>> {
         self.chunks.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -95,20 +105,28 @@ impl Ahead {
         !self.full.load(Ordering::Relaxed) && self.room.load(Ordering::Relaxed) > 0
     }
 
-    /// Keeps `chunk`, the one of file `file` that begins at byte `start`, if it fits.
+    /// Keeps `chunk`, the one of file `file` that begins at byte `start`, if it fits: in the
+    /// pass's cap, and in what `reserve` has room for now.
     fn keep(&self, file: usize, start: u64, chunk: ParsedChunk) {
         let size = chunk.size_bytes() as u64;
         let fits = self.room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| room.checked_sub(size)).is_ok();
-        if fits {
-            self.lock().insert((file, start), chunk);
-        } else {
-            self.full.store(true, Ordering::Relaxed);
+        let held = match (&self.reserve, fits) {
+            (_, false) => None,
+            (None, true) => Some(None),
+            (Some(reserve), true) => reserve(size).map(Some),
+        };
+        match held {
+            Some(guard) => {
+                self.lock().insert((file, start), (chunk, guard));
+            }
+            None => self.full.store(true, Ordering::Relaxed),
         }
     }
 
-    /// The chunk of file `file` that begins at byte `start`, taken (each is taken once).
+    /// The chunk of file `file` that begins at byte `start`, taken (each is taken once; what held
+    /// its bytes lets go, the taker counts them).
     pub(super) fn take(&self, file: usize, start: u64) -> Option<ParsedChunk> {
-        self.lock().remove(&(file, start))
+        self.lock().remove(&(file, start)).map(|(chunk, _)| chunk)
     }
 
     /// Whether it holds the chunk of file `file` that begins at byte `start`.
@@ -118,10 +136,10 @@ impl Ahead {
 
     /// Bytes of the chunks it holds.
     pub(super) fn bytes(&self) -> u64 {
-        self.lock().values().map(|c| c.size_bytes() as u64).sum()
+        self.lock().values().map(|(c, _)| c.size_bytes() as u64).sum()
     }
 
-    /// Lets go of every chunk not taken.
+    /// Lets go of every chunk not taken, and of what counts its bytes.
     pub(super) fn clear(&self) {
         let dropped = std::mem::take(&mut *self.lock());
         drop(dropped);

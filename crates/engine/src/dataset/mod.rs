@@ -47,6 +47,7 @@ mod read;
 mod versions;
 
 use crate::Result;
+pub use ahead::Reserve;
 pub use budgets::charge_chunk;
 pub use files::{resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
@@ -214,11 +215,27 @@ impl Dataset {
         remote: Option<Arc<Remote>>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
+        Self::open_reserving(config, state_dir, (limits, None), remote, progress)
+    }
+
+    /// [`Dataset::open_in`] where the chunks its index pass keeps
+    /// ([`IndexLimits::parse_ahead_bytes`]) are each also counted by `reserve` (the daemon's
+    /// chunk cache), and kept only while it has room for them.
+    ///
+    /// # Errors
+    /// As [`Dataset::open_in`].
+    pub fn open_reserving(
+        config: &DatasetConfig,
+        state_dir: &Path,
+        (limits, reserve): (IndexLimits, Option<Reserve>),
+        remote: Option<Arc<Remote>>,
+        progress: &mut dyn FnMut(IndexProgress),
+    ) -> Result<Self> {
         let r = remote.as_deref();
         let mut ds = match config.format {
-            FormatKind::Ctf => Self::open_ctf(config, state_dir, limits, r, progress),
+            FormatKind::Ctf => Self::open_ctf(config, state_dir, (limits, reserve), r, progress),
             FormatKind::Libsvm | FormatKind::LibsvmEx | FormatKind::Uch => {
-                Self::open_deepx(config, state_dir, limits, r, progress)
+                Self::open_deepx(config, state_dir, (limits, reserve), r, progress)
             }
             // Every other format is a record format of `format::registry`, opened from its options.
             _ if config.records.is_some() => Self::open_records(config, state_dir, limits, r, progress),

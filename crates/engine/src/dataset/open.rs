@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::ahead::{Ahead, FileAhead};
+use super::ahead::{Ahead, FileAhead, Reserve};
 use super::files::{index_with_cache, resolve_inputs, Input};
 use super::read::version_of;
 use super::{Dataset, IndexProgress, OpenSource, SourceDecoder, Stored};
@@ -27,7 +27,7 @@ impl Dataset {
     pub(super) fn open_ctf(
         config: &DatasetConfig,
         state_dir: &Path,
-        limits: IndexLimits,
+        (limits, reserve): (IndexLimits, Option<Reserve>),
         remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
@@ -48,7 +48,7 @@ impl Dataset {
         // A dataset of one source in line mode is parsed in its index pass, within the room given.
         let ahead =
             (one_source && limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
-                .then(|| Ahead::new(limits.parse_ahead_bytes));
+                .then(|| Ahead::new(limits.parse_ahead_bytes, reserve));
         for (src, files) in config.sources.iter().zip(resolved) {
             let decoder = CtfDecoder::new(&src.streams);
             let shapes: Vec<(usize, bool)> =
@@ -148,7 +148,7 @@ impl Dataset {
     pub(super) fn open_deepx(
         config: &DatasetConfig,
         state_dir: &Path,
-        limits: IndexLimits,
+        (limits, reserve): (IndexLimits, Option<Reserve>),
         remote: Option<&Remote>,
         progress: &mut dyn FnMut(IndexProgress),
     ) -> Result<Self> {
@@ -160,7 +160,7 @@ impl Dataset {
         let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let ahead = (limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
-            .then(|| Ahead::new(limits.parse_ahead_bytes));
+            .then(|| Ahead::new(limits.parse_ahead_bytes, reserve));
         let mut done = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
