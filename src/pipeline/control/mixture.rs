@@ -27,7 +27,7 @@ use minibatchd_client::protocol::{
 use minibatchd_engine::feed::window_floor_bytes;
 use minibatchd_engine::minibatch::StreamShape;
 use minibatchd_engine::sampling::mixture::{
-    Mixture, MixtureEpoch, MixtureOptions, WeightSchedule, WeightStage, Weights, MAX_WALK_SLOTS,
+    Mixture, MixtureEpoch, MixtureOptions, WeightSchedule, WeightStage, Weights,
 };
 use minibatchd_engine::sampling::{window_sequences, EpochLimit, Sampler, SamplingOptions, Tail};
 use minibatchd_shm::RingGeometry;
@@ -40,9 +40,12 @@ use super::open_session::{
 use super::peer::{ConnShared, Peer};
 use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
 use super::ControlPlane;
+
+mod epochs;
 use crate::config::mixture::{sources_of, stream_layout, MixtureConfig};
 use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::mixing::{from_wire, to_wire, MixturePlanner, PlannedSource};
+use epochs::{epoch_key, no_data_warning, walk};
 
 /// The `dataset` and `mixture` label of the sessions of mixtures given at `open`.
 pub(super) const AT_OPEN: &str = "at_open";
@@ -100,49 +103,6 @@ fn mixture_options_hash(runtimes: &[Arc<DatasetRuntime>], epoch: MixtureEpoch) -
         }
     }
     h.finish()
-}
-
-/// What the start of a mixture's epoch depends on besides the epoch: its data and order options
-/// (`identity`, `ohash`), the minibatch size and the weights by step (a schedule's steps are
-/// minibatches). The key of [`super::session::EpochStarts`].
-fn epoch_key(identity: u64, ohash: u64, minibatch_size: usize, schedule: &WeightSchedule) -> u64 {
-    let mut h = minibatchd_engine::hash::Fnv1a::new();
-    h.u64(identity);
-    h.u64(ohash);
-    h.u64(minibatch_size as u64);
-    for stage in schedule.stages() {
-        h.u64(stage.from_step);
-        for &p in stage.weights.parts() {
-            h.u64(p);
-        }
-    }
-    h.finish()
-}
-
-/// The state at the start of epoch `epoch` (`sweep`) of `mixture` (at the start of epoch 0):
-/// from the latest epoch start before it that a session walked to (`starts`), the epochs between
-/// walked ([`Mixture::skip_epochs`], bounded by [`MAX_WALK_SLOTS`] slots), and the result kept.
-fn epoch_start(
-    mixture: &mut Mixture,
-    epoch: u64,
-    minibatch_size: usize,
-    key: u64,
-    starts: &std::sync::Mutex<super::session::EpochStarts>,
-    cancelled: &std::sync::atomic::AtomicBool,
-) -> Result<minibatchd_client::protocol::MixtureState, String> {
-    let lock = || starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let known = lock().nearest(key, epoch);
-    let from = match known {
-        Some((e, state)) => {
-            mixture.restore(&from_wire(&state)).map_err(|e| e.to_string())?;
-            e
-        }
-        None => 0,
-    };
-    mixture.skip_epochs_unless(epoch - from, minibatch_size, MAX_WALK_SLOTS, cancelled).map_err(|e| e.to_string())?;
-    let state = to_wire(mixture.state());
-    lock().insert(key, epoch, state.clone());
-    Ok(state)
 }
 
 /// How a source samples: its dataset's `[sampling]`, one worker, endlessly.
@@ -461,47 +421,6 @@ fn admit(
 }
 
 /// [`epoch_start`] on a blocking thread: `mixture` (at epoch 0's start) at the start of `epoch`,
-/// and that state.
-async fn walk(
-    name: &str,
-    mut mixture: Mixture,
-    epoch: u64,
-    minibatch_size: usize,
-    key: u64,
-    shared: Arc<ControlPlane>,
-    cancelled: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<(Mixture, minibatchd_client::protocol::MixtureState), Refusal> {
-    let name = name.to_owned();
-    off_the_event_loop(move || {
-        let state = epoch_start(&mut mixture, epoch, minibatch_size, key, &shared.mixture_epochs, &cancelled);
-        state.map(|s| (mixture, s)).map_err(|message| Refusal::Mixture { name, message })
-    })
-    .await
-}
-
-/// The warning of a worker that gets nothing more in this epoch: the slots left are fewer than
-/// the workers, and they are dealt one a worker in turn (found by a probe: a mixture whose epoch
-/// ends with a short source's sweep gave the last workers nothing in every epoch, without the
-/// word a dataset's session gets). Walks at most as many slots as there are workers.
-fn no_data_warning(mixture: &mut Mixture, minibatch_size: usize) -> Result<Vec<String>, String> {
-    let (workers, rank) = (mixture.options().num_workers as u64, mixture.options().rank as u64);
-    if workers < 2 {
-        return Ok(Vec::new());
-    }
-    let Some(left) = mixture.slots_left_below(minibatch_size, workers).map_err(|e| e.to_string())? else {
-        return Ok(Vec::new());
-    };
-    let first = mixture.state().slots;
-    if (0..left).any(|i| (first + i) % workers == rank) {
-        return Ok(Vec::new());
-    }
-    Ok(vec![format!(
-        "worker {rank} of {workers} gets no data in the rest of this epoch: it has {left} slot(s) left, dealt one a \
-         worker in turn (slot g of an epoch to worker g mod {workers}); use fewer workers or a longer epoch \
-         (max_samples, or weights that end the first sweep later)"
-    )])
-}
-
 /// What `opened` says of a mixture's sources.
 fn mixture_info(runtimes: &[Arc<DatasetRuntime>]) -> MixtureInfo {
     MixtureInfo {

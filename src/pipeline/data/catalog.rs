@@ -22,7 +22,6 @@ use minibatchd_engine::options::IndexLimits;
 use minibatchd_engine::remote::Remote;
 use minibatchd_sys::HugePages;
 
-use super::chunk_cache::SharedCache;
 use super::indexing::Indexing;
 
 /// Why a session cannot have a dataset.
@@ -207,10 +206,20 @@ pub struct Catalog {
     /// `[daemon] huge_pages`, shared with every dataset, the parsed cache and the persister,
     /// and handed on by every reload, which sets it.
     huge: HugePages,
-    /// The chunk cache the index passes of this reopening count the chunks they parse against
-    /// ([`Dataset::open_reserving`]): kept only while it has room for them, as if they were in it;
-    /// `None`: nothing is parsed in a pass.
-    parse_ahead: Option<Arc<SharedCache>>,
+    /// What the index passes of this reopening count the chunks they parse against (the chunk
+    /// cache, [`super::DataPlane::parse_ahead_reserve`]; [`Dataset::open_reserving`]): kept only
+    /// while it has room for them, as if they were in it; `None`: nothing is parsed in a pass.
+    parse_ahead: Option<SharedReserve>,
+}
+
+/// [`Reserve`] shared by the index passes of one reopening.
+#[derive(Clone)]
+pub struct SharedReserve(pub Arc<dyn Fn(u64) -> Option<Box<dyn std::any::Any + Send + Sync>> + Send + Sync>);
+
+impl std::fmt::Debug for SharedReserve {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedReserve")
+    }
 }
 
 impl Catalog {
@@ -282,9 +291,7 @@ impl Catalog {
         // Each chunk a pass keeps is counted in the cache until the cache takes it: sessions on the
         // other datasets fill it meanwhile (found by a probe: a reload's pass kept a whole room of
         // chunks beside a full cache, twice the budget).
-        let reserve = self.parse_ahead.clone().map(|cache| -> Reserve {
-            Box::new(move |bytes| cache.try_charge(bytes).map(|c| Box::new(c) as Box<dyn std::any::Any + Send + Sync>))
-        });
+        let reserve = self.parse_ahead.clone().map(|shared| -> Reserve { Box::new(move |bytes| (shared.0)(bytes)) });
         let remote = self.remote.get().cloned();
         let opened = Dataset::open_reserving(d, &config.daemon.state_dir, (limits, reserve), remote, &mut |p| {
             indexing.advance(name, p, metrics);
@@ -336,7 +343,7 @@ impl Catalog {
         config: &Config,
         metrics: &Metrics,
         indexing: &Indexing,
-        parse_ahead: Option<&Arc<SharedCache>>,
+        parse_ahead: Option<SharedReserve>,
     ) -> (Self, CatalogChanges) {
         let mut catalog = Self {
             by_name: BTreeMap::new(),
@@ -345,7 +352,7 @@ impl Catalog {
             parsed: self.parsed.clone(),
             remote: self.remote.clone(),
             huge: self.huge.clone(),
-            parse_ahead: parse_ahead.cloned(),
+            parse_ahead,
         };
         let d = diff(&self.configs, &config.datasets);
         let mut changes = CatalogChanges { removed: d.removed, ..CatalogChanges::default() };

@@ -127,6 +127,17 @@ impl DataPlane {
         }
     }
 
+    /// What an index pass counts the chunks it parses against ([`catalog::SharedReserve`]): the
+    /// chunk cache, charged within its budget (found by a probe: a reload's pass kept chunks
+    /// nobody counted beside a cache that sessions filled, twice the budget).
+    #[must_use]
+    pub fn parse_ahead_reserve(&self) -> catalog::SharedReserve {
+        let cache = self.cache.clone();
+        catalog::SharedReserve(Arc::new(move |bytes| {
+            cache.try_charge(bytes).map(|c| Box::new(c) as Box<dyn std::any::Any + Send + Sync>)
+        }))
+    }
+
     /// The datasets in force.
     pub fn catalog(&self) -> Arc<Catalog> {
         self.catalog.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()

@@ -176,7 +176,7 @@ fn prepare(shared: &ControlPlane) -> Result<Prepared, ValidateError> {
         config.datasets.values_mut().for_each(|d| d.index_threads = threads);
     }
     let (catalog, changes) =
-        running.reopen(&config, &shared.data.metrics, &shared.data.indexing, Some(&shared.data.cache));
+        running.reopen(&config, &shared.data.metrics, &shared.data.indexing, Some(shared.data.parse_ahead_reserve()));
     Ok(Prepared { config, catalog, changes, restart, kept_limit: false })
 }
 
@@ -265,7 +265,7 @@ pub async fn open_at_start(shared: Arc<ControlPlane>) {
     let opened = off_the_loop(move || {
         let config = s.config();
         let (catalog, changes) =
-            s.data.catalog().reopen(&config, &s.data.metrics, &s.data.indexing, Some(&s.data.cache));
+            s.data.catalog().reopen(&config, &s.data.metrics, &s.data.indexing, Some(s.data.parse_ahead_reserve()));
         (Config::clone(&config), catalog, changes)
     })
     .await;

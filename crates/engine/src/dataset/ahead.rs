@@ -26,9 +26,52 @@ use crate::format::line_chunks::LineSink;
 use crate::format::record::{RecordAt, RecordDecoder};
 use crate::Result;
 
-use super::Dataset;
+use super::{Dataset, Persist};
 
 impl Dataset {
+    /// Chunk `chunk` as its index pass parsed it ([`crate::options::IndexLimits::parse_ahead_bytes`]), taken
+    /// (a later load parses its text), as [`Dataset::parse_chunk`] would return it; `None` when
+    /// the pass did not keep it.
+    ///
+    /// # Errors
+    /// The chunk's file changed since it was indexed.
+    pub fn take_parsed_in_pass(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
+        let Some(parsed) = self.take_parsed_ahead(chunk)? else { return Ok(None) };
+        // Kept only without a malformed place.
+        let none = vec![Vec::new(); self.sources.len()];
+        self.settle(chunk, parsed, &none).map(|(parsed, _)| Some(parsed))
+    }
+
+    /// A parsed chunk with the malformed places its parse found (`errors`, by source): charged,
+    /// kept with it for a reader that charges its own budget, and its write to the parsed cache
+    /// when it has none. Returns it with the places charged for the first time.
+    pub(super) fn settle(
+        &self,
+        chunk: usize,
+        mut parsed: ParsedChunk,
+        errors: &[Vec<Malformed>],
+    ) -> Result<(ParsedChunk, Vec<Malformed>)> {
+        let fresh = self.charge(errors)?;
+        if self.per_reader {
+            parsed.malformed = self.places_kept(errors.iter().map(Vec::as_slice));
+        }
+        // Only a chunk without malformed places is persisted: one with errors is parsed again
+        // each time, so its errors reach the budget and the logs exactly as without the cache.
+        if let Some(p) = &self.parsed {
+            if errors.iter().all(Vec::is_empty) {
+                match p.persist {
+                    Persist::OnLoad => p.cache.put(p.identity, &parsed),
+                    Persist::Later => {
+                        if let Some(flag) = p.pending.get(chunk) {
+                            flag.store(true, std::sync::atomic::Ordering::Release);
+                        }
+                    }
+                }
+            }
+        }
+        Ok((parsed, fresh))
+    }
+
     /// Chunk `chunk` as the index pass parsed it ([`crate::options::IndexLimits::parse_ahead_bytes`]), taken:
     /// a later parse reads its text. Served only while its file is unchanged since it was
     /// indexed, as a parse of its text would be.
@@ -74,8 +117,20 @@ impl Dataset {
 /// guard that holds `bytes` until dropped, or `None` when there is no room for them now.
 pub type Reserve = Box<dyn Fn(u64) -> Option<Box<dyn std::any::Any + Send + Sync>> + Send + Sync>;
 
+/// What holds bytes against the process's memory bound until dropped ([`Reserve`]).
+type Guard = Box<dyn std::any::Any + Send + Sync>;
+
 /// A kept chunk, with what holds its bytes against the memory bound until it is taken.
-type Kept = (ParsedChunk, Option<Box<dyn std::any::Any + Send + Sync>>);
+type Kept = (ParsedChunk, Guard);
+
+/// What a chunk being parsed in the pass may cost, per byte of its text, held against the memory
+/// bound before it is parsed: a parse that passes it is given up (the chunk is parsed when a
+/// session needs it). Dense CTF costs about 2 bytes a byte of text, libsvm's shortest lines
+/// (`1 1:1`) about 5.
+const EXPANSION: u64 = 8;
+
+/// Lines between two looks at what a chunk being parsed costs so far.
+const LOOK_EVERY: u64 = 256;
 
 /// The chunks one dataset's index pass parsed, until the daemon takes them.
 #[derive(Default)]
@@ -105,21 +160,31 @@ impl Ahead {
         !self.full.load(Ordering::Relaxed) && self.room.load(Ordering::Relaxed) > 0
     }
 
+    /// `bytes` held against the process's memory bound (by `reserve`, when given) until the guard
+    /// is dropped; `None` when there is no room for them (and no chunk is parsed in the pass from
+    /// then on).
+    fn hold(&self, bytes: u64) -> Option<Guard> {
+        let held = match &self.reserve {
+            // Nothing to hold them against: a guard of nothing.
+            None => Some(Box::new(()) as Guard),
+            Some(reserve) => reserve(bytes),
+        };
+        if held.is_none() {
+            self.full.store(true, Ordering::Relaxed);
+        }
+        held
+    }
+
     /// Keeps `chunk`, the one of file `file` that begins at byte `start`, if it fits: in the
     /// pass's cap, and in what `reserve` has room for now.
     fn keep(&self, file: usize, start: u64, chunk: ParsedChunk) {
         let size = chunk.size_bytes() as u64;
-        let fits = self.room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| room.checked_sub(size)).is_ok();
-        let held = match (&self.reserve, fits) {
-            (_, false) => None,
-            (None, true) => Some(None),
-            (Some(reserve), true) => reserve(size).map(Some),
-        };
-        match held {
-            Some(guard) => {
-                self.lock().insert((file, start), (chunk, guard));
-            }
-            None => self.full.store(true, Ordering::Relaxed),
+        if self.room.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |room| room.checked_sub(size)).is_err() {
+            self.full.store(true, Ordering::Relaxed);
+            return;
+        }
+        if let Some(guard) = self.hold(size) {
+            self.lock().insert((file, start), (chunk, guard));
         }
     }
 
@@ -172,6 +237,17 @@ pub(super) struct Target<'a> {
     pub max_values: usize,
     /// Buffers advised huge pages.
     pub huge: bool,
+    /// Most bytes its buffers may hold while it is parsed ([`EXPANSION`]), and what holds them
+    /// against the memory bound meanwhile (let go before the parsed chunk is kept).
+    pub most: (u64, Guard),
+}
+
+impl Target<'_> {
+    /// Whether a chunk at line `lines` whose buffers hold `bytes` may go on: looked at every
+    /// [`LOOK_EVERY`] lines.
+    fn within(&self, lines: u64, bytes: impl FnOnce() -> usize) -> bool {
+        !lines.is_multiple_of(LOOK_EVERY) || bytes() as u64 <= self.most.0
+    }
 }
 
 /// A CTF chunk's parse (a dataset of one source, in line mode), as `Dataset::decode_chunk` parses
@@ -224,7 +300,7 @@ impl<T: crate::format::ctf::Element> LineSink for CtfLines<'_, T> {
             return false;
         }
         self.lines += 1;
-        true
+        self.target.within(self.lines, || self.bufs.iter().map(StreamBuf::heap_bytes).sum())
     }
 
     fn done(self: Box<Self>, lines: u64) {
@@ -237,7 +313,7 @@ impl<T: crate::format::ctf::Element> LineSink for CtfLines<'_, T> {
             .zip(self.shapes)
             .map(|(buf, &(dim, sparse))| buf.into_stream_data(dim, sparse))
             .collect();
-        keep(&self.target, streams, lines);
+        keep(self.target, streams, lines);
     }
 }
 
@@ -263,24 +339,28 @@ impl<D: RecordDecoder, T: DeepxElement> LineSink for RecordLines<'_, D, T> {
             return false;
         }
         self.lines += 1;
-        true
+        let out = &*out;
+        target.within(self.lines, || d.buffer_bytes(out))
     }
 
     fn done(self: Box<Self>, lines: u64) {
         let Some(out) = self.out.filter(|_| lines == self.lines) else { return };
-        keep(&self.target, self.decoder.finish(out), lines);
+        keep(self.target, self.decoder.finish(out), lines);
     }
 }
 
-/// Keeps a chunk of `lines` sequences parsed into `streams`, if it fits.
-fn keep(target: &Target<'_>, mut streams: Vec<StreamData>, lines: u64) {
+/// Keeps a chunk of `lines` sequences parsed into `streams`, if it fits: what its parse held is
+/// let go, and what it holds now is held instead.
+fn keep(target: Target<'_>, mut streams: Vec<StreamData>, lines: u64) {
     let Ok(num_sequences) = usize::try_from(lines) else { return };
     for s in &mut streams {
         s.shrink_to_fit();
     }
     // The dataset's chunk number is set when it is taken.
     let chunk = ParsedChunk { chunk: 0, num_sequences, streams, malformed: Vec::new() };
-    target.ahead.keep(target.file, target.start, chunk);
+    let Target { ahead, file, start, most, .. } = target;
+    drop(most);
+    ahead.keep(file, start, chunk);
 }
 
 /// What the pass over one file of a dataset of one source needs to parse its chunks ahead.
@@ -325,14 +405,21 @@ impl<'a> FileAhead<'a> {
 
     fn target<T>(&self, start: u64, end: u64) -> Option<Target<'a>> {
         let ahead = self.ahead.filter(|a| a.wanted())?;
+        let bytes = end.saturating_sub(start);
+        // What its parse may cost, held before it starts (found by a probe: two chunks of 15
+        // million short lines parsed at once passed a 64 MiB limit fourfold, though no session
+        // could ever have them).
+        let most = bytes.saturating_mul(EXPANSION).saturating_add(1 << 20);
+        let held = ahead.hold(most)?;
         Some(Target {
             ahead,
             file: self.file,
             path: self.path,
             start,
-            bytes: end.saturating_sub(start),
+            bytes,
             max_values: usize::try_from(self.max_chunk_bytes / std::mem::size_of::<T>() as u64).unwrap_or(usize::MAX),
             huge: self.huge,
+            most: (most, held),
         })
     }
 

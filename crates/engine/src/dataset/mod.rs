@@ -566,49 +566,6 @@ impl Dataset {
         self.settle(chunk, parsed, &errors)
     }
 
-    /// Chunk `chunk` as its index pass parsed it ([`IndexLimits::parse_ahead_bytes`]), taken
-    /// (a later load parses its text), as [`Dataset::parse_chunk`] would return it; `None` when
-    /// the pass did not keep it.
-    ///
-    /// # Errors
-    /// The chunk's file changed since it was indexed.
-    pub fn take_parsed_in_pass(&self, chunk: usize) -> Result<Option<ParsedChunk>> {
-        let Some(parsed) = self.take_parsed_ahead(chunk)? else { return Ok(None) };
-        // Kept only without a malformed place.
-        let none = vec![Vec::new(); self.sources.len()];
-        self.settle(chunk, parsed, &none).map(|(parsed, _)| Some(parsed))
-    }
-
-    /// A parsed chunk with the malformed places its parse found (`errors`, by source): charged,
-    /// kept with it for a reader that charges its own budget, and its write to the parsed cache
-    /// when it has none. Returns it with the places charged for the first time.
-    fn settle(
-        &self,
-        chunk: usize,
-        mut parsed: ParsedChunk,
-        errors: &[Vec<Malformed>],
-    ) -> Result<(ParsedChunk, Vec<Malformed>)> {
-        let fresh = self.charge(errors)?;
-        if self.per_reader {
-            parsed.malformed = self.places_kept(errors.iter().map(Vec::as_slice));
-        }
-        // Only a chunk without malformed places is persisted: one with errors is parsed again
-        // each time, so its errors reach the budget and the logs exactly as without the cache.
-        if let Some(p) = &self.parsed {
-            if errors.iter().all(Vec::is_empty) {
-                match p.persist {
-                    Persist::OnLoad => p.cache.put(p.identity, &parsed),
-                    Persist::Later => {
-                        if let Some(flag) = p.pending.get(chunk) {
-                            flag.store(true, std::sync::atomic::Ordering::Release);
-                        }
-                    }
-                }
-            }
-        }
-        Ok((parsed, fresh))
-    }
-
     /// Whether chunk `chunk`'s bytes are in object storage and not in the object cache.
     #[must_use]
     pub fn object_range_missing(&self, chunk: usize) -> bool {

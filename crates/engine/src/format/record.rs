@@ -328,6 +328,9 @@ pub trait RecordDecoder: Send + Sync {
     /// Dense values the buffers hold (a chunk's are bounded by its share of the memory limit).
     fn dense_values<T: DeepxElement>(&self, out: &Self::Buffers<T>) -> usize;
 
+    /// Bytes the buffers hold (their capacities): what a chunk being parsed costs so far.
+    fn buffer_bytes<T: DeepxElement>(&self, out: &Self::Buffers<T>) -> usize;
+
     /// The chunk's streams.
     fn finish<T: DeepxElement>(&self, out: Self::Buffers<T>) -> Vec<StreamData>;
 }
@@ -355,6 +358,10 @@ impl RecordDecoder for DeepxDecoder {
 
     fn dense_values<T: DeepxElement>(&self, out: &DeepxBufs<T>) -> usize {
         out.y.len() + out.w.len() + out.hist_size.len() + out.qid.len()
+    }
+
+    fn buffer_bytes<T: DeepxElement>(&self, out: &DeepxBufs<T>) -> usize {
+        out.heap_bytes()
     }
 
     fn finish<T: DeepxElement>(&self, out: DeepxBufs<T>) -> Vec<StreamData> {
@@ -388,6 +395,10 @@ impl<D: StreamBufDecoder> RecordDecoder for D {
 
     fn dense_values<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
         StreamBufDecoder::dense_values(self, out)
+    }
+
+    fn buffer_bytes<T: DeepxElement>(&self, out: &Vec<StreamBuf<T>>) -> usize {
+        out.iter().map(StreamBuf::heap_bytes).sum()
     }
 
     fn finish<T: DeepxElement>(&self, out: Vec<StreamBuf<T>>) -> Vec<StreamData> {

@@ -85,6 +85,15 @@ impl<T> Default for StreamBuf<T> {
 }
 
 impl<T> StreamBuf<T> {
+    /// Bytes its vectors hold (their capacities): what a chunk being parsed costs so far.
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        self.values.capacity() * std::mem::size_of::<T>()
+            + self.indices.capacity() * 4
+            + (self.sample_offsets.capacity() + self.seq_offsets.capacity()) * 8
+            + self.bytes.capacity()
+    }
+
     /// Empty buffers, ready for the first sequence.
     #[must_use]
     pub fn new() -> Self {

@@ -32,6 +32,18 @@ pub struct DeepxBufs<T> {
     pub(super) surplus: SparseBuf<T>,
 }
 
+impl<T> DeepxBufs<T> {
+    /// Bytes its vectors hold (their capacities): what a chunk being parsed costs so far.
+    #[must_use]
+    pub fn heap_bytes(&self) -> usize {
+        let t = std::mem::size_of::<T>();
+        self.x.iter().chain(std::iter::once(&self.surplus)).map(SparseBuf::heap_bytes).sum::<usize>()
+            + (self.y.capacity() + self.w.capacity() + self.hist_size.capacity() + self.qid.capacity()) * t
+            + (self.uuid_offsets.capacity() + self.seq_offsets.capacity()) * 8
+            + self.uuid_bytes.capacity()
+    }
+}
+
 impl DeepxDecoder {
     /// Empty buffers for one chunk.
     #[must_use]

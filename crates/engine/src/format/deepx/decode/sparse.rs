@@ -30,6 +30,15 @@ pub(super) enum Ids {
 }
 
 impl<T> SparseBuf<T> {
+    /// Bytes its vectors hold (their capacities).
+    pub(super) fn heap_bytes(&self) -> usize {
+        let ids = match &self.ids {
+            Ids::Narrow(v) => v.capacity() * 4,
+            Ids::Wide(v) => v.capacity() * 8,
+        };
+        self.sample_offsets.capacity() * 8 + ids + self.values.capacity() * std::mem::size_of::<T>()
+    }
+
     pub(super) fn new(huge: bool) -> Self {
         Self {
             sample_offsets: vec![0],
