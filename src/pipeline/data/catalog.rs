@@ -95,6 +95,23 @@ pub struct DatasetRuntime {
 }
 
 impl DatasetRuntime {
+    /// Counts chunk `chunk` parsed from its text: a parse, and its bytes read.
+    pub fn count_parse(&self, chunk: usize) {
+        self.metrics.chunks_parsed.inc();
+        if let Some((_, start, end)) = self.dataset.chunk_byte_range(chunk) {
+            self.metrics.read_bytes.inc_by(end.saturating_sub(start));
+        }
+    }
+
+    /// Where `chunk` goes once in the chunk cache (`SharedCache::insert`): to the persister,
+    /// unless the dataset has no parsed cache or the chunk was read back from it (mapped).
+    pub fn persist_target(
+        self: &Arc<Self>,
+        chunk: &minibatchd_engine::format::chunk::ParsedChunk,
+    ) -> Option<Weak<Self>> {
+        (self.dataset.parsed_cache().is_some() && !chunk.is_mapped()).then(|| Arc::downgrade(self))
+    }
+
     fn new(index: u32, dataset: Dataset, metrics: DatasetMetrics) -> Self {
         let (dtype, value_bytes) = match dataset.config().precision {
             Precision::Float32 => ("float32", 4),

@@ -69,10 +69,7 @@ impl ParserWorker {
         let result = match loaded {
             Ok(Ok((chunk, fresh, parsed))) => {
                 if parsed {
-                    m.chunks_parsed.inc();
-                    if let Some((_, start, end)) = rt.dataset.chunk_byte_range(req.key.chunk as usize) {
-                        m.read_bytes.inc_by(end.saturating_sub(start));
-                    }
+                    rt.count_parse(req.key.chunk as usize);
                 }
                 for e in &fresh {
                     m.parse_error(e.kind).inc();
@@ -84,11 +81,7 @@ impl ParserWorker {
                     tracing::warn!(dataset = %rt.name, more = fresh.len() - 10, "more malformed input in this chunk");
                 }
                 let chunk = Arc::new(chunk);
-                // A chunk read back from the parsed cache (mapped) has nothing to persist; the
-                // others go to the persister once in the chunk cache (`SharedCache::insert`).
-                if rt.dataset.parsed_cache().is_some() && !chunk.is_mapped() {
-                    persist = Some(Arc::downgrade(&rt));
-                }
+                persist = rt.persist_target(&chunk);
                 Ok(chunk)
             }
             Ok(Err(e)) => {

@@ -70,6 +70,17 @@ enum Ended {
     Replaced,
 }
 
+/// Whether `rt` is still to be loaded: the daemon is not stopping, and it is the version in force.
+fn still_wanted(shared: &DataPlane, rt: &DatasetRuntime) -> Result<(), Ended> {
+    if shared.health.phase() == Phase::Stopping {
+        return Err(Ended::Stopping);
+    }
+    match shared.catalog().get(&rt.name) {
+        Ok(current) if current.index == rt.index => Ok(()),
+        _ => Err(Ended::Replaced),
+    }
+}
+
 /// Moves the chunks `rt`'s index pass parsed into the chunk cache, in file order, while it has
 /// room for each (evicting nothing) and the dataset is still the one in force: straight into the
 /// cache, as the parser pool would put them there (counted as parsed, handed to the persister),
@@ -79,12 +90,8 @@ fn adopt(shared: &DataPlane, rt: &Arc<DatasetRuntime>) {
     let (mut moved, mut failed) = (0usize, 0usize);
     let mut ended = None;
     for chunk in rt.dataset.parsed_ahead() {
-        if shared.health.phase() == Phase::Stopping {
-            ended = Some(Ended::Stopping);
-            break;
-        }
-        if !matches!(shared.catalog().get(&rt.name), Ok(current) if current.index == rt.index) {
-            ended = Some(Ended::Replaced);
+        if let Err(e) = still_wanted(shared, rt) {
+            ended = Some(e);
             break;
         }
         let key = ChunkKey::new(rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
@@ -110,13 +117,9 @@ fn adopt(shared: &DataPlane, rt: &Arc<DatasetRuntime>) {
             ended = Some(Ended::Budget);
             break;
         }
-        let m = &rt.metrics;
-        m.chunks_parsed.inc();
-        if let Some((_, start, end)) = rt.dataset.chunk_byte_range(chunk) {
-            m.read_bytes.inc_by(end.saturating_sub(start));
-        }
+        rt.count_parse(chunk);
         let parsed = Arc::new(parsed);
-        let persist = rt.dataset.parsed_cache().is_some().then(|| Arc::downgrade(rt));
+        let persist = rt.persist_target(&parsed);
         shared.cache.insert(ParsedMsg { key, result: Ok(parsed), persist });
         moved += 1;
     }
@@ -126,20 +129,11 @@ fn adopt(shared: &DataPlane, rt: &Arc<DatasetRuntime>) {
 
 fn run(shared: &DataPlane, rt: &DatasetRuntime) {
     let started = Instant::now();
-    let list: Vec<usize> = (0..rt.dataset.chunks().len()).collect();
-    let chunks = list.len();
+    let chunks = rt.dataset.chunks().len();
     let stop = AtomicBool::new(false);
     // Raised by a watcher of the daemon's phase and the dataset's presence, so a preload blocked
     // on a chunk notices promptly.
-    let still_wanted = || {
-        if shared.health.phase() == Phase::Stopping {
-            return Err(Ended::Stopping);
-        }
-        match shared.catalog().get(&rt.name) {
-            Ok(current) if current.index == rt.index => Ok(()),
-            _ => Err(Ended::Replaced),
-        }
-    };
+    let still_wanted = || still_wanted(shared, rt);
     let mut loaded = 0usize;
     let mut failed = 0usize;
     let mut ended = None;
@@ -153,7 +147,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
                 std::thread::sleep(STOP_POLL);
             }
         });
-        for (i, &chunk) in list.iter().enumerate() {
+        for chunk in 0..chunks {
             if let Err(e) = still_wanted() {
                 ended = Some(e);
                 break;
@@ -169,7 +163,7 @@ fn run(shared: &DataPlane, rt: &DatasetRuntime) {
             let key = ChunkKey::new(rt.index, u32::try_from(chunk).unwrap_or(u32::MAX));
             // The next chunk is requested ahead only when it fits beside this one.
             let room_for_two = stats.bytes.saturating_add(average.saturating_mul(2)) <= budget;
-            if let Some(&next) = list.get(i + 1).filter(|_| room_for_two) {
+            if let Some(next) = chunk.checked_add(1).filter(|&n| n < chunks && room_for_two) {
                 shared.cache.prefetch(None, [ChunkKey::new(rt.index, u32::try_from(next).unwrap_or(u32::MAX))]);
             }
             match shared.cache.get_for_preload(key, &stop) {
