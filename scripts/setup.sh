@@ -5,6 +5,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# apt-get, root or through sudo, waiting while another apt holds its locks (a machine's own
+# first-boot apt, or a second setup): apt-get update does not wait for the lists lock itself,
+# and a skipped install only shows later as a failing test.
+apt_get() {
+  local sudo="" out
+  [ "$(id -u)" = 0 ] || sudo="sudo"
+  for _ in $(seq 120); do
+    if out=$($sudo env DEBIAN_FRONTEND=noninteractive apt-get "$@" 2>&1); then
+      printf '%s' "$out"; return 0
+    fi
+    case "$out" in
+      *"Could not get lock"*) sleep 5 ;;
+      *) printf '%s\n' "$out" >&2; return 1 ;;
+    esac
+  done
+  echo "setup.sh: apt's lock was still held after 10 minutes" >&2
+  return 1
+}
+
 need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
@@ -13,14 +32,14 @@ command -v curl >/dev/null || need_apt+=(curl ca-certificates)
 [ -x /usr/bin/time ] || need_apt+=(time)   # benchmark scripts report max RSS with it
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)   # tests/ops.rs verifies the unit with it
 if [ ${#need_apt[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need_apt[@]}"
+  apt_get update -qq
+  apt_get install -y -qq "${need_apt[@]}"
 fi
 # tests/prometheus.rs: a real Prometheus scrapes the daemon and promtool runs the alerts' unit
 # tests. Debian's package, without its recommends (node exporter & co.); its service is not used.
 if ! { [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ]; }; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+  apt_get update -qq
+  apt_get install -y -qq --no-install-recommends prometheus
 fi
 
 if ! command -v cargo >/dev/null && [ -x "$HOME/.cargo/bin/cargo" ]; then
@@ -31,8 +50,7 @@ if ! command -v cargo >/dev/null; then
     sh /tmp/rustup-init.sh -y --profile minimal --component clippy,rustfmt
     export PATH="$HOME/.cargo/bin:$PATH"
   else
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get install -y -qq cargo rustc rustfmt rust-clippy
+    apt_get install -y -qq cargo rustc rustfmt rust-clippy
   fi
 fi
 # The test command checks formatting and lints (scripts/test.sh).
