@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Slot;
-use crate::sampling::mt64::Mt19937_64;
+use crate::sampling::mt64::{Mt19937_64, Range};
 use crate::sampling::randomizer::{shuffle_chunks, sweep_windows, ChunkWindow};
 use crate::sampling::{to_u32, SeqRef, Timeline, Window};
 
@@ -206,24 +206,26 @@ impl Shuffle {
             // One window over the sweep: each position swaps with one anywhere in it. The draws
             // are made a few positions ahead — the same draws in the same order — so the slot
             // each swap reads is on its way into the cache before the swap needs it.
+            let range = Range::new(0, total);
             let mut ahead = [0usize; DRAWS_AHEAD];
             for j in ahead.iter_mut().take(end - start) {
-                *j = self.rng.rand_range(0, total);
+                *j = self.rng.draw(&range);
                 minibatchd_sys::prefetch(std::slice::from_ref(&slots[*j - base]));
             }
             for t in start..end {
                 let at = (t - start) % DRAWS_AHEAD;
                 let j = ahead[at];
                 if t + DRAWS_AHEAD < end {
-                    ahead[at] = self.rng.rand_range(0, total);
+                    ahead[at] = self.rng.draw(&range);
                     minibatchd_sys::prefetch(std::slice::from_ref(&slots[ahead[at] - base]));
                 }
                 slots.swap(t - base, j - base);
             }
         } else {
+            let range = Range::new(lo, hi);
             for t in start..end {
                 loop {
-                    let j = self.rng.rand_range(lo, hi);
+                    let j = self.rng.draw(&range);
                     let j_chunk = window.begin as usize + chunk_within(window_first, chunks_in_window, j);
                     let j_window = self.windows[j_chunk];
                     // Each sequence must stay within the window of the chunk it lands in. j == t is
