@@ -45,10 +45,14 @@ def main():
         if first is None:
             first = time.perf_counter() - t0
         x = mb[fs].asarray()
-        _ = mb[ls].data
+        labels = mb[ls].data
         samples += mb[fs].num_samples
-        del x
-        if mb[fs].sweep_end:
+        sweep_end = mb[fs].sweep_end
+        # Nothing of this minibatch may outlive it: CNTK's prefetch resizes the buffers behind
+        # it during the next call, and throws "Cannot resize the matrix because it is a view"
+        # (seen once in three runs) when a view of them is still held.
+        del x, labels, mb
+        if sweep_end:
             now = time.perf_counter()
             per_sweep.append([now - at, samples - sum(n for _, n in per_sweep)])
             at = now
