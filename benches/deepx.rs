@@ -1,6 +1,8 @@
 //! Decode throughput of the deepx `libsvm` format on seeded Criteo-like lines (a label and 39
 //! features: 13 numeric `id:value` with ids 1..=13, 26 hashed categorical `id:1`), in bytes/s,
-//! single-threaded; plus the line index pass. The same generator feeds
+//! single-threaded; plus the line index pass, and the decode of lines of 10 signed numeric features
+//! of six decimals (`numeric10`: the shape of `minibatchd-gen libsvm F BYTES 10`, half of the values
+//! negative). The Criteo-like generator feeds
 //! `scripts/bench/bench_libsvm.sh` (through `src/bin/parse_rate.rs`, binary `minibatchd-parse-rate`).
 //!
 //! `cargo bench --bench deepx`; figures and the machine are recorded in docs/benchmarks.md.
@@ -54,6 +56,30 @@ fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(
     bufs.x[0].len()
 }
 
+/// `bytes` of lines of 10 numeric features `k:±0.dddddd` (ids 1..=10), a label `0` or `1`: about
+/// half of the values negative, in an order a branch predictor cannot learn.
+fn numeric10(bytes: usize) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut text = Vec::with_capacity(bytes + 128);
+    while text.len() < bytes {
+        write!(text, "{}", next() % 2).expect("a write to a Vec");
+        for k in 1..=10 {
+            let r = next();
+            let sign = if r & 1 == 1 { "-" } else { "" };
+            write!(text, " {k}:{sign}0.{:06}", (r >> 1) % 1_000_000).expect("a write to a Vec");
+        }
+        text.push(b'\n');
+    }
+    text
+}
+
 /// The benchmark group.
 fn bench(c: &mut Criterion) {
     let text = criteo_gen::generate(32 << 20, 42);
@@ -74,6 +100,12 @@ fn bench(c: &mut Criterion) {
     let general = dec.clone().general_only();
     g.bench_with_input(BenchmarkId::new("decode_f32_general_readers", "criteo_libsvm"), &text, |b, t| {
         b.iter(|| decode_all::<f32>(&general, t, &idx));
+    });
+    let text = numeric10(32 << 20);
+    let idx = index(&text);
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_with_input(BenchmarkId::new("decode_f32", "numeric10"), &text, |b, t| {
+        b.iter(|| decode_all::<f32>(&dec, t, &idx));
     });
     g.finish();
 }
