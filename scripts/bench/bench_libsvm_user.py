@@ -92,9 +92,12 @@ def main() -> None:
     ap.add_argument("--randomize", action="store_true")
     ap.add_argument("--workdir", default=str(ROOT / "target" / "bench-libsvm"))
     a = ap.parse_args()
-    work = Path(a.workdir)
+    # Absolute, as every path the daemon's configuration names: it resolves a relative one against
+    # its own directory (a relative --workdir once left the consumer waiting for a socket that was
+    # made elsewhere).
+    work = Path(a.workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    data = Path(a.file) if a.file else work / f"criteo-{a.size_bytes}.svm"
+    data = (Path(a.file) if a.file else work / f"criteo-{a.size_bytes}.svm").resolve()
     if not data.exists():
         subprocess.run(["cargo", "build", "--release", "-p", "minibatchd-bench-tools", "--bin", "minibatchd-parse-rate"], check=True, cwd=ROOT)
         subprocess.run([str(ROOT / "target" / "release" / "minibatchd-parse-rate"), "generate", str(data), str(a.size_bytes)], check=True)
