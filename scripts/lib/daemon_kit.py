@@ -69,9 +69,14 @@ def spawn(config: Path, *, binary: Path = DAEMON, env: Optional[dict] = None, lo
     return subprocess.Popen([str(binary), "run", "--config", str(config)], env=dict(os.environ, **(env or {})), **out)
 
 
-def wait_for_socket(sock: str, interval: float, daemon: Optional[subprocess.Popen] = None) -> None:
+def wait_for_socket(sock: str, interval: float, daemon: Optional[subprocess.Popen] = None,
+                    deadline: float = 300) -> None:
     """Until the daemon accepts a connection on `sock`, looking every `interval` seconds; exits
-    if `daemon` (a process, when given) ends first."""
+    if `daemon` (a process, when given) ends first, or when nothing listens there within
+    `deadline` seconds (the daemon listens at once and indexes behind its socket, so a longer
+    wait means the socket is elsewhere — a relative path in a configuration is resolved against
+    the configuration's directory — and a benchmark would otherwise wait until it is killed)."""
+    until = time.monotonic() + deadline
     while True:
         try:
             s = socket.socket(socket.AF_UNIX)
@@ -81,6 +86,8 @@ def wait_for_socket(sock: str, interval: float, daemon: Optional[subprocess.Pope
         except OSError:
             if daemon is not None and daemon.poll() is not None:
                 sys.exit("the daemon exited")
+            if time.monotonic() > until:
+                sys.exit(f"nothing listened on {sock} within {deadline:g} s")
             time.sleep(interval)
 
 
