@@ -60,18 +60,12 @@ fn decode_all<T: minibatchd_engine::format::deepx::DeepxElement>(
 /// half of the values negative, in an order a branch predictor cannot learn.
 fn numeric10(bytes: usize) -> Vec<u8> {
     use std::io::Write as _;
-    let mut state = 0x2545_f491_4f6c_dd1d_u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = criteo_gen::Rng(0x2545_f491_4f6c_dd1d);
     let mut text = Vec::with_capacity(bytes + 128);
     while text.len() < bytes {
-        write!(text, "{}", next() % 2).expect("a write to a Vec");
+        write!(text, "{}", rng.next() % 2).expect("a write to a Vec");
         for k in 1..=10 {
-            let r = next();
+            let r = rng.next();
             let sign = if r & 1 == 1 { "-" } else { "" };
             write!(text, " {k}:{sign}0.{:06}", (r >> 1) % 1_000_000).expect("a write to a Vec");
         }

@@ -136,10 +136,9 @@ impl Range {
         #[allow(clippy::cast_possible_truncation)] // the low half, on purpose
         let (hi, lo) = (low >> 64, u128::from(low as u64));
         // hi * d <= (2^64 - 1)^2 and the carry is below 2^64: no overflow.
-        let rem = (hi * d + ((lo * d) >> 64)) >> 64;
         // Below `span`, which came from a usize.
         #[allow(clippy::cast_possible_truncation)]
-        let rem = rem as usize;
+        let rem = ((hi * d + ((lo * d) >> 64)) >> 64) as usize;
         rem
     }
 }
