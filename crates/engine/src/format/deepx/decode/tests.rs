@@ -487,14 +487,14 @@ fn the_plain_feature_fast_path_decodes_as_the_general_readers_do() {
         let fast = DeepxDecoder::new(Schema::new(format, &options));
         let general = fast.clone().general_only();
         let mut text = String::new();
-        for _ in 0..400 {
+        for _ in 0..600 {
             let _ = write!(text, "{}", next(2));
             if options.qid {
                 let _ = write!(text, " qid:{}", next(100));
             }
             for f in 0..next(40) {
                 let blank = [" ", " ", " ", "\t", "  "][next(5) as usize];
-                let text_of = match next(20) {
+                let text_of = match next(21) {
                     0..=7 => format!("{}:1", next(20_000_000)),
                     8..=13 => format!("{}:{}.{:0w$}", next(1000), next(10), next(10_000_000), w = 1 + next(7) as usize),
                     14 => format!("{}:-{}.{}", next(100), next(10), next(1000)),
@@ -502,6 +502,12 @@ fn the_plain_feature_fast_path_decodes_as_the_general_readers_do() {
                     16 => format!("{}:1", next(u64::MAX)),
                     17 => format!("{}", next(1000)),
                     18 => ["|", "0:1", "1:0.5x", "3:1,4:1", "1:1.5.5", "#c", "7:12.25"][next(7) as usize].to_owned(),
+                    // Tokens longer than the decoder's block of 64 bytes.
+                    19 => match next(3) {
+                        0 => format!("{}:0.{}5", next(100), "0".repeat(50 + next(80) as usize)),
+                        1 => format!("|{}", "1|".repeat(30 + next(20) as usize)),
+                        _ => format!("{}:1{}", next(100), "x".repeat(60 + next(10) as usize)),
+                    },
                     _ => format!("{}:{}.{}", next(100_000_000), next(10), next(100_000_000)),
                 };
                 let _ = write!(text, "{blank}{text_of}");
