@@ -215,6 +215,32 @@ pub fn gather(
     assemble(index, plan, shapes, frame_mode, held, &located, &[])
 }
 
+/// Errors unless chunk `chunk` (`parsed`, its streams in the order `map` gives) stores each of
+/// `streams` with the declared kind, precision and dimension.
+fn check_streams(parsed: &ParsedChunk, map: Option<&[usize]>, streams: &[GatheredStream], chunk: u32) -> Result<()> {
+    for (k, out) in streams.iter().enumerate() {
+        let stream = map.and_then(|m| m.get(k).copied()).unwrap_or(k);
+        let Some(sd) = parsed.streams.get(stream) else {
+            return Err(DataError::Dataset(format!("chunk {chunk} has no stream {stream}")));
+        };
+        if shape_of_kind(shape_of(&sd.data)) != shape_of_kind(out.shape) {
+            return Err(DataError::Dataset(format!(
+                "stream {} of chunk {chunk} is not stored as the dataset declares (kind or precision)",
+                out.index
+            )));
+        }
+        if let (StreamValues::Dense { dim, .. }, Shape::Dense { dim: declared, .. }) = (&sd.data, out.shape) {
+            if *dim != declared {
+                return Err(DataError::Dataset(format!(
+                    "stream {} of chunk {chunk} has dimension {dim}, the dataset declares {declared}",
+                    out.index
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Passes 2 and 3 of [`gather`]: the sample and entry ranges of the plan's sequences, sequence
 /// `i` of the plan being sequence `located[i].1` of `held[located[i].0]`. Stream `k` of the
 /// minibatch is stream `maps[c][k]` of held chunk `c`, or stream `k` where `maps` has no entry
@@ -240,28 +266,19 @@ fn assemble(
             entries: 0,
         })
         .collect();
+    // Each chunk's streams are checked against the declared shapes once, at its first sequence.
+    let mut checked = vec![false; held.len()];
     // Pass 2: sample ranges (and prefetch the entry offsets of sparse and string streams).
     for (&(at, local), r) in located.iter().zip(&plan.sequences) {
         let map = maps.get(at).copied();
+        if !checked[at] {
+            check_streams(&held[at], map, &streams, r.chunk)?;
+            checked[at] = true;
+        }
         for (k, out) in streams.iter_mut().enumerate() {
             let stream = map.and_then(|m| m.get(k).copied()).unwrap_or(k);
-            let Some(sd) = held[at].streams.get(stream) else {
-                return Err(DataError::Dataset(format!("chunk {} has no stream {stream}", r.chunk)));
-            };
-            if shape_of_kind(shape_of(&sd.data)) != shape_of_kind(out.shape) {
-                return Err(DataError::Dataset(format!(
-                    "stream {} of chunk {} is not stored as the dataset declares (kind or precision)",
-                    out.index, r.chunk
-                )));
-            }
-            if let (StreamValues::Dense { dim, .. }, Shape::Dense { dim: declared, .. }) = (&sd.data, out.shape) {
-                if *dim != declared {
-                    return Err(DataError::Dataset(format!(
-                        "stream {} of chunk {} has dimension {dim}, the dataset declares {declared}",
-                        out.index, r.chunk
-                    )));
-                }
-            }
+            // `check_streams` found it.
+            let sd = &held[at].streams[stream];
             let (s0, s1) = sd.sample_range(local);
             if frame_mode && s1 - s0 > 1 {
                 return Err(DataError::NonFrame {

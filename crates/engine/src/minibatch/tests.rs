@@ -304,3 +304,34 @@ fn parts_refuse_to_finish_before_every_chunk_is_taken_and_a_plan_sequence_a_chun
     let err = parts.take(plans, &shifted, 0, &map[&0]).expect_err("sequence 0 is before chunk 0");
     assert_eq!(err.to_string(), "sequence 0 is not in chunk 0");
 }
+
+#[test]
+fn a_chunk_stored_otherwise_than_declared_is_refused_naming_its_stream() {
+    use crate::format::chunk::StreamKind;
+    use crate::sampling::{MinibatchPlan, SeqRef};
+    let (timeline, mut map) = chunks(false, Ids::Ctf, [false; 2]);
+    // Sequences of both chunks; the check is made at each chunk's first sequence.
+    let plan = MinibatchPlan {
+        sequences: vec![SeqRef { seq: 0, chunk: 0 }, SeqRef { seq: 5, chunk: 1 }, SeqRef { seq: 1, chunk: 0 }],
+        sweep: 0,
+        end_of_sweep: false,
+        position: 0,
+        retire: Vec::new(),
+        samples: 3,
+        next_sweeps_at: Vec::new(),
+    };
+    let good = shapes(false, Ids::Ctf);
+    super::gather(0, &plan, &timeline, &good, false, &mut map).expect("the declared shapes");
+    let mut wider = good.clone();
+    wider[0].dim = 3;
+    let err = super::gather(0, &plan, &timeline, &wider, false, &mut map).expect_err("dimension 2, not 3");
+    assert_eq!(err.to_string(), "stream 0 of chunk 0 has dimension 2, the dataset declares 3");
+    let mut f64s = good.clone();
+    f64s[1].float64 = true;
+    let err = super::gather(0, &plan, &timeline, &f64s, false, &mut map).expect_err("f32, not f64");
+    assert_eq!(err.to_string(), "stream 1 of chunk 0 is not stored as the dataset declares (kind or precision)");
+    let mut more = good;
+    more.push(super::StreamShape { kind: StreamKind::Dense, dim: 1, float64: false });
+    let err = super::gather(0, &plan, &timeline, &more, false, &mut map).expect_err("no fourth stream");
+    assert_eq!(err.to_string(), "chunk 0 has 3 streams but 4 stream shapes were given");
+}
