@@ -502,7 +502,7 @@ fn the_plain_feature_fast_path_decodes_as_the_general_readers_do() {
                     16 => format!("{}:1", next(u64::MAX)),
                     17 => format!("{}", next(1000)),
                     18 => ["|", "0:1", "1:0.5x", "3:1,4:1", "1:1.5.5", "#c", "7:12.25"][next(7) as usize].to_owned(),
-                    // Tokens longer than the decoder's block of 64 bytes.
+                    // Tokens longer than 64 bytes, far past the fast path's 24-byte window.
                     19 => match next(3) {
                         0 => format!("{}:0.{}5", next(100), "0".repeat(50 + next(80) as usize)),
                         1 => format!("|{}", "1|".repeat(30 + next(20) as usize)),
