@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::format::chunk::{Indices, ParsedChunk, StreamKind, StreamSpec, StreamValues, Values};
+use crate::format::chunk::{Indices, ParsedChunk, StreamData, StreamKind, StreamSpec, StreamValues, Values};
 use crate::format::errors::DataError;
 use crate::sampling::{MinibatchPlan, Timeline};
 use crate::Result;
@@ -367,23 +367,6 @@ fn copy_small(dst: &mut [u8], src: &[u8]) {
     }
 }
 
-fn value_bytes(v: &Values, range: std::ops::Range<usize>) -> &[u8] {
-    match v {
-        Values::F32(x) => minibatchd_sys::as_bytes(&x[range]),
-        Values::F64(x) => minibatchd_sys::as_bytes(&x[range]),
-    }
-}
-
-/// The stored bytes of `range` of `v`: what the output holds, except for narrow ids
-/// ([`Indices::U32`]), which the gather widens (these bytes then serve the prefetch only).
-fn index_bytes(v: &Indices, range: std::ops::Range<usize>) -> &[u8] {
-    match v {
-        Indices::I32(x) => minibatchd_sys::as_bytes(&x[range]),
-        Indices::U32(x) => minibatchd_sys::as_bytes(&x[range]),
-        Indices::U64(x) => minibatchd_sys::as_bytes(&x[range]),
-    }
-}
-
 /// Writes `values` as native-endian `i32`s into `out`.
 fn put_i32s(out: &mut [u8], values: &[i32]) {
     for (dst, v) in out.chunks_exact_mut(4).zip(values) {
@@ -396,6 +379,89 @@ fn widen_ids(out: &mut [u8], ids: &[u32]) {
     for (dst, &id) in out.chunks_exact_mut(8).zip(ids) {
         dst.copy_from_slice(&u64::from(id).to_ne_bytes());
     }
+}
+
+/// One array of a held chunk's stream, for the copy of a tensor: its bytes and the width of an
+/// entry, or 32-bit feature ids that the copy widens to 64 bits.
+#[derive(Debug, Clone, Copy)]
+enum Array<'a> {
+    Bytes(&'a [u8], usize),
+    Narrow(&'a [u32]),
+}
+
+impl<'a> Array<'a> {
+    /// The array of `data` that tensor field `field` copies.
+    fn of(field: Field, data: &'a StreamValues) -> Self {
+        let values = |v: &'a Values| match v {
+            Values::F32(x) => Array::Bytes(minibatchd_sys::as_bytes(x), 4),
+            Values::F64(x) => Array::Bytes(minibatchd_sys::as_bytes(x), 8),
+        };
+        match (field, data) {
+            (Field::DenseValues, StreamValues::Dense { values: v, .. })
+            | (Field::SparseValues, StreamValues::Sparse { values: v, .. }) => values(v),
+            (Field::Indices, StreamValues::Sparse { indices, .. }) => match indices {
+                Indices::I32(x) => Array::Bytes(minibatchd_sys::as_bytes(x), 4),
+                Indices::U32(x) => Array::Narrow(x),
+                Indices::U64(x) => Array::Bytes(minibatchd_sys::as_bytes(x), 8),
+            },
+            (Field::StringBytes, StreamValues::Strings { bytes, .. }) => Array::Bytes(bytes, 1),
+            _ => unreachable!("a stream keeps its kind across chunks (checked in gather)"),
+        }
+    }
+
+    /// Entries `range` of the array.
+    fn range(self, range: std::ops::Range<usize>) -> Self {
+        match self {
+            Array::Bytes(b, width) => Array::Bytes(&b[range.start * width..range.end * width], width),
+            Array::Narrow(ids) => Array::Narrow(&ids[range]),
+        }
+    }
+
+    /// Its stored bytes: what the output holds, except for narrow ids, whose bytes serve the
+    /// prefetch only.
+    fn bytes(self) -> &'a [u8] {
+        match self {
+            Array::Bytes(b, _) => b,
+            Array::Narrow(ids) => minibatchd_sys::as_bytes(ids),
+        }
+    }
+}
+
+/// Something found in each held chunk's stream that a tensor's pieces come from, found once per
+/// chunk: a piece's is then an index, not a walk through the chunk's streams.
+struct PerChunk<'a, T, F> {
+    /// Per held chunk: the stream the pieces read, and what was found in it.
+    found: Vec<Option<(usize, T)>>,
+    find: F,
+    chunks: &'a [Arc<ParsedChunk>],
+}
+
+impl<'a, T: Copy, F: Fn(&'a StreamData) -> T> PerChunk<'a, T, F> {
+    /// What was found for piece `p`'s chunk and stream.
+    #[inline]
+    fn of(&self, p: &Piece) -> T {
+        match self.found[p.chunk] {
+            Some((stream, x)) if stream == p.stream => x,
+            // A held chunk's pieces of one output stream all read the same stream of it (the
+            // map of its dataset); found again rather than trusted.
+            _ => (self.find)(&self.chunks[p.chunk].streams[p.stream]),
+        }
+    }
+}
+
+/// [`PerChunk`] of `pieces`, each chunk's found by `find` at its first piece.
+fn per_chunk<'a, T: Copy, F: Fn(&'a StreamData) -> T>(
+    chunks: &'a [Arc<ParsedChunk>],
+    pieces: &[Piece],
+    find: F,
+) -> PerChunk<'a, T, F> {
+    let mut found: Vec<Option<(usize, T)>> = vec![None; chunks.len()];
+    for p in pieces {
+        if found[p.chunk].is_none() {
+            found[p.chunk] = Some((p.stream, find(&chunks[p.chunk].streams[p.stream])));
+        }
+    }
+    PerChunk { found, find, chunks }
 }
 
 impl Gathered {
@@ -523,7 +589,6 @@ impl SlotSource for Gathered {
             return;
         }
         let s = &self.streams[t.stream];
-        let data = |p: &Piece| &self.chunks[p.chunk].streams[p.stream].data;
         match t.field {
             Field::SequenceOffsets => {
                 put_i64s(out, std::iter::once(0).chain(s.sequence_ends.iter().map(|&end| i64_of(end))));
@@ -533,63 +598,58 @@ impl SlotSource for Gathered {
                 if let Some(first) = rows.next() {
                     first.copy_from_slice(&0i64.to_ne_bytes());
                 }
+                let offsets = per_chunk(&self.chunks, &s.pieces, |sd| match &sd.data {
+                    _ if sd.unit_entries() => None,
+                    StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
+                        Some(o.as_slice())
+                    }
+                    StreamValues::Dense { .. } => unreachable!("offsets of a dense stream"),
+                });
                 let mut at = 0usize;
                 for p in &s.pieces {
-                    let sd = &self.chunks[p.chunk].streams[p.stream];
-                    if sd.unit_entries() {
+                    match offsets.of(p) {
                         // Entry k of the piece is sample k: its end offset is known.
-                        for (k, dst) in (1..=p.s1 - p.s0).zip(&mut rows) {
-                            dst.copy_from_slice(&i64_of(at + k).to_ne_bytes());
+                        None => {
+                            for (k, dst) in (1..=p.s1 - p.s0).zip(&mut rows) {
+                                dst.copy_from_slice(&i64_of(at + k).to_ne_bytes());
+                            }
                         }
-                        at += p.e1 - p.e0;
-                        continue;
-                    }
-                    let offsets = match &sd.data {
-                        StreamValues::Sparse { sample_offsets, .. } => sample_offsets,
-                        StreamValues::Strings { offsets, .. } => offsets,
-                        StreamValues::Dense { .. } => unreachable!("offsets of a dense stream"),
-                    };
-                    let base = i64_of(at) - i64_of(p.e0);
-                    // The offsets first: `zip` takes from its first iterator before it finds the
-                    // second exhausted, which would skip a row of the output.
-                    for (&o, dst) in offsets[p.s0 + 1..=p.s1].iter().zip(&mut rows) {
-                        dst.copy_from_slice(&(i64_of(o) + base).to_ne_bytes());
+                        Some(o) => {
+                            let base = i64_of(at) - i64_of(p.e0);
+                            // The offsets first: `zip` takes from its first iterator before it
+                            // finds the second exhausted, which would skip a row of the output.
+                            for (&o, dst) in o[p.s0 + 1..=p.s1].iter().zip(&mut rows) {
+                                dst.copy_from_slice(&(i64_of(o) + base).to_ne_bytes());
+                            }
+                        }
                     }
                     at += p.e1 - p.e0;
                 }
             }
             Field::DenseValues | Field::SparseValues | Field::Indices | Field::StringBytes => {
-                let src = |p: &Piece| -> &[u8] {
-                    match (t.field, data(p)) {
-                        (Field::DenseValues, StreamValues::Dense { values, .. })
-                        | (Field::SparseValues, StreamValues::Sparse { values, .. }) => value_bytes(values, p.e0..p.e1),
-                        (Field::Indices, StreamValues::Sparse { indices, .. }) => index_bytes(indices, p.e0..p.e1),
-                        (Field::StringBytes, StreamValues::Strings { bytes, .. }) => &bytes[p.e0..p.e1],
-                        _ => unreachable!("a stream keeps its kind across chunks (checked in gather)"),
-                    }
-                };
-                // Each piece's bytes found once (the lookup, a few matches and bounds checks, was
-                // made twice a piece — for the prefetch and for the copy — and was a sixth of the
-                // producer's instructions: benches/delivery.rs under callgrind).
-                let sources: Vec<&[u8]> = s.pieces.iter().map(src).collect();
-                for bytes in sources.iter().take(PREFETCH_AHEAD) {
-                    minibatchd_sys::prefetch(bytes);
+                // Each held chunk's array found once a tensor, not once a piece: the lookup (a
+                // few matches and bounds checks) was, per piece, as costly as the copy of a
+                // one-hot label (benches/delivery.rs under callgrind, docs/benchmarks.md).
+                let arrays = per_chunk(&self.chunks, &s.pieces, |sd| Array::of(t.field, &sd.data));
+                let sources: Vec<Array<'_>> = s.pieces.iter().map(|p| arrays.of(p).range(p.e0..p.e1)).collect();
+                for a in sources.iter().take(PREFETCH_AHEAD) {
+                    minibatchd_sys::prefetch(a.bytes());
                 }
                 let mut at = 0usize;
-                for (i, (p, bytes)) in s.pieces.iter().zip(&sources).enumerate() {
+                for (i, a) in sources.iter().enumerate() {
                     if let Some(ahead) = sources.get(i + PREFETCH_AHEAD) {
-                        minibatchd_sys::prefetch(ahead);
+                        minibatchd_sys::prefetch(ahead.bytes());
                     }
-                    if let (Field::Indices, StreamValues::Sparse { indices: Indices::U32(ids), .. }) =
-                        (t.field, data(p))
-                    {
-                        let ids = &ids[p.e0..p.e1];
-                        widen_ids(&mut out[at..at + 8 * ids.len()], ids);
-                        at += 8 * ids.len();
-                        continue;
+                    match *a {
+                        Array::Narrow(ids) => {
+                            widen_ids(&mut out[at..at + 8 * ids.len()], ids);
+                            at += 8 * ids.len();
+                        }
+                        Array::Bytes(src, _) => {
+                            copy_small(&mut out[at..at + src.len()], src);
+                            at += src.len();
+                        }
                     }
-                    copy_small(&mut out[at..at + bytes.len()], bytes);
-                    at += bytes.len();
                 }
             }
             // Written above, with the mixture's tensors.

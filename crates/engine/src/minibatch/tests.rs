@@ -335,3 +335,21 @@ fn a_chunk_stored_otherwise_than_declared_is_refused_naming_its_stream() {
     let err = super::gather(0, &plan, &timeline, &more, false, &mut map).expect_err("no fourth stream");
     assert_eq!(err.to_string(), "chunk 0 has 3 streams but 4 stream shapes were given");
 }
+
+#[test]
+fn what_is_found_once_a_chunk_is_found_again_for_a_piece_of_another_stream() {
+    use crate::format::chunk::{StreamData, StreamValues};
+    let (_, map) = chunks(false, Ids::Ctf, [false; 2]);
+    let held = vec![map[&0].clone(), map[&1].clone()];
+    let piece = |chunk, stream| super::Piece { chunk, stream, s0: 0, s1: 1, e0: 0, e1: 1 };
+    // Chunk 0's first piece reads stream 0, a later one stream 1; chunk 1's reads stream 2.
+    let pieces = [piece(0, 0), piece(1, 2), piece(0, 1), piece(0, 0)];
+    let kind = |sd: &StreamData| match sd.data {
+        StreamValues::Dense { .. } => "dense",
+        StreamValues::Sparse { .. } => "sparse",
+        StreamValues::Strings { .. } => "strings",
+    };
+    let found = super::per_chunk(&held, &pieces, kind);
+    let kinds: Vec<&str> = pieces.iter().map(|p| found.of(p)).collect();
+    assert_eq!(kinds, ["dense", "strings", "sparse", "dense"]);
+}
