@@ -85,6 +85,8 @@ struct GatheredStream {
     sequence_ends: Vec<usize>,
     samples: usize,
     entries: usize,
+    /// Some piece's entry range is read from its stream's offsets (pass 3 of [`assemble`]).
+    entries_later: bool,
 }
 
 /// How many sequences ahead of the copy the gather prefetches their samples.
@@ -264,6 +266,7 @@ fn assemble(
             sequence_ends: Vec::with_capacity(plan.sequences.len()),
             samples: 0,
             entries: 0,
+            entries_later: false,
         })
         .collect();
     // Each chunk's streams are checked against the declared shapes once, at its first sequence.
@@ -288,25 +291,32 @@ fn assemble(
                     stream: Some(k),
                 });
             }
-            match &sd.data {
-                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. }
-                    if !sd.unit_entries() =>
-                {
+            // Entry ranges known from the sample range (dense, one entry a sample) now; the
+            // others read the stream's offsets in pass 3, prefetched here.
+            let (e0, e1) = match &sd.data {
+                StreamValues::Dense { dim, .. } => (s0 * dim, s1 * dim),
+                _ if sd.unit_entries() => (s0, s1),
+                StreamValues::Sparse { sample_offsets: o, .. } | StreamValues::Strings { offsets: o, .. } => {
                     minibatchd_sys::prefetch(&o[s0..=s1]);
+                    out.entries_later = true;
+                    (0, 0)
                 }
-                _ => {}
-            }
+            };
             match out.pieces.last_mut() {
                 // The sequence right after the last one in the same chunk: one copy for both.
-                Some(last) if last.chunk == at && last.stream == stream && last.s1 == s0 => last.s1 = s1,
-                _ => out.pieces.push(Piece { chunk: at, stream, s0, s1, e0: 0, e1: 0 }),
+                Some(last) if last.chunk == at && last.stream == stream && last.s1 == s0 => {
+                    (last.s1, last.e1) = (s1, e1);
+                }
+                _ => out.pieces.push(Piece { chunk: at, stream, s0, s1, e0, e1 }),
             }
             out.samples += s1 - s0;
+            out.entries += e1 - e0;
             out.sequence_ends.push(out.samples);
         }
     }
-    // Pass 3: entry ranges.
-    for s in &mut streams {
+    // Pass 3: the entry ranges that the offsets give.
+    for s in streams.iter_mut().filter(|s| s.entries_later) {
+        s.entries = 0;
         for p in &mut s.pieces {
             let sd = &held[p.chunk].streams[p.stream];
             (p.e0, p.e1) = match &sd.data {
