@@ -243,44 +243,56 @@ fn avx2_classes(w: &[u8; DENSE_WINDOW]) -> [u64; 6] {
 
 /// Values taken apart and waiting for a group of four: each one's integer word (its digits, and
 /// sign, at the top), its fraction word (from its first fraction digit; 0 for an integer) and its
-/// sign bit. A ring of [`LANES`] entries, value `k` in entry `k % LANES`: a window's values (at
-/// most 32) are taken apart first, then every complete group of four is converted — no branch
-/// per value on whether it completes a group, which the CPU mispredicted (the kernel's rate with
-/// and without that branch is in `docs/benchmarks.md`). Each word is
-/// read back on its own (as it was written, so each read is forwarded from its store), never as
-/// one 32-byte load that would wait for four stores to reach the cache.
+/// sign bit, in three arrays. A ring of [`LANES`] entries, value `k` in entry `k % LANES`: a
+/// window's values (at most 32) are taken apart first, and the complete groups of four of the
+/// windows *before* it are converted after them — no branch per value on whether it completes a
+/// group, which the CPU mispredicted, and no group read back while its words are still on their
+/// way from the stores that wrote them: a window later they are in the cache, and a group's four
+/// words of a kind are one 32-byte load (the kernel's rates with each layout are in
+/// `docs/benchmarks.md`).
 #[cfg(target_arch = "x86_64")]
+#[repr(C, align(32))]
 struct Lanes {
-    words: [[i64; 3]; LANES],
+    ints: [i64; LANES],
+    fracs: [i64; LANES],
+    signs: [i64; LANES],
 }
 
-/// Entries of [`Lanes`]: a power of two above the 3 values a window may leave waiting plus the 32
-/// a window may hold.
+/// Entries of [`Lanes`]: a power of two above what may wait at once — 3 values of a group not yet
+/// complete, the previous window's 32 and this window's 32.
 #[cfg(target_arch = "x86_64")]
-const LANES: usize = 64;
+const LANES: usize = 128;
+
+#[cfg(target_arch = "x86_64")]
+impl Lanes {
+    const EMPTY: Self = Self { ints: [0; LANES], fracs: [0; LANES], signs: [0; LANES] };
+}
 
 /// The kernel of [`dense_run_f32`] and [`dense_run_f64`], on this thread's [`Lanes`] (kept, so
-/// that no call zeroes 1.5 KiB first).
+/// that no call zeroes 3 KiB first).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
 fn avx2_run(bytes: &[u8], room: usize, store: impl FnMut(usize, usize, std::arch::x86_64::__m256d)) -> DenseRun {
     thread_local! {
-        static LANES_OF_THREAD: std::cell::RefCell<Lanes> =
-            const { std::cell::RefCell::new(Lanes { words: [[0; 3]; LANES] }) };
+        static LANES_OF_THREAD: std::cell::RefCell<Lanes> = const { std::cell::RefCell::new(Lanes::EMPTY) };
     }
-    LANES_OF_THREAD.with(|lanes| match lanes.try_borrow_mut() {
-        Ok(mut lanes) => avx2_run_in(bytes, room, store, &mut lanes),
-        // Never taken (a run does not call another), but a fresh ring would do.
-        Err(_) => avx2_run_in(bytes, room, store, &mut Lanes { words: [[0; 3]; LANES] }),
+    LANES_OF_THREAD.with(|lanes| {
+        if let Ok(mut lanes) = lanes.try_borrow_mut() {
+            avx2_run_in(bytes, room, store, &mut lanes)
+        } else {
+            // Never taken (a run does not call another), but a fresh ring would do.
+            let mut fresh = Lanes::EMPTY;
+            avx2_run_in(bytes, room, store, &mut fresh)
+        }
     })
 }
 
 /// The kernel. Per window: its byte classes, its shape checked on them for all values together,
 /// then each value's place found in the masks (one `tzcnt` each for start and period, or end) and
-/// its words put in `lanes`; then every complete group of four, across windows, is summed in AVX2
-/// lanes of 64 bits, converted, divided, signed and handed to `store(k, count, four)` for slots
-/// `k..k + count`.
+/// its words put in `lanes`; then every complete group of four of the windows before, across
+/// windows, is summed in AVX2 lanes of 64 bits, converted, divided, signed and handed to
+/// `store(k, count, four)` for slots `k..k + count`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,bmi2,lzcnt,popcnt,pclmulqdq")]
 #[inline]
@@ -291,8 +303,9 @@ fn avx2_run_in(
     mut store: impl FnMut(usize, usize, std::arch::x86_64::__m256d),
     lanes: &mut Lanes,
 ) -> DenseRun {
-    // Values read (`count`), of which the first `stored` are in `out`, the rest in `lanes`.
-    let (mut p, mut count, mut stored) = (0usize, 0usize, 0usize);
+    // Values read (`count`), of which the first `stored` are in `out`, the rest in `lanes`; the
+    // first `before` were read from earlier windows.
+    let (mut p, mut count, mut stored, mut before) = (0usize, 0usize, 0usize, 0usize);
     let mut tail;
     let stopped = loop {
         let w: &[u8; DENSE_WINDOW] = if let Some(w) = bytes.get(p..p + DENSE_WINDOW) {
@@ -351,11 +364,11 @@ fn avx2_run_in(
         macro_rules! value {
             ($s:expr, $d:expr, $frac:expr) => {{
                 let (s, d) = ($s, $d);
-                let lane = &mut lanes.words[count % LANES];
-                lane[1] = $frac;
+                let lane = count % LANES;
+                lanes.fracs[lane] = $frac;
                 // The integer digits (and sign) at the top of the word, the bytes after cut.
-                lane[0] = load8(w, s).wrapping_shl(64u32.wrapping_sub(d.wrapping_sub(s).wrapping_mul(8)) & 63);
-                lane[2] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
+                lanes.ints[lane] = load8(w, s).wrapping_shl(64u32.wrapping_sub(d.wrapping_sub(s).wrapping_mul(8)) & 63);
+                lanes.signs[lane] = i64::from((minus >> (s & 63)) & 1 == 1) << 63;
                 count += 1;
             }};
         }
@@ -381,10 +394,11 @@ fn avx2_run_in(
                 value!(s, d, load8(w, d + 1));
             }
         }
-        while stored + 4 <= count {
+        while stored + 4 <= before {
             store(stored, 4, avx2_group(lanes, stored));
             stored += 4;
         }
+        before = count;
         if stop != 0 {
             p += stop.trailing_zeros() as usize;
             break true;
@@ -392,8 +406,10 @@ fn avx2_run_in(
         let partial = all_starts & !region;
         p += if partial == 0 { 64 } else { partial.trailing_zeros() as usize };
     };
-    if stored < count {
-        store(stored, count - stored, avx2_group(lanes, stored));
+    while stored < count {
+        let group = (count - stored).min(4);
+        store(stored, group, avx2_group(lanes, stored));
+        stored += group;
     }
     DenseRun { consumed: p, count, stopped }
 }
@@ -415,15 +431,19 @@ fn load8(w: &[u8; DENSE_WINDOW], at: u32) -> i64 {
 #[inline]
 fn avx2_group(lanes: &Lanes, from: usize) -> std::arch::x86_64::__m256d {
     use std::arch::x86_64::{
-        _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_or_pd, _mm256_set1_pd, _mm256_setr_epi64x,
+        __m256i, _mm256_add_pd, _mm256_castsi256_pd, _mm256_div_pd, _mm256_loadu_si256, _mm256_or_pd, _mm256_set1_pd,
     };
     // Values `from..from + 4`: `from` is a multiple of four, so they do not wrap around.
     let at = (from % LANES) & !3;
-    let [a, b, c, d]: &[[i64; 3]; 4] = lanes.words[at..at + 4].try_into().expect("four lanes");
-    let int = avx2_sum4(_mm256_setr_epi64x(a[0], b[0], c[0], d[0]));
-    let frac = avx2_sum4_leading(_mm256_setr_epi64x(a[1], b[1], c[1], d[1]));
+    let four = |words: &[i64; LANES]| -> __m256i {
+        let four: &[i64; 4] = words[at..at + 4].try_into().expect("four lanes");
+        // SAFETY: reads the 32 bytes of `four`, borrowed from `lanes`.
+        unsafe { _mm256_loadu_si256(four.as_ptr().cast()) }
+    };
+    let int = avx2_sum4(four(&lanes.ints));
+    let frac = avx2_sum4_leading(four(&lanes.fracs));
     let v = _mm256_add_pd(int, _mm256_div_pd(frac, _mm256_set1_pd(1e8)));
-    _mm256_or_pd(v, _mm256_castsi256_pd(_mm256_setr_epi64x(a[2], b[2], c[2], d[2])))
+    _mm256_or_pd(v, _mm256_castsi256_pd(four(&lanes.signs)))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -516,9 +536,9 @@ mod tests {
 
     /// Runs the kernel over `text` both ways and checks every value read against [`cntk`].
     fn run(text: &str) -> DenseRun {
-        let mut wide = vec![0f64; 200];
+        let mut wide = vec![0f64; 512];
         let got = dense_run_f64(text.as_bytes(), &mut wide);
-        let mut narrow = vec![0f32; 200];
+        let mut narrow = vec![0f32; 512];
         assert_eq!(dense_run_f32(text.as_bytes(), &mut narrow), got, "{text:?}");
         let tokens: Vec<&str> = text[..got.consumed].split([' ', '\t']).filter(|t| !t.is_empty()).collect();
         assert_eq!(tokens.len(), got.count, "{text:?}");
@@ -562,9 +582,10 @@ mod tests {
             return;
         }
         // Windows of 32 values ("1 2 ..."), after 0 to 3 longer ones that leave values waiting
-        // for their group; windows of 16 ("1.5 ..."); mixed lengths. Up to 199 values, so the
-        // lanes' ring wraps three times.
-        for count in [1usize, 3, 4, 5, 31, 32, 33, 63, 64, 65, 127, 128, 129, 198, 199] {
+        // for their group; windows of 16 ("1.5 ..."); mixed lengths. Up to 449 values, so the
+        // lanes' ring of 128 wraps three times, and windows of 32 values follow each other while
+        // the groups of the one before are still to be converted.
+        for count in [1usize, 3, 4, 5, 31, 32, 33, 63, 64, 65, 127, 128, 129, 198, 199, 255, 256, 257, 448, 449] {
             for longer in 0..4 {
                 let ints: Vec<String> =
                     (0..count).map(|k| if k < longer { "12".to_owned() } else { ((k * 7) % 10).to_string() }).collect();
@@ -579,6 +600,53 @@ mod tests {
             let text = mixed.join("\t");
             assert_eq!(run(&text), DenseRun { consumed: text.len(), count, stopped: true }, "{count} mixed");
         }
+    }
+
+    #[test]
+    fn random_long_samples_match_cntk_wherever_the_run_ends() {
+        if !has_avx2() {
+            return;
+        }
+        // Samples of up to 400 plain values (some windows of them converted while the next is
+        // read), now and then an odd value that ends the run, and a stop byte or not at the end.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut read = 0;
+        for _ in 0..400 {
+            let r = next();
+            let values = 1 + r % 400;
+            let periods = r >> 10 & 1 == 1;
+            let mut text = String::new();
+            for _ in 0..values {
+                let r = next();
+                if r % 97 == 0 {
+                    text.push_str("1e5");
+                } else {
+                    let sign = ["", "-", "", "+"][(r % 4) as usize];
+                    let int = (r >> 8) % 10u64.pow(1 + ((r >> 40) % 7) as u32);
+                    let _ = write!(text, "{sign}{int}");
+                    if periods {
+                        let k = 1 + ((r >> 44) % 8) as usize;
+                        let _ = write!(text, ".{:08}", (r >> 20) % 100_000_000);
+                        text.truncate(text.len() - (8 - k));
+                    }
+                }
+                text.push(if (r >> 50) % 4 == 0 { '\t' } else { ' ' });
+            }
+            if r >> 20 & 1 == 1 {
+                text.push_str("|labels 3:1");
+            }
+            let got = run(&text);
+            assert!(got.consumed <= text.len() && got.count <= 400, "{text:?}");
+            read += got.count;
+        }
+        eprintln!("{read} values read by the kernel");
+        assert!(read > 10_000, "the kernel read {read} values: the samples exercise too little");
     }
 
     #[test]
