@@ -349,7 +349,7 @@ fn what_is_found_once_a_chunk_is_found_again_for_a_piece_of_another_stream() {
         StreamValues::Sparse { .. } => "sparse",
         StreamValues::Strings { .. } => "strings",
     };
-    let found = super::per_chunk(&held, &pieces, kind);
+    let found = super::fill::per_chunk(&held, &pieces, kind);
     let kinds: Vec<&str> = pieces.iter().map(|p| found.of(p)).collect();
     assert_eq!(kinds, ["dense", "strings", "sparse", "dense"]);
 }
