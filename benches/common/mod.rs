@@ -1,8 +1,8 @@
 //! Seeded data shared by the benches, so every bench of the same shape reads the same bytes.
 
-#[path = "../support/rng.rs"]
-mod rng;
-pub use rng::Rng;
+#[path = "../support/criteo_gen.rs"]
+pub mod criteo_gen;
+pub use criteo_gen::Rng;
 
 /// About `bytes` of CTF rows: 128 floats `-0.dddddd`…`0.dddddd` and a sparse one-hot label of
 /// dim 10 (the shape of `scripts/bench/bench_daemon.py`'s file), in line mode.

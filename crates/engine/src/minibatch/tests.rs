@@ -353,3 +353,38 @@ fn what_is_found_once_a_chunk_is_found_again_for_a_piece_of_another_stream() {
     let kinds: Vec<&str> = pieces.iter().map(|p| found.of(p)).collect();
     assert_eq!(kinds, ["dense", "strings", "sparse", "dense"]);
 }
+
+#[test]
+fn frame_mode_is_checked_where_the_minibatch_is_located_and_a_copy_gathers_the_same_bytes() {
+    use crate::sampling::{MinibatchPlan, SeqRef};
+    let (timeline, mut map) = chunks(false, Ids::Ctf, [false; 2]);
+    let plan = |seqs: &[(u32, u32)]| MinibatchPlan {
+        sequences: seqs.iter().map(|&(seq, chunk)| SeqRef { seq, chunk }).collect(),
+        sweep: 0,
+        end_of_sweep: false,
+        position: 0,
+        retire: Vec::new(),
+        samples: 0,
+        next_sweeps_at: Vec::new(),
+    };
+    // Frame mode: sequence 1 of chunk 0 has 3 samples. The error comes from `gather` itself (the
+    // daemon's planner), not from the copy into a slot.
+    let framed = plan(&[(0, 0), (5, 1), (1, 0)]);
+    let err = super::gather(0, &framed, &timeline, &shapes(false, Ids::Ctf), true, &mut map).expect_err("3 samples");
+    assert!(
+        matches!(err, crate::format::errors::DataError::NonFrame { seq: 1, chunk: 0, samples: 3, stream: Some(0) }),
+        "{err}"
+    );
+    // One-sample sequences pass frame mode.
+    super::gather(0, &plan(&[(0, 0), (5, 1)]), &timeline, &shapes(false, Ids::Ctf), true, &mut map).expect("frames");
+    // Copied on another thread (as the daemon's fillers do) or here: the same minibatch, byte for
+    // byte, and the one a naive gather makes.
+    let whole = plan(&[(6, 1), (1, 0), (2, 0), (4, 1), (3, 0), (0, 0), (5, 1)]);
+    let gathered = super::gather(3, &whole, &timeline, &shapes(false, Ids::Ctf), false, &mut map).expect("gather");
+    let copy = gathered.clone();
+    let there = std::thread::spawn(move || copy.to_minibatch()).join().expect("the other thread");
+    let here = gathered.to_minibatch();
+    assert_eq!(format!("{there:?}"), format!("{here:?}"));
+    assert_eq!(format!("{here:?}"), format!("{:?}", gathered.clone().to_minibatch()), "a copy after a copy");
+    assert_eq!(format!("{:?}", here.streams), format!("{:?}", naive(&whole, &timeline, &map)));
+}
