@@ -2,7 +2,6 @@
 //! block-randomized order a [`super::SweepPlan`] reads, with the per-chunk bookkeeping behind its
 //! last uses and prefetch hints. Kept apart from the plan, which also deals file order and owners.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::Slot;
@@ -32,8 +31,11 @@ pub(super) struct Shuffle {
     step_chunk: usize,
     /// Positions below this are final.
     final_end: usize,
-    /// Positions `base..base + kept.len()`; those past them still hold their own sequences.
-    pub(super) kept: VecDeque<Slot>,
+    /// Positions `base..` are `kept[head..]`; those past them still hold their own sequences.
+    /// Positions let go of only move `head` on; the entries before it are dropped when room is
+    /// needed ([`Shuffle::keep_until`]), so that reading a position costs no queue operation.
+    pub(super) kept: Vec<Slot>,
+    head: usize,
     base: usize,
     /// Most positions `kept` holds (its capacity, taken when first needed).
     capacity: usize,
@@ -64,7 +66,7 @@ impl std::fmt::Debug for Shuffle {
         f.debug_struct("Shuffle")
             .field("chunks", &self.chunk_order.len())
             .field("final_end", &self.final_end)
-            .field("kept", &self.kept.len())
+            .field("kept", &(self.kept.len() - self.head))
             .finish_non_exhaustive()
     }
 }
@@ -95,7 +97,8 @@ impl Shuffle {
             rng: Mt19937_64::new(sweep_seed),
             step_chunk: 0,
             final_end: 0,
-            kept: VecDeque::new(),
+            kept: Vec::new(),
+            head: 0,
             base: 0,
             capacity,
             counted: 0,
@@ -121,6 +124,7 @@ impl Shuffle {
         self.step_chunk = 0;
         self.final_end = 0;
         self.kept.clear();
+        self.head = 0;
         self.base = 0;
         self.counted = 0;
         self.counted_start = 0;
@@ -146,16 +150,15 @@ impl Shuffle {
             self.count_final(timeline, epoch_offset);
             self.let_go_before(index);
         }
-        self.kept[index - self.base]
+        self.kept[self.head + (index - self.base)]
     }
 
     /// Lets go of the positions before `index` that are final and counted.
     fn let_go_before(&mut self, index: usize) {
         let keep_from = index.min(self.counted);
-        while self.base < keep_from && !self.kept.is_empty() {
-            self.kept.pop_front();
-            self.base += 1;
-        }
+        let n = keep_from.saturating_sub(self.base).min(self.kept.len() - self.head);
+        self.head += n;
+        self.base += n;
     }
 
     pub(super) fn seq_ref(&self, slot: Slot) -> SeqRef {
@@ -172,17 +175,25 @@ impl Shuffle {
 
     /// Adds the untouched positions up to `end` to `kept`: each holds its own sequence.
     fn keep_until(&mut self, timeline: &Timeline, end: usize) {
+        let live = self.kept.len() - self.head;
+        let adding = end.saturating_sub(self.base + live);
+        if self.kept.len() + adding > self.capacity.max(self.kept.capacity()) {
+            // Drop the positions let go of: the live ones move to the front (a window's worth at
+            // most, once per randomized chunk at most).
+            self.kept.drain(..self.head);
+            self.head = 0;
+        }
         if self.kept.capacity() < self.capacity {
             self.kept.reserve_exact(self.capacity - self.kept.len());
         }
-        let mut position = self.base + self.kept.len();
+        let mut position = self.base + live;
         while position < end {
             let k = self.first.partition_point(|&f| f <= position) - 1;
             let original = self.chunk_order[k] as usize;
             let until = end.min(self.first[k + 1]);
             let first_seq = timeline.chunk_start[original] + (position - self.first[k]);
             for offset in 0..until - position {
-                self.kept.push_back(Slot { seq: to_u32(first_seq + offset), origin: to_u32(k) });
+                self.kept.push(Slot { seq: to_u32(first_seq + offset), origin: to_u32(k) });
             }
             position = until;
         }
@@ -198,7 +209,7 @@ impl Shuffle {
         self.keep_until(timeline, hi);
         let base = self.base;
         let total = self.len();
-        let slots = &mut self.kept;
+        let slots = &mut self.kept[self.head..];
         let window_first = &self.first[window.begin as usize..=window.end as usize];
         let chunks_in_window = window_first.len() - 1;
         let (start, end) = (self.first[k], self.first[k + 1]);
@@ -250,7 +261,7 @@ impl Shuffle {
     fn count_final(&mut self, timeline: &Timeline, epoch_offset: u64) {
         while self.counted < self.final_end {
             let index = self.counted;
-            let slot = self.kept[index - self.base];
+            let slot = self.kept[self.head + (index - self.base)];
             let k = slot.origin as usize;
             if self.end_index.is_none() && self.counted_start >= epoch_offset {
                 self.end_index = Some(index);
