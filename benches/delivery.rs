@@ -18,7 +18,7 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use minibatchd::Config;
 use minibatchd_engine::format::chunk::ParsedChunk;
-use minibatchd_engine::minibatch::{gather, ChunkMap};
+use minibatchd_engine::minibatch::{gather, ChunkMap, StreamShape};
 use minibatchd_engine::sampling::{EpochLimit, Sampler, SamplingOptions, Window};
 use minibatchd_engine::Dataset;
 use minibatchd_shm::{Ring, RingGeometry};
@@ -42,6 +42,7 @@ struct Producer {
     sampler: Sampler,
     ring: Ring<LocalMemory>,
     names: Vec<String>,
+    shapes: Vec<StreamShape>,
     index: u64,
 }
 
@@ -60,6 +61,7 @@ impl Producer {
             .map(|i| (u32::try_from(i).expect("chunk ids are u32"), Arc::new(dataset.load_chunk(i).expect("chunk").0)))
             .collect();
         let names = dataset.streams().iter().map(|s| s.name.clone()).collect();
+        let shapes = dataset.stream_shapes();
         let options = SamplingOptions {
             randomize: true,
             window: Window::Chunks(128),
@@ -72,14 +74,14 @@ impl Producer {
         let geometry = RingGeometry::new(SLOTS, 4 << 20);
         let memory = LocalMemory::new(usize::try_from(geometry.total_bytes()).expect("the ring fits in memory"));
         let ring = Ring::new(memory, geometry, 1, 1).expect("ring");
-        Self { dataset, chunks, sampler, ring, names, index: 0 }
+        Self { dataset, chunks, sampler, ring, names, shapes, index: 0 }
     }
 
     /// Plans, gathers and writes the next minibatch of `size` samples.
     fn next(&mut self, size: usize) {
-        let shapes = self.dataset.stream_shapes();
         let plan = self.sampler.next_minibatch(size).expect("infinite epoch");
-        let mb = gather(self.index, &plan, self.dataset.timeline(), &shapes, false, &mut self.chunks).expect("gather");
+        let mb =
+            gather(self.index, &plan, self.dataset.timeline(), &self.shapes, false, &mut self.chunks).expect("gather");
         self.ring.write(self.index % SLOTS, self.index + 1, &mb, &self.names).expect("slot write");
         self.index += 1;
     }

@@ -150,6 +150,11 @@ impl Shuffle {
             self.count_final(timeline, epoch_offset);
             self.let_go_before(index);
         }
+        self.slot(index)
+    }
+
+    /// The content of kept position `index` (`base <= index`).
+    fn slot(&self, index: usize) -> Slot {
         self.kept[self.head + (index - self.base)]
     }
 
@@ -177,7 +182,7 @@ impl Shuffle {
     fn keep_until(&mut self, timeline: &Timeline, end: usize) {
         let live = self.kept.len() - self.head;
         let adding = end.saturating_sub(self.base + live);
-        if self.kept.len() + adding > self.capacity.max(self.kept.capacity()) {
+        if self.kept.len() + adding > self.capacity {
             // Drop the positions let go of: the live ones move to the front (a window's worth at
             // most, once per randomized chunk at most).
             self.kept.drain(..self.head);
@@ -261,7 +266,7 @@ impl Shuffle {
     fn count_final(&mut self, timeline: &Timeline, epoch_offset: u64) {
         while self.counted < self.final_end {
             let index = self.counted;
-            let slot = self.kept[self.head + (index - self.base)];
+            let slot = self.slot(index);
             let k = slot.origin as usize;
             if self.end_index.is_none() && self.counted_start >= epoch_offset {
                 self.end_index = Some(index);
