@@ -68,8 +68,11 @@ def mbd(work: Path, size: int, minibatch: int, window: int, limit: int, sweeps: 
     ends = [float(x) for x in re.findall(r"^user clock: sweep \d+ ended ([\d.]+) s", out, re.M)]
     rates = [float(m.replace(",", "")) for m in re.findall(r"^sweep \d+ \([^)]*\): ([\d,]+) samples/s", out, re.M)]
     peak = re.search(r"\(peak (\d+) MiB\)", out)
+    first_mb = re.search(r"^user clock: first minibatch ([\d.]+) s", out, re.M)
     return {"first": samples / ends[0], "third": rates[2] if len(rates) > 2 else None, "out": out,
-            "peak_mib": int(peak.group(1)) if peak else None}
+            "peak_mib": int(peak.group(1)) if peak else None,
+            # Where a slow run's time went: before its first minibatch, or in the sweeps.
+            "first_minibatch_s": float(first_mb.group(1)) if first_mb else None, "ends_s": ends}
 
 
 def main() -> None:
@@ -95,7 +98,8 @@ def main() -> None:
         rows.append((c, m))
         print(f"run {k + 1}: CNTK first {c['first']:,.0f} third {c['third']:,.0f} samples/s; minibatchd after a "
               f"restart first {m['first']:,.0f} ({m['first'] / c['first']:.1f}x), third {m['third']:,.0f} "
-              f"({m['third'] / c['third']:.1f}x); peak RSS {m['peak_mib']} MiB")
+              f"({m['third'] / c['third']:.1f}x); peak RSS {m['peak_mib']} MiB; first minibatch at "
+              f"{m['first_minibatch_s']} s, sweeps ended at " + ", ".join(f"{e:.3f}" for e in m["ends_s"]) + " s")
     for kind in ("first", "third"):
         ratios = [m[kind] / c[kind] for c, m in rows]
         print(f"{kind} sweep: median {statistics.median(ratios):.1f}x CNTK 2.7 (runs: "

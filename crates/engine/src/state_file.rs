@@ -343,7 +343,9 @@ pub fn write_atomic_with(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> i
 
 /// [`write_atomic_with`] without the fsyncs: atomic for readers and against a crash of the
 /// process (a reader sees the old file or the whole new one), not against a crash of the
-/// machine. For caches that are dropped after a reboot (`remote::ObjectCache`).
+/// machine. For caches that are dropped after a reboot (`remote::ObjectCache`). The file's
+/// writeback is started before the rename ([`minibatchd_sys::files::start_writeback`]), so that
+/// a later durable write of another file does not wait for it.
 ///
 /// # Errors
 /// As [`write_atomic`].
@@ -366,6 +368,8 @@ fn write_replacing(path: &Path, write: &mut dyn FnMut(&mut dyn Write) -> io::Res
         write(&mut f)?;
         if sync {
             f.sync_all()?;
+        } else {
+            minibatchd_sys::files::start_writeback(&f);
         }
         fs::rename(&tmp, path)?;
         if sync {

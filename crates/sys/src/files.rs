@@ -35,6 +35,27 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
     Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{what}, not a regular file")))
 }
 
+/// Starts writing `file`'s dirty pages to its disk (`sync_file_range(SYNC_FILE_RANGE_WRITE)`)
+/// without waiting for them to land: for a cache entry written for a later start. Left to the
+/// kernel's flusher, such pages go out about 30 s after they were written — and a durable write of
+/// any other file then (a checkpoint's `fsync`: on ext4 a journal commit, which first writes the
+/// data of every file given blocks in it) waits for all of them: a daemon restarted then waited
+/// for its predecessor's entries before it bound its first socket (`docs/benchmarks.md`, "Cache
+/// entries put on disk as they are written"). Started here, the
+/// writer alone waits, and only when the device's queue is full. A hint: a file system or kernel
+/// that cannot do it changes nothing.
+pub fn start_writeback(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: `file` is an open descriptor, borrowed for the call; the call neither reads nor
+        // writes this process's memory, only asks the kernel to queue the file's dirty pages.
+        let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
 /// An anonymous file in memory (`memfd_create`), gone once closed: bytes that need a `File` but
 /// have no place on disk.
 ///

@@ -44,7 +44,9 @@
 //! cache. Values come back bit for bit (the arrays are written as they are in memory).
 //!
 //! Writes are atomic for readers (a temporary file renamed into place) but not fsynced: after a
-//! machine crash a torn entry fails its checksum. The directory is bounded by
+//! machine crash a torn entry fails its checksum. Each entry's writeback is started as it is
+//! written, not left to the kernel's flusher, whose pass 30 s later made the daemon's next
+//! checkpoint `fsync` wait for every entry of the run before ([`state_file::write_replacing_unsynced`]). The directory is bounded by
 //! `parsed_cache_bytes`: least-recently-used entries are removed when a write would pass it, and
 //! an entry larger than the bound is not written. Each process accounts for the entries it finds
 //! at start and those it writes or reads; two processes on one directory (the daemon and
