@@ -41,9 +41,9 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 /// any other file then (a checkpoint's `fsync`: on ext4 a journal commit, which first writes the
 /// data of every file given blocks in it) waits for all of them: a daemon restarted then waited
 /// for its predecessor's entries before it bound its first socket (`docs/benchmarks.md`, "Cache
-/// entries put on disk as they are written"). Started here, the
-/// writer alone waits, and only when the device's queue is full. A hint: a file system or kernel
-/// that cannot do it changes nothing.
+/// entries put on disk as they are written"). Started here, the writer alone waits, and only
+/// when the device's queue is full. A hint: a file system or kernel that cannot do it changes
+/// nothing.
 pub fn start_writeback(file: &File) {
     #[cfg(target_os = "linux")]
     {

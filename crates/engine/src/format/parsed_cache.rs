@@ -45,13 +45,13 @@
 //!
 //! Writes are atomic for readers (a temporary file renamed into place) but not fsynced: after a
 //! machine crash a torn entry fails its checksum. Each entry's writeback is started as it is
-//! written, not left to the kernel's flusher, whose pass 30 s later made the daemon's next
-//! checkpoint `fsync` wait for every entry of the run before ([`state_file::write_replacing_unsynced`]). The directory is bounded by
-//! `parsed_cache_bytes`: least-recently-used entries are removed when a write would pass it, and
-//! an entry larger than the bound is not written. Each process accounts for the entries it finds
-//! at start and those it writes or reads; two processes on one directory (the daemon and
-//! `minibatchd index --parsed`) can together pass the bound by what the other wrote since it
-//! started, until their next eviction scan.
+//! written ([`state_file::write_replacing_unsynced`]), not left to the kernel's flusher, whose pass
+//! 30 s later made a restarted daemon's first `fsync` wait for every entry of the run before. The
+//! directory is bounded by `parsed_cache_bytes`: least-recently-used entries are removed when a
+//! write would pass it, and an entry larger than the bound is not written. Each process accounts
+//! for the entries it finds at start and those it writes or reads; two processes on one directory
+//! (the daemon and `minibatchd index --parsed`) can together pass the bound by what the other wrote
+//! since it started, until their next eviction scan.
 //!
 //! Reading an entry of 1 MiB and more maps its file read-only ([`FileMapping`], populated at once
 //! so that an I/O error is an error here, not a fault later) under a read lease that guards it
