@@ -66,7 +66,7 @@ impl std::fmt::Debug for Shuffle {
         f.debug_struct("Shuffle")
             .field("chunks", &self.chunk_order.len())
             .field("final_end", &self.final_end)
-            .field("kept", &(self.kept.len() - self.head))
+            .field("kept", &self.live())
             .finish_non_exhaustive()
     }
 }
@@ -153,6 +153,11 @@ impl Shuffle {
         self.slot(index)
     }
 
+    /// How many positions are kept (`base..base + live`).
+    fn live(&self) -> usize {
+        self.kept.len() - self.head
+    }
+
     /// The content of kept position `index` (`base <= index`).
     fn slot(&self, index: usize) -> Slot {
         self.kept[self.head + (index - self.base)]
@@ -161,7 +166,7 @@ impl Shuffle {
     /// Lets go of the positions before `index` that are final and counted.
     fn let_go_before(&mut self, index: usize) {
         let keep_from = index.min(self.counted);
-        let n = keep_from.saturating_sub(self.base).min(self.kept.len() - self.head);
+        let n = keep_from.saturating_sub(self.base).min(self.live());
         self.head += n;
         self.base += n;
     }
@@ -180,7 +185,7 @@ impl Shuffle {
 
     /// Adds the untouched positions up to `end` to `kept`: each holds its own sequence.
     fn keep_until(&mut self, timeline: &Timeline, end: usize) {
-        let live = self.kept.len() - self.head;
+        let live = self.live();
         let adding = end.saturating_sub(self.base + live);
         if self.kept.len() + adding > self.capacity {
             // Drop the positions let go of: the live ones move to the front (a window's worth at
