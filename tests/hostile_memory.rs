@@ -967,3 +967,118 @@ fn sessions_of_every_shape_reading_at_once_under_a_small_limit_each_get_their_tu
     assert_within_limit(&d, limit, "with ten sessions of every shape reading at once");
     assert!(d.metric("minibatchd_chunk_cache_refused_loads_total ") > 0.0, "the sessions did meet the limit");
 }
+
+/// Found by a hostile probe: under a limit that one session's window nearly fills, a session
+/// whose every minibatch spans more chunks than the limit holds (a wide `window_samples`)
+/// delivered 24 minibatches every 5 s while another session's trainer held all its slots. The
+/// idle session let go of its chunks, but the copies it had gathered a chunk at a time for its
+/// next minibatches stayed charged — memory only its trainer frees — and the waiting session
+/// waited for them, holding its own minibatch's chunks, until its 5 s of patience ran out, for
+/// each group of minibatches. It now waits only for what others can let go of, and gathers a
+/// chunk at a time at once otherwise: it reads its whole sweep during the hold (in the probe's
+/// release build, in about a second instead of 8 minutes), exactly its `dump`.
+#[test]
+fn a_session_reads_while_another_trainer_holds_its_slots_beside_its_charged_copies() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // The probe's data: 150,000 lines of a dim-1 id, 64 dense values and a sparse one, 22 MB of
+    // text, 41 MB parsed, in 43 chunks of 512 KiB (about 1 MB parsed each).
+    let mut text = String::with_capacity(23 << 20);
+    for i in 0..150_000u32 {
+        let _ = write!(text, "|id {i} |x");
+        for k in 0..64 {
+            let _ = write!(text, " {}", (i + k) % 10);
+        }
+        let _ = writeln!(text, " |s {}:1", i % 50);
+    }
+    let file = write(p, "a.ctf", text);
+    support::daemon::write_config(
+        p,
+        "memory_limit_bytes = 10485760\nhost_memory_reserve_bytes = 0\nring_slots = 4\nslot_size_bytes = 65536\n\
+         parser_threads = 2\nproducer_threads = 2",
+        &format!(
+            "[datasets.a]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 524288\n\
+             [datasets.a.streams.id]\ndim = 1\nformat = \"dense\"\n[datasets.a.streams.x]\ndim = 64\nformat = \"dense\"\n\
+             [datasets.a.streams.s]\ndim = 50\nformat = \"sparse\"\n[datasets.a.sampling]\nrandomize = true\nseed = 3\n",
+            file.display()
+        ),
+    );
+    // The parsed cache filled first, as the probe's was by its earlier runs: chunks then come
+    // back mapped, and at once.
+    let filled = std::process::Command::new(support::BIN)
+        .args(["index", "--config"])
+        .arg(p.join("minibatchd.toml"))
+        .args(["--dataset", "a", "--parsed"])
+        .output()
+        .expect("minibatchd index --parsed");
+    assert!(filled.status.success(), "{}", String::from_utf8_lossy(&filled.stderr));
+    let d = Daemon::start(p, &[]);
+    // The holder: a window of 7 chunks (it fits alone), four slots, all of them held a while.
+    let holder_opts = SessionOptions {
+        window_chunks: Some(7),
+        prefetch: Some(4),
+        max_sweeps: Some(2),
+        seed: Some(2),
+        ..options(100)
+    };
+    let reader_opts =
+        SessionOptions { window_samples: Some(60_000), max_sweeps: Some(1), seed: Some(5), ..options(128) };
+    let line = |mb: &minibatchd_engine::minibatch::Minibatch| support::daemon::json(mb, &["id", "s", "x"]);
+    let mut holder = support::daemon::open_retrying(&d, "a", &holder_opts, ErrorCode::DatasetIndexing);
+    let mut reader = support::daemon::open_retrying(&d, "a", &reader_opts, ErrorCode::DatasetIndexing);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (held_got, reader_got, read_during_hold) = std::thread::scope(|s| {
+        let reading = s.spawn(|| {
+            let mut got = Vec::new();
+            while let Some(mb) = reader.next_owned().expect("the reader's next minibatch") {
+                got.push(line(&mb));
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            got
+        });
+        // The holder's trainer takes 196 minibatches (reading beside the reader, it gathers
+        // them a chunk at a time), then keeps the next four — every slot of its ring — until
+        // the reader is done or a minute has passed.
+        let mut got = Vec::new();
+        for _ in 0..196 {
+            got.push(line(&holder.next_owned().expect("next").expect("a minibatch")));
+        }
+        let kept: Vec<_> = (0..4).map(|_| holder.next_minibatch().expect("next").expect("a minibatch")).collect();
+        let started = Instant::now();
+        while !done.load(std::sync::atomic::Ordering::SeqCst) && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let read_during_hold = done.load(std::sync::atomic::Ordering::SeqCst);
+        for mb in kept {
+            got.push(line(&holder.copy(&mb).expect("copy")));
+            holder.release(mb);
+        }
+        while let Some(mb) = holder.next_owned().expect("next") {
+            got.push(line(&mb));
+        }
+        (got, reading.join().expect("the reader"), read_during_hold)
+    });
+    assert!(read_during_hold, "the reader did not finish its sweep within a minute of the holder holding its slots");
+    // Compared whole, reported short (a minibatch is 20 KB of JSON).
+    let reader_want =
+        d.dump("a", &["--minibatch-size", "128", "--max-sweeps", "1", "--window-samples", "60000", "--seed", "5"]);
+    let first_difference = |got: &[String], want: &[String]| got.iter().zip(want).position(|(g, w)| g != w);
+    assert!(
+        reader_got == reader_want,
+        "the reader: {} minibatches against dump's {}, first difference at {:?}",
+        reader_got.len(),
+        reader_want.len(),
+        first_difference(&reader_got, &reader_want)
+    );
+    let held_want =
+        d.dump("a", &["--minibatch-size", "100", "--max-sweeps", "2", "--window-chunks", "7", "--seed", "2"]);
+    assert!(
+        held_got == held_want,
+        "the holder: {} minibatches against dump's {}, first difference at {:?}",
+        held_got.len(),
+        held_want.len(),
+        first_difference(&held_got, &held_want)
+    );
+    assert_within_limit(&d, 10 << 20, "with a trainer holding its slots beside a wide window");
+}

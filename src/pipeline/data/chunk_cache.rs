@@ -462,6 +462,13 @@ impl SharedCache {
         Some(Charged { cache: self.clone(), bytes })
     }
 
+    /// Bytes of copies charged now ([`SharedCache::charge`], [`SharedCache::try_charge`]): held
+    /// memory that no session can let go of when another waits.
+    #[must_use]
+    pub fn charged_bytes(&self) -> u64 {
+        self.lock().charged_bytes()
+    }
+
     /// The counters, the budget in force and the evictable bytes, under one lock.
     #[must_use]
     pub fn snapshot(&self) -> (CacheStats, u64, u64) {
@@ -604,8 +611,14 @@ mod tests {
         let first = cache.try_charge(60).expect("60 of 100");
         assert!(cache.try_charge(50).is_none(), "60 + 50 pass 100");
         assert_eq!(cache.stats().bytes, 60);
+        // Copies charged: held memory no session can let go of (a waiting session does not
+        // wait for it).
+        let copies = cache.charge(30);
+        assert_eq!((cache.charged_bytes(), cache.stats().bytes), (90, 90));
         drop(first);
-        assert_eq!(cache.stats().bytes, 0);
+        assert_eq!((cache.charged_bytes(), cache.stats().bytes), (30, 30));
+        drop(copies);
+        assert_eq!((cache.charged_bytes(), cache.stats().bytes), (0, 0));
         assert!(cache.try_charge(100).is_some(), "the whole budget once let go");
     }
 

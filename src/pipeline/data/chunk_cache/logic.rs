@@ -64,6 +64,9 @@ pub struct CacheCore {
     /// until then (found by a probe: a cold pass's second sweep held mapped entries and their
     /// copies at once, RSS near twice the limit).
     displaced: Vec<(Weak<ParsedChunk>, u64)>,
+    /// Of `stats.bytes`, the copies charged ([`CacheCore::charge`]): memory no session can let
+    /// go of, freed only as the minibatches they make reach their slots.
+    charged: u64,
 }
 
 impl CacheCore {
@@ -79,6 +82,7 @@ impl CacheCore {
             stats: CacheStats::default(),
             to_own: Vec::new(),
             displaced: Vec::new(),
+            charged: 0,
         }
     }
 
@@ -409,12 +413,20 @@ impl CacheCore {
     /// their slots): in the cache's bytes, never evicted, until [`CacheCore::discharge`].
     pub fn charge(&mut self, bytes: u64) {
         self.stats.bytes += bytes;
+        self.charged += bytes;
         self.evict();
     }
 
     /// Ends a [`CacheCore::charge`] of `bytes`.
     pub fn discharge(&mut self, bytes: u64) {
         self.stats.bytes = self.stats.bytes.saturating_sub(bytes);
+        self.charged = self.charged.saturating_sub(bytes);
+    }
+
+    /// The bytes charged now ([`CacheCore::charge`]).
+    #[must_use]
+    pub fn charged_bytes(&self) -> u64 {
+        self.charged
     }
 
     /// Whether [`UNSIZED_LOADS`] chunks are loading under a ceiling while none is in the cache
