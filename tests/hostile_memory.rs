@@ -1061,24 +1061,26 @@ fn a_session_reads_while_another_trainer_holds_its_slots_beside_its_charged_copi
     });
     assert!(read_during_hold, "the reader did not finish its sweep within a minute of the holder holding its slots");
     // Compared whole, reported short (a minibatch is 20 KB of JSON).
-    let reader_want =
-        d.dump("a", &["--minibatch-size", "128", "--max-sweeps", "1", "--window-samples", "60000", "--seed", "5"]);
-    let first_difference = |got: &[String], want: &[String]| got.iter().zip(want).position(|(g, w)| g != w);
-    assert!(
-        reader_got == reader_want,
-        "the reader: {} minibatches against dump's {}, first difference at {:?}",
-        reader_got.len(),
-        reader_want.len(),
-        first_difference(&reader_got, &reader_want)
-    );
-    let held_want =
-        d.dump("a", &["--minibatch-size", "100", "--max-sweeps", "2", "--window-chunks", "7", "--seed", "2"]);
-    assert!(
-        held_got == held_want,
-        "the holder: {} minibatches against dump's {}, first difference at {:?}",
-        held_got.len(),
-        held_want.len(),
-        first_difference(&held_got, &held_want)
-    );
+    for (who, got, args) in [
+        (
+            "the reader",
+            &reader_got,
+            ["--minibatch-size", "128", "--max-sweeps", "1", "--window-samples", "60000", "--seed", "5"],
+        ),
+        (
+            "the holder",
+            &held_got,
+            ["--minibatch-size", "100", "--max-sweeps", "2", "--window-chunks", "7", "--seed", "2"],
+        ),
+    ] {
+        let want = d.dump("a", &args);
+        assert!(
+            *got == want,
+            "{who}: {} minibatches against dump's {}, first difference at {:?}",
+            got.len(),
+            want.len(),
+            got.iter().zip(&want).position(|(g, w)| g != w)
+        );
+    }
     assert_within_limit(&d, 10 << 20, "with a trainer holding its slots beside a wide window");
 }
