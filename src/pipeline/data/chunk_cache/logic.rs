@@ -64,8 +64,9 @@ pub struct CacheCore {
     /// until then (found by a probe: a cold pass's second sweep held mapped entries and their
     /// copies at once, RSS near twice the limit).
     displaced: Vec<(Weak<ParsedChunk>, u64)>,
-    /// Of `stats.bytes`, the copies charged ([`CacheCore::charge`]): memory no session can let
-    /// go of, freed only as the minibatches they make reach their slots.
+    /// Of `stats.bytes`, what is charged ([`CacheCore::charge`]: the copies of minibatches
+    /// gathered a chunk at a time, the chunks an index pass keeps until the cache takes them):
+    /// memory no session can let go of for another.
     charged: u64,
 }
 

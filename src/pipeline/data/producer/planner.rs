@@ -387,16 +387,16 @@ impl Planner {
             if matches!(e, FetchError::Behind) {
                 return Ok(self.queue_behind(p));
             }
-            // What the others hold that they can let go of: not the copies charged to the
-            // cache, which only their trainers free (found by a probe: a session whose window
-            // did not fit beside an idle session's copies waited 5 s for each 24 minibatches, for
-            // as long as that trainer held its slots).
+            // Others hold the rest: wait for it — but only for chunks they can let go of, and
+            // not past the first in line's patience. The copies charged to the cache (minibatches
+            // a session gathered a chunk at a time, waiting for its trainer's slots) go only as
+            // that trainer takes them, and chunks may never go while their sessions are idle: a
+            // hostile probe stalled six sessions behind one such for as long as its trainer held
+            // its slots, and another found a session waiting 5 s for each 24 minibatches beside
+            // such copies. Then this minibatch too is gathered a chunk at a time, which needs
+            // room for one.
             let own = self.feeder.held_bytes() as u64;
             let others_can_free = held.saturating_sub(own).saturating_sub(self.cache.charged_bytes()) > 0;
-            // Others hold the rest: wait for it — but not past the first in line's patience. What they hold may never go while they are idle (the copies of minibatches a
-            // session gathered a chunk at a time, waiting for its trainer's slots; a hostile probe
-            // stalled six sessions behind one such for as long as its trainer held its slots):
-            // then this minibatch too is gathered a chunk at a time, which needs room for one.
             if !too_wide && ((others_can_free && !self.cache.out_of_patience(self.id)) || p.parts.is_some()) {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
