@@ -469,6 +469,15 @@ impl SharedCache {
         self.lock().charged_bytes()
     }
 
+    /// Whether, of the `held` bytes a refused load reported ([`FetchError::OverLimit`]), others
+    /// than the session holding `own` of them hold chunks they can let go of: not the copies
+    /// charged ([`SharedCache::charged_bytes`]), which go only as their trainers take them
+    /// (found by a probe: a session waited 5 s for each 24 minibatches beside such copies).
+    #[must_use]
+    pub fn others_can_free(&self, held: u64, own: u64) -> bool {
+        held.saturating_sub(own).saturating_sub(self.charged_bytes()) > 0
+    }
+
     /// The counters, the budget in force and the evictable bytes, under one lock.
     #[must_use]
     pub fn snapshot(&self) -> (CacheStats, u64, u64) {

@@ -481,9 +481,10 @@ impl Locate for MixturePlanner {
                     return Err(ProduceError::Data(DataError::Dataset(format!("the mixture's chunks: {e}"))));
                 }
             };
-            // Not past the first in line's patience: what others hold may never go while they
-            // are idle (see the planner); then a chunk at a time, which needs room for one.
-            if held > own && !self.cache.out_of_patience(self.id) {
+            // Only for chunks others can let go of, and not past the first in line's patience:
+            // what others hold may never go while they are idle (see the planner); then a chunk
+            // at a time, which needs room for one.
+            if self.cache.others_can_free(held, own) && !self.cache.out_of_patience(self.id) {
                 if self.wait_for_memory(stop, &mut p.memory_wait) {
                     continue;
                 }

@@ -395,8 +395,7 @@ impl Planner {
             // its slots, and another found a session waiting 5 s for each 24 minibatches beside
             // such copies. Then this minibatch too is gathered a chunk at a time, which needs
             // room for one.
-            let own = self.feeder.held_bytes() as u64;
-            let others_can_free = held.saturating_sub(own).saturating_sub(self.cache.charged_bytes()) > 0;
+            let others_can_free = self.cache.others_can_free(held, self.feeder.held_bytes() as u64);
             if !too_wide && ((others_can_free && !self.cache.out_of_patience(self.id)) || p.parts.is_some()) {
                 // Others hold the rest: wait for it, in line (idle sessions let go of theirs at
                 // once; sessions waiting behind the first let go of everything) — a slice at a
