@@ -481,6 +481,51 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
     assert_eq!(got, d.dump("wide", &["--minibatch-size", "4", "--full-sweep"]));
 }
 
+/// Found by a probe: the slot size raised at `open` counted the dense streams alone, so a dense
+/// stream with a one-hot sparse label (the commonest CTF shape) overflowed a slot sized for its
+/// dense values (`minibatch_too_large`: 90,880 bytes needed, 90,112 in a slot). A sparse stream
+/// counts its sample offsets and one entry per sample.
+#[test]
+fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    for id in 0..600u32 {
+        let _ = write!(text, "{id} |F");
+        for k in 0..32 {
+            let _ = write!(text, " {}", (id + k) % 10);
+        }
+        let _ = writeln!(text, " |L {}:1", id % 7);
+    }
+    let data = write(dir.path(), "onehot.ctf", text);
+    let d = dir.path().display();
+    let cfg = format!(
+        "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+         ring_slots = 3\nslot_size_bytes = 4096\nparser_threads = 2\n\n\
+         [datasets.onehot]\nformat = \"ctf\"\nfiles = [\"{data}\"]\nchunk_size_bytes = 4096\n\
+         [datasets.onehot.streams.features]\nalias = \"F\"\ndim = 32\nformat = \"dense\"\n\
+         [datasets.onehot.streams.labels]\nalias = \"L\"\ndim = 7\nformat = \"sparse\"\n",
+        data = data.display(),
+    );
+    write(dir.path(), "minibatchd.toml", cfg);
+    let d = Daemon::start_owning(dir);
+    let names = ["features", "labels"];
+    for size in [1u64, 31, 64, 100, 256, 300, 600] {
+        let opts = SessionOptions { full_sweep: true, ..options(size) };
+        let mut s = d.client().open("onehot", &opts).expect("open");
+        let mut got = Vec::new();
+        loop {
+            match s.next_owned() {
+                Ok(Some(mb)) => got.push(json(&mb, &names)),
+                Ok(None) => break,
+                Err(e) => panic!("minibatch size {size}: {e}"),
+            }
+        }
+        let want = d.dump("onehot", &["--minibatch-size", &size.to_string(), "--full-sweep"]);
+        assert_eq!(got, want, "minibatch size {size}");
+    }
+}
+
 fn raw(socket: &Path) -> UnixStream {
     let s = UnixStream::connect(socket).expect("connect");
     s.set_read_timeout(Some(DEADLINE)).expect("timeout");

@@ -338,7 +338,7 @@ pub struct SessionOptions {
     pub resume_job: Option<Vec<SessionState>>,
     /// Ring slots (default: `daemon.ring_slots`); at least 2.
     pub prefetch: Option<u64>,
-    /// Bytes per slot (default: `daemon.slot_size_bytes`, raised to fit dense minibatches).
+    /// Bytes per slot (default: `daemon.slot_size_bytes`, raised to fit the minibatches the index can bound).
     pub slot_size_bytes: Option<u64>,
     /// A name under which a disconnected session stays resumable for `session_linger_secs`.
     pub session: Option<String>,

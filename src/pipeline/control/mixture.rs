@@ -327,8 +327,8 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     })
 }
 
-/// A slot of a mixture's ring: what the options ask, raised to fit a dense minibatch of this
-/// worker and the mixture's own tensors.
+/// A slot of a mixture's ring: what the options ask, raised to fit a minibatch of this worker
+/// (as far as the index bounds it) and the mixture's own tensors.
 fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::ResolvedOptions, epoch: MixtureEpoch) -> u64 {
     // A minibatch holds no more samples than its epoch (as a dataset's session, found by a probe:
     // a minibatch_size of 2^31 - 1 asked for a ring of hundreds of GB): an epoch of `max_samples`
@@ -352,8 +352,8 @@ fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::Resolv
     // state (and their table entries and names).
     let sources = runtimes.len() as u64;
     let own = 1024 + 4 * slots_here + 4 * sources + 8 * (4 + 4 * sources);
-    let dense = runtimes.iter().map(|rt| rt.dense_slot_bound(local)).max().unwrap_or(0).saturating_add(own);
-    resolved.slot_size_bytes.max(dense).min(MAX_SLOT_SIZE_BYTES)
+    let need = runtimes.iter().map(|rt| rt.slot_bound(local)).max().unwrap_or(0).saturating_add(own);
+    resolved.slot_size_bytes.max(need).min(MAX_SLOT_SIZE_BYTES)
 }
 
 /// Refuses sources whose windows cannot fit the cache's share together (once the ring is

@@ -16,6 +16,7 @@ use crate::config::{Config, DatasetConfig, Precision};
 use crate::metrics::{DatasetMetrics, Metrics};
 use minibatchd_client::protocol::StreamInfo;
 use minibatchd_engine::dataset::{Dataset, Reserve};
+use minibatchd_engine::format::chunk::StreamKind;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::format::parsed_cache::ParsedCache;
 use minibatchd_engine::options::IndexLimits;
@@ -82,7 +83,7 @@ pub struct DatasetRuntime {
     pub legacy_identity: u64,
     /// [`Dataset::decode_digest`], computed once (a session's state carries it).
     pub decode_digest: u64,
-    /// Longest sequence, in nominal samples (bounds a dense minibatch).
+    /// Longest sequence, in nominal samples (bounds a minibatch's samples).
     pub max_seq_len: u64,
     /// Bytes per value.
     pub value_bytes: u64,
@@ -146,18 +147,27 @@ impl DatasetRuntime {
         }
     }
 
-    /// A slot size that holds any minibatch of `local_samples` samples as far as dense streams
-    /// go (sparse and string streams have no bound: a larger one fails with
-    /// `minibatch_too_large`).
+    /// A slot size that holds any minibatch of `local_samples` samples as far as the index can
+    /// tell: dense streams in full, and for a sparse or string stream its per-sample offsets and
+    /// one entry (one byte) per sample, so a one-hot label fits. Samples with more entries than
+    /// that have no bound before they are parsed: such a minibatch fails with
+    /// `minibatch_too_large` (nothing taken; reopen with a larger `slot_size_bytes` and resume).
     #[must_use]
-    pub fn dense_slot_bound(&self, local_samples: u64) -> u64 {
+    pub fn slot_bound(&self, local_samples: u64) -> u64 {
         let samples = local_samples.max(self.max_seq_len);
         let mut bytes = 4096u64; // headers, table and names
-        for (s, &dim) in self.streams.iter().zip(&self.dims) {
+        for (s, &dim) in self.dataset.streams().iter().zip(&self.dims) {
             bytes = bytes.saturating_add((samples + 1).saturating_mul(8) + 64);
-            if s.kind == "dense" {
-                bytes = bytes.saturating_add(samples.saturating_mul(dim as u64).saturating_mul(self.value_bytes) + 64);
-            }
+            let per_sample = match s.kind {
+                StreamKind::Dense => (dim as u64).saturating_mul(self.value_bytes),
+                // Sample offsets, then one index and one value.
+                StreamKind::SparseI32 => 8 + 4 + self.value_bytes,
+                StreamKind::SparseU64 => 8 + 8 + self.value_bytes,
+                // String offsets, then one byte.
+                StreamKind::Strings => 8 + 1,
+            };
+            // Each array of the stream rounds up to its alignment (64 bytes).
+            bytes = bytes.saturating_add(samples.saturating_mul(per_sample) + 3 * 64 + 8);
         }
         bytes
     }

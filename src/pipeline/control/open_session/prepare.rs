@@ -52,7 +52,7 @@ pub(super) async fn prepare(
 }
 
 /// Resolves an `open`: the dataset, the options, a `resume` state's fit, the sampler (equal steps
-/// applied) and the ring's geometry (slots raised to fit a dense minibatch).
+/// applied) and the ring's geometry (slots raised to fit a minibatch as far as the index bounds it).
 pub(super) fn prepare_now(
     dataset: &str,
     options: &SessionOptions,
@@ -77,7 +77,7 @@ pub(super) fn prepare_now(
     let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
     // A minibatch holds no more samples than its epoch (found by a probe: a minibatch_size of
     // 2^31 - 1 over a full sweep of 353 samples asked for a ring of 206 GB, where dump gives one
-    // minibatch); `dense_slot_bound` adds room for the longest sequence.
+    // minibatch); `slot_bound` adds room for the longest sequence.
     let sweep = rt.dataset.timeline().samples(..);
     let epoch = match resolved.sampling.limit {
         EpochLimit::FullSweep | EpochLimit::Sweep(_) => Some(sweep),
@@ -87,7 +87,7 @@ pub(super) fn prepare_now(
     };
     let local = (resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1)
         .min(epoch.map_or(u64::MAX, |e| e.saturating_add(1)));
-    let slot_size = resolved.slot_size_bytes.max(rt.dense_slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
+    let slot_size = resolved.slot_size_bytes.max(rt.slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
     // An `open` whose ring cannot fit now is refused at admission: it asks for no chunk.
     let ring_fits = shared.registry().ring_fits(geometry.total_bytes());

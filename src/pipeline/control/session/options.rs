@@ -31,7 +31,7 @@ pub struct ResolvedOptions {
     pub tail: Tail,
     /// Ring slots.
     pub slots: u64,
-    /// Requested bytes per slot (before raising it to fit dense minibatches).
+    /// Requested bytes per slot (before raising it to fit the minibatches the index can bound).
     pub slot_size_bytes: u64,
     /// Session name, if given.
     pub session: Option<String>,
