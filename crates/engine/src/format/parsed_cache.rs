@@ -142,6 +142,9 @@ struct Lru {
     entries: HashMap<String, LruEntry>,
     bytes: u64,
     tick: u64,
+    /// Identities forgotten ([`ParsedCache::forget_identity`]) and not opened again since
+    /// ([`ParsedCache::revive`]): a write of theirs that lands later is removed at once.
+    retired: std::collections::HashSet<u64>,
 }
 
 impl Lru {
@@ -379,7 +382,16 @@ impl ParsedCache {
         let written = state_file::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
         match written {
             Ok(()) => {
-                self.lock().touch(&name, len, None);
+                let mut l = self.lock();
+                // Found by a probe: the chunks that a replaced version's session still held were
+                // written after a reload had forgotten that version, entries nobody could read.
+                if l.retired.contains(&identity) {
+                    drop(l);
+                    let _ = std::fs::remove_file(&path);
+                    return;
+                }
+                l.touch(&name, len, None);
+                drop(l);
                 self.counters.writes.fetch_add(1, Ordering::Relaxed);
                 self.counters.bytes_written.fetch_add(len, Ordering::Relaxed);
             }
@@ -396,7 +408,9 @@ impl ParsedCache {
     /// again: no reader asks for them any more); returns how many. Found by a probe: 573
     /// rewrites of a 760 KB file left 294 MB of entries that could never be served again, until
     /// the cache's bound pushed them out.
+    /// Later writes under `identity` are refused until [`ParsedCache::revive`].
     pub fn forget_identity(&self, identity: u64) -> usize {
+        self.lock().retired.insert(identity);
         let prefix = format!("{identity:016x}-");
         // The directory, not only the entries counted: a write that was being renamed into place
         // is on disk before it is counted.
@@ -414,6 +428,12 @@ impl ParsedCache {
             self.lock().forget(name);
         }
         names.len()
+    }
+
+    /// Takes writes under `identity` again: a dataset version with it opened (the configuration
+    /// of a forgotten version came back).
+    pub fn revive(&self, identity: u64) {
+        self.lock().retired.remove(&identity);
     }
 
     /// Removes least-recently-used entries (not `keep`) until at most `target` bytes are left.

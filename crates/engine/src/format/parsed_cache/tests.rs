@@ -457,6 +457,15 @@ fn the_entries_of_a_replaced_identity_are_removed_and_no_others() {
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 3, "its files removed");
     assert!(c.stats().bytes < before.bytes, "{:?} then {:?}", before, c.stats());
     assert_eq!(c.forget_identity(ID), 0);
+    // A write that lands after the version was forgotten (its session still held the chunk) is
+    // not kept, until a version with that identity opens again.
+    c.put(ID, &chunk(0));
+    assert!(get(&c, 0).is_none(), "a forgotten version's late write is not kept");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 3, "nor left on disk");
+    assert_eq!(c.stats().writes, before.writes, "nor counted as written");
+    c.revive(ID);
+    c.put(ID, &chunk(0));
+    assert!(get(&c, 0).is_some(), "written again once revived");
 }
 
 /// Found by a probe: a parsed cache pointed at a directory of other files (by mistake) removed
