@@ -484,45 +484,60 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
 /// Found by a probe: the slot size raised at `open` counted the dense streams alone, so a dense
 /// stream with a one-hot sparse label (the commonest CTF shape) overflowed a slot sized for its
 /// dense values (`minibatch_too_large`: 90,880 bytes needed, 90,112 in a slot). A sparse stream
-/// counts its sample offsets and one entry per sample.
+/// counts its sample offsets and one entry per sample. The tensors' table is counted too: 40
+/// streams with 103-character names needed 19,520 bytes where 16,384 were raised.
 #[test]
 fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     use std::fmt::Write as _;
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut text = String::new();
+    let (mut onehot, mut many) = (String::new(), String::new());
     for id in 0..600u32 {
-        let _ = write!(text, "{id} |F");
+        let _ = write!(onehot, "{id} |F");
         for k in 0..32 {
-            let _ = write!(text, " {}", (id + k) % 10);
+            let _ = write!(onehot, " {}", (id + k) % 10);
         }
-        let _ = writeln!(text, " |L {}:1", id % 7);
+        let _ = writeln!(onehot, " |L {}:1", id % 7);
+        for k in 0..40 {
+            let _ = write!(many, "|S{k} {}{}", id % 10, if k == 39 { "\n" } else { " " });
+        }
     }
-    let data = write(dir.path(), "onehot.ctf", text);
+    let onehot = write(dir.path(), "onehot.ctf", onehot);
+    let many = write(dir.path(), "many.ctf", many);
     let d = dir.path().display();
-    let cfg = format!(
+    let mut cfg = format!(
         "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
          ring_slots = 3\nslot_size_bytes = 4096\nparser_threads = 2\n\n\
-         [datasets.onehot]\nformat = \"ctf\"\nfiles = [\"{data}\"]\nchunk_size_bytes = 4096\n\
+         [datasets.onehot]\nformat = \"ctf\"\nfiles = [\"{onehot}\"]\nchunk_size_bytes = 4096\n\
          [datasets.onehot.streams.features]\nalias = \"F\"\ndim = 32\nformat = \"dense\"\n\
-         [datasets.onehot.streams.labels]\nalias = \"L\"\ndim = 7\nformat = \"sparse\"\n",
-        data = data.display(),
+         [datasets.onehot.streams.labels]\nalias = \"L\"\ndim = 7\nformat = \"sparse\"\n\
+         [datasets.many]\nformat = \"ctf\"\nfiles = [\"{many}\"]\n",
+        onehot = onehot.display(),
+        many = many.display(),
     );
+    let long: Vec<String> = (0..40).map(|k| format!("{}_{k:02}", "a_stream_with_a_long_name".repeat(4))).collect();
+    for (k, name) in long.iter().enumerate() {
+        let _ = write!(cfg, "[datasets.many.streams.{name}]\nalias = \"S{k}\"\ndim = 1\nformat = \"dense\"\n");
+    }
     write(dir.path(), "minibatchd.toml", cfg);
     let d = Daemon::start_owning(dir);
-    let names = ["features", "labels"];
-    for size in [1u64, 31, 64, 100, 256, 300, 600] {
-        let opts = SessionOptions { full_sweep: true, ..options(size) };
-        let mut s = d.client().open("onehot", &opts).expect("open");
-        let mut got = Vec::new();
-        loop {
-            match s.next_owned() {
-                Ok(Some(mb)) => got.push(json(&mb, &names)),
-                Ok(None) => break,
-                Err(e) => panic!("minibatch size {size}: {e}"),
+    let long: Vec<&str> = long.iter().map(String::as_str).collect();
+    let cases: [(&str, &[&str], &[u64]); 2] =
+        [("onehot", &["features", "labels"], &[1, 31, 64, 100, 256, 300, 600]), ("many", &long, &[1, 7])];
+    for (dataset, names, sizes) in cases {
+        for &size in sizes {
+            let opts = SessionOptions { full_sweep: true, ..options(size) };
+            let mut s = d.client().open(dataset, &opts).expect("open");
+            let mut got = Vec::new();
+            loop {
+                match s.next_owned() {
+                    Ok(Some(mb)) => got.push(json(&mb, names)),
+                    Ok(None) => break,
+                    Err(e) => panic!("{dataset}, minibatch size {size}: {e}"),
+                }
             }
+            let want = d.dump(dataset, &["--minibatch-size", &size.to_string(), "--full-sweep"]);
+            assert_eq!(got, want, "{dataset}, minibatch size {size}");
         }
-        let want = d.dump("onehot", &["--minibatch-size", &size.to_string(), "--full-sweep"]);
-        assert_eq!(got, want, "minibatch size {size}");
     }
 }
 

@@ -155,19 +155,21 @@ impl DatasetRuntime {
     #[must_use]
     pub fn slot_bound(&self, local_samples: u64) -> u64 {
         let samples = local_samples.max(self.max_seq_len);
-        let mut bytes = 4096u64; // headers, table and names
+        let mut bytes = 4096u64; // the slot's header and the table's alignment
         for (s, &dim) in self.dataset.streams().iter().zip(&self.dims) {
-            bytes = bytes.saturating_add((samples + 1).saturating_mul(8) + 64);
-            let per_sample = match s.kind {
-                StreamKind::Dense => (dim as u64).saturating_mul(self.value_bytes),
+            let (tensors, per_sample) = match s.kind {
+                StreamKind::Dense => (2, (dim as u64).saturating_mul(self.value_bytes)),
                 // Sample offsets, then one index and one value.
-                StreamKind::SparseI32 => 8 + 4 + self.value_bytes,
-                StreamKind::SparseU64 => 8 + 8 + self.value_bytes,
+                StreamKind::SparseI32 => (4, 8 + 4 + self.value_bytes),
+                StreamKind::SparseU64 => (4, 8 + 8 + self.value_bytes),
                 // String offsets, then one byte.
-                StreamKind::Strings => 8 + 1,
+                StreamKind::Strings => (3, 8 + 1),
             };
-            // Each array of the stream rounds up to its alignment (64 bytes).
-            bytes = bytes.saturating_add(samples.saturating_mul(per_sample) + 3 * 64 + 8);
+            // Each tensor's table entry (64 bytes) and name (`stream/field`, the longest field
+            // `sequence_offsets`), its sequence offsets, and each array rounded up to 64 bytes.
+            let table = tensors * (64 + s.name.len() as u64 + 17);
+            let offsets = (samples + 1).saturating_mul(8) + 8;
+            bytes = bytes.saturating_add(table + tensors * 64 + offsets + samples.saturating_mul(per_sample));
         }
         bytes
     }
