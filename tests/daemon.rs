@@ -485,24 +485,28 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
 /// stream with a one-hot sparse label (the commonest CTF shape) overflowed a slot sized for its
 /// dense values (`minibatch_too_large`: 90,880 bytes needed, 90,112 in a slot). A sparse stream
 /// counts its sample offsets and one entry per sample. The tensors' table is counted too: 40
-/// streams with 103-character names needed 19,520 bytes where 16,384 were raised.
+/// streams with 103-character names needed 19,520 bytes where 16,384 were raised. And a `csv`
+/// string stream of three columns has three strings a sample (found by a probe: 14,464 bytes
+/// needed, 12,288 raised).
 #[test]
 fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     use std::fmt::Write as _;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut onehot, mut many) = (String::new(), String::new());
+    let (mut onehot, mut many, mut csv) = (String::new(), String::new(), String::new());
     for id in 0..600u32 {
         let _ = write!(onehot, "{id} |F");
         for k in 0..32 {
             let _ = write!(onehot, " {}", (id + k) % 10);
         }
         let _ = writeln!(onehot, " |L {}:1", id % 7);
+        let _ = writeln!(csv, "{},b,c", id % 10);
         for k in 0..40 {
             let _ = write!(many, "|S{k} {}{}", id % 10, if k == 39 { "\n" } else { " " });
         }
     }
     let onehot = write(dir.path(), "onehot.ctf", onehot);
     let many = write(dir.path(), "many.ctf", many);
+    let csv = write(dir.path(), "strings.csv", csv);
     let d = dir.path().display();
     let mut cfg = format!(
         "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
@@ -510,9 +514,12 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
          [datasets.onehot]\nformat = \"ctf\"\nfiles = [\"{onehot}\"]\nchunk_size_bytes = 4096\n\
          [datasets.onehot.streams.features]\nalias = \"F\"\ndim = 32\nformat = \"dense\"\n\
          [datasets.onehot.streams.labels]\nalias = \"L\"\ndim = 7\nformat = \"sparse\"\n\
+         [datasets.strings]\nformat = \"csv\"\nfiles = [\"{csv}\"]\ncolumns = 3\n\
+         [datasets.strings.streams.s]\ncolumns = [0, 1, 2]\ndtype = \"string\"\n\
          [datasets.many]\nformat = \"ctf\"\nfiles = [\"{many}\"]\n",
         onehot = onehot.display(),
         many = many.display(),
+        csv = csv.display(),
     );
     let long: Vec<String> = (0..40).map(|k| format!("{}_{k:02}", "a_stream_with_a_long_name".repeat(4))).collect();
     for (k, name) in long.iter().enumerate() {
@@ -521,8 +528,11 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     write(dir.path(), "minibatchd.toml", cfg);
     let d = Daemon::start_owning(dir);
     let long: Vec<&str> = long.iter().map(String::as_str).collect();
-    let cases: [(&str, &[&str], &[u64]); 2] =
-        [("onehot", &["features", "labels"], &[1, 31, 64, 100, 256, 300, 600]), ("many", &long, &[1, 7])];
+    let cases: [(&str, &[&str], &[u64]); 3] = [
+        ("onehot", &["features", "labels"], &[1, 31, 64, 100, 256, 300, 600]),
+        ("strings", &["s"], &[1, 100, 600]),
+        ("many", &long, &[1, 7]),
+    ];
     for (dataset, names, sizes) in cases {
         for &size in sizes {
             let opts = SessionOptions { full_sweep: true, ..options(size) };

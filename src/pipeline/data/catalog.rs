@@ -19,7 +19,7 @@ use minibatchd_engine::dataset::{Dataset, Reserve};
 use minibatchd_engine::format::chunk::StreamKind;
 use minibatchd_engine::format::errors::DataError;
 use minibatchd_engine::format::parsed_cache::ParsedCache;
-use minibatchd_engine::options::IndexLimits;
+use minibatchd_engine::options::{FeatureLength, FeatureType, IndexLimits, RecordOptions};
 use minibatchd_engine::remote::Remote;
 use minibatchd_sys::HugePages;
 
@@ -147,11 +147,14 @@ impl DatasetRuntime {
         }
     }
 
-    /// A slot size that holds any minibatch of `local_samples` samples as far as the index can
-    /// tell: dense streams in full, and for a sparse or string stream its per-sample offsets and
-    /// one entry (one byte) per sample, so a one-hot label fits. Samples with more entries than
-    /// that have no bound before they are parsed: such a minibatch fails with
-    /// `minibatch_too_large` (nothing taken; reopen with a larger `slot_size_bytes` and resume).
+    /// A slot size that holds any minibatch of `local_samples` samples as far as the index and
+    /// the configuration can tell: dense streams in full; for a sparse stream its per-sample
+    /// offsets and one entry per sample (so a one-hot label fits); for a string stream its rows
+    /// (one a sample; a `csv` stream's columns, a fixed-length `tfrecord` bytes feature's `dim`)
+    /// of one byte. Samples with more entries or longer
+    /// strings, and the rows that streams beside a `defines_mb_size` stream have past its count,
+    /// have no bound before they are parsed: such a minibatch fails with `minibatch_too_large`
+    /// (nothing taken; reopen with a larger `slot_size_bytes` and resume).
     #[must_use]
     pub fn slot_bound(&self, local_samples: u64) -> u64 {
         let samples = local_samples.max(self.max_seq_len);
@@ -162,8 +165,8 @@ impl DatasetRuntime {
                 // Sample offsets, then one index and one value.
                 StreamKind::SparseI32 => (4, 8 + 4 + self.value_bytes),
                 StreamKind::SparseU64 => (4, 8 + 8 + self.value_bytes),
-                // String offsets, then one byte.
-                StreamKind::Strings => (3, 8 + 1),
+                // Each row's string offset and one byte.
+                StreamKind::Strings => (3, self.string_rows(&s.name) * (8 + 1)),
             };
             // Each tensor's table entry (64 bytes) and name (`stream/field`, the longest field
             // `sequence_offsets`), its sequence offsets, and each array rounded up to 64 bytes.
@@ -172,6 +175,26 @@ impl DatasetRuntime {
             bytes = bytes.saturating_add(table + tensors * 64 + offsets + samples.saturating_mul(per_sample));
         }
         bytes
+    }
+
+    /// The rows (strings) a sample of string stream `name` holds at least, as configured.
+    fn string_rows(&self, name: &str) -> u64 {
+        let at_least_one = |n: usize| (n as u64).max(1);
+        match &self.dataset.config().records {
+            Some(RecordOptions::Csv(c)) => {
+                c.streams.iter().find(|s| s.name == name).map_or(1, |s| at_least_one(s.columns.len()))
+            }
+            // A var-length feature's `dim` is only its most: sized for it, a generous `dim` would
+            // reserve rings that refuse other sessions, so it counts as one string (as a
+            // var-length number feature counts as one entry).
+            Some(RecordOptions::TfRecord(features)) => match features.iter().find(|f| f.stream == name) {
+                Some(f) if f.dtype == FeatureType::Bytes && matches!(f.length, FeatureLength::Fixed { .. }) => {
+                    at_least_one(f.dim)
+                }
+                _ => 1,
+            },
+            _ => 1,
+        }
     }
 }
 
