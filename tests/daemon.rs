@@ -487,7 +487,7 @@ fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_s
 /// counts its sample offsets and one entry per sample. The tensors' table is counted too: 40
 /// streams with 103-character names needed 19,520 bytes where 16,384 were raised. And a `csv`
 /// string stream of three columns has three strings a sample (found by a probe: 14,464 bytes
-/// needed, 12,288 raised).
+/// needed, 12,288 raised). A whole file's contents count in full: the largest files' sizes.
 #[test]
 fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     use std::fmt::Write as _;
@@ -507,6 +507,12 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     let onehot = write(dir.path(), "onehot.ctf", onehot);
     let many = write(dir.path(), "many.ctf", many);
     let csv = write(dir.path(), "strings.csv", csv);
+    // Files of 1 byte to 24 KB: whole files, whose contents a slot holds in full.
+    std::fs::create_dir(dir.path().join("files")).expect("mkdir");
+    for k in 0..30u32 {
+        let size = (k as usize * 7919) % 24_000 + 1;
+        std::fs::write(dir.path().join(format!("files/{k:02}.bin")), vec![b'a' + (k % 26) as u8; size]).expect("write");
+    }
     let d = dir.path().display();
     let mut cfg = format!(
         "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
@@ -516,6 +522,7 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
          [datasets.onehot.streams.labels]\nalias = \"L\"\ndim = 7\nformat = \"sparse\"\n\
          [datasets.strings]\nformat = \"csv\"\nfiles = [\"{csv}\"]\ncolumns = 3\n\
          [datasets.strings.streams.s]\ncolumns = [0, 1, 2]\ndtype = \"string\"\n\
+         [datasets.files]\nformat = \"whole_file\"\nfiles = [\"{d}/files/*.bin\"]\n\
          [datasets.many]\nformat = \"ctf\"\nfiles = [\"{many}\"]\n",
         onehot = onehot.display(),
         many = many.display(),
@@ -528,7 +535,8 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
     write(dir.path(), "minibatchd.toml", cfg);
     let d = Daemon::start_owning(dir);
     let long: Vec<&str> = long.iter().map(String::as_str).collect();
-    let cases: [(&str, &[&str], &[u64]); 3] = [
+    let cases: [(&str, &[&str], &[u64]); 4] = [
+        ("files", &["contents", "path"], &[1, 8, 30]),
         ("onehot", &["features", "labels"], &[1, 31, 64, 100, 256, 300, 600]),
         ("strings", &["s"], &[1, 100, 600]),
         ("many", &long, &[1, 7]),

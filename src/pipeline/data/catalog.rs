@@ -87,6 +87,9 @@ pub struct DatasetRuntime {
     pub max_seq_len: u64,
     /// Bytes per value.
     pub value_bytes: u64,
+    /// Of a whole-file dataset, `[k]`: the bytes of its `k` largest files together, computed at
+    /// the first `open` that asks ([`DatasetRuntime::slot_bound`]).
+    largest_files: std::sync::OnceLock<Vec<u64>>,
     /// Reader and parser counters of this dataset.
     pub metrics: DatasetMetrics,
     /// Why the last reload could not open a new version of it (its files changed), while this
@@ -141,6 +144,7 @@ impl DatasetRuntime {
             decode_digest: dataset.decode_digest(),
             max_seq_len: u64::from(dataset.timeline().seq_len.max().max(1)),
             value_bytes,
+            largest_files: std::sync::OnceLock::new(),
             dataset,
             metrics,
             reopen_failure: std::sync::Mutex::new(None),
@@ -165,9 +169,11 @@ impl DatasetRuntime {
                 // Sample offsets, then one index and one value.
                 StreamKind::SparseI32 => (4, 8 + 4 + self.value_bytes),
                 StreamKind::SparseU64 => (4, 8 + 8 + self.value_bytes),
-                // Each row's string offset and one byte.
+                // Each row's string offset and one byte, but a whole file's contents and path
+                // in full (below).
                 StreamKind::Strings => (3, self.string_rows(&s.name) * (8 + 1)),
             };
+            bytes = bytes.saturating_add(self.whole_file_bytes(&s.name, samples));
             // Each tensor's table entry (64 bytes) and name (`stream/field`, the longest field
             // `sequence_offsets`), its sequence offsets, and each array rounded up to 64 bytes.
             let table = tensors * (64 + s.name.len() as u64 + 17);
@@ -175,6 +181,30 @@ impl DatasetRuntime {
             bytes = bytes.saturating_add(table + tensors * 64 + offsets + samples.saturating_mul(per_sample));
         }
         bytes
+    }
+
+    /// Of a whole-file dataset's stream `name`, the bytes that `samples` samples can hold at most:
+    /// the `samples` largest files' contents, or as many of the longest file name.
+    fn whole_file_bytes(&self, name: &str, samples: u64) -> u64 {
+        if !matches!(self.dataset.config().records, Some(RecordOptions::WholeFile)) {
+            return 0;
+        }
+        if name != minibatchd_engine::format::whole_file::STREAMS[0] {
+            return samples.saturating_mul(self.dataset.longest_file_name());
+        }
+        let largest = self.largest_files.get_or_init(|| {
+            let mut sizes: Vec<u64> = self.dataset.chunk_bytes().collect();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            let mut sum = 0u64;
+            std::iter::once(0)
+                .chain(sizes.into_iter().map(|s| {
+                    sum = sum.saturating_add(s);
+                    sum
+                }))
+                .collect()
+        });
+        let k = usize::try_from(samples).unwrap_or(usize::MAX).min(largest.len().saturating_sub(1));
+        largest.get(k).copied().unwrap_or(0)
     }
 
     /// The rows (strings) a sample of string stream `name` holds at least, as configured.

@@ -226,6 +226,21 @@ pub(super) fn read_range(path: &Path, start: u64, end: u64, version: &FileVersio
     Ok(buf)
 }
 
+impl super::Dataset {
+    /// The bytes of each chunk's records, as indexed (of a whole-file dataset, whose every file
+    /// is a chunk: each file's size).
+    pub fn chunk_bytes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.chunks.iter().map(|c| c.end.saturating_sub(c.start))
+    }
+
+    /// The longest name of an input file as configured (a path or an object's URL), in bytes.
+    #[must_use]
+    pub fn longest_file_name(&self) -> u64 {
+        let names = self.sources.iter().flat_map(|s| s.files.iter());
+        names.map(|f| f.as_os_str().len() as u64).max().unwrap_or(0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{Seek, Write};
