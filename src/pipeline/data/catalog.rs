@@ -155,10 +155,11 @@ impl DatasetRuntime {
     /// the configuration can tell: dense streams in full; for a sparse stream its per-sample
     /// offsets and one entry per sample (so a one-hot label fits); for a string stream its rows
     /// (one a sample; a `csv` stream's columns, a fixed-length `tfrecord` bytes feature's `dim`)
-    /// of one byte. Samples with more entries or longer
-    /// strings, and the rows that streams beside a `defines_mb_size` stream have past its count,
-    /// have no bound before they are parsed: such a minibatch fails with `minibatch_too_large`
-    /// (nothing taken; reopen with a larger `slot_size_bytes` and resume).
+    /// of one byte; a `whole_file` dataset's largest files and longest names in full. Samples
+    /// with more entries or longer strings, and the rows that streams beside a `defines_mb_size`
+    /// stream have past its count, have no bound before they are parsed: such a minibatch fails
+    /// with `minibatch_too_large` (nothing taken; reopen with a larger `slot_size_bytes` and
+    /// resume).
     #[must_use]
     pub fn slot_bound(&self, local_samples: u64) -> u64 {
         let samples = local_samples.max(self.max_seq_len);
