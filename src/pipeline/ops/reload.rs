@@ -361,11 +361,17 @@ fn apply(shared: &Arc<ControlPlane>, mut p: Prepared) -> Option<bool> {
 }
 
 /// Removes the parsed-cache entries of the dataset versions with parse identities `replaced`
-/// that no dataset now in force reads.
+/// that no dataset now in force reads, and refuses their later writes; takes writes again for
+/// every identity in force (a configuration that came back). Only once the reload is applied:
+/// a reload refused after its datasets opened (found by a probe: refused for memory) revived a
+/// forgotten version whose open session then wrote 10 entries nobody could read.
 fn forget_replaced_entries(shared: &ControlPlane, replaced: &[u64]) {
     let catalog = shared.data.catalog();
     let Some(cache) = catalog.parsed_cache() else { return };
     let in_force: std::collections::HashSet<u64> = catalog.parse_identities();
+    for &identity in &in_force {
+        cache.revive(identity);
+    }
     for &identity in replaced.iter().filter(|i| !in_force.contains(i)) {
         let removed = cache.forget_identity(identity);
         if removed > 0 {

@@ -285,7 +285,6 @@ impl Dataset {
     /// Chunks parsed without a malformed place are written when `persist` says.
     pub fn use_parsed_cache(&mut self, cache: Arc<ParsedCache>, persist: Persist) {
         let pending = (0..self.chunks.len()).map(|_| std::sync::atomic::AtomicBool::new(false)).collect();
-        cache.revive(self.parse_identity());
         self.parsed = Some(ParsedUse { cache, identity: self.parse_identity(), persist, pending });
     }
 

@@ -430,8 +430,8 @@ impl ParsedCache {
         names.len()
     }
 
-    /// Takes writes under `identity` again: a dataset version with it opened (the configuration
-    /// of a forgotten version came back).
+    /// Takes writes under `identity` again: a dataset version with it is in force (the
+    /// configuration of a forgotten version came back and the reload was applied).
     pub fn revive(&self, identity: u64) {
         self.lock().retired.remove(&identity);
     }
