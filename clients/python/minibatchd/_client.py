@@ -460,6 +460,8 @@ class Source:
         # then, as it did when close() sent the report itself).
         self._closed_state: Optional[dict] = None
         self._failed: Optional[MinibatchdError] = None
+        # How many times a minibatch too large for the slots reopened the session (_regrow).
+        self.slot_regrowths: int = 0
         self._mm: Optional[mmap.mmap] = None
         self._conn, hello = _handshake(path, timeout)
         try:
@@ -729,13 +731,47 @@ class Source:
             self._last_state = msg["state"]
             raise StopIteration
         if t == "error":
+            error = MinibatchdError.from_reply(msg)
+            if error.code == "minibatch_too_large" and self._regrow(error):
+                return self._next()
             # The session cannot go on (its producer stopped): every later next() says so too;
             # state() and close() still work.
-            self._failed = MinibatchdError.from_reply(msg)
+            self._failed = error
             if self._failed.code in _ENDED_BY_DAEMON:
                 self._report_final()
             raise self._failed
         raise MinibatchdError("client_protocol", f"unexpected message {t!r}")
+
+    def _regrow(self, error: MinibatchdError) -> bool:
+        """The next minibatch does not fit the ring's slots (samples with more sparse entries or
+        longer strings than the daemon can bound at ``open``, docs/daemon.md): the session is
+        reopened where it stands — ``resume=`` the state after the last minibatch returned, the
+        same session name — with slots that hold that minibatch and a quarter more. Nothing is
+        lost or given twice (the order does not depend on the slot size); minibatches still held
+        stay valid (they keep the old ring mapped). False, and the error stands, when the daemon
+        did not say how many bytes (an older daemon) or the reopen failed (its error is chained
+        to the original one)."""
+        needed = (error.detail or {}).get("needed_bytes")
+        if not isinstance(needed, int) or needed <= self._slot_size:
+            return False
+        slot = -(-(needed + needed // 4) // 4096) * 4096
+        in_next, before = self._in_next, self._options
+        self._options = dict(before, slot_size_bytes=slot)
+        try:
+            fresh = self.reconnect()
+        except (OSError, MinibatchdError) as e:
+            self._options, self._in_next = before, in_next
+            raise error from e
+        logging.getLogger("minibatchd").warning(
+            "minibatchd session %r: minibatch %d needs %d bytes, a slot holds %d: reopened with slots of %d bytes",
+            self.session, self._taken, needed, self._slot_size, slot)
+        # This object becomes the new session; the other must not close the connection it hands on.
+        regrowths, state = self.slot_regrowths + 1, fresh.__dict__
+        fresh.__dict__ = {}
+        self.__dict__.clear()
+        self.__dict__.update(state)
+        self._in_next, self.slot_regrowths = in_next, regrowths
+        return True
 
     def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int,
                    consume: int = 0) -> "Minibatch":

@@ -4,11 +4,13 @@ import gc
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import minibatchd
+from conftest import Daemon, daemon_section
 
 
 def test_connect_reads_the_socket_from_the_environment(daemon, monkeypatch):
@@ -724,3 +726,67 @@ def test_a_session_read_to_its_end_and_dropped_resumes_by_name_exactly(daemon):
     assert again is not None
     assert again.resumed["from"] == "lingering" and again.resumed["exact"] is True, again.resumed
     assert list(again) == []
+
+
+class HeavySparseDaemon(Daemon):
+    """A daemon serving `train`: 60 one-line sequences whose sparse stream has from 0 to 1,180
+    entries a sample, under 4 KiB slots — past what the daemon can bound at open (one entry a
+    sample)."""
+
+    def __init__(self, tmp: Path):
+        lines = []
+        for i in range(60):
+            entries = " ".join(f"{(k * 7 + i) % 5000}:{k % 9}" for k in range((i * 37) % 60 * 20))
+            lines.append(f"{i} |F {i} |W {entries}".rstrip())
+        (tmp / "heavy.ctf").write_text("\n".join(lines) + "\n")
+        self.tmp = tmp
+        self.socket = str(tmp / "mbd.sock")
+        self.config = tmp / "minibatchd.toml"
+        self.config.write_text(
+            daemon_section(tmp, self.socket).replace("slot_size_bytes = 65536", "slot_size_bytes = 4096")
+            + f"""
+[datasets.train]
+format = "ctf"
+files = ["{tmp}/heavy.ctf"]
+chunk_size_bytes = 4096
+
+[datasets.train.streams.id]
+alias = "F"
+dim = 1
+format = "dense"
+
+[datasets.train.streams.words]
+alias = "W"
+dim = 5000
+format = "sparse"
+"""
+        )
+        self._start()
+
+
+def test_a_minibatch_too_large_for_the_slots_reopens_the_session_with_larger_ones(tmp_path, caplog):
+    """Samples with more sparse entries than the daemon can bound at open: the daemon answers
+    ``minibatch_too_large`` with the bytes needed (nothing taken), and the client reopens the
+    session where it stands with slots that hold them — the sweep equals ``dump``, nothing lost
+    or repeated, a minibatch held from before stays intact, and the state resumes exactly."""
+    d = HeavySparseDaemon(tmp_path)
+    try:
+        args = ["--minibatch-size", "3", "--max-sweeps", "2", "--seed", "2"]
+        want = d.dump(*args)
+        source = minibatchd.connect(d.socket).open("train", minibatch_size=3, max_sweeps=2, seed=2)
+        held = next(source)
+        held_dump = held.to_dump()
+        got = [held_dump]
+        for _ in range(10):
+            got.append(next(source).to_dump())
+        state = source.state()
+        assert source.slot_regrowths >= 1, "the data needs larger slots than open raised"
+        assert held.to_dump() == held_dump, "a minibatch held across the reopen is unchanged"
+        assert "reopened with slots of" in caplog.text
+        got.extend(mb.to_dump() for mb in source)
+        assert got == want
+        # The state taken after the reopen resumes exactly, in another session.
+        resumed = minibatchd.connect(d.socket).open("train", minibatch_size=3, max_sweeps=2, seed=2, resume=state)
+        assert [mb.to_dump() for mb in resumed] == want[11:]
+    finally:
+        d.stop()

@@ -614,8 +614,12 @@ pub struct ErrorDetail {
     pub offset: Option<u64>,
     /// Snake-case kind: an input error kind (`bad_number`, `bad_line`, …, as the
     /// `minibatchd_parse_errors_total` label) for a spent `max_errors` budget; `fatal`, `io` or
-    /// `dataset` otherwise.
+    /// `dataset` otherwise; `slot` for `minibatch_too_large`.
     pub kind: String,
+    /// With `minibatch_too_large`: the bytes the minibatch needs, so that a client can reopen
+    /// with a slot that holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed_bytes: Option<u64>,
 }
 
 impl ServerMessage {
@@ -939,8 +943,13 @@ mod tests {
         // No detail: the reply is byte for byte what older daemons sent, so older clients read it.
         let plain = encode(&ServerMessage::error(ErrorCode::DataError, "bad"));
         assert_eq!(&plain[4..], br#"{"type":"error","code":"data_error","message":"bad"}"#);
-        let detail =
-            ErrorDetail { file: Some("/d/x.ctf".into()), line: Some(3), offset: Some(17), kind: "bad_number".into() };
+        let detail = ErrorDetail {
+            file: Some("/d/x.ctf".into()),
+            line: Some(3),
+            offset: Some(17),
+            kind: "bad_number".into(),
+            needed_bytes: None,
+        };
         let with = ServerMessage::error_with(ErrorCode::DataError, "bad", Some(detail));
         let bytes = encode(&with);
         let text = std::str::from_utf8(&bytes[4..]).expect("utf-8");

@@ -56,8 +56,9 @@ pub enum ClientError {
         code: ErrorCode,
         /// Its message.
         message: String,
-        /// For a data error: file, line, byte offset and kind.
-        detail: Option<ErrorDetail>,
+        /// For a data error: file, line, byte offset and kind; for `minibatch_too_large`, the
+        /// bytes needed. Boxed: it is rare, and keeps the error small.
+        detail: Option<Box<ErrorDetail>>,
     },
     /// An unexpected reply.
     #[error("protocol: {0}")]
@@ -116,7 +117,9 @@ fn ended_by_daemon(e: &ClientError) -> bool {
 
 fn daemon_error(m: ServerMessage) -> ClientError {
     match m {
-        ServerMessage::Error { code, message, detail } => ClientError::Daemon { code, message, detail },
+        ServerMessage::Error { code, message, detail } => {
+            ClientError::Daemon { code, message, detail: detail.map(Box::new) }
+        }
         other => ClientError::Protocol(format!("unexpected reply {other:?}")),
     }
 }
@@ -412,7 +415,7 @@ impl Session {
                 // The daemon ended the session (stopping, or the dataset was removed): tell it
                 // what was taken, so that a resume by name continues exactly after it.
                 self.report_final();
-                Err(ClientError::Daemon { code, message, detail })
+                Err(ClientError::Daemon { code, message, detail: detail.map(Box::new) })
             }
             other => Err(daemon_error(other)),
         }

@@ -119,6 +119,7 @@ pub fn error_detail(e: &DataError) -> ErrorDetail {
         line: place.map(|l| l.line),
         offset: place.map(|l| l.offset),
         kind: e.kind_name().to_owned(),
+        needed_bytes: None,
     }
 }
 
@@ -149,6 +150,14 @@ impl ProduceError {
     fn detail(&self) -> Option<ErrorDetail> {
         match self {
             Self::Data(e) => Some(error_detail(e)),
+            // The bytes needed, for a client that reopens with a slot that holds them.
+            &Self::Layout(LayoutError::TooLarge { needed_bytes, .. }) => Some(ErrorDetail {
+                file: None,
+                line: None,
+                offset: None,
+                kind: "slot".into(),
+                needed_bytes: Some(needed_bytes),
+            }),
             Self::Stopped | Self::Layout(_) => None,
         }
     }
@@ -584,7 +593,8 @@ mod tests {
         assert_eq!((fatal.line, fatal.offset, fatal.kind.as_str()), (Some(1), Some(0), "fatal"));
         let too_large = ProduceError::Layout(LayoutError::TooLarge { needed_bytes: 10, slot_size_bytes: 4 });
         assert_eq!(too_large.code(), ErrorCode::MinibatchTooLarge);
-        assert!(too_large.detail().is_none());
+        let d = too_large.detail().expect("the bytes needed");
+        assert_eq!((d.kind.as_str(), d.needed_bytes, d.file), ("slot", Some(10), None));
         assert_eq!(ProduceError::Stopped.code(), ErrorCode::ShuttingDown);
     }
 }
