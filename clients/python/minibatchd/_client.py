@@ -36,6 +36,11 @@ FINAL_REPORT_TIMEOUT = 10.0
 # removed the dataset): the client then reports what it took (``close``), so that a resume by the
 # session's name continues exactly after it.
 _ENDED_BY_DAEMON = ("shutting_down", "unknown_dataset")
+# Errors that say the session's producer stopped, sent when it stops: the session still answers
+# `state` and `close`, so a reply awaited behind one comes after it (found by a probe: a state()
+# called after such an error had arrived raised it, and the next next() then met the `state`
+# reply and died with client_protocol).
+_PRODUCER_STOPPED = ("minibatch_too_large", "data_error")
 
 _LEN = struct.Struct("<I")
 # Binary hot messages (version 2), little-endian, after the length prefix:
@@ -604,7 +609,7 @@ class Source:
             t = _type(msg)
             if t == expected:
                 return msg
-            if t == "error":
+            if t == "error" and msg.get("code") not in _PRODUCER_STOPPED:
                 raise MinibatchdError.from_reply(msg)
             self._queued.append(msg)
 
@@ -677,12 +682,12 @@ class Source:
             return self._minibatch(slot, gen, index, sweep, bool(flags & 1), position, _READY_FRAME)
         if self._ended:
             raise StopIteration
+        if self._failed is not None:
+            raise self._failed
         if self._mm is None:
             # Found by a probe: a loop over a closed source looked like an empty epoch.
             raise MinibatchdError("client_closed", "the session was closed before its epoch ended: open it again "
                                   "(resume=its state) to go on")
-        if self._failed is not None:
-            raise self._failed
         ready = bool(self._queued) or self._conn.has_frame()
         self._releaser.drain()
         # Releases are batched: sent before this client would wait for the daemon, or once half
@@ -758,19 +763,24 @@ class Source:
         in_next, before = self._in_next, self._options
         self._options = dict(before, slot_size_bytes=slot)
         try:
-            fresh = self.reconnect()
+            # Without the reopen's warnings: it continues exactly where this client stands, and
+            # what the daemon would say of the name's history was said at the first open.
+            fresh = self._reopen(None, 60.0)
         except (OSError, MinibatchdError) as e:
-            self._options, self._in_next = before, in_next
+            self._options, self._in_next, self._failed = before, in_next, error
             raise error from e
         logging.getLogger("minibatchd").warning(
             "minibatchd session %r: minibatch %d needs %d bytes, a slot holds %d: reopened with slots of %d bytes",
             self.session, self._taken, needed, self._slot_size, slot)
         # This object becomes the new session; the other must not close the connection it hands on.
-        regrowths, state = self.slot_regrowths + 1, fresh.__dict__
+        # What the first open said stays (found by a probe: `resumed` became None).
+        kept = {"slot_regrowths": self.slot_regrowths + 1, "resumed": self.resumed, "warnings": self.warnings,
+                "_in_next": in_next}
+        state = fresh.__dict__
         fresh.__dict__ = {}
         self.__dict__.clear()
         self.__dict__.update(state)
-        self._in_next, self.slot_regrowths = in_next, regrowths
+        self.__dict__.update(kept)
         return True
 
     def _minibatch(self, slot: int, gen: int, index: int, sweep: int, end_of_sweep: bool, position: int,
@@ -914,6 +924,12 @@ class Source:
         options and session name, continuing exactly after the last minibatch this iterator
         returned (``resume=`` its state, which the client keeps itself). Waits up to ``timeout``
         seconds for the daemon to accept it. This source is closed."""
+        source = self._reopen(path, timeout)
+        source._warn(stacklevel=2)
+        return source
+
+    def _reopen(self, path: Optional[str], timeout: float) -> "Source":
+        """``reconnect`` without its warnings."""
         self._settle()
         state = dict(self._last_state)
         self.close()
@@ -923,9 +939,7 @@ class Source:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                source = Source(path or self._path, self._timeout, self.dataset, options)
-                source._warn(stacklevel=2)
-                return source
+                return Source(path or self._path, self._timeout, self.dataset, options)
             except (OSError, MinibatchdError) as e:
                 retry = isinstance(e, OSError) or e.code in (
                     "client_disconnected",

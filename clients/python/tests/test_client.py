@@ -768,25 +768,42 @@ def test_a_minibatch_too_large_for_the_slots_reopens_the_session_with_larger_one
     """Samples with more sparse entries than the daemon can bound at open: the daemon answers
     ``minibatch_too_large`` with the bytes needed (nothing taken), and the client reopens the
     session where it stands with slots that hold them — the sweep equals ``dump``, nothing lost
-    or repeated, a minibatch held from before stays intact, and the state resumes exactly."""
+    or repeated, a minibatch held from before stays intact, ``state()`` between minibatches
+    answers (found by a probe: one asked after the error had arrived raised it and killed the
+    session), what the first open said (``resumed``) stays, no warning is raised again, and the
+    state resumes exactly."""
+    import warnings
+
     d = HeavySparseDaemon(tmp_path)
     try:
         args = ["--minibatch-size", "3", "--max-sweeps", "2", "--seed", "2"]
         want = d.dump(*args)
-        source = minibatchd.connect(d.socket).open("train", minibatch_size=3, max_sweeps=2, seed=2)
+        options = dict(minibatch_size=3, max_sweeps=2, seed=2, session="heavy")
+        first = minibatchd.connect(d.socket).open("train", **options)
+        got = [next(first).to_dump()]
+        first.close()
+        # Opened again by its name: the daemon says where it continues, and that stays.
+        source = minibatchd.connect(d.socket).open("train", **options)
+        resumed = source.resumed
+        assert resumed is not None and resumed["exact"] is True, resumed
         held = next(source)
         held_dump = held.to_dump()
-        got = [held_dump]
-        for _ in range(10):
-            got.append(next(source).to_dump())
-        state = source.state()
+        got.append(held_dump)
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always")
+            for _ in range(10):
+                got.append(next(source).to_dump())
+                state = source.state()
+        assert not [w for w in raised if issubclass(w.category, minibatchd.MinibatchdWarning)], raised
         assert source.slot_regrowths >= 1, "the data needs larger slots than open raised"
+        assert source.resumed == resumed
         assert held.to_dump() == held_dump, "a minibatch held across the reopen is unchanged"
         assert "reopened with slots of" in caplog.text
         got.extend(mb.to_dump() for mb in source)
         assert got == want
         # The state taken after the reopen resumes exactly, in another session.
-        resumed = minibatchd.connect(d.socket).open("train", minibatch_size=3, max_sweeps=2, seed=2, resume=state)
-        assert [mb.to_dump() for mb in resumed] == want[11:]
+        resumed_source = minibatchd.connect(d.socket).open("train", minibatch_size=3, max_sweeps=2, seed=2,
+                                                           resume=state)
+        assert [mb.to_dump() for mb in resumed_source] == want[12:]
     finally:
         d.stop()
