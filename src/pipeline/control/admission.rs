@@ -400,11 +400,11 @@ fn replay_note(name: &str, resume: &SessionState, kept: &Kept) -> Option<String>
     };
     (resume.minibatches < given).then(|| {
         format!(
-            "the session {name:?} that the daemon kept had delivered {given} minibatches (position {}); this open's \
-             resume state is at minibatch {} (position {}), so the minibatches after it are delivered again — a \
-             trainer restored from an earlier checkpoint gets what it had then; to continue where the session \
-             stopped, open it by its name without resume or resume_job",
-            kept.state.position, resume.minibatches, resume.position
+            "the session {name:?} that the daemon kept had delivered {given} minibatches ({} reported taken, to \
+             position {}); this open's resume state is at minibatch {} (position {}), so the minibatches after it are \
+             delivered again — a trainer restored from an earlier checkpoint gets what it had then; to continue where \
+             the session stopped, open it by its name without resume or resume_job",
+            kept.state.minibatches, kept.state.position, resume.minibatches, resume.position
         )
     })
 }
