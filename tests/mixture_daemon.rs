@@ -580,3 +580,52 @@ fn a_worker_whose_turn_does_not_come_in_the_epoch_is_warned_at_open() {
         assert_eq!(empty, rank >= slots as u64, "rank {rank}: warned exactly when it gets nothing");
     }
 }
+
+/// Found by a probe: a reload that removed a configured mixture went on serving its open
+/// sessions (2.4 M minibatches of a mixture no longer configured), where a session on a removed
+/// dataset ends. It ends now with `unknown_dataset` after what was announced, resumable by name
+/// exactly once the mixture is back.
+#[test]
+fn a_reload_that_removes_a_configured_mixture_ends_its_sessions_resumable_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = start(dir.path());
+    let config = dir.path().join("minibatchd.toml");
+    let original = std::fs::read_to_string(&config).expect("config");
+    let reload = |text: &str| {
+        let before = d.reloads();
+        std::fs::write(&config, text).expect("write config");
+        d.signal(rustix::process::Signal::HUP);
+        d.wait_reloads(before + 1);
+    };
+    let o = SessionOptions { session: Some("evenly".into()), prefetch: Some(2), ..options(1) };
+    let mut s = open(&d, "even", &o);
+    let mut taken = 0;
+    for _ in 0..3 {
+        let mb = s.next_owned().expect("next").expect("a minibatch");
+        drop(mb);
+        taken += 1;
+    }
+    let table = "[mixtures.even]\ndatasets = [\"a\", \"b\"]\nweights = [1, 1]\nepoch = \"first_sweep_end\"\n";
+    assert!(original.contains(table), "the test removes the mixture's table");
+    reload(&original.replace(table, ""));
+    let ended = loop {
+        match s.next_owned() {
+            Ok(Some(_)) => taken += 1,
+            Ok(None) => panic!("the epoch ended before the session did"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(&ended, ClientError::Daemon { code: ErrorCode::UnknownDataset, message, .. } if message.contains("mixture 'even'")),
+        "{ended}"
+    );
+    assert!(taken <= 3 + 2, "no more than the ring announced after the reload: {taken}");
+    drop(s);
+    reload(&original);
+    let again = open(&d, "even", &o);
+    let resumed = again.resumed.clone().expect("resumed by name");
+    assert!(resumed.exact, "{resumed:?}");
+    let got = read(again, &["features", "labels"]);
+    let want = dump(&d, &["--mixture", "even", "--minibatch-size", "1"]);
+    same_as_dump(&got, &want[taken..], "even resumed by name after the reload");
+}

@@ -538,6 +538,7 @@ pub(super) async fn open_mixture(
         metrics,
         sampling,
     };
-    let active = launch.start(conn, producer).await.map_err(undo)?;
+    let mut active = launch.start(conn, producer).await.map_err(undo)?;
+    active.configured_mixture = options.mixture.is_none().then(|| name.to_owned());
     Ok((active, opened, fd))
 }

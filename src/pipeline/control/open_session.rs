@@ -44,6 +44,9 @@ pub(super) struct OpenSession {
     /// The datasets it reads: the dataset, or the mixture's sources. The session ends when a
     /// reload removes one.
     pub(super) sources: Vec<String>,
+    /// A configured mixture's name (`[mixtures.NAME]`): the session ends when a reload removes
+    /// it, as for a dataset. `None` for a dataset's session or a mixture given at `open`.
+    pub(super) configured_mixture: Option<String>,
     pub(super) options_hash: u64,
     pub(super) slots: SlotTable,
     pub(super) progress: Progress,
@@ -357,6 +360,7 @@ impl Launch {
             dataset: self.dataset,
             identity: self.identity,
             sources: self.sources,
+            configured_mixture: None,
             options_hash: self.options_hash,
             slots,
             progress: Progress::new(&self.start),

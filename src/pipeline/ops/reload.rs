@@ -7,8 +7,8 @@
 //! catalog in one step → `READY=1`.
 //!
 //! What changes: datasets are added, removed or replaced; sessions on unchanged datasets never
-//! notice. A session on a removed dataset ends with `error{unknown_dataset}` (it stays resumable
-//! by name, should the dataset come back). A session on a changed dataset finishes on the version
+//! notice. A session on a removed dataset, or on a removed configured mixture, ends with
+//! `error{unknown_dataset}` (it stays resumable by name, should it come back). A session on a changed dataset finishes on the version
 //! it opened (its state names that version's identity); new sessions get the new version. A
 //! changed dataset whose new version fails to open keeps serving the old one. Of `[daemon]`,
 //! [`hot_daemon_keys`] apply at once (memory limit, defaults of new sessions, linger, grace,
