@@ -177,7 +177,7 @@ pub async fn serve(stream: UnixStream, conn: Arc<ConnShared>, mut shutdown: toki
                     let catalog = conn.shared.data.catalog();
                     let dataset = a.sources.iter().find(|d| !catalog.contains(d)).map(|d| format!("dataset '{d}'"));
                     // Found by a probe: a configured mixture removed by a reload went on serving
-                    // its open sessions (2.4 M minibatches), where a removed dataset's end.
+                    // its open sessions (2.4 M minibatches), where a removed dataset's sessions end.
                     let mixture = a.configured_mixture.as_ref().filter(|m| !conn.shared.config().mixtures.contains_key(*m));
                     if let Some(gone) = dataset.or_else(|| mixture.map(|m| format!("mixture '{m}'"))) {
                         let m = format!(

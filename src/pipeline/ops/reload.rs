@@ -8,12 +8,13 @@
 //!
 //! What changes: datasets are added, removed or replaced; sessions on unchanged datasets never
 //! notice. A session on a removed dataset, or on a removed configured mixture, ends with
-//! `error{unknown_dataset}` (it stays resumable by name, should it come back). A session on a changed dataset finishes on the version
-//! it opened (its state names that version's identity); new sessions get the new version. A
-//! changed dataset whose new version fails to open keeps serving the old one. Of `[daemon]`,
-//! [`hot_daemon_keys`] apply at once (memory limit, defaults of new sessions, linger, grace,
-//! intervals, host reserve); the others (socket, listen address, state directory, queue
-//! capacities, parser threads) are logged as needing a restart and keep their running value.
+//! `error{unknown_dataset}` (it stays resumable by name, should it come back). A session on a
+//! changed dataset finishes on the version it opened (its state names that version's identity);
+//! new sessions get the new version. A changed dataset whose new version fails to open keeps
+//! serving the old one. Of `[daemon]`, [`hot_daemon_keys`] apply at once (memory limit, defaults
+//! of new sessions, linger, grace, intervals, host reserve); the others (socket, listen address,
+//! state directory, queue capacities, parser threads) are logged as needing a restart and keep
+//! their running value.
 
 use std::path::Path;
 use std::sync::Arc;

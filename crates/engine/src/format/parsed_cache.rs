@@ -408,6 +408,7 @@ impl ParsedCache {
     /// again: no reader asks for them any more); returns how many. Found by a probe: 573
     /// rewrites of a 760 KB file left 294 MB of entries that could never be served again, until
     /// the cache's bound pushed them out.
+    ///
     /// Later writes under `identity` are refused until [`ParsedCache::revive`].
     pub fn forget_identity(&self, identity: u64) -> usize {
         self.lock().retired.insert(identity);
