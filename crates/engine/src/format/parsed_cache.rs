@@ -373,7 +373,9 @@ impl ParsedCache {
     /// returned: the chunk is served from its parse whatever happens here.
     pub fn put(&self, identity: u64, chunk: &ParsedChunk) {
         let len = encoded_len(chunk);
-        if len > self.limit {
+        // A forgotten version's write is refused before it evicts live entries for its room or
+        // writes a file; the check after the write catches one that raced the forgetting.
+        if len > self.limit || self.lock().retired.contains(&identity) {
             return;
         }
         let name = Self::name(identity, chunk.chunk);
@@ -385,6 +387,7 @@ impl ParsedCache {
                 let mut l = self.lock();
                 // Found by a probe: the chunks that a replaced version's session still held were
                 // written after a reload had forgotten that version, entries nobody could read.
+                // Forgotten while this write ran: removed (the check above saw it alive).
                 if l.retired.contains(&identity) {
                     drop(l);
                     let _ = std::fs::remove_file(&path);
