@@ -162,6 +162,18 @@ fn every_worker_gets_what_dump_prints_and_any_state_resumes_at_another_world_siz
                 }
             }
         }
+        // A session's position is its mixture's slots, and a resume takes it from there: a state
+        // edited at the top level alone moves nothing (found by a probe: it was taken as given).
+        let state = &whole.states[1];
+        let slots = state.mixture.as_ref().expect("mixture").slots;
+        assert_eq!(state.position, slots, "{mixture}: {state:?}");
+        let edited = SessionState { position: slots + 7, ..state.clone() };
+        let mut s = open(&d, mixture, &SessionOptions { resume: Some(edited), ..worker(3, 1, 0) });
+        assert_eq!(s.state().expect("state").position, slots, "{mixture}: the resumed position");
+        let got = read(s, &names);
+        let restore = serde_json::to_string(state.mixture.as_ref().expect("mixture")).expect("JSON");
+        let want = dump(&d, &["--mixture", mixture, "--minibatch-size", "3", "--restore-state", &restore]);
+        same_as_dump(&got, &want, &format!("{mixture} resumed from a state edited at the top level"));
     }
 }
 

@@ -401,10 +401,16 @@ fn admit(
     if let Some(s) = &options.resume {
         check_mixture_resume(s, name, identity, ohash, sources)?;
     }
+    // A mixture's position is its epoch's slots: a resume state's own `position` follows its
+    // `mixture` (found by a probe: an edited one was taken as given).
+    let resume = options.resume.clone().map(|mut s| {
+        s.position = s.mixture.as_ref().map_or(s.position, |m| m.slots);
+        s
+    });
     let request = admission::Request {
         dataset: name,
         name: prepared.session.as_deref(),
-        resume: options.resume.as_ref(),
+        resume: resume.as_ref(),
         fresh,
         fits: &|s: &SessionState| check_mixture_resume(s, name, identity, ohash, sources),
         ring_bytes: prepared.geometry.total_bytes(),

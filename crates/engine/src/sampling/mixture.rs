@@ -35,8 +35,13 @@ use std::sync::Arc;
 
 use super::{EpochLimit, Sampler, SamplingError, SamplingOptions, SeqRef, Timeline, Window};
 
+mod state;
 #[cfg(test)]
 mod tests;
+mod weights;
+
+pub use state::{MixtureState, SourceState};
+pub use weights::{WeightSchedule, WeightStage, Weights};
 
 /// The integer parts that a mixture's weights are quantized to, in all.
 pub const WEIGHT_UNITS: u64 = 1 << 30;
@@ -108,165 +113,6 @@ pub enum MixtureError {
     BadState(String),
 }
 
-/// A mixture's weights, quantized to integer parts summing to [`WEIGHT_UNITS`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Weights(Vec<u64>);
-
-impl Weights {
-    /// Quantizes `weights` (any positive scale; shares are `w / Σw`) by largest remainder; a
-    /// positive weight gets at least one part.
-    ///
-    /// # Errors
-    /// No weight, more than [`MAX_SOURCES`], a negative or non-finite weight, or all zero.
-    pub fn new(weights: &[f64]) -> Result<Self, MixtureError> {
-        if weights.is_empty() {
-            return Err(MixtureError::NoSources);
-        }
-        if weights.len() > MAX_SOURCES {
-            return Err(MixtureError::TooManySources(weights.len()));
-        }
-        if let Some((index, &value)) = weights.iter().enumerate().find(|(_, w)| !w.is_finite() || **w < 0.0) {
-            return Err(MixtureError::BadWeight { index, value });
-        }
-        let total: f64 = weights.iter().sum();
-        if !total.is_finite() {
-            return Err(MixtureError::SumTooLarge);
-        }
-        if total <= 0.0 {
-            return Err(MixtureError::AllZero);
-        }
-        #[allow(clippy::cast_precision_loss)]
-        let units = WEIGHT_UNITS as f64;
-        let exact: Vec<f64> = weights.iter().map(|w| w / total * units).collect();
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let mut parts: Vec<u64> = exact.iter().map(|e| (e.floor() as u64).min(WEIGHT_UNITS)).collect();
-        // Largest remainder: the parts still missing go to the largest fractions, lowest index
-        // first on a tie.
-        let mut by_fraction: Vec<usize> = (0..parts.len()).collect();
-        by_fraction
-            .sort_by(|&a, &b| (exact[b] - exact[b].floor()).total_cmp(&(exact[a] - exact[a].floor())).then(a.cmp(&b)));
-        let mut missing = WEIGHT_UNITS.saturating_sub(parts.iter().sum());
-        for &i in by_fraction.iter().cycle() {
-            if missing == 0 {
-                break;
-            }
-            parts[i] += 1;
-            missing -= 1;
-        }
-        // Rounding may leave one over (the floors of shares close to 1); take it from the largest.
-        while parts.iter().sum::<u64>() > WEIGHT_UNITS {
-            let largest = largest_index(&parts);
-            parts[largest] -= 1;
-        }
-        // A positive weight is never rounded away.
-        for i in 0..parts.len() {
-            if weights[i] > 0.0 && parts[i] == 0 {
-                let largest = largest_index(&parts);
-                parts[largest] -= 1;
-                parts[i] = 1;
-            }
-        }
-        Ok(Self(parts))
-    }
-
-    /// The parts of each source; they sum to [`WEIGHT_UNITS`].
-    #[must_use]
-    pub fn parts(&self) -> &[u64] {
-        &self.0
-    }
-
-    /// The share of source `source` (its parts over [`WEIGHT_UNITS`]).
-    #[must_use]
-    pub fn share(&self, source: usize) -> f64 {
-        #[allow(clippy::cast_precision_loss)]
-        let share = self.0.get(source).copied().unwrap_or(0) as f64 / WEIGHT_UNITS as f64;
-        share
-    }
-
-    /// Number of sources.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Never: [`Weights::new`] refuses an empty list.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-}
-
-fn largest_index(parts: &[u64]) -> usize {
-    let mut best = 0;
-    for (i, &p) in parts.iter().enumerate() {
-        if p > parts[best] {
-            best = i;
-        }
-    }
-    best
-}
-
-/// Weights in force from a step (minibatch index) on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WeightStage {
-    /// The first minibatch that these weights fill.
-    pub from_step: u64,
-    /// The weights.
-    pub weights: Weights,
-}
-
-/// The weights of a mixture by step: stages starting at step 0, their steps strictly increasing.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WeightSchedule(Vec<WeightStage>);
-
-impl WeightSchedule {
-    /// One set of weights for the whole run.
-    #[must_use]
-    pub fn constant(weights: Weights) -> Self {
-        Self(vec![WeightStage { from_step: 0, weights }])
-    }
-
-    /// A schedule of stages.
-    ///
-    /// # Errors
-    /// No stage, a first stage after step 0, steps not strictly increasing, or stages of different
-    /// source counts.
-    pub fn new(stages: Vec<WeightStage>) -> Result<Self, MixtureError> {
-        let Some(first) = stages.first() else { return Err(MixtureError::NoStages) };
-        let sources = first.weights.len();
-        for (i, stage) in stages.iter().enumerate() {
-            let step_ok = if i == 0 { stage.from_step == 0 } else { stage.from_step > stages[i - 1].from_step };
-            if !step_ok {
-                return Err(MixtureError::BadSchedule { stage: i, step: stage.from_step });
-            }
-            if stage.weights.len() != sources {
-                return Err(MixtureError::WeightCount { given: stage.weights.len(), sources });
-            }
-        }
-        Ok(Self(stages))
-    }
-
-    /// The weights in force at `step`.
-    #[must_use]
-    pub fn at(&self, step: u64) -> &Weights {
-        let after = self.0.partition_point(|s| s.from_step <= step);
-        // The first stage starts at step 0, so `after ≥ 1`.
-        &self.0[after.max(1) - 1].weights
-    }
-
-    /// The stages.
-    #[must_use]
-    pub fn stages(&self) -> &[WeightStage] {
-        &self.0
-    }
-
-    /// Number of sources.
-    #[must_use]
-    pub fn sources(&self) -> usize {
-        self.0[0].weights.len()
-    }
-}
-
 /// When a mixture's epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MixtureEpoch {
@@ -306,56 +152,6 @@ pub struct MixtureOptions {
     pub num_workers: usize,
     /// This worker, `< num_workers`.
     pub rank: usize,
-}
-
-/// Where one source of a mixture stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SourceState {
-    /// The source's position: nominal samples on its own timeline, over all its sweeps (a
-    /// single-dataset checkpoint position of the source).
-    pub position: u64,
-    /// Sequences the mixture took from this source, in all.
-    pub taken: u64,
-    /// The source's credit in the round-robin (see the module's documentation).
-    pub credit: i64,
-    /// The weight parts the credit was built under.
-    pub weight: u64,
-}
-
-/// A mixture's checkpoint: the same on every worker after the same minibatch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MixtureState {
-    /// Minibatches taken in this epoch (the next one's step).
-    pub step: u64,
-    /// Slots (sequences) taken in this epoch, by all workers.
-    pub slots: u64,
-    /// Nominal samples taken in this epoch, by all workers.
-    pub samples: u64,
-    /// The epoch has ended: the next minibatch is none.
-    pub ended: bool,
-    /// Each source.
-    pub sources: Vec<SourceState>,
-}
-
-impl MixtureState {
-    /// The state of a fresh mixture of `sources` sources.
-    #[must_use]
-    pub fn start(sources: usize) -> Self {
-        Self {
-            step: 0,
-            slots: 0,
-            samples: 0,
-            ended: false,
-            sources: vec![SourceState { position: 0, taken: 0, credit: 0, weight: 0 }; sources],
-        }
-    }
-
-    /// The start of the next epoch after this one: the sources stay where they are (with their
-    /// credits), the epoch's counts start again.
-    #[must_use]
-    pub fn next_epoch(&self) -> Self {
-        Self { step: 0, slots: 0, samples: 0, ended: false, sources: self.sources.clone() }
-    }
 }
 
 /// One sequence of a mixture's minibatch.
@@ -434,17 +230,6 @@ pub struct Mixture {
     pending: Option<Pending>,
 }
 
-/// The credits a source can have in a state, `(lowest, highest)`, both excluded: a credit falls
-/// only when its source is picked — with the largest credit, at least `W / sources` once the
-/// weights (their sum `W` = [`WEIGHT_UNITS`]) are added — by `W`, so it stays above `-W`; the
-/// credits sum to 0, so none reaches `(sources - 1) · W`. A state beyond them is not one of a
-/// mixture's.
-fn credit_bounds(sources: usize) -> (i64, i64) {
-    let w = i64::try_from(WEIGHT_UNITS).unwrap_or(i64::MAX);
-    let others = i64::try_from(sources.saturating_sub(1)).unwrap_or(i64::MAX).max(1);
-    (-w, w.saturating_mul(others))
-}
-
 impl Mixture {
     /// A mixture at the start of its first epoch.
     ///
@@ -519,76 +304,7 @@ impl Mixture {
     /// # Errors
     /// A state of another number of sources, or with values no mixture state has.
     pub fn restore(&mut self, state: &MixtureState) -> Result<(), MixtureError> {
-        let n = self.samplers.len();
-        if state.sources.len() != n {
-            return Err(MixtureError::BadState(format!("{} sources, this mixture has {n}", state.sources.len())));
-        }
-        let max = super::scheduler::MAX_EPOCH_SAMPLES;
-        if state.step > max || state.slots > max || state.samples > max {
-            return Err(MixtureError::BadState(format!(
-                "step {}, slots {} or samples {} out of range",
-                state.step, state.slots, state.samples
-            )));
-        }
-        let (lowest, highest) = credit_bounds(n);
-        let mut credits = 0i64;
-        let mut taken = 0u64;
-        for (i, (s, &(shortest, longest, ones))) in state.sources.iter().zip(&self.longest).enumerate() {
-            if s.credit <= lowest || s.credit >= highest || s.weight > WEIGHT_UNITS {
-                return Err(MixtureError::BadState(format!(
-                    "source {i}: credit {} or weight {} out of range",
-                    s.credit, s.weight
-                )));
-            }
-            if s.position > max || s.taken > max {
-                return Err(MixtureError::BadState(format!(
-                    "source {i}: position {} or sequences taken {} out of range",
-                    s.position, s.taken
-                )));
-            }
-            // A source starts at 0 and moves by the samples of each sequence taken: one each
-            // where every sequence is one sample, at least the shortest and at most the longest
-            // otherwise (found by a probe: a position far below its sequences taken was served).
-            let reachable = if ones {
-                s.position == s.taken
-            } else {
-                (s.taken.saturating_mul(shortest)..=s.taken.saturating_mul(longest)).contains(&s.position)
-            };
-            if !reachable {
-                return Err(MixtureError::BadState(format!(
-                    "source {i}: position {} is not where {} sequences taken from its start lead",
-                    s.position, s.taken
-                )));
-            }
-            credits += s.credit;
-            taken = taken.saturating_add(s.taken);
-        }
-        if credits != 0 {
-            return Err(MixtureError::BadState(format!("the credits sum to {credits}, not 0")));
-        }
-        // Every slot is a sequence of at least the shortest any source has (found by a probe: a
-        // state with fewer samples than slots lengthened a `max_samples` epoch).
-        let shortest = self.longest.iter().map(|&(s, _, _)| s).min().unwrap_or(0);
-        if state.samples < state.slots.saturating_mul(shortest) {
-            return Err(MixtureError::BadState(format!(
-                "{} samples in {} slots of sequences of at least {shortest} sample(s)",
-                state.samples, state.slots
-            )));
-        }
-        // The epoch's slots are sequences taken from the sources (earlier epochs took more).
-        if state.slots > taken {
-            return Err(MixtureError::BadState(format!(
-                "{} slots in this epoch, but {taken} sequences taken from the sources in all",
-                state.slots
-            )));
-        }
-        // An endless mixture's epoch never ends (found by a probe: such a state, edited, was
-        // served as an epoch with nothing left, and a trainer's loop ended without a word).
-        if state.ended && self.options.epoch == MixtureEpoch::Endless {
-            return Err(MixtureError::BadState(
-                "the epoch has ended, but this mixture's epoch is endless and never ends".into(),
-            ));
-        }
+        state::check(state, &self.longest, self.options.epoch)?;
         for (i, (sampler, s)) in self.samplers.iter_mut().zip(&state.sources).enumerate() {
             sampler.restore(s.position).map_err(|e| MixtureError::BadState(e.to_string()))?;
             // A source stops only where a sequence starts (found by a probe: a position inside a

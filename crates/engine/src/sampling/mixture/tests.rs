@@ -473,6 +473,61 @@ fn edited_states_no_run_reaches_are_refused() {
     }
 }
 
+/// Found by a hostile probe: hand-edited counts that no run writes were served — a step past the
+/// slots (a later stage of a weight schedule), samples past a `max_samples` epoch without its end
+/// (the epoch ended at once, unsaid), weight parts that do not sum to `W`.
+#[test]
+fn edited_epoch_counts_no_run_writes_are_refused() {
+    // Source 0 of one-sample sequences, source 1 of sequences of 1 to 3 samples.
+    let sources = [source(&[vec![1; 6], vec![1; 6]], true, 1), source(&[vec![1, 3, 2, 2]], true, 2)];
+    for epoch in [MixtureEpoch::Endless, MixtureEpoch::FirstSweepEnd, MixtureEpoch::Samples(9)] {
+        let mut m = Mixture::new(&sources, options(&[2.0, 1.0], epoch, 1, 0)).expect("a valid mixture");
+        let plans = run(&mut m, &[3], 3);
+        let good = plans[1].state.clone();
+        assert!(!good.ended && good.step == 2, "{epoch:?}: {good:?}");
+        let refused = |edit: &dyn Fn(&mut MixtureState)| {
+            let mut bad = good.clone();
+            edit(&mut bad);
+            let mut m = Mixture::new(&sources, options(&[2.0, 1.0], epoch, 1, 0)).expect("a valid mixture");
+            m.restore(&bad).err()
+        };
+        let is_bad = |e: Option<MixtureError>| matches!(e, Some(MixtureError::BadState(_)));
+        assert!(is_bad(refused(&|s| s.step = s.slots + 1)), "{epoch:?}: a step past the slots");
+        assert!(is_bad(refused(&|s| s.step = 0)), "{epoch:?}: slots without a minibatch");
+        assert!(is_bad(refused(&|s| s.samples = s.slots * 3 + 1)), "{epoch:?}: slots longer than any sequence");
+        assert!(
+            is_bad(refused(&|s| s.samples = s.sources.iter().map(|x| x.position).sum::<u64>() + 1)),
+            "{epoch:?}: samples no source gave"
+        );
+        assert!(is_bad(refused(&|s| s.sources[0].weight += 1)), "{epoch:?}: parts past W");
+        assert!(
+            is_bad(refused(&|s| s.sources.iter_mut().for_each(|x| x.weight = 0))),
+            "{epoch:?}: no weights, sequences taken"
+        );
+        if let MixtureEpoch::Samples(limit) = epoch {
+            assert!(is_bad(refused(&|s| s.samples = limit)), "past the limit, not ended");
+            assert!(is_bad(refused(&|s| s.ended = true)), "ended below the limit");
+        }
+        // The state as written still restores; so does every state of the runs of each epoch,
+        // and the start of each next epoch.
+        let mut m = Mixture::new(&sources, options(&[2.0, 1.0], epoch, 1, 0)).expect("a valid mixture");
+        m.restore(&good).expect("a state of this mixture");
+        let mut walk = Mixture::new(&sources, options(&[2.0, 1.0], epoch, 1, 0)).expect("a valid mixture");
+        for _ in 0..3 {
+            for plan in run(&mut walk, &[1, 4, 2], 40) {
+                m.restore(&plan.state).unwrap_or_else(|e| panic!("{epoch:?}: {e}: {:?}", plan.state));
+            }
+            let next = walk.state().next_epoch();
+            m.restore(&next).expect("an epoch's start");
+            walk.restore(&next).expect("an epoch's start");
+        }
+    }
+    // A fresh state, and an epoch's start whatever the limit.
+    let mut m = Mixture::new(&sources, options(&[2.0, 1.0], MixtureEpoch::Samples(0), 1, 0)).expect("a mixture");
+    m.restore(&MixtureState::start(2)).expect("a fresh state");
+    assert!(m.next_minibatch(3).expect("no error").is_none());
+}
+
 #[test]
 fn a_later_epoch_is_the_walk_of_the_ones_before_it_at_every_world_size() {
     let sources = [source(&[vec![1, 2, 1], vec![1, 1]], true, 3), source(&[vec![1, 1, 1]], false, 0)];
