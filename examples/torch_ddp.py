@@ -72,6 +72,9 @@ def main() -> None:
             json.dump({"rank": rank, "world": world, "steps": steps, "losses": losses}, f)
     if rank == 0:
         print(json.dumps({"world": world, "epoch_losses": losses}))
+    # Every rank done before any tears gloo down: a rank that left first made another abort in
+    # gloo's teardown once in CI ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
