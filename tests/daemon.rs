@@ -460,24 +460,17 @@ fn a_minibatch_size_past_a_finite_epoch_is_served_as_dump_serves_it() {
     }
 }
 
+/// A slot asked for at `open` smaller than a minibatch of the dataset: the daemon stops the
+/// producer with `minibatch_too_large` (the bytes needed, nothing taken), and the client reopens
+/// the session there with slots that hold it; the sweep is `dump`'s.
 #[test]
-fn a_minibatch_larger_than_a_slot_is_a_clear_error_and_resumable_with_a_bigger_slot() {
+fn a_minibatch_larger_than_a_slot_reopens_the_session_with_a_bigger_slot() {
     let d = start();
     let small = SessionOptions { full_sweep: true, slot_size_bytes: Some(4096), ..options(4) };
     let mut s = d.client().open("wide", &small).expect("open");
-    match s.next_minibatch() {
-        Err(ClientError::Daemon { code: ErrorCode::MinibatchTooLarge, message, .. }) => {
-            assert!(message.contains("slot_size_bytes"), "{message}");
-        }
-        other => panic!("expected minibatch_too_large, got {other:?}"),
-    }
-    let state = s.state().expect("the session still answers");
-    assert_eq!((state.position, state.minibatches), (0, 0), "nothing was taken");
-    drop(s);
-    let big = SessionOptions { slot_size_bytes: Some(1 << 20), resume: Some(state), ..small };
-    let mut s = d.client().open("wide", &big).expect("reopen");
     let got: Vec<String> =
         std::iter::from_fn(|| s.next_owned().expect("next")).map(|mb| json(&mb, &["words"])).collect();
+    assert_eq!(s.slot_regrowths, 1, "one reopen, with slots that hold every minibatch of the sweep");
     assert_eq!(got, d.dump("wide", &["--minibatch-size", "4", "--full-sweep"]));
 }
 
@@ -557,6 +550,61 @@ fn a_one_hot_label_beside_dense_values_fits_the_slot_raised_at_open() {
             assert_eq!(got, want, "{dataset}, minibatch size {size}");
         }
     }
+}
+
+/// Samples with more sparse entries than the daemon can bound at `open` (0 to 1,180 a sample
+/// under 4 KiB slots): the Rust client reopens the session where it stands with larger slots, as
+/// the Python client does — the sweeps equal `dump`, a minibatch held across the reopens stays
+/// readable and unchanged, and a state taken after them resumes exactly.
+#[test]
+fn a_minibatch_too_large_for_the_slots_reopens_the_session_with_larger_ones() {
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut text = String::new();
+    for i in 0..60u32 {
+        let _ = write!(text, "{i} |F {i} |W");
+        for k in 0..(i * 37) % 60 * 20 {
+            let _ = write!(text, " {}:{}", (k * 7 + i) % 5000, k % 9);
+        }
+        text.push('\n');
+    }
+    let data = write(dir.path(), "heavy.ctf", text);
+    let d = dir.path().display();
+    let cfg = format!(
+        "[daemon]\nsocket = \"{d}/mbd.sock\"\nmetrics_listen = \"127.0.0.1:0\"\nstate_dir = \"{d}/state\"\n\
+         ring_slots = 3\nslot_size_bytes = 4096\n\n\
+         [datasets.train]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 4096\n\
+         [datasets.train.streams.id]\nalias = \"F\"\ndim = 1\nformat = \"dense\"\n\
+         [datasets.train.streams.words]\nalias = \"W\"\ndim = 5000\nformat = \"sparse\"\n",
+        data.display()
+    );
+    write(dir.path(), "minibatchd.toml", cfg);
+    let d = Daemon::start_owning(dir);
+    let names = ["id", "words"];
+    let want = d.dump("train", &["--minibatch-size", "3", "--max-sweeps", "2", "--seed", "2"]);
+    let opts = SessionOptions { max_sweeps: Some(2), seed: Some(2), ..options(3) };
+    let mut s = d.client().open("train", &opts).expect("open");
+    let held = s.next_minibatch().expect("next").expect("a minibatch");
+    let held_json = json(&s.copy(&held).expect("copy"), &names);
+    let (mut got, mut state) = (vec![held_json.clone()], None);
+    while let Some(mb) = s.next_owned().expect("every minibatch, the slots regrown as needed") {
+        got.push(json(&mb, &names));
+        if got.len() == 12 {
+            state = Some(s.state().expect("state"));
+        }
+    }
+    assert!(s.slot_regrowths >= 1, "the data needs larger slots than open raised");
+    let again = json(&s.copy(&held).expect("the held minibatch's ring stays mapped"), &names);
+    assert_eq!(again, held_json, "a minibatch held across the reopens is unchanged");
+    s.release(held);
+    assert_eq!(got, want);
+    let opts = SessionOptions { resume: state, ..opts };
+    let mut resumed = d.client().open("train", &opts).expect("resume");
+    let mut rest = Vec::new();
+    while let Some(mb) = resumed.next_owned().expect("next") {
+        rest.push(json(&mb, &names));
+    }
+    assert_eq!(rest, want[12..]);
 }
 
 fn raw(socket: &Path) -> UnixStream {

@@ -27,18 +27,21 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::protocol::{
     self, ClientMessage, ErrorCode, ErrorDetail, FrameBuffer, FrameError, MinibatchMeta, MixtureSlot,
-    MixtureSourceInfo, MixtureState, Resumed, ServerMessage, SessionOptions, SessionState, StreamInfo,
-    FEATURE_CONSUMER_WAIT, FEATURE_OPEN_WAITS_FOR_INDEX, PROTOCOL_VERSION,
+    MixtureSourceInfo, Resumed, ServerMessage, SessionOptions, SessionState, StreamInfo, FEATURE_CONSUMER_WAIT,
+    FEATURE_OPEN_WAITS_FOR_INDEX, PROTOCOL_VERSION,
 };
 use crate::Result;
-use minibatchd_shm::layout::{self, DType, LayoutError, RingHeader, TensorView};
+use minibatchd_shm::layout::{LayoutError, RingHeader};
 use minibatchd_shm::Minibatch;
 use minibatchd_sys::{ReadOnlyMapping, ShmError};
+
+mod regrow;
+mod slots;
 
 /// Client failures.
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +82,8 @@ const FINAL_REPORT_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Client {
     stream: UnixStream,
     frames: FrameBuffer,
+    /// The socket's path: a session reopens on it ([`Session::slot_regrowths`]).
+    path: PathBuf,
     /// The daemon's per-start id.
     pub daemon_id: String,
     report_wait: bool,
@@ -162,6 +167,7 @@ impl Client {
             ServerMessage::Hello { daemon_id, features, version, .. } => Ok(Self {
                 stream,
                 frames,
+                path: path.to_path_buf(),
                 daemon_id,
                 report_wait: features.iter().any(|f| f == FEATURE_CONSUMER_WAIT),
                 open_waits: features.iter().any(|f| f == FEATURE_OPEN_WAITS_FOR_INDEX),
@@ -239,6 +245,14 @@ impl Client {
         Ok(Session {
             stream: self.stream,
             frames: self.frames,
+            path: self.path,
+            dataset: dataset.to_owned(),
+            options: options.clone(),
+            ring: 0,
+            held: 0,
+            old_rings: Vec::new(),
+            slot_regrowths: 0,
+            regrow_failed: None,
             name: session,
             mapping,
             header,
@@ -274,12 +288,28 @@ pub struct Delivered {
     /// sequence and the sources whose sweep ended in it (read from its slot). `None` for a
     /// dataset's session.
     pub mixture: Option<Box<MixtureSlot>>,
+    /// Which of the session's rings holds the slot: a reopen for larger slots maps another.
+    ring: u32,
 }
 
 /// An open session.
 pub struct Session {
     stream: UnixStream,
     frames: FrameBuffer,
+    path: PathBuf,
+    dataset: String,
+    options: SessionOptions,
+    /// The ring in use (counted from 0; each reopen for larger slots maps the next) and how many
+    /// minibatches returned from it are not released.
+    ring: u32,
+    held: usize,
+    /// Earlier rings still mapped for minibatches held across a reopen.
+    old_rings: Vec<regrow::OldRing>,
+    /// How many times a minibatch too large for the slots reopened the session with larger
+    /// ones (`minibatch_too_large`: `docs/client.md`).
+    pub slot_regrowths: u64,
+    /// Why a reopen for larger slots failed: every later `next_minibatch` returns it.
+    regrow_failed: Option<String>,
     /// The session name (resumable by it).
     pub name: String,
     mapping: ReadOnlyMapping,
@@ -354,6 +384,13 @@ impl Session {
         if self.end.is_some() {
             return Ok(None);
         }
+        if let Some(message) = &self.regrow_failed {
+            return Err(ClientError::Daemon {
+                code: ErrorCode::MinibatchTooLarge,
+                message: message.clone(),
+                detail: None,
+            });
+        }
         if self.stopped {
             return Err(ClientError::Daemon {
                 code: ErrorCode::ShuttingDown,
@@ -381,7 +418,7 @@ impl Session {
         };
         match msg {
             ServerMessage::Ready { slot, generation, minibatch } => {
-                let mut delivered = Delivered { slot, generation, meta: minibatch, mixture: None };
+                let mut delivered = Delivered { slot, generation, meta: minibatch, mixture: None, ring: self.ring };
                 if self.mixture_sources.is_some() {
                     let m = match self.mixture_slot(&delivered) {
                         Ok(m) => m,
@@ -397,6 +434,7 @@ impl Session {
                 self.taken = minibatch.index.saturating_add(1);
                 self.last.position = minibatch.position;
                 self.last.minibatches = self.taken;
+                self.held += 1;
                 Ok(Some(delivered))
             }
             ServerMessage::End { state } => {
@@ -417,6 +455,12 @@ impl Session {
                 self.report_final();
                 Err(ClientError::Daemon { code, message, detail: detail.map(Box::new) })
             }
+            // The next minibatch outgrew the slots (nothing taken): reopened where this client
+            // stands with slots that hold it, and read from there.
+            ServerMessage::Error { code: ErrorCode::MinibatchTooLarge, message, detail } => {
+                self.regrow(message, detail)?;
+                self.next_minibatch()
+            }
             other => Err(daemon_error(other)),
         }
     }
@@ -434,73 +478,15 @@ impl Session {
         }
     }
 
-    /// What a mixture's minibatch carries in its slot after the streams.
-    fn mixture_slot(&self, mb: &Delivered) -> Result<MixtureSlot> {
-        let tensors = self.tensors(mb)?;
-        let find = |name: &str| {
-            tensors
-                .iter()
-                .find(|t| t.name == name)
-                .map(|t| t.data)
-                .ok_or_else(|| ClientError::Protocol(format!("a mixture's minibatch without its {name} tensor")))
-        };
-        let ints = |name: &str| -> Result<Vec<u32>> {
-            find(name)?
-                .chunks_exact(4)
-                .map(|b| u32::try_from(i32::from_ne_bytes([b[0], b[1], b[2], b[3]])))
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|_| ClientError::Protocol(format!("a negative source in {name}")))
-        };
-        let state: Vec<i64> = find("mixture/state")?
-            .chunks_exact(8)
-            .map(|b| i64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-            .collect();
-        let state = MixtureState::from_tensor(&state)
-            .ok_or_else(|| ClientError::Protocol("a mixture's state tensor of another shape".into()))?;
-        Ok(MixtureSlot { state, sources: ints("mixture/sources")?, sweeps_ended: ints("mixture/sweeps_ended")? })
-    }
-
-    /// The slot's tensors (zero-copy views on the ring), in table order.
-    ///
-    /// # Errors
-    /// [`LayoutError`] for a corrupt or stale slot.
-    pub fn tensors(&self, mb: &Delivered) -> Result<Vec<TensorView<'_>>> {
-        let bytes = &self.mapping.bytes()[self.header.slot_range(mb.slot)];
-        let (h, table) = layout::decode_slot(bytes)?;
-        if h.generation != mb.generation {
-            return Err(LayoutError::Corrupt("stale slot generation").into());
-        }
-        Ok(table
-            .iter()
-            .map(|(e, _)| {
-                let name_at = e.name_offset as usize;
-                TensorView {
-                    name: std::str::from_utf8(&bytes[name_at..name_at + e.name_len as usize]).unwrap_or(""),
-                    dtype: DType::from_code(e.dtype).unwrap_or(DType::U8),
-                    shape: e.shape[..(e.ndim as usize).min(e.shape.len())].to_vec(),
-                    data: &bytes[e.data_range()],
-                }
-            })
-            .collect())
-    }
-
-    /// Copies `mb` out into an owned [`Minibatch`] (the delivery layout of `minibatchd_shm::owned`).
-    ///
-    /// # Errors
-    /// [`LayoutError`].
-    pub fn copy(&self, mb: &Delivered) -> Result<Minibatch> {
-        let dims: Vec<usize> = self.streams.iter().map(|s| usize::try_from(s.dim).unwrap_or(usize::MAX)).collect();
-        let mut out = minibatchd_shm::decode_minibatch(self.mapping.bytes(), mb.slot, mb.generation, &dims)?;
-        out.sweep = mb.meta.sweep;
-        out.end_of_sweep = mb.meta.end_of_sweep;
-        out.position = mb.meta.position;
-        Ok(out)
-    }
-
     /// Gives `mb`'s slot back (sent with the next request).
     #[allow(clippy::needless_pass_by_value)] // taken by value so a released minibatch cannot be read again
     pub fn release(&mut self, mb: Delivered) {
-        self.pending.push((mb.slot, mb.generation));
+        if mb.ring == self.ring {
+            self.held = self.held.saturating_sub(1);
+            self.pending.push((mb.slot, mb.generation));
+        } else {
+            self.release_old(mb.ring);
+        }
     }
 
     /// The next minibatch as an owned copy, its slot released.
