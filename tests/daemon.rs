@@ -439,6 +439,60 @@ fn a_state_before_the_start_of_its_sweep_is_refused() {
     assert_eq!(sweeps.into_iter().collect::<Vec<_>>(), [2]);
 }
 
+/// Found by a probe: a state edited one sample on, inside a sequence, was taken (the sampler moves
+/// to the next sequence start, as CNTK's restore does) and that sequence was never delivered,
+/// unsaid — through `resume` and a job worker's position alike. No session stops inside a
+/// sequence: such a state is refused; every sequence start still resumes.
+#[test]
+fn a_state_inside_a_sequence_is_refused() {
+    let d = start();
+    let args = ["--max-sweeps", "2", "--seed", "3"];
+    // Where sequences start: the positions after each minibatch of one sequence.
+    let starts: std::collections::HashSet<u64> = d
+        .dump("train", &[&["--minibatch-size", "1"][..], &args].concat())
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("JSON")["position"].as_u64().expect("position"))
+        .collect();
+    let opts = SessionOptions { max_sweeps: Some(2), seed: Some(3), ..options(5) };
+    let mut s = d.client().open("train", &opts).expect("open");
+    drain(&mut s, 4);
+    let state = s.close().expect("close");
+    let refused = |o: SessionOptions| match d.client().open("train", &o) {
+        Err(ClientError::Daemon { code: ErrorCode::ResumeMismatch, message, .. }) => {
+            assert!(message.contains("inside a sequence"), "{message}");
+            true
+        }
+        Ok(_) => false,
+        Err(e) => panic!("expected resume_mismatch or an open, got {e}"),
+    };
+    let mut inside = 0;
+    for position in state.position + 1..state.position + 7 {
+        let edited = SessionState { position, ..state.clone() };
+        let is_start = starts.contains(&position);
+        assert_eq!(refused(SessionOptions { resume: Some(edited), ..opts.clone() }), !is_start, "position {position}");
+        inside += usize::from(!is_start);
+    }
+    assert!(inside > 0, "sequences of 2 and 3 samples follow position {}", state.position);
+    // A job of two workers, one of them moved inside a sequence, resumed by one worker.
+    let workers = |rank| SessionOptions { num_workers: Some(2), rank: Some(rank), ..opts.clone() };
+    let job: Vec<SessionState> = (0..2)
+        .map(|rank| {
+            let mut s = d.client().open("train", &workers(rank)).expect("open a worker");
+            drain(&mut s, 3);
+            s.close().expect("close")
+        })
+        .collect();
+    let resume_job = |job: Vec<SessionState>| SessionOptions { resume_job: Some(job), ..opts.clone() };
+    assert!(!refused(resume_job(job.clone())), "the job's own states resume");
+    let late = usize::from(job[1].position > job[0].position);
+    let position = (job[late].position + 1..job[late].position + 100)
+        .find(|p| !starts.contains(p))
+        .expect("a position inside a sequence");
+    let mut edited = job;
+    edited[late].position = position;
+    assert!(refused(resume_job(edited)), "a worker at {position}, inside a sequence");
+}
+
 /// Found by a probe: a `minibatch_size` far past a finite epoch sized the ring for it (206 GB for
 /// 2^31 - 1) and the open was refused, where dump gives the epoch as one minibatch. A slot holds
 /// no more than the epoch.

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use minibatchd_client::protocol::{hex64, JobBase, SessionOptions, SessionState, STATE_VERSION};
-use minibatchd_engine::sampling::{randomizer, EpochLimit, Sampler, SamplingOptions, Tail, Window};
+use minibatchd_engine::sampling::{randomizer, EpochLimit, Sampler, SamplingError, SamplingOptions, Tail, Window};
 use minibatchd_shm::RingGeometry;
 
 use super::{off_the_event_loop, SamplingReservation};
@@ -160,7 +160,7 @@ pub(super) fn job_start(
     // Before the walk (found by a review: the walk's restore told it invalid_options).
     within_epoch(&fresh, earliest)?;
     let mut probe = fresh;
-    probe.resume_job_unless(&positions, cancelled)?;
+    probe.resume_job_unless(&positions, cancelled).map_err(inside_sequence)?;
     Ok(SessionState {
         version: STATE_VERSION,
         dataset: dataset.to_owned(),
@@ -194,6 +194,16 @@ fn within_epoch(sampler: &Sampler, earliest: u64) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// A state's position inside a sequence is a `resume` that does not fit; other errors as they are.
+fn inside_sequence(e: SamplingError) -> Refusal {
+    match e {
+        SamplingError::InsideSequence { position, next } => {
+            Refusal::Resume(ResumeError::InsideSequence { position, next })
+        }
+        e => Refusal::Sampling(e),
+    }
+}
+
 /// Puts `sampler` where the session starts (`start`: the earlier run it continues, its
 /// position) and applies equal steps; the sampler and the minibatch index to pad the epoch to, if
 /// padded.
@@ -209,7 +219,7 @@ pub(super) fn place_sampler(
     let job_positions = start.job.iter().flat_map(|j| j.positions.iter().copied());
     within_epoch(&sampler, job_positions.fold(start.position, u64::min))?;
     if let Some(job) = &start.job {
-        sampler.resume_job_unless(&job.positions, cancelled)?;
+        sampler.resume_job_unless(&job.positions, cancelled).map_err(inside_sequence)?;
     }
     if start.position > sampler.latest_position(rt.max_seq_len) {
         // Found by a probe: a hand-edited state past the epoch's end was taken, and the session
@@ -217,7 +227,7 @@ pub(super) fn place_sampler(
         let past = ResumeError::PastEpoch { position: start.position, latest: sampler.latest_position(rt.max_seq_len) };
         return Err(Refusal::Resume(past));
     }
-    sampler.restore(start.position)?;
+    sampler.restore_exact(start.position).map_err(inside_sequence)?;
     if !resolved.equal_steps {
         let warnings = data_warnings(&sampler, rt, resolved, None);
         return Ok((sampler, None, warnings));

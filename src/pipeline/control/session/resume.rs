@@ -134,6 +134,18 @@ pub enum ResumeError {
         /// [`minibatchd_engine::sampling::Sampler::earliest_position`].
         earliest: u64,
     },
+    /// A position (the state's, or a job worker's) inside a sequence: a session stops only where
+    /// one starts (found by a probe: an edited state one sample on lost a sequence unsaid).
+    #[error(
+        "position {position} of the state is inside a sequence (the next starts at {next}): a session stops only \
+         where a sequence starts, so not a state of such a session"
+    )]
+    InsideSequence {
+        /// The position in the state.
+        position: u64,
+        /// Where the next sequence starts.
+        next: u64,
+    },
     /// A count of minibatches no session reaches.
     #[error("the state counts {0} minibatches taken, more than a session takes (2^62)")]
     Minibatches(u64),

@@ -410,11 +410,18 @@ impl Sampler {
         self.job_walk_fits(positions)?;
         let earlier = SamplingOptions { num_workers: positions.len(), rank: 0, ..self.options.clone() };
         let mut delivered = HashSet::new();
+        // The workers' positions past the earliest that the walk has not stood at: a worker
+        // stands where a sequence starts (or at the epoch's end, a worker without data), so
+        // one left is inside a sequence (found by a probe: an edited worker's position one
+        // sample on lost a sequence unsaid).
+        let mut unmet: std::collections::BTreeSet<u64> =
+            positions.iter().copied().filter(|&p| p > from && p < self.epoch_end).collect();
         if until > from {
             for sweep in from / self.sweep_size..=(until - 1) / self.sweep_size {
                 let mut at = sweep * self.sweep_size;
                 let (mut too_many, mut walked, mut gave_up) = (false, 0u64, false);
                 walk_owners(&self.timeline, &earlier, sweep, self.sweep_size, |entry| {
+                    unmet.remove(&at);
                     if at >= until {
                         return false;
                     }
@@ -442,10 +449,30 @@ impl Sampler {
                     let what = format!("more than {MAX_JOB_DELIVERED} sequences delivered past the earliest");
                     return Err(SamplingError::JobSpreadTooWide { from, until, what });
                 }
+                unmet.remove(&at);
             }
         }
+        if let Some(&position) = unmet.first() {
+            self.restore(position)?;
+            return Err(SamplingError::InsideSequence { position, next: self.position });
+        }
         self.job = Some(JobResume { positions: positions.to_vec(), until, delivered });
-        self.restore(from)
+        self.restore_exact(from)
+    }
+
+    /// [`Sampler::restore`] of a position a run stands at: where a sequence starts, or at or
+    /// past the epoch's end (nothing left there to lose). No session stops inside a sequence;
+    /// restored there, the rest of that sequence would be skipped unsaid.
+    ///
+    /// # Errors
+    /// Those of [`Sampler::restore`]; [`SamplingError::InsideSequence`].
+    pub fn restore_exact(&mut self, position: u64) -> Result<(), SamplingError> {
+        self.restore(position)?;
+        let parked = self.block && self.options.rank >= self.timeline.num_chunks();
+        if position < self.epoch_end && !parked && self.position != position {
+            return Err(SamplingError::InsideSequence { position, next: self.position });
+        }
+        Ok(())
     }
 
     /// Whether [`Sampler::resume_job`] of `positions` walks at most [`MAX_WALK_SEQUENCES`]

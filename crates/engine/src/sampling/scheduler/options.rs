@@ -182,6 +182,19 @@ pub enum SamplingError {
         /// The epoch's sweep.
         sweep: u64,
     },
+    /// A position inside a sequence ([`Sampler::restore_exact`]): a run stands only where a
+    /// sequence starts, so no session wrote it, and restored it would skip the rest of that
+    /// sequence (found by a probe: an edited state one sample on lost a sequence unsaid).
+    #[error(
+        "position {position} is inside a sequence (the next starts at {next}): a session stops only where a \
+         sequence starts"
+    )]
+    InsideSequence {
+        /// The position asked for.
+        position: u64,
+        /// Where the next sequence starts.
+        next: u64,
+    },
     /// The walk was given up: whoever asked for it no longer waits
     /// ([`Sampler::equalize_steps_unless`]).
     #[error("the walk over the workers' epochs was cancelled: the client that opened the session went away")]

@@ -274,6 +274,27 @@ fn restore_in_the_middle_of_a_sequence_moves_to_the_next_start() {
 }
 
 #[test]
+fn restore_exact_refuses_a_position_inside_a_sequence_before_the_epoch_end() {
+    let t = timeline(&[3, 3, 3], &[3]);
+    let mut s = sampler(&t, sequential(EpochLimit::Samples(10)));
+    // Sequence starts, and the epoch's end and past it (nothing left there to lose).
+    for p in [0, 3, 6, 9, 10, 11, 12] {
+        s.restore_exact(p).unwrap_or_else(|e| panic!("{p}: {e}"));
+    }
+    for (p, next) in [(1, 3), (5, 6), (8, 9)] {
+        match s.restore_exact(p) {
+            Err(SamplingError::InsideSequence { position, next: n }) => assert_eq!((position, n), (p, next)),
+            other => panic!("{p}: {other:?}"),
+        }
+    }
+    // A job's worker inside a sequence too; the job's own positions resume.
+    let mut s = sampler(&t, sequential(EpochLimit::Sweeps(2)));
+    s.resume_job(&[3, 6]).expect("workers at sequence starts");
+    assert!(matches!(s.resume_job(&[3, 7]), Err(SamplingError::InsideSequence { position: 7, next: 9 })));
+    assert!(matches!(s.resume_job(&[4, 6]), Err(SamplingError::InsideSequence { position: 4, next: 6 })));
+}
+
+#[test]
 fn restore_before_the_one_sweep_of_its_epoch_is_refused() {
     // Found by a probe: with an epoch of exactly sweep 2, a restore to position 100 delivered
     // sweeps 0 to 2.
