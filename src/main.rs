@@ -164,6 +164,9 @@ struct DumpArgs {
 fn main() -> ExitCode {
     // Before any thread exists: evicted chunks go back to the kernel, not into malloc's heaps.
     minibatchd_sys::return_large_frees_to_the_kernel();
+    // A write past the file-size limit fails with EFBIG, reported like a full disk, instead of
+    // killing the process unsaid.
+    let _ = minibatchd_sys::signals::ignore_file_size_limit_signal();
     let cli = Cli::parse();
     init_logging(matches!(cli.command, Command::Run { .. }));
     match run(cli) {

@@ -515,3 +515,50 @@ fn a_worker_state_resumes_only_its_worker_at_its_worker_count() {
     let o = SessionOptions { resume_job: Some(vec![st_one]), ..worker(0, 2) };
     d.client().open("train", &o).expect("a one-worker run continued on two workers");
 }
+
+/// Found by a probe: under a file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) a parsed-cache
+/// entry or a gzip input's decompressed copy past it killed the daemon with SIGXFSZ, with no log
+/// line, and every session with it. Such a write now fails with EFBIG: the chunks are served from
+/// their parse, the gzip dataset's open names its file and the limit, and the daemon stays up.
+#[test]
+fn a_write_past_the_file_size_limit_is_an_error_not_the_daemons_end() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // About 2 MB of CTF in chunks of 1 MiB: parsed entries past a limit of 400 KiB.
+    let text = train_ctf().repeat(300);
+    write(dir.path(), "big.ctf", text.clone());
+    // A gzip input (deepx libsvm: CTF is read as text) of about 1 MB decompressed.
+    let svm = (0..40_000).fold(String::new(), |mut svm, i| {
+        use std::fmt::Write as _;
+        let _ = writeln!(svm, "{} 1:{}.25 7:0.5", i % 2, i % 97);
+        svm
+    });
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(svm.as_bytes()).expect("gzip");
+    std::fs::write(dir.path().join("big.svm.gz"), gz.finish().expect("gzip")).expect("write");
+    let datasets = format!(
+        "[datasets.plain]\nformat = \"ctf\"\nfiles = [\"{}\"]\nchunk_size_bytes = 1048576\n{}\
+         [datasets.packed]\nformat = \"libsvm\"\nfiles = [\"{}\"]\n",
+        dir.path().join("big.ctf").display(),
+        TRAIN_STREAMS_TOML.replace("[datasets.train.", "[datasets.plain."),
+        dir.path().join("big.svm.gz").display()
+    );
+    write_config(dir.path(), DAEMON, &datasets);
+    let mut d = Daemon::start_with_file_size_limit(dir.path(), 800);
+    let opts = SessionOptions { full_sweep: true, ..options(64) };
+    let mut s = d.client().open("plain", &opts).expect("open");
+    let mut got = Vec::new();
+    while let Some(mb) = s.next_owned().expect("every minibatch, its chunks served from the parse") {
+        got.push(support::daemon::json(&mb, &["features", "labels"]));
+    }
+    assert_eq!(got, d.dump("plain", &["--minibatch-size", "64", "--full-sweep"]));
+    assert!(d.running(), "the daemon lives on");
+    match d.client().open("packed", &opts) {
+        Err(ClientError::Daemon { message, .. }) => {
+            assert!(message.contains("big.svm.gz") && message.contains("file-size limit"), "{message}");
+        }
+        Ok(_) => panic!("a dataset whose decompressed copy could not be written was opened"),
+        Err(e) => panic!("expected the daemon's error naming the file, got {e}"),
+    }
+    assert!(d.running(), "the daemon lives on");
+}

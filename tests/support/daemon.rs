@@ -116,7 +116,19 @@ impl Daemon {
     /// Starts the daemon on `dir` (config already written) with `env` added to its environment
     /// (systemd's variables removed), and waits for its socket.
     pub fn start(dir: &Path, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(BIN);
+        Self::spawn(dir, Command::new(BIN), env)
+    }
+
+    /// [`Daemon::start`] under a file-size limit of `blocks` blocks of 512 bytes (`ulimit -f`).
+    pub fn start_with_file_size_limit(dir: &Path, blocks: u64) -> Self {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg(format!("ulimit -f {blocks} && exec \"$0\" \"$@\"")).arg(BIN);
+        Self::spawn(dir, cmd, &[])
+    }
+
+    /// Runs `cmd` (the binary, or what execs it with the arguments that follow) with `run
+    /// --config` and waits as [`Daemon::start`] does.
+    fn spawn(dir: &Path, mut cmd: Command, env: &[(&str, String)]) -> Self {
         cmd.args(["run", "--config"])
             .arg(dir.join("minibatchd.toml"))
             .env("MINIBATCHD_LOG", "warn")

@@ -1,4 +1,5 @@
-//! The calling thread's signal mask.
+//! The calling thread's signal mask, and signals whose default action would end the process
+//! without a word.
 //!
 //! A process inherits its parent's blocked signals across `exec`. A daemon started with SIGTERM
 //! or SIGHUP blocked (by a shell, a supervisor or a test harness that blocked them around its
@@ -30,9 +31,65 @@ pub fn unblock(signals: &[i32]) -> std::io::Result<()> {
     }
 }
 
+/// Ignores SIGXFSZ. A write past the file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`)
+/// raises it, and its default action kills the process with no log line (found by a probe: a
+/// decompressed copy or a parsed-cache entry past the limit ended the daemon and every session);
+/// ignored, the write fails with `EFBIG`, which every writer reports as it reports a full disk.
+/// Call before any thread exists: the disposition is the process's.
+///
+/// # Errors
+/// `sigaction`'s.
+pub fn ignore_file_size_limit_signal() -> std::io::Result<()> {
+    // SAFETY: a zeroed `sigaction` is a valid C struct; `SIG_IGN` needs no handler, and the old
+    // action is not asked for (null).
+    let rc = unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = libc::SIG_IGN;
+        libc::sigaction(libc::SIGXFSZ, &raw const action, std::ptr::null_mut())
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_past_the_file_size_limit_fails_with_efbig_once_sigxfsz_is_ignored() {
+        use std::io::Write as _;
+        // In a child process: the limit and the disposition are the process's.
+        let path = std::env::temp_dir().join(format!("minibatchd-sigxfsz-{}", std::process::id()));
+        // SAFETY: `fork` in a test thread; the child calls only async-signal-safe functions and
+        // plain writes before `_exit`.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let code = (|| {
+                ignore_file_size_limit_signal().ok()?;
+                let limit = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
+                // SAFETY: a valid `rlimit`.
+                if unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &raw const limit) } != 0 {
+                    return None;
+                }
+                let mut f = std::fs::File::create(&path).ok()?;
+                let e = f.write_all(&[0u8; 8192]).err()?;
+                Some(if e.raw_os_error() == Some(libc::EFBIG) { 0 } else { 2 })
+            })()
+            .unwrap_or(3);
+            // SAFETY: ends the child without running the parent's destructors.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the child was killed by signal {}", libc::WTERMSIG(status));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the write failed otherwise than with EFBIG");
+    }
 
     #[test]
     fn a_blocked_signal_is_unblocked_and_an_invalid_one_refused() {

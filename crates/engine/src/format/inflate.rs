@@ -267,6 +267,14 @@ pub(crate) fn inflated_copy(
 /// `source`'s copy cannot be written into `dir`: the advice follows the cause (found by a probe:
 /// a full disk was told to change the directory's owner).
 fn cannot_write(source: &Path, dir: &Path, state_dir: &Path, e: &std::io::Error) -> DataError {
+    if e.kind() == std::io::ErrorKind::FileTooLarge {
+        return DataError::Dataset(format!(
+            "{}: cannot write its decompressed copy into {}: {e}. The process's file-size limit (`ulimit -f`, \
+             systemd's LimitFSIZE=) is below the copy's size: raise it for minibatchd",
+            source.display(),
+            dir.display()
+        ));
+    }
     if matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) {
         return DataError::Dataset(format!(
             "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
