@@ -20,12 +20,14 @@
 //!   channels;
 //! * [`parsed_cache`] — the parsed cache of the process, handed to every dataset;
 //! * [`metrics`] — every Prometheus metric in one registry, and the `/metrics` endpoint;
-//! * [`stage`] — the supervised stages, named once (supervisor, health, metric labels).
+//! * [`stage`] — the supervised stages, named once (supervisor, health, metric labels);
+//! * [`log_lines`] — each log event one line, control bytes in its fields escaped.
 
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod dump;
+pub mod log_lines;
 pub mod metrics;
 pub mod objects;
 pub mod parsed_cache;

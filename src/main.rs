@@ -237,10 +237,11 @@ fn init_logging(daemon: bool) {
     let default = if daemon { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("MINIBATCHD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let ansi = std::io::stderr().is_terminal();
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(move || minibatchd::log_lines::Escaped::new(std::io::stderr(), ansi))
+        .with_ansi(ansi)
         .with_target(false)
         .try_init();
 }
