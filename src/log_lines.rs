@@ -76,7 +76,7 @@ mod tests {
             out,
             b"WARN open refused dataset=fake\\n2026-12-04T00:00:00Z ERROR panicked\\x1b[31m\\r\\x00\n".to_vec()
         );
-        assert_eq!(out.iter().filter(|&&b| b == b'\n').count(), 1);
+        assert_eq!(out.split(|&b| b == b'\n').count(), 2, "one line");
         // Plain lines, tabs and UTF-8 pass as they are; a terminal keeps the formatter's colours.
         assert_eq!(escaped("INFO a\tb é\n".as_bytes(), false), "INFO a\tb é\n".as_bytes());
         assert_eq!(escaped(b"\x1b[2mINFO\x1b[0m x\n", true), b"\x1b[2mINFO\x1b[0m x\n");
