@@ -205,6 +205,7 @@ class MinibatchIterableDataset(IterableDataset):
         # A state saved after a complete pass of this epoch, restored as the start of the next
         # (_load_finished): set_epoch of that very epoch restores it as saved instead.
         self._finished: Optional[Tuple[int, dict]] = None
+        self._asked: Optional[int] = None  # the epoch of the latest set_epoch
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -218,6 +219,7 @@ class MinibatchIterableDataset(IterableDataset):
         drops it."""
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        self._asked = epoch
         finished, self._finished = self._finished, None
         if finished is not None and finished[0] == epoch:
             # A loop that counts from the saved epoch: that epoch's pass is the rest of it (none),
@@ -625,6 +627,9 @@ class MinibatchIterableDataset(IterableDataset):
             epoch, source = self._epoch, None if self._source is None else self._source.state()
         state = {"epoch": epoch, "source": source, "worker": worker, "workers": workers, "equal_steps": self._equal,
                  "tail": self._tail}
+        if self._source is not None and self._source._ended:
+            # The pass delivered its whole share: what a restore by torchdata must know.
+            state["finished"] = True
         if source is not None:
             # The global minibatch the session had: a resume keeps it for the rest of the epoch.
             state["minibatch_size"] = self._minibatches[0]
@@ -646,6 +651,18 @@ class MinibatchIterableDataset(IterableDataset):
         """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
         the rest of its epoch, then the following epochs. Called in a DataLoader worker (as
         torchdata's ``StatefulDataLoader`` does), it applies to that worker's next pass."""
+        if state.get("finished") and self._asked == int(state.get("epoch", 0)) and _torchdata_restores():
+            # torchdata restores a state saved after a whole pass by making an iterator and
+            # throwing it away, then the next: the first takes the restored pass (epoch e's rest,
+            # empty), and the loop's set_epoch(e) pass got epoch e + 1, which its set_epoch(e + 1)
+            # read again (found by a probe). Said, not served twice.
+            raise ValueError(
+                f"this state was saved after the whole pass of epoch {state.get('epoch')}: torchdata's "
+                "StatefulDataLoader restores it as the start of the next epoch, so after set_epoch("
+                f"{state.get('epoch')}) that epoch would be read twice: call set_epoch("
+                f"{int(state.get('epoch', 0)) + 1}) (the epoch after the saved one) before the first pass, or use "
+                "minibatchd.torch.StatefulMinibatchDataLoader, whose set_epoch of the saved epoch gives that "
+                "epoch's empty rest")
         self._finished = None
         if get_worker_info() is not None:
             self._resume, self._resume_local = dict(state), True
@@ -949,6 +966,14 @@ def _as_is(item: Any) -> Any:
     """The owning loaders' ``collate_fn`` with ``batch_size=None``: the item as the dataset made
     it (its tensors need no conversion)."""
     return item
+
+
+def _torchdata_restores() -> bool:
+    """Whether ``load_state_dict`` was called by torchdata's ``StatefulDataLoader`` restoring its
+    iterator (its dataset state goes through ``try_to_deserialize``), not by the trainer."""
+    frame = inspect.currentframe()
+    caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+    return caller is not None and str(caller.f_globals.get("__name__", "")).startswith("torchdata.")
 
 
 def _continues(state: dict) -> bool:

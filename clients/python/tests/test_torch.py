@@ -486,6 +486,35 @@ def test_a_stateful_loaders_state_after_a_whole_pass_resumes_with_the_next_epoch
     assert sorted(item_ids(passes[1])) == list(range(SEQUENCES)), "epoch 1 once"
 
 
+def test_a_plain_stateful_loaders_state_after_a_whole_pass_is_not_read_twice_after_set_epoch_of_its_epoch(daemon):
+    """Found by a probe: torchdata's own StatefulDataLoader (no workers), restored from a state
+    saved after the whole pass of epoch 0, then the loop from the saved epoch — set_epoch(0),
+    set_epoch(1) — got epoch 1 twice: torchdata restores such a state by making an iterator and
+    throwing it away (it takes the restored, empty pass), then the next. That loop is refused with
+    what to do; the loop from the epoch after the saved one reads each epoch once."""
+    cls = stateful_loader(False)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=0)
+    ds.set_epoch(0)
+    assert sorted(item_ids(list(loader))) == list(range(SEQUENCES))
+    saved = loader.state_dict()
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=0)
+    loader.load_state_dict(saved)
+    ds.set_epoch(0)
+    with pytest.raises(ValueError, match=r"call set_epoch\(1\)"):
+        list(loader)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    loader = cls(ds, batch_size=None, num_workers=0)
+    loader.load_state_dict(saved)
+    passes = []
+    for epoch in (1, 2):
+        ds.set_epoch(epoch)
+        passes.append(list(loader))
+    assert [{item["meta"]["epoch"] for item in p} for p in passes] == [{1}, {2}]
+    assert all(sorted(item_ids(p)) == list(range(SEQUENCES)) for p in passes)
+
+
 @pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
                          ids=["no-workers", "splits", "processes"])
 def test_a_state_after_a_whole_pass_restored_without_set_epoch_begins_the_next_epoch(daemon, workers, owning):
