@@ -139,8 +139,8 @@ struct DumpArgs {
     /// Frame mode: every sequence must have exactly one sample.
     #[arg(long)]
     frame_mode: bool,
-    /// Number of data-parallel workers.
-    #[arg(long, default_value_t = 1)]
+    /// Number of data-parallel workers (1..=1048576, as a session's `num_workers`).
+    #[arg(long, default_value_t = 1, value_parser = workers)]
     workers: usize,
     /// This worker's rank.
     #[arg(long, default_value_t = 0)]
@@ -196,6 +196,17 @@ fn minibatch_size(arg: &str) -> Result<usize, String> {
         Ok(n) if (1..=MAX_MINIBATCH_SIZE).contains(&n) => usize::try_from(n).map_err(|e| e.to_string()),
         Ok(n) => Err(format!("minibatch size {n} is out of range 1..={MAX_MINIBATCH_SIZE}")),
         Err(e) => Err(format!("{arg:?} is not a minibatch size: {e}")),
+    }
+}
+
+/// `--workers`: what a session's `num_workers` may be (found by a probe: dump printed data for
+/// 2^64 − 1 workers, where a session with the same options is refused).
+fn workers(arg: &str) -> Result<usize, String> {
+    use minibatchd::pipeline::control::session::MAX_WORKERS;
+    match arg.parse::<u64>() {
+        Ok(n) if (1..=MAX_WORKERS).contains(&n) => usize::try_from(n).map_err(|e| e.to_string()),
+        Ok(n) => Err(format!("{n} workers is out of range 1..={MAX_WORKERS}")),
+        Err(e) => Err(format!("{arg:?} is not a number of workers: {e}")),
     }
 }
 

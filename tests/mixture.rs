@@ -349,4 +349,12 @@ fn a_mixtures_dump_takes_sweep_with_max_samples_as_its_session_does() {
         let e = refused(&[&["--dataset", "a"][..], args].concat());
         assert!(e.contains("out of range 1..=2147483647"), "{e}");
     }
+    // Found by a probe: any number of workers was taken, where a session's `num_workers` is
+    // refused past 2^20 (and at 0).
+    for workers in ["0", "1048577", "18446744073709551615"] {
+        for target in [&["--dataset", "a"][..], &["--mixture", "ab"][..]] {
+            let e = refused(&[target, &["--minibatch-size", "4", "--workers", workers][..]].concat());
+            assert!(e.contains("out of range 1..=1048576"), "{e}");
+        }
+    }
 }

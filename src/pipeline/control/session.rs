@@ -36,7 +36,7 @@ use forgotten::{Forgotten, Gone};
 pub use forgotten::{ForgottenNote, FORGOTTEN_CHECKPOINTED, FORGOTTEN_KEPT};
 pub use options::{
     options_hash, resolve_options, InvalidOptions, ResolvedOptions, MAX_MINIBATCH_SIZE, MAX_RING_SLOTS,
-    MAX_SESSION_NAME, MAX_SLOT_SIZE_BYTES,
+    MAX_SESSION_NAME, MAX_SLOT_SIZE_BYTES, MAX_WORKERS,
 };
 pub use progress::Progress;
 pub use resume::{

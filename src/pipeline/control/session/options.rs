@@ -15,6 +15,8 @@ pub const MAX_SLOT_SIZE_BYTES: u64 = 1 << 40;
 pub const MAX_MINIBATCH_SIZE: u64 = i32::MAX.unsigned_abs() as u64;
 /// Longest session name.
 pub const MAX_SESSION_NAME: usize = 128;
+/// Most workers of a session (and `dump --workers`): 2^20.
+pub const MAX_WORKERS: u64 = 1 << 20;
 
 /// `open` options resolved against the dataset's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,8 +99,8 @@ pub fn resolve_options(
     };
     let num_workers = o.num_workers.unwrap_or(1);
     let rank = o.rank.unwrap_or(0);
-    if num_workers == 0 || num_workers > 1 << 20 {
-        problems.push(format!("num_workers {num_workers} is out of range 1..=1048576"));
+    if num_workers == 0 || num_workers > MAX_WORKERS {
+        problems.push(format!("num_workers {num_workers} is out of range 1..={MAX_WORKERS}"));
     } else if rank >= num_workers {
         problems.push(format!("rank {rank} is out of range for {num_workers} worker(s)"));
     }
@@ -124,8 +126,8 @@ pub fn resolve_options(
     if o.resume.is_some() && o.resume_job.is_some() {
         problems.push("give either resume (this worker's state) or resume_job (every worker's), not both".to_owned());
     }
-    if o.resume_job.as_ref().is_some_and(|states| states.is_empty() || states.len() > 1 << 20) {
-        problems.push("resume_job needs the states of 1..=1048576 workers".to_owned());
+    if o.resume_job.as_ref().is_some_and(|states| states.is_empty() || states.len() as u64 > MAX_WORKERS) {
+        problems.push(format!("resume_job needs the states of 1..={MAX_WORKERS} workers"));
     }
     if o.equal_steps && limit == EpochLimit::Infinite {
         problems.push("equal_steps needs a finite epoch (max_samples, max_sweeps, full_sweep or sweep)".to_owned());
