@@ -950,6 +950,12 @@ fn an_equal_steps_walk_stops_when_cancelled() {
     let mut s = Sampler::new(mock(4, 1024, 2), options).expect("sampler");
     let equal = s.equalize_steps_unless(1, Tail::Drop, &AtomicBool::new(false)).expect("walked");
     assert!(equal.steps > 1024, "{equal:?}");
+    // Many workers with a minibatch or none each: stopped between workers too (found by a probe:
+    // 2^20 workers over 3,000 sequences walked for 13 s after their client had gone).
+    let many = SamplingOptions { num_workers: 5000, rank: 7, ..whole_window(3, EpochLimit::FullSweep) };
+    let mut s = Sampler::new(mock(4, 16, 2), many).expect("sampler");
+    assert!(!s.counts_steps());
+    assert!(matches!(s.equalize_steps_unless(8, Tail::Pad, &AtomicBool::new(true)), Err(SamplingError::Cancelled)));
 }
 
 /// No session's position passes [`Sampler::latest_position`] (the bound an `open` refuses a
