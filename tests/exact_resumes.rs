@@ -562,3 +562,32 @@ fn a_write_past_the_file_size_limit_is_an_error_not_the_daemons_end() {
     }
     assert!(d.running(), "the daemon lives on");
 }
+
+/// Found by a probe: `state_dir` wiped while the daemon ran took its lock file with it; a second
+/// daemon then started on the same directory, its checkpoints overwrote the first one's, and a
+/// resume by name after a restart began again at minibatch 0, unsaid. The daemon looks at its
+/// lock before each checkpoint: removed, it is taken again; held by another process, nothing is
+/// written and the `open` is refused, naming it.
+#[test]
+fn a_lock_file_removed_under_the_daemon_is_taken_again_before_its_next_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = start(dir.path());
+    let lock = dir.path().join("state/daemon.lock");
+    let _a = d.client().open("train", &named("a")).expect("open");
+    std::fs::remove_file(&lock).expect("remove the lock file");
+    let _b = d.client().open("train", &named("b")).expect("open, the lock taken again");
+    assert_eq!(std::fs::read_to_string(&lock).expect("the lock file again").trim(), d.pid().to_string());
+    // Another process holds a new lock file: no checkpoint is written over its directory.
+    std::fs::remove_file(&lock).expect("remove the lock file");
+    let other = std::fs::File::create(&lock).expect("another lock file");
+    rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("flock");
+    match d.client().open("train", &named("c")) {
+        Err(ClientError::Daemon { code: ErrorCode::Internal, message, .. }) => {
+            assert!(message.contains("another minibatchd") && message.contains("checkpoint"), "{message}");
+        }
+        Ok(_) => panic!("a session was opened whose checkpoint would be written into another daemon's state_dir"),
+        Err(e) => panic!("expected internal, got {e}"),
+    }
+    drop(other);
+    let _d = d.client().open("train", &named("d")).expect("open once the other process let go");
+}

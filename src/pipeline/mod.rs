@@ -29,6 +29,8 @@ pub mod control;
 pub mod data;
 pub mod lifecycle;
 pub mod ops;
+pub mod state_lock;
+pub use state_lock::LOCK_FILE;
 pub mod supervisor;
 
 use std::path::{Path, PathBuf};
@@ -91,61 +93,6 @@ fn bind_metrics(config: &Config) -> Result<std::net::TcpListener, PipelineError>
     Ok(listener)
 }
 
-/// File in `state_dir` locked (`flock`) by the daemon that uses the directory; holds its pid.
-pub const LOCK_FILE: &str = "daemon.lock";
-
-/// Takes `state_dir` for this process: a second daemon on the same directory would rewrite the
-/// first one's checkpoint and caches under it.
-fn lock_state_dir(state_dir: &Path) -> Result<std::fs::File, PipelineError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    // Created private (whatever the umask); an existing one must be this user's (its group and
-    // other write bits are taken off) before anything is written into it: found by a probe, the
-    // lock file was written into another user's directory before that directory was refused.
-    minibatchd_engine::state_file::secure_dir(state_dir)
-        .map_err(|e| PipelineError::Fatal(format!("cannot use daemon.state_dir {}: {e}", state_dir.display())))?;
-    let path = state_dir.join(LOCK_FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(o_nofollow())
-        .open(&path)
-        .map_err(|e| PipelineError::Fatal(lock_refusal(&path, &e)))?;
-    if let Err(e) = rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-        let holder = std::fs::read_to_string(&path).unwrap_or_default();
-        return Err(PipelineError::Fatal(format!(
-            "another minibatchd (pid {}) uses state_dir {} ({e}); give each daemon its own state_dir",
-            holder.trim(),
-            state_dir.display()
-        )));
-    }
-    file.set_len(0)
-        .and_then(|()| writeln!(file, "{}", std::process::id()))
-        .map_err(|e| PipelineError::Fatal(format!("cannot write {} (daemon.state_dir): {e}", path.display())))?;
-    Ok(file)
-}
-
-/// Why the lock file `path` could not be opened (`e`): a link or a directory in its place said as
-/// such (found by a probe: a link gave only "Too many levels of symbolic links").
-fn lock_refusal(path: &Path, e: &std::io::Error) -> String {
-    let what = match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => {
-            "; it is a symbolic link, which the daemon never follows there: remove it (the daemon creates the file)"
-        }
-        Ok(m) if m.is_dir() => "; it is a directory: remove it (the daemon creates the file)",
-        _ => "",
-    };
-    format!("cannot open {}: {e}{what}", path.display())
-}
-
-/// `O_NOFOLLOW`: the lock file is never a link planted by someone else.
-fn o_nofollow() -> i32 {
-    i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0)
-}
-
 /// Runs the daemon until SIGTERM or SIGINT (clean stop: socket removed, checkpoint written,
 /// `Ok`) or a fatal stage error. `signals` were caught from before the configuration was read
 /// ([`signals::Caught::install`]); one that came early is acted on once the daemon runs.
@@ -157,7 +104,7 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
     let notifier = Arc::new(notify::Notifier::from_env());
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
     // Held until the process ends: one daemon per state_dir.
-    let _lock = lock_state_dir(&config.daemon.state_dir)?;
+    let lock = state_lock::StateLock::take(&config.daemon.state_dir)?;
     control::server::check_free(&config.daemon.socket)
         .map_err(|e| PipelineError::Fatal(format!("daemon.socket {}: {e}", config.daemon.socket.display())))?;
     raise_descriptor_limit(&config);
@@ -169,6 +116,7 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
     crate::objects::ensure(catalog.remote_cell(), &config)
         .map_err(|e| PipelineError::Fatal(format!("object storage: {e}")))?;
     let shared = Arc::new(ControlPlane::new(config, catalog, metrics));
+    shared.hold_state_lock(lock);
     for name in shared.config().datasets.keys() {
         shared.data.indexing.begin(name, &shared.data.metrics);
     }
@@ -341,29 +289,5 @@ fn raise_descriptor_limit(config: &Config) {
             needed,
             "the descriptor limit (RLIMIT_NOFILE) is below max_connections + max_sessions + 256: raise it (LimitNOFILE= in the unit) or lower those keys"
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Found by a probe: a link at the lock file's place gave only "Too many levels of symbolic
-    /// links"; a link or a directory there is now named as such, with what to do.
-    #[test]
-    fn a_link_or_a_directory_in_the_lock_files_place_is_named() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let state = dir.path().join("state");
-        std::fs::create_dir(&state).expect("state");
-        std::fs::write(dir.path().join("target"), "").expect("target");
-        std::os::unix::fs::symlink(dir.path().join("target"), state.join(LOCK_FILE)).expect("link");
-        let e = lock_state_dir(&state).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e.contains("it is a symbolic link") && e.contains("remove it"), "{e}");
-        std::fs::remove_file(state.join(LOCK_FILE)).expect("unlink");
-        std::fs::create_dir(state.join(LOCK_FILE)).expect("dir");
-        let e = lock_state_dir(&state).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(e.contains("it is a directory"), "{e}");
-        std::fs::remove_dir(state.join(LOCK_FILE)).expect("rmdir");
-        assert!(lock_state_dir(&state).is_ok(), "a plain lock file is taken");
     }
 }

@@ -188,8 +188,9 @@ pub struct ControlPlane {
     pub connections: Connections,
     /// Connection and session limits (from the configuration at start).
     pub limits: Limits,
-    /// Serializes checkpoint writers (periodic, on reload, at start and stop).
-    pub checkpoint_lock: Mutex<()>,
+    /// Serializes checkpoint writers (periodic, on reload, at start and stop), and holds the
+    /// lock on `state_dir` they look at first (`None` for a control plane made for a test).
+    pub checkpoint_lock: Mutex<Option<crate::pipeline::state_lock::StateLock>>,
     /// Whether checkpoints are written (from start, once the saved sessions are restored; a
     /// control plane made for a test writes none): a new session is in a checkpoint before its
     /// client hears of it.
@@ -235,7 +236,7 @@ impl ControlPlane {
             host: HostState::default(),
             connections: Connections::default(),
             limits,
-            checkpoint_lock: Mutex::new(()),
+            checkpoint_lock: Mutex::new(None),
             checkpoint_failure: Mutex::new(None),
             socket_inode: std::sync::atomic::AtomicU64::new(0),
             socket_device: std::sync::atomic::AtomicU64::new(0),
@@ -255,7 +256,7 @@ impl ControlPlane {
             return Ok(());
         }
         // One writer at a time: the temporary file's name is per process.
-        let _writing = self.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut writing = self.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (sessions, forgotten) = {
             let now = std::time::Instant::now();
             let mut registry = self.registry();
@@ -264,7 +265,9 @@ impl ControlPlane {
         let n = sessions.len();
         let state_dir = self.config().daemon.state_dir.clone();
         let c = checkpoint::Checkpoint::new(self.daemon_id, reason, sessions, forgotten);
-        let result = checkpoint::write(&state_dir, &c);
+        // Only while state_dir is still this daemon's.
+        let result = writing.as_mut().map_or(Ok(()), crate::pipeline::state_lock::StateLock::ensure);
+        let result = result.and_then(|()| checkpoint::write(&state_dir, &c));
         self.data.metrics.checkpoint_written(result.is_ok());
         let result = match result {
             Ok(()) => {
@@ -279,6 +282,12 @@ impl ControlPlane {
         };
         *self.checkpoint_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = result.clone().err();
         result
+    }
+
+    /// Keeps `lock` (this daemon's on `state_dir`) for as long as the control plane lives, looked
+    /// at before each checkpoint is written.
+    pub fn hold_state_lock(&self, lock: crate::pipeline::state_lock::StateLock) {
+        *self.checkpoint_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(lock);
     }
 
     /// The session registry.
