@@ -84,9 +84,31 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     epochs = {int(st["epoch"]) for st in ordered}
     if len(epochs) != 1:
         raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
-    if any(st.get("source") is None for st in ordered):
-        raise ValueError("a worker's state was taken before its first minibatch: resume each worker by its own state")
-    return {"epoch": epochs.pop(), "job": [st["source"] for st in ordered], **extra}
+    epoch = epochs.pop()
+    if all(st.get("source") is None for st in ordered):
+        return {"epoch": epoch, "job": None, **extra}  # nothing taken yet: the epoch from its start
+    return {"epoch": epoch, "job": [_source_or_start(st, ordered, epoch) for st in ordered], **extra}
+
+
+def _source_or_start(st: dict, ordered: list, epoch: int) -> dict:
+    """A worker's session state for a job; for a worker that had no minibatch yet (a DataLoader
+    worker process that had not yielded when the checkpoint was taken: found by a probe), where
+    its session starts — the epoch's first position (or the earlier job's earliest, for a run
+    that continued one) — made from another worker's state of the same run, which says the
+    sweep's size."""
+    if st.get("source") is not None:
+        return st["source"]
+    other = next(o for o in ordered if o.get("source") is not None)
+    size = next((o.get("sweep_size") for o in ordered if o.get("sweep_size") is not None), None)
+    if size is None:
+        raise ValueError("a worker's state was taken before its first minibatch, and the other states do not say "
+                         "the sweep's size (saved by an older build): resume each worker by its own state")
+    template = other["source"]
+    base = template.get("job")
+    start = min(base["positions"]) if base and base.get("positions") else int(epoch) * int(size)
+    workers = int(st["workers"])
+    worker = {"rank": int(st["worker"]), "of": workers} if workers > 1 else None
+    return dict(template, position=start, minibatches=0, worker=worker)
 
 
 def _mixture_job(states: list) -> Dict[str, Any]:
@@ -630,6 +652,9 @@ class MinibatchIterableDataset(IterableDataset):
         if self._source is not None and self._source._ended:
             # The pass delivered its whole share: what a restore by torchdata must know.
             state["finished"] = True
+        if self._source is not None:
+            # For job_state_dict: where a worker that had no minibatch yet starts.
+            state["sweep_size"] = self._source.sweep_size
         if source is not None:
             # The global minibatch the session had: a resume keeps it for the rest of the epoch.
             state["minibatch_size"] = self._minibatches[0]

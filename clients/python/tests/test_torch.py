@@ -1089,6 +1089,36 @@ def test_a_stateful_loader_loads_a_job_state_itself(daemon, workers):
     assert sorted(item_ids(first + rest)) == list(range(SEQUENCES))
 
 
+@pytest.mark.parametrize("taken", [0, 1, 2])
+def test_a_job_state_of_worker_processes_that_have_not_all_yielded_resumes_exactly(daemon, taken):
+    """Found by a probe: job_state_dict refused the state of a StatefulMinibatchDataLoader with
+    worker processes taken before each worker had yielded ("a worker's state was taken before its
+    first minibatch"), where the same loader reading its splits in one process was taken. A worker
+    without a minibatch yet starts at its epoch's first position; the run resumes at another world
+    size with every sequence once."""
+    from minibatchd.torch import StatefulMinibatchDataLoader, job_state_dict
+
+    require("torchdata")
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9)
+    loader = StatefulMinibatchDataLoader(ds, num_workers=3, worker_processes=True)
+    ds.set_epoch(1)
+    it = iter(loader)
+    first = [next(it) for _ in range(taken)]
+    assert len({item["meta"]["worker"] for item in first}) < 3, "some worker has not yielded"
+    job = job_state_dict([loader.state_dict()])
+    del it, loader
+    rest = []
+    for rank in range(2):
+        again = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2, rank=rank,
+                                         tail="pad")
+        again.load_state_dict(job)
+        rest += list(again)
+    import collections
+    counts = collections.Counter(item_ids(first + rest))
+    assert sorted(counts) == list(range(SEQUENCES)) and set(counts.values()) == {1}, (job, counts)
+    assert {item["meta"]["epoch"] for item in first + rest} == {1}
+
+
 def test_the_ledger_of_a_padded_run_is_what_every_rank_saw(daemon):
     """tail="pad": the ledger (dump --equal-steps --tail pad) has the padding's empty minibatches
     too, so each rank's recorded fingerprints, padding included, are the expected ones; a missing
