@@ -289,6 +289,11 @@ pub struct Catalog {
     /// `[daemon] huge_pages`, shared with every dataset, the parsed cache and the persister,
     /// and handed on by every reload, which sets it.
     huge: HugePages,
+    /// The decompressed copies (`state_dir/inflated/`) that datasets of this process opened,
+    /// handed on by every reload: the tidy removes them past `max_inflated_bytes` once no dataset
+    /// reads them (found by a probe: a copy of a dataset dropped by a reload before any tidy ran
+    /// was taken for another process's and kept for a day, 8.8 MB past a 5 MB bound).
+    copies: Arc<std::sync::Mutex<std::collections::HashSet<std::path::PathBuf>>>,
     /// What the index passes of this reopening count the chunks they parse against (the chunk
     /// cache, [`super::DataPlane::parse_ahead_reserve`]; [`Dataset::open_reserving`]): kept only
     /// while it has room for them, as if they were in it; `None`: nothing is parsed in a pass.
@@ -342,6 +347,14 @@ impl Catalog {
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {
         self.parsed.get().and_then(Option::as_ref)
+    }
+
+    /// The decompressed copies that datasets of this process opened and that are still there.
+    #[must_use]
+    pub fn copies(&self) -> std::collections::HashSet<std::path::PathBuf> {
+        let mut copies = self.copies.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        copies.retain(|p| p.exists());
+        copies.clone()
     }
 
     /// Every file and object the open datasets read: the current ones, and the replaced versions
@@ -402,6 +415,11 @@ impl Catalog {
                 let parsed_in_pass = rt.dataset.parsed_ahead().len();
                 tracing::info!(dataset = %name, sequences = rt.dataset.timeline().num_sequences(), chunks = rt.dataset.timeline().num_chunks(), parsed_in_pass, index_bytes, elapsed_ms, "dataset indexed");
                 self.by_index.push(Arc::downgrade(&rt));
+                let inflated = config.daemon.state_dir.join(minibatchd_engine::format::inflate::INFLATED_DIR);
+                self.copies
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .extend(rt.dataset.inputs().filter(|p| p.starts_with(&inflated)).map(std::path::Path::to_path_buf));
                 self.by_name.insert(name.to_owned(), Ok(rt.clone()));
                 Ok(rt)
             }
@@ -435,6 +453,7 @@ impl Catalog {
             parsed: self.parsed.clone(),
             remote: self.remote.clone(),
             huge: self.huge.clone(),
+            copies: self.copies.clone(),
             parse_ahead,
         };
         let d = diff(&self.configs, &config.datasets);

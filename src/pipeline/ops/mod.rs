@@ -283,6 +283,7 @@ fn tidy_index_cache(shared: &ControlPlane, ours: &mut std::collections::HashSet<
     let inflated_canonical = inflated.canonicalize().unwrap_or_else(|_| inflated.clone());
     let is_copy = |p: &std::path::Path| p.starts_with(&inflated) || p.starts_with(&inflated_canonical);
     ours.extend(catalog.inputs().into_iter().filter(|p| is_copy(p)));
+    ours.extend(catalog.copies());
     ours.retain(|p| p.exists());
     // `[daemon]`'s `max_inflated_bytes` (every dataset carries it): what the copies no dataset
     // reads may take together.
