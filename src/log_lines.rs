@@ -3,7 +3,8 @@
 //! Names a client sends (a dataset, a session, its own) go into log fields as given. A name with a
 //! newline and escape sequences wrote lines of its own into the log — a forged `ERROR ... panicked`
 //! for anything that reads or alerts on the log's text (found by a probe). [`Escaped`] writes each
-//! event with its control bytes escaped (`\n`, `\r`, `\x1b`), its one final newline kept.
+//! event with its control bytes escaped (`\n`, `\r`, `\x1b`), its one final newline kept, and
+//! drops an event the log's file refuses.
 
 use std::io::{self, Write};
 
@@ -31,7 +32,23 @@ impl<W: Write> Write for Escaped<W> {
         Ok(buf.len())
     }
 
+    /// A log write that fails (a full disk, the file-size limit, a closed pipe) is dropped: there
+    /// is nowhere else to say it, and the formatter would report it on the same stderr, which
+    /// panics when that fails too (found by a probe: a log file at `ulimit -f` made every event a
+    /// panic, connections dropped, and SIGTERM exit 101).
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        let _ = self.escaped_write(buf);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        let _ = self.inner.flush();
+        Ok(())
+    }
+}
+
+impl<W: Write> Escaped<W> {
+    fn escaped_write(&mut self, buf: &[u8]) -> io::Result<()> {
         let (body, newline) = buf.strip_suffix(b"\n").map_or((buf, false), |b| (b, true));
         if body.iter().all(|&b| self.kept(b)) {
             return self.inner.write_all(buf);
@@ -51,10 +68,6 @@ impl<W: Write> Write for Escaped<W> {
             out.push(b'\n');
         }
         self.inner.write_all(&out)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
     }
 }
 
@@ -81,5 +94,21 @@ mod tests {
         assert_eq!(escaped("INFO a\tb é\n".as_bytes(), false), "INFO a\tb é\n".as_bytes());
         assert_eq!(escaped(b"\x1b[2mINFO\x1b[0m x\n", true), b"\x1b[2mINFO\x1b[0m x\n");
         assert_eq!(escaped(b"no newline\x07", false), b"no newline\\x07");
+    }
+
+    /// A write the log's file refuses is dropped, not reported (to the same stderr).
+    #[test]
+    fn a_refused_log_write_is_dropped() {
+        struct Full;
+        impl Write for Full {
+            fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+                Err(io::Error::from_raw_os_error(27)) // EFBIG
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Err(io::Error::from_raw_os_error(27))
+            }
+        }
+        let mut w = Escaped::new(Full, false);
+        assert!(w.write_all(b"INFO x\n").is_ok() && w.write_all(b"a\nb\n").is_ok() && w.flush().is_ok());
     }
 }
