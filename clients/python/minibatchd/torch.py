@@ -69,6 +69,9 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     states = _dataset_states(states)
     if states and all(isinstance(st.get("source"), dict) and "mixture" in st["source"] for st in states):
         return _mixture_job(states)
+    if states and all("worker" not in st and st.get("job") is not None and st["job"] == states[0]["job"]
+                      for st in states):
+        return dict(states[0])  # nothing taken since the job they were all restored from
     by_worker = {}
     for st in states:
         by_worker[int(st["worker"])] = st
@@ -86,7 +89,12 @@ def job_state_dict(states: list) -> Dict[str, Any]:
         raise ValueError(f"the workers' states are of different epochs: {sorted(epochs)}")
     epoch = epochs.pop()
     if all(st.get("source") is None for st in ordered):
-        return {"epoch": epoch, "job": None, **extra}  # nothing taken yet: the epoch from its start
+        # Nothing taken since: the job every worker was restored from, as it is, or the epoch
+        # from its start (with the run's equal_steps and tail).
+        jobs = [st.get("job") for st in ordered]
+        if jobs[0] is not None and all(job == jobs[0] for job in jobs):
+            return {k: v for k, v in ordered[0].items() if k not in ("worker", "workers")}
+        return {"epoch": epoch, "job": None, **extra}
     return {"epoch": epoch, "job": [_source_or_start(st, ordered, epoch) for st in ordered], **extra}
 
 
@@ -135,7 +143,7 @@ def _dataset_states(states: list) -> list:
     for st in states:
         if "_snapshot" in st:
             workers = st["_snapshot"].get("_worker_snapshots") or {}
-            found = [w.get("dataset_state") for w in workers.values()]
+            found = _named_workers(workers)
         elif "dataset_state" in st:
             found = [st["dataset_state"]]
         else:
@@ -147,6 +155,25 @@ def _dataset_states(states: list) -> list:
             # Several splits read in one process stand for as many workers.
             out += s["local"] if s.get("local") is not None else [s]
     return out
+
+
+def _named_workers(snapshots: dict) -> list:
+    """The dataset states of a StatefulDataLoader's worker snapshots (``worker_ID``), each naming
+    its worker: a worker that has yielded nothing since a restore keeps the state it was given (a
+    job's, which names none: found by a probe, KeyError 'worker'), and takes its rank from the
+    others' (global worker ``rank × W + ID`` of ``world × W``)."""
+    found = []
+    for key, w in snapshots.items():
+        st = w.get("dataset_state")
+        found.append((int(str(key).rsplit("_", 1)[-1]) if str(key).rsplit("_", 1)[-1].isdigit() else None, st))
+    count = len(found)
+    named = [(i, st) for i, st in found if isinstance(st, dict) and "worker" in st and i is not None]
+    if not named or count == 0:
+        return [st for _, st in found]
+    i, st = named[0]
+    rank, total = (int(st["worker"]) - i) // count, int(st["workers"])
+    return [st if not isinstance(st, dict) or "worker" in st or i is None
+            else dict(st, worker=rank * count + i, workers=total) for i, st in found]
 
 
 # The daemon's largest minibatch_size (docs/daemon.md, "Session options").
@@ -252,7 +279,7 @@ class MinibatchIterableDataset(IterableDataset):
         # before every pass, the resumed one included); another epoch replaces it.
         resume = self._resume
         keep = resume is not None and not self._resume_local and int(resume.get("epoch", 0)) == epoch
-        gen = self._new_generation(epoch, resuming=keep and _continues(resume))
+        gen = self._new_generation(epoch, resuming=keep and _applies(resume))
         if keep:
             self._resume_gen = gen
         else:
@@ -441,14 +468,18 @@ class MinibatchIterableDataset(IterableDataset):
         # not at the first next() (which a worker of an abandoned pass may never reach).
         splits, world = self._splits_here()
         epoch, resume = self._begin_pass()
+        carried = None
         if resume is not None and not _continues(resume):
-            resume = None  # saved before its first minibatch: that epoch from its start
+            # Saved before its first minibatch: that epoch from its start, with the earlier run's
+            # equal_steps and tail (found by a probe: a job state of a run that had taken nothing
+            # lost them, and the ranks resumed with equal steps on dropped sequences).
+            carried, resume = resume, None
         resumes, first = _resumes_of(resume, splits)
         self._epoch, self._source, self._next = epoch, None, first
         # Until this pass opens its sessions, its position is the state it continues from.
         self._pending = (resume, resumes)
         self._split = splits[0]
-        options = [self._session_options(epoch, w, n, world, r) for (w, n), r in zip(splits, resumes)]
+        options = [self._session_options(epoch, w, n, world, r, carried) for (w, n), r in zip(splits, resumes)]
         self._minibatches = [o.get("minibatch_size") for o in options]
         if len(splits) == 1:
             self._many = None
@@ -474,9 +505,11 @@ class MinibatchIterableDataset(IterableDataset):
         local = self._local or 1
         return [(rank * local + w, world * local) for w in range(local)], world
 
-    def _session_options(self, epoch: int, worker: int, workers: int, world: int, resume: Optional[dict]) -> dict:
+    def _session_options(self, epoch: int, worker: int, workers: int, world: int, resume: Optional[dict],
+                         carried: Optional[dict] = None) -> dict:
         """The options of the session that delivers worker ``worker`` of ``workers``'s share of
-        ``epoch``, continuing from ``resume`` (None: from the epoch's start)."""
+        ``epoch``, continuing from ``resume`` (None: from the epoch's start; ``carried``, a state
+        of that start, gives the earlier run's ``equal_steps`` and ``tail``)."""
         options = dict(self.options, sweep=epoch, num_workers=workers, rank=worker)
         asked = options.get("minibatch_size")
         if isinstance(asked, int) and resume is not None:
@@ -492,16 +525,17 @@ class MinibatchIterableDataset(IterableDataset):
             if options["minibatch_size"] > _MAX_MINIBATCH:
                 raise ValueError(f"minibatch_size {asked} with {workers // world} DataLoader workers is a global "
                                  f"minibatch of {options['minibatch_size']}, above the daemon's {_MAX_MINIBATCH}")
+        shaped = resume if resume is not None else carried
         equal = self.equal_steps
-        if equal is None and resume is not None and resume.get("equal_steps") is not None:
-            equal = bool(resume["equal_steps"])  # the earlier run's, so that its state fits
+        if equal is None and shaped is not None and shaped.get("equal_steps") is not None:
+            equal = bool(shaped["equal_steps"])  # the earlier run's, so that its state fits
         if equal is None:
             equal = world > 1
         self._equal = equal
         if equal:
             options["equal_steps"] = True
-            if "tail" not in options and resume is not None and resume.get("tail") is not None:
-                options["tail"] = resume["tail"]  # the earlier run's, as equal_steps above
+            if "tail" not in options and shaped is not None and shaped.get("tail") is not None:
+                options["tail"] = shaped["tail"]  # the earlier run's, as equal_steps above
         else:
             options.pop("tail", None)  # tail only shapes equal steps
         self._tail = options.get("tail")
@@ -614,6 +648,12 @@ class MinibatchIterableDataset(IterableDataset):
         if pending is not None:
             # Restored, and no pass begun from it yet: where the next pass continues (found by a
             # probe: the position was lost, and a resume from this state replayed the epoch).
+            # A job's state names this process's worker too, for job_state_dict (found by a probe:
+            # a worker process that had not yielded gave the job without it: KeyError).
+            if "worker" not in pending and "local" not in pending:
+                splits, _ = self._splits_here()
+                if len(splits) == 1:
+                    pending["worker"], pending["workers"] = splits[0]
             return pending
         worker, workers = self._split
         if self._epoch is None:
@@ -692,7 +732,7 @@ class MinibatchIterableDataset(IterableDataset):
         if get_worker_info() is not None:
             self._resume, self._resume_local = dict(state), True
             return
-        gen = self._new_generation(int(state.get("epoch", 0)), resuming=_continues(state))
+        gen = self._new_generation(int(state.get("epoch", 0)), resuming=_applies(state))
         self._resume, self._resume_gen, self._resume_local = dict(state), gen, False
 
     def _load_finished(self, state: Dict[str, Any]) -> None:
@@ -999,6 +1039,12 @@ def _torchdata_restores() -> bool:
     frame = inspect.currentframe()
     caller = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
     return caller is not None and str(caller.f_globals.get("__name__", "")).startswith("torchdata.")
+
+
+def _applies(state: dict) -> bool:
+    """Whether the next pass takes something from a loaded state: a session to continue, or the
+    earlier run's ``equal_steps`` and ``tail`` for an epoch it had not begun."""
+    return _continues(state) or state.get("equal_steps") is not None or state.get("tail") is not None
 
 
 def _continues(state: dict) -> bool:

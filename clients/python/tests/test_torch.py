@@ -1094,8 +1094,14 @@ def test_a_job_state_of_worker_processes_that_have_not_all_yielded_resumes_exact
     """Found by a probe: job_state_dict refused the state of a StatefulMinibatchDataLoader with
     worker processes taken before each worker had yielded ("a worker's state was taken before its
     first minibatch"), where the same loader reading its splits in one process was taken. A worker
-    without a minibatch yet starts at its epoch's first position; the run resumes at another world
-    size with every sequence once."""
+    without a minibatch yet starts at its epoch's first position, and the job keeps the run's
+    equal_steps (off on one rank) even when nothing was taken (found by a later probe: the ranks
+    resumed with equal steps on and dropped sequences). The run continues on one rank with two
+    worker processes, and the job of that — one of its workers not yet started (found by the
+    later probe: KeyError 'worker') — goes on: every sequence once."""
+    import collections
+
+    import minibatchd
     from minibatchd.torch import StatefulMinibatchDataLoader, job_state_dict
 
     require("torchdata")
@@ -1107,16 +1113,46 @@ def test_a_job_state_of_worker_processes_that_have_not_all_yielded_resumes_exact
     assert len({item["meta"]["worker"] for item in first}) < 3, "some worker has not yielded"
     job = job_state_dict([loader.state_dict()])
     del it, loader
-    rest = []
-    for rank in range(2):
-        again = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2, rank=rank,
-                                         tail="pad")
-        again.load_state_dict(job)
-        rest += list(again)
-    import collections
-    counts = collections.Counter(item_ids(first + rest))
-    assert sorted(counts) == list(range(SEQUENCES)) and set(counts.values()) == {1}, (job, counts)
-    assert {item["meta"]["epoch"] for item in first + rest} == {1}
+    if taken == 0:
+        # Nothing taken: the epoch from its start on two ranks, with the run's equal steps (off).
+        both = []
+        for rank in range(2):
+            fresh = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2, rank=rank)
+            fresh.load_state_dict(job)
+            both += list(fresh)
+        assert sorted(item_ids(both)) == list(range(SEQUENCES)), "no ragged tail dropped"
+    # Continued on one rank with two worker processes, one of which has not yielded when the
+    # checkpoint is taken: job_state_dict takes it, and the daemon refuses that job at another
+    # world size while a worker is still in the first job's ragged band, saying so; the loader's
+    # own state resumes it at the same worker count.
+    again = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9)
+    loader = StatefulMinibatchDataLoader(again, num_workers=2, worker_processes=True)
+    loader.load_state_dict(job)
+    it = iter(loader)
+    rest = [next(it)]
+    saved = loader.state_dict()
+    second = job_state_dict([saved])
+    del it, loader
+    if taken == 0:
+        # The first job took nothing: no band, so the second resumes at another world size.
+        second_rank_rest = []
+        for rank in range(2):
+            elsewhere = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2,
+                                                 rank=rank)
+            elsewhere.load_state_dict(second)
+            second_rank_rest += list(elsewhere)
+    else:
+        elsewhere = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9, world_size=2, rank=0)
+        elsewhere.load_state_dict(second)
+        with pytest.raises(minibatchd.MinibatchdError, match="ragged band"):
+            list(elsewhere)
+        last = MinibatchIterableDataset("train", daemon.socket, minibatch_size=6, seed=9)
+        loader = StatefulMinibatchDataLoader(last, num_workers=2, worker_processes=True)
+        loader.load_state_dict(saved)
+        second_rank_rest = list(loader)
+    counts = collections.Counter(item_ids(first + rest + second_rank_rest))
+    assert sorted(counts) == list(range(SEQUENCES)) and set(counts.values()) == {1}, (job, second, counts)
+    assert {item["meta"]["epoch"] for item in first + rest + second_rank_rest} == {1}
 
 
 def test_the_ledger_of_a_padded_run_is_what_every_rank_saw(daemon):
