@@ -60,35 +60,45 @@ mod tests {
 
     #[test]
     fn a_write_past_the_file_size_limit_fails_with_efbig_once_sigxfsz_is_ignored() {
-        use std::io::Write as _;
-        // In a child process: the limit and the disposition are the process's.
+        // In a child process: the limit and the disposition are the process's. The child makes
+        // no allocation (other test threads may hold the allocator's lock at the fork).
         let path = std::env::temp_dir().join(format!("minibatchd-sigxfsz-{}", std::process::id()));
-        // SAFETY: `fork` in a test thread; the child calls only async-signal-safe functions and
-        // plain writes before `_exit`.
+        let cpath = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).expect("a path without NUL");
+        let block = [0u8; 8192];
+        // SAFETY: `fork`; the child calls only async-signal-safe functions before `_exit`.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0, "fork");
         if pid == 0 {
-            let code = (|| {
-                ignore_file_size_limit_signal().ok()?;
-                let limit = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
-                // SAFETY: a valid `rlimit`.
-                if unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &raw const limit) } != 0 {
-                    return None;
+            let code = if ignore_file_size_limit_signal().is_err() {
+                3
+            } else {
+                // SAFETY: a valid `rlimit`, a NUL-terminated path, a buffer of `block.len()`
+                // bytes; `__errno_location` is this thread's errno.
+                unsafe {
+                    let limit = libc::rlimit { rlim_cur: 4096, rlim_max: libc::RLIM_INFINITY };
+                    let fd = libc::open(cpath.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o600);
+                    if libc::setrlimit(libc::RLIMIT_FSIZE, &raw const limit) != 0 || fd < 0 {
+                        4
+                    } else {
+                        let first = libc::write(fd, block.as_ptr().cast(), 4096);
+                        let past = libc::write(fd, block.as_ptr().cast(), block.len());
+                        if first == 4096 && past < 0 && *libc::__errno_location() == libc::EFBIG {
+                            0
+                        } else {
+                            2
+                        }
+                    }
                 }
-                let mut f = std::fs::File::create(&path).ok()?;
-                let e = f.write_all(&[0u8; 8192]).err()?;
-                Some(if e.raw_os_error() == Some(libc::EFBIG) { 0 } else { 2 })
-            })()
-            .unwrap_or(3);
+            };
             // SAFETY: ends the child without running the parent's destructors.
             unsafe { libc::_exit(code) };
         }
         let mut status = 0;
         // SAFETY: waits for the child forked above.
         assert_eq!(unsafe { libc::waitpid(pid, &raw mut status, 0) }, pid);
-        assert!(libc::WIFEXITED(status), "the child was killed by signal {}", libc::WTERMSIG(status));
         let _ = std::fs::remove_file(&path);
-        assert_eq!(libc::WEXITSTATUS(status), 0, "the write failed otherwise than with EFBIG");
+        assert!(libc::WIFEXITED(status), "the child was killed by signal {}", libc::WTERMSIG(status));
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the write past the limit failed otherwise than with EFBIG");
     }
 
     #[test]
