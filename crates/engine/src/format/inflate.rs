@@ -267,6 +267,15 @@ pub(crate) fn inflated_copy(
 /// `source`'s copy cannot be written into `dir`: the advice follows the cause (found by a probe:
 /// a full disk was told to change the directory's owner).
 fn cannot_write(source: &Path, dir: &Path, state_dir: &Path, e: &std::io::Error) -> DataError {
+    if e.kind() == std::io::ErrorKind::IsADirectory {
+        // Found by a probe: an empty directory at the copy's name was told to change owners.
+        return DataError::Dataset(format!(
+            "{}: cannot write its decompressed copy into {}: {e}. A directory is in the copy's place there (the \
+             daemon writes only files into state_dir/inflated/): remove it",
+            source.display(),
+            dir.display()
+        ));
+    }
     if e.kind() == std::io::ErrorKind::FileTooLarge {
         return DataError::Dataset(format!(
             "{}: cannot write its decompressed copy into {}: {e}. The process's file-size limit (`ulimit -f`, \
@@ -612,6 +621,11 @@ mod tests {
         // EACCES.
         let denied = cannot_write(source, dir, state, &std::io::Error::from_raw_os_error(13)).to_string();
         assert!(denied.contains("this user owns"), "{denied}");
+        // EISDIR, EFBIG.
+        let dir_there = cannot_write(source, dir, state, &std::io::Error::from_raw_os_error(21)).to_string();
+        assert!(dir_there.contains("A directory is in the copy's place") && !dir_there.contains("owns"), "{dir_there}");
+        let limit = cannot_write(source, dir, state, &std::io::Error::from_raw_os_error(27)).to_string();
+        assert!(limit.contains("file-size limit") && !limit.contains("owns"), "{limit}");
     }
 
     /// A way of tampering with a copy, and its name.
