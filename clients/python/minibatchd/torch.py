@@ -164,8 +164,8 @@ def _named_workers(snapshots: dict) -> list:
     others' (global worker ``rank × W + ID`` of ``world × W``)."""
     found = []
     for key, w in snapshots.items():
-        st = w.get("dataset_state")
-        found.append((int(str(key).rsplit("_", 1)[-1]) if str(key).rsplit("_", 1)[-1].isdigit() else None, st))
+        tail = str(key).rsplit("_", 1)[-1]
+        found.append((int(tail) if tail.isdigit() else None, w.get("dataset_state")))
     count = len(found)
     named = [(i, st) for i, st in found if isinstance(st, dict) and "worker" in st and i is not None]
     if not named or count == 0:
