@@ -52,12 +52,12 @@ pub(super) fn check_version(version: &FileVersion, path: &Path, file: &File) -> 
     // coarse timestamps an unlink in the tick of the last change leaves the stamp as it was).
     if meta.nlink() == 0 {
         return match std::fs::metadata(path) {
-            Ok(there) => unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &there), path),
+            Ok(there) => unchanged_since(version, &there, path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(changed(path, "deleted")),
             Err(e) => Err(DataError::io(path, e)),
         };
     }
-    unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &meta), path)
+    unchanged_since(version, &meta, path)
 }
 
 /// An error unless the file at `path` is still `version`, looked up by its path: a `.gz` input
@@ -71,14 +71,24 @@ pub(super) fn check_path_version(version: &FileVersion, path: &Path) -> Result<(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(changed(path, "deleted")),
         Err(e) => return Err(DataError::io(path, e)),
     };
-    unchanged_since(version, &FileStamp::from_meta(PathBuf::new(), &meta), path)
+    unchanged_since(version, &meta, path)
 }
 
-fn unchanged_since(version: &FileVersion, now: &FileVersion, path: &Path) -> Result<()> {
+/// An error unless `meta` (of what is at `path` now) is still `version`: what replaced a data file
+/// is named when it is not a file (found by a probe: a directory in its place, given the file's
+/// freed inode number, was said to be the file "rewritten").
+fn unchanged_since(version: &FileVersion, meta: &std::fs::Metadata, path: &Path) -> Result<()> {
+    if meta.is_dir() {
+        return Err(changed(path, "replaced by a directory"));
+    }
+    if !meta.is_file() {
+        return Err(changed(path, "replaced by something other than a regular file"));
+    }
+    let now = FileStamp::from_meta(PathBuf::new(), meta);
     if now.same_version(version) {
         return Ok(());
     }
-    Err(changed(path, &version.change(now)))
+    Err(changed(path, &version.change(&now)))
 }
 
 /// The error of a file `how` (what became of it) since it was indexed.
@@ -292,8 +302,15 @@ mod tests {
             let want = if replace { "was replaced by another file" } else { "was deleted since it was indexed" };
             assert!(e.contains(want), "{e}");
         }
-        // Deleted before a chunk's reader opens it.
+        // Replaced by a directory, which may take the file's freed inode number.
+        std::fs::write(&path, "1 1:1\n".repeat(100)).expect("write");
+        let version = version_of(&path).expect("version");
         std::fs::remove_file(&path).expect("delete");
+        std::fs::create_dir(&path).expect("mkdir");
+        let e = super::check_path_version(&version, &path).expect_err("a directory").to_string();
+        assert!(e.contains("was replaced by a directory since it was indexed"), "{e}");
+        std::fs::remove_dir(&path).expect("rmdir");
+        // Deleted before a chunk's reader opens it.
         let e = ReadWindow::new(&path, 600, &super::FileVersion::default()).err().expect("gone").to_string();
         assert!(e.contains("was deleted since it was indexed"), "{e}");
     }
