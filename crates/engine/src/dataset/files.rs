@@ -481,6 +481,28 @@ pub(super) fn index_with_cache(
             Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
         }
     }
+    // A version too young for a later write to change its stamp is waited out first (at most
+    // `MAX_SETTLE_WAIT`, once a file): this process reads the file with this index for as long as
+    // it runs. Not a decompressed copy: this process wrote it, and no one writes it after.
+    let stamp = if data == &**name {
+        let (settled, _) = index_cache::settle(
+            stamp,
+            &mut index_cache::unix_now_nanos,
+            &mut |wait| {
+                tracing::info!(
+                    file = %name.display(),
+                    wait_ms = wait.as_millis(),
+                    "changed in the last moments: indexing it once a later write would change its times"
+                );
+                std::thread::sleep(wait);
+            },
+            &mut || FileStamp::of(data),
+        )
+        .map_err(|e| DataError::io(name, e))?;
+        settled
+    } else {
+        stamp
+    };
     let began = crate::format::index_cache::unix_now_nanos();
     let idx = build(progress)?;
     let after = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;

@@ -61,7 +61,7 @@ fn checksum_digest() -> crc_fast::Digest {
 mod stamp;
 mod tidy;
 
-pub use stamp::{unix_now_nanos, FileStamp, SETTLED_FINE, SETTLED_SECS};
+pub use stamp::{settle, unix_now_nanos, FileStamp, MAX_SETTLE_WAIT, SETTLED_FINE, SETTLED_SECS};
 pub use tidy::remove_orphans;
 
 const MAGIC: &[u8; 8] = b"MBDINDEX";

@@ -15,6 +15,38 @@ pub const SETTLED_SECS: i64 = 2;
 /// The same with finer timestamps: twice the longest tick of a kernel's coarse clock.
 pub const SETTLED_FINE: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// The longest [`settle`] waits for a file to stop changing: past the longest window.
+pub const MAX_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(SETTLED_SECS.unsigned_abs() + 1);
+
+/// The version of a file to index: `stamp` once it is settled ([`FileStamp::settled_by`] `now()`),
+/// else — after waiting out its window (`sleep`) — the file's version then (`restat`), again
+/// while it keeps changing, for at most [`MAX_SETTLE_WAIT`] in all; with whether it settled. An
+/// index built from a settled version sees every later write (the stamp changes with it); one
+/// built from a younger version cannot see another write in the same tick of the file system's
+/// clock, and read the new bytes at the old offsets under the old fingerprints (found by a probe:
+/// 17 of 20 minibatches). A file still changing at the bound, or dated ahead of this clock (a
+/// network file system's server), is indexed as it is (unsettled: not kept for other runs).
+///
+/// # Errors
+/// `restat`'s.
+pub fn settle(
+    mut stamp: FileStamp,
+    now: &mut dyn FnMut() -> i128,
+    sleep: &mut dyn FnMut(std::time::Duration),
+    restat: &mut dyn FnMut() -> std::io::Result<FileStamp>,
+) -> std::io::Result<(FileStamp, bool)> {
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        let Some(left) = stamp.unsettled_for(now()) else { return Ok((stamp, true)) };
+        if waited + left > MAX_SETTLE_WAIT {
+            return Ok((stamp, false));
+        }
+        sleep(left);
+        waited += left;
+        stamp = restat()?;
+    }
+}
+
 /// The wall clock in nanoseconds since the Unix epoch (the clock file times are set from).
 #[must_use]
 pub fn unix_now_nanos() -> i128 {
@@ -96,6 +128,19 @@ impl FileStamp {
     /// the second a file on such a file system was indexed was served stale by every later run).
     #[must_use]
     pub fn settled_by(&self, now: i128) -> bool {
+        self.settles_at() <= now
+    }
+
+    /// How long after `now` ([`unix_now_nanos`]) this version becomes settled
+    /// ([`Self::settled_by`]); `None` once it is.
+    #[must_use]
+    pub fn unsettled_for(&self, now: i128) -> Option<std::time::Duration> {
+        let left = self.settles_at().saturating_sub(now);
+        (left > 0).then(|| std::time::Duration::from_nanos(u64::try_from(left).unwrap_or(u64::MAX)))
+    }
+
+    /// When this version becomes settled: its last change plus its file system's window.
+    fn settles_at(&self) -> i128 {
         let at = |secs: i64, nanos: u32| i128::from(secs) * 1_000_000_000 + i128::from(nanos);
         let changed = at(self.mtime_secs, self.mtime_nanos).max(at(self.ctime_secs, self.ctime_nanos));
         let coarse = self.mtime_nanos == 0 && self.ctime_nanos == 0;
@@ -106,7 +151,7 @@ impl FileStamp {
         } else {
             i128::try_from(SETTLED_FINE.as_nanos()).unwrap_or(i128::MAX)
         };
-        changed.saturating_add(window) <= now
+        changed.saturating_add(window)
     }
 
     /// Whether `other` is the same version of a file (the path aside).
@@ -215,5 +260,59 @@ mod tests {
         let chmod = FileStamp { ctime_secs: 200, ctime_nanos: 1, ..fine };
         assert!(!chmod.settled_by(150 * s));
         assert!(chmod.settled_by(200 * s + 1 + window));
+    }
+
+    /// A clock that `sleep` moves, a file whose stamp `restat` gives, and what `settle` did.
+    fn settle_with(
+        stamp: FileStamp,
+        start: i128,
+        mut versions: impl FnMut(i128) -> FileStamp,
+    ) -> (FileStamp, bool, i128) {
+        let clock = std::cell::Cell::new(start);
+        let got = settle(
+            stamp,
+            &mut || clock.get(),
+            &mut |d| clock.set(clock.get() + i128::try_from(d.as_nanos()).expect("small")),
+            &mut || Ok(versions(clock.get())),
+        )
+        .expect("no stat error");
+        (got.0, got.1, clock.get() - start)
+    }
+
+    /// A version younger than its window is waited out, then taken again: an index is built from
+    /// what the file holds once no write can keep its stamp (one-second timestamps here, whose
+    /// window does not depend on the kernel).
+    #[test]
+    fn a_young_version_is_waited_out_and_taken_again() {
+        let s = 1_000_000_000i128;
+        let coarse = FileStamp { size: 10, mtime_secs: 100, ctime_secs: 100, ..FileStamp::default() };
+        // Settled already: no wait, no second look.
+        let (got, settled, waited) = settle_with(coarse.clone(), 103 * s, |_| panic!("not looked at again"));
+        assert_eq!((got, settled, waited), (coarse.clone(), true, 0));
+        // Written at 100.x, looked at 100.4 s: settled at 102 s. A write in the same second left the
+        // stamp as it was; what is returned is the file's version after the wait.
+        let (got, settled, waited) = settle_with(coarse.clone(), 100 * s + 4 * s / 10, |_| coarse.clone());
+        assert_eq!((got, settled, waited), (coarse.clone(), true, 16 * s / 10));
+        // Written again during the wait: waited out again.
+        let again = FileStamp { mtime_secs: 101, ctime_secs: 101, ..coarse.clone() };
+        let (got, settled, waited) = settle_with(coarse.clone(), 100 * s + s / 2, |_| again.clone());
+        assert_eq!((got.mtime_secs, settled, waited), (101, true, 5 * s / 2));
+    }
+
+    /// A file that goes on changing, or whose time is ahead of this clock, is not waited for past
+    /// the bound: it is indexed as it is, unsettled.
+    #[test]
+    fn a_file_still_changing_or_dated_ahead_is_waited_for_at_most_the_bound() {
+        let s = 1_000_000_000i128;
+        let bound = i128::try_from(MAX_SETTLE_WAIT.as_nanos()).expect("small");
+        let coarse = FileStamp { size: 10, mtime_secs: 100, ctime_secs: 100, ..FileStamp::default() };
+        let (got, settled, waited) = settle_with(coarse.clone(), 100 * s, |now| {
+            let secs = i64::try_from(now / s).expect("small");
+            FileStamp { mtime_secs: secs, ctime_secs: secs, ..coarse.clone() }
+        });
+        assert!(!settled && waited <= bound && got.mtime_secs > 100, "{got:?} after {waited} ns");
+        let ahead = FileStamp { mtime_secs: 1000, ctime_secs: 1000, ..coarse };
+        let (got, settled, waited) = settle_with(ahead.clone(), 100 * s, |_| panic!("not waited for"));
+        assert_eq!((got, settled, waited), (ahead, false, 0));
     }
 }
