@@ -145,6 +145,8 @@ struct Lru {
     /// Identities forgotten ([`ParsedCache::forget_identity`]) and not opened again since
     /// ([`ParsedCache::revive`]): a write of theirs that lands later is removed at once.
     retired: std::collections::HashSet<u64>,
+    /// Bytes of the writes in flight, room taken for them ([`ParsedCache::reserve`]).
+    pending: u64,
 }
 
 impl Lru {
@@ -379,12 +381,17 @@ impl ParsedCache {
             return;
         }
         let name = Self::name(identity, chunk.chunk);
-        self.evict_to(self.limit - len, &name);
+        if !self.reserve(&name, len) {
+            return;
+        }
         let path = self.dir.join(&name);
         let written = state_file::write_replacing_unsynced(&path, &mut |f| encode(f, identity, chunk));
         match written {
             Ok(()) => {
                 let mut l = self.lock();
+                // The room taken becomes the entry's in one step: another writer never sees both
+                // free.
+                l.pending -= len;
                 // Found by a probe: the chunks that a replaced version's session still held were
                 // written after a reload had forgotten that version, entries nobody could read.
                 // Forgotten while this write ran: removed (the check above saw it alive).
@@ -399,6 +406,7 @@ impl ParsedCache {
                 self.counters.bytes_written.fetch_add(len, Ordering::Relaxed);
             }
             Err(e) => {
+                self.lock().pending -= len;
                 let n = self.counters.write_errors.fetch_add(1, Ordering::Relaxed);
                 if n < 10 || n.is_power_of_two() {
                     tracing::warn!(entry = %path.display(), error = %e, failures = n + 1, "could not persist a parsed chunk (served from the parse; it will be parsed again next time)");
@@ -438,6 +446,32 @@ impl ParsedCache {
     /// configuration of a forgotten version came back and the reload was applied).
     pub fn revive(&self, identity: u64) {
         self.lock().retired.remove(&identity);
+    }
+
+    /// Takes room for a write of entry `name`, `len` bytes, until it ends ([`Lru::pending`]):
+    /// evicts the least recently used entries (not `name`, which the write replaces) while the
+    /// entries and the writes in flight would pass the bound with it. `false` when the writes in
+    /// flight leave no room (the chunk is not persisted this time). Found by a probe: `index
+    /// --parsed`, whose threads write at once, each evicted for its own entry alone and the
+    /// directory passed the bound by about an entry.
+    fn reserve(&self, name: &str, len: u64) -> bool {
+        loop {
+            let victim = {
+                let mut l = self.lock();
+                let replaced = l.entries.get(name).map_or(0, |e| e.bytes);
+                if l.bytes - replaced + l.pending + len <= self.limit {
+                    l.pending += len;
+                    return true;
+                }
+                match l.oldest(name) {
+                    Some(v) => v,
+                    None => return false,
+                }
+            };
+            let _ = std::fs::remove_file(self.dir.join(&victim));
+            self.lock().forget(&victim);
+            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Removes least-recently-used entries (not `keep`) until at most `target` bytes are left.

@@ -221,6 +221,35 @@ fn the_directory_stays_within_its_bound_least_recently_used_out() {
     assert_eq!(small.stats().entries, 0);
 }
 
+/// Writes from several threads at once stay within the bound together (found by a probe: `index
+/// --parsed` passed it by about an entry, each writer making room for its own entry alone).
+#[test]
+fn writes_at_once_stay_within_the_bound_together() {
+    let d = tempfile::tempdir().expect("tmp");
+    let one = encoded_len(&chunk(0));
+    let c = open(d.path(), 3 * one + one / 2);
+    let most = std::sync::atomic::AtomicU64::new(0);
+    let together = std::sync::Barrier::new(4);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (c, most, together) = (&c, &most, &together);
+            s.spawn(move || {
+                for n in 0..50 {
+                    together.wait();
+                    c.put(ID, &chunk(t * 50 + n));
+                    most.fetch_max(c.stats().bytes, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let most = most.into_inner();
+    assert!(most <= c.limit(), "{most} bytes in entries at once, bound {}", c.limit());
+    let on_disk: u64 =
+        std::fs::read_dir(d.path()).expect("ls").map(|e| e.expect("entry").metadata().expect("stat").len()).sum();
+    assert!(on_disk <= c.limit(), "{on_disk} bytes on disk, bound {}", c.limit());
+    assert!(c.stats().bytes <= c.limit() && c.stats().entries >= 1, "{:?}", c.stats());
+}
+
 /// Records the length of every `write` it is handed.
 struct Writes {
     bytes: Vec<u8>,
