@@ -363,11 +363,25 @@ impl Housekeeping {
             // A reload that swapped the datasets leaves older decompressed copies and caches
             // behind: tidy soon after it rather than within the hour.
             let mut catalog_changes = shared.data.catalog_changes();
+            let mut next_sample = Instant::now() + MEMORY_SAMPLE_INTERVAL;
             loop {
-                match stopped.recv_timeout(MEMORY_SAMPLE_INTERVAL) {
+                // Awake for the next sample and for the next checkpoint, whichever comes first
+                // (found by a probe: with `checkpoint_interval_secs = 1` the loop's 2 s sleep made
+                // the checkpoint every 2 s, and a crash's replay twice what the setting says).
+                let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
+                let wake = next_sample.min(last_checkpoint + interval);
+                match stopped.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     _ => return,
                 }
+                if last_checkpoint.elapsed() >= interval {
+                    let _ = shared.write_checkpoint("periodic");
+                    last_checkpoint = Instant::now();
+                }
+                if Instant::now() < next_sample {
+                    continue;
+                }
+                next_sample = Instant::now() + MEMORY_SAMPLE_INTERVAL;
                 sample_memory(&shared, &mut sampler, &mut guard);
                 if catalog_changes.has_changed().unwrap_or(false) {
                     catalog_changes.borrow_and_update();
@@ -381,11 +395,6 @@ impl Housekeeping {
                 if Instant::now() >= next_usage {
                     measure_state_dir(&shared);
                     next_usage = Instant::now() + STATE_DIR_USAGE_INTERVAL;
-                }
-                let interval = Duration::from_secs(shared.config().daemon.checkpoint_interval_secs);
-                if last_checkpoint.elapsed() >= interval {
-                    let _ = shared.write_checkpoint("periodic");
-                    last_checkpoint = Instant::now();
                 }
             }
         })?;
