@@ -121,6 +121,11 @@ fn a_number_key_overridden_by_text_names_the_variable() {
     let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "abc")));
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("found the string 'abc' (from MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS)"), "{stderr}");
+    // A number past i64 arrives as a float: its own text is shown, not "1.8446744073709552e+19".
+    let (status, stderr) =
+        validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "18446744073709551615")));
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("found 18446744073709551615 (from MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS)"), "{stderr}");
     // In the file, quoted: the advice for the file.
     let quoted = write(tmp.path(), "quoted.toml", text.replace("chunk_size_bytes = 300", "chunk_size_bytes = \"300\""));
     let (status, stderr) = validate(&quoted);

@@ -279,7 +279,12 @@ impl<'a> Table<'a> {
         let n = self.take(key)?;
         let v = match n.value() {
             Some(Value::Number(num)) => num.as_u64().or_else(|| {
-                w.issue(&n.path, &format!("expected a non-negative integer, found {num}"));
+                // An override past i64 arrives as a float (`try_parsing`): its own text is shown
+                // (found by a probe: u64::MAX was told "found 1.8446744073709552e+19").
+                let shown = override_of(&n.path)
+                    .and_then(|var| Some(format!("{} (from {var})", std::env::var(&var).ok()?.trim())))
+                    .unwrap_or_else(|| num.to_string());
+                w.issue(&n.path, &format!("expected a non-negative integer up to {max}, found {shown}"));
                 None
             })?,
             // Environment overrides arrive parsed (`try_parsing`), so a string here is a quoted
