@@ -771,3 +771,28 @@ fn a_file_changed_in_the_last_moments_is_indexed_once_a_write_would_show() {
         assert_eq!(cached == 1, kept, "dated {ahead:?} ahead: {cached} index cache files");
     }
 }
+
+/// A file rewritten during the wait for it to settle is indexed as rewritten, and the dataset is
+/// current: the version its files are checked against is the one indexed, not the one seen before
+/// the wait (a reload would have opened it again for nothing).
+#[test]
+fn a_file_rewritten_while_its_open_waits_is_indexed_as_rewritten_and_current() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().to_owned();
+    let toml = "[datasets.svm]\nformat = \"libsvm\"\nfiles = [\"a.svm\"]\n";
+    write(&p, "a.svm", "1 1:1\n".repeat(100));
+    let f = std::fs::File::options().write(true).open(p.join("a.svm")).expect("open");
+    f.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(1)).expect("date it ahead");
+    drop(f);
+    let rewrite = {
+        let p = p.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            write(&p, "a.svm", "0 2:1\n".repeat(150));
+        })
+    };
+    let ds = support::open(toml, "svm", &p, &p.join("state"));
+    rewrite.join().expect("rewrite");
+    assert_eq!(ds.timeline().seq_len.len(), 150, "indexed as rewritten");
+    assert!(ds.is_current(), "the version indexed is the one its files are checked against");
+}

@@ -195,9 +195,9 @@ impl Dataset {
         let streams = schema.specs();
         let source = OpenSource {
             files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
+            file_versions: as_indexed(file_versions, &data, &inputs, &data_versions),
             data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
             data_versions,
-            file_versions,
             indexes,
             decoder: SourceDecoder::Deepx(decoder),
             first_stream: 0,
@@ -243,9 +243,9 @@ impl Dataset {
         }
         let source = OpenSource {
             files: inputs.iter().map(|f| Arc::from(f.name.as_path())).collect(),
+            file_versions: as_indexed(file_versions, &data, &inputs, &data_versions),
             data: data.iter().map(|d| Arc::from(d.as_path())).collect(),
             data_versions,
-            file_versions,
             indexes,
             decoder: SourceDecoder::Records(decoder),
             first_stream: 0,
@@ -355,6 +355,15 @@ fn readable_inputs(
         }
     }
     Ok((data, versions, originals))
+}
+
+/// The version of each input as its index describes it: a plain file's is the one its index pass
+/// read (taken again after the wait for a young file to settle, `files::index_with_cache`: a
+/// change in that wait left the dataset "not current" for a reload though it was indexed as it
+/// is), a `.gz` input's the one taken before its copy was made.
+fn as_indexed(originals: Vec<Stored>, data: &[PathBuf], inputs: &[Input], indexed: &[Stored]) -> Vec<Stored> {
+    let plain = data.iter().zip(inputs).map(|(d, input)| *d == input.name);
+    originals.into_iter().zip(plain).zip(indexed).map(|((o, plain), i)| if plain { i.clone() } else { o }).collect()
 }
 
 /// The first [`RecordReader::plain_head_bytes`] bytes of `input` (fewer in a shorter file).
