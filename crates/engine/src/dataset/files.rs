@@ -485,7 +485,7 @@ pub(super) fn index_with_cache(
     // `MAX_SETTLE_WAIT`, once a file): this process reads the file with this index for as long as
     // it runs. Not a decompressed copy: this process wrote it, and no one writes it after.
     let stamp = if data == &**name {
-        let (settled, _) = index_cache::settle(
+        index_cache::settle(
             stamp,
             &mut index_cache::unix_now_nanos,
             &mut |wait| {
@@ -498,8 +498,7 @@ pub(super) fn index_with_cache(
             },
             &mut || FileStamp::of(data),
         )
-        .map_err(|e| DataError::io(name, e))?;
-        settled
+        .map_err(|e| DataError::io(name, e))?
     } else {
         stamp
     };

@@ -468,10 +468,15 @@ impl ParsedCache {
                     None => return false,
                 }
             };
-            let _ = std::fs::remove_file(self.dir.join(&victim));
-            self.lock().forget(&victim);
-            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            self.evict(&victim);
         }
+    }
+
+    /// Removes entry `victim` to make room.
+    fn evict(&self, victim: &str) {
+        let _ = std::fs::remove_file(self.dir.join(victim));
+        self.lock().forget(victim);
+        self.counters.evictions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Removes least-recently-used entries (not `keep`) until at most `target` bytes are left.
@@ -487,9 +492,7 @@ impl ParsedCache {
                     None => return,
                 }
             };
-            let _ = std::fs::remove_file(self.dir.join(&victim));
-            self.lock().forget(&victim);
-            self.counters.evictions.fetch_add(1, Ordering::Relaxed);
+            self.evict(&victim);
         }
     }
 }

@@ -20,7 +20,7 @@ pub const MAX_SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(
 
 /// The version of a file to index: `stamp` once it is settled ([`FileStamp::settled_by`] `now()`),
 /// else — after waiting out its window (`sleep`) — the file's version then (`restat`), again
-/// while it keeps changing, for at most [`MAX_SETTLE_WAIT`] in all; with whether it settled. An
+/// while it keeps changing, for at most [`MAX_SETTLE_WAIT`] in all. An
 /// index built from a settled version sees every later write (the stamp changes with it); one
 /// built from a younger version cannot see another write in the same tick of the file system's
 /// clock, and read the new bytes at the old offsets under the old fingerprints (found by a probe:
@@ -34,12 +34,12 @@ pub fn settle(
     now: &mut dyn FnMut() -> i128,
     sleep: &mut dyn FnMut(std::time::Duration),
     restat: &mut dyn FnMut() -> std::io::Result<FileStamp>,
-) -> std::io::Result<(FileStamp, bool)> {
+) -> std::io::Result<FileStamp> {
     let mut waited = std::time::Duration::ZERO;
     loop {
-        let Some(left) = stamp.unsettled_for(now()) else { return Ok((stamp, true)) };
+        let Some(left) = stamp.unsettled_for(now()) else { return Ok(stamp) };
         if waited + left > MAX_SETTLE_WAIT {
-            return Ok((stamp, false));
+            return Ok(stamp);
         }
         sleep(left);
         waited += left;
@@ -276,7 +276,8 @@ mod tests {
             &mut || Ok(versions(clock.get())),
         )
         .expect("no stat error");
-        (got.0, got.1, clock.get() - start)
+        let settled = got.settled_by(clock.get());
+        (got, settled, clock.get() - start)
     }
 
     /// A version younger than its window is waited out, then taken again: an index is built from
