@@ -108,6 +108,7 @@ pub fn resolve_inputs(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<V
         let r = remote::require(remote, p)?;
         let objects = r.store.list(&p.to_string_lossy()).map_err(remote::RemoteError::into_data)?;
         let objects: Vec<ObjectMeta> = objects.into_iter().filter(|o| !remote::is_index_key(&o.url)).collect();
+        let objects = listed_once(p, objects)?;
         if objects.is_empty() {
             return Err(DataError::io(p, std::io::Error::new(std::io::ErrorKind::NotFound, "no object matches")));
         }
@@ -118,6 +119,33 @@ pub fn resolve_inputs(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<V
     }
     flush(&mut local, &mut out)?;
     Ok(out)
+}
+
+/// `objects` (one entry's listing, sorted by URL) with each key once. A store that lists a key
+/// twice (found by a probe: a server repeating a listing entry had that object read twice in
+/// every sweep) names one object, read once — with a warning; twice with different versions is
+/// an error, as no one version can be said to be the one listed.
+fn listed_once(pattern: &Path, mut objects: Vec<ObjectMeta>) -> Result<Vec<ObjectMeta>> {
+    let before = objects.len();
+    if let Some(w) = objects.windows(2).find(|w| w[0].url == w[1].url && w[0] != w[1]) {
+        return Err(DataError::io(
+            pattern,
+            std::io::Error::other(format!(
+                "the store listed {} twice, as two versions (ETag {}, {} bytes; ETag {}, {} bytes): list it again \
+                 once the object is no longer being written",
+                w[0].url, w[0].etag, w[0].size, w[1].etag, w[1].size
+            )),
+        ));
+    }
+    objects.dedup();
+    if objects.len() < before {
+        tracing::warn!(
+            pattern = %pattern.display(),
+            repeated = before - objects.len(),
+            "the store listed some objects more than once; each is read once"
+        );
+    }
+    Ok(objects)
 }
 
 /// The local files `patterns` match now, in the order [`resolve_inputs`] gives them (patterns in
@@ -534,7 +562,21 @@ mod tests {
     use std::path::{Path, PathBuf};
     use std::time::Duration;
 
-    use super::{resolve_files, resolve_with, Limits};
+    use super::{listed_once, resolve_files, resolve_with, Limits};
+    use crate::remote::ObjectMeta;
+
+    /// Found by a probe: a store that listed a key twice had the object read twice a sweep.
+    #[test]
+    fn an_object_listed_twice_is_read_once_and_two_versions_of_it_are_an_error() {
+        let meta = |key: &str, etag: &str| ObjectMeta { url: format!("s3://b/{key}"), size: 10, etag: etag.into() };
+        let pattern = Path::new("s3://b/");
+        let listed = vec![meta("a", "\"1\""), meta("a", "\"1\""), meta("b", "\"2\""), meta("b", "\"2\"")];
+        let once = listed_once(pattern, listed).expect("the same version twice");
+        assert_eq!(once, vec![meta("a", "\"1\""), meta("b", "\"2\"")]);
+        let e =
+            listed_once(pattern, vec![meta("a", "\"1\""), meta("a", "\"3\"")]).expect_err("two versions").to_string();
+        assert!(e.contains("s3://b/a twice, as two versions") && e.contains("\"3\""), "{e}");
+    }
 
     /// `f()` on a thread, failing the test (instead of hanging it) when it takes over 30 s: the
     /// old expansion walked two symbolic link loops for hours and opened FIFOs.
