@@ -80,6 +80,9 @@ struct State {
     fetching: HashSet<String>,
     /// Ranges whose fetch the store failed, and when.
     failed: HashMap<String, (DataError, Instant)>,
+    /// Bytes on disk reserved for entries being written (fetches, the index pass's copy):
+    /// counted with the entries against the bound, so writes at once stay within it together.
+    pending: u64,
     tick: u64,
     stats: ObjectCacheStats,
 }
@@ -175,18 +178,47 @@ impl ObjectCache {
         if state_file::secure_dir(&self.dir).is_err() {
             return reader;
         }
-        match state_file::create_temp(&self.dir, "whole") {
-            Ok((tmp, file)) => Box::new(Tee {
-                cache: self,
-                object: object.clone(),
-                reader,
-                out: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
-                tmp,
-                written: 0,
-                crc: entry_sum(&Self::key(object, 0, object.size)),
-            }),
-            Err(_) => reader,
+        // Its room is reserved before a byte is written (found by a probe: the copy was counted
+        // only once complete, and went past the bound with the entries already there); when
+        // other writes hold it, the object is not kept.
+        let reserved = self.on_disk(object.size + TRAILER_BYTES);
+        if !self.reserve(&mut self.lock(), reserved) {
+            return reader;
         }
+        let Ok((tmp, file)) = state_file::create_temp(&self.dir, "whole") else {
+            self.release(reserved);
+            return reader;
+        };
+        Box::new(Tee {
+            cache: self,
+            object: object.clone(),
+            reader,
+            out: Some(std::io::BufWriter::with_capacity(1 << 20, file)),
+            tmp,
+            written: 0,
+            reserved,
+            crc: entry_sum(&Self::key(object, 0, object.size)),
+        })
+    }
+
+    /// Reserves `bytes` on disk for an entry about to be written, evicting the least recently
+    /// used entries for room: `false` (nothing reserved) when the entries and the other writes'
+    /// reservations leave too little even then.
+    fn reserve(&self, s: &mut State, bytes: u64) -> bool {
+        self.scan(s);
+        if s.pending.saturating_add(bytes) > self.max_bytes {
+            return false;
+        }
+        s.pending += bytes;
+        self.evict(s, "");
+        true
+    }
+
+    /// Gives back a reservation of [`ObjectCache::reserve`] (its entry kept or given up).
+    fn release(&self, bytes: u64) {
+        let mut s = self.lock();
+        s.pending = s.pending.saturating_sub(bytes);
+        self.fetched.notify_all();
     }
 
     /// Reads what a previous run left (once).
@@ -229,6 +261,9 @@ impl ObjectCache {
             s.tick += 1;
             s.entries.insert(name, Entry { bytes: self.on_disk(bytes), used: s.tick, verified: None });
         }
+        // A bound lowered since the last run applies at once (found by a probe: the entries of a
+        // larger one stayed for good, as only a new entry evicted).
+        self.evict(s, "");
         if !same_boot && !boot.is_empty() {
             let _ = state_file::write_atomic(&marker, boot.as_bytes());
         }
@@ -261,6 +296,7 @@ impl ObjectCache {
         let path = self.dir.join(&key);
         let url = Path::new(&object.url);
         let whole = Self::key(object, 0, object.size);
+        let bytes = self.on_disk(end - start + TRAILER_BYTES);
         {
             let mut s = self.lock();
             self.scan(&mut s);
@@ -296,18 +332,33 @@ impl ObjectCache {
                 s.stats.misses += 1;
                 break;
             }
+            // Room on disk for the entry before it is written: other fetches' entries in the
+            // making count (found by a probe: `object_fetches` ranges written at once, each
+            // counted once whole, took 6 times the bound). A range the whole cache cannot hold
+            // is read into memory, uncached, never written.
+            if self.keeps(end - start) {
+                while !self.reserve(&mut s, bytes) {
+                    s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            }
         }
-        // Opened before the entry can be evicted (a range larger than the whole cache is
-        // unlinked at once, and read through this descriptor).
         let mut by_the_store = false;
-        let result = self.download(store, object, start, end, &path, &mut by_the_store).and_then(|()| {
-            open_range(&path, end - start).map(|(file, _)| file).ok_or_else(|| {
-                DataError::io(
-                    url,
-                    std::io::Error::other(format!("the cached range {} could not be read back", path.display())),
-                )
+        let result = if self.keeps(end - start) {
+            self.download(store, object, start, end, &path, &mut by_the_store).and_then(|()| {
+                open_range(&path, end - start).map(|(file, _)| file).ok_or_else(|| {
+                    DataError::io(
+                        url,
+                        std::io::Error::other(format!("the cached range {} could not be read back", path.display())),
+                    )
+                })
             })
-        });
+        } else {
+            if let Some(left_out) = MEMORY_READS_LOG.admit(Instant::now()) {
+                tracing::warn!(url = %object.url, start, end, object_cache_bytes = self.max_bytes, left_out, "a range larger than the object cache is read into memory, uncached: give object_cache_bytes room for a few chunks");
+            }
+            by_the_store = true;
+            Self::in_memory(store, object, start, end)
+        };
         let mut s = self.lock();
         s.fetching.remove(&key);
         s.failed.retain(|_, (_, when)| when.elapsed() < FAILED_HOLD);
@@ -315,13 +366,17 @@ impl ObjectCache {
             s.failed.insert(key.clone(), (e.clone(), Instant::now()));
         }
         if result.is_ok() {
-            s.tick += 1;
-            let tick = s.tick;
-            let bytes = self.on_disk(end - start + TRAILER_BYTES);
-            // Written just now: not settled, checked at its next use.
-            s.entries.insert(key.clone(), Entry { bytes, used: tick, verified: None });
             s.stats.fetched_bytes += end - start;
-            self.evict(&mut s, &key);
+        }
+        if self.keeps(end - start) {
+            s.pending = s.pending.saturating_sub(bytes);
+            if result.is_ok() {
+                s.tick += 1;
+                let tick = s.tick;
+                // Written just now: not settled, checked at its next use.
+                s.entries.insert(key.clone(), Entry { bytes, used: tick, verified: None });
+                self.evict(&mut s, &key);
+            }
         }
         self.fetched.notify_all();
         drop(s);
@@ -429,15 +484,17 @@ impl ObjectCache {
     }
 
     /// Registers a whole object the index pass streamed into `tmp` (complete: `object.size`
-    /// bytes and its trailer).
-    fn keep_whole(&self, object: &ObjectMeta, tmp: &Path) {
+    /// bytes and its trailer), in the room `reserved` for it, which it gives back.
+    fn keep_whole(&self, object: &ObjectMeta, tmp: &Path, reserved: u64) {
         let key = Self::key(object, 0, object.size);
         if std::fs::rename(tmp, self.dir.join(&key)).is_err() {
             let _ = std::fs::remove_file(tmp);
+            self.release(reserved);
             return;
         }
         let mut s = self.lock();
-        self.scan(&mut s);
+        s.pending = s.pending.saturating_sub(reserved);
+        self.fetched.notify_all();
         s.tick += 1;
         let tick = s.tick;
         // Written just now: not settled, checked at its next use.
@@ -485,9 +542,10 @@ impl ObjectCache {
         })
     }
 
-    /// Removes the least recently used entries (never `keep`) until the cache fits its limit.
+    /// Removes the least recently used entries (never `keep`) until they and the reservations
+    /// of entries being written fit the cache's limit.
     fn evict(&self, s: &mut State, keep: &str) {
-        let mut total: u64 = s.entries.values().map(|e| e.bytes).sum();
+        let mut total: u64 = s.entries.values().map(|e| e.bytes).sum::<u64>() + s.pending;
         while total > self.max_bytes {
             let Some(victim) = s
                 .entries
@@ -529,6 +587,8 @@ struct Tee<'a> {
     out: Option<std::io::BufWriter<File>>,
     tmp: PathBuf,
     written: u64,
+    /// The room reserved for the copy ([`ObjectCache::reserve`]) until it is kept or given up.
+    reserved: u64,
     crc: crc32fast::Hasher,
 }
 
@@ -541,16 +601,19 @@ impl Read for Tee<'_> {
                     // The copy is given up; the stream goes on.
                     self.out = None;
                     let _ = std::fs::remove_file(&self.tmp);
+                    self.cache.release(std::mem::take(&mut self.reserved));
                 }
                 self.crc.update(&buf[..n]);
                 self.written += n as u64;
             } else if self.written == self.object.size {
                 if let Some(mut out) = self.out.take() {
                     let crc = std::mem::take(&mut self.crc).finalize();
+                    let reserved = std::mem::take(&mut self.reserved);
                     if out.write_all(&trailer(crc)).is_ok() && out.into_inner().is_ok() {
-                        self.cache.keep_whole(&self.object, &self.tmp);
+                        self.cache.keep_whole(&self.object, &self.tmp, reserved);
                     } else {
                         let _ = std::fs::remove_file(&self.tmp);
+                        self.cache.release(reserved);
                     }
                 }
             }
@@ -564,6 +627,9 @@ impl Drop for Tee<'_> {
         if self.out.take().is_some() {
             // Not read to the end: no partial copy is kept.
             let _ = std::fs::remove_file(&self.tmp);
+        }
+        if self.reserved > 0 {
+            self.cache.release(std::mem::take(&mut self.reserved));
         }
     }
 }
@@ -870,6 +936,121 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().starts_with(".whole"))
             .collect();
         assert!(leftovers.is_empty(), "a partial copy was left behind");
+    }
+
+    /// Bytes of every file in `dir` (entries and temporary files) but the boot id's.
+    fn on_disk(dir: &Path) -> u64 {
+        let files = std::fs::read_dir(dir).expect("dir").flatten().filter(|e| e.file_name() != BOOT_ID);
+        files.filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
+    }
+
+    /// A store that notes the most bytes on disk in `dir` while it writes a range, and takes a
+    /// while to, so that fetches overlap.
+    #[derive(Debug)]
+    struct Gauge {
+        data: Vec<u8>,
+        dir: PathBuf,
+        peak: AtomicU64,
+        reads: AtomicU64,
+    }
+
+    impl ObjectStore for Gauge {
+        fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
+            unreachable!()
+        }
+        fn read_range(&self, _: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            let (start, end) = (usize::try_from(start).expect("small"), usize::try_from(end).expect("small"));
+            out.write_all(&self.data[start..end]).expect("write");
+            out.flush().expect("flush");
+            self.peak.fetch_max(on_disk(&self.dir), Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(20));
+            Ok((end - start) as u64)
+        }
+        fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
+            unreachable!()
+        }
+        fn get(&self, _: &str, _: u64) -> Result<Option<Vec<u8>>, RemoteError> {
+            unreachable!()
+        }
+        fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {
+            unreachable!()
+        }
+        fn delete(&self, _: &str) -> Result<(), RemoteError> {
+            unreachable!()
+        }
+    }
+
+    /// Found by a probe: ranges fetched at once were each counted only once written whole, so
+    /// `object_fetches` of them took six times the bound on disk; and a range larger than the
+    /// whole cache was written before it was dropped.
+    #[test]
+    fn fetches_at_once_stay_within_the_bound_together_and_a_range_too_large_is_never_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let objects = dir.path().join("objects");
+        std::fs::create_dir(&objects).expect("mkdir");
+        let store = Gauge {
+            data: (0..=255u8).collect(),
+            dir: objects.clone(),
+            peak: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+        };
+        let o = ObjectMeta { size: 256, ..object() };
+        // Entries of 40 bytes and their trailers, 48: two fit in 100.
+        let cache = tiny(objects.clone(), 100);
+        std::thread::scope(|s| {
+            for k in 0..6u8 {
+                let (cache, store, o) = (&cache, &store, &o);
+                s.spawn(move || {
+                    let start = 40 * u64::from(k);
+                    let got = read(cache.fetch(store, o, start, start + 40).expect("fetch").file);
+                    assert_eq!(got, (40 * k..40 * k + 40).collect::<Vec<_>>());
+                });
+            }
+        });
+        let peak = store.peak.load(Ordering::SeqCst);
+        assert!(peak <= 100, "{peak} bytes on disk at once under a bound of 100");
+        assert!(on_disk(&objects) <= 100 && cache.stats().bytes <= 100);
+        // 120 bytes cannot be an entry of a 100-byte cache: served from memory, never written.
+        store.peak.store(0, Ordering::SeqCst);
+        let before = on_disk(&objects);
+        let c = cache.fetch(&store, &o, 100, 220).expect("fetch");
+        let mut got = vec![0u8; 120];
+        std::os::unix::fs::FileExt::read_exact_at(&c.file, &mut got, 0).expect("read");
+        assert_eq!((c.base, got), (100, (100..220u8).collect::<Vec<_>>()));
+        assert_eq!(store.peak.load(Ordering::SeqCst), before, "the range was written to the cache's directory");
+        assert!(!cache.contains(&o, 100, 220));
+    }
+
+    /// Found by a probe: the entries of a run with a larger bound stayed for good under a lower
+    /// one (only a new entry evicted); and the index pass's copy of a whole object went past the
+    /// bound with the entries already there until it was complete.
+    #[test]
+    fn a_lowered_bound_applies_at_once_and_the_index_pass_copy_makes_room_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let objects = dir.path().join("objects");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let o = object();
+        let cache = tiny(objects.clone(), 1000);
+        for k in 0..5u64 {
+            cache.fetch(&store, &o, 20 * k, 20 * k + 20).expect("fetch");
+        }
+        assert_eq!(on_disk(&objects), 5 * 28);
+        drop(cache);
+        let cache: &'static ObjectCache = Box::leak(Box::new(tiny(objects.clone(), 120)));
+        // At its first use.
+        assert!(cache.contains(&o, 80, 100), "the most recently written entries stay");
+        assert!(cache.stats().bytes <= 120 && on_disk(&objects) <= 120, "{} bytes on disk", on_disk(&objects));
+        // A 50-byte object (58 with its trailer) copied while the entries fill 112 of 120.
+        let small = ObjectMeta { url: "s3://b/small.txt".into(), size: 50, etag: "\"s\"".into() };
+        let mut stream = cache.tee(&small, Box::new(std::io::Cursor::new(vec![9u8; 50])));
+        let mut half = [0u8; 25];
+        stream.read_exact(&mut half).expect("read");
+        assert!(on_disk(&objects) <= 120, "{} bytes on disk during the copy", on_disk(&objects));
+        std::io::copy(&mut stream, &mut std::io::sink()).expect("read");
+        drop(stream);
+        assert!(cache.contains(&small, 0, 50), "the copy was kept");
+        assert!(on_disk(&objects) <= 120 && cache.stats().bytes <= 120);
     }
 
     #[test]
