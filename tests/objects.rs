@@ -641,9 +641,36 @@ fn read_only_credentials_index_the_object_here_without_sharing() {
     let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("without sharing its index"), "{stderr}");
+    assert!(stderr.contains("without sharing their indexes"), "{stderr}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
     assert!(proxy.stats().expect("stats")["denied"].as_u64().is_some_and(|n| n > 0));
+}
+
+/// Found by a probe: a server without conditional writes (`501 NotImplemented` to `If-None-Match`
+/// on a PUT, as older S3-compatible servers answer) made every object's index pass wait out
+/// `object_retry_secs`, then fail, so the dataset could not be read at all. The lock is a
+/// courtesy: the objects are indexed here without sharing, the refusal said once, and the lock
+/// asked for once, not per object nor for the retry time.
+#[test]
+fn a_server_without_conditional_puts_has_its_objects_indexed_here_without_sharing() {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.put(BUCKET, "nocond/a.txt", b"1 1:1 2:1\n0 3:1\n");
+    server.put(BUCKET, "nocond/b.txt", b"1 4:0.5\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = libsvm_config(dir.path(), &["s3://train-data/nocond/"]);
+    let proxy = FaultProxy::start(&server, &["--no-conditional-puts"]);
+    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
+    let started = std::time::Instant::now();
+    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.matches("without sharing their indexes").count(), 1, "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"), "{stderr}");
+    // One lock, tried three times (twice again within 2 s), for the first object only.
+    assert_eq!(proxy.stats().expect("stats")["unconditional"].as_u64(), Some(3), "the lock asked for once");
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
 }
 
 /// Found by a hostile probe: with the file system under `object_cache_dir` full, every read of a

@@ -5,7 +5,7 @@ object-storage tests (tests/objects.rs) and benchmarks (scripts/bench/bench_obje
     scripts/dev/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
         [--strip-if-match] [--strip-etag] [--huge-length-for SUBSTRING] [--deny-writes] \\
-        [--stall-after-bytes N]
+        [--no-conditional-puts] [--stall-after-bytes N]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
@@ -16,12 +16,14 @@ at a time with a pause of 1/64 s. Three faults of a broken server: --strip-if-ma
 --strip-etag drops the `ETag` header from every GET's response;
 --huge-length-for answers every GET whose path contains SUBSTRING with `Content-Length:
 100000000000000` over its real body, sent in two pieces before the connection closes. And
-read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`.
+read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`; a server
+without conditional writes: --no-conditional-puts answers every PUT with `If-None-Match`
+`501 NotImplemented`.
 And a stalled server: after `GET /__proxy_stall`, or once --stall-after-bytes bytes of response
 bodies were sent in all, every request is read and never answered, and every response being sent
 stops where it is, its connection held open (a server that accepts TCP and goes silent).
 `GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped,
-etag_stripped, lied, denied, stalled). Responses are sent with `Connection: close`. Standard library only.
+etag_stripped, lied, denied, unconditional, stalled). Responses are sent with `Connection: close`. Standard library only.
 """
 
 import argparse
@@ -29,7 +31,7 @@ import asyncio
 import json
 
 STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "etag_stripped": 0, "lied": 0, "denied": 0,
-         "stalled": 0}
+         "unconditional": 0, "stalled": 0}
 # Set by `GET /__proxy_stall` (or --stall-after-bytes): from then on nothing is answered.
 STALLING = False
 # Bytes of response bodies sent, in all.
@@ -122,6 +124,11 @@ async def serve(client_r, client_w, args):
         STATS["denied"] += 1
         await answer_error(client_w, b"403 Forbidden", b"AccessDenied", b"Access Denied")
         return
+    if args.no_conditional_puts and method == "PUT" and b"\r\nif-none-match:" in head.lower():
+        STATS["unconditional"] += 1
+        await answer_error(client_w, b"501 Not Implemented", b"NotImplemented",
+                           b"A header you provided implies functionality that is not implemented")
+        return
     host, port = args.upstream.rsplit(":", 1)
     up_r, up_w = await asyncio.open_connection(host, int(port))
     up_w.write(with_connection_close(head) + body)
@@ -204,6 +211,7 @@ async def main():
     p.add_argument("--strip-etag", action="store_true", help="drop the ETag header of GET responses")
     p.add_argument("--huge-length-for", default="")
     p.add_argument("--deny-writes", action="store_true")
+    p.add_argument("--no-conditional-puts", action="store_true")
     p.add_argument("--stall-after-bytes", type=int, default=0)
     args = p.parse_args()
     server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)

@@ -96,7 +96,8 @@ pub struct S3Objects(Arc<Inner>);
 struct Inner {
     settings: aws::Settings,
     runtime: tokio::runtime::Runtime,
-    buckets: Mutex<HashMap<String, Arc<AmazonS3>>>,
+    /// A client per bucket, and per retry policy: `true` for [`Inner::courtesy`]'s.
+    buckets: Mutex<HashMap<(String, bool), Arc<AmazonS3>>>,
     retry: RetryConfig,
     reach: Reach,
 }
@@ -204,10 +205,26 @@ impl S3Objects {
     }
 }
 
+/// How often, and for how long, a courtesy write is tried ([`Inner::courtesy`]).
+const COURTESY_RETRIES: usize = 2;
+const COURTESY_RETRY_TIME: Duration = Duration::from_secs(2);
+
 impl Inner {
     fn bucket(&self, url: &str, name: &str) -> Result<Arc<AmazonS3>, RemoteError> {
+        self.client(url, name, false)
+    }
+
+    /// The client of `name` for writes that are courtesies to other nodes (the index lock, a
+    /// shared index): retried briefly, as failing one costs only the sharing (found by a probe:
+    /// a server that answers conditional puts `501 Not Implemented` was retried for the whole
+    /// `object_retry_secs`, per object).
+    fn courtesy(&self, url: &str, name: &str) -> Result<Arc<AmazonS3>, RemoteError> {
+        self.client(url, name, true)
+    }
+
+    fn client(&self, url: &str, name: &str, courtesy: bool) -> Result<Arc<AmazonS3>, RemoteError> {
         let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(b) = buckets.get(name) {
+        if let Some(b) = buckets.get(&(name.to_owned(), courtesy)) {
             return Ok(b.clone());
         }
         let s = &self.settings;
@@ -236,11 +253,19 @@ impl Inner {
         let store = b
             .with_client_options(options)
             .with_http_connector(capped::CappedConnector { timeout: request })
-            .with_retry(self.retry.clone())
+            .with_retry(if courtesy {
+                RetryConfig {
+                    max_retries: COURTESY_RETRIES,
+                    retry_timeout: self.retry.retry_timeout.min(COURTESY_RETRY_TIME),
+                    ..self.retry.clone()
+                }
+            } else {
+                self.retry.clone()
+            })
             .build()
             .map_err(|e| other(url, format!("cannot configure S3 access: {}", short(&e.to_string()))))?;
         let store = Arc::new(store);
-        buckets.insert(name.to_owned(), store.clone());
+        buckets.insert((name.to_owned(), courtesy), store.clone());
         Ok(store)
     }
 
@@ -544,11 +569,13 @@ impl Inner {
 
     fn put_if_absent(&self, url: &str, bytes: Vec<u8>) -> Result<bool, RemoteError> {
         let (bucket, key) = split_url(url)?;
-        let store = self.bucket(url, bucket)?;
+        let store = self.courtesy(url, bucket)?;
         let key = key_of(url, key)?;
         let options = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
         let payload = PutPayload::from(bytes);
-        let deadline = self.deadline();
+        // The index lock and a shared index are courtesies to other nodes: retried briefly
+        // ([`Inner::courtesy`]), then given up (the caller indexes without sharing).
+        let deadline = Deadline::new(self.reach.timeouts.request + COURTESY_RETRY_TIME);
         self.runtime.block_on(self.reach.again(url, "conditional PUT", &deadline, || async {
             match store.put_opts(&key, payload.clone(), options.clone()).await {
                 Ok(_) => Ok(true),

@@ -177,13 +177,21 @@ pub struct Remote {
     pub index: IndexPlace,
     /// How each object's index was obtained, by [`SharedIndexOutcome`].
     outcomes: [std::sync::atomic::AtomicU64; 4],
+    /// The store refused an index lock: objects are indexed without sharing from then on.
+    pub(crate) sharing_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Remote {
     /// Object storage over `store`, with its object cache and shared-index place.
     #[must_use]
     pub fn new(store: Arc<dyn ObjectStore>, chunks: ObjectCache, index: IndexPlace) -> Self {
-        Self { store, chunks, index, outcomes: Default::default() }
+        Self {
+            store,
+            chunks,
+            index,
+            outcomes: Default::default(),
+            sharing_refused: std::sync::atomic::AtomicBool::default(),
+        }
     }
 
     /// How many objects' indexes came each way, in [`SharedIndexOutcome::ALL`]'s order.

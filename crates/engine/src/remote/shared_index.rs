@@ -195,18 +195,25 @@ pub fn index_object(
         return Ok(downloaded(idx, progress));
     }
     let holder = format!("pid {} at {:?}", std::process::id(), std::time::SystemTime::now());
-    // Credentials that may read but not write (a read-only role) index here without sharing: the
-    // lock, like the index itself, is a courtesy to other nodes.
-    let locked = match remote.store.put_if_absent(&lock, holder.into_bytes()) {
-        Ok(locked) => locked,
-        Err(e @ super::RemoteError::Denied { .. }) => {
-            tracing::warn!(object = %object.url, lock = %lock, error = %e, "cannot write the index lock (read-only credentials?); indexing the object here without sharing its index");
-            let idx = build(progress)?;
-            keep(&idx);
-            remote.count(outcome);
-            return Ok((idx, outcome));
+    // The lock, like the index itself, is a courtesy to other nodes: where the store refuses it —
+    // credentials that may read but not write, a server without conditional puts (`501`, found
+    // by a probe: the dataset could not be read at all), or one failing now — the object is
+    // indexed here without sharing, and this process stops asking.
+    let refused = |e: &dyn std::fmt::Display| {
+        if !remote.sharing_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(object = %object.url, lock = %lock, error = %e, "cannot write the index lock (read-only credentials, or a store without conditional puts?); indexing objects here without sharing their indexes");
         }
-        Err(e) => return Err(e.into_data()),
+    };
+    let locked = if remote.sharing_refused.load(std::sync::atomic::Ordering::Relaxed) {
+        Err(())
+    } else {
+        remote.store.put_if_absent(&lock, holder.into_bytes()).map_err(|e| refused(&e))
+    };
+    let Ok(locked) = locked else {
+        let idx = build(progress)?;
+        keep(&idx);
+        remote.count(outcome);
+        return Ok((idx, outcome));
     };
     if locked {
         // The node that held the lock before may have written the index and let the lock go
