@@ -100,8 +100,7 @@ class MinibatchIterator:
             if not mixture and (resume.get("worker"), resume.get("workers")) != (self.process_index, self.process_count):
                 raise ValueError(f"this state belongs to process {resume.get('worker')} of {resume.get('workers')}")
             self._epoch = int(resume["epoch"])
-        epoch, self._current = self._epoch, self._epoch
-        self._epoch += 1
+        epoch = self._epoch
         options = dict(self.options, sweep=epoch, num_workers=self.process_count, rank=self.process_index)
         if self.equal_steps:
             options["equal_steps"] = True
@@ -109,7 +108,16 @@ class MinibatchIterator:
             options.pop("tail", None)  # tail only shapes equal steps: one script serves 1 and N processes
         if resume is not None and resume.get("source") is not None:
             options["resume"] = resume["source"]
-        self._source = source = connect(self.socket).open(self.dataset, **options)
+        try:
+            source = connect(self.socket).open(self.dataset, **options)
+        except BaseException:
+            # No pass began (the daemon not running, a Ctrl-C during the open): the next is this
+            # one again, and state_dict() still says so. Found by a probe: the epoch counted as
+            # begun, and a checkpoint saved in the handler named it finished.
+            self._resume = resume
+            raise
+        self._source, self._current = source, epoch
+        self._epoch = epoch + 1
         try:
             while True:
                 # An exception while an item is made takes its minibatch back (Source._next_made).
@@ -161,6 +169,10 @@ class MinibatchIterator:
             return dict(self._resume)
         if self._empty_pass is not None:
             return dict(self._empty_pass)
+        if self._finished is not None:
+            # A state of a complete pass, restored (found by a probe: saved again before the next
+            # pass, it lost `finished`, and a loop counting from the saved epoch read it again).
+            return dict(self._finished[1])
         source = None if self._source is None else self._source.state()
         epoch = self._current if self._current is not None else self._epoch
         state = {"epoch": epoch, "source": source, "worker": self.process_index, "workers": self.process_count}

@@ -151,6 +151,51 @@ def test_an_exception_while_an_item_is_made_takes_its_minibatch_back(daemon, mon
     assert taken + ids(list(again)) == uninterrupted, "the interrupted minibatch comes first on resume"
 
 
+def test_a_pass_that_cannot_open_is_not_begun(daemon, monkeypatch):
+    """Found by a probe: when a pass's open failed (the daemon stopped, a Ctrl-C during the open),
+    its epoch counted as begun, and a checkpoint saved in the handler named the previous one
+    finished and this one skipped. The state still names this epoch, whole."""
+    import minibatchd.jax as adapter
+    sweep = lambda k: dump_ids(daemon.dump("--minibatch-size", "7", "--seed", "1", "--sweep", str(k)))
+    it = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    assert ids(list(it)) == sweep(0)
+
+    def refused(*args, **kwargs):
+        raise Interrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(adapter, "connect", refused)
+        with pytest.raises(Interrupt):
+            list(it)
+    saved = it.state_dict()
+    assert (saved["epoch"], saved.get("finished")) == (1, 0), saved
+    assert ids(list(it)) == sweep(1), "the failed pass is the next one"
+    again = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    again.load_state_dict(saved)
+    assert ids(list(again)) == sweep(1)
+
+
+def test_a_whole_pass_state_restored_and_saved_again_is_the_state_loaded(daemon):
+    """Found by a probe: restored from a state saved after a whole pass and saved again before the
+    next pass, the state lost `finished`, and the loop counting from the saved epoch read that
+    epoch again whole."""
+    sweep = lambda k: dump_ids(daemon.dump("--minibatch-size", "7", "--seed", "1", "--sweep", str(k)))
+    first = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    first.set_epoch(0)
+    list(first)
+    saved = first.state_dict()
+    again = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    again.load_state_dict(saved)
+    assert again.state_dict() == saved
+    last = MinibatchIterator("train", daemon.socket, minibatch_size=7, seed=1)
+    last.load_state_dict(again.state_dict())
+    got = []
+    for epoch in (0, 1):
+        last.set_epoch(epoch)
+        got.append(ids(list(last)))
+    assert got == [[], sweep(1)]
+
+
 def test_jax_example_trains_and_resumes_exactly(daemon, tmp_path):
     def run(name, *extra):
         run_example("jax_train.py", "--socket", daemon.socket, "--dataset", "train", "--minibatch-size", "9",
