@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import copy
 import fcntl
 import inspect
 import mmap
@@ -66,6 +67,10 @@ def job_state_dict(states: list) -> Dict[str, Any]:
     what ``load_state_dict`` takes to continue that run at any world size and number of
     DataLoader workers. Every worker must have been in the same epoch. A (Stateful)
     ``StatefulDataLoader``'s own ``state_dict()`` — one per rank — may stand for its workers'."""
+    # Every worker's pass complete (a loader's `_iterator_finished`, a dataset's `finished`): the
+    # job resumes as each of them would, with the next epoch (found by a probe: the job state
+    # dropped it, and a restored StatefulMinibatchDataLoader gave the saved epoch's empty rest).
+    whole = bool(states) and all(st.get("_iterator_finished", st.get("finished")) for st in states)
     states = _dataset_states(states)
     if states and all(isinstance(st.get("source"), dict) and "mixture" in st["source"] for st in states):
         return _mixture_job(states)
@@ -95,7 +100,10 @@ def job_state_dict(states: list) -> Dict[str, Any]:
         if jobs[0] is not None and all(job == jobs[0] for job in jobs):
             return {k: v for k, v in ordered[0].items() if k not in ("worker", "workers")}
         return {"epoch": epoch, "job": None, **extra}
-    return {"epoch": epoch, "job": [_source_or_start(st, ordered, epoch) for st in ordered], **extra}
+    job = {"epoch": epoch, "job": [_source_or_start(st, ordered, epoch) for st in ordered], **extra}
+    if whole:
+        job["finished"] = True
+    return job
 
 
 def _source_or_start(st: dict, ordered: list, epoch: int) -> dict:
@@ -255,6 +263,8 @@ class MinibatchIterableDataset(IterableDataset):
         # (_load_finished): set_epoch of that very epoch restores it as saved instead.
         self._finished: Optional[Tuple[int, dict]] = None
         self._asked: Optional[int] = None  # the epoch of the latest set_epoch
+        # Items yielded in this process, and the session of the latest (_untake_yielded).
+        self._yielded: Tuple[int, Any] = (0, None)
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -568,6 +578,7 @@ class MinibatchIterableDataset(IterableDataset):
                 item = source._next_made(lambda mb: self._item(mb, epoch, worker, workers))
                 if item is None:
                     return
+                self._yielded = (self._yielded[0] + 1, source)
                 yield item
         finally:
             source.close()
@@ -593,10 +604,24 @@ class MinibatchIterableDataset(IterableDataset):
                     ended[w] = True
                     continue
                 self._next = at
+                self._yielded = (self._yielded[0] + 1, sources[w])
                 yield item
         finally:
             for source in sources:
                 source.close()
+
+    def _untake_yielded(self, count: int) -> None:
+        """The item yielded as the ``count``-th never reached the trainer: an exception ended the
+        DataLoader's step between this dataset's yield and the trainer (a ``collate_fn``, a
+        ``KeyboardInterrupt`` in the DataLoader's own code). Its minibatch is taken back, as one
+        lost while it was made is (``Source._next_made``): a checkpoint saved in the handler
+        continues with it."""
+        yielded, source = self._yielded
+        if yielded == count and source is not None:
+            source._untake_last()
+            if self._many is not None:
+                # Its split's turn comes again first.
+                self._next = next((i for i, (_, _, s) in enumerate(self._many) if s is source), self._next)
 
     def _item(self, mb: Any, epoch: int, worker: int, workers: int) -> Dict[str, Any]:
         """The item of minibatch ``mb`` of worker ``worker`` of ``workers`` in ``epoch``."""
@@ -710,6 +735,7 @@ class MinibatchIterableDataset(IterableDataset):
         # A copy for another process (a spawned DataLoader worker) takes no session of this one.
         state = self.__dict__.copy()
         state["_source"] = state["_many"] = None
+        state["_yielded"] = (0, None)
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -839,6 +865,11 @@ class _OwnsTheEpoch:
         finally:
             # Made: the workers' copies keep the plan, later loaders do not.
             self.dataset._plan = self.dataset._local = None
+        if self.num_workers == 0:
+            # Items made in this process: one the DataLoader took but did not hand over is
+            # taken back (found by a probe: a collate_fn or a Ctrl-C in the DataLoader's own
+            # code after the dataset's yield, and a checkpoint saved in the handler skipped it).
+            return _Handed(it, self.dataset)
         if self.num_workers > 0 and self.persistent_workers:
             # Neither the loader nor the iterator is held by what the iterator keeps: a cycle
             # would keep the persistent worker processes alive after `del loader` until the
@@ -852,6 +883,37 @@ class _OwnsTheEpoch:
 
             it._reset = _reset
         return it
+
+
+class _Handed:
+    """A DataLoader's in-process iterator whose items count as taken once ``next()`` returns
+    them: an exception between the dataset's yield and the return gives the item's minibatch
+    back (``MinibatchIterableDataset._untake_yielded``). Everything else is the iterator's."""
+
+    def __init__(self, it: Any, dataset: "MinibatchIterableDataset") -> None:
+        self.__dict__["_it"], self.__dict__["_dataset"] = it, dataset
+
+    def __iter__(self) -> "_Handed":
+        return self
+
+    def __next__(self) -> Any:
+        before = self._dataset._yielded[0]
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except BaseException:
+            self._dataset._untake_yielded(before + 1)
+            raise
+
+    def __len__(self) -> int:
+        return len(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._it, name, value)
 
 
 class MinibatchDataLoader(_OwnsTheEpoch, DataLoader):
@@ -885,7 +947,13 @@ def __getattr__(name: str) -> Any:
         and the loader starts a fresh iterator that continues from it (each split from its own
         position; which split comes first, the loader's own). So does a whole run's
         ``job_state_dict(...)`` (another world size or number of workers)."""
-        if "job" in state_dict or state_dict.get("any_worker"):
+        self._minibatchd_restored = None
+        if "job" in state_dict and state_dict.get("finished"):
+            # A whole run's state after a complete pass: the next epoch, as its own state restores.
+            self.dataset._load_finished(state_dict)
+            StatefulDataLoader.load_state_dict(self, {})
+            self._minibatchd_restored = (int(state_dict.get("epoch", 0)), copy.deepcopy(state_dict), self.dataset._asked)
+        elif "job" in state_dict or state_dict.get("any_worker"):
             self.dataset.load_state_dict(state_dict)
         elif ("_snapshot" in state_dict) == (self.num_workers > 0) and state_dict.get("_iterator_finished"):
             # Saved after a whole pass: the next pass is the next epoch, as torchdata restores one
@@ -894,8 +962,10 @@ def __getattr__(name: str) -> Any:
             # by a probe) — and a loop whose set_epoch(e) names the saved epoch gets that epoch's
             # rest, empty, so it never reads the next epoch twice (found by an earlier probe;
             # torchdata's own iter() would make both).
-            self.dataset._load_finished(_splits_state(_dataset_states([state_dict])))
+            whole = _splits_state(_dataset_states([state_dict]))
+            self.dataset._load_finished(whole)
             StatefulDataLoader.load_state_dict(self, {})
+            self._minibatchd_restored = (int(whole.get("epoch", 0)), copy.deepcopy(state_dict), self.dataset._asked)
         elif ("_snapshot" in state_dict) == (self.num_workers > 0):
             StatefulDataLoader.load_state_dict(self, state_dict)
         elif "_snapshot" in state_dict:
@@ -906,8 +976,23 @@ def __getattr__(name: str) -> Any:
             raise ValueError("a StatefulDataLoader state without its dataset's state: take state_dict() after the "
                              "first minibatch")
 
+    def state_dict(self: Any) -> Dict[str, Any]:
+        """torchdata's ``state_dict``; after ``load_state_dict`` of a state saved after a complete
+        pass, and before the restored loader's first pass, the state loaded (found by a probe:
+        it said the next epoch from its start, which a loop counting from the saved epoch then
+        read twice) — unless ``set_epoch`` has since named an epoch other than the saved one or the
+        one after it."""
+        restored = self.__dict__.get("_minibatchd_restored")
+        if restored is not None:
+            epoch, saved, asked = restored
+            unbegun = self._iterator is None or self._initial_iter_for_state_dict
+            if unbegun and self.dataset._asked in (asked, epoch, epoch + 1):
+                return copy.deepcopy(saved)
+            self._minibatchd_restored = None
+        return StatefulDataLoader.state_dict(self)
+
     cls = type(name, (_OwnsTheEpoch, StatefulDataLoader), {
-        "__module__": __name__, "__qualname__": name, "load_state_dict": load_state_dict,
+        "__module__": __name__, "__qualname__": name, "load_state_dict": load_state_dict, "state_dict": state_dict,
         "__doc__": "torchdata's ``StatefulDataLoader`` that owns the epoch, as ``MinibatchDataLoader`` does: "
                    "its ``state_dict()`` keeps every worker's position, and a restored loader goes on exactly.",
     })

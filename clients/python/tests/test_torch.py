@@ -605,6 +605,96 @@ def test_an_exception_while_an_item_is_made_takes_its_minibatch_back(daemon, mon
     assert taken + rest == uninterrupted, "the interrupted minibatch comes first on resume"
 
 
+@pytest.mark.parametrize("owning", [False, True], ids=["MinibatchDataLoader", "StatefulMinibatchDataLoader"])
+@pytest.mark.parametrize("workers", [0, 2], ids=["no-workers", "splits"])
+def test_an_exception_after_the_yield_takes_the_minibatch_back(daemon, workers, owning):
+    """Found by a probe: an exception in the DataLoader's own step after the dataset's yield (a
+    collate_fn, a Ctrl-C in torch's profiler scope) lost that minibatch, while state_dict() saved
+    in the handler counted it: the resume skipped it. It is taken back; the resume delivers it."""
+    cls = stateful_loader(True) if owning else MinibatchDataLoader
+    calls = []
+
+    def collate(item):
+        calls.append(1)
+        if len(calls) == 4:
+            raise Interrupt
+        return item
+
+    def loader(collate_fn=None):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return ds, cls(ds, num_workers=workers, collate_fn=collate_fn)
+
+    uninterrupted = [ids(item) for item in loader()[1]]
+    ds, first = loader(collate)
+    taken, it = [], iter(first)
+    with pytest.raises(Interrupt):
+        while True:
+            taken.append(ids(next(it)))
+    saved = first.state_dict() if owning else ds.state_dict()
+    del it, first
+    ds, resumed = loader()
+    (resumed if owning else ds).load_state_dict(saved)
+    rest = [ids(item) for item in resumed]
+    assert len(taken) == 3
+    assert sorted(taken + rest) == sorted(uninterrupted) and taken + rest == uninterrupted
+
+
+@pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
+                         ids=["no-workers", "splits", "processes"])
+def test_a_whole_pass_state_restored_and_saved_again_is_the_state_loaded(daemon, workers, owning):
+    """Found by a probe: a StatefulMinibatchDataLoader restored from a state saved after a whole
+    pass, and saved again before its first pass (with or without set_epoch of the saved epoch),
+    gave a state of the next epoch from its start, which the loop counting from the saved epoch
+    read twice after a second restore; with set_epoch first, the second restore was refused with
+    advice to use the very loader it was. The state saved again is the state loaded."""
+    cls = stateful_loader(owning)
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return ds, cls(ds, batch_size=None, num_workers=workers)
+
+    ds, first = loader()
+    ds.set_epoch(0)
+    list(first)
+    saved = first.state_dict()
+    for set_first in (False, True):
+        ds, again = loader()
+        again.load_state_dict(saved)
+        if set_first:
+            ds.set_epoch(0)
+        resaved = again.state_dict()
+        ds, last = loader()
+        last.load_state_dict(resaved)
+        passes = []
+        for epoch in (0, 1, 2):
+            ds.set_epoch(epoch)
+            passes.append(list(last))
+        assert passes[0] == [], set_first
+        assert [{item["meta"]["epoch"] for item in p} for p in passes[1:]] == [{1}, {2}], set_first
+        assert all(sorted(item_ids(p)) == list(range(SEQUENCES)) for p in passes[1:])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_job_state_after_a_whole_pass_resumes_with_the_next_epoch(daemon, workers):
+    """Found by a probe: job_state_dict of states saved after a whole pass dropped that the pass
+    was complete, so a StatefulMinibatchDataLoader restored from it at another number of workers
+    gave the saved epoch's empty rest where its own state gives the next epoch: the loop of
+    examples/torch_train.py (resume at the saved epoch + 1, no set_epoch) lost its last epoch."""
+    from minibatchd.torch import job_state_dict
+    cls = stateful_loader(True)
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    first = cls(ds, batch_size=None, num_workers=workers)
+    list(first)
+    job = job_state_dict([first.state_dict()])
+    assert job.get("finished") is True, job
+    ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+    resumed = cls(ds, batch_size=None, num_workers=2 - workers)
+    resumed.load_state_dict(job)
+    passes = [list(resumed), list(resumed)]
+    assert [{item["meta"]["epoch"] for item in p} for p in passes] == [{1}, {2}]
+    assert all(sorted(item_ids(p)) == list(range(SEQUENCES)) for p in passes)
+
+
 @pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
                          ids=["no-workers", "splits", "processes"])
 def test_an_iterator_that_was_never_made_begins_no_pass(daemon, monkeypatch, workers, owning):
