@@ -364,9 +364,11 @@ impl Mixture {
                  the state at the previous epoch's end instead"
             ))
         };
-        // Each epoch's restart counts as a slot per source besides its slots: a walk of many
-        // short epochs is bounded too. The budget is checked at every slot, and nothing is kept
-        // of the minibatches walked.
+        // Each epoch's restart counts as a slot per source besides its slots, and as the
+        // sequences each source's restore walks to its position (found by a probe: a large
+        // source's restore walked its sweep to where it stood at every epoch, 100 times the
+        // slots' cost, so the bound took hours to reach): a walk of many short epochs is bounded
+        // too. The budget is checked at every slot, and nothing is kept of the minibatches walked.
         let restart = self.samplers.len() as u64 + 1;
         let mut budget = max_slots;
         let mut walked = 0u64;
@@ -385,6 +387,8 @@ impl Mixture {
             budget = budget.checked_sub(restart).ok_or_else(too_far)?;
             let next = self.state.next_epoch();
             self.restore(&next)?;
+            let sought: u64 = self.samplers.iter().map(Sampler::index_in_sweep).sum();
+            budget = budget.checked_sub(sought).ok_or_else(too_far)?;
         }
         Ok(())
     }

@@ -573,6 +573,22 @@ fn a_later_epoch_is_the_walk_of_the_ones_before_it_at_every_world_size() {
     assert!(e.to_string().contains("more than 50 slots"), "{e}");
 }
 
+/// Found by a probe: each epoch's restart restores every source to where it stands, and a large
+/// source's restore walks its sweep's order up to there — 100 times what the slots cost, and not
+/// counted, so the bound meant for minutes took hours. The walk is charged for it.
+#[test]
+fn a_walk_to_an_epoch_is_charged_for_the_sources_restores() {
+    let sources = vec![source(&[vec![1; 2000]], true, 3), source(&[vec![1; 4]], false, 0)];
+    let opts = || options(&[1.0, 1.0], MixtureEpoch::FirstSweepEnd, 1, 0);
+    // 100 epochs of about 8 slots: some 1,100 slots and restarts, and about 20,000 sequences
+    // walked by the large source's restores (4 more at each epoch).
+    let mut m = Mixture::new(&sources, opts()).expect("a mixture");
+    let e = m.skip_epochs(100, 1, 5_000).expect_err("a walk past its bound");
+    assert!(e.to_string().contains("more than 5000 slots"), "{e}");
+    let mut m = Mixture::new(&sources, opts()).expect("a mixture");
+    m.skip_epochs(100, 1, 30_000).expect("within the bound");
+}
+
 /// A walk to epoch K whose `open`'s client went away stops within 1,024 minibatches; not
 /// cancelled, the same walk ends at the epoch.
 #[test]

@@ -356,6 +356,13 @@ impl Sampler {
         self.position
     }
 
+    /// The sequences before the current one in its sweep's order: what a [`Sampler::restore`]
+    /// to this position walked.
+    #[must_use]
+    pub fn index_in_sweep(&self) -> u64 {
+        self.index as u64
+    }
+
     /// Whether this worker gets no data in the epoch: the block randomizer deals whole chunks,
     /// and there are fewer chunks than workers (CNTK parks such a worker at the epoch end); file
     /// order deals sequences one by one, and the epoch's sweeps (counted whole) hold fewer than
