@@ -368,7 +368,10 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
         back(reg);
         return Err(Refusal::HostMemory { shortfall, reserve });
     }
-    let options = SessionOptions { resume: None, session: Some(name.clone()), ..req.options.clone() };
+    // Neither `resume` nor `resume_job` is kept: the position and the job it continues are in
+    // the state (found by a probe: a 61 KB `resume_job` kept in every lingering session's record
+    // made each later `open`'s checkpoint write about 30 MB).
+    let options = SessionOptions { resume: None, resume_job: None, session: Some(name.clone()), ..req.options.clone() };
     reg.record(SavedSession {
         name: name.clone(),
         options,
@@ -512,6 +515,22 @@ mod tests {
         let saved = reg.snapshot(Instant::now());
         assert_eq!(saved.len(), 1);
         assert_eq!(saved[0].options.session.as_deref(), Some(a.name.as_str()));
+    }
+
+    /// Found by a probe: the record kept an `open`'s `resume_job` (up to 61 KB), and 256 such
+    /// lingering sessions made every later `open` write a checkpoint of about 30 MB. The state
+    /// carries the job; the options keep neither `resume` nor `resume_job`.
+    #[test]
+    fn a_sessions_record_keeps_no_resume_states() {
+        let mut reg = registry();
+        let job = vec![state(0, "opts"); 50];
+        let options =
+            SessionOptions { resume_job: Some(job), resume: Some(state(0, "opts")), ..SessionOptions::default() };
+        admit(&mut reg, &request(Some("s"), 100, &options), Instant::now()).expect("admitted");
+        let saved = reg.snapshot(Instant::now());
+        assert_eq!((saved[0].options.resume.as_ref(), saved[0].options.resume_job.as_ref()), (None, None));
+        let bytes = serde_json::to_vec(&saved[0]).expect("json").len();
+        assert!(bytes < 2_000, "{bytes} bytes");
     }
 
     #[test]

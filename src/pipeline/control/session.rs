@@ -51,7 +51,8 @@ pub use slots::{Release, SlotOwner, SlotTable};
 pub struct SavedSession {
     /// The session name (given by the client or generated).
     pub name: String,
-    /// The `open` options, without `resume` (the position is in `state`).
+    /// The `open` options, without `resume` and `resume_job` (the position, and the job it
+    /// continues, are in `state`).
     pub options: SessionOptions,
     /// Position after the last minibatch taken, the data identity and the options hash.
     pub state: SessionState,
