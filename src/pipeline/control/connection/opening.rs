@@ -120,11 +120,25 @@ pub(super) async fn refuse(
     let code = refusal.code();
     let label = serde_json::to_value(code).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default();
     conn.shared.data.metrics.control.sessions_refused.with_label_values(&[label.as_str()]).inc();
-    tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %refusal, "open refused");
+    // The client chose the name (up to a message's 64 KiB, found by a probe: logged twice whole):
+    // the log keeps its start.
+    let reason = refusal.to_string();
+    let (dataset, reason) = (clipped(dataset, 256), clipped(&reason, 1024));
+    tracing::info!(peer = %peer, dataset = %dataset, code = %label, reason = %reason, "open refused");
     if let Refusal::Dataset(CatalogError::Unknown { known, .. }) = refusal {
         tracing::info!(configured = %known.join(", "), "the datasets a client may open");
     }
     send(wr, &ServerMessage::error_with(code, refusal.to_string(), refusal.detail())).await
+}
+
+/// `text` as a log shows what a client chose: its first `max` bytes (whole characters), then how
+/// long it was.
+fn clipped(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let end = (0..=max).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}… ({} bytes)", &text[..end], text.len()).into()
 }
 
 /// The `code` under which `minibatchd_sessions_refused_total` counts the opens whose preparation
@@ -142,5 +156,18 @@ async fn hung_up(rd: &OwnedReadHalf) {
     match rd.ready(tokio::io::Interest::READABLE).await {
         Ok(ready) if !ready.is_read_closed() => std::future::pending().await,
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clipped;
+
+    #[test]
+    fn a_client_chosen_name_is_logged_by_its_start_and_length() {
+        assert_eq!(clipped("train", 256), "train");
+        let long = "é".repeat(300);
+        let shown = clipped(&long, 255);
+        assert!(shown.starts_with(&"é".repeat(127)) && shown.ends_with("… (600 bytes)"), "{shown}");
     }
 }
