@@ -680,12 +680,16 @@ mod tests {
         assert!(cache.keeps(3 * 4096 - TRAILER_BYTES) && !cache.keeps(3 * 4096 - TRAILER_BYTES + 1));
     }
 
-    /// A store in memory; with `fail`, every read fails.
+    /// A store in memory; with `fail`, every read fails; with `gauge`, it notes in `peak` the
+    /// most bytes on disk in that directory while it writes a range, and takes a while to, so
+    /// that fetches overlap.
     #[derive(Debug, Default)]
     struct Memory {
         data: Vec<u8>,
         reads: AtomicU64,
         fail: bool,
+        gauge: Option<PathBuf>,
+        peak: AtomicU64,
     }
 
     impl ObjectStore for Memory {
@@ -699,6 +703,11 @@ mod tests {
             }
             let (start, end) = (usize::try_from(start).expect("small"), usize::try_from(end).expect("small"));
             out.write_all(&self.data[start..end]).expect("write");
+            if let Some(dir) = &self.gauge {
+                out.flush().expect("flush");
+                self.peak.fetch_max(on_disk(dir), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
             Ok((end - start) as u64)
         }
         fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
@@ -944,43 +953,6 @@ mod tests {
         files.filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
     }
 
-    /// A store that notes the most bytes on disk in `dir` while it writes a range, and takes a
-    /// while to, so that fetches overlap.
-    #[derive(Debug)]
-    struct Gauge {
-        data: Vec<u8>,
-        dir: PathBuf,
-        peak: AtomicU64,
-        reads: AtomicU64,
-    }
-
-    impl ObjectStore for Gauge {
-        fn list(&self, _: &str) -> Result<Vec<ObjectMeta>, RemoteError> {
-            unreachable!()
-        }
-        fn read_range(&self, _: &ObjectMeta, start: u64, end: u64, out: &mut dyn Write) -> Result<u64, RemoteError> {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-            let (start, end) = (usize::try_from(start).expect("small"), usize::try_from(end).expect("small"));
-            out.write_all(&self.data[start..end]).expect("write");
-            out.flush().expect("flush");
-            self.peak.fetch_max(on_disk(&self.dir), Ordering::SeqCst);
-            std::thread::sleep(Duration::from_millis(20));
-            Ok((end - start) as u64)
-        }
-        fn open(&self, _: &ObjectMeta) -> Result<Box<dyn Read + Send>, RemoteError> {
-            unreachable!()
-        }
-        fn get(&self, _: &str, _: u64) -> Result<Option<Vec<u8>>, RemoteError> {
-            unreachable!()
-        }
-        fn put_if_absent(&self, _: &str, _: Vec<u8>) -> Result<bool, RemoteError> {
-            unreachable!()
-        }
-        fn delete(&self, _: &str) -> Result<(), RemoteError> {
-            unreachable!()
-        }
-    }
-
     /// Found by a probe: ranges fetched at once were each counted only once written whole, so
     /// `object_fetches` of them took six times the bound on disk; and a range larger than the
     /// whole cache was written before it was dropped.
@@ -989,12 +961,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let objects = dir.path().join("objects");
         std::fs::create_dir(&objects).expect("mkdir");
-        let store = Gauge {
-            data: (0..=255u8).collect(),
-            dir: objects.clone(),
-            peak: AtomicU64::new(0),
-            reads: AtomicU64::new(0),
-        };
+        let store = Memory { data: (0..=255u8).collect(), gauge: Some(objects.clone()), ..Memory::default() };
         let o = ObjectMeta { size: 256, ..object() };
         // Entries of 40 bytes and their trailers, 48: two fit in 100.
         let cache = tiny(objects.clone(), 100);
