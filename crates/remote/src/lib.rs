@@ -205,9 +205,8 @@ impl S3Objects {
     }
 }
 
-/// How often, and for how long, a courtesy write is tried ([`Inner::courtesy`]).
-const COURTESY_RETRIES: usize = 2;
-const COURTESY_RETRY_TIME: Duration = Duration::from_secs(2);
+/// How often, and for how long, a courtesy write is tried again ([`Inner::courtesy`]).
+const COURTESY_RETRIES: (usize, Duration) = (2, Duration::from_secs(2));
 
 impl Inner {
     fn bucket(&self, url: &str, name: &str) -> Result<Arc<AmazonS3>, RemoteError> {
@@ -254,11 +253,8 @@ impl Inner {
             .with_client_options(options)
             .with_http_connector(capped::CappedConnector { timeout: request })
             .with_retry(if courtesy {
-                RetryConfig {
-                    max_retries: COURTESY_RETRIES,
-                    retry_timeout: self.retry.retry_timeout.min(COURTESY_RETRY_TIME),
-                    ..self.retry.clone()
-                }
+                let (max_retries, time) = COURTESY_RETRIES;
+                RetryConfig { max_retries, retry_timeout: self.retry.retry_timeout.min(time), ..self.retry.clone() }
             } else {
                 self.retry.clone()
             })
@@ -575,7 +571,7 @@ impl Inner {
         let payload = PutPayload::from(bytes);
         // The index lock and a shared index are courtesies to other nodes: retried briefly
         // ([`Inner::courtesy`]), then given up (the caller indexes without sharing).
-        let deadline = Deadline::new(self.reach.timeouts.request + COURTESY_RETRY_TIME);
+        let deadline = Deadline::new(self.reach.timeouts.request + COURTESY_RETRIES.1);
         self.runtime.block_on(self.reach.again(url, "conditional PUT", &deadline, || async {
             match store.put_opts(&key, payload.clone(), options.clone()).await {
                 Ok(_) => Ok(true),
