@@ -1084,3 +1084,58 @@ fn a_session_reads_while_another_trainer_holds_its_slots_beside_its_charged_copi
     }
     assert_within_limit(&d, 10 << 20, "with a trainer holding its slots beside a wide window");
 }
+
+/// Found by a hostile probe: a session's first minibatches gathered a chunk at a time were eight
+/// whatever their size — 8.6 MB each, 69 MB of copies in one go under a 28 MiB limit (peak RSS
+/// 146 MB) — as no size of earlier ones said how many fit. The first such group is one minibatch;
+/// later ones go by its size, so the daemon stays within the limit and the sweep is `dump`'s.
+#[test]
+fn large_minibatches_gathered_a_chunk_at_a_time_stay_within_the_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    // 90,000 samples of 64 values (256 bytes parsed each, 23 MB in all) in 256 KiB chunks.
+    let mut text = String::new();
+    for i in 0..90_000 {
+        let _ = writeln!(text, "|a {i} {}", "1 ".repeat(63));
+    }
+    let file = write(p, "wide64.ctf", text);
+    let limit = 28u64 << 20;
+    support::daemon::write_config(
+        p,
+        &format!(
+            "memory_limit_bytes = {limit}\nhost_memory_reserve_bytes = 0\nparser_threads = 2\nring_slots = 2\n\
+             slot_size_bytes = 8388608"
+        ),
+        &format!(
+            "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}\"]\ncache_index = false\nchunk_size_bytes = 262144\n\
+             [datasets.wide.streams.a]\ndim = 64\nformat = \"dense\"\n",
+            file.display()
+        ),
+    );
+    let d = Daemon::start(p, &[]);
+    // Minibatches of 30,000 samples (7.7 MB) from a window of 60,000 samples: their chunks do not
+    // fit together in the cache's share.
+    let opts =
+        SessionOptions { max_sweeps: Some(2), window_samples: Some(60_000), prefetch: Some(2), ..options(30_000) };
+    let mut s = support::daemon::open_retrying(&d, "wide", &opts, ErrorCode::DatasetIndexing);
+    let mut seen = vec![0u32; 90_000];
+    while let Some(mb) = s.next_owned().expect("served, not failed") {
+        let minibatchd_engine::minibatch::MbData::Dense {
+            values: minibatchd_engine::minibatch::MbValues::F32(v), ..
+        } = &mb.streams[0].data
+        else {
+            panic!("not a dense float32 stream")
+        };
+        for sample in v.chunks(64) {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // line numbers below 90,000
+            let line = sample[0] as usize;
+            seen[line] += 1;
+        }
+    }
+    assert!(seen.iter().all(|&n| n == 2), "every sample once a sweep");
+    assert!(
+        d.metric("minibatchd_session_minibatches_in_parts_total{") > 0.0,
+        "no minibatch was gathered a chunk at a time"
+    );
+    assert_within_limit(&d, limit, "with minibatches of 7.7 MB gathered a chunk at a time");
+}

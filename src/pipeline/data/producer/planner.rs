@@ -86,7 +86,7 @@ pub(super) struct Planner {
     /// Minibatches gathered a chunk at a time with one before them, for the next slots.
     gathered_ahead: std::collections::VecDeque<(Gathered, u64, Arc<Charged>)>,
     /// How many minibatches to gather a chunk at a time together: [`PARTS_AHEAD_BYTES`] over the
-    /// size of those gathered so before.
+    /// size of those gathered so before (1 before any was).
     parts_ahead: usize,
     /// Chunks it let go of before their last use (for other sessions, or to fit its
     /// minibatch), in all and as of the last minibatch gathered whole; and per minibatch gathered
@@ -119,7 +119,9 @@ impl Planner {
             pending: None,
             told_parts: false,
             gathered_ahead: std::collections::VecDeque::new(),
-            parts_ahead: 8,
+            // None gathered so yet, so no size to go by: one (found by a probe: a first group of
+            // eight minibatches of 8.6 MB each took five times a 28 MiB limit).
+            parts_ahead: 1,
             shed_total: 0,
             shed_counted: 0,
             shed_rate: 0.0,
