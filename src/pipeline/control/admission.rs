@@ -111,7 +111,7 @@ pub enum Refusal {
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
     #[error(
-        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak{}), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the rings and the parser threads' read buffers); {}",
+        "the randomization window needs at least {} MiB of parsed chunks (counting only the dense values of its {window_chunks} smallest chunks at their peak{}), more than the chunk cache's share of memory_limit_bytes ({} MiB, what the limit leaves after the sessions' rings and sweep orders and the parser threads' read buffers); {}",
         floor.div_ceil(1 << 20),
         if *workers_here > 1 { format!(", for the {workers_here} workers of this job (or of jobs of its options) that read through this daemon: their windows are held here together") } else { String::new() },
         share >> 20,
