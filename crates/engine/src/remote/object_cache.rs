@@ -83,6 +83,8 @@ struct State {
     /// Bytes on disk reserved for entries being written (fetches, the index pass's copy):
     /// counted with the entries against the bound, so writes at once stay within it together.
     pending: u64,
+    /// Fetches holding a reservation in `pending` (the rest is the index passes' copies).
+    fetches_reserving: u64,
     tick: u64,
     stats: ObjectCacheStats,
 }
@@ -262,6 +264,7 @@ impl ObjectCache {
         let url = Path::new(&object.url);
         let whole = Self::key(object, 0, object.size);
         let bytes = self.on_disk(end - start + TRAILER_BYTES);
+        let mut keep = self.keeps(end - start);
         {
             let mut s = self.lock();
             self.scan(&mut s);
@@ -300,15 +303,18 @@ impl ObjectCache {
             // Room on disk for the entry before it is written: other fetches' entries in the
             // making count (found by a probe: `object_fetches` ranges written at once, each
             // counted once whole, took 6 times the bound). A range the whole cache cannot hold
-            // is read into memory, uncached, never written.
-            if self.keeps(end - start) {
-                while !self.reserve(&mut s, bytes) {
+            // is read into memory, uncached, never written; so is one whose room only index
+            // passes' copies of whole objects hold (they may stream for minutes: not waited for).
+            while keep && !self.reserve(&mut s, bytes) {
+                keep = s.fetches_reserving > 0;
+                if keep {
                     s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
             }
+            s.fetches_reserving += u64::from(keep);
         }
         let mut by_the_store = false;
-        let result = if self.keeps(end - start) {
+        let result = if keep {
             self.download(store, object, start, end, &path, &mut by_the_store).and_then(|()| {
                 open_range(&path, end - start).map(|(file, _)| file).ok_or_else(|| {
                     DataError::io(
@@ -319,7 +325,7 @@ impl ObjectCache {
             })
         } else {
             if let Some(left_out) = MEMORY_READS_LOG.admit(Instant::now()) {
-                tracing::warn!(url = %object.url, start, end, object_cache_bytes = self.max_bytes, left_out, "a range larger than the object cache is read into memory, uncached: give object_cache_bytes room for a few chunks");
+                tracing::warn!(url = %object.url, start, end, object_cache_bytes = self.max_bytes, left_out, "a range the object cache has no room for is read into memory, uncached: give object_cache_bytes room for a few chunks besides the objects being indexed");
             }
             by_the_store = true;
             Self::in_memory(store, object, start, end)
@@ -333,8 +339,9 @@ impl ObjectCache {
         if result.is_ok() {
             s.stats.fetched_bytes += end - start;
         }
-        if self.keeps(end - start) {
+        if keep {
             s.pending = s.pending.saturating_sub(bytes);
+            s.fetches_reserving -= 1;
             if result.is_ok() {
                 s.tick += 1;
                 let tick = s.tick;
@@ -929,6 +936,35 @@ mod tests {
         drop(stream);
         assert!(cache.contains(&small, 0, 50), "the copy was kept");
         assert!(on_disk(&objects) <= 120 && cache.stats().bytes <= 120);
+    }
+
+    /// A fetch does not wait behind an index pass's copy of a whole object (a review: it may
+    /// stream for minutes, and the same thread could hold it): without room, the range is read
+    /// into memory and served.
+    #[test]
+    fn a_fetch_does_not_wait_for_room_an_index_pass_copy_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let cache = tiny(dir.path().join("objects"), 120);
+        let whole = ObjectMeta { url: "s3://b/whole.txt".into(), size: 50, etag: "\"w\"".into() };
+        let mut stream = cache.tee(&whole, Box::new(std::io::Cursor::new(vec![9u8; 50])));
+        let mut half = [0u8; 25];
+        stream.read_exact(&mut half).expect("read");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = cache.fetch(&store, &object(), 0, 70).expect("fetch");
+                let _ = tx.send(c);
+            });
+            let c = rx.recv_timeout(Duration::from_secs(10)).expect("the fetch waited for the index pass's copy");
+            let mut got = vec![0u8; 70];
+            std::os::unix::fs::FileExt::read_exact_at(&c.file, &mut got, 0).expect("read");
+            assert_eq!(got, (0..70u8).collect::<Vec<_>>());
+        });
+        assert!(!cache.contains(&object(), 0, 70), "served uncached");
+        std::io::copy(&mut stream, &mut std::io::sink()).expect("read");
+        drop(stream);
+        assert!(cache.contains(&whole, 0, 50), "the copy was kept");
     }
 
     #[test]
