@@ -167,9 +167,13 @@ fn main() -> ExitCode {
     // A write past the file-size limit fails with EFBIG, reported like a full disk, instead of
     // killing the process unsaid.
     let _ = minibatchd_sys::signals::ignore_file_size_limit_signal();
+    // The daemon's signals are caught before anything else runs (found by a probe: a SIGHUP or
+    // SIGTERM in the 1–2 ms the arguments and the log filter took killed it outright).
+    let signals = (std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new("run")))
+        .then(minibatchd::pipeline::ops::signals::Caught::install);
     let cli = Cli::parse();
     init_logging(matches!(cli.command, Command::Run { .. }));
-    match run(cli) {
+    match run(cli, signals) {
         Ok(code) => code,
         // The reader of our output went away (`minibatchd dump ... | head`): what it wanted was
         // written, as ripgrep and other filters treat it.
@@ -257,7 +261,12 @@ fn init_logging(daemon: bool) {
         .try_init();
 }
 
-fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// `cli`'s command; `signals`: the daemon's signal handlers, installed first thing by `main`
+/// when `run` is the first argument.
+fn run(
+    cli: Cli,
+    signals: Option<std::io::Result<minibatchd::pipeline::ops::signals::Caught>>,
+) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Validate { config } => {
             // The same check a SIGHUP reload makes before applying a file.
@@ -328,9 +337,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {
-            // First: a SIGTERM or SIGHUP from a supervisor while the daemon starts is a clean stop
-            // or a reload, not the default death (found by a probe: the first 2–5 ms were open).
-            let signals = minibatchd::pipeline::ops::signals::Caught::install()?;
+            // First (in `main` when `run` is the first argument): a SIGTERM or SIGHUP from a
+            // supervisor while the daemon starts is a clean stop or a reload, not the default
+            // death (found by a probe: the first 2–5 ms were open).
+            let signals = match signals {
+                Some(caught) => caught?,
+                None => minibatchd::pipeline::ops::signals::Caught::install()?,
+            };
             let c = Config::load(&config)?;
             minibatchd::pipeline::run(c, signals)?;
             Ok(ExitCode::SUCCESS)
