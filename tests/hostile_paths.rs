@@ -126,6 +126,10 @@ fn a_number_key_overridden_by_text_names_the_variable() {
         validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS", "18446744073709551615")));
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("found 18446744073709551615 (from MINIBATCHD__DATASETS__TRAIN__MAX_ERRORS)"), "{stderr}");
+    // Found by a probe: the bound said was u64::MAX, which no TOML integer reaches.
+    assert!(stderr.contains("up to 9223372036854775807, found"), "{stderr}");
+    let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DAEMON__MEMORY_LIMIT_BYTES", "9223372036854775807")));
+    assert!(status.success(), "the largest TOML integer is taken: {stderr}");
     // In the file, quoted: the advice for the file.
     let quoted = write(tmp.path(), "quoted.toml", text.replace("chunk_size_bytes = 300", "chunk_size_bytes = \"300\""));
     let (status, stderr) = validate(&quoted);

@@ -276,6 +276,10 @@ impl<'a> Table<'a> {
 
     /// An unsigned integer in `min..=max`.
     pub(crate) fn uint(&mut self, w: &mut Walker, key: &str, min: u64, max: u64) -> Option<u64> {
+        // TOML's integers (and the overrides', parsed as TOML's) end at 2^63 − 1: a larger bound
+        // is never reachable, and said as that (found by a probe: "expected a non-negative integer
+        // up to 18446744073709551615, found 18446744073709551615").
+        let max = max.min(i64::MAX.unsigned_abs());
         let n = self.take(key)?;
         let v = match n.value() {
             Some(Value::Number(num)) => num.as_u64().or_else(|| {
