@@ -1983,6 +1983,31 @@ fn a_second_daemon_on_the_same_socket_stops_at_once_saying_why() {
     assert!(first.stop().success());
 }
 
+/// Found by a probe: a socket whose directory the daemon could not make (another user's
+/// directory above it) was logged six times over three seconds of restarts of the sessions stage,
+/// then "stage 'sessions' stopped 6 times"; it stops at once, naming the socket and why. (A
+/// directory under `/proc/1` here, which no one can make: the tests may run as root, whom
+/// permissions do not stop.)
+#[test]
+fn a_socket_whose_directory_cannot_be_made_stops_the_daemon_at_once_saying_why() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_data(tmp.path());
+    write_config(tmp.path(), "", &["extra"]);
+    let socket = Path::new("/proc/1/minibatchd-test/mbd.sock");
+    let cfg = std::fs::read_to_string(tmp.path().join("minibatchd.toml")).expect("config");
+    let old_socket = cfg.lines().find(|l| l.starts_with("socket")).expect("a socket line").to_owned();
+    let cfg =
+        write(tmp.path(), "blocked.toml", cfg.replace(&old_socket, &format!("socket = \"{}\"", socket.display())));
+    let started = std::time::Instant::now();
+    let out =
+        Command::new(BIN).args(["run", "--config"]).arg(&cfg).env("MINIBATCHD_LOG", "warn").output().expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("daemon.socket") && stderr.contains("cannot create its directory"), "{stderr}");
+    assert!(!stderr.contains("stopped 6 times"), "no stage restarts: {stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "took {:?}", started.elapsed());
+}
+
 /// Found by a probe: `/healthz` said `200 ok` while every `open` was refused because the
 /// checkpoint could not be written, and while the control socket had been removed from under
 /// the daemon (no client could connect). Both are `503` now, saying why, and `200` again once

@@ -105,7 +105,7 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
     let metrics = Metrics::new().map_err(|e| PipelineError::Fatal(format!("metric definitions: {e}")))?;
     // Held until the process ends: one daemon per state_dir.
     let lock = state_lock::StateLock::take(&config.daemon.state_dir)?;
-    control::server::check_free(&config.daemon.socket)
+    control::server::check_bindable(&config.daemon.socket)
         .map_err(|e| PipelineError::Fatal(format!("daemon.socket {}: {e}", config.daemon.socket.display())))?;
     raise_descriptor_limit(&config);
     let metrics_listener = bind_metrics(&config)?;

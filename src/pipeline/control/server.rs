@@ -96,6 +96,26 @@ fn warn_if_others_may_replace(dir: &std::path::Path) {
     }
 }
 
+/// Whether the control socket can be bound at `path` ([`check_free`]), its directory made first
+/// if missing and writable by this user: checked at start, so that a daemon that cannot bind its
+/// socket stops at once saying why (found by a probe: a directory it could not create was logged
+/// six times over three seconds of restarts of the sessions stage, then "stage 'sessions' stopped
+/// 6 times within 60s").
+///
+/// # Errors
+/// The directory cannot be made or written; [`check_free`]'s.
+pub fn check_bindable(path: &std::path::Path) -> std::io::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let cannot = |what: &str, e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot {what} its directory {}: {e}", dir.display()))
+        };
+        create_socket_dir(dir).map_err(|e| cannot("create", e))?;
+        rustix::fs::access(dir, rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK)
+            .map_err(|e| cannot("write into", e.into()))?;
+    }
+    check_free(path)
+}
+
 /// Whether the control socket can be bound at `path`: nothing there, or a socket nobody listens
 /// on (a stale one, left by a daemon that was killed). Checked once at start too, so that a
 /// second daemon configured with the first one's socket stops at once, saying so, rather than
