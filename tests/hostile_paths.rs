@@ -112,6 +112,20 @@ fn one_line_dataset(dir: &Path) -> (PathBuf, String) {
     (write(dir, "minibatchd.toml", &text), text)
 }
 
+/// Found by a probe: an override of a path or name key that looks like a number or a boolean
+/// (`FILES=2024`) arrived parsed as one and was refused ("expected a list of paths, found a
+/// number"): it is the text it was.
+#[test]
+fn a_string_key_overridden_by_a_number_like_value_takes_its_text() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (cfg, _) = one_line_dataset(tmp.path());
+    write(tmp.path(), "2024", "0 |F 4 5 6\n");
+    let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__FILES", "2024")));
+    assert!(status.success(), "{stderr}");
+    let (status, stderr) = validate_with(&cfg, Some(("MINIBATCHD__DATASETS__TRAIN__FILES", "1999")));
+    assert!(!status.success() && stderr.contains("1999: no such file or directory"), "{stderr}");
+}
+
 /// Found by a probe: an environment override that is no number was told to write numbers
 /// without quotes, advice for the file; it is told which variable it came from.
 #[test]

@@ -140,6 +140,9 @@ impl Walker {
     pub(crate) fn path_list(&mut self, node: &Node<'_>) -> Option<Vec<PathBuf>> {
         let strings: Vec<String> = match node.value() {
             Some(Value::String(s)) => vec![s.clone()],
+            Some(Value::Number(_) | Value::Bool(_)) if override_text(&node.path).is_some() => {
+                override_text(&node.path).into_iter().collect()
+            }
             Some(Value::Array(items)) => {
                 let mut out = Vec::new();
                 for (i, v) in items.iter().enumerate() {
@@ -249,6 +252,9 @@ impl<'a> Table<'a> {
         let n = self.take(key)?;
         match n.value() {
             Some(Value::String(s)) => Some(s.clone()),
+            // An override parsed as a number or a boolean is the text it was (found by a probe: a
+            // directory, file or CTF alias named `2024`, `5` or `true` could not be given).
+            Some(Value::Number(_) | Value::Bool(_)) if override_text(&n.path).is_some() => override_text(&n.path),
             Some(other) => {
                 w.issue(&n.path, &format!("expected a string, found {}", type_name(other)));
                 None
@@ -359,6 +365,11 @@ fn edits(a: &str, b: &str) -> usize {
 
 /// The environment variable that overrides the key at `path` (`MINIBATCHD__SECTION__KEY`), if
 /// it is set: a value's error then names it rather than the file.
+/// The text of the environment override of `path`, if one is set (as the variable spells it).
+fn override_text(path: &str) -> Option<String> {
+    std::env::var(override_of(path)?).ok()
+}
+
 fn override_of(path: &str) -> Option<String> {
     let var = format!("MINIBATCHD__{}", path.replace('.', "__").to_uppercase());
     std::env::var_os(&var).map(|_| var)
