@@ -343,14 +343,21 @@ fn check_keys(path: &Path, text: &str, env: impl Iterator<Item = std::ffi::OsStr
         .parse::<toml::Table>()
         .map_err(|e| ConfigError::Load { path: path.to_owned(), message: toml_error(text, &e) })?;
     walk("", &table, &mut issues);
-    for name in env {
-        let name = name.to_string_lossy();
-        if name.starts_with("MINIBATCHD__") && name.contains(KEY_FORBIDDEN) {
-            issues.push(ConfigIssue {
-                path: format!("${name}"),
-                message: "an override's name may not contain '.', '[' or ']'".into(),
-            });
-        }
+    for os_name in env {
+        let name = os_name.to_string_lossy();
+        let Some(rest) = name.strip_prefix("MINIBATCHD__") else { continue };
+        // Found by a probe: `MINIBATCHD__=5` was "- unknown key" (no path, no variable), a name
+        // with an empty part a key named "", and a name that is no UTF-8 was ignored unsaid.
+        let message = if name.contains(KEY_FORBIDDEN) {
+            "an override's name may not contain '.', '[' or ']'"
+        } else if os_name.to_str().is_none() {
+            "an override's name must be UTF-8"
+        } else if rest.split("__").any(str::is_empty) {
+            "an override's name is MINIBATCHD__ and the key's path, its parts joined by __, none of them empty"
+        } else {
+            continue;
+        };
+        issues.push(ConfigIssue { path: format!("${name}"), message: message.into() });
     }
     if issues.is_empty() {
         Ok(())

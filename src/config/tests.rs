@@ -377,6 +377,34 @@ fn a_key_the_config_crate_would_read_as_an_index_is_refused_before_it_does() {
     assert_eq!(issues[0].path, "$MINIBATCHD__DATASETS__TRAIN__X[99999999]", "{issues:?}");
 }
 
+/// Found by a probe: `MINIBATCHD__=5` was "- unknown key" (no path, no variable), a name with an
+/// empty part a key named "", and a name that is no UTF-8 was ignored unsaid. Each is refused,
+/// naming the variable.
+#[test]
+fn an_override_name_with_an_empty_part_or_not_utf8_is_refused_naming_it() {
+    use std::os::unix::ffi::OsStringExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, GOOD).expect("write");
+    let mut bad = b"MINIBATCHD__DAEMON__".to_vec();
+    bad.push(0xff);
+    let names: Vec<std::ffi::OsString> = vec![
+        "MINIBATCHD__".into(),
+        "MINIBATCHD____DAEMON".into(),
+        "MINIBATCHD__DAEMON__".into(),
+        std::ffi::OsString::from_vec(bad),
+        "MINIBATCHD__DAEMON__MEMORY_LIMIT_BYTES".into(),
+        "PATH".into(),
+    ];
+    let Err(ConfigError::Invalid { issues, .. }) = check_keys(&file, GOOD, names.into_iter()) else {
+        panic!("must be refused")
+    };
+    let paths: Vec<&str> = issues.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths.len(), 4, "{issues:?}");
+    assert_eq!(&paths[..3], ["$MINIBATCHD__", "$MINIBATCHD____DAEMON", "$MINIBATCHD__DAEMON__"]);
+    assert!(issues[3].message.contains("UTF-8"), "{issues:?}");
+}
+
 /// A value too large for any number type (5,000 digits) was reported without a place ("number
 /// too large to fit in target type"): it is now named by line, column and byte offset.
 #[test]
