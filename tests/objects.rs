@@ -673,6 +673,33 @@ fn a_server_without_conditional_puts_has_its_objects_indexed_here_without_sharin
     assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
 }
 
+/// Found by a probe: a lock put the store applied but whose answer was lost (a 500 after the
+/// write, a reset) was retried, found "already there", and taken for another node's lock: the
+/// node waited `object_index_wait_secs` for its own lock, and left it in the bucket. The lock's
+/// content says it is this node's: indexed at once, and the lock removed.
+#[test]
+fn a_lock_whose_put_answer_was_lost_is_known_as_this_nodes_own() {
+    use minibatchd_engine::remote::ObjectStore as _;
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    server.put(BUCKET, "lost/a.txt", b"1 1:1 2:1\n0 3:1\n");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = libsvm_config(dir.path(), &["s3://train-data/lost/a.txt"]);
+    let proxy = FaultProxy::start(&server, &["--lose-first-answer-for", ".lock"]);
+    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
+    let started = std::time::Instant::now();
+    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(proxy.stats().expect("stats")["lost"].as_u64(), Some(1), "the lock's answer was lost");
+    assert!(!stderr.contains("another node is indexing"), "{stderr}");
+    assert!(stderr.contains("indexed the object and shared its index"), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    let keys = server.client().list("s3://train-data/lost/").expect("list");
+    assert!(!keys.iter().any(|k| k.url.ends_with(".lock")), "the lock was left: {keys:?}");
+}
+
 /// Found by a hostile probe: with the file system under `object_cache_dir` full, every read of a
 /// chunk failed ("writing the range: No space left on device") on every run, the object
 /// unreadable on that node until someone cleaned up. A range the cache cannot keep is now read

@@ -5,7 +5,7 @@ object-storage tests (tests/objects.rs) and benchmarks (scripts/bench/bench_obje
     scripts/dev/s3_fault_proxy.py --listen 9100 --upstream 127.0.0.1:9000 \\
         [--delay-ms 20] [--fail-every N] [--reset-every N] [--slow-every N] \\
         [--strip-if-match] [--strip-etag] [--huge-length-for SUBSTRING] [--deny-writes] \\
-        [--no-conditional-puts] [--stall-after-bytes N]
+        [--no-conditional-puts] [--lose-first-answer-for SUBSTRING] [--stall-after-bytes N]
 
 Every request waits --delay-ms before it is forwarded (a round trip to a remote region). Counting
 requests from 1: every --fail-every-th is answered `503 SlowDown` without reaching the server;
@@ -18,12 +18,13 @@ at a time with a pause of 1/64 s. Three faults of a broken server: --strip-if-ma
 100000000000000` over its real body, sent in two pieces before the connection closes. And
 read-only credentials: --deny-writes answers every PUT, POST and DELETE `403 AccessDenied`; a server
 without conditional writes: --no-conditional-puts answers every PUT with `If-None-Match`
-`501 NotImplemented`.
+`501 NotImplemented`. A lost answer: --lose-first-answer-for SUBSTRING forwards the first PUT whose
+path contains SUBSTRING to the server and answers `500 InternalError` instead of its answer.
 And a stalled server: after `GET /__proxy_stall`, or once --stall-after-bytes bytes of response
 bodies were sent in all, every request is read and never answered, and every response being sent
 stops where it is, its connection held open (a server that accepts TCP and goes silent).
 `GET /__proxy_stats` answers the counts as JSON (requests, failed, reset, slowed, stripped,
-etag_stripped, lied, denied, unconditional, stalled). Responses are sent with `Connection: close`. Standard library only.
+etag_stripped, lied, denied, unconditional, lost, stalled). Responses are sent with `Connection: close`. Standard library only.
 """
 
 import argparse
@@ -31,7 +32,7 @@ import asyncio
 import json
 
 STATS = {"requests": 0, "failed": 0, "reset": 0, "slowed": 0, "stripped": 0, "etag_stripped": 0, "lied": 0, "denied": 0,
-         "unconditional": 0, "stalled": 0}
+         "unconditional": 0, "lost": 0, "stalled": 0}
 # Set by `GET /__proxy_stall` (or --stall-after-bytes): from then on nothing is answered.
 STALLING = False
 # Bytes of response bodies sent, in all.
@@ -134,6 +135,11 @@ async def serve(client_r, client_w, args):
     up_w.write(with_connection_close(head) + body)
     await up_w.drain()
     resp_head = await up_r.readuntil(b"\r\n\r\n")
+    if method == "PUT" and args.lose_first_answer_for and args.lose_first_answer_for in path and not STATS["lost"]:
+        STATS["lost"] += 1
+        up_w.close()
+        await answer_error(client_w, b"500 Internal Server Error", b"InternalError", b"The answer was lost.")
+        return
     length = None
     for line in resp_head.decode("latin-1").split("\r\n")[1:]:
         if line.lower().startswith("content-length:"):
@@ -212,6 +218,7 @@ async def main():
     p.add_argument("--huge-length-for", default="")
     p.add_argument("--deny-writes", action="store_true")
     p.add_argument("--no-conditional-puts", action="store_true")
+    p.add_argument("--lose-first-answer-for", default="")
     p.add_argument("--stall-after-bytes", type=int, default=0)
     args = p.parse_args()
     server = await asyncio.start_server(lambda r, w: handle(r, w, args), "127.0.0.1", args.listen, limit=1 << 20)

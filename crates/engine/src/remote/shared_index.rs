@@ -207,7 +207,12 @@ pub fn index_object(
     let locked = if remote.sharing_refused.load(std::sync::atomic::Ordering::Relaxed) {
         Err(())
     } else {
-        remote.store.put_if_absent(&lock, holder.into_bytes()).map_err(|e| refused(&e))
+        remote.store.put_if_absent(&lock, holder.clone().into_bytes()).map_err(|e| refused(&e)).map(|written| {
+            // "Already there" may be this node's own put, retried after its answer was lost (found
+            // by a probe: the node waited for its own lock, object_index_wait_secs, and left it
+            // behind): the lock's content says whose it is.
+            written || matches!(remote.store.get(&lock, 4096), Ok(Some(body)) if body == holder.as_bytes())
+        })
     };
     let Ok(locked) = locked else {
         let idx = build(progress)?;
