@@ -626,24 +626,45 @@ fn overwritten_after_indexing(faults: &[&str]) {
     }
 }
 
+/// `minibatchd index` of a libsvm dataset of `files` (URLs) after `objects` (keys and contents)
+/// are put in the bucket, through a fault proxy started with `flags`: its output and stderr, how
+/// long it took, and the proxy and server (for their stats and contents).
+struct IndexedThrough {
+    out: Output,
+    stderr: String,
+    took: std::time::Duration,
+    proxy: FaultProxy,
+    server: S3Server,
+}
+
+fn index_through(objects: &[(&str, &[u8])], files: &[&str], flags: &[&str]) -> IndexedThrough {
+    let server = S3Server::start();
+    server.create_bucket(BUCKET);
+    for (key, bytes) in objects {
+        server.put(BUCKET, key, bytes);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = libsvm_config(dir.path(), files);
+    let proxy = FaultProxy::start(&server, flags);
+    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
+    let started = std::time::Instant::now();
+    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    IndexedThrough { out, stderr, took, proxy, server }
+}
+
 /// Read-only credentials (a proxy answers every write 403): the index lock cannot be written, so
 /// the node indexes the object itself and says it does not share the index; the dataset opens.
 /// The lock's refusal failed the open before.
 #[test]
 fn read_only_credentials_index_the_object_here_without_sharing() {
-    let server = S3Server::start();
-    server.create_bucket(BUCKET);
-    server.put(BUCKET, "readonly/part.txt", b"1 1:1 2:1\n0 3:1\n1 4:0.5\n");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = libsvm_config(dir.path(), &["s3://train-data/readonly/part.txt"]);
-    let proxy = FaultProxy::start(&server, &["--deny-writes"]);
-    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
-    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("without sharing their indexes"), "{stderr}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"));
-    assert!(proxy.stats().expect("stats")["denied"].as_u64().is_some_and(|n| n > 0));
+    let part: &[u8] = b"1 1:1 2:1\n0 3:1\n1 4:0.5\n";
+    let r = index_through(&[("readonly/part.txt", part)], &["s3://train-data/readonly/part.txt"], &["--deny-writes"]);
+    assert!(r.out.status.success(), "{}", r.stderr);
+    assert!(r.stderr.contains("without sharing their indexes"), "{}", r.stderr);
+    assert!(String::from_utf8_lossy(&r.out.stdout).contains("3 sequences"));
+    assert!(r.proxy.stats().expect("stats")["denied"].as_u64().is_some_and(|n| n > 0));
 }
 
 /// Found by a probe: a server without conditional writes (`501 NotImplemented` to `If-None-Match`
@@ -653,24 +674,14 @@ fn read_only_credentials_index_the_object_here_without_sharing() {
 /// asked for once, not per object nor for the retry time.
 #[test]
 fn a_server_without_conditional_puts_has_its_objects_indexed_here_without_sharing() {
-    let server = S3Server::start();
-    server.create_bucket(BUCKET);
-    server.put(BUCKET, "nocond/a.txt", b"1 1:1 2:1\n0 3:1\n");
-    server.put(BUCKET, "nocond/b.txt", b"1 4:0.5\n");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = libsvm_config(dir.path(), &["s3://train-data/nocond/"]);
-    let proxy = FaultProxy::start(&server, &["--no-conditional-puts"]);
-    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
-    let started = std::time::Instant::now();
-    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
-    let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(stderr.matches("without sharing their indexes").count(), 1, "{stderr}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("3 sequences"), "{stderr}");
+    let objects: [(&str, &[u8]); 2] = [("nocond/a.txt", b"1 1:1 2:1\n0 3:1\n"), ("nocond/b.txt", b"1 4:0.5\n")];
+    let r = index_through(&objects, &["s3://train-data/nocond/"], &["--no-conditional-puts"]);
+    assert!(r.out.status.success(), "{}", r.stderr);
+    assert_eq!(r.stderr.matches("without sharing their indexes").count(), 1, "{}", r.stderr);
+    assert!(String::from_utf8_lossy(&r.out.stdout).contains("3 sequences"), "{}", r.stderr);
     // One lock, tried three times (twice again within 2 s), for the first object only.
-    assert_eq!(proxy.stats().expect("stats")["unconditional"].as_u64(), Some(3), "the lock asked for once");
-    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
+    assert_eq!(r.proxy.stats().expect("stats")["unconditional"].as_u64(), Some(3), "the lock asked for once");
+    assert!(r.took < std::time::Duration::from_secs(20), "took {:?}", r.took);
 }
 
 /// Found by a probe: a lock put the store applied but whose answer was lost (a 500 after the
@@ -680,27 +691,16 @@ fn a_server_without_conditional_puts_has_its_objects_indexed_here_without_sharin
 #[test]
 fn a_lock_whose_put_answer_was_lost_is_known_as_this_nodes_own() {
     use minibatchd_engine::remote::ObjectStore as _;
-    let server = S3Server::start();
-    server.create_bucket(BUCKET);
-    server.put(BUCKET, "lost/a.txt", b"1 1:1 2:1\n0 3:1\n");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = libsvm_config(dir.path(), &["s3://train-data/lost/a.txt"]);
-    let proxy = FaultProxy::start(&server, &["--lose-first-answer-for", ".lock"]);
-    let args = ["index", "--config", config.to_str().expect("utf-8"), "--dataset", "d"];
-    let started = std::time::Instant::now();
-    let out = minibatchd_through(&server, &proxy.endpoint, &args, &dir.path().join("state"));
-    let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert_eq!(proxy.stats().expect("stats")["lost"].as_u64(), Some(1), "the lock's answer was lost");
-    assert!(!stderr.contains("another node is indexing"), "{stderr}");
-    assert!(stderr.contains("indexed the object and shared its index"), "{stderr}");
-    assert!(took < std::time::Duration::from_secs(20), "took {took:?}");
-    let keys = server.client().list("s3://train-data/lost/").expect("list");
-    assert!(
-        !keys.iter().any(|k| k.url.contains(".mbdidx.") && k.url.rsplit('.').next() == Some("lock")),
-        "the lock was left: {keys:?}"
-    );
+    let objects: [(&str, &[u8]); 1] = [("lost/a.txt", b"1 1:1 2:1\n0 3:1\n")];
+    let r = index_through(&objects, &["s3://train-data/lost/a.txt"], &["--lose-first-answer-for", ".lock"]);
+    assert!(r.out.status.success(), "{}", r.stderr);
+    assert_eq!(r.proxy.stats().expect("stats")["lost"].as_u64(), Some(1), "the lock's answer was lost");
+    assert!(!r.stderr.contains("another node is indexing"), "{}", r.stderr);
+    assert!(r.stderr.contains("indexed the object and shared its index"), "{}", r.stderr);
+    assert!(r.took < std::time::Duration::from_secs(20), "took {:?}", r.took);
+    let keys = r.server.client().list("s3://train-data/lost/").expect("list");
+    let lock = |url: &str| url.contains(".mbdidx.") && url.rsplit('.').next() == Some("lock");
+    assert!(!keys.iter().any(|k| lock(&k.url)), "the lock was left: {keys:?}");
 }
 
 /// Found by a hostile probe: with the file system under `object_cache_dir` full, every read of a
