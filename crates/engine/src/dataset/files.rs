@@ -121,16 +121,6 @@ pub fn resolve_inputs(patterns: &[PathBuf], remote: Option<&Remote>) -> Result<V
     Ok(out)
 }
 
-/// Indexes this process built and could not write to the index cache (their datasets go on
-/// without it): what `minibatchd index`, whose purpose the cache is, reports.
-static INDEX_CACHE_WRITE_FAILURES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// How many indexes this process could not write to the index cache so far.
-#[must_use]
-pub fn index_cache_write_failures() -> u64 {
-    INDEX_CACHE_WRITE_FAILURES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// `objects` (one entry's listing, sorted by URL) with each key once. A store that lists a key
 /// twice (found by a probe: a server repeating a listing entry had that object read twice in
 /// every sweep) names one object, read once — with a warning; twice with different versions is
@@ -560,7 +550,6 @@ pub(super) fn index_with_cache(
         tracing::debug!(file = %name.display(), "changed in the last seconds: its index is not cached");
     } else if let Some(state_dir) = cache {
         if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
-            INDEX_CACHE_WRITE_FAILURES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
         }
     }
