@@ -585,7 +585,9 @@ impl Dataset {
         let Stored::Remote(object) = src.data_versions.get(c.file)? else { return None };
         let name = &src.files[c.file];
         Some(remote::require(self.remote.as_deref(), name).and_then(|r| {
-            if r.chunks.contains(object, c.start, c.end) {
+            // A range the cache cannot keep is read by its parser, into memory: fetched here, it
+            // would be downloaded twice (a review).
+            if r.chunks.contains(object, c.start, c.end) || !r.chunks.keeps(c.end - c.start) {
                 return Ok(false);
             }
             r.chunks.fetch(r.store.as_ref(), object, c.start, c.end).map(|_| true)
