@@ -606,6 +606,11 @@ class MinibatchIterableDataset(IterableDataset):
                 self._next = at
                 self._yielded = (self._yielded[0] + 1, sources[w])
                 yield item
+                failed = sources[w]._failed
+                if failed is not None:
+                    # Its item was given back (_untake_yielded): the pass ends here, as one split's
+                    # would (found by a probe: the other splits went on serving a turn each).
+                    raise failed
         finally:
             for source in sources:
                 source.close()
