@@ -304,6 +304,15 @@ fn run(
                 fill_parsed(&c, &d, &dataset, tty)?;
             }
             said?;
+            // The cache is what `index` is for (found by a probe: it exited 0 having cached
+            // nothing, the warning aside).
+            let uncached = d.uncached_indexes();
+            if uncached > 0 {
+                anyhow::bail!(
+                    "{uncached} file(s) of {dataset} were indexed but their index could not be written to the index \
+                     cache (the warnings above say why)"
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Dump(args) => {

@@ -112,6 +112,22 @@ fn one_line_dataset(dir: &Path) -> (PathBuf, String) {
     (write(dir, "minibatchd.toml", &text), text)
 }
 
+/// Found by a probe: `index`, whose purpose is the index cache, exited 0 when it could not write
+/// it (a warning aside). It fails, saying how many files went uncached.
+#[test]
+fn index_fails_when_it_cannot_write_the_index_cache() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (cfg, _) = one_line_dataset(tmp.path());
+    std::fs::create_dir_all(tmp.path().join("state")).expect("mkdir");
+    write(&tmp.path().join("state"), "index", "a file where the index cache's directory goes");
+    let (status, stderr) = index(&cfg, "train");
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("1 file(s) of train were indexed but their index could not be written"), "{stderr}");
+    std::fs::remove_file(tmp.path().join("state/index")).expect("rm");
+    let (status, stderr) = index(&cfg, "train");
+    assert!(status.success(), "{stderr}");
+}
+
 /// Found by a probe: an override of a path or name key that looks like a number or a boolean
 /// (`FILES=2024`) arrived parsed as one and was refused ("expected a list of paths, found a
 /// number"): it is the text it was.

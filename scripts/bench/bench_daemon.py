@@ -29,7 +29,8 @@ per sweep) instead of the plain client; it leaves out the client-overhead probe.
 `BENCH_TORCH_LOADER=owning` reads it through `MinibatchDataLoader(ds, num_workers=N)` instead, as
 README shows it (the N workers' splits read in the consumer's process), and `owning-processes`
 through `MinibatchDataLoader(ds, num_workers=N, worker_processes=True)`. `BENCH_JAX=1` reads
-through the JAX adapter (`MinibatchIterator`, arrays on the CPU device).
+through the JAX adapter (`MinibatchIterator`, arrays on the CPU device). `BENCH_CLIENT_DIR=DIR`
+imports the Python client from DIR instead of clients/python (A/B runs of a client change).
 """
 
 import argparse
@@ -55,7 +56,7 @@ PROBE = 256
 
 
 def consume(sock: str, minibatch_size: int, sweeps: int, wait_for_daemon: bool) -> None:
-    sys.path.insert(0, str(ROOT / "clients" / "python"))
+    sys.path.insert(0, os.environ.get("BENCH_CLIENT_DIR") or str(ROOT / "clients" / "python"))
     import minibatchd
 
     if wait_for_daemon:

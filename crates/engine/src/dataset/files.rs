@@ -483,8 +483,10 @@ fn recursive_prefix(pattern: &str) -> Option<(PathBuf, bool)> {
 pub(super) type BuildIndex<'a> = dyn FnMut(&mut dyn FnMut(u64)) -> Result<FileIndex, DataError> + 'a;
 
 /// The index of the file `name` whose bytes are at `data` (the same file, or a gzip input's
-/// decompressed copy), and the version of `data` it describes: from the cache when it is valid
-/// for `data` as it is now and for `fingerprint`, else built by `build` (and cached).
+/// decompressed copy), the version of `data` it describes, and whether it was built but could not
+/// be written to the cache (a warning says why; `minibatchd index` fails on it): from the cache
+/// when it is valid for `data` as it is now and for `fingerprint`, else built by `build` (and
+/// cached).
 ///
 /// # Errors
 /// `build`'s, and a file that changed while it was being indexed (its index would describe
@@ -497,13 +499,13 @@ pub(super) fn index_with_cache(
     max_sequences: u64,
     progress: &mut dyn FnMut(u64),
     build: &mut BuildIndex<'_>,
-) -> Result<(FileIndex, FileStamp)> {
+) -> Result<(FileIndex, FileStamp, bool)> {
     let stamp = FileStamp::of(data).map_err(|e| DataError::io(name, e))?;
     if let Some(state_dir) = cache {
         match index_cache::load(state_dir, &stamp, fingerprint, name, max_sequences) {
             Ok(idx) => {
                 progress(stamp.size);
-                return Ok((idx, stamp));
+                return Ok((idx, stamp, false));
             }
             Err(Miss::Absent) => {}
             Err(Miss::Stale(why)) => tracing::info!(file = %name.display(), why, "index cache is stale; rebuilding"),
@@ -551,9 +553,10 @@ pub(super) fn index_with_cache(
     } else if let Some(state_dir) = cache {
         if let Err(e) = index_cache::store(state_dir, &stamp, fingerprint, &idx) {
             tracing::warn!(file = %name.display(), state_dir = %state_dir.display(), error = %e, "cannot write the index cache; going on without it");
+            return Ok((idx, stamp, true));
         }
     }
-    Ok((idx, stamp))
+    Ok((idx, stamp, false))
 }
 
 #[cfg(test)]

@@ -146,6 +146,8 @@ pub struct Dataset {
     identities: std::sync::OnceLock<[u64; 2]>,
     /// The chunks its index pass parsed, until taken ([`ahead`]).
     ahead: Option<ahead::Ahead>,
+    /// Files it indexed and could not write to the index cache ([`Dataset::uncached_indexes`]).
+    uncached_indexes: u64,
 }
 
 /// When a dataset writes the chunks it parses to the parsed cache.
@@ -277,6 +279,7 @@ impl Dataset {
             huge: HugePages::default(),
             identities: std::sync::OnceLock::new(),
             ahead: None,
+            uncached_indexes: 0,
         })
     }
 
@@ -292,6 +295,13 @@ impl Dataset {
     /// of the chunks it parses from now on; on by default.
     pub fn set_huge_pages(&mut self, huge: HugePages) {
         self.huge = huge;
+    }
+
+    /// How many of its files the open indexed and could not write to the index cache (a warning
+    /// said why each time): `minibatchd index`, whose purpose the cache is, fails on them.
+    #[must_use]
+    pub fn uncached_indexes(&self) -> u64 {
+        self.uncached_indexes
     }
 
     /// The parsed cache this dataset uses, if any.

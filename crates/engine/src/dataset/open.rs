@@ -36,6 +36,8 @@ impl Dataset {
             config.sources.iter().map(|s| resolve_inputs(&s.files, remote)).collect::<Result<_, _>>()?;
         let bytes_total: u64 = resolved.iter().flatten().map(input_size).sum();
         let mut done = 0u64;
+        // Indexes built and not written to the index cache ([`Dataset::uncached_indexes`]).
+        let mut uncached = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
         let mut lengths_kept = false;
@@ -82,7 +84,7 @@ impl Dataset {
                     remote,
                     left,
                     (config.index_threads, lines, parse),
-                    &mut report,
+                    (&mut report, &mut uncached),
                 )?;
                 // The file's end, which a pass need not report (found by a probe: the scanned
                 // bytes stayed at 96.8 % of the total once a dataset was open).
@@ -117,6 +119,7 @@ impl Dataset {
             Self::configured_streams(config),
         )?;
         ds.ahead = ahead.filter(|a| !a.is_empty());
+        ds.uncached_indexes = uncached;
         Ok(ds)
     }
 
@@ -162,6 +165,7 @@ impl Dataset {
         let ahead = (limits.parse_ahead_bytes > 0 && config.first_minibatch_needs_every_chunk(bytes_total))
             .then(|| Ahead::new(limits.parse_ahead_bytes, reserve));
         let mut done = 0u64;
+        let mut uncached = 0u64;
         let (mut sequences, mut index_bytes) = (0u64, 0u64);
         // A file of the dataset keeps a samples column, so the timeline keeps every length.
         let mut lengths_kept = false;
@@ -177,7 +181,8 @@ impl Dataset {
             let parse = |_: usize, start: u64, end: u64| file.records(&decoder, start, end);
             let parse = file.active().then_some(&parse as ParseAhead<'_>);
             let threads = (config.index_threads, Some(config.chunk_size_bytes), parse);
-            let idx = index_input(&reader, input, d, stored, cache, remote, left, threads, &mut report)?;
+            let idx =
+                index_input(&reader, input, d, stored, cache, remote, left, threads, (&mut report, &mut uncached))?;
             report(idx.size);
             // The file's index whole must fit beside what the earlier files keep (its sizes are
             // held until it is chunked)...
@@ -204,6 +209,7 @@ impl Dataset {
         };
         let mut ds = Self::assemble(config, vec![source], Some(chunks), None, streams)?;
         ds.ahead = ahead.filter(|a| !a.is_empty());
+        ds.uncached_indexes = uncached;
         Ok(ds)
     }
 
@@ -225,6 +231,7 @@ impl Dataset {
         let (data, mut data_versions, file_versions) = readable_inputs(&inputs, config, &*reader, state_dir, remote)?;
         let bytes_total = readable_bytes(&data, &data_versions);
         let (mut done, mut sequences, mut index_bytes) = (0u64, 0u64, 0u64);
+        let mut uncached = 0u64;
         let mut lengths_kept = false;
         let mut indexes = Vec::new();
         for ((input, d), stored) in inputs.iter().zip(&data).zip(data_versions.iter_mut()) {
@@ -233,7 +240,8 @@ impl Dataset {
             let left = limits.left_after(sequences, index_bytes, lengths_kept);
             let cache = config.cache_index.then_some(state_dir);
             let threads = (config.index_threads, None, None);
-            let idx = index_input(&*reader, input, d, stored, cache, remote, left, threads, &mut report)?;
+            let idx =
+                index_input(&*reader, input, d, stored, cache, remote, left, threads, (&mut report, &mut uncached))?;
             report(idx.size);
             index_bytes += within_index_budget(&idx, &left)?;
             done += idx.size;
@@ -250,13 +258,16 @@ impl Dataset {
             decoder: SourceDecoder::Records(decoder),
             first_stream: 0,
         };
-        Self::assemble(config, vec![source], None, None, streams)
+        let mut ds = Self::assemble(config, vec![source], None, None, streams)?;
+        ds.uncached_indexes = uncached;
+        Ok(ds)
     }
 }
 
 /// Indexes `input` with `reader`: its bytes at `data` (the input itself, or a decompressed copy)
 /// through the index cache in `cache`, or, for an object, through object storage's shared index;
-/// `stored` becomes the version indexed. `threads`: the threads the pass may use, and, for a file
+/// `stored` becomes the version indexed, and `uncached` counts an index built and not written to
+/// the cache ([`Dataset::uncached_indexes`]). `threads`: the threads the pass may use, and, for a file
 /// chunked as it is indexed (a dataset of one source), its chunk size: a local file of one-line
 /// sequences is then indexed by its chunks alone ([`line_chunks`]), and its cache is of them.
 ///
@@ -272,7 +283,7 @@ fn index_input(
     remote: Option<&Remote>,
     left: IndexLimits,
     (threads, chunked, parse): (usize, Option<u64>, Option<ParseAhead<'_>>),
-    report: &mut dyn FnMut(u64),
+    (report, uncached): (&mut dyn FnMut(u64), &mut u64),
 ) -> Result<FileIndex> {
     let name: Arc<Path> = Arc::from(input.name.as_path());
     let fingerprint = reader.fingerprint();
@@ -293,7 +304,7 @@ fn index_input(
                 Some((_, size)) => fingerprint + &line_chunks::fingerprint_suffix(size),
                 None => fingerprint,
             };
-            let (idx, version) =
+            let (idx, version, not_cached) =
                 index_with_cache(&name, data, &fingerprint, cache, left.max_sequences, report, &mut |p| {
                     if let Some((kind, size)) = by_chunks {
                         if let Some(idx) = line_chunks::index_file(data, &name, kind, size, left, threads, p, parse)? {
@@ -303,6 +314,7 @@ fn index_input(
                     reader.index_file(data, name.clone(), left, threads, p)
                 })?;
             *stored = Stored::Local(version);
+            *uncached += u64::from(not_cached);
             Ok(idx)
         }
     }
