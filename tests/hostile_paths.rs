@@ -166,6 +166,30 @@ fn a_number_key_overridden_by_text_names_the_variable() {
     assert!(!status.success() && stderr.contains("(write numbers without quotes)"), "{stderr}");
 }
 
+/// Found by a probe: an override of the wrong type or shape (a boolean for a number, a table
+/// under a string key, a key that does not exist) was refused without naming the variable, as if
+/// the file said it; every refusal of an override's value names it.
+#[test]
+fn every_refused_override_names_its_variable() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (cfg, _) = one_line_dataset(tmp.path());
+    for (var, value, said) in [
+        ("MINIBATCHD__DAEMON__HUGE_PAGES", "maybe", "daemon.huge_pages: expected true or false"),
+        ("MINIBATCHD__DATASETS__TRAIN__CHUNK_SIZE_BYTES", "true", "expected a non-negative integer, found a boolean"),
+        ("MINIBATCHD__DAEMON__SOCKET__X", "5", "daemon.socket: expected a string, found a table"),
+        ("MINIBATCHD__DATASETS__TRAIN__RANDOMISE", "7", "datasets.train.randomise: unknown key"),
+    ] {
+        let (status, stderr) = validate_with(&cfg, Some((var, value)));
+        assert!(!status.success(), "{var}={value}: {stderr}");
+        assert!(stderr.contains(said) && stderr.contains(&format!("(from {var})")), "{var}: {stderr}");
+    }
+    // A problem of the file's own is not put on a variable of another key.
+    let (_, text) = one_line_dataset(tmp.path());
+    let bad = write(tmp.path(), "bad.toml", text.replace("chunk_size_bytes = 300", "chunk_size_bytes = true"));
+    let (status, stderr) = validate_with(&bad, Some(("MINIBATCHD__DAEMON__RING_SLOTS", "8")));
+    assert!(!status.success() && stderr.contains("found a boolean") && !stderr.contains("(from"), "{stderr}");
+}
+
 /// Found by a probe: `files = [""]` (an unset variable in an override) named the config's own
 /// directory, and every file beside the config was read as data; it is refused, named.
 #[test]

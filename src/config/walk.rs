@@ -96,8 +96,15 @@ impl Walker {
         self.issues
     }
 
+    /// Records a problem at `path`; one that an environment override set is said to come from
+    /// it (found by a probe: `..__SOCKET__X=5` was told "daemon.socket: expected a string, found
+    /// a table", with nothing naming the variable).
     pub(crate) fn issue(&mut self, path: &str, message: &str) {
-        self.issues.push(ConfigIssue { path: path.to_owned(), message: message.to_owned() });
+        let message = match overrides_under(path, message.contains("found a table")) {
+            vars if vars.is_empty() || message.contains("MINIBATCHD__") => message.to_owned(),
+            vars => format!("{message} (from {})", vars.join(", ")),
+        };
+        self.issues.push(ConfigIssue { path: path.to_owned(), message });
     }
 
     pub(crate) fn table<'a>(&mut self, node: &Node<'a>) -> Option<Table<'a>> {
@@ -368,6 +375,21 @@ fn edits(a: &str, b: &str) -> usize {
 /// The text of the environment override of `path`, if one is set (as the variable spells it).
 fn override_text(path: &str) -> Option<String> {
     std::env::var(override_of(path)?).ok()
+}
+
+/// The environment overrides of key `path` and, with `below`, of the keys under it, by name.
+fn overrides_under(path: &str, below: bool) -> Vec<String> {
+    let mut vars: Vec<String> = std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| {
+            let Some(rest) = name.strip_prefix("MINIBATCHD__") else { return false };
+            let key = rest.replace("__", ".").to_lowercase();
+            let path = path.to_lowercase();
+            key == path || (below && key.strip_prefix(&path).is_some_and(|r| r.starts_with('.')))
+        })
+        .collect();
+    vars.sort();
+    vars
 }
 
 fn override_of(path: &str) -> Option<String> {
