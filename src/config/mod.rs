@@ -323,6 +323,15 @@ fn check_keys(path: &Path, text: &str, env: impl Iterator<Item = std::ffi::OsStr
                 });
                 continue;
             }
+            // A dataset, mixture or stream name is said in logs, metrics labels and replies:
+            // found by a probe, `[datasets.""]` and a name holding a newline were served.
+            if key.is_empty() || key.contains(char::is_control) {
+                issues.push(ConfigIssue {
+                    path: at.escape_debug().to_string(),
+                    message: format!("a key may not be empty or hold control characters (found {key:?})"),
+                });
+                continue;
+            }
             match value {
                 toml::Value::Table(t) => walk(&at, t, issues),
                 toml::Value::Array(items) => {

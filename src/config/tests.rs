@@ -377,6 +377,22 @@ fn a_key_the_config_crate_would_read_as_an_index_is_refused_before_it_does() {
     assert_eq!(issues[0].path, "$MINIBATCHD__DATASETS__TRAIN__X[99999999]", "{issues:?}");
 }
 
+/// Found by a probe: a dataset named "" or holding a newline was accepted (and served, its name
+/// breaking log lines and `validate`'s summary). An empty key or one with a control character is
+/// refused with its path.
+#[test]
+fn an_empty_key_or_one_with_control_characters_is_refused() {
+    for (name, path) in [("\"\"", "datasets."), ("\"a\\nb\"", "datasets.a\\nb"), ("\"t\\u0007\"", "datasets.t\\u{7}")] {
+        let text = GOOD.replace("[datasets.train]", &format!("[datasets.{name}]"));
+        let text = text.replace("[datasets.train.", &format!("[datasets.{name}."));
+        let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("{name} must be refused") };
+        assert!(
+            issues.iter().any(|i| i.path == path && i.message.contains("may not be empty or hold control")),
+            "{name}: {issues:?}"
+        );
+    }
+}
+
 /// Found by a probe: `MINIBATCHD__=5` was "- unknown key" (no path, no variable), a name with an
 /// empty part a key named "", and a name that is no UTF-8 was ignored unsaid. Each is refused,
 /// naming the variable.
