@@ -772,6 +772,9 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
         d.signal(rustix::process::Signal::HUP);
         let seen = notify.expect("READY=1");
         assert!(seen.iter().any(|m| m.starts_with("RELOADING=1") && m.contains("MONOTONIC_USEC=")), "{seen:?}");
+        // What `systemctl status` shows says so (found by a probe: "serving", as after a good one).
+        let refused = "STATUS=serving 1 dataset(s); the last reload was refused or partial (the log says why)";
+        assert!(seen.last().is_some_and(|m| m.lines().any(|l| l == refused)), "{seen:?}");
         let m = d.wait_metrics("the failed reload", |m| {
             m.sum("minibatchd_config_reloads_total", &[("result", "failure")])
                 >= f64::from(u32::try_from(i + 1).expect("three configs"))
@@ -798,6 +801,8 @@ fn sighup_with_a_broken_config_keeps_serving_and_sd_notify_tells_systemd() {
         m.sum("minibatchd_config_reloads_total", &[("result", "success")]) == 1.0
             && m.sum("minibatchd_config_last_reload_successful", &[]) == 1.0
     });
+    let seen = notify.expect("READY=1");
+    assert!(seen.last().is_some_and(|m| m.lines().any(|l| l == "STATUS=serving 1 dataset(s)")), "{seen:?}");
     let status = d.stop();
     assert!(status.success(), "{status:?}");
     notify.expect("STOPPING=1");

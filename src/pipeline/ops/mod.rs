@@ -139,8 +139,15 @@ fn dir_usage(dir: &std::path::Path) -> Usage {
 pub fn status_line(shared: &ControlPlane) -> String {
     let (ready, failed) = shared.data.catalog().counts();
     let indexing = shared.data.indexing.count();
+    // Found by a probe: after a refused reload, `systemctl status` said "serving" as after a
+    // good one; the operator who ran `systemctl reload` is told until a reload succeeds.
+    let reload = if shared.data.metrics.ops.config_last_reload_successful.get() == 0 {
+        "; the last reload was refused or partial (the log says why)"
+    } else {
+        ""
+    };
     format!(
-        "serving {ready} dataset(s){}{}",
+        "serving {ready} dataset(s){}{}{reload}",
         if indexing > 0 { format!(", {indexing} indexing") } else { String::new() },
         if failed > 0 { format!(", {failed} failed to open") } else { String::new() }
     )
