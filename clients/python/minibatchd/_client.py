@@ -42,6 +42,10 @@ _ENDED_BY_DAEMON = ("shutting_down", "unknown_dataset")
 # reply and died with client_protocol).
 _PRODUCER_STOPPED = ("minibatch_too_large", "data_error")
 
+# How many of the latest minibatches a source can give back untaken (``Source._untake_last``):
+# more than a DataLoader step of any sensible ``batch_size`` takes.
+UNTAKE_DEPTH = 1024
+
 _LEN = struct.Struct("<I")
 # Binary hot messages (version 2), little-endian, after the length prefix:
 # ready: tag 0x01, flags (bit 0: end_of_sweep), 2 zero bytes, slot u32, generation, index, sweep, position.
@@ -454,9 +458,13 @@ class Source:
         # mean (a KeyboardInterrupt, say) somewhere a minibatch may have been lost — or another
         # thread is inside next() now.
         self._in_next: Optional[Tuple[int, int]] = None
-        # The state before the minibatch next() returned last, and its slot (_untake_last); the
-        # slots of minibatches given back untaken, whose release is never sent.
-        self._before_last: Optional[tuple] = None
+        # The state before each of the latest minibatches next() returned, and its slot, latest
+        # last (_untake_last: a DataLoader step of `batch_size` items gives back all of them);
+        # the slots of minibatches given back untaken, whose release is never sent.
+        self._befores: collections.deque = collections.deque(maxlen=UNTAKE_DEPTH)
+        # Set by an adapter while a step of its consumer may still give minibatches back: the
+        # releases and state requests report no more taken than this (``close`` reports all).
+        self._hold_taken: Optional[int] = None
         self._unreported: set = set()
         self._live = self._releaser.live
         self._queued: collections.deque = collections.deque()
@@ -562,41 +570,69 @@ class Source:
     def _report(self, msg: dict) -> dict:
         """Adds what every client report carries: ``taken`` and, if the daemon accepts it, the
         cumulative consumer wait."""
-        msg["taken"] = self._taken
+        msg["taken"] = self._taken if msg.get("type") == "close" else self._reported_taken()
         if self._report_wait:
             msg["wait_ns"] = self._wait_ns
         return msg
+
+    def _reported_taken(self) -> int:
+        """The minibatches taken that a report says: all of them, or, while an adapter's step
+        is open, those before it (``_hold_taken``)."""
+        hold = self._hold_taken
+        return self._taken if hold is None else min(self._taken, hold)
+
+    def _held_keys(self) -> set:
+        """The slots of the minibatches an open adapter step may still give back
+        (``_hold_taken``): their releases wait, as a release says its minibatch was taken."""
+        hold = self._hold_taken
+        keys: set = set()
+        if hold is not None:
+            for before in reversed(self._befores):
+                if before[0] < hold:
+                    break
+                keys.add(before[4])
+        return keys
 
     def _flush(self, extra: Optional[List[dict]] = None) -> None:
         self._releaser.drain()
         frames = []
         pending = self._pending
         # Taken off the queue once sent: an interruption before that sends them again (stale
-        # releases, which the daemon ignores), never loses one.
-        if self._binary and pending:
+        # releases, which the daemon ignores), never loses one. Held ones stay queued.
+        held = self._held_keys()
+        send = [key for key in pending if key not in held] if held else pending
+        sent = len(send)
+        if self._binary and send:
             out = bytearray()
-            pack, taken = _RELEASE.pack, self._taken
+            pack, taken = _RELEASE.pack, self._reported_taken()
             flag, wait = (1, self._wait_ns) if self._report_wait else (0, 0)
-            sent = 0
-            for slot, gen in pending:
-                sent += 1
+            for slot, gen in send:
                 if (slot, gen) not in self._unreported:
                     out += pack(_RELEASE.size - 4, _RELEASE_TAG, flag, slot, gen, taken, wait)
             self._conn.sendall(out)
-            for _ in range(sent):
-                pending.popleft()
+            self._unqueue(send, sent, held)
             if not extra:
                 return
-        sent = len(pending)
-        for slot, gen in pending:
+            send, sent = (), 0
+        for slot, gen in send:
             if (slot, gen) not in self._unreported:
                 frames.append(self._report({"type": "release", "slot": slot, "generation": gen}))
         if extra:
             frames.extend(self._report(m) for m in extra)
         if frames:
             self._conn.send(frames)
-        for _ in range(sent):
-            pending.popleft()
+        self._unqueue(send, sent, held)
+
+    def _unqueue(self, sent: Any, count: int, held: set) -> None:
+        """Takes the ``count`` releases ``sent`` off the queue: its first ones, unless some were
+        held (then each by name)."""
+        pending = self._pending
+        if held:
+            for key in list(sent):
+                pending.remove(key)
+        else:
+            for _ in range(count):
+                pending.popleft()
 
     def _next_message(self) -> dict:
         if self._queued:
@@ -827,8 +863,8 @@ class Source:
         mixture = None if self._mix_at is None else self._mixture(mb, owner, specs[self._mix_at:self._mix_at + 3])
         mb._mixture_state = mixture
         state = self._last_state
-        self._before_last = (self._taken, state.get("position"), state.get("minibatches"), state.get("mixture"),
-                             (slot, gen))
+        self._befores.append((self._taken, state.get("position"), state.get("minibatches"), state.get("mixture"),
+                              (slot, gen)))
         self._taken = index + 1
         state["position"] = position
         state["minibatches"] = index + 1
@@ -867,16 +903,18 @@ class Source:
                 self._untake_last()
             raise
 
-    def _untake_last(self) -> None:
-        """The minibatch ``next()`` returned last never reached its consumer: an exception (a
-        ``KeyboardInterrupt``, say) ended the consumer's step while it was being made into an item.
-        The state goes back to before it, its slot is never reported (a release says its
-        minibatch was taken), and the session only closes from here: ``close()`` and ``state()``
-        give the state before it, so a resume delivers it again — nothing skipped. Used by the
-        adapters, which close the session on any exception."""
-        before, self._before_last = self._before_last, None
-        if before is None:
-            return
+    def _untake_last(self) -> bool:
+        """The minibatch ``next()`` returned last (and not given back yet) never reached its
+        consumer: an exception (a ``KeyboardInterrupt``, say) ended the consumer's step while it
+        was being made into an item. The state goes back to before it, its slot is never reported
+        (a release says its minibatch was taken), and the session only closes from here:
+        ``close()`` and ``state()`` give the state before it, so a resume delivers it again —
+        nothing skipped. Called again, the one before it is given back too (up to
+        ``UNTAKE_DEPTH``; False when none is left to give back). Used by the adapters, which close
+        the session on any exception."""
+        if not self._befores:
+            return False
+        before = self._befores.pop()
         taken, position, minibatches, mixture, key = before
         self._taken = taken
         state = self._last_state
@@ -888,6 +926,7 @@ class Source:
             self._failed = MinibatchdError(
                 "client_interrupted", "a minibatch was lost to an exception in its consumer: close the session and "
                 "resume it from its state(), which continues with that minibatch")
+        return True
 
     @staticmethod
     def _mixture(mb: "Minibatch", owner: np.ndarray, specs: list) -> dict:

@@ -40,6 +40,7 @@ size.
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
 import copy
 import fcntl
@@ -57,7 +58,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ._adapter import user_options
-from ._client import connect, torchrun_env
+from ._client import UNTAKE_DEPTH, connect, torchrun_env
 
 META = "meta"
 
@@ -263,8 +264,13 @@ class MinibatchIterableDataset(IterableDataset):
         # (_load_finished): set_epoch of that very epoch restores it as saved instead.
         self._finished: Optional[Tuple[int, dict]] = None
         self._asked: Optional[int] = None  # the epoch of the latest set_epoch
-        # Items yielded in this process, and the session of the latest (_untake_yielded).
-        self._yielded: Tuple[int, Any] = (0, None)
+        # Items yielded in this process, and the sessions of the latest, latest last
+        # (_untake_since).
+        self._yielded: Tuple[int, Any] = (0, collections.deque(maxlen=UNTAKE_DEPTH))
+        # Inside a DataLoader step in this process (_Handed), and the sessions that hold back
+        # reporting the items yielded in it (_count_yield).
+        self._in_step = False
+        self._held: list = []
         self._equal: Optional[bool] = None  # equal_steps and tail of the current pass
         self._tail: Optional[str] = None
         if resume is not None:
@@ -578,7 +584,7 @@ class MinibatchIterableDataset(IterableDataset):
                 item = source._next_made(lambda mb: self._item(mb, epoch, worker, workers))
                 if item is None:
                     return
-                self._yielded = (self._yielded[0] + 1, source)
+                self._count_yield(source)
                 yield item
         finally:
             source.close()
@@ -604,29 +610,55 @@ class MinibatchIterableDataset(IterableDataset):
                     ended[w] = True
                     continue
                 self._next = at
-                self._yielded = (self._yielded[0] + 1, sources[w])
+                self._count_yield(sources[w])
                 yield item
                 failed = sources[w]._failed
                 if failed is not None:
-                    # Its item was given back (_untake_yielded): the pass ends here, as one split's
+                    # Its item was given back (_untake_since): the pass ends here, as one split's
                     # would (found by a probe: the other splits went on serving a turn each).
                     raise failed
         finally:
             for source in sources:
                 source.close()
 
-    def _untake_yielded(self, count: int) -> None:
-        """The item yielded as the ``count``-th never reached the trainer: an exception ended the
-        DataLoader's step between this dataset's yield and the trainer (a ``collate_fn``, a
-        ``KeyboardInterrupt`` in the DataLoader's own code). Its minibatch is taken back, as one
-        lost while it was made is (``Source._next_made``): a checkpoint saved in the handler
-        continues with it."""
-        yielded, source = self._yielded
-        if yielded == count and source is not None:
-            source._untake_last()
-            if self._many is not None:
-                # Its split's turn comes again first.
-                self._next = next((i for i, (_, _, s) in enumerate(self._many) if s is source), self._next)
+    def _count_yield(self, source: Any) -> None:
+        """An item of ``source`` is about to be yielded. Inside a DataLoader step in this process
+        its session does not report it taken until the step returns (``_end_step``): the daemon
+        never counts an item the step may still give back."""
+        count, recent = self._yielded
+        recent.append(source)
+        self._yielded = (count + 1, recent)
+        if self._in_step and source._hold_taken is None:
+            source._hold_taken = source._taken - 1
+            self._held.append(source)
+
+    def _end_step(self) -> None:
+        """The DataLoader step in this process returned or failed: its sessions report what they
+        hold again."""
+        self._in_step = False
+        for source in self._held:
+            source._hold_taken = None
+        self._held.clear()
+
+    def _untake_since(self, before: int) -> None:
+        """The items yielded after the ``before``-th never reached the trainer: an exception
+        ended the DataLoader's step between this dataset's yields and the trainer (a
+        ``collate_fn``, a ``KeyboardInterrupt`` in the DataLoader's own code) — one item, or the
+        ``batch_size`` items of a batch (found by a probe: with ``batch_size=2`` both were counted
+        taken, and a checkpoint saved in the handler skipped them). Their minibatches are taken
+        back, latest first, as one lost while it was made is (``Source._next_made``): a
+        checkpoint saved in the handler continues with them."""
+        count, recent = self._yielded
+        first = None
+        for _ in range(count - before):
+            if not recent:
+                break
+            first = recent.pop()
+            first._untake_last()
+        self._yielded = (min(count, before), recent)
+        if first is not None and self._many is not None:
+            # The split of the earliest item given back has its turn again first.
+            self._next = next((i for i, (_, _, s) in enumerate(self._many) if s is first), self._next)
 
     def _item(self, mb: Any, epoch: int, worker: int, workers: int) -> Dict[str, Any]:
         """The item of minibatch ``mb`` of worker ``worker`` of ``workers`` in ``epoch``."""
@@ -740,7 +772,8 @@ class MinibatchIterableDataset(IterableDataset):
         # A copy for another process (a spawned DataLoader worker) takes no session of this one.
         state = self.__dict__.copy()
         state["_source"] = state["_many"] = None
-        state["_yielded"] = (0, None)
+        state["_yielded"] = (0, collections.deque(maxlen=UNTAKE_DEPTH))
+        state["_in_step"], state["_held"] = False, []
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -893,7 +926,7 @@ class _OwnsTheEpoch:
 class _Handed:
     """A DataLoader's in-process iterator whose items count as taken once ``next()`` returns
     them: an exception between the dataset's yield and the return gives the item's minibatch
-    back (``MinibatchIterableDataset._untake_yielded``). Everything else is the iterator's."""
+    back (``MinibatchIterableDataset._untake_since``). Everything else is the iterator's."""
 
     def __init__(self, it: Any, dataset: "MinibatchIterableDataset") -> None:
         self.__dict__["_it"], self.__dict__["_dataset"] = it, dataset
@@ -902,14 +935,18 @@ class _Handed:
         return self
 
     def __next__(self) -> Any:
-        before = self._dataset._yielded[0]
+        dataset = self._dataset
+        before = dataset._yielded[0]
+        dataset._in_step = True
         try:
             return next(self._it)
         except StopIteration:
             raise
         except BaseException:
-            self._dataset._untake_yielded(before + 1)
+            dataset._untake_since(before)
             raise
+        finally:
+            dataset._end_step()
 
     def __len__(self) -> int:
         return len(self._it)

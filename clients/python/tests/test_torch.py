@@ -646,6 +646,41 @@ def test_an_exception_after_the_yield_takes_the_minibatch_back(daemon, workers, 
     assert sorted(taken + rest) == sorted(uninterrupted) and taken + rest == uninterrupted
 
 
+@pytest.mark.parametrize("owning", [False, True], ids=["MinibatchDataLoader", "StatefulMinibatchDataLoader"])
+def test_an_exception_in_a_batch_step_takes_all_its_minibatches_back(daemon, owning):
+    """Found by a probe: with ``batch_size=2`` in this process, an exception in the DataLoader's
+    step after the dataset yielded both minibatches of a batch gave neither back, while
+    state_dict() saved in the handler counted both: the resume skipped them. Both are taken
+    back; the resume delivers them first."""
+    cls = stateful_loader(True) if owning else MinibatchDataLoader
+    calls = []
+
+    def collate(items):
+        calls.append(len(items))
+        if len(calls) == 3:
+            raise Interrupt
+        return items
+
+    def loader(collate_fn):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=2)
+        return ds, cls(ds, batch_size=2, num_workers=0, collate_fn=collate_fn)
+
+    uninterrupted = [ids(item) for batch in loader(lambda items: items)[1] for item in batch]
+    ds, first = loader(collate)
+    taken, it = [], iter(first)
+    with pytest.raises(Interrupt):
+        while True:
+            taken.extend(ids(item) for item in next(it))
+    assert calls == [2, 2, 2], calls
+    saved = first.state_dict() if owning else ds.state_dict()
+    del it, first
+    ds, resumed = loader(lambda items: items)
+    (resumed if owning else ds).load_state_dict(saved)
+    rest = [ids(item) for batch in resumed for item in batch]
+    assert len(taken) == 4
+    assert taken + rest == uninterrupted
+
+
 @pytest.mark.parametrize("workers,owning", [(0, True), (2, True), (2, "processes")],
                          ids=["no-workers", "splits", "processes"])
 def test_a_whole_pass_state_restored_and_saved_again_is_the_state_loaded(daemon, workers, owning):
