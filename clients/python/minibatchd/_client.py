@@ -465,6 +465,9 @@ class Source:
         # Set by an adapter while a step of its consumer may still give minibatches back: the
         # releases and state requests report no more taken than this (``close`` reports all).
         self._hold_taken: Optional[int] = None
+        # A minibatch was given back: this client's own state is the session's (the daemon may
+        # count one released before it was given back).
+        self._given_back = False
         self._unreported: set = set()
         self._live = self._releaser.live
         self._queued: collections.deque = collections.deque()
@@ -588,7 +591,11 @@ class Source:
         keys: set = set()
         if hold is not None:
             for before in reversed(self._befores):
-                if before[0] < hold:
+                # At most half the ring waits: a step of more minibatches than that (a large
+                # `batch_size`) would otherwise leave the daemon no slot to fill, and wait for
+                # ever. Those released early count as taken for the daemon; ``state()`` and
+                # ``close()`` answer from this client once any is given back.
+                if before[0] < hold or 2 * len(keys) >= self._slot_count:
                     break
                 keys.add(before[4])
         return keys
@@ -915,6 +922,7 @@ class Source:
         if not self._befores:
             return False
         before = self._befores.pop()
+        self._given_back = True
         taken, position, minibatches, mixture, key = before
         self._taken = taken
         state = self._last_state
@@ -996,7 +1004,7 @@ class Source:
         """The session's state: the position after the last minibatch this iterator returned
         (prefetched ones never count). Pass it as ``resume=`` to continue exactly after it."""
         self._settle()
-        if self._ended or self._stopped or self._mm is None:
+        if self._ended or self._stopped or self._mm is None or self._given_back:
             return dict(self._last_state)
         try:
             self._flush([{"type": "state"}])
@@ -1017,13 +1025,15 @@ class Source:
         if self._mm is None or self._stopped:
             self._conn.close()
             self._mm = None
-            if self._closed_state is not None:
+            if self._closed_state is not None and not self._given_back:
                 self._last_state = self._closed_state
             return dict(self._last_state)
         try:
             self._flush([{"type": "close"}])
             final = self._await_reply("closed")["state"]
         except (MinibatchdError, OSError):
+            final = dict(self._last_state)
+        if self._given_back:
             final = dict(self._last_state)
         self._conn.close()
         self._mm = None  # arrays still alive keep the mapping itself alive
