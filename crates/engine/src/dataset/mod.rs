@@ -297,13 +297,6 @@ impl Dataset {
         self.huge = huge;
     }
 
-    /// How many of its files the open indexed and could not write to the index cache (a warning
-    /// said why each time): `minibatchd index`, whose purpose the cache is, fails on them.
-    #[must_use]
-    pub fn uncached_indexes(&self) -> u64 {
-        self.uncached_indexes
-    }
-
     /// The parsed cache this dataset uses, if any.
     #[must_use]
     pub fn parsed_cache(&self) -> Option<&Arc<ParsedCache>> {

@@ -123,6 +123,13 @@ impl Dataset {
         Ok(ds)
     }
 
+    /// How many of its files the open indexed and could not write to the index cache (a warning
+    /// said why each time): `minibatchd index`, whose purpose the cache is, fails on them.
+    #[must_use]
+    pub fn uncached_indexes(&self) -> u64 {
+        self.uncached_indexes
+    }
+
     /// The streams a dataset of `config` has, without reading any data: a CTF dataset's configured
     /// streams, deepx's tensors, a record format's decoded streams. What [`Dataset::streams`]
     /// will be once it is open (a configuration check compares mixtures' sources with it).
