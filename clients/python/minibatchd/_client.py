@@ -465,8 +465,10 @@ class Source:
         # Set by an adapter while a step of its consumer may still give minibatches back: the
         # releases and state requests report no more taken than this (``close`` reports all).
         self._hold_taken: Optional[int] = None
-        # A minibatch was given back: this client's own state is the session's (the daemon may
-        # count one released before it was given back).
+        # Whether the open step released some of its slots all the same (``_held_keys``), and
+        # then whether one of its minibatches was given back: this client's own state is the
+        # session's from then on (the daemon counts the minibatches whose slots it got back).
+        self._hold_overflowed = False
         self._given_back = False
         self._unreported: set = set()
         self._live = self._releaser.live
@@ -594,8 +596,11 @@ class Source:
                 # At most half the ring waits: a step of more minibatches than that (a large
                 # `batch_size`) would otherwise leave the daemon no slot to fill, and wait for
                 # ever. Those released early count as taken for the daemon; ``state()`` and
-                # ``close()`` answer from this client once any is given back.
-                if before[0] < hold or 2 * len(keys) >= self._slot_count:
+                # ``close()`` answer from this client once one of the step's is given back.
+                if before[0] < hold:
+                    break
+                if 2 * len(keys) >= self._slot_count:
+                    self._hold_overflowed = True
                     break
                 keys.add(before[4])
         return keys
@@ -922,7 +927,7 @@ class Source:
         if not self._befores:
             return False
         before = self._befores.pop()
-        self._given_back = True
+        self._given_back |= self._hold_overflowed
         taken, position, minibatches, mixture, key = before
         self._taken = taken
         state = self._last_state

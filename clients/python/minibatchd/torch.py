@@ -629,7 +629,7 @@ class MinibatchIterableDataset(IterableDataset):
         recent.append(source)
         self._yielded = (count + 1, recent)
         if self._in_step and source._hold_taken is None:
-            source._hold_taken = source._taken - 1
+            source._hold_taken, source._hold_overflowed = source._taken - 1, False
             self._held.append(source)
 
     def _end_step(self) -> None:
