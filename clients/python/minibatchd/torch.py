@@ -533,6 +533,10 @@ class MinibatchIterableDataset(IterableDataset):
             # go on counting the state's minibatches); a state of a build that did not record it
             # was taken with minibatch_size itself.
             options["minibatch_size"] = int(resume.get("minibatch_size") or asked)
+        elif isinstance(asked, int) and carried is not None and carried.get("minibatch_size") and not self._mixture:
+            # An epoch saved before its first minibatch here keeps the global minibatch it had
+            # (its other workers' sessions may have taken some with it).
+            options["minibatch_size"] = int(carried["minibatch_size"])
         elif isinstance(asked, int) and not self._mixture:
             # A DataLoader worker's items hold what the rank's would without workers: the
             # session's global minibatch is the rank's times its W workers (docs/client.md,
@@ -757,8 +761,11 @@ class MinibatchIterableDataset(IterableDataset):
         if self._source is not None:
             # For job_state_dict: where a worker that had no minibatch yet starts.
             state["sweep_size"] = self._source.sweep_size
-        if source is not None:
-            # The global minibatch the session had: a resume keeps it for the rest of the epoch.
+        if self._epoch is not None and self._minibatches and self._minibatches[0] is not None:
+            # The global minibatch the session had, or has once it opens: a resume keeps it for
+            # the rest of the epoch (found by a probe: a worker that had not opened its session
+            # recorded none, and resumed its share at a new minibatch_size, its siblings at the
+            # old one).
             state["minibatch_size"] = self._minibatches[0]
         return state
 

@@ -436,6 +436,35 @@ OWNING = pytest.mark.parametrize("owning", [False, True, "processes"], ids=[
     "StatefulDataLoader", "StatefulMinibatchDataLoader", "StatefulMinibatchDataLoader-processes"])
 
 
+def test_a_worker_that_had_not_opened_keeps_the_epochs_minibatch_on_resume(daemon):
+    """Found by a probe: resumed with another minibatch_size, a worker process whose session
+    had not opened when the state was saved (its state recorded no global minibatch) cut the
+    rest of its share at the new size, its sibling at the old one. The epoch keeps the
+    minibatch it had in every worker."""
+    cls = stateful_loader("processes")
+
+    def loader(minibatch_size):
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=minibatch_size, seed=2)
+        return cls(ds, batch_size=None, num_workers=2)
+
+    def key(item):
+        return item["meta"]["worker"], tuple(ids(item))
+
+    uninterrupted = sorted(key(item) for item in loader(7))
+    first = loader(7)
+    it = iter(first)
+    taken = key(next(it))
+    saved = first.state_dict()
+    states = saved["_snapshot"]["_worker_snapshots"]
+    assert {w: st["dataset_state"].get("minibatch_size") for w, st in states.items()} == {
+        "worker_0": 14, "worker_1": 14}, states
+    del it, first
+    resumed = loader(3)
+    resumed.load_state_dict(saved)
+    rest = [key(item) for item in resumed]
+    assert sorted([taken] + rest) == uninterrupted
+
+
 @OWNING
 @pytest.mark.parametrize("workers", [0, 2, 3])
 def test_stateful_dataloader_resumes_mid_epoch_exactly(daemon, workers, owning):
