@@ -572,7 +572,7 @@ mod tests {
     #[test]
     fn a_spent_budget_reaches_the_client_with_the_place_and_kind_of_the_last_error() {
         let last = Malformed { kind: ErrorKind::BadNumber, at: at(12, 345), message: "expected a number".into() };
-        let e = ProduceError::Data(DataError::TooManyErrors { last, max_errors: 0 });
+        let e = ProduceError::Data(DataError::TooManyErrors { last: Box::new(last), max_errors: 0, tolerated: None });
         let ProducerEvent::Failed { code, message, detail } = ProducerEvent::failed(&e) else {
             panic!("not a failure")
         };

@@ -136,12 +136,17 @@ pub enum DataError {
         message: String,
     },
     /// The error budget is spent: `last` is the error that exceeded it.
-    #[error("{last}\nreached the maximum number of allowed errors ({max_errors}) while reading the input file ({})", last.at.file.display())]
+    #[error("{last}\nreached the maximum number of allowed errors ({max_errors}) while reading the input file ({}){}", last.at.file.display(), tolerated_note(tolerated.as_deref()))]
     TooManyErrors {
-        /// The error that exceeded the budget.
-        last: Malformed,
+        /// The error that exceeded the budget (boxed, as `tolerated`: every `Result` of the
+        /// crate carries this error).
+        last: Box<Malformed>,
         /// The configured `max_errors`.
         max_errors: u64,
+        /// How many places the same charge took before it (left out as `max_errors` allows),
+        /// and the first: a caller told only this error never logs them (found by a probe:
+        /// `dump` never named them).
+        tolerated: Option<Box<(usize, Malformed)>>,
     },
     /// A dataset-level problem (no file matches a glob, a resume against other data, …).
     #[error("{0}")]
@@ -256,12 +261,26 @@ impl ErrorBudget {
         for e in errors {
             if seen.insert((e.at.file.clone(), e.at.offset, e.kind)) {
                 if seen.len() as u64 > self.max_errors {
-                    return Err(DataError::TooManyErrors { last: e.clone(), max_errors: self.max_errors });
+                    return Err(DataError::TooManyErrors {
+                        last: Box::new(e.clone()),
+                        max_errors: self.max_errors,
+                        tolerated: fresh.first().map(|first: &Malformed| Box::new((fresh.len(), first.clone()))),
+                    });
                 }
                 fresh.push(e.clone());
             }
         }
         Ok(fresh)
+    }
+}
+
+/// What [`DataError::TooManyErrors`] adds about the places left out before it in its charge.
+fn tolerated_note(tolerated: Option<&(usize, Malformed)>) -> String {
+    match tolerated {
+        Some((count, first)) => {
+            format!("; before it, {count} malformed place(s) left out as max_errors allows, the first: {first}")
+        }
+        None => String::new(),
     }
 }
 
@@ -324,6 +343,20 @@ mod tests {
         let b = ErrorBudget::new(2);
         assert_eq!(b.charge(&[err(1), err(2)]).map(|v| v.len()).ok(), Some(2));
         assert!(matches!(b.charge(&[err(3)]), Err(DataError::TooManyErrors { max_errors: 2, .. })));
+    }
+
+    /// Found by a probe: `dump` logs the places a charge accepts only when the charge succeeds,
+    /// so one a chunk tolerated before the place that spent the budget was never named; the
+    /// error names it.
+    #[test]
+    fn a_spent_budget_names_the_places_its_charge_tolerated_before() {
+        let b = ErrorBudget::new(1);
+        let Err(e) = b.charge(&[err(2), err(4)]) else { panic!("the second place spends a budget of 1") };
+        let text = e.to_string();
+        assert!(text.contains("before it, 1 malformed place(s) left out as max_errors allows, the first: "), "{text}");
+        assert!(text.contains(&err(2).to_string()), "{text}");
+        let Err(alone) = ErrorBudget::new(0).charge(&[err(3)]) else { panic!("a budget of 0") };
+        assert!(!alone.to_string().contains("before it"), "{alone}");
     }
 
     #[test]
