@@ -827,6 +827,43 @@ fn a_close_that_does_not_say_what_was_taken_is_not_resumed_as_exact() {
 }
 
 #[test]
+fn released_minibatches_a_client_reports_untaken_are_resumed_by_name() {
+    let d = start();
+    // A client that releases slots of minibatches it has not handed on (the Python adapters
+    // during a DataLoader step: a batch of more minibatches than half the ring), then gives
+    // them back: `close{taken: 1}` after releasing minibatches 0..4 with `taken: 0`. Before, a
+    // release counted its minibatch taken whatever the client said, and a resume by name skipped
+    // minibatches 1..4 while saying it was exact.
+    let mut s = raw(&d.socket);
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+    let open = br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"session":"held","max_sweeps":10,"prefetch":2}}"#;
+    s.write_all(&frame(open)).expect("write");
+    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    for index in 0..4 {
+        let m = reply(&mut s).expect("a ready");
+        assert_eq!((m["type"].as_str(), m["minibatch"]["index"].as_u64()), (Some("ready"), Some(index)), "{m}");
+        let release = format!(r#"{{"type":"release","slot":{},"generation":{},"taken":0}}"#, m["slot"], m["generation"]);
+        s.write_all(&frame(release.as_bytes())).expect("write");
+    }
+    s.write_all(&frame(br#"{"type":"close","taken":1}"#)).expect("write");
+    loop {
+        let m = reply(&mut s).expect("closed");
+        if m["type"] == "closed" {
+            assert_eq!(m["state"]["minibatches"], 1, "the client took one: {m}");
+            break;
+        }
+    }
+    drop(s);
+    let named = SessionOptions { session: Some("held".into()), max_sweeps: Some(10), ..options(4) };
+    let mut again = open_retrying(&d, "train", &named, ErrorCode::SessionBusy);
+    let resumed = again.resumed.clone().expect("resumed by name");
+    assert!(resumed.exact, "the client said what it took: {resumed:?}");
+    let want = d.dump("train", &["--minibatch-size", "4", "--max-sweeps", "10"]);
+    assert_eq!(drain(&mut again, 2), want[1..3], "minibatches 1 and 2 come next");
+}
+
+#[test]
 fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     use std::os::unix::fs::PermissionsExt;
     let mut d = start();

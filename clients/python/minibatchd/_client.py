@@ -595,8 +595,9 @@ class Source:
             for before in reversed(self._befores):
                 # At most half the ring waits: a step of more minibatches than that (a large
                 # `batch_size`) would otherwise leave the daemon no slot to fill, and wait for
-                # ever. Those released early count as taken for the daemon; ``state()`` and
-                # ``close()`` answer from this client once one of the step's is given back.
+                # ever. Those released early still report the count before the step, which the
+                # daemon believes (an older daemon counted them taken: hence ``state()`` and
+                # ``close()`` answer from this client once one of the step's is given back).
                 if before[0] < hold:
                     break
                 if 2 * len(keys) >= self._slot_count:

@@ -221,6 +221,38 @@ def test_a_minibatch_taken_but_not_returned_is_taken_back(daemon):
     _rest_resumed_from(client, state, got, want)
 
 
+def test_minibatches_given_back_after_their_slots_were_released_resume_by_name_exactly(daemon):
+    """A step that holds more minibatches than half the ring (an adapter's DataLoader batch) lets
+    the later ones' slots go while it still may give them back; it gives all of them back. Before,
+    the daemon counted a released minibatch taken whatever the client said: a resume by the
+    session's name skipped the ones given back, and said it was exact."""
+    name = "step-given-back"
+    opts = dict(SWEEP, session=name, prefetch=4)
+    want = daemon.dump("--minibatch-size", "4", "--max-sweeps", "1")
+    source = minibatchd.connect(daemon.socket).open("train", **opts)
+    got = [next(source).to_dump() for _ in range(2)]
+    source._hold_taken, source._hold_overflowed = source._taken, False  # as an adapter's step does
+    for _ in range(5):
+        next(source)  # each minibatch dies at once: its slot may be released (past half the ring)
+    assert source._hold_overflowed
+    for _ in range(5):
+        assert source._untake_last()
+    source._hold_taken = None
+    assert source.close()["minibatches"] == 2
+    again = None
+    for _ in range(100):
+        try:
+            again = minibatchd.connect(daemon.socket).open("train", **opts)
+            break
+        except minibatchd.MinibatchdError as e:
+            assert e.code == "session_busy", e
+            time.sleep(0.05)
+    assert again is not None
+    assert again.resumed["exact"] is True, again.resumed
+    got.extend(mb.to_dump() for mb in again)
+    assert got == want
+
+
 def test_next_from_two_threads_at_once_is_refused(daemon):
     """Found by a probe: two threads iterating one source got correct data, but at the end one of
     them waited for ever. A source is not thread-safe: a second thread inside next() is told."""

@@ -487,7 +487,11 @@ async fn on_frame(
             a.waited(wait_ns);
             match a.slots.release(slot, generation) {
                 Release::Freed { minibatch } => {
-                    a.progress.taken(minibatch.saturating_add(1));
+                    let forced = a.progress.released(minibatch, taken, a.slot_count);
+                    if forced > 0 {
+                        tracing::warn!(session = %a.name, forced, "the client released the slots of more minibatches \
+                            than it reported taken, past what may wait for its count: counted as taken");
+                    }
                     let i = usize::try_from(slot).unwrap_or(usize::MAX);
                     a.producer.give(FreeSlot { slot, generation: a.slots.next_generation(i) });
                     a.publish_slots(false);

@@ -728,6 +728,43 @@ mod tests {
     }
 
     #[test]
+    fn a_release_counts_its_minibatch_taken_unless_the_client_says_less_within_a_bound() {
+        let start = SessionState {
+            version: 1,
+            dataset: "t".into(),
+            position: 0,
+            minibatches: 0,
+            data_identity: String::new(),
+            options_hash: String::new(),
+            job: None,
+            worker: None,
+            mixture: None,
+            equal_steps_minibatch: None,
+            decode_digest: None,
+        };
+        let mut p = Progress::new(&start);
+        let meta = |i: u64| MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: 10 * (i + 1) };
+        // A ring of 4 slots: a slot released is filled again and announced.
+        for i in 0..4 {
+            p.announced(meta(i), None);
+        }
+        assert_eq!(p.released(0, None, 4), 0);
+        assert_eq!((p.taken_count(), p.position()), (1, 10), "a release without a count: taken");
+        let bound = super::progress::RELEASED_UNTAKEN as u64;
+        for i in 1..=bound + 1 {
+            p.announced(meta(i + 3), None);
+            p.taken(1);
+            assert_eq!(p.released(i, Some(1), 4), 0, "within the slots and the bound: {i}");
+        }
+        assert_eq!((p.taken_count(), p.position()), (1, 10), "released, reported untaken: waiting for the count");
+        p.announced(meta(bound + 5), None);
+        assert_eq!(p.released(bound + 2, Some(1), 4), 1, "past the slots and the bound: counted");
+        assert_eq!((p.taken_count(), p.position()), (2, 20));
+        p.taken(5);
+        assert_eq!((p.taken_count(), p.position()), (5, 50), "the count catches up");
+    }
+
+    #[test]
     fn registry_lingers_claims_and_budgets_memory() {
         let t0 = Instant::now();
         let mut r = Registry::new(1000, 200, Duration::from_secs(10));

@@ -5,6 +5,10 @@ use std::collections::VecDeque;
 
 use minibatchd_client::protocol::{MinibatchMeta, MixtureState, SessionState};
 
+/// Released minibatches that may wait for a client's `taken` count beyond the ring's slots
+/// ([`Progress::released`]): as many as the Python client can give back (its `UNTAKE_DEPTH`).
+pub const RELEASED_UNTAKEN: usize = 1024;
+
 /// The minibatches announced to the client and how many it has taken.
 #[derive(Debug, Clone)]
 pub struct Progress {
@@ -47,14 +51,37 @@ impl Progress {
     /// The client reports `taken` minibatches taken in total. Counts beyond what was announced
     /// are clamped; smaller counts than already known are ignored.
     pub fn taken(&mut self, taken: u64) {
-        while self.taken < taken {
-            let Some((m, mixture)) = self.announced.pop_front() else { break };
-            self.taken = m.index.saturating_add(1);
-            self.position = m.position;
-            if mixture.is_some() {
-                self.mixture = mixture;
-            }
+        while self.taken < taken && self.take_first() {}
+    }
+
+    /// Counts the first minibatch announced and not taken as taken; false when there is none.
+    fn take_first(&mut self) -> bool {
+        let Some((m, mixture)) = self.announced.pop_front() else { return false };
+        self.taken = m.index.saturating_add(1);
+        self.position = m.position;
+        if mixture.is_some() {
+            self.mixture = mixture;
         }
+        true
+    }
+
+    /// The client gave back the slot of minibatch `index`, reporting `taken` minibatches taken
+    /// (already applied with [`Progress::taken`]). A release that does not say implies its
+    /// minibatch was taken. One that says less is believed: a client may release the slot of a
+    /// minibatch it has not handed on yet and may still give back (the Python adapters' DataLoader
+    /// steps, `docs/daemon.md`), and a resume by name must continue with it. Such minibatches wait
+    /// for the count at most [`RELEASED_UNTAKEN`] past the ring's `slot_count` slots (the
+    /// connection's memory stays bounded); older ones count as taken, and the number of them is
+    /// returned.
+    pub fn released(&mut self, index: u64, taken: Option<u64>, slot_count: usize) -> u64 {
+        if taken.is_none() {
+            self.taken(index.saturating_add(1));
+            return 0;
+        }
+        let before = self.taken;
+        let cap = slot_count.saturating_add(RELEASED_UNTAKEN);
+        while self.announced.len() > cap && self.take_first() {}
+        self.taken.saturating_sub(before)
     }
 
     /// Minibatches announced whose taking the client has not reported (yet).
