@@ -843,7 +843,8 @@ fn released_minibatches_a_client_reports_untaken_are_resumed_by_name() {
     for index in 0..4 {
         let m = reply(&mut s).expect("a ready");
         assert_eq!((m["type"].as_str(), m["minibatch"]["index"].as_u64()), (Some("ready"), Some(index)), "{m}");
-        let release = format!(r#"{{"type":"release","slot":{},"generation":{},"taken":0}}"#, m["slot"], m["generation"]);
+        let release =
+            format!(r#"{{"type":"release","slot":{},"generation":{},"taken":0}}"#, m["slot"], m["generation"]);
         s.write_all(&frame(release.as_bytes())).expect("write");
     }
     s.write_all(&frame(br#"{"type":"close","taken":1}"#)).expect("write");
