@@ -68,7 +68,7 @@ impl Progress {
     /// The client gave back the slot of minibatch `index`, reporting `taken` minibatches taken
     /// (already applied with [`Progress::taken`]). A release that does not say implies its
     /// minibatch was taken. One that says less is believed: a client may release the slot of a
-    /// minibatch it has not handed on yet and may still give back (the Python adapters' DataLoader
+    /// minibatch it has not handed on yet and may still give back (the Python adapters' `DataLoader`
     /// steps, `docs/daemon.md`), and a resume by name must continue with it. Such minibatches wait
     /// for the count at most [`RELEASED_UNTAKEN`] past the ring's `slot_count` slots (the
     /// connection's memory stays bounded); older ones count as taken, and the number of them is
