@@ -174,7 +174,11 @@ fn first_line(file: &File, kind: LineKind) -> std::io::Result<Option<u64>> {
     if head.starts_with(&[0xFF, 0xFE]) {
         return Ok(None); // UTF-16: CTF's pass refuses it, saying so
     }
-    let at = if head.starts_with(&[0xEF, 0xBB, 0xBF]) { 3 } else { 0 };
+    let at = match kind {
+        LineKind::Ctf { .. } => super::ctf::bom_prefix(&head),
+        _ if head.starts_with(&[0xEF, 0xBB, 0xBF]) => 3,
+        _ => 0,
+    };
     let Some(&b) = head.get(at) else { return Ok(None) };
     let taken = match kind {
         LineKind::Ctf { skip_ids: false } => b == b'|',

@@ -112,7 +112,7 @@ fn first_mode(file: &std::fs::File, options: &CtfIndexOptions) -> std::io::Resul
     if head.starts_with(&[0xFF, 0xFE]) {
         return Ok(None);
     }
-    let head = head.strip_prefix(&[0xEF, 0xBB, 0xBF]).unwrap_or(head);
+    let head = &head[super::bom_prefix(head)..];
     Ok(head.iter().find(|&&b| !(b.is_ascii_whitespace() || b == 0x0b)).and_then(|&first| {
         if options.skip_sequence_ids || first == b'|' {
             Some(Mode::Lines)
@@ -267,10 +267,9 @@ impl Indexer {
                         "found a UTF-16 BOM at the beginning of the input file; UTF-16 encoding is not supported",
                     ));
                 }
-                if line.starts_with(&[0xEF, 0xBB, 0xBF]) {
-                    line = &line[3..];
-                    offset += 3;
-                }
+                let bom = super::bom_prefix(line);
+                line = &line[bom..];
+                offset += bom as u64;
             }
             let skip = line.iter().take_while(|&&b| b.is_ascii_whitespace() || b == 0x0b).count();
             if skip == line.len() {

@@ -42,6 +42,17 @@ fn byte_ranges_cover_the_sequence_up_to_the_next() {
 fn boms_and_leading_whitespace() {
     assert_eq!(shape("\u{feff}|a 1\n", false, None), vec![(0, 1)]);
     assert!(fatal(b"\xff\xfe|\x00a").contains("UTF-16"));
+    // As CNTK 2.7: the bytes of a BOM are skipped as far as they match (found by a probe).
+    assert_eq!(shape("\u{feff}0 |a 1\n", false, None), vec![(0, 1)]);
+    for head in [&b"\xef"[..], b"\xef\xbb"] {
+        let mut text = head.to_vec();
+        text.extend_from_slice(b"0 |a 1\n1 |a 2\n");
+        let idx = index(&text, false, None).expect("a partial BOM is skipped");
+        let r: Vec<(u64, u32)> = idx.sequences.iter().map(|s| (s.offset, s.size)).collect();
+        assert_eq!(r, vec![(head.len() as u64, 7), (head.len() as u64 + 7, 7)]);
+    }
+    assert!(fatal(b"\xef\xbf0 |a 1\n").contains("byte offset 1"));
+    assert!(fatal(b"\xef\xbb\xbe0 |a 1\n").contains("byte offset 2"));
     assert!(fatal(b"\x1f\x8b\x08\x00").contains("starts as gzip data does"));
     // Leading blank lines are skipped; line-mode keys still count them.
     assert_eq!(shape("\n\n  |a 1\n|a 2\n", false, None), vec![(2, 1), (3, 1)]);
