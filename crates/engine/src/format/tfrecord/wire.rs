@@ -127,3 +127,16 @@ impl<'a> Wire<'a> {
         Ok(Some((number, value)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Wire, WireError};
+
+    #[test]
+    fn a_field_number_0_is_malformed_where_tensorflow_skips_it() {
+        // Key 0x02: field 0, wire type 2 (TensorFlow 2.21 parses such an Example; protobuf
+        // forbids the number: docs/differences.md, TFRecord 12).
+        assert_eq!(Wire::new(&[0x02, 0x00]).next().err(), Some(WireError::FieldNumberZero));
+        assert!(matches!(Wire::new(&[0x0a, 0x00]).next(), Ok(Some((1, _)))));
+    }
+}
