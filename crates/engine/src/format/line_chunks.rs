@@ -176,8 +176,13 @@ fn first_line(file: &File, kind: LineKind) -> std::io::Result<Option<u64>> {
     }
     let at = match kind {
         LineKind::Ctf { .. } => super::ctf::bom_prefix(&head),
-        _ if head.starts_with(&[0xEF, 0xBB, 0xBF]) => 3,
-        _ => 0,
+        LineKind::Deepx { .. } => {
+            if head.starts_with(&[0xEF, 0xBB, 0xBF]) {
+                3
+            } else {
+                0
+            }
+        }
     };
     let Some(&b) = head.get(at) else { return Ok(None) };
     let taken = match kind {
