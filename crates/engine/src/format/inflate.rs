@@ -840,6 +840,13 @@ mod tests {
             assert!(e.contains(name) && e.contains("bytes follow the end of the zlib stream"), "{e}");
             assert!(e.contains(&format!("compressed byte offset {}", one.len())), "{e}");
         }
+        // Only the Adler-32 trailer damaged: the data decompressed whole (found by a probe: the
+        // message said "after 0 bytes decompressed" and named no checksum).
+        let mut bad = one.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let e = read("adler.z", &bad).expect_err("a bad checksum").to_string();
+        assert!(e.contains("after 8 bytes decompressed") && e.contains("Adler-32"), "{e}");
     }
 
     #[test]

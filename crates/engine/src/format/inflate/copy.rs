@@ -73,7 +73,7 @@ pub(super) fn copy_inflated(
             let mut member = 0u64;
             loop {
                 let mut decoder = flate2::bufread::GzDecoder::new(&mut input);
-                written = pump(&mut decoder, &mut writer, allowed, written, member > 0, &invalid)?;
+                written = pump(&mut decoder, &mut writer, allowed, written, member > 0, &invalid, |_| None)?;
                 member += 1;
                 // Only the first byte is judged here: the buffer may hold just one byte of the
                 // next member, whose header its decoder judges (found by a review).
@@ -87,7 +87,10 @@ pub(super) fn copy_inflated(
         }
         Codec::Zlib => {
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
-            let written = pump(&mut decoder, &mut writer, allowed, 0, false, &invalid)?;
+            // The decoder's own count: the read that finds a bad Adler-32 checksum is the one that
+            // decompressed the last bytes, which the copy never saw (found by a probe: "after 0
+            // bytes decompressed" of a file whose data was whole).
+            let written = pump(&mut decoder, &mut writer, allowed, 0, false, &invalid, |d| Some(d.total_out()))?;
             // A zlib stream ends where its checksum does: bytes after it were left out (found by a
             // probe: a second stream appended was dropped without a word, as TensorFlow drops it).
             let rest = std::io::BufRead::fill_buf(decoder.get_mut()).map_err(|e| invalid(written, &e.to_string()))?;
@@ -111,13 +114,16 @@ const NOT_A_MEMBER: &str = "the bytes after a complete gzip member are not anoth
 /// Copies what `decoder` yields into `writer`, the total (from `written`, already written) at most
 /// `allowed` bytes; the new total. `after_member`: the decoder reads a member that follows
 /// another, so a header it cannot read is bytes appended to the file.
-fn pump(
-    decoder: &mut dyn Read,
+/// `decompressed`: what the decoder says it decompressed in all, where it keeps count (a zlib
+/// decoder), for an error's message.
+fn pump<D: Read>(
+    decoder: &mut D,
     writer: &mut BufWriter<File>,
     allowed: u64,
     mut written: u64,
     after_member: bool,
     invalid: &dyn Fn(u64, &str) -> Failure,
+    decompressed: impl Fn(&D) -> Option<u64>,
 ) -> Result<u64, Failure> {
     let mut buf = vec![0u8; 1 << 20];
     let start = written;
@@ -131,10 +137,12 @@ fn pump(
                     "the file ends inside compressed data (truncated?)".to_owned()
                 } else if after_member && written == start && e.to_string().contains("header") {
                     format!("{e}: {NOT_A_MEMBER}")
+                } else if decompressed(decoder).is_some() {
+                    format!("{e} (damaged data, or an Adler-32 checksum that does not match what was decompressed)")
                 } else {
                     e.to_string()
                 };
-                return Err(invalid(written, &what));
+                return Err(invalid(decompressed(decoder).map_or(written, |d| d.max(written)), &what));
             }
         };
         written += n as u64;
