@@ -221,6 +221,18 @@ def test_a_minibatch_taken_but_not_returned_is_taken_back(daemon):
     _rest_resumed_from(client, state, got, want)
 
 
+def _reopen_by_name(daemon, opts):
+    """Opens ``train`` with ``opts`` (a session name) once the daemon has let the closed or
+    dropped session of that name go (``session_busy`` until then)."""
+    for _ in range(100):
+        try:
+            return minibatchd.connect(daemon.socket).open("train", **opts)
+        except minibatchd.MinibatchdError as e:
+            assert e.code == "session_busy", e
+            time.sleep(0.05)
+    raise AssertionError("the session stayed busy")
+
+
 def test_minibatches_given_back_after_their_slots_were_released_resume_by_name_exactly(daemon):
     """A step that holds more minibatches than half the ring (an adapter's DataLoader batch) lets
     the later ones' slots go while it still may give them back; it gives all of them back. Before,
@@ -239,15 +251,7 @@ def test_minibatches_given_back_after_their_slots_were_released_resume_by_name_e
         assert source._untake_last()
     source._hold_taken = None
     assert source.close()["minibatches"] == 2
-    again = None
-    for _ in range(100):
-        try:
-            again = minibatchd.connect(daemon.socket).open("train", **opts)
-            break
-        except minibatchd.MinibatchdError as e:
-            assert e.code == "session_busy", e
-            time.sleep(0.05)
-    assert again is not None
+    again = _reopen_by_name(daemon, opts)
     assert again.resumed["exact"] is True, again.resumed
     got.extend(mb.to_dump() for mb in again)
     assert got == want
@@ -750,15 +754,7 @@ def test_a_session_read_to_its_end_and_dropped_resumes_by_name_exactly(daemon):
     assert 1 < sum(1 for _ in source) < 8
     source._conn.close()  # the process goes: no close()
     del source
-    again = None
-    for _ in range(100):
-        try:
-            again = minibatchd.connect(daemon.socket).open("train", **opts)
-            break
-        except minibatchd.MinibatchdError as e:
-            assert e.code == "session_busy", e
-            time.sleep(0.05)
-    assert again is not None
+    again = _reopen_by_name(daemon, opts)
     assert again.resumed["from"] == "lingering" and again.resumed["exact"] is True, again.resumed
     assert list(again) == []
 

@@ -699,13 +699,13 @@ mod tests {
         assert_eq!(t.leased(), 0);
     }
 
-    #[test]
-    fn position_counts_only_taken_minibatches() {
-        let start = SessionState {
+    /// A session's state at `position` after `minibatches`, nothing else set.
+    fn started_at(position: u64, minibatches: u64) -> SessionState {
+        SessionState {
             version: 1,
             dataset: "t".into(),
-            position: 10,
-            minibatches: 2,
+            position,
+            minibatches,
             data_identity: String::new(),
             options_hash: String::new(),
             job: None,
@@ -713,7 +713,12 @@ mod tests {
             mixture: None,
             equal_steps_minibatch: None,
             decode_digest: None,
-        };
+        }
+    }
+
+    #[test]
+    fn position_counts_only_taken_minibatches() {
+        let start = started_at(10, 2);
         let mut p = Progress::new(&start);
         for (i, pos) in [(2, 18), (3, 26), (4, 30)] {
             p.announced(MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: pos }, None);
@@ -729,19 +734,7 @@ mod tests {
 
     #[test]
     fn a_release_counts_its_minibatch_taken_unless_the_client_says_less_within_a_bound() {
-        let start = SessionState {
-            version: 1,
-            dataset: "t".into(),
-            position: 0,
-            minibatches: 0,
-            data_identity: String::new(),
-            options_hash: String::new(),
-            job: None,
-            worker: None,
-            mixture: None,
-            equal_steps_minibatch: None,
-            decode_digest: None,
-        };
+        let start = started_at(0, 0);
         let mut p = Progress::new(&start);
         let meta = |i: u64| MinibatchMeta { index: i, sweep: 0, end_of_sweep: false, position: 10 * (i + 1) };
         // A ring of 4 slots: a slot released is filled again and announced.
