@@ -488,9 +488,10 @@ async fn on_frame(
             match a.slots.release(slot, generation) {
                 Release::Freed { minibatch } => {
                     let forced = a.progress.released(minibatch, taken, a.slot_count);
-                    if forced > 0 {
-                        tracing::warn!(session = %a.name, forced, "the client released the slots of more minibatches \
-                            than it reported taken, past what may wait for its count: counted as taken");
+                    // Once a connection: a client that never reports would otherwise log each release.
+                    if forced > 0 && a.progress.forced() == forced {
+                        tracing::warn!(session = %a.name, "the client released the slots of more minibatches than \
+                            it reported taken, past what may wait for its count: counted as taken (said once)");
                     }
                     let i = usize::try_from(slot).unwrap_or(usize::MAX);
                     a.producer.give(FreeSlot { slot, generation: a.slots.next_generation(i) });

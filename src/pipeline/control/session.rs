@@ -752,7 +752,7 @@ mod tests {
         assert_eq!((p.taken_count(), p.position()), (1, 10), "released, reported untaken: waiting for the count");
         p.announced(meta(bound + 5), None);
         assert_eq!(p.released(bound + 2, Some(1), 4), 1, "past the slots and the bound: counted");
-        assert_eq!((p.taken_count(), p.position()), (2, 20));
+        assert_eq!((p.taken_count(), p.position(), p.forced()), (2, 20, 1));
         p.taken(5);
         assert_eq!((p.taken_count(), p.position()), (5, 50), "the count catches up");
     }

@@ -20,6 +20,8 @@ pub struct Progress {
     mixture: Option<MixtureState>,
     /// One past the highest minibatch index announced (the starting count before any).
     announced_up_to: u64,
+    /// Released minibatches counted as taken past [`RELEASED_UNTAKEN`], in all.
+    forced: u64,
 }
 
 impl Progress {
@@ -32,6 +34,7 @@ impl Progress {
             position: start.position,
             mixture: start.mixture.clone(),
             announced_up_to: start.minibatches,
+            forced: 0,
         }
     }
 
@@ -81,7 +84,15 @@ impl Progress {
         let before = self.taken;
         let cap = slot_count.saturating_add(RELEASED_UNTAKEN);
         while self.announced.len() > cap && self.take_first() {}
-        self.taken.saturating_sub(before)
+        let forced = self.taken.saturating_sub(before);
+        self.forced = self.forced.saturating_add(forced);
+        forced
+    }
+
+    /// Minibatches [`Progress::released`] counted as taken past the bound, in all.
+    #[must_use]
+    pub fn forced(&self) -> u64 {
+        self.forced
     }
 
     /// Minibatches announced whose taking the client has not reported (yet).
