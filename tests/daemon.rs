@@ -690,6 +690,27 @@ fn raw_frame(s: &mut UnixStream) -> Option<Vec<u8>> {
     Some(body)
 }
 
+/// A raw protocol-1 connection with the session of `open` (an `open` message) opened.
+fn raw_opened(socket: &Path, open: &[u8]) -> UnixStream {
+    let mut s = raw(socket);
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
+    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
+    s.write_all(&frame(open)).expect("write");
+    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    s
+}
+
+/// Sends `close` (a close message) on `s` and returns the `closed` reply, past any `ready`.
+fn closed(s: &mut UnixStream, close: &[u8]) -> serde_json::Value {
+    s.write_all(&frame(close)).expect("write");
+    loop {
+        let m = reply(s).expect("closed");
+        if m["type"] == "closed" {
+            return m;
+        }
+    }
+}
+
 fn code(v: Option<&serde_json::Value>) -> String {
     v.and_then(|v| v["code"].as_str()).unwrap_or("<none>").to_owned()
 }
@@ -796,26 +817,16 @@ fn a_close_that_does_not_say_what_was_taken_is_not_resumed_as_exact() {
     let d = start();
     // A raw client of its own (the clients always say): three minibatches announced, none
     // released, then `close` without `taken`.
-    let mut s = raw(&d.socket);
-    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
-    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
     let open = br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"session":"quiet","max_sweeps":10}}"#;
-    s.write_all(&frame(open)).expect("write");
-    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    let mut s = raw_opened(&d.socket, open);
     let mut announced = 0;
     while announced < 3 {
         let m = reply(&mut s).expect("a ready");
         assert_eq!(m["type"], "ready", "{m}");
         announced += 1;
     }
-    s.write_all(&frame(br#"{"type":"close"}"#)).expect("write");
-    loop {
-        let m = reply(&mut s).expect("closed");
-        if m["type"] == "closed" {
-            assert_eq!(m["state"]["minibatches"], 0, "nothing reported taken: {m}");
-            break;
-        }
-    }
+    let m = closed(&mut s, br#"{"type":"close"}"#);
+    assert_eq!(m["state"]["minibatches"], 0, "nothing reported taken: {m}");
     drop(s);
     // Its trainer may hold all three: a resume by name starts over them and must say so.
     let named = SessionOptions { session: Some("quiet".into()), max_sweeps: Some(10), ..options(4) };
@@ -834,12 +845,8 @@ fn released_minibatches_a_client_reports_untaken_are_resumed_by_name() {
     // them back: `close{taken: 1}` after releasing minibatches 0..4 with `taken: 0`. Before, a
     // release counted its minibatch taken whatever the client said, and a resume by name skipped
     // minibatches 1..4 while saying it was exact.
-    let mut s = raw(&d.socket);
-    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("write");
-    assert_eq!(reply(&mut s).expect("hello")["type"], "hello");
     let open = br#"{"type":"open","dataset":"train","options":{"minibatch_size":4,"session":"held","max_sweeps":10,"prefetch":2}}"#;
-    s.write_all(&frame(open)).expect("write");
-    assert_eq!(reply(&mut s).expect("opened")["type"], "opened");
+    let mut s = raw_opened(&d.socket, open);
     for index in 0..4 {
         let m = reply(&mut s).expect("a ready");
         assert_eq!((m["type"].as_str(), m["minibatch"]["index"].as_u64()), (Some("ready"), Some(index)), "{m}");
@@ -847,14 +854,8 @@ fn released_minibatches_a_client_reports_untaken_are_resumed_by_name() {
             format!(r#"{{"type":"release","slot":{},"generation":{},"taken":0}}"#, m["slot"], m["generation"]);
         s.write_all(&frame(release.as_bytes())).expect("write");
     }
-    s.write_all(&frame(br#"{"type":"close","taken":1}"#)).expect("write");
-    loop {
-        let m = reply(&mut s).expect("closed");
-        if m["type"] == "closed" {
-            assert_eq!(m["state"]["minibatches"], 1, "the client took one: {m}");
-            break;
-        }
-    }
+    let m = closed(&mut s, br#"{"type":"close","taken":1}"#);
+    assert_eq!(m["state"]["minibatches"], 1, "the client took one: {m}");
     drop(s);
     let named = SessionOptions { session: Some("held".into()), max_sweeps: Some(10), ..options(4) };
     let mut again = open_retrying(&d, "train", &named, ErrorCode::SessionBusy);

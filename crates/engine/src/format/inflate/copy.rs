@@ -133,16 +133,17 @@ fn pump<D: Read>(
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
+                let counted = decompressed(decoder);
                 let what = if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     "the file ends inside compressed data (truncated?)".to_owned()
                 } else if after_member && written == start && e.to_string().contains("header") {
                     format!("{e}: {NOT_A_MEMBER}")
-                } else if decompressed(decoder).is_some() {
+                } else if counted.is_some() {
                     format!("{e} (damaged data, or an Adler-32 checksum that does not match what was decompressed)")
                 } else {
                     e.to_string()
                 };
-                return Err(invalid(decompressed(decoder).map_or(written, |d| d.max(written)), &what));
+                return Err(invalid(counted.map_or(written, |d| d.max(written)), &what));
             }
         };
         written += n as u64;
