@@ -705,10 +705,11 @@ mod tests {
             ),
             RemoteError::Denied { .. }
         ));
-        assert!(matches!(
-            reach.classify("s3://b/k", "LIST", &text("in 2.403s - 500 Internal Server Error")),
-            RemoteError::Other { .. }
-        ));
+        let server = reach.classify("s3://b/k", "GET bytes 10..20", &text("in 2.403s - 500 Internal Server Error"));
+        assert!(
+            matches!(&server, RemoteError::Other { message, .. } if message.starts_with("GET bytes 10..20: ")),
+            "the failed request is named: {server}"
+        );
         let denied = object_store::Error::PermissionDenied { path: "k".into(), source: "403".into() };
         assert!(matches!(reach.classify("s3://b/k", "HEAD", &denied), RemoteError::Denied { .. }));
         let too_large = generic(Box::new(capped::too_large()));

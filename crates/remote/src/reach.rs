@@ -84,7 +84,7 @@ impl Reach {
                 RemoteError::Changed { url: url.to_owned(), indexed: String::new() }
             }
             object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
-                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+                RemoteError::Denied { url: url.to_owned(), message: format!("{what}: {}", short(&text)) }
             }
             _ if text.contains("NoSuchBucket") => {
                 RemoteError::NotFound { url: url.to_owned(), message: "no such bucket".into() }
@@ -97,9 +97,11 @@ impl Reach {
                 || text.contains("InvalidAccessKeyId")
                 || text.contains("SignatureDoesNotMatch") =>
             {
-                RemoteError::Denied { url: url.to_owned(), message: short(&text) }
+                RemoteError::Denied { url: url.to_owned(), message: format!("{what}: {}", short(&text)) }
             }
-            _ => RemoteError::Other { url: url.to_owned(), message: short(&text) },
+            // The request is named (a ranged GET's bytes): a failure after the client's retries
+            // says which read failed, not only the store's words.
+            _ => RemoteError::Other { url: url.to_owned(), message: format!("{what}: {}", short(&text)) },
         }
     }
 
