@@ -580,7 +580,8 @@ impl Dataset {
 
     /// For a chunk whose bytes are in object storage: fetches them into the object cache
     /// now (the daemon's readahead stage does this ahead of the parsers, several at a time), and
-    /// says whether they had to be fetched. `None` for a chunk of a local file.
+    /// says whether they were fetched now (`false`: already there, or no room in the cache now,
+    /// when the chunk's parser reads them itself). `None` for a chunk of a local file.
     #[must_use]
     pub fn fetch_object_range(&self, chunk: usize) -> Option<Result<bool>> {
         let c = self.chunks.get(chunk)?;
@@ -593,7 +594,7 @@ impl Dataset {
             if r.chunks.contains(object, c.start, c.end) || !r.chunks.keeps(c.end - c.start) {
                 return Ok(false);
             }
-            r.chunks.fetch(r.store.as_ref(), object, c.start, c.end).map(|_| true)
+            r.chunks.fetch_ahead(r.store.as_ref(), object, c.start, c.end)
         }))
     }
 }

@@ -248,17 +248,38 @@ impl ObjectCache {
         start: u64,
         end: u64,
     ) -> Result<Cached, DataError> {
-        self.fetch_kept(store, object, start, end).map_err(|(e, _)| e)
+        self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory)
+            .and_then(|c| c.ok_or((DataError::Dataset("the object cache skipped a range it must read".into()), false)))
+            .map_err(|(e, _)| e)
     }
 
-    /// [`ObjectCache::fetch`], its error with whether the store failed (else the directory).
+    /// Fetches `start..end` of `object` into the cache ahead of its parser (the readahead stage):
+    /// `true` once the range is on disk, `false` when the cache has no room for it now — then
+    /// nothing is downloaded, and the parser reads the range itself when it needs it (a range
+    /// read ahead into memory would be dropped unused and downloaded twice).
+    ///
+    /// # Errors
+    /// The store's errors (naming the URL), and I/O errors of the cache directory.
+    pub fn fetch_ahead(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> Result<bool, DataError> {
+        self.fetch_kept(store, object, start, end, NoRoom::Skip).map(|c| c.is_some()).map_err(|(e, _)| e)
+    }
+
+    /// [`ObjectCache::fetch`], its error with whether the store failed (else the directory);
+    /// `None` when there is no room for the range and `no_room` says to skip it.
     fn fetch_kept(
         &self,
         store: &dyn ObjectStore,
         object: &ObjectMeta,
         start: u64,
         end: u64,
-    ) -> Result<Cached, (DataError, bool)> {
+        no_room: NoRoom,
+    ) -> Result<Option<Cached>, (DataError, bool)> {
         let key = Self::key(object, start, end);
         let path = self.dir.join(&key);
         let url = Path::new(&object.url);
@@ -274,7 +295,7 @@ impl ObjectCache {
                     let (back, file) = self.hit(s, &whole, object.size, &object.url);
                     s = back;
                     if let Some(file) = file {
-                        return Ok(Cached { file, base: 0 });
+                        return Ok(Some(Cached { file, base: 0 }));
                     }
                     continue;
                 }
@@ -282,7 +303,7 @@ impl ObjectCache {
                     let (back, file) = self.hit(s, &key, end - start, &object.url);
                     s = back;
                     if let Some(file) = file {
-                        return Ok(Cached { file, base: start });
+                        return Ok(Some(Cached { file, base: start }));
                     }
                     continue;
                 }
@@ -310,6 +331,12 @@ impl ObjectCache {
                 if keep {
                     s = self.fetched.wait(s).unwrap_or_else(std::sync::PoisonError::into_inner);
                 }
+            }
+            if !keep && no_room == NoRoom::Skip {
+                s.fetching.remove(&key);
+                s.stats.misses -= 1;
+                self.fetched.notify_all();
+                return Ok(None);
             }
             s.fetches_reserving += u64::from(keep);
         }
@@ -352,7 +379,7 @@ impl ObjectCache {
         }
         self.fetched.notify_all();
         drop(s);
-        result.map(|file| Cached { file, base: start }).map_err(|e| (e, by_the_store))
+        result.map(|file| Some(Cached { file, base: start })).map_err(|e| (e, by_the_store))
     }
 
     /// [`ObjectCache::fetch`] of a chunk a parser reads now: when the cache's directory fails
@@ -369,8 +396,9 @@ impl ObjectCache {
         start: u64,
         end: u64,
     ) -> Result<Cached, DataError> {
-        match self.fetch_kept(store, object, start, end) {
-            Ok(cached) => Ok(cached),
+        match self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory) {
+            Ok(Some(cached)) => Ok(cached),
+            Ok(None) => Err(DataError::Dataset("the object cache skipped a range it must read".into())),
             Err((e, false)) => {
                 if let Some(left_out) = MEMORY_READS_LOG.admit(Instant::now()) {
                     tracing::warn!(url = %object.url, start, end, error = %e, left_out, "cannot keep a range in the object cache; read from the store into memory instead");
@@ -552,6 +580,15 @@ pub struct Cached {
 }
 
 /// Whether `name` is an entry's name ([`ObjectCache::key`]: `{name}.{start}-{end}.{hash:016x}.chunk`).
+/// What a fetch does with a range the cache has no room for now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoRoom {
+    /// Reads it from the store into memory, uncached: a parser needs it now.
+    ReadIntoMemory,
+    /// Leaves it: a fetch ahead of the parser, which reads it itself later.
+    Skip,
+}
+
 fn is_entry_name(name: &str) -> bool {
     let Some(rest) = name.strip_suffix(".chunk") else { return false };
     let mut parts = rest.rsplitn(3, '.');
@@ -965,6 +1002,29 @@ mod tests {
         std::io::copy(&mut stream, &mut std::io::sink()).expect("read");
         drop(stream);
         assert!(cache.contains(&whole, 0, 50), "the copy was kept");
+    }
+
+    /// A fetch ahead of the parser that finds no room downloads nothing (found in review: it
+    /// read the range into memory and dropped it, so the parser downloaded it again); with room
+    /// again, it keeps the range.
+    #[test]
+    fn a_fetch_ahead_without_room_downloads_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
+        let cache = tiny(dir.path().join("objects"), 120);
+        let whole = ObjectMeta { url: "s3://b/whole.txt".into(), size: 50, etag: "\"w\"".into() };
+        let mut stream = cache.tee(&whole, Box::new(std::io::Cursor::new(vec![9u8; 50])));
+        let mut half = [0u8; 25];
+        stream.read_exact(&mut half).expect("read");
+        assert!(!cache.fetch_ahead(&store, &object(), 0, 70).expect("fetch ahead"), "no room: skipped");
+        assert_eq!(store.reads.load(Ordering::SeqCst), 0, "nothing downloaded");
+        assert!(!cache.contains(&object(), 0, 70));
+        assert_eq!(cache.stats().misses, 0, "a skipped range is no miss");
+        std::io::copy(&mut stream, &mut std::io::sink()).expect("read");
+        drop(stream);
+        assert!(cache.fetch_ahead(&store, &object(), 50, 100).expect("fetch ahead"), "room: fetched");
+        assert_eq!(store.reads.load(Ordering::SeqCst), 1);
+        assert!(cache.contains(&object(), 50, 100));
     }
 
     #[test]
