@@ -975,6 +975,16 @@ mod tests {
         assert!(on_disk(&objects) <= 120 && cache.stats().bytes <= 120);
     }
 
+    /// A 120-byte cache's index-pass copy of a 50-byte object, half read: its reservation
+    /// leaves no room for a 70-byte range until the stream is read to its end and dropped.
+    fn copy_half_streamed(cache: &ObjectCache) -> (ObjectMeta, Box<dyn Read + Send + '_>) {
+        let whole = ObjectMeta { url: "s3://b/whole.txt".into(), size: 50, etag: "\"w\"".into() };
+        let mut stream = cache.tee(&whole, Box::new(std::io::Cursor::new(vec![9u8; 50])));
+        let mut half = [0u8; 25];
+        stream.read_exact(&mut half).expect("read");
+        (whole, stream)
+    }
+
     /// A fetch does not wait behind an index pass's copy of a whole object (a review: it may
     /// stream for minutes, and the same thread could hold it): without room, the range is read
     /// into memory and served.
@@ -983,10 +993,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let cache = tiny(dir.path().join("objects"), 120);
-        let whole = ObjectMeta { url: "s3://b/whole.txt".into(), size: 50, etag: "\"w\"".into() };
-        let mut stream = cache.tee(&whole, Box::new(std::io::Cursor::new(vec![9u8; 50])));
-        let mut half = [0u8; 25];
-        stream.read_exact(&mut half).expect("read");
+        let (whole, mut stream) = copy_half_streamed(&cache);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -1012,10 +1019,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let cache = tiny(dir.path().join("objects"), 120);
-        let whole = ObjectMeta { url: "s3://b/whole.txt".into(), size: 50, etag: "\"w\"".into() };
-        let mut stream = cache.tee(&whole, Box::new(std::io::Cursor::new(vec![9u8; 50])));
-        let mut half = [0u8; 25];
-        stream.read_exact(&mut half).expect("read");
+        let (whole, mut stream) = copy_half_streamed(&cache);
         assert!(!cache.fetch_ahead(&store, &object(), 0, 70).expect("fetch ahead"), "no room: skipped");
         assert_eq!(store.reads.load(Ordering::SeqCst), 0, "nothing downloaded");
         assert!(!cache.contains(&object(), 0, 70));
