@@ -1019,7 +1019,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Memory { data: (0..100u8).collect(), ..Memory::default() };
         let cache = tiny(dir.path().join("objects"), 120);
-        let (whole, mut stream) = copy_half_streamed(&cache);
+        let (_, mut stream) = copy_half_streamed(&cache);
         assert!(!cache.fetch_ahead(&store, &object(), 0, 70).expect("fetch ahead"), "no room: skipped");
         assert_eq!(store.reads.load(Ordering::SeqCst), 0, "nothing downloaded");
         assert!(!cache.contains(&object(), 0, 70));
