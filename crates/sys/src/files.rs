@@ -56,13 +56,29 @@ pub fn start_writeback(file: &File) {
     let _ = file;
 }
 
+/// The longest name `memfd_create` takes (`NAME_MAX` less its `memfd:` prefix): a longer one is
+/// refused with `EINVAL`.
+pub const MEMFD_NAME_MAX: usize = 249;
+
+/// `name` cut to what `memfd_create` takes (at a character's boundary): the name is only what
+/// `/proc/PID/fd` shows (found by a probe: a session on a dataset of a 225-character name could
+/// not create its ring, refused as "resource_exhausted").
+#[must_use]
+pub fn memfd_name(name: &str) -> &str {
+    let mut end = name.len().min(MEMFD_NAME_MAX);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 /// An anonymous file in memory (`memfd_create`), gone once closed: bytes that need a `File` but
 /// have no place on disk.
 ///
 /// # Errors
 /// The kernel's, as an I/O error.
 pub fn anonymous_file(name: &str) -> io::Result<File> {
-    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)?;
+    let fd = rustix::fs::memfd_create(memfd_name(name), rustix::fs::MemfdFlags::CLOEXEC)?;
     Ok(File::from(fd))
 }
 

@@ -228,8 +228,9 @@ impl MemfdMemory {
     /// [`ShmError::Sys`] if a system call fails (e.g. out of memory for the tmpfs).
     pub fn create(name: &str, len: u64) -> Result<Self, ShmError> {
         let size = usize::try_from(len).map_err(|_| ShmError::Size(len))?;
-        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
-            .map_err(sys("memfd_create"))?;
+        let fd =
+            rustix::fs::memfd_create(crate::files::memfd_name(name), MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+                .map_err(sys("memfd_create"))?;
         rustix::fs::ftruncate(&fd, len).map_err(sys("ftruncate"))?;
         // Mapped writable first: the write seal leaves mappings made before it writable.
         let map = Mapping::map(fd.as_fd(), size, true)?;
@@ -410,6 +411,16 @@ mod tests {
         assert_eq!(ro.bytes()[100], 42);
         m.bytes_mut()[101] = 7;
         assert_eq!(ro.bytes()[101], 7);
+    }
+
+    /// A name longer than `memfd_create` takes, cut anywhere in a character, still makes a ring.
+    #[test]
+    fn a_long_name_is_cut_to_what_memfd_create_takes() {
+        for name in ["d".repeat(300), format!("{}é", "d".repeat(248))] {
+            let m = MemfdMemory::create(&name, 4096).expect("memfd");
+            assert_eq!(m.bytes().len(), 4096);
+            assert!(crate::files::anonymous_file(&name).is_ok());
+        }
     }
 
     #[test]

@@ -18,7 +18,9 @@ use minibatchd_engine::sampling::SamplingError;
 use minibatchd_shm::LayoutError;
 use minibatchd_sys::ShmError;
 
-use super::session::{Claim, InvalidOptions, Kept, Registry, RegistryError, ResumeError, SavedSession};
+use super::session::{
+    Claim, InvalidOptions, Kept, Registry, RegistryError, ResumeError, SavedSession, MAX_SESSION_NAME,
+};
 use crate::pipeline::data::catalog::CatalogError;
 use crate::pipeline::data::producer::error_detail;
 
@@ -329,7 +331,7 @@ pub fn admit(reg: &mut Registry, req: &Request<'_>, now: Instant) -> Result<Admi
     let id = reg.next_id();
     // A generated name is random: knowing it is what lets a client resume a session by name, so
     // it must not be predictable from anything another client sees.
-    let name = req.name.map_or_else(|| format!("{}-{:016x}", req.dataset, req.nonce), str::to_owned);
+    let name = req.name.map_or_else(|| generated_name(req.dataset, req.nonce), str::to_owned);
     let lingered = match reg.claim(&name, id, req.uid, now)? {
         Claim::Resume(kept) => Some(kept),
         Claim::Fresh => None,
@@ -451,6 +453,20 @@ pub fn withdraw(reg: &mut Registry, a: &Admitted, now: Instant) {
     reg.unreserve(a.ring_bytes);
 }
 
+/// A session's generated name: `DATASET-` and the 16 hex digits of `nonce`, the dataset's name
+/// cut to fit the 128 characters a session name may have and each character a session name may
+/// not hold written `_` — so that a client can resume the session by the name it was given
+/// (found by a probe: a dataset named with 217 characters gave a name that `open` refused).
+fn generated_name(dataset: &str, nonce: u64) -> String {
+    let room = MAX_SESSION_NAME - 17;
+    let name: String = dataset
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.:@".contains(c) { c } else { '_' })
+        .take(room)
+        .collect();
+    format!("{name}-{nonce:016x}")
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -458,6 +474,20 @@ mod tests {
     use minibatchd_client::protocol::STATE_VERSION;
 
     use super::*;
+
+    /// A generated session name is one a client may open again: at most 128 characters of the
+    /// set a session name allows, whatever the dataset's name.
+    #[test]
+    fn a_generated_name_is_a_valid_session_name() {
+        for dataset in ["train", &"d".repeat(300), "my data/é", "a\u{7f}b"] {
+            let name = generated_name(dataset, 0xfeed);
+            assert!(name.len() <= MAX_SESSION_NAME, "{name}");
+            assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b)), "{name}");
+            assert!(name.ends_with("-000000000000feed"), "{name}");
+        }
+        assert_eq!(generated_name("train", 1), "train-0000000000000001");
+        assert_eq!(generated_name("my data/é", 1), "my_data__-0000000000000001");
+    }
 
     fn state(position: u64, options_hash: &str) -> SessionState {
         SessionState {
