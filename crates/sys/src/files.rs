@@ -62,7 +62,7 @@ pub const MEMFD_NAME_MAX: usize = 249;
 
 /// `name` cut to what `memfd_create` takes (at a character's boundary): the name is only what
 /// `/proc/PID/fd` shows (found by a probe: a session on a dataset of a 225-character name could
-/// not create its ring, refused as "resource_exhausted").
+/// not create its ring, refused as `resource_exhausted`).
 #[must_use]
 pub fn memfd_name(name: &str) -> &str {
     let mut end = name.len().min(MEMFD_NAME_MAX);
