@@ -560,6 +560,16 @@ fn a_write_past_the_file_size_limit_is_an_error_not_the_daemons_end() {
         Ok(_) => panic!("a dataset whose decompressed copy could not be written was opened"),
         Err(e) => panic!("expected the daemon's error naming the file, got {e}"),
     }
+    // A ring past the limit (its memfd is held to it too): refused, naming the limit and what to
+    // change (found by a probe: the refusal said only "ftruncate: File too large").
+    let big = SessionOptions { prefetch: Some(4), slot_size_bytes: Some(1 << 20), ..options(64) };
+    match d.client().open("plain", &big) {
+        Err(ClientError::Daemon { code: ErrorCode::ResourceExhausted, message, .. }) => {
+            assert!(message.contains("file-size limit") && message.contains("slot_size_bytes"), "{message}");
+        }
+        Ok(_) => panic!("a ring past the file-size limit was opened"),
+        Err(e) => panic!("expected resource_exhausted, got {e}"),
+    }
     assert!(d.running(), "the daemon lives on");
 }
 

@@ -540,7 +540,8 @@ class Source:
                 f"resumed by name (from its {self.resumed.get('from', 'record')} record) at minibatch "
                 f"{opened['state'].get('minibatches')} with exact: false — the trainer may already have been given "
                 "minibatches after this position (its client did not report them before it stopped), and those come "
-                "again; resume from the trainer's own saved state() (resume=) to continue exactly")
+                "again (from a daemon checkpoint it cannot vouch for, edited or without its checksum, minibatches may "
+                "be skipped instead); resume from the trainer's own saved state() (resume=) to continue exactly")
         self._start_state: dict = opened["state"]
         self._taken: int = opened["state"]["minibatches"]
         self._last_state: dict = dict(opened["state"])

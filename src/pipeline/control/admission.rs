@@ -61,6 +61,9 @@ pub enum Refusal {
     /// The ring's shared memory could not be created.
     #[error("cannot create the ring: {0}")]
     Ring(#[from] ShmError),
+    /// The ring is larger than the daemon's file-size limit (a memfd counts as a file).
+    #[error("cannot create the session's ring of {0} bytes: it is larger than the daemon's file-size limit (RLIMIT_FSIZE: `ulimit -f`, systemd's LimitFSIZE=), which a ring's shared-memory file is held to; open the session with a smaller prefetch or slot_size_bytes, or raise the limit")]
+    RingOverFileSizeLimit(u64),
     /// The ring's memfd could not be duplicated for the client.
     #[error("cannot pass the ring: {0}")]
     Descriptor(std::io::Error),
@@ -213,7 +216,8 @@ impl Refusal {
             | Self::MixtureTooLarge { .. }
             | Self::Registry(RegistryError::Memory { .. } | RegistryError::SamplingMemory { .. })
             | Self::HostMemory { .. }
-            | Self::Ring(_) => ErrorCode::ResourceExhausted,
+            | Self::Ring(_)
+            | Self::RingOverFileSizeLimit(_) => ErrorCode::ResourceExhausted,
             Self::Descriptor(_) | Self::Layout(_) | Self::Checkpoint(_) => ErrorCode::Internal,
             Self::Delivery(_) => ErrorCode::ShuttingDown,
             Self::Changed { .. } => ErrorCode::DataError,

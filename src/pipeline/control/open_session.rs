@@ -19,7 +19,7 @@ use minibatchd_client::protocol::{
 };
 use minibatchd_engine::sampling::{window_sequences, Sampler, SamplingOptions, Timeline};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
-use minibatchd_sys::MemfdMemory;
+use minibatchd_sys::{MemfdMemory, ShmError};
 
 use super::admission::{self, Admitted, Refusal};
 use super::peer::{ConnShared, Peer};
@@ -308,7 +308,7 @@ pub(super) fn warn_if_replaying(name: &str, start: &SessionState, resumed: Optio
         minibatches = start.minibatches,
         given_up_to = known,
         checkpoint_unix_secs = r.checkpoint_unix_secs,
-        "resumed by name where the trainer may have taken more: minibatches it took after this position are delivered again (opened.resumed.exact is false)"
+        "resumed by name where the trainer may have taken more: minibatches it took after this position are delivered again (from a checkpoint without its checksum, some may be skipped instead; opened.resumed.exact is false)"
     );
 }
 
@@ -400,7 +400,13 @@ pub(super) fn new_ring(
     daemon_id: u64,
     session_id: u64,
 ) -> Result<(SharedRing<MemfdMemory>, OwnedFd), Refusal> {
-    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), bytes)?;
+    let memory = MemfdMemory::create(&format!("minibatchd-{name}"), bytes).map_err(|e| match e {
+        // Found by a probe: under `ulimit -f` the refusal said only "ftruncate: File too large".
+        ShmError::Sys { source, .. } if source.raw_os_error() == Some(rustix::io::Errno::FBIG.raw_os_error()) => {
+            Refusal::RingOverFileSizeLimit(bytes)
+        }
+        e => Refusal::Ring(e),
+    })?;
     let fd = memory.fd().try_clone_to_owned().map_err(Refusal::Descriptor)?;
     let ring = Ring::new(memory, geometry, daemon_id, session_id).and_then(Ring::into_shared)?;
     Ok((ring, fd))
