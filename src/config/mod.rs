@@ -496,9 +496,19 @@ fn parse_daemon(w: &mut Walker, node: &Node<'_>) -> Option<(DaemonConfig, Inflat
         );
     }
     for (key, dir) in [("state_dir", Some(d.state_dir.as_path())), ("socket", d.socket.parent())] {
-        if let Some(dir) = dir.filter(|p| p.exists() && !p.is_dir()) {
-            w.issue(&format!("{}.{key}", node.path()), &format!("{} exists and is not a directory", dir.display()));
+        // The nearest part of the path that exists must be a directory, or the directory cannot
+        // be made (found by a probe: a state_dir under a file passed validate, and run refused it).
+        let Some(dir) = dir else { continue };
+        let Some(existing) = dir.ancestors().find(|p| p.exists()) else { continue };
+        if existing.is_dir() {
+            continue;
         }
+        let message = if existing == dir {
+            format!("{} exists and is not a directory", dir.display())
+        } else {
+            format!("{} cannot be made: {} is not a directory", dir.display(), existing.display())
+        };
+        w.issue(&format!("{}.{key}", node.path()), &message);
     }
     if let Ok(meta) = std::fs::symlink_metadata(&d.socket) {
         use std::os::unix::fs::FileTypeExt;

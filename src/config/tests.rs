@@ -354,6 +354,13 @@ fn validate_refuses_what_run_would_refuse() {
     );
     assert!(find("daemon.state_dir").is_some_and(|m| m.contains("not a directory")), "{issues:?}");
     assert!(find("datasets.train.streams.features.dim").is_some_and(|m| m.contains("the string '4'")), "{issues:?}");
+    // Under a file, a directory cannot be made (found by a probe: validate passed it).
+    let text = GOOD.replace(r#"state_dir = "/var/lib/minibatchd""#, r#"state_dir = "/dev/zero/state""#);
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("a state_dir under a file") };
+    assert!(
+        issues.iter().any(|i| i.path == "daemon.state_dir" && i.message.contains("/dev/zero is not a directory")),
+        "{issues:?}"
+    );
 }
 
 /// Found by the `config_load` fuzz target (#15 acceptance 5): the `config` crate reads `[N]` in a
