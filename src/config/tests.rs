@@ -531,3 +531,30 @@ fn an_issue_in_a_table_the_environment_sets_names_the_variable() {
     name_environment(&mut issues, &env, Some(&file));
     assert_eq!(issues[0].message, "out of range");
 }
+
+/// Found by a probe: a `state_dir` inside a dataset's directory passed `validate`, and the daemon
+/// then read its own checkpoint and lock as data (every `open` refused once they changed). A
+/// directory or a glob that takes in `state_dir` is refused, naming the dataset; one beside it is
+/// not.
+#[test]
+fn a_dataset_that_takes_in_state_dir_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("state")).expect("mkdir");
+    let with = |files: &str, state: &Path| {
+        GOOD.replace(r#"files = ["data/train.ctf"]"#, &format!("files = [\"{files}\"]"))
+            .replace(r#"state_dir = "/var/lib/minibatchd""#, &format!("state_dir = \"{}\"", state.display()))
+    };
+    for files in [data.display().to_string(), format!("{}/**/*", data.display())] {
+        let Err(ConfigError::Invalid { issues, .. }) = parse(&with(&files, &data.join("state"))) else {
+            panic!("{files}: a dataset over state_dir must be refused")
+        };
+        assert!(
+            issues.iter().any(|i| i.path == "datasets.train.files" && i.message.contains("takes in daemon.state_dir")),
+            "{files}: {issues:?}"
+        );
+    }
+    let beside = dir.path().join("state");
+    parse(&with(&data.display().to_string(), &beside)).expect("a state_dir beside the data");
+    parse(&with(&format!("{}/*.ctf", data.display()), &data.join("state"))).expect("a glob that leaves state_dir out");
+}
