@@ -66,6 +66,19 @@ pub enum EpochLimit {
     Sweep(u64),
 }
 
+/// As the session options say it (an error's words, not Rust's).
+impl std::fmt::Display for EpochLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Infinite => f.write_str("max_samples = INFINITELY_REPEAT"),
+            Self::FullSweep => f.write_str("max_samples = FULL_DATA_SWEEP"),
+            Self::Sweeps(k) => write!(f, "max_sweeps = {k}"),
+            Self::Samples(n) => write!(f, "max_samples = {n}"),
+            Self::Sweep(k) => write!(f, "sweep = {k}"),
+        }
+    }
+}
+
 /// Everything that decides the sampling order and this worker's share of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SamplingOptions {
@@ -201,7 +214,7 @@ pub enum SamplingError {
     Cancelled,
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
     /// overflow").
-    #[error("epoch limit {limit:?} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
+    #[error("epoch limit {limit} over a sweep of {sweep_size} samples exceeds {max} samples", max = MAX_EPOCH_SAMPLES)]
     EpochTooLarge {
         /// The limit requested.
         limit: EpochLimit,

@@ -698,6 +698,8 @@ fn invalid_options_and_timelines_are_rejected() {
     for limit in [EpochLimit::Sweeps(u64::MAX / 3), EpochLimit::Samples(u64::MAX)] {
         let e = err(t.clone(), SamplingOptions { limit, ..ok.clone() });
         assert!(matches!(e, SamplingError::EpochTooLarge { .. }), "{e}");
+        // In the options' words, not Rust's (found by a probe: "epoch limit Sweeps(…)").
+        assert!(e.to_string().starts_with("epoch limit max_s"), "{e}");
     }
     assert!(Sampler::new(t, SamplingOptions { limit: EpochLimit::Samples(MAX_EPOCH_SAMPLES), ..ok }).is_ok());
 }
