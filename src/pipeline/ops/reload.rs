@@ -198,6 +198,21 @@ async fn off_the_loop<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stat
     rx.await.map_err(|_| "the thread opening the datasets panicked".to_owned())
 }
 
+/// The mixtures a reload adds, removes and changes, each named with a sign: `+new`, `-gone`,
+/// `~changed`.
+fn mixture_changes(
+    old: &std::collections::BTreeMap<String, crate::config::MixtureConfig>,
+    new: &std::collections::BTreeMap<String, crate::config::MixtureConfig>,
+) -> Vec<String> {
+    let gone = old.keys().filter(|k| !new.contains_key(*k)).map(|k| format!("-{k}"));
+    let came = new.iter().filter_map(|(k, m)| match old.get(k) {
+        None => Some(format!("+{k}")),
+        Some(was) if was != m => Some(format!("~{k}")),
+        Some(_) => None,
+    });
+    gone.chain(came).collect()
+}
+
 /// Reloads the configuration file (the SIGHUP path). Never fails: a bad file leaves everything
 /// as it was.
 pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
@@ -210,12 +225,15 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
         Ok(Ok(p)) => {
             let c = &p.changes;
             let (added, removed, changed) = (c.added.clone(), c.removed.clone(), c.changed.clone());
+            // Found by a probe: the summary named datasets only, so a reload that changed a
+            // mixture's weights logged `changed=[]`.
+            let mixtures = mixture_changes(&shared.config().mixtures, &p.config.mixtures);
             let failed: Vec<String> = c.failed.iter().map(|(n, _)| n.clone()).collect();
             let applied = apply(&shared, p);
             if let Some(whole) = applied {
                 let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
                 if whole && failed.is_empty() {
-                    tracing::info!(?added, ?removed, ?changed, elapsed_ms, "configuration reloaded");
+                    tracing::info!(?added, ?removed, ?changed, ?mixtures, elapsed_ms, "configuration reloaded");
                 } else {
                     // Found by a probe: a reload whose lower memory limit was not applied logged
                     // `failed=[]` as if it were whole.
@@ -224,6 +242,7 @@ pub async fn reload(shared: Arc<ControlPlane>, notifier: Arc<Notifier>) {
                         ?added,
                         ?removed,
                         ?changed,
+                        ?mixtures,
                         ?failed,
                         memory_limit_kept,
                         elapsed_ms,
@@ -434,6 +453,21 @@ mod tests {
 
     fn daemon(text: &str) -> DaemonConfig {
         Config::from_toml_str(&format!("{text}\n[datasets.t]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.t.streams.f]\ndim = 1\nformat = \"dense\"\n"), Path::new("/tmp")).expect("config").daemon
+    }
+
+    /// The reload's summary names the mixtures it added, removed and changed (found by a probe:
+    /// a change of weights logged `changed=[]`).
+    #[test]
+    fn a_reload_names_the_mixtures_it_changed() {
+        let mixtures = |text: &str| {
+            let base = "[datasets.t]\nformat = \"ctf\"\nfiles = [\"x\"]\n[datasets.t.streams.f]\ndim = 1\nformat = \"dense\"\n\
+                        [datasets.u]\nformat = \"ctf\"\nfiles = [\"y\"]\n[datasets.u.streams.f]\ndim = 1\nformat = \"dense\"\n";
+            Config::from_toml_str(&format!("{base}{text}"), Path::new("/tmp")).expect("config").mixtures
+        };
+        let old = mixtures("[mixtures.a]\ndatasets = [\"t\", \"u\"]\nweights = [1, 1]\n[mixtures.b]\ndatasets = [\"t\", \"u\"]\nweights = [1, 2]\n");
+        let new = mixtures("[mixtures.a]\ndatasets = [\"t\", \"u\"]\nweights = [3, 1]\n[mixtures.c]\ndatasets = [\"t\", \"u\"]\nweights = [1, 2]\n");
+        assert_eq!(mixture_changes(&old, &new), vec!["-b", "~a", "+c"]);
+        assert!(mixture_changes(&old, &old).is_empty());
     }
 
     #[test]
