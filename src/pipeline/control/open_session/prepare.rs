@@ -63,7 +63,7 @@ pub(super) fn prepare_now(
     chunks_fit(&rt)?;
     let config = shared.config();
     let d = &config.daemon;
-    let resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
+    let mut resolved = resolve_options(options, rt.dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
     let ohash = options_hash(&resolved.sampling, resolved.equal_steps, resolved.tail);
     if let Some(s) = &options.resume {
         check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash, equal_steps_minibatch(&resolved))?;
@@ -87,7 +87,15 @@ pub(super) fn prepare_now(
     };
     let local = (resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1)
         .min(epoch.map_or(u64::MAX, |e| e.saturating_add(1)));
-    let slot_size = resolved.slot_size_bytes.max(rt.slot_bound(local)).min(MAX_SLOT_SIZE_BYTES);
+    let bound = rt.slot_bound(local);
+    let slot_size = if options.prefetch.is_none() && options.slot_size_bytes.is_none() {
+        let (slots, size) = deeper_ring(resolved.slots, resolved.slot_size_bytes, bound);
+        resolved.slots = slots;
+        size
+    } else {
+        resolved.slot_size_bytes.max(bound)
+    }
+    .min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
     // An `open` whose ring cannot fit now is refused at admission: it asks for no chunk.
     let ring_fits = shared.registry().ring_fits(geometry.total_bytes());
@@ -454,5 +462,52 @@ pub(super) fn fresh_state(
         equal_steps_minibatch,
         // Set by the session that starts from it (`open`).
         decode_digest: None,
+    }
+}
+
+/// Most slots a session's ring gets by default ([`deeper_ring`]).
+pub(super) const DEEP_RING_SLOTS: u64 = 64;
+
+/// The default ring (`slots` of `slot_size` bytes, the daemon's `ring_slots` and
+/// `slot_size_bytes`) for minibatches of at most `bound` bytes as far as the index bounds them:
+/// where eight times that is less than a slot (but at least a quarter of one), the same bytes cut
+/// into more, smaller slots, up to [`DEEP_RING_SLOTS`]; else `slots` raised to `bound`. On two
+/// cores the consumer, the event loop and the producers take turns, and a deeper ring rides out
+/// the consumer's (16 slots of 4 MiB against 64 of 1 MiB for 128 KiB minibatches: 15–20 % more
+/// samples a second, `docs/benchmarks.md`). The eightfold room is for sparse samples with more
+/// entries than the bound's one; a minibatch that still does not fit makes the client reopen
+/// with larger slots, as ever. Never more bytes than the configured default ring.
+pub(super) fn deeper_ring(slots: u64, slot_size: u64, bound: u64) -> (u64, u64) {
+    let room = bound.saturating_mul(8).max(slot_size / 4).div_ceil(4096).saturating_mul(4096);
+    if room >= slot_size || slots >= DEEP_RING_SLOTS {
+        return (slots, slot_size.max(bound));
+    }
+    let deeper = (slots.saturating_mul(slot_size) / room).clamp(slots, DEEP_RING_SLOTS);
+    (deeper, room)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Small minibatches get more, smaller slots in the default ring's bytes; large ones, a
+    /// configured ring of 64 slots or more, and slots too small to split keep the ring as it was.
+    #[test]
+    fn a_default_ring_is_deeper_for_small_minibatches_in_the_same_bytes() {
+        assert_eq!(deeper_ring(16, 4 * MIB, 133_000), (63, 1_064_960));
+        assert_eq!(deeper_ring(16, 4 * MIB, 20_000), (64, MIB));
+        assert_eq!(deeper_ring(16, 4 * MIB, 600 * 1024), (16, 4 * MIB));
+        assert_eq!(deeper_ring(16, 4 * MIB, 9 * MIB), (16, 9 * MIB));
+        assert_eq!(deeper_ring(64, 4 * MIB, 20_000), (64, 4 * MIB));
+        assert_eq!(deeper_ring(2, 4096, 100), (2, 4096));
+        for (slots, size, bound) in [(16, 4 * MIB, 1), (3, 8 * MIB, 70_000), (16, 64 * MIB, 5 * MIB)] {
+            let (n, s) = deeper_ring(slots, size, bound);
+            assert!(
+                n >= slots && n * s <= slots * size && s >= bound && s % 4096 == 0,
+                "{slots} {size} {bound}: {n} {s}"
+            );
+        }
     }
 }
