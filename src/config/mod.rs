@@ -441,6 +441,8 @@ fn parse_root(w: &mut Walker, root: &Node<'_>) -> Option<Sections> {
 /// caches as data, and fail to open once they change (found by a probe: `validate` passed a
 /// `state_dir` inside a `whole_file` dataset's directory). Refused with the dataset's path.
 fn state_dir_outside_datasets(w: &mut Walker, state_dir: &Path, datasets: &BTreeMap<String, DatasetConfig>) {
+    // As written and with its links resolved: a glob may spell either.
+    let written = state_dir.join("checkpoint.json");
     let state_dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_owned());
     let inside = state_dir.join("checkpoint.json");
     for (name, d) in datasets {
@@ -450,7 +452,7 @@ fn state_dir_outside_datasets(w: &mut Walker, state_dir: &Path, datasets: &BTree
                 continue;
             }
             let takes_it = if text.contains(['*', '?', '[']) {
-                glob::Pattern::new(&text).is_ok_and(|p| p.matches_path(&inside))
+                glob::Pattern::new(&text).is_ok_and(|p| p.matches_path(&inside) || p.matches_path(&written))
             } else {
                 entry.is_dir() && std::fs::canonicalize(entry).is_ok_and(|dir| state_dir.starts_with(dir))
             };
