@@ -906,10 +906,10 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
     assert!(status.contains("200") && body == "ok\n", "{status} {body}");
     assert!(d.http_get("/nope").0.contains("404"));
     let before = d.scrape();
-    let mut s = d
-        .client()
-        .open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) })
-        .expect("open");
+    // `prefetch` as configured: without it a ring of small minibatches is deeper (docs/config.md).
+    let o =
+        SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), prefetch: Some(3), ..options(8) };
+    let mut s = d.client().open("train", &o).expect("open");
     drain(&mut s, 5);
     s.state().expect("report the consumer wait");
     let during = d.scrape();
@@ -991,10 +991,7 @@ fn metrics_exist_follow_the_rules_and_move_while_a_client_reads() {
         assert!(covered.contains(needed), "the dashboard lacks {needed}");
     }
     // A second session on the same rank counts as a second client; both ends take them out.
-    let mut second = d
-        .client()
-        .open("train", &SessionOptions { max_sweeps: Some(3), num_workers: Some(2), rank: Some(1), ..options(8) })
-        .expect("open");
+    let mut second = d.client().open("train", &o).expect("open");
     drain(&mut second, 1);
     assert_eq!(d.scrape().sum("minibatchd_session_clients", &rank), 2.0);
     drop(second);

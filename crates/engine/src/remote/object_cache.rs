@@ -25,8 +25,10 @@ use crate::format::errors::DataError;
 use crate::hash::Fnv1a;
 use crate::state_file::{self, unix_now, FileVersion};
 
+mod ahead;
 mod tee;
 mod trailer;
+use ahead::NoRoom;
 use trailer::{entry_sum, holds_its_trailer, trailer, Summing, TRAILER_BYTES};
 
 /// The file that records the boot the cache's files were written in.
@@ -251,23 +253,6 @@ impl ObjectCache {
         self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory)
             .and_then(|c| c.ok_or((DataError::Dataset("the object cache skipped a range it must read".into()), false)))
             .map_err(|(e, _)| e)
-    }
-
-    /// Fetches `start..end` of `object` into the cache ahead of its parser (the readahead stage):
-    /// `true` once the range is on disk, `false` when the cache has no room for it now — then
-    /// nothing is downloaded, and the parser reads the range itself when it needs it (a range
-    /// read ahead into memory would be dropped unused and downloaded twice).
-    ///
-    /// # Errors
-    /// The store's errors (naming the URL), and I/O errors of the cache directory.
-    pub fn fetch_ahead(
-        &self,
-        store: &dyn ObjectStore,
-        object: &ObjectMeta,
-        start: u64,
-        end: u64,
-    ) -> Result<bool, DataError> {
-        self.fetch_kept(store, object, start, end, NoRoom::Skip).map(|c| c.is_some()).map_err(|(e, _)| e)
     }
 
     /// [`ObjectCache::fetch`], its error with whether the store failed (else the directory);
@@ -580,15 +565,6 @@ pub struct Cached {
 }
 
 /// Whether `name` is an entry's name ([`ObjectCache::key`]: `{name}.{start}-{end}.{hash:016x}.chunk`).
-/// What a fetch does with a range the cache has no room for now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NoRoom {
-    /// Reads it from the store into memory, uncached: a parser needs it now.
-    ReadIntoMemory,
-    /// Leaves it: a fetch ahead of the parser, which reads it itself later.
-    Skip,
-}
-
 fn is_entry_name(name: &str) -> bool {
     let Some(rest) = name.strip_suffix(".chunk") else { return false };
     let mut parts = rest.rsplitn(3, '.');
