@@ -787,7 +787,8 @@ class MinibatchIterableDataset(IterableDataset):
         """The next pass continues from ``state`` (a ``state_dict()`` or a ``job_state_dict()``):
         the rest of its epoch, then the following epochs. Called in a DataLoader worker (as
         torchdata's ``StatefulDataLoader`` does), it applies to that worker's next pass."""
-        if state.get("finished") and self._asked == int(state.get("epoch", 0)) and _torchdata_restores():
+        if (state.get("finished") and self._asked == int(state.get("epoch", 0)) and _torchdata_restores()
+                and not self.__dict__.get("_owned_restore")):
             # torchdata restores a state saved after a whole pass by making an iterator and
             # throwing it away, then the next: the first takes the restored pass (epoch e's rest,
             # empty), and the loop's set_epoch(e) pass got epoch e + 1, which its set_epoch(e + 1)
@@ -1017,6 +1018,15 @@ def __getattr__(name: str) -> Any:
             self._minibatchd_restored = (int(whole.get("epoch", 0)), copy.deepcopy(state_dict), self.dataset._asked)
         elif ("_snapshot" in state_dict) == (self.num_workers > 0):
             StatefulDataLoader.load_state_dict(self, state_dict)
+            # A set_epoch of another epoch before the restored pass drops the resume, as the
+            # dataset's own does (found by a probe: the pass of set_epoch(e + 1) gave epoch e's
+            # rest, and epoch e + 1 was never read) — see __iter__.
+            epochs = {int(st.get("epoch", 0)) for st in _dataset_states([state_dict])}
+            self._minibatchd_resume = (epochs, self.dataset._asked)
+            # A worker whose split of the saved epoch was done is restored by torchdata too: with
+            # this loader that is the rest of a pass, not a whole pass restored as the next epoch
+            # (found by a probe: its dataset refused it as if a plain StatefulDataLoader did).
+            self.dataset._owned_restore = True
         elif "_snapshot" in state_dict:
             self.dataset.load_state_dict(_splits_state(_dataset_states([state_dict])))
         elif state_dict.get("dataset_state") is not None:
@@ -1040,8 +1050,25 @@ def __getattr__(name: str) -> Any:
             self._minibatchd_restored = None
         return StatefulDataLoader.state_dict(self)
 
+    def iterate(self: Any) -> Any:
+        """torchdata's ``__iter__``; after ``load_state_dict`` of a state saved mid-epoch, a
+        ``set_epoch`` since of an epoch other than the saved one starts that epoch afresh."""
+        pending = self.__dict__.get("_minibatchd_resume")
+        if pending is not None:
+            self._minibatchd_resume = None
+            epochs, asked = pending
+            now = self.dataset._asked
+            if now != asked and now not in epochs:
+                self.next_iter_state = None
+                if self._initial_iter_for_state_dict:
+                    # state_dict() made the restored iterator already: it is not this pass's.
+                    self._initial_iter_for_state_dict = False
+                    self._iterator = None
+        return StatefulDataLoader.__iter__(self)
+
     cls = type(name, (_OwnsTheEpoch, StatefulDataLoader), {
         "__module__": __name__, "__qualname__": name, "load_state_dict": load_state_dict, "state_dict": state_dict,
+        "__iter__": iterate,
         "__doc__": "torchdata's ``StatefulDataLoader`` that owns the epoch, as ``MinibatchDataLoader`` does: "
                    "its ``state_dict()`` keeps every worker's position, and a restored loader goes on exactly.",
     })

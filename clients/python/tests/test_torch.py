@@ -1395,3 +1395,63 @@ def test_the_shared_table_closes_its_file_with_it():
         del table
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("owning", [True, "processes"], ids=["splits", "processes"])
+def test_set_epoch_of_another_epoch_drops_a_stateful_loaders_mid_epoch_resume(daemon, owning):
+    """Found by a probe: a StatefulMinibatchDataLoader restored from a state saved mid-epoch e,
+    then set_epoch(e + 1), gave the rest of e in that pass, and e + 1 was never read. As
+    docs/client.md says, set_epoch of another epoch drops the resume: the pass is e + 1, whole."""
+    cls = stateful_loader(owning)
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=8, seed=3)
+        return ds, cls(ds, batch_size=None, num_workers=2)
+
+    ds, first = loader()
+    ds.set_epoch(1)
+    it = iter(first)
+    for _ in range(3):
+        next(it)
+    saved = first.state_dict()
+    del it, first
+    ds, resumed = loader()
+    resumed.load_state_dict(saved)
+    ds.set_epoch(2)
+    items = list(resumed)
+    assert {item["meta"]["epoch"] for item in items} == {2}
+    assert sorted(item_ids(items)) == list(range(SEQUENCES))
+
+
+def test_a_stateful_loader_restores_a_worker_that_had_finished_its_split_with_set_epoch(daemon):
+    """Found by a probe: with worker processes, a state saved when one worker had delivered its
+    whole split of epoch e and the other had not, restored with the loop's set_epoch(e), failed
+    in the finished worker ("saved after the whole pass ... call set_epoch(e + 1)") — a refusal
+    meant for torchdata's own loader. Here the state is made so (worker 1's snapshot taken from
+    the same epoch's end): the finished worker gives nothing, the other the rest of its split."""
+    cls = stateful_loader("processes")
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=3)
+        return ds, cls(ds, batch_size=None, num_workers=2)
+
+    def key(item):
+        return item["meta"]["worker"], tuple(ids(item))
+
+    ds, whole = loader()
+    ds.set_epoch(1)
+    full = [key(item) for item in whole]
+    ended = whole.state_dict()["_snapshot"]["_worker_snapshots"]["worker_1"]
+    assert ended["dataset_state"].get("finished"), ended
+    ds, first = loader()
+    ds.set_epoch(1)
+    it = iter(first)
+    got = [key(next(it)) for _ in range(10)]
+    saved = first.state_dict()
+    del it, first
+    saved["_snapshot"]["_worker_snapshots"]["worker_1"] = ended
+    ds, resumed = loader()
+    resumed.load_state_dict(saved)
+    ds.set_epoch(1)
+    rest = [key(item) for item in resumed]
+    assert rest == [k for k in full if k[0] == 0 and k not in got]
