@@ -1021,8 +1021,11 @@ def __getattr__(name: str) -> Any:
             # A set_epoch of another epoch before the restored pass drops the resume, as the
             # dataset's own does (found by a probe: the pass of set_epoch(e + 1) gave epoch e's
             # rest, and epoch e + 1 was never read) — see __iter__.
-            epochs = {int(st.get("epoch", 0)) for st in _dataset_states([state_dict])}
-            self._minibatchd_resume = (epochs, self.dataset._asked)
+            try:
+                epochs = {int(st.get("epoch", 0)) for st in _dataset_states([state_dict])}
+                self._minibatchd_resume = (epochs, self.dataset._asked)
+            except ValueError:
+                pass  # a worker without a dataset state (none begun): torchdata's restore as ever
             # A worker whose split of the saved epoch was done is restored by torchdata too: with
             # this loader that is the rest of a pass, not a whole pass restored as the next epoch
             # (found by a probe: its dataset refused it as if a plain StatefulDataLoader did).
