@@ -111,7 +111,7 @@ pub enum Refusal {
     },
     /// The session could not be written to the daemon checkpoint (a full or read-only
     /// `state_dir`): without it, a crash would lose the session's name and position silently.
-    #[error("{0}; the session is refused, since after a crash it could not be resumed by name (free space in daemon.state_dir)")]
+    #[error("{0}; the session is refused, since after a crash it could not be resumed by name (daemon.state_dir must let the daemon write checkpoint.json there: a writable directory with room, the file a regular file)")]
     Checkpoint(String),
     /// The randomization window's parsed chunks cannot fit the memory limit
     /// ([`minibatchd_engine::feed::window_floor_bytes`] against the cache's share).
