@@ -20,7 +20,7 @@ pub(super) fn state_dir_outside_datasets(w: &mut Walker, state_dir: &Path, datas
             if text.starts_with(minibatchd_engine::remote::SCHEME) {
                 continue;
             }
-            let takes_it = if text.contains(['*', '?', '[']) {
+            let takes_it = if minibatchd_engine::dataset::is_pattern(entry) {
                 glob::Pattern::new(&text).is_ok_and(|p| p.matches_path(&inside) || p.matches_path(&written))
             } else {
                 entry.is_dir() && std::fs::canonicalize(entry).is_ok_and(|dir| state_dir.starts_with(dir))

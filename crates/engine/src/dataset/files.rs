@@ -157,11 +157,17 @@ fn listed_once(pattern: &Path, mut objects: Vec<ObjectMeta>) -> Result<Vec<Objec
 /// As [`resolve_inputs`] (a directory gone, more files than allowed).
 pub fn local_matches_now(patterns: &[PathBuf]) -> Result<Option<Vec<PathBuf>>> {
     let local: Vec<PathBuf> = patterns.iter().filter(|p| !remote::is_remote(p)).cloned().collect();
-    let open_ended = |p: &PathBuf| p.to_string_lossy().contains(['*', '?', '[']) || p.is_dir();
+    let open_ended = |p: &PathBuf| is_pattern(p) || p.is_dir();
     if !local.iter().any(open_ended) {
         return Ok(None);
     }
     resolve_with(&local, LIMITS).map(Some)
+}
+
+/// Whether a `files` entry is a glob pattern (`*`, `?` or `[`), not a path.
+#[must_use]
+pub fn is_pattern(entry: &Path) -> bool {
+    entry.to_string_lossy().contains(['*', '?', '['])
 }
 
 fn resolve_with(patterns: &[PathBuf], limits: Limits) -> Result<Vec<PathBuf>> {
@@ -170,7 +176,7 @@ fn resolve_with(patterns: &[PathBuf], limits: Limits) -> Result<Vec<PathBuf>> {
         // Each entry is checked for repeats on its own (module documentation).
         r.seen.clear();
         let text = p.to_string_lossy();
-        if text.contains(['*', '?', '[']) {
+        if is_pattern(p) {
             r.glob(&text)?;
         } else {
             match classify(p)? {

@@ -49,7 +49,7 @@ mod versions;
 use crate::Result;
 pub use ahead::Reserve;
 pub use budgets::charge_chunk;
-pub use files::{resolve_files, resolve_inputs, Input};
+pub use files::{is_pattern, resolve_files, resolve_inputs, Input};
 use join::{join, SeqLoc};
 pub use read::MAX_REUSED_READ_BUFFER;
 use read::{version_of, FileVersion};

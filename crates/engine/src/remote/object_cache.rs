@@ -250,9 +250,20 @@ impl ObjectCache {
         start: u64,
         end: u64,
     ) -> Result<Cached, DataError> {
-        self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory)
-            .and_then(|c| c.ok_or((DataError::Dataset("the object cache skipped a range it must read".into()), false)))
-            .map_err(|(e, _)| e)
+        self.fetch_needed(store, object, start, end).map_err(|(e, _)| e)
+    }
+
+    /// [`ObjectCache::fetch_kept`] of a range a parser needs now: never skipped (without room it
+    /// is read into memory).
+    fn fetch_needed(
+        &self,
+        store: &dyn ObjectStore,
+        object: &ObjectMeta,
+        start: u64,
+        end: u64,
+    ) -> Result<Cached, (DataError, bool)> {
+        self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory)?
+            .ok_or_else(|| (DataError::Dataset("the object cache skipped a range it must read".into()), false))
     }
 
     /// [`ObjectCache::fetch`], its error with whether the store failed (else the directory);
@@ -381,9 +392,8 @@ impl ObjectCache {
         start: u64,
         end: u64,
     ) -> Result<Cached, DataError> {
-        match self.fetch_kept(store, object, start, end, NoRoom::ReadIntoMemory) {
-            Ok(Some(cached)) => Ok(cached),
-            Ok(None) => Err(DataError::Dataset("the object cache skipped a range it must read".into())),
+        match self.fetch_needed(store, object, start, end) {
+            Ok(cached) => Ok(cached),
             Err((e, false)) => {
                 if let Some(left_out) = MEMORY_READS_LOG.admit(Instant::now()) {
                     tracing::warn!(url = %object.url, start, end, error = %e, left_out, "cannot keep a range in the object cache; read from the store into memory instead");
