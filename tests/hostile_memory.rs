@@ -540,6 +540,39 @@ fn open_when_ready(d: &Daemon, opts: &SessionOptions) -> minibatchd_client::Sess
     support::daemon::open_retrying(d, "wide", opts, ErrorCode::DatasetIndexing)
 }
 
+/// A probe: a minibatch of 2^31 - 1 one-value samples over an endless epoch, under a limit that
+/// allowed its ring, was admitted; its plan alone then grew by 120 MB a second past the host's
+/// memory, counted nowhere. The places of the minibatches in flight (about 160 bytes a sequence
+/// here, against 12 in the slot) are now reserved at `open` with the sweep orders.
+#[test]
+fn a_minibatch_whose_places_do_not_fit_the_limit_is_refused_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path();
+    let file = write(p, "small.ctf", "|a 1\n".repeat(1000));
+    config(p, LIMIT, &dataset("small", "ctf", &file, true));
+    let d = Daemon::start(p, &[]);
+    // A million samples a minibatch: a slot of ~12 MB fits the limit, the places (~160 MB) not.
+    let huge = SessionOptions { max_samples: Some(10_000_000), prefetch: Some(2), ..options(1_000_000) };
+    let _ = support::daemon::open_retrying(&d, "small", &options(16), ErrorCode::DatasetIndexing);
+    let refused = Client::connect(&d.socket).expect("connect").open("small", &huge);
+    let Err(ClientError::Daemon { code, message, .. }) = refused else { panic!("admitted: {refused:?}") };
+    assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
+    assert!(
+        message.contains("for the minibatches planned and copied at once, up to 1000001 sequences each"),
+        "{message}"
+    );
+    assert!(message.contains("a smaller minibatch_size or prefetch"), "{message}");
+    // A tenth of it fits, and is served.
+    let fits = SessionOptions { max_samples: Some(200_000), prefetch: Some(2), ..options(100_000) };
+    let mut s = Client::connect(&d.socket).expect("connect").open("small", &fits).expect("a tenth fits");
+    let mut samples = 0;
+    while let Some(mb) = s.next_owned().expect("served") {
+        samples += mb.streams[0].num_samples();
+    }
+    assert_eq!(samples, 200_000);
+    assert_within_limit(&d, LIMIT, "with minibatches of 100,000 sequences");
+}
+
 /// #17 acceptance 4, found on a 26 GiB file of 22.5 M sequences with a 6 GiB limit: each
 /// session's sweep orders (the current sweep's and the next one's, 13 bytes per sequence each)
 /// were counted nowhere, and the daemon's RSS passed the limit by up to 487 MiB with one session.
@@ -610,7 +643,7 @@ fn the_sessions_sweep_orders_are_reserved_against_the_memory_limit() {
     };
     assert!(!open.is_empty(), "no session opened: {message}");
     assert_eq!(code, ErrorCode::ResourceExhausted, "{message}");
-    assert!(message.contains("sweep orders need"), "{message}");
+    assert!(message.contains("sweep orders and minibatches need"), "{message}");
     for s in &mut open {
         assert!(s.next_owned().expect("still served").is_some());
     }
@@ -1099,7 +1132,9 @@ fn large_minibatches_gathered_a_chunk_at_a_time_stay_within_the_limit() {
         let _ = writeln!(text, "|a {i} {}", "1 ".repeat(63));
     }
     let file = write(p, "wide64.ctf", text);
-    let limit = 28u64 << 20;
+    // The ring (16 MiB) and the places of the minibatches in flight (7.6 MB, reserved with the
+    // sweep orders) leave the chunk cache less than the window's 15 MB.
+    let limit = 36u64 << 20;
     support::daemon::write_config(
         p,
         &format!(

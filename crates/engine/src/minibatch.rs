@@ -66,6 +66,25 @@ struct Piece {
     e1: usize,
 }
 
+/// The most heap memory a producer's minibatches of up to `sequences` sequences of `streams`
+/// streams take from their plans to their slots, with `in_flight` of them gathered at once: the
+/// plan being built and gathered (each sequence's reference and last-use mark, at most one sweep
+/// start and one chunk let go of per sequence, twice that as the vectors grow by doubling; a
+/// mixture's source of each; where each lies in the chunks), and each gathered one (the chunks it
+/// holds, each stream's pieces and sequence ends, the copy's list of source arrays). A minibatch
+/// of millions of short sequences takes more of it than of its slot (a one-value sample is 4
+/// bytes there, about 100 here); the daemon reserves it at `open`.
+#[must_use]
+pub fn memory_bound(sequences: u64, streams: usize, in_flight: u64) -> u64 {
+    use std::mem::size_of;
+    let plan = 2 * (size_of::<crate::sampling::SeqRef>() + size_of::<bool>() + size_of::<usize>() + size_of::<u32>())
+        + size_of::<u32>()
+        + size_of::<(usize, usize)>();
+    let stream = size_of::<Piece>() + size_of::<usize>();
+    let gathered = size_of::<Arc<ParsedChunk>>() + size_of::<fill::Array<'static>>() + streams.saturating_mul(stream);
+    sequences.saturating_mul((plan as u64).saturating_add(in_flight.saturating_mul(gathered as u64)))
+}
+
 /// What kind of stream, with the element types a gathered stream copies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {

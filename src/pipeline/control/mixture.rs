@@ -282,7 +282,8 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         .map(|(n, &i)| StreamInfo { name: n.clone(), ..runtimes[0].streams[i].clone() })
         .collect();
     // The sources' sweep orders, reserved before they are built.
-    let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
+    let (slot_size, sequences) = slot_size(&runtimes, &resolved, epoch);
+    let mut sampling = SamplingReservation::new(shared, sequences, streams.len(), resolved.slots);
     let mut bytes = 0u64;
     let mut widest = 0u64;
     for rt in &runtimes {
@@ -306,7 +307,6 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     let (identity, options_hash) = (identity(&runtimes), mixture_options_hash(&runtimes, epoch));
     let walk_key = epoch_key(identity, options_hash, resolved.minibatch_size, &mixture_options.schedule);
     let mixture = Mixture::new(&sources_of(&datasets), mixture_options).map_err(|e| refuse(e.to_string()))?;
-    let slot_size = slot_size(&runtimes, &resolved, epoch);
     Ok(Prepared {
         identity,
         options_hash,
@@ -328,8 +328,13 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
 }
 
 /// A slot of a mixture's ring: what the options ask, raised to fit a minibatch of this worker
-/// (as far as the index bounds it) and the mixture's own tensors.
-fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::ResolvedOptions, epoch: MixtureEpoch) -> u64 {
+/// (as far as the index bounds it) and the mixture's own tensors; and the most sequences such a
+/// minibatch holds.
+fn slot_size(
+    runtimes: &[Arc<DatasetRuntime>],
+    resolved: &super::session::ResolvedOptions,
+    epoch: MixtureEpoch,
+) -> (u64, u64) {
     // A minibatch holds no more samples than its epoch (as a dataset's session, found by a probe:
     // a minibatch_size of 2^31 - 1 asked for a ring of hundreds of GB): an epoch of `max_samples`
     // ends at the first slot that starts at or past them; one that ends at the first sweep's end
@@ -353,7 +358,7 @@ fn slot_size(runtimes: &[Arc<DatasetRuntime>], resolved: &super::session::Resolv
     let sources = runtimes.len() as u64;
     let own = 1024 + 4 * slots_here + 4 * sources + 8 * (4 + 4 * sources);
     let need = runtimes.iter().map(|rt| rt.slot_bound(local)).max().unwrap_or(0).saturating_add(own);
-    resolved.slot_size_bytes.max(need).min(MAX_SLOT_SIZE_BYTES)
+    (resolved.slot_size_bytes.max(need).min(MAX_SLOT_SIZE_BYTES), slots_here)
 }
 
 /// Refuses sources whose windows cannot fit the cache's share together (once the ring is

@@ -17,6 +17,7 @@ use minibatchd_client::protocol::{
     hex64, JobBase, MixtureInfo, Resumed, RingInfo, ServerMessage, SessionOptions, SessionState, StreamInfo, WorkerOf,
     STATE_VERSION,
 };
+use minibatchd_engine::minibatch;
 use minibatchd_engine::sampling::{window_sequences, Sampler, SamplingOptions, Timeline};
 use minibatchd_shm::{Ring, RingGeometry, RingHeader, SharedRing, LAYOUT_VERSION};
 use minibatchd_sys::{MemfdMemory, ShmError};
@@ -30,7 +31,7 @@ mod prepare;
 
 use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::delivery::StartProducer;
-use crate::pipeline::data::producer::{FreeSlot, Producer, ProducerEvent, ProducerHandle};
+use crate::pipeline::data::producer::{minibatches_in_flight, FreeSlot, Producer, ProducerEvent, ProducerHandle};
 pub(super) use prepare::{chunks_fit, unchanged_dataset};
 use prepare::{equal_steps_minibatch, fresh_state, place_sampler, prepare, window_fits, Prepared};
 
@@ -97,6 +98,9 @@ pub(super) struct OpenSession {
 pub(super) struct SamplingReservation {
     pub(super) shared: Arc<ControlPlane>,
     pub(super) bytes: u64,
+    /// Of `bytes`, what the session's minibatches planned and gathered at once take until they
+    /// are in their slots, and the sequences each may hold ([`minibatch::memory_bound`]).
+    gathering: (u64, u64),
 }
 
 /// What a sampler over `timeline` may hold: with `job` (it continues a job), its delivered set;
@@ -117,6 +121,14 @@ fn job_part(mut refusal: Refusal, job: u64) -> Refusal {
 }
 
 impl SamplingReservation {
+    /// Nothing reserved yet, for a session whose minibatches hold up to `sequences` sequences of
+    /// `streams` streams, [`minibatches_in_flight`] of them with a ring of `slots`: that much is
+    /// reserved with the sweep orders.
+    pub(super) fn new(shared: &Arc<ControlPlane>, sequences: u64, streams: usize, slots: u64) -> Self {
+        let gathering = minibatch::memory_bound(sequences, streams, minibatches_in_flight(slots));
+        Self { shared: shared.clone(), bytes: 0, gathering: (gathering, sequences) }
+    }
+
     /// While a session with (`job`) or without a job, with equal steps or not, opens: its
     /// sampler and its walks.
     fn opening(
@@ -147,9 +159,16 @@ impl SamplingReservation {
     /// Reserves `bytes` in all, for sweep orders that keep up to `window_sequences` sequences at
     /// once (for the refusal's message).
     pub(super) fn resize_to(&mut self, bytes: u64, window_sequences: u64) -> Result<(), Refusal> {
+        use crate::pipeline::control::session::RegistryError;
+        let bytes = bytes.saturating_add(self.gathering.0);
         let mut reg = self.shared.registry();
         if bytes > self.bytes {
-            reg.reserve_sampling(bytes - self.bytes, window_sequences)?;
+            reg.reserve_sampling(bytes - self.bytes, window_sequences).map_err(|mut e| {
+                if let RegistryError::SamplingMemory { needed, gathering, .. } = &mut e {
+                    *gathering = (self.gathering.0.min(*needed), self.gathering.1);
+                }
+                e
+            })?;
         } else {
             reg.unreserve_sampling(self.bytes - bytes);
         }

@@ -444,6 +444,15 @@ impl Stopper {
 /// between the two (the A/B of a queue of one against four is in `docs/benchmarks.md`).
 const TURN_MINIBATCHES: usize = 4;
 
+/// Most minibatches of a session gathered and not yet in their slots, with a ring of `slots`:
+/// each holds a free slot — one the planner gathers, and as many as the fillers' queues and the
+/// fillers hold. (Minibatches gathered a chunk at a time, waiting for their slots, are counted
+/// against the chunk cache as they are gathered.)
+#[must_use]
+pub fn minibatches_in_flight(slots: u64) -> u64 {
+    slots.min((FILLERS * (TURN_MINIBATCHES + 1) + 1) as u64)
+}
+
 /// Fillers per producer: minibatch `k` is copied by filler `k % FILLERS`.
 pub const FILLERS: usize = 2;
 

@@ -93,15 +93,28 @@ pub struct HostVerdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostGuard {
     cap: u64,
+    /// The `memory_limit_bytes` last said to be above the host's memory.
+    told_over_host: u64,
 }
 
 impl Default for HostGuard {
     fn default() -> Self {
-        Self { cap: u64::MAX }
+        Self { cap: u64::MAX, told_over_host: 0 }
     }
 }
 
 impl HostGuard {
+    /// Whether to say now that `limit` is above the host's memory (`host_total`, 0 when unknown):
+    /// once per limit, at the start or at the reload that set it. The daemon admits what the limit
+    /// allows, so such a limit lets sessions reserve memory the host does not have.
+    pub fn tell_limit_over_host(&mut self, limit: u64, host_total: u64) -> bool {
+        if host_total == 0 || limit <= host_total {
+            self.told_over_host = 0;
+            return false;
+        }
+        std::mem::replace(&mut self.told_over_host, limit) != limit
+    }
+
     /// Judges one sample: host `available` memory against `reserve` (0 disables the guard), with
     /// the cache holding `cache_bytes` of which `evictable` no session holds, under `limit`.
     pub fn judge(&mut self, available: u64, reserve: u64, cache_bytes: u64, evictable: u64, limit: u64) -> HostVerdict {
@@ -128,6 +141,18 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_limit_above_the_hosts_memory_is_told_once_per_limit() {
+        let mut g = HostGuard::default();
+        assert!(!g.tell_limit_over_host(8 << 30, 16 << 30));
+        assert!(!g.tell_limit_over_host(8 << 30, 0), "host unknown");
+        assert!(g.tell_limit_over_host(32 << 30, 16 << 30));
+        assert!(!g.tell_limit_over_host(32 << 30, 16 << 30), "told already");
+        assert!(g.tell_limit_over_host(64 << 30, 16 << 30), "a reload raised it");
+        assert!(!g.tell_limit_over_host(8 << 30, 16 << 30));
+        assert!(g.tell_limit_over_host(64 << 30, 16 << 30), "above again");
+    }
 
     #[test]
     fn the_cache_shrinks_before_sessions_are_refused() {

@@ -222,10 +222,21 @@ fn sample_memory(shared: &ControlPlane, sampler: &mut Sampler, guard: &mut HostG
     m.ops.host_memory_total_bytes.set(to_i64(s.host_total));
     m.ops.host_memory_available_bytes.set(to_i64(s.host_available));
     let reserve = shared.config().daemon.host_memory_reserve_bytes;
+    let limit = shared.registry().limit();
+    if guard.tell_limit_over_host(limit, s.host_total) {
+        // Found by a probe: under a limit of 1 TB on a 23 GB host, a session admitted for what
+        // the limit allows grew past the host's memory.
+        tracing::warn!(
+            memory_limit_bytes = limit,
+            host_memory_bytes = s.host_total,
+            "memory_limit_bytes is above the host's memory: sessions are admitted for memory the host does not have, \
+             and the daemon may be killed for memory instead of refusing them; set it below the host's memory \
+             (less what the trainers take)"
+        );
+    }
     // The chunks of dataset versions a reload replaced go once their last session has ended.
     shared.data.cache.forget_datasets(|i| shared.data.runtime(i).is_some());
     let (stats, _, evictable) = shared.data.cache.snapshot();
-    let limit = shared.registry().limit();
     let v = guard.judge(s.host_available, reserve, stats.bytes, evictable, limit);
     m.ops.host_memory_shortfall_bytes.set(to_i64(v.shortfall));
     let was_short = shared.host.shortfall.swap(v.shortfall, Ordering::Relaxed) > 0;

@@ -55,7 +55,7 @@ fn widen_ids(out: &mut [u8], ids: &[u32]) {
 /// One array of a held chunk's stream, for the copy of a tensor: its bytes and the width of an
 /// entry, or 32-bit feature ids that the copy widens to 64 bits.
 #[derive(Debug, Clone, Copy)]
-enum Array<'a> {
+pub(super) enum Array<'a> {
     Bytes(&'a [u8], usize),
     Narrow(&'a [u32]),
 }

@@ -69,12 +69,6 @@ pub(super) fn prepare_now(
         check_resume(s, dataset, rt.identity, rt.legacy_identity, ohash, equal_steps_minibatch(&resolved))?;
         check_worker(s, super::session_worker(&resolved))?;
     }
-    let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
-    let mut sampling = SamplingReservation { shared: shared.clone(), bytes: 0 };
-    sampling.opening(rt.dataset.timeline(), &resolved.sampling, job, resolved.equal_steps)?;
-    // From here the session waits for data: the persister paces its writes.
-    let working = shared.data.demand.working();
-    let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
     // A minibatch holds no more samples than its epoch (found by a probe: a minibatch_size of
     // 2^31 - 1 over a full sweep of 353 samples asked for a ring of 206 GB, where dump gives one
     // minibatch); `slot_bound` adds room for the longest sequence.
@@ -97,6 +91,13 @@ pub(super) fn prepare_now(
     }
     .min(MAX_SLOT_SIZE_BYTES);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
+    // The sweep orders, and the minibatches in flight: each of at most `local` sequences.
+    let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
+    let mut sampling = SamplingReservation::new(shared, local, rt.streams.len(), resolved.slots);
+    sampling.opening(rt.dataset.timeline(), &resolved.sampling, job, resolved.equal_steps)?;
+    // From here the session waits for data: the persister paces its writes.
+    let working = shared.data.demand.working();
+    let lingering = resolved.session.as_deref().is_some_and(|n| shared.registry().is_lingering(n));
     // An `open` whose ring cannot fit now is refused at admission: it asks for no chunk.
     let ring_fits = shared.registry().ring_fits(geometry.total_bytes());
     if options.resume.is_none() && options.resume_job.is_none() && !lingering && ring_fits {

@@ -11,7 +11,7 @@ use minibatchd_engine::dataset::{charge_chunk, Dataset};
 use minibatchd_engine::feed::Feeder;
 use minibatchd_engine::format::chunk::ParsedChunk;
 use minibatchd_engine::format::errors::{DataError, ErrorBudget};
-use minibatchd_engine::minibatch::{Gathered, Parts};
+use minibatchd_engine::minibatch::{memory_bound, Gathered, Parts};
 use minibatchd_engine::sampling::{BuiltSweep, MinibatchPlan};
 
 use super::{next_producer_id, Found, FreeSlot, Locate, Located, ProduceError, ProducerEvent, PREFETCH_CHUNKS};
@@ -215,7 +215,13 @@ impl Planner {
         );
         drop(load);
         let built = built.map_err(|e| runtime.dataset.locate(e)).and_then(|gathered| {
-            let bytes = ahead.parts.size_bytes();
+            // The copies, and each minibatch's pieces that locate them until it is in its slot.
+            let streams = runtime.streams.len();
+            let bookkeeping = ahead.plans.iter().map(|p| memory_bound(p.sequences.len() as u64, streams, 1));
+            let bytes = ahead
+                .parts
+                .size_bytes()
+                .saturating_add(usize::try_from(bookkeeping.sum::<u64>()).unwrap_or(usize::MAX));
             let count = gathered.len();
             // At most an eighth of the cache's share too: the copies wait for the trainer's
             // slots, and while it holds them they are memory no other session can have.
