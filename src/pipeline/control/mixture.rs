@@ -34,8 +34,8 @@ use minibatchd_shm::RingGeometry;
 
 use super::admission::{self, Refusal};
 use super::open_session::{
-    checkpoint_opening, chunks_fit, host_shortfall, new_ring, off_the_event_loop, opened_message, unchanged_dataset,
-    warn_if_replaying, Described, Launch, OpenSession, SamplingReservation,
+    checkpoint_opening, chunks_fit, deeper_ring, host_shortfall, new_ring, off_the_event_loop, opened_message,
+    unchanged_dataset, warn_if_replaying, Described, Launch, OpenSession, SamplingReservation,
 };
 use super::peer::{ConnShared, Peer};
 use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
@@ -266,7 +266,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         mixture: None,
         ..options.clone()
     };
-    let resolved = resolve_options(&common, runtimes[0].dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
+    let mut resolved = resolve_options(&common, runtimes[0].dataset.config(), d.ring_slots as u64, d.slot_size_bytes)?;
     let schedule = schedule_of(options, &m).map_err(refuse)?;
     let epoch = match options.max_samples {
         Some(0) => return Err(refuse("max_samples must be at least 1".into())),
@@ -282,7 +282,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         .map(|(n, &i)| StreamInfo { name: n.clone(), ..runtimes[0].streams[i].clone() })
         .collect();
     // The sources' sweep orders, reserved before they are built.
-    let (slot_size, sequences) = slot_size(&runtimes, &resolved, epoch);
+    let (slot_size, sequences) = ring_slots(options, &mut resolved, &runtimes, epoch);
     let mut sampling = SamplingReservation::new(shared, sequences, streams.len(), resolved.slots);
     let mut bytes = 0u64;
     let mut widest = 0u64;
@@ -327,12 +327,14 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
     })
 }
 
-/// A slot of a mixture's ring: what the options ask, raised to fit a minibatch of this worker
-/// (as far as the index bounds it) and the mixture's own tensors; and the most sequences such a
-/// minibatch holds.
-fn slot_size(
+/// A mixture's ring: its slots' size and (in `resolved`) their number, and the most sequences a
+/// minibatch of this worker holds. A slot holds such a minibatch (as far as the index bounds it)
+/// and the mixture's own tensors; the default ring comes in more, smaller slots where the
+/// minibatches are small, as a dataset's ([`deeper_ring`]).
+fn ring_slots(
+    options: &SessionOptions,
+    resolved: &mut super::session::ResolvedOptions,
     runtimes: &[Arc<DatasetRuntime>],
-    resolved: &super::session::ResolvedOptions,
     epoch: MixtureEpoch,
 ) -> (u64, u64) {
     // A minibatch holds no more samples than its epoch (as a dataset's session, found by a probe:
@@ -358,7 +360,14 @@ fn slot_size(
     let sources = runtimes.len() as u64;
     let own = 1024 + 4 * slots_here + 4 * sources + 8 * (4 + 4 * sources);
     let need = runtimes.iter().map(|rt| rt.slot_bound(local)).max().unwrap_or(0).saturating_add(own);
-    (resolved.slot_size_bytes.max(need).min(MAX_SLOT_SIZE_BYTES), slots_here)
+    let size = if options.prefetch.is_none() && options.slot_size_bytes.is_none() {
+        let (slots, size) = deeper_ring(resolved.slots, resolved.slot_size_bytes, need);
+        resolved.slots = slots;
+        size
+    } else {
+        resolved.slot_size_bytes.max(need)
+    };
+    (size.min(MAX_SLOT_SIZE_BYTES), slots_here)
 }
 
 /// Refuses sources whose windows cannot fit the cache's share together (once the ring is

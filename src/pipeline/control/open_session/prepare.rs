@@ -478,7 +478,7 @@ pub(super) const DEEP_RING_SLOTS: u64 = 64;
 /// samples a second, `docs/benchmarks.md`). The eightfold room is for sparse samples with more
 /// entries than the bound's one; a minibatch that still does not fit makes the client reopen
 /// with larger slots, as ever. Never more bytes than the configured default ring.
-pub(super) fn deeper_ring(slots: u64, slot_size: u64, bound: u64) -> (u64, u64) {
+pub(in crate::pipeline::control) fn deeper_ring(slots: u64, slot_size: u64, bound: u64) -> (u64, u64) {
     let room = bound.saturating_mul(8).max(slot_size / 4).div_ceil(4096).saturating_mul(4096);
     if room >= slot_size || slots >= DEEP_RING_SLOTS {
         return (slots, slot_size.max(bound));
