@@ -17,6 +17,7 @@ the single dataset's, per run and the medians.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 import daemon_kit  # noqa: E402
 from daemon_kit import ROOT  # noqa: E402
+
+# The daemon binary; BENCH_DAEMON_BIN points at another build for A/B runs.
+DAEMON = os.environ.get("BENCH_DAEMON_BIN") or str(daemon_kit.DAEMON)
 
 CONSUMER = r"""
 import json, sys, time
@@ -89,7 +93,7 @@ def main() -> None:
                 name = "blend" if what == "mixture" else "d0"
                 consumer = [python, "-c", CONSUMER, str(ROOT / "clients" / "python"), str(state / "mbd.sock"), name,
                             str(args.minibatch_size)]
-                (cold, warm), t0 = daemon_kit.consumer_first(cfg, consumer)
+                (cold, warm), t0 = daemon_kit.consumer_first(cfg, consumer, binary=DAEMON)
                 rec = {"cold": cold["samples"] / (cold["end"] - t0),
                        "warm": warm["samples"] / (warm["end"] - warm["start"]), "samples": cold["samples"]}
                 results[what].append(rec)

@@ -34,11 +34,11 @@ use minibatchd_shm::RingGeometry;
 
 use super::admission::{self, Refusal};
 use super::open_session::{
-    checkpoint_opening, chunks_fit, deeper_ring, host_shortfall, new_ring, off_the_event_loop, opened_message,
+    checkpoint_opening, chunks_fit, host_shortfall, new_ring, off_the_event_loop, opened_message, ring_for,
     unchanged_dataset, warn_if_replaying, Described, Launch, OpenSession, SamplingReservation,
 };
 use super::peer::{ConnShared, Peer};
-use super::session::{check_mixture_resume, options_hash, resolve_options, MAX_SLOT_SIZE_BYTES};
+use super::session::{check_mixture_resume, options_hash, resolve_options};
 use super::ControlPlane;
 
 mod epochs;
@@ -330,7 +330,7 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
 /// A mixture's ring: its slots' size and (in `resolved`) their number, and the most sequences a
 /// minibatch of this worker holds. A slot holds such a minibatch (as far as the index bounds it)
 /// and the mixture's own tensors; the default ring comes in more, smaller slots where the
-/// minibatches are small, as a dataset's ([`deeper_ring`]).
+/// minibatches are small, as a dataset's (`open_session::ring_for`).
 fn ring_slots(
     options: &SessionOptions,
     resolved: &mut super::session::ResolvedOptions,
@@ -360,14 +360,7 @@ fn ring_slots(
     let sources = runtimes.len() as u64;
     let own = 1024 + 4 * slots_here + 4 * sources + 8 * (4 + 4 * sources);
     let need = runtimes.iter().map(|rt| rt.slot_bound(local)).max().unwrap_or(0).saturating_add(own);
-    let size = if options.prefetch.is_none() && options.slot_size_bytes.is_none() {
-        let (slots, size) = deeper_ring(resolved.slots, resolved.slot_size_bytes, need);
-        resolved.slots = slots;
-        size
-    } else {
-        resolved.slot_size_bytes.max(need)
-    };
-    (size.min(MAX_SLOT_SIZE_BYTES), slots_here)
+    (ring_for(options, resolved, need), slots_here)
 }
 
 /// Refuses sources whose windows cannot fit the cache's share together (once the ring is

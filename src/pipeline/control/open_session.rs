@@ -32,7 +32,7 @@ mod prepare;
 use crate::pipeline::data::catalog::DatasetRuntime;
 use crate::pipeline::data::delivery::StartProducer;
 use crate::pipeline::data::producer::{minibatches_in_flight, FreeSlot, Producer, ProducerEvent, ProducerHandle};
-pub(super) use prepare::{chunks_fit, deeper_ring, unchanged_dataset};
+pub(super) use prepare::{chunks_fit, ring_for, unchanged_dataset};
 use prepare::{equal_steps_minibatch, fresh_state, place_sampler, prepare, window_fits, Prepared};
 
 /// A session open on this connection.

@@ -82,14 +82,7 @@ pub(super) fn prepare_now(
     let local = (resolved.minibatch_size as u64 / resolved.sampling.num_workers as u64 + 1)
         .min(epoch.map_or(u64::MAX, |e| e.saturating_add(1)));
     let bound = rt.slot_bound(local);
-    let slot_size = if options.prefetch.is_none() && options.slot_size_bytes.is_none() {
-        let (slots, size) = deeper_ring(resolved.slots, resolved.slot_size_bytes, bound);
-        resolved.slots = slots;
-        size
-    } else {
-        resolved.slot_size_bytes.max(bound)
-    }
-    .min(MAX_SLOT_SIZE_BYTES);
+    let slot_size = ring_for(options, &mut resolved, bound);
     let geometry = RingGeometry::new(resolved.slots, slot_size);
     // The sweep orders, and the minibatches in flight: each of at most `local` sequences.
     let job = options.resume_job.is_some() || options.resume.as_ref().is_some_and(|s| s.job.is_some());
@@ -466,6 +459,25 @@ pub(super) fn fresh_state(
     }
 }
 
+/// The slot size of a session's ring for minibatches of at most `bound` bytes as far as the
+/// index bounds them, its slot count set in `resolved`: the ring `options` ask for, each slot
+/// raised to `bound`, or where they ask for neither slots nor their size, the default ring made
+/// deeper for small minibatches ([`deeper_ring`]).
+pub(in crate::pipeline::control) fn ring_for(
+    options: &SessionOptions,
+    resolved: &mut ResolvedOptions,
+    bound: u64,
+) -> u64 {
+    let size = if options.prefetch.is_none() && options.slot_size_bytes.is_none() {
+        let (slots, size) = deeper_ring(resolved.slots, resolved.slot_size_bytes, bound);
+        resolved.slots = slots;
+        size
+    } else {
+        resolved.slot_size_bytes.max(bound)
+    };
+    size.min(MAX_SLOT_SIZE_BYTES)
+}
+
 /// Most slots a session's ring gets by default ([`deeper_ring`]).
 pub(super) const DEEP_RING_SLOTS: u64 = 64;
 
@@ -478,7 +490,7 @@ pub(super) const DEEP_RING_SLOTS: u64 = 64;
 /// samples a second, `docs/benchmarks.md`). The eightfold room is for sparse samples with more
 /// entries than the bound's one; a minibatch that still does not fit makes the client reopen
 /// with larger slots, as ever. Never more bytes than the configured default ring.
-pub(in crate::pipeline::control) fn deeper_ring(slots: u64, slot_size: u64, bound: u64) -> (u64, u64) {
+fn deeper_ring(slots: u64, slot_size: u64, bound: u64) -> (u64, u64) {
     let room = bound.saturating_mul(8).max(slot_size / 4).div_ceil(4096).saturating_mul(4096);
     if room >= slot_size || slots >= DEEP_RING_SLOTS {
         return (slots, slot_size.max(bound));
