@@ -641,3 +641,49 @@ fn a_reload_that_removes_a_configured_mixture_ends_its_sessions_resumable_by_nam
     let want = dump(&d, &["--mixture", "even", "--minibatch-size", "1"]);
     same_as_dump(&got, &want[taken..], "even resumed by name after the reload");
 }
+
+/// An `open` of a later epoch whose client goes away gives up its walk to that epoch and is
+/// counted as given up (`client_gone`). Found by a probe: the walk looked at its client every
+/// 1,024 minibatches only, so minibatches of a million slots walked on for half a minute after
+/// the client had gone, then opened the session; and a walk it did give up was counted as
+/// `invalid_options`. Here 900 epochs of one 60,000-slot minibatch each: fewer minibatches than
+/// the old check's period, seconds of walking in a test build.
+#[test]
+fn a_walk_to_a_later_epoch_whose_client_went_away_is_given_up_and_counted_so() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path();
+    for (name, mark) in [("p.ctf", 0), ("q.ctf", 1)] {
+        write(root, name, (0..30_000).map(|i| format!("|F {i} {mark}\n")).collect::<Vec<_>>().concat());
+    }
+    let table = |n: &str, f: &str| {
+        format!(
+            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{f}\"]\n[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n",
+            root.display()
+        )
+    };
+    let mixtures = "[mixtures.pq]\ndatasets = [\"p\", \"q\"]\nweights = [1, 1]\nepoch = \"first_sweep_end\"\n";
+    write_config(root, "", &format!("{}{}{mixtures}", table("p", "p.ctf"), table("q", "q.ctf")));
+    let d = Daemon::start(root, &[]);
+    // Both sources indexed: a fresh session opens.
+    read(open(&d, "pq", &options(1000)), &["features"]);
+    let frame = |body: &[u8]| {
+        let mut v = u32::try_from(body.len()).expect("small").to_le_bytes().to_vec();
+        v.extend_from_slice(body);
+        v
+    };
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).expect("connect");
+    s.write_all(&frame(br#"{"type":"hello","version":1}"#)).expect("hello");
+    s.write_all(&frame(br#"{"type":"open","dataset":"pq","options":{"minibatch_size":1000000,"sweep":900}}"#))
+        .expect("open");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(s);
+    let gone = r#"minibatchd_sessions_refused_total{code="client_gone"}"#;
+    let started = std::time::Instant::now();
+    while d.metric(gone) < 0.5 {
+        assert!(started.elapsed() < support::daemon::DEADLINE, "the walk was not given up");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(d.metric(r#"minibatchd_sessions_refused_total{code="invalid_options"}"#) < 0.5);
+    assert!(d.metric(r#"minibatchd_sessions_opened_total{dataset="pq"}"#) < 1.5, "the walk's session was not opened");
+}

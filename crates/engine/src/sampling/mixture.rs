@@ -111,7 +111,18 @@ pub enum MixtureError {
     /// A state that this mixture cannot have produced.
     #[error("not a state of this mixture: {0}")]
     BadState(String),
+    /// The walk was given up: whoever asked for it no longer waits
+    /// ([`Mixture::skip_epochs_unless`]).
+    #[error("the walk to the epoch was cancelled: the client that opened the session went away")]
+    Cancelled,
 }
+
+/// How often [`Mixture::skip_epochs_unless`] looks whether it was cancelled: every this many
+/// minibatches walked, and every this many slots (found by a probe: minibatches of a million
+/// slots took 40 ms each, so a walk looked every 40 s and went on half a minute after its
+/// client had gone).
+const CANCEL_EVERY_MINIBATCHES: u64 = 1024;
+const CANCEL_EVERY_SLOTS: u64 = 1 << 16;
 
 /// When a mixture's epoch ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -340,8 +351,7 @@ impl Mixture {
     /// minibatches walked): its `open`'s client may have gone meanwhile.
     ///
     /// # Errors
-    /// Those of [`Mixture::skip_epochs`]; [`MixtureError::BadState`] saying the walk was
-    /// cancelled.
+    /// Those of [`Mixture::skip_epochs`]; [`MixtureError::Cancelled`].
     pub fn skip_epochs_unless(
         &mut self,
         epoch: u64,
@@ -372,13 +382,17 @@ impl Mixture {
         let restart = self.samplers.len() as u64 + 1;
         let mut budget = max_slots;
         let mut walked = 0u64;
+        let mut looked_at = budget;
         for _ in 0..epoch {
             while self.step(minibatch_size, false, &mut budget)?.is_some() {
                 walked += 1;
-                if walked.is_multiple_of(1024) && cancelled.load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err(MixtureError::BadState(
-                        "the walk to the epoch was cancelled: the client that opened the session went away".into(),
-                    ));
+                if walked.is_multiple_of(CANCEL_EVERY_MINIBATCHES)
+                    || looked_at.saturating_sub(budget) >= CANCEL_EVERY_SLOTS
+                {
+                    looked_at = budget;
+                    if cancelled.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Err(MixtureError::Cancelled);
+                    }
                 }
             }
             if budget == 0 {

@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use minibatchd_engine::sampling::mixture::{Mixture, WeightSchedule, MAX_WALK_SLOTS};
+use minibatchd_engine::sampling::mixture::{Mixture, MixtureError, WeightSchedule, MAX_WALK_SLOTS};
+use minibatchd_engine::sampling::SamplingError;
 
 use super::super::admission::Refusal;
 use super::super::open_session::off_the_event_loop;
@@ -37,17 +38,17 @@ fn epoch_start(
     key: u64,
     starts: &std::sync::Mutex<super::super::session::EpochStarts>,
     cancelled: &std::sync::atomic::AtomicBool,
-) -> Result<minibatchd_client::protocol::MixtureState, String> {
+) -> Result<minibatchd_client::protocol::MixtureState, MixtureError> {
     let lock = || starts.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let known = lock().nearest(key, epoch);
     let from = match known {
         Some((e, state)) => {
-            mixture.restore(&from_wire(&state)).map_err(|e| e.to_string())?;
+            mixture.restore(&from_wire(&state))?;
             e
         }
         None => 0,
     };
-    mixture.skip_epochs_unless(epoch - from, minibatch_size, MAX_WALK_SLOTS, cancelled).map_err(|e| e.to_string())?;
+    mixture.skip_epochs_unless(epoch - from, minibatch_size, MAX_WALK_SLOTS, cancelled)?;
     let state = to_wire(mixture.state());
     lock().insert(key, epoch, state.clone());
     Ok(state)
@@ -66,7 +67,11 @@ pub(super) async fn walk(
     let name = name.to_owned();
     off_the_event_loop(move || {
         let state = epoch_start(&mut mixture, epoch, minibatch_size, key, &shared.mixture_epochs, &cancelled);
-        state.map(|s| (mixture, s)).map_err(|message| Refusal::Mixture { name, message })
+        state.map(|s| (mixture, s)).map_err(|e| match e {
+            // Counted and answered as any open its client gave up (`client_gone`).
+            MixtureError::Cancelled => Refusal::Sampling(SamplingError::Cancelled),
+            e => Refusal::Mixture { name, message: e.to_string() },
+        })
     })
     .await
 }

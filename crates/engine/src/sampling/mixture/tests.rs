@@ -589,7 +589,8 @@ fn a_walk_to_an_epoch_is_charged_for_the_sources_restores() {
     m.skip_epochs(100, 1, 30_000).expect("within the bound");
 }
 
-/// A walk to epoch K whose `open`'s client went away stops within 1,024 minibatches; not
+/// A walk to epoch K whose `open`'s client went away stops within 1,024 minibatches or 65,536
+/// slots; not
 /// cancelled, the same walk ends at the epoch.
 #[test]
 fn a_walk_to_an_epoch_stops_when_cancelled() {
@@ -601,6 +602,12 @@ fn a_walk_to_an_epoch_stops_when_cancelled() {
     assert!(e.to_string().contains("cancelled"), "{e}");
     let mut m = Mixture::new(&sources, opts()).expect("a mixture");
     assert!(m.skip_epochs_unless(1, 1, u64::MAX, &AtomicBool::new(false)).is_ok());
+    // Found by a probe: minibatches of a million slots were walked for half a minute after the
+    // client had gone, the flag looked at every 1,024 minibatches only. A walk of 100 epochs of
+    // one 3,000-slot minibatch each looks at it every 65,536 slots too.
+    let mut m = Mixture::new(&sources, opts()).expect("a mixture");
+    let e = m.skip_epochs_unless(100, 3000, u64::MAX, &AtomicBool::new(true)).expect_err("cancelled");
+    assert!(matches!(e, MixtureError::Cancelled), "{e}");
 }
 
 /// Found by a probe: a rank out of range was told as source 0's problem.
