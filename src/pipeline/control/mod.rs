@@ -360,6 +360,27 @@ pub fn limit_short_of_sessions(registry: &Registry, config: &Config, catalog: &C
     (registry.reserved() > 0 && needed > limit).then_some(needed)
 }
 
+/// What `config`'s `memory_limit_bytes` would need for what the open sessions reserved, the read
+/// buffers, the indexes and the parsed chunks the sessions hold now (`held`, at least the cache's
+/// floor): `Some(bytes)` when it is lower and sessions hold chunks. Found by a probe: a limit
+/// lowered from 256 to 12 MiB under 82 MB of chunks a slow trainer's session held was applied,
+/// and the daemon stayed at seven times its limit for as long as that trainer did not read.
+#[must_use]
+pub fn limit_short_of_held(
+    registry: &Registry,
+    config: &Config,
+    catalog: &Catalog,
+    threads: usize,
+    held: u64,
+) -> Option<u64> {
+    let limit = config.daemon.memory_limit_bytes;
+    let needed = registry
+        .reserved()
+        .saturating_add(held_outside_the_cache(config, catalog, threads))
+        .saturating_add(held.max(limit / CACHE_FLOOR_DIVISOR));
+    (held > 0 && needed > limit).then_some(needed)
+}
+
 /// What `config`'s `memory_limit_bytes` would need for the read buffers, the indexes and the
 /// chunk cache's floor alone: `Some(bytes)` when it is lower — every `open` would be refused.
 #[must_use]
