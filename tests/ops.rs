@@ -443,11 +443,62 @@ fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
     let mut s = daemon.client().open("wide", &small_ring).expect("open");
     let mut n = 0;
     n += s.next_owned().expect("next").expect("a minibatch").streams[0].sequence_offsets.len() - 1;
-    config(3 << 20);
+    // 3.5 MiB: above what the session reserved and the chunk it holds (2 MiB) need beside the
+    // read buffer, so the lower limit applies (a limit below the chunks sessions hold is kept
+    // out: `a_reload_does_not_lower_the_limit_below_the_chunks_sessions_hold`), and its bound
+    // on a chunk (1.75 MiB) is below that chunk's.
+    config(7 << 19);
     daemon.signal(rustix::process::Signal::HUP);
     daemon.wait_reloads(2);
-    assert_eq!(daemon.metric("minibatchd_memory_limit_bytes "), f64::from(3u32 << 20), "the lower limit applies");
+    assert_eq!(daemon.metric("minibatchd_memory_limit_bytes "), f64::from(7u32 << 19), "the lower limit applies");
     while let Some(mb) = s.next_owned().expect("the session admitted before the reload goes on") {
+        n += mb.streams[0].sequence_offsets.len() - 1;
+    }
+    assert_eq!(n, 40_000);
+}
+
+/// Found by a probe: a limit lowered from 256 to 12 MiB while a slow trainer's session held 82 MB
+/// of parsed chunks was applied, and the daemon stayed at seven times it for as long as the
+/// trainer did not read. The chunks sessions hold now count in what a lowered limit must fit.
+#[test]
+fn a_reload_does_not_lower_the_limit_below_the_chunks_sessions_hold() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let line = format!("|x{}\n", " 1".repeat(64));
+    write(d, "wide.ctf", line.repeat(40_000));
+    let config = |limit: u64| {
+        support::daemon::write_config(
+            d,
+            &format!("memory_limit_bytes = {limit}\nparser_threads = 1\nparsed_cache_bytes = 0"),
+            &format!(
+                "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
+                 [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
+                d.display()
+            ),
+        )
+    };
+    config(256 << 20);
+    let daemon = Daemon::start(d, &[]);
+    // A randomized window of the whole file (five chunks of 2 MiB of values).
+    let opts = SessionOptions {
+        full_sweep: true,
+        randomize: Some(true),
+        prefetch: Some(2),
+        slot_size_bytes: Some(262_144),
+        ..options(500)
+    };
+    let mut s = daemon.client().open("wide", &opts).expect("open");
+    let mut n = s.next_owned().expect("next").expect("a minibatch").streams[0].sequence_offsets.len() - 1;
+    let held = daemon.metric("minibatchd_memory_used_bytes{part=\"cache\"}");
+    assert!(held > f64::from(6u32 << 20), "{held} B of chunks held");
+    // 6 MiB fits what the session reserved (its ring, its sweep orders), the read buffer and the
+    // cache's floor, not the chunks it holds.
+    config(6 << 20);
+    daemon.signal(rustix::process::Signal::HUP);
+    daemon.wait_reloads(1);
+    assert_eq!(daemon.metric("minibatchd_memory_limit_bytes "), f64::from(256u32 << 20), "the old limit stays");
+    assert!(daemon.metric("minibatchd_config_reloads_total{result=\"partial\"}") > 0.5);
+    while let Some(mb) = s.next_owned().expect("next") {
         n += mb.streams[0].sequence_offsets.len() - 1;
     }
     assert_eq!(n, 40_000);
