@@ -367,24 +367,31 @@ fn epoch_k_continues_where_epoch_k_minus_1_ended_at_any_world_size() {
     }
 }
 
+/// A daemon over `root` with datasets `p` and `q` (30,000 one-sample lines each, a feature of
+/// each line holding its index and its file) and mixture `pq` of them with `options` (its
+/// weights and epoch, TOML lines).
+fn pq_daemon(root: &Path, options: &str) -> Daemon {
+    for (name, mark) in [("p.ctf", 0), ("q.ctf", 1)] {
+        write(root, name, (0..30_000).map(|i| format!("|F {i} {mark}\n")).collect::<Vec<_>>().concat());
+    }
+    let table = |n: &str| {
+        format!(
+            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{n}.ctf\"]\n[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n",
+            root.display()
+        )
+    };
+    let mixtures = format!("[mixtures.pq]\ndatasets = [\"p\", \"q\"]\n{options}\n");
+    write_config(root, "", &format!("{}{}{mixtures}", table("p"), table("q")));
+    Daemon::start(root, &[])
+}
+
 #[test]
 fn a_minibatch_of_many_sequences_carries_every_source_in_its_slot() {
     // 30,000 one-sample lines in each of two files: a minibatch of 40,000 sequences, whose sources
     // are far more than a protocol message may carry (64 KiB), ride in the slot.
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
-    for (name, mark) in [("p.ctf", 0), ("q.ctf", 1)] {
-        write(root, name, (0..30_000).map(|i| format!("|F {i} {mark}\n")).collect::<Vec<_>>().concat());
-    }
-    let table = |n: &str, f: &str| {
-        format!(
-            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{f}\"]\n[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n",
-            root.display()
-        )
-    };
-    let mixtures = "[mixtures.pq]\ndatasets = [\"p\", \"q\"]\nweights = [1, 3]\nmax_samples = 50000\n";
-    write_config(root, "", &format!("{}{}{mixtures}", table("p", "p.ctf"), table("q", "q.ctf")));
-    let d = Daemon::start(root, &[]);
+    let d = pq_daemon(root, "weights = [1, 3]\nmax_samples = 50000");
     let got = read(open(&d, "pq", &options(40_000)), &["features"]);
     let want = dump(&d, &["--mixture", "pq", "--minibatch-size", "40000"]);
     assert_eq!(want.len(), 2);
@@ -653,18 +660,7 @@ fn a_walk_to_a_later_epoch_whose_client_went_away_is_given_up_and_counted_so() {
     use std::io::Write as _;
     let dir = tempfile::tempdir().expect("temp dir");
     let root = dir.path();
-    for (name, mark) in [("p.ctf", 0), ("q.ctf", 1)] {
-        write(root, name, (0..30_000).map(|i| format!("|F {i} {mark}\n")).collect::<Vec<_>>().concat());
-    }
-    let table = |n: &str, f: &str| {
-        format!(
-            "[datasets.{n}]\nformat = \"ctf\"\nfiles = [\"{}/{f}\"]\n[datasets.{n}.streams.features]\nalias = \"F\"\ndim = 2\nformat = \"dense\"\n",
-            root.display()
-        )
-    };
-    let mixtures = "[mixtures.pq]\ndatasets = [\"p\", \"q\"]\nweights = [1, 1]\nepoch = \"first_sweep_end\"\n";
-    write_config(root, "", &format!("{}{}{mixtures}", table("p", "p.ctf"), table("q", "q.ctf")));
-    let d = Daemon::start(root, &[]);
+    let d = pq_daemon(root, "weights = [1, 1]\nepoch = \"first_sweep_end\"");
     // Both sources indexed: a fresh session opens.
     read(open(&d, "pq", &options(1000)), &["features"]);
     let frame = |body: &[u8]| {

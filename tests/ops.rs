@@ -398,6 +398,25 @@ fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
     assert_eq!(n, 100_000);
 }
 
+/// `d/wide.ctf`: 40,000 lines of 64 one-digit values (128 bytes of text, 256 of parsed values).
+fn write_wide(d: &Path) {
+    write(d, "wide.ctf", format!("|x{}\n", " 1".repeat(64)).repeat(40_000));
+}
+
+/// The daemon's configuration in `d` under `limit`: one parser thread, no parsed cache, dataset
+/// `wide` over [`write_wide`]'s file in chunks of 1 MiB of text.
+fn wide_config(d: &Path, limit: u64) -> PathBuf {
+    support::daemon::write_config(
+        d,
+        &format!("memory_limit_bytes = {limit}\nparser_threads = 1\nparsed_cache_bytes = 0"),
+        &format!(
+            "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
+             [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
+            d.display()
+        ),
+    )
+}
+
 /// Found by a probe: an open dataset kept the bound on a parsed chunk of the limit it was opened
 /// under, so after a reload raised `memory_limit_bytes` — as the refusal advises — the same `open`
 /// was still refused, naming the old bound, until a restart.
@@ -405,21 +424,9 @@ fn a_reload_that_lowers_the_limit_below_the_datasets_alone_keeps_the_old_one() {
 fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    // 64 one-digit values a line: 128 bytes of text, 256 of parsed values; chunks of 1 MiB of
-    // text hold 2 MiB of values, more than half of a 3 MiB limit.
-    let line = format!("|x{}\n", " 1".repeat(64));
-    write(d, "wide.ctf", line.repeat(40_000));
-    let config = |limit: u64| {
-        support::daemon::write_config(
-            d,
-            &format!("memory_limit_bytes = {limit}\nparser_threads = 1\nparsed_cache_bytes = 0"),
-            &format!(
-                "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
-                 [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
-                d.display()
-            ),
-        )
-    };
+    // Chunks of 1 MiB of text hold 2 MiB of values, more than half of a 3 MiB limit.
+    write_wide(d);
+    let config = |limit: u64| wide_config(d, limit);
     config(3 << 20);
     let daemon = Daemon::start(d, &[]);
     let opts = SessionOptions { full_sweep: true, ..options(500) };
@@ -464,19 +471,8 @@ fn a_reload_that_raises_the_limit_admits_chunks_the_old_one_refused() {
 fn a_reload_does_not_lower_the_limit_below_the_chunks_sessions_hold() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
-    let line = format!("|x{}\n", " 1".repeat(64));
-    write(d, "wide.ctf", line.repeat(40_000));
-    let config = |limit: u64| {
-        support::daemon::write_config(
-            d,
-            &format!("memory_limit_bytes = {limit}\nparser_threads = 1\nparsed_cache_bytes = 0"),
-            &format!(
-                "[datasets.wide]\nformat = \"ctf\"\nfiles = [\"{}/wide.ctf\"]\nchunk_size_bytes = 1048576\n\
-                 [datasets.wide.streams.x]\ndim = 64\nformat = \"dense\"\n",
-                d.display()
-            ),
-        )
-    };
+    write_wide(d);
+    let config = |limit: u64| wide_config(d, limit);
     config(256 << 20);
     let daemon = Daemon::start(d, &[]);
     // A randomized window of the whole file (five chunks of 2 MiB of values).
