@@ -281,7 +281,8 @@ fn prepare_now(name: &str, options: &SessionOptions, shared: &Arc<ControlPlane>)
         .zip(&layout.order[0])
         .map(|(n, &i)| StreamInfo { name: n.clone(), ..runtimes[0].streams[i].clone() })
         .collect();
-    // The sources' sweep orders, reserved before they are built.
+    // The ring; then the sources' sweep orders and the minibatches in flight, reserved before
+    // they are built.
     let (slot_size, sequences) = ring_slots(options, &mut resolved, &runtimes, epoch);
     let mut sampling = SamplingReservation::new(shared, sequences, streams.len(), resolved.slots);
     let mut bytes = 0u64;

@@ -347,26 +347,14 @@ fn held_outside_the_cache(config: &Config, catalog: &Catalog, threads: usize) ->
 }
 
 /// What a reload's `memory_limit_bytes` of `config` would need beside the open sessions'
-/// reservations in `registry`: `Some(bytes)` when it is lower than the rings, samplers, read
-/// buffers, indexes and the chunk cache's floor take together — applied, it would leave the
-/// cache nothing and every open session waiting for memory for good.
+/// reservations in `registry` and the parsed chunks they hold now (`held`): `Some(bytes)` when it
+/// is lower than the rings, samplers, read buffers, indexes and those chunks (at least the chunk
+/// cache's floor) take together — applied, it would leave the cache nothing and every open
+/// session waiting for memory for good, or (found by a probe: a limit lowered from 256 to 12 MiB
+/// under 82 MB of chunks a slow trainer's session held) be exceeded for as long as the sessions
+/// keep their chunks.
 #[must_use]
-pub fn limit_short_of_sessions(registry: &Registry, config: &Config, catalog: &Catalog, threads: usize) -> Option<u64> {
-    let limit = config.daemon.memory_limit_bytes;
-    let needed = registry
-        .reserved()
-        .saturating_add(held_outside_the_cache(config, catalog, threads))
-        .saturating_add(limit / CACHE_FLOOR_DIVISOR);
-    (registry.reserved() > 0 && needed > limit).then_some(needed)
-}
-
-/// What `config`'s `memory_limit_bytes` would need for what the open sessions reserved, the read
-/// buffers, the indexes and the parsed chunks the sessions hold now (`held`, at least the cache's
-/// floor): `Some(bytes)` when it is lower and sessions hold chunks. Found by a probe: a limit
-/// lowered from 256 to 12 MiB under 82 MB of chunks a slow trainer's session held was applied,
-/// and the daemon stayed at seven times its limit for as long as that trainer did not read.
-#[must_use]
-pub fn limit_short_of_held(
+pub fn limit_short_of_sessions(
     registry: &Registry,
     config: &Config,
     catalog: &Catalog,
@@ -378,7 +366,7 @@ pub fn limit_short_of_held(
         .reserved()
         .saturating_add(held_outside_the_cache(config, catalog, threads))
         .saturating_add(held.max(limit / CACHE_FLOOR_DIVISOR));
-    (held > 0 && needed > limit).then_some(needed)
+    ((registry.reserved() > 0 || held > 0) && needed > limit).then_some(needed)
 }
 
 /// What `config`'s `memory_limit_bytes` would need for the read buffers, the indexes and the

@@ -402,8 +402,8 @@ fn forget_replaced_entries(shared: &ControlPlane, replaced: &[u64]) {
 
 /// Why `p` cannot be applied beside the sessions open in `reg`, if it cannot. A lowered
 /// `memory_limit_bytes` that the open sessions' rings, sweep orders and held parsed chunks, the
-/// read buffers, the indexes and the chunk cache's floor do not fit in is not applied (the old limit stays, said in
-/// the log); a reload whose datasets alone would leave the cache less than its floor (added
+/// read buffers, the indexes and the chunk cache's floor do not fit in is not applied (the old
+/// limit stays, said in the log); a reload whose datasets alone would leave the cache less than its floor (added
 /// datasets' indexes, at the limit that applies) is refused whole: applied, every open session
 /// would wait for memory for good, or gather a chunk at a time.
 fn memory_refusal(
@@ -412,38 +412,36 @@ fn memory_refusal(
     p: &mut Prepared,
     threads: usize,
 ) -> Option<String> {
-    use crate::pipeline::control::{limit_short_of_data, limit_short_of_held, limit_short_of_sessions};
+    use crate::pipeline::control::{limit_short_of_data, limit_short_of_sessions};
     let running = shared.config();
     let old = running.daemon.memory_limit_bytes;
     if p.config.daemon.memory_limit_bytes < old {
         // Without open sessions too (found by a probe: a limit of 2 MB under 122 MB of indexes
         // was applied while no session was open, the reload counted a success and every open
         // then refused).
-        let short = limit_short_of_sessions(reg, &p.config, &p.catalog, threads)
-            .or_else(|| limit_short_of_data(&p.config, &p.catalog, threads))
-            .or_else(|| {
-                // The chunks sessions hold go only as they move on (a slow trainer's, not for
-                // minutes): a limit below them would be exceeded until then.
-                let (stats, _, evictable) = shared.data.cache.snapshot();
-                let held = stats.bytes.saturating_sub(evictable);
-                limit_short_of_held(reg, &p.config, &p.catalog, threads, held)
-            });
+        // The chunks sessions hold go only as they move on (a slow trainer's, not for minutes):
+        // a limit below them would be exceeded until then.
+        let (stats, _, evictable) = shared.data.cache.snapshot();
+        let held = stats.bytes.saturating_sub(evictable);
+        let short = limit_short_of_sessions(reg, &p.config, &p.catalog, threads, held)
+            .or_else(|| limit_short_of_data(&p.config, &p.catalog, threads));
         if let Some(needed) = short {
             tracing::error!(
                 new = p.config.daemon.memory_limit_bytes,
                 kept = old,
                 needed,
                 "daemon.memory_limit_bytes lowered below what the open sessions' rings, sweep orders and parsed \
-                 chunks held, the read buffers, the indexes and the chunk cache's floor need together; the old limit stays (reload again \
-                 once sessions have ended, or lower it less)"
+                 chunks held, the read buffers, the indexes and the chunk cache's floor need together; the old \
+                 limit stays (reload again once sessions have ended, or lower it less)"
             );
             p.config.daemon.memory_limit_bytes = old;
             p.kept_limit = true;
         }
     }
-    let needed = limit_short_of_sessions(reg, &p.config, &p.catalog, threads)?;
+    let needed = limit_short_of_sessions(reg, &p.config, &p.catalog, threads, 0)?;
     // Short already before (nothing this reload adds): applied as the limit rule above left it.
-    if limit_short_of_sessions(reg, &running, &shared.data.catalog(), threads).is_some_and(|before| needed <= before) {
+    if limit_short_of_sessions(reg, &running, &shared.data.catalog(), threads, 0).is_some_and(|before| needed <= before)
+    {
         return None;
     }
     Some(format!(
