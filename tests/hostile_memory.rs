@@ -1133,8 +1133,9 @@ fn large_minibatches_gathered_a_chunk_at_a_time_stay_within_the_limit() {
     }
     let file = write(p, "wide64.ctf", text);
     // The ring (16 MiB) and the places of the minibatches in flight (7.6 MB, reserved with the
-    // sweep orders) leave the chunk cache less than the window's 15 MB.
-    let limit = 36u64 << 20;
+    // sweep orders) leave the chunk cache about 10 MB, well under the window's 15 MB (at 36 MiB,
+    // 13 MB: a CI run gathered every minibatch whole).
+    let limit = 34u64 << 20;
     support::daemon::write_config(
         p,
         &format!(
