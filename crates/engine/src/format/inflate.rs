@@ -6,7 +6,8 @@
 //!   so a renamed file still works and a text file called `x.gz` is read as text.
 //! * **Multi-member** gzip (`cat a.gz b.gz`, which hangs deepx's reader) is decompressed member
 //!   after member (a [`flate2::bufread::GzDecoder`] each); each member's CRC and length are
-//!   checked, and bytes after a member that do not start another are an error at the member's end.
+//!   checked, and bytes after a member that do not start another are an error at the member's end
+//!   — but for zero bytes to the end of the file (padding, which gzip and Python read past).
 //! * **Where.** The copy lives in `state_dir/inflated/` and nowhere else: never in a shared
 //!   temporary directory, where another user could plant a copy or a symbolic link. When that
 //!   directory cannot be written (a user running `dump` with the daemon's config), opening fails
@@ -870,6 +871,18 @@ mod tests {
             assert!(e.contains("not another member"), "{e}");
             assert!(e.contains(&format!("compressed byte offset {} ", whole.len())), "{e}");
         }
+        // Zeros to the end are padding, as gzip and Python's `gzip` read them; zeros then
+        // anything else are appended data, named where the member ends.
+        let src = dir.path().join("padded.gz");
+        let mut data = whole.clone();
+        data.extend_from_slice(&[0; 3000]);
+        write_settled(&src, &data).expect("write");
+        let copy = inflate(&src, dir.path()).expect("zero padding");
+        assert_eq!(fs::read(copy).expect("read"), b"1 2\n".repeat(1000));
+        data.push(b'x');
+        write_settled(&src, &data).expect("write");
+        let e = inflate(&src, dir.path()).expect_err("zeros then garbage").to_string();
+        assert!(e.contains("not another member") && e.contains("after 4000 bytes decompressed"), "{e}");
         // A second member cut short is a truncation; a whole one is read.
         let src = dir.path().join("two.gz");
         let mut data = whole.clone();

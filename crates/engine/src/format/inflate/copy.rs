@@ -80,6 +80,14 @@ pub(super) fn copy_inflated(
                 let rest = std::io::BufRead::fill_buf(&mut input).map_err(|e| invalid(written, &e.to_string()))?;
                 match rest.first() {
                     None => break written,
+                    // Zeros to the end: padding (a tape's or a block device's), which gzip and
+                    // Python's `gzip` read past; zeros then anything else are appended data.
+                    Some(0) => {
+                        if zeros_to_the_end(&mut input).map_err(|e| invalid(written, &e.to_string()))? {
+                            break written;
+                        }
+                        return Err(invalid(written, NOT_A_MEMBER));
+                    }
                     Some(&b) if b != super::GZIP_MAGIC[0] => return Err(invalid(written, NOT_A_MEMBER)),
                     Some(_) => {}
                 }
@@ -106,6 +114,22 @@ pub(super) fn copy_inflated(
     let file = writer.into_inner().map_err(|e| Failure::Target(e.into_error()))?;
     file.sync_all().map_err(Failure::Target)?;
     Ok(written)
+}
+
+/// Whether everything `input` has left is zero bytes (consuming them, up to the first other byte).
+fn zeros_to_the_end(input: &mut impl std::io::BufRead) -> std::io::Result<bool> {
+    loop {
+        let rest = input.fill_buf()?;
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let zeros = rest.iter().take_while(|&&b| b == 0).count();
+        let whole = zeros == rest.len();
+        input.consume(zeros);
+        if !whole {
+            return Ok(false);
+        }
+    }
 }
 
 /// What follows a complete gzip member, when it does not start another.
