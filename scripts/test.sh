@@ -3,7 +3,7 @@
 # every crate of the workspace, the integration, conformance and property tests, the daemon tests
 # with the real binary and the Python client (driven from tests/daemon.rs); checks that the
 # benchmarks compile, that the tree is formatted (cargo fmt) and lint-free (cargo clippy with the
-# workspace's pedantic lints, warnings denied).
+# workspace's pedantic lints, warnings denied) and that its documentation has no broken links.
 # Its last line totals every test run, each failed check counted as one failure:
 # "summary: N passed, M failed".
 set -uo pipefail
@@ -42,6 +42,14 @@ fi
 echo "== cargo clippy (pedantic, warnings denied)"
 if ! cargo clippy --locked --workspace --all-targets -q -- -D warnings 2>&1 | tail -40; then
   echo "clippy found warnings"
+  failed=$((failed + 1)); status=1
+fi
+echo "== cargo doc (private items, warnings denied)"
+# The code's own documentation: a link to an item renamed or moved is a warning, denied here.
+# Links to private items are fine in documentation that includes them.
+if ! RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+    cargo doc --locked --workspace --no-deps --document-private-items -q 2>&1 | tail -40; then
+  echo "cargo doc found warnings"
   failed=$((failed + 1)); status=1
 fi
 if [ -s "$MINIBATCHD_SKIPPED" ]; then

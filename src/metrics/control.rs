@@ -47,7 +47,7 @@ pub struct ControlPlaneMetrics {
     /// whole epoch.
     pub equal_steps_minibatches: IntCounterVec,
     /// `minibatchd_connections_refused_total{code}`: connections closed by a limit
-    /// ([`CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
+    /// ([`super::CONNECTION_REFUSALS`]: the config key, or `handshake_timeout`).
     pub connections_refused: IntCounterVec,
     /// `minibatchd_mixture_samples_total{mixture,source}`: nominal samples a mixture's sessions
     /// delivered from each source (a dataset); over all of them, the realised shares.

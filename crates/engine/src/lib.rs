@@ -13,7 +13,7 @@
 //! ```
 //!
 //! * [`options`] — the option types of a dataset (built and validated by the daemon's config).
-//! * [`format`] knows bytes: CNTK's index pass, its number grammar and parser, deepx's formats,
+//! * [`mod@format`] knows bytes: CNTK's index pass, its number grammar and parser, deepx's formats,
 //!   error accounting (each malformed place charged once against `max_errors`), the on-disk index
 //!   cache and `.gz` inputs.
 //! * [`sampling`] knows only nominal lengths and chunk boundaries. The order of sequences is a

@@ -22,7 +22,7 @@ pub use mixture::{gather_mixture, gather_mixture_copied, MixtureTensors};
 pub use parts::Parts;
 
 /// The sparse indices of a minibatch ([`MbData::Sparse`]): int32 for CTF, u64 for deepx ids
-/// (a chunk's [`Indices`] widened).
+/// (a chunk's [`Indices`](crate::format::chunk::Indices) widened).
 pub use minibatchd_shm::owned::Indices as MbIndices;
 /// The values of a minibatch ([`MbData`]), owned (a chunk's [`Values`] may be mapped).
 pub use minibatchd_shm::owned::Values as MbValues;

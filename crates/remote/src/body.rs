@@ -1,4 +1,4 @@
-//! A streamed object's body as a blocking [`Read`](std::io::Read) ([`Body`]): the runtime's
+//! A streamed object's body as a blocking [`Read`] ([`Body`]): the runtime's
 //! task sends its bytes through a bounded pipe, a break midway is requested again from the byte
 //! where it stopped (with the same `If-Match`), and every wait is within its deadline.
 
@@ -10,7 +10,7 @@ use minibatchd_engine::remote::RemoteError;
 
 pub(crate) const PIPE_DEPTH: usize = 64;
 
-/// The receiving end of [`Inner::pipe`], as a [`Read`] (the index pass's stream of a whole object)
+/// The receiving end of [`crate::Inner::pipe`], as a [`Read`] (the index pass's stream of a whole object)
 /// or piece by piece (a range written to the cache).
 pub(crate) struct Body {
     rx: tokio::sync::mpsc::Receiver<Result<bytes::Bytes, RemoteError>>,

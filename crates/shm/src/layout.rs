@@ -283,7 +283,7 @@ pub struct SlotHeader {
     /// Bytes of the slot in use.
     pub used_bytes: u64,
     /// The minibatch's data-order ledger fingerprint
-    /// ([`crate::sampling::MinibatchPlan::fingerprint`]). Layout version 1 had reserved zero
+    /// (the engine's `MinibatchPlan::fingerprint`). Layout version 1 had reserved zero
     /// bytes here, so 0 means a daemon that did not write one.
     pub fingerprint: u64,
     /// Reserved, zero.

@@ -11,7 +11,7 @@
 //!   read-only mapping ([`memory::ReadOnlyMapping`]), a ring's slots written by several threads
 //!   at once, one writer per slot ([`memory::SharedSlots`]); `madvise(MADV_HUGEPAGE)` for parsed columns
 //!   and glibc's `mallopt` tuning;
-//! * [`column`] — a persisted parsed chunk's columns read straight from a read-only mapping of
+//! * [`mod@column`] — a persisted parsed chunk's columns read straight from a read-only mapping of
 //!   its file ([`column::FileMapping`], [`column::Column`]), guarded by a read lease
 //!   ([`lease`]: another process's write or truncation waits until the mapping is the process's
 //!   own memory);

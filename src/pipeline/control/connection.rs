@@ -1,5 +1,6 @@
 //! One client connection: an async task that speaks the protocol ([`minibatchd_client::protocol`]) and
-//! drives one session's plain state ([`SlotTable`], [`Progress`]) between the socket and the
+//! drives one session's plain state ([`SlotTable`](super::session::SlotTable),
+//! [`Progress`](super::session::Progress)) between the socket and the
 //! session's producer (tasks of the delivery stage's pool).
 //!
 //! Phases: `hello` → `open` → serving (`ready` out as slots fill; `release`, `state`, `close` in).

@@ -434,7 +434,6 @@ fn admit(
     Ok(admitted)
 }
 
-/// [`epoch_start`] on a blocking thread: `mixture` (at epoch 0's start) at the start of `epoch`,
 /// What `opened` says of a mixture's sources.
 fn mixture_info(runtimes: &[Arc<DatasetRuntime>]) -> MixtureInfo {
     MixtureInfo {

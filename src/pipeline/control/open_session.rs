@@ -1,6 +1,6 @@
 //! Opening a session on a connection, and the session's state there.
 //!
-//! [`open`] resolves the request against its dataset ([`prepare`]: options, a `resume` state's fit,
+//! [`open`] resolves the request against its dataset ([`fn@prepare`]: options, a `resume` state's fit,
 //! the sampler, the ring's geometry), admits it ([`admission::admit`]: name, starting state, ring
 //! memory, host guard — all or nothing), then creates the ring, starts the producer on the
 //! delivery stage and builds the `opened` reply; a failure after admission withdraws it.
@@ -476,7 +476,7 @@ fn version_warnings(dataset: &str, rt: &DatasetRuntime, decoded_otherwise: bool)
     out
 }
 
-/// Opens a session: [`prepare`], [`admission::admit`], then the ring, the checkpoint and the
+/// Opens a session: [`fn@prepare`], [`admission::admit`], then the ring, the checkpoint and the
 /// producer (undoing the admission when any fails). The walk for equal steps gives up when
 /// `cancelled` turns true (its client went away), and the admission is undone as for any refusal.
 pub(super) async fn open(

@@ -14,7 +14,7 @@
 //! holds beyond its current minibatch's and, if others hold the rest, waits for room
 //! ([`SharedCache::wait_for_memory`], bounded): the producers of sessions whose clients are not
 //! taking minibatches (every slot leased) let go of theirs when someone waits
-//! ([`SharedCache::idle`]), so idle sessions cannot starve moving ones. A session whose own
+//! ([`SharedCache::enlist`]), so idle sessions cannot starve moving ones. A session whose own
 //! minibatch's chunks cannot fit together gathers it a chunk at a time (the producer, with
 //! [`minibatchd_engine::minibatch::Parts`]): no session fails for memory once admitted.
 //!

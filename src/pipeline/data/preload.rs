@@ -6,9 +6,10 @@
 //! A daemon started ahead of its trainers (systemd, at boot) can do that parse while it is idle.
 //!
 //! One thread per preloaded dataset walks the chunks in file order through the ordinary cache
-//! path ([`SharedCache::get`]: read ahead by the readahead stage, parsed by the pool, inserted by the cache
-//! stage), keeping one more chunk requested than it waits for, so both parser threads of a 2-core
-//! node stay busy. It stops at the cache budget (never evicting what sessions hold or will need:
+//! path ([`SharedCache::get`](super::chunk_cache::SharedCache::get): read ahead by the readahead stage,
+//! parsed by the pool, inserted by the cache stage), keeping one more chunk requested than it waits
+//! for, so both parser threads of a 2-core node stay busy. It stops at the cache budget (never
+//! evicting what sessions hold or will need:
 //! it only loads while the cache has room for another chunk), when the daemon stops, or when a
 //! reload removes or replaces the dataset. A chunk that fails to parse is cached as failed, as
 //! a session's load would be, and reported to the session that needs it; the preload logs it

@@ -22,7 +22,7 @@ use crate::remote::{self, Remote};
 use crate::Result;
 
 /// A record format's chunk decode, run with its decoder's own type
-/// ([`RecordFormatDecoder::visit`]).
+/// ([`crate::format::registry::RecordFormatDecoder::visit`]).
 struct DecodeChunk<'a, T> {
     dataset: &'a Dataset,
     chunk: usize,

@@ -120,7 +120,7 @@ pub struct Dataset {
     chunks: Vec<ChunkDesc>,
     /// Per joined sequence (timeline order), its location in each source: entry
     /// `g * sources.len() + s`. Flat, so the index costs no allocation per sequence. Empty for a
-    /// dataset of one source, whose places follow from the chunks ([`Dataset::place`]).
+    /// dataset of one source, whose places follow from the chunks ([`join::place_in_chunk`]).
     locs: Vec<SeqLoc>,
     timeline: Arc<Timeline>,
     /// One error budget per source: CNTK's `maxErrors` is a per-deserializer counter.

@@ -2,7 +2,7 @@
 //! knows about actors, sessions or sampling.
 //!
 //! * [`index`]: sequence and chunk descriptors shared by all formats, and CNTK's chunking rule;
-//! * [`cache`]: the on-disk index cache (versioned, atomic, validated against the data file);
+//! * [`index_cache`]: the on-disk index cache (versioned, atomic, validated against the data file);
 //! * [`chunk`]: the columnar parsed chunk that sessions share;
 //! * [`errors`]: locations, malformed-input kinds and the `max_errors` budget;
 //! * [`ctf`]: CNTK Text Format;

@@ -68,6 +68,10 @@
 //! chunk: evicting or replacing the entry on disk (unlink, rename) leaves it intact. Entries are
 //! written in whole 2 MiB pieces ([`WRITE_PIECE`]) so that the page cache holds them in 2 MiB
 //! folios and the mapping is on huge pages where the kernel and filesystem allow it.
+//!
+//! [`FileMapping`]: crate::format::chunk::FileMapping
+//! [`Column`]: crate::format::chunk::Column
+//! [`WRITE_PIECE`]: entry::WRITE_PIECE
 
 use std::collections::HashMap;
 use std::io;

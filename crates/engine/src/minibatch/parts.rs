@@ -14,7 +14,7 @@ use crate::Result;
 /// ([`ParsedChunk::select`]) and the chunk is let go, so that gathering holds one chunk and the
 /// copies — the minibatches' own data — at a time. Several consecutive plans gathered together
 /// share each chunk's load (a chunk the cache cannot keep is parsed once for all of them, not once
-/// per minibatch). The minibatches are the ones [`gather`] makes, byte for byte.
+/// per minibatch). The minibatches are the ones [`gather`](super::gather) makes, byte for byte.
 #[derive(Debug)]
 pub struct Parts {
     /// Per chunk of the plans, in order of first need: the (plan, position) pairs it serves.
@@ -93,7 +93,7 @@ impl Parts {
     /// copies pass to them (`self` is left empty).
     ///
     /// # Errors
-    /// A chunk not taken yet, or what [`gather`] refuses (streams not as `shapes` say, a
+    /// A chunk not taken yet, or what [`gather`](super::gather) refuses (streams not as `shapes` say, a
     /// non-frame sequence in frame mode).
     pub fn finish(
         &mut self,

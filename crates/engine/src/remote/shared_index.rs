@@ -57,7 +57,7 @@ pub enum SharedIndexOutcome {
 }
 
 impl SharedIndexOutcome {
-    /// All of them, in the order of [`outcome_counts`].
+    /// All of them, in the order of [`super::Remote::outcome_counts`].
     pub const ALL: [Self; 4] = [Self::LocalCache, Self::Downloaded, Self::Indexed, Self::IndexedAfterWait];
 
     /// The metric label.

@@ -18,8 +18,8 @@ use crate::pipeline::data::catalog::CatalogError;
 
 /// How long an `open` on a dataset still being indexed waits for its index pass before it is
 /// answered `dataset_indexing` (with the progress): a client asks again at once
-/// ([`FEATURE_OPEN_WAITS_FOR_INDEX`]), so it opens as soon as the dataset is ready instead of a
-/// poll interval later, and still hears the progress this often.
+/// ([`minibatchd_client::protocol::FEATURE_OPEN_WAITS_FOR_INDEX`]), so it opens as soon as the dataset is
+/// ready instead of a poll interval later, and still hears the progress this often.
 const OPEN_WAITS_FOR_INDEX: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// [`open_either`], waiting up to [`OPEN_WAITS_FOR_INDEX`] while the dataset is being indexed: every

@@ -54,6 +54,7 @@ fn epoch_start(
     Ok(state)
 }
 
+/// [`epoch_start`] on a blocking thread: `mixture` (at epoch 0's start) at the start of `epoch`,
 /// and that state.
 pub(super) async fn walk(
     name: &str,

@@ -162,7 +162,7 @@ impl super::Registry {
     /// Why a session `name` of peer uid `uid` that lingered is no longer kept, if the registry
     /// let it go since the daemon started (the most recent [`FORGOTTEN_KEPT`] names), or lost it
     /// with an unreadable checkpoint: a warning for an `open` that names it and so starts
-    /// afresh. Asked once: the note is dropped ([`Registry::unclaim`] puts it back).
+    /// afresh. Asked once: the note is dropped ([`Registry::unclaim`](Self::unclaim) puts it back).
     pub fn take_forgotten(&mut self, name: &str, uid: u32, now: Instant) -> Option<String> {
         if let Some(gone) = self.forgotten.take(name, uid) {
             return Some(gone.message(name, self.linger.as_secs(), now));
@@ -177,7 +177,8 @@ impl super::Registry {
     /// session: the name lingers nowhere — a session that never was leaves nothing to resume,
     /// and parked it would count against `max_sessions` lingering and push out sessions that
     /// can be resumed (found by a probe: forty refused opens dropped a user's named session).
-    /// `told`: the note the `open` was given ([`Registry::take_forgotten`]), kept for the next.
+    /// `told`: the note the `open` was given ([`Registry::take_forgotten`](Self::take_forgotten)), kept for
+    /// the next.
     pub fn unclaim(&mut self, name: &str, told: Option<String>) {
         let owner = self.active.remove(name).map(|e| e.owner);
         if let Some(note) = told {

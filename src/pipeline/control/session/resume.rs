@@ -247,7 +247,7 @@ pub fn check_job_order(states: &[SessionState]) -> Result<(), ResumeError> {
 pub const MAX_MINIBATCHES: u64 = 1 << 62;
 
 /// Checks a `resume` state against the mixture session being opened: `identity` is the
-/// mixture's ([`super::mixture`]: its sources' data identities in order), `options` the hash of
+/// mixture's ([`super::super::mixture`]: its sources' data identities in order), `options` the hash of
 /// what shapes its order besides the weights (which may change across a resume), `sources` its
 /// number of sources.
 ///

@@ -500,7 +500,7 @@ pub struct CacheStats {
     pub refused_loads: u64,
     /// Chunks mapped from the parsed cache replaced by a copy in the daemon's memory.
     pub mapped_copies: u64,
-    /// Chunks sessions let go while they waited and memory was short ([`SharedCache::shed`]).
+    /// Chunks sessions let go while they waited and memory was short ([`super::SharedCache::shed`]).
     pub shed_chunks: u64,
     /// Parsed bytes held now.
     pub bytes: u64,

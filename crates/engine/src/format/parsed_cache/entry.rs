@@ -286,7 +286,7 @@ pub(super) fn offsets_ok(o: &[usize], end: usize) -> bool {
 }
 
 /// The entry's chunk, the version of its file its bytes were loaded as, and whether its checksum
-/// was checked: not when `checked_before` says that version's was ([`LruEntry::checked`]; asked
+/// was checked: not when `checked_before` says that version's was ([`super::LruEntry::checked`]; asked
 /// once, after the bytes are loaded, so that a write before the load is a new version). The
 /// header and the arrays' structure are checked either way. The mapping and the columns copied
 /// out of the entry are advised huge pages as `huge` says.

@@ -4,7 +4,7 @@
 //! number (the `line` of error locations counts records from 1) and whose bytes are the whole
 //! frame, so CNTK's chunk rule cuts between records.
 //!
-//! * The index pass reads each record's header and footer ([`scan`]): it checks every length's
+//! * The index pass reads each record's header and footer ([`fn@scan`]): it checks every length's
 //!   CRC (a damaged length would send every later record astray) and a file that ends inside a
 //!   frame, naming the byte offset of the frame; both are fatal, as TensorFlow refuses such a
 //!   file. From a local file it skips the data of records larger than a page; a stream is read

@@ -166,9 +166,9 @@ pub enum SamplingError {
         /// Sequences of one worker's walk (saturated).
         per_worker: u64,
     },
-    /// The positions of a job's workers ([`Sampler::resume_job`]) lie so far apart that finding
+    /// The positions of a job's workers ([`super::Sampler::resume_job`]) lie so far apart that finding
     /// what they delivered would walk more than [`MAX_WALK_SEQUENCES`] sequences, or remember
-    /// more than [`MAX_JOB_DELIVERED`]: not the state of one job's workers.
+    /// more than [`super::MAX_JOB_DELIVERED`]: not the state of one job's workers.
     #[error(
         "the workers' positions span {from}..{until}, {what}; the workers of one job stand a few minibatches apart"
     )]
@@ -195,7 +195,7 @@ pub enum SamplingError {
         /// The epoch's sweep.
         sweep: u64,
     },
-    /// A position inside a sequence ([`Sampler::restore_exact`]): a run stands only where a
+    /// A position inside a sequence ([`super::Sampler::restore_exact`]): a run stands only where a
     /// sequence starts, so no session wrote it, and restored it would skip the rest of that
     /// sequence (found by a probe: an edited state one sample on lost a sequence unsaid).
     #[error(
@@ -209,7 +209,7 @@ pub enum SamplingError {
         next: u64,
     },
     /// The walk was given up: whoever asked for it no longer waits
-    /// ([`Sampler::equalize_steps_unless`]).
+    /// ([`super::Sampler::equalize_steps_unless`]).
     #[error("the walk over the workers' epochs was cancelled: the client that opened the session went away")]
     Cancelled,
     /// The epoch would exceed `u64::MAX / 2` samples (CNTK: "Too big epoch size can cause bit
