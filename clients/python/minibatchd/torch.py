@@ -445,8 +445,13 @@ class MinibatchIterableDataset(IterableDataset):
             resume = None
             if self._resume is not None and self._resume_local:
                 # load_state_dict in this worker (torchdata's StatefulDataLoader restoring it):
-                # this worker's next pass continues from it.
+                # this worker's next pass continues from it — unless the loop's set_epoch named
+                # another epoch, which drops the resume as it does in the main process (found by a
+                # probe: set_epoch(e + 1) after a state of epoch e gave e's rest, and e + 1 was
+                # never read).
                 resume, self._resume = self._resume, None
+                if self._asked is not None and self._asked != int(resume.get("epoch", 0)):
+                    resume = None
             gen = sh[_GEN]
             planned = self._planned(info)
             if planned is not None and info is None and planned[0] != gen:
@@ -788,11 +793,15 @@ class MinibatchIterableDataset(IterableDataset):
         the rest of its epoch, then the following epochs. Called in a DataLoader worker (as
         torchdata's ``StatefulDataLoader`` does), it applies to that worker's next pass."""
         if (state.get("finished") and self._asked == int(state.get("epoch", 0)) and _torchdata_restores()
-                and not self.__dict__.get("_owned_restore")):
+                and not self.__dict__.get("_owned_restore") and get_worker_info() is None):
             # torchdata restores a state saved after a whole pass by making an iterator and
             # throwing it away, then the next: the first takes the restored pass (epoch e's rest,
             # empty), and the loop's set_epoch(e) pass got epoch e + 1, which its set_epoch(e + 1)
-            # read again (found by a probe). Said, not served twice.
+            # read again (found by a probe). Said, not served twice. Not in a worker: there the
+            # finished state may be one worker's whose loader had not ended its pass, which
+            # torchdata restores as the rest of that pass (found by a probe: the refusal's advice,
+            # set_epoch(e + 1), then lost that epoch); and a thrown-away iterator's workers' errors
+            # reach nobody.
             raise ValueError(
                 f"this state was saved after the whole pass of epoch {state.get('epoch')}: torchdata's "
                 "StatefulDataLoader restores it as the start of the next epoch, so after set_epoch("

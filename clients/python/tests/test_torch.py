@@ -1455,3 +1455,42 @@ def test_a_stateful_loader_restores_a_worker_that_had_finished_its_split_with_se
     ds.set_epoch(1)
     rest = [key(item) for item in resumed]
     assert rest == [k for k in full if k[0] == 0 and k not in got]
+
+
+@pytest.mark.parametrize("next_epoch_first", [False, True], ids=["set_epoch(e)", "set_epoch(e+1)"])
+def test_torchdatas_loader_restores_a_state_taken_at_its_last_item_with_either_loop(daemon, next_epoch_first):
+    """Found by a probe: torchdata's own StatefulDataLoader with three worker processes, its
+    state taken at the last item of epoch e (before the loop saw the pass end, so the loader had
+    not finished but the worker that gave that item had). Restored with set_epoch(e), the
+    finished worker refused ("saved after the whole pass ... call set_epoch(e + 1)"); following
+    that advice, the pass of set_epoch(e + 1) delivered nothing — the workers took epoch e's
+    rest — and epoch e + 1 was lost without a word. Now either loop is exact: set_epoch(e) gives
+    e's rest (nothing), set_epoch of another epoch drops the resume, as docs/client.md says."""
+    cls = stateful_loader(False)
+
+    def loader():
+        ds = MinibatchIterableDataset("train", daemon.socket, minibatch_size=7, seed=3)
+        return ds, cls(ds, batch_size=None, num_workers=3)
+
+    ds, whole = loader()
+    ds.set_epoch(1)
+    count = len(list(whole))
+    ds, first = loader()
+    ds.set_epoch(1)
+    it = iter(first)
+    got = [next(it) for _ in range(count)]
+    saved = first.state_dict()
+    del it, first
+    assert sorted(item_ids(got)) == list(range(SEQUENCES))
+    workers = saved["_snapshot"]["_worker_snapshots"].values()
+    assert not saved["_iterator_finished"] and any(w["dataset_state"].get("finished") for w in workers), saved
+    ds, resumed = loader()
+    resumed.load_state_dict(saved)
+    if not next_epoch_first:
+        ds.set_epoch(1)
+        assert list(resumed) == []
+    for epoch in (2, 3):
+        ds.set_epoch(epoch)
+        items = list(resumed)
+        assert {item["meta"]["epoch"] for item in items} == {epoch}
+        assert sorted(item_ids(items)) == list(range(SEQUENCES)), epoch
