@@ -235,7 +235,7 @@ pub(crate) fn inflated_copy(
                 let _ = fs::remove_file(&tmp);
                 return Err(match f {
                     Failure::Target(e) => cannot_write(source, &dir, state_dir, &e),
-                    Failure::Source(e) => e,
+                    Failure::Source(e) => changed_meanwhile(source, &stamp, e),
                     Failure::Limit => over_limit(source, &stamp, limits, allowed, bound),
                 });
             }
@@ -263,6 +263,20 @@ pub(crate) fn inflated_copy(
     // one fails to open) reads its chunks from its copy. `remove_unused` removes them then.
     tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, codec = codec.name(), "decompressed input");
     Ok(target)
+}
+
+/// A decompression error `e` of a local `source` (recorded as `stamp`) that changed while it was
+/// read says so: the data was not corrupt, it moved under the reader (found by a probe: a `.gz`
+/// rewritten in place during its decompression was called a corrupt gzip stream).
+fn changed_meanwhile(source: &Path, stamp: &FileStamp, e: DataError) -> DataError {
+    match FileStamp::of(source) {
+        Ok(now) if now != *stamp => DataError::Dataset(format!(
+            "{}: the file changed while it was being decompressed (its size, times or inode are not those it had \
+             when the read began), so what was read is neither version: {e}. Open it again once it is written",
+            source.display()
+        )),
+        _ => e,
+    }
 }
 
 /// `source`'s copy cannot be written into `dir`: the advice follows the cause (found by a probe:
@@ -814,6 +828,39 @@ mod tests {
         assert!(names(&dir.path().join(INFLATED_DIR)).is_empty(), "no partial copy left");
         // Where: the CRC is checked at the member's end, so the offset is the trailer's end.
         assert!(e.contains(&format!("compressed byte offset {n}")) && e.contains("after 8 bytes decompressed"), "{e}");
+        assert!(e.contains("the CRC-32 or the length in the member's trailer"), "{e}");
+        // The length (ISIZE) wrong, the CRC right: the decoder's words are the same, so both
+        // causes are named (found by a probe: it was called a checksum mismatch alone).
+        let mut data = gz(b"1 2\n0 3\n");
+        data[n - 1] ^= 0x01;
+        write_settled(&src, &data).expect("write");
+        let e = inflate(&src, dir.path()).expect_err("bad length").to_string();
+        assert!(e.contains("or the length in the member's trailer"), "{e}");
+    }
+
+    /// Found by a probe: a `.gz` rewritten in place while it was decompressed was reported as a
+    /// corrupt gzip stream. Here the rewrite lands between the stamp and the read.
+    #[test]
+    fn a_source_changed_while_it_is_decompressed_is_said_to_have_changed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("moving.gz");
+        let whole = gz(&b"1 2\n".repeat(1000));
+        write_settled(&src, &whole).expect("write");
+        let stamp = FileStamp::of(&src).expect("stamp");
+        let mut open = || -> Result<Box<dyn Read + Send>, DataError> {
+            fs::write(&src, &whole[..whole.len() / 2]).expect("rewrite");
+            Ok(Box::new(File::open(&src).expect("open")))
+        };
+        let limits = InflateLimits::default();
+        let e =
+            inflated_copy(&src, &stamp, Codec::Gzip, dir.path(), &limits, &mut open).expect_err("moved").to_string();
+        assert!(e.contains("moving.gz: the file changed while it was being decompressed"), "{e}");
+        assert!(e.contains("truncated"), "the decoder's own words follow: {e}");
+        // Unchanged since the stamp, the same damage is the decoder's error alone.
+        let stamp = FileStamp::of(&src).expect("stamp");
+        let mut open = || -> Result<Box<dyn Read + Send>, DataError> { Ok(Box::new(File::open(&src).expect("open"))) };
+        let e = inflated_copy(&src, &stamp, Codec::Gzip, dir.path(), &limits, &mut open).expect_err("cut").to_string();
+        assert!(!e.contains("changed while") && e.contains("truncated"), "{e}");
     }
 
     #[test]

@@ -164,6 +164,11 @@ fn pump<D: Read>(
                     format!("{e}: {NOT_A_MEMBER}")
                 } else if counted.is_some() {
                     format!("{e} (damaged data, or an Adler-32 checksum that does not match what was decompressed)")
+                } else if e.to_string().contains("matching checksum") {
+                    // The gzip decoder says this of a trailer's CRC-32 and of its length alike.
+                    format!(
+                        "{e} (the CRC-32 or the length in the member's trailer does not match what was decompressed)"
+                    )
                 } else {
                     e.to_string()
                 };
