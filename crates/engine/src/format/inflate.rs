@@ -269,6 +269,9 @@ pub(crate) fn inflated_copy(
 /// read says so: the data was not corrupt, it moved under the reader (found by a probe: a `.gz`
 /// rewritten in place during its decompression was called a corrupt gzip stream).
 fn changed_meanwhile(source: &Path, stamp: &FileStamp, e: DataError) -> DataError {
+    if stamp.ino == 0 {
+        return e; // an object's stamp (its ETag): `remote` says when it changed
+    }
     match FileStamp::of(source) {
         Ok(now) if now != *stamp => DataError::Dataset(format!(
             "{}: the file changed while it was being decompressed (its size, times or inode are not those it had \
