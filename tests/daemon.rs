@@ -962,8 +962,10 @@ fn garbage_oversized_and_wrong_version_messages_leave_the_daemon_serving() {
     assert!(!drain(&mut session, 10_000).is_empty());
     assert!(d.running());
     // SIGTERM stops it cleanly and removes the socket.
+    assert!(d.dir.join("state/metrics.addr").exists(), "the metrics endpoint's address is recorded");
     assert!(d.stop().success(), "clean exit on SIGTERM");
     assert!(!d.socket.exists(), "socket removed");
+    assert!(!d.dir.join("state/metrics.addr").exists(), "metrics.addr removed");
 }
 
 #[test]

@@ -2084,8 +2084,18 @@ fn healthz_is_503_while_no_session_can_be_opened() {
     std::fs::remove_file(&d.socket).expect("rm socket");
     let (status, body) = d.http_get("/healthz");
     assert!(status.contains("503") && body.contains("control socket") && body.contains("gone"), "{status}: {body}");
+    // Another daemon binds the path, and takes the state directory (its lock removed): the one
+    // stopping leaves that daemon's socket and metrics address in place (found by a probe: it
+    // unlinked the other's live socket, and no client could reach it).
+    let other = std::os::unix::net::UnixListener::bind(&d.socket).expect("another daemon's socket");
+    let addr = tmp.path().join("state/metrics.addr");
+    std::fs::write(&addr, "127.0.0.1:9\n").expect("another daemon's address");
     drop(s);
     assert!(d.stop().success());
+    assert!(std::fs::symlink_metadata(&d.socket).is_ok(), "the other daemon's socket was removed");
+    assert!(std::os::unix::net::UnixStream::connect(&d.socket).is_ok(), "the other daemon is reachable");
+    assert_eq!(std::fs::read_to_string(&addr).expect("address kept"), "127.0.0.1:9\n");
+    drop(other);
 }
 
 /// Found by a probe: the directories the daemon made for its socket took their mode from the

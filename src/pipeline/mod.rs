@@ -109,6 +109,7 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
         .map_err(|e| PipelineError::Fatal(format!("daemon.socket {}: {e}", config.daemon.socket.display())))?;
     raise_descriptor_limit(&config);
     let metrics_listener = bind_metrics(&config)?;
+    let metrics_record = metrics_listener.local_addr().map(|a| format!("{a}\n")).ok();
     // The datasets open after the socket is up (`reload::open_at_start`): until then, sessions on
     // them get `dataset_indexing` with the progress.
     let catalog = Catalog::default();
@@ -165,7 +166,12 @@ pub fn run(config: Config, signals: signals::Caught) -> Result<(), PipelineError
         &shared.data.persist,
         std::time::Duration::from_secs(shared.config().daemon.shutdown_grace_secs),
     );
-    let _ = std::fs::remove_file(metrics_addr_path(&state_dir));
+    // Only the address this daemon wrote: another daemon that took the state directory since (its
+    // lock removed from under this one) wrote its own (found by a probe).
+    let addr_path = metrics_addr_path(&state_dir);
+    if metrics_record.is_some_and(|r| std::fs::read(&addr_path).is_ok_and(|now| now == r.as_bytes())) {
+        let _ = std::fs::remove_file(addr_path);
+    }
     signal_thread.close();
     // The checkpoint is written: nothing the runtime still runs is waited for (see above). The
     // process ends when `run` returns, and with it the threads still blocked and the lock.

@@ -210,12 +210,34 @@ impl Actor for SessionManager {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         let _ = self.shutdown.send(true);
-        if let Some(path) = self.bound.take() {
-            if let Err(e) = std::fs::remove_file(&path) {
-                tracing::warn!(socket = %path.display(), error = %e, "cannot remove the control socket");
-            }
-        }
+        self.remove_socket();
         self.supervisor.do_send(StageStopped(Stage::Sessions));
+    }
+}
+
+impl SessionManager {
+    /// Removes the control socket — only if it is still the one this daemon bound: one bound at
+    /// its path since ours was removed is another daemon's (found by a probe: a daemon stopping
+    /// after its socket had been removed and another had bound the path unlinked that daemon's
+    /// live socket, and no client could reach it).
+    fn remove_socket(&mut self) {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some(path) = self.bound.take() else { return };
+        let ours = (
+            self.shared.socket_device.load(std::sync::atomic::Ordering::Relaxed),
+            self.shared.socket_inode.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if (m.dev(), m.ino()) == ours => {
+                if let Err(e) = std::fs::remove_file(&path) {
+                    tracing::warn!(socket = %path.display(), error = %e, "cannot remove the control socket");
+                }
+            }
+            Ok(_) => {
+                tracing::warn!(socket = %path.display(), "the control socket's path holds another file now (another daemon's socket?): left in place")
+            }
+            Err(_) => {} // removed from under the daemon already (`/healthz` said so)
+        }
     }
 }
 
@@ -223,9 +245,7 @@ impl Handler<StopStage> for SessionManager {
     type Result = ();
     fn handle(&mut self, _: StopStage, ctx: &mut Self::Context) {
         let _ = self.shutdown.send(true);
-        if let Some(path) = self.bound.take() {
-            let _ = std::fs::remove_file(&path);
-        }
+        self.remove_socket();
         ctx.stop();
     }
 }
