@@ -234,7 +234,7 @@ impl SessionManager {
                 }
             }
             Ok(_) => {
-                tracing::warn!(socket = %path.display(), "the control socket's path holds another file now (another daemon's socket?): left in place")
+                tracing::warn!(socket = %path.display(), "the control socket's path holds another file now (another daemon's socket?): left in place");
             }
             Err(_) => {} // removed from under the daemon already (`/healthz` said so)
         }
