@@ -266,6 +266,7 @@ fn parse_streams(w: &mut Walker, node: &Node<'_>, format: Option<FormatKind>) ->
     let is_ctf = format.is_none_or(|f| f == FormatKind::Ctf);
     let mut t = w.table(node)?;
     let mut out = Vec::new();
+    let mut aliases = BTreeMap::new();
     let mut ok = true;
     if format == Some(FormatKind::WholeFile) {
         w.issue(node.path(), "a whole_file dataset's streams are fixed (contents and path): no streams table");
@@ -280,7 +281,20 @@ fn parse_streams(w: &mut Walker, node: &Node<'_>, format: Option<FormatKind>) ->
             ok = false;
             continue;
         }
-        match parse_stream(w, &name, &n) {
+        let Some((alias, stream)) = parse_stream(w, &name, &n) else {
+            ok = false;
+            continue;
+        };
+        // Each alias once, whether or not the streams are otherwise valid (found by a probe: a
+        // stream with a bad `dim` hid a duplicate alias, and `validate` reported every problem
+        // but that one).
+        if let Some(prev) = aliases.insert(alias.clone(), name.clone()) {
+            w.issue(
+                &format!("{}.{name}.alias", node.path()),
+                &format!("alias '{alias}' is already mapped to stream '{prev}'"),
+            );
+        }
+        match stream {
             Some(s) => out.push(s),
             None => ok = false,
         }
@@ -293,7 +307,8 @@ fn parse_streams(w: &mut Walker, node: &Node<'_>, format: Option<FormatKind>) ->
     ok.then_some(out)
 }
 
-fn parse_stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<StreamConfig> {
+/// The stream's alias (its name unless set), and the stream when it is valid.
+fn parse_stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<(String, Option<StreamConfig>)> {
     let mut t = w.table(node)?;
     let alias = t.string(w, "alias").unwrap_or_else(|| name.to_owned());
     if alias.is_empty() {
@@ -323,27 +338,20 @@ fn parse_stream(w: &mut Walker, name: &str, node: &Node<'_>) -> Option<StreamCon
     }
     let defines_mb_size = t.boolean(w, "defines_mb_size").unwrap_or(false);
     w.finish(t);
-    Some(StreamConfig {
-        name: name.to_owned(),
-        alias,
-        dim: usize::try_from(dim?).ok()?,
-        format: format?,
-        defines_mb_size,
-    })
+    let stream = match (dim.and_then(|d| usize::try_from(d).ok()), format) {
+        (Some(dim), Some(format)) => {
+            Some(StreamConfig { name: name.to_owned(), alias: alias.clone(), dim, format, defines_mb_size })
+        }
+        _ => None,
+    };
+    Some((alias, stream))
 }
 
 fn check_streams(w: &mut Walker, path: &str, sources: &[SourceConfig]) {
     let mut names = BTreeMap::new();
     let mut defining = Vec::new();
     for (si, src) in sources.iter().enumerate() {
-        let mut aliases = BTreeMap::new();
         for s in &src.streams {
-            if let Some(prev) = aliases.insert(s.alias.as_str(), s.name.as_str()) {
-                w.issue(
-                    &format!("{path}.streams.{}.alias", s.name),
-                    &format!("alias '{}' is already mapped to stream '{prev}'", s.alias),
-                );
-            }
             if names.insert(s.name.as_str(), si).is_some() {
                 w.issue(&format!("{path}.streams.{}", s.name), "a stream of this name exists in another source");
             }

@@ -67,14 +67,20 @@ fn parse_mixture(
     dataset_names: &[String],
 ) -> Option<MixtureConfig> {
     let mut t = w.table(node)?;
+    // The datasets listed, valid or not: the weights' count is checked against it even when a
+    // name is wrong (found by a probe: `validate` left out a count that did not match beside the
+    // list's other problems).
+    let mut listed = None;
     let names = if let Some(n) = t.take("datasets") {
+        listed = n.json().and_then(Value::as_array).map(Vec::len);
         dataset_list(w, &n, datasets, dataset_names)
     } else {
         w.issue(&t.key_path("datasets"), "required: the datasets mixed, as an array of their names");
         None
     };
+    let sources = names.as_ref().map(Vec::len).or(listed);
     let first = if let Some(n) = t.take("weights") {
-        weights(w, &n, names.as_ref().map(Vec::len))
+        weights(w, &n, sources)
     } else {
         w.issue(&t.key_path("weights"), "required: one weight (a number ≥ 0) per dataset");
         None
@@ -91,7 +97,7 @@ fn parse_mixture(
                 w.issue(&s.key_path("from_step"), "required: the first step (minibatch, from 0) these weights fill");
             }
             let ws = if let Some(wn) = s.take("weights") {
-                weights(w, &wn, names.as_ref().map(Vec::len))
+                weights(w, &wn, sources)
             } else {
                 w.issue(&s.key_path("weights"), "required: one weight per dataset");
                 None
@@ -192,13 +198,12 @@ fn weights(w: &mut Walker, node: &Node<'_>, sources: Option<usize>) -> Option<We
         };
         values.push(v);
     }
-    if let Some(n) = sources {
-        if values.len() != n {
-            w.issue(node.path(), &format!("{} weights for {n} datasets", values.len()));
-            return None;
-        }
+    let counted = sources.is_none_or(|n| values.len() == n);
+    if let Some(n) = sources.filter(|_| !counted) {
+        w.issue(node.path(), &format!("{} weights for {n} datasets", values.len()));
     }
-    Weights::new(&values).map_err(|e| w.issue(node.path(), &e.to_string())).ok()
+    let weights = Weights::new(&values).map_err(|e| w.issue(node.path(), &e.to_string())).ok();
+    weights.filter(|_| counted)
 }
 
 /// `[mixtures.NAME.streams]`: `common = ["stream of dataset 0", "stream of dataset 1", ...]`.

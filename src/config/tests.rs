@@ -123,6 +123,27 @@ defines_mb_size = true
     assert!(e.contains("already mapped"), "{e}");
 }
 
+/// Found by a probe: "every problem is reported" missed a duplicate alias beside a stream's bad
+/// `dim`, and a mixture's weight count beside a wrong dataset name (and the weights' own problems
+/// beside a wrong count).
+#[test]
+fn problems_beside_others_are_reported_too() {
+    let text = GOOD.replace("alias = \"L\"", "alias = \"F\"").replace("dim = 4", "dim = 0").replace(
+        "[datasets.train.sampling]",
+        "[mixtures.m]\ndatasets = [\"train\", \"nope\"]\nweights = [1, -2, 3]\n\n[datasets.train.sampling]",
+    );
+    let Err(ConfigError::Invalid { issues, .. }) = parse(&text) else { panic!("expected invalid") };
+    let reported = |path: &str, what: &str| issues.iter().any(|i| i.path == path && i.message.contains(what));
+    assert!(reported("datasets.train.streams.features.dim", "out of range"), "{issues:?}");
+    assert!(
+        reported("datasets.train.streams.labels.alias", "alias 'F' is already mapped to stream 'features'"),
+        "{issues:?}"
+    );
+    assert!(reported("mixtures.m.datasets[1]", "no dataset 'nope'"), "{issues:?}");
+    assert!(reported("mixtures.m.weights", "3 weights for 2 datasets"), "{issues:?}");
+    assert!(reported("mixtures.m.weights", "weight 1 is -2"), "{issues:?}");
+}
+
 #[test]
 fn sparse_dim_is_bounded_by_int32() {
     let text = r#"
