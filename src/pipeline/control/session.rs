@@ -717,6 +717,23 @@ mod tests {
         }
     }
 
+    /// Found by a probe: the states of a job whose workers opened at minibatch_size 60 and 120
+    /// (equal steps counted for each) were taken by resume_job as one run's.
+    #[test]
+    fn a_jobs_states_of_several_equal_steps_sizes_are_not_one_runs() {
+        use minibatchd_client::protocol::WorkerOf;
+        let worker = |rank, size| SessionState {
+            worker: Some(WorkerOf { rank, of: 3 }),
+            equal_steps_minibatch: size,
+            ..started_at(0, 0)
+        };
+        assert!(check_job_order(&[worker(0, Some(60)), worker(1, Some(60)), worker(2, Some(60))]).is_ok());
+        assert!(check_job_order(&[worker(0, None), worker(1, None), worker(2, None)]).is_ok());
+        let e = check_job_order(&[worker(0, Some(60)), worker(1, Some(60)), worker(2, Some(120))]).expect_err("mixed");
+        assert_eq!(e, ResumeError::JobMixedMinibatch { index: 2, size: 120, first: 60 });
+        assert!(e.to_string().contains("give the states of one run"), "{e}");
+    }
+
     #[test]
     fn position_counts_only_taken_minibatches() {
         let start = started_at(10, 2);

@@ -87,6 +87,20 @@ pub enum ResumeError {
         /// The state's worker.
         saved: WorkerOf,
     },
+    /// `resume_job`'s states had equal steps counted for different minibatch sizes: not one run.
+    #[error(
+        "resume_job's state {index} had equal steps counted for minibatch_size {size}, state 0 for {first}: the \
+         workers of one run open with one minibatch_size — give the states of one run (a job whose workers \
+         disagreed on it gave them unequal step counts)"
+    )]
+    JobMixedMinibatch {
+        /// The first state that differs.
+        index: usize,
+        /// Its minibatch size.
+        size: u64,
+        /// State 0's.
+        first: u64,
+    },
     /// A `resume_job` state that names no worker among states that name theirs.
     #[error(
         "resume_job's state {index} of {count} names no worker (a one-worker session's, or saved by a build before \
@@ -238,6 +252,16 @@ pub fn check_job_order(states: &[SessionState]) -> Result<(), ResumeError> {
         };
         if saved.rank != index as u64 || saved.of != count as u64 {
             return Err(ResumeError::JobOrder { index, count, saved });
+        }
+    }
+    // One run's workers count equal steps for one minibatch size (found by a probe: states of
+    // workers opened at 60 and at 120 were taken as one run's).
+    let first = states.first().and_then(|s| s.equal_steps_minibatch);
+    for (index, s) in states.iter().enumerate() {
+        if let (Some(first), Some(size)) = (first, s.equal_steps_minibatch) {
+            if size != first {
+                return Err(ResumeError::JobMixedMinibatch { index, size, first });
+            }
         }
     }
     Ok(())
