@@ -717,8 +717,8 @@ mod tests {
         }
     }
 
-    /// Found by a probe: the states of a job whose workers opened at minibatch_size 60 and 120
-    /// (equal steps counted for each) were taken by resume_job as one run's.
+    /// Found by a probe: the states of a job whose workers opened at `minibatch_size` 60 and 120
+    /// (equal steps counted for each) were taken by `resume_job` as one run's.
     #[test]
     fn a_jobs_states_of_several_equal_steps_sizes_are_not_one_runs() {
         use minibatchd_client::protocol::WorkerOf;
