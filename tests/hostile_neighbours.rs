@@ -293,6 +293,46 @@ fn a_session_belongs_to_the_uid_that_opened_it() {
     assert_eq!(r["type"], "opened", "{r}");
 }
 
+/// Found by a probe: sixteen costly opens of one client (equal steps over many sweeps and two
+/// workers) took every thread that prepares opens, and every other user's plain `open` waited
+/// for them. A user's opens are prepared at most `OPENS_PREPARED_PER_UID` at once: another
+/// user's open is answered before any of the costly ones.
+#[test]
+fn one_users_costly_opens_do_not_hold_up_another_users_open() {
+    assert_eq!(rustix::process::geteuid().as_raw(), 0, "this test switches uid: run the suite as root");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = start(dir.path(), "max_sessions_per_uid = 64");
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod socket");
+    let costly = minibatchd_client::protocol::SessionOptions {
+        equal_steps: true,
+        max_sweeps: Some(10_000),
+        num_workers: Some(2),
+        rank: Some(1),
+        ..options(1)
+    };
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // More than the blocking pool's threads (`OPENS_PREPARED` + `object_fetches`, 16).
+    let opens: Vec<_> = (0..17)
+        .map(|_| {
+            let (client, costly, done) = (d.client(), costly.clone(), done.clone());
+            std::thread::spawn(move || {
+                let opened = client.open("train", &costly);
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                opened.map(drop)
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let r = open_as_nobody(&d.socket, "plain");
+    let finished = done.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(r["type"], "opened", "{r}");
+    assert_eq!(finished, 0, "another user's open waited for {finished} of the costly opens");
+    for open in opens {
+        open.join().expect("thread").expect("the costly opens are served in turn");
+    }
+}
+
 #[test]
 fn a_failed_shutdown_checkpoint_is_not_a_clean_exit() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod checkpoint;
 pub mod connection;
+pub mod lanes;
 mod mixture;
 mod open_session;
 pub mod peer;
@@ -205,6 +206,8 @@ pub struct ControlPlane {
     pub socket_inode: std::sync::atomic::AtomicU64,
     /// The device of that socket (an inode number alone may be reused).
     pub socket_device: std::sync::atomic::AtomicU64,
+    /// Opens being prepared, per user ([`lanes::OpenLanes`]).
+    pub open_lanes: lanes::OpenLanes,
 }
 
 /// The series of every configured mixture, before its first session (its sources' shares at
@@ -240,6 +243,7 @@ impl ControlPlane {
             checkpoint_failure: Mutex::new(None),
             socket_inode: std::sync::atomic::AtomicU64::new(0),
             socket_device: std::sync::atomic::AtomicU64::new(0),
+            open_lanes: lanes::OpenLanes::default(),
             checkpoints: AtomicBool::new(false),
             mixture_epochs: Mutex::new(session::EpochStarts::default()),
         }

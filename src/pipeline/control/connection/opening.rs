@@ -63,6 +63,8 @@ async fn open_either(
     peer: &Peer,
     cancelled: &Arc<AtomicBool>,
 ) -> Result<(OpenSession, ServerMessage, OwnedFd), Refusal> {
+    // In the user's lane while it is prepared: one user's costly opens do not hold up another's.
+    let _turn = conn.shared.open_lanes.enter(peer.uid).await;
     let config = conn.shared.config();
     let unknown = !config.mixtures.contains_key(name) && !config.datasets.contains_key(name);
     // A mixture's state (weights alone may be a misspelt configured mixture's name).
