@@ -29,8 +29,9 @@
 //!   a copy changed since — is decompressed again.
 //! * **Limits** ([`InflateLimits`]): the copy may hold at most `daemon.max_inflated_bytes`, and at
 //!   most `daemon.max_inflate_ratio` times the compressed size (a gzip bomb; small files always
-//!   get [`INFLATE_RATIO_GRACE_BYTES`]). Exceeding either is an error naming the file, the limit
-//!   and the key; the partial copy is removed. A reused copy is held to the same limits.
+//!   get [`INFLATE_RATIO_GRACE_BYTES`](crate::options::INFLATE_RATIO_GRACE_BYTES)). Exceeding
+//!   either is an error naming the file, the limit and the key; the partial copy is removed. A
+//!   reused copy is held to the same limits.
 //! * **Errors** name the `.gz` file. Corrupt, truncated or appended-to compressed data names the
 //!   compressed byte offset the decoder had reached and the bytes decompressed before it; a parse
 //!   error's byte offset is an offset in the decompressed data.
@@ -45,11 +46,13 @@ use crate::format::errors::DataError;
 use crate::format::index_cache::{FileStamp, Removed};
 use crate::hash::Fnv1a;
 pub use crate::options::Compression;
-use crate::options::{InflateBound, InflateLimits, INFLATE_RATIO_GRACE_BYTES};
+use crate::options::InflateLimits;
 use crate::state_file;
 
 mod copy;
+mod errors;
 use copy::{copy_inflated, Failure};
+use errors::{cannot_write, changed_meanwhile, over_limit};
 
 /// How gzip data starts: its magic bytes and the compression method, deflate (the only one gzip
 /// defines). The method byte too: a file that starts `1f 8b` by chance (found by a probe: a
@@ -263,89 +266,6 @@ pub(crate) fn inflated_copy(
     // one fails to open) reads its chunks from its copy. `remove_unused` removes them then.
     tracing::info!(file = %source.display(), copy = %target.display(), bytes = written, codec = codec.name(), "decompressed input");
     Ok(target)
-}
-
-/// A decompression error `e` of a local `source` (recorded as `stamp`) that changed while it was
-/// read says so: the data was not corrupt, it moved under the reader (found by a probe: a `.gz`
-/// rewritten in place during its decompression was called a corrupt gzip stream).
-fn changed_meanwhile(source: &Path, stamp: &FileStamp, e: DataError) -> DataError {
-    if stamp.ino == 0 {
-        return e; // an object's stamp (its ETag): `remote` says when it changed
-    }
-    match FileStamp::of(source) {
-        Ok(now) if now != *stamp => DataError::Dataset(format!(
-            "{}: the file changed while it was being decompressed (its size, times or inode are not those it had \
-             when the read began), so what was read is neither version: {e}. Open it again once it is written",
-            source.display()
-        )),
-        _ => e,
-    }
-}
-
-/// `source`'s copy cannot be written into `dir`: the advice follows the cause (found by a probe:
-/// a full disk was told to change the directory's owner).
-fn cannot_write(source: &Path, dir: &Path, state_dir: &Path, e: &std::io::Error) -> DataError {
-    if e.kind() == std::io::ErrorKind::IsADirectory {
-        // Found by a probe: an empty directory at the copy's name was told to change owners.
-        return DataError::Dataset(format!(
-            "{}: cannot write its decompressed copy into {}: {e}. A directory is in the copy's place there (the \
-             daemon writes only files into state_dir/inflated/): remove it",
-            source.display(),
-            dir.display()
-        ));
-    }
-    if e.kind() == std::io::ErrorKind::FileTooLarge {
-        return DataError::Dataset(format!(
-            "{}: cannot write its decompressed copy into {}: {e}. The process's file-size limit (`ulimit -f`, \
-             systemd's LimitFSIZE=) is below the copy's size: raise it for minibatchd",
-            source.display(),
-            dir.display()
-        ));
-    }
-    if matches!(e.kind(), std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) {
-        return DataError::Dataset(format!(
-            "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
-             state_dir/inflated/: free space on the file system of {} (the copies no dataset reads are removed \
-             within the hour; daemon.max_inflated_bytes bounds them), or move daemon.state_dir to one with room",
-            source.display(),
-            dir.display(),
-            state_dir.display()
-        ));
-    }
-    DataError::Dataset(format!(
-        "{}: cannot write its decompressed copy into {}: {e}. A gzip input is read through a copy in \
-         state_dir/inflated/, a private directory of the user running minibatchd (never a shared temporary \
-         directory): set daemon.state_dir (or MINIBATCHD__DAEMON__STATE_DIR) to a directory this user owns, or \
-         run as the user that owns {}",
-        source.display(),
-        dir.display(),
-        state_dir.display()
-    ))
-}
-
-/// `source` decompresses to more than `allowed` bytes.
-fn over_limit(
-    source: &Path,
-    stamp: &FileStamp,
-    limits: &InflateLimits,
-    allowed: u64,
-    bound: InflateBound,
-) -> DataError {
-    DataError::Dataset(match bound {
-        InflateBound::Bytes => format!(
-            "{}: decompresses to more than daemon.max_inflated_bytes ({allowed} bytes); the partial copy was \
-             removed. If the file is genuine, raise daemon.max_inflated_bytes",
-            source.display()
-        ),
-        InflateBound::Ratio => format!(
-            "{}: decompresses to more than daemon.max_inflate_ratio ({}× its compressed size of {} bytes, at least \
-             {INFLATE_RATIO_GRACE_BYTES} bytes: {allowed} bytes), the mark of a gzip bomb; the partial copy was \
-             removed. If the file is genuine, raise daemon.max_inflate_ratio",
-            source.display(),
-            limits.max_ratio,
-            stamp.size
-        ),
-    })
 }
 
 /// Why an existing copy is not reused.
