@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Opens of one user prepared at once; its others wait their turn, in order.
-pub const OPENS_PREPARED_PER_UID: usize = crate::pipeline::OPENS_PREPARED / 4;
+pub const OPENS_PREPARED_PER_UID: usize = crate::pipeline::OPENS_PREPARED / 2;
 
 /// A lane per user with opens being prepared or waiting.
 #[derive(Debug, Default)]
