@@ -210,6 +210,19 @@ pub struct ControlPlane {
     pub open_lanes: lanes::OpenLanes,
 }
 
+/// What a path holds, against the control socket this daemon bound ([`ControlPlane::socket_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SocketAt {
+    /// The daemon has bound no socket yet.
+    Unbound,
+    /// The socket it bound.
+    Ours,
+    /// Nothing.
+    Gone,
+    /// Another file (another daemon's socket, bound since ours was removed).
+    Other,
+}
+
 /// The series of every configured mixture, before its first session (its sources' shares at
 /// step 0).
 fn announce_mixtures(config: &Config, metrics: &crate::metrics::Metrics) {
@@ -246,6 +259,23 @@ impl ControlPlane {
             open_lanes: lanes::OpenLanes::default(),
             checkpoints: AtomicBool::new(false),
             mixture_epochs: Mutex::new(session::EpochStarts::default()),
+        }
+    }
+
+    /// What `path` holds now, against the socket this daemon bound (its device and inode).
+    #[must_use]
+    pub fn socket_at(&self, path: &std::path::Path) -> SocketAt {
+        use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
+        use std::sync::atomic::Ordering;
+        let ino = self.socket_inode.load(Ordering::Relaxed);
+        if ino == 0 {
+            return SocketAt::Unbound;
+        }
+        let dev = self.socket_device.load(Ordering::Relaxed);
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.ino() == ino && m.dev() == dev && m.file_type().is_socket() => SocketAt::Ours,
+            Ok(_) => SocketAt::Other,
+            Err(_) => SocketAt::Gone,
         }
     }
 

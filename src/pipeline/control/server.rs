@@ -221,22 +221,18 @@ impl SessionManager {
     /// after its socket had been removed and another had bound the path unlinked that daemon's
     /// live socket, and no client could reach it).
     fn remove_socket(&mut self) {
-        use std::os::unix::fs::MetadataExt as _;
         let Some(path) = self.bound.take() else { return };
-        let ours = (
-            self.shared.socket_device.load(std::sync::atomic::Ordering::Relaxed),
-            self.shared.socket_inode.load(std::sync::atomic::Ordering::Relaxed),
-        );
-        match std::fs::symlink_metadata(&path) {
-            Ok(m) if (m.dev(), m.ino()) == ours => {
+        match self.shared.socket_at(&path) {
+            super::SocketAt::Ours => {
                 if let Err(e) = std::fs::remove_file(&path) {
                     tracing::warn!(socket = %path.display(), error = %e, "cannot remove the control socket");
                 }
             }
-            Ok(_) => {
+            super::SocketAt::Other => {
                 tracing::warn!(socket = %path.display(), "the control socket's path holds another file now (another daemon's socket?): left in place");
             }
-            Err(_) => {} // removed from under the daemon already (`/healthz` said so)
+            // Removed from under the daemon already (`/healthz` said so).
+            super::SocketAt::Gone | super::SocketAt::Unbound => {}
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod signals;
 use crate::metrics::Metrics;
 use crate::stage::Stage;
 
-use super::control::ControlPlane;
+use super::control::{ControlPlane, SocketAt};
 use super::lifecycle::Phase;
 use memory::{HostGuard, Sampler, MEMORY_SAMPLE_INTERVAL};
 
@@ -197,17 +197,9 @@ pub fn health(shared: &ControlPlane) -> Result<(), Unhealthy> {
     if let Some(e) = shared.checkpoint_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
         return Err(Unhealthy::Checkpoint(e));
     }
-    let bound = shared.socket_inode.load(Ordering::Relaxed);
     let socket = shared.config().daemon.socket.clone();
-    if bound != 0 {
-        use std::os::unix::fs::FileTypeExt as _;
-        use std::os::unix::fs::MetadataExt as _;
-        let (dev, ino) = (shared.socket_device.load(Ordering::Relaxed), bound);
-        if std::fs::symlink_metadata(&socket)
-            .map_or(true, |m| m.ino() != ino || m.dev() != dev || !m.file_type().is_socket())
-        {
-            return Err(Unhealthy::SocketGone(socket.display().to_string()));
-        }
+    if matches!(shared.socket_at(&socket), SocketAt::Gone | SocketAt::Other) {
+        return Err(Unhealthy::SocketGone(socket.display().to_string()));
     }
     Ok(())
 }
